@@ -1,0 +1,223 @@
+//! The plugin configuration: one JSON document, parsed strictly (unknown fields
+//! refused) and compiled into typed values once, so the data path never meets
+//! a half-valid setting and an operator's typo is named at load time.
+
+use std::fmt;
+
+use serde::Deserialize;
+
+use crate::classify::DEFAULT_PATHS;
+use crate::priority::Priority;
+
+/// A configuration the filter refuses, naming the field and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Dotted path of the offending field (`cache.ttl_s`), or `.` for the document.
+    pub field: String,
+    /// What is wrong with it, including the bad value.
+    pub message: String,
+}
+
+impl ConfigError {
+    /// An error about `field`.
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid configuration at `{}`: {}", self.field, self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The document as written by the operator.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawConfig {
+    /// Paths of LLM calls (POST).
+    pub llm_paths: Option<Vec<String>>,
+    /// Priority section.
+    pub priority: RawPriority,
+    /// Tracing section.
+    pub tracing: RawTracing,
+}
+
+/// `priority` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawPriority {
+    /// `P0` | `P1` | `P2`, default `P1`.
+    pub default: Option<String>,
+    /// Honour the client's `x-request-priority`, default true.
+    pub trust_client: Option<bool>,
+}
+
+/// `tracing` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawTracing {
+    /// `always` | `off`.
+    pub mode: Option<String>,
+}
+
+/// The compiled configuration every HTTP context shares.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Paths of LLM calls.
+    pub llm_paths: Vec<String>,
+    /// Priority policy.
+    pub priority: PriorityConfig,
+    /// Tracing policy.
+    pub tracing: TracingMode,
+}
+
+/// Compiled `priority`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PriorityConfig {
+    /// Priority of calls without a valid (or trusted) header.
+    pub default: Priority,
+    /// Honour the client's header.
+    pub trust_client: bool,
+}
+
+/// Who writes `traceparent`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TracingMode {
+    /// The filter continues or starts the trace on every LLM call.
+    Always,
+    /// The filter leaves trace headers alone (Envoy's tracer owns them).
+    Off,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        // The empty document always compiles.
+        Self::compile(RawConfig::default()).unwrap_or_else(|_| Self {
+            llm_paths: DEFAULT_PATHS.iter().map(|p| p.to_string()).collect(),
+            priority: PriorityConfig {
+                default: Priority::P1,
+                trust_client: true,
+            },
+            tracing: TracingMode::Always,
+        })
+    }
+}
+
+impl Config {
+    /// Parses and compiles a JSON document; empty input means `{}`.
+    pub fn parse(json: &[u8]) -> Result<Self, ConfigError> {
+        let json = json.trim_ascii();
+        let json = if json.is_empty() { &b"{}"[..] } else { json };
+        if json.first() != Some(&b'{') {
+            return Err(ConfigError::new(".", "the configuration must be a JSON object"));
+        }
+        let de = &mut serde_json::Deserializer::from_slice(json);
+        let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = match e.path().to_string() {
+                p if p == "?" => ".".to_string(),
+                p => p,
+            };
+            ConfigError::new(path, e.into_inner().to_string())
+        })?;
+        Self::compile(raw)
+    }
+
+    /// Compiles a parsed document, checking every invariant.
+    pub fn compile(raw: RawConfig) -> Result<Self, ConfigError> {
+        let llm_paths = match raw.llm_paths {
+            None => DEFAULT_PATHS.iter().map(|p| p.to_string()).collect(),
+            Some(paths) => {
+                for (i, p) in paths.iter().enumerate() {
+                    if !p.starts_with('/') || p.contains(['?', '#']) {
+                        return Err(ConfigError::new(
+                            format!("llm_paths[{i}]"),
+                            format!("{p:?} is not an absolute path without query"),
+                        ));
+                    }
+                }
+                paths
+            }
+        };
+        let default = match raw.priority.default {
+            None => Priority::P1,
+            Some(p) => Priority::parse(&p).ok_or_else(|| {
+                ConfigError::new(
+                    "priority.default",
+                    format!("{p:?} is not one of P0, P1, P2"),
+                )
+            })?,
+        };
+        let tracing = match raw.tracing.mode.as_deref() {
+            None | Some("always") => TracingMode::Always,
+            Some("off") => TracingMode::Off,
+            Some(other) => {
+                return Err(ConfigError::new(
+                    "tracing.mode",
+                    format!("{other:?} is not one of always, off"),
+                ))
+            }
+        };
+        Ok(Self {
+            llm_paths,
+            priority: PriorityConfig {
+                default,
+                trust_client: raw.priority.trust_client.unwrap_or(true),
+            },
+            tracing,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_document_is_useful() {
+        for doc in ["", "{}", "  {}\n"] {
+            let c = Config::parse(doc.as_bytes()).unwrap();
+            assert_eq!(c.llm_paths, DEFAULT_PATHS);
+            assert_eq!(c.priority.default, Priority::P1);
+            assert!(c.priority.trust_client);
+            assert_eq!(c.tracing, TracingMode::Always);
+        }
+        assert_eq!(Config::default(), Config::parse(b"{}").unwrap());
+    }
+
+    #[test]
+    fn reads_every_field() {
+        let c = Config::parse(
+            br#"{"llm_paths":["/chat"],"priority":{"default":"p2","trust_client":false},"tracing":{"mode":"off"}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.llm_paths, ["/chat"]);
+        assert_eq!(c.priority.default, Priority::P2);
+        assert!(!c.priority.trust_client);
+        assert_eq!(c.tracing, TracingMode::Off);
+    }
+
+    #[test]
+    fn errors_name_the_field_and_value() {
+        for (doc, field, needle) in [
+            (r#"{"bogus":1}"#, "bogus", "unknown field"),
+            (r#"{"priority":{"defualt":"P1"}}"#, "priority.defualt", "unknown field"),
+            (r#"{"priority":{"default":"P7"}}"#, "priority.default", "P7"),
+            (r#"{"priority":{"trust_client":"yes"}}"#, "priority.trust_client", "yes"),
+            (r#"{"tracing":{"mode":"sometimes"}}"#, "tracing.mode", "sometimes"),
+            (r#"{"llm_paths":["v1/chat"]}"#, "llm_paths[0]", "v1/chat"),
+            (r#"{"llm_paths":"x"}"#, "llm_paths", "x"),
+            ("[1]", ".", "JSON object"),
+            ("{", ".", "EOF"),
+        ] {
+            let e = Config::parse(doc.as_bytes()).unwrap_err();
+            assert_eq!(e.field, field, "{doc}: {e}");
+            assert!(e.to_string().contains(needle), "{doc}: {e}");
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! Pure policy of llm-filter. Every decision the filter makes about an LLM call
+//! lives here, free of any proxy-wasm dependency, so it is unit-tested natively;
+//! the plugin crate only reads from the host, calls in here and applies the result.
+#![deny(missing_docs)]
+#![cfg_attr(
+    test,
+    allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+
+pub mod baggage;
+pub mod classify;
+pub mod config;
+pub mod host;
+pub mod metrics;
+pub mod priority;
+pub mod trace_context;
+pub mod usage;

@@ -1,0 +1,89 @@
+//! Request priority (P0 most important) decides who is protected longest under
+//! load; it travels to every hop in W3C baggage.
+
+use std::fmt;
+
+/// A call's priority.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum Priority {
+    /// Most important: never shed by the breaker.
+    P0,
+    /// Normal traffic.
+    #[default]
+    P1,
+    /// Best effort: shed first.
+    P2,
+}
+
+impl Priority {
+    /// All priorities, most important first.
+    pub const ALL: [Priority; 3] = [Priority::P0, Priority::P1, Priority::P2];
+
+    /// Parses `P0` | `P1` | `P2` in any case, surrounding spaces ignored.
+    pub fn parse(raw: &str) -> Option<Self> {
+        match raw.trim().as_bytes() {
+            [b'p' | b'P', b'0'] => Some(Self::P0),
+            [b'p' | b'P', b'1'] => Some(Self::P1),
+            [b'p' | b'P', b'2'] => Some(Self::P2),
+            _ => None,
+        }
+    }
+
+    /// The canonical spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::P0 => "P0",
+            Self::P1 => "P1",
+            Self::P2 => "P2",
+        }
+    }
+
+    /// Index 0..3, for per-priority tables.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for Priority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The priority of a call: the client's header when trusted and valid, else the default.
+pub fn resolve(header: Option<&str>, trust_client: bool, default: Priority) -> Priority {
+    header
+        .filter(|_| trust_client)
+        .and_then(Priority::parse)
+        .unwrap_or(default)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_any_case() {
+        for (raw, want) in [
+            ("P0", Some(Priority::P0)),
+            ("p1", Some(Priority::P1)),
+            (" P2 ", Some(Priority::P2)),
+            ("P3", None),
+            ("P", None),
+            ("", None),
+            ("P01", None),
+            ("high", None),
+            ("Р1", None), // Cyrillic Er
+        ] {
+            assert_eq!(Priority::parse(raw), want, "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn resolve_respects_trust_and_default() {
+        assert_eq!(resolve(Some("p0"), true, Priority::P1), Priority::P0);
+        assert_eq!(resolve(Some("p0"), false, Priority::P2), Priority::P2);
+        assert_eq!(resolve(Some("bad"), true, Priority::P2), Priority::P2);
+        assert_eq!(resolve(None, true, Priority::P1), Priority::P1);
+    }
+}

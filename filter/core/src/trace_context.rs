@@ -1,0 +1,228 @@
+//! W3C Trace Context: continue the caller's trace with a new span for this hop,
+//! or start one, so an LLM call can be followed across the mesh and the client
+//! learns its trace id.
+
+use crate::host::Random;
+
+/// A parsed `traceparent` (version 00 layout; later versions are read by
+/// their first four fields, as the spec asks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceParent {
+    /// 128-bit trace id, never all zero.
+    pub trace_id: [u8; 16],
+    /// 64-bit id of the caller's span, never all zero.
+    pub parent_id: [u8; 8],
+    /// Trace flags (bit 0: sampled).
+    pub flags: u8,
+}
+
+/// What to send upstream for one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    /// The `traceparent` header value.
+    pub traceparent: String,
+    /// The trace id as 32 lowercase hex digits, for `x-trace-id`.
+    pub trace_id: String,
+    /// True when the caller's trace was continued, so its `tracestate` belongs
+    /// with it; false when a new trace was started and `tracestate` is orphaned.
+    pub continued: bool,
+}
+
+impl TraceParent {
+    /// Parses a header value by the W3C rules: exact field lengths, lowercase
+    /// hex only, version `ff` invalid, all-zero trace or parent id invalid,
+    /// version 00 with trailing data invalid.
+    pub fn parse(raw: &str) -> Option<Self> {
+        let raw = raw.trim_matches(|c| c == ' ' || c == '\t');
+        let b = raw.as_bytes();
+        let version = hex_u8(b.get(0..2)?)?;
+        if version == 0xff || b.get(2) != Some(&b'-') {
+            return None;
+        }
+        match (version, b.len()) {
+            (0, 55) => {}
+            // A future version may append fields after a dash.
+            (v, n) if v > 0 && (n == 55 || (n > 55 && b.get(55) == Some(&b'-'))) => {}
+            _ => return None,
+        }
+        let mut trace_id = [0u8; 16];
+        hex_into(b.get(3..35)?, &mut trace_id)?;
+        if b.get(35) != Some(&b'-') {
+            return None;
+        }
+        let mut parent_id = [0u8; 8];
+        hex_into(b.get(36..52)?, &mut parent_id)?;
+        if b.get(52) != Some(&b'-') {
+            return None;
+        }
+        let flags = hex_u8(b.get(53..55)?)?;
+        if trace_id == [0; 16] || parent_id == [0; 8] {
+            return None;
+        }
+        Some(Self {
+            trace_id,
+            parent_id,
+            flags,
+        })
+    }
+}
+
+/// The trace context for the upstream call: the caller's trace continued with
+/// a fresh span id (flags kept), or a new sampled trace when the caller sent
+/// none or an invalid one.
+pub fn next(incoming: Option<&str>, rng: &mut dyn Random) -> Outgoing {
+    let parsed = incoming.and_then(TraceParent::parse);
+    let (trace_id, flags) = match parsed {
+        Some(p) => (p.trace_id, p.flags),
+        None => (new_id::<16>(rng), 0x01),
+    };
+    let span_id = new_id::<8>(rng);
+    let trace_hex = hex(&trace_id);
+    Outgoing {
+        traceparent: format!("00-{trace_hex}-{}-{flags:02x}", hex(&span_id)),
+        trace_id: trace_hex,
+        continued: parsed.is_some(),
+    }
+}
+
+/// A random id that is never all zero.
+fn new_id<const N: usize>(rng: &mut dyn Random) -> [u8; N] {
+    let mut id = [0u8; N];
+    loop {
+        for chunk in id.chunks_mut(8) {
+            let r = rng.next_u64().to_be_bytes();
+            for (d, s) in chunk.iter_mut().zip(r) {
+                *d = s;
+            }
+        }
+        if id != [0; N] {
+            return id;
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(char::from(DIGITS[usize::from(b >> 4)]));
+        s.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    s
+}
+
+fn nibble(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    }
+}
+
+fn hex_u8(pair: &[u8]) -> Option<u8> {
+    match pair {
+        [hi, lo] => Some(nibble(*hi)? << 4 | nibble(*lo)?),
+        _ => None,
+    }
+}
+
+fn hex_into(src: &[u8], dst: &mut [u8]) -> Option<()> {
+    if src.len() != dst.len() * 2 {
+        return None;
+    }
+    for (d, pair) in dst.iter_mut().zip(src.chunks(2)) {
+        *d = hex_u8(pair)?;
+    }
+    Some(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::SplitMix64;
+
+    const VALID: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn parses_valid() {
+        let p = TraceParent::parse(VALID).unwrap();
+        assert_eq!(hex(&p.trace_id), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(hex(&p.parent_id), "00f067aa0ba902b7");
+        assert_eq!(p.flags, 1);
+    }
+
+    #[test]
+    fn rejects_invalid() {
+        for bad in [
+            "",
+            "00",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e47366-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "0g-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0x",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01é",
+        ] {
+            assert_eq!(TraceParent::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn future_versions_read_by_known_fields() {
+        let v = "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-the-future";
+        assert!(TraceParent::parse(v).is_some());
+        assert!(TraceParent::parse(&VALID.replacen("00", "01", 1)).is_some());
+    }
+
+    #[test]
+    fn continues_a_valid_trace_with_a_new_span() {
+        let mut rng = SplitMix64::new(7);
+        let out = next(Some(VALID), &mut rng);
+        assert!(out.continued);
+        assert_eq!(out.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+        let p = TraceParent::parse(&out.traceparent).unwrap();
+        assert_eq!(hex(&p.trace_id), out.trace_id);
+        assert_ne!(hex(&p.parent_id), "00f067aa0ba902b7");
+        assert_eq!(p.flags, 1);
+        let unsampled = VALID.replace("-01", "-00");
+        assert!(next(Some(&unsampled), &mut rng).traceparent.ends_with("-00"));
+    }
+
+    #[test]
+    fn starts_a_new_trace_when_absent_or_invalid() {
+        let mut rng = SplitMix64::new(9);
+        let a = next(None, &mut rng);
+        let b = next(Some("garbage"), &mut rng);
+        for o in [&a, &b] {
+            assert!(!o.continued);
+            assert_eq!(o.trace_id.len(), 32);
+            assert!(TraceParent::parse(&o.traceparent).is_some());
+        }
+        assert_ne!(a.trace_id, b.trace_id);
+    }
+
+    #[test]
+    fn ids_are_never_zero() {
+        struct Zeros(u32);
+        impl Random for Zeros {
+            fn next_u64(&mut self) -> u64 {
+                self.0 += 1;
+                if self.0 < 5 {
+                    0
+                } else {
+                    u64::from(self.0)
+                }
+            }
+        }
+        let out = next(None, &mut Zeros(0));
+        assert!(TraceParent::parse(&out.traceparent).is_some());
+    }
+}
