@@ -13,10 +13,13 @@
 )]
 
 pub mod baggage;
+pub mod budget;
+pub mod cache;
 pub mod classify;
 pub mod config;
 pub mod host;
 pub mod metrics;
 pub mod priority;
+pub mod routing;
 pub mod trace_context;
 pub mod usage;

@@ -1,0 +1,1 @@
+//! Timeout budgets: plan Envoy timeouts and retries from the caller's budget, break circuits in tiers.

@@ -1,0 +1,1 @@
+//! Response cache: deterministic LLM calls answered from Envoy shared data.

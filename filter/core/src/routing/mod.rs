@@ -1,0 +1,1 @@
+//! Health-weighted routing: pick a model's backend cluster by measured health.
