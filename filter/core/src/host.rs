@@ -128,6 +128,8 @@ pub trait Metrics {
     fn counter(&mut self, name: &str, delta: u64);
     /// Sets a gauge.
     fn gauge(&mut self, name: &str, value: i64);
+    /// Moves a gauge by `delta`; every worker adds to the same gauge.
+    fn gauge_add(&mut self, name: &str, delta: i64);
     /// Records one histogram sample.
     fn histogram(&mut self, name: &str, value: u64);
 }
@@ -149,6 +151,10 @@ impl Metrics for MemoryMetrics {
     }
     fn gauge(&mut self, name: &str, value: i64) {
         self.gauges.insert(name.to_string(), value);
+    }
+    fn gauge_add(&mut self, name: &str, delta: i64) {
+        let g = self.gauges.entry(name.to_string()).or_default();
+        *g = g.saturating_add(delta);
     }
     fn histogram(&mut self, name: &str, value: u64) {
         self.histograms

@@ -19,6 +19,7 @@ pub mod classify;
 pub mod config;
 pub mod host;
 pub mod metrics;
+pub mod observe;
 pub mod priority;
 pub mod routing;
 pub mod trace_context;

