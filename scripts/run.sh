@@ -26,7 +26,7 @@ else
   echo "upstream: mock on 127.0.0.1:18080 (log: $RUN/mock.log)"
 fi
 
-"$ENVOY" -c "$RUN/envoy.yaml" --concurrency 2 -l warning --component-log-level wasm:info \
+"$ENVOY" -c "$RUN/envoy.yaml" --concurrency 2 --disable-hot-restart -l warning --component-log-level wasm:info \
   > "$RUN/envoy.log" 2>&1 &
 pids+=($!)
 

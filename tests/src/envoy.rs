@@ -1,0 +1,765 @@
+//! Runs the real Envoy binary with the built filter, so end-to-end tests exercise
+//! exactly what users deploy: config generation, start with a readiness deadline,
+//! the admin API (stats, Prometheus text) and cleanup by pid on drop.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::Value;
+
+/// Stats tag rules turning the filter's `<metric>.<label>.<value>...` stat names
+/// into Prometheus labels. Indented to sit under `stats_config:` at column 2.
+pub const STATS_TAGS_YAML: &str = r#"use_all_default_tags: true
+stats_tags:
+- tag_name: priority
+  regex: '(\.priority\.([^.]+))'
+- tag_name: model
+  regex: '(\.model\.([^.]+))'
+- tag_name: outcome
+  regex: '(\.outcome\.([^.]+))'
+- tag_name: token_type
+  regex: '(\.token_type\.([^.]+))'
+- tag_name: cluster
+  regex: '(\.cluster\.([^.]+))'
+- tag_name: result
+  regex: '(\.result\.([^.]+))'
+- tag_name: reason
+  regex: '(\.reason\.([^.]+))'
+- tag_name: tier
+  regex: '(\.tier\.([^.]+))'
+"#;
+
+/// Name the filter is configured under (`name`, `root_id` and `vm_id`).
+pub const FILTER_NAME: &str = "llm_filter";
+
+/// Header Envoy routes by when [`EnvoyBuilder::cluster_header`] is set.
+pub const DEFAULT_CLUSTER_HEADER: &str = "x-llm-cluster";
+
+const READY_DEADLINE: Duration = Duration::from_secs(30);
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The workspace root, one level above this crate.
+pub fn workspace_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+/// The Envoy binary: `ENVOY_BIN`, else `.venv/bin/envoy` under the workspace root.
+pub fn envoy_bin() -> PathBuf {
+    std::env::var_os("ENVOY_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".venv/bin/envoy"))
+}
+
+/// The filter module: `LLM_FILTER_WASM`, else the release build under the workspace root.
+pub fn wasm_path() -> PathBuf {
+    std::env::var_os("LLM_FILTER_WASM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/wasm32-wasip1/release/llm_filter.wasm"))
+}
+
+/// Whether the Envoy binary exists; tests skip (with a message) when it does not.
+pub fn envoy_available() -> bool {
+    envoy_bin().is_file()
+}
+
+/// Whether the built filter exists.
+pub fn wasm_available() -> bool {
+    wasm_path().is_file()
+}
+
+/// What the route does with a request.
+#[derive(Debug, Clone)]
+enum RouteTarget {
+    /// The first upstream, or the cluster named by a header.
+    Upstream,
+    /// Envoy answers itself (benchmark backend).
+    Direct { status: u16, body: String },
+}
+
+/// Builds an Envoy configuration and starts Envoy with it.
+#[derive(Debug, Clone)]
+pub struct EnvoyBuilder {
+    filter: bool,
+    plugin_config: String,
+    concurrency: u32,
+    upstreams: Vec<(String, u16)>,
+    cluster_header: Option<String>,
+    route_timeout_ms: Option<u64>,
+    extra_route_yaml: Option<String>,
+    target: RouteTarget,
+    log_level: String,
+    component_log_level: Option<String>,
+    envoy_bin: PathBuf,
+    wasm_path: PathBuf,
+}
+
+impl Default for EnvoyBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl EnvoyBuilder {
+    /// Envoy with the filter configured with `{}`, concurrency 2, no upstream yet.
+    pub fn new() -> Self {
+        Self {
+            filter: true,
+            plugin_config: "{}".to_string(),
+            concurrency: 2,
+            upstreams: Vec::new(),
+            cluster_header: None,
+            route_timeout_ms: None,
+            extra_route_yaml: None,
+            target: RouteTarget::Upstream,
+            log_level: "info".to_string(),
+            component_log_level: None,
+            envoy_bin: envoy_bin(),
+            wasm_path: wasm_path(),
+        }
+    }
+
+    /// The filter's JSON configuration: a `serde_json::Value` or a `&str`.
+    pub fn plugin_config(mut self, config: impl std::fmt::Display) -> Self {
+        self.plugin_config = config.to_string();
+        self.filter = true;
+        self
+    }
+
+    /// Plain Envoy without the filter, for comparison.
+    pub fn no_filter(mut self) -> Self {
+        self.filter = false;
+        self
+    }
+
+    /// Worker threads (`--concurrency`), 2 by default.
+    pub fn concurrency(mut self, n: u32) -> Self {
+        self.concurrency = n;
+        self
+    }
+
+    /// Adds a STATIC cluster `name` at 127.0.0.1:`port`; the first one is the route's default.
+    pub fn upstream(mut self, name: &str, port: u16) -> Self {
+        self.upstreams.push((name.to_string(), port));
+        self
+    }
+
+    /// Route by the cluster named in this header (usually [`DEFAULT_CLUSTER_HEADER`])
+    /// instead of the first upstream; `None` restores the fixed cluster. Envoy answers
+    /// a missing header or an unknown cluster itself (404/503).
+    pub fn cluster_header(mut self, header: Option<&str>) -> Self {
+        self.cluster_header = header.map(str::to_string);
+        self
+    }
+
+    /// Route timeout (Envoy's default is 15 s).
+    pub fn route_timeout_ms(mut self, ms: u64) -> Self {
+        self.route_timeout_ms = Some(ms);
+        self
+    }
+
+    /// YAML added under the route action, e.g. `"retry_policy:\n  retry_on: 5xx\n  num_retries: 2"`.
+    pub fn extra_route_yaml(mut self, yaml: &str) -> Self {
+        self.extra_route_yaml = Some(yaml.to_string());
+        self
+    }
+
+    /// Envoy answers every request itself with this status and body (a benchmark backend).
+    pub fn direct_response(mut self, status: u16, body: &str) -> Self {
+        self.target = RouteTarget::Direct {
+            status,
+            body: body.to_string(),
+        };
+        self
+    }
+
+    /// Envoy's `-l` level, `info` by default.
+    pub fn log_level(mut self, level: &str) -> Self {
+        self.log_level = level.to_string();
+        self
+    }
+
+    /// Envoy's `--component-log-level`, e.g. `wasm:debug`.
+    pub fn component_log_level(mut self, levels: &str) -> Self {
+        self.component_log_level = Some(levels.to_string());
+        self
+    }
+
+    /// Overrides the Envoy binary.
+    pub fn envoy_bin(mut self, path: impl Into<PathBuf>) -> Self {
+        self.envoy_bin = path.into();
+        self
+    }
+
+    /// Overrides the filter module.
+    pub fn wasm_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.wasm_path = path.into();
+        self
+    }
+
+    /// The bootstrap YAML this builder starts Envoy with.
+    pub fn config_yaml(&self) -> String {
+        let mut yaml = String::new();
+        yaml.push_str("admin:\n  address: {socket_address: {address: 127.0.0.1, port_value: 0}}\n");
+        // Histograms reach /stats/prometheus on flush; keep tests waiting briefly.
+        yaml.push_str("stats_flush_interval: 1s\n");
+        yaml.push_str("stats_config:\n");
+        yaml.push_str(&indent(STATS_TAGS_YAML, 2));
+        yaml.push_str(LISTENER_HEAD);
+        yaml.push_str(&indent(&self.route_yaml(), 16));
+        yaml.push_str("          http_filters:\n");
+        if self.filter {
+            let filter = WASM_FILTER
+                .replace("{name}", FILTER_NAME)
+                .replace("{wasm}", &yaml_string(&self.wasm_path.to_string_lossy()))
+                .replace("{config}", &yaml_string(&self.plugin_config));
+            yaml.push_str(&filter);
+        }
+        yaml.push_str(ROUTER_FILTER);
+        yaml.push_str("  clusters:");
+        if self.upstreams.is_empty() {
+            yaml.push_str(" []\n");
+        } else {
+            yaml.push('\n');
+            for (name, port) in &self.upstreams {
+                yaml.push_str(
+                    &CLUSTER
+                        .replace("{name}", &yaml_string(name))
+                        .replace("{port}", &port.to_string()),
+                );
+            }
+        }
+        yaml
+    }
+
+    /// The route entry (`match` plus action) at column 0.
+    fn route_yaml(&self) -> String {
+        let mut route = String::from("- match: {prefix: \"/\"}\n");
+        match &self.target {
+            RouteTarget::Direct { status, body } => {
+                let _ = write!(
+                    route,
+                    "  direct_response:\n    status: {status}\n    body: {{inline_string: {}}}\n",
+                    yaml_string(body)
+                );
+                // Answers look like a provider's: JSON, not Envoy's default text/plain.
+                route.push_str(
+                    "  response_headers_to_add:\n  - header: {key: content-type, value: application/json}\n    append_action: OVERWRITE_IF_EXISTS_OR_ADD\n",
+                );
+            }
+            RouteTarget::Upstream => {
+                route.push_str("  route:\n");
+                match (&self.cluster_header, self.upstreams.first()) {
+                    (Some(header), _) => {
+                        let _ = writeln!(route, "    cluster_header: {}", yaml_string(header));
+                    }
+                    (None, Some((name, _))) => {
+                        let _ = writeln!(route, "    cluster: {}", yaml_string(name));
+                    }
+                    // Envoy rejects a route to no cluster; a header nobody sends keeps it valid.
+                    (None, None) => {
+                        let _ = writeln!(route, "    cluster_header: {DEFAULT_CLUSTER_HEADER}");
+                    }
+                }
+                if let Some(ms) = self.route_timeout_ms {
+                    let _ = writeln!(route, "    timeout: {}s", ms as f64 / 1000.0);
+                }
+                if let Some(extra) = &self.extra_route_yaml {
+                    route.push_str(&indent(extra, 4));
+                }
+            }
+        }
+        route
+    }
+
+    /// Writes the config into a temp dir, starts Envoy and waits until `/ready`
+    /// answers 200 (30 s deadline). Errors carry the tail of Envoy's log.
+    pub fn start(&self) -> Result<Envoy> {
+        if !self.envoy_bin.is_file() {
+            bail!("envoy binary not found at {}", self.envoy_bin.display());
+        }
+        if self.filter && !self.wasm_path.is_file() {
+            bail!(
+                "filter module not found at {} (build it with `cargo build -p llm-filter --target wasm32-wasip1 --release`, or set LLM_FILTER_WASM)",
+                self.wasm_path.display()
+            );
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("llm-filter-e2e-")
+            .tempdir()
+            .context("temp dir")?;
+        let config_path = dir.path().join("envoy.yaml");
+        let admin_path = dir.path().join("admin-address");
+        let log_path = dir.path().join("envoy.log");
+        std::fs::write(&config_path, self.config_yaml()).context("write envoy.yaml")?;
+        let log = std::fs::File::create(&log_path).context("create envoy.log")?;
+        let mut command = Command::new(&self.envoy_bin);
+        command
+            .arg("-c")
+            .arg(&config_path)
+            .arg("--concurrency")
+            .arg(self.concurrency.to_string())
+            // No hot restart: no shared memory, so parallel Envoys never collide
+            // on a base id and no shared-memory file is left behind.
+            .arg("--disable-hot-restart")
+            .arg("--admin-address-path")
+            .arg(&admin_path)
+            .arg("-l")
+            .arg(&self.log_level);
+        if let Some(levels) = &self.component_log_level {
+            command.arg("--component-log-level").arg(levels);
+        }
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().context("clone log handle")?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("spawn {}", self.envoy_bin.display()))?;
+        let mut envoy = Envoy {
+            child: Some(child),
+            dir,
+            log_path,
+            admin: SocketAddr::from(([127, 0, 0, 1], 0)),
+            listener: SocketAddr::from(([127, 0, 0, 1], 0)),
+        };
+        match envoy.wait_ready(&admin_path) {
+            Ok(()) => Ok(envoy),
+            Err(e) => Err(anyhow!(
+                "envoy did not become ready: {e:#}\n--- envoy log (tail) ---\n{}",
+                envoy.log_tail(60)
+            )),
+        }
+    }
+}
+
+const LISTENER_HEAD: &str = r#"static_resources:
+  listeners:
+  - name: ingress
+    address: {socket_address: {address: 127.0.0.1, port_value: 0}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: ingress
+          codec_type: AUTO
+          route_config:
+            name: local
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+"#;
+
+const WASM_FILTER: &str = r#"          - name: envoy.filters.http.wasm
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              config:
+                name: {name}
+                root_id: {name}
+                fail_open: false
+                vm_config:
+                  vm_id: {name}
+                  runtime: envoy.wasm.runtime.v8
+                  code: {local: {filename: {wasm}}}
+                configuration:
+                  "@type": type.googleapis.com/google.protobuf.StringValue
+                  value: {config}
+"#;
+
+const ROUTER_FILTER: &str = r#"          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+"#;
+
+const CLUSTER: &str = r#"  - name: {name}
+    type: STATIC
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: {name}
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: {port}}}}
+"#;
+
+/// Prefixes every non-empty line with `spaces` spaces; ends with a newline.
+fn indent(text: &str, spaces: usize) -> String {
+    let pad = " ".repeat(spaces);
+    let mut out = String::new();
+    for line in text.lines() {
+        if !line.trim().is_empty() {
+            out.push_str(&pad);
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// A YAML double-quoted scalar (JSON string syntax is valid YAML).
+fn yaml_string(s: &str) -> String {
+    Value::String(s.to_string()).to_string()
+}
+
+/// A running Envoy; killed by pid and reaped on drop.
+pub struct Envoy {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    log_path: PathBuf,
+    admin: SocketAddr,
+    listener: SocketAddr,
+}
+
+impl Envoy {
+    fn wait_ready(&mut self, admin_path: &Path) -> Result<()> {
+        let deadline = Instant::now() + READY_DEADLINE;
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Some(status) = child.try_wait().context("poll envoy")? {
+                    bail!("envoy exited with {status}");
+                }
+            }
+            if self.admin.port() == 0 {
+                if let Ok(text) = std::fs::read_to_string(admin_path) {
+                    if let Ok(addr) = text.trim().parse() {
+                        self.admin = addr;
+                    }
+                }
+            }
+            if self.admin.port() != 0 {
+                if let Ok((200, _)) = http_request(self.admin, "GET", "/ready") {
+                    self.listener = self.find_listener()?;
+                    return Ok(());
+                }
+            }
+            if Instant::now() >= deadline {
+                bail!("not ready after {READY_DEADLINE:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Port 0 was bound by Envoy itself (no race); read the real one back.
+    fn find_listener(&self) -> Result<SocketAddr> {
+        let (_, body) = http_request(self.admin, "GET", "/listeners?format=json")?;
+        let listeners: Value = serde_json::from_str(&body).context("parse /listeners")?;
+        let socket = listeners
+            .pointer("/listener_statuses/0/local_address/socket_address")
+            .ok_or_else(|| anyhow!("no listener in {body}"))?;
+        let address = socket
+            .get("address")
+            .and_then(Value::as_str)
+            .ok_or_else(|| anyhow!("no listener address in {body}"))?;
+        let port = socket
+            .get("port_value")
+            .and_then(Value::as_u64)
+            .and_then(|p| u16::try_from(p).ok())
+            .ok_or_else(|| anyhow!("no listener port in {body}"))?;
+        Ok(SocketAddr::new(address.parse()?, port))
+    }
+
+    /// Envoy's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Listener port.
+    pub fn port(&self) -> u16 {
+        self.listener.port()
+    }
+
+    /// Admin port.
+    pub fn admin_port(&self) -> u16 {
+        self.admin.port()
+    }
+
+    /// URL of `path` on the listener, e.g. `url("/v1/chat/completions")`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.listener, path)
+    }
+
+    /// URL of `path` on the admin interface.
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.admin, path)
+    }
+
+    /// The temp dir holding `envoy.yaml` and `envoy.log` (removed on drop).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// GET on the admin interface: status and body.
+    pub fn admin_get(&self, path: &str) -> Result<(u16, String)> {
+        http_request(self.admin, "GET", path)
+    }
+
+    /// POST on the admin interface (e.g. `/reset_counters`): status and body.
+    pub fn admin_post(&self, path: &str) -> Result<(u16, String)> {
+        http_request(self.admin, "POST", path)
+    }
+
+    /// Counters and gauges by full stat name (histograms left out).
+    pub fn stats(&self) -> Result<HashMap<String, u64>> {
+        let (status, body) = self.admin_get("/stats?format=json")?;
+        if status != 200 {
+            bail!("/stats answered {status}: {body}");
+        }
+        parse_stats_json(&body)
+    }
+
+    /// One counter or gauge; 0 when it does not exist (yet) or admin fails.
+    pub fn stat(&self, name: &str) -> u64 {
+        self.stat_opt(name).unwrap_or(0)
+    }
+
+    /// One counter or gauge, `None` when it does not exist.
+    pub fn stat_opt(&self, name: &str) -> Option<u64> {
+        self.stats().ok()?.get(name).copied()
+    }
+
+    /// Stats whose name contains `pattern`, sorted by name (handy in assertion messages).
+    pub fn stats_matching(&self, pattern: &str) -> Vec<(String, u64)> {
+        let mut stats: Vec<(String, u64)> = self
+            .stats()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(name, _)| name.contains(pattern))
+            .collect();
+        stats.sort();
+        stats
+    }
+
+    /// Polls until `stat(name) >= min` or `timeout` passes; returns the last value.
+    pub fn wait_for_stat(&self, name: &str, min: u64, timeout: Duration) -> u64 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let value = self.stat(name);
+            if value >= min || Instant::now() >= deadline {
+                return value;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    /// The Prometheus exposition from `/stats/prometheus`.
+    pub fn prometheus(&self) -> Result<String> {
+        let (status, body) = self.admin_get("/stats/prometheus")?;
+        if status != 200 {
+            bail!("/stats/prometheus answered {status}: {body}");
+        }
+        Ok(body)
+    }
+
+    /// Everything Envoy logged so far.
+    pub fn log_contents(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// The last `lines` lines of the log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = self.log_contents();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Whether Envoy is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(Child::try_wait), Some(Ok(None)))
+    }
+
+    /// Kills Envoy (by pid) and waits for it; also done on drop.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Parses admin `/stats?format=json`: `{"stats":[{"name":..,"value":..},..,{"histograms":..}]}`.
+pub fn parse_stats_json(body: &str) -> Result<HashMap<String, u64>> {
+    let parsed: Value = serde_json::from_str(body).context("parse /stats?format=json")?;
+    let entries = parsed
+        .get("stats")
+        .and_then(Value::as_array)
+        .ok_or_else(|| anyhow!("no `stats` array"))?;
+    Ok(entries
+        .iter()
+        .filter_map(|entry| {
+            let name = entry.get("name")?.as_str()?;
+            let value = entry.get("value")?;
+            let value = value
+                .as_u64()
+                .or_else(|| value.as_i64().map(|v| v.max(0) as u64))
+                .or_else(|| value.as_f64().map(|v| v.max(0.0) as u64))?;
+            Some((name.to_string(), value))
+        })
+        .collect())
+}
+
+/// Runs `envoy --mode validate` on a config text; the error carries Envoy's output.
+pub fn validate_config(yaml: &str) -> Result<()> {
+    let dir = tempfile::Builder::new()
+        .prefix("llm-filter-validate-")
+        .tempdir()?;
+    let path = dir.path().join("envoy.yaml");
+    std::fs::write(&path, yaml)?;
+    validate_config_file(&path)
+}
+
+/// Runs `envoy --mode validate -c path`; the error carries Envoy's output.
+pub fn validate_config_file(path: &Path) -> Result<()> {
+    let output = Command::new(envoy_bin())
+        .arg("--mode")
+        .arg("validate")
+        .arg("-c")
+        .arg(path)
+        .arg("--disable-hot-restart")
+        .arg("-l")
+        .arg("error")
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("run {}", envoy_bin().display()))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        bail!(
+            "envoy --mode validate {} failed ({}):\n{}{}",
+            path.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    }
+}
+
+/// A minimal blocking HTTP/1.1 exchange for the admin API: usable from sync and
+/// async tests alike (a blocking reqwest client must not be dropped inside Tokio).
+fn http_request(addr: SocketAddr, method: &str, path: &str) -> Result<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, ADMIN_TIMEOUT)?;
+    stream.set_read_timeout(Some(ADMIN_TIMEOUT))?;
+    stream.set_write_timeout(Some(ADMIN_TIMEOUT))?;
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| anyhow!("no HTTP head from {addr}{path}"))?;
+    let head = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
+    let body = &raw[split + 4..];
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| anyhow!("bad status line from {addr}{path}"))?;
+    let body = if head.contains("transfer-encoding: chunked") {
+        dechunk(body)?
+    } else {
+        body.to_vec()
+    };
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+fn dechunk(mut data: &[u8]) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = data
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .ok_or_else(|| anyhow!("truncated chunk size"))?;
+        let size_text = String::from_utf8_lossy(&data[..line_end]);
+        let size_text = size_text.split(';').next().unwrap_or_default().trim();
+        let size = usize::from_str_radix(size_text, 16)
+            .with_context(|| format!("bad chunk size {size_text:?}"))?;
+        data = &data[line_end + 2..];
+        if size == 0 {
+            return Ok(out);
+        }
+        let chunk = data.get(..size).ok_or_else(|| anyhow!("truncated chunk"))?;
+        out.extend_from_slice(chunk);
+        data = data.get(size + 2..).unwrap_or_default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_counters_and_gauges_skipping_histograms() {
+        let body = r#"{"stats":[
+            {"name":"cluster.a.upstream_rq_200","value":3},
+            {"name":"server.live","value":1},
+            {"histograms":{"supported_quantiles":[0.5],"computed_quantiles":[]}}
+        ]}"#;
+        let stats = parse_stats_json(body).unwrap();
+        assert_eq!(stats.len(), 2);
+        assert_eq!(stats["cluster.a.upstream_rq_200"], 3);
+        assert!(parse_stats_json("[]").is_err());
+    }
+
+    #[test]
+    fn dechunks_bodies() {
+        assert_eq!(
+            dechunk(b"3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n").unwrap(),
+            b"abcde"
+        );
+        assert!(dechunk(b"zz\r\n").is_err());
+        assert!(dechunk(b"5\r\nab").is_err());
+    }
+
+    #[test]
+    fn indents_non_empty_lines() {
+        assert_eq!(indent("a:\n  b: 1\n\nc", 2), "  a:\n    b: 1\n\n  c\n");
+    }
+
+    #[test]
+    fn config_embeds_plugin_json_as_one_string() {
+        let yaml = EnvoyBuilder::new()
+            .wasm_path("/f.wasm")
+            .plugin_config(serde_json::json!({"a": "quote \" and\nnewline"}))
+            .upstream("first", 1)
+            .upstream("second", 2)
+            .config_yaml();
+        assert!(
+            yaml.contains(r#"value: "{\"a\":\"quote \\\" and\\nnewline\"}""#),
+            "{yaml}"
+        );
+        assert!(yaml.contains("cluster: \"first\""));
+        assert!(yaml.contains("port_value: 2}"));
+        assert!(yaml.contains("envoy.filters.http.wasm"));
+
+        let plain = EnvoyBuilder::new()
+            .no_filter()
+            .upstream("x", 1)
+            .config_yaml();
+        assert!(!plain.contains("envoy.filters.http.wasm"));
+        let routed = EnvoyBuilder::new()
+            .no_filter()
+            .cluster_header(Some("x-llm-cluster"))
+            .route_timeout_ms(1500)
+            .extra_route_yaml("retry_policy:\n  num_retries: 2")
+            .route_yaml();
+        assert_eq!(
+            routed,
+            "- match: {prefix: \"/\"}\n  route:\n    cluster_header: \"x-llm-cluster\"\n    \
+             timeout: 1.5s\n    retry_policy:\n      num_retries: 2\n"
+        );
+    }
+}

@@ -1,0 +1,382 @@
+//! End-to-end harness of llm-filter: a mock OpenAI-compatible upstream, a launcher
+//! for the real Envoy with the built filter, and small client helpers for JSON and
+//! SSE calls that record when each event arrived.
+
+pub mod envoy;
+pub mod mock;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use reqwest::header::HeaderMap;
+use serde_json::{json, Value};
+
+pub use envoy::{
+    envoy_available, envoy_bin, validate_config, validate_config_file, wasm_available, wasm_path,
+    workspace_root, Envoy, EnvoyBuilder, STATS_TAGS_YAML,
+};
+pub use mock::{MockConfig, MockUpstream, RecordedRequest, Script};
+
+/// Prints why a test is skipped when the Envoy binary is missing; returns whether to skip.
+/// A missing filter module is not a reason to skip: starting Envoy with the filter
+/// then fails with a message saying to build it.
+pub fn skip_without_envoy(test: &str) -> bool {
+    if envoy_available() {
+        return false;
+    }
+    eprintln!(
+        "SKIP {test}: envoy binary not found at {} (set ENVOY_BIN)",
+        envoy_bin().display()
+    );
+    true
+}
+
+/// An HTTP client for tests: no proxy from the environment, 30 s timeout.
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap_or_else(|e| panic!("http client: {e}"))
+}
+
+/// A non-streaming chat completion request with one user message.
+pub fn chat_body(model: &str, content: &str) -> Value {
+    json!({
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+    })
+}
+
+/// A streaming chat completion request, asking for the usage chunk when `include_usage`.
+pub fn chat_stream_body(model: &str, content: &str, include_usage: bool) -> Value {
+    let mut body = chat_body(model, content);
+    body["stream"] = json!(true);
+    if include_usage {
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    body
+}
+
+/// A complete (non-streamed) response.
+#[derive(Debug, Clone)]
+pub struct HttpResponse {
+    /// Status code.
+    pub status: u16,
+    /// Response headers.
+    pub headers: HeaderMap,
+    /// Response body.
+    pub body: Bytes,
+    /// Time from sending to the complete body.
+    pub elapsed: Duration,
+}
+
+impl HttpResponse {
+    /// First value of a header as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The body parsed as JSON (`Value::Null` when it is not JSON).
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+
+    /// The body as text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Sends a request with optional JSON body and extra headers, reads the whole answer.
+pub async fn send(
+    method: reqwest::Method,
+    url: &str,
+    body: Option<&Value>,
+    headers: &[(&str, &str)],
+) -> Result<HttpResponse> {
+    let started = Instant::now();
+    let mut request = http_client().request(method, url);
+    if let Some(body) = body {
+        request = request
+            .header("content-type", "application/json")
+            .body(body.to_string());
+    }
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request
+        .send()
+        .await
+        .with_context(|| format!("send {url}"))?;
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = response.bytes().await.context("read body")?;
+    Ok(HttpResponse {
+        status,
+        headers,
+        body,
+        elapsed: started.elapsed(),
+    })
+}
+
+/// POSTs a JSON body with extra headers and reads the whole answer.
+pub async fn post_json(url: &str, body: &Value, headers: &[(&str, &str)]) -> Result<HttpResponse> {
+    send(reqwest::Method::POST, url, Some(body), headers).await
+}
+
+/// POSTs raw bytes (e.g. invalid JSON) with a JSON content type.
+pub async fn post_raw(url: &str, body: &str, headers: &[(&str, &str)]) -> Result<HttpResponse> {
+    let started = Instant::now();
+    let mut request = http_client()
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request
+        .send()
+        .await
+        .with_context(|| format!("send {url}"))?;
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = response.bytes().await.context("read body")?;
+    Ok(HttpResponse {
+        status,
+        headers,
+        body,
+        elapsed: started.elapsed(),
+    })
+}
+
+/// GETs a URL with extra headers and reads the whole answer.
+pub async fn get(url: &str, headers: &[(&str, &str)]) -> Result<HttpResponse> {
+    send(reqwest::Method::GET, url, None, headers).await
+}
+
+/// One server-sent event and when its last byte arrived.
+#[derive(Debug, Clone)]
+pub struct SseEvent {
+    /// The `event:` field, when present.
+    pub event: Option<String>,
+    /// The `data:` lines joined by `\n`.
+    pub data: String,
+    /// Arrival of the read that completed the event.
+    pub at: Instant,
+}
+
+impl SseEvent {
+    /// The data parsed as JSON (`None` for `[DONE]` and non-JSON data).
+    pub fn json(&self) -> Option<Value> {
+        serde_json::from_str(&self.data).ok()
+    }
+}
+
+/// A streamed response split into events with their arrival times.
+#[derive(Debug, Clone)]
+pub struct SseResponse {
+    /// Status code.
+    pub status: u16,
+    /// Response headers.
+    pub headers: HeaderMap,
+    /// When the request was sent.
+    pub sent_at: Instant,
+    /// When the response headers arrived.
+    pub headers_at: Instant,
+    /// Events in arrival order.
+    pub events: Vec<SseEvent>,
+    /// Bytes after the last complete event (should be empty).
+    pub trailing: String,
+    /// The whole body as received.
+    pub raw: Bytes,
+}
+
+impl SseResponse {
+    /// First value of a header as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// JSON payloads of all events except `[DONE]`.
+    pub fn chunks(&self) -> Vec<Value> {
+        self.events.iter().filter_map(SseEvent::json).collect()
+    }
+
+    /// Whether the last event is `data: [DONE]`.
+    pub fn done(&self) -> bool {
+        self.events.last().map(|e| e.data.as_str()) == Some("[DONE]")
+    }
+
+    /// Concatenated `choices[0].delta.content` (chat) or `choices[0].text` (completions).
+    pub fn content(&self) -> String {
+        self.chunks()
+            .iter()
+            .filter_map(|c| {
+                c.pointer("/choices/0/delta/content")
+                    .or_else(|| c.pointer("/choices/0/text"))
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            })
+            .collect()
+    }
+
+    /// The last non-null `usage` object of the stream.
+    pub fn usage(&self) -> Option<Value> {
+        self.chunks()
+            .into_iter()
+            .rev()
+            .find_map(|c| c.get("usage").filter(|u| !u.is_null()).cloned())
+    }
+
+    /// Time from sending to the first event (time to first token).
+    pub fn time_to_first_event(&self) -> Option<Duration> {
+        self.events.first().map(|e| e.at - self.sent_at)
+    }
+
+    /// Gaps between consecutive events.
+    pub fn gaps(&self) -> Vec<Duration> {
+        self.events.windows(2).map(|w| w[1].at - w[0].at).collect()
+    }
+}
+
+/// POSTs a JSON body and reads the answer as a stream of SSE events.
+pub async fn stream_sse(url: &str, body: &Value, headers: &[(&str, &str)]) -> Result<SseResponse> {
+    let sent_at = Instant::now();
+    let mut request = http_client()
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "text/event-stream")
+        .body(body.to_string());
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request
+        .send()
+        .await
+        .with_context(|| format!("send {url}"))?;
+    read_sse(response, sent_at).await
+}
+
+/// Reads an already started response as SSE, timing each event.
+pub async fn read_sse(response: reqwest::Response, sent_at: Instant) -> Result<SseResponse> {
+    let headers_at = Instant::now();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let mut parser = SseParser::default();
+    let mut raw = Vec::new();
+    let mut events = Vec::new();
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.context("read stream")?;
+        let at = Instant::now();
+        raw.extend_from_slice(&chunk);
+        events.extend(parser.push(&chunk, at));
+    }
+    Ok(SseResponse {
+        status,
+        headers,
+        sent_at,
+        headers_at,
+        events,
+        trailing: parser.remainder(),
+        raw: Bytes::from(raw),
+    })
+}
+
+/// Incremental SSE parser: events end at a blank line (`\n\n` or `\r\n\r\n`).
+/// Buffers bytes, so a UTF-8 character or a line ending split across reads is fine.
+#[derive(Debug, Default)]
+pub struct SseParser {
+    buffer: Vec<u8>,
+}
+
+impl SseParser {
+    /// Feeds bytes; returns the events they completed, stamped with `at`.
+    pub fn push(&mut self, bytes: &[u8], at: Instant) -> Vec<SseEvent> {
+        self.buffer.extend_from_slice(bytes);
+        let mut events = Vec::new();
+        while let Some((end, separator)) = block_end(&self.buffer) {
+            let block: Vec<u8> = self.buffer.drain(..end + separator).collect();
+            let block = String::from_utf8_lossy(&block);
+            let mut event = None;
+            let mut data: Vec<&str> = Vec::new();
+            for line in block.lines() {
+                if let Some(value) = line.strip_prefix("data:") {
+                    data.push(value.strip_prefix(' ').unwrap_or(value));
+                } else if let Some(value) = line.strip_prefix("event:") {
+                    event = Some(value.trim().to_string());
+                }
+            }
+            if !data.is_empty() || event.is_some() {
+                events.push(SseEvent {
+                    event,
+                    data: data.join("\n"),
+                    at,
+                });
+            }
+        }
+        events
+    }
+
+    /// Bytes not yet part of a complete event.
+    pub fn remainder(&self) -> String {
+        String::from_utf8_lossy(&self.buffer).into_owned()
+    }
+}
+
+/// Position and length of the first blank-line separator in `buffer`.
+fn block_end(buffer: &[u8]) -> Option<(usize, usize)> {
+    (0..buffer.len()).find_map(|i| {
+        let rest = &buffer[i..];
+        if rest.starts_with(b"\n\n") {
+            Some((i, 2))
+        } else if rest.starts_with(b"\r\n\r\n") {
+            Some((i, 4))
+        } else {
+            None
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_parser_handles_split_reads_and_crlf() {
+        let mut parser = SseParser::default();
+        let at = Instant::now();
+        assert!(parser.push(b"data: {\"a\":", at).is_empty());
+        let events = parser.push(b"1}\n\nevent: x\r\ndata: [DONE]\r\n\r\ndata: par", at);
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[0].json(), Some(json!({"a": 1})));
+        assert_eq!(events[1].event.as_deref(), Some("x"));
+        assert_eq!(events[1].data, "[DONE]");
+        assert_eq!(parser.remainder(), "data: par");
+    }
+
+    #[test]
+    fn sse_parser_keeps_utf8_split_across_reads() {
+        let mut parser = SseParser::default();
+        let at = Instant::now();
+        let text = "data: é\n\n".as_bytes();
+        assert!(parser.push(&text[..7], at).is_empty());
+        let events = parser.push(&text[7..], at);
+        assert_eq!(events[0].data, "é");
+    }
+
+    #[test]
+    fn stream_bodies_ask_for_usage_only_when_told() {
+        assert_eq!(
+            chat_stream_body("m", "c", false).get("stream_options"),
+            None
+        );
+        assert_eq!(
+            chat_stream_body("m", "c", true)["stream_options"]["include_usage"],
+            true
+        );
+    }
+}

@@ -1,0 +1,858 @@
+//! A mock OpenAI-compatible upstream, so end-to-end tests can assert exactly what
+//! reached the provider and script how it answers (status, latency, streaming
+//! pace, dropped connections) without any real provider.
+//!
+//! It runs on its own thread and Tokio runtime, so it keeps serving while a test
+//! blocks (on Envoy's admin API, say) and works from sync and async tests alike.
+
+use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, oneshot};
+
+/// Request header: reply with this status and an OpenAI-shaped error body.
+pub const HEADER_STATUS: &str = "x-mock-status";
+/// Request header: wait this many milliseconds before the response headers.
+pub const HEADER_DELAY_MS: &str = "x-mock-delay-ms";
+/// Request header: wait this many milliseconds between SSE events.
+pub const HEADER_CHUNK_DELAY_MS: &str = "x-mock-chunk-delay-ms";
+/// Request header: `1` drops the connection without any response.
+pub const HEADER_RESET: &str = "x-mock-reset";
+/// Request header: fail the first N attempts sharing one `idempotency-key` with 503
+/// (requests without the key share one counter).
+pub const HEADER_FAIL_FIRST: &str = "x-mock-fail-first";
+/// Response header naming the instance that answered.
+pub const HEADER_INSTANCE: &str = "x-mock-instance";
+
+/// Pause between SSE events unless configured otherwise.
+pub const DEFAULT_CHUNK_DELAY_MS: u64 = 50;
+
+/// Length of every embedding vector the mock returns.
+pub const EMBEDDING_DIMENSIONS: usize = 8;
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// How to start a [`MockUpstream`].
+#[derive(Debug, Clone)]
+pub struct MockConfig {
+    /// Instance name: in `x-mock-instance`, in every answer's content and ids.
+    pub name: String,
+    /// Address to bind; loopback unless a demo needs otherwise.
+    pub host: IpAddr,
+    /// Port to bind; 0 picks a free one.
+    pub port: u16,
+    /// Delay before the response headers of every request.
+    pub default_delay_ms: u64,
+    /// Pause between SSE events.
+    pub chunk_delay_ms: u64,
+}
+
+impl Default for MockConfig {
+    fn default() -> Self {
+        Self {
+            name: "mock".to_string(),
+            host: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port: 0,
+            default_delay_ms: 0,
+            chunk_delay_ms: DEFAULT_CHUNK_DELAY_MS,
+        }
+    }
+}
+
+impl MockConfig {
+    /// Default configuration with the given instance name.
+    pub fn named(name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            ..Self::default()
+        }
+    }
+}
+
+/// One request as the mock received it.
+#[derive(Debug, Clone)]
+pub struct RecordedRequest {
+    /// `GET`, `POST`, ...
+    pub method: String,
+    /// Path without the query string.
+    pub path: String,
+    /// Query string without `?`, when present.
+    pub query: Option<String>,
+    /// Headers in arrival order, names lowercased, repeated names kept.
+    pub headers: Vec<(String, String)>,
+    /// Complete request body.
+    pub body: Bytes,
+    /// When the request head arrived.
+    pub received_at: Instant,
+}
+
+impl RecordedRequest {
+    /// First value of a header (name is case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Every value of a header, in arrival order.
+    pub fn header_all(&self, name: &str) -> Vec<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .filter(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+
+    /// A header parsed as a number (scripting headers).
+    fn header_u64(&self, name: &str) -> Option<u64> {
+        self.header(name).and_then(|v| v.trim().parse().ok())
+    }
+
+    /// The body parsed as JSON, when it is JSON.
+    pub fn json(&self) -> Option<Value> {
+        serde_json::from_slice(&self.body).ok()
+    }
+}
+
+/// A one-shot behaviour consumed by the next request (see [`MockUpstream::push_script`]).
+#[derive(Debug, Clone, Default)]
+pub struct Script {
+    /// Reply with this status (an OpenAI error body when >= 400).
+    pub status: Option<u16>,
+    /// Delay before the response headers.
+    pub delay_ms: Option<u64>,
+    /// Drop the connection without a response.
+    pub reset: bool,
+}
+
+struct State {
+    name: String,
+    requests: Mutex<Vec<RecordedRequest>>,
+    scripts: Mutex<VecDeque<Script>>,
+    attempts: Mutex<HashMap<String, u64>>,
+    status: Mutex<Option<u16>>,
+    default_delay_ms: AtomicU64,
+    chunk_delay_ms: AtomicU64,
+    in_flight: AtomicUsize,
+    peak_in_flight: AtomicUsize,
+    sequence: AtomicU64,
+}
+
+/// Poisoning only means another test thread panicked; the data is still usable.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Counts a request as in flight until dropped (after the last byte for streams).
+struct InFlight(Arc<State>);
+
+impl InFlight {
+    fn new(state: Arc<State>) -> Self {
+        let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        state.peak_in_flight.fetch_max(now, Ordering::SeqCst);
+        Self(state)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A running mock upstream; stops when dropped.
+pub struct MockUpstream {
+    state: Arc<State>,
+    addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl MockUpstream {
+    /// Binds `config.host:config.port` and serves on a thread of its own.
+    ///
+    /// Panics when the port cannot be bound: this is test infrastructure.
+    pub fn start(config: MockConfig) -> MockUpstream {
+        Self::try_start(config).unwrap_or_else(|e| panic!("mock upstream: {e}"))
+    }
+
+    /// Like [`MockUpstream::start`], returning bind errors.
+    pub fn try_start(config: MockConfig) -> std::io::Result<MockUpstream> {
+        let listener = std::net::TcpListener::bind((config.host, config.port))?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(State {
+            name: config.name.clone(),
+            requests: Mutex::new(Vec::new()),
+            scripts: Mutex::new(VecDeque::new()),
+            attempts: Mutex::new(HashMap::new()),
+            status: Mutex::new(None),
+            default_delay_ms: AtomicU64::new(config.default_delay_ms),
+            chunk_delay_ms: AtomicU64::new(config.chunk_delay_ms),
+            in_flight: AtomicUsize::new(0),
+            peak_in_flight: AtomicUsize::new(0),
+            sequence: AtomicU64::new(0),
+        });
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name(format!("mock-{}", config.name))
+            .enable_all()
+            .build()?;
+        let (shutdown, stop) = oneshot::channel();
+        let serve_state = Arc::clone(&state);
+        let thread = std::thread::Builder::new()
+            .name(format!("mock-{}", config.name))
+            .spawn(move || {
+                runtime.block_on(serve(listener, serve_state, stop));
+                // Open connections and streams end with the runtime.
+                runtime.shutdown_timeout(Duration::from_secs(1));
+            })?;
+        Ok(MockUpstream {
+            state,
+            addr,
+            shutdown: Some(shutdown),
+            thread: Some(thread),
+        })
+    }
+
+    /// Port the mock listens on.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// Address the mock listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Base URL, e.g. `http://127.0.0.1:4321`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Instance name.
+    pub fn name(&self) -> &str {
+        &self.state.name
+    }
+
+    /// Every request received since start (or the last [`clear`](Self::clear)).
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        lock(&self.state.requests).clone()
+    }
+
+    /// Number of requests received since start (or the last clear).
+    pub fn request_count(&self) -> usize {
+        lock(&self.state.requests).len()
+    }
+
+    /// The most recent request, if any.
+    pub fn last_request(&self) -> Option<RecordedRequest> {
+        lock(&self.state.requests).last().cloned()
+    }
+
+    /// Forgets recorded requests, `x-mock-fail-first` attempt counts and the
+    /// in-flight peak. Scripts and instance settings stay.
+    pub fn clear(&self) {
+        lock(&self.state.requests).clear();
+        lock(&self.state.attempts).clear();
+        self.state.peak_in_flight.store(
+            self.state.in_flight.load(Ordering::SeqCst),
+            Ordering::SeqCst,
+        );
+    }
+
+    /// Delay before the response headers of every later request.
+    pub fn set_default_delay_ms(&self, ms: u64) {
+        self.state.default_delay_ms.store(ms, Ordering::SeqCst);
+    }
+
+    /// Pause between SSE events of every later stream.
+    pub fn set_chunk_delay_ms(&self, ms: u64) {
+        self.state.chunk_delay_ms.store(ms, Ordering::SeqCst);
+    }
+
+    /// Status for every later request (`None` restores normal answers).
+    pub fn set_status(&self, status: Option<u16>) {
+        *lock(&self.state.status) = status;
+    }
+
+    /// Queues a one-shot behaviour; each request consumes the oldest one.
+    pub fn push_script(&self, script: Script) {
+        lock(&self.state.scripts).push_back(script);
+    }
+
+    /// Scripts not consumed yet.
+    pub fn pending_scripts(&self) -> usize {
+        lock(&self.state.scripts).len()
+    }
+
+    /// Requests whose response has not finished (streams count until their last event).
+    pub fn in_flight(&self) -> usize {
+        self.state.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Highest [`in_flight`](Self::in_flight) seen since start (or the last clear).
+    pub fn peak_in_flight(&self) -> usize {
+        self.state.peak_in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Polls until at least `count` requests were received or `timeout` passes;
+    /// returns whether the count was reached.
+    pub fn wait_for_requests(&self, count: usize, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.request_count() >= count {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for MockUpstream {
+    fn drop(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+async fn serve(
+    listener: std::net::TcpListener,
+    state: Arc<State>,
+    mut stop: oneshot::Receiver<()>,
+) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(listener) => listener,
+        Err(e) => {
+            eprintln!("mock {}: cannot listen: {e}", state.name);
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else {
+                    // Out of descriptors or similar: back off instead of spinning.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                let _ = stream.set_nodelay(true);
+                let state = Arc::clone(&state);
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| handle(Arc::clone(&state), req));
+                    // Errors here are resets we asked for or clients going away.
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        }
+    }
+}
+
+/// Returned by the service to make hyper drop the connection without a response.
+#[derive(Debug)]
+struct ResetConnection;
+
+impl std::fmt::Display for ResetConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("connection reset by script")
+    }
+}
+
+impl std::error::Error for ResetConnection {}
+
+async fn handle(
+    state: Arc<State>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ResetConnection> {
+    let in_flight = InFlight::new(Arc::clone(&state));
+    let received_at = Instant::now();
+    let (parts, body) = req.into_parts();
+    let headers: Vec<(String, String)> = parts
+        .headers
+        .iter()
+        .map(|(n, v)| {
+            (
+                n.as_str().to_ascii_lowercase(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    let body = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(_) => return Err(ResetConnection),
+    };
+    let recorded = RecordedRequest {
+        method: parts.method.to_string(),
+        path: parts.uri.path().to_string(),
+        query: parts.uri.query().map(str::to_string),
+        headers,
+        body,
+        received_at,
+    };
+    lock(&state.requests).push(recorded.clone());
+
+    let script = lock(&state.scripts).pop_front().unwrap_or_default();
+    let delay_ms = recorded
+        .header_u64(HEADER_DELAY_MS)
+        .or(script.delay_ms)
+        .unwrap_or_else(|| state.default_delay_ms.load(Ordering::SeqCst));
+    let chunk_delay_ms = recorded
+        .header_u64(HEADER_CHUNK_DELAY_MS)
+        .unwrap_or_else(|| state.chunk_delay_ms.load(Ordering::SeqCst));
+    let reset = script.reset || recorded.header(HEADER_RESET) == Some("1");
+    let mut status = recorded
+        .header_u64(HEADER_STATUS)
+        .and_then(|s| u16::try_from(s).ok())
+        .or(script.status)
+        .or(*lock(&state.status));
+    if let Some(fail_first) = recorded.header_u64(HEADER_FAIL_FIRST) {
+        let key = recorded
+            .header("idempotency-key")
+            .unwrap_or_default()
+            .to_string();
+        let mut attempts = lock(&state.attempts);
+        let attempt = attempts.entry(key).or_insert(0);
+        *attempt += 1;
+        if *attempt <= fail_first {
+            status = Some(503);
+        }
+    }
+
+    if delay_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+    }
+    if reset {
+        return Err(ResetConnection);
+    }
+
+    let status = status.and_then(|s| StatusCode::from_u16(s).ok());
+    let mut response = match status {
+        Some(status) if status.as_u16() >= 400 => error_response(
+            status,
+            &format!("mock {} scripted status {}", state.name, status.as_u16()),
+            "mock_status",
+        ),
+        _ => {
+            let mut response = route(&state, &parts.method, &recorded, chunk_delay_ms, in_flight);
+            if let Some(status) = status {
+                *response.status_mut() = status;
+            }
+            response
+        }
+    };
+    if let Ok(name) = HeaderValue::from_str(&state.name) {
+        response.headers_mut().insert(HEADER_INSTANCE, name);
+    }
+    Ok(response)
+}
+
+/// Dispatches on method and path; `in_flight` moves into streaming bodies.
+fn route(
+    state: &State,
+    method: &Method,
+    req: &RecordedRequest,
+    chunk_delay_ms: u64,
+    in_flight: InFlight,
+) -> Response<Body> {
+    match (method, req.path.as_str()) {
+        (&Method::GET, "/health") => text_response(StatusCode::OK, "ok"),
+        (&Method::GET, "/v1/models") => json_response(StatusCode::OK, &models(state)),
+        (&Method::POST, "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings") => {
+            let Ok(body) = serde_json::from_slice::<Value>(&req.body) else {
+                return error_response(
+                    StatusCode::BAD_REQUEST,
+                    "request body is not valid JSON",
+                    "invalid_json",
+                );
+            };
+            let answer = Answer::new(state, &body);
+            match req.path.as_str() {
+                "/v1/embeddings" => json_response(StatusCode::OK, &answer.embeddings(&body)),
+                "/v1/completions" if answer.stream => {
+                    sse_response(answer.completion_events(), chunk_delay_ms, in_flight)
+                }
+                "/v1/completions" => json_response(StatusCode::OK, &answer.completion()),
+                _ if answer.stream => sse_response(answer.chat_events(), chunk_delay_ms, in_flight),
+                _ => json_response(StatusCode::OK, &answer.chat()),
+            }
+        }
+        _ => error_response(
+            StatusCode::NOT_FOUND,
+            &format!("unknown endpoint {} {}", req.method, req.path),
+            "unknown_url",
+        ),
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
+}
+
+/// Rough, deterministic token count: whitespace-separated words, at least 1.
+fn count_tokens(text: &str) -> u64 {
+    (text.split_whitespace().count() as u64).max(1)
+}
+
+/// Text of an OpenAI message `content`: a string or an array of parts.
+fn content_text(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(" "),
+        _ => String::new(),
+    }
+}
+
+/// Strings of a prompt or embeddings `input`: a string or an array of strings.
+fn input_texts(input: Option<&Value>) -> Vec<String> {
+    match input {
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|i| match i {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .collect(),
+        Some(other) => vec![other.to_string()],
+        None => vec![String::new()],
+    }
+}
+
+/// Everything a completion answer is derived from, computed once per request.
+struct Answer {
+    id: String,
+    model: String,
+    created: u64,
+    stream: bool,
+    include_usage: bool,
+    prompt: String,
+    text: String,
+}
+
+impl Answer {
+    fn new(state: &State, body: &Value) -> Self {
+        let sequence = state.sequence.fetch_add(1, Ordering::SeqCst) + 1;
+        let model = body
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or("unknown")
+            .to_string();
+        let stream = body.get("stream").and_then(Value::as_bool) == Some(true);
+        let include_usage = body
+            .pointer("/stream_options/include_usage")
+            .and_then(Value::as_bool)
+            == Some(true);
+        let (prompt, last) = match body.get("messages").and_then(Value::as_array) {
+            Some(messages) => {
+                let texts: Vec<String> = messages
+                    .iter()
+                    .map(|m| content_text(m.get("content").unwrap_or(&Value::Null)))
+                    .collect();
+                let last_user = messages
+                    .iter()
+                    .rev()
+                    .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+                    .map(|m| content_text(m.get("content").unwrap_or(&Value::Null)))
+                    .unwrap_or_default();
+                (texts.join(" "), last_user)
+            }
+            None => {
+                let prompt = input_texts(body.get("prompt")).join(" ");
+                (prompt.clone(), prompt)
+            }
+        };
+        Self {
+            id: format!("{}-{sequence}", state.name),
+            model,
+            created: unix_now(),
+            stream,
+            include_usage,
+            text: format!("echo: {last} [{}]", state.name),
+            prompt,
+        }
+    }
+
+    fn usage(&self) -> Value {
+        let prompt_tokens = count_tokens(&self.prompt);
+        let completion_tokens = count_tokens(&self.text);
+        json!({
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        })
+    }
+
+    /// The answer text cut into a few deltas, each word keeping its trailing space.
+    fn pieces(&self) -> Vec<String> {
+        self.text.split_inclusive(' ').map(str::to_string).collect()
+    }
+
+    fn chat(&self) -> Value {
+        json!({
+            "id": format!("chatcmpl-{}", self.id),
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": self.text},
+                "logprobs": null,
+                "finish_reason": "stop",
+            }],
+            "usage": self.usage(),
+        })
+    }
+
+    fn chat_chunk(&self, delta: Value, finish_reason: Option<&str>) -> Value {
+        let mut chunk = json!({
+            "id": format!("chatcmpl-{}", self.id),
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{
+                "index": 0,
+                "delta": delta,
+                "logprobs": null,
+                "finish_reason": finish_reason,
+            }],
+        });
+        if self.include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
+    }
+
+    fn chat_events(&self) -> Vec<String> {
+        let mut events = vec![self.chat_chunk(json!({"role": "assistant", "content": ""}), None)];
+        for piece in self.pieces() {
+            events.push(self.chat_chunk(json!({"content": piece}), None));
+        }
+        events.push(self.chat_chunk(json!({}), Some("stop")));
+        if self.include_usage {
+            events.push(json!({
+                "id": format!("chatcmpl-{}", self.id),
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [],
+                "usage": self.usage(),
+            }));
+        }
+        sse_data(events)
+    }
+
+    fn completion(&self) -> Value {
+        json!({
+            "id": format!("cmpl-{}", self.id),
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{
+                "index": 0,
+                "text": self.text,
+                "logprobs": null,
+                "finish_reason": "stop",
+            }],
+            "usage": self.usage(),
+        })
+    }
+
+    fn completion_chunk(&self, text: &str, finish_reason: Option<&str>) -> Value {
+        let mut chunk = json!({
+            "id": format!("cmpl-{}", self.id),
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{
+                "index": 0,
+                "text": text,
+                "logprobs": null,
+                "finish_reason": finish_reason,
+            }],
+        });
+        if self.include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
+    }
+
+    fn completion_events(&self) -> Vec<String> {
+        let mut events: Vec<Value> = self
+            .pieces()
+            .iter()
+            .map(|piece| self.completion_chunk(piece, None))
+            .collect();
+        events.push(self.completion_chunk("", Some("stop")));
+        if self.include_usage {
+            events.push(json!({
+                "id": format!("cmpl-{}", self.id),
+                "object": "text_completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": [],
+                "usage": self.usage(),
+            }));
+        }
+        sse_data(events)
+    }
+
+    fn embeddings(&self, body: &Value) -> Value {
+        let inputs = input_texts(body.get("input"));
+        let prompt_tokens: u64 = inputs.iter().map(|i| count_tokens(i)).sum();
+        let data: Vec<Value> = inputs
+            .iter()
+            .enumerate()
+            .map(|(index, input)| {
+                json!({
+                    "object": "embedding",
+                    "index": index,
+                    "embedding": embedding(input),
+                })
+            })
+            .collect();
+        json!({
+            "object": "list",
+            "data": data,
+            "model": self.model,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+        })
+    }
+}
+
+/// SSE `data:` events for each JSON chunk, then the `[DONE]` sentinel.
+fn sse_data(chunks: Vec<Value>) -> Vec<String> {
+    chunks
+        .into_iter()
+        .map(|c| format!("data: {c}\n\n"))
+        .chain(std::iter::once("data: [DONE]\n\n".to_string()))
+        .collect()
+}
+
+/// A deterministic unit-range vector derived from the text (FNV-1a, then an LCG).
+pub fn embedding(text: &str) -> Vec<f64> {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in text.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    (0..EMBEDDING_DIMENSIONS)
+        .map(|_| {
+            hash = hash
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            // Top 24 bits scaled to [-1, 1), rounded so JSON stays short.
+            let unit = (hash >> 40) as f64 / f64::from(1u32 << 24);
+            ((unit * 2.0 - 1.0) * 1e6).round() / 1e6
+        })
+        .collect()
+}
+
+fn models(state: &State) -> Value {
+    let data: Vec<Value> = ["gpt-4o", "gpt-4o-mini", "text-embedding-3-small"]
+        .iter()
+        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": state.name}))
+        .collect();
+    json!({"object": "list", "data": data})
+}
+
+fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into()).boxed()
+}
+
+fn with_content_type(mut response: Response<Body>, content_type: &'static str) -> Response<Body> {
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+fn text_response(status: StatusCode, text: &'static str) -> Response<Body> {
+    let mut response = Response::new(full(text));
+    *response.status_mut() = status;
+    with_content_type(response, "text/plain")
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
+    let mut response = Response::new(full(body.to_string()));
+    *response.status_mut() = status;
+    with_content_type(response, "application/json")
+}
+
+/// The OpenAI error type SDKs expect for a status.
+fn error_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 | 404 | 422 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        429 => "rate_limit_error",
+        _ => "server_error",
+    }
+}
+
+fn error_response(status: StatusCode, message: &str, code: &str) -> Response<Body> {
+    json_response(
+        status,
+        &json!({"error": {"message": message, "type": error_type(status), "code": code}}),
+    )
+}
+
+/// Streams `events` one frame each, `chunk_delay_ms` apart, each flushed on its own.
+fn sse_response(events: Vec<String>, chunk_delay_ms: u64, in_flight: InFlight) -> Response<Body> {
+    let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1);
+    tokio::spawn(async move {
+        let _in_flight = in_flight;
+        for (i, event) in events.into_iter().enumerate() {
+            if i > 0 && chunk_delay_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(chunk_delay_ms)).await;
+            }
+            if tx.send(Ok(Frame::data(Bytes::from(event)))).await.is_err() {
+                return; // client went away
+            }
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|frame| (frame, rx))
+    });
+    let mut response = Response::new(StreamBody::new(stream).boxed());
+    response
+        .headers_mut()
+        .insert("cache-control", HeaderValue::from_static("no-cache"));
+    with_content_type(response, "text/event-stream")
+}
