@@ -68,12 +68,18 @@ mod tests {
     #[test]
     fn recognises_llm_calls_by_method_and_path() {
         let p = DEFAULT_PATHS;
-        assert_eq!(classify("POST", "/v1/chat/completions", &p), Some(Endpoint::Chat));
+        assert_eq!(
+            classify("POST", "/v1/chat/completions", &p),
+            Some(Endpoint::Chat)
+        );
         assert_eq!(
             classify("POST", "/v1/completions?x=1", &p),
             Some(Endpoint::Completions)
         );
-        assert_eq!(classify("POST", "/v1/embeddings", &p), Some(Endpoint::Embeddings));
+        assert_eq!(
+            classify("POST", "/v1/embeddings", &p),
+            Some(Endpoint::Embeddings)
+        );
         assert_eq!(classify("GET", "/v1/chat/completions", &p), None);
         assert_eq!(classify("POST", "/v1/models", &p), None);
         assert_eq!(classify("POST", "/v1/chat/completions/x", &p), None);
@@ -83,13 +89,19 @@ mod tests {
             classify("POST", "/openai/deployments/gpt/chat/completions", &custom),
             Some(Endpoint::Chat)
         );
-        assert_eq!(classify("POST", "/generate", &custom), Some(Endpoint::Other));
+        assert_eq!(
+            classify("POST", "/generate", &custom),
+            Some(Endpoint::Other)
+        );
         assert_eq!(classify("POST", "/v1/chat/completions", &custom), None);
     }
 
     #[test]
     fn reads_the_model() {
-        assert_eq!(model(br#"{"model":"gpt-4o","x":[1]}"#).as_deref(), Some("gpt-4o"));
+        assert_eq!(
+            model(br#"{"model":"gpt-4o","x":[1]}"#).as_deref(),
+            Some("gpt-4o")
+        );
         assert_eq!(model(br#"{"messages":[]}"#), None);
         assert_eq!(model(b"not json"), None);
         assert_eq!(model(br#"{"model":3}"#), None);

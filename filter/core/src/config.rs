@@ -30,7 +30,11 @@ impl ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid configuration at `{}`: {}", self.field, self.message)
+        write!(
+            f,
+            "invalid configuration at `{}`: {}",
+            self.field, self.message
+        )
     }
 }
 
@@ -115,7 +119,10 @@ impl Config {
         let json = json.trim_ascii();
         let json = if json.is_empty() { &b"{}"[..] } else { json };
         if json.first() != Some(&b'{') {
-            return Err(ConfigError::new(".", "the configuration must be a JSON object"));
+            return Err(ConfigError::new(
+                ".",
+                "the configuration must be a JSON object",
+            ));
         }
         let de = &mut serde_json::Deserializer::from_slice(json);
         let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
@@ -206,10 +213,22 @@ mod tests {
     fn errors_name_the_field_and_value() {
         for (doc, field, needle) in [
             (r#"{"bogus":1}"#, "bogus", "unknown field"),
-            (r#"{"priority":{"defualt":"P1"}}"#, "priority.defualt", "unknown field"),
+            (
+                r#"{"priority":{"defualt":"P1"}}"#,
+                "priority.defualt",
+                "unknown field",
+            ),
             (r#"{"priority":{"default":"P7"}}"#, "priority.default", "P7"),
-            (r#"{"priority":{"trust_client":"yes"}}"#, "priority.trust_client", "yes"),
-            (r#"{"tracing":{"mode":"sometimes"}}"#, "tracing.mode", "sometimes"),
+            (
+                r#"{"priority":{"trust_client":"yes"}}"#,
+                "priority.trust_client",
+                "yes",
+            ),
+            (
+                r#"{"tracing":{"mode":"sometimes"}}"#,
+                "tracing.mode",
+                "sometimes",
+            ),
             (r#"{"llm_paths":["v1/chat"]}"#, "llm_paths[0]", "v1/chat"),
             (r#"{"llm_paths":"x"}"#, "llm_paths", "x"),
             ("[1]", ".", "JSON object"),

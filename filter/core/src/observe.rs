@@ -140,8 +140,14 @@ mod tests {
             m.counters["llm_filter_requests_total.priority.P0.model.gpt-4o.outcome.success"],
             1
         );
-        assert_eq!(m.histograms["gen_ai_client_operation_duration_ms.model.gpt-4o"], [500]);
-        assert_eq!(m.histograms["gen_ai_server_time_to_first_token_ms.model.gpt-4o"], [200]);
+        assert_eq!(
+            m.histograms["gen_ai_client_operation_duration_ms.model.gpt-4o"],
+            [500]
+        );
+        assert_eq!(
+            m.histograms["gen_ai_server_time_to_first_token_ms.model.gpt-4o"],
+            [200]
+        );
         assert_eq!(
             m.counters["gen_ai_client_token_usage_total.model.gpt-4o.token_type.input"],
             10
@@ -162,6 +168,9 @@ mod tests {
             ..Default::default()
         }
         .emit(&mut m);
-        assert_eq!(m.histograms["gen_ai_client_operation_duration_ms.model.m"], [0]);
+        assert_eq!(
+            m.histograms["gen_ai_client_operation_duration_ms.model.m"],
+            [0]
+        );
     }
 }

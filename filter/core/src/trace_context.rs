@@ -102,11 +102,11 @@ fn new_id<const N: usize>(rng: &mut dyn Random) -> [u8; N] {
 }
 
 fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {
-        s.push(char::from(DIGITS[usize::from(b >> 4)]));
-        s.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+        for n in [b >> 4, b & 0x0f] {
+            s.push(char::from_digit(u32::from(n), 16).unwrap_or('0'));
+        }
     }
     s
 }
@@ -193,7 +193,9 @@ mod tests {
         assert_ne!(hex(&p.parent_id), "00f067aa0ba902b7");
         assert_eq!(p.flags, 1);
         let unsampled = VALID.replace("-01", "-00");
-        assert!(next(Some(&unsampled), &mut rng).traceparent.ends_with("-00"));
+        assert!(next(Some(&unsampled), &mut rng)
+            .traceparent
+            .ends_with("-00"));
     }
 
     #[test]

@@ -101,7 +101,13 @@ impl Http {
                 call.trace_id = incoming
                     .as_deref()
                     .and_then(trace_context::TraceParent::parse)
-                    .map(|_| incoming.unwrap_or_default().get(3..35).unwrap_or("").to_string());
+                    .map(|_| {
+                        incoming
+                            .unwrap_or_default()
+                            .get(3..35)
+                            .unwrap_or("")
+                            .to_string()
+                    });
             }
         }
     }
@@ -150,7 +156,8 @@ impl HttpContext for Http {
             return Action::Continue;
         };
         if !call.request_body_overflow {
-            if let Ok(Some(chunk)) = hostcalls::get_buffer(BufferType::HttpRequestBody, 0, body_size)
+            if let Ok(Some(chunk)) =
+                hostcalls::get_buffer(BufferType::HttpRequestBody, 0, body_size)
             {
                 keep(
                     &mut call.request_body,
@@ -166,14 +173,18 @@ impl HttpContext for Http {
         let Some(call) = self.call.as_mut() else {
             return Action::Continue;
         };
-        call.status = host::header(MapType::HttpResponseHeaders, ":status")
-            .and_then(|s| s.parse().ok());
+        call.status =
+            host::header(MapType::HttpResponseHeaders, ":status").and_then(|s| s.parse().ok());
         let content_type = host::header(MapType::HttpResponseHeaders, "content-type");
         if content_type.is_some_and(|c| c.contains("text/event-stream")) {
             call.stream = Some(SseScanner::new());
         }
         if let Some(trace_id) = &call.trace_id {
-            if !host::set_header(MapType::HttpResponseHeaders, TRACE_ID_HEADER, Some(trace_id)) {
+            if !host::set_header(
+                MapType::HttpResponseHeaders,
+                TRACE_ID_HEADER,
+                Some(trace_id),
+            ) {
                 self.worker
                     .metrics
                     .borrow_mut()
