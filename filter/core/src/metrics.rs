@@ -19,6 +19,56 @@ pub const TOKEN_USAGE: &str = "gen_ai_client_token_usage_total";
 /// The filter's own trouble, by `reason`; the request continued untouched.
 pub const INTERNAL_ERRORS: &str = "llm_filter_internal_errors_total";
 
+// budget
+/// Share of its timeout budget a completed call used, in per-mille (0..=1000),
+/// by `priority`.
+pub const BUDGET_USED: &str = "llm_filter_budget_used_permille";
+/// Breaker tier of a backend (0 pass, 1 shed, 2 reject), by `cluster`.
+pub const BUDGET_BREAKER_TIER: &str = "llm_filter_budget_breaker_tier";
+/// Budget pressure of a backend over the breaker window, in per-mille, by `cluster`.
+pub const BUDGET_BREAKER_PRESSURE: &str = "llm_filter_budget_breaker_pressure_permille";
+/// Calls shed by the breaker, by `priority` and `reason`.
+pub const BUDGET_SHED: &str = "llm_filter_budget_shed_total";
+/// Calls rejected (breaker open, budget exhausted), by `priority` and `reason`.
+pub const BUDGET_REJECTED: &str = "llm_filter_budget_rejected_total";
+/// Retries allowed by the plans handed to Envoy (`x-envoy-max-retries`), by `cluster`.
+pub const BUDGET_RETRIES_PLANNED: &str = "llm_filter_budget_retries_planned_total";
+/// Calls planned without retries because the retry budget was spent, by `cluster`.
+pub const BUDGET_RETRY_BUDGET_SPENT: &str = "llm_filter_budget_retry_budget_spent_total";
+
+// cache
+/// Cache lookups of LLM calls, by `result` (`hit` | `miss` | `bypass` |
+/// `coalesced` | `stale`), the same value as the `x-cache` header.
+pub const CACHE_LOOKUPS: &str = "llm_filter_cache_lookups_total";
+/// Occupied cache slots (gauge, shared by all workers).
+pub const CACHE_ENTRIES: &str = "llm_filter_cache_entries";
+/// Bytes held by cache slots (gauge, shared by all workers).
+pub const CACHE_BYTES: &str = "llm_filter_cache_bytes";
+/// Fresh entries pushed out by another key's.
+pub const CACHE_EVICTIONS: &str = "llm_filter_cache_evictions_total";
+/// Calls that waited for an identical call in flight, by `outcome`
+/// (`served` | `upstream`).
+pub const CACHE_COALESCED_WAITS: &str = "llm_filter_cache_coalesced_waits_total";
+/// Answers offered to the cache, by `result` (`stored` or why not).
+pub const CACHE_STORES: &str = "llm_filter_cache_stores_total";
+
+// routing
+/// Calls sent to a routed cluster, by `cluster` and `outcome` (`success` |
+/// `client_error` | `rate_limited` | `server_error` | `reset` | `timeout`).
+pub const ROUTING_CALLS: &str = "llm_filter_routing_calls_total";
+/// Effective weight of a cluster for a model, ×1000, by `model` and `cluster`.
+pub const ROUTING_WEIGHT: &str = "llm_filter_routing_weight_milli";
+/// Clusters ejected (weight 0), by `cluster`.
+pub const ROUTING_EJECTIONS: &str = "llm_filter_routing_ejections_total";
+/// Calls routed on base weights because every backend was ejected, by `model`.
+pub const ROUTING_FALLBACKS: &str = "llm_filter_routing_fallbacks_total";
+/// Active probes, by `cluster` and `result` (`ok` | `fail`).
+pub const ROUTING_PROBES: &str = "llm_filter_routing_probes_total";
+/// Duration of routed calls in milliseconds, by `cluster`.
+pub const ROUTING_LATENCY: &str = "llm_filter_routing_call_duration_ms";
+/// Calls in flight to a cluster across workers, by `cluster`.
+pub const ROUTING_IN_FLIGHT: &str = "llm_filter_routing_in_flight";
+
 /// Label value used once a label has seen too many distinct values.
 pub const OTHER: &str = "other";
 /// Label value for a value that is absent.
@@ -107,7 +157,10 @@ mod tests {
             "m.model.meta-llama_Llama-3_1_8B.x.unknown"
         );
         let long = "a".repeat(500);
-        assert_eq!(name("m", &[("l", &long)]).len(), "m.l.".len() + MAX_VALUE_LEN);
+        assert_eq!(
+            name("m", &[("l", &long)]).len(),
+            "m.l.".len() + MAX_VALUE_LEN
+        );
     }
 
     #[test]

@@ -1,1 +1,284 @@
 //! Health-weighted routing: pick a model's backend cluster by measured health.
+//! Envoy balances hosts inside a cluster; choosing between clusters per model,
+//! by LLM-level health shared across workers, is this filter's job.
+//!
+//! The plugin calls [`plan`] once the request body is read, sets
+//! [`RoutingConfig::cluster_header`] to the chosen cluster (then refreshes the
+//! route) and rewrites the body when asked; it reports every dispatched call
+//! with [`health::record_start`] and [`health::record_outcome`]; and on each
+//! tick the worker that wins [`probe::try_lease`] probes every cluster of
+//! [`RoutingConfig::clusters`] and reports with [`health::record_probe`].
+
+pub mod config;
+pub mod health;
+pub mod probe;
+pub mod rewrite;
+pub mod rules;
+pub mod weight;
+
+pub use config::{Backend, ClusterTarget, RawRoutingConfig, RoutingConfig, Rule, When};
+pub use health::{CallResult, Health, Load, Outcome};
+pub use rules::Features;
+
+use crate::host::{Random, SharedStore};
+use crate::priority::Priority;
+
+/// Where one call goes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteDecision {
+    /// The model routed: the requested one, or the one a rule chose.
+    pub model: String,
+    /// Envoy cluster to send the call to (the cluster header's value).
+    pub cluster: String,
+    /// New `model` for the request body, when it must change.
+    pub rewrite_model: Option<String>,
+    /// `:authority` to set for this cluster.
+    pub authority: Option<String>,
+    /// Effective weight of every backend of the model, in configured order
+    /// (for the weight gauges).
+    pub effective_weights: Vec<(String, f64)>,
+    /// Every backend was ejected and base weights were used.
+    pub fallback: bool,
+}
+
+/// Plans the route of a call that asked for `model`: rules may first pick
+/// another model, then one of its backends is drawn by effective weight from
+/// the health in `store`. `None` when the model is not routed: the call passes
+/// untouched to the route's default.
+pub fn plan<S, R>(
+    config: &RoutingConfig,
+    store: &S,
+    model: &str,
+    features: &Features,
+    priority: Priority,
+    now_ms: u64,
+    rng: &mut R,
+) -> Option<RouteDecision>
+where
+    S: SharedStore + ?Sized,
+    R: Random + ?Sized,
+{
+    let target = rules::choose_model(&config.rules, model, features, priority)
+        .unwrap_or_else(|| model.to_string());
+    let backends = config.backends(&target)?;
+    let health: Vec<Option<Health>> = backends
+        .iter()
+        .map(|b| health::read(store, &b.cluster))
+        .collect();
+    let weights = weight::effective_weights(config, backends, &health, now_ms);
+    let r = rng.next_f64();
+    // Effective weights always leave one positive; the base weights are the
+    // belt and braces.
+    let index = weight::pick(&weights.values, r).or_else(|| {
+        let base: Vec<f64> = backends.iter().map(|b| f64::from(b.weight)).collect();
+        weight::pick(&base, r)
+    })?;
+    let backend = backends.get(index)?;
+    let rewrite_model = backend
+        .model
+        .clone()
+        .or_else(|| Some(target.clone()))
+        .filter(|m| m != model);
+    Some(RouteDecision {
+        cluster: backend.cluster.clone(),
+        rewrite_model,
+        authority: backend.authority.clone(),
+        effective_weights: backends
+            .iter()
+            .zip(weights.values.iter())
+            .map(|(b, w)| (b.cluster.clone(), *w))
+            .collect(),
+        fallback: weights.fallback,
+        model: target,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::{MemoryStore, SplitMix64};
+
+    fn config() -> RoutingConfig {
+        let raw: RawRoutingConfig = serde_json::from_str(
+            r#"{
+              "models": {
+                "gpt-4o": [
+                  {"cluster": "openai", "weight": 1, "authority": "api.openai.com"},
+                  {"cluster": "azure", "weight": 1, "model": "gpt-4o-2024-08-06"}
+                ],
+                "small": [{"cluster": "vllm", "model": "llama-3.1-8b"}],
+                "big": [{"cluster": "vllm-big"}]
+              },
+              "rules": [
+                {"when": {"model": "auto", "min_prompt_tokens": 1000}, "model": "big"},
+                {"when": {"model": "auto"}, "model": "small"}
+              ]
+            }"#,
+        )
+        .unwrap();
+        RoutingConfig::compile(raw).unwrap()
+    }
+
+    fn features(prompt_tokens: u64) -> Features {
+        Features {
+            prompt_tokens,
+            ..Features::default()
+        }
+    }
+
+    #[test]
+    fn unknown_model_is_untouched() {
+        let s = MemoryStore::new();
+        let mut rng = SplitMix64::new(1);
+        let c = config();
+        assert_eq!(
+            plan(&c, &s, "gpt-3.5", &features(0), Priority::P1, 0, &mut rng),
+            None
+        );
+        assert_eq!(
+            plan(
+                &RoutingConfig::default(),
+                &s,
+                "gpt-4o",
+                &features(0),
+                Priority::P1,
+                0,
+                &mut rng
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn splits_by_weight_and_rewrites_per_backend() {
+        let s = MemoryStore::new();
+        let c = config();
+        let mut rng = SplitMix64::new(7);
+        let mut openai = 0;
+        for _ in 0..2_000 {
+            let d = plan(&c, &s, "gpt-4o", &features(0), Priority::P1, 0, &mut rng).unwrap();
+            assert_eq!(d.model, "gpt-4o");
+            assert!(!d.fallback);
+            assert_eq!(
+                d.effective_weights,
+                vec![("openai".to_string(), 1.0), ("azure".to_string(), 1.0)]
+            );
+            match d.cluster.as_str() {
+                "openai" => {
+                    openai += 1;
+                    assert_eq!(d.rewrite_model, None);
+                    assert_eq!(d.authority.as_deref(), Some("api.openai.com"));
+                }
+                "azure" => {
+                    assert_eq!(d.rewrite_model.as_deref(), Some("gpt-4o-2024-08-06"));
+                    assert_eq!(d.authority, None);
+                }
+                other => panic!("{other}"),
+            }
+        }
+        assert!((900..1_100).contains(&openai), "{openai}");
+    }
+
+    #[test]
+    fn rules_pick_the_model_and_the_body_follows() {
+        let s = MemoryStore::new();
+        let c = config();
+        let mut rng = SplitMix64::new(3);
+        let d = plan(&c, &s, "auto", &features(5_000), Priority::P1, 0, &mut rng).unwrap();
+        assert_eq!((d.model.as_str(), d.cluster.as_str()), ("big", "vllm-big"));
+        assert_eq!(d.rewrite_model.as_deref(), Some("big"));
+        let d = plan(&c, &s, "auto", &features(10), Priority::P1, 0, &mut rng).unwrap();
+        assert_eq!((d.model.as_str(), d.cluster.as_str()), ("small", "vllm"));
+        // The backend's own name wins over the rule's.
+        assert_eq!(d.rewrite_model.as_deref(), Some("llama-3.1-8b"));
+        // Asking for a routed model by its name needs no rewrite.
+        let d = plan(&c, &s, "big", &features(10), Priority::P1, 0, &mut rng).unwrap();
+        assert_eq!(d.rewrite_model, None);
+    }
+
+    #[test]
+    fn traffic_leaves_a_failing_cluster_and_returns_with_a_ramp() {
+        let s = MemoryStore::new();
+        let c = config();
+        let mut rng = SplitMix64::new(11);
+        let fail = Outcome {
+            result: CallResult::Status(503),
+            latency_ms: 3,
+            ttft_ms: None,
+        };
+        for _ in 0..3 {
+            health::record_outcome(&s, &c, "azure", &fail, 1_000).unwrap();
+        }
+        for _ in 0..200 {
+            let d = plan(
+                &c,
+                &s,
+                "gpt-4o",
+                &features(0),
+                Priority::P1,
+                2_000,
+                &mut rng,
+            )
+            .unwrap();
+            assert_eq!(d.cluster, "openai");
+            assert_eq!(d.effective_weights[1], ("azure".to_string(), 0.0));
+        }
+        // Both out: fall back to base weights rather than fail.
+        health::record_probe(&s, &c, "openai", false, 2_000, None, 2_000).unwrap();
+        let d = plan(
+            &c,
+            &s,
+            "gpt-4o",
+            &features(0),
+            Priority::P1,
+            2_000,
+            &mut rng,
+        )
+        .unwrap();
+        assert!(d.fallback);
+        assert_eq!(
+            d.effective_weights,
+            vec![("openai".to_string(), 1.0), ("azure".to_string(), 1.0)]
+        );
+        // Azure's ejection ends first; it comes back at a tenth of its weight.
+        let d = plan(
+            &c,
+            &s,
+            "gpt-4o",
+            &features(0),
+            Priority::P1,
+            11_000,
+            &mut rng,
+        )
+        .unwrap();
+        assert!(!d.fallback);
+        assert_eq!(d.cluster, "azure");
+        let w = d.effective_weights[1].1;
+        assert!((w - 0.1).abs() < 1e-9, "{w}");
+    }
+
+    #[test]
+    fn slow_cluster_gets_less() {
+        let s = MemoryStore::new();
+        let c = config();
+        let mut rng = SplitMix64::new(5);
+        for (cluster, ms) in [("openai", 100), ("azure", 400)] {
+            let o = Outcome {
+                result: CallResult::Status(200),
+                latency_ms: ms,
+                ttft_ms: Some(ms / 4),
+            };
+            health::record_start(&s, cluster, 0).unwrap();
+            health::record_outcome(&s, &c, cluster, &o, 0).unwrap();
+        }
+        let mut azure = 0;
+        for _ in 0..5_000 {
+            let d = plan(&c, &s, "gpt-4o", &features(0), Priority::P1, 0, &mut rng).unwrap();
+            if d.cluster == "azure" {
+                azure += 1;
+            }
+        }
+        // Weights 1 and 0.25: a fifth of the calls.
+        assert!((850..1_150).contains(&azure), "{azure}");
+    }
+}

@@ -1,0 +1,605 @@
+//! The `budget` section of the plugin configuration, parsed strictly and compiled
+//! once into checked values, so the data path never meets an inverted tier, a
+//! ratio outside `[0, 1]` or a retry condition Envoy would silently ignore.
+
+use std::fmt;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+
+use crate::config::ConfigError;
+use crate::priority::Priority;
+
+/// Buckets of the breaker's sliding window: fine enough that old calls age out
+/// smoothly, small enough that one window is a couple of hundred bytes.
+pub const BUCKETS: usize = 10;
+
+/// Retry conditions Envoy's `x-envoy-retry-on` understands (router
+/// `parseRetryOn`); anything else Envoy drops without a word, so it is refused here.
+pub const RETRY_ON_VALUES: [&str; 11] = [
+    "5xx",
+    "gateway-error",
+    "reset",
+    "reset-before-request",
+    "connect-failure",
+    "envoy-ratelimited",
+    "retriable-4xx",
+    "refused-stream",
+    "retriable-status-codes",
+    "retriable-headers",
+    "http3-post-connect-failure",
+];
+
+const DEFAULT_MS: u64 = 60_000;
+const DEFAULT_MAX_MS: u64 = 300_000;
+const DEFAULT_MIN_PER_TRY_MS: u64 = 1_000;
+const DEFAULT_RETRY_RATIO: f64 = 0.2;
+const DEFAULT_MAX_RETRIES: u32 = 2;
+const MAX_MAX_RETRIES: u32 = 10;
+const DEFAULT_RETRY_ON: &str = "5xx,reset,connect-failure,retriable-status-codes";
+// 503 is already covered by `5xx`; it is listed so the default stays right when
+// an operator narrows `retry_on` to `gateway-error` or drops `5xx`.
+const DEFAULT_RETRIABLE_STATUS_CODES: [u16; 2] = [429, 503];
+const DEFAULT_WINDOW_S: u64 = 30;
+const MAX_WINDOW_S: u64 = 3_600;
+const DEFAULT_SHED_AT: f64 = 0.7;
+const DEFAULT_REJECT_AT: f64 = 0.9;
+const DEFAULT_SHED_FRACTION: f64 = 0.2;
+const DEFAULT_PROBE_FRACTION: f64 = 0.05;
+const DEFAULT_MIN_CALLS: u32 = 10;
+
+/// `budget` as written by the operator.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawBudgetConfig {
+    /// Budgets, plans and the breaker on or off; default true.
+    pub enabled: Option<bool>,
+    /// Budget of a call that names none: one number of ms, or
+    /// `{"P0": ms, "P1": ms, "P2": ms}`; default 60000.
+    pub default_ms: Option<RawDefaultMs>,
+    /// Ceiling of any budget, the caller's included; default 300000.
+    pub max_ms: Option<u64>,
+    /// Shortest per-try timeout ever planned; default 1000.
+    pub min_per_try_ms: Option<u64>,
+    /// Retries allowed per call in the window, in `[0, 1]`; default 0.2.
+    pub retry_ratio: Option<f64>,
+    /// Most retries of one call; default 2.
+    pub max_retries: Option<u32>,
+    /// Envoy retry conditions, comma-separated as in `x-envoy-retry-on`.
+    pub retry_on: Option<String>,
+    /// Statuses retried under `retriable-status-codes`; default `[429, 503]`.
+    pub retriable_status_codes: Option<Vec<u16>>,
+    /// Length of the breaker's sliding window in seconds; default 30.
+    pub window_s: Option<u64>,
+    /// Pressure from which P2 and a share of P1 are shed; default 0.7.
+    pub shed_at: Option<f64>,
+    /// Pressure from which P1 and P2 are rejected; default 0.9.
+    pub reject_at: Option<f64>,
+    /// Share of P1 shed in the shed tier; default 0.2.
+    pub shed_fraction: Option<f64>,
+    /// Share of refused traffic let through as half-open probes; default 0.05.
+    pub probe_fraction: Option<f64>,
+    /// Calls the window must hold before the breaker may leave pass; default 10.
+    pub min_calls: Option<u32>,
+    /// `until_headers` (default) or `whole_stream`; see [`StreamingMode`].
+    pub streaming: Option<String>,
+}
+
+/// `budget.default_ms` as written: one budget for every priority, or one each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RawDefaultMs {
+    /// The same budget for every priority.
+    All(u64),
+    /// A budget per priority; a missing one takes the built-in default.
+    PerPriority([Option<u64>; 3]),
+}
+
+impl<'de> Deserialize<'de> for RawDefaultMs {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // Hand-written rather than `#[serde(untagged)]` so a typo gets an error
+        // naming the key and value, not "did not match any variant".
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawDefaultMs;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(r#"milliseconds, or an object {"P0": ms, "P1": ms, "P2": ms}"#)
+            }
+
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(RawDefaultMs::All(v))
+            }
+
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                u64::try_from(v)
+                    .map(RawDefaultMs::All)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut out = [None; 3];
+                while let Some(PriorityKey(p)) = map.next_key()? {
+                    let slot = out
+                        .get_mut(p.index())
+                        .ok_or_else(|| de::Error::custom("priority out of range"))?;
+                    if slot.is_some() {
+                        return Err(de::Error::custom(format!("duplicate field `{p}`")));
+                    }
+                    *slot = Some(map.next_value::<u64>()?);
+                }
+                Ok(RawDefaultMs::PerPriority(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A key of the per-priority `default_ms` object. Refused inside the key's own
+/// deserialisation, like a derived field name, so the error path names it.
+struct PriorityKey(Priority);
+
+impl<'de> Deserialize<'de> for PriorityKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = PriorityKey;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("P0, P1 or P2")
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                match v {
+                    "P0" => Ok(PriorityKey(Priority::P0)),
+                    "P1" => Ok(PriorityKey(Priority::P1)),
+                    "P2" => Ok(PriorityKey(Priority::P2)),
+                    other => Err(E::unknown_field(other, &["P0", "P1", "P2"])),
+                }
+            }
+        }
+        d.deserialize_identifier(V)
+    }
+}
+
+/// How far a streamed answer is held to the budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamingMode {
+    /// The budget bounds the wait for the response to start (Envoy's per-try
+    /// timeout stops applying once response headers went downstream); the
+    /// stream itself may run up to `max_ms`, so a healthy long generation is
+    /// never cut. Stalls are left to the route's `idle_timeout`.
+    UntilHeaders,
+    /// Streams are held to the whole budget like any call: the caller said
+    /// that is all the time it has, stream or not.
+    WholeStream,
+}
+
+impl StreamingMode {
+    /// The configuration spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::UntilHeaders => "until_headers",
+            Self::WholeStream => "whole_stream",
+        }
+    }
+}
+
+/// The compiled `budget` section.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetConfig {
+    /// Budgets, plans and the breaker are applied.
+    pub enabled: bool,
+    /// Default budget by [`Priority::index`], each in `1..=max_ms`.
+    pub default_ms: [u64; 3],
+    /// Ceiling of any budget, at least 1.
+    pub max_ms: u64,
+    /// Shortest per-try timeout planned, in `1..=max_ms`.
+    pub min_per_try_ms: u64,
+    /// Retries allowed per call over the window, in `[0, 1]`.
+    pub retry_ratio: f64,
+    /// Most retries of one call.
+    pub max_retries: u32,
+    /// Normalised `x-envoy-retry-on` value (no spaces, no duplicates); may be empty.
+    pub retry_on: String,
+    /// Normalised `x-envoy-retriable-status-codes` value; may be empty.
+    pub retriable_status_codes: String,
+    /// Length of the breaker window in ms.
+    pub window_ms: u64,
+    /// Length of one of the [`BUCKETS`] buckets in ms.
+    pub bucket_ms: u64,
+    /// Pressure at which the shed tier starts, in `(0, 1)`.
+    pub shed_at: f64,
+    /// Pressure at which the reject tier starts, in `(shed_at, 1]`.
+    pub reject_at: f64,
+    /// Share of P1 shed in the shed tier, in `[0, 1]`.
+    pub shed_fraction: f64,
+    /// Share of refused calls let through as probes, in `[0, 1]`.
+    pub probe_fraction: f64,
+    /// Calls the window must hold before its pressure counts.
+    pub min_calls: u32,
+    /// Budget handling of streamed answers.
+    pub streaming: StreamingMode,
+}
+
+impl Default for BudgetConfig {
+    fn default() -> Self {
+        // The empty section always compiles; the literal is only a fallback
+        // that keeps `Default` free of `unwrap`.
+        Self::compile(RawBudgetConfig::default()).unwrap_or(Self {
+            enabled: true,
+            default_ms: [DEFAULT_MS; 3],
+            max_ms: DEFAULT_MAX_MS,
+            min_per_try_ms: DEFAULT_MIN_PER_TRY_MS,
+            retry_ratio: DEFAULT_RETRY_RATIO,
+            max_retries: DEFAULT_MAX_RETRIES,
+            retry_on: DEFAULT_RETRY_ON.to_string(),
+            retriable_status_codes: "429,503".to_string(),
+            window_ms: DEFAULT_WINDOW_S * 1000,
+            bucket_ms: DEFAULT_WINDOW_S * 1000 / BUCKETS as u64,
+            shed_at: DEFAULT_SHED_AT,
+            reject_at: DEFAULT_REJECT_AT,
+            shed_fraction: DEFAULT_SHED_FRACTION,
+            probe_fraction: DEFAULT_PROBE_FRACTION,
+            min_calls: DEFAULT_MIN_CALLS,
+            streaming: StreamingMode::UntilHeaders,
+        })
+    }
+}
+
+impl BudgetConfig {
+    /// Compiles the section, one error per broken invariant, naming the field
+    /// (`budget.shed_at`) and the bad value.
+    pub fn compile(raw: RawBudgetConfig) -> Result<Self, ConfigError> {
+        let max_ms = raw.max_ms.unwrap_or(DEFAULT_MAX_MS);
+        if max_ms == 0 {
+            return Err(ConfigError::new(
+                "budget.max_ms",
+                "0 is not a positive number of ms",
+            ));
+        }
+
+        let default_ms = match raw.default_ms {
+            None => [DEFAULT_MS.min(max_ms); 3],
+            Some(RawDefaultMs::All(ms)) => {
+                check_default("budget.default_ms", ms, max_ms)?;
+                [ms; 3]
+            }
+            Some(RawDefaultMs::PerPriority(per)) => {
+                let mut out = [DEFAULT_MS.min(max_ms); 3];
+                for (p, (slot, given)) in Priority::ALL.iter().zip(out.iter_mut().zip(per)) {
+                    if let Some(ms) = given {
+                        check_default(&format!("budget.default_ms.{p}"), ms, max_ms)?;
+                        *slot = ms;
+                    }
+                }
+                out
+            }
+        };
+
+        let min_per_try_ms = raw.min_per_try_ms.unwrap_or(DEFAULT_MIN_PER_TRY_MS);
+        if min_per_try_ms == 0 || min_per_try_ms > max_ms {
+            return Err(ConfigError::new(
+                "budget.min_per_try_ms",
+                format!("{min_per_try_ms} is not in 1..=budget.max_ms ({max_ms})"),
+            ));
+        }
+
+        let retry_ratio = unit("budget.retry_ratio", raw.retry_ratio, DEFAULT_RETRY_RATIO)?;
+
+        let max_retries = raw.max_retries.unwrap_or(DEFAULT_MAX_RETRIES);
+        if max_retries > MAX_MAX_RETRIES {
+            return Err(ConfigError::new(
+                "budget.max_retries",
+                format!("{max_retries} is more than {MAX_MAX_RETRIES}"),
+            ));
+        }
+
+        let retry_on = normalise_retry_on(raw.retry_on.as_deref().unwrap_or(DEFAULT_RETRY_ON))?;
+        let codes = raw
+            .retriable_status_codes
+            .unwrap_or_else(|| DEFAULT_RETRIABLE_STATUS_CODES.to_vec());
+        let mut seen = Vec::with_capacity(codes.len());
+        for (i, code) in codes.iter().enumerate() {
+            if !(400..=599).contains(code) {
+                return Err(ConfigError::new(
+                    format!("budget.retriable_status_codes[{i}]"),
+                    format!("{code} is not an error status (400..=599)"),
+                ));
+            }
+            if !seen.contains(code) {
+                seen.push(*code);
+            }
+        }
+        // Envoy only looks at the codes under this condition; refusing the
+        // mismatch beats a retry policy that quietly does less than it says.
+        if !seen.is_empty() && !retry_on.split(',').any(|v| v == "retriable-status-codes") {
+            return Err(ConfigError::new(
+                "budget.retriable_status_codes",
+                format!(
+                    "{codes:?} are only retried when budget.retry_on contains \
+                     retriable-status-codes (it is {retry_on:?})"
+                ),
+            ));
+        }
+        let retriable_status_codes = seen
+            .iter()
+            .map(u16::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+
+        let window_s = raw.window_s.unwrap_or(DEFAULT_WINDOW_S);
+        if !(1..=MAX_WINDOW_S).contains(&window_s) {
+            return Err(ConfigError::new(
+                "budget.window_s",
+                format!("{window_s} is not in 1..={MAX_WINDOW_S}"),
+            ));
+        }
+        let window_ms = window_s.saturating_mul(1000);
+        let bucket_ms = (window_ms / BUCKETS as u64).max(1);
+
+        let shed_at = unit("budget.shed_at", raw.shed_at, DEFAULT_SHED_AT)?;
+        if shed_at <= 0.0 || shed_at >= 1.0 {
+            return Err(ConfigError::new(
+                "budget.shed_at",
+                format!("{shed_at} is not in (0, 1)"),
+            ));
+        }
+        let reject_at = unit("budget.reject_at", raw.reject_at, DEFAULT_REJECT_AT)?;
+        if reject_at <= shed_at {
+            return Err(ConfigError::new(
+                "budget.reject_at",
+                format!("{reject_at} is not above budget.shed_at ({shed_at})"),
+            ));
+        }
+        let shed_fraction = unit(
+            "budget.shed_fraction",
+            raw.shed_fraction,
+            DEFAULT_SHED_FRACTION,
+        )?;
+        let probe_fraction = unit(
+            "budget.probe_fraction",
+            raw.probe_fraction,
+            DEFAULT_PROBE_FRACTION,
+        )?;
+
+        let min_calls = raw.min_calls.unwrap_or(DEFAULT_MIN_CALLS);
+        if min_calls == 0 {
+            return Err(ConfigError::new(
+                "budget.min_calls",
+                "0 is not a positive count",
+            ));
+        }
+
+        let streaming = match raw.streaming.as_deref() {
+            None | Some("until_headers") => StreamingMode::UntilHeaders,
+            Some("whole_stream") => StreamingMode::WholeStream,
+            Some(other) => {
+                return Err(ConfigError::new(
+                    "budget.streaming",
+                    format!("{other:?} is not one of until_headers, whole_stream"),
+                ))
+            }
+        };
+
+        Ok(Self {
+            enabled: raw.enabled.unwrap_or(true),
+            default_ms,
+            max_ms,
+            min_per_try_ms,
+            retry_ratio,
+            max_retries,
+            retry_on,
+            retriable_status_codes,
+            window_ms,
+            bucket_ms,
+            shed_at,
+            reject_at,
+            shed_fraction,
+            probe_fraction,
+            min_calls,
+            streaming,
+        })
+    }
+
+    /// The budget of a call of `priority` that names none.
+    pub fn default_for(&self, priority: Priority) -> u64 {
+        self.default_ms
+            .get(priority.index())
+            .copied()
+            .unwrap_or(self.max_ms)
+    }
+}
+
+fn check_default(field: &str, ms: u64, max_ms: u64) -> Result<(), ConfigError> {
+    if ms == 0 || ms > max_ms {
+        return Err(ConfigError::new(
+            field,
+            format!("{ms} is not in 1..=budget.max_ms ({max_ms})"),
+        ));
+    }
+    Ok(())
+}
+
+/// A share in `[0, 1]`; NaN and infinities are refused too.
+fn unit(field: &str, value: Option<f64>, default: f64) -> Result<f64, ConfigError> {
+    let v = value.unwrap_or(default);
+    if !(0.0..=1.0).contains(&v) {
+        return Err(ConfigError::new(field, format!("{v} is not in [0, 1]")));
+    }
+    Ok(v)
+}
+
+fn normalise_retry_on(raw: &str) -> Result<String, ConfigError> {
+    let mut out: Vec<&str> = Vec::new();
+    for token in raw.split(',').map(str::trim) {
+        if token.is_empty() {
+            continue;
+        }
+        if !RETRY_ON_VALUES.contains(&token) {
+            return Err(ConfigError::new(
+                "budget.retry_on",
+                format!(
+                    "{token:?} is not an Envoy retry condition ({})",
+                    RETRY_ON_VALUES.join(", ")
+                ),
+            ));
+        }
+        if !out.contains(&token) {
+            out.push(token);
+        }
+    }
+    Ok(out.join(","))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<BudgetConfig, ConfigError> {
+        let de = &mut serde_json::Deserializer::from_str(json);
+        let raw: RawBudgetConfig = serde_path_to_error::deserialize(de).map_err(|e| {
+            ConfigError::new(format!("budget.{}", e.path()), e.into_inner().to_string())
+        })?;
+        BudgetConfig::compile(raw)
+    }
+
+    #[test]
+    fn empty_section_is_useful() {
+        let c = parse("{}").unwrap();
+        assert_eq!(c, BudgetConfig::default());
+        assert!(c.enabled);
+        assert_eq!(c.default_ms, [60_000; 3]);
+        assert_eq!(c.max_ms, 300_000);
+        assert_eq!(c.min_per_try_ms, 1_000);
+        assert_eq!(c.retry_ratio, 0.2);
+        assert_eq!(c.max_retries, 2);
+        assert_eq!(
+            c.retry_on,
+            "5xx,reset,connect-failure,retriable-status-codes"
+        );
+        assert_eq!(c.retriable_status_codes, "429,503");
+        assert_eq!(c.window_ms, 30_000);
+        assert_eq!(c.bucket_ms, 3_000);
+        assert_eq!((c.shed_at, c.reject_at), (0.7, 0.9));
+        assert_eq!((c.shed_fraction, c.probe_fraction), (0.2, 0.05));
+        assert_eq!(c.min_calls, 10);
+        assert_eq!(c.streaming, StreamingMode::UntilHeaders);
+    }
+
+    #[test]
+    fn reads_every_field() {
+        let c = parse(
+            r#"{"enabled":false,"default_ms":{"P0":120000,"P2":5000},"max_ms":200000,
+                "min_per_try_ms":500,"retry_ratio":0.1,"max_retries":3,
+                "retry_on":" gateway-error , reset,reset ,retriable-status-codes",
+                "retriable_status_codes":[429,429,500],"window_s":10,"shed_at":0.5,
+                "reject_at":1,"shed_fraction":0.5,"probe_fraction":0,"min_calls":3,
+                "streaming":"whole_stream"}"#,
+        )
+        .unwrap();
+        assert!(!c.enabled);
+        assert_eq!(c.default_ms, [120_000, 60_000, 5_000]);
+        assert_eq!(c.default_for(Priority::P2), 5_000);
+        assert_eq!(c.max_ms, 200_000);
+        assert_eq!(c.min_per_try_ms, 500);
+        assert_eq!(c.retry_ratio, 0.1);
+        assert_eq!(c.max_retries, 3);
+        assert_eq!(c.retry_on, "gateway-error,reset,retriable-status-codes");
+        assert_eq!(c.retriable_status_codes, "429,500");
+        assert_eq!((c.window_ms, c.bucket_ms), (10_000, 1_000));
+        assert_eq!((c.shed_at, c.reject_at), (0.5, 1.0));
+        assert_eq!((c.shed_fraction, c.probe_fraction), (0.5, 0.0));
+        assert_eq!(c.min_calls, 3);
+        assert_eq!(c.streaming, StreamingMode::WholeStream);
+
+        let c = parse(r#"{"default_ms":1500}"#).unwrap();
+        assert_eq!(c.default_ms, [1_500; 3]);
+        // A small ceiling pulls the built-in default down with it.
+        let c = parse(r#"{"max_ms":1000}"#).unwrap();
+        assert_eq!(c.default_ms, [1_000; 3]);
+        // No retry conditions at all is a valid choice: no retries.
+        let c = parse(r#"{"retry_on":"","retriable_status_codes":[]}"#).unwrap();
+        assert_eq!(
+            (c.retry_on.as_str(), c.retriable_status_codes.as_str()),
+            ("", "")
+        );
+    }
+
+    #[test]
+    fn errors_name_the_field_and_value() {
+        for (doc, field, needle) in [
+            (r#"{"bogus":1}"#, "budget.bogus", "unknown field"),
+            (r#"{"max_ms":0}"#, "budget.max_ms", "0"),
+            (r#"{"max_ms":-1}"#, "budget.max_ms", "-1"),
+            (r#"{"default_ms":0}"#, "budget.default_ms", "0"),
+            (r#"{"default_ms":-5}"#, "budget.default_ms", "-5"),
+            (r#"{"default_ms":1.5}"#, "budget.default_ms", "1.5"),
+            (r#"{"default_ms":"fast"}"#, "budget.default_ms", "fast"),
+            (r#"{"default_ms":400000}"#, "budget.default_ms", "400000"),
+            (
+                r#"{"default_ms":{"P3":1}}"#,
+                "budget.default_ms.P3",
+                "unknown field",
+            ),
+            (
+                r#"{"default_ms":{"P1":1,"P1":2}}"#,
+                "budget.default_ms",
+                "duplicate",
+            ),
+            (r#"{"default_ms":{"P1":"x"}}"#, "budget.default_ms.P1", "x"),
+            (r#"{"default_ms":{"P2":0}}"#, "budget.default_ms.P2", "0"),
+            (r#"{"min_per_try_ms":0}"#, "budget.min_per_try_ms", "0"),
+            (
+                r#"{"max_ms":500,"default_ms":500}"#,
+                "budget.min_per_try_ms",
+                "1000",
+            ),
+            (r#"{"retry_ratio":1.5}"#, "budget.retry_ratio", "1.5"),
+            (r#"{"retry_ratio":-0.1}"#, "budget.retry_ratio", "-0.1"),
+            (r#"{"max_retries":11}"#, "budget.max_retries", "11"),
+            (
+                r#"{"retry_on":"5xx,timeout"}"#,
+                "budget.retry_on",
+                "timeout",
+            ),
+            (
+                r#"{"retriable_status_codes":[200]}"#,
+                "budget.retriable_status_codes[0]",
+                "200",
+            ),
+            (
+                r#"{"retriable_status_codes":[70000]}"#,
+                "budget.retriable_status_codes[0]",
+                "70000",
+            ),
+            (
+                r#"{"retry_on":"5xx"}"#,
+                "budget.retriable_status_codes",
+                "retriable-status-codes",
+            ),
+            (r#"{"window_s":0}"#, "budget.window_s", "0"),
+            (r#"{"window_s":86400}"#, "budget.window_s", "86400"),
+            (r#"{"shed_at":0}"#, "budget.shed_at", "0"),
+            (r#"{"shed_at":1}"#, "budget.shed_at", "1"),
+            (r#"{"shed_at":0.95}"#, "budget.reject_at", "0.9"),
+            (r#"{"reject_at":1.2}"#, "budget.reject_at", "1.2"),
+            (r#"{"shed_fraction":2}"#, "budget.shed_fraction", "2"),
+            (r#"{"probe_fraction":-1}"#, "budget.probe_fraction", "-1"),
+            (r#"{"min_calls":0}"#, "budget.min_calls", "0"),
+            (r#"{"streaming":"never"}"#, "budget.streaming", "never"),
+            (r#"{"enabled":"yes"}"#, "budget.enabled", "yes"),
+        ] {
+            let e = parse(doc).unwrap_err();
+            assert_eq!(e.field, field, "{doc}: {e}");
+            assert!(e.to_string().contains(needle), "{doc}: {e}");
+        }
+    }
+
+    #[test]
+    fn every_envoy_retry_condition_is_accepted() {
+        for v in RETRY_ON_VALUES {
+            let doc = format!(r#"{{"retry_on":"{v}","retriable_status_codes":[]}}"#);
+            assert_eq!(parse(&doc).unwrap().retry_on, v);
+        }
+    }
+}

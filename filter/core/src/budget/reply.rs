@@ -1,0 +1,242 @@
+//! Local replies for calls the budget stops, in the OpenAI error shape so SDKs
+//! surface the reason (and honour `retry-after`) instead of failing to parse a
+//! proxy's plain-text page. Envoy's own timeout reply is rewritten the same way.
+
+use serde::Serialize;
+
+use super::breaker::Admit;
+
+/// A reply the filter sends in place of the upstream's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalReply {
+    /// HTTP status.
+    pub status: u32,
+    /// Response headers, `content-type` and `retry-after` among them.
+    pub headers: Vec<(&'static str, String)>,
+    /// JSON body.
+    pub body: Vec<u8>,
+}
+
+/// Why the budget answered locally.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplyKind {
+    /// Shed by the breaker's shed tier (503).
+    Shed,
+    /// Rejected by the breaker's reject tier (503).
+    Reject,
+    /// The budget was spent before the call could be forwarded (504).
+    BudgetExhausted,
+    /// Envoy ended the call at the budget (504), its reply rewritten.
+    UpstreamTimeout,
+}
+
+impl ReplyKind {
+    /// HTTP status.
+    pub fn status(self) -> u32 {
+        match self {
+            Self::Shed | Self::Reject => 503,
+            Self::BudgetExhausted | Self::UpstreamTimeout => 504,
+        }
+    }
+
+    /// The error `type`.
+    pub fn error_type(self) -> &'static str {
+        match self {
+            Self::Shed | Self::Reject => "service_unavailable",
+            Self::BudgetExhausted | Self::UpstreamTimeout => "timeout",
+        }
+    }
+
+    /// The error `code`, stable for clients and alerts to match on.
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Shed => "llm_filter_shed",
+            Self::Reject => "llm_filter_circuit_open",
+            Self::BudgetExhausted => "llm_filter_budget_exhausted",
+            Self::UpstreamTimeout => "llm_filter_upstream_timeout",
+        }
+    }
+
+    /// The default human-readable message.
+    pub fn message(self) -> &'static str {
+        match self {
+            Self::Shed => {
+                "The backend is under pressure and lower-priority requests are being shed; \
+                 retry later."
+            }
+            Self::Reject => {
+                "The backend is failing and the circuit is open for this priority; retry later."
+            }
+            Self::BudgetExhausted => {
+                "The request's timeout budget was spent before it could be sent upstream."
+            }
+            Self::UpstreamTimeout => {
+                "The upstream did not answer within the request's timeout budget."
+            }
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: Error<'a>,
+}
+
+#[derive(Serialize)]
+struct Error<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    code: &'a str,
+}
+
+/// `{"error":{"message":…,"type":…,"code":…}}`, every string JSON-escaped.
+pub fn error_body(message: &str, error_type: &str, code: &str) -> Vec<u8> {
+    let body = Body {
+        error: Error {
+            message,
+            kind: error_type,
+            code,
+        },
+    };
+    // Serialising borrowed strings cannot fail; the fallback keeps the data
+    // path free of `unwrap` all the same.
+    serde_json::to_vec(&body).unwrap_or_else(|_| {
+        br#"{"error":{"message":"request refused","type":"service_unavailable","code":null}}"#
+            .to_vec()
+    })
+}
+
+/// The reply of `kind` with its default message.
+pub fn local_reply(kind: ReplyKind, retry_after_s: Option<u64>) -> LocalReply {
+    with_message(kind, kind.message(), retry_after_s)
+}
+
+/// The reply of `kind` with a message of the caller's (escaped, never trusted).
+pub fn with_message(kind: ReplyKind, message: &str, retry_after_s: Option<u64>) -> LocalReply {
+    let mut headers = vec![
+        ("content-type", "application/json".to_string()),
+        // A refusal is about this moment; no cache may replay it.
+        ("cache-control", "no-store".to_string()),
+    ];
+    if let Some(s) = retry_after_s {
+        headers.push(("retry-after", s.to_string()));
+    }
+    LocalReply {
+        status: kind.status(),
+        headers,
+        body: error_body(message, kind.error_type(), kind.code()),
+    }
+}
+
+/// The reply for a breaker refusal, `None` for a pass.
+pub fn for_admit(admit: &Admit, retry_after_s: Option<u64>) -> Option<LocalReply> {
+    match admit {
+        Admit::Pass => None,
+        Admit::Shed { .. } => Some(local_reply(ReplyKind::Shed, retry_after_s)),
+        Admit::Reject { .. } => Some(local_reply(ReplyKind::Reject, retry_after_s)),
+    }
+}
+
+/// Envoy's `response.code_details` of its own timeout replies (global and
+/// per-try), whose plain-text body "upstream request timeout" is rewritten.
+pub const ENVOY_TIMEOUT_DETAILS: [&str; 3] = [
+    "upstream_response_timeout",
+    "upstream_per_try_timeout",
+    "upstream_per_try_idle_timeout",
+];
+
+/// True for a response that is Envoy's own timeout reply rather than a 504
+/// from the upstream (which is passed through untouched).
+pub fn is_envoy_timeout(status: u32, code_details: Option<&str>) -> bool {
+    status == 504 && code_details.is_some_and(|d| ENVOY_TIMEOUT_DETAILS.contains(&d))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::budget::Reason;
+
+    fn parsed(r: &LocalReply) -> serde_json::Value {
+        serde_json::from_slice(&r.body).unwrap()
+    }
+
+    #[test]
+    fn replies_have_the_openai_shape() {
+        for (kind, status, code) in [
+            (ReplyKind::Shed, 503, "llm_filter_shed"),
+            (ReplyKind::Reject, 503, "llm_filter_circuit_open"),
+            (
+                ReplyKind::BudgetExhausted,
+                504,
+                "llm_filter_budget_exhausted",
+            ),
+            (
+                ReplyKind::UpstreamTimeout,
+                504,
+                "llm_filter_upstream_timeout",
+            ),
+        ] {
+            let r = local_reply(kind, Some(7));
+            assert_eq!(r.status, status);
+            let v = parsed(&r);
+            assert_eq!(v["error"]["code"], code);
+            assert_eq!(v["error"]["type"], kind.error_type());
+            assert_eq!(v["error"]["message"], kind.message());
+            assert_eq!(v.as_object().unwrap().len(), 1);
+            assert!(r
+                .headers
+                .contains(&("content-type", "application/json".to_string())));
+            assert!(r.headers.contains(&("retry-after", "7".to_string())));
+        }
+        let r = local_reply(ReplyKind::UpstreamTimeout, None);
+        assert!(r.headers.iter().all(|(k, _)| *k != "retry-after"));
+    }
+
+    #[test]
+    fn messages_are_escaped() {
+        let nasty = "quote \" backslash \\ newline \n nul \u{0} </script> ünï";
+        let r = with_message(ReplyKind::Shed, nasty, None);
+        assert_eq!(parsed(&r)["error"]["message"], nasty);
+        assert!(!r.body.contains(&b'\n'));
+    }
+
+    #[test]
+    fn admit_maps_to_reply() {
+        assert_eq!(for_admit(&Admit::Pass, Some(1)), None);
+        let shed = for_admit(
+            &Admit::Shed {
+                reason: Reason::Pressure,
+            },
+            Some(3),
+        )
+        .unwrap();
+        assert_eq!(parsed(&shed)["error"]["code"], "llm_filter_shed");
+        let open = for_admit(
+            &Admit::Reject {
+                reason: Reason::CircuitOpen,
+            },
+            Some(15),
+        )
+        .unwrap();
+        assert_eq!(parsed(&open)["error"]["code"], "llm_filter_circuit_open");
+    }
+
+    #[test]
+    fn recognises_envoy_timeouts_only() {
+        for (status, details, want) in [
+            (504, Some("upstream_response_timeout"), true),
+            (504, Some("upstream_per_try_timeout"), true),
+            (504, Some("via_upstream"), false),
+            (504, None, false),
+            (503, Some("upstream_response_timeout"), false),
+            (200, Some("via_upstream"), false),
+        ] {
+            assert_eq!(
+                is_envoy_timeout(status, details),
+                want,
+                "{status} {details:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,871 @@
+//! The `routing` section: which clusters serve which model, how health is
+//! measured and which rules pick a model. Compiled once at load time so the data
+//! path only ever meets valid, typed values.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use crate::config::ConfigError;
+use crate::priority::Priority;
+
+/// Header that carries the chosen cluster to Envoy's `cluster_header` route.
+pub const DEFAULT_CLUSTER_HEADER: &str = "x-llm-cluster";
+/// Path probed on each cluster: every OpenAI-compatible server answers it cheaply.
+pub const DEFAULT_HEALTH_PATH: &str = "/v1/models";
+
+const DEFAULT_PROBE_INTERVAL_S: u64 = 5;
+const DEFAULT_PROBE_TIMEOUT_MS: u64 = 2_000;
+const DEFAULT_EJECT_AFTER_FAILURES: u32 = 3;
+const DEFAULT_EJECT_S: u64 = 10;
+const DEFAULT_MAX_EJECT_S: u64 = 300;
+const DEFAULT_RAMP_S: u64 = 20;
+const DEFAULT_EWMA_HALF_LIFE_S: f64 = 10.0;
+
+// Upper bounds keep every millisecond conversion far from overflow and reject
+// values that can only be typos.
+const MAX_INTERVAL_S: u64 = 3_600;
+const MAX_PROBE_TIMEOUT_MS: u64 = 60_000;
+const MAX_EJECT_AFTER_FAILURES: u32 = 1_000;
+const MAX_EJECT_S: u64 = 86_400;
+const MIN_HALF_LIFE_S: f64 = 0.1;
+const MAX_CLUSTER_LEN: usize = 200;
+const MAX_NAME_LEN: usize = 256;
+const MAX_PATH_LEN: usize = 1_024;
+
+/// `routing` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawRoutingConfig {
+    /// Model name → the backends that serve it.
+    pub models: BTreeMap<String, Vec<RawBackend>>,
+    /// Request header naming the chosen cluster, default `x-llm-cluster`.
+    pub cluster_header: Option<String>,
+    /// Seconds between active probes, default 5.
+    pub probe_interval_s: Option<u64>,
+    /// Probe timeout in milliseconds, default 2000.
+    pub probe_timeout_ms: Option<u64>,
+    /// Consecutive failed calls that eject a cluster, default 3.
+    pub eject_after_failures: Option<u32>,
+    /// First ejection in seconds, default 10; doubles on each repeated ejection.
+    pub eject_s: Option<u64>,
+    /// Longest ejection in seconds, default 300 (or `eject_s` when larger).
+    pub max_eject_s: Option<u64>,
+    /// Seconds over which a returning cluster ramps back to full weight, default 20.
+    pub ramp_s: Option<u64>,
+    /// Half-life of the latency and error averages in seconds, default 10.
+    pub ewma_half_life_s: Option<f64>,
+    /// Model-choice rules, first match wins.
+    pub rules: Vec<RawRule>,
+}
+
+/// One backend of a model as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawBackend {
+    /// Envoy cluster name.
+    pub cluster: String,
+    /// Base weight, default 1.
+    pub weight: Option<u32>,
+    /// Model name this backend knows the model by (the body is rewritten).
+    pub model: Option<String>,
+    /// `:authority` for calls and probes to this cluster.
+    pub authority: Option<String>,
+    /// Probe path, default `/v1/models`.
+    pub health_path: Option<String>,
+    /// Prometheus path of the model server's load metrics.
+    pub metrics_path: Option<String>,
+}
+
+/// One rule as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawRule {
+    /// Conditions, all of which must hold; none means always.
+    pub when: RawWhen,
+    /// The model to use when the rule matches.
+    pub model: String,
+}
+
+/// Conditions of a rule as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawWhen {
+    /// Requested model name(s), e.g. `"auto"`.
+    pub model: Option<OneOrMany>,
+    /// Estimated prompt tokens at least this.
+    pub min_prompt_tokens: Option<u64>,
+    /// Estimated prompt tokens at most this.
+    pub max_prompt_tokens: Option<u64>,
+    /// Priority or priorities.
+    pub priority: Option<OneOrMany>,
+    /// Whether the request declares tools.
+    pub tools: Option<bool>,
+    /// Whether the request asks for a stream.
+    pub stream: Option<bool>,
+}
+
+/// A string or a list of strings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged, expecting = "a string or a list of strings")]
+pub enum OneOrMany {
+    /// A single value.
+    One(String),
+    /// Several values.
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            Self::One(s) => vec![s],
+            Self::Many(v) => v,
+        }
+    }
+}
+
+/// The compiled `routing` section.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoutingConfig {
+    /// Model name → its backends, in configured order.
+    pub models: BTreeMap<String, Vec<Backend>>,
+    /// Every distinct cluster once, with what to probe on it.
+    pub clusters: Vec<ClusterTarget>,
+    /// Request header naming the chosen cluster (lowercase).
+    pub cluster_header: String,
+    /// Time between probes (and the probe lease length).
+    pub probe_interval_ms: u64,
+    /// Probe timeout.
+    pub probe_timeout_ms: u64,
+    /// Consecutive failed calls that eject a cluster.
+    pub eject_after_failures: u32,
+    /// First ejection.
+    pub eject_ms: u64,
+    /// Longest ejection.
+    pub max_eject_ms: u64,
+    /// Ramp back to full weight after an ejection; 0 means none.
+    pub ramp_ms: u64,
+    /// Half-life of the health averages, finite and positive.
+    pub ewma_half_life_ms: f64,
+    /// Model-choice rules, first match wins.
+    pub rules: Vec<Rule>,
+}
+
+/// One backend of a model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Backend {
+    /// Envoy cluster name.
+    pub cluster: String,
+    /// Base weight, positive.
+    pub weight: u32,
+    /// Model name to write into the body for this backend.
+    pub model: Option<String>,
+    /// `:authority` to send to this cluster.
+    pub authority: Option<String>,
+}
+
+/// What the elected worker probes on one cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterTarget {
+    /// Envoy cluster name.
+    pub cluster: String,
+    /// `:authority` of the probe; the cluster name when absent.
+    pub authority: Option<String>,
+    /// Liveness path.
+    pub health_path: String,
+    /// Prometheus load metrics path.
+    pub metrics_path: Option<String>,
+}
+
+/// A compiled model-choice rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// Conditions, all of which must hold.
+    pub when: When,
+    /// Model chosen when they do; always a key of [`RoutingConfig::models`].
+    pub model: String,
+}
+
+/// Compiled rule conditions; `None` means "any".
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct When {
+    /// Requested model names (aliases).
+    pub models: Option<Vec<String>>,
+    /// Inclusive lower bound of estimated prompt tokens.
+    pub min_prompt_tokens: Option<u64>,
+    /// Inclusive upper bound of estimated prompt tokens.
+    pub max_prompt_tokens: Option<u64>,
+    /// Priorities.
+    pub priorities: Option<Vec<Priority>>,
+    /// Tools declared or not.
+    pub tools: Option<bool>,
+    /// Stream asked or not.
+    pub stream: Option<bool>,
+}
+
+impl Default for RoutingConfig {
+    /// No model routed: every call passes untouched.
+    fn default() -> Self {
+        Self {
+            models: BTreeMap::new(),
+            clusters: Vec::new(),
+            cluster_header: DEFAULT_CLUSTER_HEADER.to_string(),
+            probe_interval_ms: DEFAULT_PROBE_INTERVAL_S * 1_000,
+            probe_timeout_ms: DEFAULT_PROBE_TIMEOUT_MS,
+            eject_after_failures: DEFAULT_EJECT_AFTER_FAILURES,
+            eject_ms: DEFAULT_EJECT_S * 1_000,
+            max_eject_ms: DEFAULT_MAX_EJECT_S * 1_000,
+            ramp_ms: DEFAULT_RAMP_S * 1_000,
+            ewma_half_life_ms: DEFAULT_EWMA_HALF_LIFE_S * 1_000.0,
+            rules: Vec::new(),
+        }
+    }
+}
+
+impl RoutingConfig {
+    /// Compiles the section, one error per broken invariant, naming the field
+    /// (`routing.models.gpt-4o[1].weight`) and the bad value.
+    pub fn compile(raw: RawRoutingConfig) -> Result<Self, ConfigError> {
+        let cluster_header = match raw.cluster_header {
+            None => DEFAULT_CLUSTER_HEADER.to_string(),
+            Some(h) if is_header_name(&h) => h,
+            Some(h) => {
+                return Err(ConfigError::new(
+                    "routing.cluster_header",
+                    format!("{h:?} is not a lowercase HTTP header name"),
+                ))
+            }
+        };
+        let probe_interval_s = bounded(
+            "routing.probe_interval_s",
+            raw.probe_interval_s,
+            DEFAULT_PROBE_INTERVAL_S,
+            1,
+            MAX_INTERVAL_S,
+        )?;
+        let probe_timeout_ms = bounded(
+            "routing.probe_timeout_ms",
+            raw.probe_timeout_ms,
+            DEFAULT_PROBE_TIMEOUT_MS,
+            1,
+            MAX_PROBE_TIMEOUT_MS,
+        )?;
+        let eject_after_failures = bounded(
+            "routing.eject_after_failures",
+            raw.eject_after_failures.map(u64::from),
+            u64::from(DEFAULT_EJECT_AFTER_FAILURES),
+            1,
+            u64::from(MAX_EJECT_AFTER_FAILURES),
+        )?;
+        let eject_s = bounded(
+            "routing.eject_s",
+            raw.eject_s,
+            DEFAULT_EJECT_S,
+            1,
+            MAX_EJECT_S,
+        )?;
+        let max_eject_s = bounded(
+            "routing.max_eject_s",
+            raw.max_eject_s,
+            DEFAULT_MAX_EJECT_S.max(eject_s),
+            eject_s,
+            MAX_EJECT_S,
+        )?;
+        let ramp_s = bounded(
+            "routing.ramp_s",
+            raw.ramp_s,
+            DEFAULT_RAMP_S,
+            0,
+            MAX_INTERVAL_S,
+        )?;
+        let half_life_s = raw.ewma_half_life_s.unwrap_or(DEFAULT_EWMA_HALF_LIFE_S);
+        if !(half_life_s.is_finite()
+            && (MIN_HALF_LIFE_S..=MAX_INTERVAL_S as f64).contains(&half_life_s))
+        {
+            return Err(ConfigError::new(
+                "routing.ewma_half_life_s",
+                format!("{half_life_s} is out of range {MIN_HALF_LIFE_S}..={MAX_INTERVAL_S}"),
+            ));
+        }
+
+        let (models, clusters) = compile_models(raw.models)?;
+        let rules = compile_rules(raw.rules, &models)?;
+
+        Ok(Self {
+            models,
+            clusters,
+            cluster_header,
+            // Bounds above keep these products small.
+            probe_interval_ms: probe_interval_s.saturating_mul(1_000),
+            probe_timeout_ms,
+            eject_after_failures: u32::try_from(eject_after_failures)
+                .unwrap_or(DEFAULT_EJECT_AFTER_FAILURES),
+            eject_ms: eject_s.saturating_mul(1_000),
+            max_eject_ms: max_eject_s.saturating_mul(1_000),
+            ramp_ms: ramp_s.saturating_mul(1_000),
+            ewma_half_life_ms: half_life_s * 1_000.0,
+            rules,
+        })
+    }
+
+    /// The backends of a model, `None` when the model is not routed.
+    pub fn backends(&self, model: &str) -> Option<&[Backend]> {
+        self.models.get(model).map(Vec::as_slice)
+    }
+}
+
+fn bounded(
+    field: &str,
+    value: Option<u64>,
+    default: u64,
+    min: u64,
+    max: u64,
+) -> Result<u64, ConfigError> {
+    let v = value.unwrap_or(default);
+    if (min..=max).contains(&v) {
+        Ok(v)
+    } else {
+        Err(ConfigError::new(
+            field,
+            format!("{v} is out of range {min}..={max}"),
+        ))
+    }
+}
+
+/// Probe settings of one cluster as merged from all its listings; `None`
+/// fields were not given anywhere yet.
+#[derive(Default)]
+struct Merged {
+    authority: Option<String>,
+    health_path: Option<String>,
+    metrics_path: Option<String>,
+}
+
+type Models = BTreeMap<String, Vec<Backend>>;
+
+fn compile_models(
+    raw: BTreeMap<String, Vec<RawBackend>>,
+) -> Result<(Models, Vec<ClusterTarget>), ConfigError> {
+    // A cluster may serve several models; it is probed once and its health is
+    // shared, so its probe settings must agree wherever they are given.
+    let mut order: Vec<String> = Vec::new();
+    let mut merged: BTreeMap<String, Merged> = BTreeMap::new();
+    let mut models = BTreeMap::new();
+    for (model, backends) in raw {
+        let at = format!("routing.models.{model}");
+        if !is_name(&model) {
+            return Err(ConfigError::new(
+                at,
+                format!("{model:?} is not a model name"),
+            ));
+        }
+        if backends.is_empty() {
+            return Err(ConfigError::new(at, "lists no backend"));
+        }
+        let mut out: Vec<Backend> = Vec::with_capacity(backends.len());
+        for (i, b) in backends.into_iter().enumerate() {
+            let at = format!("routing.models.{model}[{i}]");
+            if b.cluster.is_empty() {
+                return Err(ConfigError::new(format!("{at}.cluster"), "is required"));
+            }
+            if !is_cluster(&b.cluster) {
+                return Err(ConfigError::new(
+                    format!("{at}.cluster"),
+                    format!(
+                        "{:?} is not a cluster name ([A-Za-z0-9_.|-], at most {MAX_CLUSTER_LEN})",
+                        b.cluster
+                    ),
+                ));
+            }
+            if out.iter().any(|o| o.cluster == b.cluster) {
+                return Err(ConfigError::new(
+                    format!("{at}.cluster"),
+                    format!("{:?} is listed twice for this model", b.cluster),
+                ));
+            }
+            let weight = b.weight.unwrap_or(1);
+            if weight == 0 {
+                return Err(ConfigError::new(
+                    format!("{at}.weight"),
+                    "0 is not a positive weight",
+                ));
+            }
+            if let Some(m) = &b.model {
+                if !is_name(m) {
+                    return Err(ConfigError::new(
+                        format!("{at}.model"),
+                        format!("{m:?} is not a model name"),
+                    ));
+                }
+            }
+            if let Some(a) = &b.authority {
+                if !is_authority(a) {
+                    return Err(ConfigError::new(
+                        format!("{at}.authority"),
+                        format!("{a:?} is not a host[:port]"),
+                    ));
+                }
+            }
+            for (field, path) in [
+                ("health_path", &b.health_path),
+                ("metrics_path", &b.metrics_path),
+            ] {
+                if let Some(p) = path {
+                    if !is_path(p) {
+                        return Err(ConfigError::new(
+                            format!("{at}.{field}"),
+                            format!("{p:?} is not an absolute path"),
+                        ));
+                    }
+                }
+            }
+            if !merged.contains_key(&b.cluster) {
+                order.push(b.cluster.clone());
+            }
+            let m = merged.entry(b.cluster.clone()).or_default();
+            for (field, mine, theirs) in [
+                ("authority", &b.authority, &mut m.authority),
+                ("health_path", &b.health_path, &mut m.health_path),
+                ("metrics_path", &b.metrics_path, &mut m.metrics_path),
+            ] {
+                match (mine, theirs.as_ref()) {
+                    (Some(a), Some(b)) if a != b => {
+                        return Err(ConfigError::new(
+                            format!("{at}.{field}"),
+                            format!(
+                                "{a:?} differs from {b:?} given for the same cluster elsewhere"
+                            ),
+                        ))
+                    }
+                    (Some(a), None) => *theirs = Some(a.clone()),
+                    _ => {}
+                }
+            }
+            out.push(Backend {
+                cluster: b.cluster,
+                weight,
+                model: b.model,
+                authority: None,
+            });
+        }
+        models.insert(model, out);
+    }
+    // Calls to a cluster carry the same authority as its probes.
+    for backends in models.values_mut() {
+        for b in backends.iter_mut() {
+            b.authority = merged.get(&b.cluster).and_then(|m| m.authority.clone());
+        }
+    }
+    let clusters = order
+        .into_iter()
+        .map(|cluster| {
+            let m = merged.remove(&cluster).unwrap_or_default();
+            ClusterTarget {
+                cluster,
+                authority: m.authority,
+                health_path: m
+                    .health_path
+                    .unwrap_or_else(|| DEFAULT_HEALTH_PATH.to_string()),
+                metrics_path: m.metrics_path,
+            }
+        })
+        .collect();
+    Ok((models, clusters))
+}
+
+fn compile_rules(raw: Vec<RawRule>, models: &Models) -> Result<Vec<Rule>, ConfigError> {
+    let mut rules = Vec::with_capacity(raw.len());
+    for (i, r) in raw.into_iter().enumerate() {
+        let at = format!("routing.rules[{i}]");
+        if r.model.is_empty() {
+            return Err(ConfigError::new(format!("{at}.model"), "is required"));
+        }
+        // A chosen model must be routable, or the rule would silently send
+        // calls for a name nobody serves.
+        if !models.contains_key(&r.model) {
+            return Err(ConfigError::new(
+                format!("{at}.model"),
+                format!("{:?} is not a model of routing.models", r.model),
+            ));
+        }
+        let w = r.when;
+        let names = match w.model {
+            None => None,
+            Some(m) => {
+                let names = m.into_vec();
+                if names.is_empty() {
+                    return Err(ConfigError::new(
+                        format!("{at}.when.model"),
+                        "an empty list never matches",
+                    ));
+                }
+                if let Some(bad) = names.iter().find(|n| !is_name(n)) {
+                    return Err(ConfigError::new(
+                        format!("{at}.when.model"),
+                        format!("{bad:?} is not a model name"),
+                    ));
+                }
+                Some(names)
+            }
+        };
+        let priorities = match w.priority {
+            None => None,
+            Some(p) => {
+                let raw = p.into_vec();
+                if raw.is_empty() {
+                    return Err(ConfigError::new(
+                        format!("{at}.when.priority"),
+                        "an empty list never matches",
+                    ));
+                }
+                let mut out = Vec::with_capacity(raw.len());
+                for p in raw {
+                    out.push(Priority::parse(&p).ok_or_else(|| {
+                        ConfigError::new(
+                            format!("{at}.when.priority"),
+                            format!("{p:?} is not one of P0, P1, P2"),
+                        )
+                    })?);
+                }
+                Some(out)
+            }
+        };
+        if let (Some(min), Some(max)) = (w.min_prompt_tokens, w.max_prompt_tokens) {
+            if max < min {
+                return Err(ConfigError::new(
+                    format!("{at}.when.max_prompt_tokens"),
+                    format!("{max} is below min_prompt_tokens {min}"),
+                ));
+            }
+        }
+        rules.push(Rule {
+            when: When {
+                models: names,
+                min_prompt_tokens: w.min_prompt_tokens,
+                max_prompt_tokens: w.max_prompt_tokens,
+                priorities,
+                tools: w.tools,
+                stream: w.stream,
+            },
+            model: r.model,
+        });
+    }
+    Ok(rules)
+}
+
+/// Envoy cluster names as this filter accepts them. `|` is allowed because
+/// Istio names its clusters `outbound|port||host`.
+fn is_cluster(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_CLUSTER_LEN
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-' | b'|'))
+}
+
+fn is_name(s: &str) -> bool {
+    !s.is_empty() && s.len() <= MAX_NAME_LEN && !s.chars().any(char::is_control)
+}
+
+/// An RFC 9110 token in lowercase, as HTTP/2 requires of header names.
+fn is_header_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes().all(|b| {
+            b.is_ascii_lowercase()
+                || b.is_ascii_digit()
+                || matches!(
+                    b,
+                    b'!' | b'#'
+                        | b'$'
+                        | b'%'
+                        | b'&'
+                        | b'\''
+                        | b'*'
+                        | b'+'
+                        | b'-'
+                        | b'.'
+                        | b'^'
+                        | b'_'
+                        | b'`'
+                        | b'|'
+                        | b'~'
+                )
+        })
+}
+
+fn is_authority(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_NAME_LEN
+        && s.bytes()
+            .all(|b| b.is_ascii_graphic() && !matches!(b, b'/' | b'?' | b'#' | b'@' | b'"' | b'\\'))
+}
+
+fn is_path(s: &str) -> bool {
+    s.starts_with('/')
+        && s.len() <= MAX_PATH_LEN
+        && s.bytes().all(|b| b.is_ascii_graphic() && b != b'#')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<RoutingConfig, ConfigError> {
+        let raw: RawRoutingConfig = serde_json::from_str(json).unwrap();
+        RoutingConfig::compile(raw)
+    }
+
+    #[test]
+    fn empty_section_routes_nothing() {
+        let c = parse("{}").unwrap();
+        assert_eq!(c, RoutingConfig::default());
+        assert!(c.models.is_empty() && c.clusters.is_empty());
+        assert_eq!(c.cluster_header, "x-llm-cluster");
+        assert_eq!(c.probe_interval_ms, 5_000);
+        assert_eq!(c.probe_timeout_ms, 2_000);
+        assert_eq!(c.eject_after_failures, 3);
+        assert_eq!(c.eject_ms, 10_000);
+        assert_eq!(c.max_eject_ms, 300_000);
+        assert_eq!(c.ramp_ms, 20_000);
+        assert_eq!(c.ewma_half_life_ms, 10_000.0);
+        assert_eq!(c.backends("gpt-4o"), None);
+    }
+
+    #[test]
+    fn reads_every_field() {
+        let c = parse(
+            r#"{
+              "models": {
+                "gpt-4o": [
+                  {"cluster": "openai", "weight": 3, "authority": "api.openai.com"},
+                  {"cluster": "azure-east", "model": "gpt-4o-2024-08-06",
+                   "health_path": "/health", "metrics_path": "/metrics"}
+                ],
+                "gpt-4o-mini": [{"cluster": "openai"}]
+              },
+              "cluster_header": "x-route-to",
+              "probe_interval_s": 2, "probe_timeout_ms": 500,
+              "eject_after_failures": 5, "eject_s": 4, "max_eject_s": 60,
+              "ramp_s": 0, "ewma_half_life_s": 2.5,
+              "rules": [
+                {"when": {"model": ["auto", "smart"], "min_prompt_tokens": 8000,
+                          "priority": "p0", "tools": true, "stream": false},
+                 "model": "gpt-4o"},
+                {"when": {"model": "auto"}, "model": "gpt-4o-mini"}
+              ]
+            }"#,
+        )
+        .unwrap();
+        let b = c.backends("gpt-4o").unwrap();
+        assert_eq!(
+            b[0],
+            Backend {
+                cluster: "openai".into(),
+                weight: 3,
+                model: None,
+                authority: Some("api.openai.com".into()),
+            }
+        );
+        assert_eq!(b[1].weight, 1);
+        assert_eq!(b[1].model.as_deref(), Some("gpt-4o-2024-08-06"));
+        // The authority given once applies to every listing of the cluster.
+        assert_eq!(
+            c.backends("gpt-4o-mini").unwrap()[0].authority.as_deref(),
+            Some("api.openai.com")
+        );
+        assert_eq!(c.clusters.len(), 2);
+        let azure = c
+            .clusters
+            .iter()
+            .find(|t| t.cluster == "azure-east")
+            .unwrap();
+        assert_eq!(azure.health_path, "/health");
+        assert_eq!(azure.metrics_path.as_deref(), Some("/metrics"));
+        let openai = c.clusters.iter().find(|t| t.cluster == "openai").unwrap();
+        assert_eq!(openai.health_path, DEFAULT_HEALTH_PATH);
+        assert_eq!(c.cluster_header, "x-route-to");
+        assert_eq!(
+            (
+                c.probe_interval_ms,
+                c.probe_timeout_ms,
+                c.eject_after_failures
+            ),
+            (2_000, 500, 5)
+        );
+        assert_eq!((c.eject_ms, c.max_eject_ms, c.ramp_ms), (4_000, 60_000, 0));
+        assert_eq!(c.ewma_half_life_ms, 2_500.0);
+        assert_eq!(c.rules.len(), 2);
+        let w = &c.rules[0].when;
+        assert_eq!(
+            w.models.as_deref(),
+            Some(&["auto".to_string(), "smart".to_string()][..])
+        );
+        assert_eq!(w.priorities.as_deref(), Some(&[Priority::P0][..]));
+        assert_eq!(
+            (w.min_prompt_tokens, w.max_prompt_tokens),
+            (Some(8000), None)
+        );
+        assert_eq!((w.tools, w.stream), (Some(true), Some(false)));
+        assert_eq!(
+            c.rules[1].when.models.as_deref(),
+            Some(&["auto".to_string()][..])
+        );
+    }
+
+    #[test]
+    fn istio_cluster_names_are_accepted() {
+        let c =
+            parse(r#"{"models":{"m":[{"cluster":"outbound|8000||vllm.ns.svc.cluster.local"}]}}"#)
+                .unwrap();
+        assert_eq!(
+            c.clusters[0].cluster,
+            "outbound|8000||vllm.ns.svc.cluster.local"
+        );
+    }
+
+    #[test]
+    fn long_eject_raises_the_default_cap() {
+        let c = parse(r#"{"eject_s": 600}"#).unwrap();
+        assert_eq!((c.eject_ms, c.max_eject_ms), (600_000, 600_000));
+    }
+
+    #[test]
+    fn errors_name_the_field_and_value() {
+        for (doc, field, needle) in [
+            (
+                r#"{"models":{"gpt-4o":[{"cluster":"a"},{"cluster":"b","weight":0}]}}"#,
+                "routing.models.gpt-4o[1].weight",
+                "0",
+            ),
+            (
+                r#"{"models":{"m":[{"weight":2}]}}"#,
+                "routing.models.m[0].cluster",
+                "required",
+            ),
+            (
+                r#"{"models":{"m":[{"cluster":"a b"}]}}"#,
+                "routing.models.m[0].cluster",
+                "\"a b\"",
+            ),
+            (
+                r#"{"models":{"m":[{"cluster":"a"},{"cluster":"a"}]}}"#,
+                "routing.models.m[1].cluster",
+                "twice",
+            ),
+            (r#"{"models":{"m":[]}}"#, "routing.models.m", "no backend"),
+            (
+                r#"{"models":{"":[{"cluster":"a"}]}}"#,
+                "routing.models.",
+                "model name",
+            ),
+            (
+                r#"{"models":{"m":[{"cluster":"a","model":""}]}}"#,
+                "routing.models.m[0].model",
+                "\"\"",
+            ),
+            (
+                r#"{"models":{"m":[{"cluster":"a","authority":"x/y"}]}}"#,
+                "routing.models.m[0].authority",
+                "x/y",
+            ),
+            (
+                r#"{"models":{"m":[{"cluster":"a","health_path":"health"}]}}"#,
+                "routing.models.m[0].health_path",
+                "health",
+            ),
+            (
+                r#"{"models":{"m":[{"cluster":"a","metrics_path":"/a b"}]}}"#,
+                "routing.models.m[0].metrics_path",
+                "/a b",
+            ),
+            (
+                r#"{"models":{"m":[{"cluster":"a","health_path":"/x"}],"n":[{"cluster":"a","health_path":"/y"}]}}"#,
+                "routing.models.n[0].health_path",
+                "/y",
+            ),
+            (
+                r#"{"cluster_header":"X-Cluster"}"#,
+                "routing.cluster_header",
+                "X-Cluster",
+            ),
+            (
+                r#"{"cluster_header":":authority"}"#,
+                "routing.cluster_header",
+                ":authority",
+            ),
+            (r#"{"cluster_header":""}"#, "routing.cluster_header", "\"\""),
+            (r#"{"probe_interval_s":0}"#, "routing.probe_interval_s", "0"),
+            (r#"{"probe_timeout_ms":0}"#, "routing.probe_timeout_ms", "0"),
+            (
+                r#"{"eject_after_failures":0}"#,
+                "routing.eject_after_failures",
+                "0",
+            ),
+            (r#"{"eject_s":0}"#, "routing.eject_s", "0"),
+            (
+                r#"{"eject_s":20,"max_eject_s":10}"#,
+                "routing.max_eject_s",
+                "10",
+            ),
+            (r#"{"ramp_s":99999}"#, "routing.ramp_s", "99999"),
+            (r#"{"ewma_half_life_s":0}"#, "routing.ewma_half_life_s", "0"),
+            (
+                r#"{"ewma_half_life_s":-1.5}"#,
+                "routing.ewma_half_life_s",
+                "-1.5",
+            ),
+            (
+                r#"{"rules":[{"when":{},"model":"nope"}]}"#,
+                "routing.rules[0].model",
+                "nope",
+            ),
+            (
+                r#"{"rules":[{"when":{}}]}"#,
+                "routing.rules[0].model",
+                "required",
+            ),
+            (
+                r#"{"models":{"m":[{"cluster":"a"}]},"rules":[{"when":{"priority":["P1","P9"]},"model":"m"}]}"#,
+                "routing.rules[0].when.priority",
+                "P9",
+            ),
+            (
+                r#"{"models":{"m":[{"cluster":"a"}]},"rules":[{"when":{"model":[]},"model":"m"}]}"#,
+                "routing.rules[0].when.model",
+                "empty",
+            ),
+            (
+                r#"{"models":{"m":[{"cluster":"a"}]},"rules":[{"when":{"min_prompt_tokens":10,"max_prompt_tokens":5},"model":"m"}]}"#,
+                "routing.rules[0].when.max_prompt_tokens",
+                "5",
+            ),
+        ] {
+            let e = parse(doc).unwrap_err();
+            assert_eq!(e.field, field, "{doc}: {e}");
+            assert!(e.to_string().contains(needle), "{doc}: {e}");
+        }
+    }
+
+    #[test]
+    fn raw_section_is_strict() {
+        for doc in [
+            r#"{"bogus":1}"#,
+            r#"{"models":{"m":[{"cluster":"a","wieght":1}]}}"#,
+            r#"{"rules":[{"when":{"modle":"auto"},"model":"m"}]}"#,
+            r#"{"rules":[{"when":{"model":3},"model":"m"}]}"#,
+            r#"{"models":{"m":[{"cluster":"a","weight":-1}]}}"#,
+        ] {
+            assert!(
+                serde_json::from_str::<RawRoutingConfig>(doc).is_err(),
+                "{doc}"
+            );
+        }
+        let e = serde_json::from_str::<RawRoutingConfig>(
+            r#"{"rules":[{"when":{"model":3},"model":"m"}]}"#,
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("a string or a list of strings"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,833 @@
+//! Passive and active health of each cluster, shared by every worker through
+//! shared data so that one worker's failures move every worker's traffic.
+//! Records are small fixed-size bincode values updated by compare-and-swap.
+
+use serde::{Deserialize, Serialize};
+
+use super::config::RoutingConfig;
+use crate::host::{SharedStore, StoreError};
+
+/// Prefix of the per-cluster health keys; the cluster name follows.
+pub const KEY_PREFIX: &str = "llm_filter.routing.v1.health.";
+
+/// Attempts of one read-modify-write before giving up on a contended key.
+const MAX_CAS_ATTEMPTS: usize = 8;
+/// Smallest weight a new sample gets, so samples taken in the same
+/// millisecond (common across workers) still count a little.
+const ALPHA_MIN: f64 = 1.0 / 256.0;
+/// Samples above this (one hour) are clamped: they can only be clock trouble.
+const MAX_SAMPLE_MS: f64 = 3_600_000.0;
+/// An in-flight count untouched this long is a leak (a worker restarted with
+/// calls open) and is reset.
+const IN_FLIGHT_STALE_MS: u64 = 600_000;
+/// In-flight counts beyond this are leaks too.
+const MAX_IN_FLIGHT: u32 = 1 << 20;
+/// Longest doubling applied to the ejection time.
+const MAX_EJECT_DOUBLINGS: u32 = 16;
+
+/// The shared-data key of a cluster's health.
+pub fn key(cluster: &str) -> String {
+    let mut k = String::with_capacity(KEY_PREFIX.len() + cluster.len());
+    k.push_str(KEY_PREFIX);
+    k.push_str(cluster);
+    k
+}
+
+/// An exponentially weighted moving average whose memory fades with time
+/// (half-life), not with sample count, so idle and busy clusters age alike.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Ewma {
+    /// Current average.
+    pub value: f64,
+    /// When the last sample was taken.
+    pub at_ms: u64,
+}
+
+impl Ewma {
+    /// Folds `sample` taken at `now_ms` into `slot` (the first sample is taken as is).
+    pub fn observe(slot: &mut Option<Ewma>, sample: f64, now_ms: u64, half_life_ms: f64) {
+        let sample = if sample.is_finite() {
+            sample.clamp(0.0, MAX_SAMPLE_MS)
+        } else {
+            MAX_SAMPLE_MS
+        };
+        *slot = Some(match *slot {
+            Some(e) if e.value.is_finite() => {
+                let keep = decay(now_ms.saturating_sub(e.at_ms), half_life_ms).min(1.0 - ALPHA_MIN);
+                Ewma {
+                    value: e.value * keep + sample * (1.0 - keep),
+                    // Workers' clocks may disagree by a little: time never goes back.
+                    at_ms: e.at_ms.max(now_ms),
+                }
+            }
+            _ => Ewma {
+                value: sample,
+                at_ms: now_ms,
+            },
+        });
+    }
+
+    /// How much the average still says at `now_ms`: 1 when fresh, halving
+    /// every half-life without samples.
+    pub fn confidence(&self, now_ms: u64, half_life_ms: f64) -> f64 {
+        decay(now_ms.saturating_sub(self.at_ms), half_life_ms)
+    }
+}
+
+/// Weight left to knowledge `age_ms` old: `2^(-age / half_life)`, in `[0, 1]`.
+fn decay(age_ms: u64, half_life_ms: f64) -> f64 {
+    if !(half_life_ms.is_finite() && half_life_ms > 0.0) {
+        return 0.0;
+    }
+    let w = (-(age_ms as f64) / half_life_ms).exp2();
+    if w.is_finite() {
+        w.clamp(0.0, 1.0)
+    } else {
+        0.0
+    }
+}
+
+/// Load signals a model server exports (see [`super::probe::parse_load`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Load {
+    /// Requests queued and not yet running, `>= 0`.
+    pub waiting: Option<f64>,
+    /// KV-cache usage as a fraction in `[0, 1]`.
+    pub kv_usage: Option<f64>,
+}
+
+impl Load {
+    fn sanitized(self) -> Self {
+        Self {
+            waiting: self
+                .waiting
+                .filter(|w| w.is_finite())
+                .map(|w| w.clamp(0.0, 1e9)),
+            kv_usage: self
+                .kv_usage
+                .filter(|u| u.is_finite())
+                .map(|u| u.clamp(0.0, 1.0)),
+        }
+    }
+}
+
+/// The last active probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeRecord {
+    /// The cluster answered like a live server.
+    pub ok: bool,
+    /// When the answer (or timeout) came.
+    pub at_ms: u64,
+    /// How long it took.
+    pub latency_ms: u64,
+}
+
+/// Everything known about one cluster. Fixed size: no collection grows in
+/// shared data.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Health {
+    /// Latency of successful calls, ms.
+    pub latency: Option<Ewma>,
+    /// Time to first byte of successful calls, ms.
+    pub ttft: Option<Ewma>,
+    /// Share of calls that failed (5xx, 429, reset, timeout), in `[0, 1]`.
+    pub errors: Option<Ewma>,
+    /// Failed calls in a row, across workers.
+    pub consecutive_failures: u32,
+    /// Calls dispatched and not yet completed.
+    pub in_flight: u32,
+    /// Last change of `in_flight`, to heal leaks.
+    pub in_flight_at_ms: u64,
+    /// Ejected (weight 0) while now is before this.
+    pub ejected_until_ms: u64,
+    /// Ejections in a row without a healthy spell, doubling the next one.
+    pub ejections: u32,
+    /// Start of the ramp back to full weight after an ejection.
+    pub recovering_since_ms: Option<u64>,
+    /// Last active probe.
+    pub probe: Option<ProbeRecord>,
+    /// Last load signals read from the model server.
+    pub load: Option<Load>,
+    /// When `load` was read.
+    pub load_at_ms: u64,
+}
+
+impl Health {
+    /// True while the cluster is ejected.
+    pub fn is_ejected(&self, now_ms: u64) -> bool {
+        now_ms < self.ejected_until_ms
+    }
+
+    /// Decodes a stored record; `None` for anything that is not one. Floats
+    /// that are not finite (a foreign or corrupt value) are dropped, so no NaN
+    /// ever reaches the weights.
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        let mut h: Health = bincode::deserialize(bytes).ok()?;
+        for slot in [&mut h.latency, &mut h.ttft, &mut h.errors] {
+            if slot.is_some_and(|e| !e.value.is_finite()) {
+                *slot = None;
+            }
+        }
+        if let Some(e) = h.errors.as_mut() {
+            e.value = e.value.clamp(0.0, 1.0);
+        }
+        for e in [&mut h.latency, &mut h.ttft].into_iter().flatten() {
+            e.value = e.value.clamp(0.0, MAX_SAMPLE_MS);
+        }
+        h.load = h.load.map(Load::sanitized);
+        Some(h)
+    }
+
+    /// Encodes the record for shared data.
+    pub fn encode(&self) -> Option<Vec<u8>> {
+        bincode::serialize(self).ok()
+    }
+
+    fn eject_ms(config: &RoutingConfig, ejections: u32) -> u64 {
+        let doublings = ejections.saturating_sub(1).min(MAX_EJECT_DOUBLINGS);
+        config
+            .eject_ms
+            .saturating_mul(1u64 << doublings)
+            .min(config.max_eject_ms)
+    }
+
+    /// Ejects now, for longer each time the cluster failed again without a
+    /// healthy spell in between.
+    fn eject(&mut self, config: &RoutingConfig, now_ms: u64) {
+        self.ejections = self.ejections.saturating_add(1);
+        self.ejected_until_ms = now_ms.saturating_add(Self::eject_ms(config, self.ejections));
+        self.recovering_since_ms = Some(self.ejected_until_ms);
+        self.consecutive_failures = 0;
+        // The ejection and the ramp after it already answer the errors that
+        // caused it; kept, they would hold the cluster down a second time.
+        self.errors = None;
+    }
+
+    /// Forgets past ejections once the cluster has been back, ramped up and
+    /// healthy for as long again as its last ejection.
+    fn forgive(&mut self, config: &RoutingConfig, now_ms: u64) {
+        if self.is_ejected(now_ms) {
+            return;
+        }
+        if let Some(since) = self.recovering_since_ms {
+            if now_ms >= since.saturating_add(config.ramp_ms) {
+                self.recovering_since_ms = None;
+            }
+        }
+        if self.ejections > 0 {
+            let healthy_after = self
+                .ejected_until_ms
+                .saturating_add(config.ramp_ms)
+                .saturating_add(Self::eject_ms(config, self.ejections));
+            if now_ms >= healthy_after {
+                self.ejections = 0;
+            }
+        }
+    }
+
+    /// Resets an in-flight count nobody touched for long: the completions of
+    /// those calls were lost with a restarted worker.
+    fn heal_in_flight(&mut self, now_ms: u64) {
+        if now_ms.saturating_sub(self.in_flight_at_ms) > IN_FLIGHT_STALE_MS
+            || self.in_flight > MAX_IN_FLIGHT
+        {
+            self.in_flight = 0;
+        }
+    }
+}
+
+/// How a call to a cluster ended, as the response (or its absence) showed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallResult {
+    /// A response with this status.
+    Status(u16),
+    /// The connection or stream was reset before a complete response.
+    Reset,
+    /// No response in time.
+    Timeout,
+}
+
+/// What a call's result says about the backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// A good answer: counts as success and as a latency sample.
+    Success,
+    /// The backend answered but refused the request (4xx but 429): the
+    /// backend is alive, the latency says nothing about it.
+    Refused,
+    /// 5xx, 429, reset or timeout: counts against the backend.
+    Failure,
+}
+
+impl CallResult {
+    /// What the result says about the backend.
+    pub fn verdict(self) -> Verdict {
+        match self {
+            Self::Status(200..=399) => Verdict::Success,
+            Self::Status(429) => Verdict::Failure,
+            Self::Status(400..=499) => Verdict::Refused,
+            Self::Status(_) | Self::Reset | Self::Timeout => Verdict::Failure,
+        }
+    }
+
+    /// The `outcome` metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Status(200..=399) => "success",
+            Self::Status(429) => "rate_limited",
+            Self::Status(400..=499) => "client_error",
+            Self::Status(_) => "server_error",
+            Self::Reset => "reset",
+            Self::Timeout => "timeout",
+        }
+    }
+}
+
+/// One completed call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// How it ended.
+    pub result: CallResult,
+    /// From dispatch to the end of the response, ms.
+    pub latency_ms: u64,
+    /// From dispatch to the first response body byte, ms, when one came.
+    pub ttft_ms: Option<u64>,
+}
+
+/// The result of recording something.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Recorded {
+    /// This record ejected the cluster (count it once: extensions of a
+    /// running ejection are not new ejections).
+    pub ejected: bool,
+    /// The record as written.
+    pub health: Health,
+}
+
+/// The health of a cluster; `None` when nothing was recorded yet (or the
+/// record is unreadable), which weighs as perfectly healthy.
+pub fn read<S: SharedStore + ?Sized>(store: &S, cluster: &str) -> Option<Health> {
+    store
+        .get(&key(cluster))
+        .ok()?
+        .value
+        .as_deref()
+        .and_then(Health::decode)
+}
+
+/// Read-modify-write under compare-and-swap. A mismatch (another worker wrote
+/// first) is retried on fresh data a bounded number of times. A missing key is
+/// created unconditionally (Envoy offers no create-if-absent); two workers
+/// creating the same record at once lose one sample, which health tolerates.
+fn update<S, T, F>(store: &S, cluster: &str, mut f: F) -> Result<(Health, T), StoreError>
+where
+    S: SharedStore + ?Sized,
+    F: FnMut(&mut Health) -> T,
+{
+    let key = key(cluster);
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let current = store.get(&key)?;
+        let mut h = current
+            .value
+            .as_deref()
+            .and_then(Health::decode)
+            .unwrap_or_default();
+        let out = f(&mut h);
+        let bytes = h.encode().ok_or(StoreError::Host)?;
+        match store.set(&key, &bytes, current.cas) {
+            Ok(()) => return Ok((h, out)),
+            Err(StoreError::CasMismatch) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(StoreError::CasMismatch)
+}
+
+/// A call was dispatched to `cluster`.
+pub fn record_start<S: SharedStore + ?Sized>(
+    store: &S,
+    cluster: &str,
+    now_ms: u64,
+) -> Result<Recorded, StoreError> {
+    let (health, ()) = update(store, cluster, |h| {
+        h.heal_in_flight(now_ms);
+        h.in_flight = h.in_flight.saturating_add(1);
+        h.in_flight_at_ms = now_ms;
+    })?;
+    Ok(Recorded {
+        ejected: false,
+        health,
+    })
+}
+
+/// A call to `cluster` completed (call once per [`record_start`]). Successes
+/// feed the latency averages; failures count toward ejection.
+pub fn record_outcome<S: SharedStore + ?Sized>(
+    store: &S,
+    config: &RoutingConfig,
+    cluster: &str,
+    outcome: &Outcome,
+    now_ms: u64,
+) -> Result<Recorded, StoreError> {
+    let half_life = config.ewma_half_life_ms;
+    let (health, ejected) = update(store, cluster, |h| {
+        h.heal_in_flight(now_ms);
+        h.in_flight = h.in_flight.saturating_sub(1);
+        h.in_flight_at_ms = now_ms;
+        match outcome.result.verdict() {
+            Verdict::Success => {
+                // Only successes measure speed: a refused connection fails
+                // fast and would make a dead backend look like the best one.
+                Ewma::observe(&mut h.latency, outcome.latency_ms as f64, now_ms, half_life);
+                if let Some(t) = outcome.ttft_ms {
+                    Ewma::observe(&mut h.ttft, t as f64, now_ms, half_life);
+                }
+                Ewma::observe(&mut h.errors, 0.0, now_ms, half_life);
+                h.consecutive_failures = 0;
+                h.forgive(config, now_ms);
+                false
+            }
+            Verdict::Refused => {
+                Ewma::observe(&mut h.errors, 0.0, now_ms, half_life);
+                h.consecutive_failures = 0;
+                false
+            }
+            Verdict::Failure => {
+                Ewma::observe(&mut h.errors, 1.0, now_ms, half_life);
+                // Failures while ejected come from calls already under way or
+                // from the all-ejected fallback: they must not stack ejections.
+                if h.is_ejected(now_ms) {
+                    return false;
+                }
+                h.consecutive_failures = h.consecutive_failures.saturating_add(1);
+                if h.consecutive_failures >= config.eject_after_failures {
+                    h.eject(config, now_ms);
+                    true
+                } else {
+                    false
+                }
+            }
+        }
+    })?;
+    Ok(Recorded { ejected, health })
+}
+
+/// An active probe of `cluster` finished. A failed probe ejects the cluster at
+/// once (a live server always answers its health path) and keeps an ejected
+/// one out; `load` is stored when given.
+pub fn record_probe<S: SharedStore + ?Sized>(
+    store: &S,
+    config: &RoutingConfig,
+    cluster: &str,
+    ok: bool,
+    latency_ms: u64,
+    load: Option<Load>,
+    now_ms: u64,
+) -> Result<Recorded, StoreError> {
+    let (health, ejected) = update(store, cluster, |h| {
+        h.probe = Some(ProbeRecord {
+            ok,
+            at_ms: now_ms,
+            latency_ms,
+        });
+        if let Some(l) = load {
+            h.load = Some(l.sanitized());
+            h.load_at_ms = now_ms;
+        }
+        if ok {
+            h.forgive(config, now_ms);
+            false
+        } else if h.is_ejected(now_ms) {
+            // Still down: hold it out for another ejection period, without
+            // doubling, which is kept for clusters that flap.
+            let until = now_ms.saturating_add(Health::eject_ms(config, h.ejections.max(1)));
+            h.ejected_until_ms = h.ejected_until_ms.max(until);
+            h.recovering_since_ms = Some(h.ejected_until_ms);
+            false
+        } else {
+            h.eject(config, now_ms);
+            true
+        }
+    })?;
+    Ok(Recorded { ejected, health })
+}
+
+/// Load signals read from a cluster's metrics path.
+pub fn record_load<S: SharedStore + ?Sized>(
+    store: &S,
+    cluster: &str,
+    load: Load,
+    now_ms: u64,
+) -> Result<Recorded, StoreError> {
+    let (health, ()) = update(store, cluster, |h| {
+        h.load = Some(load.sanitized());
+        h.load_at_ms = now_ms;
+    })?;
+    Ok(Recorded {
+        ejected: false,
+        health,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::{MemoryStore, Versioned};
+    use std::cell::Cell;
+
+    fn config() -> RoutingConfig {
+        RoutingConfig::default()
+    }
+
+    fn ok(latency_ms: u64) -> Outcome {
+        Outcome {
+            result: CallResult::Status(200),
+            latency_ms,
+            ttft_ms: Some(latency_ms / 2),
+        }
+    }
+
+    fn fail(result: CallResult) -> Outcome {
+        Outcome {
+            result,
+            latency_ms: 1,
+            ttft_ms: None,
+        }
+    }
+
+    #[test]
+    fn key_carries_prefix_and_cluster() {
+        assert_eq!(key("openai"), "llm_filter.routing.v1.health.openai");
+    }
+
+    #[test]
+    fn ewma_decays_with_time() {
+        let mut e = None;
+        Ewma::observe(&mut e, 100.0, 1_000, 10_000.0);
+        assert_eq!(e.unwrap().value, 100.0);
+        // One half-life later, the new sample and the old average weigh the same.
+        Ewma::observe(&mut e, 300.0, 11_000, 10_000.0);
+        assert!((e.unwrap().value - 200.0).abs() < 1e-9);
+        // A sample in the same millisecond still moves it a little.
+        Ewma::observe(&mut e, 1_000.0, 11_000, 10_000.0);
+        let v = e.unwrap().value;
+        assert!(v > 200.0 && v < 210.0, "{v}");
+        // A sample from a worker whose clock is behind does not move time back.
+        Ewma::observe(&mut e, 200.0, 5_000, 10_000.0);
+        assert_eq!(e.unwrap().at_ms, 11_000);
+        assert!(e.unwrap().value.is_finite());
+        // Long silence: the next sample takes over.
+        Ewma::observe(&mut e, 50.0, u64::MAX, 10_000.0);
+        assert!((e.unwrap().value - 50.0).abs() < 1.0);
+    }
+
+    #[test]
+    fn ewma_survives_bad_samples_and_half_lives() {
+        for (sample, half_life) in [
+            (f64::NAN, 10.0),
+            (f64::INFINITY, 10.0),
+            (-5.0, 10.0),
+            (1e300, 10.0),
+            (5.0, 0.0),
+            (5.0, f64::NAN),
+            (5.0, -1.0),
+        ] {
+            let mut e = Some(Ewma {
+                value: 10.0,
+                at_ms: 0,
+            });
+            Ewma::observe(&mut e, sample, 10, half_life);
+            let v = e.unwrap().value;
+            assert!(
+                v.is_finite() && (0.0..=MAX_SAMPLE_MS).contains(&v),
+                "{sample} {half_life}: {v}"
+            );
+            let c = e.unwrap().confidence(20, half_life);
+            assert!((0.0..=1.0).contains(&c));
+        }
+        let e = Ewma {
+            value: 1.0,
+            at_ms: 100,
+        };
+        assert_eq!(e.confidence(100, 1_000.0), 1.0);
+        assert!((e.confidence(1_100, 1_000.0) - 0.5).abs() < 1e-12);
+        assert_eq!(e.confidence(50, 1_000.0), 1.0);
+        assert_eq!(e.confidence(u64::MAX, 1_000.0), 0.0);
+    }
+
+    #[test]
+    fn outcomes_feed_averages_and_counters() {
+        let s = MemoryStore::new();
+        let c = config();
+        assert_eq!(read(&s, "a"), None);
+        record_start(&s, "a", 1_000).unwrap();
+        let r = record_outcome(&s, &c, "a", &ok(200), 1_200).unwrap();
+        assert!(!r.ejected);
+        let h = read(&s, "a").unwrap();
+        assert_eq!(h, r.health);
+        assert_eq!(h.latency.unwrap().value, 200.0);
+        assert_eq!(h.ttft.unwrap().value, 100.0);
+        assert_eq!(h.errors.unwrap().value, 0.0);
+        assert_eq!(h.in_flight, 0);
+
+        // A 4xx is neither an error nor a latency sample.
+        record_outcome(&s, &c, "a", &fail(CallResult::Status(400)), 1_300).unwrap();
+        let h = read(&s, "a").unwrap();
+        assert_eq!(h.latency.unwrap().value, 200.0);
+        assert_eq!(h.errors.unwrap().value, 0.0);
+
+        // Every failure kind raises the error rate and leaves latency alone.
+        for (i, r) in [
+            CallResult::Status(503),
+            CallResult::Status(429),
+            CallResult::Reset,
+            CallResult::Timeout,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let s = MemoryStore::new();
+            record_outcome(&s, &c, "b", &ok(100), 0).unwrap();
+            record_outcome(&s, &c, "b", &fail(r), 10_000).unwrap();
+            let h = read(&s, "b").unwrap();
+            assert!((h.errors.unwrap().value - 0.5).abs() < 1e-9, "{i}");
+            assert_eq!(h.latency.unwrap().value, 100.0);
+            assert_eq!(h.consecutive_failures, 1);
+        }
+    }
+
+    #[test]
+    fn in_flight_never_underflows_and_heals() {
+        let s = MemoryStore::new();
+        let c = config();
+        record_outcome(&s, &c, "a", &ok(1), 0).unwrap();
+        assert_eq!(read(&s, "a").unwrap().in_flight, 0);
+        for t in 0..3 {
+            record_start(&s, "a", t).unwrap();
+        }
+        assert_eq!(read(&s, "a").unwrap().in_flight, 3);
+        // Nobody completed those calls for ten minutes: a leak, reset.
+        let r = record_start(&s, "a", 2 + IN_FLIGHT_STALE_MS + 1).unwrap();
+        assert_eq!(r.health.in_flight, 1);
+    }
+
+    #[test]
+    fn consecutive_failures_eject_with_growing_time() {
+        let s = MemoryStore::new();
+        let c = config(); // 3 failures, 10 s doubling to 300 s, 20 s ramp
+        let mut now = 1_000;
+        let f = fail(CallResult::Status(502));
+        assert!(!record_outcome(&s, &c, "a", &f, now).unwrap().ejected);
+        assert!(!record_outcome(&s, &c, "a", &f, now).unwrap().ejected);
+        let r = record_outcome(&s, &c, "a", &f, now).unwrap();
+        assert!(r.ejected);
+        assert_eq!(r.health.ejected_until_ms, now + 10_000);
+        assert_eq!(r.health.recovering_since_ms, Some(now + 10_000));
+        assert_eq!(r.health.consecutive_failures, 0);
+        assert!(r.health.is_ejected(now + 9_999));
+        assert!(!r.health.is_ejected(now + 10_000));
+
+        // Failures of calls still under way do not stack another ejection.
+        for _ in 0..5 {
+            assert!(!record_outcome(&s, &c, "a", &f, now + 1).unwrap().ejected);
+        }
+        assert_eq!(read(&s, "a").unwrap().ejected_until_ms, now + 10_000);
+
+        // Back, fails again at once: ejected for twice as long, and so on up to the cap.
+        let mut want = 20_000;
+        for _ in 0..8 {
+            now = read(&s, "a").unwrap().ejected_until_ms;
+            let mut r = None;
+            for _ in 0..3 {
+                r = Some(record_outcome(&s, &c, "a", &f, now).unwrap());
+            }
+            let r = r.unwrap();
+            assert!(r.ejected);
+            assert_eq!(r.health.ejected_until_ms - now, want);
+            want = (want * 2).min(300_000);
+        }
+
+        // A long healthy spell forgives past ejections.
+        let h = read(&s, "a").unwrap();
+        let later = h.ejected_until_ms + c.ramp_ms + c.max_eject_ms;
+        let r = record_outcome(&s, &c, "a", &ok(10), later).unwrap();
+        assert_eq!(r.health.ejections, 0);
+        assert_eq!(r.health.recovering_since_ms, None);
+        for _ in 0..3 {
+            record_outcome(&s, &c, "a", &f, later + 1).unwrap();
+        }
+        assert_eq!(read(&s, "a").unwrap().ejected_until_ms, later + 1 + 10_000);
+    }
+
+    #[test]
+    fn a_success_breaks_the_run() {
+        let s = MemoryStore::new();
+        let c = config();
+        let f = fail(CallResult::Timeout);
+        for _ in 0..10 {
+            record_outcome(&s, &c, "a", &f, 0).unwrap();
+            record_outcome(&s, &c, "a", &f, 0).unwrap();
+            record_outcome(&s, &c, "a", &ok(5), 0).unwrap();
+        }
+        assert!(!read(&s, "a").unwrap().is_ejected(0));
+    }
+
+    #[test]
+    fn failed_probe_ejects_and_holds_out() {
+        let s = MemoryStore::new();
+        let c = config();
+        let r = record_probe(&s, &c, "a", false, 2_000, None, 1_000).unwrap();
+        assert!(r.ejected);
+        assert_eq!(r.health.ejected_until_ms, 11_000);
+        assert_eq!(
+            r.health.probe,
+            Some(ProbeRecord {
+                ok: false,
+                at_ms: 1_000,
+                latency_ms: 2_000
+            })
+        );
+        // Still failing: held out from the last failure on, without doubling.
+        let r = record_probe(&s, &c, "a", false, 2_000, None, 6_000).unwrap();
+        assert!(!r.ejected);
+        assert_eq!(r.health.ejected_until_ms, 16_000);
+        assert_eq!(r.health.recovering_since_ms, Some(16_000));
+        assert_eq!(r.health.ejections, 1);
+        // Answering again does not cut the ejection short.
+        let r = record_probe(&s, &c, "a", true, 5, None, 11_000).unwrap();
+        assert!(r.health.is_ejected(11_000));
+        assert!(!r.health.is_ejected(16_000));
+    }
+
+    #[test]
+    fn probe_stores_load() {
+        let s = MemoryStore::new();
+        let c = config();
+        let load = Load {
+            waiting: Some(f64::INFINITY),
+            kv_usage: Some(1.5),
+        };
+        let r = record_probe(&s, &c, "a", true, 5, Some(load), 7).unwrap();
+        assert_eq!(
+            r.health.load,
+            Some(Load {
+                waiting: None,
+                kv_usage: Some(1.0)
+            })
+        );
+        assert_eq!(r.health.load_at_ms, 7);
+        let r = record_load(
+            &s,
+            "a",
+            Load {
+                waiting: Some(-3.0),
+                kv_usage: None,
+            },
+            9,
+        )
+        .unwrap();
+        assert_eq!(r.health.load.unwrap().waiting, Some(0.0));
+        assert_eq!(r.health.load_at_ms, 9);
+        assert!(r.health.probe.unwrap().ok);
+    }
+
+    #[test]
+    fn unreadable_records_start_afresh() {
+        let s = MemoryStore::new();
+        s.set(&key("a"), b"\xff\xff garbage", None).unwrap();
+        assert_eq!(read(&s, "a"), None);
+        record_start(&s, "a", 0).unwrap();
+        assert_eq!(read(&s, "a").unwrap().in_flight, 1);
+        assert_eq!(Health::decode(b""), None);
+    }
+
+    #[test]
+    fn decoding_drops_non_finite_floats() {
+        let h = Health {
+            latency: Some(Ewma {
+                value: f64::NAN,
+                at_ms: 1,
+            }),
+            ttft: Some(Ewma {
+                value: f64::INFINITY,
+                at_ms: 1,
+            }),
+            errors: Some(Ewma {
+                value: 7.0,
+                at_ms: 1,
+            }),
+            load: Some(Load {
+                waiting: Some(f64::NAN),
+                kv_usage: Some(-1.0),
+            }),
+            ..Health::default()
+        };
+        let d = Health::decode(&h.encode().unwrap()).unwrap();
+        assert_eq!(d.latency, None);
+        assert_eq!(d.ttft, None);
+        assert_eq!(d.errors.unwrap().value, 1.0);
+        assert_eq!(
+            d.load,
+            Some(Load {
+                waiting: None,
+                kv_usage: Some(0.0)
+            })
+        );
+    }
+
+    /// A store where another worker writes between this worker's read and
+    /// write, `races` times.
+    struct Contended<'a> {
+        inner: &'a MemoryStore,
+        races: Cell<usize>,
+    }
+
+    impl SharedStore for Contended<'_> {
+        fn get(&self, key: &str) -> Result<Versioned, StoreError> {
+            self.inner.get(key)
+        }
+        fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+            if self.races.get() > 0 {
+                self.races.set(self.races.get() - 1);
+                record_start(self.inner, "a", 0)?;
+            }
+            self.inner.set(key, value, cas)
+        }
+    }
+
+    #[test]
+    fn cas_retries_keep_every_update() {
+        let inner = MemoryStore::new();
+        record_start(&inner, "a", 0).unwrap();
+        let s = Contended {
+            inner: &inner,
+            races: Cell::new(3),
+        };
+        record_start(&s, "a", 0).unwrap();
+        assert_eq!(read(&inner, "a").unwrap().in_flight, 5);
+
+        // Contention beyond the bound gives up with the expected error.
+        let s = Contended {
+            inner: &inner,
+            races: Cell::new(100),
+        };
+        assert_eq!(record_start(&s, "a", 0), Err(StoreError::CasMismatch));
+    }
+
+    #[test]
+    fn verdicts_and_labels() {
+        for (r, v, l) in [
+            (CallResult::Status(200), Verdict::Success, "success"),
+            (CallResult::Status(304), Verdict::Success, "success"),
+            (CallResult::Status(404), Verdict::Refused, "client_error"),
+            (CallResult::Status(429), Verdict::Failure, "rate_limited"),
+            (CallResult::Status(500), Verdict::Failure, "server_error"),
+            (CallResult::Status(0), Verdict::Failure, "server_error"),
+            (CallResult::Status(101), Verdict::Failure, "server_error"),
+            (CallResult::Reset, Verdict::Failure, "reset"),
+            (CallResult::Timeout, Verdict::Failure, "timeout"),
+        ] {
+            assert_eq!((r.verdict(), r.label()), (v, l), "{r:?}");
+        }
+    }
+}

@@ -1,0 +1,456 @@
+//! Active probing: `on_tick` fires on every worker, so a lease in shared data
+//! elects one worker per interval to probe every cluster; and the reading of a
+//! model server's Prometheus metrics into load signals.
+
+use serde::{Deserialize, Serialize};
+
+use super::health::Load;
+use crate::host::SharedStore;
+
+/// Shared-data key of the probe lease.
+pub const LEASE_KEY: &str = "llm_filter.routing.v1.probe_lease";
+
+/// Who probes until when. `owner` 0 is nobody.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// Id of the worker holding the lease (random per worker VM, non-zero).
+    pub owner: u64,
+    /// The lease ends at this time.
+    pub expires_ms: u64,
+}
+
+/// Tries to win this interval's probe lease for `worker_id`; true means this
+/// worker probes now and the others skip until `now_ms + interval_ms`.
+///
+/// Envoy writes a key that does not exist unconditionally, whatever CAS token
+/// is passed, so two workers could both "create" the lease. Hence a worker
+/// that finds no lease only creates an unowned one that nobody may take
+/// before a full interval has passed, and wins nothing this tick. Even if a
+/// late creation overwrites a lease won meanwhile, it pushes the next win past
+/// that lease's end, so at most one worker wins per interval (provided no
+/// worker stalls a whole interval between its read and its write). After the
+/// first interval every win is a compare-and-swap on an existing key.
+pub fn try_lease<S: SharedStore + ?Sized>(
+    store: &S,
+    worker_id: u64,
+    now_ms: u64,
+    interval_ms: u64,
+) -> bool {
+    let Ok(current) = store.get(LEASE_KEY) else {
+        return false;
+    };
+    let Some(bytes) = current.value else {
+        let unowned = Lease {
+            owner: 0,
+            expires_ms: now_ms.saturating_add(interval_ms),
+        };
+        if let Ok(b) = bincode::serialize(&unowned) {
+            // A mismatch or host error leaves the creation to the next tick.
+            let _ = store.set(LEASE_KEY, &b, None);
+        }
+        return false;
+    };
+    // Without a real token the write would be unconditional: never take it so.
+    let Some(cas) = current.cas.filter(|c| *c != 0) else {
+        return false;
+    };
+    // An unreadable lease (older format, corruption) counts as expired; the
+    // compare-and-swap still lets only one worker replace it.
+    if let Ok(lease) = bincode::deserialize::<Lease>(&bytes) {
+        if now_ms < lease.expires_ms {
+            return false;
+        }
+    }
+    let mine = Lease {
+        owner: worker_id,
+        expires_ms: now_ms.saturating_add(interval_ms.max(1)),
+    };
+    let Ok(b) = bincode::serialize(&mine) else {
+        return false;
+    };
+    store.set(LEASE_KEY, &b, Some(cas)).is_ok()
+}
+
+/// Whether a probe's answer shows a live server: any response below 500 but
+/// 429. A 401/404 still proves the server up (providers guard `/v1/models`
+/// with the key the probe does not carry); `None` is a timeout or reset.
+pub fn probe_ok(status: Option<u16>) -> bool {
+    matches!(status, Some(s) if (100..500).contains(&s) && s != 429)
+}
+
+/// Samples of one load metric: sum and count over label sets.
+#[derive(Default)]
+struct Acc {
+    sum: f64,
+    n: u32,
+}
+
+impl Acc {
+    fn add(&mut self, v: f64) {
+        self.sum += v;
+        self.n = self.n.saturating_add(1);
+    }
+    fn sum(&self) -> Option<f64> {
+        (self.n > 0).then_some(self.sum)
+    }
+    fn mean(&self) -> Option<f64> {
+        (self.n > 0).then(|| self.sum / f64::from(self.n))
+    }
+}
+
+/// Cap of a summed queue length: a sum of finite samples stays finite.
+const MAX_WAITING: f64 = 1e9;
+
+/// Reads load signals from a model server's Prometheus text exposition:
+/// waiting requests (vLLM `vllm:num_requests_waiting`, SGLang
+/// `sglang:num_queue_reqs`), summed over label sets, and KV-cache usage (vLLM
+/// `vllm:kv_cache_usage_perc`, else the older `vllm:gpu_cache_usage_perc`,
+/// SGLang `sglang:token_usage`), averaged over label sets since a sum of
+/// fractions is no fraction. `None` when no known metric is present.
+/// Comments, unknown metrics, malformed lines, NaN and infinities are skipped.
+pub fn parse_load(text: &[u8]) -> Option<Load> {
+    let mut waiting = Acc::default();
+    let mut kv = Acc::default();
+    let mut gpu = Acc::default();
+    let mut sg_queue = Acc::default();
+    let mut sg_tokens = Acc::default();
+    for line in text.split(|b| *b == b'\n') {
+        let Some((name, value)) = sample(line) else {
+            continue;
+        };
+        match name {
+            b"vllm:num_requests_waiting" => waiting.add(value.max(0.0)),
+            b"sglang:num_queue_reqs" => sg_queue.add(value.max(0.0)),
+            b"vllm:kv_cache_usage_perc" => kv.add(fraction(value)),
+            b"vllm:gpu_cache_usage_perc" => gpu.add(fraction(value)),
+            b"sglang:token_usage" => sg_tokens.add(fraction(value)),
+            _ => {}
+        }
+    }
+    let waiting = match (waiting.sum(), sg_queue.sum()) {
+        (None, None) => None,
+        (a, b) => Some((a.unwrap_or(0.0) + b.unwrap_or(0.0)).min(MAX_WAITING)),
+    };
+    let kv_usage = kv
+        .mean()
+        .or_else(|| gpu.mean())
+        .or_else(|| sg_tokens.mean())
+        .map(|u| u.clamp(0.0, 1.0));
+    (waiting.is_some() || kv_usage.is_some()).then_some(Load { waiting, kv_usage })
+}
+
+/// A usage in `[0, 1]`. These metrics are fractions; a value above 1 can only
+/// be a percentage from another exporter.
+fn fraction(v: f64) -> f64 {
+    let v = if v > 1.0 && v <= 100.0 { v / 100.0 } else { v };
+    v.clamp(0.0, 1.0)
+}
+
+/// One sample line: `name{labels} value [timestamp]`, the value finite.
+fn sample(line: &[u8]) -> Option<(&[u8], f64)> {
+    let line = line.trim_ascii();
+    if line.first().is_none_or(|b| *b == b'#') {
+        return None;
+    }
+    let name_len = line
+        .iter()
+        .position(|b| !(b.is_ascii_alphanumeric() || matches!(b, b'_' | b':')))
+        .unwrap_or(line.len());
+    let (name, mut rest) = line.split_at(name_len);
+    if name.is_empty() {
+        return None;
+    }
+    if rest.first() == Some(&b'{') {
+        rest = rest.get(skip_labels(rest)?..)?;
+    }
+    // The value follows at least one blank; a timestamp may follow it.
+    if !rest.first().is_some_and(|b| *b == b' ' || *b == b'\t') {
+        return None;
+    }
+    let value = rest
+        .trim_ascii_start()
+        .split(|b| *b == b' ' || *b == b'\t')
+        .next()?;
+    let value: f64 = std::str::from_utf8(value).ok()?.parse().ok()?;
+    value.is_finite().then_some((name, value))
+}
+
+/// Length of a `{…}` label block, quotes and escapes inside values honoured;
+/// `None` when it never closes.
+fn skip_labels(s: &[u8]) -> Option<usize> {
+    let mut in_quotes = false;
+    let mut escaped = false;
+    for (i, b) in s.iter().enumerate().skip(1) {
+        if in_quotes {
+            if escaped {
+                escaped = false;
+            } else if *b == b'\\' {
+                escaped = true;
+            } else if *b == b'"' {
+                in_quotes = false;
+            }
+        } else if *b == b'"' {
+            in_quotes = true;
+        } else if *b == b'}' {
+            return Some(i + 1);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::{MemoryStore, Random, SplitMix64, StoreError, Versioned};
+    use std::cell::RefCell;
+
+    const I: u64 = 5_000;
+
+    #[test]
+    fn first_tick_creates_then_one_worker_wins_per_interval() {
+        let s = MemoryStore::new();
+        assert!(!try_lease(&s, 1, 0, I));
+        assert!(!try_lease(&s, 2, 0, I));
+        assert!(!try_lease(&s, 1, I - 1, I));
+        assert!(try_lease(&s, 2, I, I));
+        assert!(!try_lease(&s, 1, I, I));
+        assert!(
+            !try_lease(&s, 2, I + 1, I),
+            "the owner too waits for its lease to end"
+        );
+        assert!(try_lease(&s, 1, 2 * I, I));
+        let v = s.get(LEASE_KEY).unwrap();
+        let l: Lease = bincode::deserialize(&v.value.unwrap()).unwrap();
+        assert_eq!(
+            l,
+            Lease {
+                owner: 1,
+                expires_ms: 3 * I
+            }
+        );
+    }
+
+    #[test]
+    fn unreadable_lease_is_taken_over() {
+        let s = MemoryStore::new();
+        s.set(LEASE_KEY, b"?", None).unwrap();
+        assert!(try_lease(&s, 7, 0, I));
+        assert!(!try_lease(&s, 8, 0, I));
+    }
+
+    /// Another worker's tick, run in the middle of this one's.
+    type Interloper<'a> = Box<dyn FnOnce(&MemoryStore) + 'a>;
+
+    /// A store that runs other workers' ticks between this worker's read and
+    /// its write, the interleaving Envoy allows across threads.
+    struct Racy<'a> {
+        inner: &'a MemoryStore,
+        before_set: RefCell<Vec<Interloper<'a>>>,
+    }
+
+    impl SharedStore for Racy<'_> {
+        fn get(&self, key: &str) -> Result<Versioned, StoreError> {
+            self.inner.get(key)
+        }
+        fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+            let pending: Vec<_> = self.before_set.borrow_mut().drain(..).collect();
+            for f in pending {
+                f(self.inner);
+            }
+            self.inner.set(key, value, cas)
+        }
+    }
+
+    #[test]
+    fn racing_creators_never_both_win() {
+        let s = MemoryStore::new();
+        let wins = RefCell::new(Vec::new());
+        // Worker 2 reads "missing", then worker 1 creates the lease and, a
+        // little later in the interval, tries to take it; then worker 2's
+        // creation lands over it.
+        let racy = Racy {
+            inner: &s,
+            before_set: RefCell::new(vec![Box::new(|s: &MemoryStore| {
+                assert!(!try_lease(s, 1, 0, I));
+                if try_lease(s, 1, I - 1, I) {
+                    wins.borrow_mut().push((1, I - 1));
+                }
+            })]),
+        };
+        assert!(!try_lease(&racy, 2, 0, I));
+        for now in [I - 1, I, I + 1] {
+            for w in [1, 2, 3] {
+                if try_lease(&s, w, now, I) {
+                    wins.borrow_mut().push((w, now));
+                }
+            }
+        }
+        assert_eq!(*wins.borrow(), vec![(1, I)]);
+    }
+
+    #[test]
+    fn racing_takers_never_both_win() {
+        let s = MemoryStore::new();
+        assert!(!try_lease(&s, 1, 0, I));
+        let other_won = RefCell::new(false);
+        // Both read an expired lease; worker 1 writes first.
+        let racy = Racy {
+            inner: &s,
+            before_set: RefCell::new(vec![Box::new(|s: &MemoryStore| {
+                *other_won.borrow_mut() = try_lease(s, 1, I, I);
+            })]),
+        };
+        let won = try_lease(&racy, 2, I, I);
+        assert!(*other_won.borrow());
+        assert!(!won);
+    }
+
+    #[test]
+    fn random_interleavings_keep_one_winner_per_interval() {
+        let mut rng = SplitMix64::new(42);
+        for _ in 0..50 {
+            let s = MemoryStore::new();
+            let wins: RefCell<Vec<u64>> = RefCell::new(Vec::new());
+            let mut now = 0u64;
+            for _ in 0..400 {
+                now += rng.next_u64() % 700;
+                let worker = 1 + rng.next_u64() % 4;
+                let nested = 1 + rng.next_u64() % 4;
+                let race = rng.next_u64().is_multiple_of(3);
+                let wins_ref = &wins;
+                let racy = Racy {
+                    inner: &s,
+                    before_set: RefCell::new(if race {
+                        vec![Box::new(move |s: &MemoryStore| {
+                            if try_lease(s, nested, now, I) {
+                                wins_ref.borrow_mut().push(now);
+                            }
+                        })]
+                    } else {
+                        vec![]
+                    }),
+                };
+                if try_lease(&racy, worker, now, I) {
+                    wins.borrow_mut().push(now);
+                }
+            }
+            let wins = wins.into_inner();
+            assert!(wins.len() > 10, "{wins:?}");
+            for pair in wins.windows(2) {
+                assert!(pair[1] >= pair[0] + I, "{wins:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn lease_is_not_taken_without_a_token() {
+        struct NoCas(MemoryStore);
+        impl SharedStore for NoCas {
+            fn get(&self, key: &str) -> Result<Versioned, StoreError> {
+                let mut v = self.0.get(key)?;
+                v.cas = None;
+                Ok(v)
+            }
+            fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+                self.0.set(key, value, cas)
+            }
+        }
+        let s = NoCas(MemoryStore::new());
+        assert!(!try_lease(&s, 1, 0, I));
+        assert!(!try_lease(&s, 1, 10 * I, I));
+    }
+
+    #[test]
+    fn probe_status_shows_liveness() {
+        for (status, want) in [
+            (Some(200), true),
+            (Some(401), true),
+            (Some(404), true),
+            (Some(429), false),
+            (Some(500), false),
+            (Some(503), false),
+            (Some(0), false),
+            (None, false),
+        ] {
+            assert_eq!(probe_ok(status), want, "{status:?}");
+        }
+    }
+
+    #[test]
+    fn reads_vllm_metrics() {
+        let text = br#"# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="meta-llama/Llama-3.1-8B"} 3.0
+vllm:num_requests_waiting{engine="1",model_name="meta-llama/Llama-3.1-8B"} 4
+vllm:num_requests_running{engine="0",model_name="x"} 12.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+vllm:kv_cache_usage_perc{engine="0",model_name="x"} 0.5
+vllm:kv_cache_usage_perc{engine="1",model_name="x"} 0.7
+vllm:gpu_cache_usage_perc{model_name="x"} 0.99
+vllm:num_requests_waiting_total 1000
+"#;
+        let l = parse_load(text).unwrap();
+        assert_eq!(l.waiting, Some(7.0));
+        assert!((l.kv_usage.unwrap() - 0.6).abs() < 1e-12);
+    }
+
+    #[test]
+    fn reads_older_vllm_and_sglang_metrics() {
+        let l = parse_load(b"vllm:gpu_cache_usage_perc{model_name=\"x\"} 0.25\n").unwrap();
+        assert_eq!(
+            l,
+            Load {
+                waiting: None,
+                kv_usage: Some(0.25)
+            }
+        );
+        let l = parse_load(
+            b"sglang:num_queue_reqs{model_name=\"q\",dp_rank=\"0\"} 2\r\n\
+              sglang:num_queue_reqs{model_name=\"q\",dp_rank=\"1\"} 5\r\n\
+              sglang:token_usage{model_name=\"q\"} 0.9\r\n",
+        )
+        .unwrap();
+        assert_eq!(
+            l,
+            Load {
+                waiting: Some(7.0),
+                kv_usage: Some(0.9)
+            }
+        );
+    }
+
+    #[test]
+    fn parser_is_robust() {
+        let text = concat!(
+            "\n   \n# comment with vllm:num_requests_waiting 99\n",
+            "vllm:num_requests_waiting{a=\"x}y\",b=\"q\\\"}\\\\\",c=\"1,2\"} 2 1712345678000\n",
+            "vllm:num_requests_waiting{a=\"unterminated} 50\n",
+            "vllm:num_requests_waiting NaN\n",
+            "vllm:num_requests_waiting +Inf\n",
+            "vllm:num_requests_waiting -Inf\n",
+            "vllm:num_requests_waiting -4\n",
+            "vllm:num_requests_waiting\n",
+            "vllm:num_requests_waiting{} 1e0\n",
+            "vllm:num_requests_waiting{}3\n",
+            "vllm:num_requests_waiting 1e400\n",
+            "vllm:num_requests_waiting abc\n",
+            "vllm:num_requests_waiting\t0.5\t# trailing\n",
+            "{} 7\n",
+            "\u{0}\u{ff}garbage 3\n",
+            "vllm:kv_cache_usage_perc 85\n",
+            "vllm:kv_cache_usage_perc 250\n",
+        );
+        let l = parse_load(text.as_bytes()).unwrap();
+        assert_eq!(l.waiting, Some(3.5));
+        // 85 read as a percentage, 250 clamped.
+        assert!((l.kv_usage.unwrap() - 0.925).abs() < 1e-12, "{l:?}");
+        assert_eq!(parse_load(b""), None);
+        assert_eq!(parse_load(b"up 1\n# EOF\n"), None);
+        assert_eq!(parse_load(&[0xff, 0xfe, b'\n', b'{']), None);
+        let huge = "vllm:num_requests_waiting 1e300\n".repeat(3);
+        assert_eq!(
+            parse_load(huge.as_bytes()).unwrap().waiting,
+            Some(MAX_WAITING)
+        );
+    }
+}

@@ -1,0 +1,256 @@
+//! Renames the requested model for a backend that knows it by another name.
+//! Only the top-level `"model"` value changes; every other byte is kept, so
+//! the rest of the request reaches the backend exactly as the client sent it.
+
+use std::ops::Range;
+
+/// The body with its top-level `"model"` string replaced by `model`; `None`
+/// when the body is not a JSON object, has no top-level `model` string, names
+/// it twice (backends disagree on which counts) or is malformed.
+pub fn rewrite_model(body: &[u8], model: &str) -> Option<Vec<u8>> {
+    let at = find_model(body)?;
+    let quoted = serde_json::to_string(model).ok()?;
+    let head = body.get(..at.start)?;
+    let tail = body.get(at.end..)?;
+    let mut out = Vec::with_capacity(
+        head.len()
+            .saturating_add(quoted.len())
+            .saturating_add(tail.len()),
+    );
+    out.extend_from_slice(head);
+    out.extend_from_slice(quoted.as_bytes());
+    out.extend_from_slice(tail);
+    Some(out)
+}
+
+/// Byte range of the top-level `"model"` string value, quotes included.
+fn find_model(body: &[u8]) -> Option<Range<usize>> {
+    let mut s = Scanner { b: body, i: 0 };
+    s.blank();
+    s.eat(b'{')?;
+    let mut found = None;
+    s.blank();
+    if s.peek() == Some(b'}') {
+        s.i += 1;
+    } else {
+        loop {
+            s.blank();
+            let key = s.string()?;
+            let is_model = is_model_key(body.get(key)?);
+            s.blank();
+            s.eat(b':')?;
+            s.blank();
+            if is_model {
+                if found.is_some() || s.peek() != Some(b'"') {
+                    return None;
+                }
+                found = Some(s.string()?);
+            } else {
+                s.value()?;
+            }
+            s.blank();
+            match s.next()? {
+                b',' => continue,
+                b'}' => break,
+                _ => return None,
+            }
+        }
+    }
+    s.blank();
+    if s.i != body.len() {
+        return None;
+    }
+    found
+}
+
+/// A key (quotes included) that decodes to `model`, escapes honoured.
+fn is_model_key(raw: &[u8]) -> bool {
+    if raw == b"\"model\"" {
+        return true;
+    }
+    raw.contains(&b'\\') && serde_json::from_slice::<String>(raw).is_ok_and(|k| k == "model")
+}
+
+/// A cursor over JSON text that checks structure but not every token:
+/// enough to find the top-level members without building the document.
+struct Scanner<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+impl Scanner<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    fn next(&mut self) -> Option<u8> {
+        let c = self.peek()?;
+        self.i += 1;
+        Some(c)
+    }
+
+    fn eat(&mut self, want: u8) -> Option<()> {
+        (self.next()? == want).then_some(())
+    }
+
+    fn blank(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.i += 1;
+        }
+    }
+
+    /// A string at the cursor; its range including the quotes.
+    fn string(&mut self) -> Option<Range<usize>> {
+        let start = self.i;
+        self.eat(b'"')?;
+        loop {
+            match self.next()? {
+                b'"' => return Some(start..self.i),
+                b'\\' => {
+                    self.next()?;
+                }
+                c if c < 0x20 => return None,
+                _ => {}
+            }
+        }
+    }
+
+    /// Any value at the cursor. Nesting is tracked with an explicit stack, so
+    /// depth costs memory, never call stack.
+    fn value(&mut self) -> Option<()> {
+        let mut open: Vec<u8> = Vec::new();
+        loop {
+            match self.peek()? {
+                b'"' => {
+                    self.string()?;
+                }
+                b'{' => {
+                    open.push(b'}');
+                    self.i += 1;
+                }
+                b'[' => {
+                    open.push(b']');
+                    self.i += 1;
+                }
+                c @ (b'}' | b']') => {
+                    if open.pop()? != c {
+                        return None;
+                    }
+                    self.i += 1;
+                }
+                b',' | b':' | b' ' | b'\t' | b'\n' | b'\r' if !open.is_empty() => self.i += 1,
+                _ => {
+                    // A scalar: up to the next delimiter.
+                    let start = self.i;
+                    while self.peek().is_some_and(|c| {
+                        !matches!(
+                            c,
+                            b',' | b'}'
+                                | b']'
+                                | b':'
+                                | b' '
+                                | b'\t'
+                                | b'\n'
+                                | b'\r'
+                                | b'"'
+                                | b'{'
+                                | b'['
+                        )
+                    }) {
+                        self.i += 1;
+                    }
+                    if self.i == start {
+                        return None;
+                    }
+                }
+            }
+            if open.is_empty() {
+                return Some(());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rw(body: &str, model: &str) -> Option<String> {
+        rewrite_model(body.as_bytes(), model).map(|b| String::from_utf8(b).unwrap())
+    }
+
+    #[test]
+    fn replaces_only_the_top_level_model() {
+        assert_eq!(
+            rw(r#"{"model":"gpt-4o","stream":true}"#, "gpt-4o-2024-08-06").as_deref(),
+            Some(r#"{"model":"gpt-4o-2024-08-06","stream":true}"#)
+        );
+        let body = r#" {
+  "messages": [{"role": "user", "content": "say \"model\": \"x\"", "model": "inner"}],
+  "metadata" : {"model": "nested", "list": [{"model": 1}, "]", "}"]},
+  "n": -1.5e3, "ok": true, "none": null,
+  "model" :	"auto" ,
+  "tail": {}
+}
+"#;
+        let want = body.replace(r#""model" :	"auto""#, r#""model" :	"llama-3.1-8b""#);
+        assert_eq!(rw(body, "llama-3.1-8b").as_deref(), Some(want.as_str()));
+    }
+
+    #[test]
+    fn handles_escapes_in_keys_values_and_new_name() {
+        assert_eq!(
+            rw(r#"{"mod\u0065l":"a\"b\\","x":1}"#, "c").as_deref(),
+            Some(r#"{"mod\u0065l":"c","x":1}"#)
+        );
+        assert_eq!(
+            rw(r#"{"model":"a"}"#, "we\"ird\\name\n").as_deref(),
+            Some(r#"{"model":"we\"ird\\name\n"}"#)
+        );
+        assert_eq!(
+            rw(r#"{"model":"a"}"#, "é").as_deref(),
+            Some(r#"{"model":"é"}"#)
+        );
+        // A key that merely contains an escaped quote is not `model`.
+        assert_eq!(rw(r#"{"model\"":"a"}"#, "b"), None);
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_rewrite_safely() {
+        for body in [
+            "",
+            "   ",
+            "[]",
+            r#"["model","a"]"#,
+            "{}",
+            r#"{"messages":[{"model":"a"}]}"#,
+            r#"{"model":3}"#,
+            r#"{"model":null}"#,
+            r#"{"model":{"name":"a"}}"#,
+            r#"{"model":"a","model":"b"}"#,
+            r#"{"model":"a"} x"#,
+            r#"{"model":"a""#,
+            r#"{"model":"a",}"#,
+            r#"{"model" "a"}"#,
+            r#"{"x":[1,2},"model":"a"}"#,
+            r#"{"x":,"model":"a"}"#,
+            "{\"model\":\"a\nb\"}",
+            r#"{"x":"unterminated}"#,
+            r#"{model:"a"}"#,
+        ] {
+            assert_eq!(rw(body, "z"), None, "{body}");
+        }
+    }
+
+    #[test]
+    fn deep_nesting_does_not_recurse() {
+        let deep = format!(
+            r#"{{"x":{}{},"model":"a"}}"#,
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
+        let out = rw(&deep, "b").unwrap();
+        assert!(out.ends_with(r#","model":"b"}"#));
+        assert_eq!(out.len(), deep.len());
+    }
+}
