@@ -6,8 +6,14 @@ use std::fmt;
 
 use serde::Deserialize;
 
+use crate::budget::{BudgetConfig, RawBudgetConfig};
 use crate::classify::DEFAULT_PATHS;
 use crate::priority::Priority;
+use crate::routing::{RawRoutingConfig, RoutingConfig};
+
+/// Default bound of a request body the filter holds to decide on it: Envoy's
+/// default per-connection buffer limit, past which holding it earns a 413.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
 
 /// A configuration the filter refuses, naming the field and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +56,12 @@ pub struct RawConfig {
     pub priority: RawPriority,
     /// Tracing section.
     pub tracing: RawTracing,
+    /// Largest request body held to decide on it.
+    pub max_body_bytes: Option<usize>,
+    /// Routing section.
+    pub routing: RawRoutingConfig,
+    /// Budget section.
+    pub budget: RawBudgetConfig,
 }
 
 /// `priority` as written.
@@ -79,6 +91,13 @@ pub struct Config {
     pub priority: PriorityConfig,
     /// Tracing policy.
     pub tracing: TracingMode,
+    /// Largest request body held to decide on it; larger or unsized bodies
+    /// stream through and skip the body-based features.
+    pub max_body_bytes: usize,
+    /// Model routing.
+    pub routing: RoutingConfig,
+    /// Timeout budgets and the breaker.
+    pub budget: BudgetConfig,
 }
 
 /// Compiled `priority`.
@@ -109,6 +128,9 @@ impl Default for Config {
                 trust_client: true,
             },
             tracing: TracingMode::Always,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            routing: RoutingConfig::default(),
+            budget: BudgetConfig::default(),
         })
     }
 }
@@ -170,8 +192,21 @@ impl Config {
                 ))
             }
         };
+        let max_body_bytes = match raw.max_body_bytes {
+            None => DEFAULT_MAX_BODY_BYTES,
+            Some(n) if (1..=64 << 20).contains(&n) => n,
+            Some(n) => {
+                return Err(ConfigError::new(
+                    "max_body_bytes",
+                    format!("{n} is not between 1 and 67108864"),
+                ))
+            }
+        };
         Ok(Self {
             llm_paths,
+            max_body_bytes,
+            routing: RoutingConfig::compile(raw.routing)?,
+            budget: BudgetConfig::compile(raw.budget)?,
             priority: PriorityConfig {
                 default,
                 trust_client: raw.priority.trust_client.unwrap_or(true),

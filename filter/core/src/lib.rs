@@ -24,3 +24,4 @@ pub mod priority;
 pub mod routing;
 pub mod trace_context;
 pub mod usage;
+pub mod walk;

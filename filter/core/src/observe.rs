@@ -19,6 +19,8 @@ pub enum Outcome {
     ServerError,
     /// No response status at all: reset or disconnect.
     Reset,
+    /// The filter refused the call itself (shed, circuit open, budget spent).
+    Refused,
 }
 
 impl Outcome {
@@ -41,6 +43,7 @@ impl Outcome {
             Self::ClientError => "client_error",
             Self::ServerError => "server_error",
             Self::Reset => "reset",
+            Self::Refused => "refused",
         }
     }
 }
@@ -62,12 +65,18 @@ pub struct CallRecord<'a> {
     pub ended_ms: u64,
     /// Tokens the provider reported.
     pub usage: Option<Usage>,
+    /// The filter refused the call with a local error reply.
+    pub refused: bool,
 }
 
 impl CallRecord<'_> {
     /// Emits the request metrics of this call.
     pub fn emit(&self, m: &mut dyn Metrics) {
-        let outcome = Outcome::of(self.status);
+        let outcome = if self.refused {
+            Outcome::Refused
+        } else {
+            Outcome::of(self.status)
+        };
         m.counter(
             &metrics::name(
                 metrics::REQUESTS,
@@ -134,6 +143,7 @@ mod tests {
                 prompt_tokens: 10,
                 completion_tokens: 0,
             }),
+            refused: false,
         }
         .emit(&mut m);
         assert_eq!(

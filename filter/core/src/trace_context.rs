@@ -67,6 +67,13 @@ impl TraceParent {
     }
 }
 
+impl TraceParent {
+    /// The trace id as 32 lowercase hex digits.
+    pub fn trace_id_hex(&self) -> String {
+        hex(&self.trace_id)
+    }
+}
+
 /// The trace context for the upstream call: the caller's trace continued with
 /// a fresh span id (flags kept), or a new sampled trace when the caller sent
 /// none or an invalid one.

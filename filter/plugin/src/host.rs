@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::time::UNIX_EPOCH;
 
 use llm_filter_core::host::{Metrics, SharedStore, StoreError, Versioned};
-use llm_filter_core::metrics;
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{MapType, MetricType, Status};
 
@@ -57,7 +56,6 @@ pub fn set_header(map: MapType, name: &str, value: Option<&str>) -> bool {
 
 /// Envoy shared data.
 #[derive(Debug, Default, Clone, Copy)]
-#[allow(dead_code)] // used by the cache and routing glue
 pub struct EnvoyStore;
 
 impl SharedStore for EnvoyStore {
@@ -94,12 +92,6 @@ impl EnvoyMetrics {
         }
         self.ids.insert(name.to_string(), id);
         id
-    }
-
-    /// Counts one occurrence of the filter's own trouble.
-    pub fn internal_error(&mut self, reason: &str) {
-        let name = metrics::name(metrics::INTERNAL_ERRORS, &[("reason", reason)]);
-        self.counter(&name, 1);
     }
 }
 

@@ -73,11 +73,11 @@ impl RootContext for Root {
         true
     }
 
-    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         // The SDK traps on `None`, so a worker without configuration passes
         // traffic through untouched instead.
         Some(match self.worker.clone() {
-            Some(worker) => Box::new(Http::new(context_id, worker)),
+            Some(worker) => Box::new(Http::new(worker)),
             None => Box::new(Passthrough),
         })
     }

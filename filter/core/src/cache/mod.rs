@@ -1,1 +1,80 @@
-//! Response cache: deterministic LLM calls answered from Envoy shared data.
+//! Response cache: deterministic LLM calls answered from Envoy shared data, per
+//! tenant, in JSON or SSE whichever way the entry was filled, with concurrent
+//! identical calls coalesced onto one upstream call.
+//!
+//! The walk: [`key::decide`] on the buffered request body; on a cacheable call
+//! [`store::Store::lookup`], then [`coalesce::claim`] on a miss; a leader feeds
+//! the answer to [`entry::Entry::from_json`] or an [`assemble::StreamAssembler`],
+//! [`store::Store::insert`]s it and [`coalesce::release`]s; followers
+//! [`coalesce::poll`] until the entry lands.
+
+pub mod assemble;
+mod canonical;
+pub mod coalesce;
+pub mod config;
+pub mod entry;
+pub mod key;
+mod replay;
+pub mod store;
+
+pub use assemble::StreamAssembler;
+pub use coalesce::{Claim, Lease, Poll};
+pub use config::{CacheConfig, RawCacheConfig, Scope, Stamp};
+pub use entry::{Entry, EntryError, EntryKind, Reply};
+pub use key::{decide, BypassReason, CacheControl, CacheRequest, Decision};
+pub use store::{InsertError, Inserted, Lookup, Replaced, Store, Totals};
+
+use crate::metrics;
+
+/// A cache key: SHA-256 of the canonical request and its tenant.
+pub type Key = [u8; 32];
+
+/// Response header telling the client how the cache served the call.
+pub const X_CACHE: &str = "x-cache";
+
+/// How the cache took part in a call, for `x-cache` and the lookups metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheStatus {
+    /// Answered from a fresh entry.
+    Hit,
+    /// Cacheable, no usable entry: went upstream.
+    Miss,
+    /// Not cacheable (or the cache is off).
+    Bypass,
+    /// Answered from the entry an identical call in flight stored.
+    Coalesced,
+    /// The upstream failed; answered from an expired entry.
+    Stale,
+}
+
+impl CacheStatus {
+    /// The `x-cache` header value.
+    pub fn header(self) -> &'static str {
+        match self {
+            Self::Hit => "HIT",
+            Self::Miss => "MISS",
+            Self::Bypass => "BYPASS",
+            Self::Coalesced => "COALESCED",
+            Self::Stale => "STALE",
+        }
+    }
+
+    /// The `result` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Hit => "hit",
+            Self::Miss => "miss",
+            Self::Bypass => "bypass",
+            Self::Coalesced => "coalesced",
+            Self::Stale => "stale",
+        }
+    }
+
+    /// The encoded name of the lookups counter for this result.
+    pub fn metric(self) -> String {
+        metrics::name(metrics::CACHE_LOOKUPS, &[("result", self.label())])
+    }
+}
+
+#[cfg(test)]
+mod tests;

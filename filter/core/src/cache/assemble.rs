@@ -1,0 +1,384 @@
+//! Rebuilds the complete answer from a streamed one as it passes, so a streamed
+//! call fills the cache like a plain one. Memory is bounded by the entry limit,
+//! and only a stream that ended properly (`[DONE]`, every choice finished) counts.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+use super::config::Stamp;
+use super::entry::{Entry, EntryError, EntryKind};
+use crate::classify::Endpoint;
+
+/// Top-level chunk fields that describe the whole answer; the first value seen
+/// is kept. Anything else at the top (e.g. padding fields) is not part of it.
+pub(crate) const HEAD_FIELDS: [&str; 5] = [
+    "id",
+    "created",
+    "model",
+    "system_fingerprint",
+    "service_tier",
+];
+
+/// Delta fields that are identifiers, replaced rather than concatenated: some
+/// providers repeat `role` or `type` in every chunk.
+pub(crate) const REPLACE_KEYS: [&str; 5] = ["index", "type", "role", "id", "name"];
+
+/// Rough cost of one choice beyond its content, so many empty choices still
+/// count against the limit.
+const CHOICE_OVERHEAD: usize = 64;
+
+/// Accumulates an SSE answer chunk by chunk (`chat.completion.chunk` deltas
+/// merged per choice: strings concatenated, tool calls merged by index;
+/// `text_completion` text concatenated) and yields the equivalent
+/// non-streamed answer as an [`Entry`].
+#[derive(Debug)]
+pub struct StreamAssembler {
+    kind: EntryKind,
+    limit: usize,
+    line: Vec<u8>,
+    data: Vec<u8>,
+    has_data: bool,
+    held: usize,
+    failure: Option<EntryError>,
+    done: bool,
+    head: Map<String, Value>,
+    usage: Option<Value>,
+    choices: BTreeMap<u64, ChoiceAcc>,
+}
+
+#[derive(Debug, Default)]
+struct ChoiceAcc {
+    delta: Map<String, Value>,
+    logprobs: Value,
+    finish_reason: Option<Value>,
+}
+
+impl StreamAssembler {
+    /// An assembler for a streamed chat or completions answer, giving up past
+    /// `limit` bytes (`cache.max_entry_bytes`); `None` for other endpoints.
+    pub fn new(endpoint: Endpoint, limit: u32) -> Option<Self> {
+        let kind = match EntryKind::of(endpoint)? {
+            EntryKind::Embeddings => return None,
+            k => k,
+        };
+        Some(Self {
+            kind,
+            limit: limit as usize,
+            line: Vec::new(),
+            data: Vec::new(),
+            has_data: false,
+            held: 0,
+            failure: None,
+            done: false,
+            head: Map::new(),
+            usage: None,
+            choices: BTreeMap::new(),
+        })
+    }
+
+    /// True once the stream cannot make an entry (too large, an error event, a
+    /// malformed chunk); the glue may then stop feeding it.
+    pub fn gave_up(&self) -> bool {
+        self.failure.is_some()
+    }
+
+    /// Feeds the next piece of the response body, split anywhere.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        for part in bytes.split_inclusive(|b| *b == b'\n') {
+            if self.failure.is_some() {
+                return;
+            }
+            if self.line.len().saturating_add(part.len()) > self.limit {
+                self.fail(EntryError::TooLarge);
+                return;
+            }
+            self.line.extend_from_slice(part);
+            if part.last() == Some(&b'\n') {
+                let line = std::mem::take(&mut self.line);
+                self.line_done(&line);
+                self.line = line;
+                self.line.clear();
+            }
+        }
+    }
+
+    /// The answer as an entry, once the stream has ended.
+    pub fn finish(mut self, stamp: Stamp) -> Result<Entry, EntryError> {
+        if !self.line.is_empty() {
+            // The body ended without a final newline.
+            let line = std::mem::take(&mut self.line);
+            self.line_done(&line);
+        }
+        self.dispatch();
+        if let Some(e) = self.failure {
+            return Err(e);
+        }
+        if !self.done
+            || self.choices.is_empty()
+            || self.choices.values().any(|c| c.finish_reason.is_none())
+        {
+            return Err(EntryError::Incomplete);
+        }
+        let kind = self.kind;
+        let limit = self.limit;
+        let model = self
+            .head
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let body =
+            serde_json::to_string(&self.into_answer()).map_err(|_| EntryError::Incomplete)?;
+        if body.len() > limit {
+            return Err(EntryError::TooLarge);
+        }
+        Ok(Entry::new(kind, stamp, model, body))
+    }
+
+    fn fail(&mut self, e: EntryError) {
+        self.failure = Some(e);
+        // Free what was held: nothing of it will be used.
+        self.line = Vec::new();
+        self.data = Vec::new();
+        self.choices.clear();
+        self.usage = None;
+    }
+
+    fn line_done(&mut self, line: &[u8]) {
+        let mut line = line;
+        while let [rest @ .., b'\n' | b'\r'] = line {
+            line = rest;
+        }
+        if line.is_empty() {
+            self.dispatch();
+            return;
+        }
+        // Comments (`: ping`) and the other SSE fields (`event`, `id`, `retry`)
+        // carry nothing of the answer.
+        let Some(value) = line.strip_prefix(b"data:") else {
+            return;
+        };
+        let value = value.strip_prefix(b" ").unwrap_or(value);
+        if self.has_data {
+            self.data.push(b'\n');
+        }
+        self.data.extend_from_slice(value);
+        self.has_data = true;
+        if self.data.len() > self.limit {
+            self.fail(EntryError::TooLarge);
+        }
+    }
+
+    fn dispatch(&mut self) {
+        if !self.has_data || self.failure.is_some() {
+            return;
+        }
+        self.has_data = false;
+        let data = std::mem::take(&mut self.data);
+        if self.done {
+            // Nothing after the terminator belongs to the answer.
+        } else if data == b"[DONE]" {
+            self.done = true;
+        } else {
+            match serde_json::from_slice::<Value>(&data) {
+                Ok(chunk) => {
+                    if let Err(e) = self.apply(chunk) {
+                        self.fail(e);
+                        return;
+                    }
+                }
+                Err(_) => {
+                    self.fail(EntryError::Incomplete);
+                    return;
+                }
+            }
+        }
+        self.data = data;
+        self.data.clear();
+    }
+
+    fn apply(&mut self, chunk: Value) -> Result<(), EntryError> {
+        let Value::Object(mut chunk) = chunk else {
+            return Err(EntryError::Incomplete);
+        };
+        if chunk.get("error").is_some_and(|e| !e.is_null()) {
+            return Err(EntryError::Incomplete);
+        }
+        for field in HEAD_FIELDS {
+            if let Some(v) = chunk.remove(field) {
+                let held = self.head.get(field).is_some_and(|h| !h.is_null());
+                if !held {
+                    self.held = self.held.saturating_add(approx_size(&v));
+                    self.head.insert(field.to_string(), v);
+                }
+            }
+        }
+        if let Some(u) = chunk.remove("usage").filter(|u| !u.is_null()) {
+            self.held = self.held.saturating_add(approx_size(&u));
+            self.usage = Some(u);
+        }
+        let choices = match chunk.remove("choices") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(c)) => c,
+            Some(_) => return Err(EntryError::Incomplete),
+        };
+        for choice in choices {
+            let Value::Object(mut choice) = choice else {
+                return Err(EntryError::Incomplete);
+            };
+            let index = match choice.get("index") {
+                None => 0,
+                Some(i) => i.as_u64().ok_or(EntryError::Incomplete)?,
+            };
+            let delta = match self.kind {
+                EntryKind::Chat => match choice.remove("delta") {
+                    None | Some(Value::Null) => Map::new(),
+                    Some(Value::Object(d)) => d,
+                    Some(_) => return Err(EntryError::Incomplete),
+                },
+                _ => {
+                    let mut d = Map::new();
+                    if let Some(t) = choice.remove("text") {
+                        d.insert("text".to_string(), t);
+                    }
+                    d
+                }
+            };
+            if !self.choices.contains_key(&index) {
+                self.held = self.held.saturating_add(CHOICE_OVERHEAD);
+            }
+            self.held = self
+                .held
+                .saturating_add(delta.iter().map(|(k, v)| k.len() + approx_size(v)).sum());
+            let acc = self.choices.entry(index).or_default();
+            merge_map(&mut acc.delta, delta);
+            if let Some(lp) = choice.remove("logprobs") {
+                self.held = self.held.saturating_add(approx_size(&lp));
+                merge_value(&mut acc.logprobs, lp, "logprobs");
+            }
+            if let Some(fr) = choice.remove("finish_reason").filter(|f| !f.is_null()) {
+                acc.finish_reason = Some(fr);
+            }
+        }
+        if self.held > self.limit {
+            return Err(EntryError::TooLarge);
+        }
+        Ok(())
+    }
+
+    fn into_answer(self) -> Value {
+        let mut answer = Map::new();
+        let object = match self.kind {
+            EntryKind::Chat => "chat.completion",
+            _ => "text_completion",
+        };
+        answer.insert("object".to_string(), Value::from(object));
+        answer.extend(self.head);
+        let choices: Vec<Value> = self
+            .choices
+            .into_iter()
+            .map(|(index, acc)| {
+                let mut c = Map::new();
+                c.insert("index".to_string(), Value::from(index));
+                match self.kind {
+                    EntryKind::Chat => {
+                        c.insert("message".to_string(), Value::Object(message(acc.delta)));
+                    }
+                    _ => {
+                        let text = acc
+                            .delta
+                            .get("text")
+                            .cloned()
+                            .unwrap_or_else(|| Value::from(""));
+                        c.insert("text".to_string(), text);
+                    }
+                }
+                c.insert("logprobs".to_string(), acc.logprobs);
+                c.insert(
+                    "finish_reason".to_string(),
+                    acc.finish_reason.unwrap_or(Value::Null),
+                );
+                Value::Object(c)
+            })
+            .collect();
+        answer.insert("choices".to_string(), Value::Array(choices));
+        if let Some(u) = self.usage {
+            answer.insert("usage".to_string(), u);
+        }
+        Value::Object(answer)
+    }
+}
+
+/// The message a non-streamed answer would carry for the merged deltas.
+fn message(mut delta: Map<String, Value>) -> Map<String, Value> {
+    if delta.get("role").is_none_or(Value::is_null) {
+        delta.insert("role".to_string(), Value::from("assistant"));
+    }
+    delta.entry("content").or_insert(Value::Null);
+    // `index` only says which call a delta continues; a message has no use for it.
+    if let Some(Value::Array(calls)) = delta.get_mut("tool_calls") {
+        for call in calls {
+            if let Value::Object(c) = call {
+                c.remove("index");
+            }
+        }
+    }
+    delta
+}
+
+fn merge_map(acc: &mut Map<String, Value>, delta: Map<String, Value>) {
+    for (k, v) in delta {
+        match acc.get_mut(&k) {
+            Some(slot) => merge_value(slot, v, &k),
+            None => {
+                acc.insert(k, v);
+            }
+        }
+    }
+}
+
+/// The OpenAI SDKs' delta rules: null never erases, strings concatenate
+/// (identifiers are replaced), objects merge, lists of indexed objects merge
+/// by `index`, other lists append, anything else is replaced.
+fn merge_value(acc: &mut Value, v: Value, key: &str) {
+    if v.is_null() {
+        return;
+    }
+    match (acc, v) {
+        (Value::String(a), Value::String(b)) if !REPLACE_KEYS.contains(&key) => a.push_str(&b),
+        (Value::Object(a), Value::Object(b)) => merge_map(a, b),
+        (Value::Array(a), Value::Array(b)) => merge_list(a, b),
+        (acc, v) => *acc = v,
+    }
+}
+
+fn merge_list(acc: &mut Vec<Value>, items: Vec<Value>) {
+    let index_of = |v: &Value| v.get("index").and_then(Value::as_u64);
+    let indexed = !items.is_empty() && items.iter().all(|i| index_of(i).is_some());
+    if !indexed {
+        acc.extend(items);
+        return;
+    }
+    for item in items {
+        let idx = index_of(&item);
+        match acc.iter_mut().find(|a| index_of(a) == idx) {
+            Some(a) => merge_value(a, item, ""),
+            None => acc.push(item),
+        }
+    }
+}
+
+/// Approximate JSON size of a value, cheap enough to run on every chunk.
+fn approx_size(v: &Value) -> usize {
+    match v {
+        Value::Null | Value::Bool(_) => 5,
+        Value::Number(_) => 8,
+        Value::String(s) => s.len().saturating_add(2),
+        Value::Array(a) => a.iter().map(approx_size).fold(2, usize::saturating_add),
+        Value::Object(o) => o
+            .iter()
+            .map(|(k, v)| k.len().saturating_add(3).saturating_add(approx_size(v)))
+            .fold(2, usize::saturating_add),
+    }
+}

@@ -1,0 +1,501 @@
+//! A canonical form of a JSON request body for the cache key: two bodies that
+//! mean the same request (key order, whitespace, `1` vs `1.0`, `\u0041` vs `A`)
+//! give the same bytes. serde_json cannot do this exactly (it rounds big
+//! numbers to `f64`), so this is a small strict parser of its own.
+
+/// A parsed JSON value with numbers and strings already in canonical form.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Json {
+    Null,
+    Bool(bool),
+    /// The canonical spelling of the number (see [`canonical_number`]).
+    Number(String),
+    /// The decoded string.
+    String(String),
+    Array(Vec<Json>),
+    /// Members in document order; duplicates are kept.
+    Object(Vec<(String, Json)>),
+}
+
+/// Deeper documents are refused: recursion is bounded so a hostile body
+/// cannot exhaust the wasm stack. serde_json uses the same limit.
+const MAX_DEPTH: usize = 128;
+
+impl Json {
+    /// Parses a complete JSON document, `None` when it is not strict JSON
+    /// (invalid UTF-8, lone surrogates, trailing bytes, too deep).
+    pub(crate) fn parse(bytes: &[u8]) -> Option<Json> {
+        let text = std::str::from_utf8(bytes).ok()?;
+        let mut p = Parser {
+            s: text.as_bytes(),
+            text,
+            pos: 0,
+        };
+        let v = p.value(0)?;
+        p.ws();
+        (p.pos == p.s.len()).then_some(v)
+    }
+
+    /// The member `name` of an object (the last one when repeated, as most
+    /// JSON readers do).
+    pub(crate) fn get(&self, name: &str) -> Option<&Json> {
+        match self {
+            Json::Object(members) => members
+                .iter()
+                .rev()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v),
+            _ => None,
+        }
+    }
+
+    /// Writes the canonical form: object members sorted by key bytes (stable,
+    /// so repeated keys keep their order), no whitespace, canonical numbers and
+    /// strings.
+    pub(crate) fn write(&self, out: &mut Vec<u8>) {
+        match self {
+            Json::Null => out.extend_from_slice(b"null"),
+            Json::Bool(true) => out.extend_from_slice(b"true"),
+            Json::Bool(false) => out.extend_from_slice(b"false"),
+            Json::Number(n) => out.extend_from_slice(n.as_bytes()),
+            Json::String(s) => write_string(s, out),
+            Json::Array(items) => {
+                out.push(b'[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    item.write(out);
+                }
+                out.push(b']');
+            }
+            Json::Object(members) => {
+                let mut sorted: Vec<&(String, Json)> = members.iter().collect();
+                sorted.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+                out.push(b'{');
+                for (i, (k, v)) in sorted.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    write_string(k, out);
+                    out.push(b':');
+                    v.write(out);
+                }
+                out.push(b'}');
+            }
+        }
+    }
+
+    /// True when `f` holds for some string value (not key) inside this value.
+    pub(crate) fn any_string<'a>(&'a self, f: &mut dyn FnMut(&'a str) -> bool) -> bool {
+        match self {
+            Json::String(s) => f(s),
+            Json::Array(items) => items.iter().any(|i| i.any_string(f)),
+            Json::Object(members) => members.iter().any(|(_, v)| v.any_string(f)),
+            _ => false,
+        }
+    }
+}
+
+/// Escapes only what JSON requires, one way each, so equal strings always
+/// give equal bytes.
+fn write_string(s: &str, out: &mut Vec<u8>) {
+    out.push(b'"');
+    for c in s.chars() {
+        match c {
+            '"' => out.extend_from_slice(b"\\\""),
+            '\\' => out.extend_from_slice(b"\\\\"),
+            '\n' => out.extend_from_slice(b"\\n"),
+            '\r' => out.extend_from_slice(b"\\r"),
+            '\t' => out.extend_from_slice(b"\\t"),
+            '\u{08}' => out.extend_from_slice(b"\\b"),
+            '\u{0c}' => out.extend_from_slice(b"\\f"),
+            c if (c as u32) < 0x20 => {
+                out.extend_from_slice(format!("\\u{:04x}", c as u32).as_bytes());
+            }
+            c => {
+                let mut buf = [0u8; 4];
+                out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+            }
+        }
+    }
+    out.push(b'"');
+}
+
+struct Parser<'a> {
+    s: &'a [u8],
+    text: &'a str,
+    pos: usize,
+}
+
+impl Parser<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.s.get(self.pos).copied()
+    }
+
+    fn bump(&mut self) -> Option<u8> {
+        let b = self.peek()?;
+        self.pos += 1;
+        Some(b)
+    }
+
+    fn ws(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.pos += 1;
+        }
+    }
+
+    fn literal(&mut self, word: &[u8], v: Json) -> Option<Json> {
+        let end = self.pos.checked_add(word.len())?;
+        (self.s.get(self.pos..end)? == word).then(|| {
+            self.pos = end;
+            v
+        })
+    }
+
+    fn value(&mut self, depth: usize) -> Option<Json> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        self.ws();
+        match self.peek()? {
+            b'n' => self.literal(b"null", Json::Null),
+            b't' => self.literal(b"true", Json::Bool(true)),
+            b'f' => self.literal(b"false", Json::Bool(false)),
+            b'"' => self.string().map(Json::String),
+            b'[' => {
+                self.pos += 1;
+                let mut items = Vec::new();
+                self.ws();
+                if self.peek() == Some(b']') {
+                    self.pos += 1;
+                    return Some(Json::Array(items));
+                }
+                loop {
+                    items.push(self.value(depth + 1)?);
+                    self.ws();
+                    match self.bump()? {
+                        b',' => continue,
+                        b']' => return Some(Json::Array(items)),
+                        _ => return None,
+                    }
+                }
+            }
+            b'{' => {
+                self.pos += 1;
+                let mut members = Vec::new();
+                self.ws();
+                if self.peek() == Some(b'}') {
+                    self.pos += 1;
+                    return Some(Json::Object(members));
+                }
+                loop {
+                    self.ws();
+                    if self.peek() != Some(b'"') {
+                        return None;
+                    }
+                    let k = self.string()?;
+                    self.ws();
+                    if self.bump()? != b':' {
+                        return None;
+                    }
+                    let v = self.value(depth + 1)?;
+                    members.push((k, v));
+                    self.ws();
+                    match self.bump()? {
+                        b',' => continue,
+                        b'}' => return Some(Json::Object(members)),
+                        _ => return None,
+                    }
+                }
+            }
+            b'-' | b'0'..=b'9' => self.number(),
+            _ => None,
+        }
+    }
+
+    fn digits(&mut self) -> usize {
+        let start = self.pos;
+        while matches!(self.peek(), Some(b'0'..=b'9')) {
+            self.pos += 1;
+        }
+        self.pos - start
+    }
+
+    fn number(&mut self) -> Option<Json> {
+        let start = self.pos;
+        let negative = self.peek() == Some(b'-');
+        if negative {
+            self.pos += 1;
+        }
+        let int_start = self.pos;
+        let int_len = self.digits();
+        // JSON forbids leading zeros (`01`) and an empty integer part.
+        if int_len == 0 || (int_len > 1 && self.s.get(int_start) == Some(&b'0')) {
+            return None;
+        }
+        let int = self.text.get(int_start..self.pos)?;
+        let mut frac = "";
+        if self.peek() == Some(b'.') {
+            self.pos += 1;
+            let f_start = self.pos;
+            if self.digits() == 0 {
+                return None;
+            }
+            frac = self.text.get(f_start..self.pos)?;
+        }
+        let mut exp: Option<(bool, &str)> = None;
+        if matches!(self.peek(), Some(b'e' | b'E')) {
+            self.pos += 1;
+            let exp_negative = match self.peek() {
+                Some(b'-') => {
+                    self.pos += 1;
+                    true
+                }
+                Some(b'+') => {
+                    self.pos += 1;
+                    false
+                }
+                _ => false,
+            };
+            let e_start = self.pos;
+            if self.digits() == 0 {
+                return None;
+            }
+            exp = Some((exp_negative, self.text.get(e_start..self.pos)?));
+        }
+        let literal = self.text.get(start..self.pos)?;
+        Some(Json::Number(
+            canonical_number(negative, int, frac, exp).unwrap_or_else(
+                // An exponent too large to add up: the literal itself is still an
+                // exact spelling of its value, so equal literals keep equal keys.
+                || literal.to_string(),
+            ),
+        ))
+    }
+
+    fn hex4(&mut self) -> Option<u32> {
+        let end = self.pos.checked_add(4)?;
+        let hex = self.text.get(self.pos..end)?;
+        if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        self.pos = end;
+        u32::from_str_radix(hex, 16).ok()
+    }
+
+    fn string(&mut self) -> Option<String> {
+        // Caller saw the opening quote.
+        self.pos += 1;
+        let mut out = String::new();
+        loop {
+            let run_start = self.pos;
+            while let Some(b) = self.peek() {
+                if b == b'"' || b == b'\\' || b < 0x20 {
+                    break;
+                }
+                self.pos += 1;
+            }
+            // Stops only at ASCII bytes, so the run ends on a char boundary.
+            out.push_str(self.text.get(run_start..self.pos)?);
+            match self.bump()? {
+                b'"' => return Some(out),
+                b'\\' => {
+                    let c = match self.bump()? {
+                        b'"' => '"',
+                        b'\\' => '\\',
+                        b'/' => '/',
+                        b'b' => '\u{08}',
+                        b'f' => '\u{0c}',
+                        b'n' => '\n',
+                        b'r' => '\r',
+                        b't' => '\t',
+                        b'u' => {
+                            let hi = self.hex4()?;
+                            let code = if (0xD800..0xDC00).contains(&hi) {
+                                if self.bump()? != b'\\' || self.bump()? != b'u' {
+                                    return None;
+                                }
+                                let lo = self.hex4()?;
+                                if !(0xDC00..0xE000).contains(&lo) {
+                                    return None;
+                                }
+                                0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00)
+                            } else {
+                                hi
+                            };
+                            // Lone low surrogates land here and are refused.
+                            char::from_u32(code)?
+                        }
+                        _ => return None,
+                    };
+                    out.push(c);
+                }
+                // A raw control character inside a string.
+                _ => return None,
+            }
+        }
+    }
+}
+
+/// Exponent literals longer than this are not added up (see `number`).
+const MAX_EXP_DIGITS: usize = 15;
+
+/// The one spelling of a number's exact value: `0`, or an optional `-`, the
+/// significant digits without leading or trailing zeros, and `e<exp>` when the
+/// exponent is not zero. So `1`, `1.0`, `10e-1` and `0.1E1` all give `1`, and
+/// `12345678901234567890123` stays exact. `None` when the exponent is too
+/// large to add up.
+fn canonical_number(
+    negative: bool,
+    int: &str,
+    frac: &str,
+    exp: Option<(bool, &str)>,
+) -> Option<String> {
+    let mut e: i64 = 0;
+    if let Some((exp_negative, digits)) = exp {
+        let digits = digits.trim_start_matches('0');
+        if digits.len() > MAX_EXP_DIGITS {
+            return None;
+        }
+        let v: i64 = if digits.is_empty() {
+            0
+        } else {
+            digits.parse().ok()?
+        };
+        e = if exp_negative { -v } else { v };
+    }
+    e = e.checked_sub(i64::try_from(frac.len()).ok()?)?;
+    let all = format!("{int}{frac}");
+    let trimmed = all.trim_start_matches('0');
+    let significant = trimmed.trim_end_matches('0');
+    if significant.is_empty() {
+        // -0, 0.0, 0e5: all zero.
+        return Some("0".to_string());
+    }
+    e = e.checked_add(i64::try_from(trimmed.len() - significant.len()).ok()?)?;
+    let mut out = String::with_capacity(significant.len() + 8);
+    if negative {
+        out.push('-');
+    }
+    out.push_str(significant);
+    if e != 0 {
+        out.push('e');
+        out.push_str(&e.to_string());
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn canon(s: &str) -> String {
+        let mut out = Vec::new();
+        Json::parse(s.as_bytes()).unwrap().write(&mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn numbers_have_one_spelling() {
+        for (a, want) in [
+            ("0", "0"),
+            ("-0", "0"),
+            ("0.0", "0"),
+            ("0e0", "0"),
+            ("0E-7", "0"),
+            ("1", "1"),
+            ("1.0", "1"),
+            ("10e-1", "1"),
+            ("0.1E1", "1"),
+            ("1e+0", "1"),
+            ("100", "1e2"),
+            ("1e2", "1e2"),
+            ("0.5", "5e-1"),
+            ("5E-1", "5e-1"),
+            ("-2.50", "-25e-1"),
+            ("12345678901234567890123", "12345678901234567890123"),
+            ("1.7976931348623157e309", "17976931348623157e293"),
+            ("1e0000000000000000000001", "1e1"),
+        ] {
+            assert_eq!(canon(a), want, "{a}");
+        }
+        // Distinct values keep distinct spellings even past f64 precision.
+        assert_ne!(canon("9007199254740993"), canon("9007199254740992"));
+        // Exponents too large to add are kept verbatim.
+        assert_eq!(canon("1e99999999999999999999"), "1e99999999999999999999");
+    }
+
+    #[test]
+    fn strings_have_one_spelling() {
+        assert_eq!(canon(r#""\u0041\/\u00e9\ud83d\ude00""#), "\"A/é😀\"");
+        assert_eq!(canon("\"é😀\""), "\"é😀\"");
+        assert_eq!(
+            canon(r#""\u0001\b\f\n\r\t\"\\""#),
+            r#""\u0001\b\f\n\r\t\"\\""#
+        );
+    }
+
+    #[test]
+    fn objects_are_sorted_and_whitespace_dropped() {
+        assert_eq!(
+            canon(" { \"b\" : [ 1 , {\"z\":null,\"a\":true} ] ,\n\"a\":false } "),
+            r#"{"a":false,"b":[1,{"a":true,"z":null}]}"#
+        );
+        // Repeated keys keep their order, so distinct bodies stay distinct.
+        assert_eq!(canon(r#"{"a":1,"a":2}"#), r#"{"a":1,"a":2}"#);
+        assert_ne!(canon(r#"{"a":1,"a":2}"#), canon(r#"{"a":2,"a":1}"#));
+        assert_eq!(
+            Json::parse(br#"{"a":1,"a":2}"#).unwrap().get("a"),
+            Some(&Json::Number("2".into()))
+        );
+    }
+
+    #[test]
+    fn refuses_what_is_not_strict_json() {
+        for bad in [
+            "",
+            " ",
+            "{",
+            "[1,]",
+            "{\"a\":1,}",
+            "01",
+            "1.",
+            ".5",
+            "1e",
+            "-",
+            "+1",
+            "NaN",
+            "\"\\ud800\"",
+            "\"\\udc00\"",
+            "\"\\ud800\\u0041\"",
+            "\"\\x\"",
+            "\"a\nb\"",
+            "{\"a\" 1}",
+            "{1:2}",
+            "[1] x",
+            "tru",
+            "\"\\u12\"",
+            "nul",
+        ] {
+            assert!(Json::parse(bad.as_bytes()).is_none(), "{bad:?}");
+        }
+        assert!(Json::parse(&[b'"', 0xff, b'"']).is_none());
+        let deep = "[".repeat(MAX_DEPTH + 2) + &"]".repeat(MAX_DEPTH + 2);
+        assert!(Json::parse(deep.as_bytes()).is_none());
+        let ok = "[".repeat(MAX_DEPTH) + &"]".repeat(MAX_DEPTH);
+        assert!(Json::parse(ok.as_bytes()).is_some());
+    }
+
+    #[test]
+    fn canonical_form_is_a_fixed_point() {
+        let doc = r#"{"model":"m","x":[1.50,-0,"\u00e9"],"t":2E3,"n":{"b":null,"a":[]}}"#;
+        let once = canon(doc);
+        assert_eq!(canon(&once), once);
+        // And still JSON serde reads the same way.
+        let a: serde_json::Value = serde_json::from_str(doc).unwrap();
+        let b: serde_json::Value = serde_json::from_str(&once).unwrap();
+        assert_eq!(a["model"], b["model"]);
+        assert_eq!(a["x"][2], b["x"][2]);
+    }
+}

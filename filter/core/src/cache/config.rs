@@ -1,0 +1,417 @@
+//! The `cache` section of the plugin configuration, parsed strictly and compiled
+//! once into typed values, so the data path never checks a setting again and an
+//! operator's mistake is named at load time.
+
+use serde::Deserialize;
+
+use crate::config::ConfigError;
+
+/// Largest `cache.max_entries`: every slot may cost up to `max_entry_bytes` of
+/// proxy memory, and shared data never evicts.
+pub const MAX_ENTRIES: u32 = 1_000_000;
+/// Largest `cache.max_entry_bytes`.
+pub const MAX_ENTRY_BYTES: u32 = 16 * 1024 * 1024;
+/// Smallest `cache.max_entry_bytes`: below this not even a short answer fits.
+pub const MIN_ENTRY_BYTES: u32 = 1024;
+/// Longest `cache.coalesce_wait_ms`.
+pub const MAX_COALESCE_WAIT_MS: u64 = 600_000;
+/// Longest `cache.ttl_s` and `cache.stale_if_error_s`: one year keeps the
+/// millisecond arithmetic far from overflow.
+pub const MAX_TTL_S: u64 = 365 * 24 * 3600;
+/// Shared-data cost of one slot beyond its value: the slot and in-flight marker
+/// keys, the marker value and Envoy's map nodes. An estimate, used only for the
+/// worst-case footprint logged at start.
+pub const SLOT_OVERHEAD_BYTES: u64 = 256;
+
+const MAX_MARKERS: usize = 256;
+const MAX_MARKER_LEN: usize = 1024;
+const MAX_TENANT_HEADERS: usize = 16;
+
+/// `cache` as written by the operator.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawCacheConfig {
+    /// Master switch, default true.
+    pub enabled: Option<bool>,
+    /// Highest `temperature` of a cacheable chat or completions call, default 0.
+    pub max_temperature: Option<f64>,
+    /// Substrings of the prompt that make a call not cacheable (its answer
+    /// depends on something outside the request, e.g. the current time).
+    pub dynamic_markers: Option<Vec<String>>,
+    /// `tenant` (default) or `global`.
+    pub scope: Option<String>,
+    /// Request headers whose values identify the tenant.
+    pub tenant_headers: Option<Vec<String>>,
+    /// Freshness in seconds, default 3600.
+    pub ttl_s: Option<u64>,
+    /// Fraction of `ttl_s` by which an entry may expire early, default 0.1.
+    pub ttl_jitter: Option<f64>,
+    /// How long after expiry an entry may still answer an upstream failure,
+    /// default 0 (off).
+    pub stale_if_error_s: Option<u64>,
+    /// Number of slots, default 1024.
+    pub max_entries: Option<u32>,
+    /// Largest encoded entry, default 256 KiB.
+    pub max_entry_bytes: Option<u32>,
+    /// Let concurrent identical calls wait for the first, default true.
+    pub coalesce: Option<bool>,
+    /// Longest wait of a coalesced call, default 30000.
+    pub coalesce_wait_ms: Option<u64>,
+}
+
+/// Whose answers a call may be served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Only answers to calls with the same credential.
+    Tenant,
+    /// Any answer to the same request; only for deployments where every
+    /// caller may see every other caller's answers.
+    Global,
+}
+
+/// The compiled `cache` section.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CacheConfig {
+    /// Master switch.
+    pub enabled: bool,
+    /// Highest cacheable `temperature` of chat and completions calls.
+    pub max_temperature: f64,
+    /// Prompt substrings that make a call not cacheable.
+    pub dynamic_markers: Vec<String>,
+    /// Key scope.
+    pub scope: Scope,
+    /// Lowercase names of the tenant credential headers, in key order.
+    pub tenant_headers: Vec<String>,
+    /// Freshness in milliseconds.
+    pub ttl_ms: u64,
+    /// Fraction of the freshness by which an entry may expire early, in `[0, 1)`.
+    pub ttl_jitter: f64,
+    /// Stale-if-error window in milliseconds, 0 when off.
+    pub stale_if_error_ms: u64,
+    /// Number of slots.
+    pub max_entries: u32,
+    /// Largest encoded slot value in bytes.
+    pub max_entry_bytes: u32,
+    /// Coalescing switch.
+    pub coalesce: bool,
+    /// Longest wait of a coalesced call in milliseconds.
+    pub coalesce_wait_ms: u64,
+}
+
+/// When an entry was stored and when it expires, jitter applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    /// Store time, ms since the epoch.
+    pub stored_at_ms: u64,
+    /// Expiry time, ms since the epoch.
+    pub expires_at_ms: u64,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_temperature: 0.0,
+            dynamic_markers: Vec::new(),
+            scope: Scope::Tenant,
+            tenant_headers: vec!["authorization".to_string(), "api-key".to_string()],
+            ttl_ms: 3_600_000,
+            ttl_jitter: 0.1,
+            stale_if_error_ms: 0,
+            max_entries: 1024,
+            max_entry_bytes: 256 * 1024,
+            coalesce: true,
+            coalesce_wait_ms: 30_000,
+        }
+    }
+}
+
+impl CacheConfig {
+    /// Compiles the section, checking every invariant; errors name the field
+    /// (`cache.ttl_jitter`) and quote the bad value.
+    pub fn compile(raw: RawCacheConfig) -> Result<Self, ConfigError> {
+        let d = Self::default();
+        let max_temperature = match raw.max_temperature {
+            None => d.max_temperature,
+            // 2 is the highest temperature OpenAI-compatible APIs accept.
+            Some(t) if t.is_finite() && (0.0..=2.0).contains(&t) => t,
+            Some(t) => return Err(err("max_temperature", format!("{t} is not in [0, 2]"))),
+        };
+        let dynamic_markers = raw.dynamic_markers.unwrap_or_default();
+        if dynamic_markers.len() > MAX_MARKERS {
+            return Err(err(
+                "dynamic_markers",
+                format!("{} markers, at most {MAX_MARKERS}", dynamic_markers.len()),
+            ));
+        }
+        for (i, m) in dynamic_markers.iter().enumerate() {
+            // An empty marker would match every prompt and silently disable the cache.
+            if m.is_empty() || m.len() > MAX_MARKER_LEN {
+                return Err(err(
+                    format!("dynamic_markers[{i}]"),
+                    format!("{m:?} must be 1 to {MAX_MARKER_LEN} bytes"),
+                ));
+            }
+        }
+        let scope = match raw.scope.as_deref() {
+            None | Some("tenant") => Scope::Tenant,
+            Some("global") => Scope::Global,
+            Some(other) => {
+                return Err(err(
+                    "scope",
+                    format!("{other:?} is not one of tenant, global"),
+                ))
+            }
+        };
+        let tenant_headers = match raw.tenant_headers {
+            None => d.tenant_headers,
+            Some(names) => compile_headers(names)?,
+        };
+        if scope == Scope::Tenant && tenant_headers.is_empty() {
+            // Without a credential every caller would share one tenant: that is
+            // `global`, and it must be asked for by name.
+            return Err(err(
+                "tenant_headers",
+                "[] leaves no credential to tell tenants apart; set scope to global instead",
+            ));
+        }
+        let ttl_s = raw.ttl_s.unwrap_or(d.ttl_ms / 1000);
+        if ttl_s == 0 || ttl_s > MAX_TTL_S {
+            return Err(err("ttl_s", format!("{ttl_s} is not in 1..={MAX_TTL_S}")));
+        }
+        let ttl_jitter = match raw.ttl_jitter {
+            None => d.ttl_jitter,
+            Some(j) if j.is_finite() && (0.0..1.0).contains(&j) => j,
+            Some(j) => return Err(err("ttl_jitter", format!("{j} is not in [0, 1)"))),
+        };
+        let stale_s = raw.stale_if_error_s.unwrap_or(0);
+        if stale_s > MAX_TTL_S {
+            return Err(err(
+                "stale_if_error_s",
+                format!("{stale_s} is not in 0..={MAX_TTL_S}"),
+            ));
+        }
+        let max_entries = raw.max_entries.unwrap_or(d.max_entries);
+        if !(1..=MAX_ENTRIES).contains(&max_entries) {
+            return Err(err(
+                "max_entries",
+                format!("{max_entries} is not in 1..={MAX_ENTRIES}"),
+            ));
+        }
+        let max_entry_bytes = raw.max_entry_bytes.unwrap_or(d.max_entry_bytes);
+        if !(MIN_ENTRY_BYTES..=MAX_ENTRY_BYTES).contains(&max_entry_bytes) {
+            return Err(err(
+                "max_entry_bytes",
+                format!("{max_entry_bytes} is not in {MIN_ENTRY_BYTES}..={MAX_ENTRY_BYTES}"),
+            ));
+        }
+        let coalesce_wait_ms = raw.coalesce_wait_ms.unwrap_or(d.coalesce_wait_ms);
+        if coalesce_wait_ms == 0 || coalesce_wait_ms > MAX_COALESCE_WAIT_MS {
+            return Err(err(
+                "coalesce_wait_ms",
+                format!("{coalesce_wait_ms} is not in 1..={MAX_COALESCE_WAIT_MS}"),
+            ));
+        }
+        Ok(Self {
+            enabled: raw.enabled.unwrap_or(d.enabled),
+            max_temperature,
+            dynamic_markers,
+            scope,
+            tenant_headers,
+            ttl_ms: ttl_s.saturating_mul(1000),
+            ttl_jitter,
+            stale_if_error_ms: stale_s.saturating_mul(1000),
+            max_entries,
+            max_entry_bytes,
+            coalesce: raw.coalesce.unwrap_or(d.coalesce),
+            coalesce_wait_ms,
+        })
+    }
+
+    /// The most shared data the cache can ever hold, in bytes: every slot full
+    /// to `max_entry_bytes`, plus its keys and in-flight marker. Logged at start
+    /// so operators can size the proxy.
+    pub fn worst_case_bytes(&self) -> u64 {
+        u64::from(self.max_entries)
+            .saturating_mul(u64::from(self.max_entry_bytes).saturating_add(SLOT_OVERHEAD_BYTES))
+    }
+
+    /// The store and expiry times of an entry stored at `now_ms`. `unit_random`
+    /// is a uniform draw in `[0, 1)`; the freshness is shortened by up to
+    /// `ttl_jitter` of itself so entries stored together do not all expire
+    /// together, and never lengthened, so `ttl_s` stays a promise.
+    pub fn stamp(&self, now_ms: u64, unit_random: f64) -> Stamp {
+        let r = if unit_random.is_finite() {
+            unit_random.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        let cut = (self.ttl_ms as f64 * self.ttl_jitter * r) as u64;
+        // At least one millisecond of freshness, whatever the draw.
+        let ttl = self.ttl_ms.saturating_sub(cut).max(1);
+        Stamp {
+            stored_at_ms: now_ms,
+            expires_at_ms: now_ms.saturating_add(ttl),
+        }
+    }
+}
+
+fn compile_headers(names: Vec<String>) -> Result<Vec<String>, ConfigError> {
+    if names.len() > MAX_TENANT_HEADERS {
+        return Err(err(
+            "tenant_headers",
+            format!("{} headers, at most {MAX_TENANT_HEADERS}", names.len()),
+        ));
+    }
+    let mut out: Vec<String> = Vec::with_capacity(names.len());
+    for (i, name) in names.into_iter().enumerate() {
+        let valid = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        if !valid {
+            return Err(err(
+                format!("tenant_headers[{i}]"),
+                format!("{name:?} is not a header name"),
+            ));
+        }
+        // Envoy hands header names to the filter in lowercase.
+        let name = name.to_ascii_lowercase();
+        if out.contains(&name) {
+            return Err(err(
+                format!("tenant_headers[{i}]"),
+                format!("{name:?} is listed twice"),
+            ));
+        }
+        out.push(name);
+    }
+    Ok(out)
+}
+
+fn err(field: impl AsRef<str>, message: impl Into<String>) -> ConfigError {
+    ConfigError::new(format!("cache.{}", field.as_ref()), message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<CacheConfig, ConfigError> {
+        CacheConfig::compile(serde_json::from_str(json).unwrap())
+    }
+
+    #[test]
+    fn empty_section_gives_the_defaults() {
+        let c = parse("{}").unwrap();
+        assert_eq!(c, CacheConfig::default());
+        assert!(c.enabled && c.coalesce);
+        assert_eq!(c.scope, Scope::Tenant);
+        assert_eq!(c.tenant_headers, ["authorization", "api-key"]);
+        assert_eq!(c.ttl_ms, 3_600_000);
+        assert_eq!(c.max_entry_bytes, 262_144);
+    }
+
+    #[test]
+    fn reads_every_field() {
+        let c = parse(
+            r#"{"enabled":false,"max_temperature":0.5,"dynamic_markers":["{{now}}"],
+                "scope":"global","tenant_headers":["X-Tenant"],"ttl_s":60,"ttl_jitter":0,
+                "stale_if_error_s":300,"max_entries":8,"max_entry_bytes":4096,
+                "coalesce":false,"coalesce_wait_ms":500}"#,
+        )
+        .unwrap();
+        assert!(!c.enabled && !c.coalesce);
+        assert_eq!(c.max_temperature, 0.5);
+        assert_eq!(c.dynamic_markers, ["{{now}}"]);
+        assert_eq!(c.scope, Scope::Global);
+        assert_eq!(c.tenant_headers, ["x-tenant"]);
+        assert_eq!((c.ttl_ms, c.stale_if_error_ms), (60_000, 300_000));
+        assert_eq!(c.ttl_jitter, 0.0);
+        assert_eq!((c.max_entries, c.max_entry_bytes), (8, 4096));
+        assert_eq!(c.coalesce_wait_ms, 500);
+    }
+
+    #[test]
+    fn global_scope_may_drop_the_credential_headers() {
+        assert!(parse(r#"{"scope":"global","tenant_headers":[]}"#).is_ok());
+    }
+
+    #[test]
+    fn errors_name_the_field_and_value() {
+        for (doc, field, needle) in [
+            (r#"{"max_temperature":2.5}"#, "cache.max_temperature", "2.5"),
+            (r#"{"max_temperature":-1}"#, "cache.max_temperature", "-1"),
+            (
+                r#"{"dynamic_markers":[""]}"#,
+                "cache.dynamic_markers[0]",
+                "\"\"",
+            ),
+            (r#"{"scope":"world"}"#, "cache.scope", "world"),
+            (r#"{"tenant_headers":[]}"#, "cache.tenant_headers", "[]"),
+            (
+                r#"{"tenant_headers":["a b"]}"#,
+                "cache.tenant_headers[0]",
+                "a b",
+            ),
+            (
+                r#"{"tenant_headers":["a","A"]}"#,
+                "cache.tenant_headers[1]",
+                "twice",
+            ),
+            (r#"{"ttl_s":0}"#, "cache.ttl_s", "0"),
+            (r#"{"ttl_s":99999999999}"#, "cache.ttl_s", "99999999999"),
+            (r#"{"ttl_jitter":1}"#, "cache.ttl_jitter", "1"),
+            (r#"{"ttl_jitter":-0.1}"#, "cache.ttl_jitter", "-0.1"),
+            (
+                r#"{"stale_if_error_s":99999999999}"#,
+                "cache.stale_if_error_s",
+                "99999999999",
+            ),
+            (r#"{"max_entries":0}"#, "cache.max_entries", "0"),
+            (r#"{"max_entries":1000001}"#, "cache.max_entries", "1000001"),
+            (r#"{"max_entry_bytes":100}"#, "cache.max_entry_bytes", "100"),
+            (
+                r#"{"max_entry_bytes":16777217}"#,
+                "cache.max_entry_bytes",
+                "16777217",
+            ),
+            (r#"{"coalesce_wait_ms":0}"#, "cache.coalesce_wait_ms", "0"),
+            (
+                r#"{"coalesce_wait_ms":600001}"#,
+                "cache.coalesce_wait_ms",
+                "600001",
+            ),
+        ] {
+            let e = parse(doc).unwrap_err();
+            assert_eq!(e.field, field, "{doc}: {e}");
+            assert!(e.message.contains(needle), "{doc}: {e}");
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        assert!(serde_json::from_str::<RawCacheConfig>(r#"{"ttl":1}"#).is_err());
+    }
+
+    #[test]
+    fn worst_case_counts_every_slot() {
+        let c = CacheConfig::default();
+        assert_eq!(c.worst_case_bytes(), 1024 * (262_144 + SLOT_OVERHEAD_BYTES));
+        let big = parse(r#"{"max_entries":1000000,"max_entry_bytes":16777216}"#).unwrap();
+        assert_eq!(
+            big.worst_case_bytes(),
+            1_000_000 * (16_777_216 + SLOT_OVERHEAD_BYTES)
+        );
+    }
+
+    #[test]
+    fn jitter_only_shortens_the_freshness() {
+        let c = CacheConfig::default();
+        assert_eq!(c.stamp(1000, 0.0).expires_at_ms, 1000 + 3_600_000);
+        let s = c.stamp(1000, 0.999_999);
+        assert!(s.expires_at_ms > 1000 + 3_240_000 && s.expires_at_ms <= 1000 + 3_600_000);
+        assert_eq!(c.stamp(1000, f64::NAN).expires_at_ms, 1000 + 3_600_000);
+        assert_eq!(c.stamp(u64::MAX, 0.5).expires_at_ms, u64::MAX);
+        assert_eq!(c.stamp(7, 0.3).stored_at_ms, 7);
+    }
+}

@@ -1,0 +1,358 @@
+//! A cached answer in one canonical form, the provider's non-streamed JSON, so
+//! an entry filled by a plain call can answer a streamed one and the other way
+//! round. Only complete, successful answers become entries.
+
+use bincode::Options;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::config::{Stamp, MAX_ENTRY_BYTES};
+use super::replay;
+use crate::classify::Endpoint;
+
+/// Content type of a JSON reply.
+pub const JSON_CONTENT_TYPE: &str = "application/json";
+/// Content type of an SSE reply.
+pub const SSE_CONTENT_TYPE: &str = "text/event-stream";
+
+/// Version of the encoding; a mismatch reads as corrupt, so entries written by
+/// another version of the filter are misses, never misread.
+const FORMAT: u32 = 1;
+
+/// The kind of answer an entry holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EntryKind {
+    /// A `chat.completion`.
+    Chat,
+    /// A `text_completion`.
+    Completions,
+    /// An embeddings list.
+    Embeddings,
+}
+
+impl EntryKind {
+    /// The kind of answer an endpoint gives; `None` for endpoints never cached.
+    pub fn of(endpoint: Endpoint) -> Option<Self> {
+        match endpoint {
+            Endpoint::Chat => Some(Self::Chat),
+            Endpoint::Completions => Some(Self::Completions),
+            Endpoint::Embeddings => Some(Self::Embeddings),
+            Endpoint::Other => None,
+        }
+    }
+}
+
+/// Why an answer was not made into an entry, or an entry cannot be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryError {
+    /// The upstream status was not 200: errors are never cached.
+    Status(u16),
+    /// The body is not a complete answer (not JSON, an `error`, no choices, a
+    /// choice without `finish_reason`, a stream without `[DONE]`).
+    Incomplete,
+    /// Larger than `cache.max_entry_bytes`.
+    TooLarge,
+    /// Bytes that do not decode as an entry of this version: treat as a miss.
+    Corrupt,
+    /// The endpoint's answers are never cached.
+    Endpoint,
+}
+
+impl EntryError {
+    /// A short name for logs and the `result` label of store metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Status(_) => "status",
+            Self::Incomplete => "incomplete",
+            Self::TooLarge => "too_large",
+            Self::Corrupt => "corrupt",
+            Self::Endpoint => "endpoint",
+        }
+    }
+}
+
+/// A cached answer with its metadata. Field order matters: the store decodes
+/// the leading times alone to choose a slot to replace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    stored_at_ms: u64,
+    expires_at_ms: u64,
+    status: u16,
+    kind: EntryKind,
+    model: String,
+    body: String,
+}
+
+/// A reply ready to send: the content type and the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    /// `application/json` or `text/event-stream`.
+    pub content_type: &'static str,
+    /// The complete body.
+    pub body: Vec<u8>,
+}
+
+impl Entry {
+    /// An entry from a non-streamed answer. `limit` is `cache.max_entry_bytes`.
+    pub fn from_json(
+        endpoint: Endpoint,
+        status: u16,
+        body: &[u8],
+        stamp: Stamp,
+        limit: u32,
+    ) -> Result<Self, EntryError> {
+        let kind = EntryKind::of(endpoint).ok_or(EntryError::Endpoint)?;
+        if status != 200 {
+            return Err(EntryError::Status(status));
+        }
+        if body.len() > limit as usize {
+            return Err(EntryError::TooLarge);
+        }
+        let answer: Value = serde_json::from_slice(body).map_err(|_| EntryError::Incomplete)?;
+        if !is_complete(kind, &answer) {
+            return Err(EntryError::Incomplete);
+        }
+        let body =
+            String::from_utf8(body.trim_ascii().to_vec()).map_err(|_| EntryError::Incomplete)?;
+        Ok(Self::new(kind, stamp, model_of(&answer), body))
+    }
+
+    /// An entry from an answer already in canonical form and checked.
+    pub(crate) fn new(kind: EntryKind, stamp: Stamp, model: String, body: String) -> Self {
+        Self {
+            stored_at_ms: stamp.stored_at_ms,
+            expires_at_ms: stamp.expires_at_ms.max(stamp.stored_at_ms),
+            status: 200,
+            kind,
+            model,
+            body,
+        }
+    }
+
+    /// When it was stored, ms since the epoch.
+    pub fn stored_at_ms(&self) -> u64 {
+        self.stored_at_ms
+    }
+
+    /// When it stops being fresh, ms since the epoch.
+    pub fn expires_at_ms(&self) -> u64 {
+        self.expires_at_ms
+    }
+
+    /// The upstream status it was stored from (always 200).
+    pub fn status(&self) -> u16 {
+        self.status
+    }
+
+    /// What kind of answer it is.
+    pub fn kind(&self) -> EntryKind {
+        self.kind
+    }
+
+    /// The model that answered, as the answer names it (may be empty).
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// The answer in canonical, non-streamed JSON.
+    pub fn body(&self) -> &[u8] {
+        self.body.as_bytes()
+    }
+
+    /// Whole seconds since it was stored, for the `age` header.
+    pub fn age_s(&self, now_ms: u64) -> u64 {
+        now_ms.saturating_sub(self.stored_at_ms) / 1000
+    }
+
+    /// The reply for a request: the JSON answer, or for a streamed chat or
+    /// completions request an SSE stream replaying it, with the usage chunk
+    /// only when the request asked for it. Embeddings are always JSON.
+    pub fn reply(&self, stream: bool, include_usage: bool) -> Result<Reply, EntryError> {
+        if !stream || self.kind == EntryKind::Embeddings {
+            return Ok(Reply {
+                content_type: JSON_CONTENT_TYPE,
+                body: self.body.as_bytes().to_vec(),
+            });
+        }
+        let body = replay::sse(self.kind, &self.body, include_usage).ok_or(EntryError::Corrupt)?;
+        Ok(Reply {
+            content_type: SSE_CONTENT_TYPE,
+            body,
+        })
+    }
+
+    /// The bincode encoding.
+    pub fn encode(&self) -> Result<Vec<u8>, EntryError> {
+        let mut out = Vec::new();
+        self.encode_into(&mut out)?;
+        Ok(out)
+    }
+
+    /// Appends the bincode encoding to `out`.
+    pub(crate) fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), EntryError> {
+        options()
+            .serialize_into(out, &(FORMAT, self))
+            .map_err(|_| EntryError::TooLarge)
+    }
+
+    /// Decodes [`Entry::encode`]'s output; anything else (truncated, another
+    /// version, trailing bytes) is [`EntryError::Corrupt`], never a panic.
+    pub fn decode(bytes: &[u8]) -> Result<Self, EntryError> {
+        let (format, entry): (u32, Entry) = options()
+            .reject_trailing_bytes()
+            .deserialize(bytes)
+            .map_err(|_| EntryError::Corrupt)?;
+        if format != FORMAT || entry.status != 200 || entry.expires_at_ms < entry.stored_at_ms {
+            return Err(EntryError::Corrupt);
+        }
+        Ok(entry)
+    }
+}
+
+/// The times at the head of an encoded entry, read without decoding the body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub(crate) struct EntryHead {
+    format: u32,
+    /// Store time.
+    pub stored_at_ms: u64,
+    /// Expiry time.
+    pub expires_at_ms: u64,
+}
+
+impl EntryHead {
+    /// Reads the head; `None` when the bytes are not an entry of this version.
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Self> {
+        let head: Self = options().allow_trailing_bytes().deserialize(bytes).ok()?;
+        (head.format == FORMAT).then_some(head)
+    }
+}
+
+/// Fixed-width integers keep the head at a known offset; the limit bounds what
+/// a corrupt length prefix can make the decoder allocate.
+pub(crate) fn options() -> impl Options + Copy {
+    bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .with_little_endian()
+        .with_limit(u64::from(MAX_ENTRY_BYTES).saturating_mul(2))
+}
+
+fn model_of(answer: &Value) -> String {
+    answer
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// True when a JSON answer is a complete success worth keeping.
+fn is_complete(kind: EntryKind, answer: &Value) -> bool {
+    let Some(obj) = answer.as_object() else {
+        return false;
+    };
+    if obj.get("error").is_some_and(|e| !e.is_null()) {
+        return false;
+    }
+    match kind {
+        EntryKind::Embeddings => obj.get("data").is_some_and(Value::is_array),
+        EntryKind::Chat | EntryKind::Completions => match obj.get("choices") {
+            Some(Value::Array(choices)) => {
+                !choices.is_empty()
+                    && choices
+                        .iter()
+                        .all(|c| c.get("finish_reason").is_some_and(Value::is_string))
+            }
+            _ => false,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) const STAMP: Stamp = Stamp {
+        stored_at_ms: 1_000,
+        expires_at_ms: 61_000,
+    };
+
+    const ANSWER: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","created":1700000000,"model":"gpt-4o-2024-08-06","choices":[{"index":0,"message":{"role":"assistant","content":"Hello!","refusal":null},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11},"system_fingerprint":"fp_1"}"#;
+
+    #[test]
+    fn keeps_complete_answers_only() {
+        let e = Entry::from_json(Endpoint::Chat, 200, ANSWER.as_bytes(), STAMP, 4096).unwrap();
+        assert_eq!(e.model(), "gpt-4o-2024-08-06");
+        assert_eq!(e.kind(), EntryKind::Chat);
+        assert_eq!(
+            (e.stored_at_ms(), e.expires_at_ms(), e.status()),
+            (1_000, 61_000, 200)
+        );
+        assert_eq!(e.body(), ANSWER.as_bytes());
+        assert_eq!(e.age_s(4_999), 3);
+        assert_eq!(e.age_s(0), 0);
+        for (status, body, err) in [
+            (500, ANSWER, EntryError::Status(500)),
+            (200, "{", EntryError::Incomplete),
+            (200, "[]", EntryError::Incomplete),
+            (200, r#"{"error":{"message":"x"}}"#, EntryError::Incomplete),
+            (200, r#"{"choices":[]}"#, EntryError::Incomplete),
+            (
+                200,
+                r#"{"choices":[{"message":{},"finish_reason":null}]}"#,
+                EntryError::Incomplete,
+            ),
+        ] {
+            assert_eq!(
+                Entry::from_json(Endpoint::Chat, status, body.as_bytes(), STAMP, 4096),
+                Err(err),
+                "{body}"
+            );
+        }
+        assert_eq!(
+            Entry::from_json(Endpoint::Chat, 200, ANSWER.as_bytes(), STAMP, 100),
+            Err(EntryError::TooLarge)
+        );
+        assert_eq!(
+            Entry::from_json(Endpoint::Other, 200, ANSWER.as_bytes(), STAMP, 4096),
+            Err(EntryError::Endpoint)
+        );
+        let emb = r#"{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1]}],"model":"e"}"#;
+        let e = Entry::from_json(Endpoint::Embeddings, 200, emb.as_bytes(), STAMP, 4096).unwrap();
+        let r = e.reply(true, true).unwrap();
+        assert_eq!(r.content_type, JSON_CONTENT_TYPE);
+        assert_eq!(r.body, emb.as_bytes());
+    }
+
+    #[test]
+    fn encodes_and_refuses_corrupt_bytes() {
+        let e = Entry::from_json(Endpoint::Chat, 200, ANSWER.as_bytes(), STAMP, 4096).unwrap();
+        let bytes = e.encode().unwrap();
+        assert_eq!(Entry::decode(&bytes), Ok(e.clone()));
+        let head = EntryHead::decode(&bytes).unwrap();
+        assert_eq!((head.stored_at_ms, head.expires_at_ms), (1_000, 61_000));
+        for cut in 0..bytes.len() {
+            assert_eq!(
+                Entry::decode(&bytes[..cut]),
+                Err(EntryError::Corrupt),
+                "cut at {cut}"
+            );
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert_eq!(Entry::decode(&longer), Err(EntryError::Corrupt));
+        let mut other_version = bytes.clone();
+        other_version[0] = 9;
+        assert_eq!(Entry::decode(&other_version), Err(EntryError::Corrupt));
+        assert!(EntryHead::decode(&other_version).is_none());
+        // A length prefix claiming gigabytes must fail, not allocate.
+        let mut huge = bytes.clone();
+        let model_len_at = 4 + 8 + 8 + 2 + 4;
+        huge[model_len_at..model_len_at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(Entry::decode(&huge), Err(EntryError::Corrupt));
+        // Every single-byte flip decodes to an error or to some entry, never a panic.
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0xa5;
+            let _ = Entry::decode(&b);
+        }
+    }
+}

@@ -1,0 +1,593 @@
+//! Which calls may be answered from the cache, and under which key. Only
+//! deterministic calls are cacheable, and the key covers everything that changes
+//! the answer, including who asks, so no caller is ever served an answer meant
+//! for another request or another tenant.
+
+use sha2::{Digest, Sha256};
+
+use super::canonical::Json;
+use super::config::{CacheConfig, Scope};
+use super::Key;
+use crate::classify::Endpoint;
+
+/// Bumped whenever the canonical form changes, so old entries are never
+/// mistaken for new ones.
+const KEY_VERSION: &[u8] = b"llm-filter/cache-key/v1";
+
+/// Body fields that change how the answer is delivered, not what it says.
+const IGNORED_FIELDS: [&str; 3] = ["stream", "stream_options", "user"];
+
+/// What a request to the cache looks like, read by the glue from the headers
+/// and the buffered body.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheRequest<'a> {
+    /// The call's endpoint, from [`crate::classify::classify`].
+    pub endpoint: Endpoint,
+    /// The `:path` as received, query included (a query such as Azure's
+    /// `api-version` can change the answer).
+    pub path: &'a str,
+    /// The complete request body.
+    pub body: &'a [u8],
+    /// The client's `cache-control` header, if any.
+    pub cache_control: Option<&'a str>,
+    /// The value of each of [`CacheConfig::tenant_headers`], in that order,
+    /// `None` where the header is absent.
+    pub credentials: &'a [Option<&'a str>],
+}
+
+/// Why a call does not use the cache (logged and counted as `bypass`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BypassReason {
+    /// `cache.enabled` is false.
+    Disabled,
+    /// Not a chat, completions or embeddings call.
+    Endpoint,
+    /// The client sent `cache-control: no-store`.
+    NoStore,
+    /// The body is not a strict JSON object (or has a malformed `stream`).
+    InvalidBody,
+    /// `temperature` above `cache.max_temperature` (or absent, meaning 1.0).
+    Temperature,
+    /// The prompt contains one of `cache.dynamic_markers`.
+    DynamicMarker,
+}
+
+impl BypassReason {
+    /// A short name for logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Disabled => "disabled",
+            Self::Endpoint => "endpoint",
+            Self::NoStore => "no_store",
+            Self::InvalidBody => "invalid_body",
+            Self::Temperature => "temperature",
+            Self::DynamicMarker => "dynamic_marker",
+        }
+    }
+}
+
+/// The cache's verdict on a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Leave the cache out: `x-cache: BYPASS`.
+    Bypass(BypassReason),
+    /// The call may use the cache.
+    Cacheable {
+        /// The entry's key.
+        key: Key,
+        /// The client asked for an SSE stream (`"stream": true`); never for
+        /// embeddings.
+        stream: bool,
+        /// The client asked for the final usage chunk
+        /// (`stream_options.include_usage`).
+        include_usage: bool,
+        /// An entry may answer the call (false under `cache-control: no-cache`).
+        read: bool,
+        /// The fresh answer may be stored.
+        store: bool,
+    },
+}
+
+/// Decides whether a call is cacheable and computes its key.
+pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
+    if !cfg.enabled {
+        return Decision::Bypass(BypassReason::Disabled);
+    }
+    if req.endpoint == Endpoint::Other {
+        return Decision::Bypass(BypassReason::Endpoint);
+    }
+    let control = CacheControl::parse(req.cache_control.unwrap_or(""));
+    if control.no_store {
+        return Decision::Bypass(BypassReason::NoStore);
+    }
+    let Some(body) = Json::parse(req.body).filter(|b| matches!(b, Json::Object(_))) else {
+        return Decision::Bypass(BypassReason::InvalidBody);
+    };
+    let (stream, include_usage) = match delivery(&body) {
+        Some(d) => d,
+        None => return Decision::Bypass(BypassReason::InvalidBody),
+    };
+    if matches!(req.endpoint, Endpoint::Chat | Endpoint::Completions) {
+        if !temperature_ok(&body, cfg.max_temperature) {
+            return Decision::Bypass(BypassReason::Temperature);
+        }
+        if has_marker(&body, &cfg.dynamic_markers) {
+            return Decision::Bypass(BypassReason::DynamicMarker);
+        }
+    }
+    let Json::Object(members) = body else {
+        return Decision::Bypass(BypassReason::InvalidBody);
+    };
+    let kept = Json::Object(
+        members
+            .into_iter()
+            .filter(|(k, _)| !IGNORED_FIELDS.contains(&k.as_str()))
+            .collect(),
+    );
+    let mut canonical = Vec::with_capacity(req.body.len());
+    kept.write(&mut canonical);
+    let tenant = match cfg.scope {
+        Scope::Global => Vec::new(),
+        Scope::Tenant => tenant_hash(&cfg.tenant_headers, req.credentials).to_vec(),
+    };
+    let mut h = Sha256::new();
+    for part in [KEY_VERSION, req.path.as_bytes(), &tenant, &canonical] {
+        // Length prefixes keep the parts from sliding into each other.
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    Decision::Cacheable {
+        key: h.finalize().into(),
+        // Embeddings are never streamed, whatever the body says.
+        stream: stream && req.endpoint != Endpoint::Embeddings,
+        include_usage,
+        read: !control.no_cache,
+        store: true,
+    }
+}
+
+/// The client's `cache-control` request directives the cache honours.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheControl {
+    /// `no-store`: neither read nor store.
+    pub no_store: bool,
+    /// `no-cache`: do not answer from the cache, but store the fresh answer.
+    pub no_cache: bool,
+}
+
+impl CacheControl {
+    /// Reads comma-separated directives, case-insensitive, arguments ignored.
+    pub fn parse(header: &str) -> Self {
+        let mut out = Self::default();
+        for directive in header.split(',') {
+            let name = directive.split('=').next().unwrap_or("").trim();
+            if name.eq_ignore_ascii_case("no-store") {
+                out.no_store = true;
+            } else if name.eq_ignore_ascii_case("no-cache") {
+                out.no_cache = true;
+            }
+        }
+        out
+    }
+}
+
+/// `(stream, include_usage)`, or `None` when those fields are malformed: a
+/// request the provider would refuse must not be answered from an entry.
+fn delivery(body: &Json) -> Option<(bool, bool)> {
+    let stream = match body.get("stream") {
+        None | Some(Json::Null) => false,
+        Some(Json::Bool(b)) => *b,
+        Some(_) => return None,
+    };
+    let include_usage = match body.get("stream_options") {
+        None | Some(Json::Null) => false,
+        Some(o @ Json::Object(_)) => match o.get("include_usage") {
+            None | Some(Json::Null) => false,
+            Some(Json::Bool(b)) => *b,
+            Some(_) => return None,
+        },
+        Some(_) => return None,
+    };
+    Some((stream, include_usage))
+}
+
+/// True when the call's sampling is deterministic enough to cache. An absent
+/// or null temperature is the providers' default of 1.0. A repeated field must
+/// pass every time: readers disagree on which one counts.
+fn temperature_ok(body: &Json, max: f64) -> bool {
+    let mut seen = false;
+    let all_ok = members(body, "temperature").all(|v| {
+        seen = true;
+        let t = match v {
+            Json::Null => 1.0,
+            Json::Number(n) => n.parse::<f64>().unwrap_or(f64::INFINITY),
+            _ => f64::INFINITY,
+        };
+        t <= max
+    });
+    all_ok && (seen || 1.0 <= max)
+}
+
+/// True when any prompt string (`messages`, `prompt`, `suffix`, each time it
+/// appears) contains a marker. Decoded strings are searched, so an escape
+/// cannot hide a marker.
+fn has_marker(body: &Json, markers: &[String]) -> bool {
+    if markers.is_empty() {
+        return false;
+    }
+    ["messages", "prompt", "suffix"].iter().any(|field| {
+        members(body, field)
+            .any(|v| v.any_string(&mut |s| markers.iter().any(|m| s.contains(m.as_str()))))
+    })
+}
+
+/// Every value of the member `name` of an object, repeats included.
+fn members<'a>(body: &'a Json, name: &'a str) -> impl Iterator<Item = &'a Json> + 'a {
+    let all: &[(String, Json)] = match body {
+        Json::Object(m) => m,
+        _ => &[],
+    };
+    all.iter().filter(move |(k, _)| k == name).map(|(_, v)| v)
+}
+
+/// A digest of the credential header values, so the key separates tenants
+/// without carrying a credential.
+fn tenant_hash(names: &[String], values: &[Option<&str>]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(b"tenant");
+    for (i, name) in names.iter().enumerate() {
+        h.update((name.len() as u64).to_le_bytes());
+        h.update(name.as_bytes());
+        match values.get(i).copied().flatten() {
+            Some(v) => {
+                h.update([1]);
+                h.update((v.len() as u64).to_le_bytes());
+                h.update(v.as_bytes());
+            }
+            None => h.update([0]),
+        }
+    }
+    h.finalize().into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHAT: &str = "/v1/chat/completions";
+
+    fn cfg() -> CacheConfig {
+        CacheConfig::default()
+    }
+
+    fn decide_with(
+        cfg: &CacheConfig,
+        endpoint: Endpoint,
+        body: &str,
+        cc: Option<&str>,
+        cred: Option<&str>,
+    ) -> Decision {
+        let creds = [cred, None];
+        decide(
+            cfg,
+            &CacheRequest {
+                endpoint,
+                path: CHAT,
+                body: body.as_bytes(),
+                cache_control: cc,
+                credentials: &creds,
+            },
+        )
+    }
+
+    fn chat(body: &str) -> Decision {
+        decide_with(&cfg(), Endpoint::Chat, body, None, Some("Bearer a"))
+    }
+
+    fn key(body: &str) -> Key {
+        match chat(body) {
+            Decision::Cacheable { key, .. } => key,
+            d => panic!("{body}: {d:?}"),
+        }
+    }
+
+    const BASE: &str = r#"{"model":"gpt-4o","temperature":0,"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]}"#;
+
+    #[test]
+    fn formatting_does_not_change_the_key() {
+        let k = key(BASE);
+        for same in [
+            r#"{"messages":[{"content":"be brief","role":"system"},{"role":"user","content":"hi"}],"temperature":0,"model":"gpt-4o"}"#,
+            "{ \"model\" : \"gpt-4o\",\n \"temperature\": 0.0,\t\"messages\": [ {\"role\":\"system\",\"content\":\"be brief\"}, {\"role\":\"user\",\"content\":\"hi\"} ] }",
+            r#"{"model":"gpt-4o","temperature":0e0,"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"\u0068i"}]}"#,
+            r#"{"model":"gpt-4o","temperature":-0.00,"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}],"user":"u1"}"#,
+            r#"{"model":"gpt-4o","temperature":0,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]}"#,
+        ] {
+            assert_eq!(key(same), k, "{same}");
+        }
+    }
+
+    #[test]
+    fn every_parameter_changes_the_key() {
+        let k = key(BASE);
+        let with = |extra: &str| {
+            let mut b = BASE.trim_end_matches('}').to_string();
+            b.push(',');
+            b.push_str(extra);
+            b.push('}');
+            key(&b)
+        };
+        let mut seen = vec![k];
+        for extra in [
+            r#""seed":1"#,
+            r#""seed":2"#,
+            r#""n":2"#,
+            r#""max_tokens":10"#,
+            r#""top_p":0.5"#,
+            r#""frequency_penalty":0.1"#,
+            r#""presence_penalty":0.1"#,
+            r#""stop":["x"]"#,
+            r#""logprobs":true"#,
+            r#""tools":[{"type":"function","function":{"name":"f"}}]"#,
+            r#""tool_choice":"none""#,
+            r#""response_format":{"type":"json_object"}"#,
+            r#""logit_bias":{"1":2}"#,
+            r#""big":12345678901234567891"#,
+            r#""big":12345678901234567892"#,
+        ] {
+            let k2 = with(extra);
+            assert!(!seen.contains(&k2), "{extra}");
+            seen.push(k2);
+        }
+        for other in [
+            BASE.replace("gpt-4o", "gpt-4o-mini"),
+            BASE.replace("be brief", "be long"),
+            BASE.replace(r#"{"role":"system","content":"be brief"},"#, ""),
+            BASE.replace("\"hi\"", "\"Hi\""),
+        ] {
+            assert_ne!(key(&other), k, "{other}");
+        }
+    }
+
+    #[test]
+    fn path_and_tenant_change_the_key() {
+        let c = cfg();
+        let k = |path: &str, cred: Option<&str>, c: &CacheConfig| {
+            let creds = [cred];
+            match decide(
+                c,
+                &CacheRequest {
+                    endpoint: Endpoint::Chat,
+                    path,
+                    body: BASE.as_bytes(),
+                    cache_control: None,
+                    credentials: &creds,
+                },
+            ) {
+                Decision::Cacheable { key, .. } => key,
+                d => panic!("{d:?}"),
+            }
+        };
+        assert_ne!(k(CHAT, Some("a"), &c), k(CHAT, Some("b"), &c));
+        assert_ne!(k(CHAT, Some("a"), &c), k(CHAT, None, &c));
+        assert_ne!(
+            k(CHAT, Some("a"), &c),
+            k("/v2/chat/completions", Some("a"), &c)
+        );
+        // The credential moving to the other header is another tenant.
+        let moved = match decide(
+            &c,
+            &CacheRequest {
+                endpoint: Endpoint::Chat,
+                path: CHAT,
+                body: BASE.as_bytes(),
+                cache_control: None,
+                credentials: &[None, Some("a")],
+            },
+        ) {
+            Decision::Cacheable { key, .. } => key,
+            d => panic!("{d:?}"),
+        };
+        assert_ne!(moved, k(CHAT, Some("a"), &c));
+        let global = CacheConfig {
+            scope: Scope::Global,
+            ..cfg()
+        };
+        assert_eq!(k(CHAT, Some("a"), &global), k(CHAT, Some("b"), &global));
+        assert_ne!(k(CHAT, Some("a"), &global), k(CHAT, Some("a"), &c));
+    }
+
+    #[test]
+    fn stream_and_plain_share_the_key() {
+        let plain = chat(BASE);
+        let streamed = chat(&BASE.replace(
+            "\"temperature\"",
+            "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"temperature\"",
+        ));
+        match (plain, streamed) {
+            (
+                Decision::Cacheable {
+                    key: a,
+                    stream: false,
+                    include_usage: false,
+                    read: true,
+                    store: true,
+                },
+                Decision::Cacheable {
+                    key: b,
+                    stream: true,
+                    include_usage: true,
+                    read: true,
+                    store: true,
+                },
+            ) => assert_eq!(a, b),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn bypasses() {
+        let c = cfg();
+        let b = |endpoint, body: &str, cc| decide_with(&c, endpoint, body, cc, None);
+        let bypass = Decision::Bypass;
+        assert_eq!(
+            b(Endpoint::Other, BASE, None),
+            bypass(BypassReason::Endpoint)
+        );
+        assert_eq!(
+            b(Endpoint::Chat, BASE, Some("No-Store")),
+            bypass(BypassReason::NoStore)
+        );
+        assert_eq!(
+            b(Endpoint::Chat, BASE, Some("max-age=0, no-store")),
+            bypass(BypassReason::NoStore)
+        );
+        assert_eq!(
+            b(Endpoint::Chat, "not json", None),
+            bypass(BypassReason::InvalidBody)
+        );
+        assert_eq!(
+            b(Endpoint::Chat, "[1]", None),
+            bypass(BypassReason::InvalidBody)
+        );
+        assert_eq!(
+            b(Endpoint::Chat, r#"{"stream":"yes","temperature":0}"#, None),
+            bypass(BypassReason::InvalidBody)
+        );
+        assert_eq!(
+            b(
+                Endpoint::Chat,
+                r#"{"stream_options":1,"temperature":0}"#,
+                None
+            ),
+            bypass(BypassReason::InvalidBody)
+        );
+        assert_eq!(
+            b(Endpoint::Chat, r#"{"model":"m"}"#, None),
+            bypass(BypassReason::Temperature)
+        );
+        assert_eq!(
+            b(Endpoint::Chat, r#"{"temperature":null}"#, None),
+            bypass(BypassReason::Temperature)
+        );
+        assert_eq!(
+            b(Endpoint::Chat, r#"{"temperature":0.2}"#, None),
+            bypass(BypassReason::Temperature)
+        );
+        assert_eq!(
+            b(Endpoint::Chat, r#"{"temperature":"0"}"#, None),
+            bypass(BypassReason::Temperature)
+        );
+        assert_eq!(
+            b(Endpoint::Completions, r#"{"prompt":"x"}"#, None),
+            bypass(BypassReason::Temperature)
+        );
+        for twice in [
+            r#"{"temperature":0,"temperature":1}"#,
+            r#"{"temperature":1,"temperature":0}"#,
+        ] {
+            assert_eq!(
+                b(Endpoint::Chat, twice, None),
+                bypass(BypassReason::Temperature)
+            );
+        }
+        assert!(matches!(
+            b(Endpoint::Embeddings, r#"{"input":"x","stream":true}"#, None),
+            Decision::Cacheable { stream: false, .. }
+        ));
+        let off = CacheConfig {
+            enabled: false,
+            ..cfg()
+        };
+        assert_eq!(
+            decide_with(&off, Endpoint::Chat, BASE, None, None),
+            bypass(BypassReason::Disabled)
+        );
+        let warm = CacheConfig {
+            max_temperature: 1.0,
+            ..cfg()
+        };
+        assert!(matches!(
+            decide_with(&warm, Endpoint::Chat, r#"{"model":"m"}"#, None, None),
+            Decision::Cacheable { .. }
+        ));
+        assert!(matches!(
+            decide_with(&warm, Endpoint::Chat, r#"{"temperature":1.5}"#, None, None),
+            Decision::Bypass(_)
+        ));
+    }
+
+    #[test]
+    fn no_cache_stores_without_reading() {
+        for cc in [
+            "no-cache",
+            "NO-CACHE",
+            " max-age=5 ,no-cache",
+            "no-cache=\"x\"",
+        ] {
+            assert!(
+                matches!(
+                    decide_with(&cfg(), Endpoint::Chat, BASE, Some(cc), None),
+                    Decision::Cacheable {
+                        read: false,
+                        store: true,
+                        ..
+                    }
+                ),
+                "{cc}"
+            );
+        }
+        assert!(matches!(
+            decide_with(
+                &cfg(),
+                Endpoint::Chat,
+                BASE,
+                Some("max-age=0, private"),
+                None
+            ),
+            Decision::Cacheable {
+                read: true,
+                store: true,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn dynamic_markers_bypass_chat_and_completions_only() {
+        let c = CacheConfig {
+            dynamic_markers: vec!["{{now}}".into()],
+            ..cfg()
+        };
+        let d = |endpoint, body: &str| decide_with(&c, endpoint, body, None, None);
+        let marked = r#"{"temperature":0,"messages":[{"role":"user","content":[{"type":"text","text":"time: {{now}}"}]}]}"#;
+        assert_eq!(
+            d(Endpoint::Chat, marked),
+            Decision::Bypass(BypassReason::DynamicMarker)
+        );
+        let escaped = r#"{"temperature":0,"messages":[{"role":"user","content":"\u007b{now}}"}]}"#;
+        assert_eq!(
+            d(Endpoint::Chat, escaped),
+            Decision::Bypass(BypassReason::DynamicMarker)
+        );
+        assert_eq!(
+            d(
+                Endpoint::Completions,
+                r#"{"temperature":0,"prompt":["a","{{now}}"]}"#
+            ),
+            Decision::Bypass(BypassReason::DynamicMarker)
+        );
+        // The marker outside the prompt (a model name) does not count.
+        assert!(matches!(
+            d(
+                Endpoint::Chat,
+                r#"{"temperature":0,"model":"{{now}}","messages":[]}"#
+            ),
+            Decision::Cacheable { .. }
+        ));
+        assert!(matches!(
+            d(Endpoint::Embeddings, r#"{"input":"{{now}}"}"#),
+            Decision::Cacheable { .. }
+        ));
+    }
+}

@@ -1,0 +1,128 @@
+//! A host standing in for Envoy in scenario tests of the walk.
+
+use std::collections::BTreeMap;
+
+use super::Host;
+
+/// What the fake proxy holds and what the walk did to it.
+#[derive(Debug, Default, Clone)]
+pub struct FakeHost {
+    pub request_headers: Vec<(String, String)>,
+    pub request_body: Vec<u8>,
+    pub response_headers: Vec<(String, String)>,
+    pub response_body: Vec<u8>,
+    pub code_details: Option<String>,
+    pub local_reply: Option<(u32, BTreeMap<String, String>, Vec<u8>)>,
+    pub route_cache_cleared: u32,
+}
+
+impl FakeHost {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn post(path: &str) -> Self {
+        Self::new()
+            .with_header(":method", "POST")
+            .with_header(":path", path)
+    }
+
+    pub fn with_header(mut self, name: &str, value: &str) -> Self {
+        self.request_headers
+            .push((name.to_string(), value.to_string()));
+        self
+    }
+
+    pub fn with_body(mut self, body: &str) -> Self {
+        self.request_body = body.as_bytes().to_vec();
+        let len = self.request_body.len().to_string();
+        self.with_header("content-length", &len)
+    }
+
+    pub fn with_response(mut self, status: u16, content_type: &str, body: &str) -> Self {
+        self.response_headers = vec![
+            (":status".to_string(), status.to_string()),
+            ("content-type".to_string(), content_type.to_string()),
+        ];
+        self.response_body = body.as_bytes().to_vec();
+        self
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.request_headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn response(&self, name: &str) -> Option<&str> {
+        self.response_headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn get(map: &[(String, String)], name: &str) -> Option<String> {
+    map.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+}
+
+fn set(map: &mut Vec<(String, String)>, name: &str, value: Option<&str>) {
+    map.retain(|(k, _)| k != name);
+    if let Some(v) = value {
+        map.push((name.to_string(), v.to_string()));
+    }
+}
+
+impl Host for FakeHost {
+    fn request_header(&self, name: &str) -> Option<String> {
+        get(&self.request_headers, name)
+    }
+    fn request_header_all(&self, name: &str) -> Vec<String> {
+        self.request_headers
+            .iter()
+            .filter(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+    fn set_request_header(&mut self, name: &str, value: Option<&str>) -> bool {
+        set(&mut self.request_headers, name, value);
+        true
+    }
+    fn request_body(&self, size: usize) -> Option<Vec<u8>> {
+        Some(self.request_body[..size.min(self.request_body.len())].to_vec())
+    }
+    fn set_request_body(&mut self, _size: usize, body: &[u8]) -> bool {
+        self.request_body = body.to_vec();
+        true
+    }
+    fn response_header(&self, name: &str) -> Option<String> {
+        get(&self.response_headers, name)
+    }
+    fn set_response_header(&mut self, name: &str, value: Option<&str>) -> bool {
+        set(&mut self.response_headers, name, value);
+        true
+    }
+    fn response_body(&self, size: usize) -> Option<Vec<u8>> {
+        Some(self.response_body[..size.min(self.response_body.len())].to_vec())
+    }
+    fn set_response_body(&mut self, _size: usize, body: &[u8]) -> bool {
+        self.response_body = body.to_vec();
+        true
+    }
+    fn response_code_details(&self) -> Option<String> {
+        self.code_details.clone()
+    }
+    fn send_local_reply(&mut self, status: u32, headers: &[(&str, &str)], body: &[u8]) -> bool {
+        let headers = headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        self.local_reply = Some((status, headers, body.to_vec()));
+        true
+    }
+    fn clear_route_cache(&mut self) -> bool {
+        self.route_cache_cleared += 1;
+        true
+    }
+}

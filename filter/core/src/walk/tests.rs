@@ -1,0 +1,267 @@
+//! Scenario tests: the whole walk against a fake host and in-memory shared state.
+
+use super::fake::FakeHost;
+use super::*;
+use crate::host::{MemoryMetrics, MemoryStore, SplitMix64};
+
+struct World {
+    config: Config,
+    store: MemoryStore,
+    metrics: MemoryMetrics,
+    rng: SplitMix64,
+    models: BoundedLabel,
+    now_ms: u64,
+}
+
+impl World {
+    fn new(config: &str) -> Self {
+        Self {
+            config: Config::parse(config.as_bytes()).unwrap(),
+            store: MemoryStore::new(),
+            metrics: MemoryMetrics::default(),
+            rng: SplitMix64::new(42),
+            models: BoundedLabel::new(10),
+            now_ms: 1_000_000,
+        }
+    }
+
+    fn env(&mut self) -> Env<'_> {
+        Env {
+            config: &self.config,
+            store: &self.store,
+            metrics: &mut self.metrics,
+            rng: &mut self.rng,
+            models: &mut self.models,
+            now_ms: self.now_ms,
+        }
+    }
+
+    /// Runs a request through to the upstream; returns the call, what the
+    /// upstream would see, and the step of the last request callback.
+    fn request(&mut self, host: &mut FakeHost) -> Option<(Call, Step)> {
+        let has_body = !host.request_body.is_empty();
+        let (mut call, step) = Call::start(&mut self.env(), host, !has_body)?;
+        if !has_body {
+            return Some((call, step));
+        }
+        let size = host.request_body.len();
+        let step = call.on_request_body(&mut self.env(), host, size, true);
+        Some((call, step))
+    }
+
+    fn respond(&mut self, call: &mut Call, host: &mut FakeHost) {
+        call.on_response_headers(&mut self.env(), host);
+        let size = host.response_body.len();
+        call.on_response_body(&mut self.env(), host, size, true);
+    }
+
+    fn counter(&self, name: &str) -> u64 {
+        self.metrics.counters.get(name).copied().unwrap_or(0)
+    }
+}
+
+const CHAT: &str = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
+const ANSWER: &str = r#"{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"yo"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}"#;
+
+#[test]
+fn non_llm_requests_pass_untouched() {
+    let mut w = World::new("{}");
+    for (method, path) in [
+        ("GET", "/v1/models"),
+        ("POST", "/v1/other"),
+        ("GET", "/v1/chat/completions"),
+    ] {
+        let mut host = FakeHost::new()
+            .with_header(":method", method)
+            .with_header(":path", path);
+        let before = host.request_headers.clone();
+        assert!(w.request(&mut host).is_none());
+        assert_eq!(host.request_headers, before);
+    }
+}
+
+#[test]
+fn a_plain_call_is_tagged_planned_and_counted() {
+    let mut w = World::new("{}");
+    let mut host = FakeHost::post("/v1/chat/completions")
+        .with_header("x-request-priority", "p0")
+        .with_header("baggage", "a=1")
+        .with_body(CHAT);
+    let (mut call, step) = w.request(&mut host).unwrap();
+    assert_eq!(step, Step::Continue);
+    assert_eq!(host.header("x-request-priority"), Some("P0"));
+    assert_eq!(host.header("baggage"), Some("a=1,priority=P0"));
+    let tp = host.header("traceparent").unwrap().to_string();
+    assert!(trace_context::TraceParent::parse(&tp).is_some());
+    assert_eq!(host.header("x-envoy-upstream-rq-timeout-ms"), Some("60000"));
+    assert_eq!(host.header("idempotency-key").map(str::len), Some(32));
+
+    let mut host = host.with_response(200, "application/json", ANSWER);
+    w.respond(&mut call, &mut host);
+    assert_eq!(host.response("x-trace-id"), Some(&tp[3..35]));
+    w.now_ms += 250;
+    call.on_log(&mut w.env());
+    assert_eq!(
+        w.counter("llm_filter_requests_total.priority.P0.model.gpt-4o.outcome.success"),
+        1
+    );
+    assert_eq!(
+        w.counter("gen_ai_client_token_usage_total.model.gpt-4o.token_type.input"),
+        3
+    );
+    assert_eq!(
+        w.metrics.histograms["gen_ai_client_operation_duration_ms.model.gpt-4o"],
+        [250]
+    );
+}
+
+#[test]
+fn a_client_idempotency_key_is_kept() {
+    let mut w = World::new("{}");
+    let mut host = FakeHost::post("/v1/chat/completions")
+        .with_header("idempotency-key", "mine")
+        .with_body(CHAT);
+    w.request(&mut host).unwrap();
+    assert_eq!(host.header("idempotency-key"), Some("mine"));
+}
+
+const ROUTED: &str = r#"{
+  "routing": {
+    "models": {
+      "gpt-4o": [{"cluster": "azure", "model": "gpt-4o-2024-08-06"}],
+      "small": [{"cluster": "vllm"}]
+    },
+    "rules": [{"when": {"model": "auto"}, "model": "small"}]
+  }
+}"#;
+
+#[test]
+fn a_routed_model_gets_its_cluster_and_name() {
+    let mut w = World::new(ROUTED);
+    let mut host = FakeHost::post("/v1/chat/completions").with_body(CHAT);
+    let (mut call, step) = Call::start(&mut w.env(), &mut host, false).unwrap();
+    assert_eq!(step, Step::Pause, "the body is held to route on it");
+    let size = host.request_body.len();
+    let step = call.on_request_body(&mut w.env(), &mut host, size, true);
+    assert_eq!(step, Step::Continue);
+    assert_eq!(host.header("x-llm-cluster"), Some("azure"));
+    assert_eq!(host.route_cache_cleared, 1);
+    let body = String::from_utf8(host.request_body.clone()).unwrap();
+    assert_eq!(body, CHAT.replace("gpt-4o", "gpt-4o-2024-08-06"));
+    assert_eq!(
+        host.header("content-length"),
+        Some(body.len().to_string().as_str())
+    );
+
+    let mut host = host.with_response(200, "application/json", ANSWER);
+    w.respond(&mut call, &mut host);
+    assert_eq!(host.response("x-llm-cluster"), Some("azure"));
+    call.on_log(&mut w.env());
+    assert_eq!(
+        w.counter("llm_filter_routing_calls_total.cluster.azure.outcome.success"),
+        1
+    );
+    assert!(health::read(&w.store, "azure").is_some());
+}
+
+#[test]
+fn rules_pick_the_model_and_unknown_models_pass() {
+    let mut w = World::new(ROUTED);
+    let mut host =
+        FakeHost::post("/v1/chat/completions").with_body(&CHAT.replace("gpt-4o", "auto"));
+    w.request(&mut host).unwrap();
+    assert_eq!(host.header("x-llm-cluster"), Some("vllm"));
+    assert!(String::from_utf8_lossy(&host.request_body).contains(r#""model":"small""#));
+
+    let mut host =
+        FakeHost::post("/v1/chat/completions").with_body(&CHAT.replace("gpt-4o", "other"));
+    w.request(&mut host).unwrap();
+    assert_eq!(host.header("x-llm-cluster"), None);
+    assert_eq!(host.route_cache_cleared, 0);
+    assert_eq!(
+        host.request_body,
+        CHAT.replace("gpt-4o", "other").as_bytes()
+    );
+}
+
+#[test]
+fn a_large_body_is_not_held() {
+    let mut w = World::new(
+        r#"{"max_body_bytes": 10, "routing": {"models": {"gpt-4o": [{"cluster": "a"}]}}}"#,
+    );
+    let mut host = FakeHost::post("/v1/chat/completions").with_body(CHAT);
+    let (_, step) = Call::start(&mut w.env(), &mut host, false).unwrap();
+    assert_eq!(step, Step::Continue);
+    assert_eq!(host.header("x-llm-cluster"), None);
+}
+
+/// Drives the default breaker into the reject tier with timed-out calls.
+fn overload(w: &mut World) {
+    for _ in 0..40 {
+        let mut host = FakeHost::post("/v1/chat/completions")
+            .with_header("x-request-priority", "P0")
+            .with_body(CHAT);
+        let (mut call, _) = w.request(&mut host).unwrap();
+        let mut host = host.with_response(504, "text/plain", "upstream request timeout");
+        host.code_details = Some("upstream_response_timeout".into());
+        w.respond(&mut call, &mut host);
+        assert!(String::from_utf8_lossy(&host.response_body).contains("\"error\""));
+        call.on_log(&mut w.env());
+        w.now_ms += 10;
+    }
+}
+
+#[test]
+fn an_overloaded_backend_refuses_low_priority_but_not_p0() {
+    let mut w = World::new(r#"{"budget": {"probe_fraction": 0}}"#);
+    overload(&mut w);
+    let mut host = FakeHost::post("/v1/chat/completions")
+        .with_header("x-request-priority", "P2")
+        .with_body(CHAT);
+    let (call, step) = w.request(&mut host).unwrap();
+    assert_eq!(step, Step::Pause);
+    let (status, headers, body) = host.local_reply.clone().unwrap();
+    assert_eq!(status, 503);
+    assert!(headers.contains_key("retry-after"));
+    assert!(headers.contains_key("x-trace-id"));
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert!(body["error"]["code"].is_string());
+    call.on_log(&mut w.env());
+    assert_eq!(
+        w.counter("llm_filter_requests_total.priority.P2.model.gpt-4o.outcome.refused"),
+        1
+    );
+
+    let mut host = FakeHost::post("/v1/chat/completions")
+        .with_header("x-request-priority", "P0")
+        .with_body(CHAT);
+    let (_, step) = w.request(&mut host).unwrap();
+    assert_eq!(step, Step::Continue);
+    assert!(host.local_reply.is_none());
+}
+
+#[test]
+fn a_budget_spent_before_forwarding_is_answered_504() {
+    let mut w = World::new(r#"{"routing": {"models": {"gpt-4o": [{"cluster": "a"}]}}}"#);
+    let mut host = FakeHost::post("/v1/chat/completions")
+        .with_header("x-request-timeout-ms", "100")
+        .with_body(CHAT);
+    let (mut call, _) = Call::start(&mut w.env(), &mut host, false).unwrap();
+    w.now_ms += 150;
+    let size = host.request_body.len();
+    assert_eq!(
+        call.on_request_body(&mut w.env(), &mut host, size, true),
+        Step::Pause
+    );
+    assert_eq!(host.local_reply.as_ref().unwrap().0, 504);
+}
+
+#[test]
+fn a_broken_body_passes_through() {
+    let mut w = World::new(ROUTED);
+    let mut host = FakeHost::post("/v1/chat/completions").with_body("{not json");
+    let (_, step) = w.request(&mut host).unwrap();
+    assert_eq!(step, Step::Continue);
+    assert_eq!(host.request_body, b"{not json");
+    assert_eq!(host.header("x-llm-cluster"), None);
+}
