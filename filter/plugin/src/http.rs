@@ -9,24 +9,43 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, MapType};
 
 use crate::host::{self, now_ms, EnvoyStore};
-use crate::root::Worker;
+use crate::root::{CallSlot, Worker};
 
 /// One HTTP stream.
 pub struct Http {
+    id: u32,
     worker: Rc<Worker>,
     /// `None` for anything that is not an LLM call: it passes untouched.
-    call: Option<Call>,
+    /// Shared with the timer while the call is parked.
+    call: CallSlot,
 }
 
 impl Http {
-    /// A context for one stream.
-    pub fn new(worker: Rc<Worker>) -> Self {
-        Self { worker, call: None }
+    /// A context for stream `id`.
+    pub fn new(id: u32, worker: Rc<Worker>) -> Self {
+        Self {
+            id,
+            worker,
+            call: CallSlot::default(),
+        }
+    }
+
+    /// Runs one callback of the walk, parking the call when it waits for the timer.
+    fn step(&self, f: impl FnOnce(&mut Call, &mut Env<'_>, &mut dyn Host) -> Step) -> Action {
+        let mut slot = self.call.borrow_mut();
+        let Some(call) = slot.as_mut() else {
+            return Action::Continue;
+        };
+        let step = with_env(&self.worker, |env, host| f(call, env, host));
+        if call.is_parked() {
+            self.worker.park(self.id, &self.call);
+        }
+        action(step)
     }
 }
 
 /// Runs `f` with the worker's environment and the stream's host.
-fn with_env<T>(worker: &Worker, f: impl FnOnce(&mut Env<'_>, &mut dyn Host) -> T) -> T {
+pub fn with_env<T>(worker: &Worker, f: impl FnOnce(&mut Env<'_>, &mut dyn Host) -> T) -> T {
     let mut metrics = worker.metrics.borrow_mut();
     let mut rng = worker.rng.borrow_mut();
     let mut models = worker.models.borrow_mut();
@@ -37,6 +56,7 @@ fn with_env<T>(worker: &Worker, f: impl FnOnce(&mut Env<'_>, &mut dyn Host) -> T
         rng: &mut *rng,
         models: &mut models,
         now_ms: now_ms(),
+        can_hold_body: worker.can_hold_body.get(),
     };
     f(&mut env, &mut Stream)
 }
@@ -55,51 +75,40 @@ impl HttpContext for Http {
         let started = with_env(&self.worker, |env, host| {
             Call::start(env, host, end_of_stream)
         });
-        match started {
-            Some((call, step)) => {
-                self.call = Some(call);
-                action(step)
-            }
-            None => Action::Continue,
+        let Some((call, step)) = started else {
+            return Action::Continue;
+        };
+        let parked = call.is_parked();
+        *self.call.borrow_mut() = Some(call);
+        if parked {
+            self.worker.park(self.id, &self.call);
         }
+        action(step)
     }
 
     fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
-        let Some(call) = self.call.as_mut() else {
-            return Action::Continue;
-        };
-        action(with_env(&self.worker, |env, host| {
-            call.on_request_body(env, host, size, end_of_stream)
-        }))
+        self.step(|call, env, host| call.on_request_body(env, host, size, end_of_stream))
     }
 
     fn on_http_response_headers(&mut self, _: usize, _: bool) -> Action {
-        let Some(call) = self.call.as_mut() else {
-            return Action::Continue;
-        };
-        action(with_env(&self.worker, |env, host| {
-            call.on_response_headers(env, host)
-        }))
+        self.step(|call, env, host| call.on_response_headers(env, host))
     }
 
     fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
-        let Some(call) = self.call.as_mut() else {
-            return Action::Continue;
-        };
-        action(with_env(&self.worker, |env, host| {
-            call.on_response_body(env, host, size, end_of_stream)
-        }))
+        self.step(|call, env, host| call.on_response_body(env, host, size, end_of_stream))
     }
 
     fn on_log(&mut self) {
-        if let Some(call) = self.call.take() {
+        let call = self.call.borrow_mut().take();
+        if let Some(call) = call {
             with_env(&self.worker, |env, _| call.on_log(env));
         }
     }
 }
 
-/// The current stream, through the host calls that return errors.
-struct Stream;
+/// The current stream (the effective context), through the host calls that
+/// return errors.
+pub struct Stream;
 
 impl Host for Stream {
     fn request_header(&self, name: &str) -> Option<String> {

@@ -1,21 +1,31 @@
-//! The root context: loads and compiles the configuration once per VM and
-//! hands every HTTP context the shared state of this worker.
+//! The root context: loads and compiles the configuration once per VM, hands
+//! every HTTP context the shared state of this worker, and runs the timer that
+//! wakes parked calls and sends the routing probes.
 
-use std::cell::RefCell;
-use std::rc::Rc;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::{Rc, Weak};
+use std::time::Duration;
 
 use llm_filter_core::config::Config;
-use llm_filter_core::host::SplitMix64;
-use llm_filter_core::metrics::BoundedLabel;
+use llm_filter_core::host::{Metrics, Random, SplitMix64};
+use llm_filter_core::metrics::{self, BoundedLabel};
+use llm_filter_core::routing::{health, probe};
+use llm_filter_core::walk::{Call, Wake};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{BufferType, ContextType};
+use proxy_wasm::types::{BufferType, ContextType, MapType};
 
-use crate::host::{self, EnvoyMetrics};
-use crate::http::Http;
+use crate::host::{self, now_ms, EnvoyMetrics, EnvoyStore};
+use crate::http::{with_env, Http, Stream};
 
 /// Distinct model names one worker turns into stat labels before using `other`.
 const MAX_MODEL_LABELS: usize = 100;
+/// Timer period: how often parked calls are looked at and probes considered.
+const TICK: Duration = Duration::from_millis(25);
+
+/// A call slot shared between its HTTP context and the timer.
+pub type CallSlot = Rc<RefCell<Option<Call>>>;
 
 /// What every HTTP context of this worker shares.
 pub struct Worker {
@@ -27,6 +37,37 @@ pub struct Worker {
     pub rng: RefCell<SplitMix64>,
     /// Bound on model label values.
     pub models: RefCell<BoundedLabel>,
+    /// Envoy delivers request bodies to paused streams (it does not without
+    /// `allow_on_headers_stop_iteration`).
+    pub can_hold_body: Cell<bool>,
+    /// Calls waiting for the timer, by context id.
+    pub parked: RefCell<Vec<(u32, Weak<RefCell<Option<Call>>>)>>,
+}
+
+impl Worker {
+    /// Remembers a call that waits for the timer.
+    pub fn park(&self, context_id: u32, slot: &CallSlot) {
+        let mut parked = self.parked.borrow_mut();
+        if !parked.iter().any(|(id, _)| *id == context_id) {
+            parked.push((context_id, Rc::downgrade(slot)));
+        }
+    }
+}
+
+/// What a probe in flight is for.
+struct ProbeCall {
+    cluster: String,
+    metrics: bool,
+    sent_ms: u64,
+}
+
+/// The root context of one VM.
+#[derive(Default)]
+pub struct Root {
+    worker: Option<Rc<Worker>>,
+    /// This worker's id in the probe lease.
+    worker_id: u64,
+    probes: HashMap<u32, ProbeCall>,
 }
 
 /// An HTTP context that does nothing.
@@ -35,13 +76,150 @@ struct Passthrough;
 impl Context for Passthrough {}
 impl HttpContext for Passthrough {}
 
-/// The root context of one VM.
-#[derive(Default)]
-pub struct Root {
-    worker: Option<Rc<Worker>>,
+impl Root {
+    /// Wakes the parked calls whose time has come.
+    fn wake_parked(&self, worker: &Worker) {
+        let parked = std::mem::take(&mut *worker.parked.borrow_mut());
+        let mut keep = Vec::with_capacity(parked.len());
+        for (id, weak) in parked {
+            let Some(slot) = weak.upgrade() else {
+                continue;
+            };
+            let mut call = slot.borrow_mut();
+            let Some(c) = call.as_mut().filter(|c| c.is_parked()) else {
+                continue;
+            };
+            if hostcalls::set_effective_context(id).is_err() {
+                // The stream is gone.
+                continue;
+            }
+            let wake = with_env(worker, |env, _| c.on_tick(env, &mut Stream));
+            if wake == Wake::ResumeWithoutBodies && worker.can_hold_body.replace(false) {
+                log::warn!(
+                    "llm-filter: Envoy does not deliver request bodies to a paused stream; \
+                     set allow_on_headers_stop_iteration: true on the Wasm plugin config. \
+                     Body-based features (cache, model routing) are off on this worker."
+                );
+            }
+            match wake {
+                Wake::Wait => keep.push((id, weak)),
+                Wake::Resume | Wake::ResumeWithoutBodies => {
+                    if hostcalls::resume_http_request().is_err() {
+                        worker.metrics.borrow_mut().counter(
+                            &metrics::name(metrics::INTERNAL_ERRORS, &[("reason", "resume")]),
+                            1,
+                        );
+                    }
+                }
+                Wake::Answered => {}
+            }
+        }
+        worker.parked.borrow_mut().extend(keep);
+    }
+
+    /// Sends the active health probes when this worker holds the lease.
+    fn probe(&mut self, worker: &Worker) {
+        let cfg = &worker.config.routing;
+        if cfg.clusters.is_empty() {
+            return;
+        }
+        let now = now_ms();
+        if !probe::try_lease(&EnvoyStore, self.worker_id, now, cfg.probe_interval_ms) {
+            return;
+        }
+        let timeout = Duration::from_millis(cfg.probe_timeout_ms);
+        for target in &cfg.clusters {
+            let authority = target.authority.as_deref().unwrap_or(&target.cluster);
+            let paths = std::iter::once((target.health_path.as_str(), false))
+                .chain(target.metrics_path.as_deref().map(|p| (p, true)));
+            for (path, is_metrics) in paths {
+                let headers = vec![
+                    (":method", "GET"),
+                    (":path", path),
+                    (":authority", authority),
+                ];
+                match hostcalls::dispatch_http_call(&target.cluster, headers, None, vec![], timeout)
+                {
+                    Ok(token) => {
+                        self.probes.insert(
+                            token,
+                            ProbeCall {
+                                cluster: target.cluster.clone(),
+                                metrics: is_metrics,
+                                sent_ms: now,
+                            },
+                        );
+                    }
+                    Err(_) if !is_metrics => {
+                        // Envoy knows no such cluster: traffic there would fail too.
+                        self.probe_result(worker, &target.cluster, None, now, None);
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+    }
+
+    fn probe_result(
+        &self,
+        worker: &Worker,
+        cluster: &str,
+        status: Option<u16>,
+        sent_ms: u64,
+        _body: Option<&[u8]>,
+    ) {
+        let now = now_ms();
+        let ok = probe::probe_ok(status);
+        let recorded = health::record_probe(
+            &EnvoyStore,
+            &worker.config.routing,
+            cluster,
+            ok,
+            now.saturating_sub(sent_ms),
+            None,
+            now,
+        );
+        let mut m = worker.metrics.borrow_mut();
+        let result = if ok { "ok" } else { "fail" };
+        m.counter(
+            &metrics::name(
+                metrics::ROUTING_PROBES,
+                &[("cluster", cluster), ("result", result)],
+            ),
+            1,
+        );
+        if recorded.is_ok_and(|r| r.ejected) {
+            m.counter(
+                &metrics::name(metrics::ROUTING_EJECTIONS, &[("cluster", cluster)]),
+                1,
+            );
+        }
+    }
 }
 
-impl Context for Root {}
+impl Context for Root {
+    fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
+        let Some(call) = self.probes.remove(&token) else {
+            return;
+        };
+        let Some(worker) = self.worker.clone() else {
+            return;
+        };
+        let status = host::header(MapType::HttpCallResponseHeaders, ":status")
+            .and_then(|s| s.parse::<u16>().ok());
+        if call.metrics {
+            let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
+                .ok()
+                .flatten()
+                .unwrap_or_default();
+            if let Some(load) = probe::parse_load(&body) {
+                let _ = health::record_load(&EnvoyStore, &call.cluster, load, now_ms());
+            }
+            return;
+        }
+        self.probe_result(&worker, &call.cluster, status, call.sent_ms, None);
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, size: usize) -> bool {
@@ -61,23 +239,39 @@ impl RootContext for Root {
             }
         };
         log::info!(
-            "llm-filter: configured for {} LLM path(s)",
-            config.llm_paths.len()
+            "llm-filter: configured for {} LLM path(s), {} routed model(s)",
+            config.llm_paths.len(),
+            config.routing.models.len()
         );
+        let mut rng = SplitMix64::new(host::entropy());
+        self.worker_id = rng.next_u64().max(1);
         self.worker = Some(Rc::new(Worker {
             config,
             metrics: RefCell::new(EnvoyMetrics::default()),
-            rng: RefCell::new(SplitMix64::new(host::entropy())),
+            rng: RefCell::new(rng),
             models: RefCell::new(BoundedLabel::new(MAX_MODEL_LABELS)),
+            parked: RefCell::new(Vec::new()),
+            can_hold_body: Cell::new(true),
         }));
+        if hostcalls::set_tick_period(TICK).is_err() {
+            log::warn!("llm-filter: no timer: parked calls rely on their own callbacks");
+        }
         true
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn on_tick(&mut self) {
+        let Some(worker) = self.worker.clone() else {
+            return;
+        };
+        self.wake_parked(&worker);
+        self.probe(&worker);
+    }
+
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         // The SDK traps on `None`, so a worker without configuration passes
         // traffic through untouched instead.
         Some(match self.worker.clone() {
-            Some(worker) => Box::new(Http::new(worker)),
+            Some(worker) => Box::new(Http::new(context_id, worker)),
             None => Box::new(Passthrough),
         })
     }

@@ -71,6 +71,9 @@ pub struct Env<'a> {
     pub models: &'a mut BoundedLabel,
     /// Now, in ms since the epoch.
     pub now_ms: u64,
+    /// The host delivers request bodies to a paused stream (false once the
+    /// watchdog saw it not do so).
+    pub can_hold_body: bool,
 }
 
 /// What Envoy should do with the stream after a callback.
@@ -82,6 +85,33 @@ pub enum Step {
     /// or because the filter answered locally.
     Pause,
 }
+
+/// What a parked call says on a timer tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// Still waiting: tick again.
+    Wait,
+    /// Let the request go on (the host resumes it).
+    Resume,
+    /// The call was answered locally; nothing to resume.
+    Answered,
+    /// Resume, and stop holding bodies on this worker: the host never
+    /// delivered the one this call waited for.
+    ResumeWithoutBodies,
+}
+
+/// Why a call is held with no callback of its own to come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Parked {
+    /// Waiting for the request body since this time: if Envoy never delivers
+    /// it (the Wasm plugin lacks `allow_on_headers_stop_iteration`), the
+    /// watchdog lets the request go untouched.
+    Body { since_ms: u64 },
+}
+
+/// How long a held request may see no body callback before the watchdog
+/// concludes the host will never deliver one.
+pub const BODY_WATCHDOG_MS: u64 = 1000;
 
 /// Largest request body or JSON answer copied aside to read `model` or `usage`
 /// from a body the filter does not hold.
@@ -98,6 +128,8 @@ pub struct Call {
     budget_ms: u64,
     /// The body is held until its end to decide on it.
     holding: bool,
+    /// Held with nothing but a timer to wake it.
+    parked: Option<Parked>,
     /// Copy of a body that streams through, for the model label.
     request_copy: Option<Vec<u8>>,
     model: Option<String>,
@@ -148,6 +180,7 @@ impl Call {
             started_ms: env.now_ms,
             budget_ms,
             holding: false,
+            parked: None,
             request_copy: None,
             model: None,
             stream_requested: None,
@@ -173,8 +206,14 @@ impl Call {
             .and_then(|v| v.trim().parse::<usize>().ok());
         // Holding a body past Envoy's buffer limit earns the client a 413, so
         // only a declared, bounded length is held; others stream through.
-        if call.wants_body(env.config) && length.is_some_and(|n| n <= env.config.max_body_bytes) {
+        if env.can_hold_body
+            && call.wants_body(env.config)
+            && length.is_some_and(|n| n <= env.config.max_body_bytes)
+        {
             call.holding = true;
+            call.parked = Some(Parked::Body {
+                since_ms: env.now_ms,
+            });
             return Some((call, Step::Pause));
         }
         call.request_copy = Some(Vec::new());
@@ -224,6 +263,9 @@ impl Call {
         size: usize,
         end_of_stream: bool,
     ) -> Step {
+        if matches!(self.parked, Some(Parked::Body { .. })) {
+            self.parked = None;
+        }
         if self.holding {
             if !end_of_stream {
                 return Step::Pause;
@@ -414,6 +456,31 @@ impl Call {
         } else {
             internal_error(env, "local_reply");
             Step::Continue
+        }
+    }
+
+    /// True while the call waits for a timer rather than for Envoy: the host
+    /// must call [`Call::on_tick`] until it says otherwise.
+    pub fn is_parked(&self) -> bool {
+        self.parked.is_some()
+    }
+
+    /// A timer tick for a parked call.
+    pub fn on_tick(&mut self, env: &mut Env<'_>, host: &mut dyn Host) -> Wake {
+        match self.parked {
+            None => Wake::Resume,
+            Some(Parked::Body { since_ms }) => {
+                if env.now_ms.saturating_sub(since_ms) < BODY_WATCHDOG_MS {
+                    return Wake::Wait;
+                }
+                // Fail open: the request goes on as if the filter only tagged it.
+                self.parked = None;
+                self.holding = false;
+                self.request_copy = Some(Vec::new());
+                internal_error(env, "body_not_delivered");
+                let _ = host;
+                Wake::ResumeWithoutBodies
+            }
         }
     }
 

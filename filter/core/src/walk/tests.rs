@@ -33,6 +33,7 @@ impl World {
             rng: &mut self.rng,
             models: &mut self.models,
             now_ms: self.now_ms,
+            can_hold_body: true,
         }
     }
 
@@ -264,4 +265,43 @@ fn a_broken_body_passes_through() {
     assert_eq!(step, Step::Continue);
     assert_eq!(host.request_body, b"{not json");
     assert_eq!(host.header("x-llm-cluster"), None);
+}
+
+#[test]
+fn a_body_never_delivered_is_let_go_by_the_watchdog() {
+    let mut w = World::new("{}");
+    let mut host = FakeHost::post("/v1/chat/completions").with_body(CHAT);
+    let (mut call, step) = Call::start(&mut w.env(), &mut host, false).unwrap();
+    assert_eq!(step, Step::Pause);
+    assert!(call.is_parked());
+    w.now_ms += BODY_WATCHDOG_MS / 2;
+    assert_eq!(call.on_tick(&mut w.env(), &mut host), Wake::Wait);
+    w.now_ms += BODY_WATCHDOG_MS;
+    assert_eq!(
+        call.on_tick(&mut w.env(), &mut host),
+        Wake::ResumeWithoutBodies
+    );
+    assert!(!call.is_parked());
+    assert_eq!(
+        w.counter("llm_filter_internal_errors_total.reason.body_not_delivered"),
+        1
+    );
+    // The body then streams through untouched.
+    let size = host.request_body.len();
+    assert_eq!(
+        call.on_request_body(&mut w.env(), &mut host, size, true),
+        Step::Continue
+    );
+}
+
+#[test]
+fn a_delivered_body_unparks() {
+    let mut w = World::new("{}");
+    let mut host = FakeHost::post("/v1/chat/completions").with_body(CHAT);
+    let (mut call, _) = Call::start(&mut w.env(), &mut host, false).unwrap();
+    assert_eq!(
+        call.on_request_body(&mut w.env(), &mut host, 5, false),
+        Step::Pause
+    );
+    assert!(!call.is_parked());
 }
