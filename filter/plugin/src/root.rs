@@ -26,6 +26,8 @@ const TICK: Duration = Duration::from_millis(25);
 
 /// A call slot shared between its HTTP context and the timer.
 pub type CallSlot = Rc<RefCell<Option<Call>>>;
+/// A parked call: its context id and its slot (gone once the stream ends).
+type ParkedCall = (u32, Weak<RefCell<Option<Call>>>);
 
 /// What every HTTP context of this worker shares.
 pub struct Worker {
@@ -41,7 +43,7 @@ pub struct Worker {
     /// `allow_on_headers_stop_iteration`).
     pub can_hold_body: Cell<bool>,
     /// Calls waiting for the timer, by context id.
-    pub parked: RefCell<Vec<(u32, Weak<RefCell<Option<Call>>>)>>,
+    pub parked: RefCell<Vec<ParkedCall>>,
 }
 
 impl Worker {
