@@ -89,6 +89,19 @@ impl Sample {
     }
 }
 
+/// Retries Envoy made for a call: its `x-envoy-attempt-count` minus one when
+/// the route reports it (`include_attempt_count_in_response`), else an
+/// estimate — a failed call used every retry it was allowed (the retry
+/// conditions cover the failures that count), a successful one none. The
+/// estimate errs towards spending the retry budget, never towards a storm.
+pub fn retries_made(attempts: Option<u32>, planned: u32, failed: bool) -> u32 {
+    match attempts {
+        Some(a) => a.saturating_sub(1),
+        None if failed => planned,
+        None => 0,
+    }
+}
+
 /// `elapsed / budget` in per-mille, capped at 1000; an empty budget is all used.
 pub fn used_permille(elapsed_ms: u64, budget_ms: u64) -> u32 {
     let used = elapsed_ms
@@ -409,6 +422,22 @@ mod tests {
             (Some(504), true),
         ] {
             assert_eq!(is_failure(status), failed, "{status:?}");
+        }
+        for (attempts, planned, failed, want) in [
+            (Some(3), 2, true, 2),
+            (Some(1), 2, true, 0),
+            (Some(2), 0, false, 1),
+            (Some(0), 2, true, 0),
+            (Some(u32::MAX), 0, false, u32::MAX - 1),
+            (None, 2, true, 2),
+            (None, 2, false, 0),
+            (None, 0, true, 0),
+        ] {
+            assert_eq!(
+                retries_made(attempts, planned, failed),
+                want,
+                "{attempts:?} {planned} {failed}"
+            );
         }
         assert_eq!(permille(0.7), 700);
         assert_eq!(permille(f64::NAN), 0);

@@ -18,6 +18,16 @@ pub const RETRIABLE_STATUS_CODES: &str = "x-envoy-retriable-status-codes";
 /// Header identifying one logical call to providers that deduplicate.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
+/// Every router header a plan may set: the plan owns them all, so the ones it
+/// leaves unset are removed rather than left to what the client sent.
+pub const ROUTER_HEADERS: [&str; 5] = [
+    UPSTREAM_RQ_TIMEOUT_MS,
+    UPSTREAM_RQ_PER_TRY_TIMEOUT_MS,
+    MAX_RETRIES,
+    RETRY_ON,
+    RETRIABLE_STATUS_CODES,
+];
+
 /// Per-try timeout as a multiple of observed latency: room for an ordinary slow
 /// answer, short enough that a stuck try leaves budget for another.
 pub const PER_TRY_LATENCY_FACTOR: u64 = 3;
@@ -115,6 +125,15 @@ pub fn plan(input: &PlanInput, cfg: &BudgetConfig) -> Result<Plan, Exhausted> {
 }
 
 impl Plan {
+    /// The retries Envoy may actually make: none without a retry condition.
+    pub fn retries(&self, cfg: &BudgetConfig) -> u32 {
+        if cfg.retry_on.is_empty() {
+            0
+        } else {
+            self.max_retries
+        }
+    }
+
     /// The request headers that carry the plan to Envoy's router, which
     /// consumes them. `x-envoy-max-retries` is always set so a route's own
     /// `num_retries` cannot outgrow the budget; the retry conditions only when
@@ -125,11 +144,7 @@ impl Plan {
         if let Some(ms) = self.per_try_ms {
             out.push((UPSTREAM_RQ_PER_TRY_TIMEOUT_MS, ms.max(1).to_string()));
         }
-        let retries = if cfg.retry_on.is_empty() {
-            0
-        } else {
-            self.max_retries
-        };
+        let retries = self.retries(cfg);
         out.push((MAX_RETRIES, retries.to_string()));
         if retries > 0 {
             out.push((RETRY_ON, cfg.retry_on.clone()));
@@ -138,6 +153,23 @@ impl Plan {
             }
         }
         out
+    }
+
+    /// Every one of [`ROUTER_HEADERS`] with its value, `None` for those to
+    /// remove: a client's own per-try timeout or retry conditions do not
+    /// survive a plan that has none.
+    pub fn header_updates(&self, cfg: &BudgetConfig) -> Vec<(&'static str, Option<String>)> {
+        let mut set = self.headers(cfg);
+        ROUTER_HEADERS
+            .iter()
+            .map(|name| {
+                let value = set
+                    .iter()
+                    .position(|(h, _)| h == name)
+                    .map(|i| set.swap_remove(i).1);
+                (*name, value)
+            })
+            .collect()
     }
 }
 
@@ -382,6 +414,31 @@ mod tests {
             [
                 (UPSTREAM_RQ_TIMEOUT_MS, "9000".to_string()),
                 (MAX_RETRIES, "0".to_string()),
+            ]
+        );
+        assert_eq!(p(9_000, None, 2).retries(&cfg), 2);
+        assert_eq!(p(9_000, None, 2).retries(&none), 0);
+    }
+
+    #[test]
+    fn updates_set_the_plan_and_remove_the_rest() {
+        let cfg = BudgetConfig::default();
+        let full = p(30_000, Some(6_000), 2);
+        let updates = full.header_updates(&cfg);
+        assert_eq!(
+            updates.iter().map(|(h, _)| *h).collect::<Vec<_>>(),
+            ROUTER_HEADERS
+        );
+        let set: Vec<_> = updates.into_iter().map(|(h, v)| (h, v.unwrap())).collect();
+        assert_eq!(set, full.headers(&cfg));
+        assert_eq!(
+            p(1_500, None, 0).header_updates(&cfg),
+            [
+                (UPSTREAM_RQ_TIMEOUT_MS, Some("1500".to_string())),
+                (UPSTREAM_RQ_PER_TRY_TIMEOUT_MS, None),
+                (MAX_RETRIES, Some("0".to_string())),
+                (RETRY_ON, None),
+                (RETRIABLE_STATUS_CODES, None),
             ]
         );
     }

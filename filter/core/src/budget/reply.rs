@@ -140,7 +140,10 @@ pub fn for_admit(admit: &Admit, retry_after_s: Option<u64>) -> Option<LocalReply
 
 /// Envoy's `response.code_details` of its own timeout replies (global and
 /// per-try), whose plain-text body "upstream request timeout" is rewritten.
-pub const ENVOY_TIMEOUT_DETAILS: [&str; 3] = [
+/// The router calls the global one `response_timeout` (Envoy 1.40); older
+/// releases said `upstream_response_timeout`.
+pub const ENVOY_TIMEOUT_DETAILS: [&str; 4] = [
+    "response_timeout",
     "upstream_response_timeout",
     "upstream_per_try_timeout",
     "upstream_per_try_idle_timeout",
@@ -225,6 +228,7 @@ mod tests {
     #[test]
     fn recognises_envoy_timeouts_only() {
         for (status, details, want) in [
+            (504, Some("response_timeout"), true),
             (504, Some("upstream_response_timeout"), true),
             (504, Some("upstream_per_try_timeout"), true),
             (504, Some("via_upstream"), false),
