@@ -7,14 +7,19 @@ use serde::{Deserialize, Serialize};
 use super::config::RoutingConfig;
 use crate::host::{SharedStore, StoreError};
 
-/// Prefix of the per-cluster health keys; the cluster name follows.
-pub const KEY_PREFIX: &str = "llm_filter.routing.v1.health.";
+/// Prefix of the per-cluster health keys; the cluster name follows. The
+/// version changes with the record's layout, so workers of two filter versions
+/// (during a configuration update) never read each other's records.
+pub const KEY_PREFIX: &str = "llm_filter.routing.v2.health.";
 
 /// Attempts of one read-modify-write before giving up on a contended key.
 const MAX_CAS_ATTEMPTS: usize = 8;
-/// Smallest weight a new sample gets, so samples taken in the same
-/// millisecond (common across workers) still count a little.
-const ALPHA_MIN: f64 = 1.0 / 256.0;
+/// Largest weight of the past in an average: a new sample always moves it by
+/// at least 1/256, however dense the samples (same-millisecond samples from
+/// several workers included).
+const MAX_WEIGHT: f64 = 256.0;
+/// Successes a new error average starts from (see [`observe_error`]).
+const ERROR_PRIOR: f64 = 4.0;
 /// Samples above this (one hour) are clamped: they can only be clock trouble.
 const MAX_SAMPLE_MS: f64 = 3_600_000.0;
 /// An in-flight count untouched this long is a leak (a worker restarted with
@@ -35,15 +40,34 @@ pub fn key(cluster: &str) -> String {
 
 /// An exponentially weighted moving average whose memory fades with time
 /// (half-life), not with sample count, so idle and busy clusters age alike.
+///
+/// Each sample weighs 1, halving every half-life; `weight` is what the samples
+/// behind the average still weigh, capped at [`MAX_WEIGHT`]. A new sample moves
+/// the average by `1 / (weight × decay + 1)`. With samples at a steady pace
+/// that is the classic time-based `1 − decay`; right after the first sample
+/// (or a long silence) it is a running mean, so one outlier (a cold
+/// connection's handshake, a single failure) weighs 1/n rather than holding
+/// the average for a half-life.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Ewma {
     /// Current average.
     pub value: f64,
     /// When the last sample was taken.
     pub at_ms: u64,
+    /// Decayed count of the samples behind `value`, in `[1, MAX_WEIGHT]`.
+    pub weight: f64,
 }
 
 impl Ewma {
+    /// An average of one sample.
+    pub fn new(value: f64, at_ms: u64) -> Self {
+        Self {
+            value,
+            at_ms,
+            weight: 1.0,
+        }
+    }
+
     /// Folds `sample` taken at `now_ms` into `slot` (the first sample is taken as is).
     pub fn observe(slot: &mut Option<Ewma>, sample: f64, now_ms: u64, half_life_ms: f64) {
         let sample = if sample.is_finite() {
@@ -53,17 +77,17 @@ impl Ewma {
         };
         *slot = Some(match *slot {
             Some(e) if e.value.is_finite() => {
-                let keep = decay(now_ms.saturating_sub(e.at_ms), half_life_ms).min(1.0 - ALPHA_MIN);
+                let past =
+                    unit_weight(e.weight) * decay(now_ms.saturating_sub(e.at_ms), half_life_ms);
+                let weight = (past + 1.0).min(MAX_WEIGHT);
                 Ewma {
-                    value: e.value * keep + sample * (1.0 - keep),
+                    value: e.value + (sample - e.value) / weight,
                     // Workers' clocks may disagree by a little: time never goes back.
                     at_ms: e.at_ms.max(now_ms),
+                    weight,
                 }
             }
-            _ => Ewma {
-                value: sample,
-                at_ms: now_ms,
-            },
+            _ => Ewma::new(sample, now_ms),
         });
     }
 
@@ -71,6 +95,30 @@ impl Ewma {
     /// every half-life without samples.
     pub fn confidence(&self, now_ms: u64, half_life_ms: f64) -> f64 {
         decay(now_ms.saturating_sub(self.at_ms), half_life_ms)
+    }
+}
+
+/// Folds a call's result (1 failed, 0 not) into the error average. Without
+/// evidence a cluster counts as healthy: a new average starts as if
+/// [`ERROR_PRIOR`] calls had succeeded, so one failure on a fresh or returning
+/// cluster costs it about 60% of its weight rather than all but 2%.
+fn observe_error(slot: &mut Option<Ewma>, failed: f64, now_ms: u64, half_life_ms: f64) {
+    if slot.is_none() {
+        *slot = Some(Ewma {
+            value: 0.0,
+            at_ms: now_ms,
+            weight: ERROR_PRIOR,
+        });
+    }
+    Ewma::observe(slot, failed, now_ms, half_life_ms);
+}
+
+/// A stored weight made safe: finite, in `[1, MAX_WEIGHT]` (1 for garbage).
+fn unit_weight(w: f64) -> f64 {
+    if w.is_finite() {
+        w.clamp(1.0, MAX_WEIGHT)
+    } else {
+        1.0
     }
 }
 
@@ -174,6 +222,12 @@ impl Health {
         for e in [&mut h.latency, &mut h.ttft].into_iter().flatten() {
             e.value = e.value.clamp(0.0, MAX_SAMPLE_MS);
         }
+        for e in [&mut h.latency, &mut h.ttft, &mut h.errors]
+            .into_iter()
+            .flatten()
+        {
+            e.weight = unit_weight(e.weight);
+        }
         h.load = h.load.map(Load::sanitized);
         Some(h)
     }
@@ -245,6 +299,9 @@ pub enum CallResult {
     Reset,
     /// No response in time.
     Timeout,
+    /// The client went away before any response: says nothing about the
+    /// backend (Envoy's outlier detection does not count it either).
+    Cancelled,
 }
 
 /// What a call's result says about the backend.
@@ -257,6 +314,8 @@ pub enum Verdict {
     Refused,
     /// 5xx, 429, reset or timeout: counts against the backend.
     Failure,
+    /// Nothing learnt: the call only leaves the in-flight count.
+    Unknown,
 }
 
 impl CallResult {
@@ -267,6 +326,7 @@ impl CallResult {
             Self::Status(429) => Verdict::Failure,
             Self::Status(400..=499) => Verdict::Refused,
             Self::Status(_) | Self::Reset | Self::Timeout => Verdict::Failure,
+            Self::Cancelled => Verdict::Unknown,
         }
     }
 
@@ -279,6 +339,7 @@ impl CallResult {
             Self::Status(_) => "server_error",
             Self::Reset => "reset",
             Self::Timeout => "timeout",
+            Self::Cancelled => "cancelled",
         }
     }
 }
@@ -382,23 +443,27 @@ pub fn record_outcome<S: SharedStore + ?Sized>(
                 if let Some(t) = outcome.ttft_ms {
                     Ewma::observe(&mut h.ttft, t as f64, now_ms, half_life);
                 }
-                Ewma::observe(&mut h.errors, 0.0, now_ms, half_life);
+                observe_error(&mut h.errors, 0.0, now_ms, half_life);
                 h.consecutive_failures = 0;
                 h.forgive(config, now_ms);
                 false
             }
             Verdict::Refused => {
-                Ewma::observe(&mut h.errors, 0.0, now_ms, half_life);
+                observe_error(&mut h.errors, 0.0, now_ms, half_life);
                 h.consecutive_failures = 0;
                 false
             }
+            Verdict::Unknown => false,
             Verdict::Failure => {
-                Ewma::observe(&mut h.errors, 1.0, now_ms, half_life);
                 // Failures while ejected come from calls already under way or
-                // from the all-ejected fallback: they must not stack ejections.
+                // from the all-ejected fallback. The ejection answers them: they
+                // must neither stack ejections nor refill the error average the
+                // ejection cleared, which would hold the cluster at the error
+                // floor long after its ramp.
                 if h.is_ejected(now_ms) {
                     return false;
                 }
+                observe_error(&mut h.errors, 1.0, now_ms, half_life);
                 h.consecutive_failures = h.consecutive_failures.saturating_add(1);
                 if h.consecutive_failures >= config.eject_after_failures {
                     h.eject(config, now_ms);
@@ -410,6 +475,24 @@ pub fn record_outcome<S: SharedStore + ?Sized>(
         }
     })?;
     Ok(Recorded { ejected, health })
+}
+
+/// A call counted by [`record_start`] was answered locally and never sent
+/// (breaker, budget): it leaves the in-flight count and teaches nothing.
+pub fn record_unsent<S: SharedStore + ?Sized>(
+    store: &S,
+    cluster: &str,
+    now_ms: u64,
+) -> Result<Recorded, StoreError> {
+    let (health, ()) = update(store, cluster, |h| {
+        h.heal_in_flight(now_ms);
+        h.in_flight = h.in_flight.saturating_sub(1);
+        h.in_flight_at_ms = now_ms;
+    })?;
+    Ok(Recorded {
+        ejected: false,
+        health,
+    })
 }
 
 /// An active probe of `cluster` finished. A failed probe ejects the cluster at
@@ -497,28 +580,62 @@ mod tests {
 
     #[test]
     fn key_carries_prefix_and_cluster() {
-        assert_eq!(key("openai"), "llm_filter.routing.v1.health.openai");
+        assert_eq!(key("openai"), "llm_filter.routing.v2.health.openai");
     }
 
     #[test]
     fn ewma_decays_with_time() {
         let mut e = None;
         Ewma::observe(&mut e, 100.0, 1_000, 10_000.0);
-        assert_eq!(e.unwrap().value, 100.0);
-        // One half-life later, the new sample and the old average weigh the same.
-        Ewma::observe(&mut e, 300.0, 11_000, 10_000.0);
-        assert!((e.unwrap().value - 200.0).abs() < 1e-9);
-        // A sample in the same millisecond still moves it a little.
-        Ewma::observe(&mut e, 1_000.0, 11_000, 10_000.0);
-        let v = e.unwrap().value;
-        assert!(v > 200.0 && v < 210.0, "{v}");
+        assert_eq!(e.unwrap(), Ewma::new(100.0, 1_000));
+        // One half-life later the first sample weighs half the new one.
+        Ewma::observe(&mut e, 400.0, 11_000, 10_000.0);
+        assert!((e.unwrap().value - 300.0).abs() < 1e-9);
+        assert!((e.unwrap().weight - 1.5).abs() < 1e-12);
+        // Samples one half-life apart settle at the time-based 1 − decay.
+        for t in 2..40 {
+            Ewma::observe(&mut e, 0.0, 1_000 + t * 10_000, 10_000.0);
+        }
+        assert!((e.unwrap().weight - 2.0).abs() < 1e-6);
         // A sample from a worker whose clock is behind does not move time back.
         Ewma::observe(&mut e, 200.0, 5_000, 10_000.0);
-        assert_eq!(e.unwrap().at_ms, 11_000);
+        assert_eq!(e.unwrap().at_ms, 391_000);
         assert!(e.unwrap().value.is_finite());
         // Long silence: the next sample takes over.
         Ewma::observe(&mut e, 50.0, u64::MAX, 10_000.0);
-        assert!((e.unwrap().value - 50.0).abs() < 1.0);
+        assert_eq!(e.unwrap().value, 50.0);
+        assert_eq!(e.unwrap().weight, 1.0);
+    }
+
+    #[test]
+    fn ewma_dilutes_a_first_outlier_and_caps_its_memory() {
+        // A cold first call, then steady ones in the same second: a running mean.
+        let mut e = None;
+        Ewma::observe(&mut e, 150.0, 0, 10_000.0);
+        for i in 1..10 {
+            Ewma::observe(&mut e, 25.0, i, 10_000.0);
+        }
+        let v = e.unwrap().value;
+        assert!((v - 37.5).abs() < 0.1, "{v}");
+        // Dense samples: the past never weighs more than MAX_WEIGHT, so a
+        // lasting change still moves the average by at least 1/256 a sample.
+        for _ in 0..10_000 {
+            Ewma::observe(&mut e, 25.0, 10, 10_000.0);
+        }
+        assert_eq!(e.unwrap().weight, MAX_WEIGHT);
+        let before = e.unwrap().value;
+        Ewma::observe(&mut e, 25.0 + 256.0, 10, 10_000.0);
+        assert!((e.unwrap().value - before - 1.0).abs() < 1e-9);
+        // A stored weight that is garbage counts as one sample.
+        for w in [f64::NAN, f64::INFINITY, -3.0, 0.0] {
+            let mut e = Some(Ewma {
+                value: 10.0,
+                at_ms: 0,
+                weight: w,
+            });
+            Ewma::observe(&mut e, 20.0, 0, 10_000.0);
+            assert_eq!(e.unwrap().value, 15.0, "{w}");
+        }
     }
 
     #[test]
@@ -532,10 +649,7 @@ mod tests {
             (5.0, f64::NAN),
             (5.0, -1.0),
         ] {
-            let mut e = Some(Ewma {
-                value: 10.0,
-                at_ms: 0,
-            });
+            let mut e = Some(Ewma::new(10.0, 0));
             Ewma::observe(&mut e, sample, 10, half_life);
             let v = e.unwrap().value;
             assert!(
@@ -545,10 +659,7 @@ mod tests {
             let c = e.unwrap().confidence(20, half_life);
             assert!((0.0..=1.0).contains(&c));
         }
-        let e = Ewma {
-            value: 1.0,
-            at_ms: 100,
-        };
+        let e = Ewma::new(1.0, 100);
         assert_eq!(e.confidence(100, 1_000.0), 1.0);
         assert!((e.confidence(1_100, 1_000.0) - 0.5).abs() < 1e-12);
         assert_eq!(e.confidence(50, 1_000.0), 1.0);
@@ -590,7 +701,9 @@ mod tests {
             record_outcome(&s, &c, "b", &ok(100), 0).unwrap();
             record_outcome(&s, &c, "b", &fail(r), 10_000).unwrap();
             let h = read(&s, "b").unwrap();
-            assert!((h.errors.unwrap().value - 0.5).abs() < 1e-9, "{i}");
+            // The success and its prior (5 samples), a half-life old, weigh
+            // 2.5 against the failure's 1.
+            assert!((h.errors.unwrap().value - 1.0 / 3.5).abs() < 1e-9, "{i}");
             assert_eq!(h.latency.unwrap().value, 100.0);
             assert_eq!(h.consecutive_failures, 1);
         }
@@ -627,11 +740,15 @@ mod tests {
         assert!(r.health.is_ejected(now + 9_999));
         assert!(!r.health.is_ejected(now + 10_000));
 
-        // Failures of calls still under way do not stack another ejection.
+        // Failures of calls still under way do not stack another ejection,
+        // nor refill the error average the ejection cleared.
         for _ in 0..5 {
             assert!(!record_outcome(&s, &c, "a", &f, now + 1).unwrap().ejected);
         }
-        assert_eq!(read(&s, "a").unwrap().ejected_until_ms, now + 10_000);
+        let h = read(&s, "a").unwrap();
+        assert_eq!(h.ejected_until_ms, now + 10_000);
+        assert_eq!(h.errors, None);
+        assert_eq!(h.consecutive_failures, 0);
 
         // Back, fails again at once: ejected for twice as long, and so on up to the cap.
         let mut want = 20_000;
@@ -657,6 +774,44 @@ mod tests {
             record_outcome(&s, &c, "a", &f, later + 1).unwrap();
         }
         assert_eq!(read(&s, "a").unwrap().ejected_until_ms, later + 1 + 10_000);
+    }
+
+    #[test]
+    fn cancelled_and_unsent_calls_only_leave_the_in_flight_count() {
+        let s = MemoryStore::new();
+        let c = config();
+        for t in 0..2 {
+            record_start(&s, "a", t).unwrap();
+        }
+        for _ in 0..5 {
+            let r = record_outcome(&s, &c, "a", &fail(CallResult::Cancelled), 10).unwrap();
+            assert!(!r.ejected);
+        }
+        let h = read(&s, "a").unwrap();
+        assert_eq!((h.in_flight, h.consecutive_failures), (0, 0));
+        assert_eq!((h.latency, h.errors), (None, None));
+        assert_eq!(CallResult::Cancelled.label(), "cancelled");
+        record_start(&s, "a", 20).unwrap();
+        let r = record_unsent(&s, "a", 30).unwrap();
+        assert_eq!((r.health.in_flight, r.health.in_flight_at_ms), (0, 30));
+        assert_eq!(record_unsent(&s, "a", 40).unwrap().health.in_flight, 0);
+    }
+
+    #[test]
+    fn one_failure_on_a_fresh_cluster_costs_part_of_its_weight() {
+        let s = MemoryStore::new();
+        let c = config();
+        let r = record_outcome(&s, &c, "a", &fail(CallResult::Status(503)), 0).unwrap();
+        let e = r.health.errors.unwrap();
+        assert!((e.value - 0.2).abs() < 1e-12, "{e:?}");
+        let f = super::super::weight::error_factor(e.value);
+        assert!((0.4..0.42).contains(&f), "{f}");
+        // A few successes and it is almost whole again.
+        for _ in 0..5 {
+            record_outcome(&s, &c, "a", &ok(10), 0).unwrap();
+        }
+        let e = read(&s, "a").unwrap().errors.unwrap();
+        assert!(e.value < 0.11, "{e:?}");
     }
 
     #[test]
@@ -744,17 +899,12 @@ mod tests {
     #[test]
     fn decoding_drops_non_finite_floats() {
         let h = Health {
-            latency: Some(Ewma {
-                value: f64::NAN,
-                at_ms: 1,
-            }),
-            ttft: Some(Ewma {
-                value: f64::INFINITY,
-                at_ms: 1,
-            }),
+            latency: Some(Ewma::new(f64::NAN, 1)),
+            ttft: Some(Ewma::new(f64::INFINITY, 1)),
             errors: Some(Ewma {
                 value: 7.0,
                 at_ms: 1,
+                weight: f64::NAN,
             }),
             load: Some(Load {
                 waiting: Some(f64::NAN),
@@ -766,6 +916,7 @@ mod tests {
         assert_eq!(d.latency, None);
         assert_eq!(d.ttft, None);
         assert_eq!(d.errors.unwrap().value, 1.0);
+        assert_eq!(d.errors.unwrap().weight, 1.0);
         assert_eq!(
             d.load,
             Some(Load {

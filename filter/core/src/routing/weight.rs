@@ -262,7 +262,7 @@ mod tests {
 
     fn with_latency(ms: f64, at_ms: u64) -> Health {
         Health {
-            latency: Some(Ewma { value: ms, at_ms }),
+            latency: Some(Ewma::new(ms, at_ms)),
             ..Health::default()
         }
     }
@@ -414,10 +414,7 @@ mod tests {
     fn errors_load_and_ramp_multiply() {
         let c = RoutingConfig::default();
         let h = Health {
-            errors: Some(Ewma {
-                value: 0.5,
-                at_ms: 100,
-            }),
+            errors: Some(Ewma::new(0.5, 100)),
             load: Some(Load {
                 waiting: Some(8.0),
                 kv_usage: None,
@@ -444,10 +441,7 @@ mod tests {
         let out = Health {
             ejected_until_ms: 1_000,
             // A fast-failing ejected cluster must not set the latency bar.
-            latency: Some(Ewma {
-                value: 1.0,
-                at_ms: 999,
-            }),
+            latency: Some(Ewma::new(1.0, 999)),
             ..Health::default()
         };
         let w = effective_weights(&c, &b, &[Some(out), Some(with_latency(400.0, 999))], 999);
@@ -479,14 +473,8 @@ mod tests {
         for lat in ODD {
             for err in ODD {
                 let h = Health {
-                    latency: Some(Ewma {
-                        value: lat,
-                        at_ms: u64::MAX,
-                    }),
-                    errors: Some(Ewma {
-                        value: err,
-                        at_ms: 0,
-                    }),
+                    latency: Some(Ewma::new(lat, u64::MAX)),
+                    errors: Some(Ewma::new(err, 0)),
                     load: Some(Load {
                         waiting: Some(lat),
                         kv_usage: Some(err),
