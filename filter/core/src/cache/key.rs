@@ -50,6 +50,9 @@ pub enum BypassReason {
     Temperature,
     /// The prompt contains one of `cache.dynamic_markers`.
     DynamicMarker,
+    /// The body was not held whole (too large, no declared length, or the host
+    /// does not deliver bodies to a held request), so there is nothing to key.
+    Unbuffered,
 }
 
 impl BypassReason {
@@ -62,6 +65,7 @@ impl BypassReason {
             Self::InvalidBody => "invalid_body",
             Self::Temperature => "temperature",
             Self::DynamicMarker => "dynamic_marker",
+            Self::Unbuffered => "unbuffered",
         }
     }
 }

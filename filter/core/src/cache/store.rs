@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 use super::config::CacheConfig;
 use super::entry::{self, Entry, EntryHead};
 use super::Key;
-use crate::host::{SharedStore, StoreError, Versioned};
+use crate::host::{Metrics, SharedStore, StoreError, Versioned};
+use crate::metrics;
 
 /// Prefix of every shared-data key of the cache. Istio leaves `vm_id` empty, so
 /// all plugins on a proxy share one namespace; the version changes with the
@@ -23,6 +24,12 @@ pub const KEY_PREFIX: &str = "llm_filter.cache.v1.";
 
 /// The shared-data key holding the cache's entry and byte totals.
 pub const STATS_KEY: &str = "llm_filter.cache.v1.stats";
+
+/// Largest table worth [`Store::prepare`]-ing at start. Creating every key of
+/// a larger one holds Envoy's start for seconds and takes memory for slots
+/// that may never fill; such tables create their keys as they fill, at the
+/// cost of a rare over-count in the totals (never a wrong answer).
+pub const PREPARE_MAX_SLOTS: u32 = 131_072;
 
 /// Compare-and-swap attempts before an insert gives up: contention on one slot
 /// means others are writing the same answers, so losing costs nothing.
@@ -129,6 +136,21 @@ pub struct Totals {
     pub entries: u64,
     /// Bytes of all slot values.
     pub bytes: u64,
+}
+
+impl Totals {
+    /// Sets the entries and bytes gauges; every worker sets the same gauges
+    /// from the same shared numbers.
+    pub fn set_gauges(&self, m: &mut dyn Metrics) {
+        m.gauge(
+            metrics::CACHE_ENTRIES,
+            i64::try_from(self.entries).unwrap_or(i64::MAX),
+        );
+        m.gauge(
+            metrics::CACHE_BYTES,
+            i64::try_from(self.bytes).unwrap_or(i64::MAX),
+        );
+    }
 }
 
 /// The slot table over a shared store.

@@ -1,0 +1,464 @@
+//! The cache's steps in the request walk: answer from an entry before routing
+//! and admission, let identical calls in flight wait for one another, store
+//! what comes back as it passes (a stream still reaches the client chunk by
+//! chunk), and answer an upstream failure with an expired entry when allowed.
+
+use crate::budget::parse as budget_parse;
+use crate::cache::{
+    self as policy, coalesce, BypassReason, CacheRequest, CacheStatus, Claim, Decision, Entry, Key,
+    Lease, Lookup, Poll, Store, StreamAssembler, X_CACHE,
+};
+use crate::host::Metrics;
+use crate::metrics as names;
+use crate::routing::Features;
+
+use super::{
+    internal_error, set_request, set_response, Call, Env, Host, Parked, Step, Wake, TRACE_ID_HEADER,
+};
+
+/// Response header with the whole seconds since a served entry was stored.
+pub const AGE_HEADER: &str = "age";
+
+/// The cache's part in one call.
+#[derive(Debug, Default)]
+pub(super) struct CacheCall {
+    /// How the cache served the call; `None` when the cache is off.
+    status: Option<CacheStatus>,
+    /// Key and delivery of a cacheable call.
+    cacheable: Option<Cacheable>,
+    /// The lead on the key's in-flight marker, held until the answer is
+    /// stored or given up.
+    lease: Option<Lease>,
+    /// The request body kept while waiting for an identical call, to route
+    /// the call if the wait ends without an answer.
+    waiting: Option<Waiting>,
+    /// The answer being collected to store.
+    fill: Option<Fill>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Cacheable {
+    key: Key,
+    stream: bool,
+    include_usage: bool,
+    read: bool,
+    store: bool,
+}
+
+#[derive(Debug)]
+struct Waiting {
+    body: Vec<u8>,
+    body_size: usize,
+}
+
+#[derive(Debug)]
+enum Fill {
+    /// A non-streamed answer, bounded by `cache.max_entry_bytes`.
+    Json(Vec<u8>),
+    /// A streamed answer, rebuilt event by event.
+    Sse(StreamAssembler),
+}
+
+impl CacheCall {
+    /// A call's cache state: `BYPASS` until the body says otherwise, nothing
+    /// at all when the cache is off.
+    pub(super) fn new(enabled: bool) -> Self {
+        Self {
+            status: enabled.then_some(CacheStatus::Bypass),
+            ..Self::default()
+        }
+    }
+
+    /// The `x-cache` value so far.
+    pub(super) fn header(&self) -> Option<&'static str> {
+        self.status.map(CacheStatus::header)
+    }
+}
+
+impl Call {
+    /// The cache step of the walk, on the whole request body (`None`: not
+    /// held). `Some(step)` when the call was answered from an entry or waits
+    /// for an identical call in flight; `None` to go on upstream.
+    pub(super) fn cache_request(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        body: Option<&[u8]>,
+        body_size: usize,
+    ) -> Option<Step> {
+        let cfg = &env.config.cache;
+        if !cfg.enabled {
+            return None;
+        }
+        let decision = match body {
+            None => Decision::Bypass(BypassReason::Unbuffered),
+            Some(body) => {
+                let path = host.request_header(":path").unwrap_or_default();
+                let cache_control = host.request_header("cache-control");
+                let values: Vec<Option<String>> = cfg
+                    .tenant_headers
+                    .iter()
+                    .map(|name| host.request_header(name))
+                    .collect();
+                let credentials: Vec<Option<&str>> = values.iter().map(Option::as_deref).collect();
+                policy::decide(
+                    cfg,
+                    &CacheRequest {
+                        endpoint: self.endpoint,
+                        path: &path,
+                        body,
+                        cache_control: cache_control.as_deref(),
+                        credentials: &credentials,
+                    },
+                )
+            }
+        };
+        let c = match decision {
+            Decision::Bypass(reason) => {
+                log::debug!("llm-filter: cache bypass ({})", reason.as_str());
+                self.cache.status = Some(CacheStatus::Bypass);
+                return None;
+            }
+            Decision::Cacheable {
+                key,
+                stream,
+                include_usage,
+                read,
+                store,
+            } => Cacheable {
+                key,
+                stream,
+                include_usage,
+                read,
+                store,
+            },
+        };
+        self.cache.cacheable = Some(c);
+        self.cache.status = Some(CacheStatus::Miss);
+        // The answer is stored as it passes; a compressed one could not be.
+        set_request(env, host, "accept-encoding", None);
+        if !c.read {
+            // `no-cache`: a fresh answer, stored for the next caller.
+            return None;
+        }
+        let store = Store::new(env.store, cfg);
+        if let Lookup::Hit { entry, age_s } = store.lookup(&c.key, env.now_ms) {
+            if self.reply_from_entry(env, host, &entry, age_s, CacheStatus::Hit) {
+                return Some(Step::Pause);
+            }
+        }
+        if !cfg.coalesce {
+            return None;
+        }
+        match coalesce::claim(
+            &store,
+            &c.key,
+            env.now_ms,
+            self.coalesce_wait_ms(env),
+            env.rng.next_u64(),
+        ) {
+            Claim::Leader(lease) => self.cache.lease = Some(lease),
+            Claim::Follower { deadline_ms } => {
+                self.cache.waiting = Some(Waiting {
+                    body: body.unwrap_or_default().to_vec(),
+                    body_size,
+                });
+                self.parked = Some(Parked::Coalescing { deadline_ms });
+                return Some(Step::Pause);
+            }
+            Claim::Unavailable => {}
+        }
+        None
+    }
+
+    /// How long a marker stands or a twin waits: the configured wait, never
+    /// past the caller's own budget.
+    fn coalesce_wait_ms(&self, env: &Env<'_>) -> u64 {
+        let remaining = budget_parse::remaining_ms(self.budget_ms, self.started_ms, env.now_ms);
+        env.config.cache.coalesce_wait_ms.min(remaining).max(1)
+    }
+
+    /// A timer tick of a call waiting for an identical one: answer from its
+    /// entry once stored, or go upstream when it failed or the wait is over.
+    pub(super) fn cache_on_tick(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        deadline_ms: u64,
+    ) -> Wake {
+        let cfg = &env.config.cache;
+        let store = Store::new(env.store, cfg);
+        if let Some(c) = self.cache.cacheable {
+            match coalesce::poll(&store, &c.key, env.now_ms, deadline_ms) {
+                Poll::KeepWaiting => return Wake::Wait,
+                Poll::Ready { entry, age_s } => {
+                    self.parked = None;
+                    if self.reply_from_entry(env, host, &entry, age_s, CacheStatus::Coalesced) {
+                        self.cache.waiting = None;
+                        count_wait(env.metrics, "served");
+                        return Wake::Answered;
+                    }
+                }
+                Poll::GoUpstream => {}
+            }
+            // This call now goes upstream itself, and leads the next twins
+            // when it can; it never waits a second time.
+            let token = env.rng.next_u64();
+            if let Claim::Leader(lease) = coalesce::claim(
+                &store,
+                &c.key,
+                env.now_ms,
+                self.coalesce_wait_ms(env),
+                token,
+            ) {
+                self.cache.lease = Some(lease);
+            }
+        }
+        self.parked = None;
+        count_wait(env.metrics, "upstream");
+        let (body, body_size) = self
+            .cache
+            .waiting
+            .take()
+            .map(|w| (w.body, w.body_size))
+            .unwrap_or_default();
+        let features = Features::from_body(&body);
+        // Routing and admission happen now, with the health and budget of now.
+        match self.go_upstream(env, host, features.as_ref(), Some(&body), body_size) {
+            Step::Continue => Wake::Resume,
+            Step::Pause => Wake::Answered,
+        }
+    }
+
+    /// Answers the call locally from `entry`, as JSON or as an SSE stream per
+    /// the request. False when it cannot (the entry does not replay, the host
+    /// refused): the call then goes on as a miss.
+    fn reply_from_entry(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        entry: &Entry,
+        age_s: u64,
+        status: CacheStatus,
+    ) -> bool {
+        let Some(c) = self.cache.cacheable else {
+            return false;
+        };
+        let Ok(reply) = entry.reply(c.stream, c.include_usage) else {
+            internal_error(env, "cache_replay");
+            return false;
+        };
+        let age = age_s.to_string();
+        let mut headers = vec![
+            ("content-type", reply.content_type),
+            (X_CACHE, status.header()),
+            (AGE_HEADER, age.as_str()),
+        ];
+        if let Some(t) = &self.trace_id {
+            headers.push((TRACE_ID_HEADER, t.as_str()));
+        }
+        if !host.send_local_reply(200, &headers, &reply.body) {
+            internal_error(env, "local_reply");
+            return false;
+        }
+        self.local_reply = Some(200);
+        self.cache.status = Some(status);
+        true
+    }
+
+    /// Response headers of a call that went upstream: `x-cache`, an expired
+    /// entry in place of an upstream failure, and what to collect to store.
+    pub(super) fn cache_on_response_headers(&mut self, env: &mut Env<'_>, host: &mut dyn Host) {
+        let Some(status) = self.cache.status else {
+            return;
+        };
+        let Some(c) = self.cache.cacheable else {
+            set_response(env, host, X_CACHE, Some(status.header()));
+            return;
+        };
+        let failed = self.envoy_timeout || self.status.is_some_and(|s| (500..=599).contains(&s));
+        if failed && c.read && self.serve_stale(env, host, c) {
+            // The client gets the old answer; nothing new to store.
+        } else {
+            set_response(env, host, X_CACHE, Some(CacheStatus::Miss.header()));
+            if c.store {
+                self.cache.fill = self.start_fill(env, host);
+            }
+        }
+        if self.cache.fill.is_none() {
+            // Nothing will be stored: twins waiting for this call go now.
+            self.release_lease(env);
+        }
+    }
+
+    /// Where to collect a successful answer, `None` (counted) when it cannot
+    /// be stored.
+    fn start_fill(&self, env: &mut Env<'_>, host: &dyn Host) -> Option<Fill> {
+        if self.status != Some(200) {
+            count_store(env.metrics, "status");
+            return None;
+        }
+        let encoded = host
+            .response_header("content-encoding")
+            .is_some_and(|e| !e.trim().is_empty() && !e.trim().eq_ignore_ascii_case("identity"));
+        if encoded {
+            count_store(env.metrics, "encoded");
+            return None;
+        }
+        if self.sse.is_none() {
+            return Some(Fill::Json(Vec::new()));
+        }
+        match StreamAssembler::new(self.endpoint, env.config.cache.max_entry_bytes) {
+            Some(a) => Some(Fill::Sse(a)),
+            None => {
+                count_store(env.metrics, "endpoint");
+                None
+            }
+        }
+    }
+
+    /// Puts the entry of `c` in place of an upstream failure (`x-cache:
+    /// STALE`), fresh or within `cache.stale_if_error_s` of expiry. Only when
+    /// the failure has a body, which the body callback then replaces: a
+    /// bodyless one has no callback to carry the entry. Envoy's own timeout
+    /// reply always has one (the walk already replaces it).
+    fn serve_stale(&mut self, env: &mut Env<'_>, host: &mut dyn Host, c: Cacheable) -> bool {
+        if env.config.cache.stale_if_error_ms == 0 || !(self.envoy_timeout || declares_body(host)) {
+            return false;
+        }
+        let store = Store::new(env.store, &env.config.cache);
+        let (entry, age_s) = match store.lookup(&c.key, env.now_ms) {
+            Lookup::Hit { entry, age_s } | Lookup::Stale { entry, age_s } => (entry, age_s),
+            Lookup::Miss => return false,
+        };
+        let Ok(reply) = entry.reply(c.stream, c.include_usage) else {
+            internal_error(env, "cache_replay");
+            return false;
+        };
+        set_response(env, host, ":status", Some("200"));
+        set_response(env, host, "content-type", Some(reply.content_type));
+        set_response(env, host, "content-length", None);
+        set_response(env, host, "retry-after", None);
+        set_response(env, host, X_CACHE, Some(CacheStatus::Stale.header()));
+        set_response(env, host, AGE_HEADER, Some(&age_s.to_string()));
+        self.replace_response = Some(reply.body);
+        self.cache.status = Some(CacheStatus::Stale);
+        true
+    }
+
+    /// A response body chunk of `size` bytes (`chunk`, as read; `None` when
+    /// empty or unreadable) of a call whose answer is being collected; stores
+    /// the entry at the end of the stream.
+    pub(super) fn cache_on_response_body(
+        &mut self,
+        env: &mut Env<'_>,
+        size: usize,
+        chunk: Option<&[u8]>,
+        end_of_stream: bool,
+    ) {
+        let limit = env.config.cache.max_entry_bytes;
+        let Some(fill) = self.cache.fill.as_mut() else {
+            return;
+        };
+        if size > 0 && chunk.is_none() {
+            // A piece of the answer was not seen: what was collected is not it.
+            self.cache.fill = None;
+            internal_error(env, "cache_body_read");
+            self.release_lease(env);
+            return;
+        }
+        let mut gave_up = false;
+        if let Some(chunk) = chunk {
+            match fill {
+                Fill::Json(buf) => {
+                    if buf.len().saturating_add(chunk.len()) > limit as usize {
+                        gave_up = true;
+                    } else {
+                        buf.extend_from_slice(chunk);
+                    }
+                }
+                Fill::Sse(asm) => {
+                    asm.feed(chunk);
+                    gave_up = asm.gave_up();
+                }
+            }
+        }
+        if !end_of_stream && !gave_up {
+            return;
+        }
+        let Some(fill) = self.cache.fill.take() else {
+            return;
+        };
+        let stamp = env.config.cache.stamp(env.now_ms, env.rng.next_f64());
+        let entry = match fill {
+            Fill::Json(_) if gave_up => Err(policy::EntryError::TooLarge),
+            Fill::Json(buf) => Entry::from_json(self.endpoint, 200, &buf, stamp, limit),
+            Fill::Sse(asm) => asm.finish(stamp),
+        };
+        match entry {
+            Ok(entry) => self.store_entry(env, &entry),
+            Err(e) => count_store(env.metrics, e.as_str()),
+        }
+        // Stored or not, the twins waiting for it go now.
+        self.release_lease(env);
+    }
+
+    fn store_entry(&self, env: &mut Env<'_>, entry: &Entry) {
+        let Some(c) = self.cache.cacheable else {
+            return;
+        };
+        let store = Store::new(env.store, &env.config.cache);
+        match store.insert(&c.key, entry, env.now_ms) {
+            Ok(inserted) => {
+                count_store(env.metrics, "stored");
+                if inserted.evicted() {
+                    env.metrics.counter(names::CACHE_EVICTIONS, 1);
+                }
+                if let Some(t) = inserted.totals {
+                    t.set_gauges(env.metrics);
+                }
+            }
+            Err(e) => count_store(env.metrics, e.as_str()),
+        }
+    }
+
+    fn release_lease(&mut self, env: &mut Env<'_>) {
+        if let Some(lease) = self.cache.lease.take() {
+            coalesce::release(&Store::new(env.store, &env.config.cache), &lease);
+        }
+    }
+
+    /// End of the call: the lead is given up whatever happened, and the
+    /// lookup is counted with its final result.
+    pub(super) fn cache_on_log(&self, env: &mut Env<'_>) {
+        if let Some(lease) = &self.cache.lease {
+            coalesce::release(&Store::new(env.store, &env.config.cache), lease);
+        }
+        if let Some(status) = self.cache.status {
+            env.metrics.counter(&status.metric(), 1);
+        }
+    }
+}
+
+/// True when a response says a body follows (`content-length` above 0, or
+/// chunked): only then does a body callback come to replace it.
+fn declares_body(host: &dyn Host) -> bool {
+    let length = host
+        .response_header("content-length")
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let chunked = host
+        .response_header("transfer-encoding")
+        .is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
+    length.is_some_and(|n| n > 0) || chunked
+}
+
+fn count_store(m: &mut dyn Metrics, result: &str) {
+    m.counter(&names::name(names::CACHE_STORES, &[("result", result)]), 1);
+}
+
+fn count_wait(m: &mut dyn Metrics, outcome: &str) {
+    m.counter(
+        &names::name(names::CACHE_COALESCED_WAITS, &[("outcome", outcome)]),
+        1,
+    );
+}
