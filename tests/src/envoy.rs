@@ -13,27 +13,61 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
 
-/// Stats tag rules turning the filter's `<metric>.<label>.<value>...` stat names
-/// into Prometheus labels. Indented to sit under `stats_config:` at column 2.
-pub const STATS_TAGS_YAML: &str = r#"use_all_default_tags: true
-stats_tags:
-- tag_name: priority
-  regex: '(\.priority\.([^.]+))'
-- tag_name: model
-  regex: '(\.model\.([^.]+))'
-- tag_name: outcome
-  regex: '(\.outcome\.([^.]+))'
-- tag_name: token_type
-  regex: '(\.token_type\.([^.]+))'
-- tag_name: cluster
-  regex: '(\.cluster\.([^.]+))'
-- tag_name: result
-  regex: '(\.result\.([^.]+))'
-- tag_name: reason
-  regex: '(\.reason\.([^.]+))'
-- tag_name: tier
-  regex: '(\.tier\.([^.]+))'
-"#;
+/// The demo bootstrap, the one source of the `stats_config` rules that turn the
+/// filter's `<metric>.<label>.<value>...` stat names into Prometheus labels.
+const DEMO_ENVOY_YAML: &str = include_str!("../../envoy/envoy.yaml");
+
+/// The `stats_config:` block of `envoy/envoy.yaml`, from that line to the next
+/// top-level key, so generated configs label stats exactly as the demo does.
+pub fn stats_config_yaml() -> String {
+    top_level_block(DEMO_ENVOY_YAML, "stats_config")
+}
+
+/// The lines of the top-level key `key` in `yaml`: its own line and every
+/// following line up to the next line starting at column 0 (comments and blank
+/// lines inside the block are kept). Empty when the key is missing.
+pub fn top_level_block(yaml: &str, key: &str) -> String {
+    let head = format!("{key}:");
+    let mut out = String::new();
+    let mut inside = false;
+    for line in yaml.lines() {
+        let top_level = !line.is_empty() && !line.starts_with([' ', '#']);
+        if top_level {
+            inside = line.trim_end() == head;
+        }
+        if inside {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The `(tag_name, regex)` pairs of every `stats_tags` rule in a YAML text, in
+/// order, whether written as block mappings or as `{ tag_name: .., regex: '..' }`.
+/// Regexes are read as YAML single-quoted strings, the form these files use.
+pub fn stats_tag_rules(yaml: &str) -> Vec<(String, String)> {
+    let mut rules = Vec::new();
+    let mut name: Option<String> = None;
+    for line in yaml.lines() {
+        let line = line.split(" #").next().unwrap_or(line);
+        if let Some(rest) = line.split("tag_name:").nth(1) {
+            let value = rest.split([',', '}']).next().unwrap_or(rest);
+            name = Some(value.trim().trim_matches(['\'', '"']).to_string());
+        }
+        if let Some(rest) = line.split("regex:").nth(1) {
+            let rest = rest.trim_start();
+            let regex = rest
+                .strip_prefix('\'')
+                .and_then(|r| r.find('\'').map(|end| &r[..end]))
+                .unwrap_or(rest.trim_end_matches([' ', '}']));
+            if let Some(name) = name.take() {
+                rules.push((name, regex.to_string()));
+            }
+        }
+    }
+    rules
+}
 
 /// Name the filter is configured under (`name`, `root_id` and `vm_id`).
 pub const FILTER_NAME: &str = "llm_filter";
@@ -91,8 +125,10 @@ pub struct EnvoyBuilder {
     concurrency: u32,
     upstreams: Vec<(String, u16)>,
     cluster_header: Option<String>,
+    header_route: Option<String>,
     route_timeout_ms: Option<u64>,
     extra_route_yaml: Option<String>,
+    virtual_host_yaml: Option<String>,
     target: RouteTarget,
     log_level: String,
     component_log_level: Option<String>,
@@ -115,8 +151,10 @@ impl EnvoyBuilder {
             concurrency: 2,
             upstreams: Vec::new(),
             cluster_header: None,
+            header_route: None,
             route_timeout_ms: None,
             extra_route_yaml: None,
+            virtual_host_yaml: None,
             target: RouteTarget::Upstream,
             log_level: "info".to_string(),
             component_log_level: None,
@@ -158,6 +196,15 @@ impl EnvoyBuilder {
         self
     }
 
+    /// Adds a route ahead of the default one, as a deployment of model routing
+    /// has it: requests carrying `header` go to the cluster it names
+    /// (`cluster_header`), all others to the first upstream. Timeout and extra
+    /// route YAML apply to both routes.
+    pub fn header_route(mut self, header: &str) -> Self {
+        self.header_route = Some(header.to_string());
+        self
+    }
+
     /// Route timeout (Envoy's default is 15 s).
     pub fn route_timeout_ms(mut self, ms: u64) -> Self {
         self.route_timeout_ms = Some(ms);
@@ -167,6 +214,12 @@ impl EnvoyBuilder {
     /// YAML added under the route action, e.g. `"retry_policy:\n  retry_on: 5xx\n  num_retries: 2"`.
     pub fn extra_route_yaml(mut self, yaml: &str) -> Self {
         self.extra_route_yaml = Some(yaml.to_string());
+        self
+    }
+
+    /// YAML added to the virtual host, e.g. `"include_attempt_count_in_response: true"`.
+    pub fn virtual_host_yaml(mut self, yaml: &str) -> Self {
+        self.virtual_host_yaml = Some(yaml.to_string());
         self
     }
 
@@ -209,9 +262,14 @@ impl EnvoyBuilder {
         yaml.push_str("admin:\n  address: {socket_address: {address: 127.0.0.1, port_value: 0}}\n");
         // Histograms reach /stats/prometheus on flush; keep tests waiting briefly.
         yaml.push_str("stats_flush_interval: 1s\n");
-        yaml.push_str("stats_config:\n");
-        yaml.push_str(&indent(STATS_TAGS_YAML, 2));
-        yaml.push_str(LISTENER_HEAD);
+        yaml.push_str(&stats_config_yaml());
+        match &self.virtual_host_yaml {
+            Some(extra) => yaml.push_str(&LISTENER_HEAD.replace(
+                "              routes:\n",
+                &format!("{}              routes:\n", indent(extra, 14)),
+            )),
+            None => yaml.push_str(LISTENER_HEAD),
+        }
         yaml.push_str(&indent(&self.route_yaml(), 16));
         yaml.push_str("          http_filters:\n");
         if self.filter {
@@ -238,8 +296,32 @@ impl EnvoyBuilder {
         yaml
     }
 
-    /// The route entry (`match` plus action) at column 0.
+    /// The route entries (`match` plus action) at column 0.
     fn route_yaml(&self) -> String {
+        let (Some(header), RouteTarget::Upstream) = (&self.header_route, &self.target) else {
+            return self.default_route_yaml();
+        };
+        let mut route = format!(
+            "- match: {{prefix: \"/\", headers: [{{name: {}, present_match: true}}]}}\n  route:\n",
+            yaml_string(header)
+        );
+        let _ = writeln!(route, "    cluster_header: {}", yaml_string(header));
+        self.push_route_settings(&mut route);
+        route.push_str(&self.default_route_yaml());
+        route
+    }
+
+    fn push_route_settings(&self, route: &mut String) {
+        if let Some(ms) = self.route_timeout_ms {
+            let _ = writeln!(route, "    timeout: {}s", ms as f64 / 1000.0);
+        }
+        if let Some(extra) = &self.extra_route_yaml {
+            route.push_str(&indent(extra, 4));
+        }
+    }
+
+    /// The catch-all route entry at column 0.
+    fn default_route_yaml(&self) -> String {
         let mut route = String::from("- match: {prefix: \"/\"}\n");
         match &self.target {
             RouteTarget::Direct { status, body } => {
@@ -267,12 +349,7 @@ impl EnvoyBuilder {
                         let _ = writeln!(route, "    cluster_header: {DEFAULT_CLUSTER_HEADER}");
                     }
                 }
-                if let Some(ms) = self.route_timeout_ms {
-                    let _ = writeln!(route, "    timeout: {}s", ms as f64 / 1000.0);
-                }
-                if let Some(extra) = &self.extra_route_yaml {
-                    route.push_str(&indent(extra, 4));
-                }
+                self.push_route_settings(&mut route);
             }
         }
         route
@@ -363,6 +440,7 @@ const WASM_FILTER: &str = r#"          - name: envoy.filters.http.wasm
               config:
                 name: {name}
                 root_id: {name}
+                allow_on_headers_stop_iteration: true
                 fail_open: false
                 vm_config:
                   vm_id: {name}
@@ -556,6 +634,34 @@ impl Envoy {
         Ok(body)
     }
 
+    /// The samples of `/stats/prometheus` (empty when admin fails).
+    pub fn metrics(&self) -> Vec<crate::prometheus::Sample> {
+        self.prometheus()
+            .map(|text| crate::prometheus::parse(&text))
+            .unwrap_or_default()
+    }
+
+    /// Polls `/stats/prometheus` until the samples named `name` with `labels` sum
+    /// to at least `min` or `timeout` passes; returns the last sum. Counters move
+    /// when Envoy logs a stream, just after its last byte; histograms show after a
+    /// stats flush.
+    pub fn wait_for_metric(
+        &self,
+        name: &str,
+        labels: &[(&str, &str)],
+        min: f64,
+        timeout: Duration,
+    ) -> f64 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let value = crate::prometheus::sum(&self.metrics(), name, labels);
+            if value >= min || Instant::now() >= deadline {
+                return value;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Everything Envoy logged so far.
     pub fn log_contents(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
@@ -619,9 +725,12 @@ pub fn validate_config(yaml: &str) -> Result<()> {
     validate_config_file(&path)
 }
 
-/// Runs `envoy --mode validate -c path`; the error carries Envoy's output.
+/// Runs `envoy --mode validate -c path` from the workspace root, so relative paths
+/// in the config (the demo's wasm module) resolve as they do for `make run`; the
+/// error carries Envoy's output.
 pub fn validate_config_file(path: &Path) -> Result<()> {
     let output = Command::new(envoy_bin())
+        .current_dir(workspace_root())
         .arg("--mode")
         .arg("validate")
         .arg("-c")
@@ -722,6 +831,57 @@ mod tests {
         );
         assert!(dechunk(b"zz\r\n").is_err());
         assert!(dechunk(b"5\r\nab").is_err());
+    }
+
+    #[test]
+    fn reads_a_top_level_block() {
+        let yaml =
+            "a: 1\nstats_config:\n  # why\n  x: 1\n\n  y:\n  - z\nstatic_resources:\n  b: 2\n";
+        assert_eq!(
+            top_level_block(yaml, "stats_config"),
+            "stats_config:\n  # why\n  x: 1\n\n  y:\n  - z\n"
+        );
+        assert_eq!(top_level_block(yaml, "stats"), "");
+        assert_eq!(top_level_block(yaml, "missing"), "");
+    }
+
+    #[test]
+    fn reads_stats_tag_rules_in_block_and_flow_style() {
+        let block = "stats_tags:\n- tag_name: priority\n  regex: '(\\.priority\\.([^.]+))'\n";
+        let flow = "  - { tag_name: priority, regex: '(\\.priority\\.([^.]+))' }\n";
+        let want = vec![("priority".to_string(), r"(\.priority\.([^.]+))".to_string())];
+        assert_eq!(stats_tag_rules(block), want);
+        assert_eq!(stats_tag_rules(flow), want);
+    }
+
+    #[test]
+    fn generated_stats_config_is_the_demo_one() {
+        let block = stats_config_yaml();
+        assert!(block.starts_with("stats_config:\n"), "{block}");
+        assert!(block.contains("use_all_default_tags: true"), "{block}");
+        let rules = stats_tag_rules(&block);
+        for label in ["priority", "model", "outcome", "token_type"] {
+            assert!(rules.iter().any(|(name, _)| name == label), "{rules:?}");
+        }
+        let yaml = EnvoyBuilder::new().upstream("x", 1).config_yaml();
+        assert!(yaml.contains(&block), "{yaml}");
+    }
+
+    #[test]
+    fn header_route_precedes_the_default_route() {
+        let yaml = EnvoyBuilder::new()
+            .no_filter()
+            .upstream("default", 1)
+            .upstream("a", 2)
+            .header_route("x-llm-cluster")
+            .route_timeout_ms(2000)
+            .route_yaml();
+        assert_eq!(
+            yaml,
+            "- match: {prefix: \"/\", headers: [{name: \"x-llm-cluster\", present_match: true}]}\n  \
+             route:\n    cluster_header: \"x-llm-cluster\"\n    timeout: 2s\n\
+             - match: {prefix: \"/\"}\n  route:\n    cluster: \"default\"\n    timeout: 2s\n"
+        );
     }
 
     #[test]

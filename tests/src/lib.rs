@@ -4,6 +4,7 @@
 
 pub mod envoy;
 pub mod mock;
+pub mod prometheus;
 
 use std::time::{Duration, Instant};
 
@@ -14,8 +15,9 @@ use reqwest::header::HeaderMap;
 use serde_json::{json, Value};
 
 pub use envoy::{
-    envoy_available, envoy_bin, validate_config, validate_config_file, wasm_available, wasm_path,
-    workspace_root, Envoy, EnvoyBuilder, STATS_TAGS_YAML,
+    envoy_available, envoy_bin, stats_config_yaml, stats_tag_rules, top_level_block,
+    validate_config, validate_config_file, wasm_available, wasm_path, workspace_root, Envoy,
+    EnvoyBuilder,
 };
 pub use mock::{MockConfig, MockUpstream, RecordedRequest, Script};
 
@@ -40,6 +42,14 @@ pub fn http_client() -> reqwest::Client {
         .timeout(Duration::from_secs(30))
         .build()
         .unwrap_or_else(|e| panic!("http client: {e}"))
+}
+
+/// `text` with a number no other call of this process gets, so identical-looking
+/// calls stay distinct requests (never answered from a cache).
+pub fn unique(text: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{text} #{n}")
 }
 
 /// A non-streaming chat completion request with one user message.
@@ -97,29 +107,13 @@ pub async fn send(
     body: Option<&Value>,
     headers: &[(&str, &str)],
 ) -> Result<HttpResponse> {
-    let started = Instant::now();
     let mut request = http_client().request(method, url);
     if let Some(body) = body {
         request = request
             .header("content-type", "application/json")
             .body(body.to_string());
     }
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = request
-        .send()
-        .await
-        .with_context(|| format!("send {url}"))?;
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let body = response.bytes().await.context("read body")?;
-    Ok(HttpResponse {
-        status,
-        headers,
-        body,
-        elapsed: started.elapsed(),
-    })
+    execute(request, url, headers).await
 }
 
 /// POSTs a JSON body with extra headers and reads the whole answer.
@@ -129,11 +123,46 @@ pub async fn post_json(url: &str, body: &Value, headers: &[(&str, &str)]) -> Res
 
 /// POSTs raw bytes (e.g. invalid JSON) with a JSON content type.
 pub async fn post_raw(url: &str, body: &str, headers: &[(&str, &str)]) -> Result<HttpResponse> {
-    let started = Instant::now();
-    let mut request = http_client()
+    let request = http_client()
         .post(url)
         .header("content-type", "application/json")
         .body(body.to_string());
+    execute(request, url, headers).await
+}
+
+/// Sends any bytes (or none) with exactly the given headers, repeated names kept
+/// in order, on `client` (e.g. one that never reuses a connection).
+pub async fn send_bytes(
+    client: &reqwest::Client,
+    method: reqwest::Method,
+    url: &str,
+    body: Option<Vec<u8>>,
+    headers: &[(&str, &str)],
+) -> Result<HttpResponse> {
+    let mut request = client.request(method, url);
+    if let Some(body) = body {
+        request = request.body(body);
+    }
+    execute(request, url, headers).await
+}
+
+/// An HTTP client like [`http_client`] that opens a new connection for every call.
+pub fn http_client_without_reuse() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap_or_else(|e| panic!("http client: {e}"))
+}
+
+/// Adds `headers` (appended: a repeated name is sent twice), sends, reads the answer.
+async fn execute(
+    mut request: reqwest::RequestBuilder,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> Result<HttpResponse> {
+    let started = Instant::now();
     for (name, value) in headers {
         request = request.header(*name, *value);
     }

@@ -8,7 +8,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -38,6 +38,8 @@ pub const HEADER_RESET: &str = "x-mock-reset";
 pub const HEADER_FAIL_FIRST: &str = "x-mock-fail-first";
 /// Response header naming the instance that answered.
 pub const HEADER_INSTANCE: &str = "x-mock-instance";
+/// Request header: send this value as `retry-after` with an error status.
+pub const HEADER_RETRY_AFTER: &str = "x-mock-retry-after";
 
 /// Pause between SSE events unless configured otherwise.
 pub const DEFAULT_CHUNK_DELAY_MS: u64 = 50;
@@ -149,6 +151,9 @@ struct State {
     scripts: Mutex<VecDeque<Script>>,
     attempts: Mutex<HashMap<String, u64>>,
     status: Mutex<Option<u16>>,
+    reset: AtomicBool,
+    waiting: Mutex<f64>,
+    kv_usage: Mutex<f64>,
     default_delay_ms: AtomicU64,
     chunk_delay_ms: AtomicU64,
     in_flight: AtomicUsize,
@@ -207,6 +212,9 @@ impl MockUpstream {
             scripts: Mutex::new(VecDeque::new()),
             attempts: Mutex::new(HashMap::new()),
             status: Mutex::new(None),
+            reset: AtomicBool::new(false),
+            waiting: Mutex::new(0.0),
+            kv_usage: Mutex::new(0.0),
             default_delay_ms: AtomicU64::new(config.default_delay_ms),
             chunk_delay_ms: AtomicU64::new(config.chunk_delay_ms),
             in_flight: AtomicUsize::new(0),
@@ -294,6 +302,27 @@ impl MockUpstream {
     /// Status for every later request (`None` restores normal answers).
     pub fn set_status(&self, status: Option<u16>) {
         *lock(&self.state.status) = status;
+    }
+
+    /// Drops the connection of every later request without a response (after
+    /// the default delay), probes included; `false` restores normal answers.
+    pub fn set_reset(&self, reset: bool) {
+        self.state.reset.store(reset, Ordering::SeqCst);
+    }
+
+    /// Load the `GET /metrics` endpoint reports, as a vLLM server would:
+    /// `vllm:num_requests_waiting` and `vllm:kv_cache_usage_perc` (0..1).
+    pub fn set_load(&self, waiting: f64, kv_usage: f64) {
+        *lock(&self.state.waiting) = waiting;
+        *lock(&self.state.kv_usage) = kv_usage;
+    }
+
+    /// Requests received for `method` and `path` since start (or the last clear).
+    pub fn count(&self, method: &str, path: &str) -> usize {
+        lock(&self.state.requests)
+            .iter()
+            .filter(|r| r.method == method && r.path == path)
+            .count()
     }
 
     /// Queues a one-shot behaviour; each request consumes the oldest one.
@@ -429,7 +458,9 @@ async fn handle(
     let chunk_delay_ms = recorded
         .header_u64(HEADER_CHUNK_DELAY_MS)
         .unwrap_or_else(|| state.chunk_delay_ms.load(Ordering::SeqCst));
-    let reset = script.reset || recorded.header(HEADER_RESET) == Some("1");
+    let reset = script.reset
+        || recorded.header(HEADER_RESET) == Some("1")
+        || state.reset.load(Ordering::SeqCst);
     let mut status = recorded
         .header_u64(HEADER_STATUS)
         .and_then(|s| u16::try_from(s).ok())
@@ -473,6 +504,12 @@ async fn handle(
     if let Ok(name) = HeaderValue::from_str(&state.name) {
         response.headers_mut().insert(HEADER_INSTANCE, name);
     }
+    let retry_after = recorded.header(HEADER_RETRY_AFTER);
+    if let Some(value) = retry_after.and_then(|v| HeaderValue::from_str(v).ok()) {
+        if response.status().as_u16() >= 400 {
+            response.headers_mut().insert("retry-after", value);
+        }
+    }
     Ok(response)
 }
 
@@ -487,6 +524,7 @@ fn route(
     match (method, req.path.as_str()) {
         (&Method::GET, "/health") => text_response(StatusCode::OK, "ok"),
         (&Method::GET, "/v1/models") => json_response(StatusCode::OK, &models(state)),
+        (&Method::GET, "/metrics") => metrics_response(state),
         (&Method::POST, "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings") => {
             let Ok(body) = serde_json::from_slice::<Value>(&req.body) else {
                 return error_response(
@@ -790,6 +828,31 @@ fn models(state: &State) -> Value {
         .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": state.name}))
         .collect();
     json!({"object": "list", "data": data})
+}
+
+/// Prometheus text as a vLLM server exports it, with the load set by
+/// [`MockUpstream::set_load`].
+fn metrics_response(state: &State) -> Response<Body> {
+    let waiting = *lock(&state.waiting);
+    let kv_usage = *lock(&state.kv_usage);
+    let name = &state.name;
+    let text = format!(
+        "# HELP vllm:num_requests_running Number of requests currently running.\n\
+         # TYPE vllm:num_requests_running gauge\n\
+         vllm:num_requests_running{{model_name=\"{name}\"}} 1.0\n\
+         # HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n\
+         # TYPE vllm:num_requests_waiting gauge\n\
+         vllm:num_requests_waiting{{model_name=\"{name}\"}} {waiting:?}\n\
+         # HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n\
+         # TYPE vllm:kv_cache_usage_perc gauge\n\
+         vllm:kv_cache_usage_perc{{model_name=\"{name}\"}} {kv_usage:?}\n"
+    );
+    let mut response = Response::new(full(text));
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    response
 }
 
 fn full(bytes: impl Into<Bytes>) -> Body {

@@ -7,6 +7,7 @@ use std::fmt;
 use serde::Deserialize;
 
 use crate::budget::{BudgetConfig, RawBudgetConfig};
+use crate::cache::{CacheConfig, RawCacheConfig};
 use crate::classify::DEFAULT_PATHS;
 use crate::priority::Priority;
 use crate::routing::{RawRoutingConfig, RoutingConfig};
@@ -62,6 +63,8 @@ pub struct RawConfig {
     pub routing: RawRoutingConfig,
     /// Budget section.
     pub budget: RawBudgetConfig,
+    /// Cache section.
+    pub cache: RawCacheConfig,
 }
 
 /// `priority` as written.
@@ -98,6 +101,8 @@ pub struct Config {
     pub routing: RoutingConfig,
     /// Timeout budgets and the breaker.
     pub budget: BudgetConfig,
+    /// The response cache.
+    pub cache: CacheConfig,
 }
 
 /// Compiled `priority`.
@@ -131,6 +136,7 @@ impl Default for Config {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             routing: RoutingConfig::default(),
             budget: BudgetConfig::default(),
+            cache: CacheConfig::default(),
         })
     }
 }
@@ -207,6 +213,7 @@ impl Config {
             max_body_bytes,
             routing: RoutingConfig::compile(raw.routing)?,
             budget: BudgetConfig::compile(raw.budget)?,
+            cache: CacheConfig::compile(raw.cache)?,
             priority: PriorityConfig {
                 default,
                 trust_client: raw.priority.trust_client.unwrap_or(true),
@@ -230,6 +237,13 @@ mod tests {
             assert_eq!(c.tracing, TracingMode::Always);
         }
         assert_eq!(Config::default(), Config::parse(b"{}").unwrap());
+        assert_eq!(
+            Config::parse(b"{}").unwrap().cache,
+            crate::cache::CacheConfig::default()
+        );
+        let off = Config::parse(br#"{"cache":{"enabled":false,"max_entries":8}}"#).unwrap();
+        assert!(!off.cache.enabled);
+        assert_eq!(off.cache.max_entries, 8);
     }
 
     #[test]
@@ -266,6 +280,14 @@ mod tests {
             ),
             (r#"{"llm_paths":["v1/chat"]}"#, "llm_paths[0]", "v1/chat"),
             (r#"{"llm_paths":"x"}"#, "llm_paths", "x"),
+            (r#"{"cache":{"ttl_s":0}}"#, "cache.ttl_s", "0"),
+            (r#"{"cache":{"ttl":60}}"#, "cache.ttl", "unknown field"),
+            (r#"{"cache":{"enabled":"yes"}}"#, "cache.enabled", "yes"),
+            (
+                r#"{"cache":{"scope":"world"}}"#,
+                "cache.scope",
+                "tenant, global",
+            ),
             ("[1]", ".", "JSON object"),
             ("{", ".", "EOF"),
         ] {

@@ -54,7 +54,8 @@ pub const CACHE_STORES: &str = "llm_filter_cache_stores_total";
 
 // routing
 /// Calls sent to a routed cluster, by `cluster` and `outcome` (`success` |
-/// `client_error` | `rate_limited` | `server_error` | `reset` | `timeout`).
+/// `client_error` | `rate_limited` | `server_error` | `reset` | `timeout` |
+/// `cancelled`).
 pub const ROUTING_CALLS: &str = "llm_filter_routing_calls_total";
 /// Effective weight of a cluster for a model, ×1000, by `model` and `cluster`.
 pub const ROUTING_WEIGHT: &str = "llm_filter_routing_weight_milli";

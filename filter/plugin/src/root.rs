@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::rc::{Rc, Weak};
 use std::time::Duration;
 
+use llm_filter_core::cache::{CacheConfig, Store, PREPARE_MAX_SLOTS};
 use llm_filter_core::config::Config;
 use llm_filter_core::host::{Metrics, Random, SplitMix64};
 use llm_filter_core::metrics::{self, BoundedLabel};
@@ -199,6 +200,35 @@ impl Root {
     }
 }
 
+/// Logs the most memory the cache can take and creates its slots in shared
+/// data (up to [`PREPARE_MAX_SLOTS`]), so Envoy's compare-and-swap guards each
+/// of them from the first write.
+fn prepare_cache(cfg: &CacheConfig, metrics: &mut EnvoyMetrics) {
+    if !cfg.enabled {
+        return;
+    }
+    let worst = cfg.worst_case_bytes();
+    log::info!(
+        "llm-filter: response cache of {} slots of at most {} bytes each: \
+         worst-case shared-data footprint {} bytes ({} MiB)",
+        cfg.max_entries,
+        cfg.max_entry_bytes,
+        worst,
+        worst.div_ceil(1 << 20)
+    );
+    let store = Store::new(&EnvoyStore, cfg);
+    if cfg.max_entries > PREPARE_MAX_SLOTS {
+        log::info!(
+            "llm-filter: more than {PREPARE_MAX_SLOTS} cache slots: they are created as they fill"
+        );
+    } else if store.prepare().is_err() {
+        log::warn!("llm-filter: cannot create the cache slots; the entry totals may drift");
+    }
+    if let Some(totals) = store.totals() {
+        totals.set_gauges(metrics);
+    }
+}
+
 impl Context for Root {
     fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
         let Some(call) = self.probes.remove(&token) else {
@@ -245,11 +275,13 @@ impl RootContext for Root {
             config.llm_paths.len(),
             config.routing.models.len()
         );
+        let mut metrics = EnvoyMetrics::default();
+        prepare_cache(&config.cache, &mut metrics);
         let mut rng = SplitMix64::new(host::entropy());
         self.worker_id = rng.next_u64().max(1);
         self.worker = Some(Rc::new(Worker {
             config,
-            metrics: RefCell::new(EnvoyMetrics::default()),
+            metrics: RefCell::new(metrics),
             rng: RefCell::new(rng),
             models: RefCell::new(BoundedLabel::new(MAX_MODEL_LABELS)),
             parked: RefCell::new(Vec::new()),

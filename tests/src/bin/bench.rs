@@ -23,10 +23,24 @@ struct Scenario {
     path: &'static str,
     headers: Vec<(&'static str, &'static str)>,
     body: String,
+    /// The `x-cache` every measured request must get (checked on a second
+    /// call after the first, which warms the cache).
+    expect_cache: Option<&'static str>,
 }
 
 fn scenarios() -> Vec<Scenario> {
     let chat = chat_body("gpt-4o", "Say hello in one short sentence.").to_string();
+    // Temperature 0: deterministic, so cacheable.
+    let mut deterministic = chat_body("gpt-4o", "Say hello in one short sentence.");
+    deterministic["temperature"] = json!(0);
+    let mut streamed = deterministic.clone();
+    streamed["stream"] = json!(true);
+    let filter = |port| {
+        EnvoyBuilder::new()
+            .plugin_config("{}")
+            .concurrency(1)
+            .upstream("backend", port)
+    };
     vec![
         Scenario {
             name: "plain",
@@ -39,6 +53,7 @@ fn scenarios() -> Vec<Scenario> {
             path: "/v1/chat/completions",
             headers: vec![],
             body: chat.clone(),
+            expect_cache: None,
         },
         Scenario {
             name: "filter-empty-config",
@@ -51,6 +66,23 @@ fn scenarios() -> Vec<Scenario> {
             path: "/v1/chat/completions",
             headers: vec![],
             body: chat,
+            expect_cache: Some("BYPASS"),
+        },
+        Scenario {
+            name: "filter-cache-hit",
+            envoy: filter,
+            path: "/v1/chat/completions",
+            headers: vec![],
+            body: deterministic.to_string(),
+            expect_cache: Some("HIT"),
+        },
+        Scenario {
+            name: "filter-cache-hit-sse",
+            envoy: filter,
+            path: "/v1/chat/completions",
+            headers: vec![],
+            body: streamed.to_string(),
+            expect_cache: Some("HIT"),
         },
     ]
 }
@@ -228,12 +260,24 @@ fn run_wrk(url: &str, script: &Path, options: &Options, duration_s: u64) -> Resu
 }
 
 /// One request through the Envoy under test, so a broken setup fails loudly
-/// instead of benchmarking error replies.
+/// instead of benchmarking error replies; a second one checks the cache's part
+/// (the first one filled the entry the hit scenarios are served from).
 async fn check(envoy: &Envoy, scenario: &Scenario) -> Result<()> {
     let body: serde_json::Value = serde_json::from_str(&scenario.body)?;
-    let response = post_json(&envoy.url(scenario.path), &body, &scenario.headers).await?;
+    let url = envoy.url(scenario.path);
+    let response = post_json(&url, &body, &scenario.headers).await?;
     if response.status != 200 {
         bail!("check request got {}: {}", response.status, response.text());
+    }
+    if let Some(want) = scenario.expect_cache {
+        let again = post_json(&url, &body, &scenario.headers).await?;
+        let got = again.header("x-cache").unwrap_or("<none>");
+        if again.status != 200 || got != want {
+            bail!(
+                "check request got {} with x-cache {got}, want 200 {want}",
+                again.status
+            );
+        }
     }
     Ok(())
 }

@@ -48,6 +48,12 @@ impl FakeHost {
         self
     }
 
+    pub fn with_response_header(mut self, name: &str, value: &str) -> Self {
+        self.response_headers
+            .push((name.to_string(), value.to_string()));
+        self
+    }
+
     pub fn header(&self, name: &str) -> Option<&str> {
         self.request_headers
             .iter()

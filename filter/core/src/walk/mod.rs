@@ -15,10 +15,15 @@ use crate::routing::{self, health, CallResult, Features};
 use crate::trace_context;
 use crate::usage::{self, SseScanner, Usage};
 
+mod cache;
+#[cfg(test)]
+mod cache_tests;
 #[cfg(test)]
 mod fake;
 #[cfg(test)]
 mod tests;
+
+pub use cache::AGE_HEADER;
 
 /// Header carrying the caller's priority.
 pub const PRIORITY_HEADER: &str = "x-request-priority";
@@ -26,6 +31,9 @@ pub const PRIORITY_HEADER: &str = "x-request-priority";
 pub const TRACE_ID_HEADER: &str = "x-trace-id";
 /// Response header naming the cluster that served the call.
 pub const CLUSTER_RESPONSE_HEADER: &str = "x-llm-cluster";
+/// Envoy's `response.code_details` prefix of its reply to an upstream that
+/// reset (or refused) the stream before any response.
+pub const UPSTREAM_RESET_DETAILS: &str = "upstream_reset_before_response_started";
 /// Breaker name of calls that routing did not place on a cluster.
 pub const DEFAULT_BREAKER: &str = "default";
 
@@ -107,6 +115,9 @@ enum Parked {
     /// it (the Wasm plugin lacks `allow_on_headers_stop_iteration`), the
     /// watchdog lets the request go untouched.
     Body { since_ms: u64 },
+    /// Waiting for an identical call in flight to store its answer, until
+    /// this time at the latest (see [`crate::cache::coalesce`]).
+    Coalescing { deadline_ms: u64 },
 }
 
 /// How long a held request may see no body callback before the watchdog
@@ -120,7 +131,6 @@ const MAX_OBSERVED_BODY: usize = 1 << 20;
 /// One LLM call in flight.
 #[derive(Debug)]
 pub struct Call {
-    #[allow(dead_code)]
     endpoint: Endpoint,
     priority: Priority,
     trace_id: Option<String>,
@@ -143,11 +153,17 @@ pub struct Call {
     response_headers_ms: Option<u64>,
     first_byte_ms: Option<u64>,
     attempts: Option<u32>,
+    /// Retries the plan let Envoy make (`x-envoy-max-retries` as sent).
+    planned_retries: u32,
     envoy_timeout: bool,
+    /// Envoy answered because the upstream reset before responding.
+    upstream_reset: bool,
     sse: Option<SseScanner>,
     response_copy: Option<Vec<u8>>,
     /// A body to put in place of the response's (Envoy's own timeout page).
     replace_response: Option<Vec<u8>>,
+    /// The response cache's part in the call.
+    cache: cache::CacheCall,
 }
 
 impl Call {
@@ -191,10 +207,13 @@ impl Call {
             response_headers_ms: None,
             first_byte_ms: None,
             attempts: None,
+            planned_retries: 0,
             envoy_timeout: false,
+            upstream_reset: false,
             sse: None,
             response_copy: None,
             replace_response: None,
+            cache: cache::CacheCall::new(env.config.cache.enabled),
         };
         call.tag(env, host);
         if end_of_stream {
@@ -224,7 +243,7 @@ impl Call {
     /// Body-based features are configured.
     fn wants_body(&self, cfg: &Config) -> bool {
         // The budget plan differs for streams, which only the body tells.
-        !cfg.routing.models.is_empty() || cfg.budget.enabled
+        !cfg.routing.models.is_empty() || cfg.budget.enabled || cfg.cache.enabled
     }
 
     /// Priority, baggage and trace context, written toward the upstream.
@@ -274,9 +293,9 @@ impl Call {
             let body = host.request_body(size).unwrap_or_default();
             return self.decide(env, host, Some(&body), size);
         }
-        if let Some(copy) = self.request_copy.as_mut() {
+        if self.request_copy.is_some() {
             if let Some(chunk) = host.request_body(size) {
-                keep(copy, &chunk);
+                keep(&mut self.request_copy, &chunk);
             }
         }
         Step::Continue
@@ -299,9 +318,30 @@ impl Call {
             self.stream_requested = Some(false);
         }
 
+        // Cache: answer from an entry, or wait for an identical call in
+        // flight, before routing and admission (a cached answer is served
+        // even while the backend sheds).
+        if let Some(step) = self.cache_request(env, host, body, body_size) {
+            return step;
+        }
+        self.go_upstream(env, host, features.as_ref(), body, body_size)
+    }
+
+    /// Routing and admission of a call that goes upstream.
+    fn go_upstream(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        features: Option<&Features>,
+        body: Option<&[u8]>,
+        body_size: usize,
+    ) -> Step {
         // Route: pick the model's cluster by measured health.
-        if let (Some(f), Some(model), Some(body)) = (&features, self.model.clone(), body) {
+        if let (Some(f), Some(model), Some(body)) = (features, self.model.clone(), body) {
             self.route(env, host, f, &model, body, body_size);
+        }
+        if self.cluster.is_none() {
+            keep_default_route(env, host);
         }
 
         // Admit and plan by the caller's budget.
@@ -378,7 +418,9 @@ impl Call {
         if !host.clear_route_cache() {
             internal_error(env, "clear_route_cache");
         }
-        let _ = health::record_start(env.store, &decision.cluster, env.now_ms);
+        if let Ok(r) = health::record_start(env.store, &decision.cluster, env.now_ms) {
+            set_in_flight(env, &decision.cluster, &r.health);
+        }
         self.cluster = Some(decision.cluster);
     }
 
@@ -421,8 +463,9 @@ impl Call {
         };
         match budget_plan::plan(&input, cfg) {
             Ok(plan) => {
-                for (header, value) in plan.headers(cfg) {
-                    set_request(env, host, header, Some(&value));
+                self.planned_retries = plan.retries(cfg);
+                for (header, value) in plan.header_updates(cfg) {
+                    set_request(env, host, header, value.as_deref());
                 }
                 if host.request_header(budget_plan::IDEMPOTENCY_KEY).is_none() {
                     let key = budget_plan::idempotency_key(env.rng);
@@ -449,6 +492,9 @@ impl Call {
             r.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
         if let Some(t) = &self.trace_id {
             headers.push((TRACE_ID_HEADER, t));
+        }
+        if let Some(x_cache) = self.cache.header() {
+            headers.push((crate::cache::X_CACHE, x_cache));
         }
         if host.send_local_reply(r.status, &headers, &r.body) {
             self.local_reply = Some(r.status);
@@ -481,6 +527,7 @@ impl Call {
                 let _ = host;
                 Wake::ResumeWithoutBodies
             }
+            Some(Parked::Coalescing { deadline_ms }) => self.cache_on_tick(env, host, deadline_ms),
         }
     }
 
@@ -504,10 +551,16 @@ impl Call {
         }
         if let Some(status) = self.status {
             let details = host.response_code_details();
+            // Envoy's own 503 for a reset upstream: the call got no answer.
+            self.upstream_reset = details
+                .as_deref()
+                .is_some_and(|d| d.starts_with(UPSTREAM_RESET_DETAILS));
             if reply::is_envoy_timeout(u32::from(status), details.as_deref()) {
                 self.envoy_timeout = true;
                 let r = reply::local_reply(reply::ReplyKind::UpstreamTimeout, None);
-                set_response(env, host, "content-type", Some("application/json"));
+                for (name, value) in &r.headers {
+                    set_response(env, host, name, Some(value));
+                }
                 set_response(env, host, "content-length", None);
                 self.replace_response = Some(r.body);
             }
@@ -518,6 +571,7 @@ impl Call {
         if let Some(c) = self.cluster.clone() {
             set_response(env, host, CLUSTER_RESPONSE_HEADER, Some(&c));
         }
+        self.cache_on_response_headers(env, host);
         Step::Continue
     }
 
@@ -544,22 +598,25 @@ impl Call {
             }
             return Step::Continue;
         }
-        if size == 0 {
-            return Step::Continue;
-        }
-        let Some(chunk) = host.response_body(size) else {
-            return Step::Continue;
+        let chunk = if size == 0 {
+            None
+        } else {
+            host.response_body(size)
         };
-        if let Some(sse) = self.sse.as_mut() {
-            sse.feed(&chunk);
-        } else if let Some(copy) = self.response_copy.as_mut() {
-            keep(copy, &chunk);
+        if let Some(chunk) = &chunk {
+            if let Some(sse) = self.sse.as_mut() {
+                sse.feed(chunk);
+            } else {
+                keep(&mut self.response_copy, chunk);
+            }
         }
+        self.cache_on_response_body(env, size, chunk.as_deref(), end_of_stream);
         Step::Continue
     }
 
     /// End of the stream: metrics and what the call teaches the shared state.
     pub fn on_log(self, env: &mut Env<'_>) {
+        self.cache_on_log(env);
         let model = self
             .model
             .clone()
@@ -572,7 +629,7 @@ impl Call {
         let status = self
             .local_reply
             .and_then(|s| u16::try_from(s).ok())
-            .or(self.status);
+            .or(self.status.filter(|_| !self.upstream_reset));
         let model_label = env.models.value(model.as_deref()).to_string();
         CallRecord {
             priority: self.priority,
@@ -586,14 +643,23 @@ impl Call {
         }
         .emit(env.metrics);
         if self.local_reply.is_some() {
+            // Routed, then answered here (breaker, budget): it never left.
+            if let Some(cluster) = &self.cluster {
+                if let Ok(r) = health::record_unsent(env.store, cluster, env.now_ms) {
+                    set_in_flight(env, cluster, &r.health);
+                }
+            }
             return;
         }
         let elapsed = env.now_ms.saturating_sub(self.started_ms);
         if let Some(cluster) = &self.cluster {
             let result = match self.status {
                 _ if self.envoy_timeout => CallResult::Timeout,
+                _ if self.upstream_reset => CallResult::Reset,
                 Some(s) => CallResult::Status(s),
-                None => CallResult::Reset,
+                // Envoy answers every upstream failure itself (503 on a reset,
+                // 504 on a timeout), so no status at all means the client left.
+                None => CallResult::Cancelled,
             };
             let outcome = routing::Outcome {
                 result,
@@ -620,15 +686,23 @@ impl Call {
                 &outcome,
                 env.now_ms,
             ) {
-                Ok(r) if r.ejected => env.metrics.counter(
-                    &names::name(names::ROUTING_EJECTIONS, &[("cluster", cluster)]),
-                    1,
-                ),
-                Ok(_) => {}
+                Ok(r) => {
+                    if r.ejected {
+                        env.metrics.counter(
+                            &names::name(names::ROUTING_EJECTIONS, &[("cluster", cluster)]),
+                            1,
+                        );
+                    }
+                    set_in_flight(env, cluster, &r.health);
+                }
                 Err(_) => internal_error(env, "routing_record"),
             }
         }
-        if let Some(name) = &self.breaker {
+        // Envoy answers every upstream failure itself (503, 504), so a call
+        // without any response status is one the client gave up on: it says
+        // nothing about the backend's pressure.
+        let client_left = self.status.is_none();
+        if let Some(name) = self.breaker.as_ref().filter(|_| !client_left) {
             let cfg = &env.config.budget;
             // A stream's budget is spent waiting for its headers (see
             // `budget.streaming`); the stream itself may run long.
@@ -638,7 +712,7 @@ impl Call {
             };
             let used = until.unwrap_or(env.now_ms).saturating_sub(self.started_ms);
             let failed = self.envoy_timeout || breaker::is_failure(self.status.map(u32::from));
-            let retries = self.attempts.map_or(0, |a| a.saturating_sub(1));
+            let retries = breaker::retries_made(self.attempts, self.planned_retries, failed);
             let sample = budget::Sample::new(used, self.budget_ms, failed, retries);
             budget::observe_used(
                 env.metrics,
@@ -663,15 +737,39 @@ impl Call {
     }
 }
 
-/// Appends `chunk` to `buf` up to [`MAX_OBSERVED_BODY`]; past it the copy is
+/// Appends `chunk` to the copy up to [`MAX_OBSERVED_BODY`]; past it the copy is
 /// useless (a cut JSON document) and is dropped.
-fn keep(buf: &mut Vec<u8>, chunk: &[u8]) {
+fn keep(copy: &mut Option<Vec<u8>>, chunk: &[u8]) {
+    let Some(buf) = copy.as_mut() else {
+        return;
+    };
     if buf.len().saturating_add(chunk.len()) > MAX_OBSERVED_BODY {
-        buf.clear();
-        buf.shrink_to_fit();
+        *copy = None;
         return;
     }
     buf.extend_from_slice(chunk);
+}
+
+/// An LLM call that routing does not place goes to the route's default: a
+/// cluster header sent by the client must not pick a cluster instead.
+fn keep_default_route(env: &mut Env<'_>, host: &mut dyn Host) {
+    let cfg = &env.config.routing;
+    if cfg.models.is_empty() || host.request_header(&cfg.cluster_header).is_none() {
+        return;
+    }
+    let header = cfg.cluster_header.clone();
+    set_request(env, host, &header, None);
+    if !host.clear_route_cache() {
+        internal_error(env, "clear_route_cache");
+    }
+}
+
+/// Calls in flight to `cluster` across workers, as the record just written says.
+fn set_in_flight(env: &mut Env<'_>, cluster: &str, h: &routing::Health) {
+    env.metrics.gauge(
+        &names::name(names::ROUTING_IN_FLIGHT, &[("cluster", cluster)]),
+        i64::from(h.in_flight),
+    );
 }
 
 fn internal_error(env: &mut Env<'_>, reason: &str) {

@@ -126,6 +126,23 @@ fn a_client_idempotency_key_is_kept() {
     assert_eq!(host.header("idempotency-key"), Some("mine"));
 }
 
+#[test]
+fn a_client_cannot_outgrow_the_plan_with_router_headers() {
+    let mut w = World::new(r#"{"budget": {"retry_ratio": 0}}"#);
+    let mut host = FakeHost::post("/v1/chat/completions")
+        .with_header("x-request-timeout-ms", "3000")
+        .with_header("x-envoy-upstream-rq-timeout-ms", "600000")
+        .with_header("x-envoy-upstream-rq-per-try-timeout-ms", "100")
+        .with_header("x-envoy-max-retries", "10")
+        .with_header("x-envoy-retry-on", "5xx")
+        .with_body(CHAT);
+    w.request(&mut host).unwrap();
+    assert_eq!(host.header("x-envoy-upstream-rq-timeout-ms"), Some("3000"));
+    assert_eq!(host.header("x-envoy-upstream-rq-per-try-timeout-ms"), None);
+    assert_eq!(host.header("x-envoy-max-retries"), Some("0"));
+    assert_eq!(host.header("x-envoy-retry-on"), None);
+}
+
 const ROUTED: &str = r#"{
   "routing": {
     "models": {
@@ -204,9 +221,12 @@ fn overload(w: &mut World) {
             .with_body(CHAT);
         let (mut call, _) = w.request(&mut host).unwrap();
         let mut host = host.with_response(504, "text/plain", "upstream request timeout");
-        host.code_details = Some("upstream_response_timeout".into());
+        // What Envoy 1.40's router says of its own global timeout.
+        host.code_details = Some("response_timeout".into());
         w.respond(&mut call, &mut host);
         assert!(String::from_utf8_lossy(&host.response_body).contains("\"error\""));
+        assert_eq!(host.response("content-type"), Some("application/json"));
+        assert_eq!(host.response("content-length"), None);
         call.on_log(&mut w.env());
         w.now_ms += 10;
     }
@@ -239,6 +259,34 @@ fn an_overloaded_backend_refuses_low_priority_but_not_p0() {
     let (_, step) = w.request(&mut host).unwrap();
     assert_eq!(step, Step::Continue);
     assert!(host.local_reply.is_none());
+}
+
+#[test]
+fn failed_calls_without_an_attempt_count_spend_the_retry_budget() {
+    // The route does not report `x-envoy-attempt-count`: a failed call is
+    // taken to have used the retries it was planned, so a failing backend
+    // stops being retried once the window's retries pass `retry_ratio`.
+    let mut w = World::new(r#"{"budget": {"min_calls": 5}}"#);
+    let mut planned = Vec::new();
+    for _ in 0..12 {
+        let mut host = FakeHost::post("/v1/chat/completions")
+            .with_header("x-request-priority", "P0")
+            .with_body(CHAT);
+        let (mut call, _) = w.request(&mut host).unwrap();
+        planned.push(host.header("x-envoy-max-retries").unwrap_or("").to_string());
+        let mut host = host.with_response(503, "application/json", "{}");
+        w.respond(&mut call, &mut host);
+        call.on_log(&mut w.env());
+        w.now_ms += 10;
+    }
+    // Five calls warm the window up with two retries each; ten retries over
+    // five to twelve calls is far above 0.2 of them.
+    assert_eq!(planned[..5], ["2"; 5], "{planned:?}");
+    assert_eq!(planned[5..], ["0"; 7], "{planned:?}");
+    assert_eq!(
+        w.counter("llm_filter_budget_retry_budget_spent_total.cluster.default"),
+        7
+    );
 }
 
 #[test]
@@ -304,4 +352,123 @@ fn a_delivered_body_unparks() {
         Step::Pause
     );
     assert!(!call.is_parked());
+}
+
+#[test]
+fn a_client_cluster_header_never_picks_the_cluster() {
+    // Unrouted model: the call goes to the default route.
+    let mut w = World::new(ROUTED);
+    let mut host = FakeHost::post("/v1/chat/completions")
+        .with_header("x-llm-cluster", "internal-admin")
+        .with_body(&CHAT.replace("gpt-4o", "other"));
+    w.request(&mut host).unwrap();
+    assert_eq!(host.header("x-llm-cluster"), None);
+    assert_eq!(host.route_cache_cleared, 1);
+    // Routed model: the filter's choice replaces the client's.
+    let mut host = FakeHost::post("/v1/chat/completions")
+        .with_header("x-llm-cluster", "internal-admin")
+        .with_body(CHAT);
+    w.request(&mut host).unwrap();
+    assert_eq!(host.header("x-llm-cluster"), Some("azure"));
+    // Without routing the header is none of the filter's business.
+    let mut w = World::new("{}");
+    let mut host = FakeHost::post("/v1/chat/completions")
+        .with_header("x-llm-cluster", "mine")
+        .with_body(CHAT);
+    w.request(&mut host).unwrap();
+    assert_eq!(host.header("x-llm-cluster"), Some("mine"));
+    assert_eq!(host.route_cache_cleared, 0);
+}
+
+#[test]
+fn a_client_that_leaves_teaches_routing_nothing() {
+    let mut w = World::new(ROUTED);
+    for _ in 0..5 {
+        let mut host = FakeHost::post("/v1/chat/completions").with_body(CHAT);
+        let (call, _) = w.request(&mut host).unwrap();
+        assert_eq!(
+            w.metrics
+                .gauges
+                .get("llm_filter_routing_in_flight.cluster.azure"),
+            Some(&1)
+        );
+        // No response at all: the client went away.
+        call.on_log(&mut w.env());
+    }
+    let h = health::read(&w.store, "azure").unwrap();
+    assert!(!h.is_ejected(w.now_ms));
+    assert_eq!(
+        (h.in_flight, h.consecutive_failures, h.errors),
+        (0, 0, None)
+    );
+    assert_eq!(
+        w.counter("llm_filter_routing_calls_total.cluster.azure.outcome.cancelled"),
+        5
+    );
+    assert_eq!(
+        w.metrics
+            .gauges
+            .get("llm_filter_routing_in_flight.cluster.azure"),
+        Some(&0)
+    );
+}
+
+#[test]
+fn a_routed_call_answered_locally_leaves_the_in_flight_count() {
+    let mut w = World::new(r#"{"routing": {"models": {"gpt-4o": [{"cluster": "a"}]}}}"#);
+    let mut host = FakeHost::post("/v1/chat/completions")
+        .with_header("x-request-timeout-ms", "100")
+        .with_body(CHAT);
+    let (mut call, _) = Call::start(&mut w.env(), &mut host, false).unwrap();
+    w.now_ms += 150;
+    let size = host.request_body.len();
+    call.on_request_body(&mut w.env(), &mut host, size, true);
+    assert_eq!(host.local_reply.as_ref().unwrap().0, 504);
+    assert_eq!(health::read(&w.store, "a").unwrap().in_flight, 1);
+    call.on_log(&mut w.env());
+    let h = health::read(&w.store, "a").unwrap();
+    assert_eq!((h.in_flight, h.errors), (0, None));
+    assert_eq!(
+        w.counter("llm_filter_routing_calls_total.cluster.a.outcome.server_error"),
+        0
+    );
+}
+
+#[test]
+fn envoys_reply_to_a_reset_upstream_counts_as_reset() {
+    let mut w = World::new("{}");
+    let mut host = FakeHost::post("/v1/chat/completions").with_body(CHAT);
+    let (mut call, _) = w.request(&mut host).unwrap();
+    let mut host = host.with_response(503, "text/plain", "upstream connect error");
+    host.code_details =
+        Some("upstream_reset_before_response_started{connection_termination}".into());
+    w.respond(&mut call, &mut host);
+    call.on_log(&mut w.env());
+    assert_eq!(
+        w.counter("llm_filter_requests_total.priority.P1.model.gpt-4o.outcome.reset"),
+        1
+    );
+}
+
+#[test]
+fn a_client_leaving_adds_no_breaker_pressure() {
+    let mut w = World::new(r#"{"budget": {"min_calls": 1, "probe_fraction": 0}}"#);
+    for _ in 0..20 {
+        let mut host = FakeHost::post("/v1/chat/completions").with_body(&unique_chat());
+        let (call, _) = w.request(&mut host).unwrap();
+        // No response headers: the client went away.
+        call.on_log(&mut w.env());
+    }
+    let mut host = FakeHost::post("/v1/chat/completions")
+        .with_header("x-request-priority", "P2")
+        .with_body(&unique_chat());
+    let (_, step) = w.request(&mut host).unwrap();
+    assert_eq!(step, Step::Continue);
+    assert!(host.local_reply.is_none());
+}
+
+fn unique_chat() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    CHAT.replace("hi", &format!("hi {}", N.fetch_add(1, Ordering::Relaxed)))
 }

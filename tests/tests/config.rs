@@ -1,0 +1,152 @@
+//! Loading the plugin configuration in the real Envoy: `{}` and every documented
+//! field load; an unknown field or an invalid value makes Envoy refuse the
+//! configuration, with a log line naming the field and the bad value.
+
+use llm_filter_e2e::{
+    chat_body, post_json, skip_without_envoy, unique, EnvoyBuilder, MockConfig, MockUpstream,
+};
+use serde_json::json;
+
+#[tokio::test]
+async fn valid_configs_load_and_serve() {
+    if skip_without_envoy("valid_configs_load_and_serve") {
+        return;
+    }
+    let mock = MockUpstream::start(MockConfig::named("cfg"));
+    let configs = [
+        json!({}),
+        json!({
+            "llm_paths": ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"],
+            "priority": {"default": "P1", "trust_client": true},
+            "tracing": {"mode": "always"},
+        }),
+        json!({
+            "llm_paths": ["/v1/chat/completions"],
+            "priority": {"default": "p2", "trust_client": false},
+            "tracing": {"mode": "off"},
+        }),
+    ];
+    for config in configs {
+        let envoy = EnvoyBuilder::new()
+            .plugin_config(&config)
+            .upstream("mock", mock.port())
+            .start()
+            .unwrap_or_else(|e| panic!("{config} must load: {e:#}"));
+        let response = post_json(
+            &envoy.url("/v1/chat/completions"),
+            &chat_body("gpt-4o", "configured"),
+            &[],
+        )
+        .await
+        .unwrap();
+        assert_eq!(response.status, 200, "{config}: {}", response.text());
+        let seen = mock.last_request().expect("upstream saw the call");
+        assert!(
+            seen.header("x-request-priority").is_some(),
+            "{config}: the filter is active"
+        );
+    }
+
+    // `llm_paths` decides what is an LLM call.
+    let envoy = EnvoyBuilder::new()
+        .plugin_config(json!({"llm_paths": ["/v1/completions"]}))
+        .upstream("mock", mock.port())
+        .start()
+        .expect("envoy with custom llm_paths");
+    for (path, tagged) in [
+        ("/v1/chat/completions", false),
+        ("/v1/completions", true),
+        ("/v1/completions?stream=0", true),
+    ] {
+        mock.clear();
+        let body = json!({"model": "gpt-4o", "prompt": unique("p"), "messages": []});
+        let response = post_json(&envoy.url(path), &body, &[]).await.unwrap();
+        assert_eq!(response.header("x-trace-id").is_some(), tagged, "{path}");
+        let seen = mock.last_request().expect("upstream saw the call");
+        assert_eq!(
+            seen.header("x-request-priority").is_some(),
+            tagged,
+            "{path}"
+        );
+    }
+}
+
+#[test]
+fn invalid_configs_are_refused_naming_field_and_value() {
+    if skip_without_envoy("invalid_configs_are_refused_naming_field_and_value") {
+        return;
+    }
+    // (configuration, field, bad value) — both must be named in Envoy's log.
+    let cases = [
+        (r#"{"no_such_field": 1}"#, "no_such_field", "no_such_field"),
+        (
+            r#"{"priority": {"defualt": "P1"}}"#,
+            "priority.defualt",
+            "defualt",
+        ),
+        (
+            r#"{"tracing": {"mode": "off", "sampler": 1}}"#,
+            "tracing.sampler",
+            "sampler",
+        ),
+        (
+            r#"{"priority": {"default": "P7"}}"#,
+            "priority.default",
+            "P7",
+        ),
+        (
+            r#"{"priority": {"default": ""}}"#,
+            "priority.default",
+            "\"\"",
+        ),
+        (
+            r#"{"priority": {"trust_client": "yes"}}"#,
+            "priority.trust_client",
+            "yes",
+        ),
+        (
+            r#"{"tracing": {"mode": "sometimes"}}"#,
+            "tracing.mode",
+            "sometimes",
+        ),
+        (r#"{"tracing": {"mode": "OFF"}}"#, "tracing.mode", "OFF"),
+        (r#"{"llm_paths": ["v1/chat"]}"#, "llm_paths", "v1/chat"),
+        (
+            r#"{"llm_paths": "/v1/chat/completions"}"#,
+            "llm_paths",
+            "/v1/chat/completions",
+        ),
+        (r#"["priority"]"#, "", "object"),
+        (r#"{"priority": "#, "", "EOF"),
+    ];
+    for (config, field, value) in cases {
+        let error = match EnvoyBuilder::new()
+            .plugin_config(config)
+            .upstream("unused", 9)
+            .start()
+        {
+            Ok(envoy) => panic!(
+                "{config}: envoy accepted the configuration\n{}",
+                envoy.log_tail(20)
+            ),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(
+            error.contains("envoy exited"),
+            "{config}: envoy did not refuse to start: {error}"
+        );
+        // The filter's own line names the field and the value.
+        let line = error
+            .lines()
+            .find(|l| l.contains("invalid configuration"))
+            .unwrap_or_else(|| panic!("{config}: no configuration error logged:\n{error}"));
+        assert!(
+            line.contains(field),
+            "{config}: field {field:?} not in {line}"
+        );
+        assert!(
+            line.contains(value),
+            "{config}: value {value:?} not in {line}"
+        );
+    }
+}
