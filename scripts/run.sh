@@ -22,8 +22,13 @@ if [[ -n "${PROVIDER_HOST:-}" ]]; then
 else
   "$MOCK" --port 18080 --name mock --latency-ms 200 > "$RUN/mock.log" 2>&1 &
   pids+=($!)
+  # Two backends of the routed model `gpt-4o`, one fast and one slow.
+  "$MOCK" --port 18081 --name fast --latency-ms 100 > "$RUN/fast.log" 2>&1 &
+  pids+=($!)
+  "$MOCK" --port 18082 --name slow --latency-ms 800 > "$RUN/slow.log" 2>&1 &
+  pids+=($!)
   cp envoy/envoy.yaml "$RUN/envoy.yaml"
-  echo "upstream: mock on 127.0.0.1:18080 (log: $RUN/mock.log)"
+  echo "upstream: mock on 127.0.0.1:18080; gpt-4o routed over fast (:18081, 100 ms) and slow (:18082, 800 ms)"
 fi
 
 "$ENVOY" -c "$RUN/envoy.yaml" --concurrency 2 --disable-hot-restart -l warning --component-log-level wasm:info \
@@ -55,6 +60,19 @@ Try:
   curl -si http://127.0.0.1:10000/v1/chat/completions -H 'content-type: application/json' \
     -H 'x-request-priority: p0' -H 'baggage: team=search' \
     -d '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"urgent"}]}'
+
+  # model routing: gpt-4o goes to `fast` or `slow` by health; see x-llm-cluster, and
+  # the model name rewritten for `slow` in the answer
+  curl -si http://127.0.0.1:10000/v1/chat/completions -H 'content-type: application/json' \
+    -d '{"model":"gpt-4o","messages":[{"role":"user","content":"route me"}]}'
+
+  # traffic shifts to the fast backend within seconds: send 50 calls, count who served them
+  seq 50 | xargs -P 8 -I{} curl -s -o /dev/null -D - http://127.0.0.1:10000/v1/chat/completions \
+    -H 'content-type: application/json' -d '{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}' \
+    | tr -d '\r' | grep -i '^x-llm-cluster' | sort | uniq -c
+
+  # routing metrics: calls by cluster and outcome, effective weights, probes, ejections
+  curl -s http://127.0.0.1:9901/stats/prometheus | grep llm_filter_routing | grep -v _bucket
 
   # the metrics
   curl -s http://127.0.0.1:9901/stats/prometheus | grep -E '^(llm_filter|gen_ai)'
