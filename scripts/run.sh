@@ -61,6 +61,17 @@ Try:
     -H 'x-request-priority: p0' -H 'baggage: team=search' \
     -d '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"urgent"}]}'
 
+  # the cache: a deterministic call (temperature 0) twice — x-cache MISS, then HIT with age
+  for i in 1 2; do curl -s -o /dev/null -D - http://127.0.0.1:10000/v1/chat/completions \
+    -H 'content-type: application/json' \
+    -d '{"model":"gpt-4o-mini","temperature":0,"messages":[{"role":"user","content":"cache me"}]}' \
+    | tr -d '\r' | grep -iE '^(x-cache|age):'; done
+
+  # a timeout budget: the caller can wait 100 ms, the backend takes 200 ms — OpenAI-shaped 504
+  curl -si http://127.0.0.1:10000/v1/chat/completions -H 'content-type: application/json' \
+    -H 'x-request-timeout-ms: 100' \
+    -d '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"too slow"}]}'
+
   # model routing: gpt-4o goes to `fast` or `slow` by health; see x-llm-cluster, and
   # the model name rewritten for `slow` in the answer
   curl -si http://127.0.0.1:10000/v1/chat/completions -H 'content-type: application/json' \
