@@ -56,13 +56,21 @@ fn scenarios() -> Vec<Scenario> {
             expect_cache: None,
         },
         Scenario {
-            name: "filter-empty-config",
+            name: "filter-tagging-only",
             envoy: |port| {
                 EnvoyBuilder::new()
-                    .plugin_config("{}")
+                    .plugin_config(r#"{"cache":{"enabled":false},"budget":{"enabled":false}}"#)
                     .concurrency(1)
                     .upstream("backend", port)
             },
+            path: "/v1/chat/completions",
+            headers: vec![],
+            body: chat.clone(),
+            expect_cache: None,
+        },
+        Scenario {
+            name: "filter-empty-config",
+            envoy: filter,
             path: "/v1/chat/completions",
             headers: vec![],
             body: chat,

@@ -5,46 +5,14 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use super::fake::FakeHost;
+use super::fake::{FakeHost, World};
 use super::*;
 use crate::cache::store::{slot_key, Store};
-use crate::host::{MemoryMetrics, MemoryStore, SharedStore, SplitMix64};
-
-struct World {
-    config: Config,
-    store: MemoryStore,
-    metrics: MemoryMetrics,
-    rng: SplitMix64,
-    models: BoundedLabel,
-    now_ms: u64,
-}
+use crate::host::SharedStore;
 
 impl World {
-    fn new(config: &str) -> Self {
-        Self {
-            config: Config::parse(config.as_bytes()).unwrap(),
-            store: MemoryStore::new(),
-            metrics: MemoryMetrics::default(),
-            rng: SplitMix64::new(7),
-            models: BoundedLabel::new(10),
-            now_ms: 1_000_000,
-        }
-    }
-
-    fn env(&mut self) -> Env<'_> {
-        Env {
-            config: &self.config,
-            store: &self.store,
-            metrics: &mut self.metrics,
-            rng: &mut self.rng,
-            models: &mut self.models,
-            now_ms: self.now_ms,
-            can_hold_body: true,
-        }
-    }
-
     /// Request headers, then the whole body: the call and the last step.
-    fn request(&mut self, host: &mut FakeHost) -> (Call, Step) {
+    fn hold_request(&mut self, host: &mut FakeHost) -> (Call, Step) {
         let (mut call, step) = Call::start(&mut self.env(), host, false).unwrap();
         assert_eq!(step, Step::Pause, "the body is held");
         let size = host.request_body.len();
@@ -53,7 +21,7 @@ impl World {
     }
 
     /// The upstream's answer: headers, then `chunks` one callback each.
-    fn respond(&mut self, call: &mut Call, host: &mut FakeHost, chunks: &[&str]) {
+    fn respond_chunks(&mut self, call: &mut Call, host: &mut FakeHost, chunks: &[&str]) {
         assert_eq!(
             call.on_response_headers(&mut self.env(), host),
             Step::Continue
@@ -70,18 +38,14 @@ impl World {
 
     /// A whole call that goes upstream and gets `status`/`body`.
     fn upstream_call(&mut self, mut host: FakeHost, status: u16, ct: &str, body: &str) -> FakeHost {
-        let (mut call, step) = self.request(&mut host);
+        let (mut call, step) = self.hold_request(&mut host);
         assert_eq!(step, Step::Continue, "goes upstream");
         let mut host = host.with_response(status, ct, body);
         host.response_headers
             .push(("content-length".into(), body.len().to_string()));
-        self.respond(&mut call, &mut host, &[body]);
+        self.respond_chunks(&mut call, &mut host, &[body]);
         call.on_log(&mut self.env());
         host
-    }
-
-    fn counter(&self, name: &str) -> u64 {
-        self.metrics.counters.get(name).copied().unwrap_or(0)
     }
 
     fn lookups(&self, result: &str) -> u64 {
@@ -177,7 +141,7 @@ fn a_miss_is_stored_and_the_twin_hits() {
 
     w.now_ms += 2_500;
     let mut host = chat(&CHAT.replace(r#""model":"gpt-4o","#, r#""model" : "gpt-4o" ,"#));
-    let (call, step) = w.request(&mut host);
+    let (call, step) = w.hold_request(&mut host);
     assert_eq!(step, Step::Pause);
     let (status, headers, body) = reply(&host);
     assert_eq!(status, 200);
@@ -208,22 +172,22 @@ fn a_hit_is_served_while_the_backend_sheds() {
         let mut host = FakeHost::post(PATH)
             .with_header("x-request-priority", "P0")
             .with_body(r#"{"model":"gpt-4o","messages":[]}"#);
-        let (mut call, _) = w.request(&mut host);
+        let (mut call, _) = w.hold_request(&mut host);
         let mut host = host.with_response(504, "text/plain", "upstream request timeout");
         host.code_details = Some("upstream_response_timeout".into());
-        w.respond(&mut call, &mut host, &["upstream request timeout"]);
+        w.respond_chunks(&mut call, &mut host, &["upstream request timeout"]);
         assert_eq!(host.response("x-cache"), Some("BYPASS"));
         call.on_log(&mut w.env());
         w.now_ms += 10;
     }
     // A low-priority twin of the cached call is answered from the cache…
     let mut host = chat(CHAT).with_header("x-request-priority", "P2");
-    w.request(&mut host);
+    w.hold_request(&mut host);
     let (status, headers, _) = reply(&host);
     assert_eq!((status, headers["x-cache"].as_str()), (200, "HIT"));
     // …while an uncached one is shed, and says it was a miss.
     let mut host = chat(&CHAT.replace("hi", "other")).with_header("x-request-priority", "P2");
-    let (call, _) = w.request(&mut host);
+    let (call, _) = w.hold_request(&mut host);
     let (status, headers, _) = reply(&host);
     assert_eq!((status, headers["x-cache"].as_str()), (503, "MISS"));
     call.on_log(&mut w.env());
@@ -233,12 +197,12 @@ fn a_hit_is_served_while_the_backend_sheds() {
 fn a_stream_fills_the_entry_and_both_forms_replay_it() {
     let mut w = World::new("{}");
     let mut host = chat(&streamed(true));
-    let (mut call, step) = w.request(&mut host);
+    let (mut call, step) = w.hold_request(&mut host);
     assert_eq!(step, Step::Continue);
     let mut host = host.with_response(200, "text/event-stream", "");
     let chunks = upstream_stream();
     let parts: Vec<&str> = chunks.iter().map(String::as_str).collect();
-    w.respond(&mut call, &mut host, &parts);
+    w.respond_chunks(&mut call, &mut host, &parts);
     // Every chunk went on to the client as it came.
     assert_eq!(host.response_body, chunks.last().unwrap().as_bytes());
     assert_eq!(host.response("x-cache"), Some("MISS"));
@@ -247,7 +211,7 @@ fn a_stream_fills_the_entry_and_both_forms_replay_it() {
 
     // A plain twin gets the assembled JSON answer.
     let mut host = chat(CHAT);
-    w.request(&mut host);
+    w.hold_request(&mut host);
     let (_, headers, body) = reply(&host);
     assert_eq!(headers["content-type"], "application/json");
     let answer: Value = serde_json::from_slice(&body).unwrap();
@@ -260,7 +224,7 @@ fn a_stream_fills_the_entry_and_both_forms_replay_it() {
     // A streamed twin gets events, with the usage chunk only when asked.
     for include_usage in [true, false] {
         let mut host = chat(&streamed(include_usage));
-        w.request(&mut host);
+        w.hold_request(&mut host);
         let (_, headers, body) = reply(&host);
         assert_eq!(headers["content-type"], "text/event-stream");
         assert_eq!(headers["x-cache"], "HIT");
@@ -277,7 +241,7 @@ fn a_plain_answer_replays_as_a_stream() {
     let mut w = World::new("{}");
     w.upstream_call(chat(CHAT), 200, "application/json", ANSWER);
     let mut host = chat(&streamed(true));
-    w.request(&mut host);
+    w.hold_request(&mut host);
     let (_, headers, body) = reply(&host);
     assert_eq!(headers["content-type"], "text/event-stream");
     let ev = events(&body);
@@ -319,7 +283,7 @@ fn bypasses_say_so_and_store_nothing() {
     let (mut call, step) = Call::start(&mut w.env(), &mut host, false).unwrap();
     assert_eq!(step, Step::Continue);
     let mut host = host.with_response(200, "application/json", ANSWER);
-    w.respond(&mut call, &mut host, &[ANSWER]);
+    w.respond_chunks(&mut call, &mut host, &[ANSWER]);
     assert_eq!(host.response("x-cache"), Some("BYPASS"));
     call.on_log(&mut w.env());
     assert_eq!(w.lookups("bypass"), 5);
@@ -355,7 +319,7 @@ fn no_cache_refetches_and_refreshes() {
     );
     assert_eq!(host.response("x-cache"), Some("MISS"));
     let mut host = chat(CHAT);
-    w.request(&mut host);
+    w.hold_request(&mut host);
     let (_, headers, body) = reply(&host);
     assert_eq!(body, fresh.as_bytes());
     assert_eq!(headers["age"], "0");
@@ -378,11 +342,11 @@ fn failures_and_compressed_answers_are_never_stored() {
         r#"{"error":{"message":"odd"}}"#,
     );
     let mut host = chat(CHAT);
-    let (mut call, _) = w.request(&mut host);
+    let (mut call, _) = w.hold_request(&mut host);
     let mut host = host
         .with_response(200, "application/json", ANSWER)
         .with_response_header("content-encoding", "gzip");
-    w.respond(&mut call, &mut host, &[ANSWER]);
+    w.respond_chunks(&mut call, &mut host, &[ANSWER]);
     call.on_log(&mut w.env());
     assert_eq!(
         (
@@ -404,14 +368,14 @@ fn answers_larger_than_an_entry_pass_but_are_not_stored() {
     let long = ANSWER.replace("Hello there", &"word ".repeat(300));
     w.upstream_call(chat(CHAT), 200, "application/json", &long);
     let mut host = chat(&streamed(false));
-    let (mut call, _) = w.request(&mut host);
+    let (mut call, _) = w.hold_request(&mut host);
     let mut host = host.with_response(200, "text/event-stream", "");
     let piece = format!(
         "data: {}\n\n",
         json!({"choices":[{"index":0,"delta":{"content":"x".repeat(300)}}]})
     );
     let parts = vec![piece.as_str(); 10];
-    w.respond(&mut call, &mut host, &parts);
+    w.respond_chunks(&mut call, &mut host, &parts);
     call.on_log(&mut w.env());
     assert_eq!(w.stores("too_large"), 2);
     assert_eq!(w.stores("stored"), 0);
@@ -421,11 +385,11 @@ fn answers_larger_than_an_entry_pass_but_are_not_stored() {
 fn twins_in_flight_wait_for_the_first() {
     let mut w = World::new(r#"{"cache":{"ttl_jitter":0}}"#);
     let mut leader_host = chat(CHAT);
-    let (mut leader, step) = w.request(&mut leader_host);
+    let (mut leader, step) = w.hold_request(&mut leader_host);
     assert_eq!(step, Step::Continue);
 
     let mut twin_host = chat(CHAT);
-    let (mut twin, step) = w.request(&mut twin_host);
+    let (mut twin, step) = w.hold_request(&mut twin_host);
     assert_eq!(step, Step::Pause);
     assert!(twin.is_parked());
     w.now_ms += 25;
@@ -433,7 +397,7 @@ fn twins_in_flight_wait_for_the_first() {
 
     let mut leader_host = leader_host.with_response(200, "application/json", ANSWER);
     w.now_ms += 1_000;
-    w.respond(&mut leader, &mut leader_host, &[ANSWER]);
+    w.respond_chunks(&mut leader, &mut leader_host, &[ANSWER]);
     w.now_ms += 25;
     assert_eq!(twin.on_tick(&mut w.env(), &mut twin_host), Wake::Answered);
     assert!(!twin.is_parked());
@@ -455,9 +419,9 @@ fn twins_in_flight_wait_for_the_first() {
 fn a_twin_whose_leader_fails_goes_upstream_and_leads() {
     let mut w = World::new(r#"{"routing":{"models":{"gpt-4o":[{"cluster":"azure"}]}}}"#);
     let mut leader_host = chat(CHAT);
-    let (mut leader, _) = w.request(&mut leader_host);
+    let (mut leader, _) = w.hold_request(&mut leader_host);
     let mut twin_host = chat(CHAT);
-    let (mut twin, step) = w.request(&mut twin_host);
+    let (mut twin, step) = w.hold_request(&mut twin_host);
     assert_eq!(step, Step::Pause);
     assert_eq!(
         twin_host.header("x-llm-cluster"),
@@ -467,7 +431,7 @@ fn a_twin_whose_leader_fails_goes_upstream_and_leads() {
 
     // The leader's failure lets the twin go at once, not at its deadline.
     let mut leader_host = leader_host.with_response(503, "application/json", "{}");
-    w.respond(&mut leader, &mut leader_host, &["{}"]);
+    w.respond_chunks(&mut leader, &mut leader_host, &["{}"]);
     w.now_ms += 25;
     assert_eq!(twin.on_tick(&mut w.env(), &mut twin_host), Wake::Resume);
     assert!(!twin.is_parked());
@@ -481,10 +445,10 @@ fn a_twin_whose_leader_fails_goes_upstream_and_leads() {
 
     // A third twin now waits for the second, which stores its answer.
     let mut third_host = chat(CHAT);
-    let (mut third, step) = w.request(&mut third_host);
+    let (mut third, step) = w.hold_request(&mut third_host);
     assert_eq!(step, Step::Pause);
     let mut twin_host = twin_host.with_response(200, "application/json", ANSWER);
-    w.respond(&mut twin, &mut twin_host, &[ANSWER]);
+    w.respond_chunks(&mut twin, &mut twin_host, &[ANSWER]);
     assert_eq!(twin_host.response("x-cache"), Some("MISS"));
     assert_eq!(third.on_tick(&mut w.env(), &mut third_host), Wake::Answered);
     assert_eq!(reply(&third_host).1["x-cache"], "COALESCED");
@@ -494,9 +458,9 @@ fn a_twin_whose_leader_fails_goes_upstream_and_leads() {
 fn no_twin_waits_past_its_deadline() {
     let mut w = World::new(r#"{"cache":{"coalesce_wait_ms":500}}"#);
     let mut leader_host = chat(CHAT);
-    let (_leader, _) = w.request(&mut leader_host);
+    let (_leader, _) = w.hold_request(&mut leader_host);
     let mut twin_host = chat(CHAT);
-    let (mut twin, _) = w.request(&mut twin_host);
+    let (mut twin, _) = w.hold_request(&mut twin_host);
     w.now_ms += 499;
     assert_eq!(twin.on_tick(&mut w.env(), &mut twin_host), Wake::Wait);
     w.now_ms += 1;
@@ -504,9 +468,9 @@ fn no_twin_waits_past_its_deadline() {
     // Nor past its own budget.
     let mut w = World::new("{}");
     let mut leader_host = chat(CHAT);
-    let (_leader, _) = w.request(&mut leader_host);
+    let (_leader, _) = w.hold_request(&mut leader_host);
     let mut twin_host = chat(CHAT).with_header("x-request-timeout-ms", "300");
-    let (mut twin, _) = w.request(&mut twin_host);
+    let (mut twin, _) = w.hold_request(&mut twin_host);
     w.now_ms += 300;
     assert_ne!(twin.on_tick(&mut w.env(), &mut twin_host), Wake::Wait);
 }
@@ -515,10 +479,10 @@ fn no_twin_waits_past_its_deadline() {
 fn a_leader_that_never_answers_releases_at_log() {
     let mut w = World::new("{}");
     let mut host = chat(CHAT);
-    let (leader, _) = w.request(&mut host);
+    let (leader, _) = w.hold_request(&mut host);
     leader.on_log(&mut w.env());
     let mut twin_host = chat(CHAT);
-    let (_, step) = w.request(&mut twin_host);
+    let (_, step) = w.hold_request(&mut twin_host);
     assert_eq!(step, Step::Continue, "leads, no marker left");
 }
 
@@ -526,9 +490,9 @@ fn a_leader_that_never_answers_releases_at_log() {
 fn coalescing_can_be_turned_off() {
     let mut w = World::new(r#"{"cache":{"coalesce":false}}"#);
     let mut a = chat(CHAT);
-    let (_a, step_a) = w.request(&mut a);
+    let (_a, step_a) = w.hold_request(&mut a);
     let mut b = chat(CHAT);
-    let (_b, step_b) = w.request(&mut b);
+    let (_b, step_b) = w.hold_request(&mut b);
     assert_eq!((step_a, step_b), (Step::Continue, Step::Continue));
 }
 
@@ -548,13 +512,13 @@ fn an_expired_entry_answers_an_upstream_failure() {
 
     // Envoy's own timeout, for a streamed call: the entry as a stream.
     let mut host = chat(&streamed(false));
-    let (mut call, _) = w.request(&mut host);
+    let (mut call, _) = w.hold_request(&mut host);
     let timeout = "upstream request timeout";
     let mut host = host
         .with_response(504, "text/plain", timeout)
         .with_response_header("content-length", &timeout.len().to_string());
     host.code_details = Some("upstream_response_timeout".into());
-    w.respond(&mut call, &mut host, &["upstream ", "request timeout"]);
+    w.respond_chunks(&mut call, &mut host, &["upstream ", "request timeout"]);
     assert_eq!(host.response("content-type"), Some("text/event-stream"));
     assert_eq!(events(&host.response_body).last().unwrap(), "[DONE]");
     call.on_log(&mut w.env());
@@ -579,7 +543,7 @@ fn stale_needs_the_window_and_a_body_to_replace() {
     w.upstream_call(chat(CHAT), 200, "application/json", ANSWER);
     w.now_ms += 2_000;
     let mut host = chat(CHAT);
-    let (mut call, _) = w.request(&mut host);
+    let (mut call, _) = w.hold_request(&mut host);
     let mut host = host.with_response(502, "text/plain", "");
     host.response_headers
         .push(("content-length".into(), "0".into()));
@@ -606,7 +570,7 @@ fn a_corrupt_entry_is_a_miss_and_is_replaced() {
     let host = w.upstream_call(chat(CHAT), 200, "application/json", ANSWER);
     assert_eq!(host.response("x-cache"), Some("MISS"));
     let mut host = chat(CHAT);
-    w.request(&mut host);
+    w.hold_request(&mut host);
     assert_eq!(reply(&host).1["x-cache"], "HIT");
 }
 
@@ -625,6 +589,6 @@ fn tenants_do_not_share_unless_global() {
     let mut other = FakeHost::post(PATH)
         .with_header("authorization", "Bearer t2")
         .with_body(CHAT);
-    w.request(&mut other);
+    w.hold_request(&mut other);
     assert_eq!(reply(&other).1["x-cache"], "HIT");
 }

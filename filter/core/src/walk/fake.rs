@@ -2,7 +2,10 @@
 
 use std::collections::BTreeMap;
 
-use super::Host;
+use super::{Env, Host};
+use crate::config::Config;
+use crate::host::{MemoryMetrics, MemoryStore, SplitMix64};
+use crate::metrics::BoundedLabel;
 
 /// What the fake proxy holds and what the walk did to it.
 #[derive(Debug, Default, Clone)]
@@ -130,5 +133,45 @@ impl Host for FakeHost {
     fn clear_route_cache(&mut self) -> bool {
         self.route_cache_cleared += 1;
         true
+    }
+}
+
+/// The worker state a call walks against: config, in-memory shared data,
+/// recorded metrics, seeded randomness and a clock set by the test.
+pub struct World {
+    pub config: Config,
+    pub store: MemoryStore,
+    pub metrics: MemoryMetrics,
+    pub rng: SplitMix64,
+    pub models: BoundedLabel,
+    pub now_ms: u64,
+}
+
+impl World {
+    pub fn new(config: &str) -> Self {
+        Self {
+            config: Config::parse(config.as_bytes()).unwrap(),
+            store: MemoryStore::new(),
+            metrics: MemoryMetrics::default(),
+            rng: SplitMix64::new(42),
+            models: BoundedLabel::new(10),
+            now_ms: 1_000_000,
+        }
+    }
+
+    pub fn env(&mut self) -> Env<'_> {
+        Env {
+            config: &self.config,
+            store: &self.store,
+            metrics: &mut self.metrics,
+            rng: &mut self.rng,
+            models: &mut self.models,
+            now_ms: self.now_ms,
+            can_hold_body: true,
+        }
+    }
+
+    pub fn counter(&self, name: &str) -> u64 {
+        self.metrics.counters.get(name).copied().unwrap_or(0)
     }
 }

@@ -1,42 +1,9 @@
 //! Scenario tests: the whole walk against a fake host and in-memory shared state.
 
-use super::fake::FakeHost;
+use super::fake::{FakeHost, World};
 use super::*;
-use crate::host::{MemoryMetrics, MemoryStore, SplitMix64};
-
-struct World {
-    config: Config,
-    store: MemoryStore,
-    metrics: MemoryMetrics,
-    rng: SplitMix64,
-    models: BoundedLabel,
-    now_ms: u64,
-}
 
 impl World {
-    fn new(config: &str) -> Self {
-        Self {
-            config: Config::parse(config.as_bytes()).unwrap(),
-            store: MemoryStore::new(),
-            metrics: MemoryMetrics::default(),
-            rng: SplitMix64::new(42),
-            models: BoundedLabel::new(10),
-            now_ms: 1_000_000,
-        }
-    }
-
-    fn env(&mut self) -> Env<'_> {
-        Env {
-            config: &self.config,
-            store: &self.store,
-            metrics: &mut self.metrics,
-            rng: &mut self.rng,
-            models: &mut self.models,
-            now_ms: self.now_ms,
-            can_hold_body: true,
-        }
-    }
-
     /// Runs a request through to the upstream; returns the call, what the
     /// upstream would see, and the step of the last request callback.
     fn request(&mut self, host: &mut FakeHost) -> Option<(Call, Step)> {
@@ -54,10 +21,6 @@ impl World {
         call.on_response_headers(&mut self.env(), host);
         let size = host.response_body.len();
         call.on_response_body(&mut self.env(), host, size, true);
-    }
-
-    fn counter(&self, name: &str) -> u64 {
-        self.metrics.counters.get(name).copied().unwrap_or(0)
     }
 }
 
