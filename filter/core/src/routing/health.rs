@@ -410,15 +410,7 @@ pub fn record_start<S: SharedStore + ?Sized>(
     cluster: &str,
     now_ms: u64,
 ) -> Result<Recorded, StoreError> {
-    let (health, ()) = update(store, cluster, |h| {
-        h.heal_in_flight(now_ms);
-        h.in_flight = h.in_flight.saturating_add(1);
-        h.in_flight_at_ms = now_ms;
-    })?;
-    Ok(Recorded {
-        ejected: false,
-        health,
-    })
+    move_in_flight(store, cluster, now_ms, true)
 }
 
 /// A call to `cluster` completed (call once per [`record_start`]). Successes
@@ -484,9 +476,23 @@ pub fn record_unsent<S: SharedStore + ?Sized>(
     cluster: &str,
     now_ms: u64,
 ) -> Result<Recorded, StoreError> {
+    move_in_flight(store, cluster, now_ms, false)
+}
+
+/// One more (`up`) or one fewer call in flight to `cluster`.
+fn move_in_flight<S: SharedStore + ?Sized>(
+    store: &S,
+    cluster: &str,
+    now_ms: u64,
+    up: bool,
+) -> Result<Recorded, StoreError> {
     let (health, ()) = update(store, cluster, |h| {
         h.heal_in_flight(now_ms);
-        h.in_flight = h.in_flight.saturating_sub(1);
+        h.in_flight = if up {
+            h.in_flight.saturating_add(1)
+        } else {
+            h.in_flight.saturating_sub(1)
+        };
         h.in_flight_at_ms = now_ms;
     })?;
     Ok(Recorded {
