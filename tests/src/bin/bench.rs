@@ -56,6 +56,16 @@ fn scenarios() -> Vec<Scenario> {
             expect_cache: None,
         },
         Scenario {
+            // Traffic that is not an LLM call: what every other request of a
+            // mesh pays for the filter being there.
+            name: "filter-non-llm",
+            envoy: filter,
+            path: "/v1/other",
+            headers: vec![],
+            body: chat.clone(),
+            expect_cache: None,
+        },
+        Scenario {
             name: "filter-tagging-only",
             envoy: |port| {
                 EnvoyBuilder::new()

@@ -183,12 +183,16 @@ impl Call {
             cfg.priority.trust_client,
             cfg.priority.default,
         );
-        let budget_ms = budget_parse::budget_ms(
-            host.request_header("x-request-timeout-ms").as_deref(),
-            host.request_header("grpc-timeout").as_deref(),
-            priority,
-            &cfg.budget,
-        );
+        let budget_ms = if cfg.budget.enabled {
+            budget_parse::budget_ms(
+                host.request_header("x-request-timeout-ms").as_deref(),
+                host.request_header("grpc-timeout").as_deref(),
+                priority,
+                &cfg.budget,
+            )
+        } else {
+            cfg.budget.default_for(priority)
+        };
         let mut call = Self {
             endpoint,
             priority,
@@ -250,8 +254,11 @@ impl Call {
     fn tag(&mut self, env: &mut Env<'_>, host: &mut dyn Host) {
         let p = self.priority.as_str();
         set_request(env, host, PRIORITY_HEADER, Some(p));
-        let existing = host.request_header_all("baggage");
-        let existing = (!existing.is_empty()).then(|| existing.join(","));
+        // Most calls carry no baggage: one lookup settles it, and only a call
+        // that has some pays for reading every value.
+        let existing = host
+            .request_header("baggage")
+            .map(|_| host.request_header_all("baggage").join(","));
         let merged = baggage::merge(existing.as_deref(), "priority", p);
         set_request(env, host, "baggage", Some(&merged));
 
@@ -549,7 +556,8 @@ impl Call {
         } else {
             self.response_copy = Some(Vec::new());
         }
-        if let Some(status) = self.status {
+        // Envoy's own replies that the walk reads the reason of are all 5xx.
+        if let Some(status) = self.status.filter(|s| *s >= 500) {
             let details = host.response_code_details();
             // Envoy's own 503 for a reset upstream: the call got no answer.
             self.upstream_reset = details
