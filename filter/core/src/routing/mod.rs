@@ -58,6 +58,36 @@ where
     S: SharedStore + ?Sized,
     R: Random + ?Sized,
 {
+    plan_avoiding(
+        config,
+        store,
+        model,
+        features,
+        priority,
+        now_ms,
+        rng,
+        &|_| false,
+    )
+}
+
+/// [`plan`], steering away from the clusters `avoid` names (e.g. those whose
+/// budget breaker is not closed) as long as another backend of the model can
+/// take the call; when every positive weight is avoided the weights stand.
+#[allow(clippy::too_many_arguments)]
+pub fn plan_avoiding<S, R>(
+    config: &RoutingConfig,
+    store: &S,
+    model: &str,
+    features: &Features,
+    priority: Priority,
+    now_ms: u64,
+    rng: &mut R,
+    avoid: &dyn Fn(&str) -> bool,
+) -> Option<RouteDecision>
+where
+    S: SharedStore + ?Sized,
+    R: Random + ?Sized,
+{
     let target = rules::choose_model(&config.rules, model, features, priority)
         .unwrap_or_else(|| model.to_string());
     let backends = config.backends(&target)?;
@@ -65,7 +95,22 @@ where
         .iter()
         .map(|b| health::read(store, &b.cluster))
         .collect();
-    let weights = weight::effective_weights(config, backends, &health, now_ms);
+    let mut weights = weight::effective_weights(config, backends, &health, now_ms);
+    let avoided: Vec<bool> = backends.iter().map(|b| avoid(&b.cluster)).collect();
+    let open_weight: f64 = weights
+        .values
+        .iter()
+        .zip(&avoided)
+        .filter(|(_, a)| !**a)
+        .map(|(w, _)| *w)
+        .sum();
+    if open_weight > 0.0 {
+        for (w, a) in weights.values.iter_mut().zip(&avoided) {
+            if *a {
+                *w = 0.0;
+            }
+        }
+    }
     let r = rng.next_f64();
     // Effective weights always leave one positive; the base weights are the
     // belt and braces.
@@ -96,6 +141,39 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn avoided_clusters_get_nothing_while_another_can_serve() {
+        let s = MemoryStore::new();
+        let mut rng = SplitMix64::new(3);
+        let c = config();
+        for _ in 0..200 {
+            let d = plan_avoiding(
+                &c,
+                &s,
+                "gpt-4o",
+                &features(0),
+                Priority::P1,
+                0,
+                &mut rng,
+                &|cl| cl == "openai",
+            )
+            .unwrap();
+            assert_eq!(d.cluster, "azure");
+        }
+        // Everything avoided: the weights stand, the call still goes somewhere.
+        let d = plan_avoiding(
+            &c,
+            &s,
+            "gpt-4o",
+            &features(0),
+            Priority::P1,
+            0,
+            &mut rng,
+            &|_| true,
+        );
+        assert!(d.is_some());
+    }
     use crate::host::{MemoryStore, SplitMix64};
 
     fn config() -> RoutingConfig {

@@ -370,7 +370,16 @@ impl Call {
         body_size: usize,
     ) {
         let cfg = &env.config.routing;
-        let Some(decision) = routing::plan(
+        let budget = &env.config.budget;
+        let (store, now) = (env.store, env.now_ms);
+        // A backend whose budget breaker is not closed would shed or reject
+        // the call: another backend of the model takes it when one can.
+        let breaker_open = |cluster: &str| {
+            budget.enabled
+                && breaker::load(store, cluster, budget)
+                    .is_ok_and(|s| s.tier(now, budget) != budget::Tier::Pass)
+        };
+        let Some(decision) = routing::plan_avoiding(
             cfg,
             env.store,
             model,
@@ -378,6 +387,7 @@ impl Call {
             self.priority,
             env.now_ms,
             env.rng,
+            &breaker_open,
         ) else {
             return;
         };

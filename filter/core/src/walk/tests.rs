@@ -435,3 +435,24 @@ fn unique_chat() -> String {
     static N: AtomicU64 = AtomicU64::new(0);
     CHAT.replace("hi", &format!("hi {}", N.fetch_add(1, Ordering::Relaxed)))
 }
+
+#[test]
+fn routing_steers_around_a_backend_whose_breaker_is_open() {
+    let mut w = World::new(
+        r#"{"routing": {"models": {"gpt-4o": [{"cluster": "a"}, {"cluster": "b"}]}},
+            "budget": {"min_calls": 1, "probe_fraction": 0}}"#,
+    );
+    for _ in 0..20 {
+        let sample = budget::Sample::new(60_000, 60_000, true, 0);
+        breaker::record(&w.store, "a", w.now_ms, sample, &w.config.budget).unwrap();
+    }
+    for _ in 0..50 {
+        let mut host = FakeHost::post("/v1/chat/completions")
+            .with_header("x-request-priority", "P2")
+            .with_body(&unique_chat());
+        let (_, step) = w.request(&mut host).unwrap();
+        assert_eq!(step, Step::Continue);
+        assert_eq!(host.header("x-llm-cluster"), Some("b"));
+        assert!(host.local_reply.is_none());
+    }
+}
