@@ -21,7 +21,7 @@ PROVIDER_PORT ?= 443
 export ENVOY_BIN := $(abspath $(ENVOY))
 export LLM_FILTER_WASM := $(abspath $(WASM))
 
-.PHONY: help build run test unit e2e lint bench clean wasm-target envoy tools-bench
+.PHONY: help build run test unit e2e examples lint bench clean wasm-target envoy tools-bench tools-promtool
 
 help:
 	@echo "make run    build, start the mock upstream and Envoy with the filter, print curls"
@@ -54,15 +54,22 @@ unit:
 e2e: build envoy
 	$(CARGO) test -p llm-filter-e2e -- --test-threads 2
 
-test: unit e2e
+examples: tools-promtool
+	promtool check rules examples/prometheus/llm-filter.rules.yaml
+	cd examples/prometheus && promtool test rules llm-filter.rules.test.yaml
+
+test: unit e2e examples
 
 lint: wasm-target
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p llm-filter-core -p llm-filter --target $(WASM_TARGET) -- -D warnings
 
+tools-promtool:
+	@command -v promtool >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus; }
+
 tools-bench:
-	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
+	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends wrk; }
 
 bench: build envoy tools-bench
 	$(CARGO) run --release -p llm-filter-e2e --bin bench
