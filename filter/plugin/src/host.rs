@@ -36,14 +36,13 @@ pub fn header(map: MapType, name: &str) -> Option<String> {
     }
 }
 
-/// Every value of a header, in order.
-pub fn header_all(map: MapType, name: &str) -> Vec<String> {
+/// Every header of a map, in order, values read lossily.
+pub fn headers(map: MapType) -> Vec<(String, String)> {
     hostcalls::get_map_bytes(map)
         .map(|pairs| {
             pairs
                 .into_iter()
-                .filter(|(k, _)| k.eq_ignore_ascii_case(name))
-                .map(|(_, v)| String::from_utf8_lossy(&v).into_owned())
+                .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
                 .collect()
         })
         .unwrap_or_default()

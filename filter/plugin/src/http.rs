@@ -1,6 +1,7 @@
 //! The HTTP context: adapts Envoy's stream callbacks to the core's request
 //! walk. Nothing is decided here.
 
+use std::cell::RefCell;
 use std::rc::Rc;
 
 use llm_filter_core::walk::{Call, Env, Host, Step};
@@ -58,7 +59,7 @@ pub fn with_env<T>(worker: &Worker, f: impl FnOnce(&mut Env<'_>, &mut dyn Host) 
         now_ms: now_ms(),
         can_hold_body: worker.can_hold_body.get(),
     };
-    f(&mut env, &mut Stream)
+    f(&mut env, &mut Stream::default())
 }
 
 fn action(step: Step) -> Action {
@@ -107,20 +108,60 @@ impl HttpContext for Http {
 }
 
 /// The current stream (the effective context), through the host calls that
-/// return errors.
-pub struct Stream;
+/// return errors. Each header map is fetched once per callback, on first use,
+/// and kept in step with the walk's own edits: one crossing into the host
+/// instead of one per header.
+#[derive(Default)]
+pub struct Stream {
+    request: RefCell<Option<Vec<(String, String)>>>,
+    response: RefCell<Option<Vec<(String, String)>>>,
+}
+
+impl Stream {
+    fn map(&self, map: MapType) -> &RefCell<Option<Vec<(String, String)>>> {
+        match map {
+            MapType::HttpResponseHeaders => &self.response,
+            _ => &self.request,
+        }
+    }
+
+    fn get(&self, map: MapType, name: &str) -> Vec<String> {
+        let mut cell = self.map(map).borrow_mut();
+        let pairs = cell.get_or_insert_with(|| host::headers(map));
+        pairs
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    fn set(&self, map: MapType, name: &str, value: Option<&str>) -> bool {
+        if !host::set_header(map, name, value) {
+            return false;
+        }
+        if let Some(pairs) = self.map(map).borrow_mut().as_mut() {
+            pairs.retain(|(k, _)| !k.eq_ignore_ascii_case(name));
+            if let Some(v) = value {
+                pairs.push((name.to_string(), v.to_string()));
+            }
+        }
+        true
+    }
+}
 
 impl Host for Stream {
     fn request_header(&self, name: &str) -> Option<String> {
-        host::header(MapType::HttpRequestHeaders, name)
+        self.get(MapType::HttpRequestHeaders, name)
+            .into_iter()
+            .next()
     }
 
     fn request_header_all(&self, name: &str) -> Vec<String> {
-        host::header_all(MapType::HttpRequestHeaders, name)
+        self.get(MapType::HttpRequestHeaders, name)
     }
 
     fn set_request_header(&mut self, name: &str, value: Option<&str>) -> bool {
-        host::set_header(MapType::HttpRequestHeaders, name, value)
+        self.set(MapType::HttpRequestHeaders, name, value)
     }
 
     fn request_body(&self, size: usize) -> Option<Vec<u8>> {
@@ -134,11 +175,13 @@ impl Host for Stream {
     }
 
     fn response_header(&self, name: &str) -> Option<String> {
-        host::header(MapType::HttpResponseHeaders, name)
+        self.get(MapType::HttpResponseHeaders, name)
+            .into_iter()
+            .next()
     }
 
     fn set_response_header(&mut self, name: &str, value: Option<&str>) -> bool {
-        host::set_header(MapType::HttpResponseHeaders, name, value)
+        self.set(MapType::HttpResponseHeaders, name, value)
     }
 
     fn response_body(&self, size: usize) -> Option<Vec<u8>> {

@@ -96,7 +96,7 @@ impl Root {
                 // The stream is gone.
                 continue;
             }
-            let wake = with_env(worker, |env, _| c.on_tick(env, &mut Stream));
+            let wake = with_env(worker, |env, _| c.on_tick(env, &mut Stream::default()));
             if wake == Wake::ResumeWithoutBodies && worker.can_hold_body.replace(false) {
                 log::warn!(
                     "llm-filter: Envoy does not deliver request bodies to a paused stream; \
