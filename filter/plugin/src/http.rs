@@ -33,7 +33,11 @@ impl Http {
 
     /// Runs one callback of the walk, parking the call when it waits for the timer.
     fn step(&self, f: impl FnOnce(&mut Call, &mut Env<'_>, &mut dyn Host) -> Step) -> Action {
-        let mut slot = self.call.borrow_mut();
+        // A callback re-entered from inside another one (should the host ever
+        // deliver one synchronously) finds the call busy and lets it pass.
+        let Ok(mut slot) = self.call.try_borrow_mut() else {
+            return Action::Continue;
+        };
         let Some(call) = slot.as_mut() else {
             return Action::Continue;
         };
@@ -80,7 +84,11 @@ impl HttpContext for Http {
             return Action::Continue;
         };
         let parked = call.is_parked();
-        *self.call.borrow_mut() = Some(call);
+        let Ok(mut slot) = self.call.try_borrow_mut() else {
+            return Action::Continue;
+        };
+        *slot = Some(call);
+        drop(slot);
         if parked {
             self.worker.park(self.id, &self.call);
         }
@@ -100,7 +108,7 @@ impl HttpContext for Http {
     }
 
     fn on_log(&mut self) {
-        let call = self.call.borrow_mut().take();
+        let call = self.call.try_borrow_mut().ok().and_then(|mut c| c.take());
         if let Some(call) = call {
             with_env(&self.worker, |env, _| call.on_log(env));
         }

@@ -88,7 +88,11 @@ impl Root {
             let Some(slot) = weak.upgrade() else {
                 continue;
             };
-            let mut call = slot.borrow_mut();
+            let Ok(mut call) = slot.try_borrow_mut() else {
+                // Busy in a callback of its own: look again next tick.
+                keep.push((id, weak));
+                continue;
+            };
             let Some(c) = call.as_mut().filter(|c| c.is_parked()) else {
                 continue;
             };
