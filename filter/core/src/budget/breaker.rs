@@ -219,15 +219,16 @@ impl BreakerState {
             })
     }
 
-    /// Mean budget share consumed by the window's calls, in `[0, 1]`; 0 while
-    /// the window holds fewer than `min_calls`, so a handful of calls cannot
-    /// trip the breaker.
+    /// Mean budget share consumed by the window's calls, in `[0, 1]`, over at
+    /// least `min_calls` calls: the calls a thin window lacks count as healthy
+    /// ones. So a handful of failures cannot trip the breaker, and as failures
+    /// age out the pressure only falls — a window that drops below `min_calls`
+    /// does not read as healthy and then jump back up when the next success
+    /// brings the old failures back over the threshold.
     pub fn pressure(&self, now_ms: u64, cfg: &BudgetConfig) -> f64 {
         let w = self.window(now_ms);
-        if w.calls == 0 || w.calls < u64::from(cfg.min_calls) {
-            return 0.0;
-        }
-        (w.consumed_permille as f64 / (w.calls as f64 * f64::from(FULL))).min(1.0)
+        let calls = w.calls.max(u64::from(cfg.min_calls)).max(1);
+        (w.consumed_permille as f64 / (calls as f64 * f64::from(FULL))).min(1.0)
     }
 
     /// The tier at `now_ms`.
@@ -446,13 +447,32 @@ mod tests {
     #[test]
     fn pressure_needs_min_calls() {
         let c = cfg();
-        assert_eq!(state_with(9, FAIL, 0).pressure(0, &c), 0.0);
+        assert_eq!(c.min_calls, 10);
+        assert_eq!(BreakerState::new(&c).pressure(0, &c), 0.0);
+        // A handful of failures cannot trip it: the missing calls count as healthy.
+        assert!((state_with(6, FAIL, 0).pressure(0, &c) - 0.6).abs() < 1e-9);
+        assert_eq!(state_with(6, FAIL, 0).tier(0, &c), Tier::Pass);
+        assert!((state_with(9, FAIL, 0).pressure(0, &c) - 0.9).abs() < 1e-9);
         assert_eq!(state_with(10, FAIL, 0).pressure(0, &c), 1.0);
         let mut s = state_with(10, FAIL, 0);
         for _ in 0..10 {
             s.record(0, FAST);
         }
         assert!((s.pressure(0, &c) - 0.55).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_success_after_a_lull_never_raises_the_tier() {
+        // Failures aging out of a thin window, then one healthy call: the tier
+        // must not go back up (it used to read 0 below `min_calls`, then jump
+        // to the old failures' pressure once the success made the count).
+        let c = cfg();
+        for fails in 0..c.min_calls {
+            let mut s = state_with(fails, FAIL, 0);
+            let before = s.tier(0, &c);
+            s.record(0, FAST);
+            assert!(s.tier(0, &c) <= before, "{fails} failures");
+        }
     }
 
     #[test]
