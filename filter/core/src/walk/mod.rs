@@ -420,10 +420,7 @@ impl Call {
                 // model's default route untouched rather than to a backend
                 // that would not know the model.
                 _ => {
-                    env.metrics.counter(
-                        &names::name(names::INTERNAL_ERRORS, &[("reason", "rewrite_model")]),
-                        1,
-                    );
+                    internal_error(env, "rewrite_model");
                     return;
                 }
             }
@@ -431,10 +428,7 @@ impl Call {
         if let Some(authority) = &decision.authority {
             set_request(env, host, ":authority", Some(authority));
         }
-        set_request(env, host, &cfg.cluster_header, Some(&decision.cluster));
-        if !host.clear_route_cache() {
-            internal_error(env, "clear_route_cache");
-        }
+        set_route_header(env, host, Some(&decision.cluster));
         if let Ok(r) = health::record_start(env.store, &decision.cluster, env.now_ms) {
             set_in_flight(env, &decision.cluster, &r.health);
         }
@@ -541,7 +535,6 @@ impl Call {
                 self.holding = false;
                 self.request_copy = Some(Vec::new());
                 internal_error(env, "body_not_delivered");
-                let _ = host;
                 Wake::ResumeWithoutBodies
             }
             Some(Parked::Coalescing { deadline_ms }) => self.cache_on_tick(env, host, deadline_ms),
@@ -560,7 +553,7 @@ impl Call {
             .and_then(|s| s.trim().parse().ok());
         let event_stream = host
             .response_header("content-type")
-            .is_some_and(|c| c.contains("text/event-stream"));
+            .is_some_and(|c| c.contains(crate::cache::entry::SSE_CONTENT_TYPE));
         if event_stream {
             self.sse = Some(SseScanner::new());
         } else {
@@ -775,8 +768,14 @@ fn keep_default_route(env: &mut Env<'_>, host: &mut dyn Host) {
     if cfg.models.is_empty() || host.request_header(&cfg.cluster_header).is_none() {
         return;
     }
-    let header = cfg.cluster_header.clone();
-    set_request(env, host, &header, None);
+    set_route_header(env, host, None);
+}
+
+/// Sets (or removes) the routing header and has Envoy pick the route again:
+/// header edits alone no longer refresh the route cache.
+fn set_route_header(env: &mut Env<'_>, host: &mut dyn Host, cluster: Option<&str>) {
+    let header = env.config.routing.cluster_header.clone();
+    set_request(env, host, &header, cluster);
     if !host.clear_route_cache() {
         internal_error(env, "clear_route_cache");
     }
