@@ -2,6 +2,8 @@
 //! later hop can see it, and must keep every other member as the caller sent it
 //! while never forwarding a header beyond the spec's limits.
 
+/// The W3C Baggage header.
+pub const HEADER: &str = "baggage";
 /// Most list-members a baggage header may carry (W3C Baggage).
 pub const MAX_MEMBERS: usize = 64;
 /// Most bytes a baggage header may carry (W3C Baggage).

@@ -5,6 +5,8 @@
 
 use hashbrown::HashSet;
 
+use crate::host::Metrics;
+
 /// Calls seen, by `priority`, `model` and `outcome`.
 pub const REQUESTS: &str = "llm_filter_requests_total";
 /// Whole-call duration in milliseconds, by `model` (OpenTelemetry GenAI
@@ -104,6 +106,12 @@ fn push_value(out: &mut String, value: &str) {
             '_'
         });
     }
+}
+
+/// Counts the filter's own trouble by `reason`: the call goes on untouched
+/// (fail-open), and this counter is how an operator hears of it.
+pub fn internal_error(m: &mut dyn Metrics, reason: &str) {
+    m.counter(&name(INTERNAL_ERRORS, &[("reason", reason)]), 1);
 }
 
 /// Bounds the distinct values of a label (each stat lives as long as Envoy):

@@ -1,37 +1,44 @@
-//! What one LLM call looked like from the proxy (status, timings, tokens),
-//! turned into the filter's request metrics when the call ends.
+//! The filter's request metrics: what one LLM call looked like from the proxy
+//! (how it ended, timings, tokens), counted when the call ends.
 
 use crate::host::Metrics;
 use crate::metrics;
-use crate::priority::Priority;
-use crate::usage::Usage;
+use crate::summary::{CallSummary, End};
 
-/// How a call ended, as the `outcome` label.
+/// How a call ended for the client, as the requests counter's `outcome`
+/// label (see [`crate::summary`] for how it relates to the other policies).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum RequestOutcome {
     /// 2xx (or 1xx/3xx: the call was answered).
     Success,
-    /// 429 from upstream or a local shed.
+    /// 429 from upstream.
     RateLimited,
     /// Other 4xx.
     ClientError,
-    /// 5xx.
+    /// 5xx, Envoy's own timeout reply included.
     ServerError,
-    /// No response status at all: reset or disconnect.
+    /// No response: the upstream reset, or the client left.
     Reset,
     /// The filter refused the call itself (shed, circuit open, budget spent).
     Refused,
 }
 
-impl Outcome {
-    /// The outcome of a response status (`None`: no response).
-    pub fn of(status: Option<u16>) -> Self {
+impl RequestOutcome {
+    /// The outcome of a call that ended as `end`.
+    pub fn of(end: End) -> Self {
+        match end {
+            End::Local(400..) => Self::Refused,
+            End::Reset(_) | End::Abandoned => Self::Reset,
+            End::Local(s) | End::Answered(s) | End::TimedOut(s) => Self::of_status(s),
+        }
+    }
+
+    fn of_status(status: u16) -> Self {
         match status {
-            None => Self::Reset,
-            Some(429) => Self::RateLimited,
-            Some(400..=499) => Self::ClientError,
-            Some(500..=599) => Self::ServerError,
-            Some(_) => Self::Success,
+            429 => Self::RateLimited,
+            400..=499 => Self::ClientError,
+            500..=599 => Self::ServerError,
+            _ => Self::Success,
         }
     }
 
@@ -48,68 +55,39 @@ impl Outcome {
     }
 }
 
-/// A finished call.
-#[derive(Debug, Clone, Default)]
-pub struct CallRecord<'a> {
-    /// The call's priority.
-    pub priority: Priority,
-    /// The model label (already bounded).
-    pub model: &'a str,
-    /// Response status, `None` if none arrived.
-    pub status: Option<u16>,
-    /// When the request headers arrived, ms.
-    pub started_ms: u64,
-    /// When the first response body byte passed, ms.
-    pub first_byte_ms: Option<u64>,
-    /// When the call ended, ms.
-    pub ended_ms: u64,
-    /// Tokens the provider reported.
-    pub usage: Option<Usage>,
-    /// The filter refused the call with a local error reply.
-    pub refused: bool,
-}
-
-impl CallRecord<'_> {
-    /// Emits the request metrics of this call.
-    pub fn emit(&self, m: &mut dyn Metrics) {
-        let outcome = if self.refused {
-            Outcome::Refused
-        } else {
-            Outcome::of(self.status)
-        };
-        m.counter(
-            &metrics::name(
-                metrics::REQUESTS,
-                &[
-                    ("priority", self.priority.as_str()),
-                    ("model", self.model),
-                    ("outcome", outcome.as_str()),
-                ],
-            ),
-            1,
-        );
-        let model = [("model", self.model)];
-        m.histogram(
-            &metrics::name(metrics::OPERATION_DURATION, &model),
-            self.ended_ms.saturating_sub(self.started_ms),
-        );
-        if let Some(first) = self.first_byte_ms {
-            m.histogram(
-                &metrics::name(metrics::TIME_TO_FIRST_TOKEN, &model),
-                first.saturating_sub(self.started_ms),
-            );
-        }
-        if let Some(u) = self.usage {
-            for (kind, n) in [("input", u.prompt_tokens), ("output", u.completion_tokens)] {
-                if n > 0 {
-                    m.counter(
-                        &metrics::name(
-                            metrics::TOKEN_USAGE,
-                            &[("model", self.model), ("token_type", kind)],
-                        ),
-                        n,
-                    );
-                }
+/// Emits the request metrics of a finished call: the requests counter, the
+/// duration and time-to-first-token histograms, and the token counters.
+pub fn record(m: &mut dyn Metrics, call: &CallSummary<'_>) {
+    let outcome = RequestOutcome::of(call.end);
+    m.counter(
+        &metrics::name(
+            metrics::REQUESTS,
+            &[
+                ("priority", call.priority.as_str()),
+                ("model", call.model),
+                ("outcome", outcome.as_str()),
+            ],
+        ),
+        1,
+    );
+    let model = [("model", call.model)];
+    m.histogram(
+        &metrics::name(metrics::OPERATION_DURATION, &model),
+        call.elapsed_ms(),
+    );
+    if let Some(first) = call.first_byte_after_ms() {
+        m.histogram(&metrics::name(metrics::TIME_TO_FIRST_TOKEN, &model), first);
+    }
+    if let Some(u) = call.usage {
+        for (kind, n) in [("input", u.prompt_tokens), ("output", u.completion_tokens)] {
+            if n > 0 {
+                m.counter(
+                    &metrics::name(
+                        metrics::TOKEN_USAGE,
+                        &[("model", call.model), ("token_type", kind)],
+                    ),
+                    n,
+                );
             }
         }
     }
@@ -119,33 +97,46 @@ impl CallRecord<'_> {
 mod tests {
     use super::*;
     use crate::host::MemoryMetrics;
+    use crate::priority::Priority;
+    use crate::usage::Usage;
 
     #[test]
-    fn outcome_by_status() {
-        assert_eq!(Outcome::of(None), Outcome::Reset);
-        assert_eq!(Outcome::of(Some(200)), Outcome::Success);
-        assert_eq!(Outcome::of(Some(429)), Outcome::RateLimited);
-        assert_eq!(Outcome::of(Some(404)), Outcome::ClientError);
-        assert_eq!(Outcome::of(Some(503)), Outcome::ServerError);
+    fn outcome_by_end() {
+        for (end, want) in [
+            (End::Abandoned, RequestOutcome::Reset),
+            (End::Reset(503), RequestOutcome::Reset),
+            (End::Answered(200), RequestOutcome::Success),
+            (End::Answered(101), RequestOutcome::Success),
+            (End::Answered(429), RequestOutcome::RateLimited),
+            (End::Answered(404), RequestOutcome::ClientError),
+            (End::Answered(503), RequestOutcome::ServerError),
+            (End::TimedOut(504), RequestOutcome::ServerError),
+            (End::Local(200), RequestOutcome::Success),
+            (End::Local(429), RequestOutcome::Refused),
+            (End::Local(503), RequestOutcome::Refused),
+        ] {
+            assert_eq!(RequestOutcome::of(end), want, "{end:?}");
+        }
     }
 
     #[test]
     fn emits_request_latency_and_tokens() {
         let mut m = MemoryMetrics::default();
-        CallRecord {
-            priority: Priority::P0,
-            model: "gpt-4o",
-            status: Some(200),
-            started_ms: 1000,
-            first_byte_ms: Some(1200),
-            ended_ms: 1500,
-            usage: Some(Usage {
-                prompt_tokens: 10,
-                completion_tokens: 0,
-            }),
-            refused: false,
-        }
-        .emit(&mut m);
+        record(
+            &mut m,
+            &CallSummary {
+                priority: Priority::P0,
+                model: "gpt-4o",
+                started_ms: 1000,
+                first_byte_ms: Some(1200),
+                ended_ms: 1500,
+                usage: Some(Usage {
+                    prompt_tokens: 10,
+                    completion_tokens: 0,
+                }),
+                ..CallSummary::ended(End::Answered(200))
+            },
+        );
         assert_eq!(
             m.counters["llm_filter_requests_total.priority.P0.model.gpt-4o.outcome.success"],
             1
@@ -170,14 +161,16 @@ mod tests {
     #[test]
     fn clock_going_backwards_does_not_underflow() {
         let mut m = MemoryMetrics::default();
-        CallRecord {
-            model: "m",
-            started_ms: 10,
-            first_byte_ms: Some(5),
-            ended_ms: 1,
-            ..Default::default()
-        }
-        .emit(&mut m);
+        record(
+            &mut m,
+            &CallSummary {
+                model: "m",
+                started_ms: 10,
+                first_byte_ms: Some(5),
+                ended_ms: 1,
+                ..CallSummary::ended(End::Abandoned)
+            },
+        );
         assert_eq!(
             m.histograms["gen_ai_client_operation_duration_ms.model.m"],
             [0]

@@ -3,6 +3,12 @@
 
 use std::fmt;
 
+/// Request header carrying the caller's priority, and written toward the
+/// upstream with the priority the call was given.
+pub const HEADER: &str = "x-request-priority";
+/// The baggage member that carries the priority to every later hop.
+pub const BAGGAGE_KEY: &str = "priority";
+
 /// A call's priority.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub enum Priority {

@@ -4,6 +4,13 @@
 
 use crate::host::Random;
 
+/// The W3C `traceparent` header.
+pub const TRACEPARENT: &str = "traceparent";
+/// The W3C `tracestate` header, dropped when a new trace starts.
+pub const TRACESTATE: &str = "tracestate";
+/// Response header naming the trace id that went upstream.
+pub const TRACE_ID_HEADER: &str = "x-trace-id";
+
 /// A parsed `traceparent` (version 00 layout; later versions are read by
 /// their first four fields, as the spec asks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

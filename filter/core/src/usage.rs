@@ -25,6 +25,11 @@ pub fn from_json(body: &[u8]) -> Option<Usage> {
     serde_json::from_slice::<WithUsage>(body).ok()?.usage
 }
 
+/// The `usage` of a JSON answer already parsed.
+pub fn from_value(answer: &serde_json::Value) -> Option<Usage> {
+    WithUsage::deserialize(answer).ok()?.usage
+}
+
 /// Longest SSE line kept while scanning; longer lines are skipped.
 const MAX_LINE: usize = 256 * 1024;
 
@@ -140,6 +145,21 @@ mod tests {
         );
         assert_eq!(from_json(br#"{"usage":null}"#), None);
         assert_eq!(from_json(b"{"), None);
+    }
+
+    #[test]
+    fn a_parsed_answer_gives_the_same_usage() {
+        for body in [
+            r#"{"id":"x","usage":{"prompt_tokens":12,"completion_tokens":5}}"#,
+            r#"{"usage":{"prompt_tokens":3}}"#,
+            r#"{"usage":null}"#,
+            r#"{"usage":{"prompt_tokens":"3"}}"#,
+            r#"{"choices":[]}"#,
+            r#"[1]"#,
+        ] {
+            let tree: serde_json::Value = serde_json::from_str(body).unwrap();
+            assert_eq!(from_value(&tree), from_json(body.as_bytes()), "{body}");
+        }
     }
 
     const STREAM: &str =

@@ -53,13 +53,13 @@ impl Http {
 pub fn with_env<T>(worker: &Worker, f: impl FnOnce(&mut Env<'_>, &mut dyn Host) -> T) -> T {
     let mut metrics = worker.metrics.borrow_mut();
     let mut rng = worker.rng.borrow_mut();
-    let mut models = worker.models.borrow_mut();
+    let mut model_labels = worker.model_labels.borrow_mut();
     let mut env = Env {
         config: &worker.config,
         store: &EnvoyStore,
         metrics: &mut *metrics,
         rng: &mut *rng,
-        models: &mut models,
+        model_labels: &mut model_labels,
         now_ms: now_ms(),
         can_hold_body: worker.can_hold_body.get(),
     };

@@ -38,8 +38,8 @@ pub struct Worker {
     pub metrics: RefCell<EnvoyMetrics>,
     /// Randomness, seeded once from the host.
     pub rng: RefCell<SplitMix64>,
-    /// Bound on model label values.
-    pub models: RefCell<BoundedLabel>,
+    /// Bound on the values of the `model` label.
+    pub model_labels: RefCell<BoundedLabel>,
     /// Envoy delivers request bodies to paused streams (it does not without
     /// `allow_on_headers_stop_iteration`).
     pub can_hold_body: Cell<bool>,
@@ -287,7 +287,7 @@ impl RootContext for Root {
             config,
             metrics: RefCell::new(metrics),
             rng: RefCell::new(rng),
-            models: RefCell::new(BoundedLabel::new(MAX_MODEL_LABELS)),
+            model_labels: RefCell::new(BoundedLabel::new(MAX_MODEL_LABELS)),
             parked: RefCell::new(Vec::new()),
             can_hold_body: Cell::new(true),
         }));

@@ -138,23 +138,6 @@ pub fn for_admit(admit: &Admit, retry_after_s: Option<u64>) -> Option<LocalReply
     }
 }
 
-/// Envoy's `response.code_details` of its own timeout replies (global and
-/// per-try), whose plain-text body "upstream request timeout" is rewritten.
-/// The router calls the global one `response_timeout` (Envoy 1.40); older
-/// releases said `upstream_response_timeout`.
-pub const ENVOY_TIMEOUT_DETAILS: [&str; 4] = [
-    "response_timeout",
-    "upstream_response_timeout",
-    "upstream_per_try_timeout",
-    "upstream_per_try_idle_timeout",
-];
-
-/// True for a response that is Envoy's own timeout reply rather than a 504
-/// from the upstream (which is passed through untouched).
-pub fn is_envoy_timeout(status: u32, code_details: Option<&str>) -> bool {
-    status == 504 && code_details.is_some_and(|d| ENVOY_TIMEOUT_DETAILS.contains(&d))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,24 +206,5 @@ mod tests {
         )
         .unwrap();
         assert_eq!(parsed(&open)["error"]["code"], "llm_filter_circuit_open");
-    }
-
-    #[test]
-    fn recognises_envoy_timeouts_only() {
-        for (status, details, want) in [
-            (504, Some("response_timeout"), true),
-            (504, Some("upstream_response_timeout"), true),
-            (504, Some("upstream_per_try_timeout"), true),
-            (504, Some("via_upstream"), false),
-            (504, None, false),
-            (503, Some("upstream_response_timeout"), false),
-            (200, Some("via_upstream"), false),
-        ] {
-            assert_eq!(
-                is_envoy_timeout(status, details),
-                want,
-                "{status} {details:?}"
-            );
-        }
     }
 }

@@ -101,6 +101,20 @@ impl Entry {
         stamp: Stamp,
         limit: u32,
     ) -> Result<Self, EntryError> {
+        let answer = serde_json::from_slice::<Value>(body).ok();
+        Self::from_answer(endpoint, status, body, answer.as_ref(), stamp, limit)
+    }
+
+    /// [`Entry::from_json`] for an answer already parsed (`answer`: `None`
+    /// when `body` is not JSON), so a body read for other reasons is parsed once.
+    pub fn from_answer(
+        endpoint: Endpoint,
+        status: u16,
+        body: &[u8],
+        answer: Option<&Value>,
+        stamp: Stamp,
+        limit: u32,
+    ) -> Result<Self, EntryError> {
         let kind = EntryKind::of(endpoint).ok_or(EntryError::Endpoint)?;
         if status != 200 {
             return Err(EntryError::Status(status));
@@ -108,13 +122,13 @@ impl Entry {
         if body.len() > limit as usize {
             return Err(EntryError::TooLarge);
         }
-        let answer: Value = serde_json::from_slice(body).map_err(|_| EntryError::Incomplete)?;
-        if !is_complete(kind, &answer) {
+        let answer = answer.ok_or(EntryError::Incomplete)?;
+        if !is_complete(kind, answer) {
             return Err(EntryError::Incomplete);
         }
         let body =
             String::from_utf8(body.trim_ascii().to_vec()).map_err(|_| EntryError::Incomplete)?;
-        Ok(Self::new(kind, stamp, model_of(&answer), body))
+        Ok(Self::new(kind, stamp, model_of(answer), body))
     }
 
     /// An entry from an answer already in canonical form and checked.

@@ -5,10 +5,10 @@
 
 use sha2::{Digest, Sha256};
 
-use super::canonical::Json;
 use super::config::{CacheConfig, Scope};
 use super::Key;
 use crate::classify::Endpoint;
+use crate::json::Json;
 
 /// Bumped whenever the canonical form changes, so old entries are never
 /// mistaken for new ones.
@@ -26,8 +26,8 @@ pub struct CacheRequest<'a> {
     /// The `:path` as received, query included (a query such as Azure's
     /// `api-version` can change the answer).
     pub path: &'a str,
-    /// The complete request body.
-    pub body: &'a [u8],
+    /// The complete request body, parsed (`None`: not strict JSON).
+    pub body: Option<&'a Json>,
     /// The client's `cache-control` header, if any.
     pub cache_control: Option<&'a str>,
     /// The value of each of [`CacheConfig::tenant_headers`], in that order,
@@ -76,20 +76,24 @@ pub enum Decision {
     /// Leave the cache out: `x-cache: BYPASS`.
     Bypass(BypassReason),
     /// The call may use the cache.
-    Cacheable {
-        /// The entry's key.
-        key: Key,
-        /// The client asked for an SSE stream (`"stream": true`); never for
-        /// embeddings.
-        stream: bool,
-        /// The client asked for the final usage chunk
-        /// (`stream_options.include_usage`).
-        include_usage: bool,
-        /// An entry may answer the call (false under `cache-control: no-cache`).
-        read: bool,
-        /// The fresh answer may be stored.
-        store: bool,
-    },
+    Cacheable(Cacheable),
+}
+
+/// How a cacheable call uses the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cacheable {
+    /// The entry's key.
+    pub key: Key,
+    /// The client asked for an SSE stream (`"stream": true`); never for
+    /// embeddings.
+    pub stream: bool,
+    /// The client asked for the final usage chunk
+    /// (`stream_options.include_usage`).
+    pub include_usage: bool,
+    /// An entry may answer the call (false under `cache-control: no-cache`).
+    pub read: bool,
+    /// The fresh answer may be stored.
+    pub store: bool,
 }
 
 /// Decides whether a call is cacheable and computes its key.
@@ -104,32 +108,23 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
     if control.no_store {
         return Decision::Bypass(BypassReason::NoStore);
     }
-    let Some(body) = Json::parse(req.body).filter(|b| matches!(b, Json::Object(_))) else {
+    let Some(body) = req.body.filter(|b| matches!(b, Json::Object(_))) else {
         return Decision::Bypass(BypassReason::InvalidBody);
     };
-    let (stream, include_usage) = match delivery(&body) {
+    let (stream, include_usage) = match delivery(body) {
         Some(d) => d,
         None => return Decision::Bypass(BypassReason::InvalidBody),
     };
     if matches!(req.endpoint, Endpoint::Chat | Endpoint::Completions) {
-        if !temperature_ok(&body, cfg.max_temperature) {
+        if !temperature_ok(body, cfg.max_temperature) {
             return Decision::Bypass(BypassReason::Temperature);
         }
-        if has_marker(&body, &cfg.dynamic_markers) {
+        if has_marker(body, &cfg.dynamic_markers) {
             return Decision::Bypass(BypassReason::DynamicMarker);
         }
     }
-    let Json::Object(members) = body else {
-        return Decision::Bypass(BypassReason::InvalidBody);
-    };
-    let kept = Json::Object(
-        members
-            .into_iter()
-            .filter(|(k, _)| !IGNORED_FIELDS.contains(&k.as_str()))
-            .collect(),
-    );
-    let mut canonical = Vec::with_capacity(req.body.len());
-    kept.write(&mut canonical);
+    let mut canonical = Vec::new();
+    body.write_without(&IGNORED_FIELDS, &mut canonical);
     let tenant = match cfg.scope {
         Scope::Global => Vec::new(),
         Scope::Tenant => tenant_hash(&cfg.tenant_headers, req.credentials).to_vec(),
@@ -140,14 +135,14 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
         h.update((part.len() as u64).to_le_bytes());
         h.update(part);
     }
-    Decision::Cacheable {
+    Decision::Cacheable(Cacheable {
         key: h.finalize().into(),
         // Embeddings are never streamed, whatever the body says.
         stream: stream && req.endpoint != Endpoint::Embeddings,
         include_usage,
         read: !control.no_cache,
         store: true,
-    }
+    })
 }
 
 /// The client's `cache-control` request directives the cache honours.
@@ -200,7 +195,7 @@ fn delivery(body: &Json) -> Option<(bool, bool)> {
 /// pass every time: readers disagree on which one counts.
 fn temperature_ok(body: &Json, max: f64) -> bool {
     let mut seen = false;
-    let all_ok = members(body, "temperature").all(|v| {
+    let all_ok = body.members("temperature").all(|v| {
         seen = true;
         let t = match v {
             Json::Null => 1.0,
@@ -220,18 +215,9 @@ fn has_marker(body: &Json, markers: &[String]) -> bool {
         return false;
     }
     ["messages", "prompt", "suffix"].iter().any(|field| {
-        members(body, field)
+        body.members(field)
             .any(|v| v.any_string(&mut |s| markers.iter().any(|m| s.contains(m.as_str()))))
     })
-}
-
-/// Every value of the member `name` of an object, repeats included.
-fn members<'a>(body: &'a Json, name: &'a str) -> impl Iterator<Item = &'a Json> + 'a {
-    let all: &[(String, Json)] = match body {
-        Json::Object(m) => m,
-        _ => &[],
-    };
-    all.iter().filter(move |(k, _)| k == name).map(|(_, v)| v)
 }
 
 /// A digest of the credential header values, so the key separates tenants
@@ -272,12 +258,13 @@ mod tests {
         cred: Option<&str>,
     ) -> Decision {
         let creds = [cred, None];
+        let body = Json::parse(body.as_bytes());
         decide(
             cfg,
             &CacheRequest {
                 endpoint,
                 path: CHAT,
-                body: body.as_bytes(),
+                body: body.as_ref(),
                 cache_control: cc,
                 credentials: &creds,
             },
@@ -290,7 +277,7 @@ mod tests {
 
     fn key(body: &str) -> Key {
         match chat(body) {
-            Decision::Cacheable { key, .. } => key,
+            Decision::Cacheable(Cacheable { key, .. }) => key,
             d => panic!("{body}: {d:?}"),
         }
     }
@@ -363,12 +350,12 @@ mod tests {
                 &CacheRequest {
                     endpoint: Endpoint::Chat,
                     path,
-                    body: BASE.as_bytes(),
+                    body: Json::parse(BASE.as_bytes()).as_ref(),
                     cache_control: None,
                     credentials: &creds,
                 },
             ) {
-                Decision::Cacheable { key, .. } => key,
+                Decision::Cacheable(Cacheable { key, .. }) => key,
                 d => panic!("{d:?}"),
             }
         };
@@ -384,12 +371,12 @@ mod tests {
             &CacheRequest {
                 endpoint: Endpoint::Chat,
                 path: CHAT,
-                body: BASE.as_bytes(),
+                body: Json::parse(BASE.as_bytes()).as_ref(),
                 cache_control: None,
                 credentials: &[None, Some("a")],
             },
         ) {
-            Decision::Cacheable { key, .. } => key,
+            Decision::Cacheable(Cacheable { key, .. }) => key,
             d => panic!("{d:?}"),
         };
         assert_ne!(moved, k(CHAT, Some("a"), &c));
@@ -410,20 +397,20 @@ mod tests {
         ));
         match (plain, streamed) {
             (
-                Decision::Cacheable {
+                Decision::Cacheable(Cacheable {
                     key: a,
                     stream: false,
                     include_usage: false,
                     read: true,
                     store: true,
-                },
-                Decision::Cacheable {
+                }),
+                Decision::Cacheable(Cacheable {
                     key: b,
                     stream: true,
                     include_usage: true,
                     read: true,
                     store: true,
-                },
+                }),
             ) => assert_eq!(a, b),
             other => panic!("{other:?}"),
         }
@@ -497,7 +484,7 @@ mod tests {
         }
         assert!(matches!(
             b(Endpoint::Embeddings, r#"{"input":"x","stream":true}"#, None),
-            Decision::Cacheable { stream: false, .. }
+            Decision::Cacheable(Cacheable { stream: false, .. })
         ));
         let off = CacheConfig {
             enabled: false,
@@ -513,7 +500,7 @@ mod tests {
         };
         assert!(matches!(
             decide_with(&warm, Endpoint::Chat, r#"{"model":"m"}"#, None, None),
-            Decision::Cacheable { .. }
+            Decision::Cacheable(Cacheable { .. })
         ));
         assert!(matches!(
             decide_with(&warm, Endpoint::Chat, r#"{"temperature":1.5}"#, None, None),
@@ -532,11 +519,11 @@ mod tests {
             assert!(
                 matches!(
                     decide_with(&cfg(), Endpoint::Chat, BASE, Some(cc), None),
-                    Decision::Cacheable {
+                    Decision::Cacheable(Cacheable {
                         read: false,
                         store: true,
                         ..
-                    }
+                    })
                 ),
                 "{cc}"
             );
@@ -549,11 +536,11 @@ mod tests {
                 Some("max-age=0, private"),
                 None
             ),
-            Decision::Cacheable {
+            Decision::Cacheable(Cacheable {
                 read: true,
                 store: true,
                 ..
-            }
+            })
         ));
     }
 
@@ -587,11 +574,11 @@ mod tests {
                 Endpoint::Chat,
                 r#"{"temperature":0,"model":"{{now}}","messages":[]}"#
             ),
-            Decision::Cacheable { .. }
+            Decision::Cacheable(Cacheable { .. })
         ));
         assert!(matches!(
             d(Endpoint::Embeddings, r#"{"input":"{{now}}"}"#),
-            Decision::Cacheable { .. }
+            Decision::Cacheable(Cacheable { .. })
         ));
     }
 }

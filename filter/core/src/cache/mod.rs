@@ -9,7 +9,6 @@
 //! [`coalesce::poll`] until the entry lands.
 
 pub mod assemble;
-mod canonical;
 pub mod coalesce;
 pub mod config;
 pub mod entry;
@@ -21,7 +20,7 @@ pub use assemble::StreamAssembler;
 pub use coalesce::{Claim, Lease, Poll};
 pub use config::{CacheConfig, RawCacheConfig, Scope, Stamp};
 pub use entry::{Entry, EntryError, EntryKind, Reply};
-pub use key::{decide, BypassReason, CacheControl, CacheRequest, Decision};
+pub use key::{decide, BypassReason, CacheControl, CacheRequest, Cacheable, Decision};
 pub use store::{InsertError, Inserted, Lookup, Replaced, Store, Totals, PREPARE_MAX_SLOTS};
 
 use crate::metrics;

@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 use super::*;
 use crate::classify::Endpoint;
 use crate::host::{MemoryStore, SharedStore, StoreError, Versioned};
+use crate::json::Json;
 
 pub(crate) const STAMP: Stamp = Stamp {
     stored_at_ms: 1_000,
@@ -284,20 +285,21 @@ fn a_whole_cached_call_through_the_core() {
     let store = Store::new(&shared, &cfg);
     let body = br#"{"model":"m","temperature":0,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}"#;
     let creds = [Some("Bearer t1"), None];
+    let tree = Json::parse(body);
     let req = CacheRequest {
         endpoint: Endpoint::Chat,
         path: "/v1/chat/completions",
-        body,
+        body: tree.as_ref(),
         cache_control: None,
         credentials: &creds,
     };
-    let Decision::Cacheable {
+    let Decision::Cacheable(Cacheable {
         key,
         stream: true,
         include_usage: true,
         read: true,
         store: true,
-    } = decide(&cfg, &req)
+    }) = decide(&cfg, &req)
     else {
         panic!("not cacheable");
     };
@@ -348,11 +350,17 @@ fn a_whole_cached_call_through_the_core() {
     );
     // A plain call of the same tenant hits the same entry as JSON.
     let plain = br#"{"model":"m","temperature":0,"messages":[{"role":"user","content":"hi"}]}"#;
-    let Decision::Cacheable {
+    let Decision::Cacheable(Cacheable {
         key: k2,
         stream: false,
         ..
-    } = decide(&cfg, &CacheRequest { body: plain, ..req })
+    }) = decide(
+        &cfg,
+        &CacheRequest {
+            body: Json::parse(plain).as_ref(),
+            ..req
+        },
+    )
     else {
         panic!();
     };
@@ -364,7 +372,7 @@ fn a_whole_cached_call_through_the_core() {
     assert_eq!(hit.reply(false, false).unwrap().body, entry.body());
     // Another tenant misses.
     let other = [Some("Bearer t2"), None];
-    let Decision::Cacheable { key: k3, .. } = decide(
+    let Decision::Cacheable(Cacheable { key: k3, .. }) = decide(
         &cfg,
         &CacheRequest {
             credentials: &other,

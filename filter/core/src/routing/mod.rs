@@ -2,15 +2,16 @@
 //! Envoy balances hosts inside a cluster; choosing between clusters per model,
 //! by LLM-level health shared across workers, is this filter's job.
 //!
-//! The plugin calls [`plan`] once the request body is read, sets
+//! The walk calls [`route`] once the request body is read, sets
 //! [`RoutingConfig::cluster_header`] to the chosen cluster (then refreshes the
 //! route) and rewrites the body when asked; it reports every dispatched call
-//! with [`health::record_start`] and [`health::record_outcome`]; and on each
+//! with [`learn::started`] and its end with [`learn::ended`]; and on each
 //! tick the worker that wins [`probe::try_lease`] probes every cluster of
 //! [`RoutingConfig::clusters`] and reports with [`health::record_probe`].
 
 pub mod config;
 pub mod health;
+pub mod learn;
 pub mod probe;
 pub mod rewrite;
 pub mod rules;
@@ -20,8 +21,13 @@ pub use config::{Backend, ClusterTarget, RawRoutingConfig, RoutingConfig, Rule, 
 pub use health::{CallResult, Health, Load, Outcome};
 pub use rules::Features;
 
-use crate::host::{Random, SharedStore};
+use crate::host::{Metrics, Random, SharedStore};
+use crate::metrics as names;
 use crate::priority::Priority;
+
+/// Response header naming the cluster that served the call: the name of the
+/// default request header that carries the choice to Envoy.
+pub const CLUSTER_RESPONSE_HEADER: &str = config::DEFAULT_CLUSTER_HEADER;
 
 /// Where one call goes.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,53 +47,44 @@ pub struct RouteDecision {
     pub fallback: bool,
 }
 
-/// Plans the route of a call that asked for `model`: rules may first pick
-/// another model, then one of its backends is drawn by effective weight from
-/// the health in `store`. `None` when the model is not routed: the call passes
-/// untouched to the route's default.
+/// A call to place.
+#[derive(Clone, Copy)]
+pub struct RouteAsk<'a> {
+    /// The model the call asked for.
+    pub model: &'a str,
+    /// What the rules look at.
+    pub features: &'a Features,
+    /// The call's priority.
+    pub priority: Priority,
+    /// Now, ms since the epoch.
+    pub now_ms: u64,
+    /// Clusters to steer away from (e.g. those whose budget breaker is not
+    /// closed) as long as another backend of the model can take the call;
+    /// when every positive weight is avoided the weights stand.
+    pub avoid: &'a dyn Fn(&str) -> bool,
+}
+
+/// Plans the route of a call: rules may first pick another model, then one
+/// of its backends is drawn by effective weight from the health in `store`.
+/// `None` when the model is not routed: the call passes untouched to the
+/// route's default.
 pub fn plan<S, R>(
     config: &RoutingConfig,
     store: &S,
-    model: &str,
-    features: &Features,
-    priority: Priority,
-    now_ms: u64,
     rng: &mut R,
+    ask: &RouteAsk<'_>,
 ) -> Option<RouteDecision>
 where
     S: SharedStore + ?Sized,
     R: Random + ?Sized,
 {
-    plan_avoiding(
-        config,
-        store,
+    let RouteAsk {
         model,
         features,
         priority,
         now_ms,
-        rng,
-        &|_| false,
-    )
-}
-
-/// [`plan`], steering away from the clusters `avoid` names (e.g. those whose
-/// budget breaker is not closed) as long as another backend of the model can
-/// take the call; when every positive weight is avoided the weights stand.
-#[allow(clippy::too_many_arguments)]
-pub fn plan_avoiding<S, R>(
-    config: &RoutingConfig,
-    store: &S,
-    model: &str,
-    features: &Features,
-    priority: Priority,
-    now_ms: u64,
-    rng: &mut R,
-    avoid: &dyn Fn(&str) -> bool,
-) -> Option<RouteDecision>
-where
-    S: SharedStore + ?Sized,
-    R: Random + ?Sized,
-{
+        avoid,
+    } = *ask;
     let target = rules::choose_model(&config.rules, model, features, priority)
         .unwrap_or_else(|| model.to_string());
     let backends = config.backends(&target)?;
@@ -138,6 +135,42 @@ where
     })
 }
 
+/// A cluster's typical latency, ms: the time to the first byte for streams,
+/// to the end for other calls; `None` before anything was measured.
+pub fn typical_ms(store: &dyn SharedStore, cluster: &str, streaming: bool) -> Option<u64> {
+    let h = health::read(store, cluster)?;
+    let e = if streaming { h.ttft } else { h.latency }?;
+    e.value.is_finite().then_some(e.value as u64)
+}
+
+/// Routing's decision at the start of a call: [`plan`], with the weight
+/// gauges and the fallback counter it moves.
+pub fn route(
+    config: &RoutingConfig,
+    store: &dyn SharedStore,
+    m: &mut dyn Metrics,
+    rng: &mut dyn Random,
+    ask: &RouteAsk<'_>,
+) -> Option<RouteDecision> {
+    let decision = plan(config, store, rng, ask)?;
+    for (cluster, weight) in &decision.effective_weights {
+        m.gauge(
+            &names::name(
+                names::ROUTING_WEIGHT,
+                &[("model", &decision.model), ("cluster", cluster)],
+            ),
+            weight::gauge_value(*weight),
+        );
+    }
+    if decision.fallback {
+        m.counter(
+            &names::name(names::ROUTING_FALLBACKS, &[("model", &decision.model)]),
+            1,
+        );
+    }
+    Some(decision)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,34 +180,43 @@ mod tests {
         let s = MemoryStore::new();
         let mut rng = SplitMix64::new(3);
         let c = config();
+        let f = features(0);
+        let ask = |features, avoid| RouteAsk {
+            model: "gpt-4o",
+            features,
+            priority: Priority::P1,
+            now_ms: 0,
+            avoid,
+        };
         for _ in 0..200 {
-            let d = plan_avoiding(
-                &c,
-                &s,
-                "gpt-4o",
-                &features(0),
-                Priority::P1,
-                0,
-                &mut rng,
-                &|cl| cl == "openai",
-            )
-            .unwrap();
+            let d = super::plan(&c, &s, &mut rng, &ask(&f, &|cl| cl == "openai")).unwrap();
             assert_eq!(d.cluster, "azure");
         }
         // Everything avoided: the weights stand, the call still goes somewhere.
-        let d = plan_avoiding(
-            &c,
-            &s,
-            "gpt-4o",
-            &features(0),
-            Priority::P1,
-            0,
-            &mut rng,
-            &|_| true,
-        );
+        let d = super::plan(&c, &s, &mut rng, &ask(&f, &|_| true));
         assert!(d.is_some());
     }
     use crate::host::{MemoryStore, SplitMix64};
+
+    /// [`super::plan`] avoiding nothing.
+    fn plan(
+        c: &RoutingConfig,
+        s: &MemoryStore,
+        model: &str,
+        features: &Features,
+        priority: Priority,
+        now_ms: u64,
+        rng: &mut SplitMix64,
+    ) -> Option<RouteDecision> {
+        let ask = RouteAsk {
+            model,
+            features,
+            priority,
+            now_ms,
+            avoid: &|_| false,
+        };
+        super::plan(c, s, rng, &ask)
+    }
 
     fn config() -> RoutingConfig {
         let raw: RawRoutingConfig = serde_json::from_str(

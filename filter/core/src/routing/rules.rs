@@ -1,13 +1,9 @@
 //! Model choice by request traits (the seeds' decision tree): `"model": "auto"`
 //! or any alias becomes a concrete model by estimated prompt size, priority,
-//! tools and streaming. The body is read once, without keeping its text.
-
-use std::fmt;
-
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde::Deserialize;
+//! tools and streaming, read from the request body the walk parsed once.
 
 use super::config::{Rule, When};
+use crate::json::Json;
 use crate::priority::Priority;
 
 /// What the rules look at in a request.
@@ -29,40 +25,79 @@ impl Features {
     /// Reads the features of a JSON request body; `None` when it is not a JSON
     /// object or a known field has an impossible type.
     pub fn from_body(body: &[u8]) -> Option<Self> {
-        if body.trim_ascii_start().first() != Some(&b'{') {
+        Self::from_json(&Json::parse(body)?)
+    }
+
+    /// Reads the features of a parsed request body; `None` when it is not an
+    /// object, names a known field twice (readers disagree on which counts)
+    /// or gives one an impossible type.
+    pub fn from_json(body: &Json) -> Option<Self> {
+        let Json::Object(members) = body else {
             return None;
-        }
-        let b: Body = serde_json::from_slice(body).ok()?;
+        };
+        let mut seen = [false; KNOWN.len()];
+        let mut features = Self::default();
         let mut text = Text::default();
-        for m in b.messages.unwrap_or_default() {
-            text.add(m.content);
+        for (name, value) in members {
+            let Some(i) = KNOWN.iter().position(|k| k == name) else {
+                continue;
+            };
+            if seen.get(i).copied().unwrap_or(true) {
+                return None;
+            }
+            if let Some(s) = seen.get_mut(i) {
+                *s = true;
+            }
+            match (name.as_str(), value) {
+                (_, Json::Null) => {}
+                ("model", Json::String(m)) => features.model = Some(m.clone()),
+                ("model", _) => return None,
+                ("messages", Json::Array(messages)) => {
+                    for m in messages {
+                        text.add(message_text(m)?);
+                    }
+                }
+                ("messages", _) => return None,
+                ("prompt" | "input", v) => text.add(Text::of(v)),
+                ("tools" | "functions", v) => features.tools |= non_empty(v),
+                ("stream", v) => features.stream = matches!(v, Json::Bool(true)),
+                _ => {}
+            }
         }
-        text.add(b.prompt.unwrap_or_default());
-        text.add(b.input.unwrap_or_default());
-        Some(Self {
-            model: b.model,
-            prompt_tokens: text.chars.div_ceil(4).saturating_add(text.tokens),
-            tools: b.tools.is_some_and(|p| p.0) || b.functions.is_some_and(|p| p.0),
-            stream: b.stream.is_some_and(|f| f.0),
-        })
+        features.prompt_tokens = text.chars.div_ceil(4).saturating_add(text.tokens);
+        Some(features)
     }
 }
 
-#[derive(Deserialize)]
-struct Body {
-    model: Option<String>,
-    messages: Option<Vec<Message>>,
-    prompt: Option<Text>,
-    input: Option<Text>,
-    tools: Option<NonEmpty>,
-    functions: Option<NonEmpty>,
-    stream: Option<Flag>,
+/// The request fields the features are read from.
+const KNOWN: [&str; 7] = [
+    "model",
+    "messages",
+    "prompt",
+    "input",
+    "tools",
+    "functions",
+    "stream",
+];
+
+/// The text of one chat message's `content`; `None` when the message is not
+/// an object or names `content` twice.
+fn message_text(message: &Json) -> Option<Text> {
+    if !matches!(message, Json::Object(_)) {
+        return None;
+    }
+    let mut contents = message.members("content");
+    let text = contents.next().map(Text::of).unwrap_or_default();
+    contents.next().is_none().then_some(text)
 }
 
-#[derive(Deserialize)]
-struct Message {
-    #[serde(default)]
-    content: Text,
+/// True for a non-empty array or object; any other value is false.
+fn non_empty(v: &Json) -> bool {
+    match v {
+        Json::Array(items) => !items.is_empty(),
+        Json::Object(members) => !members.is_empty(),
+        _ => false,
+    }
 }
 
 /// Characters of text and count of token ids in a JSON value: strings count,
@@ -75,197 +110,32 @@ struct Text {
 }
 
 impl Text {
+    fn of(v: &Json) -> Self {
+        match v {
+            Json::String(s) => Self {
+                chars: s.chars().count() as u64,
+                tokens: 0,
+            },
+            // A canonical number with a negative exponent has a fraction.
+            Json::Number(n) if !n.contains("e-") => Self {
+                chars: 0,
+                tokens: 1,
+            },
+            Json::Array(items) => items.iter().fold(Self::default(), |mut t, i| {
+                t.add(Self::of(i));
+                t
+            }),
+            Json::Object(_) => v.members("text").fold(Self::default(), |mut t, i| {
+                t.add(Self::of(i));
+                t
+            }),
+            _ => Self::default(),
+        }
+    }
+
     fn add(&mut self, other: Text) {
         self.chars = self.chars.saturating_add(other.chars);
         self.tokens = self.tokens.saturating_add(other.tokens);
-    }
-}
-
-impl<'de> Deserialize<'de> for Text {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(TextVisitor)
-    }
-}
-
-struct TextVisitor;
-
-impl<'de> Visitor<'de> for TextVisitor {
-    type Value = Text;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("text, token ids or content parts")
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Text, E> {
-        Ok(Text {
-            chars: v.chars().count() as u64,
-            tokens: 0,
-        })
-    }
-
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Text, E> {
-        Ok(Text {
-            chars: 0,
-            tokens: 1,
-        })
-    }
-
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Text, E> {
-        Ok(Text {
-            chars: 0,
-            tokens: 1,
-        })
-    }
-
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Text, E> {
-        Ok(Text::default())
-    }
-
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Text, E> {
-        Ok(Text::default())
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<Text, E> {
-        Ok(Text::default())
-    }
-
-    fn visit_none<E: de::Error>(self) -> Result<Text, E> {
-        Ok(Text::default())
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Text, A::Error> {
-        let mut t = Text::default();
-        while let Some(part) = seq.next_element::<Text>()? {
-            t.add(part);
-        }
-        Ok(t)
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Text, A::Error> {
-        let mut t = Text::default();
-        while let Some(key) = map.next_key::<KeyIsText>()? {
-            if key.0 {
-                t.add(map.next_value::<Text>()?);
-            } else {
-                map.next_value::<IgnoredAny>()?;
-            }
-        }
-        Ok(t)
-    }
-}
-
-/// Whether an object key is `text`, without allocating the key.
-struct KeyIsText(bool);
-
-impl<'de> Deserialize<'de> for KeyIsText {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = KeyIsText;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a key")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<KeyIsText, E> {
-                Ok(KeyIsText(v == "text"))
-            }
-        }
-        d.deserialize_str(V)
-    }
-}
-
-/// True for a non-empty array (or object); any other value is false.
-struct NonEmpty(bool);
-
-impl<'de> Deserialize<'de> for NonEmpty {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(NonEmptyVisitor)
-    }
-}
-
-struct NonEmptyVisitor;
-
-impl<'de> Visitor<'de> for NonEmptyVisitor {
-    type Value = NonEmpty;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any value")
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<NonEmpty, A::Error> {
-        let mut any = false;
-        while seq.next_element::<IgnoredAny>()?.is_some() {
-            any = true;
-        }
-        Ok(NonEmpty(any))
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<NonEmpty, A::Error> {
-        let mut any = false;
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {
-            any = true;
-        }
-        Ok(NonEmpty(any))
-    }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<NonEmpty, E> {
-        Ok(NonEmpty(false))
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<NonEmpty, E> {
-        Ok(NonEmpty(false))
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<NonEmpty, E> {
-        Ok(NonEmpty(false))
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<NonEmpty, E> {
-        Ok(NonEmpty(false))
-    }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<NonEmpty, E> {
-        Ok(NonEmpty(false))
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<NonEmpty, E> {
-        Ok(NonEmpty(false))
-    }
-    fn visit_none<E: de::Error>(self) -> Result<NonEmpty, E> {
-        Ok(NonEmpty(false))
-    }
-}
-
-/// `true` only for JSON `true`; any other value is false, not an error.
-struct Flag(bool);
-
-impl<'de> Deserialize<'de> for Flag {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Flag;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any value")
-            }
-            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Flag, E> {
-                Ok(Flag(v))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Flag, A::Error> {
-                NonEmptyVisitor.visit_seq(seq).map(|_| Flag(false))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Flag, A::Error> {
-                NonEmptyVisitor.visit_map(map).map(|_| Flag(false))
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Flag, E> {
-                Ok(Flag(false))
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Flag, E> {
-                Ok(Flag(false))
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Flag, E> {
-                Ok(Flag(false))
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<Flag, E> {
-                Ok(Flag(false))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Flag, E> {
-                Ok(Flag(false))
-            }
-            fn visit_none<E: de::Error>(self) -> Result<Flag, E> {
-                Ok(Flag(false))
-            }
-        }
-        d.deserialize_any(V)
     }
 }
 
@@ -371,10 +241,37 @@ mod tests {
             r#"{"messages":"x"}"#,
             r#"{"model":"a","model":"b"}"#,
             r#"{"model":"a""#,
+            r#"{"messages":[null]}"#,
+            r#"{"messages":["hi"]}"#,
+            r#"{"messages":[{"content":"a","content":"b"}]}"#,
+            r#"{"stream":true,"stream":false}"#,
         ] {
             assert_eq!(Features::from_body(body.as_bytes()), None, "{body}");
         }
         assert!(Features::from_body(b"  {}  ").is_some());
+    }
+
+    #[test]
+    fn counts_text_and_token_ids_of_the_parsed_body() {
+        for (body, tokens) in [
+            (r#"{"prompt":[1,2,3]}"#, 3),
+            (r#"{"prompt":[10,-5,12345678901]}"#, 3),
+            (r#"{"prompt":[1.5,true,null]}"#, 0),
+            (r#"{"prompt":"abcdefgh"}"#, 2),
+            (r#"{"input":["abcd",[7]]}"#, 2),
+            (
+                r#"{"messages":[{"role":"user","content":[{"type":"text","text":"abcd"},{"type":"image_url","image_url":{"url":"abcdefghabcdefgh"}}]}]}"#,
+                1,
+            ),
+            (r#"{"messages":null,"model":null,"tools":null}"#, 0),
+        ] {
+            let f = Features::from_body(body.as_bytes()).unwrap();
+            assert_eq!(f.prompt_tokens, tokens, "{body}");
+        }
+        let f = Features::from_body(br#"{"tools":[{}],"stream":1}"#).unwrap();
+        assert!(f.tools && !f.stream);
+        let f = Features::from_body(br#"{"functions":{},"stream":true}"#).unwrap();
+        assert!(!f.tools && f.stream);
     }
 
     fn rule(when: When, model: &str) -> Rule {

@@ -3,18 +3,19 @@
 //! what comes back as it passes (a stream still reaches the client chunk by
 //! chunk), and answer an upstream failure with an expired entry when allowed.
 
-use crate::budget::parse as budget_parse;
+use serde_json::Value;
+
 use crate::cache::{
-    self as policy, coalesce, BypassReason, CacheRequest, CacheStatus, Claim, Decision, Entry, Key,
-    Lease, Lookup, Poll, Store, StreamAssembler, X_CACHE,
+    self as policy, coalesce, BypassReason, CacheRequest, CacheStatus, Cacheable, Claim, Decision,
+    Entry, Lease, Lookup, Poll, Store, StreamAssembler, X_CACHE,
 };
 use crate::host::Metrics;
-use crate::metrics as names;
-use crate::routing::Features;
+use crate::json::Json;
+use crate::metrics::{self as names, internal_error};
+use crate::summary::EnvoyReply;
 
-use super::{
-    internal_error, set_request, set_response, Call, Env, Host, Parked, Step, Wake, TRACE_ID_HEADER,
-};
+use super::response::{Answer, Response};
+use super::{set_request, set_response, Call, Env, HeldBody, Host, Phase, Step, Wake};
 
 /// Response header with the whole seconds since a served entry was stored.
 pub const AGE_HEADER: &str = "age";
@@ -29,32 +30,15 @@ pub(super) struct CacheCall {
     /// The lead on the key's in-flight marker, held until the answer is
     /// stored or given up.
     lease: Option<Lease>,
-    /// The request body kept while waiting for an identical call, to route
-    /// the call if the wait ends without an answer.
-    waiting: Option<Waiting>,
     /// The answer being collected to store.
     fill: Option<Fill>,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Cacheable {
-    key: Key,
-    stream: bool,
-    include_usage: bool,
-    read: bool,
-    store: bool,
-}
-
-#[derive(Debug)]
-struct Waiting {
-    body: Vec<u8>,
-    body_size: usize,
-}
-
 #[derive(Debug)]
 enum Fill {
-    /// A non-streamed answer, bounded by `cache.max_entry_bytes`.
-    Json(Vec<u8>),
+    /// A non-streamed answer, bounded by `cache.max_entry_bytes`; the bytes
+    /// are the response's own copy (see [`Response::json`]).
+    Json,
     /// A streamed answer, rebuilt event by event.
     Sse(StreamAssembler),
 }
@@ -73,65 +57,39 @@ impl CacheCall {
     pub(super) fn header(&self) -> Option<&'static str> {
         self.status.map(CacheStatus::header)
     }
+
+    /// A JSON answer is being collected to store.
+    pub(super) fn stores_json(&self) -> bool {
+        matches!(self.fill, Some(Fill::Json))
+    }
 }
 
 impl Call {
     /// The cache step of the walk, on the whole request body (`None`: not
-    /// held). `Some(step)` when the call was answered from an entry or waits
-    /// for an identical call in flight; `None` to go on upstream.
+    /// held). `Ok(step)` when the call was answered from an entry or waits
+    /// for an identical call in flight (which keeps the body); `Err(body)` to
+    /// go on upstream with it.
     pub(super) fn cache_request(
         &mut self,
         env: &mut Env<'_>,
         host: &mut dyn Host,
-        body: Option<&[u8]>,
-        body_size: usize,
-    ) -> Option<Step> {
+        body: Option<HeldBody>,
+    ) -> Result<Step, Option<HeldBody>> {
         let cfg = &env.config.cache;
         if !cfg.enabled {
-            return None;
+            return Err(body);
         }
-        let decision = match body {
+        let decision = match &body {
             None => Decision::Bypass(BypassReason::Unbuffered),
-            Some(body) => {
-                let path = host.request_header(":path").unwrap_or_default();
-                let cache_control = host.request_header("cache-control");
-                let values: Vec<Option<String>> = cfg
-                    .tenant_headers
-                    .iter()
-                    .map(|name| host.request_header(name))
-                    .collect();
-                let credentials: Vec<Option<&str>> = values.iter().map(Option::as_deref).collect();
-                policy::decide(
-                    cfg,
-                    &CacheRequest {
-                        endpoint: self.endpoint,
-                        path: &path,
-                        body,
-                        cache_control: cache_control.as_deref(),
-                        credentials: &credentials,
-                    },
-                )
-            }
+            Some(b) => self.cache_decision(env, host, b.tree.as_ref()),
         };
         let c = match decision {
             Decision::Bypass(reason) => {
                 log::debug!("llm-filter: cache bypass ({})", reason.as_str());
                 self.cache.status = Some(CacheStatus::Bypass);
-                return None;
+                return Err(body);
             }
-            Decision::Cacheable {
-                key,
-                stream,
-                include_usage,
-                read,
-                store,
-            } => Cacheable {
-                key,
-                stream,
-                include_usage,
-                read,
-                store,
-            },
+            Decision::Cacheable(c) => c,
         };
         self.cache.cacheable = Some(c);
         self.cache.status = Some(CacheStatus::Miss);
@@ -139,16 +97,16 @@ impl Call {
         set_request(env, host, "accept-encoding", None);
         if !c.read {
             // `no-cache`: a fresh answer, stored for the next caller.
-            return None;
+            return Err(body);
         }
         let store = Store::new(env.store, cfg);
         if let Lookup::Hit { entry, age_s } = store.lookup(&c.key, env.now_ms) {
             if self.reply_from_entry(env, host, &entry, age_s, CacheStatus::Hit) {
-                return Some(Step::Pause);
+                return Ok(Step::Pause);
             }
         }
         if !cfg.coalesce {
-            return None;
+            return Err(body);
         }
         match coalesce::claim(
             &store,
@@ -159,22 +117,45 @@ impl Call {
         ) {
             Claim::Leader(lease) => self.cache.lease = Some(lease),
             Claim::Follower { deadline_ms } => {
-                self.cache.waiting = Some(Waiting {
-                    body: body.unwrap_or_default().to_vec(),
-                    body_size,
-                });
-                self.parked = Some(Parked::Coalescing { deadline_ms });
-                return Some(Step::Pause);
+                if let Some(mut body) = body {
+                    // Routing needs only the bytes and the features later.
+                    body.tree = None;
+                    self.phase = Phase::Coalescing { deadline_ms, body };
+                    return Ok(Step::Pause);
+                }
             }
             Claim::Unavailable => {}
         }
-        None
+        Err(body)
+    }
+
+    /// Cacheability and key of a held body, from the headers that take part.
+    fn cache_decision(&self, env: &Env<'_>, host: &dyn Host, body: Option<&Json>) -> Decision {
+        let cfg = &env.config.cache;
+        let path = host.request_header(":path").unwrap_or_default();
+        let cache_control = host.request_header("cache-control");
+        let values: Vec<Option<String>> = cfg
+            .tenant_headers
+            .iter()
+            .map(|name| host.request_header(name))
+            .collect();
+        let credentials: Vec<Option<&str>> = values.iter().map(Option::as_deref).collect();
+        policy::decide(
+            cfg,
+            &CacheRequest {
+                endpoint: self.request.endpoint,
+                path: &path,
+                body,
+                cache_control: cache_control.as_deref(),
+                credentials: &credentials,
+            },
+        )
     }
 
     /// How long a marker stands or a twin waits: the configured wait, never
     /// past the caller's own budget.
     fn coalesce_wait_ms(&self, env: &Env<'_>) -> u64 {
-        let remaining = budget_parse::remaining_ms(self.budget_ms, self.started_ms, env.now_ms);
+        let remaining = self.request.remaining_ms(env.now_ms);
         env.config.cache.coalesce_wait_ms.min(remaining).max(1)
     }
 
@@ -192,9 +173,7 @@ impl Call {
             match coalesce::poll(&store, &c.key, env.now_ms, deadline_ms) {
                 Poll::KeepWaiting => return Wake::Wait,
                 Poll::Ready { entry, age_s } => {
-                    self.parked = None;
                     if self.reply_from_entry(env, host, &entry, age_s, CacheStatus::Coalesced) {
-                        self.cache.waiting = None;
                         count_wait(env.metrics, "served");
                         return Wake::Answered;
                     }
@@ -214,17 +193,13 @@ impl Call {
                 self.cache.lease = Some(lease);
             }
         }
-        self.parked = None;
         count_wait(env.metrics, "upstream");
-        let (body, body_size) = self
-            .cache
-            .waiting
-            .take()
-            .map(|w| (w.body, w.body_size))
-            .unwrap_or_default();
-        let features = Features::from_body(&body);
+        let Phase::Coalescing { body, .. } = std::mem::replace(&mut self.phase, Phase::Forwarded)
+        else {
+            return Wake::Resume;
+        };
         // Routing and admission happen now, with the health and budget of now.
-        match self.go_upstream(env, host, features.as_ref(), Some(&body), body_size) {
+        match self.go_upstream(env, host, Some(&body)) {
             Step::Continue => Wake::Resume,
             Step::Pause => Wake::Answered,
         }
@@ -245,23 +220,18 @@ impl Call {
             return false;
         };
         let Ok(reply) = entry.reply(c.stream, c.include_usage) else {
-            internal_error(env, "cache_replay");
+            internal_error(env.metrics, "cache_replay");
             return false;
         };
         let age = age_s.to_string();
-        let mut headers = vec![
+        let headers = [
             ("content-type", reply.content_type),
             (X_CACHE, status.header()),
             (AGE_HEADER, age.as_str()),
         ];
-        if let Some(t) = &self.trace_id {
-            headers.push((TRACE_ID_HEADER, t.as_str()));
-        }
-        if !host.send_local_reply(200, &headers, &reply.body) {
-            internal_error(env, "local_reply");
+        if !self.send_local_reply(env, host, 200, &headers, &reply.body) {
             return false;
         }
-        self.local_reply = Some(200);
         self.cache.status = Some(status);
         true
     }
@@ -276,7 +246,7 @@ impl Call {
             set_response(env, host, X_CACHE, Some(status.header()));
             return;
         };
-        let failed = self.envoy_timeout || self.status.is_some_and(|s| (500..=599).contains(&s));
+        let failed = self.response.as_ref().is_some_and(Response::failed);
         if failed && c.read && self.serve_stale(env, host, c) {
             // The client gets the old answer; nothing new to store.
         } else {
@@ -293,8 +263,9 @@ impl Call {
 
     /// Where to collect a successful answer, `None` (counted) when it cannot
     /// be stored.
-    fn start_fill(&self, env: &mut Env<'_>, host: &dyn Host) -> Option<Fill> {
-        if self.status != Some(200) {
+    fn start_fill(&mut self, env: &mut Env<'_>, host: &dyn Host) -> Option<Fill> {
+        let response = self.response.as_mut()?;
+        if response.status != Some(200) {
             count_store(env.metrics, "status");
             return None;
         }
@@ -305,10 +276,12 @@ impl Call {
             count_store(env.metrics, "encoded");
             return None;
         }
-        if self.sse.is_none() {
-            return Some(Fill::Json(Vec::new()));
+        let limit = env.config.cache.max_entry_bytes;
+        if let Answer::Json { copy, .. } = &mut response.answer {
+            copy.raise_limit(limit as usize);
+            return Some(Fill::Json);
         }
-        match StreamAssembler::new(self.endpoint, env.config.cache.max_entry_bytes) {
+        match StreamAssembler::new(self.request.endpoint, limit) {
             Some(a) => Some(Fill::Sse(a)),
             None => {
                 count_store(env.metrics, "endpoint");
@@ -323,7 +296,11 @@ impl Call {
     /// bodyless one has no callback to carry the entry. Envoy's own timeout
     /// reply always has one (the walk already replaces it).
     fn serve_stale(&mut self, env: &mut Env<'_>, host: &mut dyn Host, c: Cacheable) -> bool {
-        if env.config.cache.stale_if_error_ms == 0 || !(self.envoy_timeout || declares_body(host)) {
+        let envoy_timeout = self
+            .response
+            .as_ref()
+            .is_some_and(|r| r.envoy == Some(EnvoyReply::Timeout));
+        if env.config.cache.stale_if_error_ms == 0 || !(envoy_timeout || declares_body(host)) {
             return false;
         }
         let store = Store::new(env.store, &env.config.cache);
@@ -332,7 +309,7 @@ impl Call {
             Lookup::Miss => return false,
         };
         let Ok(reply) = entry.reply(c.stream, c.include_usage) else {
-            internal_error(env, "cache_replay");
+            internal_error(env.metrics, "cache_replay");
             return false;
         };
         set_response(env, host, ":status", Some("200"));
@@ -341,20 +318,24 @@ impl Call {
         set_response(env, host, "retry-after", None);
         set_response(env, host, X_CACHE, Some(CacheStatus::Stale.header()));
         set_response(env, host, AGE_HEADER, Some(&age_s.to_string()));
-        self.replace_response = Some(reply.body);
+        if let Some(response) = self.response.as_mut() {
+            response.replacement = Some(reply.body);
+        }
         self.cache.status = Some(CacheStatus::Stale);
         true
     }
 
     /// A response body chunk of `size` bytes (`chunk`, as read; `None` when
     /// empty or unreadable) of a call whose answer is being collected; stores
-    /// the entry at the end of the stream.
+    /// the entry at the end of the stream. `answer` is the JSON answer,
+    /// parsed once at its end.
     pub(super) fn cache_on_response_body(
         &mut self,
         env: &mut Env<'_>,
         size: usize,
         chunk: Option<&[u8]>,
         end_of_stream: bool,
+        answer: Option<&Value>,
     ) {
         let limit = env.config.cache.max_entry_bytes;
         let Some(fill) = self.cache.fill.as_mut() else {
@@ -363,26 +344,21 @@ impl Call {
         if size > 0 && chunk.is_none() {
             // A piece of the answer was not seen: what was collected is not it.
             self.cache.fill = None;
-            internal_error(env, "cache_body_read");
+            internal_error(env.metrics, "cache_body_read");
             self.release_lease(env);
             return;
         }
-        let mut gave_up = false;
-        if let Some(chunk) = chunk {
-            match fill {
-                Fill::Json(buf) => {
-                    if buf.len().saturating_add(chunk.len()) > limit as usize {
-                        gave_up = true;
-                    } else {
-                        buf.extend_from_slice(chunk);
-                    }
-                }
-                Fill::Sse(asm) => {
+        let json = self.response.as_ref().and_then(Response::json);
+        let gave_up = match fill {
+            // The response's copy outgrew the entry (or its own bound).
+            Fill::Json => json.is_none_or(|b| b.len() > limit as usize),
+            Fill::Sse(asm) => {
+                if let Some(chunk) = chunk {
                     asm.feed(chunk);
-                    gave_up = asm.gave_up();
                 }
+                asm.gave_up()
             }
-        }
+        };
         if !end_of_stream && !gave_up {
             return;
         }
@@ -390,10 +366,12 @@ impl Call {
             return;
         };
         let stamp = env.config.cache.stamp(env.now_ms, env.rng.next_f64());
-        let entry = match fill {
-            Fill::Json(_) if gave_up => Err(policy::EntryError::TooLarge),
-            Fill::Json(buf) => Entry::from_json(self.endpoint, 200, &buf, stamp, limit),
-            Fill::Sse(asm) => asm.finish(stamp),
+        let entry = match (fill, json) {
+            (Fill::Json, Some(body)) if !gave_up => {
+                Entry::from_answer(self.request.endpoint, 200, body, answer, stamp, limit)
+            }
+            (Fill::Json, _) => Err(policy::EntryError::TooLarge),
+            (Fill::Sse(asm), _) => asm.finish(stamp),
         };
         match entry {
             Ok(entry) => self.store_entry(env, &entry),

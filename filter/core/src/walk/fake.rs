@@ -165,7 +165,7 @@ impl World {
             store: &self.store,
             metrics: &mut self.metrics,
             rng: &mut self.rng,
-            models: &mut self.models,
+            model_labels: &mut self.models,
             now_ms: self.now_ms,
             can_hold_body: true,
         }

@@ -2,6 +2,8 @@
 
 use super::fake::{FakeHost, World};
 use super::*;
+use crate::budget::breaker;
+use crate::routing::health;
 
 impl World {
     /// Runs a request through to the upstream; returns the call, what the

@@ -1,17 +1,21 @@
-//! A canonical form of a JSON request body for the cache key: two bodies that
-//! mean the same request (key order, whitespace, `1` vs `1.0`, `\u0041` vs `A`)
-//! give the same bytes. serde_json cannot do this exactly (it rounds big
-//! numbers to `f64`), so this is a small strict parser of its own.
+//! The held request body, parsed once into a tree every concern reads
+//! (routing features, the cache key), with a canonical form for the cache key:
+//! two bodies that mean the same request (key order, whitespace, `1` vs `1.0`,
+//! `\u0041` vs `A`) give the same bytes. serde_json cannot do this exactly (it
+//! rounds big numbers to `f64`), so this is a small strict parser of its own.
 
 /// A parsed JSON value with numbers and strings already in canonical form.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Json {
+pub enum Json {
+    /// `null`.
     Null,
+    /// `true` or `false`.
     Bool(bool),
     /// The canonical spelling of the number (see [`canonical_number`]).
     Number(String),
     /// The decoded string.
     String(String),
+    /// An array.
     Array(Vec<Json>),
     /// Members in document order; duplicates are kept.
     Object(Vec<(String, Json)>),
@@ -24,7 +28,7 @@ const MAX_DEPTH: usize = 128;
 impl Json {
     /// Parses a complete JSON document, `None` when it is not strict JSON
     /// (invalid UTF-8, lone surrogates, trailing bytes, too deep).
-    pub(crate) fn parse(bytes: &[u8]) -> Option<Json> {
+    pub fn parse(bytes: &[u8]) -> Option<Json> {
         let text = std::str::from_utf8(bytes).ok()?;
         let mut p = Parser {
             s: text.as_bytes(),
@@ -38,7 +42,7 @@ impl Json {
 
     /// The member `name` of an object (the last one when repeated, as most
     /// JSON readers do).
-    pub(crate) fn get(&self, name: &str) -> Option<&Json> {
+    pub fn get(&self, name: &str) -> Option<&Json> {
         match self {
             Json::Object(members) => members
                 .iter()
@@ -52,7 +56,7 @@ impl Json {
     /// Writes the canonical form: object members sorted by key bytes (stable,
     /// so repeated keys keep their order), no whitespace, canonical numbers and
     /// strings.
-    pub(crate) fn write(&self, out: &mut Vec<u8>) {
+    pub fn write(&self, out: &mut Vec<u8>) {
         match self {
             Json::Null => out.extend_from_slice(b"null"),
             Json::Bool(true) => out.extend_from_slice(b"true"),
@@ -69,25 +73,33 @@ impl Json {
                 }
                 out.push(b']');
             }
-            Json::Object(members) => {
-                let mut sorted: Vec<&(String, Json)> = members.iter().collect();
-                sorted.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-                out.push(b'{');
-                for (i, (k, v)) in sorted.into_iter().enumerate() {
-                    if i > 0 {
-                        out.push(b',');
-                    }
-                    write_string(k, out);
-                    out.push(b':');
-                    v.write(out);
-                }
-                out.push(b'}');
-            }
+            Json::Object(members) => write_object(members.iter().collect(), out),
         }
     }
 
+    /// Writes the canonical form of an object without its members named in
+    /// `skip`; nothing for any other value.
+    pub fn write_without(&self, skip: &[&str], out: &mut Vec<u8>) {
+        if let Json::Object(members) = self {
+            let kept = members
+                .iter()
+                .filter(|(k, _)| !skip.contains(&k.as_str()))
+                .collect();
+            write_object(kept, out);
+        }
+    }
+
+    /// The values of every member `name` of an object, repeats included.
+    pub fn members<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Json> + 'a {
+        let all: &[(String, Json)] = match self {
+            Json::Object(m) => m,
+            _ => &[],
+        };
+        all.iter().filter(move |(k, _)| k == name).map(|(_, v)| v)
+    }
+
     /// True when `f` holds for some string value (not key) inside this value.
-    pub(crate) fn any_string<'a>(&'a self, f: &mut dyn FnMut(&'a str) -> bool) -> bool {
+    pub fn any_string<'a>(&'a self, f: &mut dyn FnMut(&'a str) -> bool) -> bool {
         match self {
             Json::String(s) => f(s),
             Json::Array(items) => items.iter().any(|i| i.any_string(f)),
@@ -95,6 +107,21 @@ impl Json {
             _ => false,
         }
     }
+}
+
+/// Members sorted by key bytes (stable, so repeated keys keep their order).
+fn write_object(mut members: Vec<&(String, Json)>, out: &mut Vec<u8>) {
+    members.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    out.push(b'{');
+    for (i, (k, v)) in members.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_string(k, out);
+        out.push(b':');
+        v.write(out);
+    }
+    out.push(b'}');
 }
 
 /// Escapes only what JSON requires, one way each, so equal strings always

@@ -1,0 +1,99 @@
+//! The budget's decision at the start of a call: may it go upstream under its
+//! breaker, and with which Envoy timeouts and retries.
+
+use super::breaker::{self, BreakerState};
+use super::plan::{self, Exhausted, PlanInput};
+use super::reply::{self, LocalReply, ReplyKind};
+use super::{count_admit, count_exhausted, count_plan, Admit, BudgetConfig, Tier};
+use crate::host::{Metrics, Random, SharedStore};
+use crate::metrics::internal_error;
+use crate::priority::Priority;
+
+/// Breaker name of calls that routing did not place on a cluster.
+pub const DEFAULT_BREAKER: &str = "default";
+
+/// What the budget needs to know of a call about to go upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ask<'a> {
+    /// The breaker the call goes under (its cluster, or [`DEFAULT_BREAKER`]).
+    pub breaker: &'a str,
+    /// The call's priority.
+    pub priority: Priority,
+    /// The call streams (or may: the body was not read).
+    pub streaming: bool,
+    /// The cluster's typical latency (time to first byte for streams), ms.
+    pub observed_ms: Option<u64>,
+    /// What is left of the caller's budget, ms.
+    pub remaining_ms: u64,
+    /// Now, ms since the epoch.
+    pub now_ms: u64,
+}
+
+/// The budget's verdict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// The call must not go upstream: answer it with this reply.
+    Refused(LocalReply),
+    /// The call goes upstream with these router headers set (`Some`) or
+    /// removed (`None`).
+    Planned {
+        /// Router header updates.
+        headers: Vec<(&'static str, Option<String>)>,
+        /// Retries the plan lets Envoy make.
+        retries: u32,
+    },
+}
+
+/// Breaker admission, then the Envoy timeout and retry plan; every refusal
+/// and plan is counted here.
+pub fn admit(
+    store: &dyn SharedStore,
+    cfg: &BudgetConfig,
+    m: &mut dyn Metrics,
+    rng: &mut dyn Random,
+    ask: &Ask<'_>,
+) -> Admission {
+    let state = breaker::load(store, ask.breaker, cfg).unwrap_or_else(|_| {
+        internal_error(m, "breaker_load");
+        BreakerState::new(cfg)
+    });
+    let admit = breaker::admit(&state, ask.priority, ask.now_ms, rng.next_f64(), cfg);
+    if admit != Admit::Pass {
+        count_admit(m, &admit, ask.priority);
+        let retry_after = breaker::retry_after_s(&admit, cfg, rng.next_f64());
+        if let Some(r) = reply::for_admit(&admit, retry_after) {
+            return Admission::Refused(r);
+        }
+    }
+    let input = PlanInput {
+        remaining_ms: ask.remaining_ms,
+        observed_ms: ask.observed_ms,
+        streaming: ask.streaming,
+        retries_allowed: state.retries_allowed(ask.now_ms, cfg),
+    };
+    match plan::plan(&input, cfg) {
+        Ok(plan) => {
+            count_plan(m, ask.breaker, &plan);
+            Admission::Planned {
+                headers: plan.header_updates(cfg),
+                retries: plan.retries(cfg),
+            }
+        }
+        Err(Exhausted) => {
+            count_exhausted(m, ask.priority);
+            Admission::Refused(reply::local_reply(ReplyKind::BudgetExhausted, None))
+        }
+    }
+}
+
+/// True when the breaker of `cluster` would shed or reject calls now (budget
+/// on), so routing can steer calls to a backend that would take them.
+pub fn breaker_sheds(
+    store: &dyn SharedStore,
+    cfg: &BudgetConfig,
+    cluster: &str,
+    now_ms: u64,
+) -> bool {
+    cfg.enabled
+        && breaker::load(store, cluster, cfg).is_ok_and(|s| s.tier(now_ms, cfg) != Tier::Pass)
+}

@@ -1,0 +1,149 @@
+//! What the budget breaker learns from a finished call: how much of its
+//! caller's budget the backend ate, and the window's new tier and pressure.
+
+use super::breaker::{self, Sample};
+use super::{observe_used, set_breaker_gauges, BudgetConfig, StreamingMode};
+use crate::host::{Metrics, SharedStore};
+use crate::metrics::internal_error;
+use crate::summary::{CallSummary, End};
+
+/// Whether the backend failed the caller, as the breaker counts it; `None`
+/// when the call teaches the breaker nothing (answered locally, or the client
+/// left: that says nothing about the backend's pressure).
+pub fn failed(end: End) -> Option<bool> {
+    match end {
+        End::Local(_) | End::Abandoned => None,
+        End::TimedOut(_) => Some(true),
+        End::Answered(s) | End::Reset(s) => Some(breaker::is_failure(Some(u32::from(s)))),
+    }
+}
+
+/// The budget a call used, ms. A stream's budget is spent waiting for its
+/// headers (see `budget.streaming`); the stream itself may run long.
+pub fn used_ms(call: &CallSummary<'_>, cfg: &BudgetConfig) -> u64 {
+    let until = match (call.streamed, cfg.streaming) {
+        (true, StreamingMode::UntilHeaders) => call.response_headers_ms,
+        _ => None,
+    };
+    until
+        .unwrap_or(call.ended_ms)
+        .saturating_sub(call.started_ms)
+}
+
+/// The breaker sample of a call, `None` when it teaches nothing.
+pub fn sample_of(call: &CallSummary<'_>, cfg: &BudgetConfig) -> Option<Sample> {
+    let failed = failed(call.end)?;
+    let retries = breaker::retries_made(call.attempts, call.planned_retries, failed);
+    Some(Sample::new(
+        used_ms(call, cfg),
+        call.budget_ms,
+        failed,
+        retries,
+    ))
+}
+
+/// A call that went upstream under a breaker ended: the budget it used is
+/// observed and its breaker window learns from it.
+pub fn ended(
+    store: &dyn SharedStore,
+    cfg: &BudgetConfig,
+    m: &mut dyn Metrics,
+    call: &CallSummary<'_>,
+) {
+    let Some(name) = call.breaker else {
+        return;
+    };
+    let Some(sample) = sample_of(call, cfg) else {
+        return;
+    };
+    observe_used(
+        m,
+        call.priority,
+        breaker::used_permille(used_ms(call, cfg), call.budget_ms),
+    );
+    match breaker::record(store, name, call.ended_ms, sample, cfg) {
+        Ok(state) => set_breaker_gauges(
+            m,
+            name,
+            state.tier(call.ended_ms, cfg),
+            state.pressure(call.ended_ms, cfg),
+        ),
+        Err(_) => internal_error(m, "breaker_record"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::{MemoryMetrics, MemoryStore};
+
+    #[test]
+    fn every_end_maps_to_one_verdict() {
+        for (end, want) in [
+            (End::Local(200), None),
+            (End::Local(503), None),
+            (End::Abandoned, None),
+            (End::Answered(200), Some(false)),
+            (End::Answered(429), Some(false)),
+            (End::Answered(404), Some(false)),
+            (End::Answered(502), Some(true)),
+            (End::TimedOut(504), Some(true)),
+            (End::Reset(503), Some(true)),
+        ] {
+            assert_eq!(failed(end), want, "{end:?}");
+        }
+    }
+
+    #[test]
+    fn a_stream_spends_its_budget_until_its_headers() {
+        let cfg = BudgetConfig::default();
+        let call = CallSummary {
+            streamed: true,
+            started_ms: 100,
+            response_headers_ms: Some(300),
+            ended_ms: 5_000,
+            ..CallSummary::ended(End::Answered(200))
+        };
+        let want = match cfg.streaming {
+            StreamingMode::UntilHeaders => 200,
+            _ => 4_900,
+        };
+        assert_eq!(used_ms(&call, &cfg), want);
+        let plain = CallSummary {
+            streamed: false,
+            ..call
+        };
+        assert_eq!(used_ms(&plain, &cfg), 4_900);
+    }
+
+    #[test]
+    fn only_calls_under_a_breaker_that_teach_something_are_recorded() {
+        let cfg = BudgetConfig::default();
+        let (store, mut m) = (MemoryStore::new(), MemoryMetrics::default());
+        for call in [
+            CallSummary::ended(End::Answered(200)),
+            CallSummary {
+                breaker: Some("b"),
+                ..CallSummary::ended(End::Abandoned)
+            },
+        ] {
+            ended(&store, &cfg, &mut m, &call);
+        }
+        assert!(store.is_empty());
+        let call = CallSummary {
+            breaker: Some("b"),
+            budget_ms: 1_000,
+            ended_ms: 250,
+            ..CallSummary::ended(End::Answered(200))
+        };
+        ended(&store, &cfg, &mut m, &call);
+        assert_eq!(
+            m.histograms["llm_filter_budget_used_permille.priority.P1"],
+            [250]
+        );
+        assert!(m
+            .gauges
+            .contains_key("llm_filter_budget_breaker_tier.cluster.b"));
+        assert_eq!(store.len(), 1);
+    }
+}

@@ -1,0 +1,144 @@
+//! What routing learns from calls: a dispatched call joins its cluster's
+//! in-flight count, and a finished one feeds the cluster's health (latency,
+//! errors, ejection) and the per-cluster call metrics.
+
+use super::health::{self, CallResult, Health, Outcome};
+use super::RoutingConfig;
+use crate::host::{Metrics, SharedStore};
+use crate::metrics::{self as names, internal_error};
+use crate::summary::{CallSummary, End};
+
+/// How routing sees a call's end; `None` when the call never left (answered
+/// locally after it was routed).
+pub fn result_of(end: End) -> Option<CallResult> {
+    match end {
+        End::Local(_) => None,
+        End::Answered(s) => Some(CallResult::Status(s)),
+        End::TimedOut(_) => Some(CallResult::Timeout),
+        End::Reset(_) => Some(CallResult::Reset),
+        End::Abandoned => Some(CallResult::Cancelled),
+    }
+}
+
+/// A call was dispatched to `cluster`.
+pub fn started(store: &dyn SharedStore, m: &mut dyn Metrics, cluster: &str, now_ms: u64) {
+    if let Ok(r) = health::record_start(store, cluster, now_ms) {
+        set_in_flight(m, cluster, &r.health);
+    }
+}
+
+/// A routed call ended: the cluster's health learns from it, or, when it was
+/// answered locally, it only leaves the in-flight count.
+pub fn ended(
+    store: &dyn SharedStore,
+    cfg: &RoutingConfig,
+    m: &mut dyn Metrics,
+    call: &CallSummary<'_>,
+) {
+    let Some(cluster) = call.cluster else {
+        return;
+    };
+    let now_ms = call.ended_ms;
+    let Some(result) = result_of(call.end) else {
+        if let Ok(r) = health::record_unsent(store, cluster, now_ms) {
+            set_in_flight(m, cluster, &r.health);
+        }
+        return;
+    };
+    let elapsed = call.elapsed_ms();
+    m.counter(
+        &names::name(
+            names::ROUTING_CALLS,
+            &[("cluster", cluster), ("outcome", result.label())],
+        ),
+        1,
+    );
+    m.histogram(
+        &names::name(names::ROUTING_LATENCY, &[("cluster", cluster)]),
+        elapsed,
+    );
+    let outcome = Outcome {
+        result,
+        latency_ms: elapsed,
+        ttft_ms: call.first_byte_after_ms(),
+    };
+    match health::record_outcome(store, cfg, cluster, &outcome, now_ms) {
+        Ok(r) => {
+            if r.ejected {
+                m.counter(
+                    &names::name(names::ROUTING_EJECTIONS, &[("cluster", cluster)]),
+                    1,
+                );
+            }
+            set_in_flight(m, cluster, &r.health);
+        }
+        Err(_) => internal_error(m, "routing_record"),
+    }
+}
+
+/// Calls in flight to `cluster` across workers, as the record just written says.
+fn set_in_flight(m: &mut dyn Metrics, cluster: &str, h: &Health) {
+    m.gauge(
+        &names::name(names::ROUTING_IN_FLIGHT, &[("cluster", cluster)]),
+        i64::from(h.in_flight),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::{MemoryMetrics, MemoryStore};
+
+    #[test]
+    fn every_end_maps_to_one_result() {
+        for (end, want) in [
+            (End::Local(200), None),
+            (End::Local(503), None),
+            (End::Answered(429), Some(CallResult::Status(429))),
+            (End::TimedOut(504), Some(CallResult::Timeout)),
+            (End::Reset(503), Some(CallResult::Reset)),
+            (End::Abandoned, Some(CallResult::Cancelled)),
+        ] {
+            assert_eq!(result_of(end), want, "{end:?}");
+        }
+    }
+
+    #[test]
+    fn a_local_answer_only_leaves_the_in_flight_count() {
+        let (store, mut m) = (MemoryStore::new(), MemoryMetrics::default());
+        let cfg = RoutingConfig::default();
+        started(&store, &mut m, "a", 0);
+        assert_eq!(m.gauges["llm_filter_routing_in_flight.cluster.a"], 1);
+        let call = CallSummary {
+            cluster: Some("a"),
+            ..CallSummary::ended(End::Local(503))
+        };
+        ended(&store, &cfg, &mut m, &call);
+        assert_eq!(m.gauges["llm_filter_routing_in_flight.cluster.a"], 0);
+        assert!(m.counters.is_empty());
+    }
+
+    #[test]
+    fn a_finished_call_is_counted_and_learnt() {
+        let (store, mut m) = (MemoryStore::new(), MemoryMetrics::default());
+        let cfg = RoutingConfig::default();
+        started(&store, &mut m, "a", 0);
+        let call = CallSummary {
+            cluster: Some("a"),
+            ended_ms: 40,
+            ..CallSummary::ended(End::Answered(200))
+        };
+        ended(&store, &cfg, &mut m, &call);
+        assert_eq!(
+            m.counters["llm_filter_routing_calls_total.cluster.a.outcome.success"],
+            1
+        );
+        assert_eq!(
+            m.histograms["llm_filter_routing_call_duration_ms.cluster.a"],
+            [40]
+        );
+        let h = health::read(&store, "a").unwrap();
+        assert_eq!(h.in_flight, 0);
+        assert!(h.latency.is_some());
+    }
+}

@@ -1,0 +1,226 @@
+//! How one call ended, decided once, and what the walk knew of it at the end.
+//! Every policy learns from the same [`CallSummary`]; each maps [`End`] to
+//! what it needs, and the differences between them are deliberate:
+//!
+//! | [`End`]                     | requests `outcome` | routing health (`outcome`, verdict) | budget breaker sample |
+//! |-----------------------------|--------------------|-------------------------------------|-----------------------|
+//! | `Local` 4xx/5xx (refused)   | `refused`          | not sent: in-flight count only      | none                  |
+//! | `Local` 2xx (cache)         | `success`          | not sent: in-flight count only      | none                  |
+//! | `Answered` 2xx, 3xx         | `success`          | `success`, success                  | budget used           |
+//! | `Answered` 429              | `rate_limited`     | `rate_limited`, failure             | budget used           |
+//! | `Answered` other 4xx        | `client_error`     | `client_error`, refused (alive)     | budget used           |
+//! | `Answered` 5xx              | `server_error`     | `server_error`, failure             | failure (all budget)  |
+//! | `TimedOut` (Envoy's 504)    | `server_error`     | `timeout`, failure                  | failure (all budget)  |
+//! | `Reset` (Envoy's 503)       | `reset`            | `reset`, failure                    | failure (all budget)  |
+//! | `Abandoned` (client left)   | `reset`            | `cancelled`, nothing learnt         | none                  |
+//!
+//! Why: a 429 is the provider pacing this caller, so routing moves load away
+//! while the budget breaker (which measures time eaten, not refusals) does not
+//! count it; a client that leaves says nothing about the backend; and the
+//! requests counter keeps the status the client saw.
+
+use crate::priority::Priority;
+use crate::usage::Usage;
+
+/// Envoy's `response.code_details` of its own timeout replies (global and
+/// per-try). The router calls the global one `response_timeout` (Envoy 1.40);
+/// older releases said `upstream_response_timeout`.
+pub const ENVOY_TIMEOUT_DETAILS: [&str; 4] = [
+    "response_timeout",
+    "upstream_response_timeout",
+    "upstream_per_try_timeout",
+    "upstream_per_try_idle_timeout",
+];
+
+/// Envoy's `response.code_details` prefix of its reply to an upstream that
+/// reset (or refused) the stream before any response.
+pub const UPSTREAM_RESET_DETAILS: &str = "upstream_reset_before_response_started";
+
+/// Why Envoy answered a call itself instead of the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnvoyReply {
+    /// Its router timed out (504).
+    Timeout,
+    /// The upstream reset the stream before responding (503).
+    Reset,
+}
+
+impl EnvoyReply {
+    /// Recognises Envoy's own reply from its status and `response.code_details`;
+    /// `None` for an answer from the upstream (a 504 the upstream sent passes
+    /// as it is).
+    pub fn of(status: u16, code_details: Option<&str>) -> Option<Self> {
+        let details = code_details?;
+        if status == 504 && ENVOY_TIMEOUT_DETAILS.contains(&details) {
+            Some(Self::Timeout)
+        } else if status >= 500 && details.starts_with(UPSTREAM_RESET_DETAILS) {
+            Some(Self::Reset)
+        } else {
+            None
+        }
+    }
+}
+
+/// How a call ended. See the module table for what each policy makes of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The filter answered the call itself with this status: from the cache,
+    /// or refused (shed, circuit open, budget spent).
+    Local(u16),
+    /// The upstream answered with this status.
+    Answered(u16),
+    /// Envoy gave up waiting for the upstream and answered with this status.
+    TimedOut(u16),
+    /// The upstream reset the stream before responding; Envoy answered with
+    /// this status.
+    Reset(u16),
+    /// No response at all: Envoy answers every upstream failure itself, so
+    /// the client went away first.
+    Abandoned,
+}
+
+impl End {
+    /// Decides how a call ended: `local` is the status of the filter's own
+    /// reply, `status` the response status that reached the filter, `envoy`
+    /// why Envoy itself answered.
+    pub fn classify(local: Option<u16>, status: Option<u16>, envoy: Option<EnvoyReply>) -> Self {
+        match (local, status, envoy) {
+            (Some(s), _, _) => Self::Local(s),
+            (None, None, _) => Self::Abandoned,
+            (None, Some(s), Some(EnvoyReply::Timeout)) => Self::TimedOut(s),
+            (None, Some(s), Some(EnvoyReply::Reset)) => Self::Reset(s),
+            (None, Some(s), None) => Self::Answered(s),
+        }
+    }
+
+    /// The filter answered without going upstream.
+    pub fn is_local(self) -> bool {
+        matches!(self, Self::Local(_))
+    }
+}
+
+/// Everything the walk knew of a call when it ended, for each policy to learn from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CallSummary<'a> {
+    /// The call's priority.
+    pub priority: Priority,
+    /// The model label (already bounded).
+    pub model: &'a str,
+    /// How it ended.
+    pub end: End,
+    /// When the request headers arrived, ms.
+    pub started_ms: u64,
+    /// When the response headers arrived, ms.
+    pub response_headers_ms: Option<u64>,
+    /// When the first response body byte passed, ms.
+    pub first_byte_ms: Option<u64>,
+    /// When the call ended, ms.
+    pub ended_ms: u64,
+    /// Tokens the provider reported.
+    pub usage: Option<Usage>,
+    /// The answer was an SSE stream.
+    pub streamed: bool,
+    /// The cluster routing placed the call on.
+    pub cluster: Option<&'a str>,
+    /// The breaker that admitted the call (it went upstream under a budget plan).
+    pub breaker: Option<&'a str>,
+    /// The caller's budget, ms.
+    pub budget_ms: u64,
+    /// Retries the plan let Envoy make.
+    pub planned_retries: u32,
+    /// Envoy's attempt count, when it said.
+    pub attempts: Option<u32>,
+}
+
+impl CallSummary<'_> {
+    /// From the request to the end of the call, ms.
+    pub fn elapsed_ms(&self) -> u64 {
+        self.ended_ms.saturating_sub(self.started_ms)
+    }
+
+    /// From the request to the first response body byte, ms, when one came.
+    pub fn first_byte_after_ms(&self) -> Option<u64> {
+        self.first_byte_ms
+            .map(|t| t.saturating_sub(self.started_ms))
+    }
+}
+
+#[cfg(test)]
+impl CallSummary<'static> {
+    /// A call of model `m` at priority P1 that ended as `end` at time 0, for tests.
+    pub(crate) fn ended(end: End) -> Self {
+        Self {
+            priority: Priority::P1,
+            model: "m",
+            end,
+            started_ms: 0,
+            response_headers_ms: None,
+            first_byte_ms: None,
+            ended_ms: 0,
+            usage: None,
+            streamed: false,
+            cluster: None,
+            breaker: None,
+            budget_ms: 0,
+            planned_retries: 0,
+            attempts: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envoy_replies_are_recognised_by_details() {
+        for (status, details, want) in [
+            (504, Some("response_timeout"), Some(EnvoyReply::Timeout)),
+            (
+                504,
+                Some("upstream_response_timeout"),
+                Some(EnvoyReply::Timeout),
+            ),
+            (
+                504,
+                Some("upstream_per_try_timeout"),
+                Some(EnvoyReply::Timeout),
+            ),
+            (503, Some("upstream_response_timeout"), None),
+            (504, Some("via_upstream"), None),
+            (504, None, None),
+            (408, Some("response_timeout"), None),
+            (
+                503,
+                Some("upstream_reset_before_response_started{connection_failure}"),
+                Some(EnvoyReply::Reset),
+            ),
+            (200, Some(UPSTREAM_RESET_DETAILS), None),
+            (503, Some("via_upstream"), None),
+        ] {
+            assert_eq!(
+                EnvoyReply::of(status, details),
+                want,
+                "{status} {details:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_end_is_classified_once() {
+        use EnvoyReply::{Reset, Timeout};
+        for (local, status, envoy, want) in [
+            (Some(503), None, None, End::Local(503)),
+            (Some(200), Some(500), Some(Timeout), End::Local(200)),
+            (None, None, None, End::Abandoned),
+            (None, None, Some(Reset), End::Abandoned),
+            (None, Some(504), Some(Timeout), End::TimedOut(504)),
+            (None, Some(503), Some(Reset), End::Reset(503)),
+            (None, Some(429), None, End::Answered(429)),
+        ] {
+            assert_eq!(End::classify(local, status, envoy), want);
+        }
+        assert!(End::Local(200).is_local());
+        assert!(!End::Abandoned.is_local());
+    }
+}

@@ -1,0 +1,194 @@
+//! What came back for a call that went upstream: status, timings and the
+//! answer as it passes (an SSE stream scanned event by event, or a JSON body
+//! copied aside and parsed once at its end), with Envoy's own timeout page
+//! put in OpenAI's shape.
+
+use serde_json::Value;
+
+use crate::budget::reply::{self, ReplyKind};
+use crate::cache::entry::SSE_CONTENT_TYPE;
+use crate::metrics::internal_error;
+use crate::routing::CLUSTER_RESPONSE_HEADER;
+use crate::summary::EnvoyReply;
+use crate::trace_context::TRACE_ID_HEADER;
+use crate::usage::{self, SseScanner, Usage};
+
+use super::{set_response, BodyCopy, Call, Env, Host, Phase, Step};
+
+/// The response of a call that went upstream.
+#[derive(Debug)]
+pub(super) struct Response {
+    /// Its status, when it parsed.
+    pub(super) status: Option<u16>,
+    /// When its headers arrived, ms.
+    pub(super) headers_ms: u64,
+    /// When its first body byte passed, ms.
+    pub(super) first_byte_ms: Option<u64>,
+    /// Envoy's attempt count (`x-envoy-attempt-count`).
+    pub(super) attempts: Option<u32>,
+    /// Why Envoy itself answered, if it did.
+    pub(super) envoy: Option<EnvoyReply>,
+    /// The answer as it passes.
+    pub(super) answer: Answer,
+    /// A body to put in place of the response's (Envoy's timeout page, a
+    /// stale cache entry).
+    pub(super) replacement: Option<Vec<u8>>,
+}
+
+/// The answer as it passes.
+#[derive(Debug)]
+pub(super) enum Answer {
+    /// An SSE stream, scanned for usage as it passes.
+    Stream(SseScanner),
+    /// Any other body, copied aside up to a bound; `usage` read at its end.
+    Json {
+        copy: BodyCopy,
+        usage: Option<Usage>,
+    },
+}
+
+impl Response {
+    /// Tokens the provider reported.
+    pub(super) fn usage(&self) -> Option<Usage> {
+        match &self.answer {
+            Answer::Stream(sse) => sse.usage,
+            Answer::Json { usage, .. } => *usage,
+        }
+    }
+
+    /// The answer is an SSE stream.
+    pub(super) fn is_stream(&self) -> bool {
+        matches!(self.answer, Answer::Stream(_))
+    }
+
+    /// The JSON answer copied so far; `None` for a stream or a copy past its bound.
+    pub(super) fn json(&self) -> Option<&[u8]> {
+        match &self.answer {
+            Answer::Json { copy, .. } => copy.bytes(),
+            Answer::Stream(_) => None,
+        }
+    }
+
+    /// The upstream failed the call (5xx, or Envoy's timeout).
+    pub(super) fn failed(&self) -> bool {
+        self.envoy == Some(EnvoyReply::Timeout)
+            || self.status.is_some_and(|s| (500..=599).contains(&s))
+    }
+}
+
+impl Call {
+    /// Response headers callback.
+    pub fn on_response_headers(&mut self, env: &mut Env<'_>, host: &mut dyn Host) -> Step {
+        if matches!(self.phase, Phase::Answered(_)) {
+            return Step::Continue;
+        }
+        let status = host
+            .response_header(":status")
+            .and_then(|s| s.parse::<u16>().ok());
+        let stream = host
+            .response_header("content-type")
+            .is_some_and(|c| c.contains(SSE_CONTENT_TYPE));
+        // Envoy's own replies that the walk reads the reason of are all 5xx.
+        let envoy = status
+            .filter(|s| *s >= 500)
+            .and_then(|s| EnvoyReply::of(s, host.response_code_details().as_deref()));
+        let mut response = Response {
+            status,
+            headers_ms: env.now_ms,
+            first_byte_ms: None,
+            attempts: host
+                .response_header("x-envoy-attempt-count")
+                .and_then(|s| s.trim().parse().ok()),
+            envoy,
+            answer: if stream {
+                Answer::Stream(SseScanner::new())
+            } else {
+                Answer::Json {
+                    copy: BodyCopy::default(),
+                    usage: None,
+                }
+            },
+            replacement: None,
+        };
+        if envoy == Some(EnvoyReply::Timeout) {
+            // Envoy's plain-text timeout page, in the shape SDKs read.
+            let r = reply::local_reply(ReplyKind::UpstreamTimeout, None);
+            for (name, value) in &r.headers {
+                set_response(env, host, name, Some(value));
+            }
+            set_response(env, host, "content-length", None);
+            response.replacement = Some(r.body);
+        }
+        self.response = Some(response);
+        if let Some(t) = self.request.trace_id.clone() {
+            set_response(env, host, TRACE_ID_HEADER, Some(&t));
+        }
+        if let Some(c) = self.dispatch.cluster.clone() {
+            set_response(env, host, CLUSTER_RESPONSE_HEADER, Some(&c));
+        }
+        self.cache_on_response_headers(env, host);
+        Step::Continue
+    }
+
+    /// Response body callback.
+    pub fn on_response_body(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        size: usize,
+        end_of_stream: bool,
+    ) -> Step {
+        if matches!(self.phase, Phase::Answered(_)) {
+            return Step::Continue;
+        }
+        let Some(response) = self.response.as_mut() else {
+            return Step::Continue;
+        };
+        if size > 0 && response.first_byte_ms.is_none() {
+            response.first_byte_ms = Some(env.now_ms);
+        }
+        if let Some(new_body) = response.replacement.as_ref() {
+            if !end_of_stream {
+                return Step::Pause;
+            }
+            if !host.set_response_body(size, new_body) {
+                internal_error(env.metrics, "set_response_body");
+            }
+            return Step::Continue;
+        }
+        let chunk = if size == 0 {
+            None
+        } else {
+            host.response_body(size)
+        };
+        if let Some(chunk) = &chunk {
+            match &mut response.answer {
+                Answer::Stream(sse) => sse.feed(chunk),
+                Answer::Json { copy, .. } => copy.append(chunk),
+            }
+        }
+        // The JSON answer is parsed once at its end, for its usage and, when
+        // it is to be stored, for its entry.
+        let tree = end_of_stream.then(|| self.finish_json()).flatten();
+        self.cache_on_response_body(env, size, chunk.as_deref(), end_of_stream, tree.as_ref());
+        Step::Continue
+    }
+
+    /// Reads the usage of a complete JSON answer; returns the parsed answer
+    /// when the cache will store it.
+    fn finish_json(&mut self) -> Option<Value> {
+        let for_cache = self.cache.stores_json();
+        let response = self.response.as_mut()?;
+        let Answer::Json { copy, usage } = &mut response.answer else {
+            return None;
+        };
+        let bytes = copy.bytes()?;
+        if !for_cache {
+            *usage = usage::from_json(bytes);
+            return None;
+        }
+        let tree: Option<Value> = serde_json::from_slice(bytes).ok();
+        *usage = tree.as_ref().and_then(usage::from_value);
+        tree
+    }
+}

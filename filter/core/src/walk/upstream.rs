@@ -1,0 +1,133 @@
+//! The walk's steps for a call that goes upstream: routing places it on a
+//! cluster, then the budget admits it under that cluster's breaker and plans
+//! Envoy's timeouts and retries. Each policy decides in its own module; this
+//! only applies the decisions to the request.
+
+use crate::budget::{self, plan::IDEMPOTENCY_KEY, Admission, Ask, DEFAULT_BREAKER};
+use crate::metrics::internal_error;
+use crate::routing::{self, Features, RouteAsk};
+
+use super::{set_request, Call, Env, HeldBody, Host, Step};
+
+impl Call {
+    /// Routing and admission of a call that goes upstream. `body` is the
+    /// held request body (`None`: it streams through).
+    pub(super) fn go_upstream(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        body: Option<&HeldBody>,
+    ) -> Step {
+        if let Some((body, features)) = body.and_then(|b| Some((b, b.features.as_ref()?))) {
+            self.route(env, host, features, body);
+        }
+        if self.dispatch.cluster.is_none() {
+            keep_default_route(env, host);
+        }
+        if env.config.budget.enabled {
+            if let Some(reply) = self.admit(env, host) {
+                return self.reply_locally(env, host, reply);
+            }
+        }
+        Step::Continue
+    }
+
+    /// Places the call on one of its model's clusters by measured health.
+    fn route(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        features: &Features,
+        body: &HeldBody,
+    ) {
+        let Some(model) = self.request.model.clone() else {
+            return;
+        };
+        let (store, budget, now_ms) = (env.store, &env.config.budget, env.now_ms);
+        // A backend whose budget breaker is not closed would shed or reject
+        // the call: another backend of the model takes it when one can.
+        let avoid = |cluster: &str| budget::breaker_sheds(store, budget, cluster, now_ms);
+        let ask = RouteAsk {
+            model: &model,
+            features,
+            priority: self.request.priority,
+            now_ms,
+            avoid: &avoid,
+        };
+        let Some(decision) =
+            routing::route(&env.config.routing, env.store, env.metrics, env.rng, &ask)
+        else {
+            return;
+        };
+        if let Some(new_model) = &decision.rewrite_model {
+            let rewritten = routing::rewrite::rewrite_model(&body.raw, new_model)
+                .filter(|new_body| host.set_request_body(body.size, new_body));
+            let Some(new_body) = rewritten else {
+                // The body could not be rewritten: the call goes to the
+                // model's default route untouched rather than to a backend
+                // that would not know the model.
+                internal_error(env.metrics, "rewrite_model");
+                return;
+            };
+            let length = new_body.len().to_string();
+            set_request(env, host, "content-length", Some(&length));
+        }
+        if let Some(authority) = &decision.authority {
+            set_request(env, host, ":authority", Some(authority));
+        }
+        set_route_header(env, host, Some(&decision.cluster));
+        routing::learn::started(env.store, env.metrics, &decision.cluster, env.now_ms);
+        self.dispatch.cluster = Some(decision.cluster);
+    }
+
+    /// Breaker admission, then the Envoy timeout and retry plan. Returns the
+    /// local reply when the call must not go upstream.
+    fn admit(&mut self, env: &mut Env<'_>, host: &mut dyn Host) -> Option<budget::LocalReply> {
+        let cluster = self.dispatch.cluster.as_deref();
+        let streaming = self.request.stream.unwrap_or(true);
+        let ask = Ask {
+            breaker: cluster.unwrap_or(DEFAULT_BREAKER),
+            priority: self.request.priority,
+            streaming,
+            observed_ms: cluster.and_then(|c| routing::typical_ms(env.store, c, streaming)),
+            remaining_ms: self.request.remaining_ms(env.now_ms),
+            now_ms: env.now_ms,
+        };
+        let breaker = ask.breaker.to_string();
+        match budget::admit(env.store, &env.config.budget, env.metrics, env.rng, &ask) {
+            Admission::Refused(reply) => Some(reply),
+            Admission::Planned { headers, retries } => {
+                for (header, value) in headers {
+                    set_request(env, host, header, value.as_deref());
+                }
+                if host.request_header(IDEMPOTENCY_KEY).is_none() {
+                    let key = budget::plan::idempotency_key(env.rng);
+                    set_request(env, host, IDEMPOTENCY_KEY, Some(&key));
+                }
+                self.dispatch.planned_retries = retries;
+                self.dispatch.breaker = Some(breaker);
+                None
+            }
+        }
+    }
+}
+
+/// An LLM call that routing does not place goes to the route's default: a
+/// cluster header sent by the client must not pick a cluster instead.
+fn keep_default_route(env: &mut Env<'_>, host: &mut dyn Host) {
+    let cfg = &env.config.routing;
+    if cfg.models.is_empty() || host.request_header(&cfg.cluster_header).is_none() {
+        return;
+    }
+    set_route_header(env, host, None);
+}
+
+/// Sets (or removes) the routing header and has Envoy pick the route again:
+/// header edits alone no longer refresh the route cache.
+fn set_route_header(env: &mut Env<'_>, host: &mut dyn Host, cluster: Option<&str>) {
+    let header = env.config.routing.cluster_header.clone();
+    set_request(env, host, &header, cluster);
+    if !host.clear_route_cache() {
+        internal_error(env.metrics, "clear_route_cache");
+    }
+}
