@@ -7,7 +7,7 @@ use std::fmt;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
-use crate::config::ConfigError;
+use crate::config::error::ConfigError;
 use crate::priority::Priority;
 
 /// Buckets of the breaker's sliding window: fine enough that old calls age out

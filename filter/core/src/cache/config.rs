@@ -4,7 +4,7 @@
 
 use serde::Deserialize;
 
-use crate::config::ConfigError;
+use crate::config::error::ConfigError;
 
 /// Largest `cache.max_entries`: every slot may cost up to `max_entry_bytes` of
 /// proxy memory, and shared data never evicts.

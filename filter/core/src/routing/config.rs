@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use crate::config::ConfigError;
+use crate::config::error::ConfigError;
 use crate::priority::Priority;
 
 /// Header that carries the chosen cluster to Envoy's `cluster_header` route.

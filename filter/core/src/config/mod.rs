@@ -2,50 +2,21 @@
 //! refused) and compiled into typed values once, so the data path never meets
 //! a half-valid setting and an operator's typo is named at load time.
 
-use std::fmt;
+pub mod error;
 
 use serde::Deserialize;
 
-use crate::budget::{BudgetConfig, RawBudgetConfig};
-use crate::cache::{CacheConfig, RawCacheConfig};
+use crate::budget::config::{BudgetConfig, RawBudgetConfig};
+use crate::cache::config::{CacheConfig, RawCacheConfig};
 use crate::classify::DEFAULT_PATHS;
 use crate::priority::Priority;
-use crate::routing::{RawRoutingConfig, RoutingConfig};
+use crate::routing::config::{RawRoutingConfig, RoutingConfig};
+
+pub use error::ConfigError;
 
 /// Default bound of a request body the filter holds to decide on it: Envoy's
 /// default per-connection buffer limit, past which holding it earns a 413.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
-
-/// A configuration the filter refuses, naming the field and what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    /// Dotted path of the offending field (`cache.ttl_s`), or `.` for the document.
-    pub field: String,
-    /// What is wrong with it, including the bad value.
-    pub message: String,
-}
-
-impl ConfigError {
-    /// An error about `field`.
-    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            message: message.into(),
-        }
-    }
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "invalid configuration at `{}`: {}",
-            self.field, self.message
-        )
-    }
-}
-
-impl std::error::Error for ConfigError {}
 
 /// The document as written by the operator.
 #[derive(Debug, Default, Deserialize)]
@@ -237,10 +208,7 @@ mod tests {
             assert_eq!(c.tracing, TracingMode::Always);
         }
         assert_eq!(Config::default(), Config::parse(b"{}").unwrap());
-        assert_eq!(
-            Config::parse(b"{}").unwrap().cache,
-            crate::cache::CacheConfig::default()
-        );
+        assert_eq!(Config::parse(b"{}").unwrap().cache, CacheConfig::default());
         let off = Config::parse(br#"{"cache":{"enabled":false,"max_entries":8}}"#).unwrap();
         assert!(!off.cache.enabled);
         assert_eq!(off.cache.max_entries, 8);
