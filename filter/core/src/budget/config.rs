@@ -248,12 +248,12 @@ impl Default for BudgetConfig {
 
 impl BudgetConfig {
     /// Compiles the section, one error per broken invariant, naming the field
-    /// (`budget.shed_at`) and the bad value.
+    /// relative to the section (`shed_at`) and the bad value.
     pub fn compile(raw: RawBudgetConfig) -> Result<Self, ConfigError> {
         let max_ms = raw.max_ms.unwrap_or(DEFAULT_MAX_MS);
         if max_ms == 0 {
             return Err(ConfigError::new(
-                "budget.max_ms",
+                "max_ms",
                 "0 is not a positive number of ms",
             ));
         }
@@ -261,14 +261,14 @@ impl BudgetConfig {
         let default_ms = match raw.default_ms {
             None => [DEFAULT_MS.min(max_ms); 3],
             Some(RawDefaultMs::All(ms)) => {
-                check_default("budget.default_ms", ms, max_ms)?;
+                check_default("default_ms", ms, max_ms)?;
                 [ms; 3]
             }
             Some(RawDefaultMs::PerPriority(per)) => {
                 let mut out = [DEFAULT_MS.min(max_ms); 3];
                 for (p, (slot, given)) in Priority::ALL.iter().zip(out.iter_mut().zip(per)) {
                     if let Some(ms) = given {
-                        check_default(&format!("budget.default_ms.{p}"), ms, max_ms)?;
+                        check_default(&format!("default_ms.{p}"), ms, max_ms)?;
                         *slot = ms;
                     }
                 }
@@ -279,17 +279,17 @@ impl BudgetConfig {
         let min_per_try_ms = raw.min_per_try_ms.unwrap_or(DEFAULT_MIN_PER_TRY_MS);
         if min_per_try_ms == 0 || min_per_try_ms > max_ms {
             return Err(ConfigError::new(
-                "budget.min_per_try_ms",
+                "min_per_try_ms",
                 format!("{min_per_try_ms} is not in 1..=budget.max_ms ({max_ms})"),
             ));
         }
 
-        let retry_ratio = unit("budget.retry_ratio", raw.retry_ratio, DEFAULT_RETRY_RATIO)?;
+        let retry_ratio = unit("retry_ratio", raw.retry_ratio, DEFAULT_RETRY_RATIO)?;
 
         let max_retries = raw.max_retries.unwrap_or(DEFAULT_MAX_RETRIES);
         if max_retries > MAX_MAX_RETRIES {
             return Err(ConfigError::new(
-                "budget.max_retries",
+                "max_retries",
                 format!("{max_retries} is more than {MAX_MAX_RETRIES}"),
             ));
         }
@@ -302,7 +302,7 @@ impl BudgetConfig {
         for (i, code) in codes.iter().enumerate() {
             if !(400..=599).contains(code) {
                 return Err(ConfigError::new(
-                    format!("budget.retriable_status_codes[{i}]"),
+                    format!("retriable_status_codes[{i}]"),
                     format!("{code} is not an error status (400..=599)"),
                 ));
             }
@@ -314,7 +314,7 @@ impl BudgetConfig {
         // mismatch beats a retry policy that quietly does less than it says.
         if !seen.is_empty() && !retry_on.split(',').any(|v| v == "retriable-status-codes") {
             return Err(ConfigError::new(
-                "budget.retriable_status_codes",
+                "retriable_status_codes",
                 format!(
                     "{codes:?} are only retried when budget.retry_on contains \
                      retriable-status-codes (it is {retry_on:?})"
@@ -330,44 +330,33 @@ impl BudgetConfig {
         let window_s = raw.window_s.unwrap_or(DEFAULT_WINDOW_S);
         if !(1..=MAX_WINDOW_S).contains(&window_s) {
             return Err(ConfigError::new(
-                "budget.window_s",
+                "window_s",
                 format!("{window_s} is not in 1..={MAX_WINDOW_S}"),
             ));
         }
         let window_ms = window_s.saturating_mul(1000);
         let bucket_ms = (window_ms / BUCKETS as u64).max(1);
 
-        let shed_at = unit("budget.shed_at", raw.shed_at, DEFAULT_SHED_AT)?;
+        let shed_at = unit("shed_at", raw.shed_at, DEFAULT_SHED_AT)?;
         if shed_at <= 0.0 || shed_at >= 1.0 {
             return Err(ConfigError::new(
-                "budget.shed_at",
+                "shed_at",
                 format!("{shed_at} is not in (0, 1)"),
             ));
         }
-        let reject_at = unit("budget.reject_at", raw.reject_at, DEFAULT_REJECT_AT)?;
+        let reject_at = unit("reject_at", raw.reject_at, DEFAULT_REJECT_AT)?;
         if reject_at <= shed_at {
             return Err(ConfigError::new(
-                "budget.reject_at",
+                "reject_at",
                 format!("{reject_at} is not above budget.shed_at ({shed_at})"),
             ));
         }
-        let shed_fraction = unit(
-            "budget.shed_fraction",
-            raw.shed_fraction,
-            DEFAULT_SHED_FRACTION,
-        )?;
-        let probe_fraction = unit(
-            "budget.probe_fraction",
-            raw.probe_fraction,
-            DEFAULT_PROBE_FRACTION,
-        )?;
+        let shed_fraction = unit("shed_fraction", raw.shed_fraction, DEFAULT_SHED_FRACTION)?;
+        let probe_fraction = unit("probe_fraction", raw.probe_fraction, DEFAULT_PROBE_FRACTION)?;
 
         let min_calls = raw.min_calls.unwrap_or(DEFAULT_MIN_CALLS);
         if min_calls == 0 {
-            return Err(ConfigError::new(
-                "budget.min_calls",
-                "0 is not a positive count",
-            ));
+            return Err(ConfigError::new("min_calls", "0 is not a positive count"));
         }
 
         let streaming = match raw.streaming.as_deref() {
@@ -375,7 +364,7 @@ impl BudgetConfig {
             Some("whole_stream") => StreamingMode::WholeStream,
             Some(other) => {
                 return Err(ConfigError::new(
-                    "budget.streaming",
+                    "streaming",
                     format!("{other:?} is not one of until_headers, whole_stream"),
                 ))
             }
@@ -437,7 +426,7 @@ fn normalise_retry_on(raw: &str) -> Result<String, ConfigError> {
         }
         if !RETRY_ON_VALUES.contains(&token) {
             return Err(ConfigError::new(
-                "budget.retry_on",
+                "retry_on",
                 format!(
                     "{token:?} is not an Envoy retry condition ({})",
                     RETRY_ON_VALUES.join(", ")
@@ -456,11 +445,9 @@ mod tests {
     use super::*;
 
     fn parse(json: &str) -> Result<BudgetConfig, ConfigError> {
-        let de = &mut serde_json::Deserializer::from_str(json);
-        let raw: RawBudgetConfig = serde_path_to_error::deserialize(de).map_err(|e| {
-            ConfigError::new(format!("budget.{}", e.path()), e.into_inner().to_string())
-        })?;
-        BudgetConfig::compile(raw)
+        ConfigError::from_json(json.as_bytes())
+            .and_then(BudgetConfig::compile)
+            .map_err(|e| e.within("budget"))
     }
 
     #[test]

@@ -128,7 +128,7 @@ impl Default for CacheConfig {
 
 impl CacheConfig {
     /// Compiles the section, checking every invariant; errors name the field
-    /// (`cache.ttl_jitter`) and quote the bad value.
+    /// relative to the section (`ttl_jitter`) and quote the bad value.
     pub fn compile(raw: RawCacheConfig) -> Result<Self, ConfigError> {
         let d = Self::default();
         let max_temperature = match raw.max_temperature {
@@ -289,7 +289,7 @@ fn compile_headers(names: Vec<String>) -> Result<Vec<String>, ConfigError> {
 }
 
 fn err(field: impl AsRef<str>, message: impl Into<String>) -> ConfigError {
-    ConfigError::new(format!("cache.{}", field.as_ref()), message)
+    ConfigError::new(field.as_ref(), message)
 }
 
 #[cfg(test)]
@@ -297,7 +297,7 @@ mod tests {
     use super::*;
 
     fn parse(json: &str) -> Result<CacheConfig, ConfigError> {
-        CacheConfig::compile(serde_json::from_str(json).unwrap())
+        CacheConfig::compile(serde_json::from_str(json).unwrap()).map_err(|e| e.within("cache"))
     }
 
     #[test]

@@ -123,14 +123,7 @@ impl Config {
                 "the configuration must be a JSON object",
             ));
         }
-        let de = &mut serde_json::Deserializer::from_slice(json);
-        let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
-            let path = match e.path().to_string() {
-                p if p == "?" => ".".to_string(),
-                p => p,
-            };
-            ConfigError::new(path, e.into_inner().to_string())
-        })?;
+        let raw: RawConfig = ConfigError::from_json(json)?;
         Self::compile(raw)
     }
 
@@ -182,9 +175,9 @@ impl Config {
         Ok(Self {
             llm_paths,
             max_body_bytes,
-            routing: RoutingConfig::compile(raw.routing)?,
-            budget: BudgetConfig::compile(raw.budget)?,
-            cache: CacheConfig::compile(raw.cache)?,
+            routing: RoutingConfig::compile(raw.routing).map_err(|e| e.within("routing"))?,
+            budget: BudgetConfig::compile(raw.budget).map_err(|e| e.within("budget"))?,
+            cache: CacheConfig::compile(raw.cache).map_err(|e| e.within("cache"))?,
             priority: PriorityConfig {
                 default,
                 trust_client: raw.priority.trust_client.unwrap_or(true),

@@ -224,66 +224,54 @@ impl Default for RoutingConfig {
 
 impl RoutingConfig {
     /// Compiles the section, one error per broken invariant, naming the field
-    /// (`routing.models.gpt-4o[1].weight`) and the bad value.
+    /// relative to the section (`models.gpt-4o[1].weight`) and the bad value.
     pub fn compile(raw: RawRoutingConfig) -> Result<Self, ConfigError> {
         let cluster_header = match raw.cluster_header {
             None => DEFAULT_CLUSTER_HEADER.to_string(),
             Some(h) if is_header_name(&h) => h,
             Some(h) => {
                 return Err(ConfigError::new(
-                    "routing.cluster_header",
+                    "cluster_header",
                     format!("{h:?} is not a lowercase HTTP header name"),
                 ))
             }
         };
         let probe_interval_s = bounded(
-            "routing.probe_interval_s",
+            "probe_interval_s",
             raw.probe_interval_s,
             DEFAULT_PROBE_INTERVAL_S,
             1,
             MAX_INTERVAL_S,
         )?;
         let probe_timeout_ms = bounded(
-            "routing.probe_timeout_ms",
+            "probe_timeout_ms",
             raw.probe_timeout_ms,
             DEFAULT_PROBE_TIMEOUT_MS,
             1,
             MAX_PROBE_TIMEOUT_MS,
         )?;
         let eject_after_failures = bounded(
-            "routing.eject_after_failures",
+            "eject_after_failures",
             raw.eject_after_failures.map(u64::from),
             u64::from(DEFAULT_EJECT_AFTER_FAILURES),
             1,
             u64::from(MAX_EJECT_AFTER_FAILURES),
         )?;
-        let eject_s = bounded(
-            "routing.eject_s",
-            raw.eject_s,
-            DEFAULT_EJECT_S,
-            1,
-            MAX_EJECT_S,
-        )?;
+        let eject_s = bounded("eject_s", raw.eject_s, DEFAULT_EJECT_S, 1, MAX_EJECT_S)?;
         let max_eject_s = bounded(
-            "routing.max_eject_s",
+            "max_eject_s",
             raw.max_eject_s,
             DEFAULT_MAX_EJECT_S.max(eject_s),
             eject_s,
             MAX_EJECT_S,
         )?;
-        let ramp_s = bounded(
-            "routing.ramp_s",
-            raw.ramp_s,
-            DEFAULT_RAMP_S,
-            0,
-            MAX_INTERVAL_S,
-        )?;
+        let ramp_s = bounded("ramp_s", raw.ramp_s, DEFAULT_RAMP_S, 0, MAX_INTERVAL_S)?;
         let half_life_s = raw.ewma_half_life_s.unwrap_or(DEFAULT_EWMA_HALF_LIFE_S);
         if !(half_life_s.is_finite()
             && (MIN_HALF_LIFE_S..=MAX_INTERVAL_S as f64).contains(&half_life_s))
         {
             return Err(ConfigError::new(
-                "routing.ewma_half_life_s",
+                "ewma_half_life_s",
                 format!("{half_life_s} is out of range {MIN_HALF_LIFE_S}..={MAX_INTERVAL_S}"),
             ));
         }
@@ -352,7 +340,7 @@ fn compile_models(
     let mut merged: BTreeMap<String, Merged> = BTreeMap::new();
     let mut models = BTreeMap::new();
     for (model, backends) in raw {
-        let at = format!("routing.models.{model}");
+        let at = format!("models.{model}");
         if !is_name(&model) {
             return Err(ConfigError::new(
                 at,
@@ -364,7 +352,7 @@ fn compile_models(
         }
         let mut out: Vec<Backend> = Vec::with_capacity(backends.len());
         for (i, b) in backends.into_iter().enumerate() {
-            let at = format!("routing.models.{model}[{i}]");
+            let at = format!("models.{model}[{i}]");
             if b.cluster.is_empty() {
                 return Err(ConfigError::new(format!("{at}.cluster"), "is required"));
             }
@@ -476,7 +464,7 @@ fn compile_models(
 fn compile_rules(raw: Vec<RawRule>, models: &Models) -> Result<Vec<Rule>, ConfigError> {
     let mut rules = Vec::with_capacity(raw.len());
     for (i, r) in raw.into_iter().enumerate() {
-        let at = format!("routing.rules[{i}]");
+        let at = format!("rules[{i}]");
         if r.model.is_empty() {
             return Err(ConfigError::new(format!("{at}.model"), "is required"));
         }
@@ -611,7 +599,7 @@ mod tests {
 
     fn parse(json: &str) -> Result<RoutingConfig, ConfigError> {
         let raw: RawRoutingConfig = serde_json::from_str(json).unwrap();
-        RoutingConfig::compile(raw)
+        RoutingConfig::compile(raw).map_err(|e| e.within("routing"))
     }
 
     #[test]
