@@ -82,7 +82,7 @@ pub struct RawBudgetConfig {
     /// Calls the window must hold before the breaker may leave pass; default 10.
     pub min_calls: Option<u32>,
     /// `until_headers` (default) or `whole_stream`; see [`StreamingMode`].
-    pub streaming: Option<String>,
+    pub streaming: Option<StreamingMode>,
 }
 
 /// `budget.default_ms` as written: one budget for every priority, or one each.
@@ -162,12 +162,14 @@ impl<'de> Deserialize<'de> for PriorityKey {
 }
 
 /// How far a streamed answer is held to the budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(variant_identifier, rename_all = "snake_case")]
 pub enum StreamingMode {
     /// The budget bounds the wait for the response to start (Envoy's per-try
     /// timeout stops applying once response headers went downstream); the
     /// stream itself may run up to `max_ms`, so a healthy long generation is
     /// never cut. Stalls are left to the route's `idle_timeout`.
+    #[default]
     UntilHeaders,
     /// Streams are held to the whole budget like any call: the caller said
     /// that is all the time it has, stream or not.
@@ -241,7 +243,7 @@ impl Default for BudgetConfig {
             shed_fraction: DEFAULT_SHED_FRACTION,
             probe_fraction: DEFAULT_PROBE_FRACTION,
             min_calls: DEFAULT_MIN_CALLS,
-            streaming: StreamingMode::UntilHeaders,
+            streaming: StreamingMode::default(),
         })
     }
 }
@@ -359,17 +361,6 @@ impl BudgetConfig {
             return Err(ConfigError::new("min_calls", "0 is not a positive count"));
         }
 
-        let streaming = match raw.streaming.as_deref() {
-            None | Some("until_headers") => StreamingMode::UntilHeaders,
-            Some("whole_stream") => StreamingMode::WholeStream,
-            Some(other) => {
-                return Err(ConfigError::new(
-                    "streaming",
-                    format!("{other:?} is not one of until_headers, whole_stream"),
-                ))
-            }
-        };
-
         Ok(Self {
             enabled: raw.enabled.unwrap_or(true),
             default_ms,
@@ -386,7 +377,7 @@ impl BudgetConfig {
             shed_fraction,
             probe_fraction,
             min_calls,
-            streaming,
+            streaming: raw.streaming.unwrap_or_default(),
         })
     }
 

@@ -39,7 +39,7 @@ pub struct RawCacheConfig {
     /// depends on something outside the request, e.g. the current time).
     pub dynamic_markers: Option<Vec<String>>,
     /// `tenant` (default) or `global`.
-    pub scope: Option<String>,
+    pub scope: Option<Scope>,
     /// Request headers whose values identify the tenant.
     pub tenant_headers: Option<Vec<String>>,
     /// Freshness in seconds, default 3600.
@@ -60,9 +60,11 @@ pub struct RawCacheConfig {
 }
 
 /// Whose answers a call may be served.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(variant_identifier, rename_all = "snake_case")]
 pub enum Scope {
     /// Only answers to calls with the same credential.
+    #[default]
     Tenant,
     /// Any answer to the same request; only for deployments where every
     /// caller may see every other caller's answers.
@@ -113,7 +115,7 @@ impl Default for CacheConfig {
             enabled: true,
             max_temperature: 0.0,
             dynamic_markers: Vec::new(),
-            scope: Scope::Tenant,
+            scope: Scope::default(),
             tenant_headers: vec!["authorization".to_string(), "api-key".to_string()],
             ttl_ms: 3_600_000,
             ttl_jitter: 0.1,
@@ -153,16 +155,7 @@ impl CacheConfig {
                 ));
             }
         }
-        let scope = match raw.scope.as_deref() {
-            None | Some("tenant") => Scope::Tenant,
-            Some("global") => Scope::Global,
-            Some(other) => {
-                return Err(err(
-                    "scope",
-                    format!("{other:?} is not one of tenant, global"),
-                ))
-            }
-        };
+        let scope = raw.scope.unwrap_or_default();
         let tenant_headers = match raw.tenant_headers {
             None => d.tenant_headers,
             Some(names) => compile_headers(names)?,
@@ -297,7 +290,9 @@ mod tests {
     use super::*;
 
     fn parse(json: &str) -> Result<CacheConfig, ConfigError> {
-        CacheConfig::compile(serde_json::from_str(json).unwrap()).map_err(|e| e.within("cache"))
+        ConfigError::from_json(json.as_bytes())
+            .and_then(CacheConfig::compile)
+            .map_err(|e| e.within("cache"))
     }
 
     #[test]

@@ -42,8 +42,8 @@ pub struct RawConfig {
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawPriority {
-    /// `P0` | `P1` | `P2`, default `P1`.
-    pub default: Option<String>,
+    /// `P0` | `P1` | `P2` in any case, default `P1`.
+    pub default: Option<Priority>,
     /// Honour the client's `x-request-priority`, default true.
     pub trust_client: Option<bool>,
 }
@@ -52,8 +52,8 @@ pub struct RawPriority {
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawTracing {
-    /// `always` | `off`.
-    pub mode: Option<String>,
+    /// `always` (default) | `off`.
+    pub mode: Option<TracingMode>,
 }
 
 /// The compiled configuration every HTTP context shares.
@@ -86,9 +86,11 @@ pub struct PriorityConfig {
 }
 
 /// Who writes `traceparent`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(variant_identifier, rename_all = "snake_case")]
 pub enum TracingMode {
     /// The filter continues or starts the trace on every LLM call.
+    #[default]
     Always,
     /// The filter leaves trace headers alone (Envoy's tracer owns them).
     Off,
@@ -143,25 +145,6 @@ impl Config {
                 paths
             }
         };
-        let default = match raw.priority.default {
-            None => Priority::P1,
-            Some(p) => Priority::parse(&p).ok_or_else(|| {
-                ConfigError::new(
-                    "priority.default",
-                    format!("{p:?} is not one of P0, P1, P2"),
-                )
-            })?,
-        };
-        let tracing = match raw.tracing.mode.as_deref() {
-            None | Some("always") => TracingMode::Always,
-            Some("off") => TracingMode::Off,
-            Some(other) => {
-                return Err(ConfigError::new(
-                    "tracing.mode",
-                    format!("{other:?} is not one of always, off"),
-                ))
-            }
-        };
         let max_body_bytes = match raw.max_body_bytes {
             None => DEFAULT_MAX_BODY_BYTES,
             Some(n) if (1..=64 << 20).contains(&n) => n,
@@ -179,10 +162,10 @@ impl Config {
             budget: BudgetConfig::compile(raw.budget).map_err(|e| e.within("budget"))?,
             cache: CacheConfig::compile(raw.cache).map_err(|e| e.within("cache"))?,
             priority: PriorityConfig {
-                default,
+                default: raw.priority.default.unwrap_or_default(),
                 trust_client: raw.priority.trust_client.unwrap_or(true),
             },
-            tracing,
+            tracing: raw.tracing.mode.unwrap_or_default(),
         })
     }
 }
@@ -239,6 +222,13 @@ mod tests {
                 "tracing.mode",
                 "sometimes",
             ),
+            (r#"{"tracing":{"mode":"OFF"}}"#, "tracing.mode", "OFF"),
+            (
+                r#"{"tracing":{"mode":{"off":null}}}"#,
+                "tracing.mode",
+                "variant identifier",
+            ),
+            (r#"{"priority":{"default":""}}"#, "priority.default", "\"\""),
             (r#"{"llm_paths":["v1/chat"]}"#, "llm_paths[0]", "v1/chat"),
             (r#"{"llm_paths":"x"}"#, "llm_paths", "x"),
             (r#"{"cache":{"ttl_s":0}}"#, "cache.ttl_s", "0"),
@@ -247,7 +237,7 @@ mod tests {
             (
                 r#"{"cache":{"scope":"world"}}"#,
                 "cache.scope",
-                "tenant, global",
+                "`tenant` or `global`",
             ),
             ("[1]", ".", "JSON object"),
             ("{", ".", "EOF"),

@@ -508,12 +508,10 @@ fn compile_rules(raw: Vec<RawRule>, models: &Models) -> Result<Vec<Rule>, Config
                 }
                 let mut out = Vec::with_capacity(raw.len());
                 for p in raw {
-                    out.push(Priority::parse(&p).ok_or_else(|| {
-                        ConfigError::new(
-                            format!("{at}.when.priority"),
-                            format!("{p:?} is not one of P0, P1, P2"),
-                        )
-                    })?);
+                    out.push(
+                        Priority::try_from(p)
+                            .map_err(|m| ConfigError::new(format!("{at}.when.priority"), m))?,
+                    );
                 }
                 Some(out)
             }
