@@ -2,6 +2,7 @@
 //! refused) and compiled into typed values once, so the data path never meets
 //! a half-valid setting and an operator's typo is named at load time.
 
+pub mod check;
 pub mod error;
 
 use serde::Deserialize;
