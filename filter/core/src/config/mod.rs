@@ -18,6 +18,10 @@ pub use error::ConfigError;
 /// Default bound of a request body the filter holds to decide on it: Envoy's
 /// default per-connection buffer limit, past which holding it earns a 413.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
+/// Largest `max_body_bytes`.
+const MAX_MAX_BODY_BYTES: usize = 64 << 20;
+/// Whether the client's `x-request-priority` is honoured unless told otherwise.
+const DEFAULT_TRUST_CLIENT: bool = true;
 
 /// The document as written by the operator.
 #[derive(Debug, Default, Deserialize)]
@@ -98,20 +102,26 @@ pub enum TracingMode {
 }
 
 impl Default for Config {
+    /// The empty document, as [`Config::parse`] compiles `{}`.
     fn default() -> Self {
-        // The empty document always compiles.
-        Self::compile(RawConfig::default()).unwrap_or_else(|_| Self {
-            llm_paths: DEFAULT_PATHS.iter().map(|p| p.to_string()).collect(),
-            priority: PriorityConfig {
-                default: Priority::P1,
-                trust_client: true,
-            },
-            tracing: TracingMode::Always,
+        Self {
+            llm_paths: default_paths(),
+            priority: PriorityConfig::default(),
+            tracing: TracingMode::default(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             routing: RoutingConfig::default(),
             budget: BudgetConfig::default(),
             cache: CacheConfig::default(),
-        })
+        }
+    }
+}
+
+impl Default for PriorityConfig {
+    fn default() -> Self {
+        Self {
+            default: Priority::default(),
+            trust_client: DEFAULT_TRUST_CLIENT,
+        }
     }
 }
 
@@ -127,35 +137,23 @@ impl Config {
             ));
         }
         let raw: RawConfig = ConfigError::from_json(json)?;
-        Self::compile(raw)
+        Self::try_from(raw)
     }
+}
 
-    /// Compiles a parsed document, checking every invariant.
-    pub fn compile(raw: RawConfig) -> Result<Self, ConfigError> {
+impl TryFrom<RawConfig> for Config {
+    type Error = ConfigError;
+
+    /// Compiles a parsed document, checking every invariant; each section
+    /// names its fields relative to itself and is prefixed here.
+    fn try_from(raw: RawConfig) -> Result<Self, ConfigError> {
         let llm_paths = match raw.llm_paths {
-            None => DEFAULT_PATHS.iter().map(|p| p.to_string()).collect(),
-            Some(paths) => {
-                for (i, p) in paths.iter().enumerate() {
-                    if !p.starts_with('/') || p.contains(['?', '#']) {
-                        return Err(ConfigError::new(
-                            format!("llm_paths[{i}]"),
-                            format!("{p:?} is not an absolute path without query"),
-                        ));
-                    }
-                }
-                paths
-            }
+            None => default_paths(),
+            Some(paths) => compile_paths(paths)?,
         };
-        let max_body_bytes = match raw.max_body_bytes {
-            None => DEFAULT_MAX_BODY_BYTES,
-            Some(n) if (1..=64 << 20).contains(&n) => n,
-            Some(n) => {
-                return Err(ConfigError::new(
-                    "max_body_bytes",
-                    format!("{n} is not between 1 and 67108864"),
-                ))
-            }
-        };
+        let max_body_bytes = raw.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
+        let max_body_bytes =
+            check::in_range("max_body_bytes", max_body_bytes, 1..=MAX_MAX_BODY_BYTES)?;
         Ok(Self {
             llm_paths,
             max_body_bytes,
@@ -164,11 +162,27 @@ impl Config {
             cache: CacheConfig::compile(raw.cache).map_err(|e| e.within("cache"))?,
             priority: PriorityConfig {
                 default: raw.priority.default.unwrap_or_default(),
-                trust_client: raw.priority.trust_client.unwrap_or(true),
+                trust_client: raw.priority.trust_client.unwrap_or(DEFAULT_TRUST_CLIENT),
             },
             tracing: raw.tracing.mode.unwrap_or_default(),
         })
     }
+}
+
+fn default_paths() -> Vec<String> {
+    DEFAULT_PATHS.iter().map(|p| p.to_string()).collect()
+}
+
+fn compile_paths(paths: Vec<String>) -> Result<Vec<String>, ConfigError> {
+    for (i, p) in paths.iter().enumerate() {
+        if !p.starts_with('/') || p.contains(['?', '#']) {
+            return Err(ConfigError::new(
+                format!("llm_paths[{i}]"),
+                format!("{p:?} is not an absolute path without query"),
+            ));
+        }
+    }
+    Ok(paths)
 }
 
 #[cfg(test)]
