@@ -3,14 +3,18 @@
 
 use std::fmt;
 
+use serde::Deserialize;
+
 /// Request header carrying the caller's priority, and written toward the
 /// upstream with the priority the call was given.
 pub const HEADER: &str = "x-request-priority";
 /// The baggage member that carries the priority to every later hop.
 pub const BAGGAGE_KEY: &str = "priority";
 
-/// A call's priority.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+/// A call's priority. In the configuration it is spelled as in the header,
+/// any case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Deserialize)]
+#[serde(try_from = "String")]
 pub enum Priority {
     /// Most important: never shed by the breaker.
     P0,
@@ -50,6 +54,15 @@ impl Priority {
     }
 }
 
+impl TryFrom<String> for Priority {
+    type Error = String;
+
+    /// What [`Priority::parse`] accepts; the error quotes the value.
+    fn try_from(raw: String) -> Result<Self, Self::Error> {
+        Self::parse(&raw).ok_or_else(|| format!("{raw:?} is not one of P0, P1, P2"))
+    }
+}
+
 impl fmt::Display for Priority {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -83,6 +96,18 @@ mod tests {
         ] {
             assert_eq!(Priority::parse(raw), want, "{raw:?}");
         }
+    }
+
+    #[test]
+    fn deserialises_as_parsed_naming_the_value() {
+        let p: Priority = serde_json::from_str(r#"" p2 ""#).unwrap();
+        assert_eq!(p, Priority::P2);
+        let e = serde_json::from_str::<Priority>(r#""P7""#).unwrap_err();
+        assert!(
+            e.to_string().contains(r#""P7" is not one of P0, P1, P2"#),
+            "{e}"
+        );
+        assert!(serde_json::from_str::<Priority>("1").is_err());
     }
 
     #[test]

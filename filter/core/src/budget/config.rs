@@ -3,11 +3,13 @@
 //! ratio outside `[0, 1]` or a retry condition Envoy would silently ignore.
 
 use std::fmt;
+use std::ops::RangeInclusive;
 
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
-use crate::config::ConfigError;
+use crate::config::check;
+use crate::config::error::ConfigError;
 use crate::priority::Priority;
 
 /// Buckets of the breaker's sliding window: fine enough that old calls age out
@@ -30,6 +32,7 @@ pub const RETRY_ON_VALUES: [&str; 11] = [
     "http3-post-connect-failure",
 ];
 
+const DEFAULT_ENABLED: bool = true;
 const DEFAULT_MS: u64 = 60_000;
 const DEFAULT_MAX_MS: u64 = 300_000;
 const DEFAULT_MIN_PER_TRY_MS: u64 = 1_000;
@@ -40,6 +43,7 @@ const DEFAULT_RETRY_ON: &str = "5xx,reset,connect-failure,retriable-status-codes
 // 503 is already covered by `5xx`; it is listed so the default stays right when
 // an operator narrows `retry_on` to `gateway-error` or drops `5xx`.
 const DEFAULT_RETRIABLE_STATUS_CODES: [u16; 2] = [429, 503];
+const ERROR_STATUSES: RangeInclusive<u16> = 400..=599;
 const DEFAULT_WINDOW_S: u64 = 30;
 const MAX_WINDOW_S: u64 = 3_600;
 const DEFAULT_SHED_AT: f64 = 0.7;
@@ -82,7 +86,7 @@ pub struct RawBudgetConfig {
     /// Calls the window must hold before the breaker may leave pass; default 10.
     pub min_calls: Option<u32>,
     /// `until_headers` (default) or `whole_stream`; see [`StreamingMode`].
-    pub streaming: Option<String>,
+    pub streaming: Option<StreamingMode>,
 }
 
 /// `budget.default_ms` as written: one budget for every priority, or one each.
@@ -162,12 +166,14 @@ impl<'de> Deserialize<'de> for PriorityKey {
 }
 
 /// How far a streamed answer is held to the budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(variant_identifier, rename_all = "snake_case")]
 pub enum StreamingMode {
     /// The budget bounds the wait for the response to start (Envoy's per-try
     /// timeout stops applying once response headers went downstream); the
     /// stream itself may run up to `max_ms`, so a healthy long generation is
     /// never cut. Stalls are left to the route's `idle_timeout`.
+    #[default]
     UntilHeaders,
     /// Streams are held to the whole budget like any call: the caller said
     /// that is all the time it has, stream or not.
@@ -222,167 +228,57 @@ pub struct BudgetConfig {
 }
 
 impl Default for BudgetConfig {
+    /// The empty section, as [`BudgetConfig::compile`] makes it.
     fn default() -> Self {
-        // The empty section always compiles; the literal is only a fallback
-        // that keeps `Default` free of `unwrap`.
-        Self::compile(RawBudgetConfig::default()).unwrap_or(Self {
-            enabled: true,
-            default_ms: [DEFAULT_MS; 3],
+        let (window_ms, bucket_ms) = window_ms(DEFAULT_WINDOW_S);
+        Self {
+            enabled: DEFAULT_ENABLED,
+            default_ms: [DEFAULT_MS.min(DEFAULT_MAX_MS); 3],
             max_ms: DEFAULT_MAX_MS,
             min_per_try_ms: DEFAULT_MIN_PER_TRY_MS,
             retry_ratio: DEFAULT_RETRY_RATIO,
             max_retries: DEFAULT_MAX_RETRIES,
             retry_on: DEFAULT_RETRY_ON.to_string(),
-            retriable_status_codes: "429,503".to_string(),
-            window_ms: DEFAULT_WINDOW_S * 1000,
-            bucket_ms: DEFAULT_WINDOW_S * 1000 / BUCKETS as u64,
+            retriable_status_codes: join_codes(&DEFAULT_RETRIABLE_STATUS_CODES),
+            window_ms,
+            bucket_ms,
             shed_at: DEFAULT_SHED_AT,
             reject_at: DEFAULT_REJECT_AT,
             shed_fraction: DEFAULT_SHED_FRACTION,
             probe_fraction: DEFAULT_PROBE_FRACTION,
             min_calls: DEFAULT_MIN_CALLS,
-            streaming: StreamingMode::UntilHeaders,
-        })
+            streaming: StreamingMode::default(),
+        }
     }
 }
 
 impl BudgetConfig {
     /// Compiles the section, one error per broken invariant, naming the field
-    /// (`budget.shed_at`) and the bad value.
+    /// relative to the section (`shed_at`) and the bad value.
     pub fn compile(raw: RawBudgetConfig) -> Result<Self, ConfigError> {
+        // Budgets.
         let max_ms = raw.max_ms.unwrap_or(DEFAULT_MAX_MS);
-        if max_ms == 0 {
-            return Err(ConfigError::new(
-                "budget.max_ms",
-                "0 is not a positive number of ms",
-            ));
-        }
-
-        let default_ms = match raw.default_ms {
-            None => [DEFAULT_MS.min(max_ms); 3],
-            Some(RawDefaultMs::All(ms)) => {
-                check_default("budget.default_ms", ms, max_ms)?;
-                [ms; 3]
-            }
-            Some(RawDefaultMs::PerPriority(per)) => {
-                let mut out = [DEFAULT_MS.min(max_ms); 3];
-                for (p, (slot, given)) in Priority::ALL.iter().zip(out.iter_mut().zip(per)) {
-                    if let Some(ms) = given {
-                        check_default(&format!("budget.default_ms.{p}"), ms, max_ms)?;
-                        *slot = ms;
-                    }
-                }
-                out
-            }
-        };
-
+        let max_ms = check::positive("max_ms", max_ms, "number of ms")?;
+        let default_ms = default_ms(raw.default_ms, max_ms)?;
         let min_per_try_ms = raw.min_per_try_ms.unwrap_or(DEFAULT_MIN_PER_TRY_MS);
-        if min_per_try_ms == 0 || min_per_try_ms > max_ms {
-            return Err(ConfigError::new(
-                "budget.min_per_try_ms",
-                format!("{min_per_try_ms} is not in 1..=budget.max_ms ({max_ms})"),
-            ));
-        }
-
-        let retry_ratio = unit("budget.retry_ratio", raw.retry_ratio, DEFAULT_RETRY_RATIO)?;
-
+        let min_per_try_ms = up_to_max_ms("min_per_try_ms", min_per_try_ms, max_ms)?;
+        // Retries.
+        let retry_ratio = raw.retry_ratio.unwrap_or(DEFAULT_RETRY_RATIO);
+        let retry_ratio = check::fraction("retry_ratio", retry_ratio)?;
         let max_retries = raw.max_retries.unwrap_or(DEFAULT_MAX_RETRIES);
-        if max_retries > MAX_MAX_RETRIES {
-            return Err(ConfigError::new(
-                "budget.max_retries",
-                format!("{max_retries} is more than {MAX_MAX_RETRIES}"),
-            ));
-        }
-
-        let retry_on = normalise_retry_on(raw.retry_on.as_deref().unwrap_or(DEFAULT_RETRY_ON))?;
-        let codes = raw
-            .retriable_status_codes
-            .unwrap_or_else(|| DEFAULT_RETRIABLE_STATUS_CODES.to_vec());
-        let mut seen = Vec::with_capacity(codes.len());
-        for (i, code) in codes.iter().enumerate() {
-            if !(400..=599).contains(code) {
-                return Err(ConfigError::new(
-                    format!("budget.retriable_status_codes[{i}]"),
-                    format!("{code} is not an error status (400..=599)"),
-                ));
-            }
-            if !seen.contains(code) {
-                seen.push(*code);
-            }
-        }
-        // Envoy only looks at the codes under this condition; refusing the
-        // mismatch beats a retry policy that quietly does less than it says.
-        if !seen.is_empty() && !retry_on.split(',').any(|v| v == "retriable-status-codes") {
-            return Err(ConfigError::new(
-                "budget.retriable_status_codes",
-                format!(
-                    "{codes:?} are only retried when budget.retry_on contains \
-                     retriable-status-codes (it is {retry_on:?})"
-                ),
-            ));
-        }
-        let retriable_status_codes = seen
-            .iter()
-            .map(u16::to_string)
-            .collect::<Vec<_>>()
-            .join(",");
-
+        let max_retries = check::in_range("max_retries", max_retries, 0..=MAX_MAX_RETRIES)?;
+        let (retry_on, retriable_status_codes) =
+            retry_conditions(raw.retry_on.as_deref(), raw.retriable_status_codes)?;
+        // The breaker.
         let window_s = raw.window_s.unwrap_or(DEFAULT_WINDOW_S);
-        if !(1..=MAX_WINDOW_S).contains(&window_s) {
-            return Err(ConfigError::new(
-                "budget.window_s",
-                format!("{window_s} is not in 1..={MAX_WINDOW_S}"),
-            ));
-        }
-        let window_ms = window_s.saturating_mul(1000);
-        let bucket_ms = (window_ms / BUCKETS as u64).max(1);
-
-        let shed_at = unit("budget.shed_at", raw.shed_at, DEFAULT_SHED_AT)?;
-        if shed_at <= 0.0 || shed_at >= 1.0 {
-            return Err(ConfigError::new(
-                "budget.shed_at",
-                format!("{shed_at} is not in (0, 1)"),
-            ));
-        }
-        let reject_at = unit("budget.reject_at", raw.reject_at, DEFAULT_REJECT_AT)?;
-        if reject_at <= shed_at {
-            return Err(ConfigError::new(
-                "budget.reject_at",
-                format!("{reject_at} is not above budget.shed_at ({shed_at})"),
-            ));
-        }
-        let shed_fraction = unit(
-            "budget.shed_fraction",
-            raw.shed_fraction,
-            DEFAULT_SHED_FRACTION,
-        )?;
-        let probe_fraction = unit(
-            "budget.probe_fraction",
-            raw.probe_fraction,
-            DEFAULT_PROBE_FRACTION,
-        )?;
-
+        let (window_ms, bucket_ms) =
+            window_ms(check::in_range("window_s", window_s, 1..=MAX_WINDOW_S)?);
+        let (shed_at, reject_at) = tiers(raw.shed_at, raw.reject_at)?;
+        let shed_fraction = raw.shed_fraction.unwrap_or(DEFAULT_SHED_FRACTION);
+        let probe_fraction = raw.probe_fraction.unwrap_or(DEFAULT_PROBE_FRACTION);
         let min_calls = raw.min_calls.unwrap_or(DEFAULT_MIN_CALLS);
-        if min_calls == 0 {
-            return Err(ConfigError::new(
-                "budget.min_calls",
-                "0 is not a positive count",
-            ));
-        }
-
-        let streaming = match raw.streaming.as_deref() {
-            None | Some("until_headers") => StreamingMode::UntilHeaders,
-            Some("whole_stream") => StreamingMode::WholeStream,
-            Some(other) => {
-                return Err(ConfigError::new(
-                    "budget.streaming",
-                    format!("{other:?} is not one of until_headers, whole_stream"),
-                ))
-            }
-        };
-
         Ok(Self {
-            enabled: raw.enabled.unwrap_or(true),
+            enabled: raw.enabled.unwrap_or(DEFAULT_ENABLED),
             default_ms,
             max_ms,
             min_per_try_ms,
@@ -394,10 +290,10 @@ impl BudgetConfig {
             bucket_ms,
             shed_at,
             reject_at,
-            shed_fraction,
-            probe_fraction,
-            min_calls,
-            streaming,
+            shed_fraction: check::fraction("shed_fraction", shed_fraction)?,
+            probe_fraction: check::fraction("probe_fraction", probe_fraction)?,
+            min_calls: check::positive("min_calls", min_calls, "count")?,
+            streaming: raw.streaming.unwrap_or_default(),
         })
     }
 
@@ -410,23 +306,57 @@ impl BudgetConfig {
     }
 }
 
-fn check_default(field: &str, ms: u64, max_ms: u64) -> Result<(), ConfigError> {
+/// `default_ms`, one budget or one per priority, each within `max_ms`.
+fn default_ms(raw: Option<RawDefaultMs>, max_ms: u64) -> Result<[u64; 3], ConfigError> {
+    // A small ceiling pulls the built-in default down with it.
+    let builtin = DEFAULT_MS.min(max_ms);
+    match raw {
+        None => Ok([builtin; 3]),
+        Some(RawDefaultMs::All(ms)) => Ok([up_to_max_ms("default_ms", ms, max_ms)?; 3]),
+        Some(RawDefaultMs::PerPriority(per)) => {
+            let mut out = [builtin; 3];
+            for (p, (slot, given)) in Priority::ALL.iter().zip(out.iter_mut().zip(per)) {
+                if let Some(ms) = given {
+                    *slot = up_to_max_ms(&format!("default_ms.{p}"), ms, max_ms)?;
+                }
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// A budget no longer than the ceiling, the message naming it.
+fn up_to_max_ms(field: &str, ms: u64, max_ms: u64) -> Result<u64, ConfigError> {
     if ms == 0 || ms > max_ms {
         return Err(ConfigError::new(
             field,
             format!("{ms} is not in 1..=budget.max_ms ({max_ms})"),
         ));
     }
-    Ok(())
+    Ok(ms)
 }
 
-/// A share in `[0, 1]`; NaN and infinities are refused too.
-fn unit(field: &str, value: Option<f64>, default: f64) -> Result<f64, ConfigError> {
-    let v = value.unwrap_or(default);
-    if !(0.0..=1.0).contains(&v) {
-        return Err(ConfigError::new(field, format!("{v} is not in [0, 1]")));
+/// `retry_on` and `retriable_status_codes`, both normalised for their Envoy
+/// headers.
+fn retry_conditions(
+    retry_on: Option<&str>,
+    codes: Option<Vec<u16>>,
+) -> Result<(String, String), ConfigError> {
+    let retry_on = normalise_retry_on(retry_on.unwrap_or(DEFAULT_RETRY_ON))?;
+    let codes = codes.unwrap_or_else(|| DEFAULT_RETRIABLE_STATUS_CODES.to_vec());
+    let distinct = distinct_error_statuses(&codes)?;
+    // Envoy only looks at the codes under this condition; refusing the
+    // mismatch beats a retry policy that quietly does less than it says.
+    if !distinct.is_empty() && !retry_on.split(',').any(|v| v == "retriable-status-codes") {
+        return Err(ConfigError::new(
+            "retriable_status_codes",
+            format!(
+                "{codes:?} are only retried when budget.retry_on contains \
+                 retriable-status-codes (it is {retry_on:?})"
+            ),
+        ));
     }
-    Ok(v)
+    Ok((retry_on, join_codes(&distinct)))
 }
 
 fn normalise_retry_on(raw: &str) -> Result<String, ConfigError> {
@@ -437,7 +367,7 @@ fn normalise_retry_on(raw: &str) -> Result<String, ConfigError> {
         }
         if !RETRY_ON_VALUES.contains(&token) {
             return Err(ConfigError::new(
-                "budget.retry_on",
+                "retry_on",
                 format!(
                     "{token:?} is not an Envoy retry condition ({})",
                     RETRY_ON_VALUES.join(", ")
@@ -451,16 +381,63 @@ fn normalise_retry_on(raw: &str) -> Result<String, ConfigError> {
     Ok(out.join(","))
 }
 
+/// The codes in order, each once, every one an error status.
+fn distinct_error_statuses(codes: &[u16]) -> Result<Vec<u16>, ConfigError> {
+    let mut seen = Vec::with_capacity(codes.len());
+    for (i, &code) in codes.iter().enumerate() {
+        if !ERROR_STATUSES.contains(&code) {
+            return Err(ConfigError::new(
+                format!("retriable_status_codes[{i}]"),
+                format!(
+                    "{code} is not an error status ({}..={})",
+                    ERROR_STATUSES.start(),
+                    ERROR_STATUSES.end()
+                ),
+            ));
+        }
+        if !seen.contains(&code) {
+            seen.push(code);
+        }
+    }
+    Ok(seen)
+}
+
+/// The `x-envoy-retriable-status-codes` value of `codes`.
+fn join_codes(codes: &[u16]) -> String {
+    codes
+        .iter()
+        .map(u16::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The breaker window and one of its [`BUCKETS`] buckets, in ms.
+fn window_ms(window_s: u64) -> (u64, u64) {
+    let window_ms = window_s.saturating_mul(1000);
+    (window_ms, (window_ms / BUCKETS as u64).max(1))
+}
+
+/// The breaker's tiers: shedding starts inside `(0, 1)`, rejecting above it.
+fn tiers(shed_at: Option<f64>, reject_at: Option<f64>) -> Result<(f64, f64), ConfigError> {
+    let shed_at = check::open_fraction("shed_at", shed_at.unwrap_or(DEFAULT_SHED_AT))?;
+    let reject_at = check::fraction("reject_at", reject_at.unwrap_or(DEFAULT_REJECT_AT))?;
+    if reject_at <= shed_at {
+        return Err(ConfigError::new(
+            "reject_at",
+            format!("{reject_at} is not above budget.shed_at ({shed_at})"),
+        ));
+    }
+    Ok((shed_at, reject_at))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn parse(json: &str) -> Result<BudgetConfig, ConfigError> {
-        let de = &mut serde_json::Deserializer::from_str(json);
-        let raw: RawBudgetConfig = serde_path_to_error::deserialize(de).map_err(|e| {
-            ConfigError::new(format!("budget.{}", e.path()), e.into_inner().to_string())
-        })?;
-        BudgetConfig::compile(raw)
+        ConfigError::from_json(json.as_bytes())
+            .and_then(BudgetConfig::compile)
+            .map_err(|e| e.within("budget"))
     }
 
     #[test]

@@ -6,23 +6,10 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
+use super::answer::{EntryKind, HEAD_FIELDS, REPLACE_KEYS};
 use super::config::Stamp;
-use super::entry::{Entry, EntryError, EntryKind};
+use super::entry::{Entry, EntryError};
 use crate::classify::Endpoint;
-
-/// Top-level chunk fields that describe the whole answer; the first value seen
-/// is kept. Anything else at the top (e.g. padding fields) is not part of it.
-pub(crate) const HEAD_FIELDS: [&str; 5] = [
-    "id",
-    "created",
-    "model",
-    "system_fingerprint",
-    "service_tier",
-];
-
-/// Delta fields that are identifiers, replaced rather than concatenated: some
-/// providers repeat `role` or `type` in every chunk.
-pub(crate) const REPLACE_KEYS: [&str; 5] = ["index", "type", "role", "id", "name"];
 
 /// Rough cost of one choice beyond its content, so many empty choices still
 /// count against the limit.

@@ -4,7 +4,8 @@
 
 use serde::Deserialize;
 
-use crate::config::ConfigError;
+use crate::config::check;
+use crate::config::error::ConfigError;
 
 /// Largest `cache.max_entries`: every slot may cost up to `max_entry_bytes` of
 /// proxy memory, and shared data never evicts.
@@ -23,6 +24,19 @@ pub const MAX_TTL_S: u64 = 365 * 24 * 3600;
 /// worst-case footprint logged at start.
 pub const SLOT_OVERHEAD_BYTES: u64 = 256;
 
+const DEFAULT_ENABLED: bool = true;
+/// Only deterministic calls are cached unless the operator says otherwise.
+const DEFAULT_MAX_TEMPERATURE: f64 = 0.0;
+/// The highest temperature OpenAI-compatible APIs accept.
+const MAX_TEMPERATURE: f64 = 2.0;
+const DEFAULT_TENANT_HEADERS: [&str; 2] = ["authorization", "api-key"];
+const DEFAULT_TTL_S: u64 = 3_600;
+const DEFAULT_TTL_JITTER: f64 = 0.1;
+const DEFAULT_STALE_IF_ERROR_S: u64 = 0;
+const DEFAULT_MAX_ENTRIES: u32 = 1_024;
+const DEFAULT_MAX_ENTRY_BYTES: u32 = 256 * 1024;
+const DEFAULT_COALESCE: bool = true;
+const DEFAULT_COALESCE_WAIT_MS: u64 = 30_000;
 const MAX_MARKERS: usize = 256;
 const MAX_MARKER_LEN: usize = 1024;
 const MAX_TENANT_HEADERS: usize = 16;
@@ -39,7 +53,7 @@ pub struct RawCacheConfig {
     /// depends on something outside the request, e.g. the current time).
     pub dynamic_markers: Option<Vec<String>>,
     /// `tenant` (default) or `global`.
-    pub scope: Option<String>,
+    pub scope: Option<Scope>,
     /// Request headers whose values identify the tenant.
     pub tenant_headers: Option<Vec<String>>,
     /// Freshness in seconds, default 3600.
@@ -60,9 +74,11 @@ pub struct RawCacheConfig {
 }
 
 /// Whose answers a call may be served.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(variant_identifier, rename_all = "snake_case")]
 pub enum Scope {
     /// Only answers to calls with the same credential.
+    #[default]
     Tenant,
     /// Any answer to the same request; only for deployments where every
     /// caller may see every other caller's answers.
@@ -108,112 +124,49 @@ pub struct Stamp {
 }
 
 impl Default for CacheConfig {
+    /// The empty section, as [`CacheConfig::compile`] makes it.
     fn default() -> Self {
         Self {
-            enabled: true,
-            max_temperature: 0.0,
+            enabled: DEFAULT_ENABLED,
+            max_temperature: DEFAULT_MAX_TEMPERATURE,
             dynamic_markers: Vec::new(),
-            scope: Scope::Tenant,
-            tenant_headers: vec!["authorization".to_string(), "api-key".to_string()],
-            ttl_ms: 3_600_000,
-            ttl_jitter: 0.1,
-            stale_if_error_ms: 0,
-            max_entries: 1024,
-            max_entry_bytes: 256 * 1024,
-            coalesce: true,
-            coalesce_wait_ms: 30_000,
+            scope: Scope::default(),
+            tenant_headers: DEFAULT_TENANT_HEADERS.map(String::from).to_vec(),
+            ttl_ms: DEFAULT_TTL_S * 1_000,
+            ttl_jitter: DEFAULT_TTL_JITTER,
+            stale_if_error_ms: DEFAULT_STALE_IF_ERROR_S * 1_000,
+            max_entries: DEFAULT_MAX_ENTRIES,
+            max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
+            coalesce: DEFAULT_COALESCE,
+            coalesce_wait_ms: DEFAULT_COALESCE_WAIT_MS,
         }
     }
 }
 
 impl CacheConfig {
     /// Compiles the section, checking every invariant; errors name the field
-    /// (`cache.ttl_jitter`) and quote the bad value.
+    /// relative to the section (`ttl_jitter`) and quote the bad value.
     pub fn compile(raw: RawCacheConfig) -> Result<Self, ConfigError> {
-        let d = Self::default();
-        let max_temperature = match raw.max_temperature {
-            None => d.max_temperature,
-            // 2 is the highest temperature OpenAI-compatible APIs accept.
-            Some(t) if t.is_finite() && (0.0..=2.0).contains(&t) => t,
-            Some(t) => return Err(err("max_temperature", format!("{t} is not in [0, 2]"))),
-        };
-        let dynamic_markers = raw.dynamic_markers.unwrap_or_default();
-        if dynamic_markers.len() > MAX_MARKERS {
-            return Err(err(
-                "dynamic_markers",
-                format!("{} markers, at most {MAX_MARKERS}", dynamic_markers.len()),
-            ));
-        }
-        for (i, m) in dynamic_markers.iter().enumerate() {
-            // An empty marker would match every prompt and silently disable the cache.
-            if m.is_empty() || m.len() > MAX_MARKER_LEN {
-                return Err(err(
-                    format!("dynamic_markers[{i}]"),
-                    format!("{m:?} must be 1 to {MAX_MARKER_LEN} bytes"),
-                ));
-            }
-        }
-        let scope = match raw.scope.as_deref() {
-            None | Some("tenant") => Scope::Tenant,
-            Some("global") => Scope::Global,
-            Some(other) => {
-                return Err(err(
-                    "scope",
-                    format!("{other:?} is not one of tenant, global"),
-                ))
-            }
-        };
-        let tenant_headers = match raw.tenant_headers {
-            None => d.tenant_headers,
-            Some(names) => compile_headers(names)?,
-        };
-        if scope == Scope::Tenant && tenant_headers.is_empty() {
-            // Without a credential every caller would share one tenant: that is
-            // `global`, and it must be asked for by name.
-            return Err(err(
-                "tenant_headers",
-                "[] leaves no credential to tell tenants apart; set scope to global instead",
-            ));
-        }
-        let ttl_s = raw.ttl_s.unwrap_or(d.ttl_ms / 1000);
-        if ttl_s == 0 || ttl_s > MAX_TTL_S {
-            return Err(err("ttl_s", format!("{ttl_s} is not in 1..={MAX_TTL_S}")));
-        }
-        let ttl_jitter = match raw.ttl_jitter {
-            None => d.ttl_jitter,
-            Some(j) if j.is_finite() && (0.0..1.0).contains(&j) => j,
-            Some(j) => return Err(err("ttl_jitter", format!("{j} is not in [0, 1)"))),
-        };
-        let stale_s = raw.stale_if_error_s.unwrap_or(0);
-        if stale_s > MAX_TTL_S {
-            return Err(err(
-                "stale_if_error_s",
-                format!("{stale_s} is not in 0..={MAX_TTL_S}"),
-            ));
-        }
-        let max_entries = raw.max_entries.unwrap_or(d.max_entries);
-        if !(1..=MAX_ENTRIES).contains(&max_entries) {
-            return Err(err(
-                "max_entries",
-                format!("{max_entries} is not in 1..={MAX_ENTRIES}"),
-            ));
-        }
-        let max_entry_bytes = raw.max_entry_bytes.unwrap_or(d.max_entry_bytes);
-        if !(MIN_ENTRY_BYTES..=MAX_ENTRY_BYTES).contains(&max_entry_bytes) {
-            return Err(err(
-                "max_entry_bytes",
-                format!("{max_entry_bytes} is not in {MIN_ENTRY_BYTES}..={MAX_ENTRY_BYTES}"),
-            ));
-        }
-        let coalesce_wait_ms = raw.coalesce_wait_ms.unwrap_or(d.coalesce_wait_ms);
-        if coalesce_wait_ms == 0 || coalesce_wait_ms > MAX_COALESCE_WAIT_MS {
-            return Err(err(
-                "coalesce_wait_ms",
-                format!("{coalesce_wait_ms} is not in 1..={MAX_COALESCE_WAIT_MS}"),
-            ));
-        }
+        // What is cacheable, and whose.
+        let max_temperature = raw.max_temperature.unwrap_or(DEFAULT_MAX_TEMPERATURE);
+        let max_temperature =
+            check::real_in("max_temperature", max_temperature, 0.0..=MAX_TEMPERATURE)?;
+        let dynamic_markers = compile_markers(raw.dynamic_markers.unwrap_or_default())?;
+        let scope = raw.scope.unwrap_or_default();
+        let tenant_headers = compile_tenant_headers(scope, raw.tenant_headers)?;
+        // Freshness.
+        let ttl_s = raw.ttl_s.unwrap_or(DEFAULT_TTL_S);
+        let ttl_s = check::in_range("ttl_s", ttl_s, 1..=MAX_TTL_S)?;
+        let ttl_jitter = raw.ttl_jitter.unwrap_or(DEFAULT_TTL_JITTER);
+        let ttl_jitter = check::fraction_below_one("ttl_jitter", ttl_jitter)?;
+        let stale_s = raw.stale_if_error_s.unwrap_or(DEFAULT_STALE_IF_ERROR_S);
+        let stale_s = check::in_range("stale_if_error_s", stale_s, 0..=MAX_TTL_S)?;
+        // Size and waiting.
+        let max_entries = raw.max_entries.unwrap_or(DEFAULT_MAX_ENTRIES);
+        let max_entry_bytes = raw.max_entry_bytes.unwrap_or(DEFAULT_MAX_ENTRY_BYTES);
+        let coalesce_wait_ms = raw.coalesce_wait_ms.unwrap_or(DEFAULT_COALESCE_WAIT_MS);
         Ok(Self {
-            enabled: raw.enabled.unwrap_or(d.enabled),
+            enabled: raw.enabled.unwrap_or(DEFAULT_ENABLED),
             max_temperature,
             dynamic_markers,
             scope,
@@ -221,10 +174,18 @@ impl CacheConfig {
             ttl_ms: ttl_s.saturating_mul(1000),
             ttl_jitter,
             stale_if_error_ms: stale_s.saturating_mul(1000),
-            max_entries,
-            max_entry_bytes,
-            coalesce: raw.coalesce.unwrap_or(d.coalesce),
-            coalesce_wait_ms,
+            max_entries: check::in_range("max_entries", max_entries, 1..=MAX_ENTRIES)?,
+            max_entry_bytes: check::in_range(
+                "max_entry_bytes",
+                max_entry_bytes,
+                MIN_ENTRY_BYTES..=MAX_ENTRY_BYTES,
+            )?,
+            coalesce: raw.coalesce.unwrap_or(DEFAULT_COALESCE),
+            coalesce_wait_ms: check::in_range(
+                "coalesce_wait_ms",
+                coalesce_wait_ms,
+                1..=MAX_COALESCE_WAIT_MS,
+            )?,
         })
     }
 
@@ -256,21 +217,47 @@ impl CacheConfig {
     }
 }
 
-fn compile_headers(names: Vec<String>) -> Result<Vec<String>, ConfigError> {
-    if names.len() > MAX_TENANT_HEADERS {
-        return Err(err(
+/// `dynamic_markers`: a bounded list of non-empty, bounded substrings.
+fn compile_markers(markers: Vec<String>) -> Result<Vec<String>, ConfigError> {
+    check::at_most("dynamic_markers", &markers, MAX_MARKERS, "markers")?;
+    for (i, m) in markers.iter().enumerate() {
+        // An empty marker would match every prompt and silently disable the cache.
+        if m.is_empty() || m.len() > MAX_MARKER_LEN {
+            return Err(ConfigError::new(
+                format!("dynamic_markers[{i}]"),
+                format!("{m:?} must be 1 to {MAX_MARKER_LEN} bytes"),
+            ));
+        }
+    }
+    Ok(markers)
+}
+
+/// `tenant_headers` in lowercase, never empty when the scope is the tenant.
+fn compile_tenant_headers(
+    scope: Scope,
+    names: Option<Vec<String>>,
+) -> Result<Vec<String>, ConfigError> {
+    let headers = match names {
+        None => DEFAULT_TENANT_HEADERS.map(String::from).to_vec(),
+        Some(names) => compile_headers(names)?,
+    };
+    if scope == Scope::Tenant && headers.is_empty() {
+        // Without a credential every caller would share one tenant: that is
+        // `global`, and it must be asked for by name.
+        return Err(ConfigError::new(
             "tenant_headers",
-            format!("{} headers, at most {MAX_TENANT_HEADERS}", names.len()),
+            "[] leaves no credential to tell tenants apart; set scope to global instead",
         ));
     }
+    Ok(headers)
+}
+
+fn compile_headers(names: Vec<String>) -> Result<Vec<String>, ConfigError> {
+    check::at_most("tenant_headers", &names, MAX_TENANT_HEADERS, "headers")?;
     let mut out: Vec<String> = Vec::with_capacity(names.len());
     for (i, name) in names.into_iter().enumerate() {
-        let valid = !name.is_empty()
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
-        if !valid {
-            return Err(err(
+        if !check::is_token(&name) {
+            return Err(ConfigError::new(
                 format!("tenant_headers[{i}]"),
                 format!("{name:?} is not a header name"),
             ));
@@ -278,7 +265,7 @@ fn compile_headers(names: Vec<String>) -> Result<Vec<String>, ConfigError> {
         // Envoy hands header names to the filter in lowercase.
         let name = name.to_ascii_lowercase();
         if out.contains(&name) {
-            return Err(err(
+            return Err(ConfigError::new(
                 format!("tenant_headers[{i}]"),
                 format!("{name:?} is listed twice"),
             ));
@@ -288,16 +275,14 @@ fn compile_headers(names: Vec<String>) -> Result<Vec<String>, ConfigError> {
     Ok(out)
 }
 
-fn err(field: impl AsRef<str>, message: impl Into<String>) -> ConfigError {
-    ConfigError::new(format!("cache.{}", field.as_ref()), message)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn parse(json: &str) -> Result<CacheConfig, ConfigError> {
-        CacheConfig::compile(serde_json::from_str(json).unwrap())
+        ConfigError::from_json(json.as_bytes())
+            .and_then(CacheConfig::compile)
+            .map_err(|e| e.within("cache"))
     }
 
     #[test]

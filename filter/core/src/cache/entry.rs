@@ -10,6 +10,8 @@ use super::config::{Stamp, MAX_ENTRY_BYTES};
 use super::replay;
 use crate::classify::Endpoint;
 
+pub use super::answer::EntryKind;
+
 /// Content type of a JSON reply.
 pub const JSON_CONTENT_TYPE: &str = "application/json";
 /// Content type of an SSE reply.
@@ -18,29 +20,6 @@ pub const SSE_CONTENT_TYPE: &str = "text/event-stream";
 /// Version of the encoding; a mismatch reads as corrupt, so entries written by
 /// another version of the filter are misses, never misread.
 const FORMAT: u32 = 1;
-
-/// The kind of answer an entry holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum EntryKind {
-    /// A `chat.completion`.
-    Chat,
-    /// A `text_completion`.
-    Completions,
-    /// An embeddings list.
-    Embeddings,
-}
-
-impl EntryKind {
-    /// The kind of answer an endpoint gives; `None` for endpoints never cached.
-    pub fn of(endpoint: Endpoint) -> Option<Self> {
-        match endpoint {
-            Endpoint::Chat => Some(Self::Chat),
-            Endpoint::Completions => Some(Self::Completions),
-            Endpoint::Embeddings => Some(Self::Embeddings),
-            Endpoint::Other => None,
-        }
-    }
-}
 
 /// Why an answer was not made into an entry, or an entry cannot be used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,6 +8,7 @@
 //! [`store::Store::insert`]s it and [`coalesce::release`]s; followers
 //! [`coalesce::poll`] until the entry lands.
 
+mod answer;
 pub mod assemble;
 pub mod coalesce;
 pub mod config;

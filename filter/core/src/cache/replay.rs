@@ -4,8 +4,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::assemble::{HEAD_FIELDS, REPLACE_KEYS};
-use super::entry::EntryKind;
+use super::answer::{EntryKind, HEAD_FIELDS, REPLACE_KEYS};
 
 /// Content pieces end at the first whitespace after this many bytes…
 const PIECE_TARGET: usize = 16;

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use crate::config::ConfigError;
+use crate::config::check;
+use crate::config::error::ConfigError;
 use crate::priority::Priority;
 
 /// Header that carries the chosen cluster to Envoy's `cluster_header` route.
@@ -14,6 +15,7 @@ pub const DEFAULT_CLUSTER_HEADER: &str = "x-llm-cluster";
 /// Path probed on each cluster: every OpenAI-compatible server answers it cheaply.
 pub const DEFAULT_HEALTH_PATH: &str = "/v1/models";
 
+const DEFAULT_WEIGHT: u32 = 1;
 const DEFAULT_PROBE_INTERVAL_S: u64 = 5;
 const DEFAULT_PROBE_TIMEOUT_MS: u64 = 2_000;
 const DEFAULT_EJECT_AFTER_FAILURES: u32 = 3;
@@ -224,87 +226,28 @@ impl Default for RoutingConfig {
 
 impl RoutingConfig {
     /// Compiles the section, one error per broken invariant, naming the field
-    /// (`routing.models.gpt-4o[1].weight`) and the bad value.
+    /// relative to the section (`models.gpt-4o[1].weight`) and the bad value.
     pub fn compile(raw: RawRoutingConfig) -> Result<Self, ConfigError> {
-        let cluster_header = match raw.cluster_header {
-            None => DEFAULT_CLUSTER_HEADER.to_string(),
-            Some(h) if is_header_name(&h) => h,
+        let cluster_header = match raw.cluster_header.as_deref() {
+            None => DEFAULT_CLUSTER_HEADER,
+            Some(h) if is_header_name(h) => h,
             Some(h) => {
                 return Err(ConfigError::new(
-                    "routing.cluster_header",
+                    "cluster_header",
                     format!("{h:?} is not a lowercase HTTP header name"),
                 ))
             }
-        };
-        let probe_interval_s = bounded(
-            "routing.probe_interval_s",
-            raw.probe_interval_s,
-            DEFAULT_PROBE_INTERVAL_S,
-            1,
-            MAX_INTERVAL_S,
-        )?;
-        let probe_timeout_ms = bounded(
-            "routing.probe_timeout_ms",
-            raw.probe_timeout_ms,
-            DEFAULT_PROBE_TIMEOUT_MS,
-            1,
-            MAX_PROBE_TIMEOUT_MS,
-        )?;
-        let eject_after_failures = bounded(
-            "routing.eject_after_failures",
-            raw.eject_after_failures.map(u64::from),
-            u64::from(DEFAULT_EJECT_AFTER_FAILURES),
-            1,
-            u64::from(MAX_EJECT_AFTER_FAILURES),
-        )?;
-        let eject_s = bounded(
-            "routing.eject_s",
-            raw.eject_s,
-            DEFAULT_EJECT_S,
-            1,
-            MAX_EJECT_S,
-        )?;
-        let max_eject_s = bounded(
-            "routing.max_eject_s",
-            raw.max_eject_s,
-            DEFAULT_MAX_EJECT_S.max(eject_s),
-            eject_s,
-            MAX_EJECT_S,
-        )?;
-        let ramp_s = bounded(
-            "routing.ramp_s",
-            raw.ramp_s,
-            DEFAULT_RAMP_S,
-            0,
-            MAX_INTERVAL_S,
-        )?;
-        let half_life_s = raw.ewma_half_life_s.unwrap_or(DEFAULT_EWMA_HALF_LIFE_S);
-        if !(half_life_s.is_finite()
-            && (MIN_HALF_LIFE_S..=MAX_INTERVAL_S as f64).contains(&half_life_s))
-        {
-            return Err(ConfigError::new(
-                "routing.ewma_half_life_s",
-                format!("{half_life_s} is out of range {MIN_HALF_LIFE_S}..={MAX_INTERVAL_S}"),
-            ));
         }
-
+        .to_string();
+        let health = compile_health(&raw)?;
         let (models, clusters) = compile_models(raw.models)?;
         let rules = compile_rules(raw.rules, &models)?;
-
         Ok(Self {
             models,
             clusters,
             cluster_header,
-            // Bounds above keep these products small.
-            probe_interval_ms: probe_interval_s.saturating_mul(1_000),
-            probe_timeout_ms,
-            eject_after_failures: u32::try_from(eject_after_failures)
-                .unwrap_or(DEFAULT_EJECT_AFTER_FAILURES),
-            eject_ms: eject_s.saturating_mul(1_000),
-            max_eject_ms: max_eject_s.saturating_mul(1_000),
-            ramp_ms: ramp_s.saturating_mul(1_000),
-            ewma_half_life_ms: half_life_s * 1_000.0,
             rules,
+            ..health
         })
     }
 
@@ -314,31 +257,50 @@ impl RoutingConfig {
     }
 }
 
-fn bounded(
-    field: &str,
-    value: Option<u64>,
-    default: u64,
-    min: u64,
-    max: u64,
-) -> Result<u64, ConfigError> {
-    let v = value.unwrap_or(default);
-    if (min..=max).contains(&v) {
-        Ok(v)
-    } else {
-        Err(ConfigError::new(
-            field,
-            format!("{v} is out of range {min}..={max}"),
-        ))
-    }
-}
-
-/// Probe settings of one cluster as merged from all its listings; `None`
-/// fields were not given anywhere yet.
-#[derive(Default)]
-struct Merged {
-    authority: Option<String>,
-    health_path: Option<String>,
-    metrics_path: Option<String>,
+/// The health settings (probes, ejection, averaging) of the section; the
+/// other fields are left at their defaults.
+fn compile_health(raw: &RawRoutingConfig) -> Result<RoutingConfig, ConfigError> {
+    let probe_interval_s = raw.probe_interval_s.unwrap_or(DEFAULT_PROBE_INTERVAL_S);
+    let probe_interval_s =
+        check::in_range("probe_interval_s", probe_interval_s, 1..=MAX_INTERVAL_S)?;
+    let probe_timeout_ms = raw.probe_timeout_ms.unwrap_or(DEFAULT_PROBE_TIMEOUT_MS);
+    let probe_timeout_ms = check::in_range(
+        "probe_timeout_ms",
+        probe_timeout_ms,
+        1..=MAX_PROBE_TIMEOUT_MS,
+    )?;
+    let eject_after_failures = raw
+        .eject_after_failures
+        .unwrap_or(DEFAULT_EJECT_AFTER_FAILURES);
+    let eject_after_failures = check::in_range(
+        "eject_after_failures",
+        eject_after_failures,
+        1..=MAX_EJECT_AFTER_FAILURES,
+    )?;
+    let eject_s = raw.eject_s.unwrap_or(DEFAULT_EJECT_S);
+    let eject_s = check::in_range("eject_s", eject_s, 1..=MAX_EJECT_S)?;
+    // A long first ejection raises the default cap with it.
+    let max_eject_s = raw.max_eject_s.unwrap_or(DEFAULT_MAX_EJECT_S.max(eject_s));
+    let max_eject_s = check::in_range("max_eject_s", max_eject_s, eject_s..=MAX_EJECT_S)?;
+    let ramp_s = raw.ramp_s.unwrap_or(DEFAULT_RAMP_S);
+    let ramp_s = check::in_range("ramp_s", ramp_s, 0..=MAX_INTERVAL_S)?;
+    let half_life_s = raw.ewma_half_life_s.unwrap_or(DEFAULT_EWMA_HALF_LIFE_S);
+    let half_life_s = check::real_in(
+        "ewma_half_life_s",
+        half_life_s,
+        MIN_HALF_LIFE_S..=MAX_INTERVAL_S as f64,
+    )?;
+    Ok(RoutingConfig {
+        // The bounds above keep these products small.
+        probe_interval_ms: probe_interval_s.saturating_mul(1_000),
+        probe_timeout_ms,
+        eject_after_failures,
+        eject_ms: eject_s.saturating_mul(1_000),
+        max_eject_ms: max_eject_s.saturating_mul(1_000),
+        ramp_ms: ramp_s.saturating_mul(1_000),
+        ewma_half_life_ms: half_life_s * 1_000.0,
+        ..RoutingConfig::default()
+    })
 }
 
 type Models = BTreeMap<String, Vec<Backend>>;
@@ -346,13 +308,10 @@ type Models = BTreeMap<String, Vec<Backend>>;
 fn compile_models(
     raw: BTreeMap<String, Vec<RawBackend>>,
 ) -> Result<(Models, Vec<ClusterTarget>), ConfigError> {
-    // A cluster may serve several models; it is probed once and its health is
-    // shared, so its probe settings must agree wherever they are given.
-    let mut order: Vec<String> = Vec::new();
-    let mut merged: BTreeMap<String, Merged> = BTreeMap::new();
+    let mut probes = Probes::default();
     let mut models = BTreeMap::new();
     for (model, backends) in raw {
-        let at = format!("routing.models.{model}");
+        let at = format!("models.{model}");
         if !is_name(&model) {
             return Err(ConfigError::new(
                 at,
@@ -364,193 +323,227 @@ fn compile_models(
         }
         let mut out: Vec<Backend> = Vec::with_capacity(backends.len());
         for (i, b) in backends.into_iter().enumerate() {
-            let at = format!("routing.models.{model}[{i}]");
-            if b.cluster.is_empty() {
-                return Err(ConfigError::new(format!("{at}.cluster"), "is required"));
-            }
-            if !is_cluster(&b.cluster) {
-                return Err(ConfigError::new(
-                    format!("{at}.cluster"),
-                    format!(
-                        "{:?} is not a cluster name ([A-Za-z0-9_.|-], at most {MAX_CLUSTER_LEN})",
-                        b.cluster
-                    ),
-                ));
-            }
-            if out.iter().any(|o| o.cluster == b.cluster) {
-                return Err(ConfigError::new(
-                    format!("{at}.cluster"),
-                    format!("{:?} is listed twice for this model", b.cluster),
-                ));
-            }
-            let weight = b.weight.unwrap_or(1);
-            if weight == 0 {
-                return Err(ConfigError::new(
-                    format!("{at}.weight"),
-                    "0 is not a positive weight",
-                ));
-            }
-            if let Some(m) = &b.model {
-                if !is_name(m) {
-                    return Err(ConfigError::new(
-                        format!("{at}.model"),
-                        format!("{m:?} is not a model name"),
-                    ));
-                }
-            }
-            if let Some(a) = &b.authority {
-                if !is_authority(a) {
-                    return Err(ConfigError::new(
-                        format!("{at}.authority"),
-                        format!("{a:?} is not a host[:port]"),
-                    ));
-                }
-            }
-            for (field, path) in [
-                ("health_path", &b.health_path),
-                ("metrics_path", &b.metrics_path),
-            ] {
-                if let Some(p) = path {
-                    if !is_path(p) {
-                        return Err(ConfigError::new(
-                            format!("{at}.{field}"),
-                            format!("{p:?} is not an absolute path"),
-                        ));
-                    }
-                }
-            }
-            if !merged.contains_key(&b.cluster) {
-                order.push(b.cluster.clone());
-            }
-            let m = merged.entry(b.cluster.clone()).or_default();
-            for (field, mine, theirs) in [
-                ("authority", &b.authority, &mut m.authority),
-                ("health_path", &b.health_path, &mut m.health_path),
-                ("metrics_path", &b.metrics_path, &mut m.metrics_path),
-            ] {
-                match (mine, theirs.as_ref()) {
-                    (Some(a), Some(b)) if a != b => {
-                        return Err(ConfigError::new(
-                            format!("{at}.{field}"),
-                            format!(
-                                "{a:?} differs from {b:?} given for the same cluster elsewhere"
-                            ),
-                        ))
-                    }
-                    (Some(a), None) => *theirs = Some(a.clone()),
-                    _ => {}
-                }
-            }
-            out.push(Backend {
-                cluster: b.cluster,
-                weight,
-                model: b.model,
-                authority: None,
-            });
+            let backend = compile_backend(&format!("{at}[{i}]"), b, &out, &mut probes)?;
+            out.push(backend);
         }
         models.insert(model, out);
     }
     // Calls to a cluster carry the same authority as its probes.
-    for backends in models.values_mut() {
-        for b in backends.iter_mut() {
-            b.authority = merged.get(&b.cluster).and_then(|m| m.authority.clone());
+    for b in models.values_mut().flatten() {
+        b.authority = probes.authority(&b.cluster);
+    }
+    Ok((models, probes.into_targets()))
+}
+
+/// One backend of a model, `siblings` being those listed before it; its probe
+/// settings go to `probes`. The authority is filled in once every listing of
+/// its cluster is known.
+fn compile_backend(
+    at: &str,
+    b: RawBackend,
+    siblings: &[Backend],
+    probes: &mut Probes,
+) -> Result<Backend, ConfigError> {
+    check_cluster(&format!("{at}.cluster"), &b.cluster, siblings)?;
+    let weight = b.weight.unwrap_or(DEFAULT_WEIGHT);
+    let weight = check::positive(&format!("{at}.weight"), weight, "weight")?;
+    if let Some(m) = b.model.as_ref().filter(|m| !is_name(m)) {
+        return Err(ConfigError::new(
+            format!("{at}.model"),
+            format!("{m:?} is not a model name"),
+        ));
+    }
+    if let Some(a) = b.authority.as_ref().filter(|a| !is_authority(a)) {
+        return Err(ConfigError::new(
+            format!("{at}.authority"),
+            format!("{a:?} is not a host[:port]"),
+        ));
+    }
+    for (field, path) in [
+        ("health_path", &b.health_path),
+        ("metrics_path", &b.metrics_path),
+    ] {
+        if let Some(p) = path.as_ref().filter(|p| !is_path(p)) {
+            return Err(ConfigError::new(
+                format!("{at}.{field}"),
+                format!("{p:?} is not an absolute path"),
+            ));
         }
     }
-    let clusters = order
-        .into_iter()
-        .map(|cluster| {
-            let m = merged.remove(&cluster).unwrap_or_default();
-            ClusterTarget {
-                cluster,
-                authority: m.authority,
-                health_path: m
-                    .health_path
-                    .unwrap_or_else(|| DEFAULT_HEALTH_PATH.to_string()),
-                metrics_path: m.metrics_path,
+    probes.merge(at, &b)?;
+    Ok(Backend {
+        cluster: b.cluster,
+        weight,
+        model: b.model,
+        authority: None,
+    })
+}
+
+fn check_cluster(field: &str, cluster: &str, siblings: &[Backend]) -> Result<(), ConfigError> {
+    if cluster.is_empty() {
+        return Err(ConfigError::new(field, "is required"));
+    }
+    if !is_cluster(cluster) {
+        return Err(ConfigError::new(
+            field,
+            format!(
+                "{cluster:?} is not a cluster name ([A-Za-z0-9_.|-], at most {MAX_CLUSTER_LEN})"
+            ),
+        ));
+    }
+    if siblings.iter().any(|o| o.cluster == cluster) {
+        return Err(ConfigError::new(
+            field,
+            format!("{cluster:?} is listed twice for this model"),
+        ));
+    }
+    Ok(())
+}
+
+/// Probe settings of one cluster as merged from all its listings; `None`
+/// fields were not given anywhere yet.
+#[derive(Default)]
+struct Merged {
+    authority: Option<String>,
+    health_path: Option<String>,
+    metrics_path: Option<String>,
+}
+
+/// The probe settings of every cluster, in the order clusters were first
+/// listed. A cluster may serve several models; it is probed once and its
+/// health is shared, so its probe settings must agree wherever they are given.
+#[derive(Default)]
+struct Probes {
+    order: Vec<String>,
+    merged: BTreeMap<String, Merged>,
+}
+
+impl Probes {
+    /// Adds the settings of one listing of a cluster, refusing one that
+    /// contradicts another listing.
+    fn merge(&mut self, at: &str, b: &RawBackend) -> Result<(), ConfigError> {
+        if !self.merged.contains_key(&b.cluster) {
+            self.order.push(b.cluster.clone());
+        }
+        let m = self.merged.entry(b.cluster.clone()).or_default();
+        for (field, mine, theirs) in [
+            ("authority", &b.authority, &mut m.authority),
+            ("health_path", &b.health_path, &mut m.health_path),
+            ("metrics_path", &b.metrics_path, &mut m.metrics_path),
+        ] {
+            match (mine, theirs.as_ref()) {
+                (Some(a), Some(b)) if a != b => {
+                    return Err(ConfigError::new(
+                        format!("{at}.{field}"),
+                        format!("{a:?} differs from {b:?} given for the same cluster elsewhere"),
+                    ))
+                }
+                (Some(a), None) => *theirs = Some(a.clone()),
+                _ => {}
             }
-        })
-        .collect();
-    Ok((models, clusters))
+        }
+        Ok(())
+    }
+
+    fn authority(&self, cluster: &str) -> Option<String> {
+        self.merged.get(cluster).and_then(|m| m.authority.clone())
+    }
+
+    fn into_targets(mut self) -> Vec<ClusterTarget> {
+        self.order
+            .into_iter()
+            .map(|cluster| {
+                let m = self.merged.remove(&cluster).unwrap_or_default();
+                ClusterTarget {
+                    cluster,
+                    authority: m.authority,
+                    health_path: m
+                        .health_path
+                        .unwrap_or_else(|| DEFAULT_HEALTH_PATH.to_string()),
+                    metrics_path: m.metrics_path,
+                }
+            })
+            .collect()
+    }
 }
 
 fn compile_rules(raw: Vec<RawRule>, models: &Models) -> Result<Vec<Rule>, ConfigError> {
-    let mut rules = Vec::with_capacity(raw.len());
-    for (i, r) in raw.into_iter().enumerate() {
-        let at = format!("routing.rules[{i}]");
-        if r.model.is_empty() {
-            return Err(ConfigError::new(format!("{at}.model"), "is required"));
-        }
-        // A chosen model must be routable, or the rule would silently send
-        // calls for a name nobody serves.
-        if !models.contains_key(&r.model) {
-            return Err(ConfigError::new(
-                format!("{at}.model"),
-                format!("{:?} is not a model of routing.models", r.model),
-            ));
-        }
-        let w = r.when;
-        let names = match w.model {
-            None => None,
-            Some(m) => {
-                let names = m.into_vec();
-                if names.is_empty() {
-                    return Err(ConfigError::new(
-                        format!("{at}.when.model"),
-                        "an empty list never matches",
-                    ));
-                }
-                if let Some(bad) = names.iter().find(|n| !is_name(n)) {
-                    return Err(ConfigError::new(
-                        format!("{at}.when.model"),
-                        format!("{bad:?} is not a model name"),
-                    ));
-                }
-                Some(names)
-            }
-        };
-        let priorities = match w.priority {
-            None => None,
-            Some(p) => {
-                let raw = p.into_vec();
-                if raw.is_empty() {
-                    return Err(ConfigError::new(
-                        format!("{at}.when.priority"),
-                        "an empty list never matches",
-                    ));
-                }
-                let mut out = Vec::with_capacity(raw.len());
-                for p in raw {
-                    out.push(Priority::parse(&p).ok_or_else(|| {
-                        ConfigError::new(
-                            format!("{at}.when.priority"),
-                            format!("{p:?} is not one of P0, P1, P2"),
-                        )
-                    })?);
-                }
-                Some(out)
-            }
-        };
-        if let (Some(min), Some(max)) = (w.min_prompt_tokens, w.max_prompt_tokens) {
-            if max < min {
+    raw.into_iter()
+        .enumerate()
+        .map(|(i, r)| compile_rule(&format!("rules[{i}]"), r, models))
+        .collect()
+}
+
+fn compile_rule(at: &str, r: RawRule, models: &Models) -> Result<Rule, ConfigError> {
+    if r.model.is_empty() {
+        return Err(ConfigError::new(format!("{at}.model"), "is required"));
+    }
+    // A chosen model must be routable, or the rule would silently send
+    // calls for a name nobody serves.
+    if !models.contains_key(&r.model) {
+        return Err(ConfigError::new(
+            format!("{at}.model"),
+            format!("{:?} is not a model of routing.models", r.model),
+        ));
+    }
+    Ok(Rule {
+        when: compile_when(&format!("{at}.when"), r.when)?,
+        model: r.model,
+    })
+}
+
+fn compile_when(at: &str, w: RawWhen) -> Result<When, ConfigError> {
+    let models = match w.model {
+        None => None,
+        Some(m) => {
+            let field = format!("{at}.model");
+            let names = non_empty(&field, m)?;
+            if let Some(bad) = names.iter().find(|n| !is_name(n)) {
                 return Err(ConfigError::new(
-                    format!("{at}.when.max_prompt_tokens"),
-                    format!("{max} is below min_prompt_tokens {min}"),
+                    field,
+                    format!("{bad:?} is not a model name"),
                 ));
             }
+            Some(names)
         }
-        rules.push(Rule {
-            when: When {
-                models: names,
-                min_prompt_tokens: w.min_prompt_tokens,
-                max_prompt_tokens: w.max_prompt_tokens,
-                priorities,
-                tools: w.tools,
-                stream: w.stream,
-            },
-            model: r.model,
-        });
+    };
+    let priorities = match w.priority {
+        None => None,
+        Some(p) => {
+            let field = format!("{at}.priority");
+            let parsed = non_empty(&field, p)?
+                .into_iter()
+                .map(Priority::try_from)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|m| ConfigError::new(field, m))?;
+            Some(parsed)
+        }
+    };
+    if let (Some(min), Some(max)) = (w.min_prompt_tokens, w.max_prompt_tokens) {
+        if max < min {
+            return Err(ConfigError::new(
+                format!("{at}.max_prompt_tokens"),
+                format!("{max} is below min_prompt_tokens {min}"),
+            ));
+        }
     }
-    Ok(rules)
+    Ok(When {
+        models,
+        min_prompt_tokens: w.min_prompt_tokens,
+        max_prompt_tokens: w.max_prompt_tokens,
+        priorities,
+        tools: w.tools,
+        stream: w.stream,
+    })
+}
+
+/// The values of a condition; an empty list is refused, as it would never match.
+fn non_empty(field: &str, values: OneOrMany) -> Result<Vec<String>, ConfigError> {
+    let values = values.into_vec();
+    if values.is_empty() {
+        return Err(ConfigError::new(field, "an empty list never matches"));
+    }
+    Ok(values)
 }
 
 /// Envoy cluster names as this filter accepts them. `|` is allowed because
@@ -568,28 +561,7 @@ fn is_name(s: &str) -> bool {
 
 /// An RFC 9110 token in lowercase, as HTTP/2 requires of header names.
 fn is_header_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.bytes().all(|b| {
-            b.is_ascii_lowercase()
-                || b.is_ascii_digit()
-                || matches!(
-                    b,
-                    b'!' | b'#'
-                        | b'$'
-                        | b'%'
-                        | b'&'
-                        | b'\''
-                        | b'*'
-                        | b'+'
-                        | b'-'
-                        | b'.'
-                        | b'^'
-                        | b'_'
-                        | b'`'
-                        | b'|'
-                        | b'~'
-                )
-        })
+    check::is_token(s) && !s.bytes().any(|b| b.is_ascii_uppercase())
 }
 
 fn is_authority(s: &str) -> bool {
@@ -611,7 +583,7 @@ mod tests {
 
     fn parse(json: &str) -> Result<RoutingConfig, ConfigError> {
         let raw: RawRoutingConfig = serde_json::from_str(json).unwrap();
-        RoutingConfig::compile(raw)
+        RoutingConfig::compile(raw).map_err(|e| e.within("routing"))
     }
 
     #[test]

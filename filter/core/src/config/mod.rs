@@ -2,50 +2,26 @@
 //! refused) and compiled into typed values once, so the data path never meets
 //! a half-valid setting and an operator's typo is named at load time.
 
-use std::fmt;
+pub mod check;
+pub mod error;
 
 use serde::Deserialize;
 
-use crate::budget::{BudgetConfig, RawBudgetConfig};
-use crate::cache::{CacheConfig, RawCacheConfig};
+use crate::budget::config::{BudgetConfig, RawBudgetConfig};
+use crate::cache::config::{CacheConfig, RawCacheConfig};
 use crate::classify::DEFAULT_PATHS;
 use crate::priority::Priority;
-use crate::routing::{RawRoutingConfig, RoutingConfig};
+use crate::routing::config::{RawRoutingConfig, RoutingConfig};
+
+pub use error::ConfigError;
 
 /// Default bound of a request body the filter holds to decide on it: Envoy's
 /// default per-connection buffer limit, past which holding it earns a 413.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
-
-/// A configuration the filter refuses, naming the field and what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    /// Dotted path of the offending field (`cache.ttl_s`), or `.` for the document.
-    pub field: String,
-    /// What is wrong with it, including the bad value.
-    pub message: String,
-}
-
-impl ConfigError {
-    /// An error about `field`.
-    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            message: message.into(),
-        }
-    }
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "invalid configuration at `{}`: {}",
-            self.field, self.message
-        )
-    }
-}
-
-impl std::error::Error for ConfigError {}
+/// Largest `max_body_bytes`.
+const MAX_MAX_BODY_BYTES: usize = 64 << 20;
+/// Whether the client's `x-request-priority` is honoured unless told otherwise.
+const DEFAULT_TRUST_CLIENT: bool = true;
 
 /// The document as written by the operator.
 #[derive(Debug, Default, Deserialize)]
@@ -71,8 +47,8 @@ pub struct RawConfig {
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawPriority {
-    /// `P0` | `P1` | `P2`, default `P1`.
-    pub default: Option<String>,
+    /// `P0` | `P1` | `P2` in any case, default `P1`.
+    pub default: Option<Priority>,
     /// Honour the client's `x-request-priority`, default true.
     pub trust_client: Option<bool>,
 }
@@ -81,8 +57,8 @@ pub struct RawPriority {
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawTracing {
-    /// `always` | `off`.
-    pub mode: Option<String>,
+    /// `always` (default) | `off`.
+    pub mode: Option<TracingMode>,
 }
 
 /// The compiled configuration every HTTP context shares.
@@ -115,29 +91,37 @@ pub struct PriorityConfig {
 }
 
 /// Who writes `traceparent`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(variant_identifier, rename_all = "snake_case")]
 pub enum TracingMode {
     /// The filter continues or starts the trace on every LLM call.
+    #[default]
     Always,
     /// The filter leaves trace headers alone (Envoy's tracer owns them).
     Off,
 }
 
 impl Default for Config {
+    /// The empty document, as [`Config::parse`] compiles `{}`.
     fn default() -> Self {
-        // The empty document always compiles.
-        Self::compile(RawConfig::default()).unwrap_or_else(|_| Self {
-            llm_paths: DEFAULT_PATHS.iter().map(|p| p.to_string()).collect(),
-            priority: PriorityConfig {
-                default: Priority::P1,
-                trust_client: true,
-            },
-            tracing: TracingMode::Always,
+        Self {
+            llm_paths: default_paths(),
+            priority: PriorityConfig::default(),
+            tracing: TracingMode::default(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             routing: RoutingConfig::default(),
             budget: BudgetConfig::default(),
             cache: CacheConfig::default(),
-        })
+        }
+    }
+}
+
+impl Default for PriorityConfig {
+    fn default() -> Self {
+        Self {
+            default: Priority::default(),
+            trust_client: DEFAULT_TRUST_CLIENT,
+        }
     }
 }
 
@@ -152,75 +136,53 @@ impl Config {
                 "the configuration must be a JSON object",
             ));
         }
-        let de = &mut serde_json::Deserializer::from_slice(json);
-        let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
-            let path = match e.path().to_string() {
-                p if p == "?" => ".".to_string(),
-                p => p,
-            };
-            ConfigError::new(path, e.into_inner().to_string())
-        })?;
-        Self::compile(raw)
+        let raw: RawConfig = ConfigError::from_json(json)?;
+        Self::try_from(raw)
     }
+}
 
-    /// Compiles a parsed document, checking every invariant.
-    pub fn compile(raw: RawConfig) -> Result<Self, ConfigError> {
+impl TryFrom<RawConfig> for Config {
+    type Error = ConfigError;
+
+    /// Compiles a parsed document, checking every invariant; each section
+    /// names its fields relative to itself and is prefixed here.
+    fn try_from(raw: RawConfig) -> Result<Self, ConfigError> {
         let llm_paths = match raw.llm_paths {
-            None => DEFAULT_PATHS.iter().map(|p| p.to_string()).collect(),
-            Some(paths) => {
-                for (i, p) in paths.iter().enumerate() {
-                    if !p.starts_with('/') || p.contains(['?', '#']) {
-                        return Err(ConfigError::new(
-                            format!("llm_paths[{i}]"),
-                            format!("{p:?} is not an absolute path without query"),
-                        ));
-                    }
-                }
-                paths
-            }
+            None => default_paths(),
+            Some(paths) => compile_paths(paths)?,
         };
-        let default = match raw.priority.default {
-            None => Priority::P1,
-            Some(p) => Priority::parse(&p).ok_or_else(|| {
-                ConfigError::new(
-                    "priority.default",
-                    format!("{p:?} is not one of P0, P1, P2"),
-                )
-            })?,
-        };
-        let tracing = match raw.tracing.mode.as_deref() {
-            None | Some("always") => TracingMode::Always,
-            Some("off") => TracingMode::Off,
-            Some(other) => {
-                return Err(ConfigError::new(
-                    "tracing.mode",
-                    format!("{other:?} is not one of always, off"),
-                ))
-            }
-        };
-        let max_body_bytes = match raw.max_body_bytes {
-            None => DEFAULT_MAX_BODY_BYTES,
-            Some(n) if (1..=64 << 20).contains(&n) => n,
-            Some(n) => {
-                return Err(ConfigError::new(
-                    "max_body_bytes",
-                    format!("{n} is not between 1 and 67108864"),
-                ))
-            }
-        };
+        let max_body_bytes = raw.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
+        let max_body_bytes =
+            check::in_range("max_body_bytes", max_body_bytes, 1..=MAX_MAX_BODY_BYTES)?;
         Ok(Self {
             llm_paths,
             max_body_bytes,
-            routing: RoutingConfig::compile(raw.routing)?,
-            budget: BudgetConfig::compile(raw.budget)?,
-            cache: CacheConfig::compile(raw.cache)?,
+            routing: RoutingConfig::compile(raw.routing).map_err(|e| e.within("routing"))?,
+            budget: BudgetConfig::compile(raw.budget).map_err(|e| e.within("budget"))?,
+            cache: CacheConfig::compile(raw.cache).map_err(|e| e.within("cache"))?,
             priority: PriorityConfig {
-                default,
-                trust_client: raw.priority.trust_client.unwrap_or(true),
+                default: raw.priority.default.unwrap_or_default(),
+                trust_client: raw.priority.trust_client.unwrap_or(DEFAULT_TRUST_CLIENT),
             },
-            tracing,
+            tracing: raw.tracing.mode.unwrap_or_default(),
         })
     }
+}
+
+fn default_paths() -> Vec<String> {
+    DEFAULT_PATHS.iter().map(|p| p.to_string()).collect()
+}
+
+fn compile_paths(paths: Vec<String>) -> Result<Vec<String>, ConfigError> {
+    for (i, p) in paths.iter().enumerate() {
+        if !p.starts_with('/') || p.contains(['?', '#']) {
+            return Err(ConfigError::new(
+                format!("llm_paths[{i}]"),
+                format!("{p:?} is not an absolute path without query"),
+            ));
+        }
+    }
+    Ok(paths)
 }
 
 #[cfg(test)]
@@ -237,10 +199,7 @@ mod tests {
             assert_eq!(c.tracing, TracingMode::Always);
         }
         assert_eq!(Config::default(), Config::parse(b"{}").unwrap());
-        assert_eq!(
-            Config::parse(b"{}").unwrap().cache,
-            crate::cache::CacheConfig::default()
-        );
+        assert_eq!(Config::parse(b"{}").unwrap().cache, CacheConfig::default());
         let off = Config::parse(br#"{"cache":{"enabled":false,"max_entries":8}}"#).unwrap();
         assert!(!off.cache.enabled);
         assert_eq!(off.cache.max_entries, 8);
@@ -278,6 +237,13 @@ mod tests {
                 "tracing.mode",
                 "sometimes",
             ),
+            (r#"{"tracing":{"mode":"OFF"}}"#, "tracing.mode", "OFF"),
+            (
+                r#"{"tracing":{"mode":{"off":null}}}"#,
+                "tracing.mode",
+                "variant identifier",
+            ),
+            (r#"{"priority":{"default":""}}"#, "priority.default", "\"\""),
             (r#"{"llm_paths":["v1/chat"]}"#, "llm_paths[0]", "v1/chat"),
             (r#"{"llm_paths":"x"}"#, "llm_paths", "x"),
             (r#"{"cache":{"ttl_s":0}}"#, "cache.ttl_s", "0"),
@@ -286,7 +252,7 @@ mod tests {
             (
                 r#"{"cache":{"scope":"world"}}"#,
                 "cache.scope",
-                "tenant, global",
+                "`tenant` or `global`",
             ),
             ("[1]", ".", "JSON object"),
             ("{", ".", "EOF"),
