@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::config::RoutingConfig;
+use crate::host::cas::{self, Change, Unguarded};
 use crate::host::{SharedStore, StoreError};
 
 /// Prefix of the per-cluster health keys; the cluster name follows. The
@@ -12,8 +13,6 @@ use crate::host::{SharedStore, StoreError};
 /// (during a configuration update) never read each other's records.
 pub const KEY_PREFIX: &str = "llm_filter.routing.v2.health.";
 
-/// Attempts of one read-modify-write before giving up on a contended key.
-const MAX_CAS_ATTEMPTS: usize = 8;
 /// Largest weight of the past in an average: a new sample always moves it by
 /// at least 1/256, however dense the samples (same-millisecond samples from
 /// several workers included).
@@ -376,32 +375,23 @@ pub fn read<S: SharedStore + ?Sized>(store: &S, cluster: &str) -> Option<Health>
         .and_then(Health::decode)
 }
 
-/// Read-modify-write under compare-and-swap. A mismatch (another worker wrote
-/// first) is retried on fresh data a bounded number of times. A missing key is
-/// created unconditionally (Envoy offers no create-if-absent); two workers
-/// creating the same record at once lose one sample, which health tolerates.
+/// Read-modify-write under compare-and-swap. A missing key is created
+/// unconditionally (Envoy offers no create-if-absent); two workers creating the
+/// same record at once lose one sample, which health tolerates.
 fn update<S, T, F>(store: &S, cluster: &str, mut f: F) -> Result<(Health, T), StoreError>
 where
     S: SharedStore + ?Sized,
     F: FnMut(&mut Health) -> T,
 {
-    let key = key(cluster);
-    for _ in 0..MAX_CAS_ATTEMPTS {
-        let current = store.get(&key)?;
-        let mut h = current
-            .value
-            .as_deref()
-            .and_then(Health::decode)
-            .unwrap_or_default();
-        let out = f(&mut h);
-        let bytes = h.encode().ok_or(StoreError::Host)?;
-        match store.set(&key, &bytes, current.cas) {
-            Ok(()) => return Ok((h, out)),
-            Err(StoreError::CasMismatch) => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(StoreError::CasMismatch)
+    let u = cas::update(
+        store,
+        &key(cluster),
+        Unguarded::Overwrite,
+        |bytes| bytes.and_then(Health::decode).unwrap_or_default(),
+        Health::encode,
+        |h| Change::Write(f(h)),
+    )?;
+    Ok((u.value, u.out))
 }
 
 /// A call was dispatched to `cluster`.
