@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::health::Load;
+use crate::host::cas::{self, Change, Unguarded};
 use crate::host::SharedStore;
 
 /// Shared-data key of the probe lease.
@@ -36,39 +37,45 @@ pub fn try_lease<S: SharedStore + ?Sized>(
     now_ms: u64,
     interval_ms: u64,
 ) -> bool {
-    let Ok(current) = store.get(LEASE_KEY) else {
-        return false;
-    };
-    let Some(bytes) = current.value else {
-        let unowned = Lease {
-            owner: 0,
-            expires_ms: now_ms.saturating_add(interval_ms),
-        };
-        if let Ok(b) = bincode::serialize(&unowned) {
-            // A mismatch or host error leaves the creation to the next tick.
-            let _ = store.set(LEASE_KEY, &b, None);
-        }
-        return false;
-    };
-    // Without a real token the write would be unconditional: never take it so.
-    let Some(cas) = current.cas.filter(|c| *c != 0) else {
-        return false;
-    };
-    // An unreadable lease (older format, corruption) counts as expired; the
-    // compare-and-swap still lets only one worker replace it.
-    if let Ok(lease) = bincode::deserialize::<Lease>(&bytes) {
-        if now_ms < lease.expires_ms {
-            return false;
-        }
-    }
     let mine = Lease {
         owner: worker_id,
         expires_ms: now_ms.saturating_add(interval_ms.max(1)),
     };
-    let Ok(b) = bincode::serialize(&mine) else {
-        return false;
-    };
-    store.set(LEASE_KEY, &b, Some(cas)).is_ok()
+    // Without a real token the write would be unconditional: never take the
+    // lease so (`Skip`).
+    let taken = cas::update(
+        store,
+        LEASE_KEY,
+        Unguarded::Skip,
+        |bytes| bytes.and_then(|b| bincode::deserialize::<Lease>(b).ok()),
+        |lease| lease.as_ref().and_then(|l| bincode::serialize(l).ok()),
+        |lease| {
+            // An unreadable lease (older format, corruption) counts as
+            // expired; the compare-and-swap still lets only one worker
+            // replace it.
+            if lease.is_some_and(|l| now_ms < l.expires_ms) {
+                return Change::Keep(false);
+            }
+            *lease = Some(mine);
+            Change::Write(true)
+        },
+    );
+    match taken {
+        Ok(u) if u.written => true,
+        // Free to take but no token: the lease was never created.
+        Ok(u) if u.out => {
+            let unowned = Lease {
+                owner: 0,
+                expires_ms: now_ms.saturating_add(interval_ms),
+            };
+            if let Ok(b) = bincode::serialize(&unowned) {
+                // A host error leaves the creation to the next tick.
+                let _ = cas::create_if_absent(store, LEASE_KEY, &b);
+            }
+            false
+        }
+        _ => false,
+    }
 }
 
 /// Whether a probe's answer shows a live server: any response below 500 but
