@@ -10,6 +10,7 @@
 //! [`RoutingConfig::clusters`] and reports with [`health::record_probe`].
 
 pub mod config;
+pub mod ewma;
 pub mod health;
 pub mod probe;
 pub mod rewrite;
