@@ -4,7 +4,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::rc::{Rc, Weak};
+use std::rc::Rc;
 use std::time::Duration;
 
 use llm_filter_core::cache::{CacheConfig, Store, PREPARE_MAX_SLOTS};
@@ -12,50 +12,19 @@ use llm_filter_core::config::Config;
 use llm_filter_core::host::{Metrics, Random, SplitMix64};
 use llm_filter_core::metrics::{self, BoundedLabel};
 use llm_filter_core::routing::{health, probe};
-use llm_filter_core::walk::{Call, Wake};
+use llm_filter_core::walk::Wake;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType, MapType};
 
 use crate::host::{self, now_ms, EnvoyMetrics, EnvoyStore};
-use crate::http::{with_env, Http, Stream};
+use crate::http::{Http, Stream};
+use crate::worker::{with_env, Worker};
 
 /// Distinct model names one worker turns into stat labels before using `other`.
 const MAX_MODEL_LABELS: usize = 100;
 /// Timer period: how often parked calls are looked at and probes considered.
 const TICK: Duration = Duration::from_millis(25);
-
-/// A call slot shared between its HTTP context and the timer.
-pub type CallSlot = Rc<RefCell<Option<Call>>>;
-/// A parked call: its context id and its slot (gone once the stream ends).
-type ParkedCall = (u32, Weak<RefCell<Option<Call>>>);
-
-/// What every HTTP context of this worker shares.
-pub struct Worker {
-    /// The compiled configuration.
-    pub config: Config,
-    /// Stats sink.
-    pub metrics: RefCell<EnvoyMetrics>,
-    /// Randomness, seeded once from the host.
-    pub rng: RefCell<SplitMix64>,
-    /// Bound on model label values.
-    pub models: RefCell<BoundedLabel>,
-    /// Envoy delivers request bodies to paused streams (it does not without
-    /// `allow_on_headers_stop_iteration`).
-    pub can_hold_body: Cell<bool>,
-    /// Calls waiting for the timer, by context id.
-    pub parked: RefCell<Vec<ParkedCall>>,
-}
-
-impl Worker {
-    /// Remembers a call that waits for the timer.
-    pub fn park(&self, context_id: u32, slot: &CallSlot) {
-        let mut parked = self.parked.borrow_mut();
-        if !parked.iter().any(|(id, _)| *id == context_id) {
-            parked.push((context_id, Rc::downgrade(slot)));
-        }
-    }
-}
 
 /// What a probe in flight is for.
 struct ProbeCall {
@@ -82,7 +51,7 @@ impl HttpContext for Passthrough {}
 impl Root {
     /// Wakes the parked calls whose time has come.
     fn wake_parked(&self, worker: &Worker) {
-        let parked = std::mem::take(&mut *worker.parked.borrow_mut());
+        let parked = worker.take_parked();
         let mut keep = Vec::with_capacity(parked.len());
         for (id, weak) in parked {
             let Some(slot) = weak.upgrade() else {
@@ -100,7 +69,7 @@ impl Root {
                 // The stream is gone.
                 continue;
             }
-            let wake = with_env(worker, |env, _| c.on_tick(env, &mut Stream::default()));
+            let wake = with_env(worker, |env| c.on_tick(env, &mut Stream::default()));
             if wake == Wake::ResumeWithoutBodies && worker.can_hold_body.replace(false) {
                 log::warn!(
                     "llm-filter: Envoy does not deliver request bodies to a paused stream; \
@@ -121,7 +90,7 @@ impl Root {
                 Wake::Answered => {}
             }
         }
-        worker.parked.borrow_mut().extend(keep);
+        worker.repark(keep);
     }
 
     /// Sends the active health probes when this worker holds the lease.
