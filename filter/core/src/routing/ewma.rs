@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// Largest weight of the past in an average: a new sample always moves it by
 /// at least 1/256, however dense the samples (same-millisecond samples from
 /// several workers included).
-const MAX_WEIGHT: f64 = 256.0;
+pub const MAX_WEIGHT: f64 = 256.0;
 /// Samples above this (one hour) are clamped: they can only be clock trouble.
 pub(crate) const MAX_SAMPLE_MS: f64 = 3_600_000.0;
 
