@@ -6,8 +6,9 @@
 //! [`RoutingConfig::cluster_header`] to the chosen cluster (then refreshes the
 //! route) and rewrites the body when asked; it reports every dispatched call
 //! with [`health::record_start`] and [`health::record_outcome`]; and on each
-//! tick the worker that wins [`probe::try_lease`] probes every cluster of
-//! [`RoutingConfig::clusters`] and reports with [`health::record_probe`].
+//! tick it sends the probes [`probe::Prober::due`] lists (every cluster of
+//! [`RoutingConfig::clusters`], on the one worker that wins the lease) and
+//! hands each one's end to [`probe::Prober::finish`].
 
 pub mod config;
 pub mod ewma;
