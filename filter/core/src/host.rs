@@ -4,6 +4,8 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
+pub mod cas;
+
 /// Failure of a shared-store write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreError {
@@ -21,6 +23,15 @@ pub struct Versioned {
     pub value: Option<Vec<u8>>,
     /// Token to pass to [`SharedStore::set`] for a conditional write.
     pub cas: Option<u32>,
+}
+
+impl Versioned {
+    /// The token under which a write is conditional. A key never written has
+    /// none, and Envoy writes unconditionally with a token of 0 or none; see
+    /// [`cas`] for the helpers that deal with it.
+    pub fn token(&self) -> Option<u32> {
+        self.cas.filter(|c| *c != 0)
+    }
 }
 
 /// Key/value store shared by every worker VM of a proxy (Envoy shared data).

@@ -9,8 +9,8 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, MapType};
 
-use crate::host::{self, now_ms, EnvoyStore};
-use crate::root::{CallSlot, Worker};
+use crate::host;
+use crate::worker::{with_env, CallSlot, Worker};
 
 /// One HTTP stream.
 pub struct Http {
@@ -41,29 +41,12 @@ impl Http {
         let Some(call) = slot.as_mut() else {
             return Action::Continue;
         };
-        let step = with_env(&self.worker, |env, host| f(call, env, host));
+        let step = with_env(&self.worker, |env| f(call, env, &mut Stream::default()));
         if call.is_parked() {
             self.worker.park(self.id, &self.call);
         }
         action(step)
     }
-}
-
-/// Runs `f` with the worker's environment and the stream's host.
-pub fn with_env<T>(worker: &Worker, f: impl FnOnce(&mut Env<'_>, &mut dyn Host) -> T) -> T {
-    let mut metrics = worker.metrics.borrow_mut();
-    let mut rng = worker.rng.borrow_mut();
-    let mut model_labels = worker.model_labels.borrow_mut();
-    let mut env = Env {
-        config: &worker.config,
-        store: &EnvoyStore,
-        metrics: &mut *metrics,
-        rng: &mut *rng,
-        model_labels: &mut model_labels,
-        now_ms: now_ms(),
-        can_hold_body: worker.can_hold_body.get(),
-    };
-    f(&mut env, &mut Stream::default())
 }
 
 fn action(step: Step) -> Action {
@@ -77,8 +60,8 @@ impl Context for Http {}
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
-        let started = with_env(&self.worker, |env, host| {
-            Call::start(env, host, end_of_stream)
+        let started = with_env(&self.worker, |env| {
+            Call::start(env, &mut Stream::default(), end_of_stream)
         });
         let Some((call, step)) = started else {
             return Action::Continue;
@@ -110,7 +93,7 @@ impl HttpContext for Http {
     fn on_log(&mut self) {
         let call = self.call.try_borrow_mut().ok().and_then(|mut c| c.take());
         if let Some(call) = call {
-            with_env(&self.worker, |env, _| call.on_log(env));
+            with_env(&self.worker, |env| call.on_log(env));
         }
     }
 }

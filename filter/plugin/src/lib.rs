@@ -4,6 +4,7 @@
 mod host;
 mod http;
 mod root;
+mod worker;
 
 use proxy_wasm::types::LogLevel;
 

@@ -4,73 +4,35 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::rc::{Rc, Weak};
+use std::rc::Rc;
 use std::time::Duration;
 
 use llm_filter_core::cache::{CacheConfig, Store, PREPARE_MAX_SLOTS};
 use llm_filter_core::config::Config;
 use llm_filter_core::host::{Metrics, Random, SplitMix64};
 use llm_filter_core::metrics::{self, BoundedLabel};
-use llm_filter_core::routing::{health, probe};
-use llm_filter_core::walk::{Call, Wake};
+use llm_filter_core::routing::probe::{Probe, ProbeEnd, Prober};
+use llm_filter_core::walk::Wake;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType, MapType};
 
 use crate::host::{self, now_ms, EnvoyMetrics, EnvoyStore};
-use crate::http::{with_env, Http, Stream};
+use crate::http::{Http, Stream};
+use crate::worker::{with_env, Worker};
 
 /// Distinct model names one worker turns into stat labels before using `other`.
 const MAX_MODEL_LABELS: usize = 100;
 /// Timer period: how often parked calls are looked at and probes considered.
 const TICK: Duration = Duration::from_millis(25);
 
-/// A call slot shared between its HTTP context and the timer.
-pub type CallSlot = Rc<RefCell<Option<Call>>>;
-/// A parked call: its context id and its slot (gone once the stream ends).
-type ParkedCall = (u32, Weak<RefCell<Option<Call>>>);
-
-/// What every HTTP context of this worker shares.
-pub struct Worker {
-    /// The compiled configuration.
-    pub config: Config,
-    /// Stats sink.
-    pub metrics: RefCell<EnvoyMetrics>,
-    /// Randomness, seeded once from the host.
-    pub rng: RefCell<SplitMix64>,
-    /// Bound on the values of the `model` label.
-    pub model_labels: RefCell<BoundedLabel>,
-    /// Envoy delivers request bodies to paused streams (it does not without
-    /// `allow_on_headers_stop_iteration`).
-    pub can_hold_body: Cell<bool>,
-    /// Calls waiting for the timer, by context id.
-    pub parked: RefCell<Vec<ParkedCall>>,
-}
-
-impl Worker {
-    /// Remembers a call that waits for the timer.
-    pub fn park(&self, context_id: u32, slot: &CallSlot) {
-        let mut parked = self.parked.borrow_mut();
-        if !parked.iter().any(|(id, _)| *id == context_id) {
-            parked.push((context_id, Rc::downgrade(slot)));
-        }
-    }
-}
-
-/// What a probe in flight is for.
-struct ProbeCall {
-    cluster: String,
-    metrics: bool,
-    sent_ms: u64,
-}
-
 /// The root context of one VM.
 #[derive(Default)]
 pub struct Root {
     worker: Option<Rc<Worker>>,
-    /// This worker's id in the probe lease.
-    worker_id: u64,
-    probes: HashMap<u32, ProbeCall>,
+    prober: Prober,
+    /// Probes in flight, by callout token.
+    probes: HashMap<u32, Probe>,
 }
 
 /// An HTTP context that does nothing.
@@ -82,7 +44,7 @@ impl HttpContext for Passthrough {}
 impl Root {
     /// Wakes the parked calls whose time has come.
     fn wake_parked(&self, worker: &Worker) {
-        let parked = std::mem::take(&mut *worker.parked.borrow_mut());
+        let parked = worker.take_parked();
         let mut keep = Vec::with_capacity(parked.len());
         for (id, weak) in parked {
             let Some(slot) = weak.upgrade() else {
@@ -100,7 +62,7 @@ impl Root {
                 // The stream is gone.
                 continue;
             }
-            let wake = with_env(worker, |env, _| c.on_tick(env, &mut Stream::default()));
+            let wake = with_env(worker, |env| c.on_tick(env, &mut Stream::default()));
             if wake == Wake::ResumeWithoutBodies && worker.can_hold_body.replace(false) {
                 log::warn!(
                     "llm-filter: Envoy does not deliver request bodies to a paused stream; \
@@ -121,85 +83,38 @@ impl Root {
                 Wake::Answered => {}
             }
         }
-        worker.parked.borrow_mut().extend(keep);
+        worker.repark(keep);
     }
 
-    /// Sends the active health probes when this worker holds the lease.
+    /// Sends the probes that are due; what their ends mean is the prober's.
     fn probe(&mut self, worker: &Worker) {
         let cfg = &worker.config.routing;
-        if cfg.clusters.is_empty() {
-            return;
-        }
-        let now = now_ms();
-        if !probe::try_lease(&EnvoyStore, self.worker_id, now, cfg.probe_interval_ms) {
-            return;
-        }
-        let timeout = Duration::from_millis(cfg.probe_timeout_ms);
-        for target in &cfg.clusters {
-            let authority = target.authority.as_deref().unwrap_or(&target.cluster);
-            let paths = std::iter::once((target.health_path.as_str(), false))
-                .chain(target.metrics_path.as_deref().map(|p| (p, true)));
-            for (path, is_metrics) in paths {
-                let headers = vec![
-                    (":method", "GET"),
-                    (":path", path),
-                    (":authority", authority),
-                ];
-                match hostcalls::dispatch_http_call(&target.cluster, headers, None, vec![], timeout)
-                {
-                    Ok(token) => {
-                        self.probes.insert(
-                            token,
-                            ProbeCall {
-                                cluster: target.cluster.clone(),
-                                metrics: is_metrics,
-                                sent_ms: now,
-                            },
-                        );
-                    }
-                    Err(_) if !is_metrics => {
-                        // Envoy knows no such cluster: traffic there would fail too.
-                        self.probe_result(worker, &target.cluster, None, now, None);
-                    }
-                    Err(_) => {}
+        for probe in self.prober.due(cfg, &EnvoyStore, now_ms()) {
+            let headers = probe
+                .headers
+                .iter()
+                .map(|(k, v)| (*k, v.as_str()))
+                .collect();
+            let timeout = Duration::from_millis(probe.timeout_ms);
+            match hostcalls::dispatch_http_call(
+                &probe.cluster,
+                headers,
+                probe.body.as_deref(),
+                vec![],
+                timeout,
+            ) {
+                Ok(token) => {
+                    self.probes.insert(token, probe);
                 }
+                Err(_) => self.prober.finish(
+                    cfg,
+                    &EnvoyStore,
+                    &mut *worker.metrics.borrow_mut(),
+                    &probe,
+                    ProbeEnd::NotSent,
+                    now_ms(),
+                ),
             }
-        }
-    }
-
-    fn probe_result(
-        &self,
-        worker: &Worker,
-        cluster: &str,
-        status: Option<u16>,
-        sent_ms: u64,
-        _body: Option<&[u8]>,
-    ) {
-        let now = now_ms();
-        let ok = probe::probe_ok(status);
-        let recorded = health::record_probe(
-            &EnvoyStore,
-            &worker.config.routing,
-            cluster,
-            ok,
-            now.saturating_sub(sent_ms),
-            None,
-            now,
-        );
-        let mut m = worker.metrics.borrow_mut();
-        let result = if ok { "ok" } else { "fail" };
-        m.counter(
-            &metrics::name(
-                metrics::ROUTING_PROBES,
-                &[("cluster", cluster), ("result", result)],
-            ),
-            1,
-        );
-        if recorded.is_ok_and(|r| r.ejected) {
-            m.counter(
-                &metrics::name(metrics::ROUTING_EJECTIONS, &[("cluster", cluster)]),
-                1,
-            );
         }
     }
 }
@@ -235,7 +150,7 @@ fn prepare_cache(cfg: &CacheConfig, metrics: &mut EnvoyMetrics) {
 
 impl Context for Root {
     fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
-        let Some(call) = self.probes.remove(&token) else {
+        let Some(probe) = self.probes.remove(&token) else {
             return;
         };
         let Some(worker) = self.worker.clone() else {
@@ -243,17 +158,29 @@ impl Context for Root {
         };
         let status = host::header(MapType::HttpCallResponseHeaders, ":status")
             .and_then(|s| s.parse::<u16>().ok());
-        if call.metrics {
-            let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
+        let body = if probe.kind.reads_body() {
+            hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
                 .ok()
                 .flatten()
-                .unwrap_or_default();
-            if let Some(load) = probe::parse_load(&body) {
-                let _ = health::record_load(&EnvoyStore, &call.cluster, load, now_ms());
-            }
-            return;
-        }
-        self.probe_result(&worker, &call.cluster, status, call.sent_ms, None);
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let end = match status {
+            Some(status) => ProbeEnd::Answered {
+                status,
+                body: &body,
+            },
+            None => ProbeEnd::NoAnswer,
+        };
+        self.prober.finish(
+            &worker.config.routing,
+            &EnvoyStore,
+            &mut *worker.metrics.borrow_mut(),
+            &probe,
+            end,
+            now_ms(),
+        );
     }
 }
 
@@ -282,7 +209,7 @@ impl RootContext for Root {
         let mut metrics = EnvoyMetrics::default();
         prepare_cache(&config.cache, &mut metrics);
         let mut rng = SplitMix64::new(host::entropy());
-        self.worker_id = rng.next_u64().max(1);
+        self.prober = Prober::new(rng.next_u64().max(1));
         self.worker = Some(Rc::new(Worker {
             config,
             metrics: RefCell::new(metrics),

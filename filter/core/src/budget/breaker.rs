@@ -7,16 +7,13 @@ use sha2::{Digest, Sha256};
 
 use super::config::{BudgetConfig, BUCKETS};
 use super::Reason;
+use crate::host::cas::{self, Change, Unguarded};
 use crate::host::{SharedStore, StoreError};
 use crate::priority::Priority;
 
 /// Prefix of the shared-data key of a backend's window; the rest is the
 /// cluster (or route) name. The version moves when the encoding changes.
 pub const KEY_PREFIX: &str = "llm_filter.budget.v1.breaker.";
-
-/// Compare-and-swap attempts of one update before it is given up (and the
-/// sample dropped): contention between workers is brief, a lost sample cheap.
-pub const CAS_ATTEMPTS: usize = 8;
 
 /// Names longer than this are hashed into the key, which keeps keys bounded.
 const MAX_NAME_LEN: usize = 128;
@@ -348,8 +345,10 @@ pub fn load(
 }
 
 /// Adds a completed call to the window of `name` with compare-and-swap,
-/// retried up to [`CAS_ATTEMPTS`] times; returns the window as written, for
-/// the tier gauge. On error the sample is lost and the caller goes on.
+/// retried up to [`cas::ATTEMPTS`] times; returns the window as written, for
+/// the tier gauge. On error the sample is lost and the caller goes on. A
+/// missing window is created unconditionally: two workers creating it at once
+/// lose one sample.
 pub fn record(
     store: &dyn SharedStore,
     name: &str,
@@ -357,21 +356,18 @@ pub fn record(
     sample: Sample,
     cfg: &BudgetConfig,
 ) -> Result<BreakerState, StoreError> {
-    let k = key(name);
-    for _ in 0..CAS_ATTEMPTS {
-        let v = store.get(&k)?;
-        let mut state = v
-            .value
-            .map(|bytes| BreakerState::decode(&bytes, cfg))
-            .unwrap_or_else(|| BreakerState::new(cfg));
-        state.record(now_ms, sample);
-        match store.set(&k, &state.encode()?, v.cas) {
-            Ok(()) => return Ok(state),
-            Err(StoreError::CasMismatch) => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(StoreError::CasMismatch)
+    let u = cas::update(
+        store,
+        &key(name),
+        Unguarded::Overwrite,
+        |bytes| bytes.map_or_else(|| BreakerState::new(cfg), |b| BreakerState::decode(b, cfg)),
+        |state| state.encode().ok(),
+        |state| {
+            state.record(now_ms, sample);
+            Change::Write(())
+        },
+    )?;
+    Ok(u.value)
 }
 
 #[cfg(test)]
@@ -741,10 +737,10 @@ mod tests {
             conflicts: Cell::new(conflicts),
             host_error,
         };
-        let s = store(CAS_ATTEMPTS - 1, false);
+        let s = store(cas::ATTEMPTS - 1, false);
         assert_eq!(record(&s, "a", 0, FAIL, &c).unwrap().window(0).calls, 1);
         assert_eq!(load(&s, "a", &c).unwrap().window(0).calls, 1);
-        let s = store(CAS_ATTEMPTS, false);
+        let s = store(cas::ATTEMPTS, false);
         assert_eq!(record(&s, "a", 0, FAIL, &c), Err(StoreError::CasMismatch));
         let s = store(0, true);
         assert_eq!(record(&s, "a", 0, FAIL, &c), Err(StoreError::Host));

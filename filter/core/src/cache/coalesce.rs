@@ -13,12 +13,11 @@ use serde::{Deserialize, Serialize};
 use super::entry::{self, Entry};
 use super::store::{marker_key, Lookup, Store};
 use super::Key;
-use crate::host::{SharedStore, StoreError};
+use crate::host::cas::{self, Change, Unguarded};
+use crate::host::SharedStore;
 
 /// Version of the marker encoding.
 const FORMAT: u32 = 1;
-/// Compare-and-swap attempts on a marker before giving up.
-const CAS_ATTEMPTS: usize = 4;
 
 /// The outcome of [`claim`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,6 +84,16 @@ impl Marker {
         let m: Self = entry::options().deserialize(bytes).ok()?;
         (m.format == FORMAT).then_some(m)
     }
+
+    /// A marker slot as read: `None` when there is no marker.
+    fn read(bytes: Option<&[u8]>) -> Option<Self> {
+        bytes.and_then(Self::decode)
+    }
+
+    /// A marker slot as written: empty once cleared.
+    fn write(slot: &Option<Self>) -> Option<Vec<u8>> {
+        Some(slot.as_ref().map(Self::encode).unwrap_or_default())
+    }
 }
 
 /// Claims the lead on `key` at `now_ms`, or joins the call already in flight.
@@ -107,76 +116,57 @@ pub fn claim<S: SharedStore + ?Sized>(
         key: *key,
         deadline_ms,
         token,
-    }
-    .encode();
-    for _ in 0..CAS_ATTEMPTS {
-        let Ok(v) = shared.get(&name) else {
-            return Claim::Unavailable;
-        };
-        if let Some(m) = v.value.as_deref().and_then(Marker::decode) {
-            if m.deadline_ms > now_ms {
+    };
+    // A missing marker key is written unconditionally by Envoy: read back to
+    // see whether another claimant overwrote us.
+    let claimed = cas::update(
+        shared,
+        &name,
+        Unguarded::Verify,
+        Marker::read,
+        Marker::write,
+        |marker| {
+            if let Some(m) = marker.as_ref().filter(|m| m.deadline_ms > now_ms) {
                 if m.key == *key && m.token != token {
-                    return Claim::Follower {
+                    return Change::Keep(Claim::Follower {
                         deadline_ms: m.deadline_ms.min(deadline_ms),
-                    };
+                    });
                 }
                 if m.key != *key {
-                    return Claim::Unavailable;
+                    return Change::Keep(Claim::Unavailable);
                 }
             }
-            // Expired (its leader died or overran): free to take.
-        }
-        match shared.set(&name, &mine, v.cas) {
-            Ok(()) if v.cas.is_some() => {
-                return Claim::Leader(Lease {
-                    key: *key,
-                    slot,
-                    token,
-                })
-            }
-            Ok(()) => {
-                // The marker key did not exist, so Envoy wrote without checking:
-                // read back to see whether another claimant overwrote us.
-                match shared.get(&name) {
-                    Ok(back) if back.value.as_deref() == Some(mine.as_slice()) => {
-                        return Claim::Leader(Lease {
-                            key: *key,
-                            slot,
-                            token,
-                        })
-                    }
-                    Ok(_) => continue,
-                    Err(_) => return Claim::Unavailable,
-                }
-            }
-            Err(StoreError::CasMismatch) => continue,
-            Err(StoreError::Host) => return Claim::Unavailable,
-        }
-    }
-    Claim::Unavailable
+            // None, or expired (its leader died or overran): free to take.
+            *marker = Some(mine.clone());
+            Change::Write(Claim::Leader(Lease {
+                key: *key,
+                slot,
+                token,
+            }))
+        },
+    );
+    claimed.map_or(Claim::Unavailable, |c| c.out)
 }
 
 /// Ends a lead, after the entry was stored or when the call failed; followers
 /// then find the entry or go upstream. Idempotent, and a marker another leader
 /// took over is left alone. Returns true when this call cleared the marker.
 pub fn release<S: SharedStore + ?Sized>(store: &Store<'_, S>, lease: &Lease) -> bool {
-    let shared = store.shared();
-    let name = marker_key(lease.slot);
-    for _ in 0..CAS_ATTEMPTS {
-        let Ok(v) = shared.get(&name) else {
-            return false;
-        };
-        match v.value.as_deref().and_then(Marker::decode) {
-            Some(m) if m.key == lease.key && m.token == lease.token => {}
-            _ => return false,
-        }
-        match shared.set(&name, b"", v.cas) {
-            Ok(()) => return true,
-            Err(StoreError::CasMismatch) => continue,
-            Err(StoreError::Host) => return false,
-        }
-    }
-    false
+    let released = cas::update(
+        store.shared(),
+        &marker_key(lease.slot),
+        Unguarded::Overwrite,
+        Marker::read,
+        Marker::write,
+        |marker| match marker {
+            Some(m) if m.key == lease.key && m.token == lease.token => {
+                *marker = None;
+                Change::Write(())
+            }
+            _ => Change::Keep(()),
+        },
+    );
+    released.is_ok_and(|r| r.written)
 }
 
 /// A follower's check at `now_ms`, `deadline_ms` being the one [`claim`]
@@ -214,7 +204,7 @@ mod tests {
     use crate::cache::config::{CacheConfig, Stamp};
     use crate::cache::tests::HookStore;
     use crate::classify::Endpoint;
-    use crate::host::MemoryStore;
+    use crate::host::{MemoryStore, StoreError};
 
     const WAIT: u64 = 1_000;
 

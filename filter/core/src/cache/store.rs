@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::config::CacheConfig;
 use super::entry::{self, Entry, EntryHead};
 use super::Key;
+use crate::host::cas::{self, Change, Unguarded};
 use crate::host::{Metrics, SharedStore, StoreError, Versioned};
 use crate::metrics;
 
@@ -30,12 +31,6 @@ pub const STATS_KEY: &str = "llm_filter.cache.v1.stats";
 /// that may never fill; such tables create their keys as they fill, at the
 /// cost of a rare over-count in the totals (never a wrong answer).
 pub const PREPARE_MAX_SLOTS: u32 = 131_072;
-
-/// Compare-and-swap attempts before an insert gives up: contention on one slot
-/// means others are writing the same answers, so losing costs nothing.
-const CAS_ATTEMPTS: usize = 4;
-/// The totals are one hot key that every insert updates: more patience.
-const STATS_ATTEMPTS: usize = 16;
 
 /// The shared-data key of slot `i`.
 pub fn slot_key(i: u32) -> String {
@@ -212,9 +207,7 @@ impl<'a, S: SharedStore + ?Sized> Store<'a, S> {
     pub fn prepare(&self) -> Result<u32, StoreError> {
         let mut created = 0u32;
         let mut ensure = |key: &str, empty: &[u8]| -> Result<(), StoreError> {
-            let v = self.shared.get(key)?;
-            if v.value.is_none() && v.cas.is_none() {
-                self.shared.set(key, empty, None)?;
+            if cas::create_if_absent(self.shared, key, empty)? {
                 created = created.saturating_add(1);
             }
             Ok(())
@@ -265,13 +258,16 @@ impl<'a, S: SharedStore + ?Sized> Store<'a, S> {
         if value.len() > self.max_bytes as usize {
             return Err(InsertError::TooLarge);
         }
-        for _ in 0..CAS_ATTEMPTS {
+        // Contention on one slot means others are writing the same answers,
+        // so losing the race costs nothing. A never-used slot is written
+        // unconditionally (see [`Store::prepare`]).
+        let written = cas::retry(|| {
             let mut best: Option<(u8, u64, u32, Versioned, Occupant)> = None;
             for slot in self.distinct_candidates(key) {
                 let v = self
                     .shared
                     .get(&slot_key(slot))
-                    .map_err(|_| InsertError::Host)?;
+                    .map_err(|_| StoreError::Host)?;
                 let occupant = occupant(key, v.value.as_deref());
                 let (rank, expires) = self.rank(occupant, now_ms);
                 if best.as_ref().is_none_or(|b| (rank, expires) < (b.0, b.1)) {
@@ -279,36 +275,40 @@ impl<'a, S: SharedStore + ?Sized> Store<'a, S> {
                 }
             }
             let Some((_, _, slot, v, occupant)) = best else {
-                return Err(InsertError::Host);
+                return Err(StoreError::Host);
             };
-            match self.shared.set(&slot_key(slot), &value, v.cas) {
-                Ok(()) => {
-                    let old_len = v.value.as_ref().map_or(0, Vec::len);
-                    let entries_delta = i64::from(matches!(occupant, Occupant::Empty));
-                    let bytes_delta = (value.len() as i64).saturating_sub(old_len as i64);
-                    let replaced = match occupant {
-                        Occupant::Empty => Replaced::Empty,
-                        Occupant::Same => Replaced::SameKey,
-                        Occupant::Corrupt => Replaced::Corrupt,
-                        Occupant::Other { expires_at_ms } if now_ms < expires_at_ms => {
-                            Replaced::Evicted
-                        }
-                        Occupant::Other { .. } => Replaced::Expired,
-                    };
-                    let totals = self.add_totals(entries_delta, bytes_delta);
-                    return Ok(Inserted {
-                        slot,
-                        replaced,
-                        entries_delta,
-                        bytes_delta,
-                        totals,
-                    });
-                }
-                Err(StoreError::CasMismatch) => continue,
-                Err(StoreError::Host) => return Err(InsertError::Host),
-            }
-        }
-        Err(InsertError::Contended)
+            cas::write(
+                self.shared,
+                &slot_key(slot),
+                &v,
+                &value,
+                Unguarded::Overwrite,
+            )?;
+            Ok((slot, v, occupant))
+        });
+        let (slot, v, occupant) = match written {
+            Ok(w) => w,
+            Err(StoreError::CasMismatch) => return Err(InsertError::Contended),
+            Err(StoreError::Host) => return Err(InsertError::Host),
+        };
+        let old_len = v.value.as_ref().map_or(0, Vec::len);
+        let entries_delta = i64::from(matches!(occupant, Occupant::Empty));
+        let bytes_delta = (value.len() as i64).saturating_sub(old_len as i64);
+        let replaced = match occupant {
+            Occupant::Empty => Replaced::Empty,
+            Occupant::Same => Replaced::SameKey,
+            Occupant::Corrupt => Replaced::Corrupt,
+            Occupant::Other { expires_at_ms } if now_ms < expires_at_ms => Replaced::Evicted,
+            Occupant::Other { .. } => Replaced::Expired,
+        };
+        let totals = self.add_totals(entries_delta, bytes_delta);
+        Ok(Inserted {
+            slot,
+            replaced,
+            entries_delta,
+            bytes_delta,
+            totals,
+        })
     }
 
     /// The cache's totals as last recorded, `None` when never recorded or
@@ -318,25 +318,23 @@ impl<'a, S: SharedStore + ?Sized> Store<'a, S> {
         decode_totals(v.value.as_deref()?)
     }
 
+    /// Moves the totals, one hot key that every insert updates; a missing one
+    /// starts at zero, created unconditionally. `None` when the update was
+    /// given up.
     fn add_totals(&self, entries: i64, bytes: i64) -> Option<Totals> {
-        for _ in 0..STATS_ATTEMPTS {
-            let v = self.shared.get(STATS_KEY).ok()?;
-            let old = v
-                .value
-                .as_deref()
-                .and_then(decode_totals)
-                .unwrap_or_default();
-            let new = Totals {
-                entries: old.entries.saturating_add_signed(entries),
-                bytes: old.bytes.saturating_add_signed(bytes),
-            };
-            match self.shared.set(STATS_KEY, &encode_totals(new), v.cas) {
-                Ok(()) => return Some(new),
-                Err(StoreError::CasMismatch) => continue,
-                Err(StoreError::Host) => return None,
-            }
-        }
-        None
+        let u = cas::update(
+            self.shared,
+            STATS_KEY,
+            Unguarded::Overwrite,
+            |b| b.and_then(decode_totals).unwrap_or_default(),
+            |t| Some(encode_totals(*t)),
+            |t| {
+                t.entries = t.entries.saturating_add_signed(entries);
+                t.bytes = t.bytes.saturating_add_signed(bytes);
+                Change::Write(())
+            },
+        );
+        u.ok().map(|u| u.value)
     }
 
     /// Lower ranks are replaced first; the expiry breaks ties.
@@ -589,7 +587,7 @@ mod tests {
         assert!(matches!(s.lookup(&key(2), 0), Lookup::Hit { .. }));
         // Always losing: bounded attempts, then give up.
         let base = shared.calls();
-        for i in 0..CAS_ATTEMPTS {
+        for i in 0..cas::ATTEMPTS {
             shared.before_call(base + 2 * i + 1, |m| {
                 let v = m.get(&slot_key(0)).unwrap();
                 m.set(&slot_key(0), b"busy", v.cas).unwrap();

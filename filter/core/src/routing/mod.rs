@@ -6,10 +6,12 @@
 //! [`RoutingConfig::cluster_header`] to the chosen cluster (then refreshes the
 //! route) and rewrites the body when asked; it reports every dispatched call
 //! with [`learn::started`] and its end with [`learn::ended`]; and on each
-//! tick the worker that wins [`probe::try_lease`] probes every cluster of
-//! [`RoutingConfig::clusters`] and reports with [`health::record_probe`].
+//! tick it sends the probes [`probe::Prober::due`] lists (every cluster of
+//! [`RoutingConfig::clusters`], on the one worker that wins the lease) and
+//! hands each one's end to [`probe::Prober::finish`].
 
 pub mod config;
+pub mod ewma;
 pub mod health;
 pub mod learn;
 pub mod probe;
