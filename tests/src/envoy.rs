@@ -98,7 +98,7 @@ pub fn wasm_path() -> PathBuf {
         .unwrap_or_else(|| workspace_root().join("target/wasm32-wasip1/release/llm_filter.wasm"))
 }
 
-/// Whether the Envoy binary exists; tests skip (with a message) when it does not.
+/// Whether the Envoy binary exists (see [`crate::skip_without_envoy`]).
 pub fn envoy_available() -> bool {
     envoy_bin().is_file()
 }

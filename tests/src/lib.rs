@@ -21,18 +21,54 @@ pub use envoy::{
 };
 pub use mock::{MockConfig, MockUpstream, RecordedRequest, Script};
 
-/// Prints why a test is skipped when the Envoy binary is missing; returns whether to skip.
-/// A missing filter module is not a reason to skip: starting Envoy with the filter
-/// then fails with a message saying to build it.
+/// Whether a test that runs the real Envoy skips; every such test starts with it.
+///
+/// Under CI (see [`running_in_ci`]) nothing skips: a missing Envoy binary or filter
+/// module fails the test, naming what is missing, so a broken install can never
+/// pass as a green run. Elsewhere a missing Envoy skips the test with the reason
+/// printed; a missing filter module fails where Envoy is started with it.
 pub fn skip_without_envoy(test: &str) -> bool {
-    if envoy_available() {
+    let mut missing = Vec::new();
+    if !envoy_available() {
+        missing.push(format!(
+            "envoy binary at {} (set ENVOY_BIN)",
+            envoy_bin().display()
+        ));
+    }
+    if running_in_ci() {
+        if !wasm_available() {
+            missing.push(format!(
+                "filter module at {} (set LLM_FILTER_WASM)",
+                wasm_path().display()
+            ));
+        }
+        assert!(
+            missing.is_empty(),
+            "{test}: missing {} under CI; `make build envoy` or `make test` installs it",
+            missing.join(" and ")
+        );
         return false;
     }
-    eprintln!(
-        "SKIP {test}: envoy binary not found at {} (set ENVOY_BIN)",
-        envoy_bin().display()
-    );
-    true
+    match missing.first() {
+        None => false,
+        Some(reason) => {
+            eprintln!("SKIP {test}: no {reason}; `make build envoy` installs it");
+            true
+        }
+    }
+}
+
+/// Whether the tests run under CI: `CI` is set to anything but empty, `false` or `0`.
+pub fn running_in_ci() -> bool {
+    ci_flag(std::env::var("CI").ok().as_deref())
+}
+
+/// Reads the value of `CI` as CI systems set it (`true`, `1`, a system's name).
+fn ci_flag(value: Option<&str>) -> bool {
+    match value.map(str::trim) {
+        None | Some("" | "0") => false,
+        Some(value) => !value.eq_ignore_ascii_case("false"),
+    }
 }
 
 /// An HTTP client for tests: no proxy from the environment, 30 s timeout.
@@ -395,6 +431,22 @@ mod tests {
         assert!(parser.push(&text[..7], at).is_empty());
         let events = parser.push(&text[7..], at);
         assert_eq!(events[0].data, "é");
+    }
+
+    #[test]
+    fn ci_is_any_value_but_empty_false_or_zero() {
+        for (value, ci) in [
+            (None, false),
+            (Some(""), false),
+            (Some("0"), false),
+            (Some("false"), false),
+            (Some("False"), false),
+            (Some("true"), true),
+            (Some("1"), true),
+            (Some("woodpecker"), true),
+        ] {
+            assert_eq!(ci_flag(value), ci, "{value:?}");
+        }
     }
 
     #[test]

@@ -2,11 +2,9 @@
 //! many keys come, and expired entries answering upstream failures only within
 //! `stale_if_error_s`.
 
-mod cache_support;
-
 use std::time::Duration;
 
-use cache_support::{cacheable, cacheable_stream, eventually, message, x_cache, Rig, CHAT};
+use crate::cache_support::{cacheable, cacheable_stream, eventually, message, x_cache, Rig, CHAT};
 use llm_filter_e2e::stream_sse;
 use serde_json::json;
 

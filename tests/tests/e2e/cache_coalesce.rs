@@ -2,11 +2,9 @@
 //! the others, on any worker, wait for its entry instead of paying for the same
 //! answer; when it fails or the wait runs out they go upstream themselves.
 
-mod cache_support;
-
 use std::time::Duration;
 
-use cache_support::{cacheable, x_cache, Rig};
+use crate::cache_support::{cacheable, upstream_saw, x_cache, Rig, CHAT};
 use llm_filter_e2e::HttpResponse;
 use serde_json::{json, Value};
 
@@ -14,7 +12,7 @@ use serde_json::{json, Value};
 fn launch(rig: &Rig, body: &Value, n: usize) -> Vec<tokio::task::JoinHandle<HttpResponse>> {
     (0..n)
         .map(|_| {
-            let url = rig.url(cache_support::CHAT);
+            let url = rig.url(CHAT);
             let body = body.clone();
             tokio::spawn(async move {
                 llm_filter_e2e::post_json(&url, &body, &[])
@@ -32,7 +30,7 @@ async fn concurrent_twins_share_one_upstream_call() {
     };
     let body = cacheable("Twins ask the same slow question.");
     // The first call is slow upstream; the twins arrive while it is in flight.
-    let url = rig.url(cache_support::CHAT);
+    let url = rig.url(CHAT);
     let leader_body = body.clone();
     let leader = tokio::spawn(async move {
         llm_filter_e2e::post_json(&url, &leader_body, &[("x-mock-delay-ms", "2000")])
@@ -40,7 +38,7 @@ async fn concurrent_twins_share_one_upstream_call() {
             .unwrap()
     });
     assert!(
-        cache_support::upstream_saw(&rig.mock, 1, Duration::from_secs(10)).await,
+        upstream_saw(&rig.mock, 1, Duration::from_secs(10)).await,
         "the first call reached the upstream"
     );
     let twins = launch(&rig, &body, 4);
@@ -76,7 +74,7 @@ async fn a_twin_whose_leader_fails_goes_upstream_itself() {
         return;
     };
     let body = cacheable("The first attempt fails.");
-    let url = rig.url(cache_support::CHAT);
+    let url = rig.url(CHAT);
     let leader_body = body.clone();
     let leader = tokio::spawn(async move {
         llm_filter_e2e::post_json(
@@ -87,7 +85,7 @@ async fn a_twin_whose_leader_fails_goes_upstream_itself() {
         .await
         .unwrap()
     });
-    assert!(cache_support::upstream_saw(&rig.mock, 1, Duration::from_secs(10)).await);
+    assert!(upstream_saw(&rig.mock, 1, Duration::from_secs(10)).await);
     let twin = launch(&rig, &body, 1).pop().unwrap();
     let leader = leader.await.unwrap();
     assert_eq!((leader.status, x_cache(&leader)), (500, "MISS"));
@@ -111,14 +109,14 @@ async fn no_twin_waits_longer_than_coalesce_wait_ms() {
         return;
     };
     let body = cacheable("A very slow leader.");
-    let url = rig.url(cache_support::CHAT);
+    let url = rig.url(CHAT);
     let leader_body = body.clone();
     let leader = tokio::spawn(async move {
         llm_filter_e2e::post_json(&url, &leader_body, &[("x-mock-delay-ms", "5000")])
             .await
             .unwrap()
     });
-    assert!(cache_support::upstream_saw(&rig.mock, 1, Duration::from_secs(10)).await);
+    assert!(upstream_saw(&rig.mock, 1, Duration::from_secs(10)).await);
     let twin = launch(&rig, &body, 1).pop().unwrap().await.unwrap();
     assert_eq!((twin.status, x_cache(&twin)), (200, "MISS"));
     assert!(

@@ -3,11 +3,9 @@
 //! parameter that changes the answer, in JSON or SSE whichever way the entry was
 //! filled; everything else passes through untouched and says `BYPASS`.
 
-mod cache_support;
-
 use std::time::Duration;
 
-use cache_support::{cacheable, cacheable_stream, message, x_cache, Rig, CHAT};
+use crate::cache_support::{cacheable, cacheable_stream, message, x_cache, Rig, CHAT};
 use llm_filter_e2e::{post_json, post_raw, stream_sse};
 use serde_json::{json, Value};
 

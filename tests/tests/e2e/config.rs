@@ -1,6 +1,8 @@
 //! Loading the plugin configuration in the real Envoy: `{}` and every documented
 //! field load; an unknown field or an invalid value makes Envoy refuse the
-//! configuration, with a log line naming the field and the bad value.
+//! configuration, with a log line naming the field and the bad value. Which
+//! values are refused is the core's unit tests' job; these prove the refusal
+//! reaches Envoy.
 
 use llm_filter_e2e::{
     chat_body, post_json, skip_without_envoy, unique, EnvoyBuilder, MockConfig, MockUpstream,
@@ -77,13 +79,11 @@ fn invalid_configs_are_refused_naming_field_and_value() {
         return;
     }
     // (configuration, field, bad value) — both must be named in Envoy's log.
+    // The refusal table itself is unit-tested in the core
+    // (`config::tests::errors_name_the_field_and_value`); here one unknown field
+    // and one bad value prove Envoy refuses what the core refuses, plus what the
+    // core's table does not list.
     let cases = [
-        (r#"{"no_such_field": 1}"#, "no_such_field", "no_such_field"),
-        (
-            r#"{"priority": {"defualt": "P1"}}"#,
-            "priority.defualt",
-            "defualt",
-        ),
         (
             r#"{"tracing": {"mode": "off", "sampler": 1}}"#,
             "tracing.sampler",
@@ -94,30 +94,7 @@ fn invalid_configs_are_refused_naming_field_and_value() {
             "priority.default",
             "P7",
         ),
-        (
-            r#"{"priority": {"default": ""}}"#,
-            "priority.default",
-            "\"\"",
-        ),
-        (
-            r#"{"priority": {"trust_client": "yes"}}"#,
-            "priority.trust_client",
-            "yes",
-        ),
-        (
-            r#"{"tracing": {"mode": "sometimes"}}"#,
-            "tracing.mode",
-            "sometimes",
-        ),
         (r#"{"tracing": {"mode": "OFF"}}"#, "tracing.mode", "OFF"),
-        (r#"{"llm_paths": ["v1/chat"]}"#, "llm_paths", "v1/chat"),
-        (
-            r#"{"llm_paths": "/v1/chat/completions"}"#,
-            "llm_paths",
-            "/v1/chat/completions",
-        ),
-        (r#"["priority"]"#, "", "object"),
-        (r#"{"priority": "#, "", "EOF"),
     ];
     for (config, field, value) in cases {
         let error = match EnvoyBuilder::new()

@@ -1,8 +1,6 @@
 //! What the cache scenarios share: an Envoy with the filter in front of a mock,
 //! deterministic (cacheable) request bodies, and reads of the cache's stats.
 
-#![allow(dead_code)]
-
 use std::time::{Duration, Instant};
 
 use llm_filter_e2e::{

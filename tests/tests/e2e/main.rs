@@ -1,0 +1,22 @@
+//! The end-to-end scenarios of llm-filter: the real Envoy with the built filter in
+//! front of mock upstreams. One test binary, so tokio, hyper and reqwest are
+//! linked once; one module per area of the request walk, which names each test
+//! (`cache_coalesce::concurrent_twins_share_one_upstream_call`).
+
+mod baggage;
+mod budget;
+mod budget_breaker;
+mod cache;
+mod cache_bounds;
+mod cache_coalesce;
+mod cache_support;
+mod concurrency;
+mod config;
+mod deploy_configs;
+mod harness;
+mod metrics;
+mod passthrough;
+mod priority;
+mod routing;
+mod streaming;
+mod trace_context;
