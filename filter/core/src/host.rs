@@ -133,7 +133,7 @@ impl Random for SplitMix64 {
     }
 }
 
-/// Stat sink. Names come fully encoded from [`crate::metrics`].
+/// Stat sink. Names come fully encoded by the `metrics` module.
 pub trait Metrics {
     /// Adds to a counter.
     fn counter(&mut self, name: &str, delta: u64);

@@ -1,12 +1,13 @@
 //! The budget's decision at the start of a call: may it go upstream under its
 //! breaker, and with which Envoy timeouts and retries.
 
+use super::breaker::Reason;
 use super::breaker::{self, BreakerState};
 use super::plan::{self, Exhausted, PlanInput};
 use super::reply::{self, LocalReply, ReplyKind};
-use super::{count_admit, count_exhausted, count_plan, Admit, BudgetConfig, Tier};
+use super::{Admit, BudgetConfig, Plan, Tier};
 use crate::host::{Metrics, Random, SharedStore};
-use crate::metrics::internal_error;
+use crate::metrics::{self, internal_error, name};
 use crate::priority::Priority;
 
 /// Breaker name of calls that routing did not place on a cluster.
@@ -96,4 +97,116 @@ pub fn breaker_sheds(
 ) -> bool {
     cfg.enabled
         && breaker::load(store, cluster, cfg).is_ok_and(|s| s.tier(now_ms, cfg) != Tier::Pass)
+}
+
+/// Counts a breaker refusal by `priority` and `reason`; a pass counts nothing.
+fn count_admit(m: &mut dyn Metrics, admit: &Admit, priority: Priority) {
+    let (metric, reason) = match admit {
+        Admit::Pass => return,
+        Admit::Shed { reason } => (metrics::BUDGET_SHED, reason),
+        Admit::Reject { reason } => (metrics::BUDGET_REJECTED, reason),
+    };
+    m.counter(
+        &name(
+            metric,
+            &[("priority", priority.as_str()), ("reason", reason.as_str())],
+        ),
+        1,
+    );
+}
+
+/// Counts a call refused because its budget was spent before forwarding.
+fn count_exhausted(m: &mut dyn Metrics, priority: Priority) {
+    m.counter(
+        &name(
+            metrics::BUDGET_REJECTED,
+            &[
+                ("priority", priority.as_str()),
+                ("reason", Reason::BudgetExhausted.as_str()),
+            ],
+        ),
+        1,
+    );
+}
+
+/// Records the retries a plan allows (and a plan denied retries by the retry
+/// budget), by `cluster` (a bounded label value).
+fn count_plan(m: &mut dyn Metrics, cluster: &str, plan: &Plan) {
+    if plan.max_retries > 0 {
+        m.counter(
+            &name(metrics::BUDGET_RETRIES_PLANNED, &[("cluster", cluster)]),
+            u64::from(plan.max_retries),
+        );
+    }
+    if plan.retry_budget_spent {
+        m.counter(
+            &name(metrics::BUDGET_RETRY_BUDGET_SPENT, &[("cluster", cluster)]),
+            1,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::MemoryMetrics;
+
+    #[test]
+    fn refusals_and_plans_are_counted_with_labels() {
+        let mut m = MemoryMetrics::default();
+        count_admit(&mut m, &Admit::Pass, Priority::P2);
+        assert!(m.counters.is_empty());
+        count_admit(
+            &mut m,
+            &Admit::Shed {
+                reason: Reason::Pressure,
+            },
+            Priority::P2,
+        );
+        count_admit(
+            &mut m,
+            &Admit::Reject {
+                reason: Reason::CircuitOpen,
+            },
+            Priority::P1,
+        );
+        count_exhausted(&mut m, Priority::P0);
+        assert_eq!(
+            m.counters["llm_filter_budget_shed_total.priority.P2.reason.pressure"],
+            1
+        );
+        assert_eq!(
+            m.counters["llm_filter_budget_rejected_total.priority.P1.reason.circuit_open"],
+            1
+        );
+        assert_eq!(
+            m.counters["llm_filter_budget_rejected_total.priority.P0.reason.budget_exhausted"],
+            1
+        );
+
+        let plan = Plan {
+            total_ms: 1000,
+            per_try_ms: None,
+            max_retries: 2,
+            retry_budget_spent: false,
+        };
+        count_plan(&mut m, "openai", &plan);
+        count_plan(
+            &mut m,
+            "openai",
+            &Plan {
+                max_retries: 0,
+                retry_budget_spent: true,
+                ..plan
+            },
+        );
+        assert_eq!(
+            m.counters["llm_filter_budget_retries_planned_total.cluster.openai"],
+            2
+        );
+        assert_eq!(
+            m.counters["llm_filter_budget_retry_budget_spent_total.cluster.openai"],
+            1
+        );
+    }
 }

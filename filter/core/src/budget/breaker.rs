@@ -6,10 +6,31 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::config::{BudgetConfig, BUCKETS};
-use super::Reason;
 use crate::host::cas::{self, Change, Unguarded};
 use crate::host::{SharedStore, StoreError};
 use crate::priority::Priority;
+
+/// Why a call was not forwarded, as it appears in metric labels and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// The backend's budget pressure put the breaker in the shed tier.
+    Pressure,
+    /// The backend's budget pressure put the breaker in the reject tier.
+    CircuitOpen,
+    /// The caller's budget was spent before the call could be forwarded.
+    BudgetExhausted,
+}
+
+impl Reason {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pressure => "pressure",
+            Self::CircuitOpen => "circuit_open",
+            Self::BudgetExhausted => "budget_exhausted",
+        }
+    }
+}
 
 /// Prefix of the shared-data key of a backend's window; the rest is the
 /// cluster (or route) name. The version moves when the encoding changes.

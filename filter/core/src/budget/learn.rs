@@ -1,10 +1,12 @@
 //! What the budget breaker learns from a finished call: how much of its
 //! caller's budget the backend ate, and the window's new tier and pressure.
 
+use super::breaker::Tier;
 use super::breaker::{self, Sample};
-use super::{observe_used, set_breaker_gauges, BudgetConfig, StreamingMode};
+use super::{BudgetConfig, StreamingMode};
 use crate::host::{Metrics, SharedStore};
-use crate::metrics::internal_error;
+use crate::metrics::{self, internal_error, name};
+use crate::priority::Priority;
 use crate::summary::{CallSummary, End};
 
 /// Whether the backend failed the caller, as the breaker counts it; `None`
@@ -72,10 +74,46 @@ pub fn ended(
     }
 }
 
+/// Publishes a backend's breaker tier (0 pass, 1 shed, 2 reject) and pressure.
+fn set_breaker_gauges(m: &mut dyn Metrics, cluster: &str, tier: Tier, pressure: f64) {
+    m.gauge(
+        &name(metrics::BUDGET_BREAKER_TIER, &[("cluster", cluster)]),
+        tier.gauge(),
+    );
+    m.gauge(
+        &name(metrics::BUDGET_BREAKER_PRESSURE, &[("cluster", cluster)]),
+        breaker::permille(pressure),
+    );
+}
+
+/// Records how much of its budget a completed call used, in per-mille.
+fn observe_used(m: &mut dyn Metrics, priority: Priority, used_permille: u32) {
+    m.histogram(
+        &name(metrics::BUDGET_USED, &[("priority", priority.as_str())]),
+        u64::from(used_permille),
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::host::{MemoryMetrics, MemoryStore};
+
+    #[test]
+    fn breaker_gauges_and_budget_used_are_labelled() {
+        let mut m = MemoryMetrics::default();
+        set_breaker_gauges(&mut m, "openai", Tier::Reject, 0.95);
+        assert_eq!(m.gauges["llm_filter_budget_breaker_tier.cluster.openai"], 2);
+        assert_eq!(
+            m.gauges["llm_filter_budget_breaker_pressure_permille.cluster.openai"],
+            950
+        );
+        observe_used(&mut m, Priority::P1, 420);
+        assert_eq!(
+            m.histograms["llm_filter_budget_used_permille.priority.P1"],
+            [420]
+        );
+    }
 
     #[test]
     fn every_end_maps_to_one_verdict() {

@@ -11,8 +11,8 @@ use bincode::Options;
 use serde::{Deserialize, Serialize};
 
 use super::entry::{self, Entry};
+use super::key::Key;
 use super::store::{marker_key, Lookup, Store};
-use super::Key;
 use crate::host::cas::{self, Change, Unguarded};
 use crate::host::SharedStore;
 

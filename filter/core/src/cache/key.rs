@@ -6,9 +6,11 @@
 use sha2::{Digest, Sha256};
 
 use super::config::{CacheConfig, Scope};
-use super::Key;
 use crate::classify::Endpoint;
 use crate::json::Json;
+
+/// A cache key: SHA-256 of the canonical request and its tenant.
+pub type Key = [u8; 32];
 
 /// Bumped whenever the canonical form changes, so old entries are never
 /// mistaken for new ones.

@@ -21,16 +21,15 @@ pub use assemble::StreamAssembler;
 pub use coalesce::{Claim, Lease, Poll};
 pub use config::{CacheConfig, RawCacheConfig, Scope, Stamp};
 pub use entry::{Entry, EntryError, EntryKind, Reply};
-pub use key::{decide, BypassReason, CacheControl, CacheRequest, Cacheable, Decision};
+pub use key::{decide, BypassReason, CacheControl, CacheRequest, Cacheable, Decision, Key};
 pub use store::{InsertError, Inserted, Lookup, Replaced, Store, Totals, PREPARE_MAX_SLOTS};
 
 use crate::metrics;
 
-/// A cache key: SHA-256 of the canonical request and its tenant.
-pub type Key = [u8; 32];
-
 /// Response header telling the client how the cache served the call.
 pub const X_CACHE: &str = "x-cache";
+/// Response header with the whole seconds since a served entry was stored.
+pub const AGE_HEADER: &str = "age";
 
 /// How the cache took part in a call, for `x-cache` and the lookups metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

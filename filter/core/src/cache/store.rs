@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::config::CacheConfig;
 use super::entry::{self, Entry, EntryHead};
-use super::Key;
+use super::key::Key;
 use crate::host::cas::{self, Change, Unguarded};
 use crate::host::{Metrics, SharedStore, StoreError, Versioned};
 use crate::metrics;

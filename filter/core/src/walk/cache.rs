@@ -7,62 +7,15 @@ use serde_json::Value;
 
 use crate::cache::{
     self as policy, coalesce, BypassReason, CacheRequest, CacheStatus, Cacheable, Claim, Decision,
-    Entry, Lease, Lookup, Poll, Store, StreamAssembler, X_CACHE,
+    Entry, Lookup, Poll, Store, StreamAssembler, AGE_HEADER, X_CACHE,
 };
 use crate::host::Metrics;
 use crate::json::Json;
 use crate::metrics::{self as names, internal_error};
 use crate::summary::EnvoyReply;
 
-use super::response::{Answer, Response};
+use super::state::{Answer, Fill, Response};
 use super::{set_request, set_response, Call, Env, HeldBody, Host, Phase, Step, Wake};
-
-/// Response header with the whole seconds since a served entry was stored.
-pub const AGE_HEADER: &str = "age";
-
-/// The cache's part in one call.
-#[derive(Debug, Default)]
-pub(super) struct CacheCall {
-    /// How the cache served the call; `None` when the cache is off.
-    status: Option<CacheStatus>,
-    /// Key and delivery of a cacheable call.
-    cacheable: Option<Cacheable>,
-    /// The lead on the key's in-flight marker, held until the answer is
-    /// stored or given up.
-    lease: Option<Lease>,
-    /// The answer being collected to store.
-    fill: Option<Fill>,
-}
-
-#[derive(Debug)]
-enum Fill {
-    /// A non-streamed answer, bounded by `cache.max_entry_bytes`; the bytes
-    /// are the response's own copy (see [`Response::json`]).
-    Json,
-    /// A streamed answer, rebuilt event by event.
-    Sse(StreamAssembler),
-}
-
-impl CacheCall {
-    /// A call's cache state: `BYPASS` until the body says otherwise, nothing
-    /// at all when the cache is off.
-    pub(super) fn new(enabled: bool) -> Self {
-        Self {
-            status: enabled.then_some(CacheStatus::Bypass),
-            ..Self::default()
-        }
-    }
-
-    /// The `x-cache` value so far.
-    pub(super) fn header(&self) -> Option<&'static str> {
-        self.status.map(CacheStatus::header)
-    }
-
-    /// A JSON answer is being collected to store.
-    pub(super) fn stores_json(&self) -> bool {
-        matches!(self.fill, Some(Fill::Json))
-    }
-}
 
 impl Call {
     /// The cache step of the walk, on the whole request body (`None`: not

@@ -21,14 +21,13 @@ mod cache_tests;
 #[cfg(test)]
 mod fake;
 mod response;
+mod state;
 #[cfg(test)]
 mod tests;
 mod upstream;
 
-pub use cache::AGE_HEADER;
-
 use body::{BodyCopy, HeldBody};
-use response::Response;
+use state::{CacheCall, Dispatch, Phase, Request, Response};
 
 /// Stream operations the walk needs from the proxy.
 pub trait Host {
@@ -117,55 +116,7 @@ pub struct Call {
     /// What came back; `None` until response headers.
     response: Option<Response>,
     /// The response cache's part in the call.
-    cache: cache::CacheCall,
-}
-
-/// What the request said, fixed once read.
-#[derive(Debug)]
-struct Request {
-    endpoint: Endpoint,
-    priority: Priority,
-    /// The trace id that went upstream.
-    trace_id: Option<String>,
-    started_ms: u64,
-    /// The caller's whole budget, ms.
-    budget_ms: u64,
-    /// The requested model, from the held body.
-    model: Option<String>,
-    /// The client asked for a stream (`None`: body not read).
-    stream: Option<bool>,
-    /// Copy of a body that streams through, for the model label.
-    copy: Option<BodyCopy>,
-}
-
-/// Where a call stands. The phases with nothing but a timer to wake them are
-/// the parked ones (see [`Call::is_parked`]).
-#[derive(Debug)]
-enum Phase {
-    /// The body is held until its end to decide on it. Until the first body
-    /// callback shows the host delivers bodies, a watchdog runs from
-    /// `watchdog_since_ms`: without `allow_on_headers_stop_iteration` Envoy
-    /// never does, and the request then goes on untouched.
-    Holding { watchdog_since_ms: Option<u64> },
-    /// Waiting for an identical call in flight to store its answer, until
-    /// `deadline_ms` at the latest (see [`crate::cache::coalesce`]); the held
-    /// body is kept to route the call if the wait ends without an answer.
-    Coalescing { deadline_ms: u64, body: HeldBody },
-    /// Decided (or streaming through): the request goes on to the upstream.
-    Forwarded,
-    /// The filter answered the call itself with this status.
-    Answered(u16),
-}
-
-/// What was decided for the trip upstream.
-#[derive(Debug, Default)]
-struct Dispatch {
-    /// The cluster routing chose.
-    cluster: Option<String>,
-    /// The breaker the call went under, once admitted with a budget plan.
-    breaker: Option<String>,
-    /// Retries the plan let Envoy make (`x-envoy-max-retries` as sent).
-    planned_retries: u32,
+    cache: CacheCall,
 }
 
 impl Call {
@@ -184,7 +135,7 @@ impl Call {
             phase: Phase::Forwarded,
             dispatch: Dispatch::default(),
             response: None,
-            cache: cache::CacheCall::new(env.config.cache.enabled),
+            cache: CacheCall::new(env.config.cache.enabled),
         };
         call.tag(env, host);
         if end_of_stream {

@@ -11,70 +11,10 @@ use crate::metrics::internal_error;
 use crate::routing::CLUSTER_RESPONSE_HEADER;
 use crate::summary::EnvoyReply;
 use crate::trace_context::TRACE_ID_HEADER;
-use crate::usage::{self, SseScanner, Usage};
+use crate::usage::{self, SseScanner};
 
+use super::state::{Answer, Response};
 use super::{set_response, BodyCopy, Call, Env, Host, Phase, Step};
-
-/// The response of a call that went upstream.
-#[derive(Debug)]
-pub(super) struct Response {
-    /// Its status, when it parsed.
-    pub(super) status: Option<u16>,
-    /// When its headers arrived, ms.
-    pub(super) headers_ms: u64,
-    /// When its first body byte passed, ms.
-    pub(super) first_byte_ms: Option<u64>,
-    /// Envoy's attempt count (`x-envoy-attempt-count`).
-    pub(super) attempts: Option<u32>,
-    /// Why Envoy itself answered, if it did.
-    pub(super) envoy: Option<EnvoyReply>,
-    /// The answer as it passes.
-    pub(super) answer: Answer,
-    /// A body to put in place of the response's (Envoy's timeout page, a
-    /// stale cache entry).
-    pub(super) replacement: Option<Vec<u8>>,
-}
-
-/// The answer as it passes.
-#[derive(Debug)]
-pub(super) enum Answer {
-    /// An SSE stream, scanned for usage as it passes.
-    Stream(SseScanner),
-    /// Any other body, copied aside up to a bound; `usage` read at its end.
-    Json {
-        copy: BodyCopy,
-        usage: Option<Usage>,
-    },
-}
-
-impl Response {
-    /// Tokens the provider reported.
-    pub(super) fn usage(&self) -> Option<Usage> {
-        match &self.answer {
-            Answer::Stream(sse) => sse.usage,
-            Answer::Json { usage, .. } => *usage,
-        }
-    }
-
-    /// The answer is an SSE stream.
-    pub(super) fn is_stream(&self) -> bool {
-        matches!(self.answer, Answer::Stream(_))
-    }
-
-    /// The JSON answer copied so far; `None` for a stream or a copy past its bound.
-    pub(super) fn json(&self) -> Option<&[u8]> {
-        match &self.answer {
-            Answer::Json { copy, .. } => copy.bytes(),
-            Answer::Stream(_) => None,
-        }
-    }
-
-    /// The upstream failed the call (5xx, or Envoy's timeout).
-    pub(super) fn failed(&self) -> bool {
-        self.envoy == Some(EnvoyReply::Timeout)
-            || self.status.is_some_and(|s| (500..=599).contains(&s))
-    }
-}
 
 impl Call {
     /// Response headers callback.

@@ -1,0 +1,165 @@
+//! The shape of one call's state: what the request said, where the call
+//! stands, what was decided for the trip upstream, what came back, and the
+//! cache's part. The walk's steps (in the sibling modules) change it.
+
+use crate::cache::{CacheStatus, Cacheable, Lease, StreamAssembler};
+use crate::classify::Endpoint;
+use crate::priority::Priority;
+use crate::summary::EnvoyReply;
+use crate::usage::{SseScanner, Usage};
+
+use super::body::{BodyCopy, HeldBody};
+
+/// What the request said, fixed once read.
+#[derive(Debug)]
+pub(super) struct Request {
+    pub(super) endpoint: Endpoint,
+    pub(super) priority: Priority,
+    /// The trace id that went upstream.
+    pub(super) trace_id: Option<String>,
+    pub(super) started_ms: u64,
+    /// The caller's whole budget, ms.
+    pub(super) budget_ms: u64,
+    /// The requested model, from the held body.
+    pub(super) model: Option<String>,
+    /// The client asked for a stream (`None`: body not read).
+    pub(super) stream: Option<bool>,
+    /// Copy of a body that streams through, for the model label.
+    pub(super) copy: Option<BodyCopy>,
+}
+
+/// Where a call stands. The phases with nothing but a timer to wake them are
+/// the parked ones (see [`super::Call::is_parked`]).
+#[derive(Debug)]
+pub(super) enum Phase {
+    /// The body is held until its end to decide on it. Until the first body
+    /// callback shows the host delivers bodies, a watchdog runs from
+    /// `watchdog_since_ms`: without `allow_on_headers_stop_iteration` Envoy
+    /// never does, and the request then goes on untouched.
+    Holding { watchdog_since_ms: Option<u64> },
+    /// Waiting for an identical call in flight to store its answer, until
+    /// `deadline_ms` at the latest (see [`crate::cache::coalesce`]); the held
+    /// body is kept to route the call if the wait ends without an answer.
+    Coalescing { deadline_ms: u64, body: HeldBody },
+    /// Decided (or streaming through): the request goes on to the upstream.
+    Forwarded,
+    /// The filter answered the call itself with this status.
+    Answered(u16),
+}
+
+/// What was decided for the trip upstream.
+#[derive(Debug, Default)]
+pub(super) struct Dispatch {
+    /// The cluster routing chose.
+    pub(super) cluster: Option<String>,
+    /// The breaker the call went under, once admitted with a budget plan.
+    pub(super) breaker: Option<String>,
+    /// Retries the plan let Envoy make (`x-envoy-max-retries` as sent).
+    pub(super) planned_retries: u32,
+}
+
+/// The response of a call that went upstream.
+#[derive(Debug)]
+pub(super) struct Response {
+    /// Its status, when it parsed.
+    pub(super) status: Option<u16>,
+    /// When its headers arrived, ms.
+    pub(super) headers_ms: u64,
+    /// When its first body byte passed, ms.
+    pub(super) first_byte_ms: Option<u64>,
+    /// Envoy's attempt count (`x-envoy-attempt-count`).
+    pub(super) attempts: Option<u32>,
+    /// Why Envoy itself answered, if it did.
+    pub(super) envoy: Option<EnvoyReply>,
+    /// The answer as it passes.
+    pub(super) answer: Answer,
+    /// A body to put in place of the response's (Envoy's timeout page, a
+    /// stale cache entry).
+    pub(super) replacement: Option<Vec<u8>>,
+}
+
+/// The answer as it passes.
+#[derive(Debug)]
+pub(super) enum Answer {
+    /// An SSE stream, scanned for usage as it passes.
+    Stream(SseScanner),
+    /// Any other body, copied aside up to a bound; `usage` read at its end.
+    Json {
+        copy: BodyCopy,
+        usage: Option<Usage>,
+    },
+}
+
+impl Response {
+    /// Tokens the provider reported.
+    pub(super) fn usage(&self) -> Option<Usage> {
+        match &self.answer {
+            Answer::Stream(sse) => sse.usage,
+            Answer::Json { usage, .. } => *usage,
+        }
+    }
+
+    /// The answer is an SSE stream.
+    pub(super) fn is_stream(&self) -> bool {
+        matches!(self.answer, Answer::Stream(_))
+    }
+
+    /// The JSON answer copied so far; `None` for a stream or a copy past its bound.
+    pub(super) fn json(&self) -> Option<&[u8]> {
+        match &self.answer {
+            Answer::Json { copy, .. } => copy.bytes(),
+            Answer::Stream(_) => None,
+        }
+    }
+
+    /// The upstream failed the call (5xx, or Envoy's timeout).
+    pub(super) fn failed(&self) -> bool {
+        self.envoy == Some(EnvoyReply::Timeout)
+            || self.status.is_some_and(|s| (500..=599).contains(&s))
+    }
+}
+
+/// The cache's part in one call.
+#[derive(Debug, Default)]
+pub(super) struct CacheCall {
+    /// How the cache served the call; `None` when the cache is off.
+    pub(super) status: Option<CacheStatus>,
+    /// Key and delivery of a cacheable call.
+    pub(super) cacheable: Option<Cacheable>,
+    /// The lead on the key's in-flight marker, held until the answer is
+    /// stored or given up.
+    pub(super) lease: Option<Lease>,
+    /// The answer being collected to store.
+    pub(super) fill: Option<Fill>,
+}
+
+/// How an answer is collected to store.
+#[derive(Debug)]
+pub(super) enum Fill {
+    /// A non-streamed answer, bounded by `cache.max_entry_bytes`; the bytes
+    /// are the response's own copy (see [`Response::json`]).
+    Json,
+    /// A streamed answer, rebuilt event by event.
+    Sse(StreamAssembler),
+}
+
+impl CacheCall {
+    /// A call's cache state: `BYPASS` until the body says otherwise, nothing
+    /// at all when the cache is off.
+    pub(super) fn new(enabled: bool) -> Self {
+        Self {
+            status: enabled.then_some(CacheStatus::Bypass),
+            ..Self::default()
+        }
+    }
+
+    /// The `x-cache` value so far.
+    pub(super) fn header(&self) -> Option<&'static str> {
+        self.status.map(CacheStatus::header)
+    }
+
+    /// A JSON answer is being collected to store.
+    pub(super) fn stores_json(&self) -> bool {
+        matches!(self.fill, Some(Fill::Json))
+    }
+}
