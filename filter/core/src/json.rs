@@ -11,7 +11,8 @@ pub enum Json {
     Null,
     /// `true` or `false`.
     Bool(bool),
-    /// The canonical spelling of the number (see [`canonical_number`]).
+    /// The canonical spelling of the number: `1`, `1.0` and `10e-1` are all
+    /// `1`, and big numbers stay exact.
     Number(String),
     /// The decoded string.
     String(String),

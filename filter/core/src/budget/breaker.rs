@@ -91,7 +91,7 @@ pub struct Sample {
 
 impl Sample {
     /// A call that took `elapsed_ms` of a `budget_ms` budget; a failed one
-    /// (timeout, 5xx, no response — see [`is_failure`]) consumed all of it,
+    /// (timeout, 5xx, no response — see [`super::learn::failed`]) consumed all of it,
     /// because the caller got nothing for its wait. `retries` are the retries
     /// Envoy made (its attempt count minus one), or those planned when the
     /// host does not say.
@@ -127,12 +127,6 @@ pub fn used_permille(elapsed_ms: u64, budget_ms: u64) -> u32 {
         .checked_div(budget_ms)
         .unwrap_or(u64::from(FULL));
     u32::try_from(used.min(u64::from(FULL))).unwrap_or(FULL)
-}
-
-/// A failure for the breaker: no response at all (reset, refused), or a 5xx —
-/// Envoy's own 504 on timeout and 503 on an unreachable cluster included.
-pub fn is_failure(status: Option<u32>) -> bool {
-    status.is_none_or(|s| !(100..500).contains(&s))
 }
 
 /// A pressure as the per-mille gauge value.
@@ -428,19 +422,6 @@ mod tests {
         assert_eq!(used_permille(u64::MAX, u64::MAX), 1);
         assert_eq!(Sample::new(100, 1000, false, 1).consumed_permille, 100);
         assert_eq!(Sample::new(100, 1000, true, 1).consumed_permille, 1000);
-        for (status, failed) in [
-            (None, true),
-            (Some(0), true),
-            (Some(200), false),
-            (Some(400), false),
-            (Some(429), false),
-            (Some(499), false),
-            (Some(500), true),
-            (Some(503), true),
-            (Some(504), true),
-        ] {
-            assert_eq!(is_failure(status), failed, "{status:?}");
-        }
         for (attempts, planned, failed, want) in [
             (Some(3), 2, true, 2),
             (Some(1), 2, true, 0),

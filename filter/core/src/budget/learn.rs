@@ -16,7 +16,9 @@ pub fn failed(end: End) -> Option<bool> {
     match end {
         End::Local(_) | End::Abandoned => None,
         End::TimedOut(_) => Some(true),
-        End::Answered(s) | End::Reset(s) => Some(breaker::is_failure(Some(u32::from(s)))),
+        // A 5xx (Envoy's own 503 on a reset included) ate the caller's wait;
+        // a 4xx, 429 included, was answered.
+        End::Answered(s) | End::Reset(s) => Some(!(100..500).contains(&s)),
     }
 }
 
@@ -125,6 +127,8 @@ mod tests {
             (End::Answered(429), Some(false)),
             (End::Answered(404), Some(false)),
             (End::Answered(502), Some(true)),
+            (End::Answered(499), Some(false)),
+            (End::Answered(0), Some(true)),
             (End::TimedOut(504), Some(true)),
             (End::Reset(503), Some(true)),
         ] {

@@ -2,7 +2,7 @@
 //! tenant, in JSON or SSE whichever way the entry was filled, with concurrent
 //! identical calls coalesced onto one upstream call.
 //!
-//! The walk: [`key::decide`] on the buffered request body; on a cacheable call
+//! The walk: [`key::decide`] on the parsed request body; on a cacheable call
 //! [`store::Store::lookup`], then [`coalesce::claim`] on a miss; a leader feeds
 //! the answer to [`entry::Entry::from_json`] or an [`assemble::StreamAssembler`],
 //! [`store::Store::insert`]s it and [`coalesce::release`]s; followers

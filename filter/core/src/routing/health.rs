@@ -259,7 +259,7 @@ impl CallResult {
 
 /// One completed call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Outcome {
+pub struct CallSample {
     /// How it ended.
     pub result: CallResult,
     /// From dispatch to the end of the response, ms.
@@ -323,7 +323,7 @@ pub fn record_outcome<S: SharedStore + ?Sized>(
     store: &S,
     config: &RoutingConfig,
     cluster: &str,
-    outcome: &Outcome,
+    outcome: &CallSample,
     now_ms: u64,
 ) -> Result<Recorded, StoreError> {
     let half_life = config.ewma_half_life_ms;
@@ -472,16 +472,16 @@ mod tests {
         RoutingConfig::default()
     }
 
-    fn ok(latency_ms: u64) -> Outcome {
-        Outcome {
+    fn ok(latency_ms: u64) -> CallSample {
+        CallSample {
             result: CallResult::Status(200),
             latency_ms,
             ttft_ms: Some(latency_ms / 2),
         }
     }
 
-    fn fail(result: CallResult) -> Outcome {
-        Outcome {
+    fn fail(result: CallResult) -> CallSample {
+        CallSample {
             result,
             latency_ms: 1,
             ttft_ms: None,

@@ -2,7 +2,7 @@
 //! in-flight count, and a finished one feeds the cluster's health (latency,
 //! errors, ejection) and the per-cluster call metrics.
 
-use super::health::{self, CallResult, Health, Outcome};
+use super::health::{self, CallResult, CallSample, Health};
 use super::RoutingConfig;
 use crate::host::{Metrics, SharedStore};
 use crate::metrics::{self as names, internal_error};
@@ -57,7 +57,7 @@ pub fn ended(
         &names::name(names::ROUTING_LATENCY, &[("cluster", cluster)]),
         elapsed,
     );
-    let outcome = Outcome {
+    let outcome = CallSample {
         result,
         latency_ms: elapsed,
         ttft_ms: call.first_byte_after_ms(),

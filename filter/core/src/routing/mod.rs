@@ -20,7 +20,7 @@ pub mod rules;
 pub mod weight;
 
 pub use config::{Backend, ClusterTarget, RawRoutingConfig, RoutingConfig, Rule, When};
-pub use health::{CallResult, Health, Load, Outcome};
+pub use health::{CallResult, CallSample, Health, Load};
 pub use rules::Features;
 
 use crate::host::{Metrics, Random, SharedStore};
@@ -323,7 +323,7 @@ mod tests {
         let s = MemoryStore::new();
         let c = config();
         let mut rng = SplitMix64::new(11);
-        let fail = Outcome {
+        let fail = CallSample {
             result: CallResult::Status(503),
             latency_ms: 3,
             ttft_ms: None,
@@ -385,7 +385,7 @@ mod tests {
         let c = config();
         let mut rng = SplitMix64::new(5);
         for (cluster, ms) in [("openai", 100), ("azure", 400)] {
-            let o = Outcome {
+            let o = CallSample {
                 result: CallResult::Status(200),
                 latency_ms: ms,
                 ttft_ms: Some(ms / 4),

@@ -2,6 +2,12 @@
 //! route, observe, learn. It drives the policy modules against a small
 //! [`Host`] trait, so the whole walk runs natively against a fake host in tests
 //! and the plugin only adapts Envoy's callbacks to it.
+//!
+//! A call's state has one shape (`state`); the steps that change it are the
+//! start and end here, the cache's (`cache`), the trip upstream (`upstream`:
+//! routing, then admission) and what comes back (`response`). Each policy
+//! decides in its own module; at the end one [`CallSummary`] is handed to
+//! each of them to learn from.
 
 use crate::baggage;
 use crate::budget::{self, parse as budget_parse};
