@@ -130,6 +130,9 @@ pub struct CallSummary<'a> {
     pub planned_retries: u32,
     /// Envoy's attempt count, when it said.
     pub attempts: Option<u32>,
+    /// Other backends asked after this call's backend failed it (each
+    /// counts as a retry).
+    pub failovers: u32,
 }
 
 impl CallSummary<'_> {
@@ -164,6 +167,7 @@ impl CallSummary<'static> {
             budget_ms: 0,
             planned_retries: 0,
             attempts: None,
+            failovers: 0,
         }
     }
 }

@@ -4,7 +4,9 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use llm_filter_core::walk::{Call, Env, Host, Step};
+use std::time::Duration;
+
+use llm_filter_core::walk::{Call, CalloutAnswer, Env, Host, Step};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, MapType};
@@ -56,7 +58,29 @@ fn action(step: Step) -> Action {
     }
 }
 
-impl Context for Http {}
+impl Context for Http {
+    fn on_http_call_response(&mut self, _token: u32, _: usize, body_size: usize, _: usize) {
+        let headers = host::headers(MapType::HttpCallResponseHeaders);
+        let status = headers
+            .iter()
+            .find(|(k, _)| k == ":status")
+            .and_then(|(_, v)| v.parse::<u16>().ok());
+        let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let answer = CalloutAnswer {
+            status,
+            headers,
+            body,
+        };
+        let step = self.step(|call, env, host| call.on_callout_response(env, host, answer));
+        // Continue: the response held for the callout goes on to the client.
+        if step == Action::Continue && hostcalls::resume_http_response().is_err() {
+            self.worker.internal_error("resume");
+        }
+    }
+}
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
@@ -198,5 +222,23 @@ impl Host for Stream {
 
     fn clear_route_cache(&mut self) -> bool {
         hostcalls::call_foreign_function("clear_route_cache", None).is_ok()
+    }
+
+    fn request_headers(&self) -> Vec<(String, String)> {
+        let mut cell = self.request.borrow_mut();
+        cell.get_or_insert_with(|| host::headers(MapType::HttpRequestHeaders))
+            .clone()
+    }
+
+    fn dispatch_call(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> bool {
+        let timeout = Duration::from_millis(timeout_ms);
+        hostcalls::dispatch_http_call(cluster, headers.to_vec(), Some(body), vec![], timeout)
+            .is_ok()
     }
 }

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use llm_filter_core::cache::{CacheConfig, Store, PREPARE_MAX_SLOTS};
 use llm_filter_core::config::Config;
-use llm_filter_core::host::{Metrics, Random, SplitMix64};
-use llm_filter_core::metrics::{self, BoundedLabel};
+use llm_filter_core::host::{Random, SplitMix64};
+use llm_filter_core::metrics::BoundedLabel;
 use llm_filter_core::routing::probe::{Probe, ProbeEnd, Prober};
 use llm_filter_core::walk::Wake;
 use proxy_wasm::hostcalls;
@@ -74,10 +74,7 @@ impl Root {
                 Wake::Wait => keep.push((id, weak)),
                 Wake::Resume | Wake::ResumeWithoutBodies => {
                     if hostcalls::resume_http_request().is_err() {
-                        worker.metrics.borrow_mut().counter(
-                            &metrics::name(metrics::INTERNAL_ERRORS, &[("reason", "resume")]),
-                            1,
-                        );
+                        worker.internal_error("resume");
                     }
                 }
                 Wake::Answered => {}

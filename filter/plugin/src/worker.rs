@@ -7,7 +7,7 @@ use std::rc::{Rc, Weak};
 
 use llm_filter_core::config::Config;
 use llm_filter_core::host::SplitMix64;
-use llm_filter_core::metrics::BoundedLabel;
+use llm_filter_core::metrics::{self, BoundedLabel};
 use llm_filter_core::walk::{Call, Env};
 
 use crate::host::{now_ms, EnvoyMetrics, EnvoyStore};
@@ -47,6 +47,11 @@ impl Worker {
     /// still waiting with [`Worker::repark`].
     pub fn take_parked(&self) -> Vec<ParkedCall> {
         std::mem::take(&mut *self.parked.borrow_mut())
+    }
+
+    /// Counts the filter's own trouble; the stream goes on untouched.
+    pub fn internal_error(&self, reason: &str) {
+        metrics::internal_error(&mut *self.metrics.borrow_mut(), reason);
     }
 
     /// Parks again calls taken with [`Worker::take_parked`].

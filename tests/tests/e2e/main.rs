@@ -13,6 +13,7 @@ mod cache_support;
 mod concurrency;
 mod config;
 mod deploy_configs;
+mod failover;
 mod harness;
 mod metrics;
 mod passthrough;

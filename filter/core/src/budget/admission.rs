@@ -26,6 +26,8 @@ pub struct Ask<'a> {
     pub observed_ms: Option<u64>,
     /// What is left of the caller's budget, ms.
     pub remaining_ms: u64,
+    /// Another backend takes the call if this one fails it.
+    pub failover: bool,
     /// Now, ms since the epoch.
     pub now_ms: u64,
 }
@@ -71,6 +73,7 @@ pub fn admit(
         observed_ms: ask.observed_ms,
         streaming: ask.streaming,
         retries_allowed: state.retries_allowed(ask.now_ms, cfg),
+        retries_elsewhere: ask.failover,
     };
     match plan::plan(&input, cfg) {
         Ok(plan) => {
@@ -97,6 +100,18 @@ pub fn breaker_sheds(
 ) -> bool {
     cfg.enabled
         && breaker::load(store, cluster, cfg).is_ok_and(|s| s.tier(now_ms, cfg) != Tier::Pass)
+}
+
+/// True when the retry budget of `breaker` lets a call be tried once more
+/// (always with budgets off): a failover to another backend is a retry.
+pub fn retry_allowed(
+    store: &dyn SharedStore,
+    cfg: &BudgetConfig,
+    breaker: &str,
+    now_ms: u64,
+) -> bool {
+    !cfg.enabled
+        || breaker::load(store, breaker, cfg).map_or(true, |s| s.retries_allowed(now_ms, cfg))
 }
 
 /// Counts a breaker refusal by `priority` and `reason`; a pass counts nothing.

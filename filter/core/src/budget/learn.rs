@@ -37,7 +37,8 @@ pub fn used_ms(call: &CallSummary<'_>, cfg: &BudgetConfig) -> u64 {
 /// The breaker sample of a call, `None` when it teaches nothing.
 pub fn sample_of(call: &CallSummary<'_>, cfg: &BudgetConfig) -> Option<Sample> {
     let failed = failed(call.end)?;
-    let retries = breaker::retries_made(call.attempts, call.planned_retries, failed);
+    let retries = breaker::retries_made(call.attempts, call.planned_retries, failed)
+        .saturating_add(call.failovers);
     Some(Sample::new(
         used_ms(call, cfg),
         call.budget_ms,

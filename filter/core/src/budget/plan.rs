@@ -45,6 +45,10 @@ pub struct PlanInput {
     /// The retry budget of the backend still allows retries
     /// ([`super::BreakerState::retries_allowed`]).
     pub retries_allowed: bool,
+    /// Another backend takes the call if this one fails it (the filter's
+    /// failover): Envoy makes no retries on this one, whose failures they
+    /// would most likely repeat.
+    pub retries_elsewhere: bool,
 }
 
 /// The budget is spent: the call is answered locally with a 504 instead.
@@ -87,7 +91,7 @@ pub fn plan(input: &PlanInput, cfg: &BudgetConfig) -> Result<Plan, Exhausted> {
         return Err(Exhausted);
     }
     let retry_budget_spent = !input.retries_allowed && cfg.max_retries > 0;
-    let retry_cap = if input.retries_allowed {
+    let retry_cap = if input.retries_allowed && !input.retries_elsewhere {
         cfg.max_retries
     } else {
         0
@@ -191,6 +195,7 @@ mod tests {
             observed_ms,
             streaming: false,
             retries_allowed: true,
+            retries_elsewhere: false,
         }
     }
 
@@ -201,6 +206,22 @@ mod tests {
             max_retries,
             retry_budget_spent: false,
         }
+    }
+
+    #[test]
+    fn retries_go_elsewhere_when_another_backend_takes_them() {
+        let cfg = BudgetConfig::default();
+        let elsewhere = PlanInput {
+            retries_elsewhere: true,
+            ..input(30_000, Some(2_000))
+        };
+        // The per-try timeout stays, so a stuck try leaves budget to fail over.
+        assert_eq!(plan(&elsewhere, &cfg), Ok(p(30_000, Some(6_000), 0)));
+        let stream = PlanInput {
+            streaming: true,
+            ..elsewhere
+        };
+        assert_eq!(plan(&stream, &cfg).map(|p| p.max_retries), Ok(0));
     }
 
     #[test]
@@ -243,6 +264,7 @@ mod tests {
         let got = plan(
             &PlanInput {
                 retries_allowed: false,
+                retries_elsewhere: false,
                 ..input(30_000, Some(2_000))
             },
             &cfg,
@@ -263,6 +285,7 @@ mod tests {
         let got = plan(
             &PlanInput {
                 retries_allowed: false,
+                retries_elsewhere: false,
                 ..input(30_000, None)
             },
             &off,
@@ -335,6 +358,7 @@ mod tests {
                 observed_ms: observed,
                 streaming: r.next_u64().is_multiple_of(2),
                 retries_allowed: !r.next_u64().is_multiple_of(4),
+                retries_elsewhere: false,
             };
             let Ok(got) = plan(&inp, &cfg) else {
                 assert_eq!(remaining, 0);

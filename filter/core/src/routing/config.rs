@@ -59,6 +59,9 @@ pub struct RawRoutingConfig {
     pub ewma_half_life_s: Option<f64>,
     /// Model-choice rules, first match wins.
     pub rules: Vec<RawRule>,
+    /// Send a held call another backend of its model when the chosen one
+    /// fails it retriably, default true.
+    pub failover: Option<bool>,
 }
 
 /// One backend of a model as written.
@@ -151,6 +154,9 @@ pub struct RoutingConfig {
     pub ewma_half_life_ms: f64,
     /// Model-choice rules, first match wins.
     pub rules: Vec<Rule>,
+    /// A held call that its backend fails retriably goes to another backend
+    /// of its model (see [`super::failover`]).
+    pub failover: bool,
 }
 
 /// One backend of a model.
@@ -220,6 +226,7 @@ impl Default for RoutingConfig {
             ramp_ms: DEFAULT_RAMP_S * 1_000,
             ewma_half_life_ms: DEFAULT_EWMA_HALF_LIFE_S * 1_000.0,
             rules: Vec::new(),
+            failover: true,
         }
     }
 }
@@ -247,6 +254,7 @@ impl RoutingConfig {
             clusters,
             cluster_header,
             rules,
+            failover: raw.failover.unwrap_or(true),
             ..health
         })
     }

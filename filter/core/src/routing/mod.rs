@@ -12,6 +12,7 @@
 
 pub mod config;
 pub mod ewma;
+pub mod failover;
 pub mod health;
 pub mod learn;
 pub mod probe;
@@ -80,22 +81,78 @@ where
     S: SharedStore + ?Sized,
     R: Random + ?Sized,
 {
-    let RouteAsk {
-        model,
-        features,
-        priority,
-        now_ms,
-        avoid,
-    } = *ask;
-    let target = rules::choose_model(&config.rules, model, features, priority)
-        .unwrap_or_else(|| model.to_string());
+    let weighed = weigh(config, store, ask)?;
+    let r = rng.next_f64();
+    // Effective weights always leave one positive; the base weights are the
+    // belt and braces.
+    let index = weight::pick(&weighed.weights.values, r).or_else(|| {
+        let base: Vec<f64> = weighed
+            .backends
+            .iter()
+            .map(|b| f64::from(b.weight))
+            .collect();
+        weight::pick(&base, r)
+    })?;
+    weighed.decision(index, ask.model)
+}
+
+/// Where a call that `failed` on one backend goes instead: the other backend
+/// of its model with the highest effective weight (the first configured on a
+/// tie), never `failed` itself, and none that `ask.avoid` names while another
+/// can take it. `None` when no other backend has any weight.
+pub fn failover_target<S>(
+    config: &RoutingConfig,
+    store: &S,
+    ask: &RouteAsk<'_>,
+    failed: &str,
+) -> Option<RouteDecision>
+where
+    S: SharedStore + ?Sized,
+{
+    let avoid = |cluster: &str| cluster == failed || (ask.avoid)(cluster);
+    let weighed = weigh(
+        config,
+        store,
+        &RouteAsk {
+            avoid: &avoid,
+            ..*ask
+        },
+    )?;
+    let usable = |w: f64| w.is_finite() && w > 0.0;
+    let index = weighed
+        .backends
+        .iter()
+        .zip(&weighed.weights.values)
+        .enumerate()
+        .filter(|(_, (b, w))| b.cluster != failed && usable(**w))
+        .max_by(|(i, (_, a)), (j, (_, b))| a.total_cmp(b).then(j.cmp(i)))
+        .map(|(i, _)| i)?;
+    weighed.decision(index, ask.model)
+}
+
+/// A model's backends with their effective weights for one call.
+struct Weighed<'c> {
+    /// The model routed: the requested one, or the one a rule chose.
+    target: String,
+    backends: &'c [Backend],
+    weights: weight::Weights,
+}
+
+/// The backends of the call's model weighed by their health, those `avoid`
+/// names set to 0 while another has weight; `None` when the model is not routed.
+fn weigh<'c, S>(config: &'c RoutingConfig, store: &S, ask: &RouteAsk<'_>) -> Option<Weighed<'c>>
+where
+    S: SharedStore + ?Sized,
+{
+    let target = rules::choose_model(&config.rules, ask.model, ask.features, ask.priority)
+        .unwrap_or_else(|| ask.model.to_string());
     let backends = config.backends(&target)?;
     let health: Vec<Option<Health>> = backends
         .iter()
         .map(|b| health::read(store, &b.cluster))
         .collect();
-    let mut weights = weight::effective_weights(config, backends, &health, now_ms);
-    let avoided: Vec<bool> = backends.iter().map(|b| avoid(&b.cluster)).collect();
+    let mut weights = weight::effective_weights(config, backends, &health, ask.now_ms);
+    let avoided: Vec<bool> = backends.iter().map(|b| (ask.avoid)(&b.cluster)).collect();
     let open_weight: f64 = weights
         .values
         .iter()
@@ -110,31 +167,36 @@ where
             }
         }
     }
-    let r = rng.next_f64();
-    // Effective weights always leave one positive; the base weights are the
-    // belt and braces.
-    let index = weight::pick(&weights.values, r).or_else(|| {
-        let base: Vec<f64> = backends.iter().map(|b| f64::from(b.weight)).collect();
-        weight::pick(&base, r)
-    })?;
-    let backend = backends.get(index)?;
-    let rewrite_model = backend
-        .model
-        .clone()
-        .or_else(|| Some(target.clone()))
-        .filter(|m| m != model);
-    Some(RouteDecision {
-        cluster: backend.cluster.clone(),
-        rewrite_model,
-        authority: backend.authority.clone(),
-        effective_weights: backends
-            .iter()
-            .zip(weights.values.iter())
-            .map(|(b, w)| (b.cluster.clone(), *w))
-            .collect(),
-        fallback: weights.fallback,
-        model: target,
+    Some(Weighed {
+        target,
+        backends,
+        weights,
     })
+}
+
+impl Weighed<'_> {
+    /// The decision to send a call that asked for `requested` to backend `index`.
+    fn decision(self, index: usize, requested: &str) -> Option<RouteDecision> {
+        let backend = self.backends.get(index)?;
+        let rewrite_model = backend
+            .model
+            .clone()
+            .or_else(|| Some(self.target.clone()))
+            .filter(|m| m != requested);
+        Some(RouteDecision {
+            cluster: backend.cluster.clone(),
+            rewrite_model,
+            authority: backend.authority.clone(),
+            effective_weights: self
+                .backends
+                .iter()
+                .zip(self.weights.values.iter())
+                .map(|(b, w)| (b.cluster.clone(), *w))
+                .collect(),
+            fallback: self.weights.fallback,
+            model: self.target,
+        })
+    }
 }
 
 /// A cluster's typical latency, ms: the time to the first byte for streams,

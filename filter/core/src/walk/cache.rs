@@ -152,7 +152,7 @@ impl Call {
             return Wake::Resume;
         };
         // Routing and admission happen now, with the health and budget of now.
-        match self.go_upstream(env, host, Some(&body)) {
+        match self.go_upstream(env, host, Some(body)) {
             Step::Continue => Wake::Resume,
             Step::Pause => Wake::Answered,
         }

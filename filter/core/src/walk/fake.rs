@@ -17,7 +17,12 @@ pub struct FakeHost {
     pub code_details: Option<String>,
     pub local_reply: Option<(u32, BTreeMap<String, String>, Vec<u8>)>,
     pub route_cache_cleared: u32,
+    /// Callouts sent.
+    pub callouts: Vec<Callout>,
 }
+
+/// A callout sent: cluster, headers, body, timeout.
+pub type Callout = (String, Vec<(String, String)>, Vec<u8>, u64);
 
 impl FakeHost {
     pub fn new() -> Self {
@@ -132,6 +137,24 @@ impl Host for FakeHost {
     }
     fn clear_route_cache(&mut self) -> bool {
         self.route_cache_cleared += 1;
+        true
+    }
+    fn request_headers(&self) -> Vec<(String, String)> {
+        self.request_headers.clone()
+    }
+    fn dispatch_call(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> bool {
+        let headers = headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        self.callouts
+            .push((cluster.to_string(), headers, body.to_vec(), timeout_ms));
         true
     }
 }

@@ -24,6 +24,7 @@ mod body;
 mod cache;
 #[cfg(test)]
 mod cache_tests;
+mod failover;
 #[cfg(test)]
 mod fake;
 mod response;
@@ -61,6 +62,29 @@ pub trait Host {
     fn send_local_reply(&mut self, status: u32, headers: &[(&str, &str)], body: &[u8]) -> bool;
     /// Makes Envoy pick the route again after a routing header changed.
     fn clear_route_cache(&mut self) -> bool;
+    /// Every request header, in order, as the upstream saw them.
+    fn request_headers(&self) -> Vec<(String, String)>;
+    /// Sends a request to `cluster` on the side (an HTTP callout), whose
+    /// answer comes back through [`Call::on_callout_response`]; false if refused.
+    fn dispatch_call(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> bool;
+}
+
+/// The answer to a callout of the walk; `status` is `None` when none came in
+/// time (or the connection failed).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CalloutAnswer {
+    /// The answer's status.
+    pub status: Option<u16>,
+    /// The answer's headers, `:status` included.
+    pub headers: Vec<(String, String)>,
+    /// The answer's body.
+    pub body: Vec<u8>,
 }
 
 /// What the worker shares with every call.
@@ -244,7 +268,7 @@ impl Call {
         // even while the backend sheds).
         match self.cache_request(env, host, body) {
             Ok(step) => step,
-            Err(body) => self.go_upstream(env, host, body.as_ref()),
+            Err(body) => self.go_upstream(env, host, body),
         }
     }
 
@@ -330,8 +354,13 @@ impl Call {
         let model = env.model_labels.value(model.as_deref()).to_string();
         let summary = self.summary(&model, env.now_ms);
         observe::record(env.metrics, &summary);
-        routing::learn::ended(env.store, &env.config.routing, env.metrics, &summary);
-        budget::learn::ended(env.store, &env.config.budget, env.metrics, &summary);
+        self.learn_from(env, &summary);
+    }
+
+    /// Routing and the budget breaker learn from one try of the call.
+    fn learn_from(&self, env: &mut Env<'_>, call: &CallSummary<'_>) {
+        routing::learn::ended(env.store, &env.config.routing, env.metrics, call);
+        budget::learn::ended(env.store, &env.config.budget, env.metrics, call);
     }
 
     /// What the call was and how it ended.
@@ -341,10 +370,15 @@ impl Call {
             _ => None,
         };
         let r = self.response.as_ref();
+        let end = match self.phase {
+            // The stream ended while another backend was still asked.
+            Phase::FailingOver => End::Abandoned,
+            _ => End::classify(local, r.and_then(|r| r.status), r.and_then(|r| r.envoy)),
+        };
         CallSummary {
             priority: self.request.priority,
             model,
-            end: End::classify(local, r.and_then(|r| r.status), r.and_then(|r| r.envoy)),
+            end,
             started_ms: self.request.started_ms,
             response_headers_ms: r.map(|r| r.headers_ms),
             first_byte_ms: r.and_then(|r| r.first_byte_ms),
@@ -356,6 +390,7 @@ impl Call {
             budget_ms: self.request.budget_ms,
             planned_retries: self.dispatch.planned_retries,
             attempts: r.and_then(|r| r.attempts),
+            failovers: 0,
         }
     }
 

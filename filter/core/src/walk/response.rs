@@ -67,7 +67,7 @@ impl Call {
             set_response(env, host, CLUSTER_RESPONSE_HEADER, Some(&c));
         }
         self.cache_on_response_headers(env, host);
-        Step::Continue
+        self.fail_over(env, host)
     }
 
     /// Response body callback.
@@ -78,8 +78,12 @@ impl Call {
         size: usize,
         end_of_stream: bool,
     ) -> Step {
-        if matches!(self.phase, Phase::Answered(_)) {
-            return Step::Continue;
+        match self.phase {
+            Phase::Answered(_) | Phase::FailedOver => return Step::Continue,
+            // The failed answer must not reach the client while another
+            // backend is asked.
+            Phase::FailingOver => return Step::Pause,
+            _ => {}
         }
         let Some(response) = self.response.as_mut() else {
             return Step::Continue;

@@ -6,7 +6,7 @@ use crate::cache::{CacheStatus, Cacheable, Lease, StreamAssembler};
 use crate::classify::Endpoint;
 use crate::priority::Priority;
 use crate::summary::EnvoyReply;
-use crate::usage::{SseScanner, Usage};
+use crate::usage::{self, SseScanner, Usage};
 
 use super::body::{BodyCopy, HeldBody};
 
@@ -43,6 +43,12 @@ pub(super) enum Phase {
     Coalescing { deadline_ms: u64, body: HeldBody },
     /// Decided (or streaming through): the request goes on to the upstream.
     Forwarded,
+    /// The chosen backend failed the call retriably; its response is held
+    /// while another backend of the model is asked (see [`crate::routing::failover`]).
+    FailingOver,
+    /// Another backend answered the call in place of the one that failed it;
+    /// the response is that backend's.
+    FailedOver,
     /// The filter answered the call itself with this status.
     Answered(u16),
 }
@@ -56,6 +62,10 @@ pub(super) struct Dispatch {
     pub(super) breaker: Option<String>,
     /// Retries the plan let Envoy make (`x-envoy-max-retries` as sent).
     pub(super) planned_retries: u32,
+    /// The routed model has more than one backend.
+    pub(super) alternatives: bool,
+    /// The request body, kept while another backend could still be asked.
+    pub(super) held: Option<HeldBody>,
 }
 
 /// The response of a call that went upstream.
@@ -91,6 +101,31 @@ pub(super) enum Answer {
 }
 
 impl Response {
+    /// The answer of another backend that a callout brought back at `now_ms`.
+    pub(super) fn from_callout(status: u16, stream: bool, body: &[u8], now_ms: u64) -> Self {
+        let answer = if stream {
+            let mut sse = SseScanner::new();
+            sse.feed(body);
+            Answer::Stream(sse)
+        } else {
+            let mut copy = BodyCopy::default();
+            copy.append(body);
+            Answer::Json {
+                copy,
+                usage: usage::from_json(body),
+            }
+        };
+        Self {
+            status: Some(status),
+            headers_ms: now_ms,
+            first_byte_ms: (!body.is_empty()).then_some(now_ms),
+            attempts: None,
+            envoy: None,
+            answer,
+            replacement: None,
+        }
+    }
+
     /// Tokens the provider reported.
     pub(super) fn usage(&self) -> Option<Usage> {
         match &self.answer {

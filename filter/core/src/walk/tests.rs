@@ -458,3 +458,197 @@ fn routing_steers_around_a_backend_whose_breaker_is_open() {
         assert!(host.local_reply.is_none());
     }
 }
+
+const TWO_BACKENDS: &str = r#"{
+  "routing": {
+    "models": {"gpt-4o": [
+      {"cluster": "a", "model": "gpt-4o-a", "authority": "a.example"},
+      {"cluster": "b", "model": "gpt-4o-b", "authority": "b.example"}
+    ]},
+    "eject_after_failures": 100
+  }
+}"#;
+
+/// Runs calls until one is routed to `cluster`; returns it with its host.
+fn routed_to(w: &mut World, cluster: &str) -> (Call, FakeHost) {
+    for _ in 0..100 {
+        let mut host = FakeHost::post("/v1/chat/completions")
+            .with_header(":authority", "llm.local")
+            .with_header("authorization", "Bearer k")
+            .with_body(CHAT);
+        let (call, _) = w.request(&mut host).unwrap();
+        if host.header("x-llm-cluster") == Some(cluster) {
+            return (call, host);
+        }
+        call.on_log(&mut w.env());
+    }
+    panic!("never routed to {cluster}");
+}
+
+#[test]
+fn a_failed_call_is_sent_to_the_other_backend_and_answered_from_it() {
+    let mut w = World::new(TWO_BACKENDS);
+    let (mut call, host) = routed_to(&mut w, "b");
+    let key = host.header("idempotency-key").unwrap().to_string();
+    let mut host = host.with_response(503, "application/json", r#"{"error":{}}"#);
+    assert_eq!(
+        call.on_response_headers(&mut w.env(), &mut host),
+        Step::Pause
+    );
+    assert_eq!(
+        call.on_response_body(&mut w.env(), &mut host, 12, true),
+        Step::Pause,
+        "the failure is held back"
+    );
+    let (cluster, headers, body, timeout) = host.callouts.pop().unwrap();
+    assert_eq!(cluster, "a");
+    let header = |n: &str| {
+        headers
+            .iter()
+            .find(|(k, _)| k == n)
+            .map(|(_, v)| v.as_str())
+    };
+    assert_eq!(header(":authority"), Some("a.example"));
+    assert_eq!(header("idempotency-key"), Some(key.as_str()));
+    assert_eq!(header("authorization"), Some("Bearer k"));
+    assert_eq!(header("x-llm-cluster"), None);
+    assert_eq!(
+        String::from_utf8(body.clone()).unwrap(),
+        CHAT.replace("gpt-4o", "gpt-4o-a")
+    );
+    assert_eq!(
+        header("content-length"),
+        Some(body.len().to_string().as_str())
+    );
+    assert!(timeout > 0 && timeout <= 60_000, "{timeout}");
+    // b learnt its failure already.
+    assert_eq!(
+        w.counter("llm_filter_routing_calls_total.cluster.b.outcome.server_error"),
+        1
+    );
+
+    w.now_ms += 40;
+    let answer = CalloutAnswer {
+        status: Some(200),
+        headers: vec![
+            (":status".into(), "200".into()),
+            ("content-type".into(), "application/json".into()),
+            ("content-length".into(), ANSWER.len().to_string()),
+        ],
+        body: ANSWER.as_bytes().to_vec(),
+    };
+    assert_eq!(
+        call.on_callout_response(&mut w.env(), &mut host, answer),
+        Step::Pause
+    );
+    let (status, headers, body) = host.local_reply.clone().unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(headers.get("x-llm-cluster").map(String::as_str), Some("a"));
+    assert_eq!(
+        headers.get("content-type").map(String::as_str),
+        Some("application/json")
+    );
+    assert!(!headers.contains_key("content-length"));
+    assert_eq!(body, ANSWER.as_bytes());
+    call.on_log(&mut w.env());
+    assert_eq!(
+        w.counter("llm_filter_routing_failovers_total.result.answered"),
+        1
+    );
+    assert_eq!(
+        w.counter("llm_filter_routing_calls_total.cluster.a.outcome.success"),
+        1
+    );
+    assert_eq!(
+        w.counter("llm_filter_requests_total.priority.P1.model.gpt-4o.outcome.success"),
+        1
+    );
+    assert_eq!(
+        w.counter("gen_ai_client_token_usage_total.model.gpt-4o.token_type.input"),
+        3
+    );
+    assert_eq!(health::read(&w.store, "a").unwrap().in_flight, 0);
+    assert_eq!(health::read(&w.store, "b").unwrap().in_flight, 0);
+}
+
+#[test]
+fn no_answer_from_the_other_backend_lets_the_failure_through() {
+    let mut w = World::new(TWO_BACKENDS);
+    let (mut call, host) = routed_to(&mut w, "b");
+    let mut host = host.with_response(502, "application/json", r#"{"error":{}}"#);
+    assert_eq!(
+        call.on_response_headers(&mut w.env(), &mut host),
+        Step::Pause
+    );
+    let step = call.on_callout_response(&mut w.env(), &mut host, CalloutAnswer::default());
+    assert_eq!(step, Step::Continue, "the held failure goes on");
+    assert!(host.local_reply.is_none());
+    assert_eq!(
+        call.on_response_body(&mut w.env(), &mut host, 12, true),
+        Step::Continue
+    );
+    call.on_log(&mut w.env());
+    assert_eq!(
+        w.counter("llm_filter_routing_failovers_total.result.no_answer"),
+        1
+    );
+    assert_eq!(
+        w.counter("llm_filter_routing_calls_total.cluster.a.outcome.timeout"),
+        1
+    );
+    assert_eq!(
+        w.counter("llm_filter_requests_total.priority.P1.model.gpt-4o.outcome.server_error"),
+        1
+    );
+    assert_eq!(health::read(&w.store, "a").unwrap().in_flight, 0);
+    assert_eq!(health::read(&w.store, "b").unwrap().in_flight, 0);
+}
+
+#[test]
+fn failover_needs_a_retriable_failure_budget_and_another_backend() {
+    // A client error is not retried elsewhere.
+    let mut w = World::new(TWO_BACKENDS);
+    let (mut call, host) = routed_to(&mut w, "b");
+    let mut host = host.with_response(400, "application/json", r#"{"error":{}}"#);
+    assert_eq!(
+        call.on_response_headers(&mut w.env(), &mut host),
+        Step::Continue
+    );
+    assert!(host.callouts.is_empty());
+    call.on_log(&mut w.env());
+
+    // No room left in the budget for another try.
+    let (mut call, host) = routed_to(&mut w, "b");
+    w.now_ms += 59_900;
+    let mut host = host.with_response(503, "application/json", r#"{"error":{}}"#);
+    assert_eq!(
+        call.on_response_headers(&mut w.env(), &mut host),
+        Step::Continue
+    );
+    assert!(host.callouts.is_empty());
+    call.on_log(&mut w.env());
+
+    // Off by configuration.
+    let mut w = World::new(&TWO_BACKENDS.replace(
+        r#""eject_after_failures""#,
+        r#""failover": false, "eject_after_failures""#,
+    ));
+    let (mut call, host) = routed_to(&mut w, "b");
+    let mut host = host.with_response(503, "application/json", r#"{"error":{}}"#);
+    assert_eq!(
+        call.on_response_headers(&mut w.env(), &mut host),
+        Step::Continue
+    );
+    assert!(host.callouts.is_empty());
+
+    // A model with one backend has nowhere to go.
+    let mut w = World::new(ROUTED);
+    let mut host = FakeHost::post("/v1/chat/completions").with_body(CHAT);
+    let (mut call, _) = w.request(&mut host).unwrap();
+    let mut host = host.with_response(503, "application/json", r#"{"error":{}}"#);
+    assert_eq!(
+        call.on_response_headers(&mut w.env(), &mut host),
+        Step::Continue
+    );
+    assert!(host.callouts.is_empty());
+}

@@ -16,10 +16,18 @@ impl Call {
         &mut self,
         env: &mut Env<'_>,
         host: &mut dyn Host,
-        body: Option<&HeldBody>,
+        body: Option<HeldBody>,
     ) -> Step {
-        if let Some((body, features)) = body.and_then(|b| Some((b, b.features.as_ref()?))) {
-            self.route(env, host, features, body);
+        if let Some(mut body) = body {
+            if let Some(features) = body.features.as_ref() {
+                self.route(env, host, features, &body);
+            }
+            if self.may_fail_over(env) {
+                // Kept to send another backend; only the bytes and the
+                // features are needed again.
+                body.tree = None;
+                self.dispatch.held = Some(body);
+            }
         }
         if self.dispatch.cluster.is_none() {
             keep_default_route(env, host);
@@ -77,6 +85,7 @@ impl Call {
         }
         set_route_header(env, host, Some(&decision.cluster));
         routing::learn::started(env.store, env.metrics, &decision.cluster, env.now_ms);
+        self.dispatch.alternatives = decision.effective_weights.len() > 1;
         self.dispatch.cluster = Some(decision.cluster);
     }
 
@@ -91,6 +100,7 @@ impl Call {
             streaming,
             observed_ms: cluster.and_then(|c| routing::typical_ms(env.store, c, streaming)),
             remaining_ms: self.request.remaining_ms(env.now_ms),
+            failover: self.may_fail_over(env),
             now_ms: env.now_ms,
         };
         let breaker = ask.breaker.to_string();

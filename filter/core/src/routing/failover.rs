@@ -1,0 +1,198 @@
+//! Cross-cluster failover. Envoy's retries stay on the cluster the routing
+//! header named, so a backend that fails a call would get every retry too.
+//! When the chosen backend fails a held call in a way another backend could
+//! answer, the walk sends the held request to another backend of the model
+//! itself (an HTTP callout) and answers the client with that response; this
+//! module says which failures qualify and what the callout and the reply carry.
+
+use crate::host::Metrics;
+use crate::metrics::{self as names};
+use crate::summary::End;
+
+/// Whether another backend may answer a call that ended so: a 5xx, a 429
+/// (this backend pacing the caller), a reset or refused connection, or
+/// Envoy's timeout of this backend.
+pub fn retriable(end: End) -> bool {
+    match end {
+        End::Answered(s) => s == 429 || (500..=599).contains(&s),
+        End::TimedOut(_) | End::Reset(_) => true,
+        End::Local(_) | End::Abandoned => false,
+    }
+}
+
+/// How a failover ended, as the `result` label of the failovers counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailoverResult {
+    /// The other backend answered (below 500, 429 aside): the client got it.
+    Answered,
+    /// The other backend failed too; the client got its answer.
+    Failed,
+    /// The other backend gave no answer in the budget left; the client got
+    /// the first backend's failure.
+    NoAnswer,
+    /// The callout could not be sent; the client got the first failure.
+    NotSent,
+}
+
+impl FailoverResult {
+    /// The result of a failover whose callout answered with `status`.
+    pub fn of(status: Option<u16>) -> Self {
+        match status {
+            None => Self::NoAnswer,
+            Some(s) if retriable(End::Answered(s)) => Self::Failed,
+            Some(_) => Self::Answered,
+        }
+    }
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Answered => "answered",
+            Self::Failed => "failed",
+            Self::NoAnswer => "no_answer",
+            Self::NotSent => "not_sent",
+        }
+    }
+}
+
+/// Counts a failover by its result.
+pub fn count(m: &mut dyn Metrics, result: FailoverResult) {
+    m.counter(
+        &names::name(names::ROUTING_FAILOVERS, &[("result", result.as_str())]),
+        1,
+    );
+}
+
+/// Request headers the callout must not carry: the routing header (the
+/// callout names its cluster itself), Envoy's router instructions (the
+/// callout's timeout is what is left of the budget), and what the new body
+/// or the callout's own connection sets.
+fn dropped_from_callout(name: &str, cluster_header: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    n == cluster_header
+        || n.starts_with("x-envoy-")
+        || matches!(
+            n.as_str(),
+            ":authority" | "content-length" | "transfer-encoding" | "connection" | "expect"
+        )
+}
+
+/// The headers of the failover callout: the request as it went to the first
+/// backend (trace, baggage, idempotency key and credentials included), with
+/// the new backend's `:authority` (or the one the request had) and the new
+/// body's length.
+pub fn callout_headers(
+    request: &[(String, String)],
+    cluster_header: &str,
+    authority: Option<&str>,
+    body_len: usize,
+) -> Vec<(String, String)> {
+    let original = request
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(":authority"))
+        .map(|(_, v)| v.as_str());
+    let mut out: Vec<(String, String)> = request
+        .iter()
+        .filter(|(k, _)| !dropped_from_callout(k, cluster_header))
+        .cloned()
+        .collect();
+    if let Some(a) = authority.or(original) {
+        out.push((":authority".to_string(), a.to_string()));
+    }
+    out.push(("content-length".to_string(), body_len.to_string()));
+    out
+}
+
+/// The headers of the callout's answer that reach the client: all but the
+/// status (sent apart) and those that describe the callout's own framing.
+pub fn reply_headers(callout: &[(String, String)]) -> Vec<(String, String)> {
+    callout
+        .iter()
+        .filter(|(k, _)| {
+            let n = k.to_ascii_lowercase();
+            !n.starts_with(':')
+                && !matches!(
+                    n.as_str(),
+                    "content-length" | "transfer-encoding" | "connection" | "keep-alive"
+                )
+        })
+        .cloned()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn only_failures_another_backend_could_answer_qualify() {
+        for (end, want) in [
+            (End::Answered(500), true),
+            (End::Answered(503), true),
+            (End::Answered(429), true),
+            (End::Answered(200), false),
+            (End::Answered(400), false),
+            (End::Answered(404), false),
+            (End::TimedOut(504), true),
+            (End::Reset(503), true),
+            (End::Local(503), false),
+            (End::Abandoned, false),
+        ] {
+            assert_eq!(retriable(end), want, "{end:?}");
+        }
+        assert_eq!(FailoverResult::of(Some(200)), FailoverResult::Answered);
+        assert_eq!(FailoverResult::of(Some(404)), FailoverResult::Answered);
+        assert_eq!(FailoverResult::of(Some(502)), FailoverResult::Failed);
+        assert_eq!(FailoverResult::of(None), FailoverResult::NoAnswer);
+    }
+
+    #[test]
+    fn the_callout_carries_the_request_for_the_new_backend() {
+        let request = pairs(&[
+            (":method", "POST"),
+            (":path", "/v1/chat/completions"),
+            (":authority", "llm.local"),
+            ("authorization", "Bearer k"),
+            ("idempotency-key", "abc"),
+            ("traceparent", "00-aa-bb-01"),
+            ("x-llm-cluster", "openai"),
+            ("x-envoy-upstream-rq-timeout-ms", "1000"),
+            ("X-Envoy-Max-Retries", "2"),
+            ("content-length", "99"),
+        ]);
+        let out = callout_headers(&request, "x-llm-cluster", Some("azure.example"), 42);
+        let want = pairs(&[
+            (":method", "POST"),
+            (":path", "/v1/chat/completions"),
+            ("authorization", "Bearer k"),
+            ("idempotency-key", "abc"),
+            ("traceparent", "00-aa-bb-01"),
+            (":authority", "azure.example"),
+            ("content-length", "42"),
+        ]);
+        assert_eq!(out, want);
+        let kept = callout_headers(&request, "x-llm-cluster", None, 1);
+        assert!(kept.contains(&(":authority".to_string(), "llm.local".to_string())));
+    }
+
+    #[test]
+    fn the_reply_keeps_the_answer_headers_but_its_framing() {
+        let callout = pairs(&[
+            (":status", "200"),
+            ("content-type", "application/json"),
+            ("content-length", "10"),
+            ("Transfer-Encoding", "chunked"),
+            ("x-request-id", "r"),
+        ]);
+        assert_eq!(
+            reply_headers(&callout),
+            pairs(&[("content-type", "application/json"), ("x-request-id", "r")])
+        );
+    }
+}

@@ -1,0 +1,186 @@
+//! The walk's failover step: a routed, held call that its backend failed
+//! retriably is sent to another backend of its model while the failed
+//! response is held back, and the client gets that backend's answer. The
+//! budget stays the law: only with room for one more try left, only when the
+//! retry budget allows, and the callout ends with the caller's budget.
+
+use crate::budget;
+use crate::cache::entry::SSE_CONTENT_TYPE;
+use crate::cache::{CacheStatus, X_CACHE};
+use crate::metrics::internal_error;
+use crate::routing::failover::{self, FailoverResult};
+use crate::routing::{self, RouteAsk, CLUSTER_RESPONSE_HEADER};
+use crate::summary::{CallSummary, End};
+use crate::trace_context::TRACE_ID_HEADER;
+
+use super::state::Response;
+use super::{Call, CalloutAnswer, Env, Host, Phase, Step};
+
+impl Call {
+    /// Failover is on and the call was routed to a model with another
+    /// backend: the held body is worth keeping for a failover.
+    pub(super) fn may_fail_over(&self, env: &Env<'_>) -> bool {
+        env.config.routing.failover && self.dispatch.cluster.is_some() && self.dispatch.alternatives
+    }
+
+    /// At the response headers: when the backend failed the call in a way
+    /// another could answer and the budget allows, asks another backend and
+    /// holds this response (`Step::Pause`) until it answers.
+    pub(super) fn fail_over(&mut self, env: &mut Env<'_>, host: &mut dyn Host) -> Step {
+        if !self.failover_due(env) {
+            return Step::Continue;
+        }
+        let (Some(failed), Some(body), Some(model)) = (
+            self.dispatch.cluster.clone(),
+            self.dispatch.held.take(),
+            self.request.model.clone(),
+        ) else {
+            return Step::Continue;
+        };
+        let Some(features) = body.features.as_ref() else {
+            return Step::Continue;
+        };
+        let (store, budget_cfg, now_ms) = (env.store, &env.config.budget, env.now_ms);
+        let avoid = |cluster: &str| budget::breaker_sheds(store, budget_cfg, cluster, now_ms);
+        let ask = RouteAsk {
+            model: &model,
+            features,
+            priority: self.request.priority,
+            now_ms,
+            avoid: &avoid,
+        };
+        let Some(target) = routing::failover_target(&env.config.routing, env.store, &ask, &failed)
+        else {
+            return Step::Continue;
+        };
+        let new_body = match &target.rewrite_model {
+            None => Some(body.raw.clone()),
+            Some(m) => routing::rewrite::rewrite_model(&body.raw, m),
+        };
+        let Some(new_body) = new_body else {
+            internal_error(env.metrics, "rewrite_model");
+            return Step::Continue;
+        };
+        let headers = failover::callout_headers(
+            &host.request_headers(),
+            &env.config.routing.cluster_header,
+            target.authority.as_deref(),
+            new_body.len(),
+        );
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let timeout_ms = self.request.remaining_ms(env.now_ms);
+        if !host.dispatch_call(&target.cluster, &headers, &new_body, timeout_ms) {
+            internal_error(env.metrics, "failover_dispatch");
+            failover::count(env.metrics, FailoverResult::NotSent);
+            return Step::Continue;
+        }
+        // The failed backend learns now, with the failover as a retry it
+        // cost; the call is the other backend's from here.
+        let failed_try = CallSummary {
+            failovers: 1,
+            ..self.summary("", env.now_ms)
+        };
+        self.learn_from(env, &failed_try);
+        routing::learn::started(env.store, env.metrics, &target.cluster, env.now_ms);
+        if self.dispatch.breaker.is_some() {
+            self.dispatch.breaker = Some(target.cluster.clone());
+        }
+        self.dispatch.cluster = Some(target.cluster);
+        self.phase = Phase::FailingOver;
+        Step::Pause
+    }
+
+    /// The response just read failed the call retriably, it is still held by
+    /// nothing else, and the budget leaves room for one more try.
+    fn failover_due(&self, env: &Env<'_>) -> bool {
+        let Some(response) = self.response.as_ref() else {
+            return false;
+        };
+        let end = End::classify(None, response.status, response.envoy);
+        let breaker = self.dispatch.breaker.as_deref();
+        matches!(self.phase, Phase::Forwarded)
+            && self.dispatch.held.is_some()
+            && failover::retriable(end)
+            // An expired entry already answers the failure.
+            && self.cache.status != Some(CacheStatus::Stale)
+            && self.request.remaining_ms(env.now_ms) >= env.config.budget.min_per_try_ms
+            && breaker.is_none_or(|b| budget::retry_allowed(env.store, &env.config.budget, b, env.now_ms))
+    }
+
+    /// The answer of the backend a failover asked. `Step::Continue`: let the
+    /// held failure go on to the client (the other backend did not answer);
+    /// `Step::Pause`: the client was answered here.
+    pub fn on_callout_response(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        answer: CalloutAnswer,
+    ) -> Step {
+        if !matches!(self.phase, Phase::FailingOver) {
+            return Step::Pause;
+        }
+        let result = FailoverResult::of(answer.status);
+        failover::count(env.metrics, result);
+        match answer.status {
+            Some(status) if self.reply_with(env, host, status, &answer) => {
+                self.phase = Phase::FailedOver;
+                Step::Pause
+            }
+            _ => {
+                // No answer in the budget left: this backend learns its
+                // timeout now, and the client gets the failure held back.
+                let timed_out = CallSummary {
+                    end: End::TimedOut(504),
+                    ..self.summary("", env.now_ms)
+                };
+                self.learn_from(env, &timed_out);
+                self.dispatch.cluster = None;
+                self.dispatch.breaker = None;
+                self.phase = Phase::Forwarded;
+                Step::Continue
+            }
+        }
+    }
+
+    /// Answers the client with the other backend's answer; false (counted)
+    /// when the host refused.
+    fn reply_with(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        status: u16,
+        answer: &CalloutAnswer,
+    ) -> bool {
+        let mut headers = failover::reply_headers(&answer.headers);
+        if let Some(cluster) = &self.dispatch.cluster {
+            headers.push((CLUSTER_RESPONSE_HEADER.to_string(), cluster.clone()));
+        }
+        if let Some(t) = &self.request.trace_id {
+            headers.push((TRACE_ID_HEADER.to_string(), t.clone()));
+        }
+        if let Some(x_cache) = self.cache.header() {
+            headers.push((X_CACHE.to_string(), x_cache.to_string()));
+        }
+        let refs: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        if !host.send_local_reply(u32::from(status), &refs, &answer.body) {
+            internal_error(env.metrics, "local_reply");
+            return false;
+        }
+        let stream = headers
+            .iter()
+            .any(|(k, v)| k.eq_ignore_ascii_case("content-type") && v.contains(SSE_CONTENT_TYPE));
+        self.response = Some(Response::from_callout(
+            status,
+            stream,
+            &answer.body,
+            env.now_ms,
+        ));
+        true
+    }
+}
