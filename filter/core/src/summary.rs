@@ -14,6 +14,10 @@
 //! | `Reset` (Envoy's 503)       | `reset`            | `reset`, failure                    | failure (all budget)  |
 //! | `Abandoned` (client left)   | `reset`            | `cancelled`, nothing learnt         | none                  |
 //!
+//! A call that failed over ends as the answer of the backend that answered
+//! it; the backend that failed it learns that try's end when the walk turns
+//! to the other one.
+//!
 //! Why: a 429 is the provider pacing this caller, so routing moves load away
 //! while the budget breaker (which measures time eaten, not refusals) does not
 //! count it; a client that leaves says nothing about the backend; and the
