@@ -18,5 +18,6 @@ mod metrics;
 mod passthrough;
 mod priority;
 mod routing;
+mod routing_tail;
 mod streaming;
 mod trace_context;
