@@ -19,5 +19,6 @@ mod metrics;
 mod passthrough;
 mod priority;
 mod routing;
+mod routing_tail;
 mod streaming;
 mod trace_context;

@@ -5,15 +5,15 @@
 use serde::{Deserialize, Serialize};
 
 use super::config::RoutingConfig;
-pub use super::ewma::Ewma;
 use super::ewma::{unit_weight, MAX_SAMPLE_MS};
+pub use super::ewma::{Ewma, Histogram};
 use crate::host::cas::{self, Change, Unguarded};
 use crate::host::{SharedStore, StoreError};
 
 /// Prefix of the per-cluster health keys; the cluster name follows. The
 /// version changes with the record's layout, so workers of two filter versions
 /// (during a configuration update) never read each other's records.
-pub const KEY_PREFIX: &str = "llm_filter.routing.v2.health.";
+pub const KEY_PREFIX: &str = "llm_filter.routing.v3.health.";
 
 /// Successes a new error average starts from (see [`observe_error`]).
 const ERROR_PRIOR: f64 = 4.0;
@@ -93,6 +93,12 @@ pub struct Health {
     pub ttft: Option<Ewma>,
     /// Share of calls that failed (5xx, 429, reset, timeout), in `[0, 1]`.
     pub errors: Option<Ewma>,
+    /// Latencies of successful non-streamed calls (to the end), ms: their
+    /// typical and tail latency.
+    pub calls: Option<Histogram>,
+    /// Times to the first byte of successful streams, ms: their typical and
+    /// tail latency.
+    pub streams: Option<Histogram>,
     /// Failed calls in a row, across workers.
     pub consecutive_failures: u32,
     /// Calls dispatched and not yet completed.
@@ -119,6 +125,22 @@ impl Health {
         now_ms < self.ejected_until_ms
     }
 
+    /// Calls in flight at `now_ms`: 0 when the count is a leak (see
+    /// [`Self::heal_in_flight`]), so a stale count weighs nothing before the
+    /// next write resets it.
+    pub fn in_flight_at(&self, now_ms: u64) -> u32 {
+        if Self::leaked(self.in_flight, self.in_flight_at_ms, now_ms) {
+            0
+        } else {
+            self.in_flight
+        }
+    }
+
+    /// An in-flight count untouched for long, or absurdly large, is a leak.
+    fn leaked(in_flight: u32, at_ms: u64, now_ms: u64) -> bool {
+        now_ms.saturating_sub(at_ms) > IN_FLIGHT_STALE_MS || in_flight > MAX_IN_FLIGHT
+    }
+
     /// Decodes a stored record; `None` for anything that is not one. Floats
     /// that are not finite (a foreign or corrupt value) are dropped, so no NaN
     /// ever reaches the weights.
@@ -141,6 +163,8 @@ impl Health {
         {
             e.weight = unit_weight(e.weight);
         }
+        h.calls = h.calls.and_then(Histogram::sanitized);
+        h.streams = h.streams.and_then(Histogram::sanitized);
         h.load = h.load.map(Load::sanitized);
         Some(h)
     }
@@ -195,9 +219,7 @@ impl Health {
     /// Resets an in-flight count nobody touched for long: the completions of
     /// those calls were lost with a restarted worker.
     fn heal_in_flight(&mut self, now_ms: u64) {
-        if now_ms.saturating_sub(self.in_flight_at_ms) > IN_FLIGHT_STALE_MS
-            || self.in_flight > MAX_IN_FLIGHT
-        {
+        if Self::leaked(self.in_flight, self.in_flight_at_ms, now_ms) {
             self.in_flight = 0;
         }
     }
@@ -266,6 +288,9 @@ pub struct CallSample {
     pub latency_ms: u64,
     /// From dispatch to the first response body byte, ms, when one came.
     pub ttft_ms: Option<u64>,
+    /// The call was a stream: its speed is its time to the first byte, not
+    /// its length, which the answer's length sets.
+    pub streamed: bool,
 }
 
 /// The result of recording something.
@@ -335,9 +360,18 @@ pub fn record_outcome<S: SharedStore + ?Sized>(
             Verdict::Success => {
                 // Only successes measure speed: a refused connection fails
                 // fast and would make a dead backend look like the best one.
-                Ewma::observe(&mut h.latency, outcome.latency_ms as f64, now_ms, half_life);
+                let latency = outcome.latency_ms as f64;
+                Ewma::observe(&mut h.latency, latency, now_ms, half_life);
                 if let Some(t) = outcome.ttft_ms {
                     Ewma::observe(&mut h.ttft, t as f64, now_ms, half_life);
+                }
+                match (outcome.streamed, outcome.ttft_ms) {
+                    (false, _) => Histogram::observe(&mut h.calls, latency, now_ms, half_life),
+                    (true, Some(t)) => {
+                        Histogram::observe(&mut h.streams, t as f64, now_ms, half_life);
+                    }
+                    // A stream that sent no byte says nothing of its speed.
+                    (true, None) => {}
                 }
                 observe_error(&mut h.errors, 0.0, now_ms, half_life);
                 h.consecutive_failures = 0;
@@ -477,6 +511,16 @@ mod tests {
             result: CallResult::Status(200),
             latency_ms,
             ttft_ms: Some(latency_ms / 2),
+            streamed: false,
+        }
+    }
+
+    fn stream(latency_ms: u64, ttft_ms: Option<u64>) -> CallSample {
+        CallSample {
+            result: CallResult::Status(200),
+            latency_ms,
+            ttft_ms,
+            streamed: true,
         }
     }
 
@@ -485,12 +529,13 @@ mod tests {
             result,
             latency_ms: 1,
             ttft_ms: None,
+            streamed: false,
         }
     }
 
     #[test]
     fn key_carries_prefix_and_cluster() {
-        assert_eq!(key("openai"), "llm_filter.routing.v2.health.openai");
+        assert_eq!(key("openai"), "llm_filter.routing.v3.health.openai");
     }
 
     #[test]
@@ -537,6 +582,44 @@ mod tests {
     }
 
     #[test]
+    fn streams_learn_their_first_byte_apart_from_other_calls() {
+        let s = MemoryStore::new();
+        let c = config();
+        // A steady 200 ms for whole calls; streams answer their first byte in
+        // 50 ms but run for 8 s.
+        for t in 0..10 {
+            record_outcome(&s, &c, "a", &ok(200), t).unwrap();
+            record_outcome(&s, &c, "a", &stream(8_000, Some(50)), t).unwrap();
+        }
+        // A stream that sent nothing teaches no speed.
+        record_outcome(&s, &c, "a", &stream(3, None), 10).unwrap();
+        let h = read(&s, "a").unwrap();
+        let (calls, streams) = (h.calls.unwrap(), h.streams.unwrap());
+        assert_eq!(
+            (calls.mean(), calls.tail_mean(0.1)),
+            (Some(200.0), Some(200.0))
+        );
+        assert_eq!(
+            (streams.mean(), streams.tail_mean(0.1)),
+            (Some(50.0), Some(50.0))
+        );
+        assert!((calls.total() - 10.0).abs() < 1e-2, "{calls:?}");
+        assert!((streams.total() - 10.0).abs() < 1e-2, "{streams:?}");
+        // A stream whose first byte is slow now and then: only the stream tail moves.
+        for t in 0..10 {
+            let ttft = if t == 9 { 4_000 } else { 50 };
+            record_outcome(&s, &c, "a", &stream(8_000, Some(ttft)), 20 + t).unwrap();
+        }
+        let h = read(&s, "a").unwrap();
+        assert_eq!(h.calls.unwrap().tail_mean(0.1), Some(200.0));
+        let tail = h.streams.unwrap().tail_mean(0.1).unwrap();
+        assert!((1_990.0..2_030.0).contains(&tail), "{tail}");
+        // Failures feed neither.
+        record_outcome(&s, &c, "a", &fail(CallResult::Status(503)), 40).unwrap();
+        assert_eq!(read(&s, "a").unwrap().calls, h.calls);
+    }
+
+    #[test]
     fn in_flight_never_underflows_and_heals() {
         let s = MemoryStore::new();
         let c = config();
@@ -546,9 +629,18 @@ mod tests {
             record_start(&s, "a", t).unwrap();
         }
         assert_eq!(read(&s, "a").unwrap().in_flight, 3);
-        // Nobody completed those calls for ten minutes: a leak, reset.
+        // Nobody completed those calls for ten minutes: a leak, weighing
+        // nothing at once and reset by the next write.
+        let h = read(&s, "a").unwrap();
+        assert_eq!(h.in_flight_at(2 + IN_FLIGHT_STALE_MS), 3);
+        assert_eq!(h.in_flight_at(2 + IN_FLIGHT_STALE_MS + 1), 0);
         let r = record_start(&s, "a", 2 + IN_FLIGHT_STALE_MS + 1).unwrap();
         assert_eq!(r.health.in_flight, 1);
+        let h = Health {
+            in_flight: MAX_IN_FLIGHT + 1,
+            ..Health::default()
+        };
+        assert_eq!(h.in_flight_at(0), 0);
     }
 
     #[test]
@@ -737,9 +829,18 @@ mod tests {
                 waiting: Some(f64::NAN),
                 kv_usage: Some(-1.0),
             }),
+            calls: Some(Histogram {
+                counts: [f64::NAN; super::super::ewma::BUCKETS],
+                ..Histogram::default()
+            }),
+            streams: Some(Histogram {
+                sums: [-1.0; super::super::ewma::BUCKETS],
+                ..Histogram::default()
+            }),
             ..Health::default()
         };
         let d = Health::decode(&h.encode().unwrap()).unwrap();
+        assert_eq!((d.calls, d.streams), (None, None));
         assert_eq!(d.latency, None);
         assert_eq!(d.ttft, None);
         assert_eq!(d.errors.unwrap().value, 1.0);

@@ -61,6 +61,7 @@ pub fn ended(
         result,
         latency_ms: elapsed,
         ttft_ms: call.first_byte_after_ms(),
+        streamed: call.streamed,
     };
     match health::record_outcome(store, cfg, cluster, &outcome, now_ms) {
         Ok(r) => {
@@ -140,5 +141,19 @@ mod tests {
         let h = health::read(&store, "a").unwrap();
         assert_eq!(h.in_flight, 0);
         assert!(h.latency.is_some());
+        assert!(h.calls.is_some() && h.streams.is_none());
+        // A stream teaches the stream tail, by its first byte.
+        started(&store, &mut m, "a", 50);
+        let call = CallSummary {
+            cluster: Some("a"),
+            started_ms: 50,
+            first_byte_ms: Some(80),
+            ended_ms: 900,
+            streamed: true,
+            ..CallSummary::ended(End::Answered(200))
+        };
+        ended(&store, &cfg, &mut m, &call);
+        let streams = health::read(&store, "a").unwrap().streams.unwrap();
+        assert_eq!(streams.mean(), Some(30.0));
     }
 }

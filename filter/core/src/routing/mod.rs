@@ -389,6 +389,7 @@ mod tests {
             result: CallResult::Status(503),
             latency_ms: 3,
             ttft_ms: None,
+            streamed: false,
         };
         for _ in 0..3 {
             health::record_outcome(&s, &c, "azure", &fail, 1_000).unwrap();
@@ -451,6 +452,7 @@ mod tests {
                 result: CallResult::Status(200),
                 latency_ms: ms,
                 ttft_ms: Some(ms / 4),
+                streamed: false,
             };
             health::record_start(&s, cluster, 0).unwrap();
             health::record_outcome(&s, &c, cluster, &o, 0).unwrap();

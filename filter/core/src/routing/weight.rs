@@ -6,13 +6,19 @@
 //! For each backend `i` of a model at time `now`:
 //!
 //! ```text
-//! effective_i = base_i × L_i × E_i × Q_i × R_i      (0 while i is ejected)
+//! effective_i = base_i × L_i × E_i × Q_i × R_i × F_i      (0 while i is ejected)
 //!
-//! L_i latency  = 1 − c_i × (1 − clamp(max(best, 1) / max(lat_i, 1), 0.05, 1))
-//!                lat_i: EWMA latency of i's successful calls; best: the lowest
-//!                such latency among the model's clusters that are not ejected
-//!                and not stale; c_i = 2^(−age_i / half_life), the confidence
-//!                left in i's average, so stale knowledge fades to neutral.
+//! L_i latency  = min over k of 1 − c_ik × (1 − clamp(max(best_k, 1) / max(s_ik, 1), 0.05, 1))
+//!                k: the kind of call, judged apart: non-streamed (time to the
+//!                end) and streams (time to the first byte); a kind i has no
+//!                fresh sample of, or no backend sets a bar for, counts 1.
+//!                s_ik = ½ mean_ik + ½ tail_ik, i's latency score for kind k:
+//!                mean_ik the decayed mean of i's successful calls of kind k,
+//!                tail_ik the mean of their slowest 10% (see `ewma`); best_k:
+//!                the lowest score among the model's clusters that are not
+//!                ejected and not stale; c_ik = 2^(−age_ik / half_life), the
+//!                confidence left in i's samples, so stale knowledge fades
+//!                to neutral.
 //! E_i errors   = max((1 − c_i × err_i)^4, 0.02)
 //!                err_i: EWMA share of failed calls (5xx, 429, reset, timeout).
 //! Q_i load     = max(1 / (1 + waiting_i / 8) × kv(usage_i), 0.05)
@@ -21,14 +27,32 @@
 //!                than 3 probe intervals.
 //! R_i ramp     = 0.1 + 0.9 × min(1, (now − recovering_since_i) / ramp)
 //!                1 when not recovering from an ejection (or ramp = 0).
+//! F_i in flight = max(1 / (1 + excess_i / (fair_i + 4)), 0.25)
+//!                n_i: calls in flight to i across workers (0 once untouched
+//!                for 10 minutes, a leak); excess_i = max(0, n_i − fair_i);
+//!                fair_i = N × w_i × d_i / Σ_j w_j × d_j, the calls i holds at
+//!                its share of the weight w_i = base_i × L_i × E_i × Q_i × R_i
+//!                when each lasts its usual d_i (Little's law); d_i: the
+//!                average time of i's successful calls to their end, streams
+//!                included (the mean of the others' when unknown, at least
+//!                1 ms); N and the sum run over the model's clusters not ejected.
 //! ```
+//!
+//! The tail is what a caller waits for when unlucky: a backend that is fast
+//! but now and then takes seconds scores far behind a steady one, so it keeps
+//! a trickle of calls. Kinds are judged apart because a stream's length is the
+//! answer's, not the backend's; a backend is as good as its worse kind. Calls
+//! in flight show a stall before any of its calls completes; only calls beyond
+//! what the backend's share and usual call time explain count, so the factor
+//! does not charge a slow backend a second time for the calls it holds.
 //!
 //! Unknown health (no record, no sample yet) gives each factor 1. If every
 //! backend of the model is ejected, the base weights are used: sending to a
 //! probably-bad backend beats failing every call locally.
 
 use super::config::{Backend, RoutingConfig};
-use super::health::{Ewma, Health, Load};
+use super::ewma::MAX_SAMPLE_MS;
+use super::health::{Health, Histogram, Load};
 
 /// Floor of the latency factor: even a much slower cluster keeps a trickle of
 /// calls, which keeps its average fresh.
@@ -47,7 +71,17 @@ pub const KV_FLOOR: f64 = 0.1;
 pub const LOAD_FLOOR: f64 = 0.05;
 /// Ramp factor right after an ejection ends.
 pub const RAMP_START: f64 = 0.1;
-/// Confidence below which a latency average no longer sets the bar for others.
+/// Share of the slowest calls whose mean is a backend's tail latency.
+pub const TAIL_SHARE: f64 = 0.1;
+/// Weight of the tail in a backend's latency score; the mean has the rest.
+pub const TAIL_BLEND: f64 = 0.5;
+/// Calls in flight beyond its share a backend may hold before the in-flight
+/// factor halves its weight, on top of the share itself.
+pub const IN_FLIGHT_SLACK: f64 = 4.0;
+/// Floor of the in-flight factor: a backend holding many calls still gets
+/// some, which it answers once the stall ends.
+pub const IN_FLIGHT_FLOOR: f64 = 0.25;
+/// Confidence below which latencies no longer set the bar for others.
 const STALE_CONFIDENCE: f64 = 0.125;
 /// Load readings older than this many probe intervals are ignored.
 const LOAD_FRESH_INTERVALS: u64 = 3;
@@ -61,8 +95,8 @@ fn unit(x: f64, floor: f64) -> f64 {
     }
 }
 
-/// Latency factor of a cluster whose average is `this_ms`, given the best
-/// average `best_ms` of the model and the confidence left in `this_ms`.
+/// Latency factor of a cluster whose score is `this_ms`, given the best
+/// score `best_ms` of the model and the confidence left in `this_ms`.
 /// Latencies under 1 ms count as 1 ms, so zero never divides.
 pub fn latency_factor(best_ms: f64, this_ms: f64, confidence: f64) -> f64 {
     if !(best_ms.is_finite() && this_ms.is_finite()) {
@@ -116,20 +150,79 @@ pub fn ramp_factor(now_ms: u64, recovering_since_ms: Option<u64>, ramp_ms: u64) 
     )
 }
 
-/// The latency average of `h` that may set the bar, if fresh enough.
-fn fresh_latency(h: &Health, now_ms: u64, half_life_ms: f64) -> Option<(f64, f64)> {
-    let e: Ewma = h.latency?;
-    let c = e.confidence(now_ms, half_life_ms);
-    (e.value.is_finite() && c >= STALE_CONFIDENCE).then_some((e.value, c))
+/// Latency score from a mean and a tail latency: [`TAIL_BLEND`] of the tail,
+/// the rest of the mean; `None` unless both are finite.
+pub fn latency_score(mean_ms: f64, tail_ms: f64) -> Option<f64> {
+    let s = (1.0 - TAIL_BLEND) * mean_ms + TAIL_BLEND * tail_ms;
+    s.is_finite().then_some(s.max(0.0))
 }
 
-/// Health factor of one cluster (product of the four factors), in `(0, 1]`.
-pub fn health_factor(config: &RoutingConfig, h: &Health, best_ms: Option<f64>, now_ms: u64) -> f64 {
+/// In-flight factor of a backend holding `in_flight` calls where its share of
+/// the weight and its usual call time would hold `fair`.
+pub fn in_flight_factor(in_flight: f64, fair: f64) -> f64 {
+    if !(in_flight.is_finite() && fair.is_finite()) {
+        return 1.0;
+    }
+    let fair = fair.max(0.0);
+    let excess = (in_flight - fair).max(0.0);
+    unit(
+        1.0 / (1.0 + excess / (fair + IN_FLIGHT_SLACK)),
+        IN_FLIGHT_FLOOR,
+    )
+}
+
+/// The lowest latency score of each kind of call among a model's clusters
+/// that are not ejected, from samples fresh enough.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Best {
+    /// Non-streamed calls, by their time to the end.
+    pub calls: Option<f64>,
+    /// Streams, by their time to the first byte.
+    pub streams: Option<f64>,
+}
+
+impl Best {
+    /// Each kind's best with the scores of `h` taken in.
+    fn with(self, h: &Health, now_ms: u64, half_life_ms: f64) -> Self {
+        let min = |best: Option<f64>, hist: Option<Histogram>| {
+            let mine = hist.and_then(|x| fresh_score(&x, now_ms, half_life_ms));
+            match (best, mine) {
+                (Some(b), Some((m, _))) => Some(b.min(m)),
+                (b, m) => b.or(m.map(|(m, _)| m)),
+            }
+        };
+        Self {
+            calls: min(self.calls, h.calls),
+            streams: min(self.streams, h.streams),
+        }
+    }
+}
+
+/// The latency score of a histogram and the confidence left in it, if fresh
+/// enough to set the bar.
+fn fresh_score(h: &Histogram, now_ms: u64, half_life_ms: f64) -> Option<(f64, f64)> {
+    let c = h.confidence(now_ms, half_life_ms);
+    if c < STALE_CONFIDENCE {
+        return None;
+    }
+    let score = latency_score(h.mean()?, h.tail_mean(TAIL_SHARE)?)?;
+    Some((score, c))
+}
+
+/// Health factor of one cluster (the product of the latency, error, load and
+/// ramp factors), in `(0, 1]`; the in-flight factor needs the whole model and
+/// is applied by [`effective_weights`].
+pub fn health_factor(config: &RoutingConfig, h: &Health, best: &Best, now_ms: u64) -> f64 {
     let half_life = config.ewma_half_life_ms;
-    let latency = match (best_ms, fresh_latency(h, now_ms, half_life)) {
-        (Some(best), Some((mine, c))) => latency_factor(best, mine, c),
-        _ => 1.0,
-    };
+    // A backend is as good as its worse kind: the weight is one per model,
+    // whatever kind the next call is.
+    let latency = [(best.calls, h.calls), (best.streams, h.streams)]
+        .into_iter()
+        .filter_map(|(best, hist)| {
+            let (mine, c) = fresh_score(&hist?, now_ms, half_life)?;
+            Some(latency_factor(best?, mine, c))
+        })
+        .fold(1.0, f64::min);
     let errors = match h.errors {
         Some(e) => error_factor(e.value * e.confidence(now_ms, half_life)),
         None => 1.0,
@@ -173,21 +266,21 @@ pub fn effective_weights(
             fallback: true,
         };
     }
+    let is_out = |i: usize| ejected.get(i).copied().unwrap_or(false);
     let best = (0..backends.len())
-        .filter(|i| !ejected.get(*i).copied().unwrap_or(false))
-        .filter_map(|i| fresh_latency(&health_of(i)?, now_ms, config.ewma_half_life_ms))
-        .map(|(v, _)| v)
-        .fold(None, |acc: Option<f64>, v| {
-            Some(acc.map_or(v, |a| a.min(v)))
+        .filter(|i| !is_out(*i))
+        .filter_map(health_of)
+        .fold(Best::default(), |best, h| {
+            best.with(&h, now_ms, config.ewma_half_life_ms)
         });
-    let values = backends
+    let mut values: Vec<f64> = backends
         .iter()
         .enumerate()
         .map(|(i, b)| {
-            if ejected.get(i).copied().unwrap_or(false) {
+            if is_out(i) {
                 return 0.0;
             }
-            let factor = health_of(i).map_or(1.0, |h| health_factor(config, &h, best, now_ms));
+            let factor = health_of(i).map_or(1.0, |h| health_factor(config, &h, &best, now_ms));
             let w = f64::from(b.weight) * factor;
             if w.is_finite() {
                 w.max(0.0)
@@ -196,9 +289,58 @@ pub fn effective_weights(
             }
         })
         .collect();
+    apply_in_flight(
+        &mut values,
+        backends.len(),
+        |i| health_of(i).filter(|_| !is_out(i)),
+        now_ms,
+    );
     Weights {
         values,
         fallback: false,
+    }
+}
+
+/// Scales `values` (the weights before the in-flight factor) by each
+/// backend's in-flight factor; `health(i)` is `None` for an ejected or unknown
+/// backend, which holds no share.
+fn apply_in_flight(
+    values: &mut [f64],
+    n: usize,
+    health: impl Fn(usize) -> Option<Health>,
+    now_ms: u64,
+) {
+    let in_flight: Vec<f64> = (0..n)
+        .map(|i| health(i).map_or(0.0, |h| f64::from(h.in_flight_at(now_ms))))
+        .collect();
+    let calls: f64 = in_flight.iter().sum();
+    if calls <= 0.0 {
+        return;
+    }
+    let durations: Vec<Option<f64>> = (0..n)
+        .map(|i| {
+            let d = health(i)?.latency?.value;
+            d.is_finite().then(|| d.clamp(1.0, MAX_SAMPLE_MS))
+        })
+        .collect();
+    let known: Vec<f64> = durations.iter().flatten().copied().collect();
+    let usual = if known.is_empty() {
+        1.0
+    } else {
+        known.iter().sum::<f64>() / known.len() as f64
+    };
+    // Each backend's expected share of the calls in flight.
+    let held: Vec<f64> = values
+        .iter()
+        .zip(&durations)
+        .map(|(w, d)| w * d.unwrap_or(usual))
+        .collect();
+    let total: f64 = held.iter().sum();
+    if !(total > 0.0 && total.is_finite()) {
+        return;
+    }
+    for ((w, n), h) in values.iter_mut().zip(&in_flight).zip(&held) {
+        *w *= in_flight_factor(*n, calls * (h / total));
     }
 }
 
@@ -249,7 +391,9 @@ pub fn pick(weights: &[f64], r: f64) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::routing::health::Ewma;
+    use crate::host::MemoryStore;
+    use crate::routing::ewma::BUCKETS;
+    use crate::routing::health::{self, CallResult, CallSample, Ewma};
 
     fn backend(cluster: &str, weight: u32) -> Backend {
         Backend {
@@ -260,10 +404,28 @@ mod tests {
         }
     }
 
+    /// Non-streamed calls of one latency, the last at `at_ms`.
     fn with_latency(ms: f64, at_ms: u64) -> Health {
+        let mut calls = None;
+        Histogram::observe(&mut calls, ms, at_ms, 10_000.0);
         Health {
-            latency: Some(Ewma::new(ms, at_ms)),
+            calls,
             ..Health::default()
+        }
+    }
+
+    /// Shares of the total weight.
+    fn shares(w: &[f64]) -> Vec<f64> {
+        let total: f64 = w.iter().sum();
+        w.iter().map(|x| x / total).collect()
+    }
+
+    fn answered(latency_ms: u64, ttft_ms: u64, streamed: bool) -> CallSample {
+        CallSample {
+            result: CallResult::Status(200),
+            latency_ms,
+            ttft_ms: Some(ttft_ms),
+            streamed,
         }
     }
 
@@ -382,7 +544,11 @@ mod tests {
         // A short health slice is the same as unknown.
         assert_eq!(effective_weights(&c, &b, &[], 0).values, vec![3.0, 1.0]);
         assert_eq!(effective_weights(&c, &[], &[], 0).values, Vec::<f64>::new());
-        assert_eq!(health_factor(&c, &Health::default(), Some(5.0), 0), 1.0);
+        let best = Best {
+            calls: Some(5.0),
+            streams: Some(5.0),
+        };
+        assert_eq!(health_factor(&c, &Health::default(), &best, 0), 1.0);
     }
 
     #[test]
@@ -423,13 +589,13 @@ mod tests {
             recovering_since_ms: Some(100),
             ..Health::default()
         };
-        let f = health_factor(&c, &h, None, 100 + 10_000);
+        let f = health_factor(&c, &h, &Best::default(), 100 + 10_000);
         // errors: 0.5 seen 10 s (one half-life) ago → 0.25 → 0.75^4; load 0.5; ramp 0.1 + 0.9/2.
         let want = 0.75f64.powi(4) * 0.5 * 0.55;
         assert!((f - want).abs() < 1e-12, "{f} {want}");
         // Load older than 3 intervals + timeout no longer counts.
         let now = 100 + 17_001;
-        let f = health_factor(&c, &h, None, now);
+        let f = health_factor(&c, &h, &Best::default(), now);
         let want = error_factor(0.5 * (-1.7001f64).exp2()) * ramp_factor(now, Some(100), 20_000);
         assert!((f - want).abs() < 1e-12, "{f} {want}");
     }
@@ -440,9 +606,11 @@ mod tests {
         let b = [backend("a", 2), backend("b", 5)];
         let out = Health {
             ejected_until_ms: 1_000,
-            // A fast-failing ejected cluster must not set the latency bar.
-            latency: Some(Ewma::new(1.0, 999)),
-            ..Health::default()
+            // A fast-failing ejected cluster must not set the latency bar,
+            // nor its calls in flight count.
+            in_flight: 50,
+            in_flight_at_ms: 999,
+            ..with_latency(1.0, 999)
         };
         let w = effective_weights(&c, &b, &[Some(out), Some(with_latency(400.0, 999))], 999);
         assert_eq!(
@@ -460,8 +628,18 @@ mod tests {
                 fallback: true
             }
         );
-        // At the end of the ejection it is back.
+        // At the end of the ejection it is back, calls in flight and all.
         let w = effective_weights(&c, &b, &[Some(out), Some(out)], 1_000);
+        assert!(!w.fallback);
+        // 100 calls, 50 on each: a holds 50 - 100 × 2/7 beyond its share.
+        let want = 2.0 / (1.0 + (50.0 - 200.0 / 7.0) / (200.0 / 7.0 + 4.0));
+        assert!((w.values[0] - want).abs() < 1e-12, "{w:?}");
+        assert_eq!(w.values[1], 5.0);
+        let back = Health {
+            in_flight: 0,
+            ..out
+        };
+        let w = effective_weights(&c, &b, &[Some(back), Some(back)], 1_000);
         assert!(!w.fallback);
         assert_eq!(w.values, vec![2.0, 5.0]);
     }
@@ -473,7 +651,18 @@ mod tests {
         for lat in ODD {
             for err in ODD {
                 let h = Health {
-                    latency: Some(Ewma::new(lat, u64::MAX)),
+                    calls: Some(Histogram {
+                        counts: [lat; BUCKETS],
+                        sums: [err; BUCKETS],
+                        at_ms: u64::MAX,
+                    }),
+                    streams: Some(Histogram {
+                        counts: [err; BUCKETS],
+                        sums: [lat; BUCKETS],
+                        at_ms: 0,
+                    }),
+                    in_flight: u32::MAX,
+                    in_flight_at_ms: u64::MAX,
                     errors: Some(Ewma::new(err, 0)),
                     load: Some(Load {
                         waiting: Some(lat),
@@ -492,6 +681,195 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn scores_and_in_flight_factor_are_bounded() {
+        assert_eq!(latency_score(100.0, 5_000.0), Some(2_550.0));
+        assert_eq!(latency_score(300.0, 300.0), Some(300.0));
+        assert_eq!(latency_score(f64::NAN, 1.0), None);
+        assert_eq!(latency_score(1.0, f64::INFINITY), None);
+        assert_eq!(latency_score(-5.0, -5.0), Some(0.0));
+        assert_eq!(in_flight_factor(0.0, 0.0), 1.0);
+        assert_eq!(in_flight_factor(4.0, 4.0), 1.0);
+        assert_eq!(in_flight_factor(2.0, 6.0), 1.0);
+        // Eight calls beyond a share of four: the share and the slack again.
+        assert!((in_flight_factor(12.0, 4.0) - 0.5).abs() < 1e-12);
+        assert!((in_flight_factor(4.0, 0.0) - 0.5).abs() < 1e-12);
+        assert_eq!(in_flight_factor(1e9, 1.0), IN_FLIGHT_FLOOR);
+        for a in ODD {
+            for b in ODD {
+                let f = in_flight_factor(a, b);
+                assert!(finite_in(f, IN_FLIGHT_FLOOR, 1.0), "{a} {b}: {f}");
+                if let Some(s) = latency_score(a, b) {
+                    assert!(s.is_finite() && s >= 0.0, "{a} {b}: {s}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_heavy_tail_keeps_a_trickle() {
+        // Ten seconds of calls, one every 50 ms to each: `tail` answers 9 in
+        // 10 in 100 ms and the 10th in 5 s; `steady` always in 300 ms.
+        let c = RoutingConfig::default();
+        let s = MemoryStore::new();
+        let mut now = 0;
+        for k in 0..200 {
+            now = k * 50;
+            let ms = if k % 10 == 9 { 5_000 } else { 100 };
+            health::record_outcome(&s, &c, "tail", &answered(ms, ms, false), now).unwrap();
+            health::record_outcome(&s, &c, "steady", &answered(300, 300, false), now).unwrap();
+        }
+        let b = [backend("tail", 1), backend("steady", 1)];
+        let h = [health::read(&s, "tail"), health::read(&s, "steady")];
+        let w = effective_weights(&c, &b, &h, now).values;
+        let share = shares(&w);
+        // What the mean alone would give (the former latency factor).
+        let tail = h[0].unwrap();
+        let mean = tail.latency.unwrap().value;
+        let by_mean = latency_factor(300.0, mean, 1.0);
+        let calls = tail.calls.unwrap();
+        eprintln!(
+            "heavy tail: mean {:.0} ms, tail {:.0} ms; weights {w:?}, shares {share:?}; \
+             by the mean alone: weight {by_mean:.3}, share {:.3}",
+            calls.mean().unwrap(),
+            calls.tail_mean(TAIL_SHARE).unwrap(),
+            by_mean / (1.0 + by_mean)
+        );
+        assert_eq!(w[1], 1.0);
+        assert!(share[0] < 0.12, "{share:?}");
+        assert!(by_mean / (1.0 + by_mean) > 0.3, "{by_mean}");
+        // A steady backend three times slower than the typical call still wins:
+        // the tail costs more than the typical latency gains.
+        assert!(w[0] < 0.15 && w[0] >= LATENCY_FLOOR, "{w:?}");
+    }
+
+    #[test]
+    fn streams_are_judged_by_their_first_byte_apart_from_calls() {
+        let c = RoutingConfig::default();
+        let s = MemoryStore::new();
+        // Both answer calls in 200 ms and start streams in 50 ms; `long` serves
+        // longer answers, whose streams last 8 s rather than 1 s.
+        for k in 0..40 {
+            let now = k * 100;
+            for (cluster, length) in [("long", 8_000), ("short", 1_000)] {
+                health::record_outcome(&s, &c, cluster, &answered(200, 200, false), now).unwrap();
+                health::record_outcome(&s, &c, cluster, &answered(length, 50, true), now).unwrap();
+            }
+        }
+        let b = [backend("long", 1), backend("short", 1)];
+        let read = |s: &MemoryStore| [health::read(s, "long"), health::read(s, "short")];
+        let w = effective_weights(&c, &b, &read(&s), 4_000).values;
+        assert_eq!(w, vec![1.0, 1.0]);
+        // Now `long` starts one stream in ten after 3 s: its stream score falls
+        // behind, and so does its weight, though its calls stay as fast.
+        for k in 40..80 {
+            let now = k * 100;
+            let ttft = if k % 10 == 9 { 3_000 } else { 50 };
+            health::record_outcome(&s, &c, "long", &answered(8_000, ttft, true), now).unwrap();
+            health::record_outcome(&s, &c, "short", &answered(1_000, 50, true), now).unwrap();
+        }
+        let h = read(&s);
+        let w = effective_weights(&c, &b, &h, 8_000).values;
+        let long = h[0].unwrap();
+        let calls_tail = long.calls.unwrap().tail_mean(TAIL_SHARE).unwrap();
+        assert!((calls_tail - 200.0).abs() < 1e-9, "{calls_tail}");
+        assert!(long.streams.unwrap().tail_mean(TAIL_SHARE).unwrap() > 1_000.0);
+        eprintln!("stream first-byte tail: weights {w:?}");
+        assert_eq!(w[1], 1.0);
+        assert!(w[0] < 0.2, "{w:?}");
+    }
+
+    #[test]
+    fn calls_in_flight_beyond_a_share_lower_the_weight() {
+        let c = RoutingConfig::default();
+        let busy = |n: u32, at_ms: u64| Health {
+            in_flight: n,
+            in_flight_at_ms: at_ms,
+            ..Health::default()
+        };
+        let b = [backend("a", 1), backend("b", 1)];
+        // Ten calls on a, none on b: a holds five beyond its share of five.
+        let w = effective_weights(&c, &b, &[Some(busy(10, 0)), Some(busy(0, 0))], 0).values;
+        assert!((w[0] - 1.0 / (1.0 + 5.0 / 9.0)).abs() < 1e-12, "{w:?}");
+        assert_eq!(w[1], 1.0);
+        // Calls in proportion to the base weights cost nothing.
+        let b3 = [backend("a", 3), backend("b", 1)];
+        let w = effective_weights(&c, &b3, &[Some(busy(6, 0)), Some(busy(2, 0))], 0).values;
+        assert_eq!(w, vec![3.0, 1.0]);
+        // Nor do calls in proportion to what latency left of the weights: b,
+        // four times slower, holds as many calls at a quarter of the rate.
+        let timed = |ms: f64, n: u32| Health {
+            in_flight: n,
+            latency: Some(Ewma::new(ms, 0)),
+            ..with_latency(ms, 0)
+        };
+        let h = [Some(timed(100.0, 4)), Some(timed(400.0, 4))];
+        let w = effective_weights(&c, &b, &h, 0).values;
+        assert_eq!(w, vec![1.0, 0.25]);
+        // Stuck calls on b, twice what its rate and call time explain.
+        let h = [Some(timed(100.0, 4)), Some(timed(400.0, 12))];
+        let w = effective_weights(&c, &b, &h, 0).values;
+        // 16 in flight, 8 of them b's share: 4 beyond it.
+        let want = 0.25 / (1.0 + 4.0 / 12.0);
+        assert!(w[0] == 1.0 && (w[1] - want).abs() < 1e-12, "{w:?}");
+        // A backend without a measured call time counts the others' mean.
+        let h = [
+            Some(timed(100.0, 4)),
+            Some(busy(4, 0)),
+            Some(timed(300.0, 0)),
+        ];
+        let b3 = [backend("a", 1), backend("b", 1), backend("c", 1)];
+        let w = effective_weights(&c, &b3, &h, 0).values;
+        // Held: 100, 200 and 100 parts of 8 calls; a holds 2 beyond its 2.
+        let want = [1.0 / (1.0 + 2.0 / 6.0), 1.0, 1.0 / 3.0];
+        assert!(
+            w.iter().zip(want).all(|(w, x)| (w - x).abs() < 1e-12),
+            "{w:?}"
+        );
+        // All the calls on one of two: about half, whatever their number.
+        let w = effective_weights(&c, &b, &[Some(busy(1_000, 0)), None], 0).values;
+        assert!((w[0] - 1.0 / (1.0 + 500.0 / 504.0)).abs() < 1e-12, "{w:?}");
+        // All on one of eight: the floor.
+        let b8: Vec<Backend> = (0..8).map(|i| backend(&i.to_string(), 1)).collect();
+        let mut h = vec![None; 8];
+        h[0] = Some(busy(1_000, 0));
+        let w = effective_weights(&c, &b8, &h, 0).values;
+        assert_eq!(w[..2], [IN_FLIGHT_FLOOR, 1.0]);
+        // A count nobody touched for ten minutes is a leak and weighs nothing.
+        let w = effective_weights(&c, &b, &[Some(busy(1_000, 0)), None], 600_001).values;
+        assert_eq!(w, vec![1.0, 1.0]);
+    }
+
+    #[test]
+    fn a_stale_tail_fades_to_neutral() {
+        let c = RoutingConfig::default();
+        let b = [backend("tail", 1), backend("steady", 1)];
+        let mut tail = None;
+        for k in 0..10 {
+            let ms = if k == 9 { 5_000.0 } else { 100.0 };
+            Histogram::observe(&mut tail, ms, 0, c.ewma_half_life_ms);
+        }
+        let tail = Health {
+            calls: tail,
+            ..Health::default()
+        };
+        let mut last = 0.0;
+        // `steady` keeps being measured, `tail` gets no more calls.
+        for (now, c_tail) in [(0, 1.0), (10_000, 0.5), (20_000, 0.25), (29_000, 0.13)] {
+            let h = [Some(tail), Some(with_latency(300.0, now))];
+            let w = effective_weights(&c, &b, &h, now).values;
+            // Mean 590 ms, tail 5 s: a score of 2795 ms.
+            let raw = 300.0 / 2_795.0;
+            let want = 1.0 - c_tail * (1.0 - raw);
+            assert!((w[0] - want).abs() < 0.01, "{now}: {w:?} {want}");
+            assert!(w[0] > last, "{now}: {w:?}");
+            last = w[0];
+        }
+        // Past three half-lives it is stale: no longer judged at all.
+        let h = [Some(tail), Some(with_latency(300.0, 31_000))];
+        assert_eq!(effective_weights(&c, &b, &h, 31_000).values, vec![1.0, 1.0]);
     }
 
     #[test]
