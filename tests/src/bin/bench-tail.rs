@@ -203,6 +203,8 @@ struct Call {
     backend: Option<String>,
     /// Answered by the filter's cache (`x-cache` `HIT`, `COALESCED`, `STALE`, `SEMANTIC`).
     from_cache: bool,
+    /// `error.code` of an OpenAI-shaped error body (the filter's local replies).
+    error_code: Option<String>,
 }
 
 impl Call {
@@ -264,7 +266,7 @@ async fn drive(
 
 async fn call(request: reqwest::RequestBuilder) -> Call {
     let started = Instant::now();
-    let (status, backend, from_cache) = match request.send().await {
+    let (status, backend, from_cache, error_code) = match request.send().await {
         Ok(response) => {
             let header = |name: &str| {
                 response
@@ -281,17 +283,23 @@ async fn call(request: reqwest::RequestBuilder) -> Call {
             );
             let status = response.status().as_u16();
             match response.bytes().await {
-                Ok(_) => (status, backend, from_cache),
-                Err(_) => (0, backend, false),
+                Ok(body) => {
+                    let error_code = serde_json::from_slice::<Value>(&body)
+                        .ok()
+                        .and_then(|v| v.pointer("/error/code")?.as_str().map(str::to_string));
+                    (status, backend, from_cache, error_code)
+                }
+                Err(_) => (0, backend, false, None),
             }
         }
-        Err(_) => (0, None, false),
+        Err(_) => (0, None, false, None),
     };
     Call {
         latency_ms: started.elapsed().as_secs_f64() * 1000.0,
         status,
         backend,
         from_cache,
+        error_code,
     }
 }
 
@@ -339,11 +347,16 @@ impl Summary {
     }
 }
 
-/// The statuses of the failed calls and how many got each (0: no response).
-fn error_statuses(calls: &[Call]) -> BTreeMap<u16, usize> {
+/// How the failed calls failed (status, and the error code when the body had
+/// one; 0: no response) and how many failed so.
+fn error_statuses(calls: &[Call]) -> BTreeMap<String, usize> {
     let mut statuses = BTreeMap::new();
     for call in calls.iter().filter(|c| c.failed()) {
-        *statuses.entry(call.status).or_default() += 1;
+        let key = match &call.error_code {
+            Some(code) => format!("{} {code}", call.status),
+            None => call.status.to_string(),
+        };
+        *statuses.entry(key).or_default() += 1;
     }
     statuses
 }
@@ -669,6 +682,7 @@ mod tests {
             status,
             backend: Some(backend.to_string()),
             from_cache,
+            error_code: None,
         }
     }
 
@@ -700,11 +714,16 @@ mod tests {
                 status: 0,
                 backend: None,
                 from_cache: false,
+                error_code: None,
+            },
+            Call {
+                error_code: Some("llm_filter_upstream_timeout".into()),
+                ..call(1000.0, 504, "tail", false)
             },
         ];
         let s = Summary::of(&calls);
-        assert_eq!(s.calls, 5);
-        assert_eq!(s.errors, 2);
+        assert_eq!(s.calls, 6);
+        assert_eq!(s.errors, 3);
         assert_eq!(s.from_cache, 1);
         assert_eq!(s.p50_ms, Some(100.0));
         assert_eq!(s.max_ms, Some(5000.0));
@@ -715,9 +734,14 @@ mod tests {
             .map(|(k, v)| (k.as_str(), *v))
             .collect();
         assert_eq!(answered, vec![("fast", 1), ("medium", 1)]);
+        let statuses: Vec<(String, usize)> = error_statuses(&calls).into_iter().collect();
         assert_eq!(
-            error_statuses(&calls).into_iter().collect::<Vec<_>>(),
-            vec![(0, 1), (503, 1)]
+            statuses,
+            vec![
+                ("0".into(), 1),
+                ("503".into(), 1),
+                ("504 llm_filter_upstream_timeout".into(), 1)
+            ]
         );
 
         let empty = Summary::of(&[]);
