@@ -21,14 +21,15 @@ PROVIDER_PORT ?= 443
 export ENVOY_BIN := $(abspath $(ENVOY))
 export LLM_FILTER_WASM := $(abspath $(WASM))
 
-.PHONY: help build run test unit e2e examples lint bench clean wasm-target envoy tools-bench tools-promtool
+.PHONY: help build run test unit e2e examples lint bench bench-tail clean wasm-target envoy tools-bench tools-promtool
 
 help:
 	@echo "make run    build, start the mock upstream and Envoy with the filter, print curls"
 	@echo "make test   unit tests and end-to-end tests through the real Envoy"
 	@echo "make build  release wasm at $(WASM)"
 	@echo "make lint   rustfmt check, clippy -D warnings (native and wasm)"
-	@echo "make bench  throughput/latency: plain Envoy vs Envoy + filter"
+	@echo "make bench  throughput/latency: plain Envoy vs Envoy + filter, then bench-tail"
+	@echo "make bench-tail  tail latency across three backends: even spread vs filter routing (~1 min)"
 
 wasm-target:
 	@rustup target list --installed 2>/dev/null | grep -qx $(WASM_TARGET) || rustup target add $(WASM_TARGET)
@@ -71,8 +72,14 @@ tools-promtool:
 tools-bench:
 	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends wrk; }
 
+# Throughput on one worker, then tail latency across backends (about a minute
+# more; `make bench-tail` runs it alone).
 bench: build envoy tools-bench
 	$(CARGO) run --release -p llm-filter-e2e --bin bench
+	$(CARGO) run --release -p llm-filter-e2e --bin bench-tail
+
+bench-tail: build envoy
+	$(CARGO) run --release -p llm-filter-e2e --bin bench-tail
 
 clean:
 	$(CARGO) clean

@@ -47,6 +47,47 @@ pub const DEFAULT_CHUNK_DELAY_MS: u64 = 50;
 /// Length of every embedding vector the mock returns.
 pub const EMBEDDING_DIMENSIONS: usize = 8;
 
+/// A heavy latency tail for the model calls (`POST`) of a mock: each one, with
+/// `probability`, waits a delay drawn uniformly from `min_ms..=max_ms` instead
+/// of the default delay. The draws come from a generator seeded with `seed`,
+/// so the n-th call a mock receives waits the same in every run; probes and
+/// other `GET`s keep the default delay, as a stalled generation leaves a
+/// server's `/v1/models` fast.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TailLatency {
+    /// Share of calls in the tail, in `[0, 1]`.
+    pub probability: f64,
+    /// Shortest delay of a call in the tail.
+    pub min_ms: u64,
+    /// Longest delay of a call in the tail.
+    pub max_ms: u64,
+    /// Seed of the draws.
+    pub seed: u64,
+}
+
+impl TailLatency {
+    /// The delay of the `n`-th call (from 0): `Some` when it falls in the tail.
+    pub fn delay_ms(&self, n: u64) -> Option<u64> {
+        // SplitMix64: the n-th output of the generator seeded with `seed`, two
+        // outputs per call (whether it is in the tail, then how long it waits).
+        let draw = |i: u64| {
+            let mut z = self
+                .seed
+                .wrapping_add(i.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        };
+        // The top 53 bits as a uniform number in [0, 1).
+        let unit = (draw(2 * n) >> 11) as f64 / (1u64 << 53) as f64;
+        if unit >= self.probability {
+            return None;
+        }
+        let span = self.max_ms.saturating_sub(self.min_ms).saturating_add(1);
+        Some(self.min_ms + draw(2 * n + 1) % span)
+    }
+}
+
 type Body = BoxBody<Bytes, Infallible>;
 
 /// How to start a [`MockUpstream`].
@@ -155,10 +196,20 @@ struct State {
     waiting: Mutex<f64>,
     kv_usage: Mutex<f64>,
     default_delay_ms: AtomicU64,
+    tail: Mutex<Option<TailLatency>>,
+    tail_calls: AtomicU64,
     chunk_delay_ms: AtomicU64,
     in_flight: AtomicUsize,
     peak_in_flight: AtomicUsize,
     sequence: AtomicU64,
+}
+
+impl State {
+    /// The delay of the next model call when it falls in the tail.
+    fn tail_delay_ms(&self) -> Option<u64> {
+        let tail = (*lock(&self.tail))?;
+        tail.delay_ms(self.tail_calls.fetch_add(1, Ordering::SeqCst))
+    }
 }
 
 /// Poisoning only means another test thread panicked; the data is still usable.
@@ -216,6 +267,8 @@ impl MockUpstream {
             waiting: Mutex::new(0.0),
             kv_usage: Mutex::new(0.0),
             default_delay_ms: AtomicU64::new(config.default_delay_ms),
+            tail: Mutex::new(None),
+            tail_calls: AtomicU64::new(0),
             chunk_delay_ms: AtomicU64::new(config.chunk_delay_ms),
             in_flight: AtomicUsize::new(0),
             peak_in_flight: AtomicUsize::new(0),
@@ -292,6 +345,13 @@ impl MockUpstream {
     /// Delay before the response headers of every later request.
     pub fn set_default_delay_ms(&self, ms: u64) {
         self.state.default_delay_ms.store(ms, Ordering::SeqCst);
+    }
+
+    /// A heavy latency tail for every later model call (`None` removes it); the
+    /// draws start over from the seed's first one.
+    pub fn set_tail_latency(&self, tail: Option<TailLatency>) {
+        *lock(&self.state.tail) = tail;
+        self.state.tail_calls.store(0, Ordering::SeqCst);
     }
 
     /// Pause between SSE events of every later stream.
@@ -454,6 +514,10 @@ async fn handle(
     let delay_ms = recorded
         .header_u64(HEADER_DELAY_MS)
         .or(script.delay_ms)
+        .or_else(|| match parts.method {
+            Method::POST => state.tail_delay_ms(),
+            _ => None,
+        })
         .unwrap_or_else(|| state.default_delay_ms.load(Ordering::SeqCst));
     let chunk_delay_ms = recorded
         .header_u64(HEADER_CHUNK_DELAY_MS)
@@ -918,4 +982,53 @@ fn sse_response(events: Vec<String>, chunk_delay_ms: u64, in_flight: InFlight) -
         .headers_mut()
         .insert("cache-control", HeaderValue::from_static("no-cache"));
     with_content_type(response, "text/event-stream")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tail_is_seeded_and_about_as_likely_as_asked() {
+        let tail = TailLatency {
+            probability: 0.1,
+            min_ms: 4000,
+            max_ms: 6000,
+            seed: 7,
+        };
+        let delays: Vec<Option<u64>> = (0..10_000).map(|n| tail.delay_ms(n)).collect();
+        let again: Vec<Option<u64>> = (0..10_000).map(|n| tail.delay_ms(n)).collect();
+        assert_eq!(delays, again);
+        let slow: Vec<u64> = delays.iter().flatten().copied().collect();
+        assert!((900..1100).contains(&slow.len()), "{}", slow.len());
+        assert!(slow.iter().all(|d| (4000..=6000).contains(d)));
+        assert!(slow.iter().any(|d| *d < 4500) && slow.iter().any(|d| *d > 5500));
+        let other = TailLatency { seed: 8, ..tail };
+        assert_ne!(
+            delays,
+            (0..10_000).map(|n| other.delay_ms(n)).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn a_tail_of_zero_or_one_is_never_or_always() {
+        let never = TailLatency {
+            probability: 0.0,
+            min_ms: 1,
+            max_ms: 1,
+            seed: 0,
+        };
+        assert!((0..1000).all(|n| never.delay_ms(n).is_none()));
+        let always = TailLatency {
+            probability: 1.0,
+            ..never
+        };
+        assert!((0..1000).all(|n| always.delay_ms(n) == Some(1)));
+        let inverted = TailLatency {
+            min_ms: 5,
+            max_ms: 2,
+            ..always
+        };
+        assert_eq!(inverted.delay_ms(0), Some(5));
+    }
 }
