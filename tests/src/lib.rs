@@ -19,7 +19,7 @@ pub use envoy::{
     validate_config, validate_config_file, wasm_available, wasm_path, workspace_root, Envoy,
     EnvoyBuilder,
 };
-pub use mock::{MockConfig, MockUpstream, RecordedRequest, Script};
+pub use mock::{MockConfig, MockUpstream, RecordedRequest, Script, TailLatency};
 
 /// Whether a test that runs the real Envoy skips; every such test starts with it.
 ///

@@ -71,6 +71,8 @@ pub const ROUTING_PROBES: &str = "llm_filter_routing_probes_total";
 pub const ROUTING_LATENCY: &str = "llm_filter_routing_call_duration_ms";
 /// Calls in flight to a cluster across workers, by `cluster`.
 pub const ROUTING_IN_FLIGHT: &str = "llm_filter_routing_in_flight";
+/// Slow calls also sent to another backend, by `result` (won, lost, abandoned).
+pub const ROUTING_HEDGES: &str = "llm_filter_routing_hedges_total";
 /// Calls sent to another backend after theirs failed them, by `result`.
 pub const ROUTING_FAILOVERS: &str = "llm_filter_routing_failovers_total";
 

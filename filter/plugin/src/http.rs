@@ -60,25 +60,39 @@ fn action(step: Step) -> Action {
 
 impl Context for Http {
     fn on_http_call_response(&mut self, _token: u32, _: usize, body_size: usize, _: usize) {
-        let headers = host::headers(MapType::HttpCallResponseHeaders);
-        let status = headers
-            .iter()
-            .find(|(k, _)| k == ":status")
-            .and_then(|(_, v)| v.parse::<u16>().ok());
-        let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
-            .ok()
-            .flatten()
-            .unwrap_or_default();
-        let answer = CalloutAnswer {
-            status,
-            headers,
-            body,
-        };
-        let step = self.step(|call, env, host| call.on_callout_response(env, host, answer));
-        // Continue: the response held for the callout goes on to the client.
-        if step == Action::Continue && hostcalls::resume_http_response().is_err() {
-            self.worker.internal_error("resume");
-        }
+        deliver_callout(&self.worker, &self.call, body_size);
+    }
+}
+
+/// Hands the answer of a call's callout (its response in the host's callout
+/// buffers) to the walk, and lets the response held for it go on when the
+/// walk says so. The stream must be the effective context.
+pub fn deliver_callout(worker: &Worker, slot: &CallSlot, body_size: usize) {
+    let headers = host::headers(MapType::HttpCallResponseHeaders);
+    let status = headers
+        .iter()
+        .find(|(k, _)| k == ":status")
+        .and_then(|(_, v)| v.parse::<u16>().ok());
+    let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    let answer = CalloutAnswer {
+        status,
+        headers,
+        body,
+    };
+    let Ok(mut call) = slot.try_borrow_mut() else {
+        return;
+    };
+    let Some(call) = call.as_mut() else {
+        return;
+    };
+    let step = with_env(worker, |env| {
+        call.on_callout_response(env, &mut Stream::default(), answer)
+    });
+    if step == Step::Continue && hostcalls::resume_http_response().is_err() {
+        worker.internal_error("resume");
     }
 }
 
@@ -130,9 +144,17 @@ impl HttpContext for Http {
 pub struct Stream {
     request: RefCell<Option<Vec<(String, String)>>>,
     response: RefCell<Option<Vec<(String, String)>>>,
+    /// Tokens of the callouts sent, for a context other than the stream's
+    /// own (the timer) to route their answers back.
+    dispatched: RefCell<Vec<u32>>,
 }
 
 impl Stream {
+    /// Tokens of the callouts this stream sent during the callback.
+    pub fn take_dispatched(&self) -> Vec<u32> {
+        std::mem::take(&mut *self.dispatched.borrow_mut())
+    }
+
     fn map(&self, map: MapType) -> &RefCell<Option<Vec<(String, String)>>> {
         match map {
             MapType::HttpResponseHeaders => &self.response,
@@ -238,7 +260,13 @@ impl Host for Stream {
         timeout_ms: u64,
     ) -> bool {
         let timeout = Duration::from_millis(timeout_ms);
-        hostcalls::dispatch_http_call(cluster, headers.to_vec(), Some(body), vec![], timeout)
-            .is_ok()
+        match hostcalls::dispatch_http_call(cluster, headers.to_vec(), Some(body), vec![], timeout)
+        {
+            Ok(token) => {
+                self.dispatched.borrow_mut().push(token);
+                true
+            }
+            Err(_) => false,
+        }
     }
 }

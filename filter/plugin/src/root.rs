@@ -18,8 +18,8 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType, MapType};
 
 use crate::host::{self, now_ms, EnvoyMetrics, EnvoyStore};
-use crate::http::{Http, Stream};
-use crate::worker::{with_env, Worker};
+use crate::http::{deliver_callout, Http, Stream};
+use crate::worker::{with_env, ParkedCall, Worker};
 
 /// Distinct model names one worker turns into stat labels before using `other`.
 const MAX_MODEL_LABELS: usize = 100;
@@ -33,6 +33,9 @@ pub struct Root {
     prober: Prober,
     /// Probes in flight, by callout token.
     probes: HashMap<u32, Probe>,
+    /// Callouts that parked calls sent from the timer, by token: the SDK
+    /// hands their answers to this context, which passes them on.
+    callouts: HashMap<u32, ParkedCall>,
 }
 
 /// An HTTP context that does nothing.
@@ -43,7 +46,7 @@ impl HttpContext for Passthrough {}
 
 impl Root {
     /// Wakes the parked calls whose time has come.
-    fn wake_parked(&self, worker: &Worker) {
+    fn wake_parked(&mut self, worker: &Worker) {
         let parked = worker.take_parked();
         let mut keep = Vec::with_capacity(parked.len());
         for (id, weak) in parked {
@@ -62,7 +65,11 @@ impl Root {
                 // The stream is gone.
                 continue;
             }
-            let wake = with_env(worker, |env| c.on_tick(env, &mut Stream::default()));
+            let mut stream = Stream::default();
+            let wake = with_env(worker, |env| c.on_tick(env, &mut stream));
+            for token in stream.take_dispatched() {
+                self.callouts.insert(token, (id, weak.clone()));
+            }
             if wake == Wake::ResumeWithoutBodies && worker.can_hold_body.replace(false) {
                 log::warn!(
                     "llm-filter: Envoy does not deliver request bodies to a paused stream; \
@@ -77,7 +84,7 @@ impl Root {
                         worker.internal_error("resume");
                     }
                 }
-                Wake::Answered => {}
+                Wake::Answered | Wake::Idle => {}
             }
         }
         worker.repark(keep);
@@ -147,6 +154,15 @@ fn prepare_cache(cfg: &CacheConfig, metrics: &mut EnvoyMetrics) {
 
 impl Context for Root {
     fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
+        if let Some((id, weak)) = self.callouts.remove(&token) {
+            let (Some(worker), Some(slot)) = (self.worker.clone(), weak.upgrade()) else {
+                return;
+            };
+            if hostcalls::set_effective_context(id).is_ok() {
+                deliver_callout(&worker, &slot, body_size);
+            }
+            return;
+        }
         let Some(probe) = self.probes.remove(&token) else {
             return;
         };

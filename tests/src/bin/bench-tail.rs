@@ -145,13 +145,17 @@ impl Side {
 }
 
 /// The model over every backend at equal base weight; cache and budgets on
-/// with their defaults, said explicitly.
+/// with their defaults, said explicitly; failover on (its default) and
+/// hedging opted into for every priority, at its default cap.
 fn filter_config(mocks: &[MockUpstream]) -> Value {
     let backends: Vec<Value> = mocks.iter().map(|m| json!({"cluster": m.name()})).collect();
     json!({
         "cache": {"enabled": true},
         "budget": {"enabled": true},
-        "routing": {"models": {MODEL: backends}},
+        "routing": {
+            "models": {MODEL: backends},
+            "hedge": {"priorities": ["P0", "P1", "P2"]},
+        },
     })
 }
 

@@ -15,6 +15,7 @@ mod config;
 mod deploy_configs;
 mod failover;
 mod harness;
+mod hedge;
 mod metrics;
 mod passthrough;
 mod priority;

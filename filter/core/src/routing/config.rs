@@ -23,6 +23,8 @@ const DEFAULT_EJECT_S: u64 = 10;
 const DEFAULT_MAX_EJECT_S: u64 = 300;
 const DEFAULT_RAMP_S: u64 = 20;
 const DEFAULT_EWMA_HALF_LIFE_S: f64 = 10.0;
+const DEFAULT_HEDGE_MIN_DELAY_MS: u64 = 250;
+const DEFAULT_HEDGE_MAX_RATIO: f64 = 0.05;
 
 // Upper bounds keep every millisecond conversion far from overflow and reject
 // values that can only be typos.
@@ -62,6 +64,20 @@ pub struct RawRoutingConfig {
     /// Send a held call another backend of its model when the chosen one
     /// fails it retriably, default true.
     pub failover: Option<bool>,
+    /// Hedge slow calls on another backend; absent: no hedging.
+    pub hedge: Option<RawHedge>,
+}
+
+/// `routing.hedge` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawHedge {
+    /// Priorities whose calls are hedged, default `["P0"]`.
+    pub priorities: Option<Vec<Priority>>,
+    /// Shortest wait before a hedge, ms, default 250.
+    pub min_delay_ms: Option<u64>,
+    /// Most hedges per hedgeable call over the window, default 0.05.
+    pub max_ratio: Option<f64>,
 }
 
 /// One backend of a model as written.
@@ -157,6 +173,19 @@ pub struct RoutingConfig {
     /// A held call that its backend fails retriably goes to another backend
     /// of its model (see [`super::failover`]).
     pub failover: bool,
+    /// Slow calls are hedged on another backend (see [`super::hedge`]).
+    pub hedge: Option<HedgeConfig>,
+}
+
+/// Compiled `routing.hedge`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HedgeConfig {
+    /// Priorities whose calls are hedged.
+    pub priorities: Vec<Priority>,
+    /// Shortest wait before a hedge, ms.
+    pub min_delay_ms: u64,
+    /// Most hedges per hedgeable call over the window, in `[0, 1]`.
+    pub max_ratio: f64,
 }
 
 /// One backend of a model.
@@ -227,6 +256,7 @@ impl Default for RoutingConfig {
             ewma_half_life_ms: DEFAULT_EWMA_HALF_LIFE_S * 1_000.0,
             rules: Vec::new(),
             failover: true,
+            hedge: None,
         }
     }
 }
@@ -247,6 +277,7 @@ impl RoutingConfig {
         }
         .to_string();
         let health = compile_health(&raw)?;
+        let hedge = raw.hedge.map(compile_hedge).transpose()?;
         let (models, clusters) = compile_models(raw.models)?;
         let rules = compile_rules(raw.rules, &models)?;
         Ok(Self {
@@ -255,6 +286,7 @@ impl RoutingConfig {
             cluster_header,
             rules,
             failover: raw.failover.unwrap_or(true),
+            hedge,
             ..health
         })
     }
@@ -263,6 +295,20 @@ impl RoutingConfig {
     pub fn backends(&self, model: &str) -> Option<&[Backend]> {
         self.models.get(model).map(Vec::as_slice)
     }
+}
+
+/// `hedge`: priorities (P0 by default), the shortest delay and the cap.
+fn compile_hedge(raw: RawHedge) -> Result<HedgeConfig, ConfigError> {
+    let min_delay_ms = raw.min_delay_ms.unwrap_or(DEFAULT_HEDGE_MIN_DELAY_MS);
+    let min_delay_ms =
+        check::in_range("hedge.min_delay_ms", min_delay_ms, 1..=MAX_PROBE_TIMEOUT_MS)?;
+    let max_ratio = raw.max_ratio.unwrap_or(DEFAULT_HEDGE_MAX_RATIO);
+    let max_ratio = check::real_in("hedge.max_ratio", max_ratio, 0.0..=1.0)?;
+    Ok(HedgeConfig {
+        priorities: raw.priorities.unwrap_or_else(|| vec![Priority::P0]),
+        min_delay_ms,
+        max_ratio,
+    })
 }
 
 /// The health settings (probes, ejection, averaging) of the section; the

@@ -196,6 +196,34 @@ impl Histogram {
         (count > 0.0 && m.is_finite()).then(|| m.clamp(0.0, MAX_SAMPLE_MS))
     }
 
+    /// The latency below which `q` (in `(0, 1]`) of the samples fall, ms, as
+    /// the mean of the bucket where that share is reached (a bucket spans a
+    /// doubling, so this is within a factor of two); `None` when empty.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let q = if q.is_finite() {
+            q.clamp(0.0, 1.0)
+        } else {
+            1.0
+        };
+        let want = self.total() * q;
+        if !(want.is_finite() && self.total() > 0.0) {
+            return None;
+        }
+        let (mut count, mut at) = (0.0, None);
+        for (c, s) in self.counts.iter().zip(&self.sums) {
+            if *c <= 0.0 {
+                continue;
+            }
+            count += c;
+            at = Some(s / c);
+            if count >= want {
+                break;
+            }
+        }
+        at.filter(|m| m.is_finite())
+            .map(|m| m.clamp(0.0, MAX_SAMPLE_MS))
+    }
+
     /// How much the histogram still says at `now_ms`: 1 when fresh, halving
     /// every half-life without samples.
     pub fn confidence(&self, now_ms: u64, half_life_ms: f64) -> f64 {
@@ -463,5 +491,21 @@ mod tests {
         let mut h = good;
         h.sums[12] = 1e9;
         assert_eq!((h.mean(), h.tail_mean(0.1)), (Some(15.0), Some(20.0)));
+    }
+
+    #[test]
+    fn quantiles_come_from_the_bucket_that_reaches_them() {
+        let mut h = None;
+        for i in 0..100 {
+            let ms = if i % 10 == 0 { 5_000.0 } else { 150.0 };
+            Histogram::observe(&mut h, ms, 0, 10_000.0);
+        }
+        let h = h.unwrap();
+        assert_eq!(h.quantile(0.5), Some(150.0));
+        assert_eq!(h.quantile(0.9), Some(150.0));
+        assert_eq!(h.quantile(0.95), Some(5_000.0));
+        assert_eq!(h.quantile(1.0), Some(5_000.0));
+        assert_eq!(h.quantile(f64::NAN), Some(5_000.0));
+        assert_eq!(Histogram::default().quantile(0.9), None);
     }
 }

@@ -14,6 +14,7 @@ pub mod config;
 pub mod ewma;
 pub mod failover;
 pub mod health;
+pub mod hedge;
 pub mod learn;
 pub mod probe;
 pub mod rewrite;

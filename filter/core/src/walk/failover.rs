@@ -9,11 +9,12 @@ use crate::cache::entry::SSE_CONTENT_TYPE;
 use crate::cache::{CacheStatus, X_CACHE};
 use crate::metrics::internal_error;
 use crate::routing::failover::{self, FailoverResult};
+use crate::routing::hedge::{self, HedgeResult};
 use crate::routing::{self, RouteAsk, CLUSTER_RESPONSE_HEADER};
 use crate::summary::{CallSummary, End};
 use crate::trace_context::TRACE_ID_HEADER;
 
-use super::state::Response;
+use super::state::{Hedge, Response};
 use super::{Call, CalloutAnswer, Env, Host, Phase, Step};
 
 impl Call {
@@ -25,33 +26,67 @@ impl Call {
 
     /// At the response headers: when the backend failed the call in a way
     /// another could answer and the budget allows, asks another backend and
-    /// holds this response (`Step::Pause`) until it answers.
+    /// holds this response (`Step::Pause`) until it answers. A hedge already
+    /// asking another backend serves as the failover.
     pub(super) fn fail_over(&mut self, env: &mut Env<'_>, host: &mut dyn Host) -> Step {
         if !self.failover_due(env) {
             return Step::Continue;
         }
+        let target = match &self.dispatch.hedge {
+            Hedge::Sent { cluster } => cluster.clone(),
+            _ => match self.send_elsewhere(env, host) {
+                Sent::To(cluster) => cluster,
+                Sent::Nowhere => return Step::Continue,
+                Sent::Refused => {
+                    failover::count(env.metrics, FailoverResult::NotSent);
+                    return Step::Continue;
+                }
+            },
+        };
+        // The failed backend learns now, with the failover as a retry it
+        // cost; the call is the other backend's from here.
+        let failed_try = CallSummary {
+            failovers: 1,
+            ..self.summary("", env.now_ms)
+        };
+        self.learn_from(env, &failed_try);
+        if !matches!(self.dispatch.hedge, Hedge::Sent { .. }) {
+            routing::learn::started(env.store, env.metrics, &target, env.now_ms);
+        }
+        if self.dispatch.breaker.is_some() {
+            self.dispatch.breaker = Some(target.clone());
+        }
+        self.dispatch.cluster = Some(target);
+        self.dispatch.held = None;
+        self.phase = Phase::FailingOver;
+        Step::Pause
+    }
+
+    /// Sends the held request to the best other backend of its model than the
+    /// one it is on, as a callout that ends with the caller's budget.
+    pub(super) fn send_elsewhere(&self, env: &mut Env<'_>, host: &mut dyn Host) -> Sent {
         let (Some(failed), Some(body), Some(model)) = (
-            self.dispatch.cluster.clone(),
-            self.dispatch.held.take(),
-            self.request.model.clone(),
+            self.dispatch.cluster.as_deref(),
+            self.dispatch.held.as_ref(),
+            self.request.model.as_deref(),
         ) else {
-            return Step::Continue;
+            return Sent::Nowhere;
         };
         let Some(features) = body.features.as_ref() else {
-            return Step::Continue;
+            return Sent::Nowhere;
         };
         let (store, budget_cfg, now_ms) = (env.store, &env.config.budget, env.now_ms);
         let avoid = |cluster: &str| budget::breaker_sheds(store, budget_cfg, cluster, now_ms);
         let ask = RouteAsk {
-            model: &model,
+            model,
             features,
             priority: self.request.priority,
             now_ms,
             avoid: &avoid,
         };
-        let Some(target) = routing::failover_target(&env.config.routing, env.store, &ask, &failed)
+        let Some(target) = routing::failover_target(&env.config.routing, env.store, &ask, failed)
         else {
-            return Step::Continue;
+            return Sent::Nowhere;
         };
         let new_body = match &target.rewrite_model {
             None => Some(body.raw.clone()),
@@ -59,7 +94,7 @@ impl Call {
         };
         let Some(new_body) = new_body else {
             internal_error(env.metrics, "rewrite_model");
-            return Step::Continue;
+            return Sent::Nowhere;
         };
         let headers = failover::callout_headers(
             &host.request_headers(),
@@ -73,24 +108,10 @@ impl Call {
             .collect();
         let timeout_ms = self.request.remaining_ms(env.now_ms);
         if !host.dispatch_call(&target.cluster, &headers, &new_body, timeout_ms) {
-            internal_error(env.metrics, "failover_dispatch");
-            failover::count(env.metrics, FailoverResult::NotSent);
-            return Step::Continue;
+            internal_error(env.metrics, "callout_dispatch");
+            return Sent::Refused;
         }
-        // The failed backend learns now, with the failover as a retry it
-        // cost; the call is the other backend's from here.
-        let failed_try = CallSummary {
-            failovers: 1,
-            ..self.summary("", env.now_ms)
-        };
-        self.learn_from(env, &failed_try);
-        routing::learn::started(env.store, env.metrics, &target.cluster, env.now_ms);
-        if self.dispatch.breaker.is_some() {
-            self.dispatch.breaker = Some(target.cluster.clone());
-        }
-        self.dispatch.cluster = Some(target.cluster);
-        self.phase = Phase::FailingOver;
-        Step::Pause
+        Sent::To(target.cluster)
     }
 
     /// The response just read failed the call retriably, it is still held by
@@ -110,20 +131,48 @@ impl Call {
             && breaker.is_none_or(|b| budget::retry_allowed(env.store, &env.config.budget, b, env.now_ms))
     }
 
-    /// The answer of the backend a failover asked. `Step::Continue`: let the
-    /// held failure go on to the client (the other backend did not answer);
-    /// `Step::Pause`: the client was answered here.
+    /// The answer of a callout: of the backend a failover (or a hedge)
+    /// asked. `Step::Continue`: let the held failure go on to the client (the
+    /// other backend did not answer); `Step::Pause`: nothing to resume (the
+    /// client was answered here, or the response was never held).
     pub fn on_callout_response(
         &mut self,
         env: &mut Env<'_>,
         host: &mut dyn Host,
         answer: CalloutAnswer,
     ) -> Step {
-        if !matches!(self.phase, Phase::FailingOver) {
-            return Step::Pause;
+        match self.phase {
+            Phase::FailingOver => self.failover_answered(env, host, answer),
+            Phase::Forwarded => {
+                self.hedge_answered(env, host, answer);
+                Step::Pause
+            }
+            _ => Step::Pause,
         }
+    }
+
+    /// The answer of the backend asked in place of one that failed the call.
+    fn failover_answered(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        answer: CalloutAnswer,
+    ) -> Step {
         let result = FailoverResult::of(answer.status);
         failover::count(env.metrics, result);
+        if matches!(self.dispatch.hedge, Hedge::Sent { .. }) {
+            // The hedge was the failover: it won when it answered.
+            let won = result == FailoverResult::Answered;
+            hedge::count(
+                env.metrics,
+                if won {
+                    HedgeResult::Won
+                } else {
+                    HedgeResult::Lost
+                },
+            );
+            self.dispatch.hedge = Hedge::Done;
+        }
         match answer.status {
             Some(status) if self.reply_with(env, host, status, &answer) => {
                 self.phase = Phase::FailedOver;
@@ -147,7 +196,7 @@ impl Call {
 
     /// Answers the client with the other backend's answer; false (counted)
     /// when the host refused.
-    fn reply_with(
+    pub(super) fn reply_with(
         &mut self,
         env: &mut Env<'_>,
         host: &mut dyn Host,
@@ -183,4 +232,14 @@ impl Call {
         ));
         true
     }
+}
+
+/// Where [`Call::send_elsewhere`] sent the request.
+pub(super) enum Sent {
+    /// To this cluster.
+    To(String),
+    /// Nowhere: no other backend has weight, or nothing to send.
+    Nowhere,
+    /// The host refused the callout.
+    Refused,
 }

@@ -27,6 +27,7 @@ mod cache_tests;
 mod failover;
 #[cfg(test)]
 mod fake;
+mod hedge;
 mod response;
 mod state;
 #[cfg(test)]
@@ -34,7 +35,7 @@ mod tests;
 mod upstream;
 
 use body::{BodyCopy, HeldBody};
-use state::{CacheCall, Dispatch, Phase, Request, Response};
+use state::{CacheCall, Dispatch, Hedge, Phase, Request, Response};
 
 /// Stream operations the walk needs from the proxy.
 pub trait Host {
@@ -128,6 +129,8 @@ pub enum Wake {
     /// Resume, and stop holding bodies on this worker: the host never
     /// delivered the one this call waited for.
     ResumeWithoutBodies,
+    /// Stop ticking; nothing to resume (the request went on long ago).
+    Idle,
 }
 
 /// How long a held request may see no body callback before the watchdog
@@ -321,7 +324,7 @@ impl Call {
             Phase::Holding {
                 watchdog_since_ms: Some(_)
             } | Phase::Coalescing { .. }
-        )
+        ) || matches!(self.dispatch.hedge, Hedge::Armed { .. })
     }
 
     /// A timer tick for a parked call.
@@ -340,6 +343,9 @@ impl Call {
                 Wake::ResumeWithoutBodies
             }
             Phase::Coalescing { deadline_ms, .. } => self.cache_on_tick(env, host, deadline_ms),
+            _ if matches!(self.dispatch.hedge, Hedge::Armed { .. }) => {
+                self.hedge_on_tick(env, host)
+            }
             _ => Wake::Resume,
         }
     }
@@ -347,6 +353,7 @@ impl Call {
     /// End of the stream: one summary of the call, learnt from by each policy.
     pub fn on_log(mut self, env: &mut Env<'_>) {
         self.cache_on_log(env);
+        self.settle_hedge(env);
         let model = self.request.model.take().or_else(|| {
             let copy = self.request.copy.as_ref()?;
             classify::model(copy.bytes()?)

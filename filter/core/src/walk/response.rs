@@ -19,7 +19,8 @@ use super::{set_response, BodyCopy, Call, Env, Host, Phase, Step};
 impl Call {
     /// Response headers callback.
     pub fn on_response_headers(&mut self, env: &mut Env<'_>, host: &mut dyn Host) -> Step {
-        if matches!(self.phase, Phase::Answered(_)) {
+        if matches!(self.phase, Phase::Answered(_) | Phase::FailedOver) {
+            // The filter's own answer passing through.
             return Step::Continue;
         }
         let status = host

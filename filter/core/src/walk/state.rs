@@ -62,10 +62,28 @@ pub(super) struct Dispatch {
     pub(super) breaker: Option<String>,
     /// Retries the plan let Envoy make (`x-envoy-max-retries` as sent).
     pub(super) planned_retries: u32,
+    /// The model routing chose (a rule's pick or the requested one).
+    pub(super) model: Option<String>,
     /// The routed model has more than one backend.
     pub(super) alternatives: bool,
+    /// The hedge of a slow call.
+    pub(super) hedge: Hedge,
     /// The request body, kept while another backend could still be asked.
     pub(super) held: Option<HeldBody>,
+}
+
+/// Where the hedge of a slow call stands (see [`crate::routing::hedge`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) enum Hedge {
+    /// The call is not hedged.
+    #[default]
+    Off,
+    /// Sent to another backend at this time unless the backend answered.
+    Armed { at_ms: u64 },
+    /// Sent to this cluster; its answer is not in yet.
+    Sent { cluster: String },
+    /// Settled: won, lost or given up.
+    Done,
 }
 
 /// The response of a call that went upstream.

@@ -652,3 +652,125 @@ fn failover_needs_a_retriable_failure_budget_and_another_backend() {
     );
     assert!(host.callouts.is_empty());
 }
+
+fn hedged(max_ratio: f64) -> String {
+    TWO_BACKENDS.replace(
+        r#""eject_after_failures": 100"#,
+        &format!(
+            r#""eject_after_failures": 100,
+            "hedge": {{"priorities": ["P1"], "min_delay_ms": 100, "max_ratio": {max_ratio}}}"#
+        ),
+    )
+}
+
+fn answer_200() -> CalloutAnswer {
+    CalloutAnswer {
+        status: Some(200),
+        headers: vec![
+            (":status".into(), "200".into()),
+            ("content-type".into(), "application/json".into()),
+        ],
+        body: ANSWER.as_bytes().to_vec(),
+    }
+}
+
+#[test]
+fn a_slow_call_is_hedged_and_the_first_answer_wins() {
+    let mut w = World::new(&hedged(1.0));
+    let (mut call, mut host) = routed_to(&mut w, "b");
+    assert!(call.is_parked(), "the hedge timer runs");
+    w.now_ms += 50;
+    assert_eq!(call.on_tick(&mut w.env(), &mut host), Wake::Wait);
+    assert!(host.callouts.is_empty());
+    w.now_ms += 60;
+    assert_eq!(call.on_tick(&mut w.env(), &mut host), Wake::Idle);
+    assert!(!call.is_parked());
+    let (cluster, _, body, _) = host.callouts.pop().unwrap();
+    assert_eq!(cluster, "a");
+    assert_eq!(
+        String::from_utf8(body).unwrap(),
+        CHAT.replace("gpt-4o", "gpt-4o-a")
+    );
+
+    w.now_ms += 30;
+    let step = call.on_callout_response(&mut w.env(), &mut host, answer_200());
+    assert_eq!(step, Step::Pause);
+    let (status, headers, _) = host.local_reply.clone().unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(headers.get("x-llm-cluster").map(String::as_str), Some("a"));
+    // Envoy's reset of the first request, then its own reply passing by.
+    assert_eq!(
+        call.on_response_headers(&mut w.env(), &mut host),
+        Step::Continue
+    );
+    call.on_log(&mut w.env());
+    assert_eq!(w.counter("llm_filter_routing_hedges_total.result.won"), 1);
+    assert_eq!(
+        w.counter("llm_filter_routing_calls_total.cluster.a.outcome.success"),
+        1
+    );
+    assert_eq!(
+        w.counter("llm_filter_routing_calls_total.cluster.b.outcome.cancelled"),
+        1
+    );
+    assert_eq!(health::read(&w.store, "a").unwrap().in_flight, 0);
+    assert_eq!(health::read(&w.store, "b").unwrap().in_flight, 0);
+}
+
+#[test]
+fn a_backend_answering_before_its_hedge_wins() {
+    let mut w = World::new(&hedged(1.0));
+    let (mut call, mut host) = routed_to(&mut w, "b");
+    w.now_ms += 150;
+    assert_eq!(call.on_tick(&mut w.env(), &mut host), Wake::Idle);
+    assert_eq!(host.callouts.len(), 1);
+    let mut host = host.with_response(200, "application/json", ANSWER);
+    w.respond(&mut call, &mut host);
+    let step = call.on_callout_response(&mut w.env(), &mut host, answer_200());
+    assert_eq!(step, Step::Pause, "nothing to resume");
+    assert!(host.local_reply.is_none());
+    call.on_log(&mut w.env());
+    assert_eq!(w.counter("llm_filter_routing_hedges_total.result.lost"), 1);
+    assert_eq!(
+        w.counter("llm_filter_routing_calls_total.cluster.b.outcome.success"),
+        1
+    );
+    assert_eq!(health::read(&w.store, "a").unwrap().in_flight, 0);
+
+    // A hedge still out when the call ends lost too, and leaves in flight.
+    let (mut call, mut host) = routed_to(&mut w, "b");
+    w.now_ms += 150;
+    call.on_tick(&mut w.env(), &mut host);
+    let mut host = host.with_response(200, "application/json", ANSWER);
+    w.respond(&mut call, &mut host);
+    call.on_log(&mut w.env());
+    assert_eq!(w.counter("llm_filter_routing_hedges_total.result.lost"), 2);
+    assert_eq!(health::read(&w.store, "a").unwrap().in_flight, 0);
+}
+
+#[test]
+fn hedges_respect_their_cap_and_the_answer_in_time() {
+    // No share of calls may be hedged.
+    let mut w = World::new(&hedged(0.0));
+    let (mut call, mut host) = routed_to(&mut w, "b");
+    w.now_ms += 150;
+    assert_eq!(call.on_tick(&mut w.env(), &mut host), Wake::Idle);
+    assert!(host.callouts.is_empty());
+
+    // An answer in time disarms the hedge.
+    let mut w = World::new(&hedged(1.0));
+    let (mut call, host) = routed_to(&mut w, "b");
+    let mut host = host.with_response(200, "application/json", ANSWER);
+    w.respond(&mut call, &mut host);
+    w.now_ms += 150;
+    assert_eq!(call.on_tick(&mut w.env(), &mut host), Wake::Idle);
+    assert!(host.callouts.is_empty());
+
+    // Streams are not hedged.
+    let (call, _) = {
+        let mut host = FakeHost::post("/v1/chat/completions")
+            .with_body(&CHAT.replace(r#""model""#, r#""stream":true,"model""#));
+        w.request(&mut host).unwrap()
+    };
+    assert!(!call.is_parked());
+}

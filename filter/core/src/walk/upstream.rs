@@ -22,7 +22,7 @@ impl Call {
             if let Some(features) = body.features.as_ref() {
                 self.route(env, host, features, &body);
             }
-            if self.may_fail_over(env) {
+            if self.may_fail_over(env) || self.may_hedge(env) {
                 // Kept to send another backend; only the bytes and the
                 // features are needed again.
                 body.tree = None;
@@ -37,6 +37,7 @@ impl Call {
                 return self.reply_locally(env, host, reply);
             }
         }
+        self.arm_hedge(env);
         Step::Continue
     }
 
@@ -86,6 +87,7 @@ impl Call {
         set_route_header(env, host, Some(&decision.cluster));
         routing::learn::started(env.store, env.metrics, &decision.cluster, env.now_ms);
         self.dispatch.alternatives = decision.effective_weights.len() > 1;
+        self.dispatch.model = Some(decision.model.clone());
         self.dispatch.cluster = Some(decision.cluster);
     }
 

@@ -1,0 +1,172 @@
+//! The walk's hedging step: a slow held call of a hedged priority is also
+//! sent to the best other backend of its model once its own backend has had
+//! about its usual slow latency; the first good answer reaches the client.
+
+use crate::routing::failover;
+use crate::routing::hedge::{self, HedgeResult};
+use crate::routing::{self, health};
+use crate::summary::{CallSummary, End};
+
+use super::failover::Sent;
+use super::state::Hedge;
+use super::{Call, CalloutAnswer, Env, Host, Phase, Wake};
+
+impl Call {
+    /// Hedging is on for the call's priority, the call is not a stream, and
+    /// it was routed to a model with another backend.
+    pub(super) fn may_hedge(&self, env: &Env<'_>) -> bool {
+        env.config
+            .routing
+            .hedge
+            .as_ref()
+            .is_some_and(|h| h.priorities.contains(&self.request.priority))
+            && self.request.stream == Some(false)
+            && self.dispatch.cluster.is_some()
+            && self.dispatch.alternatives
+    }
+
+    /// Arms the hedge of a call going upstream with its body kept: it counts
+    /// toward the cap, and is due after a multiple of its backend's usual
+    /// latency when the budget still leaves a try's room then.
+    pub(super) fn arm_hedge(&mut self, env: &Env<'_>) {
+        let (Some(cfg), Some(model), Some(cluster)) = (
+            env.config.routing.hedge.as_ref(),
+            self.dispatch.model.as_deref(),
+            self.dispatch.cluster.as_deref(),
+        ) else {
+            return;
+        };
+        if !self.may_hedge(env) || self.dispatch.held.is_none() {
+            return;
+        }
+        let budget = &env.config.budget;
+        hedge::count_call(env.store, model, env.now_ms, budget.window_ms);
+        let delay = hedge::delay_ms(cfg, health::read(env.store, cluster).as_ref());
+        let room = self
+            .request
+            .remaining_ms(env.now_ms)
+            .saturating_sub(budget.min_per_try_ms);
+        if delay < room {
+            self.dispatch.hedge = Hedge::Armed {
+                at_ms: env.now_ms.saturating_add(delay),
+            };
+        }
+    }
+
+    /// A timer tick of a call whose hedge is armed: sends the hedge once it is
+    /// due, unless the backend answered, the budget has no room left or the
+    /// cap is reached.
+    pub(super) fn hedge_on_tick(&mut self, env: &mut Env<'_>, host: &mut dyn Host) -> Wake {
+        let Hedge::Armed { at_ms } = self.dispatch.hedge else {
+            return Wake::Idle;
+        };
+        if self.response.is_some() || !matches!(self.phase, Phase::Forwarded) {
+            self.dispatch.hedge = Hedge::Off;
+            return Wake::Idle;
+        }
+        if env.now_ms < at_ms {
+            return Wake::Wait;
+        }
+        self.dispatch.hedge = Hedge::Done;
+        let (Some(cfg), Some(model)) = (
+            env.config.routing.hedge.as_ref(),
+            self.dispatch.model.as_deref(),
+        ) else {
+            return Wake::Idle;
+        };
+        let budget = &env.config.budget;
+        if self.request.remaining_ms(env.now_ms) < budget.min_per_try_ms
+            || !hedge::take(
+                env.store,
+                model,
+                env.now_ms,
+                budget.window_ms,
+                cfg.max_ratio,
+            )
+        {
+            return Wake::Idle;
+        }
+        if let Sent::To(cluster) = self.send_elsewhere(env, host) {
+            routing::learn::started(env.store, env.metrics, &cluster, env.now_ms);
+            self.dispatch.hedge = Hedge::Sent { cluster };
+        }
+        Wake::Idle
+    }
+
+    /// The hedge answered while the call was still upstream: a good answer
+    /// before the backend's reaches the client (Envoy then resets the first
+    /// request); otherwise the hedge lost and its backend learns its answer.
+    pub(super) fn hedge_answered(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        answer: CalloutAnswer,
+    ) {
+        let Hedge::Sent { cluster } = std::mem::replace(&mut self.dispatch.hedge, Hedge::Done)
+        else {
+            return;
+        };
+        let good = answer
+            .status
+            .filter(|s| !failover::retriable(End::Answered(*s)));
+        if let (Some(status), None) = (good, self.response.as_ref()) {
+            let first = self.dispatch.cluster.replace(cluster.clone());
+            if self.reply_with(env, host, status, &answer) {
+                // The first backend was abandoned: it leaves the in-flight
+                // count and teaches nothing.
+                let abandoned = CallSummary {
+                    end: End::Abandoned,
+                    cluster: first.as_deref(),
+                    ..self.summary("", env.now_ms)
+                };
+                self.learn_from(env, &abandoned);
+                if self.dispatch.breaker.is_some() {
+                    self.dispatch.breaker = Some(cluster);
+                }
+                self.phase = Phase::FailedOver;
+                hedge::count(env.metrics, HedgeResult::Won);
+                return;
+            }
+            self.dispatch.cluster = first;
+        }
+        let end = answer.status.map_or(End::TimedOut(504), End::Answered);
+        self.hedge_learns(env, &cluster, end);
+        hedge::count(env.metrics, HedgeResult::Lost);
+    }
+
+    /// At the end of the call: a hedge still out lost to the backend's
+    /// answer, or was abandoned with the call; its backend leaves the
+    /// in-flight count.
+    pub(super) fn settle_hedge(&mut self, env: &mut Env<'_>) {
+        let Hedge::Sent { cluster } = std::mem::replace(&mut self.dispatch.hedge, Hedge::Done)
+        else {
+            return;
+        };
+        let answered = self
+            .response
+            .as_ref()
+            .and_then(|r| r.status)
+            .is_some_and(|s| !failover::retriable(End::Answered(s)));
+        let result = if answered {
+            HedgeResult::Lost
+        } else {
+            HedgeResult::Abandoned
+        };
+        hedge::count(env.metrics, result);
+        if self.dispatch.cluster.as_deref() != Some(cluster.as_str()) {
+            self.hedge_learns(env, &cluster, End::Abandoned);
+        }
+    }
+
+    /// The hedge's backend learns how its try ended (its breaker does not:
+    /// the call was never its to serve).
+    fn hedge_learns(&self, env: &mut Env<'_>, cluster: &str, end: End) {
+        let hedge_try = CallSummary {
+            end,
+            cluster: Some(cluster),
+            breaker: None,
+            ..self.summary("", env.now_ms)
+        };
+        self.learn_from(env, &hedge_try);
+    }
+}
