@@ -201,11 +201,20 @@ impl Weighed<'_> {
 }
 
 /// A cluster's typical latency, ms: the time to the first byte for streams,
-/// to the end for other calls; `None` before anything was measured.
+/// to the end for other calls; `None` before anything was measured. Each kind
+/// is read from its own histogram; the averages, which mix kinds, stand in
+/// before it has any sample.
 pub fn typical_ms(store: &dyn SharedStore, cluster: &str, streaming: bool) -> Option<u64> {
     let h = health::read(store, cluster)?;
-    let e = if streaming { h.ttft } else { h.latency }?;
-    e.value.is_finite().then_some(e.value as u64)
+    let (kind, average) = if streaming {
+        (h.streams, h.ttft)
+    } else {
+        (h.calls, h.latency)
+    };
+    let ms = kind
+        .and_then(|k| k.mean())
+        .or_else(|| average.map(|e| e.value))?;
+    ms.is_finite().then_some(ms as u64)
 }
 
 /// Routing's decision at the start of a call: [`plan`], with the weight
@@ -281,6 +290,30 @@ mod tests {
             avoid: &|_| false,
         };
         super::plan(c, s, rng, &ask)
+    }
+
+    #[test]
+    fn typical_latency_is_read_per_kind_of_call() {
+        let s = MemoryStore::new();
+        let c = RoutingConfig::default();
+        assert_eq!(typical_ms(&s, "a", false), None);
+        let call = |latency_ms, ttft_ms, streamed| CallSample {
+            result: CallResult::Status(200),
+            latency_ms,
+            ttft_ms: Some(ttft_ms),
+            streamed,
+        };
+        health::record_outcome(&s, &c, "a", &call(400, 400, false), 0).unwrap();
+        assert_eq!(typical_ms(&s, "a", false), Some(400));
+        // No stream yet: the first-byte average stands in.
+        assert_eq!(typical_ms(&s, "a", true), Some(400));
+        health::record_outcome(&s, &c, "a", &call(9_000, 50, true), 0).unwrap();
+        assert_eq!(typical_ms(&s, "a", true), Some(50));
+        assert_eq!(
+            typical_ms(&s, "a", false),
+            Some(400),
+            "streams' length stays out"
+        );
     }
 
     fn config() -> RoutingConfig {
