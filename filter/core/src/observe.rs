@@ -28,7 +28,8 @@ impl RequestOutcome {
     pub fn of(end: End) -> Self {
         match end {
             End::Local(400..) => Self::Refused,
-            End::Reset(_) | End::Abandoned => Self::Reset,
+            // A dropped try is never a call's end; counted as no answer.
+            End::Reset(_) | End::Abandoned | End::Outlasted => Self::Reset,
             End::Local(s) | End::Answered(s) | End::TimedOut(s) => Self::of_status(s),
         }
     }

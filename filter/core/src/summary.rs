@@ -13,6 +13,7 @@
 //! | `TimedOut` (Envoy's 504)    | `server_error`     | `timeout`, failure                  | failure (all budget)  |
 //! | `Reset` (Envoy's 503)       | `reset`            | `reset`, failure                    | failure (all budget)  |
 //! | `Abandoned` (client left)   | `reset`            | `cancelled`, nothing learnt         | none                  |
+//! | `Outlasted` (a try a hedge beat) | never a call's end | `outlasted`, at least that slow | none              |
 //!
 //! A call that failed over ends as the answer of the backend that answered
 //! it; the backend that failed it learns that try's end when the walk turns
@@ -81,6 +82,9 @@ pub enum End {
     /// No response at all: Envoy answers every upstream failure itself, so
     /// the client went away first.
     Abandoned,
+    /// Not a call's end but a try's: another backend's answer (a hedge's)
+    /// reached the client first and this try was dropped unanswered.
+    Outlasted,
 }
 
 impl End {

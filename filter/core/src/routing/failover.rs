@@ -16,7 +16,7 @@ pub fn retriable(end: End) -> bool {
     match end {
         End::Answered(s) => s == 429 || (500..=599).contains(&s),
         End::TimedOut(_) | End::Reset(_) => true,
-        End::Local(_) | End::Abandoned => false,
+        End::Local(_) | End::Abandoned | End::Outlasted => false,
     }
 }
 

@@ -237,6 +237,10 @@ pub enum CallResult {
     /// The client went away before any response: says nothing about the
     /// backend (Envoy's outlier detection does not count it either).
     Cancelled,
+    /// Another backend answered the call first (a hedge won) while this one
+    /// had not: it was at least this slow, which its tail must know, or
+    /// hedging would hide the very tail it answers.
+    Outlasted,
 }
 
 /// What a call's result says about the backend.
@@ -251,6 +255,9 @@ pub enum Verdict {
     Failure,
     /// Nothing learnt: the call only leaves the in-flight count.
     Unknown,
+    /// Slower than its latency, which is a lower bound: a latency sample,
+    /// neither success nor failure.
+    Slow,
 }
 
 impl CallResult {
@@ -262,6 +269,7 @@ impl CallResult {
             Self::Status(400..=499) => Verdict::Refused,
             Self::Status(_) | Self::Reset | Self::Timeout => Verdict::Failure,
             Self::Cancelled => Verdict::Unknown,
+            Self::Outlasted => Verdict::Slow,
         }
     }
 
@@ -275,6 +283,7 @@ impl CallResult {
             Self::Reset => "reset",
             Self::Timeout => "timeout",
             Self::Cancelled => "cancelled",
+            Self::Outlasted => "outlasted",
         }
     }
 }
@@ -357,22 +366,14 @@ pub fn record_outcome<S: SharedStore + ?Sized>(
         h.in_flight = h.in_flight.saturating_sub(1);
         h.in_flight_at_ms = now_ms;
         match outcome.result.verdict() {
+            Verdict::Slow => {
+                observe_speed(h, outcome, now_ms, half_life);
+                false
+            }
             Verdict::Success => {
                 // Only successes measure speed: a refused connection fails
                 // fast and would make a dead backend look like the best one.
-                let latency = outcome.latency_ms as f64;
-                Ewma::observe(&mut h.latency, latency, now_ms, half_life);
-                if let Some(t) = outcome.ttft_ms {
-                    Ewma::observe(&mut h.ttft, t as f64, now_ms, half_life);
-                }
-                match (outcome.streamed, outcome.ttft_ms) {
-                    (false, _) => Histogram::observe(&mut h.calls, latency, now_ms, half_life),
-                    (true, Some(t)) => {
-                        Histogram::observe(&mut h.streams, t as f64, now_ms, half_life);
-                    }
-                    // A stream that sent no byte says nothing of its speed.
-                    (true, None) => {}
-                }
+                observe_speed(h, outcome, now_ms, half_life);
                 observe_error(&mut h.errors, 0.0, now_ms, half_life);
                 h.consecutive_failures = 0;
                 h.forgive(config, now_ms);
@@ -405,6 +406,21 @@ pub fn record_outcome<S: SharedStore + ?Sized>(
         }
     })?;
     Ok(Recorded { ejected, health })
+}
+
+/// Folds a call's speed into the averages and the histogram of its kind.
+fn observe_speed(h: &mut Health, outcome: &CallSample, now_ms: u64, half_life: f64) {
+    let latency = outcome.latency_ms as f64;
+    Ewma::observe(&mut h.latency, latency, now_ms, half_life);
+    if let Some(t) = outcome.ttft_ms {
+        Ewma::observe(&mut h.ttft, t as f64, now_ms, half_life);
+    }
+    match (outcome.streamed, outcome.ttft_ms) {
+        (false, _) => Histogram::observe(&mut h.calls, latency, now_ms, half_life),
+        (true, Some(t)) => Histogram::observe(&mut h.streams, t as f64, now_ms, half_life),
+        // A stream that sent no byte says nothing of its speed.
+        (true, None) => {}
+    }
 }
 
 /// A call counted by [`record_start`] was answered locally and never sent
@@ -905,6 +921,7 @@ mod tests {
             (CallResult::Status(101), Verdict::Failure, "server_error"),
             (CallResult::Reset, Verdict::Failure, "reset"),
             (CallResult::Timeout, Verdict::Failure, "timeout"),
+            (CallResult::Outlasted, Verdict::Slow, "outlasted"),
         ] {
             assert_eq!((r.verdict(), r.label()), (v, l), "{r:?}");
         }

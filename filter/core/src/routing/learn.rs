@@ -17,6 +17,7 @@ pub fn result_of(end: End) -> Option<CallResult> {
         End::TimedOut(_) => Some(CallResult::Timeout),
         End::Reset(_) => Some(CallResult::Reset),
         End::Abandoned => Some(CallResult::Cancelled),
+        End::Outlasted => Some(CallResult::Outlasted),
     }
 }
 

@@ -112,14 +112,14 @@ impl Call {
         if let (Some(status), None) = (good, self.response.as_ref()) {
             let first = self.dispatch.cluster.replace(cluster.clone());
             if self.reply_with(env, host, status, &answer) {
-                // The first backend was abandoned: it leaves the in-flight
-                // count and teaches nothing.
-                let abandoned = CallSummary {
-                    end: End::Abandoned,
+                // The first backend was dropped unanswered: its tail learns
+                // it was at least this slow; its breaker learns nothing.
+                let outlasted = CallSummary {
+                    end: End::Outlasted,
                     cluster: first.as_deref(),
                     ..self.summary("", env.now_ms)
                 };
-                self.learn_from(env, &abandoned);
+                self.learn_from(env, &outlasted);
                 if self.dispatch.breaker.is_some() {
                     self.dispatch.breaker = Some(cluster);
                 }

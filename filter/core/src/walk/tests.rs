@@ -710,9 +710,13 @@ fn a_slow_call_is_hedged_and_the_first_answer_wins() {
         1
     );
     assert_eq!(
-        w.counter("llm_filter_routing_calls_total.cluster.b.outcome.cancelled"),
+        w.counter("llm_filter_routing_calls_total.cluster.b.outcome.outlasted"),
         1
     );
+    // b learnt it took at least the 140 ms until a answered.
+    let b = health::read(&w.store, "b").unwrap();
+    assert_eq!(b.calls.and_then(|c| c.mean()), Some(140.0));
+    assert_eq!(b.consecutive_failures, 0);
     assert_eq!(health::read(&w.store, "a").unwrap().in_flight, 0);
     assert_eq!(health::read(&w.store, "b").unwrap().in_flight, 0);
 }
