@@ -134,6 +134,7 @@ pub struct EnvoyBuilder {
     component_log_level: Option<String>,
     envoy_bin: PathBuf,
     wasm_path: PathBuf,
+    ecds: bool,
 }
 
 impl Default for EnvoyBuilder {
@@ -160,7 +161,17 @@ impl EnvoyBuilder {
             component_log_level: None,
             envoy_bin: envoy_bin(),
             wasm_path: wasm_path(),
+            ecds: false,
         }
+    }
+
+    /// The filter's configuration comes from a watched file by extension
+    /// config discovery (ECDS), as a control plane delivers it, so
+    /// [`Envoy::reload_plugin_config`] can change it while Envoy runs.
+    pub fn discovered_config(mut self) -> Self {
+        self.ecds = true;
+        self.filter = true;
+        self
     }
 
     /// The filter's JSON configuration: a `serde_json::Value` or a `&str`.
@@ -258,10 +269,20 @@ impl EnvoyBuilder {
 
     /// The bootstrap YAML this builder starts Envoy with.
     pub fn config_yaml(&self) -> String {
+        self.config_yaml_in(Path::new("."))
+    }
+
+    /// The bootstrap YAML, with the discovered filter config (if any) read
+    /// from `dir`.
+    fn config_yaml_in(&self, dir: &Path) -> String {
         let mut yaml = String::new();
         yaml.push_str("admin:\n  address: {socket_address: {address: 127.0.0.1, port_value: 0}}\n");
         // Histograms reach /stats/prometheus on flush; keep tests waiting briefly.
         yaml.push_str("stats_flush_interval: 1s\n");
+        if self.ecds {
+            // Config sources other than the bootstrap need a node identity.
+            yaml.push_str("node: {id: llm-filter-e2e, cluster: llm-filter-e2e}\n");
+        }
         yaml.push_str(&stats_config_yaml());
         match &self.virtual_host_yaml {
             Some(extra) => yaml.push_str(&LISTENER_HEAD.replace(
@@ -272,7 +293,13 @@ impl EnvoyBuilder {
         }
         yaml.push_str(&indent(&self.route_yaml(), 16));
         yaml.push_str("          http_filters:\n");
-        if self.filter {
+        if self.filter && self.ecds {
+            let filter = ECDS_FILTER
+                .replace("{name}", FILTER_NAME)
+                .replace("{path}", &yaml_string(&ecds_path(dir).to_string_lossy()))
+                .replace("{dir}", &yaml_string(&dir.to_string_lossy()));
+            yaml.push_str(&filter);
+        } else if self.filter {
             let filter = WASM_FILTER
                 .replace("{name}", FILTER_NAME)
                 .replace("{wasm}", &yaml_string(&self.wasm_path.to_string_lossy()))
@@ -374,7 +401,11 @@ impl EnvoyBuilder {
         let config_path = dir.path().join("envoy.yaml");
         let admin_path = dir.path().join("admin-address");
         let log_path = dir.path().join("envoy.log");
-        std::fs::write(&config_path, self.config_yaml()).context("write envoy.yaml")?;
+        if self.ecds {
+            write_ecds(dir.path(), &self.wasm_path, &self.plugin_config)?;
+        }
+        std::fs::write(&config_path, self.config_yaml_in(dir.path()))
+            .context("write envoy.yaml")?;
         let log = std::fs::File::create(&log_path).context("create envoy.log")?;
         let mut command = Command::new(&self.envoy_bin);
         command
@@ -401,6 +432,7 @@ impl EnvoyBuilder {
         let mut envoy = Envoy {
             child: Some(child),
             dir,
+            wasm_path: self.wasm_path.clone(),
             log_path,
             admin: SocketAddr::from(([127, 0, 0, 1], 0)),
             listener: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -451,6 +483,52 @@ const WASM_FILTER: &str = r#"          - name: envoy.filters.http.wasm
                   value: {config}
 "#;
 
+/// The filter, its config discovered from a watched file (ECDS).
+const ECDS_FILTER: &str = r#"          - name: {name}
+            config_discovery:
+              config_source:
+                path_config_source:
+                  path: {path}
+                  watched_directory: {path: {dir}}
+              type_urls: ["type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"]
+"#;
+
+/// The discovery response Envoy reads the filter's config from.
+const ECDS_RESOURCE: &str = r#"resources:
+- "@type": type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig
+  name: {name}
+  typed_config:
+    "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+    config:
+      name: {name}
+      root_id: {name}
+      allow_on_headers_stop_iteration: true
+      fail_open: false
+      vm_config:
+        vm_id: {name}
+        runtime: envoy.wasm.runtime.v8
+        code: {local: {filename: {wasm}}}
+      configuration:
+        "@type": type.googleapis.com/google.protobuf.StringValue
+        value: {config}
+"#;
+
+fn ecds_path(dir: &Path) -> PathBuf {
+    dir.join("ecds.yaml")
+}
+
+/// Writes the discovery file for `config` in `dir`, replacing it at once (a
+/// rename in the watched directory), so Envoy never reads half a file.
+fn write_ecds(dir: &Path, wasm: &Path, config: &str) -> Result<()> {
+    let body = ECDS_RESOURCE
+        .replace("{name}", FILTER_NAME)
+        .replace("{wasm}", &yaml_string(&wasm.to_string_lossy()))
+        .replace("{config}", &yaml_string(config));
+    let staged = dir.join(".ecds.yaml.new");
+    std::fs::write(&staged, body).context("write the discovered config")?;
+    std::fs::rename(&staged, ecds_path(dir)).context("move the discovered config in place")
+}
+
 const ROUTER_FILTER: &str = r#"          - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
@@ -489,6 +567,7 @@ fn yaml_string(s: &str) -> String {
 pub struct Envoy {
     child: Option<Child>,
     dir: tempfile::TempDir,
+    wasm_path: PathBuf,
     log_path: PathBuf,
     admin: SocketAddr,
     listener: SocketAddr,
@@ -589,6 +668,30 @@ impl Envoy {
             bail!("/stats answered {status}: {body}");
         }
         parse_stats_json(&body)
+    }
+
+    /// Delivers a new filter configuration by extension config discovery
+    /// (the Envoy was built with [`EnvoyBuilder::discovered_config`]): the
+    /// file Envoy watches is replaced at once, and this waits until Envoy
+    /// took the new config (or refused it: an error).
+    pub fn reload_plugin_config(&self, config: impl std::fmt::Display) -> Result<()> {
+        let reloads = format!("extension_config_discovery.http_filter.{FILTER_NAME}.config_reload");
+        let failures = format!("extension_config_discovery.http_filter.{FILTER_NAME}.config_fail");
+        let (before, failed_before) = (self.stat(&reloads), self.stat(&failures));
+        write_ecds(self.dir.path(), &self.wasm_path, &config.to_string())?;
+        let deadline = Instant::now() + READY_DEADLINE;
+        loop {
+            if self.stat(&reloads) > before {
+                return Ok(());
+            }
+            if self.stat(&failures) > failed_before {
+                bail!("envoy refused the new config\n{}", self.log_tail(40));
+            }
+            if Instant::now() > deadline {
+                bail!("envoy did not take the new config\n{}", self.log_tail(40));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// One counter or gauge; 0 when it does not exist (yet) or admin fails.

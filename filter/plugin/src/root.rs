@@ -140,6 +140,20 @@ fn prepare_cache(cfg: &CacheConfig, metrics: &mut EnvoyMetrics) {
         worst.div_ceil(1 << 20)
     );
     let store = Store::new(&EnvoyStore, cfg);
+    // A configuration with fewer slots than the last one leaves slots that
+    // no key reaches: they are emptied, so the table's memory shrinks with it.
+    match store.relayout() {
+        Ok(d) if d.slots > 0 => log::info!(
+            "llm-filter: the cache shrank by {} slots; {} entries ({} bytes) beyond it dropped",
+            d.slots,
+            d.entries,
+            d.bytes
+        ),
+        Ok(_) => {}
+        Err(_) => log::warn!(
+            "llm-filter: cannot record the cache layout; a smaller one may leave slots behind"
+        ),
+    }
     if cfg.max_entries > PREPARE_MAX_SLOTS {
         log::info!(
             "llm-filter: more than {PREPARE_MAX_SLOTS} cache slots: they are created as they fill"

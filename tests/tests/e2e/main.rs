@@ -19,6 +19,7 @@ mod hedge;
 mod metrics;
 mod passthrough;
 mod priority;
+mod reload;
 mod routing;
 mod routing_tail;
 mod streaming;

@@ -22,7 +22,9 @@ pub use coalesce::{Claim, Lease, Poll};
 pub use config::{CacheConfig, RawCacheConfig, Scope, Stamp};
 pub use entry::{Entry, EntryError, EntryKind, Reply};
 pub use key::{decide, BypassReason, CacheControl, CacheRequest, Cacheable, Decision, Key};
-pub use store::{InsertError, Inserted, Lookup, Replaced, Store, Totals, PREPARE_MAX_SLOTS};
+pub use store::{
+    Dropped, InsertError, Inserted, Lookup, Replaced, Store, Totals, PREPARE_MAX_SLOTS,
+};
 
 use crate::metrics;
 

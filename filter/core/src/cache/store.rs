@@ -26,6 +26,9 @@ pub const KEY_PREFIX: &str = "llm_filter.cache.v1.";
 /// The shared-data key holding the cache's entry and byte totals.
 pub const STATS_KEY: &str = "llm_filter.cache.v1.stats";
 
+/// The shared-data key of the slot count the table was last laid out with.
+pub const LAYOUT_KEY: &str = "llm_filter.cache.v1.layout";
+
 /// Largest table worth [`Store::prepare`]-ing at start. Creating every key of
 /// a larger one holds Envoy's start for seconds and takes memory for slots
 /// that may never fill; such tables create their keys as they fill, at the
@@ -100,6 +103,17 @@ impl Inserted {
     pub fn evicted(&self) -> bool {
         self.replaced == Replaced::Evicted
     }
+}
+
+/// What [`Store::relayout`] dropped from a table whose size changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Dropped {
+    /// Slots beyond the new table, emptied.
+    pub slots: u32,
+    /// Entries no key reaches any more.
+    pub entries: u64,
+    /// Bytes those entries held.
+    pub bytes: u64,
 }
 
 /// Why an insert did not happen.
@@ -219,6 +233,52 @@ impl<'a, S: SharedStore + ?Sized> Store<'a, S> {
             ensure(&marker_key(i), b"")?;
         }
         Ok(created)
+    }
+
+    /// Records this table's slot count as the layout. When the table had
+    /// another size before (a configuration with another `cache.max_entries`),
+    /// a key's candidate slots moved with it: every entry that no key reaches
+    /// any more is emptied and taken out of the totals, in the table and, when
+    /// it shrank, in the slots and markers beyond it. Shared data cannot
+    /// delete a key, so those keys stay, empty. Call at configure time.
+    pub fn relayout(&self) -> Result<Dropped, StoreError> {
+        let before = self.shared.get(LAYOUT_KEY)?;
+        let previous = before
+            .value
+            .as_deref()
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map_or(0, u32::from_le_bytes);
+        self.shared
+            .set(LAYOUT_KEY, &self.slots.to_le_bytes(), None)?;
+        let mut dropped = Dropped::default();
+        if previous == 0 || previous == self.slots {
+            return Ok(dropped);
+        }
+        for i in 0..previous.max(self.slots) {
+            let slot = self.shared.get(&slot_key(i))?;
+            let Some(bytes) = slot.value.filter(|b| !b.is_empty()) else {
+                continue;
+            };
+            let reached = i < self.slots
+                && <[u8; 32]>::try_from(bytes.get(..32).unwrap_or_default())
+                    .is_ok_and(|key| self.candidates(&key).contains(&i));
+            if reached {
+                continue;
+            }
+            dropped.entries = dropped.entries.saturating_add(1);
+            dropped.bytes = dropped.bytes.saturating_add(bytes.len() as u64);
+            self.shared.set(&slot_key(i), b"", None)?;
+        }
+        for i in self.slots..previous {
+            self.shared.set(&marker_key(i), b"", None)?;
+            dropped.slots = dropped.slots.saturating_add(1);
+        }
+        if dropped.entries > 0 {
+            let entries = i64::try_from(dropped.entries).unwrap_or(i64::MAX);
+            let bytes = i64::try_from(dropped.bytes).unwrap_or(i64::MAX);
+            self.add_totals(-entries, -bytes);
+        }
+        Ok(dropped)
     }
 
     /// Finds the entry of `key` at `now_ms`. A corrupt slot, a slot holding
@@ -633,5 +693,66 @@ mod tests {
         }
         assert_eq!(slot_key(7), "llm_filter.cache.v1.slot.7");
         assert_eq!(marker_key(7), "llm_filter.cache.v1.inflight.7");
+    }
+
+    #[test]
+    fn a_smaller_table_empties_the_slots_no_key_reaches() {
+        let shared = MemoryStore::new();
+        let big = CacheConfig {
+            max_entries: 64,
+            ..CacheConfig::default()
+        };
+        let store = Store::new(&shared, &big);
+        assert_eq!(store.relayout().unwrap(), Dropped::default());
+        let entry = Entry::from_json(
+            crate::classify::Endpoint::Chat,
+            200,
+            br#"{"id":"x","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}"#,
+            crate::cache::config::Stamp {
+                stored_at_ms: 0,
+                expires_at_ms: 1_000_000,
+            },
+            1 << 20,
+        )
+        .unwrap();
+        for n in 0..40 {
+            store.insert(&key(n), &entry, 0).unwrap();
+        }
+        let before = store.totals().unwrap();
+        let small = CacheConfig {
+            max_entries: 8,
+            ..big.clone()
+        };
+        let store = Store::new(&shared, &small);
+        let dropped = store.relayout().unwrap();
+        assert_eq!(dropped.slots, 56);
+        let beyond = (8..64)
+            .filter(|i| {
+                !shared
+                    .get(&slot_key(*i))
+                    .unwrap()
+                    .value
+                    .unwrap_or_default()
+                    .is_empty()
+            })
+            .count();
+        assert_eq!(beyond, 0, "no entry left where no key reaches");
+        let after = store.totals().unwrap();
+        assert_eq!(after.entries, before.entries - dropped.entries);
+        assert_eq!(after.bytes, before.bytes - dropped.bytes);
+        assert!(after.entries <= 8);
+        // Every entry left is one its key finds.
+        let found = |store: &Store<'_, MemoryStore>| {
+            (0..40)
+                .filter(|n| matches!(store.lookup(&key(*n), 0), Lookup::Hit { .. }))
+                .count() as u64
+        };
+        assert_eq!(found(&store), after.entries);
+        // The same layout again drops nothing.
+        assert_eq!(store.relayout().unwrap(), Dropped::default());
+        // Growing keeps only what the larger table's keys reach.
+        let grown = Store::new(&shared, &big);
+        assert_eq!(grown.relayout().unwrap().slots, 0);
+        assert_eq!(found(&grown), grown.totals().unwrap().entries);
     }
 }
