@@ -517,9 +517,12 @@ async fn slow_backend_gets_a_smaller_share() {
     assert!(share_slow > 0.0, "slow keeps a trickle to stay measured");
     let w = metric(&envoy, WEIGHT, &[("model", "gpt-4o"), ("cluster", "slow")]);
     assert!((1.0..400.0).contains(&w), "weight of slow {w}");
-    assert_eq!(
-        metric(&envoy, WEIGHT, &[("model", "gpt-4o"), ("cluster", "fast")]),
-        1000.0
+    // Fast sets the bar for latency; only the calls it holds beyond its share
+    // (the in-flight factor) may take a little off it.
+    let fast_w = metric(&envoy, WEIGHT, &[("model", "gpt-4o"), ("cluster", "fast")]);
+    assert!(
+        fast_w >= 500.0 && fast_w > 2.0 * w,
+        "weight of fast {fast_w}, slow {w}"
     );
 }
 
