@@ -13,11 +13,11 @@ use llm_filter_core::host::{Random, SplitMix64};
 use llm_filter_core::metrics::BoundedLabel;
 use llm_filter_core::routing::probe::{Probe, ProbeEnd, Prober};
 use llm_filter_core::walk::Wake;
-use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType, MapType};
 
 use crate::host::{self, now_ms, EnvoyMetrics, EnvoyStore};
+use crate::hostcall;
 use crate::http::{deliver_callout, Http, Stream};
 use crate::worker::{with_env, ParkedCall, Worker};
 
@@ -61,7 +61,7 @@ impl Root {
             let Some(c) = call.as_mut().filter(|c| c.is_parked()) else {
                 continue;
             };
-            if hostcalls::set_effective_context(id).is_err() {
+            if hostcall::set_effective_context(id).is_err() {
                 // The stream is gone.
                 continue;
             }
@@ -80,7 +80,7 @@ impl Root {
             match wake {
                 Wake::Wait => keep.push((id, weak)),
                 Wake::Resume | Wake::ResumeWithoutBodies => {
-                    if hostcalls::resume_http_request().is_err() {
+                    if hostcall::resume_http_request().is_err() {
                         worker.internal_error("resume");
                     }
                 }
@@ -94,17 +94,16 @@ impl Root {
     fn probe(&mut self, worker: &Worker) {
         let cfg = &worker.config.routing;
         for probe in self.prober.due(cfg, &EnvoyStore, now_ms()) {
-            let headers = probe
+            let headers: Vec<(&str, &str)> = probe
                 .headers
                 .iter()
                 .map(|(k, v)| (*k, v.as_str()))
                 .collect();
             let timeout = Duration::from_millis(probe.timeout_ms);
-            match hostcalls::dispatch_http_call(
+            match hostcall::dispatch_http_call(
                 &probe.cluster,
-                headers,
+                &headers,
                 probe.body.as_deref(),
-                vec![],
                 timeout,
             ) {
                 Ok(token) => {
@@ -158,7 +157,7 @@ impl Context for Root {
             let (Some(worker), Some(slot)) = (self.worker.clone(), weak.upgrade()) else {
                 return;
             };
-            if hostcalls::set_effective_context(id).is_ok() {
+            if hostcall::set_effective_context(id).is_ok() {
                 deliver_callout(&worker, &slot, body_size);
             }
             return;
@@ -172,7 +171,7 @@ impl Context for Root {
         let status = host::header(MapType::HttpCallResponseHeaders, ":status")
             .and_then(|s| s.parse::<u16>().ok());
         let body = if probe.kind.reads_body() {
-            hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
+            hostcall::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
                 .ok()
                 .flatten()
                 .unwrap_or_default()
@@ -199,7 +198,7 @@ impl Context for Root {
 
 impl RootContext for Root {
     fn on_configure(&mut self, size: usize) -> bool {
-        let raw = match hostcalls::get_buffer(BufferType::PluginConfiguration, 0, size) {
+        let raw = match hostcall::get_buffer(BufferType::PluginConfiguration, 0, size) {
             Ok(bytes) => bytes.unwrap_or_default(),
             Err(status) => {
                 log::error!("llm-filter: cannot read the plugin configuration: {status:?}");
@@ -221,6 +220,7 @@ impl RootContext for Root {
         );
         let mut metrics = EnvoyMetrics::default();
         prepare_cache(&config.cache, &mut metrics);
+        hostcall::count_unexpected(&mut metrics);
         let mut rng = SplitMix64::new(host::entropy());
         self.prober = Prober::new(rng.next_u64().max(1));
         self.worker = Some(Rc::new(Worker {
@@ -231,7 +231,7 @@ impl RootContext for Root {
             parked: RefCell::new(Vec::new()),
             can_hold_body: Cell::new(true),
         }));
-        if hostcalls::set_tick_period(TICK).is_err() {
+        if hostcall::set_tick_period(TICK).is_err() {
             log::warn!("llm-filter: no timer: parked calls rely on their own callbacks");
         }
         true
@@ -243,6 +243,7 @@ impl RootContext for Root {
         };
         self.wake_parked(&worker);
         self.probe(&worker);
+        worker.count_host_errors();
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
