@@ -1,6 +1,7 @@
 //! The root context: loads and compiles the configuration once per VM, hands
 //! every HTTP context the shared state of this worker, and runs the timer that
-//! wakes parked calls and sends the routing probes.
+//! wakes parked calls, sends the routing probes and counts the filter's
+//! shared data.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -9,6 +10,7 @@ use std::time::Duration;
 
 use llm_filter_core::cache::{CacheConfig, Store, PREPARE_MAX_SLOTS};
 use llm_filter_core::config::Config;
+use llm_filter_core::host::census::{Census, KEYS_PER_STEP};
 use llm_filter_core::host::{Random, SplitMix64};
 use llm_filter_core::metrics::BoundedLabel;
 use llm_filter_core::routing::probe::{Probe, ProbeEnd, Prober};
@@ -36,6 +38,8 @@ pub struct Root {
     /// Callouts that parked calls sent from the timer, by token: the SDK
     /// hands their answers to this context, which passes them on.
     callouts: HashMap<u32, ParkedCall>,
+    /// The count of the filter's shared-data keys and bytes in progress.
+    census: Census,
 }
 
 /// An HTTP context that does nothing.
@@ -223,6 +227,7 @@ impl RootContext for Root {
         hostcall::count_unexpected(&mut metrics);
         let mut rng = SplitMix64::new(host::entropy());
         self.prober = Prober::new(rng.next_u64().max(1));
+        self.census = Census::new(&config);
         self.worker = Some(Rc::new(Worker {
             config,
             metrics: RefCell::new(metrics),
@@ -243,6 +248,12 @@ impl RootContext for Root {
         };
         self.wake_parked(&worker);
         self.probe(&worker);
+        let counted = self
+            .census
+            .step(&EnvoyStore, &worker.config, now_ms(), KEYS_PER_STEP);
+        if let Some(footprint) = counted {
+            footprint.set_gauges(&mut *worker.metrics.borrow_mut());
+        }
         worker.count_host_errors();
     }
 
