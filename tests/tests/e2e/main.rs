@@ -21,5 +21,6 @@ mod passthrough;
 mod priority;
 mod routing;
 mod routing_tail;
+mod shared_data;
 mod streaming;
 mod trace_context;
