@@ -5,6 +5,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 pub mod cas;
+pub mod census;
 
 /// Failure of a shared-store write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +68,11 @@ impl MemoryStore {
     /// True when no key was written.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The keys held, in no order.
+    pub fn keys(&self) -> Vec<String> {
+        self.map.borrow().keys().cloned().collect()
     }
 
     /// Total bytes of all values held.

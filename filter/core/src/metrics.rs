@@ -76,6 +76,13 @@ pub const ROUTING_HEDGES: &str = "llm_filter_routing_hedges_total";
 /// Calls sent to another backend after theirs failed them, by `result`.
 pub const ROUTING_FAILOVERS: &str = "llm_filter_routing_failovers_total";
 
+// shared data
+/// Keys the filter holds in Envoy shared data (gauge, counted every few
+/// seconds; see `host::census` and the README's key families).
+pub const SHARED_DATA_KEYS: &str = "llm_filter_shared_data_keys";
+/// Bytes of the values of those keys (gauge).
+pub const SHARED_DATA_BYTES: &str = "llm_filter_shared_data_bytes";
+
 /// Label value used once a label has seen too many distinct values.
 pub const OTHER: &str = "other";
 /// Label value for a value that is absent.

@@ -1,20 +1,16 @@
 //! The host adapter: Envoy's shared data, clock, randomness and stats behind
-//! the core's traits, using the `hostcalls` that return errors instead of the
-//! `Context` helpers that unwrap.
+//! the core's traits, through the checked calls of [`crate::hostcall`].
 
 use std::collections::HashMap;
-use std::time::UNIX_EPOCH;
 
 use llm_filter_core::host::{Metrics, SharedStore, StoreError, Versioned};
-use proxy_wasm::hostcalls;
-use proxy_wasm::types::{MapType, MetricType, Status};
+use proxy_wasm::types::{MapType, MetricType};
+
+use crate::hostcall::{self, status::CAS_MISMATCH};
 
 /// Milliseconds since the epoch by Envoy's clock (0 if the host cannot tell).
 pub fn now_ms() -> u64 {
-    hostcalls::get_current_time()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    hostcall::current_time_ns().map_or(0, |ns| ns / 1_000_000)
 }
 
 /// 64 bits from the host's entropy (WASI `random_get`), to seed a generator.
@@ -30,7 +26,7 @@ pub fn entropy() -> u64 {
 /// One header as text; header values that are not UTF-8 are read lossily
 /// (the SDK's string getter would panic on them).
 pub fn header(map: MapType, name: &str) -> Option<String> {
-    match hostcalls::get_map_value_bytes(map, name) {
+    match hostcall::get_map_value(map, name) {
         Ok(Some(v)) => Some(String::from_utf8_lossy(&v).into_owned()),
         _ => None,
     }
@@ -38,7 +34,7 @@ pub fn header(map: MapType, name: &str) -> Option<String> {
 
 /// Every header of a map, in order, values read lossily.
 pub fn headers(map: MapType) -> Vec<(String, String)> {
-    hostcalls::get_map_bytes(map)
+    hostcall::get_map(map)
         .map(|pairs| {
             pairs
                 .into_iter()
@@ -50,7 +46,7 @@ pub fn headers(map: MapType) -> Vec<(String, String)> {
 
 /// Sets (or with `None` removes) a header; reports whether the host accepted it.
 pub fn set_header(map: MapType, name: &str, value: Option<&str>) -> bool {
-    hostcalls::set_map_value(map, name, value).is_ok()
+    hostcall::set_map_value(map, name, value).is_ok()
 }
 
 /// Envoy shared data.
@@ -59,16 +55,16 @@ pub struct EnvoyStore;
 
 impl SharedStore for EnvoyStore {
     fn get(&self, key: &str) -> Result<Versioned, StoreError> {
-        match hostcalls::get_shared_data(key) {
+        match hostcall::get_shared_data(key) {
             Ok((value, cas)) => Ok(Versioned { value, cas }),
             Err(_) => Err(StoreError::Host),
         }
     }
 
     fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
-        match hostcalls::set_shared_data(key, Some(value), cas) {
+        match hostcall::set_shared_data(key, value, cas) {
             Ok(()) => Ok(()),
-            Err(Status::CasMismatch) => Err(StoreError::CasMismatch),
+            Err(CAS_MISMATCH) => Err(StoreError::CasMismatch),
             Err(_) => Err(StoreError::Host),
         }
     }
@@ -85,7 +81,7 @@ impl EnvoyMetrics {
         if let Some(id) = self.ids.get(name) {
             return *id;
         }
-        let id = hostcalls::define_metric(kind, name).ok();
+        let id = hostcall::define_metric(kind, name).ok();
         if id.is_none() {
             log::warn!("cannot define metric {name}");
         }
@@ -97,25 +93,25 @@ impl EnvoyMetrics {
 impl Metrics for EnvoyMetrics {
     fn counter(&mut self, name: &str, delta: u64) {
         if let Some(id) = self.id(MetricType::Counter, name) {
-            let _ = hostcalls::increment_metric(id, i64::try_from(delta).unwrap_or(i64::MAX));
+            let _ = hostcall::increment_metric(id, i64::try_from(delta).unwrap_or(i64::MAX));
         }
     }
 
     fn gauge(&mut self, name: &str, value: i64) {
         if let Some(id) = self.id(MetricType::Gauge, name) {
-            let _ = hostcalls::record_metric(id, u64::try_from(value).unwrap_or(0));
+            let _ = hostcall::record_metric(id, u64::try_from(value).unwrap_or(0));
         }
     }
 
     fn gauge_add(&mut self, name: &str, delta: i64) {
         if let Some(id) = self.id(MetricType::Gauge, name) {
-            let _ = hostcalls::increment_metric(id, delta);
+            let _ = hostcall::increment_metric(id, delta);
         }
     }
 
     fn histogram(&mut self, name: &str, value: u64) {
         if let Some(id) = self.id(MetricType::Histogram, name) {
-            let _ = hostcalls::record_metric(id, value);
+            let _ = hostcall::record_metric(id, value);
         }
     }
 }

@@ -7,11 +7,11 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use llm_filter_core::walk::{Call, CalloutAnswer, Env, Host, Step};
-use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, MapType};
 
 use crate::host;
+use crate::hostcall;
 use crate::worker::{with_env, CallSlot, Worker};
 
 /// One HTTP stream.
@@ -73,7 +73,7 @@ pub fn deliver_callout(worker: &Worker, slot: &CallSlot, body_size: usize) {
         .iter()
         .find(|(k, _)| k == ":status")
         .and_then(|(_, v)| v.parse::<u16>().ok());
-    let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
+    let body = hostcall::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
         .ok()
         .flatten()
         .unwrap_or_default();
@@ -91,7 +91,7 @@ pub fn deliver_callout(worker: &Worker, slot: &CallSlot, body_size: usize) {
     let step = with_env(worker, |env| {
         call.on_callout_response(env, &mut Stream::default(), answer)
     });
-    if step == Step::Continue && hostcalls::resume_http_response().is_err() {
+    if step == Step::Continue && hostcall::resume_http_response().is_err() {
         worker.internal_error("resume");
     }
 }
@@ -202,13 +202,13 @@ impl Host for Stream {
     }
 
     fn request_body(&self, size: usize) -> Option<Vec<u8>> {
-        hostcalls::get_buffer(BufferType::HttpRequestBody, 0, size)
+        hostcall::get_buffer(BufferType::HttpRequestBody, 0, size)
             .ok()
             .flatten()
     }
 
     fn set_request_body(&mut self, size: usize, body: &[u8]) -> bool {
-        hostcalls::set_buffer(BufferType::HttpRequestBody, 0, size, body).is_ok()
+        hostcall::set_buffer(BufferType::HttpRequestBody, 0, size, body).is_ok()
     }
 
     fn response_header(&self, name: &str) -> Option<String> {
@@ -222,28 +222,28 @@ impl Host for Stream {
     }
 
     fn response_body(&self, size: usize) -> Option<Vec<u8>> {
-        hostcalls::get_buffer(BufferType::HttpResponseBody, 0, size)
+        hostcall::get_buffer(BufferType::HttpResponseBody, 0, size)
             .ok()
             .flatten()
     }
 
     fn set_response_body(&mut self, size: usize, body: &[u8]) -> bool {
-        hostcalls::set_buffer(BufferType::HttpResponseBody, 0, size, body).is_ok()
+        hostcall::set_buffer(BufferType::HttpResponseBody, 0, size, body).is_ok()
     }
 
     fn response_code_details(&self) -> Option<String> {
-        hostcalls::get_property(vec!["response", "code_details"])
+        hostcall::get_property(&["response", "code_details"])
             .ok()
             .flatten()
             .map(|b| String::from_utf8_lossy(&b).into_owned())
     }
 
     fn send_local_reply(&mut self, status: u32, headers: &[(&str, &str)], body: &[u8]) -> bool {
-        hostcalls::send_http_response(status, headers.to_vec(), Some(body)).is_ok()
+        hostcall::send_http_response(status, headers, body).is_ok()
     }
 
     fn clear_route_cache(&mut self) -> bool {
-        hostcalls::call_foreign_function("clear_route_cache", None).is_ok()
+        hostcall::call_foreign_function("clear_route_cache", None).is_ok()
     }
 
     fn request_headers(&self) -> Vec<(String, String)> {
@@ -260,8 +260,7 @@ impl Host for Stream {
         timeout_ms: u64,
     ) -> bool {
         let timeout = Duration::from_millis(timeout_ms);
-        match hostcalls::dispatch_http_call(cluster, headers.to_vec(), Some(body), vec![], timeout)
-        {
+        match hostcall::dispatch_http_call(cluster, headers, Some(body), timeout) {
             Ok(token) => {
                 self.dispatched.borrow_mut().push(token);
                 true

@@ -1,6 +1,7 @@
 //! The root context: loads and compiles the configuration once per VM, hands
 //! every HTTP context the shared state of this worker, and runs the timer that
-//! wakes parked calls and sends the routing probes.
+//! wakes parked calls, sends the routing probes and counts the filter's
+//! shared data.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -9,15 +10,16 @@ use std::time::Duration;
 
 use llm_filter_core::cache::{CacheConfig, Store, PREPARE_MAX_SLOTS};
 use llm_filter_core::config::Config;
+use llm_filter_core::host::census::{Census, KEYS_PER_STEP};
 use llm_filter_core::host::{Random, SplitMix64};
 use llm_filter_core::metrics::BoundedLabel;
 use llm_filter_core::routing::probe::{Probe, ProbeEnd, Prober};
 use llm_filter_core::walk::Wake;
-use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType, MapType};
 
 use crate::host::{self, now_ms, EnvoyMetrics, EnvoyStore};
+use crate::hostcall;
 use crate::http::{deliver_callout, Http, Stream};
 use crate::worker::{with_env, ParkedCall, Worker};
 
@@ -36,6 +38,8 @@ pub struct Root {
     /// Callouts that parked calls sent from the timer, by token: the SDK
     /// hands their answers to this context, which passes them on.
     callouts: HashMap<u32, ParkedCall>,
+    /// The count of the filter's shared-data keys and bytes in progress.
+    census: Census,
 }
 
 /// An HTTP context that does nothing.
@@ -61,7 +65,7 @@ impl Root {
             let Some(c) = call.as_mut().filter(|c| c.is_parked()) else {
                 continue;
             };
-            if hostcalls::set_effective_context(id).is_err() {
+            if hostcall::set_effective_context(id).is_err() {
                 // The stream is gone.
                 continue;
             }
@@ -80,7 +84,7 @@ impl Root {
             match wake {
                 Wake::Wait => keep.push((id, weak)),
                 Wake::Resume | Wake::ResumeWithoutBodies => {
-                    if hostcalls::resume_http_request().is_err() {
+                    if hostcall::resume_http_request().is_err() {
                         worker.internal_error("resume");
                     }
                 }
@@ -94,17 +98,16 @@ impl Root {
     fn probe(&mut self, worker: &Worker) {
         let cfg = &worker.config.routing;
         for probe in self.prober.due(cfg, &EnvoyStore, now_ms()) {
-            let headers = probe
+            let headers: Vec<(&str, &str)> = probe
                 .headers
                 .iter()
                 .map(|(k, v)| (*k, v.as_str()))
                 .collect();
             let timeout = Duration::from_millis(probe.timeout_ms);
-            match hostcalls::dispatch_http_call(
+            match hostcall::dispatch_http_call(
                 &probe.cluster,
-                headers,
+                &headers,
                 probe.body.as_deref(),
-                vec![],
                 timeout,
             ) {
                 Ok(token) => {
@@ -172,7 +175,7 @@ impl Context for Root {
             let (Some(worker), Some(slot)) = (self.worker.clone(), weak.upgrade()) else {
                 return;
             };
-            if hostcalls::set_effective_context(id).is_ok() {
+            if hostcall::set_effective_context(id).is_ok() {
                 deliver_callout(&worker, &slot, body_size);
             }
             return;
@@ -186,7 +189,7 @@ impl Context for Root {
         let status = host::header(MapType::HttpCallResponseHeaders, ":status")
             .and_then(|s| s.parse::<u16>().ok());
         let body = if probe.kind.reads_body() {
-            hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
+            hostcall::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
                 .ok()
                 .flatten()
                 .unwrap_or_default()
@@ -213,7 +216,7 @@ impl Context for Root {
 
 impl RootContext for Root {
     fn on_configure(&mut self, size: usize) -> bool {
-        let raw = match hostcalls::get_buffer(BufferType::PluginConfiguration, 0, size) {
+        let raw = match hostcall::get_buffer(BufferType::PluginConfiguration, 0, size) {
             Ok(bytes) => bytes.unwrap_or_default(),
             Err(status) => {
                 log::error!("llm-filter: cannot read the plugin configuration: {status:?}");
@@ -235,8 +238,10 @@ impl RootContext for Root {
         );
         let mut metrics = EnvoyMetrics::default();
         prepare_cache(&config.cache, &mut metrics);
+        hostcall::count_unexpected(&mut metrics);
         let mut rng = SplitMix64::new(host::entropy());
         self.prober = Prober::new(rng.next_u64().max(1));
+        self.census = Census::new(&config);
         self.worker = Some(Rc::new(Worker {
             config,
             metrics: RefCell::new(metrics),
@@ -245,7 +250,7 @@ impl RootContext for Root {
             parked: RefCell::new(Vec::new()),
             can_hold_body: Cell::new(true),
         }));
-        if hostcalls::set_tick_period(TICK).is_err() {
+        if hostcall::set_tick_period(TICK).is_err() {
             log::warn!("llm-filter: no timer: parked calls rely on their own callbacks");
         }
         true
@@ -257,6 +262,13 @@ impl RootContext for Root {
         };
         self.wake_parked(&worker);
         self.probe(&worker);
+        let counted = self
+            .census
+            .step(&EnvoyStore, &worker.config, now_ms(), KEYS_PER_STEP);
+        if let Some(footprint) = counted {
+            footprint.set_gauges(&mut *worker.metrics.borrow_mut());
+        }
+        worker.count_host_errors();
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {

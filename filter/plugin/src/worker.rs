@@ -11,6 +11,7 @@ use llm_filter_core::metrics::{self, BoundedLabel};
 use llm_filter_core::walk::{Call, Env};
 
 use crate::host::{now_ms, EnvoyMetrics, EnvoyStore};
+use crate::hostcall;
 
 /// A call slot shared between its HTTP context and the timer.
 pub type CallSlot = Rc<RefCell<Option<Call>>>;
@@ -54,13 +55,21 @@ impl Worker {
         metrics::internal_error(&mut *self.metrics.borrow_mut(), reason);
     }
 
+    /// Counts the host calls that failed unexpectedly since the last time.
+    pub fn count_host_errors(&self) {
+        if let Ok(mut m) = self.metrics.try_borrow_mut() {
+            hostcall::count_unexpected(&mut *m);
+        }
+    }
+
     /// Parks again calls taken with [`Worker::take_parked`].
     pub fn repark(&self, calls: Vec<ParkedCall>) {
         self.parked.borrow_mut().extend(calls);
     }
 }
 
-/// Runs `f` with the worker's environment, read at this instant.
+/// Runs `f` with the worker's environment, read at this instant, then counts
+/// the host calls that failed unexpectedly meanwhile.
 pub fn with_env<T>(worker: &Worker, f: impl FnOnce(&mut Env<'_>) -> T) -> T {
     let mut metrics = worker.metrics.borrow_mut();
     let mut rng = worker.rng.borrow_mut();
@@ -74,5 +83,7 @@ pub fn with_env<T>(worker: &Worker, f: impl FnOnce(&mut Env<'_>) -> T) -> T {
         now_ms: now_ms(),
         can_hold_body: worker.can_hold_body.get(),
     };
-    f(&mut env)
+    let out = f(&mut env);
+    hostcall::count_unexpected(&mut *metrics);
+    out
 }

@@ -22,5 +22,6 @@ mod priority;
 mod reload;
 mod routing;
 mod routing_tail;
+mod shared_data;
 mod streaming;
 mod trace_context;

@@ -1,0 +1,193 @@
+use serde_json::json;
+
+use super::*;
+use crate::budget::breaker::Sample;
+use crate::cache::coalesce;
+use crate::host::{MemoryMetrics, MemoryStore};
+use crate::routing::health::{Ewma, Histogram, Load, ProbeRecord};
+use crate::routing::{CallResult, CallSample, Health};
+
+const SLOTS: u32 = 8;
+
+fn config() -> Config {
+    let cfg = json!({
+        "cache": {"max_entries": SLOTS},
+        "routing": {
+            "models": {
+                "m1": [{"cluster": "a"}, {"cluster": "b"}],
+                "m2": [{"cluster": "b"}, {"cluster": "c", "model": "m2-large"}]
+            },
+            "hedge": {}
+        }
+    });
+    Config::parse(cfg.to_string().as_bytes()).unwrap()
+}
+
+/// Writes every family through the code that writes it in the walk, with
+/// far more cache keys than slots.
+fn fill(store: &MemoryStore, config: &Config) {
+    let cache = Store::new(store, &config.cache);
+    cache.prepare().unwrap();
+    for n in 0..=255u8 {
+        let _ = coalesce::claim(&cache, &[n; 32], 1_000, 5_000, u64::from(n) + 1);
+    }
+    let _ = probe::try_lease(store, 7, 1_000, 5_000);
+    for c in ["a", "b", "c"] {
+        let sample = CallSample {
+            result: CallResult::Status(200),
+            latency_ms: 100,
+            ttft_ms: Some(10),
+            streamed: false,
+        };
+        health::record_outcome(store, &config.routing, c, &sample, 1_000).unwrap();
+        let load = Load {
+            waiting: Some(1.0),
+            kv_usage: Some(0.5),
+        };
+        health::record_probe(store, &config.routing, c, true, 5, Some(load), 1_000).unwrap();
+        breaker::record(
+            store,
+            c,
+            1_000,
+            Sample::new(10, 100, false, 0),
+            &config.budget,
+        )
+        .unwrap();
+    }
+    breaker::record(
+        store,
+        DEFAULT_BREAKER,
+        1_000,
+        Sample::new(10, 100, true, 1),
+        &config.budget,
+    )
+    .unwrap();
+    for m in ["m1", "m2"] {
+        hedge::count_call(store, m, 1_000, config.budget.window_ms);
+    }
+}
+
+fn run(census: &mut Census, store: &MemoryStore, config: &Config, now_ms: u64) -> Footprint {
+    for _ in 0..1_000 {
+        if let Some(f) = census.step(store, config, now_ms, 4) {
+            return f;
+        }
+    }
+    panic!("the count never ended");
+}
+
+#[test]
+fn the_count_matches_the_store() {
+    let (config, store) = (config(), MemoryStore::new());
+    fill(&store, &config);
+    let f = run(&mut Census::new(&config), &store, &config, 0);
+    assert_eq!(f.keys, store.len() as u64);
+    assert_eq!(f.bytes, store.value_bytes() as u64);
+    // Stats, lease, 3 health, 4 breakers, 2 hedge windows, 8 markers, 8 slots.
+    assert_eq!(f.keys, 2 + 3 + 4 + 2 + 2 * u64::from(SLOTS));
+    assert_eq!(max_keys(&config), f.keys);
+}
+
+#[test]
+fn counts_are_spread_over_steps_and_spaced_out() {
+    let (config, store) = (config(), MemoryStore::new());
+    fill(&store, &config);
+    let mut census = Census::new(&config);
+    // 19 keys read (the 8 slots are not) at 4 a step: the count ends on
+    // the fifth step.
+    for _ in 0..4 {
+        assert_eq!(census.step(&store, &config, 0, 4), None);
+    }
+    let f = census.step(&store, &config, 0, 4).unwrap();
+    assert_eq!(census.step(&store, &config, INTERVAL_MS - 1, 100), None);
+    assert_eq!(census.step(&store, &config, INTERVAL_MS, 100), Some(f));
+    let mut m = MemoryMetrics::default();
+    f.set_gauges(&mut m);
+    assert_eq!(m.gauges[metrics::SHARED_DATA_KEYS], f.keys as i64);
+    assert_eq!(m.gauges[metrics::SHARED_DATA_BYTES], f.bytes as i64);
+}
+
+#[test]
+fn an_empty_store_holds_nothing() {
+    let (config, store) = (config(), MemoryStore::new());
+    let f = run(&mut Census::new(&config), &store, &config, 0);
+    // The prepared table's slots are counted from the configuration.
+    assert_eq!(
+        f,
+        Footprint {
+            keys: u64::from(SLOTS),
+            bytes: 0
+        }
+    );
+    let off = Config::parse(br#"{"cache": {"enabled": false}}"#).unwrap();
+    assert_eq!(
+        run(&mut Census::new(&off), &store, &off, 0),
+        Footprint::default()
+    );
+}
+
+/// The value-size bounds documented in the README's key-family table.
+#[test]
+fn values_stay_within_the_documented_sizes() {
+    let (config, store) = (config(), MemoryStore::new());
+    fill(&store, &config);
+    let size = |k: &str| store.get(k).unwrap().value.map_or(0, |v| v.len());
+    let max_of = |prefix: &str| {
+        store
+            .keys()
+            .iter()
+            .filter(|k| k.starts_with(prefix))
+            .map(|k| size(k))
+            .max()
+            .unwrap_or(0)
+    };
+    let ewma = Ewma {
+        value: 1.0,
+        at_ms: 1,
+        weight: 1.0,
+    };
+    let histogram = Histogram {
+        counts: Default::default(),
+        sums: Default::default(),
+        at_ms: 1,
+    };
+    let full = Health {
+        latency: Some(ewma),
+        ttft: Some(ewma),
+        errors: Some(ewma),
+        calls: Some(histogram),
+        streams: Some(histogram),
+        recovering_since_ms: Some(1),
+        probe: Some(ProbeRecord {
+            ok: true,
+            at_ms: 1,
+            latency_ms: 1,
+        }),
+        load: Some(Load {
+            waiting: Some(1.0),
+            kv_usage: Some(1.0),
+        }),
+        ..Health::default()
+    };
+    let sizes = [
+        ("totals", size(STATS_KEY)),
+        ("lease", size(probe::LEASE_KEY)),
+        ("marker", max_of("llm_filter.cache.v1.inflight.")),
+        ("health", max_of(health::KEY_PREFIX)),
+        ("health, every field set", full.encode().unwrap().len()),
+        ("breaker", max_of(breaker::KEY_PREFIX)),
+        ("hedge", max_of(hedge::KEY_PREFIX)),
+    ];
+    println!("{sizes:?}");
+    let bound = |name: &str| match name {
+        "totals" | "lease" => 16,
+        "marker" => 64,
+        "health" | "health, every field set" => 768,
+        "breaker" => 256,
+        "hedge" => 160,
+        _ => 0,
+    };
+    for (name, size) in sizes {
+        assert!(size > 0 && size <= bound(name), "{name}: {size} bytes");
+    }
+}

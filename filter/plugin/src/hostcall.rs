@@ -1,0 +1,655 @@
+//! Every host call the filter makes, checked. The SDK's `hostcalls` panic on a
+//! status they do not expect (and decode it into an enum that lacks most of
+//! the ABI's codes), and a panic traps the VM with every request of its
+//! worker. These call the ABI imports directly, read the status as a plain
+//! number, parse what the host returns without trusting it, and turn a status
+//! the SDK would have panicked on into an error that the caller fails open
+//! on and that is counted as `llm_filter_internal_errors_total{reason="host_<call>"}`.
+//!
+//! Statuses the SDK returns as errors (a `NotFound` body, a CAS mismatch, an
+//! unknown callout cluster) stay plain errors for the caller, as before.
+//! The one call left to the SDK is `dispatch_http_call`: the SDK's dispatcher
+//! must register the callout's token to route its answer back (it traps on
+//! an answer it does not know), and only the SDK's own function registers it.
+
+use std::cell::RefCell;
+use std::ptr::{null, null_mut};
+use std::time::Duration;
+
+use llm_filter_core::host::Metrics;
+use llm_filter_core::metrics::{name, INTERNAL_ERRORS};
+use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType};
+
+/// Proxy-wasm ABI status codes (`proxy_status_t`).
+pub mod status {
+    /// The call succeeded.
+    pub const OK: u32 = 0;
+    /// Nothing under that name (key, header, buffer, property, metric).
+    pub const NOT_FOUND: u32 = 1;
+    /// An argument the host refuses (e.g. an unknown callout cluster).
+    pub const BAD_ARGUMENT: u32 = 2;
+    /// A value the host cannot serialize.
+    pub const SERIALIZATION_FAILURE: u32 = 3;
+    /// Shared data changed since the read whose CAS token was given.
+    pub const CAS_MISMATCH: u32 = 8;
+    /// The host failed.
+    pub const INTERNAL_FAILURE: u32 = 10;
+    /// Not a host status: the host answered `OK` with bytes that do not
+    /// parse (a header map whose lengths run past its end).
+    pub const MALFORMED: u32 = u32::MAX;
+}
+
+use status::{BAD_ARGUMENT, CAS_MISMATCH, INTERNAL_FAILURE, MALFORMED, NOT_FOUND, OK};
+
+/// A failed host call: the status the host returned.
+pub type Status = u32;
+
+thread_local! {
+    /// Host calls that failed with a status the SDK does not expect, by call,
+    /// until [`count_unexpected`] moves them into the stats. Kept aside because
+    /// the stats sink may be borrowed (or failing) when the call fails.
+    static UNEXPECTED: RefCell<Vec<(&'static str, u64)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `Ok` for [`OK`]; `Err(status)` otherwise, noting it when `status` is
+/// neither OK nor one of the `expected` errors.
+pub fn check(call: &'static str, status: u32, expected: &[u32]) -> Result<(), Status> {
+    if status == OK {
+        return Ok(());
+    }
+    if !expected.contains(&status) {
+        note(call);
+    }
+    Err(status)
+}
+
+fn note(call: &'static str) {
+    UNEXPECTED.with(|u| {
+        let Ok(mut u) = u.try_borrow_mut() else {
+            return;
+        };
+        match u.iter_mut().find(|(c, _)| *c == call) {
+            Some((_, n)) => *n = n.saturating_add(1),
+            None => u.push((call, 1)),
+        }
+    });
+}
+
+/// Moves the unexpected failures noted since the last time into
+/// `llm_filter_internal_errors_total{reason="host_<call>"}`.
+pub fn count_unexpected(m: &mut dyn Metrics) {
+    let noted = UNEXPECTED.with(|u| {
+        u.try_borrow_mut()
+            .map(|mut u| std::mem::take(&mut *u))
+            .unwrap_or_default()
+    });
+    for (call, n) in noted {
+        let reason = format!("host_{call}");
+        m.counter(&name(INTERNAL_ERRORS, &[("reason", &reason)]), n);
+    }
+}
+
+/// Bytes the host allocated (through the SDK's `proxy_on_memory_allocate`)
+/// and handed over; `None` for a null pointer.
+///
+/// # Safety
+/// `data` is null or was allocated by the module's allocator for `size` bytes.
+unsafe fn take(data: *mut u8, size: usize) -> Option<Vec<u8>> {
+    if data.is_null() {
+        None
+    } else {
+        // SAFETY: the host wrote `size` bytes into memory it asked this
+        // module to allocate with exactly that capacity (the SDK does the same).
+        Some(unsafe { Vec::from_raw_parts(data, size, size) })
+    }
+}
+
+/// Writes a log line; a failure is only counted (there is nowhere else to say it).
+pub fn log(level: LogLevel, message: &str) -> Result<(), Status> {
+    // SAFETY: the pointer and length describe a live string.
+    let s = unsafe { abi::proxy_log(level as u32, message.as_ptr(), message.len()) };
+    check("log", s, &[])
+}
+
+/// Nanoseconds since the epoch by the host's clock.
+pub fn current_time_ns() -> Result<u64, Status> {
+    let mut t: u64 = 0;
+    // SAFETY: `t` outlives the call.
+    let s = unsafe { abi::proxy_get_current_time_nanoseconds(&mut t) };
+    check("get_current_time", s, &[]).map(|()| t)
+}
+
+/// Asks for `on_tick` every `period` (0 stops it).
+pub fn set_tick_period(period: Duration) -> Result<(), Status> {
+    let ms = u32::try_from(period.as_millis()).unwrap_or(u32::MAX);
+    // SAFETY: plain value.
+    let s = unsafe { abi::proxy_set_tick_period_milliseconds(ms) };
+    check("set_tick_period", s, &[])
+}
+
+/// Up to `max_size` bytes of a buffer from `start`; `None` when there is none.
+pub fn get_buffer(
+    buffer: BufferType,
+    start: usize,
+    max_size: usize,
+) -> Result<Option<Vec<u8>>, Status> {
+    let (mut data, mut size) = (null_mut(), 0usize);
+    // SAFETY: the out-pointers outlive the call; what the host returns is
+    // allocated by this module.
+    let s = unsafe {
+        abi::proxy_get_buffer_bytes(buffer as u32, start, max_size, &mut data, &mut size)
+    };
+    match check("get_buffer", s, &[NOT_FOUND]) {
+        // SAFETY: see above.
+        Ok(()) => Ok(unsafe { take(data, size) }),
+        Err(NOT_FOUND) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Replaces `size` bytes of a buffer from `start` with `value`.
+pub fn set_buffer(
+    buffer: BufferType,
+    start: usize,
+    size: usize,
+    value: &[u8],
+) -> Result<(), Status> {
+    // SAFETY: the pointer and length describe a live slice.
+    let s = unsafe {
+        abi::proxy_set_buffer_bytes(buffer as u32, start, size, value.as_ptr(), value.len())
+    };
+    check("set_buffer", s, &[])
+}
+
+/// Every pair of a header map, in order; names that are not UTF-8 are read lossily.
+pub fn get_map(map: MapType) -> Result<Vec<(String, Vec<u8>)>, Status> {
+    let (mut data, mut size) = (null_mut(), 0usize);
+    // SAFETY: as in `get_buffer`.
+    let s = unsafe { abi::proxy_get_header_map_pairs(map as u32, &mut data, &mut size) };
+    check("get_map", s, &[])?;
+    // SAFETY: as in `get_buffer`.
+    let Some(bytes) = (unsafe { take(data, size) }) else {
+        return Ok(Vec::new());
+    };
+    parse_map(&bytes).ok_or_else(|| {
+        note("get_map");
+        MALFORMED
+    })
+}
+
+/// One header's value; `None` when absent.
+pub fn get_map_value(map: MapType, key: &str) -> Result<Option<Vec<u8>>, Status> {
+    let (mut data, mut size) = (null_mut(), 0usize);
+    // SAFETY: as in `get_buffer`.
+    let s = unsafe {
+        abi::proxy_get_header_map_value(map as u32, key.as_ptr(), key.len(), &mut data, &mut size)
+    };
+    match check("get_map_value", s, &[NOT_FOUND]) {
+        // SAFETY: as in `get_buffer`.
+        Ok(()) => Ok(unsafe { take(data, size) }),
+        Err(NOT_FOUND) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Sets a header (replacing every value), or with `None` removes it.
+pub fn set_map_value(map: MapType, key: &str, value: Option<&str>) -> Result<(), Status> {
+    // SAFETY: the pointers and lengths describe live strings.
+    let s = unsafe {
+        match value {
+            Some(v) => abi::proxy_replace_header_map_value(
+                map as u32,
+                key.as_ptr(),
+                key.len(),
+                v.as_ptr(),
+                v.len(),
+            ),
+            None => abi::proxy_remove_header_map_value(map as u32, key.as_ptr(), key.len()),
+        }
+    };
+    check("set_map_value", s, &[])
+}
+
+/// A property by path; `None` when the host has none.
+pub fn get_property(path: &[&str]) -> Result<Option<Vec<u8>>, Status> {
+    let path = path.join("\0");
+    let (mut data, mut size) = (null_mut(), 0usize);
+    // SAFETY: as in `get_buffer`.
+    let s = unsafe { abi::proxy_get_property(path.as_ptr(), path.len(), &mut data, &mut size) };
+    let expected = [NOT_FOUND, status::SERIALIZATION_FAILURE, INTERNAL_FAILURE];
+    match check("get_property", s, &expected) {
+        // SAFETY: as in `get_buffer`.
+        Ok(()) => Ok(unsafe { take(data, size) }),
+        Err(NOT_FOUND) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// A shared-data value and its CAS token (`None` for a token of 0); both
+/// `None` for a key never written.
+pub fn get_shared_data(key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status> {
+    let (mut data, mut size, mut cas) = (null_mut(), 0usize, 0u32);
+    // SAFETY: as in `get_buffer`.
+    let s = unsafe {
+        abi::proxy_get_shared_data(key.as_ptr(), key.len(), &mut data, &mut size, &mut cas)
+    };
+    match check("get_shared_data", s, &[NOT_FOUND]) {
+        // SAFETY: as in `get_buffer`.
+        Ok(()) => Ok((unsafe { take(data, size) }, Some(cas).filter(|c| *c != 0))),
+        Err(NOT_FOUND) => Ok((None, None)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes a shared-data value, conditionally on `cas` when given.
+pub fn set_shared_data(key: &str, value: &[u8], cas: Option<u32>) -> Result<(), Status> {
+    // SAFETY: the pointers and lengths describe live slices.
+    let s = unsafe {
+        abi::proxy_set_shared_data(
+            key.as_ptr(),
+            key.len(),
+            value.as_ptr(),
+            value.len(),
+            cas.unwrap_or(0),
+        )
+    };
+    check("set_shared_data", s, &[CAS_MISMATCH])
+}
+
+/// Lets a paused request go on.
+pub fn resume_http_request() -> Result<(), Status> {
+    // SAFETY: plain value.
+    let s = unsafe { abi::proxy_continue_stream(STREAM_HTTP_REQUEST) };
+    check("resume_http_request", s, &[])
+}
+
+/// Lets a paused response go on.
+pub fn resume_http_response() -> Result<(), Status> {
+    // SAFETY: plain value.
+    let s = unsafe { abi::proxy_continue_stream(STREAM_HTTP_RESPONSE) };
+    check("resume_http_response", s, &[])
+}
+
+const STREAM_HTTP_REQUEST: u32 = 0;
+const STREAM_HTTP_RESPONSE: u32 = 1;
+/// `grpc_status` of a plain HTTP local reply.
+const NO_GRPC_STATUS: i32 = -1;
+
+/// Answers the stream locally.
+pub fn send_http_response(
+    status: u32,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<(), Status> {
+    let Some(headers) = serialize_map(headers) else {
+        note("send_http_response");
+        return Err(BAD_ARGUMENT);
+    };
+    // SAFETY: the pointers and lengths describe live slices.
+    let s = unsafe {
+        abi::proxy_send_local_response(
+            status,
+            null(),
+            0,
+            body.as_ptr(),
+            body.len(),
+            headers.as_ptr(),
+            headers.len(),
+            NO_GRPC_STATUS,
+        )
+    };
+    check("send_http_response", s, &[])
+}
+
+/// Sends an HTTP callout through the SDK, which registers its token for the
+/// answer (see the module's note). The SDK panics on a status other than
+/// OK, `BadArgument` and `InternalFailure`; Envoy's `http_call` returns no
+/// other, except for memory it cannot read, which valid slices rule out.
+pub fn dispatch_http_call(
+    cluster: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+    timeout: Duration,
+) -> Result<u32, Status> {
+    proxy_wasm::hostcalls::dispatch_http_call(cluster, headers.to_vec(), body, vec![], timeout)
+        .map_err(|s| s as u32)
+}
+
+/// Makes `context_id` the context later calls act on; `BadArgument` when it
+/// is gone.
+pub fn set_effective_context(context_id: u32) -> Result<(), Status> {
+    // SAFETY: plain value.
+    let s = unsafe { abi::proxy_set_effective_context(context_id) };
+    check("set_effective_context", s, &[BAD_ARGUMENT])
+}
+
+/// Calls a host extension by name.
+pub fn call_foreign_function(
+    function: &str,
+    arguments: Option<&[u8]>,
+) -> Result<Option<Vec<u8>>, Status> {
+    let (mut data, mut size) = (null_mut(), 0usize);
+    let (args, args_len) = arguments.map_or((null(), 0), |a| (a.as_ptr(), a.len()));
+    // SAFETY: as in `get_buffer`.
+    let s = unsafe {
+        abi::proxy_call_foreign_function(
+            function.as_ptr(),
+            function.len(),
+            args,
+            args_len,
+            &mut data,
+            &mut size,
+        )
+    };
+    let expected = [
+        NOT_FOUND,
+        BAD_ARGUMENT,
+        status::SERIALIZATION_FAILURE,
+        INTERNAL_FAILURE,
+    ];
+    check("call_foreign_function", s, &expected)?;
+    // SAFETY: as in `get_buffer`.
+    Ok(unsafe { take(data, size) })
+}
+
+/// Defines a stat, returning its id.
+pub fn define_metric(kind: MetricType, name: &str) -> Result<u32, Status> {
+    let mut id: u32 = 0;
+    // SAFETY: the pointer and length describe a live string; `id` outlives the call.
+    let s = unsafe { abi::proxy_define_metric(kind as u32, name.as_ptr(), name.len(), &mut id) };
+    check("define_metric", s, &[]).map(|()| id)
+}
+
+/// Adds `delta` to a counter or gauge.
+pub fn increment_metric(id: u32, delta: i64) -> Result<(), Status> {
+    // SAFETY: plain values.
+    let s = unsafe { abi::proxy_increment_metric(id, delta) };
+    check("increment_metric", s, &[NOT_FOUND, BAD_ARGUMENT])
+}
+
+/// Sets a gauge or records a histogram sample.
+pub fn record_metric(id: u32, value: u64) -> Result<(), Status> {
+    // SAFETY: plain values.
+    let s = unsafe { abi::proxy_record_metric(id, value) };
+    check("record_metric", s, &[NOT_FOUND])
+}
+
+/// A header map in the ABI's encoding: the pair count, each pair's name and
+/// value lengths (all `u32` little-endian), then each name and value followed
+/// by a NUL. `None` for a malformed one; nothing is trusted.
+pub fn parse_map(bytes: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
+    if bytes.is_empty() {
+        return Some(Vec::new());
+    }
+    let word = |at: usize| -> Option<usize> {
+        let b: [u8; 4] = bytes.get(at..at.checked_add(4)?)?.try_into().ok()?;
+        usize::try_from(u32::from_le_bytes(b)).ok()
+    };
+    let count = word(0)?;
+    let mut at = count.checked_mul(8)?.checked_add(4)?;
+    if at > bytes.len() {
+        return None;
+    }
+    let mut next = |len: usize| -> Option<&[u8]> {
+        let end = at.checked_add(len)?;
+        let s = bytes.get(at..end)?;
+        at = end.checked_add(1)?;
+        Some(s)
+    };
+    let mut out = Vec::with_capacity(count);
+    for n in 0..count {
+        let lens = n.checked_mul(8)?.checked_add(4)?;
+        let (key_len, value_len) = (word(lens)?, word(lens.checked_add(4)?)?);
+        let key = String::from_utf8_lossy(next(key_len)?).into_owned();
+        let value = next(value_len)?.to_vec();
+        out.push((key, value));
+    }
+    Some(out)
+}
+
+/// The inverse of [`parse_map`]; `None` when a length does not fit in `u32`.
+pub fn serialize_map(pairs: &[(&str, &str)]) -> Option<Vec<u8>> {
+    let len = |n: usize| u32::try_from(n).ok().map(u32::to_le_bytes);
+    let size = pairs
+        .iter()
+        .fold(4, |acc, (k, v)| acc + 10 + k.len() + v.len());
+    let mut out = Vec::with_capacity(size);
+    out.extend_from_slice(&len(pairs.len())?);
+    for (k, v) in pairs {
+        out.extend_from_slice(&len(k.len())?);
+        out.extend_from_slice(&len(v.len())?);
+    }
+    for (k, v) in pairs {
+        out.extend_from_slice(k.as_bytes());
+        out.push(0);
+        out.extend_from_slice(v.as_bytes());
+        out.push(0);
+    }
+    Some(out)
+}
+
+/// The ABI imports, with the status as a plain `u32` (the SDK's `Status` enum
+/// lacks most codes, and reading an unknown one into it is undefined).
+#[cfg(target_arch = "wasm32")]
+mod abi {
+    #[link(wasm_import_module = "env")]
+    extern "C" {
+        pub fn proxy_log(level: u32, data: *const u8, size: usize) -> u32;
+        pub fn proxy_get_current_time_nanoseconds(time: *mut u64) -> u32;
+        pub fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
+        pub fn proxy_get_buffer_bytes(
+            buffer: u32,
+            start: usize,
+            max_size: usize,
+            data: *mut *mut u8,
+            size: *mut usize,
+        ) -> u32;
+        pub fn proxy_set_buffer_bytes(
+            buffer: u32,
+            start: usize,
+            size: usize,
+            data: *const u8,
+            data_size: usize,
+        ) -> u32;
+        pub fn proxy_get_header_map_pairs(map: u32, data: *mut *mut u8, size: *mut usize) -> u32;
+        pub fn proxy_get_header_map_value(
+            map: u32,
+            key: *const u8,
+            key_size: usize,
+            data: *mut *mut u8,
+            size: *mut usize,
+        ) -> u32;
+        pub fn proxy_replace_header_map_value(
+            map: u32,
+            key: *const u8,
+            key_size: usize,
+            value: *const u8,
+            value_size: usize,
+        ) -> u32;
+        pub fn proxy_remove_header_map_value(map: u32, key: *const u8, key_size: usize) -> u32;
+        pub fn proxy_get_property(
+            path: *const u8,
+            path_size: usize,
+            data: *mut *mut u8,
+            size: *mut usize,
+        ) -> u32;
+        pub fn proxy_get_shared_data(
+            key: *const u8,
+            key_size: usize,
+            data: *mut *mut u8,
+            size: *mut usize,
+            cas: *mut u32,
+        ) -> u32;
+        pub fn proxy_set_shared_data(
+            key: *const u8,
+            key_size: usize,
+            value: *const u8,
+            value_size: usize,
+            cas: u32,
+        ) -> u32;
+        pub fn proxy_continue_stream(stream: u32) -> u32;
+        #[allow(clippy::too_many_arguments)]
+        pub fn proxy_send_local_response(
+            status: u32,
+            details: *const u8,
+            details_size: usize,
+            body: *const u8,
+            body_size: usize,
+            headers: *const u8,
+            headers_size: usize,
+            grpc_status: i32,
+        ) -> u32;
+        pub fn proxy_set_effective_context(context_id: u32) -> u32;
+        pub fn proxy_call_foreign_function(
+            name: *const u8,
+            name_size: usize,
+            args: *const u8,
+            args_size: usize,
+            data: *mut *mut u8,
+            size: *mut usize,
+        ) -> u32;
+        pub fn proxy_define_metric(kind: u32, name: *const u8, size: usize, id: *mut u32) -> u32;
+        pub fn proxy_record_metric(id: u32, value: u64) -> u32;
+        pub fn proxy_increment_metric(id: u32, delta: i64) -> u32;
+    }
+}
+
+/// A stand-in host for native builds and tests: every import answers the
+/// status a test chose and returns no data.
+#[cfg(not(target_arch = "wasm32"))]
+#[allow(clippy::missing_safety_doc, clippy::too_many_arguments)]
+mod abi {
+    use std::cell::Cell;
+
+    thread_local! {
+        static STATUS: Cell<u32> = const { Cell::new(super::status::INTERNAL_FAILURE) };
+    }
+
+    /// Makes every import answer `status`.
+    #[cfg(test)]
+    pub fn answer(status: u32) {
+        STATUS.with(|s| s.set(status));
+    }
+
+    fn status() -> u32 {
+        STATUS.with(Cell::get)
+    }
+
+    pub unsafe fn proxy_log(_: u32, _: *const u8, _: usize) -> u32 {
+        status()
+    }
+    pub unsafe fn proxy_get_current_time_nanoseconds(_: *mut u64) -> u32 {
+        status()
+    }
+    pub unsafe fn proxy_set_tick_period_milliseconds(_: u32) -> u32 {
+        status()
+    }
+    pub unsafe fn proxy_get_buffer_bytes(
+        _: u32,
+        _: usize,
+        _: usize,
+        _: *mut *mut u8,
+        _: *mut usize,
+    ) -> u32 {
+        status()
+    }
+    pub unsafe fn proxy_set_buffer_bytes(
+        _: u32,
+        _: usize,
+        _: usize,
+        _: *const u8,
+        _: usize,
+    ) -> u32 {
+        status()
+    }
+    pub unsafe fn proxy_get_header_map_pairs(_: u32, _: *mut *mut u8, _: *mut usize) -> u32 {
+        status()
+    }
+    pub unsafe fn proxy_get_header_map_value(
+        _: u32,
+        _: *const u8,
+        _: usize,
+        _: *mut *mut u8,
+        _: *mut usize,
+    ) -> u32 {
+        status()
+    }
+    pub unsafe fn proxy_replace_header_map_value(
+        _: u32,
+        _: *const u8,
+        _: usize,
+        _: *const u8,
+        _: usize,
+    ) -> u32 {
+        status()
+    }
+    pub unsafe fn proxy_remove_header_map_value(_: u32, _: *const u8, _: usize) -> u32 {
+        status()
+    }
+    pub unsafe fn proxy_get_property(
+        _: *const u8,
+        _: usize,
+        _: *mut *mut u8,
+        _: *mut usize,
+    ) -> u32 {
+        status()
+    }
+    pub unsafe fn proxy_get_shared_data(
+        _: *const u8,
+        _: usize,
+        _: *mut *mut u8,
+        _: *mut usize,
+        _: *mut u32,
+    ) -> u32 {
+        status()
+    }
+    pub unsafe fn proxy_set_shared_data(
+        _: *const u8,
+        _: usize,
+        _: *const u8,
+        _: usize,
+        _: u32,
+    ) -> u32 {
+        status()
+    }
+    pub unsafe fn proxy_continue_stream(_: u32) -> u32 {
+        status()
+    }
+    pub unsafe fn proxy_send_local_response(
+        _: u32,
+        _: *const u8,
+        _: usize,
+        _: *const u8,
+        _: usize,
+        _: *const u8,
+        _: usize,
+        _: i32,
+    ) -> u32 {
+        status()
+    }
+    pub unsafe fn proxy_set_effective_context(_: u32) -> u32 {
+        status()
+    }
+    pub unsafe fn proxy_call_foreign_function(
+        _: *const u8,
+        _: usize,
+        _: *const u8,
+        _: usize,
+        _: *mut *mut u8,
+        _: *mut usize,
+    ) -> u32 {
+        status()
+    }
+    pub unsafe fn proxy_define_metric(_: u32, _: *const u8, _: usize, _: *mut u32) -> u32 {
+        status()
+    }
+    pub unsafe fn proxy_record_metric(_: u32, _: u64) -> u32 {
+        status()
+    }
+    pub unsafe fn proxy_increment_metric(_: u32, _: i64) -> u32 {
+        status()
+    }
+}
+
+#[cfg(test)]
+mod tests;
