@@ -22,9 +22,14 @@ const CALLS: u64 = 160;
 /// routed models with hedging on.
 const CLUSTERS: u64 = 2;
 const MODELS: u64 = 2;
-const MAX_KEYS: u64 = 2 * SLOTS + 2 * CLUSTERS + MODELS + 3;
-const MAX_BYTES: u64 =
-    SLOTS * MAX_ENTRY_BYTES + SLOTS * 52 + 16 + 16 + (CLUSTERS + 1) * (687 + 208) + MODELS * 160;
+const MAX_KEYS: u64 = 2 * SLOTS + 2 * CLUSTERS + MODELS + 4;
+const MAX_BYTES: u64 = SLOTS * MAX_ENTRY_BYTES
+    + SLOTS * 52
+    + 16
+    + 4
+    + 16
+    + (CLUSTERS + 1) * (687 + 208)
+    + MODELS * 160;
 
 fn stat(envoy: &Envoy, name: &str) -> Option<u64> {
     envoy.stat_opt(&format!("{FILTER_STATS}{name}"))

@@ -11,7 +11,7 @@
 
 use super::{Metrics, SharedStore};
 use crate::budget::{breaker, DEFAULT_BREAKER};
-use crate::cache::store::{marker_key, STATS_KEY};
+use crate::cache::store::{marker_key, LAYOUT_KEY, STATS_KEY};
 use crate::cache::{Store, PREPARE_MAX_SLOTS};
 use crate::config::Config;
 use crate::metrics;
@@ -48,11 +48,15 @@ impl Keys {
 }
 
 /// Every key a configuration can make the filter write, but the cache slots:
-/// the cache totals and in-flight markers, the probe lease, each routed
+/// the cache totals, layout and in-flight markers, the probe lease, each routed
 /// cluster's health and budget breaker (and the breaker of unrouted calls),
 /// each routed model's hedge window.
 fn keys(config: &Config) -> Keys {
-    let mut named = vec![STATS_KEY.to_string(), probe::LEASE_KEY.to_string()];
+    let mut named = vec![
+        STATS_KEY.to_string(),
+        LAYOUT_KEY.to_string(),
+        probe::LEASE_KEY.to_string(),
+    ];
     for c in &config.routing.clusters {
         named.push(health::key(&c.cluster));
         named.push(breaker::key(&c.cluster));
