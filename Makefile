@@ -21,7 +21,7 @@ PROVIDER_PORT ?= 443
 export ENVOY_BIN := $(abspath $(ENVOY))
 export LLM_FILTER_WASM := $(abspath $(WASM))
 
-.PHONY: help build run test unit e2e examples lint bench bench-tail clean wasm-target envoy tools-bench tools-promtool
+.PHONY: help build run test unit e2e examples lint bench bench-tail soak clean wasm-target envoy tools-bench tools-promtool
 
 help:
 	@echo "make run    build, start the mock upstream and Envoy with the filter, print curls"
@@ -30,6 +30,7 @@ help:
 	@echo "make lint   rustfmt check, clippy -D warnings (native and wasm)"
 	@echo "make bench  throughput/latency: plain Envoy vs Envoy + filter, then bench-tail"
 	@echo "make bench-tail  tail latency across three backends: even spread vs filter routing (~1 min)"
+	@echo "make soak   mixed traffic for SOAK_DURATION_S (default 600) s; fails if memory or shared data grows"
 
 wasm-target:
 	@rustup target list --installed 2>/dev/null | grep -qx $(WASM_TARGET) || rustup target add $(WASM_TARGET)
@@ -80,6 +81,11 @@ bench: build envoy tools-bench
 
 bench-tail: build envoy
 	$(CARGO) run --release -p llm-filter-e2e --bin bench-tail
+
+# A long run, not part of `make test`: mixed traffic at a fixed rate, Envoy's
+# memory and the filter's shared data sampled; SOAK_DURATION_S=180 shortens it.
+soak: build envoy
+	$(CARGO) run --release -p llm-filter-e2e --bin soak
 
 clean:
 	$(CARGO) clean

@@ -40,6 +40,18 @@ pub const HEADER_FAIL_FIRST: &str = "x-mock-fail-first";
 pub const HEADER_INSTANCE: &str = "x-mock-instance";
 /// Request header: send this value as `retry-after` with an error status.
 pub const HEADER_RETRY_AFTER: &str = "x-mock-retry-after";
+/// Request header: send the first N bytes of the answer's body (JSON or SSE,
+/// at its usual pace), then drop the connection mid-answer.
+pub const HEADER_RESET_AFTER_BYTES: &str = "x-mock-reset-after-bytes";
+/// Request header: how a streamed answer misbehaves. `invalid`: events that
+/// are not JSON, not UTF-8, cut in the middle, data after `[DONE]`, and no
+/// final blank line; `endless`: the usual events without `[DONE]`, then
+/// silence with the stream left open until the other side gives up.
+pub const HEADER_SSE: &str = "x-mock-sse";
+/// Request header: `gzip` compresses the answer's body (JSON or the whole SSE
+/// stream at once) and says so in `content-encoding`, whatever the request's
+/// `accept-encoding`.
+pub const HEADER_CONTENT_ENCODING: &str = "x-mock-content-encoding";
 
 /// Pause between SSE events unless configured otherwise.
 pub const DEFAULT_CHUNK_DELAY_MS: u64 = 50;
@@ -88,7 +100,10 @@ impl TailLatency {
     }
 }
 
-type Body = BoxBody<Bytes, Infallible>;
+/// Why a body stops early: a reset asked for by [`HEADER_RESET_AFTER_BYTES`].
+type BodyError = Box<dyn std::error::Error + Send + Sync>;
+
+type Body = BoxBody<Bytes, BodyError>;
 
 /// How to start a [`MockUpstream`].
 #[derive(Debug, Clone)]
@@ -565,6 +580,12 @@ async fn handle(
             response
         }
     };
+    if recorded.header(HEADER_CONTENT_ENCODING) == Some("gzip") {
+        response = gzip_response(response).await?;
+    }
+    if let Some(limit) = recorded.header_u64(HEADER_RESET_AFTER_BYTES) {
+        response = reset_after(response, limit);
+    }
     if let Ok(name) = HeaderValue::from_str(&state.name) {
         response.headers_mut().insert(HEADER_INSTANCE, name);
     }
@@ -598,6 +619,25 @@ fn route(
                 );
             };
             let answer = Answer::new(state, &body);
+            if answer.stream && req.path != "/v1/embeddings" {
+                let events = || match req.path.as_str() {
+                    "/v1/completions" => answer.completion_events(),
+                    _ => answer.chat_events(),
+                };
+                match req.header(HEADER_SSE) {
+                    Some("invalid") => {
+                        let response = sse_frames(invalid_sse(), chunk_delay_ms, false, in_flight);
+                        return response;
+                    }
+                    Some("endless") => {
+                        let mut frames: Vec<Bytes> =
+                            events().into_iter().map(Bytes::from).collect();
+                        frames.pop(); // no [DONE]
+                        return sse_frames(frames, chunk_delay_ms, true, in_flight);
+                    }
+                    _ => {}
+                }
+            }
             match req.path.as_str() {
                 "/v1/embeddings" => json_response(StatusCode::OK, &answer.embeddings(&body)),
                 "/v1/completions" if answer.stream => {
@@ -920,7 +960,9 @@ fn metrics_response(state: &State) -> Response<Body> {
 }
 
 fn full(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into()).boxed()
+    Full::new(bytes.into())
+        .map_err(|never: Infallible| match never {})
+        .boxed()
 }
 
 fn with_content_type(mut response: Response<Body>, content_type: &'static str) -> Response<Body> {
@@ -962,16 +1004,31 @@ fn error_response(status: StatusCode, message: &str, code: &str) -> Response<Bod
 
 /// Streams `events` one frame each, `chunk_delay_ms` apart, each flushed on its own.
 fn sse_response(events: Vec<String>, chunk_delay_ms: u64, in_flight: InFlight) -> Response<Body> {
-    let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1);
+    let frames = events.into_iter().map(Bytes::from).collect();
+    sse_frames(frames, chunk_delay_ms, false, in_flight)
+}
+
+/// Streams `frames` like [`sse_response`]; when `endless`, the stream then
+/// stays open without another byte until the other side goes away.
+fn sse_frames(
+    frames: Vec<Bytes>,
+    chunk_delay_ms: u64,
+    endless: bool,
+    in_flight: InFlight,
+) -> Response<Body> {
+    let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, BodyError>>(1);
     tokio::spawn(async move {
         let _in_flight = in_flight;
-        for (i, event) in events.into_iter().enumerate() {
+        for (i, frame) in frames.into_iter().enumerate() {
             if i > 0 && chunk_delay_ms > 0 {
                 tokio::time::sleep(Duration::from_millis(chunk_delay_ms)).await;
             }
-            if tx.send(Ok(Frame::data(Bytes::from(event)))).await.is_err() {
+            if tx.send(Ok(Frame::data(frame))).await.is_err() {
                 return; // client went away
             }
+        }
+        if endless {
+            tx.closed().await;
         }
     });
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
@@ -984,9 +1041,151 @@ fn sse_response(events: Vec<String>, chunk_delay_ms: u64, in_flight: InFlight) -
     with_content_type(response, "text/event-stream")
 }
 
+/// A malformed event stream: a JSON chunk cut in two, data that is not JSON,
+/// an event without data, a comment, bytes that are not UTF-8, an enormous
+/// line, data after `[DONE]`, and a last line that never ends.
+fn invalid_sse() -> Vec<Bytes> {
+    let huge = format!("data: {}\n\n", "x".repeat(64 * 1024));
+    vec![
+        Bytes::from_static(
+            b"data: {\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,",
+        ),
+        Bytes::from_static(b"\"delta\":{\"content\":\"half\"}}]}\n\n"),
+        Bytes::from_static(b"data: {broken json\n\n"),
+        Bytes::from_static(b"event: ping\n\n"),
+        Bytes::from_static(b": a comment\r\n\r\n"),
+        Bytes::from_static(b"data: \xff\xfe\x00 not utf-8\n\n"),
+        Bytes::from(huge),
+        Bytes::from_static(b"data: {\"usage\":\"not an object\"}\n\n"),
+        Bytes::from_static(b"data: [DONE]\n\n"),
+        Bytes::from_static(b"data: {\"after\":\"done\"}\n\n"),
+        Bytes::from_static(b"data: no end"),
+    ]
+}
+
+/// The response with its whole body gzip-compressed (`content-encoding: gzip`).
+async fn gzip_response(response: Response<Body>) -> Result<Response<Body>, ResetConnection> {
+    let (mut parts, body) = response.into_parts();
+    let bytes = body
+        .collect()
+        .await
+        .map_err(|_| ResetConnection)?
+        .to_bytes();
+    let compressed = gzip_stored(&bytes);
+    parts
+        .headers
+        .insert("content-encoding", HeaderValue::from_static("gzip"));
+    parts.headers.insert(
+        hyper::header::CONTENT_LENGTH,
+        HeaderValue::from(compressed.len()),
+    );
+    Ok(Response::from_parts(parts, full(compressed)))
+}
+
+/// The response whose body stops with an error (hyper drops the connection)
+/// once `limit` bytes went out; a JSON answer keeps declaring its whole length.
+fn reset_after(response: Response<Body>, limit: u64) -> Response<Body> {
+    let (mut parts, body) = response.into_parts();
+    if let Some(length) = hyper::body::Body::size_hint(&body).exact() {
+        parts
+            .headers
+            .insert(hyper::header::CONTENT_LENGTH, HeaderValue::from(length));
+    }
+    let frames = http_body_util::BodyStream::new(body);
+    let stream = futures_util::stream::unfold(
+        (frames, limit, false),
+        |(mut frames, left, done)| async move {
+            use futures_util::StreamExt;
+            if done {
+                return None;
+            }
+            let cut = || -> Result<Frame<Bytes>, BodyError> { Err("reset by script".into()) };
+            if left == 0 {
+                return Some((cut(), (frames, 0, true)));
+            }
+            match frames.next().await {
+                None => Some((cut(), (frames, 0, true))),
+                Some(Err(e)) => Some((Err(e), (frames, 0, true))),
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => {
+                        let n = (data.len() as u64).min(left);
+                        let piece = data.slice(..n as usize);
+                        Some((Ok(Frame::data(piece)), (frames, left - n, false)))
+                    }
+                    Err(frame) => Some((Ok(frame), (frames, left, false))),
+                },
+            }
+        },
+    );
+    Response::from_parts(parts, StreamBody::new(stream).boxed())
+}
+
+/// A gzip member holding `data` in stored (uncompressed) deflate blocks: a
+/// valid `content-encoding: gzip` body without a compression library.
+pub fn gzip_stored(data: &[u8]) -> Vec<u8> {
+    const HEADER: [u8; 10] = [0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff];
+    let mut out = HEADER.to_vec();
+    let mut blocks = data.chunks(0xffff).peekable();
+    if blocks.peek().is_none() {
+        out.extend_from_slice(&[1, 0, 0, 0xff, 0xff]);
+    }
+    while let Some(block) = blocks.next() {
+        out.push(u8::from(blocks.peek().is_none()));
+        let len = block.len() as u16;
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(&(!len).to_le_bytes());
+        out.extend_from_slice(block);
+    }
+    out.extend_from_slice(&crc32(data).to_le_bytes());
+    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    out
+}
+
+/// Reads back what [`gzip_stored`] wrote (`None` for anything else).
+pub fn gunzip_stored(gz: &[u8]) -> Option<Vec<u8>> {
+    let mut rest = gz.strip_prefix(&[0x1f, 0x8b, 8, 0][..])?.get(6..)?;
+    let mut out = Vec::new();
+    loop {
+        let (&last, tail) = rest.split_first()?;
+        let len = usize::from(u16::from_le_bytes([*tail.first()?, *tail.get(1)?]));
+        out.extend_from_slice(tail.get(4..4 + len)?);
+        rest = tail.get(4 + len..)?;
+        if last & 1 == 1 {
+            break;
+        }
+    }
+    let crc = u32::from_le_bytes(rest.get(..4)?.try_into().ok()?);
+    (crc == crc32(&out)).then_some(out)
+}
+
+/// CRC-32 (IEEE), bit by bit: test bodies are small.
+fn crc32(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &byte in data {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xedb8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gzip_round_trips_and_matches_the_known_crc() {
+        assert_eq!(crc32(b"123456789"), 0xcbf4_3926);
+        for len in [0, 1, 1000, 0xffff, 0x1_0001, 200_000] {
+            let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            assert_eq!(gunzip_stored(&gzip_stored(&data)), Some(data), "{len}");
+        }
+    }
 
     #[test]
     fn the_tail_is_seeded_and_about_as_likely_as_asked() {

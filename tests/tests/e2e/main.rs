@@ -16,6 +16,7 @@ mod deploy_configs;
 mod failover;
 mod harness;
 mod hedge;
+mod hostile;
 mod metrics;
 mod passthrough;
 mod priority;
