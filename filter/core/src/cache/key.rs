@@ -743,3 +743,129 @@ mod tests {
             .unwrap();
     }
 }
+
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::fuzz::{self, Doc, Num};
+
+    /// A cacheable chat request: model, zero temperature, messages and some
+    /// arbitrary extra parameters.
+    fn request() -> impl Strategy<Value = Doc> {
+        let message = (
+            prop::sample::select(vec!["system", "user", "assistant"]),
+            fuzz::text(),
+        )
+            .prop_map(|(role, content)| {
+                Doc::Obj(vec![
+                    ("role".into(), Doc::Str(role.into())),
+                    ("content".into(), Doc::Str(content)),
+                ])
+            });
+        (
+            fuzz::text(),
+            prop::collection::vec(message, 0..4),
+            prop::collection::btree_map("x_[a-z]{1,4}", fuzz::doc(true), 0..3),
+        )
+            .prop_map(|(model, messages, extra)| {
+                let zero = Num {
+                    negative: false,
+                    digits: String::new(),
+                    exp: 0,
+                };
+                let mut m = vec![
+                    ("model".to_string(), Doc::Str(model)),
+                    ("temperature".to_string(), Doc::Num(zero)),
+                    ("messages".to_string(), Doc::Arr(messages)),
+                ];
+                m.extend(extra);
+                Doc::Obj(m)
+            })
+    }
+
+    fn decide_text(body: &str) -> Decision {
+        let tree = Json::parse(body.as_bytes());
+        decide(
+            &CacheConfig::default(),
+            &CacheRequest {
+                endpoint: Endpoint::Chat,
+                path: "/v1/chat/completions",
+                body: tree.as_ref(),
+                cache_control: None,
+                credentials: &[Some("Bearer t")],
+            },
+        )
+    }
+
+    fn key_of(body: &str) -> Option<Key> {
+        match decide_text(body) {
+            Decision::Cacheable(c) => Some(c.key),
+            Decision::Bypass(_) => None,
+        }
+    }
+
+    /// Puts a second member named like an existing one into some object of
+    /// the document (chosen by `at`); `false` when it has no non-empty object.
+    fn repeat_a_key(doc: &mut Doc, at: &mut usize) -> bool {
+        match doc {
+            Doc::Arr(items) => items.iter_mut().any(|i| repeat_a_key(i, at)),
+            Doc::Obj(members) => {
+                if !members.is_empty() {
+                    if *at == 0 {
+                        let k = members[members.len() / 2].0.clone();
+                        members.push((k, Doc::Null));
+                        return true;
+                    }
+                    *at -= 1;
+                }
+                members.iter_mut().any(|(_, v)| repeat_a_key(v, at))
+            }
+            _ => false,
+        }
+    }
+
+    proptest! {
+        #![proptest_config(fuzz::config(128))]
+
+        /// The key is the same for every spelling of a request, and another
+        /// model is another key.
+        #[test]
+        fn the_key_is_stable_under_reformatting(req in request(), a: u64, b: u64, other in fuzz::text()) {
+            let k = key_of(&req.spell(a));
+            prop_assert!(k.is_some());
+            prop_assert_eq!(key_of(&req.spell(b)), k);
+            let mut moved = req.clone();
+            if let Doc::Obj(m) = &mut moved {
+                if m[0].1 != Doc::Str(other.clone()) {
+                    m[0].1 = Doc::Str(other);
+                    prop_assert_ne!(key_of(&moved.spell(a)), k);
+                }
+            }
+        }
+
+        /// A key repeated in any object, at any depth, makes the body not
+        /// cacheable; a body without repeats never reads as one.
+        #[test]
+        fn a_repeated_key_always_bypasses(req in request(), at in 0usize..8, seed: u64) {
+            prop_assert!(!matches!(decide_text(&req.spell(seed)), Decision::Bypass(BypassReason::DuplicateKey)));
+            let mut twice = req.clone();
+            let mut at = at;
+            if repeat_a_key(&mut twice, &mut at) {
+                prop_assert_eq!(decide_text(&twice.spell(seed)), Decision::Bypass(BypassReason::DuplicateKey));
+            }
+        }
+
+        /// Any document, broken or not, gets a decision, never a panic.
+        #[test]
+        fn any_body_is_decided(doc in fuzz::doc(false), seed: u64) {
+            let _ = decide_text(&String::from_utf8_lossy(&fuzz::mutated(&doc, seed)));
+            let tree = Json::parse(doc.spell(seed).as_bytes()).unwrap();
+            if matches!(tree, Json::Object(_)) {
+                let d = decide_text(&doc.spell(seed));
+                prop_assert_eq!(d == Decision::Bypass(BypassReason::DuplicateKey), tree.repeats_a_key());
+            }
+        }
+    }
+}
