@@ -55,7 +55,7 @@ unit:
 
 # The property tests `make test` runs with a small fixed budget, each with
 # many more cases, in release mode for speed.
-FUZZ_CASES ?= 50000
+FUZZ_CASES ?= 150000
 
 fuzz:
 	PROPTEST_CASES=$(FUZZ_CASES) CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
