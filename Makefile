@@ -21,13 +21,14 @@ PROVIDER_PORT ?= 443
 export ENVOY_BIN := $(abspath $(ENVOY))
 export LLM_FILTER_WASM := $(abspath $(WASM))
 
-.PHONY: help build run test unit e2e examples lint bench bench-tail soak clean wasm-target envoy tools-bench tools-promtool
+.PHONY: help build run test unit fuzz e2e examples lint bench bench-tail soak clean wasm-target envoy tools-bench tools-promtool
 
 help:
 	@echo "make run    build, start the mock upstream and Envoy with the filter, print curls"
 	@echo "make test   unit tests and end-to-end tests through the real Envoy"
 	@echo "make build  release wasm at $(WASM)"
 	@echo "make lint   rustfmt check, clippy -D warnings (native and wasm)"
+	@echo "make fuzz   the parsers' property tests with $(FUZZ_CASES) cases each (a few minutes)"
 	@echo "make bench  throughput/latency: plain Envoy vs Envoy + filter, then bench-tail"
 	@echo "make bench-tail  tail latency across three backends: even spread vs filter routing (~1 min)"
 	@echo "make soak   mixed traffic for SOAK_DURATION_S (default 600) s; fails if memory or shared data grows"
@@ -52,6 +53,14 @@ run: build envoy
 
 unit:
 	$(CARGO) test -p llm-filter-core -p llm-filter
+
+# The property tests `make test` runs with a small fixed budget, each with
+# many more cases, in release mode for speed.
+FUZZ_CASES ?= 150000
+
+fuzz:
+	PROPTEST_CASES=$(FUZZ_CASES) CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
+		$(CARGO) test --release -p llm-filter-core props
 
 e2e: build envoy
 	$(CARGO) test -p llm-filter-e2e -- --test-threads 2

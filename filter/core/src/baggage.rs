@@ -111,3 +111,72 @@ mod tests {
         assert_eq!(merge(Some(&over), "priority", "P1"), "priority=P1");
     }
 }
+
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::fuzz;
+
+    fn member() -> impl Strategy<Value = String> {
+        prop_oneof![
+            4 => ("[a-zA-Z0-9_]{1,8}", "[a-zA-Z0-9%]{0,12}", prop::option::of("[a-z=;]{0,6}"))
+                .prop_map(|(k, v, p)| match p {
+                    Some(p) => format!("{k}={v};{p}"),
+                    None => format!("{k}={v}"),
+                }),
+            1 => Just("priority=P2".to_string()),
+            1 => (" ?priority ?= ?", "[A-Z0-9]{0,3}").prop_map(|(k, v)| format!("{k}{v}")),
+            1 => (1usize..9_000).prop_map(|n| format!("big={}", "v".repeat(n))),
+            1 => Just(String::new()),
+            1 => fuzz::text(),
+        ]
+    }
+
+    fn trimmed(m: &str) -> &str {
+        m.trim_matches(|c| c == ' ' || c == '\t')
+    }
+
+    proptest! {
+        #![proptest_config(fuzz::config(256))]
+
+        /// The merged header is within the W3C limits, ends with our member,
+        /// carries our key once, and keeps other members verbatim, in order,
+        /// dropping only whole members.
+        #[test]
+        fn merged_baggage_keeps_limits_and_our_member(
+            members in prop::collection::vec(member(), 0..120),
+            sep in prop::sample::select(vec![",", ", ", " ,\t"]),
+            value in prop::sample::select(vec!["P0", "P1", "P2"]),
+        ) {
+            let existing = members.join(sep);
+            let merged = merge(Some(&existing), "priority", value);
+            prop_assert!(merged.len() <= MAX_BYTES);
+            let out: Vec<&str> = merged.split(',').collect();
+            prop_assert!(out.len() <= MAX_MEMBERS);
+            let ours = format!("priority={value}");
+            prop_assert_eq!(*out.last().unwrap(), ours.as_str());
+            prop_assert_eq!(out.iter().filter(|m| member_key(m) == "priority").count(), 1);
+            // Every other member is an input member, in input order.
+            let mut input = existing.split(',').map(trimmed);
+            for kept in &out[..out.len() - 1] {
+                prop_assert!(input.any(|m| m == *kept), "{} not from the input", kept);
+            }
+        }
+
+    }
+
+    proptest! {
+        #![proptest_config(fuzz::config(64))]
+
+        /// Arbitrary header bytes (as text) never panic and keep the limits.
+        #[test]
+        fn any_header_keeps_the_limits(header in ".{0,300}") {
+            let merged = merge(Some(&header.repeat(40)), "priority", "P1");
+            prop_assert!(merged.len() <= MAX_BYTES);
+            prop_assert!(merged.split(',').count() <= MAX_MEMBERS);
+            prop_assert!(merged.ends_with("priority=P1"));
+        }
+    }
+}

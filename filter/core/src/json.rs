@@ -24,7 +24,7 @@ pub enum Json {
 
 /// Deeper documents are refused: recursion is bounded so a hostile body
 /// cannot exhaust the wasm stack. serde_json uses the same limit.
-const MAX_DEPTH: usize = 128;
+pub(crate) const MAX_DEPTH: usize = 128;
 
 impl Json {
     /// Parses a complete JSON document, `None` when it is not strict JSON
@@ -97,6 +97,23 @@ impl Json {
             _ => &[],
         };
         all.iter().filter(move |(k, _)| k == name).map(|(_, v)| v)
+    }
+
+    /// True when some object inside this value (itself included) names a key
+    /// twice. Readers resolve repeats differently (the first wins, the last
+    /// wins, or the request is refused), so such a body means different things
+    /// to different readers.
+    pub fn repeats_a_key(&self) -> bool {
+        match self {
+            Json::Array(items) => items.iter().any(Json::repeats_a_key),
+            Json::Object(members) => {
+                let mut keys: Vec<&str> = members.iter().map(|(k, _)| k.as_str()).collect();
+                keys.sort_unstable();
+                keys.windows(2).any(|w| matches!(w, [a, b] if a == b))
+                    || members.iter().any(|(_, v)| v.repeats_a_key())
+            }
+            _ => false,
+        }
     }
 
     /// True when `f` holds for some string value (not key) inside this value.
@@ -525,5 +542,115 @@ mod tests {
         let b: serde_json::Value = serde_json::from_str(&once).unwrap();
         assert_eq!(a["model"], b["model"]);
         assert_eq!(a["x"][2], b["x"][2]);
+    }
+}
+
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    use super::*;
+    use crate::fuzz::{self, Doc};
+
+    fn canon(bytes: &[u8]) -> Option<String> {
+        let mut out = Vec::new();
+        Json::parse(bytes)?.write(&mut out);
+        Some(String::from_utf8(out).unwrap())
+    }
+
+    /// Same meaning as serde_json's reading, numbers compared as `f64`
+    /// (serde_json rounds them; the last of repeated keys wins there).
+    fn same(ours: &Json, theirs: &Value) -> bool {
+        match (ours, theirs) {
+            (Json::Null, Value::Null) => true,
+            (Json::Bool(a), Value::Bool(b)) => a == b,
+            (Json::Number(a), Value::Number(b)) => {
+                let (a, b) = (a.parse::<f64>().unwrap(), b.as_f64().unwrap());
+                a == b || (a - b).abs() <= a.abs().max(b.abs()) * 1e-15
+            }
+            (Json::String(a), Value::String(b)) => a == b,
+            (Json::Array(a), Value::Array(b)) => {
+                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| same(x, y))
+            }
+            (Json::Object(a), Value::Object(b)) => {
+                let mut keys: Vec<&str> = a.iter().map(|(k, _)| k.as_str()).collect();
+                keys.sort_unstable();
+                keys.dedup();
+                keys.len() == b.len()
+                    && keys.iter().all(|k| {
+                        let last = ours.get(k).unwrap();
+                        b.get(*k).is_some_and(|v| same(last, v))
+                    })
+            }
+            _ => false,
+        }
+    }
+
+    /// A number serde_json refuses: beyond `f64`.
+    fn huge(v: &Json) -> bool {
+        match v {
+            Json::Number(n) => n.parse::<f64>().map_or(true, f64::is_infinite),
+            Json::Array(items) => items.iter().any(huge),
+            Json::Object(m) => m.iter().any(|(_, v)| huge(v)),
+            _ => false,
+        }
+    }
+
+    proptest! {
+        #![proptest_config(fuzz::config(256))]
+
+        /// Whitespace, member order, number spelling and string escapes never
+        /// change the canonical form, and it is the one written independently.
+        #[test]
+        fn every_spelling_gives_the_one_canonical_form(doc in fuzz::doc(true), a: u64, b: u64) {
+            let want = doc.canonical();
+            prop_assert_eq!(canon(doc.spell(a).as_bytes()), Some(want.clone()));
+            prop_assert_eq!(canon(doc.spell(b).as_bytes()), Some(want));
+        }
+
+        /// The canonical form reads back as itself, repeated keys included.
+        #[test]
+        fn canonical_form_is_idempotent(doc in fuzz::doc(false), seed: u64) {
+            for bytes in [doc.spell(seed).into_bytes(), fuzz::mutated(&doc, seed)] {
+                if let Some(once) = canon(&bytes) {
+                    prop_assert_eq!(canon(once.as_bytes()), Some(once));
+                }
+            }
+        }
+
+        /// Strict where serde_json is strict, reading the same values, on
+        /// valid and broken documents alike; only numbers beyond `f64` are
+        /// ours alone (kept exact, where serde_json gives up).
+        #[test]
+        fn agrees_with_serde_json(doc in fuzz::doc(false), seed: u64) {
+            let bytes = fuzz::mutated(&doc, seed);
+            let ours = Json::parse(&bytes);
+            let theirs = serde_json::from_slice::<Value>(&bytes).ok();
+            match (&ours, &theirs) {
+                (Some(o), Some(t)) => prop_assert!(same(o, t), "{:?} vs {:?}", o, t),
+                (Some(o), None) => prop_assert!(huge(o), "only ours read {:?}", String::from_utf8_lossy(&bytes)),
+                (None, Some(_)) => prop_assert!(false, "only serde_json read {:?}", String::from_utf8_lossy(&bytes)),
+                (None, None) => {}
+            }
+        }
+
+        /// Every spelling of a number gives its one canonical spelling, which
+        /// rounds to the same `f64` as the literal (the value is kept exact).
+        #[test]
+        fn numbers_keep_their_exact_value(n in fuzz::num(), seed: u64) {
+            let literal = Doc::Num(n.clone()).spell(seed);
+            let c = canon(literal.as_bytes()).unwrap();
+            prop_assert_eq!(&c, &n.canonical());
+            prop_assert_eq!(literal.trim().parse::<f64>().unwrap(), c.parse::<f64>().unwrap());
+        }
+
+        /// Arbitrary bytes never panic.
+        #[test]
+        fn any_bytes_are_read_or_refused(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+            if let Some(c) = canon(&bytes) {
+                prop_assert!(Json::parse(c.as_bytes()).is_some());
+            }
+        }
     }
 }

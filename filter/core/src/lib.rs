@@ -17,6 +17,8 @@ pub mod budget;
 pub mod cache;
 pub mod classify;
 pub mod config;
+#[cfg(test)]
+mod fuzz;
 pub mod host;
 pub mod json;
 pub mod metrics;

@@ -242,3 +242,64 @@ mod tests {
         assert!(TraceParent::parse(&out.traceparent).is_some());
     }
 }
+
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::fuzz;
+    use crate::host::SplitMix64;
+
+    fn valid() -> impl Strategy<Value = (u8, [u8; 16], [u8; 8], u8)> {
+        (
+            0u8..0xff,
+            any::<[u8; 16]>().prop_filter("non-zero", |t| *t != [0; 16]),
+            any::<[u8; 8]>().prop_filter("non-zero", |p| *p != [0; 8]),
+            any::<u8>(),
+        )
+    }
+
+    fn spell(version: u8, t: &[u8; 16], p: &[u8; 8], flags: u8) -> String {
+        format!("{version:02x}-{}-{}-{flags:02x}", hex(t), hex(p))
+    }
+
+    proptest! {
+        #![proptest_config(fuzz::config(256))]
+
+        /// A valid header reads back its fields, and the next hop continues
+        /// its trace with a new span and the same flags.
+        #[test]
+        fn valid_headers_round_trip((version, t, p, flags) in valid(), seed: u64) {
+            let raw = spell(version, &t, &p, flags);
+            let parsed = TraceParent::parse(&raw);
+            prop_assert_eq!(parsed, Some(TraceParent { trace_id: t, parent_id: p, flags }));
+            let out = next(Some(&raw), &mut SplitMix64::new(seed));
+            prop_assert!(out.continued);
+            let again = TraceParent::parse(&out.traceparent).unwrap();
+            prop_assert_eq!((again.trace_id, again.flags), (t, flags));
+            prop_assert_eq!(out.traceparent.len(), 55);
+        }
+
+        /// One byte changed anywhere: read or refused, never a panic; what is
+        /// sent upstream is always a valid version-00 header.
+        #[test]
+        fn damaged_headers_never_break_the_next_hop((version, t, p, flags) in valid(), at: usize, byte: u8, seed: u64) {
+            let mut raw = spell(version, &t, &p, flags).into_bytes();
+            let at = at % raw.len();
+            raw[at] = byte;
+            let raw = String::from_utf8_lossy(&raw);
+            let _ = TraceParent::parse(&raw);
+            let out = next(Some(&raw), &mut SplitMix64::new(seed));
+            prop_assert!(TraceParent::parse(&out.traceparent).is_some());
+            prop_assert!(out.traceparent.starts_with("00-"));
+        }
+
+        /// Any text at all: no panic, a valid header upstream.
+        #[test]
+        fn any_text_gives_a_valid_next_hop(raw in ".{0,80}", seed: u64) {
+            let out = next(Some(&raw), &mut SplitMix64::new(seed));
+            prop_assert!(TraceParent::parse(&out.traceparent).is_some());
+        }
+    }
+}

@@ -216,3 +216,89 @@ data: [DONE]\n\n";
         assert!(s.done);
     }
 }
+
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::fuzz;
+
+    fn event() -> impl Strategy<Value = String> {
+        prop_oneof![
+            (0u64..1_000_000, 0u64..1_000_000).prop_map(|(p, c)| format!(
+                "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":{p},\"completion_tokens\":{c}}}}}\n\n"
+            )),
+            fuzz::text().prop_map(|t| format!(
+                "data: {{\"choices\":[{{\"delta\":{{\"content\":{}}},\"finish_reason\":null}}]}}\r\n\r\n",
+                serde_json::to_string(&t).unwrap()
+            )),
+            Just("data:{\"choices\":[{\"finish_reason\":\"stop\"}]}\n\n".to_string()),
+            Just(": ping\n\nevent: x\nid: 1\n\n".to_string()),
+            fuzz::text().prop_map(|t| format!("data: {}\n\n", t.replace('\n', " "))),
+        ]
+    }
+
+    fn scan(chunks: &[&[u8]]) -> (Option<Usage>, bool, bool, u64) {
+        let mut s = SseScanner::new();
+        for c in chunks {
+            s.feed(c);
+            assert!(s.line.len() <= MAX_LINE);
+        }
+        (s.usage, s.finished, s.done, s.events)
+    }
+
+    proptest! {
+        #![proptest_config(fuzz::config(128))]
+
+        /// However the stream is cut, the scanner reads the same usage,
+        /// finish, end and event count as from one piece.
+        #[test]
+        fn cutting_the_stream_changes_nothing(events in prop::collection::vec(event(), 0..8), done: bool, cuts in prop::collection::vec(any::<usize>(), 0..8)) {
+            let mut stream = events.concat();
+            if done {
+                stream.push_str("data: [DONE]\n\n");
+            }
+            let bytes = stream.as_bytes();
+            let whole = scan(&[bytes]);
+            prop_assert_eq!(whole.2, done);
+            let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+            cuts.sort_unstable();
+            let mut pieces = Vec::new();
+            let mut from = 0;
+            for c in cuts.into_iter().chain([bytes.len()]) {
+                pieces.push(&bytes[from..c]);
+                from = c;
+            }
+            prop_assert_eq!(scan(&pieces), whole);
+        }
+
+        /// Endless input without a newline, fed in any sizes, keeps the
+        /// buffer within one line; the stream after it is still read.
+        #[test]
+        fn endless_lines_keep_memory_bounded(sizes in prop::collection::vec(1usize..200_000, 1..24), byte in 0u8..255) {
+            let byte = if byte == b'\n' { b'x' } else { byte };
+            let mut s = SseScanner::new();
+            s.feed(b"data: ");
+            for n in sizes {
+                s.feed(&vec![byte; n]);
+                prop_assert!(s.line.len() <= MAX_LINE);
+                prop_assert!(s.line.capacity() <= 2 * MAX_LINE);
+            }
+            s.feed(b"\ndata: [DONE]\n");
+            prop_assert!(s.done);
+        }
+
+        /// Arbitrary bytes: no panic, and a JSON body's usage reads the same
+        /// from the bytes and from the parsed tree.
+        #[test]
+        fn any_bytes_scan(bytes in prop::collection::vec(any::<u8>(), 0..512), doc in fuzz::doc(false), seed: u64) {
+            let mut s = SseScanner::new();
+            s.feed(&bytes);
+            let body = fuzz::mutated(&doc, seed);
+            if let Ok(tree) = serde_json::from_slice::<serde_json::Value>(&body) {
+                prop_assert_eq!(from_value(&tree), from_json(&body));
+            }
+        }
+    }
+}

@@ -174,3 +174,51 @@ mod tests {
         assert_eq!(remaining_ms(u64::MAX, 0, 1), u64::MAX - 1);
     }
 }
+
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::fuzz;
+
+    proptest! {
+        #![proptest_config(fuzz::config(256))]
+
+        /// Decimal digits read as their value, saturating past `u64`; zero
+        /// and anything else is no budget.
+        #[test]
+        fn request_timeout_reads_digits_only(digits in "[0-9]{1,30}", pad in "[ \t]{0,2}", junk in "[^0-9\\s]") {
+            let want = digits.parse::<u64>().unwrap_or(u64::MAX);
+            prop_assert_eq!(request_timeout_ms(&format!("{pad}{digits}{pad}")), (want > 0).then_some(want));
+            prop_assert_eq!(request_timeout_ms(&format!("{digits}{junk}")), None);
+        }
+
+        /// A grpc-timeout of up to eight digits and a unit is that long,
+        /// sub-millisecond units rounded up; anything else is no timeout.
+        #[test]
+        fn grpc_timeout_scales_by_unit(value in 0u64..100_000_000, unit in prop::sample::select(vec!['H', 'M', 'S', 'm', 'u', 'n', 'x', 'h'])) {
+            let got = grpc_timeout_ms(&format!("{value}{unit}"));
+            let want = match unit {
+                'H' => Some(value * 3_600_000),
+                'M' => Some(value * 60_000),
+                'S' => Some(value * 1_000),
+                'm' => Some(value),
+                'u' => Some(value.div_ceil(1_000)),
+                'n' => Some(value.div_ceil(1_000_000)),
+                _ => None,
+            };
+            prop_assert_eq!(got, want.filter(|_| value > 0));
+        }
+
+        /// Whatever the headers say, the budget is within `1..=max_ms`.
+        #[test]
+        fn any_headers_give_a_bounded_budget(rt in prop::option::of(".{0,24}"), gt in prop::option::of(".{0,12}"), max_ms in 0u64..1_000_000) {
+            let cfg = BudgetConfig { max_ms, ..BudgetConfig::default() };
+            for p in Priority::ALL {
+                let b = budget_ms(rt.as_deref(), gt.as_deref(), p, &cfg);
+                prop_assert!((1..=max_ms.max(1)).contains(&b));
+            }
+        }
+    }
+}

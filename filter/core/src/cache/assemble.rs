@@ -369,3 +369,47 @@ fn approx_size(v: &Value) -> usize {
             .fold(2, usize::saturating_add),
     }
 }
+
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::fuzz;
+
+    const STAMP: Stamp = Stamp {
+        stored_at_ms: 1,
+        expires_at_ms: 2,
+    };
+
+    fn piece() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..64),
+            fuzz::text().prop_map(|t| format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":{}}}}}]}}\n\n", serde_json::to_string(&t).unwrap()).into_bytes()),
+            fuzz::text().prop_map(|t| format!("data: {}\n", t).into_bytes()),
+            (1usize..5_000).prop_map(|n| vec![b'x'; n]),
+            Just(b"data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n".to_vec()),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(fuzz::config(128))]
+
+        /// Whatever arrives, what the assembler holds stays within its limit,
+        /// and an entry it gives is within the limit too.
+        #[test]
+        fn memory_stays_within_the_limit(pieces in prop::collection::vec(piece(), 0..40), limit in 64u32..8_192) {
+            let mut asm = StreamAssembler::new(Endpoint::Chat, limit).unwrap();
+            let bound = limit as usize;
+            for p in &pieces {
+                asm.feed(p);
+                prop_assert!(asm.line.len() <= bound);
+                prop_assert!(asm.data.len() <= bound);
+                prop_assert!(asm.held <= bound || asm.gave_up());
+            }
+            if let Ok(entry) = asm.finish(STAMP) {
+                prop_assert!(entry.body().len() <= bound);
+            }
+        }
+    }
+}

@@ -48,6 +48,9 @@ pub enum BypassReason {
     NoStore,
     /// The body is not a strict JSON object (or has a malformed `stream`).
     InvalidBody,
+    /// Some object in the body names a key twice: the upstream may read
+    /// another value than the one the filter reads, so no entry may answer it.
+    DuplicateKey,
     /// `temperature` above `cache.max_temperature` (or absent, meaning 1.0).
     Temperature,
     /// The prompt contains one of `cache.dynamic_markers`.
@@ -65,6 +68,7 @@ impl BypassReason {
             Self::Endpoint => "endpoint",
             Self::NoStore => "no_store",
             Self::InvalidBody => "invalid_body",
+            Self::DuplicateKey => "duplicate_key",
             Self::Temperature => "temperature",
             Self::DynamicMarker => "dynamic_marker",
             Self::Unbuffered => "unbuffered",
@@ -113,6 +117,9 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
     let Some(body) = req.body.filter(|b| matches!(b, Json::Object(_))) else {
         return Decision::Bypass(BypassReason::InvalidBody);
     };
+    if body.repeats_a_key() {
+        return Decision::Bypass(BypassReason::DuplicateKey);
+    }
     let (stream, include_usage) = match delivery(body) {
         Some(d) => d,
         None => return Decision::Bypass(BypassReason::InvalidBody),
@@ -481,7 +488,7 @@ mod tests {
         ] {
             assert_eq!(
                 b(Endpoint::Chat, twice, None),
-                bypass(BypassReason::Temperature)
+                bypass(BypassReason::DuplicateKey)
             );
         }
         assert!(matches!(
@@ -582,5 +589,283 @@ mod tests {
             d(Endpoint::Embeddings, r#"{"input":"{{now}}"}"#),
             Decision::Cacheable(Cacheable { .. })
         ));
+    }
+
+    /// A body another reader may resolve differently must never meet an entry.
+    #[test]
+    fn a_repeated_key_anywhere_is_never_cacheable() {
+        for body in [
+            r#"{"model":"a","model":"b","temperature":0}"#,
+            r#"{"model":"a","temperature":0,"model":"a"}"#,
+            r#"{"model":"a","mod\u0065l":"b","temperature":0}"#,
+            r#"{"temperature":0,"messages":[{"role":"user","content":"a","content":"b"}]}"#,
+            r#"{"temperature":0,"messages":[{"role":"user","content":[{"type":"text","text":"a","text":"b"}]}]}"#,
+            r#"{"temperature":0,"tools":[{"type":"function","function":{"name":"f","parameters":{"a":1,"a":2}}}]}"#,
+            // Fields kept out of the key still decide how the answer is delivered.
+            r#"{"temperature":0,"stream":true,"stream":false}"#,
+            r#"{"temperature":0,"stream_options":{"include_usage":true,"include_usage":false}}"#,
+            r#"{"temperature":0,"user":"a","user":"b"}"#,
+        ] {
+            assert_eq!(
+                chat(body),
+                Decision::Bypass(BypassReason::DuplicateKey),
+                "{body}"
+            );
+        }
+        assert_eq!(BypassReason::DuplicateKey.as_str(), "duplicate_key");
+        // The same key in different objects is no repeat.
+        assert!(matches!(
+            chat(
+                r#"{"temperature":0,"a":{"x":1},"b":{"x":1},"messages":[{"role":"user"},{"role":"user"}]}"#
+            ),
+            Decision::Cacheable(_)
+        ));
+    }
+
+    /// Numbers are keyed by their exact value: distinct values beyond `f64`
+    /// (which a reader rounding to `f64` would confuse) keep distinct keys,
+    /// and the same value however spelled shares one.
+    #[test]
+    fn numbers_beyond_f64_are_keyed_exactly() {
+        let seed = |n: &str| {
+            key(&BASE.replace(
+                "\"temperature\":0",
+                &format!("\"temperature\":0,\"seed\":{n}"),
+            ))
+        };
+        for (a, b) in [
+            ("9007199254740993", "9007199254740992"),
+            (
+                "123456789012345678901234567890",
+                "123456789012345678901234567891",
+            ),
+            ("1e400", "1e401"),
+            ("-1e400", "1e400"),
+            ("1e-400", "0"),
+            ("1e-400", "2e-400"),
+            ("1e99999999999999999999", "1e99999999999999999998"),
+        ] {
+            assert_ne!(seed(a), seed(b), "{a} vs {b}");
+        }
+        for (a, b) in [
+            ("1e400", "10e399"),
+            ("1e400", "0.1E+401"),
+            (
+                "123456789012345678901234567890",
+                "1.2345678901234567890123456789e29",
+            ),
+            ("0", "-0.0e-999"),
+        ] {
+            assert_eq!(seed(a), seed(b), "{a} vs {b}");
+        }
+    }
+
+    /// What is not strict JSON text is refused, whatever a lenient reader
+    /// would make of it; an escaped NUL is valid JSON and keyed exactly.
+    #[test]
+    fn invalid_text_is_refused_and_nul_is_exact() {
+        let invalid = Decision::Bypass(BypassReason::InvalidBody);
+        let with_content = |c: &[u8]| {
+            let mut b = br#"{"temperature":0,"messages":[{"role":"user","content":""#.to_vec();
+            b.extend_from_slice(c);
+            b.extend_from_slice(br#""}]}"#);
+            b
+        };
+        let decide_bytes = |b: &[u8]| {
+            let body = Json::parse(b);
+            decide(
+                &cfg(),
+                &CacheRequest {
+                    endpoint: Endpoint::Chat,
+                    path: CHAT,
+                    body: body.as_ref(),
+                    cache_control: None,
+                    credentials: &[],
+                },
+            )
+        };
+        for bad in [
+            &b"hi\xff"[..],
+            b"\xc3",
+            b"\xed\xa0\x80",  // a surrogate encoded as UTF-8
+            b"\xc0\xaf",      // overlong `/`
+            br"\ud800",       // lone high surrogate
+            br"\udc00",       // lone low surrogate
+            br"\ud800\u0041", // high surrogate without its low half
+            br"\udc00\ud800", // the pair the wrong way round
+            b"a\x00b",        // a raw control character
+        ] {
+            assert_eq!(decide_bytes(&with_content(bad)), invalid, "{bad:?}");
+        }
+        let k = |c: &[u8]| match decide_bytes(&with_content(c)) {
+            Decision::Cacheable(c) => c.key,
+            d => panic!("{d:?}"),
+        };
+        assert_eq!(k(br"hi\u0000"), k(br"hi\u0000"));
+        assert_ne!(k(br"hi\u0000"), k(b"hi"));
+        assert_ne!(k(br"hi\u0000"), k(br"hi\u0001"));
+        assert_ne!(k(br"hi\u0000x"), k(br"hi\u0000"));
+        assert_eq!(k(br"\ud83d\ude00"), k("😀".as_bytes()));
+    }
+
+    /// Nesting far past the limit is refused, not recursed into: the whole
+    /// decision runs within the wasm stack (1 MiB).
+    #[test]
+    fn deep_nesting_is_refused_within_the_wasm_stack() {
+        let run = || {
+            for (open, close) in [("[", "]"), ("{\"a\":", "}"), ("[{\"a\":", "}]")] {
+                for depth in [200, 10_000] {
+                    let body = format!(
+                        r#"{{"temperature":0,"messages":{}1{}}}"#,
+                        open.repeat(depth),
+                        close.repeat(depth)
+                    );
+                    assert_eq!(chat(&body), Decision::Bypass(BypassReason::InvalidBody));
+                }
+            }
+            // The deepest document allowed is read, keyed and its features taken.
+            let mut body =
+                String::from(r#"{"temperature":0,"messages":[{"role":"user","content":"#);
+            let inner = crate::json::MAX_DEPTH - 4;
+            body.push_str(&"[{\"a\":".repeat(inner / 2));
+            body.push('1');
+            body.push_str(&"}]".repeat(inner / 2));
+            body.push_str("}]}");
+            let tree = Json::parse(body.as_bytes()).expect("within the limit");
+            assert!(crate::routing::Features::from_json(&tree).is_some());
+            assert!(matches!(chat(&body), Decision::Cacheable(_)));
+        };
+        std::thread::Builder::new()
+            .stack_size(1 << 20)
+            .spawn(run)
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+}
+
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::fuzz::{self, Doc, Num};
+
+    /// A cacheable chat request: model, zero temperature, messages and some
+    /// arbitrary extra parameters.
+    fn request() -> impl Strategy<Value = Doc> {
+        let message = (
+            prop::sample::select(vec!["system", "user", "assistant"]),
+            fuzz::text(),
+        )
+            .prop_map(|(role, content)| {
+                Doc::Obj(vec![
+                    ("role".into(), Doc::Str(role.into())),
+                    ("content".into(), Doc::Str(content)),
+                ])
+            });
+        (
+            fuzz::text(),
+            prop::collection::vec(message, 0..4),
+            prop::collection::btree_map("x_[a-z]{1,4}", fuzz::doc(true), 0..3),
+        )
+            .prop_map(|(model, messages, extra)| {
+                let zero = Num {
+                    negative: false,
+                    digits: String::new(),
+                    exp: 0,
+                };
+                let mut m = vec![
+                    ("model".to_string(), Doc::Str(model)),
+                    ("temperature".to_string(), Doc::Num(zero)),
+                    ("messages".to_string(), Doc::Arr(messages)),
+                ];
+                m.extend(extra);
+                Doc::Obj(m)
+            })
+    }
+
+    fn decide_text(body: &str) -> Decision {
+        let tree = Json::parse(body.as_bytes());
+        decide(
+            &CacheConfig::default(),
+            &CacheRequest {
+                endpoint: Endpoint::Chat,
+                path: "/v1/chat/completions",
+                body: tree.as_ref(),
+                cache_control: None,
+                credentials: &[Some("Bearer t")],
+            },
+        )
+    }
+
+    fn key_of(body: &str) -> Option<Key> {
+        match decide_text(body) {
+            Decision::Cacheable(c) => Some(c.key),
+            Decision::Bypass(_) => None,
+        }
+    }
+
+    /// Puts a second member named like an existing one into some object of
+    /// the document (chosen by `at`); `false` when it has no non-empty object.
+    fn repeat_a_key(doc: &mut Doc, at: &mut usize) -> bool {
+        match doc {
+            Doc::Arr(items) => items.iter_mut().any(|i| repeat_a_key(i, at)),
+            Doc::Obj(members) => {
+                if !members.is_empty() {
+                    if *at == 0 {
+                        let k = members[members.len() / 2].0.clone();
+                        members.push((k, Doc::Null));
+                        return true;
+                    }
+                    *at -= 1;
+                }
+                members.iter_mut().any(|(_, v)| repeat_a_key(v, at))
+            }
+            _ => false,
+        }
+    }
+
+    proptest! {
+        #![proptest_config(fuzz::config(128))]
+
+        /// The key is the same for every spelling of a request, and another
+        /// model is another key.
+        #[test]
+        fn the_key_is_stable_under_reformatting(req in request(), a: u64, b: u64, other in fuzz::text()) {
+            let k = key_of(&req.spell(a));
+            prop_assert!(k.is_some());
+            prop_assert_eq!(key_of(&req.spell(b)), k);
+            let mut moved = req.clone();
+            if let Doc::Obj(m) = &mut moved {
+                if m[0].1 != Doc::Str(other.clone()) {
+                    m[0].1 = Doc::Str(other);
+                    prop_assert_ne!(key_of(&moved.spell(a)), k);
+                }
+            }
+        }
+
+        /// A key repeated in any object, at any depth, makes the body not
+        /// cacheable; a body without repeats never reads as one.
+        #[test]
+        fn a_repeated_key_always_bypasses(req in request(), at in 0usize..8, seed: u64) {
+            prop_assert!(!matches!(decide_text(&req.spell(seed)), Decision::Bypass(BypassReason::DuplicateKey)));
+            let mut twice = req.clone();
+            let mut at = at;
+            if repeat_a_key(&mut twice, &mut at) {
+                prop_assert_eq!(decide_text(&twice.spell(seed)), Decision::Bypass(BypassReason::DuplicateKey));
+            }
+        }
+
+        /// Any document, broken or not, gets a decision, never a panic.
+        #[test]
+        fn any_body_is_decided(doc in fuzz::doc(false), seed: u64) {
+            let _ = decide_text(&String::from_utf8_lossy(&fuzz::mutated(&doc, seed)));
+            let tree = Json::parse(doc.spell(seed).as_bytes()).unwrap();
+            if matches!(tree, Json::Object(_)) {
+                let d = decide_text(&doc.spell(seed));
+                prop_assert_eq!(d == Decision::Bypass(BypassReason::DuplicateKey), tree.repeats_a_key());
+            }
+        }
     }
 }

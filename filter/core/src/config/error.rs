@@ -41,7 +41,8 @@ impl ConfigError {
         let de = &mut serde_json::Deserializer::from_slice(json);
         serde_path_to_error::deserialize(de).map_err(|e| {
             let path = match e.path().to_string() {
-                p if p == "?" => ".".to_string(),
+                // `?` for no path; empty for an unknown key that is itself empty.
+                p if p == "?" || p.is_empty() => ".".to_string(),
                 p => p,
             };
             Self::new(path, e.into_inner().to_string())
@@ -79,6 +80,10 @@ mod tests {
         assert_eq!(e.field, "a");
         assert!(e.message.contains("300"), "{e}");
         let e = ConfigError::from_json::<u8>(b"{").unwrap_err();
+        assert_eq!(e.field, ".");
+        // An empty key names the document rather than nothing.
+        let e = ConfigError::from_json::<std::collections::BTreeMap<String, u8>>(br#"{"":300}"#)
+            .unwrap_err();
         assert_eq!(e.field, ".");
     }
 }

@@ -263,3 +263,94 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    use super::*;
+    use crate::fuzz;
+
+    /// Every section in use, as the README shows them.
+    const FULL: &str = r#"{
+      "llm_paths": ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"],
+      "priority": { "default": "P1", "trust_client": true },
+      "tracing": { "mode": "always" },
+      "max_body_bytes": 1048576,
+      "cache": { "ttl_s": 3600, "max_entries": 4096, "max_entry_bytes": 262144,
+                 "dynamic_markers": ["{{now}}"], "stale_if_error_s": 600 },
+      "routing": {
+        "models": {
+          "gpt-4o": [
+            { "cluster": "openai", "weight": 3, "authority": "api.openai.com" },
+            { "cluster": "azure-east", "weight": 1, "model": "gpt-4o-2024-08-06" }
+          ],
+          "llama-8b": [{ "cluster": "vllm-small", "metrics_path": "/metrics" }]
+        },
+        "probe_interval_s": 5,
+        "rules": [
+          { "when": { "model": "auto", "min_prompt_tokens": 8000 }, "model": "gpt-4o" },
+          { "when": { "model": "auto" }, "model": "llama-8b" }
+        ]
+      },
+      "budget": { "default_ms": { "P0": 120000, "P1": 60000, "P2": 20000 }, "max_ms": 300000,
+                  "retry_ratio": 0.2, "window_s": 30, "shed_at": 0.7, "reject_at": 0.9 }
+    }"#;
+
+    /// The place `at` (counted over every value, depth first) of a document.
+    fn nth<'a>(v: &'a mut Value, at: &mut usize) -> Option<&'a mut Value> {
+        if *at == 0 {
+            return Some(v);
+        }
+        *at -= 1;
+        match v {
+            Value::Array(items) => items.iter_mut().find_map(|i| nth(i, at)),
+            Value::Object(m) => m.values_mut().find_map(|i| nth(i, at)),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn the_full_document_is_valid() {
+        Config::parse(FULL.as_bytes()).unwrap();
+    }
+
+    proptest! {
+        #![proptest_config(fuzz::config(256))]
+
+        /// Any value anywhere in a valid document compiles or is refused with
+        /// an error naming a field; never a panic.
+        #[test]
+        fn any_value_anywhere_compiles_or_names_a_field(doc in fuzz::doc(false), at in 0usize..80, seed: u64) {
+            let mut full: Value = serde_json::from_str(FULL).unwrap();
+            let replacement = serde_json::from_str(&doc.spell(seed)).unwrap_or(Value::Null);
+            let mut at = at;
+            if let Some(slot) = nth(&mut full, &mut at) {
+                *slot = replacement;
+            }
+            let bytes = serde_json::to_vec(&full).unwrap();
+            if let Err(e) = Config::parse(&bytes) {
+                prop_assert!(!e.field.is_empty() && !e.message.is_empty());
+                prop_assert!(e.to_string().contains(&e.field));
+            }
+        }
+
+        /// An unknown field in the document or any section is refused, and
+        /// the error says which.
+        #[test]
+        fn unknown_fields_are_refused(section in prop::sample::select(vec!["", "priority", "tracing", "cache", "routing", "budget"]), name in "zz_[a-z_]{0,12}") {
+            let mut full: Value = serde_json::from_str(FULL).unwrap();
+            let obj = if section.is_empty() { &mut full } else { &mut full[section] };
+            obj.as_object_mut().unwrap().insert(name.clone(), Value::from(1));
+            let e = Config::parse(&serde_json::to_vec(&full).unwrap());
+            prop_assert!(e.as_ref().is_err_and(|e| e.field.ends_with(&name) && e.message.contains(&name)), "{:?}", e);
+        }
+
+        /// Broken documents are refused, never a panic.
+        #[test]
+        fn broken_documents_are_refused(doc in fuzz::doc(false), seed: u64) {
+            let _ = Config::parse(&fuzz::mutated(&doc, seed));
+        }
+    }
+}

@@ -808,3 +808,80 @@ vllm:num_requests_waiting_total 1000
         );
     }
 }
+
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::fuzz;
+
+    fn labels() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just(String::new()),
+            Just("{}".to_string()),
+            fuzz::text().prop_map(|t| {
+                let v = t
+                    .replace('\\', "\\\\")
+                    .replace('"', "\\\"")
+                    .replace('\n', "\\n");
+                format!("{{model_name=\"{v}\",engine=\"0\"}}")
+            }),
+        ]
+    }
+
+    fn known() -> impl Strategy<Value = (&'static str, f64)> {
+        (
+            prop::sample::select(vec![
+                "vllm:num_requests_waiting",
+                "sglang:num_queue_reqs",
+                "vllm:kv_cache_usage_perc",
+                "vllm:gpu_cache_usage_perc",
+                "sglang:token_usage",
+            ]),
+            prop_oneof![0.0f64..1.0, 0.0f64..1e12, -5.0f64..0.0],
+        )
+    }
+
+    fn render(samples: &[(&str, f64)], labels: &[String], ts: bool) -> String {
+        let mut out = String::from("# HELP x y\n# TYPE x gauge\n");
+        for (i, (name, v)) in samples.iter().enumerate() {
+            let l = labels.get(i).map_or("", String::as_str);
+            out.push_str(&format!("{name}{l} {v:e}"));
+            if ts {
+                out.push_str(" 1700000000000");
+            }
+            out.push('\n');
+        }
+        out
+    }
+
+    proptest! {
+        #![proptest_config(fuzz::config(256))]
+
+        /// Labels, timestamps and comments never change what is read, and what
+        /// is read stays within bounds.
+        #[test]
+        fn labels_do_not_change_the_load(samples in prop::collection::vec(known(), 0..12), labels in prop::collection::vec(labels(), 12), ts: bool) {
+            let plain = parse_load(render(&samples, &[], false).as_bytes());
+            prop_assert_eq!(parse_load(render(&samples, &labels, ts).as_bytes()), plain);
+            prop_assert_eq!(plain.is_some(), !samples.is_empty());
+            if let Some(l) = plain {
+                prop_assert!(l.waiting.is_none_or(|w| (0.0..=MAX_WAITING).contains(&w)));
+                prop_assert!(l.kv_usage.is_none_or(|u| (0.0..=1.0).contains(&u)));
+            }
+        }
+
+        /// Arbitrary text: no panic, bounded values.
+        #[test]
+        fn any_text_reads_bounded(samples in prop::collection::vec(known(), 0..6), noise in prop::collection::vec(any::<u8>(), 0..256), at: usize) {
+            let mut text = render(&samples, &[], false).into_bytes();
+            let at = at % (text.len() + 1);
+            text.splice(at..at, noise);
+            if let Some(l) = parse_load(&text) {
+                prop_assert!(l.waiting.is_none_or(|w| (0.0..=MAX_WAITING).contains(&w)));
+                prop_assert!(l.kv_usage.is_none_or(|u| (0.0..=1.0).contains(&u)));
+            }
+        }
+    }
+}

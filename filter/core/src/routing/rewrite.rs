@@ -254,3 +254,81 @@ mod tests {
         assert_eq!(out.len(), deep.len());
     }
 }
+
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::fuzz::{self, Doc};
+    use crate::json::Json;
+
+    /// A request object with one top-level `model` string among other members.
+    fn request() -> impl Strategy<Value = Doc> {
+        (fuzz::text(), fuzz::doc(true), 0usize..4).prop_map(|(model, other, at)| {
+            let mut members = match other {
+                Doc::Obj(m) => m.into_iter().filter(|(k, _)| k != "model").collect(),
+                v => vec![("x".to_string(), v)],
+            };
+            let at = at.min(members.len());
+            members.insert(at, ("model".into(), Doc::Str(model)));
+            Doc::Obj(members)
+        })
+    }
+
+    fn with_model(tree: &Json, model: &str) -> Json {
+        match tree {
+            Json::Object(m) => Json::Object(
+                m.iter()
+                    .map(|(k, v)| match k.as_str() {
+                        "model" => (k.clone(), Json::String(model.into())),
+                        _ => (k.clone(), v.clone()),
+                    })
+                    .collect(),
+            ),
+            v => v.clone(),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(fuzz::config(256))]
+
+        /// The rewritten body means the same request with the new model, and
+        /// differs from the original only within the old model's value.
+        #[test]
+        fn only_the_model_value_changes(req in request(), seed: u64, new in fuzz::text()) {
+            let body = req.spell(seed).into_bytes();
+            let out = rewrite_model(&body, &new);
+            prop_assert!(out.is_some());
+            let out = out.unwrap();
+            let before = Json::parse(&body).unwrap();
+            prop_assert_eq!(Json::parse(&out), Some(with_model(&before, &new)));
+            // Every byte outside the old value is kept, and that range held
+            // exactly the old model.
+            let at = find_model(&body).unwrap();
+            let old = serde_json::from_slice::<String>(&body[at.clone()]).unwrap();
+            prop_assert_eq!(Some(&Json::String(old)), before.get("model"));
+            let mut want = body[..at.start].to_vec();
+            want.extend_from_slice(serde_json::to_string(&new).unwrap().as_bytes());
+            want.extend_from_slice(&body[at.end..]);
+            prop_assert_eq!(out, want);
+        }
+
+        /// A body that names `model` twice at the top, or is broken, is never
+        /// rewritten into something strict JSON reads differently.
+        #[test]
+        fn broken_or_ambiguous_bodies_are_left_alone(req in request(), seed: u64, dup: bool) {
+            let mut req = req;
+            if dup {
+                if let Doc::Obj(m) = &mut req {
+                    m.push(("mod\u{65}l".into(), Doc::Str("other".into())));
+                }
+                prop_assert_eq!(rewrite_model(req.spell(seed).as_bytes(), "z"), None);
+            }
+            let broken = fuzz::mutated(&req, seed);
+            if let (Some(out), Some(tree)) = (rewrite_model(&broken, "z"), Json::parse(&broken)) {
+                prop_assert_eq!(Json::parse(&out), Some(with_model(&tree, "z")));
+            }
+        }
+    }
+}

@@ -360,3 +360,24 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::fuzz;
+
+    proptest! {
+        #![proptest_config(fuzz::config(256))]
+
+        /// The features of a body do not depend on its spelling, and any body
+        /// is read or refused without a panic.
+        #[test]
+        fn features_ignore_spelling(doc in fuzz::doc(true), a: u64, b: u64) {
+            let fa = Features::from_body(doc.spell(a).as_bytes());
+            prop_assert_eq!(Features::from_body(doc.spell(b).as_bytes()), fa);
+            let _ = Features::from_body(&fuzz::mutated(&doc, a));
+        }
+    }
+}
