@@ -633,7 +633,7 @@ async fn hostile_upstreams_never_poison_the_cache() {
             status: 200,
             headers: vec![(HEADER_RESET_AFTER_BYTES, "400")],
             whole: false,
-            store: None,
+            store: Some("incomplete"),
         },
         UpstreamCase {
             name: "invalid SSE",
@@ -649,7 +649,7 @@ async fn hostile_upstreams_never_poison_the_cache() {
             status: 200,
             headers: vec![(HEADER_SSE, "endless")],
             whole: false,
-            store: None,
+            store: Some("incomplete"),
         },
         UpstreamCase {
             name: "gzip JSON answer",
@@ -715,6 +715,18 @@ async fn hostile_upstreams_never_poison_the_cache() {
                 eventually(Duration::from_secs(3), || {
                     Moved::between(&before, &rig.filter_stats())
                         .of(STORES, &[&format!(".result.{result}")])
+                        == 1
+                }),
+                "{}: {moved}",
+                case.name
+            );
+        }
+        if !case.whole {
+            // A cut answer is not a success.
+            assert!(
+                eventually(Duration::from_secs(3), || {
+                    Moved::between(&before, &rig.filter_stats())
+                        .of(REQUESTS, &[".outcome.incomplete"])
                         == 1
                 }),
                 "{}: {moved}",

@@ -17,8 +17,13 @@ use super::state::{Answer, Response};
 use super::{set_response, BodyCopy, Call, Env, Host, Phase, Step};
 
 impl Call {
-    /// Response headers callback.
-    pub fn on_response_headers(&mut self, env: &mut Env<'_>, host: &mut dyn Host) -> Step {
+    /// Response headers callback; `end_of_stream` when no body follows.
+    pub fn on_response_headers(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        end_of_stream: bool,
+    ) -> Step {
         if matches!(self.phase, Phase::Answered(_) | Phase::FailedOver) {
             // The filter's own answer passing through.
             return Step::Continue;
@@ -50,6 +55,7 @@ impl Call {
                 }
             },
             replacement: None,
+            ended: end_of_stream,
         };
         if envoy == Some(EnvoyReply::Timeout) {
             // Envoy's plain-text timeout page, in the shape SDKs read.
@@ -92,6 +98,7 @@ impl Call {
         if size > 0 && response.first_byte_ms.is_none() {
             response.first_byte_ms = Some(env.now_ms);
         }
+        response.ended |= end_of_stream;
         if let Some(new_body) = response.replacement.as_ref() {
             if !end_of_stream {
                 return Step::Pause;
