@@ -44,6 +44,10 @@ pub const ENVOY_TIMEOUT_DETAILS: [&str; 4] = [
 /// reset (or refused) the stream before any response.
 pub const UPSTREAM_RESET_DETAILS: &str = "upstream_reset_before_response_started";
 
+/// Envoy's `response.code_details` of its 413 to a request body larger than
+/// its buffer limit (the filter held it, or another filter did).
+pub const TOO_LARGE_DETAILS: &str = "request_payload_too_large";
+
 /// Why Envoy answered a call itself instead of the upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EnvoyReply {
@@ -51,6 +55,9 @@ pub enum EnvoyReply {
     Timeout,
     /// The upstream reset the stream before responding (503).
     Reset,
+    /// The request body outgrew Envoy's buffer limit (413): the request
+    /// never went upstream.
+    TooLarge,
 }
 
 impl EnvoyReply {
@@ -63,6 +70,8 @@ impl EnvoyReply {
             Some(Self::Timeout)
         } else if status >= 500 && details.starts_with(UPSTREAM_RESET_DETAILS) {
             Some(Self::Reset)
+        } else if status == 413 && details == TOO_LARGE_DETAILS {
+            Some(Self::TooLarge)
         } else {
             None
         }
@@ -108,6 +117,8 @@ impl End {
             (None, None, _) => Self::Abandoned,
             (None, Some(s), Some(EnvoyReply::Timeout)) => Self::TimedOut(s),
             (None, Some(s), Some(EnvoyReply::Reset)) => Self::Reset(s),
+            // Envoy's own refusal of the request, answered as it is.
+            (None, Some(s), Some(EnvoyReply::TooLarge)) => Self::Answered(s),
             (None, Some(s), None) if !complete => Self::Cut(s),
             (None, Some(s), None) => Self::Answered(s),
         }
@@ -221,6 +232,8 @@ mod tests {
             ),
             (200, Some(UPSTREAM_RESET_DETAILS), None),
             (503, Some("via_upstream"), None),
+            (413, Some(TOO_LARGE_DETAILS), Some(EnvoyReply::TooLarge)),
+            (413, Some("via_upstream"), None),
         ] {
             assert_eq!(
                 EnvoyReply::of(status, details),

@@ -781,7 +781,8 @@ async fn hostile_upstreams_never_poison_the_cache() {
 #[tokio::test]
 async fn a_held_body_beyond_envoys_buffer_limit() {
     // The operator let the filter hold 4 MiB, Envoy buffers 1 MiB: Envoy
-    // refuses the call itself (413), the VM stays up.
+    // refuses the call itself (413, which the filter puts in OpenAI's
+    // shape), the VM stays up.
     let Some(rig) = Rig::start(
         "a_held_body_beyond_envoys_buffer_limit",
         json!({"max_body_bytes": 4 << 20}),
@@ -813,7 +814,9 @@ async fn a_held_body_beyond_envoys_buffer_limit() {
         ),
         &moved,
     );
-    assert!(r.status < 500, "{}: {}", r.status, r.text());
+    // Envoy's own 413, put in the shape SDKs read.
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "llm_filter_request_too_large");
     assert_eq!(moved.internal_errors(), 0, "{moved}");
     rig.assert_alive("held body beyond the buffer limit").await;
 }

@@ -778,3 +778,27 @@ fn hedges_respect_their_cap_and_the_answer_in_time() {
     };
     assert!(!call.is_parked());
 }
+
+#[test]
+fn envoys_413_to_a_held_body_is_put_in_openai_shape() {
+    let mut w = World::new("{}");
+    let mut host = FakeHost::post("/v1/chat/completions").with_body(CHAT);
+    let (mut call, step) = Call::start(&mut w.env(), &mut host, false).unwrap();
+    assert_eq!(step, Step::Pause, "the body is held");
+    assert!(call.is_parked());
+    let mut host = host.with_response(413, "text/plain", "Payload Too Large");
+    host.code_details = Some(crate::summary::TOO_LARGE_DETAILS.into());
+    call.on_response_headers(&mut w.env(), &mut host, false);
+    assert!(!call.is_parked(), "no body will come to wait for");
+    assert_eq!(host.response("content-type"), Some("application/json"));
+    let size = host.response_body.len();
+    call.on_response_body(&mut w.env(), &mut host, size, true);
+    let body: serde_json::Value = serde_json::from_slice(&host.response_body).unwrap();
+    assert_eq!(body["error"]["code"], "llm_filter_request_too_large");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    call.on_log(&mut w.env());
+    assert_eq!(
+        w.counter("llm_filter_requests_total.priority.P1.model.unknown.outcome.client_error"),
+        1
+    );
+}
