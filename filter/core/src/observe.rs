@@ -19,6 +19,9 @@ pub enum RequestOutcome {
     ServerError,
     /// No response: the upstream reset, or the client left.
     Reset,
+    /// The answer began but never ended (the upstream reset mid-answer, or
+    /// the client left).
+    Incomplete,
     /// The filter refused the call itself (shed, circuit open, budget spent).
     Refused,
 }
@@ -30,6 +33,7 @@ impl RequestOutcome {
             End::Local(400..) => Self::Refused,
             // A dropped try is never a call's end; counted as no answer.
             End::Reset(_) | End::Abandoned | End::Outlasted => Self::Reset,
+            End::Cut(_) => Self::Incomplete,
             End::Local(s) | End::Answered(s) | End::TimedOut(s) => Self::of_status(s),
         }
     }
@@ -51,6 +55,7 @@ impl RequestOutcome {
             Self::ClientError => "client_error",
             Self::ServerError => "server_error",
             Self::Reset => "reset",
+            Self::Incomplete => "incomplete",
             Self::Refused => "refused",
         }
     }
@@ -112,6 +117,7 @@ mod tests {
             (End::Answered(404), RequestOutcome::ClientError),
             (End::Answered(503), RequestOutcome::ServerError),
             (End::TimedOut(504), RequestOutcome::ServerError),
+            (End::Cut(200), RequestOutcome::Incomplete),
             (End::Local(200), RequestOutcome::Success),
             (End::Local(429), RequestOutcome::Refused),
             (End::Local(503), RequestOutcome::Refused),

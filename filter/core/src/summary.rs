@@ -12,6 +12,7 @@
 //! | `Answered` 5xx              | `server_error`     | `server_error`, failure             | failure (all budget)  |
 //! | `TimedOut` (Envoy's 504)    | `server_error`     | `timeout`, failure                  | failure (all budget)  |
 //! | `Reset` (Envoy's 503)       | `reset`            | `reset`, failure                    | failure (all budget)  |
+//! | `Cut` (answer began, never ended) | `incomplete`  | `cancelled`, nothing learnt         | none                  |
 //! | `Abandoned` (client left)   | `reset`            | `cancelled`, nothing learnt         | none                  |
 //! | `Outlasted` (a try a hedge beat) | never a call's end | `outlasted`, at least that slow | none              |
 //!
@@ -22,7 +23,9 @@
 //! Why: a 429 is the provider pacing this caller, so routing moves load away
 //! while the budget breaker (which measures time eaten, not refusals) does not
 //! count it; a client that leaves says nothing about the backend; and the
-//! requests counter keeps the status the client saw.
+//! requests counter keeps the status the client saw. A cut answer may be the
+//! upstream's doing or the client's, which the filter cannot tell apart: the
+//! backend learns nothing from it.
 
 use crate::priority::Priority;
 use crate::usage::Usage;
@@ -41,6 +44,10 @@ pub const ENVOY_TIMEOUT_DETAILS: [&str; 4] = [
 /// reset (or refused) the stream before any response.
 pub const UPSTREAM_RESET_DETAILS: &str = "upstream_reset_before_response_started";
 
+/// Envoy's `response.code_details` of its 413 to a request body larger than
+/// its buffer limit (the filter held it, or another filter did).
+pub const TOO_LARGE_DETAILS: &str = "request_payload_too_large";
+
 /// Why Envoy answered a call itself instead of the upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EnvoyReply {
@@ -48,6 +55,9 @@ pub enum EnvoyReply {
     Timeout,
     /// The upstream reset the stream before responding (503).
     Reset,
+    /// The request body outgrew Envoy's buffer limit (413): the request
+    /// never went upstream.
+    TooLarge,
 }
 
 impl EnvoyReply {
@@ -60,6 +70,8 @@ impl EnvoyReply {
             Some(Self::Timeout)
         } else if status >= 500 && details.starts_with(UPSTREAM_RESET_DETAILS) {
             Some(Self::Reset)
+        } else if status == 413 && details == TOO_LARGE_DETAILS {
+            Some(Self::TooLarge)
         } else {
             None
         }
@@ -74,6 +86,9 @@ pub enum End {
     Local(u16),
     /// The upstream answered with this status.
     Answered(u16),
+    /// The upstream's answer with this status started but never ended: the
+    /// upstream reset mid-answer or the client left.
+    Cut(u16),
     /// Envoy gave up waiting for the upstream and answered with this status.
     TimedOut(u16),
     /// The upstream reset the stream before responding; Envoy answered with
@@ -90,13 +105,21 @@ pub enum End {
 impl End {
     /// Decides how a call ended: `local` is the status of the filter's own
     /// reply, `status` the response status that reached the filter, `envoy`
-    /// why Envoy itself answered.
-    pub fn classify(local: Option<u16>, status: Option<u16>, envoy: Option<EnvoyReply>) -> Self {
+    /// why Envoy itself answered, `complete` whether the response's end passed.
+    pub fn classify(
+        local: Option<u16>,
+        status: Option<u16>,
+        envoy: Option<EnvoyReply>,
+        complete: bool,
+    ) -> Self {
         match (local, status, envoy) {
             (Some(s), _, _) => Self::Local(s),
             (None, None, _) => Self::Abandoned,
             (None, Some(s), Some(EnvoyReply::Timeout)) => Self::TimedOut(s),
             (None, Some(s), Some(EnvoyReply::Reset)) => Self::Reset(s),
+            // Envoy's own refusal of the request, answered as it is.
+            (None, Some(s), Some(EnvoyReply::TooLarge)) => Self::Answered(s),
+            (None, Some(s), None) if !complete => Self::Cut(s),
             (None, Some(s), None) => Self::Answered(s),
         }
     }
@@ -209,6 +232,8 @@ mod tests {
             ),
             (200, Some(UPSTREAM_RESET_DETAILS), None),
             (503, Some("via_upstream"), None),
+            (413, Some(TOO_LARGE_DETAILS), Some(EnvoyReply::TooLarge)),
+            (413, Some("via_upstream"), None),
         ] {
             assert_eq!(
                 EnvoyReply::of(status, details),
@@ -230,7 +255,14 @@ mod tests {
             (None, Some(503), Some(Reset), End::Reset(503)),
             (None, Some(429), None, End::Answered(429)),
         ] {
-            assert_eq!(End::classify(local, status, envoy), want);
+            assert_eq!(End::classify(local, status, envoy, true), want);
+        }
+        for (local, status, envoy, want) in [
+            (None, Some(200), None, End::Cut(200)),
+            (None, Some(504), Some(Timeout), End::TimedOut(504)),
+            (Some(200), None, None, End::Local(200)),
+        ] {
+            assert_eq!(End::classify(local, status, envoy, false), want);
         }
         assert!(End::Local(200).is_local());
         assert!(!End::Abandoned.is_local());

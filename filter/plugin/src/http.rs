@@ -120,8 +120,8 @@ impl HttpContext for Http {
         self.step(|call, env, host| call.on_request_body(env, host, size, end_of_stream))
     }
 
-    fn on_http_response_headers(&mut self, _: usize, _: bool) -> Action {
-        self.step(|call, env, host| call.on_response_headers(env, host))
+    fn on_http_response_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
+        self.step(|call, env, host| call.on_response_headers(env, host, end_of_stream))
     }
 
     fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {

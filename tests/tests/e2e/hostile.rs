@@ -633,7 +633,7 @@ async fn hostile_upstreams_never_poison_the_cache() {
             status: 200,
             headers: vec![(HEADER_RESET_AFTER_BYTES, "400")],
             whole: false,
-            store: None,
+            store: Some("incomplete"),
         },
         UpstreamCase {
             name: "invalid SSE",
@@ -649,7 +649,7 @@ async fn hostile_upstreams_never_poison_the_cache() {
             status: 200,
             headers: vec![(HEADER_SSE, "endless")],
             whole: false,
-            store: None,
+            store: Some("incomplete"),
         },
         UpstreamCase {
             name: "gzip JSON answer",
@@ -721,6 +721,18 @@ async fn hostile_upstreams_never_poison_the_cache() {
                 case.name
             );
         }
+        if !case.whole {
+            // A cut answer is not a success.
+            assert!(
+                eventually(Duration::from_secs(3), || {
+                    Moved::between(&before, &rig.filter_stats())
+                        .of(REQUESTS, &[".outcome.incomplete"])
+                        == 1
+                }),
+                "{}: {moved}",
+                case.name
+            );
+        }
         if case.whole && !case.stream && case.status == 200 {
             // The client can read what the upstream sent.
             let answer: Value = serde_json::from_slice(&plain).expect("JSON answer");
@@ -769,7 +781,8 @@ async fn hostile_upstreams_never_poison_the_cache() {
 #[tokio::test]
 async fn a_held_body_beyond_envoys_buffer_limit() {
     // The operator let the filter hold 4 MiB, Envoy buffers 1 MiB: Envoy
-    // refuses the call itself (413), the VM stays up.
+    // refuses the call itself (413, which the filter puts in OpenAI's
+    // shape), the VM stays up.
     let Some(rig) = Rig::start(
         "a_held_body_beyond_envoys_buffer_limit",
         json!({"max_body_bytes": 4 << 20}),
@@ -801,7 +814,9 @@ async fn a_held_body_beyond_envoys_buffer_limit() {
         ),
         &moved,
     );
-    assert!(r.status < 500, "{}: {}", r.status, r.text());
+    // Envoy's own 413, put in the shape SDKs read.
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "llm_filter_request_too_large");
     assert_eq!(moved.internal_errors(), 0, "{moved}");
     rig.assert_alive("held body beyond the buffer limit").await;
 }

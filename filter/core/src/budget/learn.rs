@@ -14,7 +14,7 @@ use crate::summary::{CallSummary, End};
 /// left: that says nothing about the backend's pressure).
 pub fn failed(end: End) -> Option<bool> {
     match end {
-        End::Local(_) | End::Abandoned | End::Outlasted => None,
+        End::Local(_) | End::Abandoned | End::Outlasted | End::Cut(_) => None,
         End::TimedOut(_) => Some(true),
         // A 5xx (Envoy's own 503 on a reset included) ate the caller's wait;
         // a 4xx, 429 included, was answered.
@@ -124,6 +124,7 @@ mod tests {
             (End::Local(200), None),
             (End::Local(503), None),
             (End::Abandoned, None),
+            (End::Cut(200), None),
             (End::Answered(200), Some(false)),
             (End::Answered(429), Some(false)),
             (End::Answered(404), Some(false)),

@@ -28,6 +28,9 @@ pub enum ReplyKind {
     BudgetExhausted,
     /// Envoy ended the call at the budget (504), its reply rewritten.
     UpstreamTimeout,
+    /// Envoy refused a request body larger than its buffer limit (413), its
+    /// reply rewritten.
+    TooLarge,
 }
 
 impl ReplyKind {
@@ -36,6 +39,7 @@ impl ReplyKind {
         match self {
             Self::Shed | Self::Reject => 503,
             Self::BudgetExhausted | Self::UpstreamTimeout => 504,
+            Self::TooLarge => 413,
         }
     }
 
@@ -44,6 +48,7 @@ impl ReplyKind {
         match self {
             Self::Shed | Self::Reject => "service_unavailable",
             Self::BudgetExhausted | Self::UpstreamTimeout => "timeout",
+            Self::TooLarge => "invalid_request_error",
         }
     }
 
@@ -54,6 +59,7 @@ impl ReplyKind {
             Self::Reject => "llm_filter_circuit_open",
             Self::BudgetExhausted => "llm_filter_budget_exhausted",
             Self::UpstreamTimeout => "llm_filter_upstream_timeout",
+            Self::TooLarge => "llm_filter_request_too_large",
         }
     }
 
@@ -73,6 +79,7 @@ impl ReplyKind {
             Self::UpstreamTimeout => {
                 "The upstream did not answer within the request's timeout budget."
             }
+            Self::TooLarge => "The request body is larger than the proxy accepts.",
         }
     }
 }

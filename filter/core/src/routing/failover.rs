@@ -16,7 +16,8 @@ pub fn retriable(end: End) -> bool {
     match end {
         End::Answered(s) => s == 429 || (500..=599).contains(&s),
         End::TimedOut(_) | End::Reset(_) => true,
-        End::Local(_) | End::Abandoned | End::Outlasted => false,
+        // Part of a cut answer already reached the client.
+        End::Local(_) | End::Abandoned | End::Outlasted | End::Cut(_) => false,
     }
 }
 

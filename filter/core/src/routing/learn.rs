@@ -16,7 +16,8 @@ pub fn result_of(end: End) -> Option<CallResult> {
         End::Answered(s) => Some(CallResult::Status(s)),
         End::TimedOut(_) => Some(CallResult::Timeout),
         End::Reset(_) => Some(CallResult::Reset),
-        End::Abandoned => Some(CallResult::Cancelled),
+        // Who cut a started answer, the backend or the client, is not known.
+        End::Abandoned | End::Cut(_) => Some(CallResult::Cancelled),
         End::Outlasted => Some(CallResult::Outlasted),
     }
 }
@@ -100,6 +101,7 @@ mod tests {
             (End::TimedOut(504), Some(CallResult::Timeout)),
             (End::Reset(503), Some(CallResult::Reset)),
             (End::Abandoned, Some(CallResult::Cancelled)),
+            (End::Cut(200), Some(CallResult::Cancelled)),
         ] {
             assert_eq!(result_of(end), want, "{end:?}");
         }

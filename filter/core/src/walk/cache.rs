@@ -359,11 +359,15 @@ impl Call {
         }
     }
 
-    /// End of the call: the lead is given up whatever happened, and the
-    /// lookup is counted with its final result.
+    /// End of the call: the lead is given up whatever happened, an answer
+    /// still being collected never got to its end (counted, not stored), and
+    /// the lookup is counted with its final result.
     pub(super) fn cache_on_log(&self, env: &mut Env<'_>) {
         if let Some(lease) = &self.cache.lease {
             coalesce::release(&Store::new(env.store, &env.config.cache), lease);
+        }
+        if self.cache.fill.is_some() {
+            count_store(env.metrics, policy::EntryError::Incomplete.as_str());
         }
         if let Some(status) = self.cache.status {
             env.metrics.counter(&status.metric(), 1);

@@ -23,7 +23,7 @@ impl World {
     /// The upstream's answer: headers, then `chunks` one callback each.
     fn respond_chunks(&mut self, call: &mut Call, host: &mut FakeHost, chunks: &[&str]) {
         assert_eq!(
-            call.on_response_headers(&mut self.env(), host),
+            call.on_response_headers(&mut self.env(), host, false),
             Step::Continue
         );
         for (i, chunk) in chunks.iter().enumerate() {
@@ -547,7 +547,7 @@ fn stale_needs_the_window_and_a_body_to_replace() {
     let mut host = host.with_response(502, "text/plain", "");
     host.response_headers
         .push(("content-length".into(), "0".into()));
-    call.on_response_headers(&mut w.env(), &mut host);
+    call.on_response_headers(&mut w.env(), &mut host, false);
     assert_eq!(host.response(":status"), Some("502"));
     assert_eq!(host.response("x-cache"), Some("MISS"));
 }
@@ -591,4 +591,38 @@ fn tenants_do_not_share_unless_global() {
         .with_body(CHAT);
     w.hold_request(&mut other);
     assert_eq!(reply(&other).1["x-cache"], "HIT");
+}
+
+#[test]
+fn a_stream_cut_short_is_neither_stored_nor_a_success() {
+    let mut w = World::new("{}");
+    let mut host = chat(&streamed(true));
+    let (mut call, _) = w.hold_request(&mut host);
+    let mut host = host.with_response(200, "text/event-stream", "");
+    assert_eq!(
+        call.on_response_headers(&mut w.env(), &mut host, false),
+        Step::Continue
+    );
+    // The first events pass, then the stream ends without its end.
+    let chunks = upstream_stream();
+    for chunk in chunks.iter().take(2) {
+        host.response_body = chunk.as_bytes().to_vec();
+        call.on_response_body(&mut w.env(), &mut host, chunk.len(), false);
+    }
+    call.on_log(&mut w.env());
+    assert_eq!(w.stores("incomplete"), 1);
+    assert_eq!(w.stores("stored"), 0);
+    assert_eq!(
+        w.counter("llm_filter_requests_total.priority.P1.model.gpt-4o.outcome.incomplete"),
+        1
+    );
+    assert_eq!(
+        w.counter("llm_filter_requests_total.priority.P1.model.gpt-4o.outcome.success"),
+        0
+    );
+    // The twin finds nothing partial: it goes upstream.
+    let mut host = chat(&streamed(true));
+    let (_, step) = w.hold_request(&mut host);
+    assert_eq!(step, Step::Continue);
+    assert!(host.local_reply.is_none());
 }

@@ -45,10 +45,11 @@ impl Call {
         };
         // The failed backend learns now, with the failover as a retry it
         // cost; the call is the other backend's from here.
-        let failed_try = CallSummary {
-            failovers: 1,
-            ..self.summary("", env.now_ms)
-        };
+        let mut failed_try = self.summary("", env.now_ms);
+        failed_try.failovers = 1;
+        if let Some(end) = self.answer_end() {
+            failed_try.end = end;
+        }
         self.learn_from(env, &failed_try);
         if !matches!(self.dispatch.hedge, Hedge::Sent { .. }) {
             routing::learn::started(env.store, env.metrics, &target, env.now_ms);
@@ -114,13 +115,19 @@ impl Call {
         Sent::To(target.cluster)
     }
 
+    /// How the answer read so far ended the try, by its status alone: held
+    /// back, it never got to end.
+    fn answer_end(&self) -> Option<End> {
+        let r = self.response.as_ref()?;
+        Some(End::classify(None, r.status, r.envoy, true))
+    }
+
     /// The response just read failed the call retriably, it is still held by
     /// nothing else, and the budget leaves room for one more try.
     fn failover_due(&self, env: &Env<'_>) -> bool {
-        let Some(response) = self.response.as_ref() else {
+        let Some(end) = self.answer_end() else {
             return false;
         };
-        let end = End::classify(None, response.status, response.envoy);
         let breaker = self.dispatch.breaker.as_deref();
         matches!(self.phase, Phase::Forwarded)
             && self.dispatch.held.is_some()

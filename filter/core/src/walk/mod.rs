@@ -380,7 +380,12 @@ impl Call {
         let end = match self.phase {
             // The stream ended while another backend was still asked.
             Phase::FailingOver => End::Abandoned,
-            _ => End::classify(local, r.and_then(|r| r.status), r.and_then(|r| r.envoy)),
+            _ => End::classify(
+                local,
+                r.and_then(|r| r.status),
+                r.and_then(|r| r.envoy),
+                r.is_some_and(|r| r.ended),
+            ),
         };
         CallSummary {
             priority: self.request.priority,

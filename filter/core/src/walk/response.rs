@@ -17,8 +17,13 @@ use super::state::{Answer, Response};
 use super::{set_response, BodyCopy, Call, Env, Host, Phase, Step};
 
 impl Call {
-    /// Response headers callback.
-    pub fn on_response_headers(&mut self, env: &mut Env<'_>, host: &mut dyn Host) -> Step {
+    /// Response headers callback; `end_of_stream` when no body follows.
+    pub fn on_response_headers(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        end_of_stream: bool,
+    ) -> Step {
         if matches!(self.phase, Phase::Answered(_) | Phase::FailedOver) {
             // The filter's own answer passing through.
             return Step::Continue;
@@ -29,10 +34,15 @@ impl Call {
         let stream = host
             .response_header("content-type")
             .is_some_and(|c| c.contains(SSE_CONTENT_TYPE));
-        // Envoy's own replies that the walk reads the reason of are all 5xx.
+        // Envoy's own replies that the walk reads the reason of are 5xx and 413.
         let envoy = status
-            .filter(|s| *s >= 500)
+            .filter(|s| *s >= 500 || *s == 413)
             .and_then(|s| EnvoyReply::of(s, host.response_code_details().as_deref()));
+        if matches!(self.phase, Phase::Holding { .. }) {
+            // Answered while its body was still held (Envoy refused it): no
+            // body callback is to come, and nothing waits for one.
+            self.phase = Phase::Forwarded;
+        }
         let mut response = Response {
             status,
             headers_ms: env.now_ms,
@@ -50,10 +60,16 @@ impl Call {
                 }
             },
             replacement: None,
+            ended: end_of_stream,
         };
-        if envoy == Some(EnvoyReply::Timeout) {
-            // Envoy's plain-text timeout page, in the shape SDKs read.
-            let r = reply::local_reply(ReplyKind::UpstreamTimeout, None);
+        let rewrite = match envoy {
+            Some(EnvoyReply::Timeout) => Some(ReplyKind::UpstreamTimeout),
+            Some(EnvoyReply::TooLarge) => Some(ReplyKind::TooLarge),
+            _ => None,
+        };
+        if let Some(kind) = rewrite {
+            // Envoy's plain-text page, in the shape SDKs read.
+            let r = reply::local_reply(kind, None);
             for (name, value) in &r.headers {
                 set_response(env, host, name, Some(value));
             }
@@ -92,6 +108,7 @@ impl Call {
         if size > 0 && response.first_byte_ms.is_none() {
             response.first_byte_ms = Some(env.now_ms);
         }
+        response.ended |= end_of_stream;
         if let Some(new_body) = response.replacement.as_ref() {
             if !end_of_stream {
                 return Step::Pause;

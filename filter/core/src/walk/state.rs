@@ -104,6 +104,8 @@ pub(super) struct Response {
     /// A body to put in place of the response's (Envoy's timeout page, a
     /// stale cache entry).
     pub(super) replacement: Option<Vec<u8>>,
+    /// The response's end passed (its last body chunk, or headers alone).
+    pub(super) ended: bool,
 }
 
 /// The answer as it passes.
@@ -141,6 +143,7 @@ impl Response {
             envoy: None,
             answer,
             replacement: None,
+            ended: true,
         }
     }
 

@@ -20,7 +20,7 @@ impl World {
     }
 
     fn respond(&mut self, call: &mut Call, host: &mut FakeHost) {
-        call.on_response_headers(&mut self.env(), host);
+        call.on_response_headers(&mut self.env(), host, false);
         let size = host.response_body.len();
         call.on_response_body(&mut self.env(), host, size, true);
     }
@@ -492,7 +492,7 @@ fn a_failed_call_is_sent_to_the_other_backend_and_answered_from_it() {
     let key = host.header("idempotency-key").unwrap().to_string();
     let mut host = host.with_response(503, "application/json", r#"{"error":{}}"#);
     assert_eq!(
-        call.on_response_headers(&mut w.env(), &mut host),
+        call.on_response_headers(&mut w.env(), &mut host, false),
         Step::Pause
     );
     assert_eq!(
@@ -577,7 +577,7 @@ fn no_answer_from_the_other_backend_lets_the_failure_through() {
     let (mut call, host) = routed_to(&mut w, "b");
     let mut host = host.with_response(502, "application/json", r#"{"error":{}}"#);
     assert_eq!(
-        call.on_response_headers(&mut w.env(), &mut host),
+        call.on_response_headers(&mut w.env(), &mut host, false),
         Step::Pause
     );
     let step = call.on_callout_response(&mut w.env(), &mut host, CalloutAnswer::default());
@@ -611,7 +611,7 @@ fn failover_needs_a_retriable_failure_budget_and_another_backend() {
     let (mut call, host) = routed_to(&mut w, "b");
     let mut host = host.with_response(400, "application/json", r#"{"error":{}}"#);
     assert_eq!(
-        call.on_response_headers(&mut w.env(), &mut host),
+        call.on_response_headers(&mut w.env(), &mut host, false),
         Step::Continue
     );
     assert!(host.callouts.is_empty());
@@ -622,7 +622,7 @@ fn failover_needs_a_retriable_failure_budget_and_another_backend() {
     w.now_ms += 59_900;
     let mut host = host.with_response(503, "application/json", r#"{"error":{}}"#);
     assert_eq!(
-        call.on_response_headers(&mut w.env(), &mut host),
+        call.on_response_headers(&mut w.env(), &mut host, false),
         Step::Continue
     );
     assert!(host.callouts.is_empty());
@@ -636,7 +636,7 @@ fn failover_needs_a_retriable_failure_budget_and_another_backend() {
     let (mut call, host) = routed_to(&mut w, "b");
     let mut host = host.with_response(503, "application/json", r#"{"error":{}}"#);
     assert_eq!(
-        call.on_response_headers(&mut w.env(), &mut host),
+        call.on_response_headers(&mut w.env(), &mut host, false),
         Step::Continue
     );
     assert!(host.callouts.is_empty());
@@ -647,7 +647,7 @@ fn failover_needs_a_retriable_failure_budget_and_another_backend() {
     let (mut call, _) = w.request(&mut host).unwrap();
     let mut host = host.with_response(503, "application/json", r#"{"error":{}}"#);
     assert_eq!(
-        call.on_response_headers(&mut w.env(), &mut host),
+        call.on_response_headers(&mut w.env(), &mut host, false),
         Step::Continue
     );
     assert!(host.callouts.is_empty());
@@ -700,7 +700,7 @@ fn a_slow_call_is_hedged_and_the_first_answer_wins() {
     assert_eq!(headers.get("x-llm-cluster").map(String::as_str), Some("a"));
     // Envoy's reset of the first request, then its own reply passing by.
     assert_eq!(
-        call.on_response_headers(&mut w.env(), &mut host),
+        call.on_response_headers(&mut w.env(), &mut host, false),
         Step::Continue
     );
     call.on_log(&mut w.env());
@@ -777,4 +777,28 @@ fn hedges_respect_their_cap_and_the_answer_in_time() {
         w.request(&mut host).unwrap()
     };
     assert!(!call.is_parked());
+}
+
+#[test]
+fn envoys_413_to_a_held_body_is_put_in_openai_shape() {
+    let mut w = World::new("{}");
+    let mut host = FakeHost::post("/v1/chat/completions").with_body(CHAT);
+    let (mut call, step) = Call::start(&mut w.env(), &mut host, false).unwrap();
+    assert_eq!(step, Step::Pause, "the body is held");
+    assert!(call.is_parked());
+    let mut host = host.with_response(413, "text/plain", "Payload Too Large");
+    host.code_details = Some(crate::summary::TOO_LARGE_DETAILS.into());
+    call.on_response_headers(&mut w.env(), &mut host, false);
+    assert!(!call.is_parked(), "no body will come to wait for");
+    assert_eq!(host.response("content-type"), Some("application/json"));
+    let size = host.response_body.len();
+    call.on_response_body(&mut w.env(), &mut host, size, true);
+    let body: serde_json::Value = serde_json::from_slice(&host.response_body).unwrap();
+    assert_eq!(body["error"]["code"], "llm_filter_request_too_large");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    call.on_log(&mut w.env());
+    assert_eq!(
+        w.counter("llm_filter_requests_total.priority.P1.model.unknown.outcome.client_error"),
+        1
+    );
 }
