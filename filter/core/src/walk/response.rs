@@ -28,54 +28,13 @@ impl Call {
             // The filter's own answer passing through.
             return Step::Continue;
         }
-        let status = host
-            .response_header(":status")
-            .and_then(|s| s.parse::<u16>().ok());
-        let stream = host
-            .response_header("content-type")
-            .is_some_and(|c| c.contains(SSE_CONTENT_TYPE));
-        // Envoy's own replies that the walk reads the reason of are 5xx and 413.
-        let envoy = status
-            .filter(|s| *s >= 500 || *s == 413)
-            .and_then(|s| EnvoyReply::of(s, host.response_code_details().as_deref()));
         if matches!(self.phase, Phase::Holding { .. }) {
             // Answered while its body was still held (Envoy refused it): no
             // body callback is to come, and nothing waits for one.
             self.phase = Phase::Forwarded;
         }
-        let mut response = Response {
-            status,
-            headers_ms: env.now_ms,
-            first_byte_ms: None,
-            attempts: host
-                .response_header("x-envoy-attempt-count")
-                .and_then(|s| s.trim().parse().ok()),
-            envoy,
-            answer: if stream {
-                Answer::Stream(SseScanner::new())
-            } else {
-                Answer::Json {
-                    copy: BodyCopy::default(),
-                    usage: None,
-                }
-            },
-            replacement: None,
-            ended: end_of_stream,
-        };
-        let rewrite = match envoy {
-            Some(EnvoyReply::Timeout) => Some(ReplyKind::UpstreamTimeout),
-            Some(EnvoyReply::TooLarge) => Some(ReplyKind::TooLarge),
-            _ => None,
-        };
-        if let Some(kind) = rewrite {
-            // Envoy's plain-text page, in the shape SDKs read.
-            let r = reply::local_reply(kind, None);
-            for (name, value) in &r.headers {
-                set_response(env, host, name, Some(value));
-            }
-            set_response(env, host, "content-length", None);
-            response.replacement = Some(r.body);
-        }
+        let mut response = Response::read(host, env.now_ms, end_of_stream);
+        response.replacement = rewrite_envoy_reply(env, host, response.envoy);
         self.response = Some(response);
         if let Some(t) = self.request.trace_id.clone() {
             set_response(env, host, TRACE_ID_HEADER, Some(&t));
@@ -153,4 +112,59 @@ impl Call {
         *usage = tree.as_ref().and_then(usage::from_value);
         tree
     }
+}
+
+impl Response {
+    /// The response whose headers `host` holds, read at `now_ms`.
+    fn read(host: &dyn Host, now_ms: u64, end_of_stream: bool) -> Self {
+        let status = host
+            .response_header(":status")
+            .and_then(|s| s.parse::<u16>().ok());
+        let stream = host
+            .response_header("content-type")
+            .is_some_and(|c| c.contains(SSE_CONTENT_TYPE));
+        // Envoy's own replies that the walk reads the reason of are 5xx and 413.
+        let envoy = status
+            .filter(|s| *s >= 500 || *s == 413)
+            .and_then(|s| EnvoyReply::of(s, host.response_code_details().as_deref()));
+        Self {
+            status,
+            headers_ms: now_ms,
+            first_byte_ms: None,
+            attempts: host
+                .response_header("x-envoy-attempt-count")
+                .and_then(|s| s.trim().parse().ok()),
+            envoy,
+            answer: if stream {
+                Answer::Stream(SseScanner::new())
+            } else {
+                Answer::Json {
+                    copy: BodyCopy::default(),
+                    usage: None,
+                }
+            },
+            replacement: None,
+            ended: end_of_stream,
+        }
+    }
+}
+
+/// Envoy's plain-text pages the client gets in OpenAI's shape instead (its
+/// timeout, its 413): sets that reply's headers and returns its body.
+fn rewrite_envoy_reply(
+    env: &mut Env<'_>,
+    host: &mut dyn Host,
+    envoy: Option<EnvoyReply>,
+) -> Option<Vec<u8>> {
+    let kind = match envoy? {
+        EnvoyReply::Timeout => ReplyKind::UpstreamTimeout,
+        EnvoyReply::TooLarge => ReplyKind::TooLarge,
+        EnvoyReply::Reset => return None,
+    };
+    let r = reply::local_reply(kind, None);
+    for (name, value) in &r.headers {
+        set_response(env, host, name, Some(value));
+    }
+    set_response(env, host, "content-length", None);
+    Some(r.body)
 }
