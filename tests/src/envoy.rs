@@ -300,11 +300,11 @@ impl EnvoyBuilder {
                 .replace("{dir}", &yaml_string(&dir.to_string_lossy()));
             yaml.push_str(&filter);
         } else if self.filter {
-            let filter = WASM_FILTER
-                .replace("{name}", FILTER_NAME)
-                .replace("{wasm}", &yaml_string(&self.wasm_path.to_string_lossy()))
-                .replace("{config}", &yaml_string(&self.plugin_config));
-            yaml.push_str(&filter);
+            yaml.push_str("          - name: envoy.filters.http.wasm\n            typed_config:\n");
+            yaml.push_str(&indent(
+                &wasm_typed_config(&self.wasm_path, &self.plugin_config),
+                14,
+            ));
         }
         yaml.push_str(ROUTER_FILTER);
         yaml.push_str("  clusters:");
@@ -466,22 +466,29 @@ const LISTENER_HEAD: &str = r#"static_resources:
               routes:
 "#;
 
-const WASM_FILTER: &str = r#"          - name: envoy.filters.http.wasm
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
-              config:
-                name: {name}
-                root_id: {name}
-                allow_on_headers_stop_iteration: true
-                fail_open: false
-                vm_config:
-                  vm_id: {name}
-                  runtime: envoy.wasm.runtime.v8
-                  code: {local: {filename: {wasm}}}
-                configuration:
-                  "@type": type.googleapis.com/google.protobuf.StringValue
-                  value: {config}
+/// The filter's Wasm config at column 0, for the listener or for discovery.
+const WASM_TYPED_CONFIG: &str = r#""@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+config:
+  name: {name}
+  root_id: {name}
+  allow_on_headers_stop_iteration: true
+  fail_open: false
+  vm_config:
+    vm_id: {name}
+    runtime: envoy.wasm.runtime.v8
+    code: {local: {filename: {wasm}}}
+  configuration:
+    "@type": type.googleapis.com/google.protobuf.StringValue
+    value: {config}
 "#;
+
+/// The filter's typed config for the module at `wasm` with `config`.
+fn wasm_typed_config(wasm: &Path, config: &str) -> String {
+    WASM_TYPED_CONFIG
+        .replace("{name}", FILTER_NAME)
+        .replace("{wasm}", &yaml_string(&wasm.to_string_lossy()))
+        .replace("{config}", &yaml_string(config))
+}
 
 /// The filter, its config discovered from a watched file (ECDS).
 const ECDS_FILTER: &str = r#"          - name: {name}
@@ -493,24 +500,11 @@ const ECDS_FILTER: &str = r#"          - name: {name}
               type_urls: ["type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"]
 "#;
 
-/// The discovery response Envoy reads the filter's config from.
+/// The head of the discovery response Envoy reads the filter's config from.
 const ECDS_RESOURCE: &str = r#"resources:
 - "@type": type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig
   name: {name}
   typed_config:
-    "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
-    config:
-      name: {name}
-      root_id: {name}
-      allow_on_headers_stop_iteration: true
-      fail_open: false
-      vm_config:
-        vm_id: {name}
-        runtime: envoy.wasm.runtime.v8
-        code: {local: {filename: {wasm}}}
-      configuration:
-        "@type": type.googleapis.com/google.protobuf.StringValue
-        value: {config}
 "#;
 
 fn ecds_path(dir: &Path) -> PathBuf {
@@ -520,10 +514,8 @@ fn ecds_path(dir: &Path) -> PathBuf {
 /// Writes the discovery file for `config` in `dir`, replacing it at once (a
 /// rename in the watched directory), so Envoy never reads half a file.
 fn write_ecds(dir: &Path, wasm: &Path, config: &str) -> Result<()> {
-    let body = ECDS_RESOURCE
-        .replace("{name}", FILTER_NAME)
-        .replace("{wasm}", &yaml_string(&wasm.to_string_lossy()))
-        .replace("{config}", &yaml_string(config));
+    let body =
+        ECDS_RESOURCE.replace("{name}", FILTER_NAME) + &indent(&wasm_typed_config(wasm, config), 4);
     let staged = dir.join(".ecds.yaml.new");
     std::fs::write(&staged, body).context("write the discovered config")?;
     std::fs::rename(&staged, ecds_path(dir)).context("move the discovered config in place")
@@ -735,6 +727,12 @@ impl Envoy {
             bail!("/stats/prometheus answered {status}: {body}");
         }
         Ok(body)
+    }
+
+    /// The sum of the samples of `/stats/prometheus` named `name` that carry
+    /// `labels` (0 when there are none or admin fails).
+    pub fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        crate::prometheus::sum(&self.metrics(), name, labels)
     }
 
     /// The samples of `/stats/prometheus` (empty when admin fails).

@@ -142,6 +142,17 @@ impl MockConfig {
     }
 }
 
+impl MockUpstream {
+    /// A mock named `name` (a backend of that cluster name) answering model
+    /// calls after `delay_ms`.
+    pub fn backend(name: &str, delay_ms: u64) -> Self {
+        Self::start(MockConfig {
+            default_delay_ms: delay_ms,
+            ..MockConfig::named(name)
+        })
+    }
+}
+
 /// One request as the mock received it.
 #[derive(Debug, Clone)]
 pub struct RecordedRequest {

@@ -100,10 +100,6 @@ fn timed_out_upstream(r: &HttpResponse) -> bool {
     r.status == 504 && error_code(r) == "llm_filter_upstream_timeout"
 }
 
-fn metric(envoy: &Envoy, name: &str, labels: &[(&str, &str)]) -> f64 {
-    prometheus::sum(&envoy.metrics(), name, labels)
-}
-
 /// Polls the breaker's tier gauge until it reads `tier`; returns the last reading.
 fn wait_for_tier(envoy: &Envoy, tier: f64) -> f64 {
     wait_for_tier_within(envoy, tier, DEADLINE)
@@ -112,7 +108,7 @@ fn wait_for_tier(envoy: &Envoy, tier: f64) -> f64 {
 fn wait_for_tier_within(envoy: &Envoy, tier: f64, timeout: Duration) -> f64 {
     let deadline = Instant::now() + timeout;
     loop {
-        let now = metric(envoy, TIER, &BREAKER);
+        let now = envoy.metric(TIER, &BREAKER);
         if now == tier || Instant::now() >= deadline {
             return now;
         }
@@ -350,6 +346,6 @@ async fn the_retry_budget_prevents_a_retry_storm() {
 
     let planned = envoy.wait_for_metric(RETRIES_PLANNED, &BREAKER, retries as f64, DEADLINE);
     assert_eq!(planned, retries as f64, "retries planned vs made");
-    let spent = metric(&envoy, RETRY_BUDGET_SPENT, &BREAKER);
+    let spent = envoy.metric(RETRY_BUDGET_SPENT, &BREAKER);
     assert!(spent >= 50.0, "{spent} calls planned without retries");
 }

@@ -5,22 +5,14 @@
 
 use std::time::{Duration, Instant};
 
-use llm_filter_e2e::prometheus;
 use llm_filter_e2e::{
     chat_body, chat_stream_body, post_json, skip_without_envoy, stream_sse, unique, Envoy,
-    EnvoyBuilder, MockConfig, MockUpstream,
+    EnvoyBuilder, MockUpstream,
 };
 use serde_json::{json, Value};
 
 const FAILOVERS: &str = "llm_filter_routing_failovers_total";
 const CALLS: &str = "llm_filter_routing_calls_total";
-
-fn backend(name: &str, delay_ms: u64) -> MockUpstream {
-    MockUpstream::start(MockConfig {
-        default_delay_ms: delay_ms,
-        ..MockConfig::named(name)
-    })
-}
 
 /// Two backends of `gpt-4o`, `a` and `b`, equal weights; ejection needs many
 /// failures in a row so the failing one keeps being chosen.
@@ -45,10 +37,6 @@ fn envoy(default: &MockUpstream, a: &MockUpstream, b: &MockUpstream, extra: Valu
         .expect("envoy with the filter and two backends")
 }
 
-fn metric(envoy: &Envoy, name: &str, labels: &[(&str, &str)]) -> f64 {
-    prometheus::sum(&envoy.metrics(), name, labels)
-}
-
 fn idempotency_keys(mock: &MockUpstream) -> Vec<String> {
     mock.requests()
         .iter()
@@ -60,8 +48,11 @@ fn idempotency_keys(mock: &MockUpstream) -> Vec<String> {
 /// Every call that `b` failed reached `a` too, with the same idempotency key,
 /// and the client only ever saw `a`'s answers.
 async fn failing_b_is_answered_by_a(failing: impl Fn(&MockUpstream)) {
-    let default = backend("default", 0);
-    let (a, b) = (backend("a", 10), backend("b", 10));
+    let default = MockUpstream::backend("default", 0);
+    let (a, b) = (
+        MockUpstream::backend("a", 10),
+        MockUpstream::backend("b", 10),
+    );
     failing(&b);
     let envoy = envoy(&default, &a, &b, json!({}));
     let url = envoy.url("/v1/chat/completions");
@@ -82,14 +73,14 @@ async fn failing_b_is_answered_by_a(failing: impl Fn(&MockUpstream)) {
     for k in &keys_b {
         assert!(keys_a.contains(k), "{k} failed on b and never reached a");
     }
-    let answered = metric(&envoy, FAILOVERS, &[("result", "answered")]);
+    let answered = envoy.metric(FAILOVERS, &[("result", "answered")]);
     assert_eq!(answered, keys_b.len() as f64);
     // Both backends learn: b its failures, a the calls it answered.
-    let b_failed = metric(&envoy, CALLS, &[("cluster", "b")])
-        - metric(&envoy, CALLS, &[("cluster", "b"), ("outcome", "success")]);
+    let b_failed = envoy.metric(CALLS, &[("cluster", "b")])
+        - envoy.metric(CALLS, &[("cluster", "b"), ("outcome", "success")]);
     assert_eq!(b_failed, keys_b.len() as f64);
     assert_eq!(
-        metric(&envoy, CALLS, &[("cluster", "a"), ("outcome", "success")]),
+        envoy.metric(CALLS, &[("cluster", "a"), ("outcome", "success")]),
         16.0
     );
 }
@@ -115,8 +106,11 @@ async fn a_stream_fails_over_before_anything_reached_the_client() {
     if skip_without_envoy("a_stream_fails_over_before_anything_reached_the_client") {
         return;
     }
-    let default = backend("default", 0);
-    let (a, b) = (backend("a", 10), backend("b", 10));
+    let default = MockUpstream::backend("default", 0);
+    let (a, b) = (
+        MockUpstream::backend("a", 10),
+        MockUpstream::backend("b", 10),
+    );
     b.set_status(Some(500));
     let envoy = envoy(&default, &a, &b, json!({}));
     let url = envoy.url("/v1/chat/completions");
@@ -136,8 +130,11 @@ async fn without_failover_the_failure_reaches_the_client() {
     if skip_without_envoy("without_failover_the_failure_reaches_the_client") {
         return;
     }
-    let default = backend("default", 0);
-    let (a, b) = (backend("a", 10), backend("b", 10));
+    let default = MockUpstream::backend("default", 0);
+    let (a, b) = (
+        MockUpstream::backend("a", 10),
+        MockUpstream::backend("b", 10),
+    );
     b.set_status(Some(503));
     let config = json!({"routing": {
         "models": {"gpt-4o": [{"cluster": "a"}, {"cluster": "b"}]},
@@ -164,7 +161,7 @@ async fn without_failover_the_failure_reaches_the_client() {
         statuses.contains(&(503, Some("b".to_string()))),
         "{statuses:?}"
     );
-    assert_eq!(metric(&envoy, FAILOVERS, &[]), 0.0);
+    assert_eq!(envoy.metric(FAILOVERS, &[]), 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -172,8 +169,11 @@ async fn the_budget_ends_the_call_on_time_when_both_backends_hang() {
     if skip_without_envoy("the_budget_ends_the_call_on_time_when_both_backends_hang") {
         return;
     }
-    let default = backend("default", 0);
-    let (a, b) = (backend("a", 5_000), backend("b", 5_000));
+    let default = MockUpstream::backend("default", 0);
+    let (a, b) = (
+        MockUpstream::backend("a", 5_000),
+        MockUpstream::backend("b", 5_000),
+    );
     let envoy = envoy(&default, &a, &b, json!({}));
     let url = envoy.url("/v1/chat/completions");
     for i in 0..3 {

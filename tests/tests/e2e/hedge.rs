@@ -5,21 +5,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use llm_filter_e2e::prometheus;
 use llm_filter_e2e::{
-    chat_body, post_json, skip_without_envoy, unique, Envoy, EnvoyBuilder, MockConfig,
-    MockUpstream, TailLatency,
+    chat_body, post_json, skip_without_envoy, unique, Envoy, EnvoyBuilder, MockUpstream,
+    TailLatency,
 };
 use serde_json::{json, Value};
 
 const HEDGES: &str = "llm_filter_routing_hedges_total";
-
-fn backend(name: &str, delay_ms: u64) -> MockUpstream {
-    MockUpstream::start(MockConfig {
-        default_delay_ms: delay_ms,
-        ..MockConfig::named(name)
-    })
-}
 
 fn envoy(default: &MockUpstream, a: &MockUpstream, b: &MockUpstream, hedge: Value) -> Envoy {
     let config = json!({"routing": {
@@ -38,17 +30,16 @@ fn envoy(default: &MockUpstream, a: &MockUpstream, b: &MockUpstream, hedge: Valu
         .expect("envoy with the filter and two backends")
 }
 
-fn metric(envoy: &Envoy, name: &str, labels: &[(&str, &str)]) -> f64 {
-    prometheus::sum(&envoy.metrics(), name, labels)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hedge_wins_against_a_hanging_backend() {
     if skip_without_envoy("a_hedge_wins_against_a_hanging_backend") {
         return;
     }
-    let default = backend("default", 0);
-    let (a, b) = (backend("a", 20), backend("b", 4_000));
+    let default = MockUpstream::backend("default", 0);
+    let (a, b) = (
+        MockUpstream::backend("a", 20),
+        MockUpstream::backend("b", 4_000),
+    );
     let envoy = envoy(
         &default,
         &a,
@@ -73,14 +64,13 @@ async fn a_hedge_wins_against_a_hanging_backend() {
         assert!(took < Duration::from_millis(1_500), "{i}: {took:?}");
     }
     let to_b = b.count("POST", "/v1/chat/completions");
-    let won = metric(&envoy, HEDGES, &[("result", "won")]);
+    let won = envoy.metric(HEDGES, &[("result", "won")]);
     eprintln!("hanging b: {to_b} calls sent there, {won} hedges won, slowest {slowest:?}");
     assert!(to_b >= 1, "b was never chosen");
     assert_eq!(won, to_b as f64, "every call to b was hedged and won by a");
     // b learnt from the calls it lost that it is slow.
     assert!(
-        metric(
-            &envoy,
+        envoy.metric(
             "llm_filter_routing_calls_total",
             &[("cluster", "b"), ("outcome", "outlasted")]
         ) >= 1.0
@@ -92,8 +82,11 @@ async fn calls_of_other_priorities_are_not_hedged() {
     if skip_without_envoy("calls_of_other_priorities_are_not_hedged") {
         return;
     }
-    let default = backend("default", 0);
-    let (a, b) = (backend("a", 20), backend("b", 2_000));
+    let default = MockUpstream::backend("default", 0);
+    let (a, b) = (
+        MockUpstream::backend("a", 20),
+        MockUpstream::backend("b", 2_000),
+    );
     let envoy = envoy(
         &default,
         &a,
@@ -116,7 +109,7 @@ async fn calls_of_other_priorities_are_not_hedged() {
         }
     }
     assert!(waited, "no P1 call went to b");
-    assert_eq!(metric(&envoy, HEDGES, &[]), 0.0);
+    assert_eq!(envoy.metric(HEDGES, &[]), 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -127,8 +120,11 @@ async fn hedges_stay_under_their_cap_under_load() {
     // Both backends answer in 30 ms but one call in twelve or so takes
     // 600-800 ms: those all outlast the hedge delay, far more than the cap of
     // one hedge per fifty calls allows.
-    let default = backend("default", 0);
-    let (a, b) = (backend("a", 30), backend("b", 30));
+    let default = MockUpstream::backend("default", 0);
+    let (a, b) = (
+        MockUpstream::backend("a", 30),
+        MockUpstream::backend("b", 30),
+    );
     for (m, seed) in [(&a, 1), (&b, 2)] {
         m.set_tail_latency(Some(TailLatency {
             probability: 0.08,
@@ -170,7 +166,7 @@ async fn hedges_stay_under_their_cap_under_load() {
         replies.extend(t.await.expect("client"));
     }
     let calls = replies.len() as f64;
-    let hedges = metric(&envoy, HEDGES, &[]);
+    let hedges = envoy.metric(HEDGES, &[]);
     let waited = replies
         .iter()
         .filter(|(_, took)| *took >= Duration::from_millis(500))

@@ -9,10 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use llm_filter_e2e::prometheus;
 use llm_filter_e2e::{
     chat_body, chat_stream_body, http_client, post_json, send_bytes, skip_without_envoy,
-    stream_sse, Envoy, EnvoyBuilder, MockConfig, MockUpstream,
+    stream_sse, Envoy, EnvoyBuilder, MockUpstream,
 };
 use serde_json::{json, Value};
 
@@ -22,14 +21,6 @@ const WEIGHT: &str = "llm_filter_routing_weight_milli";
 const EJECTIONS: &str = "llm_filter_routing_ejections_total";
 const PROBES: &str = "llm_filter_routing_probes_total";
 const DEADLINE: Duration = Duration::from_secs(20);
-
-/// A mock backend started under its cluster name, answering after `delay_ms`.
-fn backend(name: &str, delay_ms: u64) -> MockUpstream {
-    MockUpstream::start(MockConfig {
-        default_delay_ms: delay_ms,
-        ..MockConfig::named(name)
-    })
-}
 
 /// Envoy with the filter configured by `config`, the `default` mock as the
 /// catch-all route and every backend as a cluster of its own name, reached
@@ -206,10 +197,6 @@ fn window(replies: &[Reply], from: Duration, to: Duration) -> Vec<Reply> {
         .collect()
 }
 
-fn metric(envoy: &Envoy, name: &str, labels: &[(&str, &str)]) -> f64 {
-    prometheus::sum(&envoy.metrics(), name, labels)
-}
-
 fn routing_metrics(envoy: &Envoy) -> String {
     envoy
         .prometheus()
@@ -225,8 +212,11 @@ async fn splits_calls_by_weight() {
     if skip_without_envoy("splits_calls_by_weight") {
         return;
     }
-    let default = backend("default", 0);
-    let (a, b) = (backend("a", 30), backend("b", 30));
+    let default = MockUpstream::backend("default", 0);
+    let (a, b) = (
+        MockUpstream::backend("a", 30),
+        MockUpstream::backend("b", 30),
+    );
     let config = json!({"routing": {
         "models": {"gpt-4o": [
             {"cluster": "a", "weight": 3},
@@ -244,7 +234,7 @@ async fn splits_calls_by_weight() {
     let counts = by_cluster(&replies);
     eprintln!(
         "split: {counts:?}; weight of b {}",
-        metric(&envoy, WEIGHT, &[("cluster", "b")])
+        envoy.metric(WEIGHT, &[("cluster", "b")])
     );
     assert!(failures(&replies).is_empty(), "{:?}", failures(&replies));
     let share_a = share(&replies, "a");
@@ -267,11 +257,7 @@ async fn splits_calls_by_weight() {
     assert_eq!(served, 400.0, "{}", routing_metrics(&envoy));
     for (cluster, n) in &counts {
         assert_eq!(
-            metric(
-                &envoy,
-                CALLS,
-                &[("cluster", cluster), ("outcome", "success")]
-            ),
+            envoy.metric(CALLS, &[("cluster", cluster), ("outcome", "success")]),
             *n as f64,
             "{}",
             routing_metrics(&envoy)
@@ -292,8 +278,8 @@ async fn rewrites_the_model_for_the_backend() {
     if skip_without_envoy("rewrites_the_model_for_the_backend") {
         return;
     }
-    let default = backend("default", 0);
-    let azure = backend("azure", 0);
+    let default = MockUpstream::backend("default", 0);
+    let azure = MockUpstream::backend("azure", 0);
     let config = json!({"routing": {
         "models": {"gpt-4o": [{"cluster": "azure", "model": "gpt-4o-2024-08-06-deployment"}]}
     }});
@@ -356,8 +342,8 @@ async fn unknown_model_passes_untouched() {
     if skip_without_envoy("unknown_model_passes_untouched") {
         return;
     }
-    let default = backend("default", 0);
-    let a = backend("a", 0);
+    let default = MockUpstream::backend("default", 0);
+    let a = MockUpstream::backend("a", 0);
     let config = json!({"routing": {"models": {"gpt-4o": [{"cluster": "a", "model": "x"}]}}});
     let envoy = envoy(&config, &default, &[&a]);
     let raw = r#"{"model": "llama-3",  "messages": [{"role": "user", "content": "hi"}]}"#;
@@ -383,8 +369,11 @@ enum Failure {
 /// Healthy traffic on two equal backends, then `b` fails: the filter ejects it
 /// within a few calls and the clients see almost no error after that.
 async fn failing_backend_is_avoided(failure: Failure) {
-    let default = backend("default", 0);
-    let (a, b) = (backend("a", 20), backend("b", 20));
+    let default = MockUpstream::backend("default", 0);
+    let (a, b) = (
+        MockUpstream::backend("a", 20),
+        MockUpstream::backend("b", 20),
+    );
     let config = json!({"routing": {
         "models": {"gpt-4o": [{"cluster": "a"}, {"cluster": "b"}]},
         "probe_interval_s": 1,
@@ -456,12 +445,12 @@ async fn failing_backend_is_avoided(failure: Failure) {
         Failure::Reset => "reset",
     };
     assert!(
-        metric(&envoy, CALLS, &[("cluster", "b"), ("outcome", outcome)]) >= 1.0,
+        envoy.metric(CALLS, &[("cluster", "b"), ("outcome", outcome)]) >= 1.0,
         "{}",
         routing_metrics(&envoy)
     );
     assert_eq!(
-        metric(&envoy, WEIGHT, &[("model", "gpt-4o"), ("cluster", "b")]),
+        envoy.metric(WEIGHT, &[("model", "gpt-4o"), ("cluster", "b")]),
         0.0,
         "{}",
         routing_metrics(&envoy)
@@ -489,8 +478,11 @@ async fn slow_backend_gets_a_smaller_share() {
     if skip_without_envoy("slow_backend_gets_a_smaller_share") {
         return;
     }
-    let default = backend("default", 0);
-    let (fast, slow) = (backend("fast", 100), backend("slow", 800));
+    let default = MockUpstream::backend("default", 0);
+    let (fast, slow) = (
+        MockUpstream::backend("fast", 100),
+        MockUpstream::backend("slow", 800),
+    );
     let config = json!({"routing": {
         "models": {"gpt-4o": [{"cluster": "fast"}, {"cluster": "slow"}]}
     }});
@@ -515,11 +507,11 @@ async fn slow_backend_gets_a_smaller_share() {
     assert!(settled.len() >= 100, "{}", settled.len());
     assert!(share_slow < 0.25, "share of slow {share_slow}");
     assert!(share_slow > 0.0, "slow keeps a trickle to stay measured");
-    let w = metric(&envoy, WEIGHT, &[("model", "gpt-4o"), ("cluster", "slow")]);
+    let w = envoy.metric(WEIGHT, &[("model", "gpt-4o"), ("cluster", "slow")]);
     assert!((1.0..400.0).contains(&w), "weight of slow {w}");
     // Fast sets the bar for latency; only the calls it holds beyond its share
     // (the in-flight factor) may take a little off it.
-    let fast_w = metric(&envoy, WEIGHT, &[("model", "gpt-4o"), ("cluster", "fast")]);
+    let fast_w = envoy.metric(WEIGHT, &[("model", "gpt-4o"), ("cluster", "fast")]);
     assert!(
         fast_w >= 500.0 && fast_w > 2.0 * w,
         "weight of fast {fast_w}, slow {w}"
@@ -531,8 +523,11 @@ async fn healed_backend_returns_with_a_ramp() {
     if skip_without_envoy("healed_backend_returns_with_a_ramp") {
         return;
     }
-    let default = backend("default", 0);
-    let (a, b) = (backend("a", 20), backend("b", 20));
+    let default = MockUpstream::backend("default", 0);
+    let (a, b) = (
+        MockUpstream::backend("a", 20),
+        MockUpstream::backend("b", 20),
+    );
     // Routing alone: the budget breaker keeps b's failures in its own window
     // and may shed a call routed to b early in the ramp.
     let config = json!({
@@ -596,8 +591,12 @@ async fn rules_choose_the_model() {
     if skip_without_envoy("rules_choose_the_model") {
         return;
     }
-    let default = backend("default", 0);
-    let (big, small, tools) = (backend("big", 0), backend("small", 0), backend("tools", 0));
+    let default = MockUpstream::backend("default", 0);
+    let (big, small, tools) = (
+        MockUpstream::backend("big", 0),
+        MockUpstream::backend("small", 0),
+        MockUpstream::backend("tools", 0),
+    );
     let config = json!({"routing": {
         "models": {
             "llama-70b": [{"cluster": "big"}],
@@ -675,8 +674,8 @@ async fn one_worker_probes_per_interval() {
     if skip_without_envoy("one_worker_probes_per_interval") {
         return;
     }
-    let default = backend("default", 0);
-    let (a, b) = (backend("a", 0), backend("b", 0));
+    let default = MockUpstream::backend("default", 0);
+    let (a, b) = (MockUpstream::backend("a", 0), MockUpstream::backend("b", 0));
     let config = json!({"routing": {
         "models": {"gpt-4o": [{"cluster": "a"}, {"cluster": "b"}]},
         "probe_interval_s": 1
@@ -702,7 +701,7 @@ async fn one_worker_probes_per_interval() {
     for n in [a1 - a0, b1 - b0] {
         assert!((3..=9).contains(&n), "{n} probes in {elapsed:.2} s");
     }
-    let ok = metric(&envoy, PROBES, &[("cluster", "a"), ("result", "ok")]);
+    let ok = envoy.metric(PROBES, &[("cluster", "a"), ("result", "ok")]);
     assert!(ok >= (a1 - a0) as f64, "{}", routing_metrics(&envoy));
     assert_eq!(default.count("GET", "/v1/models"), 0);
     let probe = a
@@ -719,8 +718,11 @@ async fn loaded_model_server_gets_less() {
     if skip_without_envoy("loaded_model_server_gets_less") {
         return;
     }
-    let default = backend("default", 0);
-    let (idle, busy) = (backend("idle", 20), backend("busy", 20));
+    let default = MockUpstream::backend("default", 0);
+    let (idle, busy) = (
+        MockUpstream::backend("idle", 20),
+        MockUpstream::backend("busy", 20),
+    );
     busy.set_load(40.0, 0.95);
     let config = json!({"routing": {
         "models": {"llama": [
@@ -736,7 +738,7 @@ async fn loaded_model_server_gets_less() {
     let deadline = Instant::now() + DEADLINE;
     loop {
         let _ = calls(&url, &body, 1, 5).await;
-        let w = metric(&envoy, WEIGHT, &[("model", "llama"), ("cluster", "busy")]);
+        let w = envoy.metric(WEIGHT, &[("model", "llama"), ("cluster", "busy")]);
         if (1.0..200.0).contains(&w) {
             break;
         }
@@ -760,7 +762,7 @@ async fn loaded_model_server_gets_less() {
     let deadline = Instant::now() + DEADLINE;
     loop {
         let _ = calls(&url, &body, 1, 5).await;
-        let w = metric(&envoy, WEIGHT, &[("model", "llama"), ("cluster", "busy")]);
+        let w = envoy.metric(WEIGHT, &[("model", "llama"), ("cluster", "busy")]);
         if w >= 400.0 {
             break;
         }
@@ -781,8 +783,11 @@ async fn client_cluster_header_never_picks_the_cluster() {
     if skip_without_envoy("client_cluster_header_never_picks_the_cluster") {
         return;
     }
-    let default = backend("default", 0);
-    let (a, internal) = (backend("a", 0), backend("internal", 0));
+    let default = MockUpstream::backend("default", 0);
+    let (a, internal) = (
+        MockUpstream::backend("a", 0),
+        MockUpstream::backend("internal", 0),
+    );
     let config = json!({"routing": {"models": {"gpt-4o": [{"cluster": "a"}]}}});
     let envoy = envoy(&config, &default, &[&a, &internal]);
     let url = envoy.url("/v1/chat/completions");
@@ -802,8 +807,8 @@ async fn clients_giving_up_do_not_eject_a_backend() {
     if skip_without_envoy("clients_giving_up_do_not_eject_a_backend") {
         return;
     }
-    let default = backend("default", 0);
-    let (a, b) = (backend("a", 0), backend("b", 0));
+    let default = MockUpstream::backend("default", 0);
+    let (a, b) = (MockUpstream::backend("a", 0), MockUpstream::backend("b", 0));
     // Routing alone: the budget breaker has its own view of abandoned calls.
     let config = json!({
         "routing": {"models": {"gpt-4o": [{"cluster": "a"}, {"cluster": "b"}]}},
@@ -835,18 +840,14 @@ async fn clients_giving_up_do_not_eject_a_backend() {
     let cancelled = envoy.wait_for_metric(CALLS, &[("outcome", "cancelled")], 10.0, DEADLINE);
     assert_eq!(cancelled, 10.0, "{}", routing_metrics(&envoy));
     assert_eq!(
-        metric(&envoy, EJECTIONS, &[]),
+        envoy.metric(EJECTIONS, &[]),
         0.0,
         "{}",
         routing_metrics(&envoy)
     );
     for cluster in ["a", "b"] {
         assert_eq!(
-            metric(
-                &envoy,
-                "llm_filter_routing_in_flight",
-                &[("cluster", cluster)]
-            ),
+            envoy.metric("llm_filter_routing_in_flight", &[("cluster", cluster)]),
             0.0,
             "{}",
             routing_metrics(&envoy)
@@ -864,8 +865,8 @@ async fn cluster_unknown_to_envoy_is_ejected() {
     if skip_without_envoy("cluster_unknown_to_envoy_is_ejected") {
         return;
     }
-    let default = backend("default", 0);
-    let a = backend("a", 20);
+    let default = MockUpstream::backend("default", 0);
+    let a = MockUpstream::backend("a", 20);
     let config = json!({"routing": {
         "models": {"gpt-4o": [{"cluster": "a"}, {"cluster": "ghost"}]},
         "probe_interval_s": 1
@@ -893,7 +894,7 @@ async fn cluster_unknown_to_envoy_is_ejected() {
         "{:?}",
         by_cluster(&replies)
     );
-    assert!(metric(&envoy, EJECTIONS, &[("cluster", "ghost")]) >= 1.0);
+    assert!(envoy.metric(EJECTIONS, &[("cluster", "ghost")]) >= 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -901,8 +902,8 @@ async fn every_backend_out_falls_back_to_base_weights() {
     if skip_without_envoy("every_backend_out_falls_back_to_base_weights") {
         return;
     }
-    let default = backend("default", 0);
-    let (a, b) = (backend("a", 0), backend("b", 0));
+    let default = MockUpstream::backend("default", 0);
+    let (a, b) = (MockUpstream::backend("a", 0), MockUpstream::backend("b", 0));
     a.set_status(Some(503));
     b.set_status(Some(503));
     // Routing alone: the budget breaker would answer for failing backends.
@@ -920,11 +921,7 @@ async fn every_backend_out_falls_back_to_base_weights() {
     }
     // Both out: calls still reach both backends rather than fail locally.
     assert!(down.iter().all(|r| r.status == 503));
-    let fallback = metric(
-        &envoy,
-        "llm_filter_routing_fallbacks_total",
-        &[("model", "gpt-4o")],
-    );
+    let fallback = envoy.metric("llm_filter_routing_fallbacks_total", &[("model", "gpt-4o")]);
     assert!(fallback >= 1.0, "{}", routing_metrics(&envoy));
     let after = calls(&url, &body, 2, 40).await;
     assert!(

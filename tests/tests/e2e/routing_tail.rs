@@ -7,20 +7,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use llm_filter_e2e::{
-    chat_body, http_client, prometheus, send_bytes, skip_without_envoy, EnvoyBuilder, MockConfig,
-    MockUpstream, Script,
+    chat_body, http_client, prometheus, send_bytes, skip_without_envoy, EnvoyBuilder, MockUpstream,
+    Script,
 };
 use serde_json::{json, Value};
 
 const CLUSTER_HEADER: &str = "x-llm-cluster";
 const WEIGHT: &str = "llm_filter_routing_weight_milli";
-
-fn backend(name: &str, delay_ms: u64) -> MockUpstream {
-    MockUpstream::start(MockConfig {
-        default_delay_ms: delay_ms,
-        ..MockConfig::named(name)
-    })
-}
 
 /// `(sent since the start, x-llm-cluster, status)` of every call `clients`
 /// loops send to `url` for `duration`, in the order sent. Each call's content
@@ -95,11 +88,14 @@ async fn heavy_tailed_backend_keeps_a_trickle() {
     if skip_without_envoy("heavy_tailed_backend_keeps_a_trickle") {
         return;
     }
-    let default = backend("default", 0);
+    let default = MockUpstream::backend("default", 0);
     // `tail` answers nine calls in ten in 100 ms and the tenth in 3 s: a mean
     // of 390 ms, barely above `steady`'s 300 ms, which alone would leave
     // `tail` about 40% of the calls.
-    let (tail, steady) = (backend("tail", 100), backend("steady", 300));
+    let (tail, steady) = (
+        MockUpstream::backend("tail", 100),
+        MockUpstream::backend("steady", 300),
+    );
     for k in 0..3_000 {
         let delay_ms = if k % 10 == 9 { 3_000 } else { 100 };
         tail.push_script(Script {
