@@ -7,6 +7,7 @@ SHELL := /bin/bash
 
 WASM_TARGET := wasm32-wasip1
 WASM        := target/$(WASM_TARGET)/release/llm_filter.wasm
+NOOP_WASM   := target/$(WASM_TARGET)/release/llm_filter_noop.wasm
 VENV        := .venv
 ENVOY       := $(VENV)/bin/envoy
 ENVOY_VERSION := 1.40.0
@@ -20,8 +21,9 @@ PROVIDER_PORT ?= 443
 
 export ENVOY_BIN := $(abspath $(ENVOY))
 export LLM_FILTER_WASM := $(abspath $(WASM))
+export LLM_FILTER_NOOP_WASM := $(abspath $(NOOP_WASM))
 
-.PHONY: help build run test unit fuzz e2e examples lint bench bench-tail soak clean wasm-target envoy tools-bench tools-promtool
+.PHONY: help build run test unit fuzz e2e examples lint bench bench-noop bench-tail soak clean wasm-target envoy tools-bench tools-promtool
 
 help:
 	@echo "make run    build, start the mock upstream and Envoy with the filter, print curls"
@@ -29,7 +31,7 @@ help:
 	@echo "make build  release wasm at $(WASM)"
 	@echo "make lint   rustfmt check, clippy -D warnings (native and wasm)"
 	@echo "make fuzz   the parsers' property tests with $(FUZZ_CASES) cases each (a few minutes)"
-	@echo "make bench  throughput/latency: plain Envoy vs Envoy + filter, then bench-tail"
+	@echo "make bench  throughput/latency: plain Envoy, a no-op Wasm filter and llm-filter, then bench-tail"
 	@echo "make bench-tail  tail latency across three backends: even spread vs filter routing (~1 min)"
 	@echo "make soak   mixed traffic for SOAK_DURATION_S (default 600) s; fails if memory or shared data grows"
 
@@ -82,10 +84,17 @@ tools-promtool:
 tools-bench:
 	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends wrk; }
 
-# Throughput on one worker, then tail latency across backends (about a minute
-# more; `make bench-tail` runs it alone).
-bench: build envoy tools-bench
-	$(CARGO) run --release -p llm-filter-e2e --bin bench
+# The Wasm floor the bench compares the filter with: a no-op proxy-wasm module
+# (tests/noop), built from source like the filter.
+bench-noop: wasm-target
+	$(CARGO) build --release --target $(WASM_TARGET) -p llm-filter-noop
+
+# Throughput on one worker against plain Envoy and the no-op floor, streamed
+# time to first byte, then tail latency across backends (about a minute more;
+# `make bench-tail` runs it alone). BENCH_ARGS="--rounds 5 --duration 10" e.g.
+BENCH_ARGS ?=
+bench: build bench-noop envoy tools-bench
+	$(CARGO) run --release -p llm-filter-e2e --bin bench -- $(BENCH_ARGS)
 	$(CARGO) run --release -p llm-filter-e2e --bin bench-tail
 
 bench-tail: build envoy
