@@ -1,18 +1,63 @@
 //! Measures what the filter costs on the data path: wrk drives an Envoy under test
 //! (one worker) that proxies to a backend Envoy answering a fixed chat completion
 //! itself, so the backend is never the bottleneck. Each scenario runs on a fresh
-//! Envoy; the first one is the baseline the others are compared with.
+//! Envoy and is compared with two baselines: plain Envoy, and Envoy with a
+//! no-op proxy-wasm filter (the Wasm floor, `tests/noop`). Every scenario runs
+//! once per round, rounds interleaved, and the table gives the median of the
+//! rounds. A last part times the first byte of streamed calls through a mock
+//! that streams.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use llm_filter_e2e::{chat_body, post_json, Envoy, EnvoyBuilder};
+use futures_util::StreamExt;
+use llm_filter_e2e::{
+    chat_body, chat_stream_body, post_json, workspace_root, Envoy, EnvoyBuilder, MockConfig,
+    MockUpstream,
+};
 use serde_json::json;
 
-const USAGE: &str = "usage: bench [--duration SECS] [--warmup SECS] [--threads N] \
-                     [--connections N] [--only NAME]...";
+const USAGE: &str = "usage: bench [--duration SECS] [--warmup SECS] [--rounds N] [--threads N] \
+                     [--connections N] [--ttfb-calls N] [--only NAME]...";
+
+/// The floor's module: `LLM_FILTER_NOOP_WASM`, else its release build under the
+/// workspace root (`make bench` builds it).
+fn noop_wasm_path() -> PathBuf {
+    std::env::var_os("LLM_FILTER_NOOP_WASM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            workspace_root().join("target/wasm32-wasip1/release/llm_filter_noop.wasm")
+        })
+}
+
+/// Envoy with the no-op module in the filter's place (its configuration is ignored).
+fn noop_envoy(port: u16) -> EnvoyBuilder {
+    EnvoyBuilder::new()
+        .wasm_path(noop_wasm_path())
+        .plugin_config("{}")
+        .concurrency(1)
+        .upstream("backend", port)
+}
+
+fn plain_envoy(port: u16) -> EnvoyBuilder {
+    EnvoyBuilder::new()
+        .no_filter()
+        .concurrency(1)
+        .upstream("backend", port)
+}
+
+fn filter_envoy(port: u16) -> EnvoyBuilder {
+    EnvoyBuilder::new()
+        .plugin_config("{}")
+        .concurrency(1)
+        .upstream("backend", port)
+}
+
+/// The two baselines every scenario is compared with.
+const PLAIN: &str = "plain";
+const NOOP: &str = "noop-wasm";
 
 /// One measured setup: how to build the Envoy under test and what each request carries.
 struct Scenario {
@@ -35,21 +80,20 @@ fn scenarios() -> Vec<Scenario> {
     deterministic["temperature"] = json!(0);
     let mut streamed = deterministic.clone();
     streamed["stream"] = json!(true);
-    let filter = |port| {
-        EnvoyBuilder::new()
-            .plugin_config("{}")
-            .concurrency(1)
-            .upstream("backend", port)
-    };
+    let filter = filter_envoy;
     vec![
         Scenario {
-            name: "plain",
-            envoy: |port| {
-                EnvoyBuilder::new()
-                    .no_filter()
-                    .concurrency(1)
-                    .upstream("backend", port)
-            },
+            name: PLAIN,
+            envoy: plain_envoy,
+            path: "/v1/chat/completions",
+            headers: vec![],
+            body: chat.clone(),
+            expect_cache: None,
+        },
+        Scenario {
+            // The Wasm floor: the host's own per-stream cost, nothing of ours.
+            name: NOOP,
+            envoy: noop_envoy,
             path: "/v1/chat/completions",
             headers: vec![],
             body: chat.clone(),
@@ -126,17 +170,21 @@ fn backend_answer() -> String {
 struct Options {
     duration_s: u64,
     warmup_s: u64,
+    rounds: u32,
     threads: u32,
     connections: u32,
+    ttfb_calls: u32,
     only: Vec<String>,
 }
 
 fn parse_args() -> Result<Options, String> {
     let mut options = Options {
-        duration_s: 10,
-        warmup_s: 2,
+        duration_s: 5,
+        warmup_s: 1,
+        rounds: 3,
         threads: 2,
         connections: 32,
+        ttfb_calls: 300,
         only: Vec::new(),
     };
     let mut args = std::env::args().skip(1);
@@ -155,6 +203,13 @@ fn parse_args() -> Result<Options, String> {
         match flag.as_str() {
             "--duration" => options.duration_s = number()?,
             "--warmup" => options.warmup_s = number()?,
+            "--rounds" => {
+                options.rounds = number()?.try_into().map_err(|_| USAGE)?;
+                if options.rounds == 0 {
+                    return Err(format!("--rounds must be at least 1\n{USAGE}"));
+                }
+            }
+            "--ttfb-calls" => options.ttfb_calls = number()?.try_into().map_err(|_| USAGE)?,
             "--threads" => options.threads = number()?.try_into().map_err(|_| USAGE)?,
             "--connections" => options.connections = number()?.try_into().map_err(|_| USAGE)?,
             "--only" => options.only.push(value.clone()),
@@ -300,12 +355,32 @@ async fn check(envoy: &Envoy, scenario: &Scenario) -> Result<()> {
     Ok(())
 }
 
+/// One measured run: what wrk saw and what Envoy held at the end of it.
+#[derive(Debug, Clone)]
+struct Run {
+    wrk: WrkResult,
+    /// Envoy's resident memory after the measured run.
+    rss_kib: u64,
+}
+
+/// Envoy's resident set size (`VmRSS`) in KiB.
+fn rss_kib(envoy: &Envoy) -> Result<u64> {
+    let pid = envoy.pid().context("envoy pid")?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("read status of {pid}"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmRSS")
+}
+
 async fn run_scenario(
     scenario: &Scenario,
     backend_port: u16,
     options: &Options,
     dir: &Path,
-) -> Result<WrkResult> {
+) -> Result<Run> {
     let envoy = (scenario.envoy)(backend_port).start()?;
     check(&envoy, scenario).await?;
     let script = dir.join(format!(
@@ -319,49 +394,245 @@ async fn run_scenario(
     if options.warmup_s > 0 {
         run_wrk(&url, &script, options, options.warmup_s)?;
     }
-    run_wrk(&url, &script, options, options.duration_s)
+    let wrk = run_wrk(&url, &script, options, options.duration_s)?;
+    Ok(Run {
+        wrk,
+        rss_kib: rss_kib(&envoy)?,
+    })
 }
 
-fn ratio(value: f64, base: f64) -> String {
-    if base > 0.0 {
-        format!("{:.2}", value / base)
-    } else {
-        "-".to_string()
+/// The median of `values` (the mean of the middle two for an even count).
+fn median(values: &[f64]) -> Option<f64> {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => sorted.get(n / 2).copied(),
+        _ => Some((sorted.get(n / 2 - 1)? + sorted.get(n / 2)?) / 2.0),
     }
 }
 
-fn print_table(results: &[(&str, Result<WrkResult>)], options: &Options) {
+fn fmt_opt(value: Option<f64>, decimals: usize) -> String {
+    value.map_or_else(|| "-".to_string(), |v| format!("{v:.decimals$}"))
+}
+
+/// Every round's runs of every scenario, by scenario then round.
+type Rounds<'a> = Vec<(&'a str, Vec<Result<Run>>)>;
+
+/// The runs of the scenario `name`, by round (`None` where it failed).
+fn runs_of<'a>(rounds: &'a Rounds, name: &str) -> Vec<Option<&'a Run>> {
+    rounds
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, runs)| runs.iter().map(|r| r.as_ref().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// The median over rounds of `f(run, base)` for the rounds where both ran:
+/// ratios are taken within one round, so a drift between rounds cancels out.
+fn median_against(
+    runs: &[Option<&Run>],
+    base: &[Option<&Run>],
+    f: impl Fn(&Run, &Run) -> f64,
+) -> Option<f64> {
+    let values: Vec<f64> = runs
+        .iter()
+        .zip(base)
+        .filter_map(|(r, b)| Some(f((*r)?, (*b)?)))
+        .collect();
+    median(&values)
+}
+
+fn print_table(rounds: &Rounds, options: &Options) {
     println!(
-        "\nwrk -t{} -c{} -d{}s, proxy under test with 1 worker\n",
-        options.threads, options.connections, options.duration_s
+        "\nwrk -t{} -c{} -d{}s, proxy under test with 1 worker; median of {} rounds\n",
+        options.threads, options.connections, options.duration_s, options.rounds
     );
-    let base_name = results.first().map(|(name, _)| *name).unwrap_or("-");
-    let base = results.first().and_then(|(_, r)| r.as_ref().ok());
     println!(
-        "| scenario | req/s | p50 ms | p99 ms | non-2xx | socket errors | req/s vs {base_name} | p50 vs {base_name} | p99 vs {base_name} |"
+        "| scenario | req/s | req/s by round | p50 ms | p99 ms | non-2xx | socket errors \
+         | req/s × {PLAIN} | req/s × {NOOP} | p50 × {NOOP} | RSS MiB | RSS over {PLAIN} MiB |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (name, result) in results {
-        match result {
-            Ok(r) => {
-                let (rps, p50, p99) = match base {
-                    Some(b) => (
-                        ratio(r.requests_per_s, b.requests_per_s),
-                        ratio(r.p50_ms, b.p50_ms),
-                        ratio(r.p99_ms, b.p99_ms),
-                    ),
-                    None => ("-".into(), "-".into(), "-".into()),
-                };
-                println!(
-                    "| {name} | {:.0} | {:.3} | {:.3} | {} | {} | {rps} | {p50} | {p99} |",
-                    r.requests_per_s, r.p50_ms, r.p99_ms, r.non_2xx, r.socket_errors
-                );
-            }
-            Err(e) => println!(
-                "| {name} | failed: {} | | | | | | | |",
-                e.to_string().replace('\n', " ")
-            ),
+    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let plain = runs_of(rounds, PLAIN);
+    let noop = runs_of(rounds, NOOP);
+    for (name, results) in rounds {
+        let runs: Vec<Option<&Run>> = results.iter().map(|r| r.as_ref().ok()).collect();
+        let ok: Vec<&Run> = runs.iter().flatten().copied().collect();
+        if ok.is_empty() {
+            let why = results
+                .iter()
+                .find_map(|r| r.as_ref().err())
+                .map(|e| e.to_string().replace('\n', " "))
+                .unwrap_or_default();
+            println!("| {name} | failed: {why} | | | | | | | | | | |");
+            continue;
         }
+        let of = |f: fn(&Run) -> f64| median(&ok.iter().map(|r| f(r)).collect::<Vec<_>>());
+        let by_round: Vec<String> = runs
+            .iter()
+            .map(|r| {
+                r.map_or_else(
+                    || "failed".to_string(),
+                    |r| format!("{:.0}", r.wrk.requests_per_s),
+                )
+            })
+            .collect();
+        let non_2xx: u64 = ok.iter().map(|r| r.wrk.non_2xx).sum();
+        let socket_errors: u64 = ok.iter().map(|r| r.wrk.socket_errors).sum();
+        let rps = |r: &Run, b: &Run| r.wrk.requests_per_s / b.wrk.requests_per_s;
+        let mib = |kib: f64| kib / 1024.0;
+        println!(
+            "| {name} | {} | {} | {} | {} | {non_2xx} | {socket_errors} | {} | {} | {} | {} | {} |",
+            fmt_opt(of(|r| r.wrk.requests_per_s), 0),
+            by_round.join(" / "),
+            fmt_opt(of(|r| r.wrk.p50_ms), 3),
+            fmt_opt(of(|r| r.wrk.p99_ms), 3),
+            fmt_opt(median_against(&runs, &plain, rps), 2),
+            fmt_opt(median_against(&runs, &noop, rps), 2),
+            fmt_opt(
+                median_against(&runs, &noop, |r, b| r.wrk.p50_ms / b.wrk.p50_ms),
+                2
+            ),
+            fmt_opt(of(|r| r.rss_kib as f64).map(mib), 1),
+            fmt_opt(
+                median_against(&runs, &plain, |r, b| mib(
+                    r.rss_kib as f64 - b.rss_kib as f64
+                )),
+                1
+            ),
+        );
+    }
+}
+
+/// The streamed part: which Envoy, and what the filter (if any) is given.
+struct TtfbSide {
+    name: &'static str,
+    envoy: fn(u16) -> EnvoyBuilder,
+}
+
+fn ttfb_sides() -> Vec<TtfbSide> {
+    vec![
+        TtfbSide {
+            name: PLAIN,
+            envoy: plain_envoy,
+        },
+        TtfbSide {
+            name: NOOP,
+            envoy: noop_envoy,
+        },
+        TtfbSide {
+            // `{}` and a call without temperature: a cache `BYPASS` streamed through.
+            name: "filter-streamed",
+            envoy: filter_envoy,
+        },
+    ]
+}
+
+/// Time to the first byte of the body of `calls` streamed chat calls sent one
+/// after the other on one kept-alive connection, in ms, sorted.
+async fn ttfb_ms(envoy: &Envoy, calls: u32) -> Result<Vec<f64>> {
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    let url = envoy.url("/v1/chat/completions");
+    let body = chat_stream_body("gpt-4o", "Say hello in one short sentence.", false).to_string();
+    let mut times = Vec::new();
+    // The first calls open the connection and warm the VM: not measured.
+    for i in 0..calls + 20 {
+        let sent = Instant::now();
+        let response = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await?;
+        if response.status() != 200 {
+            bail!("streamed call got {}", response.status());
+        }
+        let mut stream = response.bytes_stream();
+        let first = stream.next().await.transpose()?;
+        let at = sent.elapsed();
+        if first.is_none() {
+            bail!("streamed call without a body");
+        }
+        while stream.next().await.transpose()?.is_some() {}
+        if i >= 20 {
+            times.push(at.as_secs_f64() * 1000.0);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times)
+}
+
+/// The value at quantile `q` of sorted `values` (nearest rank).
+fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
+    let rank = ((q * sorted.len() as f64).ceil() as usize).max(1);
+    sorted.get(rank - 1).copied()
+}
+
+/// p50 and p99 of each side, per round.
+type TtfbRounds = Vec<(&'static str, Vec<Result<(f64, f64)>>)>;
+
+async fn run_ttfb(options: &Options, rounds: &mut TtfbRounds) -> Result<()> {
+    // A mock that streams at once and paces its events by 1 ms: the first byte
+    // comes as soon as the proxy lets it through.
+    let mock = MockUpstream::try_start(MockConfig {
+        chunk_delay_ms: 1,
+        ..MockConfig::named("backend")
+    })?;
+    for (side, (name, results)) in ttfb_sides().iter().zip(rounds.iter_mut()) {
+        eprintln!("bench: ttfb {name} ({} streamed calls)", options.ttfb_calls);
+        let result = async {
+            let envoy = (side.envoy)(mock.port()).start()?;
+            let times = ttfb_ms(&envoy, options.ttfb_calls).await?;
+            Ok((
+                quantile(&times, 0.5).context("no call")?,
+                quantile(&times, 0.99).context("no call")?,
+            ))
+        }
+        .await;
+        if let Err(e) = &result {
+            eprintln!("bench: ttfb {name} failed: {e:#}");
+        }
+        results.push(result);
+    }
+    Ok(())
+}
+
+fn print_ttfb(rounds: &TtfbRounds, options: &Options) {
+    println!(
+        "\nstreamed calls, one at a time, {} per round: time to the first body byte, \
+         median of {} rounds\n",
+        options.ttfb_calls, options.rounds
+    );
+    println!("| side | TTFB p50 ms | TTFB p99 ms | p50 over {PLAIN} ms | p99 over {PLAIN} ms |");
+    println!("|---|---:|---:|---:|---:|");
+    let base: Vec<Option<(f64, f64)>> = rounds
+        .first()
+        .map(|(_, r)| r.iter().map(|x| x.as_ref().ok().copied()).collect())
+        .unwrap_or_default();
+    for (name, results) in rounds {
+        let ok: Vec<(f64, f64)> = results
+            .iter()
+            .filter_map(|r| r.as_ref().ok().copied())
+            .collect();
+        let over = |pick: fn(&(f64, f64)) -> f64| {
+            let values: Vec<f64> = results
+                .iter()
+                .zip(&base)
+                .filter_map(|(r, b)| Some(pick(r.as_ref().ok()?) - pick(b.as_ref()?)))
+                .collect();
+            median(&values)
+        };
+        println!(
+            "| {name} | {} | {} | {} | {} |",
+            fmt_opt(median(&ok.iter().map(|t| t.0).collect::<Vec<_>>()), 3),
+            fmt_opt(median(&ok.iter().map(|t| t.1).collect::<Vec<_>>()), 3),
+            fmt_opt(over(|t| t.0), 3),
+            fmt_opt(over(|t| t.1), 3),
+        );
     }
 }
 
@@ -384,40 +655,59 @@ async fn main() -> ExitCode {
     }
 }
 
-/// Runs every selected scenario; returns whether all succeeded.
+/// Runs every selected scenario once per round; returns whether all succeeded.
 async fn run(options: &Options) -> Result<bool> {
     let dir = tempfile::Builder::new()
         .prefix("llm-filter-bench-")
         .tempdir()?;
+    if !noop_wasm_path().is_file() {
+        bail!(
+            "no-op module not found at {} (build it with `cargo build -p llm-filter-noop \
+             --target wasm32-wasip1 --release`, or set LLM_FILTER_NOOP_WASM)",
+            noop_wasm_path().display()
+        );
+    }
     let backend = EnvoyBuilder::new()
         .no_filter()
         .concurrency(1)
         .direct_response(200, &backend_answer())
         .start()
         .context("backend envoy")?;
-    let selected: Vec<Scenario> = scenarios()
-        .into_iter()
-        .filter(|s| options.only.is_empty() || options.only.iter().any(|o| o == s.name))
-        .collect();
-    if selected.is_empty() {
+    let wanted = |name: &str| options.only.is_empty() || options.only.iter().any(|o| o == name);
+    let selected: Vec<Scenario> = scenarios().into_iter().filter(|s| wanted(s.name)).collect();
+    let ttfb = wanted("ttfb") && options.ttfb_calls > 0;
+    if selected.is_empty() && !ttfb {
         bail!("no scenario matches --only {:?}", options.only);
     }
-    let mut results = Vec::new();
-    for scenario in &selected {
-        eprintln!(
-            "bench: {} ({}s warm-up, {}s measured)",
-            scenario.name, options.warmup_s, options.duration_s
-        );
-        let result = run_scenario(scenario, backend.port(), options, dir.path()).await;
-        if let Err(e) = &result {
-            eprintln!("bench: {} failed: {e:#}", scenario.name);
+    let mut rounds: Rounds = selected.iter().map(|s| (s.name, Vec::new())).collect();
+    let mut ttfb_rounds: TtfbRounds = ttfb_sides().iter().map(|s| (s.name, Vec::new())).collect();
+    for round in 1..=options.rounds {
+        for (scenario, (_, results)) in selected.iter().zip(rounds.iter_mut()) {
+            eprintln!(
+                "bench: round {round}/{}: {} ({}s warm-up, {}s measured)",
+                options.rounds, scenario.name, options.warmup_s, options.duration_s
+            );
+            let result = run_scenario(scenario, backend.port(), options, dir.path()).await;
+            if let Err(e) = &result {
+                eprintln!("bench: {} failed: {e:#}", scenario.name);
+            }
+            results.push(result);
+            // Let sockets of the finished run drain before the next one.
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        results.push((scenario.name, result));
-        // Let sockets of the finished run drain before the next one.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        if ttfb {
+            run_ttfb(options, &mut ttfb_rounds).await?;
+        }
     }
-    print_table(&results, options);
-    Ok(results.iter().all(|(_, r)| r.is_ok()))
+    if !selected.is_empty() {
+        print_table(&rounds, options);
+    }
+    if ttfb {
+        print_ttfb(&ttfb_rounds, options);
+    }
+    let all_ok = rounds.iter().all(|(_, r)| r.iter().all(Result::is_ok))
+        && ttfb_rounds.iter().all(|(_, r)| r.iter().all(Result::is_ok));
+    Ok(all_ok)
 }
 
 #[cfg(test)]
@@ -473,5 +763,17 @@ Transfer/sec:      9.51MB
         unique.sort();
         unique.dedup();
         assert_eq!(names.len(), unique.len());
+    }
+
+    #[test]
+    fn medians_and_quantiles() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        let sorted: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(quantile(&sorted, 0.5), Some(50.0));
+        assert_eq!(quantile(&sorted, 0.99), Some(99.0));
+        assert_eq!(quantile(&[7.0], 0.99), Some(7.0));
+        assert_eq!(quantile(&[], 0.5), None);
     }
 }
