@@ -23,7 +23,7 @@ export ENVOY_BIN := $(abspath $(ENVOY))
 export LLM_FILTER_WASM := $(abspath $(WASM))
 export LLM_FILTER_NOOP_WASM := $(abspath $(NOOP_WASM))
 
-.PHONY: help build run test unit fuzz e2e examples lint bench bench-noop bench-tail soak clean wasm-target envoy tools-bench tools-promtool
+.PHONY: help build run test unit fuzz e2e examples lint bench bench-noop bench-core bench-tail soak clean wasm-target envoy tools-bench tools-promtool
 
 help:
 	@echo "make run    build, start the mock upstream and Envoy with the filter, print curls"
@@ -32,6 +32,7 @@ help:
 	@echo "make lint   rustfmt check, clippy -D warnings (native and wasm)"
 	@echo "make fuzz   the parsers' property tests with $(FUZZ_CASES) cases each (a few minutes)"
 	@echo "make bench  throughput/latency: plain Envoy, a no-op Wasm filter and llm-filter, then bench-tail"
+	@echo "make bench-core  the pure core parts of a call timed natively, µs per call"
 	@echo "make bench-tail  tail latency across three backends: even spread vs filter routing (~1 min)"
 	@echo "make soak   mixed traffic for SOAK_DURATION_S (default 600) s; fails if memory or shared data grows"
 
@@ -95,7 +96,12 @@ bench-noop: wasm-target
 BENCH_ARGS ?=
 bench: build bench-noop envoy tools-bench
 	$(CARGO) run --release -p llm-filter-e2e --bin bench -- $(BENCH_ARGS)
+	$(CARGO) bench -p llm-filter-e2e --bench core-parts
 	$(CARGO) run --release -p llm-filter-e2e --bin bench-tail
+
+# The pure core parts of a call timed natively, µs per call (a few seconds).
+bench-core:
+	$(CARGO) bench -p llm-filter-e2e --bench core-parts
 
 bench-tail: build envoy
 	$(CARGO) run --release -p llm-filter-e2e --bin bench-tail

@@ -1,0 +1,232 @@
+//! Times the pure parts of the filter's walk natively, in µs per call, on the
+//! exact requests of `make bench` (`tests/src/bin/bench.rs`): where a call's
+//! own cost goes before the Wasm host's. Plain `Instant` loops: each part runs
+//! for a fixed time after a warm-up, the best of a few runs is kept.
+//! Native code runs faster than the same code in V8, so read the numbers as
+//! shares of a budget, not as the filter's absolute cost.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use llm_filter_core::budget::breaker::{self, Sample};
+use llm_filter_core::cache::{self, CacheRequest, Decision};
+use llm_filter_core::classify::{classify, Endpoint};
+use llm_filter_core::config::Config;
+use llm_filter_core::host::{MemoryStore, Metrics};
+use llm_filter_core::json::Json;
+use llm_filter_core::observe;
+use llm_filter_core::priority::Priority;
+use llm_filter_core::routing::health::{self, CallResult, CallSample};
+use llm_filter_core::routing::Features;
+use llm_filter_core::summary::{CallSummary, End};
+use llm_filter_core::usage::Usage;
+use llm_filter_e2e::chat_body;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+/// How long each part is measured, per run.
+const RUN: Duration = Duration::from_millis(300);
+/// Runs per part; the fastest is reported (the others met a busier machine).
+const RUNS: usize = 3;
+/// The cluster (and breaker) name of the bench's route.
+const CLUSTER: &str = "backend";
+const PATH: &str = "/v1/chat/completions";
+
+/// A [`Metrics`] that only touches the names, so the time is the name
+/// building, not a stat store's.
+#[derive(Default)]
+struct Sink(usize);
+
+impl Metrics for Sink {
+    fn counter(&mut self, name: &str, delta: u64) {
+        self.0 += name.len() + delta as usize;
+    }
+    fn gauge(&mut self, name: &str, _: i64) {
+        self.0 += name.len();
+    }
+    fn gauge_add(&mut self, name: &str, _: i64) {
+        self.0 += name.len();
+    }
+    fn histogram(&mut self, name: &str, value: u64) {
+        self.0 += name.len() + value as usize;
+    }
+}
+
+/// µs per call of `f`: the best of [`RUNS`] runs of [`RUN`] each.
+fn time(mut f: impl FnMut()) -> f64 {
+    let warm = Instant::now();
+    while warm.elapsed() < RUN / 4 {
+        f();
+    }
+    let mut best = f64::INFINITY;
+    for _ in 0..RUNS {
+        let start = Instant::now();
+        let mut calls = 0u64;
+        // Check the clock every 64 calls, so reading it is not what is timed.
+        while start.elapsed() < RUN {
+            for _ in 0..64 {
+                f();
+            }
+            calls += 64;
+        }
+        best = best.min(start.elapsed().as_secs_f64() * 1e6 / calls as f64);
+    }
+    best
+}
+
+fn main() {
+    let config = Config::parse(b"{}").unwrap_or_else(|e| panic!("config: {e:?}"));
+    // The bench's LLM call (`filter-empty-config`: no temperature, a cache
+    // BYPASS) and its deterministic twin (`filter-cache-hit`: keyed).
+    let plain = chat_body("gpt-4o", "Say hello in one short sentence.").to_string();
+    let mut deterministic = chat_body("gpt-4o", "Say hello in one short sentence.");
+    deterministic["temperature"] = json!(0);
+    let deterministic = deterministic.to_string();
+    let parsed = Json::parse(plain.as_bytes()).unwrap_or_else(|| panic!("parse"));
+    let parsed_det = Json::parse(deterministic.as_bytes()).unwrap_or_else(|| panic!("parse"));
+    let request = |body| CacheRequest {
+        endpoint: Endpoint::Chat,
+        path: PATH,
+        body: Some(body),
+        cache_control: None,
+        credentials: &[None],
+    };
+    if !matches!(
+        cache::decide(&config.cache, &request(&parsed_det)),
+        Decision::Cacheable(_)
+    ) {
+        panic!("the deterministic request must be cacheable");
+    }
+    let mut canonical = Vec::new();
+    parsed_det.write_without(&["stream", "stream_options", "user"], &mut canonical);
+
+    let store = MemoryStore::new();
+    let outcome = CallSample {
+        result: CallResult::Status(200),
+        latency_ms: 4,
+        ttft_ms: Some(3),
+        streamed: false,
+    };
+    health::record_start(&store, CLUSTER, 1_000).unwrap_or_else(|e| panic!("{e:?}"));
+    health::record_outcome(&store, &config.routing, CLUSTER, &outcome, 1_004)
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    breaker::record(
+        &store,
+        CLUSTER,
+        1_004,
+        Sample::new(4, 60_000, false, 0),
+        &config.budget,
+    )
+    .unwrap_or_else(|e| panic!("{e:?}"));
+    let summary = CallSummary {
+        priority: Priority::P1,
+        model: "gpt-4o",
+        end: End::Answered(200),
+        started_ms: 1_000,
+        response_headers_ms: Some(1_003),
+        first_byte_ms: Some(1_003),
+        ended_ms: 1_004,
+        usage: Some(Usage {
+            prompt_tokens: 14,
+            completion_tokens: 9,
+        }),
+        streamed: false,
+        cluster: Some(CLUSTER),
+        breaker: Some(CLUSTER),
+        budget_ms: 60_000,
+        planned_retries: 1,
+        attempts: Some(1),
+        failovers: 0,
+    };
+
+    let mut now = 2_000u64;
+    let mut sink = Sink::default();
+    let parts: Vec<(&str, f64)> = vec![
+        (
+            "classify the path",
+            time(|| {
+                black_box(classify("POST", black_box(PATH), &config.llm_paths));
+            }),
+        ),
+        (
+            "parse the body (`json::Json::parse`)",
+            time(|| {
+                black_box(Json::parse(black_box(plain.as_bytes())));
+            }),
+        ),
+        (
+            "cache decision, no temperature (`cache::decide`, BYPASS)",
+            time(|| {
+                black_box(cache::decide(&config.cache, &request(black_box(&parsed))));
+            }),
+        ),
+        (
+            "cache decision and key, temperature 0 (`cache::decide`)",
+            time(|| {
+                black_box(cache::decide(
+                    &config.cache,
+                    &request(black_box(&parsed_det)),
+                ));
+            }),
+        ),
+        (
+            "… of which canonical form (`write_without`)",
+            time(|| {
+                let mut out = Vec::new();
+                parsed_det.write_without(&["stream", "stream_options", "user"], &mut out);
+                black_box(out);
+            }),
+        ),
+        (
+            "… of which SHA-256 of the key parts",
+            time(|| {
+                black_box(Sha256::digest(black_box(&canonical)));
+            }),
+        ),
+        (
+            "routing features (`routing::Features::from_json`)",
+            time(|| {
+                black_box(Features::from_json(black_box(&parsed)));
+            }),
+        ),
+        (
+            "breaker load (`budget::breaker::load`)",
+            time(|| {
+                black_box(breaker::load(&store, CLUSTER, &config.budget).ok());
+            }),
+        ),
+        (
+            "breaker record (`budget::breaker::record`, CAS)",
+            time(|| {
+                now += 1;
+                let sample = Sample::new(4, 60_000, false, 0);
+                black_box(breaker::record(&store, CLUSTER, now, sample, &config.budget).ok());
+            }),
+        ),
+        (
+            "health read (`routing::health::read`)",
+            time(|| {
+                black_box(health::read(&store, black_box(CLUSTER)));
+            }),
+        ),
+        (
+            "request metrics (`observe::record`, names built)",
+            time(|| {
+                observe::record(&mut sink, black_box(&summary));
+            }),
+        ),
+    ];
+    black_box(sink.0);
+
+    println!(
+        "\npure core parts, native (release), on the requests of `make bench` \
+         ({} B body; {} B keyed body)\n",
+        plain.len(),
+        deterministic.len()
+    );
+    println!("| part | µs per call |");
+    println!("|---|---:|");
+    for (part, us) in parts {
+        println!("| {part} | {us:.3} |");
+    }
+}
