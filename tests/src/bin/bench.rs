@@ -41,6 +41,12 @@ fn noop_envoy(port: u16) -> EnvoyBuilder {
         .upstream("backend", port)
 }
 
+/// The no-op module holding each request's body and reading it once, as the
+/// filter does for an LLM call.
+fn noop_hold_body_envoy(port: u16) -> EnvoyBuilder {
+    noop_envoy(port).plugin_config(r#"{"hold_body":true}"#)
+}
+
 fn plain_envoy(port: u16) -> EnvoyBuilder {
     EnvoyBuilder::new()
         .no_filter()
@@ -67,17 +73,27 @@ struct Scenario {
     envoy: fn(u16) -> EnvoyBuilder,
     path: &'static str,
     headers: Vec<(&'static str, &'static str)>,
+    /// The request body; each request replaces [`UNIQUE`] in it with a
+    /// number no other request of the run gets.
     body: String,
     /// The `x-cache` every measured request must get (checked on a second
     /// call after the first, which warms the cache).
     expect_cache: Option<&'static str>,
 }
 
+/// Marks where a body carries a number of its own per request.
+const UNIQUE: &str = "@unique@";
+
 fn scenarios() -> Vec<Scenario> {
     let chat = chat_body("gpt-4o", "Say hello in one short sentence.").to_string();
     // Temperature 0: deterministic, so cacheable.
     let mut deterministic = chat_body("gpt-4o", "Say hello in one short sentence.");
     deterministic["temperature"] = json!(0);
+    let mut unique_deterministic = chat_body(
+        "gpt-4o",
+        &format!("Say hello in one short sentence. {UNIQUE}"),
+    );
+    unique_deterministic["temperature"] = json!(0);
     let mut streamed = deterministic.clone();
     streamed["stream"] = json!(true);
     let filter = filter_envoy;
@@ -94,6 +110,16 @@ fn scenarios() -> Vec<Scenario> {
             // The Wasm floor: the host's own per-stream cost, nothing of ours.
             name: NOOP,
             envoy: noop_envoy,
+            path: "/v1/chat/completions",
+            headers: vec![],
+            body: chat.clone(),
+            expect_cache: None,
+        },
+        Scenario {
+            // The floor of a filter that reads bodies: Envoy buffers the body
+            // and the VM gets one copy of it.
+            name: "noop-wasm-hold-body",
+            envoy: noop_hold_body_envoy,
             path: "/v1/chat/completions",
             headers: vec![],
             body: chat.clone(),
@@ -129,6 +155,16 @@ fn scenarios() -> Vec<Scenario> {
             headers: vec![],
             body: chat,
             expect_cache: Some("BYPASS"),
+        },
+        Scenario {
+            // Every request a new deterministic prompt: keyed, a miss, planned,
+            // answered upstream and stored.
+            name: "filter-miss-store",
+            envoy: filter,
+            path: "/v1/chat/completions",
+            headers: vec![],
+            body: unique_deterministic.to_string(),
+            expect_cache: Some("MISS"),
         },
         Scenario {
             name: "filter-cache-hit",
@@ -291,9 +327,25 @@ fn lua_string(text: &str) -> String {
     format!("[{equals}[{text}]{equals}]")
 }
 
-fn wrk_script(scenario: &Scenario) -> String {
+/// The wrk script of `scenario`; `run` tells the bodies of one wrk run from
+/// another's where they carry [`UNIQUE`] numbers.
+fn wrk_script(scenario: &Scenario, run: &str) -> String {
     let mut script = String::from("wrk.method = \"POST\"\n");
     script.push_str(&format!("wrk.body = {}\n", lua_string(&scenario.body)));
+    if let Some((head, tail)) = scenario.body.split_once(UNIQUE) {
+        // Each wrk thread has its own Lua state: number the threads, then
+        // the requests of each.
+        script.push_str(&format!(
+            "local head, tail = {}, {}\n\
+             local threads, n = 0, 0\n\
+             function setup(thread) threads = threads + 1; thread:set(\"tid\", threads) end\n\
+             function request()\n  n = n + 1\n  \
+             return wrk.format(nil, nil, nil, head .. {} .. tid .. \"-\" .. n .. tail)\nend\n",
+            lua_string(head),
+            lua_string(tail),
+            lua_string(run),
+        ));
+    }
     script.push_str("wrk.headers[\"content-type\"] = \"application/json\"\n");
     for (name, value) in &scenario.headers {
         script.push_str(&format!(
@@ -336,13 +388,16 @@ fn run_wrk(url: &str, script: &Path, options: &Options, duration_s: u64) -> Resu
 /// instead of benchmarking error replies; a second one checks the cache's part
 /// (the first one filled the entry the hit scenarios are served from).
 async fn check(envoy: &Envoy, scenario: &Scenario) -> Result<()> {
-    let body: serde_json::Value = serde_json::from_str(&scenario.body)?;
+    let body: serde_json::Value = serde_json::from_str(&scenario.body.replace(UNIQUE, "check-1"))?;
     let url = envoy.url(scenario.path);
     let response = post_json(&url, &body, &scenario.headers).await?;
     if response.status != 200 {
         bail!("check request got {}: {}", response.status, response.text());
     }
     if let Some(want) = scenario.expect_cache {
+        // A body with its own number is new again; any other the same again.
+        let body: serde_json::Value =
+            serde_json::from_str(&scenario.body.replace(UNIQUE, "check-2"))?;
         let again = post_json(&url, &body, &scenario.headers).await?;
         let got = again.header("x-cache").unwrap_or("<none>");
         if again.status != 200 || got != want {
@@ -383,18 +438,21 @@ async fn run_scenario(
 ) -> Result<Run> {
     let envoy = (scenario.envoy)(backend_port).start()?;
     check(&envoy, scenario).await?;
-    let script = dir.join(format!(
-        "{}.lua",
-        scenario
-            .name
-            .replace(|c: char| !c.is_ascii_alphanumeric(), "_")
-    ));
-    std::fs::write(&script, wrk_script(scenario))?;
+    let script = |run: &str| -> Result<std::path::PathBuf> {
+        let path = dir.join(format!(
+            "{}-{run}.lua",
+            scenario
+                .name
+                .replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+        ));
+        std::fs::write(&path, wrk_script(scenario, run))?;
+        Ok(path)
+    };
     let url = envoy.url(scenario.path);
     if options.warmup_s > 0 {
-        run_wrk(&url, &script, options, options.warmup_s)?;
+        run_wrk(&url, &script("warmup")?, options, options.warmup_s)?;
     }
-    let wrk = run_wrk(&url, &script, options, options.duration_s)?;
+    let wrk = run_wrk(&url, &script("measured")?, options, options.duration_s)?;
     Ok(Run {
         wrk,
         rss_kib: rss_kib(&envoy)?,
@@ -775,5 +833,16 @@ Transfer/sec:      9.51MB
         assert_eq!(quantile(&sorted, 0.99), Some(99.0));
         assert_eq!(quantile(&[7.0], 0.99), Some(7.0));
         assert_eq!(quantile(&[], 0.5), None);
+    }
+
+    #[test]
+    fn only_bodies_with_a_unique_mark_get_numbered() {
+        let scenarios = scenarios();
+        let find = |name| scenarios.iter().find(|s| s.name == name).unwrap();
+        let unique = wrk_script(find("filter-miss-store"), "measured");
+        assert!(unique.contains("function request()"));
+        assert!(unique.contains("[[measured]]"));
+        let fixed = wrk_script(find("filter-cache-hit"), "measured");
+        assert!(!fixed.contains("function request()"));
     }
 }
