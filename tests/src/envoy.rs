@@ -135,6 +135,7 @@ pub struct EnvoyBuilder {
     envoy_bin: PathBuf,
     wasm_path: PathBuf,
     ecds: bool,
+    read_body_first: bool,
 }
 
 impl Default for EnvoyBuilder {
@@ -162,6 +163,7 @@ impl EnvoyBuilder {
             envoy_bin: envoy_bin(),
             wasm_path: wasm_path(),
             ecds: false,
+            read_body_first: false,
         }
     }
 
@@ -243,6 +245,15 @@ impl EnvoyBuilder {
         self
     }
 
+    /// Envoy reads each request whole (a buffer filter) before routing it.
+    /// A [`EnvoyBuilder::direct_response`] backend that answers at the
+    /// headers leaves the sender a request body it can no longer send, and
+    /// the sender closes the connection: this keeps it reusable.
+    pub fn read_body_first(mut self) -> Self {
+        self.read_body_first = true;
+        self
+    }
+
     /// Envoy's `-l` level, `info` by default.
     pub fn log_level(mut self, level: &str) -> Self {
         self.log_level = level.to_string();
@@ -305,6 +316,9 @@ impl EnvoyBuilder {
                 &wasm_typed_config(&self.wasm_path, &self.plugin_config),
                 14,
             ));
+        }
+        if self.read_body_first {
+            yaml.push_str(BUFFER_FILTER);
         }
         yaml.push_str(ROUTER_FILTER);
         yaml.push_str("  clusters:");
@@ -446,6 +460,13 @@ impl EnvoyBuilder {
         }
     }
 }
+
+/// Holds each request until its body is complete (at most 1 MiB).
+const BUFFER_FILTER: &str = r#"          - name: envoy.filters.http.buffer
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer
+              max_request_bytes: 1048576
+"#;
 
 const LISTENER_HEAD: &str = r#"static_resources:
   listeners:

@@ -729,6 +729,7 @@ async fn run(options: &Options) -> Result<bool> {
         .no_filter()
         .concurrency(1)
         .direct_response(200, &backend_answer())
+        .read_body_first()
         .start()
         .context("backend envoy")?;
     let wanted = |name: &str| options.only.is_empty() || options.only.iter().any(|o| o == name);
