@@ -7,34 +7,19 @@ use std::time::{Duration, Instant};
 
 use llm_filter_e2e::{
     chat_body, chat_stream_body, post_json, skip_without_envoy, stream_sse, unique, Envoy,
-    EnvoyBuilder, MockUpstream,
+    MockUpstream,
 };
-use serde_json::{json, Value};
+use serde_json::json;
+
+use crate::two_backends;
 
 const FAILOVERS: &str = "llm_filter_routing_failovers_total";
 const CALLS: &str = "llm_filter_routing_calls_total";
 
 /// Two backends of `gpt-4o`, `a` and `b`, equal weights; ejection needs many
 /// failures in a row so the failing one keeps being chosen.
-fn envoy(default: &MockUpstream, a: &MockUpstream, b: &MockUpstream, extra: Value) -> Envoy {
-    let mut config = json!({"routing": {
-        "models": {"gpt-4o": [{"cluster": "a"}, {"cluster": "b"}]},
-        "eject_after_failures": 1000
-    }});
-    if let (Some(c), Some(extra)) = (config.as_object_mut(), extra.as_object()) {
-        for (k, v) in extra {
-            c.insert(k.clone(), v.clone());
-        }
-    }
-    EnvoyBuilder::new()
-        .plugin_config(&config)
-        .upstream(default.name(), default.port())
-        .upstream(a.name(), a.port())
-        .upstream(b.name(), b.port())
-        .header_route("x-llm-cluster")
-        .route_timeout_ms(30_000)
-        .start()
-        .expect("envoy with the filter and two backends")
+fn envoy(default: &MockUpstream, a: &MockUpstream, b: &MockUpstream) -> Envoy {
+    two_backends::envoy(default, a, b, json!({"eject_after_failures": 1000}))
 }
 
 fn idempotency_keys(mock: &MockUpstream) -> Vec<String> {
@@ -54,7 +39,7 @@ async fn failing_b_is_answered_by_a(failing: impl Fn(&MockUpstream)) {
         MockUpstream::backend("b", 10),
     );
     failing(&b);
-    let envoy = envoy(&default, &a, &b, json!({}));
+    let envoy = envoy(&default, &a, &b);
     let url = envoy.url("/v1/chat/completions");
     for i in 0..16 {
         let r = post_json(&url, &chat_body("gpt-4o", &unique(&format!("q{i}"))), &[])
@@ -112,7 +97,7 @@ async fn a_stream_fails_over_before_anything_reached_the_client() {
         MockUpstream::backend("b", 10),
     );
     b.set_status(Some(500));
-    let envoy = envoy(&default, &a, &b, json!({}));
+    let envoy = envoy(&default, &a, &b);
     let url = envoy.url("/v1/chat/completions");
     for i in 0..8 {
         let body = chat_stream_body("gpt-4o", &unique(&format!("s{i}")), true);
@@ -136,19 +121,12 @@ async fn without_failover_the_failure_reaches_the_client() {
         MockUpstream::backend("b", 10),
     );
     b.set_status(Some(503));
-    let config = json!({"routing": {
-        "models": {"gpt-4o": [{"cluster": "a"}, {"cluster": "b"}]},
-        "eject_after_failures": 1000,
-        "failover": false
-    }});
-    let envoy = EnvoyBuilder::new()
-        .plugin_config(&config)
-        .upstream(default.name(), default.port())
-        .upstream(a.name(), a.port())
-        .upstream(b.name(), b.port())
-        .header_route("x-llm-cluster")
-        .start()
-        .expect("envoy");
+    let envoy = two_backends::envoy(
+        &default,
+        &a,
+        &b,
+        json!({"eject_after_failures": 1000, "failover": false}),
+    );
     let url = envoy.url("/v1/chat/completions");
     let mut statuses = Vec::new();
     for i in 0..12 {
@@ -174,7 +152,7 @@ async fn the_budget_ends_the_call_on_time_when_both_backends_hang() {
         MockUpstream::backend("a", 5_000),
         MockUpstream::backend("b", 5_000),
     );
-    let envoy = envoy(&default, &a, &b, json!({}));
+    let envoy = envoy(&default, &a, &b);
     let url = envoy.url("/v1/chat/completions");
     for i in 0..3 {
         let started = Instant::now();

@@ -6,28 +6,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use llm_filter_e2e::{
-    chat_body, post_json, skip_without_envoy, unique, Envoy, EnvoyBuilder, MockUpstream,
-    TailLatency,
+    chat_body, post_json, skip_without_envoy, unique, Envoy, MockUpstream, TailLatency,
 };
 use serde_json::{json, Value};
+
+use crate::two_backends;
 
 const HEDGES: &str = "llm_filter_routing_hedges_total";
 
 fn envoy(default: &MockUpstream, a: &MockUpstream, b: &MockUpstream, hedge: Value) -> Envoy {
-    let config = json!({"routing": {
-        "models": {"gpt-4o": [{"cluster": "a"}, {"cluster": "b"}]},
-        "probe_interval_s": 60,
-        "hedge": hedge
-    }});
-    EnvoyBuilder::new()
-        .plugin_config(&config)
-        .upstream(default.name(), default.port())
-        .upstream(a.name(), a.port())
-        .upstream(b.name(), b.port())
-        .header_route("x-llm-cluster")
-        .route_timeout_ms(30_000)
-        .start()
-        .expect("envoy with the filter and two backends")
+    two_backends::envoy(
+        default,
+        a,
+        b,
+        json!({"probe_interval_s": 60, "hedge": hedge}),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -26,3 +26,4 @@ mod routing_tail;
 mod shared_data;
 mod streaming;
 mod trace_context;
+mod two_backends;
