@@ -778,6 +778,9 @@ async fn loaded_model_server_gets_less() {
     assert!(share_busy > 0.2, "share once relieved {share_busy}");
 }
 
+/// A client's routing header never steers a request and never reaches an
+/// upstream: whatever the path and method, LLM call or not, with routing on
+/// or off (Envoy's route on the header is there in every case).
 #[tokio::test]
 async fn client_cluster_header_never_picks_the_cluster() {
     if skip_without_envoy("client_cluster_header_never_picks_the_cluster") {
@@ -788,18 +791,60 @@ async fn client_cluster_header_never_picks_the_cluster() {
         MockUpstream::backend("a", 0),
         MockUpstream::backend("internal", 0),
     );
-    let config = json!({"routing": {"models": {"gpt-4o": [{"cluster": "a"}]}}});
-    let envoy = envoy(&config, &default, &[&a, &internal]);
-    let url = envoy.url("/v1/chat/completions");
-    let header = [(CLUSTER_HEADER, "internal")];
-    for (model, instance) in [("gpt-4o", "a"), ("llama-3", "default")] {
-        let r = post_json(&url, &chat_body(model, "hi"), &header)
+    let routed = json!({"routing": {"models": {"gpt-4o": [{"cluster": "a"}]}}});
+    let client = http_client();
+    for config in [json!({}), routed] {
+        let routing = config.get("routing").is_some();
+        let envoy = envoy(&config, &default, &[&a, &internal]);
+        let chat = |model: &str| Some(chat_body(model, "hi").to_string().into_bytes());
+        let cases = [
+            ("GET", "/v1/models", None, "default"),
+            ("DELETE", "/v1/files/file-1", None, "default"),
+            ("POST", "/v1/chat/completions", chat("llama-3"), "default"),
+            (
+                "POST",
+                "/v1/chat/completions",
+                chat("gpt-4o"),
+                if routing { "a" } else { "default" },
+            ),
+        ];
+        for (method, path, body, instance) in cases {
+            let what = format!("routing {routing}, {method} {path}");
+            default.clear();
+            a.clear();
+            let mut headers = vec![(CLUSTER_HEADER, "internal"), (CLUSTER_HEADER, "internal")];
+            if body.is_some() {
+                headers.push(("content-type", "application/json"));
+            }
+            let r = send_bytes(
+                &client,
+                method.parse().expect("method"),
+                &envoy.url(path),
+                body,
+                &headers,
+            )
             .await
             .expect("call");
-        assert_eq!(r.status, 200, "{model}: {}", r.text());
-        assert_eq!(r.header("x-mock-instance"), Some(instance), "{model}");
+            assert_eq!(
+                r.header("x-mock-instance"),
+                Some(instance),
+                "{what}: {}",
+                r.text()
+            );
+            let served = if instance == "a" { &a } else { &default };
+            // (Probes reach `a` too; the call is the last one on its path.)
+            let seen = served
+                .requests()
+                .into_iter()
+                .rev()
+                .find(|q| q.path == path)
+                .expect("the upstream got the call");
+            // Only the filter's own choice travels upstream, never the client's.
+            let expected: Vec<&str> = if instance == "a" { vec!["a"] } else { vec![] };
+            assert_eq!(seen.header_all(CLUSTER_HEADER), expected, "{what}");
+        }
+        assert_eq!(internal.request_count(), 0, "routing {routing}");
     }
-    assert_eq!(internal.request_count(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -154,12 +154,14 @@ pub struct Call {
 
 impl Call {
     /// Starts the walk on request headers. `None`: not an LLM call — the
-    /// request passes untouched and no other callback needs the walk.
+    /// request passes untouched (but for a routing header the client sent,
+    /// removed from every request) and no other callback needs the walk.
     pub fn start(
         env: &mut Env<'_>,
         host: &mut dyn Host,
         end_of_stream: bool,
     ) -> Option<(Self, Step)> {
+        upstream::drop_client_route_header(env, host);
         let method = host.request_header(":method").unwrap_or_default();
         let path = host.request_header(":path").unwrap_or_default();
         let endpoint = classify::classify(&method, &path, &env.config.llm_paths)?;

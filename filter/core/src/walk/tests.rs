@@ -335,13 +335,34 @@ fn a_client_cluster_header_never_picks_the_cluster() {
         .with_body(CHAT);
     w.request(&mut host).unwrap();
     assert_eq!(host.header("x-llm-cluster"), Some("azure"));
-    // Without routing the header is none of the filter's business.
+    // Without routing, and on requests that are no LLM call at all, the
+    // client's header is removed all the same: no client steers a request.
+    for (config, method, path) in [
+        ("{}", "POST", "/v1/chat/completions"),
+        ("{}", "GET", "/v1/models"),
+        (ROUTED, "GET", "/v1/models"),
+        (ROUTED, "DELETE", "/anything"),
+    ] {
+        let mut w = World::new(config);
+        let mut host = FakeHost::new()
+            .with_header(":method", method)
+            .with_header(":path", path)
+            .with_header("x-llm-cluster", "mine")
+            .with_body(CHAT);
+        let _ = Call::start(&mut w.env(), &mut host, false);
+        assert_eq!(
+            host.header("x-llm-cluster"),
+            None,
+            "{config} {method} {path}"
+        );
+        assert_eq!(host.route_cache_cleared, 1, "{config} {method} {path}");
+    }
+    // No header, nothing to clear.
     let mut w = World::new("{}");
-    let mut host = FakeHost::post("/v1/chat/completions")
-        .with_header("x-llm-cluster", "mine")
-        .with_body(CHAT);
-    w.request(&mut host).unwrap();
-    assert_eq!(host.header("x-llm-cluster"), Some("mine"));
+    let mut host = FakeHost::new()
+        .with_header(":method", "GET")
+        .with_header(":path", "/v1/models");
+    assert!(Call::start(&mut w.env(), &mut host, true).is_none());
     assert_eq!(host.route_cache_cleared, 0);
 }
 

@@ -29,9 +29,6 @@ impl Call {
                 self.dispatch.held = Some(body);
             }
         }
-        if self.dispatch.cluster.is_none() {
-            keep_default_route(env, host);
-        }
         if env.config.budget.enabled {
             if let Some(reply) = self.admit(env, host) {
                 return self.reply_locally(env, host, reply);
@@ -124,14 +121,17 @@ impl Call {
     }
 }
 
-/// An LLM call that routing does not place goes to the route's default: a
-/// cluster header sent by the client must not pick a cluster instead.
-fn keep_default_route(env: &mut Env<'_>, host: &mut dyn Host) {
-    let cfg = &env.config.routing;
-    if cfg.models.is_empty() || host.request_header(&cfg.cluster_header).is_none() {
-        return;
+/// Removes a routing header the client sent, from every request the filter
+/// sees (LLM call or not, routing configured or not): only the filter's own
+/// choice may steer a request to a cluster, so on a gateway no client can
+/// reach a cluster by naming it.
+pub(super) fn drop_client_route_header(env: &mut Env<'_>, host: &mut dyn Host) {
+    if host
+        .request_header(&env.config.routing.cluster_header)
+        .is_some()
+    {
+        set_route_header(env, host, None);
     }
-    set_route_header(env, host, None);
 }
 
 /// Sets (or removes) the routing header and has Envoy pick the route again:
