@@ -1,7 +1,15 @@
 //! Every stat the filter defines, by name, and the one way labels are encoded
-//! into a stat name. Envoy has no label API: `<metric>.<label>.<value>…` names
-//! are split back into Prometheus labels by the `stats_tags` rules in
-//! `envoy/envoy.yaml`, so values are restricted to `[A-Za-z0-9_-]`.
+//! into a stat name. Envoy has no label API: each label is written into the
+//! name as `.<label>=<value>;` and the `stats_tags` rules of the bootstrap
+//! (`envoy/envoy.yaml`, one per label, [`tag_regex`]) split them back out into
+//! Prometheus labels.
+//!
+//! The `=` and `;` around a value are what make this lossless for the names
+//! people give clusters and models: a value keeps dots and pipes
+//! (`outbound|80||api.openai.com`, `gpt-4.1`) because the rule's regex ends it
+//! at `;`, not at the next dot. A value keeps `[A-Za-z0-9._|/:@+-]`; any other
+//! character (`;` and `=` among them) becomes `_`, and it is cut at
+//! [`MAX_VALUE_LEN`] characters.
 
 use hashbrown::HashSet;
 
@@ -25,7 +33,7 @@ pub const INTERNAL_ERRORS: &str = "llm_filter_internal_errors_total";
 /// Share of its timeout budget a completed call used, in per-mille (0..=1000),
 /// by `priority`.
 pub const BUDGET_USED: &str = "llm_filter_budget_used_permille";
-/// Breaker tier of a backend (0 pass, 1 shed, 2 reject), by `cluster`.
+/// Breaker tier of a backend (0 pass, 1 shed, 2 reject), by `llm_cluster`.
 pub const BUDGET_BREAKER_TIER: &str = "llm_filter_budget_breaker_tier";
 /// Budget pressure of a backend over the breaker window, in per-mille, by `cluster`.
 pub const BUDGET_BREAKER_PRESSURE: &str = "llm_filter_budget_breaker_pressure_permille";
@@ -88,34 +96,61 @@ pub const OTHER: &str = "other";
 /// Label value for a value that is absent.
 pub const UNKNOWN: &str = "unknown";
 
-const MAX_VALUE_LEN: usize = 64;
+/// The label that names a backend (an Envoy cluster). Not `cluster`, which
+/// most Prometheus setups attach to every series themselves.
+pub const LLM_CLUSTER: &str = "llm_cluster";
 
-/// Encodes a stat name with labels: `metric.label.value…`.
+/// Every label the filter writes into stat names; the bootstrap has one
+/// `stats_tags` rule per label, with the regex [`tag_regex`] gives.
+pub const LABELS: [&str; 7] = [
+    "priority",
+    "model",
+    "outcome",
+    "token_type",
+    LLM_CLUSTER,
+    "result",
+    "reason",
+];
+
+/// Longest label value kept, in characters (a fully qualified Istio cluster
+/// name with a subset fits).
+pub const MAX_VALUE_LEN: usize = 128;
+
+/// Encodes a stat name with labels: `metric.label=value;…`.
 pub fn name(metric: &str, labels: &[(&str, &str)]) -> String {
-    let mut out = String::with_capacity(metric.len() + labels.len() * 24);
+    let mut out = String::with_capacity(metric.len() + labels.len() * 32);
     out.push_str(metric);
     for (label, value) in labels {
         out.push('.');
         out.push_str(label);
-        out.push('.');
+        out.push('=');
         push_value(&mut out, value);
+        out.push(';');
     }
     out
 }
 
-/// Appends a label value with every byte outside `[A-Za-z0-9_-]` turned into
-/// `_`, cut to a bounded length, never empty.
+/// The `stats_tags` regex that extracts `label` from the names [`name`]
+/// writes: the first group (removed from the name) is `.label=value;`, the
+/// second (the label's value) runs up to the `;`, dots included.
+pub fn tag_regex(label: &str) -> String {
+    format!(r"(\.{label}=([^;]*);)")
+}
+
+/// Whether a value keeps `c` as it is.
+fn kept(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '|' | '/' | ':' | '@' | '+')
+}
+
+/// Appends a label value with every character outside the kept set turned
+/// into `_`, cut to [`MAX_VALUE_LEN`] characters, never empty.
 fn push_value(out: &mut String, value: &str) {
     if value.is_empty() {
         out.push_str(UNKNOWN);
         return;
     }
     for c in value.chars().take(MAX_VALUE_LEN) {
-        out.push(if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-            c
-        } else {
-            '_'
-        });
+        out.push(if kept(c) { c } else { '_' });
     }
 }
 
@@ -162,25 +197,66 @@ impl BoundedLabel {
 mod tests {
     use super::*;
 
+    /// What a `stats_tags` rule does with a name: the value of the second
+    /// group of `(\.label=([^;]*);)`, and the name with the first removed.
+    fn extract(name: &str, label: &str) -> Option<(String, String)> {
+        let head = format!(".{label}=");
+        let start = name.find(&head)?;
+        let value_start = start + head.len();
+        let end = value_start + name.get(value_start..)?.find(';')?;
+        let value = name.get(value_start..end)?.to_string();
+        let rest = format!("{}{}", name.get(..start)?, name.get(end + 1..)?);
+        Some((value, rest))
+    }
+
     #[test]
     fn encodes_labels_in_order() {
         assert_eq!(
             name(REQUESTS, &[("priority", "P1"), ("model", "gpt-4o")]),
-            "llm_filter_requests_total.priority.P1.model.gpt-4o"
+            "llm_filter_requests_total.priority=P1;.model=gpt-4o;"
         );
     }
 
     #[test]
-    fn sanitises_values() {
+    fn values_keep_dots_and_pipes_and_lose_the_rest() {
         assert_eq!(
             name("m", &[("model", "meta-llama/Llama-3.1 8B"), ("x", "")]),
-            "m.model.meta-llama_Llama-3_1_8B.x.unknown"
+            "m.model=meta-llama/Llama-3.1_8B;.x=unknown;"
+        );
+        assert_eq!(
+            name("m", &[("a", "x;.b=y"), ("b", "z")]),
+            "m.a=x_.b_y;.b=z;"
         );
         let long = "a".repeat(500);
         assert_eq!(
             name("m", &[("l", &long)]).len(),
-            "m.l.".len() + MAX_VALUE_LEN
+            "m.l=;".len() + MAX_VALUE_LEN
         );
+    }
+
+    #[test]
+    fn every_label_comes_back_whole_from_its_tag_rule() {
+        let values = [
+            "P0",
+            "gpt-4.1",
+            "success",
+            "input",
+            "outbound|80||api.openai.com",
+            "hit",
+            "outbound|8000|v1|vllm.inference.svc.cluster.local",
+        ];
+        let labels: Vec<(&str, &str)> = LABELS.iter().copied().zip(values).collect();
+        let encoded = name(ROUTING_CALLS, &labels);
+        let mut rest = encoded.clone();
+        for (label, value) in &labels {
+            let (got, left) = extract(&encoded, label).expect(label);
+            assert_eq!(&got, value, "{label} of {encoded}");
+            // Each rule removes its own part only; all of them leave the metric.
+            rest = extract(&rest, label).expect(label).1;
+            assert!(left.starts_with(ROUTING_CALLS), "{left}");
+        }
+        assert_eq!(rest, ROUTING_CALLS);
+        assert_eq!(tag_regex(LLM_CLUSTER), r"(\.llm_cluster=([^;]*);)");
     }
 
     #[test]

@@ -145,24 +145,24 @@ mod tests {
             },
         );
         assert_eq!(
-            m.counters["llm_filter_requests_total.priority.P0.model.gpt-4o.outcome.success"],
+            m.counters["llm_filter_requests_total.priority=P0;.model=gpt-4o;.outcome=success;"],
             1
         );
         assert_eq!(
-            m.histograms["gen_ai_client_operation_duration_ms.model.gpt-4o"],
+            m.histograms["gen_ai_client_operation_duration_ms.model=gpt-4o;"],
             [500]
         );
         assert_eq!(
-            m.histograms["gen_ai_server_time_to_first_token_ms.model.gpt-4o"],
+            m.histograms["gen_ai_server_time_to_first_token_ms.model=gpt-4o;"],
             [200]
         );
         assert_eq!(
-            m.counters["gen_ai_client_token_usage_total.model.gpt-4o.token_type.input"],
+            m.counters["gen_ai_client_token_usage_total.model=gpt-4o;.token_type=input;"],
             10
         );
         assert!(!m
             .counters
-            .contains_key("gen_ai_client_token_usage_total.model.gpt-4o.token_type.output"));
+            .contains_key("gen_ai_client_token_usage_total.model=gpt-4o;.token_type=output;"));
     }
 
     #[test]
@@ -179,7 +179,7 @@ mod tests {
             },
         );
         assert_eq!(
-            m.histograms["gen_ai_client_operation_duration_ms.model.m"],
+            m.histograms["gen_ai_client_operation_duration_ms.model=m;"],
             [0]
         );
     }

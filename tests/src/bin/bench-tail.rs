@@ -796,8 +796,8 @@ mod tests {
     #[test]
     fn absent_filter_counters_read_zero() {
         let samples = prometheus::parse(
-            "llm_filter_routing_ejections_total{cluster=\"medium\"} 2\n\
-             llm_filter_routing_ejections_total{cluster=\"tail\"} 1\n",
+            "llm_filter_routing_ejections_total{llm_cluster=\"medium\"} 2\n\
+             llm_filter_routing_ejections_total{llm_cluster=\"tail\"} 1\n",
         );
         assert_eq!(
             FilterCounters::read(&samples),

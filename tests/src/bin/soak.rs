@@ -385,9 +385,9 @@ async fn run(options: Options) -> Result<()> {
     );
     println!(
         "filter: hits {}, misses {}, stored {}, evictions {}, internal errors {}, failovers {}, ejections {}",
-        stat("wasmcustom.llm_filter_cache_lookups_total.result.hit"),
-        stat("wasmcustom.llm_filter_cache_lookups_total.result.miss"),
-        stat("wasmcustom.llm_filter_cache_stores_total.result.stored"),
+        stat("wasmcustom.llm_filter_cache_lookups_total.result=hit;"),
+        stat("wasmcustom.llm_filter_cache_lookups_total.result=miss;"),
+        stat("wasmcustom.llm_filter_cache_stores_total.result=stored;"),
         stat("wasmcustom.llm_filter_cache_evictions_total"),
         stat("wasmcustom.llm_filter_internal_errors_total"),
         stat("wasmcustom.llm_filter_routing_failovers_total"),

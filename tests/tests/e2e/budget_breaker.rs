@@ -25,7 +25,7 @@ const RETRIES_PLANNED: &str = "llm_filter_budget_retries_planned_total";
 const RETRY_BUDGET_SPENT: &str = "llm_filter_budget_retry_budget_spent_total";
 
 /// Breaker of calls that routing did not place on a cluster.
-const BREAKER: [(&str, &str); 1] = [("cluster", "default")];
+const BREAKER: [(&str, &str); 1] = [("llm_cluster", "default")];
 
 /// Stats move with Envoy's log of a stream, histograms after a flush: polled
 /// up to this long on a loaded machine.

@@ -58,7 +58,7 @@ async fn concurrent_twins_share_one_upstream_call() {
         "one upstream call for five callers"
     );
     assert_eq!(
-        rig.wait_stat("llm_filter_cache_coalesced_waits_total.outcome.served", 4),
+        rig.wait_stat("llm_filter_cache_coalesced_waits_total.outcome=served;", 4),
         4
     );
     assert!(rig.lookups("coalesced", 4) >= 4);
@@ -97,7 +97,12 @@ async fn a_twin_whose_leader_fails_goes_upstream_itself() {
     assert_eq!(x_cache(&after), "HIT");
     assert_eq!(after.json(), twin.json());
     assert!(rig.mock.request_count() >= 2);
-    assert!(rig.wait_stat("llm_filter_cache_coalesced_waits_total.outcome.upstream", 1) >= 1);
+    assert!(
+        rig.wait_stat(
+            "llm_filter_cache_coalesced_waits_total.outcome=upstream;",
+            1
+        ) >= 1
+    );
 }
 
 #[tokio::test]

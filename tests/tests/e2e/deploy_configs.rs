@@ -2,8 +2,10 @@
 //! `envoy --mode validate`, and every place that carries the `stats_tags` rules
 //! carries the same ones as `envoy/envoy.yaml`, which the harness also uses.
 
+use llm_filter_core::metrics;
 use llm_filter_e2e::{
-    skip_without_envoy, stats_config_yaml, stats_tag_rules, validate_config, workspace_root,
+    skip_without_envoy, stats_config_yaml, stats_tag_rules, validate_config,
+    workspace_root,
 };
 
 fn read(path: &str) -> String {
@@ -13,22 +15,49 @@ fn read(path: &str) -> String {
 
 #[test]
 fn stats_tags_have_one_set_of_rules() {
+    // The demo carries one rule per label the filter writes, each with the
+    // regex that reads back the filter's own encoding (metrics.rs).
     let demo = stats_tag_rules(&read("envoy/envoy.yaml"));
-    for label in ["priority", "model", "outcome", "token_type"] {
-        assert!(
-            demo.iter().any(|(name, _)| name == label),
-            "envoy/envoy.yaml has no `{label}` rule: {demo:?}"
-        );
-    }
-    for path in ["envoy/provider.yaml", "examples/istio/stats-tags.yaml"] {
+    let expected: Vec<(String, String)> = metrics::LABELS
+        .iter()
+        .map(|label| (label.to_string(), metrics::tag_regex(label)))
+        .collect();
+    assert_eq!(demo, expected, "envoy/envoy.yaml against metrics::LABELS");
+    for path in rule_carriers() {
         assert_eq!(
-            stats_tag_rules(&read(path)),
+            stats_tag_rules(&read(&path)),
             demo,
             "{path} differs from envoy/envoy.yaml"
         );
     }
     // What the end-to-end tests run with is the demo's block itself.
     assert_eq!(stats_tag_rules(&stats_config_yaml()), demo);
+}
+
+/// Every other file that carries `stats_tags` rules: the provider bootstrap
+/// and any example under `examples/`. An `applyTo: BOOTSTRAP` EnvoyFilter is
+/// left out: no supported Istio applies one, so its rules reach no proxy.
+fn rule_carriers() -> Vec<String> {
+    let mut paths = vec!["envoy/provider.yaml".to_string()];
+    let mut dirs = vec![workspace_root().join("examples")];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            if text.contains("tag_name:") && !text.contains("applyTo: BOOTSTRAP") {
+                let rel = path.strip_prefix(workspace_root()).unwrap_or(&path);
+                paths.push(rel.to_string_lossy().into_owned());
+            }
+        }
+    }
+    paths
 }
 
 #[test]

@@ -61,11 +61,11 @@ async fn failing_b_is_answered_by_a(failing: impl Fn(&MockUpstream)) {
     let answered = envoy.metric(FAILOVERS, &[("result", "answered")]);
     assert_eq!(answered, keys_b.len() as f64);
     // Both backends learn: b its failures, a the calls it answered.
-    let b_failed = envoy.metric(CALLS, &[("cluster", "b")])
-        - envoy.metric(CALLS, &[("cluster", "b"), ("outcome", "success")]);
+    let b_failed = envoy.metric(CALLS, &[("llm_cluster", "b")])
+        - envoy.metric(CALLS, &[("llm_cluster", "b"), ("outcome", "success")]);
     assert_eq!(b_failed, keys_b.len() as f64);
     assert_eq!(
-        envoy.metric(CALLS, &[("cluster", "a"), ("outcome", "success")]),
+        envoy.metric(CALLS, &[("llm_cluster", "a"), ("outcome", "success")]),
         16.0
     );
 }

@@ -65,7 +65,7 @@ async fn a_hedge_wins_against_a_hanging_backend() {
     assert!(
         envoy.metric(
             "llm_filter_routing_calls_total",
-            &[("cluster", "b"), ("outcome", "outlasted")]
+            &[("llm_cluster", "b"), ("outcome", "outlasted")]
         ) >= 1.0
     );
 }

@@ -338,12 +338,15 @@ async fn model_labels_are_sanitised() {
     let mock = MockUpstream::start(MockConfig::named("labels"));
     let envoy = start(&mock);
 
+    // Dots, slashes and colons stay (the tag rules end a value at its `;`);
+    // a space, and the `;` and `=` of the encoding itself, become `_`.
     let cases = [
         (
             "meta-llama/Llama-3.1-8B-Instruct",
-            "meta-llama_Llama-3_1-8B-Instruct",
+            "meta-llama/Llama-3.1-8B-Instruct",
         ),
-        ("org.team/model v2:latest", "org_team_model_v2_latest"),
+        ("org.team/model v2:latest", "org.team/model_v2:latest"),
+        ("gpt-4.1;.outcome=refused", "gpt-4.1_.outcome_refused"),
     ];
     for (model, _) in cases {
         let response = post_json(
@@ -374,14 +377,21 @@ async fn model_labels_are_sanitised() {
         );
         assert_eq!(durations, 1.0, "{model}: {:?}", family(&envoy, DURATION));
     }
-    // No label value anywhere keeps a character outside [A-Za-z0-9_-].
+    // No label value anywhere keeps a character outside the kept set, and a
+    // value never spoofs another label.
     for sample in envoy.metrics() {
         if let Some(model) = sample.labels.get("model") {
             assert!(
                 model
                     .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'),
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-|/:@+".contains(&b)),
                 "{sample:?}"
+            );
+        }
+        if sample.name == REQUESTS {
+            assert_eq!(
+                sample.labels.get("outcome").map(String::as_str),
+                Some("success")
             );
         }
     }

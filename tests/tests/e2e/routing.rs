@@ -234,7 +234,7 @@ async fn splits_calls_by_weight() {
     let counts = by_cluster(&replies);
     eprintln!(
         "split: {counts:?}; weight of b {}",
-        envoy.metric(WEIGHT, &[("cluster", "b")])
+        envoy.metric(WEIGHT, &[("llm_cluster", "b")])
     );
     assert!(failures(&replies).is_empty(), "{:?}", failures(&replies));
     let share_a = share(&replies, "a");
@@ -257,7 +257,7 @@ async fn splits_calls_by_weight() {
     assert_eq!(served, 400.0, "{}", routing_metrics(&envoy));
     for (cluster, n) in &counts {
         assert_eq!(
-            envoy.metric(CALLS, &[("cluster", cluster), ("outcome", "success")]),
+            envoy.metric(CALLS, &[("llm_cluster", cluster), ("outcome", "success")]),
             *n as f64,
             "{}",
             routing_metrics(&envoy)
@@ -265,7 +265,7 @@ async fn splits_calls_by_weight() {
         // Latency by cluster: histograms show after a stats flush.
         let timed = envoy.wait_for_metric(
             "llm_filter_routing_call_duration_ms_count",
-            &[("cluster", cluster)],
+            &[("llm_cluster", cluster)],
             *n as f64,
             DEADLINE,
         );
@@ -330,7 +330,7 @@ async fn rewrites_the_model_for_the_backend() {
         .all(|c| c["model"] == "gpt-4o-2024-08-06-deployment"));
     let served = envoy.wait_for_metric(
         CALLS,
-        &[("cluster", "azure"), ("outcome", "success")],
+        &[("llm_cluster", "azure"), ("outcome", "success")],
         2.0,
         DEADLINE,
     );
@@ -429,12 +429,12 @@ async fn failing_backend_is_avoided(failure: Failure) {
         "{:?}",
         by_cluster(&after)
     );
-    let ejections = envoy.wait_for_metric(EJECTIONS, &[("cluster", "b")], 1.0, DEADLINE);
+    let ejections = envoy.wait_for_metric(EJECTIONS, &[("llm_cluster", "b")], 1.0, DEADLINE);
     assert!(ejections >= 1.0, "{}", routing_metrics(&envoy));
     // Probes keep failing while b is down.
     let probes = envoy.wait_for_metric(
         PROBES,
-        &[("cluster", "b"), ("result", "fail")],
+        &[("llm_cluster", "b"), ("result", "fail")],
         1.0,
         DEADLINE,
     );
@@ -445,12 +445,12 @@ async fn failing_backend_is_avoided(failure: Failure) {
         Failure::Reset => "reset",
     };
     assert!(
-        envoy.metric(CALLS, &[("cluster", "b"), ("outcome", outcome)]) >= 1.0,
+        envoy.metric(CALLS, &[("llm_cluster", "b"), ("outcome", outcome)]) >= 1.0,
         "{}",
         routing_metrics(&envoy)
     );
     assert_eq!(
-        envoy.metric(WEIGHT, &[("model", "gpt-4o"), ("cluster", "b")]),
+        envoy.metric(WEIGHT, &[("model", "gpt-4o"), ("llm_cluster", "b")]),
         0.0,
         "{}",
         routing_metrics(&envoy)
@@ -507,11 +507,11 @@ async fn slow_backend_gets_a_smaller_share() {
     assert!(settled.len() >= 100, "{}", settled.len());
     assert!(share_slow < 0.25, "share of slow {share_slow}");
     assert!(share_slow > 0.0, "slow keeps a trickle to stay measured");
-    let w = envoy.metric(WEIGHT, &[("model", "gpt-4o"), ("cluster", "slow")]);
+    let w = envoy.metric(WEIGHT, &[("model", "gpt-4o"), ("llm_cluster", "slow")]);
     assert!((1.0..400.0).contains(&w), "weight of slow {w}");
     // Fast sets the bar for latency; only the calls it holds beyond its share
     // (the in-flight factor) may take a little off it.
-    let fast_w = envoy.metric(WEIGHT, &[("model", "gpt-4o"), ("cluster", "fast")]);
+    let fast_w = envoy.metric(WEIGHT, &[("model", "gpt-4o"), ("llm_cluster", "fast")]);
     assert!(
         fast_w >= 500.0 && fast_w > 2.0 * w,
         "weight of fast {fast_w}, slow {w}"
@@ -683,7 +683,7 @@ async fn one_worker_probes_per_interval() {
     let envoy = envoy_with(&config, &default, &[&a, &b], 4);
     // The first interval only creates the lease; then probes flow.
     for m in [&a, &b] {
-        let probed = envoy.wait_for_metric(PROBES, &[("cluster", m.name())], 1.0, DEADLINE);
+        let probed = envoy.wait_for_metric(PROBES, &[("llm_cluster", m.name())], 1.0, DEADLINE);
         assert!(probed >= 1.0, "{}", routing_metrics(&envoy));
     }
     let (a0, b0) = (a.count("GET", "/v1/models"), b.count("GET", "/v1/models"));
@@ -701,7 +701,7 @@ async fn one_worker_probes_per_interval() {
     for n in [a1 - a0, b1 - b0] {
         assert!((3..=9).contains(&n), "{n} probes in {elapsed:.2} s");
     }
-    let ok = envoy.metric(PROBES, &[("cluster", "a"), ("result", "ok")]);
+    let ok = envoy.metric(PROBES, &[("llm_cluster", "a"), ("result", "ok")]);
     assert!(ok >= (a1 - a0) as f64, "{}", routing_metrics(&envoy));
     assert_eq!(default.count("GET", "/v1/models"), 0);
     let probe = a
@@ -738,7 +738,7 @@ async fn loaded_model_server_gets_less() {
     let deadline = Instant::now() + DEADLINE;
     loop {
         let _ = calls(&url, &body, 1, 5).await;
-        let w = envoy.metric(WEIGHT, &[("model", "llama"), ("cluster", "busy")]);
+        let w = envoy.metric(WEIGHT, &[("model", "llama"), ("llm_cluster", "busy")]);
         if (1.0..200.0).contains(&w) {
             break;
         }
@@ -762,7 +762,7 @@ async fn loaded_model_server_gets_less() {
     let deadline = Instant::now() + DEADLINE;
     loop {
         let _ = calls(&url, &body, 1, 5).await;
-        let w = envoy.metric(WEIGHT, &[("model", "llama"), ("cluster", "busy")]);
+        let w = envoy.metric(WEIGHT, &[("model", "llama"), ("llm_cluster", "busy")]);
         if w >= 400.0 {
             break;
         }
@@ -892,7 +892,7 @@ async fn clients_giving_up_do_not_eject_a_backend() {
     );
     for cluster in ["a", "b"] {
         assert_eq!(
-            envoy.metric("llm_filter_routing_in_flight", &[("cluster", cluster)]),
+            envoy.metric("llm_filter_routing_in_flight", &[("llm_cluster", cluster)]),
             0.0,
             "{}",
             routing_metrics(&envoy)
@@ -920,7 +920,7 @@ async fn cluster_unknown_to_envoy_is_ejected() {
     // The first probe of `ghost` fails to dispatch, which ejects it at once.
     let failed = envoy.wait_for_metric(
         PROBES,
-        &[("cluster", "ghost"), ("result", "fail")],
+        &[("llm_cluster", "ghost"), ("result", "fail")],
         1.0,
         DEADLINE,
     );
@@ -939,7 +939,7 @@ async fn cluster_unknown_to_envoy_is_ejected() {
         "{:?}",
         by_cluster(&replies)
     );
-    assert!(envoy.metric(EJECTIONS, &[("cluster", "ghost")]) >= 1.0);
+    assert!(envoy.metric(EJECTIONS, &[("llm_cluster", "ghost")]) >= 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -961,7 +961,7 @@ async fn every_backend_out_falls_back_to_base_weights() {
     let body = chat_body("gpt-4o", "hi");
     let down = calls(&url, &body, 1, 40).await;
     for m in [&a, &b] {
-        let ejected = envoy.wait_for_metric(EJECTIONS, &[("cluster", m.name())], 1.0, DEADLINE);
+        let ejected = envoy.wait_for_metric(EJECTIONS, &[("llm_cluster", m.name())], 1.0, DEADLINE);
         assert!(ejected >= 1.0, "{}", routing_metrics(&envoy));
     }
     // Both out: calls still reach both backends rather than fail locally.

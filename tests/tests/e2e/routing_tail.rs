@@ -135,7 +135,7 @@ async fn heavy_tailed_backend_keeps_a_trickle() {
     let late_steady = served(&replies, "steady", secs(6), total).0;
     let share = late_tail as f64 / late.max(1) as f64;
     let samples = envoy.metrics();
-    let weight = |cluster| prometheus::sum(&samples, WEIGHT, &[("cluster", cluster)]);
+    let weight = |cluster| prometheus::sum(&samples, WEIGHT, &[("llm_cluster", cluster)]);
     let (w_tail, w_steady) = (weight("tail"), weight("steady"));
     eprintln!(
         "heavy tail: first 3 s {early_tail} of {early} calls to tail; after 6 s {late_tail} \

@@ -101,7 +101,7 @@ async fn churn_beyond_every_bound_leaves_shared_data_bounded() {
             observe(&envoy);
         }
     }
-    let stored = stat(&envoy, "llm_filter_cache_stores_total.result.stored").unwrap_or(0);
+    let stored = stat(&envoy, "llm_filter_cache_stores_total.result=stored;").unwrap_or(0);
     assert!(stored > SLOTS, "{stored} answers stored");
 
     // A count that started after the churn: the cache's slots, totals and
@@ -125,7 +125,7 @@ async fn churn_beyond_every_bound_leaves_shared_data_bounded() {
     let stats = envoy.stats().expect("stats");
     let host_errors: Vec<_> = stats
         .keys()
-        .filter(|k| k.contains("internal_errors_total.reason.host_"))
+        .filter(|k| k.contains("internal_errors_total.reason=host_"))
         .collect();
     assert!(host_errors.is_empty(), "{host_errors:?}");
 }

@@ -149,13 +149,19 @@ fn count_exhausted(m: &mut dyn Metrics, priority: Priority) {
 fn count_plan(m: &mut dyn Metrics, cluster: &str, plan: &Plan) {
     if plan.max_retries > 0 {
         m.counter(
-            &name(metrics::BUDGET_RETRIES_PLANNED, &[("cluster", cluster)]),
+            &name(
+                metrics::BUDGET_RETRIES_PLANNED,
+                &[(metrics::LLM_CLUSTER, cluster)],
+            ),
             u64::from(plan.max_retries),
         );
     }
     if plan.retry_budget_spent {
         m.counter(
-            &name(metrics::BUDGET_RETRY_BUDGET_SPENT, &[("cluster", cluster)]),
+            &name(
+                metrics::BUDGET_RETRY_BUDGET_SPENT,
+                &[(metrics::LLM_CLUSTER, cluster)],
+            ),
             1,
         );
     }
@@ -187,15 +193,15 @@ mod tests {
         );
         count_exhausted(&mut m, Priority::P0);
         assert_eq!(
-            m.counters["llm_filter_budget_shed_total.priority.P2.reason.pressure"],
+            m.counters["llm_filter_budget_shed_total.priority=P2;.reason=pressure;"],
             1
         );
         assert_eq!(
-            m.counters["llm_filter_budget_rejected_total.priority.P1.reason.circuit_open"],
+            m.counters["llm_filter_budget_rejected_total.priority=P1;.reason=circuit_open;"],
             1
         );
         assert_eq!(
-            m.counters["llm_filter_budget_rejected_total.priority.P0.reason.budget_exhausted"],
+            m.counters["llm_filter_budget_rejected_total.priority=P0;.reason=budget_exhausted;"],
             1
         );
 
@@ -216,11 +222,11 @@ mod tests {
             },
         );
         assert_eq!(
-            m.counters["llm_filter_budget_retries_planned_total.cluster.openai"],
+            m.counters["llm_filter_budget_retries_planned_total.llm_cluster=openai;"],
             2
         );
         assert_eq!(
-            m.counters["llm_filter_budget_retry_budget_spent_total.cluster.openai"],
+            m.counters["llm_filter_budget_retry_budget_spent_total.llm_cluster=openai;"],
             1
         );
     }

@@ -80,11 +80,17 @@ pub fn ended(
 /// Publishes a backend's breaker tier (0 pass, 1 shed, 2 reject) and pressure.
 fn set_breaker_gauges(m: &mut dyn Metrics, cluster: &str, tier: Tier, pressure: f64) {
     m.gauge(
-        &name(metrics::BUDGET_BREAKER_TIER, &[("cluster", cluster)]),
+        &name(
+            metrics::BUDGET_BREAKER_TIER,
+            &[(metrics::LLM_CLUSTER, cluster)],
+        ),
         tier.gauge(),
     );
     m.gauge(
-        &name(metrics::BUDGET_BREAKER_PRESSURE, &[("cluster", cluster)]),
+        &name(
+            metrics::BUDGET_BREAKER_PRESSURE,
+            &[(metrics::LLM_CLUSTER, cluster)],
+        ),
         breaker::permille(pressure),
     );
 }
@@ -106,14 +112,17 @@ mod tests {
     fn breaker_gauges_and_budget_used_are_labelled() {
         let mut m = MemoryMetrics::default();
         set_breaker_gauges(&mut m, "openai", Tier::Reject, 0.95);
-        assert_eq!(m.gauges["llm_filter_budget_breaker_tier.cluster.openai"], 2);
         assert_eq!(
-            m.gauges["llm_filter_budget_breaker_pressure_permille.cluster.openai"],
+            m.gauges["llm_filter_budget_breaker_tier.llm_cluster=openai;"],
+            2
+        );
+        assert_eq!(
+            m.gauges["llm_filter_budget_breaker_pressure_permille.llm_cluster=openai;"],
             950
         );
         observe_used(&mut m, Priority::P1, 420);
         assert_eq!(
-            m.histograms["llm_filter_budget_used_permille.priority.P1"],
+            m.histograms["llm_filter_budget_used_permille.priority=P1;"],
             [420]
         );
     }
@@ -182,12 +191,12 @@ mod tests {
         };
         ended(&store, &cfg, &mut m, &call);
         assert_eq!(
-            m.histograms["llm_filter_budget_used_permille.priority.P1"],
+            m.histograms["llm_filter_budget_used_permille.priority=P1;"],
             [250]
         );
         assert!(m
             .gauges
-            .contains_key("llm_filter_budget_breaker_tier.cluster.b"));
+            .contains_key("llm_filter_budget_breaker_tier.llm_cluster=b;"));
         assert_eq!(store.len(), 1);
     }
 }

@@ -407,7 +407,7 @@ fn statuses_name_headers_and_metrics() {
     assert_eq!(CacheStatus::Coalesced.header(), "COALESCED");
     assert_eq!(
         CacheStatus::Stale.metric(),
-        "llm_filter_cache_lookups_total.result.stale"
+        "llm_filter_cache_lookups_total.result=stale;"
     );
 }
 

@@ -555,6 +555,26 @@ mod tests {
     }
 
     #[test]
+    fn istio_cluster_names_keep_health_of_their_own() {
+        // Istio names clusters `direction|port|subset|host`: dots and pipes,
+        // and names that differ only after a dot or a pipe.
+        let (a, b) = ("outbound|80||api.openai.com", "outbound|80||api.openai.co");
+        assert_eq!(
+            key(a),
+            "llm_filter.routing.v3.health.outbound|80||api.openai.com"
+        );
+        let s = MemoryStore::new();
+        let c = config();
+        record_start(&s, a, 1_000).unwrap();
+        record_outcome(&s, &c, a, &ok(200), 1_200).unwrap();
+        record_start(&s, b, 1_000).unwrap();
+        assert_eq!(read(&s, a).unwrap().in_flight, 0);
+        assert_eq!(read(&s, a).unwrap().latency.unwrap().value, 200.0);
+        assert_eq!(read(&s, b).unwrap().in_flight, 1);
+        assert!(read(&s, b).unwrap().latency.is_none());
+    }
+
+    #[test]
     fn outcomes_feed_averages_and_counters() {
         let s = MemoryStore::new();
         let c = config();

@@ -51,12 +51,12 @@ pub fn ended(
     m.counter(
         &names::name(
             names::ROUTING_CALLS,
-            &[("cluster", cluster), ("outcome", result.label())],
+            &[(names::LLM_CLUSTER, cluster), ("outcome", result.label())],
         ),
         1,
     );
     m.histogram(
-        &names::name(names::ROUTING_LATENCY, &[("cluster", cluster)]),
+        &names::name(names::ROUTING_LATENCY, &[(names::LLM_CLUSTER, cluster)]),
         elapsed,
     );
     let outcome = CallSample {
@@ -69,7 +69,7 @@ pub fn ended(
         Ok(r) => {
             if r.ejected {
                 m.counter(
-                    &names::name(names::ROUTING_EJECTIONS, &[("cluster", cluster)]),
+                    &names::name(names::ROUTING_EJECTIONS, &[(names::LLM_CLUSTER, cluster)]),
                     1,
                 );
             }
@@ -82,7 +82,7 @@ pub fn ended(
 /// Calls in flight to `cluster` across workers, as the record just written says.
 fn set_in_flight(m: &mut dyn Metrics, cluster: &str, h: &Health) {
     m.gauge(
-        &names::name(names::ROUTING_IN_FLIGHT, &[("cluster", cluster)]),
+        &names::name(names::ROUTING_IN_FLIGHT, &[(names::LLM_CLUSTER, cluster)]),
         i64::from(h.in_flight),
     );
 }
@@ -112,13 +112,13 @@ mod tests {
         let (store, mut m) = (MemoryStore::new(), MemoryMetrics::default());
         let cfg = RoutingConfig::default();
         started(&store, &mut m, "a", 0);
-        assert_eq!(m.gauges["llm_filter_routing_in_flight.cluster.a"], 1);
+        assert_eq!(m.gauges["llm_filter_routing_in_flight.llm_cluster=a;"], 1);
         let call = CallSummary {
             cluster: Some("a"),
             ..CallSummary::ended(End::Local(503))
         };
         ended(&store, &cfg, &mut m, &call);
-        assert_eq!(m.gauges["llm_filter_routing_in_flight.cluster.a"], 0);
+        assert_eq!(m.gauges["llm_filter_routing_in_flight.llm_cluster=a;"], 0);
         assert!(m.counters.is_empty());
     }
 
@@ -134,11 +134,11 @@ mod tests {
         };
         ended(&store, &cfg, &mut m, &call);
         assert_eq!(
-            m.counters["llm_filter_routing_calls_total.cluster.a.outcome.success"],
+            m.counters["llm_filter_routing_calls_total.llm_cluster=a;.outcome=success;"],
             1
         );
         assert_eq!(
-            m.histograms["llm_filter_routing_call_duration_ms.cluster.a"],
+            m.histograms["llm_filter_routing_call_duration_ms.llm_cluster=a;"],
             [40]
         );
         let h = health::read(&store, "a").unwrap();

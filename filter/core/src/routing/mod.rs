@@ -231,7 +231,7 @@ pub fn route(
         m.gauge(
             &names::name(
                 names::ROUTING_WEIGHT,
-                &[("model", &decision.model), ("cluster", cluster)],
+                &[("model", &decision.model), (names::LLM_CLUSTER, cluster)],
             ),
             weight::gauge_value(*weight),
         );

@@ -228,13 +228,16 @@ impl Prober {
                 metrics.counter(
                     &metrics::name(
                         metrics::ROUTING_PROBES,
-                        &[("cluster", cluster), ("result", result)],
+                        &[(metrics::LLM_CLUSTER, cluster), ("result", result)],
                     ),
                     1,
                 );
                 if recorded.is_ok_and(|r| r.ejected) {
                     metrics.counter(
-                        &metrics::name(metrics::ROUTING_EJECTIONS, &[("cluster", cluster)]),
+                        &metrics::name(
+                            metrics::ROUTING_EJECTIONS,
+                            &[(metrics::LLM_CLUSTER, cluster)],
+                        ),
                         1,
                     );
                 }
@@ -612,7 +615,7 @@ mod tests {
     fn probes(m: &MemoryMetrics, result: &str) -> u64 {
         let name = metrics::name(
             metrics::ROUTING_PROBES,
-            &[("cluster", "a"), ("result", result)],
+            &[(metrics::LLM_CLUSTER, "a"), ("result", result)],
         );
         m.counters.get(&name).copied().unwrap_or(0)
     }
@@ -620,7 +623,7 @@ mod tests {
     #[test]
     fn liveness_ends_feed_health_and_metrics() {
         let c = probed();
-        let ejections = metrics::name(metrics::ROUTING_EJECTIONS, &[("cluster", "a")]);
+        let ejections = metrics::name(metrics::ROUTING_EJECTIONS, &[(metrics::LLM_CLUSTER, "a")]);
         let p = probe(ProbeKind::Liveness);
         for (end, ok) in [
             (

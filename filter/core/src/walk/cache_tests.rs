@@ -49,11 +49,11 @@ impl World {
     }
 
     fn lookups(&self, result: &str) -> u64 {
-        self.counter(&format!("llm_filter_cache_lookups_total.result.{result}"))
+        self.counter(&format!("llm_filter_cache_lookups_total.result={result};"))
     }
 
     fn stores(&self, result: &str) -> u64 {
-        self.counter(&format!("llm_filter_cache_stores_total.result.{result}"))
+        self.counter(&format!("llm_filter_cache_stores_total.result={result};"))
     }
 
     fn gauge(&self, name: &str) -> i64 {
@@ -158,7 +158,7 @@ fn a_miss_is_stored_and_the_twin_hits() {
     call.on_log(&mut w.env());
     assert_eq!(w.lookups("hit"), 1);
     assert_eq!(
-        w.counter("llm_filter_requests_total.priority.P1.model.gpt-4o.outcome.success"),
+        w.counter("llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=success;"),
         2
     );
 }
@@ -410,7 +410,7 @@ fn twins_in_flight_wait_for_the_first() {
     twin.on_log(&mut w.env());
     assert_eq!((w.lookups("miss"), w.lookups("coalesced")), (1, 1));
     assert_eq!(
-        w.counter("llm_filter_cache_coalesced_waits_total.outcome.served"),
+        w.counter("llm_filter_cache_coalesced_waits_total.outcome=served;"),
         1
     );
 }
@@ -439,7 +439,7 @@ fn a_twin_whose_leader_fails_goes_upstream_and_leads() {
     assert_eq!(twin_host.header("x-llm-cluster"), Some("azure"));
     assert!(twin_host.header("x-envoy-upstream-rq-timeout-ms").is_some());
     assert_eq!(
-        w.counter("llm_filter_cache_coalesced_waits_total.outcome.upstream"),
+        w.counter("llm_filter_cache_coalesced_waits_total.outcome=upstream;"),
         1
     );
 
@@ -613,11 +613,11 @@ fn a_stream_cut_short_is_neither_stored_nor_a_success() {
     assert_eq!(w.stores("incomplete"), 1);
     assert_eq!(w.stores("stored"), 0);
     assert_eq!(
-        w.counter("llm_filter_requests_total.priority.P1.model.gpt-4o.outcome.incomplete"),
+        w.counter("llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=incomplete;"),
         1
     );
     assert_eq!(
-        w.counter("llm_filter_requests_total.priority.P1.model.gpt-4o.outcome.success"),
+        w.counter("llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=success;"),
         0
     );
     // The twin finds nothing partial: it goes upstream.

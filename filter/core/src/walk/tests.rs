@@ -68,15 +68,15 @@ fn a_plain_call_is_tagged_planned_and_counted() {
     w.now_ms += 250;
     call.on_log(&mut w.env());
     assert_eq!(
-        w.counter("llm_filter_requests_total.priority.P0.model.gpt-4o.outcome.success"),
+        w.counter("llm_filter_requests_total.priority=P0;.model=gpt-4o;.outcome=success;"),
         1
     );
     assert_eq!(
-        w.counter("gen_ai_client_token_usage_total.model.gpt-4o.token_type.input"),
+        w.counter("gen_ai_client_token_usage_total.model=gpt-4o;.token_type=input;"),
         3
     );
     assert_eq!(
-        w.metrics.histograms["gen_ai_client_operation_duration_ms.model.gpt-4o"],
+        w.metrics.histograms["gen_ai_client_operation_duration_ms.model=gpt-4o;"],
         [250]
     );
 }
@@ -141,7 +141,7 @@ fn a_routed_model_gets_its_cluster_and_name() {
     assert_eq!(host.response("x-llm-cluster"), Some("azure"));
     call.on_log(&mut w.env());
     assert_eq!(
-        w.counter("llm_filter_routing_calls_total.cluster.azure.outcome.success"),
+        w.counter("llm_filter_routing_calls_total.llm_cluster=azure;.outcome=success;"),
         1
     );
     assert!(health::read(&w.store, "azure").is_some());
@@ -214,7 +214,7 @@ fn an_overloaded_backend_refuses_low_priority_but_not_p0() {
     assert!(body["error"]["code"].is_string());
     call.on_log(&mut w.env());
     assert_eq!(
-        w.counter("llm_filter_requests_total.priority.P2.model.gpt-4o.outcome.refused"),
+        w.counter("llm_filter_requests_total.priority=P2;.model=gpt-4o;.outcome=refused;"),
         1
     );
 
@@ -249,7 +249,7 @@ fn failed_calls_without_an_attempt_count_spend_the_retry_budget() {
     assert_eq!(planned[..5], ["2"; 5], "{planned:?}");
     assert_eq!(planned[5..], ["0"; 7], "{planned:?}");
     assert_eq!(
-        w.counter("llm_filter_budget_retry_budget_spent_total.cluster.default"),
+        w.counter("llm_filter_budget_retry_budget_spent_total.llm_cluster=default;"),
         7
     );
 }
@@ -296,7 +296,7 @@ fn a_body_never_delivered_is_let_go_by_the_watchdog() {
     );
     assert!(!call.is_parked());
     assert_eq!(
-        w.counter("llm_filter_internal_errors_total.reason.body_not_delivered"),
+        w.counter("llm_filter_internal_errors_total.reason=body_not_delivered;"),
         1
     );
     // The body then streams through untouched.
@@ -375,7 +375,7 @@ fn a_client_that_leaves_teaches_routing_nothing() {
         assert_eq!(
             w.metrics
                 .gauges
-                .get("llm_filter_routing_in_flight.cluster.azure"),
+                .get("llm_filter_routing_in_flight.llm_cluster=azure;"),
             Some(&1)
         );
         // No response at all: the client went away.
@@ -388,13 +388,13 @@ fn a_client_that_leaves_teaches_routing_nothing() {
         (0, 0, None)
     );
     assert_eq!(
-        w.counter("llm_filter_routing_calls_total.cluster.azure.outcome.cancelled"),
+        w.counter("llm_filter_routing_calls_total.llm_cluster=azure;.outcome=cancelled;"),
         5
     );
     assert_eq!(
         w.metrics
             .gauges
-            .get("llm_filter_routing_in_flight.cluster.azure"),
+            .get("llm_filter_routing_in_flight.llm_cluster=azure;"),
         Some(&0)
     );
 }
@@ -415,7 +415,7 @@ fn a_routed_call_answered_locally_leaves_the_in_flight_count() {
     let h = health::read(&w.store, "a").unwrap();
     assert_eq!((h.in_flight, h.errors), (0, None));
     assert_eq!(
-        w.counter("llm_filter_routing_calls_total.cluster.a.outcome.server_error"),
+        w.counter("llm_filter_routing_calls_total.llm_cluster=a;.outcome=server_error;"),
         0
     );
 }
@@ -431,7 +431,7 @@ fn envoys_reply_to_a_reset_upstream_counts_as_reset() {
     w.respond(&mut call, &mut host);
     call.on_log(&mut w.env());
     assert_eq!(
-        w.counter("llm_filter_requests_total.priority.P1.model.gpt-4o.outcome.reset"),
+        w.counter("llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=reset;"),
         1
     );
 }
@@ -544,7 +544,7 @@ fn a_failed_call_is_sent_to_the_other_backend_and_answered_from_it() {
     assert!(timeout > 0 && timeout <= 60_000, "{timeout}");
     // b learnt its failure already.
     assert_eq!(
-        w.counter("llm_filter_routing_calls_total.cluster.b.outcome.server_error"),
+        w.counter("llm_filter_routing_calls_total.llm_cluster=b;.outcome=server_error;"),
         1
     );
 
@@ -573,19 +573,19 @@ fn a_failed_call_is_sent_to_the_other_backend_and_answered_from_it() {
     assert_eq!(body, ANSWER.as_bytes());
     call.on_log(&mut w.env());
     assert_eq!(
-        w.counter("llm_filter_routing_failovers_total.result.answered"),
+        w.counter("llm_filter_routing_failovers_total.result=answered;"),
         1
     );
     assert_eq!(
-        w.counter("llm_filter_routing_calls_total.cluster.a.outcome.success"),
+        w.counter("llm_filter_routing_calls_total.llm_cluster=a;.outcome=success;"),
         1
     );
     assert_eq!(
-        w.counter("llm_filter_requests_total.priority.P1.model.gpt-4o.outcome.success"),
+        w.counter("llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=success;"),
         1
     );
     assert_eq!(
-        w.counter("gen_ai_client_token_usage_total.model.gpt-4o.token_type.input"),
+        w.counter("gen_ai_client_token_usage_total.model=gpt-4o;.token_type=input;"),
         3
     );
     assert_eq!(health::read(&w.store, "a").unwrap().in_flight, 0);
@@ -610,15 +610,15 @@ fn no_answer_from_the_other_backend_lets_the_failure_through() {
     );
     call.on_log(&mut w.env());
     assert_eq!(
-        w.counter("llm_filter_routing_failovers_total.result.no_answer"),
+        w.counter("llm_filter_routing_failovers_total.result=no_answer;"),
         1
     );
     assert_eq!(
-        w.counter("llm_filter_routing_calls_total.cluster.a.outcome.timeout"),
+        w.counter("llm_filter_routing_calls_total.llm_cluster=a;.outcome=timeout;"),
         1
     );
     assert_eq!(
-        w.counter("llm_filter_requests_total.priority.P1.model.gpt-4o.outcome.server_error"),
+        w.counter("llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=server_error;"),
         1
     );
     assert_eq!(health::read(&w.store, "a").unwrap().in_flight, 0);
@@ -725,13 +725,13 @@ fn a_slow_call_is_hedged_and_the_first_answer_wins() {
         Step::Continue
     );
     call.on_log(&mut w.env());
-    assert_eq!(w.counter("llm_filter_routing_hedges_total.result.won"), 1);
+    assert_eq!(w.counter("llm_filter_routing_hedges_total.result=won;"), 1);
     assert_eq!(
-        w.counter("llm_filter_routing_calls_total.cluster.a.outcome.success"),
+        w.counter("llm_filter_routing_calls_total.llm_cluster=a;.outcome=success;"),
         1
     );
     assert_eq!(
-        w.counter("llm_filter_routing_calls_total.cluster.b.outcome.outlasted"),
+        w.counter("llm_filter_routing_calls_total.llm_cluster=b;.outcome=outlasted;"),
         1
     );
     // b learnt it took at least the 140 ms until a answered.
@@ -755,9 +755,9 @@ fn a_backend_answering_before_its_hedge_wins() {
     assert_eq!(step, Step::Pause, "nothing to resume");
     assert!(host.local_reply.is_none());
     call.on_log(&mut w.env());
-    assert_eq!(w.counter("llm_filter_routing_hedges_total.result.lost"), 1);
+    assert_eq!(w.counter("llm_filter_routing_hedges_total.result=lost;"), 1);
     assert_eq!(
-        w.counter("llm_filter_routing_calls_total.cluster.b.outcome.success"),
+        w.counter("llm_filter_routing_calls_total.llm_cluster=b;.outcome=success;"),
         1
     );
     assert_eq!(health::read(&w.store, "a").unwrap().in_flight, 0);
@@ -769,7 +769,7 @@ fn a_backend_answering_before_its_hedge_wins() {
     let mut host = host.with_response(200, "application/json", ANSWER);
     w.respond(&mut call, &mut host);
     call.on_log(&mut w.env());
-    assert_eq!(w.counter("llm_filter_routing_hedges_total.result.lost"), 2);
+    assert_eq!(w.counter("llm_filter_routing_hedges_total.result=lost;"), 2);
     assert_eq!(health::read(&w.store, "a").unwrap().in_flight, 0);
 }
 
@@ -819,7 +819,7 @@ fn envoys_413_to_a_held_body_is_put_in_openai_shape() {
     assert_eq!(body["error"]["type"], "invalid_request_error");
     call.on_log(&mut w.env());
     assert_eq!(
-        w.counter("llm_filter_requests_total.priority.P1.model.unknown.outcome.client_error"),
+        w.counter("llm_filter_requests_total.priority=P1;.model=unknown;.outcome=client_error;"),
         1
     );
 }
