@@ -23,7 +23,7 @@ export ENVOY_BIN := $(abspath $(ENVOY))
 export LLM_FILTER_WASM := $(abspath $(WASM))
 export LLM_FILTER_NOOP_WASM := $(abspath $(NOOP_WASM))
 
-.PHONY: help build run test unit fuzz e2e examples lint bench bench-noop bench-core bench-tail soak clean wasm-target envoy tools-bench tools-promtool
+.PHONY: help build run test unit fuzz e2e examples lint bench bench-noop bench-core bench-tail soak clean wasm-target envoy tools-bench tools-promtool tools-tls
 
 help:
 	@echo "make run    build, start the mock upstream and Envoy with the filter, print curls"
@@ -50,7 +50,7 @@ build: wasm-target
 	$(CARGO) build --release --target $(WASM_TARGET) -p llm-filter
 	@ls -l $(WASM)
 
-run: build envoy
+run: build envoy tools-tls
 	$(CARGO) build --release -p llm-filter-e2e --bin mock-upstream
 	PROVIDER_HOST=$(PROVIDER_HOST) PROVIDER_PORT=$(PROVIDER_PORT) scripts/run.sh
 
@@ -65,7 +65,7 @@ fuzz:
 	PROPTEST_CASES=$(FUZZ_CASES) CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
 		$(CARGO) test --release -p llm-filter-core props
 
-e2e: build envoy
+e2e: build envoy tools-tls
 	$(CARGO) test -p llm-filter-e2e -- --test-threads 2
 
 examples: tools-promtool
@@ -81,6 +81,12 @@ lint: wasm-target
 
 tools-promtool:
 	@command -v promtool >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus; }
+
+# The system CA bundle envoy/provider.yaml checks a provider's certificate
+# against (scripts/provider-config.sh finds it through openssl).
+tools-tls:
+	@command -v openssl >/dev/null && test -r "$$(openssl version -d | sed -E 's/^OPENSSLDIR: "(.*)"$$/\1/')/cert.pem" \
+		|| { apt-get update -qq && apt-get install -y -qq --no-install-recommends openssl ca-certificates; }
 
 tools-bench:
 	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends wrk; }

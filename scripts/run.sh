@@ -16,8 +16,9 @@ stop() {
 trap stop EXIT INT TERM
 
 if [[ -n "${PROVIDER_HOST:-}" ]]; then
-  sed -e "s/PROVIDER_HOST/${PROVIDER_HOST}/g" -e "s/PROVIDER_PORT/${PROVIDER_PORT:-443}/g" \
-    envoy/provider.yaml > "$RUN/envoy.yaml"
+  # The provider's certificate is checked against the system CA bundle (or
+  # PROVIDER_CA) and PROVIDER_HOST.
+  scripts/provider-config.sh "$PROVIDER_HOST" "${PROVIDER_PORT:-443}" > "$RUN/envoy.yaml"
   echo "upstream: https://${PROVIDER_HOST}:${PROVIDER_PORT:-443} (set your key in the Authorization header)"
 else
   "$MOCK" --port 18080 --name mock --latency-ms 200 > "$RUN/mock.log" 2>&1 &

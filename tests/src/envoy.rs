@@ -136,6 +136,8 @@ pub struct EnvoyBuilder {
     wasm_path: PathBuf,
     ecds: bool,
     read_body_first: bool,
+    /// A whole bootstrap to run instead of the generated one.
+    bootstrap: Option<String>,
 }
 
 impl Default for EnvoyBuilder {
@@ -164,7 +166,17 @@ impl EnvoyBuilder {
             wasm_path: wasm_path(),
             ecds: false,
             read_body_first: false,
+            bootstrap: None,
         }
+    }
+
+    /// Runs `yaml` as it is instead of a generated bootstrap, from the
+    /// workspace root (so a module path relative to it resolves as for `make
+    /// run`); the first listener is the one [`Envoy::url`] names. For the
+    /// bootstraps the project ships.
+    pub fn bootstrap(mut self, yaml: impl Into<String>) -> Self {
+        self.bootstrap = Some(yaml.into());
+        self
     }
 
     /// The filter's configuration comes from a watched file by extension
@@ -418,10 +430,16 @@ impl EnvoyBuilder {
         if self.ecds {
             write_ecds(dir.path(), &self.wasm_path, &self.plugin_config)?;
         }
-        std::fs::write(&config_path, self.config_yaml_in(dir.path()))
-            .context("write envoy.yaml")?;
+        let yaml = match &self.bootstrap {
+            Some(yaml) => yaml.clone(),
+            None => self.config_yaml_in(dir.path()),
+        };
+        std::fs::write(&config_path, yaml).context("write envoy.yaml")?;
         let log = std::fs::File::create(&log_path).context("create envoy.log")?;
         let mut command = Command::new(&self.envoy_bin);
+        if self.bootstrap.is_some() {
+            command.current_dir(workspace_root());
+        }
         command
             .arg("-c")
             .arg(&config_path)
@@ -835,6 +853,30 @@ pub fn parse_stats_json(body: &str) -> Result<HashMap<String, u64>> {
             Some((name.to_string(), value))
         })
         .collect())
+}
+
+/// `envoy/provider.yaml` for the provider at `host:port` as `make run` renders
+/// it (`scripts/provider-config.sh`), its certificate checked against the CA
+/// bundle `ca` (`None`: the system's).
+pub fn provider_bootstrap(host: &str, port: u16, ca: Option<&Path>) -> Result<String> {
+    let mut command = Command::new(workspace_root().join("scripts/provider-config.sh"));
+    command.arg(host).arg(port.to_string());
+    match ca {
+        Some(ca) => command.env("PROVIDER_CA", ca),
+        None => command.env_remove("PROVIDER_CA"),
+    };
+    let output = command
+        .stdin(Stdio::null())
+        .output()
+        .context("run scripts/provider-config.sh")?;
+    if !output.status.success() {
+        bail!(
+            "scripts/provider-config.sh failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    String::from_utf8(output.stdout).context("provider bootstrap is not UTF-8")
 }
 
 /// Runs `envoy --mode validate` on a config text; the error carries Envoy's output.

@@ -5,6 +5,7 @@
 pub mod envoy;
 pub mod mock;
 pub mod prometheus;
+pub mod tls;
 
 use std::time::{Duration, Instant};
 
@@ -15,9 +16,9 @@ use reqwest::header::HeaderMap;
 use serde_json::{json, Value};
 
 pub use envoy::{
-    envoy_available, envoy_bin, stats_config_yaml, stats_tag_rules, top_level_block,
-    validate_config, validate_config_file, wasm_available, wasm_path, workspace_root, Envoy,
-    EnvoyBuilder,
+    envoy_available, envoy_bin, provider_bootstrap, stats_config_yaml, stats_tag_rules,
+    top_level_block, validate_config, validate_config_file, wasm_available, wasm_path,
+    workspace_root, Envoy, EnvoyBuilder,
 };
 pub use mock::{MockConfig, MockUpstream, RecordedRequest, Script, TailLatency};
 

@@ -4,7 +4,7 @@
 
 use llm_filter_core::metrics;
 use llm_filter_e2e::{
-    skip_without_envoy, stats_config_yaml, stats_tag_rules, validate_config,
+    provider_bootstrap, skip_without_envoy, stats_config_yaml, stats_tag_rules, validate_config,
     workspace_root,
 };
 
@@ -72,9 +72,12 @@ fn deployed_bootstraps_validate() {
         workspace_root().join(module).is_file(),
         "{module} is missing: build it with `make build`"
     );
-    let provider = read("envoy/provider.yaml")
-        .replace("PROVIDER_HOST", "provider.invalid")
-        .replace("PROVIDER_PORT", "443");
+    // As `make run PROVIDER_HOST=…` renders it, against the system CA bundle.
+    let provider = provider_bootstrap("provider.invalid", 443, None)
+        .unwrap_or_else(|e| panic!("render envoy/provider.yaml: {e:#}"));
+    assert!(!provider
+        .lines()
+        .any(|l| !l.trim_start().starts_with('#') && l.contains("PROVIDER_")));
     for (path, yaml) in [
         ("envoy/envoy.yaml", read("envoy/envoy.yaml")),
         ("envoy/provider.yaml", provider),

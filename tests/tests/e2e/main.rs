@@ -21,6 +21,7 @@ mod mesh_names;
 mod metrics;
 mod passthrough;
 mod priority;
+mod provider_tls;
 mod reload;
 mod routing;
 mod routing_tail;
