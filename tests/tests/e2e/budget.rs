@@ -77,6 +77,14 @@ fn assert_openai_error(r: &HttpResponse, status: u16, code: &str, case: &str) {
     assert_eq!(body.as_object().map(|o| o.len()), Some(1), "{case}: {body}");
     assert_eq!(error["code"], code, "{case}: {body}");
     assert!(error["type"].is_string(), "{case}: {body}");
+    // A spent budget: OpenAI's SDKs must not retry it (they obey this header).
+    let spent = status == 504;
+    assert_eq!(
+        r.header("x-should-retry"),
+        spent.then_some("false"),
+        "{case}: {:?}",
+        r.headers
+    );
     assert!(
         error["message"].as_str().is_some_and(|m| !m.is_empty()),
         "{case}: {body}"
@@ -382,6 +390,10 @@ async fn a_budget_spent_before_forwarding_is_answered_locally() {
     assert!(
         head.to_ascii_lowercase()
             .contains("content-type: application/json"),
+        "{head}"
+    );
+    assert!(
+        head.to_ascii_lowercase().contains("x-should-retry: false"),
         "{head}"
     );
     let body: Value = serde_json::from_str(body).unwrap_or_default();

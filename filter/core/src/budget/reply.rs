@@ -17,6 +17,10 @@ pub struct LocalReply {
     pub body: Vec<u8>,
 }
 
+/// The header OpenAI's SDKs obey over their own retry rules (`false`: do not
+/// retry this answer, whatever its status).
+pub const SHOULD_RETRY: &str = "x-should-retry";
+
 /// Why the budget answered locally.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReplyKind {
@@ -61,6 +65,12 @@ impl ReplyKind {
             Self::UpstreamTimeout => "llm_filter_upstream_timeout",
             Self::TooLarge => "llm_filter_request_too_large",
         }
+    }
+
+    /// The caller's whole budget is gone: a retry can no longer meet its
+    /// deadline, only add load, so the reply tells SDKs not to make one.
+    pub fn spends_the_budget(self) -> bool {
+        matches!(self, Self::BudgetExhausted | Self::UpstreamTimeout)
     }
 
     /// The default human-readable message.
@@ -129,6 +139,9 @@ pub fn with_message(kind: ReplyKind, message: &str, retry_after_s: Option<u64>) 
     if let Some(s) = retry_after_s {
         headers.push(("retry-after", s.to_string()));
     }
+    if kind.spends_the_budget() {
+        headers.push((SHOULD_RETRY, "false".to_string()));
+    }
     LocalReply {
         status: kind.status(),
         headers,
@@ -184,6 +197,21 @@ mod tests {
         }
         let r = local_reply(ReplyKind::UpstreamTimeout, None);
         assert!(r.headers.iter().all(|(k, _)| *k != "retry-after"));
+    }
+
+    #[test]
+    fn only_a_spent_budget_tells_sdks_not_to_retry() {
+        let no_retry = (SHOULD_RETRY, "false".to_string());
+        for (kind, spent) in [
+            (ReplyKind::Shed, false),
+            (ReplyKind::Reject, false),
+            (ReplyKind::BudgetExhausted, true),
+            (ReplyKind::UpstreamTimeout, true),
+            (ReplyKind::TooLarge, false),
+        ] {
+            let r = local_reply(kind, None);
+            assert_eq!(r.headers.contains(&no_retry), spent, "{kind:?}");
+        }
     }
 
     #[test]
