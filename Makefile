@@ -11,6 +11,8 @@ NOOP_WASM   := target/$(WASM_TARGET)/release/llm_filter_noop.wasm
 VENV        := .venv
 ENVOY       := $(VENV)/bin/envoy
 ENVOY_VERSION := 1.40.0
+# The official OpenAI Python SDK, a real client in the end-to-end suite.
+OPENAI_VERSION := 3.51.0
 PYTHON      ?= python3
 CARGO       ?= cargo
 
@@ -23,7 +25,7 @@ export ENVOY_BIN := $(abspath $(ENVOY))
 export LLM_FILTER_WASM := $(abspath $(WASM))
 export LLM_FILTER_NOOP_WASM := $(abspath $(NOOP_WASM))
 
-.PHONY: help build run test unit fuzz e2e examples lint bench bench-noop bench-core bench-tail soak clean wasm-target envoy tools-bench tools-promtool tools-tls
+.PHONY: help build run test unit fuzz e2e examples lint bench bench-noop bench-core bench-tail soak clean wasm-target envoy tools-bench tools-promtool tools-tls sdk
 
 help:
 	@echo "make run    build, start the mock upstream and Envoy with the filter, print curls"
@@ -46,6 +48,12 @@ $(ENVOY):
 
 envoy: $(ENVOY)
 
+# The pinned OpenAI SDK in the same venv; installed only when another version
+# (or none) is there.
+sdk: $(ENVOY)
+	@$(VENV)/bin/python -c "import openai, sys; sys.exit(openai.__version__ != '$(OPENAI_VERSION)')" 2>/dev/null \
+		|| $(VENV)/bin/pip install --quiet --disable-pip-version-check openai==$(OPENAI_VERSION)
+
 build: wasm-target
 	$(CARGO) build --release --target $(WASM_TARGET) -p llm-filter
 	@ls -l $(WASM)
@@ -65,7 +73,7 @@ fuzz:
 	PROPTEST_CASES=$(FUZZ_CASES) CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
 		$(CARGO) test --release -p llm-filter-core props
 
-e2e: build envoy tools-tls
+e2e: build envoy tools-tls sdk
 	$(CARGO) test -p llm-filter-e2e -- --test-threads 2
 
 examples: tools-promtool

@@ -25,6 +25,7 @@ mod provider_tls;
 mod reload;
 mod routing;
 mod routing_tail;
+mod sdk;
 mod shared_data;
 mod streaming;
 mod trace_context;
