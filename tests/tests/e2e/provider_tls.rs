@@ -19,6 +19,10 @@ const KEY: &str = "Bearer sk-e2e-provider-secret";
 /// `ca` (`None`: the system bundle), on free ports instead of the demo's.
 fn provider_envoy(front: &TlsFront, ca: Option<&Path>) -> Envoy {
     let yaml = provider_bootstrap(HOST, front.port(), ca).expect("render provider.yaml");
+    start_provider(yaml)
+}
+
+fn start_provider(yaml: String) -> Envoy {
     for port in ["port_value: 10000", "port_value: 9901"] {
         assert!(yaml.contains(port), "provider.yaml has no `{port}`");
     }
@@ -116,4 +120,39 @@ async fn the_provider_it_trusts_gets_the_call() {
     assert_eq!(seen.header("authorization"), Some(KEY));
     assert_eq!(seen.header("host"), Some(HOST));
     assert!(r.header("x-trace-id").is_some(), "the filter ran");
+}
+
+#[tokio::test]
+async fn a_wildcard_certificate_covers_the_provider() {
+    if skip_without_envoy("a_wildcard_certificate_covers_the_provider") {
+        return;
+    }
+    // Providers such as Azure OpenAI serve `<resource>.openai.azure.com`
+    // under a `*.openai.azure.com` certificate: the SAN check follows DNS
+    // wildcard rules. Only the endpoint's address is pinned to loopback; the
+    // SNI and the name checked stay the provider's.
+    let dir = tempfile::tempdir().expect("dir");
+    let ca = TestCa::new("llm-filter e2e CA").expect("ca");
+    let cert = ca.issue(&["*.provider.test"]).expect("certificate");
+    let ca_file = ca.write(dir.path()).expect("ca file");
+    let render = |host: &str, front: &TlsFront| {
+        let yaml = provider_bootstrap(host, front.port(), Some(&ca_file)).expect("render");
+        let endpoint = format!("address: {host}, port_value");
+        assert!(yaml.contains(&endpoint), "no endpoint {endpoint}");
+        yaml.replace(&endpoint, "address: 127.0.0.1, port_value")
+    };
+    let (mock, front) = upstream(&cert);
+    let envoy = start_provider(render("eu.provider.test", &front));
+    let r = call(&envoy).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        mock.last_request()
+            .and_then(|q| q.header("authorization").map(str::to_string)),
+        Some(KEY.to_string())
+    );
+    // The wildcard covers one label only.
+    let (mock, front) = upstream(&cert);
+    let envoy = start_provider(render("a.eu.provider.test", &front));
+    let r = call(&envoy).await;
+    assert_refused(&r, &envoy, &mock, &front, "fail_verify_san");
 }
