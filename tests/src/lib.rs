@@ -3,6 +3,7 @@
 //! SSE calls that record when each event arrived.
 
 pub mod envoy;
+pub mod istio;
 pub mod mock;
 pub mod prometheus;
 
@@ -15,7 +16,7 @@ use reqwest::header::HeaderMap;
 use serde_json::{json, Value};
 
 pub use envoy::{
-    envoy_available, envoy_bin, stats_config_yaml, stats_tag_rules, top_level_block,
+    envoy_available, envoy_bin, stats_config_yaml, stats_tag_rules, temp_dir, top_level_block,
     validate_config, validate_config_file, wasm_available, wasm_path, workspace_root, Envoy,
     EnvoyBuilder,
 };
