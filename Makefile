@@ -25,7 +25,8 @@ IMAGE_TAG     ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -
 IMAGE_ARCHIVE := target/image/llm-filter.oci.tar
 IMAGE         ?=
 PUSH_FLAGS    ?=
-# The Istio API as typed models (the CRD schemas), to check examples/istio.
+# The Istio API as typed models (generated from its CRD schemas), to check
+# examples/istio; the later releases of these models need Python 3.14.
 ISTIO_MODELS_VERSION := 1.24.2.1
 
 export ENVOY_BIN := $(abspath $(ENVOY))
