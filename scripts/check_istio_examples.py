@@ -9,8 +9,13 @@ Kubernetes would silently prune. Then what the examples promise: a header
 comment naming the Istio versions, a WasmPlugin pulled by digest from an
 oci:// image with FAIL_OPEN, a selector and ports; EnvoyFilters scoped by a
 workload selector; remote code only through an extension config (ECDS) with a
-sha256 and fail-open; the bootstrap override as JSON. The Envoy fragments
-inside the patches are checked by Envoy itself (e2e `istio`).
+sha256 and fail-open; the bootstrap override as JSON with the stats tags of
+envoy/envoy.yaml. The Envoy fragments inside the patches are checked by Envoy
+itself (e2e `istio`).
+
+    check_istio_examples.py [examples/istio]
+    check_istio_examples.py --write-stats-tags    rewrite stats-tags.yaml's rules
+                                                  from envoy/envoy.yaml
 """
 
 import json
@@ -29,6 +34,27 @@ PLACEHOLDERS = {
 }
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 WASM_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
+ROOT = Path(__file__).resolve().parent.parent
+ENVOY_YAML = ROOT / "envoy" / "envoy.yaml"
+STATS_TAGS_YAML = ROOT / "examples" / "istio" / "stats-tags.yaml"
+
+
+def demo_stats_tags():
+    """The stats tag rules of envoy/envoy.yaml, the one source of them."""
+    bootstrap = yaml.safe_load(ENVOY_YAML.read_text())
+    return [
+        {"tag_name": t["tag_name"], "regex": t["regex"]}
+        for t in bootstrap["stats_config"]["stats_tags"]
+    ]
+
+
+def write_stats_tags():
+    """Rewrites the rules of the bootstrap override ConfigMap, one a line."""
+    text = STATS_TAGS_YAML.read_text()
+    head, rest = text.split('"stats_tags": [\n', 1)
+    _, tail = rest.split("\n        ]\n", 1)
+    rules = ",\n".join(" " * 10 + json.dumps(t) for t in demo_stats_tags())
+    STATS_TAGS_YAML.write_text(head + '"stats_tags": [\n' + rules + "\n        ]\n" + tail)
 
 
 def unknown_fields(given, known, path=""):
@@ -109,8 +135,12 @@ def check_configmap(doc):
     if set(data) != {"custom_bootstrap.json"}:
         return ["a bootstrap override holds custom_bootstrap.json alone"]
     bootstrap = json.loads(data["custom_bootstrap.json"])
-    if not bootstrap.get("stats_config", {}).get("stats_tags"):
-        return ["custom_bootstrap.json has no stats_config.stats_tags"]
+    tags = bootstrap.get("stats_config", {}).get("stats_tags")
+    if tags != demo_stats_tags():
+        return [
+            "custom_bootstrap.json's stats_tags differ from envoy/envoy.yaml's "
+            "(scripts/check_istio_examples.py --write-stats-tags rewrites them)"
+        ]
     return []
 
 
@@ -144,6 +174,9 @@ def check_file(path):
 
 
 def main(argv):
+    if argv[1:] == ["--write-stats-tags"]:
+        write_stats_tags()
+        return 0
     directory = Path(argv[1] if len(argv) > 1 else "examples/istio")
     files = sorted(directory.glob("*.yaml"))
     if not files:
