@@ -1,11 +1,13 @@
-//! The Istio manifests of `examples/istio/` in the config a sidecar really
+//! The Istio manifests of `examples/istio/` in the config a proxy really
 //! runs: every EnvoyFilter patch applied to Istio's layout of the outbound
-//! listener, routes and clusters (`0.0.0.0_80`, route configuration `80`,
+//! listener, routes and clusters (sidecar: `0.0.0.0_80`, route configuration `80`;
+//! egress gateway: `0.0.0.0_8080`, `http.8080`;
 //! virtual host `api.openai.com:80`, `outbound|80||api.openai.com`) with the
 //! bootstrap override merged in, validated by Envoy as istiod sends it and as
-//! Envoy runs it; then run, with the provider's cluster and a second one
-//! standing in as mocks, so a call the filter routes by an Istio cluster name
-//! reaches that cluster through the route the example adds.
+//! Envoy runs it; then run, in a sidecar's layout and in the egress gateway's,
+//! with the provider's cluster and a second one standing in as mocks, so a
+//! call the filter routes by an Istio cluster name reaches that cluster
+//! through the route the example adds.
 
 use std::time::Duration;
 
@@ -106,14 +108,30 @@ fn the_stats_tags_configmap_carries_the_demo_rules() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_call_the_filter_routes_reaches_the_istio_cluster_it_names() {
-    if skip_without_envoy("a_call_the_filter_routes_reaches_the_istio_cluster_it_names") {
+async fn a_routed_call_reaches_the_istio_cluster_it_names_in_a_sidecar() {
+    if skip_without_envoy("a_routed_call_reaches_the_istio_cluster_it_names_in_a_sidecar") {
         return;
     }
+    routed_call_through(Role::Sidecar).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routed_call_reaches_the_istio_cluster_it_names_in_the_egress_gateway() {
+    if skip_without_envoy("a_routed_call_reaches_the_istio_cluster_it_names_in_the_egress_gateway")
+    {
+        return;
+    }
+    routed_call_through(Role::EgressGateway).await;
+}
+
+/// The examples' patches for `role`, run: a call the filter routes to the
+/// second service by its Istio cluster name goes there through the example's
+/// route; a call it does not route takes Istio's own route to the provider.
+async fn routed_call_through(role: Role) {
     let provider = MockUpstream::start(MockConfig::named("provider"));
     let second = MockUpstream::start(MockConfig::named("second"));
-    let mut sidecar = proxy(
-        Role::Sidecar,
+    let mut envoy_config = proxy(
+        role,
         &[
             Service::new(
                 PROVIDER,
@@ -130,24 +148,26 @@ async fn a_call_the_filter_routes_reaches_the_istio_cluster_it_names() {
         ],
         Discovery::Ads,
     );
-    sidecar
+    envoy_config
         .fetch_remote_code(&wasm_path())
         .expect("the agent's fetch");
     // The example's config, but `gpt-4o` served by the second service, which
     // Istio's own route for api.openai.com never reaches.
-    sidecar.set_plugin_config(&json!({
+    envoy_config.set_plugin_config(&json!({
         "tracing": {"mode": "off"},
         "cache": {"max_entries": 256, "max_entry_bytes": 65536},
         "routing": {"models": {"gpt-4o": [{"cluster": cluster_name(SECOND), "weight": 1}]}}
     }));
     let dir = temp_dir().expect("temp dir");
-    sidecar.discover_from_files(dir.path()).expect("ECDS files");
-    sidecar
+    envoy_config
+        .discover_from_files(dir.path())
+        .expect("ECDS files");
+    envoy_config
         .config
         .as_object_mut()
         .map(|c| c.remove("dynamic_resources"));
     let envoy = EnvoyBuilder::new()
-        .start_config_in(dir, &sidecar.to_yaml())
+        .start_config_in(dir, &envoy_config.to_yaml())
         .expect("Envoy with the Istio-shaped config");
     let host = [("host", PROVIDER)];
 
