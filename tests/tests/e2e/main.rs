@@ -17,6 +17,7 @@ mod failover;
 mod harness;
 mod hedge;
 mod hostile;
+mod istio;
 mod mesh_names;
 mod metrics;
 mod passthrough;

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Checks the Istio manifests of examples/istio against Istio's API schema
+(`make examples`).
+
+Every document is parsed into the typed model of its kind from
+cloudcoil-models-istio (generated from Istio's CRD schemas): a wrong type or
+enum value fails, and so does a field the schema does not know, which
+Kubernetes would silently prune. Then what the examples promise: a header
+comment naming the Istio versions, a WasmPlugin pulled by digest from an
+oci:// image with FAIL_OPEN, a selector and ports; EnvoyFilters scoped by a
+workload selector; remote code only through an extension config (ECDS) with a
+sha256 and fail-open; the bootstrap override as JSON with the stats tags of
+envoy/envoy.yaml. The Envoy fragments inside the patches are checked by Envoy
+itself (e2e `istio`).
+
+    check_istio_examples.py [examples/istio]
+    check_istio_examples.py --write-stats-tags    rewrite stats-tags.yaml's rules
+                                                  from envoy/envoy.yaml
+"""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import yaml
+from cloudcoil.resources import parse
+
+# Placeholders a user replaces (see the comments in the manifests), and
+# values of the right shape to check the rest against.
+PLACEHOLDERS = {
+    "REGISTRY": "registry.example.com",
+    "IMAGE_SHA256": "0123456789abcdef" * 4,
+}
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+WASM_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
+ROOT = Path(__file__).resolve().parent.parent
+ENVOY_YAML = ROOT / "envoy" / "envoy.yaml"
+STATS_TAGS_YAML = ROOT / "examples" / "istio" / "stats-tags.yaml"
+
+
+def demo_stats_tags():
+    """The stats tag rules of envoy/envoy.yaml, the one source of them."""
+    bootstrap = yaml.safe_load(ENVOY_YAML.read_text())
+    return [
+        {"tag_name": t["tag_name"], "regex": t["regex"]}
+        for t in bootstrap["stats_config"]["stats_tags"]
+    ]
+
+
+def write_stats_tags():
+    """Rewrites the rules of the bootstrap override ConfigMap, one a line."""
+    text = STATS_TAGS_YAML.read_text()
+    head, rest = text.split('"stats_tags": [\n', 1)
+    _, tail = rest.split("\n        ]\n", 1)
+    rules = ",\n".join(" " * 10 + json.dumps(t) for t in demo_stats_tags())
+    STATS_TAGS_YAML.write_text(head + '"stats_tags": [\n' + rules + "\n        ]\n" + tail)
+
+
+def unknown_fields(given, known, path=""):
+    """Paths in `given` that did not survive the typed round trip `known`."""
+    out = []
+    if isinstance(given, dict):
+        if not isinstance(known, dict):
+            return [path or "."]
+        for key, value in given.items():
+            if key not in known:
+                out.append(f"{path}.{key}" if path else key)
+            else:
+                out.extend(unknown_fields(value, known[key], f"{path}.{key}" if path else key))
+    elif isinstance(given, list) and isinstance(known, list):
+        for i, (a, b) in enumerate(zip(given, known)):
+            out.extend(unknown_fields(a, b, f"{path}[{i}]"))
+    return out
+
+
+def check_schema(doc):
+    resource = parse(doc)
+    known = resource.model_dump(by_alias=True, exclude_unset=True, mode="json")
+    extra = unknown_fields(doc, known)
+    if extra:
+        raise ValueError(f"fields the {doc['kind']} schema does not know: {', '.join(extra)}")
+
+
+def check_wasmplugin(spec):
+    problems = []
+    if not spec.get("url", "").startswith("oci://"):
+        problems.append("url is not an oci:// image")
+    if not SHA256.match(spec.get("sha256", "")):
+        problems.append("no sha256 (the image manifest's digest)")
+    if spec.get("failStrategy") != "FAIL_OPEN":
+        problems.append("failStrategy is not FAIL_OPEN")
+    labels = (spec.get("selector") or {}).get("matchLabels") or {}
+    if not labels and not spec.get("targetRefs"):
+        problems.append("no selector: it would load into every proxy of the namespace")
+    matches = spec.get("match") or []
+    if not matches or not all(m.get("ports") for m in matches):
+        problems.append("match without ports")
+    return problems
+
+
+def check_envoyfilter(spec):
+    problems = []
+    if not (spec.get("workloadSelector") or {}).get("labels"):
+        problems.append("no workloadSelector: it would patch every proxy of the namespace")
+    for i, patch in enumerate(spec.get("configPatches") or []):
+        value = (patch.get("patch") or {}).get("value") or {}
+        text = json.dumps(value)
+        if '"local"' in text and '"filename"' in text:
+            problems.append(f"configPatches[{i}] loads a local file no pod has")
+        if patch.get("applyTo") == "EXTENSION_CONFIG":
+            typed = value.get("typed_config") or {}
+            if typed.get("@type") != WASM_TYPE:
+                continue
+            config = typed.get("config") or {}
+            remote = ((config.get("vm_config") or {}).get("code") or {}).get("remote") or {}
+            uri = (remote.get("http_uri") or {}).get("uri", "")
+            if not uri.startswith("oci://"):
+                problems.append(f"configPatches[{i}]: code.remote is not an oci:// image")
+            if not SHA256.match(remote.get("sha256", "")):
+                problems.append(f"configPatches[{i}]: code.remote has no sha256")
+            if not (config.get("fail_open") or config.get("failure_policy") == "FAIL_OPEN"):
+                problems.append(f"configPatches[{i}]: the filter does not fail open")
+            if config.get("allow_on_headers_stop_iteration") is not True:
+                problems.append(f"configPatches[{i}]: no allow_on_headers_stop_iteration")
+            json.loads((config.get("configuration") or {}).get("value", "{}"))
+        if patch.get("applyTo") == "HTTP_FILTER" and "typed_config" in value:
+            if value["typed_config"].get("@type") == WASM_TYPE:
+                problems.append(f"configPatches[{i}]: a Wasm filter inline, not by ECDS")
+    return problems
+
+
+def check_configmap(doc):
+    data = doc.get("data") or {}
+    if set(data) != {"custom_bootstrap.json"}:
+        return ["a bootstrap override holds custom_bootstrap.json alone"]
+    bootstrap = json.loads(data["custom_bootstrap.json"])
+    tags = bootstrap.get("stats_config", {}).get("stats_tags")
+    if tags != demo_stats_tags():
+        return [
+            "custom_bootstrap.json's stats_tags differ from envoy/envoy.yaml's "
+            "(scripts/check_istio_examples.py --write-stats-tags rewrites them)"
+        ]
+    return []
+
+
+def check_file(path):
+    text = path.read_text()
+    problems = []
+    header = text.split("\napiVersion:", 1)[0]
+    if not re.search(r"Istio \d+\.\d+", header):
+        problems.append("the header comment names no Istio version")
+    for name, value in PLACEHOLDERS.items():
+        text = text.replace(name, value)
+    for doc in yaml.safe_load_all(text):
+        if doc is None:
+            continue
+        kind = doc.get("kind")
+        where = f"{kind} {doc.get('metadata', {}).get('name')}"
+        try:
+            if kind == "ConfigMap":
+                found = check_configmap(doc)
+            else:
+                check_schema(doc)
+                spec = doc.get("spec") or {}
+                found = {
+                    "WasmPlugin": check_wasmplugin,
+                    "EnvoyFilter": check_envoyfilter,
+                }.get(kind, lambda _: [])(spec)
+        except Exception as e:  # a schema error names the field
+            found = [str(e)]
+        problems.extend(f"{where}: {p}" for p in found)
+    return problems
+
+
+def main(argv):
+    if argv[1:] == ["--write-stats-tags"]:
+        write_stats_tags()
+        return 0
+    directory = Path(argv[1] if len(argv) > 1 else "examples/istio")
+    files = sorted(directory.glob("*.yaml"))
+    if not files:
+        print(f"no manifests in {directory}")
+        return 1
+    failed = 0
+    for path in files:
+        problems = check_file(path)
+        for p in problems:
+            print(f"{path}: {p}")
+        failed += bool(problems)
+    print(f"istio examples: {len(files) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
