@@ -144,7 +144,7 @@ pub fn embeddings_request(cfg: &EmbeddingsConfig, text: &str) -> (Vec<(String, S
 pub enum EmbedFailure {
     /// The host refused to send the callout (e.g. an unknown cluster).
     Dispatch,
-    /// No answer in `timeout_ms` (or the connection failed).
+    /// No answer in `timeout_ms` (Envoy's 504), or the connection failed.
     Timeout,
     /// An answer other than 200.
     Status,
@@ -184,7 +184,8 @@ pub fn read_embedding(
     max_dimensions: u32,
 ) -> Result<Vec<f32>, EmbedFailure> {
     match status {
-        None => return Err(EmbedFailure::Timeout),
+        // Envoy answers a callout past its timeout with its own 504.
+        None | Some(504) => return Err(EmbedFailure::Timeout),
         Some(200) => {}
         Some(_) => return Err(EmbedFailure::Status),
     }

@@ -229,6 +229,7 @@ fn only_one_finite_vector_is_an_embedding() {
     let v = read_embedding(Some(200), ok, 8).unwrap();
     assert!((v[0] - 0.6).abs() < 1e-6 && (v[1] - 0.8).abs() < 1e-6);
     assert_eq!(read_embedding(None, ok, 8), Err(EmbedFailure::Timeout));
+    assert_eq!(read_embedding(Some(504), ok, 8), Err(EmbedFailure::Timeout));
     assert_eq!(read_embedding(Some(503), ok, 8), Err(EmbedFailure::Status));
     assert_eq!(
         read_embedding(Some(200), ok, 1),
