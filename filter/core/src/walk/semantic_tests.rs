@@ -305,3 +305,25 @@ fn a_refused_callout_goes_on_at_once() {
         1
     );
 }
+
+#[test]
+fn after_a_miss_an_identical_call_in_flight_is_waited_for() {
+    let mut w = World::new(CONFIG);
+    let mut first = chat("What is the capital of France?");
+    let (mut lead, _) = w.ask(&mut first);
+    assert_eq!(
+        lead.on_callout_response(&mut w.env(), &mut first, embedding(&V)),
+        Step::Continue,
+        "leads the key upstream"
+    );
+    let mut twin = chat("What is the capital of France?");
+    let (mut call, step) = w.ask(&mut twin);
+    assert_eq!(step, Step::Pause);
+    assert_eq!(
+        call.on_callout_response(&mut w.env(), &mut twin, embedding(&V)),
+        Step::Pause
+    );
+    assert!(call.is_parked(), "waits for the leader's entry");
+    assert!(!call.holds_request());
+    assert!(twin.local_reply.is_none());
+}
