@@ -9,6 +9,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use llm_filter_core::budget::breaker::{self, Sample};
+use llm_filter_core::cache::semantic::{self, store, vector};
 use llm_filter_core::cache::{self, CacheRequest, Decision};
 use llm_filter_core::classify::{classify, Endpoint};
 use llm_filter_core::config::Config;
@@ -217,6 +218,7 @@ fn main() {
         ),
     ];
     black_box(sink.0);
+    let semantic = semantic_parts(&parsed_det);
 
     println!(
         "\npure core parts, native (release), on the requests of `make bench` \
@@ -226,7 +228,79 @@ fn main() {
     );
     println!("| part | µs per call |");
     println!("|---|---:|");
-    for (part, us) in parts {
+    let parts = parts.into_iter().map(|(p, us)| (p.to_string(), us));
+    for (part, us) in parts.chain(semantic) {
         println!("| {part} | {us:.3} |");
     }
+}
+
+/// Unit vectors, deterministic, of `d` dimensions.
+fn unit_vectors(n: usize, d: usize) -> Vec<Vec<f32>> {
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    (0..n)
+        .map(|_| {
+            let v: Vec<f32> = (0..d)
+                .map(|_| {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+                })
+                .collect();
+            vector::normalise(&v).unwrap_or_else(|| panic!("a zero vector"))
+        })
+        .collect()
+}
+
+/// The semantic cache's own parts: the context key, reading the
+/// embeddings answer, and the scan of a group, per 1,000 stored vectors.
+fn semantic_parts(parsed: &Json) -> Vec<(String, f64)> {
+    let config = Config::parse(
+        br#"{"cache":{"semantic":{"embeddings":{"cluster":"e","model":"m"},"max_dimensions":3072}}}"#,
+    )
+    .unwrap_or_else(|e| panic!("config: {e:?}"));
+    let Some(sem) = config.cache.semantic.as_ref() else {
+        panic!("semantic config");
+    };
+    let req = CacheRequest {
+        endpoint: Endpoint::Chat,
+        path: PATH,
+        body: Some(parsed),
+        cache_control: None,
+        credentials: &[None],
+    };
+    let mut out = vec![(
+        "semantic context key and question (`cache::semantic::query`)".to_string(),
+        time(|| {
+            black_box(semantic::query(&config.cache, sem, &req, black_box(parsed)));
+        }),
+    )];
+    for d in [384usize, 1536] {
+        let v = unit_vectors(1, d).remove(0);
+        let answer =
+            json!({"object":"list","data":[{"object":"embedding","index":0,"embedding":v}]})
+                .to_string();
+        out.push((
+            format!("read a {d}-dimension embeddings answer (`read_embedding`)"),
+            time(|| {
+                black_box(
+                    semantic::read_embedding(Some(200), black_box(answer.as_bytes()), 3072).ok(),
+                );
+            }),
+        ));
+    }
+    const STORED: usize = 1_000;
+    let context = [7u8; 32];
+    for d in [384usize, 1536, 3072] {
+        let vectors = unit_vectors(STORED + 1, d);
+        let group = store::group_for_bench(&context, &vectors[..STORED], u64::MAX);
+        let query = &vectors[STORED];
+        out.push((
+            format!("semantic scan of 1,000 stored {d}-dimension vectors (`store::scan`)"),
+            time(|| {
+                black_box(store::scan(black_box(&group), &context, query, 0.95, 1));
+            }),
+        ));
+    }
+    out
 }

@@ -57,7 +57,7 @@ pub const HEADER_CONTENT_ENCODING: &str = "x-mock-content-encoding";
 pub const DEFAULT_CHUNK_DELAY_MS: u64 = 50;
 
 /// Length of every embedding vector the mock returns.
-pub const EMBEDDING_DIMENSIONS: usize = 8;
+pub const EMBEDDING_DIMENSIONS: usize = 256;
 
 /// A heavy latency tail for the model calls (`POST`) of a mock: each one, with
 /// `probability`, waits a delay drawn uniformly from `min_ms..=max_ms` instead
@@ -918,23 +918,32 @@ fn sse_data(chunks: Vec<Value>) -> Vec<String> {
         .collect()
 }
 
-/// A deterministic unit-range vector derived from the text (FNV-1a, then an LCG).
+/// A deterministic embedding that means something: a normalised bag of the
+/// text's lowercase words, each hashed (FNV-1a) to one of
+/// [`EMBEDDING_DIMENSIONS`] dimensions with a sign. The same words in any
+/// order or case give the same vector (similarity 1); questions sharing no
+/// word are nearly orthogonal. Text without a word is a fixed unit vector.
 pub fn embedding(text: &str) -> Vec<f64> {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in text.bytes() {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    let mut v = vec![0.0f64; EMBEDDING_DIMENSIONS];
+    for word in text
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+    {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in word.to_lowercase().bytes() {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+        let sign = if hash >> 63 == 0 { 1.0 } else { -1.0 };
+        v[(hash % EMBEDDING_DIMENSIONS as u64) as usize] += sign;
     }
-    (0..EMBEDDING_DIMENSIONS)
-        .map(|_| {
-            hash = hash
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            // Top 24 bits scaled to [-1, 1), rounded so JSON stays short.
-            let unit = (hash >> 40) as f64 / f64::from(1u32 << 24);
-            ((unit * 2.0 - 1.0) * 1e6).round() / 1e6
-        })
-        .collect()
+    let norm = v.iter().map(|x| x * x).sum::<f64>().sqrt();
+    if norm == 0.0 {
+        v[0] = 1.0;
+        return v;
+    }
+    // Rounded so the JSON stays short.
+    v.iter().map(|x| (x / norm * 1e6).round() / 1e6).collect()
 }
 
 fn models(state: &State) -> Value {
@@ -1188,6 +1197,24 @@ fn crc32(data: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn cosine(a: &str, b: &str) -> f64 {
+        embedding(a)
+            .iter()
+            .zip(embedding(b))
+            .map(|(x, y)| x * y)
+            .sum()
+    }
+
+    #[test]
+    fn embeddings_mean_the_words() {
+        let q = "What is the capital of France?";
+        assert_eq!(embedding(q).len(), EMBEDDING_DIMENSIONS);
+        assert!((cosine(q, q) - 1.0).abs() < 1e-5);
+        assert!(cosine(q, "france: THE capital of, what is") > 0.9999);
+        assert!(cosine(q, "How do I bake sourdough bread") < 0.3);
+        assert!(cosine("", "") > 0.999);
+    }
 
     #[test]
     fn gzip_round_trips_and_matches_the_known_crc() {

@@ -48,7 +48,7 @@ pub const BUDGET_RETRY_BUDGET_SPENT: &str = "llm_filter_budget_retry_budget_spen
 
 // cache
 /// Cache lookups of LLM calls, by `result` (`hit` | `miss` | `bypass` |
-/// `coalesced` | `stale`), the same value as the `x-cache` header.
+/// `coalesced` | `stale` | `semantic`), the same value as the `x-cache` header.
 pub const CACHE_LOOKUPS: &str = "llm_filter_cache_lookups_total";
 /// Occupied cache slots (gauge, shared by all workers).
 pub const CACHE_ENTRIES: &str = "llm_filter_cache_entries";
@@ -61,6 +61,18 @@ pub const CACHE_EVICTIONS: &str = "llm_filter_cache_evictions_total";
 pub const CACHE_COALESCED_WAITS: &str = "llm_filter_cache_coalesced_waits_total";
 /// Answers offered to the cache, by `result` (`stored` or why not).
 pub const CACHE_STORES: &str = "llm_filter_cache_stores_total";
+/// Best cosine similarity found per semantic lookup, in thousandths (0..=1000).
+pub const CACHE_SEMANTIC_SIMILARITY: &str = "llm_filter_cache_semantic_similarity_permille";
+/// Duration of the embeddings callout of a semantic lookup, ms.
+pub const CACHE_EMBEDDING_DURATION: &str = "llm_filter_cache_embedding_duration_ms";
+/// Embeddings callouts that brought no vector, by `reason` (`dispatch` |
+/// `timeout` | `status` | `invalid` | `dimensions`); the call went on as a miss.
+pub const CACHE_EMBEDDING_FAILURES: &str = "llm_filter_cache_embedding_failures_total";
+/// Vectors offered to the semantic index, by `result` (`stored` | `evicted` |
+/// `contended` | `host_error`).
+pub const CACHE_SEMANTIC_STORES: &str = "llm_filter_cache_semantic_stores_total";
+/// Vectors held by the semantic index (gauge, shared by all workers).
+pub const CACHE_SEMANTIC_VECTORS: &str = "llm_filter_cache_semantic_vectors";
 
 // routing
 /// Calls sent to a routed cluster, by `cluster` and `outcome` (`success` |

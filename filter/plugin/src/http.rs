@@ -60,14 +60,15 @@ fn action(step: Step) -> Action {
 
 impl Context for Http {
     fn on_http_call_response(&mut self, _token: u32, _: usize, body_size: usize, _: usize) {
-        deliver_callout(&self.worker, &self.call, body_size);
+        deliver_callout(&self.worker, self.id, &self.call, body_size);
     }
 }
 
 /// Hands the answer of a call's callout (its response in the host's callout
-/// buffers) to the walk, and lets the response held for it go on when the
-/// walk says so. The stream must be the effective context.
-pub fn deliver_callout(worker: &Worker, slot: &CallSlot, body_size: usize) {
+/// buffers) to the walk, and lets the request or response held for it go on
+/// when the walk says so (parking the call when it now waits for the timer).
+/// The stream (`id`) must be the effective context.
+pub fn deliver_callout(worker: &Worker, id: u32, slot: &CallSlot, body_size: usize) {
     let headers = host::headers(MapType::HttpCallResponseHeaders);
     let status = headers
         .iter()
@@ -88,11 +89,22 @@ pub fn deliver_callout(worker: &Worker, slot: &CallSlot, body_size: usize) {
     let Some(call) = call.as_mut() else {
         return;
     };
+    let request_held = call.holds_request();
     let step = with_env(worker, |env| {
         call.on_callout_response(env, &mut Stream::default(), answer)
     });
-    if step == Step::Continue && hostcall::resume_http_response().is_err() {
-        worker.internal_error("resume");
+    if call.is_parked() {
+        worker.park(id, slot);
+    }
+    if step == Step::Continue {
+        let resumed = if request_held {
+            hostcall::resume_http_request()
+        } else {
+            hostcall::resume_http_response()
+        };
+        if resumed.is_err() {
+            worker.internal_error("resume");
+        }
     }
 }
 

@@ -8,6 +8,8 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
 
+use llm_filter_core::cache::semantic::config::SemanticConfig;
+use llm_filter_core::cache::semantic::Index;
 use llm_filter_core::cache::{CacheConfig, Store, PREPARE_MAX_SLOTS};
 use llm_filter_core::config::Config;
 use llm_filter_core::host::census::{Census, KEYS_PER_STEP};
@@ -167,6 +169,32 @@ fn prepare_cache(cfg: &CacheConfig, metrics: &mut EnvoyMetrics) {
     if let Some(totals) = store.totals() {
         totals.set_gauges(metrics);
     }
+    if let Some(sem) = &cfg.semantic {
+        prepare_semantic(sem, metrics);
+    }
+}
+
+/// Logs the most memory the semantic index can take and creates its group
+/// slots, for the same reasons as the cache's.
+fn prepare_semantic(cfg: &SemanticConfig, metrics: &mut EnvoyMetrics) {
+    let worst = cfg.worst_case_bytes();
+    log::info!(
+        "llm-filter: semantic cache of {} context slots of at most {} vectors of {} dimensions \
+         (embeddings from cluster {}): worst-case shared-data footprint {} bytes ({} MiB)",
+        cfg.max_contexts,
+        cfg.max_per_context,
+        cfg.max_dimensions,
+        cfg.embeddings.cluster,
+        worst,
+        worst.div_ceil(1 << 20)
+    );
+    let index = Index::new(&EnvoyStore, cfg);
+    if index.prepare().is_err() {
+        log::warn!("llm-filter: cannot create the semantic cache's slots; its totals may drift");
+    }
+    if let Some(totals) = index.totals() {
+        totals.set_gauges(metrics);
+    }
 }
 
 impl Context for Root {
@@ -176,7 +204,7 @@ impl Context for Root {
                 return;
             };
             if hostcall::set_effective_context(id).is_ok() {
-                deliver_callout(&worker, &slot, body_size);
+                deliver_callout(&worker, id, &slot, body_size);
             }
             return;
         }

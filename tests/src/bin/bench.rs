@@ -9,6 +9,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -94,6 +95,11 @@ fn scenarios() -> Vec<Scenario> {
         &format!("Say hello in one short sentence. {UNIQUE}"),
     );
     unique_deterministic["temperature"] = json!(0);
+    let mut semantic_unique_context = deterministic.clone();
+    semantic_unique_context["messages"] = json!([
+        {"role": "system", "content": format!("You are assistant {UNIQUE}.")},
+        {"role": "user", "content": "Say hello in one short sentence."},
+    ]);
     let mut streamed = deterministic.clone();
     streamed["stream"] = json!(true);
     let filter = filter_envoy;
@@ -175,6 +181,27 @@ fn scenarios() -> Vec<Scenario> {
             expect_cache: Some("HIT"),
         },
         Scenario {
+            // Every request a new system prompt, so a new context: an exact
+            // miss, the embeddings callout, a lookup that finds nothing,
+            // upstream, then the answer stored and its vector indexed.
+            name: "filter-semantic-miss",
+            envoy: semantic_envoy,
+            path: "/v1/chat/completions",
+            headers: vec![],
+            body: semantic_unique_context.to_string(),
+            expect_cache: Some("MISS"),
+        },
+        Scenario {
+            // Every request a new wording of the same question in one
+            // context: an exact miss, the callout, then a semantic hit.
+            name: "filter-semantic-hit",
+            envoy: semantic_envoy,
+            path: "/v1/chat/completions",
+            headers: vec![],
+            body: unique_deterministic.to_string(),
+            expect_cache: Some("SEMANTIC"),
+        },
+        Scenario {
             name: "filter-cache-hit-sse",
             envoy: filter,
             path: "/v1/chat/completions",
@@ -183,6 +210,40 @@ fn scenarios() -> Vec<Scenario> {
             expect_cache: Some("HIT"),
         },
     ]
+}
+
+/// Port of the embeddings backend, set once it runs: the semantic
+/// scenarios' Envoys, built from the chat backend's port alone, read it.
+static EMBEDDINGS_PORT: AtomicU16 = AtomicU16::new(0);
+/// Dimensions of the embeddings backend's vector (a MiniLM-sized model: a
+/// direct response holds at most 4 KiB).
+const EMBEDDING_DIMENSIONS: usize = 384;
+
+/// The filter with the semantic cache asking the embeddings backend; every
+/// question embeds to the same vector, so whether a call hits depends on its
+/// context alone.
+fn semantic_envoy(port: u16) -> EnvoyBuilder {
+    let config = json!({"cache": {"semantic": {"embeddings": {
+        "cluster": "embeddings", "model": "text-embedding-3-small", "timeout_ms": 1000
+    }}}});
+    filter_envoy(port)
+        .plugin_config(config)
+        .upstream("embeddings", EMBEDDINGS_PORT.load(Ordering::SeqCst))
+}
+
+/// The fixed answer of the embeddings backend: one vector of
+/// [`EMBEDDING_DIMENSIONS`].
+fn embedding_answer() -> String {
+    let vector: Vec<f64> = (0..EMBEDDING_DIMENSIONS)
+        .map(|i| ((i as f64 * 0.37).sin() * 1e3).round() / 1e4)
+        .collect();
+    json!({
+        "object": "list",
+        "data": [{"object": "embedding", "index": 0, "embedding": vector}],
+        "model": "text-embedding-3-small",
+        "usage": {"prompt_tokens": 8, "total_tokens": 8},
+    })
+    .to_string()
 }
 
 /// The fixed answer of the backend.
@@ -732,6 +793,14 @@ async fn run(options: &Options) -> Result<bool> {
         .read_body_first()
         .start()
         .context("backend envoy")?;
+    let embeddings = EnvoyBuilder::new()
+        .no_filter()
+        .concurrency(1)
+        .direct_response(200, &embedding_answer())
+        .read_body_first()
+        .start()
+        .context("embeddings backend envoy")?;
+    EMBEDDINGS_PORT.store(embeddings.port(), Ordering::SeqCst);
     let wanted = |name: &str| options.only.is_empty() || options.only.iter().any(|o| o == name);
     let selected: Vec<Scenario> = scenarios().into_iter().filter(|s| wanted(s.name)).collect();
     let ttfb = wanted("ttfb") && options.ttfb_calls > 0;

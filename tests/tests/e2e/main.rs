@@ -9,6 +9,7 @@ mod budget_breaker;
 mod cache;
 mod cache_bounds;
 mod cache_coalesce;
+mod cache_semantic;
 mod cache_support;
 mod concurrency;
 mod config;

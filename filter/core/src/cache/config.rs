@@ -4,6 +4,7 @@
 
 use serde::Deserialize;
 
+use super::semantic::config::{RawSemanticConfig, SemanticConfig};
 use crate::config::check;
 use crate::config::error::ConfigError;
 
@@ -71,6 +72,8 @@ pub struct RawCacheConfig {
     pub coalesce: Option<bool>,
     /// Longest wait of a coalesced call, default 30000.
     pub coalesce_wait_ms: Option<u64>,
+    /// The semantic cache, off unless present.
+    pub semantic: Option<RawSemanticConfig>,
 }
 
 /// Whose answers a call may be served.
@@ -112,6 +115,8 @@ pub struct CacheConfig {
     pub coalesce: bool,
     /// Longest wait of a coalesced call in milliseconds.
     pub coalesce_wait_ms: u64,
+    /// The semantic cache, `None` when off.
+    pub semantic: Option<SemanticConfig>,
 }
 
 /// When an entry was stored and when it expires, jitter applied.
@@ -139,6 +144,7 @@ impl Default for CacheConfig {
             max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
             coalesce: DEFAULT_COALESCE,
             coalesce_wait_ms: DEFAULT_COALESCE_WAIT_MS,
+            semantic: None,
         }
     }
 }
@@ -165,6 +171,10 @@ impl CacheConfig {
         let max_entries = raw.max_entries.unwrap_or(DEFAULT_MAX_ENTRIES);
         let max_entry_bytes = raw.max_entry_bytes.unwrap_or(DEFAULT_MAX_ENTRY_BYTES);
         let coalesce_wait_ms = raw.coalesce_wait_ms.unwrap_or(DEFAULT_COALESCE_WAIT_MS);
+        let semantic = raw
+            .semantic
+            .map(|s| SemanticConfig::compile(s).map_err(|e| e.within("semantic")))
+            .transpose()?;
         Ok(Self {
             enabled: raw.enabled.unwrap_or(DEFAULT_ENABLED),
             max_temperature,
@@ -186,6 +196,7 @@ impl CacheConfig {
                 coalesce_wait_ms,
                 1..=MAX_COALESCE_WAIT_MS,
             )?,
+            semantic,
         })
     }
 

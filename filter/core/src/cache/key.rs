@@ -132,6 +132,25 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
             return Decision::Bypass(BypassReason::DynamicMarker);
         }
     }
+    Decision::Cacheable(Cacheable {
+        key: digest(KEY_VERSION, cfg, req, body),
+        // Embeddings are never streamed, whatever the body says.
+        stream: stream && req.endpoint != Endpoint::Embeddings,
+        include_usage,
+        read: !control.no_cache,
+        store: true,
+    })
+}
+
+/// The key of `body` as sent by `req`'s caller to its path, under
+/// `version`: what the exact cache keys on, and what the semantic index keys
+/// its contexts on (with another version and a body without the question).
+pub(crate) fn digest(
+    version: &[u8],
+    cfg: &CacheConfig,
+    req: &CacheRequest<'_>,
+    body: &Json,
+) -> Key {
     let mut canonical = Vec::new();
     body.write_without(&IGNORED_FIELDS, &mut canonical);
     let tenant = match cfg.scope {
@@ -139,19 +158,12 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
         Scope::Tenant => tenant_hash(&cfg.tenant_headers, req.credentials).to_vec(),
     };
     let mut h = Sha256::new();
-    for part in [KEY_VERSION, req.path.as_bytes(), &tenant, &canonical] {
+    for part in [version, req.path.as_bytes(), &tenant, &canonical] {
         // Length prefixes keep the parts from sliding into each other.
         h.update((part.len() as u64).to_le_bytes());
         h.update(part);
     }
-    Decision::Cacheable(Cacheable {
-        key: h.finalize().into(),
-        // Embeddings are never streamed, whatever the body says.
-        stream: stream && req.endpoint != Endpoint::Embeddings,
-        include_usage,
-        read: !control.no_cache,
-        store: true,
-    })
+    h.finalize().into()
 }
 
 /// The client's `cache-control` request directives the cache honours.

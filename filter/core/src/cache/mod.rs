@@ -15,6 +15,7 @@ pub mod config;
 pub mod entry;
 pub mod key;
 mod replay;
+pub mod semantic;
 pub mod store;
 
 pub use assemble::StreamAssembler;
@@ -46,6 +47,8 @@ pub enum CacheStatus {
     Coalesced,
     /// The upstream failed; answered from an expired entry.
     Stale,
+    /// Answered from the entry of a reworded question in the same context.
+    Semantic,
 }
 
 impl CacheStatus {
@@ -57,6 +60,7 @@ impl CacheStatus {
             Self::Bypass => "BYPASS",
             Self::Coalesced => "COALESCED",
             Self::Stale => "STALE",
+            Self::Semantic => "SEMANTIC",
         }
     }
 
@@ -68,6 +72,7 @@ impl CacheStatus {
             Self::Bypass => "bypass",
             Self::Coalesced => "coalesced",
             Self::Stale => "stale",
+            Self::Semantic => "semantic",
         }
     }
 

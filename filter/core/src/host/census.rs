@@ -4,15 +4,16 @@
 //! few keys per timer tick, for the `llm_filter_shared_data_keys` and
 //! `llm_filter_shared_data_bytes` gauges.
 //!
-//! Every key is read except the cache slots, whose values may be large: their
-//! bytes come from the cache's own totals, and their count is the table size
-//! when the table was created at start (up to [`PREPARE_MAX_SLOTS`]), else the
-//! occupied slots.
+//! Every key is read except the cache slots and the semantic index's group
+//! slots, whose values may be large: their bytes come from each one's own
+//! totals, and their count is the table size when the table was created at
+//! start (up to [`PREPARE_MAX_SLOTS`] for the cache, always for the index),
+//! else the occupied slots.
 
 use super::{Metrics, SharedStore};
 use crate::budget::{breaker, DEFAULT_BREAKER};
 use crate::cache::store::{marker_key, LAYOUT_KEY, STATS_KEY};
-use crate::cache::{Store, PREPARE_MAX_SLOTS};
+use crate::cache::{semantic, Store, PREPARE_MAX_SLOTS};
 use crate::config::Config;
 use crate::metrics;
 use crate::routing::{health, hedge, probe};
@@ -57,6 +58,9 @@ fn keys(config: &Config) -> Keys {
         LAYOUT_KEY.to_string(),
         probe::LEASE_KEY.to_string(),
     ];
+    if semantic_on(config) {
+        named.push(semantic::store::STATS_KEY.to_string());
+    }
     for c in &config.routing.clusters {
         named.push(health::key(&c.cluster));
         named.push(breaker::key(&c.cluster));
@@ -160,7 +164,8 @@ impl Census {
     }
 }
 
-/// The cache slots, from the cache's totals (see the module's note).
+/// The cache slots, from the cache's totals (see the module's note), and
+/// the semantic index's group slots, all created at start, from its own.
 fn slots<S: SharedStore + ?Sized>(store: &S, config: &Config) -> Footprint {
     let cfg = &config.cache;
     if !cfg.enabled {
@@ -172,20 +177,41 @@ fn slots<S: SharedStore + ?Sized>(store: &S, config: &Config) -> Footprint {
     } else {
         totals.entries
     };
-    Footprint {
+    let mut out = Footprint {
         keys,
         bytes: totals.bytes,
+    };
+    if let Some(sem) = cfg.semantic.as_ref().filter(|_| semantic_on(config)) {
+        let totals = semantic::Index::new(store, sem)
+            .totals()
+            .unwrap_or_default();
+        out.keys += u64::from(sem.max_contexts);
+        out.bytes += totals.bytes;
     }
+    out
+}
+
+/// The semantic index is configured (and with it its keys).
+fn semantic_on(config: &Config) -> bool {
+    config.cache.enabled && config.cache.semantic.is_some()
 }
 
 /// The most keys `config` lets the filter hold in shared data: the bound the
 /// gauge `llm_filter_shared_data_keys` stays under.
 pub fn max_keys(config: &Config) -> u64 {
-    let slots = if config.cache.enabled {
+    let mut slots = if config.cache.enabled {
         u64::from(config.cache.max_entries)
     } else {
         0
     };
+    if let Some(sem) = config
+        .cache
+        .semantic
+        .as_ref()
+        .filter(|_| semantic_on(config))
+    {
+        slots += u64::from(sem.max_contexts);
+    }
     u64::from(keys(config).len()) + slots
 }
 

@@ -54,13 +54,34 @@ impl Call {
         }
         let store = Store::new(env.store, cfg);
         if let Lookup::Hit { entry, age_s } = store.lookup(&c.key, env.now_ms) {
-            if self.reply_from_entry(env, host, &entry, age_s, CacheStatus::Hit) {
+            if self.reply_from_entry(env, host, &entry, age_s, CacheStatus::Hit, None) {
                 return Ok(Step::Pause);
             }
         }
+        // A reworded repeat: the call waits for its question's embedding.
+        let body = match self.ask_embedding(env, host, body) {
+            Ok(step) => return Ok(step),
+            Err(body) => body,
+        };
+        self.cache_claim(env, body)
+    }
+
+    /// The lead on a missed key, or a wait for the identical call in flight
+    /// that has it. `Ok(step)`: the call waits (keeping the body); `Err(body)`
+    /// to go on upstream with it.
+    pub(super) fn cache_claim(
+        &mut self,
+        env: &mut Env<'_>,
+        body: Option<HeldBody>,
+    ) -> Result<Step, Option<HeldBody>> {
+        let cfg = &env.config.cache;
+        let Some(c) = self.cache.cacheable else {
+            return Err(body);
+        };
         if !cfg.coalesce {
             return Err(body);
         }
+        let store = Store::new(env.store, cfg);
         match coalesce::claim(
             &store,
             &c.key,
@@ -84,6 +105,20 @@ impl Call {
 
     /// Cacheability and key of a held body, from the headers that take part.
     fn cache_decision(&self, env: &Env<'_>, host: &dyn Host, body: Option<&Json>) -> Decision {
+        self.with_cache_request(env, host, body, |req| {
+            policy::decide(&env.config.cache, req)
+        })
+    }
+
+    /// Runs `f` on what the cache reads of the request: the headers that
+    /// take part and the parsed body.
+    pub(super) fn with_cache_request<T>(
+        &self,
+        env: &Env<'_>,
+        host: &dyn Host,
+        body: Option<&Json>,
+        f: impl FnOnce(&CacheRequest<'_>) -> T,
+    ) -> T {
         let cfg = &env.config.cache;
         let path = host.request_header(":path").unwrap_or_default();
         let cache_control = host.request_header("cache-control");
@@ -93,16 +128,13 @@ impl Call {
             .map(|name| host.request_header(name))
             .collect();
         let credentials: Vec<Option<&str>> = values.iter().map(Option::as_deref).collect();
-        policy::decide(
-            cfg,
-            &CacheRequest {
-                endpoint: self.request.endpoint,
-                path: &path,
-                body,
-                cache_control: cache_control.as_deref(),
-                credentials: &credentials,
-            },
-        )
+        f(&CacheRequest {
+            endpoint: self.request.endpoint,
+            path: &path,
+            body,
+            cache_control: cache_control.as_deref(),
+            credentials: &credentials,
+        })
     }
 
     /// How long a marker stands or a twin waits: the configured wait, never
@@ -126,7 +158,8 @@ impl Call {
             match coalesce::poll(&store, &c.key, env.now_ms, deadline_ms) {
                 Poll::KeepWaiting => return Wake::Wait,
                 Poll::Ready { entry, age_s } => {
-                    if self.reply_from_entry(env, host, &entry, age_s, CacheStatus::Coalesced) {
+                    let status = CacheStatus::Coalesced;
+                    if self.reply_from_entry(env, host, &entry, age_s, status, None) {
                         count_wait(env.metrics, "served");
                         return Wake::Answered;
                     }
@@ -161,13 +194,15 @@ impl Call {
     /// Answers the call locally from `entry`, as JSON or as an SSE stream per
     /// the request. False when it cannot (the entry does not replay, the host
     /// refused): the call then goes on as a miss.
-    fn reply_from_entry(
+    /// `extra` is one more header to send (the similarity of a semantic hit).
+    pub(super) fn reply_from_entry(
         &mut self,
         env: &mut Env<'_>,
         host: &mut dyn Host,
         entry: &Entry,
         age_s: u64,
         status: CacheStatus,
+        extra: Option<(&str, &str)>,
     ) -> bool {
         let Some(c) = self.cache.cacheable else {
             return false;
@@ -177,11 +212,12 @@ impl Call {
             return false;
         };
         let age = age_s.to_string();
-        let headers = [
+        let mut headers = vec![
             ("content-type", reply.content_type),
             (X_CACHE, status.header()),
             (AGE_HEADER, age.as_str()),
         ];
+        headers.extend(extra);
         if !self.send_local_reply(env, host, 200, &headers, &reply.body) {
             return false;
         }
@@ -348,6 +384,7 @@ impl Call {
                 if let Some(t) = inserted.totals {
                     t.set_gauges(env.metrics);
                 }
+                self.index_vector(env, &c.key, entry);
             }
             Err(e) => count_store(env.metrics, e.as_str()),
         }

@@ -138,7 +138,8 @@ impl Call {
             && breaker.is_none_or(|b| budget::retry_allowed(env.store, &env.config.budget, b, env.now_ms))
     }
 
-    /// The answer of a callout: of the backend a failover (or a hedge)
+    /// The answer of a callout: of the embeddings service (see
+    /// [`Call::holds_request`]), or of the backend a failover (or a hedge)
     /// asked. `Step::Continue`: let the held failure go on to the client (the
     /// other backend did not answer); `Step::Pause`: nothing to resume (the
     /// client was answered here, or the response was never held).
@@ -149,6 +150,7 @@ impl Call {
         answer: CalloutAnswer,
     ) -> Step {
         match self.phase {
+            Phase::Embedding { .. } => self.embedding_answered(env, host, &answer),
             Phase::FailingOver => self.failover_answered(env, host, answer),
             Phase::Forwarded => {
                 self.hedge_answered(env, host, answer);

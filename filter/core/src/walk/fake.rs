@@ -19,6 +19,8 @@ pub struct FakeHost {
     pub route_cache_cleared: u32,
     /// Callouts sent.
     pub callouts: Vec<Callout>,
+    /// The host refuses to send callouts.
+    pub refuse_callouts: bool,
 }
 
 /// A callout sent: cluster, headers, body, timeout.
@@ -149,6 +151,9 @@ impl Host for FakeHost {
         body: &[u8],
         timeout_ms: u64,
     ) -> bool {
+        if self.refuse_callouts {
+            return false;
+        }
         let headers = headers
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -29,6 +29,9 @@ mod failover;
 mod fake;
 mod hedge;
 mod response;
+mod semantic;
+#[cfg(test)]
+mod semantic_tests;
 mod state;
 #[cfg(test)]
 mod tests;

@@ -2,7 +2,7 @@
 //! stands, what was decided for the trip upstream, what came back, and the
 //! cache's part. The walk's steps (in the sibling modules) change it.
 
-use crate::cache::{CacheStatus, Cacheable, Lease, StreamAssembler};
+use crate::cache::{CacheStatus, Cacheable, Key, Lease, StreamAssembler};
 use crate::classify::Endpoint;
 use crate::priority::Priority;
 use crate::summary::EnvoyReply;
@@ -41,6 +41,10 @@ pub(super) enum Phase {
     /// `deadline_ms` at the latest (see [`crate::cache::coalesce`]); the held
     /// body is kept to route the call if the wait ends without an answer.
     Coalescing { deadline_ms: u64, body: HeldBody },
+    /// Waiting for the embedding of the question, asked after an exact
+    /// miss (see [`crate::cache::semantic`]); the callout's own timeout ends
+    /// the wait, and the held body goes upstream if nothing matches.
+    Embedding { body: HeldBody },
     /// Decided (or streaming through): the request goes on to the upstream.
     Forwarded,
     /// The chosen backend failed the call retriably; its response is held
@@ -187,6 +191,20 @@ pub(super) struct CacheCall {
     pub(super) lease: Option<Lease>,
     /// The answer being collected to store.
     pub(super) fill: Option<Fill>,
+    /// The semantic cache's part, when the call takes part.
+    pub(super) semantic: Option<SemanticCall>,
+}
+
+/// A call's part in the semantic cache.
+#[derive(Debug)]
+pub(super) struct SemanticCall {
+    /// The call's context key.
+    pub(super) context: Key,
+    /// When the embeddings callout was sent, ms.
+    pub(super) sent_ms: u64,
+    /// The question's unit vector, once it came: added to the index with
+    /// the answer.
+    pub(super) vector: Option<Vec<f32>>,
 }
 
 /// How an answer is collected to store.

@@ -193,3 +193,60 @@ fn values_stay_within_the_documented_sizes() {
         assert!(size > 0 && size <= bound(name), "{name}: {size} bytes");
     }
 }
+
+#[test]
+fn the_semantic_index_is_counted_from_its_totals() {
+    let cfg = json!({
+        "cache": {"max_entries": SLOTS, "semantic": {
+            "embeddings": {"cluster": "e", "model": "m"},
+            "max_contexts": 4, "max_per_context": 2, "max_dimensions": 8
+        }},
+        "routing": {
+            "models": {
+                "m1": [{"cluster": "a"}, {"cluster": "b"}],
+                "m2": [{"cluster": "b"}, {"cluster": "c", "model": "m2-large"}]
+            },
+            "hedge": {}
+        }
+    });
+    let config = Config::parse(cfg.to_string().as_bytes()).unwrap();
+    let Some(sem) = config.cache.semantic.as_ref() else {
+        panic!()
+    };
+    let store = MemoryStore::new();
+    fill(&store, &config);
+    let index = semantic::Index::new(&store, sem);
+    index.prepare().unwrap();
+    for n in 0..=255u8 {
+        let mut v = [0.1f32; 8];
+        v[usize::from(n % 8)] = 1.0;
+        let unit = crate::cache::semantic::vector::normalise(&v).unwrap();
+        index
+            .insert(&[n; 32], &[n; 32], &unit, 1_000, 100_000)
+            .unwrap();
+    }
+    let f = run(&mut Census::new(&config), &store, &config, 0);
+    assert_eq!(f.keys, store.len() as u64);
+    assert_eq!(f.bytes, store.value_bytes() as u64);
+    assert_eq!(max_keys(&config), f.keys);
+    let totals = index.totals().unwrap();
+    assert_eq!(totals.vectors, 4 * 2);
+    // Each group slot within the README's bound: 8 + per_context × (dims + 86).
+    for i in 0..4 {
+        let v = store
+            .get(&semantic::store::group_key(i))
+            .unwrap()
+            .value
+            .unwrap();
+        assert!(v.len() as u64 <= 8 + 2 * (8 + 86), "{}", v.len());
+    }
+    assert_eq!(
+        store
+            .get(semantic::store::STATS_KEY)
+            .unwrap()
+            .value
+            .unwrap()
+            .len(),
+        16
+    );
+}

@@ -1,0 +1,337 @@
+//! The `cache.semantic` section: off unless written, and every bound that
+//! keeps its shared data finite (contexts, vectors per context, dimensions)
+//! checked at load time.
+
+use serde::Deserialize;
+
+use crate::config::check;
+use crate::config::error::ConfigError;
+
+/// Default least cosine similarity of a reworded repeat.
+pub const DEFAULT_THRESHOLD: f64 = 0.95;
+/// Default vectors kept per context group.
+pub const DEFAULT_MAX_PER_CONTEXT: u32 = 256;
+/// Most vectors per context group: a lookup scans all of one group.
+pub const MAX_PER_CONTEXT: u32 = 4_096;
+/// Default number of context group slots.
+pub const DEFAULT_MAX_CONTEXTS: u32 = 64;
+/// Most context group slots.
+pub const MAX_CONTEXTS: u32 = 65_536;
+/// Default longest vector kept (OpenAI's `text-embedding-3-small`, 1536).
+pub const DEFAULT_MAX_DIMENSIONS: u32 = 1_536;
+/// Longest vector any setting allows.
+pub const MAX_DIMENSIONS: u32 = 8_192;
+/// Default wait for the embedding, ms: a semantic lookup may slow a call by
+/// this much, never more.
+pub const DEFAULT_TIMEOUT_MS: u64 = 50;
+/// Longest wait for the embedding, ms.
+pub const MAX_TIMEOUT_MS: u64 = 10_000;
+/// Default path of the embeddings service.
+pub const DEFAULT_PATH: &str = "/v1/embeddings";
+/// Most extra headers sent to the embeddings service.
+const MAX_HEADERS: usize = 16;
+/// Most text embedded: longer questions are left to the exact cache.
+pub const DEFAULT_MAX_TEXT_BYTES: u32 = 8_192;
+/// Longest `max_text_bytes`.
+pub const MAX_TEXT_BYTES: u32 = 1 << 20;
+
+/// `cache.semantic` as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawSemanticConfig {
+    /// Where embeddings come from (required).
+    pub embeddings: Option<RawEmbeddingsConfig>,
+    /// Least cosine similarity served, default 0.95.
+    pub threshold: Option<f64>,
+    /// Vectors kept per context group slot, default 256.
+    pub max_per_context: Option<u32>,
+    /// Context group slots, default 64.
+    pub max_contexts: Option<u32>,
+    /// Longest vector kept, default 1536.
+    pub max_dimensions: Option<u32>,
+    /// Longest question embedded, bytes, default 8192.
+    pub max_text_bytes: Option<u32>,
+}
+
+/// `cache.semantic.embeddings` as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawEmbeddingsConfig {
+    /// The Envoy cluster serving an OpenAI-compatible embeddings endpoint.
+    pub cluster: Option<String>,
+    /// The `model` of the embeddings request.
+    pub model: Option<String>,
+    /// `:authority`, default the cluster name.
+    pub authority: Option<String>,
+    /// Path, default `/v1/embeddings`.
+    pub path: Option<String>,
+    /// Extra request headers (e.g. the service's credential).
+    pub headers: Option<std::collections::BTreeMap<String, String>>,
+    /// Wait for the answer, ms, default 50.
+    pub timeout_ms: Option<u64>,
+}
+
+/// The compiled `cache.semantic` section.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SemanticConfig {
+    /// The embeddings service.
+    pub embeddings: EmbeddingsConfig,
+    /// Least cosine similarity served.
+    pub threshold: f64,
+    /// Vectors per context group slot.
+    pub max_per_context: u32,
+    /// Context group slots.
+    pub max_contexts: u32,
+    /// Longest vector kept.
+    pub max_dimensions: u32,
+    /// Longest question embedded, bytes.
+    pub max_text_bytes: u32,
+}
+
+/// The compiled `cache.semantic.embeddings`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmbeddingsConfig {
+    /// Envoy cluster.
+    pub cluster: String,
+    /// Model asked for.
+    pub model: String,
+    /// `:authority` sent.
+    pub authority: String,
+    /// `:path` sent.
+    pub path: String,
+    /// Extra headers, lowercase names.
+    pub headers: Vec<(String, String)>,
+    /// Wait for the answer, ms.
+    pub timeout_ms: u64,
+}
+
+/// Bytes one stored vector of `dims` dimensions takes beyond its values (see
+/// [`super::store`]).
+pub const RECORD_OVERHEAD_BYTES: u64 = 32 + 32 + 8 + 8 + 4 + 2;
+/// Shared-data cost of a group slot beyond its records: key, header and
+/// Envoy's map node. An estimate, for the logged footprint.
+pub const GROUP_OVERHEAD_BYTES: u64 = 128;
+
+impl SemanticConfig {
+    /// Compiles the section; errors name the field relative to it.
+    pub fn compile(raw: RawSemanticConfig) -> Result<Self, ConfigError> {
+        let embeddings = raw.embeddings.ok_or_else(|| {
+            ConfigError::new("embeddings", "is required: the cluster and model to ask")
+        })?;
+        let embeddings =
+            EmbeddingsConfig::compile(embeddings).map_err(|e| e.within("embeddings"))?;
+        let threshold = raw.threshold.unwrap_or(DEFAULT_THRESHOLD);
+        if threshold.is_nan() || threshold <= 0.0 || threshold > 1.0 {
+            return Err(ConfigError::new(
+                "threshold",
+                format!("{threshold} is not in (0, 1]"),
+            ));
+        }
+        let max_per_context = raw.max_per_context.unwrap_or(DEFAULT_MAX_PER_CONTEXT);
+        let max_contexts = raw.max_contexts.unwrap_or(DEFAULT_MAX_CONTEXTS);
+        let max_dimensions = raw.max_dimensions.unwrap_or(DEFAULT_MAX_DIMENSIONS);
+        let max_text_bytes = raw.max_text_bytes.unwrap_or(DEFAULT_MAX_TEXT_BYTES);
+        Ok(Self {
+            embeddings,
+            threshold,
+            max_per_context: check::in_range(
+                "max_per_context",
+                max_per_context,
+                1..=MAX_PER_CONTEXT,
+            )?,
+            max_contexts: check::in_range("max_contexts", max_contexts, 1..=MAX_CONTEXTS)?,
+            max_dimensions: check::in_range("max_dimensions", max_dimensions, 1..=MAX_DIMENSIONS)?,
+            max_text_bytes: check::in_range("max_text_bytes", max_text_bytes, 1..=MAX_TEXT_BYTES)?,
+        })
+    }
+
+    /// Largest value of one group slot, bytes.
+    pub fn max_group_bytes(&self) -> u64 {
+        let record = RECORD_OVERHEAD_BYTES.saturating_add(u64::from(self.max_dimensions));
+        u64::from(self.max_per_context)
+            .saturating_mul(record)
+            .saturating_add(super::store::GROUP_HEADER_BYTES as u64)
+    }
+
+    /// The most shared data the semantic index can hold: every group slot
+    /// full of the longest vectors. Logged at start.
+    pub fn worst_case_bytes(&self) -> u64 {
+        u64::from(self.max_contexts)
+            .saturating_mul(self.max_group_bytes().saturating_add(GROUP_OVERHEAD_BYTES))
+    }
+}
+
+impl EmbeddingsConfig {
+    fn compile(raw: RawEmbeddingsConfig) -> Result<Self, ConfigError> {
+        let cluster = raw
+            .cluster
+            .filter(|c| !c.is_empty())
+            .ok_or_else(|| ConfigError::new("cluster", "is required: an Envoy cluster name"))?;
+        let model = raw
+            .model
+            .filter(|m| !m.is_empty())
+            .ok_or_else(|| ConfigError::new("model", "is required: the embeddings model"))?;
+        let authority = raw.authority.unwrap_or_else(|| cluster.clone());
+        if authority.is_empty() || authority.bytes().any(|b| b <= b' ' || b == 0x7f) {
+            return Err(ConfigError::new(
+                "authority",
+                format!("{authority:?} is not a host"),
+            ));
+        }
+        let path = raw.path.unwrap_or_else(|| DEFAULT_PATH.to_string());
+        if !path.starts_with('/') || path.bytes().any(|b| b <= b' ' || b == 0x7f) {
+            return Err(ConfigError::new("path", format!("{path:?} is not a path")));
+        }
+        let raw_headers = raw.headers.unwrap_or_default();
+        if raw_headers.len() > MAX_HEADERS {
+            return Err(ConfigError::new(
+                "headers",
+                format!("{} headers, at most {MAX_HEADERS}", raw_headers.len()),
+            ));
+        }
+        let mut headers = Vec::with_capacity(raw_headers.len());
+        for (name, value) in raw_headers {
+            let lower = name.to_ascii_lowercase();
+            let reserved = ["content-type", "content-length", "host", "te", "connection"];
+            if !check::is_token(&name) || reserved.contains(&lower.as_str()) {
+                return Err(ConfigError::new(
+                    format!("headers.{name}"),
+                    "is not a header name the filter may set",
+                ));
+            }
+            if value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
+                return Err(ConfigError::new(
+                    format!("headers.{lower}"),
+                    "has a control character in its value",
+                ));
+            }
+            headers.push((lower, value));
+        }
+        let timeout_ms = raw.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
+        Ok(Self {
+            cluster,
+            model,
+            authority,
+            path,
+            headers,
+            timeout_ms: check::in_range("timeout_ms", timeout_ms, 1..=MAX_TIMEOUT_MS)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<SemanticConfig, ConfigError> {
+        ConfigError::from_json(json.as_bytes())
+            .and_then(SemanticConfig::compile)
+            .map_err(|e| e.within("cache.semantic"))
+    }
+
+    const MIN: &str = r#"{"embeddings":{"cluster":"emb","model":"e5"}}"#;
+
+    #[test]
+    fn the_least_section_gives_the_defaults() {
+        let c = parse(MIN).unwrap();
+        assert_eq!(c.threshold, 0.95);
+        assert_eq!((c.max_per_context, c.max_contexts), (256, 64));
+        assert_eq!(c.max_dimensions, 1536);
+        let e = &c.embeddings;
+        assert_eq!((e.cluster.as_str(), e.model.as_str()), ("emb", "e5"));
+        assert_eq!(
+            (e.authority.as_str(), e.path.as_str()),
+            ("emb", "/v1/embeddings")
+        );
+        assert_eq!(e.timeout_ms, 50);
+        assert!(e.headers.is_empty());
+        // 64 groups of 256 vectors of 1536 int8 values and their records.
+        assert_eq!(
+            c.worst_case_bytes(),
+            64 * (256 * (1536 + RECORD_OVERHEAD_BYTES) + 8 + GROUP_OVERHEAD_BYTES)
+        );
+    }
+
+    #[test]
+    fn reads_every_field() {
+        let c = parse(
+            r#"{"embeddings":{"cluster":"emb","model":"m","authority":"emb.example",
+                "path":"/embed?v=1","headers":{"Authorization":"Bearer k"},"timeout_ms":80},
+                "threshold":0.9,"max_per_context":16,"max_contexts":4,"max_dimensions":384,
+                "max_text_bytes":100}"#,
+        )
+        .unwrap();
+        assert_eq!(c.threshold, 0.9);
+        assert_eq!(
+            (c.max_per_context, c.max_contexts, c.max_dimensions),
+            (16, 4, 384)
+        );
+        assert_eq!(c.max_text_bytes, 100);
+        assert_eq!(c.embeddings.authority, "emb.example");
+        assert_eq!(c.embeddings.path, "/embed?v=1");
+        assert_eq!(
+            c.embeddings.headers,
+            [("authorization".to_string(), "Bearer k".to_string())]
+        );
+        assert_eq!(c.embeddings.timeout_ms, 80);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        for (doc, field) in [
+            ("{}", "cache.semantic.embeddings"),
+            (
+                r#"{"embeddings":{"model":"m"}}"#,
+                "cache.semantic.embeddings.cluster",
+            ),
+            (
+                r#"{"embeddings":{"cluster":"c"}}"#,
+                "cache.semantic.embeddings.model",
+            ),
+            (
+                r#"{"embeddings":{"cluster":"c","model":"m","timeout_ms":0}}"#,
+                "cache.semantic.embeddings.timeout_ms",
+            ),
+            (
+                r#"{"embeddings":{"cluster":"c","model":"m","path":"v1"}}"#,
+                "cache.semantic.embeddings.path",
+            ),
+            (
+                r#"{"embeddings":{"cluster":"c","model":"m","authority":"a b"}}"#,
+                "cache.semantic.embeddings.authority",
+            ),
+            (
+                r#"{"embeddings":{"cluster":"c","model":"m","headers":{"content-length":"1"}}}"#,
+                "cache.semantic.embeddings.headers.content-length",
+            ),
+            (
+                r#"{"embeddings":{"cluster":"c","model":"m","headers":{"x":"a\nb"}}}"#,
+                "cache.semantic.embeddings.headers.x",
+            ),
+            (
+                r#"{"embeddings":{"cluster":"c","model":"m"},"threshold":0}"#,
+                "cache.semantic.threshold",
+            ),
+            (
+                r#"{"embeddings":{"cluster":"c","model":"m"},"threshold":1.5}"#,
+                "cache.semantic.threshold",
+            ),
+            (
+                r#"{"embeddings":{"cluster":"c","model":"m"},"max_per_context":0}"#,
+                "cache.semantic.max_per_context",
+            ),
+            (
+                r#"{"embeddings":{"cluster":"c","model":"m"},"max_contexts":65537}"#,
+                "cache.semantic.max_contexts",
+            ),
+            (
+                r#"{"embeddings":{"cluster":"c","model":"m"},"max_dimensions":9000}"#,
+                "cache.semantic.max_dimensions",
+            ),
+        ] {
+            let e = parse(doc).unwrap_err();
+            assert_eq!(e.field, field, "{doc}: {e}");
+        }
+        assert!(serde_json::from_str::<RawSemanticConfig>(r#"{"dims":1}"#).is_err());
+    }
+}
