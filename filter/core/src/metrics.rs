@@ -76,6 +76,11 @@ pub const ROUTING_HEDGES: &str = "llm_filter_routing_hedges_total";
 /// Calls sent to another backend after theirs failed them, by `result`.
 pub const ROUTING_FAILOVERS: &str = "llm_filter_routing_failovers_total";
 
+// shaping
+/// Calls whose request shaping changed, by `what` (`max_tokens` | `history`)
+/// and `priority`.
+pub const SHAPED: &str = "llm_filter_shaped_total";
+
 // shared data
 /// Keys the filter holds in Envoy shared data (gauge, counted every few
 /// seconds; see `host::census` and the README's key families).

@@ -4,6 +4,7 @@
 
 pub mod check;
 pub mod error;
+pub mod per_priority;
 
 use serde::Deserialize;
 
@@ -12,6 +13,7 @@ use crate::cache::config::{CacheConfig, RawCacheConfig};
 use crate::classify::DEFAULT_PATHS;
 use crate::priority::Priority;
 use crate::routing::config::{RawRoutingConfig, RoutingConfig};
+use crate::shaping::{RawShapingConfig, ShapingConfig};
 
 pub use error::ConfigError;
 
@@ -41,6 +43,8 @@ pub struct RawConfig {
     pub budget: RawBudgetConfig,
     /// Cache section.
     pub cache: RawCacheConfig,
+    /// Shaping section.
+    pub shaping: RawShapingConfig,
 }
 
 /// `priority` as written.
@@ -79,6 +83,8 @@ pub struct Config {
     pub budget: BudgetConfig,
     /// The response cache.
     pub cache: CacheConfig,
+    /// Request shaping.
+    pub shaping: ShapingConfig,
 }
 
 /// Compiled `priority`.
@@ -112,6 +118,7 @@ impl Default for Config {
             routing: RoutingConfig::default(),
             budget: BudgetConfig::default(),
             cache: CacheConfig::default(),
+            shaping: ShapingConfig::default(),
         }
     }
 }
@@ -160,6 +167,7 @@ impl TryFrom<RawConfig> for Config {
             routing: RoutingConfig::compile(raw.routing).map_err(|e| e.within("routing"))?,
             budget: BudgetConfig::compile(raw.budget).map_err(|e| e.within("budget"))?,
             cache: CacheConfig::compile(raw.cache).map_err(|e| e.within("cache"))?,
+            shaping: ShapingConfig::compile(&raw.shaping).map_err(|e| e.within("shaping"))?,
             priority: PriorityConfig {
                 default: raw.priority.default.unwrap_or_default(),
                 trust_client: raw.priority.trust_client.unwrap_or(DEFAULT_TRUST_CLIENT),
@@ -295,7 +303,9 @@ mod props {
         ]
       },
       "budget": { "default_ms": { "P0": 120000, "P1": 60000, "P2": 20000 }, "max_ms": 300000,
-                  "retry_ratio": 0.2, "window_s": 30, "shed_at": 0.7, "reject_at": 0.9 }
+                  "retry_ratio": 0.2, "window_s": 30, "shed_at": 0.7, "reject_at": 0.9 },
+      "shaping": { "max_tokens_cap": { "P1": 1024, "P2": 512 }, "max_history_turns": 8,
+                   "max_prompt_tokens": 3000, "max_tokens_field": "max_tokens" }
     }"#;
 
     /// The place `at` (counted over every value, depth first) of a document.
@@ -339,7 +349,7 @@ mod props {
         /// An unknown field in the document or any section is refused, and
         /// the error says which.
         #[test]
-        fn unknown_fields_are_refused(section in prop::sample::select(vec!["", "priority", "tracing", "cache", "routing", "budget"]), name in "zz_[a-z_]{0,12}") {
+        fn unknown_fields_are_refused(section in prop::sample::select(vec!["", "priority", "tracing", "cache", "routing", "budget", "shaping"]), name in "zz_[a-z_]{0,12}") {
             let mut full: Value = serde_json::from_str(FULL).unwrap();
             let obj = if section.is_empty() { &mut full } else { &mut full[section] };
             obj.as_object_mut().unwrap().insert(name.clone(), Value::from(1));

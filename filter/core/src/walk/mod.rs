@@ -16,6 +16,7 @@ use crate::config::{Config, TracingMode};
 use crate::host::{Metrics, Random, SharedStore};
 use crate::metrics::{internal_error, BoundedLabel};
 use crate::priority::{self, Priority};
+use crate::shaping::{self, Changes};
 use crate::summary::{CallSummary, End};
 use crate::trace_context;
 use crate::{observe, routing};
@@ -29,6 +30,9 @@ mod failover;
 mod fake;
 mod hedge;
 mod response;
+mod shape;
+#[cfg(test)]
+mod shape_tests;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -192,7 +196,10 @@ impl Call {
     fn can_hold_body(&self, env: &Env<'_>, host: &dyn Host) -> bool {
         let cfg = env.config;
         // The budget plan differs for streams, which only the body tells.
-        let wants_body = !cfg.routing.models.is_empty() || cfg.budget.enabled || cfg.cache.enabled;
+        let wants_body = !cfg.routing.models.is_empty()
+            || cfg.budget.enabled
+            || cfg.cache.enabled
+            || cfg.shaping.enabled();
         let length = host
             .request_header("content-length")
             .and_then(|v| v.trim().parse::<usize>().ok());
@@ -266,6 +273,8 @@ impl Call {
             self.request.model = features.and_then(|f| f.model.clone());
             self.request.stream = Some(features.is_some_and(|f| f.stream));
         }
+        // Shaped before the cache step, so the key is over what is sent.
+        let body = self.shape(env, host, body);
         // Cache: answer from an entry, or wait for an identical call in
         // flight, before routing and admission (a cached answer is served
         // even while the backend sheds).
@@ -307,6 +316,10 @@ impl Call {
         let mut all = headers.to_vec();
         if let Some(t) = &self.request.trace_id {
             all.push((trace_context::TRACE_ID_HEADER, t));
+        }
+        let shaped = self.request.shaped.header();
+        if let Some(s) = &shaped {
+            all.push((shaping::HEADER, s));
         }
         if !host.send_local_reply(status, &all, body) {
             internal_error(env.metrics, "local_reply");
@@ -441,6 +454,7 @@ impl Request {
             model: None,
             stream: None,
             copy: None,
+            shaped: Changes::default(),
         }
     }
 
