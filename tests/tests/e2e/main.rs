@@ -23,6 +23,7 @@ mod priority;
 mod reload;
 mod routing;
 mod routing_tail;
+mod shaping;
 mod shared_data;
 mod streaming;
 mod trace_context;
