@@ -12,6 +12,7 @@
     )
 )]
 
+pub mod ab;
 pub mod baggage;
 pub mod budget;
 pub mod cache;

@@ -7,7 +7,8 @@ use hashbrown::HashSet;
 
 use crate::host::Metrics;
 
-/// Calls seen, by `priority`, `model` and `outcome`.
+/// Calls seen, by `priority`, `model` and `outcome` (and `group` with A/B
+/// groups, as the duration, time-to-first-token and token metrics).
 pub const REQUESTS: &str = "llm_filter_requests_total";
 /// Whole-call duration in milliseconds, by `model` (OpenTelemetry GenAI
 /// `gen_ai.client.operation.duration`, in ms because Envoy histograms are integral).

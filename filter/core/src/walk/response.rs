@@ -46,6 +46,9 @@ impl Call {
         if let Some(s) = self.request.shaped.header() {
             set_response(env, host, shaping::HEADER, Some(&s));
         }
+        if let Some(g) = self.group(env.config) {
+            set_response(env, host, crate::ab::GROUP_HEADER, Some(&g.name));
+        }
         self.cache_on_response_headers(env, host);
         self.fail_over(env, host)
     }

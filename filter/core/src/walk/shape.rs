@@ -23,7 +23,7 @@ impl Call {
         if self.request.endpoint != Endpoint::Chat || !limits.any() {
             return Some(body);
         }
-        let field = env.config.shaping.field;
+        let field = self.shaping_config(env.config).field;
         let Some(shaped) = body
             .tree
             .as_ref()
@@ -51,8 +51,9 @@ impl Call {
         Some(body)
     }
 
-    /// The limits for this call.
+    /// The limits for this call: its group's, or the top-level ones.
     fn shaping_limits(&self, env: &Env<'_>) -> Limits {
-        env.config.shaping.limits(self.request.priority)
+        self.shaping_config(env.config)
+            .limits(self.request.priority)
     }
 }

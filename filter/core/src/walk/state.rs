@@ -29,6 +29,8 @@ pub(super) struct Request {
     pub(super) copy: Option<BodyCopy>,
     /// What shaping changed in the body sent.
     pub(super) shaped: Changes,
+    /// The index of the call's A/B group, once it joined one.
+    pub(super) group: Option<usize>,
 }
 
 /// Where a call stands. The phases with nothing but a timer to wake them are

@@ -64,9 +64,13 @@ impl Call {
             now_ms,
             avoid: &avoid,
         };
-        let Some(decision) =
-            routing::route(&env.config.routing, env.store, env.metrics, env.rng, &ask)
-        else {
+        let Some(decision) = routing::route(
+            self.routing_config(env.config),
+            env.store,
+            env.metrics,
+            env.rng,
+            &ask,
+        ) else {
             return;
         };
         if let Some(new_model) = &decision.rewrite_model {
