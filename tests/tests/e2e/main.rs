@@ -3,6 +3,7 @@
 //! linked once; one module per area of the request walk, which names each test
 //! (`cache_coalesce::concurrent_twins_share_one_upstream_call`).
 
+mod ab;
 mod baggage;
 mod budget;
 mod budget_breaker;
