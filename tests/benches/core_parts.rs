@@ -18,9 +18,10 @@ use llm_filter_core::observe;
 use llm_filter_core::priority::Priority;
 use llm_filter_core::routing::health::{self, CallResult, CallSample};
 use llm_filter_core::routing::Features;
+use llm_filter_core::shaping;
 use llm_filter_core::summary::{CallSummary, End};
 use llm_filter_core::usage::Usage;
-use llm_filter_e2e::chat_body;
+use llm_filter_e2e::{chat_body, conversation_body, SHAPING_AB};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
@@ -137,7 +138,24 @@ fn main() {
         planned_retries: 1,
         attempts: Some(1),
         failovers: 0,
+        group: None,
     };
+    // The shaping bench's request: 5 earlier turns, 2 kept, the cap set.
+    let shaping = Config::parse(SHAPING_AB.as_bytes()).unwrap_or_else(|e| panic!("config: {e:?}"));
+    let conversation =
+        conversation_body("gpt-4o", 5, "Say hello in one short sentence.").to_string();
+    let conversation_tree = Json::parse(conversation.as_bytes()).unwrap_or_else(|| panic!("parse"));
+    let limits = shaping.shaping.limits(Priority::P1);
+    if shaping::shape(
+        conversation.as_bytes(),
+        &conversation_tree,
+        &limits,
+        shaping.shaping.field,
+    )
+    .is_none()
+    {
+        panic!("the conversation must be shaped");
+    }
 
     let mut now = 2_000u64;
     let mut sink = Sink::default();
@@ -207,6 +225,29 @@ fn main() {
             "health read (`routing::health::read`)",
             time(|| {
                 black_box(health::read(&store, black_box(CLUSTER)));
+            }),
+        ),
+        (
+            "shape: trim history and cap max_tokens (`shaping::shape`, 12 messages)",
+            time(|| {
+                black_box(shaping::shape(
+                    black_box(conversation.as_bytes()),
+                    &conversation_tree,
+                    &limits,
+                    shaping.shaping.field,
+                ));
+            }),
+        ),
+        (
+            "… re-parse of the shaped body (`json::Json::parse`)",
+            time(|| {
+                black_box(Json::parse(black_box(conversation.as_bytes())));
+            }),
+        ),
+        (
+            "A/B group of a user (`ab::AbConfig::assign`, FNV-1a)",
+            time(|| {
+                black_box(shaping.ab.assign(Some(black_box("user-12345"))));
             }),
         ),
         (
