@@ -12,6 +12,7 @@
     )
 )]
 
+pub mod ab;
 pub mod baggage;
 pub mod budget;
 pub mod cache;
@@ -21,10 +22,12 @@ pub mod config;
 mod fuzz;
 pub mod host;
 pub mod json;
+pub mod json_splice;
 pub mod metrics;
 pub mod observe;
 pub mod priority;
 pub mod routing;
+pub mod shaping;
 pub mod summary;
 pub mod trace_context;
 pub mod usage;

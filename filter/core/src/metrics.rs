@@ -15,7 +15,8 @@ use hashbrown::HashSet;
 
 use crate::host::Metrics;
 
-/// Calls seen, by `priority`, `model` and `outcome`.
+/// Calls seen, by `priority`, `model` and `outcome` (and `group` with A/B
+/// groups, as the duration, time-to-first-token and token metrics).
 pub const REQUESTS: &str = "llm_filter_requests_total";
 /// Whole-call duration in milliseconds, by `model` (OpenTelemetry GenAI
 /// `gen_ai.client.operation.duration`, in ms because Envoy histograms are integral).
@@ -96,6 +97,11 @@ pub const ROUTING_HEDGES: &str = "llm_filter_routing_hedges_total";
 /// Calls sent to another backend after theirs failed them, by `result`.
 pub const ROUTING_FAILOVERS: &str = "llm_filter_routing_failovers_total";
 
+// shaping
+/// Calls whose request shaping changed, by `what` (`max_tokens` | `history`)
+/// and `priority`.
+pub const SHAPED: &str = "llm_filter_shaped_total";
+
 // shared data
 /// Keys the filter holds in Envoy shared data (gauge, counted every few
 /// seconds; see `host::census` and the README's key families).
@@ -114,7 +120,7 @@ pub const LLM_CLUSTER: &str = "llm_cluster";
 
 /// Every label the filter writes into stat names; the bootstrap has one
 /// `stats_tags` rule per label, with the regex [`tag_regex`] gives.
-pub const LABELS: [&str; 7] = [
+pub const LABELS: [&str; 9] = [
     "priority",
     "model",
     "outcome",
@@ -122,6 +128,8 @@ pub const LABELS: [&str; 7] = [
     LLM_CLUSTER,
     "result",
     "reason",
+    "what",
+    "group",
 ];
 
 /// Longest label value kept, in characters (a fully qualified Istio cluster
@@ -256,6 +264,8 @@ mod tests {
             "outbound|80||api.openai.com",
             "hit",
             "outbound|8000|v1|vllm.inference.svc.cluster.local",
+            "max_tokens",
+            "canary",
         ];
         let labels: Vec<(&str, &str)> = LABELS.iter().copied().zip(values).collect();
         let encoded = name(ROUTING_CALLS, &labels);

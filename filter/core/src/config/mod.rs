@@ -4,14 +4,17 @@
 
 pub mod check;
 pub mod error;
+pub mod per_priority;
 
 use serde::Deserialize;
 
+use crate::ab::{self, AbConfig, RawAbConfig};
 use crate::budget::config::{BudgetConfig, RawBudgetConfig};
 use crate::cache::config::{CacheConfig, RawCacheConfig};
 use crate::classify::DEFAULT_PATHS;
 use crate::priority::Priority;
 use crate::routing::config::{RawRoutingConfig, RoutingConfig};
+use crate::shaping::{RawShapingConfig, ShapingConfig};
 
 pub use error::ConfigError;
 
@@ -41,6 +44,10 @@ pub struct RawConfig {
     pub budget: RawBudgetConfig,
     /// Cache section.
     pub cache: RawCacheConfig,
+    /// Shaping section.
+    pub shaping: RawShapingConfig,
+    /// A/B groups section.
+    pub ab: RawAbConfig,
 }
 
 /// `priority` as written.
@@ -79,6 +86,10 @@ pub struct Config {
     pub budget: BudgetConfig,
     /// The response cache.
     pub cache: CacheConfig,
+    /// Request shaping.
+    pub shaping: ShapingConfig,
+    /// A/B groups.
+    pub ab: AbConfig,
 }
 
 /// Compiled `priority`.
@@ -112,6 +123,8 @@ impl Default for Config {
             routing: RoutingConfig::default(),
             budget: BudgetConfig::default(),
             cache: CacheConfig::default(),
+            shaping: ShapingConfig::default(),
+            ab: AbConfig::default(),
         }
     }
 }
@@ -154,12 +167,37 @@ impl TryFrom<RawConfig> for Config {
         let max_body_bytes = raw.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
         let max_body_bytes =
             check::in_range("max_body_bytes", max_body_bytes, 1..=MAX_MAX_BODY_BYTES)?;
+        let cache = CacheConfig::compile(raw.cache).map_err(|e| e.within("cache"))?;
+        // Groups compile their overrides against the sections as written.
+        let ab = AbConfig::compile(
+            raw.ab,
+            &ab::Base {
+                routing: &raw.routing,
+                shaping: &raw.shaping,
+                cache: cache.enabled,
+            },
+        )
+        .map_err(|e| e.within("ab"))?;
+        let mut routing = RoutingConfig::compile(raw.routing).map_err(|e| e.within("routing"))?;
+        // A cluster only a group routes to is probed like every other.
+        for target in ab
+            .groups
+            .iter()
+            .filter_map(|g| g.routing.as_ref())
+            .flat_map(|r| &r.clusters)
+        {
+            if !routing.clusters.iter().any(|c| c.cluster == target.cluster) {
+                routing.clusters.push(target.clone());
+            }
+        }
         Ok(Self {
             llm_paths,
             max_body_bytes,
-            routing: RoutingConfig::compile(raw.routing).map_err(|e| e.within("routing"))?,
+            routing,
+            ab,
             budget: BudgetConfig::compile(raw.budget).map_err(|e| e.within("budget"))?,
-            cache: CacheConfig::compile(raw.cache).map_err(|e| e.within("cache"))?,
+            cache,
+            shaping: ShapingConfig::compile(&raw.shaping).map_err(|e| e.within("shaping"))?,
             priority: PriorityConfig {
                 default: raw.priority.default.unwrap_or_default(),
                 trust_client: raw.priority.trust_client.unwrap_or(DEFAULT_TRUST_CLIENT),
@@ -295,7 +333,15 @@ mod props {
         ]
       },
       "budget": { "default_ms": { "P0": 120000, "P1": 60000, "P2": 20000 }, "max_ms": 300000,
-                  "retry_ratio": 0.2, "window_s": 30, "shed_at": 0.7, "reject_at": 0.9 }
+                  "retry_ratio": 0.2, "window_s": 30, "shed_at": 0.7, "reject_at": 0.9 },
+      "shaping": { "max_tokens_cap": { "P1": 1024, "P2": 512 }, "max_history_turns": 8,
+                   "max_prompt_tokens": 3000, "max_tokens_field": "max_tokens" },
+      "ab": { "user_header": "x-user-id", "groups": [
+        { "name": "control", "percent": 90 },
+        { "name": "small", "percent": 10, "overrides": {
+          "routing": { "models": { "gpt-4o": [{ "cluster": "vllm-small", "model": "llama-8b" }] } },
+          "shaping": { "max_tokens_cap": 256 }, "cache": { "enabled": false } } }
+      ] }
     }"#;
 
     /// The place `at` (counted over every value, depth first) of a document.
@@ -339,7 +385,7 @@ mod props {
         /// An unknown field in the document or any section is refused, and
         /// the error says which.
         #[test]
-        fn unknown_fields_are_refused(section in prop::sample::select(vec!["", "priority", "tracing", "cache", "routing", "budget"]), name in "zz_[a-z_]{0,12}") {
+        fn unknown_fields_are_refused(section in prop::sample::select(vec!["", "priority", "tracing", "cache", "routing", "budget", "shaping", "ab"]), name in "zz_[a-z_]{0,12}") {
             let mut full: Value = serde_json::from_str(FULL).unwrap();
             let obj = if section.is_empty() { &mut full } else { &mut full[section] };
             obj.as_object_mut().unwrap().insert(name.clone(), Value::from(1));

@@ -29,7 +29,8 @@ impl Call {
         body: Option<HeldBody>,
     ) -> Result<Step, Option<HeldBody>> {
         let cfg = &env.config.cache;
-        if !cfg.enabled {
+        // Off for this call (the top-level switch, or its A/B group's).
+        if self.cache.status.is_none() {
             return Err(body);
         }
         let decision = match &body {

@@ -85,7 +85,8 @@ impl Call {
             now_ms,
             avoid: &avoid,
         };
-        let Some(target) = routing::failover_target(&env.config.routing, env.store, &ask, failed)
+        let Some(target) =
+            routing::failover_target(self.routing_config(env.config), env.store, &ask, failed)
         else {
             return Sent::Nowhere;
         };

@@ -5,6 +5,7 @@
 use crate::cache::{CacheStatus, Cacheable, Key, Lease, StreamAssembler};
 use crate::classify::Endpoint;
 use crate::priority::Priority;
+use crate::shaping::Changes;
 use crate::summary::EnvoyReply;
 use crate::usage::{self, SseScanner, Usage};
 
@@ -26,6 +27,10 @@ pub(super) struct Request {
     pub(super) stream: Option<bool>,
     /// Copy of a body that streams through, for the model label.
     pub(super) copy: Option<BodyCopy>,
+    /// What shaping changed in the body sent.
+    pub(super) shaped: Changes,
+    /// The index of the call's A/B group, once it joined one.
+    pub(super) group: Option<usize>,
 }
 
 /// Where a call stands. The phases with nothing but a timer to wake them are
