@@ -21,6 +21,7 @@ pub mod config;
 mod fuzz;
 pub mod host;
 pub mod json;
+pub mod load;
 pub mod metrics;
 pub mod observe;
 pub mod priority;

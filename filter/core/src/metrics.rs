@@ -76,6 +76,18 @@ pub const ROUTING_HEDGES: &str = "llm_filter_routing_hedges_total";
 /// Calls sent to another backend after theirs failed them, by `result`.
 pub const ROUTING_FAILOVERS: &str = "llm_filter_routing_failovers_total";
 
+// load
+/// Calls per second of a model over the load window, ×1000, by `model`.
+pub const LOAD_RPS: &str = "llm_filter_load_rps_milli";
+/// Output tokens per second of a model over the load window, by `model`.
+pub const LOAD_TOKENS: &str = "llm_filter_load_tokens_per_s";
+/// Calls of a model in flight upstream across workers, by `model`.
+pub const LOAD_IN_FLIGHT: &str = "llm_filter_load_in_flight";
+/// Tries per second sent to a cluster over the load window, ×1000, by `cluster`.
+pub const LOAD_CLUSTER_RPS: &str = "llm_filter_load_cluster_rps_milli";
+/// Output tokens per second from a cluster over the load window, by `cluster`.
+pub const LOAD_CLUSTER_TOKENS: &str = "llm_filter_load_cluster_tokens_per_s";
+
 // shared data
 /// Keys the filter holds in Envoy shared data (gauge, counted every few
 /// seconds; see `host::census` and the README's key families).
@@ -88,7 +100,8 @@ pub const OTHER: &str = "other";
 /// Label value for a value that is absent.
 pub const UNKNOWN: &str = "unknown";
 
-const MAX_VALUE_LEN: usize = 64;
+/// Longest label value, in characters.
+pub const MAX_VALUE_LEN: usize = 64;
 
 /// Encodes a stat name with labels: `metric.label.value…`.
 pub fn name(metric: &str, labels: &[(&str, &str)]) -> String {
@@ -100,6 +113,13 @@ pub fn name(metric: &str, labels: &[(&str, &str)]) -> String {
         out.push('.');
         push_value(&mut out, value);
     }
+    out
+}
+
+/// A label value as [`name`] writes it: `[A-Za-z0-9_-]` only, bounded, never empty.
+pub fn label_value(value: &str) -> String {
+    let mut out = String::with_capacity(value.len().min(MAX_VALUE_LEN));
+    push_value(&mut out, value);
     out
 }
 

@@ -17,6 +17,7 @@ mod failover;
 mod harness;
 mod hedge;
 mod hostile;
+mod load;
 mod metrics;
 mod passthrough;
 mod priority;

@@ -4,7 +4,8 @@
 //! few keys per timer tick, for the `llm_filter_shared_data_keys` and
 //! `llm_filter_shared_data_bytes` gauges.
 //!
-//! Every key is read except the cache slots, whose values may be large: their
+//! The load records are read at the end of a count, through their index.
+//! Every other key is read except the cache slots, whose values may be large: their
 //! bytes come from the cache's own totals, and their count is the table size
 //! when the table was created at start (up to [`PREPARE_MAX_SLOTS`]), else the
 //! occupied slots.
@@ -14,6 +15,7 @@ use crate::budget::{breaker, DEFAULT_BREAKER};
 use crate::cache::store::{marker_key, LAYOUT_KEY, STATS_KEY};
 use crate::cache::{Store, PREPARE_MAX_SLOTS};
 use crate::config::Config;
+use crate::load;
 use crate::metrics;
 use crate::routing::{health, hedge, probe};
 
@@ -153,9 +155,10 @@ impl Census {
         }
         self.next = 0;
         let slots = slots(store, config);
+        let (load_keys, load_bytes) = load::footprint(store);
         Some(Footprint {
-            keys: self.counted.keys + slots.keys,
-            bytes: self.counted.bytes + slots.bytes,
+            keys: self.counted.keys + slots.keys + load_keys,
+            bytes: self.counted.bytes + slots.bytes + load_bytes,
         })
     }
 }
@@ -186,7 +189,9 @@ pub fn max_keys(config: &Config) -> u64 {
     } else {
         0
     };
-    u64::from(keys(config).len()) + slots
+    // The load records and their index.
+    let load = load::MAX_RECORDS as u64 + 1;
+    u64::from(keys(config).len()) + slots + load
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use crate::metrics::{internal_error, BoundedLabel};
 use crate::priority::{self, Priority};
 use crate::summary::{CallSummary, End};
 use crate::trace_context;
-use crate::{observe, routing};
+use crate::{load, observe, routing};
 
 mod body;
 mod cache;
@@ -362,12 +362,21 @@ impl Call {
         let summary = self.summary(&model, env.now_ms);
         observe::record(env.metrics, &summary);
         self.learn_from(env, &summary);
+        // Counted in flight under the label it had then, which is the label
+        // now: the label of a model never changes within a worker.
+        let started = self.dispatch.load_model.as_deref() == Some(summary.model);
+        if self.dispatch.load_model.is_some() && !started {
+            internal_error(env.metrics, "load_label");
+        }
+        load::ended(env.store, env.metrics, &summary, started);
     }
 
-    /// Routing and the budget breaker learn from one try of the call.
+    /// Routing, the budget breaker and the clusters' load learn from one try
+    /// of the call.
     fn learn_from(&self, env: &mut Env<'_>, call: &CallSummary<'_>) {
         routing::learn::ended(env.store, &env.config.routing, env.metrics, call);
         budget::learn::ended(env.store, &env.config.budget, env.metrics, call);
+        load::tried(env.store, env.metrics, call);
     }
 
     /// What the call was and how it ended.
@@ -441,6 +450,7 @@ impl Request {
             model: None,
             stream: None,
             copy: None,
+            usage_asked: false,
         }
     }
 

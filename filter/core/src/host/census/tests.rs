@@ -66,6 +66,11 @@ fn fill(store: &MemoryStore, config: &Config) {
     for m in ["m1", "m2"] {
         hedge::count_call(store, m, 1_000, config.budget.window_ms);
     }
+    // Every load record the index admits, and its index.
+    let mut m = MemoryMetrics::default();
+    for n in 0..load::MAX_RECORDS + 3 {
+        load::started(store, &mut m, &format!("model-{n}"), 1_000);
+    }
 }
 
 fn run(census: &mut Census, store: &MemoryStore, config: &Config, now_ms: u64) -> Footprint {
@@ -85,8 +90,9 @@ fn the_count_matches_the_store() {
     assert_eq!(f.keys, store.len() as u64);
     assert_eq!(f.bytes, store.value_bytes() as u64);
     // Stats, layout, lease, 3 health, 4 breakers, 2 hedge windows, 8
-    // markers, 8 slots.
-    assert_eq!(f.keys, 3 + 3 + 4 + 2 + 2 * u64::from(SLOTS));
+    // markers, 8 slots, the load records and their index.
+    let load = load::MAX_RECORDS as u64 + 1;
+    assert_eq!(f.keys, 3 + 3 + 4 + 2 + 2 * u64::from(SLOTS) + load);
     assert_eq!(max_keys(&config), f.keys);
 }
 
