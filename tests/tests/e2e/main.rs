@@ -12,6 +12,7 @@ mod cache_coalesce;
 mod cache_support;
 mod concurrency;
 mod config;
+mod degrade;
 mod deploy_configs;
 mod failover;
 mod harness;

@@ -25,7 +25,9 @@ const MODELS: u64 = 2;
 /// The load records and their index.
 const LOAD_KEYS: u64 = 64 + 1;
 const LOAD_BYTES: u64 = 64 * 212 + 8 + 64 * (8 + 27 + 64);
-const MAX_KEYS: u64 = 2 * SLOTS + 2 * CLUSTERS + MODELS + 4 + LOAD_KEYS;
+/// The active alerts (none are sent here).
+const ALERT_KEYS: u64 = 1;
+const MAX_KEYS: u64 = 2 * SLOTS + 2 * CLUSTERS + MODELS + 4 + LOAD_KEYS + ALERT_KEYS;
 const MAX_BYTES: u64 = SLOTS * MAX_ENTRY_BYTES
     + SLOTS * 52
     + 16

@@ -7,9 +7,11 @@ pub mod error;
 
 use serde::Deserialize;
 
+use crate::admin::{AdminConfig, RawAdminConfig};
 use crate::budget::config::{BudgetConfig, RawBudgetConfig};
 use crate::cache::config::{CacheConfig, RawCacheConfig};
 use crate::classify::DEFAULT_PATHS;
+use crate::degrade::{DegradeConfig, RawDegradeConfig};
 use crate::priority::Priority;
 use crate::routing::config::{RawRoutingConfig, RoutingConfig};
 
@@ -41,6 +43,10 @@ pub struct RawConfig {
     pub budget: RawBudgetConfig,
     /// Cache section.
     pub cache: RawCacheConfig,
+    /// Degrade section.
+    pub degrade: RawDegradeConfig,
+    /// Admin endpoints section.
+    pub admin: RawAdminConfig,
 }
 
 /// `priority` as written.
@@ -79,6 +85,10 @@ pub struct Config {
     pub budget: BudgetConfig,
     /// The response cache.
     pub cache: CacheConfig,
+    /// Load-driven degrade.
+    pub degrade: DegradeConfig,
+    /// The filter's own endpoints.
+    pub admin: AdminConfig,
 }
 
 /// Compiled `priority`.
@@ -112,6 +122,8 @@ impl Default for Config {
             routing: RoutingConfig::default(),
             budget: BudgetConfig::default(),
             cache: CacheConfig::default(),
+            degrade: DegradeConfig::default(),
+            admin: AdminConfig::default(),
         }
     }
 }
@@ -160,6 +172,8 @@ impl TryFrom<RawConfig> for Config {
             routing: RoutingConfig::compile(raw.routing).map_err(|e| e.within("routing"))?,
             budget: BudgetConfig::compile(raw.budget).map_err(|e| e.within("budget"))?,
             cache: CacheConfig::compile(raw.cache).map_err(|e| e.within("cache"))?,
+            degrade: DegradeConfig::compile(raw.degrade).map_err(|e| e.within("degrade"))?,
+            admin: AdminConfig::compile(raw.admin).map_err(|e| e.within("admin"))?,
             priority: PriorityConfig {
                 default: raw.priority.default.unwrap_or_default(),
                 trust_client: raw.priority.trust_client.unwrap_or(DEFAULT_TRUST_CLIENT),
@@ -295,7 +309,11 @@ mod props {
         ]
       },
       "budget": { "default_ms": { "P0": 120000, "P1": 60000, "P2": 20000 }, "max_ms": 300000,
-                  "retry_ratio": 0.2, "window_s": 30, "shed_at": 0.7, "reject_at": 0.9 }
+                  "retry_ratio": 0.2, "window_s": 30, "shed_at": 0.7, "reject_at": 0.9 },
+      "degrade": { "alerts": [{ "severity": "critical", "level": 3 },
+                              { "alertname": "LLMSlow", "model": "gpt-4o", "level": 2 }],
+                   "alert_ttl_s": 900 },
+      "admin": { "path_prefix": "/llm-filter", "token": "a-long-random-token-0123" }
     }"#;
 
     /// The place `at` (counted over every value, depth first) of a document.
@@ -339,7 +357,7 @@ mod props {
         /// An unknown field in the document or any section is refused, and
         /// the error says which.
         #[test]
-        fn unknown_fields_are_refused(section in prop::sample::select(vec!["", "priority", "tracing", "cache", "routing", "budget"]), name in "zz_[a-z_]{0,12}") {
+        fn unknown_fields_are_refused(section in prop::sample::select(vec!["", "priority", "tracing", "cache", "routing", "budget", "degrade", "admin"]), name in "zz_[a-z_]{0,12}") {
             let mut full: Value = serde_json::from_str(FULL).unwrap();
             let obj = if section.is_empty() { &mut full } else { &mut full[section] };
             obj.as_object_mut().unwrap().insert(name.clone(), Value::from(1));

@@ -15,6 +15,7 @@ use crate::budget::{breaker, DEFAULT_BREAKER};
 use crate::cache::store::{marker_key, LAYOUT_KEY, STATS_KEY};
 use crate::cache::{Store, PREPARE_MAX_SLOTS};
 use crate::config::Config;
+use crate::degrade::alerts;
 use crate::load;
 use crate::metrics;
 use crate::routing::{health, hedge, probe};
@@ -49,8 +50,9 @@ impl Keys {
     }
 }
 
-/// Every key a configuration can make the filter write, but the cache slots:
-/// the cache totals, layout and in-flight markers, the probe lease, each routed
+/// Every key a configuration can make the filter write, but the cache slots
+/// and the load records: the cache totals, layout and in-flight markers, the
+/// probe lease, the active alerts, each routed
 /// cluster's health and budget breaker (and the breaker of unrouted calls),
 /// each routed model's hedge window.
 fn keys(config: &Config) -> Keys {
@@ -58,6 +60,7 @@ fn keys(config: &Config) -> Keys {
         STATS_KEY.to_string(),
         LAYOUT_KEY.to_string(),
         probe::LEASE_KEY.to_string(),
+        alerts::KEY.to_string(),
     ];
     for c in &config.routing.clusters {
         named.push(health::key(&c.cluster));

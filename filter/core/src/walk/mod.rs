@@ -26,7 +26,7 @@ mod cache;
 mod cache_tests;
 mod failover;
 #[cfg(test)]
-mod fake;
+pub(crate) mod fake;
 mod hedge;
 mod response;
 mod state;
