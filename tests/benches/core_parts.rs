@@ -137,6 +137,7 @@ fn main() {
         planned_retries: 1,
         attempts: Some(1),
         failovers: 0,
+        group: None,
     };
 
     let mut now = 2_000u64;

@@ -12,6 +12,7 @@
     )
 )]
 
+pub mod ab;
 pub mod admin;
 pub mod baggage;
 pub mod budget;
@@ -23,11 +24,13 @@ pub mod degrade;
 mod fuzz;
 pub mod host;
 pub mod json;
+pub mod json_splice;
 pub mod load;
 pub mod metrics;
 pub mod observe;
 pub mod priority;
 pub mod routing;
+pub mod shaping;
 pub mod summary;
 pub mod trace_context;
 pub mod usage;

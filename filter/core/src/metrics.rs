@@ -7,7 +7,8 @@ use hashbrown::HashSet;
 
 use crate::host::Metrics;
 
-/// Calls seen, by `priority`, `model` and `outcome`.
+/// Calls seen, by `priority`, `model` and `outcome` (and `group` with A/B
+/// groups, as the duration, time-to-first-token and token metrics).
 pub const REQUESTS: &str = "llm_filter_requests_total";
 /// Whole-call duration in milliseconds, by `model` (OpenTelemetry GenAI
 /// `gen_ai.client.operation.duration`, in ms because Envoy histograms are integral).
@@ -87,6 +88,16 @@ pub const LOAD_IN_FLIGHT: &str = "llm_filter_load_in_flight";
 pub const LOAD_CLUSTER_RPS: &str = "llm_filter_load_cluster_rps_milli";
 /// Output tokens per second from a cluster over the load window, by `cluster`.
 pub const LOAD_CLUSTER_TOKENS: &str = "llm_filter_load_cluster_tokens_per_s";
+// shaping
+/// Calls whose request shaping changed, by `what` (`max_tokens` | `history`)
+/// and `priority`.
+pub const SHAPED: &str = "llm_filter_shaped_total";
+
+// degrade
+/// The degrade level of a model (0..=3), by `model`.
+pub const DEGRADE_LEVEL: &str = "llm_filter_degrade_level";
+/// Actions the load-driven degrade took, by `action` and `priority`.
+pub const DEGRADED: &str = "llm_filter_degraded_total";
 
 // shared data
 /// Keys the filter holds in Envoy shared data (gauge, counted every few

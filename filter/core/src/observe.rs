@@ -62,21 +62,27 @@ impl RequestOutcome {
 }
 
 /// Emits the request metrics of a finished call: the requests counter, the
-/// duration and time-to-first-token histograms, and the token counters.
-pub fn record(m: &mut dyn Metrics, call: &CallSummary<'_>) {
+/// duration and time-to-first-token histograms, and the token counters, each
+/// with a `group` label when the call is in an A/B group.
+pub fn record<'a>(m: &mut dyn Metrics, call: &CallSummary<'a>) {
     let outcome = RequestOutcome::of(call.end);
+    let labelled = |labels: &[(&'static str, &'a str)]| -> Vec<(&'static str, &'a str)> {
+        let mut all = labels.to_vec();
+        all.extend(call.group.map(|g| ("group", g)));
+        all
+    };
     m.counter(
         &metrics::name(
             metrics::REQUESTS,
-            &[
+            &labelled(&[
                 ("priority", call.priority.as_str()),
                 ("model", call.model),
                 ("outcome", outcome.as_str()),
-            ],
+            ]),
         ),
         1,
     );
-    let model = [("model", call.model)];
+    let model = labelled(&[("model", call.model)]);
     m.histogram(
         &metrics::name(metrics::OPERATION_DURATION, &model),
         call.elapsed_ms(),
@@ -90,7 +96,7 @@ pub fn record(m: &mut dyn Metrics, call: &CallSummary<'_>) {
                 m.counter(
                     &metrics::name(
                         metrics::TOKEN_USAGE,
-                        &[("model", call.model), ("token_type", kind)],
+                        &labelled(&[("model", call.model), ("token_type", kind)]),
                     ),
                     n,
                 );
@@ -163,6 +169,41 @@ mod tests {
         assert!(!m
             .counters
             .contains_key("gen_ai_client_token_usage_total.model.gpt-4o.token_type.output"));
+    }
+
+    #[test]
+    fn a_group_labels_requests_latency_and_tokens() {
+        let mut m = MemoryMetrics::default();
+        record(
+            &mut m,
+            &CallSummary {
+                model: "m",
+                ended_ms: 40,
+                first_byte_ms: Some(10),
+                group: Some("b"),
+                usage: Some(Usage {
+                    prompt_tokens: 1,
+                    completion_tokens: 2,
+                }),
+                ..CallSummary::ended(End::Answered(200))
+            },
+        );
+        assert_eq!(
+            m.counters["llm_filter_requests_total.priority.P1.model.m.outcome.success.group.b"],
+            1
+        );
+        assert_eq!(
+            m.histograms["gen_ai_client_operation_duration_ms.model.m.group.b"],
+            [40]
+        );
+        assert_eq!(
+            m.histograms["gen_ai_server_time_to_first_token_ms.model.m.group.b"],
+            [10]
+        );
+        assert_eq!(
+            m.counters["gen_ai_client_token_usage_total.model.m.token_type.output.group.b"],
+            2
+        );
     }
 
     #[test]

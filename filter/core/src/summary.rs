@@ -164,6 +164,8 @@ pub struct CallSummary<'a> {
     /// Other backends asked after this call's backend failed it (each
     /// counts as a retry).
     pub failovers: u32,
+    /// The call's A/B group, when A/B is on.
+    pub group: Option<&'a str>,
 }
 
 impl CallSummary<'_> {
@@ -199,6 +201,7 @@ impl CallSummary<'static> {
             planned_retries: 0,
             attempts: None,
             failovers: 0,
+            group: None,
         }
     }
 }

@@ -5,6 +5,7 @@
 use serde::Deserialize;
 
 use crate::json::Json;
+use crate::json_splice;
 
 /// Tokens of one call.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -123,8 +124,8 @@ fn trim_eol(mut line: &[u8]) -> &[u8] {
     line
 }
 
-/// The member a streamed request gets so that the provider reports usage.
-const ASK_USAGE: &[u8] = br#""stream_options":{"include_usage":true}"#;
+/// The value of `stream_options` that asks the provider for usage.
+const ASK_USAGE: &[u8] = br#"{"include_usage":true}"#;
 
 /// The body of a streamed request (`tree` is its parse) with
 /// `stream_options.include_usage` set, every other byte kept; `None` when it
@@ -134,19 +135,7 @@ pub fn ask_for_usage(raw: &[u8], tree: &Json) -> Option<Vec<u8>> {
     if tree.get("stream") != Some(&Json::Bool(true)) || tree.get("stream_options").is_some() {
         return None;
     }
-    let Json::Object(members) = tree else {
-        return None;
-    };
-    let open = raw.iter().position(|b| *b == b'{')?;
-    let (head, tail) = raw.split_at(open.checked_add(1)?);
-    let mut out = Vec::with_capacity(raw.len() + ASK_USAGE.len() + 1);
-    out.extend_from_slice(head);
-    out.extend_from_slice(ASK_USAGE);
-    if !members.is_empty() {
-        out.push(b',');
-    }
-    out.extend_from_slice(tail);
-    Some(out)
+    json_splice::set_member(raw, "stream_options", ASK_USAGE)
 }
 
 /// Longest incomplete SSE event held back by [`UsageStrip`]; past it the
@@ -282,7 +271,7 @@ mod tests {
         for (body, want) in [
             (
                 r#" {"stream":true,"model":"m"}"#,
-                Some(r#" {"stream_options":{"include_usage":true},"stream":true,"model":"m"}"#),
+                Some(r#" {"stream":true,"model":"m","stream_options":{"include_usage":true}}"#),
             ),
             (r#"{"stream":false}"#, None),
             (r#"{"model":"m"}"#, None),

@@ -12,10 +12,10 @@ use llm_filter_core::cache::{CacheConfig, Store, PREPARE_MAX_SLOTS};
 use llm_filter_core::config::Config;
 use llm_filter_core::host::census::{Census, KEYS_PER_STEP};
 use llm_filter_core::host::{Random, SplitMix64};
-use llm_filter_core::load;
 use llm_filter_core::metrics::BoundedLabel;
 use llm_filter_core::routing::probe::{Probe, ProbeEnd, Prober};
 use llm_filter_core::walk::Wake;
+use llm_filter_core::{degrade, load};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType, MapType};
 
@@ -43,7 +43,7 @@ pub struct Root {
     callouts: HashMap<u32, ParkedCall>,
     /// The count of the filter's shared-data keys and bytes in progress.
     census: Census,
-    /// When the load gauges were last set, ms.
+    /// When the load and degrade level gauges were last set, ms.
     load_published_ms: u64,
 }
 
@@ -276,7 +276,9 @@ impl RootContext for Root {
         let now = now_ms();
         if now.saturating_sub(self.load_published_ms) >= LOAD_GAUGES_EVERY_MS {
             self.load_published_ms = now;
-            load::publish(&EnvoyStore, &mut *worker.metrics.borrow_mut(), now);
+            let mut metrics = worker.metrics.borrow_mut();
+            load::publish(&EnvoyStore, &mut *metrics, now);
+            degrade::publish(&EnvoyStore, &worker.config, &mut *metrics, now);
         }
         worker.count_host_errors();
     }

@@ -6,8 +6,8 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use llm_filter_e2e::{
-    alertmanager_bin, get, post_raw, running_in_ci, skip_without_envoy, workspace_root,
-    Alertmanager, Envoy, EnvoyBuilder, MockConfig, MockUpstream,
+    alertmanager_bin, chat_body, get, post_json, post_raw, running_in_ci, skip_without_envoy,
+    workspace_root, Alertmanager, Envoy, EnvoyBuilder, MockConfig, MockUpstream,
 };
 use serde_json::{json, Value};
 
@@ -216,6 +216,13 @@ async fn the_real_alertmanager_raises_and_clears_the_level() {
     let s = wait_for_level(&envoy, "*", 3, Duration::from_secs(20)).await;
     assert_eq!(s["levels"]["*"], 3, "{s}\n{}", am.log_contents());
     assert_eq!(s["alerts"][0]["alertname"], "LLMTestOverload");
+    let url = envoy.url("/v1/chat/completions");
+    let p2 = [("x-request-priority", "P2")];
+    let r = post_json(&url, &chat_body("gpt-4o", "p2 under alert"), &p2)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.header("x-llm-degraded"), Some("3"));
 
     am.post_alerts(&json!([{"labels": labels, "endsAt": rfc3339(SystemTime::now())}]))
         .await
@@ -223,6 +230,183 @@ async fn the_real_alertmanager_raises_and_clears_the_level() {
     let s = wait_for_level(&envoy, "*", 0, Duration::from_secs(20)).await;
     assert_eq!(s["levels"]["*"], 0, "{s}\n{}", am.log_contents());
     assert_eq!(s["alerts"], json!([]));
+    let r = post_json(&url, &chat_body("gpt-4o", "p2 recovered"), &p2)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-llm-degraded"), None);
+}
+
+fn send_alert(
+    envoy: &Envoy,
+    status: &str,
+    severity: &str,
+) -> impl std::future::Future<Output = Value> {
+    let url = envoy.url("/llm-filter/alerts");
+    let body = webhook(
+        status,
+        json!({"alertname": "LLMLoad", "severity": severity}),
+    );
+    async move {
+        let r = post_raw(&url, &body, &[("authorization", &bearer())])
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    }
+}
+
+#[tokio::test]
+async fn alert_levels_degrade_each_priority_as_configured() {
+    if skip_without_envoy("alert_levels_degrade_each_priority_as_configured") {
+        return;
+    }
+    let mock = MockUpstream::start(MockConfig::named("degrade"));
+    let envoy = envoy(
+        &mock,
+        json!({
+            "admin": {"token": TOKEN},
+            "cache": {"ttl_s": 1},
+            "degrade": {"fallback_model": {"gpt-4o": "gpt-4o-mini"}, "max_tokens_cap": 32}
+        }),
+    );
+    let url = envoy.url("/v1/chat/completions");
+    let deterministic = json!({"model": "gpt-4o", "temperature": 0,
+        "messages": [{"role": "user", "content": "a question worth keeping"}]});
+    let first = post_json(&url, &deterministic, &[]).await.unwrap();
+    assert_eq!(first.header("x-cache"), Some("MISS"));
+    // Let the entry expire: level 3 still answers from it while it is in its slot.
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+
+    send_alert(&envoy, "firing", "critical").await;
+    let before = mock.request_count();
+    let r = post_json(
+        &url,
+        &chat_body("gpt-4o", "p2"),
+        &[("x-request-priority", "P2")],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.header("retry-after"), Some("10"));
+    assert_eq!(r.header("x-llm-degraded"), Some("3"));
+    assert_eq!(r.json()["error"]["code"], "llm_filter_degraded_reject");
+
+    let r = post_json(&url, &deterministic, &[("x-request-priority", "P1")])
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-downgrade"), Some("cache"));
+    assert_eq!(r.header("x-cache"), Some("STALE"));
+    assert_eq!(r.json(), first.json(), "the stored answer");
+    assert_eq!(mock.request_count(), before, "neither went upstream");
+
+    let mut creative = chat_body("gpt-4o", "something new");
+    creative["temperature"] = json!(0.9);
+    creative["max_tokens"] = json!(1000);
+    let r = post_json(&url, &creative, &[("x-request-priority", "P1")])
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-llm-degraded"), Some("3"));
+    let sent = mock.last_request().unwrap().json().unwrap();
+    assert_eq!(sent["model"], "gpt-4o-mini");
+    assert_eq!(sent["max_tokens"], 32);
+    let t = sent["temperature"].as_f64().unwrap();
+    assert!(t < 0.9 && t > 0.0, "temperature {t}");
+
+    let r = post_json(&url, &creative, &[("x-request-priority", "P0")])
+        .await
+        .unwrap();
+    assert_eq!(r.header("x-llm-degraded"), None);
+    assert_eq!(
+        mock.last_request().unwrap().json().unwrap(),
+        creative,
+        "P0 never changed"
+    );
+
+    let level = envoy.wait_for_metric(
+        "llm_filter_degrade_level",
+        &[("model", "gpt-4o")],
+        3.0,
+        Duration::from_secs(5),
+    );
+    assert_eq!(level, 3.0);
+    for (action, priority) in [
+        ("reject", "P2"),
+        ("cache", "P1"),
+        ("fallback_model", "P1"),
+        ("max_tokens", "P1"),
+        ("temperature", "P1"),
+    ] {
+        let n = envoy.wait_for_metric(
+            "llm_filter_degraded_total",
+            &[("action", action), ("priority", priority)],
+            1.0,
+            Duration::from_secs(5),
+        );
+        assert_eq!(n, 1.0, "{action} {priority}");
+    }
+
+    // A warning: level 1 only caps P2.
+    send_alert(&envoy, "resolved", "critical").await;
+    send_alert(&envoy, "firing", "warning").await;
+    let r = post_json(&url, &creative, &[("x-request-priority", "P2")])
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-llm-degraded"), Some("1"));
+    let sent = mock.last_request().unwrap().json().unwrap();
+    assert_eq!(
+        (sent["model"].as_str(), sent["max_tokens"].as_u64()),
+        (Some("gpt-4o"), Some(32))
+    );
+    let r = post_json(&url, &creative, &[("x-request-priority", "P1")])
+        .await
+        .unwrap();
+    assert_eq!(r.header("x-llm-degraded"), None);
+    assert_eq!(mock.last_request().unwrap().json().unwrap(), creative);
+}
+
+#[tokio::test]
+async fn a_threshold_on_the_load_raises_the_level() {
+    if skip_without_envoy("a_threshold_on_the_load_raises_the_level") {
+        return;
+    }
+    let mock = MockUpstream::start(MockConfig::named("threshold"));
+    let envoy = envoy(
+        &mock,
+        json!({"degrade": {"thresholds": [{"model": "busy", "signal": "rps", "above": 0.25, "level": 2}]}}),
+    );
+    let url = envoy.url("/v1/chat/completions");
+    let p2 = [("x-request-priority", "P2")];
+    // Three calls in the 10 s window: 0.3 calls per second.
+    for i in 0..3 {
+        let r = post_json(&url, &chat_body("busy", &format!("q{i}")), &p2)
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "call {i}: {}", r.text());
+        assert_eq!(r.header("x-llm-degraded"), None);
+    }
+    let r = post_json(&url, &chat_body("busy", "one more"), &p2)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.header("x-llm-degraded"), Some("2"));
+    assert_eq!(r.header("retry-after"), Some("5"));
+    assert_eq!(r.json()["error"]["code"], "llm_filter_degraded_shed");
+    // Another model is not busy.
+    let r = post_json(&url, &chat_body("quiet", "hi"), &p2)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    let level = envoy.wait_for_metric(
+        "llm_filter_degrade_level",
+        &[("model", "busy")],
+        2.0,
+        Duration::from_secs(5),
+    );
+    assert_eq!(level, 2.0);
 }
 
 #[test]

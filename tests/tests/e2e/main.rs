@@ -3,6 +3,7 @@
 //! linked once; one module per area of the request walk, which names each test
 //! (`cache_coalesce::concurrent_twins_share_one_upstream_call`).
 
+mod ab;
 mod baggage;
 mod budget;
 mod budget_breaker;
@@ -25,6 +26,7 @@ mod priority;
 mod reload;
 mod routing;
 mod routing_tail;
+mod shaping;
 mod shared_data;
 mod streaming;
 mod trace_context;

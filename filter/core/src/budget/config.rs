@@ -2,10 +2,8 @@
 //! once into checked values, so the data path never meets an inverted tier, a
 //! ratio outside `[0, 1]` or a retry condition Envoy would silently ignore.
 
-use std::fmt;
 use std::ops::RangeInclusive;
 
-use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
 use crate::config::check;
@@ -90,80 +88,7 @@ pub struct RawBudgetConfig {
 }
 
 /// `budget.default_ms` as written: one budget for every priority, or one each.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RawDefaultMs {
-    /// The same budget for every priority.
-    All(u64),
-    /// A budget per priority; a missing one takes the built-in default.
-    PerPriority([Option<u64>; 3]),
-}
-
-impl<'de> Deserialize<'de> for RawDefaultMs {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        // Hand-written rather than `#[serde(untagged)]` so a typo gets an error
-        // naming the key and value, not "did not match any variant".
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = RawDefaultMs;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(r#"milliseconds, or an object {"P0": ms, "P1": ms, "P2": ms}"#)
-            }
-
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-                Ok(RawDefaultMs::All(v))
-            }
-
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
-                u64::try_from(v)
-                    .map(RawDefaultMs::All)
-                    .map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
-            }
-
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut out = [None; 3];
-                while let Some(PriorityKey(p)) = map.next_key()? {
-                    let slot = out
-                        .get_mut(p.index())
-                        .ok_or_else(|| de::Error::custom("priority out of range"))?;
-                    if slot.is_some() {
-                        return Err(de::Error::custom(format!("duplicate field `{p}`")));
-                    }
-                    *slot = Some(map.next_value::<u64>()?);
-                }
-                Ok(RawDefaultMs::PerPriority(out))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// A key of the per-priority `default_ms` object. Refused inside the key's own
-/// deserialisation, like a derived field name, so the error path names it.
-struct PriorityKey(Priority);
-
-impl<'de> Deserialize<'de> for PriorityKey {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = PriorityKey;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("P0, P1 or P2")
-            }
-
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                match v {
-                    "P0" => Ok(PriorityKey(Priority::P0)),
-                    "P1" => Ok(PriorityKey(Priority::P1)),
-                    "P2" => Ok(PriorityKey(Priority::P2)),
-                    other => Err(E::unknown_field(other, &["P0", "P1", "P2"])),
-                }
-            }
-        }
-        d.deserialize_identifier(V)
-    }
-}
+pub use crate::config::per_priority::RawPerPriority as RawDefaultMs;
 
 /// How far a streamed answer is held to the budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]

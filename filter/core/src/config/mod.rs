@@ -4,9 +4,11 @@
 
 pub mod check;
 pub mod error;
+pub mod per_priority;
 
 use serde::Deserialize;
 
+use crate::ab::{self, AbConfig, RawAbConfig};
 use crate::admin::{AdminConfig, RawAdminConfig};
 use crate::budget::config::{BudgetConfig, RawBudgetConfig};
 use crate::cache::config::{CacheConfig, RawCacheConfig};
@@ -14,6 +16,7 @@ use crate::classify::DEFAULT_PATHS;
 use crate::degrade::{DegradeConfig, RawDegradeConfig};
 use crate::priority::Priority;
 use crate::routing::config::{RawRoutingConfig, RoutingConfig};
+use crate::shaping::{RawShapingConfig, ShapingConfig};
 
 pub use error::ConfigError;
 
@@ -47,6 +50,10 @@ pub struct RawConfig {
     pub degrade: RawDegradeConfig,
     /// Admin endpoints section.
     pub admin: RawAdminConfig,
+    /// Shaping section.
+    pub shaping: RawShapingConfig,
+    /// A/B groups section.
+    pub ab: RawAbConfig,
 }
 
 /// `priority` as written.
@@ -89,6 +96,10 @@ pub struct Config {
     pub degrade: DegradeConfig,
     /// The filter's own endpoints.
     pub admin: AdminConfig,
+    /// Request shaping.
+    pub shaping: ShapingConfig,
+    /// A/B groups.
+    pub ab: AbConfig,
 }
 
 /// Compiled `priority`.
@@ -124,6 +135,8 @@ impl Default for Config {
             cache: CacheConfig::default(),
             degrade: DegradeConfig::default(),
             admin: AdminConfig::default(),
+            shaping: ShapingConfig::default(),
+            ab: AbConfig::default(),
         }
     }
 }
@@ -166,12 +179,37 @@ impl TryFrom<RawConfig> for Config {
         let max_body_bytes = raw.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
         let max_body_bytes =
             check::in_range("max_body_bytes", max_body_bytes, 1..=MAX_MAX_BODY_BYTES)?;
+        let cache = CacheConfig::compile(raw.cache).map_err(|e| e.within("cache"))?;
+        // Groups compile their overrides against the sections as written.
+        let ab = AbConfig::compile(
+            raw.ab,
+            &ab::Base {
+                routing: &raw.routing,
+                shaping: &raw.shaping,
+                cache: cache.enabled,
+            },
+        )
+        .map_err(|e| e.within("ab"))?;
+        let mut routing = RoutingConfig::compile(raw.routing).map_err(|e| e.within("routing"))?;
+        // A cluster only a group routes to is probed like every other.
+        for target in ab
+            .groups
+            .iter()
+            .filter_map(|g| g.routing.as_ref())
+            .flat_map(|r| &r.clusters)
+        {
+            if !routing.clusters.iter().any(|c| c.cluster == target.cluster) {
+                routing.clusters.push(target.clone());
+            }
+        }
         Ok(Self {
             llm_paths,
             max_body_bytes,
-            routing: RoutingConfig::compile(raw.routing).map_err(|e| e.within("routing"))?,
+            routing,
+            ab,
             budget: BudgetConfig::compile(raw.budget).map_err(|e| e.within("budget"))?,
-            cache: CacheConfig::compile(raw.cache).map_err(|e| e.within("cache"))?,
+            cache,
+            shaping: ShapingConfig::compile(&raw.shaping).map_err(|e| e.within("shaping"))?,
             degrade: DegradeConfig::compile(raw.degrade).map_err(|e| e.within("degrade"))?,
             admin: AdminConfig::compile(raw.admin).map_err(|e| e.within("admin"))?,
             priority: PriorityConfig {
@@ -313,7 +351,15 @@ mod props {
       "degrade": { "alerts": [{ "severity": "critical", "level": 3 },
                               { "alertname": "LLMSlow", "model": "gpt-4o", "level": 2 }],
                    "alert_ttl_s": 900 },
-      "admin": { "path_prefix": "/llm-filter", "token": "a-long-random-token-0123" }
+      "admin": { "path_prefix": "/llm-filter", "token": "a-long-random-token-0123" },
+      "shaping": { "max_tokens_cap": { "P1": 1024, "P2": 512 }, "max_history_turns": 8,
+                   "max_prompt_tokens": 3000, "max_tokens_field": "max_tokens" },
+      "ab": { "user_header": "x-user-id", "groups": [
+        { "name": "control", "percent": 90 },
+        { "name": "small", "percent": 10, "overrides": {
+          "routing": { "models": { "gpt-4o": [{ "cluster": "vllm-small", "model": "llama-8b" }] } },
+          "shaping": { "max_tokens_cap": 256 }, "cache": { "enabled": false } } }
+      ] }
     }"#;
 
     /// The place `at` (counted over every value, depth first) of a document.
@@ -357,7 +403,7 @@ mod props {
         /// An unknown field in the document or any section is refused, and
         /// the error says which.
         #[test]
-        fn unknown_fields_are_refused(section in prop::sample::select(vec!["", "priority", "tracing", "cache", "routing", "budget", "degrade", "admin"]), name in "zz_[a-z_]{0,12}") {
+        fn unknown_fields_are_refused(section in prop::sample::select(vec!["", "priority", "tracing", "cache", "routing", "budget", "shaping", "ab", "degrade", "admin"]), name in "zz_[a-z_]{0,12}") {
             let mut full: Value = serde_json::from_str(FULL).unwrap();
             let obj = if section.is_empty() { &mut full } else { &mut full[section] };
             obj.as_object_mut().unwrap().insert(name.clone(), Value::from(1));

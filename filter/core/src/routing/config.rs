@@ -38,7 +38,7 @@ const MAX_NAME_LEN: usize = 256;
 const MAX_PATH_LEN: usize = 1_024;
 
 /// `routing` as written.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawRoutingConfig {
     /// Model name → the backends that serve it.
@@ -69,7 +69,7 @@ pub struct RawRoutingConfig {
 }
 
 /// `routing.hedge` as written.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawHedge {
     /// Priorities whose calls are hedged, default `["P0"]`.
@@ -81,7 +81,7 @@ pub struct RawHedge {
 }
 
 /// One backend of a model as written.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawBackend {
     /// Envoy cluster name.
@@ -99,7 +99,7 @@ pub struct RawBackend {
 }
 
 /// One rule as written.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawRule {
     /// Conditions, all of which must hold; none means always.
@@ -109,7 +109,7 @@ pub struct RawRule {
 }
 
 /// Conditions of a rule as written.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawWhen {
     /// Requested model name(s), e.g. `"auto"`.

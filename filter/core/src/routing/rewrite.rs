@@ -4,6 +4,8 @@
 
 use std::ops::Range;
 
+use crate::json_splice;
+
 /// The body with its top-level `"model"` string replaced by `model`; `None`
 /// when the body is not a JSON object, has no top-level `model` string, names
 /// it twice (backends disagree on which counts) or is malformed.
@@ -25,150 +27,9 @@ pub fn rewrite_model(body: &[u8], model: &str) -> Option<Vec<u8>> {
 
 /// Byte range of the top-level `"model"` string value, quotes included.
 fn find_model(body: &[u8]) -> Option<Range<usize>> {
-    let mut s = Scanner { b: body, i: 0 };
-    s.blank();
-    s.eat(b'{')?;
-    let mut found = None;
-    s.blank();
-    if s.peek() == Some(b'}') {
-        s.i += 1;
-    } else {
-        loop {
-            s.blank();
-            let key = s.string()?;
-            let is_model = is_model_key(body.get(key)?);
-            s.blank();
-            s.eat(b':')?;
-            s.blank();
-            if is_model {
-                if found.is_some() || s.peek() != Some(b'"') {
-                    return None;
-                }
-                found = Some(s.string()?);
-            } else {
-                s.value()?;
-            }
-            s.blank();
-            match s.next()? {
-                b',' => continue,
-                b'}' => break,
-                _ => return None,
-            }
-        }
-    }
-    s.blank();
-    if s.i != body.len() {
-        return None;
-    }
-    found
-}
-
-/// A key (quotes included) that decodes to `model`, escapes honoured.
-fn is_model_key(raw: &[u8]) -> bool {
-    if raw == b"\"model\"" {
-        return true;
-    }
-    raw.contains(&b'\\') && serde_json::from_slice::<String>(raw).is_ok_and(|k| k == "model")
-}
-
-/// A cursor over JSON text that checks structure but not every token:
-/// enough to find the top-level members without building the document.
-struct Scanner<'a> {
-    b: &'a [u8],
-    i: usize,
-}
-
-impl Scanner<'_> {
-    fn peek(&self) -> Option<u8> {
-        self.b.get(self.i).copied()
-    }
-
-    fn next(&mut self) -> Option<u8> {
-        let c = self.peek()?;
-        self.i += 1;
-        Some(c)
-    }
-
-    fn eat(&mut self, want: u8) -> Option<()> {
-        (self.next()? == want).then_some(())
-    }
-
-    fn blank(&mut self) {
-        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-            self.i += 1;
-        }
-    }
-
-    /// A string at the cursor; its range including the quotes.
-    fn string(&mut self) -> Option<Range<usize>> {
-        let start = self.i;
-        self.eat(b'"')?;
-        loop {
-            match self.next()? {
-                b'"' => return Some(start..self.i),
-                b'\\' => {
-                    self.next()?;
-                }
-                c if c < 0x20 => return None,
-                _ => {}
-            }
-        }
-    }
-
-    /// Any value at the cursor. Nesting is tracked with an explicit stack, so
-    /// depth costs memory, never call stack.
-    fn value(&mut self) -> Option<()> {
-        let mut open: Vec<u8> = Vec::new();
-        loop {
-            match self.peek()? {
-                b'"' => {
-                    self.string()?;
-                }
-                b'{' => {
-                    open.push(b'}');
-                    self.i += 1;
-                }
-                b'[' => {
-                    open.push(b']');
-                    self.i += 1;
-                }
-                c @ (b'}' | b']') => {
-                    if open.pop()? != c {
-                        return None;
-                    }
-                    self.i += 1;
-                }
-                b',' | b':' | b' ' | b'\t' | b'\n' | b'\r' if !open.is_empty() => self.i += 1,
-                _ => {
-                    // A scalar: up to the next delimiter.
-                    let start = self.i;
-                    while self.peek().is_some_and(|c| {
-                        !matches!(
-                            c,
-                            b',' | b'}'
-                                | b']'
-                                | b':'
-                                | b' '
-                                | b'\t'
-                                | b'\n'
-                                | b'\r'
-                                | b'"'
-                                | b'{'
-                                | b'['
-                        )
-                    }) {
-                        self.i += 1;
-                    }
-                    if self.i == start {
-                        return None;
-                    }
-                }
-            }
-            if open.is_empty() {
-                return Some(());
-            }
-        }
-    }
+    let members = json_splice::members(body)?;
+    let model = json_splice::find(body, &members, "model").ok()??;
+    (body.get(model.value.start) == Some(&b'"')).then(|| model.value.clone())
 }
 
 #[cfg(test)]

@@ -91,6 +91,24 @@ fn message_text(message: &Json) -> Option<Text> {
     contents.next().is_none().then_some(text)
 }
 
+/// Estimated tokens of one chat message, by the rule of
+/// [`Features::prompt_tokens`] (a quarter of the characters of its content,
+/// rounded up, plus one per token id), with the names and arguments of its
+/// tool calls counted as text too: shaping weighs messages one by one.
+pub(crate) fn message_tokens(message: &Json) -> u64 {
+    let mut text = message.get("content").map(Text::of).unwrap_or_default();
+    if let Some(Json::Array(calls)) = message.get("tool_calls") {
+        for function in calls.iter().filter_map(|c| c.get("function")) {
+            for part in ["name", "arguments"] {
+                if let Some(v @ Json::String(_)) = function.get(part) {
+                    text.add(Text::of(v));
+                }
+            }
+        }
+    }
+    text.chars.div_ceil(4).saturating_add(text.tokens)
+}
+
 /// True for a non-empty array or object; any other value is false.
 fn non_empty(v: &Json) -> bool {
     match v {

@@ -86,7 +86,8 @@ impl Call {
             now_ms,
             avoid: &avoid,
         };
-        let Some(target) = routing::failover_target(&env.config.routing, env.store, &ask, failed)
+        let Some(target) =
+            routing::failover_target(self.routing_config(env.config), env.store, &ask, failed)
         else {
             return Sent::Nowhere;
         };
@@ -220,6 +221,9 @@ impl Call {
         }
         if let Some(x_cache) = self.cache.header() {
             headers.push((X_CACHE.to_string(), x_cache.to_string()));
+        }
+        if let Some(level) = self.request.degraded {
+            headers.push((crate::degrade::HEADER.to_string(), level.to_string()));
         }
         let refs: Vec<(&str, &str)> = headers
             .iter()

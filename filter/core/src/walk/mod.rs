@@ -9,26 +9,36 @@
 //! decides in its own module; at the end one [`CallSummary`] is handed to
 //! each of them to learn from.
 
-use crate::baggage;
 use crate::budget::{self, parse as budget_parse};
 use crate::classify::{self, Endpoint};
 use crate::config::{Config, TracingMode};
 use crate::host::{Metrics, Random, SharedStore};
 use crate::metrics::{internal_error, BoundedLabel};
 use crate::priority::{self, Priority};
+use crate::shaping::{self, Changes};
 use crate::summary::{CallSummary, End};
 use crate::trace_context;
+use crate::{ab, baggage};
 use crate::{load, observe, routing};
 
 mod body;
 mod cache;
 #[cfg(test)]
 mod cache_tests;
+mod degrade;
+#[cfg(test)]
+mod degrade_tests;
 mod failover;
 #[cfg(test)]
 pub(crate) mod fake;
+mod group;
+#[cfg(test)]
+mod group_tests;
 mod hedge;
 mod response;
+mod shape;
+#[cfg(test)]
+mod shape_tests;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -192,7 +202,14 @@ impl Call {
     fn can_hold_body(&self, env: &Env<'_>, host: &dyn Host) -> bool {
         let cfg = env.config;
         // The budget plan differs for streams, which only the body tells.
-        let wants_body = !cfg.routing.models.is_empty() || cfg.budget.enabled || cfg.cache.enabled;
+        let wants_body = !cfg.routing.models.is_empty()
+            || cfg.budget.enabled
+            || cfg.cache.enabled
+            || cfg.shaping.enabled()
+            || !cfg.ab.groups.is_empty()
+            // Alerts can arrive, or the load can cross a threshold.
+            || cfg.admin.token.is_some()
+            || !cfg.degrade.thresholds.is_empty();
         let length = host
             .request_header("content-length")
             .and_then(|v| v.trim().parse::<usize>().ok());
@@ -266,6 +283,15 @@ impl Call {
             self.request.model = features.and_then(|f| f.model.clone());
             self.request.stream = Some(features.is_some_and(|f| f.stream));
         }
+        // The group picks the overrides of every step below.
+        self.join_group(env, host, body.as_ref());
+        // Shaped before the cache step, so the key is over what is sent.
+        let body = self.shape(env, host, body);
+        // Degraded by the model's level, before the cache step too.
+        let body = match self.degrade(env, host, body) {
+            Ok(step) => return step,
+            Err(body) => body,
+        };
         // Cache: answer from an entry, or wait for an identical call in
         // flight, before routing and admission (a cached answer is served
         // even while the backend sheds).
@@ -307,6 +333,20 @@ impl Call {
         let mut all = headers.to_vec();
         if let Some(t) = &self.request.trace_id {
             all.push((trace_context::TRACE_ID_HEADER, t));
+        }
+        let shaped = self.request.shaped.header();
+        if let Some(s) = &shaped {
+            all.push((shaping::HEADER, s));
+        }
+        if let Some(g) = self.group(env.config) {
+            all.push((ab::GROUP_HEADER, &g.name));
+        }
+        let degraded = self.request.degraded.map(|l| l.to_string());
+        if let Some(level) = &degraded {
+            all.push((crate::degrade::HEADER, level));
+        }
+        if self.request.downgraded {
+            all.push((crate::degrade::DOWNGRADE_HEADER, "cache"));
         }
         if !host.send_local_reply(status, &all, body) {
             internal_error(env.metrics, "local_reply");
@@ -359,7 +399,11 @@ impl Call {
             classify::model(copy.bytes()?)
         });
         let model = env.model_labels.value(model.as_deref()).to_string();
-        let summary = self.summary(&model, env.now_ms);
+        let config = env.config;
+        let summary = CallSummary {
+            group: self.group(config).map(|g| g.name.as_str()),
+            ..self.summary(&model, env.now_ms)
+        };
         observe::record(env.metrics, &summary);
         self.learn_from(env, &summary);
         // Counted in flight under the label it had then, which is the label
@@ -374,7 +418,8 @@ impl Call {
     /// Routing, the budget breaker and the clusters' load learn from one try
     /// of the call.
     fn learn_from(&self, env: &mut Env<'_>, call: &CallSummary<'_>) {
-        routing::learn::ended(env.store, &env.config.routing, env.metrics, call);
+        let routing = self.routing_config(env.config);
+        routing::learn::ended(env.store, routing, env.metrics, call);
         budget::learn::ended(env.store, &env.config.budget, env.metrics, call);
         load::tried(env.store, env.metrics, call);
     }
@@ -412,6 +457,7 @@ impl Call {
             planned_retries: self.dispatch.planned_retries,
             attempts: r.and_then(|r| r.attempts),
             failovers: 0,
+            group: None,
         }
     }
 
@@ -451,6 +497,10 @@ impl Request {
             stream: None,
             copy: None,
             usage_asked: false,
+            shaped: Changes::default(),
+            group: None,
+            degraded: None,
+            downgraded: false,
         }
     }
 

@@ -9,6 +9,7 @@ use crate::budget::reply::{self, ReplyKind};
 use crate::cache::entry::SSE_CONTENT_TYPE;
 use crate::metrics::internal_error;
 use crate::routing::CLUSTER_RESPONSE_HEADER;
+use crate::shaping;
 use crate::summary::EnvoyReply;
 use crate::trace_context::TRACE_ID_HEADER;
 use crate::usage::{self, SseScanner, UsageStrip};
@@ -46,6 +47,15 @@ impl Call {
         }
         if let Some(c) = self.dispatch.cluster.clone() {
             set_response(env, host, CLUSTER_RESPONSE_HEADER, Some(&c));
+        }
+        if let Some(level) = self.request.degraded {
+            set_response(env, host, crate::degrade::HEADER, Some(&level.to_string()));
+        }
+        if let Some(s) = self.request.shaped.header() {
+            set_response(env, host, shaping::HEADER, Some(&s));
+        }
+        if let Some(g) = self.group(env.config) {
+            set_response(env, host, crate::ab::GROUP_HEADER, Some(&g.name));
         }
         self.cache_on_response_headers(env, host);
         self.fail_over(env, host)

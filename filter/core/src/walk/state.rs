@@ -5,6 +5,7 @@
 use crate::cache::{CacheStatus, Cacheable, Lease, StreamAssembler};
 use crate::classify::Endpoint;
 use crate::priority::Priority;
+use crate::shaping::Changes;
 use crate::summary::EnvoyReply;
 use crate::usage::{self, SseScanner, Usage, UsageStrip};
 
@@ -29,6 +30,14 @@ pub(super) struct Request {
     /// The filter asked the provider for the stream's usage on the client's
     /// behalf: the usage-only chunk is removed again on the way back.
     pub(super) usage_asked: bool,
+    /// The degrade level an action of which changed the call.
+    pub(super) degraded: Option<u8>,
+    /// The cache answered in place of the backend (`x-downgrade: cache`).
+    pub(super) downgraded: bool,
+    /// What shaping changed in the body sent.
+    pub(super) shaped: Changes,
+    /// The index of the call's A/B group, once it joined one.
+    pub(super) group: Option<usize>,
 }
 
 /// Where a call stands. The phases with nothing but a timer to wake them are

@@ -8,6 +8,7 @@ use crate::metrics::internal_error;
 use crate::routing::{self, Features, RouteAsk};
 use crate::{load, usage};
 
+use super::body::replace_request_body;
 use super::{set_request, Call, Env, HeldBody, Host, Step};
 
 impl Call {
@@ -65,12 +66,10 @@ impl Call {
         else {
             return;
         };
-        if !host.set_request_body(body.size, &new_body) {
-            internal_error(env.metrics, "set_request_body");
+        if !replace_request_body(env, host, body.size, &new_body) {
             return;
         }
-        let length = new_body.len().to_string();
-        set_request(env, host, "content-length", Some(&length));
+        // Routing reads the features, which this does not change: no new parse.
         body.size = new_body.len();
         body.raw = new_body;
         self.request.usage_asked = true;
@@ -98,23 +97,25 @@ impl Call {
             now_ms,
             avoid: &avoid,
         };
-        let Some(decision) =
-            routing::route(&env.config.routing, env.store, env.metrics, env.rng, &ask)
-        else {
+        let Some(decision) = routing::route(
+            self.routing_config(env.config),
+            env.store,
+            env.metrics,
+            env.rng,
+            &ask,
+        ) else {
             return;
         };
         if let Some(new_model) = &decision.rewrite_model {
             let rewritten = routing::rewrite::rewrite_model(&body.raw, new_model)
-                .filter(|new_body| host.set_request_body(body.size, new_body));
-            let Some(new_body) = rewritten else {
+                .is_some_and(|new_body| replace_request_body(env, host, body.size, &new_body));
+            if !rewritten {
                 // The body could not be rewritten: the call goes to the
                 // model's default route untouched rather than to a backend
                 // that would not know the model.
                 internal_error(env.metrics, "rewrite_model");
                 return;
-            };
-            let length = new_body.len().to_string();
-            set_request(env, host, "content-length", Some(&length));
+            }
         }
         if let Some(authority) = &decision.authority {
             set_request(env, host, ":authority", Some(authority));

@@ -1,0 +1,379 @@
+//! A/B groups: each user is put in one group by a stable hash of their key, so
+//! a variant (another model table entry, other shaping caps, the cache off) can
+//! be tried on a share of users and compared per group in the metrics.
+//!
+//! The rule (the seeds'): FNV-1a 32-bit of the user key, modulo 100, picks the
+//! first group whose cumulative `percent` exceeds it. The key is the
+//! `ab.user_header` request header, else the body's `user`; a call without a
+//! key goes to the first group.
+
+use serde::Deserialize;
+
+use crate::config::check;
+use crate::config::error::ConfigError;
+use crate::routing::config::{RawBackend, RawRoutingConfig, RoutingConfig};
+use crate::shaping::{RawShapingConfig, ShapingConfig};
+
+/// Header naming the user, unless `ab.user_header` says otherwise.
+pub const DEFAULT_USER_HEADER: &str = "x-user-id";
+/// Header carrying the call's group upstream and back to the client.
+pub const GROUP_HEADER: &str = "x-user-group";
+/// The baggage member carrying the group to every later hop.
+pub const BAGGAGE_KEY: &str = "user_group";
+/// Most groups: each is a label value on the request metrics.
+pub const MAX_GROUPS: usize = 16;
+/// Longest group name.
+const MAX_NAME_LEN: usize = 32;
+
+/// `ab` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawAbConfig {
+    /// Request header naming the user, default `x-user-id`.
+    pub user_header: Option<String>,
+    /// The groups, in order; their percents sum to 100.
+    pub groups: Vec<RawGroup>,
+}
+
+/// One group as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawGroup {
+    /// Name: a label value and a header value, `[A-Za-z0-9_-]`, 1 to 32 bytes.
+    pub name: String,
+    /// Share of users, 0 to 100.
+    pub percent: u8,
+    /// What this group does differently.
+    pub overrides: RawOverrides,
+}
+
+/// `overrides` of a group as written: each part replaces the top-level one
+/// for the group's calls.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawOverrides {
+    /// Routing: entries of the model table that replace the top-level ones.
+    pub routing: Option<RawRoutingOverride>,
+    /// Shaping fields that replace the top-level ones.
+    pub shaping: Option<RawShapingConfig>,
+    /// The response cache on or off.
+    pub cache: Option<RawCacheOverride>,
+}
+
+/// `overrides.routing` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawRoutingOverride {
+    /// Model name → backends, replacing that model's top-level entry.
+    pub models: std::collections::BTreeMap<String, Vec<RawBackend>>,
+}
+
+/// `overrides.cache` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawCacheOverride {
+    /// The cache on or off for the group.
+    pub enabled: Option<bool>,
+}
+
+/// Compiled `ab`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AbConfig {
+    /// Request header naming the user.
+    pub user_header: String,
+    /// The groups; none when A/B is off.
+    pub groups: Vec<Group>,
+}
+
+impl Default for AbConfig {
+    fn default() -> Self {
+        Self {
+            user_header: DEFAULT_USER_HEADER.to_string(),
+            groups: Vec::new(),
+        }
+    }
+}
+
+/// One compiled group.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Group {
+    /// Its name.
+    pub name: String,
+    /// Its share of users, percent.
+    pub percent: u8,
+    /// The routing of its calls, when its model table differs.
+    pub routing: Option<RoutingConfig>,
+    /// The shaping of its calls, when it differs.
+    pub shaping: Option<ShapingConfig>,
+    /// The cache on or off for its calls, when it differs.
+    pub cache: Option<bool>,
+}
+
+/// What a group's overrides are compiled against: the top-level sections
+/// as written, and whether the top-level cache is on.
+pub struct Base<'a> {
+    /// `routing` as written.
+    pub routing: &'a RawRoutingConfig,
+    /// `shaping` as written.
+    pub shaping: &'a RawShapingConfig,
+    /// `cache.enabled` as compiled.
+    pub cache: bool,
+}
+
+impl AbConfig {
+    /// Compiles the section; errors name fields relative to it.
+    pub fn compile(raw: RawAbConfig, base: &Base<'_>) -> Result<Self, ConfigError> {
+        let user_header = match raw.user_header {
+            None => DEFAULT_USER_HEADER.to_string(),
+            Some(h) if check::is_token(&h) && !h.bytes().any(|b| b.is_ascii_uppercase()) => h,
+            Some(h) => {
+                return Err(ConfigError::new(
+                    "user_header",
+                    format!("{h:?} is not a lowercase HTTP header name"),
+                ))
+            }
+        };
+        check::at_most("groups", &raw.groups, MAX_GROUPS, "groups")?;
+        let mut groups: Vec<Group> = Vec::with_capacity(raw.groups.len());
+        for (i, g) in raw.groups.into_iter().enumerate() {
+            let at = format!("groups[{i}]");
+            if g.name.is_empty()
+                || g.name.len() > MAX_NAME_LEN
+                || !g
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            {
+                return Err(ConfigError::new(
+                    format!("{at}.name"),
+                    format!("{:?} is not 1 to {MAX_NAME_LEN} of [A-Za-z0-9_-]", g.name),
+                ));
+            }
+            if groups.iter().any(|o| o.name == g.name) {
+                return Err(ConfigError::new(
+                    format!("{at}.name"),
+                    format!("{:?} names two groups", g.name),
+                ));
+            }
+            let percent = check::in_range(&format!("{at}.percent"), g.percent, 0..=100)?;
+            groups.push(compile_group(g, percent, base).map_err(|e| e.within(&at))?);
+        }
+        let total: u32 = groups.iter().map(|g| u32::from(g.percent)).sum();
+        if !groups.is_empty() && total != 100 {
+            return Err(ConfigError::new(
+                "groups",
+                format!("the percents sum to {total}, not 100"),
+            ));
+        }
+        Ok(Self {
+            user_header,
+            groups,
+        })
+    }
+
+    /// The index of the group of a user with `key` (`None` key: the first
+    /// group); `None` when A/B is off.
+    pub fn assign(&self, key: Option<&str>) -> Option<usize> {
+        if self.groups.is_empty() {
+            return None;
+        }
+        let Some(key) = key else {
+            return Some(0);
+        };
+        let bucket = fnv1a32(key.as_bytes()) % 100;
+        let mut upto = 0u32;
+        for (i, g) in self.groups.iter().enumerate() {
+            upto += u32::from(g.percent);
+            if bucket < upto {
+                return Some(i);
+            }
+        }
+        // Unreachable with percents summing to 100.
+        Some(0)
+    }
+
+    /// Some group overrides routing or shaping, which read the body.
+    pub fn needs_body(&self) -> bool {
+        self.groups
+            .iter()
+            .any(|g| g.routing.is_some() || g.shaping.is_some())
+    }
+}
+
+fn compile_group(g: RawGroup, percent: u8, base: &Base<'_>) -> Result<Group, ConfigError> {
+    let routing = match g.overrides.routing {
+        None => None,
+        Some(over) => {
+            if let Some(m) = over
+                .models
+                .keys()
+                .find(|m| !base.routing.models.contains_key(*m))
+            {
+                return Err(ConfigError::new(
+                    format!("overrides.routing.models.{m}"),
+                    format!("{m:?} is not in the top-level routing.models, whose entry it would replace"),
+                ));
+            }
+            let mut raw = base.routing.clone();
+            raw.models.extend(over.models);
+            Some(RoutingConfig::compile(raw).map_err(|e| e.within("overrides.routing"))?)
+        }
+    };
+    let shaping = match g.overrides.shaping {
+        None => None,
+        Some(over) => Some(
+            ShapingConfig::compile(&base.shaping.overridden_by(&over))
+                .map_err(|e| e.within("overrides.shaping"))?,
+        ),
+    };
+    let cache = g.overrides.cache.and_then(|c| c.enabled);
+    if cache == Some(true) && !base.cache {
+        // The cache's shared table is laid out only when it is on.
+        return Err(ConfigError::new(
+            "overrides.cache.enabled",
+            "a group cannot turn on a cache that is off at the top level: \
+             turn it on there and off in the other groups",
+        ));
+    }
+    Ok(Group {
+        name: g.name,
+        percent,
+        routing,
+        shaping,
+        cache,
+    })
+}
+
+/// FNV-1a, 32 bits.
+pub fn fnv1a32(bytes: &[u8]) -> u32 {
+    const OFFSET: u32 = 0x811c_9dc5;
+    const PRIME: u32 = 0x0100_0193;
+    bytes
+        .iter()
+        .fold(OFFSET, |h, b| (h ^ u32::from(*b)).wrapping_mul(PRIME))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(doc: &str) -> Result<AbConfig, ConfigError> {
+        let raw: RawAbConfig = ConfigError::from_json(doc.as_bytes())?;
+        let routing: RawRoutingConfig = serde_json::from_str(
+            r#"{"models":{"gpt-4o":[{"cluster":"a"}],"small":[{"cluster":"s"}]}}"#,
+        )
+        .unwrap();
+        let shaping = RawShapingConfig::default();
+        AbConfig::compile(
+            raw,
+            &Base {
+                routing: &routing,
+                shaping: &shaping,
+                cache: false,
+            },
+        )
+    }
+
+    #[test]
+    fn fnv1a_matches_the_reference_vectors() {
+        assert_eq!(fnv1a32(b""), 0x811c_9dc5);
+        assert_eq!(fnv1a32(b"a"), 0xe40c_292c);
+        assert_eq!(fnv1a32(b"foobar"), 0xbf9c_f968);
+    }
+
+    #[test]
+    fn users_spread_by_percent_and_stay_put() {
+        let c =
+            parse(r#"{"groups":[{"name":"a","percent":70},{"name":"b","percent":30}]}"#).unwrap();
+        let mut counts = [0u32; 2];
+        for u in 0..10_000 {
+            let key = format!("user-{u}");
+            let g = c.assign(Some(&key)).unwrap();
+            assert_eq!(c.assign(Some(&key)), Some(g));
+            counts[g] += 1;
+        }
+        assert!((6_700..7_300).contains(&counts[0]), "{counts:?}");
+        assert_eq!(c.assign(None), Some(0));
+        // By the rule: bucket = fnv % 100, then cumulative percents.
+        let bucket = fnv1a32(b"alice") % 100;
+        assert_eq!(c.assign(Some("alice")), Some(usize::from(bucket >= 70)));
+        assert_eq!(AbConfig::default().assign(Some("x")), None);
+    }
+
+    #[test]
+    fn overrides_compile_against_the_top_level() {
+        let c = parse(
+            r#"{"user_header":"x-tenant-user","groups":[{"name":"control","percent":50},
+            {"name":"b","percent":50,"overrides":{"routing":{"models":{"gpt-4o":[{"cluster":"b"}]}},
+             "shaping":{"max_tokens_cap":128},"cache":{"enabled":false}}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.user_header, "x-tenant-user");
+        let b = &c.groups[1];
+        let routing = b.routing.as_ref().unwrap();
+        assert_eq!(routing.backends("gpt-4o").unwrap()[0].cluster, "b");
+        assert_eq!(routing.backends("small").unwrap()[0].cluster, "s");
+        assert_eq!(
+            b.shaping
+                .as_ref()
+                .unwrap()
+                .limits(crate::priority::Priority::P2)
+                .max_tokens,
+            Some(128)
+        );
+        assert_eq!(b.cache, Some(false));
+        assert!(c.needs_body());
+        assert_eq!(c.groups[0].routing, None);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        for (doc, field) in [
+            (r#"{"groups":[{"name":"a","percent":60}]}"#, "groups"),
+            (
+                r#"{"groups":[{"name":"a","percent":50},{"name":"a","percent":50}]}"#,
+                "groups[1].name",
+            ),
+            (
+                r#"{"groups":[{"name":"a b","percent":100}]}"#,
+                "groups[0].name",
+            ),
+            (
+                r#"{"groups":[{"name":"","percent":100}]}"#,
+                "groups[0].name",
+            ),
+            (
+                r#"{"groups":[{"name":"a","percent":101}]}"#,
+                "groups[0].percent",
+            ),
+            (
+                r#"{"groups":[{"name":"a","percent":100,"x":1}]}"#,
+                "groups[0].x",
+            ),
+            (
+                r#"{"groups":[{"name":"a","percent":100,"overrides":{"shaping":{"max_tokens_cap":0}}}]}"#,
+                "groups[0].overrides.shaping.max_tokens_cap",
+            ),
+            (
+                r#"{"groups":[{"name":"a","percent":100,"overrides":{"routing":{"models":{"m":[]}}}}]}"#,
+                "groups[0].overrides.routing.models.m",
+            ),
+            (
+                r#"{"groups":[{"name":"a","percent":100,"overrides":{"cache":{"ttl_s":1}}}]}"#,
+                "groups[0].overrides.cache.ttl_s",
+            ),
+            (r#"{"user_header":"X-User"}"#, "user_header"),
+            (
+                r#"{"groups":[{"name":"a","percent":100,"overrides":{"cache":{"enabled":true}}}]}"#,
+                "groups[0].overrides.cache.enabled",
+            ),
+            (
+                r#"{"groups":[{"name":"a","percent":100,"overrides":{"routing":{"models":{"new":[{"cluster":"x"}]}}}}]}"#,
+                "groups[0].overrides.routing.models.new",
+            ),
+        ] {
+            let e = parse(doc).unwrap_err();
+            assert_eq!(e.field, field, "{doc}: {e}");
+        }
+    }
+}

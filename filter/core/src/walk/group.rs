@@ -1,0 +1,74 @@
+//! The A/B step of the walk: once the body is read, the call is put in its
+//! user's group, which goes upstream (`x-user-group`, a baggage member), back
+//! to the client, onto the request metrics, and picks the group's overrides
+//! of routing, shaping and the cache.
+
+use crate::ab::{self, Group};
+use crate::baggage;
+use crate::config::Config;
+use crate::json::Json;
+use crate::routing::config::RoutingConfig;
+use crate::shaping::ShapingConfig;
+
+use super::state::CacheCall;
+use super::{set_request, Call, Env, HeldBody, Host};
+
+impl Call {
+    /// Puts the call in its user's group (A/B on): the user is the
+    /// `ab.user_header` header, else the body's `user`.
+    pub(super) fn join_group(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        body: Option<&HeldBody>,
+    ) {
+        let cfg = &env.config.ab;
+        if cfg.groups.is_empty() {
+            return;
+        }
+        let key = host
+            .request_header(&cfg.user_header)
+            .filter(|k| !k.is_empty())
+            .or_else(|| match body?.tree.as_ref()?.get("user") {
+                Some(Json::String(u)) if !u.is_empty() => Some(u.clone()),
+                _ => None,
+            });
+        let Some(index) = cfg.assign(key.as_deref()) else {
+            return;
+        };
+        self.request.group = Some(index);
+        let Some(group) = self.group(env.config) else {
+            return;
+        };
+        let name = group.name.clone();
+        let cache = group.cache;
+        set_request(env, host, ab::GROUP_HEADER, Some(&name));
+        let existing = host
+            .request_header(baggage::HEADER)
+            .map(|_| host.request_header_all(baggage::HEADER).join(","));
+        let merged = baggage::merge(existing.as_deref(), ab::BAGGAGE_KEY, &name);
+        set_request(env, host, baggage::HEADER, Some(&merged));
+        if let Some(on) = cache {
+            self.cache = CacheCall::new(on);
+        }
+    }
+
+    /// The call's group, once it joined one.
+    pub(super) fn group<'c>(&self, config: &'c Config) -> Option<&'c Group> {
+        config.ab.groups.get(self.request.group?)
+    }
+
+    /// The routing of this call: its group's, or the top-level one.
+    pub(super) fn routing_config<'c>(&self, config: &'c Config) -> &'c RoutingConfig {
+        self.group(config)
+            .and_then(|g| g.routing.as_ref())
+            .unwrap_or(&config.routing)
+    }
+
+    /// The shaping of this call: its group's, or the top-level one.
+    pub(super) fn shaping_config<'c>(&self, config: &'c Config) -> &'c ShapingConfig {
+        self.group(config)
+            .and_then(|g| g.shaping.as_ref())
+            .unwrap_or(&config.shaping)
+    }
+}
