@@ -18,9 +18,10 @@ use llm_filter_core::observe;
 use llm_filter_core::priority::Priority;
 use llm_filter_core::routing::health::{self, CallResult, CallSample};
 use llm_filter_core::routing::Features;
+use llm_filter_core::shaping;
 use llm_filter_core::summary::{CallSummary, End};
 use llm_filter_core::usage::Usage;
-use llm_filter_e2e::chat_body;
+use llm_filter_e2e::{chat_body, conversation_body, SHAPING_AB};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
@@ -139,6 +140,20 @@ fn main() {
         failovers: 0,
         group: None,
     };
+    // The shaping bench's request: 5 earlier turns, 2 kept, the cap set.
+    let shaping = Config::parse(SHAPING_AB.as_bytes()).unwrap_or_else(|e| panic!("config: {e:?}"));
+    let conversation =
+        conversation_body("gpt-4o", 5, "Say hello in one short sentence.").to_string();
+    let conversation_tree = Json::parse(conversation.as_bytes()).unwrap_or_else(|| panic!("parse"));
+    let limits = shaping.shaping.limits(Priority::P1);
+    let shaped = shaping::shape(
+        conversation.as_bytes(),
+        &conversation_tree,
+        &limits,
+        shaping.shaping.field,
+    )
+    .unwrap_or_else(|| panic!("the conversation must be shaped"))
+    .body;
 
     let mut now = 2_000u64;
     let mut sink = Sink::default();
@@ -211,6 +226,29 @@ fn main() {
             }),
         ),
         (
+            "shape: trim history and cap max_tokens (`shaping::shape`, 12 messages)",
+            time(|| {
+                black_box(shaping::shape(
+                    black_box(conversation.as_bytes()),
+                    &conversation_tree,
+                    &limits,
+                    shaping.shaping.field,
+                ));
+            }),
+        ),
+        (
+            "… re-parse of the shaped body (`json::Json::parse`)",
+            time(|| {
+                black_box(Json::parse(black_box(&shaped)));
+            }),
+        ),
+        (
+            "A/B group of a user (`ab::AbConfig::assign`, FNV-1a)",
+            time(|| {
+                black_box(shaping.ab.assign(Some(black_box("user-12345"))));
+            }),
+        ),
+        (
             "request metrics (`observe::record`, names built)",
             time(|| {
                 observe::record(&mut sink, black_box(&summary));
@@ -221,9 +259,11 @@ fn main() {
 
     println!(
         "\npure core parts, native (release), on the requests of `make bench` \
-         ({} B body; {} B keyed body)\n",
+         ({} B body; {} B keyed body; {} B conversation, {} B shaped)\n",
         plain.len(),
-        deterministic.len()
+        deterministic.len(),
+        conversation.len(),
+        shaped.len()
     );
     println!("| part | µs per call |");
     println!("|---|---:|");

@@ -98,6 +98,26 @@ pub fn chat_body(model: &str, content: &str) -> Value {
     })
 }
 
+/// A chat call with a history of `turns` earlier exchanges before its
+/// question (the shaping bench's request): what `max_history_turns` trims.
+pub fn conversation_body(model: &str, turns: usize, question: &str) -> Value {
+    let mut messages = vec![json!({"role": "system", "content": "You are a concise assistant."})];
+    for t in 0..turns {
+        messages.push(json!({"role": "user", "content": format!("Earlier question number {t}, about the weather.")}));
+        messages.push(json!({"role": "assistant", "content": format!("Earlier answer number {t}: it was sunny.")}));
+    }
+    messages.push(json!({"role": "user", "content": question}));
+    json!({"model": model, "max_tokens": 2048, "messages": messages})
+}
+
+/// The plugin configuration of the bench's shaping and A/B scenario: the
+/// tagging-only one, with history trimmed to 2 turns, P1 and P2 capped at 256
+/// output tokens, and two A/B groups, the second with its own cap.
+pub const SHAPING_AB: &str = r#"{"cache":{"enabled":false},"budget":{"enabled":false},
+  "shaping":{"max_tokens_cap":256,"max_history_turns":2},
+  "ab":{"groups":[{"name":"control","percent":50},
+    {"name":"b","percent":50,"overrides":{"shaping":{"max_tokens_cap":128}}}]}}"#;
+
 /// A streaming chat completion request, asking for the usage chunk when `include_usage`.
 pub fn chat_stream_body(model: &str, content: &str, include_usage: bool) -> Value {
     let mut body = chat_body(model, content);

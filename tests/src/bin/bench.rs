@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use futures_util::StreamExt;
 use llm_filter_e2e::{
-    chat_body, chat_stream_body, post_json, workspace_root, Envoy, EnvoyBuilder, MockConfig,
-    MockUpstream,
+    chat_body, chat_stream_body, conversation_body, post_json, workspace_root, Envoy, EnvoyBuilder,
+    MockConfig, MockUpstream, SHAPING_AB,
 };
 use serde_json::json;
 
@@ -61,6 +61,14 @@ fn filter_envoy(port: u16) -> EnvoyBuilder {
         .upstream("backend", port)
 }
 
+/// The filter with the cache and budgets off: it classifies, tags and counts.
+fn tagging_only_envoy(port: u16) -> EnvoyBuilder {
+    EnvoyBuilder::new()
+        .plugin_config(r#"{"cache":{"enabled":false},"budget":{"enabled":false}}"#)
+        .concurrency(1)
+        .upstream("backend", port)
+}
+
 /// The two baselines every scenario is compared with.
 const PLAIN: &str = "plain";
 const NOOP: &str = "noop-wasm";
@@ -96,6 +104,7 @@ fn scenarios() -> Vec<Scenario> {
     unique_deterministic["temperature"] = json!(0);
     let mut streamed = deterministic.clone();
     streamed["stream"] = json!(true);
+    let history = conversation_body("gpt-4o", 5, "Say hello in one short sentence.").to_string();
     let filter = filter_envoy;
     vec![
         Scenario {
@@ -137,15 +146,70 @@ fn scenarios() -> Vec<Scenario> {
         },
         Scenario {
             name: "filter-tagging-only",
+            envoy: tagging_only_envoy,
+            path: "/v1/chat/completions",
+            headers: vec![],
+            body: chat.clone(),
+            expect_cache: None,
+        },
+        Scenario {
+            // The tagging-only filter on the shaping scenarios' longer body
+            // (5 earlier turns): what they are compared with.
+            name: "filter-tagging-only-history",
+            envoy: tagging_only_envoy,
+            path: "/v1/chat/completions",
+            headers: vec![],
+            body: history.clone(),
+            expect_cache: None,
+        },
+        Scenario {
+            // Tagging only, plus shaping: the body is held, parsed, trimmed
+            // to 2 turns, capped, re-parsed and replaced.
+            name: "filter-shaping",
             envoy: |port| {
                 EnvoyBuilder::new()
-                    .plugin_config(r#"{"cache":{"enabled":false},"budget":{"enabled":false}}"#)
+                    .plugin_config(
+                        r#"{"cache":{"enabled":false},"budget":{"enabled":false},
+                            "shaping":{"max_tokens_cap":256,"max_history_turns":2}}"#,
+                    )
                     .concurrency(1)
                     .upstream("backend", port)
             },
             path: "/v1/chat/completions",
             headers: vec![],
+            body: history.clone(),
+            expect_cache: None,
+        },
+        Scenario {
+            // Tagging only, plus two A/B groups picked by `x-user-id`: no
+            // body is held, the group is hashed and written upstream.
+            name: "filter-ab",
+            envoy: |port| {
+                EnvoyBuilder::new()
+                    .plugin_config(
+                        r#"{"cache":{"enabled":false},"budget":{"enabled":false},
+                            "ab":{"groups":[{"name":"control","percent":50},{"name":"b","percent":50}]}}"#,
+                    )
+                    .concurrency(1)
+                    .upstream("backend", port)
+            },
+            path: "/v1/chat/completions",
+            headers: vec![("x-user-id", "user-12345")],
             body: chat.clone(),
+            expect_cache: None,
+        },
+        Scenario {
+            // Both: A/B groups with a per-group cap, and shaping.
+            name: "filter-shaping-ab",
+            envoy: |port| {
+                EnvoyBuilder::new()
+                    .plugin_config(SHAPING_AB)
+                    .concurrency(1)
+                    .upstream("backend", port)
+            },
+            path: "/v1/chat/completions",
+            headers: vec![("x-user-id", "user-12345")],
+            body: history,
             expect_cache: None,
         },
         Scenario {

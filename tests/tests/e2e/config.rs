@@ -95,6 +95,16 @@ fn invalid_configs_are_refused_naming_field_and_value() {
             "P7",
         ),
         (r#"{"tracing": {"mode": "OFF"}}"#, "tracing.mode", "OFF"),
+        (
+            r#"{"ab": {"groups": [{"name": "a", "percent": 60}]}}"#,
+            "ab.groups",
+            "sum to 60",
+        ),
+        (
+            r#"{"shaping": {"max_tokens_cap": {"P1": 0}}}"#,
+            "shaping.max_tokens_cap.P1",
+            "0 is not",
+        ),
     ];
     for (config, field, value) in cases {
         let error = match EnvoyBuilder::new()

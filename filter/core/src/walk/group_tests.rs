@@ -96,3 +96,22 @@ fn without_groups_nothing_is_added() {
     call.on_response_headers(&mut w.env(), &mut host, false);
     assert_eq!(host.response("x-user-group"), None);
 }
+
+#[test]
+fn a_user_header_spares_holding_the_body() {
+    let mut w = World::new(
+        r#"{"cache":{"enabled":false},"budget":{"enabled":false},
+            "ab":{"groups":[{"name":"a","percent":50},{"name":"b","percent":50}]}}"#,
+    );
+    let user = user_in(&w, 1);
+    let mut host = FakeHost::post("/v1/chat/completions")
+        .with_header("x-user-id", &user)
+        .with_body(BODY);
+    let (_, step) = Call::start(&mut w.env(), &mut host, false).unwrap();
+    assert_eq!(step, Step::Continue, "streams through");
+    assert_eq!(host.header("x-user-group"), Some("b"));
+    // Without the header, the body is held for its `user`.
+    let mut host = FakeHost::post("/v1/chat/completions").with_body(BODY);
+    let (_, step) = Call::start(&mut w.env(), &mut host, false).unwrap();
+    assert_eq!(step, Step::Pause);
+}

@@ -202,11 +202,14 @@ impl Call {
     fn can_hold_body(&self, env: &Env<'_>, host: &dyn Host) -> bool {
         let cfg = env.config;
         // The budget plan differs for streams, which only the body tells.
+        // A/B reads the body's `user` only when the user header is absent.
+        let ab_wants_body = cfg.ab.needs_body()
+            || (!cfg.ab.groups.is_empty() && host.request_header(&cfg.ab.user_header).is_none());
         let wants_body = !cfg.routing.models.is_empty()
             || cfg.budget.enabled
             || cfg.cache.enabled
             || cfg.shaping.enabled()
-            || !cfg.ab.groups.is_empty()
+            || ab_wants_body
             // Alerts can arrive, or the load can cross a threshold.
             || cfg.admin.token.is_some()
             || !cfg.degrade.thresholds.is_empty();
