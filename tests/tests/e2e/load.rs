@@ -26,6 +26,7 @@ async fn a_stream_gets_usage_upstream_and_the_client_never_sees_it() {
         .expect("envoy with the filter");
     let url = envoy.url("/v1/chat/completions");
 
+    let first_call = std::time::Instant::now();
     let body = chat_stream_body("gpt-4o", "one two three four", false);
     let r = stream_sse(&url, &body, &[]).await.unwrap();
     assert_eq!(r.status, 200);
@@ -74,7 +75,12 @@ async fn a_stream_gets_usage_upstream_and_the_client_never_sees_it() {
         500.0,
         Duration::from_secs(5),
     );
-    assert_eq!(rps, 500.0, "5 calls over the 10 s window");
+    if first_call.elapsed() < Duration::from_secs(9) {
+        assert_eq!(rps, 500.0, "5 calls over the 10 s window");
+    } else {
+        // A slow machine: the first calls may have left the window already.
+        assert!(rps > 0.0 && rps <= 500.0, "{rps}");
+    }
     let tokens = envoy.metric("llm_filter_load_tokens_per_s", &[("model", "gpt-4o")]);
     assert!(tokens >= 1.0, "output tokens per second {tokens}");
     assert_eq!(
