@@ -133,8 +133,9 @@ async fn p0_and_bodies_it_does_not_understand_pass_untouched() {
     assert_eq!(r.header("x-llm-shaped"), None);
     assert_eq!(rig.mock.last_request().unwrap().json().unwrap(), body);
 
-    let odd =
-        r#"{"model":"gpt-4o","max_tokens":"lots","messages":[{"role":"user","content":"x"}]}"#;
+    // Three turns over a limit of two, but a token limit shaping does not
+    // understand: nothing is changed.
+    let odd = r#"{"model":"gpt-4o","max_tokens":"lots","messages":[{"role":"user","content":"x"},{"role":"assistant","content":"y"},{"role":"user","content":"z"},{"role":"assistant","content":"w"},{"role":"user","content":"v"}]}"#;
     let r = post_raw(&rig.url(CHAT), odd, &[("x-request-priority", "P2")])
         .await
         .unwrap();

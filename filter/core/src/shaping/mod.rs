@@ -111,10 +111,19 @@ pub fn shape(body: &[u8], tree: &Json, limits: &Limits, field: TokenField) -> Op
     out.map(|body| Shaped { body, changes })
 }
 
-/// A request object that names no key twice, anywhere: readers resolve
-/// repeats differently, so such a body is never rewritten.
+/// A request object that names no key twice, anywhere (readers resolve
+/// repeats differently, so such a body is never rewritten), and whose token
+/// limits, when given, are whole numbers or `null`.
 fn understood(tree: &Json) -> bool {
-    matches!(tree, Json::Object(_)) && !tree.repeats_a_key()
+    let limit_ok = |f: TokenField| match tree.get(f.as_str()) {
+        None | Some(Json::Null) => true,
+        Some(Json::Number(n)) => whole_number(n).is_some(),
+        Some(_) => false,
+    };
+    matches!(tree, Json::Object(_))
+        && limit_ok(TokenField::MaxTokens)
+        && limit_ok(TokenField::MaxCompletionTokens)
+        && !tree.repeats_a_key()
 }
 
 /// The body with its output token limit at most `cap`: `max_tokens` and

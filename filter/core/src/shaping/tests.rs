@@ -188,6 +188,10 @@ fn shape_reports_what_changed() {
         TokenField::MaxTokens
     )
     .is_none());
+    // A limit that is not a whole number: the history is left alone too.
+    let odd = r#"{"max_tokens":"lots","messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]}"#;
+    let tree = Json::parse(odd.as_bytes()).unwrap();
+    assert!(shape(odd.as_bytes(), &tree, &only_history, TokenField::MaxTokens).is_none());
     // A key named twice anywhere: never rewritten.
     let dup = r#"{"messages":[{"role":"user","content":"a","content":"b"}]}"#;
     let tree = Json::parse(dup.as_bytes()).unwrap();

@@ -1,10 +1,11 @@
 //! The shaping step of the walk: before the cache looks the call up, the held
-//! body is reshaped under the limits of the call's priority, so the cache key
-//! is taken over what is actually sent. The client hears what changed in
+//! body is reshaped under the limits of the call's priority (those of its A/B
+//! group when the group overrides them), so the cache key is taken over what
+//! is actually sent. The client hears what changed in
 //! `x-llm-shaped`.
 
 use crate::classify::Endpoint;
-use crate::metrics::{self as names};
+use crate::metrics as names;
 use crate::shaping::{self, Limits};
 
 use super::{Call, Env, HeldBody, Host};
