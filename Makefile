@@ -1,6 +1,7 @@
 # llm-filter — every entry point a user needs. Each target installs what it
 # needs, idempotently: the wasm target through rustup, Envoy and the Istio API
-# models from PyPI into a git-ignored venv, the image tools and wrk from apt.
+# models from PyPI into a git-ignored venv, the image tools, wrk and
+# Alertmanager (for the end-to-end test of the alert loop) from apt.
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -35,7 +36,7 @@ export ENVOY_BIN := $(abspath $(ENVOY))
 export LLM_FILTER_WASM := $(abspath $(WASM))
 export LLM_FILTER_NOOP_WASM := $(abspath $(NOOP_WASM))
 
-.PHONY: help build run test unit fuzz e2e examples lint bench bench-noop bench-core bench-tail soak clean wasm-target envoy tools-bench tools-promtool tools-tls sdk image push image-test tools-image istio-models
+.PHONY: help build run test unit fuzz e2e examples lint bench bench-noop bench-core bench-tail soak clean wasm-target envoy tools-bench tools-promtool tools-tls sdk image push image-test tools-image istio-models tools-alertmanager
 
 help:
 	@echo "make run    build, start the mock upstream and Envoy with the filter, print curls"
@@ -84,7 +85,7 @@ fuzz:
 	PROPTEST_CASES=$(FUZZ_CASES) CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
 		$(CARGO) test --release -p llm-filter-core props
 
-e2e: build envoy tools-tls sdk
+e2e: build envoy tools-tls sdk tools-alertmanager
 	$(CARGO) test -p llm-filter-e2e -- --test-threads 2
 
 examples: tools-promtool istio-models
@@ -130,6 +131,10 @@ tools-promtool:
 tools-tls:
 	@command -v openssl >/dev/null && test -r "$$(openssl version -d | sed -E 's/^OPENSSLDIR: "(.*)"$$/\1/')/cert.pem" \
 		|| { apt-get update -qq && apt-get install -y -qq --no-install-recommends openssl ca-certificates; }
+
+tools-alertmanager:
+	@command -v prometheus-alertmanager >/dev/null || command -v alertmanager >/dev/null || \
+		{ apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus-alertmanager; }
 
 tools-bench:
 	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends wrk; }

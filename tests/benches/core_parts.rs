@@ -21,7 +21,8 @@ use llm_filter_core::routing::health::{self, CallResult, CallSample};
 use llm_filter_core::routing::Features;
 use llm_filter_core::shaping;
 use llm_filter_core::summary::{CallSummary, End};
-use llm_filter_core::usage::Usage;
+use llm_filter_core::usage::{Usage, UsageStrip};
+use llm_filter_core::{degrade, load};
 use llm_filter_e2e::{chat_body, conversation_body, SHAPING_AB};
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -75,6 +76,11 @@ fn time(mut f: impl FnMut()) -> f64 {
     }
     best
 }
+
+/// A streamed answer with the usage-only chunk the filter asked for.
+const STREAM: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello\"},\"finish_reason\":\"stop\"}],\"usage\":null}\n\n\
+data: {\"choices\":[],\"usage\":{\"prompt_tokens\":14,\"completion_tokens\":9}}\n\n\
+data: [DONE]\n\n";
 
 fn main() {
     let config = Config::parse(b"{}").unwrap_or_else(|e| panic!("config: {e:?}"));
@@ -158,7 +164,8 @@ fn main() {
 
     let mut now = 2_000u64;
     let mut sink = Sink::default();
-    let parts: Vec<(&str, f64)> = vec![
+    let parts: Vec<(&str, f64)> =
+        vec![
         (
             "classify the path",
             time(|| {
@@ -224,6 +231,27 @@ fn main() {
             "health read (`routing::health::read`)",
             time(|| {
                 black_box(health::read(&store, black_box(CLUSTER)));
+            }),
+        ),
+        (
+            "load signals of a call: in flight, then out (`load::started` + `load::ended`, 2 CAS)",
+            time(|| {
+                now += 1;
+                let started = load::started(&store, &mut sink, "gpt-4o", now);
+                load::ended(&store, &mut sink, black_box(&summary), started);
+            }),
+        ),
+        (
+            "degrade level of a model (`degrade::level_with`: load record and alerts read)",
+            time(|| {
+                black_box(degrade::level_with(&store, &config, black_box("gpt-4o"), now));
+            }),
+        ),
+        (
+            "usage-only chunk out of a 3-event stream (`usage::UsageStrip`)",
+            time(|| {
+                let mut strip = UsageStrip::new();
+                black_box(strip.pass(black_box(STREAM.as_bytes()), true));
             }),
         ),
         (

@@ -2,6 +2,7 @@
 //! for the real Envoy with the built filter, and small client helpers for JSON and
 //! SSE calls that record when each event arrived.
 
+pub mod alertmanager;
 pub mod envoy;
 pub mod istio;
 pub mod mock;
@@ -16,6 +17,7 @@ use futures_util::StreamExt;
 use reqwest::header::HeaderMap;
 use serde_json::{json, Value};
 
+pub use alertmanager::{alertmanager_bin, Alertmanager};
 pub use envoy::{
     envoy_available, envoy_bin, provider_bootstrap, stats_config_yaml, stats_tag_rules, temp_dir,
     top_level_block, validate_config, validate_config_file, wasm_available, wasm_path,

@@ -228,6 +228,8 @@ struct State {
     in_flight: AtomicUsize,
     peak_in_flight: AtomicUsize,
     sequence: AtomicU64,
+    /// The SSE bodies sent, whole, most recent last (bounded).
+    streams: Mutex<VecDeque<Vec<u8>>>,
 }
 
 impl State {
@@ -299,6 +301,7 @@ impl MockUpstream {
             in_flight: AtomicUsize::new(0),
             peak_in_flight: AtomicUsize::new(0),
             sequence: AtomicU64::new(0),
+            streams: Mutex::new(VecDeque::new()),
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -350,6 +353,12 @@ impl MockUpstream {
     /// Number of requests received since start (or the last clear).
     pub fn request_count(&self) -> usize {
         lock(&self.state.requests).len()
+    }
+
+    /// The SSE bodies of the streamed answers sent (the last
+    /// [`MAX_STREAMS_KEPT`]), byte for byte, oldest first.
+    pub fn sent_streams(&self) -> Vec<Vec<u8>> {
+        lock(&self.state.streams).iter().cloned().collect()
     }
 
     /// The most recent request, if any.
@@ -652,10 +661,12 @@ fn route(
             match req.path.as_str() {
                 "/v1/embeddings" => json_response(StatusCode::OK, &answer.embeddings(&body)),
                 "/v1/completions" if answer.stream => {
-                    sse_response(answer.completion_events(), chunk_delay_ms, in_flight)
+                    sse_response(state, answer.completion_events(), chunk_delay_ms, in_flight)
                 }
                 "/v1/completions" => json_response(StatusCode::OK, &answer.completion()),
-                _ if answer.stream => sse_response(answer.chat_events(), chunk_delay_ms, in_flight),
+                _ if answer.stream => {
+                    sse_response(state, answer.chat_events(), chunk_delay_ms, in_flight)
+                }
                 _ => json_response(StatusCode::OK, &answer.chat()),
             }
         }
@@ -1023,7 +1034,21 @@ fn error_response(status: StatusCode, message: &str, code: &str) -> Response<Bod
 }
 
 /// Streams `events` one frame each, `chunk_delay_ms` apart, each flushed on its own.
-fn sse_response(events: Vec<String>, chunk_delay_ms: u64, in_flight: InFlight) -> Response<Body> {
+/// Streamed bodies [`MockUpstream::sent_streams`] keeps.
+pub const MAX_STREAMS_KEPT: usize = 64;
+
+fn sse_response(
+    state: &State,
+    events: Vec<String>,
+    chunk_delay_ms: u64,
+    in_flight: InFlight,
+) -> Response<Body> {
+    let mut streams = lock(&state.streams);
+    if streams.len() >= MAX_STREAMS_KEPT {
+        streams.pop_front();
+    }
+    streams.push_back(events.concat().into_bytes());
+    drop(streams);
     let frames = events.into_iter().map(Bytes::from).collect();
     sse_frames(frames, chunk_delay_ms, false, in_flight)
 }

@@ -13,16 +13,19 @@
 )]
 
 pub mod ab;
+pub mod admin;
 pub mod baggage;
 pub mod budget;
 pub mod cache;
 pub mod classify;
 pub mod config;
+pub mod degrade;
 #[cfg(test)]
 mod fuzz;
 pub mod host;
 pub mod json;
 pub mod json_splice;
+pub mod load;
 pub mod metrics;
 pub mod observe;
 pub mod priority;

@@ -97,10 +97,27 @@ pub const ROUTING_HEDGES: &str = "llm_filter_routing_hedges_total";
 /// Calls sent to another backend after theirs failed them, by `result`.
 pub const ROUTING_FAILOVERS: &str = "llm_filter_routing_failovers_total";
 
+// load
+/// Calls per second of a model over the load window, ×1000, by `model`.
+pub const LOAD_RPS: &str = "llm_filter_load_rps_milli";
+/// Output tokens per second of a model over the load window, by `model`.
+pub const LOAD_TOKENS: &str = "llm_filter_load_tokens_per_s";
+/// Calls of a model in flight upstream across workers, by `model`.
+pub const LOAD_IN_FLIGHT: &str = "llm_filter_load_in_flight";
+/// Tries per second sent to a cluster over the load window, ×1000, by `cluster`.
+pub const LOAD_CLUSTER_RPS: &str = "llm_filter_load_cluster_rps_milli";
+/// Output tokens per second from a cluster over the load window, by `cluster`.
+pub const LOAD_CLUSTER_TOKENS: &str = "llm_filter_load_cluster_tokens_per_s";
 // shaping
 /// Calls whose request shaping changed, by `what` (`max_tokens` | `history`)
 /// and `priority`.
 pub const SHAPED: &str = "llm_filter_shaped_total";
+
+// degrade
+/// The degrade level of a model (0..=3), by `model`.
+pub const DEGRADE_LEVEL: &str = "llm_filter_degrade_level";
+/// Actions the load-driven degrade took, by `action` and `priority`.
+pub const DEGRADED: &str = "llm_filter_degraded_total";
 
 // shared data
 /// Keys the filter holds in Envoy shared data (gauge, counted every few
@@ -120,7 +137,7 @@ pub const LLM_CLUSTER: &str = "llm_cluster";
 
 /// Every label the filter writes into stat names; the bootstrap has one
 /// `stats_tags` rule per label, with the regex [`tag_regex`] gives.
-pub const LABELS: [&str; 9] = [
+pub const LABELS: [&str; 10] = [
     "priority",
     "model",
     "outcome",
@@ -130,6 +147,7 @@ pub const LABELS: [&str; 9] = [
     "reason",
     "what",
     "group",
+    "action",
 ];
 
 /// Longest label value kept, in characters (a fully qualified Istio cluster
@@ -160,6 +178,14 @@ pub fn tag_regex(label: &str) -> String {
 /// Whether a value keeps `c` as it is.
 fn kept(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '|' | '/' | ':' | '@' | '+')
+}
+
+/// A label value as [`name`] writes it: the kept characters only, bounded,
+/// never empty.
+pub fn label_value(value: &str) -> String {
+    let mut out = String::with_capacity(value.len().min(MAX_VALUE_LEN));
+    push_value(&mut out, value);
+    out
 }
 
 /// Appends a label value with every character outside the kept set turned
@@ -266,6 +292,7 @@ mod tests {
             "outbound|8000|v1|vllm.inference.svc.cluster.local",
             "max_tokens",
             "canary",
+            "shed",
         ];
         let labels: Vec<(&str, &str)> = LABELS.iter().copied().zip(values).collect();
         let encoded = name(ROUTING_CALLS, &labels);

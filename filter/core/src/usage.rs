@@ -4,6 +4,9 @@
 
 use serde::Deserialize;
 
+use crate::json::Json;
+use crate::json_splice;
+
 /// Tokens of one call.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 pub struct Usage {
@@ -121,9 +124,186 @@ fn trim_eol(mut line: &[u8]) -> &[u8] {
     line
 }
 
+/// The value of `stream_options` that asks the provider for usage.
+const ASK_USAGE: &[u8] = br#"{"include_usage":true}"#;
+
+/// The body of a streamed request (`tree` is its parse) with
+/// `stream_options.include_usage` set, every other byte kept; `None` when it
+/// needs no change (not a stream, or usage already asked) or cannot take one
+/// without rewriting what the client wrote (a `stream_options` of its own).
+pub fn ask_for_usage(raw: &[u8], tree: &Json) -> Option<Vec<u8>> {
+    if tree.get("stream") != Some(&Json::Bool(true)) || tree.get("stream_options").is_some() {
+        return None;
+    }
+    json_splice::set_member(raw, "stream_options", ASK_USAGE)
+}
+
+/// Longest incomplete SSE event held back by [`UsageStrip`]; past it the
+/// stream passes as it is from there on.
+const MAX_HELD_EVENT: usize = 256 * 1024;
+
+/// Removes the usage-only chunk (`"choices":[]` with a `usage` object) from an
+/// SSE stream as it passes: the filter asked the provider for usage on behalf
+/// of a client that did not, and that client must see the stream it would
+/// have seen. Events pass whole; the bytes of an incomplete one wait for its
+/// end (bounded by one event).
+#[derive(Debug, Default)]
+pub struct UsageStrip {
+    held: Vec<u8>,
+    off: bool,
+    /// Usage-only chunks removed.
+    pub removed: u32,
+}
+
+#[derive(Deserialize)]
+struct UsageOnly {
+    choices: Vec<serde::de::IgnoredAny>,
+    usage: Option<serde::de::IgnoredAny>,
+}
+
+impl UsageStrip {
+    /// A strip at the start of a stream.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The bytes to pass on for the next piece of the stream; `end` flushes
+    /// whatever is held.
+    pub fn pass(&mut self, chunk: &[u8], end: bool) -> Vec<u8> {
+        if self.off {
+            return chunk.to_vec();
+        }
+        self.held.extend_from_slice(chunk);
+        let mut out = Vec::with_capacity(self.held.len());
+        let mut start = 0;
+        let mut at = 0;
+        for line in self.held.split_inclusive(|b| *b == b'\n') {
+            at += line.len();
+            let complete = line.last() == Some(&b'\n');
+            if complete && trim_eol(line).is_empty() {
+                let event = self.held.get(start..at).unwrap_or_default();
+                if is_usage_only(event) {
+                    self.removed = self.removed.saturating_add(1);
+                } else {
+                    out.extend_from_slice(event);
+                }
+                start = at;
+            }
+        }
+        let rest = self.held.get(start..).unwrap_or_default();
+        if end || rest.len() > MAX_HELD_EVENT {
+            self.off = !end;
+            out.extend_from_slice(rest);
+            self.held.clear();
+        } else {
+            let rest = rest.to_vec();
+            self.held = rest;
+        }
+        out
+    }
+}
+
+/// An SSE event whose one `data:` line is a usage-only chunk.
+fn is_usage_only(event: &[u8]) -> bool {
+    let mut data = None;
+    for line in event.split(|b| *b == b'\n') {
+        let Some(d) = trim_eol(line).strip_prefix(b"data:") else {
+            continue;
+        };
+        if data.is_some() {
+            return false;
+        }
+        data = Some(d);
+    }
+    data.and_then(|d| serde_json::from_slice::<UsageOnly>(d).ok())
+        .is_some_and(|c| c.choices.is_empty() && c.usage.is_some())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_usage_only_chunk_is_removed_wherever_the_stream_splits() {
+        let without: String = STREAM
+            .split_inclusive("\n\n")
+            .filter(|e| !e.contains("\"choices\":[]"))
+            .collect();
+        assert_eq!(without.len() + 72, STREAM.len());
+        for split in 0..=STREAM.len() {
+            for second in [split, (split + 37).min(STREAM.len())] {
+                let mut strip = UsageStrip::new();
+                let b = STREAM.as_bytes();
+                let mut out = strip.pass(&b[..split], false);
+                out.extend(strip.pass(&b[split..second], false));
+                out.extend(strip.pass(&b[second..], true));
+                assert_eq!(String::from_utf8(out).unwrap(), without, "{split} {second}");
+                assert_eq!(strip.removed, 1);
+            }
+        }
+    }
+
+    #[test]
+    fn other_events_pass_as_they_are() {
+        for stream in [
+            "data: {\"choices\":[],\"usage\":null}\n\n",
+            "data: {\"choices\":[{\"index\":0}],\"usage\":{\"prompt_tokens\":1}}\n\n",
+            ": comment\r\n\r\ndata: [DONE]\r\n\r\n",
+            "event: x\ndata: {\"choices\":[]}\ndata: {}\n\n",
+            "data: {\"choices\":[],\"usage\":{}}",
+        ] {
+            let mut strip = UsageStrip::new();
+            assert_eq!(
+                strip.pass(stream.as_bytes(), true),
+                stream.as_bytes(),
+                "{stream}"
+            );
+        }
+        // CRLF events are recognised too.
+        let mut strip = UsageStrip::new();
+        let crlf =
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\r\n\r\ndata: [DONE]\r\n\r\n";
+        assert_eq!(strip.pass(crlf.as_bytes(), false), b"data: [DONE]\r\n\r\n");
+    }
+
+    #[test]
+    fn usage_is_asked_of_streams_that_did_not() {
+        for (body, want) in [
+            (
+                r#" {"stream":true,"model":"m"}"#,
+                Some(r#" {"stream":true,"model":"m","stream_options":{"include_usage":true}}"#),
+            ),
+            (r#"{"stream":false}"#, None),
+            (r#"{"model":"m"}"#, None),
+            (r#"{"stream":true,"stream_options":null}"#, None),
+            (
+                r#"{"stream":true,"stream_options":{"include_usage":false}}"#,
+                None,
+            ),
+            (
+                r#"{"stream":true,"stream_options":{"include_usage":true}}"#,
+                None,
+            ),
+        ] {
+            let tree = Json::parse(body.as_bytes()).unwrap();
+            let got = ask_for_usage(body.as_bytes(), &tree);
+            assert_eq!(got.as_deref(), want.map(str::as_bytes), "{body}");
+            if let Some(got) = got {
+                let v: serde_json::Value = serde_json::from_slice(&got).unwrap();
+                assert_eq!(v["stream_options"]["include_usage"], true);
+            }
+        }
+    }
+
+    #[test]
+    fn an_endless_event_is_let_through() {
+        let mut strip = UsageStrip::new();
+        let big = vec![b'x'; MAX_HELD_EVENT + 1];
+        assert!(strip.pass(b"data: ", false).is_empty());
+        let out = strip.pass(&big, false);
+        assert_eq!(out.len(), big.len() + 6);
+        assert_eq!(strip.pass(b"\n\n", false), b"\n\n");
+    }
 
     #[test]
     fn reads_json_usage() {

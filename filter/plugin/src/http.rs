@@ -6,6 +6,7 @@ use std::rc::Rc;
 
 use std::time::Duration;
 
+use llm_filter_core::admin::AdminCall;
 use llm_filter_core::walk::{Call, CalloutAnswer, Env, Host, Step};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, MapType};
@@ -21,6 +22,8 @@ pub struct Http {
     /// `None` for anything that is not an LLM call: it passes untouched.
     /// Shared with the timer while the call is parked.
     call: CallSlot,
+    /// A request to the filter's own endpoints, answered here.
+    admin: Option<AdminCall>,
 }
 
 impl Http {
@@ -30,6 +33,7 @@ impl Http {
             id,
             worker,
             call: CallSlot::default(),
+            admin: None,
         }
     }
 
@@ -110,6 +114,13 @@ pub fn deliver_callout(worker: &Worker, id: u32, slot: &CallSlot, body_size: usi
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
+        let admin = with_env(&self.worker, |env| {
+            AdminCall::start(env, &mut Stream::default(), end_of_stream)
+        });
+        if let Some((admin, step)) = admin {
+            self.admin = Some(admin);
+            return action(step);
+        }
         let started = with_env(&self.worker, |env| {
             Call::start(env, &mut Stream::default(), end_of_stream)
         });
@@ -129,6 +140,12 @@ impl HttpContext for Http {
     }
 
     fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        if let Some(admin) = self.admin.as_mut() {
+            let step = with_env(&self.worker, |env| {
+                admin.on_request_body(env, &mut Stream::default(), size, end_of_stream)
+            });
+            return action(step);
+        }
         self.step(|call, env, host| call.on_request_body(env, host, size, end_of_stream))
     }
 

@@ -17,6 +17,7 @@ use llm_filter_core::host::{Random, SplitMix64};
 use llm_filter_core::metrics::BoundedLabel;
 use llm_filter_core::routing::probe::{Probe, ProbeEnd, Prober};
 use llm_filter_core::walk::Wake;
+use llm_filter_core::{degrade, load};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType, MapType};
 
@@ -27,6 +28,8 @@ use crate::worker::{with_env, ParkedCall, Worker};
 
 /// Distinct model names one worker turns into stat labels before using `other`.
 const MAX_MODEL_LABELS: usize = 100;
+/// How often the load gauges are set from shared data.
+const LOAD_GAUGES_EVERY_MS: u64 = 1000;
 /// Timer period: how often parked calls are looked at and probes considered.
 const TICK: Duration = Duration::from_millis(25);
 
@@ -42,6 +45,8 @@ pub struct Root {
     callouts: HashMap<u32, ParkedCall>,
     /// The count of the filter's shared-data keys and bytes in progress.
     census: Census,
+    /// When the load and degrade level gauges were last set, ms.
+    load_published_ms: u64,
 }
 
 /// An HTTP context that does nothing.
@@ -295,6 +300,13 @@ impl RootContext for Root {
             .step(&EnvoyStore, &worker.config, now_ms(), KEYS_PER_STEP);
         if let Some(footprint) = counted {
             footprint.set_gauges(&mut *worker.metrics.borrow_mut());
+        }
+        let now = now_ms();
+        if now.saturating_sub(self.load_published_ms) >= LOAD_GAUGES_EVERY_MS {
+            self.load_published_ms = now;
+            let mut metrics = worker.metrics.borrow_mut();
+            load::publish(&EnvoyStore, &mut *metrics, now);
+            degrade::publish(&EnvoyStore, &worker.config, &mut *metrics, now);
         }
         worker.count_host_errors();
     }

@@ -22,14 +22,20 @@ const CALLS: u64 = 160;
 /// routed models with hedging on.
 const CLUSTERS: u64 = 2;
 const MODELS: u64 = 2;
-const MAX_KEYS: u64 = 2 * SLOTS + 2 * CLUSTERS + MODELS + 4;
+/// The load records and their index.
+const LOAD_KEYS: u64 = 64 + 1;
+const LOAD_BYTES: u64 = 64 * 212 + 8 + 64 * (8 + 27 + 64);
+/// The active alerts (none are sent here).
+const ALERT_KEYS: u64 = 1;
+const MAX_KEYS: u64 = 2 * SLOTS + 2 * CLUSTERS + MODELS + 4 + LOAD_KEYS + ALERT_KEYS;
 const MAX_BYTES: u64 = SLOTS * MAX_ENTRY_BYTES
     + SLOTS * 52
     + 16
     + 4
     + 16
     + (CLUSTERS + 1) * (687 + 208)
-    + MODELS * 160;
+    + MODELS * 160
+    + LOAD_BYTES;
 
 fn stat(envoy: &Envoy, name: &str) -> Option<u64> {
     envoy.stat_opt(&format!("{FILTER_STATS}{name}"))

@@ -35,13 +35,17 @@ pub enum ReplyKind {
     /// Envoy refused a request body larger than its buffer limit (413), its
     /// reply rewritten.
     TooLarge,
+    /// Shed by the load-driven degrade (503).
+    DegradeShed,
+    /// Rejected by the load-driven degrade (503).
+    DegradeReject,
 }
 
 impl ReplyKind {
     /// HTTP status.
     pub fn status(self) -> u32 {
         match self {
-            Self::Shed | Self::Reject => 503,
+            Self::Shed | Self::Reject | Self::DegradeShed | Self::DegradeReject => 503,
             Self::BudgetExhausted | Self::UpstreamTimeout => 504,
             Self::TooLarge => 413,
         }
@@ -50,7 +54,9 @@ impl ReplyKind {
     /// The error `type`.
     pub fn error_type(self) -> &'static str {
         match self {
-            Self::Shed | Self::Reject => "service_unavailable",
+            Self::Shed | Self::Reject | Self::DegradeShed | Self::DegradeReject => {
+                "service_unavailable"
+            }
             Self::BudgetExhausted | Self::UpstreamTimeout => "timeout",
             Self::TooLarge => "invalid_request_error",
         }
@@ -64,6 +70,8 @@ impl ReplyKind {
             Self::BudgetExhausted => "llm_filter_budget_exhausted",
             Self::UpstreamTimeout => "llm_filter_upstream_timeout",
             Self::TooLarge => "llm_filter_request_too_large",
+            Self::DegradeShed => "llm_filter_degraded_shed",
+            Self::DegradeReject => "llm_filter_degraded_reject",
         }
     }
 
@@ -90,6 +98,13 @@ impl ReplyKind {
                 "The upstream did not answer within the request's timeout budget."
             }
             Self::TooLarge => "The request body is larger than the proxy accepts.",
+            Self::DegradeShed => {
+                "The model is degraded under load and lower-priority requests are being shed; \
+                 retry later."
+            }
+            Self::DegradeReject => {
+                "The model is degraded under load and rejects this priority for now; retry later."
+            }
         }
     }
 }

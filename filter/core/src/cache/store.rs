@@ -191,6 +191,12 @@ impl<'a, S: SharedStore + ?Sized> Store<'a, S> {
         }
     }
 
+    /// The same table, with expired entries usable for `stale_ms` past
+    /// their expiry (`u64::MAX`: while they are in their slot).
+    pub fn with_stale_ms(self, stale_ms: u64) -> Self {
+        Self { stale_ms, ..self }
+    }
+
     pub(crate) fn shared(&self) -> &'a S {
         self.shared
     }

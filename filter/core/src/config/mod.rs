@@ -9,9 +9,11 @@ pub mod per_priority;
 use serde::Deserialize;
 
 use crate::ab::{self, AbConfig, RawAbConfig};
+use crate::admin::{AdminConfig, RawAdminConfig};
 use crate::budget::config::{BudgetConfig, RawBudgetConfig};
 use crate::cache::config::{CacheConfig, RawCacheConfig};
 use crate::classify::DEFAULT_PATHS;
+use crate::degrade::{DegradeConfig, RawDegradeConfig};
 use crate::priority::Priority;
 use crate::routing::config::{RawRoutingConfig, RoutingConfig};
 use crate::shaping::{RawShapingConfig, ShapingConfig};
@@ -44,6 +46,10 @@ pub struct RawConfig {
     pub budget: RawBudgetConfig,
     /// Cache section.
     pub cache: RawCacheConfig,
+    /// Degrade section.
+    pub degrade: RawDegradeConfig,
+    /// Admin endpoints section.
+    pub admin: RawAdminConfig,
     /// Shaping section.
     pub shaping: RawShapingConfig,
     /// A/B groups section.
@@ -86,6 +92,10 @@ pub struct Config {
     pub budget: BudgetConfig,
     /// The response cache.
     pub cache: CacheConfig,
+    /// Load-driven degrade.
+    pub degrade: DegradeConfig,
+    /// The filter's own endpoints.
+    pub admin: AdminConfig,
     /// Request shaping.
     pub shaping: ShapingConfig,
     /// A/B groups.
@@ -123,6 +133,8 @@ impl Default for Config {
             routing: RoutingConfig::default(),
             budget: BudgetConfig::default(),
             cache: CacheConfig::default(),
+            degrade: DegradeConfig::default(),
+            admin: AdminConfig::default(),
             shaping: ShapingConfig::default(),
             ab: AbConfig::default(),
         }
@@ -198,6 +210,8 @@ impl TryFrom<RawConfig> for Config {
             budget: BudgetConfig::compile(raw.budget).map_err(|e| e.within("budget"))?,
             cache,
             shaping: ShapingConfig::compile(&raw.shaping).map_err(|e| e.within("shaping"))?,
+            degrade: DegradeConfig::compile(raw.degrade).map_err(|e| e.within("degrade"))?,
+            admin: AdminConfig::compile(raw.admin).map_err(|e| e.within("admin"))?,
             priority: PriorityConfig {
                 default: raw.priority.default.unwrap_or_default(),
                 trust_client: raw.priority.trust_client.unwrap_or(DEFAULT_TRUST_CLIENT),
@@ -334,6 +348,10 @@ mod props {
       },
       "budget": { "default_ms": { "P0": 120000, "P1": 60000, "P2": 20000 }, "max_ms": 300000,
                   "retry_ratio": 0.2, "window_s": 30, "shed_at": 0.7, "reject_at": 0.9 },
+      "degrade": { "alerts": [{ "severity": "critical", "level": 3 },
+                              { "alertname": "LLMSlow", "model": "gpt-4o", "level": 2 }],
+                   "alert_ttl_s": 900 },
+      "admin": { "path_prefix": "/llm-filter", "token": "a-long-random-token-0123" },
       "shaping": { "max_tokens_cap": { "P1": 1024, "P2": 512 }, "max_history_turns": 8,
                    "max_prompt_tokens": 3000, "max_tokens_field": "max_tokens" },
       "ab": { "user_header": "x-user-id", "groups": [
@@ -385,7 +403,7 @@ mod props {
         /// An unknown field in the document or any section is refused, and
         /// the error says which.
         #[test]
-        fn unknown_fields_are_refused(section in prop::sample::select(vec!["", "priority", "tracing", "cache", "routing", "budget", "shaping", "ab"]), name in "zz_[a-z_]{0,12}") {
+        fn unknown_fields_are_refused(section in prop::sample::select(vec!["", "priority", "tracing", "cache", "routing", "budget", "shaping", "ab", "degrade", "admin"]), name in "zz_[a-z_]{0,12}") {
             let mut full: Value = serde_json::from_str(FULL).unwrap();
             let obj = if section.is_empty() { &mut full } else { &mut full[section] };
             obj.as_object_mut().unwrap().insert(name.clone(), Value::from(1));

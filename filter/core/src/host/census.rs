@@ -4,17 +4,20 @@
 //! few keys per timer tick, for the `llm_filter_shared_data_keys` and
 //! `llm_filter_shared_data_bytes` gauges.
 //!
-//! Every key is read except the cache slots and the semantic index's group
-//! slots, whose values may be large: their bytes come from each one's own
-//! totals, and their count is the table size when the table was created at
-//! start (up to [`PREPARE_MAX_SLOTS`] for the cache, always for the index),
-//! else the occupied slots.
+//! The load records are read at the end of a count, through their index.
+//! Every other key is read except the cache slots and the semantic index's
+//! group slots, whose values may be large: their bytes come from each one's
+//! own totals, and their count is the table size when the table was created
+//! at start (up to [`PREPARE_MAX_SLOTS`] for the cache, always for the
+//! index), else the occupied slots.
 
 use super::{Metrics, SharedStore};
 use crate::budget::{breaker, DEFAULT_BREAKER};
 use crate::cache::store::{marker_key, LAYOUT_KEY, STATS_KEY};
 use crate::cache::{semantic, Store, PREPARE_MAX_SLOTS};
 use crate::config::Config;
+use crate::degrade::alerts;
+use crate::load;
 use crate::metrics;
 use crate::routing::{health, hedge, probe};
 
@@ -48,8 +51,9 @@ impl Keys {
     }
 }
 
-/// Every key a configuration can make the filter write, but the cache slots:
-/// the cache totals, layout and in-flight markers, the probe lease, each routed
+/// Every key a configuration can make the filter write, but the cache slots
+/// and the load records: the cache totals, layout and in-flight markers, the
+/// probe lease, the active alerts, each routed
 /// cluster's health and budget breaker (and the breaker of unrouted calls),
 /// each routed model's hedge window.
 fn keys(config: &Config) -> Keys {
@@ -57,6 +61,7 @@ fn keys(config: &Config) -> Keys {
         STATS_KEY.to_string(),
         LAYOUT_KEY.to_string(),
         probe::LEASE_KEY.to_string(),
+        alerts::KEY.to_string(),
     ];
     if semantic_on(config) {
         named.push(semantic::store::STATS_KEY.to_string());
@@ -157,9 +162,10 @@ impl Census {
         }
         self.next = 0;
         let slots = slots(store, config);
+        let (load_keys, load_bytes) = load::footprint(store);
         Some(Footprint {
-            keys: self.counted.keys + slots.keys,
-            bytes: self.counted.bytes + slots.bytes,
+            keys: self.counted.keys + slots.keys + load_keys,
+            bytes: self.counted.bytes + slots.bytes + load_bytes,
         })
     }
 }
@@ -212,7 +218,9 @@ pub fn max_keys(config: &Config) -> u64 {
     {
         slots += u64::from(sem.max_contexts);
     }
-    u64::from(keys(config).len()) + slots
+    // The load records and their index.
+    let load = load::MAX_RECORDS as u64 + 1;
+    u64::from(keys(config).len()) + slots + load
 }
 
 #[cfg(test)]

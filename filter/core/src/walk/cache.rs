@@ -104,6 +104,43 @@ impl Call {
         Err(body)
     }
 
+    /// A degraded call answered from its entry, even one past expiry while
+    /// it is still in its slot (`x-cache: STALE`, `x-downgrade: cache`).
+    /// False when the call is not cacheable or no entry is there.
+    pub(super) fn answer_downgraded(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        body: &HeldBody,
+        level: u8,
+    ) -> bool {
+        if self.cache.status.is_none() {
+            return false;
+        }
+        let Decision::Cacheable(c) = self.cache_decision(env, host, body.tree.as_ref()) else {
+            return false;
+        };
+        if !c.read {
+            return false;
+        }
+        let store = Store::new(env.store, &env.config.cache).with_stale_ms(u64::MAX);
+        let (entry, age_s, status) = match store.lookup(&c.key, env.now_ms) {
+            Lookup::Hit { entry, age_s } => (entry, age_s, CacheStatus::Hit),
+            Lookup::Stale { entry, age_s } => (entry, age_s, CacheStatus::Stale),
+            Lookup::Miss => return false,
+        };
+        let before = (self.cache.cacheable, self.request.degraded);
+        self.cache.cacheable = Some(c);
+        self.request.degraded = Some(level);
+        self.request.downgraded = true;
+        if self.reply_from_entry(env, host, &entry, age_s, status, None) {
+            return true;
+        }
+        (self.cache.cacheable, self.request.degraded) = before;
+        self.request.downgraded = false;
+        false
+    }
+
     /// Cacheability and key of a held body, from the headers that take part.
     fn cache_decision(&self, env: &Env<'_>, host: &dyn Host, body: Option<&Json>) -> Decision {
         self.with_cache_request(env, host, body, |req| {

@@ -13,6 +13,7 @@ use crate::routing::hedge::{self, HedgeResult};
 use crate::routing::{self, RouteAsk, CLUSTER_RESPONSE_HEADER};
 use crate::summary::{CallSummary, End};
 use crate::trace_context::TRACE_ID_HEADER;
+use crate::usage::UsageStrip;
 
 use super::state::{Hedge, Response};
 use super::{Call, CalloutAnswer, Env, Host, Phase, Step};
@@ -223,17 +224,24 @@ impl Call {
         if let Some(x_cache) = self.cache.header() {
             headers.push((X_CACHE.to_string(), x_cache.to_string()));
         }
+        if let Some(level) = self.request.degraded {
+            headers.push((crate::degrade::HEADER.to_string(), level.to_string()));
+        }
         let refs: Vec<(&str, &str)> = headers
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
-        if !host.send_local_reply(u32::from(status), &refs, &answer.body) {
-            internal_error(env.metrics, "local_reply");
-            return false;
-        }
         let stream = headers
             .iter()
             .any(|(k, v)| k.eq_ignore_ascii_case("content-type") && v.contains(SSE_CONTENT_TYPE));
+        // The client sees the stream without the usage it did not ask for.
+        let stripped = (stream && self.request.usage_asked)
+            .then(|| UsageStrip::new().pass(&answer.body, true));
+        let body = stripped.as_deref().unwrap_or(&answer.body);
+        if !host.send_local_reply(u32::from(status), &refs, body) {
+            internal_error(env.metrics, "local_reply");
+            return false;
+        }
         self.response = Some(Response::from_callout(
             status,
             stream,

@@ -19,15 +19,18 @@ use crate::shaping::{self, Changes};
 use crate::summary::{CallSummary, End};
 use crate::trace_context;
 use crate::{ab, baggage};
-use crate::{observe, routing};
+use crate::{load, observe, routing};
 
 mod body;
 mod cache;
 #[cfg(test)]
 mod cache_tests;
+mod degrade;
+#[cfg(test)]
+mod degrade_tests;
 mod failover;
 #[cfg(test)]
-mod fake;
+pub(crate) mod fake;
 mod group;
 #[cfg(test)]
 mod group_tests;
@@ -211,7 +214,10 @@ impl Call {
             || cfg.budget.enabled
             || cfg.cache.enabled
             || cfg.shaping.enabled()
-            || ab_wants_body;
+            || ab_wants_body
+            // Alerts can arrive, or the load can cross a threshold.
+            || cfg.admin.token.is_some()
+            || !cfg.degrade.thresholds.is_empty();
         let length = host
             .request_header("content-length")
             .and_then(|v| v.trim().parse::<usize>().ok());
@@ -289,6 +295,11 @@ impl Call {
         self.join_group(env, host, body.as_ref());
         // Shaped before the cache step, so the key is over what is sent.
         let body = self.shape(env, host, body);
+        // Degraded by the model's level, before the cache step too.
+        let body = match self.degrade(env, host, body) {
+            Ok(step) => return step,
+            Err(body) => body,
+        };
         // Cache: answer from an entry, or wait for an identical call in
         // flight, before routing and admission (a cached answer is served
         // even while the backend sheds).
@@ -337,6 +348,13 @@ impl Call {
         }
         if let Some(g) = self.group(env.config) {
             all.push((ab::GROUP_HEADER, &g.name));
+        }
+        let degraded = self.request.degraded.map(|l| l.to_string());
+        if let Some(level) = &degraded {
+            all.push((crate::degrade::HEADER, level));
+        }
+        if self.request.downgraded {
+            all.push((crate::degrade::DOWNGRADE_HEADER, "cache"));
         }
         if !host.send_local_reply(status, &all, body) {
             internal_error(env.metrics, "local_reply");
@@ -396,13 +414,22 @@ impl Call {
         };
         observe::record(env.metrics, &summary);
         self.learn_from(env, &summary);
+        // Counted in flight under the label it had then, which is the label
+        // now: the label of a model never changes within a worker.
+        let started = self.dispatch.load_model.as_deref() == Some(summary.model);
+        if self.dispatch.load_model.is_some() && !started {
+            internal_error(env.metrics, "load_label");
+        }
+        load::ended(env.store, env.metrics, &summary, started);
     }
 
-    /// Routing and the budget breaker learn from one try of the call.
+    /// Routing, the budget breaker and the clusters' load learn from one try
+    /// of the call.
     fn learn_from(&self, env: &mut Env<'_>, call: &CallSummary<'_>) {
         let routing = self.routing_config(env.config);
         routing::learn::ended(env.store, routing, env.metrics, call);
         budget::learn::ended(env.store, &env.config.budget, env.metrics, call);
+        load::tried(env.store, env.metrics, call);
     }
 
     /// What the call was and how it ended.
@@ -477,8 +504,11 @@ impl Request {
             model: None,
             stream: None,
             copy: None,
+            usage_asked: false,
             shaped: Changes::default(),
             group: None,
+            degraded: None,
+            downgraded: false,
         }
     }
 

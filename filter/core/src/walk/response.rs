@@ -12,7 +12,7 @@ use crate::routing::CLUSTER_RESPONSE_HEADER;
 use crate::shaping;
 use crate::summary::EnvoyReply;
 use crate::trace_context::TRACE_ID_HEADER;
-use crate::usage::{self, SseScanner};
+use crate::usage::{self, SseScanner, UsageStrip};
 
 use super::state::{Answer, Response};
 use super::{set_response, BodyCopy, Call, Env, Host, Phase, Step};
@@ -36,12 +36,20 @@ impl Call {
         }
         let mut response = Response::read(host, env.now_ms, end_of_stream);
         response.replacement = rewrite_envoy_reply(env, host, response.envoy);
+        if self.request.usage_asked && response.is_stream() {
+            response.strip = Some(UsageStrip::new());
+            // The stream the client gets is shorter than the one sent.
+            set_response(env, host, "content-length", None);
+        }
         self.response = Some(response);
         if let Some(t) = self.request.trace_id.clone() {
             set_response(env, host, TRACE_ID_HEADER, Some(&t));
         }
         if let Some(c) = self.dispatch.cluster.clone() {
             set_response(env, host, CLUSTER_RESPONSE_HEADER, Some(&c));
+        }
+        if let Some(level) = self.request.degraded {
+            set_response(env, host, crate::degrade::HEADER, Some(&level.to_string()));
         }
         if let Some(s) = self.request.shaped.header() {
             set_response(env, host, shaping::HEADER, Some(&s));
@@ -93,6 +101,13 @@ impl Call {
             match &mut response.answer {
                 Answer::Stream(sse) => sse.feed(chunk),
                 Answer::Json { copy, .. } => copy.append(chunk),
+            }
+        }
+        if let Some(strip) = response.strip.as_mut() {
+            let original = chunk.as_deref().unwrap_or_default();
+            let out = strip.pass(original, end_of_stream);
+            if out != original && !host.set_response_body(size, &out) {
+                internal_error(env.metrics, "set_response_body");
             }
         }
         // The JSON answer is parsed once at its end, for its usage and, when
@@ -152,6 +167,7 @@ impl Response {
             },
             replacement: None,
             ended: end_of_stream,
+            strip: None,
         }
     }
 }

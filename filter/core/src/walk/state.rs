@@ -7,7 +7,7 @@ use crate::classify::Endpoint;
 use crate::priority::Priority;
 use crate::shaping::Changes;
 use crate::summary::EnvoyReply;
-use crate::usage::{self, SseScanner, Usage};
+use crate::usage::{self, SseScanner, Usage, UsageStrip};
 
 use super::body::{BodyCopy, HeldBody};
 
@@ -27,6 +27,13 @@ pub(super) struct Request {
     pub(super) stream: Option<bool>,
     /// Copy of a body that streams through, for the model label.
     pub(super) copy: Option<BodyCopy>,
+    /// The filter asked the provider for the stream's usage on the client's
+    /// behalf: the usage-only chunk is removed again on the way back.
+    pub(super) usage_asked: bool,
+    /// The degrade level an action of which changed the call.
+    pub(super) degraded: Option<u8>,
+    /// The cache answered in place of the backend (`x-downgrade: cache`).
+    pub(super) downgraded: bool,
     /// What shaping changed in the body sent.
     pub(super) shaped: Changes,
     /// The index of the call's A/B group, once it joined one.
@@ -79,6 +86,9 @@ pub(super) struct Dispatch {
     pub(super) hedge: Hedge,
     /// The request body, kept while another backend could still be asked.
     pub(super) held: Option<HeldBody>,
+    /// The model label the call is counted in flight under (see
+    /// [`crate::load::started`]); it leaves that count at the call's end.
+    pub(super) load_model: Option<String>,
 }
 
 /// Where the hedge of a slow call stands (see [`crate::routing::hedge`]).
@@ -115,6 +125,8 @@ pub(super) struct Response {
     pub(super) replacement: Option<Vec<u8>>,
     /// The response's end passed (its last body chunk, or headers alone).
     pub(super) ended: bool,
+    /// Takes the usage-only chunk the client did not ask for out of a stream.
+    pub(super) strip: Option<UsageStrip>,
 }
 
 /// The answer as it passes.
@@ -153,6 +165,7 @@ impl Response {
             answer,
             replacement: None,
             ended: true,
+            strip: None,
         }
     }
 

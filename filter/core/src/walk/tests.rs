@@ -823,3 +823,54 @@ fn envoys_413_to_a_held_body_is_put_in_openai_shape() {
         1
     );
 }
+
+const STREAM_ANSWER: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"yo\"},\"finish_reason\":\"stop\"}],\"usage\":null}\n\n\
+data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}\n\n\
+data: [DONE]\n\n";
+
+#[test]
+fn a_stream_asks_for_usage_and_the_client_never_sees_it() {
+    let mut w = World::new(r#"{"cache":{"enabled":false}}"#);
+    let body = CHAT.replace(r#""model""#, r#""stream":true,"model""#);
+    let mut host = FakeHost::post("/v1/chat/completions").with_body(&body);
+    let (mut call, _) = w.request(&mut host).unwrap();
+    let sent: serde_json::Value = serde_json::from_slice(&host.request_body).unwrap();
+    assert_eq!(sent["stream_options"]["include_usage"], true);
+    let len = host.request_body.len().to_string();
+    assert_eq!(host.header("content-length"), Some(len.as_str()));
+    assert_eq!(
+        load::read(&w.store, load::Scope::Model("gpt-4o"), w.now_ms).in_flight,
+        1
+    );
+    let mut host = host
+        .with_response(200, "text/event-stream", STREAM_ANSWER)
+        .with_response_header("content-length", "999");
+    w.respond(&mut call, &mut host);
+    let usage_chunk = STREAM_ANSWER.split_inclusive("\n\n").nth(1).unwrap();
+    assert_eq!(
+        String::from_utf8(host.response_body.clone()).unwrap(),
+        STREAM_ANSWER.replace(usage_chunk, "")
+    );
+    assert_eq!(host.response("content-length"), None);
+    call.on_log(&mut w.env());
+    let s = load::read(&w.store, load::Scope::Model("gpt-4o"), w.now_ms);
+    assert_eq!(s.in_flight, 0);
+    assert_eq!(s.tokens_per_s, 4.0 / load::WINDOW_S);
+    assert_eq!(
+        w.counter("gen_ai_client_token_usage_total.model=gpt-4o;.token_type=output;"),
+        4
+    );
+
+    // A client that asked for usage gets its stream untouched.
+    let body = CHAT.replace(
+        r#""model""#,
+        r#""stream":true,"stream_options":{"include_usage":true},"model""#,
+    );
+    let mut host = FakeHost::post("/v1/chat/completions").with_body(&body);
+    let (mut call, _) = w.request(&mut host).unwrap();
+    assert_eq!(host.request_body, body.as_bytes());
+    let mut host = host.with_response(200, "text/event-stream", STREAM_ANSWER);
+    w.respond(&mut call, &mut host);
+    assert_eq!(host.response_body, STREAM_ANSWER.as_bytes());
+    call.on_log(&mut w.env());
+}

@@ -6,6 +6,7 @@
 use crate::budget::{self, plan::IDEMPOTENCY_KEY, Admission, Ask, DEFAULT_BREAKER};
 use crate::metrics::internal_error;
 use crate::routing::{self, Features, RouteAsk};
+use crate::{load, usage};
 
 use super::body::replace_request_body;
 use super::{set_request, Call, Env, HeldBody, Host, Step};
@@ -19,7 +20,9 @@ impl Call {
         host: &mut dyn Host,
         body: Option<HeldBody>,
     ) -> Step {
+        self.count_in_flight(env);
         if let Some(mut body) = body {
+            self.ask_for_usage(env, host, &mut body);
             if let Some(features) = body.features.as_ref() {
                 self.route(env, host, features, &body);
             }
@@ -37,6 +40,36 @@ impl Call {
         }
         self.arm_hedge(env);
         Step::Continue
+    }
+
+    /// The call joins its model's in-flight count (see [`crate::load`]).
+    fn count_in_flight(&mut self, env: &mut Env<'_>) {
+        let Some(model) = self.request.model.as_deref() else {
+            return;
+        };
+        let label = env.model_labels.value(Some(model)).to_string();
+        if load::started(env.store, env.metrics, &label, env.now_ms) {
+            self.dispatch.load_model = Some(label);
+        }
+    }
+
+    /// A streamed call asks the provider for its usage (the load signals count
+    /// output tokens), which the client then does not see unless it asked.
+    fn ask_for_usage(&mut self, env: &mut Env<'_>, host: &mut dyn Host, body: &mut HeldBody) {
+        let Some(new_body) = body
+            .tree
+            .as_ref()
+            .and_then(|tree| usage::ask_for_usage(&body.raw, tree))
+        else {
+            return;
+        };
+        if !replace_request_body(env, host, body.size, &new_body) {
+            return;
+        }
+        // Routing reads the features, which this does not change: no new parse.
+        body.size = new_body.len();
+        body.raw = new_body;
+        self.request.usage_asked = true;
     }
 
     /// Places the call on one of its model's clusters by measured health.

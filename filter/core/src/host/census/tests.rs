@@ -66,6 +66,14 @@ fn fill(store: &MemoryStore, config: &Config) {
     for m in ["m1", "m2"] {
         hedge::count_call(store, m, 1_000, config.budget.window_ms);
     }
+    let hook = br#"{"version":"4","alerts":[{"status":"firing","labels":{"severity":"warning"}}]}"#;
+    let reports = crate::degrade::alerts::parse(hook, 1_000).unwrap();
+    crate::degrade::alerts::apply(store, &config.degrade, &reports, 1_000).unwrap();
+    // Every load record the index admits, and its index.
+    let mut m = MemoryMetrics::default();
+    for n in 0..load::MAX_RECORDS + 3 {
+        load::started(store, &mut m, &format!("model-{n}"), 1_000);
+    }
 }
 
 fn run(census: &mut Census, store: &MemoryStore, config: &Config, now_ms: u64) -> Footprint {
@@ -84,9 +92,10 @@ fn the_count_matches_the_store() {
     let f = run(&mut Census::new(&config), &store, &config, 0);
     assert_eq!(f.keys, store.len() as u64);
     assert_eq!(f.bytes, store.value_bytes() as u64);
-    // Stats, layout, lease, 3 health, 4 breakers, 2 hedge windows, 8
-    // markers, 8 slots.
-    assert_eq!(f.keys, 3 + 3 + 4 + 2 + 2 * u64::from(SLOTS));
+    // Stats, layout, lease, alerts, 3 health, 4 breakers, 2 hedge windows,
+    // 8 markers, 8 slots, the load records and their index.
+    let load = load::MAX_RECORDS as u64 + 1;
+    assert_eq!(f.keys, 4 + 3 + 4 + 2 + 2 * u64::from(SLOTS) + load);
     assert_eq!(max_keys(&config), f.keys);
 }
 
@@ -95,9 +104,9 @@ fn counts_are_spread_over_steps_and_spaced_out() {
     let (config, store) = (config(), MemoryStore::new());
     fill(&store, &config);
     let mut census = Census::new(&config);
-    // 20 keys read (the 8 slots are not) at 4 a step: the count ends on
-    // the fifth step.
-    for _ in 0..4 {
+    // 21 keys read (the 8 slots are not; the load records at the end) at 4
+    // a step: the count ends on the sixth step.
+    for _ in 0..5 {
         assert_eq!(census.step(&store, &config, 0, 4), None);
     }
     let f = census.step(&store, &config, 0, 4).unwrap();

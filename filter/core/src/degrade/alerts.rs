@@ -1,0 +1,410 @@
+//! The operators' alerts, as Alertmanager's webhook (version 4) reports them,
+//! kept in shared data so every worker degrades at once: a firing alert that
+//! a rule of `degrade.alerts` matches is kept until it is resolved or, not
+//! re-sent, expires after `degrade.alert_ttl_s`.
+//!
+//! A webhook is parsed and checked whole before anything changes, so a
+//! malformed one changes nothing. Alerts are kept by labels, and their level
+//! is computed when read, from the rules in force.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::config::{AlertRule, DegradeConfig};
+use crate::host::cas::{self, Change, Unguarded};
+use crate::host::{SharedStore, StoreError};
+
+/// The shared-data key of the active alerts.
+pub const KEY: &str = "llm_filter.degrade.v1.alerts";
+/// Most alerts kept; a firing alert beyond it is dropped (and counted in the
+/// webhook's answer) until one ends.
+pub const MAX_ALERTS: usize = 64;
+/// Longest label value kept; an alert with a longer one is dropped.
+pub const MAX_LABEL_LEN: usize = 256;
+/// Most alerts one webhook may carry.
+pub const MAX_WEBHOOK_ALERTS: usize = 1024;
+
+/// An alert the filter acts on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Alert {
+    /// Alertmanager's fingerprint (or one made of the labels).
+    pub fingerprint: String,
+    /// `alertname`.
+    pub alertname: Option<String>,
+    /// `severity`.
+    pub severity: Option<String>,
+    /// `model`: the alert is about that model only.
+    pub model: Option<String>,
+    /// `llm_cluster`: the alert is about the models routed to that cluster.
+    pub llm_cluster: Option<String>,
+    /// When it was last sent as firing, ms.
+    pub seen_ms: u64,
+}
+
+impl Alert {
+    fn label(&self, name: &str) -> Option<&str> {
+        match name {
+            "alertname" => self.alertname.as_deref(),
+            "severity" => self.severity.as_deref(),
+            "model" => self.model.as_deref(),
+            "llm_cluster" => self.llm_cluster.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// The highest level of the rules it matches (0: none).
+    pub fn level(&self, rules: &[AlertRule]) -> u8 {
+        rules
+            .iter()
+            .filter(|r| r.matches(|n| self.label(n)))
+            .map(|r| r.level)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The alert is about `model`, which routing places on `clusters`.
+    pub fn applies_to(&self, model: &str, clusters: &[&str]) -> bool {
+        self.model.as_deref().is_none_or(|m| m == model)
+            && self
+                .llm_cluster
+                .as_deref()
+                .is_none_or(|c| clusters.contains(&c))
+    }
+
+    /// Still in force at `now_ms`.
+    pub fn live(&self, cfg: &DegradeConfig, now_ms: u64) -> bool {
+        now_ms.saturating_sub(self.seen_ms) < cfg.alert_ttl_ms
+    }
+}
+
+#[derive(Deserialize)]
+struct Webhook {
+    version: String,
+    alerts: Vec<WebhookAlert>,
+}
+
+#[derive(Deserialize)]
+struct WebhookAlert {
+    status: String,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    #[serde(default)]
+    fingerprint: Option<String>,
+}
+
+/// What one alert of a webhook says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Report {
+    /// Firing (its `seen_ms` is when the webhook came).
+    Firing(Alert),
+    /// Resolved: forget the alert of this fingerprint.
+    Resolved(String),
+    /// Not kept: a label value too long.
+    Dropped,
+}
+
+/// Parses a webhook body; the error says what is wrong.
+pub fn parse(body: &[u8], now_ms: u64) -> Result<Vec<Report>, String> {
+    let hook: Webhook =
+        serde_json::from_slice(body).map_err(|e| format!("not an Alertmanager webhook: {e}"))?;
+    if hook.version != "4" {
+        return Err(format!(
+            "webhook version {:?}, expected \"4\"",
+            hook.version
+        ));
+    }
+    if hook.alerts.len() > MAX_WEBHOOK_ALERTS {
+        return Err(format!(
+            "{} alerts, at most {MAX_WEBHOOK_ALERTS}",
+            hook.alerts.len()
+        ));
+    }
+    hook.alerts
+        .into_iter()
+        .map(|a| {
+            let firing = match a.status.as_str() {
+                "firing" => true,
+                "resolved" => false,
+                other => return Err(format!("alert status {other:?}")),
+            };
+            let fingerprint = a
+                .fingerprint
+                .filter(|f| !f.is_empty() && f.len() <= MAX_LABEL_LEN)
+                .unwrap_or_else(|| fingerprint_of(&a.labels));
+            if !firing {
+                return Ok(Report::Resolved(fingerprint));
+            }
+            let get = |name: &str| a.labels.get(name).cloned();
+            let alert = Alert {
+                fingerprint,
+                alertname: get("alertname"),
+                severity: get("severity"),
+                model: get("model"),
+                llm_cluster: get("llm_cluster"),
+                seen_ms: now_ms,
+            };
+            let too_long = [
+                &alert.alertname,
+                &alert.severity,
+                &alert.model,
+                &alert.llm_cluster,
+            ]
+            .into_iter()
+            .flatten()
+            .any(|v| v.len() > MAX_LABEL_LEN);
+            Ok(if too_long {
+                Report::Dropped
+            } else {
+                Report::Firing(alert)
+            })
+        })
+        .collect()
+}
+
+/// FNV-1a 64 of the sorted labels, for an alert sent without a fingerprint.
+fn fingerprint_of(labels: &BTreeMap<String, String>) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for (k, v) in labels {
+        for b in k.bytes().chain([0xff]).chain(v.bytes()).chain([0xfe]) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("{h:016x}")
+}
+
+/// What applying a webhook did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Applied {
+    /// Firing alerts kept (new or refreshed).
+    pub firing: u32,
+    /// Alerts forgotten because resolved.
+    pub resolved: u32,
+    /// Firing alerts no rule matches (not kept).
+    pub ignored: u32,
+    /// Firing alerts not kept: the table was full or a label too long.
+    pub dropped: u32,
+}
+
+fn decode(bytes: Option<&[u8]>) -> Vec<Alert> {
+    bytes
+        .and_then(|b| bincode::deserialize::<Vec<Alert>>(b).ok())
+        .unwrap_or_default()
+}
+
+/// Applies a parsed webhook at `now_ms`: expired alerts go first, then each
+/// report in order.
+pub fn apply(
+    store: &dyn SharedStore,
+    cfg: &DegradeConfig,
+    reports: &[Report],
+    now_ms: u64,
+) -> Result<Applied, StoreError> {
+    let u = cas::update(
+        store,
+        KEY,
+        Unguarded::Verify,
+        decode,
+        |alerts| bincode::serialize(alerts).ok(),
+        |alerts: &mut Vec<Alert>| {
+            let mut out = Applied::default();
+            alerts.retain(|a| a.live(cfg, now_ms));
+            for r in reports {
+                match r {
+                    Report::Resolved(fp) => {
+                        let before = alerts.len();
+                        alerts.retain(|a| &a.fingerprint != fp);
+                        if alerts.len() < before {
+                            out.resolved += 1;
+                        }
+                    }
+                    Report::Dropped => out.dropped += 1,
+                    Report::Firing(alert) if alert.level(&cfg.alerts) == 0 => {
+                        // A rule may have stopped matching it since.
+                        alerts.retain(|a| a.fingerprint != alert.fingerprint);
+                        out.ignored += 1;
+                    }
+                    Report::Firing(alert) => {
+                        if let Some(a) = alerts
+                            .iter_mut()
+                            .find(|a| a.fingerprint == alert.fingerprint)
+                        {
+                            *a = alert.clone();
+                        } else if alerts.len() < MAX_ALERTS {
+                            alerts.push(alert.clone());
+                        } else {
+                            out.dropped += 1;
+                            continue;
+                        }
+                        out.firing += 1;
+                    }
+                }
+            }
+            Change::Write(out)
+        },
+    )?;
+    Ok(u.out)
+}
+
+/// The alerts in force at `now_ms` (ones no rule matches any more left out).
+pub fn active(store: &dyn SharedStore, cfg: &DegradeConfig, now_ms: u64) -> Vec<Alert> {
+    let bytes = store.get(KEY).ok().and_then(|v| v.value);
+    let mut alerts = decode(bytes.as_deref());
+    alerts.retain(|a| a.live(cfg, now_ms) && a.level(&cfg.alerts) > 0);
+    alerts
+}
+
+/// The level the alerts raise for `model`, routed to `clusters`.
+pub fn level(alerts: &[Alert], cfg: &DegradeConfig, model: &str, clusters: &[&str]) -> u8 {
+    alerts
+        .iter()
+        .filter(|a| a.applies_to(model, clusters))
+        .map(|a| a.level(&cfg.alerts))
+        .max()
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ConfigError;
+    use crate::degrade::config::RawDegradeConfig;
+    use crate::host::MemoryStore;
+
+    fn hook(alerts: &str) -> Vec<u8> {
+        format!(r#"{{"version":"4","status":"firing","receiver":"llm-filter","groupLabels":{{}},"alerts":[{alerts}]}}"#).into_bytes()
+    }
+
+    fn alert(status: &str, fp: &str, labels: &str) -> String {
+        format!(
+            r#"{{"status":"{status}","labels":{{{labels}}},"annotations":{{}},"startsAt":"2026-01-01T00:00:00Z","endsAt":"0001-01-01T00:00:00Z","fingerprint":"{fp}"}}"#
+        )
+    }
+
+    fn cfg(json: &str) -> DegradeConfig {
+        let raw: RawDegradeConfig = ConfigError::from_json(json.as_bytes()).unwrap();
+        DegradeConfig::compile(raw).unwrap()
+    }
+
+    fn send(store: &MemoryStore, cfg: &DegradeConfig, body: &[u8], now_ms: u64) -> Applied {
+        let reports = parse(body, now_ms).unwrap();
+        apply(store, cfg, &reports, now_ms).unwrap()
+    }
+
+    #[test]
+    fn firing_sets_resolved_clears_and_silence_expires() {
+        let (store, cfg) = (MemoryStore::new(), cfg(r#"{"alert_ttl_s":60}"#));
+        let crit = alert(
+            "firing",
+            "a1",
+            r#""alertname":"LLMDown","severity":"critical""#,
+        );
+        let applied = send(&store, &cfg, &hook(&crit), 0);
+        assert_eq!(applied.firing, 1);
+        let alerts = active(&store, &cfg, 1_000);
+        assert_eq!(level(&alerts, &cfg, "gpt-4o", &[]), 3);
+        assert_eq!(alerts[0].alertname.as_deref(), Some("LLMDown"));
+        // Re-sent: still in force past the first ttl.
+        send(&store, &cfg, &hook(&crit), 50_000);
+        assert_eq!(level(&active(&store, &cfg, 100_000), &cfg, "m", &[]), 3);
+        // Not re-sent: expired.
+        assert!(active(&store, &cfg, 110_000).is_empty());
+        // Resolved clears at once.
+        send(&store, &cfg, &hook(&crit), 200_000);
+        let resolved = alert("resolved", "a1", r#""severity":"critical""#);
+        assert_eq!(send(&store, &cfg, &hook(&resolved), 201_000).resolved, 1);
+        assert!(active(&store, &cfg, 201_000).is_empty());
+    }
+
+    #[test]
+    fn scoping_by_model_and_cluster() {
+        let (store, cfg) = (MemoryStore::new(), cfg("{}"));
+        let body = hook(
+            &[
+                alert("firing", "w", r#""severity":"warning""#),
+                alert("firing", "m", r#""severity":"critical","model":"gpt-4o""#),
+                alert(
+                    "firing",
+                    "c",
+                    r#""severity":"critical","llm_cluster":"east""#,
+                ),
+                alert("firing", "i", r#""severity":"info""#),
+            ]
+            .join(","),
+        );
+        let applied = send(&store, &cfg, &body, 0);
+        assert_eq!((applied.firing, applied.ignored), (3, 1));
+        let alerts = active(&store, &cfg, 0);
+        assert_eq!(level(&alerts, &cfg, "gpt-4o", &[]), 3);
+        assert_eq!(level(&alerts, &cfg, "llama", &["west"]), 1);
+        assert_eq!(level(&alerts, &cfg, "llama", &["west", "east"]), 3);
+    }
+
+    #[test]
+    fn custom_rules_and_the_highest_match() {
+        let cfg = cfg(
+            r#"{"alerts":[{"alertname":"LLMSlow","level":2},{"alertname":"LLMSlow","severity":"page","level":3}]}"#,
+        );
+        let store = MemoryStore::new();
+        send(
+            &store,
+            &cfg,
+            &hook(&alert(
+                "firing",
+                "x",
+                r#""alertname":"LLMSlow","severity":"page""#,
+            )),
+            0,
+        );
+        assert_eq!(level(&active(&store, &cfg, 0), &cfg, "m", &[]), 3);
+        // A default severity no longer matches anything.
+        let other = hook(&alert("firing", "y", r#""severity":"critical""#));
+        assert_eq!(send(&store, &cfg, &other, 0).ignored, 1);
+    }
+
+    #[test]
+    fn the_table_is_bounded() {
+        let (store, cfg) = (MemoryStore::new(), cfg("{}"));
+        let many: Vec<String> = (0..MAX_ALERTS + 3)
+            .map(|i| alert("firing", &format!("f{i}"), r#""severity":"warning""#))
+            .collect();
+        let applied = send(&store, &cfg, &hook(&many.join(",")), 0);
+        assert_eq!((applied.firing, applied.dropped), (MAX_ALERTS as u32, 3));
+        assert_eq!(active(&store, &cfg, 0).len(), MAX_ALERTS);
+        let long = "x".repeat(MAX_LABEL_LEN + 1);
+        let body = hook(&alert(
+            "firing",
+            "l",
+            &format!(r#""severity":"warning","model":"{long}""#),
+        ));
+        assert_eq!(parse(&body, 0).unwrap(), [Report::Dropped]);
+    }
+
+    #[test]
+    fn malformed_webhooks_are_refused_whole() {
+        for body in [
+            &b"{"[..],
+            br#"{"version":"3","alerts":[]}"#,
+            br#"{"alerts":[]}"#,
+            br#"{"version":"4","alerts":[{"status":"firing","labels":{}},{"status":"maybe"}]}"#,
+            br#"{"version":"4","alerts":[{"status":"firing","labels":{"a":1}}]}"#,
+            br#"[]"#,
+        ] {
+            assert!(parse(body, 0).is_err(), "{}", String::from_utf8_lossy(body));
+        }
+        // Without a fingerprint the labels make one, the same each time.
+        let a = parse(
+            br#"{"version":"4","alerts":[{"status":"firing","labels":{"severity":"warning"}}]}"#,
+            0,
+        )
+        .unwrap();
+        let b = parse(
+            br#"{"version":"4","alerts":[{"status":"resolved","labels":{"severity":"warning"}}]}"#,
+            0,
+        )
+        .unwrap();
+        let Report::Firing(fa) = &a[0] else { panic!() };
+        assert_eq!(b[0], Report::Resolved(fa.fingerprint.clone()));
+    }
+}

@@ -1,0 +1,503 @@
+//! The `degrade` section: which alerts and which load thresholds raise which
+//! level, and what each level does to the calls of each priority.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use crate::config::{check, ConfigError};
+use crate::priority::Priority;
+
+/// Default `alert_ttl_s`: a firing alert not re-sent for this long expires,
+/// so a lost "resolved" never degrades traffic for good. Keep it above the
+/// Alertmanager route's `repeat_interval` plus `group_interval`.
+pub const DEFAULT_ALERT_TTL_S: u64 = 900;
+/// Longest `alert_ttl_s`: a day.
+const MAX_ALERT_TTL_S: u64 = 86_400;
+/// Highest degrade level.
+pub const MAX_LEVEL: u8 = 3;
+/// Default `qps_ref`: calls per second at which the temperature rule's load
+/// term reaches its floor.
+pub const DEFAULT_QPS_REF: f64 = 10.0;
+/// Default `tokens_per_s_ref`: output tokens per second of the rule's token term.
+pub const DEFAULT_TOKENS_PER_S_REF: f64 = 1000.0;
+/// Default cap of the `max_tokens` action.
+pub const DEFAULT_MAX_TOKENS_CAP: u64 = 256;
+/// Default `retry_after_s` of a shed call (a rejected one is told twice that).
+pub const DEFAULT_RETRY_AFTER_S: u64 = 5;
+
+/// `degrade` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawDegradeConfig {
+    /// Alert rules; the defaults when absent.
+    pub alerts: Option<Vec<RawAlertRule>>,
+    /// Life of a firing alert that is not re-sent, s.
+    pub alert_ttl_s: Option<u64>,
+    /// Levels the load signals raise.
+    pub thresholds: Option<Vec<RawThreshold>>,
+    /// Calls per second of the temperature rule.
+    pub qps_ref: Option<f64>,
+    /// Output tokens per second of the temperature rule.
+    pub tokens_per_s_ref: Option<f64>,
+    /// The cap of the `max_tokens` action.
+    pub max_tokens_cap: Option<u64>,
+    /// The cheaper model each model switches to (`fallback_model` action).
+    pub fallback_model: Option<BTreeMap<String, String>>,
+    /// `retry-after` of a shed call, s.
+    pub retry_after_s: Option<u64>,
+    /// Actions per level (`"1"`..`"3"`) and priority (`P1`, `P2`).
+    pub levels: Option<BTreeMap<String, BTreeMap<String, Vec<Action>>>>,
+}
+
+/// What a load signal is compared with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Signal {
+    /// Calls per second.
+    Rps,
+    /// Output tokens per second.
+    TokensPerS,
+    /// Calls in flight.
+    InFlight,
+}
+
+/// One entry of `degrade.thresholds`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawThreshold {
+    /// The model it watches; every model when absent.
+    pub model: Option<String>,
+    /// The signal.
+    pub signal: Option<Signal>,
+    /// The level holds while the signal is above this.
+    pub above: Option<f64>,
+    /// The level, 1..=3.
+    pub level: Option<u8>,
+}
+
+/// A compiled threshold.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Threshold {
+    /// The model it watches; `None`: every model.
+    pub model: Option<String>,
+    /// The signal.
+    pub signal: Signal,
+    /// The level holds while the signal is above this.
+    pub above: f64,
+    /// The level.
+    pub level: u8,
+}
+
+/// What a level does to a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// Answer from the cache, even past expiry, when an entry is there.
+    Cache,
+    /// Refuse the call (503, `retry-after`).
+    Shed,
+    /// Refuse the call for longer (503, twice the `retry-after`).
+    Reject,
+    /// Switch to the model's `fallback_model`.
+    FallbackModel,
+    /// Cap the output tokens at `max_tokens_cap`.
+    MaxTokens,
+    /// Lower the temperature by the load (the rule in `degrade::temperature`).
+    Temperature,
+}
+
+impl Action {
+    /// The metric label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cache => "cache",
+            Self::Shed => "shed",
+            Self::Reject => "reject",
+            Self::FallbackModel => "fallback_model",
+            Self::MaxTokens => "max_tokens",
+            Self::Temperature => "temperature",
+        }
+    }
+}
+
+/// One entry of `degrade.alerts`: every label given must equal the alert's.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawAlertRule {
+    /// The alert's `alertname`.
+    pub alertname: Option<String>,
+    /// The alert's `severity`.
+    pub severity: Option<String>,
+    /// The alert's `model` label.
+    pub model: Option<String>,
+    /// The alert's `llm_cluster` label.
+    pub llm_cluster: Option<String>,
+    /// The level an alert that matches raises, 1..=3.
+    pub level: Option<u8>,
+}
+
+/// A compiled alert rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AlertRule {
+    /// Labels an alert must carry with these values.
+    pub matchers: Vec<(&'static str, String)>,
+    /// The level it raises.
+    pub level: u8,
+}
+
+impl AlertRule {
+    /// The rule holds for an alert whose labels `label` reads.
+    pub fn matches<'a>(&self, label: impl Fn(&str) -> Option<&'a str>) -> bool {
+        self.matchers
+            .iter()
+            .all(|(name, want)| label(name) == Some(want.as_str()))
+    }
+}
+
+/// The compiled `degrade` section.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DegradeConfig {
+    /// Alert rules, in order; an alert raises the highest level of the rules it matches.
+    pub alerts: Vec<AlertRule>,
+    /// Life of a firing alert that is not re-sent, ms.
+    pub alert_ttl_ms: u64,
+    /// Levels the load signals raise.
+    pub thresholds: Vec<Threshold>,
+    /// Calls per second of the temperature rule.
+    pub qps_ref: f64,
+    /// Output tokens per second of the temperature rule.
+    pub tokens_per_s_ref: f64,
+    /// The cap of the `max_tokens` action.
+    pub max_tokens_cap: u64,
+    /// The cheaper model of each model.
+    pub fallback_model: BTreeMap<String, String>,
+    /// `retry-after` of a shed call, s.
+    pub retry_after_s: u64,
+    /// Actions by level (index 0 is level 1) and priority (P0's always empty),
+    /// in the order they are tried: refusals, the cache, then the body edits.
+    pub actions: [[Vec<Action>; 3]; 3],
+}
+
+impl Default for DegradeConfig {
+    fn default() -> Self {
+        Self {
+            alerts: default_alerts(),
+            alert_ttl_ms: DEFAULT_ALERT_TTL_S * 1000,
+            thresholds: Vec::new(),
+            qps_ref: DEFAULT_QPS_REF,
+            tokens_per_s_ref: DEFAULT_TOKENS_PER_S_REF,
+            max_tokens_cap: DEFAULT_MAX_TOKENS_CAP,
+            fallback_model: BTreeMap::new(),
+            retry_after_s: DEFAULT_RETRY_AFTER_S,
+            actions: default_actions(),
+        }
+    }
+}
+
+/// Level 1 caps P2; level 2 degrades P1 and sheds P2; level 3 answers P1
+/// from the cache or degrades it, and rejects P2. P0 is never changed.
+fn default_actions() -> [[Vec<Action>; 3]; 3] {
+    use Action::*;
+    let degrade = vec![FallbackModel, MaxTokens, Temperature];
+    [
+        [vec![], vec![], vec![MaxTokens]],
+        [vec![], degrade.clone(), vec![Shed]],
+        [
+            vec![],
+            vec![Cache, FallbackModel, MaxTokens, Temperature],
+            vec![Reject],
+        ],
+    ]
+}
+
+impl DegradeConfig {
+    /// What `level` does to a call of priority `p`.
+    pub fn actions(&self, level: u8, p: Priority) -> &[Action] {
+        let Some(i) = usize::from(level).checked_sub(1) else {
+            return &[];
+        };
+        self.actions
+            .get(i)
+            .and_then(|per| per.get(p.index()))
+            .map_or(&[], Vec::as_slice)
+    }
+}
+
+/// `severity="critical"` → level 3, `severity="warning"` → level 1, for every model.
+fn default_alerts() -> Vec<AlertRule> {
+    vec![
+        AlertRule {
+            matchers: vec![("severity", "critical".to_string())],
+            level: 3,
+        },
+        AlertRule {
+            matchers: vec![("severity", "warning".to_string())],
+            level: 1,
+        },
+    ]
+}
+
+impl DegradeConfig {
+    /// Compiles the section; errors name fields relative to it.
+    pub fn compile(raw: RawDegradeConfig) -> Result<Self, ConfigError> {
+        let alerts = match raw.alerts {
+            None => default_alerts(),
+            Some(rules) => rules
+                .into_iter()
+                .enumerate()
+                .map(|(i, r)| compile_rule(r).map_err(|e| e.within(&format!("alerts[{i}]"))))
+                .collect::<Result<_, _>>()?,
+        };
+        let ttl_s = raw.alert_ttl_s.unwrap_or(DEFAULT_ALERT_TTL_S);
+        let ttl_s = check::in_range("alert_ttl_s", ttl_s, 1..=MAX_ALERT_TTL_S)?;
+        let thresholds = raw
+            .thresholds
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| compile_threshold(t).map_err(|e| e.within(&format!("thresholds[{i}]"))))
+            .collect::<Result<_, _>>()?;
+        let positive_real = |field: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(v)
+            } else {
+                Err(ConfigError::new(
+                    field,
+                    format!("{v} is not a positive number"),
+                ))
+            }
+        };
+        let qps_ref = positive_real("qps_ref", raw.qps_ref.unwrap_or(DEFAULT_QPS_REF))?;
+        let tokens_per_s_ref = positive_real(
+            "tokens_per_s_ref",
+            raw.tokens_per_s_ref.unwrap_or(DEFAULT_TOKENS_PER_S_REF),
+        )?;
+        let max_tokens_cap = raw.max_tokens_cap.unwrap_or(DEFAULT_MAX_TOKENS_CAP);
+        let max_tokens_cap = check::positive("max_tokens_cap", max_tokens_cap, "token count")?;
+        let retry_after_s = raw.retry_after_s.unwrap_or(DEFAULT_RETRY_AFTER_S);
+        let retry_after_s = check::in_range("retry_after_s", retry_after_s, 1..=3600)?;
+        let fallback_model = raw.fallback_model.unwrap_or_default();
+        for (model, fallback) in &fallback_model {
+            if fallback.is_empty() || fallback == model {
+                return Err(ConfigError::new(
+                    format!("fallback_model.{model}"),
+                    format!("{fallback:?} is not another model"),
+                ));
+            }
+        }
+        let mut actions = default_actions();
+        for (level, per) in raw.levels.unwrap_or_default() {
+            let field = format!("levels.{level}");
+            let i = match level.as_str() {
+                "1" => 0,
+                "2" => 1,
+                "3" => 2,
+                _ => return Err(ConfigError::new(field, "levels are \"1\", \"2\" and \"3\"")),
+            };
+            let mut table: [Vec<Action>; 3] = Default::default();
+            for (p, mut list) in per {
+                let field = format!("{field}.{p}");
+                let priority = Priority::parse(&p)
+                    .ok_or_else(|| ConfigError::new(&field, format!("{p:?} is not P1 or P2")))?;
+                if priority == Priority::P0 {
+                    return Err(ConfigError::new(field, "P0 is never degraded"));
+                }
+                list.sort();
+                list.dedup();
+                if list.contains(&Action::FallbackModel) && fallback_model.is_empty() {
+                    return Err(ConfigError::new(
+                        field,
+                        "`fallback_model` needs degrade.fallback_model",
+                    ));
+                }
+                if let Some(t) = table.get_mut(priority.index()) {
+                    *t = list;
+                }
+            }
+            if let Some(slot) = actions.get_mut(i) {
+                *slot = table;
+            }
+        }
+        Ok(Self {
+            alerts,
+            alert_ttl_ms: ttl_s * 1000,
+            thresholds,
+            qps_ref,
+            tokens_per_s_ref,
+            max_tokens_cap,
+            fallback_model,
+            retry_after_s,
+            actions,
+        })
+    }
+}
+
+fn compile_threshold(raw: RawThreshold) -> Result<Threshold, ConfigError> {
+    let signal = raw
+        .signal
+        .ok_or_else(|| ConfigError::new("signal", "missing: rps, tokens_per_s or in_flight"))?;
+    let above = raw
+        .above
+        .ok_or_else(|| ConfigError::new("above", "missing: the value the level holds above"))?;
+    if !above.is_finite() || above < 0.0 {
+        return Err(ConfigError::new(
+            "above",
+            format!("{above} is not a number >= 0"),
+        ));
+    }
+    let level = raw
+        .level
+        .ok_or_else(|| ConfigError::new("level", "missing: the level, 1..=3"))?;
+    let level = check::in_range("level", level, 1..=MAX_LEVEL)?;
+    Ok(Threshold {
+        model: raw.model,
+        signal,
+        above,
+        level,
+    })
+}
+
+fn compile_rule(raw: RawAlertRule) -> Result<AlertRule, ConfigError> {
+    let level = raw
+        .level
+        .ok_or_else(|| ConfigError::new("level", "missing: the level an alert raises, 1..=3"))?;
+    let level = check::in_range("level", level, 1..=MAX_LEVEL)?;
+    let mut matchers = Vec::new();
+    for (name, value) in [
+        ("alertname", raw.alertname),
+        ("severity", raw.severity),
+        ("model", raw.model),
+        ("llm_cluster", raw.llm_cluster),
+    ] {
+        if let Some(v) = value {
+            if v.is_empty() {
+                return Err(ConfigError::new(
+                    name,
+                    "an empty label value matches nothing",
+                ));
+            }
+            matchers.push((name, v));
+        }
+    }
+    Ok(AlertRule { matchers, level })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<DegradeConfig, ConfigError> {
+        DegradeConfig::compile(ConfigError::from_json(json.as_bytes())?)
+    }
+
+    #[test]
+    fn defaults_map_severities_for_every_model() {
+        let c = parse("{}").unwrap();
+        assert_eq!(c, DegradeConfig::default());
+        assert_eq!(c.alert_ttl_ms, 900_000);
+        let label = |want: &'static str| move |n: &str| (n == "severity").then_some(want);
+        assert!(c.alerts[0].matches(label("critical")) && c.alerts[0].level == 3);
+        assert!(c.alerts[1].matches(label("warning")) && c.alerts[1].level == 1);
+        assert!(!c.alerts[0].matches(label("info")));
+    }
+
+    #[test]
+    fn rules_compile_and_errors_name_the_field() {
+        let c = parse(
+            r#"{"alerts":[{"alertname":"LLMSlow","model":"gpt-4o","level":2}],"alert_ttl_s":60}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.alerts,
+            [AlertRule {
+                matchers: vec![
+                    ("alertname", "LLMSlow".to_string()),
+                    ("model", "gpt-4o".to_string())
+                ],
+                level: 2
+            }]
+        );
+        assert_eq!(c.alert_ttl_ms, 60_000);
+        for (doc, field) in [
+            (r#"{"alerts":[{"level":4}]}"#, "alerts[0].level"),
+            (r#"{"alerts":[{"severity":"x"}]}"#, "alerts[0].level"),
+            (
+                r#"{"alerts":[{"level":1},{"severity":"","level":1}]}"#,
+                "alerts[1].severity",
+            ),
+            (r#"{"alert_ttl_s":0}"#, "alert_ttl_s"),
+        ] {
+            assert_eq!(parse(doc).unwrap_err().field, field, "{doc}");
+        }
+        assert!(parse(r#"{"alerts":[{"level":1,"team":"x"}]}"#).is_err());
+    }
+
+    #[test]
+    fn default_actions_spare_p0_and_escalate() {
+        use Action::*;
+        let c = parse("{}").unwrap();
+        for level in 0..=3 {
+            assert!(c.actions(level, Priority::P0).is_empty());
+        }
+        assert!(c.actions(0, Priority::P2).is_empty());
+        assert!(c.actions(1, Priority::P1).is_empty());
+        assert_eq!(c.actions(1, Priority::P2), [MaxTokens]);
+        assert_eq!(
+            c.actions(2, Priority::P1),
+            [FallbackModel, MaxTokens, Temperature]
+        );
+        assert_eq!(c.actions(2, Priority::P2), [Shed]);
+        assert_eq!(c.actions(3, Priority::P1)[0], Cache);
+        assert_eq!(c.actions(3, Priority::P2), [Reject]);
+        assert!(c.actions(4, Priority::P2).is_empty());
+    }
+
+    #[test]
+    fn thresholds_and_levels_compile() {
+        use Action::*;
+        let c = parse(
+            r#"{"thresholds":[{"signal":"in_flight","above":10,"level":2},{"model":"m","signal":"rps","above":0.5,"level":3}],
+                "levels":{"1":{"P1":["temperature"],"p2":["shed","shed"]}},
+                "fallback_model":{"gpt-4o":"gpt-4o-mini"},"qps_ref":5,"max_tokens_cap":64}"#,
+        )
+        .unwrap();
+        assert_eq!(c.thresholds.len(), 2);
+        assert_eq!(c.thresholds[1].signal, Signal::Rps);
+        assert_eq!(c.actions(1, Priority::P1), [Temperature]);
+        assert_eq!(c.actions(1, Priority::P2), [Shed]);
+        assert_eq!(
+            c.actions(2, Priority::P2),
+            [Shed],
+            "other levels keep their defaults"
+        );
+        assert_eq!((c.qps_ref, c.max_tokens_cap), (5.0, 64));
+        for (doc, field) in [
+            (
+                r#"{"thresholds":[{"above":1,"level":1}]}"#,
+                "thresholds[0].signal",
+            ),
+            (
+                r#"{"thresholds":[{"signal":"rps","above":-1,"level":1}]}"#,
+                "thresholds[0].above",
+            ),
+            (
+                r#"{"thresholds":[{"signal":"rps","above":1,"level":0}]}"#,
+                "thresholds[0].level",
+            ),
+            (r#"{"levels":{"4":{}}}"#, "levels.4"),
+            (r#"{"levels":{"1":{"P0":["shed"]}}}"#, "levels.1.P0"),
+            (
+                r#"{"levels":{"1":{"P1":["fallback_model"]}}}"#,
+                "levels.1.P1",
+            ),
+            (r#"{"fallback_model":{"a":"a"}}"#, "fallback_model.a"),
+            (r#"{"qps_ref":0}"#, "qps_ref"),
+            (r#"{"max_tokens_cap":0}"#, "max_tokens_cap"),
+            (r#"{"retry_after_s":0}"#, "retry_after_s"),
+        ] {
+            assert_eq!(parse(doc).unwrap_err().field, field, "{doc}");
+        }
+        assert!(parse(r#"{"levels":{"1":{"P1":["nap"]}}}"#).is_err());
+    }
+}

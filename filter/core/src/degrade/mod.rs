@@ -1,0 +1,198 @@
+//! Load-driven degrade: a level 0–3 per model, the highest of what the
+//! operators' alerts say (`alerts`) and what the thresholds on the live load
+//! signals say (`degrade.thresholds`; none by default). Each level lowers
+//! what calls of the lower priorities ask for, by the actions configured per
+//! level and priority: refuse, answer from the cache, switch to a cheaper
+//! model, cap the output tokens, lower the temperature. P0 is never changed.
+
+pub mod alerts;
+pub mod config;
+pub mod temperature;
+
+pub use config::{Action, DegradeConfig, RawDegradeConfig, Signal};
+
+use crate::budget::reply::{self, LocalReply, ReplyKind};
+use crate::config::Config;
+use crate::host::{Metrics, SharedStore};
+use crate::json::Json;
+use crate::json_splice;
+use crate::load::{self, Scope, Signals};
+use crate::metrics::{self as names};
+use crate::priority::Priority;
+use crate::shaping::{self, TokenField};
+
+/// Response header carrying the level a degraded call was served at.
+pub const HEADER: &str = "x-llm-degraded";
+/// Response header of an answer the cache gave in place of the backend
+/// (the seeds' downgrade header).
+pub const DOWNGRADE_HEADER: &str = "x-downgrade";
+
+/// The clusters routing may place `model` on.
+pub fn clusters_of<'a>(config: &'a Config, model: &str) -> Vec<&'a str> {
+    config
+        .routing
+        .models
+        .get(model)
+        .map(|backends| backends.iter().map(|b| b.cluster.as_str()).collect())
+        .unwrap_or_default()
+}
+
+/// The level of `model` at `now_ms`: the highest of its alerts' and its
+/// thresholds'.
+pub fn level(store: &dyn SharedStore, config: &Config, model: &str, now_ms: u64) -> u8 {
+    level_with(store, config, model, now_ms).0
+}
+
+/// The level of `model` at `now_ms` and the load signals it was read with.
+pub fn level_with(
+    store: &dyn SharedStore,
+    config: &Config,
+    model: &str,
+    now_ms: u64,
+) -> (u8, Signals) {
+    let signals = load::read(store, Scope::Model(model), now_ms);
+    let by_load = threshold_level(&config.degrade, model, &signals);
+    (
+        by_load.max(alert_level(store, config, model, now_ms)),
+        signals,
+    )
+}
+
+/// The level the thresholds set for `model` with these signals.
+pub fn threshold_level(cfg: &DegradeConfig, model: &str, s: &Signals) -> u8 {
+    cfg.thresholds
+        .iter()
+        .filter(|t| t.model.as_deref().is_none_or(|m| m == model))
+        .filter(|t| {
+            let value = match t.signal {
+                Signal::Rps => s.rps,
+                Signal::TokensPerS => s.tokens_per_s,
+                Signal::InFlight => f64::from(s.in_flight),
+            };
+            value > t.above
+        })
+        .map(|t| t.level)
+        .max()
+        .unwrap_or(0)
+}
+
+/// The level the active alerts raise for `model` at `now_ms`.
+pub fn alert_level(store: &dyn SharedStore, config: &Config, model: &str, now_ms: u64) -> u8 {
+    let active = alerts::active(store, &config.degrade, now_ms);
+    if active.is_empty() {
+        return 0;
+    }
+    alerts::level(&active, &config.degrade, model, &clusters_of(config, model))
+}
+
+/// The refusal among `actions`, if any: `reject` before `shed`.
+pub fn refusal(cfg: &DegradeConfig, actions: &[Action]) -> Option<(Action, LocalReply)> {
+    let (action, retry_after_s) = if actions.contains(&Action::Reject) {
+        (Action::Reject, cfg.retry_after_s.saturating_mul(2))
+    } else if actions.contains(&Action::Shed) {
+        (Action::Shed, cfg.retry_after_s)
+    } else {
+        return None;
+    };
+    let kind = if action == Action::Reject {
+        ReplyKind::DegradeReject
+    } else {
+        ReplyKind::DegradeShed
+    };
+    Some((action, reply::local_reply(kind, Some(retry_after_s))))
+}
+
+/// A request body after the body actions, and which of them changed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Edited {
+    /// The body to send.
+    pub body: Vec<u8>,
+    /// The actions that changed it, in order.
+    pub applied: Vec<Action>,
+    /// The model it now asks for, when switched.
+    pub model: Option<String>,
+}
+
+/// Applies the body actions among `actions` to `body` (`tree` its parse) of
+/// a call of `model`: the fallback model, the output token cap (shaping's,
+/// in the call's token field), the temperature by `signals`. `None` when
+/// none changed anything, or the body is not one object naming each key once.
+pub fn edit(
+    cfg: &DegradeConfig,
+    actions: &[Action],
+    body: &[u8],
+    tree: &Json,
+    model: &str,
+    field: TokenField,
+    signals: &Signals,
+) -> Option<Edited> {
+    if !matches!(tree, Json::Object(_)) || tree.repeats_a_key() {
+        return None;
+    }
+    let mut out: Option<Vec<u8>> = None;
+    let mut applied = Vec::new();
+    let mut switched = None;
+    for action in actions {
+        let current = out.as_deref().unwrap_or(body);
+        let changed = match action {
+            Action::FallbackModel => cfg.fallback_model.get(model).and_then(|fallback| {
+                let quoted = serde_json::to_string(fallback).ok()?;
+                let b = json_splice::set_member(current, "model", quoted.as_bytes())?;
+                switched = Some(fallback.clone());
+                Some(b)
+            }),
+            Action::MaxTokens => shaping::cap_max_tokens(current, cfg.max_tokens_cap, field),
+            // The temperature is read from the body as sent by the client:
+            // the actions before never change it.
+            Action::Temperature => temperature::lower(current, tree, cfg, signals),
+            Action::Cache | Action::Shed | Action::Reject => None,
+        };
+        if let Some(b) = changed {
+            out = Some(b);
+            applied.push(*action);
+        }
+    }
+    out.map(|body| Edited {
+        body,
+        applied,
+        model: switched,
+    })
+}
+
+/// Counts an action taken on a call of priority `p`.
+pub fn count(m: &mut dyn Metrics, action: Action, p: Priority) {
+    m.counter(
+        &names::name(
+            names::DEGRADED,
+            &[("action", action.as_str()), ("priority", p.as_str())],
+        ),
+        1,
+    );
+}
+
+/// Sets the level gauge of `model`.
+pub fn set_level_gauge(m: &mut dyn Metrics, model: &str, level: u8) {
+    m.gauge(
+        &names::name(names::DEGRADE_LEVEL, &[("model", model)]),
+        i64::from(level),
+    );
+}
+
+/// Sets the level gauge of every model the filter measures or routes.
+pub fn publish(store: &dyn SharedStore, config: &Config, m: &mut dyn Metrics, now_ms: u64) {
+    let mut models: Vec<String> = config.routing.models.keys().cloned().collect();
+    for key in load::index(store) {
+        if let Some(Scope::Model(model)) = Scope::of_key(&key) {
+            models.push(model.to_string());
+        }
+    }
+    models.sort();
+    models.dedup();
+    for model in models {
+        let level = level(store, config, &model, now_ms);
+        set_level_gauge(m, &model, level);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,181 @@
+use super::*;
+use crate::host::{MemoryMetrics, MemoryStore};
+use crate::summary::{CallSummary, End};
+
+fn config(json: &str) -> Config {
+    Config::parse(json.as_bytes()).unwrap()
+}
+
+fn signals(rps: f64, tokens_per_s: f64, in_flight: u32) -> Signals {
+    Signals {
+        rps,
+        tokens_per_s,
+        in_flight,
+    }
+}
+
+#[test]
+fn the_level_is_the_highest_of_thresholds_and_alerts() {
+    let c = config(
+        r#"{"degrade":{"thresholds":[
+            {"signal":"in_flight","above":2,"level":1},
+            {"model":"big","signal":"rps","above":0.5,"level":2},
+            {"signal":"tokens_per_s","above":100,"level":3}]}}"#,
+    );
+    let cfg = &c.degrade;
+    assert_eq!(
+        threshold_level(cfg, "m", &signals(0.0, 0.0, 2)),
+        0,
+        "above, not at"
+    );
+    assert_eq!(threshold_level(cfg, "m", &signals(0.0, 0.0, 3)), 1);
+    assert_eq!(
+        threshold_level(cfg, "m", &signals(1.0, 0.0, 3)),
+        1,
+        "scoped to big"
+    );
+    assert_eq!(threshold_level(cfg, "big", &signals(1.0, 0.0, 3)), 2);
+    assert_eq!(threshold_level(cfg, "m", &signals(0.0, 101.0, 0)), 3);
+    assert_eq!(
+        threshold_level(&DegradeConfig::default(), "m", &signals(1e9, 1e9, 99)),
+        0,
+        "none by default"
+    );
+
+    // Through shared data: in-flight calls raise the level, an alert raises it more.
+    let (store, mut m) = (MemoryStore::new(), MemoryMetrics::default());
+    assert_eq!(level(&store, &c, "m", 0), 0);
+    for _ in 0..3 {
+        load::started(&store, &mut m, "m", 0);
+    }
+    assert_eq!(level(&store, &c, "m", 0), 1);
+    let hook = br#"{"version":"4","alerts":[{"status":"firing","labels":{"severity":"critical","model":"m"}}]}"#;
+    let reports = alerts::parse(hook, 0).unwrap();
+    alerts::apply(&store, &c.degrade, &reports, 0).unwrap();
+    assert_eq!(level(&store, &c, "m", 0), 3);
+    assert_eq!(
+        level(&store, &c, "other", 0),
+        0,
+        "the alert names its model"
+    );
+    for _ in 0..3 {
+        let call = CallSummary {
+            model: "m",
+            ..CallSummary::ended(End::Answered(200))
+        };
+        load::ended(&store, &mut m, &call, true);
+    }
+    assert_eq!(
+        threshold_level(&c.degrade, "m", &load::read(&store, Scope::Model("m"), 0)),
+        0
+    );
+
+    publish(&store, &c, &mut m, 0);
+    assert_eq!(m.gauges["llm_filter_degrade_level.model=m;"], 3);
+}
+
+#[test]
+fn the_body_actions_edit_only_their_bytes() {
+    let c =
+        config(r#"{"degrade":{"fallback_model":{"gpt-4o":"gpt-4o-mini"},"max_tokens_cap":100}}"#);
+    let cfg = &c.degrade;
+    let body = r#"{"model":"gpt-4o","temperature":0.5,"max_tokens":4000,"messages":[]}"#;
+    let tree = Json::parse(body.as_bytes()).unwrap();
+    let s = signals(5.0, 0.0, 0);
+    let all = cfg.actions(2, Priority::P1);
+    let e = edit(
+        cfg,
+        all,
+        body.as_bytes(),
+        &tree,
+        "gpt-4o",
+        TokenField::MaxTokens,
+        &s,
+    )
+    .unwrap();
+    assert_eq!(
+        String::from_utf8(e.body).unwrap(),
+        r#"{"model":"gpt-4o-mini","temperature":0.17,"max_tokens":100,"messages":[]}"#
+    );
+    assert_eq!(
+        e.applied,
+        [
+            Action::FallbackModel,
+            Action::MaxTokens,
+            Action::Temperature
+        ]
+    );
+    assert_eq!(e.model.as_deref(), Some("gpt-4o-mini"));
+
+    // Each on its own; a model without a fallback keeps its name.
+    let e = edit(
+        cfg,
+        &[Action::MaxTokens],
+        body.as_bytes(),
+        &tree,
+        "x",
+        TokenField::MaxTokens,
+        &s,
+    )
+    .unwrap();
+    assert_eq!(e.applied, [Action::MaxTokens]);
+    assert!(edit(
+        cfg,
+        &[Action::FallbackModel],
+        body.as_bytes(),
+        &tree,
+        "x",
+        TokenField::MaxTokens,
+        &s
+    )
+    .is_none());
+    let small = r#"{"model":"x","max_completion_tokens":10,"temperature":0}"#;
+    let small_tree = Json::parse(small.as_bytes()).unwrap();
+    assert!(
+        edit(
+            cfg,
+            all,
+            small.as_bytes(),
+            &small_tree,
+            "x",
+            TokenField::MaxTokens,
+            &s
+        )
+        .is_none(),
+        "nothing to lower"
+    );
+    // A body naming a key twice is never rewritten.
+    let twice = r#"{"model":"gpt-4o","model":"gpt-4o","max_tokens":4000}"#;
+    let twice_tree = Json::parse(twice.as_bytes()).unwrap();
+    assert!(edit(
+        cfg,
+        all,
+        twice.as_bytes(),
+        &twice_tree,
+        "gpt-4o",
+        TokenField::MaxTokens,
+        &s
+    )
+    .is_none());
+}
+
+#[test]
+fn refusals_are_openai_shaped_503s_with_retry_after() {
+    let cfg = DegradeConfig::default();
+    assert!(refusal(&cfg, &[Action::MaxTokens]).is_none());
+    let (action, r) = refusal(&cfg, &[Action::Shed]).unwrap();
+    assert_eq!((action, r.status), (Action::Shed, 503));
+    assert!(r.headers.contains(&("retry-after", "5".to_string())));
+    let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(body["error"]["code"], "llm_filter_degraded_shed");
+    let (action, r) = refusal(&cfg, &[Action::Shed, Action::Reject]).unwrap();
+    assert_eq!(action, Action::Reject);
+    assert!(r.headers.contains(&("retry-after", "10".to_string())));
+
+    let mut m = MemoryMetrics::default();
+    count(&mut m, Action::Shed, Priority::P2);
+    assert_eq!(
+        m.counters["llm_filter_degraded_total.action=shed;.priority=P2;"],
+        1
+    );
+}

@@ -1,0 +1,349 @@
+//! Live load signals, per model and per cluster, shared by every worker: calls
+//! per second and output tokens per second over a sliding window, and calls in
+//! flight. They feed the load-driven degrade and the `llm_filter_load_*` gauges.
+//!
+//! The window is [`BUCKETS`] fixed buckets of [`BUCKET_MS`] each, stamped with
+//! the second they count, so a bucket from a lap ago is recognised and reset
+//! (no timer clears them). Each record is one small bincode value updated by
+//! compare-and-swap; the family is bounded by an index of at most
+//! [`MAX_RECORDS`] names, admitted once, when a record is first created.
+
+use serde::{Deserialize, Serialize};
+
+use crate::host::cas::{self, Change, Unguarded};
+use crate::host::{Metrics, SharedStore, StoreError};
+use crate::metrics::{self as names, internal_error};
+use crate::summary::{CallSummary, End};
+
+/// Prefix of every key of the family; the version changes with the layout.
+pub const KEY_PREFIX: &str = "llm_filter.load.v1.";
+/// The index of the records that exist.
+pub const INDEX_KEY: &str = "llm_filter.load.v1.index";
+/// Most records (models and clusters together); calls of a model or cluster
+/// beyond it are not measured.
+pub const MAX_RECORDS: usize = 64;
+/// Buckets of the sliding window.
+pub const BUCKETS: usize = 10;
+/// Width of one bucket, ms.
+pub const BUCKET_MS: u64 = 1000;
+/// The window the rates are averaged over, s.
+pub const WINDOW_S: f64 = (BUCKETS as u64 * BUCKET_MS) as f64 / 1000.0;
+/// An in-flight count untouched this long is a leak (a worker restarted with
+/// calls open) and counts as zero.
+const IN_FLIGHT_STALE_MS: u64 = 600_000;
+/// In-flight counts beyond this are leaks too.
+const MAX_IN_FLIGHT: u32 = 1 << 20;
+
+/// What a record measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope<'a> {
+    /// Calls of a model (its bounded label).
+    Model(&'a str),
+    /// Tries sent to a cluster.
+    Cluster(&'a str),
+}
+
+impl Scope<'_> {
+    /// The record's shared-data key: the name as a stat label writes it
+    /// (bounded, [`names::label_value`]), so the key is bounded too and names
+    /// that share a label share a record.
+    pub fn key(&self) -> String {
+        let (kind, name) = match self {
+            Scope::Model(n) => ("model.", n),
+            Scope::Cluster(n) => ("cluster.", n),
+        };
+        let mut k = String::with_capacity(KEY_PREFIX.len() + kind.len() + names::MAX_VALUE_LEN);
+        k.push_str(KEY_PREFIX);
+        k.push_str(kind);
+        k.push_str(&names::label_value(name));
+        k
+    }
+
+    /// The scope a key names, for the index's readers.
+    pub fn of_key(key: &str) -> Option<Scope<'_>> {
+        let rest = key.strip_prefix(KEY_PREFIX)?;
+        if let Some(n) = rest.strip_prefix("model.") {
+            Some(Scope::Model(n))
+        } else {
+            rest.strip_prefix("cluster.").map(Scope::Cluster)
+        }
+    }
+}
+
+/// One bucket of the window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Bucket {
+    /// The bucket's number since the epoch (`now_ms / BUCKET_MS`).
+    at: u64,
+    calls: u32,
+    tokens: u64,
+}
+
+/// The shared record of one model or cluster.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    in_flight: u32,
+    in_flight_at_ms: u64,
+    buckets: [Bucket; BUCKETS],
+}
+
+/// What a record says now.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Signals {
+    /// Calls ended per second over the window.
+    pub rps: f64,
+    /// Output tokens per second over the window.
+    pub tokens_per_s: f64,
+    /// Calls in flight.
+    pub in_flight: u32,
+}
+
+impl Record {
+    /// Decodes a stored record; `None` for anything that is not one.
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        bincode::deserialize(bytes).ok()
+    }
+
+    fn encode(&self) -> Option<Vec<u8>> {
+        bincode::serialize(self).ok()
+    }
+
+    /// Counts `calls` calls and `tokens` output tokens ending at `now_ms`.
+    fn add(&mut self, now_ms: u64, calls: u32, tokens: u64) {
+        let at = now_ms / BUCKET_MS;
+        let i = usize::try_from(at % BUCKETS as u64).unwrap_or(0);
+        if let Some(b) = self.buckets.get_mut(i) {
+            if b.at != at {
+                *b = Bucket {
+                    at,
+                    ..Bucket::default()
+                };
+            }
+            b.calls = b.calls.saturating_add(calls);
+            b.tokens = b.tokens.saturating_add(tokens);
+        }
+    }
+
+    /// Moves the in-flight count by `delta` at `now_ms`.
+    fn move_in_flight(&mut self, now_ms: u64, delta: i32) {
+        let current = self.in_flight_at(now_ms);
+        self.in_flight = current.saturating_add_signed(delta);
+        self.in_flight_at_ms = now_ms;
+    }
+
+    fn in_flight_at(&self, now_ms: u64) -> u32 {
+        if now_ms.saturating_sub(self.in_flight_at_ms) > IN_FLIGHT_STALE_MS
+            || self.in_flight > MAX_IN_FLIGHT
+        {
+            0
+        } else {
+            self.in_flight
+        }
+    }
+
+    /// The signals at `now_ms`: buckets of the last [`BUCKETS`] (the current
+    /// one included) count, older or future ones do not.
+    pub fn signals(&self, now_ms: u64) -> Signals {
+        let at = now_ms / BUCKET_MS;
+        let (mut calls, mut tokens) = (0u64, 0u64);
+        for b in &self.buckets {
+            if b.at <= at && at - b.at < BUCKETS as u64 {
+                calls = calls.saturating_add(u64::from(b.calls));
+                tokens = tokens.saturating_add(b.tokens);
+            }
+        }
+        Signals {
+            rps: calls as f64 / WINDOW_S,
+            tokens_per_s: tokens as f64 / WINDOW_S,
+            in_flight: self.in_flight_at(now_ms),
+        }
+    }
+}
+
+/// Reads the signals of `scope`; zero when it has no record.
+pub fn read(store: &dyn SharedStore, scope: Scope<'_>, now_ms: u64) -> Signals {
+    store
+        .get(&scope.key())
+        .ok()
+        .and_then(|v| v.value)
+        .and_then(|b| Record::decode(&b))
+        .map(|r| r.signals(now_ms))
+        .unwrap_or_default()
+}
+
+/// Changes the record of `scope`, creating it when the index admits it.
+/// `Ok(false)`: the index is full, nothing was recorded.
+fn update(
+    store: &dyn SharedStore,
+    scope: Scope<'_>,
+    mut change: impl FnMut(&mut Record),
+) -> Result<bool, StoreError> {
+    let key = scope.key();
+    let mut admitted = false;
+    loop {
+        let u = cas::update(
+            store,
+            &key,
+            Unguarded::Verify,
+            |b| b.map(|b| Record::decode(b).unwrap_or_default()),
+            |r| r.as_ref().and_then(Record::encode),
+            |r| match r {
+                Some(r) => {
+                    change(r);
+                    Change::Write(true)
+                }
+                None if admitted => {
+                    let mut fresh = Record::default();
+                    change(&mut fresh);
+                    *r = Some(fresh);
+                    Change::Write(true)
+                }
+                None => Change::Keep(false),
+            },
+        )?;
+        if u.out || admitted {
+            return Ok(u.out);
+        }
+        if !admit(store, &key)? {
+            return Ok(false);
+        }
+        admitted = true;
+    }
+}
+
+/// Adds `key` to the index unless it is full; true when it is (now) there.
+fn admit(store: &dyn SharedStore, key: &str) -> Result<bool, StoreError> {
+    let u = cas::update(
+        store,
+        INDEX_KEY,
+        Unguarded::Verify,
+        decode_index,
+        |i| bincode::serialize(i).ok(),
+        |index: &mut Vec<String>| {
+            if index.iter().any(|k| k == key) {
+                Change::Keep(true)
+            } else if index.len() >= MAX_RECORDS {
+                Change::Keep(false)
+            } else {
+                index.push(key.to_string());
+                Change::Write(true)
+            }
+        },
+    )?;
+    Ok(u.out)
+}
+
+fn decode_index(bytes: Option<&[u8]>) -> Vec<String> {
+    bytes
+        .and_then(|b| bincode::deserialize::<Vec<String>>(b).ok())
+        .unwrap_or_default()
+}
+
+/// The keys of the records that exist.
+pub fn index(store: &dyn SharedStore) -> Vec<String> {
+    decode_index(store.get(INDEX_KEY).ok().and_then(|v| v.value).as_deref())
+}
+
+/// A call of `model` went upstream: it joins the model's in-flight count.
+/// True when counted; only then must [`ended`] be told `started`.
+pub fn started(store: &dyn SharedStore, m: &mut dyn Metrics, model: &str, now_ms: u64) -> bool {
+    match update(store, Scope::Model(model), |r| r.move_in_flight(now_ms, 1)) {
+        Ok(counted) => counted,
+        Err(_) => {
+            internal_error(m, "load_record");
+            false
+        }
+    }
+}
+
+/// The output tokens a call reported.
+fn tokens(call: &CallSummary<'_>) -> u64 {
+    call.usage.map_or(0, |u| u.completion_tokens)
+}
+
+/// A call ended: its model's record counts it (unless the filter answered it
+/// itself) and, when it was counted in flight (`started`), it leaves the
+/// in-flight count — exactly once, whatever the end.
+pub fn ended(store: &dyn SharedStore, m: &mut dyn Metrics, call: &CallSummary<'_>, started: bool) {
+    let upstream = !call.end.is_local() && call.end != End::Outlasted;
+    if !upstream && !started {
+        return;
+    }
+    let now_ms = call.ended_ms;
+    let tokens = tokens(call);
+    let result = update(store, Scope::Model(call.model), |r| {
+        if started {
+            r.move_in_flight(now_ms, -1);
+        }
+        if upstream {
+            r.add(now_ms, 1, tokens);
+        }
+    });
+    if result.is_err() {
+        internal_error(m, "load_record");
+    }
+}
+
+/// One try of a call on a cluster ended: the cluster's record counts it.
+/// Cluster in-flight counts are routing's (`llm_filter_routing_in_flight`).
+pub fn tried(store: &dyn SharedStore, m: &mut dyn Metrics, call: &CallSummary<'_>) {
+    let Some(cluster) = call.cluster else {
+        return;
+    };
+    if call.end.is_local() {
+        return;
+    }
+    let (now_ms, tokens) = (call.ended_ms, tokens(call));
+    if update(store, Scope::Cluster(cluster), |r| r.add(now_ms, 1, tokens)).is_err() {
+        internal_error(m, "load_record");
+    }
+}
+
+/// Sets the `llm_filter_load_*` gauges of every record from shared data.
+pub fn publish(store: &dyn SharedStore, m: &mut dyn Metrics, now_ms: u64) {
+    for key in index(store) {
+        let Some(scope) = Scope::of_key(&key) else {
+            continue;
+        };
+        let s = read(store, scope, now_ms);
+        let rps_milli = (s.rps * 1000.0).round() as i64;
+        let tokens = s.tokens_per_s.round() as i64;
+        match scope {
+            Scope::Model(model) => {
+                let l = [("model", model)];
+                m.gauge(&names::name(names::LOAD_RPS, &l), rps_milli);
+                m.gauge(&names::name(names::LOAD_TOKENS, &l), tokens);
+                m.gauge(
+                    &names::name(names::LOAD_IN_FLIGHT, &l),
+                    i64::from(s.in_flight),
+                );
+            }
+            Scope::Cluster(cluster) => {
+                let l = [(names::LLM_CLUSTER, cluster)];
+                m.gauge(&names::name(names::LOAD_CLUSTER_RPS, &l), rps_milli);
+                m.gauge(&names::name(names::LOAD_CLUSTER_TOKENS, &l), tokens);
+            }
+        }
+    }
+}
+
+/// Keys and bytes of the family, for the census.
+pub fn footprint<S: SharedStore + ?Sized>(store: &S) -> (u64, u64) {
+    let (mut keys, mut bytes) = (0u64, 0u64);
+    let index = store.get(INDEX_KEY).ok().and_then(|v| v.value);
+    let names = decode_index(index.as_deref());
+    if let Some(i) = index {
+        keys += 1;
+        bytes += i.len() as u64;
+    }
+    for key in names {
+        if let Some(v) = store.get(&key).ok().and_then(|v| v.value) {
+            keys += 1;
+            bytes += v.len() as u64;
+        }
+    }
+    (keys, bytes)
+}
+
+#[cfg(test)]
+mod tests;
