@@ -36,7 +36,7 @@ export ENVOY_BIN := $(abspath $(ENVOY))
 export LLM_FILTER_WASM := $(abspath $(WASM))
 export LLM_FILTER_NOOP_WASM := $(abspath $(NOOP_WASM))
 
-.PHONY: help build run test unit fuzz e2e examples lint bench bench-noop bench-core bench-tail soak clean wasm-target envoy tools-bench tools-promtool tools-tls sdk image push image-test tools-image istio-models tools-alertmanager
+.PHONY: help build run test unit fuzz e2e examples lint bench bench-noop bench-core bench-tail bench-hostcalls soak clean wasm-target envoy tools-bench tools-promtool tools-tls sdk image push image-test tools-image istio-models tools-alertmanager
 
 help:
 	@echo "make run    build, start the mock upstream and Envoy with the filter, print curls"
@@ -47,6 +47,7 @@ help:
 	@echo "make fuzz   the parsers' property tests with $(FUZZ_CASES) cases each (a few minutes)"
 	@echo "make bench  throughput/latency: plain Envoy, a no-op Wasm filter and llm-filter, then bench-tail"
 	@echo "make bench-core  the pure core parts of a call timed natively, µs per call"
+	@echo "make bench-hostcalls  host calls per call of every filter scenario (a census build)"
 	@echo "make bench-tail  tail latency across three backends: even spread vs filter routing (~1 min)"
 	@echo "make soak   mixed traffic for SOAK_DURATION_S (default 600) s; fails if memory or shared data grows"
 
@@ -152,6 +153,15 @@ bench: build bench-noop envoy tools-bench
 	$(CARGO) run --release -p llm-filter-e2e --bin bench -- $(BENCH_ARGS)
 	$(CARGO) bench -p llm-filter-e2e --bench core-parts
 	$(CARGO) run --release -p llm-filter-e2e --bin bench-tail
+
+# Host calls per call of every filter scenario, counted by a census build of
+# the module (feature `hostcall-census`, its own target dir so the release
+# module is left alone). HOSTCALLS=<calls per scenario>.
+HOSTCALLS ?= 300
+CENSUS_WASM := target/census/$(WASM_TARGET)/release/llm_filter.wasm
+bench-hostcalls: wasm-target envoy
+	CARGO_TARGET_DIR=target/census $(CARGO) build --release --target $(WASM_TARGET) -p llm-filter --features hostcall-census
+	LLM_FILTER_WASM=$(abspath $(CENSUS_WASM)) $(CARGO) run --release -p llm-filter-e2e --bin bench -- --hostcalls $(HOSTCALLS) $(BENCH_ARGS)
 
 # The pure core parts of a call timed natively, µs per call (a few seconds).
 bench-core:

@@ -29,6 +29,9 @@ pub const TIME_TO_FIRST_TOKEN: &str = "gen_ai_server_time_to_first_token_ms";
 pub const TOKEN_USAGE: &str = "gen_ai_client_token_usage_total";
 /// The filter's own trouble, by `reason`; the request continued untouched.
 pub const INTERNAL_ERRORS: &str = "llm_filter_internal_errors_total";
+/// Host calls the filter made, by `call`: only in a bench build of the plugin
+/// (feature `hostcall-census`), which `make bench-hostcalls` reads.
+pub const BENCH_HOSTCALLS: &str = "llm_filter_bench_hostcalls_total";
 
 // budget
 /// Share of its timeout budget a completed call used, in per-mille (0..=1000),

@@ -54,6 +54,8 @@ thread_local! {
 /// `Ok` for [`OK`]; `Err(status)` otherwise, noting it when `status` is
 /// neither OK nor one of the `expected` errors.
 pub fn check(call: &'static str, status: u32, expected: &[u32]) -> Result<(), Status> {
+    #[cfg(feature = "hostcall-census")]
+    census::count(call);
     if status == OK {
         return Ok(());
     }
@@ -311,6 +313,8 @@ pub fn dispatch_http_call(
     body: Option<&[u8]>,
     timeout: Duration,
 ) -> Result<u32, Status> {
+    #[cfg(feature = "hostcall-census")]
+    census::count("dispatch_http_call");
     proxy_wasm::hostcalls::dispatch_http_call(cluster, headers.to_vec(), body, vec![], timeout)
         .map_err(|s| s as u32)
 }
@@ -651,5 +655,7 @@ mod abi {
     }
 }
 
+#[cfg(feature = "hostcall-census")]
+pub mod census;
 #[cfg(test)]
 mod tests;

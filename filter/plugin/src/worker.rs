@@ -85,5 +85,7 @@ pub fn with_env<T>(worker: &Worker, f: impl FnOnce(&mut Env<'_>) -> T) -> T {
     };
     let out = f(&mut env);
     hostcall::count_unexpected(&mut *metrics);
+    #[cfg(feature = "hostcall-census")]
+    hostcall::census::hand_over(&mut *metrics);
     out
 }

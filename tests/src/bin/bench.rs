@@ -7,6 +7,7 @@
 //! rounds. A last part times the first byte of streamed calls through a mock
 //! that streams.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::sync::atomic::{AtomicU16, Ordering};
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use futures_util::StreamExt;
+use llm_filter_core::metrics::BENCH_HOSTCALLS;
 use llm_filter_e2e::{
     chat_body, chat_stream_body, conversation_body, post_json, workspace_root, Envoy, EnvoyBuilder,
     MockConfig, MockUpstream, SHAPING_AB,
@@ -21,7 +23,7 @@ use llm_filter_e2e::{
 use serde_json::json;
 
 const USAGE: &str = "usage: bench [--duration SECS] [--warmup SECS] [--rounds N] [--threads N] \
-                     [--connections N] [--ttfb-calls N] [--only NAME]...";
+                     [--connections N] [--ttfb-calls N] [--hostcalls N] [--only NAME]...";
 
 /// The floor's module: `LLM_FILTER_NOOP_WASM`, else its release build under the
 /// workspace root (`make bench` builds it).
@@ -335,6 +337,10 @@ struct Options {
     threads: u32,
     connections: u32,
     ttfb_calls: u32,
+    /// With a count: no throughput rounds; instead that many calls per
+    /// scenario through a census build of the module, and the host calls
+    /// each one cost (`make bench-hostcalls`).
+    hostcalls: u32,
     only: Vec<String>,
 }
 
@@ -346,6 +352,7 @@ fn parse_args() -> Result<Options, String> {
         threads: 2,
         connections: 32,
         ttfb_calls: 300,
+        hostcalls: 0,
         only: Vec::new(),
     };
     let mut args = std::env::args().skip(1);
@@ -371,6 +378,7 @@ fn parse_args() -> Result<Options, String> {
                 }
             }
             "--ttfb-calls" => options.ttfb_calls = number()?.try_into().map_err(|_| USAGE)?,
+            "--hostcalls" => options.hostcalls = number()?.try_into().map_err(|_| USAGE)?,
             "--threads" => options.threads = number()?.try_into().map_err(|_| USAGE)?,
             "--connections" => options.connections = number()?.try_into().map_err(|_| USAGE)?,
             "--only" => options.only.push(value.clone()),
@@ -843,7 +851,7 @@ async fn run(options: &Options) -> Result<bool> {
     let dir = tempfile::Builder::new()
         .prefix("llm-filter-bench-")
         .tempdir()?;
-    if !noop_wasm_path().is_file() {
+    if options.hostcalls == 0 && !noop_wasm_path().is_file() {
         bail!(
             "no-op module not found at {} (build it with `cargo build -p llm-filter-noop \
              --target wasm32-wasip1 --release`, or set LLM_FILTER_NOOP_WASM)",
@@ -870,6 +878,9 @@ async fn run(options: &Options) -> Result<bool> {
     let ttfb = wanted("ttfb") && options.ttfb_calls > 0;
     if selected.is_empty() && !ttfb {
         bail!("no scenario matches --only {:?}", options.only);
+    }
+    if options.hostcalls > 0 {
+        return run_hostcalls(&selected, backend.port(), options.hostcalls).await;
     }
     let mut rounds: Rounds = selected.iter().map(|s| (s.name, Vec::new())).collect();
     let mut ttfb_rounds: TtfbRounds = ttfb_sides().iter().map(|s| (s.name, Vec::new())).collect();
@@ -900,6 +911,96 @@ async fn run(options: &Options) -> Result<bool> {
     let all_ok = rounds.iter().all(|(_, r)| r.iter().all(Result::is_ok))
         && ttfb_rounds.iter().all(|(_, r)| r.iter().all(Result::is_ok));
     Ok(all_ok)
+}
+
+/// The census build's host-call counters, by call (`llm_filter_bench_hostcalls_total`).
+fn hostcall_counts(envoy: &Envoy) -> Result<BTreeMap<String, u64>> {
+    let prefix = format!("{BENCH_HOSTCALLS}.call=");
+    let counts = envoy
+        .stats()?
+        .into_iter()
+        .filter_map(|(name, n)| {
+            let at = name.find(&prefix)?;
+            let call = name.get(at + prefix.len()..)?.strip_suffix(';')?;
+            Some((call.to_string(), n))
+        })
+        .collect();
+    Ok(counts)
+}
+
+/// Host calls per call of each scenario: `calls` requests one after the
+/// other after the scenario's check, the census counters read before and
+/// after. Calls made on ticks in between land in the count too (a few per
+/// second on a worker: noise under 1 % at a few hundred calls).
+async fn run_hostcalls(selected: &[Scenario], backend_port: u16, calls: u32) -> Result<bool> {
+    let mut table: Vec<(&str, BTreeMap<String, f64>)> = Vec::new();
+    for scenario in selected.iter().filter(|s| s.name.starts_with("filter")) {
+        eprintln!("bench: host calls of {} over {calls} calls", scenario.name);
+        let envoy = (scenario.envoy)(backend_port).start()?;
+        check(&envoy, scenario).await?;
+        // The census hands its counts over after each callback; let the
+        // check's last ones (on the stream's end) land first.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let before = hostcall_counts(&envoy)?;
+        if before.is_empty() {
+            bail!(
+                "no {BENCH_HOSTCALLS} stats: LLM_FILTER_WASM must be a build with \
+                 `--features hostcall-census` (make bench-hostcalls)"
+            );
+        }
+        let url = envoy.url(scenario.path);
+        for n in 0..calls {
+            let body: serde_json::Value =
+                serde_json::from_str(&scenario.body.replace(UNIQUE, &format!("census-{n}")))?;
+            let response = post_json(&url, &body, &scenario.headers).await?;
+            if response.status != 200 {
+                bail!(
+                    "{} got {}: {}",
+                    scenario.name,
+                    response.status,
+                    response.text()
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let after = hostcall_counts(&envoy)?;
+        let per_call = after
+            .iter()
+            .map(|(call, n)| {
+                let delta = n.saturating_sub(before.get(call).copied().unwrap_or(0));
+                (call.clone(), delta as f64 / f64::from(calls))
+            })
+            .filter(|(_, per)| *per > 0.0)
+            .collect();
+        table.push((scenario.name, per_call));
+    }
+    print_hostcalls(&table);
+    Ok(true)
+}
+
+fn print_hostcalls(table: &[(&str, BTreeMap<String, f64>)]) {
+    let mut calls: Vec<&String> = table.iter().flat_map(|(_, m)| m.keys()).collect();
+    calls.sort();
+    calls.dedup();
+    println!("\nHost calls per call, by scenario (census build):\n");
+    print!("| scenario | total |");
+    for call in &calls {
+        print!(" {call} |");
+    }
+    println!();
+    print!("|---|---:|");
+    for _ in &calls {
+        print!("---:|");
+    }
+    println!();
+    for (name, per_call) in table {
+        let total: f64 = per_call.values().sum();
+        print!("| `{name}` | {total:.1} |");
+        for call in &calls {
+            print!(" {} |", fmt_opt(per_call.get(*call).copied(), 1));
+        }
+        println!();
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,69 @@
+//! A bench build's count of host calls (`--features hostcall-census`): how
+//! many crossings into Envoy a call costs, by host call, which is where most
+//! of the filter's cost per call goes. The counts are handed to Envoy's stats
+//! as `llm_filter_bench_hostcalls_total` (label `call`) after each callback,
+//! by calls that are themselves left out, so the bench reads them from the
+//! admin port and divides by the calls it sent. A normal build compiles none
+//! of this.
+
+use std::cell::{Cell, RefCell};
+
+use llm_filter_core::host::Metrics;
+use llm_filter_core::metrics::{name, BENCH_HOSTCALLS};
+
+thread_local! {
+    /// Host calls made since the last hand-over, by call.
+    static COUNTS: RefCell<Vec<(&'static str, u64)>> = const { RefCell::new(Vec::new()) };
+    /// True while the counts are handed over: those calls are not counted.
+    static HANDING_OVER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Counts one host call.
+pub fn count(call: &'static str) {
+    if HANDING_OVER.with(Cell::get) {
+        return;
+    }
+    COUNTS.with(|c| {
+        let Ok(mut c) = c.try_borrow_mut() else {
+            return;
+        };
+        match c.iter_mut().find(|(k, _)| *k == call) {
+            Some((_, n)) => *n = n.saturating_add(1),
+            None => c.push((call, 1)),
+        }
+    });
+}
+
+/// Moves the counts into the stats, uncounted.
+pub fn hand_over(m: &mut dyn Metrics) {
+    let counts = COUNTS.with(|c| {
+        c.try_borrow_mut()
+            .map(|mut c| std::mem::take(&mut *c))
+            .unwrap_or_default()
+    });
+    HANDING_OVER.with(|h| h.set(true));
+    for (call, n) in counts {
+        m.counter(&name(BENCH_HOSTCALLS, &[("call", call)]), n);
+    }
+    HANDING_OVER.with(|h| h.set(false));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use llm_filter_core::host::MemoryMetrics;
+
+    #[test]
+    fn counts_by_call_and_hands_over_once() {
+        count("get_map_value");
+        count("get_map_value");
+        count("set_shared_data");
+        let mut m = MemoryMetrics::default();
+        hand_over(&mut m);
+        let stat = |call| name(BENCH_HOSTCALLS, &[("call", call)]);
+        assert_eq!(m.counters[&stat("get_map_value")], 2);
+        assert_eq!(m.counters[&stat("set_shared_data")], 1);
+        hand_over(&mut m);
+        assert_eq!(m.counters[&stat("get_map_value")], 2);
+    }
+}
