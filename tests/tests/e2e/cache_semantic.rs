@@ -267,7 +267,10 @@ async fn an_embeddings_service_down_or_slow_only_lowers_the_hit_rate() {
         assert_eq!(x_cache(&r), "MISS");
     }
     assert_eq!(
-        rig.wait_stat("llm_filter_cache_embedding_failures_total.reason=status;", 3),
+        rig.wait_stat(
+            "llm_filter_cache_embedding_failures_total.reason=status;",
+            3
+        ),
         3
     );
     // Slow: the call waits for the timeout at most, then goes upstream.
