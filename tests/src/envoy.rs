@@ -907,8 +907,22 @@ pub fn parse_stats_json(body: &str) -> Result<HashMap<String, u64>> {
 /// it (`scripts/provider-config.sh`), its certificate checked against the CA
 /// bundle `ca` (`None`: the system's).
 pub fn provider_bootstrap(host: &str, port: u16, ca: Option<&Path>) -> Result<String> {
+    provider_bootstrap_from("envoy/provider.yaml", host, port, ca)
+}
+
+/// [`provider_bootstrap`] of another file with the same placeholders
+/// (`template`, relative to the workspace root).
+pub fn provider_bootstrap_from(
+    template: &str,
+    host: &str,
+    port: u16,
+    ca: Option<&Path>,
+) -> Result<String> {
     let mut command = Command::new(workspace_root().join("scripts/provider-config.sh"));
-    command.arg(host).arg(port.to_string());
+    command
+        .arg(host)
+        .arg(port.to_string())
+        .env("PROVIDER_TEMPLATE", template);
     match ca {
         Some(ca) => command.env("PROVIDER_CA", ca),
         None => command.env_remove("PROVIDER_CA"),
