@@ -9,6 +9,7 @@
 //! fills nothing of another key.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use llm_filter_core::cache::{self, CacheConfig, CacheRequest, Decision};
 use llm_filter_core::classify::Endpoint;
@@ -19,7 +20,7 @@ use llm_filter_e2e::{
 };
 use serde_json::{json, Value};
 
-use crate::cache_support::{cacheable, message, x_cache, CHAT, FILTER_STATS};
+use crate::cache_support::{cacheable, eventually, message, x_cache, CHAT, FILTER_STATS};
 
 const SHARD_HEADER: &str = "x-llm-cache-key";
 /// Which gateway sent a request on to the provider (added by each gateway).
@@ -172,7 +173,7 @@ impl Tier {
         envoy.wait_for_stat(
             &format!("{FILTER_STATS}llm_filter_cache_shard_keys_total.result={result};"),
             at_least,
-            std::time::Duration::from_secs(5),
+            Duration::from_secs(5),
         )
     }
 }
@@ -236,16 +237,22 @@ async fn hashing_answers_each_key_once_for_the_tier_and_round_robin_does_not() {
         Tier::wait_shard_keys(&hashed.front, "written", calls),
         calls
     );
-    let matched: u64 = hashed
-        .gateways
-        .iter()
-        .map(|g| Tier::wait_shard_keys(g, "matched", 1))
-        .sum();
-    let mismatched: u64 = hashed
-        .gateways
-        .iter()
-        .map(|g| Tier::shard_keys(g, "mismatched"))
-        .sum();
+    // As Prometheus reads it, with its label.
+    let written = hashed.front.metric(
+        "llm_filter_cache_shard_keys_total",
+        &[("result", "written")],
+    );
+    assert_eq!(written, calls as f64);
+    let sum = |result: &str| -> u64 {
+        hashed
+            .gateways
+            .iter()
+            .map(|g| Tier::shard_keys(g, result))
+            .sum()
+    };
+    // Counters move when each gateway logs its stream.
+    eventually(Duration::from_secs(5), || sum("matched") >= calls);
+    let (matched, mismatched) = (sum("matched"), sum("mismatched"));
     assert_eq!((matched, mismatched), (calls, 0));
     // The provider never sees the header.
     let requests = hashed.mock.requests();
