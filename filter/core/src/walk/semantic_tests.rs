@@ -37,7 +37,7 @@ const FAR: [f32; 4] = [0.0, 0.1, 1.0, 0.3];
 
 impl World {
     fn counted(&self, name: &str, label: &str, value: &str) -> u64 {
-        self.counter(&format!("{name}.{label}.{value}"))
+        self.counter(&format!("{name}.{label}={value};"))
     }
 
     /// Headers and whole body of `host`'s request: the call and its step,
