@@ -42,6 +42,20 @@ const MAX_MARKERS: usize = 256;
 const MAX_MARKER_LEN: usize = 1024;
 const MAX_TENANT_HEADERS: usize = 16;
 const DEFAULT_SHARD_HEADER: &str = "x-llm-cache-key";
+/// Headers HTTP, Envoy or the cache itself need, which the shard header
+/// (removed from every request) must never be.
+const RESERVED_HEADERS: [&str; 10] = [
+    "host",
+    "content-length",
+    "content-type",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "te",
+    "upgrade",
+    "cache-control",
+    "accept-encoding",
+];
 
 /// `cache` as written by the operator.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -324,6 +338,12 @@ fn compile_shard_header(name: Option<String>, tenant: &[String]) -> Result<Strin
             format!("{name:?} is a tenant header; the filter removes the shard header"),
         ));
     }
+    if RESERVED_HEADERS.contains(&name.as_str()) || name.starts_with("x-envoy-") {
+        return Err(ConfigError::new(
+            "shard_header",
+            format!("{name:?} carries the request itself; the filter removes the shard header"),
+        ));
+    }
     Ok(name)
 }
 
@@ -449,6 +469,16 @@ mod tests {
             ),
             (r#"{"mode":"remote"}"#, "cache.mode", "remote"),
             (r#"{"shard_header":"a b"}"#, "cache.shard_header", "a b"),
+            (
+                r#"{"shard_header":"Content-Length"}"#,
+                "cache.shard_header",
+                "request itself",
+            ),
+            (
+                r#"{"shard_header":"x-envoy-hash"}"#,
+                "cache.shard_header",
+                "request itself",
+            ),
             (
                 r#"{"shard_header":"Authorization"}"#,
                 "cache.shard_header",
