@@ -355,6 +355,17 @@ async fn a_forged_shard_header_reads_and_fills_nothing() {
         .await;
     assert_eq!((r.status, x_cache(&r)), (200, "MISS"));
     assert!(message(&r).contains(b));
+    // A call that is not cacheable loses the client's value and gets none.
+    let mut warm = cacheable(b);
+    warm["temperature"] = json!(1);
+    let r = tier
+        .ask(
+            &tier.front,
+            &warm,
+            &[("authorization", TENANT), (SHARD_HEADER, &key_a)],
+        )
+        .await;
+    assert_eq!((r.status, x_cache(&r)), (200, "BYPASS"));
     // Straight at the owner of A, past the front: another tenant asking A
     // under A's key, and another question under it, both miss and are
     // answered with their own answers.

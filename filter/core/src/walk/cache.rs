@@ -39,7 +39,8 @@ impl Call {
         };
         if cfg.mode == Mode::Shard {
             // The replica that owns the key does the rest; this proxy only
-            // tells the load balancer which one that is.
+            // tells the load balancer which one that is. No route refresh:
+            // the router hashes the header when it picks the host.
             if let Decision::Cacheable(c) = decision {
                 set_request(env, host, &cfg.shard_header, Some(&key_hex(&c.key)));
                 count_shard_key(env.metrics, "written");
