@@ -10,7 +10,9 @@ comment naming the Istio versions, a WasmPlugin pulled by digest from an
 oci:// image with FAIL_OPEN, a selector and ports; EnvoyFilters scoped by a
 workload selector; remote code only through an extension config (ECDS) with a
 sha256 and fail-open; the bootstrap override as JSON with the stats tags of
-envoy/envoy.yaml. The Envoy fragments inside the patches are checked by Envoy
+envoy/envoy.yaml; and, across files, a filter in `cache.mode: shard` whose
+header a DestinationRule hashes on (`consistentHash.httpHeaderName`) for a
+host a VirtualService sends the mesh's calls to. The Envoy fragments inside the patches are checked by Envoy
 itself (e2e `istio`).
 
     check_istio_examples.py [examples/istio]
@@ -99,6 +101,50 @@ def check_wasmplugin(spec):
     return problems
 
 
+def plugin_configs(spec):
+    """The filter configurations (JSON) of an EnvoyFilter's extension configs."""
+    for patch in spec.get("configPatches") or []:
+        if patch.get("applyTo") != "EXTENSION_CONFIG":
+            continue
+        typed = ((patch.get("patch") or {}).get("value") or {}).get("typed_config") or {}
+        if typed.get("@type") == WASM_TYPE:
+            config = typed.get("config") or {}
+            yield json.loads((config.get("configuration") or {}).get("value", "{}"))
+
+
+def check_sharding(docs):
+    """Each shard-mode filter's header is hashed on by a DestinationRule whose
+    host the mesh's calls are routed to."""
+    headers = set()
+    for doc in docs:
+        if doc.get("kind") == "EnvoyFilter":
+            for config in plugin_configs(doc.get("spec") or {}):
+                cache = config.get("cache") or {}
+                if cache.get("mode") == "shard":
+                    headers.add(cache.get("shard_header", "x-llm-cache-key"))
+    hashed = {}
+    routed = set()
+    for doc in docs:
+        spec = doc.get("spec") or {}
+        if doc.get("kind") == "DestinationRule":
+            lb = (spec.get("trafficPolicy") or {}).get("loadBalancer") or {}
+            name = (lb.get("consistentHash") or {}).get("httpHeaderName")
+            if name:
+                hashed[name.lower()] = spec.get("host")
+        if doc.get("kind") == "VirtualService":
+            for route in spec.get("http") or []:
+                if any("mesh" in (m.get("gateways") or []) for m in route.get("match") or []):
+                    routed.update(d["destination"]["host"] for d in route.get("route") or [])
+    problems = []
+    for header in sorted(headers):
+        host = hashed.get(header)
+        if host is None:
+            problems.append(f"no DestinationRule hashes on the shard header {header}")
+        elif host not in routed:
+            problems.append(f"the mesh's calls are not routed to {host}, which hashes on {header}")
+    return problems
+
+
 def check_envoyfilter(spec):
     problems = []
     if not (spec.get("workloadSelector") or {}).get("labels"):
@@ -142,6 +188,13 @@ def check_configmap(doc):
             "(scripts/check_istio_examples.py --write-stats-tags rewrites them)"
         ]
     return []
+
+
+def load(path):
+    text = path.read_text()
+    for name, value in PLACEHOLDERS.items():
+        text = text.replace(name, value)
+    return [doc for doc in yaml.safe_load_all(text) if doc is not None]
 
 
 def check_file(path):
@@ -188,7 +241,12 @@ def main(argv):
         for p in problems:
             print(f"{path}: {p}")
         failed += bool(problems)
+    across = check_sharding([doc for path in files for doc in load(path)])
+    for p in across:
+        print(f"{directory}: {p}")
     print(f"istio examples: {len(files) - failed} passed, {failed} failed")
+    if across:
+        return 1
     return 1 if failed else 0
 
 

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Prints envoy/provider.yaml for one provider: `scripts/provider-config.sh HOST [PORT]`.
+# Prints envoy/provider.yaml for one provider: `scripts/provider-config.sh HOST [PORT]`
+# (PROVIDER_TEMPLATE names another file with the same placeholders, e.g.
+# envoy/shard-gateway.yaml).
 # The provider's certificate must chain to a CA of PROVIDER_CA (a PEM bundle),
 # else of SSL_CERT_FILE, else of the system bundle OpenSSL uses; and it must be
 # issued for HOST. `make run PROVIDER_HOST=…` and the e2e tests render it this way.
@@ -25,4 +27,4 @@ ca=$(readlink -f "$ca")
 [[ "$ca" != *"|"* ]] || { echo "PROVIDER_CA must not contain '|': $ca" >&2; exit 2; }
 
 # Comments keep the placeholders' names.
-sed -e "/^ *#/!{s|PROVIDER_HOST|$host|g; s|PROVIDER_PORT|$port|g; s|PROVIDER_CA|$ca|g}" envoy/provider.yaml
+sed -e "/^ *#/!{s|PROVIDER_HOST|$host|g; s|PROVIDER_PORT|$port|g; s|PROVIDER_CA|$ca|g}" "${PROVIDER_TEMPLATE:-envoy/provider.yaml}"

@@ -123,7 +123,7 @@ pub struct EnvoyBuilder {
     filter: bool,
     plugin_config: String,
     concurrency: u32,
-    upstreams: Vec<(String, u16)>,
+    upstreams: Vec<Upstream>,
     cluster_header: Option<String>,
     header_route: Option<String>,
     route_timeout_ms: Option<u64>,
@@ -208,8 +208,21 @@ impl EnvoyBuilder {
     }
 
     /// Adds a STATIC cluster `name` at 127.0.0.1:`port`; the first one is the route's default.
-    pub fn upstream(mut self, name: &str, port: u16) -> Self {
-        self.upstreams.push((name.to_string(), port));
+    pub fn upstream(self, name: &str, port: u16) -> Self {
+        self.upstream_pool(name, &[port], "")
+    }
+
+    /// Adds a STATIC cluster `name` with an endpoint at 127.0.0.1 for each of
+    /// `ports`, and `cluster_yaml` added to the cluster (`lb_policy`,
+    /// `outlier_detection`, `health_checks`, …). The hash policy of a
+    /// `RING_HASH` or `MAGLEV` cluster goes on the route
+    /// ([`EnvoyBuilder::extra_route_yaml`]).
+    pub fn upstream_pool(mut self, name: &str, ports: &[u16], cluster_yaml: &str) -> Self {
+        self.upstreams.push(Upstream {
+            name: name.to_string(),
+            ports: ports.to_vec(),
+            yaml: cluster_yaml.to_string(),
+        });
         self
     }
 
@@ -338,12 +351,8 @@ impl EnvoyBuilder {
             yaml.push_str(" []\n");
         } else {
             yaml.push('\n');
-            for (name, port) in &self.upstreams {
-                yaml.push_str(
-                    &CLUSTER
-                        .replace("{name}", &yaml_string(name))
-                        .replace("{port}", &port.to_string()),
-                );
+            for u in &self.upstreams {
+                yaml.push_str(&u.cluster_yaml());
             }
         }
         yaml
@@ -394,8 +403,8 @@ impl EnvoyBuilder {
                     (Some(header), _) => {
                         let _ = writeln!(route, "    cluster_header: {}", yaml_string(header));
                     }
-                    (None, Some((name, _))) => {
-                        let _ = writeln!(route, "    cluster: {}", yaml_string(name));
+                    (None, Some(u)) => {
+                        let _ = writeln!(route, "    cluster: {}", yaml_string(&u.name));
                     }
                     // Envoy rejects a route to no cluster; a header nobody sends keeps it valid.
                     (None, None) => {
@@ -581,6 +590,27 @@ const ROUTER_FILTER: &str = r#"          - name: envoy.filters.http.router
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
 "#;
 
+/// A cluster of the generated bootstrap.
+#[derive(Debug, Clone)]
+struct Upstream {
+    name: String,
+    ports: Vec<u16>,
+    /// More of the cluster, at column 0.
+    yaml: String,
+}
+
+impl Upstream {
+    /// The cluster's entry under `clusters:`.
+    fn cluster_yaml(&self) -> String {
+        let mut out = CLUSTER.replace("{name}", &yaml_string(&self.name));
+        for port in &self.ports {
+            out.push_str(&ENDPOINT.replace("{port}", &port.to_string()));
+        }
+        out.push_str(&indent(&self.yaml, 4));
+        out
+    }
+}
+
 const CLUSTER: &str = r#"  - name: {name}
     type: STATIC
     connect_timeout: 1s
@@ -588,7 +618,9 @@ const CLUSTER: &str = r#"  - name: {name}
       cluster_name: {name}
       endpoints:
       - lb_endpoints:
-        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: {port}}}}
+"#;
+
+const ENDPOINT: &str = r#"        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: {port}}}}
 "#;
 
 /// Prefixes every non-empty line with `spaces` spaces; ends with a newline.
@@ -875,8 +907,22 @@ pub fn parse_stats_json(body: &str) -> Result<HashMap<String, u64>> {
 /// it (`scripts/provider-config.sh`), its certificate checked against the CA
 /// bundle `ca` (`None`: the system's).
 pub fn provider_bootstrap(host: &str, port: u16, ca: Option<&Path>) -> Result<String> {
+    provider_bootstrap_from("envoy/provider.yaml", host, port, ca)
+}
+
+/// [`provider_bootstrap`] of another file with the same placeholders
+/// (`template`, relative to the workspace root).
+pub fn provider_bootstrap_from(
+    template: &str,
+    host: &str,
+    port: u16,
+    ca: Option<&Path>,
+) -> Result<String> {
     let mut command = Command::new(workspace_root().join("scripts/provider-config.sh"));
-    command.arg(host).arg(port.to_string());
+    command
+        .arg(host)
+        .arg(port.to_string())
+        .env("PROVIDER_TEMPLATE", template);
     match ca {
         Some(ca) => command.env("PROVIDER_CA", ca),
         None => command.env_remove("PROVIDER_CA"),

@@ -69,13 +69,16 @@ pub enum Role {
     /// Istio's default egress gateway in `istio-system`: server port 80 on
     /// container port 8080.
     EgressGateway,
+    /// A sidecar of `my-app` labelled `llm-filter: shard`: the front of the
+    /// mesh-scale cache (examples/istio/mesh-cache.yaml).
+    ShardSidecar,
 }
 
 impl Role {
     /// `match.context` of the patches that apply to it.
     pub fn context(self) -> &'static str {
         match self {
-            Role::Sidecar => "SIDECAR_OUTBOUND",
+            Role::Sidecar | Role::ShardSidecar => "SIDECAR_OUTBOUND",
             Role::EgressGateway => "GATEWAY",
         }
     }
@@ -83,7 +86,7 @@ impl Role {
     /// The port its HTTP listener for the providers binds.
     pub fn listener_port(self) -> u16 {
         match self {
-            Role::Sidecar => SERVICE_PORT,
+            Role::Sidecar | Role::ShardSidecar => SERVICE_PORT,
             Role::EgressGateway => 8080,
         }
     }
@@ -91,14 +94,14 @@ impl Role {
     /// Istio's name of the route configuration of listener port `port`.
     pub fn route_config_name(self, port: u64) -> String {
         match self {
-            Role::Sidecar => port.to_string(),
+            Role::Sidecar | Role::ShardSidecar => port.to_string(),
             Role::EgressGateway => format!("http.{port}"),
         }
     }
 
     fn namespace(self) -> &'static str {
         match self {
-            Role::Sidecar => "my-app",
+            Role::Sidecar | Role::ShardSidecar => "my-app",
             Role::EgressGateway => ROOT_NAMESPACE,
         }
     }
@@ -106,6 +109,7 @@ impl Role {
     fn labels(self) -> &'static [(&'static str, &'static str)] {
         match self {
             Role::Sidecar => &[("app", "my-app"), ("llm-filter", "enabled")],
+            Role::ShardSidecar => &[("app", "my-app"), ("llm-filter", "shard")],
             Role::EgressGateway => &[("app", "istio-egressgateway"), ("istio", "egressgateway")],
         }
     }
@@ -727,6 +731,10 @@ mod tests {
         assert!(!Role::Sidecar.selected_by("istio-system", &gateway));
         assert!(Role::EgressGateway.selected_by("istio-system", &gateway));
         assert!(!Role::EgressGateway.selected_by("istio-system", &app));
+        let shard = labels(&[("llm-filter", "shard")]);
+        assert!(Role::ShardSidecar.selected_by("my-app", &shard));
+        assert!(!Role::ShardSidecar.selected_by("my-app", &app));
+        assert!(!Role::Sidecar.selected_by("my-app", &shard));
         assert_eq!(Role::EgressGateway.route_config_name(8080), "http.8080");
         assert_eq!(Role::Sidecar.route_config_name(80), "80");
     }

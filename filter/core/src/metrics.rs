@@ -65,6 +65,10 @@ pub const CACHE_EVICTIONS: &str = "llm_filter_cache_evictions_total";
 pub const CACHE_COALESCED_WAITS: &str = "llm_filter_cache_coalesced_waits_total";
 /// Answers offered to the cache, by `result` (`stored` or why not).
 pub const CACHE_STORES: &str = "llm_filter_cache_stores_total";
+/// Shard headers (`cache.shard_header`), by `result`: `written` by a filter
+/// in `shard` mode; `matched` or `mismatched` against the key a filter in
+/// `local` mode computed itself (a mismatch is ignored).
+pub const CACHE_SHARD_KEYS: &str = "llm_filter_cache_shard_keys_total";
 /// Best cosine similarity found per semantic lookup, in thousandths (0..=1000).
 pub const CACHE_SEMANTIC_SIMILARITY: &str = "llm_filter_cache_semantic_similarity_permille";
 /// Duration of the embeddings callout of a semantic lookup, ms.

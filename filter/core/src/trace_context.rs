@@ -115,7 +115,8 @@ fn new_id<const N: usize>(rng: &mut dyn Random) -> [u8; N] {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// Lowercase hex of `bytes`.
+pub(crate) fn hex(bytes: &[u8]) -> String {
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {
         for n in [b >> 4, b & 0x0f] {

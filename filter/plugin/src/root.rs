@@ -137,7 +137,13 @@ impl Root {
 /// data (up to [`PREPARE_MAX_SLOTS`]), so Envoy's compare-and-swap guards each
 /// of them from the first write.
 fn prepare_cache(cfg: &CacheConfig, metrics: &mut EnvoyMetrics) {
-    if !cfg.enabled {
+    if !cfg.keeps_entries() {
+        if cfg.enabled {
+            log::info!(
+                "llm-filter: response cache in shard mode: calls are keyed into {} for the next tier; no table here",
+                cfg.shard_header
+            );
+        }
         return;
     }
     let worst = cfg.worst_case_bytes();

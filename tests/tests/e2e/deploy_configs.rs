@@ -5,8 +5,8 @@
 
 use llm_filter_core::metrics;
 use llm_filter_e2e::{
-    provider_bootstrap, skip_without_envoy, stats_config_yaml, stats_tag_rules, validate_config,
-    workspace_root,
+    provider_bootstrap, provider_bootstrap_from, skip_without_envoy, stats_config_yaml,
+    stats_tag_rules, validate_config, workspace_root,
 };
 
 fn read(path: &str) -> String {
@@ -36,11 +36,15 @@ fn stats_tags_have_one_set_of_rules() {
     assert_eq!(stats_tag_rules(&stats_config_yaml()), demo);
 }
 
-/// Every other file that carries `stats_tags` rules: the provider bootstrap
-/// and any example under `examples/`. An `applyTo: BOOTSTRAP` EnvoyFilter is
+/// Every other file that carries `stats_tags` rules: the other bootstraps of
+/// `envoy/` and any example under `examples/`. An `applyTo: BOOTSTRAP` EnvoyFilter is
 /// left out: no supported Istio applies one, so its rules reach no proxy.
 fn rule_carriers() -> Vec<String> {
-    let mut paths = vec!["envoy/provider.yaml".to_string()];
+    let mut paths: Vec<String> = SHIPPED
+        .iter()
+        .filter(|p| **p != "envoy/envoy.yaml")
+        .map(|p| p.to_string())
+        .collect();
     let mut dirs = vec![workspace_root().join("examples")];
     while let Some(dir) = dirs.pop() {
         let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -62,6 +66,18 @@ fn rule_carriers() -> Vec<String> {
     paths
 }
 
+/// Every bootstrap under `envoy/`; the test below fails on one left out.
+const SHIPPED: [&str; 4] = [
+    "envoy/envoy.yaml",
+    "envoy/provider.yaml",
+    "envoy/shard-front.yaml",
+    "envoy/shard-gateway.yaml",
+];
+
+/// The files that take the provider placeholders, rendered by
+/// scripts/provider-config.sh.
+const RENDERED: [&str; 2] = ["envoy/provider.yaml", "envoy/shard-gateway.yaml"];
+
 #[test]
 fn deployed_bootstraps_validate() {
     if skip_without_envoy("deployed_bootstraps_validate") {
@@ -74,16 +90,33 @@ fn deployed_bootstraps_validate() {
         workspace_root().join(module).is_file(),
         "{module} is missing: build it with `make build`"
     );
-    // As `make run PROVIDER_HOST=…` renders it, against the system CA bundle.
-    let provider = provider_bootstrap("provider.invalid", 443, None)
-        .unwrap_or_else(|e| panic!("render envoy/provider.yaml: {e:#}"));
-    assert!(!provider
-        .lines()
-        .any(|l| !l.trim_start().starts_with('#') && l.contains("PROVIDER_")));
-    for (path, yaml) in [
-        ("envoy/envoy.yaml", read("envoy/envoy.yaml")),
-        ("envoy/provider.yaml", provider),
-    ] {
+    let mut on_disk: Vec<String> = std::fs::read_dir(workspace_root().join("envoy"))
+        .unwrap()
+        .flatten()
+        .map(|e| format!("envoy/{}", e.file_name().to_string_lossy()))
+        .filter(|p| p.ends_with(".yaml"))
+        .collect();
+    on_disk.sort();
+    assert_eq!(
+        on_disk, SHIPPED,
+        "every bootstrap under envoy/ is validated"
+    );
+    assert_eq!(
+        provider_bootstrap("provider.invalid", 443, None).unwrap(),
+        provider_bootstrap_from("envoy/provider.yaml", "provider.invalid", 443, None).unwrap()
+    );
+    for path in SHIPPED {
+        // As `make run PROVIDER_HOST=…` renders it, against the system CA bundle.
+        let yaml = if RENDERED.contains(&path) {
+            let yaml = provider_bootstrap_from(path, "provider.invalid", 443, None)
+                .unwrap_or_else(|e| panic!("render {path}: {e:#}"));
+            assert!(!yaml
+                .lines()
+                .any(|l| !l.trim_start().starts_with('#') && l.contains("PROVIDER_")));
+            yaml
+        } else {
+            read(path)
+        };
         assert!(yaml.contains(module), "{path} does not load {module}");
         validate_config(&yaml).unwrap_or_else(|e| panic!("{path}: {e:#}"));
     }

@@ -89,6 +89,113 @@ fn every_patch_validates_in_istios_layouts() {
 }
 
 #[test]
+fn the_shard_sidecar_validates_in_istios_layout() {
+    if skip_without_envoy("the_shard_sidecar_validates_in_istios_layout") {
+        return;
+    }
+    for discovery in [Discovery::Ads, Discovery::Inline] {
+        let mut sidecar = proxy(
+            Role::ShardSidecar,
+            &[Service::new(PROVIDER, Upstream::Tls { port: 443 })],
+            discovery,
+        );
+        assert_eq!(
+            sidecar.extension_configs.len(),
+            1,
+            "one EXTENSION_CONFIG (mesh-cache.yaml) for a `llm-filter: shard` sidecar"
+        );
+        sidecar
+            .fetch_remote_code(&wasm_path())
+            .expect("the agent's fetch");
+        if discovery == Discovery::Inline {
+            sidecar.inline_extension_configs().expect("inline");
+        }
+        let yaml = sidecar.to_yaml();
+        assert!(!yaml.contains("cluster_header"), "no routing in a shard");
+        assert_eq!(
+            yaml.contains(r#"\"mode\": \"shard\""#),
+            discovery == Discovery::Inline,
+            "{yaml}"
+        );
+        validate_config(&yaml).unwrap_or_else(|e| panic!("{discovery:?}: {e:#}\n{yaml}"));
+    }
+}
+
+/// The mesh-scale cache as the examples deploy it: a `llm-filter: shard`
+/// sidecar (mesh-cache.yaml) whose provider calls go to the egress gateway
+/// (egress-gateway.yaml, the filter in `local` mode), which sends them to the
+/// provider. The key the sidecar writes is the one the gateway computes; the
+/// gateway's `x-cache` reaches the application; the provider never sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_sidecar_keys_calls_for_the_egress_gateways_cache() {
+    if skip_without_envoy("a_shard_sidecar_keys_calls_for_the_egress_gateways_cache") {
+        return;
+    }
+    let provider = MockUpstream::start(MockConfig::named("provider"));
+    let gateway = run(
+        Role::EgressGateway,
+        Upstream::Loopback {
+            port: provider.port(),
+        },
+    );
+    let sidecar = run(
+        Role::ShardSidecar,
+        Upstream::Loopback {
+            port: gateway.port(),
+        },
+    );
+    let body = json!({
+        "model": "gpt-4o-mini", "temperature": 0,
+        "messages": [{"role": "user", "content": "cached for the mesh"}]
+    });
+    let headers = [
+        ("host", PROVIDER),
+        ("authorization", "Bearer app-1"),
+        ("x-llm-cache-key", "forged"),
+    ];
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let r = post_json(&sidecar.url("/v1/chat/completions"), &body, &headers)
+            .await
+            .expect("call");
+        assert_eq!(r.status, 200, "{}", r.text());
+        seen.push(r.header("x-cache").unwrap_or("<none>").to_string());
+    }
+    assert_eq!(seen, ["MISS", "HIT", "HIT"]);
+    let calls = chats(&provider);
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0].header("x-llm-cache-key"), None);
+    let shard = |envoy: &llm_filter_e2e::Envoy, result: &str, n: u64| {
+        envoy.wait_for_stat(
+            &format!("wasmcustom.llm_filter_cache_shard_keys_total.result={result};"),
+            n,
+            Duration::from_secs(5),
+        )
+    };
+    assert_eq!(shard(&sidecar, "written", 3), 3);
+    assert_eq!(shard(&gateway, "matched", 3), 3);
+    assert_eq!(shard(&gateway, "mismatched", 0), 0);
+}
+
+/// An Envoy in `role`'s Istio layout with the examples applied as they are,
+/// the provider's cluster sent to `upstream`.
+fn run(role: Role, upstream: Upstream) -> llm_filter_e2e::Envoy {
+    let mut config = proxy(role, &[Service::new(PROVIDER, upstream)], Discovery::Ads);
+    config
+        .fetch_remote_code(&wasm_path())
+        .expect("the agent's fetch");
+    let dir = temp_dir().expect("temp dir");
+    config.discover_from_files(dir.path()).expect("ECDS files");
+    config
+        .config
+        .as_object_mut()
+        .map(|c| c.remove("dynamic_resources"));
+    EnvoyBuilder::new()
+        .start_config_in(dir, &config.to_yaml())
+        .unwrap_or_else(|e| panic!("{role:?}: {e:#}"))
+}
+
+#[test]
 fn the_stats_tags_configmap_carries_the_demo_rules() {
     let demo = stats_tag_rules(
         &std::fs::read_to_string(workspace_root().join("envoy/envoy.yaml")).expect("envoy.yaml"),

@@ -11,6 +11,7 @@ mod cache;
 mod cache_bounds;
 mod cache_coalesce;
 mod cache_semantic;
+mod cache_shard;
 mod cache_support;
 mod concurrency;
 mod config;

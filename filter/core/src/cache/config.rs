@@ -41,6 +41,21 @@ const DEFAULT_COALESCE_WAIT_MS: u64 = 30_000;
 const MAX_MARKERS: usize = 256;
 const MAX_MARKER_LEN: usize = 1024;
 const MAX_TENANT_HEADERS: usize = 16;
+const DEFAULT_SHARD_HEADER: &str = "x-llm-cache-key";
+/// Headers HTTP, Envoy or the cache itself need, which the shard header
+/// (removed from every request) must never be.
+const RESERVED_HEADERS: [&str; 10] = [
+    "host",
+    "content-length",
+    "content-type",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "te",
+    "upgrade",
+    "cache-control",
+    "accept-encoding",
+];
 
 /// `cache` as written by the operator.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -74,6 +89,24 @@ pub struct RawCacheConfig {
     pub coalesce_wait_ms: Option<u64>,
     /// The semantic cache, off unless present.
     pub semantic: Option<RawSemanticConfig>,
+    /// `local` (default) or `shard`.
+    pub mode: Option<Mode>,
+    /// The request header carrying the key in `shard` mode, default
+    /// `x-llm-cache-key`.
+    pub shard_header: Option<String>,
+}
+
+/// Where the cache of a call lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(variant_identifier, rename_all = "snake_case")]
+pub enum Mode {
+    /// In this proxy's shared data: look up, coalesce, store.
+    #[default]
+    Local,
+    /// In the replica of the next tier that owns the key: decide and key the
+    /// call as `local` does, write the key into the shard header for the
+    /// load balancer to hash on, and leave the rest to that replica.
+    Shard,
 }
 
 /// Whose answers a call may be served.
@@ -117,6 +150,10 @@ pub struct CacheConfig {
     pub coalesce_wait_ms: u64,
     /// The semantic cache, `None` when off.
     pub semantic: Option<SemanticConfig>,
+    /// Local cache, or the key handed to the next tier.
+    pub mode: Mode,
+    /// Lowercase name of the shard header.
+    pub shard_header: String,
 }
 
 /// When an entry was stored and when it expires, jitter applied.
@@ -145,6 +182,8 @@ impl Default for CacheConfig {
             coalesce: DEFAULT_COALESCE,
             coalesce_wait_ms: DEFAULT_COALESCE_WAIT_MS,
             semantic: None,
+            mode: Mode::default(),
+            shard_header: DEFAULT_SHARD_HEADER.to_string(),
         }
     }
 }
@@ -175,6 +214,16 @@ impl CacheConfig {
             .semantic
             .map(|s| SemanticConfig::compile(s).map_err(|e| e.within("semantic")))
             .transpose()?;
+        let mode = raw.mode.unwrap_or_default();
+        if mode == Mode::Shard && semantic.is_some() {
+            // A shard looks nothing up; the semantic cache belongs to the
+            // replica that owns the key.
+            return Err(ConfigError::new(
+                "semantic",
+                "is looked up where the key is owned; set it on the `local` tier, not with mode shard",
+            ));
+        }
+        let shard_header = compile_shard_header(raw.shard_header, &tenant_headers)?;
         Ok(Self {
             enabled: raw.enabled.unwrap_or(DEFAULT_ENABLED),
             max_temperature,
@@ -197,7 +246,14 @@ impl CacheConfig {
                 1..=MAX_COALESCE_WAIT_MS,
             )?,
             semantic,
+            mode,
+            shard_header,
         })
+    }
+
+    /// This proxy looks up and stores answers: on, in `local` mode.
+    pub fn keeps_entries(&self) -> bool {
+        self.enabled && self.mode == Mode::Local
     }
 
     /// The most shared data the cache can ever hold, in bytes: every slot full
@@ -263,6 +319,34 @@ fn compile_tenant_headers(
     Ok(headers)
 }
 
+/// `shard_header`: a header name, lowercase, that is no credential (the
+/// filter removes it from every request).
+fn compile_shard_header(name: Option<String>, tenant: &[String]) -> Result<String, ConfigError> {
+    let Some(name) = name else {
+        return Ok(DEFAULT_SHARD_HEADER.to_string());
+    };
+    if !check::is_token(&name) {
+        return Err(ConfigError::new(
+            "shard_header",
+            format!("{name:?} is not a header name"),
+        ));
+    }
+    let name = name.to_ascii_lowercase();
+    if tenant.contains(&name) {
+        return Err(ConfigError::new(
+            "shard_header",
+            format!("{name:?} is a tenant header; the filter removes the shard header"),
+        ));
+    }
+    if RESERVED_HEADERS.contains(&name.as_str()) || name.starts_with("x-envoy-") {
+        return Err(ConfigError::new(
+            "shard_header",
+            format!("{name:?} carries the request itself; the filter removes the shard header"),
+        ));
+    }
+    Ok(name)
+}
+
 fn compile_headers(names: Vec<String>) -> Result<Vec<String>, ConfigError> {
     check::at_most("tenant_headers", &names, MAX_TENANT_HEADERS, "headers")?;
     let mut out: Vec<String> = Vec::with_capacity(names.len());
@@ -305,6 +389,10 @@ mod tests {
         assert_eq!(c.tenant_headers, ["authorization", "api-key"]);
         assert_eq!(c.ttl_ms, 3_600_000);
         assert_eq!(c.max_entry_bytes, 262_144);
+        assert_eq!(
+            (c.mode, c.shard_header.as_str()),
+            (Mode::Local, "x-llm-cache-key")
+        );
     }
 
     #[test]
@@ -313,7 +401,8 @@ mod tests {
             r#"{"enabled":false,"max_temperature":0.5,"dynamic_markers":["{{now}}"],
                 "scope":"global","tenant_headers":["X-Tenant"],"ttl_s":60,"ttl_jitter":0,
                 "stale_if_error_s":300,"max_entries":8,"max_entry_bytes":4096,
-                "coalesce":false,"coalesce_wait_ms":500}"#,
+                "coalesce":false,"coalesce_wait_ms":500,"mode":"shard",
+                "shard_header":"X-Shard"}"#,
         )
         .unwrap();
         assert!(!c.enabled && !c.coalesce);
@@ -325,6 +414,7 @@ mod tests {
         assert_eq!(c.ttl_jitter, 0.0);
         assert_eq!((c.max_entries, c.max_entry_bytes), (8, 4096));
         assert_eq!(c.coalesce_wait_ms, 500);
+        assert_eq!((c.mode, c.shard_header.as_str()), (Mode::Shard, "x-shard"));
     }
 
     #[test]
@@ -376,6 +466,28 @@ mod tests {
                 r#"{"coalesce_wait_ms":600001}"#,
                 "cache.coalesce_wait_ms",
                 "600001",
+            ),
+            (r#"{"mode":"remote"}"#, "cache.mode", "remote"),
+            (r#"{"shard_header":"a b"}"#, "cache.shard_header", "a b"),
+            (
+                r#"{"shard_header":"Content-Length"}"#,
+                "cache.shard_header",
+                "request itself",
+            ),
+            (
+                r#"{"shard_header":"x-envoy-hash"}"#,
+                "cache.shard_header",
+                "request itself",
+            ),
+            (
+                r#"{"shard_header":"Authorization"}"#,
+                "cache.shard_header",
+                "tenant header",
+            ),
+            (
+                r#"{"mode":"shard","semantic":{"embeddings":{"cluster":"e","model":"m"}}}"#,
+                "cache.semantic",
+                "shard",
             ),
         ] {
             let e = parse(doc).unwrap_err();

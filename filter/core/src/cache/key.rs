@@ -12,6 +12,11 @@ use crate::json::Json;
 /// A cache key: SHA-256 of the canonical request and its tenant.
 pub type Key = [u8; 32];
 
+/// The key as the shard header carries it: 64 lowercase hex digits.
+pub fn key_hex(key: &Key) -> String {
+    crate::trace_context::hex(key)
+}
+
 /// Bumped whenever the canonical form changes, so old entries are never
 /// mistaken for new ones.
 const KEY_VERSION: &[u8] = b"llm-filter/cache-key/v1";

@@ -20,9 +20,11 @@ pub mod store;
 
 pub use assemble::StreamAssembler;
 pub use coalesce::{Claim, Lease, Poll};
-pub use config::{CacheConfig, RawCacheConfig, Scope, Stamp};
+pub use config::{CacheConfig, Mode, RawCacheConfig, Scope, Stamp};
 pub use entry::{Entry, EntryError, EntryKind, Reply};
-pub use key::{decide, BypassReason, CacheControl, CacheRequest, Cacheable, Decision, Key};
+pub use key::{
+    decide, key_hex, BypassReason, CacheControl, CacheRequest, Cacheable, Decision, Key,
+};
 pub use store::{
     Dropped, InsertError, Inserted, Lookup, Replaced, Store, Totals, PREPARE_MAX_SLOTS,
 };

@@ -78,7 +78,7 @@ fn keys(config: &Config) -> Keys {
     }
     named.sort();
     named.dedup();
-    let markers = if config.cache.enabled {
+    let markers = if config.cache.keeps_entries() {
         config.cache.max_entries
     } else {
         0
@@ -174,7 +174,7 @@ impl Census {
 /// the semantic index's group slots, all created at start, from its own.
 fn slots<S: SharedStore + ?Sized>(store: &S, config: &Config) -> Footprint {
     let cfg = &config.cache;
-    if !cfg.enabled {
+    if !cfg.keeps_entries() {
         return Footprint::default();
     }
     let totals = Store::new(store, cfg).totals().unwrap_or_default();
@@ -199,13 +199,13 @@ fn slots<S: SharedStore + ?Sized>(store: &S, config: &Config) -> Footprint {
 
 /// The semantic index is configured (and with it its keys).
 fn semantic_on(config: &Config) -> bool {
-    config.cache.enabled && config.cache.semantic.is_some()
+    config.cache.keeps_entries() && config.cache.semantic.is_some()
 }
 
 /// The most keys `config` lets the filter hold in shared data: the bound the
 /// gauge `llm_filter_shared_data_keys` stays under.
 pub fn max_keys(config: &Config) -> u64 {
-    let mut slots = if config.cache.enabled {
+    let mut slots = if config.cache.keeps_entries() {
         u64::from(config.cache.max_entries)
     } else {
         0

@@ -6,8 +6,8 @@
 use serde_json::Value;
 
 use crate::cache::{
-    self as policy, coalesce, BypassReason, CacheRequest, CacheStatus, Cacheable, Claim, Decision,
-    Entry, Lookup, Poll, Store, StreamAssembler, AGE_HEADER, X_CACHE,
+    self as policy, coalesce, key_hex, BypassReason, CacheRequest, CacheStatus, Cacheable, Claim,
+    Decision, Entry, Lookup, Mode, Poll, Store, StreamAssembler, AGE_HEADER, X_CACHE,
 };
 use crate::host::Metrics;
 use crate::json::Json;
@@ -28,15 +28,27 @@ impl Call {
         host: &mut dyn Host,
         body: Option<HeldBody>,
     ) -> Result<Step, Option<HeldBody>> {
-        let cfg = &env.config.cache;
-        // Off for this call (the top-level switch, or its A/B group's).
-        if self.cache.status.is_none() {
+        let config = env.config;
+        let cfg = &config.cache;
+        // Off for this call: the top-level switch, or its A/B group's.
+        if !cfg.enabled || self.cache.group_off {
             return Err(body);
         }
         let decision = match &body {
             None => Decision::Bypass(BypassReason::Unbuffered),
             Some(b) => self.cache_decision(env, host, b.tree.as_ref()),
         };
+        if cfg.mode == Mode::Shard {
+            // The replica that owns the key does the rest; this proxy only
+            // tells the load balancer which one that is. No route refresh:
+            // the router hashes the header when it picks the host.
+            if let Decision::Cacheable(c) = decision {
+                set_request(env, host, &cfg.shard_header, Some(&key_hex(&c.key)));
+                count_shard_key(env.metrics, "written");
+            }
+            return Err(body);
+        }
+        self.check_shard_key(env, &decision);
         let c = match decision {
             Decision::Bypass(reason) => {
                 log::debug!("llm-filter: cache bypass ({})", reason.as_str());
@@ -139,6 +151,23 @@ impl Call {
         (self.cache.cacheable, self.request.degraded) = before;
         self.request.downgraded = false;
         false
+    }
+
+    /// Compares the shard header the request came with to the key computed
+    /// here. Only counted: the lookup always uses the computed key, so a
+    /// forged header can neither read nor fill another key's entry.
+    fn check_shard_key(&mut self, env: &mut Env<'_>, decision: &Decision) {
+        let Some(sent) = self.cache.shard_key.take() else {
+            return;
+        };
+        let matched = match decision {
+            Decision::Cacheable(c) => key_hex(&c.key).eq_ignore_ascii_case(sent.trim()),
+            Decision::Bypass(_) => false,
+        };
+        if !matched {
+            log::debug!("llm-filter: shard header does not match the computed cache key");
+        }
+        count_shard_key(env.metrics, if matched { "matched" } else { "mismatched" });
     }
 
     /// Cacheability and key of a held body, from the headers that take part.
@@ -450,6 +479,17 @@ impl Call {
     }
 }
 
+/// Reads and removes the shard header of a request: the upstream never sees
+/// a client's value; a filter in `shard` mode writes its own once it has the
+/// key. The value is kept only where a `local` cache checks it.
+pub(super) fn take_shard_header(env: &mut Env<'_>, host: &mut dyn Host) -> Option<String> {
+    let config = env.config;
+    let header = &config.cache.shard_header;
+    let sent = host.request_header(header)?;
+    set_request(env, host, header, None);
+    config.cache.keeps_entries().then_some(sent)
+}
+
 /// True when a response says a body follows (`content-length` above 0, or
 /// chunked): only then does a body callback come to replace it.
 fn declares_body(host: &dyn Host) -> bool {
@@ -464,6 +504,13 @@ fn declares_body(host: &dyn Host) -> bool {
 
 fn count_store(m: &mut dyn Metrics, result: &str) {
     m.counter(&names::name(names::CACHE_STORES, &[("result", result)]), 1);
+}
+
+fn count_shard_key(m: &mut dyn Metrics, result: &str) {
+    m.counter(
+        &names::name(names::CACHE_SHARD_KEYS, &[("result", result)]),
+        1,
+    );
 }
 
 fn count_wait(m: &mut dyn Metrics, outcome: &str) {

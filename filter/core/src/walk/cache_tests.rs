@@ -626,3 +626,149 @@ fn a_stream_cut_short_is_neither_stored_nor_a_success() {
     assert_eq!(step, Step::Continue);
     assert!(host.local_reply.is_none());
 }
+
+const SHARD: &str = r#"{"cache":{"mode":"shard"}}"#;
+const SHARD_HEADER: &str = "x-llm-cache-key";
+
+impl World {
+    fn shard_keys(&self, result: &str) -> u64 {
+        self.counter(&format!(
+            "llm_filter_cache_shard_keys_total.result={result};"
+        ))
+    }
+}
+
+/// The key a filter in `shard` mode writes for `host`'s request.
+fn shard_key_of(host: FakeHost) -> Option<String> {
+    let mut w = World::new(SHARD);
+    let mut host = host;
+    let (call, step) = w.hold_request(&mut host);
+    assert_eq!(step, Step::Continue);
+    call.on_log(&mut w.env());
+    host.header(SHARD_HEADER).map(str::to_string)
+}
+
+#[test]
+fn a_shard_writes_the_key_and_keeps_no_cache() {
+    let mut w = World::new(SHARD);
+    // The client's own value never goes on; the filter writes the key.
+    for _ in 0..2 {
+        let host = w.upstream_call(
+            chat(CHAT).with_header(SHARD_HEADER, "forged"),
+            200,
+            "application/json",
+            ANSWER,
+        );
+        let key = host.header(SHARD_HEADER).unwrap();
+        assert_eq!(key.len(), 64);
+        assert!(key
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        // The next tier's `x-cache` reaches the client as it is.
+        assert_eq!(host.response("x-cache"), None);
+        assert_eq!(host.header("accept-encoding"), Some("gzip"));
+        assert_eq!(host.response_body, ANSWER.as_bytes());
+    }
+    // Nothing looked up, stored or coalesced here: both went upstream.
+    assert_eq!(w.shard_keys("written"), 2);
+    assert_eq!((w.lookups("miss"), w.lookups("hit")), (0, 0));
+    assert_eq!(w.stores("stored"), 0);
+    assert_eq!(w.gauge("llm_filter_cache_entries"), -1);
+    let mut first = chat(CHAT);
+    let mut twin = chat(CHAT);
+    let (a, step_a) = w.hold_request(&mut first);
+    let (b, step_b) = w.hold_request(&mut twin);
+    assert_eq!((step_a, step_b), (Step::Continue, Step::Continue));
+    a.on_log(&mut w.env());
+    b.on_log(&mut w.env());
+
+    // The same request spelled otherwise is the same key; another tenant,
+    // another prompt, another key; not cacheable, no header at all.
+    let k = shard_key_of(chat(CHAT)).unwrap();
+    let respelled = CHAT.replace(r#""model":"gpt-4o","#, r#""model" : "gpt-4o" ,"#);
+    assert_eq!(shard_key_of(chat(&respelled)).as_deref(), Some(k.as_str()));
+    let other_tenant = FakeHost::post(PATH)
+        .with_header("authorization", "Bearer t2")
+        .with_body(CHAT);
+    assert_ne!(shard_key_of(other_tenant).unwrap(), k);
+    assert_ne!(shard_key_of(chat(&CHAT.replace("hi", "ho"))).unwrap(), k);
+    let warm = CHAT.replace(r#""temperature":0"#, r#""temperature":1"#);
+    assert_eq!(
+        shard_key_of(chat(&warm).with_header(SHARD_HEADER, &k)),
+        None
+    );
+}
+
+#[test]
+fn a_local_cache_checks_the_shard_key_and_never_trusts_it() {
+    let key_a = shard_key_of(chat(CHAT)).unwrap();
+    let other = CHAT.replace("hi", "something else");
+    let key_b = shard_key_of(chat(&other)).unwrap();
+    let mut w = World::new(r#"{"cache":{"ttl_jitter":0}}"#);
+    // The sidecar's key matches the gateway's own and goes no further.
+    let host = w.upstream_call(
+        chat(CHAT).with_header(SHARD_HEADER, &key_a),
+        200,
+        "application/json",
+        ANSWER,
+    );
+    assert_eq!(host.header(SHARD_HEADER), None);
+    assert_eq!(host.response("x-cache"), Some("MISS"));
+    assert_eq!(w.shard_keys("matched"), 1);
+
+    // Another request under A's key reads nothing of A's entry…
+    let other_answer = ANSWER.replace("Hello there", "Something else");
+    let host = w.upstream_call(
+        chat(&other).with_header(SHARD_HEADER, &key_a),
+        200,
+        "application/json",
+        &other_answer,
+    );
+    assert_eq!(host.response("x-cache"), Some("MISS"));
+    assert_eq!(host.header(SHARD_HEADER), None);
+    assert_eq!(w.shard_keys("mismatched"), 1);
+    // …nor overwrote it: A still gets its own answer, B its own.
+    for (body, forged, answer) in [
+        (CHAT, key_b.as_str(), ANSWER),
+        (other.as_str(), "zz", other_answer.as_str()),
+    ] {
+        let mut host = chat(body).with_header(SHARD_HEADER, forged);
+        let (call, _) = w.hold_request(&mut host);
+        let (_, headers, got) = reply(&host);
+        assert_eq!(headers["x-cache"], "HIT");
+        assert_eq!(got, answer.as_bytes());
+        call.on_log(&mut w.env());
+    }
+    assert_eq!(w.shard_keys("mismatched"), 3);
+    // A not-cacheable call with a key is a mismatch, and passes without it;
+    // a call without one is not counted.
+    let warm = CHAT.replace(r#""temperature":0"#, r#""temperature":1"#);
+    let host = w.upstream_call(
+        chat(&warm).with_header(SHARD_HEADER, &key_a),
+        200,
+        "application/json",
+        ANSWER,
+    );
+    assert_eq!(host.header(SHARD_HEADER), None);
+    assert_eq!(w.shard_keys("mismatched"), 4);
+    w.upstream_call(chat(&warm), 200, "application/json", ANSWER);
+    assert_eq!(w.shard_keys("mismatched") + w.shard_keys("matched"), 5);
+
+    // Whatever the mode or the call, the header never reaches the upstream.
+    for config in [r#"{"cache":{"enabled":false}}"#, "{}"] {
+        let mut w = World::new(config);
+        let mut host = FakeHost::new()
+            .with_header(":method", "GET")
+            .with_header(":path", "/healthz")
+            .with_header(SHARD_HEADER, &key_a);
+        assert!(Call::start(&mut w.env(), &mut host, true).is_none());
+        assert_eq!(host.header(SHARD_HEADER), None);
+        let host = w.upstream_call(
+            chat(CHAT).with_header(SHARD_HEADER, &key_a),
+            200,
+            "application/json",
+            ANSWER,
+        );
+        assert_eq!(host.header(SHARD_HEADER), None, "{config}");
+    }
+}

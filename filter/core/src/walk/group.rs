@@ -10,7 +10,6 @@ use crate::json::Json;
 use crate::routing::config::RoutingConfig;
 use crate::shaping::ShapingConfig;
 
-use super::state::CacheCall;
 use super::{set_request, Call, Env, HeldBody, Host};
 
 impl Call {
@@ -48,8 +47,9 @@ impl Call {
             .map(|_| host.request_header_all(baggage::HEADER).join(","));
         let merged = baggage::merge(existing.as_deref(), ab::BAGGAGE_KEY, &name);
         set_request(env, host, baggage::HEADER, Some(&merged));
-        if let Some(on) = cache {
-            self.cache = CacheCall::new(on);
+        if cache == Some(false) {
+            self.cache.status = None;
+            self.cache.group_off = true;
         }
     }
 

@@ -175,6 +175,7 @@ impl Call {
         end_of_stream: bool,
     ) -> Option<(Self, Step)> {
         upstream::drop_client_route_header(env, host);
+        let shard_key = cache::take_shard_header(env, host);
         let method = host.request_header(":method").unwrap_or_default();
         let path = host.request_header(":path").unwrap_or_default();
         let endpoint = classify::classify(&method, &path, &env.config.llm_paths)?;
@@ -183,7 +184,7 @@ impl Call {
             phase: Phase::Forwarded,
             dispatch: Dispatch::default(),
             response: None,
-            cache: CacheCall::new(env.config.cache.enabled),
+            cache: CacheCall::new(env.config.cache.keeps_entries(), shard_key),
         };
         call.tag(env, host);
         if end_of_stream {

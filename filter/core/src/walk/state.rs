@@ -211,6 +211,11 @@ pub(super) struct CacheCall {
     pub(super) fill: Option<Fill>,
     /// The semantic cache's part, when the call takes part.
     pub(super) semantic: Option<SemanticCall>,
+    /// The shard header the request came with (removed from it), checked
+    /// against the key this filter computes in `local` mode.
+    pub(super) shard_key: Option<String>,
+    /// The call's A/B group turned the cache off.
+    pub(super) group_off: bool,
 }
 
 /// A call's part in the semantic cache.
@@ -237,10 +242,13 @@ pub(super) enum Fill {
 
 impl CacheCall {
     /// A call's cache state: `BYPASS` until the body says otherwise, nothing
-    /// at all when the cache is off.
-    pub(super) fn new(enabled: bool) -> Self {
+    /// at all when this proxy keeps no cache (off, or `shard` mode, where the
+    /// next tier's `x-cache` reaches the client unchanged). `shard_key`: the
+    /// shard header the request came with.
+    pub(super) fn new(local: bool, shard_key: Option<String>) -> Self {
         Self {
-            status: enabled.then_some(CacheStatus::Bypass),
+            status: local.then_some(CacheStatus::Bypass),
+            shard_key,
             ..Self::default()
         }
     }

@@ -130,11 +130,21 @@ fn an_empty_store_holds_nothing() {
             bytes: 0
         }
     );
-    let off = Config::parse(br#"{"cache": {"enabled": false}}"#).unwrap();
-    assert_eq!(
-        run(&mut Census::new(&off), &store, &off, 0),
-        Footprint::default()
-    );
+    // Nor does a shard, which keeps no table.
+    for doc in [
+        &br#"{"cache": {"enabled": false}}"#[..],
+        br#"{"cache": {"mode": "shard", "max_entries": 8}}"#,
+    ] {
+        let off = Config::parse(doc).unwrap();
+        assert_eq!(
+            run(&mut Census::new(&off), &store, &off, 0),
+            Footprint::default()
+        );
+        assert_eq!(
+            max_keys(&off),
+            max_keys(&Config::parse(br#"{"cache": {"enabled": false}}"#).unwrap())
+        );
+    }
 }
 
 /// The value-size bounds documented in the README's key-family table.
