@@ -9,11 +9,11 @@ pub mod per_priority;
 use serde::Deserialize;
 
 use crate::ab::{self, AbConfig, RawAbConfig};
-use crate::admin::{AdminConfig, RawAdminConfig};
+use crate::admin::config::{AdminConfig, RawAdminConfig};
 use crate::budget::config::{BudgetConfig, RawBudgetConfig};
 use crate::cache::config::{CacheConfig, RawCacheConfig};
 use crate::classify::DEFAULT_PATHS;
-use crate::degrade::{DegradeConfig, RawDegradeConfig};
+use crate::degrade::config::{DegradeConfig, RawDegradeConfig};
 use crate::priority::Priority;
 use crate::routing::config::{RawRoutingConfig, RoutingConfig};
 use crate::shaping::{RawShapingConfig, ShapingConfig};

@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use crate::config::{check, ConfigError};
+use crate::config::check;
+use crate::config::error::ConfigError;
 use crate::priority::Priority;
 
 /// Default `alert_ttl_s`: a firing alert not re-sent for this long expires,

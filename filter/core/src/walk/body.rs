@@ -3,10 +3,7 @@
 //! to read `model` (and the answer's `usage`) from a body the filter does not hold.
 
 use crate::json::Json;
-use crate::metrics::internal_error;
 use crate::routing::Features;
-
-use super::{set_request, Env, Host};
 
 /// A request body held whole, parsed once: the cache keys its tree, routing
 /// reads its features and rewrites its bytes.
@@ -35,40 +32,6 @@ impl HeldBody {
             features,
         }
     }
-}
-
-impl HeldBody {
-    /// Sends `new` upstream in place of this body, with its `content-length`,
-    /// and parses it as the body every later step reads. `Err` gives this
-    /// body back, unchanged, when the host refused the new one (counted).
-    pub(super) fn replace(
-        self,
-        env: &mut Env<'_>,
-        host: &mut dyn Host,
-        new: Vec<u8>,
-    ) -> Result<HeldBody, HeldBody> {
-        if !replace_request_body(env, host, self.size, &new) {
-            return Err(self);
-        }
-        let size = new.len();
-        Ok(Self::parse(new, size))
-    }
-}
-
-/// Replaces the `size` bytes of the request body the host holds with `new`
-/// and sets `content-length` to match; false (counted) when the host refused.
-pub(super) fn replace_request_body(
-    env: &mut Env<'_>,
-    host: &mut dyn Host,
-    size: usize,
-    new: &[u8],
-) -> bool {
-    if !host.set_request_body(size, new) {
-        internal_error(env.metrics, "set_request_body");
-        return false;
-    }
-    set_request(env, host, "content-length", Some(&new.len().to_string()));
-    true
 }
 
 /// Largest body copied aside by default: past it the copy is useless (a cut

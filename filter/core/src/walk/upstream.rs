@@ -8,7 +8,6 @@ use crate::metrics::internal_error;
 use crate::routing::{self, Features, RouteAsk};
 use crate::{load, usage};
 
-use super::body::replace_request_body;
 use super::{set_request, Call, Env, HeldBody, Host, Step};
 
 impl Call {
@@ -178,4 +177,38 @@ fn set_route_header(env: &mut Env<'_>, host: &mut dyn Host, cluster: Option<&str
     if !host.clear_route_cache() {
         internal_error(env.metrics, "clear_route_cache");
     }
+}
+
+impl HeldBody {
+    /// Sends `new` upstream in place of this body, with its `content-length`,
+    /// and parses it as the body every later step reads. `Err` gives this
+    /// body back, unchanged, when the host refused the new one (counted).
+    pub(super) fn replace(
+        self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        new: Vec<u8>,
+    ) -> Result<HeldBody, HeldBody> {
+        if !replace_request_body(env, host, self.size, &new) {
+            return Err(self);
+        }
+        let size = new.len();
+        Ok(Self::parse(new, size))
+    }
+}
+
+/// Replaces the `size` bytes of the request body the host holds with `new`
+/// and sets `content-length` to match; false (counted) when the host refused.
+pub(super) fn replace_request_body(
+    env: &mut Env<'_>,
+    host: &mut dyn Host,
+    size: usize,
+    new: &[u8],
+) -> bool {
+    if !host.set_request_body(size, new) {
+        internal_error(env.metrics, "set_request_body");
+        return false;
+    }
+    set_request(env, host, "content-length", Some(&new.len().to_string()));
+    true
 }

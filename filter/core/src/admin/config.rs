@@ -1,0 +1,77 @@
+//! The `admin` section: where the filter's own endpoints live and the token
+//! that opens them. A leaf of the config, apart from the endpoints themselves.
+
+use serde::Deserialize;
+
+use crate::config::error::ConfigError;
+
+/// Default `admin.path_prefix`.
+pub const DEFAULT_PREFIX: &str = "/llm-filter";
+/// Shortest `admin.token`: a guessable token protects nothing.
+const MIN_TOKEN_LEN: usize = 16;
+
+/// `admin` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawAdminConfig {
+    /// Where the endpoints live.
+    pub path_prefix: Option<String>,
+    /// The bearer token; none: the endpoints answer 404.
+    pub token: Option<String>,
+}
+
+/// The compiled `admin` section.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminConfig {
+    /// Where the endpoints live, without a trailing `/`.
+    pub path_prefix: String,
+    /// The bearer token.
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for AdminConfig {
+    // The token never reaches a log.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminConfig")
+            .field("path_prefix", &self.path_prefix)
+            .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .finish()
+    }
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            path_prefix: DEFAULT_PREFIX.to_string(),
+            token: None,
+        }
+    }
+}
+
+impl AdminConfig {
+    /// Compiles the section; errors name fields relative to it.
+    pub fn compile(raw: RawAdminConfig) -> Result<Self, ConfigError> {
+        let prefix = raw
+            .path_prefix
+            .unwrap_or_else(|| DEFAULT_PREFIX.to_string());
+        let prefix = prefix.trim_end_matches('/').to_string();
+        if !prefix.starts_with('/') || prefix.contains(['?', '#']) {
+            return Err(ConfigError::new(
+                "path_prefix",
+                format!("{prefix:?} is not an absolute path without query, other than /"),
+            ));
+        }
+        if let Some(t) = &raw.token {
+            if t.len() < MIN_TOKEN_LEN || !t.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(ConfigError::new(
+                    "token",
+                    format!("must be at least {MIN_TOKEN_LEN} visible ASCII characters"),
+                ));
+            }
+        }
+        Ok(Self {
+            path_prefix: prefix,
+            token: raw.token,
+        })
+    }
+}
