@@ -154,6 +154,7 @@ fn at_one_level_a_group_is_shed_while_another_is_capped() {
     let (status, headers, _) = host.local_reply.clone().unwrap();
     assert_eq!((status, headers["retry-after"].as_str()), (503, "5"));
     assert_eq!(headers["x-llm-degraded"], "2");
+    assert_eq!(headers["x-user-group"], "control");
     call.on_log(&mut w.env());
     assert_eq!(
         w.counter("llm_filter_degraded_total.action=shed;.priority=P2;"),
