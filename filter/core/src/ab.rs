@@ -1,6 +1,7 @@
 //! A/B groups: each user is put in one group by a stable hash of their key, so
-//! a variant (another model table entry, other shaping caps, the cache off) can
-//! be tried on a share of users and compared per group in the metrics.
+//! a variant (another model table entry, other shaping caps, the cache off,
+//! other degrade actions) can be tried on a share of users and compared per
+//! group in the metrics.
 //!
 //! The rule (the seeds'): FNV-1a 32-bit of the user key, modulo 100, picks the
 //! first group whose cumulative `percent` exceeds it. The key is the
