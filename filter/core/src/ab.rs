@@ -1,6 +1,7 @@
 //! A/B groups: each user is put in one group by a stable hash of their key, so
-//! a variant (another model table entry, other shaping caps, the cache off) can
-//! be tried on a share of users and compared per group in the metrics.
+//! a variant (another model table entry, other shaping caps, the cache off,
+//! other degrade actions) can be tried on a share of users and compared per
+//! group in the metrics.
 //!
 //! The rule (the seeds'): FNV-1a 32-bit of the user key, modulo 100, picks the
 //! first group whose cumulative `percent` exceeds it. The key is the
@@ -11,6 +12,7 @@ use serde::Deserialize;
 
 use crate::config::check;
 use crate::config::error::ConfigError;
+use crate::degrade::config::{DegradeConfig, RawDegradeConfig, RawDegradeOverride};
 use crate::routing::config::{RawBackend, RawRoutingConfig, RoutingConfig};
 use crate::shaping::{RawShapingConfig, ShapingConfig};
 
@@ -58,6 +60,9 @@ pub struct RawOverrides {
     pub shaping: Option<RawShapingConfig>,
     /// The response cache on or off.
     pub cache: Option<RawCacheOverride>,
+    /// What the degrade levels do to the group's calls (the levels
+    /// themselves stay the model's, shared by every group).
+    pub degrade: Option<RawDegradeOverride>,
 }
 
 /// `overrides.routing` as written.
@@ -107,6 +112,10 @@ pub struct Group {
     pub shaping: Option<ShapingConfig>,
     /// The cache on or off for its calls, when it differs.
     pub cache: Option<bool>,
+    /// The degrade actions of its calls, when they differ; only the
+    /// per-level actions and their parameters of it are read, the level
+    /// comes from the top-level section.
+    pub degrade: Option<DegradeConfig>,
 }
 
 /// What a group's overrides are compiled against: the top-level sections
@@ -118,6 +127,8 @@ pub struct Base<'a> {
     pub shaping: &'a RawShapingConfig,
     /// `cache.enabled` as compiled.
     pub cache: bool,
+    /// `degrade` as written.
+    pub degrade: &'a RawDegradeConfig,
 }
 
 impl AbConfig {
@@ -235,12 +246,22 @@ fn compile_group(g: RawGroup, percent: u8, base: &Base<'_>) -> Result<Group, Con
              turn it on there and off in the other groups",
         ));
     }
+    let degrade = match g.overrides.degrade {
+        None => None,
+        Some(over) => Some(
+            base.degrade
+                .overridden_by(over)
+                .and_then(DegradeConfig::compile)
+                .map_err(|e| e.within("overrides.degrade"))?,
+        ),
+    };
     Ok(Group {
         name: g.name,
         percent,
         routing,
         shaping,
         cache,
+        degrade,
     })
 }
 
@@ -264,12 +285,16 @@ mod tests {
         )
         .unwrap();
         let shaping = RawShapingConfig::default();
+        let degrade: RawDegradeConfig =
+            serde_json::from_str(r#"{"levels":{"1":{"P2":["temperature"]}},"max_tokens_cap":100}"#)
+                .unwrap();
         AbConfig::compile(
             raw,
             &Base {
                 routing: &routing,
                 shaping: &shaping,
                 cache: false,
+                degrade: &degrade,
             },
         )
     }
@@ -324,6 +349,82 @@ mod tests {
         assert_eq!(b.cache, Some(false));
         assert!(c.needs_body());
         assert_eq!(c.groups[0].routing, None);
+    }
+
+    #[test]
+    fn degrade_overrides_replace_the_levels_they_name() {
+        use crate::degrade::Action;
+        use crate::priority::Priority;
+        let c = parse(
+            r#"{"groups":[{"name":"control","percent":50},
+            {"name":"b","percent":50,"overrides":{"degrade":{
+              "levels":{"2":{"P1":["max_tokens"],"P2":["max_tokens","temperature"]}},
+              "fallback_model":{"gpt-4o":"small"},"max_tokens_cap":32,"retry_after_s":9}}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.groups[0].degrade, None);
+        let d = c.groups[1].degrade.as_ref().unwrap();
+        assert_eq!(d.actions(2, Priority::P1), [Action::MaxTokens]);
+        assert_eq!(
+            d.actions(2, Priority::P2),
+            [Action::MaxTokens, Action::Temperature]
+        );
+        // Level 1 is the top level's (temperature for P2), level 3 the default.
+        assert_eq!(d.actions(1, Priority::P2), [Action::Temperature]);
+        assert_eq!(d.actions(3, Priority::P2), [Action::Reject]);
+        assert_eq!((d.max_tokens_cap, d.retry_after_s), (32, 9));
+        assert_eq!(d.fallback_model["gpt-4o"], "small");
+        // An override of the cap alone keeps the top-level levels.
+        let c = parse(
+            r#"{"groups":[{"name":"a","percent":100,"overrides":{"degrade":{"max_tokens_cap":8}}}]}"#,
+        )
+        .unwrap();
+        let d = c.groups[0].degrade.as_ref().unwrap();
+        assert_eq!(d.actions(1, Priority::P2), [Action::Temperature]);
+        assert_eq!(d.max_tokens_cap, 8);
+    }
+
+    #[test]
+    fn degrade_overrides_leave_the_level_global() {
+        for (over, field) in [
+            (
+                r#"{"thresholds":[]}"#,
+                "groups[0].overrides.degrade.thresholds",
+            ),
+            (r#"{"alerts":[]}"#, "groups[0].overrides.degrade.alerts"),
+            (
+                r#"{"alert_ttl_s":5}"#,
+                "groups[0].overrides.degrade.alert_ttl_s",
+            ),
+            (
+                r#"{"levels":{"4":{}}}"#,
+                "groups[0].overrides.degrade.levels.4",
+            ),
+            (
+                r#"{"levels":{"1":{"P0":["shed"]}}}"#,
+                "groups[0].overrides.degrade.levels.1.P0",
+            ),
+            (
+                r#"{"levels":{"1":{"P1":["fallback_model"]}}}"#,
+                "groups[0].overrides.degrade.levels.1.P1",
+            ),
+            (
+                r#"{"max_tokens_cap":0}"#,
+                "groups[0].overrides.degrade.max_tokens_cap",
+            ),
+            (r#"{"nap":1}"#, "groups[0].overrides.degrade.nap"),
+        ] {
+            let doc = format!(
+                r#"{{"groups":[{{"name":"a","percent":100,"overrides":{{"degrade":{over}}}}}]}}"#
+            );
+            let e = parse(&doc).unwrap_err();
+            assert_eq!(e.field, field, "{doc}: {e}");
+        }
+        let e = parse(
+            r#"{"groups":[{"name":"a","percent":100,"overrides":{"degrade":{"thresholds":[]}}}]}"#,
+        )
+        .unwrap_err();
+        assert!(e.message.contains("shared by every group"), "{e}");
     }
 
     #[test]

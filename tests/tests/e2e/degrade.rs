@@ -409,6 +409,93 @@ async fn a_threshold_on_the_load_raises_the_level() {
     assert_eq!(level, 2.0);
 }
 
+/// A user the A/B rule (FNV-1a 32-bit of the user, modulo 100, against the
+/// cumulative percents) puts in the first half when `first`, else the second.
+fn user_in_half(first: bool) -> String {
+    (0..)
+        .map(|i| format!("user-{i}"))
+        .find(|u| {
+            let hash = u.bytes().fold(0x811c_9dc5u32, |h, b| {
+                (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+            });
+            (hash % 100 < 50) == first
+        })
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_group_overrides_what_the_level_does_to_its_calls() {
+    if skip_without_envoy("a_group_overrides_what_the_level_does_to_its_calls") {
+        return;
+    }
+    let mock = MockUpstream::start(MockConfig::named("abdegrade"));
+    let envoy = envoy(
+        &mock,
+        json!({
+            "admin": {"token": TOKEN},
+            "degrade": {"alerts": [{"severity": "page", "level": 2}], "max_tokens_cap": 64},
+            "ab": {"groups": [
+                {"name": "control", "percent": 50},
+                {"name": "gentle", "percent": 50, "overrides": {"degrade": {
+                    "levels": {"2": {"P2": ["max_tokens"]}}, "max_tokens_cap": 16}}}
+            ]}
+        }),
+    );
+    let url = envoy.url("/v1/chat/completions");
+    let (control, gentle) = (user_in_half(true), user_in_half(false));
+    let mut body = chat_body("gpt-4o", "under load");
+    body["max_tokens"] = json!(1000);
+    // Level 2 for every model; both groups see the same level.
+    send_alert(&envoy, "firing", "page").await;
+    let s = wait_for_level(&envoy, "*", 2, Duration::from_secs(5)).await;
+    assert_eq!(s["levels"]["*"], 2, "{s}");
+
+    let before = mock.request_count();
+    let r = post_json(
+        &url,
+        &body,
+        &[("x-request-priority", "P2"), ("x-user-id", &control)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.header("x-user-group"), Some("control"));
+    assert_eq!(r.header("x-llm-degraded"), Some("2"));
+    assert_eq!(r.header("retry-after"), Some("5"));
+    assert_eq!(r.json()["error"]["code"], "llm_filter_degraded_shed");
+    assert_eq!(mock.request_count(), before, "control's call was shed");
+
+    let r = post_json(
+        &url,
+        &body,
+        &[("x-request-priority", "P2"), ("x-user-id", &gentle)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-user-group"), Some("gentle"));
+    assert_eq!(r.header("x-llm-degraded"), Some("2"));
+    assert_eq!(mock.request_count(), before + 1);
+    let got = mock.last_request().unwrap();
+    assert_eq!(got.header("x-user-group"), Some("gentle"));
+    let sent = got.json().unwrap();
+    assert_eq!(
+        (sent["model"].as_str(), sent["max_tokens"].as_u64()),
+        (Some("gpt-4o"), Some(16)),
+        "the group's cap, not the top-level 64"
+    );
+    assert_eq!(sent["messages"], body["messages"]);
+    for action in ["shed", "max_tokens"] {
+        let n = envoy.wait_for_metric(
+            "llm_filter_degraded_total",
+            &[("action", action), ("priority", "P2")],
+            1.0,
+            Duration::from_secs(5),
+        );
+        assert_eq!(n, 1.0, "{action}");
+    }
+}
+
 #[test]
 fn rfc3339_spells_utc() {
     assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");

@@ -187,6 +187,7 @@ impl TryFrom<RawConfig> for Config {
                 routing: &raw.routing,
                 shaping: &raw.shaping,
                 cache: cache.enabled,
+                degrade: &raw.degrade,
             },
         )
         .map_err(|e| e.within("ab"))?;

@@ -28,7 +28,7 @@ pub const DEFAULT_MAX_TOKENS_CAP: u64 = 256;
 pub const DEFAULT_RETRY_AFTER_S: u64 = 5;
 
 /// `degrade` as written.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawDegradeConfig {
     /// Alert rules; the defaults when absent.
@@ -51,6 +51,63 @@ pub struct RawDegradeConfig {
     pub levels: Option<BTreeMap<String, BTreeMap<String, Vec<Action>>>>,
 }
 
+/// `ab.groups[].overrides.degrade` as written: what the levels do to the
+/// group's calls. The level itself — alerts, their life, the thresholds — is
+/// the model's, shared by every group, so those fields stay top-level.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawDegradeOverride {
+    /// Actions per level and priority; a level given replaces that level's
+    /// top-level actions, the others are kept.
+    pub levels: Option<BTreeMap<String, BTreeMap<String, Vec<Action>>>>,
+    /// The cheaper model each model switches to; replaces the top-level map.
+    pub fallback_model: Option<BTreeMap<String, String>>,
+    /// The cap of the `max_tokens` action.
+    pub max_tokens_cap: Option<u64>,
+    /// `retry-after` of a shed call, s.
+    pub retry_after_s: Option<u64>,
+    /// Calls per second of the temperature rule.
+    pub qps_ref: Option<f64>,
+    /// Output tokens per second of the temperature rule.
+    pub tokens_per_s_ref: Option<f64>,
+    /// Not a group's: refused with a reason.
+    pub alerts: Option<serde::de::IgnoredAny>,
+    /// Not a group's: refused with a reason.
+    pub alert_ttl_s: Option<serde::de::IgnoredAny>,
+    /// Not a group's: refused with a reason.
+    pub thresholds: Option<serde::de::IgnoredAny>,
+}
+
+impl RawDegradeConfig {
+    /// This section with what `over` gives put in place of its own; errors
+    /// (relative to `over`) for the fields that set the level, which only
+    /// the top level has.
+    pub fn overridden_by(&self, over: RawDegradeOverride) -> Result<Self, ConfigError> {
+        for (field, given) in [
+            ("alerts", over.alerts.is_some()),
+            ("alert_ttl_s", over.alert_ttl_s.is_some()),
+            ("thresholds", over.thresholds.is_some()),
+        ] {
+            if given {
+                return Err(ConfigError::new(
+                    field,
+                    "the level of a model is shared by every group: set it in the top-level degrade",
+                ));
+            }
+        }
+        let mut out = self.clone();
+        if let Some(levels) = over.levels {
+            out.levels.get_or_insert_with(BTreeMap::new).extend(levels);
+        }
+        out.fallback_model = over.fallback_model.or(out.fallback_model);
+        out.max_tokens_cap = over.max_tokens_cap.or(out.max_tokens_cap);
+        out.retry_after_s = over.retry_after_s.or(out.retry_after_s);
+        out.qps_ref = over.qps_ref.or(out.qps_ref);
+        out.tokens_per_s_ref = over.tokens_per_s_ref.or(out.tokens_per_s_ref);
+        Ok(out)
+    }
+}
+
 /// What a load signal is compared with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -64,7 +121,7 @@ pub enum Signal {
 }
 
 /// One entry of `degrade.thresholds`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawThreshold {
     /// The model it watches; every model when absent.
@@ -123,7 +180,7 @@ impl Action {
 }
 
 /// One entry of `degrade.alerts`: every label given must equal the alert's.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawAlertRule {
     /// The alert's `alertname`.

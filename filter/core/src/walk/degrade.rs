@@ -24,7 +24,8 @@ impl Call {
         let (level, signals) = degrade::level_with(env.store, env.config, &model, env.now_ms);
         let label = env.model_labels.value(Some(&model)).to_string();
         degrade::set_level_gauge(env.metrics, &label, level);
-        let cfg = &env.config.degrade;
+        // The level is the model's; what it does is the call's group's.
+        let cfg = self.degrade_config(env.config);
         let priority = self.request.priority;
         let actions = cfg.actions(level, priority);
         if actions.is_empty() {

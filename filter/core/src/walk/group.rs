@@ -1,11 +1,12 @@
 //! The A/B step of the walk: once the body is read, the call is put in its
 //! user's group, which goes upstream (`x-user-group`, a baggage member), back
 //! to the client, onto the request metrics, and picks the group's overrides
-//! of routing, shaping and the cache.
+//! of routing, shaping, the cache and the degrade actions.
 
 use crate::ab::{self, Group};
 use crate::baggage;
 use crate::config::Config;
+use crate::degrade::DegradeConfig;
 use crate::json::Json;
 use crate::routing::config::RoutingConfig;
 use crate::shaping::ShapingConfig;
@@ -70,5 +71,13 @@ impl Call {
         self.group(config)
             .and_then(|g| g.shaping.as_ref())
             .unwrap_or(&config.shaping)
+    }
+
+    /// The degrade actions of this call: its group's, or the top-level
+    /// ones. Its level is never read here: it is the model's, for every group.
+    pub(super) fn degrade_config<'c>(&self, config: &'c Config) -> &'c DegradeConfig {
+        self.group(config)
+            .and_then(|g| g.degrade.as_ref())
+            .unwrap_or(&config.degrade)
     }
 }

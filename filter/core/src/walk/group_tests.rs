@@ -115,3 +115,71 @@ fn a_user_header_spares_holding_the_body() {
     let (_, step) = Call::start(&mut w.env(), &mut host, false).unwrap();
     assert_eq!(step, Step::Pause);
 }
+
+#[test]
+fn at_one_level_a_group_is_shed_while_another_is_capped() {
+    let mut w = World::new(
+        r#"{"admin":{"token":"0123456789abcdef"},
+          "degrade":{"max_tokens_cap":64},
+          "ab":{"groups":[
+            {"name":"control","percent":50},
+            {"name":"b","percent":50,"overrides":{"degrade":{
+              "levels":{"2":{"P2":["max_tokens"]}},"max_tokens_cap":16}}}]}}"#,
+    );
+    let hook = r#"{"version":"4","alerts":[{"status":"firing","labels":{"severity":"critical"},"fingerprint":"f"}]}"#;
+    let reports = crate::degrade::alerts::parse(hook.as_bytes(), w.now_ms).unwrap();
+    crate::degrade::alerts::apply(&w.store, &w.config.degrade, &reports, w.now_ms).unwrap();
+    // Level 3 (critical): the group keeps level 3's top-level actions, so
+    // both groups' P2 calls are rejected.
+    for group in [0, 1] {
+        let user = user_in(&w, group);
+        let mut host = FakeHost::post("/v1/chat/completions")
+            .with_header("x-user-id", &user)
+            .with_header("x-request-priority", "P2")
+            .with_body(BODY);
+        send(&mut w, &mut host);
+        assert_eq!(host.local_reply.unwrap().0, 503, "group {group}");
+    }
+    // Level 2 from an operators' rule: control is shed, b is capped.
+    w.config.degrade.alerts = vec![crate::degrade::config::AlertRule {
+        matchers: vec![("severity", "critical".into())],
+        level: 2,
+    }];
+    let control = user_in(&w, 0);
+    let mut host = FakeHost::post("/v1/chat/completions")
+        .with_header("x-user-id", &control)
+        .with_header("x-request-priority", "P2")
+        .with_body(BODY);
+    let call = send(&mut w, &mut host);
+    let (status, headers, _) = host.local_reply.clone().unwrap();
+    assert_eq!((status, headers["retry-after"].as_str()), (503, "5"));
+    assert_eq!(headers["x-llm-degraded"], "2");
+    assert_eq!(headers["x-user-group"], "control");
+    call.on_log(&mut w.env());
+    assert_eq!(
+        w.counter("llm_filter_degraded_total.action=shed;.priority=P2;"),
+        1
+    );
+
+    let b = user_in(&w, 1);
+    let mut host = FakeHost::post("/v1/chat/completions")
+        .with_header("x-user-id", &b)
+        .with_header("x-request-priority", "P2")
+        .with_body(BODY);
+    let mut call = send(&mut w, &mut host);
+    assert_eq!(host.local_reply, None);
+    let sent: serde_json::Value = serde_json::from_slice(&host.request_body).unwrap();
+    assert_eq!(
+        sent["max_tokens"], 16,
+        "the group's cap, not the top-level 64"
+    );
+    let mut host = host.with_response(200, "application/json", "{}");
+    call.on_response_headers(&mut w.env(), &mut host, false);
+    assert_eq!(host.response("x-llm-degraded"), Some("2"));
+    assert_eq!(host.response("x-user-group"), Some("b"));
+    call.on_log(&mut w.env());
+    assert_eq!(
+        w.counter("llm_filter_degraded_total.action=max_tokens;.priority=P2;"),
+        1
+    );
+}
