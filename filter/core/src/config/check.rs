@@ -47,6 +47,17 @@ pub fn real_in(field: &str, value: f64, range: RangeInclusive<f64>) -> Result<f6
     ))
 }
 
+/// A real number above zero; NaN and infinities are refused.
+pub fn positive_real(field: &str, value: f64) -> Result<f64, ConfigError> {
+    if value.is_finite() && value > 0.0 {
+        return Ok(value);
+    }
+    Err(ConfigError::new(
+        field,
+        format!("{value} is not a positive number"),
+    ))
+}
+
 /// A share in `[0, 1]`.
 pub fn fraction(field: &str, value: f64) -> Result<f64, ConfigError> {
     real_in(field, value, 0.0..=1.0)

@@ -234,7 +234,7 @@ pub struct DegradeConfig {
     pub retry_after_s: u64,
     /// Actions by level (index 0 is level 1) and priority (P0's always empty),
     /// in the order they are tried: refusals, the cache, then the body edits.
-    pub actions: [[Vec<Action>; 3]; 3],
+    pub actions: LevelActions,
 }
 
 impl Default for DegradeConfig {
@@ -255,7 +255,7 @@ impl Default for DegradeConfig {
 
 /// Level 1 caps P2; level 2 degrades P1 and sheds P2; level 3 answers P1
 /// from the cache or degrades it, and rejects P2. P0 is never changed.
-fn default_actions() -> [[Vec<Action>; 3]; 3] {
+fn default_actions() -> LevelActions {
     use Action::*;
     let degrade = vec![FallbackModel, MaxTokens, Temperature];
     [
@@ -316,18 +316,8 @@ impl DegradeConfig {
             .enumerate()
             .map(|(i, t)| compile_threshold(t).map_err(|e| e.within(&format!("thresholds[{i}]"))))
             .collect::<Result<_, _>>()?;
-        let positive_real = |field: &str, v: f64| {
-            if v.is_finite() && v > 0.0 {
-                Ok(v)
-            } else {
-                Err(ConfigError::new(
-                    field,
-                    format!("{v} is not a positive number"),
-                ))
-            }
-        };
-        let qps_ref = positive_real("qps_ref", raw.qps_ref.unwrap_or(DEFAULT_QPS_REF))?;
-        let tokens_per_s_ref = positive_real(
+        let qps_ref = check::positive_real("qps_ref", raw.qps_ref.unwrap_or(DEFAULT_QPS_REF))?;
+        let tokens_per_s_ref = check::positive_real(
             "tokens_per_s_ref",
             raw.tokens_per_s_ref.unwrap_or(DEFAULT_TOKENS_PER_S_REF),
         )?;
@@ -335,48 +325,8 @@ impl DegradeConfig {
         let max_tokens_cap = check::positive("max_tokens_cap", max_tokens_cap, "token count")?;
         let retry_after_s = raw.retry_after_s.unwrap_or(DEFAULT_RETRY_AFTER_S);
         let retry_after_s = check::in_range("retry_after_s", retry_after_s, 1..=3600)?;
-        let fallback_model = raw.fallback_model.unwrap_or_default();
-        for (model, fallback) in &fallback_model {
-            if fallback.is_empty() || fallback == model {
-                return Err(ConfigError::new(
-                    format!("fallback_model.{model}"),
-                    format!("{fallback:?} is not another model"),
-                ));
-            }
-        }
-        let mut actions = default_actions();
-        for (level, per) in raw.levels.unwrap_or_default() {
-            let field = format!("levels.{level}");
-            let i = match level.as_str() {
-                "1" => 0,
-                "2" => 1,
-                "3" => 2,
-                _ => return Err(ConfigError::new(field, "levels are \"1\", \"2\" and \"3\"")),
-            };
-            let mut table: [Vec<Action>; 3] = Default::default();
-            for (p, mut list) in per {
-                let field = format!("{field}.{p}");
-                let priority = Priority::parse(&p)
-                    .ok_or_else(|| ConfigError::new(&field, format!("{p:?} is not P1 or P2")))?;
-                if priority == Priority::P0 {
-                    return Err(ConfigError::new(field, "P0 is never degraded"));
-                }
-                list.sort();
-                list.dedup();
-                if list.contains(&Action::FallbackModel) && fallback_model.is_empty() {
-                    return Err(ConfigError::new(
-                        field,
-                        "`fallback_model` needs degrade.fallback_model",
-                    ));
-                }
-                if let Some(t) = table.get_mut(priority.index()) {
-                    *t = list;
-                }
-            }
-            if let Some(slot) = actions.get_mut(i) {
-                *slot = table;
-            }
-        }
+        let fallback_model = compile_fallback_models(raw.fallback_model.unwrap_or_default())?;
+        let actions = compile_levels(raw.levels.unwrap_or_default(), &fallback_model)?;
         Ok(Self {
             alerts,
             alert_ttl_ms: ttl_s * 1000,
@@ -389,6 +339,66 @@ impl DegradeConfig {
             actions,
         })
     }
+}
+
+/// `fallback_model`: each model's cheaper stand-in, never itself.
+fn compile_fallback_models(
+    fallback_model: BTreeMap<String, String>,
+) -> Result<BTreeMap<String, String>, ConfigError> {
+    for (model, fallback) in &fallback_model {
+        if fallback.is_empty() || fallback == model {
+            return Err(ConfigError::new(
+                format!("fallback_model.{model}"),
+                format!("{fallback:?} is not another model"),
+            ));
+        }
+    }
+    Ok(fallback_model)
+}
+
+/// Actions of each level (1–3), by priority (P0–P2).
+type LevelActions = [[Vec<Action>; 3]; 3];
+
+/// `levels`: the actions per level and priority over the defaults; a level
+/// named replaces that level's table, P0 is never degraded.
+fn compile_levels(
+    levels: BTreeMap<String, BTreeMap<String, Vec<Action>>>,
+    fallback_model: &BTreeMap<String, String>,
+) -> Result<LevelActions, ConfigError> {
+    let mut actions = default_actions();
+    for (level, per) in levels {
+        let field = format!("levels.{level}");
+        let i = match level.as_str() {
+            "1" => 0,
+            "2" => 1,
+            "3" => 2,
+            _ => return Err(ConfigError::new(field, "levels are \"1\", \"2\" and \"3\"")),
+        };
+        let mut table: [Vec<Action>; 3] = Default::default();
+        for (p, mut list) in per {
+            let field = format!("{field}.{p}");
+            let priority = Priority::parse(&p)
+                .ok_or_else(|| ConfigError::new(&field, format!("{p:?} is not P1 or P2")))?;
+            if priority == Priority::P0 {
+                return Err(ConfigError::new(field, "P0 is never degraded"));
+            }
+            list.sort();
+            list.dedup();
+            if list.contains(&Action::FallbackModel) && fallback_model.is_empty() {
+                return Err(ConfigError::new(
+                    field,
+                    "`fallback_model` needs degrade.fallback_model",
+                ));
+            }
+            if let Some(t) = table.get_mut(priority.index()) {
+                *t = list;
+            }
+        }
+        if let Some(slot) = actions.get_mut(i) {
+            *slot = table;
+        }
+    }
+    Ok(actions)
 }
 
 fn compile_threshold(raw: RawThreshold) -> Result<Threshold, ConfigError> {
