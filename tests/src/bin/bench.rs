@@ -482,7 +482,8 @@ fn wrk_script(scenario: &Scenario, run: &str) -> String {
     script.push_str("wrk.headers[\"content-type\"] = \"application/json\"\n");
     for (name, value) in &scenario.headers {
         script.push_str(&format!(
-            "wrk.headers[{}] = {}\n",
+            // Spaces around the key: `[[[` would open a long string.
+            "wrk.headers[ {} ] = {}\n",
             lua_string(name),
             lua_string(value)
         ));
@@ -506,13 +507,14 @@ fn run_wrk(url: &str, script: &Path, options: &Options, duration_s: u64) -> Resu
         .output()
         .with_context(|| format!("run {} (is wrk installed?)", wrk_bin()))?;
     let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // wrk reports a script it cannot load and then runs without it (a plain
+    // GET), which would measure the wrong request.
+    if stderr.contains(".lua:") {
+        bail!("wrk could not load its script: {stderr}");
+    }
     if !output.status.success() {
-        bail!(
-            "wrk failed ({}): {}{}",
-            output.status,
-            stdout,
-            String::from_utf8_lossy(&output.stderr)
-        );
+        bail!("wrk failed ({}): {}{}", output.status, stdout, stderr);
     }
     parse_wrk(&stdout).with_context(|| format!("wrk output:\n{stdout}"))
 }
@@ -1040,6 +1042,15 @@ Transfer/sec:      9.51MB
         assert!(parse_wrk("unable to connect").is_err());
         assert_eq!(parse_duration_ms("3.5x"), None);
         assert_eq!(parse_duration_ms("ms"), None);
+    }
+
+    #[test]
+    fn header_keys_are_not_read_as_long_strings() {
+        let scenarios = scenarios();
+        let ab = scenarios.iter().find(|s| s.name == "filter-ab").unwrap();
+        let script = wrk_script(ab, "measured");
+        assert!(script.contains("wrk.headers[ [[x-user-id]] ] = [[user-12345]]"));
+        assert!(!script.contains("[[["));
     }
 
     #[test]
