@@ -296,6 +296,8 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
+        #[cfg(feature = "hostcall-census")]
+        let _quiet = hostcall::census::Quiet::new();
         let Some(worker) = self.worker.clone() else {
             return;
         };
