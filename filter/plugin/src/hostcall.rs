@@ -44,11 +44,40 @@ use status::{BAD_ARGUMENT, CAS_MISMATCH, INTERNAL_FAILURE, MALFORMED, NOT_FOUND,
 /// A failed host call: the status the host returned.
 pub type Status = u32;
 
+/// Counts by host call, kept aside until taken: the stats sink may be
+/// borrowed (or failing) when a host call is made.
+pub struct Tally(RefCell<Vec<(&'static str, u64)>>);
+
+impl Tally {
+    /// An empty tally.
+    pub const fn new() -> Self {
+        Self(RefCell::new(Vec::new()))
+    }
+
+    /// Counts one more `call`.
+    pub fn add(&self, call: &'static str) {
+        let Ok(mut t) = self.0.try_borrow_mut() else {
+            return;
+        };
+        match t.iter_mut().find(|(c, _)| *c == call) {
+            Some((_, n)) => *n = n.saturating_add(1),
+            None => t.push((call, 1)),
+        }
+    }
+
+    /// The counts since the last take, by call.
+    pub fn take(&self) -> Vec<(&'static str, u64)> {
+        self.0
+            .try_borrow_mut()
+            .map(|mut t| std::mem::take(&mut *t))
+            .unwrap_or_default()
+    }
+}
+
 thread_local! {
-    /// Host calls that failed with a status the SDK does not expect, by call,
-    /// until [`count_unexpected`] moves them into the stats. Kept aside because
-    /// the stats sink may be borrowed (or failing) when the call fails.
-    static UNEXPECTED: RefCell<Vec<(&'static str, u64)>> = const { RefCell::new(Vec::new()) };
+    /// Host calls that failed with a status the SDK does not expect, until
+    /// [`count_unexpected`] moves them into the stats.
+    static UNEXPECTED: Tally = const { Tally::new() };
 }
 
 /// `Ok` for [`OK`]; `Err(status)` otherwise, noting it when `status` is
@@ -66,26 +95,13 @@ pub fn check(call: &'static str, status: u32, expected: &[u32]) -> Result<(), St
 }
 
 fn note(call: &'static str) {
-    UNEXPECTED.with(|u| {
-        let Ok(mut u) = u.try_borrow_mut() else {
-            return;
-        };
-        match u.iter_mut().find(|(c, _)| *c == call) {
-            Some((_, n)) => *n = n.saturating_add(1),
-            None => u.push((call, 1)),
-        }
-    });
+    UNEXPECTED.with(|u| u.add(call));
 }
 
 /// Moves the unexpected failures noted since the last time into
 /// `llm_filter_internal_errors_total{reason="host_<call>"}`.
 pub fn count_unexpected(m: &mut dyn Metrics) {
-    let noted = UNEXPECTED.with(|u| {
-        u.try_borrow_mut()
-            .map(|mut u| std::mem::take(&mut *u))
-            .unwrap_or_default()
-    });
-    for (call, n) in noted {
+    for (call, n) in UNEXPECTED.with(Tally::take) {
         let reason = format!("host_{call}");
         m.counter(&name(INTERNAL_ERRORS, &[("reason", &reason)]), n);
     }

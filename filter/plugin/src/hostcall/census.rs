@@ -8,14 +8,16 @@
 //! it is paid per worker and tick, not per call. A normal build compiles none
 //! of this.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 
 use llm_filter_core::host::Metrics;
 use llm_filter_core::metrics::{name, BENCH_HOSTCALLS};
 
+use super::Tally;
+
 thread_local! {
     /// Host calls made since the last hand-over, by call.
-    static COUNTS: RefCell<Vec<(&'static str, u64)>> = const { RefCell::new(Vec::new()) };
+    static COUNTS: Tally = const { Tally::new() };
     /// True while calls are not counted: the hand-over itself, the timer.
     static QUIET: Cell<bool> = const { Cell::new(false) };
 }
@@ -45,24 +47,12 @@ pub fn count(call: &'static str) {
     if QUIET.with(Cell::get) {
         return;
     }
-    COUNTS.with(|c| {
-        let Ok(mut c) = c.try_borrow_mut() else {
-            return;
-        };
-        match c.iter_mut().find(|(k, _)| *k == call) {
-            Some((_, n)) => *n = n.saturating_add(1),
-            None => c.push((call, 1)),
-        }
-    });
+    COUNTS.with(|c| c.add(call));
 }
 
 /// Moves the counts into the stats, uncounted.
 pub fn hand_over(m: &mut dyn Metrics) {
-    let counts = COUNTS.with(|c| {
-        c.try_borrow_mut()
-            .map(|mut c| std::mem::take(&mut *c))
-            .unwrap_or_default()
-    });
+    let counts = COUNTS.with(Tally::take);
     let _quiet = Quiet::new();
     for (call, n) in counts {
         m.counter(&name(BENCH_HOSTCALLS, &[("call", call)]), n);
