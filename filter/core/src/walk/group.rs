@@ -4,14 +4,13 @@
 //! of routing, shaping, the cache and the degrade actions.
 
 use crate::ab::{self, Group};
-use crate::baggage;
 use crate::config::Config;
 use crate::degrade::DegradeConfig;
 use crate::json::Json;
 use crate::routing::config::RoutingConfig;
 use crate::shaping::ShapingConfig;
 
-use super::{set_request, Call, Env, HeldBody, Host};
+use super::{merge_baggage, set_request, Call, Env, HeldBody, Host};
 
 impl Call {
     /// Puts the call in its user's group (A/B on): the user is the
@@ -43,11 +42,7 @@ impl Call {
         let name = group.name.clone();
         let cache = group.cache;
         set_request(env, host, ab::GROUP_HEADER, Some(&name));
-        let existing = host
-            .request_header(baggage::HEADER)
-            .map(|_| host.request_header_all(baggage::HEADER).join(","));
-        let merged = baggage::merge(existing.as_deref(), ab::BAGGAGE_KEY, &name);
-        set_request(env, host, baggage::HEADER, Some(&merged));
+        merge_baggage(env, host, ab::BAGGAGE_KEY, &name);
         if cache == Some(false) {
             self.cache.status = None;
             self.cache.group_off = true;

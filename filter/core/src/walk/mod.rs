@@ -229,13 +229,7 @@ impl Call {
     fn tag(&mut self, env: &mut Env<'_>, host: &mut dyn Host) {
         let p = self.request.priority.as_str();
         set_request(env, host, priority::HEADER, Some(p));
-        // Most calls carry no baggage: one lookup settles it, and only a call
-        // that has some pays for reading every value.
-        let existing = host
-            .request_header(baggage::HEADER)
-            .map(|_| host.request_header_all(baggage::HEADER).join(","));
-        let merged = baggage::merge(existing.as_deref(), priority::BAGGAGE_KEY, p);
-        set_request(env, host, baggage::HEADER, Some(&merged));
+        merge_baggage(env, host, priority::BAGGAGE_KEY, p);
 
         let incoming = host.request_header(trace_context::TRACEPARENT);
         self.request.trace_id = match env.config.tracing {
@@ -523,6 +517,17 @@ fn set_request(env: &mut Env<'_>, host: &mut dyn Host, name: &str, value: Option
     if !host.set_request_header(name, value) {
         internal_error(env.metrics, "set_header");
     }
+}
+
+/// Merges the member `key=value` into the request's `baggage`, keeping the
+/// other members. Most calls carry no baggage: one lookup settles it, and only
+/// a call that has some pays for reading every value.
+fn merge_baggage(env: &mut Env<'_>, host: &mut dyn Host, key: &str, value: &str) {
+    let existing = host
+        .request_header(baggage::HEADER)
+        .map(|_| host.request_header_all(baggage::HEADER).join(","));
+    let merged = baggage::merge(existing.as_deref(), key, value);
+    set_request(env, host, baggage::HEADER, Some(&merged));
 }
 
 fn set_response(env: &mut Env<'_>, host: &mut dyn Host, name: &str, value: Option<&str>) {
