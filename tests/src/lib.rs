@@ -3,6 +3,7 @@
 //! SSE calls that record when each event arrived.
 
 pub mod alertmanager;
+pub mod cli;
 pub mod envoy;
 pub mod istio;
 pub mod mock;

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use llm_filter_e2e::mock::TailLatency;
-use llm_filter_e2e::{http_client, prometheus, Envoy, EnvoyBuilder, MockConfig, MockUpstream};
+use llm_filter_e2e::{cli, http_client, prometheus, Envoy, EnvoyBuilder, MockConfig, MockUpstream};
 use serde_json::{json, Value};
 
 const USAGE: &str = "usage: bench-tail [--calls N] [--failure-calls N] [--concurrency N] \
@@ -423,24 +423,9 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Options, String>
         max_phase_s: 60,
         only: None,
     };
-    let mut args = args.into_iter();
-    while let Some(flag) = args.next() {
-        if flag == "-h" || flag == "--help" {
-            return Err(USAGE.to_string());
-        }
-        let value = args
-            .next()
-            .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
-        let number = || {
-            value
-                .parse::<u64>()
-                .map_err(|e| format!("{flag} {value}: {e}\n{USAGE}"))
-        };
-        let count = || {
-            value
-                .parse::<usize>()
-                .map_err(|e| format!("{flag} {value}: {e}\n{USAGE}"))
-        };
+    for (flag, value) in cli::flag_values(args, USAGE)? {
+        let number = || cli::parse::<u64>(&flag, &value, USAGE);
+        let count = || cli::parse::<usize>(&flag, &value, USAGE);
         match flag.as_str() {
             "--calls" => options.calls = count()?,
             "--failure-calls" => options.failure_calls = count()?,
@@ -455,7 +440,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Options, String>
                     _ => return Err(format!("--only {value}: tail or failure\n{USAGE}")),
                 })
             }
-            _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
+            _ => return Err(cli::unknown(&flag, USAGE)),
         }
     }
     Ok(options)

@@ -17,8 +17,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use futures_util::StreamExt;
 use llm_filter_core::metrics::BENCH_HOSTCALLS;
 use llm_filter_e2e::{
-    chat_body, chat_stream_body, conversation_body, post_json, workspace_root, Envoy, EnvoyBuilder,
-    MockConfig, MockUpstream, SHAPING_AB,
+    chat_body, chat_stream_body, cli, conversation_body, post_json, workspace_root, Envoy,
+    EnvoyBuilder, MockConfig, MockUpstream, SHAPING_AB,
 };
 use serde_json::json;
 
@@ -355,34 +355,24 @@ fn parse_args() -> Result<Options, String> {
         hostcalls: 0,
         only: Vec::new(),
     };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        if flag == "-h" || flag == "--help" {
-            return Err(USAGE.to_string());
-        }
-        let value = args
-            .next()
-            .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
-        let number = || {
-            value
-                .parse::<u64>()
-                .map_err(|e| format!("{flag} {value}: {e}\n{USAGE}"))
-        };
+    for (flag, value) in cli::flag_values(std::env::args().skip(1), USAGE)? {
+        let number = || cli::parse::<u64>(&flag, &value, USAGE);
+        let count = || cli::parse::<u32>(&flag, &value, USAGE);
         match flag.as_str() {
             "--duration" => options.duration_s = number()?,
             "--warmup" => options.warmup_s = number()?,
             "--rounds" => {
-                options.rounds = number()?.try_into().map_err(|_| USAGE)?;
+                options.rounds = count()?;
                 if options.rounds == 0 {
                     return Err(format!("--rounds must be at least 1\n{USAGE}"));
                 }
             }
-            "--ttfb-calls" => options.ttfb_calls = number()?.try_into().map_err(|_| USAGE)?,
-            "--hostcalls" => options.hostcalls = number()?.try_into().map_err(|_| USAGE)?,
-            "--threads" => options.threads = number()?.try_into().map_err(|_| USAGE)?,
-            "--connections" => options.connections = number()?.try_into().map_err(|_| USAGE)?,
-            "--only" => options.only.push(value.clone()),
-            _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
+            "--ttfb-calls" => options.ttfb_calls = count()?,
+            "--hostcalls" => options.hostcalls = count()?,
+            "--threads" => options.threads = count()?,
+            "--connections" => options.connections = count()?,
+            "--only" => options.only.push(value),
+            _ => return Err(cli::unknown(&flag, USAGE)),
         }
     }
     Ok(options)

@@ -2,6 +2,7 @@
 
 use std::process::ExitCode;
 
+use llm_filter_e2e::cli;
 use llm_filter_e2e::mock::{MockConfig, MockUpstream};
 
 const USAGE: &str = "usage: mock-upstream [--port N] [--name NAME] [--latency-ms N] \
@@ -9,22 +10,14 @@ const USAGE: &str = "usage: mock-upstream [--port N] [--name NAME] [--latency-ms
 
 fn parse_args() -> Result<MockConfig, String> {
     let mut config = MockConfig::default();
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        if flag == "-h" || flag == "--help" {
-            return Err(USAGE.to_string());
-        }
-        let value = args
-            .next()
-            .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
-        let bad = |e: &dyn std::fmt::Display| format!("{flag} {value}: {e}\n{USAGE}");
+    for (flag, value) in cli::flag_values(std::env::args().skip(1), USAGE)? {
         match flag.as_str() {
-            "--port" => config.port = value.parse().map_err(|e| bad(&e))?,
-            "--name" => config.name = value.clone(),
-            "--latency-ms" => config.default_delay_ms = value.parse().map_err(|e| bad(&e))?,
-            "--chunk-delay-ms" => config.chunk_delay_ms = value.parse().map_err(|e| bad(&e))?,
-            "--host" => config.host = value.parse().map_err(|e| bad(&e))?,
-            _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
+            "--port" => config.port = cli::parse(&flag, &value, USAGE)?,
+            "--name" => config.name = value,
+            "--latency-ms" => config.default_delay_ms = cli::parse(&flag, &value, USAGE)?,
+            "--chunk-delay-ms" => config.chunk_delay_ms = cli::parse(&flag, &value, USAGE)?,
+            "--host" => config.host = cli::parse(&flag, &value, USAGE)?,
+            _ => return Err(cli::unknown(&flag, USAGE)),
         }
     }
     Ok(config)
