@@ -2,9 +2,9 @@
 //! or any alias becomes a concrete model by estimated prompt size, priority,
 //! tools and streaming, read from the request body the walk parsed once.
 
-use super::config::{Rule, When};
 use crate::json::Json;
 use crate::priority::Priority;
+use crate::routing::config::{Rule, When};
 
 /// What the rules look at in a request.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
