@@ -114,16 +114,22 @@ pub fn deliver_callout(worker: &Worker, id: u32, slot: &CallSlot, body_size: usi
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
-        let admin = with_env(&self.worker, |env| {
-            AdminCall::start(env, &mut Stream::default(), end_of_stream)
-        });
-        if let Some((admin, step)) = admin {
-            self.admin = Some(admin);
-            return action(step);
-        }
+        // The filter's own endpoints first, then the walk: one read of the
+        // request's headers and of the clock serves both.
+        let mut stream = Stream::default();
         let started = with_env(&self.worker, |env| {
-            Call::start(env, &mut Stream::default(), end_of_stream)
+            match AdminCall::start(env, &mut stream, end_of_stream) {
+                Some(admin) => Err(admin),
+                None => Ok(Call::start(env, &mut stream, end_of_stream)),
+            }
         });
+        let started = match started {
+            Err((admin, step)) => {
+                self.admin = Some(admin);
+                return action(step);
+            }
+            Ok(started) => started,
+        };
         let Some((call, step)) = started else {
             return Action::Continue;
         };
