@@ -44,6 +44,29 @@ fn proxy(role: Role, services: &[Service], discovery: Discovery) -> Proxy {
     proxy
 }
 
+/// The config istiod would send a proxy of `role` calling the provider
+/// (`discovery`: by ECDS, or with the filter inlined as Envoy runs it), the
+/// module fetched as Istio's agent does; one EXTENSION_CONFIG must apply.
+fn patched_layout(role: Role, discovery: Discovery) -> String {
+    let mut proxy = proxy(
+        role,
+        &[Service::new(PROVIDER, Upstream::Tls { port: 443 })],
+        discovery,
+    );
+    assert_eq!(
+        proxy.extension_configs.len(),
+        1,
+        "{role:?}: one EXTENSION_CONFIG of examples/istio applies"
+    );
+    proxy
+        .fetch_remote_code(&wasm_path())
+        .expect("the agent's fetch");
+    if discovery == Discovery::Inline {
+        proxy.inline_extension_configs().expect("inline");
+    }
+    proxy.to_yaml()
+}
+
 #[test]
 fn every_patch_validates_in_istios_layouts() {
     if skip_without_envoy("every_patch_validates_in_istios_layouts") {
@@ -53,23 +76,7 @@ fn every_patch_validates_in_istios_layouts() {
         .into_iter()
         .flat_map(|role| [(role, Discovery::Ads), (role, Discovery::Inline)]);
     for (role, discovery) in cases {
-        let mut sidecar = proxy(
-            role,
-            &[Service::new(PROVIDER, Upstream::Tls { port: 443 })],
-            discovery,
-        );
-        assert_eq!(
-            sidecar.extension_configs.len(),
-            1,
-            "{role:?}: one EXTENSION_CONFIG of examples/istio applies"
-        );
-        sidecar
-            .fetch_remote_code(&wasm_path())
-            .expect("the agent's fetch");
-        if discovery == Discovery::Inline {
-            sidecar.inline_extension_configs().expect("inline");
-        }
-        let yaml = sidecar.to_yaml();
+        let yaml = patched_layout(role, discovery);
         for want in [
             "\"cluster_header\": \"x-llm-cluster\"",
             "\"allow_on_headers_stop_iteration\": true",
@@ -94,23 +101,8 @@ fn the_shard_sidecar_validates_in_istios_layout() {
         return;
     }
     for discovery in [Discovery::Ads, Discovery::Inline] {
-        let mut sidecar = proxy(
-            Role::ShardSidecar,
-            &[Service::new(PROVIDER, Upstream::Tls { port: 443 })],
-            discovery,
-        );
-        assert_eq!(
-            sidecar.extension_configs.len(),
-            1,
-            "one EXTENSION_CONFIG (mesh-cache.yaml) for a `llm-filter: shard` sidecar"
-        );
-        sidecar
-            .fetch_remote_code(&wasm_path())
-            .expect("the agent's fetch");
-        if discovery == Discovery::Inline {
-            sidecar.inline_extension_configs().expect("inline");
-        }
-        let yaml = sidecar.to_yaml();
+        // One EXTENSION_CONFIG (mesh-cache.yaml) for a `llm-filter: shard` sidecar.
+        let yaml = patched_layout(Role::ShardSidecar, discovery);
         assert!(!yaml.contains("cluster_header"), "no routing in a shard");
         assert_eq!(
             yaml.contains(r#"\"mode\": \"shard\""#),
