@@ -32,6 +32,9 @@ pub const INTERNAL_ERRORS: &str = "llm_filter_internal_errors_total";
 /// Host calls the filter made, by `call`: only in a bench build of the plugin
 /// (feature `hostcall-census`), which `make bench-hostcalls` reads.
 pub const BENCH_HOSTCALLS: &str = "llm_filter_bench_hostcalls_total";
+/// Nanoseconds spent inside the filter's HTTP callbacks, by `callback`: only
+/// in the same bench build, which `make bench-hostcalls` reads under load.
+pub const BENCH_CALLBACK_NS: &str = "llm_filter_bench_callback_ns_total";
 
 // budget
 /// Share of its timeout budget a completed call used, in per-mille (0..=1000),

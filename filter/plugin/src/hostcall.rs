@@ -56,12 +56,17 @@ impl Tally {
 
     /// Counts one more `call`.
     pub fn add(&self, call: &'static str) {
+        self.add_n(call, 1);
+    }
+
+    /// Counts `n` more under `call`.
+    pub fn add_n(&self, call: &'static str, n: u64) {
         let Ok(mut t) = self.0.try_borrow_mut() else {
             return;
         };
         match t.iter_mut().find(|(c, _)| *c == call) {
-            Some((_, n)) => *n = n.saturating_add(1),
-            None => t.push((call, 1)),
+            Some((_, m)) => *m = m.saturating_add(n),
+            None => t.push((call, n)),
         }
     }
 

@@ -64,6 +64,8 @@ fn action(step: Step) -> Action {
 
 impl Context for Http {
     fn on_http_call_response(&mut self, _token: u32, _: usize, body_size: usize, _: usize) {
+        #[cfg(feature = "hostcall-census")]
+        let _timed = hostcall::census::Timed::new(&self.worker, "callout_response");
         deliver_callout(&self.worker, self.id, &self.call, body_size);
     }
 }
@@ -114,6 +116,8 @@ pub fn deliver_callout(worker: &Worker, id: u32, slot: &CallSlot, body_size: usi
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
+        #[cfg(feature = "hostcall-census")]
+        let _timed = hostcall::census::Timed::new(&self.worker, "request_headers");
         // The filter's own endpoints first, then the walk: one read of the
         // request's headers and of the clock serves both.
         let mut stream = Stream::default();
@@ -146,6 +150,8 @@ impl HttpContext for Http {
     }
 
     fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        #[cfg(feature = "hostcall-census")]
+        let _timed = hostcall::census::Timed::new(&self.worker, "request_body");
         if let Some(admin) = self.admin.as_mut() {
             let step = with_env(&self.worker, |env| {
                 admin.on_request_body(env, &mut Stream::default(), size, end_of_stream)
@@ -156,14 +162,20 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
+        #[cfg(feature = "hostcall-census")]
+        let _timed = hostcall::census::Timed::new(&self.worker, "response_headers");
         self.step(|call, env, host| call.on_response_headers(env, host, end_of_stream))
     }
 
     fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        #[cfg(feature = "hostcall-census")]
+        let _timed = hostcall::census::Timed::new(&self.worker, "response_body");
         self.step(|call, env, host| call.on_response_body(env, host, size, end_of_stream))
     }
 
     fn on_log(&mut self) {
+        #[cfg(feature = "hostcall-census")]
+        let _timed = hostcall::census::Timed::new(&self.worker, "log");
         let call = self.call.try_borrow_mut().ok().and_then(|mut c| c.take());
         if let Some(call) = call {
             with_env(&self.worker, |env| call.on_log(env));

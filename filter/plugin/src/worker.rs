@@ -69,7 +69,8 @@ impl Worker {
 }
 
 /// Runs `f` with the worker's environment, read at this instant, then counts
-/// the host calls that failed unexpectedly meanwhile.
+/// the host calls that failed unexpectedly meanwhile. (A census build hands
+/// its counts over when the callback's timing ends, not here.)
 pub fn with_env<T>(worker: &Worker, f: impl FnOnce(&mut Env<'_>) -> T) -> T {
     let mut metrics = worker.metrics.borrow_mut();
     let mut rng = worker.rng.borrow_mut();
@@ -85,7 +86,5 @@ pub fn with_env<T>(worker: &Worker, f: impl FnOnce(&mut Env<'_>) -> T) -> T {
     };
     let out = f(&mut env);
     hostcall::count_unexpected(&mut *metrics);
-    #[cfg(feature = "hostcall-census")]
-    hostcall::census::hand_over(&mut *metrics);
     out
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use futures_util::StreamExt;
-use llm_filter_core::metrics::BENCH_HOSTCALLS;
+use llm_filter_core::metrics::{BENCH_CALLBACK_NS, BENCH_HOSTCALLS};
 use llm_filter_e2e::{
     chat_body, chat_stream_body, cli, conversation_body, post_json, workspace_root, Envoy,
     EnvoyBuilder, MockConfig, MockUpstream, SHAPING_AB,
@@ -541,6 +541,29 @@ struct Run {
     wrk: WrkResult,
     /// Envoy's resident memory after the measured run.
     rss_kib: u64,
+    /// CPU time the proxy spent per call of the measured run, µs (every
+    /// thread of it, main and worker).
+    cpu_us_per_call: f64,
+}
+
+/// CPU time every thread of process `pid` has spent so far, ns (the first
+/// field of each task's `schedstat`: time on a CPU, at the scheduler's
+/// resolution, not the 10 ms ticks of `stat`).
+fn cpu_ns(pid: u32) -> Result<u64> {
+    let mut total = 0u64;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let path = task?.path().join("schedstat");
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue; // a thread that ended meanwhile
+        };
+        let ns: u64 = text
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("no run time in {}", path.display()))?;
+        total = total.saturating_add(ns);
+    }
+    Ok(total)
 }
 
 /// Envoy's resident set size (`VmRSS`) in KiB.
@@ -577,8 +600,12 @@ async fn run_scenario(
     if options.warmup_s > 0 {
         run_wrk(&url, &script("warmup")?, options, options.warmup_s)?;
     }
+    let pid = envoy.pid().context("envoy pid")?;
+    let cpu_before = cpu_ns(pid)?;
     let wrk = run_wrk(&url, &script("measured")?, options, options.duration_s)?;
+    let cpu = cpu_ns(pid)?.saturating_sub(cpu_before);
     Ok(Run {
+        cpu_us_per_call: cpu as f64 / 1000.0 / wrk.requests.max(1) as f64,
         wrk,
         rss_kib: rss_kib(&envoy)?,
     })
@@ -634,9 +661,10 @@ fn print_table(rounds: &Rounds, options: &Options) {
     );
     println!(
         "| scenario | req/s | req/s by round | p50 ms | p99 ms | non-2xx | socket errors \
-         | req/s × {PLAIN} | req/s × {NOOP} | p50 × {NOOP} | RSS MiB | RSS over {PLAIN} MiB |"
+         | req/s × {PLAIN} | req/s × {NOOP} | p50 × {NOOP} | CPU µs per call \
+         | CPU µs over {NOOP} | RSS MiB | RSS over {PLAIN} MiB |"
     );
-    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let plain = runs_of(rounds, PLAIN);
     let noop = runs_of(rounds, NOOP);
     for (name, results) in rounds {
@@ -648,7 +676,7 @@ fn print_table(rounds: &Rounds, options: &Options) {
                 .find_map(|r| r.as_ref().err())
                 .map(|e| e.to_string().replace('\n', " "))
                 .unwrap_or_default();
-            println!("| {name} | failed: {why} | | | | | | | | | | |");
+            println!("| {name} | failed: {why} | | | | | | | | | | | | |");
             continue;
         }
         let of = |f: fn(&Run) -> f64| median(&ok.iter().map(|r| f(r)).collect::<Vec<_>>());
@@ -666,7 +694,7 @@ fn print_table(rounds: &Rounds, options: &Options) {
         let rps = |r: &Run, b: &Run| r.wrk.requests_per_s / b.wrk.requests_per_s;
         let mib = |kib: f64| kib / 1024.0;
         println!(
-            "| {name} | {} | {} | {} | {} | {non_2xx} | {socket_errors} | {} | {} | {} | {} | {} |",
+            "| {name} | {} | {} | {} | {} | {non_2xx} | {socket_errors} | {} | {} | {} | {} | {} | {} | {} |",
             fmt_opt(of(|r| r.wrk.requests_per_s), 0),
             by_round.join(" / "),
             fmt_opt(of(|r| r.wrk.p50_ms), 3),
@@ -676,6 +704,12 @@ fn print_table(rounds: &Rounds, options: &Options) {
             fmt_opt(
                 median_against(&runs, &noop, |r, b| r.wrk.p50_ms / b.wrk.p50_ms),
                 2
+            ),
+            fmt_opt(of(|r| r.cpu_us_per_call), 1),
+            fmt_opt(
+                median_against(&runs, &noop, |r, b| r.cpu_us_per_call
+                    - b.cpu_us_per_call),
+                1
             ),
             fmt_opt(of(|r| r.rss_kib as f64).map(mib), 1),
             fmt_opt(
@@ -872,7 +906,7 @@ async fn run(options: &Options) -> Result<bool> {
         bail!("no scenario matches --only {:?}", options.only);
     }
     if options.hostcalls > 0 {
-        return run_hostcalls(&selected, backend.port(), options.hostcalls).await;
+        return run_hostcalls(&selected, backend.port(), options, dir.path()).await;
     }
     let mut rounds: Rounds = selected.iter().map(|s| (s.name, Vec::new())).collect();
     let mut ttfb_rounds: TtfbRounds = ttfb_sides().iter().map(|s| (s.name, Vec::new())).collect();
@@ -905,27 +939,54 @@ async fn run(options: &Options) -> Result<bool> {
     Ok(all_ok)
 }
 
-/// The census build's host-call counters, by call (`llm_filter_bench_hostcalls_total`).
-fn hostcall_counts(envoy: &Envoy) -> Result<BTreeMap<String, u64>> {
-    let prefix = format!("{BENCH_HOSTCALLS}.call=");
+/// A census counter of the census build by its one label's value
+/// (`llm_filter_bench_hostcalls_total` by `call`, `…_callback_ns_total` by
+/// `callback`).
+fn census_counters(envoy: &Envoy, metric: &str, label: &str) -> Result<BTreeMap<String, u64>> {
+    let prefix = format!("{metric}.{label}=");
     let counts = envoy
         .stats()?
         .into_iter()
         .filter_map(|(name, n)| {
             let at = name.find(&prefix)?;
-            let call = name.get(at + prefix.len()..)?.strip_suffix(';')?;
-            Some((call.to_string(), n))
+            let value = name.get(at + prefix.len()..)?.strip_suffix(';')?;
+            Some((value.to_string(), n))
         })
         .collect();
     Ok(counts)
 }
 
-/// Host calls per call of each scenario: `calls` requests one after the
-/// other after the scenario's check, the census counters read before and
-/// after. Calls made on ticks in between land in the count too (a few per
-/// second on a worker: noise under 1 % at a few hundred calls).
-async fn run_hostcalls(selected: &[Scenario], backend_port: u16, calls: u32) -> Result<bool> {
-    let mut table: Vec<(&str, BTreeMap<String, f64>)> = Vec::new();
+/// What a counter moved by between two reads, per call.
+fn per_call(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+    calls: f64,
+) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(k, n)| {
+            let delta = n.saturating_sub(before.get(k).copied().unwrap_or(0));
+            (k.clone(), delta as f64 / calls)
+        })
+        .filter(|(_, per)| *per > 0.0)
+        .collect()
+}
+
+/// Host calls per call of each scenario: `--hostcalls` requests one after
+/// the other after the scenario's check, the census counters read before
+/// and after. Calls made on ticks in between land in the count too (a few
+/// per second on a worker: noise under 1 % at a few hundred calls). Then
+/// the time inside each callback, per call, under the throughput run's load
+/// (wrk for `--duration` seconds after its warm-up).
+async fn run_hostcalls(
+    selected: &[Scenario],
+    backend_port: u16,
+    options: &Options,
+    dir: &Path,
+) -> Result<bool> {
+    let calls = options.hostcalls;
+    let mut counts: Vec<(&str, BTreeMap<String, f64>)> = Vec::new();
+    let mut times: Vec<(&str, BTreeMap<String, f64>)> = Vec::new();
     for scenario in selected.iter().filter(|s| s.name.starts_with("filter")) {
         eprintln!("bench: host calls of {} over {calls} calls", scenario.name);
         let envoy = (scenario.envoy)(backend_port).start()?;
@@ -933,7 +994,7 @@ async fn run_hostcalls(selected: &[Scenario], backend_port: u16, calls: u32) -> 
         // The census hands its counts over after each callback; let the
         // check's last ones (on the stream's end) land first.
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let before = hostcall_counts(&envoy)?;
+        let before = census_counters(&envoy, BENCH_HOSTCALLS, "call")?;
         if before.is_empty() {
             bail!(
                 "no {BENCH_HOSTCALLS} stats: LLM_FILTER_WASM must be a build with \
@@ -955,26 +1016,51 @@ async fn run_hostcalls(selected: &[Scenario], backend_port: u16, calls: u32) -> 
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let after = hostcall_counts(&envoy)?;
-        let per_call = after
-            .iter()
-            .map(|(call, n)| {
-                let delta = n.saturating_sub(before.get(call).copied().unwrap_or(0));
-                (call.clone(), delta as f64 / f64::from(calls))
-            })
-            .filter(|(_, per)| *per > 0.0)
-            .collect();
-        table.push((scenario.name, per_call));
+        let after = census_counters(&envoy, BENCH_HOSTCALLS, "call")?;
+        counts.push((scenario.name, per_call(&before, &after, f64::from(calls))));
+
+        eprintln!(
+            "bench: time in callbacks of {} under load ({}s)",
+            scenario.name, options.duration_s
+        );
+        let script = dir.join(format!(
+            "{}-census.lua",
+            scenario
+                .name
+                .replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+        ));
+        std::fs::write(&script, wrk_script(scenario, "census"))?;
+        if options.warmup_s > 0 {
+            run_wrk(&url, &script, options, options.warmup_s)?;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let before = census_counters(&envoy, BENCH_CALLBACK_NS, "callback")?;
+        let wrk = run_wrk(&url, &script, options, options.duration_s)?;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let after = census_counters(&envoy, BENCH_CALLBACK_NS, "callback")?;
+        // ns per call, shown in µs.
+        let mut per = per_call(&before, &after, wrk.requests.max(1) as f64 * 1000.0);
+        let total: f64 = per.values().sum();
+        per.insert("total".to_string(), total);
+        times.push((scenario.name, per));
     }
-    print_hostcalls(&table);
+    print_census("Host calls per call, by scenario (census build)", &counts);
+    print_census(
+        "µs inside the filter's callbacks per call, under load (census build)",
+        &times,
+    );
     Ok(true)
 }
 
-fn print_hostcalls(table: &[(&str, BTreeMap<String, f64>)]) {
-    let mut calls: Vec<&String> = table.iter().flat_map(|(_, m)| m.keys()).collect();
+fn print_census(title: &str, table: &[(&str, BTreeMap<String, f64>)]) {
+    let mut calls: Vec<&String> = table
+        .iter()
+        .flat_map(|(_, m)| m.keys())
+        .filter(|k| *k != "total")
+        .collect();
     calls.sort();
     calls.dedup();
-    println!("\nHost calls per call, by scenario (census build):\n");
+    println!("\n{title}:\n");
     print!("| scenario | total |");
     for call in &calls {
         print!(" {call} |");
@@ -986,7 +1072,10 @@ fn print_hostcalls(table: &[(&str, BTreeMap<String, f64>)]) {
     }
     println!();
     for (name, per_call) in table {
-        let total: f64 = per_call.values().sum();
+        let total = per_call
+            .get("total")
+            .copied()
+            .unwrap_or_else(|| per_call.values().sum());
         print!("| `{name}` | {total:.1} |");
         for call in &calls {
             print!(" {} |", fmt_opt(per_call.get(*call).copied(), 1));

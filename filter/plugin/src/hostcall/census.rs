@@ -5,19 +5,27 @@
 //! by calls that are themselves left out, so the bench reads them from the
 //! admin port and divides by the calls it sent. The timer's work (probes, the
 //! shared-data census, gauges; every 25 ms on every worker) is left out too:
-//! it is paid per worker and tick, not per call. A normal build compiles none
-//! of this.
+//! it is paid per worker and tick, not per call. The same build times each
+//! HTTP callback from its start to its end by the host's clock (a crossing
+//! the no-op filter shows costs next to nothing) and hands the nanoseconds
+//! over as `llm_filter_bench_callback_ns_total` (label `callback`) once the
+//! callback's time is taken, so the hand-over is not in it. A normal build
+//! compiles none of this.
 
 use std::cell::Cell;
+use std::rc::Rc;
 
 use llm_filter_core::host::Metrics;
-use llm_filter_core::metrics::{name, BENCH_HOSTCALLS};
+use llm_filter_core::metrics::{name, BENCH_CALLBACK_NS, BENCH_HOSTCALLS};
 
 use super::Tally;
+use crate::worker::Worker;
 
 thread_local! {
     /// Host calls made since the last hand-over, by call.
     static COUNTS: Tally = const { Tally::new() };
+    /// Nanoseconds inside callbacks since the last hand-over, by callback.
+    static TIMES: Tally = const { Tally::new() };
     /// True while calls are not counted: the hand-over itself, the timer.
     static QUIET: Cell<bool> = const { Cell::new(false) };
 }
@@ -50,12 +58,49 @@ pub fn count(call: &'static str) {
     COUNTS.with(|c| c.add(call));
 }
 
-/// Moves the counts into the stats, uncounted.
+/// Moves the counts and times into the stats, uncounted.
 pub fn hand_over(m: &mut dyn Metrics) {
     let counts = COUNTS.with(Tally::take);
+    let times = TIMES.with(Tally::take);
     let _quiet = Quiet::new();
     for (call, n) in counts {
         m.counter(&name(BENCH_HOSTCALLS, &[("call", call)]), n);
+    }
+    for (callback, ns) in times {
+        m.counter(&name(BENCH_CALLBACK_NS, &[("callback", callback)]), ns);
+    }
+}
+
+/// Times one HTTP callback while it lives, then hands everything over.
+pub struct Timed {
+    worker: Rc<Worker>,
+    callback: &'static str,
+    started_ns: u64,
+}
+
+impl Timed {
+    /// Starts timing `callback`.
+    pub fn new(worker: &Rc<Worker>, callback: &'static str) -> Self {
+        let _quiet = Quiet::new();
+        Self {
+            worker: Rc::clone(worker),
+            callback,
+            started_ns: super::current_time_ns().unwrap_or(0),
+        }
+    }
+}
+
+impl Drop for Timed {
+    fn drop(&mut self) {
+        let quiet = Quiet::new();
+        let ns = super::current_time_ns()
+            .unwrap_or(0)
+            .saturating_sub(self.started_ns);
+        TIMES.with(|t| t.add_n(self.callback, ns));
+        drop(quiet);
+        if let Ok(mut m) = self.worker.metrics.try_borrow_mut() {
+            hand_over(&mut *m);
+        }
     }
 }
 
