@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use llm_filter_core::host::{Metrics, SharedStore, StoreError, Versioned};
 use proxy_wasm::types::{MapType, MetricType};
 
-use crate::hostcall::{self, status::CAS_MISMATCH};
+use crate::hostcall::{self, status::CAS_MISMATCH, HeaderMap};
 
 /// Milliseconds since the epoch by Envoy's clock (0 if the host cannot tell).
 pub fn now_ms() -> u64 {
@@ -27,21 +27,109 @@ pub fn entropy() -> u64 {
 /// (the SDK's string getter would panic on them).
 pub fn header(map: MapType, name: &str) -> Option<String> {
     match hostcall::get_map_value(map, name) {
-        Ok(Some(v)) => Some(String::from_utf8_lossy(&v).into_owned()),
+        Ok(Some(v)) => Some(text(v)),
         _ => None,
     }
 }
 
 /// Every header of a map, in order, values read lossily.
 pub fn headers(map: MapType) -> Vec<(String, String)> {
-    hostcall::get_map(map)
-        .map(|pairs| {
-            pairs
-                .into_iter()
-                .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
-                .collect()
-        })
-        .unwrap_or_default()
+    Headers::read(map).pairs()
+}
+
+/// Bytes as text, lossily; valid UTF-8 is taken as is.
+fn text(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes)
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// A header map read once from the host, and the edits made to it since:
+/// lookups read the host's buffer in place (text is made only of the values
+/// asked for), edits shadow what the host said.
+#[derive(Debug, Default, Clone)]
+pub struct Headers {
+    read: HeaderMap,
+    /// Names set (`Some`) or removed (`None`) since the read, newest last.
+    edits: Vec<(String, Option<String>)>,
+}
+
+impl Headers {
+    /// Reads `map` from the host (empty if the host cannot tell).
+    pub fn read(map: MapType) -> Self {
+        Self {
+            read: hostcall::get_map(map).unwrap_or_default(),
+            edits: Vec::new(),
+        }
+    }
+
+    /// The edit of `name`, if it was set or removed since the read.
+    fn edit(&self, name: &str) -> Option<Option<&str>> {
+        self.edits
+            .iter()
+            .rev()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_deref())
+    }
+
+    fn read_values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.read
+            .iter()
+            .filter(move |(k, _)| k.eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, v)| v)
+    }
+
+    /// The first value of `name`, lossily.
+    pub fn first(&self, name: &str) -> Option<String> {
+        match self.edit(name) {
+            Some(edited) => edited.map(str::to_string),
+            None => self
+                .read_values(name)
+                .next()
+                .map(|v| String::from_utf8_lossy(v).into_owned()),
+        }
+    }
+
+    /// Every value of `name`, in order, lossily.
+    pub fn all(&self, name: &str) -> Vec<String> {
+        match self.edit(name) {
+            Some(edited) => edited.map(str::to_string).into_iter().collect(),
+            None => self
+                .read_values(name)
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .collect(),
+        }
+    }
+
+    /// Whether `name` is present.
+    pub fn has(&self, name: &str) -> bool {
+        match self.edit(name) {
+            Some(edited) => edited.is_some(),
+            None => self.read_values(name).next().is_some(),
+        }
+    }
+
+    /// Records that `name` was set to `value` (every value replaced) or removed.
+    pub fn record(&mut self, name: &str, value: Option<&str>) {
+        self.edits.retain(|(k, _)| !k.eq_ignore_ascii_case(name));
+        self.edits
+            .push((name.to_string(), value.map(str::to_string)));
+    }
+
+    /// Every header as it stands, in order: the read ones not edited since,
+    /// then the ones set.
+    pub fn pairs(&self) -> Vec<(String, String)> {
+        let kept = self.read.iter().filter_map(|(k, v)| {
+            let name = String::from_utf8_lossy(k);
+            self.edit(&name)
+                .is_none()
+                .then(|| (name.into_owned(), text(v.to_vec())))
+        });
+        let set = self
+            .edits
+            .iter()
+            .filter_map(|(k, v)| Some((k.clone(), v.clone()?)));
+        kept.chain(set).collect()
+    }
 }
 
 /// Sets (or with `None` removes) a header; reports whether the host accepted it.
@@ -70,7 +158,8 @@ impl SharedStore for EnvoyStore {
     }
 }
 
-/// Envoy stats, defined on first use and remembered by name.
+/// Envoy stats, defined on first use and remembered by name (a fast hash:
+/// the names are the filter's own, looked up several times per call).
 #[derive(Debug, Default)]
 pub struct EnvoyMetrics {
     ids: HashMap<String, Option<u32>>,
@@ -113,5 +202,56 @@ impl Metrics for EnvoyMetrics {
         if let Some(id) = self.id(MetricType::Histogram, name) {
             let _ = hostcall::record_metric(id, value);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hostcall::serialize_map;
+
+    fn headers(pairs: &[(&str, &str)]) -> Headers {
+        Headers {
+            read: HeaderMap::parse(serialize_map(pairs).unwrap()).unwrap(),
+            edits: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn edits_shadow_what_the_host_said() {
+        let mut h = headers(&[(":path", "/v1"), ("baggage", "a=1"), ("baggage", "b=2")]);
+        assert_eq!(h.first(":path").as_deref(), Some("/v1"));
+        assert_eq!(h.all("Baggage"), ["a=1", "b=2"]);
+        assert!(!h.has("tracestate"));
+
+        h.record("baggage", Some("a=1,b=2,c=3"));
+        h.record("x-new", Some("v"));
+        h.record(":path", None);
+        assert_eq!(h.all("baggage"), ["a=1,b=2,c=3"]);
+        assert_eq!(h.first(":path"), None);
+        assert!(!h.has(":path"));
+        assert!(h.has("x-new"));
+        assert_eq!(
+            h.pairs(),
+            [
+                ("baggage".to_string(), "a=1,b=2,c=3".to_string()),
+                ("x-new".to_string(), "v".to_string()),
+            ]
+        );
+        h.record("x-new", Some("w"));
+        assert_eq!(h.all("x-new"), ["w"], "a set replaces every value");
+    }
+
+    #[test]
+    fn values_that_are_not_utf8_are_read_lossily() {
+        let mut bytes = serialize_map(&[("k", "ab")]).unwrap();
+        let at = bytes.len() - 3;
+        bytes[at] = 0xff;
+        let h = Headers {
+            read: HeaderMap::parse(bytes).unwrap(),
+            edits: Vec::new(),
+        };
+        assert_eq!(h.first("k").as_deref(), Some("\u{fffd}b"));
+        assert_eq!(h.pairs()[0].1, "\u{fffd}b");
     }
 }

@@ -13,6 +13,7 @@
 //! an answer it does not know), and only the SDK's own function registers it.
 
 use std::cell::RefCell;
+use std::ops::Range;
 use std::ptr::{null, null_mut};
 use std::time::Duration;
 
@@ -184,17 +185,18 @@ pub fn set_buffer(
     check("set_buffer", s, &[])
 }
 
-/// Every pair of a header map, in order; names that are not UTF-8 are read lossily.
-pub fn get_map(map: MapType) -> Result<Vec<(String, Vec<u8>)>, Status> {
+/// A header map as the host handed it over: one buffer, and where in it each
+/// name and value lies. Reading it allocates nothing per header.
+pub fn get_map(map: MapType) -> Result<HeaderMap, Status> {
     let (mut data, mut size) = (null_mut(), 0usize);
     // SAFETY: as in `get_buffer`.
     let s = unsafe { abi::proxy_get_header_map_pairs(map as u32, &mut data, &mut size) };
     check("get_map", s, &[])?;
     // SAFETY: as in `get_buffer`.
     let Some(bytes) = (unsafe { take(data, size) }) else {
-        return Ok(Vec::new());
+        return Ok(HeaderMap::default());
     };
-    parse_map(&bytes).ok_or_else(|| {
+    HeaderMap::parse(bytes).ok_or_else(|| {
         note("get_map");
         MALFORMED
     })
@@ -401,38 +403,58 @@ pub fn record_metric(id: u32, value: u64) -> Result<(), Status> {
 
 /// A header map in the ABI's encoding: the pair count, each pair's name and
 /// value lengths (all `u32` little-endian), then each name and value followed
-/// by a NUL. `None` for a malformed one; nothing is trusted.
-pub fn parse_map(bytes: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
-    if bytes.is_empty() {
-        return Some(Vec::new());
-    }
-    let word = |at: usize| -> Option<usize> {
-        let b: [u8; 4] = bytes.get(at..at.checked_add(4)?)?.try_into().ok()?;
-        usize::try_from(u32::from_le_bytes(b)).ok()
-    };
-    let count = word(0)?;
-    let mut at = count.checked_mul(8)?.checked_add(4)?;
-    if at > bytes.len() {
-        return None;
-    }
-    let mut next = |len: usize| -> Option<&[u8]> {
-        let end = at.checked_add(len)?;
-        let s = bytes.get(at..end)?;
-        at = end.checked_add(1)?;
-        Some(s)
-    };
-    let mut out = Vec::with_capacity(count);
-    for n in 0..count {
-        let lens = n.checked_mul(8)?.checked_add(4)?;
-        let (key_len, value_len) = (word(lens)?, word(lens.checked_add(4)?)?);
-        let key = String::from_utf8_lossy(next(key_len)?).into_owned();
-        let value = next(value_len)?.to_vec();
-        out.push((key, value));
-    }
-    Some(out)
+/// by a NUL. Kept as the bytes and the spans of each name and value.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct HeaderMap {
+    bytes: Vec<u8>,
+    spans: Vec<(Range<usize>, Range<usize>)>,
 }
 
-/// The inverse of [`parse_map`]; `None` when a length does not fit in `u32`.
+impl HeaderMap {
+    /// The map `bytes` encode; `None` for a malformed one: nothing is trusted.
+    pub fn parse(bytes: Vec<u8>) -> Option<Self> {
+        if bytes.is_empty() {
+            return Some(Self::default());
+        }
+        let word = |at: usize| -> Option<usize> {
+            let b: [u8; 4] = bytes.get(at..at.checked_add(4)?)?.try_into().ok()?;
+            usize::try_from(u32::from_le_bytes(b)).ok()
+        };
+        let count = word(0)?;
+        let mut at = count.checked_mul(8)?.checked_add(4)?;
+        if at > bytes.len() {
+            return None;
+        }
+        let mut next = |len: usize| -> Option<Range<usize>> {
+            let end = at.checked_add(len)?;
+            bytes.get(at..end)?;
+            let span = at..end;
+            at = end.checked_add(1)?;
+            Some(span)
+        };
+        let mut spans = Vec::with_capacity(count);
+        for n in 0..count {
+            let lens = n.checked_mul(8)?.checked_add(4)?;
+            let (key_len, value_len) = (word(lens)?, word(lens.checked_add(4)?)?);
+            let key = next(key_len)?;
+            let value = next(value_len)?;
+            spans.push((key, value));
+        }
+        Some(Self { bytes, spans })
+    }
+
+    /// Each pair's name and value, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.spans.iter().map(|(k, v)| {
+            (
+                self.bytes.get(k.clone()).unwrap_or_default(),
+                self.bytes.get(v.clone()).unwrap_or_default(),
+            )
+        })
+    }
+}
+
+/// The inverse of [`HeaderMap::parse`]; `None` when a length does not fit in `u32`.
 pub fn serialize_map(pairs: &[(&str, &str)]) -> Option<Vec<u8>> {
     let len = |n: usize| u32::try_from(n).ok().map(u32::to_le_bytes);
     let size = pairs

@@ -11,7 +11,7 @@ use llm_filter_core::walk::{Call, CalloutAnswer, Env, Host, Step};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, MapType};
 
-use crate::host;
+use crate::host::{self, Headers};
 use crate::hostcall;
 use crate::worker::{with_env, CallSlot, Worker};
 
@@ -24,6 +24,9 @@ pub struct Http {
     call: CallSlot,
     /// A request to the filter's own endpoints, answered here.
     admin: Option<AdminCall>,
+    /// The request headers read while the call holds its body, for the
+    /// callback that gets the body.
+    held_request: Option<Headers>,
 }
 
 impl Http {
@@ -34,11 +37,18 @@ impl Http {
             worker,
             call: CallSlot::default(),
             admin: None,
+            held_request: None,
         }
     }
 
-    /// Runs one callback of the walk, parking the call when it waits for the timer.
-    fn step(&self, f: impl FnOnce(&mut Call, &mut Env<'_>, &mut dyn Host) -> Step) -> Action {
+    /// Runs one callback of the walk on `stream`, parking the call when it
+    /// waits for the timer and keeping the request headers read while it
+    /// holds its body.
+    fn step(
+        &mut self,
+        mut stream: Stream,
+        f: impl FnOnce(&mut Call, &mut Env<'_>, &mut dyn Host) -> Step,
+    ) -> Action {
         // A callback re-entered from inside another one (should the host ever
         // deliver one synchronously) finds the call busy and lets it pass.
         let Ok(mut slot) = self.call.try_borrow_mut() else {
@@ -47,9 +57,12 @@ impl Http {
         let Some(call) = slot.as_mut() else {
             return Action::Continue;
         };
-        let step = with_env(&self.worker, |env| f(call, env, &mut Stream::default()));
+        let step = with_env(&self.worker, |env| f(call, env, &mut stream));
         if call.is_parked() {
             self.worker.park(self.id, &self.call);
+        }
+        if call.holds_body() {
+            self.held_request = stream.into_request();
         }
         action(step)
     }
@@ -138,6 +151,9 @@ impl HttpContext for Http {
             return Action::Continue;
         };
         let parked = call.is_parked();
+        if call.holds_body() {
+            self.held_request = stream.into_request();
+        }
         let Ok(mut slot) = self.call.try_borrow_mut() else {
             return Action::Continue;
         };
@@ -158,19 +174,26 @@ impl HttpContext for Http {
             });
             return action(step);
         }
-        self.step(|call, env, host| call.on_request_body(env, host, size, end_of_stream))
+        let stream = Stream::with_request(self.held_request.take());
+        self.step(stream, |call, env, host| {
+            call.on_request_body(env, host, size, end_of_stream)
+        })
     }
 
     fn on_http_response_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
         #[cfg(feature = "hostcall-census")]
         let _timed = hostcall::census::Timed::new(&self.worker, "response_headers");
-        self.step(|call, env, host| call.on_response_headers(env, host, end_of_stream))
+        self.step(Stream::default(), |call, env, host| {
+            call.on_response_headers(env, host, end_of_stream)
+        })
     }
 
     fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
         #[cfg(feature = "hostcall-census")]
         let _timed = hostcall::census::Timed::new(&self.worker, "response_body");
-        self.step(|call, env, host| call.on_response_body(env, host, size, end_of_stream))
+        self.step(Stream::default(), |call, env, host| {
+            call.on_response_body(env, host, size, end_of_stream)
+        })
     }
 
     fn on_log(&mut self) {
@@ -184,64 +207,70 @@ impl HttpContext for Http {
 }
 
 /// The current stream (the effective context), through the host calls that
-/// return errors. Each header map is fetched once per callback, on first use,
-/// and kept in step with the walk's own edits: one crossing into the host
-/// instead of one per header.
+/// return errors. Each header map is fetched once, on first use, and kept in
+/// step with the walk's own edits: one crossing into the host instead of one
+/// per header, and none for removing a header the map does not have.
 #[derive(Default)]
 pub struct Stream {
-    request: RefCell<Option<Vec<(String, String)>>>,
-    response: RefCell<Option<Vec<(String, String)>>>,
+    request: RefCell<Option<Headers>>,
+    response: RefCell<Option<Headers>>,
     /// Tokens of the callouts sent, for a context other than the stream's
     /// own (the timer) to route their answers back.
     dispatched: RefCell<Vec<u32>>,
 }
 
 impl Stream {
+    /// A stream whose request headers were read by an earlier callback of
+    /// the same held request (nothing else edits them while it is held).
+    pub fn with_request(request: Option<Headers>) -> Self {
+        Self {
+            request: RefCell::new(request),
+            ..Self::default()
+        }
+    }
+
+    /// The request headers as this stream knows them, for the next callback
+    /// of a request still held.
+    pub fn into_request(self) -> Option<Headers> {
+        self.request.into_inner()
+    }
+
     /// Tokens of the callouts this stream sent during the callback.
     pub fn take_dispatched(&self) -> Vec<u32> {
         std::mem::take(&mut *self.dispatched.borrow_mut())
     }
 
-    fn map(&self, map: MapType) -> &RefCell<Option<Vec<(String, String)>>> {
-        match map {
+    /// Runs `f` on the map, read from the host on first use.
+    fn with<T>(&self, map: MapType, f: impl FnOnce(&mut Headers) -> T) -> T {
+        let cell = match map {
             MapType::HttpResponseHeaders => &self.response,
             _ => &self.request,
-        }
-    }
-
-    fn get(&self, map: MapType, name: &str) -> Vec<String> {
-        let mut cell = self.map(map).borrow_mut();
-        let pairs = cell.get_or_insert_with(|| host::headers(map));
-        pairs
-            .iter()
-            .filter(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.clone())
-            .collect()
+        };
+        let mut cell = cell.borrow_mut();
+        f(cell.get_or_insert_with(|| Headers::read(map)))
     }
 
     fn set(&self, map: MapType, name: &str, value: Option<&str>) -> bool {
-        if !host::set_header(map, name, value) {
-            return false;
-        }
-        if let Some(pairs) = self.map(map).borrow_mut().as_mut() {
-            pairs.retain(|(k, _)| !k.eq_ignore_ascii_case(name));
-            if let Some(v) = value {
-                pairs.push((name.to_string(), v.to_string()));
+        self.with(map, |headers| {
+            if value.is_none() && !headers.has(name) {
+                return true;
             }
-        }
-        true
+            if !host::set_header(map, name, value) {
+                return false;
+            }
+            headers.record(name, value);
+            true
+        })
     }
 }
 
 impl Host for Stream {
     fn request_header(&self, name: &str) -> Option<String> {
-        self.get(MapType::HttpRequestHeaders, name)
-            .into_iter()
-            .next()
+        self.with(MapType::HttpRequestHeaders, |h| h.first(name))
     }
 
     fn request_header_all(&self, name: &str) -> Vec<String> {
-        self.get(MapType::HttpRequestHeaders, name)
+        self.with(MapType::HttpRequestHeaders, |h| h.all(name))
     }
 
     fn set_request_header(&mut self, name: &str, value: Option<&str>) -> bool {
@@ -259,9 +288,7 @@ impl Host for Stream {
     }
 
     fn response_header(&self, name: &str) -> Option<String> {
-        self.get(MapType::HttpResponseHeaders, name)
-            .into_iter()
-            .next()
+        self.with(MapType::HttpResponseHeaders, |h| h.first(name))
     }
 
     fn set_response_header(&mut self, name: &str, value: Option<&str>) -> bool {
@@ -294,9 +321,7 @@ impl Host for Stream {
     }
 
     fn request_headers(&self) -> Vec<(String, String)> {
-        let mut cell = self.request.borrow_mut();
-        cell.get_or_insert_with(|| host::headers(MapType::HttpRequestHeaders))
-            .clone()
+        self.with(MapType::HttpRequestHeaders, |h| h.pairs())
     }
 
     fn dispatch_call(

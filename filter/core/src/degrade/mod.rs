@@ -50,12 +50,20 @@ pub fn level_with(
     model: &str,
     now_ms: u64,
 ) -> (u8, Signals) {
+    // Alerts arrive only through the admin endpoint, which needs a token;
+    // without one (and without thresholds) no level is ever set, and the
+    // shared data is not read.
+    let by_alert = if config.admin.token.is_some() {
+        alert_level(store, config, model, now_ms)
+    } else {
+        0
+    };
+    if config.degrade.thresholds.is_empty() && by_alert == 0 {
+        return (0, Signals::default());
+    }
     let signals = load::read(store, Scope::Model(model), now_ms);
     let by_load = threshold_level(&config.degrade, model, &signals);
-    (
-        by_load.max(alert_level(store, config, model, now_ms)),
-        signals,
-    )
+    (by_load.max(by_alert), signals)
 }
 
 /// The level the thresholds set for `model` with these signals.

@@ -17,7 +17,7 @@ fn signals(rps: f64, tokens_per_s: f64, in_flight: u32) -> Signals {
 #[test]
 fn the_level_is_the_highest_of_thresholds_and_alerts() {
     let c = config(
-        r#"{"degrade":{"thresholds":[
+        r#"{"admin":{"token":"0123456789abcdef"},"degrade":{"thresholds":[
             {"signal":"in_flight","above":2,"level":1},
             {"model":"big","signal":"rps","above":0.5,"level":2},
             {"signal":"tokens_per_s","above":100,"level":3}]}}"#,
@@ -53,6 +53,15 @@ fn the_level_is_the_highest_of_thresholds_and_alerts() {
     let reports = alerts::parse(hook, 0).unwrap();
     alerts::apply(&store, &c.degrade, &reports, 0).unwrap();
     assert_eq!(level(&store, &c, "m", 0), 3);
+    let no_token = Config {
+        admin: Default::default(),
+        ..c.clone()
+    };
+    assert_eq!(
+        level(&store, &no_token, "m", 0),
+        1,
+        "without a token no alert can arrive, and none is read"
+    );
     assert_eq!(
         level(&store, &c, "other", 0),
         0,

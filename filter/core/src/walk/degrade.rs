@@ -22,8 +22,13 @@ impl Call {
             return Err(body);
         };
         let (level, signals) = degrade::level_with(env.store, env.config, &model, env.now_ms);
-        let label = env.model_labels.value(Some(&model)).to_string();
-        degrade::set_level_gauge(env.metrics, &label, level);
+        // The timer publishes the level of every model with load each second
+        // (`degrade::publish`); a degraded call sets it at once, since a model
+        // whose calls are all refused has no load to be published by.
+        if level > 0 {
+            let label = env.model_labels.value(Some(&model)).to_string();
+            degrade::set_level_gauge(env.metrics, &label, level);
+        }
         // The level is the model's; what it does is the call's group's.
         let cfg = self.degrade_config(env.config);
         let priority = self.request.priority;

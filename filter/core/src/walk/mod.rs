@@ -270,7 +270,8 @@ impl Call {
             return self.decide(env, host, Some(HeldBody::parse(body, size)));
         }
         if let Some(copy) = self.request.copy.as_mut() {
-            if let Some(chunk) = host.request_body(size) {
+            // An empty end of stream has nothing to copy: no host call.
+            if let Some(chunk) = (size > 0).then(|| host.request_body(size)).flatten() {
                 copy.append(&chunk);
             }
         }
@@ -368,6 +369,12 @@ impl Call {
                 watchdog_since_ms: Some(_)
             } | Phase::Coalescing { .. }
         ) || matches!(self.dispatch.hedge, Hedge::Armed { .. })
+    }
+
+    /// True while the request's body is held for the walk to read whole:
+    /// nothing but the walk edits the request headers meanwhile.
+    pub fn holds_body(&self) -> bool {
+        matches!(self.phase, Phase::Holding { .. })
     }
 
     /// A timer tick for a parked call.

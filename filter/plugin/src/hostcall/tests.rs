@@ -6,6 +6,14 @@ use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType};
 use super::status::*;
 use super::*;
 
+fn parse_map(bytes: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
+    HeaderMap::parse(bytes.to_vec()).map(|m| {
+        m.iter()
+            .map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), v.to_vec()))
+            .collect()
+    })
+}
+
 /// Every status of the ABI, and codes no version defines.
 const STATUSES: [u32; 16] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 999, u32::MAX];
 
@@ -129,7 +137,7 @@ fn counted_errors_are_handed_over_once() {
 fn ok_without_data_is_nothing() {
     abi::answer(OK);
     assert_eq!(get_buffer(BufferType::HttpRequestBody, 0, 10), Ok(None));
-    assert_eq!(get_map(MapType::HttpRequestHeaders), Ok(Vec::new()));
+    assert_eq!(get_map(MapType::HttpRequestHeaders), Ok(HeaderMap::default()));
     assert_eq!(get_shared_data("k"), Ok((None, None)));
     assert_eq!(get_property(&["a"]), Ok(None));
 }
