@@ -39,8 +39,7 @@ pub fn headers(map: MapType) -> Vec<(String, String)> {
 
 /// Bytes as text, lossily; valid UTF-8 is taken as is.
 fn text(bytes: Vec<u8>) -> String {
-    String::from_utf8(bytes)
-        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// A header map read once from the host, and the edits made to it since:

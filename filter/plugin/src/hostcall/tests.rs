@@ -137,7 +137,10 @@ fn counted_errors_are_handed_over_once() {
 fn ok_without_data_is_nothing() {
     abi::answer(OK);
     assert_eq!(get_buffer(BufferType::HttpRequestBody, 0, 10), Ok(None));
-    assert_eq!(get_map(MapType::HttpRequestHeaders), Ok(HeaderMap::default()));
+    assert_eq!(
+        get_map(MapType::HttpRequestHeaders),
+        Ok(HeaderMap::default())
+    );
     assert_eq!(get_shared_data("k"), Ok((None, None)));
     assert_eq!(get_property(&["a"]), Ok(None));
 }
