@@ -95,7 +95,7 @@ pub fn envoy_bin() -> PathBuf {
 pub fn wasm_path() -> PathBuf {
     std::env::var_os("LLM_FILTER_WASM")
         .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target/wasm32-wasip1/release/llm_filter.wasm"))
+        .unwrap_or_else(|| workspace_root().join("target/llm_filter.wasm"))
 }
 
 /// Whether the Envoy binary exists (see [`crate::skip_without_envoy`]).

@@ -85,7 +85,7 @@ fn deployed_bootstraps_validate() {
     }
     // Both name the module by its path relative to the workspace root, where
     // `make build` puts it and from where the validation runs.
-    let module = "target/wasm32-wasip1/release/llm_filter.wasm";
+    let module = "target/llm_filter.wasm";
     assert!(
         workspace_root().join(module).is_file(),
         "{module} is missing: build it with `make build`"
