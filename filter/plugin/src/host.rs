@@ -27,7 +27,7 @@ pub fn entropy() -> u64 {
 /// (the SDK's string getter would panic on them).
 pub fn header(map: MapType, name: &str) -> Option<String> {
     match hostcall::get_map_value(map, name) {
-        Ok(Some(v)) => Some(text(v)),
+        Ok(Some(v)) => Some(text(&v)),
         _ => None,
     }
 }
@@ -37,9 +37,10 @@ pub fn headers(map: MapType) -> Vec<(String, String)> {
     Headers::read(map).pairs()
 }
 
-/// Bytes as text, lossily; valid UTF-8 is taken as is.
-fn text(bytes: Vec<u8>) -> String {
-    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+/// Bytes from the host as text, lossily (the SDK's string getters would
+/// panic on bytes that are not UTF-8).
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
 }
 
 /// A header map read once from the host, and the edits made to it since:
@@ -81,10 +82,7 @@ impl Headers {
     pub fn first(&self, name: &str) -> Option<String> {
         match self.edit(name) {
             Some(edited) => edited.map(str::to_string),
-            None => self
-                .read_values(name)
-                .next()
-                .map(|v| String::from_utf8_lossy(v).into_owned()),
+            None => self.read_values(name).next().map(text),
         }
     }
 
@@ -92,10 +90,7 @@ impl Headers {
     pub fn all(&self, name: &str) -> Vec<String> {
         match self.edit(name) {
             Some(edited) => edited.map(str::to_string).into_iter().collect(),
-            None => self
-                .read_values(name)
-                .map(|v| String::from_utf8_lossy(v).into_owned())
-                .collect(),
+            None => self.read_values(name).map(text).collect(),
         }
     }
 
@@ -118,10 +113,8 @@ impl Headers {
     /// then the ones set.
     pub fn pairs(&self) -> Vec<(String, String)> {
         let kept = self.read.iter().filter_map(|(k, v)| {
-            let name = String::from_utf8_lossy(k);
-            self.edit(&name)
-                .is_none()
-                .then(|| (name.into_owned(), text(v.to_vec())))
+            let name = text(k);
+            self.edit(&name).is_none().then(|| (name, text(v)))
         });
         let set = self
             .edits

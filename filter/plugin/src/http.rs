@@ -309,7 +309,7 @@ impl Host for Stream {
         hostcall::get_property(&["response", "code_details"])
             .ok()
             .flatten()
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .map(|b| host::text(&b))
     }
 
     fn send_local_reply(&mut self, status: u32, headers: &[(&str, &str)], body: &[u8]) -> bool {
