@@ -174,7 +174,14 @@ impl HttpContext for Http {
             });
             return action(step);
         }
-        let stream = Stream::with_request(self.held_request.take());
+        // The headers kept are good only while the body is still held: a
+        // request the timer let go (the body watchdog) has gone upstream.
+        let still_held = self
+            .call
+            .try_borrow()
+            .is_ok_and(|c| c.as_ref().is_some_and(Call::holds_body));
+        let held = self.held_request.take().filter(|_| still_held);
+        let stream = Stream::with_request(held);
         self.step(stream, |call, env, host| {
             call.on_request_body(env, host, size, end_of_stream)
         })
