@@ -450,6 +450,18 @@ fn lua_string(text: &str) -> String {
     format!("[{equals}[{text}]{equals}]")
 }
 
+/// Writes the wrk script of one run of `scenario` into `dir`.
+fn write_wrk_script(dir: &Path, scenario: &Scenario, run: &str) -> Result<std::path::PathBuf> {
+    let path = dir.join(format!(
+        "{}-{run}.lua",
+        scenario
+            .name
+            .replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+    ));
+    std::fs::write(&path, wrk_script(scenario, run))?;
+    Ok(path)
+}
+
 /// The wrk script of `scenario`; `run` tells the bodies of one wrk run from
 /// another's where they carry [`UNIQUE`] numbers.
 fn wrk_script(scenario: &Scenario, run: &str) -> String {
@@ -586,23 +598,15 @@ async fn run_scenario(
 ) -> Result<Run> {
     let envoy = (scenario.envoy)(backend_port).start()?;
     check(&envoy, scenario).await?;
-    let script = |run: &str| -> Result<std::path::PathBuf> {
-        let path = dir.join(format!(
-            "{}-{run}.lua",
-            scenario
-                .name
-                .replace(|c: char| !c.is_ascii_alphanumeric(), "_")
-        ));
-        std::fs::write(&path, wrk_script(scenario, run))?;
-        Ok(path)
-    };
     let url = envoy.url(scenario.path);
     if options.warmup_s > 0 {
-        run_wrk(&url, &script("warmup")?, options, options.warmup_s)?;
+        let warmup = write_wrk_script(dir, scenario, "warmup")?;
+        run_wrk(&url, &warmup, options, options.warmup_s)?;
     }
+    let measured = write_wrk_script(dir, scenario, "measured")?;
     let pid = envoy.pid().context("envoy pid")?;
     let cpu_before = cpu_ns(pid)?;
-    let wrk = run_wrk(&url, &script("measured")?, options, options.duration_s)?;
+    let wrk = run_wrk(&url, &measured, options, options.duration_s)?;
     let cpu = cpu_ns(pid)?.saturating_sub(cpu_before);
     Ok(Run {
         cpu_us_per_call: cpu as f64 / 1000.0 / wrk.requests.max(1) as f64,
@@ -1023,16 +1027,13 @@ async fn run_hostcalls(
             "bench: time in callbacks of {} under load ({}s)",
             scenario.name, options.duration_s
         );
-        let script = dir.join(format!(
-            "{}-census.lua",
-            scenario
-                .name
-                .replace(|c: char| !c.is_ascii_alphanumeric(), "_")
-        ));
-        std::fs::write(&script, wrk_script(scenario, "census"))?;
+        // Runs of their own: a unique prompt of the warm-up must not come
+        // back in the measured run as a cache hit.
         if options.warmup_s > 0 {
-            run_wrk(&url, &script, options, options.warmup_s)?;
+            let warmup = write_wrk_script(dir, scenario, "census-warmup")?;
+            run_wrk(&url, &warmup, options, options.warmup_s)?;
         }
+        let script = write_wrk_script(dir, scenario, "census-measured")?;
         tokio::time::sleep(Duration::from_millis(200)).await;
         let before = census_counters(&envoy, BENCH_CALLBACK_NS, "callback")?;
         let wrk = run_wrk(&url, &script, options, options.duration_s)?;
