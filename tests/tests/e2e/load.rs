@@ -98,7 +98,9 @@ async fn calls_in_flight_are_counted_until_they_end() {
         return;
     }
     let mock = MockUpstream::start(MockConfig::named("load"));
-    mock.set_default_delay_ms(1_500);
+    // Long enough that all three are upstream together for several of the
+    // gauge's one-second publications, however a busy machine staggers them.
+    mock.set_default_delay_ms(4_000);
     let envoy = EnvoyBuilder::new()
         .plugin_config("{}")
         .upstream("mock", mock.port())
@@ -113,13 +115,27 @@ async fn calls_in_flight_are_counted_until_they_end() {
             })
         })
         .collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    while mock.in_flight() < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the three calls were never upstream together ({} were)",
+            mock.in_flight()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let seen = envoy.wait_for_metric(
         "llm_filter_load_in_flight",
         &[("model", "slow-model")],
         3.0,
-        Duration::from_secs(5),
+        Duration::from_secs(3),
     );
-    assert_eq!(seen, 3.0);
+    assert_eq!(
+        seen,
+        3.0,
+        "in flight while the mock held 3 (internal errors: {})",
+        envoy.metric("llm_filter_internal_errors_total", &[])
+    );
     for c in calls {
         assert_eq!(c.await.unwrap().unwrap().status, 200);
     }
