@@ -35,6 +35,9 @@ pub const BENCH_HOSTCALLS: &str = "llm_filter_bench_hostcalls_total";
 /// Nanoseconds spent inside the filter's HTTP callbacks, by `callback`: only
 /// in the same bench build, which `make bench-hostcalls` reads under load.
 pub const BENCH_CALLBACK_NS: &str = "llm_filter_bench_callback_ns_total";
+/// Nanoseconds spent inside host calls made from those callbacks, by `call`:
+/// only in the same bench build.
+pub const BENCH_HOSTCALL_NS: &str = "llm_filter_bench_hostcall_ns_total";
 
 // budget
 /// Share of its timeout budget a completed call used, in per-mille (0..=1000),

@@ -86,6 +86,16 @@ thread_local! {
     static UNEXPECTED: Tally = const { Tally::new() };
 }
 
+/// Runs one crossing into the host, which returns its status; a census
+/// build times it for the [`check`] that follows.
+#[inline(always)]
+fn crossing(f: impl FnOnce() -> u32) -> u32 {
+    #[cfg(feature = "hostcall-census")]
+    return census::crossing(f);
+    #[cfg(not(feature = "hostcall-census"))]
+    f()
+}
+
 /// `Ok` for [`OK`]; `Err(status)` otherwise, noting it when `status` is
 /// neither OK nor one of the `expected` errors.
 pub fn check(call: &'static str, status: u32, expected: &[u32]) -> Result<(), Status> {
@@ -143,6 +153,16 @@ pub fn current_time_ns() -> Result<u64, Status> {
     check("get_current_time", s, &[]).map(|()| t)
 }
 
+/// The host's clock for the census: neither counted nor checked (a failed
+/// read is a 0, which only the bench's numbers would show).
+#[cfg(feature = "hostcall-census")]
+fn census_clock_ns() -> u64 {
+    let mut t: u64 = 0;
+    // SAFETY: `t` outlives the call.
+    unsafe { abi::proxy_get_current_time_nanoseconds(&mut t) };
+    t
+}
+
 /// Asks for `on_tick` every `period` (0 stops it).
 pub fn set_tick_period(period: Duration) -> Result<(), Status> {
     let ms = u32::try_from(period.as_millis()).unwrap_or(u32::MAX);
@@ -160,9 +180,9 @@ pub fn get_buffer(
     let (mut data, mut size) = (null_mut(), 0usize);
     // SAFETY: the out-pointers outlive the call; what the host returns is
     // allocated by this module.
-    let s = unsafe {
+    let s = crossing(|| unsafe {
         abi::proxy_get_buffer_bytes(buffer as u32, start, max_size, &mut data, &mut size)
-    };
+    });
     match check("get_buffer", s, &[NOT_FOUND]) {
         // SAFETY: see above.
         Ok(()) => Ok(unsafe { take(data, size) }),
@@ -179,9 +199,9 @@ pub fn set_buffer(
     value: &[u8],
 ) -> Result<(), Status> {
     // SAFETY: the pointer and length describe a live slice.
-    let s = unsafe {
+    let s = crossing(|| unsafe {
         abi::proxy_set_buffer_bytes(buffer as u32, start, size, value.as_ptr(), value.len())
-    };
+    });
     check("set_buffer", s, &[])
 }
 
@@ -190,7 +210,8 @@ pub fn set_buffer(
 pub fn get_map(map: MapType) -> Result<HeaderMap, Status> {
     let (mut data, mut size) = (null_mut(), 0usize);
     // SAFETY: as in `get_buffer`.
-    let s = unsafe { abi::proxy_get_header_map_pairs(map as u32, &mut data, &mut size) };
+    let s =
+        crossing(|| unsafe { abi::proxy_get_header_map_pairs(map as u32, &mut data, &mut size) });
     check("get_map", s, &[])?;
     // SAFETY: as in `get_buffer`.
     let Some(bytes) = (unsafe { take(data, size) }) else {
@@ -206,9 +227,9 @@ pub fn get_map(map: MapType) -> Result<HeaderMap, Status> {
 pub fn get_map_value(map: MapType, key: &str) -> Result<Option<Vec<u8>>, Status> {
     let (mut data, mut size) = (null_mut(), 0usize);
     // SAFETY: as in `get_buffer`.
-    let s = unsafe {
+    let s = crossing(|| unsafe {
         abi::proxy_get_header_map_value(map as u32, key.as_ptr(), key.len(), &mut data, &mut size)
-    };
+    });
     match check("get_map_value", s, &[NOT_FOUND]) {
         // SAFETY: as in `get_buffer`.
         Ok(()) => Ok(unsafe { take(data, size) }),
@@ -220,7 +241,7 @@ pub fn get_map_value(map: MapType, key: &str) -> Result<Option<Vec<u8>>, Status>
 /// Sets a header (replacing every value), or with `None` removes it.
 pub fn set_map_value(map: MapType, key: &str, value: Option<&str>) -> Result<(), Status> {
     // SAFETY: the pointers and lengths describe live strings.
-    let s = unsafe {
+    let s = crossing(|| unsafe {
         match value {
             Some(v) => abi::proxy_replace_header_map_value(
                 map as u32,
@@ -231,7 +252,7 @@ pub fn set_map_value(map: MapType, key: &str, value: Option<&str>) -> Result<(),
             ),
             None => abi::proxy_remove_header_map_value(map as u32, key.as_ptr(), key.len()),
         }
-    };
+    });
     check("set_map_value", s, &[])
 }
 
@@ -240,7 +261,9 @@ pub fn get_property(path: &[&str]) -> Result<Option<Vec<u8>>, Status> {
     let path = path.join("\0");
     let (mut data, mut size) = (null_mut(), 0usize);
     // SAFETY: as in `get_buffer`.
-    let s = unsafe { abi::proxy_get_property(path.as_ptr(), path.len(), &mut data, &mut size) };
+    let s = crossing(|| unsafe {
+        abi::proxy_get_property(path.as_ptr(), path.len(), &mut data, &mut size)
+    });
     let expected = [NOT_FOUND, status::SERIALIZATION_FAILURE, INTERNAL_FAILURE];
     match check("get_property", s, &expected) {
         // SAFETY: as in `get_buffer`.
@@ -255,9 +278,9 @@ pub fn get_property(path: &[&str]) -> Result<Option<Vec<u8>>, Status> {
 pub fn get_shared_data(key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status> {
     let (mut data, mut size, mut cas) = (null_mut(), 0usize, 0u32);
     // SAFETY: as in `get_buffer`.
-    let s = unsafe {
+    let s = crossing(|| unsafe {
         abi::proxy_get_shared_data(key.as_ptr(), key.len(), &mut data, &mut size, &mut cas)
-    };
+    });
     match check("get_shared_data", s, &[NOT_FOUND]) {
         // SAFETY: as in `get_buffer`.
         Ok(()) => Ok((unsafe { take(data, size) }, Some(cas).filter(|c| *c != 0))),
@@ -269,7 +292,7 @@ pub fn get_shared_data(key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Stat
 /// Writes a shared-data value, conditionally on `cas` when given.
 pub fn set_shared_data(key: &str, value: &[u8], cas: Option<u32>) -> Result<(), Status> {
     // SAFETY: the pointers and lengths describe live slices.
-    let s = unsafe {
+    let s = crossing(|| unsafe {
         abi::proxy_set_shared_data(
             key.as_ptr(),
             key.len(),
@@ -277,21 +300,21 @@ pub fn set_shared_data(key: &str, value: &[u8], cas: Option<u32>) -> Result<(), 
             value.len(),
             cas.unwrap_or(0),
         )
-    };
+    });
     check("set_shared_data", s, &[CAS_MISMATCH])
 }
 
 /// Lets a paused request go on.
 pub fn resume_http_request() -> Result<(), Status> {
     // SAFETY: plain value.
-    let s = unsafe { abi::proxy_continue_stream(STREAM_HTTP_REQUEST) };
+    let s = crossing(|| unsafe { abi::proxy_continue_stream(STREAM_HTTP_REQUEST) });
     check("resume_http_request", s, &[])
 }
 
 /// Lets a paused response go on.
 pub fn resume_http_response() -> Result<(), Status> {
     // SAFETY: plain value.
-    let s = unsafe { abi::proxy_continue_stream(STREAM_HTTP_RESPONSE) };
+    let s = crossing(|| unsafe { abi::proxy_continue_stream(STREAM_HTTP_RESPONSE) });
     check("resume_http_response", s, &[])
 }
 
@@ -311,7 +334,7 @@ pub fn send_http_response(
         return Err(BAD_ARGUMENT);
     };
     // SAFETY: the pointers and lengths describe live slices.
-    let s = unsafe {
+    let s = crossing(|| unsafe {
         abi::proxy_send_local_response(
             status,
             null(),
@@ -322,7 +345,7 @@ pub fn send_http_response(
             headers.len(),
             NO_GRPC_STATUS,
         )
-    };
+    });
     check("send_http_response", s, &[])
 }
 
@@ -336,17 +359,30 @@ pub fn dispatch_http_call(
     body: Option<&[u8]>,
     timeout: Duration,
 ) -> Result<u32, Status> {
-    #[cfg(feature = "hostcall-census")]
-    census::count("dispatch_http_call");
-    proxy_wasm::hostcalls::dispatch_http_call(cluster, headers.to_vec(), body, vec![], timeout)
-        .map_err(|s| s as u32)
+    let mut token = 0;
+    let s = crossing(|| {
+        match proxy_wasm::hostcalls::dispatch_http_call(
+            cluster,
+            headers.to_vec(),
+            body,
+            vec![],
+            timeout,
+        ) {
+            Ok(t) => {
+                token = t;
+                OK
+            }
+            Err(s) => s as u32,
+        }
+    });
+    check("dispatch_http_call", s, &[BAD_ARGUMENT, INTERNAL_FAILURE]).map(|()| token)
 }
 
 /// Makes `context_id` the context later calls act on; `BadArgument` when it
 /// is gone.
 pub fn set_effective_context(context_id: u32) -> Result<(), Status> {
     // SAFETY: plain value.
-    let s = unsafe { abi::proxy_set_effective_context(context_id) };
+    let s = crossing(|| unsafe { abi::proxy_set_effective_context(context_id) });
     check("set_effective_context", s, &[BAD_ARGUMENT])
 }
 
@@ -358,7 +394,7 @@ pub fn call_foreign_function(
     let (mut data, mut size) = (null_mut(), 0usize);
     let (args, args_len) = arguments.map_or((null(), 0), |a| (a.as_ptr(), a.len()));
     // SAFETY: as in `get_buffer`.
-    let s = unsafe {
+    let s = crossing(|| unsafe {
         abi::proxy_call_foreign_function(
             function.as_ptr(),
             function.len(),
@@ -367,7 +403,7 @@ pub fn call_foreign_function(
             &mut data,
             &mut size,
         )
-    };
+    });
     let expected = [
         NOT_FOUND,
         BAD_ARGUMENT,
@@ -383,21 +419,23 @@ pub fn call_foreign_function(
 pub fn define_metric(kind: MetricType, name: &str) -> Result<u32, Status> {
     let mut id: u32 = 0;
     // SAFETY: the pointer and length describe a live string; `id` outlives the call.
-    let s = unsafe { abi::proxy_define_metric(kind as u32, name.as_ptr(), name.len(), &mut id) };
+    let s = crossing(|| unsafe {
+        abi::proxy_define_metric(kind as u32, name.as_ptr(), name.len(), &mut id)
+    });
     check("define_metric", s, &[]).map(|()| id)
 }
 
 /// Adds `delta` to a counter or gauge.
 pub fn increment_metric(id: u32, delta: i64) -> Result<(), Status> {
     // SAFETY: plain values.
-    let s = unsafe { abi::proxy_increment_metric(id, delta) };
+    let s = crossing(|| unsafe { abi::proxy_increment_metric(id, delta) });
     check("increment_metric", s, &[NOT_FOUND, BAD_ARGUMENT])
 }
 
 /// Sets a gauge or records a histogram sample.
 pub fn record_metric(id: u32, value: u64) -> Result<(), Status> {
     // SAFETY: plain values.
-    let s = unsafe { abi::proxy_record_metric(id, value) };
+    let s = crossing(|| unsafe { abi::proxy_record_metric(id, value) });
     check("record_metric", s, &[NOT_FOUND])
 }
 

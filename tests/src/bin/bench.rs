@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use futures_util::StreamExt;
-use llm_filter_core::metrics::{BENCH_CALLBACK_NS, BENCH_HOSTCALLS};
+use llm_filter_core::metrics::{BENCH_CALLBACK_NS, BENCH_HOSTCALLS, BENCH_HOSTCALL_NS};
 use llm_filter_e2e::{
     chat_body, chat_stream_body, cli, conversation_body, post_json, workspace_root, Envoy,
     EnvoyBuilder, MockConfig, MockUpstream, SHAPING_AB,
@@ -991,6 +991,7 @@ async fn run_hostcalls(
     let calls = options.hostcalls;
     let mut counts: Vec<(&str, BTreeMap<String, f64>)> = Vec::new();
     let mut times: Vec<(&str, BTreeMap<String, f64>)> = Vec::new();
+    let mut host_times: Vec<(&str, BTreeMap<String, f64>)> = Vec::new();
     for scenario in selected.iter().filter(|s| s.name.starts_with("filter")) {
         eprintln!("bench: host calls of {} over {calls} calls", scenario.name);
         let envoy = (scenario.envoy)(backend_port).start()?;
@@ -1036,19 +1037,31 @@ async fn run_hostcalls(
         let script = write_wrk_script(dir, scenario, "census-measured")?;
         tokio::time::sleep(Duration::from_millis(200)).await;
         let before = census_counters(&envoy, BENCH_CALLBACK_NS, "callback")?;
+        let host_before = census_counters(&envoy, BENCH_HOSTCALL_NS, "call")?;
         let wrk = run_wrk(&url, &script, options, options.duration_s)?;
         tokio::time::sleep(Duration::from_millis(200)).await;
         let after = census_counters(&envoy, BENCH_CALLBACK_NS, "callback")?;
+        let host_after = census_counters(&envoy, BENCH_HOSTCALL_NS, "call")?;
         // ns per call, shown in µs.
-        let mut per = per_call(&before, &after, wrk.requests.max(1) as f64 * 1000.0);
+        let thousand_calls = wrk.requests.max(1) as f64 * 1000.0;
+        let mut per = per_call(&before, &after, thousand_calls);
         let total: f64 = per.values().sum();
         per.insert("total".to_string(), total);
         times.push((scenario.name, per));
+        let mut host = per_call(&host_before, &host_after, thousand_calls);
+        let in_host: f64 = host.values().sum();
+        host.insert("total".to_string(), in_host);
+        host.insert("(module's own)".to_string(), total - in_host);
+        host_times.push((scenario.name, host));
     }
     print_census("Host calls per call, by scenario (census build)", &counts);
     print_census(
         "µs inside the filter's callbacks per call, under load (census build)",
         &times,
+    );
+    print_census(
+        "µs of those inside host calls, by call, and the module's own (census build)",
+        &host_times,
     );
     Ok(true)
 }

@@ -9,14 +9,18 @@
 //! HTTP callback from its start to its end by the host's clock (a crossing
 //! the no-op filter shows costs next to nothing) and hands the nanoseconds
 //! over as `llm_filter_bench_callback_ns_total` (label `callback`) once the
-//! callback's time is taken, so the hand-over is not in it. A normal build
-//! compiles none of this.
+//! callback's time is taken, so the hand-over is not in it. It times each
+//! host call the same way (`llm_filter_bench_hostcall_ns_total`, label
+//! `call`), so the time inside the callbacks splits into the host's and the
+//! module's own. Those clock reads are taken back out: each callback samples
+//! what one costs, and its time and its host calls' lose what their reads
+//! added. A normal build compiles none of this.
 
 use std::cell::Cell;
 use std::rc::Rc;
 
 use llm_filter_core::host::Metrics;
-use llm_filter_core::metrics::{name, BENCH_CALLBACK_NS, BENCH_HOSTCALLS};
+use llm_filter_core::metrics::{name, BENCH_CALLBACK_NS, BENCH_HOSTCALLS, BENCH_HOSTCALL_NS};
 
 use super::Tally;
 use crate::worker::Worker;
@@ -26,6 +30,14 @@ thread_local! {
     static COUNTS: Tally = const { Tally::new() };
     /// Nanoseconds inside callbacks since the last hand-over, by callback.
     static TIMES: Tally = const { Tally::new() };
+    /// Nanoseconds inside host calls since the last hand-over, by call.
+    static HOST_TIMES: Tally = const { Tally::new() };
+    /// The last crossing's nanoseconds, until its check names the call.
+    static PENDING_NS: Cell<u64> = const { Cell::new(0) };
+    /// What one clock read costs, sampled as the current callback began.
+    static CLOCK_NS: Cell<u64> = const { Cell::new(0) };
+    /// Host calls timed since the current callback began.
+    static TIMED: Cell<u64> = const { Cell::new(0) };
     /// True while calls are not counted: the hand-over itself, the timer.
     static QUIET: Cell<bool> = const { Cell::new(false) };
 }
@@ -50,24 +62,48 @@ impl Drop for Quiet {
     }
 }
 
-/// Counts one host call.
+use super::census_clock_ns as clock;
+
+/// Times one crossing into the host (less one clock read: the end of the
+/// first and the start of the second) for the [`count`] that follows.
+pub fn crossing(f: impl FnOnce() -> u32) -> u32 {
+    if QUIET.with(Cell::get) {
+        return f();
+    }
+    let started = clock();
+    let status = f();
+    let ns = clock()
+        .saturating_sub(started)
+        .saturating_sub(CLOCK_NS.with(Cell::get));
+    PENDING_NS.with(|p| p.set(ns));
+    TIMED.with(|t| t.set(t.get() + 1));
+    status
+}
+
+/// Counts one host call, with the time of the crossing it follows.
 pub fn count(call: &'static str) {
+    let ns = PENDING_NS.with(|p| p.replace(0));
     if QUIET.with(Cell::get) {
         return;
     }
     COUNTS.with(|c| c.add(call));
+    HOST_TIMES.with(|t| t.add_n(call, ns));
 }
 
 /// Moves the counts and times into the stats, uncounted.
 pub fn hand_over(m: &mut dyn Metrics) {
     let counts = COUNTS.with(Tally::take);
     let times = TIMES.with(Tally::take);
+    let host_times = HOST_TIMES.with(Tally::take);
     let _quiet = Quiet::new();
     for (call, n) in counts {
         m.counter(&name(BENCH_HOSTCALLS, &[("call", call)]), n);
     }
     for (callback, ns) in times {
         m.counter(&name(BENCH_CALLBACK_NS, &[("callback", callback)]), ns);
+    }
+    for (call, ns) in host_times {
+        m.counter(&name(BENCH_HOSTCALL_NS, &[("call", call)]), ns);
     }
 }
 
@@ -81,23 +117,25 @@ pub struct Timed {
 impl Timed {
     /// Starts timing `callback`.
     pub fn new(worker: &Rc<Worker>, callback: &'static str) -> Self {
-        let _quiet = Quiet::new();
+        let sample = clock();
+        CLOCK_NS.with(|c| c.set(clock().saturating_sub(sample)));
+        TIMED.with(|t| t.set(0));
         Self {
             worker: Rc::clone(worker),
             callback,
-            started_ns: super::current_time_ns().unwrap_or(0),
+            started_ns: clock(),
         }
     }
 }
 
 impl Drop for Timed {
     fn drop(&mut self) {
-        let quiet = Quiet::new();
-        let ns = super::current_time_ns()
-            .unwrap_or(0)
-            .saturating_sub(self.started_ns);
+        // Each timed host call added two clock reads.
+        let reads = 2 * TIMED.with(|t| t.replace(0));
+        let ns = clock()
+            .saturating_sub(self.started_ns)
+            .saturating_sub(reads * CLOCK_NS.with(Cell::get));
         TIMES.with(|t| t.add_n(self.callback, ns));
-        drop(quiet);
         if let Ok(mut m) = self.worker.metrics.try_borrow_mut() {
             hand_over(&mut *m);
         }
