@@ -26,7 +26,7 @@ pub use key::{
     decide, key_hex, BypassReason, CacheControl, CacheRequest, Cacheable, Decision, Key,
 };
 pub use store::{
-    Dropped, InsertError, Inserted, Lookup, Replaced, Store, Totals, PREPARE_MAX_SLOTS,
+    Dropped, InsertError, Inserted, Lookup, Replaced, Seen, Store, Totals, PREPARE_MAX_SLOTS,
 };
 
 use crate::metrics;

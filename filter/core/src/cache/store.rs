@@ -172,12 +172,43 @@ pub struct Store<'a, S: SharedStore + ?Sized> {
 }
 
 /// What a candidate slot holds, read for a replacement decision.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Occupant {
     Empty,
     Corrupt,
     Same,
     Other { expires_at_ms: u64 },
+}
+
+/// One candidate slot as it was read: enough to decide a replacement and
+/// to write it conditionally without reading it again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SlotSeen {
+    slot: u32,
+    /// The CAS token of the read (`None`: the slot was never written).
+    cas: Option<u32>,
+    /// Bytes the slot held.
+    len: usize,
+    occupant: Occupant,
+}
+
+impl SlotSeen {
+    fn of(key: &Key, slot: u32, read: &Versioned) -> Self {
+        Self {
+            slot,
+            cas: read.token(),
+            len: read.value.as_ref().map_or(0, Vec::len),
+            occupant: occupant(key, read.value.as_deref()),
+        }
+    }
+}
+
+/// A key's candidate slots as a missed lookup read them, for the insert of
+/// the key's answer ([`Store::insert_after`]): a slot nobody wrote since is
+/// written without a second read.
+#[derive(Debug, Clone, Default)]
+pub struct Seen {
+    slots: [Option<SlotSeen>; 2],
 }
 
 impl<'a, S: SharedStore + ?Sized> Store<'a, S> {
@@ -290,12 +321,21 @@ impl<'a, S: SharedStore + ?Sized> Store<'a, S> {
     /// Finds the entry of `key` at `now_ms`. A corrupt slot, a slot holding
     /// another key or a host error is a miss.
     pub fn lookup(&self, key: &Key, now_ms: u64) -> Lookup {
+        self.lookup_seen(key, now_ms).0
+    }
+
+    /// [`Self::lookup`], and the candidate slots as it read them.
+    pub fn lookup_seen(&self, key: &Key, now_ms: u64) -> (Lookup, Seen) {
         let mut stale = None;
+        let mut seen = Seen::default();
         // After a race both candidates may hold the key: a fresh copy wins.
-        for slot in self.distinct_candidates(key) {
+        for (i, slot) in self.distinct_candidates(key).enumerate() {
             let Ok(v) = self.shared.get(&slot_key(slot)) else {
                 continue;
             };
+            if let Some(s) = seen.slots.get_mut(i) {
+                *s = Some(SlotSeen::of(key, slot, &v));
+            }
             let Some(bytes) = v.value else { continue };
             if bytes.get(..key.len()) != Some(key.as_slice()) {
                 continue;
@@ -305,17 +345,30 @@ impl<'a, S: SharedStore + ?Sized> Store<'a, S> {
             };
             let age_s = entry.age_s(now_ms);
             if now_ms < entry.expires_at_ms() {
-                return Lookup::Hit { entry, age_s };
+                return (Lookup::Hit { entry, age_s }, seen);
             }
             if now_ms < entry.expires_at_ms().saturating_add(self.stale_ms) {
                 stale = Some(Lookup::Stale { entry, age_s });
             }
         }
-        stale.unwrap_or(Lookup::Miss)
+        (stale.unwrap_or(Lookup::Miss), seen)
     }
 
     /// Stores `entry` under `key`, following the replacement rule.
     pub fn insert(&self, key: &Key, entry: &Entry, now_ms: u64) -> Result<Inserted, InsertError> {
+        self.insert_after(key, entry, now_ms, &Seen::default())
+    }
+
+    /// [`Self::insert`], deciding first on the slots as `seen` when it has
+    /// every candidate with a CAS token: the write is conditional on nobody
+    /// having written the slot since, and a lost race reads them afresh.
+    pub fn insert_after(
+        &self,
+        key: &Key,
+        entry: &Entry,
+        now_ms: u64,
+        seen: &Seen,
+    ) -> Result<Inserted, InsertError> {
         let mut value = Vec::with_capacity(entry.body().len().saturating_add(128));
         value.extend_from_slice(key);
         entry
@@ -327,37 +380,34 @@ impl<'a, S: SharedStore + ?Sized> Store<'a, S> {
         // Contention on one slot means others are writing the same answers,
         // so losing the race costs nothing. A never-used slot is written
         // unconditionally (see [`Store::prepare`]).
+        let mut reuse = self.reusable(key, seen);
         let written = cas::retry(|| {
-            let mut best: Option<(u8, u64, u32, Versioned, Occupant)> = None;
-            for slot in self.distinct_candidates(key) {
-                let v = self
-                    .shared
-                    .get(&slot_key(slot))
-                    .map_err(|_| StoreError::Host)?;
-                let occupant = occupant(key, v.value.as_deref());
-                let (rank, expires) = self.rank(occupant, now_ms);
-                if best.as_ref().is_none_or(|b| (rank, expires) < (b.0, b.1)) {
-                    best = Some((rank, expires, slot, v, occupant));
-                }
-            }
-            let Some((_, _, slot, v, occupant)) = best else {
-                return Err(StoreError::Host);
+            let candidates = match reuse.take() {
+                Some(c) => c,
+                None => self.read_candidates(key)?,
             };
-            cas::write(
-                self.shared,
-                &slot_key(slot),
-                &v,
-                &value,
-                Unguarded::Overwrite,
-            )?;
-            Ok((slot, v, occupant))
+            let best = candidates
+                .into_iter()
+                .min_by_key(|c| self.rank(c.occupant, now_ms))
+                .ok_or(StoreError::Host)?;
+            let read = Versioned {
+                value: None,
+                cas: best.cas,
+            };
+            let slot = slot_key(best.slot);
+            cas::write(self.shared, &slot, &read, &value, Unguarded::Overwrite)?;
+            Ok(best)
         });
-        let (slot, v, occupant) = match written {
+        let SlotSeen {
+            slot,
+            len: old_len,
+            occupant,
+            ..
+        } = match written {
             Ok(w) => w,
             Err(StoreError::CasMismatch) => return Err(InsertError::Contended),
             Err(StoreError::Host) => return Err(InsertError::Host),
         };
-        let old_len = v.value.as_ref().map_or(0, Vec::len);
         let entries_delta = i64::from(matches!(occupant, Occupant::Empty));
         let bytes_delta = (value.len() as i64).saturating_sub(old_len as i64);
         let replaced = match occupant {
@@ -416,6 +466,33 @@ impl<'a, S: SharedStore + ?Sized> Store<'a, S> {
             }
             Occupant::Other { expires_at_ms } => (4, expires_at_ms),
         }
+    }
+
+    /// Every candidate of `key` as read now.
+    fn read_candidates(&self, key: &Key) -> Result<Vec<SlotSeen>, StoreError> {
+        self.distinct_candidates(key)
+            .map(|slot| {
+                let v = self
+                    .shared
+                    .get(&slot_key(slot))
+                    .map_err(|_| StoreError::Host)?;
+                Ok(SlotSeen::of(key, slot, &v))
+            })
+            .collect()
+    }
+
+    /// The candidates as `seen`, when it read every one of them with a CAS
+    /// token (a slot never written could only be written blindly).
+    fn reusable(&self, key: &Key, seen: &Seen) -> Option<Vec<SlotSeen>> {
+        self.distinct_candidates(key)
+            .map(|slot| {
+                seen.slots
+                    .iter()
+                    .flatten()
+                    .find(|s| s.slot == slot && s.cas.is_some())
+                    .copied()
+            })
+            .collect()
     }
 
     fn distinct_candidates(&self, key: &Key) -> impl Iterator<Item = u32> {
@@ -596,6 +673,61 @@ mod tests {
         let t = s.totals().unwrap();
         assert_eq!(t, actual(&shared, 2));
         assert_eq!(t.entries, 2);
+    }
+
+    #[test]
+    fn an_insert_after_a_miss_writes_without_reading_the_slots_again() {
+        let c = cfg(2);
+        let shared = HookStore::default();
+        let s = Store::new(&shared, &c);
+        s.prepare().unwrap();
+        let (lookup, seen) = s.lookup_seen(&key(1), 0);
+        assert_eq!(lookup, Lookup::Miss);
+        let before = shared.calls();
+        let ins = s.insert_after(&key(1), &entry("a", 0, 1_000), 0, &seen).unwrap();
+        // The slot's write and the totals' read and write: no slot read.
+        assert_eq!(shared.calls() - before, 3);
+        assert_eq!((ins.replaced, ins.entries_delta), (Replaced::Empty, 1));
+        assert!(matches!(s.lookup(&key(1), 0), Lookup::Hit { .. }));
+        assert_eq!(s.totals(), Some(actual(&shared.inner, 2)));
+    }
+
+    #[test]
+    fn slots_written_since_the_lookup_are_read_again() {
+        let c = cfg(2);
+        let shared = MemoryStore::new();
+        let s = Store::new(&shared, &c);
+        s.prepare().unwrap();
+        let (_, seen) = s.lookup_seen(&key(1), 0);
+        // Meanwhile other calls fill both slots the lookup saw empty.
+        s.insert(&key(2), &entry("b", 0, 2_000), 0).unwrap();
+        s.insert(&key(3), &entry("c", 0, 3_000), 0).unwrap();
+        let ins = s.insert_after(&key(1), &entry("a", 0, 9_000), 0, &seen).unwrap();
+        // Decided on what the slots hold now: the entry expiring first goes.
+        assert_eq!((ins.replaced, ins.entries_delta), (Replaced::Evicted, 0));
+        assert_eq!(s.lookup(&key(2), 0), Lookup::Miss);
+        assert!(matches!(s.lookup(&key(3), 0), Lookup::Hit { .. }));
+        assert!(matches!(s.lookup(&key(1), 0), Lookup::Hit { .. }));
+        let t = actual(&shared, 2);
+        assert_eq!(s.totals(), Some(t));
+        assert_eq!(t.entries, 2);
+    }
+
+    #[test]
+    fn slots_never_written_are_read_before_the_insert() {
+        let c = cfg(2);
+        let shared = HookStore::default();
+        let s = Store::new(&shared, &c);
+        let (_, seen) = s.lookup_seen(&key(1), 0);
+        // Another call's entry lands in a slot no one had written: a write
+        // decided on the lookup's view could not be made conditional.
+        s.insert(&key(2), &entry("b", 0, 2_000), 0).unwrap();
+        let before = shared.calls();
+        s.insert_after(&key(1), &entry("a", 0, 9_000), 0, &seen).unwrap();
+        assert_eq!(shared.calls() - before, 5, "both slots read again");
+        assert!(matches!(s.lookup(&key(2), 0), Lookup::Hit { .. }));
+        assert!(matches!(s.lookup(&key(1), 0), Lookup::Hit { .. }));
+        assert_eq!(s.totals(), Some(actual(&shared.inner, 2)));
     }
 
     #[test]

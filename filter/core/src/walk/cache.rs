@@ -66,7 +66,9 @@ impl Call {
             return Err(body);
         }
         let store = Store::new(env.store, cfg);
-        if let Lookup::Hit { entry, age_s } = store.lookup(&c.key, env.now_ms) {
+        let (lookup, seen) = store.lookup_seen(&c.key, env.now_ms);
+        self.cache.seen = seen;
+        if let Lookup::Hit { entry, age_s } = lookup {
             if self.reply_from_entry(env, host, &entry, age_s, CacheStatus::Hit, None) {
                 return Ok(Step::Pause);
             }
@@ -442,7 +444,7 @@ impl Call {
             return;
         };
         let store = Store::new(env.store, &env.config.cache);
-        match store.insert(&c.key, entry, env.now_ms) {
+        match store.insert_after(&c.key, entry, env.now_ms, &self.cache.seen) {
             Ok(inserted) => {
                 count_store(env.metrics, "stored");
                 if inserted.evicted() {

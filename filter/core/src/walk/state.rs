@@ -2,7 +2,7 @@
 //! stands, what was decided for the trip upstream, what came back, and the
 //! cache's part. The walk's steps (in the sibling modules) change it.
 
-use crate::cache::{CacheStatus, Cacheable, Key, Lease, StreamAssembler};
+use crate::cache::{CacheStatus, Cacheable, Key, Lease, Seen, StreamAssembler};
 use crate::classify::Endpoint;
 use crate::priority::Priority;
 use crate::shaping::Changes;
@@ -207,6 +207,8 @@ pub(super) struct CacheCall {
     /// The lead on the key's in-flight marker, held until the answer is
     /// stored or given up.
     pub(super) lease: Option<Lease>,
+    /// The key's slots as the missed lookup read them, for the insert.
+    pub(super) seen: Seen,
     /// The answer being collected to store.
     pub(super) fill: Option<Fill>,
     /// The semantic cache's part, when the call takes part.
