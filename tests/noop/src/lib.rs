@@ -6,17 +6,36 @@
 //! With the configuration `{"hold_body":true}` it holds each request's body
 //! until its end and copies it into the VM once, as llm-filter does for an LLM
 //! call: the floor of any filter that reads bodies.
+//!
+//! With `{"replay_tagging":true}` it makes, in each callback, the host calls a
+//! tagging-only llm-filter call makes there (the census's exact counts of
+//! `filter-tagging-only`: 22 a call), with constant arguments and no logic:
+//! the floor of any filter that reads and writes what tagging does, so the
+//! bench can tell the ABI's cost of the features from the filter's own code.
+//! It must follow the census when the filter's host calls change.
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel};
+use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType};
 
 #[derive(Default)]
 struct Root {
     hold_body: bool,
+    /// Metric ids for the replay; empty when it is off.
+    replay: Vec<u32>,
 }
 
 impl Context for Root {}
+
+/// The stats a tagging call records: requests, duration, time to first
+/// token, input and output tokens.
+const REPLAY_METRICS: [(MetricType, &str); 5] = [
+    (MetricType::Counter, "noop_replay_requests_total"),
+    (MetricType::Histogram, "noop_replay_duration_ms"),
+    (MetricType::Histogram, "noop_replay_ttft_ms"),
+    (MetricType::Counter, "noop_replay_input_tokens_total"),
+    (MetricType::Counter, "noop_replay_output_tokens_total"),
+];
 
 impl RootContext for Root {
     fn on_configure(&mut self, size: usize) -> bool {
@@ -24,13 +43,21 @@ impl RootContext for Root {
             .ok()
             .flatten()
             .unwrap_or_default();
-        self.hold_body = String::from_utf8_lossy(&config).contains("\"hold_body\":true");
+        let config = String::from_utf8_lossy(&config);
+        self.hold_body = config.contains("\"hold_body\":true");
+        if config.contains("\"replay_tagging\":true") {
+            self.replay = REPLAY_METRICS
+                .iter()
+                .filter_map(|(kind, name)| hostcalls::define_metric(*kind, name).ok())
+                .collect();
+        }
         true
     }
 
     fn create_http_context(&self, _: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(Noop {
             hold_body: self.hold_body,
+            replay: self.replay.clone(),
         }))
     }
 
@@ -42,12 +69,35 @@ impl RootContext for Root {
 /// Every callback but the held body's keeps the SDK's default: `Action::Continue`.
 struct Noop {
     hold_body: bool,
+    replay: Vec<u32>,
 }
 
 impl Context for Noop {}
 
+/// One read of the host's clock, as the filter makes on each callback.
+fn clock() {
+    std::hint::black_box(hostcalls::get_current_time().ok());
+}
+
+/// The live load record's key: one read and one write at a call's end.
+const REPLAY_LOAD_KEY: &str = "noop_replay.load.model.gpt-4o";
+
 impl HttpContext for Noop {
     fn on_http_request_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
+        if !self.replay.is_empty() {
+            clock();
+            std::hint::black_box(hostcalls::get_map(MapType::HttpRequestHeaders).ok());
+            for (name, value) in [
+                ("x-request-priority", "P1"),
+                ("baggage", "priority=P1"),
+                (
+                    "traceparent",
+                    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+                ),
+            ] {
+                let _ = hostcalls::set_map_value(MapType::HttpRequestHeaders, name, Some(value));
+            }
+        }
         if self.hold_body && !end_of_stream {
             return Action::Pause;
         }
@@ -55,6 +105,11 @@ impl HttpContext for Noop {
     }
 
     fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        if !self.replay.is_empty() {
+            clock();
+            let body = hostcalls::get_buffer(BufferType::HttpRequestBody, 0, size);
+            std::hint::black_box(body.ok());
+        }
         if !self.hold_body {
             return Action::Continue;
         }
@@ -65,6 +120,47 @@ impl HttpContext for Noop {
         let body = hostcalls::get_buffer(BufferType::HttpRequestBody, 0, size);
         std::hint::black_box(body.ok());
         Action::Continue
+    }
+
+    fn on_http_response_headers(&mut self, _: usize, _: bool) -> Action {
+        if !self.replay.is_empty() {
+            clock();
+            std::hint::black_box(hostcalls::get_map(MapType::HttpResponseHeaders).ok());
+            let trace_id = "0af7651916cd43dd8448eb211c80319c";
+            let _ = hostcalls::set_map_value(
+                MapType::HttpResponseHeaders,
+                "x-trace-id",
+                Some(trace_id),
+            );
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, size: usize, _: bool) -> Action {
+        if !self.replay.is_empty() {
+            clock();
+            let body = hostcalls::get_buffer(BufferType::HttpResponseBody, 0, size);
+            std::hint::black_box(body.ok());
+        }
+        Action::Continue
+    }
+
+    fn on_log(&mut self) {
+        if self.replay.is_empty() {
+            return;
+        }
+        for _ in 0..3 {
+            clock();
+        }
+        let (value, cas) = hostcalls::get_shared_data(REPLAY_LOAD_KEY).unwrap_or((None, None));
+        let value = value.unwrap_or_else(|| vec![0; 40]);
+        let _ = hostcalls::set_shared_data(REPLAY_LOAD_KEY, Some(&value), cas);
+        for (id, (kind, _)) in self.replay.iter().zip(REPLAY_METRICS) {
+            let _ = match kind {
+                MetricType::Histogram => hostcalls::record_metric(*id, 100),
+                _ => hostcalls::increment_metric(*id, 1),
+            };
+        }
     }
 }
 

@@ -50,6 +50,10 @@ fn noop_hold_body_envoy(port: u16) -> EnvoyBuilder {
     noop_envoy(port).plugin_config(r#"{"hold_body":true}"#)
 }
 
+fn noop_tagging_calls_envoy(port: u16) -> EnvoyBuilder {
+    noop_envoy(port).plugin_config(r#"{"replay_tagging":true}"#)
+}
+
 fn plain_envoy(port: u16) -> EnvoyBuilder {
     EnvoyBuilder::new()
         .no_filter()
@@ -137,6 +141,16 @@ fn scenarios() -> Vec<Scenario> {
             // and the VM gets one copy of it.
             name: "noop-wasm-hold-body",
             envoy: noop_hold_body_envoy,
+            path: "/v1/chat/completions",
+            headers: vec![],
+            body: chat.clone(),
+            expect_cache: None,
+        },
+        Scenario {
+            // The floor of the tagging features themselves: the host calls a
+            // tagging-only call makes, made by the no-op module with no logic.
+            name: "noop-wasm-tagging-calls",
+            envoy: noop_tagging_calls_envoy,
             path: "/v1/chat/completions",
             headers: vec![],
             body: chat.clone(),

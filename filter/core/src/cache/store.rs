@@ -684,7 +684,9 @@ mod tests {
         let (lookup, seen) = s.lookup_seen(&key(1), 0);
         assert_eq!(lookup, Lookup::Miss);
         let before = shared.calls();
-        let ins = s.insert_after(&key(1), &entry("a", 0, 1_000), 0, &seen).unwrap();
+        let ins = s
+            .insert_after(&key(1), &entry("a", 0, 1_000), 0, &seen)
+            .unwrap();
         // The slot's write and the totals' read and write: no slot read.
         assert_eq!(shared.calls() - before, 3);
         assert_eq!((ins.replaced, ins.entries_delta), (Replaced::Empty, 1));
@@ -702,7 +704,9 @@ mod tests {
         // Meanwhile other calls fill both slots the lookup saw empty.
         s.insert(&key(2), &entry("b", 0, 2_000), 0).unwrap();
         s.insert(&key(3), &entry("c", 0, 3_000), 0).unwrap();
-        let ins = s.insert_after(&key(1), &entry("a", 0, 9_000), 0, &seen).unwrap();
+        let ins = s
+            .insert_after(&key(1), &entry("a", 0, 9_000), 0, &seen)
+            .unwrap();
         // Decided on what the slots hold now: the entry expiring first goes.
         assert_eq!((ins.replaced, ins.entries_delta), (Replaced::Evicted, 0));
         assert_eq!(s.lookup(&key(2), 0), Lookup::Miss);
@@ -723,7 +727,8 @@ mod tests {
         // decided on the lookup's view could not be made conditional.
         s.insert(&key(2), &entry("b", 0, 2_000), 0).unwrap();
         let before = shared.calls();
-        s.insert_after(&key(1), &entry("a", 0, 9_000), 0, &seen).unwrap();
+        s.insert_after(&key(1), &entry("a", 0, 9_000), 0, &seen)
+            .unwrap();
         assert_eq!(shared.calls() - before, 5, "both slots read again");
         assert!(matches!(s.lookup(&key(2), 0), Lookup::Hit { .. }));
         assert!(matches!(s.lookup(&key(1), 0), Lookup::Hit { .. }));
