@@ -76,6 +76,21 @@ fn tagging_only_envoy(port: u16) -> EnvoyBuilder {
         .upstream("backend", port)
 }
 
+/// The filter with `{}` and the model routed over two clusters that are
+/// both the backend (no probes during a run).
+fn routed_envoy(port: u16) -> EnvoyBuilder {
+    EnvoyBuilder::new()
+        .plugin_config(
+            r#"{"routing":{"models":{"gpt-4o":[{"cluster":"backend-a"},{"cluster":"backend-b"}]},
+                "probe_interval_s":3600}}"#,
+        )
+        .concurrency(1)
+        .upstream("backend", port)
+        .upstream("backend-a", port)
+        .upstream("backend-b", port)
+        .header_route("x-llm-cluster")
+}
+
 /// The two baselines every scenario is compared with.
 const PLAIN: &str = "plain";
 const NOOP: &str = "noop-wasm";
@@ -237,6 +252,17 @@ fn scenarios() -> Vec<Scenario> {
         Scenario {
             name: "filter-empty-config",
             envoy: filter,
+            path: "/v1/chat/completions",
+            headers: vec![],
+            body: chat.clone(),
+            expect_cache: Some("BYPASS"),
+        },
+        Scenario {
+            // `{}` with the model routed over two clusters (both the backend)
+            // by measured health: each call weighs both, sends to one by the
+            // routing header and records its health.
+            name: "filter-routed",
+            envoy: routed_envoy,
             path: "/v1/chat/completions",
             headers: vec![],
             body: chat,
