@@ -52,6 +52,8 @@ pub trait SharedStore {
 pub struct MemoryStore {
     map: RefCell<HashMap<String, (Vec<u8>, u32)>>,
     next_cas: RefCell<u32>,
+    /// Reads of each key so far.
+    reads: RefCell<HashMap<String, usize>>,
 }
 
 impl MemoryStore {
@@ -75,6 +77,11 @@ impl MemoryStore {
         self.map.borrow().keys().cloned().collect()
     }
 
+    /// How many times `key` was read so far.
+    pub fn reads(&self, key: &str) -> usize {
+        self.reads.borrow().get(key).copied().unwrap_or(0)
+    }
+
     /// Total bytes of all values held.
     pub fn value_bytes(&self) -> usize {
         self.map.borrow().values().map(|(v, _)| v.len()).sum()
@@ -83,6 +90,7 @@ impl MemoryStore {
 
 impl SharedStore for MemoryStore {
     fn get(&self, key: &str) -> Result<Versioned, StoreError> {
+        *self.reads.borrow_mut().entry(key.to_string()).or_default() += 1;
         Ok(match self.map.borrow().get(key) {
             Some((v, cas)) => Versioned {
                 value: Some(v.clone()),

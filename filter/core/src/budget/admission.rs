@@ -48,17 +48,22 @@ pub enum Admission {
 }
 
 /// Breaker admission, then the Envoy timeout and retry plan; every refusal
-/// and plan is counted here.
+/// and plan is counted here. `read`: the breaker's window as the call read it
+/// already in this callback (routing weighing its cluster), or `None` to read
+/// it now.
 pub fn admit(
     store: &dyn SharedStore,
     cfg: &BudgetConfig,
     m: &mut dyn Metrics,
     rng: &mut dyn Random,
     ask: &Ask<'_>,
+    read: Option<BreakerState>,
 ) -> Admission {
-    let state = breaker::load(store, ask.breaker, cfg).unwrap_or_else(|_| {
-        internal_error(m, "breaker_load");
-        BreakerState::new(cfg)
+    let state = read.unwrap_or_else(|| {
+        breaker::load(store, ask.breaker, cfg).unwrap_or_else(|_| {
+            internal_error(m, "breaker_load");
+            BreakerState::new(cfg)
+        })
     });
     let admit = breaker::admit(&state, ask.priority, ask.now_ms, rng.next_f64(), cfg);
     if admit != Admit::Pass {
@@ -98,8 +103,25 @@ pub fn breaker_sheds(
     cluster: &str,
     now_ms: u64,
 ) -> bool {
-    cfg.enabled
-        && breaker::load(store, cluster, cfg).is_ok_and(|s| s.tier(now_ms, cfg) != Tier::Pass)
+    breaker_window(store, cfg, cluster).is_some_and(|s| sheds(&s, cfg, now_ms))
+}
+
+/// The window of `cluster`'s breaker, for [`breaker_sheds`] and then
+/// [`admit`]; `None` with budgets off or when it cannot be read.
+pub fn breaker_window(
+    store: &dyn SharedStore,
+    cfg: &BudgetConfig,
+    cluster: &str,
+) -> Option<BreakerState> {
+    if !cfg.enabled {
+        return None;
+    }
+    breaker::load(store, cluster, cfg).ok()
+}
+
+/// True when a breaker with this window sheds or rejects calls now.
+pub fn sheds(state: &BreakerState, cfg: &BudgetConfig, now_ms: u64) -> bool {
+    state.tier(now_ms, cfg) != Tier::Pass
 }
 
 /// True when the retry budget of `breaker` lets a call be tried once more

@@ -10,7 +10,9 @@ pub mod parse;
 pub mod plan;
 pub mod reply;
 
-pub use admission::{admit, breaker_sheds, retry_allowed, Admission, Ask, DEFAULT_BREAKER};
+pub use admission::{
+    admit, breaker_sheds, breaker_window, retry_allowed, sheds, Admission, Ask, DEFAULT_BREAKER,
+};
 pub use breaker::{Admit, BreakerState, Reason, Sample, Tier};
 pub use config::{BudgetConfig, RawBudgetConfig, StreamingMode};
 pub use plan::{Exhausted, Plan, PlanInput};

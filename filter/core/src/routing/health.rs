@@ -125,6 +125,22 @@ impl Health {
         now_ms < self.ejected_until_ms
     }
 
+    /// The typical latency, ms: the time to the first byte for streams, to
+    /// the end for other calls; `None` before anything was measured. Each
+    /// kind is read from its own histogram; the averages, which mix kinds,
+    /// stand in before it has any sample.
+    pub fn typical_ms(&self, streaming: bool) -> Option<u64> {
+        let (kind, average) = if streaming {
+            (self.streams, self.ttft)
+        } else {
+            (self.calls, self.latency)
+        };
+        let ms = kind
+            .and_then(|k| k.mean())
+            .or_else(|| average.map(|e| e.value))?;
+        ms.is_finite().then_some(ms as u64)
+    }
+
     /// Calls in flight at `now_ms`: 0 when the count is a leak (see
     /// [`Self::heal_in_flight`]), so a stale count weighs nothing before the
     /// next write resets it.

@@ -49,6 +49,9 @@ pub struct RouteDecision {
     pub effective_weights: Vec<(String, f64)>,
     /// Every backend was ejected and base weights were used.
     pub fallback: bool,
+    /// The chosen cluster's health as the weighing read it (`None`: never
+    /// recorded), for what the call reads of it next.
+    pub health: Option<Health>,
 }
 
 /// A call to place.
@@ -136,6 +139,8 @@ struct Weighed<'c> {
     /// The model routed: the requested one, or the one a rule chose.
     target: String,
     backends: &'c [Backend],
+    /// Each backend's health as read, in the same order.
+    health: Vec<Option<Health>>,
     weights: weight::Weights,
 }
 
@@ -171,6 +176,7 @@ where
     Some(Weighed {
         target,
         backends,
+        health,
         weights,
     })
 }
@@ -195,26 +201,15 @@ impl Weighed<'_> {
                 .map(|(b, w)| (b.cluster.clone(), *w))
                 .collect(),
             fallback: self.weights.fallback,
+            health: self.health.get(index).copied().flatten(),
             model: self.target,
         })
     }
 }
 
-/// A cluster's typical latency, ms: the time to the first byte for streams,
-/// to the end for other calls; `None` before anything was measured. Each kind
-/// is read from its own histogram; the averages, which mix kinds, stand in
-/// before it has any sample.
+/// A cluster's typical latency, ms ([`Health::typical_ms`]).
 pub fn typical_ms(store: &dyn SharedStore, cluster: &str, streaming: bool) -> Option<u64> {
-    let h = health::read(store, cluster)?;
-    let (kind, average) = if streaming {
-        (h.streams, h.ttft)
-    } else {
-        (h.calls, h.latency)
-    };
-    let ms = kind
-        .and_then(|k| k.mean())
-        .or_else(|| average.map(|e| e.value))?;
-    ms.is_finite().then_some(ms as u64)
+    health::read(store, cluster)?.typical_ms(streaming)
 }
 
 /// Routing's decision at the start of a call: [`plan`], with the weight

@@ -148,6 +148,34 @@ fn a_routed_model_gets_its_cluster_and_name() {
 }
 
 #[test]
+fn admission_takes_what_routing_read_of_the_chosen_cluster() {
+    let mut w =
+        World::new(r#"{"routing":{"models":{"gpt-4o":[{"cluster":"a"},{"cluster":"b"}]}}}"#);
+    // Both clusters have a history: a typical latency for the plan to read.
+    let done = health::CallSample {
+        result: health::CallResult::Status(200),
+        latency_ms: 800,
+        ttft_ms: Some(100),
+        streamed: false,
+    };
+    for cluster in ["a", "b"] {
+        health::record_outcome(&w.store, &w.config.routing, cluster, &done, w.now_ms).unwrap();
+    }
+    let health_reads = |w: &World, c: &str| w.store.reads(&health::key(c));
+    let before = [health_reads(&w, "a"), health_reads(&w, "b")];
+    let mut host = FakeHost::post("/v1/chat/completions").with_body(CHAT);
+    w.request(&mut host).unwrap();
+    let chosen = host.header("x-llm-cluster").unwrap().to_string();
+    let before = before[usize::from(chosen == "b")];
+    // The window once (routing's weighing; admission takes it over), the
+    // health twice (the weighing, then the in-flight count's write).
+    assert_eq!(w.store.reads(&breaker::key(&chosen)), 1);
+    assert_eq!(health_reads(&w, &chosen) - before, 2);
+    // The plan still saw the cluster's typical latency.
+    assert!(host.header("x-envoy-upstream-rq-timeout-ms").is_some());
+}
+
+#[test]
 fn rules_pick_the_model_and_unknown_models_pass() {
     let mut w = World::new(ROUTED);
     let mut host =

@@ -3,9 +3,11 @@
 //! Envoy's timeouts and retries. Each policy decides in its own module; this
 //! only applies the decisions to the request.
 
-use crate::budget::{self, plan::IDEMPOTENCY_KEY, Admission, Ask, DEFAULT_BREAKER};
+use std::cell::RefCell;
+
+use crate::budget::{self, plan::IDEMPOTENCY_KEY, Admission, Ask, BreakerState, DEFAULT_BREAKER};
 use crate::metrics::internal_error;
-use crate::routing::{self, Features, RouteAsk};
+use crate::routing::{self, Features, Health, RouteAsk};
 use crate::{load, usage};
 
 use super::{set_request, Call, Env, HeldBody, Host, Step};
@@ -20,10 +22,11 @@ impl Call {
         body: Option<HeldBody>,
     ) -> Step {
         self.count_in_flight(env);
+        let mut chosen = Chosen::default();
         if let Some(mut body) = body {
             self.ask_for_usage(env, host, &mut body);
             if let Some(features) = body.features.as_ref() {
-                self.route(env, host, features, &body);
+                chosen = self.route(env, host, features, &body);
             }
             if self.may_fail_over(env) || self.may_hedge(env) {
                 // Kept to send another backend; only the bytes and the
@@ -33,7 +36,7 @@ impl Call {
             }
         }
         if env.config.budget.enabled {
-            if let Some(reply) = self.admit(env, host) {
+            if let Some(reply) = self.admit(env, host, chosen) {
                 return self.reply_locally(env, host, reply);
             }
         }
@@ -71,21 +74,31 @@ impl Call {
         self.request.usage_asked = true;
     }
 
-    /// Places the call on one of its model's clusters by measured health.
+    /// Places the call on one of its model's clusters by measured health;
+    /// returns what it read of the chosen one.
     fn route(
         &mut self,
         env: &mut Env<'_>,
         host: &mut dyn Host,
         features: &Features,
         body: &HeldBody,
-    ) {
+    ) -> Chosen {
         let Some(model) = self.request.model.clone() else {
-            return;
+            return Chosen::default();
         };
         let (store, budget, now_ms) = (env.store, &env.config.budget, env.now_ms);
         // A backend whose budget breaker is not closed would shed or reject
-        // the call: another backend of the model takes it when one can.
-        let avoid = |cluster: &str| budget::breaker_sheds(store, budget, cluster, now_ms);
+        // the call: another backend of the model takes it when one can. The
+        // windows read are kept for the chosen one's admission.
+        let windows = RefCell::new(Vec::new());
+        let avoid = |cluster: &str| {
+            let Some(window) = budget::breaker_window(store, budget, cluster) else {
+                return false;
+            };
+            let sheds = budget::sheds(&window, budget, now_ms);
+            windows.borrow_mut().push((cluster.to_string(), window));
+            sheds
+        };
         let ask = RouteAsk {
             model: &model,
             features,
@@ -100,8 +113,13 @@ impl Call {
             env.rng,
             &ask,
         ) else {
-            return;
+            return Chosen::default();
         };
+        let breaker = windows
+            .into_inner()
+            .into_iter()
+            .find(|(cluster, _)| *cluster == decision.cluster)
+            .map(|(_, window)| window);
         if let Some(new_model) = &decision.rewrite_model {
             let rewritten = routing::rewrite::rewrite_model(&body.raw, new_model)
                 .is_some_and(|new_body| replace_request_body(env, host, body.size, &new_body));
@@ -110,7 +128,7 @@ impl Call {
                 // model's default route untouched rather than to a backend
                 // that would not know the model.
                 internal_error(env.metrics, "rewrite_model");
-                return;
+                return Chosen::default();
             }
         }
         if let Some(authority) = &decision.authority {
@@ -121,24 +139,47 @@ impl Call {
         self.dispatch.alternatives = decision.effective_weights.len() > 1;
         self.dispatch.model = Some(decision.model.clone());
         self.dispatch.cluster = Some(decision.cluster);
+        Chosen {
+            health: decision.health,
+            breaker,
+        }
     }
 
-    /// Breaker admission, then the Envoy timeout and retry plan. Returns the
+    /// Breaker admission, then the Envoy timeout and retry plan, on what
+    /// routing read of the cluster when it placed the call. Returns the
     /// local reply when the call must not go upstream.
-    fn admit(&mut self, env: &mut Env<'_>, host: &mut dyn Host) -> Option<budget::LocalReply> {
+    fn admit(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        chosen: Chosen,
+    ) -> Option<budget::LocalReply> {
         let cluster = self.dispatch.cluster.as_deref();
         let streaming = self.request.stream.unwrap_or(true);
+        let observed_ms = match (cluster, chosen.health) {
+            (Some(_), Some(health)) => health.typical_ms(streaming),
+            (Some(c), None) => routing::typical_ms(env.store, c, streaming),
+            (None, _) => None,
+        };
         let ask = Ask {
             breaker: cluster.unwrap_or(DEFAULT_BREAKER),
             priority: self.request.priority,
             streaming,
-            observed_ms: cluster.and_then(|c| routing::typical_ms(env.store, c, streaming)),
+            observed_ms,
             remaining_ms: self.request.remaining_ms(env.now_ms),
             failover: self.may_fail_over(env),
             now_ms: env.now_ms,
         };
         let breaker = ask.breaker.to_string();
-        match budget::admit(env.store, &env.config.budget, env.metrics, env.rng, &ask) {
+        let read = chosen.breaker;
+        match budget::admit(
+            env.store,
+            &env.config.budget,
+            env.metrics,
+            env.rng,
+            &ask,
+            read,
+        ) {
             Admission::Refused(reply) => Some(reply),
             Admission::Planned { headers, retries } => {
                 for (header, value) in headers {
@@ -154,6 +195,16 @@ impl Call {
             }
         }
     }
+}
+
+/// What routing read of the cluster it chose, in the same callback as the
+/// admission that reads them next: handed over, not read again.
+#[derive(Default)]
+struct Chosen {
+    /// Its health (`None`: not read, or never recorded: read it again).
+    health: Option<Health>,
+    /// Its breaker window (`None`: not read).
+    breaker: Option<BreakerState>,
 }
 
 /// Removes a routing header the client sent, from every request the filter
