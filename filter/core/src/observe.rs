@@ -64,44 +64,54 @@ impl RequestOutcome {
 /// Emits the request metrics of a finished call: the requests counter, the
 /// duration and time-to-first-token histograms, and the token counters, each
 /// with a `group` label when the call is in an A/B group.
-pub fn record<'a>(m: &mut dyn Metrics, call: &CallSummary<'a>) {
+pub fn record(m: &mut dyn Metrics, call: &CallSummary<'_>) {
     let outcome = RequestOutcome::of(call.end);
-    let labelled = |labels: &[(&'static str, &'a str)]| -> Vec<(&'static str, &'a str)> {
-        let mut all = labels.to_vec();
-        all.extend(call.group.map(|g| ("group", g)));
-        all
-    };
-    m.counter(
-        &metrics::name(
-            metrics::REQUESTS,
-            &labelled(&[
-                ("priority", call.priority.as_str()),
-                ("model", call.model),
-                ("outcome", outcome.as_str()),
-            ]),
-        ),
-        1,
-    );
-    let model = labelled(&[("model", call.model)]);
-    m.histogram(
-        &metrics::name(metrics::OPERATION_DURATION, &model),
-        call.elapsed_ms(),
-    );
+    let requests = [
+        ("priority", call.priority.as_str()),
+        ("model", call.model),
+        ("outcome", outcome.as_str()),
+    ];
+    let requests = Labels::with_group(&requests, call.group);
+    m.counter_with(metrics::REQUESTS, requests.get(), 1);
+    let model = Labels::with_group(&[("model", call.model)], call.group);
+    m.histogram_with(metrics::OPERATION_DURATION, model.get(), call.elapsed_ms());
     if let Some(first) = call.first_byte_after_ms() {
-        m.histogram(&metrics::name(metrics::TIME_TO_FIRST_TOKEN, &model), first);
+        m.histogram_with(metrics::TIME_TO_FIRST_TOKEN, model.get(), first);
     }
     if let Some(u) = call.usage {
         for (kind, n) in [("input", u.prompt_tokens), ("output", u.completion_tokens)] {
             if n > 0 {
-                m.counter(
-                    &metrics::name(
-                        metrics::TOKEN_USAGE,
-                        &labelled(&[("model", call.model), ("token_type", kind)]),
-                    ),
-                    n,
-                );
+                let labels = [("model", call.model), ("token_type", kind)];
+                let labels = Labels::with_group(&labels, call.group);
+                m.counter_with(metrics::TOKEN_USAGE, labels.get(), n);
             }
         }
+    }
+}
+
+/// A metric's labels and the call's `group`, when it has one, on the stack.
+struct Labels<'a> {
+    all: [(&'static str, &'a str); 4],
+    len: usize,
+}
+
+impl<'a> Labels<'a> {
+    fn with_group(labels: &[(&'static str, &'a str)], group: Option<&'a str>) -> Self {
+        let mut out = Self {
+            all: [("", ""); 4],
+            len: 0,
+        };
+        for label in labels.iter().copied().chain(group.map(|g| ("group", g))) {
+            if let Some(slot) = out.all.get_mut(out.len) {
+                *slot = label;
+                out.len += 1;
+            }
+        }
+        out
+    }
+
+    fn get(&self) -> &[(&'static str, &'a str)] {
+        self.all.get(..self.len).unwrap_or_default()
     }
 }
 

@@ -1,9 +1,9 @@
 //! The host adapter: Envoy's shared data, clock, randomness and stats behind
 //! the core's traits, through the checked calls of [`crate::hostcall`].
 
-use std::collections::HashMap;
-
+use hashbrown::{Equivalent, HashMap};
 use llm_filter_core::host::{Metrics, SharedStore, StoreError, Versioned};
+use llm_filter_core::metrics::name;
 use proxy_wasm::types::{MapType, MetricType};
 
 use crate::hostcall::{self, status::CAS_MISMATCH, HeaderMap};
@@ -151,13 +151,68 @@ impl SharedStore for EnvoyStore {
 }
 
 /// Envoy stats, defined on first use and remembered by name (a fast hash:
-/// the names are the filter's own, looked up several times per call).
+/// the names are the filter's own, looked up several times per call), and
+/// the ones recorded on every call by their label set too, so their names
+/// are not built again.
 #[derive(Debug, Default)]
 pub struct EnvoyMetrics {
     ids: HashMap<String, Option<u32>>,
+    labelled: HashMap<LabelSet, Option<u32>>,
+}
+
+/// Label sets remembered at most; past them a stat's name is built per use.
+/// Label values are bounded already (models by the configured bound,
+/// clusters by the configuration, the rest are the filter's own words).
+const MAX_LABEL_SETS: usize = 4096;
+
+/// A stat by its metric and labels, as remembered.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct LabelSet {
+    metric: &'static str,
+    labels: Vec<(&'static str, String)>,
+}
+
+/// A stat by its metric and labels, as asked for: hashes as the
+/// [`LabelSet`] it equals (a slice and a `Vec` of pairs of strings hash
+/// alike), so a lookup builds nothing.
+#[derive(Hash)]
+struct LabelSetRef<'a> {
+    metric: &'static str,
+    labels: &'a [(&'static str, &'a str)],
+}
+
+impl Equivalent<LabelSet> for LabelSetRef<'_> {
+    fn equivalent(&self, key: &LabelSet) -> bool {
+        self.metric == key.metric
+            && self.labels.len() == key.labels.len()
+            && self
+                .labels
+                .iter()
+                .zip(&key.labels)
+                .all(|((l, v), (kl, kv))| l == kl && v == kv)
+    }
 }
 
 impl EnvoyMetrics {
+    /// The stat of `metric` with `labels`, defined on first use.
+    fn labelled_id(
+        &mut self,
+        kind: MetricType,
+        metric: &'static str,
+        labels: &[(&'static str, &str)],
+    ) -> Option<u32> {
+        let asked = LabelSetRef { metric, labels };
+        if let Some(id) = self.labelled.get(&asked) {
+            return *id;
+        }
+        let id = self.id(kind, &name(metric, labels));
+        if self.labelled.len() < MAX_LABEL_SETS {
+            let labels = labels.iter().map(|(l, v)| (*l, (*v).to_string())).collect();
+            self.labelled.insert(LabelSet { metric, labels }, id);
+        }
+        id
+    }
+
     fn id(&mut self, kind: MetricType, name: &str) -> Option<u32> {
         if let Some(id) = self.ids.get(name) {
             return *id;
@@ -173,15 +228,11 @@ impl EnvoyMetrics {
 
 impl Metrics for EnvoyMetrics {
     fn counter(&mut self, name: &str, delta: u64) {
-        if let Some(id) = self.id(MetricType::Counter, name) {
-            let _ = hostcall::increment_metric(id, i64::try_from(delta).unwrap_or(i64::MAX));
-        }
+        add(self.id(MetricType::Counter, name), delta);
     }
 
     fn gauge(&mut self, name: &str, value: i64) {
-        if let Some(id) = self.id(MetricType::Gauge, name) {
-            let _ = hostcall::record_metric(id, u64::try_from(value).unwrap_or(0));
-        }
+        set(self.id(MetricType::Gauge, name), value);
     }
 
     fn gauge_add(&mut self, name: &str, delta: i64) {
@@ -191,9 +242,48 @@ impl Metrics for EnvoyMetrics {
     }
 
     fn histogram(&mut self, name: &str, value: u64) {
-        if let Some(id) = self.id(MetricType::Histogram, name) {
-            let _ = hostcall::record_metric(id, value);
-        }
+        sample(self.id(MetricType::Histogram, name), value);
+    }
+
+    fn counter_with(&mut self, metric: &'static str, labels: &[(&'static str, &str)], delta: u64) {
+        add(self.labelled_id(MetricType::Counter, metric, labels), delta);
+    }
+
+    fn gauge_with(&mut self, metric: &'static str, labels: &[(&'static str, &str)], value: i64) {
+        set(self.labelled_id(MetricType::Gauge, metric, labels), value);
+    }
+
+    fn histogram_with(
+        &mut self,
+        metric: &'static str,
+        labels: &[(&'static str, &str)],
+        value: u64,
+    ) {
+        sample(
+            self.labelled_id(MetricType::Histogram, metric, labels),
+            value,
+        );
+    }
+}
+
+/// Adds to a counter (a stat that could not be defined is skipped).
+fn add(id: Option<u32>, delta: u64) {
+    if let Some(id) = id {
+        let _ = hostcall::increment_metric(id, i64::try_from(delta).unwrap_or(i64::MAX));
+    }
+}
+
+/// Sets a gauge; Envoy's gauges hold no negative value.
+fn set(id: Option<u32>, value: i64) {
+    if let Some(id) = id {
+        let _ = hostcall::record_metric(id, u64::try_from(value).unwrap_or(0));
+    }
+}
+
+/// Records a histogram sample.
+fn sample(id: Option<u32>, value: u64) {
+    if let Some(id) = id {
+        let _ = hostcall::record_metric(id, value);
     }
 }
 
@@ -207,6 +297,36 @@ mod tests {
             read: HeaderMap::parse(serialize_map(pairs).unwrap()).unwrap(),
             edits: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_label_set_is_found_as_asked_for() {
+        use std::hash::BuildHasher;
+        let mut m = EnvoyMetrics::default();
+        let labels = [("model", "gpt-4o"), ("outcome", "success")];
+        m.labelled_id(MetricType::Counter, "requests", &labels);
+        m.labelled_id(MetricType::Counter, "requests", &labels);
+        m.labelled_id(MetricType::Counter, "requests", &[("model", "gpt-4o")]);
+        m.labelled_id(MetricType::Counter, "other", &labels);
+        assert_eq!(m.labelled.len(), 3);
+        let asked = LabelSetRef {
+            metric: "requests",
+            labels: &labels,
+        };
+        let kept = LabelSet {
+            metric: "requests",
+            labels: labels.iter().map(|(l, v)| (*l, v.to_string())).collect(),
+        };
+        let hasher = m.labelled.hasher();
+        assert_eq!(hasher.hash_one(&asked), hasher.hash_one(&kept));
+        assert!(asked.equivalent(&kept));
+        assert!(m.labelled.contains_key(&asked));
+        // Distinct by value, not only by shape.
+        let other = [("model", "gpt-4o"), ("outcome", "reset")];
+        assert!(!m.labelled.contains_key(&LabelSetRef {
+            metric: "requests",
+            labels: &other,
+        }));
     }
 
     #[test]

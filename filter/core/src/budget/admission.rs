@@ -169,23 +169,13 @@ fn count_exhausted(m: &mut dyn Metrics, priority: Priority) {
 /// Records the retries a plan allows (and a plan denied retries by the retry
 /// budget), by `cluster` (a bounded label value).
 fn count_plan(m: &mut dyn Metrics, cluster: &str, plan: &Plan) {
+    let labels = [(metrics::LLM_CLUSTER, cluster)];
     if plan.max_retries > 0 {
-        m.counter(
-            &name(
-                metrics::BUDGET_RETRIES_PLANNED,
-                &[(metrics::LLM_CLUSTER, cluster)],
-            ),
-            u64::from(plan.max_retries),
-        );
+        let retries = u64::from(plan.max_retries);
+        m.counter_with(metrics::BUDGET_RETRIES_PLANNED, &labels, retries);
     }
     if plan.retry_budget_spent {
-        m.counter(
-            &name(
-                metrics::BUDGET_RETRY_BUDGET_SPENT,
-                &[(metrics::LLM_CLUSTER, cluster)],
-            ),
-            1,
-        );
+        m.counter_with(metrics::BUDGET_RETRY_BUDGET_SPENT, &labels, 1);
     }
 }
 

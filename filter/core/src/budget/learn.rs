@@ -5,7 +5,7 @@ use super::breaker::Tier;
 use super::breaker::{self, Sample};
 use super::{BudgetConfig, StreamingMode};
 use crate::host::{Metrics, SharedStore};
-use crate::metrics::{self, internal_error, name};
+use crate::metrics::{self, internal_error};
 use crate::priority::Priority;
 use crate::summary::{CallSummary, End};
 
@@ -79,28 +79,16 @@ pub fn ended(
 
 /// Publishes a backend's breaker tier (0 pass, 1 shed, 2 reject) and pressure.
 fn set_breaker_gauges(m: &mut dyn Metrics, cluster: &str, tier: Tier, pressure: f64) {
-    m.gauge(
-        &name(
-            metrics::BUDGET_BREAKER_TIER,
-            &[(metrics::LLM_CLUSTER, cluster)],
-        ),
-        tier.gauge(),
-    );
-    m.gauge(
-        &name(
-            metrics::BUDGET_BREAKER_PRESSURE,
-            &[(metrics::LLM_CLUSTER, cluster)],
-        ),
-        breaker::permille(pressure),
-    );
+    let labels = [(metrics::LLM_CLUSTER, cluster)];
+    m.gauge_with(metrics::BUDGET_BREAKER_TIER, &labels, tier.gauge());
+    let pressure = breaker::permille(pressure);
+    m.gauge_with(metrics::BUDGET_BREAKER_PRESSURE, &labels, pressure);
 }
 
 /// Records how much of its budget a completed call used, in per-mille.
 fn observe_used(m: &mut dyn Metrics, priority: Priority, used_permille: u32) {
-    m.histogram(
-        &name(metrics::BUDGET_USED, &[("priority", priority.as_str())]),
-        u64::from(used_permille),
-    );
+    let labels = [("priority", priority.as_str())];
+    m.histogram_with(metrics::BUDGET_USED, &labels, u64::from(used_permille));
 }
 
 #[cfg(test)]

@@ -29,8 +29,6 @@ pub use store::{
     Dropped, InsertError, Inserted, Lookup, Replaced, Seen, Store, Totals, PREPARE_MAX_SLOTS,
 };
 
-use crate::metrics;
-
 /// Response header telling the client how the cache served the call.
 pub const X_CACHE: &str = "x-cache";
 /// Response header with the whole seconds since a served entry was stored.
@@ -76,11 +74,6 @@ impl CacheStatus {
             Self::Stale => "stale",
             Self::Semantic => "semantic",
         }
-    }
-
-    /// The encoded name of the lookups counter for this result.
-    pub fn metric(self) -> String {
-        metrics::name(metrics::CACHE_LOOKUPS, &[("result", self.label())])
     }
 }
 

@@ -405,10 +405,7 @@ fn a_whole_cached_call_through_the_core() {
 #[test]
 fn statuses_name_headers_and_metrics() {
     assert_eq!(CacheStatus::Coalesced.header(), "COALESCED");
-    assert_eq!(
-        CacheStatus::Stale.metric(),
-        "llm_filter_cache_lookups_total.result=stale;"
-    );
+    assert_eq!(CacheStatus::Stale.label(), "stale");
 }
 
 mod props {

@@ -476,7 +476,8 @@ impl Call {
             count_store(env.metrics, policy::EntryError::Incomplete.as_str());
         }
         if let Some(status) = self.cache.status {
-            env.metrics.counter(&status.metric(), 1);
+            let result = [("result", status.label())];
+            env.metrics.counter_with(names::CACHE_LOOKUPS, &result, 1);
         }
     }
 }
