@@ -79,6 +79,11 @@ fn clock() {
     std::hint::black_box(hostcalls::get_current_time().ok());
 }
 
+/// Copies a body's `size` bytes into the VM, as a filter reading it does.
+fn read_body(buffer: BufferType, size: usize) {
+    std::hint::black_box(hostcalls::get_buffer(buffer, 0, size).ok());
+}
+
 /// The live load record's key: one read and one write at a call's end.
 const REPLAY_LOAD_KEY: &str = "noop_replay.load.model.gpt-4o";
 
@@ -107,8 +112,7 @@ impl HttpContext for Noop {
     fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
         if !self.replay.is_empty() {
             clock();
-            let body = hostcalls::get_buffer(BufferType::HttpRequestBody, 0, size);
-            std::hint::black_box(body.ok());
+            read_body(BufferType::HttpRequestBody, size);
         }
         if !self.hold_body {
             return Action::Continue;
@@ -117,8 +121,7 @@ impl HttpContext for Noop {
             // Buffer until the end, then read the whole body once.
             return Action::Pause;
         }
-        let body = hostcalls::get_buffer(BufferType::HttpRequestBody, 0, size);
-        std::hint::black_box(body.ok());
+        read_body(BufferType::HttpRequestBody, size);
         Action::Continue
     }
 
@@ -139,8 +142,7 @@ impl HttpContext for Noop {
     fn on_http_response_body(&mut self, size: usize, _: bool) -> Action {
         if !self.replay.is_empty() {
             clock();
-            let body = hostcalls::get_buffer(BufferType::HttpResponseBody, 0, size);
-            std::hint::black_box(body.ok());
+            read_body(BufferType::HttpResponseBody, size);
         }
         Action::Continue
     }
