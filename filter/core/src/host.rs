@@ -159,16 +159,16 @@ pub trait Metrics {
     fn histogram(&mut self, name: &str, value: u64);
 
     /// Adds to the counter `metric` with `labels`, which
-    /// [`crate::metrics::name`] encodes into the stat's name: a host may
+    /// [`crate::stat_name::name`] encodes into the stat's name: a host may
     /// resolve the stat once per label set instead of building its name on
     /// every call.
     fn counter_with(&mut self, metric: &'static str, labels: &[(&'static str, &str)], delta: u64) {
-        self.counter(&crate::metrics::name(metric, labels), delta);
+        self.counter(&crate::stat_name::name(metric, labels), delta);
     }
 
     /// Sets the gauge `metric` with `labels` (see [`Metrics::counter_with`]).
     fn gauge_with(&mut self, metric: &'static str, labels: &[(&'static str, &str)], value: i64) {
-        self.gauge(&crate::metrics::name(metric, labels), value);
+        self.gauge(&crate::stat_name::name(metric, labels), value);
     }
 
     /// Records one sample of the histogram `metric` with `labels` (see
@@ -179,7 +179,7 @@ pub trait Metrics {
         labels: &[(&'static str, &str)],
         value: u64,
     ) {
-        self.histogram(&crate::metrics::name(metric, labels), value);
+        self.histogram(&crate::stat_name::name(metric, labels), value);
     }
 }
 

@@ -14,6 +14,7 @@
 use hashbrown::HashSet;
 
 use crate::host::Metrics;
+pub use crate::stat_name::{label_value, name, MAX_VALUE_LEN, UNKNOWN};
 
 /// Calls seen, by `priority`, `model` and `outcome` (and `group` with A/B
 /// groups, as the duration, time-to-first-token and token metrics).
@@ -141,9 +142,6 @@ pub const SHARED_DATA_BYTES: &str = "llm_filter_shared_data_bytes";
 
 /// Label value used once a label has seen too many distinct values.
 pub const OTHER: &str = "other";
-/// Label value for a value that is absent.
-pub const UNKNOWN: &str = "unknown";
-
 /// The label that names a backend (an Envoy cluster). Not `cluster`, which
 /// most Prometheus setups attach to every series themselves.
 pub const LLM_CLUSTER: &str = "llm_cluster";
@@ -163,54 +161,11 @@ pub const LABELS: [&str; 10] = [
     "action",
 ];
 
-/// Longest label value kept, in characters (a fully qualified Istio cluster
-/// name with a subset fits).
-pub const MAX_VALUE_LEN: usize = 128;
-
-/// Encodes a stat name with labels: `metric.label=value;…`.
-pub fn name(metric: &str, labels: &[(&str, &str)]) -> String {
-    let mut out = String::with_capacity(metric.len() + labels.len() * 32);
-    out.push_str(metric);
-    for (label, value) in labels {
-        out.push('.');
-        out.push_str(label);
-        out.push('=');
-        push_value(&mut out, value);
-        out.push(';');
-    }
-    out
-}
-
 /// The `stats_tags` regex that extracts `label` from the names [`name`]
 /// writes: the first group (removed from the name) is `.label=value;`, the
 /// second (the label's value) runs up to the `;`, dots included.
 pub fn tag_regex(label: &str) -> String {
     format!(r"(\.{label}=([^;]*);)")
-}
-
-/// Whether a value keeps `c` as it is.
-fn kept(c: char) -> bool {
-    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '|' | '/' | ':' | '@' | '+')
-}
-
-/// A label value as [`name`] writes it: the kept characters only, bounded,
-/// never empty.
-pub fn label_value(value: &str) -> String {
-    let mut out = String::with_capacity(value.len().min(MAX_VALUE_LEN));
-    push_value(&mut out, value);
-    out
-}
-
-/// Appends a label value with every character outside the kept set turned
-/// into `_`, cut to [`MAX_VALUE_LEN`] characters, never empty.
-fn push_value(out: &mut String, value: &str) {
-    if value.is_empty() {
-        out.push_str(UNKNOWN);
-        return;
-    }
-    for c in value.chars().take(MAX_VALUE_LEN) {
-        out.push(if kept(c) { c } else { '_' });
-    }
 }
 
 /// Counts the filter's own trouble by `reason`: the call goes on untouched
