@@ -14,7 +14,7 @@
 use hashbrown::HashSet;
 
 use crate::host::Metrics;
-pub use crate::stat_name::{label_value, name, MAX_VALUE_LEN, UNKNOWN};
+pub use crate::stat_name::{label_value, name, push_value, MAX_VALUE_LEN, UNKNOWN};
 
 /// Calls seen, by `priority`, `model` and `outcome` (and `group` with A/B
 /// groups, as the duration, time-to-first-token and token metrics).

@@ -39,7 +39,7 @@ pub fn label_value(value: &str) -> String {
 
 /// Appends a label value with every character outside the kept set turned
 /// into `_`, cut to [`MAX_VALUE_LEN`] characters, never empty.
-fn push_value(out: &mut String, value: &str) {
+pub fn push_value(out: &mut String, value: &str) {
     if value.is_empty() {
         out.push_str(UNKNOWN);
         return;

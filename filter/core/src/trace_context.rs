@@ -91,10 +91,17 @@ pub fn next(incoming: Option<&str>, rng: &mut dyn Random) -> Outgoing {
         None => (new_id::<16>(rng), 0x01),
     };
     let span_id = new_id::<8>(rng);
-    let trace_hex = hex(&trace_id);
+    // `00-<trace id>-<span id>-<flags>`, written in one buffer.
+    let mut traceparent = String::with_capacity(55);
+    traceparent.push_str("00-");
+    push_hex(&mut traceparent, &trace_id);
+    traceparent.push('-');
+    push_hex(&mut traceparent, &span_id);
+    traceparent.push('-');
+    push_hex(&mut traceparent, &[flags]);
     Outgoing {
-        traceparent: format!("00-{trace_hex}-{}-{flags:02x}", hex(&span_id)),
-        trace_id: trace_hex,
+        trace_id: hex(&trace_id),
+        traceparent,
         continued: parsed.is_some(),
     }
 }
@@ -118,12 +125,17 @@ fn new_id<const N: usize>(rng: &mut dyn Random) -> [u8; N] {
 /// Lowercase hex of `bytes`.
 pub(crate) fn hex(bytes: &[u8]) -> String {
     let mut s = String::with_capacity(bytes.len() * 2);
+    push_hex(&mut s, bytes);
+    s
+}
+
+/// Appends the lowercase hex of `bytes`.
+fn push_hex(out: &mut String, bytes: &[u8]) {
     for b in bytes {
         for n in [b >> 4, b & 0x0f] {
-            s.push(char::from_digit(u32::from(n), 16).unwrap_or('0'));
+            out.push(char::from_digit(u32::from(n), 16).unwrap_or('0'));
         }
     }
-    s
 }
 
 fn nibble(c: u8) -> Option<u8> {

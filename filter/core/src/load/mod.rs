@@ -55,7 +55,7 @@ impl Scope<'_> {
         let mut k = String::with_capacity(KEY_PREFIX.len() + kind.len() + names::MAX_VALUE_LEN);
         k.push_str(KEY_PREFIX);
         k.push_str(kind);
-        k.push_str(&names::label_value(name));
+        names::push_value(&mut k, name);
         k
     }
 
