@@ -454,6 +454,21 @@ impl MockUpstream {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
+
+    /// Waits (yielding to the test's other tasks) until at least `count`
+    /// requests are in flight at once or `timeout` passes; returns whether
+    /// they were. Waiting on this rather than sleeping a while keeps a busy
+    /// machine's slow start from failing a test.
+    pub async fn in_flight_reaches(&self, count: usize, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while self.in_flight() < count {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
+    }
 }
 
 impl Drop for MockUpstream {

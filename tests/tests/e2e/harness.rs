@@ -216,7 +216,7 @@ async fn mock_is_scriptable() {
         let body = body.clone();
         tokio::spawn(async move { post_json(&url, &body, &[]).await })
     };
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(mock.in_flight_reaches(1, Duration::from_secs(5)).await);
     assert_eq!(mock.in_flight(), 1);
     assert_eq!(slow.await.unwrap().unwrap().status, 200);
     assert_eq!(mock.in_flight(), 0);

@@ -115,15 +115,11 @@ async fn calls_in_flight_are_counted_until_they_end() {
             })
         })
         .collect();
-    let deadline = std::time::Instant::now() + Duration::from_secs(3);
-    while mock.in_flight() < 3 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the three calls were never upstream together ({} were)",
-            mock.in_flight()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(
+        mock.in_flight_reaches(3, Duration::from_secs(3)).await,
+        "the three calls were never upstream together ({} were)",
+        mock.peak_in_flight()
+    );
     let seen = envoy.wait_for_metric(
         "llm_filter_load_in_flight",
         &[("model", "slow-model")],

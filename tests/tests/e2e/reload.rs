@@ -51,7 +51,8 @@ async fn a_new_config_takes_over_while_calls_finish_and_the_cache_shrinks() {
         let (url, body) = (url.clone(), cacheable(&slow_prompt));
         async move { post_json(&url, &body, &[("cache-control", "no-store")]).await }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Upstream, so tagged under the old configuration, before the reload.
+    assert!(mock.in_flight_reaches(1, Duration::from_secs(5)).await);
     envoy
         .reload_plugin_config(json!({
             "cache": {"max_entries": 8},
