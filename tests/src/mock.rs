@@ -460,15 +460,27 @@ impl MockUpstream {
     /// they were. Waiting on this rather than sleeping a while keeps a busy
     /// machine's slow start from failing a test.
     pub async fn in_flight_reaches(&self, count: usize, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        while self.in_flight() < count {
-            if Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        true
+        yield_until(timeout, || self.in_flight() >= count).await
     }
+
+    /// Waits (yielding to the test's other tasks) until at least `count`
+    /// requests were received or `timeout` passes; returns whether they were.
+    pub async fn requests_reach(&self, count: usize, timeout: Duration) -> bool {
+        yield_until(timeout, || self.request_count() >= count).await
+    }
+}
+
+/// Checks `done` every 10 ms, sleeping without blocking the runtime, until
+/// it holds (true) or `timeout` passes (false).
+async fn yield_until(timeout: Duration, done: impl Fn() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    true
 }
 
 impl Drop for MockUpstream {

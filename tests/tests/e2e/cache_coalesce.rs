@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::cache_support::{cacheable, upstream_saw, x_cache, Rig, CHAT};
+use crate::cache_support::{cacheable, x_cache, Rig, CHAT};
 use llm_filter_e2e::HttpResponse;
 use serde_json::{json, Value};
 
@@ -38,7 +38,7 @@ async fn concurrent_twins_share_one_upstream_call() {
             .unwrap()
     });
     assert!(
-        upstream_saw(&rig.mock, 1, Duration::from_secs(10)).await,
+        rig.mock.requests_reach(1, Duration::from_secs(10)).await,
         "the first call reached the upstream"
     );
     let twins = launch(&rig, &body, 4);
@@ -85,7 +85,7 @@ async fn a_twin_whose_leader_fails_goes_upstream_itself() {
         .await
         .unwrap()
     });
-    assert!(upstream_saw(&rig.mock, 1, Duration::from_secs(10)).await);
+    assert!(rig.mock.requests_reach(1, Duration::from_secs(10)).await);
     let twin = launch(&rig, &body, 1).pop().unwrap();
     let leader = leader.await.unwrap();
     assert_eq!((leader.status, x_cache(&leader)), (500, "MISS"));
@@ -121,7 +121,7 @@ async fn no_twin_waits_longer_than_coalesce_wait_ms() {
             .await
             .unwrap()
     });
-    assert!(upstream_saw(&rig.mock, 1, Duration::from_secs(10)).await);
+    assert!(rig.mock.requests_reach(1, Duration::from_secs(10)).await);
     let twin = launch(&rig, &body, 1).pop().unwrap().await.unwrap();
     assert_eq!((twin.status, x_cache(&twin)), (200, "MISS"));
     assert!(

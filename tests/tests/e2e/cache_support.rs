@@ -115,16 +115,3 @@ pub fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
-
-/// Waits without blocking the runtime (other tasks keep running) until the
-/// mock received `count` requests; false after `timeout`.
-pub async fn upstream_saw(mock: &MockUpstream, count: usize, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    while mock.request_count() < count {
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    true
-}
