@@ -5,7 +5,10 @@
 
 use std::cell::RefCell;
 
-use crate::budget::{self, plan::IDEMPOTENCY_KEY, Admission, Ask, BreakerState, DEFAULT_BREAKER};
+use crate::budget::{
+    self, plan::IDEMPOTENCY_KEY, Admission, Ask, BreakerState, BudgetConfig, DEFAULT_BREAKER,
+};
+use crate::host::SharedStore;
 use crate::metrics::internal_error;
 use crate::routing::{self, Features, Health, RouteAsk};
 use crate::{load, usage};
@@ -86,24 +89,15 @@ impl Call {
         let Some(model) = self.request.model.clone() else {
             return Chosen::default();
         };
-        let (store, budget, now_ms) = (env.store, &env.config.budget, env.now_ms);
         // A backend whose budget breaker is not closed would shed or reject
-        // the call: another backend of the model takes it when one can. The
-        // windows read are kept for the chosen one's admission.
-        let windows = RefCell::new(Vec::new());
-        let avoid = |cluster: &str| {
-            let Some(window) = budget::breaker_window(store, budget, cluster) else {
-                return false;
-            };
-            let sheds = budget::sheds(&window, budget, now_ms);
-            windows.borrow_mut().push((cluster.to_string(), window));
-            sheds
-        };
+        // the call: another backend of the model takes it when one can.
+        let windows = Windows::new(env);
+        let avoid = |cluster: &str| windows.sheds(cluster);
         let ask = RouteAsk {
             model: &model,
             features,
             priority: self.request.priority,
-            now_ms,
+            now_ms: env.now_ms,
             avoid: &avoid,
         };
         let Some(decision) = routing::route(
@@ -115,11 +109,7 @@ impl Call {
         ) else {
             return Chosen::default();
         };
-        let breaker = windows
-            .into_inner()
-            .into_iter()
-            .find(|(cluster, _)| *cluster == decision.cluster)
-            .map(|(_, window)| window);
+        let breaker = windows.take(&decision.cluster);
         if let Some(new_model) = &decision.rewrite_model {
             let rewritten = routing::rewrite::rewrite_model(&body.raw, new_model)
                 .is_some_and(|new_body| replace_request_body(env, host, body.size, &new_body));
@@ -194,6 +184,46 @@ impl Call {
                 None
             }
         }
+    }
+}
+
+/// The breaker windows routing reads to steer calls away from backends that
+/// would shed them, kept for the chosen backend's admission.
+struct Windows<'e> {
+    store: &'e dyn SharedStore,
+    budget: &'e BudgetConfig,
+    now_ms: u64,
+    read: RefCell<Vec<(String, BreakerState)>>,
+}
+
+impl<'e> Windows<'e> {
+    fn new(env: &Env<'e>) -> Self {
+        Self {
+            store: env.store,
+            budget: &env.config.budget,
+            now_ms: env.now_ms,
+            read: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// True when `cluster`'s breaker would shed or reject the call now
+    /// (never with budgets off).
+    fn sheds(&self, cluster: &str) -> bool {
+        let Some(window) = budget::breaker_window(self.store, self.budget, cluster) else {
+            return false;
+        };
+        let sheds = budget::sheds(&window, self.budget, self.now_ms);
+        self.read.borrow_mut().push((cluster.to_string(), window));
+        sheds
+    }
+
+    /// The window read of `cluster`, if it was.
+    fn take(self, cluster: &str) -> Option<BreakerState> {
+        self.read
+            .into_inner()
+            .into_iter()
+            .find(|(c, _)| c == cluster)
+            .map(|(_, window)| window)
     }
 }
 
