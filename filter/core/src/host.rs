@@ -90,7 +90,14 @@ impl MemoryStore {
 
 impl SharedStore for MemoryStore {
     fn get(&self, key: &str) -> Result<Versioned, StoreError> {
-        *self.reads.borrow_mut().entry(key.to_string()).or_default() += 1;
+        let mut reads = self.reads.borrow_mut();
+        match reads.get_mut(key) {
+            Some(n) => *n += 1,
+            None => {
+                reads.insert(key.to_string(), 1);
+            }
+        }
+        drop(reads);
         Ok(match self.map.borrow().get(key) {
             Some((v, cas)) => Versioned {
                 value: Some(v.clone()),
