@@ -172,7 +172,7 @@ pub struct Store<'a, S: SharedStore + ?Sized> {
 }
 
 /// What a candidate slot holds, read for a replacement decision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 enum Occupant {
     Empty,
     Corrupt,
@@ -182,7 +182,7 @@ enum Occupant {
 
 /// One candidate slot as it was read: enough to decide a replacement and
 /// to write it conditionally without reading it again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 struct SlotSeen {
     slot: u32,
     /// The CAS token of the read (`None`: the slot was never written).

@@ -161,15 +161,8 @@ impl Call {
             now_ms: env.now_ms,
         };
         let breaker = ask.breaker.to_string();
-        let read = chosen.breaker;
-        match budget::admit(
-            env.store,
-            &env.config.budget,
-            env.metrics,
-            env.rng,
-            &ask,
-            read,
-        ) {
+        let cfg = &env.config.budget;
+        match budget::admit(env.store, cfg, env.metrics, env.rng, &ask, chosen.breaker) {
             Admission::Refused(reply) => Some(reply),
             Admission::Planned { headers, retries } => {
                 for (header, value) in headers {

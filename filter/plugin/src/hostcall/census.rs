@@ -22,7 +22,7 @@ use std::rc::Rc;
 use llm_filter_core::host::Metrics;
 use llm_filter_core::metrics::{name, BENCH_CALLBACK_NS, BENCH_HOSTCALLS, BENCH_HOSTCALL_NS};
 
-use super::Tally;
+use super::{census_clock_ns as clock, Tally};
 use crate::worker::Worker;
 
 thread_local! {
@@ -61,8 +61,6 @@ impl Drop for Quiet {
         QUIET.with(|q| q.set(self.was));
     }
 }
-
-use super::census_clock_ns as clock;
 
 /// Times one crossing into the host (less one clock read: the end of the
 /// first and the start of the second) for the [`count`] that follows.
