@@ -440,21 +440,6 @@ impl MockUpstream {
         self.state.peak_in_flight.load(Ordering::SeqCst)
     }
 
-    /// Polls until at least `count` requests were received or `timeout` passes;
-    /// returns whether the count was reached.
-    pub fn wait_for_requests(&self, count: usize, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if self.request_count() >= count {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
     /// Waits (yielding to the test's other tasks) until at least `count`
     /// requests are in flight at once or `timeout` passes; returns whether
     /// they were. Waiting on this rather than sleeping a while keeps a busy

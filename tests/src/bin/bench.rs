@@ -1016,6 +1016,13 @@ fn per_call(
         .collect()
 }
 
+/// `per` with its sum added as `total`, and the sum.
+fn with_total(mut per: BTreeMap<String, f64>) -> (BTreeMap<String, f64>, f64) {
+    let total = per.values().sum();
+    per.insert("total".to_string(), total);
+    (per, total)
+}
+
 /// Host calls per call of each scenario: `--hostcalls` requests one after
 /// the other after the scenario's check, the census counters read before
 /// and after. Calls made on ticks in between land in the count too (a few
@@ -1084,13 +1091,9 @@ async fn run_hostcalls(
         let host_after = census_counters(&envoy, BENCH_HOSTCALL_NS, "call")?;
         // ns per call, shown in µs.
         let thousand_calls = wrk.requests.max(1) as f64 * 1000.0;
-        let mut per = per_call(&before, &after, thousand_calls);
-        let total: f64 = per.values().sum();
-        per.insert("total".to_string(), total);
+        let (per, total) = with_total(per_call(&before, &after, thousand_calls));
         times.push((scenario.name, per));
-        let mut host = per_call(&host_before, &host_after, thousand_calls);
-        let in_host: f64 = host.values().sum();
-        host.insert("total".to_string(), in_host);
+        let (mut host, in_host) = with_total(per_call(&host_before, &host_after, thousand_calls));
         host.insert("(module's own)".to_string(), total - in_host);
         host_times.push((scenario.name, host));
     }

@@ -68,7 +68,7 @@ async fn concurrent_calls_on_new_connections_are_each_tagged() {
     let responses = join_all(calls).await;
 
     assert!(
-        mock.wait_for_requests(CALLS, Duration::from_secs(10)),
+        mock.requests_reach(CALLS, Duration::from_secs(10)).await,
         "upstream saw {} of {CALLS} calls",
         mock.request_count()
     );
