@@ -24,7 +24,6 @@ pub mod degrade;
 mod fuzz;
 pub mod host;
 pub mod json;
-pub mod json_splice;
 pub mod load;
 pub mod metrics;
 pub mod observe;

@@ -4,8 +4,7 @@
 
 use serde::Deserialize;
 
-use crate::json::Json;
-use crate::json_splice;
+use crate::json::{Document, Json};
 
 /// Tokens of one call.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -127,15 +126,18 @@ fn trim_eol(mut line: &[u8]) -> &[u8] {
 /// The value of `stream_options` that asks the provider for usage.
 const ASK_USAGE: &[u8] = br#"{"include_usage":true}"#;
 
-/// The body of a streamed request (`tree` is its parse) with
-/// `stream_options.include_usage` set, every other byte kept; `None` when it
-/// needs no change (not a stream, or usage already asked) or cannot take one
-/// without rewriting what the client wrote (a `stream_options` of its own).
-pub fn ask_for_usage(raw: &[u8], tree: &Json) -> Option<Vec<u8>> {
+/// Sets `stream_options.include_usage` in the body of a streamed request,
+/// every other byte kept. False, and nothing changed, when it needs no change
+/// (not a stream, or usage already asked) or cannot take one without
+/// rewriting what the client wrote (a `stream_options` of its own).
+pub fn ask_for_usage(doc: &mut Document) -> bool {
+    let Some(tree) = doc.tree() else {
+        return false;
+    };
     if tree.get("stream") != Some(&Json::Bool(true)) || tree.get("stream_options").is_some() {
-        return None;
+        return false;
     }
-    json_splice::set_member(raw, "stream_options", ASK_USAGE)
+    doc.set_text("stream_options", ASK_USAGE)
 }
 
 /// Longest incomplete SSE event held back by [`UsageStrip`]; past it the
@@ -285,8 +287,8 @@ mod tests {
                 None,
             ),
         ] {
-            let tree = Json::parse(body.as_bytes()).unwrap();
-            let got = ask_for_usage(body.as_bytes(), &tree);
+            let mut doc = Document::parse(body.as_bytes().to_vec());
+            let got = ask_for_usage(&mut doc).then(|| doc.into_bytes());
             assert_eq!(got.as_deref(), want.map(str::as_bytes), "{body}");
             if let Some(got) = got {
                 let v: serde_json::Value = serde_json::from_slice(&got).unwrap();

@@ -14,8 +14,7 @@ pub use config::{Action, DegradeConfig, RawDegradeConfig, Signal};
 use crate::budget::reply::{self, LocalReply, ReplyKind};
 use crate::config::Config;
 use crate::host::{Metrics, SharedStore};
-use crate::json::Json;
-use crate::json_splice;
+use crate::json::{Document, Json};
 use crate::load::{self, Scope, Signals};
 use crate::metrics::{self as names};
 use crate::priority::Priority;
@@ -110,58 +109,55 @@ pub fn refusal(cfg: &DegradeConfig, actions: &[Action]) -> Option<(Action, Local
     Some((action, reply::local_reply(kind, Some(retry_after_s))))
 }
 
-/// A request body after the body actions, and which of them changed it.
+/// What the body actions did to a request body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Edited {
-    /// The body to send.
-    pub body: Vec<u8>,
     /// The actions that changed it, in order.
     pub applied: Vec<Action>,
     /// The model it now asks for, when switched.
     pub model: Option<String>,
 }
 
-/// Applies the body actions among `actions` to `body` (`tree` its parse) of
-/// a call of `model`: the fallback model, the output token cap (shaping's,
-/// in the call's token field), the temperature by `signals`. `None` when
-/// none changed anything, or the body is not one object naming each key once.
+/// Applies the body actions among `actions` to the body of a call of
+/// `model`, in place: the fallback model, the output token cap (shaping's, in
+/// the call's token field), the temperature by `signals`. `None` when none
+/// changed anything, or the body is not one object naming each key once.
 pub fn edit(
     cfg: &DegradeConfig,
     actions: &[Action],
-    body: &[u8],
-    tree: &Json,
+    doc: &mut Document,
     model: &str,
     field: TokenField,
     signals: &Signals,
 ) -> Option<Edited> {
+    let tree = doc.tree()?;
     if !matches!(tree, Json::Object(_)) || tree.repeats_a_key() {
         return None;
     }
-    let mut out: Option<Vec<u8>> = None;
     let mut applied = Vec::new();
     let mut switched = None;
     for action in actions {
-        let current = out.as_deref().unwrap_or(body);
         let changed = match action {
-            Action::FallbackModel => cfg.fallback_model.get(model).and_then(|fallback| {
-                let quoted = serde_json::to_string(fallback).ok()?;
-                let b = json_splice::set_member(current, "model", quoted.as_bytes())?;
-                switched = Some(fallback.clone());
-                Some(b)
+            Action::FallbackModel => cfg.fallback_model.get(model).is_some_and(|fallback| {
+                let Ok(quoted) = serde_json::to_string(fallback) else {
+                    return false;
+                };
+                let set = doc.set("model", quoted.as_bytes(), Json::String(fallback.clone()));
+                if set {
+                    switched = Some(fallback.clone());
+                }
+                set
             }),
-            Action::MaxTokens => shaping::cap_max_tokens(current, cfg.max_tokens_cap, field),
-            // The temperature is read from the body as sent by the client:
-            // the actions before never change it.
-            Action::Temperature => temperature::lower(current, tree, cfg, signals),
-            Action::Cache | Action::Shed | Action::Reject => None,
+            Action::MaxTokens => shaping::cap_max_tokens(doc, cfg.max_tokens_cap, field),
+            // The temperature is the client's: the actions before never change it.
+            Action::Temperature => temperature::lower(doc, cfg, signals),
+            Action::Cache | Action::Shed | Action::Reject => false,
         };
-        if let Some(b) = changed {
-            out = Some(b);
+        if changed {
             applied.push(*action);
         }
     }
-    out.map(|body| Edited {
-        body,
+    (!applied.is_empty()).then_some(Edited {
         applied,
         model: switched,
     })

@@ -10,8 +10,7 @@
 //! A call lowered to the cache's temperature becomes cacheable.
 
 use super::config::DegradeConfig;
-use crate::json::Json;
-use crate::json_splice;
+use crate::json::{Document, Json};
 use crate::load::Signals;
 
 /// Weight of the calls-per-second term.
@@ -45,22 +44,23 @@ pub fn lowered(t_req: f64, cfg: &DegradeConfig, s: &Signals) -> f64 {
     (t_req * factor(cfg, s) * DECIMALS).floor() / DECIMALS
 }
 
-/// The body with its temperature lowered; `None` when nothing changes (a
-/// factor of 1, a temperature of 0) or the temperature is not a number.
-pub fn lower(body: &[u8], tree: &Json, cfg: &DegradeConfig, s: &Signals) -> Option<Vec<u8>> {
-    let t_req = match tree.get("temperature") {
+/// Lowers the body's temperature; false, and nothing changed, when nothing
+/// changes (a factor of 1, a temperature of 0) or the temperature is not a
+/// number.
+pub fn lower(doc: &mut Document, cfg: &DegradeConfig, s: &Signals) -> bool {
+    let t_req = match doc.tree().and_then(|tree| tree.get("temperature")) {
         None | Some(Json::Null) => DEFAULT_T,
-        Some(Json::Number(n)) => n
-            .parse::<f64>()
-            .ok()
-            .filter(|t| t.is_finite() && *t >= 0.0)?,
-        Some(_) => return None,
+        Some(Json::Number(n)) => match n.parse::<f64>() {
+            Ok(t) if t.is_finite() && t >= 0.0 => t,
+            _ => return false,
+        },
+        Some(_) => return false,
     };
     let t = lowered(t_req, cfg, s);
     if t >= t_req {
-        return None;
+        return false;
     }
-    json_splice::set_member(body, "temperature", format!("{t}").as_bytes())
+    doc.set_text("temperature", format!("{t}").as_bytes())
 }
 
 #[cfg(test)]
@@ -113,21 +113,17 @@ mod tests {
             (r#"{"model":"m","temperature":0}"#, None),
             (r#"{"model":"m","temperature":"hot"}"#, None),
         ] {
-            let tree = Json::parse(body.as_bytes()).unwrap();
-            let got = lower(body.as_bytes(), &tree, &cfg, &s);
+            let mut doc = Document::parse(body.as_bytes().to_vec());
+            let got = lower(&mut doc, &cfg, &s).then(|| doc.into_bytes());
             assert_eq!(got.as_deref(), want.map(str::as_bytes), "{body}");
         }
         // Unloaded but for the floor, and no temperature to lower: unchanged.
         let none = signals(0.0, 5000.0);
         let body = r#"{"temperature":0.5}"#;
-        assert_eq!(
-            lower(
-                body.as_bytes(),
-                &Json::parse(body.as_bytes()).unwrap(),
-                &cfg,
-                &none
-            ),
-            None
-        );
+        assert!(!lower(
+            &mut Document::parse(body.as_bytes().to_vec()),
+            &cfg,
+            &none
+        ));
     }
 }

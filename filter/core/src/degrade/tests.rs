@@ -83,27 +83,22 @@ fn the_level_is_the_highest_of_thresholds_and_alerts() {
     assert_eq!(m.gauges["llm_filter_degrade_level.model=m;"], 3);
 }
 
+fn doc(body: &str) -> Document {
+    Document::parse(body.as_bytes().to_vec())
+}
+
 #[test]
 fn the_body_actions_edit_only_their_bytes() {
     let c =
         config(r#"{"degrade":{"fallback_model":{"gpt-4o":"gpt-4o-mini"},"max_tokens_cap":100}}"#);
     let cfg = &c.degrade;
     let body = r#"{"model":"gpt-4o","temperature":0.5,"max_tokens":4000,"messages":[]}"#;
-    let tree = Json::parse(body.as_bytes()).unwrap();
     let s = signals(5.0, 0.0, 0);
     let all = cfg.actions(2, Priority::P1);
-    let e = edit(
-        cfg,
-        all,
-        body.as_bytes(),
-        &tree,
-        "gpt-4o",
-        TokenField::MaxTokens,
-        &s,
-    )
-    .unwrap();
+    let mut edited = doc(body);
+    let e = edit(cfg, all, &mut edited, "gpt-4o", TokenField::MaxTokens, &s).unwrap();
     assert_eq!(
-        String::from_utf8(e.body).unwrap(),
+        String::from_utf8(edited.into_bytes()).unwrap(),
         r#"{"model":"gpt-4o-mini","temperature":0.17,"max_tokens":100,"messages":[]}"#
     );
     assert_eq!(
@@ -120,8 +115,7 @@ fn the_body_actions_edit_only_their_bytes() {
     let e = edit(
         cfg,
         &[Action::MaxTokens],
-        body.as_bytes(),
-        &tree,
+        &mut doc(body),
         "x",
         TokenField::MaxTokens,
         &s,
@@ -131,36 +125,23 @@ fn the_body_actions_edit_only_their_bytes() {
     assert!(edit(
         cfg,
         &[Action::FallbackModel],
-        body.as_bytes(),
-        &tree,
+        &mut doc(body),
         "x",
         TokenField::MaxTokens,
         &s
     )
     .is_none());
     let small = r#"{"model":"x","max_completion_tokens":10,"temperature":0}"#;
-    let small_tree = Json::parse(small.as_bytes()).unwrap();
     assert!(
-        edit(
-            cfg,
-            all,
-            small.as_bytes(),
-            &small_tree,
-            "x",
-            TokenField::MaxTokens,
-            &s
-        )
-        .is_none(),
+        edit(cfg, all, &mut doc(small), "x", TokenField::MaxTokens, &s).is_none(),
         "nothing to lower"
     );
     // A body naming a key twice is never rewritten.
     let twice = r#"{"model":"gpt-4o","model":"gpt-4o","max_tokens":4000}"#;
-    let twice_tree = Json::parse(twice.as_bytes()).unwrap();
     assert!(edit(
         cfg,
         all,
-        twice.as_bytes(),
-        &twice_tree,
+        &mut doc(twice),
         "gpt-4o",
         TokenField::MaxTokens,
         &s

@@ -1,8 +1,9 @@
 //! Request shaping: the mesh lowers what a call asks for — fewer output
 //! tokens, fewer old turns of the conversation — most for the least
-//! important traffic. Each change is a pure function of the body bytes (and
-//! its parsed tree), touching only the bytes it changes, so the walk and the
-//! load-driven degrade apply the same edits with different limits.
+//! important traffic. Each change is an edit of the held body's document
+//! (its bytes and parsed tree together), touching only the bytes it changes,
+//! so the walk and the load-driven degrade apply the same edits with
+//! different limits.
 //!
 //! Only a chat completions body that is strict JSON, one object, and names no
 //! key twice is shaped; anything else passes untouched.
@@ -10,8 +11,7 @@
 pub mod config;
 mod history;
 
-use crate::json::Json;
-use crate::json_splice;
+use crate::json::{Document, Json};
 
 pub use config::{Limits, RawShapingConfig, ShapingConfig, TokenField};
 pub use history::keep_history;
@@ -78,37 +78,25 @@ impl Changes {
     }
 }
 
-/// A reshaped request body and what changed in it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Shaped {
-    /// The body to send.
-    pub body: Vec<u8>,
-    /// What changed.
-    pub changes: Changes,
-}
-
-/// Shapes a chat completions body under `limits`: history first, then the
-/// output token limit. `None` when nothing changed or the body is not one
-/// shaping understands (`tree` is the body's parse).
-pub fn shape(body: &[u8], tree: &Json, limits: &Limits, field: TokenField) -> Option<Shaped> {
-    if !limits.any() || !understood(tree) {
-        return None;
-    }
+/// Shapes a chat completions body under `limits`, in place: history first,
+/// then the output token limit. Returns what changed (nothing when the body
+/// is not one shaping understands).
+pub fn shape(doc: &mut Document, limits: &Limits, field: TokenField) -> Changes {
     let mut changes = Changes::default();
-    let mut out: Option<Vec<u8>> = None;
-    if limits.history_turns.is_some() || limits.prompt_tokens.is_some() {
-        if let Some(b) = trim_history(body, tree, limits.history_turns, limits.prompt_tokens) {
-            out = Some(b);
-            changes.add(What::History);
-        }
+    if !limits.any() || !doc.tree().is_some_and(understood) {
+        return changes;
+    }
+    if (limits.history_turns.is_some() || limits.prompt_tokens.is_some())
+        && trim_history(doc, limits.history_turns, limits.prompt_tokens)
+    {
+        changes.add(What::History);
     }
     if let Some(cap) = limits.max_tokens {
-        if let Some(b) = cap_max_tokens(out.as_deref().unwrap_or(body), cap, field) {
-            out = Some(b);
+        if cap_max_tokens(doc, cap, field) {
             changes.add(What::MaxTokens);
         }
     }
-    out.map(|body| Shaped { body, changes })
+    changes
 }
 
 /// A request object that names no key twice, anywhere (readers resolve
@@ -126,71 +114,94 @@ fn understood(tree: &Json) -> bool {
         && !tree.repeats_a_key()
 }
 
-/// The body with its output token limit at most `cap`: `max_tokens` and
+/// Lowers the body's output token limit to at most `cap`: `max_tokens` and
 /// `max_completion_tokens` above it are lowered to it; a body that names
 /// neither (or only as `null`) gets `cap` set, in the field it named as
-/// `null` or else in `field`. `None` when nothing changed, or a limit is not
-/// a whole number, or the body is not one object naming each field once.
-pub fn cap_max_tokens(body: &[u8], cap: u64, field: TokenField) -> Option<Vec<u8>> {
-    let members = json_splice::members(body)?;
-    let mut edits = Vec::new();
+/// `null` or else in `field`. False, and nothing changed, when nothing needed
+/// to, or a limit is not a whole number, or the body is not one object naming
+/// each field once.
+pub fn cap_max_tokens(doc: &mut Document, cap: u64, field: TokenField) -> bool {
+    let Some(Json::Object(_)) = doc.tree() else {
+        return false;
+    };
+    let mut lower = Vec::new();
     let mut named = false;
     let mut null_field = None;
     for f in [TokenField::MaxTokens, TokenField::MaxCompletionTokens] {
-        let Some(m) = json_splice::find(body, &members, f.as_str()).ok()? else {
+        let Some(value) = doc.value_bytes(f.as_str()) else {
+            if repeated(doc, f.as_str()) {
+                return false;
+            }
             continue;
         };
-        match Json::parse(body.get(m.value.clone())?)? {
-            Json::Null => null_field = null_field.or(Some(f)),
-            Json::Number(n) => {
+        match Json::parse(value) {
+            Some(Json::Null) => null_field = null_field.or(Some(f)),
+            Some(Json::Number(n)) => {
                 named = true;
-                if whole_number(&n)? > cap {
-                    edits.push((m.value.clone(), cap.to_string().into_bytes()));
+                match whole_number(&n) {
+                    Some(v) if v > cap => lower.push(f),
+                    Some(_) => {}
+                    None => return false,
                 }
             }
-            _ => return None,
+            _ => return false,
         }
     }
+    let cap_text = cap.to_string();
+    let number = Json::Number(cap_text.clone());
     if !named {
         let f = null_field.unwrap_or(field);
-        return json_splice::set_member(body, f.as_str(), cap.to_string().as_bytes());
+        return doc.set(f.as_str(), cap_text.as_bytes(), number);
     }
-    if edits.is_empty() {
-        return None;
+    let mut changed = false;
+    for f in lower {
+        changed |= doc.set(f.as_str(), cap_text.as_bytes(), number.clone());
     }
-    edits.sort_by_key(|(r, _)| r.start);
-    json_splice::splice(body, &edits)
+    changed
 }
 
-/// The body with only the messages [`keep_history`] keeps, each kept message
-/// byte for byte; `None` when nothing is left out or the body is not
-/// understood.
+/// True when the object names `name` more than once.
+fn repeated(doc: &Document, name: &str) -> bool {
+    doc.tree()
+        .is_some_and(|tree| tree.members(name).nth(1).is_some())
+}
+
+/// Leaves out of the body the messages [`keep_history`] does not keep, each
+/// kept message byte for byte. False, and nothing changed, when nothing is
+/// left out or the body is not understood.
 pub fn trim_history(
-    body: &[u8],
-    tree: &Json,
+    doc: &mut Document,
     max_turns: Option<u64>,
     max_prompt_tokens: Option<u64>,
-) -> Option<Vec<u8>> {
-    let Some(Json::Array(messages)) = tree.get("messages") else {
-        return None;
+) -> bool {
+    let Some(Json::Array(messages)) = doc.tree().and_then(|t| t.get("messages")) else {
+        return false;
     };
-    let keep = keep_history(messages, max_turns, max_prompt_tokens)?;
-    let members = json_splice::members(body)?;
-    let array = json_splice::find(body, &members, "messages").ok()??;
-    let items = json_splice::items(body, array.value.clone())?;
+    let Some(keep) = keep_history(messages, max_turns, max_prompt_tokens) else {
+        return false;
+    };
+    let Some(items) = doc.items("messages") else {
+        return false;
+    };
     if items.len() != keep.len() {
-        return None;
+        return false;
     }
-    let mut new = Vec::with_capacity(array.value.len());
+    let mut new = Vec::with_capacity(doc.value_bytes("messages").map_or(0, <[u8]>::len));
     new.push(b'[');
     for (item, _) in items.iter().zip(&keep).filter(|(_, k)| **k) {
         if new.len() > 1 {
             new.push(b',');
         }
-        new.extend_from_slice(body.get(item.clone())?);
+        new.extend_from_slice(item);
     }
     new.push(b']');
-    json_splice::splice(body, &[(array.value.clone(), new)])
+    let kept: Vec<Json> = messages
+        .iter()
+        .zip(&keep)
+        .filter(|(_, k)| **k)
+        .map(|(m, _)| m.clone())
+        .collect();
+    doc.set("messages", &new, Json::Array(kept))
 }
 
 /// A canonical JSON number (see [`crate::json`]) that is a whole number ≥ 0

@@ -1,12 +1,25 @@
 use super::*;
 use crate::routing::rules::message_tokens;
 
-fn text(b: Option<Vec<u8>>) -> Option<String> {
-    b.map(|b| String::from_utf8(b).unwrap())
+/// The body after `f` edited it, `None` when `f` changed nothing.
+fn edited(body: &[u8], f: impl FnOnce(&mut Document) -> bool) -> Option<String> {
+    let mut doc = Document::parse(body.to_vec());
+    let changed = f(&mut doc);
+    let text = String::from_utf8(doc.into_bytes()).unwrap();
+    if !changed {
+        assert_eq!(
+            text.as_bytes(),
+            body,
+            "a body no edit changed is left as it was"
+        );
+    }
+    changed.then_some(text)
 }
 
 fn cap(body: &str, cap: u64) -> Option<String> {
-    text(cap_max_tokens(body.as_bytes(), cap, TokenField::MaxTokens))
+    edited(body.as_bytes(), |d| {
+        cap_max_tokens(d, cap, TokenField::MaxTokens)
+    })
 }
 
 #[test]
@@ -51,7 +64,12 @@ fn caps_lower_or_set_the_limit_the_client_used() {
         assert_eq!(cap(body, 512).as_deref(), want, "{body}");
     }
     assert_eq!(
-        text(cap_max_tokens(b"{}", 7, TokenField::MaxCompletionTokens)).as_deref(),
+        edited(b"{}", |d| cap_max_tokens(
+            d,
+            7,
+            TokenField::MaxCompletionTokens
+        ))
+        .as_deref(),
         Some(r#"{"max_completion_tokens":7}"#)
     );
 }
@@ -68,8 +86,7 @@ fn conversation(messages: &[String]) -> String {
 }
 
 fn trim(body: &str, turns: Option<u64>, tokens: Option<u64>) -> Option<String> {
-    let tree = Json::parse(body.as_bytes()).unwrap();
-    text(trim_history(body.as_bytes(), &tree, turns, tokens))
+    edited(body.as_bytes(), |d| trim_history(d, turns, tokens))
 }
 
 #[test]
@@ -163,39 +180,45 @@ fn leaves_alone_what_it_does_not_understand() {
 #[test]
 fn shape_reports_what_changed() {
     let body = conversation(&[msg("user", "a"), msg("assistant", "b"), msg("user", "c")]);
-    let tree = Json::parse(body.as_bytes()).unwrap();
     let limits = Limits {
         max_tokens: Some(64),
         history_turns: Some(1),
         prompt_tokens: None,
     };
-    let s = shape(body.as_bytes(), &tree, &limits, TokenField::MaxTokens).unwrap();
-    assert_eq!(s.changes.header().as_deref(), Some("max_tokens,history"));
+    let mut doc = Document::parse(body.as_bytes().to_vec());
+    let s = shape(&mut doc, &limits, TokenField::MaxTokens);
+    assert_eq!(s.header().as_deref(), Some("max_tokens,history"));
     assert_eq!(
-        String::from_utf8(s.body).unwrap(),
+        String::from_utf8(doc.into_bytes()).unwrap(),
         r#"{"model":"m","messages":[{"role":"user","content":"c"}],"stream":true,"max_tokens":64}"#
     );
     let only_history = Limits {
         max_tokens: None,
         ..limits
     };
-    let s = shape(body.as_bytes(), &tree, &only_history, TokenField::MaxTokens).unwrap();
-    assert_eq!(s.changes.header().as_deref(), Some("history"));
-    assert!(shape(
-        body.as_bytes(),
-        &tree,
-        &Limits::default(),
-        TokenField::MaxTokens
-    )
-    .is_none());
+    let shaped = |body: &str, limits: &Limits| {
+        let mut doc = Document::parse(body.as_bytes().to_vec());
+        let changes = shape(&mut doc, limits, TokenField::MaxTokens);
+        if changes.is_empty() {
+            assert_eq!(
+                doc.bytes(),
+                body.as_bytes(),
+                "unchanged when nothing changed"
+            );
+        }
+        changes
+    };
+    assert_eq!(
+        shaped(&body, &only_history).header().as_deref(),
+        Some("history")
+    );
+    assert!(shaped(&body, &Limits::default()).is_empty());
     // A limit that is not a whole number: the history is left alone too.
     let odd = r#"{"max_tokens":"lots","messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]}"#;
-    let tree = Json::parse(odd.as_bytes()).unwrap();
-    assert!(shape(odd.as_bytes(), &tree, &only_history, TokenField::MaxTokens).is_none());
+    assert!(shaped(odd, &only_history).is_empty());
     // A key named twice anywhere: never rewritten.
     let dup = r#"{"messages":[{"role":"user","content":"a","content":"b"}]}"#;
-    let tree = Json::parse(dup.as_bytes()).unwrap();
-    assert!(shape(dup.as_bytes(), &tree, &limits, TokenField::MaxTokens).is_none());
+    assert!(shaped(dup, &limits).is_empty());
     assert_eq!(Changes::default().header(), None);
 }
 
@@ -386,7 +409,8 @@ mod props {
             let mut raw = Vec::new();
             body.write(&mut raw);
             let keep = keep_history(&ms, Some(turns), None);
-            let out = trim_history(&raw, &body, Some(turns), None);
+            let mut doc = Document::parse(raw);
+            let out = trim_history(&mut doc, Some(turns), None).then(|| doc.into_bytes());
             prop_assert_eq!(keep.is_some(), out.is_some());
             if let (Some(keep), Some(out)) = (keep, out) {
                 structural(&ms, &keep)?;

@@ -2,20 +2,21 @@
 //! view every concern reads, or, when it streams through, a bounded copy kept
 //! to read `model` (and the answer's `usage`) from a body the filter does not hold.
 
-use crate::json::Json;
+use crate::json::{Document, Json};
 use crate::routing::Features;
 
 /// A request body held whole, parsed once: the cache keys its tree, routing
-/// reads its features and rewrites its bytes.
+/// reads its features and rewrites its bytes. The steps edit its document in
+/// place (bytes and tree together, no new parse); it is written to the host
+/// once, when the call leaves (see `upstream`).
 #[derive(Debug)]
 pub(super) struct HeldBody {
-    /// The bytes as received.
-    pub(super) raw: Vec<u8>,
+    /// The bytes to send (as received, with every step's edits) and their tree.
+    pub(super) doc: Document,
     /// Size of the host's buffer, to replace it.
     pub(super) size: usize,
-    /// The strict JSON tree; `None` when the body is not strict JSON, or once
-    /// no concern needs it any more.
-    pub(super) tree: Option<Json>,
+    /// The document differs from the body the host holds.
+    pub(super) edited: bool,
     /// What routing rules look at; `None` when the body is no request object.
     pub(super) features: Option<Features>,
 }
@@ -23,14 +24,37 @@ pub(super) struct HeldBody {
 impl HeldBody {
     /// Parses a held body: the one parse of the request.
     pub(super) fn parse(raw: Vec<u8>, size: usize) -> Self {
-        let tree = Json::parse(&raw);
-        let features = tree.as_ref().and_then(Features::from_json);
+        let doc = Document::parse(raw);
+        let features = doc.tree().and_then(Features::from_json);
         Self {
-            raw,
+            doc,
             size,
-            tree,
+            edited: false,
             features,
         }
+    }
+
+    /// The strict JSON tree; `None` when the body is not strict JSON, or once
+    /// no concern needs it any more.
+    pub(super) fn tree(&self) -> Option<&Json> {
+        self.doc.tree()
+    }
+
+    /// The bytes to send.
+    pub(super) fn raw(&self) -> &[u8] {
+        self.doc.bytes()
+    }
+
+    /// A step edited the document: it is to be written, and what routing
+    /// reads follows the edit.
+    pub(super) fn was_edited(&mut self) {
+        self.edited = true;
+        self.features = self.doc.tree().and_then(Features::from_json);
+    }
+
+    /// Frees the tree once only the bytes and the features are needed.
+    pub(super) fn drop_tree(&mut self) {
+        self.doc.drop_tree();
     }
 }
 

@@ -3,6 +3,8 @@
 //! what comes back as it passes (a stream still reaches the client chunk by
 //! chunk), and answer an upstream failure with an expired entry when allowed.
 
+use std::ops::ControlFlow;
+
 use serde_json::Value;
 
 use crate::cache::{
@@ -15,28 +17,27 @@ use crate::metrics::{self as names, internal_error};
 use crate::summary::EnvoyReply;
 
 use super::state::{Answer, Fill, Response};
-use super::{set_request, set_response, Call, Env, HeldBody, Host, Phase, Step, Wake};
+use super::{set_request, set_response, Call, Env, Flow, HeldBody, Host, Step, Wake};
 
 impl Call {
     /// The cache step of the walk, on the whole request body (`None`: not
-    /// held). `Ok(step)` when the call was answered from an entry or waits
-    /// for an identical call in flight (which keeps the body); `Err(body)` to
-    /// go on upstream with it.
+    /// held): settled when the call was answered from an entry or waits for
+    /// an identical call in flight (which keeps the body); else on upstream.
     pub(super) fn cache_request(
         &mut self,
         env: &mut Env<'_>,
         host: &mut dyn Host,
         body: Option<HeldBody>,
-    ) -> Result<Step, Option<HeldBody>> {
+    ) -> Flow {
         let config = env.config;
         let cfg = &config.cache;
         // Off for this call: the top-level switch, or its A/B group's.
         if !cfg.enabled || self.cache.group_off {
-            return Err(body);
+            return ControlFlow::Continue(body);
         }
         let decision = match &body {
             None => Decision::Bypass(BypassReason::Unbuffered),
-            Some(b) => self.cache_decision(env, host, b.tree.as_ref()),
+            Some(b) => self.cache_decision(env, host, b.tree()),
         };
         if cfg.mode == Mode::Shard {
             // The replica that owns the key does the rest; this proxy only
@@ -46,14 +47,14 @@ impl Call {
                 set_request(env, host, &cfg.shard_header, Some(&key_hex(&c.key)));
                 count_shard_key(env.metrics, "written");
             }
-            return Err(body);
+            return ControlFlow::Continue(body);
         }
         self.check_shard_key(env, &decision);
         let c = match decision {
             Decision::Bypass(reason) => {
                 log::debug!("llm-filter: cache bypass ({})", reason.as_str());
                 self.cache.status = Some(CacheStatus::Bypass);
-                return Err(body);
+                return ControlFlow::Continue(body);
             }
             Decision::Cacheable(c) => c,
         };
@@ -63,38 +64,31 @@ impl Call {
         set_request(env, host, "accept-encoding", None);
         if !c.read {
             // `no-cache`: a fresh answer, stored for the next caller.
-            return Err(body);
+            return ControlFlow::Continue(body);
         }
         let store = Store::new(env.store, cfg);
         let (lookup, seen) = store.lookup_seen(&c.key, env.now_ms);
         self.cache.seen = seen;
         if let Lookup::Hit { entry, age_s } = lookup {
             if self.reply_from_entry(env, host, &entry, age_s, CacheStatus::Hit, None) {
-                return Ok(Step::Pause);
+                return ControlFlow::Break(Step::Pause);
             }
         }
         // A reworded repeat: the call waits for its question's embedding.
-        let body = match self.ask_embedding(env, host, body) {
-            Ok(step) => return Ok(step),
-            Err(body) => body,
-        };
+        let body = self.ask_embedding(env, host, body)?;
         self.cache_claim(env, body)
     }
 
     /// The lead on a missed key, or a wait for the identical call in flight
-    /// that has it. `Ok(step)`: the call waits (keeping the body); `Err(body)`
-    /// to go on upstream with it.
-    pub(super) fn cache_claim(
-        &mut self,
-        env: &mut Env<'_>,
-        body: Option<HeldBody>,
-    ) -> Result<Step, Option<HeldBody>> {
+    /// that has it: settled while the call waits (keeping the body), else on
+    /// upstream.
+    pub(super) fn cache_claim(&mut self, env: &mut Env<'_>, body: Option<HeldBody>) -> Flow {
         let cfg = &env.config.cache;
         let Some(c) = self.cache.cacheable else {
-            return Err(body);
+            return ControlFlow::Continue(body);
         };
         if !cfg.coalesce {
-            return Err(body);
+            return ControlFlow::Continue(body);
         }
         let store = Store::new(env.store, cfg);
         match coalesce::claim(
@@ -108,14 +102,14 @@ impl Call {
             Claim::Follower { deadline_ms } => {
                 if let Some(mut body) = body {
                     // Routing needs only the bytes and the features later.
-                    body.tree = None;
-                    self.phase = Phase::Coalescing { deadline_ms, body };
-                    return Ok(Step::Pause);
+                    body.drop_tree();
+                    self.progress.coalesce(deadline_ms, body);
+                    return ControlFlow::Break(Step::Pause);
                 }
             }
             Claim::Unavailable => {}
         }
-        Err(body)
+        ControlFlow::Continue(body)
     }
 
     /// A degraded call answered from its entry, even one past expiry while
@@ -131,7 +125,7 @@ impl Call {
         if self.cache.status.is_none() {
             return false;
         }
-        let Decision::Cacheable(c) = self.cache_decision(env, host, body.tree.as_ref()) else {
+        let Decision::Cacheable(c) = self.cache_decision(env, host, body.tree()) else {
             return false;
         };
         if !c.read {
@@ -143,15 +137,15 @@ impl Call {
             Lookup::Stale { entry, age_s } => (entry, age_s, CacheStatus::Stale),
             Lookup::Miss => return false,
         };
-        let before = (self.cache.cacheable, self.request.degraded);
+        let before = (self.cache.cacheable, self.decided.degraded);
         self.cache.cacheable = Some(c);
-        self.request.degraded = Some(level);
-        self.request.downgraded = true;
+        self.decided.degraded = Some(level);
+        self.decided.downgraded = true;
         if self.reply_from_entry(env, host, &entry, age_s, status, None) {
             return true;
         }
-        (self.cache.cacheable, self.request.degraded) = before;
-        self.request.downgraded = false;
+        (self.cache.cacheable, self.decided.degraded) = before;
+        self.decided.downgraded = false;
         false
     }
 
@@ -249,8 +243,7 @@ impl Call {
             }
         }
         count_wait(env.metrics, "upstream");
-        let Phase::Coalescing { body, .. } = std::mem::replace(&mut self.phase, Phase::Forwarded)
-        else {
+        let Some(body) = self.progress.stop_waiting() else {
             return Wake::Resume;
         };
         // Routing and admission happen now, with the health and budget of now.
@@ -283,14 +276,15 @@ impl Call {
         let age = age_s.to_string();
         let mut headers = vec![
             ("content-type", reply.content_type),
-            (X_CACHE, status.header()),
             (AGE_HEADER, age.as_str()),
         ];
         headers.extend(extra);
+        // The reply tells the client this status (`x-cache`).
+        let before = self.cache.status.replace(status);
         if !self.send_local_reply(env, host, 200, &headers, &reply.body) {
+            self.cache.status = before;
             return false;
         }
-        self.cache.status = Some(status);
         true
     }
 

@@ -4,22 +4,23 @@
 //! with a cheaper model, fewer output tokens and a lower temperature. The
 //! body edits come before the cache key, so the key is over what is sent.
 
-use crate::degrade::{self, Action};
-use crate::json::Json;
+use std::ops::ControlFlow;
 
-use super::{Call, Env, HeldBody, Host, Step};
+use crate::degrade::{self, Action};
+
+use super::{Call, Env, Flow, HeldBody, Host, Step};
 
 impl Call {
-    /// Applies the call's degrade actions. `Ok(step)`: the call was answered
-    /// here; `Err(body)`: it goes on with this body.
+    /// Applies the call's degrade actions: refused or answered from the
+    /// cache here, or on with the edited body.
     pub(super) fn degrade(
         &mut self,
         env: &mut Env<'_>,
         host: &mut dyn Host,
         body: Option<HeldBody>,
-    ) -> Result<Step, Option<HeldBody>> {
+    ) -> Flow {
         let Some(model) = self.request.model.clone() else {
-            return Err(body);
+            return ControlFlow::Continue(body);
         };
         let (level, signals) = degrade::level_with(env.store, env.config, &model, env.now_ms);
         // The timer publishes the level of every model with load each second
@@ -34,37 +35,32 @@ impl Call {
         let priority = self.request.priority;
         let actions = cfg.actions(level, priority);
         if actions.is_empty() {
-            return Err(body);
+            return ControlFlow::Continue(body);
         }
         if let Some((action, reply)) = degrade::refusal(cfg, actions) {
-            self.request.degraded = Some(level);
+            self.decided.degraded = Some(level);
             degrade::count(env.metrics, action, priority);
-            return Ok(self.reply_locally(env, host, reply));
+            return ControlFlow::Break(self.reply_locally(env, host, reply));
         }
         let Some(mut body) = body else {
-            return Err(None);
+            return ControlFlow::Continue(None);
         };
         if actions.contains(&Action::Cache) && self.answer_downgraded(env, host, &body, level) {
             degrade::count(env.metrics, Action::Cache, priority);
-            return Ok(Step::Pause);
+            return ControlFlow::Break(Step::Pause);
         }
         let field = self.shaping_config(env.config).field;
-        let edited = body.tree.as_ref().and_then(|tree: &Json| {
-            degrade::edit(cfg, actions, &body.raw, tree, &model, field, &signals)
-        });
+        let edited = degrade::edit(cfg, actions, &mut body.doc, &model, field, &signals);
         if let Some(edited) = edited {
-            body = match body.replace(env, host, edited.body) {
-                Ok(body) => body,
-                Err(unchanged) => return Err(Some(unchanged)),
-            };
-            self.request.degraded = Some(level);
+            body.was_edited();
+            self.decided.degraded = Some(level);
             for action in &edited.applied {
                 degrade::count(env.metrics, *action, priority);
             }
             if let Some(fallback) = edited.model {
-                self.request.model = Some(fallback);
+                self.decided.fallback_model = Some(fallback);
             }
         }
-        Err(Some(body))
+        ControlFlow::Continue(Some(body))
     }
 }

@@ -6,16 +6,15 @@
 
 use crate::budget;
 use crate::cache::entry::SSE_CONTENT_TYPE;
-use crate::cache::{CacheStatus, X_CACHE};
+use crate::cache::CacheStatus;
 use crate::metrics::internal_error;
 use crate::routing::failover::{self, FailoverResult};
 use crate::routing::hedge::{self, HedgeResult};
-use crate::routing::{self, RouteAsk, CLUSTER_RESPONSE_HEADER};
+use crate::routing::{self, RouteAsk};
 use crate::summary::{CallSummary, End};
-use crate::trace_context::TRACE_ID_HEADER;
 use crate::usage::UsageStrip;
 
-use super::state::{Hedge, Response};
+use super::state::Response;
 use super::{Call, CalloutAnswer, Env, Host, Phase, Step};
 
 impl Call {
@@ -33,9 +32,10 @@ impl Call {
         if !self.failover_due(env) {
             return Step::Continue;
         }
-        let target = match &self.dispatch.hedge {
-            Hedge::Sent { cluster } => cluster.clone(),
-            _ => match self.send_elsewhere(env, host) {
+        let hedged = self.progress.hedge_out().map(str::to_string);
+        let target = match hedged.clone() {
+            Some(cluster) => cluster,
+            None => match self.send_elsewhere(env, host) {
                 Sent::To(cluster) => cluster,
                 Sent::Nowhere => return Step::Continue,
                 Sent::Refused => {
@@ -52,7 +52,7 @@ impl Call {
             failed_try.end = end;
         }
         self.learn_from(env, &failed_try);
-        if !matches!(self.dispatch.hedge, Hedge::Sent { .. }) {
+        if hedged.is_none() {
             routing::learn::started(env.store, env.metrics, &target, env.now_ms);
         }
         if self.dispatch.breaker.is_some() {
@@ -60,7 +60,7 @@ impl Call {
         }
         self.dispatch.cluster = Some(target);
         self.dispatch.held = None;
-        self.phase = Phase::FailingOver;
+        self.progress.fail_over();
         Step::Pause
     }
 
@@ -70,7 +70,7 @@ impl Call {
         let (Some(failed), Some(body), Some(model)) = (
             self.dispatch.cluster.as_deref(),
             self.dispatch.held.as_ref(),
-            self.request.model.as_deref(),
+            self.model(),
         ) else {
             return Sent::Nowhere;
         };
@@ -92,8 +92,8 @@ impl Call {
             return Sent::Nowhere;
         };
         let new_body = match &target.rewrite_model {
-            None => Some(body.raw.clone()),
-            Some(m) => routing::rewrite::rewrite_model(&body.raw, m),
+            None => Some(body.raw().to_vec()),
+            Some(m) => routing::rewrite::rewrite_model(&body.doc, m),
         };
         let Some(new_body) = new_body else {
             internal_error(env.metrics, "rewrite_model");
@@ -131,7 +131,7 @@ impl Call {
             return false;
         };
         let breaker = self.dispatch.breaker.as_deref();
-        matches!(self.phase, Phase::Forwarded)
+        matches!(self.progress.phase(), Phase::Forwarded)
             && self.dispatch.held.is_some()
             && failover::retriable(end)
             // An expired entry already answers the failure.
@@ -151,7 +151,7 @@ impl Call {
         host: &mut dyn Host,
         answer: CalloutAnswer,
     ) -> Step {
-        match self.phase {
+        match self.progress.phase() {
             Phase::Embedding { .. } => self.embedding_answered(env, host, &answer),
             Phase::FailingOver => self.failover_answered(env, host, answer),
             Phase::Forwarded => {
@@ -171,7 +171,7 @@ impl Call {
     ) -> Step {
         let result = FailoverResult::of(answer.status);
         failover::count(env.metrics, result);
-        if matches!(self.dispatch.hedge, Hedge::Sent { .. }) {
+        if self.progress.settle_hedge().is_some() {
             // The hedge was the failover: it won when it answered.
             let won = result == FailoverResult::Answered;
             hedge::count(
@@ -182,11 +182,10 @@ impl Call {
                     HedgeResult::Lost
                 },
             );
-            self.dispatch.hedge = Hedge::Done;
         }
         match answer.status {
             Some(status) if self.reply_with(env, host, status, &answer) => {
-                self.phase = Phase::FailedOver;
+                self.progress.failed_over();
                 Step::Pause
             }
             _ => {
@@ -199,7 +198,7 @@ impl Call {
                 self.learn_from(env, &timed_out);
                 self.dispatch.cluster = None;
                 self.dispatch.breaker = None;
-                self.phase = Phase::Forwarded;
+                self.progress.forward();
                 Step::Continue
             }
         }
@@ -215,18 +214,8 @@ impl Call {
         answer: &CalloutAnswer,
     ) -> bool {
         let mut headers = failover::reply_headers(&answer.headers);
-        if let Some(cluster) = &self.dispatch.cluster {
-            headers.push((CLUSTER_RESPONSE_HEADER.to_string(), cluster.clone()));
-        }
-        if let Some(t) = &self.request.trace_id {
-            headers.push((TRACE_ID_HEADER.to_string(), t.clone()));
-        }
-        if let Some(x_cache) = self.cache.header() {
-            headers.push((X_CACHE.to_string(), x_cache.to_string()));
-        }
-        if let Some(level) = self.request.degraded {
-            headers.push((crate::degrade::HEADER.to_string(), level.to_string()));
-        }
+        let told = self.client_headers(env.config, self.dispatch.cluster.as_deref());
+        headers.extend(told.into_iter().map(|(k, v)| (k.to_string(), v)));
         let refs: Vec<(&str, &str)> = headers
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
@@ -235,7 +224,7 @@ impl Call {
             .iter()
             .any(|(k, v)| k.eq_ignore_ascii_case("content-type") && v.contains(SSE_CONTENT_TYPE));
         // The client sees the stream without the usage it did not ask for.
-        let stripped = (stream && self.request.usage_asked)
+        let stripped = (stream && self.decided.usage_asked)
             .then(|| UsageStrip::new().pass(&answer.body, true));
         let body = stripped.as_deref().unwrap_or(&answer.body);
         if !host.send_local_reply(u32::from(status), &refs, body) {

@@ -21,6 +21,8 @@ pub struct FakeHost {
     pub callouts: Vec<Callout>,
     /// The host refuses to send callouts.
     pub refuse_callouts: bool,
+    /// Times the request body was replaced.
+    pub body_writes: u32,
 }
 
 /// A callout sent: cluster, headers, body, timeout.
@@ -110,6 +112,7 @@ impl Host for FakeHost {
     }
     fn set_request_body(&mut self, _size: usize, body: &[u8]) -> bool {
         self.request_body = body.to_vec();
+        self.body_writes += 1;
         true
     }
     fn response_header(&self, name: &str) -> Option<String> {

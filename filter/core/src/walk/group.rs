@@ -10,17 +10,24 @@ use crate::json::Json;
 use crate::routing::config::RoutingConfig;
 use crate::shaping::ShapingConfig;
 
-use super::{merge_baggage, set_request, Call, Env, HeldBody, Host};
+use std::ops::ControlFlow;
+
+use super::{merge_baggage, set_request, Call, Env, Flow, HeldBody, Host};
 
 impl Call {
     /// Puts the call in its user's group (A/B on): the user is the
-    /// `ab.user_header` header, else the body's `user`.
+    /// `ab.user_header` header, else the body's `user`. Always goes on.
     pub(super) fn join_group(
         &mut self,
         env: &mut Env<'_>,
         host: &mut dyn Host,
-        body: Option<&HeldBody>,
-    ) {
+        body: Option<HeldBody>,
+    ) -> Flow {
+        self.put_in_group(env, host, body.as_ref());
+        ControlFlow::Continue(body)
+    }
+
+    fn put_in_group(&mut self, env: &mut Env<'_>, host: &mut dyn Host, body: Option<&HeldBody>) {
         let cfg = &env.config.ab;
         if cfg.groups.is_empty() {
             return;
@@ -28,14 +35,14 @@ impl Call {
         let key = host
             .request_header(&cfg.user_header)
             .filter(|k| !k.is_empty())
-            .or_else(|| match body?.tree.as_ref()?.get("user") {
+            .or_else(|| match body?.tree()?.get("user") {
                 Some(Json::String(u)) if !u.is_empty() => Some(u.clone()),
                 _ => None,
             });
         let Some(index) = cfg.assign(key.as_deref()) else {
             return;
         };
-        self.request.group = Some(index);
+        self.decided.group = Some(index);
         let Some(group) = self.group(env.config) else {
             return;
         };
@@ -51,7 +58,7 @@ impl Call {
 
     /// The call's group, once it joined one.
     pub(super) fn group<'c>(&self, config: &'c Config) -> Option<&'c Group> {
-        config.ab.groups.get(self.request.group?)
+        config.ab.groups.get(self.decided.group?)
     }
 
     /// The routing of this call: its group's, or the top-level one.

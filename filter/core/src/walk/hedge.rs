@@ -47,9 +47,7 @@ impl Call {
             .remaining_ms(env.now_ms)
             .saturating_sub(budget.min_per_try_ms);
         if delay < room {
-            self.dispatch.hedge = Hedge::Armed {
-                at_ms: env.now_ms.saturating_add(delay),
-            };
+            self.progress.arm_hedge(env.now_ms.saturating_add(delay));
         }
     }
 
@@ -57,17 +55,17 @@ impl Call {
     /// due, unless the backend answered, the budget has no room left or the
     /// cap is reached.
     pub(super) fn hedge_on_tick(&mut self, env: &mut Env<'_>, host: &mut dyn Host) -> Wake {
-        let Hedge::Armed { at_ms } = self.dispatch.hedge else {
+        let Hedge::Armed { at_ms } = *self.progress.hedge() else {
             return Wake::Idle;
         };
-        if self.response.is_some() || !matches!(self.phase, Phase::Forwarded) {
-            self.dispatch.hedge = Hedge::Off;
+        if self.response.is_some() || !matches!(self.progress.phase(), Phase::Forwarded) {
+            self.progress.disarm_hedge();
             return Wake::Idle;
         }
         if env.now_ms < at_ms {
             return Wake::Wait;
         }
-        self.dispatch.hedge = Hedge::Done;
+        self.progress.hedge_due();
         let (Some(cfg), Some(model)) = (
             env.config.routing.hedge.as_ref(),
             self.dispatch.model.as_deref(),
@@ -88,7 +86,7 @@ impl Call {
         }
         if let Sent::To(cluster) = self.send_elsewhere(env, host) {
             routing::learn::started(env.store, env.metrics, &cluster, env.now_ms);
-            self.dispatch.hedge = Hedge::Sent { cluster };
+            self.progress.hedge_sent(cluster);
         }
         Wake::Idle
     }
@@ -102,8 +100,7 @@ impl Call {
         host: &mut dyn Host,
         answer: CalloutAnswer,
     ) {
-        let Hedge::Sent { cluster } = std::mem::replace(&mut self.dispatch.hedge, Hedge::Done)
-        else {
+        let Some(cluster) = self.progress.settle_hedge() else {
             return;
         };
         let good = answer
@@ -123,7 +120,7 @@ impl Call {
                 if self.dispatch.breaker.is_some() {
                     self.dispatch.breaker = Some(cluster);
                 }
-                self.phase = Phase::FailedOver;
+                self.progress.failed_over();
                 hedge::count(env.metrics, HedgeResult::Won);
                 return;
             }
@@ -138,8 +135,7 @@ impl Call {
     /// answer, or was abandoned with the call; its backend leaves the
     /// in-flight count.
     pub(super) fn settle_hedge(&mut self, env: &mut Env<'_>) {
-        let Hedge::Sent { cluster } = std::mem::replace(&mut self.dispatch.hedge, Hedge::Done)
-        else {
+        let Some(cluster) = self.progress.settle_hedge() else {
             return;
         };
         let answered = self

@@ -3,11 +3,16 @@
 //! [`Host`] trait, so the whole walk runs natively against a fake host in tests
 //! and the plugin only adapts Envoy's callbacks to it.
 //!
-//! A call's state has one shape (`state`); the steps that change it are the
-//! start and end here, the cache's (`cache`), the trip upstream (`upstream`:
-//! routing, then admission) and what comes back (`response`). Each policy
-//! decides in its own module; at the end one [`CallSummary`] is handed to
-//! each of them to learn from.
+//! A call's state has one shape, and its phases one diagram (`state`). The
+//! steps before the trip upstream — the A/B group (`group`), shaping
+//! (`shape`), degrade (`degrade`), the cache (`cache`, `semantic`) — share one
+//! protocol, [`Flow`]: each says go on with the body, or the call is settled
+//! here. Then the trip upstream (`upstream`: routing, then admission, and the
+//! one write of the edited body), and what comes back (`response`, `failover`,
+//! `hedge`). Each policy decides in its own module; at the end one
+//! [`CallSummary`] is handed to each of them to learn from.
+
+use std::ops::ControlFlow;
 
 use crate::budget::{self, parse as budget_parse};
 use crate::classify::{self, Endpoint};
@@ -15,7 +20,7 @@ use crate::config::{Config, TracingMode};
 use crate::host::{Metrics, Random, SharedStore};
 use crate::metrics::{internal_error, BoundedLabel};
 use crate::priority::{self, Priority};
-use crate::shaping::{self, Changes};
+use crate::shaping;
 use crate::summary::{CallSummary, End};
 use crate::trace_context;
 use crate::{ab, baggage};
@@ -48,7 +53,7 @@ mod tests;
 mod upstream;
 
 use body::{BodyCopy, HeldBody};
-use state::{CacheCall, Dispatch, Hedge, Phase, Request, Response};
+use state::{CacheCall, Decided, Dispatch, Phase, Progress, Request, Response};
 
 /// Stream operations the walk needs from the proxy.
 pub trait Host {
@@ -130,6 +135,12 @@ pub enum Step {
     Pause,
 }
 
+/// What a step before the trip upstream says: `Continue(body)`, the call
+/// goes on to the next step with its request body (`None`: the body streams
+/// through); `Break(step)`, the step settled the call here — answered it, or
+/// parked it to wait — and Envoy does `step` with the stream.
+type Flow = ControlFlow<Step, Option<HeldBody>>;
+
 /// What a parked call says on a timer tick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wake {
@@ -155,8 +166,10 @@ pub const BODY_WATCHDOG_MS: u64 = 1000;
 pub struct Call {
     /// What the request said.
     request: Request,
-    /// Where the call stands.
-    phase: Phase,
+    /// What the filter decided and tells the client.
+    decided: Decided,
+    /// Where the call (and its hedge) stands.
+    progress: Progress,
     /// What was decided for the trip upstream.
     dispatch: Dispatch,
     /// What came back; `None` until response headers.
@@ -181,7 +194,8 @@ impl Call {
         let endpoint = classify::classify(&method, &path, &env.config.llm_paths)?;
         let mut call = Self {
             request: Request::read(env, host, endpoint),
-            phase: Phase::Forwarded,
+            decided: Decided::default(),
+            progress: Progress::new(),
             dispatch: Dispatch::default(),
             response: None,
             cache: CacheCall::new(env.config.cache.keeps_entries(), shard_key),
@@ -192,12 +206,10 @@ impl Call {
             return Some((call, step));
         }
         if call.can_hold_body(env, host) {
-            call.phase = Phase::Holding {
-                watchdog_since_ms: Some(env.now_ms),
-            };
+            call.progress.hold(env.now_ms);
             return Some((call, Step::Pause));
         }
-        call.request.copy = Some(BodyCopy::default());
+        call.request.streams_through();
         let step = call.decide(env, host, None);
         Some((call, step))
     }
@@ -232,7 +244,7 @@ impl Call {
         merge_baggage(env, host, priority::BAGGAGE_KEY, p);
 
         let incoming = host.request_header(trace_context::TRACEPARENT);
-        self.request.trace_id = match env.config.tracing {
+        self.decided.trace_id = match env.config.tracing {
             TracingMode::Always => {
                 let out = trace_context::next(incoming.as_deref(), env.rng);
                 set_request(
@@ -261,8 +273,7 @@ impl Call {
         size: usize,
         end_of_stream: bool,
     ) -> Step {
-        if let Phase::Holding { watchdog_since_ms } = &mut self.phase {
-            *watchdog_since_ms = None;
+        if self.progress.body_seen() {
             if !end_of_stream {
                 return Step::Pause;
             }
@@ -281,27 +292,38 @@ impl Call {
     /// Everything decided before the call goes upstream. `body` is the whole
     /// request body when held (or empty), `None` when it streams through.
     fn decide(&mut self, env: &mut Env<'_>, host: &mut dyn Host, body: Option<HeldBody>) -> Step {
-        self.phase = Phase::Forwarded;
+        self.progress.forward();
         if let Some(b) = &body {
-            let features = b.features.as_ref();
-            self.request.model = features.and_then(|f| f.model.clone());
-            self.request.stream = Some(features.is_some_and(|f| f.stream));
+            self.request.read_body(b.features.as_ref());
         }
+        let flow = self.before_upstream(env, host, body);
+        self.then_upstream(env, host, flow)
+    }
+
+    /// The steps before the trip upstream, in order.
+    fn before_upstream(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        body: Option<HeldBody>,
+    ) -> Flow {
         // The group picks the overrides of every step below.
-        self.join_group(env, host, body.as_ref());
+        let body = self.join_group(env, host, body)?;
         // Shaped before the cache step, so the key is over what is sent.
-        let body = self.shape(env, host, body);
+        let body = self.shape(env, body)?;
         // Degraded by the model's level, before the cache step too.
-        let body = match self.degrade(env, host, body) {
-            Ok(step) => return step,
-            Err(body) => body,
-        };
+        let body = self.degrade(env, host, body)?;
         // Cache: answer from an entry, or wait for an identical call in
         // flight, before routing and admission (a cached answer is served
         // even while the backend sheds).
-        match self.cache_request(env, host, body) {
-            Ok(step) => step,
-            Err(body) => self.go_upstream(env, host, body),
+        self.cache_request(env, host, body)
+    }
+
+    /// The call goes upstream unless a step settled it.
+    fn then_upstream(&mut self, env: &mut Env<'_>, host: &mut dyn Host, flow: Flow) -> Step {
+        match flow {
+            ControlFlow::Break(step) => step,
+            ControlFlow::Continue(body) => self.go_upstream(env, host, body),
         }
     }
 
@@ -312,11 +334,7 @@ impl Call {
         host: &mut dyn Host,
         r: budget::LocalReply,
     ) -> Step {
-        let mut headers: Vec<(&str, &str)> =
-            r.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        if let Some(x_cache) = self.cache.header() {
-            headers.push((crate::cache::X_CACHE, x_cache));
-        }
+        let headers: Vec<(&str, &str)> = r.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
         if self.send_local_reply(env, host, r.status, &headers, &r.body) {
             Step::Pause
         } else {
@@ -324,8 +342,8 @@ impl Call {
         }
     }
 
-    /// Sends a local reply with the trace id; the call is then answered.
-    /// False (counted) when the host refused it.
+    /// Sends a local reply with the filter's own headers; the call is then
+    /// answered. False (counted) when the host refused it.
     fn send_local_reply(
         &mut self,
         env: &mut Env<'_>,
@@ -334,52 +352,66 @@ impl Call {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> bool {
+        let told = self.client_headers(env.config, None);
         let mut all = headers.to_vec();
-        if let Some(t) = &self.request.trace_id {
-            all.push((trace_context::TRACE_ID_HEADER, t));
-        }
-        let shaped = self.request.shaped.header();
-        if let Some(s) = &shaped {
-            all.push((shaping::HEADER, s));
-        }
-        if let Some(g) = self.group(env.config) {
-            all.push((ab::GROUP_HEADER, &g.name));
-        }
-        let degraded = self.request.degraded.map(|l| l.to_string());
-        if let Some(level) = &degraded {
-            all.push((crate::degrade::HEADER, level));
-        }
-        if self.request.downgraded {
-            all.push((crate::degrade::DOWNGRADE_HEADER, "cache"));
-        }
+        all.extend(told.iter().map(|(k, v)| (*k, v.as_str())));
         if !host.send_local_reply(status, &all, body) {
             internal_error(env.metrics, "local_reply");
             return false;
         }
-        self.phase = Phase::Answered(u16::try_from(status).unwrap_or(u16::MAX));
+        self.progress.answered(status);
         true
+    }
+
+    /// The headers the filter tells the client about the call, whoever
+    /// answers it: the trace id, the cluster that served it (`served_by`:
+    /// `None` when the filter answered itself), the cache's result, what
+    /// degrade and shaping did, the A/B group.
+    fn client_headers(
+        &self,
+        config: &Config,
+        served_by: Option<&str>,
+    ) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        if let Some(t) = &self.decided.trace_id {
+            out.push((trace_context::TRACE_ID_HEADER, t.clone()));
+        }
+        if let Some(c) = served_by {
+            out.push((routing::CLUSTER_RESPONSE_HEADER, c.to_string()));
+        }
+        if let Some(x_cache) = self.cache.header() {
+            out.push((crate::cache::X_CACHE, x_cache.to_string()));
+        }
+        if let Some(level) = self.decided.degraded {
+            out.push((crate::degrade::HEADER, level.to_string()));
+        }
+        if let Some(s) = self.decided.shaped.header() {
+            out.push((shaping::HEADER, s));
+        }
+        if let Some(g) = self.group(config) {
+            out.push((ab::GROUP_HEADER, g.name.clone()));
+        }
+        if self.decided.downgraded {
+            out.push((crate::degrade::DOWNGRADE_HEADER, "cache".to_string()));
+        }
+        out
     }
 
     /// True while the call waits for a timer rather than for Envoy: the host
     /// must call [`Call::on_tick`] until it says otherwise.
     pub fn is_parked(&self) -> bool {
-        matches!(
-            self.phase,
-            Phase::Holding {
-                watchdog_since_ms: Some(_)
-            } | Phase::Coalescing { .. }
-        ) || matches!(self.dispatch.hedge, Hedge::Armed { .. })
+        self.progress.is_parked()
     }
 
     /// True while the request's body is held for the walk to read whole:
     /// nothing but the walk edits the request headers meanwhile.
     pub fn holds_body(&self) -> bool {
-        matches!(self.phase, Phase::Holding { .. })
+        matches!(self.progress.phase(), Phase::Holding { .. })
     }
 
     /// A timer tick for a parked call.
     pub fn on_tick(&mut self, env: &mut Env<'_>, host: &mut dyn Host) -> Wake {
-        match self.phase {
+        match *self.progress.phase() {
             Phase::Holding {
                 watchdog_since_ms: Some(since_ms),
             } => {
@@ -387,13 +419,13 @@ impl Call {
                     return Wake::Wait;
                 }
                 // Fail open: the request goes on as if the filter only tagged it.
-                self.phase = Phase::Forwarded;
-                self.request.copy = Some(BodyCopy::default());
+                self.progress.forward();
+                self.request.streams_through();
                 internal_error(env.metrics, "body_not_delivered");
                 Wake::ResumeWithoutBodies
             }
             Phase::Coalescing { deadline_ms, .. } => self.cache_on_tick(env, host, deadline_ms),
-            _ if matches!(self.dispatch.hedge, Hedge::Armed { .. }) => {
+            _ if matches!(self.progress.hedge(), state::Hedge::Armed { .. }) => {
                 self.hedge_on_tick(env, host)
             }
             _ => Wake::Resume,
@@ -404,7 +436,7 @@ impl Call {
     pub fn on_log(mut self, env: &mut Env<'_>) {
         self.cache_on_log(env);
         self.settle_hedge(env);
-        let model = self.request.model.take().or_else(|| {
+        let model = self.model().map(str::to_string).or_else(|| {
             let copy = self.request.copy.as_ref()?;
             classify::model(copy.bytes()?)
         });
@@ -436,12 +468,12 @@ impl Call {
 
     /// What the call was and how it ended.
     fn summary<'a>(&'a self, model: &'a str, now_ms: u64) -> CallSummary<'a> {
-        let local = match self.phase {
+        let local = match *self.progress.phase() {
             Phase::Answered(status) => Some(status),
             _ => None,
         };
         let r = self.response.as_ref();
-        let end = match self.phase {
+        let end = match self.progress.phase() {
             // The stream ended while another backend was still asked.
             Phase::FailingOver => End::Abandoned,
             _ => End::classify(
@@ -475,6 +507,14 @@ impl Call {
     pub fn priority(&self) -> Priority {
         self.request.priority
     }
+
+    /// The model the call asks for: degrade's fallback, else the requested one.
+    fn model(&self) -> Option<&str> {
+        self.decided
+            .fallback_model
+            .as_deref()
+            .or(self.request.model.as_deref())
+    }
 }
 
 impl Request {
@@ -500,17 +540,11 @@ impl Request {
         Self {
             endpoint,
             priority,
-            trace_id: None,
             started_ms: env.now_ms,
             budget_ms,
             model: None,
             stream: None,
             copy: None,
-            usage_asked: false,
-            shaped: Changes::default(),
-            group: None,
-            degraded: None,
-            downgraded: false,
         }
     }
 

@@ -8,10 +8,7 @@ use serde_json::Value;
 use crate::budget::reply::{self, ReplyKind};
 use crate::cache::entry::SSE_CONTENT_TYPE;
 use crate::metrics::internal_error;
-use crate::routing::CLUSTER_RESPONSE_HEADER;
-use crate::shaping;
 use crate::summary::EnvoyReply;
-use crate::trace_context::TRACE_ID_HEADER;
 use crate::usage::{self, SseScanner, UsageStrip};
 
 use super::state::{Answer, Response};
@@ -25,37 +22,25 @@ impl Call {
         host: &mut dyn Host,
         end_of_stream: bool,
     ) -> Step {
-        if matches!(self.phase, Phase::Answered(_) | Phase::FailedOver) {
+        match self.progress.phase() {
             // The filter's own answer passing through.
-            return Step::Continue;
-        }
-        if matches!(self.phase, Phase::Holding { .. }) {
+            Phase::Answered(_) | Phase::FailedOver => return Step::Continue,
             // Answered while its body was still held (Envoy refused it): no
             // body callback is to come, and nothing waits for one.
-            self.phase = Phase::Forwarded;
+            Phase::Holding { .. } => self.progress.forward(),
+            _ => {}
         }
         let mut response = Response::read(host, env.now_ms, end_of_stream);
         response.replacement = rewrite_envoy_reply(env, host, response.envoy);
-        if self.request.usage_asked && response.is_stream() {
+        if self.decided.usage_asked && response.is_stream() {
             response.strip = Some(UsageStrip::new());
             // The stream the client gets is shorter than the one sent.
             set_response(env, host, "content-length", None);
         }
         self.response = Some(response);
-        if let Some(t) = self.request.trace_id.clone() {
-            set_response(env, host, TRACE_ID_HEADER, Some(&t));
-        }
-        if let Some(c) = self.dispatch.cluster.clone() {
-            set_response(env, host, CLUSTER_RESPONSE_HEADER, Some(&c));
-        }
-        if let Some(level) = self.request.degraded {
-            set_response(env, host, crate::degrade::HEADER, Some(&level.to_string()));
-        }
-        if let Some(s) = self.request.shaped.header() {
-            set_response(env, host, shaping::HEADER, Some(&s));
-        }
-        if let Some(g) = self.group(env.config) {
-            set_response(env, host, crate::ab::GROUP_HEADER, Some(&g.name));
+        let told = self.client_headers(env.config, self.dispatch.cluster.as_deref());
+        for (name, value) in &told {
+            set_response(env, host, name, Some(value));
         }
         self.cache_on_response_headers(env, host);
         self.fail_over(env, host)
@@ -69,7 +54,7 @@ impl Call {
         size: usize,
         end_of_stream: bool,
     ) -> Step {
-        match self.phase {
+        match self.progress.phase() {
             Phase::Answered(_) | Phase::FailedOver => return Step::Continue,
             // The failed answer must not reach the client while another
             // backend is asked.

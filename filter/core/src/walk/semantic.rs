@@ -9,32 +9,34 @@ use crate::cache::{CacheStatus, Entry, Key, Lookup, Store};
 use crate::host::{Metrics, StoreError};
 use crate::metrics as names;
 
+use std::ops::ControlFlow;
+
 use super::state::SemanticCall;
-use super::{Call, CalloutAnswer, Env, HeldBody, Host, Phase, Step};
+use super::{Call, CalloutAnswer, Env, Flow, HeldBody, Host, Phase, Step};
 
 impl Call {
     /// Sends the embeddings callout of a call the exact cache missed and
-    /// parks it until the answer (`Ok`); `Err(body)` when the call does not
-    /// take part or the callout could not be sent.
+    /// parks it until the answer; goes on when the call does not take part
+    /// or the callout could not be sent.
     pub(super) fn ask_embedding(
         &mut self,
         env: &mut Env<'_>,
         host: &mut dyn Host,
         body: Option<HeldBody>,
-    ) -> Result<Step, Option<HeldBody>> {
+    ) -> Flow {
         let Some(sem) = env.config.cache.semantic.as_ref() else {
-            return Err(body);
+            return ControlFlow::Continue(body);
         };
         let Some(body) = body else {
-            return Err(None);
+            return ControlFlow::Continue(None);
         };
-        let query = body.tree.as_ref().and_then(|tree| {
+        let query = body.tree().and_then(|tree| {
             self.with_cache_request(env, host, Some(tree), |req| {
                 semantic::query(&env.config.cache, sem, req, tree)
             })
         });
         let Some(query) = query else {
-            return Err(Some(body));
+            return ControlFlow::Continue(Some(body));
         };
         let (headers, payload) = semantic::embeddings_request(&sem.embeddings, &query.text);
         let headers: Vec<(&str, &str)> = headers
@@ -49,15 +51,15 @@ impl Call {
             .max(1);
         if !host.dispatch_call(&sem.embeddings.cluster, &headers, &payload, timeout_ms) {
             count_failure(env.metrics, EmbedFailure::Dispatch);
-            return Err(Some(body));
+            return ControlFlow::Continue(Some(body));
         }
         self.cache.semantic = Some(SemanticCall {
             context: query.context,
             sent_ms: env.now_ms,
             vector: None,
         });
-        self.phase = Phase::Embedding { body };
-        Ok(Step::Pause)
+        self.progress.embed(body);
+        ControlFlow::Break(Step::Pause)
     }
 
     /// The embeddings callout answered (or timed out): a semantic hit is
@@ -70,16 +72,14 @@ impl Call {
         host: &mut dyn Host,
         answer: &CalloutAnswer,
     ) -> Step {
-        let Phase::Embedding { body } = std::mem::replace(&mut self.phase, Phase::Forwarded) else {
+        let Some(body) = self.progress.stop_waiting() else {
             return Step::Pause;
         };
         if self.semantic_hit(env, host, answer) {
             return Step::Pause;
         }
-        match self.cache_claim(env, Some(body)) {
-            Ok(step) => step,
-            Err(body) => self.go_upstream(env, host, body),
-        }
+        let flow = self.cache_claim(env, Some(body));
+        self.then_upstream(env, host, flow)
     }
 
     /// Looks the question's vector up in its context and answers from the
@@ -173,7 +173,7 @@ impl Call {
     /// embedding): when the callout answers with `Step::Continue`, the host
     /// resumes the request rather than the response.
     pub fn holds_request(&self) -> bool {
-        matches!(self.phase, Phase::Embedding { .. })
+        matches!(self.progress.phase(), Phase::Embedding { .. })
     }
 }
 

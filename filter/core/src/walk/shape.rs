@@ -4,40 +4,33 @@
 //! is actually sent. The client hears what changed in
 //! `x-llm-shaped`.
 
+use std::ops::ControlFlow;
+
 use crate::classify::Endpoint;
 use crate::metrics as names;
 use crate::shaping::{self, Limits};
 
-use super::{Call, Env, HeldBody, Host};
+use super::{Call, Env, Flow, HeldBody};
 
 impl Call {
     /// Shapes a held chat completions body; any other body (or one shaping
-    /// does not understand, or the host refused to replace) goes on as it was.
-    pub(super) fn shape(
-        &mut self,
-        env: &mut Env<'_>,
-        host: &mut dyn Host,
-        body: Option<HeldBody>,
-    ) -> Option<HeldBody> {
-        let body = body?;
+    /// does not understand) goes on as it was. Always goes on.
+    pub(super) fn shape(&mut self, env: &mut Env<'_>, body: Option<HeldBody>) -> Flow {
+        let Some(mut body) = body else {
+            return ControlFlow::Continue(None);
+        };
         let limits = self.shaping_limits(env);
         if self.request.endpoint != Endpoint::Chat || !limits.any() {
-            return Some(body);
+            return ControlFlow::Continue(Some(body));
         }
         let field = self.shaping_config(env.config).field;
-        let Some(shaped) = body
-            .tree
-            .as_ref()
-            .and_then(|tree| shaping::shape(&body.raw, tree, &limits, field))
-        else {
-            return Some(body);
-        };
-        let body = match body.replace(env, host, shaped.body) {
-            Ok(body) => body,
-            Err(unchanged) => return Some(unchanged),
-        };
-        self.request.shaped = shaped.changes;
-        for what in shaped.changes.iter() {
+        let changes = shaping::shape(&mut body.doc, &limits, field);
+        if changes.is_empty() {
+            return ControlFlow::Continue(Some(body));
+        }
+        body.was_edited();
+        self.decided.shaped = changes;
+        for what in changes.iter() {
             env.metrics.counter(
                 &names::name(
                     names::SHAPED,
@@ -49,7 +42,7 @@ impl Call {
                 1,
             );
         }
-        Some(body)
+        ControlFlow::Continue(Some(body))
     }
 
     /// The limits for this call: its group's, or the top-level ones.

@@ -125,3 +125,41 @@ fn a_body_shaping_does_not_understand_passes_untouched() {
     send(&mut w, &mut host);
     assert!(host.request_body.ends_with(b"9000}"));
 }
+
+#[test]
+fn every_edit_reaches_the_host_in_one_write_as_the_call_leaves() {
+    // Shaped (history and cap), asked for its stream's usage, and renamed for
+    // the chosen backend: four edits, one body written.
+    let mut w = World::new(
+        r#"{"shaping":{"max_tokens_cap":{"P2":64},"max_history_turns":2},
+            "routing":{"models":{"m":[{"cluster":"a","model":"m-a"}]}}}"#,
+    );
+    let body =
+        conversation(r#"{"role":"user","content":"u1"},{"role":"assistant","content":"a1"},"#)
+            .replacen('{', r#"{"stream":true,"#, 1);
+    let mut host = chat("P2", &body);
+    let (_call, step) = send(&mut w, &mut host);
+    assert_eq!(step, Step::Continue);
+    assert_eq!(host.body_writes, 1);
+    let sent: serde_json::Value = serde_json::from_slice(&host.request_body).unwrap();
+    assert_eq!(sent["model"], "m-a");
+    assert_eq!(sent["max_tokens"], 64);
+    assert_eq!(sent["stream_options"]["include_usage"], true);
+    assert_eq!(sent["messages"].as_array().map(Vec::len), Some(4));
+    assert_eq!(
+        host.header("content-length"),
+        Some(host.request_body.len().to_string().as_str())
+    );
+}
+
+#[test]
+fn a_body_no_step_edits_is_not_written() {
+    let mut w = World::new(SHAPING);
+    let mut host = chat(
+        "P0",
+        r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    let (_call, step) = send(&mut w, &mut host);
+    assert_eq!(step, Step::Continue);
+    assert_eq!(host.body_writes, 0);
+}

@@ -1,23 +1,43 @@
-//! The shape of one call's state: what the request said, where the call
-//! stands, what was decided for the trip upstream, what came back, and the
-//! cache's part. The walk's steps (in the sibling modules) change it.
+//! The shape of one call's state — what the request said, what the filter
+//! decided and tells the client, where the call stands, what was decided for
+//! the trip upstream, what came back, and the cache's part — and the one place
+//! where the call moves from one phase to the next.
+//!
+//! ```text
+//!  request headers ──► Holding ──(body complete)──┐        (a body that streams
+//!        │               │                        │         through, or none)
+//!        │               └─(watchdog / answered   │
+//!        │                  while held)──────────►├──────────────► Forwarded ◄──────────┐
+//!        └───────────────────────────────────────►┘  decide        │  │  │              │
+//!                                                                   │  │  └─(failure)─► FailingOver
+//!   decide ─► Coalescing ─(entry / wait over)─► Forwarded           │  │                 │     │
+//!   decide ─► Embedding ──(answered, no hit)──► Forwarded           │  │   (no answer)───┘     │
+//!                                                                   │  └─(hedge won)──┐        │ (answered)
+//!   any step ─► Answered(status): the filter's own reply            │                 ▼        ▼
+//!                                                                   └──────────────► FailedOver ◄┘
+//!
+//!  hedge: Off ─(armed)─► Armed ─(due)─► Done ─(sent)─► Sent ─(answered / settled)─► Done
+//!                          └─(answered first)─► Off
+//! ```
+//!
+//! Steps ask [`Progress`] for a transition; none assigns a phase itself.
 
 use crate::cache::{CacheStatus, Cacheable, Key, Lease, Seen, StreamAssembler};
 use crate::classify::Endpoint;
 use crate::priority::Priority;
+use crate::routing::Features;
 use crate::shaping::Changes;
 use crate::summary::EnvoyReply;
 use crate::usage::{self, SseScanner, Usage, UsageStrip};
 
 use super::body::{BodyCopy, HeldBody};
 
-/// What the request said, fixed once read.
+/// What the request said: its headers, fixed once read, and what its body
+/// says, read once when the body is.
 #[derive(Debug)]
 pub(super) struct Request {
     pub(super) endpoint: Endpoint,
     pub(super) priority: Priority,
-    /// The trace id that went upstream.
-    pub(super) trace_id: Option<String>,
     pub(super) started_ms: u64,
     /// The caller's whole budget, ms.
     pub(super) budget_ms: u64,
@@ -27,21 +47,45 @@ pub(super) struct Request {
     pub(super) stream: Option<bool>,
     /// Copy of a body that streams through, for the model label.
     pub(super) copy: Option<BodyCopy>,
-    /// The filter asked the provider for the stream's usage on the client's
-    /// behalf: the usage-only chunk is removed again on the way back.
-    pub(super) usage_asked: bool,
+}
+
+impl Request {
+    /// What the held body says (`features`: `None` when it is no request
+    /// object); read once, when the body is complete.
+    pub(super) fn read_body(&mut self, features: Option<&Features>) {
+        self.model = features.and_then(|f| f.model.clone());
+        self.stream = Some(features.is_some_and(|f| f.stream));
+    }
+
+    /// The body streams through the filter: a bounded copy is kept of it.
+    pub(super) fn streams_through(&mut self) {
+        self.copy = Some(BodyCopy::default());
+    }
+}
+
+/// What the filter decided for the call and tells the client about it (see
+/// [`super::Call::client_headers`]).
+#[derive(Debug, Default)]
+pub(super) struct Decided {
+    /// The trace id that went upstream.
+    pub(super) trace_id: Option<String>,
+    /// The index of the call's A/B group, once it joined one.
+    pub(super) group: Option<usize>,
+    /// What shaping changed in the body sent.
+    pub(super) shaped: Changes,
     /// The degrade level an action of which changed the call.
     pub(super) degraded: Option<u8>,
     /// The cache answered in place of the backend (`x-downgrade: cache`).
     pub(super) downgraded: bool,
-    /// What shaping changed in the body sent.
-    pub(super) shaped: Changes,
-    /// The index of the call's A/B group, once it joined one.
-    pub(super) group: Option<usize>,
+    /// The model degrade switched the call to, in place of the requested one.
+    pub(super) fallback_model: Option<String>,
+    /// The filter asked the provider for the stream's usage on the client's
+    /// behalf: the usage-only chunk is removed again on the way back.
+    pub(super) usage_asked: bool,
 }
 
 /// Where a call stands. The phases with nothing but a timer to wake them are
-/// the parked ones (see [`super::Call::is_parked`]).
+/// the parked ones (see [`Progress::is_parked`]).
 #[derive(Debug)]
 pub(super) enum Phase {
     /// The body is held until its end to decide on it. Until the first body
@@ -69,6 +113,156 @@ pub(super) enum Phase {
     Answered(u16),
 }
 
+/// Where the hedge of a slow call stands (see [`crate::routing::hedge`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) enum Hedge {
+    /// The call is not hedged.
+    #[default]
+    Off,
+    /// Sent to another backend at this time unless the backend answered.
+    Armed { at_ms: u64 },
+    /// Sent to this cluster; its answer is not in yet.
+    Sent { cluster: String },
+    /// Settled: won, lost or given up.
+    Done,
+}
+
+/// Where the call and its hedge stand; every transition of the diagram above
+/// is one method here.
+#[derive(Debug)]
+pub(super) struct Progress {
+    phase: Phase,
+    hedge: Hedge,
+}
+
+impl Progress {
+    /// A call that goes on as it came (until it holds its body).
+    pub(super) fn new() -> Self {
+        Self {
+            phase: Phase::Forwarded,
+            hedge: Hedge::Off,
+        }
+    }
+
+    /// Where the call stands.
+    pub(super) fn phase(&self) -> &Phase {
+        &self.phase
+    }
+
+    /// Where its hedge stands.
+    pub(super) fn hedge(&self) -> &Hedge {
+        &self.hedge
+    }
+
+    /// True while the call waits for a timer rather than for Envoy.
+    pub(super) fn is_parked(&self) -> bool {
+        matches!(
+            self.phase,
+            Phase::Holding {
+                watchdog_since_ms: Some(_)
+            } | Phase::Coalescing { .. }
+        ) || matches!(self.hedge, Hedge::Armed { .. })
+    }
+
+    /// The body is held from `now_ms`, under the watchdog.
+    pub(super) fn hold(&mut self, now_ms: u64) {
+        self.phase = Phase::Holding {
+            watchdog_since_ms: Some(now_ms),
+        };
+    }
+
+    /// A body callback came: the host delivers bodies, the watchdog stops.
+    /// True while the body is held.
+    pub(super) fn body_seen(&mut self) -> bool {
+        match &mut self.phase {
+            Phase::Holding { watchdog_since_ms } => {
+                *watchdog_since_ms = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The request goes on to the upstream: decided, given up on holding,
+    /// or back from a failover no other backend answered.
+    pub(super) fn forward(&mut self) {
+        self.phase = Phase::Forwarded;
+    }
+
+    /// The call waits for an identical one in flight, until `deadline_ms`.
+    pub(super) fn coalesce(&mut self, deadline_ms: u64, body: HeldBody) {
+        self.phase = Phase::Coalescing { deadline_ms, body };
+    }
+
+    /// The call waits for its question's embedding.
+    pub(super) fn embed(&mut self, body: HeldBody) {
+        self.phase = Phase::Embedding { body };
+    }
+
+    /// A wait (coalescing, embedding) is over: the call goes on, with the
+    /// body it kept; `None` when it was not waiting.
+    pub(super) fn stop_waiting(&mut self) -> Option<HeldBody> {
+        match std::mem::replace(&mut self.phase, Phase::Forwarded) {
+            Phase::Coalescing { body, .. } | Phase::Embedding { body } => Some(body),
+            other => {
+                self.phase = other;
+                None
+            }
+        }
+    }
+
+    /// The backend failed the call; its response is held while another is asked.
+    pub(super) fn fail_over(&mut self) {
+        self.phase = Phase::FailingOver;
+    }
+
+    /// Another backend's answer reached the client.
+    pub(super) fn failed_over(&mut self) {
+        self.phase = Phase::FailedOver;
+    }
+
+    /// The filter answered the call with `status`.
+    pub(super) fn answered(&mut self, status: u32) {
+        self.phase = Phase::Answered(u16::try_from(status).unwrap_or(u16::MAX));
+    }
+
+    /// The hedge goes out at `at_ms` unless the backend answers first.
+    pub(super) fn arm_hedge(&mut self, at_ms: u64) {
+        self.hedge = Hedge::Armed { at_ms };
+    }
+
+    /// The backend answered before the hedge was due: no hedge.
+    pub(super) fn disarm_hedge(&mut self) {
+        self.hedge = Hedge::Off;
+    }
+
+    /// The hedge was due: it is sent now (see [`Self::hedge_sent`]) or never.
+    pub(super) fn hedge_due(&mut self) {
+        self.hedge = Hedge::Done;
+    }
+
+    /// The hedge went to `cluster`.
+    pub(super) fn hedge_sent(&mut self, cluster: String) {
+        self.hedge = Hedge::Sent { cluster };
+    }
+
+    /// The cluster the hedge went to, while its answer is not in.
+    pub(super) fn hedge_out(&self) -> Option<&str> {
+        match &self.hedge {
+            Hedge::Sent { cluster } => Some(cluster),
+            _ => None,
+        }
+    }
+
+    /// Settles the hedge: the cluster it went to, when it was out.
+    pub(super) fn settle_hedge(&mut self) -> Option<String> {
+        match std::mem::replace(&mut self.hedge, Hedge::Done) {
+            Hedge::Sent { cluster } => Some(cluster),
+            _ => None,
+        }
+    }
+}
+
 /// What was decided for the trip upstream.
 #[derive(Debug, Default)]
 pub(super) struct Dispatch {
@@ -82,27 +276,11 @@ pub(super) struct Dispatch {
     pub(super) model: Option<String>,
     /// The routed model has more than one backend.
     pub(super) alternatives: bool,
-    /// The hedge of a slow call.
-    pub(super) hedge: Hedge,
     /// The request body, kept while another backend could still be asked.
     pub(super) held: Option<HeldBody>,
     /// The model label the call is counted in flight under (see
     /// [`crate::load::started`]); it leaves that count at the call's end.
     pub(super) load_model: Option<String>,
-}
-
-/// Where the hedge of a slow call stands (see [`crate::routing::hedge`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(super) enum Hedge {
-    /// The call is not hedged.
-    #[default]
-    Off,
-    /// Sent to another backend at this time unless the backend answered.
-    Armed { at_ms: u64 },
-    /// Sent to this cluster; its answer is not in yet.
-    Sent { cluster: String },
-    /// Settled: won, lost or given up.
-    Done,
 }
 
 /// The response of a call that went upstream.

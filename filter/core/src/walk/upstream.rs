@@ -1,5 +1,6 @@
 //! The walk's steps for a call that goes upstream: routing places it on a
-//! cluster, then the budget admits it under that cluster's breaker and plans
+//! cluster, the body with every step's edits is written to the host (once),
+//! then the budget admits the call under that cluster's breaker and plans
 //! Envoy's timeouts and retries. Each policy decides in its own module; this
 //! only applies the decisions to the request.
 
@@ -27,14 +28,12 @@ impl Call {
         self.count_in_flight(env);
         let mut chosen = Chosen::default();
         if let Some(mut body) = body {
-            self.ask_for_usage(env, host, &mut body);
-            if let Some(features) = body.features.as_ref() {
-                chosen = self.route(env, host, features, &body);
-            }
+            self.ask_for_usage(&mut body);
+            chosen = self.route(env, host, &body);
             if self.may_fail_over(env) || self.may_hedge(env) {
                 // Kept to send another backend; only the bytes and the
                 // features are needed again.
-                body.tree = None;
+                body.drop_tree();
                 self.dispatch.held = Some(body);
             }
         }
@@ -49,7 +48,7 @@ impl Call {
 
     /// The call joins its model's in-flight count (see [`crate::load`]).
     fn count_in_flight(&mut self, env: &mut Env<'_>) {
-        let Some(model) = self.request.model.as_deref() else {
+        let Some(model) = self.model() else {
             return;
         };
         let label = env.model_labels.value(Some(model)).to_string();
@@ -60,66 +59,43 @@ impl Call {
 
     /// A streamed call asks the provider for its usage (the load signals count
     /// output tokens), which the client then does not see unless it asked.
-    fn ask_for_usage(&mut self, env: &mut Env<'_>, host: &mut dyn Host, body: &mut HeldBody) {
-        let Some(new_body) = body
-            .tree
-            .as_ref()
-            .and_then(|tree| usage::ask_for_usage(&body.raw, tree))
-        else {
-            return;
-        };
-        if !replace_request_body(env, host, body.size, &new_body) {
-            return;
+    fn ask_for_usage(&mut self, body: &mut HeldBody) {
+        if usage::ask_for_usage(&mut body.doc) {
+            // Routing reads the features, which this does not change.
+            body.edited = true;
+            self.decided.usage_asked = true;
         }
-        // Routing reads the features, which this does not change: no new parse.
-        body.size = new_body.len();
-        body.raw = new_body;
-        self.request.usage_asked = true;
     }
 
-    /// Places the call on one of its model's clusters by measured health;
-    /// returns what it read of the chosen one.
-    fn route(
-        &mut self,
-        env: &mut Env<'_>,
-        host: &mut dyn Host,
-        features: &Features,
-        body: &HeldBody,
-    ) -> Chosen {
-        let Some(model) = self.request.model.clone() else {
+    /// Places the call on one of its model's clusters by measured health and
+    /// writes the body it is sent with; returns what routing read of the
+    /// chosen cluster.
+    fn route(&mut self, env: &mut Env<'_>, host: &mut dyn Host, body: &HeldBody) -> Chosen {
+        let decision = body
+            .features
+            .as_ref()
+            .and_then(|features| self.pick(env, features));
+        let Some((decision, breaker)) = decision else {
+            self.send_body(env, host, body, None);
             return Chosen::default();
         };
-        // A backend whose budget breaker is not closed would shed or reject
-        // the call: another backend of the model takes it when one can.
-        let windows = Windows::new(env);
-        let avoid = |cluster: &str| windows.sheds(cluster);
-        let ask = RouteAsk {
-            model: &model,
-            features,
-            priority: self.request.priority,
-            now_ms: env.now_ms,
-            avoid: &avoid,
-        };
-        let Some(decision) = routing::route(
-            self.routing_config(env.config),
-            env.store,
-            env.metrics,
-            env.rng,
-            &ask,
-        ) else {
-            return Chosen::default();
-        };
-        let breaker = windows.take(&decision.cluster);
         if let Some(new_model) = &decision.rewrite_model {
-            let rewritten = routing::rewrite::rewrite_model(&body.raw, new_model)
-                .is_some_and(|new_body| replace_request_body(env, host, body.size, &new_body));
-            if !rewritten {
+            let rewritten = routing::rewrite::rewrite_model(&body.doc, new_model);
+            let written = rewritten
+                .as_deref()
+                .is_some_and(|new_body| self.send_body(env, host, body, Some(new_body)));
+            if !written {
                 // The body could not be rewritten: the call goes to the
                 // model's default route untouched rather than to a backend
                 // that would not know the model.
                 internal_error(env.metrics, "rewrite_model");
+                if rewritten.is_none() {
+                    self.send_body(env, host, body, None);
+                }
                 return Chosen::default();
             }
+        } else {
+            self.send_body(env, host, body, None);
         }
         if let Some(authority) = &decision.authority {
             set_request(env, host, ":authority", Some(authority));
@@ -133,6 +109,36 @@ impl Call {
             health: decision.health,
             breaker,
         }
+    }
+
+    /// Routing's pick for the call (no host edit yet), with the breaker
+    /// window it read of the chosen cluster.
+    fn pick(
+        &self,
+        env: &mut Env<'_>,
+        features: &Features,
+    ) -> Option<(routing::RouteDecision, Option<BreakerState>)> {
+        let model = self.model()?;
+        // A backend whose budget breaker is not closed would shed or reject
+        // the call: another backend of the model takes it when one can.
+        let windows = Windows::new(env);
+        let avoid = |cluster: &str| windows.sheds(cluster);
+        let ask = RouteAsk {
+            model,
+            features,
+            priority: self.request.priority,
+            now_ms: env.now_ms,
+            avoid: &avoid,
+        };
+        let decision = routing::route(
+            self.routing_config(env.config),
+            env.store,
+            env.metrics,
+            env.rng,
+            &ask,
+        )?;
+        let breaker = windows.take(&decision.cluster);
+        Some((decision, breaker))
     }
 
     /// Breaker admission, then the Envoy timeout and retry plan, on what
@@ -253,36 +259,34 @@ fn set_route_header(env: &mut Env<'_>, host: &mut dyn Host, cluster: Option<&str
     }
 }
 
-impl HeldBody {
-    /// Sends `new` upstream in place of this body, with its `content-length`,
-    /// and parses it as the body every later step reads. `Err` gives this
-    /// body back, unchanged, when the host refused the new one (counted).
-    pub(super) fn replace(
-        self,
+impl Call {
+    /// The one write of the request body, as the call leaves: `body` with
+    /// every step's edits, or `rewritten` (that body for the chosen backend's
+    /// name of the model). The host's buffer is replaced, with its
+    /// `content-length`, only when what is sent differs from it. False
+    /// (counted) when the host refused: the call then goes on with the body
+    /// as received, whose answer is not stored under a key taken over the
+    /// edits.
+    fn send_body(
+        &mut self,
         env: &mut Env<'_>,
         host: &mut dyn Host,
-        new: Vec<u8>,
-    ) -> Result<HeldBody, HeldBody> {
-        if !replace_request_body(env, host, self.size, &new) {
-            return Err(self);
+        body: &HeldBody,
+        rewritten: Option<&[u8]>,
+    ) -> bool {
+        let new = match rewritten {
+            Some(new) => new,
+            None if body.edited => body.raw(),
+            None => return true,
+        };
+        if !host.set_request_body(body.size, new) {
+            internal_error(env.metrics, "set_request_body");
+            if let Some(c) = self.cache.cacheable.as_mut().filter(|_| body.edited) {
+                c.store = false;
+            }
+            return false;
         }
-        let size = new.len();
-        Ok(Self::parse(new, size))
+        set_request(env, host, "content-length", Some(&new.len().to_string()));
+        true
     }
-}
-
-/// Replaces the `size` bytes of the request body the host holds with `new`
-/// and sets `content-length` to match; false (counted) when the host refused.
-pub(super) fn replace_request_body(
-    env: &mut Env<'_>,
-    host: &mut dyn Host,
-    size: usize,
-    new: &[u8],
-) -> bool {
-    if !host.set_request_body(size, new) {
-        internal_error(env.metrics, "set_request_body");
-        return false;
-    }
-    set_request(env, host, "content-length", Some(&new.len().to_string()));
-    true
 }

@@ -3,6 +3,14 @@
 //! two bodies that mean the same request (key order, whitespace, `1` vs `1.0`,
 //! `\u0041` vs `A`) give the same bytes. serde_json cannot do this exactly (it
 //! rounds big numbers to `f64`), so this is a small strict parser of its own.
+//! The same parse records where each top-level member sits in the bytes, so
+//! edits splice only their own bytes ([`document`]).
+
+use std::ops::Range;
+
+pub mod document;
+
+pub use document::Document;
 
 /// A parsed JSON value with numbers and strings already in canonical form.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,15 +38,13 @@ impl Json {
     /// Parses a complete JSON document, `None` when it is not strict JSON
     /// (invalid UTF-8, lone surrogates, trailing bytes, too deep).
     pub fn parse(bytes: &[u8]) -> Option<Json> {
-        let text = std::str::from_utf8(bytes).ok()?;
-        let mut p = Parser {
-            s: text.as_bytes(),
-            text,
-            pos: 0,
-        };
-        let v = p.value(0)?;
-        p.ws();
-        (p.pos == p.s.len()).then_some(v)
+        Parser::run(bytes, false).map(|(v, _)| v)
+    }
+
+    /// Parses a complete JSON document like [`Json::parse`], recording where
+    /// each top-level member of an object sits (none for any other value).
+    pub fn parse_with_spans(bytes: &[u8]) -> Option<(Json, Vec<Span>)> {
+        Parser::run(bytes, true)
     }
 
     /// The member `name` of an object (the last one when repeated, as most
@@ -167,13 +173,45 @@ fn write_string(s: &str, out: &mut Vec<u8>) {
     out.push(b'"');
 }
 
+/// Where one top-level member of an object document sits in its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Span {
+    /// The decoded key.
+    pub name: String,
+    /// The key's bytes, quotes included.
+    pub key: Range<usize>,
+    /// The value's bytes.
+    pub value: Range<usize>,
+    /// The bytes of each item, when the value is an array (`None` for any
+    /// other value, or once an edit replaced it).
+    pub items: Option<Vec<Range<usize>>>,
+}
+
 struct Parser<'a> {
     s: &'a [u8],
     text: &'a str,
     pos: usize,
+    /// The top-level members' spans, when recorded.
+    spans: Option<Vec<Span>>,
+    /// The items of the last array read at depth 1 (a top-level member's value).
+    items: Vec<Range<usize>>,
 }
 
-impl Parser<'_> {
+impl<'a> Parser<'a> {
+    fn run(bytes: &'a [u8], spans: bool) -> Option<(Json, Vec<Span>)> {
+        let text = std::str::from_utf8(bytes).ok()?;
+        let mut p = Parser {
+            s: text.as_bytes(),
+            text,
+            pos: 0,
+            spans: spans.then(Vec::new),
+            items: Vec::new(),
+        };
+        let v = p.value(0)?;
+        p.ws();
+        (p.pos == p.s.len()).then(|| (v, p.spans.unwrap_or_default()))
+    }
+
     fn peek(&self) -> Option<u8> {
         self.s.get(self.pos).copied()
     }
@@ -208,54 +246,87 @@ impl Parser<'_> {
             b't' => self.literal(b"true", Json::Bool(true)),
             b'f' => self.literal(b"false", Json::Bool(false)),
             b'"' => self.string().map(Json::String),
-            b'[' => {
-                self.pos += 1;
-                let mut items = Vec::new();
-                self.ws();
-                if self.peek() == Some(b']') {
-                    self.pos += 1;
-                    return Some(Json::Array(items));
-                }
-                loop {
-                    items.push(self.value(depth + 1)?);
-                    self.ws();
-                    match self.bump()? {
-                        b',' => continue,
-                        b']' => return Some(Json::Array(items)),
-                        _ => return None,
-                    }
-                }
-            }
-            b'{' => {
-                self.pos += 1;
-                let mut members = Vec::new();
-                self.ws();
-                if self.peek() == Some(b'}') {
-                    self.pos += 1;
-                    return Some(Json::Object(members));
-                }
-                loop {
-                    self.ws();
-                    if self.peek() != Some(b'"') {
-                        return None;
-                    }
-                    let k = self.string()?;
-                    self.ws();
-                    if self.bump()? != b':' {
-                        return None;
-                    }
-                    let v = self.value(depth + 1)?;
-                    members.push((k, v));
-                    self.ws();
-                    match self.bump()? {
-                        b',' => continue,
-                        b'}' => return Some(Json::Object(members)),
-                        _ => return None,
-                    }
-                }
-            }
+            b'[' => self.array(depth),
+            b'{' => self.object(depth),
             b'-' | b'0'..=b'9' => self.number(),
             _ => None,
+        }
+    }
+
+    /// An array at the cursor (`[`); the items of one at depth 1 (a
+    /// top-level member's value) are recorded when spans are.
+    fn array(&mut self, depth: usize) -> Option<Json> {
+        self.pos += 1;
+        let mut items = Vec::new();
+        let record = depth == 1 && self.spans.is_some();
+        if record {
+            self.items.clear();
+        }
+        self.ws();
+        if self.peek() == Some(b']') {
+            self.pos += 1;
+            return Some(Json::Array(items));
+        }
+        loop {
+            self.ws();
+            let start = self.pos;
+            items.push(self.value(depth + 1)?);
+            if record {
+                self.items.push(start..self.pos);
+            }
+            self.ws();
+            match self.bump()? {
+                b',' => continue,
+                b']' => return Some(Json::Array(items)),
+                _ => return None,
+            }
+        }
+    }
+
+    /// An object at the cursor (`{`); the members of the top-level one are
+    /// recorded when spans are.
+    fn object(&mut self, depth: usize) -> Option<Json> {
+        self.pos += 1;
+        let mut members = Vec::new();
+        self.ws();
+        if self.peek() == Some(b'}') {
+            self.pos += 1;
+            return Some(Json::Object(members));
+        }
+        loop {
+            self.ws();
+            if self.peek() != Some(b'"') {
+                return None;
+            }
+            let key_start = self.pos;
+            let k = self.string()?;
+            let key = key_start..self.pos;
+            self.ws();
+            if self.bump()? != b':' {
+                return None;
+            }
+            self.ws();
+            let value_start = self.pos;
+            let v = self.value(depth + 1)?;
+            if depth == 0 {
+                if let Some(spans) = self.spans.as_mut() {
+                    let items =
+                        matches!(v, Json::Array(_)).then(|| std::mem::take(&mut self.items));
+                    spans.push(Span {
+                        name: k.clone(),
+                        key,
+                        value: value_start..self.pos,
+                        items,
+                    });
+                }
+            }
+            members.push((k, v));
+            self.ws();
+            match self.bump()? {
+                b',' => continue,
+                b'}' => return Some(Json::Object(members)),
+                _ => return None,
+            }
         }
     }
 
