@@ -3,7 +3,7 @@
 //! other degrade actions) can be tried on a share of users and compared per
 //! group in the metrics.
 //!
-//! The rule (the seeds'): FNV-1a 32-bit of the user key, modulo 100, picks the
+//! The rule: FNV-1a 32-bit of the user key, modulo 100, picks the
 //! first group whose cumulative `percent` exceeds it. The key is the
 //! `ab.user_header` request header, else the body's `user`; a call without a
 //! key goes to the first group.

@@ -46,15 +46,18 @@ pub const BENCH_HOSTCALL_NS: &str = "llm_filter_bench_hostcall_ns_total";
 pub const BUDGET_USED: &str = "llm_filter_budget_used_permille";
 /// Breaker tier of a backend (0 pass, 1 shed, 2 reject), by `llm_cluster`.
 pub const BUDGET_BREAKER_TIER: &str = "llm_filter_budget_breaker_tier";
-/// Budget pressure of a backend over the breaker window, in per-mille, by `cluster`.
+/// Budget pressure of a backend over the breaker window, in per-mille, by
+/// `llm_cluster`.
 pub const BUDGET_BREAKER_PRESSURE: &str = "llm_filter_budget_breaker_pressure_permille";
 /// Calls shed by the breaker, by `priority` and `reason`.
 pub const BUDGET_SHED: &str = "llm_filter_budget_shed_total";
 /// Calls rejected (breaker open, budget exhausted), by `priority` and `reason`.
 pub const BUDGET_REJECTED: &str = "llm_filter_budget_rejected_total";
-/// Retries allowed by the plans handed to Envoy (`x-envoy-max-retries`), by `cluster`.
+/// Retries allowed by the plans handed to Envoy (`x-envoy-max-retries`), by
+/// `llm_cluster`.
 pub const BUDGET_RETRIES_PLANNED: &str = "llm_filter_budget_retries_planned_total";
-/// Calls planned without retries because the retry budget was spent, by `cluster`.
+/// Calls planned without retries because the retry budget was spent, by
+/// `llm_cluster`.
 pub const BUDGET_RETRY_BUDGET_SPENT: &str = "llm_filter_budget_retry_budget_spent_total";
 
 // cache
@@ -90,21 +93,22 @@ pub const CACHE_SEMANTIC_STORES: &str = "llm_filter_cache_semantic_stores_total"
 pub const CACHE_SEMANTIC_VECTORS: &str = "llm_filter_cache_semantic_vectors";
 
 // routing
-/// Calls sent to a routed cluster, by `cluster` and `outcome` (`success` |
+/// Calls sent to a routed cluster, by `llm_cluster` and `outcome` (`success` |
 /// `client_error` | `rate_limited` | `server_error` | `reset` | `timeout` |
-/// `cancelled`).
+/// `cancelled` | `outlasted`).
 pub const ROUTING_CALLS: &str = "llm_filter_routing_calls_total";
-/// Effective weight of a cluster for a model, ×1000, by `model` and `cluster`.
+/// Effective weight of a cluster for a model, ×1000, by `model` and
+/// `llm_cluster`.
 pub const ROUTING_WEIGHT: &str = "llm_filter_routing_weight_milli";
-/// Clusters ejected (weight 0), by `cluster`.
+/// Clusters ejected (weight 0), by `llm_cluster`.
 pub const ROUTING_EJECTIONS: &str = "llm_filter_routing_ejections_total";
 /// Calls routed on base weights because every backend was ejected, by `model`.
 pub const ROUTING_FALLBACKS: &str = "llm_filter_routing_fallbacks_total";
-/// Active probes, by `cluster` and `result` (`ok` | `fail`).
+/// Active probes, by `llm_cluster` and `result` (`ok` | `fail`).
 pub const ROUTING_PROBES: &str = "llm_filter_routing_probes_total";
-/// Duration of routed calls in milliseconds, by `cluster`.
+/// Duration of routed calls in milliseconds, by `llm_cluster`.
 pub const ROUTING_LATENCY: &str = "llm_filter_routing_call_duration_ms";
-/// Calls in flight to a cluster across workers, by `cluster`.
+/// Calls in flight to a cluster across workers, by `llm_cluster`.
 pub const ROUTING_IN_FLIGHT: &str = "llm_filter_routing_in_flight";
 /// Slow calls also sent to another backend, by `result` (won, lost, abandoned).
 pub const ROUTING_HEDGES: &str = "llm_filter_routing_hedges_total";
@@ -118,9 +122,11 @@ pub const LOAD_RPS: &str = "llm_filter_load_rps_milli";
 pub const LOAD_TOKENS: &str = "llm_filter_load_tokens_per_s";
 /// Calls of a model in flight upstream across workers, by `model`.
 pub const LOAD_IN_FLIGHT: &str = "llm_filter_load_in_flight";
-/// Tries per second sent to a cluster over the load window, ×1000, by `cluster`.
+/// Tries per second sent to a cluster over the load window, ×1000, by
+/// `llm_cluster`.
 pub const LOAD_CLUSTER_RPS: &str = "llm_filter_load_cluster_rps_milli";
-/// Output tokens per second from a cluster over the load window, by `cluster`.
+/// Output tokens per second from a cluster over the load window, by
+/// `llm_cluster`.
 pub const LOAD_CLUSTER_TOKENS: &str = "llm_filter_load_cluster_tokens_per_s";
 // shaping
 /// Calls whose request shaping changed, by `what` (`max_tokens` | `history`)
@@ -135,7 +141,7 @@ pub const DEGRADED: &str = "llm_filter_degraded_total";
 
 // shared data
 /// Keys the filter holds in Envoy shared data (gauge, counted every few
-/// seconds; see `host::census` and the README's key families).
+/// seconds; see `host::census` and the key families of docs/design.md).
 pub const SHARED_DATA_KEYS: &str = "llm_filter_shared_data_keys";
 /// Bytes of the values of those keys (gauge).
 pub const SHARED_DATA_BYTES: &str = "llm_filter_shared_data_bytes";
@@ -206,6 +212,57 @@ impl BoundedLabel {
         OTHER
     }
 }
+
+/// Every metric the filter defines, each of the constants above once:
+/// `docs/metrics.md` documents each (a test of the core checks both).
+pub const ALL: &[&str] = &[
+    REQUESTS,
+    OPERATION_DURATION,
+    TIME_TO_FIRST_TOKEN,
+    TOKEN_USAGE,
+    INTERNAL_ERRORS,
+    BENCH_HOSTCALLS,
+    BENCH_CALLBACK_NS,
+    BENCH_HOSTCALL_NS,
+    BUDGET_USED,
+    BUDGET_BREAKER_TIER,
+    BUDGET_BREAKER_PRESSURE,
+    BUDGET_SHED,
+    BUDGET_REJECTED,
+    BUDGET_RETRIES_PLANNED,
+    BUDGET_RETRY_BUDGET_SPENT,
+    CACHE_LOOKUPS,
+    CACHE_ENTRIES,
+    CACHE_BYTES,
+    CACHE_EVICTIONS,
+    CACHE_COALESCED_WAITS,
+    CACHE_STORES,
+    CACHE_SHARD_KEYS,
+    CACHE_SEMANTIC_SIMILARITY,
+    CACHE_EMBEDDING_DURATION,
+    CACHE_EMBEDDING_FAILURES,
+    CACHE_SEMANTIC_STORES,
+    CACHE_SEMANTIC_VECTORS,
+    ROUTING_CALLS,
+    ROUTING_WEIGHT,
+    ROUTING_EJECTIONS,
+    ROUTING_FALLBACKS,
+    ROUTING_PROBES,
+    ROUTING_LATENCY,
+    ROUTING_IN_FLIGHT,
+    ROUTING_HEDGES,
+    ROUTING_FAILOVERS,
+    LOAD_RPS,
+    LOAD_TOKENS,
+    LOAD_IN_FLIGHT,
+    LOAD_CLUSTER_RPS,
+    LOAD_CLUSTER_TOKENS,
+    SHAPED,
+    DEGRADE_LEVEL,
+    DEGRADED,
+    SHARED_DATA_KEYS,
+    SHARED_DATA_BYTES,
+];
 
 #[cfg(test)]
 mod tests {

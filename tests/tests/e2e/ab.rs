@@ -15,8 +15,8 @@ use serde_json::{json, Value};
 const CHAT: &str = "/v1/chat/completions";
 const CLUSTER_HEADER: &str = "x-llm-cluster";
 
-/// The seeds' rule, written again here: FNV-1a 32-bit of the user, modulo 100,
-/// against the cumulative percents.
+/// The filter's grouping rule (`ab.rs`), written again here: FNV-1a 32-bit of
+/// the user, modulo 100, against the cumulative percents.
 fn expected_group(user: &str, groups: &[(&str, u32)]) -> String {
     let hash = user.bytes().fold(0x811c_9dc5u32, |h, b| {
         (h ^ u32::from(b)).wrapping_mul(0x0100_0193)

@@ -14,8 +14,8 @@ use serde_json::{json, Value};
 
 const CHAT: &str = "/v1/chat/completions";
 
-/// The route retry settings that pair with the plan (README, "Timeout
-/// budgets"), with short back-offs so the tests stay quick.
+/// The route retry settings that pair with the plan (docs/budget.md, "Envoy
+/// configuration"), with short back-offs so the tests stay quick.
 const ROUTE_RETRY: &str = "retry_policy:
   retry_back_off: {base_interval: 0.025s, max_interval: 0.25s}
   rate_limited_retry_back_off:
@@ -427,7 +427,7 @@ fn complete(raw: &[u8]) -> bool {
         .is_some_and(|len| body.len() >= len)
 }
 
-/// The virtual-host settings the README pairs with the plan, as in
+/// The virtual-host settings docs/budget.md pairs with the plan, as in
 /// `envoy/envoy.yaml`.
 const VHOST: &str = "include_attempt_count_in_response: true
 retry_policy:

@@ -352,7 +352,7 @@ async fn the_index_stays_bounded_under_churn() {
     ) else {
         return;
     };
-    // Worst case of this configuration (see the README's key families).
+    // Worst case of this configuration (see the key families of docs/design.md).
     let group_bytes = 8 + PER_CONTEXT * (256 + 86);
     let max_keys = 2 * 8 + 4 + CONTEXTS + 1;
     let max_bytes = 8 * 4096 + 8 * 52 + 64 + CONTEXTS * group_bytes + 16 + 400;

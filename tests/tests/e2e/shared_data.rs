@@ -1,4 +1,4 @@
-//! The filter's shared data stays within the bounds the README documents
+//! The filter's shared data stays within the bounds docs/design.md documents
 //! however many distinct cache keys, tenants, models and cluster names the
 //! clients send: the `llm_filter_shared_data_keys` and `_bytes` gauges,
 //! counted by the filter itself, never pass them.
@@ -18,7 +18,7 @@ const CLUSTER_HEADER: &str = "x-llm-cluster";
 /// Distinct cache keys, tenants and made-up model and cluster names sent.
 const CALLS: u64 = 160;
 
-/// The README's bounds for this configuration: two routed clusters, two
+/// The bounds of docs/design.md for this configuration: two routed clusters, two
 /// routed models with hedging on.
 const CLUSTERS: u64 = 2;
 const MODELS: u64 = 2;

@@ -325,7 +325,7 @@ mod props {
     use super::*;
     use crate::fuzz;
 
-    /// Every section in use, as the README shows them.
+    /// Every section in use, as the pages of docs/ show them.
     const FULL: &str = r#"{
       "llm_paths": ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"],
       "priority": { "default": "P1", "trust_client": true },

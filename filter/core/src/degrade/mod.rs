@@ -23,7 +23,7 @@ use crate::shaping::{self, TokenField};
 /// Response header carrying the level a degraded call was served at.
 pub const HEADER: &str = "x-llm-degraded";
 /// Response header of an answer the cache gave in place of the backend
-/// (the seeds' downgrade header).
+/// under the `cache` degrade action; its value is `cache`.
 pub const DOWNGRADE_HEADER: &str = "x-downgrade";
 
 /// The clusters routing may place `model` on.

@@ -1,10 +1,12 @@
-//! The temperature a degraded call is lowered to, by the seeds' rule:
+//! The temperature a degraded call is lowered to: the requested one scaled
+//! down as the model's live load rises, rounded down to two decimals:
 //!
 //! ```text
 //! T = T_req × min(1, 0.6 × (1 − min(qps / qps_ref, 1)) + 0.4 × max(tokens_per_s / tokens_per_s_ref, 0.1))
 //! ```
 //!
-//! `qps` and `tokens_per_s` are the model's live load signals; the factor is
+//! `qps` and `tokens_per_s` are the model's live load signals, `qps_ref` and
+//! `tokens_per_s_ref` the `degrade` settings of those names; the factor is
 //! capped at 1, so a temperature is never raised. A request that names none
 //! is taken at [`DEFAULT_T`], OpenAI's default, and gets the lowered one set.
 //! A call lowered to the cache's temperature becomes cacheable.

@@ -1,5 +1,6 @@
-//! Model choice by request traits (the seeds' decision tree): `"model": "auto"`
-//! or any alias becomes a concrete model by estimated prompt size, priority,
+//! Model choice by request traits (`routing.rules`, tried in order; the first
+//! rule whose conditions all hold picks the model): `"model": "auto"` or any
+//! alias becomes a concrete model by estimated prompt size, priority,
 //! tools and streaming, read from the request body the walk parsed once.
 
 use crate::json::Json;

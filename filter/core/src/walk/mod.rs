@@ -1,4 +1,4 @@
-//! The request walk of DESIGN.md for one HTTP stream: classify, tag, admit,
+//! The request walk (docs/design.md) for one HTTP stream: classify, tag, admit,
 //! route, observe, learn. It drives the policy modules against a small
 //! [`Host`] trait, so the whole walk runs natively against a fake host in tests
 //! and the plugin only adapts Envoy's callbacks to it.

@@ -147,7 +147,7 @@ fn an_empty_store_holds_nothing() {
     }
 }
 
-/// The value-size bounds documented in the README's key-family table.
+/// The value-size bounds documented in the key-family table of docs/design.md.
 #[test]
 fn values_stay_within_the_documented_sizes() {
     let (config, store) = (config(), MemoryStore::new());
@@ -250,7 +250,7 @@ fn the_semantic_index_is_counted_from_its_totals() {
     assert_eq!(max_keys(&config), f.keys);
     let totals = index.totals().unwrap();
     assert_eq!(totals.vectors, 4 * 2);
-    // Each group slot within the README's bound: 8 + per_context × (dims + 86).
+    // Each group slot within the bound of docs/design.md: 8 + per_context × (dims + 86).
     for i in 0..4 {
         let v = store
             .get(&semantic::store::group_key(i))

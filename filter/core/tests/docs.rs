@@ -1,0 +1,292 @@
+//! The reference in `docs/` kept true to the code: every metric the filter
+//! defines is in `docs/metrics.md`, and every configuration field it accepts
+//! is in `docs/configuration.md`. The fields are learnt from the parser
+//! itself: each section refuses unknown fields, and serde's refusal lists the
+//! ones it knows (``unknown field `x`, expected one of `a`, `b` ``), so feeding
+//! every object an unknown field walks the whole accepted document.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeSet;
+
+use llm_filter_core::config::Config;
+use llm_filter_core::metrics;
+use serde_json::{json, Map, Value};
+
+/// A field no section has.
+const PROBE: &str = "zz_probe";
+/// The key a map-valued field is probed with.
+const MAP_KEY: &str = "zz_key";
+
+fn doc(name: &str) -> String {
+    let path = format!("{}/../../docs/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// Every `` `code` `` span of a page, a `<placeholder>` spelled `<>`.
+fn code_spans(page: &str) -> BTreeSet<String> {
+    let mut spans = BTreeSet::new();
+    for (i, span) in page.split('`').enumerate() {
+        if i % 2 == 1 {
+            spans.insert(without_placeholders(span));
+        }
+    }
+    spans
+}
+
+/// The `` `code` `` spans of the first cell of every table row of a page:
+/// what the page's tables are about, one row each.
+fn row_keys(page: &str) -> BTreeSet<String> {
+    page.lines()
+        .filter_map(|l| l.strip_prefix('|'))
+        .filter_map(|l| l.split('|').next())
+        .flat_map(code_spans)
+        .collect()
+}
+
+fn without_placeholders(s: &str) -> String {
+    let mut out = String::new();
+    let mut inside = false;
+    for c in s.chars() {
+        match c {
+            '<' => {
+                inside = true;
+                out.push('<');
+            }
+            '>' if inside => {
+                inside = false;
+                out.push('>');
+            }
+            _ if inside => {}
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------- metrics
+
+/// The names of the `pub const NAME: &str = "llm_filter_…"` (or `gen_ai_…`)
+/// lines of `metrics.rs`: what the file defines, read from its source.
+fn metric_constants_in_source() -> BTreeSet<String> {
+    let src = include_str!("../src/metrics.rs");
+    src.lines()
+        .filter_map(|l| l.trim().strip_prefix("pub const "))
+        .filter_map(|l| l.split_once(": &str = \""))
+        .filter(|(_, value)| value.starts_with("llm_filter_") || value.starts_with("gen_ai_"))
+        .map(|(_, value)| value.trim_end_matches("\";").to_string())
+        .collect()
+}
+
+#[test]
+fn the_list_of_all_metrics_is_complete() {
+    let listed: BTreeSet<String> = metrics::ALL.iter().map(|m| m.to_string()).collect();
+    assert_eq!(listed.len(), metrics::ALL.len(), "a metric listed twice");
+    assert_eq!(
+        listed,
+        metric_constants_in_source(),
+        "metrics::ALL and the metric constants of metrics.rs differ"
+    );
+}
+
+#[test]
+fn every_metric_has_a_row_in_the_metrics_page() {
+    let rows = row_keys(&doc("metrics.md"));
+    let missing: Vec<&str> = metrics::ALL
+        .iter()
+        .copied()
+        .filter(|m| !rows.contains(*m))
+        .collect();
+    assert!(missing.is_empty(), "no row in docs/metrics.md: {missing:?}");
+}
+
+#[test]
+fn every_label_has_a_stats_tags_rule_in_the_metrics_page() {
+    let page = doc("metrics.md");
+    let spans = code_spans(&page);
+    for label in metrics::LABELS {
+        assert!(
+            spans.contains(label),
+            "label {label} not in docs/metrics.md"
+        );
+    }
+}
+
+// ---------------------------------------------------------- configuration
+
+/// One step of a path into the document.
+#[derive(Clone, Debug)]
+enum Step {
+    Field(String),
+    Item,
+    Key,
+}
+
+/// The document with `leaf` at `path`, every other value absent (so default).
+fn document(path: &[Step], leaf: Value) -> Value {
+    match path.split_first() {
+        None => leaf,
+        Some((Step::Field(f), rest)) => {
+            let mut m = Map::new();
+            m.insert(f.clone(), document(rest, leaf));
+            Value::Object(m)
+        }
+        Some((Step::Item, rest)) => Value::Array(vec![document(rest, leaf)]),
+        Some((Step::Key, rest)) => {
+            let mut m = Map::new();
+            m.insert(MAP_KEY.to_string(), document(rest, leaf));
+            Value::Object(m)
+        }
+    }
+}
+
+/// The error path serde_path_to_error gives `path` with `tail` after it.
+fn error_path(path: &[Step], tail: &str) -> String {
+    let mut out = String::new();
+    for s in path {
+        match s {
+            Step::Field(f) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(f);
+            }
+            Step::Item => out.push_str("[0]"),
+            Step::Key => {
+                out.push('.');
+                out.push_str(MAP_KEY);
+            }
+        }
+    }
+    if out.is_empty() {
+        tail.to_string()
+    } else {
+        format!("{out}.{tail}")
+    }
+}
+
+/// The fields the object at `path` accepts, when it is an object that
+/// refuses unknown fields: what serde lists in its refusal of [`PROBE`].
+fn fields_at(path: &[Step]) -> Option<Vec<String>> {
+    let probe = document(path, json!({ PROBE: 0 }));
+    let e = Config::parse(probe.to_string().as_bytes()).err()?;
+    let unknown = format!("unknown field `{PROBE}`");
+    if e.field != error_path(path, PROBE) || !e.message.starts_with(&unknown) {
+        return None;
+    }
+    let listed = e.message.get(unknown.len()..).unwrap_or_default();
+    let listed = listed.split(" at line ").next().unwrap_or_default();
+    let fields: Vec<String> = listed
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect();
+    // A per-priority setting (`{"P1": 1024}`) is a value, not a section.
+    (fields != ["P0", "P1", "P2"]).then_some(fields)
+}
+
+/// The page's spelling of a path: `routing.models.<>[].cluster`.
+fn spelled(path: &[Step]) -> String {
+    let mut out = String::new();
+    for s in path {
+        match s {
+            Step::Field(f) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(f);
+            }
+            Step::Item => out.push_str("[]"),
+            Step::Key => out.push_str(".<>"),
+        }
+    }
+    out
+}
+
+/// Every field path the parser accepts below `path`, depth first in the
+/// order of the raw structs, descending into objects, lists of objects and
+/// maps of (lists of) objects.
+fn walk(path: &[Step], out: &mut Vec<String>) {
+    let Some(fields) = fields_at(path) else {
+        return;
+    };
+    for f in fields {
+        let mut field = path.to_vec();
+        field.push(Step::Field(f));
+        out.push(spelled(&field));
+        for shape in [
+            vec![],
+            vec![Step::Item],
+            vec![Step::Key],
+            vec![Step::Key, Step::Item],
+        ] {
+            let mut inner = field.clone();
+            inner.extend(shape);
+            if fields_at(&inner).is_some() {
+                walk(&inner, out);
+                break;
+            }
+        }
+    }
+}
+
+fn accepted_fields() -> Vec<String> {
+    let mut out = Vec::new();
+    walk(&[], &mut out);
+    out
+}
+
+/// Sections the page documents by naming the section they take the fields
+/// of (an A/B group's overrides): the test checks they take no field the
+/// other lacks, so the page's "any `shaping` field" stays true.
+const SAME_FIELDS_AS: [(&str, &str); 3] = [
+    ("ab.groups[].overrides.shaping", "shaping"),
+    ("ab.groups[].overrides.degrade", "degrade"),
+    ("ab.groups[].overrides.routing.models", "routing.models"),
+];
+
+#[test]
+fn the_walk_finds_the_sections() {
+    let fields = accepted_fields();
+    for f in [
+        "llm_paths",
+        "cache.ttl_s",
+        "cache.semantic.embeddings.cluster",
+        "routing.models.<>[].cluster",
+        "routing.rules[].when.model",
+        "routing.hedge.max_ratio",
+        "degrade.alerts[].severity",
+        "ab.groups[].overrides.cache.enabled",
+        "shaping.max_tokens_cap",
+    ] {
+        assert!(fields.iter().any(|g| g == f), "{f} not in {fields:?}");
+    }
+    // A per-priority value is not walked into.
+    assert!(!fields.iter().any(|g| g.ends_with(".P0")), "{fields:?}");
+}
+
+#[test]
+fn every_configuration_field_has_a_row_in_the_configuration_page() {
+    let rows = row_keys(&doc("configuration.md"));
+    let fields = accepted_fields();
+    let mut missing = Vec::new();
+    for f in &fields {
+        let by_alias = SAME_FIELDS_AS.iter().find_map(|(alias, of)| {
+            f.strip_prefix(alias)
+                .filter(|rest| rest.starts_with('.'))
+                .map(|rest| format!("{of}{rest}"))
+        });
+        match by_alias {
+            Some(original) => assert!(
+                fields.contains(&original),
+                "{f} has no counterpart {original}: document it on its own"
+            ),
+            None if !rows.contains(f) => missing.push(f.as_str()),
+            None => {}
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "no row in docs/configuration.md: {missing:?}"
+    );
+}
