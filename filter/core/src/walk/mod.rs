@@ -28,25 +28,15 @@ use crate::{load, observe, routing};
 
 mod body;
 mod cache;
-#[cfg(test)]
-mod cache_tests;
 mod degrade;
-#[cfg(test)]
-mod degrade_tests;
 mod failover;
 #[cfg(test)]
 pub(crate) mod fake;
 mod group;
-#[cfg(test)]
-mod group_tests;
 mod hedge;
 mod response;
 mod semantic;
-#[cfg(test)]
-mod semantic_tests;
 mod shape;
-#[cfg(test)]
-mod shape_tests;
 mod state;
 #[cfg(test)]
 mod tests;

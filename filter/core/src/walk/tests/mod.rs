@@ -1,9 +1,16 @@
-//! Scenario tests: the whole walk against a fake host and in-memory shared state.
+//! Scenario tests of the walk: the whole walk against a fake host and in-memory
+//! shared state; the general ones here, one file per step beside them.
 
-use super::fake::{FakeHost, World};
-use super::*;
 use crate::budget::breaker;
 use crate::routing::health;
+use crate::walk::fake::{FakeHost, World};
+use crate::walk::*;
+
+mod cache;
+mod degrade;
+mod group;
+mod semantic;
+mod shape;
 
 impl World {
     /// Runs a request through to the upstream; returns the call, what the

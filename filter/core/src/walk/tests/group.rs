@@ -1,8 +1,8 @@
 //! Scenario tests of the A/B step: which group a call joins, what goes
 //! upstream and back, and the group's overrides.
 
-use super::fake::{FakeHost, World};
-use super::*;
+use crate::walk::fake::{FakeHost, World};
+use crate::walk::*;
 
 const AB: &str = r#"{
   "routing": {"models": {"gpt-4o": [{"cluster": "a"}]}},

@@ -1,9 +1,9 @@
 //! Scenario tests of the degrade step: each level's actions on each
 //! priority, against a fake host and in-memory shared data.
 
-use super::fake::{FakeHost, World};
-use super::*;
 use crate::degrade::alerts;
+use crate::walk::fake::{FakeHost, World};
+use crate::walk::*;
 
 const PATH: &str = "/v1/chat/completions";
 const ANSWER: &str = r#"{"id":"x","object":"chat.completion","created":7,"model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"yo"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;

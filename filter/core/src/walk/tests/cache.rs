@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use super::fake::{FakeHost, World};
-use super::*;
 use crate::cache::store::{slot_key, Store};
 use crate::host::SharedStore;
+use crate::walk::fake::{FakeHost, World};
+use crate::walk::*;
 
 impl World {
     /// Request headers, then the whole body: the call and the last step.

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use super::fake::{FakeHost, World};
-use super::*;
+use crate::walk::fake::{FakeHost, World};
+use crate::walk::*;
 
 const CONFIG: &str = r#"{"cache":{"ttl_jitter":0,"semantic":{"embeddings":{"cluster":"emb","model":"e5","headers":{"authorization":"Bearer e"},"timeout_ms":40},"threshold":0.9}}}"#;
 const PATH: &str = "/v1/chat/completions";

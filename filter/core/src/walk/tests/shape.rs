@@ -1,8 +1,8 @@
 //! Scenario tests of the shaping step: what the upstream is sent, what the
 //! client hears, and that the cache keys the body as sent.
 
-use super::fake::{FakeHost, World};
-use super::*;
+use crate::walk::fake::{FakeHost, World};
+use crate::walk::*;
 
 const SHAPING: &str = r#"{"shaping":{"max_tokens_cap":{"P1":256,"P2":64},"max_history_turns":2},
     "cache":{"enabled":true}}"#;
