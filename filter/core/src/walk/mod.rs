@@ -14,26 +14,26 @@
 
 use std::ops::ControlFlow;
 
-use crate::budget::{self, parse as budget_parse};
+use crate::baggage;
+use crate::budget::parse as budget_parse;
 use crate::classify::{self, Endpoint};
 use crate::config::{Config, TracingMode};
 use crate::host::{Metrics, Random, SharedStore};
 use crate::metrics::{internal_error, BoundedLabel};
 use crate::priority::{self, Priority};
-use crate::shaping;
-use crate::summary::{CallSummary, End};
 use crate::trace_context;
-use crate::{ab, baggage};
-use crate::{load, observe, routing};
 
 mod body;
 mod cache;
 mod degrade;
+mod end;
 mod failover;
 #[cfg(test)]
 pub(crate) mod fake;
 mod group;
 mod hedge;
+mod proxy;
+mod reply;
 mod response;
 mod semantic;
 mod shape;
@@ -43,58 +43,8 @@ mod tests;
 mod upstream;
 
 use body::{BodyCopy, HeldBody};
+pub use proxy::{CalloutAnswer, Host};
 use state::{CacheCall, Decided, Dispatch, Phase, Progress, Request, Response};
-
-/// Stream operations the walk needs from the proxy.
-pub trait Host {
-    /// A request header (first value), lossily decoded.
-    fn request_header(&self, name: &str) -> Option<String>;
-    /// Every value of a request header, in order.
-    fn request_header_all(&self, name: &str) -> Vec<String>;
-    /// Sets (`Some`) or removes (`None`) a request header; false if refused.
-    fn set_request_header(&mut self, name: &str, value: Option<&str>) -> bool;
-    /// The request body received so far (`size` bytes of the current buffer).
-    fn request_body(&self, size: usize) -> Option<Vec<u8>>;
-    /// Replaces the buffered request body; false if refused.
-    fn set_request_body(&mut self, size: usize, body: &[u8]) -> bool;
-    /// A response header.
-    fn response_header(&self, name: &str) -> Option<String>;
-    /// Sets or removes a response header; false if refused.
-    fn set_response_header(&mut self, name: &str, value: Option<&str>) -> bool;
-    /// The current response body chunk (or buffer).
-    fn response_body(&self, size: usize) -> Option<Vec<u8>>;
-    /// Replaces the response body buffer; false if refused.
-    fn set_response_body(&mut self, size: usize, body: &[u8]) -> bool;
-    /// Envoy's `response.code_details` (why Envoy itself answered).
-    fn response_code_details(&self) -> Option<String>;
-    /// Answers the client locally; false if refused.
-    fn send_local_reply(&mut self, status: u32, headers: &[(&str, &str)], body: &[u8]) -> bool;
-    /// Makes Envoy pick the route again after a routing header changed.
-    fn clear_route_cache(&mut self) -> bool;
-    /// Every request header, in order, as the upstream saw them.
-    fn request_headers(&self) -> Vec<(String, String)>;
-    /// Sends a request to `cluster` on the side (an HTTP callout), whose
-    /// answer comes back through [`Call::on_callout_response`]; false if refused.
-    fn dispatch_call(
-        &mut self,
-        cluster: &str,
-        headers: &[(&str, &str)],
-        body: &[u8],
-        timeout_ms: u64,
-    ) -> bool;
-}
-
-/// The answer to a callout of the walk; `status` is `None` when none came in
-/// time (or the connection failed).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CalloutAnswer {
-    /// The answer's status.
-    pub status: Option<u16>,
-    /// The answer's headers, `:status` included.
-    pub headers: Vec<(String, String)>,
-    /// The answer's body.
-    pub body: Vec<u8>,
-}
 
 /// What the worker shares with every call.
 pub struct Env<'a> {
@@ -317,76 +267,6 @@ impl Call {
         }
     }
 
-    /// Answers the call with the filter's own reply (a refusal).
-    fn reply_locally(
-        &mut self,
-        env: &mut Env<'_>,
-        host: &mut dyn Host,
-        r: budget::LocalReply,
-    ) -> Step {
-        let headers: Vec<(&str, &str)> = r.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        if self.send_local_reply(env, host, r.status, &headers, &r.body) {
-            Step::Pause
-        } else {
-            Step::Continue
-        }
-    }
-
-    /// Sends a local reply with the filter's own headers; the call is then
-    /// answered. False (counted) when the host refused it.
-    fn send_local_reply(
-        &mut self,
-        env: &mut Env<'_>,
-        host: &mut dyn Host,
-        status: u32,
-        headers: &[(&str, &str)],
-        body: &[u8],
-    ) -> bool {
-        let told = self.client_headers(env.config, None);
-        let mut all = headers.to_vec();
-        all.extend(told.iter().map(|(k, v)| (*k, v.as_str())));
-        if !host.send_local_reply(status, &all, body) {
-            internal_error(env.metrics, "local_reply");
-            return false;
-        }
-        self.progress.answered(status);
-        true
-    }
-
-    /// The headers the filter tells the client about the call, whoever
-    /// answers it: the trace id, the cluster that served it (`served_by`:
-    /// `None` when the filter answered itself), the cache's result, what
-    /// degrade and shaping did, the A/B group.
-    fn client_headers(
-        &self,
-        config: &Config,
-        served_by: Option<&str>,
-    ) -> Vec<(&'static str, String)> {
-        let mut out = Vec::new();
-        if let Some(t) = &self.decided.trace_id {
-            out.push((trace_context::TRACE_ID_HEADER, t.clone()));
-        }
-        if let Some(c) = served_by {
-            out.push((routing::CLUSTER_RESPONSE_HEADER, c.to_string()));
-        }
-        if let Some(x_cache) = self.cache.header() {
-            out.push((crate::cache::X_CACHE, x_cache.to_string()));
-        }
-        if let Some(level) = self.decided.degraded {
-            out.push((crate::degrade::HEADER, level.to_string()));
-        }
-        if let Some(s) = self.decided.shaped.header() {
-            out.push((shaping::HEADER, s));
-        }
-        if let Some(g) = self.group(config) {
-            out.push((ab::GROUP_HEADER, g.name.clone()));
-        }
-        if self.decided.downgraded {
-            out.push((crate::degrade::DOWNGRADE_HEADER, "cache".to_string()));
-        }
-        out
-    }
-
     /// True while the call waits for a timer rather than for Envoy: the host
     /// must call [`Call::on_tick`] until it says otherwise.
     pub fn is_parked(&self) -> bool {
@@ -419,77 +299,6 @@ impl Call {
                 self.hedge_on_tick(env, host)
             }
             _ => Wake::Resume,
-        }
-    }
-
-    /// End of the stream: one summary of the call, learnt from by each policy.
-    pub fn on_log(mut self, env: &mut Env<'_>) {
-        self.cache_on_log(env);
-        self.settle_hedge(env);
-        let model = self.model().map(str::to_string).or_else(|| {
-            let copy = self.request.copy.as_ref()?;
-            classify::model(copy.bytes()?)
-        });
-        let model = env.model_labels.value(model.as_deref()).to_string();
-        let config = env.config;
-        let summary = CallSummary {
-            group: self.group(config).map(|g| g.name.as_str()),
-            ..self.summary(&model, env.now_ms)
-        };
-        observe::record(env.metrics, &summary);
-        self.learn_from(env, &summary);
-        // Counted in flight under the label it had then, which is the label
-        // now: the label of a model never changes within a worker.
-        let started = self.dispatch.load_model.as_deref() == Some(summary.model);
-        if self.dispatch.load_model.is_some() && !started {
-            internal_error(env.metrics, "load_label");
-        }
-        load::ended(env.store, env.metrics, &summary, started);
-    }
-
-    /// Routing, the budget breaker and the clusters' load learn from one try
-    /// of the call.
-    fn learn_from(&self, env: &mut Env<'_>, call: &CallSummary<'_>) {
-        let routing = self.routing_config(env.config);
-        routing::learn::ended(env.store, routing, env.metrics, call);
-        budget::learn::ended(env.store, &env.config.budget, env.metrics, call);
-        load::tried(env.store, env.metrics, call);
-    }
-
-    /// What the call was and how it ended.
-    fn summary<'a>(&'a self, model: &'a str, now_ms: u64) -> CallSummary<'a> {
-        let local = match *self.progress.phase() {
-            Phase::Answered(status) => Some(status),
-            _ => None,
-        };
-        let r = self.response.as_ref();
-        let end = match self.progress.phase() {
-            // The stream ended while another backend was still asked.
-            Phase::FailingOver => End::Abandoned,
-            _ => End::classify(
-                local,
-                r.and_then(|r| r.status),
-                r.and_then(|r| r.envoy),
-                r.is_some_and(|r| r.ended),
-            ),
-        };
-        CallSummary {
-            priority: self.request.priority,
-            model,
-            end,
-            started_ms: self.request.started_ms,
-            response_headers_ms: r.map(|r| r.headers_ms),
-            first_byte_ms: r.and_then(|r| r.first_byte_ms),
-            ended_ms: now_ms,
-            usage: r.and_then(Response::usage),
-            streamed: r.is_some_and(Response::is_stream),
-            cluster: self.dispatch.cluster.as_deref(),
-            breaker: self.dispatch.breaker.as_deref(),
-            budget_ms: self.request.budget_ms,
-            planned_retries: self.dispatch.planned_retries,
-            attempts: r.and_then(|r| r.attempts),
-            failovers: 0,
-            group: None,
         }
     }
 

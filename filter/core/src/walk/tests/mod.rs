@@ -5,6 +5,7 @@ use crate::budget::breaker;
 use crate::routing::health;
 use crate::walk::fake::{FakeHost, World};
 use crate::walk::*;
+use crate::{budget, load};
 
 mod cache;
 mod degrade;

@@ -1,0 +1,83 @@
+//! The end of a call: one summary of what it was and how it ended, handed to
+//! each policy to learn from (the request metrics, routing, the budget
+//! breaker, the load signals).
+
+use crate::metrics::internal_error;
+use crate::summary::{CallSummary, End};
+use crate::{budget, classify, load, observe, routing};
+
+use super::state::{Phase, Response};
+use super::{Call, Env};
+
+impl Call {
+    /// End of the stream: one summary of the call, learnt from by each policy.
+    pub fn on_log(mut self, env: &mut Env<'_>) {
+        self.cache_on_log(env);
+        self.settle_hedge(env);
+        let model = self.model().map(str::to_string).or_else(|| {
+            let copy = self.request.copy.as_ref()?;
+            classify::model(copy.bytes()?)
+        });
+        let model = env.model_labels.value(model.as_deref()).to_string();
+        let config = env.config;
+        let summary = CallSummary {
+            group: self.group(config).map(|g| g.name.as_str()),
+            ..self.summary(&model, env.now_ms)
+        };
+        observe::record(env.metrics, &summary);
+        self.learn_from(env, &summary);
+        // Counted in flight under the label it had then, which is the label
+        // now: the label of a model never changes within a worker.
+        let started = self.dispatch.load_model.as_deref() == Some(summary.model);
+        if self.dispatch.load_model.is_some() && !started {
+            internal_error(env.metrics, "load_label");
+        }
+        load::ended(env.store, env.metrics, &summary, started);
+    }
+
+    /// Routing, the budget breaker and the clusters' load learn from one try
+    /// of the call.
+    pub(super) fn learn_from(&self, env: &mut Env<'_>, call: &CallSummary<'_>) {
+        let routing = self.routing_config(env.config);
+        routing::learn::ended(env.store, routing, env.metrics, call);
+        budget::learn::ended(env.store, &env.config.budget, env.metrics, call);
+        load::tried(env.store, env.metrics, call);
+    }
+
+    /// What the call was and how it ended.
+    pub(super) fn summary<'a>(&'a self, model: &'a str, now_ms: u64) -> CallSummary<'a> {
+        let local = match *self.progress.phase() {
+            Phase::Answered(status) => Some(status),
+            _ => None,
+        };
+        let r = self.response.as_ref();
+        let end = match self.progress.phase() {
+            // The stream ended while another backend was still asked.
+            Phase::FailingOver => End::Abandoned,
+            _ => End::classify(
+                local,
+                r.and_then(|r| r.status),
+                r.and_then(|r| r.envoy),
+                r.is_some_and(|r| r.ended),
+            ),
+        };
+        CallSummary {
+            priority: self.request.priority,
+            model,
+            end,
+            started_ms: self.request.started_ms,
+            response_headers_ms: r.map(|r| r.headers_ms),
+            first_byte_ms: r.and_then(|r| r.first_byte_ms),
+            ended_ms: now_ms,
+            usage: r.and_then(Response::usage),
+            streamed: r.is_some_and(Response::is_stream),
+            cluster: self.dispatch.cluster.as_deref(),
+            breaker: self.dispatch.breaker.as_deref(),
+            budget_ms: self.request.budget_ms,
+            planned_retries: self.dispatch.planned_retries,
+            attempts: r.and_then(|r| r.attempts),
+            failovers: 0,
+            group: None,
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! What the filter tells the client: its own replies (refusals, cached
+//! answers) and the headers it adds to every answer, whoever gives it.
+
+use crate::budget;
+use crate::config::Config;
+use crate::metrics::internal_error;
+use crate::{ab, routing, shaping, trace_context};
+
+use super::{Call, Env, Host, Step};
+
+impl Call {
+    /// Answers the call with the filter's own reply (a refusal).
+    pub(super) fn reply_locally(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        r: budget::LocalReply,
+    ) -> Step {
+        let headers: Vec<(&str, &str)> = r.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        if self.send_local_reply(env, host, r.status, &headers, &r.body) {
+            Step::Pause
+        } else {
+            Step::Continue
+        }
+    }
+
+    /// Sends a local reply with the filter's own headers; the call is then
+    /// answered. False (counted) when the host refused it.
+    pub(super) fn send_local_reply(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        status: u32,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> bool {
+        let told = self.client_headers(env.config, None);
+        let mut all = headers.to_vec();
+        all.extend(told.iter().map(|(k, v)| (*k, v.as_str())));
+        if !host.send_local_reply(status, &all, body) {
+            internal_error(env.metrics, "local_reply");
+            return false;
+        }
+        self.progress.answered(status);
+        true
+    }
+
+    /// The headers the filter tells the client about the call, whoever
+    /// answers it: the trace id, the cluster that served it (`served_by`:
+    /// `None` when the filter answered itself), the cache's result, what
+    /// degrade and shaping did, the A/B group.
+    pub(super) fn client_headers(
+        &self,
+        config: &Config,
+        served_by: Option<&str>,
+    ) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        if let Some(t) = &self.decided.trace_id {
+            out.push((trace_context::TRACE_ID_HEADER, t.clone()));
+        }
+        if let Some(c) = served_by {
+            out.push((routing::CLUSTER_RESPONSE_HEADER, c.to_string()));
+        }
+        if let Some(x_cache) = self.cache.header() {
+            out.push((crate::cache::X_CACHE, x_cache.to_string()));
+        }
+        if let Some(level) = self.decided.degraded {
+            out.push((crate::degrade::HEADER, level.to_string()));
+        }
+        if let Some(s) = self.decided.shaped.header() {
+            out.push((shaping::HEADER, s));
+        }
+        if let Some(g) = self.group(config) {
+            out.push((ab::GROUP_HEADER, g.name.clone()));
+        }
+        if self.decided.downgraded {
+            out.push((crate::degrade::DOWNGRADE_HEADER, "cache".to_string()));
+        }
+        out
+    }
+}
