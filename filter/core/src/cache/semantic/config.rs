@@ -105,13 +105,6 @@ pub struct EmbeddingsConfig {
     pub timeout_ms: u64,
 }
 
-/// Bytes one stored vector of `dims` dimensions takes beyond its values (see
-/// [`super::store`]).
-pub const RECORD_OVERHEAD_BYTES: u64 = 32 + 32 + 8 + 8 + 4 + 2;
-/// Shared-data cost of a group slot beyond its records: key, header and
-/// Envoy's map node. An estimate, for the logged footprint.
-pub const GROUP_OVERHEAD_BYTES: u64 = 128;
-
 impl SemanticConfig {
     /// Compiles the section; errors name the field relative to it.
     pub fn compile(raw: RawSemanticConfig) -> Result<Self, ConfigError> {
@@ -143,21 +136,6 @@ impl SemanticConfig {
             max_dimensions: check::in_range("max_dimensions", max_dimensions, 1..=MAX_DIMENSIONS)?,
             max_text_bytes: check::in_range("max_text_bytes", max_text_bytes, 1..=MAX_TEXT_BYTES)?,
         })
-    }
-
-    /// Largest value of one group slot, bytes.
-    pub fn max_group_bytes(&self) -> u64 {
-        let record = RECORD_OVERHEAD_BYTES.saturating_add(u64::from(self.max_dimensions));
-        u64::from(self.max_per_context)
-            .saturating_mul(record)
-            .saturating_add(super::store::GROUP_HEADER_BYTES as u64)
-    }
-
-    /// The most shared data the semantic index can hold: every group slot
-    /// full of the longest vectors. Logged at start.
-    pub fn worst_case_bytes(&self) -> u64 {
-        u64::from(self.max_contexts)
-            .saturating_mul(self.max_group_bytes().saturating_add(GROUP_OVERHEAD_BYTES))
     }
 }
 
@@ -245,11 +223,6 @@ mod tests {
         );
         assert_eq!(e.timeout_ms, 50);
         assert!(e.headers.is_empty());
-        // 64 groups of 256 vectors of 1536 int8 values and their records.
-        assert_eq!(
-            c.worst_case_bytes(),
-            64 * (256 * (1536 + RECORD_OVERHEAD_BYTES) + 8 + GROUP_OVERHEAD_BYTES)
-        );
     }
 
     #[test]
