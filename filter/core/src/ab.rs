@@ -136,7 +136,7 @@ impl AbConfig {
     pub fn compile(raw: RawAbConfig, base: &Base<'_>) -> Result<Self, ConfigError> {
         let user_header = match raw.user_header {
             None => DEFAULT_USER_HEADER.to_string(),
-            Some(h) if check::is_token(&h) && !h.bytes().any(|b| b.is_ascii_uppercase()) => h,
+            Some(h) if check::is_header_name(&h) => h,
             Some(h) => {
                 return Err(ConfigError::new(
                     "user_header",
@@ -148,13 +148,7 @@ impl AbConfig {
         let mut groups: Vec<Group> = Vec::with_capacity(raw.groups.len());
         for (i, g) in raw.groups.into_iter().enumerate() {
             let at = format!("groups[{i}]");
-            if g.name.is_empty()
-                || g.name.len() > MAX_NAME_LEN
-                || !g
-                    .name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-            {
+            if !check::is_label(&g.name, MAX_NAME_LEN) {
                 return Err(ConfigError::new(
                     format!("{at}.name"),
                     format!("{:?} is not 1 to {MAX_NAME_LEN} of [A-Za-z0-9_-]", g.name),

@@ -3,6 +3,7 @@
 
 use serde::Deserialize;
 
+use crate::config::check;
 use crate::config::error::ConfigError;
 
 /// Default `admin.path_prefix`.
@@ -55,7 +56,7 @@ impl AdminConfig {
             .path_prefix
             .unwrap_or_else(|| DEFAULT_PREFIX.to_string());
         let prefix = prefix.trim_end_matches('/').to_string();
-        if !prefix.starts_with('/') || prefix.contains(['?', '#']) {
+        if !check::is_path_without_query(&prefix) {
             return Err(ConfigError::new(
                 "path_prefix",
                 format!("{prefix:?} is not an absolute path without query, other than /"),

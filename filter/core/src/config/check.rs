@@ -1,6 +1,7 @@
-//! The range checks every section makes, in one place so the same kind of
-//! mistake is refused with the same words wherever it is made. Each check takes
-//! the field's path, relative to its section, and returns the value it accepts.
+//! The checks every section makes, in one place so the same kind of mistake
+//! is refused with the same words wherever it is made. Each range check takes
+//! the field's path, relative to its section, and returns the value it
+//! accepts; the `is_*` predicates are the grammars of names, paths and headers.
 
 use std::fmt::Display;
 use std::ops::RangeInclusive;
@@ -90,11 +91,79 @@ pub fn at_most<T>(field: &str, items: &[T], max: usize, what: &str) -> Result<()
     Ok(())
 }
 
+/// Longest Envoy cluster name accepted.
+pub const MAX_CLUSTER_LEN: usize = 200;
+/// Longest model name or `:authority`.
+const MAX_NAME_LEN: usize = 256;
+/// Longest path.
+const MAX_PATH_LEN: usize = 1_024;
+
 /// An RFC 9110 token, the grammar of header names.
 pub fn is_token(s: &str) -> bool {
     !s.is_empty()
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// An RFC 9110 token in lowercase, as HTTP/2 requires of header names.
+pub fn is_header_name(s: &str) -> bool {
+    is_token(s) && !s.bytes().any(|b| b.is_ascii_uppercase())
+}
+
+/// A header value that cannot split the header block: no CR, LF or NUL.
+pub fn is_header_value(s: &str) -> bool {
+    !s.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0)
+}
+
+/// Envoy cluster names as this filter accepts them. `|` is allowed because
+/// Istio names its clusters `outbound|port||host`.
+pub fn is_cluster(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_CLUSTER_LEN
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-' | b'|'))
+}
+
+/// A model name: bounded, without control characters.
+pub fn is_name(s: &str) -> bool {
+    !s.is_empty() && s.len() <= MAX_NAME_LEN && !s.chars().any(char::is_control)
+}
+
+/// An `:authority` of a routed cluster: bounded, visible ASCII, no path,
+/// query, fragment or credentials.
+pub fn is_authority(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_NAME_LEN
+        && s.bytes()
+            .all(|b| b.is_ascii_graphic() && !matches!(b, b'/' | b'?' | b'#' | b'@' | b'"' | b'\\'))
+}
+
+/// A request path of a probe: absolute, bounded, visible ASCII, no fragment.
+pub fn is_path(s: &str) -> bool {
+    s.starts_with('/')
+        && s.len() <= MAX_PATH_LEN
+        && s.bytes().all(|b| b.is_ascii_graphic() && b != b'#')
+}
+
+/// A path the filter matches requests against: absolute, without query or
+/// fragment.
+pub fn is_path_without_query(s: &str) -> bool {
+    s.starts_with('/') && !s.contains(['?', '#'])
+}
+
+/// A value sent as it is, where a blank or a control byte would end it
+/// early or smuggle another (an embeddings `:authority` or `:path`).
+pub fn has_blank_or_control(s: &str) -> bool {
+    s.bytes().any(|b| b <= b' ' || b == 0x7f)
+}
+
+/// A label value that is also a header value: 1 to `max_len` of
+/// `[A-Za-z0-9_-]`.
+pub fn is_label(s: &str, max_len: usize) -> bool {
+    !s.is_empty()
+        && s.len() <= max_len
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 #[cfg(test)]
@@ -134,6 +203,27 @@ mod tests {
             assert!(open_fraction("s", v).is_err(), "{v}");
         }
         assert_eq!(open_fraction("s", 0.5), Ok(0.5));
+    }
+
+    #[test]
+    fn names_paths_and_headers() {
+        assert!(is_header_name("x-llm-cluster") && !is_header_name("X-Cluster"));
+        assert!(!is_header_name(":authority") && !is_header_name(""));
+        assert!(is_header_value("Bearer k") && !is_header_value("a\nb") && !is_header_value("a\0"));
+        assert!(is_cluster("outbound|8000||vllm.ns.svc.cluster.local"));
+        assert!(!is_cluster("a b") && !is_cluster("") && !is_cluster(&"c".repeat(201)));
+        assert!(is_name("gpt-4o") && !is_name("") && !is_name("a\u{7}"));
+        assert!(is_authority("api.openai.com:443"));
+        for bad in ["", "x/y", "u@h", "a b"] {
+            assert!(!is_authority(bad), "{bad:?}");
+        }
+        assert!(is_path("/v1/models?x=1") && !is_path("health") && !is_path("/a#b"));
+        assert!(is_path_without_query("/llm-filter") && !is_path_without_query("/a?b"));
+        assert!(!is_path_without_query("v1/chat"));
+        assert!(has_blank_or_control("a b") && has_blank_or_control("a\x7f"));
+        assert!(!has_blank_or_control("emb.example/é"));
+        assert!(is_label("control_1-b", 32) && !is_label("a b", 32) && !is_label("", 32));
+        assert!(!is_label(&"g".repeat(33), 32));
     }
 
     #[test]

@@ -228,7 +228,7 @@ fn default_paths() -> Vec<String> {
 
 fn compile_paths(paths: Vec<String>) -> Result<Vec<String>, ConfigError> {
     for (i, p) in paths.iter().enumerate() {
-        if !p.starts_with('/') || p.contains(['?', '#']) {
+        if !check::is_path_without_query(p) {
             return Err(ConfigError::new(
                 format!("llm_paths[{i}]"),
                 format!("{p:?} is not an absolute path without query"),

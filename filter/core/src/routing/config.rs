@@ -33,9 +33,6 @@ const MAX_PROBE_TIMEOUT_MS: u64 = 60_000;
 const MAX_EJECT_AFTER_FAILURES: u32 = 1_000;
 const MAX_EJECT_S: u64 = 86_400;
 const MIN_HALF_LIFE_S: f64 = 0.1;
-const MAX_CLUSTER_LEN: usize = 200;
-const MAX_NAME_LEN: usize = 256;
-const MAX_PATH_LEN: usize = 1_024;
 
 /// `routing` as written.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -267,7 +264,7 @@ impl RoutingConfig {
     pub fn compile(raw: RawRoutingConfig) -> Result<Self, ConfigError> {
         let cluster_header = match raw.cluster_header.as_deref() {
             None => DEFAULT_CLUSTER_HEADER,
-            Some(h) if is_header_name(h) => h,
+            Some(h) if check::is_header_name(h) => h,
             Some(h) => {
                 return Err(ConfigError::new(
                     "cluster_header",
@@ -366,7 +363,7 @@ fn compile_models(
     let mut models = BTreeMap::new();
     for (model, backends) in raw {
         let at = format!("models.{model}");
-        if !is_name(&model) {
+        if !check::is_name(&model) {
             return Err(ConfigError::new(
                 at,
                 format!("{model:?} is not a model name"),
@@ -401,13 +398,13 @@ fn compile_backend(
     check_cluster(&format!("{at}.cluster"), &b.cluster, siblings)?;
     let weight = b.weight.unwrap_or(DEFAULT_WEIGHT);
     let weight = check::positive(&format!("{at}.weight"), weight, "weight")?;
-    if let Some(m) = b.model.as_ref().filter(|m| !is_name(m)) {
+    if let Some(m) = b.model.as_ref().filter(|m| !check::is_name(m)) {
         return Err(ConfigError::new(
             format!("{at}.model"),
             format!("{m:?} is not a model name"),
         ));
     }
-    if let Some(a) = b.authority.as_ref().filter(|a| !is_authority(a)) {
+    if let Some(a) = b.authority.as_ref().filter(|a| !check::is_authority(a)) {
         return Err(ConfigError::new(
             format!("{at}.authority"),
             format!("{a:?} is not a host[:port]"),
@@ -417,7 +414,7 @@ fn compile_backend(
         ("health_path", &b.health_path),
         ("metrics_path", &b.metrics_path),
     ] {
-        if let Some(p) = path.as_ref().filter(|p| !is_path(p)) {
+        if let Some(p) = path.as_ref().filter(|p| !check::is_path(p)) {
             return Err(ConfigError::new(
                 format!("{at}.{field}"),
                 format!("{p:?} is not an absolute path"),
@@ -437,11 +434,12 @@ fn check_cluster(field: &str, cluster: &str, siblings: &[Backend]) -> Result<(),
     if cluster.is_empty() {
         return Err(ConfigError::new(field, "is required"));
     }
-    if !is_cluster(cluster) {
+    if !check::is_cluster(cluster) {
         return Err(ConfigError::new(
             field,
             format!(
-                "{cluster:?} is not a cluster name ([A-Za-z0-9_.|-], at most {MAX_CLUSTER_LEN})"
+                "{cluster:?} is not a cluster name ([A-Za-z0-9_.|-], at most {})",
+                check::MAX_CLUSTER_LEN
             ),
         ));
     }
@@ -552,7 +550,7 @@ fn compile_when(at: &str, w: RawWhen) -> Result<When, ConfigError> {
         Some(m) => {
             let field = format!("{at}.model");
             let names = non_empty(&field, m)?;
-            if let Some(bad) = names.iter().find(|n| !is_name(n)) {
+            if let Some(bad) = names.iter().find(|n| !check::is_name(n)) {
                 return Err(ConfigError::new(
                     field,
                     format!("{bad:?} is not a model name"),
@@ -598,37 +596,6 @@ fn non_empty(field: &str, values: OneOrMany) -> Result<Vec<String>, ConfigError>
         return Err(ConfigError::new(field, "an empty list never matches"));
     }
     Ok(values)
-}
-
-/// Envoy cluster names as this filter accepts them. `|` is allowed because
-/// Istio names its clusters `outbound|port||host`.
-fn is_cluster(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= MAX_CLUSTER_LEN
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-' | b'|'))
-}
-
-fn is_name(s: &str) -> bool {
-    !s.is_empty() && s.len() <= MAX_NAME_LEN && !s.chars().any(char::is_control)
-}
-
-/// An RFC 9110 token in lowercase, as HTTP/2 requires of header names.
-fn is_header_name(s: &str) -> bool {
-    check::is_token(s) && !s.bytes().any(|b| b.is_ascii_uppercase())
-}
-
-fn is_authority(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= MAX_NAME_LEN
-        && s.bytes()
-            .all(|b| b.is_ascii_graphic() && !matches!(b, b'/' | b'?' | b'#' | b'@' | b'"' | b'\\'))
-}
-
-fn is_path(s: &str) -> bool {
-    s.starts_with('/')
-        && s.len() <= MAX_PATH_LEN
-        && s.bytes().all(|b| b.is_ascii_graphic() && b != b'#')
 }
 
 #[cfg(test)]

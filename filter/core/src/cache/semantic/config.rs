@@ -150,14 +150,14 @@ impl EmbeddingsConfig {
             .filter(|m| !m.is_empty())
             .ok_or_else(|| ConfigError::new("model", "is required: the embeddings model"))?;
         let authority = raw.authority.unwrap_or_else(|| cluster.clone());
-        if authority.is_empty() || authority.bytes().any(|b| b <= b' ' || b == 0x7f) {
+        if authority.is_empty() || check::has_blank_or_control(&authority) {
             return Err(ConfigError::new(
                 "authority",
                 format!("{authority:?} is not a host"),
             ));
         }
         let path = raw.path.unwrap_or_else(|| DEFAULT_PATH.to_string());
-        if !path.starts_with('/') || path.bytes().any(|b| b <= b' ' || b == 0x7f) {
+        if !path.starts_with('/') || check::has_blank_or_control(&path) {
             return Err(ConfigError::new("path", format!("{path:?} is not a path")));
         }
         let raw_headers = raw.headers.unwrap_or_default();
@@ -177,7 +177,7 @@ impl EmbeddingsConfig {
                     "is not a header name the filter may set",
                 ));
             }
-            if value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
+            if !check::is_header_value(&value) {
                 return Err(ConfigError::new(
                     format!("headers.{lower}"),
                     "has a control character in its value",
