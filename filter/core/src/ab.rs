@@ -227,7 +227,7 @@ fn compile_group(g: RawGroup, percent: u8, base: &Base<'_>) -> Result<Group, Con
     let shaping = match g.overrides.shaping {
         None => None,
         Some(over) => Some(
-            ShapingConfig::compile(&base.shaping.overridden_by(&over))
+            ShapingConfig::compile(base.shaping.overridden_by(&over))
                 .map_err(|e| e.within("overrides.shaping"))?,
         ),
     };

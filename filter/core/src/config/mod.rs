@@ -150,6 +150,23 @@ impl Default for PriorityConfig {
     }
 }
 
+impl PriorityConfig {
+    /// Compiles the section; every value serde accepts is valid.
+    pub fn compile(raw: RawPriority) -> Result<Self, ConfigError> {
+        Ok(Self {
+            default: raw.default.unwrap_or_default(),
+            trust_client: raw.trust_client.unwrap_or(DEFAULT_TRUST_CLIENT),
+        })
+    }
+}
+
+impl TracingMode {
+    /// Compiles the `tracing` section; every value serde accepts is valid.
+    pub fn compile(raw: RawTracing) -> Result<Self, ConfigError> {
+        Ok(raw.mode.unwrap_or_default())
+    }
+}
+
 impl Config {
     /// Parses and compiles a JSON document; empty input means `{}`.
     pub fn parse(json: &[u8]) -> Result<Self, ConfigError> {
@@ -210,14 +227,11 @@ impl TryFrom<RawConfig> for Config {
             ab,
             budget: BudgetConfig::compile(raw.budget).map_err(|e| e.within("budget"))?,
             cache,
-            shaping: ShapingConfig::compile(&raw.shaping).map_err(|e| e.within("shaping"))?,
+            shaping: ShapingConfig::compile(raw.shaping).map_err(|e| e.within("shaping"))?,
             degrade: DegradeConfig::compile(raw.degrade).map_err(|e| e.within("degrade"))?,
             admin: AdminConfig::compile(raw.admin).map_err(|e| e.within("admin"))?,
-            priority: PriorityConfig {
-                default: raw.priority.default.unwrap_or_default(),
-                trust_client: raw.priority.trust_client.unwrap_or(DEFAULT_TRUST_CLIENT),
-            },
-            tracing: raw.tracing.mode.unwrap_or_default(),
+            priority: PriorityConfig::compile(raw.priority).map_err(|e| e.within("priority"))?,
+            tracing: TracingMode::compile(raw.tracing).map_err(|e| e.within("tracing"))?,
         })
     }
 }

@@ -274,7 +274,10 @@ impl RoutingConfig {
         }
         .to_string();
         let health = compile_health(&raw)?;
-        let hedge = raw.hedge.map(compile_hedge).transpose()?;
+        let hedge = raw
+            .hedge
+            .map(|h| HedgeConfig::compile(h).map_err(|e| e.within("hedge")))
+            .transpose()?;
         let (models, clusters) = compile_models(raw.models)?;
         let rules = compile_rules(raw.rules, &models)?;
         Ok(Self {
@@ -294,18 +297,20 @@ impl RoutingConfig {
     }
 }
 
-/// `hedge`: priorities (P0 by default), the shortest delay and the cap.
-fn compile_hedge(raw: RawHedge) -> Result<HedgeConfig, ConfigError> {
-    let min_delay_ms = raw.min_delay_ms.unwrap_or(DEFAULT_HEDGE_MIN_DELAY_MS);
-    let min_delay_ms =
-        check::in_range("hedge.min_delay_ms", min_delay_ms, 1..=MAX_PROBE_TIMEOUT_MS)?;
-    let max_ratio = raw.max_ratio.unwrap_or(DEFAULT_HEDGE_MAX_RATIO);
-    let max_ratio = check::real_in("hedge.max_ratio", max_ratio, 0.0..=1.0)?;
-    Ok(HedgeConfig {
-        priorities: raw.priorities.unwrap_or_else(|| vec![Priority::P0]),
-        min_delay_ms,
-        max_ratio,
-    })
+impl HedgeConfig {
+    /// Compiles `routing.hedge`: priorities (P0 by default), the shortest
+    /// delay and the cap; errors name fields relative to it.
+    pub fn compile(raw: RawHedge) -> Result<Self, ConfigError> {
+        let min_delay_ms = raw.min_delay_ms.unwrap_or(DEFAULT_HEDGE_MIN_DELAY_MS);
+        let min_delay_ms = check::in_range("min_delay_ms", min_delay_ms, 1..=MAX_PROBE_TIMEOUT_MS)?;
+        let max_ratio = raw.max_ratio.unwrap_or(DEFAULT_HEDGE_MAX_RATIO);
+        let max_ratio = check::fraction("max_ratio", max_ratio)?;
+        Ok(Self {
+            priorities: raw.priorities.unwrap_or_else(|| vec![Priority::P0]),
+            min_delay_ms,
+            max_ratio,
+        })
+    }
 }
 
 /// The health settings (probes, ejection, averaging) of the section; the
