@@ -90,12 +90,17 @@ pub struct AbConfig {
     pub groups: Vec<Group>,
 }
 
+#[cfg(test)]
 impl Default for AbConfig {
+    /// The empty section: no groups, A/B off.
     fn default() -> Self {
-        Self {
-            user_header: DEFAULT_USER_HEADER.to_string(),
-            groups: Vec::new(),
-        }
+        let base = Base {
+            routing: &RawRoutingConfig::default(),
+            shaping: &RawShapingConfig::default(),
+            cache: true,
+            degrade: &RawDegradeConfig::default(),
+        };
+        check::defaults(|raw| Self::compile(raw, &base))
     }
 }
 

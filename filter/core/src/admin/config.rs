@@ -40,12 +40,11 @@ impl std::fmt::Debug for AdminConfig {
     }
 }
 
+#[cfg(test)]
 impl Default for AdminConfig {
+    /// The empty section.
     fn default() -> Self {
-        Self {
-            path_prefix: DEFAULT_PREFIX.to_string(),
-            token: None,
-        }
+        check::defaults(Self::compile)
     }
 }
 

@@ -122,31 +122,19 @@ pub enum TracingMode {
     Off,
 }
 
+#[cfg(test)]
 impl Default for Config {
     /// The empty document, as [`Config::parse`] compiles `{}`.
     fn default() -> Self {
-        Self {
-            llm_paths: default_paths(),
-            priority: PriorityConfig::default(),
-            tracing: TracingMode::default(),
-            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-            routing: RoutingConfig::default(),
-            budget: BudgetConfig::default(),
-            cache: CacheConfig::default(),
-            degrade: DegradeConfig::default(),
-            admin: AdminConfig::default(),
-            shaping: ShapingConfig::default(),
-            ab: AbConfig::default(),
-        }
+        check::defaults(|raw: RawConfig| Self::try_from(raw))
     }
 }
 
+#[cfg(test)]
 impl Default for PriorityConfig {
+    /// The empty section.
     fn default() -> Self {
-        Self {
-            default: Priority::default(),
-            trust_client: DEFAULT_TRUST_CLIENT,
-        }
+        check::defaults(Self::compile)
     }
 }
 
@@ -193,9 +181,9 @@ impl TryFrom<RawConfig> for Config {
             None => default_paths(),
             Some(paths) => compile_paths(paths)?,
         };
-        let max_body_bytes = raw.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
         let max_body_bytes =
-            check::in_range("max_body_bytes", max_body_bytes, 1..=MAX_MAX_BODY_BYTES)?;
+            check::field("max_body_bytes", raw.max_body_bytes, DEFAULT_MAX_BODY_BYTES)
+                .in_range(1..=MAX_MAX_BODY_BYTES)?;
         let cache = CacheConfig::compile(raw.cache).map_err(|e| e.within("cache"))?;
         // Groups compile their overrides against the sections as written.
         let ab = AbConfig::compile(

@@ -113,28 +113,30 @@ impl SemanticConfig {
         })?;
         let embeddings =
             EmbeddingsConfig::compile(embeddings).map_err(|e| e.within("embeddings"))?;
-        let threshold = raw.threshold.unwrap_or(DEFAULT_THRESHOLD);
-        if threshold.is_nan() || threshold <= 0.0 || threshold > 1.0 {
-            return Err(ConfigError::new(
-                "threshold",
-                format!("{threshold} is not in (0, 1]"),
-            ));
-        }
-        let max_per_context = raw.max_per_context.unwrap_or(DEFAULT_MAX_PER_CONTEXT);
-        let max_contexts = raw.max_contexts.unwrap_or(DEFAULT_MAX_CONTEXTS);
-        let max_dimensions = raw.max_dimensions.unwrap_or(DEFAULT_MAX_DIMENSIONS);
-        let max_text_bytes = raw.max_text_bytes.unwrap_or(DEFAULT_MAX_TEXT_BYTES);
         Ok(Self {
             embeddings,
-            threshold,
-            max_per_context: check::in_range(
+            threshold: check::field("threshold", raw.threshold, DEFAULT_THRESHOLD)
+                .positive_fraction()?,
+            max_per_context: check::field(
                 "max_per_context",
-                max_per_context,
-                1..=MAX_PER_CONTEXT,
-            )?,
-            max_contexts: check::in_range("max_contexts", max_contexts, 1..=MAX_CONTEXTS)?,
-            max_dimensions: check::in_range("max_dimensions", max_dimensions, 1..=MAX_DIMENSIONS)?,
-            max_text_bytes: check::in_range("max_text_bytes", max_text_bytes, 1..=MAX_TEXT_BYTES)?,
+                raw.max_per_context,
+                DEFAULT_MAX_PER_CONTEXT,
+            )
+            .in_range(1..=MAX_PER_CONTEXT)?,
+            max_contexts: check::field("max_contexts", raw.max_contexts, DEFAULT_MAX_CONTEXTS)
+                .in_range(1..=MAX_CONTEXTS)?,
+            max_dimensions: check::field(
+                "max_dimensions",
+                raw.max_dimensions,
+                DEFAULT_MAX_DIMENSIONS,
+            )
+            .in_range(1..=MAX_DIMENSIONS)?,
+            max_text_bytes: check::field(
+                "max_text_bytes",
+                raw.max_text_bytes,
+                DEFAULT_MAX_TEXT_BYTES,
+            )
+            .in_range(1..=MAX_TEXT_BYTES)?,
         })
     }
 }
@@ -185,14 +187,14 @@ impl EmbeddingsConfig {
             }
             headers.push((lower, value));
         }
-        let timeout_ms = raw.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
         Ok(Self {
             cluster,
             model,
             authority,
             path,
             headers,
-            timeout_ms: check::in_range("timeout_ms", timeout_ms, 1..=MAX_TIMEOUT_MS)?,
+            timeout_ms: check::field("timeout_ms", raw.timeout_ms, DEFAULT_TIMEOUT_MS)
+                .in_range(1..=MAX_TIMEOUT_MS)?,
         })
     }
 }
