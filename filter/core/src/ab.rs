@@ -137,7 +137,9 @@ pub struct Base<'a> {
 }
 
 impl AbConfig {
-    /// Compiles the section; errors name fields relative to it.
+    /// Compiles the section; errors name fields relative to it. The one
+    /// section that also takes what it is compiled against: a group's
+    /// overrides are compiled over the top-level sections in `base`.
     pub fn compile(raw: RawAbConfig, base: &Base<'_>) -> Result<Self, ConfigError> {
         let user_header = match raw.user_header {
             None => DEFAULT_USER_HEADER.to_string(),
