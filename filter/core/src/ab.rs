@@ -90,12 +90,17 @@ pub struct AbConfig {
     pub groups: Vec<Group>,
 }
 
+#[cfg(test)]
 impl Default for AbConfig {
+    /// The empty section: no groups, A/B off.
     fn default() -> Self {
-        Self {
-            user_header: DEFAULT_USER_HEADER.to_string(),
-            groups: Vec::new(),
-        }
+        let base = Base {
+            routing: &RawRoutingConfig::default(),
+            shaping: &RawShapingConfig::default(),
+            cache: true,
+            degrade: &RawDegradeConfig::default(),
+        };
+        check::defaults(|raw| Self::compile(raw, &base))
     }
 }
 
@@ -132,11 +137,13 @@ pub struct Base<'a> {
 }
 
 impl AbConfig {
-    /// Compiles the section; errors name fields relative to it.
+    /// Compiles the section; errors name fields relative to it. The one
+    /// section that also takes what it is compiled against: a group's
+    /// overrides are compiled over the top-level sections in `base`.
     pub fn compile(raw: RawAbConfig, base: &Base<'_>) -> Result<Self, ConfigError> {
         let user_header = match raw.user_header {
             None => DEFAULT_USER_HEADER.to_string(),
-            Some(h) if check::is_token(&h) && !h.bytes().any(|b| b.is_ascii_uppercase()) => h,
+            Some(h) if check::is_header_name(&h) => h,
             Some(h) => {
                 return Err(ConfigError::new(
                     "user_header",
@@ -148,13 +155,7 @@ impl AbConfig {
         let mut groups: Vec<Group> = Vec::with_capacity(raw.groups.len());
         for (i, g) in raw.groups.into_iter().enumerate() {
             let at = format!("groups[{i}]");
-            if g.name.is_empty()
-                || g.name.len() > MAX_NAME_LEN
-                || !g
-                    .name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-            {
+            if !check::is_label(&g.name, MAX_NAME_LEN) {
                 return Err(ConfigError::new(
                     format!("{at}.name"),
                     format!("{:?} is not 1 to {MAX_NAME_LEN} of [A-Za-z0-9_-]", g.name),
@@ -233,7 +234,7 @@ fn compile_group(g: RawGroup, percent: u8, base: &Base<'_>) -> Result<Group, Con
     let shaping = match g.overrides.shaping {
         None => None,
         Some(over) => Some(
-            ShapingConfig::compile(&base.shaping.overridden_by(&over))
+            ShapingConfig::compile(base.shaping.overridden_by(&over))
                 .map_err(|e| e.within("overrides.shaping"))?,
         ),
     };

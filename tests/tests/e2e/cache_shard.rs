@@ -209,7 +209,7 @@ fn key_hex(prompt: &str, tenant: &str) -> String {
         cache_control: None,
         credentials: &[Some(tenant), None],
     };
-    match cache::decide(&CacheConfig::default(), &req) {
+    match cache::decide(&CacheConfig::compile(Default::default()).unwrap(), &req) {
         Decision::Cacheable(c) => cache::key_hex(&c.key),
         d => panic!("{d:?}"),
     }

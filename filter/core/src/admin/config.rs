@@ -3,6 +3,7 @@
 
 use serde::Deserialize;
 
+use crate::config::check;
 use crate::config::error::ConfigError;
 
 /// Default `admin.path_prefix`.
@@ -39,12 +40,11 @@ impl std::fmt::Debug for AdminConfig {
     }
 }
 
+#[cfg(test)]
 impl Default for AdminConfig {
+    /// The empty section.
     fn default() -> Self {
-        Self {
-            path_prefix: DEFAULT_PREFIX.to_string(),
-            token: None,
-        }
+        check::defaults(Self::compile)
     }
 }
 
@@ -55,7 +55,7 @@ impl AdminConfig {
             .path_prefix
             .unwrap_or_else(|| DEFAULT_PREFIX.to_string());
         let prefix = prefix.trim_end_matches('/').to_string();
-        if !prefix.starts_with('/') || prefix.contains(['?', '#']) {
+        if !check::is_path_without_query(&prefix) {
             return Err(ConfigError::new(
                 "path_prefix",
                 format!("{prefix:?} is not an absolute path without query, other than /"),

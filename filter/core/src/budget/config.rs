@@ -152,28 +152,11 @@ pub struct BudgetConfig {
     pub streaming: StreamingMode,
 }
 
+#[cfg(test)]
 impl Default for BudgetConfig {
-    /// The empty section, as [`BudgetConfig::compile`] makes it.
+    /// The empty section.
     fn default() -> Self {
-        let (window_ms, bucket_ms) = window_ms(DEFAULT_WINDOW_S);
-        Self {
-            enabled: DEFAULT_ENABLED,
-            default_ms: [DEFAULT_MS.min(DEFAULT_MAX_MS); 3],
-            max_ms: DEFAULT_MAX_MS,
-            min_per_try_ms: DEFAULT_MIN_PER_TRY_MS,
-            retry_ratio: DEFAULT_RETRY_RATIO,
-            max_retries: DEFAULT_MAX_RETRIES,
-            retry_on: DEFAULT_RETRY_ON.to_string(),
-            retriable_status_codes: join_codes(&DEFAULT_RETRIABLE_STATUS_CODES),
-            window_ms,
-            bucket_ms,
-            shed_at: DEFAULT_SHED_AT,
-            reject_at: DEFAULT_REJECT_AT,
-            shed_fraction: DEFAULT_SHED_FRACTION,
-            probe_fraction: DEFAULT_PROBE_FRACTION,
-            min_calls: DEFAULT_MIN_CALLS,
-            streaming: StreamingMode::default(),
-        }
+        check::defaults(Self::compile)
     }
 }
 
@@ -182,26 +165,32 @@ impl BudgetConfig {
     /// relative to the section (`shed_at`) and the bad value.
     pub fn compile(raw: RawBudgetConfig) -> Result<Self, ConfigError> {
         // Budgets.
-        let max_ms = raw.max_ms.unwrap_or(DEFAULT_MAX_MS);
-        let max_ms = check::positive("max_ms", max_ms, "number of ms")?;
+        let max_ms = check::field("max_ms", raw.max_ms, DEFAULT_MAX_MS).positive("number of ms")?;
         let default_ms = default_ms(raw.default_ms, max_ms)?;
-        let min_per_try_ms = raw.min_per_try_ms.unwrap_or(DEFAULT_MIN_PER_TRY_MS);
-        let min_per_try_ms = up_to_max_ms("min_per_try_ms", min_per_try_ms, max_ms)?;
+        let min_per_try_ms =
+            check::field("min_per_try_ms", raw.min_per_try_ms, DEFAULT_MIN_PER_TRY_MS)
+                .check(|field, ms| up_to_max_ms(field, ms, max_ms))?;
         // Retries.
-        let retry_ratio = raw.retry_ratio.unwrap_or(DEFAULT_RETRY_RATIO);
-        let retry_ratio = check::fraction("retry_ratio", retry_ratio)?;
-        let max_retries = raw.max_retries.unwrap_or(DEFAULT_MAX_RETRIES);
-        let max_retries = check::in_range("max_retries", max_retries, 0..=MAX_MAX_RETRIES)?;
+        let retry_ratio =
+            check::field("retry_ratio", raw.retry_ratio, DEFAULT_RETRY_RATIO).fraction()?;
+        let max_retries = check::field("max_retries", raw.max_retries, DEFAULT_MAX_RETRIES)
+            .in_range(0..=MAX_MAX_RETRIES)?;
         let (retry_on, retriable_status_codes) =
             retry_conditions(raw.retry_on.as_deref(), raw.retriable_status_codes)?;
         // The breaker.
-        let window_s = raw.window_s.unwrap_or(DEFAULT_WINDOW_S);
-        let (window_ms, bucket_ms) =
-            window_ms(check::in_range("window_s", window_s, 1..=MAX_WINDOW_S)?);
-        let (shed_at, reject_at) = tiers(raw.shed_at, raw.reject_at)?;
-        let shed_fraction = raw.shed_fraction.unwrap_or(DEFAULT_SHED_FRACTION);
-        let probe_fraction = raw.probe_fraction.unwrap_or(DEFAULT_PROBE_FRACTION);
-        let min_calls = raw.min_calls.unwrap_or(DEFAULT_MIN_CALLS);
+        let window_s =
+            check::field("window_s", raw.window_s, DEFAULT_WINDOW_S).in_range(1..=MAX_WINDOW_S)?;
+        let (window_ms, bucket_ms) = window_ms(window_s);
+        let shed_at = check::field("shed_at", raw.shed_at, DEFAULT_SHED_AT).open_fraction()?;
+        let reject_at = check::field("reject_at", raw.reject_at, DEFAULT_REJECT_AT)
+            .check(|field, at| above_shed_at(field, at, shed_at))?;
+        let shed_fraction =
+            check::field("shed_fraction", raw.shed_fraction, DEFAULT_SHED_FRACTION).fraction()?;
+        let probe_fraction =
+            check::field("probe_fraction", raw.probe_fraction, DEFAULT_PROBE_FRACTION)
+                .fraction()?;
+        let min_calls =
+            check::field("min_calls", raw.min_calls, DEFAULT_MIN_CALLS).positive("count")?;
         Ok(Self {
             enabled: raw.enabled.unwrap_or(DEFAULT_ENABLED),
             default_ms,
@@ -215,9 +204,9 @@ impl BudgetConfig {
             bucket_ms,
             shed_at,
             reject_at,
-            shed_fraction: check::fraction("shed_fraction", shed_fraction)?,
-            probe_fraction: check::fraction("probe_fraction", probe_fraction)?,
-            min_calls: check::positive("min_calls", min_calls, "count")?,
+            shed_fraction,
+            probe_fraction,
+            min_calls,
             streaming: raw.streaming.unwrap_or_default(),
         })
     }
@@ -342,17 +331,16 @@ fn window_ms(window_s: u64) -> (u64, u64) {
     (window_ms, (window_ms / BUCKETS as u64).max(1))
 }
 
-/// The breaker's tiers: shedding starts inside `(0, 1)`, rejecting above it.
-fn tiers(shed_at: Option<f64>, reject_at: Option<f64>) -> Result<(f64, f64), ConfigError> {
-    let shed_at = check::open_fraction("shed_at", shed_at.unwrap_or(DEFAULT_SHED_AT))?;
-    let reject_at = check::fraction("reject_at", reject_at.unwrap_or(DEFAULT_REJECT_AT))?;
+/// The reject tier: a pressure in `[0, 1]` above where shedding starts.
+fn above_shed_at(field: &str, reject_at: f64, shed_at: f64) -> Result<f64, ConfigError> {
+    let reject_at = check::fraction(field, reject_at)?;
     if reject_at <= shed_at {
         return Err(ConfigError::new(
-            "reject_at",
+            field,
             format!("{reject_at} is not above budget.shed_at ({shed_at})"),
         ));
     }
-    Ok((shed_at, reject_at))
+    Ok(reject_at)
 }
 
 #[cfg(test)]

@@ -165,26 +165,11 @@ pub struct Stamp {
     pub expires_at_ms: u64,
 }
 
+#[cfg(test)]
 impl Default for CacheConfig {
-    /// The empty section, as [`CacheConfig::compile`] makes it.
+    /// The empty section.
     fn default() -> Self {
-        Self {
-            enabled: DEFAULT_ENABLED,
-            max_temperature: DEFAULT_MAX_TEMPERATURE,
-            dynamic_markers: Vec::new(),
-            scope: Scope::default(),
-            tenant_headers: DEFAULT_TENANT_HEADERS.map(String::from).to_vec(),
-            ttl_ms: DEFAULT_TTL_S * 1_000,
-            ttl_jitter: DEFAULT_TTL_JITTER,
-            stale_if_error_ms: DEFAULT_STALE_IF_ERROR_S * 1_000,
-            max_entries: DEFAULT_MAX_ENTRIES,
-            max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
-            coalesce: DEFAULT_COALESCE,
-            coalesce_wait_ms: DEFAULT_COALESCE_WAIT_MS,
-            semantic: None,
-            mode: Mode::default(),
-            shard_header: DEFAULT_SHARD_HEADER.to_string(),
-        }
+        check::defaults(Self::compile)
     }
 }
 
@@ -193,23 +178,25 @@ impl CacheConfig {
     /// relative to the section (`ttl_jitter`) and quote the bad value.
     pub fn compile(raw: RawCacheConfig) -> Result<Self, ConfigError> {
         // What is cacheable, and whose.
-        let max_temperature = raw.max_temperature.unwrap_or(DEFAULT_MAX_TEMPERATURE);
-        let max_temperature =
-            check::real_in("max_temperature", max_temperature, 0.0..=MAX_TEMPERATURE)?;
+        let max_temperature = check::field(
+            "max_temperature",
+            raw.max_temperature,
+            DEFAULT_MAX_TEMPERATURE,
+        )
+        .real_in(0.0..=MAX_TEMPERATURE)?;
         let dynamic_markers = compile_markers(raw.dynamic_markers.unwrap_or_default())?;
         let scope = raw.scope.unwrap_or_default();
         let tenant_headers = compile_tenant_headers(scope, raw.tenant_headers)?;
         // Freshness.
-        let ttl_s = raw.ttl_s.unwrap_or(DEFAULT_TTL_S);
-        let ttl_s = check::in_range("ttl_s", ttl_s, 1..=MAX_TTL_S)?;
-        let ttl_jitter = raw.ttl_jitter.unwrap_or(DEFAULT_TTL_JITTER);
-        let ttl_jitter = check::fraction_below_one("ttl_jitter", ttl_jitter)?;
-        let stale_s = raw.stale_if_error_s.unwrap_or(DEFAULT_STALE_IF_ERROR_S);
-        let stale_s = check::in_range("stale_if_error_s", stale_s, 0..=MAX_TTL_S)?;
-        // Size and waiting.
-        let max_entries = raw.max_entries.unwrap_or(DEFAULT_MAX_ENTRIES);
-        let max_entry_bytes = raw.max_entry_bytes.unwrap_or(DEFAULT_MAX_ENTRY_BYTES);
-        let coalesce_wait_ms = raw.coalesce_wait_ms.unwrap_or(DEFAULT_COALESCE_WAIT_MS);
+        let ttl_s = check::field("ttl_s", raw.ttl_s, DEFAULT_TTL_S).in_range(1..=MAX_TTL_S)?;
+        let ttl_jitter =
+            check::field("ttl_jitter", raw.ttl_jitter, DEFAULT_TTL_JITTER).fraction_below_one()?;
+        let stale_s = check::field(
+            "stale_if_error_s",
+            raw.stale_if_error_s,
+            DEFAULT_STALE_IF_ERROR_S,
+        )
+        .in_range(0..=MAX_TTL_S)?;
         let semantic = raw
             .semantic
             .map(|s| SemanticConfig::compile(s).map_err(|e| e.within("semantic")))
@@ -224,6 +211,21 @@ impl CacheConfig {
             ));
         }
         let shard_header = compile_shard_header(raw.shard_header, &tenant_headers)?;
+        // Size and waiting.
+        let max_entries = check::field("max_entries", raw.max_entries, DEFAULT_MAX_ENTRIES)
+            .in_range(1..=MAX_ENTRIES)?;
+        let max_entry_bytes = check::field(
+            "max_entry_bytes",
+            raw.max_entry_bytes,
+            DEFAULT_MAX_ENTRY_BYTES,
+        )
+        .in_range(MIN_ENTRY_BYTES..=MAX_ENTRY_BYTES)?;
+        let coalesce_wait_ms = check::field(
+            "coalesce_wait_ms",
+            raw.coalesce_wait_ms,
+            DEFAULT_COALESCE_WAIT_MS,
+        )
+        .in_range(1..=MAX_COALESCE_WAIT_MS)?;
         Ok(Self {
             enabled: raw.enabled.unwrap_or(DEFAULT_ENABLED),
             max_temperature,
@@ -233,18 +235,10 @@ impl CacheConfig {
             ttl_ms: ttl_s.saturating_mul(1000),
             ttl_jitter,
             stale_if_error_ms: stale_s.saturating_mul(1000),
-            max_entries: check::in_range("max_entries", max_entries, 1..=MAX_ENTRIES)?,
-            max_entry_bytes: check::in_range(
-                "max_entry_bytes",
-                max_entry_bytes,
-                MIN_ENTRY_BYTES..=MAX_ENTRY_BYTES,
-            )?,
+            max_entries,
+            max_entry_bytes,
             coalesce: raw.coalesce.unwrap_or(DEFAULT_COALESCE),
-            coalesce_wait_ms: check::in_range(
-                "coalesce_wait_ms",
-                coalesce_wait_ms,
-                1..=MAX_COALESCE_WAIT_MS,
-            )?,
+            coalesce_wait_ms,
             semantic,
             mode,
             shard_header,

@@ -1,11 +1,96 @@
-//! The range checks every section makes, in one place so the same kind of
-//! mistake is refused with the same words wherever it is made. Each check takes
-//! the field's path, relative to its section, and returns the value it accepts.
+//! The checks every section makes, in one place so the same kind of mistake
+//! is refused with the same words wherever it is made. Each range check takes
+//! the field's path, relative to its section, and returns the value it
+//! accepts; [`field`] puts a setting's default in front of its check; the
+//! `is_*` predicates are the grammars of names, paths and headers.
 
 use std::fmt::Display;
 use std::ops::RangeInclusive;
 
 use super::error::ConfigError;
+
+/// A setting as written, `None` when absent or `null`, or else its default,
+/// under its field's name: `check::field("ttl_s", raw.ttl_s, 3_600).in_range(1..=MAX)`.
+/// The default is applied here rather than by a serde field default, which
+/// covers only an absent field: a `null` has always meant the default too.
+pub fn field<T>(name: &str, written: Option<T>, default: T) -> Field<'_, T> {
+    Field {
+        name,
+        value: written.unwrap_or(default),
+    }
+}
+
+/// A setting's value, written or defaulted, and the name its check reports.
+#[derive(Debug, Clone, Copy)]
+#[must_use = "a setting is read through its check"]
+pub struct Field<'a, T> {
+    name: &'a str,
+    value: T,
+}
+
+impl<'a, T> Field<'a, T> {
+    /// The value, checked by `check`, which is given the field's name.
+    pub fn check(
+        self,
+        check: impl FnOnce(&'a str, T) -> Result<T, ConfigError>,
+    ) -> Result<T, ConfigError> {
+        check(self.name, self.value)
+    }
+}
+
+impl<T: PartialOrd + Display + Copy> Field<'_, T> {
+    /// See [`in_range`].
+    pub fn in_range(self, range: RangeInclusive<T>) -> Result<T, ConfigError> {
+        in_range(self.name, self.value, range)
+    }
+}
+
+impl<T: PartialEq + Default + Display + Copy> Field<'_, T> {
+    /// See [`positive`].
+    pub fn positive(self, what: &str) -> Result<T, ConfigError> {
+        positive(self.name, self.value, what)
+    }
+}
+
+impl Field<'_, f64> {
+    /// See [`real_in`].
+    pub fn real_in(self, range: RangeInclusive<f64>) -> Result<f64, ConfigError> {
+        real_in(self.name, self.value, range)
+    }
+
+    /// See [`positive_real`].
+    pub fn positive_real(self) -> Result<f64, ConfigError> {
+        positive_real(self.name, self.value)
+    }
+
+    /// See [`fraction`].
+    pub fn fraction(self) -> Result<f64, ConfigError> {
+        fraction(self.name, self.value)
+    }
+
+    /// See [`fraction_below_one`].
+    pub fn fraction_below_one(self) -> Result<f64, ConfigError> {
+        fraction_below_one(self.name, self.value)
+    }
+
+    /// See [`open_fraction`].
+    pub fn open_fraction(self) -> Result<f64, ConfigError> {
+        open_fraction(self.name, self.value)
+    }
+
+    /// See [`positive_fraction`].
+    pub fn positive_fraction(self) -> Result<f64, ConfigError> {
+        positive_fraction(self.name, self.value)
+    }
+}
+
+/// What a section's built-in defaults compile to, as `{}` does: the
+/// test-only `Default` of every compiled section, so no default is stated
+/// twice.
+#[cfg(test)]
+pub fn defaults<R: Default, T>(compile: impl FnOnce(R) -> Result<T, ConfigError>) -> T {
+    compile(R::default()).expect("the built-in defaults compile")
+}
 
 /// A whole number in `range`.
 pub fn in_range<T>(field: &str, value: T, range: RangeInclusive<T>) -> Result<T, ConfigError>
@@ -71,6 +156,14 @@ pub fn fraction_below_one(field: &str, value: f64) -> Result<f64, ConfigError> {
     Err(ConfigError::new(field, format!("{value} is not in [0, 1)")))
 }
 
+/// A share in `(0, 1]`: none of it would hold for nothing.
+pub fn positive_fraction(field: &str, value: f64) -> Result<f64, ConfigError> {
+    if value > 0.0 && value <= 1.0 {
+        return Ok(value);
+    }
+    Err(ConfigError::new(field, format!("{value} is not in (0, 1]")))
+}
+
 /// A threshold in `(0, 1)`: neither end is a level anything can sit below and above.
 pub fn open_fraction(field: &str, value: f64) -> Result<f64, ConfigError> {
     if value > 0.0 && value < 1.0 {
@@ -90,11 +183,79 @@ pub fn at_most<T>(field: &str, items: &[T], max: usize, what: &str) -> Result<()
     Ok(())
 }
 
+/// Longest Envoy cluster name accepted.
+pub const MAX_CLUSTER_LEN: usize = 200;
+/// Longest model name or `:authority`.
+const MAX_NAME_LEN: usize = 256;
+/// Longest path.
+const MAX_PATH_LEN: usize = 1_024;
+
 /// An RFC 9110 token, the grammar of header names.
 pub fn is_token(s: &str) -> bool {
     !s.is_empty()
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// An RFC 9110 token in lowercase, as HTTP/2 requires of header names.
+pub fn is_header_name(s: &str) -> bool {
+    is_token(s) && !s.bytes().any(|b| b.is_ascii_uppercase())
+}
+
+/// A header value that cannot split the header block: no CR, LF or NUL.
+pub fn is_header_value(s: &str) -> bool {
+    !s.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0)
+}
+
+/// Envoy cluster names as this filter accepts them. `|` is allowed because
+/// Istio names its clusters `outbound|port||host`.
+pub fn is_cluster(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_CLUSTER_LEN
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-' | b'|'))
+}
+
+/// A model name: bounded, without control characters.
+pub fn is_name(s: &str) -> bool {
+    !s.is_empty() && s.len() <= MAX_NAME_LEN && !s.chars().any(char::is_control)
+}
+
+/// An `:authority` of a routed cluster: bounded, visible ASCII, no path,
+/// query, fragment or credentials.
+pub fn is_authority(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_NAME_LEN
+        && s.bytes()
+            .all(|b| b.is_ascii_graphic() && !matches!(b, b'/' | b'?' | b'#' | b'@' | b'"' | b'\\'))
+}
+
+/// A request path of a probe: absolute, bounded, visible ASCII, no fragment.
+pub fn is_path(s: &str) -> bool {
+    s.starts_with('/')
+        && s.len() <= MAX_PATH_LEN
+        && s.bytes().all(|b| b.is_ascii_graphic() && b != b'#')
+}
+
+/// A path the filter matches requests against: absolute, without query or
+/// fragment.
+pub fn is_path_without_query(s: &str) -> bool {
+    s.starts_with('/') && !s.contains(['?', '#'])
+}
+
+/// A value sent as it is, where a blank or a control byte would end it
+/// early or smuggle another (an embeddings `:authority` or `:path`).
+pub fn has_blank_or_control(s: &str) -> bool {
+    s.bytes().any(|b| b <= b' ' || b == 0x7f)
+}
+
+/// A label value that is also a header value: 1 to `max_len` of
+/// `[A-Za-z0-9_-]`.
+pub fn is_label(s: &str, max_len: usize) -> bool {
+    !s.is_empty()
+        && s.len() <= max_len
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 #[cfg(test)]
@@ -134,6 +295,56 @@ mod tests {
             assert!(open_fraction("s", v).is_err(), "{v}");
         }
         assert_eq!(open_fraction("s", 0.5), Ok(0.5));
+    }
+
+    #[test]
+    fn a_field_is_its_default_until_written_then_checked_under_its_name() {
+        assert_eq!(field("n", None, 3u32).in_range(1..=5), Ok(3));
+        assert_eq!(field("n", Some(5u32), 3).in_range(1..=5), Ok(5));
+        let e = field("n", Some(9u32), 3).in_range(1..=5).unwrap_err();
+        assert_eq!(
+            (e.field.as_str(), e.message.as_str()),
+            ("n", "9 is not in 1..=5")
+        );
+        assert_eq!(
+            field("w", Some(0u32), 1)
+                .positive("weight")
+                .unwrap_err()
+                .message,
+            "0 is not a positive weight"
+        );
+        assert_eq!(field("f", None, 0.5).fraction(), Ok(0.5));
+        assert!(field("f", Some(f64::NAN), 0.5).positive_real().is_err());
+        let e = field("t", Some(0.0), 0.9).positive_fraction().unwrap_err();
+        assert_eq!(
+            (e.field.as_str(), e.message.as_str()),
+            ("t", "0 is not in (0, 1]")
+        );
+        assert_eq!(field("t", Some(1.0), 0.9).positive_fraction(), Ok(1.0));
+        let named =
+            field("m", Some(7u64), 1).check(|name, v| Err(ConfigError::new(name, format!("{v}"))));
+        assert_eq!(named.unwrap_err(), ConfigError::new("m", "7"));
+    }
+
+    #[test]
+    fn names_paths_and_headers() {
+        assert!(is_header_name("x-llm-cluster") && !is_header_name("X-Cluster"));
+        assert!(!is_header_name(":authority") && !is_header_name(""));
+        assert!(is_header_value("Bearer k") && !is_header_value("a\nb") && !is_header_value("a\0"));
+        assert!(is_cluster("outbound|8000||vllm.ns.svc.cluster.local"));
+        assert!(!is_cluster("a b") && !is_cluster("") && !is_cluster(&"c".repeat(201)));
+        assert!(is_name("gpt-4o") && !is_name("") && !is_name("a\u{7}"));
+        assert!(is_authority("api.openai.com:443"));
+        for bad in ["", "x/y", "u@h", "a b"] {
+            assert!(!is_authority(bad), "{bad:?}");
+        }
+        assert!(is_path("/v1/models?x=1") && !is_path("health") && !is_path("/a#b"));
+        assert!(is_path_without_query("/llm-filter") && !is_path_without_query("/a?b"));
+        assert!(!is_path_without_query("v1/chat"));
+        assert!(has_blank_or_control("a b") && has_blank_or_control("a\x7f"));
+        assert!(!has_blank_or_control("emb.example/é"));
+        assert!(is_label("control_1-b", 32) && !is_label("a b", 32) && !is_label("", 32));
+        assert!(!is_label(&"g".repeat(33), 32));
     }
 
     #[test]

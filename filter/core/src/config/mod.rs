@@ -122,31 +122,36 @@ pub enum TracingMode {
     Off,
 }
 
+#[cfg(test)]
 impl Default for Config {
     /// The empty document, as [`Config::parse`] compiles `{}`.
     fn default() -> Self {
-        Self {
-            llm_paths: default_paths(),
-            priority: PriorityConfig::default(),
-            tracing: TracingMode::default(),
-            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-            routing: RoutingConfig::default(),
-            budget: BudgetConfig::default(),
-            cache: CacheConfig::default(),
-            degrade: DegradeConfig::default(),
-            admin: AdminConfig::default(),
-            shaping: ShapingConfig::default(),
-            ab: AbConfig::default(),
-        }
+        check::defaults(|raw: RawConfig| Self::try_from(raw))
     }
 }
 
+#[cfg(test)]
 impl Default for PriorityConfig {
+    /// The empty section.
     fn default() -> Self {
-        Self {
-            default: Priority::default(),
-            trust_client: DEFAULT_TRUST_CLIENT,
-        }
+        check::defaults(Self::compile)
+    }
+}
+
+impl PriorityConfig {
+    /// Compiles the section; every value serde accepts is valid.
+    pub fn compile(raw: RawPriority) -> Result<Self, ConfigError> {
+        Ok(Self {
+            default: raw.default.unwrap_or_default(),
+            trust_client: raw.trust_client.unwrap_or(DEFAULT_TRUST_CLIENT),
+        })
+    }
+}
+
+impl TracingMode {
+    /// Compiles the `tracing` section; every value serde accepts is valid.
+    pub fn compile(raw: RawTracing) -> Result<Self, ConfigError> {
+        Ok(raw.mode.unwrap_or_default())
     }
 }
 
@@ -176,9 +181,9 @@ impl TryFrom<RawConfig> for Config {
             None => default_paths(),
             Some(paths) => compile_paths(paths)?,
         };
-        let max_body_bytes = raw.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
         let max_body_bytes =
-            check::in_range("max_body_bytes", max_body_bytes, 1..=MAX_MAX_BODY_BYTES)?;
+            check::field("max_body_bytes", raw.max_body_bytes, DEFAULT_MAX_BODY_BYTES)
+                .in_range(1..=MAX_MAX_BODY_BYTES)?;
         let cache = CacheConfig::compile(raw.cache).map_err(|e| e.within("cache"))?;
         // Groups compile their overrides against the sections as written.
         let ab = AbConfig::compile(
@@ -210,14 +215,11 @@ impl TryFrom<RawConfig> for Config {
             ab,
             budget: BudgetConfig::compile(raw.budget).map_err(|e| e.within("budget"))?,
             cache,
-            shaping: ShapingConfig::compile(&raw.shaping).map_err(|e| e.within("shaping"))?,
+            shaping: ShapingConfig::compile(raw.shaping).map_err(|e| e.within("shaping"))?,
             degrade: DegradeConfig::compile(raw.degrade).map_err(|e| e.within("degrade"))?,
             admin: AdminConfig::compile(raw.admin).map_err(|e| e.within("admin"))?,
-            priority: PriorityConfig {
-                default: raw.priority.default.unwrap_or_default(),
-                trust_client: raw.priority.trust_client.unwrap_or(DEFAULT_TRUST_CLIENT),
-            },
-            tracing: raw.tracing.mode.unwrap_or_default(),
+            priority: PriorityConfig::compile(raw.priority).map_err(|e| e.within("priority"))?,
+            tracing: TracingMode::compile(raw.tracing).map_err(|e| e.within("tracing"))?,
         })
     }
 }
@@ -228,7 +230,7 @@ fn default_paths() -> Vec<String> {
 
 fn compile_paths(paths: Vec<String>) -> Result<Vec<String>, ConfigError> {
     for (i, p) in paths.iter().enumerate() {
-        if !p.starts_with('/') || p.contains(['?', '#']) {
+        if !check::is_path_without_query(p) {
             return Err(ConfigError::new(
                 format!("llm_paths[{i}]"),
                 format!("{p:?} is not an absolute path without query"),

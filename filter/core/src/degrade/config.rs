@@ -26,6 +26,8 @@ pub const DEFAULT_TOKENS_PER_S_REF: f64 = 1000.0;
 pub const DEFAULT_MAX_TOKENS_CAP: u64 = 256;
 /// Default `retry_after_s` of a shed call (a rejected one is told twice that).
 pub const DEFAULT_RETRY_AFTER_S: u64 = 5;
+/// Longest `retry_after_s`: an hour.
+const MAX_RETRY_AFTER_S: u64 = 3_600;
 
 /// `degrade` as written.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -237,19 +239,11 @@ pub struct DegradeConfig {
     pub actions: LevelActions,
 }
 
+#[cfg(test)]
 impl Default for DegradeConfig {
+    /// The empty section.
     fn default() -> Self {
-        Self {
-            alerts: default_alerts(),
-            alert_ttl_ms: DEFAULT_ALERT_TTL_S * 1000,
-            thresholds: Vec::new(),
-            qps_ref: DEFAULT_QPS_REF,
-            tokens_per_s_ref: DEFAULT_TOKENS_PER_S_REF,
-            max_tokens_cap: DEFAULT_MAX_TOKENS_CAP,
-            fallback_model: BTreeMap::new(),
-            retry_after_s: DEFAULT_RETRY_AFTER_S,
-            actions: default_actions(),
-        }
+        check::defaults(Self::compile)
     }
 }
 
@@ -307,8 +301,8 @@ impl DegradeConfig {
                 .map(|(i, r)| compile_rule(r).map_err(|e| e.within(&format!("alerts[{i}]"))))
                 .collect::<Result<_, _>>()?,
         };
-        let ttl_s = raw.alert_ttl_s.unwrap_or(DEFAULT_ALERT_TTL_S);
-        let ttl_s = check::in_range("alert_ttl_s", ttl_s, 1..=MAX_ALERT_TTL_S)?;
+        let ttl_s = check::field("alert_ttl_s", raw.alert_ttl_s, DEFAULT_ALERT_TTL_S)
+            .in_range(1..=MAX_ALERT_TTL_S)?;
         let thresholds = raw
             .thresholds
             .unwrap_or_default()
@@ -316,15 +310,18 @@ impl DegradeConfig {
             .enumerate()
             .map(|(i, t)| compile_threshold(t).map_err(|e| e.within(&format!("thresholds[{i}]"))))
             .collect::<Result<_, _>>()?;
-        let qps_ref = check::positive_real("qps_ref", raw.qps_ref.unwrap_or(DEFAULT_QPS_REF))?;
-        let tokens_per_s_ref = check::positive_real(
+        let qps_ref = check::field("qps_ref", raw.qps_ref, DEFAULT_QPS_REF).positive_real()?;
+        let tokens_per_s_ref = check::field(
             "tokens_per_s_ref",
-            raw.tokens_per_s_ref.unwrap_or(DEFAULT_TOKENS_PER_S_REF),
-        )?;
-        let max_tokens_cap = raw.max_tokens_cap.unwrap_or(DEFAULT_MAX_TOKENS_CAP);
-        let max_tokens_cap = check::positive("max_tokens_cap", max_tokens_cap, "token count")?;
-        let retry_after_s = raw.retry_after_s.unwrap_or(DEFAULT_RETRY_AFTER_S);
-        let retry_after_s = check::in_range("retry_after_s", retry_after_s, 1..=3600)?;
+            raw.tokens_per_s_ref,
+            DEFAULT_TOKENS_PER_S_REF,
+        )
+        .positive_real()?;
+        let max_tokens_cap =
+            check::field("max_tokens_cap", raw.max_tokens_cap, DEFAULT_MAX_TOKENS_CAP)
+                .positive("token count")?;
+        let retry_after_s = check::field("retry_after_s", raw.retry_after_s, DEFAULT_RETRY_AFTER_S)
+            .in_range(1..=MAX_RETRY_AFTER_S)?;
         let fallback_model = compile_fallback_models(raw.fallback_model.unwrap_or_default())?;
         let actions = compile_levels(raw.levels.unwrap_or_default(), &fallback_model)?;
         Ok(Self {

@@ -25,6 +25,8 @@ const DEFAULT_RAMP_S: u64 = 20;
 const DEFAULT_EWMA_HALF_LIFE_S: f64 = 10.0;
 const DEFAULT_HEDGE_MIN_DELAY_MS: u64 = 250;
 const DEFAULT_HEDGE_MAX_RATIO: f64 = 0.05;
+/// A held call its backend fails retriably goes to another backend.
+const DEFAULT_FAILOVER: bool = true;
 
 // Upper bounds keep every millisecond conversion far from overflow and reject
 // values that can only be typos.
@@ -33,9 +35,6 @@ const MAX_PROBE_TIMEOUT_MS: u64 = 60_000;
 const MAX_EJECT_AFTER_FAILURES: u32 = 1_000;
 const MAX_EJECT_S: u64 = 86_400;
 const MIN_HALF_LIFE_S: f64 = 0.1;
-const MAX_CLUSTER_LEN: usize = 200;
-const MAX_NAME_LEN: usize = 256;
-const MAX_PATH_LEN: usize = 1_024;
 
 /// `routing` as written.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -240,24 +239,11 @@ pub struct When {
     pub stream: Option<bool>,
 }
 
+#[cfg(test)]
 impl Default for RoutingConfig {
-    /// No model routed: every call passes untouched.
+    /// The empty section: no model routed, every call passes untouched.
     fn default() -> Self {
-        Self {
-            models: BTreeMap::new(),
-            clusters: Vec::new(),
-            cluster_header: DEFAULT_CLUSTER_HEADER.to_string(),
-            probe_interval_ms: DEFAULT_PROBE_INTERVAL_S * 1_000,
-            probe_timeout_ms: DEFAULT_PROBE_TIMEOUT_MS,
-            eject_after_failures: DEFAULT_EJECT_AFTER_FAILURES,
-            eject_ms: DEFAULT_EJECT_S * 1_000,
-            max_eject_ms: DEFAULT_MAX_EJECT_S * 1_000,
-            ramp_ms: DEFAULT_RAMP_S * 1_000,
-            ewma_half_life_ms: DEFAULT_EWMA_HALF_LIFE_S * 1_000.0,
-            rules: Vec::new(),
-            failover: true,
-            hedge: None,
-        }
+        check::defaults(Self::compile)
     }
 }
 
@@ -267,7 +253,7 @@ impl RoutingConfig {
     pub fn compile(raw: RawRoutingConfig) -> Result<Self, ConfigError> {
         let cluster_header = match raw.cluster_header.as_deref() {
             None => DEFAULT_CLUSTER_HEADER,
-            Some(h) if is_header_name(h) => h,
+            Some(h) if check::is_header_name(h) => h,
             Some(h) => {
                 return Err(ConfigError::new(
                     "cluster_header",
@@ -276,18 +262,64 @@ impl RoutingConfig {
             }
         }
         .to_string();
-        let health = compile_health(&raw)?;
-        let hedge = raw.hedge.map(compile_hedge).transpose()?;
+        // Health: probes, ejection, averaging.
+        let probe_interval_s = check::field(
+            "probe_interval_s",
+            raw.probe_interval_s,
+            DEFAULT_PROBE_INTERVAL_S,
+        )
+        .in_range(1..=MAX_INTERVAL_S)?;
+        let probe_timeout_ms = check::field(
+            "probe_timeout_ms",
+            raw.probe_timeout_ms,
+            DEFAULT_PROBE_TIMEOUT_MS,
+        )
+        .in_range(1..=MAX_PROBE_TIMEOUT_MS)?;
+        let eject_after_failures = check::field(
+            "eject_after_failures",
+            raw.eject_after_failures,
+            DEFAULT_EJECT_AFTER_FAILURES,
+        )
+        .in_range(1..=MAX_EJECT_AFTER_FAILURES)?;
+        let eject_s =
+            check::field("eject_s", raw.eject_s, DEFAULT_EJECT_S).in_range(1..=MAX_EJECT_S)?;
+        // A long first ejection raises the default cap with it.
+        let max_eject_s = check::field(
+            "max_eject_s",
+            raw.max_eject_s,
+            DEFAULT_MAX_EJECT_S.max(eject_s),
+        )
+        .in_range(eject_s..=MAX_EJECT_S)?;
+        let ramp_s =
+            check::field("ramp_s", raw.ramp_s, DEFAULT_RAMP_S).in_range(0..=MAX_INTERVAL_S)?;
+        let half_life_s = check::field(
+            "ewma_half_life_s",
+            raw.ewma_half_life_s,
+            DEFAULT_EWMA_HALF_LIFE_S,
+        )
+        .real_in(MIN_HALF_LIFE_S..=MAX_INTERVAL_S as f64)?;
+        // Hedging, then the model table and the rules that pick in it.
+        let hedge = raw
+            .hedge
+            .map(|h| HedgeConfig::compile(h).map_err(|e| e.within("hedge")))
+            .transpose()?;
         let (models, clusters) = compile_models(raw.models)?;
         let rules = compile_rules(raw.rules, &models)?;
         Ok(Self {
             models,
             clusters,
             cluster_header,
+            // The bounds above keep these products small.
+            probe_interval_ms: probe_interval_s.saturating_mul(1_000),
+            probe_timeout_ms,
+            eject_after_failures,
+            eject_ms: eject_s.saturating_mul(1_000),
+            max_eject_ms: max_eject_s.saturating_mul(1_000),
+            ramp_ms: ramp_s.saturating_mul(1_000),
+            ewma_half_life_ms: half_life_s * 1_000.0,
             rules,
-            failover: raw.failover.unwrap_or(true),
+            failover: raw.failover.unwrap_or(DEFAULT_FAILOVER),
             hedge,
-            ..health
         })
     }
 
@@ -297,64 +329,22 @@ impl RoutingConfig {
     }
 }
 
-/// `hedge`: priorities (P0 by default), the shortest delay and the cap.
-fn compile_hedge(raw: RawHedge) -> Result<HedgeConfig, ConfigError> {
-    let min_delay_ms = raw.min_delay_ms.unwrap_or(DEFAULT_HEDGE_MIN_DELAY_MS);
-    let min_delay_ms =
-        check::in_range("hedge.min_delay_ms", min_delay_ms, 1..=MAX_PROBE_TIMEOUT_MS)?;
-    let max_ratio = raw.max_ratio.unwrap_or(DEFAULT_HEDGE_MAX_RATIO);
-    let max_ratio = check::real_in("hedge.max_ratio", max_ratio, 0.0..=1.0)?;
-    Ok(HedgeConfig {
-        priorities: raw.priorities.unwrap_or_else(|| vec![Priority::P0]),
-        min_delay_ms,
-        max_ratio,
-    })
-}
-
-/// The health settings (probes, ejection, averaging) of the section; the
-/// other fields are left at their defaults.
-fn compile_health(raw: &RawRoutingConfig) -> Result<RoutingConfig, ConfigError> {
-    let probe_interval_s = raw.probe_interval_s.unwrap_or(DEFAULT_PROBE_INTERVAL_S);
-    let probe_interval_s =
-        check::in_range("probe_interval_s", probe_interval_s, 1..=MAX_INTERVAL_S)?;
-    let probe_timeout_ms = raw.probe_timeout_ms.unwrap_or(DEFAULT_PROBE_TIMEOUT_MS);
-    let probe_timeout_ms = check::in_range(
-        "probe_timeout_ms",
-        probe_timeout_ms,
-        1..=MAX_PROBE_TIMEOUT_MS,
-    )?;
-    let eject_after_failures = raw
-        .eject_after_failures
-        .unwrap_or(DEFAULT_EJECT_AFTER_FAILURES);
-    let eject_after_failures = check::in_range(
-        "eject_after_failures",
-        eject_after_failures,
-        1..=MAX_EJECT_AFTER_FAILURES,
-    )?;
-    let eject_s = raw.eject_s.unwrap_or(DEFAULT_EJECT_S);
-    let eject_s = check::in_range("eject_s", eject_s, 1..=MAX_EJECT_S)?;
-    // A long first ejection raises the default cap with it.
-    let max_eject_s = raw.max_eject_s.unwrap_or(DEFAULT_MAX_EJECT_S.max(eject_s));
-    let max_eject_s = check::in_range("max_eject_s", max_eject_s, eject_s..=MAX_EJECT_S)?;
-    let ramp_s = raw.ramp_s.unwrap_or(DEFAULT_RAMP_S);
-    let ramp_s = check::in_range("ramp_s", ramp_s, 0..=MAX_INTERVAL_S)?;
-    let half_life_s = raw.ewma_half_life_s.unwrap_or(DEFAULT_EWMA_HALF_LIFE_S);
-    let half_life_s = check::real_in(
-        "ewma_half_life_s",
-        half_life_s,
-        MIN_HALF_LIFE_S..=MAX_INTERVAL_S as f64,
-    )?;
-    Ok(RoutingConfig {
-        // The bounds above keep these products small.
-        probe_interval_ms: probe_interval_s.saturating_mul(1_000),
-        probe_timeout_ms,
-        eject_after_failures,
-        eject_ms: eject_s.saturating_mul(1_000),
-        max_eject_ms: max_eject_s.saturating_mul(1_000),
-        ramp_ms: ramp_s.saturating_mul(1_000),
-        ewma_half_life_ms: half_life_s * 1_000.0,
-        ..RoutingConfig::default()
-    })
+impl HedgeConfig {
+    /// Compiles `routing.hedge`: priorities (P0 by default), the shortest
+    /// delay and the cap; errors name fields relative to it.
+    pub fn compile(raw: RawHedge) -> Result<Self, ConfigError> {
+        Ok(Self {
+            min_delay_ms: check::field(
+                "min_delay_ms",
+                raw.min_delay_ms,
+                DEFAULT_HEDGE_MIN_DELAY_MS,
+            )
+            .in_range(1..=MAX_PROBE_TIMEOUT_MS)?,
+            max_ratio: check::field("max_ratio", raw.max_ratio, DEFAULT_HEDGE_MAX_RATIO)
+                .fraction()?,
+            priorities: raw.priorities.unwrap_or_else(|| vec![Priority::P0]),
+        })
+    }
 }
 
 type Models = BTreeMap<String, Vec<Backend>>;
@@ -366,7 +356,7 @@ fn compile_models(
     let mut models = BTreeMap::new();
     for (model, backends) in raw {
         let at = format!("models.{model}");
-        if !is_name(&model) {
+        if !check::is_name(&model) {
             return Err(ConfigError::new(
                 at,
                 format!("{model:?} is not a model name"),
@@ -399,15 +389,15 @@ fn compile_backend(
     probes: &mut Probes,
 ) -> Result<Backend, ConfigError> {
     check_cluster(&format!("{at}.cluster"), &b.cluster, siblings)?;
-    let weight = b.weight.unwrap_or(DEFAULT_WEIGHT);
-    let weight = check::positive(&format!("{at}.weight"), weight, "weight")?;
-    if let Some(m) = b.model.as_ref().filter(|m| !is_name(m)) {
+    let weight =
+        check::field(&format!("{at}.weight"), b.weight, DEFAULT_WEIGHT).positive("weight")?;
+    if let Some(m) = b.model.as_ref().filter(|m| !check::is_name(m)) {
         return Err(ConfigError::new(
             format!("{at}.model"),
             format!("{m:?} is not a model name"),
         ));
     }
-    if let Some(a) = b.authority.as_ref().filter(|a| !is_authority(a)) {
+    if let Some(a) = b.authority.as_ref().filter(|a| !check::is_authority(a)) {
         return Err(ConfigError::new(
             format!("{at}.authority"),
             format!("{a:?} is not a host[:port]"),
@@ -417,7 +407,7 @@ fn compile_backend(
         ("health_path", &b.health_path),
         ("metrics_path", &b.metrics_path),
     ] {
-        if let Some(p) = path.as_ref().filter(|p| !is_path(p)) {
+        if let Some(p) = path.as_ref().filter(|p| !check::is_path(p)) {
             return Err(ConfigError::new(
                 format!("{at}.{field}"),
                 format!("{p:?} is not an absolute path"),
@@ -437,11 +427,12 @@ fn check_cluster(field: &str, cluster: &str, siblings: &[Backend]) -> Result<(),
     if cluster.is_empty() {
         return Err(ConfigError::new(field, "is required"));
     }
-    if !is_cluster(cluster) {
+    if !check::is_cluster(cluster) {
         return Err(ConfigError::new(
             field,
             format!(
-                "{cluster:?} is not a cluster name ([A-Za-z0-9_.|-], at most {MAX_CLUSTER_LEN})"
+                "{cluster:?} is not a cluster name ([A-Za-z0-9_.|-], at most {})",
+                check::MAX_CLUSTER_LEN
             ),
         ));
     }
@@ -552,7 +543,7 @@ fn compile_when(at: &str, w: RawWhen) -> Result<When, ConfigError> {
         Some(m) => {
             let field = format!("{at}.model");
             let names = non_empty(&field, m)?;
-            if let Some(bad) = names.iter().find(|n| !is_name(n)) {
+            if let Some(bad) = names.iter().find(|n| !check::is_name(n)) {
                 return Err(ConfigError::new(
                     field,
                     format!("{bad:?} is not a model name"),
@@ -598,37 +589,6 @@ fn non_empty(field: &str, values: OneOrMany) -> Result<Vec<String>, ConfigError>
         return Err(ConfigError::new(field, "an empty list never matches"));
     }
     Ok(values)
-}
-
-/// Envoy cluster names as this filter accepts them. `|` is allowed because
-/// Istio names its clusters `outbound|port||host`.
-fn is_cluster(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= MAX_CLUSTER_LEN
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-' | b'|'))
-}
-
-fn is_name(s: &str) -> bool {
-    !s.is_empty() && s.len() <= MAX_NAME_LEN && !s.chars().any(char::is_control)
-}
-
-/// An RFC 9110 token in lowercase, as HTTP/2 requires of header names.
-fn is_header_name(s: &str) -> bool {
-    check::is_token(s) && !s.bytes().any(|b| b.is_ascii_uppercase())
-}
-
-fn is_authority(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= MAX_NAME_LEN
-        && s.bytes()
-            .all(|b| b.is_ascii_graphic() && !matches!(b, b'/' | b'?' | b'#' | b'@' | b'"' | b'\\'))
-}
-
-fn is_path(s: &str) -> bool {
-    s.starts_with('/')
-        && s.len() <= MAX_PATH_LEN
-        && s.bytes().all(|b| b.is_ascii_graphic() && b != b'#')
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! in-flight count, and a finished one feeds the cluster's health (latency,
 //! errors, ejection) and the per-cluster call metrics.
 
-use super::health::{self, CallResult, CallSample, Health};
+use super::health::{self, Health};
+use super::outcome::{CallResult, CallSample};
 use super::RoutingConfig;
 use crate::host::{Metrics, SharedStore};
 use crate::metrics::{self as names, internal_error};

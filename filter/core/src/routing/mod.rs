@@ -16,13 +16,15 @@ pub mod failover;
 pub mod health;
 pub mod hedge;
 pub mod learn;
+pub mod outcome;
 pub mod probe;
 pub mod rewrite;
 pub mod rules;
 pub mod weight;
 
 pub use config::{Backend, ClusterTarget, RawRoutingConfig, RoutingConfig, Rule, When};
-pub use health::{CallResult, CallSample, Health, Load};
+pub use health::{Health, Load};
+pub use outcome::{CallResult, CallSample};
 pub use rules::Features;
 
 use crate::host::{Metrics, Random, SharedStore};

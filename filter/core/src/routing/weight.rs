@@ -393,7 +393,8 @@ mod tests {
     use super::*;
     use crate::host::MemoryStore;
     use crate::routing::ewma::BUCKETS;
-    use crate::routing::health::{self, CallResult, CallSample, Ewma};
+    use crate::routing::health::{self, Ewma};
+    use crate::routing::outcome::{CallResult, CallSample};
 
     fn backend(cluster: &str, weight: u32) -> Backend {
         Backend {

@@ -87,7 +87,7 @@ pub struct ShapingConfig {
 
 impl ShapingConfig {
     /// Compiles the section; errors name fields relative to it.
-    pub fn compile(raw: &RawShapingConfig) -> Result<Self, ConfigError> {
+    pub fn compile(raw: RawShapingConfig) -> Result<Self, ConfigError> {
         let mut limits = [Limits::default(); 3];
         for (p, l) in Priority::ALL.iter().zip(limits.iter_mut()) {
             l.max_tokens = per_priority("max_tokens_cap", raw.max_tokens_cap, *p, "token count")?;
@@ -142,7 +142,7 @@ mod tests {
     use super::*;
 
     fn parse(doc: &str) -> Result<ShapingConfig, ConfigError> {
-        ShapingConfig::compile(&ConfigError::from_json::<RawShapingConfig>(doc.as_bytes())?)
+        ShapingConfig::compile(ConfigError::from_json::<RawShapingConfig>(doc.as_bytes())?)
     }
 
     #[test]
@@ -201,7 +201,7 @@ mod tests {
         let base: RawShapingConfig =
             serde_json::from_str(r#"{"max_tokens_cap":512,"max_history_turns":6}"#).unwrap();
         let over: RawShapingConfig = serde_json::from_str(r#"{"max_tokens_cap":128}"#).unwrap();
-        let c = ShapingConfig::compile(&base.overridden_by(&over)).unwrap();
+        let c = ShapingConfig::compile(base.overridden_by(&over)).unwrap();
         assert_eq!(c.limits(Priority::P1).max_tokens, Some(128));
         assert_eq!(c.limits(Priority::P1).history_turns, Some(6));
     }

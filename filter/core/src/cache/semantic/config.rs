@@ -105,13 +105,6 @@ pub struct EmbeddingsConfig {
     pub timeout_ms: u64,
 }
 
-/// Bytes one stored vector of `dims` dimensions takes beyond its values (see
-/// [`super::store`]).
-pub const RECORD_OVERHEAD_BYTES: u64 = 32 + 32 + 8 + 8 + 4 + 2;
-/// Shared-data cost of a group slot beyond its records: key, header and
-/// Envoy's map node. An estimate, for the logged footprint.
-pub const GROUP_OVERHEAD_BYTES: u64 = 128;
-
 impl SemanticConfig {
     /// Compiles the section; errors name the field relative to it.
     pub fn compile(raw: RawSemanticConfig) -> Result<Self, ConfigError> {
@@ -120,44 +113,31 @@ impl SemanticConfig {
         })?;
         let embeddings =
             EmbeddingsConfig::compile(embeddings).map_err(|e| e.within("embeddings"))?;
-        let threshold = raw.threshold.unwrap_or(DEFAULT_THRESHOLD);
-        if threshold.is_nan() || threshold <= 0.0 || threshold > 1.0 {
-            return Err(ConfigError::new(
-                "threshold",
-                format!("{threshold} is not in (0, 1]"),
-            ));
-        }
-        let max_per_context = raw.max_per_context.unwrap_or(DEFAULT_MAX_PER_CONTEXT);
-        let max_contexts = raw.max_contexts.unwrap_or(DEFAULT_MAX_CONTEXTS);
-        let max_dimensions = raw.max_dimensions.unwrap_or(DEFAULT_MAX_DIMENSIONS);
-        let max_text_bytes = raw.max_text_bytes.unwrap_or(DEFAULT_MAX_TEXT_BYTES);
         Ok(Self {
             embeddings,
-            threshold,
-            max_per_context: check::in_range(
+            threshold: check::field("threshold", raw.threshold, DEFAULT_THRESHOLD)
+                .positive_fraction()?,
+            max_per_context: check::field(
                 "max_per_context",
-                max_per_context,
-                1..=MAX_PER_CONTEXT,
-            )?,
-            max_contexts: check::in_range("max_contexts", max_contexts, 1..=MAX_CONTEXTS)?,
-            max_dimensions: check::in_range("max_dimensions", max_dimensions, 1..=MAX_DIMENSIONS)?,
-            max_text_bytes: check::in_range("max_text_bytes", max_text_bytes, 1..=MAX_TEXT_BYTES)?,
+                raw.max_per_context,
+                DEFAULT_MAX_PER_CONTEXT,
+            )
+            .in_range(1..=MAX_PER_CONTEXT)?,
+            max_contexts: check::field("max_contexts", raw.max_contexts, DEFAULT_MAX_CONTEXTS)
+                .in_range(1..=MAX_CONTEXTS)?,
+            max_dimensions: check::field(
+                "max_dimensions",
+                raw.max_dimensions,
+                DEFAULT_MAX_DIMENSIONS,
+            )
+            .in_range(1..=MAX_DIMENSIONS)?,
+            max_text_bytes: check::field(
+                "max_text_bytes",
+                raw.max_text_bytes,
+                DEFAULT_MAX_TEXT_BYTES,
+            )
+            .in_range(1..=MAX_TEXT_BYTES)?,
         })
-    }
-
-    /// Largest value of one group slot, bytes.
-    pub fn max_group_bytes(&self) -> u64 {
-        let record = RECORD_OVERHEAD_BYTES.saturating_add(u64::from(self.max_dimensions));
-        u64::from(self.max_per_context)
-            .saturating_mul(record)
-            .saturating_add(super::store::GROUP_HEADER_BYTES as u64)
-    }
-
-    /// The most shared data the semantic index can hold: every group slot
-    /// full of the longest vectors. Logged at start.
-    pub fn worst_case_bytes(&self) -> u64 {
-        u64::from(self.max_contexts)
-            .saturating_mul(self.max_group_bytes().saturating_add(GROUP_OVERHEAD_BYTES))
     }
 }
 
@@ -172,14 +152,14 @@ impl EmbeddingsConfig {
             .filter(|m| !m.is_empty())
             .ok_or_else(|| ConfigError::new("model", "is required: the embeddings model"))?;
         let authority = raw.authority.unwrap_or_else(|| cluster.clone());
-        if authority.is_empty() || authority.bytes().any(|b| b <= b' ' || b == 0x7f) {
+        if authority.is_empty() || check::has_blank_or_control(&authority) {
             return Err(ConfigError::new(
                 "authority",
                 format!("{authority:?} is not a host"),
             ));
         }
         let path = raw.path.unwrap_or_else(|| DEFAULT_PATH.to_string());
-        if !path.starts_with('/') || path.bytes().any(|b| b <= b' ' || b == 0x7f) {
+        if !path.starts_with('/') || check::has_blank_or_control(&path) {
             return Err(ConfigError::new("path", format!("{path:?} is not a path")));
         }
         let raw_headers = raw.headers.unwrap_or_default();
@@ -199,7 +179,7 @@ impl EmbeddingsConfig {
                     "is not a header name the filter may set",
                 ));
             }
-            if value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
+            if !check::is_header_value(&value) {
                 return Err(ConfigError::new(
                     format!("headers.{lower}"),
                     "has a control character in its value",
@@ -207,14 +187,14 @@ impl EmbeddingsConfig {
             }
             headers.push((lower, value));
         }
-        let timeout_ms = raw.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
         Ok(Self {
             cluster,
             model,
             authority,
             path,
             headers,
-            timeout_ms: check::in_range("timeout_ms", timeout_ms, 1..=MAX_TIMEOUT_MS)?,
+            timeout_ms: check::field("timeout_ms", raw.timeout_ms, DEFAULT_TIMEOUT_MS)
+                .in_range(1..=MAX_TIMEOUT_MS)?,
         })
     }
 }
@@ -245,11 +225,6 @@ mod tests {
         );
         assert_eq!(e.timeout_ms, 50);
         assert!(e.headers.is_empty());
-        // 64 groups of 256 vectors of 1536 int8 values and their records.
-        assert_eq!(
-            c.worst_case_bytes(),
-            64 * (256 * (1536 + RECORD_OVERHEAD_BYTES) + 8 + GROUP_OVERHEAD_BYTES)
-        );
     }
 
     #[test]

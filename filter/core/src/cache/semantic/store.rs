@@ -51,8 +51,29 @@ struct RecordRef<'a> {
     raw: &'a [u8],
 }
 
-/// Fixed part of a record.
+/// Fixed part of a record: what one stored vector takes beyond its values.
 const FIXED: usize = 32 + 32 + 8 + 8 + 4 + 2;
+/// Shared-data cost of a group slot beyond its records: key, header and
+/// Envoy's map node. An estimate, for the logged footprint.
+pub const GROUP_OVERHEAD_BYTES: u64 = 128;
+
+/// The footprint of a configuration, sized here beside the layout it counts.
+impl SemanticConfig {
+    /// Largest value of one group slot, bytes.
+    pub fn max_group_bytes(&self) -> u64 {
+        let record = (FIXED as u64).saturating_add(u64::from(self.max_dimensions));
+        u64::from(self.max_per_context)
+            .saturating_mul(record)
+            .saturating_add(GROUP_HEADER_BYTES as u64)
+    }
+
+    /// The most shared data the semantic index can hold: every group slot
+    /// full of the longest vectors. Logged at start.
+    pub fn worst_case_bytes(&self) -> u64 {
+        u64::from(self.max_contexts)
+            .saturating_mul(self.max_group_bytes().saturating_add(GROUP_OVERHEAD_BYTES))
+    }
+}
 
 fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     let w = b.get(at..at.checked_add(8)?)?;

@@ -19,6 +19,24 @@ fn cfg(per_context: u32, contexts: u32) -> SemanticConfig {
     .unwrap()
 }
 
+#[test]
+fn the_default_footprint_counts_every_record() {
+    let c = SemanticConfig::compile(RawSemanticConfig {
+        embeddings: Some(RawEmbeddingsConfig {
+            cluster: Some("emb".into()),
+            model: Some("e5".into()),
+            ..RawEmbeddingsConfig::default()
+        }),
+        ..RawSemanticConfig::default()
+    })
+    .unwrap();
+    // 64 groups of 256 vectors of 1536 int8 values and their records.
+    assert_eq!(
+        c.worst_case_bytes(),
+        64 * (256 * (1536 + FIXED as u64) + 8 + GROUP_OVERHEAD_BYTES)
+    );
+}
+
 fn key(n: u8) -> Key {
     let mut k = [n; 32];
     k[31] = 0xee;
