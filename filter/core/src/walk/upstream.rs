@@ -79,23 +79,28 @@ impl Call {
             self.send_body(env, host, body, None);
             return Chosen::default();
         };
-        if let Some(new_model) = &decision.rewrite_model {
-            let rewritten = routing::rewrite::rewrite_model(&body.doc, new_model);
-            let written = rewritten
-                .as_deref()
-                .is_some_and(|new_body| self.send_body(env, host, body, Some(new_body)));
-            if !written {
-                // The body could not be rewritten: the call goes to the
-                // model's default route untouched rather than to a backend
-                // that would not know the model.
-                internal_error(env.metrics, "rewrite_model");
-                if rewritten.is_none() {
-                    self.send_body(env, host, body, None);
-                }
-                return Chosen::default();
+        // The chosen backend's name of the model, when it has its own.
+        let rewritten = decision
+            .rewrite_model
+            .as_deref()
+            .map(|new_model| routing::rewrite::rewrite_model(&body.doc, new_model));
+        let written = match &rewritten {
+            Some(None) => {
+                self.send_body(env, host, body, None);
+                false
             }
-        } else {
-            self.send_body(env, host, body, None);
+            Some(Some(new_body)) => self.send_body(env, host, body, Some(new_body)),
+            None => {
+                self.send_body(env, host, body, None);
+                true
+            }
+        };
+        if !written {
+            // The body could not be rewritten: the call goes to the model's
+            // default route untouched rather than to a backend that would not
+            // know the model.
+            internal_error(env.metrics, "rewrite_model");
+            return Chosen::default();
         }
         if let Some(authority) = &decision.authority {
             set_request(env, host, ":authority", Some(authority));
