@@ -102,6 +102,11 @@ impl BodyCopy {
         buf.extend_from_slice(chunk);
     }
 
+    /// False once the body outgrew the bound: nothing more is kept.
+    pub(super) fn is_open(&self) -> bool {
+        self.buf.is_some()
+    }
+
     /// The whole body so far; `None` once it outgrew the bound.
     pub(super) fn bytes(&self) -> Option<&[u8]> {
         self.buf.as_deref()

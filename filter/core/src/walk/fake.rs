@@ -23,6 +23,8 @@ pub struct FakeHost {
     pub refuse_callouts: bool,
     /// Times the request body was replaced.
     pub body_writes: u32,
+    /// Times the request body was read.
+    pub body_reads: std::cell::Cell<u32>,
 }
 
 /// A callout sent: cluster, headers, body, timeout.
@@ -108,6 +110,7 @@ impl Host for FakeHost {
         true
     }
     fn request_body(&self, size: usize) -> Option<Vec<u8>> {
+        self.body_reads.set(self.body_reads.get() + 1);
         Some(self.request_body[..size.min(self.request_body.len())].to_vec())
     }
     fn set_request_body(&mut self, _size: usize, body: &[u8]) -> bool {

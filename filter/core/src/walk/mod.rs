@@ -220,7 +220,8 @@ impl Call {
             let body = host.request_body(size).unwrap_or_default();
             return self.decide(env, host, Some(HeldBody::parse(body, size)));
         }
-        if let Some(copy) = self.request.copy.as_mut() {
+        // A copy past its bound is gone: the rest of the body is not fetched.
+        if let Some(copy) = self.request.copy.as_mut().filter(|c| c.is_open()) {
             // An empty end of stream has nothing to copy: no host call.
             if let Some(chunk) = (size > 0).then(|| host.request_body(size)).flatten() {
                 copy.append(&chunk);

@@ -344,6 +344,23 @@ fn a_body_never_delivered_is_let_go_by_the_watchdog() {
 }
 
 #[test]
+fn a_streamed_body_is_read_only_while_its_copy_is_kept() {
+    let mut w = World::new("{}");
+    // No content-length: the body streams through, copied up to its bound.
+    let mut host = FakeHost::post("/v1/chat/completions");
+    let (mut call, step) = Call::start(&mut w.env(), &mut host, false).unwrap();
+    assert_eq!(step, Step::Continue);
+    let chunk = 256 * 1024;
+    host.request_body = vec![b' '; chunk];
+    for _ in 0..16 {
+        let step = call.on_request_body(&mut w.env(), &mut host, chunk, false);
+        assert_eq!(step, Step::Continue);
+    }
+    // 1 MiB kept in 4 chunks, the 5th overflows it: 4 MiB left unread.
+    assert_eq!(host.body_reads.get(), 5);
+}
+
+#[test]
 fn a_delivered_body_unparks() {
     let mut w = World::new("{}");
     let mut host = FakeHost::post("/v1/chat/completions").with_body(CHAT);
