@@ -10,11 +10,12 @@ use crate::cache::entry::SSE_CONTENT_TYPE;
 use crate::metrics::internal_error;
 use crate::routing::CLUSTER_RESPONSE_HEADER;
 use crate::shaping;
+use crate::sse;
 use crate::summary::EnvoyReply;
 use crate::trace_context::TRACE_ID_HEADER;
-use crate::usage::{self, SseScanner, UsageStrip};
+use crate::usage;
 
-use super::state::{Answer, Response};
+use super::state::{Answer, Fill, Response};
 use super::{set_response, BodyCopy, Call, Env, Host, Phase, Step};
 
 impl Call {
@@ -36,10 +37,12 @@ impl Call {
         }
         let mut response = Response::read(host, env.now_ms, end_of_stream);
         response.replacement = rewrite_envoy_reply(env, host, response.envoy);
-        if self.request.usage_asked && response.is_stream() {
-            response.strip = Some(UsageStrip::new());
-            // The stream the client gets is shorter than the one sent.
-            set_response(env, host, "content-length", None);
+        if self.request.usage_asked {
+            if let Answer::Stream(sse) = &mut response.answer {
+                sse.strip_usage();
+                // The stream the client gets is shorter than the one sent.
+                set_response(env, host, "content-length", None);
+            }
         }
         self.response = Some(response);
         if let Some(t) = self.request.trace_id.clone() {
@@ -97,17 +100,21 @@ impl Call {
         } else {
             host.response_body(size)
         };
-        if let Some(chunk) = &chunk {
-            match &mut response.answer {
-                Answer::Stream(sse) => sse.feed(chunk),
-                Answer::Json { copy, .. } => copy.append(chunk),
+        match &mut response.answer {
+            Answer::Stream(sse) => {
+                // One reading of the stream: usage, strip and cache assembler.
+                let original = chunk.as_deref().unwrap_or_default();
+                let collect = self.cache.fill.as_mut().and_then(Fill::collector);
+                if let Some(out) = sse.feed(original, end_of_stream, collect) {
+                    if !host.set_response_body(size, &out) {
+                        internal_error(env.metrics, "set_response_body");
+                    }
+                }
             }
-        }
-        if let Some(strip) = response.strip.as_mut() {
-            let original = chunk.as_deref().unwrap_or_default();
-            let out = strip.pass(original, end_of_stream);
-            if out != original && !host.set_response_body(size, &out) {
-                internal_error(env.metrics, "set_response_body");
+            Answer::Json { copy, .. } => {
+                if let Some(chunk) = &chunk {
+                    copy.append(chunk);
+                }
             }
         }
         // The JSON answer is parsed once at its end, for its usage and, when
@@ -158,7 +165,7 @@ impl Response {
                 .and_then(|s| s.trim().parse().ok()),
             envoy,
             answer: if stream {
-                Answer::Stream(SseScanner::new())
+                Answer::Stream(sse::Stream::new())
             } else {
                 Answer::Json {
                     copy: BodyCopy::default(),
@@ -167,7 +174,6 @@ impl Response {
             },
             replacement: None,
             ended: end_of_stream,
-            strip: None,
         }
     }
 }
