@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use llm_filter_core::budget::breaker::{self, Sample};
 use llm_filter_core::cache::semantic::{self, store, vector};
-use llm_filter_core::cache::{self, CacheRequest, Decision};
+use llm_filter_core::cache::{self, CacheRequest, Decision, Stamp, StreamAssembler};
 use llm_filter_core::classify::{classify, Endpoint};
 use llm_filter_core::config::Config;
 use llm_filter_core::host::{MemoryStore, Metrics};
@@ -20,8 +20,9 @@ use llm_filter_core::priority::Priority;
 use llm_filter_core::routing::health::{self, CallResult, CallSample};
 use llm_filter_core::routing::Features;
 use llm_filter_core::shaping;
+use llm_filter_core::sse;
 use llm_filter_core::summary::{CallSummary, End};
-use llm_filter_core::usage::{Usage, UsageStrip};
+use llm_filter_core::usage::Usage;
 use llm_filter_core::{degrade, load};
 use llm_filter_e2e::{chat_body, conversation_body, SHAPING_AB};
 use serde_json::json;
@@ -76,6 +77,12 @@ fn time(mut f: impl FnMut()) -> f64 {
     }
     best
 }
+
+/// When the bench's rebuilt entries were stored and expire.
+const STAMP: Stamp = Stamp {
+    stored_at_ms: 1,
+    expires_at_ms: 2,
+};
 
 /// A streamed answer with the usage-only chunk the filter asked for.
 const STREAM: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello\"},\"finish_reason\":\"stop\"}],\"usage\":null}\n\n\
@@ -244,10 +251,22 @@ fn main() {
             }),
         ),
         (
-            "usage-only chunk out of a 3-event stream (`usage::UsageStrip`)",
+            "usage-only chunk out of a 3-event stream, usage read (`sse::Stream` stripping)",
             time(|| {
-                let mut strip = UsageStrip::new();
-                black_box(strip.pass(black_box(STREAM.as_bytes()), true));
+                let mut stream = sse::Stream::<sse::Chat>::new();
+                stream.strip_usage();
+                black_box(stream.feed(black_box(STREAM.as_bytes()), true, None));
+            }),
+        ),
+        (
+            "… and the cache's entry rebuilt in the same pass (`cache::StreamAssembler` collecting)",
+            time(|| {
+                let mut stream = sse::Stream::<sse::Chat>::new();
+                stream.strip_usage();
+                let mut asm = StreamAssembler::new(Endpoint::Chat, 262_144)
+                    .unwrap_or_else(|| panic!("an assembler for chat"));
+                black_box(stream.feed(black_box(STREAM.as_bytes()), true, Some(&mut asm)));
+                black_box(asm.finish(STAMP).ok());
             }),
         ),
         (

@@ -30,6 +30,7 @@ pub mod observe;
 pub mod priority;
 pub mod routing;
 pub mod shaping;
+pub mod sse;
 pub mod stat_name;
 pub mod summary;
 pub mod trace_context;

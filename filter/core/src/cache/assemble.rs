@@ -1,6 +1,7 @@
 //! Rebuilds the complete answer from a streamed one as it passes, so a streamed
-//! call fills the cache like a plain one. Memory is bounded by the entry limit,
-//! and only a stream that ended properly (`[DONE]`, every choice finished) counts.
+//! call fills the cache like a plain one. It takes the chunks the stream's one
+//! reading ([`crate::sse`]) parsed; memory is bounded by the entry limit, and
+//! only a stream that ended properly (`[DONE]`, every choice finished) counts.
 
 use std::collections::BTreeMap;
 
@@ -10,6 +11,7 @@ use super::answer::{EntryKind, HEAD_FIELDS, REPLACE_KEYS};
 use super::config::Stamp;
 use super::entry::{Entry, EntryError};
 use crate::classify::Endpoint;
+use crate::sse::{Collect, Piece};
 
 /// Rough cost of one choice beyond its content, so many empty choices still
 /// count against the limit.
@@ -18,14 +20,11 @@ const CHOICE_OVERHEAD: usize = 64;
 /// Accumulates an SSE answer chunk by chunk (`chat.completion.chunk` deltas
 /// merged per choice: strings concatenated, tool calls merged by index;
 /// `text_completion` text concatenated) and yields the equivalent
-/// non-streamed answer as an [`Entry`].
+/// non-streamed answer as an [`Entry`]. Fed as the stream's [`Collect`]or.
 #[derive(Debug)]
 pub struct StreamAssembler {
     kind: EntryKind,
     limit: usize,
-    line: Vec<u8>,
-    data: Vec<u8>,
-    has_data: bool,
     held: usize,
     failure: Option<EntryError>,
     done: bool,
@@ -52,9 +51,6 @@ impl StreamAssembler {
         Some(Self {
             kind,
             limit: limit as usize,
-            line: Vec::new(),
-            data: Vec::new(),
-            has_data: false,
             held: 0,
             failure: None,
             done: false,
@@ -70,34 +66,8 @@ impl StreamAssembler {
         self.failure.is_some()
     }
 
-    /// Feeds the next piece of the response body, split anywhere.
-    pub fn feed(&mut self, bytes: &[u8]) {
-        for part in bytes.split_inclusive(|b| *b == b'\n') {
-            if self.failure.is_some() {
-                return;
-            }
-            if self.line.len().saturating_add(part.len()) > self.limit {
-                self.fail(EntryError::TooLarge);
-                return;
-            }
-            self.line.extend_from_slice(part);
-            if part.last() == Some(&b'\n') {
-                let line = std::mem::take(&mut self.line);
-                self.line_done(&line);
-                self.line = line;
-                self.line.clear();
-            }
-        }
-    }
-
     /// The answer as an entry, once the stream has ended.
-    pub fn finish(mut self, stamp: Stamp) -> Result<Entry, EntryError> {
-        if !self.line.is_empty() {
-            // The body ended without a final newline.
-            let line = std::mem::take(&mut self.line);
-            self.line_done(&line);
-        }
-        self.dispatch();
+    pub fn finish(self, stamp: Stamp) -> Result<Entry, EntryError> {
         if let Some(e) = self.failure {
             return Err(e);
         }
@@ -126,63 +96,8 @@ impl StreamAssembler {
     fn fail(&mut self, e: EntryError) {
         self.failure = Some(e);
         // Free what was held: nothing of it will be used.
-        self.line = Vec::new();
-        self.data = Vec::new();
         self.choices.clear();
         self.usage = None;
-    }
-
-    fn line_done(&mut self, line: &[u8]) {
-        let mut line = line;
-        while let [rest @ .., b'\n' | b'\r'] = line {
-            line = rest;
-        }
-        if line.is_empty() {
-            self.dispatch();
-            return;
-        }
-        // Comments (`: ping`) and the other SSE fields (`event`, `id`, `retry`)
-        // carry nothing of the answer.
-        let Some(value) = line.strip_prefix(b"data:") else {
-            return;
-        };
-        let value = value.strip_prefix(b" ").unwrap_or(value);
-        if self.has_data {
-            self.data.push(b'\n');
-        }
-        self.data.extend_from_slice(value);
-        self.has_data = true;
-        if self.data.len() > self.limit {
-            self.fail(EntryError::TooLarge);
-        }
-    }
-
-    fn dispatch(&mut self) {
-        if !self.has_data || self.failure.is_some() {
-            return;
-        }
-        self.has_data = false;
-        let data = std::mem::take(&mut self.data);
-        if self.done {
-            // Nothing after the terminator belongs to the answer.
-        } else if data == b"[DONE]" {
-            self.done = true;
-        } else {
-            match serde_json::from_slice::<Value>(&data) {
-                Ok(chunk) => {
-                    if let Err(e) = self.apply(chunk) {
-                        self.fail(e);
-                        return;
-                    }
-                }
-                Err(_) => {
-                    self.fail(EntryError::Incomplete);
-                    return;
-                }
-            }
-        }
-        self.data = data;
-        self.data.clear();
     }
 
     fn apply(&mut self, chunk: Value) -> Result<(), EntryError> {
@@ -297,6 +212,34 @@ impl StreamAssembler {
     }
 }
 
+impl Collect for StreamAssembler {
+    fn limit(&self) -> usize {
+        self.limit
+    }
+
+    fn wants(&self) -> bool {
+        self.failure.is_none() && !self.done
+    }
+
+    fn take(&mut self, piece: Piece) {
+        if !self.wants() {
+            return;
+        }
+        let failure = match piece {
+            Piece::Chunk(chunk) => self.apply(chunk).err(),
+            Piece::NotJson => Some(EntryError::Incomplete),
+            Piece::TooLarge => Some(EntryError::TooLarge),
+            Piece::End => {
+                self.done = true;
+                None
+            }
+        };
+        if let Some(e) = failure {
+            self.fail(e);
+        }
+    }
+}
+
 /// The message a non-streamed answer would carry for the merged deltas.
 fn message(mut delta: Map<String, Value>) -> Map<String, Value> {
     if delta.get("role").is_none_or(Value::is_null) {
@@ -370,12 +313,43 @@ fn approx_size(v: &Value) -> usize {
     }
 }
 
+/// The assembler behind a stream's reading, fed as the walk feeds it.
+#[cfg(test)]
+pub(crate) struct Fed {
+    stream: crate::sse::Stream,
+    pub(crate) asm: StreamAssembler,
+}
+
+#[cfg(test)]
+impl Fed {
+    pub(crate) fn new(endpoint: Endpoint, limit: u32) -> Option<Self> {
+        Some(Self {
+            stream: crate::sse::Stream::new(),
+            asm: StreamAssembler::new(endpoint, limit)?,
+        })
+    }
+
+    pub(crate) fn feed(&mut self, bytes: &[u8]) {
+        self.stream.feed(bytes, false, Some(&mut self.asm));
+    }
+
+    pub(crate) fn gave_up(&self) -> bool {
+        self.asm.gave_up()
+    }
+
+    pub(crate) fn finish(mut self, stamp: Stamp) -> Result<Entry, EntryError> {
+        self.stream.feed(&[], true, Some(&mut self.asm));
+        self.asm.finish(stamp)
+    }
+}
+
 #[cfg(test)]
 mod props {
     use proptest::prelude::*;
 
     use super::*;
     use crate::fuzz;
+    use crate::sse::{Stream, MAX_EVENT};
 
     const STAMP: Stamp = Stamp {
         stored_at_ms: 1,
@@ -395,18 +369,21 @@ mod props {
     proptest! {
         #![proptest_config(fuzz::config(128))]
 
-        /// Whatever arrives, what the assembler holds stays within its limit,
-        /// and an entry it gives is within the limit too.
+        /// Whatever arrives, what the assembler holds stays within its limit
+        /// (and the stream's reader within one event), and an entry it gives
+        /// is within the limit too.
         #[test]
         fn memory_stays_within_the_limit(pieces in prop::collection::vec(piece(), 0..40), limit in 64u32..8_192) {
+            let mut stream: Stream = Stream::new();
             let mut asm = StreamAssembler::new(Endpoint::Chat, limit).unwrap();
             let bound = limit as usize;
             for p in &pieces {
-                asm.feed(p);
-                prop_assert!(asm.line.len() <= bound);
-                prop_assert!(asm.data.len() <= bound);
+                stream.feed(p, false, Some(&mut asm));
+                prop_assert!(stream.pending() <= MAX_EVENT);
+                prop_assert!(stream.pending() <= bound || asm.gave_up() || asm.done);
                 prop_assert!(asm.held <= bound || asm.gave_up());
             }
+            stream.feed(&[], true, Some(&mut asm));
             if let Ok(entry) = asm.finish(STAMP) {
                 prop_assert!(entry.body().len() <= bound);
             }

@@ -5,6 +5,7 @@
 use serde_json::{json, Map, Value};
 
 use super::answer::{EntryKind, HEAD_FIELDS, REPLACE_KEYS};
+use crate::sse::chat;
 
 /// Content pieces end at the first whitespace after this many bytes…
 const PIECE_TARGET: usize = 16;
@@ -49,7 +50,7 @@ pub(crate) fn sse(kind: EntryKind, body: &str, include_usage: bool) -> Option<Ve
             w.chunk(Vec::new(), Some(usage.clone()));
         }
     }
-    out.extend_from_slice(b"data: [DONE]\n\n");
+    chat::write_done(&mut out);
     Some(out)
 }
 
@@ -65,10 +66,7 @@ impl Writer<'_> {
         if let Some(u) = usage {
             chunk.insert("usage".to_string(), u);
         }
-        self.out.extend_from_slice(b"data: ");
-        // Writing a Value into a Vec cannot fail.
-        let _ = serde_json::to_writer(&mut *self.out, &Value::Object(chunk));
-        self.out.extend_from_slice(b"\n\n");
+        chat::write_chunk(self.out, &Value::Object(chunk));
     }
 
     fn delta(&mut self, index: &Value, delta: Map<String, Value>, logprobs: Value, finish: Value) {

@@ -5,6 +5,7 @@ use std::cell::{Cell, RefCell};
 
 use serde_json::{json, Value};
 
+use super::assemble::Fed;
 use super::*;
 use crate::classify::Endpoint;
 use crate::host::{MemoryStore, SharedStore, StoreError, Versioned};
@@ -80,7 +81,7 @@ fn round_trip(endpoint: Endpoint, answer: &Value) {
     assert_eq!(sse.content_type, entry::SSE_CONTENT_TYPE);
     for split in 0..=sse.body.len() {
         let (a, b) = sse.body.split_at(split);
-        let mut asm = StreamAssembler::new(endpoint, 1 << 20).unwrap();
+        let mut asm = Fed::new(endpoint, 1 << 20).unwrap();
         asm.feed(a);
         asm.feed(b);
         let again = asm
@@ -234,7 +235,7 @@ fn assembles_a_provider_stream_split_anywhere() {
     });
     let bytes = UPSTREAM.as_bytes();
     for split in 0..=bytes.len() {
-        let mut asm = StreamAssembler::new(Endpoint::Chat, 4096).unwrap();
+        let mut asm = Fed::new(Endpoint::Chat, 4096).unwrap();
         asm.feed(&bytes[..split]);
         asm.feed(&bytes[split..]);
         let e = asm.finish(STAMP).unwrap();
@@ -242,7 +243,7 @@ fn assembles_a_provider_stream_split_anywhere() {
         assert_eq!(e.model(), "m");
     }
     // Byte by byte, too.
-    let mut asm = StreamAssembler::new(Endpoint::Chat, 4096).unwrap();
+    let mut asm = Fed::new(Endpoint::Chat, 4096).unwrap();
     for b in bytes {
         asm.feed(std::slice::from_ref(b));
     }
@@ -252,7 +253,7 @@ fn assembles_a_provider_stream_split_anywhere() {
 #[test]
 fn only_complete_streams_make_entries() {
     let assemble = |s: &str, limit: u32| {
-        let mut asm = StreamAssembler::new(Endpoint::Chat, limit).unwrap();
+        let mut asm = Fed::new(Endpoint::Chat, limit).unwrap();
         asm.feed(s.as_bytes());
         asm.finish(STAMP)
     };
@@ -279,8 +280,38 @@ fn only_complete_streams_make_entries() {
 }
 
 #[test]
+fn a_cached_stream_is_parsed_once_for_usage_strip_and_entry() {
+    let bytes = UPSTREAM.as_bytes();
+    let json_events = UPSTREAM.matches("data:").count() - 1;
+    for size in [1, 7, bytes.len()] {
+        let mut stream: crate::sse::Stream = crate::sse::Stream::new();
+        stream.strip_usage();
+        let mut asm = StreamAssembler::new(Endpoint::Chat, 4096).unwrap();
+        let before = crate::sse::chat::tests::parses();
+        let mut out = Vec::new();
+        for piece in bytes.chunks(size) {
+            let passed = stream.feed(piece, false, Some(&mut asm));
+            out.extend(passed.unwrap_or_else(|| piece.to_vec()));
+        }
+        out.extend(stream.feed(&[], true, Some(&mut asm)).unwrap_or_default());
+        assert_eq!(
+            crate::sse::chat::tests::parses() - before,
+            json_events as u64
+        );
+        let usage_chunk = UPSTREAM
+            .split_inclusive("\n\n")
+            .find(|e| e.contains("\"choices\":[]"))
+            .unwrap();
+        assert_eq!(out, UPSTREAM.replace(usage_chunk, "").as_bytes());
+        assert_eq!(stream.usage().map(|u| u.completion_tokens), Some(4));
+        let entry = asm.finish(STAMP).unwrap();
+        assert_eq!(json_of(entry.body())["usage"]["total_tokens"], 7);
+    }
+}
+
+#[test]
 fn a_long_stream_gives_up_with_bounded_memory() {
-    let mut asm = StreamAssembler::new(Endpoint::Chat, 2048).unwrap();
+    let mut asm = Fed::new(Endpoint::Chat, 2048).unwrap();
     let chunk = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"0123456789\"}}]}\n\n";
     for _ in 0..1000 {
         asm.feed(chunk.as_bytes());
@@ -288,7 +319,7 @@ fn a_long_stream_gives_up_with_bounded_memory() {
     assert!(asm.gave_up());
     assert_eq!(asm.finish(STAMP), Err(EntryError::TooLarge));
     // One endless line.
-    let mut asm = StreamAssembler::new(Endpoint::Chat, 2048).unwrap();
+    let mut asm = Fed::new(Endpoint::Chat, 2048).unwrap();
     asm.feed(b"data: ");
     for _ in 0..1000 {
         asm.feed(b"xxxxxxxxxx");
@@ -338,7 +369,7 @@ fn a_whole_cached_call_through_the_core() {
         Poll::KeepWaiting
     );
     // The leader's streamed answer passes through and is stored.
-    let mut asm = StreamAssembler::new(Endpoint::Chat, cfg.max_entry_bytes).unwrap();
+    let mut asm = Fed::new(Endpoint::Chat, cfg.max_entry_bytes).unwrap();
     asm.feed(UPSTREAM.as_bytes());
     let entry = asm.finish(cfg.stamp(now + 100, 0.5)).unwrap();
     let ins = store.insert(&key, &entry, now + 100).unwrap();
@@ -360,7 +391,7 @@ fn a_whole_cached_call_through_the_core() {
         panic!("not ready");
     };
     let reply = got.reply(true, true).unwrap();
-    let mut again = StreamAssembler::new(Endpoint::Chat, cfg.max_entry_bytes).unwrap();
+    let mut again = Fed::new(Endpoint::Chat, cfg.max_entry_bytes).unwrap();
     again.feed(&reply.body);
     assert_eq!(
         json_of(again.finish(STAMP).unwrap().body()),
@@ -530,7 +561,7 @@ mod props {
         let entry = Entry::from_json(endpoint, 200, &body, STAMP, 1 << 20).unwrap();
         for include_usage in [true, false] {
             let sse = entry.reply(true, include_usage).unwrap().body;
-            let mut asm = StreamAssembler::new(endpoint, 1 << 20).unwrap();
+            let mut asm = Fed::new(endpoint, 1 << 20).unwrap();
             let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (sse.len() + 1)).collect();
             cuts.sort_unstable();
             let mut from = 0;

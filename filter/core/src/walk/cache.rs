@@ -404,12 +404,8 @@ impl Call {
         let gave_up = match fill {
             // The response's copy outgrew the entry (or its own bound).
             Fill::Json => json.is_none_or(|b| b.len() > limit as usize),
-            Fill::Sse(asm) => {
-                if let Some(chunk) = chunk {
-                    asm.feed(chunk);
-                }
-                asm.gave_up()
-            }
+            // Fed by the stream's reading (see `on_response_body`).
+            Fill::Sse(asm) => asm.gave_up(),
         };
         if !end_of_stream && !gave_up {
             return;

@@ -12,7 +12,6 @@ use crate::routing::failover::{self, FailoverResult};
 use crate::routing::hedge::{self, HedgeResult};
 use crate::routing::{self, RouteAsk};
 use crate::summary::{CallSummary, End};
-use crate::usage::UsageStrip;
 
 use super::state::Response;
 use super::{Call, CalloutAnswer, Env, Host, Phase, Step};
@@ -224,19 +223,19 @@ impl Call {
             .iter()
             .any(|(k, v)| k.eq_ignore_ascii_case("content-type") && v.contains(SSE_CONTENT_TYPE));
         // The client sees the stream without the usage it did not ask for.
-        let stripped = (stream && self.decided.usage_asked)
-            .then(|| UsageStrip::new().pass(&answer.body, true));
+        let (response, stripped) = Response::from_callout(
+            status,
+            stream,
+            self.decided.usage_asked,
+            &answer.body,
+            env.now_ms,
+        );
         let body = stripped.as_deref().unwrap_or(&answer.body);
         if !host.send_local_reply(u32::from(status), &refs, body) {
             internal_error(env.metrics, "local_reply");
             return false;
         }
-        self.response = Some(Response::from_callout(
-            status,
-            stream,
-            &answer.body,
-            env.now_ms,
-        ));
+        self.response = Some(response);
         true
     }
 }

@@ -8,10 +8,11 @@ use serde_json::Value;
 use crate::budget::reply::{self, ReplyKind};
 use crate::cache::entry::SSE_CONTENT_TYPE;
 use crate::metrics::internal_error;
+use crate::sse;
 use crate::summary::EnvoyReply;
-use crate::usage::{self, SseScanner, UsageStrip};
+use crate::usage;
 
-use super::state::{Answer, Response};
+use super::state::{Answer, Fill, Response};
 use super::{set_response, BodyCopy, Call, Env, Host, Phase, Step};
 
 impl Call {
@@ -32,10 +33,12 @@ impl Call {
         }
         let mut response = Response::read(host, env.now_ms, end_of_stream);
         response.replacement = rewrite_envoy_reply(env, host, response.envoy);
-        if self.decided.usage_asked && response.is_stream() {
-            response.strip = Some(UsageStrip::new());
-            // The stream the client gets is shorter than the one sent.
-            set_response(env, host, "content-length", None);
+        if self.decided.usage_asked {
+            if let Answer::Stream(sse) = &mut response.answer {
+                sse.strip_usage();
+                // The stream the client gets is shorter than the one sent.
+                set_response(env, host, "content-length", None);
+            }
         }
         self.response = Some(response);
         let told = self.client_headers(env.config, self.dispatch.cluster.as_deref());
@@ -82,17 +85,21 @@ impl Call {
         } else {
             host.response_body(size)
         };
-        if let Some(chunk) = &chunk {
-            match &mut response.answer {
-                Answer::Stream(sse) => sse.feed(chunk),
-                Answer::Json { copy, .. } => copy.append(chunk),
+        match &mut response.answer {
+            Answer::Stream(sse) => {
+                // One reading of the stream: usage, strip and cache assembler.
+                let original = chunk.as_deref().unwrap_or_default();
+                let collect = self.cache.fill.as_mut().and_then(Fill::collector);
+                if let Some(out) = sse.feed(original, end_of_stream, collect) {
+                    if !host.set_response_body(size, &out) {
+                        internal_error(env.metrics, "set_response_body");
+                    }
+                }
             }
-        }
-        if let Some(strip) = response.strip.as_mut() {
-            let original = chunk.as_deref().unwrap_or_default();
-            let out = strip.pass(original, end_of_stream);
-            if out != original && !host.set_response_body(size, &out) {
-                internal_error(env.metrics, "set_response_body");
+            Answer::Json { copy, .. } => {
+                if let Some(chunk) = &chunk {
+                    copy.append(chunk);
+                }
             }
         }
         // The JSON answer is parsed once at its end, for its usage and, when
@@ -143,7 +150,7 @@ impl Response {
                 .and_then(|s| s.trim().parse().ok()),
             envoy,
             answer: if stream {
-                Answer::Stream(SseScanner::new())
+                Answer::Stream(sse::Stream::new())
             } else {
                 Answer::Json {
                     copy: BodyCopy::default(),
@@ -152,7 +159,6 @@ impl Response {
             },
             replacement: None,
             ended: end_of_stream,
-            strip: None,
         }
     }
 }

@@ -27,8 +27,9 @@ use crate::classify::Endpoint;
 use crate::priority::Priority;
 use crate::routing::Features;
 use crate::shaping::Changes;
+use crate::sse::{self, Collect};
 use crate::summary::EnvoyReply;
-use crate::usage::{self, SseScanner, Usage, UsageStrip};
+use crate::usage::{self, Usage};
 
 use super::body::{BodyCopy, HeldBody};
 
@@ -303,15 +304,14 @@ pub(super) struct Response {
     pub(super) replacement: Option<Vec<u8>>,
     /// The response's end passed (its last body chunk, or headers alone).
     pub(super) ended: bool,
-    /// Takes the usage-only chunk the client did not ask for out of a stream.
-    pub(super) strip: Option<UsageStrip>,
 }
 
 /// The answer as it passes.
 #[derive(Debug)]
 pub(super) enum Answer {
-    /// An SSE stream, scanned for usage as it passes.
-    Stream(SseScanner),
+    /// An SSE stream, read as it passes (usage, the strip of the usage-only
+    /// chunk the client did not ask for, the cache's assembler).
+    Stream(sse::Stream),
     /// Any other body, copied aside up to a bound; `usage` read at its end.
     Json {
         copy: BodyCopy,
@@ -320,11 +320,23 @@ pub(super) enum Answer {
 }
 
 impl Response {
-    /// The answer of another backend that a callout brought back at `now_ms`.
-    pub(super) fn from_callout(status: u16, stream: bool, body: &[u8], now_ms: u64) -> Self {
+    /// The answer of another backend that a callout brought back at `now_ms`,
+    /// and the body the client gets in its place when that differs (`strip`:
+    /// without the usage-only chunk of a stream).
+    pub(super) fn from_callout(
+        status: u16,
+        stream: bool,
+        strip: bool,
+        body: &[u8],
+        now_ms: u64,
+    ) -> (Self, Option<Vec<u8>>) {
+        let mut stripped = None;
         let answer = if stream {
-            let mut sse = SseScanner::new();
-            sse.feed(body);
+            let mut sse = sse::Stream::new();
+            if strip {
+                sse.strip_usage();
+            }
+            stripped = sse.feed(body, true, None);
             Answer::Stream(sse)
         } else {
             let mut copy = BodyCopy::default();
@@ -334,7 +346,7 @@ impl Response {
                 usage: usage::from_json(body),
             }
         };
-        Self {
+        let response = Self {
             status: Some(status),
             headers_ms: now_ms,
             first_byte_ms: (!body.is_empty()).then_some(now_ms),
@@ -343,14 +355,14 @@ impl Response {
             answer,
             replacement: None,
             ended: true,
-            strip: None,
-        }
+        };
+        (response, stripped)
     }
 
     /// Tokens the provider reported.
     pub(super) fn usage(&self) -> Option<Usage> {
         match &self.answer {
-            Answer::Stream(sse) => sse.usage,
+            Answer::Stream(sse) => sse.usage(),
             Answer::Json { usage, .. } => *usage,
         }
     }
@@ -418,6 +430,16 @@ pub(super) enum Fill {
     Json,
     /// A streamed answer, rebuilt event by event.
     Sse(StreamAssembler),
+}
+
+impl Fill {
+    /// What takes a streamed answer's events as they are read.
+    pub(super) fn collector(&mut self) -> Option<&mut dyn Collect> {
+        match self {
+            Fill::Json => None,
+            Fill::Sse(asm) => Some(asm),
+        }
+    }
 }
 
 impl CacheCall {

@@ -1,0 +1,222 @@
+//! The event grammar of OpenAI's chat and text completions streams: every
+//! event is one `data:` JSON chunk, `data: [DONE]` ends the stream, and the
+//! chunk with `"choices":[]` and a `usage` object is the one
+//! `stream_options.include_usage` asks for. Also writes that grammar, for
+//! the cache's replay.
+
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::reader::{Event, DATA_FIELD, EVENT_END};
+use super::{Grammar, Parsed, Reading};
+use crate::usage::Usage;
+
+/// The data of the event that ends a stream.
+pub(crate) const DONE: &[u8] = b"[DONE]";
+
+/// What a chat stream said so far: its usage, whether a choice finished,
+/// whether it ended.
+#[derive(Debug, Default)]
+pub struct Chat {
+    /// Usage of the last chunk that carried one.
+    pub usage: Option<Usage>,
+    /// A choice finished (`finish_reason` not null).
+    pub finished: bool,
+    /// The `data: [DONE]` terminator arrived.
+    pub done: bool,
+    /// Number of events with data seen.
+    pub events: u64,
+}
+
+/// What the grammar reads of a chunk; the rest is skipped unparsed unless a
+/// collector asked for the whole tree.
+#[derive(Deserialize)]
+struct Head {
+    #[serde(default)]
+    usage: Option<Value>,
+    #[serde(default)]
+    choices: Option<Vec<ChoiceHead>>,
+}
+
+#[derive(Deserialize)]
+struct ChoiceHead {
+    #[serde(default)]
+    finish_reason: Option<IgnoredAny>,
+}
+
+impl Grammar for Chat {
+    fn read(&mut self, event: &Event<'_>, parse: bool) -> Reading {
+        let Some(data) = event.data else {
+            return Reading::default();
+        };
+        self.events += 1;
+        if data == DONE {
+            self.done = true;
+            return Reading::default();
+        }
+        #[cfg(test)]
+        tests::count_parse();
+        let (head, parsed) = if parse {
+            match serde_json::from_slice::<Value>(data) {
+                Ok(tree) => (Head::deserialize(&tree).ok(), Parsed::Tree(tree)),
+                Err(_) => (None, Parsed::NotJson),
+            }
+        } else {
+            (serde_json::from_slice::<Head>(data).ok(), Parsed::Skipped)
+        };
+        Reading {
+            usage_only: head.is_some_and(|h| self.note(h)),
+            parsed,
+        }
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        self.usage
+    }
+
+    fn ended(&self) -> bool {
+        self.done
+    }
+}
+
+impl Chat {
+    /// Takes in what a chunk says; true when it is a usage-only chunk.
+    fn note(&mut self, head: Head) -> bool {
+        let usage = head.usage.as_ref().and_then(|u| Usage::deserialize(u).ok());
+        if usage.is_some() {
+            self.usage = usage;
+        }
+        if head
+            .choices
+            .iter()
+            .flatten()
+            .any(|c| c.finish_reason.is_some())
+        {
+            self.finished = true;
+        }
+        head.usage.is_some() && head.choices.is_some_and(|c| c.is_empty())
+    }
+}
+
+/// Writes one chunk as an event.
+pub(crate) fn write_chunk(out: &mut Vec<u8>, chunk: &Value) {
+    out.extend_from_slice(DATA_FIELD);
+    out.extend_from_slice(b": ");
+    // Writing a Value into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, chunk);
+    out.extend_from_slice(EVENT_END);
+}
+
+/// Writes the event that ends a stream.
+pub(crate) fn write_done(out: &mut Vec<u8>) {
+    out.extend_from_slice(DATA_FIELD);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(DONE);
+    out.extend_from_slice(EVENT_END);
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::cell::Cell;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::sse::Stream;
+
+    thread_local! {
+        static PARSES: Cell<u64> = const { Cell::new(0) };
+    }
+
+    pub(in crate::sse) fn count_parse() {
+        PARSES.with(|p| p.set(p.get() + 1));
+    }
+
+    /// JSON parses of event data on this thread so far.
+    pub(crate) fn parses() -> u64 {
+        PARSES.with(Cell::get)
+    }
+
+    #[test]
+    fn written_events_read_back() {
+        let chunk = json!({"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 3}});
+        let mut out = Vec::new();
+        write_chunk(&mut out, &chunk);
+        write_done(&mut out);
+        assert_eq!(
+            out,
+            b"data: {\"choices\":[],\"usage\":{\"completion_tokens\":3,\"prompt_tokens\":2}}\n\ndata: [DONE]\n\n"
+        );
+        let mut s = Stream::<Chat>::new();
+        s.feed(&out, false, None);
+        let g = s.grammar();
+        assert_eq!(
+            g.usage,
+            Some(Usage {
+                prompt_tokens: 2,
+                completion_tokens: 3
+            })
+        );
+        assert!(g.done && !g.finished);
+        assert_eq!(g.events, 2);
+    }
+
+    #[test]
+    fn reads_what_a_chunk_says() {
+        for (data, usage, finished, usage_only) in [
+            (
+                r#"{"choices":[],"usage":{"prompt_tokens":1}}"#,
+                Some(1),
+                false,
+                true,
+            ),
+            (r#"{"choices":[],"usage":{}}"#, Some(0), false, true),
+            // A usage this filter cannot read is still the chunk it asked for.
+            (
+                r#"{"choices":[],"usage":{"prompt_tokens":"1"}}"#,
+                None,
+                false,
+                true,
+            ),
+            (r#"{"choices":[],"usage":null}"#, None, false, false),
+            (r#"{"usage":{"prompt_tokens":1}}"#, Some(1), false, false),
+            (
+                r#"{"choices":[{"finish_reason":"stop"}],"usage":{"prompt_tokens":4}}"#,
+                Some(4),
+                true,
+                false,
+            ),
+            (
+                r#"{"choices":[{"finish_reason":null}]}"#,
+                None,
+                false,
+                false,
+            ),
+            (r#"{"choices":[1]}"#, None, false, false),
+            (r#"{"choices":"x"}"#, None, false, false),
+            ("[DONE", None, false, false),
+        ] {
+            for parse in [false, true] {
+                let mut chat = Chat::default();
+                let event = Event {
+                    kind: None,
+                    data: Some(data.as_bytes()),
+                    oversize: false,
+                    end: None,
+                };
+                let r = chat.read(&event, parse);
+                assert_eq!(chat.usage.map(|u| u.prompt_tokens), usage, "{data}");
+                assert_eq!(chat.finished, finished, "{data}");
+                assert_eq!(r.usage_only, usage_only, "{data}");
+                let tree = serde_json::from_str::<Value>(data).ok();
+                match (parse, r.parsed) {
+                    (false, Parsed::Skipped) => {}
+                    (true, Parsed::Tree(t)) => assert_eq!(Some(t), tree),
+                    (true, Parsed::NotJson) => assert_eq!(tree, None),
+                    (_, other) => panic!("{data}: {other:?}"),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,264 @@
+//! One reading of a streamed answer (server-sent events) as it passes: the
+//! bytes are split into events once and each event's data is parsed once,
+//! and that one reading feeds the usage the provider reported, the strip of
+//! the usage chunk the filter asked for on the client's behalf, and the
+//! cache's rebuilding of the answer.
+//!
+//! The layers, from the bytes up:
+//! - [`reader::Reader`] splits bytes cut anywhere into [`Event`]s (an optional
+//!   `event:` type and the joined `data:` lines), holding at most one event.
+//! - A [`Grammar`] says what a dialect's events mean: which event carries the
+//!   usage, which ends the stream, which is the usage-only event the filter
+//!   asked for, and it parses each event's data, once: only the fields it
+//!   needs, or the whole tree when a [`Collect`]or takes the event.
+//!   [`chat::Chat`] is OpenAI's chat and text completions grammar: `data:`
+//!   JSON chunks only, ending with `data: [DONE]`.
+//! - A [`Collect`]or takes the parsed events of the answer (the cache's
+//!   `StreamAssembler`), within its limit.
+//! - [`Stream`] is one response's stream: the reader, its grammar and the
+//!   strip, driving the collector the caller passes with each piece.
+//!
+//! Another dialect is another [`Grammar`]. The OpenAI Responses and
+//! Anthropic Messages streams name each event (`event: message_delta`
+//! before its `data: {json}`) and have no `[DONE]`: their grammar reads
+//! [`Event::kind`], adds up the usage across events (Anthropic reports the
+//! input tokens in `message_start` and the output tokens in `message_delta`),
+//! ends at its final event (`response.completed`, `message_stop`), asks no
+//! strip (their usage always comes), and hands the parsed data to a
+//! collector of that dialect. The reader, the strip and the walk's call
+//! sites stay as they are; the walk picks the grammar by endpoint.
+
+pub mod chat;
+pub mod reader;
+
+use serde_json::Value;
+
+pub use chat::Chat;
+pub use reader::{Event, Reader, MAX_EVENT};
+
+use crate::usage::Usage;
+
+/// Longest incomplete event the strip holds back from the client; past it
+/// the stream passes as it is from there on.
+pub const MAX_HELD_EVENT: usize = 256 * 1024;
+
+/// The event grammar of one API dialect's stream.
+pub trait Grammar {
+    /// Reads one event. `parse`: a collector takes the event, so its data
+    /// is parsed into a whole tree (and read from there), once.
+    fn read(&mut self, event: &Event<'_>, parse: bool) -> Reading;
+    /// The tokens the stream reported so far.
+    fn usage(&self) -> Option<Usage>;
+    /// The stream's final event passed: nothing after it is the answer's.
+    fn ended(&self) -> bool;
+}
+
+/// What one event turned out to be.
+#[derive(Debug, Default)]
+pub struct Reading {
+    /// It carries only the usage the filter asks for on a client's behalf.
+    pub usage_only: bool,
+    /// Its data, when a collector asked for it.
+    pub parsed: Parsed,
+}
+
+/// An event's data as a collector gets it.
+#[derive(Debug, Default)]
+pub enum Parsed {
+    /// Not asked for, or nothing to collect (no data, the final event).
+    #[default]
+    Skipped,
+    /// The data's tree.
+    Tree(Value),
+    /// The data is not JSON.
+    NotJson,
+}
+
+/// Takes the answer's events, parsed (the cache's stream assembler).
+pub trait Collect {
+    /// Most bytes of one event's data it takes.
+    fn limit(&self) -> usize;
+    /// False once it gave up: nothing more is parsed for it.
+    fn wants(&self) -> bool;
+    /// The next piece of the answer.
+    fn take(&mut self, piece: Piece);
+}
+
+/// One piece of the answer, as a collector gets it.
+#[derive(Debug)]
+pub enum Piece {
+    /// An event's data.
+    Chunk(Value),
+    /// An event whose data is not JSON.
+    NotJson,
+    /// An event longer than the collector's limit.
+    TooLarge,
+    /// The stream's final event: the answer is all there.
+    End,
+}
+
+/// One response's stream, read as it passes.
+#[derive(Debug, Default)]
+pub struct Stream<G = Chat> {
+    reader: Reader,
+    grammar: G,
+    strip: Option<Strip>,
+}
+
+/// Holds back the bytes of the event under way until its end shows whether
+/// it is the usage-only event to remove.
+#[derive(Debug, Default)]
+struct Strip {
+    held: Vec<u8>,
+    /// An event outgrew [`MAX_HELD_EVENT`]: everything passes from there on.
+    off: bool,
+    removed: u32,
+}
+
+impl<G: Grammar + Default> Stream<G> {
+    /// A stream at its start.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl<G: Grammar> Stream<G> {
+    /// From now on, removes the usage-only event the filter asked the
+    /// provider for on behalf of a client that did not: that client must see
+    /// the stream it would have seen. Events pass whole; the bytes of an
+    /// incomplete one wait for its end (bounded by [`MAX_HELD_EVENT`]).
+    pub fn strip_usage(&mut self) {
+        self.strip.get_or_insert_with(Strip::default);
+    }
+
+    /// Usage-only events removed.
+    pub fn removed(&self) -> u32 {
+        self.strip.as_ref().map_or(0, |s| s.removed)
+    }
+
+    /// The tokens the stream reported so far.
+    pub fn usage(&self) -> Option<Usage> {
+        self.grammar.usage()
+    }
+
+    /// Bytes the reader holds for the event under way.
+    pub fn pending(&self) -> usize {
+        self.reader.pending()
+    }
+
+    /// What the grammar read so far.
+    pub fn grammar(&self) -> &G {
+        &self.grammar
+    }
+
+    /// Reads the next piece of the stream (`end`: the last one), handing
+    /// the answer's events to `collect`. Returns the bytes to pass on in its
+    /// place when they differ (the strip removed or held some back).
+    pub fn feed(
+        &mut self,
+        bytes: &[u8],
+        end: bool,
+        collect: Option<&mut dyn Collect>,
+    ) -> Option<Vec<u8>> {
+        let mut collect = collect.filter(|c| c.wants());
+        // The reader holds what the collector may take, and never less than
+        // the usage needs.
+        let bound = collect
+            .as_ref()
+            .map_or(MAX_EVENT, |c| c.limit().max(MAX_EVENT));
+        let Self {
+            reader,
+            grammar,
+            strip,
+        } = self;
+        reader.set_bound(bound);
+        let mut strip = strip.as_mut().filter(|s| !s.off);
+        let mut out = strip.is_some().then(|| Vec::with_capacity(bytes.len()));
+        let mut from = 0;
+        let mut on = |event: Event<'_>| {
+            let usage_only = read_event(grammar, &mut collect, &event);
+            if let (Some(s), Some(out), Some(at)) = (strip.as_deref_mut(), out.as_mut(), event.end)
+            {
+                s.event_end(out, bytes.get(from..at).unwrap_or_default(), usage_only);
+                from = at;
+            }
+        };
+        reader.feed(bytes, &mut on);
+        if end {
+            reader.finish(&mut on);
+        }
+        if let Some(c) = collect.filter(|c| c.wants() && !grammar.ended()) {
+            // An event under way already past the limit.
+            if reader.pending() > c.limit() {
+                c.take(Piece::TooLarge);
+            }
+        }
+        let (Some(s), Some(mut out)) = (strip, out) else {
+            return None;
+        };
+        s.rest(&mut out, bytes.get(from..).unwrap_or_default(), end);
+        (out != bytes).then_some(out)
+    }
+}
+
+impl Strip {
+    /// An event ended, `tail` its bytes in this piece (the rest are held):
+    /// they pass on unless it is the usage-only event.
+    fn event_end(&mut self, out: &mut Vec<u8>, tail: &[u8], usage_only: bool) {
+        if usage_only {
+            self.removed = self.removed.saturating_add(1);
+        } else {
+            out.extend_from_slice(&self.held);
+            out.extend_from_slice(tail);
+        }
+        self.held.clear();
+    }
+
+    /// The bytes of a piece after its last complete event: held back until
+    /// the event ends, unless the stream ends or the event outgrows the bound.
+    fn rest(&mut self, out: &mut Vec<u8>, rest: &[u8], end: bool) {
+        if end || self.held.len().saturating_add(rest.len()) > MAX_HELD_EVENT {
+            self.off = !end;
+            out.extend_from_slice(&self.held);
+            out.extend_from_slice(rest);
+            self.held = Vec::new();
+        } else {
+            self.held.extend_from_slice(rest);
+        }
+    }
+}
+
+/// Reads one event with `grammar` and hands it to the collector while the
+/// answer lasts; true when it is the usage-only event.
+fn read_event<G: Grammar>(
+    grammar: &mut G,
+    collect: &mut Option<&mut dyn Collect>,
+    event: &Event<'_>,
+) -> bool {
+    let mut taker = collect
+        .as_deref_mut()
+        .filter(|c| c.wants() && !grammar.ended());
+    let mut parse = false;
+    if let Some(c) = taker.as_deref_mut() {
+        if event.oversize || event.data.is_some_and(|d| d.len() > c.limit()) {
+            c.take(Piece::TooLarge);
+        } else {
+            parse = event.data.is_some();
+        }
+    }
+    let reading = grammar.read(event, parse);
+    if let Some(c) = taker {
+        match reading.parsed {
+            Parsed::Tree(tree) => c.take(Piece::Chunk(tree)),
+            Parsed::NotJson => c.take(Piece::NotJson),
+            Parsed::Skipped => {}
+        }
+        if grammar.ended() {
+            c.take(Piece::End);
+        }
+    }
+    reading.usage_only
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,335 @@
+use serde_json::json;
+
+use super::chat::tests::parses;
+use super::*;
+
+const STREAM: &str =
+    "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"},\"finish_reason\":null}]}\n\n\
+data: {\"choices\":[{\"delta\":{\"content\":\"hi\"},\"finish_reason\":null}],\"usage\":null}\n\n\
+data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n\
+data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2}}\n\n\
+data: [DONE]\n\n";
+
+/// The stream read from `pieces`, none of them the last.
+fn scan(pieces: &[&[u8]]) -> Stream {
+    let mut s = Stream::new();
+    for p in pieces {
+        s.feed(p, false, None);
+        assert!(s.reader.pending() <= MAX_EVENT);
+    }
+    s
+}
+
+/// The bytes a stripping stream passes on for `chunk`.
+fn pass(s: &mut Stream, chunk: &[u8], end: bool) -> Vec<u8> {
+    s.feed(chunk, end, None).unwrap_or_else(|| chunk.to_vec())
+}
+
+fn stripping() -> Stream {
+    let mut s = Stream::new();
+    s.strip_usage();
+    s
+}
+
+#[test]
+fn scans_a_stream_split_anywhere() {
+    for split in 1..STREAM.len() {
+        let (a, b) = STREAM.as_bytes().split_at(split);
+        let s = scan(&[a, b]);
+        let g = s.grammar();
+        assert_eq!(
+            g.usage,
+            Some(Usage {
+                prompt_tokens: 9,
+                completion_tokens: 2
+            }),
+            "split at {split}"
+        );
+        assert!(g.finished && g.done);
+        assert_eq!(g.events, 5);
+    }
+}
+
+#[test]
+fn crlf_and_no_space_after_colon() {
+    let mut s = Stream::<Chat>::new();
+    s.feed(
+        b"data:{\"choices\":[{\"finish_reason\":\"length\"}]}\r\n\r\ndata:[DONE]\r\n",
+        true,
+        None,
+    );
+    assert!(s.grammar().finished && s.grammar().done);
+    assert_eq!(s.usage(), None);
+}
+
+#[test]
+fn unfinished_stream_is_not_done() {
+    let s = scan(&[b"data: {\"choices\":[{\"finish_reason\":null}]}\n\ndata: [DO"]);
+    assert!(!s.grammar().finished && !s.grammar().done);
+    let mut s = s;
+    s.feed(b"", true, None);
+    assert!(!s.grammar().done, "`[DO` is not the end");
+}
+
+#[test]
+fn overlong_line_is_skipped_with_bounded_memory() {
+    let mut s = Stream::<Chat>::new();
+    s.feed(b"data: ", false, None);
+    for _ in 0..10 {
+        s.feed(&vec![b'x'; MAX_EVENT / 4], false, None);
+    }
+    assert!(s.reader.pending() <= MAX_EVENT);
+    s.feed(b"\n\ndata: [DONE]\n\n", false, None);
+    assert!(s.grammar().done);
+}
+
+#[test]
+fn the_usage_only_chunk_is_removed_wherever_the_stream_splits() {
+    let without: String = STREAM
+        .split_inclusive("\n\n")
+        .filter(|e| !e.contains("\"choices\":[]"))
+        .collect();
+    assert_eq!(without.len() + 72, STREAM.len());
+    for split in 0..=STREAM.len() {
+        for second in [split, (split + 37).min(STREAM.len())] {
+            let mut strip = stripping();
+            let b = STREAM.as_bytes();
+            let mut out = pass(&mut strip, &b[..split], false);
+            out.extend(pass(&mut strip, &b[split..second], false));
+            out.extend(pass(&mut strip, &b[second..], true));
+            assert_eq!(String::from_utf8(out).unwrap(), without, "{split} {second}");
+            assert_eq!(strip.removed(), 1);
+            // The usage is read all the same, in the same pass.
+            assert_eq!(strip.usage().map(|u| u.prompt_tokens), Some(9));
+        }
+    }
+}
+
+#[test]
+fn other_events_pass_as_they_are() {
+    for stream in [
+        "data: {\"choices\":[],\"usage\":null}\n\n",
+        "data: {\"choices\":[{\"index\":0}],\"usage\":{\"prompt_tokens\":1}}\n\n",
+        ": comment\r\n\r\ndata: [DONE]\r\n\r\n",
+        "event: x\ndata: {\"choices\":[]}\ndata: {}\n\n",
+        "data: {\"choices\":[],\"usage\":{}}",
+    ] {
+        let mut strip = stripping();
+        assert_eq!(
+            pass(&mut strip, stream.as_bytes(), true),
+            stream.as_bytes(),
+            "{stream}"
+        );
+    }
+    // CRLF events are recognised too.
+    let mut strip = stripping();
+    let crlf = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\r\n\r\ndata: [DONE]\r\n\r\n";
+    assert_eq!(
+        pass(&mut strip, crlf.as_bytes(), false),
+        b"data: [DONE]\r\n\r\n"
+    );
+    // Without the strip, nothing is ever put in place of the bytes.
+    let mut plain = Stream::<Chat>::new();
+    assert_eq!(plain.feed(crlf.as_bytes(), true, None), None);
+}
+
+#[test]
+fn an_endless_event_is_let_through() {
+    let mut strip = stripping();
+    let big = vec![b'x'; MAX_HELD_EVENT + 1];
+    assert!(pass(&mut strip, b"data: ", false).is_empty());
+    let out = pass(&mut strip, &big, false);
+    assert_eq!(out.len(), big.len() + 6);
+    assert_eq!(pass(&mut strip, b"\n\n", false), b"\n\n");
+}
+
+/// A collector that records what it is given.
+#[derive(Debug, Default)]
+struct Record {
+    limit: usize,
+    gave_up: bool,
+    got: Vec<String>,
+}
+
+impl Collect for Record {
+    fn limit(&self) -> usize {
+        self.limit
+    }
+    fn wants(&self) -> bool {
+        !self.gave_up
+    }
+    fn take(&mut self, piece: Piece) {
+        self.gave_up |= matches!(piece, Piece::TooLarge);
+        self.got.push(match piece {
+            Piece::Chunk(v) => v.to_string(),
+            other => format!("{other:?}"),
+        });
+    }
+}
+
+#[test]
+fn each_event_is_parsed_once_for_usage_strip_and_collector() {
+    let mut s = stripping();
+    let mut rec = Record {
+        limit: 4096,
+        ..Record::default()
+    };
+    let before = parses();
+    let mut out = Vec::new();
+    for b in STREAM.as_bytes().chunks(7) {
+        out.extend(
+            s.feed(b, false, Some(&mut rec))
+                .unwrap_or_else(|| b.to_vec()),
+        );
+    }
+    out.extend(s.feed(b"", true, Some(&mut rec)).unwrap_or_default());
+    // Four JSON chunks, four parses: `[DONE]` needs none.
+    assert_eq!(parses() - before, 4);
+    assert_eq!(rec.got.len(), 5);
+    assert_eq!(
+        rec.got[3],
+        json!({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 2}}).to_string()
+    );
+    assert_eq!(rec.got[4], "End");
+    assert_eq!(s.removed(), 1);
+    assert_eq!(s.usage().map(|u| u.completion_tokens), Some(2));
+    assert_eq!(out.len() + 72, STREAM.len());
+}
+
+#[test]
+fn the_collector_gets_the_answer_and_nothing_after_it() {
+    let mut rec = Record {
+        limit: 64,
+        ..Record::default()
+    };
+    let mut s = Stream::<Chat>::new();
+    s.feed(
+        b": ping\n\ndata: {\"a\":1}\n\ndata: {nope\n\ndata: [DONE]\n\ndata: {\"late\":1}\n\n",
+        false,
+        Some(&mut rec),
+    );
+    assert_eq!(rec.got, ["{\"a\":1}", "NotJson", "End"]);
+    // An event longer than the collector takes, whole or under way.
+    for (stream, end) in [
+        (format!("data: {}\n\n", "x".repeat(65)), false),
+        (format!("data: {}", "x".repeat(65)), false),
+        (format!("data: {}", "x".repeat(65)), true),
+    ] {
+        let mut rec = Record {
+            limit: 64,
+            ..Record::default()
+        };
+        let before = parses();
+        let mut s = Stream::<Chat>::new();
+        s.feed(stream.as_bytes(), end, Some(&mut rec));
+        assert_eq!(rec.got, ["TooLarge"], "{stream}");
+        assert!(
+            parses() - before <= 1,
+            "the usage reading may still parse it"
+        );
+        // Once given up, the collector is left alone.
+        s.feed(b"data: {}\n\n", true, Some(&mut rec));
+        assert_eq!(rec.got.len(), 1);
+    }
+    // A collector raises the reader's bound to its limit.
+    let mut rec = Record {
+        limit: MAX_EVENT * 2,
+        ..Record::default()
+    };
+    let big = format!("data: {{\"s\":\"{}\"}}\n\n", "y".repeat(MAX_EVENT));
+    let mut s = Stream::<Chat>::new();
+    s.feed(big.as_bytes(), false, Some(&mut rec));
+    assert_eq!(rec.got.len(), 1);
+    assert!(rec.got[0].len() > MAX_EVENT);
+}
+
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::fuzz;
+
+    fn event() -> impl Strategy<Value = String> {
+        prop_oneof![
+            (0u64..1_000_000, 0u64..1_000_000).prop_map(|(p, c)| format!(
+                "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":{p},\"completion_tokens\":{c}}}}}\n\n"
+            )),
+            fuzz::text().prop_map(|t| format!(
+                "data: {{\"choices\":[{{\"delta\":{{\"content\":{}}},\"finish_reason\":null}}]}}\r\n\r\n",
+                serde_json::to_string(&t).unwrap()
+            )),
+            Just("data:{\"choices\":[{\"finish_reason\":\"stop\"}]}\n\n".to_string()),
+            Just(": ping\n\nevent: x\nid: 1\n\n".to_string()),
+            fuzz::text().prop_map(|t| format!("data: {}\n\n", t.replace('\n', " "))),
+        ]
+    }
+
+    fn summary(chunks: &[&[u8]]) -> (Option<Usage>, bool, bool, u64) {
+        let s = scan(chunks);
+        let g = s.grammar();
+        (g.usage, g.finished, g.done, g.events)
+    }
+
+    proptest! {
+        #![proptest_config(fuzz::config(128))]
+
+        /// However the stream is cut, the reading gives the same usage,
+        /// finish, end and event count as from one piece, and the strip the
+        /// same bytes.
+        #[test]
+        fn cutting_the_stream_changes_nothing(events in prop::collection::vec(event(), 0..8), done: bool, cuts in prop::collection::vec(any::<usize>(), 0..8)) {
+            let mut stream = events.concat();
+            if done {
+                stream.push_str("data: [DONE]\n\n");
+            }
+            let bytes = stream.as_bytes();
+            let whole = summary(&[bytes]);
+            prop_assert_eq!(whole.2, done);
+            let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+            cuts.sort_unstable();
+            let mut pieces = Vec::new();
+            let mut from = 0;
+            for c in cuts.into_iter().chain([bytes.len()]) {
+                pieces.push(&bytes[from..c]);
+                from = c;
+            }
+            prop_assert_eq!(summary(&pieces), whole);
+            let mut strip = stripping();
+            let whole_out = pass(&mut strip, bytes, true);
+            let mut strip = stripping();
+            let mut out = Vec::new();
+            for (i, p) in pieces.iter().enumerate() {
+                out.extend(pass(&mut strip, p, i + 1 == pieces.len()));
+            }
+            prop_assert_eq!(out, whole_out);
+        }
+
+        /// Endless input without a newline, fed in any sizes, keeps the
+        /// buffer within one event; the stream after it is still read.
+        #[test]
+        fn endless_lines_keep_memory_bounded(sizes in prop::collection::vec(1usize..200_000, 1..24), byte in 0u8..255) {
+            let byte = if byte == b'\n' { b'x' } else { byte };
+            let mut s = Stream::<Chat>::new();
+            s.feed(b"data: ", false, None);
+            for n in sizes {
+                s.feed(&vec![byte; n], false, None);
+                prop_assert!(s.reader.pending() <= MAX_EVENT);
+                prop_assert!(s.reader.held_capacity() <= 2 * MAX_EVENT);
+            }
+            s.feed(b"\n\ndata: [DONE]\n\n", false, None);
+            prop_assert!(s.grammar().done);
+        }
+
+        /// Arbitrary bytes, stripped or not, with a collector or not: no panic.
+        #[test]
+        fn any_bytes_scan(bytes in prop::collection::vec(any::<u8>(), 0..512), strip: bool, limit in 0usize..600) {
+            let mut s = Stream::<Chat>::new();
+            if strip {
+                s.strip_usage();
+            }
+            let mut rec = Record { limit, ..Record::default() };
+            s.feed(&bytes, false, Some(&mut rec));
+            s.feed(b"", true, Some(&mut rec));
+        }
+    }
+}
