@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 pub mod cas;
-pub mod census;
+pub mod footprint;
 
 /// Failure of a shared-store write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
