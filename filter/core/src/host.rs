@@ -5,6 +5,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 pub mod cas;
+pub mod codec;
 pub mod footprint;
 
 /// Failure of a shared-store write.
