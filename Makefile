@@ -45,7 +45,7 @@ export ENVOY_BIN := $(abspath $(ENVOY))
 export LLM_FILTER_WASM := $(abspath $(WASM))
 export LLM_FILTER_NOOP_WASM := $(abspath $(NOOP_WASM))
 
-.PHONY: help build run test unit fuzz e2e examples lint bench bench-noop bench-core bench-tail bench-hostcalls soak clean wasm-target envoy tools-bench tools-promtool tools-tls sdk image push image-test tools-image istio-models tools-alertmanager tools-wasm-opt
+.PHONY: help build run test unit fuzz e2e examples lint audit tools-deny bench bench-noop bench-core bench-tail bench-hostcalls soak clean wasm-target envoy tools-bench tools-promtool tools-tls sdk image push image-test tools-image istio-models tools-alertmanager tools-wasm-opt
 
 help:
 	@echo "make run    build, start the mock upstream and Envoy with the filter, print curls"
@@ -53,6 +53,7 @@ help:
 	@echo "make build  release wasm at $(WASM)"
 	@echo "make image  the module as an OCI image for Istio at $(IMAGE_ARCHIVE); make push IMAGE=<registry>/<name>:<tag>"
 	@echo "make lint   rustfmt check, clippy -D warnings (native and wasm)"
+	@echo "make audit  dependency licenses, bans and sources against deny.toml (cargo-deny)"
 	@echo "make fuzz   the parsers' property tests with $(FUZZ_CASES) cases each (a few minutes)"
 	@echo "make bench  throughput/latency: plain Envoy, a no-op Wasm filter and llm-filter, then bench-tail"
 	@echo "make bench-core  the pure core parts of a call timed natively, µs per call"
@@ -143,6 +144,24 @@ lint: wasm-target
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p llm-filter-core -p llm-filter --target $(WASM_TARGET) -- -D warnings
 
+# The dependency graph against deny.toml: licenses, banned or duplicated
+# crates, and where each crate comes from, read from Cargo.lock and the
+# crates' manifests (a few seconds, offline). Security advisories are left
+# out: cargo-deny and cargo-audit check them against the RustSec database,
+# which they fetch from the network at every check (a vendored copy is stale
+# the day it lands), so they cannot run offline; run
+# `cargo deny check advisories` where the network is there. Not part of
+# `make test`: the first run builds cargo-deny from source (half an hour on
+# two cores) into $(TOOLS), kept until `make clean`.
+CARGO_DENY_VERSION := 0.20.2
+TOOLS := .tools
+audit: tools-deny
+	PATH="$(abspath $(TOOLS))/bin:$$PATH" $(CARGO) deny --offline check --hide-inclusion-graph licenses bans sources
+
+tools-deny:
+	@$(TOOLS)/bin/cargo-deny --version 2>/dev/null | grep -qx 'cargo-deny $(CARGO_DENY_VERSION)' \
+		|| $(CARGO) install --locked --root $(TOOLS) cargo-deny@$(CARGO_DENY_VERSION)
+
 tools-promtool:
 	@command -v promtool >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus; }
 
@@ -197,4 +216,4 @@ soak: build envoy
 
 clean:
 	$(CARGO) clean
-	rm -rf $(VENV) .run
+	rm -rf $(VENV) .run $(TOOLS)

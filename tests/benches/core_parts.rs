@@ -4,16 +4,22 @@
 //! for a fixed time after a warm-up, the best of a few runs is kept.
 //! Native code runs faster than the same code in V8, so read the numbers as
 //! shares of a budget, not as the filter's absolute cost.
+// A tool of the test suite: a step that cannot run (a mock, Envoy, a client
+// that does not start) ends the run, and `expect` says why. Indexing and
+// `panic!` stay denied: malformed output is reported, not trapped on.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use llm_filter_core::budget::breaker::{self, Sample};
+use llm_filter_core::cache::key::Key;
+use llm_filter_core::cache::semantic::config::SemanticConfig;
 use llm_filter_core::cache::semantic::{self, store, vector};
 use llm_filter_core::cache::{self, CacheRequest, Decision, Stamp, StreamAssembler};
 use llm_filter_core::classify::{classify, Endpoint};
 use llm_filter_core::config::Config;
-use llm_filter_core::host::{MemoryStore, Metrics};
+use llm_filter_core::host::{MemoryStore, Metrics, SharedStore};
 use llm_filter_core::json::{Document, Json};
 use llm_filter_core::observe;
 use llm_filter_core::priority::Priority;
@@ -24,7 +30,7 @@ use llm_filter_core::sse;
 use llm_filter_core::summary::{CallSummary, End};
 use llm_filter_core::usage::Usage;
 use llm_filter_core::{degrade, load};
-use llm_filter_e2e::{chat_body, conversation_body, SHAPING_AB};
+use llm_filter_e2e::{chat_body, conversation_body, with_field, SHAPING_AB};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
@@ -90,15 +96,18 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":14,\"completion_tokens\":9}}\
 data: [DONE]\n\n";
 
 fn main() {
-    let config = Config::parse(b"{}").unwrap_or_else(|e| panic!("config: {e:?}"));
+    let config = Config::parse(b"{}").expect("config");
     // The bench's LLM call (`filter-empty-config`: no temperature, a cache
     // BYPASS) and its deterministic twin (`filter-cache-hit`: keyed).
     let plain = chat_body("gpt-4o", "Say hello in one short sentence.").to_string();
-    let mut deterministic = chat_body("gpt-4o", "Say hello in one short sentence.");
-    deterministic["temperature"] = json!(0);
-    let deterministic = deterministic.to_string();
-    let parsed = Json::parse(plain.as_bytes()).unwrap_or_else(|| panic!("parse"));
-    let parsed_det = Json::parse(deterministic.as_bytes()).unwrap_or_else(|| panic!("parse"));
+    let deterministic = with_field(
+        chat_body("gpt-4o", "Say hello in one short sentence."),
+        "temperature",
+        json!(0),
+    )
+    .to_string();
+    let parsed = Json::parse(plain.as_bytes()).expect("parse");
+    let parsed_det = Json::parse(deterministic.as_bytes()).expect("parse");
     let request = |body| CacheRequest {
         endpoint: Endpoint::Chat,
         path: PATH,
@@ -106,12 +115,13 @@ fn main() {
         cache_control: None,
         credentials: &[None],
     };
-    if !matches!(
-        cache::decide(&config.cache, &request(&parsed_det)),
-        Decision::Cacheable(_)
-    ) {
-        panic!("the deterministic request must be cacheable");
-    }
+    assert!(
+        matches!(
+            cache::decide(&config.cache, &request(&parsed_det)),
+            Decision::Cacheable(_)
+        ),
+        "the deterministic request must be cacheable"
+    );
     let mut canonical = Vec::new();
     parsed_det.write_without(&["stream", "stream_options", "user"], &mut canonical);
 
@@ -122,9 +132,9 @@ fn main() {
         ttft_ms: Some(3),
         streamed: false,
     };
-    health::record_start(&store, CLUSTER, 1_000).unwrap_or_else(|e| panic!("{e:?}"));
+    health::record_start(&store, CLUSTER, 1_000).expect("a store write");
     health::record_outcome(&store, &config.routing, CLUSTER, &outcome, 1_004)
-        .unwrap_or_else(|e| panic!("{e:?}"));
+        .expect("a store write");
     breaker::record(
         &store,
         CLUSTER,
@@ -132,7 +142,7 @@ fn main() {
         Sample::new(4, 60_000, false, 0),
         &config.budget,
     )
-    .unwrap_or_else(|e| panic!("{e:?}"));
+    .expect("a store write");
     let summary = CallSummary {
         priority: Priority::P1,
         model: "gpt-4o",
@@ -155,7 +165,7 @@ fn main() {
         group: None,
     };
     // The shaping bench's request: 5 earlier turns, 2 kept, the cap set.
-    let shaping = Config::parse(SHAPING_AB.as_bytes()).unwrap_or_else(|e| panic!("config: {e:?}"));
+    let shaping = Config::parse(SHAPING_AB.as_bytes()).expect("config");
     let conversation =
         conversation_body("gpt-4o", 5, "Say hello in one short sentence.").to_string();
     let conversation_doc = Document::parse(conversation.clone().into_bytes());
@@ -264,7 +274,7 @@ fn main() {
                 let mut stream = sse::Stream::<sse::Chat>::new();
                 stream.strip_usage();
                 let mut asm = StreamAssembler::new(Endpoint::Chat, 262_144)
-                    .unwrap_or_else(|| panic!("an assembler for chat"));
+                    .expect("an assembler for chat");
                 black_box(stream.feed(black_box(STREAM.as_bytes()), true, Some(&mut asm)));
                 black_box(asm.finish(STAMP).ok());
             }),
@@ -327,9 +337,30 @@ fn unit_vectors(n: usize, d: usize) -> Vec<Vec<f32>> {
                     (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
                 })
                 .collect();
-            vector::normalise(&v).unwrap_or_else(|| panic!("a zero vector"))
+            vector::normalise(&v).expect("a zero vector")
         })
         .collect()
+}
+
+/// The bytes of a group slot holding a record of `context` for each of
+/// `vectors`, written through the index as the filter writes them: what a
+/// full group costs to scan.
+fn stored_group(cfg: &SemanticConfig, context: &Key, vectors: &[Vec<f32>]) -> Vec<u8> {
+    let shared = MemoryStore::new();
+    let index = semantic::Index::new(&shared, cfg);
+    for (i, v) in vectors.iter().enumerate() {
+        let n = (i as u64).to_le_bytes();
+        let exact: Key = std::array::from_fn(|b| n.get(b).copied().unwrap_or(0));
+        index
+            .insert(context, &exact, v, 0, u64::MAX)
+            .expect("a store write");
+    }
+    let slot = store::group_key(index.slot(context));
+    shared
+        .get(&slot)
+        .ok()
+        .and_then(|v| v.value)
+        .expect("the group")
 }
 
 /// The semantic cache's own parts: the context key, reading the
@@ -338,10 +369,8 @@ fn semantic_parts(parsed: &Json) -> Vec<(String, f64)> {
     let config = Config::parse(
         br#"{"cache":{"semantic":{"embeddings":{"cluster":"e","model":"m"},"max_dimensions":3072}}}"#,
     )
-    .unwrap_or_else(|e| panic!("config: {e:?}"));
-    let Some(sem) = config.cache.semantic.as_ref() else {
-        panic!("semantic config");
-    };
+    .expect("config");
+    let sem = config.cache.semantic.as_ref().expect("semantic config");
     let req = CacheRequest {
         endpoint: Endpoint::Chat,
         path: PATH,
@@ -371,14 +400,21 @@ fn semantic_parts(parsed: &Json) -> Vec<(String, f64)> {
     }
     const STORED: usize = 1_000;
     let context = [7u8; 32];
+    let full = Config::parse(
+        br#"{"cache":{"semantic":{"embeddings":{"cluster":"e","model":"m"},"max_dimensions":3072,"max_per_context":1000}}}"#,
+    )
+    .expect("config");
+    let full = full.cache.semantic.as_ref().expect("semantic config");
     for d in [384usize, 1536, 3072] {
-        let vectors = unit_vectors(STORED + 1, d);
-        let group = store::group_for_bench(&context, &vectors[..STORED], u64::MAX);
-        let query = &vectors[STORED];
+        let mut vectors = unit_vectors(STORED + 1, d);
+        let query = vectors.pop().expect("the query");
+        let group = stored_group(full, &context, &vectors);
+        let scanned = store::scan(&group, &context, &query, 0.95, 1).scanned;
+        assert_eq!(scanned as usize, STORED, "the group holds every vector");
         out.push((
             format!("semantic scan of 1,000 stored {d}-dimension vectors (`store::scan`)"),
             time(|| {
-                black_box(store::scan(black_box(&group), &context, query, 0.95, 1));
+                black_box(store::scan(black_box(&group), &context, &query, 0.95, 1));
             }),
         ));
     }

@@ -859,7 +859,8 @@ impl Envoy {
     pub fn log_tail(&self, lines: usize) -> String {
         let log = self.log_contents();
         let all: Vec<&str> = log.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        let from = all.len().saturating_sub(lines);
+        all.get(from..).unwrap_or_default().join("\n")
     }
 
     /// Whether Envoy is still running.
@@ -996,8 +997,11 @@ fn http_request(addr: SocketAddr, method: &str, path: &str) -> Result<(u16, Stri
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
         .ok_or_else(|| anyhow!("no HTTP head from {addr}{path}"))?;
-    let head = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
-    let body = &raw[split + 4..];
+    let (head, body) = (raw.get(..split), raw.get(split + 4..));
+    let (Some(head), Some(body)) = (head, body) else {
+        return Err(anyhow!("no HTTP head from {addr}{path}"));
+    };
+    let head = String::from_utf8_lossy(head).to_ascii_lowercase();
     let status = head
         .split_whitespace()
         .nth(1)
@@ -1018,11 +1022,11 @@ fn dechunk(mut data: &[u8]) -> Result<Vec<u8>> {
             .windows(2)
             .position(|w| w == b"\r\n")
             .ok_or_else(|| anyhow!("truncated chunk size"))?;
-        let size_text = String::from_utf8_lossy(&data[..line_end]);
+        let size_text = String::from_utf8_lossy(data.get(..line_end).unwrap_or_default());
         let size_text = size_text.split(';').next().unwrap_or_default().trim();
         let size = usize::from_str_radix(size_text, 16)
             .with_context(|| format!("bad chunk size {size_text:?}"))?;
-        data = &data[line_end + 2..];
+        data = data.get(line_end + 2..).unwrap_or_default();
         if size == 0 {
             return Ok(out);
         }

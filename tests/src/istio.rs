@@ -243,14 +243,17 @@ impl Proxy {
             "static_resources": {"listeners": [listener], "clusters": clusters}
         });
         if discovery == Discovery::Ads {
-            config["dynamic_resources"] = json!({
+            let dynamic = json!({
                 "ads_config": {
                     "api_type": "GRPC", "transport_api_version": "V3", "set_node_on_first_message_only": true,
                     "grpc_services": [{"envoy_grpc": {"cluster_name": "xds-grpc"}}]
                 }
             });
+            if let Some(c) = config.as_object_mut() {
+                c.insert("dynamic_resources".to_string(), dynamic);
+            }
             push(
-                &mut config["static_resources"]["clusters"],
+                config.pointer_mut("/static_resources/clusters"),
                 json!({
                     "name": "xds-grpc", "type": "STATIC", "connect_timeout": "1s",
                     "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
@@ -387,7 +390,11 @@ impl Proxy {
                         match op {
                             "INSERT_BEFORE" => routes.insert(at, value),
                             "INSERT_AFTER" => routes.insert(at + 1, value),
-                            _ => merge(&mut routes[at], &value),
+                            _ => {
+                                if let Some(route) = routes.get_mut(at) {
+                                    merge(route, &value);
+                                }
+                            }
                         }
                     }
                     _ => bail!("HTTP_ROUTE operation {op} is not laid out here"),
@@ -402,8 +409,10 @@ impl Proxy {
     fn http_filters(&mut self, m: &Value) -> Result<&mut Vec<Value>> {
         let port = m.pointer("/listener/portNumber").and_then(Value::as_u64);
         let name = port.map(|p| format!("0.0.0.0_{p}"));
-        let listeners = self.config["static_resources"]["listeners"]
-            .as_array_mut()
+        let listeners = self
+            .config
+            .pointer_mut("/static_resources/listeners")
+            .and_then(Value::as_array_mut)
             .ok_or_else(|| anyhow!("no listeners"))?;
         let listener = listeners
             .iter_mut()
@@ -427,8 +436,10 @@ impl Proxy {
             .ok_or_else(|| anyhow!("routeConfiguration.vhost.name is required here"))?
             .to_string();
         let wanted = self.role.route_config_name(port);
-        let route_config = self.config["static_resources"]["listeners"]
-            .as_array_mut()
+        let route_config = self
+            .config
+            .pointer_mut("/static_resources/listeners")
+            .and_then(Value::as_array_mut)
             .and_then(|ls| {
                 ls.iter_mut().find_map(|l| {
                     l.pointer_mut("/filter_chains/0/filters/0/typed_config/route_config")
@@ -523,9 +534,15 @@ impl Proxy {
                 }]});
                 std::fs::write(&file, resource.to_string())
                     .context("write the discovered config")?;
-                filter["config_discovery"]["config_source"] = json!({
-                    "path_config_source": {"path": file.to_string_lossy()}
-                });
+                let source = json!({"path_config_source": {"path": file.to_string_lossy()}});
+                let discovery = filter
+                    .as_object_mut()
+                    .ok_or_else(|| anyhow!("a discovered filter that is not an object"))?
+                    .entry("config_discovery")
+                    .or_insert_with(|| json!({}));
+                if let Some(d) = discovery.as_object_mut() {
+                    d.insert("config_source".to_string(), source);
+                }
                 Ok(())
             },
             &configs,
@@ -537,8 +554,10 @@ impl Proxy {
         mut f: impl FnMut(&mut Value, &Value) -> Result<()>,
         configs: &[Value],
     ) -> Result<()> {
-        let listeners = self.config["static_resources"]["listeners"]
-            .as_array_mut()
+        let listeners = self
+            .config
+            .pointer_mut("/static_resources/listeners")
+            .and_then(Value::as_array_mut)
             .ok_or_else(|| anyhow!("no listeners"))?;
         for listener in listeners {
             let Some(chain) = listener
@@ -638,8 +657,8 @@ pub fn merge(into: &mut Value, from: &Value) {
     }
 }
 
-fn push(list: &mut Value, item: Value) {
-    if let Some(list) = list.as_array_mut() {
+fn push(list: Option<&mut Value>, item: Value) {
+    if let Some(list) = list.and_then(Value::as_array_mut) {
         list.push(item);
     }
 }

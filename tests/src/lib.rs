@@ -1,6 +1,11 @@
 //! End-to-end harness of llm-filter: a mock OpenAI-compatible upstream, a launcher
 //! for the real Envoy with the built filter, and small client helpers for JSON and
 //! SSE calls that record when each event arrived.
+// Test infrastructure: a mock, a launcher or a client that cannot start fails
+// the test that asked for it, so `expect` says why and ends it. Indexing and
+// `panic!` stay denied: a harness that reads a malformed answer reports it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![cfg_attr(test, allow(clippy::panic, clippy::indexing_slicing))]
 
 pub mod alertmanager;
 pub mod cli;
@@ -82,7 +87,7 @@ pub fn http_client() -> reqwest::Client {
         .no_proxy()
         .timeout(Duration::from_secs(30))
         .build()
-        .unwrap_or_else(|e| panic!("http client: {e}"))
+        .expect("http client")
 }
 
 /// `text` with a number no other call of this process gets, so identical-looking
@@ -121,14 +126,22 @@ pub const SHAPING_AB: &str = r#"{"cache":{"enabled":false},"budget":{"enabled":f
   "ab":{"groups":[{"name":"control","percent":50},
     {"name":"b","percent":50,"overrides":{"shaping":{"max_tokens_cap":128}}}]}}"#;
 
-/// A streaming chat completion request, asking for the usage chunk when `include_usage`.
-pub fn chat_stream_body(model: &str, content: &str, include_usage: bool) -> Value {
-    let mut body = chat_body(model, content);
-    body["stream"] = json!(true);
-    if include_usage {
-        body["stream_options"] = json!({"include_usage": true});
+/// `body` with `key` set to `value` (a body that is not an object is left as it is).
+pub fn with_field(mut body: Value, key: &str, value: Value) -> Value {
+    if let Some(b) = body.as_object_mut() {
+        b.insert(key.to_string(), value);
     }
     body
+}
+
+/// A streaming chat completion request, asking for the usage chunk when `include_usage`.
+pub fn chat_stream_body(model: &str, content: &str, include_usage: bool) -> Value {
+    let body = with_field(chat_body(model, content), "stream", json!(true));
+    if include_usage {
+        with_field(body, "stream_options", json!({"include_usage": true}))
+    } else {
+        body
+    }
 }
 
 /// A complete (non-streamed) response.
@@ -214,7 +227,7 @@ pub fn http_client_without_reuse() -> reqwest::Client {
         .pool_max_idle_per_host(0)
         .timeout(Duration::from_secs(30))
         .build()
-        .unwrap_or_else(|e| panic!("http client: {e}"))
+        .expect("http client")
 }
 
 /// Adds `headers` (appended: a repeated name is sent twice), sends, reads the answer.
@@ -328,7 +341,8 @@ impl SseResponse {
 
     /// Gaps between consecutive events.
     pub fn gaps(&self) -> Vec<Duration> {
-        self.events.windows(2).map(|w| w[1].at - w[0].at).collect()
+        let at = self.events.iter().map(|e| e.at);
+        at.clone().skip(1).zip(at).map(|(b, a)| b - a).collect()
     }
 }
 
@@ -420,7 +434,7 @@ impl SseParser {
 /// Position and length of the first blank-line separator in `buffer`.
 fn block_end(buffer: &[u8]) -> Option<(usize, usize)> {
     (0..buffer.len()).find_map(|i| {
-        let rest = &buffer[i..];
+        let rest = buffer.get(i..)?;
         if rest.starts_with(b"\n\n") {
             Some((i, 2))
         } else if rest.starts_with(b"\r\n\r\n") {

@@ -277,7 +277,7 @@ impl MockUpstream {
     ///
     /// Panics when the port cannot be bound: this is test infrastructure.
     pub fn start(config: MockConfig) -> MockUpstream {
-        Self::try_start(config).unwrap_or_else(|e| panic!("mock upstream: {e}"))
+        Self::try_start(config).expect("mock upstream")
     }
 
     /// Like [`MockUpstream::start`], returning bind errors.
@@ -830,7 +830,9 @@ impl Answer {
             }],
         });
         if self.include_usage {
-            chunk["usage"] = Value::Null;
+            if let Some(c) = chunk.as_object_mut() {
+                c.insert("usage".to_string(), Value::Null);
+            }
         }
         chunk
     }
@@ -884,7 +886,9 @@ impl Answer {
             }],
         });
         if self.include_usage {
-            chunk["usage"] = Value::Null;
+            if let Some(c) = chunk.as_object_mut() {
+                c.insert("usage".to_string(), Value::Null);
+            }
         }
         chunk
     }
@@ -958,11 +962,15 @@ pub fn embedding(text: &str) -> Vec<f64> {
             hash = hash.wrapping_mul(0x0100_0000_01b3);
         }
         let sign = if hash >> 63 == 0 { 1.0 } else { -1.0 };
-        v[(hash % EMBEDDING_DIMENSIONS as u64) as usize] += sign;
+        if let Some(x) = v.get_mut((hash % EMBEDDING_DIMENSIONS as u64) as usize) {
+            *x += sign;
+        }
     }
     let norm = v.iter().map(|x| x * x).sum::<f64>().sqrt();
     if norm == 0.0 {
-        v[0] = 1.0;
+        if let Some(x) = v.first_mut() {
+            *x = 1.0;
+        }
         return v;
     }
     // Rounded so the JSON stays short.

@@ -5,7 +5,8 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 pub mod cas;
-pub mod census;
+pub mod codec;
+pub mod footprint;
 
 /// Failure of a shared-store write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

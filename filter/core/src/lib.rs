@@ -2,6 +2,8 @@
 //! lives here, free of any proxy-wasm dependency, so it is unit-tested natively;
 //! the plugin crate only reads from the host, calls in here and applies the result.
 #![deny(missing_docs)]
+// Nothing here needs it: the one crate that touches raw memory is the plugin.
+#![forbid(unsafe_code)]
 #![cfg_attr(
     test,
     allow(

@@ -141,7 +141,7 @@ pub const DEGRADED: &str = "llm_filter_degraded_total";
 
 // shared data
 /// Keys the filter holds in Envoy shared data (gauge, counted every few
-/// seconds; see `host::census` and the key families of docs/design.md).
+/// seconds; see `host::footprint` and the key families of docs/design.md).
 pub const SHARED_DATA_KEYS: &str = "llm_filter_shared_data_keys";
 /// Bytes of the values of those keys (gauge).
 pub const SHARED_DATA_BYTES: &str = "llm_filter_shared_data_bytes";

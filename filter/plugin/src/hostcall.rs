@@ -11,9 +11,11 @@
 //! The one call left to the SDK is `dispatch_http_call`: the SDK's dispatcher
 //! must register the callout's token to route its answer back (it traps on
 //! an answer it does not know), and only the SDK's own function registers it.
+//!
+//! The checked calls live here; the status codes in [`status`], the header-map
+//! codec in `header_map`, the ABI imports in `abi` (a stand-in natively), and
+//! a bench build's count of the crossings in `bench_census`.
 
-use std::cell::RefCell;
-use std::ops::Range;
 use std::ptr::{null, null_mut};
 use std::time::Duration;
 
@@ -21,64 +23,19 @@ use llm_filter_core::host::Metrics;
 use llm_filter_core::metrics::{name, INTERNAL_ERRORS};
 use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType};
 
-/// Proxy-wasm ABI status codes (`proxy_status_t`).
-pub mod status {
-    /// The call succeeded.
-    pub const OK: u32 = 0;
-    /// Nothing under that name (key, header, buffer, property, metric).
-    pub const NOT_FOUND: u32 = 1;
-    /// An argument the host refuses (e.g. an unknown callout cluster).
-    pub const BAD_ARGUMENT: u32 = 2;
-    /// A value the host cannot serialize.
-    pub const SERIALIZATION_FAILURE: u32 = 3;
-    /// Shared data changed since the read whose CAS token was given.
-    pub const CAS_MISMATCH: u32 = 8;
-    /// The host failed.
-    pub const INTERNAL_FAILURE: u32 = 10;
-    /// Not a host status: the host answered `OK` with bytes that do not
-    /// parse (a header map whose lengths run past its end).
-    pub const MALFORMED: u32 = u32::MAX;
-}
+mod abi;
+#[cfg(feature = "hostcall-census")]
+pub mod bench_census;
+mod header_map;
+pub mod status;
+mod tally;
+#[cfg(test)]
+mod tests;
 
+pub use header_map::{serialize_map, HeaderMap};
+pub use status::Status;
 use status::{BAD_ARGUMENT, CAS_MISMATCH, INTERNAL_FAILURE, MALFORMED, NOT_FOUND, OK};
-
-/// A failed host call: the status the host returned.
-pub type Status = u32;
-
-/// Counts by host call, kept aside until taken: the stats sink may be
-/// borrowed (or failing) when a host call is made.
-pub struct Tally(RefCell<Vec<(&'static str, u64)>>);
-
-impl Tally {
-    /// An empty tally.
-    pub const fn new() -> Self {
-        Self(RefCell::new(Vec::new()))
-    }
-
-    /// Counts one more `call`.
-    pub fn add(&self, call: &'static str) {
-        self.add_n(call, 1);
-    }
-
-    /// Counts `n` more under `call`.
-    pub fn add_n(&self, call: &'static str, n: u64) {
-        let Ok(mut t) = self.0.try_borrow_mut() else {
-            return;
-        };
-        match t.iter_mut().find(|(c, _)| *c == call) {
-            Some((_, m)) => *m = m.saturating_add(n),
-            None => t.push((call, n)),
-        }
-    }
-
-    /// The counts since the last take, by call.
-    pub fn take(&self) -> Vec<(&'static str, u64)> {
-        self.0
-            .try_borrow_mut()
-            .map(|mut t| std::mem::take(&mut *t))
-            .unwrap_or_default()
-    }
-}
+use tally::Tally;
 
 thread_local! {
     /// Host calls that failed with a status the SDK does not expect, until
@@ -91,7 +48,7 @@ thread_local! {
 #[inline(always)]
 fn crossing(f: impl FnOnce() -> u32) -> u32 {
     #[cfg(feature = "hostcall-census")]
-    return census::crossing(f);
+    return bench_census::crossing(f);
     #[cfg(not(feature = "hostcall-census"))]
     f()
 }
@@ -100,7 +57,7 @@ fn crossing(f: impl FnOnce() -> u32) -> u32 {
 /// neither OK nor one of the `expected` errors.
 pub fn check(call: &'static str, status: u32, expected: &[u32]) -> Result<(), Status> {
     #[cfg(feature = "hostcall-census")]
-    census::count(call);
+    bench_census::count(call);
     if status == OK {
         return Ok(());
     }
@@ -151,16 +108,6 @@ pub fn current_time_ns() -> Result<u64, Status> {
     // SAFETY: `t` outlives the call.
     let s = unsafe { abi::proxy_get_current_time_nanoseconds(&mut t) };
     check("get_current_time", s, &[]).map(|()| t)
-}
-
-/// The host's clock for the census: neither counted nor checked (a failed
-/// read is a 0, which only the bench's numbers would show).
-#[cfg(feature = "hostcall-census")]
-fn census_clock_ns() -> u64 {
-    let mut t: u64 = 0;
-    // SAFETY: `t` outlives the call.
-    unsafe { abi::proxy_get_current_time_nanoseconds(&mut t) };
-    t
 }
 
 /// Asks for `on_tick` every `period` (0 stops it).
@@ -438,305 +385,3 @@ pub fn record_metric(id: u32, value: u64) -> Result<(), Status> {
     let s = crossing(|| unsafe { abi::proxy_record_metric(id, value) });
     check("record_metric", s, &[NOT_FOUND])
 }
-
-/// A header map in the ABI's encoding: the pair count, each pair's name and
-/// value lengths (all `u32` little-endian), then each name and value followed
-/// by a NUL. Kept as the bytes and the spans of each name and value.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct HeaderMap {
-    bytes: Vec<u8>,
-    spans: Vec<(Range<usize>, Range<usize>)>,
-}
-
-impl HeaderMap {
-    /// The map `bytes` encode; `None` for a malformed one: nothing is trusted.
-    pub fn parse(bytes: Vec<u8>) -> Option<Self> {
-        if bytes.is_empty() {
-            return Some(Self::default());
-        }
-        let word = |at: usize| -> Option<usize> {
-            let b: [u8; 4] = bytes.get(at..at.checked_add(4)?)?.try_into().ok()?;
-            usize::try_from(u32::from_le_bytes(b)).ok()
-        };
-        let count = word(0)?;
-        let mut at = count.checked_mul(8)?.checked_add(4)?;
-        if at > bytes.len() {
-            return None;
-        }
-        let mut next = |len: usize| -> Option<Range<usize>> {
-            let end = at.checked_add(len)?;
-            bytes.get(at..end)?;
-            let span = at..end;
-            at = end.checked_add(1)?;
-            Some(span)
-        };
-        let mut spans = Vec::with_capacity(count);
-        for n in 0..count {
-            let lens = n.checked_mul(8)?.checked_add(4)?;
-            let (key_len, value_len) = (word(lens)?, word(lens.checked_add(4)?)?);
-            let key = next(key_len)?;
-            let value = next(value_len)?;
-            spans.push((key, value));
-        }
-        Some(Self { bytes, spans })
-    }
-
-    /// Each pair's name and value, in order.
-    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        self.spans.iter().map(|(k, v)| {
-            (
-                self.bytes.get(k.clone()).unwrap_or_default(),
-                self.bytes.get(v.clone()).unwrap_or_default(),
-            )
-        })
-    }
-}
-
-/// The inverse of [`HeaderMap::parse`]; `None` when a length does not fit in `u32`.
-pub fn serialize_map(pairs: &[(&str, &str)]) -> Option<Vec<u8>> {
-    let len = |n: usize| u32::try_from(n).ok().map(u32::to_le_bytes);
-    let size = pairs
-        .iter()
-        .fold(4, |acc, (k, v)| acc + 10 + k.len() + v.len());
-    let mut out = Vec::with_capacity(size);
-    out.extend_from_slice(&len(pairs.len())?);
-    for (k, v) in pairs {
-        out.extend_from_slice(&len(k.len())?);
-        out.extend_from_slice(&len(v.len())?);
-    }
-    for (k, v) in pairs {
-        out.extend_from_slice(k.as_bytes());
-        out.push(0);
-        out.extend_from_slice(v.as_bytes());
-        out.push(0);
-    }
-    Some(out)
-}
-
-/// The ABI imports, with the status as a plain `u32` (the SDK's `Status` enum
-/// lacks most codes, and reading an unknown one into it is undefined).
-#[cfg(target_arch = "wasm32")]
-mod abi {
-    #[link(wasm_import_module = "env")]
-    extern "C" {
-        pub fn proxy_log(level: u32, data: *const u8, size: usize) -> u32;
-        pub fn proxy_get_current_time_nanoseconds(time: *mut u64) -> u32;
-        pub fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
-        pub fn proxy_get_buffer_bytes(
-            buffer: u32,
-            start: usize,
-            max_size: usize,
-            data: *mut *mut u8,
-            size: *mut usize,
-        ) -> u32;
-        pub fn proxy_set_buffer_bytes(
-            buffer: u32,
-            start: usize,
-            size: usize,
-            data: *const u8,
-            data_size: usize,
-        ) -> u32;
-        pub fn proxy_get_header_map_pairs(map: u32, data: *mut *mut u8, size: *mut usize) -> u32;
-        pub fn proxy_get_header_map_value(
-            map: u32,
-            key: *const u8,
-            key_size: usize,
-            data: *mut *mut u8,
-            size: *mut usize,
-        ) -> u32;
-        pub fn proxy_replace_header_map_value(
-            map: u32,
-            key: *const u8,
-            key_size: usize,
-            value: *const u8,
-            value_size: usize,
-        ) -> u32;
-        pub fn proxy_remove_header_map_value(map: u32, key: *const u8, key_size: usize) -> u32;
-        pub fn proxy_get_property(
-            path: *const u8,
-            path_size: usize,
-            data: *mut *mut u8,
-            size: *mut usize,
-        ) -> u32;
-        pub fn proxy_get_shared_data(
-            key: *const u8,
-            key_size: usize,
-            data: *mut *mut u8,
-            size: *mut usize,
-            cas: *mut u32,
-        ) -> u32;
-        pub fn proxy_set_shared_data(
-            key: *const u8,
-            key_size: usize,
-            value: *const u8,
-            value_size: usize,
-            cas: u32,
-        ) -> u32;
-        pub fn proxy_continue_stream(stream: u32) -> u32;
-        #[allow(clippy::too_many_arguments)]
-        pub fn proxy_send_local_response(
-            status: u32,
-            details: *const u8,
-            details_size: usize,
-            body: *const u8,
-            body_size: usize,
-            headers: *const u8,
-            headers_size: usize,
-            grpc_status: i32,
-        ) -> u32;
-        pub fn proxy_set_effective_context(context_id: u32) -> u32;
-        pub fn proxy_call_foreign_function(
-            name: *const u8,
-            name_size: usize,
-            args: *const u8,
-            args_size: usize,
-            data: *mut *mut u8,
-            size: *mut usize,
-        ) -> u32;
-        pub fn proxy_define_metric(kind: u32, name: *const u8, size: usize, id: *mut u32) -> u32;
-        pub fn proxy_record_metric(id: u32, value: u64) -> u32;
-        pub fn proxy_increment_metric(id: u32, delta: i64) -> u32;
-    }
-}
-
-/// A stand-in host for native builds and tests: every import answers the
-/// status a test chose and returns no data.
-#[cfg(not(target_arch = "wasm32"))]
-#[allow(clippy::missing_safety_doc, clippy::too_many_arguments)]
-mod abi {
-    use std::cell::Cell;
-
-    thread_local! {
-        static STATUS: Cell<u32> = const { Cell::new(super::status::INTERNAL_FAILURE) };
-    }
-
-    /// Makes every import answer `status`.
-    #[cfg(test)]
-    pub fn answer(status: u32) {
-        STATUS.with(|s| s.set(status));
-    }
-
-    fn status() -> u32 {
-        STATUS.with(Cell::get)
-    }
-
-    pub unsafe fn proxy_log(_: u32, _: *const u8, _: usize) -> u32 {
-        status()
-    }
-    pub unsafe fn proxy_get_current_time_nanoseconds(_: *mut u64) -> u32 {
-        status()
-    }
-    pub unsafe fn proxy_set_tick_period_milliseconds(_: u32) -> u32 {
-        status()
-    }
-    pub unsafe fn proxy_get_buffer_bytes(
-        _: u32,
-        _: usize,
-        _: usize,
-        _: *mut *mut u8,
-        _: *mut usize,
-    ) -> u32 {
-        status()
-    }
-    pub unsafe fn proxy_set_buffer_bytes(
-        _: u32,
-        _: usize,
-        _: usize,
-        _: *const u8,
-        _: usize,
-    ) -> u32 {
-        status()
-    }
-    pub unsafe fn proxy_get_header_map_pairs(_: u32, _: *mut *mut u8, _: *mut usize) -> u32 {
-        status()
-    }
-    pub unsafe fn proxy_get_header_map_value(
-        _: u32,
-        _: *const u8,
-        _: usize,
-        _: *mut *mut u8,
-        _: *mut usize,
-    ) -> u32 {
-        status()
-    }
-    pub unsafe fn proxy_replace_header_map_value(
-        _: u32,
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-    ) -> u32 {
-        status()
-    }
-    pub unsafe fn proxy_remove_header_map_value(_: u32, _: *const u8, _: usize) -> u32 {
-        status()
-    }
-    pub unsafe fn proxy_get_property(
-        _: *const u8,
-        _: usize,
-        _: *mut *mut u8,
-        _: *mut usize,
-    ) -> u32 {
-        status()
-    }
-    pub unsafe fn proxy_get_shared_data(
-        _: *const u8,
-        _: usize,
-        _: *mut *mut u8,
-        _: *mut usize,
-        _: *mut u32,
-    ) -> u32 {
-        status()
-    }
-    pub unsafe fn proxy_set_shared_data(
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-        _: u32,
-    ) -> u32 {
-        status()
-    }
-    pub unsafe fn proxy_continue_stream(_: u32) -> u32 {
-        status()
-    }
-    pub unsafe fn proxy_send_local_response(
-        _: u32,
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-        _: i32,
-    ) -> u32 {
-        status()
-    }
-    pub unsafe fn proxy_set_effective_context(_: u32) -> u32 {
-        status()
-    }
-    pub unsafe fn proxy_call_foreign_function(
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-        _: *mut *mut u8,
-        _: *mut usize,
-    ) -> u32 {
-        status()
-    }
-    pub unsafe fn proxy_define_metric(_: u32, _: *const u8, _: usize, _: *mut u32) -> u32 {
-        status()
-    }
-    pub unsafe fn proxy_record_metric(_: u32, _: u64) -> u32 {
-        status()
-    }
-    pub unsafe fn proxy_increment_metric(_: u32, _: i64) -> u32 {
-        status()
-    }
-}
-
-#[cfg(feature = "hostcall-census")]
-pub mod census;
-#[cfg(test)]
-mod tests;

@@ -1,9 +1,8 @@
 //! The HTTP context: adapts Envoy's stream callbacks to the core's request
 //! walk. Nothing is decided here.
 
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::rc::Rc;
-
 use std::time::Duration;
 
 use llm_filter_core::admin::AdminCall;
@@ -11,7 +10,7 @@ use llm_filter_core::walk::{Call, CalloutAnswer, Env, Host, Step};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, MapType};
 
-use crate::host::{self, Headers};
+use crate::adapter::{self, Headers};
 use crate::hostcall;
 use crate::worker::{with_env, CallSlot, Worker};
 
@@ -57,7 +56,10 @@ impl Http {
         let Some(call) = slot.as_mut() else {
             return Action::Continue;
         };
-        let step = with_env(&self.worker, |env| f(call, env, &mut stream));
+        // A worker busy in another callback: the call passes as it stands.
+        let Some(step) = with_env(&self.worker, |env| f(call, env, &mut stream)) else {
+            return Action::Continue;
+        };
         if call.is_parked() {
             self.worker.park(self.id, &self.call);
         }
@@ -78,7 +80,7 @@ fn action(step: Step) -> Action {
 impl Context for Http {
     fn on_http_call_response(&mut self, _token: u32, _: usize, body_size: usize, _: usize) {
         #[cfg(feature = "hostcall-census")]
-        let _timed = hostcall::census::Timed::new(&self.worker, "callout_response");
+        let _timed = hostcall::bench_census::Timed::new(self.worker.stats(), "callout_response");
         deliver_callout(&self.worker, self.id, &self.call, body_size);
     }
 }
@@ -88,7 +90,7 @@ impl Context for Http {
 /// when the walk says so (parking the call when it now waits for the timer).
 /// The stream (`id`) must be the effective context.
 pub fn deliver_callout(worker: &Worker, id: u32, slot: &CallSlot, body_size: usize) {
-    let headers = host::headers(MapType::HttpCallResponseHeaders);
+    let headers = adapter::headers(MapType::HttpCallResponseHeaders);
     let status = headers
         .iter()
         .find(|(k, _)| k == ":status")
@@ -109,9 +111,11 @@ pub fn deliver_callout(worker: &Worker, id: u32, slot: &CallSlot, body_size: usi
         return;
     };
     let request_held = call.holds_request();
+    // A worker busy in another callback: what is held goes on.
     let step = with_env(worker, |env| {
         call.on_callout_response(env, &mut Stream::default(), answer)
-    });
+    })
+    .unwrap_or(Step::Continue);
     if call.is_parked() {
         worker.park(id, slot);
     }
@@ -130,7 +134,7 @@ pub fn deliver_callout(worker: &Worker, id: u32, slot: &CallSlot, body_size: usi
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
         #[cfg(feature = "hostcall-census")]
-        let _timed = hostcall::census::Timed::new(&self.worker, "request_headers");
+        let _timed = hostcall::bench_census::Timed::new(self.worker.stats(), "request_headers");
         // The filter's own endpoints first, then the walk: one read of the
         // request's headers and of the clock serves both.
         let mut stream = Stream::default();
@@ -141,11 +145,13 @@ impl HttpContext for Http {
             }
         });
         let started = match started {
-            Err((admin, step)) => {
+            // A worker busy in another callback: the request passes untouched.
+            None => return Action::Continue,
+            Some(Err((admin, step))) => {
                 self.admin = Some(admin);
                 return action(step);
             }
-            Ok(started) => started,
+            Some(Ok(started)) => started,
         };
         let Some((call, step)) = started else {
             return Action::Continue;
@@ -167,12 +173,12 @@ impl HttpContext for Http {
 
     fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
         #[cfg(feature = "hostcall-census")]
-        let _timed = hostcall::census::Timed::new(&self.worker, "request_body");
+        let _timed = hostcall::bench_census::Timed::new(self.worker.stats(), "request_body");
         if let Some(admin) = self.admin.as_mut() {
             let step = with_env(&self.worker, |env| {
                 admin.on_request_body(env, &mut Stream::default(), size, end_of_stream)
             });
-            return action(step);
+            return step.map_or(Action::Continue, action);
         }
         // The headers kept are good only while the body is still held: a
         // request the timer let go (the body watchdog) has gone upstream.
@@ -189,7 +195,7 @@ impl HttpContext for Http {
 
     fn on_http_response_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
         #[cfg(feature = "hostcall-census")]
-        let _timed = hostcall::census::Timed::new(&self.worker, "response_headers");
+        let _timed = hostcall::bench_census::Timed::new(self.worker.stats(), "response_headers");
         self.step(Stream::default(), |call, env, host| {
             call.on_response_headers(env, host, end_of_stream)
         })
@@ -197,7 +203,7 @@ impl HttpContext for Http {
 
     fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
         #[cfg(feature = "hostcall-census")]
-        let _timed = hostcall::census::Timed::new(&self.worker, "response_body");
+        let _timed = hostcall::bench_census::Timed::new(self.worker.stats(), "response_body");
         self.step(Stream::default(), |call, env, host| {
             call.on_response_body(env, host, size, end_of_stream)
         })
@@ -205,10 +211,11 @@ impl HttpContext for Http {
 
     fn on_log(&mut self) {
         #[cfg(feature = "hostcall-census")]
-        let _timed = hostcall::census::Timed::new(&self.worker, "log");
+        let _timed = hostcall::bench_census::Timed::new(self.worker.stats(), "log");
         let call = self.call.try_borrow_mut().ok().and_then(|mut c| c.take());
         if let Some(call) = call {
-            with_env(&self.worker, |env| call.on_log(env));
+            // A worker busy in another callback: the call ends unrecorded.
+            let _ = with_env(&self.worker, |env| call.on_log(env));
         }
     }
 }
@@ -219,11 +226,11 @@ impl HttpContext for Http {
 /// per header, and none for removing a header the map does not have.
 #[derive(Default)]
 pub struct Stream {
-    request: RefCell<Option<Headers>>,
-    response: RefCell<Option<Headers>>,
+    request: Cell<Option<Headers>>,
+    response: Cell<Option<Headers>>,
     /// Tokens of the callouts sent, for a context other than the stream's
     /// own (the timer) to route their answers back.
-    dispatched: RefCell<Vec<u32>>,
+    dispatched: Vec<u32>,
 }
 
 impl Stream {
@@ -231,7 +238,7 @@ impl Stream {
     /// the same held request (nothing else edits them while it is held).
     pub fn with_request(request: Option<Headers>) -> Self {
         Self {
-            request: RefCell::new(request),
+            request: Cell::new(request),
             ..Self::default()
         }
     }
@@ -243,18 +250,22 @@ impl Stream {
     }
 
     /// Tokens of the callouts this stream sent during the callback.
-    pub fn take_dispatched(&self) -> Vec<u32> {
-        std::mem::take(&mut *self.dispatched.borrow_mut())
+    pub fn take_dispatched(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.dispatched)
     }
 
-    /// Runs `f` on the map, read from the host on first use.
+    /// Runs `f` on the map, read from the host on first use. The map is
+    /// taken out while `f` runs and put back after, so no borrow can clash
+    /// (`f` is this module's own and never comes back here).
     fn with<T>(&self, map: MapType, f: impl FnOnce(&mut Headers) -> T) -> T {
         let cell = match map {
             MapType::HttpResponseHeaders => &self.response,
             _ => &self.request,
         };
-        let mut cell = cell.borrow_mut();
-        f(cell.get_or_insert_with(|| Headers::read(map)))
+        let mut headers = cell.take().unwrap_or_else(|| Headers::read(map));
+        let out = f(&mut headers);
+        cell.set(Some(headers));
+        out
     }
 
     fn set(&self, map: MapType, name: &str, value: Option<&str>) -> bool {
@@ -262,7 +273,7 @@ impl Stream {
             if value.is_none() && !headers.has(name) {
                 return true;
             }
-            if !host::set_header(map, name, value) {
+            if !adapter::set_header(map, name, value) {
                 return false;
             }
             headers.record(name, value);
@@ -316,7 +327,7 @@ impl Host for Stream {
         hostcall::get_property(&["response", "code_details"])
             .ok()
             .flatten()
-            .map(|b| host::text(&b))
+            .map(|b| adapter::text(&b))
     }
 
     fn send_local_reply(&mut self, status: u32, headers: &[(&str, &str)], body: &[u8]) -> bool {
@@ -341,7 +352,7 @@ impl Host for Stream {
         let timeout = Duration::from_millis(timeout_ms);
         match hostcall::dispatch_http_call(cluster, headers, Some(body), timeout) {
             Ok(token) => {
-                self.dispatched.borrow_mut().push(token);
+                self.dispatched.push(token);
                 true
             }
             Err(_) => false,

@@ -10,11 +10,12 @@
     )
 )]
 
-mod host;
+mod adapter;
 mod hostcall;
 mod http;
 mod logger;
 mod root;
+mod turn;
 mod worker;
 
 use proxy_wasm::types::LogLevel;

@@ -3,7 +3,6 @@
 //! wakes parked calls, sends the routing probes and counts the filter's
 //! shared data.
 
-use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
@@ -12,7 +11,7 @@ use llm_filter_core::cache::semantic::config::SemanticConfig;
 use llm_filter_core::cache::semantic::Index;
 use llm_filter_core::cache::{CacheConfig, Store, PREPARE_MAX_SLOTS};
 use llm_filter_core::config::Config;
-use llm_filter_core::host::census::{Census, KEYS_PER_STEP};
+use llm_filter_core::host::footprint::{Census, KEYS_PER_STEP};
 use llm_filter_core::host::{Random, SplitMix64};
 use llm_filter_core::metrics::BoundedLabel;
 use llm_filter_core::routing::probe::{Probe, ProbeEnd, Prober};
@@ -21,7 +20,7 @@ use llm_filter_core::{degrade, load};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType, MapType};
 
-use crate::host::{self, now_ms, EnvoyMetrics, EnvoyStore};
+use crate::adapter::{self, now_ms, EnvoyMetrics, EnvoyStore};
 use crate::hostcall;
 use crate::http::{deliver_callout, Http, Stream};
 use crate::worker::{with_env, ParkedCall, Worker};
@@ -77,7 +76,8 @@ impl Root {
                 continue;
             }
             let mut stream = Stream::default();
-            let wake = with_env(worker, |env| c.on_tick(env, &mut stream));
+            // A worker busy in another callback: look again next tick.
+            let wake = with_env(worker, |env| c.on_tick(env, &mut stream)).unwrap_or(Wake::Wait);
             for token in stream.take_dispatched() {
                 self.callouts.insert(token, (id, weak.clone()));
             }
@@ -120,14 +120,10 @@ impl Root {
                 Ok(token) => {
                     self.probes.insert(token, probe);
                 }
-                Err(_) => self.prober.finish(
-                    cfg,
-                    &EnvoyStore,
-                    &mut *worker.metrics.borrow_mut(),
-                    &probe,
-                    ProbeEnd::NotSent,
-                    now_ms(),
-                ),
+                Err(_) => worker.with_metrics(|m| {
+                    self.prober
+                        .finish(cfg, &EnvoyStore, m, &probe, ProbeEnd::NotSent, now_ms());
+                }),
             }
         }
     }
@@ -225,7 +221,7 @@ impl Context for Root {
         let Some(worker) = self.worker.clone() else {
             return;
         };
-        let status = host::header(MapType::HttpCallResponseHeaders, ":status")
+        let status = adapter::header(MapType::HttpCallResponseHeaders, ":status")
             .and_then(|s| s.parse::<u16>().ok());
         let body = if probe.kind.reads_body() {
             hostcall::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
@@ -242,14 +238,11 @@ impl Context for Root {
             },
             None => ProbeEnd::NoAnswer,
         };
-        self.prober.finish(
-            &worker.config.routing,
-            &EnvoyStore,
-            &mut *worker.metrics.borrow_mut(),
-            &probe,
-            end,
-            now_ms(),
-        );
+        worker.with_metrics(|m| {
+            let cfg = &worker.config.routing;
+            self.prober
+                .finish(cfg, &EnvoyStore, m, &probe, end, now_ms());
+        });
     }
 }
 
@@ -278,17 +271,11 @@ impl RootContext for Root {
         let mut metrics = EnvoyMetrics::default();
         prepare_cache(&config.cache, &mut metrics);
         hostcall::count_unexpected(&mut metrics);
-        let mut rng = SplitMix64::new(host::entropy());
+        let mut rng = SplitMix64::new(adapter::entropy());
         self.prober = Prober::new(rng.next_u64().max(1));
         self.census = Census::new(&config);
-        self.worker = Some(Rc::new(Worker {
-            config,
-            metrics: RefCell::new(metrics),
-            rng: RefCell::new(rng),
-            model_labels: RefCell::new(BoundedLabel::new(MAX_MODEL_LABELS)),
-            parked: RefCell::new(Vec::new()),
-            can_hold_body: Cell::new(true),
-        }));
+        let model_labels = BoundedLabel::new(MAX_MODEL_LABELS);
+        self.worker = Some(Rc::new(Worker::new(config, metrics, rng, model_labels)));
         if hostcall::set_tick_period(TICK).is_err() {
             log::warn!("llm-filter: no timer: parked calls rely on their own callbacks");
         }
@@ -297,7 +284,7 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         #[cfg(feature = "hostcall-census")]
-        let _quiet = hostcall::census::Quiet::new();
+        let _quiet = hostcall::bench_census::Quiet::new();
         let Some(worker) = self.worker.clone() else {
             return;
         };
@@ -307,14 +294,15 @@ impl RootContext for Root {
             .census
             .step(&EnvoyStore, &worker.config, now_ms(), KEYS_PER_STEP);
         if let Some(footprint) = counted {
-            footprint.set_gauges(&mut *worker.metrics.borrow_mut());
+            worker.with_metrics(|m| footprint.set_gauges(m));
         }
         let now = now_ms();
         if now.saturating_sub(self.load_published_ms) >= LOAD_GAUGES_EVERY_MS {
             self.load_published_ms = now;
-            let mut metrics = worker.metrics.borrow_mut();
-            load::publish(&EnvoyStore, &mut *metrics, now);
-            degrade::publish(&EnvoyStore, &worker.config, &mut *metrics, now);
+            worker.with_metrics(|m| {
+                load::publish(&EnvoyStore, m, now);
+                degrade::publish(&EnvoyStore, &worker.config, m, now);
+            });
         }
         worker.count_host_errors();
     }

@@ -1,90 +1,139 @@
 //! What every context of one worker VM shares: the compiled configuration,
 //! the host's stats and randomness, and the calls parked for the timer. The
-//! root context builds it once; the HTTP contexts and the timer borrow it.
+//! root context builds it once; the HTTP contexts and the timer take turns at
+//! it (see [`crate::turn`]).
 
 use std::cell::{Cell, RefCell};
 use std::rc::{Rc, Weak};
 
 use llm_filter_core::config::Config;
-use llm_filter_core::host::SplitMix64;
+use llm_filter_core::host::{Metrics, SplitMix64};
 use llm_filter_core::metrics::{self, BoundedLabel};
 use llm_filter_core::walk::{Call, Env};
 
-use crate::host::{now_ms, EnvoyMetrics, EnvoyStore};
+use crate::adapter::{now_ms, EnvoyMetrics, EnvoyStore};
 use crate::hostcall;
+use crate::turn::{self, Discard, Turn};
 
 /// A call slot shared between its HTTP context and the timer.
 pub type CallSlot = Rc<RefCell<Option<Call>>>;
 /// A parked call: its context id and its slot (gone once the stream ends).
 pub type ParkedCall = (u32, Weak<RefCell<Option<Call>>>);
 
+/// What the walk draws on besides the stats.
+struct Draws {
+    /// Randomness, seeded once from the host.
+    rng: SplitMix64,
+    /// Bound on the values of the `model` label.
+    model_labels: BoundedLabel,
+}
+
 /// What every HTTP context of this worker shares.
 pub struct Worker {
     /// The compiled configuration.
     pub config: Config,
-    /// Stats sink.
-    pub metrics: RefCell<EnvoyMetrics>,
-    /// Randomness, seeded once from the host.
-    pub rng: RefCell<SplitMix64>,
-    /// Bound on the values of the `model` label.
-    pub model_labels: RefCell<BoundedLabel>,
     /// Envoy delivers request bodies to paused streams (it does not without
     /// `allow_on_headers_stop_iteration`).
     pub can_hold_body: Cell<bool>,
+    /// Stats sink (shared with a census build's timing of each callback).
+    metrics: Rc<Turn<EnvoyMetrics>>,
+    draws: Turn<Draws>,
     /// Calls waiting for the timer, by context id.
-    pub parked: RefCell<Vec<ParkedCall>>,
+    parked: Turn<Vec<ParkedCall>>,
 }
 
 impl Worker {
+    /// The worker of `config`, with the stats defined so far, its generator
+    /// and its bound on model labels.
+    pub fn new(
+        config: Config,
+        metrics: EnvoyMetrics,
+        rng: SplitMix64,
+        model_labels: BoundedLabel,
+    ) -> Self {
+        Self {
+            config,
+            can_hold_body: Cell::new(true),
+            metrics: Rc::new(Turn::new(metrics)),
+            draws: Turn::new(Draws { rng, model_labels }),
+            parked: Turn::new(Vec::new()),
+        }
+    }
+
     /// Remembers a call that waits for the timer.
     pub fn park(&self, context_id: u32, slot: &CallSlot) {
-        let mut parked = self.parked.borrow_mut();
-        if !parked.iter().any(|(id, _)| *id == context_id) {
-            parked.push((context_id, Rc::downgrade(slot)));
-        }
+        self.parked.with(|parked| {
+            if !parked.iter().any(|(id, _)| *id == context_id) {
+                parked.push((context_id, Rc::downgrade(slot)));
+            }
+        });
     }
 
     /// Takes the parked calls, for the timer to look at; it gives back those
     /// still waiting with [`Worker::repark`].
     pub fn take_parked(&self) -> Vec<ParkedCall> {
-        std::mem::take(&mut *self.parked.borrow_mut())
-    }
-
-    /// Counts the filter's own trouble; the stream goes on untouched.
-    pub fn internal_error(&self, reason: &str) {
-        metrics::internal_error(&mut *self.metrics.borrow_mut(), reason);
-    }
-
-    /// Counts the host calls that failed unexpectedly since the last time.
-    pub fn count_host_errors(&self) {
-        if let Ok(mut m) = self.metrics.try_borrow_mut() {
-            hostcall::count_unexpected(&mut *m);
-        }
+        self.parked.with(std::mem::take).unwrap_or_default()
     }
 
     /// Parks again calls taken with [`Worker::take_parked`].
     pub fn repark(&self, calls: Vec<ParkedCall>) {
-        self.parked.borrow_mut().extend(calls);
+        self.parked.with(|parked| parked.extend(calls));
+    }
+
+    /// Runs `f` with the worker's stats, or, while another callback has them,
+    /// with a sink that keeps nothing: the work is done either way.
+    pub fn with_metrics<T>(&self, f: impl FnOnce(&mut dyn Metrics) -> T) -> T {
+        match self.metrics.take() {
+            Some(mut m) => f(&mut *m),
+            None => f(&mut Discard),
+        }
+    }
+
+    /// Counts the filter's own trouble; the stream goes on untouched.
+    pub fn internal_error(&self, reason: &str) {
+        self.with_metrics(|m| metrics::internal_error(m, reason));
+    }
+
+    /// Counts the host calls that failed unexpectedly, and the turns
+    /// refused, since the last time.
+    pub fn count_host_errors(&self) {
+        self.metrics.with(|m| {
+            hostcall::count_unexpected(m);
+            turn::count_missed(m);
+        });
+    }
+
+    /// The stats, for a census build to hand its counts over to.
+    #[cfg(feature = "hostcall-census")]
+    pub fn stats(&self) -> Rc<Turn<dyn Metrics>> {
+        self.metrics.clone()
     }
 }
 
 /// Runs `f` with the worker's environment, read at this instant, then counts
-/// the host calls that failed unexpectedly meanwhile. (A census build hands
-/// its counts over when the callback's timing ends, not here.)
-pub fn with_env<T>(worker: &Worker, f: impl FnOnce(&mut Env<'_>) -> T) -> T {
-    let mut metrics = worker.metrics.borrow_mut();
-    let mut rng = worker.rng.borrow_mut();
-    let mut model_labels = worker.model_labels.borrow_mut();
-    let mut env = Env {
-        config: &worker.config,
-        store: &EnvoyStore,
-        metrics: &mut *metrics,
-        rng: &mut *rng,
-        model_labels: &mut model_labels,
-        now_ms: now_ms(),
-        can_hold_body: worker.can_hold_body.get(),
-    };
-    let out = f(&mut env);
-    hostcall::count_unexpected(&mut *metrics);
-    out
+/// the host calls that failed unexpectedly meanwhile; `None` while another
+/// callback has the worker, for the caller to go on as if the filter were
+/// absent. (A census build hands its counts over when the callback's timing
+/// ends, not here.)
+pub fn with_env<T>(worker: &Worker, f: impl FnOnce(&mut Env<'_>) -> T) -> Option<T> {
+    worker
+        .metrics
+        .with(|metrics| {
+            let out = worker.draws.with(|draws| {
+                let mut env = Env {
+                    config: &worker.config,
+                    store: &EnvoyStore,
+                    metrics,
+                    rng: &mut draws.rng,
+                    model_labels: &mut draws.model_labels,
+                    now_ms: now_ms(),
+                    can_hold_body: worker.can_hold_body.get(),
+                };
+                f(&mut env)
+            });
+            hostcall::count_unexpected(metrics);
+            turn::count_missed(metrics);
+            out
+        })
+        .flatten()
 }

@@ -6,6 +6,11 @@
 //! once per round, rounds interleaved, and the table gives the median of the
 //! rounds. A last part times the first byte of streamed calls through a mock
 //! that streams.
+// A tool of the test suite: a step that cannot run (a mock, Envoy, a client
+// that does not start) ends the run, and `expect` says why. Indexing and
+// `panic!` stay denied: malformed output is reported, not trapped on.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![cfg_attr(test, allow(clippy::panic, clippy::indexing_slicing))]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,8 +22,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use futures_util::StreamExt;
 use llm_filter_core::metrics::{BENCH_CALLBACK_NS, BENCH_HOSTCALLS, BENCH_HOSTCALL_NS};
 use llm_filter_e2e::{
-    chat_body, chat_stream_body, cli, conversation_body, post_json, workspace_root, Envoy,
-    EnvoyBuilder, MockConfig, MockUpstream, SHAPING_AB,
+    chat_body, chat_stream_body, cli, conversation_body, post_json, with_field, workspace_root,
+    Envoy, EnvoyBuilder, MockConfig, MockUpstream, SHAPING_AB,
 };
 use serde_json::json;
 
@@ -117,20 +122,28 @@ const UNIQUE: &str = "@unique@";
 fn scenarios() -> Vec<Scenario> {
     let chat = chat_body("gpt-4o", "Say hello in one short sentence.").to_string();
     // Temperature 0: deterministic, so cacheable.
-    let mut deterministic = chat_body("gpt-4o", "Say hello in one short sentence.");
-    deterministic["temperature"] = json!(0);
-    let mut unique_deterministic = chat_body(
-        "gpt-4o",
-        &format!("Say hello in one short sentence. {UNIQUE}"),
+    let deterministic = with_field(
+        chat_body("gpt-4o", "Say hello in one short sentence."),
+        "temperature",
+        json!(0),
     );
-    unique_deterministic["temperature"] = json!(0);
-    let mut semantic_unique_context = deterministic.clone();
-    semantic_unique_context["messages"] = json!([
-        {"role": "system", "content": format!("You are assistant {UNIQUE}.")},
-        {"role": "user", "content": "Say hello in one short sentence."},
-    ]);
-    let mut streamed = deterministic.clone();
-    streamed["stream"] = json!(true);
+    let unique_deterministic = with_field(
+        chat_body(
+            "gpt-4o",
+            &format!("Say hello in one short sentence. {UNIQUE}"),
+        ),
+        "temperature",
+        json!(0),
+    );
+    let semantic_unique_context = with_field(
+        deterministic.clone(),
+        "messages",
+        json!([
+            {"role": "system", "content": format!("You are assistant {UNIQUE}.")},
+            {"role": "user", "content": "Say hello in one short sentence."},
+        ]),
+    );
+    let streamed = with_field(deterministic.clone(), "stream", json!(true));
     let history = conversation_body("gpt-4o", 5, "Say hello in one short sentence.").to_string();
     let filter = filter_envoy;
     vec![

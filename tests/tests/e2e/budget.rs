@@ -4,6 +4,8 @@
 //! OpenAI-shaped error, Envoy's retries of one call carry one
 //! `idempotency-key`, and a stream is held to the budget until its headers only.
 
+mod breaker;
+
 use std::time::Duration;
 
 use llm_filter_e2e::{

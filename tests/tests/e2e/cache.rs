@@ -3,9 +3,14 @@
 //! parameter that changes the answer, in JSON or SSE whichever way the entry was
 //! filled; everything else passes through untouched and says `BYPASS`.
 
+mod bounds;
+mod coalesce;
+mod semantic;
+mod shard;
+
 use std::time::Duration;
 
-use crate::cache_support::{cacheable, cacheable_stream, message, x_cache, Rig, CHAT};
+use crate::support::cache::{cacheable, cacheable_stream, message, x_cache, Rig, CHAT};
 use llm_filter_e2e::{post_json, post_raw, stream_sse};
 use serde_json::{json, Value};
 

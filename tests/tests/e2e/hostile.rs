@@ -19,7 +19,7 @@ use llm_filter_e2e::{
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::cache_support::{cacheable, cacheable_stream, eventually, message, x_cache, CHAT};
+use crate::support::cache::{cacheable, cacheable_stream, eventually, message, x_cache, CHAT};
 
 /// What Envoy's log says when the VM trapped or a callback failed.
 const TRAP_MARKERS: [&str; 4] = [

@@ -10,7 +10,7 @@ use llm_filter_e2e::{
 };
 use serde_json::json;
 
-use crate::cache_support::{cacheable, x_cache, CHAT, FILTER_STATS};
+use crate::support::cache::{cacheable, x_cache, CHAT, FILTER_STATS};
 
 fn baggage_of(mock: &MockUpstream, content: &str) -> Option<String> {
     mock.requests()

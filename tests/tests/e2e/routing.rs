@@ -4,6 +4,10 @@
 //! for the backend, probes every cluster from one worker per interval, and
 //! moves traffic off failing, slow and loaded backends.
 
+mod failover;
+mod hedge;
+mod tail;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 use llm_filter_e2e::post_raw;
 use serde_json::{json, Value};
 
-use crate::cache_support::{x_cache, Rig, CHAT};
+use crate::support::cache::{x_cache, Rig, CHAT};
 
 fn config() -> Value {
     json!({

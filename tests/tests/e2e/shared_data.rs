@@ -10,7 +10,7 @@ use llm_filter_e2e::{
 };
 use serde_json::json;
 
-use crate::cache_support::{cacheable, FILTER_STATS};
+use crate::support::cache::{cacheable, FILTER_STATS};
 
 const SLOTS: u64 = 8;
 const MAX_ENTRY_BYTES: u64 = 4096;

@@ -7,6 +7,7 @@ use sha2::{Digest, Sha256};
 
 use super::config::{BudgetConfig, BUCKETS};
 use crate::host::cas::{self, Change, Unguarded};
+use crate::host::codec;
 use crate::host::{SharedStore, StoreError};
 use crate::priority::Priority;
 
@@ -179,15 +180,15 @@ impl BreakerState {
     /// Decodes a stored window; bytes that do not decode, or a window of
     /// another bucket length (the configuration changed), give an empty one.
     pub fn decode(bytes: &[u8], cfg: &BudgetConfig) -> Self {
-        match bincode::deserialize::<Self>(bytes) {
-            Ok(s) if s.bucket_ms == cfg.bucket_ms.max(1) => s,
+        match codec::decode::<Self>(bytes) {
+            Some(s) if s.bucket_ms == cfg.bucket_ms.max(1) => s,
             _ => Self::new(cfg),
         }
     }
 
     /// The stored form (bincode, a couple of hundred bytes).
     pub fn encode(&self) -> Result<Vec<u8>, StoreError> {
-        bincode::serialize(self).map_err(|_| StoreError::Host)
+        codec::encode(self).ok_or(StoreError::Host)
     }
 
     fn epoch(&self, now_ms: u64) -> u64 {

@@ -9,6 +9,7 @@ use serde_json::Value;
 use super::config::{Stamp, MAX_ENTRY_BYTES};
 use super::replay;
 use crate::classify::Endpoint;
+use crate::host::codec;
 
 pub use super::answer::EntryKind;
 
@@ -223,10 +224,7 @@ impl EntryHead {
 /// Fixed-width integers keep the head at a known offset; the limit bounds what
 /// a corrupt length prefix can make the decoder allocate.
 pub(crate) fn options() -> impl Options + Copy {
-    bincode::DefaultOptions::new()
-        .with_fixint_encoding()
-        .with_little_endian()
-        .with_limit(u64::from(MAX_ENTRY_BYTES).saturating_mul(2))
+    codec::options(u64::from(MAX_ENTRY_BYTES).saturating_mul(2))
 }
 
 fn model_of(answer: &Value) -> String {

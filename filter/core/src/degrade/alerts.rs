@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::config::{AlertRule, DegradeConfig};
 use crate::host::cas::{self, Change, Unguarded};
+use crate::host::codec;
 use crate::host::{SharedStore, StoreError};
 
 /// The shared-data key of the active alerts.
@@ -189,7 +190,7 @@ pub struct Applied {
 
 fn decode(bytes: Option<&[u8]>) -> Vec<Alert> {
     bytes
-        .and_then(|b| bincode::deserialize::<Vec<Alert>>(b).ok())
+        .and_then(codec::decode::<Vec<Alert>>)
         .unwrap_or_default()
 }
 
@@ -206,7 +207,7 @@ pub fn apply(
         KEY,
         Unguarded::Verify,
         decode,
-        |alerts| bincode::serialize(alerts).ok(),
+        codec::encode,
         |alerts: &mut Vec<Alert>| {
             let mut out = Applied::default();
             alerts.retain(|a| a.live(cfg, now_ms));

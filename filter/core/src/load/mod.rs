@@ -11,6 +11,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::host::cas::{self, Change, Unguarded};
+use crate::host::codec;
 use crate::host::{Metrics, SharedStore, StoreError};
 use crate::metrics::{self as names, internal_error};
 use crate::summary::{CallSummary, End};
@@ -101,11 +102,11 @@ pub struct Signals {
 impl Record {
     /// Decodes a stored record; `None` for anything that is not one.
     pub fn decode(bytes: &[u8]) -> Option<Self> {
-        bincode::deserialize(bytes).ok()
+        codec::decode(bytes)
     }
 
     fn encode(&self) -> Option<Vec<u8>> {
-        bincode::serialize(self).ok()
+        codec::encode(self)
     }
 
     /// Counts `calls` calls and `tokens` output tokens ending at `now_ms`.
@@ -218,7 +219,7 @@ fn admit(store: &dyn SharedStore, key: &str) -> Result<bool, StoreError> {
         INDEX_KEY,
         Unguarded::Verify,
         decode_index,
-        |i| bincode::serialize(i).ok(),
+        codec::encode,
         |index: &mut Vec<String>| {
             if index.iter().any(|k| k == key) {
                 Change::Keep(true)
@@ -235,7 +236,7 @@ fn admit(store: &dyn SharedStore, key: &str) -> Result<bool, StoreError> {
 
 fn decode_index(bytes: Option<&[u8]>) -> Vec<String> {
     bytes
-        .and_then(|b| bincode::deserialize::<Vec<String>>(b).ok())
+        .and_then(codec::decode::<Vec<String>>)
         .unwrap_or_default()
 }
 

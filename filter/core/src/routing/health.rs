@@ -10,6 +10,7 @@ pub use super::ewma::{Ewma, Histogram};
 use super::outcome::Verdict;
 pub use super::outcome::{CallResult, CallSample};
 use crate::host::cas::{self, Change, Unguarded};
+use crate::host::codec;
 use crate::host::{SharedStore, StoreError};
 
 /// Prefix of the per-cluster health keys; the cluster name follows. The
@@ -163,7 +164,7 @@ impl Health {
     /// that are not finite (a foreign or corrupt value) are dropped, so no NaN
     /// ever reaches the weights.
     pub fn decode(bytes: &[u8]) -> Option<Self> {
-        let mut h: Health = bincode::deserialize(bytes).ok()?;
+        let mut h: Health = codec::decode(bytes)?;
         for slot in [&mut h.latency, &mut h.ttft, &mut h.errors] {
             if slot.is_some_and(|e| !e.value.is_finite()) {
                 *slot = None;
@@ -189,7 +190,7 @@ impl Health {
 
     /// Encodes the record for shared data.
     pub fn encode(&self) -> Option<Vec<u8>> {
-        bincode::serialize(self).ok()
+        codec::encode(self)
     }
 
     fn eject_ms(config: &RoutingConfig, ejections: u32) -> u64 {

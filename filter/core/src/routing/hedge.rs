@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::config::HedgeConfig;
 use super::health::Health;
 use crate::host::cas::{self, Change, Unguarded};
+use crate::host::codec;
 use crate::host::{Metrics, SharedStore};
 use crate::metrics as names;
 
@@ -42,13 +43,11 @@ struct Window {
 
 impl Window {
     fn decode(bytes: Option<&[u8]>) -> Self {
-        bytes
-            .and_then(|b| bincode::deserialize(b).ok())
-            .unwrap_or_default()
+        bytes.and_then(codec::decode).unwrap_or_default()
     }
 
     fn encode(&self) -> Option<Vec<u8>> {
-        bincode::serialize(self).ok()
+        codec::encode(self)
     }
 
     /// The bucket of `now_ms`, emptied when it last served an older epoch.

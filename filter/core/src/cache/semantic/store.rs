@@ -360,20 +360,5 @@ pub fn scan(bytes: &[u8], context: &Key, query: &[f32], threshold: f32, now_ms: 
     m
 }
 
-/// A slot's bytes holding `n` records of `context` with the given vectors,
-/// for the bench: what a full group costs to scan.
-pub fn group_for_bench(context: &Key, vectors: &[Vec<f32>], expires_at_ms: u64) -> Vec<u8> {
-    let records: Vec<Vec<u8>> = vectors
-        .iter()
-        .enumerate()
-        .map(|(i, v)| {
-            let mut exact = [0u8; 32];
-            exact[..8].copy_from_slice(&(i as u64).to_le_bytes());
-            record(&exact, context, 0, expires_at_ms, &vector::quantise(v))
-        })
-        .collect();
-    encode(&records)
-}
-
 #[cfg(test)]
 mod tests;

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::host::cas::{self, Change, Unguarded};
+use crate::host::codec;
 use crate::host::SharedStore;
 
 /// Shared-data key of the probe lease.
@@ -45,8 +46,8 @@ pub fn try_lease<S: SharedStore + ?Sized>(
         store,
         LEASE_KEY,
         Unguarded::Skip,
-        |bytes| bytes.and_then(|b| bincode::deserialize::<Lease>(b).ok()),
-        |lease| lease.as_ref().and_then(|l| bincode::serialize(l).ok()),
+        |bytes| bytes.and_then(codec::decode::<Lease>),
+        |lease| lease.as_ref().and_then(codec::encode),
         |lease| {
             // An unreadable lease (older format, corruption) counts as
             // expired; the compare-and-swap still lets only one worker
@@ -66,7 +67,7 @@ pub fn try_lease<S: SharedStore + ?Sized>(
                 owner: 0,
                 expires_ms: now_ms.saturating_add(interval_ms),
             };
-            if let Ok(b) = bincode::serialize(&unowned) {
+            if let Some(b) = codec::encode(&unowned) {
                 // A host error leaves the creation to the next tick.
                 let _ = cas::create_if_absent(store, LEASE_KEY, &b);
             }
@@ -99,7 +100,7 @@ mod tests {
         );
         assert!(try_lease(&s, 1, 2 * I, I));
         let v = s.get(LEASE_KEY).unwrap();
-        let l: Lease = bincode::deserialize(&v.value.unwrap()).unwrap();
+        let l: Lease = codec::decode(&v.value.unwrap()).unwrap();
         assert_eq!(
             l,
             Lease {

@@ -3,7 +3,7 @@
 
 use crate::budget::breaker;
 use crate::routing::health;
-use crate::walk::fake::{FakeHost, World};
+use crate::walk::fake::{Callout, FakeHost, World};
 use crate::walk::*;
 use crate::{budget, load};
 
@@ -559,10 +559,10 @@ fn routed_to(w: &mut World, cluster: &str) -> (Call, FakeHost) {
     panic!("never routed to {cluster}");
 }
 
-#[test]
-fn a_failed_call_is_sent_to_the_other_backend_and_answered_from_it() {
-    let mut w = World::new(TWO_BACKENDS);
-    let (mut call, host) = routed_to(&mut w, "b");
+/// A call routed to b whose 503 is held back and sent to a: the call, its
+/// host, the callout to a and the idempotency key b was sent.
+fn failed_over_from_b(w: &mut World) -> (Call, FakeHost, Callout, String) {
+    let (mut call, host) = routed_to(w, "b");
     let key = host.header("idempotency-key").unwrap().to_string();
     let mut host = host.with_response(503, "application/json", r#"{"error":{}}"#);
     assert_eq!(
@@ -574,7 +574,14 @@ fn a_failed_call_is_sent_to_the_other_backend_and_answered_from_it() {
         Step::Pause,
         "the failure is held back"
     );
-    let (cluster, headers, body, timeout) = host.callouts.pop().unwrap();
+    let callout = host.callouts.pop().unwrap();
+    (call, host, callout, key)
+}
+
+#[test]
+fn a_failed_call_is_sent_to_the_other_backend_as_it_would_have_left() {
+    let mut w = World::new(TWO_BACKENDS);
+    let (_call, _host, (cluster, headers, body, timeout), key) = failed_over_from_b(&mut w);
     assert_eq!(cluster, "a");
     let header = |n: &str| {
         headers
@@ -600,7 +607,12 @@ fn a_failed_call_is_sent_to_the_other_backend_and_answered_from_it() {
         w.counter("llm_filter_routing_calls_total.llm_cluster=b;.outcome=server_error;"),
         1
     );
+}
 
+#[test]
+fn the_other_backends_answer_reaches_the_client_and_is_learnt() {
+    let mut w = World::new(TWO_BACKENDS);
+    let (mut call, mut host, _, _) = failed_over_from_b(&mut w);
     w.now_ms += 40;
     let answer = CalloutAnswer {
         status: Some(200),
@@ -625,22 +637,23 @@ fn a_failed_call_is_sent_to_the_other_backend_and_answered_from_it() {
     assert!(!headers.contains_key("content-length"));
     assert_eq!(body, ANSWER.as_bytes());
     call.on_log(&mut w.env());
-    assert_eq!(
-        w.counter("llm_filter_routing_failovers_total.result=answered;"),
-        1
-    );
-    assert_eq!(
-        w.counter("llm_filter_routing_calls_total.llm_cluster=a;.outcome=success;"),
-        1
-    );
-    assert_eq!(
-        w.counter("llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=success;"),
-        1
-    );
-    assert_eq!(
-        w.counter("gen_ai_client_token_usage_total.model=gpt-4o;.token_type=input;"),
-        3
-    );
+    for (counter, n) in [
+        ("llm_filter_routing_failovers_total.result=answered;", 1),
+        (
+            "llm_filter_routing_calls_total.llm_cluster=a;.outcome=success;",
+            1,
+        ),
+        (
+            "llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=success;",
+            1,
+        ),
+        (
+            "gen_ai_client_token_usage_total.model=gpt-4o;.token_type=input;",
+            3,
+        ),
+    ] {
+        assert_eq!(w.counter(counter), n, "{counter}");
+    }
     assert_eq!(health::read(&w.store, "a").unwrap().in_flight, 0);
     assert_eq!(health::read(&w.store, "b").unwrap().in_flight, 0);
 }

@@ -10,7 +10,7 @@ use llm_filter_e2e::{
 };
 use serde_json::{json, Value};
 
-use crate::two_backends;
+use crate::support::two_backends;
 
 const HEDGES: &str = "llm_filter_routing_hedges_total";
 

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::cache_support::{cacheable, x_cache, Rig, CHAT};
+use crate::support::cache::{cacheable, x_cache, Rig, CHAT};
 use llm_filter_e2e::HttpResponse;
 use serde_json::{json, Value};
 

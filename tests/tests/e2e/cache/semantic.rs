@@ -11,7 +11,7 @@ use llm_filter_e2e::{
 };
 use serde_json::{json, Value};
 
-use crate::cache_support::{cacheable, message, x_cache, CHAT, FILTER_STATS};
+use crate::support::cache::{cacheable, message, x_cache, CHAT, FILTER_STATS};
 
 const QUESTION: &str = "What is the capital of France?";
 /// The same words, reordered and re-cased: the mock embeds it identically.

@@ -22,8 +22,18 @@ use std::rc::Rc;
 use llm_filter_core::host::Metrics;
 use llm_filter_core::metrics::{name, BENCH_CALLBACK_NS, BENCH_HOSTCALLS, BENCH_HOSTCALL_NS};
 
-use super::{census_clock_ns as clock, Tally};
-use crate::worker::Worker;
+use super::abi;
+use super::tally::Tally;
+use crate::turn::Turn;
+
+/// The host's clock for the census: neither counted nor checked (a failed
+/// read is a 0, which only the bench's numbers would show).
+fn clock() -> u64 {
+    let mut t: u64 = 0;
+    // SAFETY: `t` outlives the call.
+    unsafe { abi::proxy_get_current_time_nanoseconds(&mut t) };
+    t
+}
 
 thread_local! {
     /// Host calls made since the last hand-over, by call.
@@ -105,21 +115,22 @@ pub fn hand_over(m: &mut dyn Metrics) {
     }
 }
 
-/// Times one HTTP callback while it lives, then hands everything over.
+/// Times one HTTP callback while it lives, then hands everything over to
+/// the worker's stats.
 pub struct Timed {
-    worker: Rc<Worker>,
+    stats: Rc<Turn<dyn Metrics>>,
     callback: &'static str,
     started_ns: u64,
 }
 
 impl Timed {
-    /// Starts timing `callback`.
-    pub fn new(worker: &Rc<Worker>, callback: &'static str) -> Self {
+    /// Starts timing `callback`, for `stats`.
+    pub fn new(stats: Rc<Turn<dyn Metrics>>, callback: &'static str) -> Self {
         let sample = clock();
         CLOCK_NS.with(|c| c.set(clock().saturating_sub(sample)));
         TIMED.with(|t| t.set(0));
         Self {
-            worker: Rc::clone(worker),
+            stats,
             callback,
             started_ns: clock(),
         }
@@ -134,7 +145,8 @@ impl Drop for Timed {
             .saturating_sub(self.started_ns)
             .saturating_sub(reads * CLOCK_NS.with(Cell::get));
         TIMES.with(|t| t.add_n(self.callback, ns));
-        if let Ok(mut m) = self.worker.metrics.try_borrow_mut() {
+        // Busy stats keep the counts for the next hand-over.
+        if let Some(mut m) = self.stats.take() {
             hand_over(&mut *m);
         }
     }

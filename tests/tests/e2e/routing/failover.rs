@@ -11,7 +11,7 @@ use llm_filter_e2e::{
 };
 use serde_json::json;
 
-use crate::two_backends;
+use crate::support::two_backends;
 
 const FAILOVERS: &str = "llm_filter_routing_failovers_total";
 const CALLS: &str = "llm_filter_routing_calls_total";

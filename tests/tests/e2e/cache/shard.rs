@@ -20,7 +20,7 @@ use llm_filter_e2e::{
 };
 use serde_json::{json, Value};
 
-use crate::cache_support::{cacheable, eventually, message, x_cache, CHAT, FILTER_STATS};
+use crate::support::cache::{cacheable, eventually, message, x_cache, CHAT, FILTER_STATS};
 
 const SHARD_HEADER: &str = "x-llm-cache-key";
 /// Which gateway sent a request on to the provider (added by each gateway).

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::cache_support::{cacheable, cacheable_stream, eventually, message, x_cache, Rig, CHAT};
+use crate::support::cache::{cacheable, cacheable_stream, eventually, message, x_cache, Rig, CHAT};
 use llm_filter_e2e::stream_sse;
 use serde_json::json;
 

@@ -1,0 +1,6 @@
+//! What the scenarios share (a cache rig, two routed backends), and the
+//! scenarios that prove the harness itself, which the others build on.
+
+pub mod cache;
+mod harness;
+pub mod two_backends;
