@@ -3,53 +3,156 @@
 
 use serde::Deserialize;
 
-/// The OpenAI-compatible operation a call performs.
+use crate::json::Json;
+
+/// The API a call speaks: its dialect. A call leaves in the dialect it came
+/// in; each step reads and edits it by that dialect's field names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
-    /// `…/chat/completions`
+    /// OpenAI chat completions, `…/chat/completions`.
     Chat,
-    /// `…/completions`
+    /// OpenAI legacy text completions, `…/completions`.
     Completions,
-    /// `…/embeddings`
+    /// OpenAI embeddings, `…/embeddings`.
     Embeddings,
+    /// OpenAI Responses, `…/responses`.
+    Responses,
+    /// Anthropic Messages, `…/messages`.
+    Messages,
     /// A configured path of another shape.
     Other,
 }
+
+/// Every dialect with its name in config and metrics, in one list.
+const APIS: [(Endpoint, &str); 6] = [
+    (Endpoint::Chat, "chat"),
+    (Endpoint::Completions, "completions"),
+    (Endpoint::Embeddings, "embeddings"),
+    (Endpoint::Responses, "responses"),
+    (Endpoint::Messages, "messages"),
+    (Endpoint::Other, "other"),
+];
 
 impl Endpoint {
     /// The OpenTelemetry GenAI operation name.
     pub fn operation(self) -> &'static str {
         match self {
-            Self::Chat => "chat",
+            Self::Chat | Self::Responses | Self::Messages => "chat",
             Self::Completions => "text_completion",
             Self::Embeddings => "embeddings",
             Self::Other => "other",
         }
     }
+
+    /// The dialect's name: the `api` of `llm_paths` entries and of metrics.
+    pub fn api(self) -> &'static str {
+        APIS.iter()
+            .find(|(e, _)| *e == self)
+            .map_or("other", |(_, name)| name)
+    }
+
+    /// The dialect named `name` in config.
+    pub fn named(name: &str) -> Option<Self> {
+        APIS.iter().find(|(_, n)| *n == name).map(|(e, _)| *e)
+    }
+
+    /// The dialect of a path by its last segments, as the providers name
+    /// their endpoints.
+    pub fn of_path(path: &str) -> Self {
+        if path.ends_with("/chat/completions") {
+            Self::Chat
+        } else if path.ends_with("/completions") {
+            Self::Completions
+        } else if path.ends_with("/embeddings") {
+            Self::Embeddings
+        } else if path.ends_with("/responses") {
+            Self::Responses
+        } else if path.ends_with("/messages") {
+            Self::Messages
+        } else {
+            Self::Other
+        }
+    }
+
+    /// The end user a request body names: `user` (OpenAI), or Anthropic's
+    /// `metadata.user_id`; `None` when absent, empty or not a string.
+    pub fn user(self, body: &Json) -> Option<&str> {
+        let user = match self {
+            Self::Messages => body.get("metadata")?.get("user_id")?,
+            _ => body.get("user")?,
+        };
+        match user {
+            Json::String(u) if !u.is_empty() => Some(u),
+            _ => None,
+        }
+    }
+
+    /// The request field that caps the answer's tokens.
+    pub fn max_tokens_field(self) -> Option<&'static str> {
+        match self {
+            Self::Chat | Self::Completions | Self::Messages => Some("max_tokens"),
+            Self::Responses => Some("max_output_tokens"),
+            Self::Embeddings | Self::Other => None,
+        }
+    }
 }
 
-/// The default LLM paths: the three OpenAI-compatible POST endpoints.
-pub const DEFAULT_PATHS: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
+/// The default LLM paths: OpenAI's chat, text completions, embeddings and
+/// Responses, and Anthropic's Messages.
+pub const DEFAULT_PATHS: [&str; 5] = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/responses",
+    "/v1/messages",
+];
 
-/// The endpoint of an LLM call, or `None` for any other request. Only `POST`
-/// to one of `paths` (query string ignored) is an LLM call.
-pub fn classify<S: AsRef<str>>(method: &str, path: &str, paths: &[S]) -> Option<Endpoint> {
+/// One entry of `llm_paths`: a path, where a `*` segment stands for any one
+/// segment (`/openai/deployments/*/chat/completions`), and its dialect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LlmPath {
+    /// The path pattern, absolute, without query.
+    pub pattern: String,
+    /// The dialect of calls on it.
+    pub api: Endpoint,
+}
+
+impl LlmPath {
+    /// A path whose dialect its ending names.
+    pub fn new(pattern: &str) -> Self {
+        Self {
+            pattern: pattern.to_string(),
+            api: Endpoint::of_path(pattern),
+        }
+    }
+
+    /// True when `path` (query removed) is this entry's.
+    fn matches(&self, path: &str) -> bool {
+        if !self.pattern.contains('*') {
+            return self.pattern == path;
+        }
+        let mut want = self.pattern.split('/');
+        let mut got = path.split('/');
+        loop {
+            match (want.next(), got.next()) {
+                (None, None) => return true,
+                (Some("*"), Some(g)) if !g.is_empty() => {}
+                (Some(w), Some(g)) if w == g => {}
+                _ => return false,
+            }
+        }
+    }
+}
+
+/// The dialect of an LLM call, or `None` for any other request. Only `POST`
+/// to one of `paths` (query string ignored) is an LLM call; the first entry
+/// that matches names its dialect.
+pub fn classify(method: &str, path: &str, paths: &[LlmPath]) -> Option<Endpoint> {
     if method != "POST" {
         return None;
     }
     let path = path.split(['?', '#']).next().unwrap_or(path);
-    if !paths.iter().any(|p| p.as_ref() == path) {
-        return None;
-    }
-    Some(if path.ends_with("/chat/completions") {
-        Endpoint::Chat
-    } else if path.ends_with("/completions") {
-        Endpoint::Completions
-    } else if path.ends_with("/embeddings") {
-        Endpoint::Embeddings
-    } else {
-        Endpoint::Other
-    })
+    paths.iter().find(|p| p.matches(path)).map(|p| p.api)
 }
 
 /// The `model` of a request body, when the body is a JSON object that names one.
@@ -65,26 +168,29 @@ pub fn model(body: &[u8]) -> Option<String> {
 mod tests {
     use super::*;
 
+    fn paths(ps: &[&str]) -> Vec<LlmPath> {
+        ps.iter().map(|p| LlmPath::new(p)).collect()
+    }
+
     #[test]
     fn recognises_llm_calls_by_method_and_path() {
-        let p = DEFAULT_PATHS;
-        assert_eq!(
-            classify("POST", "/v1/chat/completions", &p),
-            Some(Endpoint::Chat)
-        );
-        assert_eq!(
-            classify("POST", "/v1/completions?x=1", &p),
-            Some(Endpoint::Completions)
-        );
-        assert_eq!(
-            classify("POST", "/v1/embeddings", &p),
-            Some(Endpoint::Embeddings)
-        );
+        let p = paths(&DEFAULT_PATHS);
+        for (path, want) in [
+            ("/v1/chat/completions", Endpoint::Chat),
+            ("/v1/completions?x=1", Endpoint::Completions),
+            ("/v1/embeddings", Endpoint::Embeddings),
+            ("/v1/responses", Endpoint::Responses),
+            ("/v1/messages?beta=true", Endpoint::Messages),
+        ] {
+            assert_eq!(classify("POST", path, &p), Some(want), "{path}");
+        }
         assert_eq!(classify("GET", "/v1/chat/completions", &p), None);
         assert_eq!(classify("POST", "/v1/models", &p), None);
         assert_eq!(classify("POST", "/v1/chat/completions/x", &p), None);
         assert_eq!(classify("POST", "/V1/chat/completions", &p), None);
-        let custom = ["/openai/deployments/gpt/chat/completions", "/generate"];
+        assert_eq!(classify("POST", "/v1/messages/count_tokens", &p), None);
+        assert_eq!(classify("POST", "/v1/responses/resp_1/cancel", &p), None);
+        let custom = paths(&["/openai/deployments/gpt/chat/completions", "/generate"]);
         assert_eq!(
             classify("POST", "/openai/deployments/gpt/chat/completions", &custom),
             Some(Endpoint::Chat)
@@ -94,6 +200,62 @@ mod tests {
             Some(Endpoint::Other)
         );
         assert_eq!(classify("POST", "/v1/chat/completions", &custom), None);
+    }
+
+    #[test]
+    fn a_star_segment_matches_any_one_segment() {
+        let p = vec![
+            LlmPath::new("/openai/deployments/*/chat/completions"),
+            LlmPath {
+                pattern: "/gw/*/v1/complete".into(),
+                api: Endpoint::Messages,
+            },
+        ];
+        for (path, want) in [
+            (
+                "/openai/deployments/gpt-4o/chat/completions",
+                Some(Endpoint::Chat),
+            ),
+            (
+                "/openai/deployments/x/chat/completions?api-version=1",
+                Some(Endpoint::Chat),
+            ),
+            ("/openai/deployments//chat/completions", None),
+            ("/openai/deployments/a/b/chat/completions", None),
+            ("/openai/deployments/chat/completions", None),
+            ("/gw/team-a/v1/complete", Some(Endpoint::Messages)),
+            ("/gw/team-a/v1/complete/x", None),
+        ] {
+            assert_eq!(classify("POST", path, &p), want, "{path}");
+        }
+    }
+
+    #[test]
+    fn the_user_is_read_where_the_dialect_puts_it() {
+        let j = |s: &str| Json::parse(s.as_bytes()).unwrap();
+        let chat = j(r#"{"user":"u1","metadata":{"user_id":"u2"}}"#);
+        assert_eq!(Endpoint::Chat.user(&chat), Some("u1"));
+        assert_eq!(Endpoint::Responses.user(&chat), Some("u1"));
+        assert_eq!(Endpoint::Messages.user(&chat), Some("u2"));
+        for body in [
+            r#"{"user":""}"#,
+            r#"{"user":3}"#,
+            r#"{"metadata":{"user_id":null}}"#,
+            "{}",
+        ] {
+            for e in [Endpoint::Chat, Endpoint::Messages] {
+                assert_eq!(e.user(&j(body)), None, "{e:?} {body}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_dialect_has_one_name() {
+        for (e, name) in APIS {
+            assert_eq!(e.api(), name);
+            assert_eq!(Endpoint::named(name), Some(e));
+        }
+        assert_eq!(Endpoint::named("chat_completions"), None);
     }
 
     #[test]

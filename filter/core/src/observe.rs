@@ -79,7 +79,11 @@ pub fn record(m: &mut dyn Metrics, call: &CallSummary<'_>) {
         m.histogram_with(metrics::TIME_TO_FIRST_TOKEN, model.get(), first);
     }
     if let Some(u) = call.usage {
-        for (kind, n) in [("input", u.prompt_tokens), ("output", u.completion_tokens)] {
+        for (kind, n) in [
+            ("input", u.prompt_tokens),
+            ("output", u.completion_tokens),
+            ("cached_input", u.cached_tokens),
+        ] {
             if n > 0 {
                 let labels = [("model", call.model), ("token_type", kind)];
                 let labels = Labels::with_group(&labels, call.group);
@@ -156,6 +160,7 @@ mod tests {
                 usage: Some(Usage {
                     prompt_tokens: 10,
                     completion_tokens: 0,
+                    cached_tokens: 0,
                 }),
                 ..CallSummary::ended(End::Answered(200))
             },
@@ -194,6 +199,7 @@ mod tests {
                 usage: Some(Usage {
                     prompt_tokens: 1,
                     completion_tokens: 2,
+                    cached_tokens: 0,
                 }),
                 ..CallSummary::ended(End::Answered(200))
             },

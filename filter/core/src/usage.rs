@@ -1,35 +1,111 @@
-//! Token usage as the provider reports it in a JSON answer, and the request
-//! edit that asks a stream for it (`stream_options.include_usage`: the final
-//! chunk then carries `usage`, which the stream reading in `sse` picks up).
+//! Token usage as the provider reports it in a JSON answer, in the words of
+//! each dialect, and the request edit that asks a chat stream for it
+//! (`stream_options.include_usage`: the final chunk then carries `usage`,
+//! which the stream reading in `sse` picks up).
 
 use serde::Deserialize;
 
 use crate::json::{Document, Json};
 
-/// Tokens of one call.
+/// Tokens of one call, whatever dialect reported them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(from = "Reported")]
 pub struct Usage {
-    /// Input tokens.
-    #[serde(default)]
+    /// Input tokens, those read from the provider's prompt cache included.
     pub prompt_tokens: u64,
     /// Output tokens (absent for embeddings).
-    #[serde(default)]
     pub completion_tokens: u64,
+    /// Input tokens the provider read from its prompt cache.
+    pub cached_tokens: u64,
+}
+
+/// A `usage` object as one of the dialects writes it: OpenAI chat
+/// (`prompt_tokens`, `completion_tokens`, `prompt_tokens_details`),
+/// OpenAI Responses (`input_tokens`, `output_tokens`,
+/// `input_tokens_details`), Anthropic Messages (`input_tokens` without the
+/// cached ones, `cache_read_input_tokens`, `cache_creation_input_tokens`,
+/// `output_tokens`).
+#[derive(Deserialize)]
+struct Reported {
+    #[serde(default, alias = "input_tokens")]
+    prompt_tokens: u64,
+    #[serde(default, alias = "output_tokens")]
+    completion_tokens: u64,
+    #[serde(default, alias = "input_tokens_details")]
+    prompt_tokens_details: Option<Details>,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u64>,
+    #[serde(default)]
+    cache_creation_input_tokens: Option<u64>,
 }
 
 #[derive(Deserialize)]
-struct WithUsage {
-    usage: Option<Usage>,
+struct Details {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+impl From<Reported> for Usage {
+    fn from(r: Reported) -> Self {
+        let read = r.cache_read_input_tokens.unwrap_or(0);
+        let written = r.cache_creation_input_tokens.unwrap_or(0);
+        let cached = r
+            .prompt_tokens_details
+            .and_then(|d| d.cached_tokens)
+            .unwrap_or(0);
+        Self {
+            // Anthropic counts the cached input apart from `input_tokens`.
+            prompt_tokens: r.prompt_tokens.saturating_add(read).saturating_add(written),
+            completion_tokens: r.completion_tokens,
+            cached_tokens: cached.saturating_add(read),
+        }
+    }
+}
+
+impl Usage {
+    /// This usage with the fields `later` reports in place of its own: a
+    /// stream that reports its usage over several events (Anthropic's input
+    /// in `message_start`, its output in `message_delta`) adds up to one.
+    pub fn updated_by(self, later: Usage) -> Usage {
+        let pick = |a: u64, b: u64| if b > 0 { b } else { a };
+        Usage {
+            prompt_tokens: pick(self.prompt_tokens, later.prompt_tokens),
+            completion_tokens: pick(self.completion_tokens, later.completion_tokens),
+            cached_tokens: pick(self.cached_tokens, later.cached_tokens),
+        }
+    }
+}
+
+/// What the filter reads of a JSON answer: its usage and its `id`.
+#[derive(Debug, Default, Deserialize)]
+pub struct Head {
+    /// The answer's `usage`.
+    #[serde(default)]
+    pub usage: Option<Usage>,
+    /// The answer's `id` (a Responses response's is the one a later call
+    /// continues).
+    #[serde(default)]
+    pub id: Option<String>,
+}
+
+/// The usage and id of a JSON answer body, in one pass.
+pub fn head_from_json(body: &[u8]) -> Head {
+    serde_json::from_slice::<Head>(body).unwrap_or_default()
+}
+
+/// The usage and id of a JSON answer already parsed.
+pub fn head_from_value(answer: &serde_json::Value) -> Head {
+    Head::deserialize(answer).unwrap_or_default()
 }
 
 /// The `usage` of a JSON answer body.
 pub fn from_json(body: &[u8]) -> Option<Usage> {
-    serde_json::from_slice::<WithUsage>(body).ok()?.usage
+    head_from_json(body).usage
 }
 
 /// The `usage` of a JSON answer already parsed.
 pub fn from_value(answer: &serde_json::Value) -> Option<Usage> {
-    WithUsage::deserialize(answer).ok()?.usage
+    head_from_value(answer).usage
 }
 
 /// The value of `stream_options` that asks the provider for usage.
@@ -90,18 +166,55 @@ mod tests {
             from_json(body),
             Some(Usage {
                 prompt_tokens: 12,
-                completion_tokens: 5
+                completion_tokens: 5,
+                cached_tokens: 0
             })
         );
         assert_eq!(
             from_json(br#"{"usage":{"prompt_tokens":3,"total_tokens":3}}"#),
             Some(Usage {
                 prompt_tokens: 3,
-                completion_tokens: 0
+                completion_tokens: 0,
+                cached_tokens: 0
             })
         );
         assert_eq!(from_json(br#"{"usage":null}"#), None);
         assert_eq!(from_json(b"{"), None);
+    }
+
+    #[test]
+    fn reads_each_dialects_usage() {
+        let u = |s: &str| from_json(s.as_bytes()).unwrap();
+        let want = |p, c, cached| Usage {
+            prompt_tokens: p,
+            completion_tokens: c,
+            cached_tokens: cached,
+        };
+        assert_eq!(
+            u(
+                r#"{"usage":{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":8}}}"#
+            ),
+            want(10, 2, 8)
+        );
+        assert_eq!(
+            u(
+                r#"{"object":"response","usage":{"input_tokens":10,"input_tokens_details":{"cached_tokens":4},"output_tokens":3,"output_tokens_details":{"reasoning_tokens":1},"total_tokens":13}}"#
+            ),
+            want(10, 3, 4)
+        );
+        assert_eq!(
+            u(
+                r#"{"type":"message","usage":{"input_tokens":2,"cache_read_input_tokens":7,"cache_creation_input_tokens":1,"output_tokens":5}}"#
+            ),
+            want(10, 5, 7)
+        );
+        assert_eq!(
+            u(r#"{"usage":{"input_tokens":2,"cache_read_input_tokens":null,"output_tokens":5}}"#),
+            want(2, 5, 0)
+        );
+        // A stream's usage over two events adds up.
+        let start = want(10, 1, 7);
+        assert_eq!(start.updated_by(want(0, 42, 0)), want(10, 42, 7));
     }
 
     #[test]

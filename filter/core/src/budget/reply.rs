@@ -5,8 +5,10 @@
 use serde::Serialize;
 
 use super::breaker::Admit;
+use crate::classify::Endpoint;
 
-/// A reply the filter sends in place of the upstream's.
+/// A reply the filter sends in place of the upstream's, in OpenAI's shape
+/// until [`LocalReply::in_dialect`] puts it in the caller's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalReply {
     /// HTTP status.
@@ -15,6 +17,25 @@ pub struct LocalReply {
     pub headers: Vec<(&'static str, String)>,
     /// JSON body.
     pub body: Vec<u8>,
+    /// Why, and in what words.
+    kind: ReplyKind,
+    message: String,
+}
+
+impl LocalReply {
+    /// The same reply in the error shape of the caller's dialect: OpenAI's
+    /// for chat, completions, embeddings and Responses; Anthropic's for
+    /// Messages, with the status its SDKs map to the matching error (529
+    /// `overloaded_error` for a shed or refused call, which they retry after
+    /// `retry-after`).
+    pub fn in_dialect(mut self, endpoint: Endpoint) -> Self {
+        if endpoint == Endpoint::Messages {
+            let (status, kind) = self.kind.anthropic();
+            self.status = status;
+            self.body = anthropic_error_body(&self.message, kind, self.kind.code());
+        }
+        self
+    }
 }
 
 /// The header OpenAI's SDKs obey over their own retry rules (`false`: do not
@@ -72,6 +93,17 @@ impl ReplyKind {
             Self::TooLarge => "llm_filter_request_too_large",
             Self::DegradeShed => "llm_filter_degraded_shed",
             Self::DegradeReject => "llm_filter_degraded_reject",
+        }
+    }
+
+    /// Anthropic's status and error `type` for this reply.
+    fn anthropic(self) -> (u32, &'static str) {
+        match self {
+            Self::Shed | Self::Reject | Self::DegradeShed | Self::DegradeReject => {
+                (529, "overloaded_error")
+            }
+            Self::BudgetExhausted | Self::UpstreamTimeout => (504, "timeout_error"),
+            Self::TooLarge => (413, "request_too_large"),
         }
     }
 
@@ -139,6 +171,29 @@ pub fn error_body(message: &str, error_type: &str, code: &str) -> Vec<u8> {
     })
 }
 
+#[derive(Serialize)]
+struct AnthropicBody<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    error: Error<'a>,
+}
+
+/// `{"type":"error","error":{"type":…,"message":…,"code":…}}`: Anthropic's
+/// error shape, with the filter's stable `code` beside its fields.
+pub fn anthropic_error_body(message: &str, error_type: &str, code: &str) -> Vec<u8> {
+    let body = AnthropicBody {
+        kind: "error",
+        error: Error {
+            message,
+            kind: error_type,
+            code,
+        },
+    };
+    serde_json::to_vec(&body).unwrap_or_else(|_| {
+        br#"{"type":"error","error":{"type":"api_error","message":"request refused"}}"#.to_vec()
+    })
+}
+
 /// The reply of `kind` with its default message.
 pub fn local_reply(kind: ReplyKind, retry_after_s: Option<u64>) -> LocalReply {
     with_message(kind, kind.message(), retry_after_s)
@@ -161,6 +216,8 @@ pub fn with_message(kind: ReplyKind, message: &str, retry_after_s: Option<u64>) 
         status: kind.status(),
         headers,
         body: error_body(message, kind.error_type(), kind.code()),
+        kind,
+        message: message.to_string(),
     }
 }
 
@@ -180,6 +237,29 @@ mod tests {
 
     fn parsed(r: &LocalReply) -> serde_json::Value {
         serde_json::from_slice(&r.body).unwrap()
+    }
+
+    #[test]
+    fn a_messages_caller_gets_anthropics_shape_and_status() {
+        for (kind, status, error_type) in [
+            (ReplyKind::Shed, 529, "overloaded_error"),
+            (ReplyKind::DegradeReject, 529, "overloaded_error"),
+            (ReplyKind::BudgetExhausted, 504, "timeout_error"),
+            (ReplyKind::TooLarge, 413, "request_too_large"),
+        ] {
+            let openai = local_reply(kind, Some(3));
+            let r = openai.clone().in_dialect(Endpoint::Messages);
+            assert_eq!(r.status, status, "{kind:?}");
+            assert_eq!(r.headers, openai.headers, "{kind:?}");
+            let v = parsed(&r);
+            assert_eq!(v["type"], "error");
+            assert_eq!(v["error"]["type"], error_type);
+            assert_eq!(v["error"]["message"], kind.message());
+            assert_eq!(v["error"]["code"], kind.code());
+            for other in [Endpoint::Chat, Endpoint::Responses, Endpoint::Embeddings] {
+                assert_eq!(openai.clone().in_dialect(other), openai, "{other:?}");
+            }
+        }
     }
 
     #[test]

@@ -25,7 +25,8 @@ impl EntryKind {
             Endpoint::Chat => Some(Self::Chat),
             Endpoint::Completions => Some(Self::Completions),
             Endpoint::Embeddings => Some(Self::Embeddings),
-            Endpoint::Other => None,
+            // Their answers are not stored yet: the calls bypass the cache.
+            Endpoint::Responses | Endpoint::Messages | Endpoint::Other => None,
         }
     }
 }

@@ -5,6 +5,7 @@
 
 use sha2::{Digest, Sha256};
 
+use super::answer::EntryKind;
 use super::config::{CacheConfig, Scope};
 use crate::classify::Endpoint;
 use crate::json::Json;
@@ -112,7 +113,7 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
     if !cfg.enabled {
         return Decision::Bypass(BypassReason::Disabled);
     }
-    if req.endpoint == Endpoint::Other {
+    if EntryKind::of(req.endpoint).is_none() {
         return Decision::Bypass(BypassReason::Endpoint);
     }
     let control = CacheControl::parse(req.cache_control.unwrap_or(""));

@@ -12,7 +12,7 @@ use crate::ab::{self, AbConfig, RawAbConfig};
 use crate::admin::config::{AdminConfig, RawAdminConfig};
 use crate::budget::config::{BudgetConfig, RawBudgetConfig};
 use crate::cache::config::{CacheConfig, RawCacheConfig};
-use crate::classify::DEFAULT_PATHS;
+use crate::classify::{Endpoint, LlmPath, DEFAULT_PATHS};
 use crate::degrade::config::{DegradeConfig, RawDegradeConfig};
 use crate::priority::Priority;
 use crate::routing::config::{RawRoutingConfig, RoutingConfig};
@@ -33,7 +33,7 @@ const DEFAULT_TRUST_CLIENT: bool = true;
 #[serde(default, deny_unknown_fields)]
 pub struct RawConfig {
     /// Paths of LLM calls (POST).
-    pub llm_paths: Option<Vec<String>>,
+    pub llm_paths: Option<Vec<RawLlmPath>>,
     /// Priority section.
     pub priority: RawPriority,
     /// Tracing section.
@@ -54,6 +54,28 @@ pub struct RawConfig {
     pub shaping: RawShapingConfig,
     /// A/B groups section.
     pub ab: RawAbConfig,
+}
+
+/// One `llm_paths` entry as written: a path, whose ending names its dialect,
+/// or a path and the dialect it speaks.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawLlmPath {
+    /// `"/v1/chat/completions"`.
+    Path(String),
+    /// `{"path": "/gateway/*/v1/messages", "api": "messages"}`.
+    Entry(RawLlmPathEntry),
+}
+
+/// An `llm_paths` entry that names its dialect.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLlmPathEntry {
+    /// The path; a `*` segment stands for any one segment.
+    pub path: String,
+    /// The dialect; default: the one the path's ending names.
+    #[serde(default)]
+    pub api: Option<String>,
 }
 
 /// `priority` as written.
@@ -77,8 +99,8 @@ pub struct RawTracing {
 /// The compiled configuration every HTTP context shares.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
-    /// Paths of LLM calls.
-    pub llm_paths: Vec<String>,
+    /// Paths of LLM calls, each with its dialect.
+    pub llm_paths: Vec<LlmPath>,
     /// Priority policy.
     pub priority: PriorityConfig,
     /// Tracing policy.
@@ -224,20 +246,43 @@ impl TryFrom<RawConfig> for Config {
     }
 }
 
-fn default_paths() -> Vec<String> {
-    DEFAULT_PATHS.iter().map(|p| p.to_string()).collect()
+fn default_paths() -> Vec<LlmPath> {
+    DEFAULT_PATHS.iter().map(|p| LlmPath::new(p)).collect()
 }
 
-fn compile_paths(paths: Vec<String>) -> Result<Vec<String>, ConfigError> {
-    for (i, p) in paths.iter().enumerate() {
-        if !check::is_path_without_query(p) {
+fn compile_paths(paths: Vec<RawLlmPath>) -> Result<Vec<LlmPath>, ConfigError> {
+    let mut out = Vec::with_capacity(paths.len());
+    for (i, raw) in paths.into_iter().enumerate() {
+        let (path, api) = match raw {
+            RawLlmPath::Path(p) => (p, None),
+            RawLlmPath::Entry(e) => (e.path, e.api),
+        };
+        let field = |f: &str| match f {
+            "" => format!("llm_paths[{i}]"),
+            f => format!("llm_paths[{i}].{f}"),
+        };
+        if !check::is_path_without_query(&path) {
+            let f = if api.is_some() { "path" } else { "" };
             return Err(ConfigError::new(
-                format!("llm_paths[{i}]"),
-                format!("{p:?} is not an absolute path without query"),
+                field(f),
+                format!("{path:?} is not an absolute path without query"),
             ));
         }
+        let mut entry = LlmPath::new(&path);
+        if let Some(name) = api {
+            entry.api = Endpoint::named(&name).ok_or_else(|| {
+                ConfigError::new(
+                    field("api"),
+                    format!(
+                        "{name:?} is not one of `chat`, `completions`, `embeddings`, \
+                         `responses`, `messages`, `other`"
+                    ),
+                )
+            })?;
+        }
+        out.push(entry);
     }
-    Ok(paths)
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -248,7 +293,8 @@ mod tests {
     fn empty_document_is_useful() {
         for doc in ["", "{}", "  {}\n"] {
             let c = Config::parse(doc.as_bytes()).unwrap();
-            assert_eq!(c.llm_paths, DEFAULT_PATHS);
+            let paths: Vec<&str> = c.llm_paths.iter().map(|p| p.pattern.as_str()).collect();
+            assert_eq!(paths, DEFAULT_PATHS);
             assert_eq!(c.priority.default, Priority::P1);
             assert!(c.priority.trust_client);
             assert_eq!(c.tracing, TracingMode::Always);
@@ -266,7 +312,16 @@ mod tests {
             br#"{"llm_paths":["/chat"],"priority":{"default":"p2","trust_client":false},"tracing":{"mode":"off"}}"#,
         )
         .unwrap();
-        assert_eq!(c.llm_paths, ["/chat"]);
+        assert_eq!(c.llm_paths, [LlmPath::new("/chat")]);
+        let mapped = Config::parse(
+            br#"{"llm_paths":["/v1/messages",{"path":"/gw/*/chat","api":"responses"},{"path":"/openai/deployments/*/chat/completions"}]}"#,
+        )
+        .unwrap();
+        let apis: Vec<Endpoint> = mapped.llm_paths.iter().map(|p| p.api).collect();
+        assert_eq!(
+            apis,
+            [Endpoint::Messages, Endpoint::Responses, Endpoint::Chat]
+        );
         assert_eq!(c.priority.default, Priority::P2);
         assert!(!c.priority.trust_client);
         assert_eq!(c.tracing, TracingMode::Off);
@@ -301,6 +356,16 @@ mod tests {
             (r#"{"priority":{"default":""}}"#, "priority.default", "\"\""),
             (r#"{"llm_paths":["v1/chat"]}"#, "llm_paths[0]", "v1/chat"),
             (r#"{"llm_paths":"x"}"#, "llm_paths", "x"),
+            (
+                r#"{"llm_paths":[{"path":"/x","api":"anthropic"}]}"#,
+                "llm_paths[0].api",
+                "anthropic",
+            ),
+            (
+                r#"{"llm_paths":[{"path":"x","api":"chat"}]}"#,
+                "llm_paths[0].path",
+                "\"x\"",
+            ),
             (r#"{"cache":{"ttl_s":0}}"#, "cache.ttl_s", "0"),
             (r#"{"cache":{"ttl":60}}"#, "cache.ttl", "unknown field"),
             (r#"{"cache":{"enabled":"yes"}}"#, "cache.enabled", "yes"),

@@ -120,14 +120,14 @@ pub struct Edited {
 
 /// Applies the body actions among `actions` to the body of a call of
 /// `model`, in place: the fallback model, the output token cap (shaping's, in
-/// the call's token field), the temperature by `signals`. `None` when none
+/// the call's token field, `None` for a dialect without one), the temperature by `signals`. `None` when none
 /// changed anything, or the body is not one object naming each key once.
 pub fn edit(
     cfg: &DegradeConfig,
     actions: &[Action],
     doc: &mut Document,
     model: &str,
-    field: TokenField,
+    field: Option<TokenField>,
     signals: &Signals,
 ) -> Option<Edited> {
     let tree = doc.tree()?;
@@ -148,7 +148,10 @@ pub fn edit(
                 }
                 set
             }),
-            Action::MaxTokens => shaping::cap_max_tokens(doc, cfg.max_tokens_cap, field),
+            // A dialect without an output cap skips it.
+            Action::MaxTokens => {
+                field.is_some_and(|f| shaping::cap_max_tokens(doc, cfg.max_tokens_cap, f))
+            }
             // The temperature is the client's: the actions before never change it.
             Action::Temperature => temperature::lower(doc, cfg, signals),
             Action::Cache | Action::Shed | Action::Reject => false,

@@ -96,7 +96,15 @@ fn the_body_actions_edit_only_their_bytes() {
     let s = signals(5.0, 0.0, 0);
     let all = cfg.actions(2, Priority::P1);
     let mut edited = doc(body);
-    let e = edit(cfg, all, &mut edited, "gpt-4o", TokenField::MaxTokens, &s).unwrap();
+    let e = edit(
+        cfg,
+        all,
+        &mut edited,
+        "gpt-4o",
+        Some(TokenField::MaxTokens),
+        &s,
+    )
+    .unwrap();
     assert_eq!(
         String::from_utf8(edited.into_bytes()).unwrap(),
         r#"{"model":"gpt-4o-mini","temperature":0.17,"max_tokens":100,"messages":[]}"#
@@ -117,7 +125,7 @@ fn the_body_actions_edit_only_their_bytes() {
         &[Action::MaxTokens],
         &mut doc(body),
         "x",
-        TokenField::MaxTokens,
+        Some(TokenField::MaxTokens),
         &s,
     )
     .unwrap();
@@ -127,13 +135,21 @@ fn the_body_actions_edit_only_their_bytes() {
         &[Action::FallbackModel],
         &mut doc(body),
         "x",
-        TokenField::MaxTokens,
+        Some(TokenField::MaxTokens),
         &s
     )
     .is_none());
     let small = r#"{"model":"x","max_completion_tokens":10,"temperature":0}"#;
     assert!(
-        edit(cfg, all, &mut doc(small), "x", TokenField::MaxTokens, &s).is_none(),
+        edit(
+            cfg,
+            all,
+            &mut doc(small),
+            "x",
+            Some(TokenField::MaxTokens),
+            &s
+        )
+        .is_none(),
         "nothing to lower"
     );
     // A body naming a key twice is never rewritten.
@@ -143,7 +159,7 @@ fn the_body_actions_edit_only_their_bytes() {
         all,
         &mut doc(twice),
         "gpt-4o",
-        TokenField::MaxTokens,
+        Some(TokenField::MaxTokens),
         &s
     )
     .is_none());

@@ -9,6 +9,7 @@ fn call(model: &'static str, end: End, at_ms: u64, tokens: u64) -> CallSummary<'
         usage: Some(Usage {
             prompt_tokens: 1,
             completion_tokens: tokens,
+            cached_tokens: 0,
         }),
         ..CallSummary::ended(end)
     }

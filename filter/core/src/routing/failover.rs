@@ -21,6 +21,26 @@ pub fn retriable(end: End) -> bool {
     }
 }
 
+/// [`retriable`], unless the backend said otherwise: an error answer with
+/// `x-should-retry: true` or `false` is retriable or not as it says, as
+/// OpenAI's and Anthropic's SDKs take it (Anthropic's 529 `overloaded_error`
+/// is a 5xx, retriable either way).
+pub fn retriable_as_told(end: End, should_retry: Option<bool>) -> bool {
+    match (end, should_retry) {
+        (End::Answered(s), Some(told)) if s >= 400 => told,
+        _ => retriable(end),
+    }
+}
+
+/// Reads an `x-should-retry` header value: `true` or `false`, else nothing.
+pub fn should_retry(value: &str) -> Option<bool> {
+    match value.trim() {
+        "true" => Some(true),
+        "false" => Some(false),
+        _ => None,
+    }
+}
+
 /// How a failover ended, as the `result` label of the failovers counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailoverResult {
@@ -123,6 +143,25 @@ pub fn reply_headers(callout: &[(String, String)]) -> Vec<(String, String)> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_backends_word_on_retrying_wins_for_its_error_answers() {
+        for (end, told, want) in [
+            (End::Answered(529), None, true),
+            (End::Answered(503), Some(false), false),
+            (End::Answered(409), Some(true), true),
+            (End::Answered(400), Some(true), true),
+            (End::Answered(400), None, false),
+            // A success is not retried, whatever it says.
+            (End::Answered(200), Some(true), false),
+            (End::Reset(503), Some(false), true),
+        ] {
+            assert_eq!(retriable_as_told(end, told), want, "{end:?} {told:?}");
+        }
+        assert_eq!(should_retry(" true"), Some(true));
+        assert_eq!(should_retry("false"), Some(false));
+        assert_eq!(should_retry("False"), None);
+    }
+
     use super::*;
 
     fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -146,6 +185,7 @@ mod tests {
             (End::Abandoned, false),
         ] {
             assert_eq!(retriable(end), want, "{end:?}");
+            assert_eq!(retriable_as_told(end, None), want, "{end:?}");
         }
         assert_eq!(FailoverResult::of(Some(200)), FailoverResult::Answered);
         assert_eq!(FailoverResult::of(Some(404)), FailoverResult::Answered);

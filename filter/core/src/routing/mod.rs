@@ -20,6 +20,7 @@ pub mod outcome;
 pub mod probe;
 pub mod rewrite;
 pub mod rules;
+pub mod stateful;
 pub mod weight;
 
 pub use config::{Backend, ClusterTarget, RawRoutingConfig, RoutingConfig, Rule, When};
@@ -71,6 +72,10 @@ pub struct RouteAsk<'a> {
     /// closed) as long as another backend of the model can take the call;
     /// when every positive weight is avoided the weights stand.
     pub avoid: &'a dyn Fn(&str) -> bool,
+    /// The backend that holds the state the call continues (see
+    /// [`stateful`]): when it is one of the model's, the call goes there
+    /// whatever the weights.
+    pub pinned: Option<&'a str>,
 }
 
 /// Plans the route of a call: rules may first pick another model, then one
@@ -89,6 +94,12 @@ where
 {
     let weighed = weigh(config, store, ask)?;
     let r = rng.next_f64();
+    let pinned = ask
+        .pinned
+        .and_then(|p| weighed.backends.iter().position(|b| b.cluster == p));
+    if let Some(index) = pinned {
+        return weighed.decision(index, ask.model);
+    }
     // Effective weights always leave one positive; the base weights are the
     // belt and braces.
     let index = weight::pick(&weighed.weights.values, r).or_else(|| {
@@ -253,6 +264,7 @@ mod tests {
         let c = config();
         let f = features(0);
         let ask = |features, avoid| RouteAsk {
+            pinned: None,
             model: "gpt-4o",
             features,
             priority: Priority::P1,
@@ -269,6 +281,34 @@ mod tests {
     }
     use crate::host::{MemoryStore, SplitMix64};
 
+    #[test]
+    fn a_pinned_backend_of_the_model_takes_the_call_whatever_the_weights() {
+        let s = MemoryStore::new();
+        let mut rng = SplitMix64::new(5);
+        let c = config();
+        let f = features(0);
+        for (pinned, want) in [
+            (Some("openai"), Some("openai")),
+            (Some("azure"), Some("azure")),
+            (Some("elsewhere"), None),
+        ] {
+            for _ in 0..50 {
+                let ask = RouteAsk {
+                    model: "gpt-4o",
+                    features: &f,
+                    priority: Priority::P1,
+                    now_ms: 0,
+                    avoid: &|cl| Some(cl) == pinned,
+                    pinned,
+                };
+                let d = super::plan(&c, &s, &mut rng, &ask).unwrap();
+                if let Some(w) = want {
+                    assert_eq!(d.cluster, w);
+                }
+            }
+        }
+    }
+
     /// [`super::plan`] avoiding nothing.
     fn plan(
         c: &RoutingConfig,
@@ -280,6 +320,7 @@ mod tests {
         rng: &mut SplitMix64,
     ) -> Option<RouteDecision> {
         let ask = RouteAsk {
+            pinned: None,
             model,
             features,
             priority,

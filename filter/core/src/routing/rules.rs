@@ -59,7 +59,9 @@ impl Features {
                     }
                 }
                 ("messages", _) => return None,
-                ("prompt" | "input", v) => text.add(Text::of(v)),
+                // Chat and embeddings prompts, Responses' input (a string
+                // or items) and instructions, Anthropic's system prompt.
+                ("prompt" | "input" | "instructions" | "system", v) => text.add(Text::of(v)),
                 ("tools" | "functions", v) => features.tools |= non_empty(v),
                 ("stream", v) => features.stream = matches!(v, Json::Bool(true)),
                 _ => {}
@@ -71,11 +73,13 @@ impl Features {
 }
 
 /// The request fields the features are read from.
-const KNOWN: [&str; 7] = [
+const KNOWN: [&str; 9] = [
     "model",
     "messages",
     "prompt",
     "input",
+    "instructions",
+    "system",
     "tools",
     "functions",
     "stream",
@@ -120,8 +124,9 @@ fn non_empty(v: &Json) -> bool {
 }
 
 /// Characters of text and count of token ids in a JSON value: strings count,
-/// integers are token ids, arrays are walked, and in objects only `text`
-/// counts (a content part), so image URLs and audio never do.
+/// integers are token ids, arrays are walked, and in objects only `text` (a
+/// content part or block) and `content` (a Responses input item, an
+/// Anthropic tool result) count, so image URLs and audio never do.
 #[derive(Debug, Default, Clone, Copy)]
 struct Text {
     chars: u64,
@@ -144,10 +149,14 @@ impl Text {
                 t.add(Self::of(i));
                 t
             }),
-            Json::Object(_) => v.members("text").fold(Self::default(), |mut t, i| {
-                t.add(Self::of(i));
-                t
-            }),
+            Json::Object(_) => {
+                v.members("text")
+                    .chain(v.members("content"))
+                    .fold(Self::default(), |mut t, i| {
+                        t.add(Self::of(i));
+                        t
+                    })
+            }
             _ => Self::default(),
         }
     }
@@ -230,6 +239,32 @@ mod tests {
         assert_eq!(f(r#"{"input":["ab","cd"]}"#).prompt_tokens, 1);
         assert_eq!(f(r#"{"model":"m"}"#).prompt_tokens, 0);
         assert_eq!(f(r#"{"messages":[{"role":"user"}]}"#).prompt_tokens, 0);
+    }
+
+    #[test]
+    fn estimates_responses_and_messages_prompt_tokens() {
+        // Responses: instructions, and input as a string or as items.
+        let x = f(r#"{"model":"m","instructions":"abcd","input":"efgh"}"#);
+        assert_eq!(x.prompt_tokens, 2);
+        let x = f(r#"{"instructions":"abcd","input":[
+            {"role":"user","content":"efgh"},
+            {"type":"message","role":"user","content":[{"type":"input_text","text":"ijkl"},
+                {"type":"input_image","image_url":"data:image/png;base64,AAAAAAAAAAAAAAAA"}]},
+            {"type":"function_call_output","call_id":"c","output":"ignored"}
+        ],"stream":true}"#);
+        assert_eq!(x.prompt_tokens, 3);
+        assert!(x.stream);
+        // Messages: the system prompt (a string or blocks) and content blocks.
+        let x = f(
+            r#"{"model":"claude","max_tokens":9,"system":[{"type":"text","text":"abcd"}],
+            "messages":[{"role":"user","content":[{"type":"text","text":"efgh"},
+                {"type":"tool_result","tool_use_id":"t","content":"ijkl"}]},
+                {"role":"assistant","content":"mnop"}],
+            "tools":[{"name":"f","input_schema":{}}]}"#,
+        );
+        assert_eq!(x.prompt_tokens, 4);
+        assert!(x.tools);
+        assert_eq!(f(r#"{"system":"abcdefgh"}"#).prompt_tokens, 2);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use serde::Deserialize;
 
+use crate::classify::Endpoint;
 use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::config::per_priority::RawPerPriority;
@@ -46,6 +47,10 @@ pub enum TokenField {
     /// `max_completion_tokens`: OpenAI's newer name, the only one its
     /// reasoning models take.
     MaxCompletionTokens,
+    /// `max_output_tokens`: OpenAI Responses' name, never configured (a
+    /// Responses call always uses it).
+    #[serde(skip_deserializing)]
+    MaxOutputTokens,
 }
 
 impl TokenField {
@@ -54,6 +59,30 @@ impl TokenField {
         match self {
             Self::MaxTokens => "max_tokens",
             Self::MaxCompletionTokens => "max_completion_tokens",
+            Self::MaxOutputTokens => "max_output_tokens",
+        }
+    }
+
+    /// The field a call of `endpoint` caps its output with: chat's is the
+    /// configured one, Responses' and Anthropic Messages' their own;
+    /// `None` for a dialect without one.
+    pub fn of(endpoint: Endpoint, configured: Self) -> Option<Self> {
+        match endpoint {
+            Endpoint::Chat | Endpoint::Completions => Some(configured),
+            Endpoint::Responses => Some(Self::MaxOutputTokens),
+            Endpoint::Messages => Some(Self::MaxTokens),
+            Endpoint::Embeddings | Endpoint::Other => None,
+        }
+    }
+
+    /// The fields of the same dialect a body may already cap its output
+    /// with: chat takes either name.
+    pub(super) fn family(self) -> &'static [Self] {
+        match self {
+            Self::MaxOutputTokens => &[Self::MaxOutputTokens],
+            Self::MaxTokens | Self::MaxCompletionTokens => {
+                &[Self::MaxTokens, Self::MaxCompletionTokens]
+            }
         }
     }
 }

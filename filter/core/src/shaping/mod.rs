@@ -111,6 +111,7 @@ fn understood(tree: &Json) -> bool {
     matches!(tree, Json::Object(_))
         && limit_ok(TokenField::MaxTokens)
         && limit_ok(TokenField::MaxCompletionTokens)
+        && limit_ok(TokenField::MaxOutputTokens)
         && !tree.repeats_a_key()
 }
 
@@ -127,7 +128,7 @@ pub fn cap_max_tokens(doc: &mut Document, cap: u64, field: TokenField) -> bool {
     let mut lower = Vec::new();
     let mut named = false;
     let mut null_field = None;
-    for f in [TokenField::MaxTokens, TokenField::MaxCompletionTokens] {
+    for &f in field.family() {
         let Some(value) = doc.value_bytes(f.as_str()) else {
             if repeated(doc, f.as_str()) {
                 return false;

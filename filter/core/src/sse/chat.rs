@@ -155,7 +155,8 @@ pub(crate) mod tests {
             g.usage,
             Some(Usage {
                 prompt_tokens: 2,
-                completion_tokens: 3
+                completion_tokens: 3,
+                cached_tokens: 0
             })
         );
         assert!(g.done && !g.finished);

@@ -18,24 +18,30 @@
 //! - [`Stream`] is one response's stream: the reader, its grammar and the
 //!   strip, driving the collector the caller passes with each piece.
 //!
-//! Another dialect is another [`Grammar`]. The OpenAI Responses and
-//! Anthropic Messages streams name each event (`event: message_delta`
-//! before its `data: {json}`) and have no `[DONE]`: their grammar reads
-//! [`Event::kind`], adds up the usage across events (Anthropic reports the
-//! input tokens in `message_start` and the output tokens in `message_delta`),
-//! ends at its final event (`response.completed`, `message_stop`), asks no
-//! strip (their usage always comes), and hands the parsed data to a
-//! collector of that dialect. The reader, the strip and the walk's call
-//! sites stay as they are; the walk picks the grammar by endpoint.
+//! Each dialect is a [`Grammar`], and [`Dialect`] picks the call's by its
+//! endpoint. The OpenAI Responses ([`responses::Responses`]) and Anthropic
+//! Messages ([`messages::Messages`]) streams name each event (`event:
+//! message_delta` before its `data: {json}`) and have no `[DONE]`: their
+//! grammars read the event's name, add up the usage across events
+//! (Anthropic reports the input tokens in `message_start` and the output
+//! tokens in `message_delta`), end at the final event (`response.completed`,
+//! `message_stop`), and ask no strip (their usage always comes). Events they
+//! do not know pass as they came.
 
 pub mod chat;
+pub mod messages;
 pub mod reader;
+pub mod responses;
 
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 pub use chat::Chat;
+pub use messages::Messages;
 pub use reader::{Event, Reader, MAX_EVENT};
+pub use responses::Responses;
 
+use crate::classify::Endpoint;
 use crate::usage::Usage;
 
 /// Longest incomplete event the strip holds back from the client; past it
@@ -72,6 +78,110 @@ pub enum Parsed {
     Tree(Value),
     /// The data is not JSON.
     NotJson,
+}
+
+impl Parsed {
+    /// What `read` made of an event's data: `None` when no collector asked
+    /// for it, else its tree or `None` when it is not JSON.
+    pub(crate) fn of(tree: Option<Option<Value>>) -> Self {
+        match tree {
+            Some(Some(t)) => Self::Tree(t),
+            Some(None) => Self::NotJson,
+            None => Self::Skipped,
+        }
+    }
+}
+
+/// An event's data parsed into a tree, when a collector takes it.
+pub(crate) fn tree_of(data: &[u8], parse: bool) -> Option<Option<Value>> {
+    parse.then(|| serde_json::from_slice::<Value>(data).ok())
+}
+
+/// The fields a grammar reads of an event: from its tree when it was
+/// parsed whole, else from its bytes, skipping the rest.
+pub(crate) fn head_of<T: DeserializeOwned>(tree: &Option<Option<Value>>, data: &[u8]) -> Option<T> {
+    match tree {
+        Some(Some(t)) => T::deserialize(t).ok(),
+        Some(None) => None,
+        None => serde_json::from_slice::<T>(data).ok(),
+    }
+}
+
+/// The grammar of a call's dialect.
+#[derive(Debug)]
+pub enum Dialect {
+    /// OpenAI chat and text completions.
+    Chat(Chat),
+    /// OpenAI Responses.
+    Responses(Responses),
+    /// Anthropic Messages.
+    Messages(Messages),
+}
+
+impl Default for Dialect {
+    fn default() -> Self {
+        Self::Chat(Chat::default())
+    }
+}
+
+impl Dialect {
+    /// The grammar of `endpoint`'s streams; chat's for the others.
+    pub fn of(endpoint: Endpoint) -> Self {
+        match endpoint {
+            Endpoint::Responses => Self::Responses(Responses::default()),
+            Endpoint::Messages => Self::Messages(Messages::default()),
+            _ => Self::default(),
+        }
+    }
+
+    /// The stream finished its answer: a choice or the response completed,
+    /// or the message gave its stop reason.
+    pub fn finished(&self) -> bool {
+        match self {
+            Self::Chat(g) => g.finished,
+            Self::Responses(g) => g.finished,
+            Self::Messages(g) => g.finished,
+        }
+    }
+
+    /// Events with data seen.
+    pub fn events(&self) -> u64 {
+        match self {
+            Self::Chat(g) => g.events,
+            Self::Responses(g) => g.events,
+            Self::Messages(g) => g.events,
+        }
+    }
+
+    fn grammar(&mut self) -> &mut dyn Grammar {
+        match self {
+            Self::Chat(g) => g,
+            Self::Responses(g) => g,
+            Self::Messages(g) => g,
+        }
+    }
+
+    fn grammar_ref(&self) -> &dyn Grammar {
+        match self {
+            Self::Chat(g) => g,
+            Self::Responses(g) => g,
+            Self::Messages(g) => g,
+        }
+    }
+}
+
+impl Grammar for Dialect {
+    fn read(&mut self, event: &Event<'_>, parse: bool) -> Reading {
+        self.grammar().read(event, parse)
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        self.grammar_ref().usage()
+    }
+
+    fn ended(&self) -> bool {
+        self.grammar_ref().ended()
+    }
 }
 
 /// Takes the answer's events, parsed (the cache's stream assembler).
@@ -119,6 +229,17 @@ impl<G: Grammar + Default> Stream<G> {
     /// A stream at its start.
     pub fn new() -> Self {
         Self::default()
+    }
+}
+
+impl<G: Grammar> Stream<G> {
+    /// A stream at its start, read with `grammar`.
+    pub fn with_grammar(grammar: G) -> Self {
+        Self {
+            reader: Reader::default(),
+            grammar,
+            strip: None,
+        }
     }
 }
 

@@ -41,7 +41,8 @@ fn scans_a_stream_split_anywhere() {
             g.usage,
             Some(Usage {
                 prompt_tokens: 9,
-                completion_tokens: 2
+                completion_tokens: 2,
+                cached_tokens: 0
             }),
             "split at {split}"
         );

@@ -7,6 +7,7 @@
 use std::ops::ControlFlow;
 
 use crate::degrade::{self, Action};
+use crate::shaping::TokenField;
 
 use super::{Call, Env, Flow, HeldBody, Host, Step};
 
@@ -49,7 +50,7 @@ impl Call {
             degrade::count(env.metrics, Action::Cache, priority);
             return ControlFlow::Break(Step::Pause);
         }
-        let field = self.shaping_config(env.config).field;
+        let field = TokenField::of(self.request.endpoint, self.shaping_config(env.config).field);
         let edited = degrade::edit(cfg, actions, &mut body.doc, &model, field, &signals);
         if let Some(edited) = edited {
             body.was_edited();

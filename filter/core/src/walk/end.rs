@@ -2,6 +2,7 @@
 //! each policy to learn from (the request metrics, routing, the budget
 //! breaker, the load signals).
 
+use crate::classify::Endpoint;
 use crate::metrics::internal_error;
 use crate::summary::{CallSummary, End};
 use crate::{budget, classify, load, observe, routing};
@@ -26,6 +27,7 @@ impl Call {
         };
         observe::record(env.metrics, &summary);
         self.learn_from(env, &summary);
+        self.remember_response(env);
         // Counted in flight under the label it had then, which is the label
         // now: the label of a model never changes within a worker.
         let started = self.dispatch.load_model.as_deref() == Some(summary.model);
@@ -42,6 +44,28 @@ impl Call {
         routing::learn::ended(env.store, routing, env.metrics, call);
         budget::learn::ended(env.store, &env.config.budget, env.metrics, call);
         load::tried(env.store, env.metrics, call);
+    }
+
+    /// A stored Responses answer of a routed backend: the backend holds it,
+    /// and a call that continues it goes there (see [`routing::stateful`]).
+    fn remember_response(&self, env: &mut Env<'_>) {
+        let (Some(cluster), Some(r)) = (self.dispatch.cluster.as_deref(), self.response.as_ref())
+        else {
+            return;
+        };
+        let answered = matches!(self.progress.phase(), Phase::Forwarded)
+            && r.status.is_some_and(|s| (200..300).contains(&s));
+        if self.request.endpoint != Endpoint::Responses
+            || !self.request.continues.stored
+            || !answered
+        {
+            return;
+        }
+        if let Some(id) = r.id() {
+            if !routing::stateful::remember(env.store, id, cluster, env.now_ms) {
+                internal_error(env.metrics, "response_state");
+            }
+        }
     }
 
     /// What the call was and how it ended.

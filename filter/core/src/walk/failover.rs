@@ -79,6 +79,7 @@ impl Call {
         let (store, budget_cfg, now_ms) = (env.store, &env.config.budget, env.now_ms);
         let avoid = |cluster: &str| budget::breaker_sheds(store, budget_cfg, cluster, now_ms);
         let ask = RouteAsk {
+            pinned: None,
             model,
             features,
             priority: self.request.priority,
@@ -132,7 +133,7 @@ impl Call {
         let breaker = self.dispatch.breaker.as_deref();
         matches!(self.progress.phase(), Phase::Forwarded)
             && self.dispatch.held.is_some()
-            && failover::retriable(end)
+            && self.response.as_ref().is_some_and(|r| failover::retriable_as_told(end, r.should_retry))
             // An expired entry already answers the failure.
             && self.cache.status != Some(CacheStatus::Stale)
             && self.request.remaining_ms(env.now_ms) >= env.config.budget.min_per_try_ms
@@ -224,6 +225,7 @@ impl Call {
             .any(|(k, v)| k.eq_ignore_ascii_case("content-type") && v.contains(SSE_CONTENT_TYPE));
         // The client sees the stream without the usage it did not ask for.
         let (response, stripped) = Response::from_callout(
+            self.request.endpoint,
             status,
             stream,
             self.decided.usage_asked,

@@ -6,7 +6,6 @@
 use crate::ab::{self, Group};
 use crate::config::Config;
 use crate::degrade::DegradeConfig;
-use crate::json::Json;
 use crate::routing::config::RoutingConfig;
 use crate::shaping::ShapingConfig;
 
@@ -35,10 +34,7 @@ impl Call {
         let key = host
             .request_header(&cfg.user_header)
             .filter(|k| !k.is_empty())
-            .or_else(|| match body?.tree()?.get("user") {
-                Some(Json::String(u)) if !u.is_empty() => Some(u.clone()),
-                _ => None,
-            });
+            .or_else(|| Some(self.request.endpoint.user(body?.tree()?)?.to_string()));
         let Some(index) = cfg.assign(key.as_deref()) else {
             return;
         };

@@ -21,6 +21,7 @@ use crate::config::{Config, TracingMode};
 use crate::host::{Metrics, Random, SharedStore};
 use crate::metrics::{internal_error, BoundedLabel};
 use crate::priority::{self, Priority};
+use crate::routing::stateful::Continues;
 use crate::trace_context;
 
 mod body;
@@ -235,7 +236,7 @@ impl Call {
     fn decide(&mut self, env: &mut Env<'_>, host: &mut dyn Host, body: Option<HeldBody>) -> Step {
         self.progress.forward();
         if let Some(b) = &body {
-            self.request.read_body(b.features.as_ref());
+            self.request.read_body(b);
         }
         let flow = self.before_upstream(env, host, body);
         self.then_upstream(env, host, flow)
@@ -345,6 +346,7 @@ impl Request {
             model: None,
             stream: None,
             copy: None,
+            continues: Continues::default(),
         }
     }
 

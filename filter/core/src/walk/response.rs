@@ -7,7 +7,9 @@ use serde_json::Value;
 
 use crate::budget::reply::{self, ReplyKind};
 use crate::cache::entry::SSE_CONTENT_TYPE;
+use crate::classify::Endpoint;
 use crate::metrics::internal_error;
+use crate::routing::failover;
 use crate::sse;
 use crate::summary::EnvoyReply;
 use crate::usage;
@@ -31,8 +33,9 @@ impl Call {
             Phase::Holding { .. } => self.progress.forward(),
             _ => {}
         }
-        let mut response = Response::read(host, env.now_ms, end_of_stream);
-        response.replacement = rewrite_envoy_reply(env, host, response.envoy);
+        let endpoint = self.request.endpoint;
+        let mut response = Response::read(host, endpoint, env.now_ms, end_of_stream);
+        response.replacement = rewrite_envoy_reply(env, host, endpoint, response.envoy);
         if self.decided.usage_asked {
             if let Answer::Stream(sse) = &mut response.answer {
                 sse.strip_usage();
@@ -109,28 +112,31 @@ impl Call {
         Step::Continue
     }
 
-    /// Reads the usage of a complete JSON answer; returns the parsed answer
+    /// Reads the usage and id of a complete JSON answer; returns the parsed answer
     /// when the cache will store it.
     fn finish_json(&mut self) -> Option<Value> {
         let for_cache = self.cache.stores_json();
         let response = self.response.as_mut()?;
-        let Answer::Json { copy, usage } = &mut response.answer else {
+        let Answer::Json { copy, head } = &mut response.answer else {
             return None;
         };
         let bytes = copy.bytes()?;
         if !for_cache {
-            *usage = usage::from_json(bytes);
+            *head = usage::head_from_json(bytes);
             return None;
         }
         let tree: Option<Value> = serde_json::from_slice(bytes).ok();
-        *usage = tree.as_ref().and_then(usage::from_value);
+        *head = tree
+            .as_ref()
+            .map(usage::head_from_value)
+            .unwrap_or_default();
         tree
     }
 }
 
 impl Response {
     /// The response whose headers `host` holds, read at `now_ms`.
-    fn read(host: &dyn Host, now_ms: u64, end_of_stream: bool) -> Self {
+    fn read(host: &dyn Host, endpoint: Endpoint, now_ms: u64, end_of_stream: bool) -> Self {
         let status = host
             .response_header(":status")
             .and_then(|s| s.parse::<u16>().ok());
@@ -148,13 +154,17 @@ impl Response {
             attempts: host
                 .response_header("x-envoy-attempt-count")
                 .and_then(|s| s.trim().parse().ok()),
+            should_retry: host
+                .response_header(reply::SHOULD_RETRY)
+                .as_deref()
+                .and_then(failover::should_retry),
             envoy,
             answer: if stream {
-                Answer::Stream(sse::Stream::new())
+                Answer::Stream(sse::Stream::with_grammar(sse::Dialect::of(endpoint)))
             } else {
                 Answer::Json {
                     copy: BodyCopy::default(),
-                    usage: None,
+                    head: usage::Head::default(),
                 }
             },
             replacement: None,
@@ -163,11 +173,13 @@ impl Response {
     }
 }
 
-/// Envoy's plain-text pages the client gets in OpenAI's shape instead (its
-/// timeout, its 413): sets that reply's headers and returns its body.
+/// Envoy's plain-text pages the client gets in its dialect's error shape
+/// instead (its timeout, its 413): sets that reply's headers and returns its
+/// body. The status stays Envoy's.
 fn rewrite_envoy_reply(
     env: &mut Env<'_>,
     host: &mut dyn Host,
+    endpoint: Endpoint,
     envoy: Option<EnvoyReply>,
 ) -> Option<Vec<u8>> {
     let kind = match envoy? {
@@ -175,7 +187,7 @@ fn rewrite_envoy_reply(
         EnvoyReply::TooLarge => ReplyKind::TooLarge,
         EnvoyReply::Reset => return None,
     };
-    let r = reply::local_reply(kind, None);
+    let r = reply::local_reply(kind, None).in_dialect(endpoint);
     for (name, value) in &r.headers {
         set_response(env, host, name, Some(value));
     }

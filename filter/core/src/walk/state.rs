@@ -25,7 +25,7 @@
 use crate::cache::{CacheStatus, Cacheable, Key, Lease, Seen, StreamAssembler};
 use crate::classify::Endpoint;
 use crate::priority::Priority;
-use crate::routing::Features;
+use crate::routing::stateful::Continues;
 use crate::shaping::Changes;
 use crate::sse::{self, Collect};
 use crate::summary::EnvoyReply;
@@ -48,14 +48,20 @@ pub(super) struct Request {
     pub(super) stream: Option<bool>,
     /// Copy of a body that streams through, for the model label.
     pub(super) copy: Option<BodyCopy>,
+    /// The state a backend holds that the call continues (Responses).
+    pub(super) continues: Continues,
 }
 
 impl Request {
     /// What the held body says (`features`: `None` when it is no request
     /// object); read once, when the body is complete.
-    pub(super) fn read_body(&mut self, features: Option<&Features>) {
+    pub(super) fn read_body(&mut self, body: &HeldBody) {
+        let features = body.features.as_ref();
         self.model = features.and_then(|f| f.model.clone());
         self.stream = Some(features.is_some_and(|f| f.stream));
+        if let Some(tree) = body.tree() {
+            self.continues = Continues::of(self.endpoint, tree);
+        }
     }
 
     /// The body streams through the filter: a bounded copy is kept of it.
@@ -295,6 +301,8 @@ pub(super) struct Response {
     pub(super) first_byte_ms: Option<u64>,
     /// Envoy's attempt count (`x-envoy-attempt-count`).
     pub(super) attempts: Option<u32>,
+    /// The backend's `x-should-retry`, when it said `true` or `false`.
+    pub(super) should_retry: Option<bool>,
     /// Why Envoy itself answered, if it did.
     pub(super) envoy: Option<EnvoyReply>,
     /// The answer as it passes.
@@ -311,12 +319,10 @@ pub(super) struct Response {
 pub(super) enum Answer {
     /// An SSE stream, read as it passes (usage, the strip of the usage-only
     /// chunk the client did not ask for, the cache's assembler).
-    Stream(sse::Stream),
-    /// Any other body, copied aside up to a bound; `usage` read at its end.
-    Json {
-        copy: BodyCopy,
-        usage: Option<Usage>,
-    },
+    Stream(sse::Stream<sse::Dialect>),
+    /// Any other body, copied aside up to a bound; its usage and id read at
+    /// its end.
+    Json { copy: BodyCopy, head: usage::Head },
 }
 
 impl Response {
@@ -324,6 +330,7 @@ impl Response {
     /// and the body the client gets in its place when that differs (`strip`:
     /// without the usage-only chunk of a stream).
     pub(super) fn from_callout(
+        endpoint: Endpoint,
         status: u16,
         stream: bool,
         strip: bool,
@@ -332,7 +339,7 @@ impl Response {
     ) -> (Self, Option<Vec<u8>>) {
         let mut stripped = None;
         let answer = if stream {
-            let mut sse = sse::Stream::new();
+            let mut sse = sse::Stream::with_grammar(sse::Dialect::of(endpoint));
             if strip {
                 sse.strip_usage();
             }
@@ -343,7 +350,7 @@ impl Response {
             copy.append(body);
             Answer::Json {
                 copy,
-                usage: usage::from_json(body),
+                head: usage::head_from_json(body),
             }
         };
         let response = Self {
@@ -351,6 +358,7 @@ impl Response {
             headers_ms: now_ms,
             first_byte_ms: (!body.is_empty()).then_some(now_ms),
             attempts: None,
+            should_retry: None,
             envoy: None,
             answer,
             replacement: None,
@@ -363,7 +371,18 @@ impl Response {
     pub(super) fn usage(&self) -> Option<Usage> {
         match &self.answer {
             Answer::Stream(sse) => sse.usage(),
-            Answer::Json { usage, .. } => *usage,
+            Answer::Json { head, .. } => head.usage,
+        }
+    }
+
+    /// The id of the response, when the answer gave one.
+    pub(super) fn id(&self) -> Option<&str> {
+        match &self.answer {
+            Answer::Stream(sse) => match sse.grammar() {
+                sse::Dialect::Responses(g) => g.response_id.as_deref(),
+                _ => None,
+            },
+            Answer::Json { head, .. } => head.id.as_deref(),
         }
     }
 

@@ -9,9 +9,10 @@ use std::cell::RefCell;
 use crate::budget::{
     self, plan::IDEMPOTENCY_KEY, Admission, Ask, BreakerState, BudgetConfig, DEFAULT_BREAKER,
 };
+use crate::classify::Endpoint;
 use crate::host::SharedStore;
 use crate::metrics::internal_error;
-use crate::routing::{self, Features, Health, RouteAsk};
+use crate::routing::{self, stateful, Features, Health, RouteAsk};
 use crate::{load, usage};
 
 use super::{set_request, Call, Env, HeldBody, Host, Step};
@@ -57,9 +58,16 @@ impl Call {
         }
     }
 
-    /// A streamed call asks the provider for its usage (the load signals count
-    /// output tokens), which the client then does not see unless it asked.
+    /// A streamed chat or completions call asks the provider for its usage
+    /// (the load signals count output tokens), which the client then does not
+    /// see unless it asked. Responses and Messages streams always carry it.
     fn ask_for_usage(&mut self, body: &mut HeldBody) {
+        if !matches!(
+            self.request.endpoint,
+            Endpoint::Chat | Endpoint::Completions
+        ) {
+            return;
+        }
         if usage::ask_for_usage(&mut body.doc) {
             // Routing reads the features, which this does not change.
             body.edited = true;
@@ -107,7 +115,9 @@ impl Call {
         }
         set_route_header(env, host, Some(&decision.cluster));
         routing::learn::started(env.store, env.metrics, &decision.cluster, env.now_ms);
-        self.dispatch.alternatives = decision.effective_weights.len() > 1;
+        // A call continuing a backend's state has no other backend to go to.
+        self.dispatch.alternatives =
+            decision.effective_weights.len() > 1 && !self.request.continues.state;
         self.dispatch.model = Some(decision.model.clone());
         self.dispatch.cluster = Some(decision.cluster);
         Chosen {
@@ -128,12 +138,20 @@ impl Call {
         // the call: another backend of the model takes it when one can.
         let windows = Windows::new(env);
         let avoid = |cluster: &str| windows.sheds(cluster);
+        // The backend that produced the response the call continues.
+        let pinned = self
+            .request
+            .continues
+            .previous_response_id
+            .as_deref()
+            .and_then(|id| stateful::holder(env.store, id, env.now_ms));
         let ask = RouteAsk {
             model,
             features,
             priority: self.request.priority,
             now_ms: env.now_ms,
             avoid: &avoid,
+            pinned: pinned.as_deref(),
         };
         let decision = routing::route(
             self.routing_config(env.config),

@@ -55,7 +55,9 @@ pub fn query(
     let text = match req.endpoint {
         Endpoint::Chat => take_last_user_text(&mut context)?,
         Endpoint::Completions => take_member_text(&mut context, "prompt")?,
-        Endpoint::Embeddings | Endpoint::Other => return None,
+        Endpoint::Embeddings | Endpoint::Responses | Endpoint::Messages | Endpoint::Other => {
+            return None
+        }
     };
     if text.trim().is_empty() || text.len() > sem.max_text_bytes as usize {
         return None;

@@ -1,0 +1,172 @@
+//! Calls that continue state one backend holds. An OpenAI Responses call
+//! with `previous_response_id` continues a response the provider stored:
+//! only the backend that produced it knows it. The walk remembers which
+//! backend produced each response id as answers pass, and a call that names
+//! one goes to that backend, never failed over or hedged to another.
+//!
+//! The memory is a fixed table of [`SLOTS`] keys in shared data, a slot per
+//! id by its hash: shared data never evicts, so the table is its own bound.
+//! A newer id takes the slot of an older one; an id whose slot was taken,
+//! or that is older than [`TTL_MS`], is routed as any call (the provider then
+//! says it does not know the id, as it would without the filter).
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::classify::Endpoint;
+use crate::host::{codec, SharedStore};
+use crate::json::Json;
+
+/// Prefix of the table's keys; the slot number follows.
+pub const KEY_PREFIX: &str = "llm_filter.routing.v1.response.";
+/// Slots of the table: the most response ids remembered at once.
+pub const SLOTS: u32 = 4096;
+/// How long an id is remembered: a conversation continued later than this
+/// is routed afresh.
+pub const TTL_MS: u64 = 24 * 3600 * 1000;
+/// Longest response id remembered; a longer one is not.
+pub const MAX_ID_BYTES: usize = 256;
+
+/// What a Responses request says about the state it continues.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Continues {
+    /// `previous_response_id`: the response the call continues.
+    pub previous_response_id: Option<String>,
+    /// The call continues or creates state a backend keeps: a previous
+    /// response, a `conversation`, a `background` run. Such a call is never
+    /// failed over, hedged or answered from the cache.
+    pub state: bool,
+    /// The provider stores the response (`store` not `false`): its id is
+    /// worth remembering.
+    pub stored: bool,
+}
+
+impl Continues {
+    /// What a request body of `endpoint` continues; nothing but for Responses.
+    pub fn of(endpoint: Endpoint, body: &Json) -> Self {
+        if endpoint != Endpoint::Responses {
+            return Self::default();
+        }
+        let previous_response_id = match body.get("previous_response_id") {
+            Some(Json::String(id)) if !id.is_empty() => Some(id.clone()),
+            _ => None,
+        };
+        let conversation = !matches!(body.get("conversation"), None | Some(Json::Null));
+        let background = body.get("background") == Some(&Json::Bool(true));
+        Self {
+            state: previous_response_id.is_some() || conversation || background,
+            previous_response_id,
+            stored: body.get("store") != Some(&Json::Bool(false)),
+        }
+    }
+}
+
+/// One remembered response: its id and the cluster that produced it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Held {
+    id: String,
+    cluster: String,
+    expires_ms: u64,
+}
+
+/// The key of `id`'s slot.
+pub fn key(id: &str) -> String {
+    let digest = Sha256::digest(id.as_bytes());
+    let mut first = [0u8; 4];
+    first.copy_from_slice(digest.get(..4).unwrap_or(&[0; 4]));
+    format!("{KEY_PREFIX}{}", u32::from_le_bytes(first) % SLOTS)
+}
+
+/// Remembers that `cluster` produced the response `id`. A host error or a
+/// record too large leaves nothing remembered: the call that continues it
+/// is then routed as any other.
+pub fn remember(store: &dyn SharedStore, id: &str, cluster: &str, now_ms: u64) -> bool {
+    if id.is_empty() || id.len() > MAX_ID_BYTES {
+        return false;
+    }
+    let held = Held {
+        id: id.to_string(),
+        cluster: cluster.to_string(),
+        expires_ms: now_ms.saturating_add(TTL_MS),
+    };
+    codec::encode(&held).is_some_and(|bytes| store.set(&key(id), &bytes, None).is_ok())
+}
+
+/// The cluster that produced the response `id`, while it is remembered.
+pub fn holder(store: &dyn SharedStore, id: &str, now_ms: u64) -> Option<String> {
+    let bytes = store.get(&key(id)).ok()?.value?;
+    let held: Held = codec::decode(&bytes)?;
+    (held.id == id && held.expires_ms > now_ms).then_some(held.cluster)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::MemoryStore;
+
+    #[test]
+    fn a_response_is_held_by_the_cluster_that_produced_it_until_it_expires() {
+        let s = MemoryStore::new();
+        assert_eq!(holder(&s, "resp_1", 0), None);
+        assert!(remember(&s, "resp_1", "b", 1_000));
+        assert_eq!(holder(&s, "resp_1", 2_000).as_deref(), Some("b"));
+        assert_eq!(holder(&s, "resp_2", 2_000), None);
+        assert_eq!(holder(&s, "resp_1", 1_000 + TTL_MS), None);
+        assert!(!remember(&s, "", "b", 0));
+        assert!(!remember(&s, &"x".repeat(MAX_ID_BYTES + 1), "b", 0));
+    }
+
+    #[test]
+    fn the_table_never_holds_more_than_its_slots() {
+        let s = MemoryStore::new();
+        for i in 0..(SLOTS * 3) {
+            remember(&s, &format!("resp_{i}"), "a", 0);
+        }
+        assert!(s.len() <= SLOTS as usize, "{}", s.len());
+        // A slot taken by a newer id no longer answers for the older one.
+        let last = format!("resp_{}", SLOTS * 3 - 1);
+        assert_eq!(holder(&s, &last, 1).as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn a_responses_body_says_what_it_continues() {
+        let c = |e, s: &str| Continues::of(e, &Json::parse(s.as_bytes()).unwrap());
+        let r = Endpoint::Responses;
+        assert_eq!(
+            c(r, r#"{"input":"hi"}"#),
+            Continues {
+                stored: true,
+                ..Continues::default()
+            }
+        );
+        let prev = c(r, r#"{"previous_response_id":"resp_1","store":false}"#);
+        assert_eq!(prev.previous_response_id.as_deref(), Some("resp_1"));
+        assert!(prev.state && !prev.stored);
+        assert!(c(r, r#"{"conversation":"conv_1"}"#).state);
+        assert!(c(r, r#"{"conversation":{"id":"conv_1"}}"#).state);
+        assert!(c(r, r#"{"background":true}"#).state);
+        assert!(
+            !c(
+                r,
+                r#"{"background":false,"conversation":null,"previous_response_id":""}"#
+            )
+            .state
+        );
+        assert_eq!(
+            c(Endpoint::Chat, r#"{"previous_response_id":"resp_1"}"#),
+            Continues::default()
+        );
+    }
+
+    #[test]
+    fn a_slot_of_garbage_is_no_holder() {
+        let s = MemoryStore::new();
+        s.set(
+            &key("resp_1"),
+            b"\xff\xff\xff\xff\xff\xff\xff\xff\xff",
+            None,
+        )
+        .unwrap();
+        assert_eq!(holder(&s, "resp_1", 0), None);
+    }
+}

@@ -1,0 +1,118 @@
+//! The event grammar of OpenAI's Responses streams: every event is named
+//! (`event: response.output_text.delta`, the same name as its data's
+//! `type`), there is no `[DONE]`, and the usage comes with the final
+//! response in `response.completed` (or `response.incomplete`,
+//! `response.failed`). The client always gets it: nothing is asked for on
+//! its behalf, nothing is stripped.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::reader::Event;
+use super::{head_of, tree_of, Grammar, Parsed, Reading};
+use crate::usage::Usage;
+
+/// The event that opens a Responses stream with the response's id.
+const CREATED: &[u8] = b"response.created";
+
+/// The events that end a Responses stream; the first three carry the final
+/// response with its usage.
+const FINAL: [&[u8]; 4] = [
+    b"response.completed",
+    b"response.incomplete",
+    b"response.failed",
+    b"error",
+];
+
+/// What a Responses stream said so far.
+#[derive(Debug, Default)]
+pub struct Responses {
+    /// The final response's usage.
+    pub usage: Option<Usage>,
+    /// The response's id, from `response.created` (or a final event).
+    pub response_id: Option<String>,
+    /// `response.completed` arrived: the answer is whole.
+    pub finished: bool,
+    /// A final event arrived.
+    pub done: bool,
+    /// Number of events with data seen.
+    pub events: u64,
+}
+
+/// What the grammar reads of an event that may end the stream.
+#[derive(Deserialize)]
+struct Head {
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+    #[serde(default)]
+    response: Option<FinalResponse>,
+}
+
+#[derive(Deserialize)]
+struct FinalResponse {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+/// The name of an event: its `event:` field, else its data's `type`.
+pub(super) fn kind<'a>(event: &Event<'a>, tree: Option<&'a Value>) -> Option<&'a [u8]> {
+    event.kind.or_else(|| {
+        tree.and_then(|t| t.get("type"))
+            .and_then(Value::as_str)
+            .map(str::as_bytes)
+    })
+}
+
+impl Grammar for Responses {
+    fn read(&mut self, event: &Event<'_>, parse: bool) -> Reading {
+        let Some(data) = event.data else {
+            return Reading::default();
+        };
+        self.events += 1;
+        let tree = tree_of(data, parse);
+        let named = kind(event, tree.as_ref().and_then(Option::as_ref));
+        // A delta, an item added: nothing for the grammar, and no parse when
+        // no collector asked for one. An unnamed event is read for its type.
+        if named.is_none_or(|n| n == CREATED || FINAL.contains(&n)) {
+            let head = head_of::<Head>(&tree, data);
+            if let Some(h) = head {
+                self.note(named, h);
+            }
+        }
+        Reading {
+            usage_only: false,
+            parsed: Parsed::of(tree),
+        }
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        self.usage
+    }
+
+    fn ended(&self) -> bool {
+        self.done
+    }
+}
+
+impl Responses {
+    fn note(&mut self, named: Option<&[u8]>, head: Head) {
+        let name = named.or(head.kind.as_deref().map(str::as_bytes));
+        let Some(name) = name.filter(|n| *n == CREATED || FINAL.contains(n)) else {
+            return;
+        };
+        let response = head.response;
+        if let Some(id) = response.as_ref().and_then(|r| r.id.clone()) {
+            self.response_id.get_or_insert(id);
+        }
+        if name == CREATED {
+            return;
+        }
+        self.done = true;
+        self.finished |= name == b"response.completed";
+        if let Some(u) = response.and_then(|r| r.usage) {
+            self.usage = Some(u);
+        }
+    }
+}
