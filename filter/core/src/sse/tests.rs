@@ -2,6 +2,7 @@ use serde_json::json;
 
 use super::chat::tests::parses;
 use super::*;
+use crate::classify::Endpoint;
 
 const STREAM: &str =
     "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"},\"finish_reason\":null}]}\n\n\
@@ -332,5 +333,112 @@ mod props {
             s.feed(&bytes, false, Some(&mut rec));
             s.feed(b"", true, Some(&mut rec));
         }
+    }
+}
+
+/// An OpenAI Responses stream as the API sends it (fields trimmed).
+const RESPONSES: &str = "event: response.created\n\
+data: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_abc\",\"status\":\"in_progress\",\"usage\":null}}\n\n\
+event: response.in_progress\n\
+data: {\"type\":\"response.in_progress\",\"sequence_number\":1,\"response\":{\"id\":\"resp_abc\"}}\n\n\
+event: response.output_text.delta\n\
+data: {\"type\":\"response.output_text.delta\",\"sequence_number\":2,\"delta\":\"Hi\"}\n\n\
+event: response.some_future_event\n\
+data: {\"type\":\"response.some_future_event\",\"usage\":{\"input_tokens\":999}}\n\n\
+event: response.output_text.done\n\
+data: {\"type\":\"response.output_text.done\",\"sequence_number\":3,\"text\":\"Hi\"}\n\n\
+event: response.completed\n\
+data: {\"type\":\"response.completed\",\"sequence_number\":4,\"response\":{\"id\":\"resp_abc\",\"status\":\"completed\",\"usage\":{\"input_tokens\":12,\"input_tokens_details\":{\"cached_tokens\":8},\"output_tokens\":3,\"total_tokens\":15}}}\n\n";
+
+/// An Anthropic Messages stream as the API sends it (fields trimmed).
+const MESSAGES: &str = "event: message_start\n\
+data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"content\":[],\"usage\":{\"input_tokens\":4,\"cache_read_input_tokens\":6,\"cache_creation_input_tokens\":0,\"output_tokens\":1}}}\n\n\
+event: content_block_start\n\
+data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n\
+event: ping\n\
+data: {\"type\": \"ping\"}\n\n\
+event: content_block_delta\n\
+data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n\
+event: content_block_stop\n\
+data: {\"type\":\"content_block_stop\",\"index\":0}\n\n\
+event: message_delta\n\
+data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":7}}\n\n\
+event: message_stop\n\
+data: {\"type\":\"message_stop\"}\n\n";
+
+/// `text` fed to a stream of `endpoint`'s grammar, cut at `split`.
+fn dialect(endpoint: Endpoint, text: &str, split: usize) -> Stream<Dialect> {
+    let mut s = Stream::with_grammar(Dialect::of(endpoint));
+    let (a, b) = text.as_bytes().split_at(split);
+    assert_eq!(s.feed(a, false, None), None);
+    assert_eq!(s.feed(b, true, None), None);
+    s
+}
+
+#[test]
+fn a_responses_stream_gives_its_final_usage_and_its_id() {
+    for split in (1..RESPONSES.len()).step_by(7) {
+        let s = dialect(Endpoint::Responses, RESPONSES, split);
+        assert_eq!(
+            s.usage(),
+            Some(Usage {
+                prompt_tokens: 12,
+                completion_tokens: 3,
+                cached_tokens: 8
+            }),
+            "split at {split}"
+        );
+        let Dialect::Responses(g) = s.grammar() else {
+            panic!("the Responses grammar");
+        };
+        assert!(g.finished && g.done);
+        assert_eq!(g.response_id.as_deref(), Some("resp_abc"));
+        assert_eq!(g.events, 6);
+    }
+    // Cut short: no final event, no usage, not finished.
+    let cut = &RESPONSES[..RESPONSES.find("event: response.completed").unwrap()];
+    let s = dialect(Endpoint::Responses, cut, 10);
+    assert_eq!(s.usage(), None);
+    assert!(!s.grammar().finished() && !s.grammar().ended());
+}
+
+#[test]
+fn a_messages_stream_adds_its_usage_up_over_its_events() {
+    for split in (1..MESSAGES.len()).step_by(5) {
+        let s = dialect(Endpoint::Messages, MESSAGES, split);
+        // Input: 4 fresh + 6 read from the cache; output as of message_delta.
+        assert_eq!(
+            s.usage(),
+            Some(Usage {
+                prompt_tokens: 10,
+                completion_tokens: 7,
+                cached_tokens: 6
+            }),
+            "split at {split}"
+        );
+        assert!(s.grammar().finished() && s.grammar().ended());
+        assert_eq!(s.grammar().events(), 7);
+    }
+    // An error event ends the stream unfinished.
+    let s = dialect(
+        Endpoint::Messages,
+        "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n",
+        3,
+    );
+    assert!(s.grammar().ended() && !s.grammar().finished());
+}
+
+#[test]
+fn a_strip_removes_nothing_from_a_named_stream() {
+    // The usage the filter asks a chat stream for is never asked of these,
+    // and their usage events are the client's.
+    for (endpoint, text) in [
+        (Endpoint::Messages, MESSAGES),
+        (Endpoint::Responses, RESPONSES),
+    ] {
+        let mut s = Stream::with_grammar(Dialect::of(endpoint));
+        s.strip_usage();
+        assert_eq!(s.feed(text.as_bytes(), true, None), None, "{endpoint:?}");
+        assert_eq!(s.removed(), 0);
     }
 }

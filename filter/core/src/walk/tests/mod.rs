@@ -9,6 +9,7 @@ use crate::{budget, load};
 
 mod cache;
 mod degrade;
+mod dialects;
 mod group;
 mod semantic;
 mod shape;

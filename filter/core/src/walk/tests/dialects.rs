@@ -1,0 +1,190 @@
+//! Scenario tests of the OpenAI Responses and Anthropic Messages dialects
+//! through the whole walk: what the upstream gets, what the client gets,
+//! what is learnt.
+
+use crate::degrade::alerts;
+use crate::walk::fake::{FakeHost, World};
+use crate::walk::*;
+
+const TWO_BACKENDS: &str = r#"{
+  "routing": {
+    "models": {"gpt-4o": [
+      {"cluster": "a", "model": "gpt-4o-a"},
+      {"cluster": "b", "model": "gpt-4o-b"}
+    ]},
+    "eject_after_failures": 100
+  }
+}"#;
+
+const RESPONSES: &str = r#"{"model":"gpt-4o","input":"hi"}"#;
+
+fn responses(body: &str) -> FakeHost {
+    FakeHost::post("/v1/responses")
+        .with_header("authorization", "Bearer k")
+        .with_body(body)
+}
+
+/// The answer a backend gives a Responses call: the response `id`.
+fn answered(id: &str) -> String {
+    format!(
+        r#"{{"id":"{id}","object":"response","status":"completed","output":[],"usage":{{"input_tokens":3,"input_tokens_details":{{"cached_tokens":2}},"output_tokens":2,"total_tokens":5}}}}"#
+    )
+}
+
+#[test]
+fn a_responses_call_continuing_a_response_goes_to_the_backend_that_produced_it() {
+    let mut w = World::new(TWO_BACKENDS);
+    // Calls until one is routed to b, which answers with its response id.
+    let (mut call, host) = (0..100)
+        .find_map(|_| {
+            let mut host = responses(RESPONSES);
+            let (call, _) = w.request(&mut host).unwrap();
+            if host.header("x-llm-cluster") == Some("b") {
+                return Some((call, host));
+            }
+            call.on_log(&mut w.env());
+            None
+        })
+        .expect("a call routed to b");
+    // The backend's own name of the model.
+    assert!(String::from_utf8_lossy(&host.request_body).contains("gpt-4o-b"));
+    let mut host = host.with_response(200, "application/json", &answered("resp_b1"));
+    w.respond(&mut call, &mut host);
+    call.on_log(&mut w.env());
+    for (counter, n) in [
+        (
+            "gen_ai_client_token_usage_total.model=gpt-4o;.token_type=input;",
+            3,
+        ),
+        (
+            "gen_ai_client_token_usage_total.model=gpt-4o;.token_type=output;",
+            2,
+        ),
+        (
+            "gen_ai_client_token_usage_total.model=gpt-4o;.token_type=cached_input;",
+            2,
+        ),
+    ] {
+        assert_eq!(w.counter(counter), n, "{counter}");
+    }
+
+    let next = r#"{"model":"gpt-4o","input":"and then?","previous_response_id":"resp_b1"}"#;
+    for _ in 0..20 {
+        let mut host = responses(next);
+        let (mut call, _) = w.request(&mut host).unwrap();
+        assert_eq!(host.header("x-llm-cluster"), Some("b"));
+        // b failing it is b's answer: no other backend holds the response.
+        let mut host = host.with_response(503, "application/json", r#"{"error":{}}"#);
+        assert_eq!(
+            call.on_response_headers(&mut w.env(), &mut host, false),
+            Step::Continue
+        );
+        assert!(host.callouts.is_empty());
+        call.on_log(&mut w.env());
+    }
+    // An id nobody remembers is routed as any call: both backends get some.
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..40 {
+        let mut host =
+            responses(r#"{"model":"gpt-4o","input":"x","previous_response_id":"resp_unknown"}"#);
+        let (call, _) = w.request(&mut host).unwrap();
+        seen.insert(host.header("x-llm-cluster").map(str::to_string));
+        call.on_log(&mut w.env());
+    }
+    assert_eq!(seen.len(), 2, "{seen:?}");
+}
+
+#[test]
+fn a_response_the_provider_does_not_store_is_not_remembered() {
+    let mut w = World::new(TWO_BACKENDS);
+    let mut host = responses(r#"{"model":"gpt-4o","input":"hi","store":false}"#);
+    let (mut call, _) = w.request(&mut host).unwrap();
+    let mut host = host.with_response(200, "application/json", &answered("resp_x"));
+    w.respond(&mut call, &mut host);
+    call.on_log(&mut w.env());
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..40 {
+        let mut host =
+            responses(r#"{"model":"gpt-4o","input":"x","previous_response_id":"resp_x"}"#);
+        let (call, _) = w.request(&mut host).unwrap();
+        seen.insert(host.header("x-llm-cluster").map(str::to_string));
+        call.on_log(&mut w.env());
+    }
+    assert_eq!(seen.len(), 2, "{seen:?}");
+}
+
+#[test]
+fn a_shed_messages_call_gets_anthropics_overloaded_error() {
+    let mut w = World::new(
+        r#"{"admin":{"token":"0123456789abcdef"},
+            "degrade":{"alerts":[{"severity":"page","level":2}]}}"#,
+    );
+    let hook = r#"{"version":"4","alerts":[{"status":"firing","labels":{"severity":"page"},"fingerprint":"f"}]}"#;
+    let reports = alerts::parse(hook.as_bytes(), w.now_ms).unwrap();
+    alerts::apply(&w.store, &w.config.degrade, &reports, w.now_ms).unwrap();
+    let mut host = FakeHost::post("/v1/messages")
+        .with_header("x-api-key", "sk-ant")
+        .with_header("x-request-priority", "P2")
+        .with_body(
+            r#"{"model":"claude","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}"#,
+        );
+    w.request(&mut host).unwrap();
+    let (status, headers, body) = host.local_reply.clone().expect("a local reply");
+    assert_eq!(status, 529);
+    assert_eq!(headers["retry-after"], "5");
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "overloaded_error");
+    assert_eq!(v["error"]["code"], "llm_filter_degraded_shed");
+}
+
+#[test]
+fn a_messages_stream_is_counted_from_its_own_events_and_passes_whole() {
+    let mut w = World::new("{}");
+    let mut host = FakeHost::post("/v1/messages").with_body(
+        r#"{"model":"claude","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    let (mut call, _) = w.request(&mut host).unwrap();
+    // Nothing asked of the provider on the client's behalf.
+    assert_eq!(host.body_writes, 0);
+    let stream = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":5,\"output_tokens\":1}}}\n\n\
+event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"yo\"}}\n\n\
+event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":4}}\n\n\
+event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+    let mut host = host.with_response(200, "text/event-stream", stream);
+    w.respond(&mut call, &mut host);
+    assert_eq!(host.response_body, stream.as_bytes());
+    call.on_log(&mut w.env());
+    for (counter, n) in [
+        (
+            "gen_ai_client_token_usage_total.model=claude;.token_type=input;",
+            5,
+        ),
+        (
+            "gen_ai_client_token_usage_total.model=claude;.token_type=output;",
+            4,
+        ),
+        (
+            "llm_filter_requests_total.priority=P1;.model=claude;.outcome=success;",
+            1,
+        ),
+    ] {
+        assert_eq!(w.counter(counter), n, "{counter}");
+    }
+}
+
+#[test]
+fn the_output_cap_is_set_in_each_dialects_own_field() {
+    let mut w = World::new(r#"{"shaping":{"max_tokens_cap":{"P1":50}}}"#);
+    let mut host = responses(r#"{"model":"m","input":"hi","max_output_tokens":500}"#);
+    w.request(&mut host).unwrap();
+    let sent: serde_json::Value = serde_json::from_slice(&host.request_body).unwrap();
+    assert_eq!(sent["max_output_tokens"], 50);
+    assert!(sent.get("max_tokens").is_none());
+    let mut host = FakeHost::post("/v1/messages").with_body(
+        r#"{"model":"claude","max_tokens":4096,"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    w.request(&mut host).unwrap();
+    let sent: serde_json::Value = serde_json::from_slice(&host.request_body).unwrap();
+    assert_eq!(sent["max_tokens"], 50);
+}
