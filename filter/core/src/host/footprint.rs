@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::degrade::alerts;
 use crate::load;
 use crate::metrics;
-use crate::routing::{health, hedge, probe};
+use crate::routing::{health, hedge, probe, stateful};
 
 /// Keys read per [`Census::step`]: one timer tick's share of the work.
 pub const KEYS_PER_STEP: u32 = 64;
@@ -27,11 +27,13 @@ pub const KEYS_PER_STEP: u32 = 64;
 pub const INTERVAL_MS: u64 = 10_000;
 
 /// The keys of the families that are read, in order: the small ones by name,
-/// then the cache's in-flight markers by slot.
+/// then the cache's in-flight markers by slot, then the table of Responses
+/// ids by slot.
 #[derive(Debug, Clone, Default)]
 struct Keys {
     named: Vec<String>,
     markers: u32,
+    responses: u32,
 }
 
 impl Keys {
@@ -39,14 +41,19 @@ impl Keys {
         u32::try_from(self.named.len())
             .unwrap_or(u32::MAX)
             .saturating_add(self.markers)
+            .saturating_add(self.responses)
     }
 
     fn get(&self, i: u32) -> Option<String> {
         let named = u32::try_from(self.named.len()).unwrap_or(u32::MAX);
         if i < named {
-            self.named.get(usize::try_from(i).ok()?).cloned()
+            return self.named.get(usize::try_from(i).ok()?).cloned();
+        }
+        let i = i - named;
+        if i < self.markers {
+            Some(marker_key(i))
         } else {
-            Some(marker_key(i - named))
+            Some(stateful::slot_key(i - self.markers))
         }
     }
 }
@@ -55,7 +62,7 @@ impl Keys {
 /// and the load records: the cache totals, layout and in-flight markers, the
 /// probe lease, the active alerts, each routed
 /// cluster's health and budget breaker (and the breaker of unrouted calls),
-/// each routed model's hedge window.
+/// each routed model's hedge window, the table of Responses ids.
 fn keys(config: &Config) -> Keys {
     let mut named = vec![
         STATS_KEY.to_string(),
@@ -83,7 +90,17 @@ fn keys(config: &Config) -> Keys {
     } else {
         0
     };
-    Keys { named, markers }
+    // Routed Responses answers fill the table of the backends holding them.
+    let responses = if config.routing.models.is_empty() {
+        0
+    } else {
+        stateful::SLOTS
+    };
+    Keys {
+        named,
+        markers,
+        responses,
+    }
 }
 
 /// Keys and bytes counted.

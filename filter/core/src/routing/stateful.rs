@@ -74,7 +74,12 @@ pub fn key(id: &str) -> String {
     let digest = Sha256::digest(id.as_bytes());
     let mut first = [0u8; 4];
     first.copy_from_slice(digest.get(..4).unwrap_or(&[0; 4]));
-    format!("{KEY_PREFIX}{}", u32::from_le_bytes(first) % SLOTS)
+    slot_key(u32::from_le_bytes(first) % SLOTS)
+}
+
+/// The key of slot `n`.
+pub fn slot_key(n: u32) -> String {
+    format!("{KEY_PREFIX}{n}")
 }
 
 /// Remembers that `cluster` produced the response `id`. A host error or a

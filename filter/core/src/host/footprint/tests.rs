@@ -5,9 +5,11 @@ use crate::budget::breaker::Sample;
 use crate::cache::coalesce;
 use crate::host::{MemoryMetrics, MemoryStore};
 use crate::routing::health::{Ewma, Histogram, Load, ProbeRecord};
-use crate::routing::{CallResult, CallSample, Health};
+use crate::routing::{stateful, CallResult, CallSample, Health};
 
 const SLOTS: u32 = 8;
+/// Response ids of three slots, and the clusters that produced them.
+const RESPONSES: [(&str, &str); 3] = [("resp_1", "a"), ("resp_2", "b"), ("resp_3", "c")];
 
 fn config() -> Config {
     let cfg = json!({
@@ -66,6 +68,10 @@ fn fill(store: &MemoryStore, config: &Config) {
     for m in ["m1", "m2"] {
         hedge::count_call(store, m, 1_000, config.budget.window_ms);
     }
+    // Three stored Responses answers, each in a slot of its own.
+    for (id, cluster) in RESPONSES {
+        assert!(stateful::remember(store, id, cluster, 1_000));
+    }
     let hook = br#"{"version":"4","alerts":[{"status":"firing","labels":{"severity":"warning"}}]}"#;
     let reports = crate::degrade::alerts::parse(hook, 1_000).unwrap();
     crate::degrade::alerts::apply(store, &config.degrade, &reports, 1_000).unwrap();
@@ -77,7 +83,7 @@ fn fill(store: &MemoryStore, config: &Config) {
 }
 
 fn run(census: &mut Census, store: &MemoryStore, config: &Config, now_ms: u64) -> Footprint {
-    for _ in 0..1_000 {
+    for _ in 0..10_000 {
         if let Some(f) = census.step(store, config, now_ms, 4) {
             return f;
         }
@@ -93,10 +99,11 @@ fn the_count_matches_the_store() {
     assert_eq!(f.keys, store.len() as u64);
     assert_eq!(f.bytes, store.value_bytes() as u64);
     // Stats, layout, lease, alerts, 3 health, 4 breakers, 2 hedge windows,
-    // 8 markers, 8 slots, the load records and their index.
+    // 8 markers, 8 slots, 3 Responses ids, the load records and their index.
     let load = load::MAX_RECORDS as u64 + 1;
-    assert_eq!(f.keys, 4 + 3 + 4 + 2 + 2 * u64::from(SLOTS) + load);
-    assert_eq!(max_keys(&config), f.keys);
+    assert_eq!(f.keys, 4 + 3 + 4 + 2 + 2 * u64::from(SLOTS) + 3 + load);
+    // The bound counts every slot of the Responses table, 3 taken here.
+    assert_eq!(max_keys(&config), f.keys - 3 + u64::from(stateful::SLOTS));
 }
 
 #[test]
@@ -104,14 +111,16 @@ fn counts_are_spread_over_steps_and_spaced_out() {
     let (config, store) = (config(), MemoryStore::new());
     fill(&store, &config);
     let mut census = Census::new(&config);
-    // 21 keys read (the 8 slots are not; the load records at the end) at 4
-    // a step: the count ends on the sixth step.
-    for _ in 0..5 {
+    // 21 keys and the Responses table read (the 8 cache slots are not; the
+    // load records at the end) at 4 a step: the count ends on the last.
+    let steps = (21 + stateful::SLOTS).div_ceil(4);
+    for _ in 0..steps - 1 {
         assert_eq!(census.step(&store, &config, 0, 4), None);
     }
     let f = census.step(&store, &config, 0, 4).unwrap();
     assert_eq!(census.step(&store, &config, INTERVAL_MS - 1, 100), None);
-    assert_eq!(census.step(&store, &config, INTERVAL_MS, 100), Some(f));
+    let again = (0..100).find_map(|_| census.step(&store, &config, INTERVAL_MS, 100));
+    assert_eq!(again, Some(f));
     let mut m = MemoryMetrics::default();
     f.set_gauges(&mut m);
     assert_eq!(m.gauges[metrics::SHARED_DATA_KEYS], f.keys as i64);
@@ -198,6 +207,7 @@ fn values_stay_within_the_documented_sizes() {
         ("health, every field set", full.encode().unwrap().len()),
         ("breaker", max_of(breaker::KEY_PREFIX)),
         ("hedge", max_of(hedge::KEY_PREFIX)),
+        ("response", max_of(stateful::KEY_PREFIX)),
     ];
     println!("{sizes:?}");
     let bound = |name: &str| match name {
@@ -206,6 +216,8 @@ fn values_stay_within_the_documented_sizes() {
         "health" | "health, every field set" => 768,
         "breaker" => 256,
         "hedge" => 160,
+        // The id and the cluster's name, and 24 bytes.
+        "response" => 6 + 1 + 24,
         _ => 0,
     };
     for (name, size) in sizes {
@@ -247,7 +259,7 @@ fn the_semantic_index_is_counted_from_its_totals() {
     let f = run(&mut Census::new(&config), &store, &config, 0);
     assert_eq!(f.keys, store.len() as u64);
     assert_eq!(f.bytes, store.value_bytes() as u64);
-    assert_eq!(max_keys(&config), f.keys);
+    assert_eq!(max_keys(&config), f.keys - 3 + u64::from(stateful::SLOTS));
     let totals = index.totals().unwrap();
     assert_eq!(totals.vectors, 4 * 2);
     // Each group slot within the bound of docs/design.md: 8 + per_context × (dims + 86).
