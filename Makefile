@@ -21,8 +21,10 @@ NOOP_WASM   := target/$(WASM_TARGET)/release/llm_filter_noop.wasm
 VENV        := .venv
 ENVOY       := $(VENV)/bin/envoy
 ENVOY_VERSION := 1.40.0
-# The official OpenAI Python SDK, a real client in the end-to-end suite.
+# The official OpenAI and Anthropic Python SDKs, real clients in the
+# end-to-end suite.
 OPENAI_VERSION := 3.51.0
+ANTHROPIC_VERSION := 2.15.0
 PYTHON      ?= python3
 CARGO       ?= cargo
 
@@ -71,11 +73,13 @@ $(ENVOY):
 
 envoy: $(ENVOY)
 
-# The pinned OpenAI SDK in the same venv; installed only when another version
+# The pinned SDKs in the same venv; each installed only when another version
 # (or none) is there.
 sdk: $(ENVOY)
 	@$(VENV)/bin/python -c "import openai, sys; sys.exit(openai.__version__ != '$(OPENAI_VERSION)')" 2>/dev/null \
 		|| $(VENV)/bin/pip install --quiet --disable-pip-version-check openai==$(OPENAI_VERSION)
+	@$(VENV)/bin/python -c "import anthropic, sys; sys.exit(anthropic.__version__ != '$(ANTHROPIC_VERSION)')" 2>/dev/null \
+		|| $(VENV)/bin/pip install --quiet --disable-pip-version-check anthropic==$(ANTHROPIC_VERSION)
 
 build: wasm-target tools-wasm-opt
 	$(CARGO) build --release --target $(WASM_TARGET) -p llm-filter

@@ -1,4 +1,5 @@
-//! End-to-end harness of llm-filter: a mock OpenAI-compatible upstream, a launcher
+//! End-to-end harness of llm-filter: a mock LLM provider (OpenAI-compatible, OpenAI
+//! Responses, Anthropic Messages), a launcher
 //! for the real Envoy with the built filter, and small client helpers for JSON and
 //! SSE calls that record when each event arrived.
 // Test infrastructure: a mock, a launcher or a client that cannot start fails
@@ -102,6 +103,21 @@ pub fn unique(text: &str) -> String {
 pub fn chat_body(model: &str, content: &str) -> Value {
     json!({
         "model": model,
+        "messages": [{"role": "user", "content": content}],
+    })
+}
+
+/// An OpenAI Responses call whose `input` is one user message's text.
+pub fn responses_body(model: &str, input: &str) -> Value {
+    json!({"model": model, "input": input})
+}
+
+/// An Anthropic Messages call with one user message and the `max_tokens`
+/// the API requires.
+pub fn messages_body(model: &str, content: &str) -> Value {
+    json!({
+        "model": model,
+        "max_tokens": 1024,
         "messages": [{"role": "user", "content": content}],
     })
 }
@@ -308,30 +324,64 @@ impl SseResponse {
         self.events.iter().filter_map(SseEvent::json).collect()
     }
 
+    /// The `event:` names in order (empty for an event without one, as
+    /// chat's chunks and `[DONE]`).
+    pub fn event_names(&self) -> Vec<&str> {
+        self.events
+            .iter()
+            .map(|e| e.event.as_deref().unwrap_or_default())
+            .collect()
+    }
+
     /// Whether the last event is `data: [DONE]`.
     pub fn done(&self) -> bool {
         self.events.last().map(|e| e.data.as_str()) == Some("[DONE]")
     }
 
-    /// Concatenated `choices[0].delta.content` (chat) or `choices[0].text` (completions).
+    /// The text the deltas carry: `choices[0].delta.content` (chat),
+    /// `choices[0].text` (completions), `delta` of `response.output_text.delta`
+    /// (Responses), `delta.text` of `content_block_delta` (Messages).
     pub fn content(&self) -> String {
         self.chunks()
             .iter()
             .filter_map(|c| {
-                c.pointer("/choices/0/delta/content")
-                    .or_else(|| c.pointer("/choices/0/text"))
-                    .and_then(Value::as_str)
-                    .map(str::to_string)
+                let delta = match c.get("type").and_then(Value::as_str) {
+                    Some("response.output_text.delta") => c.get("delta"),
+                    Some("content_block_delta") => c.pointer("/delta/text"),
+                    Some(_) => None,
+                    None => c
+                        .pointer("/choices/0/delta/content")
+                        .or_else(|| c.pointer("/choices/0/text")),
+                };
+                delta.and_then(Value::as_str).map(str::to_string)
             })
             .collect()
     }
 
-    /// The last non-null `usage` object of the stream.
+    /// The stream's final usage: chat's last non-null `usage`; the Responses
+    /// API's `response.usage` of the last event carrying one
+    /// (`response.completed`); for Messages the `message_start` usage with the
+    /// counts of `message_delta` laid over it.
     pub fn usage(&self) -> Option<Value> {
-        self.chunks()
-            .into_iter()
-            .rev()
-            .find_map(|c| c.get("usage").filter(|u| !u.is_null()).cloned())
+        let mut usage: Option<Value> = None;
+        for chunk in self.chunks() {
+            let found = match chunk.get("type").and_then(Value::as_str) {
+                Some("message_start") => chunk.pointer("/message/usage").cloned(),
+                Some("message_delta") => match (usage.take(), chunk.get("usage")) {
+                    (Some(Value::Object(mut base)), Some(Value::Object(delta))) => {
+                        base.extend(delta.clone());
+                        Some(Value::Object(base))
+                    }
+                    (base, delta) => delta.cloned().or(base),
+                },
+                Some(_) => chunk.pointer("/response/usage").cloned(),
+                None => chunk.get("usage").cloned(),
+            };
+            if let Some(found) = found.filter(|u| !u.is_null()) {
+                usage = Some(found);
+            }
+        }
+        usage
     }
 
     /// Time from sending to the first event (time to first token).

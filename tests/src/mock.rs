@@ -1,6 +1,9 @@
-//! A mock OpenAI-compatible upstream, so end-to-end tests can assert exactly what
-//! reached the provider and script how it answers (status, latency, streaming
-//! pace, dropped connections) without any real provider.
+//! A mock LLM provider, so end-to-end tests can assert exactly what reached the
+//! provider and script how it answers (status, latency, streaming pace, dropped
+//! connections) without any real provider. It speaks the OpenAI-compatible chat,
+//! completions and embeddings APIs, the OpenAI Responses API ([`responses`]) and
+//! the Anthropic Messages API ([`messages`]), each in its own JSON, SSE and
+//! error shapes; every scripting header below works on all of them.
 //!
 //! It runs on its own thread and Tokio runtime, so it keeps serving while a test
 //! blocks (on Envoy's admin API, say) and works from sync and async tests alike.
@@ -25,7 +28,12 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
-/// Request header: reply with this status and an OpenAI-shaped error body.
+mod messages;
+mod responses;
+
+/// Request header: reply with this status and an error body in the API's
+/// shape (OpenAI's `{"error":{..}}`, Anthropic's `{"type":"error",..}` with the
+/// error type Anthropic gives that status, e.g. 529 `overloaded_error`).
 pub const HEADER_STATUS: &str = "x-mock-status";
 /// Request header: wait this many milliseconds before the response headers.
 pub const HEADER_DELAY_MS: &str = "x-mock-delay-ms";
@@ -40,13 +48,19 @@ pub const HEADER_FAIL_FIRST: &str = "x-mock-fail-first";
 pub const HEADER_INSTANCE: &str = "x-mock-instance";
 /// Request header: send this value as `retry-after` with an error status.
 pub const HEADER_RETRY_AFTER: &str = "x-mock-retry-after";
+/// Request header: send this value as `x-should-retry` with an error status
+/// (the providers' hint both official SDKs obey over their own retry rules).
+pub const HEADER_SHOULD_RETRY: &str = "x-mock-should-retry";
 /// Request header: send the first N bytes of the answer's body (JSON or SSE,
 /// at its usual pace), then drop the connection mid-answer.
 pub const HEADER_RESET_AFTER_BYTES: &str = "x-mock-reset-after-bytes";
 /// Request header: how a streamed answer misbehaves. `invalid`: events that
 /// are not JSON, not UTF-8, cut in the middle, data after `[DONE]`, and no
-/// final blank line; `endless`: the usual events without `[DONE]`, then
-/// silence with the stream left open until the other side gives up.
+/// final blank line; `endless`: the usual events without the last one
+/// (`[DONE]`, `response.completed`, `message_stop`), then silence with the
+/// stream left open until the other side gives up; `unknown` (Responses and
+/// Messages): the usual events with one of a type the API does not define
+/// after the first, as a provider adding event types sends them.
 pub const HEADER_SSE: &str = "x-mock-sse";
 /// Request header: `gzip` compresses the answer's body (JSON or the whole SSE
 /// stream at once) and says so in `content-encoding`, whatever the request's
@@ -230,6 +244,9 @@ struct State {
     sequence: AtomicU64,
     /// The SSE bodies sent, whole, most recent last (bounded).
     streams: Mutex<VecDeque<Vec<u8>>>,
+    /// Ids of the Responses answers stored (`store` not false), which a later
+    /// `previous_response_id` may name; most recent last (bounded).
+    stored_responses: Mutex<VecDeque<String>>,
 }
 
 impl State {
@@ -302,6 +319,7 @@ impl MockUpstream {
             peak_in_flight: AtomicUsize::new(0),
             sequence: AtomicU64::new(0),
             streams: Mutex::new(VecDeque::new()),
+            stored_responses: Mutex::new(VecDeque::new()),
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -599,11 +617,7 @@ async fn handle(
 
     let status = status.and_then(|s| StatusCode::from_u16(s).ok());
     let mut response = match status {
-        Some(status) if status.as_u16() >= 400 => error_response(
-            status,
-            &format!("mock {} scripted status {}", state.name, status.as_u16()),
-            "mock_status",
-        ),
+        Some(status) if status.as_u16() >= 400 => scripted_error(&state, &recorded.path, status),
         _ => {
             let mut response = route(&state, &parts.method, &recorded, chunk_delay_ms, in_flight);
             if let Some(status) = status {
@@ -621,13 +635,27 @@ async fn handle(
     if let Ok(name) = HeaderValue::from_str(&state.name) {
         response.headers_mut().insert(HEADER_INSTANCE, name);
     }
-    let retry_after = recorded.header(HEADER_RETRY_AFTER);
-    if let Some(value) = retry_after.and_then(|v| HeaderValue::from_str(v).ok()) {
-        if response.status().as_u16() >= 400 {
-            response.headers_mut().insert("retry-after", value);
+    if response.status().as_u16() >= 400 {
+        for (knob, header) in [
+            (HEADER_RETRY_AFTER, "retry-after"),
+            (HEADER_SHOULD_RETRY, "x-should-retry"),
+        ] {
+            let value = recorded.header(knob);
+            if let Some(value) = value.and_then(|v| HeaderValue::from_str(v).ok()) {
+                response.headers_mut().insert(header, value);
+            }
         }
     }
     Ok(response)
+}
+
+/// The error a scripted status gets, in the shape of the API the path belongs to.
+fn scripted_error(state: &State, path: &str, status: StatusCode) -> Response<Body> {
+    let message = format!("mock {} scripted status {}", state.name, status.as_u16());
+    match path {
+        messages::PATH => messages::error_response(state, status, &message),
+        _ => error_response(status, &message, "mock_status"),
+    }
 }
 
 /// Dispatches on method and path; `in_flight` moves into streaming bodies.
@@ -651,43 +679,83 @@ fn route(
                 );
             };
             let answer = Answer::new(state, &body);
-            if answer.stream && req.path != "/v1/embeddings" {
-                let events = || match req.path.as_str() {
-                    "/v1/completions" => answer.completion_events(),
-                    _ => answer.chat_events(),
-                };
-                match req.header(HEADER_SSE) {
-                    Some("invalid") => {
-                        let response = sse_frames(invalid_sse(), chunk_delay_ms, false, in_flight);
-                        return response;
-                    }
-                    Some("endless") => {
-                        let mut frames: Vec<Bytes> =
-                            events().into_iter().map(Bytes::from).collect();
-                        frames.pop(); // no [DONE]
-                        return sse_frames(frames, chunk_delay_ms, true, in_flight);
-                    }
-                    _ => {}
-                }
-            }
             match req.path.as_str() {
                 "/v1/embeddings" => json_response(StatusCode::OK, &answer.embeddings(&body)),
                 "/v1/completions" if answer.stream => {
-                    sse_response(state, answer.completion_events(), chunk_delay_ms, in_flight)
+                    let events = answer.completion_events();
+                    stream(state, req, events, chunk_delay_ms, in_flight)
                 }
                 "/v1/completions" => json_response(StatusCode::OK, &answer.completion()),
                 _ if answer.stream => {
-                    sse_response(state, answer.chat_events(), chunk_delay_ms, in_flight)
+                    stream(state, req, answer.chat_events(), chunk_delay_ms, in_flight)
                 }
                 _ => json_response(StatusCode::OK, &answer.chat()),
             }
         }
+        (&Method::POST, responses::PATH) => {
+            responses::answer(state, req, chunk_delay_ms, in_flight)
+        }
+        (&Method::POST, messages::PATH) => messages::answer(state, req, chunk_delay_ms, in_flight),
         _ => error_response(
             StatusCode::NOT_FOUND,
             &format!("unknown endpoint {} {}", req.method, req.path),
             "unknown_url",
         ),
     }
+}
+
+/// A streamed answer of `events` (one SSE event each, the last one ending the
+/// stream), misbehaving as [`HEADER_SSE`] asks. `unknown` is the dialects' own
+/// business (they build their events with it), so here it streams as usual.
+fn stream(
+    state: &State,
+    req: &RecordedRequest,
+    mut events: Vec<String>,
+    chunk_delay_ms: u64,
+    in_flight: InFlight,
+) -> Response<Body> {
+    match req.header(HEADER_SSE) {
+        Some("invalid") => sse_frames(invalid_sse(), chunk_delay_ms, false, in_flight),
+        Some("endless") => {
+            events.pop();
+            let frames = events.into_iter().map(Bytes::from).collect();
+            sse_frames(frames, chunk_delay_ms, true, in_flight)
+        }
+        _ => sse_response(state, events, chunk_delay_ms, in_flight),
+    }
+}
+
+/// One named SSE event of a dialect (Responses, Messages): `event: <type>` and
+/// its data with `type` first, then `lead`, then the other fields of `event`,
+/// the order the providers write them in.
+fn named_event(event: &Value, lead: &[(&str, Value)]) -> String {
+    let name = event
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let mut data = format!("{{\"type\":{}", Value::from(name));
+    let fields = lead.iter().map(|(k, v)| (*k, v)).chain(
+        event
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| *k != "type" && lead.iter().all(|(l, _)| l != k))
+            .map(|(k, v)| (k.as_str(), v)),
+    );
+    for (key, value) in fields {
+        data.push_str(&format!(",{}:{value}", Value::from(key)));
+    }
+    format!("event: {name}\ndata: {data}}}\n\n")
+}
+
+/// The answer's text: the last user text and the instance that answered.
+fn echo(state: &State, last_user_text: &str) -> String {
+    format!("echo: {last_user_text} [{}]", state.name)
+}
+
+/// The answer text cut into a few deltas, each word keeping its trailing space.
+fn pieces(text: &str) -> Vec<String> {
+    text.split_inclusive(' ').map(str::to_string).collect()
 }
 
 fn unix_now() -> u64 {
@@ -780,7 +848,7 @@ impl Answer {
             created: unix_now(),
             stream,
             include_usage,
-            text: format!("echo: {last} [{}]", state.name),
+            text: echo(state, &last),
             prompt,
         }
     }
@@ -793,11 +861,6 @@ impl Answer {
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
         })
-    }
-
-    /// The answer text cut into a few deltas, each word keeping its trailing space.
-    fn pieces(&self) -> Vec<String> {
-        self.text.split_inclusive(' ').map(str::to_string).collect()
     }
 
     fn chat(&self) -> Value {
@@ -839,7 +902,7 @@ impl Answer {
 
     fn chat_events(&self) -> Vec<String> {
         let mut events = vec![self.chat_chunk(json!({"role": "assistant", "content": ""}), None)];
-        for piece in self.pieces() {
+        for piece in pieces(&self.text) {
             events.push(self.chat_chunk(json!({"content": piece}), None));
         }
         events.push(self.chat_chunk(json!({}), Some("stop")));
@@ -894,8 +957,7 @@ impl Answer {
     }
 
     fn completion_events(&self) -> Vec<String> {
-        let mut events: Vec<Value> = self
-            .pieces()
+        let mut events: Vec<Value> = pieces(&self.text)
             .iter()
             .map(|piece| self.completion_chunk(piece, None))
             .collect();

@@ -1,4 +1,5 @@
-//! The mock OpenAI-compatible upstream as a process, for `make run` and manual tries.
+//! The mock LLM provider (OpenAI-compatible, Responses, Anthropic Messages) as a
+//! process, for `make run` and manual tries.
 // A tool of the test suite: a step that cannot run (a mock, Envoy, a client
 // that does not start) ends the run, and `expect` says why. Indexing and
 // `panic!` stay denied: malformed output is reported, not trapped on.

@@ -1,12 +1,14 @@
-//! Proves the harness itself: the mock answers like an OpenAI-compatible provider
-//! and plain Envoy (no filter) carries requests to it unchanged. Filter scenarios
+//! Proves the harness itself: the mock answers like an OpenAI-compatible provider,
+//! the OpenAI Responses API and the Anthropic Messages API, and plain Envoy (no filter) carries requests to it unchanged. Filter scenarios
 //! build on these guarantees.
 
 use std::time::Duration;
 
+use llm_filter_e2e::mock::gunzip_stored;
 use llm_filter_e2e::{
-    chat_body, chat_stream_body, get, post_json, post_raw, skip_without_envoy, stream_sse,
-    validate_config, EnvoyBuilder, MockConfig, MockUpstream, Script,
+    chat_body, chat_stream_body, get, messages_body, post_json, post_raw, responses_body,
+    skip_without_envoy, stream_sse, validate_config, EnvoyBuilder, MockConfig, MockUpstream,
+    Script, SseResponse,
 };
 use serde_json::json;
 
@@ -417,4 +419,430 @@ async fn filter_with_empty_config_loads_and_labels_metrics() {
             .any(|l| l.starts_with("llm_filter_requests_total{") && l.contains("model=\"gpt-4o\"")),
         "{prometheus}"
     );
+}
+
+/// Checks what every dialect stream shares: each event named as its data's
+/// `type`, the deltas joined into the echo text, nothing after the last event.
+fn assert_named_events(sse: &SseResponse, names: &[&str], text: &str) {
+    assert_eq!(sse.status, 200);
+    assert_eq!(sse.header("content-type"), Some("text/event-stream"));
+    assert_eq!(sse.event_names(), names, "{:?}", sse.events);
+    for (event, data) in sse.events.iter().zip(sse.chunks()) {
+        assert_eq!(Some(data["type"].as_str().unwrap()), event.event.as_deref());
+        assert!(
+            event.data.starts_with("{\"type\":"),
+            "type first: {}",
+            event.data
+        );
+    }
+    assert!(!sse.done(), "no [DONE]");
+    assert!(sse.trailing.is_empty());
+    assert_eq!(sse.content(), text);
+}
+
+/// The event names of a streamed answer of `deltas` text pieces.
+fn names<'a>(head: &[&'a str], delta: &'a str, deltas: usize, tail: &[&'a str]) -> Vec<&'a str> {
+    let mut names = head.to_vec();
+    names.extend(std::iter::repeat_n(delta, deltas));
+    names.extend_from_slice(tail);
+    names
+}
+
+const RESPONSES_HEAD: [&str; 4] = [
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.content_part.added",
+];
+const RESPONSES_TAIL: [&str; 4] = [
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "response.completed",
+];
+const MESSAGES_HEAD: [&str; 3] = ["message_start", "content_block_start", "ping"];
+const MESSAGES_TAIL: [&str; 3] = ["content_block_stop", "message_delta", "message_stop"];
+
+#[tokio::test]
+async fn mock_answers_responses_json_and_sse() {
+    let mock = MockUpstream::start(MockConfig::named("resp"));
+    let url = mock.url("/v1/responses");
+    let body = json!({
+        "model": "gpt-4.1",
+        "instructions": "Answer in one word.",
+        "input": [
+            {"role": "user", "content": "an earlier question"},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "an answer"}]},
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{\"x\": 1}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "two words"},
+            {"role": "user", "content": [{"type": "input_text", "text": "the last one"}]},
+        ],
+        "max_output_tokens": 64,
+        "user": "u-7",
+    });
+    let r = post_json(&url, &body, &[("authorization", "Bearer sk-r")])
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-mock-instance"), Some("resp"));
+    let answer = r.json();
+    assert!(answer["id"].as_str().unwrap().starts_with("resp_"));
+    assert_eq!(answer["object"], "response");
+    assert_eq!(answer["status"], "completed");
+    assert_eq!(answer["model"], "gpt-4.1");
+    assert!(answer["created_at"].as_u64().is_some());
+    assert_eq!(answer["instructions"], "Answer in one word.");
+    assert_eq!(answer["max_output_tokens"], 64);
+    assert_eq!(answer["user"], "u-7");
+    let item = &answer["output"][0];
+    assert_eq!(answer["output"].as_array().unwrap().len(), 1);
+    assert_eq!(item["type"], "message");
+    assert!(item["id"].as_str().unwrap().starts_with("msg_"));
+    assert_eq!(
+        (&item["status"], &item["role"]),
+        (&json!("completed"), &json!("assistant"))
+    );
+    assert_eq!(
+        item["content"][0],
+        json!({"type": "output_text", "text": "echo: the last one [resp]", "annotations": [], "logprobs": []})
+    );
+    let usage = &answer["usage"];
+    // Instructions 4 words, the items 3 + 2 + 2 (`{"x": 1}`) + 2 + 3.
+    assert_eq!(usage["input_tokens"], 16);
+    assert_eq!(usage["output_tokens"], 5);
+    assert_eq!(usage["total_tokens"], 21);
+    assert_eq!(usage["input_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(usage["output_tokens_details"]["reasoning_tokens"], 0);
+    assert_eq!(
+        mock.last_request().unwrap().header("authorization"),
+        Some("Bearer sk-r")
+    );
+
+    // A string input is one user message; the stream's events as OpenAI names
+    // and numbers them, the usage in response.completed.
+    mock.set_chunk_delay_ms(20);
+    let stream_body = json!({"model": "gpt-4.1", "input": "stream me please", "stream": true});
+    let sse = stream_sse(&url, &stream_body, &[]).await.unwrap();
+    let text = "echo: stream me please [resp]";
+    let expected = names(
+        &RESPONSES_HEAD,
+        "response.output_text.delta",
+        5,
+        &RESPONSES_TAIL,
+    );
+    assert_named_events(&sse, &expected, text);
+    let chunks = sse.chunks();
+    let numbers: Vec<u64> = chunks
+        .iter()
+        .map(|c| c["sequence_number"].as_u64().unwrap())
+        .collect();
+    assert_eq!(numbers, (0..chunks.len() as u64).collect::<Vec<_>>());
+    let id = chunks[0]["response"]["id"].as_str().unwrap();
+    for (n, status) in [(0, "in_progress"), (1, "in_progress")] {
+        assert_eq!(chunks[n]["response"]["status"], status);
+        assert_eq!(chunks[n]["response"]["output"], json!([]));
+        assert!(chunks[n]["response"]["usage"].is_null());
+    }
+    assert_eq!(chunks[2]["item"]["status"], "in_progress");
+    let item_id = chunks[2]["item"]["id"].as_str().unwrap();
+    assert!(chunks[3..11]
+        .iter()
+        .all(|c| c["item_id"] == item_id && c["output_index"] == 0));
+    assert_eq!(chunks[9]["text"], text);
+    assert_eq!(chunks[10]["part"]["text"], text);
+    assert_eq!(chunks[11]["item"]["content"][0]["text"], text);
+    let completed = &chunks[12]["response"];
+    assert_eq!(completed["id"], id);
+    assert_eq!(completed["status"], "completed");
+    assert_eq!(completed["output"][0]["content"][0]["text"], text);
+    let usage = sse.usage().unwrap();
+    assert_eq!(usage, completed["usage"]);
+    assert_eq!(
+        (
+            usage["input_tokens"].as_u64(),
+            usage["output_tokens"].as_u64()
+        ),
+        (Some(3), Some(5))
+    );
+    assert_eq!(usage["total_tokens"], 8);
+    assert_eq!(
+        mock.sent_streams().last().unwrap().as_slice(),
+        sse.raw.as_ref()
+    );
+
+    // A stored response continues; one this instance never produced is refused.
+    let next = json!({"model": "gpt-4.1", "input": "and then?", "previous_response_id": id});
+    let r = post_json(&url, &next, &[]).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["previous_response_id"], id);
+    let elsewhere = MockUpstream::start(MockConfig::named("other"));
+    let r = post_json(&elsewhere.url("/v1/responses"), &next, &[])
+        .await
+        .unwrap();
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["code"], "previous_response_not_found");
+    let unstored = json!({"model": "m", "input": "x", "store": false});
+    let unstored_id = post_json(&url, &unstored, &[]).await.unwrap().json()["id"].clone();
+    let r = post_json(
+        &url,
+        &json!({"model": "m", "input": "y", "previous_response_id": unstored_id}),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 400, "store: false keeps nothing to continue");
+}
+
+#[tokio::test]
+async fn mock_answers_messages_json_and_sse() {
+    let mock = MockUpstream::start(MockConfig::named("claude"));
+    let url = mock.url("/v1/messages");
+    let body = json!({
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 256,
+        "system": [{"type": "text", "text": "You are terse."}],
+        "metadata": {"user_id": "u-9"},
+        "messages": [
+            {"role": "user", "content": "what is the weather"},
+            {"role": "assistant", "content": [
+                {"type": "text", "text": "let me look"},
+                {"type": "tool_use", "id": "t1", "name": "weather", "input": {"city": "Paris"}},
+            ]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": "sunny"},
+                {"type": "text", "text": "and tomorrow?"},
+            ]},
+        ],
+    });
+    let headers = [
+        ("x-api-key", "sk-ant-test"),
+        ("anthropic-version", "2023-06-01"),
+    ];
+    let r = post_json(&url, &body, &headers).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.header("request-id").unwrap().starts_with("req_"));
+    let answer = r.json();
+    assert!(answer["id"].as_str().unwrap().starts_with("msg_"));
+    assert_eq!(
+        (&answer["type"], &answer["role"]),
+        (&json!("message"), &json!("assistant"))
+    );
+    assert_eq!(answer["model"], "claude-sonnet-4-5");
+    assert_eq!(
+        answer["content"],
+        json!([{"type": "text", "text": "echo: sunny and tomorrow? [claude]"}])
+    );
+    assert_eq!(answer["stop_reason"], "end_turn");
+    assert!(answer["stop_sequence"].is_null());
+    // System 3 words, then 4, 3 + 1 (the tool input), 1 + 2.
+    assert_eq!(
+        answer["usage"],
+        json!({"input_tokens": 14, "output_tokens": 5, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})
+    );
+    let seen = mock.last_request().unwrap();
+    assert_eq!(seen.header("x-api-key"), Some("sk-ant-test"));
+    assert_eq!(seen.header("anthropic-version"), Some("2023-06-01"));
+    assert_eq!(seen.json().unwrap()["metadata"]["user_id"], "u-9");
+
+    // The stream: Anthropic's events, the usage split over message_start
+    // (input, and 1 output token) and message_delta (the output).
+    mock.set_chunk_delay_ms(20);
+    let mut stream_body = messages_body("claude-haiku-4-5", "stream this answer");
+    stream_body["stream"] = json!(true);
+    let sse = stream_sse(&url, &stream_body, &headers).await.unwrap();
+    let text = "echo: stream this answer [claude]";
+    let expected = names(&MESSAGES_HEAD, "content_block_delta", 5, &MESSAGES_TAIL);
+    assert_named_events(&sse, &expected, text);
+    let chunks = sse.chunks();
+    let start = &chunks[0]["message"];
+    assert_eq!(start["content"], json!([]));
+    assert!(start["stop_reason"].is_null());
+    assert_eq!(start["model"], "claude-haiku-4-5");
+    assert_eq!(
+        (
+            &start["usage"]["input_tokens"],
+            &start["usage"]["output_tokens"]
+        ),
+        (&json!(3), &json!(1))
+    );
+    assert_eq!(
+        chunks[1]["content_block"],
+        json!({"type": "text", "text": ""})
+    );
+    assert!(chunks[3..8]
+        .iter()
+        .all(|c| c["index"] == 0 && c["delta"]["type"] == "text_delta"));
+    assert_eq!(chunks[8], json!({"type": "content_block_stop", "index": 0}));
+    assert_eq!(
+        chunks[9],
+        json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 5}})
+    );
+    assert_eq!(chunks[10], json!({"type": "message_stop"}));
+    let usage = sse.usage().unwrap();
+    assert_eq!(
+        (&usage["input_tokens"], &usage["output_tokens"]),
+        (&json!(3), &json!(5))
+    );
+    // The same usage as the JSON answer to the same call.
+    let json_answer = post_json(&url, &messages_body("m", "stream this answer"), &[])
+        .await
+        .unwrap();
+    assert_eq!(json_answer.json()["usage"], usage);
+}
+
+#[tokio::test]
+async fn mock_dialects_fail_in_their_own_shapes() {
+    let mock = MockUpstream::start(MockConfig::named("err"));
+    let messages = mock.url("/v1/messages");
+    let responses = mock.url("/v1/responses");
+
+    // Anthropic: the error type its SDK maps to the exception, by status.
+    for (status, kind) in [
+        ("529", "overloaded_error"),
+        ("429", "rate_limit_error"),
+        ("500", "api_error"),
+        ("503", "api_error"),
+        ("504", "timeout_error"),
+        ("401", "authentication_error"),
+        ("400", "invalid_request_error"),
+    ] {
+        let r = post_json(
+            &messages,
+            &messages_body("m", "x"),
+            &[("x-mock-status", status)],
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status.to_string(), status);
+        let body = r.json();
+        assert_eq!(body["type"], "error", "{body}");
+        assert_eq!(body["error"]["type"], kind, "{status}: {body}");
+        assert!(body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("scripted status"));
+        assert_eq!(body["request_id"].as_str(), r.header("request-id"));
+    }
+    // max_tokens is required; a body that is not JSON is refused too.
+    let no_max = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+    let r = post_json(&messages, &no_max, &[]).await.unwrap();
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.json()["error"],
+        json!({"type": "invalid_request_error", "message": "max_tokens: Field required"})
+    );
+    let r = post_raw(&messages, "{not json", &[]).await.unwrap();
+    assert_eq!(
+        (r.status, r.json()["error"]["type"].as_str()),
+        (400, Some("invalid_request_error"))
+    );
+    // retry-after and x-should-retry come with any error, as scripted.
+    let knobs = [
+        ("x-mock-fail-first", "1"),
+        ("x-mock-retry-after", "7"),
+        ("x-mock-should-retry", "false"),
+    ];
+    let r = post_json(&messages, &messages_body("m", "x"), &knobs)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 503);
+    assert_eq!(
+        (r.header("retry-after"), r.header("x-should-retry")),
+        (Some("7"), Some("false"))
+    );
+    assert_eq!(r.json()["error"]["type"], "api_error");
+    let r = post_json(&messages, &messages_body("m", "x"), &knobs)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        (r.header("retry-after"), r.header("x-should-retry")),
+        (None, None)
+    );
+
+    // OpenAI's shape on the Responses API.
+    let r = post_json(
+        &responses,
+        &responses_body("m", "x"),
+        &[("x-mock-status", "429")],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 429);
+    assert_eq!(r.json()["error"]["type"], "rate_limit_error");
+    assert_eq!(r.json()["error"]["code"], "mock_status");
+    let r = post_json(&responses, &json!({"input": "x"}), &[])
+        .await
+        .unwrap();
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["code"], "missing_required_parameter");
+    let r = post_raw(&responses, "[1, 2]", &[]).await.unwrap();
+    assert_eq!(
+        (r.status, r.json()["error"]["type"].as_str()),
+        (400, Some("invalid_request_error"))
+    );
+}
+
+#[tokio::test]
+async fn mock_dialect_streams_misbehave_on_request() {
+    let mock = MockUpstream::start(MockConfig {
+        chunk_delay_ms: 0,
+        ..MockConfig::named("odd")
+    });
+    let mut responses = responses_body("m", "one two");
+    responses["stream"] = json!(true);
+    let mut messages = messages_body("m", "one two");
+    messages["stream"] = json!(true);
+    let cases = [
+        (
+            "/v1/responses",
+            &responses,
+            "response.mock_unknown",
+            "response.completed",
+        ),
+        ("/v1/messages", &messages, "mock_unknown", "message_stop"),
+    ];
+    for (path, body, unknown, last) in cases {
+        // An event of a type the API does not define, second, the rest as usual.
+        let sse = stream_sse(&mock.url(path), body, &[("x-mock-sse", "unknown")])
+            .await
+            .unwrap();
+        assert_eq!(sse.event_names()[1], unknown, "{path}");
+        assert_eq!(sse.event_names().last(), Some(&last));
+        assert_eq!(sse.content(), "echo: one two [odd]");
+        // The whole stream gzipped, decoded to the same events.
+        let plain = stream_sse(&mock.url(path), body, &[]).await.unwrap();
+        let gz = stream_sse(
+            &mock.url(path),
+            body,
+            &[("x-mock-content-encoding", "gzip")],
+        )
+        .await
+        .unwrap();
+        assert_eq!(gz.header("content-encoding"), Some("gzip"));
+        let decoded = gunzip_stored(&gz.raw).expect("gzip");
+        assert_eq!(decoded.len(), plain.raw.len(), "{path}");
+        // Cut after 100 bytes: the reader sees the connection drop.
+        let cut = stream_sse(
+            &mock.url(path),
+            body,
+            &[("x-mock-reset-after-bytes", "100")],
+        )
+        .await;
+        assert!(cut.is_err(), "{path}: {cut:?}");
+    }
+    // A JSON answer gzipped and delayed like any other.
+    let r = post_json(
+        &mock.url("/v1/messages"),
+        &messages_body("m", "zip"),
+        &[
+            ("x-mock-content-encoding", "gzip"),
+            ("x-mock-delay-ms", "100"),
+        ],
+    )
+    .await
+    .unwrap();
+    assert!(r.elapsed >= Duration::from_millis(100));
+    let json: serde_json::Value = serde_json::from_slice(&gunzip_stored(&r.body).unwrap()).unwrap();
+    assert_eq!(json["content"][0]["text"], "echo: zip [odd]");
 }
