@@ -63,6 +63,11 @@ impl From<Reported> for Usage {
 }
 
 impl Usage {
+    /// A `usage` object of any dialect; `None` when it is not one.
+    pub fn from_value(usage: &serde_json::Value) -> Option<Self> {
+        Self::deserialize(usage).ok()
+    }
+
     /// This usage with the fields `later` reports in place of its own: a
     /// stream that reports its usage over several events (Anthropic's input
     /// in `message_start`, its output in `message_delta`) adds up to one.

@@ -32,8 +32,9 @@ const DEFAULT_TRUST_CLIENT: bool = true;
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawConfig {
-    /// Paths of LLM calls (POST).
-    pub llm_paths: Option<Vec<RawLlmPath>>,
+    /// Paths of LLM calls (POST): each a path, whose ending names its
+    /// dialect, or `{"path": …, "api": …}` naming it.
+    pub llm_paths: Option<Vec<serde_json::Value>>,
     /// Priority section.
     pub priority: RawPriority,
     /// Tracing section.
@@ -54,28 +55,6 @@ pub struct RawConfig {
     pub shaping: RawShapingConfig,
     /// A/B groups section.
     pub ab: RawAbConfig,
-}
-
-/// One `llm_paths` entry as written: a path, whose ending names its dialect,
-/// or a path and the dialect it speaks.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum RawLlmPath {
-    /// `"/v1/chat/completions"`.
-    Path(String),
-    /// `{"path": "/gateway/*/v1/messages", "api": "messages"}`.
-    Entry(RawLlmPathEntry),
-}
-
-/// An `llm_paths` entry that names its dialect.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawLlmPathEntry {
-    /// The path; a `*` segment stands for any one segment.
-    pub path: String,
-    /// The dialect; default: the one the path's ending names.
-    #[serde(default)]
-    pub api: Option<String>,
 }
 
 /// `priority` as written.
@@ -250,27 +229,58 @@ fn default_paths() -> Vec<LlmPath> {
     DEFAULT_PATHS.iter().map(|p| LlmPath::new(p)).collect()
 }
 
-fn compile_paths(paths: Vec<RawLlmPath>) -> Result<Vec<LlmPath>, ConfigError> {
+fn compile_paths(paths: Vec<serde_json::Value>) -> Result<Vec<LlmPath>, ConfigError> {
+    use serde_json::Value;
     let mut out = Vec::with_capacity(paths.len());
     for (i, raw) in paths.into_iter().enumerate() {
-        let (path, api) = match raw {
-            RawLlmPath::Path(p) => (p, None),
-            RawLlmPath::Entry(e) => (e.path, e.api),
-        };
         let field = |f: &str| match f {
             "" => format!("llm_paths[{i}]"),
             f => format!("llm_paths[{i}].{f}"),
         };
-        if !check::is_path_without_query(&path) {
-            let f = if api.is_some() { "path" } else { "" };
+        let (path, api, at) = match &raw {
+            Value::String(p) => (p.as_str(), None, ""),
+            Value::Object(entry) => {
+                if let Some(unknown) = entry.keys().find(|k| !matches!(k.as_str(), "path" | "api"))
+                {
+                    return Err(ConfigError::new(
+                        field(unknown),
+                        format!("unknown field `{unknown}`, expected `path` or `api`"),
+                    ));
+                }
+                let Some(Value::String(p)) = entry.get("path") else {
+                    return Err(ConfigError::new(
+                        field("path"),
+                        "a path (a string) is required",
+                    ));
+                };
+                let api = match entry.get("api") {
+                    None | Some(Value::Null) => None,
+                    Some(Value::String(a)) => Some(a.as_str()),
+                    Some(other) => {
+                        return Err(ConfigError::new(
+                            field("api"),
+                            format!("{other} is not a string"),
+                        ))
+                    }
+                };
+                (p.as_str(), api, "path")
+            }
+            other => {
+                return Err(ConfigError::new(
+                    field(""),
+                    format!("{other} is neither a path nor an object with a `path`"),
+                ))
+            }
+        };
+        if !check::is_path_without_query(path) {
             return Err(ConfigError::new(
-                field(f),
+                field(at),
                 format!("{path:?} is not an absolute path without query"),
             ));
         }
-        let mut entry = LlmPath::new(&path);
+        let mut entry = LlmPath::new(path);
         if let Some(name) = api {
-            entry.api = Endpoint::named(&name).ok_or_else(|| {
+            entry.api = Endpoint::named(name).ok_or_else(|| {
                 ConfigError::new(
                     field("api"),
                     format!(

@@ -10,11 +10,10 @@
 //! or that is older than [`TTL_MS`], is routed as any call (the provider then
 //! says it does not know the id, as it would without the filter).
 
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::classify::Endpoint;
-use crate::host::{codec, SharedStore};
+use crate::host::SharedStore;
 use crate::json::Json;
 
 /// Prefix of the table's keys; the slot number follows.
@@ -61,12 +60,29 @@ impl Continues {
     }
 }
 
-/// One remembered response: its id and the cluster that produced it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct Held {
-    id: String,
-    cluster: String,
-    expires_ms: u64,
+/// One remembered response, as stored: when it expires (8 bytes, little
+/// endian), the length of the cluster's name (2 bytes), the name, the id.
+fn encode(id: &str, cluster: &str, expires_ms: u64) -> Option<Vec<u8>> {
+    let name_len = u16::try_from(cluster.len()).ok()?;
+    let mut out = Vec::with_capacity(10 + cluster.len() + id.len());
+    out.extend_from_slice(&expires_ms.to_le_bytes());
+    out.extend_from_slice(&name_len.to_le_bytes());
+    out.extend_from_slice(cluster.as_bytes());
+    out.extend_from_slice(id.as_bytes());
+    Some(out)
+}
+
+/// The id, the cluster and the expiry a record holds; `None` for anything
+/// that is not one.
+fn decode(bytes: &[u8]) -> Option<(&str, &str, u64)> {
+    let (expires, rest) = bytes.split_first_chunk::<8>()?;
+    let (len, rest) = rest.split_first_chunk::<2>()?;
+    let (cluster, id) = rest.split_at_checked(usize::from(u16::from_le_bytes(*len)))?;
+    Some((
+        std::str::from_utf8(id).ok()?,
+        std::str::from_utf8(cluster).ok()?,
+        u64::from_le_bytes(*expires),
+    ))
 }
 
 /// The key of `id`'s slot.
@@ -89,19 +105,15 @@ pub fn remember(store: &dyn SharedStore, id: &str, cluster: &str, now_ms: u64) -
     if id.is_empty() || id.len() > MAX_ID_BYTES {
         return false;
     }
-    let held = Held {
-        id: id.to_string(),
-        cluster: cluster.to_string(),
-        expires_ms: now_ms.saturating_add(TTL_MS),
-    };
-    codec::encode(&held).is_some_and(|bytes| store.set(&key(id), &bytes, None).is_ok())
+    encode(id, cluster, now_ms.saturating_add(TTL_MS))
+        .is_some_and(|bytes| store.set(&key(id), &bytes, None).is_ok())
 }
 
 /// The cluster that produced the response `id`, while it is remembered.
 pub fn holder(store: &dyn SharedStore, id: &str, now_ms: u64) -> Option<String> {
     let bytes = store.get(&key(id)).ok()?.value?;
-    let held: Held = codec::decode(&bytes)?;
-    (held.id == id && held.expires_ms > now_ms).then_some(held.cluster)
+    let (held, cluster, expires_ms) = decode(&bytes)?;
+    (held == id && expires_ms > now_ms).then(|| cluster.to_string())
 }
 
 #[cfg(test)]

@@ -5,11 +5,11 @@
 //! far. `message_stop` (or an `error` event) ends the stream. The client
 //! always gets the usage: nothing is asked for, nothing is stripped.
 
-use serde::Deserialize;
+use serde_json::Value;
 
 use super::reader::Event;
 use super::responses::kind;
-use super::{head_of, tree_of, Grammar, Parsed, Reading};
+use super::{read_tree, tree_of, Grammar, Parsed, Reading};
 use crate::usage::Usage;
 
 /// What a Messages stream said so far.
@@ -23,34 +23,6 @@ pub struct Messages {
     pub done: bool,
     /// Number of events with data seen.
     pub events: u64,
-}
-
-/// What the grammar reads of an event.
-#[derive(Deserialize)]
-struct Head {
-    #[serde(rename = "type", default)]
-    kind: Option<String>,
-    /// `message_start`'s message.
-    #[serde(default)]
-    message: Option<WithUsage>,
-    /// `message_delta`'s usage.
-    #[serde(default)]
-    usage: Option<Usage>,
-    /// `message_delta`'s delta.
-    #[serde(default)]
-    delta: Option<Delta>,
-}
-
-#[derive(Deserialize)]
-struct WithUsage {
-    #[serde(default)]
-    usage: Option<Usage>,
-}
-
-#[derive(Deserialize)]
-struct Delta {
-    #[serde(default)]
-    stop_reason: Option<String>,
 }
 
 /// The events whose data the grammar reads.
@@ -72,9 +44,9 @@ impl Grammar for Messages {
         // A content delta, a ping: nothing for the grammar, and no parse
         // when no collector asked for one.
         if named.is_none_or(|n| READ.contains(&n)) {
-            let head = head_of::<Head>(&tree, data);
-            if let Some(h) = head {
-                self.note(h);
+            let read = read_tree(&tree, data);
+            if let Some(t) = read.as_deref() {
+                self.note(t);
             }
         }
         Reading {
@@ -93,12 +65,13 @@ impl Grammar for Messages {
 }
 
 impl Messages {
-    fn note(&mut self, head: Head) {
-        let reported = match head.kind.as_deref() {
-            Some("message_start") => head.message.and_then(|m| m.usage),
+    fn note(&mut self, data: &Value) {
+        let reported = match data.get("type").and_then(Value::as_str) {
+            Some("message_start") => data.get("message").and_then(|m| m.get("usage")),
             Some("message_delta") => {
-                self.finished |= head.delta.is_some_and(|d| d.stop_reason.is_some());
-                head.usage
+                let stop = data.get("delta").and_then(|d| d.get("stop_reason"));
+                self.finished |= stop.is_some_and(|s| !s.is_null());
+                data.get("usage")
             }
             Some("message_stop" | "error") => {
                 self.done = true;
@@ -106,7 +79,7 @@ impl Messages {
             }
             _ => None,
         };
-        if let Some(u) = reported {
+        if let Some(u) = reported.and_then(Usage::from_value) {
             self.usage = Some(self.usage.map_or(u, |so_far| so_far.updated_by(u)));
         }
     }

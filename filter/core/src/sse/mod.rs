@@ -33,7 +33,6 @@ pub mod messages;
 pub mod reader;
 pub mod responses;
 
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 pub use chat::Chat;
@@ -97,13 +96,18 @@ pub(crate) fn tree_of(data: &[u8], parse: bool) -> Option<Option<Value>> {
     parse.then(|| serde_json::from_slice::<Value>(data).ok())
 }
 
-/// The fields a grammar reads of an event: from its tree when it was
-/// parsed whole, else from its bytes, skipping the rest.
-pub(crate) fn head_of<T: DeserializeOwned>(tree: &Option<Option<Value>>, data: &[u8]) -> Option<T> {
+/// The tree of an event a grammar reads: the one parsed for a collector,
+/// else its data parsed now; `None` when it is not JSON.
+pub(crate) fn read_tree<'a>(
+    tree: &'a Option<Option<Value>>,
+    data: &[u8],
+) -> Option<std::borrow::Cow<'a, Value>> {
     match tree {
-        Some(Some(t)) => T::deserialize(t).ok(),
+        Some(Some(t)) => Some(std::borrow::Cow::Borrowed(t)),
         Some(None) => None,
-        None => serde_json::from_slice::<T>(data).ok(),
+        None => serde_json::from_slice::<Value>(data)
+            .ok()
+            .map(std::borrow::Cow::Owned),
     }
 }
 

@@ -5,11 +5,10 @@
 //! `response.failed`). The client always gets it: nothing is asked for on
 //! its behalf, nothing is stripped.
 
-use serde::Deserialize;
 use serde_json::Value;
 
 use super::reader::Event;
-use super::{head_of, tree_of, Grammar, Parsed, Reading};
+use super::{read_tree, tree_of, Grammar, Parsed, Reading};
 use crate::usage::Usage;
 
 /// The event that opens a Responses stream with the response's id.
@@ -39,23 +38,6 @@ pub struct Responses {
     pub events: u64,
 }
 
-/// What the grammar reads of an event that may end the stream.
-#[derive(Deserialize)]
-struct Head {
-    #[serde(rename = "type", default)]
-    kind: Option<String>,
-    #[serde(default)]
-    response: Option<FinalResponse>,
-}
-
-#[derive(Deserialize)]
-struct FinalResponse {
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(default)]
-    usage: Option<Usage>,
-}
-
 /// The name of an event: its `event:` field, else its data's `type`.
 pub(super) fn kind<'a>(event: &Event<'a>, tree: Option<&'a Value>) -> Option<&'a [u8]> {
     event.kind.or_else(|| {
@@ -76,9 +58,9 @@ impl Grammar for Responses {
         // A delta, an item added: nothing for the grammar, and no parse when
         // no collector asked for one. An unnamed event is read for its type.
         if named.is_none_or(|n| n == CREATED || FINAL.contains(&n)) {
-            let head = head_of::<Head>(&tree, data);
-            if let Some(h) = head {
-                self.note(named, h);
+            let read = read_tree(&tree, data);
+            if let Some(t) = read.as_deref() {
+                self.note(named, t);
             }
         }
         Reading {
@@ -97,21 +79,24 @@ impl Grammar for Responses {
 }
 
 impl Responses {
-    fn note(&mut self, named: Option<&[u8]>, head: Head) {
-        let name = named.or(head.kind.as_deref().map(str::as_bytes));
+    fn note(&mut self, named: Option<&[u8]>, data: &Value) {
+        let name = named.or_else(|| data.get("type").and_then(Value::as_str).map(str::as_bytes));
         let Some(name) = name.filter(|n| *n == CREATED || FINAL.contains(n)) else {
             return;
         };
-        let response = head.response;
-        if let Some(id) = response.as_ref().and_then(|r| r.id.clone()) {
-            self.response_id.get_or_insert(id);
+        let response = data.get("response");
+        if let Some(id) = response.and_then(|r| r.get("id")).and_then(Value::as_str) {
+            self.response_id.get_or_insert_with(|| id.to_string());
         }
         if name == CREATED {
             return;
         }
         self.done = true;
         self.finished |= name == b"response.completed";
-        if let Some(u) = response.and_then(|r| r.usage) {
+        if let Some(u) = response
+            .and_then(|r| r.get("usage"))
+            .and_then(Usage::from_value)
+        {
             self.usage = Some(u);
         }
     }
