@@ -22,6 +22,7 @@ mod concurrency;
 mod config;
 mod degrade;
 mod deploy_configs;
+mod dialects;
 mod hostile;
 mod istio;
 mod load;

@@ -1,0 +1,309 @@
+//! The OpenAI Responses and Anthropic Messages APIs through the real Envoy
+//! with the filter: each a call the filter understands in its own dialect,
+//! routed with the backend's model name, continued on the backend that holds
+//! its state, counted from its own usage, refused in its own error shape.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use llm_filter_e2e::{
+    messages_body, post_json, post_raw, responses_body, skip_without_envoy, stream_sse, Envoy,
+    EnvoyBuilder, MockUpstream,
+};
+use serde_json::{json, Value};
+
+const CLUSTER_HEADER: &str = "x-llm-cluster";
+const DEADLINE: Duration = Duration::from_secs(20);
+const TOKEN: &str = "e2e-admin-token-0123456789";
+
+/// Two backends, a and b, of `gpt-4o` and of `claude`, each with its own
+/// name of the model, behind a default route to `default`.
+fn routed(default: &MockUpstream, a: &MockUpstream, b: &MockUpstream, extra: Value) -> Envoy {
+    let mut config = json!({"routing": {"models": {
+        "gpt-4o": [{"cluster": "a", "model": "gpt-4o-a"}, {"cluster": "b", "model": "gpt-4o-b"}],
+        "claude": [{"cluster": "a", "model": "claude-a"}, {"cluster": "b", "model": "claude-b"}]
+    }}});
+    if let (Some(c), Value::Object(more)) = (config.as_object_mut(), extra) {
+        c.extend(more);
+    }
+    EnvoyBuilder::new()
+        .plugin_config(config)
+        .upstream(default.name(), default.port())
+        .upstream(a.name(), a.port())
+        .upstream(b.name(), b.port())
+        .header_route(CLUSTER_HEADER)
+        .route_timeout_ms(10_000)
+        .start()
+        .expect("envoy with the filter and routing")
+}
+
+fn backends() -> (MockUpstream, MockUpstream, MockUpstream) {
+    (
+        MockUpstream::backend("default", 0),
+        MockUpstream::backend("a", 0),
+        MockUpstream::backend("b", 0),
+    )
+}
+
+/// The last call a backend got on `path`, as JSON.
+fn last_sent(
+    backend: &MockUpstream,
+    path: &str,
+) -> Option<(Value, llm_filter_e2e::RecordedRequest)> {
+    let r = backend
+        .requests()
+        .into_iter()
+        .rev()
+        .find(|r| r.path == path)?;
+    Some((r.json()?, r))
+}
+
+#[tokio::test]
+async fn both_apis_are_routed_tagged_and_counted_in_their_own_words() {
+    if skip_without_envoy("both_apis_are_routed_tagged_and_counted_in_their_own_words") {
+        return;
+    }
+    let (default, a, b) = backends();
+    let envoy = routed(&default, &a, &b, json!({}));
+    for (path, body, model) in [
+        (
+            "/v1/responses",
+            responses_body("gpt-4o", "hello responses"),
+            "gpt-4o",
+        ),
+        (
+            "/v1/messages",
+            messages_body("claude", "hello messages"),
+            "claude",
+        ),
+    ] {
+        let r = post_json(&envoy.url(path), &body, &[("x-api-key", "sk-ant-e2e")])
+            .await
+            .expect("call");
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        let cluster = r.header(CLUSTER_HEADER).expect("routed").to_string();
+        assert!(r.header("x-trace-id").is_some(), "{path}");
+        let backend = if cluster == "a" { &a } else { &b };
+        let (sent, req) = last_sent(backend, path).expect("the backend got the call");
+        // The backend's name of the model, every other byte the client's.
+        let mut want = body.clone();
+        want["model"] = json!(format!("{model}-{cluster}"));
+        assert_eq!(sent, want, "{path}");
+        assert!(req.header("traceparent").is_some(), "{path}");
+        assert!(
+            req.header("baggage")
+                .unwrap_or_default()
+                .contains("priority=P1"),
+            "{path}"
+        );
+        assert_eq!(req.header("x-api-key"), Some("sk-ant-e2e"));
+        // The answer is the backend's, in its dialect.
+        let answer = r.json();
+        match path {
+            "/v1/responses" => assert_eq!(answer["object"], "response"),
+            _ => assert_eq!(answer["type"], "message"),
+        }
+        let usage = &answer["usage"];
+        let input = usage["input_tokens"].as_f64().unwrap();
+        let output = usage["output_tokens"].as_f64().unwrap();
+        for (kind, n) in [("input", input), ("output", output)] {
+            let got = envoy.wait_for_metric(
+                "gen_ai_client_token_usage_total",
+                &[("model", model), ("token_type", kind)],
+                n,
+                DEADLINE,
+            );
+            assert_eq!(got, n, "{path} {kind}");
+        }
+        let calls = envoy.wait_for_metric(
+            "llm_filter_requests_total",
+            &[("model", model), ("outcome", "success")],
+            1.0,
+            DEADLINE,
+        );
+        assert_eq!(calls, 1.0, "{path}");
+    }
+    assert_eq!(default.request_count(), 0, "every call was routed");
+}
+
+#[tokio::test]
+async fn streams_reach_the_client_as_the_backend_sent_them_and_are_counted() {
+    if skip_without_envoy("streams_reach_the_client_as_the_backend_sent_them_and_are_counted") {
+        return;
+    }
+    let (default, a, b) = backends();
+    let envoy = routed(&default, &a, &b, json!({}));
+    for (path, model, mut body, first, last) in [
+        (
+            "/v1/responses",
+            "gpt-4o",
+            responses_body("gpt-4o", "stream the response"),
+            "response.created",
+            "response.completed",
+        ),
+        (
+            "/v1/messages",
+            "claude",
+            messages_body("claude", "stream the message"),
+            "message_start",
+            "message_stop",
+        ),
+    ] {
+        body["stream"] = json!(true);
+        let sse = stream_sse(&envoy.url(path), &body, &[])
+            .await
+            .expect("stream");
+        assert_eq!(sse.status, 200, "{path}");
+        let cluster = sse.header(CLUSTER_HEADER).expect("routed").to_string();
+        let names = sse.event_names();
+        assert_eq!(names.first().copied(), Some(first), "{path}: {names:?}");
+        assert_eq!(names.last().copied(), Some(last), "{path}: {names:?}");
+        assert!(!sse.done(), "no [DONE] in {path}");
+        assert!(sse.trailing.is_empty());
+        assert_eq!(
+            sse.content(),
+            format!("echo: {} [{cluster}]", body_text(&body))
+        );
+        // Nothing was asked of the backend on the client's behalf.
+        let backend = if cluster == "a" { &a } else { &b };
+        let (sent, _) = last_sent(backend, path).expect("the backend got it");
+        assert!(sent.get("stream_options").is_none(), "{sent}");
+        let usage = sse.usage().expect("the stream's usage");
+        let output = usage["output_tokens"].as_f64().unwrap();
+        let got = envoy.wait_for_metric(
+            "gen_ai_client_token_usage_total",
+            &[("model", model), ("token_type", "output")],
+            output,
+            DEADLINE,
+        );
+        assert_eq!(got, output, "{path}");
+    }
+}
+
+/// The user text of a Responses or Messages body.
+fn body_text(body: &Value) -> String {
+    body.get("input")
+        .or_else(|| body.pointer("/messages/0/content"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test]
+async fn a_continued_response_reaches_the_backend_that_holds_it() {
+    if skip_without_envoy("a_continued_response_reaches_the_backend_that_holds_it") {
+        return;
+    }
+    let (default, a, b) = backends();
+    let envoy = routed(&default, &a, &b, json!({}));
+    let url = envoy.url("/v1/responses");
+    let first = post_json(&url, &responses_body("gpt-4o", "first turn"), &[])
+        .await
+        .expect("call");
+    assert_eq!(first.status, 200, "{}", first.text());
+    let holder = first.header(CLUSTER_HEADER).expect("routed").to_string();
+    let mut id = first.json()["id"]
+        .as_str()
+        .expect("a response id")
+        .to_string();
+    // A conversation of 12 turns, each continuing the last: every one goes
+    // to the backend holding the previous response (the other backend
+    // would answer 400, as a provider does for an id it never stored).
+    for turn in 0..12 {
+        let mut body = responses_body("gpt-4o", &format!("turn {turn}"));
+        body["previous_response_id"] = json!(id);
+        let r = post_json(&url, &body, &[]).await.expect("call");
+        assert_eq!(r.status, 200, "turn {turn}: {}", r.text());
+        assert_eq!(
+            r.header(CLUSTER_HEADER),
+            Some(holder.as_str()),
+            "turn {turn}"
+        );
+        id = r.json()["id"].as_str().expect("a response id").to_string();
+    }
+    // New conversations still spread over both backends.
+    let mut seen = BTreeSet::new();
+    for n in 0..30 {
+        let r = post_json(&url, &responses_body("gpt-4o", &format!("fresh {n}")), &[])
+            .await
+            .expect("call");
+        seen.insert(r.header(CLUSTER_HEADER).map(str::to_string));
+    }
+    assert_eq!(seen.len(), 2, "{seen:?}");
+}
+
+fn webhook(labels: Value) -> String {
+    json!({
+        "version": "4", "status": "firing", "receiver": "llm-filter",
+        "groupLabels": {}, "commonLabels": labels, "commonAnnotations": {},
+        "externalURL": "http://am", "groupKey": "{}:{}", "truncatedAlerts": 0,
+        "alerts": [{"status": "firing", "labels": labels, "annotations": {},
+                    "startsAt": "2026-01-01T00:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
+                    "generatorURL": "", "fingerprint": "e2e0000000000002"}]
+    })
+    .to_string()
+}
+
+#[tokio::test]
+async fn a_shed_call_is_refused_in_its_callers_error_shape() {
+    if skip_without_envoy("a_shed_call_is_refused_in_its_callers_error_shape") {
+        return;
+    }
+    let (default, a, b) = backends();
+    let envoy = routed(
+        &default,
+        &a,
+        &b,
+        json!({"admin": {"token": TOKEN}, "degrade": {"alerts": [{"severity": "page", "level": 2}]}}),
+    );
+    let bearer = format!("Bearer {TOKEN}");
+    let r = post_raw(
+        &envoy.url("/llm-filter/alerts"),
+        &webhook(json!({"alertname": "LLMSlow", "severity": "page"})),
+        &[("authorization", bearer.as_str())],
+    )
+    .await
+    .expect("alert");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let p2 = [("x-request-priority", "P2")];
+    let before = a.request_count() + b.request_count();
+
+    let m = post_json(
+        &envoy.url("/v1/messages"),
+        &messages_body("claude", "shed me"),
+        &p2,
+    )
+    .await
+    .expect("call");
+    assert_eq!(m.status, 529, "{}", m.text());
+    assert!(m.header("retry-after").is_some());
+    let v = m.json();
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "overloaded_error");
+    assert_eq!(v["error"]["code"], "llm_filter_degraded_shed");
+
+    let r = post_json(
+        &envoy.url("/v1/responses"),
+        &responses_body("gpt-4o", "shed me"),
+        &p2,
+    )
+    .await
+    .expect("call");
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "llm_filter_degraded_shed");
+    assert_eq!(
+        a.request_count() + b.request_count(),
+        before,
+        "nothing went upstream"
+    );
+
+    // P1 goes on, degraded.
+    let ok = post_json(
+        &envoy.url("/v1/messages"),
+        &messages_body("claude", "still served"),
+        &[],
+    )
+    .await
+    .expect("call");
+    assert_eq!(ok.status, 200, "{}", ok.text());
+}
