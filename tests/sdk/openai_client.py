@@ -1,8 +1,43 @@
 """The official OpenAI Python SDK as a client of Envoy with llm-filter.
 
-One subcommand per scenario of tests/tests/e2e/sdk.rs, which starts the mock
-upstream and Envoy, runs this with --base-url pointing at Envoy, and asserts
-on the one JSON object printed on stdout (and on what the mock received).
+One subcommand per scenario of the end-to-end tests (tests/tests/e2e/sdk.rs
+for chat, sdk_dialects.rs for the Responses API), which start the mock
+upstream and Envoy, run this with --base-url pointing at Envoy (with /v1), and
+assert on the one JSON object printed on stdout (and on what the mock
+received). Every object carries `sdk_version`. What each scenario prints:
+
+  chat        {id, model, content, finish_reason, usage: {prompt, completion, total}}
+  stream      {chunks: [{at_ms, content, finish_reason, usage}], content}
+  embeddings  {count, indexes, dimensions, usage}
+  cache       {calls: [{status, x_cache, age, content, id}] x2}  (temperature 0)
+  shed, budget
+              {error_class, elapsed_ms, status, code, type, message,
+               attempts: [{sent_ms, status, retry_after, should_retry}]}
+              (error_class null when the call succeeded)
+
+  responses   responses.create: {id, model, status, output_text,
+              usage: {input, output, cached, total}}
+  responses_stream
+              responses.create(stream=True): {events: [type, ...] in order,
+              sequence_numbers, text (the output_text deltas joined), id,
+              output_text (of response.completed), usage (of response.completed),
+              at_ms (each event's arrival, from the call), first_event_ms,
+              last_event_ms}
+  responses_raw
+              responses.with_raw_response.create, --calls times:
+              {calls: [{status, x_cache, age, headers: {x-*, retry-after},
+              id, output_text}]}
+  responses_chain
+              two calls, the second with previous_response_id = the first's id:
+              {calls: [{status, id, previous_response_id, x_mock_instance,
+              output_text}] x2}
+  responses_shed
+              responses.create refused (x-request-priority: P2 unless --priority
+              says otherwise), like shed: {error_class, status, code, type,
+              message, attempts, elapsed_ms}
+
+--header NAME:VALUE (repeatable) adds a header to the Responses scenarios'
+calls (e.g. cache-control: max-age=60, or the mock's x-mock-* knobs).
 """
 
 import argparse
@@ -150,6 +185,131 @@ def refused(args, extra_headers):
     return {"error_class": None, "attempts": attempts.list}
 
 
+def extra_headers(args, **more):
+    """The --header values, and `more` where they do not set it."""
+    headers = dict(more)
+    for h in args.header:
+        name, _, value = h.partition(":")
+        headers[name.strip()] = value.strip()
+    return headers
+
+
+def interesting_headers(headers):
+    """The response headers a test asserts on: the filter's and the mock's
+    `x-*`, `retry-after`, `age`."""
+    return {k: v for k, v in headers.items() if k.startswith("x-") or k in ("retry-after", "age")}
+
+
+def responses_usage(u):
+    if u is None:
+        return None
+    details = getattr(u, "input_tokens_details", None)
+    return {
+        "input": u.input_tokens,
+        "output": u.output_tokens,
+        "cached": getattr(details, "cached_tokens", None),
+        "total": u.total_tokens,
+    }
+
+
+def responses_args(args):
+    """The keyword arguments of a responses.create the options ask for."""
+    kwargs = {"model": args.model, "input": args.prompt, "extra_headers": extra_headers(args)}
+    if args.instructions is not None:
+        kwargs["instructions"] = args.instructions
+    if args.max_output_tokens is not None:
+        kwargs["max_output_tokens"] = args.max_output_tokens
+    if args.previous_response_id is not None:
+        kwargs["previous_response_id"] = args.previous_response_id
+    return kwargs
+
+
+def responses(args):
+    r = client(args).responses.create(**responses_args(args))
+    return {
+        "id": r.id,
+        "model": r.model,
+        "status": r.status,
+        "output_text": r.output_text,
+        "usage": responses_usage(r.usage),
+    }
+
+
+def warm_stream_types():
+    """Builds the SDK's parser of Responses events once before the call: the
+    first build takes long (most of a second on a busy machine), which would
+    otherwise land on the first event's time and bunch the events behind it."""
+    from openai._models import construct_type
+    from openai.types.responses import ResponseStreamEvent
+
+    construct_type(type_=ResponseStreamEvent, value={"type": "response.output_text.delta", "delta": ""})
+
+
+def responses_stream(args):
+    warm_stream_types()
+    c = client(args)
+    started = time.monotonic()
+    s = c.responses.create(stream=True, **responses_args(args))
+    out = {"events": [], "sequence_numbers": [], "text": "", "id": None, "output_text": None, "usage": None}
+    at = []
+    for event in s:
+        at.append(round((time.monotonic() - started) * 1000))
+        out["events"].append(event.type)
+        out["sequence_numbers"].append(getattr(event, "sequence_number", None))
+        if event.type == "response.output_text.delta":
+            out["text"] += event.delta
+        elif event.type == "response.completed":
+            out["id"] = event.response.id
+            out["output_text"] = event.response.output_text
+            out["usage"] = responses_usage(event.response.usage)
+    out["at_ms"] = at
+    out["first_event_ms"] = at[0] if at else None
+    out["last_event_ms"] = at[-1] if at else None
+    return out
+
+
+def raw_call(c, kwargs):
+    raw = c.responses.with_raw_response.create(**kwargs)
+    parsed = raw.parse()
+    return {
+        "status": raw.status_code,
+        "x_cache": raw.headers.get("x-cache"),
+        "age": raw.headers.get("age"),
+        "headers": interesting_headers(raw.headers),
+        "id": parsed.id,
+        "previous_response_id": parsed.previous_response_id,
+        "output_text": parsed.output_text,
+    }
+
+
+def responses_raw(args):
+    c = client(args)
+    return {"calls": [raw_call(c, responses_args(args)) for _ in range(args.calls)]}
+
+
+def responses_chain(args):
+    c = client(args)
+    first = raw_call(c, responses_args(args))
+    second = raw_call(c, dict(responses_args(args), previous_response_id=first["id"]))
+    calls = [first, second]
+    for call in calls:
+        call["x_mock_instance"] = call["headers"].get("x-mock-instance")
+    return {"calls": calls}
+
+
+def responses_shed(args):
+    """One Responses call the filter refuses; what the SDK raised and every attempt."""
+    attempts = Attempts()
+    started = time.monotonic()
+    kwargs = responses_args(args)
+    kwargs["extra_headers"] = extra_headers(args, **{"x-request-priority": args.priority or "P2"})
+    try:
+        client(args, attempts).responses.create(**kwargs)
+    except openai.OpenAIError as e:
+        return error(e, attempts, started)
+    return {"error_class": None, "attempts": attempts.list}
+
+
 def shed(args):
     return refused(args, {"x-request-priority": "P2"})
 
@@ -165,6 +325,11 @@ SCENARIOS = {
     "cache": cache,
     "shed": shed,
     "budget": budget,
+    "responses": responses,
+    "responses_stream": responses_stream,
+    "responses_raw": responses_raw,
+    "responses_chain": responses_chain,
+    "responses_shed": responses_shed,
 }
 
 
@@ -177,6 +342,12 @@ def main():
     p.add_argument("--max-retries", type=int, default=0)
     p.add_argument("--timeout", type=float, default=30.0, help="the SDK's own timeout, s")
     p.add_argument("--budget-ms", type=int, default=500, help="x-request-timeout-ms")
+    p.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="a header of the Responses calls")
+    p.add_argument("--instructions", help="the Responses call's instructions")
+    p.add_argument("--max-output-tokens", type=int)
+    p.add_argument("--previous-response-id")
+    p.add_argument("--priority", help="x-request-priority of responses_shed (default P2)")
+    p.add_argument("--calls", type=int, default=1, help="calls of responses_raw")
     args = p.parse_args()
     out = SCENARIOS[args.scenario](args)
     out["sdk_version"] = openai.__version__

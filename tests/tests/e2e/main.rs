@@ -34,6 +34,7 @@ mod provider_tls;
 mod reload;
 mod routing;
 mod sdk;
+mod sdk_dialects;
 mod shaping;
 mod shared_data;
 mod streaming;

@@ -7,54 +7,22 @@
 //! a shed call as the SDK's status error carrying the filter's `code` after
 //! retries spaced by `retry-after`, and a spent budget not retried.
 
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
 use llm_filter_e2e::{
-    chat_body, post_json, skip_without_envoy, workspace_root, Envoy, EnvoyBuilder, HttpResponse,
-    MockConfig, MockUpstream,
+    chat_body, post_json, skip_without_envoy, Envoy, EnvoyBuilder, HttpResponse, MockConfig,
+    MockUpstream,
 };
 use serde_json::{json, Value};
+
+use crate::support;
 
 const KEY: &str = "Bearer sk-e2e-sdk";
 const DEADLINE: Duration = Duration::from_secs(20);
 
-/// The venv's Python, which holds the pinned SDK (`make e2e` installs it).
-fn python() -> PathBuf {
-    std::env::var_os("LLM_FILTER_SDK_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join(".venv/bin/python"))
-}
-
-/// Runs one scenario of the SDK script against `envoy`; its JSON output.
+/// Runs one scenario of the OpenAI SDK script against `envoy`; its JSON output.
 async fn sdk(envoy: &Envoy, scenario: &str, args: &[&str]) -> Value {
-    let script = workspace_root().join("tests/sdk/openai_client.py");
-    let output = tokio::process::Command::new(python())
-        .arg(&script)
-        .arg(scenario)
-        .arg("--base-url")
-        .arg(envoy.url("/v1"))
-        .args(args)
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output()
-        .await
-        .unwrap_or_else(|e| panic!("run {}: {e}", python().display()));
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "{scenario}: the SDK script failed ({}); is the SDK installed (`make e2e`)?\n{stderr}",
-        output.status
-    );
-    let out: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{scenario}: not JSON ({e}): {}\n{stderr}",
-            String::from_utf8_lossy(&output.stdout)
-        )
-    });
-    assert!(out["sdk_version"].is_string(), "{out}");
-    out
+    support::sdk::run(support::sdk::OPENAI, scenario, &envoy.url("/v1"), args).await
 }
 
 fn start(mock: &MockUpstream, config: Value) -> Envoy {

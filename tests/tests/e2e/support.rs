@@ -1,6 +1,8 @@
-//! What the scenarios share (a cache rig, two routed backends), and the
-//! scenarios that prove the harness itself, which the others build on.
+//! What the scenarios share (a cache rig, two routed backends, the official
+//! SDKs' scripts), and the scenarios that prove the harness itself, which the
+//! others build on.
 
 pub mod cache;
 mod harness;
+pub mod sdk;
 pub mod two_backends;

@@ -1,0 +1,363 @@
+//! The official SDKs on the OpenAI Responses and Anthropic Messages APIs
+//! against the mock through plain Envoy (no filter): proof that the mock
+//! answers as the providers do, in shapes the SDKs parse, and that the
+//! scenarios of `tests/sdk/openai_client.py` (`responses*`) and
+//! `tests/sdk/anthropic_client.py` print what the filter's scenarios assert
+//! on: answers, streams event by event with their usage, raw headers, and
+//! errors as the SDKs' typed exceptions after the retries `retry-after` and
+//! `x-should-retry` ask for.
+
+use futures_util::future::join_all;
+use llm_filter_e2e::{skip_without_envoy, Envoy, EnvoyBuilder, MockConfig, MockUpstream};
+use serde_json::{json, Value};
+
+use crate::support::sdk::{run, ANTHROPIC, OPENAI};
+
+fn plain_envoy(mock: &MockUpstream) -> Envoy {
+    EnvoyBuilder::new()
+        .no_filter()
+        .upstream("mock", mock.port())
+        .start()
+        .expect("plain envoy")
+}
+
+async fn openai(envoy: &Envoy, scenario: &str, args: &[&str]) -> Value {
+    run(OPENAI, scenario, &envoy.url("/v1"), args).await
+}
+
+async fn anthropic(envoy: &Envoy, scenario: &str, args: &[&str]) -> Value {
+    run(ANTHROPIC, scenario, &envoy.url(""), args).await
+}
+
+/// The last call the mock got on `path`, as JSON.
+fn last_body(mock: &MockUpstream, path: &str) -> (llm_filter_e2e::RecordedRequest, Value) {
+    let seen = mock
+        .requests()
+        .into_iter()
+        .rev()
+        .find(|r| r.path == path)
+        .unwrap_or_else(|| panic!("the mock got no call on {path}"));
+    let body = seen.json().expect("a JSON body");
+    (seen, body)
+}
+
+/// The event types of a stream of `words` text deltas, in order.
+fn stream_events(head: &[&str], delta: &[&str], words: usize, tail: &[&str]) -> Value {
+    let mut events: Vec<&str> = head.to_vec();
+    for _ in 0..words {
+        events.extend_from_slice(delta);
+    }
+    events.extend_from_slice(tail);
+    json!(events)
+}
+
+/// Milliseconds from the first event of type `from` to the last event the
+/// SDK yielded: the pace of the stream once the SDK's parser is warm.
+fn spread_from(out: &Value, from: &str) -> u64 {
+    let events = out["events"].as_array().expect("events");
+    let at = out["at_ms"].as_array().expect("at_ms");
+    let first = events.iter().position(|e| e == from).expect("the event");
+    let ms = |v: &Value| v.as_u64().expect("ms");
+    ms(at.last().expect("an event")) - ms(&at[first])
+}
+
+/// Milliseconds between the SDK's consecutive attempts, and the
+/// `retry-after` each earlier one carried.
+fn waits(out: &Value) -> Vec<(u64, Option<u64>)> {
+    let attempts = out["attempts"].as_array().expect("attempts");
+    attempts
+        .windows(2)
+        .map(|pair| {
+            let sent = |a: &Value| a["sent_ms"].as_u64().expect("sent_ms");
+            let asked = pair[0]["retry_after"].as_str().and_then(|s| s.parse().ok());
+            (sent(&pair[1]) - sent(&pair[0]), asked)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn responses_through_the_openai_sdk() {
+    if skip_without_envoy("responses_through_the_openai_sdk") {
+        return;
+    }
+    let mock = MockUpstream::start(MockConfig {
+        chunk_delay_ms: 50,
+        ..MockConfig::named("resp")
+    });
+    let envoy = plain_envoy(&mock);
+    let prompt = ["--prompt", "one two three", "--instructions", "be brief"];
+
+    let out = openai(&envoy, "responses", &prompt).await;
+    let text = "echo: one two three [resp]";
+    assert_eq!(out["output_text"], text, "{out}");
+    assert_eq!(out["status"], "completed", "{out}");
+    assert!(out["id"].as_str().unwrap().starts_with("resp_"), "{out}");
+    // 2 + 3 words in, 5 out.
+    assert_eq!(
+        out["usage"],
+        json!({"input": 5, "output": 5, "cached": 0, "total": 10}),
+        "{out}"
+    );
+    let (seen, body) = last_body(&mock, "/v1/responses");
+    assert_eq!(seen.header("authorization"), Some("Bearer sk-e2e-sdk"));
+    assert!(seen
+        .header("user-agent")
+        .unwrap_or_default()
+        .starts_with("OpenAI/Python"));
+    assert_eq!(body["input"], "one two three");
+    assert_eq!(body["instructions"], "be brief");
+
+    let out = openai(&envoy, "responses_stream", &prompt).await;
+    let expected = stream_events(
+        &[
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+        ],
+        &["response.output_text.delta"],
+        5,
+        &[
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed",
+        ],
+    );
+    assert_eq!(out["events"], expected, "{out}");
+    let count = expected.as_array().map_or(0, Vec::len);
+    assert_eq!(
+        out["sequence_numbers"],
+        json!((0..count).collect::<Vec<_>>())
+    );
+    assert_eq!(
+        (&out["text"], &out["output_text"]),
+        (&json!(text), &json!(text))
+    );
+    assert_eq!(out["usage"]["total"], 10, "{out}");
+    // Event by event, 50 ms apart, not all at once: 8 gaps from the first
+    // delta to response.completed.
+    let spread = spread_from(&out, "response.output_text.delta");
+    assert!(spread >= 200, "events within {spread} ms: {out}");
+    assert_eq!(last_body(&mock, "/v1/responses").1["stream"], true);
+
+    let out = openai(
+        &envoy,
+        "responses_raw",
+        &["--calls", "2", "--header", "cache-control: max-age=60"],
+    )
+    .await;
+    let calls = out["calls"].as_array().expect("calls");
+    assert_eq!(calls.len(), 2, "{out}");
+    for call in calls {
+        assert_eq!(call["status"], 200, "{out}");
+        assert_eq!(call["headers"]["x-mock-instance"], "resp", "{out}");
+        assert!(call["x_cache"].is_null(), "no filter, no x-cache: {out}");
+        assert_eq!(call["output_text"], "echo: hello from the SDK [resp]");
+    }
+    assert_ne!(calls[0]["id"], calls[1]["id"], "two answers: {out}");
+    let (seen, _) = last_body(&mock, "/v1/responses");
+    assert_eq!(seen.header("cache-control"), Some("max-age=60"));
+
+    let out = openai(&envoy, "responses_chain", &[]).await;
+    let calls = out["calls"].as_array().expect("calls");
+    assert_eq!(calls[1]["previous_response_id"], calls[0]["id"], "{out}");
+    assert!(calls.iter().all(|c| c["status"] == 200), "{out}");
+    let (_, body) = last_body(&mock, "/v1/responses");
+    assert_eq!(body["previous_response_id"], calls[0]["id"]);
+}
+
+#[tokio::test]
+async fn a_failed_responses_call_is_the_openai_sdks_status_error_after_retry_after() {
+    if skip_without_envoy(
+        "a_failed_responses_call_is_the_openai_sdks_status_error_after_retry_after",
+    ) {
+        return;
+    }
+    let mock = MockUpstream::start(MockConfig::named("resp"));
+    let envoy = plain_envoy(&mock);
+    let args = [
+        "--max-retries",
+        "1",
+        "--header",
+        "x-mock-status: 503",
+        "--header",
+        "x-mock-retry-after: 1",
+    ];
+    let out = openai(&envoy, "responses_shed", &args).await;
+    assert_eq!(out["error_class"], "InternalServerError", "{out}");
+    assert_eq!(out["status"], 503, "{out}");
+    assert_eq!(out["code"], "mock_status", "{out}");
+    assert_eq!(out["type"], "server_error", "{out}");
+    let waits = waits(&out);
+    assert_eq!(waits.len(), 1, "one retry: {out}");
+    let (waited, asked) = waits[0];
+    assert_eq!(asked, Some(1), "{out}");
+    assert!((1000..2500).contains(&waited), "waited {waited} ms: {out}");
+    assert_eq!(mock.count("POST", "/v1/responses"), 2);
+    let (seen, _) = last_body(&mock, "/v1/responses");
+    assert_eq!(seen.header("x-request-priority"), Some("P2"));
+}
+
+#[tokio::test]
+async fn messages_through_the_anthropic_sdk() {
+    if skip_without_envoy("messages_through_the_anthropic_sdk") {
+        return;
+    }
+    let mock = MockUpstream::start(MockConfig {
+        chunk_delay_ms: 50,
+        ..MockConfig::named("claude")
+    });
+    let envoy = plain_envoy(&mock);
+    let prompt = [
+        "--prompt",
+        "one two three",
+        "--system",
+        "be brief",
+        "--user-id",
+        "u-42",
+    ];
+
+    let out = anthropic(&envoy, "messages", &prompt).await;
+    let text = "echo: one two three [claude]";
+    assert_eq!(out["text"], text, "{out}");
+    assert_eq!(out["stop_reason"], "end_turn", "{out}");
+    assert!(out["id"].as_str().unwrap().starts_with("msg_"), "{out}");
+    assert_eq!(
+        out["usage"],
+        json!({"input": 5, "output": 5, "cache_read": 0, "cache_creation": 0}),
+        "{out}"
+    );
+    let (seen, body) = last_body(&mock, "/v1/messages");
+    assert_eq!(seen.header("x-api-key"), Some("sk-ant-e2e-sdk"));
+    assert!(
+        seen.header("anthropic-version").is_some(),
+        "{:?}",
+        seen.headers
+    );
+    assert!(seen.header("authorization").is_none());
+    assert_eq!(body["system"], "be brief");
+    assert_eq!(body["metadata"]["user_id"], "u-42");
+    assert_eq!(body["max_tokens"], 1024);
+    assert!(body.get("temperature").is_none(), "{body}");
+
+    let out = anthropic(&envoy, "messages_stream", &prompt).await;
+    // As the SDK's helper yields them: ping dropped, a text event after
+    // each text delta.
+    let expected = stream_events(
+        &["message_start", "content_block_start"],
+        &["content_block_delta", "text"],
+        5,
+        &["content_block_stop", "message_delta", "message_stop"],
+    );
+    assert_eq!(out["events"], expected, "{out}");
+    assert_eq!(
+        (&out["text"], &out["final_text"]),
+        (&json!(text), &json!(text))
+    );
+    assert_eq!(out["usage"]["input"], 5, "from message_start: {out}");
+    assert_eq!(out["usage"]["output"], 5, "from message_delta: {out}");
+    // 50 ms apart: 7 gaps from the first delta to message_stop.
+    let spread = spread_from(&out, "content_block_delta");
+    assert!(spread >= 200, "events within {spread} ms: {out}");
+    let sent = mock.sent_streams();
+    let wire = String::from_utf8_lossy(sent.last().expect("a stream"));
+    assert!(wire.contains("event: ping\n"), "the wire had the ping");
+
+    // Raw, with the key where the SDK itself puts it (--auth bearer).
+    let raw = ["--calls", "2", "--auth", "bearer"];
+    let out = anthropic(&envoy, "messages_raw", &raw).await;
+    let calls = out["calls"].as_array().expect("calls");
+    assert_eq!(calls.len(), 2, "{out}");
+    for call in calls {
+        assert_eq!(call["status"], 200, "{out}");
+        assert_eq!(call["headers"]["x-mock-instance"], "claude", "{out}");
+        assert!(call["request_id"].as_str().unwrap().starts_with("req_"));
+        assert_eq!(call["text"], "echo: hello from the SDK [claude]");
+    }
+    let (seen, _) = last_body(&mock, "/v1/messages");
+    assert_eq!(seen.header("authorization"), Some("Bearer sk-ant-e2e-sdk"));
+    assert!(seen.header("x-api-key").is_none());
+}
+
+#[tokio::test]
+async fn anthropic_errors_are_the_sdks_typed_exceptions() {
+    if skip_without_envoy("anthropic_errors_are_the_sdks_typed_exceptions") {
+        return;
+    }
+    let mock = MockUpstream::start(MockConfig::named("claude"));
+    let envoy = plain_envoy(&mock);
+    // Scripted answers, the retries allowed, and what the SDK must make of
+    // them: its exception, the status and error type, its attempts.
+    struct Case {
+        args: &'static [&'static str],
+        retries: &'static str,
+        class: &'static str,
+        status: Value,
+        kind: Value,
+        attempts: usize,
+    }
+    let cases = [
+        Case {
+            args: &[
+                "--header",
+                "x-mock-status: 529",
+                "--header",
+                "x-mock-retry-after: 1",
+            ],
+            retries: "1",
+            class: "OverloadedError",
+            status: json!(529),
+            kind: json!("overloaded_error"),
+            attempts: 2,
+        },
+        Case {
+            args: &[
+                "--header",
+                "x-mock-status: 429",
+                "--header",
+                "x-mock-should-retry: false",
+            ],
+            retries: "2",
+            class: "RateLimitError",
+            status: json!(429),
+            kind: json!("rate_limit_error"),
+            attempts: 1,
+        },
+        Case {
+            args: &["--header", "x-mock-delay-ms: 3000", "--timeout", "0.5"],
+            retries: "0",
+            class: "APITimeoutError",
+            status: Value::Null,
+            kind: Value::Null,
+            attempts: 1,
+        },
+    ];
+    let runs = cases.iter().map(|case| {
+        let mut args = case.args.to_vec();
+        args.extend(["--max-retries", case.retries]);
+        let envoy = &envoy;
+        async move { anthropic(envoy, "messages_error", &args).await }
+    });
+    let outs = join_all(runs).await;
+    for (case, out) in cases.iter().zip(&outs) {
+        assert_eq!(out["error_class"], case.class, "{out}");
+        assert_eq!(out["status"], case.status, "{out}");
+        assert_eq!(out["type"], case.kind, "{out}");
+        let attempts = out["attempts"].as_array().map(Vec::len);
+        assert_eq!(attempts, Some(case.attempts), "{out}");
+    }
+    let overloaded = &outs[0];
+    let (waited, asked) = waits(overloaded)[0];
+    assert_eq!(asked, Some(1), "{overloaded}");
+    assert!(
+        (1000..2500).contains(&waited),
+        "waited {waited} ms: {overloaded}"
+    );
+    assert_eq!(
+        outs[1]["attempts"][0]["should_retry"], "false",
+        "{}",
+        outs[1]
+    );
+    assert!(outs[0]["request_id"].as_str().unwrap().starts_with("req_"));
+}
