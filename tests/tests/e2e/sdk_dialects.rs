@@ -361,3 +361,146 @@ async fn anthropic_errors_are_the_sdks_typed_exceptions() {
     );
     assert!(outs[0]["request_id"].as_str().unwrap().starts_with("req_"));
 }
+
+// Through the filter: the same SDKs and scenarios, Envoy with llm-filter in
+// front of the mock.
+
+const ADMIN_TOKEN: &str = "e2e-admin-token-0123456789";
+
+fn filtered_envoy(mock: &MockUpstream, config: Value) -> Envoy {
+    EnvoyBuilder::new()
+        .plugin_config(config)
+        .upstream("mock", mock.port())
+        .start()
+        .expect("envoy with the filter")
+}
+
+#[tokio::test]
+async fn both_sdks_call_their_apis_through_the_filter() {
+    if skip_without_envoy("both_sdks_call_their_apis_through_the_filter") {
+        return;
+    }
+    let mock = MockUpstream::start(MockConfig::named("sdkf"));
+    let envoy = filtered_envoy(&mock, json!({}));
+    let echo = "echo: hello from the SDK [sdkf]";
+
+    let (r, s, m, ms) = tokio::join!(
+        openai(&envoy, "responses", &[]),
+        openai(&envoy, "responses_stream", &[]),
+        anthropic(&envoy, "messages", &[]),
+        anthropic(&envoy, "messages_stream", &[]),
+    );
+    assert_eq!(r["output_text"], echo, "{r}");
+    assert!(r["usage"]["input"].as_u64() > Some(0), "{r}");
+    assert_eq!(s["output_text"], echo, "{s}");
+    let events = s["events"].as_array().expect("events");
+    assert_eq!(events.first(), Some(&json!("response.created")), "{s}");
+    assert_eq!(events.last(), Some(&json!("response.completed")), "{s}");
+    assert!(s["usage"]["output"].as_u64() > Some(0), "{s}");
+    assert_eq!(m["text"], echo, "{m}");
+    assert_eq!(m["stop_reason"], "end_turn", "{m}");
+    assert_eq!(ms["final_text"], echo, "{ms}");
+    let events = ms["events"].as_array().expect("events");
+    assert_eq!(events.first(), Some(&json!("message_start")), "{ms}");
+    assert_eq!(events.last(), Some(&json!("message_stop")), "{ms}");
+
+    // Each call went upstream tagged, the key as the SDK sent it.
+    for path in ["/v1/responses", "/v1/messages"] {
+        let (seen, _) = last_body(&mock, path);
+        assert!(seen.header("traceparent").is_some(), "{path}");
+        assert!(
+            seen.header("baggage")
+                .unwrap_or_default()
+                .contains("priority=P1"),
+            "{path}"
+        );
+    }
+    let (seen, _) = last_body(&mock, "/v1/messages");
+    assert_eq!(seen.header("x-api-key"), Some("sk-ant-e2e-sdk"));
+    // Both streams and both answers counted under their models.
+    for (model, calls) in [("gpt-4o-mini", 2.0), ("claude-sonnet-4-5", 2.0)] {
+        let n = envoy.wait_for_metric(
+            "llm_filter_requests_total",
+            &[("model", model), ("outcome", "success")],
+            calls,
+            std::time::Duration::from_secs(20),
+        );
+        assert_eq!(n, calls, "{model}");
+        let out = envoy.metric(
+            "gen_ai_client_token_usage_total",
+            &[("model", model), ("token_type", "output")],
+        );
+        assert!(out > 0.0, "{model}");
+    }
+}
+
+/// The waits between an SDK's attempts, each against the `retry-after` the
+/// attempt before asked for.
+fn assert_waited_as_asked(out: &Value) {
+    let attempts = out["attempts"].as_array().expect("attempts");
+    assert_eq!(attempts.len(), 2, "{out}");
+    let asked_s: u64 = attempts[0]["retry_after"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no retry-after: {out}"));
+    let waited =
+        attempts[1]["sent_ms"].as_u64().unwrap_or(0) - attempts[0]["sent_ms"].as_u64().unwrap_or(0);
+    assert!(
+        waited >= asked_s * 1000 && waited < asked_s * 1000 + 2000,
+        "asked {asked_s} s, waited {waited} ms: {out}"
+    );
+}
+
+#[tokio::test]
+async fn a_shed_call_is_each_sdks_typed_error_after_retry_after() {
+    if skip_without_envoy("a_shed_call_is_each_sdks_typed_error_after_retry_after") {
+        return;
+    }
+    let mock = MockUpstream::start(MockConfig::named("sdks"));
+    let envoy = filtered_envoy(
+        &mock,
+        json!({"admin": {"token": ADMIN_TOKEN},
+               "degrade": {"alerts": [{"severity": "page", "level": 2}]}}),
+    );
+    let labels = json!({"alertname": "LLMSlow", "severity": "page"});
+    let hook = json!({
+        "version": "4", "status": "firing", "receiver": "llm-filter",
+        "groupLabels": {}, "commonLabels": labels, "commonAnnotations": {},
+        "externalURL": "http://am", "groupKey": "{}:{}", "truncatedAlerts": 0,
+        "alerts": [{"status": "firing", "labels": labels, "annotations": {},
+                    "startsAt": "2026-01-01T00:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
+                    "generatorURL": "", "fingerprint": "e2e0000000000003"}]
+    });
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    let r = llm_filter_e2e::post_raw(
+        &envoy.url("/llm-filter/alerts"),
+        &hook.to_string(),
+        &[("authorization", bearer.as_str())],
+    )
+    .await
+    .expect("alert");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let before = mock.request_count();
+
+    let (o, a) = tokio::join!(
+        openai(&envoy, "responses_shed", &["--max-retries", "1"]),
+        anthropic(
+            &envoy,
+            "messages_error",
+            &["--max-retries", "1", "--header", "x-request-priority:P2"],
+        ),
+    );
+    assert_eq!(o["error_class"], "InternalServerError", "{o}");
+    assert_eq!(o["status"], 503, "{o}");
+    assert_eq!(o["code"], "llm_filter_degraded_shed", "{o}");
+    assert_waited_as_asked(&o);
+    assert_eq!(a["error_class"], "OverloadedError", "{a}");
+    assert_eq!(a["status"], 529, "{a}");
+    assert_eq!(a["type"], "overloaded_error", "{a}");
+    assert_waited_as_asked(&a);
+    assert_eq!(
+        mock.request_count(),
+        before,
+        "shed calls never reach the backend"
+    );
+}
