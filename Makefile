@@ -9,12 +9,13 @@ SHELL := /bin/bash
 WASM_TARGET := wasm32-wasip1
 # The module as cargo builds it, and as shipped: that one through Binaryen's
 # light pass (`wasm-opt -O1`: 10 % smaller, as fast), with the features
-# rustc's wasm32 target emits. It must stay within 1 MiB. (`-O2` and up
+# rustc's wasm32 target emits. It must stay within 1.1 MB: 1 MiB until the
+# module learnt the Responses and Messages dialects (1.06 MB). (`-O2` and up
 # shrink it no further and make V8 hold 16 MiB more per Envoy once compiled;
 # `opt-level = "s"` makes it 0.9 MB and the filter's own time 12 % longer.)
 RAW_WASM    := target/$(WASM_TARGET)/release/llm_filter.wasm
 WASM        := target/llm_filter.wasm
-WASM_MAX_BYTES := 1048576
+WASM_MAX_BYTES := 1100000
 WASM_OPT_FLAGS := -O1 --enable-bulk-memory --enable-sign-ext --enable-mutable-globals \
 	--enable-nontrapping-float-to-int --enable-multivalue --enable-reference-types
 NOOP_WASM   := target/$(WASM_TARGET)/release/llm_filter_noop.wasm

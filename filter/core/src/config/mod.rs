@@ -6,6 +6,8 @@ pub mod check;
 pub mod error;
 pub mod per_priority;
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 
 use crate::ab::{self, AbConfig, RawAbConfig};
@@ -32,9 +34,11 @@ const DEFAULT_TRUST_CLIENT: bool = true;
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawConfig {
-    /// Paths of LLM calls (POST): each a path, whose ending names its
-    /// dialect, or `{"path": …, "api": …}` naming it.
-    pub llm_paths: Option<Vec<serde_json::Value>>,
+    /// Paths of LLM calls (POST), each of the dialect its ending names.
+    pub llm_paths: Option<Vec<String>>,
+    /// The dialect of paths whose ending does not name it; each is an LLM
+    /// path too.
+    pub llm_apis: Option<BTreeMap<String, String>>,
     /// Priority section.
     pub priority: RawPriority,
     /// Tracing section.
@@ -178,10 +182,7 @@ impl TryFrom<RawConfig> for Config {
     /// Compiles a parsed document, checking every invariant; each section
     /// names its fields relative to itself and is prefixed here.
     fn try_from(raw: RawConfig) -> Result<Self, ConfigError> {
-        let llm_paths = match raw.llm_paths {
-            None => default_paths(),
-            Some(paths) => compile_paths(paths)?,
-        };
+        let llm_paths = compile_paths(raw.llm_paths, raw.llm_apis)?;
         let max_body_bytes =
             check::field("max_body_bytes", raw.max_body_bytes, DEFAULT_MAX_BODY_BYTES)
                 .in_range(1..=MAX_MAX_BODY_BYTES)?;
@@ -229,68 +230,45 @@ fn default_paths() -> Vec<LlmPath> {
     DEFAULT_PATHS.iter().map(|p| LlmPath::new(p)).collect()
 }
 
-fn compile_paths(paths: Vec<serde_json::Value>) -> Result<Vec<LlmPath>, ConfigError> {
-    use serde_json::Value;
-    let mut out = Vec::with_capacity(paths.len());
-    for (i, raw) in paths.into_iter().enumerate() {
-        let field = |f: &str| match f {
-            "" => format!("llm_paths[{i}]"),
-            f => format!("llm_paths[{i}].{f}"),
-        };
-        let (path, api, at) = match &raw {
-            Value::String(p) => (p.as_str(), None, ""),
-            Value::Object(entry) => {
-                if let Some(unknown) = entry.keys().find(|k| !matches!(k.as_str(), "path" | "api"))
-                {
-                    return Err(ConfigError::new(
-                        field(unknown),
-                        format!("unknown field `{unknown}`, expected `path` or `api`"),
-                    ));
-                }
-                let Some(Value::String(p)) = entry.get("path") else {
-                    return Err(ConfigError::new(
-                        field("path"),
-                        "a path (a string) is required",
-                    ));
-                };
-                let api = match entry.get("api") {
-                    None | Some(Value::Null) => None,
-                    Some(Value::String(a)) => Some(a.as_str()),
-                    Some(other) => {
-                        return Err(ConfigError::new(
-                            field("api"),
-                            format!("{other} is not a string"),
-                        ))
-                    }
-                };
-                (p.as_str(), api, "path")
-            }
-            other => {
-                return Err(ConfigError::new(
-                    field(""),
-                    format!("{other} is neither a path nor an object with a `path`"),
-                ))
-            }
-        };
-        if !check::is_path_without_query(path) {
-            return Err(ConfigError::new(
-                field(at),
-                format!("{path:?} is not an absolute path without query"),
-            ));
+fn compile_paths(
+    paths: Option<Vec<String>>,
+    apis: Option<BTreeMap<String, String>>,
+) -> Result<Vec<LlmPath>, ConfigError> {
+    let path_ok = |field: String, p: &str| {
+        if check::is_path_without_query(p) {
+            Ok(())
+        } else {
+            Err(ConfigError::new(
+                field,
+                format!("{p:?} is not an absolute path without query"),
+            ))
         }
-        let mut entry = LlmPath::new(path);
-        if let Some(name) = api {
-            entry.api = Endpoint::named(name).ok_or_else(|| {
-                ConfigError::new(
-                    field("api"),
-                    format!(
-                        "{name:?} is not one of `chat`, `completions`, `embeddings`, \
-                         `responses`, `messages`, `other`"
-                    ),
-                )
-            })?;
+    };
+    let mut out = match paths {
+        None => default_paths(),
+        Some(paths) => {
+            for (i, p) in paths.iter().enumerate() {
+                path_ok(format!("llm_paths[{i}]"), p)?;
+            }
+            paths.iter().map(|p| LlmPath::new(p)).collect()
         }
-        out.push(entry);
+    };
+    for (path, name) in apis.unwrap_or_default() {
+        let field = format!("llm_apis.{path}");
+        path_ok(field.clone(), &path)?;
+        let api = Endpoint::named(&name).ok_or_else(|| {
+            ConfigError::new(
+                field,
+                format!(
+                    "{name:?} is not one of `chat`, `completions`, `embeddings`, \
+                     `responses`, `messages`, `other`"
+                ),
+            )
+        })?;
+        match out.iter_mut().find(|p| p.pattern == path) {
+            Some(p) => p.api = api,
+            None => out.push(LlmPath { pattern: path, api }),
+        }
     }
     Ok(out)
 }
@@ -324,14 +302,27 @@ mod tests {
         .unwrap();
         assert_eq!(c.llm_paths, [LlmPath::new("/chat")]);
         let mapped = Config::parse(
-            br#"{"llm_paths":["/v1/messages",{"path":"/gw/*/chat","api":"responses"},{"path":"/openai/deployments/*/chat/completions"}]}"#,
+            br#"{"llm_paths":["/v1/messages","/gw/*/chat","/openai/deployments/*/chat/completions"],
+                 "llm_apis":{"/gw/*/chat":"responses","/claude/*":"messages"}}"#,
         )
         .unwrap();
-        let apis: Vec<Endpoint> = mapped.llm_paths.iter().map(|p| p.api).collect();
+        let apis: Vec<(&str, Endpoint)> = mapped
+            .llm_paths
+            .iter()
+            .map(|p| (p.pattern.as_str(), p.api))
+            .collect();
         assert_eq!(
             apis,
-            [Endpoint::Messages, Endpoint::Responses, Endpoint::Chat]
+            [
+                ("/v1/messages", Endpoint::Messages),
+                ("/gw/*/chat", Endpoint::Responses),
+                ("/openai/deployments/*/chat/completions", Endpoint::Chat),
+                ("/claude/*", Endpoint::Messages),
+            ]
         );
+        // Alone, it adds to the default paths.
+        let added = Config::parse(br#"{"llm_apis":{"/claude/*":"messages"}}"#).unwrap();
+        assert_eq!(added.llm_paths.len(), DEFAULT_PATHS.len() + 1);
         assert_eq!(c.priority.default, Priority::P2);
         assert!(!c.priority.trust_client);
         assert_eq!(c.tracing, TracingMode::Off);
@@ -367,15 +358,11 @@ mod tests {
             (r#"{"llm_paths":["v1/chat"]}"#, "llm_paths[0]", "v1/chat"),
             (r#"{"llm_paths":"x"}"#, "llm_paths", "x"),
             (
-                r#"{"llm_paths":[{"path":"/x","api":"anthropic"}]}"#,
-                "llm_paths[0].api",
+                r#"{"llm_apis":{"/x":"anthropic"}}"#,
+                "llm_apis./x",
                 "anthropic",
             ),
-            (
-                r#"{"llm_paths":[{"path":"x","api":"chat"}]}"#,
-                "llm_paths[0].path",
-                "\"x\"",
-            ),
+            (r#"{"llm_apis":{"x":"chat"}}"#, "llm_apis.x", "\"x\""),
             (r#"{"cache":{"ttl_s":0}}"#, "cache.ttl_s", "0"),
             (r#"{"cache":{"ttl":60}}"#, "cache.ttl", "unknown field"),
             (r#"{"cache":{"enabled":"yes"}}"#, "cache.enabled", "yes"),
