@@ -17,7 +17,9 @@ use crate::usage::Usage;
 pub struct Messages {
     /// The usage reported so far, events added up.
     pub usage: Option<Usage>,
-    /// A `message_delta` gave the stop reason: the answer is whole.
+    /// A `message_delta` gave the stop reason.
+    pub stop_reason: bool,
+    /// `message_stop` came after the stop reason: the answer is whole.
     pub finished: bool,
     /// `message_stop` or `error` arrived.
     pub done: bool,
@@ -97,10 +99,15 @@ impl Messages {
         let reported = match head.kind.as_deref() {
             Some("message_start") => head.message.and_then(|m| m.usage),
             Some("message_delta") => {
-                self.finished |= head.delta.is_some_and(|d| d.stop_reason.is_some());
+                self.stop_reason |= head.delta.is_some_and(|d| d.stop_reason.is_some());
                 head.usage
             }
-            Some("message_stop" | "error") => {
+            Some("message_stop") => {
+                self.finished = self.stop_reason && !self.done;
+                self.done = true;
+                None
+            }
+            Some("error") => {
                 self.done = true;
                 None
             }

@@ -135,7 +135,7 @@ impl Dialect {
     }
 
     /// The stream finished its answer: a choice or the response completed,
-    /// or the message gave its stop reason.
+    /// or the message gave its stop reason and then stopped.
     pub fn finished(&self) -> bool {
         match self {
             Self::Chat(g) => g.finished,

@@ -426,6 +426,20 @@ fn a_messages_stream_adds_its_usage_up_over_its_events() {
         3,
     );
     assert!(s.grammar().ended() && !s.grammar().finished());
+    // Whole only when `message_stop` follows the stop reason: an error in
+    // between, or a stop without a reason, leaves it unfinished.
+    let stop = "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+    let (head, _) = MESSAGES.split_at(MESSAGES.find(stop).unwrap());
+    let error = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\"}}\n\n";
+    let without_reason = MESSAGES.replace("\"end_turn\"", "null");
+    for cut in [
+        head.to_string(),
+        format!("{head}{error}{stop}"),
+        without_reason,
+    ] {
+        let s = dialect(Endpoint::Messages, &cut, 9);
+        assert!(!s.grammar().finished(), "{cut}");
+    }
 }
 
 #[test]
