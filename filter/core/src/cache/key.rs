@@ -7,6 +7,7 @@ use sha2::{Digest, Sha256};
 
 use super::answer::EntryKind;
 use super::config::{CacheConfig, Scope};
+use super::entry::Entry;
 use crate::classify::Endpoint;
 use crate::json::Json;
 
@@ -57,7 +58,9 @@ pub enum BypassReason {
     /// Some object in the body names a key twice: the upstream may read
     /// another value than the one the filter reads, so no entry may answer it.
     DuplicateKey,
-    /// `temperature` above `cache.max_temperature` (or absent, meaning 1.0).
+    /// `temperature` above `cache.max_temperature` (or absent, meaning 1.0),
+    /// and neither opt-in (`cache-control: max-age`, a model of
+    /// `cache.deterministic_models`).
     Temperature,
     /// The prompt contains one of `cache.dynamic_markers`.
     DynamicMarker,
@@ -106,6 +109,17 @@ pub struct Cacheable {
     pub read: bool,
     /// The fresh answer may be stored.
     pub store: bool,
+    /// Oldest entry the caller accepts (`cache-control: max-age`), ms.
+    pub max_age_ms: Option<u64>,
+}
+
+impl Cacheable {
+    /// True when `entry` may answer the call at `now_ms`: an entry older
+    /// than the caller's `max-age` is a miss for it.
+    pub fn accepts(&self, entry: &Entry, now_ms: u64) -> bool {
+        self.max_age_ms
+            .is_none_or(|max| now_ms.saturating_sub(entry.stored_at_ms()) <= max)
+    }
 }
 
 /// Decides whether a call is cacheable and computes its key.
@@ -131,7 +145,7 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
         None => return Decision::Bypass(BypassReason::InvalidBody),
     };
     if matches!(req.endpoint, Endpoint::Chat | Endpoint::Completions) {
-        if !temperature_ok(body, cfg.max_temperature) {
+        if !deterministic(cfg, body, &control) {
             return Decision::Bypass(BypassReason::Temperature);
         }
         if has_marker(body, &cfg.dynamic_markers) {
@@ -145,6 +159,7 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
         include_usage,
         read: !control.no_cache,
         store: true,
+        max_age_ms: control.max_age_s.map(|s| s.saturating_mul(1000)),
     })
 }
 
@@ -179,22 +194,46 @@ pub struct CacheControl {
     pub no_store: bool,
     /// `no-cache`: do not answer from the cache, but store the fresh answer.
     pub no_cache: bool,
+    /// `max-age=<s>`: the caller accepts a stored answer no older than `s`
+    /// seconds, which makes the call cacheable whatever its sampling.
+    pub max_age_s: Option<u64>,
 }
 
 impl CacheControl {
-    /// Reads comma-separated directives, case-insensitive, arguments ignored.
+    /// Reads comma-separated directives, case-insensitive; arguments are
+    /// ignored but `max-age`'s (the smallest when repeated; one that is not
+    /// a number of seconds is no directive).
     pub fn parse(header: &str) -> Self {
         let mut out = Self::default();
         for directive in header.split(',') {
-            let name = directive.split('=').next().unwrap_or("").trim();
+            let (name, argument) = directive.split_once('=').unwrap_or((directive, ""));
+            let name = name.trim();
             if name.eq_ignore_ascii_case("no-store") {
                 out.no_store = true;
             } else if name.eq_ignore_ascii_case("no-cache") {
                 out.no_cache = true;
+            } else if name.eq_ignore_ascii_case("max-age") {
+                if let Some(s) = delta_seconds(argument) {
+                    out.max_age_s = Some(out.max_age_s.map_or(s, |m| m.min(s)));
+                }
             }
         }
         out
     }
+}
+
+/// HTTP's delta-seconds, quoted or not; a number past `u64` is as good as
+/// forever.
+fn delta_seconds(argument: &str) -> Option<u64> {
+    let a = argument.trim();
+    let a = a
+        .strip_prefix('"')
+        .and_then(|q| q.strip_suffix('"'))
+        .unwrap_or(a);
+    if a.is_empty() || !a.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(a.parse().unwrap_or(u64::MAX))
 }
 
 /// `(stream, include_usage)`, or `None` when those fields are malformed: a
@@ -215,6 +254,17 @@ fn delivery(body: &Json) -> Option<(bool, bool)> {
         Some(_) => return None,
     };
     Some((stream, include_usage))
+}
+
+/// True when the call's answer may be reused: the caller accepts a stored
+/// answer (`max-age`), the operator declared the model deterministic, or its
+/// sampling is (see [`temperature_ok`]).
+fn deterministic(cfg: &CacheConfig, body: &Json, control: &CacheControl) -> bool {
+    let declared = || match body.get("model") {
+        Some(Json::String(m)) => cfg.deterministic_models.contains(m),
+        _ => false,
+    };
+    control.max_age_s.is_some() || declared() || temperature_ok(body, cfg.max_temperature)
 }
 
 /// True when the call's sampling is deterministic enough to cache. An absent
@@ -430,6 +480,7 @@ mod tests {
                     include_usage: false,
                     read: true,
                     store: true,
+                    max_age_ms: None,
                 }),
                 Decision::Cacheable(Cacheable {
                     key: b,
@@ -437,6 +488,7 @@ mod tests {
                     include_usage: true,
                     read: true,
                     store: true,
+                    max_age_ms: None,
                 }),
             ) => assert_eq!(a, b),
             other => panic!("{other:?}"),
@@ -569,6 +621,86 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn max_age_is_read_in_seconds() {
+        for (header, want) in [
+            ("max-age=60", Some(60)),
+            ("Max-Age = 60 ", Some(60)),
+            ("max-age=\"5\"", Some(5)),
+            ("no-cache, max-age=0", Some(0)),
+            ("max-age=30, max-age=10", Some(10)),
+            ("max-age=99999999999999999999999", Some(u64::MAX)),
+            ("max-age", None),
+            ("max-age=", None),
+            ("max-age=-1", None),
+            ("max-age=1.5", None),
+            ("max-stale=60", None),
+            ("", None),
+        ] {
+            assert_eq!(CacheControl::parse(header).max_age_s, want, "{header}");
+        }
+    }
+
+    #[test]
+    fn either_opt_in_makes_any_sampling_cacheable() {
+        let warm = r#"{"model":"gpt-4o","temperature":1.2,"messages":[]}"#;
+        assert_eq!(chat(warm), Decision::Bypass(BypassReason::Temperature));
+        let opted = decide_with(&cfg(), Endpoint::Chat, warm, Some("max-age=60"), None);
+        let Decision::Cacheable(c) = opted else {
+            panic!("{opted:?}");
+        };
+        assert_eq!(c.max_age_ms, Some(60_000));
+        let declared = CacheConfig {
+            deterministic_models: vec!["gpt-4o".into()],
+            ..cfg()
+        };
+        let d = |body: &str| decide_with(&declared, Endpoint::Chat, body, None, None);
+        let Decision::Cacheable(by_model) = d(warm) else {
+            panic!("cacheable by its model");
+        };
+        assert_eq!(by_model.max_age_ms, None);
+        assert_eq!(
+            by_model.key, c.key,
+            "how it became cacheable is no part of the key"
+        );
+        assert_eq!(
+            d(&warm.replace("gpt-4o", "gpt-4o-mini")),
+            Decision::Bypass(BypassReason::Temperature)
+        );
+        // Markers still say the answer depends on more than the request.
+        let marked = CacheConfig {
+            dynamic_markers: vec!["{{now}}".into()],
+            ..declared
+        };
+        let body = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"{{now}}"}]}"#;
+        assert_eq!(
+            decide_with(&marked, Endpoint::Chat, body, Some("max-age=5"), None),
+            Decision::Bypass(BypassReason::DynamicMarker)
+        );
+    }
+
+    #[test]
+    fn max_age_caps_the_age_of_an_entry_served() {
+        let Decision::Cacheable(c) =
+            decide_with(&cfg(), Endpoint::Chat, BASE, Some("max-age=10"), None)
+        else {
+            panic!("cacheable");
+        };
+        let answer = r#"{"choices":[{"message":{},"finish_reason":"stop"}]}"#;
+        let stamp = crate::cache::Stamp {
+            stored_at_ms: 1_000,
+            expires_at_ms: 1_000_000,
+        };
+        let entry = Entry::from_json(Endpoint::Chat, 200, answer.as_bytes(), stamp, 4096).unwrap();
+        assert!(c.accepts(&entry, 11_000));
+        assert!(!c.accepts(&entry, 11_001));
+        let any = Cacheable {
+            max_age_ms: None,
+            ..c
+        };
+        assert!(any.accepts(&entry, u64::MAX));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::cache::{
     self as policy, coalesce, key_hex, BypassReason, CacheRequest, CacheStatus, Cacheable, Claim,
-    Decision, Entry, Lookup, Mode, Poll, Store, StreamAssembler, AGE_HEADER, X_CACHE,
+    Decision, Entry, Lookup, Mode, Poll, Reply, Store, StreamAssembler, AGE_HEADER, X_CACHE,
 };
 use crate::host::Metrics;
 use crate::json::Json;
@@ -254,8 +254,9 @@ impl Call {
     }
 
     /// Answers the call locally from `entry`, as JSON or as an SSE stream per
-    /// the request. False when it cannot (the entry does not replay, the host
-    /// refused): the call then goes on as a miss.
+    /// the request. False when it cannot (the entry is older than the
+    /// caller's `max-age`, does not replay, the host refused): the call then
+    /// goes on as a miss.
     /// `extra` is one more header to send (the similarity of a semantic hit).
     pub(super) fn reply_from_entry(
         &mut self,
@@ -269,8 +270,7 @@ impl Call {
         let Some(c) = self.cache.cacheable else {
             return false;
         };
-        let Ok(reply) = entry.reply(c.stream, c.include_usage) else {
-            internal_error(env.metrics, "cache_replay");
+        let Some(reply) = entry_reply(env, &c, entry) else {
             return false;
         };
         let age = age_s.to_string();
@@ -360,8 +360,7 @@ impl Call {
             Lookup::Hit { entry, age_s } | Lookup::Stale { entry, age_s } => (entry, age_s),
             Lookup::Miss => return false,
         };
-        let Ok(reply) = entry.reply(c.stream, c.include_usage) else {
-            internal_error(env.metrics, "cache_replay");
+        let Some(reply) = entry_reply(env, &c, &entry) else {
             return false;
         };
         set_response(env, host, ":status", Some("200"));
@@ -481,6 +480,19 @@ pub(super) fn take_shard_header(env: &mut Env<'_>, host: &mut dyn Host) -> Optio
     let sent = host.request_header(header)?;
     set_request(env, host, header, None);
     config.cache.keeps_entries().then_some(sent)
+}
+
+/// What `entry` answers call `c` with; `None` when the caller's `max-age`
+/// refuses an entry that old, or the entry does not replay (counted).
+fn entry_reply(env: &mut Env<'_>, c: &Cacheable, entry: &Entry) -> Option<Reply> {
+    if !c.accepts(entry, env.now_ms) {
+        return None;
+    }
+    let reply = entry.reply(c.stream, c.include_usage);
+    if reply.is_err() {
+        internal_error(env.metrics, "cache_replay");
+    }
+    reply.ok()
 }
 
 /// True when a response says a body follows (`content-length` above 0, or
