@@ -5,6 +5,7 @@
 use serde::Deserialize;
 
 use super::semantic::config::{RawSemanticConfig, SemanticConfig};
+use crate::classify::Endpoint;
 use crate::config::check;
 use crate::config::error::ConfigError;
 
@@ -253,6 +254,17 @@ impl CacheConfig {
         })
     }
 
+    /// The headers whose values tell the tenant of a call of `endpoint`:
+    /// `tenant_headers`, then the dialect's own credential header (Anthropic's
+    /// `x-api-key`) unless listed, so two credentials of that dialect are
+    /// two tenants whatever `tenant_headers` says.
+    pub fn tenant_headers_of(&self, endpoint: Endpoint) -> impl Iterator<Item = &str> {
+        let own = endpoint
+            .credential_header()
+            .filter(|h| !self.tenant_headers.iter().any(|t| t == h));
+        self.tenant_headers.iter().map(String::as_str).chain(own)
+    }
+
     /// This proxy looks up and stores answers: on, in `local` mode.
     pub fn keeps_entries(&self) -> bool {
         self.enabled && self.mode == Mode::Local
@@ -355,7 +367,7 @@ fn compile_shard_header(name: Option<String>, tenant: &[String]) -> Result<Strin
         ));
     }
     let name = name.to_ascii_lowercase();
-    if tenant.contains(&name) {
+    if tenant.contains(&name) || Endpoint::is_credential_header(&name) {
         return Err(ConfigError::new(
             "shard_header",
             format!("{name:?} is a tenant header; the filter removes the shard header"),
@@ -520,6 +532,11 @@ mod tests {
                 "tenant header",
             ),
             (
+                r#"{"shard_header":"X-Api-Key"}"#,
+                "cache.shard_header",
+                "tenant header",
+            ),
+            (
                 r#"{"mode":"shard","semantic":{"embeddings":{"cluster":"e","model":"m"}}}"#,
                 "cache.semantic",
                 "shard",
@@ -534,6 +551,21 @@ mod tests {
     #[test]
     fn unknown_fields_are_refused() {
         assert!(serde_json::from_str::<RawCacheConfig>(r#"{"ttl":1}"#).is_err());
+    }
+
+    #[test]
+    fn a_dialects_own_credential_joins_the_tenant_headers() {
+        let c = CacheConfig::default();
+        fn of(c: &CacheConfig, e: Endpoint) -> Vec<&str> {
+            c.tenant_headers_of(e).collect()
+        }
+        assert_eq!(of(&c, Endpoint::Chat), ["authorization", "api-key"]);
+        assert_eq!(
+            of(&c, Endpoint::Messages),
+            ["authorization", "api-key", "x-api-key"]
+        );
+        let listed = parse(r#"{"tenant_headers":["x-api-key","x-tenant"]}"#).unwrap();
+        assert_eq!(of(&listed, Endpoint::Messages), ["x-api-key", "x-tenant"]);
     }
 
     #[test]

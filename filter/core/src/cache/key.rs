@@ -39,8 +39,8 @@ pub struct CacheRequest<'a> {
     pub body: Option<&'a Json>,
     /// The client's `cache-control` header, if any.
     pub cache_control: Option<&'a str>,
-    /// The value of each of [`CacheConfig::tenant_headers`], in that order,
-    /// `None` where the header is absent.
+    /// The value of each of [`CacheConfig::tenant_headers_of`] the
+    /// endpoint, in that order, `None` where the header is absent.
     pub credentials: &'a [Option<&'a str>],
 }
 
@@ -176,7 +176,7 @@ pub(crate) fn digest(
     body.write_without(&IGNORED_FIELDS, &mut canonical);
     let tenant = match cfg.scope {
         Scope::Global => Vec::new(),
-        Scope::Tenant => tenant_hash(&cfg.tenant_headers, req.credentials).to_vec(),
+        Scope::Tenant => tenant_hash(cfg.tenant_headers_of(req.endpoint), req.credentials).to_vec(),
     };
     let mut h = Sha256::new();
     for part in [version, req.path.as_bytes(), &tenant, &canonical] {
@@ -299,10 +299,10 @@ fn has_marker(body: &Json, markers: &[String]) -> bool {
 
 /// A digest of the credential header values, so the key separates tenants
 /// without carrying a credential.
-fn tenant_hash(names: &[String], values: &[Option<&str>]) -> [u8; 32] {
+fn tenant_hash<'a>(names: impl Iterator<Item = &'a str>, values: &[Option<&str>]) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(b"tenant");
-    for (i, name) in names.iter().enumerate() {
+    for (i, name) in names.enumerate() {
         h.update((name.len() as u64).to_le_bytes());
         h.update(name.as_bytes());
         match values.get(i).copied().flatten() {
@@ -463,6 +463,55 @@ mod tests {
         };
         assert_eq!(k(CHAT, Some("a"), &global), k(CHAT, Some("b"), &global));
         assert_ne!(k(CHAT, Some("a"), &global), k(CHAT, Some("a"), &c));
+    }
+
+    /// Anthropic's `x-api-key` is a Messages call's tenant whatever
+    /// `tenant_headers` lists; the key carries only its digest.
+    #[test]
+    fn a_messages_tenant_is_its_x_api_key() {
+        let body = Json::parse(br#"{"model":"claude","messages":[]}"#).unwrap();
+        let key = |c: &CacheConfig, endpoint, creds: &[Option<&str>]| {
+            let req = CacheRequest {
+                endpoint,
+                path: "/v1/messages",
+                body: Some(&body),
+                cache_control: None,
+                credentials: creds,
+            };
+            digest(KEY_VERSION, c, &req, &body)
+        };
+        let (a, b) = (Some("sk-ant-a"), Some("sk-ant-b"));
+        for c in [
+            cfg(),
+            CacheConfig {
+                tenant_headers: vec!["x-tenant".into()],
+                ..cfg()
+            },
+        ] {
+            let n = c.tenant_headers.len();
+            let with = |k| {
+                let mut creds = vec![None; n];
+                creds.push(k);
+                key(&c, Endpoint::Messages, &creds)
+            };
+            assert_ne!(with(a), with(b));
+            assert_ne!(with(a), with(None));
+            assert_eq!(with(a), with(a));
+        }
+        // Chat keeps its tenant: the configured headers alone.
+        let chat_key = key(&cfg(), Endpoint::Chat, &[Some("Bearer t"), None]);
+        assert_eq!(
+            chat_key,
+            key(&cfg(), Endpoint::Chat, &[Some("Bearer t"), None, a])
+        );
+        let global = CacheConfig {
+            scope: Scope::Global,
+            ..cfg()
+        };
+        assert_eq!(
+            key(&global, Endpoint::Messages, &[None, None, a]),
+            key(&global, Endpoint::Messages, &[None, None, b])
+        );
     }
 
     #[test]

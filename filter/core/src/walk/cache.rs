@@ -186,8 +186,7 @@ impl Call {
         let path = host.request_header(":path").unwrap_or_default();
         let cache_control = host.request_header("cache-control");
         let values: Vec<Option<String>> = cfg
-            .tenant_headers
-            .iter()
+            .tenant_headers_of(self.request.endpoint)
             .map(|name| host.request_header(name))
             .collect();
         let credentials: Vec<Option<&str>> = values.iter().map(Option::as_deref).collect();
