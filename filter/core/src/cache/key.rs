@@ -10,6 +10,7 @@ use super::config::{CacheConfig, Scope};
 use super::entry::Entry;
 use crate::classify::Endpoint;
 use crate::json::Json;
+use crate::routing::stateful::Continues;
 
 /// A cache key: SHA-256 of the canonical request and its tenant.
 pub type Key = [u8; 32];
@@ -23,7 +24,10 @@ pub fn key_hex(key: &Key) -> String {
 /// mistaken for new ones.
 const KEY_VERSION: &[u8] = b"llm-filter/cache-key/v1";
 
-/// Body fields that change how the answer is delivered, not what it says.
+/// Body fields that change how the answer is delivered, not what it says:
+/// out of the key of an answer kept in canonical form. An answer kept as the
+/// upstream sent it (Responses, Messages) echoes them or differs by them, so
+/// its key leaves nothing out.
 const IGNORED_FIELDS: [&str; 3] = ["stream", "stream_options", "user"];
 
 /// What a request to the cache looks like, read by the glue from the headers
@@ -49,7 +53,7 @@ pub struct CacheRequest<'a> {
 pub enum BypassReason {
     /// `cache.enabled` is false.
     Disabled,
-    /// Not a chat, completions or embeddings call.
+    /// A call of a dialect the cache does not keep (`other`).
     Endpoint,
     /// The client sent `cache-control: no-store`.
     NoStore,
@@ -64,6 +68,10 @@ pub enum BypassReason {
     Temperature,
     /// The prompt contains one of `cache.dynamic_markers`.
     DynamicMarker,
+    /// A Responses call that continues state the backend keeps
+    /// (`previous_response_id`, `conversation`, `background`): its answer
+    /// depends on more than the request.
+    State,
     /// The body was not held whole (too large, no declared length, or the host
     /// does not deliver bodies to a held request), so there is nothing to key.
     Unbuffered,
@@ -80,6 +88,7 @@ impl BypassReason {
             Self::DuplicateKey => "duplicate_key",
             Self::Temperature => "temperature",
             Self::DynamicMarker => "dynamic_marker",
+            Self::State => "state",
             Self::Unbuffered => "unbuffered",
         }
     }
@@ -127,7 +136,7 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
     if !cfg.enabled {
         return Decision::Bypass(BypassReason::Disabled);
     }
-    if EntryKind::of(req.endpoint).is_none() {
+    if EntryKind::of(req.endpoint, false).is_none() {
         return Decision::Bypass(BypassReason::Endpoint);
     }
     let control = CacheControl::parse(req.cache_control.unwrap_or(""));
@@ -144,11 +153,14 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
         Some(d) => d,
         None => return Decision::Bypass(BypassReason::InvalidBody),
     };
-    if matches!(req.endpoint, Endpoint::Chat | Endpoint::Completions) {
-        if !deterministic(cfg, body, &control) {
+    if Continues::of(req.endpoint, body).state {
+        return Decision::Bypass(BypassReason::State);
+    }
+    if req.endpoint != Endpoint::Embeddings {
+        if !deterministic(cfg, req.endpoint, body, &control) {
             return Decision::Bypass(BypassReason::Temperature);
         }
-        if has_marker(body, &cfg.dynamic_markers) {
+        if has_marker(body, prompt_fields(req.endpoint), &cfg.dynamic_markers) {
             return Decision::Bypass(BypassReason::DynamicMarker);
         }
     }
@@ -172,8 +184,13 @@ pub(crate) fn digest(
     req: &CacheRequest<'_>,
     body: &Json,
 ) -> Key {
+    let kept_as_sent = EntryKind::of(req.endpoint, false).and_then(EntryKind::verbatim);
+    let ignored: &[&str] = match kept_as_sent {
+        None => &IGNORED_FIELDS,
+        Some(_) => &[],
+    };
     let mut canonical = Vec::new();
-    body.write_without(&IGNORED_FIELDS, &mut canonical);
+    body.write_without(ignored, &mut canonical);
     let tenant = match cfg.scope {
         Scope::Global => Vec::new(),
         Scope::Tenant => tenant_hash(cfg.tenant_headers_of(req.endpoint), req.credentials).to_vec(),
@@ -258,19 +275,31 @@ fn delivery(body: &Json) -> Option<(bool, bool)> {
 
 /// True when the call's answer may be reused: the caller accepts a stored
 /// answer (`max-age`), the operator declared the model deterministic, or its
-/// sampling is (see [`temperature_ok`]).
-fn deterministic(cfg: &CacheConfig, body: &Json, control: &CacheControl) -> bool {
+/// sampling is (see [`temperature_ok`]). A chat or completions call without a
+/// temperature samples at the providers' default of 1.0; a Responses or
+/// Messages call often has none to send (Anthropic's SDK 2.x has no such
+/// parameter, OpenAI's reasoning models refuse it), so only one sent counts.
+fn deterministic(
+    cfg: &CacheConfig,
+    endpoint: Endpoint,
+    body: &Json,
+    control: &CacheControl,
+) -> bool {
     let declared = || match body.get("model") {
         Some(Json::String(m)) => cfg.deterministic_models.contains(m),
         _ => false,
     };
-    control.max_age_s.is_some() || declared() || temperature_ok(body, cfg.max_temperature)
+    let absent_is_default = matches!(endpoint, Endpoint::Chat | Endpoint::Completions);
+    control.max_age_s.is_some()
+        || declared()
+        || temperature_ok(body, cfg.max_temperature, absent_is_default)
 }
 
-/// True when the call's sampling is deterministic enough to cache. An absent
-/// or null temperature is the providers' default of 1.0. A repeated field must
-/// pass every time: readers disagree on which one counts.
-fn temperature_ok(body: &Json, max: f64) -> bool {
+/// True when the call's sampling is deterministic enough to cache. A null
+/// temperature is the providers' default of 1.0, and so is an absent one when
+/// `absent_is_default` (else an absent one fails). A repeated field must pass
+/// every time: readers disagree on which one counts.
+fn temperature_ok(body: &Json, max: f64, absent_is_default: bool) -> bool {
     let mut seen = false;
     let all_ok = body.members("temperature").all(|v| {
         seen = true;
@@ -281,17 +310,26 @@ fn temperature_ok(body: &Json, max: f64) -> bool {
         };
         t <= max
     });
-    all_ok && (seen || 1.0 <= max)
+    all_ok && (seen || (absent_is_default && 1.0 <= max))
 }
 
-/// True when any prompt string (`messages`, `prompt`, `suffix`, each time it
-/// appears) contains a marker. Decoded strings are searched, so an escape
-/// cannot hide a marker.
-fn has_marker(body: &Json, markers: &[String]) -> bool {
+/// The request fields that hold a dialect's prompt.
+fn prompt_fields(endpoint: Endpoint) -> &'static [&'static str] {
+    match endpoint {
+        Endpoint::Chat | Endpoint::Completions => &["messages", "prompt", "suffix"],
+        Endpoint::Responses => &["instructions", "input"],
+        Endpoint::Messages => &["system", "messages"],
+        Endpoint::Embeddings | Endpoint::Other => &[],
+    }
+}
+
+/// True when any prompt string (in `fields`, each time one appears) contains
+/// a marker. Decoded strings are searched, so an escape cannot hide a marker.
+fn has_marker(body: &Json, fields: &[&str], markers: &[String]) -> bool {
     if markers.is_empty() {
         return false;
     }
-    ["messages", "prompt", "suffix"].iter().any(|field| {
+    fields.iter().any(|field| {
         body.members(field)
             .any(|v| v.any_string(&mut |s| markers.iter().any(|m| s.contains(m.as_str()))))
     })
@@ -750,6 +788,140 @@ mod tests {
             ..c
         };
         assert!(any.accepts(&entry, u64::MAX));
+    }
+
+    #[test]
+    fn responses_and_messages_need_a_temperature_sent_or_an_opt_in() {
+        let warm = CacheConfig {
+            max_temperature: 1.0,
+            ..cfg()
+        };
+        let d =
+            |c: &CacheConfig, endpoint, body: &str, cc| decide_with(c, endpoint, body, cc, None);
+        let temperature = Decision::Bypass(BypassReason::Temperature);
+        for (endpoint, cold) in [
+            (
+                Endpoint::Messages,
+                r#"{"model":"claude","max_tokens":9,"messages":[]}"#,
+            ),
+            (Endpoint::Responses, r#"{"model":"gpt-5","input":"x"}"#),
+        ] {
+            let sent = |t: &str| cold.replacen('{', &format!("{{\"temperature\":{t},"), 1);
+            assert!(matches!(
+                d(&cfg(), endpoint, &sent("0"), None),
+                Decision::Cacheable(_)
+            ));
+            assert_eq!(d(&cfg(), endpoint, &sent("0.5"), None), temperature);
+            assert!(matches!(
+                d(&warm, endpoint, &sent("0.5"), None),
+                Decision::Cacheable(_)
+            ));
+            // No temperature is no default to compare: only an opt-in helps.
+            assert_eq!(d(&cfg(), endpoint, cold, None), temperature, "{endpoint:?}");
+            assert_eq!(d(&warm, endpoint, cold, None), temperature, "{endpoint:?}");
+            assert!(matches!(
+                d(&cfg(), endpoint, cold, Some("max-age=5")),
+                Decision::Cacheable(_)
+            ));
+        }
+        // Chat keeps its rule: no temperature is the default of 1.0.
+        assert!(matches!(
+            d(&warm, Endpoint::Chat, r#"{"model":"m"}"#, None),
+            Decision::Cacheable(_)
+        ));
+    }
+
+    #[test]
+    fn a_responses_call_that_continues_state_bypasses() {
+        let d = |body: &str| decide_with(&cfg(), Endpoint::Responses, body, None, None);
+        for body in [
+            r#"{"temperature":0,"input":"x","previous_response_id":"resp_1"}"#,
+            r#"{"temperature":0,"input":"x","conversation":"conv_1"}"#,
+            r#"{"temperature":0,"input":"x","conversation":{"id":"conv_1"}}"#,
+            r#"{"temperature":0,"input":"x","background":true}"#,
+        ] {
+            assert_eq!(d(body), Decision::Bypass(BypassReason::State), "{body}");
+        }
+        for body in [
+            r#"{"temperature":0,"input":"x","store":false}"#,
+            r#"{"temperature":0,"input":"x","store":true}"#,
+            r#"{"temperature":0,"input":"x","background":false,"previous_response_id":null}"#,
+        ] {
+            assert!(matches!(d(body), Decision::Cacheable(_)), "{body}");
+        }
+        // The field means nothing to another dialect.
+        let messages = r#"{"temperature":0,"messages":[],"previous_response_id":"resp_1"}"#;
+        assert!(matches!(
+            decide_with(&cfg(), Endpoint::Messages, messages, None, None),
+            Decision::Cacheable(_)
+        ));
+        assert_eq!(BypassReason::State.as_str(), "state");
+    }
+
+    /// An answer kept as the upstream sent it echoes the request and differs
+    /// by delivery: nothing of the body stays out of its key.
+    #[test]
+    fn a_kept_as_sent_answer_is_keyed_on_its_whole_body() {
+        let k = |endpoint, body: &str| match decide_with(&cfg(), endpoint, body, None, None) {
+            Decision::Cacheable(c) => (c.key, c.stream),
+            d => panic!("{body}: {d:?}"),
+        };
+        for (endpoint, base) in [
+            (Endpoint::Messages, r#"{"temperature":0,"messages":[]}"#),
+            (Endpoint::Responses, r#"{"temperature":0,"input":"x"}"#),
+        ] {
+            let with = |f: &str| k(endpoint, &base.replacen('{', &format!("{{{f},"), 1));
+            let (plain, stream) = (k(endpoint, base), with(r#""stream":true"#));
+            assert!(!plain.1 && stream.1);
+            assert_ne!(plain.0, stream.0, "{endpoint:?}");
+            for f in [
+                r#""user":"u1""#,
+                r#""metadata":{"user_id":"u1"}"#,
+                r#""stream":false"#,
+                r#""stream_options":{"include_obfuscation":false}"#,
+            ] {
+                assert_ne!(with(f).0, plain.0, "{f}");
+            }
+            assert_eq!(k(endpoint, &base.replace(':', " : ")), plain, "spelling");
+        }
+    }
+
+    #[test]
+    fn dynamic_markers_are_sought_in_each_dialects_prompt() {
+        let c = CacheConfig {
+            dynamic_markers: vec!["{{now}}".into()],
+            ..cfg()
+        };
+        let marker = Decision::Bypass(BypassReason::DynamicMarker);
+        for (endpoint, body) in [
+            (
+                Endpoint::Messages,
+                r#"{"temperature":0,"system":"at {{now}}","messages":[]}"#,
+            ),
+            (
+                Endpoint::Messages,
+                r#"{"temperature":0,"messages":[{"role":"user","content":[{"type":"text","text":"{{now}}"}]}]}"#,
+            ),
+            (
+                Endpoint::Responses,
+                r#"{"temperature":0,"instructions":"{{now}}","input":"x"}"#,
+            ),
+            (
+                Endpoint::Responses,
+                r#"{"temperature":0,"input":[{"role":"user","content":"{{now}}"}]}"#,
+            ),
+        ] {
+            assert_eq!(
+                decide_with(&c, endpoint, body, None, None),
+                marker,
+                "{body}"
+            );
+        }
+        let elsewhere = r#"{"temperature":0,"metadata":{"x":"{{now}}"},"input":"x"}"#;
+        assert!(matches!(
+            decide_with(&c, Endpoint::Responses, elsewhere, None, None),
+            Decision::Cacheable(_)
+        ));
     }
 
     #[test]

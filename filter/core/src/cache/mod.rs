@@ -18,6 +18,7 @@ mod replay;
 pub mod semantic;
 pub mod store;
 
+pub use answer::Delivery;
 pub use assemble::StreamAssembler;
 pub use coalesce::{Claim, Lease, Poll};
 pub use config::{CacheConfig, Mode, RawCacheConfig, Scope, Stamp};

@@ -10,6 +10,8 @@ use crate::host::SharedStore;
 use crate::walk::fake::{FakeHost, World};
 use crate::walk::*;
 
+mod dialects;
+
 impl World {
     /// Request headers, then the whole body: the call and the last step.
     fn hold_request(&mut self, host: &mut FakeHost) -> (Call, Step) {
