@@ -382,4 +382,4 @@ fn read_event<G: Grammar>(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use crate::host::SharedStore;
+use crate::sse::tests::{MESSAGES, RESPONSES as RESPONSE_STREAM};
 use crate::walk::fake::{FakeHost, World};
 use crate::walk::*;
 
@@ -22,40 +23,18 @@ const MESSAGE: &str = r#"{"model":"claude-haiku-4-5","max_tokens":64,"temperatur
 /// The JSON answer, with the newline the upstream ended it with.
 const MESSAGE_ANSWER: &str = "{\"id\":\"msg_01\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude-haiku-4-5\",\"content\":[{\"type\":\"text\",\"text\":\"Hello!\"}],\"stop_reason\":\"end_turn\",\"stop_sequence\":null,\"usage\":{\"input_tokens\":9,\"output_tokens\":3}}\n";
 
-/// A Messages stream as the API sends it, a `ping` and an event type no
-/// grammar knows among its events.
-const MESSAGE_STREAM: &str = "event: message_start\n\
-data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_02\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"claude-haiku-4-5\",\"usage\":{\"input_tokens\":9,\"output_tokens\":1}}}\n\n\
-event: content_block_start\n\
-data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n\
-event: ping\n\
-data: {\"type\": \"ping\"}\n\n\
-event: content_block_delta\n\
-data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hel\"}}\n\n\
-event: content_block_future\n\
-data: {\"type\":\"content_block_future\",\"index\":0,\"note\":\"kept\"}\n\n\
-event: content_block_delta\n\
-data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"lo!\"}}\n\n\
-event: content_block_stop\n\
-data: {\"type\":\"content_block_stop\",\"index\":0}\n\n\
-event: message_delta\n\
-data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":3}}\n\n\
-event: message_stop\n\
-data: {\"type\":\"message_stop\"}\n\n";
+/// The Messages stream of the grammar's tests (a `ping` among its events)
+/// with an event type no grammar knows.
+fn message_stream() -> String {
+    let unknown = "event: content_block_future\n\
+data: {\"type\":\"content_block_future\",\"index\":0,\"note\":\"kept\"}\n\n";
+    let at = "event: content_block_stop";
+    MESSAGES.replace(at, &format!("{unknown}{at}"))
+}
 
 const RESPONSE: &str = r#"{"model":"gpt-5","input":"hi","temperature":0}"#;
 
 const RESPONSE_ANSWER: &str = r#"{"id":"resp_1","object":"response","status":"completed","model":"gpt-5","output":[{"type":"message","role":"assistant","content":[{"type":"output_text","text":"Hello!"}]}],"usage":{"input_tokens":3,"output_tokens":2,"total_tokens":5}}"#;
-
-/// A Responses stream as the API sends it, no `[DONE]`.
-const RESPONSE_STREAM: &str = "event: response.created\n\
-data: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_2\",\"status\":\"in_progress\",\"usage\":null}}\n\n\
-event: response.output_text.delta\n\
-data: {\"type\":\"response.output_text.delta\",\"sequence_number\":1,\"delta\":\"Hello!\"}\n\n\
-event: response.some_future_event\n\
-data: {\"type\":\"response.some_future_event\",\"sequence_number\":2}\n\n\
-event: response.completed\n\
-data: {\"type\":\"response.completed\",\"sequence_number\":3,\"response\":{\"id\":\"resp_2\",\"status\":\"completed\",\"usage\":{\"input_tokens\":3,\"output_tokens\":2,\"total_tokens\":5}}}\n\n";
 
 fn messages(body: &str) -> FakeHost {
     FakeHost::post(MESSAGES_PATH)
@@ -154,21 +133,18 @@ fn a_messages_answer_is_kept_as_sent_and_replayed_byte_for_byte() {
 
 #[test]
 fn a_messages_stream_is_kept_as_sent_and_replayed_byte_for_byte() {
+    let stream = message_stream();
     let mut w = World::new(r#"{"cache":{"ttl_jitter":0}}"#);
-    let host = w.stream_call(messages(&streamed(MESSAGE)), &pieces(MESSAGE_STREAM));
+    let host = w.stream_call(messages(&streamed(MESSAGE)), &pieces(&stream));
     assert_eq!(host.response("x-cache"), Some("MISS"));
-    assert_eq!(
-        host.response_body,
-        MESSAGE_STREAM.as_bytes(),
-        "passed untouched"
-    );
+    assert_eq!(host.response_body, stream.as_bytes(), "passed untouched");
     assert_eq!(w.stores("stored"), 1);
     w.now_ms += 1_200;
     let (status, headers, body) = w.answered_by_cache(messages(&streamed(MESSAGE)));
     assert_eq!(status, 200);
     assert_eq!(
         String::from_utf8(body).unwrap(),
-        MESSAGE_STREAM,
+        stream,
         "every event, `ping` and the unknown one included"
     );
     assert_eq!(headers["content-type"], "text/event-stream");
@@ -199,21 +175,22 @@ fn a_responses_stream_and_answer_are_kept_as_sent() {
 
 #[test]
 fn an_entry_answers_only_calls_of_its_own_delivery() {
+    let stream = message_stream();
     let mut w = World::new("{}");
     w.upstream_call(messages(MESSAGE), 200, "application/json", MESSAGE_ANSWER);
     // The streamed twin is another key: it goes upstream and fills its own.
     w.goes_upstream(messages(&streamed(MESSAGE)));
-    w.stream_call(messages(&streamed(MESSAGE)), &pieces(MESSAGE_STREAM));
+    w.stream_call(messages(&streamed(MESSAGE)), &pieces(&stream));
     assert_eq!(w.stores("stored"), 2);
     let (_, _, json) = w.answered_by_cache(messages(MESSAGE));
-    let (_, _, stream) = w.answered_by_cache(messages(&streamed(MESSAGE)));
+    let (_, _, replayed) = w.answered_by_cache(messages(&streamed(MESSAGE)));
     assert_eq!(
-        (json.as_slice(), stream.as_slice()),
-        (MESSAGE_ANSWER.as_bytes(), MESSAGE_STREAM.as_bytes())
+        (json.as_slice(), replayed.as_slice()),
+        (MESSAGE_ANSWER.as_bytes(), stream.as_bytes())
     );
     // An answer in another delivery than the call asked for is not kept.
     let other = MESSAGE.replace("hi", "hello");
-    w.upstream_call(messages(&other), 200, "text/event-stream", MESSAGE_STREAM);
+    w.upstream_call(messages(&other), 200, "text/event-stream", &stream);
     assert_eq!(w.stores("delivery"), 1);
     w.goes_upstream(messages(&other));
 }
@@ -318,9 +295,10 @@ fn a_responses_call_that_continues_state_is_never_cached() {
 
 #[test]
 fn only_complete_answers_are_kept() {
+    let stream = message_stream();
     let mut w = World::new("{}");
     let stop = "event: message_stop\n";
-    let (head, _) = MESSAGE_STREAM.split_at(MESSAGE_STREAM.find(stop).unwrap());
+    let (head, _) = stream.split_at(stream.find(stop).unwrap());
     let error = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
     let errored = format!("{head}{error}");
     let failed = RESPONSE_STREAM
@@ -367,15 +345,11 @@ fn only_complete_answers_are_kept() {
 
 #[test]
 fn a_stream_past_the_entry_bound_passes_but_is_not_kept() {
+    let stream = message_stream();
     let mut w = World::new(r#"{"cache":{"max_entry_bytes":1024}}"#);
     let delta = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"more \"}}\n\n";
-    let at = MESSAGE_STREAM.find("event: content_block_stop").unwrap();
-    let long = format!(
-        "{}{}{}",
-        &MESSAGE_STREAM[..at],
-        delta.repeat(10),
-        &MESSAGE_STREAM[at..]
-    );
+    let at = stream.find("event: content_block_stop").unwrap();
+    let long = format!("{}{}{}", &stream[..at], delta.repeat(20), &stream[at..]);
     assert!(long.len() > 2048);
     let host = w.stream_call(messages(&streamed(MESSAGE)), &pieces(&long));
     assert_eq!(host.response_body, long.as_bytes());
@@ -385,6 +359,7 @@ fn a_stream_past_the_entry_bound_passes_but_is_not_kept() {
 
 #[test]
 fn twins_of_a_stream_in_flight_get_its_bytes() {
+    let stream = message_stream();
     let mut w = World::new("{}");
     let mut leader_host = messages(&streamed(MESSAGE));
     let (mut leader, step) = w.hold_request(&mut leader_host);
@@ -393,13 +368,13 @@ fn twins_of_a_stream_in_flight_get_its_bytes() {
     let (mut twin, step) = w.hold_request(&mut twin_host);
     assert_eq!(step, Step::Pause);
     let mut leader_host = leader_host.with_response(200, "text/event-stream", "");
-    w.respond_chunks(&mut leader, &mut leader_host, &pieces(MESSAGE_STREAM));
+    w.respond_chunks(&mut leader, &mut leader_host, &pieces(&stream));
     w.now_ms += 25;
     assert_eq!(twin.on_tick(&mut w.env(), &mut twin_host), Wake::Answered);
     let (_, headers, body) = reply(&twin_host);
     assert_eq!(headers["x-cache"], "COALESCED");
     assert_eq!(headers["content-type"], "text/event-stream");
-    assert_eq!(body, MESSAGE_STREAM.as_bytes());
+    assert_eq!(body, stream.as_bytes());
     leader.on_log(&mut w.env());
     twin.on_log(&mut w.env());
 }
