@@ -1228,6 +1228,28 @@ mod props {
             }
         }
 
+        /// Any document in any dialect, under any `cache-control`, gets a
+        /// decision, never a panic; one that continues state never a key.
+        #[test]
+        fn any_body_is_decided_in_every_dialect(doc in fuzz::doc(false), seed: u64, control in ".{0,24}") {
+            let text = doc.spell(seed);
+            let tree = Json::parse(text.as_bytes());
+            for endpoint in [Endpoint::Responses, Endpoint::Messages, Endpoint::Embeddings, Endpoint::Other] {
+                let d = decide(
+                    &CacheConfig::default(),
+                    &CacheRequest {
+                        endpoint,
+                        path: "/v1/x",
+                        body: tree.as_ref(),
+                        cache_control: Some(&control),
+                        credentials: &[None, None, Some("k")],
+                    },
+                );
+                let continues = tree.as_ref().is_some_and(|t| Continues::of(endpoint, t).state);
+                prop_assert!(!(continues && matches!(d, Decision::Cacheable(_))));
+            }
+        }
+
         /// Any document, broken or not, gets a decision, never a panic.
         #[test]
         fn any_body_is_decided(doc in fuzz::doc(false), seed: u64) {
