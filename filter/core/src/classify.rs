@@ -87,6 +87,20 @@ impl Endpoint {
         }
     }
 
+    /// The header of the dialect's own credential, where it has one
+    /// besides `authorization`: Anthropic's `x-api-key`.
+    pub fn credential_header(self) -> Option<&'static str> {
+        CREDENTIAL_HEADERS
+            .iter()
+            .find(|(e, _)| *e == self)
+            .map(|(_, h)| *h)
+    }
+
+    /// True when `name` (lowercase) is some dialect's own credential header.
+    pub fn is_credential_header(name: &str) -> bool {
+        CREDENTIAL_HEADERS.iter().any(|(_, h)| *h == name)
+    }
+
     /// The request field that caps the answer's tokens.
     pub fn max_tokens_field(self) -> Option<&'static str> {
         match self {
@@ -96,6 +110,10 @@ impl Endpoint {
         }
     }
 }
+
+/// The request header each dialect's provider takes its credential in,
+/// beside `authorization` (which every dialect's SDK may send).
+const CREDENTIAL_HEADERS: [(Endpoint, &str); 1] = [(Endpoint::Messages, "x-api-key")];
 
 /// The default LLM paths: OpenAI's chat, text completions, embeddings and
 /// Responses, and Anthropic's Messages.
@@ -256,6 +274,16 @@ mod tests {
             assert_eq!(Endpoint::named(name), Some(e));
         }
         assert_eq!(Endpoint::named("chat_completions"), None);
+    }
+
+    #[test]
+    fn only_messages_has_a_credential_header_of_its_own() {
+        assert_eq!(Endpoint::Messages.credential_header(), Some("x-api-key"));
+        for (e, _) in APIS.iter().filter(|(e, _)| *e != Endpoint::Messages) {
+            assert_eq!(e.credential_header(), None, "{e:?}");
+        }
+        assert!(Endpoint::is_credential_header("x-api-key"));
+        assert!(!Endpoint::is_credential_header("authorization"));
     }
 
     #[test]

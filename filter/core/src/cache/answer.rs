@@ -1,7 +1,8 @@
 //! The shape of an answer that the cache entry, the assembler of streams and
-//! the replay of streams agree on: which kind of answer it is, and which chunk
-//! fields describe the whole answer or identify a part. A leaf, so the three
-//! never import each other in a circle.
+//! the replay of streams agree on: which kind of answer it is (and, for the
+//! dialects kept as the upstream sent them, how it was delivered), and which
+//! chunk fields describe the whole answer or identify a part. A leaf, so the
+//! three never import each other in a circle.
 
 use serde::{Deserialize, Serialize};
 
@@ -16,17 +17,54 @@ pub enum EntryKind {
     Completions,
     /// An embeddings list.
     Embeddings,
+    /// An OpenAI Responses answer, as the upstream sent it.
+    Responses(Delivery),
+    /// An Anthropic Messages answer, as the upstream sent it.
+    Messages(Delivery),
+}
+
+/// How an answer stored as the upstream sent it was delivered: it answers
+/// only calls that ask for it that way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Delivery {
+    /// One JSON document.
+    Json,
+    /// An SSE stream, every event of it.
+    Stream,
+}
+
+impl Delivery {
+    /// The delivery a call asks for.
+    pub fn of(stream: bool) -> Self {
+        if stream {
+            Self::Stream
+        } else {
+            Self::Json
+        }
+    }
 }
 
 impl EntryKind {
-    /// The kind of answer an endpoint gives; `None` for endpoints never cached.
-    pub fn of(endpoint: Endpoint) -> Option<Self> {
+    /// The kind of answer a call of `endpoint` gets (`stream`: it asked for
+    /// a stream); `None` for endpoints never cached.
+    pub fn of(endpoint: Endpoint, stream: bool) -> Option<Self> {
         match endpoint {
             Endpoint::Chat => Some(Self::Chat),
             Endpoint::Completions => Some(Self::Completions),
             Endpoint::Embeddings => Some(Self::Embeddings),
-            // Their answers are not stored yet: the calls bypass the cache.
-            Endpoint::Responses | Endpoint::Messages | Endpoint::Other => None,
+            Endpoint::Responses => Some(Self::Responses(Delivery::of(stream))),
+            Endpoint::Messages => Some(Self::Messages(Delivery::of(stream))),
+            Endpoint::Other => None,
+        }
+    }
+
+    /// The delivery of an answer kept as the upstream sent it (Responses,
+    /// Messages); `None` for the kinds kept in one canonical JSON form that
+    /// answers either way (chat, completions, embeddings).
+    pub fn verbatim(self) -> Option<Delivery> {
+        match self {
+            Self::Responses(d) | Self::Messages(d) => Some(d),
+            Self::Chat | Self::Completions | Self::Embeddings => None,
         }
     }
 }

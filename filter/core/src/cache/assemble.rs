@@ -42,11 +42,14 @@ struct ChoiceAcc {
 
 impl StreamAssembler {
     /// An assembler for a streamed chat or completions answer, giving up past
-    /// `limit` bytes (`cache.max_entry_bytes`); `None` for other endpoints.
+    /// `limit` bytes (`cache.max_entry_bytes`); `None` for other endpoints
+    /// (the dialects kept as sent are not rebuilt).
     pub fn new(endpoint: Endpoint, limit: u32) -> Option<Self> {
-        let kind = match EntryKind::of(endpoint)? {
-            EntryKind::Embeddings => return None,
-            k => k,
+        let kind = match EntryKind::of(endpoint, true)? {
+            k @ (EntryKind::Chat | EntryKind::Completions) => k,
+            EntryKind::Embeddings | EntryKind::Responses(_) | EntryKind::Messages(_) => {
+                return None
+            }
         };
         Some(Self {
             kind,

@@ -5,6 +5,7 @@
 use serde::Deserialize;
 
 use super::semantic::config::{RawSemanticConfig, SemanticConfig};
+use crate::classify::Endpoint;
 use crate::config::check;
 use crate::config::error::ConfigError;
 
@@ -39,6 +40,7 @@ const DEFAULT_MAX_ENTRY_BYTES: u32 = 256 * 1024;
 const DEFAULT_COALESCE: bool = true;
 const DEFAULT_COALESCE_WAIT_MS: u64 = 30_000;
 const MAX_MARKERS: usize = 256;
+const MAX_DETERMINISTIC_MODELS: usize = 256;
 const MAX_MARKER_LEN: usize = 1024;
 const MAX_TENANT_HEADERS: usize = 16;
 const DEFAULT_SHARD_HEADER: &str = "x-llm-cache-key";
@@ -63,8 +65,10 @@ const RESERVED_HEADERS: [&str; 10] = [
 pub struct RawCacheConfig {
     /// Master switch, default true.
     pub enabled: Option<bool>,
-    /// Highest `temperature` of a cacheable chat or completions call, default 0.
+    /// Highest `temperature` of a cacheable call, default 0.
     pub max_temperature: Option<f64>,
+    /// Models whose calls are cacheable whatever their sampling parameters.
+    pub deterministic_models: Option<Vec<String>>,
     /// Substrings of the prompt that make a call not cacheable (its answer
     /// depends on something outside the request, e.g. the current time).
     pub dynamic_markers: Option<Vec<String>>,
@@ -126,8 +130,11 @@ pub enum Scope {
 pub struct CacheConfig {
     /// Master switch.
     pub enabled: bool,
-    /// Highest cacheable `temperature` of chat and completions calls.
+    /// Highest cacheable `temperature`.
     pub max_temperature: f64,
+    /// Models whose calls are cacheable whatever their sampling parameters,
+    /// as requests name them.
+    pub deterministic_models: Vec<String>,
     /// Prompt substrings that make a call not cacheable.
     pub dynamic_markers: Vec<String>,
     /// Key scope.
@@ -184,6 +191,7 @@ impl CacheConfig {
             DEFAULT_MAX_TEMPERATURE,
         )
         .real_in(0.0..=MAX_TEMPERATURE)?;
+        let deterministic_models = compile_models(raw.deterministic_models.unwrap_or_default())?;
         let dynamic_markers = compile_markers(raw.dynamic_markers.unwrap_or_default())?;
         let scope = raw.scope.unwrap_or_default();
         let tenant_headers = compile_tenant_headers(scope, raw.tenant_headers)?;
@@ -229,6 +237,7 @@ impl CacheConfig {
         Ok(Self {
             enabled: raw.enabled.unwrap_or(DEFAULT_ENABLED),
             max_temperature,
+            deterministic_models,
             dynamic_markers,
             scope,
             tenant_headers,
@@ -243,6 +252,17 @@ impl CacheConfig {
             mode,
             shard_header,
         })
+    }
+
+    /// The headers whose values tell the tenant of a call of `endpoint`:
+    /// `tenant_headers`, then the dialect's own credential header (Anthropic's
+    /// `x-api-key`) unless listed, so two credentials of that dialect are
+    /// two tenants whatever `tenant_headers` says.
+    pub fn tenant_headers_of(&self, endpoint: Endpoint) -> impl Iterator<Item = &str> {
+        let own = endpoint
+            .credential_header()
+            .filter(|h| !self.tenant_headers.iter().any(|t| t == h));
+        self.tenant_headers.iter().map(String::as_str).chain(own)
     }
 
     /// This proxy looks up and stores answers: on, in `local` mode.
@@ -293,6 +313,27 @@ fn compile_markers(markers: Vec<String>) -> Result<Vec<String>, ConfigError> {
     Ok(markers)
 }
 
+/// `deterministic_models`: a bounded list of model names, each once.
+fn compile_models(models: Vec<String>) -> Result<Vec<String>, ConfigError> {
+    let field = "deterministic_models";
+    check::at_most(field, &models, MAX_DETERMINISTIC_MODELS, "models")?;
+    for (i, m) in models.iter().enumerate() {
+        if !check::is_name(m) {
+            return Err(ConfigError::new(
+                format!("{field}[{i}]"),
+                format!("{m:?} is not a model name"),
+            ));
+        }
+        if models.get(..i).is_some_and(|before| before.contains(m)) {
+            return Err(ConfigError::new(
+                format!("{field}[{i}]"),
+                format!("{m:?} is listed twice"),
+            ));
+        }
+    }
+    Ok(models)
+}
+
 /// `tenant_headers` in lowercase, never empty when the scope is the tenant.
 fn compile_tenant_headers(
     scope: Scope,
@@ -326,7 +367,7 @@ fn compile_shard_header(name: Option<String>, tenant: &[String]) -> Result<Strin
         ));
     }
     let name = name.to_ascii_lowercase();
-    if tenant.contains(&name) {
+    if tenant.contains(&name) || Endpoint::is_credential_header(&name) {
         return Err(ConfigError::new(
             "shard_header",
             format!("{name:?} is a tenant header; the filter removes the shard header"),
@@ -393,6 +434,7 @@ mod tests {
     fn reads_every_field() {
         let c = parse(
             r#"{"enabled":false,"max_temperature":0.5,"dynamic_markers":["{{now}}"],
+                "deterministic_models":["claude-haiku-4-5"],
                 "scope":"global","tenant_headers":["X-Tenant"],"ttl_s":60,"ttl_jitter":0,
                 "stale_if_error_s":300,"max_entries":8,"max_entry_bytes":4096,
                 "coalesce":false,"coalesce_wait_ms":500,"mode":"shard",
@@ -402,6 +444,7 @@ mod tests {
         assert!(!c.enabled && !c.coalesce);
         assert_eq!(c.max_temperature, 0.5);
         assert_eq!(c.dynamic_markers, ["{{now}}"]);
+        assert_eq!(c.deterministic_models, ["claude-haiku-4-5"]);
         assert_eq!(c.scope, Scope::Global);
         assert_eq!(c.tenant_headers, ["x-tenant"]);
         assert_eq!((c.ttl_ms, c.stale_if_error_ms), (60_000, 300_000));
@@ -425,6 +468,16 @@ mod tests {
                 r#"{"dynamic_markers":[""]}"#,
                 "cache.dynamic_markers[0]",
                 "\"\"",
+            ),
+            (
+                r#"{"deterministic_models":[""]}"#,
+                "cache.deterministic_models[0]",
+                "not a model name",
+            ),
+            (
+                r#"{"deterministic_models":["m","m"]}"#,
+                "cache.deterministic_models[1]",
+                "twice",
             ),
             (r#"{"scope":"world"}"#, "cache.scope", "world"),
             (r#"{"tenant_headers":[]}"#, "cache.tenant_headers", "[]"),
@@ -479,6 +532,11 @@ mod tests {
                 "tenant header",
             ),
             (
+                r#"{"shard_header":"X-Api-Key"}"#,
+                "cache.shard_header",
+                "tenant header",
+            ),
+            (
                 r#"{"mode":"shard","semantic":{"embeddings":{"cluster":"e","model":"m"}}}"#,
                 "cache.semantic",
                 "shard",
@@ -493,6 +551,21 @@ mod tests {
     #[test]
     fn unknown_fields_are_refused() {
         assert!(serde_json::from_str::<RawCacheConfig>(r#"{"ttl":1}"#).is_err());
+    }
+
+    #[test]
+    fn a_dialects_own_credential_joins_the_tenant_headers() {
+        let c = CacheConfig::default();
+        fn of(c: &CacheConfig, e: Endpoint) -> Vec<&str> {
+            c.tenant_headers_of(e).collect()
+        }
+        assert_eq!(of(&c, Endpoint::Chat), ["authorization", "api-key"]);
+        assert_eq!(
+            of(&c, Endpoint::Messages),
+            ["authorization", "api-key", "x-api-key"]
+        );
+        let listed = parse(r#"{"tenant_headers":["x-api-key","x-tenant"]}"#).unwrap();
+        assert_eq!(of(&listed, Endpoint::Messages), ["x-api-key", "x-tenant"]);
     }
 
     #[test]

@@ -1,6 +1,9 @@
-//! A cached answer in one canonical form, the provider's non-streamed JSON, so
-//! an entry filled by a plain call can answer a streamed one and the other way
-//! round. Only complete, successful answers become entries.
+//! A cached answer. Chat, completions and embeddings answers are kept in one
+//! canonical form, the provider's non-streamed JSON, so an entry filled by a
+//! plain call can answer a streamed one and the other way round. Responses
+//! and Messages answers are kept as the upstream sent them, the JSON or every
+//! byte of the stream, and answer only calls asking for that delivery. Only
+//! complete, successful answers become entries.
 
 use bincode::Options;
 use serde::{Deserialize, Serialize};
@@ -11,7 +14,7 @@ use super::replay;
 use crate::classify::Endpoint;
 use crate::host::codec;
 
-pub use super::answer::EntryKind;
+pub use super::answer::{Delivery, EntryKind};
 
 /// Content type of a JSON reply.
 pub const JSON_CONTENT_TYPE: &str = "application/json";
@@ -28,8 +31,13 @@ pub enum EntryError {
     /// The upstream status was not 200: errors are never cached.
     Status(u16),
     /// The body is not a complete answer (not JSON, an `error`, no choices, a
-    /// choice without `finish_reason`, a stream without `[DONE]`).
+    /// choice without `finish_reason`, a stream without `[DONE]`, a response
+    /// not `completed`, a message without its `stop_reason`, a stream that did
+    /// not finish).
     Incomplete,
+    /// The answer came in another delivery than the call asked for (a stream
+    /// to a JSON call): kept as sent, it could not answer the key's calls.
+    Delivery,
     /// Larger than `cache.max_entry_bytes`.
     TooLarge,
     /// Bytes that do not decode as an entry of this version: treat as a miss.
@@ -47,6 +55,7 @@ impl EntryError {
             Self::TooLarge => "too_large",
             Self::Corrupt => "corrupt",
             Self::Endpoint => "endpoint",
+            Self::Delivery => "delivery",
         }
     }
 }
@@ -95,7 +104,7 @@ impl Entry {
         stamp: Stamp,
         limit: u32,
     ) -> Result<Self, EntryError> {
-        let kind = EntryKind::of(endpoint).ok_or(EntryError::Endpoint)?;
+        let kind = EntryKind::of(endpoint, false).ok_or(EntryError::Endpoint)?;
         if status != 200 {
             return Err(EntryError::Status(status));
         }
@@ -106,9 +115,38 @@ impl Entry {
         if !is_complete(kind, answer) {
             return Err(EntryError::Incomplete);
         }
-        let body =
-            String::from_utf8(body.trim_ascii().to_vec()).map_err(|_| EntryError::Incomplete)?;
+        // The canonical form is the answer without the space around it; an
+        // answer kept as sent keeps every byte.
+        let body = match kind.verbatim() {
+            None => body.trim_ascii(),
+            Some(_) => body,
+        };
+        let body = String::from_utf8(body.to_vec()).map_err(|_| EntryError::Incomplete)?;
         Ok(Self::new(kind, stamp, model_of(answer), body))
+    }
+
+    /// An entry from a streamed answer of a dialect kept as the upstream sent
+    /// it: `body` is every byte of the stream (`None`: it outgrew its copy),
+    /// `finished` that its grammar saw the answer complete. Its status was 200.
+    pub fn from_stream(
+        endpoint: Endpoint,
+        body: Option<&[u8]>,
+        finished: bool,
+        stamp: Stamp,
+        limit: u32,
+    ) -> Result<Self, EntryError> {
+        let kind = EntryKind::of(endpoint, true)
+            .filter(|k| k.verbatim() == Some(Delivery::Stream))
+            .ok_or(EntryError::Endpoint)?;
+        let body = body
+            .filter(|b| b.len() <= limit as usize)
+            .ok_or(EntryError::TooLarge)?;
+        if !finished {
+            return Err(EntryError::Incomplete);
+        }
+        // SSE is UTF-8 by its definition.
+        let body = String::from_utf8(body.to_vec()).map_err(|_| EntryError::Incomplete)?;
+        Ok(Self::new(kind, stamp, String::new(), body))
     }
 
     /// An entry from an answer already in canonical form and checked.
@@ -148,7 +186,7 @@ impl Entry {
         &self.model
     }
 
-    /// The answer in canonical, non-streamed JSON.
+    /// The answer: canonical, non-streamed JSON, or as the upstream sent it.
     pub fn body(&self) -> &[u8] {
         self.body.as_bytes()
     }
@@ -160,8 +198,23 @@ impl Entry {
 
     /// The reply for a request: the JSON answer, or for a streamed chat or
     /// completions request an SSE stream replaying it, with the usage chunk
-    /// only when the request asked for it. Embeddings are always JSON.
+    /// only when the request asked for it. Embeddings are always JSON. An
+    /// answer kept as sent is replayed byte for byte, and only to a request
+    /// of its delivery.
     pub fn reply(&self, stream: bool, include_usage: bool) -> Result<Reply, EntryError> {
+        if let Some(delivery) = self.kind.verbatim() {
+            if delivery != Delivery::of(stream) {
+                return Err(EntryError::Delivery);
+            }
+            let content_type = match delivery {
+                Delivery::Json => JSON_CONTENT_TYPE,
+                Delivery::Stream => SSE_CONTENT_TYPE,
+            };
+            return Ok(Reply {
+                content_type,
+                body: self.body.as_bytes().to_vec(),
+            });
+        }
         if !stream || self.kind == EntryKind::Embeddings {
             return Ok(Reply {
                 content_type: JSON_CONTENT_TYPE,
@@ -243,8 +296,13 @@ fn is_complete(kind: EntryKind, answer: &Value) -> bool {
     if obj.get("error").is_some_and(|e| !e.is_null()) {
         return false;
     }
+    let is = |field: &str, value: &str| obj.get(field).and_then(Value::as_str) == Some(value);
     match kind {
         EntryKind::Embeddings => obj.get("data").is_some_and(Value::is_array),
+        EntryKind::Responses(_) => is("status", "completed"),
+        EntryKind::Messages(_) => {
+            is("type", "message") && obj.get("stop_reason").is_some_and(Value::is_string)
+        }
         EntryKind::Chat | EntryKind::Completions => match obj.get("choices") {
             Some(Value::Array(choices)) => {
                 !choices.is_empty()
@@ -311,6 +369,74 @@ mod tests {
         let r = e.reply(true, true).unwrap();
         assert_eq!(r.content_type, JSON_CONTENT_TYPE);
         assert_eq!(r.body, emb.as_bytes());
+    }
+
+    const MESSAGE: &str = "{\"id\":\"msg_1\",\"type\":\"message\",\"model\":\"claude\",\"content\":[],\"stop_reason\":\"end_turn\"}\n";
+    const STREAM: &str = "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+
+    #[test]
+    fn responses_and_messages_are_kept_as_sent() {
+        let json =
+            |endpoint, body: &str| Entry::from_json(endpoint, 200, body.as_bytes(), STAMP, 4096);
+        let e = json(Endpoint::Messages, MESSAGE).unwrap();
+        assert_eq!(e.kind(), EntryKind::Messages(Delivery::Json));
+        assert_eq!((e.body(), e.model()), (MESSAGE.as_bytes(), "claude"));
+        let r = e.reply(false, true).unwrap();
+        assert_eq!(
+            (r.content_type, r.body.as_slice()),
+            (JSON_CONTENT_TYPE, MESSAGE.as_bytes())
+        );
+        assert_eq!(e.reply(true, false), Err(EntryError::Delivery));
+        let done =
+            r#"{"id":"resp_1","object":"response","status":"completed","output":[],"error":null}"#;
+        let e = json(Endpoint::Responses, done).unwrap();
+        assert_eq!(e.kind(), EntryKind::Responses(Delivery::Json));
+        for (endpoint, body) in [
+            (Endpoint::Responses, done.replace("completed", "incomplete")),
+            (Endpoint::Responses, done.replace("null", r#"{"code":"x"}"#)),
+            (Endpoint::Messages, MESSAGE.replace("\"end_turn\"", "null")),
+            (
+                Endpoint::Messages,
+                MESSAGE.replace("\"message\"", "\"error\""),
+            ),
+        ] {
+            assert_eq!(json(endpoint, &body), Err(EntryError::Incomplete), "{body}");
+        }
+
+        let stream = |endpoint, body: Option<&[u8]>, finished, limit| {
+            Entry::from_stream(endpoint, body, finished, STAMP, limit)
+        };
+        let e = stream(Endpoint::Messages, Some(STREAM.as_bytes()), true, 4096).unwrap();
+        assert_eq!(e.kind(), EntryKind::Messages(Delivery::Stream));
+        let r = e.reply(true, false).unwrap();
+        assert_eq!(
+            (r.content_type, r.body.as_slice()),
+            (SSE_CONTENT_TYPE, STREAM.as_bytes())
+        );
+        assert_eq!(e.reply(false, false), Err(EntryError::Delivery));
+        assert_eq!(Entry::decode(&e.encode().unwrap()), Ok(e));
+        let s = Some(STREAM.as_bytes());
+        for (got, want) in [
+            (
+                stream(Endpoint::Responses, s, false, 4096),
+                EntryError::Incomplete,
+            ),
+            (
+                stream(Endpoint::Messages, None, true, 4096),
+                EntryError::TooLarge,
+            ),
+            (
+                stream(Endpoint::Messages, s, true, 10),
+                EntryError::TooLarge,
+            ),
+            (
+                stream(Endpoint::Messages, Some(b"data: \xff\n\n"), true, 4096),
+                EntryError::Incomplete,
+            ),
+            (stream(Endpoint::Chat, s, true, 4096), EntryError::Endpoint),
+        ] {
+            assert_eq!(got, Err(want));
+        }
     }
 
     #[test]

@@ -7,8 +7,10 @@ use sha2::{Digest, Sha256};
 
 use super::answer::EntryKind;
 use super::config::{CacheConfig, Scope};
+use super::entry::Entry;
 use crate::classify::Endpoint;
 use crate::json::Json;
+use crate::routing::stateful::Continues;
 
 /// A cache key: SHA-256 of the canonical request and its tenant.
 pub type Key = [u8; 32];
@@ -22,7 +24,10 @@ pub fn key_hex(key: &Key) -> String {
 /// mistaken for new ones.
 const KEY_VERSION: &[u8] = b"llm-filter/cache-key/v1";
 
-/// Body fields that change how the answer is delivered, not what it says.
+/// Body fields that change how the answer is delivered, not what it says:
+/// out of the key of an answer kept in canonical form. An answer kept as the
+/// upstream sent it (Responses, Messages) echoes them or differs by them, so
+/// its key leaves nothing out.
 const IGNORED_FIELDS: [&str; 3] = ["stream", "stream_options", "user"];
 
 /// What a request to the cache looks like, read by the glue from the headers
@@ -38,8 +43,8 @@ pub struct CacheRequest<'a> {
     pub body: Option<&'a Json>,
     /// The client's `cache-control` header, if any.
     pub cache_control: Option<&'a str>,
-    /// The value of each of [`CacheConfig::tenant_headers`], in that order,
-    /// `None` where the header is absent.
+    /// The value of each of [`CacheConfig::tenant_headers_of`] the
+    /// endpoint, in that order, `None` where the header is absent.
     pub credentials: &'a [Option<&'a str>],
 }
 
@@ -48,7 +53,7 @@ pub struct CacheRequest<'a> {
 pub enum BypassReason {
     /// `cache.enabled` is false.
     Disabled,
-    /// Not a chat, completions or embeddings call.
+    /// A call of a dialect the cache does not keep (`other`).
     Endpoint,
     /// The client sent `cache-control: no-store`.
     NoStore,
@@ -57,10 +62,16 @@ pub enum BypassReason {
     /// Some object in the body names a key twice: the upstream may read
     /// another value than the one the filter reads, so no entry may answer it.
     DuplicateKey,
-    /// `temperature` above `cache.max_temperature` (or absent, meaning 1.0).
+    /// `temperature` above `cache.max_temperature` (or absent, meaning 1.0),
+    /// and neither opt-in (`cache-control: max-age`, a model of
+    /// `cache.deterministic_models`).
     Temperature,
     /// The prompt contains one of `cache.dynamic_markers`.
     DynamicMarker,
+    /// A Responses call that continues state the backend keeps
+    /// (`previous_response_id`, `conversation`, `background`): its answer
+    /// depends on more than the request.
+    State,
     /// The body was not held whole (too large, no declared length, or the host
     /// does not deliver bodies to a held request), so there is nothing to key.
     Unbuffered,
@@ -77,6 +88,7 @@ impl BypassReason {
             Self::DuplicateKey => "duplicate_key",
             Self::Temperature => "temperature",
             Self::DynamicMarker => "dynamic_marker",
+            Self::State => "state",
             Self::Unbuffered => "unbuffered",
         }
     }
@@ -106,6 +118,17 @@ pub struct Cacheable {
     pub read: bool,
     /// The fresh answer may be stored.
     pub store: bool,
+    /// Oldest entry the caller accepts (`cache-control: max-age`), ms.
+    pub max_age_ms: Option<u64>,
+}
+
+impl Cacheable {
+    /// True when `entry` may answer the call at `now_ms`: an entry older
+    /// than the caller's `max-age` is a miss for it.
+    pub fn accepts(&self, entry: &Entry, now_ms: u64) -> bool {
+        self.max_age_ms
+            .is_none_or(|max| now_ms.saturating_sub(entry.stored_at_ms()) <= max)
+    }
 }
 
 /// Decides whether a call is cacheable and computes its key.
@@ -113,7 +136,7 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
     if !cfg.enabled {
         return Decision::Bypass(BypassReason::Disabled);
     }
-    if EntryKind::of(req.endpoint).is_none() {
+    if EntryKind::of(req.endpoint, false).is_none() {
         return Decision::Bypass(BypassReason::Endpoint);
     }
     let control = CacheControl::parse(req.cache_control.unwrap_or(""));
@@ -130,11 +153,14 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
         Some(d) => d,
         None => return Decision::Bypass(BypassReason::InvalidBody),
     };
-    if matches!(req.endpoint, Endpoint::Chat | Endpoint::Completions) {
-        if !temperature_ok(body, cfg.max_temperature) {
+    if Continues::of(req.endpoint, body).state {
+        return Decision::Bypass(BypassReason::State);
+    }
+    if req.endpoint != Endpoint::Embeddings {
+        if !deterministic(cfg, req.endpoint, body, &control) {
             return Decision::Bypass(BypassReason::Temperature);
         }
-        if has_marker(body, &cfg.dynamic_markers) {
+        if has_marker(body, prompt_fields(req.endpoint), &cfg.dynamic_markers) {
             return Decision::Bypass(BypassReason::DynamicMarker);
         }
     }
@@ -145,6 +171,7 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
         include_usage,
         read: !control.no_cache,
         store: true,
+        max_age_ms: control.max_age_s.map(|s| s.saturating_mul(1000)),
     })
 }
 
@@ -157,11 +184,16 @@ pub(crate) fn digest(
     req: &CacheRequest<'_>,
     body: &Json,
 ) -> Key {
+    let kept_as_sent = EntryKind::of(req.endpoint, false).and_then(EntryKind::verbatim);
+    let ignored: &[&str] = match kept_as_sent {
+        None => &IGNORED_FIELDS,
+        Some(_) => &[],
+    };
     let mut canonical = Vec::new();
-    body.write_without(&IGNORED_FIELDS, &mut canonical);
+    body.write_without(ignored, &mut canonical);
     let tenant = match cfg.scope {
         Scope::Global => Vec::new(),
-        Scope::Tenant => tenant_hash(&cfg.tenant_headers, req.credentials).to_vec(),
+        Scope::Tenant => tenant_hash(cfg.tenant_headers_of(req.endpoint), req.credentials).to_vec(),
     };
     let mut h = Sha256::new();
     for part in [version, req.path.as_bytes(), &tenant, &canonical] {
@@ -179,22 +211,46 @@ pub struct CacheControl {
     pub no_store: bool,
     /// `no-cache`: do not answer from the cache, but store the fresh answer.
     pub no_cache: bool,
+    /// `max-age=<s>`: the caller accepts a stored answer no older than `s`
+    /// seconds, which makes the call cacheable whatever its sampling.
+    pub max_age_s: Option<u64>,
 }
 
 impl CacheControl {
-    /// Reads comma-separated directives, case-insensitive, arguments ignored.
+    /// Reads comma-separated directives, case-insensitive; arguments are
+    /// ignored but `max-age`'s (the smallest when repeated; one that is not
+    /// a number of seconds is no directive).
     pub fn parse(header: &str) -> Self {
         let mut out = Self::default();
         for directive in header.split(',') {
-            let name = directive.split('=').next().unwrap_or("").trim();
+            let (name, argument) = directive.split_once('=').unwrap_or((directive, ""));
+            let name = name.trim();
             if name.eq_ignore_ascii_case("no-store") {
                 out.no_store = true;
             } else if name.eq_ignore_ascii_case("no-cache") {
                 out.no_cache = true;
+            } else if name.eq_ignore_ascii_case("max-age") {
+                if let Some(s) = delta_seconds(argument) {
+                    out.max_age_s = Some(out.max_age_s.map_or(s, |m| m.min(s)));
+                }
             }
         }
         out
     }
+}
+
+/// HTTP's delta-seconds, quoted or not; a number past `u64` is as good as
+/// forever.
+fn delta_seconds(argument: &str) -> Option<u64> {
+    let a = argument.trim();
+    let a = a
+        .strip_prefix('"')
+        .and_then(|q| q.strip_suffix('"'))
+        .unwrap_or(a);
+    if a.is_empty() || !a.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(a.parse().unwrap_or(u64::MAX))
 }
 
 /// `(stream, include_usage)`, or `None` when those fields are malformed: a
@@ -217,10 +273,33 @@ fn delivery(body: &Json) -> Option<(bool, bool)> {
     Some((stream, include_usage))
 }
 
-/// True when the call's sampling is deterministic enough to cache. An absent
-/// or null temperature is the providers' default of 1.0. A repeated field must
-/// pass every time: readers disagree on which one counts.
-fn temperature_ok(body: &Json, max: f64) -> bool {
+/// True when the call's answer may be reused: the caller accepts a stored
+/// answer (`max-age`), the operator declared the model deterministic, or its
+/// sampling is (see [`temperature_ok`]). A chat or completions call without a
+/// temperature samples at the providers' default of 1.0; a Responses or
+/// Messages call often has none to send (Anthropic's SDK 2.x has no such
+/// parameter, OpenAI's reasoning models refuse it), so only one sent counts.
+fn deterministic(
+    cfg: &CacheConfig,
+    endpoint: Endpoint,
+    body: &Json,
+    control: &CacheControl,
+) -> bool {
+    let declared = || match body.get("model") {
+        Some(Json::String(m)) => cfg.deterministic_models.contains(m),
+        _ => false,
+    };
+    let absent_is_default = matches!(endpoint, Endpoint::Chat | Endpoint::Completions);
+    control.max_age_s.is_some()
+        || declared()
+        || temperature_ok(body, cfg.max_temperature, absent_is_default)
+}
+
+/// True when the call's sampling is deterministic enough to cache. A null
+/// temperature is the providers' default of 1.0, and so is an absent one when
+/// `absent_is_default` (else an absent one fails). A repeated field must pass
+/// every time: readers disagree on which one counts.
+fn temperature_ok(body: &Json, max: f64, absent_is_default: bool) -> bool {
     let mut seen = false;
     let all_ok = body.members("temperature").all(|v| {
         seen = true;
@@ -231,17 +310,26 @@ fn temperature_ok(body: &Json, max: f64) -> bool {
         };
         t <= max
     });
-    all_ok && (seen || 1.0 <= max)
+    all_ok && (seen || (absent_is_default && 1.0 <= max))
 }
 
-/// True when any prompt string (`messages`, `prompt`, `suffix`, each time it
-/// appears) contains a marker. Decoded strings are searched, so an escape
-/// cannot hide a marker.
-fn has_marker(body: &Json, markers: &[String]) -> bool {
+/// The request fields that hold a dialect's prompt.
+fn prompt_fields(endpoint: Endpoint) -> &'static [&'static str] {
+    match endpoint {
+        Endpoint::Chat | Endpoint::Completions => &["messages", "prompt", "suffix"],
+        Endpoint::Responses => &["instructions", "input"],
+        Endpoint::Messages => &["system", "messages"],
+        Endpoint::Embeddings | Endpoint::Other => &[],
+    }
+}
+
+/// True when any prompt string (in `fields`, each time one appears) contains
+/// a marker. Decoded strings are searched, so an escape cannot hide a marker.
+fn has_marker(body: &Json, fields: &[&str], markers: &[String]) -> bool {
     if markers.is_empty() {
         return false;
     }
-    ["messages", "prompt", "suffix"].iter().any(|field| {
+    fields.iter().any(|field| {
         body.members(field)
             .any(|v| v.any_string(&mut |s| markers.iter().any(|m| s.contains(m.as_str()))))
     })
@@ -249,10 +337,10 @@ fn has_marker(body: &Json, markers: &[String]) -> bool {
 
 /// A digest of the credential header values, so the key separates tenants
 /// without carrying a credential.
-fn tenant_hash(names: &[String], values: &[Option<&str>]) -> [u8; 32] {
+fn tenant_hash<'a>(names: impl Iterator<Item = &'a str>, values: &[Option<&str>]) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(b"tenant");
-    for (i, name) in names.iter().enumerate() {
+    for (i, name) in names.enumerate() {
         h.update((name.len() as u64).to_le_bytes());
         h.update(name.as_bytes());
         match values.get(i).copied().flatten() {
@@ -415,6 +503,55 @@ mod tests {
         assert_ne!(k(CHAT, Some("a"), &global), k(CHAT, Some("a"), &c));
     }
 
+    /// Anthropic's `x-api-key` is a Messages call's tenant whatever
+    /// `tenant_headers` lists; the key carries only its digest.
+    #[test]
+    fn a_messages_tenant_is_its_x_api_key() {
+        let body = Json::parse(br#"{"model":"claude","messages":[]}"#).unwrap();
+        let key = |c: &CacheConfig, endpoint, creds: &[Option<&str>]| {
+            let req = CacheRequest {
+                endpoint,
+                path: "/v1/messages",
+                body: Some(&body),
+                cache_control: None,
+                credentials: creds,
+            };
+            digest(KEY_VERSION, c, &req, &body)
+        };
+        let (a, b) = (Some("sk-ant-a"), Some("sk-ant-b"));
+        for c in [
+            cfg(),
+            CacheConfig {
+                tenant_headers: vec!["x-tenant".into()],
+                ..cfg()
+            },
+        ] {
+            let n = c.tenant_headers.len();
+            let with = |k| {
+                let mut creds = vec![None; n];
+                creds.push(k);
+                key(&c, Endpoint::Messages, &creds)
+            };
+            assert_ne!(with(a), with(b));
+            assert_ne!(with(a), with(None));
+            assert_eq!(with(a), with(a));
+        }
+        // Chat keeps its tenant: the configured headers alone.
+        let chat_key = key(&cfg(), Endpoint::Chat, &[Some("Bearer t"), None]);
+        assert_eq!(
+            chat_key,
+            key(&cfg(), Endpoint::Chat, &[Some("Bearer t"), None, a])
+        );
+        let global = CacheConfig {
+            scope: Scope::Global,
+            ..cfg()
+        };
+        assert_eq!(
+            key(&global, Endpoint::Messages, &[None, None, a]),
+            key(&global, Endpoint::Messages, &[None, None, b])
+        );
+    }
+
     #[test]
     fn stream_and_plain_share_the_key() {
         let plain = chat(BASE);
@@ -430,6 +567,7 @@ mod tests {
                     include_usage: false,
                     read: true,
                     store: true,
+                    max_age_ms: None,
                 }),
                 Decision::Cacheable(Cacheable {
                     key: b,
@@ -437,6 +575,7 @@ mod tests {
                     include_usage: true,
                     read: true,
                     store: true,
+                    max_age_ms: None,
                 }),
             ) => assert_eq!(a, b),
             other => panic!("{other:?}"),
@@ -568,6 +707,220 @@ mod tests {
                 store: true,
                 ..
             })
+        ));
+    }
+
+    #[test]
+    fn max_age_is_read_in_seconds() {
+        for (header, want) in [
+            ("max-age=60", Some(60)),
+            ("Max-Age = 60 ", Some(60)),
+            ("max-age=\"5\"", Some(5)),
+            ("no-cache, max-age=0", Some(0)),
+            ("max-age=30, max-age=10", Some(10)),
+            ("max-age=99999999999999999999999", Some(u64::MAX)),
+            ("max-age", None),
+            ("max-age=", None),
+            ("max-age=-1", None),
+            ("max-age=1.5", None),
+            ("max-stale=60", None),
+            ("", None),
+        ] {
+            assert_eq!(CacheControl::parse(header).max_age_s, want, "{header}");
+        }
+    }
+
+    #[test]
+    fn either_opt_in_makes_any_sampling_cacheable() {
+        let warm = r#"{"model":"gpt-4o","temperature":1.2,"messages":[]}"#;
+        assert_eq!(chat(warm), Decision::Bypass(BypassReason::Temperature));
+        let opted = decide_with(&cfg(), Endpoint::Chat, warm, Some("max-age=60"), None);
+        let Decision::Cacheable(c) = opted else {
+            panic!("{opted:?}");
+        };
+        assert_eq!(c.max_age_ms, Some(60_000));
+        let declared = CacheConfig {
+            deterministic_models: vec!["gpt-4o".into()],
+            ..cfg()
+        };
+        let d = |body: &str| decide_with(&declared, Endpoint::Chat, body, None, None);
+        let Decision::Cacheable(by_model) = d(warm) else {
+            panic!("cacheable by its model");
+        };
+        assert_eq!(by_model.max_age_ms, None);
+        assert_eq!(
+            by_model.key, c.key,
+            "how it became cacheable is no part of the key"
+        );
+        assert_eq!(
+            d(&warm.replace("gpt-4o", "gpt-4o-mini")),
+            Decision::Bypass(BypassReason::Temperature)
+        );
+        // Markers still say the answer depends on more than the request.
+        let marked = CacheConfig {
+            dynamic_markers: vec!["{{now}}".into()],
+            ..declared
+        };
+        let body = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"{{now}}"}]}"#;
+        assert_eq!(
+            decide_with(&marked, Endpoint::Chat, body, Some("max-age=5"), None),
+            Decision::Bypass(BypassReason::DynamicMarker)
+        );
+    }
+
+    #[test]
+    fn max_age_caps_the_age_of_an_entry_served() {
+        let Decision::Cacheable(c) =
+            decide_with(&cfg(), Endpoint::Chat, BASE, Some("max-age=10"), None)
+        else {
+            panic!("cacheable");
+        };
+        let answer = r#"{"choices":[{"message":{},"finish_reason":"stop"}]}"#;
+        let stamp = crate::cache::Stamp {
+            stored_at_ms: 1_000,
+            expires_at_ms: 1_000_000,
+        };
+        let entry = Entry::from_json(Endpoint::Chat, 200, answer.as_bytes(), stamp, 4096).unwrap();
+        assert!(c.accepts(&entry, 11_000));
+        assert!(!c.accepts(&entry, 11_001));
+        let any = Cacheable {
+            max_age_ms: None,
+            ..c
+        };
+        assert!(any.accepts(&entry, u64::MAX));
+    }
+
+    #[test]
+    fn responses_and_messages_need_a_temperature_sent_or_an_opt_in() {
+        let warm = CacheConfig {
+            max_temperature: 1.0,
+            ..cfg()
+        };
+        let d =
+            |c: &CacheConfig, endpoint, body: &str, cc| decide_with(c, endpoint, body, cc, None);
+        let temperature = Decision::Bypass(BypassReason::Temperature);
+        for (endpoint, cold) in [
+            (
+                Endpoint::Messages,
+                r#"{"model":"claude","max_tokens":9,"messages":[]}"#,
+            ),
+            (Endpoint::Responses, r#"{"model":"gpt-5","input":"x"}"#),
+        ] {
+            let sent = |t: &str| cold.replacen('{', &format!("{{\"temperature\":{t},"), 1);
+            assert!(matches!(
+                d(&cfg(), endpoint, &sent("0"), None),
+                Decision::Cacheable(_)
+            ));
+            assert_eq!(d(&cfg(), endpoint, &sent("0.5"), None), temperature);
+            assert!(matches!(
+                d(&warm, endpoint, &sent("0.5"), None),
+                Decision::Cacheable(_)
+            ));
+            // No temperature is no default to compare: only an opt-in helps.
+            assert_eq!(d(&cfg(), endpoint, cold, None), temperature, "{endpoint:?}");
+            assert_eq!(d(&warm, endpoint, cold, None), temperature, "{endpoint:?}");
+            assert!(matches!(
+                d(&cfg(), endpoint, cold, Some("max-age=5")),
+                Decision::Cacheable(_)
+            ));
+        }
+        // Chat keeps its rule: no temperature is the default of 1.0.
+        assert!(matches!(
+            d(&warm, Endpoint::Chat, r#"{"model":"m"}"#, None),
+            Decision::Cacheable(_)
+        ));
+    }
+
+    #[test]
+    fn a_responses_call_that_continues_state_bypasses() {
+        let d = |body: &str| decide_with(&cfg(), Endpoint::Responses, body, None, None);
+        for body in [
+            r#"{"temperature":0,"input":"x","previous_response_id":"resp_1"}"#,
+            r#"{"temperature":0,"input":"x","conversation":"conv_1"}"#,
+            r#"{"temperature":0,"input":"x","conversation":{"id":"conv_1"}}"#,
+            r#"{"temperature":0,"input":"x","background":true}"#,
+        ] {
+            assert_eq!(d(body), Decision::Bypass(BypassReason::State), "{body}");
+        }
+        for body in [
+            r#"{"temperature":0,"input":"x","store":false}"#,
+            r#"{"temperature":0,"input":"x","store":true}"#,
+            r#"{"temperature":0,"input":"x","background":false,"previous_response_id":null}"#,
+        ] {
+            assert!(matches!(d(body), Decision::Cacheable(_)), "{body}");
+        }
+        // The field means nothing to another dialect.
+        let messages = r#"{"temperature":0,"messages":[],"previous_response_id":"resp_1"}"#;
+        assert!(matches!(
+            decide_with(&cfg(), Endpoint::Messages, messages, None, None),
+            Decision::Cacheable(_)
+        ));
+        assert_eq!(BypassReason::State.as_str(), "state");
+    }
+
+    /// An answer kept as the upstream sent it echoes the request and differs
+    /// by delivery: nothing of the body stays out of its key.
+    #[test]
+    fn a_kept_as_sent_answer_is_keyed_on_its_whole_body() {
+        let k = |endpoint, body: &str| match decide_with(&cfg(), endpoint, body, None, None) {
+            Decision::Cacheable(c) => (c.key, c.stream),
+            d => panic!("{body}: {d:?}"),
+        };
+        for (endpoint, base) in [
+            (Endpoint::Messages, r#"{"temperature":0,"messages":[]}"#),
+            (Endpoint::Responses, r#"{"temperature":0,"input":"x"}"#),
+        ] {
+            let with = |f: &str| k(endpoint, &base.replacen('{', &format!("{{{f},"), 1));
+            let (plain, stream) = (k(endpoint, base), with(r#""stream":true"#));
+            assert!(!plain.1 && stream.1);
+            assert_ne!(plain.0, stream.0, "{endpoint:?}");
+            for f in [
+                r#""user":"u1""#,
+                r#""metadata":{"user_id":"u1"}"#,
+                r#""stream":false"#,
+                r#""stream_options":{"include_obfuscation":false}"#,
+            ] {
+                assert_ne!(with(f).0, plain.0, "{f}");
+            }
+            assert_eq!(k(endpoint, &base.replace(':', " : ")), plain, "spelling");
+        }
+    }
+
+    #[test]
+    fn dynamic_markers_are_sought_in_each_dialects_prompt() {
+        let c = CacheConfig {
+            dynamic_markers: vec!["{{now}}".into()],
+            ..cfg()
+        };
+        let marker = Decision::Bypass(BypassReason::DynamicMarker);
+        for (endpoint, body) in [
+            (
+                Endpoint::Messages,
+                r#"{"temperature":0,"system":"at {{now}}","messages":[]}"#,
+            ),
+            (
+                Endpoint::Messages,
+                r#"{"temperature":0,"messages":[{"role":"user","content":[{"type":"text","text":"{{now}}"}]}]}"#,
+            ),
+            (
+                Endpoint::Responses,
+                r#"{"temperature":0,"instructions":"{{now}}","input":"x"}"#,
+            ),
+            (
+                Endpoint::Responses,
+                r#"{"temperature":0,"input":[{"role":"user","content":"{{now}}"}]}"#,
+            ),
+        ] {
+            assert_eq!(
+                decide_with(&c, endpoint, body, None, None),
+                marker,
+                "{body}"
+            );
+        }
+        let elsewhere = r#"{"temperature":0,"metadata":{"x":"{{now}}"},"input":"x"}"#;
+        assert!(matches!(
+            decide_with(&c, Endpoint::Responses, elsewhere, None, None),
+            Decision::Cacheable(_)
         ));
     }
 
@@ -872,6 +1225,28 @@ mod props {
             let mut at = at;
             if repeat_a_key(&mut twice, &mut at) {
                 prop_assert_eq!(decide_text(&twice.spell(seed)), Decision::Bypass(BypassReason::DuplicateKey));
+            }
+        }
+
+        /// Any document in any dialect, under any `cache-control`, gets a
+        /// decision, never a panic; one that continues state never a key.
+        #[test]
+        fn any_body_is_decided_in_every_dialect(doc in fuzz::doc(false), seed: u64, control in ".{0,24}") {
+            let text = doc.spell(seed);
+            let tree = Json::parse(text.as_bytes());
+            for endpoint in [Endpoint::Responses, Endpoint::Messages, Endpoint::Embeddings, Endpoint::Other] {
+                let d = decide(
+                    &CacheConfig::default(),
+                    &CacheRequest {
+                        endpoint,
+                        path: "/v1/x",
+                        body: tree.as_ref(),
+                        cache_control: Some(&control),
+                        credentials: &[None, None, Some("k")],
+                    },
+                );
+                let continues = tree.as_ref().is_some_and(|t| Continues::of(endpoint, t).state);
+                prop_assert!(!(continues && matches!(d, Decision::Cacheable(_))));
             }
         }
 

@@ -4,9 +4,10 @@
 //!
 //! The walk: [`key::decide`] on the parsed request body; on a cacheable call
 //! [`store::Store::lookup`], then [`coalesce::claim`] on a miss; a leader feeds
-//! the answer to [`entry::Entry::from_json`] or an [`assemble::StreamAssembler`],
-//! [`store::Store::insert`]s it and [`coalesce::release`]s; followers
-//! [`coalesce::poll`] until the entry lands.
+//! the answer to [`entry::Entry::from_json`] or an [`assemble::StreamAssembler`]
+//! (or, for the dialects kept as the upstream sent them, the stream's bytes to
+//! [`entry::Entry::from_stream`]), [`store::Store::insert`]s it and
+//! [`coalesce::release`]s; followers [`coalesce::poll`] until the entry lands.
 
 mod answer;
 pub mod assemble;
@@ -18,6 +19,7 @@ mod replay;
 pub mod semantic;
 pub mod store;
 
+pub use answer::Delivery;
 pub use assemble::StreamAssembler;
 pub use coalesce::{Claim, Lease, Poll};
 pub use config::{CacheConfig, Mode, RawCacheConfig, Scope, Stamp};

@@ -27,7 +27,8 @@ pub(crate) fn sse(kind: EntryKind, body: &str, include_usage: bool) -> Option<Ve
     let object = match kind {
         EntryKind::Chat => "chat.completion.chunk",
         EntryKind::Completions => "text_completion",
-        EntryKind::Embeddings => return None,
+        // Never streamed, or replayed as stored.
+        EntryKind::Embeddings | EntryKind::Responses(_) | EntryKind::Messages(_) => return None,
     };
     head.insert("object".to_string(), Value::from(object));
     let mut out = Vec::with_capacity(body.len().saturating_mul(4));

@@ -348,6 +348,7 @@ fn a_whole_cached_call_through_the_core() {
         include_usage: true,
         read: true,
         store: true,
+        max_age_ms: None,
     }) = decide(&cfg, &req)
     else {
         panic!("not cacheable");

@@ -17,7 +17,9 @@ use crate::usage::Usage;
 pub struct Messages {
     /// The usage reported so far, events added up.
     pub usage: Option<Usage>,
-    /// A `message_delta` gave the stop reason: the answer is whole.
+    /// A `message_delta` gave the stop reason.
+    pub stop_reason: bool,
+    /// `message_stop` came after the stop reason: the answer is whole.
     pub finished: bool,
     /// `message_stop` or `error` arrived.
     pub done: bool,
@@ -70,10 +72,15 @@ impl Messages {
             Some("message_start") => data.get("message").and_then(|m| m.get("usage")),
             Some("message_delta") => {
                 let stop = data.get("delta").and_then(|d| d.get("stop_reason"));
-                self.finished |= stop.is_some_and(|s| !s.is_null());
+                self.stop_reason |= stop.is_some_and(|s| !s.is_null());
                 data.get("usage")
             }
-            Some("message_stop" | "error") => {
+            Some("message_stop") => {
+                self.finished = self.stop_reason && !self.done;
+                self.done = true;
+                None
+            }
+            Some("error") => {
                 self.done = true;
                 None
             }

@@ -139,7 +139,7 @@ impl Dialect {
     }
 
     /// The stream finished its answer: a choice or the response completed,
-    /// or the message gave its stop reason.
+    /// or the message gave its stop reason and then stopped.
     pub fn finished(&self) -> bool {
         match self {
             Self::Chat(g) => g.finished,
@@ -386,4 +386,4 @@ fn read_event<G: Grammar>(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

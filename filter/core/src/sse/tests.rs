@@ -337,7 +337,7 @@ mod props {
 }
 
 /// An OpenAI Responses stream as the API sends it (fields trimmed).
-const RESPONSES: &str = "event: response.created\n\
+pub(crate) const RESPONSES: &str = "event: response.created\n\
 data: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_abc\",\"status\":\"in_progress\",\"usage\":null}}\n\n\
 event: response.in_progress\n\
 data: {\"type\":\"response.in_progress\",\"sequence_number\":1,\"response\":{\"id\":\"resp_abc\"}}\n\n\
@@ -351,7 +351,7 @@ event: response.completed\n\
 data: {\"type\":\"response.completed\",\"sequence_number\":4,\"response\":{\"id\":\"resp_abc\",\"status\":\"completed\",\"usage\":{\"input_tokens\":12,\"input_tokens_details\":{\"cached_tokens\":8},\"output_tokens\":3,\"total_tokens\":15}}}\n\n";
 
 /// An Anthropic Messages stream as the API sends it (fields trimmed).
-const MESSAGES: &str = "event: message_start\n\
+pub(crate) const MESSAGES: &str = "event: message_start\n\
 data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"content\":[],\"usage\":{\"input_tokens\":4,\"cache_read_input_tokens\":6,\"cache_creation_input_tokens\":0,\"output_tokens\":1}}}\n\n\
 event: content_block_start\n\
 data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n\
@@ -426,6 +426,20 @@ fn a_messages_stream_adds_its_usage_up_over_its_events() {
         3,
     );
     assert!(s.grammar().ended() && !s.grammar().finished());
+    // Whole only when `message_stop` follows the stop reason: an error in
+    // between, or a stop without a reason, leaves it unfinished.
+    let stop = "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+    let (head, _) = MESSAGES.split_at(MESSAGES.find(stop).unwrap());
+    let error = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\"}}\n\n";
+    let without_reason = MESSAGES.replace("\"end_turn\"", "null");
+    for cut in [
+        head.to_string(),
+        format!("{head}{error}{stop}"),
+        without_reason,
+    ] {
+        let s = dialect(Endpoint::Messages, &cut, 9);
+        assert!(!s.grammar().finished(), "{cut}");
+    }
 }
 
 #[test]

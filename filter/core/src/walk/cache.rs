@@ -9,7 +9,8 @@ use serde_json::Value;
 
 use crate::cache::{
     self as policy, coalesce, key_hex, BypassReason, CacheRequest, CacheStatus, Cacheable, Claim,
-    Decision, Entry, Lookup, Mode, Poll, Store, StreamAssembler, AGE_HEADER, X_CACHE,
+    Decision, Delivery, Entry, EntryError, EntryKind, Lookup, Mode, Poll, Reply, Store,
+    StreamAssembler, AGE_HEADER, X_CACHE,
 };
 use crate::host::Metrics;
 use crate::json::Json;
@@ -17,7 +18,7 @@ use crate::metrics::{self as names, internal_error};
 use crate::summary::EnvoyReply;
 
 use super::state::{Answer, Fill, Response};
-use super::{set_request, set_response, Call, Env, Flow, HeldBody, Host, Step, Wake};
+use super::{set_request, set_response, BodyCopy, Call, Env, Flow, HeldBody, Host, Step, Wake};
 
 impl Call {
     /// The cache step of the walk, on the whole request body (`None`: not
@@ -186,8 +187,7 @@ impl Call {
         let path = host.request_header(":path").unwrap_or_default();
         let cache_control = host.request_header("cache-control");
         let values: Vec<Option<String>> = cfg
-            .tenant_headers
-            .iter()
+            .tenant_headers_of(self.request.endpoint)
             .map(|name| host.request_header(name))
             .collect();
         let credentials: Vec<Option<&str>> = values.iter().map(Option::as_deref).collect();
@@ -254,8 +254,9 @@ impl Call {
     }
 
     /// Answers the call locally from `entry`, as JSON or as an SSE stream per
-    /// the request. False when it cannot (the entry does not replay, the host
-    /// refused): the call then goes on as a miss.
+    /// the request. False when it cannot (the entry is older than the
+    /// caller's `max-age`, does not replay, the host refused): the call then
+    /// goes on as a miss.
     /// `extra` is one more header to send (the similarity of a semantic hit).
     pub(super) fn reply_from_entry(
         &mut self,
@@ -269,8 +270,7 @@ impl Call {
         let Some(c) = self.cache.cacheable else {
             return false;
         };
-        let Ok(reply) = entry.reply(c.stream, c.include_usage) else {
-            internal_error(env.metrics, "cache_replay");
+        let Some(reply) = entry_reply(env, &c, entry) else {
             return false;
         };
         let age = age_s.to_string();
@@ -304,7 +304,7 @@ impl Call {
         } else {
             set_response(env, host, X_CACHE, Some(CacheStatus::Miss.header()));
             if c.store {
-                self.cache.fill = self.start_fill(env, host);
+                self.cache.fill = self.start_fill(env, host, c);
             }
         }
         if self.cache.fill.is_none() {
@@ -313,12 +313,18 @@ impl Call {
         }
     }
 
-    /// Where to collect a successful answer, `None` (counted) when it cannot
-    /// be stored.
-    fn start_fill(&mut self, env: &mut Env<'_>, host: &dyn Host) -> Option<Fill> {
+    /// Where to collect a successful answer of `c`, `None` (counted) when it
+    /// cannot be stored.
+    fn start_fill(&mut self, env: &mut Env<'_>, host: &dyn Host, c: Cacheable) -> Option<Fill> {
         let response = self.response.as_mut()?;
         if response.status != Some(200) {
             count_store(env.metrics, "status");
+            return None;
+        }
+        let kept_as_sent =
+            EntryKind::of(self.request.endpoint, c.stream).and_then(EntryKind::verbatim);
+        if kept_as_sent.is_some_and(|d| d != Delivery::of(response.is_stream())) {
+            count_store(env.metrics, EntryError::Delivery.as_str());
             return None;
         }
         let encoded = host
@@ -332,6 +338,9 @@ impl Call {
         if let Answer::Json { copy, .. } = &mut response.answer {
             copy.raise_limit(limit as usize);
             return Some(Fill::Json);
+        }
+        if kept_as_sent.is_some() {
+            return Some(Fill::Verbatim(BodyCopy::with_limit(limit as usize)));
         }
         match StreamAssembler::new(self.request.endpoint, limit) {
             Some(a) => Some(Fill::Sse(a)),
@@ -360,8 +369,7 @@ impl Call {
             Lookup::Hit { entry, age_s } | Lookup::Stale { entry, age_s } => (entry, age_s),
             Lookup::Miss => return false,
         };
-        let Ok(reply) = entry.reply(c.stream, c.include_usage) else {
-            internal_error(env.metrics, "cache_replay");
+        let Some(reply) = entry_reply(env, &c, &entry) else {
             return false;
         };
         set_response(env, host, ":status", Some("200"));
@@ -406,6 +414,11 @@ impl Call {
             Fill::Json => json.is_none_or(|b| b.len() > limit as usize),
             // Fed by the stream's reading (see `on_response_body`).
             Fill::Sse(asm) => asm.gave_up(),
+            // Fed here, every byte as it came.
+            Fill::Verbatim(copy) => {
+                copy.append(chunk.unwrap_or_default());
+                !copy.is_open()
+            }
         };
         if !end_of_stream && !gave_up {
             return;
@@ -414,12 +427,17 @@ impl Call {
             return;
         };
         let stamp = env.config.cache.stamp(env.now_ms, env.rng.next_f64());
+        let endpoint = self.request.endpoint;
         let entry = match (fill, json) {
             (Fill::Json, Some(body)) if !gave_up => {
-                Entry::from_answer(self.request.endpoint, 200, body, answer, stamp, limit)
+                Entry::from_answer(endpoint, 200, body, answer, stamp, limit)
             }
-            (Fill::Json, _) => Err(policy::EntryError::TooLarge),
+            (Fill::Json, _) => Err(EntryError::TooLarge),
             (Fill::Sse(asm), _) => asm.finish(stamp),
+            (Fill::Verbatim(copy), _) => {
+                let finished = self.response.as_ref().is_some_and(Response::finished);
+                Entry::from_stream(endpoint, copy.bytes(), finished, stamp, limit)
+            }
         };
         match entry {
             Ok(entry) => self.store_entry(env, &entry),
@@ -463,7 +481,7 @@ impl Call {
             coalesce::release(&Store::new(env.store, &env.config.cache), lease);
         }
         if self.cache.fill.is_some() {
-            count_store(env.metrics, policy::EntryError::Incomplete.as_str());
+            count_store(env.metrics, EntryError::Incomplete.as_str());
         }
         if let Some(status) = self.cache.status {
             let result = [("result", status.label())];
@@ -481,6 +499,19 @@ pub(super) fn take_shard_header(env: &mut Env<'_>, host: &mut dyn Host) -> Optio
     let sent = host.request_header(header)?;
     set_request(env, host, header, None);
     config.cache.keeps_entries().then_some(sent)
+}
+
+/// What `entry` answers call `c` with; `None` when the caller's `max-age`
+/// refuses an entry that old, or the entry does not replay (counted).
+fn entry_reply(env: &mut Env<'_>, c: &Cacheable, entry: &Entry) -> Option<Reply> {
+    if !c.accepts(entry, env.now_ms) {
+        return None;
+    }
+    let reply = entry.reply(c.stream, c.include_usage);
+    if reply.is_err() {
+        internal_error(env.metrics, "cache_replay");
+    }
+    reply.ok()
 }
 
 /// True when a response says a body follows (`content-length` above 0, or

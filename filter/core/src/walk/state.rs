@@ -399,6 +399,14 @@ impl Response {
         }
     }
 
+    /// The answer is a stream whose grammar saw it complete.
+    pub(super) fn finished(&self) -> bool {
+        match &self.answer {
+            Answer::Stream(sse) => sse.grammar().finished(),
+            Answer::Json { .. } => false,
+        }
+    }
+
     /// The upstream failed the call (5xx, or Envoy's timeout).
     pub(super) fn failed(&self) -> bool {
         self.envoy == Some(EnvoyReply::Timeout)
@@ -449,13 +457,16 @@ pub(super) enum Fill {
     Json,
     /// A streamed answer, rebuilt event by event.
     Sse(StreamAssembler),
+    /// A streamed answer kept as the upstream sent it (Responses, Messages):
+    /// its bytes, bounded by `cache.max_entry_bytes`.
+    Verbatim(BodyCopy),
 }
 
 impl Fill {
     /// What takes a streamed answer's events as they are read.
     pub(super) fn collector(&mut self) -> Option<&mut dyn Collect> {
         match self {
-            Fill::Json => None,
+            Fill::Json | Fill::Verbatim(_) => None,
             Fill::Sse(asm) => Some(asm),
         }
     }

@@ -10,6 +10,8 @@ use crate::host::SharedStore;
 use crate::walk::fake::{FakeHost, World};
 use crate::walk::*;
 
+mod dialects;
+
 impl World {
     /// Request headers, then the whole body: the call and the last step.
     fn hold_request(&mut self, host: &mut FakeHost) -> (Call, Step) {
@@ -324,6 +326,67 @@ fn no_cache_refetches_and_refreshes() {
     assert_eq!(body, fresh.as_bytes());
     assert_eq!(headers["age"], "0");
     assert_eq!(w.gauge("llm_filter_cache_entries"), 1, "replaced in place");
+}
+
+#[test]
+fn max_age_makes_a_call_cacheable_and_caps_the_age_served() {
+    let mut w = World::new(r#"{"cache":{"ttl_jitter":0,"stale_if_error_s":600}}"#);
+    // No temperature: the provider's default, not cacheable by itself.
+    let warm = CHAT.replace(r#""temperature":0,"#, "");
+    let within = |s: &str| chat(&warm).with_header("cache-control", s);
+    let host = w.upstream_call(chat(&warm), 200, "application/json", ANSWER);
+    assert_eq!(host.response("x-cache"), Some("BYPASS"));
+    let host = w.upstream_call(within("max-age=60"), 200, "application/json", ANSWER);
+    assert_eq!(host.response("x-cache"), Some("MISS"));
+    assert_eq!(w.stores("stored"), 1);
+
+    w.now_ms += 30_000;
+    let mut host = within("max-age=60");
+    w.hold_request(&mut host);
+    let (_, headers, body) = reply(&host);
+    assert_eq!(
+        (headers["x-cache"].as_str(), headers["age"].as_str()),
+        ("HIT", "30")
+    );
+    assert_eq!(body, ANSWER.as_bytes());
+    // A caller without the header gets no stored answer.
+    let host = w.upstream_call(chat(&warm), 200, "application/json", ANSWER);
+    assert_eq!(host.response("x-cache"), Some("BYPASS"));
+    // Older than this caller accepts: a miss, nor served in place of a failure.
+    let mut host = within("max-age=29");
+    let (mut call, step) = w.hold_request(&mut host);
+    assert_eq!(step, Step::Continue, "goes upstream");
+    let mut host = host
+        .with_response(503, "application/json", r#"{"error":{}}"#)
+        .with_response_header("content-length", "10");
+    w.respond_chunks(&mut call, &mut host, &[r#"{"error":{}}"#]);
+    assert_eq!(host.response(":status"), Some("503"));
+    assert_eq!(host.response("x-cache"), Some("MISS"));
+    call.on_log(&mut w.env());
+    let fresh = ANSWER.replace("Hello there", "Fresh words");
+    let host = w.upstream_call(within("max-age=29"), 200, "application/json", &fresh);
+    assert_eq!(host.response("x-cache"), Some("MISS"));
+    let mut host = within("max-age=60");
+    w.hold_request(&mut host);
+    assert_eq!(
+        reply(&host).2,
+        fresh.as_bytes(),
+        "the fresh answer replaced it"
+    );
+}
+
+#[test]
+fn a_model_declared_deterministic_is_cacheable_at_any_temperature() {
+    let mut w = World::new(r#"{"cache":{"deterministic_models":["gpt-4o"]}}"#);
+    let warm = CHAT.replace(r#""temperature":0"#, r#""temperature":1.3"#);
+    let host = w.upstream_call(chat(&warm), 200, "application/json", ANSWER);
+    assert_eq!(host.response("x-cache"), Some("MISS"));
+    let mut host = chat(&warm);
+    w.hold_request(&mut host);
+    assert_eq!(reply(&host).1["x-cache"], "HIT");
+    let other = warm.replace("gpt-4o", "gpt-4o-mini");
+    let host = w.upstream_call(chat(&other), 200, "application/json", ANSWER);
+    assert_eq!(host.response("x-cache"), Some("BYPASS"));
 }
 
 #[test]
