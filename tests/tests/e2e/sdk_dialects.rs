@@ -504,3 +504,41 @@ async fn a_shed_call_is_each_sdks_typed_error_after_retry_after() {
         "shed calls never reach the backend"
     );
 }
+
+#[tokio::test]
+async fn each_sdk_gets_a_cache_hit_when_it_opts_in_by_max_age() {
+    if skip_without_envoy("each_sdk_gets_a_cache_hit_when_it_opts_in_by_max_age") {
+        return;
+    }
+    let mock = MockUpstream::start(MockConfig::named("sdkc"));
+    let envoy = filtered_envoy(&mock, json!({}));
+    let opt_in = ["--calls", "2", "--header", "cache-control:max-age=300"];
+    let (o, a, plain) = tokio::join!(
+        openai(&envoy, "responses_raw", &opt_in),
+        anthropic(&envoy, "messages_raw", &opt_in),
+        // Without the opt-in a Messages call has no temperature to tell it
+        // deterministic: never cached.
+        anthropic(
+            &envoy,
+            "messages_raw",
+            &["--calls", "2", "--prompt", "not opted in"]
+        ),
+    );
+    for out in [&o, &a] {
+        let calls = out["calls"].as_array().expect("calls");
+        assert_eq!(calls.len(), 2, "{out}");
+        assert_eq!(calls[0]["x_cache"], "MISS", "{out}");
+        assert_eq!(calls[1]["x_cache"], "HIT", "{out}");
+        assert_eq!(calls[1]["status"], 200, "{out}");
+        // The SDK parsed the replay as it parsed the answer.
+        assert_eq!(calls[0]["id"], calls[1]["id"], "{out}");
+    }
+    assert_eq!(o["calls"][1]["output_text"], o["calls"][0]["output_text"]);
+    assert_eq!(a["calls"][1]["text"], a["calls"][0]["text"]);
+    let plain = plain["calls"].as_array().expect("calls");
+    assert!(plain.iter().all(|c| c["x_cache"] == "BYPASS"), "{plain:?}");
+    // One upstream call per opted-in API, two for the one not opted in.
+    let count = |path: &str| mock.requests().iter().filter(|r| r.path == path).count();
+    assert_eq!(count("/v1/responses"), 1);
+    assert_eq!(count("/v1/messages"), 3);
+}
