@@ -144,6 +144,7 @@ fn main() {
     )
     .expect("a store write");
     let summary = CallSummary {
+        api: Endpoint::Chat,
         priority: Priority::P1,
         model: "gpt-4o",
         end: End::Answered(200),

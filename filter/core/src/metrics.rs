@@ -154,7 +154,7 @@ pub const LLM_CLUSTER: &str = "llm_cluster";
 
 /// Every label the filter writes into stat names; the bootstrap has one
 /// `stats_tags` rule per label, with the regex [`tag_regex`] gives.
-pub const LABELS: [&str; 10] = [
+pub const LABELS: [&str; 11] = [
     "priority",
     "model",
     "outcome",
@@ -165,6 +165,7 @@ pub const LABELS: [&str; 10] = [
     "what",
     "group",
     "action",
+    "api",
 ];
 
 /// The `stats_tags` regex that extracts `label` from the names [`name`]

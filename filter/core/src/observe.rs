@@ -66,14 +66,16 @@ impl RequestOutcome {
 /// with a `group` label when the call is in an A/B group.
 pub fn record(m: &mut dyn Metrics, call: &CallSummary<'_>) {
     let outcome = RequestOutcome::of(call.end);
+    let api = call.api.api();
     let requests = [
         ("priority", call.priority.as_str()),
         ("model", call.model),
         ("outcome", outcome.as_str()),
+        ("api", api),
     ];
     let requests = Labels::with_group(&requests, call.group);
     m.counter_with(metrics::REQUESTS, requests.get(), 1);
-    let model = Labels::with_group(&[("model", call.model)], call.group);
+    let model = Labels::with_group(&[("model", call.model), ("api", api)], call.group);
     m.histogram_with(metrics::OPERATION_DURATION, model.get(), call.elapsed_ms());
     if let Some(first) = call.first_byte_after_ms() {
         m.histogram_with(metrics::TIME_TO_FIRST_TOKEN, model.get(), first);
@@ -85,7 +87,7 @@ pub fn record(m: &mut dyn Metrics, call: &CallSummary<'_>) {
             ("cached_input", u.cached_tokens),
         ] {
             if n > 0 {
-                let labels = [("model", call.model), ("token_type", kind)];
+                let labels = [("model", call.model), ("token_type", kind), ("api", api)];
                 let labels = Labels::with_group(&labels, call.group);
                 m.counter_with(metrics::TOKEN_USAGE, labels.get(), n);
             }
@@ -95,14 +97,14 @@ pub fn record(m: &mut dyn Metrics, call: &CallSummary<'_>) {
 
 /// A metric's labels and the call's `group`, when it has one, on the stack.
 struct Labels<'a> {
-    all: [(&'static str, &'a str); 4],
+    all: [(&'static str, &'a str); 5],
     len: usize,
 }
 
 impl<'a> Labels<'a> {
     fn with_group(labels: &[(&'static str, &'a str)], group: Option<&'a str>) -> Self {
         let mut out = Self {
-            all: [("", ""); 4],
+            all: [("", ""); 5],
             len: 0,
         };
         for label in labels.iter().copied().chain(group.map(|g| ("group", g))) {
@@ -166,24 +168,25 @@ mod tests {
             },
         );
         assert_eq!(
-            m.counters["llm_filter_requests_total.priority=P0;.model=gpt-4o;.outcome=success;"],
+            m.counters
+                ["llm_filter_requests_total.priority=P0;.model=gpt-4o;.outcome=success;.api=chat;"],
             1
         );
         assert_eq!(
-            m.histograms["gen_ai_client_operation_duration_ms.model=gpt-4o;"],
+            m.histograms["gen_ai_client_operation_duration_ms.model=gpt-4o;.api=chat;"],
             [500]
         );
         assert_eq!(
-            m.histograms["gen_ai_server_time_to_first_token_ms.model=gpt-4o;"],
+            m.histograms["gen_ai_server_time_to_first_token_ms.model=gpt-4o;.api=chat;"],
             [200]
         );
         assert_eq!(
-            m.counters["gen_ai_client_token_usage_total.model=gpt-4o;.token_type=input;"],
+            m.counters["gen_ai_client_token_usage_total.model=gpt-4o;.token_type=input;.api=chat;"],
             10
         );
-        assert!(!m
-            .counters
-            .contains_key("gen_ai_client_token_usage_total.model=gpt-4o;.token_type=output;"));
+        assert!(!m.counters.contains_key(
+            "gen_ai_client_token_usage_total.model=gpt-4o;.token_type=output;.api=chat;"
+        ));
     }
 
     #[test]
@@ -205,19 +208,20 @@ mod tests {
             },
         );
         assert_eq!(
-            m.counters["llm_filter_requests_total.priority=P1;.model=m;.outcome=success;.group=b;"],
+            m.counters["llm_filter_requests_total.priority=P1;.model=m;.outcome=success;.api=chat;.group=b;"],
             1
         );
         assert_eq!(
-            m.histograms["gen_ai_client_operation_duration_ms.model=m;.group=b;"],
+            m.histograms["gen_ai_client_operation_duration_ms.model=m;.api=chat;.group=b;"],
             [40]
         );
         assert_eq!(
-            m.histograms["gen_ai_server_time_to_first_token_ms.model=m;.group=b;"],
+            m.histograms["gen_ai_server_time_to_first_token_ms.model=m;.api=chat;.group=b;"],
             [10]
         );
         assert_eq!(
-            m.counters["gen_ai_client_token_usage_total.model=m;.token_type=output;.group=b;"],
+            m.counters
+                ["gen_ai_client_token_usage_total.model=m;.token_type=output;.api=chat;.group=b;"],
             2
         );
     }
@@ -236,7 +240,7 @@ mod tests {
             },
         );
         assert_eq!(
-            m.histograms["gen_ai_client_operation_duration_ms.model=m;"],
+            m.histograms["gen_ai_client_operation_duration_ms.model=m;.api=chat;"],
             [0]
         );
     }

@@ -27,6 +27,7 @@
 //! upstream's doing or the client's, which the filter cannot tell apart: the
 //! backend learns nothing from it.
 
+use crate::classify::Endpoint;
 use crate::priority::Priority;
 use crate::usage::Usage;
 
@@ -133,6 +134,8 @@ impl End {
 /// Everything the walk knew of a call when it ended, for each policy to learn from.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CallSummary<'a> {
+    /// The API the call spoke (the `api` label of the request metrics).
+    pub api: Endpoint,
     /// The call's priority.
     pub priority: Priority,
     /// The model label (already bounded).
@@ -186,6 +189,7 @@ impl CallSummary<'static> {
     /// A call of model `m` at priority P1 that ended as `end` at time 0, for tests.
     pub(crate) fn ended(end: End) -> Self {
         Self {
+            api: Endpoint::Chat,
             priority: Priority::P1,
             model: "m",
             end,

@@ -86,6 +86,7 @@ impl Call {
             ),
         };
         CallSummary {
+            api: self.request.endpoint,
             priority: self.request.priority,
             model,
             end,

@@ -160,7 +160,9 @@ fn a_miss_is_stored_and_the_twin_hits() {
     call.on_log(&mut w.env());
     assert_eq!(w.lookups("hit"), 1);
     assert_eq!(
-        w.counter("llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=success;"),
+        w.counter(
+            "llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=success;.api=chat;"
+        ),
         2
     );
 }
@@ -676,11 +678,15 @@ fn a_stream_cut_short_is_neither_stored_nor_a_success() {
     assert_eq!(w.stores("incomplete"), 1);
     assert_eq!(w.stores("stored"), 0);
     assert_eq!(
-        w.counter("llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=incomplete;"),
+        w.counter(
+            "llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=incomplete;.api=chat;"
+        ),
         1
     );
     assert_eq!(
-        w.counter("llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=success;"),
+        w.counter(
+            "llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=success;.api=chat;"
+        ),
         0
     );
     // The twin finds nothing partial: it goes upstream.

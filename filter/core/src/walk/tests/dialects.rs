@@ -53,15 +53,15 @@ fn a_responses_call_continuing_a_response_goes_to_the_backend_that_produced_it()
     call.on_log(&mut w.env());
     for (counter, n) in [
         (
-            "gen_ai_client_token_usage_total.model=gpt-4o;.token_type=input;",
+            "gen_ai_client_token_usage_total.model=gpt-4o;.token_type=input;.api=responses;",
             3,
         ),
         (
-            "gen_ai_client_token_usage_total.model=gpt-4o;.token_type=output;",
+            "gen_ai_client_token_usage_total.model=gpt-4o;.token_type=output;.api=responses;",
             2,
         ),
         (
-            "gen_ai_client_token_usage_total.model=gpt-4o;.token_type=cached_input;",
+            "gen_ai_client_token_usage_total.model=gpt-4o;.token_type=cached_input;.api=responses;",
             2,
         ),
     ] {
@@ -157,15 +157,15 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
     call.on_log(&mut w.env());
     for (counter, n) in [
         (
-            "gen_ai_client_token_usage_total.model=claude;.token_type=input;",
+            "gen_ai_client_token_usage_total.model=claude;.token_type=input;.api=messages;",
             5,
         ),
         (
-            "gen_ai_client_token_usage_total.model=claude;.token_type=output;",
+            "gen_ai_client_token_usage_total.model=claude;.token_type=output;.api=messages;",
             4,
         ),
         (
-            "llm_filter_requests_total.priority=P1;.model=claude;.outcome=success;",
+            "llm_filter_requests_total.priority=P1;.model=claude;.outcome=success;.api=messages;",
             1,
         ),
     ] {

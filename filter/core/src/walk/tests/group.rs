@@ -61,7 +61,7 @@ fn a_call_joins_its_users_group_with_its_overrides() {
         call.on_log(&mut w.env());
         assert_eq!(
             w.counter(&format!(
-                "llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=success;.group={name};"
+                "llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=success;.api=chat;.group={name};"
             )),
             1
         );

@@ -77,15 +77,17 @@ fn a_plain_call_is_tagged_planned_and_counted() {
     w.now_ms += 250;
     call.on_log(&mut w.env());
     assert_eq!(
-        w.counter("llm_filter_requests_total.priority=P0;.model=gpt-4o;.outcome=success;"),
+        w.counter(
+            "llm_filter_requests_total.priority=P0;.model=gpt-4o;.outcome=success;.api=chat;"
+        ),
         1
     );
     assert_eq!(
-        w.counter("gen_ai_client_token_usage_total.model=gpt-4o;.token_type=input;"),
+        w.counter("gen_ai_client_token_usage_total.model=gpt-4o;.token_type=input;.api=chat;"),
         3
     );
     assert_eq!(
-        w.metrics.histograms["gen_ai_client_operation_duration_ms.model=gpt-4o;"],
+        w.metrics.histograms["gen_ai_client_operation_duration_ms.model=gpt-4o;.api=chat;"],
         [250]
     );
 }
@@ -251,7 +253,9 @@ fn an_overloaded_backend_refuses_low_priority_but_not_p0() {
     assert!(body["error"]["code"].is_string());
     call.on_log(&mut w.env());
     assert_eq!(
-        w.counter("llm_filter_requests_total.priority=P2;.model=gpt-4o;.outcome=refused;"),
+        w.counter(
+            "llm_filter_requests_total.priority=P2;.model=gpt-4o;.outcome=refused;.api=chat;"
+        ),
         1
     );
 
@@ -485,7 +489,7 @@ fn envoys_reply_to_a_reset_upstream_counts_as_reset() {
     w.respond(&mut call, &mut host);
     call.on_log(&mut w.env());
     assert_eq!(
-        w.counter("llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=reset;"),
+        w.counter("llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=reset;.api=chat;"),
         1
     );
 }
@@ -645,11 +649,11 @@ fn the_other_backends_answer_reaches_the_client_and_is_learnt() {
             1,
         ),
         (
-            "llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=success;",
+            "llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=success;.api=chat;",
             1,
         ),
         (
-            "gen_ai_client_token_usage_total.model=gpt-4o;.token_type=input;",
+            "gen_ai_client_token_usage_total.model=gpt-4o;.token_type=input;.api=chat;",
             3,
         ),
     ] {
@@ -685,7 +689,9 @@ fn no_answer_from_the_other_backend_lets_the_failure_through() {
         1
     );
     assert_eq!(
-        w.counter("llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=server_error;"),
+        w.counter(
+            "llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=server_error;.api=chat;"
+        ),
         1
     );
     assert_eq!(health::read(&w.store, "a").unwrap().in_flight, 0);
@@ -886,7 +892,9 @@ fn envoys_413_to_a_held_body_is_put_in_openai_shape() {
     assert_eq!(body["error"]["type"], "invalid_request_error");
     call.on_log(&mut w.env());
     assert_eq!(
-        w.counter("llm_filter_requests_total.priority=P1;.model=unknown;.outcome=client_error;"),
+        w.counter(
+            "llm_filter_requests_total.priority=P1;.model=unknown;.outcome=client_error;.api=chat;"
+        ),
         1
     );
 }
@@ -924,7 +932,7 @@ fn a_stream_asks_for_usage_and_the_client_never_sees_it() {
     assert_eq!(s.in_flight, 0);
     assert_eq!(s.tokens_per_s, 4.0 / load::WINDOW_S);
     assert_eq!(
-        w.counter("gen_ai_client_token_usage_total.model=gpt-4o;.token_type=output;"),
+        w.counter("gen_ai_client_token_usage_total.model=gpt-4o;.token_type=output;.api=chat;"),
         4
     );
 
