@@ -173,7 +173,7 @@ fn main() {
     let conversation_doc = Document::parse(conversation.clone().into_bytes());
     let limits = shaping.shaping.limits(Priority::P1);
     let mut shaped = conversation_doc.clone();
-    let changes = shaping::shape(&mut shaped, &limits, shaping.shaping.field);
+    let changes = shaping::shape(&mut shaped, Endpoint::Chat, &limits, shaping.shaping.field);
     assert!(!changes.is_empty(), "the conversation must be shaped");
     let shaped = shaped.into_bytes();
 
@@ -285,7 +285,7 @@ fn main() {
             "shape: trim history and cap max_tokens (`shaping::shape` on a copy of the parsed body, 12 messages)",
             time(|| {
                 let mut doc = black_box(&conversation_doc).clone();
-                black_box(shaping::shape(&mut doc, &limits, shaping.shaping.field));
+                black_box(shaping::shape(&mut doc, Endpoint::Chat, &limits, shaping.shaping.field));
             }),
         ),
         (

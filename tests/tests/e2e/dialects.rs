@@ -307,3 +307,57 @@ async fn a_shed_call_is_refused_in_its_callers_error_shape() {
     .expect("call");
     assert_eq!(ok.status, 200, "{}", ok.text());
 }
+
+#[tokio::test]
+async fn each_dialect_is_shaped_by_its_own_fields() {
+    if skip_without_envoy("each_dialect_is_shaped_by_its_own_fields") {
+        return;
+    }
+    let (default, a, b) = backends();
+    let envoy = routed(
+        &default,
+        &a,
+        &b,
+        json!({"shaping": {"max_history_turns": {"P1": 1}, "max_tokens_cap": {"P1": 64}}}),
+    );
+    let messages = json!({"model": "claude", "max_tokens": 4096, "system": "be brief", "messages": [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "w", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"}]},
+        {"role": "assistant", "content": "sunny"},
+        {"role": "user", "content": "last"}
+    ]});
+    let responses = json!({"model": "gpt-4o", "instructions": "be brief", "max_output_tokens": 4096, "input": [
+        {"role": "developer", "content": "rules"},
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "1"},
+        {"role": "user", "content": "last"}
+    ]});
+    for (path, body, field, list, kept) in [
+        ("/v1/messages", messages, "max_tokens", "messages", 1),
+        ("/v1/responses", responses, "max_output_tokens", "input", 2),
+    ] {
+        let r = post_json(&envoy.url(path), &body, &[]).await.expect("call");
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        assert_eq!(
+            r.header("x-llm-shaped"),
+            Some("max_tokens,history"),
+            "{path}"
+        );
+        let backend = if r.header(CLUSTER_HEADER) == Some("a") {
+            &a
+        } else {
+            &b
+        };
+        let (sent, _) = last_sent(backend, path).expect("the backend got it");
+        assert_eq!(sent[field], 64, "{path}: {sent}");
+        let items = sent[list].as_array().expect("the conversation");
+        assert_eq!(items.len(), kept, "{path}: {sent}");
+        assert_eq!(items.last().unwrap()["content"], "last", "{path}");
+        // The system prompt and instructions are never trimmed.
+        assert_eq!(
+            sent.get("system").or_else(|| sent.get("instructions")),
+            Some(&json!("be brief"))
+        );
+    }
+}

@@ -11,10 +11,11 @@
 pub mod config;
 mod history;
 
+use crate::classify::Endpoint;
 use crate::json::{Document, Json};
 
 pub use config::{Limits, RawShapingConfig, ShapingConfig, TokenField};
-pub use history::keep_history;
+pub use history::{keep_history, keep_turns};
 
 /// Response header telling the client what shaping changed
 /// (`max_tokens,history`).
@@ -78,16 +79,22 @@ impl Changes {
     }
 }
 
-/// Shapes a chat completions body under `limits`, in place: history first,
-/// then the output token limit. Returns what changed (nothing when the body
-/// is not one shaping understands).
-pub fn shape(doc: &mut Document, limits: &Limits, field: TokenField) -> Changes {
+/// Shapes a body of `endpoint` under `limits`, in place: history first (a
+/// chat or Anthropic `messages` list, a Responses `input` list), then the
+/// output token limit in `field`. Returns what changed (nothing when the
+/// body is not one shaping understands).
+pub fn shape(
+    doc: &mut Document,
+    endpoint: Endpoint,
+    limits: &Limits,
+    field: TokenField,
+) -> Changes {
     let mut changes = Changes::default();
     if !limits.any() || !doc.tree().is_some_and(understood) {
         return changes;
     }
     if (limits.history_turns.is_some() || limits.prompt_tokens.is_some())
-        && trim_history(doc, limits.history_turns, limits.prompt_tokens)
+        && trim_turns(doc, endpoint, limits.history_turns, limits.prompt_tokens)
     {
         changes.add(What::History);
     }
@@ -175,19 +182,35 @@ pub fn trim_history(
     max_turns: Option<u64>,
     max_prompt_tokens: Option<u64>,
 ) -> bool {
-    let Some(Json::Array(messages)) = doc.tree().and_then(|t| t.get("messages")) else {
+    trim_turns(doc, Endpoint::Chat, max_turns, max_prompt_tokens)
+}
+
+/// [`trim_history`] for a body of `endpoint`: its conversation's items left
+/// out as [`history::keep_turns`] says, each kept one byte for byte.
+pub fn trim_turns(
+    doc: &mut Document,
+    endpoint: Endpoint,
+    max_turns: Option<u64>,
+    max_prompt_tokens: Option<u64>,
+) -> bool {
+    let field = if endpoint == Endpoint::Responses {
+        "input"
+    } else {
+        "messages"
+    };
+    let Some(Json::Array(messages)) = doc.tree().and_then(|t| t.get(field)) else {
         return false;
     };
-    let Some(keep) = keep_history(messages, max_turns, max_prompt_tokens) else {
+    let Some(keep) = history::keep_turns(endpoint, messages, max_turns, max_prompt_tokens) else {
         return false;
     };
-    let Some(items) = doc.items("messages") else {
+    let Some(items) = doc.items(field) else {
         return false;
     };
     if items.len() != keep.len() {
         return false;
     }
-    let mut new = Vec::with_capacity(doc.value_bytes("messages").map_or(0, <[u8]>::len));
+    let mut new = Vec::with_capacity(doc.value_bytes(field).map_or(0, <[u8]>::len));
     new.push(b'[');
     for (item, _) in items.iter().zip(&keep).filter(|(_, k)| **k) {
         if new.len() > 1 {
@@ -202,7 +225,7 @@ pub fn trim_history(
         .filter(|(_, k)| **k)
         .map(|(m, _)| m.clone())
         .collect();
-    doc.set("messages", &new, Json::Array(kept))
+    doc.set(field, &new, Json::Array(kept))
 }
 
 /// A canonical JSON number (see [`crate::json`]) that is a whole number ≥ 0

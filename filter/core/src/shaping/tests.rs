@@ -1,4 +1,5 @@
 use super::*;
+use crate::classify::Endpoint;
 use crate::routing::rules::message_tokens;
 
 /// The body after `f` edited it, `None` when `f` changed nothing.
@@ -186,7 +187,7 @@ fn shape_reports_what_changed() {
         prompt_tokens: None,
     };
     let mut doc = Document::parse(body.as_bytes().to_vec());
-    let s = shape(&mut doc, &limits, TokenField::MaxTokens);
+    let s = shape(&mut doc, Endpoint::Chat, &limits, TokenField::MaxTokens);
     assert_eq!(s.header().as_deref(), Some("max_tokens,history"));
     assert_eq!(
         String::from_utf8(doc.into_bytes()).unwrap(),
@@ -198,7 +199,7 @@ fn shape_reports_what_changed() {
     };
     let shaped = |body: &str, limits: &Limits| {
         let mut doc = Document::parse(body.as_bytes().to_vec());
-        let changes = shape(&mut doc, limits, TokenField::MaxTokens);
+        let changes = shape(&mut doc, Endpoint::Chat, limits, TokenField::MaxTokens);
         if changes.is_empty() {
             assert_eq!(
                 doc.bytes(),
@@ -427,4 +428,71 @@ mod props {
             }
         }
     }
+}
+
+/// `body` of `endpoint` with its history trimmed to `turns` turns.
+fn trim_dialect(endpoint: Endpoint, body: &str, turns: u64) -> Option<serde_json::Value> {
+    edited(body.as_bytes(), |d| {
+        trim_turns(d, endpoint, Some(turns), None)
+    })
+    .map(|t| serde_json::from_str(&t).unwrap())
+}
+
+#[test]
+fn anthropic_turns_keep_a_tool_use_with_its_result() {
+    let body = r#"{"model":"claude","max_tokens":64,"system":"be brief","messages":[
+        {"role":"user","content":"one"},
+        {"role":"assistant","content":"1"},
+        {"role":"user","content":[{"type":"text","text":"weather?"}]},
+        {"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"w","input":{}}]},
+        {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"sunny"}]},
+        {"role":"assistant","content":"sunny"},
+        {"role":"user","content":"three"}
+    ]}"#;
+    let texts = |v: &serde_json::Value| -> Vec<String> {
+        v["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["content"].to_string())
+            .collect()
+    };
+    // Two turns: the current one and the whole tool turn before it.
+    let two = trim_dialect(Endpoint::Messages, body, 2).unwrap();
+    assert_eq!(two["system"], "be brief");
+    let kept = texts(&two);
+    assert_eq!(kept.len(), 5, "{kept:?}");
+    assert!(kept[0].contains("weather?") && kept[2].contains("tool_result"));
+    assert_eq!(two["messages"][0]["role"], "user");
+    // One turn: the last user message alone.
+    let one = trim_dialect(Endpoint::Messages, body, 1).unwrap();
+    assert_eq!(texts(&one), ["\"three\""]);
+    assert_eq!(trim_dialect(Endpoint::Messages, body, 3), None);
+}
+
+#[test]
+fn responses_input_keeps_developer_items_and_calls_with_their_outputs() {
+    let body = r#"{"model":"m","instructions":"be brief","input":[
+        {"role":"developer","content":"rules"},
+        {"role":"user","content":"one"},
+        {"type":"message","role":"assistant","content":[{"type":"output_text","text":"1"}]},
+        {"role":"user","content":"weather?"},
+        {"type":"function_call","call_id":"c1","name":"w","arguments":"{}"},
+        {"type":"function_call_output","call_id":"c1","output":"sunny"},
+        {"role":"user","content":"three"}
+    ]}"#;
+    let two = trim_dialect(Endpoint::Responses, body, 2).unwrap();
+    let items = two["input"].as_array().unwrap();
+    assert_eq!(items.len(), 5, "{items:?}");
+    assert_eq!(items[0]["role"], "developer");
+    assert_eq!(items[1]["content"], "weather?");
+    assert_eq!(items[3]["type"], "function_call_output");
+    assert_eq!(two["instructions"], "be brief");
+    let one = trim_dialect(Endpoint::Responses, body, 1).unwrap();
+    assert_eq!(one["input"].as_array().unwrap().len(), 2);
+    // A string input has no turns to trim.
+    assert_eq!(
+        trim_dialect(Endpoint::Responses, r#"{"input":"just this"}"#, 1),
+        None
+    );
 }

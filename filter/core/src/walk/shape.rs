@@ -13,27 +13,22 @@ use crate::shaping::{self, Limits, TokenField};
 use super::{Call, Env, Flow, HeldBody};
 
 impl Call {
-    /// Shapes a held chat completions body, and caps the output of a
-    /// Responses or Messages one (their history is left whole: their turns
-    /// are not chat's); any other body (or one shaping does not understand)
+    /// Shapes a held chat completions, Responses or Messages body, each by
+    /// its own fields; any other body (or one shaping does not understand)
     /// goes on as it was. Always goes on.
     pub(super) fn shape(&mut self, env: &mut Env<'_>, body: Option<HeldBody>) -> Flow {
         let Some(mut body) = body else {
             return ControlFlow::Continue(None);
         };
-        let mut limits = self.shaping_limits(env);
+        let limits = self.shaping_limits(env);
         let endpoint = self.request.endpoint;
-        if endpoint != Endpoint::Chat {
-            limits.history_turns = None;
-            limits.prompt_tokens = None;
-        }
         let configured = self.shaping_config(env.config).field;
         let field = TokenField::of(endpoint, configured)
             .filter(|_| endpoint != Endpoint::Completions && limits.any());
         let Some(field) = field else {
             return ControlFlow::Continue(Some(body));
         };
-        let changes = shaping::shape(&mut body.doc, &limits, field);
+        let changes = shaping::shape(&mut body.doc, endpoint, &limits, field);
         if changes.is_empty() {
             return ControlFlow::Continue(Some(body));
         }
