@@ -361,3 +361,27 @@ async fn each_dialect_is_shaped_by_its_own_fields() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_body_that_is_not_the_dialects_json_reaches_the_upstream_as_sent() {
+    if skip_without_envoy("a_body_that_is_not_the_dialects_json_reaches_the_upstream_as_sent") {
+        return;
+    }
+    let (default, a, b) = backends();
+    let envoy = routed(&default, &a, &b, json!({}));
+    for path in ["/v1/messages", "/v1/responses"] {
+        let broken = r#"{"model":"claude","messages":[{"role":"user","content":"#;
+        let r = post_raw(&envoy.url(path), broken, &[]).await.expect("call");
+        // The upstream's own refusal, in its own shape.
+        assert_eq!(r.status, 400, "{path}: {}", r.text());
+        assert_eq!(r.header("x-cache"), Some("BYPASS"), "{path}");
+        let seen = default
+            .requests()
+            .into_iter()
+            .rev()
+            .find(|q| q.path == path)
+            .expect("the default route got it");
+        assert_eq!(seen.body.as_ref(), broken.as_bytes(), "{path}");
+        assert!(seen.header("traceparent").is_some(), "{path}");
+    }
+}
