@@ -101,6 +101,15 @@ impl Endpoint {
         CREDENTIAL_HEADERS.iter().any(|(_, h)| *h == name)
     }
 
+    /// The dialect samples its answer (`temperature` and the output cap
+    /// mean something to it).
+    pub fn samples(self) -> bool {
+        matches!(
+            self,
+            Self::Chat | Self::Completions | Self::Responses | Self::Messages
+        )
+    }
+
     /// The request field that caps the answer's tokens.
     pub fn max_tokens_field(self) -> Option<&'static str> {
         match self {

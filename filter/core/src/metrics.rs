@@ -138,6 +138,9 @@ pub const SHAPED: &str = "llm_filter_shaped_total";
 pub const DEGRADE_LEVEL: &str = "llm_filter_degrade_level";
 /// Actions the load-driven degrade took, by `action` and `priority`.
 pub const DEGRADED: &str = "llm_filter_degraded_total";
+/// Body actions a call's dialect has no field for, skipped, by `action` and
+/// `api`.
+pub const DEGRADE_SKIPPED: &str = "llm_filter_degrade_skipped_total";
 
 // shared data
 /// Keys the filter holds in Envoy shared data (gauge, counted every few
@@ -261,6 +264,7 @@ pub const ALL: &[&str] = &[
     SHAPED,
     DEGRADE_LEVEL,
     DEGRADED,
+    DEGRADE_SKIPPED,
     SHARED_DATA_KEYS,
     SHARED_DATA_BYTES,
 ];

@@ -7,6 +7,7 @@
 use std::ops::ControlFlow;
 
 use crate::degrade::{self, Action};
+use crate::metrics as names;
 use crate::shaping::TokenField;
 
 use super::{Call, Env, Flow, HeldBody, Host, Step};
@@ -50,8 +51,24 @@ impl Call {
             degrade::count(env.metrics, Action::Cache, priority);
             return ControlFlow::Break(Step::Pause);
         }
-        let field = TokenField::of(self.request.endpoint, self.shaping_config(env.config).field);
-        let edited = degrade::edit(cfg, actions, &mut body.doc, &model, field, &signals);
+        let endpoint = self.request.endpoint;
+        let field = TokenField::of(endpoint, self.shaping_config(env.config).field);
+        // What the dialect has no field for is skipped, and counted.
+        let (apply, skip): (Vec<Action>, Vec<Action>) = actions.iter().partition(|a| match a {
+            Action::MaxTokens => field.is_some(),
+            Action::Temperature => endpoint.samples(),
+            _ => true,
+        });
+        for action in skip {
+            env.metrics.counter(
+                &names::name(
+                    names::DEGRADE_SKIPPED,
+                    &[("action", action.as_str()), ("api", endpoint.api())],
+                ),
+                1,
+            );
+        }
+        let edited = degrade::edit(cfg, &apply, &mut body.doc, &model, field, &signals);
         if let Some(edited) = edited {
             body.was_edited();
             self.decided.degraded = Some(level);

@@ -188,3 +188,31 @@ fn the_output_cap_is_set_in_each_dialects_own_field() {
     let sent: serde_json::Value = serde_json::from_slice(&host.request_body).unwrap();
     assert_eq!(sent["max_tokens"], 50);
 }
+
+#[test]
+fn degrade_skips_and_counts_what_a_dialect_has_no_field_for() {
+    let mut w = World::new(
+        r#"{"admin":{"token":"0123456789abcdef"},
+            "degrade":{"alerts":[{"severity":"page","level":2}]}}"#,
+    );
+    let hook = r#"{"version":"4","alerts":[{"status":"firing","labels":{"severity":"page"},"fingerprint":"f"}]}"#;
+    let reports = alerts::parse(hook.as_bytes(), w.now_ms).unwrap();
+    alerts::apply(&w.store, &w.config.degrade, &reports, w.now_ms).unwrap();
+    let mut host = FakeHost::post("/v1/embeddings").with_body(r#"{"model":"e","input":"hi"}"#);
+    w.request(&mut host).unwrap();
+    assert_eq!(
+        host.body_writes, 0,
+        "an embeddings body gains no sampling field"
+    );
+    for action in ["max_tokens", "temperature"] {
+        let name = format!("llm_filter_degrade_skipped_total.action={action};.api=embeddings;");
+        assert_eq!(w.counter(&name), 1, "{name}");
+    }
+    // A Messages call under the same level gets both.
+    let mut host = FakeHost::post("/v1/messages")
+        .with_body(r#"{"model":"claude","max_tokens":4096,"temperature":1,"messages":[{"role":"user","content":"hi"}]}"#);
+    w.request(&mut host).unwrap();
+    let sent: serde_json::Value = serde_json::from_slice(&host.request_body).unwrap();
+    assert!(sent["max_tokens"].as_u64().unwrap() < 4096, "{sent}");
+    assert!(sent["temperature"].as_f64().unwrap() < 1.0, "{sent}");
+}
