@@ -11,6 +11,8 @@ use llm_filter_e2e::{
 };
 use serde_json::{json, Value};
 
+use crate::support::alerts;
+
 const TOKEN: &str = "e2e-admin-token-0123456789";
 
 fn envoy(mock: &MockUpstream, config: Value) -> Envoy {
@@ -25,16 +27,9 @@ fn bearer() -> String {
     format!("Bearer {TOKEN}")
 }
 
+/// The webhook of one alert, as Alertmanager sends it.
 fn webhook(status: &str, labels: Value) -> String {
-    json!({
-        "version": "4", "status": status, "receiver": "llm-filter",
-        "groupLabels": {}, "commonLabels": labels, "commonAnnotations": {},
-        "externalURL": "http://am", "groupKey": "{}:{}", "truncatedAlerts": 0,
-        "alerts": [{"status": status, "labels": labels, "annotations": {},
-                    "startsAt": "2026-01-01T00:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
-                    "generatorURL": "", "fingerprint": "e2e0000000000001"}]
-    })
-    .to_string()
+    alerts::webhook(status, labels, "e2e0000000000001")
 }
 
 /// `GET /llm-filter/state`, parsed.

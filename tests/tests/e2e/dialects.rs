@@ -12,6 +12,8 @@ use llm_filter_e2e::{
 };
 use serde_json::{json, Value};
 
+use crate::support::alerts::fire;
+
 const CLUSTER_HEADER: &str = "x-llm-cluster";
 const DEADLINE: Duration = Duration::from_secs(20);
 const TOKEN: &str = "e2e-admin-token-0123456789";
@@ -232,18 +234,6 @@ async fn a_continued_response_reaches_the_backend_that_holds_it() {
     assert_eq!(seen.len(), 2, "{seen:?}");
 }
 
-fn webhook(labels: Value) -> String {
-    json!({
-        "version": "4", "status": "firing", "receiver": "llm-filter",
-        "groupLabels": {}, "commonLabels": labels, "commonAnnotations": {},
-        "externalURL": "http://am", "groupKey": "{}:{}", "truncatedAlerts": 0,
-        "alerts": [{"status": "firing", "labels": labels, "annotations": {},
-                    "startsAt": "2026-01-01T00:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
-                    "generatorURL": "", "fingerprint": "e2e0000000000002"}]
-    })
-    .to_string()
-}
-
 #[tokio::test]
 async fn a_shed_call_is_refused_in_its_callers_error_shape() {
     if skip_without_envoy("a_shed_call_is_refused_in_its_callers_error_shape") {
@@ -256,15 +246,12 @@ async fn a_shed_call_is_refused_in_its_callers_error_shape() {
         &b,
         json!({"admin": {"token": TOKEN}, "degrade": {"alerts": [{"severity": "page", "level": 2}]}}),
     );
-    let bearer = format!("Bearer {TOKEN}");
-    let r = post_raw(
-        &envoy.url("/llm-filter/alerts"),
-        &webhook(json!({"alertname": "LLMSlow", "severity": "page"})),
-        &[("authorization", bearer.as_str())],
+    fire(
+        &envoy,
+        TOKEN,
+        json!({"alertname": "LLMSlow", "severity": "page"}),
     )
-    .await
-    .expect("alert");
-    assert_eq!(r.status, 200, "{}", r.text());
+    .await;
     let p2 = [("x-request-priority", "P2")];
     let before = a.request_count() + b.request_count();
 

@@ -11,6 +11,7 @@ use futures_util::future::join_all;
 use llm_filter_e2e::{skip_without_envoy, Envoy, EnvoyBuilder, MockConfig, MockUpstream};
 use serde_json::{json, Value};
 
+use crate::support::alerts::fire;
 use crate::support::sdk::{run, ANTHROPIC, OPENAI};
 
 fn plain_envoy(mock: &MockUpstream) -> Envoy {
@@ -462,24 +463,12 @@ async fn a_shed_call_is_each_sdks_typed_error_after_retry_after() {
         json!({"admin": {"token": ADMIN_TOKEN},
                "degrade": {"alerts": [{"severity": "page", "level": 2}]}}),
     );
-    let labels = json!({"alertname": "LLMSlow", "severity": "page"});
-    let hook = json!({
-        "version": "4", "status": "firing", "receiver": "llm-filter",
-        "groupLabels": {}, "commonLabels": labels, "commonAnnotations": {},
-        "externalURL": "http://am", "groupKey": "{}:{}", "truncatedAlerts": 0,
-        "alerts": [{"status": "firing", "labels": labels, "annotations": {},
-                    "startsAt": "2026-01-01T00:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
-                    "generatorURL": "", "fingerprint": "e2e0000000000003"}]
-    });
-    let bearer = format!("Bearer {ADMIN_TOKEN}");
-    let r = llm_filter_e2e::post_raw(
-        &envoy.url("/llm-filter/alerts"),
-        &hook.to_string(),
-        &[("authorization", bearer.as_str())],
+    fire(
+        &envoy,
+        ADMIN_TOKEN,
+        json!({"alertname": "LLMSlow", "severity": "page"}),
     )
-    .await
-    .expect("alert");
-    assert_eq!(r.status, 200, "{}", r.text());
+    .await;
     let before = mock.request_count();
 
     let (o, a) = tokio::join!(

@@ -2,6 +2,7 @@
 //! SDKs' scripts), and the scenarios that prove the harness itself, which the
 //! others build on.
 
+pub mod alerts;
 pub mod cache;
 mod harness;
 pub mod sdk;

@@ -8,8 +8,7 @@
 use serde_json::Value;
 
 use super::reader::Event;
-use super::responses::kind;
-use super::{read_tree, tree_of, Grammar, Parsed, Reading};
+use super::{read_named, Grammar, Reading};
 use crate::usage::Usage;
 
 /// What a Messages stream said so far.
@@ -37,24 +36,18 @@ const READ: [&[u8]; 4] = [
 
 impl Grammar for Messages {
     fn read(&mut self, event: &Event<'_>, parse: bool) -> Reading {
-        let Some(data) = event.data else {
-            return Reading::default();
-        };
-        self.events += 1;
-        let tree = tree_of(data, parse);
-        let named = kind(event, tree.as_ref().and_then(Option::as_ref));
         // A content delta, a ping: nothing for the grammar, and no parse
         // when no collector asked for one.
-        if named.is_none_or(|n| READ.contains(&n)) {
-            let read = read_tree(&tree, data);
-            if let Some(t) = read.as_deref() {
-                self.note(t);
-            }
-        }
-        Reading {
-            usage_only: false,
-            parsed: Parsed::of(tree),
-        }
+        let mut events = self.events;
+        let reading = read_named(
+            event,
+            parse,
+            &mut events,
+            |n| READ.contains(&n),
+            |_, t| self.note(t),
+        );
+        self.events = events;
+        reading
     }
 
     fn usage(&self) -> Option<Usage> {

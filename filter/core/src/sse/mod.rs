@@ -111,6 +111,34 @@ pub(crate) fn read_tree<'a>(
     }
 }
 
+/// Reads one event of a stream that names its events (Responses,
+/// Messages): its data is parsed only when a collector takes it or `reads`
+/// says the grammar wants it by its name (`None`: unnamed, read for its
+/// `type`), and then handed to `note` with the name. Counts it in `events`.
+pub(crate) fn read_named(
+    event: &Event<'_>,
+    parse: bool,
+    events: &mut u64,
+    reads: impl Fn(&[u8]) -> bool,
+    mut note: impl FnMut(Option<&[u8]>, &Value),
+) -> Reading {
+    let Some(data) = event.data else {
+        return Reading::default();
+    };
+    *events += 1;
+    let tree = tree_of(data, parse);
+    let named = responses::kind(event, tree.as_ref().and_then(Option::as_ref));
+    if named.is_none_or(&reads) {
+        if let Some(t) = read_tree(&tree, data).as_deref() {
+            note(named, t);
+        }
+    }
+    Reading {
+        usage_only: false,
+        parsed: Parsed::of(tree),
+    }
+}
+
 /// The grammar of a call's dialect.
 #[derive(Debug)]
 pub enum Dialect {

@@ -8,7 +8,7 @@
 use serde_json::Value;
 
 use super::reader::Event;
-use super::{read_tree, tree_of, Grammar, Parsed, Reading};
+use super::{read_named, Grammar, Reading};
 use crate::usage::Usage;
 
 /// The event that opens a Responses stream with the response's id.
@@ -49,24 +49,15 @@ pub(super) fn kind<'a>(event: &Event<'a>, tree: Option<&'a Value>) -> Option<&'a
 
 impl Grammar for Responses {
     fn read(&mut self, event: &Event<'_>, parse: bool) -> Reading {
-        let Some(data) = event.data else {
-            return Reading::default();
-        };
-        self.events += 1;
-        let tree = tree_of(data, parse);
-        let named = kind(event, tree.as_ref().and_then(Option::as_ref));
         // A delta, an item added: nothing for the grammar, and no parse when
-        // no collector asked for one. An unnamed event is read for its type.
-        if named.is_none_or(|n| n == CREATED || FINAL.contains(&n)) {
-            let read = read_tree(&tree, data);
-            if let Some(t) = read.as_deref() {
-                self.note(named, t);
-            }
-        }
-        Reading {
-            usage_only: false,
-            parsed: Parsed::of(tree),
-        }
+        // no collector asked for one.
+        let mut events = self.events;
+        let reads = |n: &[u8]| n == CREATED || FINAL.contains(&n);
+        let reading = read_named(event, parse, &mut events, reads, |named, t| {
+            self.note(named, t)
+        });
+        self.events = events;
+        reading
     }
 
     fn usage(&self) -> Option<Usage> {
