@@ -114,7 +114,11 @@ enum RouteTarget {
     /// The first upstream, or the cluster named by a header.
     Upstream,
     /// Envoy answers itself (benchmark backend).
-    Direct { status: u16, body: String },
+    Direct {
+        status: u16,
+        body: String,
+        content_type: String,
+    },
 }
 
 /// Builds an Envoy configuration and starts Envoy with it.
@@ -261,11 +265,19 @@ impl EnvoyBuilder {
         self
     }
 
-    /// Envoy answers every request itself with this status and body (a benchmark backend).
-    pub fn direct_response(mut self, status: u16, body: &str) -> Self {
+    /// Envoy answers every request itself with this status and JSON body (a
+    /// benchmark backend).
+    pub fn direct_response(self, status: u16, body: &str) -> Self {
+        self.direct_response_typed(status, body, "application/json")
+    }
+
+    /// [`EnvoyBuilder::direct_response`] with a `content-type` of its own:
+    /// `text/event-stream` for a backend that answers a whole stream at once.
+    pub fn direct_response_typed(mut self, status: u16, body: &str, content_type: &str) -> Self {
         self.target = RouteTarget::Direct {
             status,
             body: body.to_string(),
+            content_type: content_type.to_string(),
         };
         self
     }
@@ -386,15 +398,22 @@ impl EnvoyBuilder {
     fn default_route_yaml(&self) -> String {
         let mut route = String::from("- match: {prefix: \"/\"}\n");
         match &self.target {
-            RouteTarget::Direct { status, body } => {
+            RouteTarget::Direct {
+                status,
+                body,
+                content_type,
+            } => {
                 let _ = write!(
                     route,
                     "  direct_response:\n    status: {status}\n    body: {{inline_string: {}}}\n",
                     yaml_string(body)
                 );
-                // Answers look like a provider's: JSON, not Envoy's default text/plain.
-                route.push_str(
-                    "  response_headers_to_add:\n  - header: {key: content-type, value: application/json}\n    append_action: OVERWRITE_IF_EXISTS_OR_ADD\n",
+                // Answers look like a provider's: its content type, not Envoy's
+                // default text/plain.
+                let _ = write!(
+                    route,
+                    "  response_headers_to_add:\n  - header: {{key: content-type, value: {}}}\n    append_action: OVERWRITE_IF_EXISTS_OR_ADD\n",
+                    yaml_string(content_type)
                 );
             }
             RouteTarget::Upstream => {
@@ -1112,6 +1131,23 @@ mod tests {
              route:\n    cluster_header: \"x-llm-cluster\"\n    timeout: 2s\n\
              - match: {prefix: \"/\"}\n  route:\n    cluster: \"default\"\n    timeout: 2s\n"
         );
+    }
+
+    #[test]
+    fn a_direct_response_carries_its_content_type() {
+        let json = EnvoyBuilder::new().direct_response(200, "{}").route_yaml();
+        assert!(
+            json.contains("{key: content-type, value: \"application/json\"}"),
+            "{json}"
+        );
+        let sse = EnvoyBuilder::new()
+            .direct_response_typed(200, "data: {}\n\n", "text/event-stream")
+            .route_yaml();
+        assert!(
+            sse.contains("{key: content-type, value: \"text/event-stream\"}"),
+            "{sse}"
+        );
+        assert!(sse.contains("inline_string: \"data: {}\\n\\n\""), "{sse}");
     }
 
     #[test]

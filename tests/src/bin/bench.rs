@@ -1,6 +1,7 @@
 //! Measures what the filter costs on the data path: wrk drives an Envoy under test
-//! (one worker) that proxies to a backend Envoy answering a fixed chat completion
-//! itself, so the backend is never the bottleneck. Each scenario runs on a fresh
+//! (one worker) that proxies to a backend Envoy answering a fixed answer of the
+//! call's API itself (a chat completion, a Responses `response`, a Messages
+//! `message` or its stream), so the backend is never the bottleneck. Each scenario runs on a fresh
 //! Envoy and is compared with two baselines: plain Envoy, and Envoy with a
 //! no-op proxy-wasm filter (the Wasm floor, `tests/noop`). Every scenario runs
 //! once per round, rounds interleaved, and the table gives the median of the
@@ -12,7 +13,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 #![cfg_attr(test, allow(clippy::panic, clippy::indexing_slicing))]
 
-use std::collections::BTreeMap;
+use std::collections::{btree_map, BTreeMap};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::sync::atomic::{AtomicU16, Ordering};
@@ -22,10 +23,11 @@ use anyhow::{anyhow, bail, Context, Result};
 use futures_util::StreamExt;
 use llm_filter_core::metrics::{BENCH_CALLBACK_NS, BENCH_HOSTCALLS, BENCH_HOSTCALL_NS};
 use llm_filter_e2e::{
-    chat_body, chat_stream_body, cli, conversation_body, post_json, with_field, workspace_root,
-    Envoy, EnvoyBuilder, MockConfig, MockUpstream, SHAPING_AB,
+    chat_body, chat_stream_body, cli, conversation_body, messages_body, post_json, responses_body,
+    with_field, workspace_root, Envoy, EnvoyBuilder, HttpResponse, MockConfig, MockUpstream,
+    SseParser, SHAPING_AB,
 };
-use serde_json::json;
+use serde_json::{json, Value};
 
 const USAGE: &str = "usage: bench [--duration SECS] [--warmup SECS] [--rounds N] [--threads N] \
                      [--connections N] [--ttfb-calls N] [--hostcalls N] [--only NAME]...";
@@ -104,8 +106,11 @@ const NOOP: &str = "noop-wasm";
 struct Scenario {
     /// Short name, shown in the table and selected by `--only`.
     name: &'static str,
-    /// The Envoy under test, given the backend's port.
+    /// The Envoy under test, given the port of the scenario's backend
+    /// ([`Scenario::backend`]).
     envoy: fn(u16) -> EnvoyBuilder,
+    /// The path; `/v1/responses` and `/v1/messages` are answered by a backend
+    /// of their API, every other path by the chat one.
     path: &'static str,
     headers: Vec<(&'static str, &'static str)>,
     /// The request body; each request replaces [`UNIQUE`] in it with a
@@ -118,6 +123,36 @@ struct Scenario {
 
 /// Marks where a body carries a number of its own per request.
 const UNIQUE: &str = "@unique@";
+
+/// The header that opts a Responses or Messages call into the cache whatever
+/// its sampling (the current SDKs send no temperature), for an hour.
+const OPT_IN: (&str, &str) = ("cache-control", "max-age=3600");
+
+impl Scenario {
+    /// The backend that answers this scenario's calls: its API's, as the call
+    /// is delivered.
+    fn backend(&self) -> Backend {
+        match (self.path, self.streamed()) {
+            ("/v1/responses", _) => Backend::Responses,
+            ("/v1/messages", false) => Backend::Messages,
+            ("/v1/messages", true) => Backend::MessagesStream,
+            _ => Backend::Chat,
+        }
+    }
+
+    /// Whether the body asks for a stream.
+    fn streamed(&self) -> bool {
+        serde_json::from_str::<Value>(&self.body)
+            .ok()
+            .and_then(|body| body.get("stream")?.as_bool())
+            == Some(true)
+    }
+
+    /// The body of one request, [`UNIQUE`] replaced by `n`.
+    fn request_body(&self, n: &str) -> Result<Value> {
+        Ok(serde_json::from_str(&self.body.replace(UNIQUE, n))?)
+    }
+}
 
 fn scenarios() -> Vec<Scenario> {
     let chat = chat_body("gpt-4o", "Say hello in one short sentence.").to_string();
@@ -144,6 +179,19 @@ fn scenarios() -> Vec<Scenario> {
         ]),
     );
     let streamed = with_field(deterministic.clone(), "stream", json!(true));
+    // Responses and Messages calls as their current SDKs send them: no
+    // temperature, cached by the caller's opt-in ([`OPT_IN`]).
+    let unique_responses = responses_body(
+        "gpt-4o",
+        &format!("Say hello in one short sentence. {UNIQUE}"),
+    );
+    let claude = "claude-sonnet-4-5";
+    let messages = messages_body(claude, "Say hello in one short sentence.");
+    let unique_messages = messages_body(
+        claude,
+        &format!("Say hello in one short sentence. {UNIQUE}"),
+    );
+    let unique_messages_stream = with_field(unique_messages.clone(), "stream", json!(true));
     let history = conversation_body("gpt-4o", 5, "Say hello in one short sentence.").to_string();
     let filter = filter_envoy;
     vec![
@@ -328,6 +376,46 @@ fn scenarios() -> Vec<Scenario> {
             body: streamed.to_string(),
             expect_cache: Some("HIT"),
         },
+        Scenario {
+            // `filter-miss-store` in the Responses dialect: every request a
+            // new prompt, opted in by `max-age`, a miss answered by the
+            // Responses backend and stored as it sent it.
+            name: "filter-responses-miss",
+            envoy: filter,
+            path: "/v1/responses",
+            headers: vec![OPT_IN],
+            body: unique_responses.to_string(),
+            expect_cache: Some("MISS"),
+        },
+        Scenario {
+            // The same in the Messages dialect.
+            name: "filter-messages-miss",
+            envoy: filter,
+            path: "/v1/messages",
+            headers: vec![OPT_IN],
+            body: unique_messages.to_string(),
+            expect_cache: Some("MISS"),
+        },
+        Scenario {
+            // `filter-cache-hit` in the Messages dialect: the stored bytes
+            // answered from shared data.
+            name: "filter-messages-hit",
+            envoy: filter,
+            path: "/v1/messages",
+            headers: vec![OPT_IN],
+            body: messages.to_string(),
+            expect_cache: Some("HIT"),
+        },
+        Scenario {
+            // A streamed Messages miss: the events pass to the client as
+            // they come, and their bytes are copied and stored at the end.
+            name: "filter-messages-stream",
+            envoy: filter,
+            path: "/v1/messages",
+            headers: vec![OPT_IN],
+            body: unique_messages_stream.to_string(),
+            expect_cache: Some("MISS"),
+        },
     ]
 }
 
@@ -365,8 +453,69 @@ fn embedding_answer() -> String {
     .to_string()
 }
 
-/// The fixed answer of the backend.
-fn backend_answer() -> String {
+/// A backend Envoy answering every call with one fixed answer of an API,
+/// after reading the request whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Backend {
+    /// A `chat.completion` (on any path: the chat, plain and no-op scenarios).
+    Chat,
+    /// An OpenAI Responses `response`, `completed`.
+    Responses,
+    /// An Anthropic Messages `message`, ended by `end_turn`.
+    Messages,
+    /// The same message as Anthropic streams it, every event in one body.
+    MessagesStream,
+}
+
+/// The text every backend answers.
+const ANSWER_TEXT: &str = "Hello! How can I help you today?";
+
+impl Backend {
+    /// The answer's body and `content-type`.
+    fn answer(self) -> (String, &'static str) {
+        match self {
+            Self::Chat => (chat_answer(), "application/json"),
+            Self::Responses => (responses_answer(), "application/json"),
+            Self::Messages => (messages_answer().to_string(), "application/json"),
+            Self::MessagesStream => (messages_stream_answer(), "text/event-stream"),
+        }
+    }
+
+    fn start(self) -> Result<Envoy> {
+        let (body, content_type) = self.answer();
+        EnvoyBuilder::new()
+            .no_filter()
+            .concurrency(1)
+            .direct_response_typed(200, &body, content_type)
+            .read_body_first()
+            .start()
+            .with_context(|| format!("{self:?} backend envoy"))
+    }
+}
+
+/// The backends the selected scenarios need, one Envoy per kind of answer.
+struct Backends(BTreeMap<Backend, Envoy>);
+
+impl Backends {
+    fn start(selected: &[Scenario]) -> Result<Self> {
+        let mut backends = BTreeMap::new();
+        for backend in selected.iter().map(Scenario::backend) {
+            if let btree_map::Entry::Vacant(slot) = backends.entry(backend) {
+                slot.insert(backend.start()?);
+            }
+        }
+        Ok(Self(backends))
+    }
+
+    /// The port of `scenario`'s backend (0, which refuses, for one not
+    /// started: never, as every selected scenario's is).
+    fn port(&self, scenario: &Scenario) -> u16 {
+        self.0.get(&scenario.backend()).map_or(0, Envoy::port)
+    }
+}
+
+/// The fixed answer of the chat backend.
+fn chat_answer() -> String {
     json!({
         "id": "chatcmpl-bench",
         "object": "chat.completion",
@@ -374,13 +523,134 @@ fn backend_answer() -> String {
         "model": "gpt-4o",
         "choices": [{
             "index": 0,
-            "message": {"role": "assistant", "content": "Hello! How can I help you today?"},
+            "message": {"role": "assistant", "content": ANSWER_TEXT},
             "logprobs": null,
             "finish_reason": "stop",
         }],
         "usage": {"prompt_tokens": 14, "completion_tokens": 9, "total_tokens": 23},
     })
     .to_string()
+}
+
+/// The Responses backend's answer, every field OpenAI sends (it echoes the
+/// request's parameters), as the official SDK parses it.
+fn responses_answer() -> String {
+    json!({
+        "id": "resp_bench",
+        "object": "response",
+        "created_at": 1_700_000_000,
+        "status": "completed",
+        "background": false,
+        "completed_at": 1_700_000_000,
+        "error": null,
+        "incomplete_details": null,
+        "instructions": null,
+        "max_output_tokens": null,
+        "model": "gpt-4o",
+        "output": [{
+            "type": "message",
+            "id": "msg_bench",
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": ANSWER_TEXT, "annotations": [], "logprobs": []}],
+        }],
+        "parallel_tool_calls": true,
+        "previous_response_id": null,
+        "reasoning": {"effort": null, "summary": null},
+        "store": true,
+        "temperature": 1.0,
+        "text": {"format": {"type": "text"}, "verbosity": "medium"},
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": 1.0,
+        "truncation": "disabled",
+        "usage": {
+            "input_tokens": 14,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": 9,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 23,
+        },
+        "user": null,
+        "metadata": {},
+    })
+    .to_string()
+}
+
+/// The Messages backend's message, with `content` and `stop_reason` and the
+/// usage as it ends (`messages_stream_answer` starts it empty).
+fn message(content: Value, stop_reason: Value, output_tokens: u64) -> Value {
+    json!({
+        "id": "msg_bench",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-4-5",
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": null,
+        "usage": {
+            "input_tokens": 14,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "output_tokens": output_tokens,
+        },
+    })
+}
+
+fn messages_answer() -> Value {
+    message(
+        json!([{"type": "text", "text": ANSWER_TEXT}]),
+        json!("end_turn"),
+        9,
+    )
+}
+
+/// The same message as Anthropic streams it: `message_start`, a text block
+/// in three deltas after a `ping`, `message_delta` with the stop and the
+/// output tokens, `message_stop`.
+fn messages_stream_answer() -> String {
+    let mut events = vec![
+        json!({"type": "message_start", "message": message(json!([]), Value::Null, 1)}),
+        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        json!({"type": "ping"}),
+    ];
+    for piece in ["Hello!", " How can I help", " you today?"] {
+        events.push(json!({
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "text_delta", "text": piece},
+        }));
+    }
+    events.extend([
+        json!({"type": "content_block_stop", "index": 0}),
+        json!({
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn", "stop_sequence": null},
+            "usage": {"output_tokens": 9},
+        }),
+        json!({"type": "message_stop"}),
+    ]);
+    events
+        .iter()
+        .map(|event| {
+            let name = event
+                .get("type")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            // `type` first, as Anthropic writes it.
+            let rest: String = event
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(key, _)| *key != "type")
+                .map(|(key, value)| format!(",{}:{value}", Value::from(key.as_str())))
+                .collect();
+            format!(
+                "event: {name}\ndata: {{\"type\":{}{rest}}}\n\n",
+                Value::from(name)
+            )
+        })
+        .collect()
 }
 
 struct Options {
@@ -576,26 +846,125 @@ fn run_wrk(url: &str, script: &Path, options: &Options, duration_s: u64) -> Resu
 
 /// One request through the Envoy under test, so a broken setup fails loudly
 /// instead of benchmarking error replies; a second one checks the cache's part
-/// (the first one filled the entry the hit scenarios are served from).
+/// (the first one filled the entry the hit scenarios are served from), and
+/// the answer is checked for what the scenario's API answers. A miss must
+/// have stored its answer: the first request again is a hit.
 async fn check(envoy: &Envoy, scenario: &Scenario) -> Result<()> {
-    let body: serde_json::Value = serde_json::from_str(&scenario.body.replace(UNIQUE, "check-1"))?;
+    let first = scenario.request_body("check-1")?;
     let url = envoy.url(scenario.path);
-    let response = post_json(&url, &body, &scenario.headers).await?;
+    let response = post_json(&url, &first, &scenario.headers).await?;
     if response.status != 200 {
         bail!("check request got {}: {}", response.status, response.text());
     }
-    if let Some(want) = scenario.expect_cache {
-        // A body with its own number is new again; any other the same again.
-        let body: serde_json::Value =
-            serde_json::from_str(&scenario.body.replace(UNIQUE, "check-2"))?;
-        let again = post_json(&url, &body, &scenario.headers).await?;
-        let got = again.header("x-cache").unwrap_or("<none>");
-        if again.status != 200 || got != want {
-            bail!(
-                "check request got {} with x-cache {got}, want 200 {want}",
-                again.status
-            );
+    let Some(want) = scenario.expect_cache else {
+        return check_answer(scenario, &response);
+    };
+    // A body with its own number is new again; any other the same again.
+    let again = post_json(&url, &scenario.request_body("check-2")?, &scenario.headers).await?;
+    expect_cache(&again, want)?;
+    check_answer(scenario, &again)?;
+    if want == "MISS" && scenario.body.contains(UNIQUE) {
+        let stored = post_json(&url, &first, &scenario.headers).await?;
+        expect_cache(&stored, "HIT").context("the miss stored nothing")?;
+        check_answer(scenario, &stored)?;
+    }
+    Ok(())
+}
+
+fn expect_cache(response: &HttpResponse, want: &str) -> Result<()> {
+    let got = response.header("x-cache").unwrap_or("<none>");
+    if response.status != 200 || got != want {
+        bail!(
+            "check request got {} with x-cache {got}, want 200 {want}",
+            response.status
+        );
+    }
+    Ok(())
+}
+
+/// Whether `response` is what a call of `scenario` gets: its API's answer,
+/// delivered as the call asked. A Responses or Messages answer, from the
+/// backend or the cache, is the backend's bytes as it sent them.
+fn check_answer(scenario: &Scenario, response: &HttpResponse) -> Result<()> {
+    let backend = scenario.backend();
+    let streamed = scenario.streamed();
+    let want_type = if streamed {
+        "text/event-stream"
+    } else {
+        "application/json"
+    };
+    let content_type = response.header("content-type").unwrap_or("<none>");
+    if !content_type.starts_with(want_type) {
+        bail!(
+            "{} answered {content_type}, want {want_type}",
+            scenario.name
+        );
+    }
+    if backend != Backend::Chat && response.body != backend.answer().0.as_bytes() {
+        bail!(
+            "{} answered other bytes than its backend sent: {}",
+            scenario.name,
+            response.text()
+        );
+    }
+    answer_shape(backend, streamed, &response.body)
+        .with_context(|| format!("{} answered {}", scenario.name, response.text()))
+}
+
+/// Whether `body` has the shape of `backend`'s API's answer: a complete
+/// chat completion (a stream of its chunks ended by `[DONE]`), a completed
+/// `response`, a `message` with its stop reason (its events, from
+/// `message_start` to `message_stop`, each named by its `type`).
+fn answer_shape(backend: Backend, streamed: bool, body: &[u8]) -> Result<()> {
+    let json = || serde_json::from_slice::<Value>(body).unwrap_or(Value::Null);
+    let field =
+        |value: &Value, name: &str| value.get(name).and_then(Value::as_str).map(str::to_string);
+    let events = || SseParser::default().push(body, Instant::now());
+    let ok = match (backend, streamed) {
+        (Backend::Chat, false) => {
+            let answer = json();
+            field(&answer, "object").as_deref() == Some("chat.completion")
+                && answer
+                    .pointer("/choices/0/finish_reason")
+                    .is_some_and(Value::is_string)
         }
+        (Backend::Chat, true) => {
+            let events = events();
+            events.last().is_some_and(|e| e.data == "[DONE]")
+                && events.len() > 1
+                && events.iter().rev().skip(1).all(|e| {
+                    e.json()
+                        .and_then(|chunk| field(&chunk, "object"))
+                        .as_deref()
+                        == Some("chat.completion.chunk")
+                })
+        }
+        (Backend::Responses, _) => {
+            let answer = json();
+            field(&answer, "object").as_deref() == Some("response")
+                && field(&answer, "status").as_deref() == Some("completed")
+        }
+        (Backend::Messages, _) => {
+            let answer = json();
+            field(&answer, "type").as_deref() == Some("message")
+                && answer.get("stop_reason").is_some_and(Value::is_string)
+        }
+        (Backend::MessagesStream, _) => {
+            let events = events();
+            let names: Vec<Option<&str>> = events.iter().map(|e| e.event.as_deref()).collect();
+            names.first() == Some(&Some("message_start"))
+                && names.last() == Some(&Some("message_stop"))
+                && names.contains(&Some("content_block_delta"))
+                && events.iter().all(|e| {
+                    e.event.is_some() && e.json().and_then(|data| field(&data, "type")) == e.event
+                })
+        }
+    };
+    if !ok {
+        bail!(
+            "not a {backend:?} answer{}",
+            if streamed { " stream" } else { "" }
+        );
     }
     Ok(())
 }
@@ -941,13 +1310,6 @@ async fn run(options: &Options) -> Result<bool> {
             noop_wasm_path().display()
         );
     }
-    let backend = EnvoyBuilder::new()
-        .no_filter()
-        .concurrency(1)
-        .direct_response(200, &backend_answer())
-        .read_body_first()
-        .start()
-        .context("backend envoy")?;
     let embeddings = EnvoyBuilder::new()
         .no_filter()
         .concurrency(1)
@@ -962,8 +1324,9 @@ async fn run(options: &Options) -> Result<bool> {
     if selected.is_empty() && !ttfb {
         bail!("no scenario matches --only {:?}", options.only);
     }
+    let backends = Backends::start(&selected)?;
     if options.hostcalls > 0 {
-        return run_hostcalls(&selected, backend.port(), options, dir.path()).await;
+        return run_hostcalls(&selected, &backends, options, dir.path()).await;
     }
     let mut rounds: Rounds = selected.iter().map(|s| (s.name, Vec::new())).collect();
     let mut ttfb_rounds: TtfbRounds = ttfb_sides().iter().map(|s| (s.name, Vec::new())).collect();
@@ -973,7 +1336,7 @@ async fn run(options: &Options) -> Result<bool> {
                 "bench: round {round}/{}: {} ({}s warm-up, {}s measured)",
                 options.rounds, scenario.name, options.warmup_s, options.duration_s
             );
-            let result = run_scenario(scenario, backend.port(), options, dir.path()).await;
+            let result = run_scenario(scenario, backends.port(scenario), options, dir.path()).await;
             if let Err(e) = &result {
                 eprintln!("bench: {} failed: {e:#}", scenario.name);
             }
@@ -1044,7 +1407,7 @@ fn with_total(mut per: BTreeMap<String, f64>) -> (BTreeMap<String, f64>, f64) {
 /// (wrk for `--duration` seconds after its warm-up).
 async fn run_hostcalls(
     selected: &[Scenario],
-    backend_port: u16,
+    backends: &Backends,
     options: &Options,
     dir: &Path,
 ) -> Result<bool> {
@@ -1054,7 +1417,7 @@ async fn run_hostcalls(
     let mut host_times: Vec<(&str, BTreeMap<String, f64>)> = Vec::new();
     for scenario in selected.iter().filter(|s| s.name.starts_with("filter")) {
         eprintln!("bench: host calls of {} over {calls} calls", scenario.name);
-        let envoy = (scenario.envoy)(backend_port).start()?;
+        let envoy = (scenario.envoy)(backends.port(scenario)).start()?;
         check(&envoy, scenario).await?;
         // The census hands its counts over after each callback; let the
         // check's last ones (on the stream's end) land first.
@@ -1068,8 +1431,7 @@ async fn run_hostcalls(
         }
         let url = envoy.url(scenario.path);
         for n in 0..calls {
-            let body: serde_json::Value =
-                serde_json::from_str(&scenario.body.replace(UNIQUE, &format!("census-{n}")))?;
+            let body = scenario.request_body(&format!("census-{n}"))?;
             let response = post_json(&url, &body, &scenario.headers).await?;
             if response.status != 200 {
                 bail!(
@@ -1228,6 +1590,54 @@ Transfer/sec:      9.51MB
         assert_eq!(quantile(&sorted, 0.99), Some(99.0));
         assert_eq!(quantile(&[7.0], 0.99), Some(7.0));
         assert_eq!(quantile(&[], 0.5), None);
+    }
+
+    #[test]
+    fn every_backend_answers_what_its_check_accepts() {
+        for backend in [
+            Backend::Chat,
+            Backend::Responses,
+            Backend::Messages,
+            Backend::MessagesStream,
+        ] {
+            let (body, content_type) = backend.answer();
+            let streamed = content_type == "text/event-stream";
+            answer_shape(backend, streamed, body.as_bytes()).unwrap();
+            // A direct response holds at most 4 KiB.
+            assert!(body.len() < 4096, "{backend:?}: {} bytes", body.len());
+        }
+        let (chat, _) = Backend::Chat.answer();
+        assert!(answer_shape(Backend::Messages, false, chat.as_bytes()).is_err());
+        let (message, _) = Backend::Messages.answer();
+        assert!(answer_shape(Backend::MessagesStream, true, message.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn an_unfinished_stream_is_not_an_answer() {
+        let (stream, _) = Backend::MessagesStream.answer();
+        let cut = stream.split("event: message_stop").next().unwrap();
+        assert!(answer_shape(Backend::MessagesStream, true, cut.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn dialect_scenarios_opt_in_and_reach_their_backend() {
+        let scenarios = scenarios();
+        let find = |name| scenarios.iter().find(|s| s.name == name).unwrap();
+        for (name, backend) in [
+            ("filter-responses-miss", Backend::Responses),
+            ("filter-messages-miss", Backend::Messages),
+            ("filter-messages-hit", Backend::Messages),
+            ("filter-messages-stream", Backend::MessagesStream),
+        ] {
+            let scenario = find(name);
+            assert_eq!(scenario.backend(), backend, "{name}");
+            assert!(scenario.headers.contains(&OPT_IN), "{name}");
+            let body = scenario.request_body("1").unwrap();
+            assert!(body.get("temperature").is_none(), "{name}");
+        }
+        assert_eq!(find("filter-miss-store").backend(), Backend::Chat);
+        assert_eq!(find("filter-cache-hit-sse").backend(), Backend::Chat);
+        assert!(find("filter-cache-hit-sse").streamed());
     }
 
     #[test]
