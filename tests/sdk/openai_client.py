@@ -47,37 +47,16 @@ import time
 
 import openai
 
+from attempts import Attempts
+
 KEY = "sk-e2e-sdk"
-
-
-class Attempts:
-    """Every HTTP attempt the SDK makes (its retries included), as its HTTP
-    client's event hooks see them: when it was sent, what came back."""
-
-    def __init__(self):
-        self.started = time.monotonic()
-        self.list = []
-
-    def ms(self):
-        return round((time.monotonic() - self.started) * 1000)
-
-    def on_request(self, request):
-        self.list.append({"sent_ms": self.ms()})
-
-    def on_response(self, response):
-        if self.list:
-            self.list[-1].update(
-                status=response.status_code,
-                retry_after=response.headers.get("retry-after"),
-                should_retry=response.headers.get("x-should-retry"),
-            )
 
 
 def client(args, attempts=None, **kwargs):
     http = None
     if attempts is not None:
         http = openai.DefaultHttpxClient(
-            event_hooks={"request": [attempts.on_request], "response": [attempts.on_response]}
+            event_hooks=attempts.hooks()
         )
     return openai.OpenAI(
         base_url=args.base_url,
