@@ -38,6 +38,17 @@ pub fn merge(existing: Option<&str>, key: &str, value: &str) -> String {
     out
 }
 
+/// The value of the first list-member with `key` (its properties after `;`
+/// left out, spaces trimmed); `None` when no member has that key.
+pub fn member<'a>(baggage: &'a str, key: &str) -> Option<&'a str> {
+    baggage
+        .split(',')
+        .map(|m| m.trim_matches(|c| c == ' ' || c == '\t'))
+        .find(|m| member_key(m) == key && m.contains('='))
+        .and_then(|m| m.split_once('='))
+        .map(|(_, value)| value.split(';').next().unwrap_or(value).trim())
+}
+
 /// The key of a list-member: up to the first `=` or `;`, spaces trimmed.
 fn member_key(member: &str) -> &str {
     let end = member.find(['=', ';']).unwrap_or(member.len());
@@ -74,6 +85,17 @@ mod tests {
             merge(Some("Priority=P2"), "priority", "P1"),
             "Priority=P2,priority=P1"
         );
+    }
+
+    #[test]
+    fn reads_a_members_value_without_its_properties() {
+        let b = "userId=alice, priority = P0;src=edge ,priority=P2";
+        assert_eq!(member(b, "priority"), Some("P0"));
+        assert_eq!(member(b, "userId"), Some("alice"));
+        assert_eq!(member(b, "Priority"), None);
+        assert_eq!(member("priorityx=P0", "priority"), None);
+        assert_eq!(member("priority", "priority"), None);
+        assert_eq!(member("", "priority"), None);
     }
 
     #[test]

@@ -69,11 +69,24 @@ impl fmt::Display for Priority {
     }
 }
 
-/// The priority of a call: the client's header when trusted and valid, else the default.
-pub fn resolve(header: Option<&str>, trust_client: bool, default: Priority) -> Priority {
+/// The priority of a call from a trusted client: its `x-request-priority`
+/// when valid, else its baggage's `priority` member when valid, else the
+/// default. The header wins over the baggage: it is what the caller set for
+/// this very call, while baggage carries what an earlier hop set for the
+/// whole request. An untrusted client gets the default whatever it sent, so
+/// it can raise its priority by neither.
+pub fn resolve(
+    header: Option<&str>,
+    baggage: Option<&str>,
+    trust_client: bool,
+    default: Priority,
+) -> Priority {
+    if !trust_client {
+        return default;
+    }
     header
-        .filter(|_| trust_client)
         .and_then(Priority::parse)
+        .or_else(|| baggage.and_then(Priority::parse))
         .unwrap_or(default)
 }
 
@@ -112,9 +125,23 @@ mod tests {
 
     #[test]
     fn resolve_respects_trust_and_default() {
-        assert_eq!(resolve(Some("p0"), true, Priority::P1), Priority::P0);
-        assert_eq!(resolve(Some("p0"), false, Priority::P2), Priority::P2);
-        assert_eq!(resolve(Some("bad"), true, Priority::P2), Priority::P2);
-        assert_eq!(resolve(None, true, Priority::P1), Priority::P1);
+        assert_eq!(resolve(Some("p0"), None, true, Priority::P1), Priority::P0);
+        assert_eq!(resolve(Some("p0"), None, false, Priority::P2), Priority::P2);
+        assert_eq!(resolve(Some("bad"), None, true, Priority::P2), Priority::P2);
+        assert_eq!(resolve(None, None, true, Priority::P1), Priority::P1);
+        // Baggage, when the header says nothing valid.
+        assert_eq!(resolve(None, Some("P0"), true, Priority::P1), Priority::P0);
+        assert_eq!(
+            resolve(Some("bad"), Some("p2"), true, Priority::P1),
+            Priority::P2
+        );
+        assert_eq!(resolve(None, Some("P9"), true, Priority::P1), Priority::P1);
+        // The header wins when both are valid.
+        assert_eq!(
+            resolve(Some("P2"), Some("P0"), true, Priority::P1),
+            Priority::P2
+        );
+        // Untrusted: neither raises it.
+        assert_eq!(resolve(None, Some("P0"), false, Priority::P2), Priority::P2);
     }
 }

@@ -1,6 +1,8 @@
 //! The `baggage` the upstream receives: the caller's members kept byte for byte
-//! and in order, the `priority` member set once, and the W3C limits (64 members,
-//! 8192 bytes) held by dropping whole members, never by cutting one.
+//! and in order, the `priority` member set once (from the caller's
+//! `x-request-priority`, else its own `priority` member, when trusted), and
+//! the W3C limits (64 members, 8192 bytes) held by dropping whole members,
+//! never by cutting one.
 
 use llm_filter_e2e::{
     chat_body, post_json, skip_without_envoy, unique, Envoy, EnvoyBuilder, MockConfig, MockUpstream,
@@ -72,7 +74,7 @@ async fn members_are_kept_and_priority_set_once() {
     let envoy = start(&mock);
 
     // (x-request-priority, baggage sent, baggage expected upstream)
-    let cases: [(Option<&str>, &str, &str); 10] = [
+    let cases: [(Option<&str>, &str, &str); 12] = [
         (Some("P0"), "userId=alice", "userId=alice,priority=P0"),
         (
             Some("p2"),
@@ -83,8 +85,16 @@ async fn members_are_kept_and_priority_set_once() {
         (Some("P0"), "a=1,priority=P2,b=2", "a=1,b=2,priority=P0"),
         (Some("P0"), "priority=P2;prop=1,b=2", "b=2,priority=P0"),
         (Some("P2"), "a=1,priority=P0", "a=1,priority=P2"),
-        // The caller's baggage is not a priority source: the header (or default) is.
-        (None, "priority=P0,z=9", "z=9,priority=P1"),
+        // Without a valid header, the caller's baggage sets the priority
+        // (an earlier hop's), normalised, its properties left out.
+        (None, "priority=P0,z=9", "z=9,priority=P0"),
+        (
+            Some("urgent"),
+            "z=9,priority=p2;src=edge",
+            "z=9,priority=P2",
+        ),
+        // An invalid member is no priority: the default.
+        (None, "priority=high", "priority=P1"),
         // Keys are case-sensitive, so `Priority` is someone else's member.
         (
             Some("P1"),
@@ -108,6 +118,14 @@ async fn members_are_kept_and_priority_set_once() {
         }
         let got = forwarded(&envoy, &mock, &headers).await;
         assert_eq!(got, [want], "sent {headers:?}");
+        // The header upstream carries the same normalised priority.
+        let seen = mock.last_request().expect("upstream saw the call");
+        let p = want.rsplit("priority=").next().unwrap_or_default();
+        assert_eq!(
+            seen.header("x-request-priority"),
+            Some(p),
+            "sent {headers:?}"
+        );
     }
 
     // Optional whitespace around members is not part of them (W3C): members are kept.
@@ -136,14 +154,14 @@ async fn two_baggage_headers_are_merged_into_one() {
     .await;
     assert_eq!(got, ["a=1,b=2,c=3;p=q,priority=P2"]);
 
-    // A priority member in the second header is replaced too.
+    // A priority member in the second header counts and is replaced too.
     let got = forwarded(
         &envoy,
         &mock,
         &[("baggage", "a=1"), ("baggage", "priority=P0,d=4")],
     )
     .await;
-    assert_eq!(got, ["a=1,d=4,priority=P1"]);
+    assert_eq!(got, ["a=1,d=4,priority=P0"]);
 }
 
 #[tokio::test]
@@ -167,11 +185,12 @@ async fn limits_drop_whole_members() {
     assert_eq!(kept.len(), MAX_MEMBERS - 1, "{}", got[0]);
     assert_eq!(kept.first(), Some(&"k0=v0"));
 
-    // 100 members with ours among them: still one priority, still at most 64.
+    // 100 members with ours among them (past the 64th, and it sets the
+    // priority): still one priority, still at most 64.
     let mut with_ours = many.clone();
     with_ours[70] = "priority=P2".to_string();
     let got = forwarded(&envoy, &mock, &[("baggage", &with_ours.join(","))]).await;
-    check_limits(&got[0], &with_ours, "P1");
+    check_limits(&got[0], &with_ours, "P2");
 
     // Over 8192 bytes: whole members dropped, none cut, total within the limit.
     let big: Vec<String> = (0..20)
@@ -210,4 +229,27 @@ async fn limits_drop_whole_members() {
     assert_eq!(got.len(), 1, "{got:?}");
     let kept = check_limits(&got[0], &half, "P1");
     assert_eq!(kept, [half[0].as_str()]);
+}
+
+#[tokio::test]
+async fn an_untrusted_caller_raises_its_priority_by_neither_header_nor_baggage() {
+    if skip_without_envoy("an_untrusted_caller_raises_its_priority_by_neither_header_nor_baggage") {
+        return;
+    }
+    let mock = MockUpstream::start(MockConfig::named("bag-trust"));
+    let envoy = EnvoyBuilder::new()
+        .plugin_config(r#"{"priority":{"trust_client":false,"default":"P2"}}"#)
+        .upstream("mock", mock.port())
+        .start()
+        .expect("envoy with the filter");
+    for headers in [
+        vec![("baggage", "priority=P0,a=1")],
+        vec![("baggage", "priority=P0"), ("x-request-priority", "P0")],
+    ] {
+        let got = forwarded(&envoy, &mock, &headers).await;
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(got[0].ends_with("priority=P2"), "{headers:?}: {got:?}");
+        let seen = mock.last_request().expect("upstream saw the call");
+        assert_eq!(seen.header("x-request-priority"), Some("P2"), "{headers:?}");
+    }
 }

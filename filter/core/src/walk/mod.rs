@@ -322,8 +322,12 @@ impl Request {
     /// What the request headers say: priority and the caller's budget.
     fn read(env: &Env<'_>, host: &dyn Host, endpoint: Endpoint) -> Self {
         let cfg = env.config;
+        let baggage = request_baggage(host);
         let priority = priority::resolve(
             host.request_header(priority::HEADER).as_deref(),
+            baggage
+                .as_deref()
+                .and_then(|b| baggage::member(b, priority::BAGGAGE_KEY)),
             cfg.priority.trust_client,
             cfg.priority.default,
         );
@@ -365,10 +369,14 @@ fn set_request(env: &mut Env<'_>, host: &mut dyn Host, name: &str, value: Option
 /// Merges the member `key=value` into the request's `baggage`, keeping the
 /// other members. Most calls carry no baggage: one lookup settles it, and only
 /// a call that has some pays for reading every value.
+/// Every `baggage` header the client sent, joined in order.
+fn request_baggage(host: &dyn Host) -> Option<String> {
+    host.request_header(baggage::HEADER)
+        .map(|_| host.request_header_all(baggage::HEADER).join(","))
+}
+
 fn merge_baggage(env: &mut Env<'_>, host: &mut dyn Host, key: &str, value: &str) {
-    let existing = host
-        .request_header(baggage::HEADER)
-        .map(|_| host.request_header_all(baggage::HEADER).join(","));
+    let existing = request_baggage(host);
     let merged = baggage::merge(existing.as_deref(), key, value);
     set_request(env, host, baggage::HEADER, Some(&merged));
 }
