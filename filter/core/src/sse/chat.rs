@@ -78,6 +78,10 @@ impl Grammar for Chat {
     fn ended(&self) -> bool {
         self.done
     }
+
+    fn finished(&self) -> bool {
+        self.finished
+    }
 }
 
 impl Chat {

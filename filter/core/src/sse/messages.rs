@@ -36,18 +36,10 @@ const READ: [&[u8]; 4] = [
 
 impl Grammar for Messages {
     fn read(&mut self, event: &Event<'_>, parse: bool) -> Reading {
+        self.events += u64::from(event.data.is_some());
         // A content delta, a ping: nothing for the grammar, and no parse
         // when no collector asked for one.
-        let mut events = self.events;
-        let reading = read_named(
-            event,
-            parse,
-            &mut events,
-            |n| READ.contains(&n),
-            |_, t| self.note(t),
-        );
-        self.events = events;
-        reading
+        read_named(event, parse, |n| READ.contains(&n), |_, t| self.note(t))
     }
 
     fn usage(&self) -> Option<Usage> {
@@ -56,6 +48,10 @@ impl Grammar for Messages {
 
     fn ended(&self) -> bool {
         self.done
+    }
+
+    fn finished(&self) -> bool {
+        self.finished
     }
 }
 

@@ -56,6 +56,9 @@ pub trait Grammar {
     fn usage(&self) -> Option<Usage>;
     /// The stream's final event passed: nothing after it is the answer's.
     fn ended(&self) -> bool;
+    /// The stream finished its answer: a choice or the response completed,
+    /// or the message gave its stop reason and then stopped.
+    fn finished(&self) -> bool;
 }
 
 /// What one event turned out to be.
@@ -114,18 +117,16 @@ pub(crate) fn read_tree<'a>(
 /// Reads one event of a stream that names its events (Responses,
 /// Messages): its data is parsed only when a collector takes it or `reads`
 /// says the grammar wants it by its name (`None`: unnamed, read for its
-/// `type`), and then handed to `note` with the name. Counts it in `events`.
+/// `type`), and then handed to `note` with the name.
 pub(crate) fn read_named(
     event: &Event<'_>,
     parse: bool,
-    events: &mut u64,
     reads: impl Fn(&[u8]) -> bool,
     mut note: impl FnMut(Option<&[u8]>, &Value),
 ) -> Reading {
     let Some(data) = event.data else {
         return Reading::default();
     };
-    *events += 1;
     let tree = tree_of(data, parse);
     let named = responses::kind(event, tree.as_ref().and_then(Option::as_ref));
     if named.is_none_or(&reads) {
@@ -166,25 +167,6 @@ impl Dialect {
         }
     }
 
-    /// The stream finished its answer: a choice or the response completed,
-    /// or the message gave its stop reason and then stopped.
-    pub fn finished(&self) -> bool {
-        match self {
-            Self::Chat(g) => g.finished,
-            Self::Responses(g) => g.finished,
-            Self::Messages(g) => g.finished,
-        }
-    }
-
-    /// Events with data seen.
-    pub fn events(&self) -> u64 {
-        match self {
-            Self::Chat(g) => g.events,
-            Self::Responses(g) => g.events,
-            Self::Messages(g) => g.events,
-        }
-    }
-
     fn grammar(&mut self) -> &mut dyn Grammar {
         match self {
             Self::Chat(g) => g,
@@ -213,6 +195,10 @@ impl Grammar for Dialect {
 
     fn ended(&self) -> bool {
         self.grammar_ref().ended()
+    }
+
+    fn finished(&self) -> bool {
+        self.grammar_ref().finished()
     }
 }
 

@@ -49,15 +49,11 @@ pub(super) fn kind<'a>(event: &Event<'a>, tree: Option<&'a Value>) -> Option<&'a
 
 impl Grammar for Responses {
     fn read(&mut self, event: &Event<'_>, parse: bool) -> Reading {
+        self.events += u64::from(event.data.is_some());
         // A delta, an item added: nothing for the grammar, and no parse when
         // no collector asked for one.
-        let mut events = self.events;
         let reads = |n: &[u8]| n == CREATED || FINAL.contains(&n);
-        let reading = read_named(event, parse, &mut events, reads, |named, t| {
-            self.note(named, t)
-        });
-        self.events = events;
-        reading
+        read_named(event, parse, reads, |named, t| self.note(named, t))
     }
 
     fn usage(&self) -> Option<Usage> {
@@ -66,6 +62,10 @@ impl Grammar for Responses {
 
     fn ended(&self) -> bool {
         self.done
+    }
+
+    fn finished(&self) -> bool {
+        self.finished
     }
 }
 

@@ -417,7 +417,10 @@ fn a_messages_stream_adds_its_usage_up_over_its_events() {
             "split at {split}"
         );
         assert!(s.grammar().finished() && s.grammar().ended());
-        assert_eq!(s.grammar().events(), 7);
+        let Dialect::Messages(g) = s.grammar() else {
+            panic!("the Messages grammar");
+        };
+        assert_eq!(g.events, 7);
     }
     // An error event ends the stream unfinished.
     let s = dialect(

@@ -27,7 +27,7 @@ use crate::classify::Endpoint;
 use crate::priority::Priority;
 use crate::routing::stateful::Continues;
 use crate::shaping::Changes;
-use crate::sse::{self, Collect};
+use crate::sse::{self, Collect, Grammar};
 use crate::summary::EnvoyReply;
 use crate::usage::{self, Usage};
 

@@ -113,15 +113,21 @@ fn a_response_the_provider_does_not_store_is_not_remembered() {
     assert_eq!(seen.len(), 2, "{seen:?}");
 }
 
-#[test]
-fn a_shed_messages_call_gets_anthropics_overloaded_error() {
-    let mut w = World::new(
+/// A world whose every model is at degrade level 2, by an alert.
+fn degraded_to_level_two() -> World {
+    let w = World::new(
         r#"{"admin":{"token":"0123456789abcdef"},
             "degrade":{"alerts":[{"severity":"page","level":2}]}}"#,
     );
     let hook = r#"{"version":"4","alerts":[{"status":"firing","labels":{"severity":"page"},"fingerprint":"f"}]}"#;
     let reports = alerts::parse(hook.as_bytes(), w.now_ms).unwrap();
     alerts::apply(&w.store, &w.config.degrade, &reports, w.now_ms).unwrap();
+    w
+}
+
+#[test]
+fn a_shed_messages_call_gets_anthropics_overloaded_error() {
+    let mut w = degraded_to_level_two();
     let mut host = FakeHost::post("/v1/messages")
         .with_header("x-api-key", "sk-ant")
         .with_header("x-request-priority", "P2")
@@ -191,13 +197,7 @@ fn the_output_cap_is_set_in_each_dialects_own_field() {
 
 #[test]
 fn degrade_skips_and_counts_what_a_dialect_has_no_field_for() {
-    let mut w = World::new(
-        r#"{"admin":{"token":"0123456789abcdef"},
-            "degrade":{"alerts":[{"severity":"page","level":2}]}}"#,
-    );
-    let hook = r#"{"version":"4","alerts":[{"status":"firing","labels":{"severity":"page"},"fingerprint":"f"}]}"#;
-    let reports = alerts::parse(hook.as_bytes(), w.now_ms).unwrap();
-    alerts::apply(&w.store, &w.config.degrade, &reports, w.now_ms).unwrap();
+    let mut w = degraded_to_level_two();
     let mut host = FakeHost::post("/v1/embeddings").with_body(r#"{"model":"e","input":"hi"}"#);
     w.request(&mut host).unwrap();
     assert_eq!(
