@@ -133,15 +133,17 @@ impl Call {
         let method = host.request_header(":method").unwrap_or_default();
         let path = host.request_header(":path").unwrap_or_default();
         let endpoint = classify::classify(&method, &path, &env.config.llm_paths)?;
+        // Read once: it may set the priority, and the priority joins it.
+        let baggage = request_baggage(host);
         let mut call = Self {
-            request: Request::read(env, host, endpoint),
+            request: Request::read(env, host, endpoint, baggage.as_deref()),
             decided: Decided::default(),
             progress: Progress::new(),
             dispatch: Dispatch::default(),
             response: None,
             cache: CacheCall::new(env.config.cache.keeps_entries(), shard_key),
         };
-        call.tag(env, host);
+        call.tag(env, host, baggage.as_deref());
         if end_of_stream {
             let step = call.decide(env, host, Some(HeldBody::parse(Vec::new(), 0)));
             return Some((call, step));
@@ -179,10 +181,10 @@ impl Call {
     }
 
     /// Priority, baggage and trace context, written toward the upstream.
-    fn tag(&mut self, env: &mut Env<'_>, host: &mut dyn Host) {
+    fn tag(&mut self, env: &mut Env<'_>, host: &mut dyn Host, baggage: Option<&str>) {
         let p = self.request.priority.as_str();
         set_request(env, host, priority::HEADER, Some(p));
-        merge_baggage(env, host, priority::BAGGAGE_KEY, p);
+        set_baggage(env, host, baggage, priority::BAGGAGE_KEY, p);
 
         let incoming = host.request_header(trace_context::TRACEPARENT);
         self.decided.trace_id = match env.config.tracing {
@@ -319,15 +321,13 @@ impl Call {
 }
 
 impl Request {
-    /// What the request headers say: priority and the caller's budget.
-    fn read(env: &Env<'_>, host: &dyn Host, endpoint: Endpoint) -> Self {
+    /// What the request headers say (`baggage`: all of the request's, as
+    /// read): priority and the caller's budget.
+    fn read(env: &Env<'_>, host: &dyn Host, endpoint: Endpoint, baggage: Option<&str>) -> Self {
         let cfg = env.config;
-        let baggage = request_baggage(host);
         let priority = priority::resolve(
             host.request_header(priority::HEADER).as_deref(),
-            baggage
-                .as_deref()
-                .and_then(|b| baggage::member(b, priority::BAGGAGE_KEY)),
+            baggage.and_then(|b| baggage::member(b, priority::BAGGAGE_KEY)),
             cfg.priority.trust_client,
             cfg.priority.default,
         );
@@ -366,18 +366,30 @@ fn set_request(env: &mut Env<'_>, host: &mut dyn Host, name: &str, value: Option
     }
 }
 
-/// Merges the member `key=value` into the request's `baggage`, keeping the
-/// other members. Most calls carry no baggage: one lookup settles it, and only
-/// a call that has some pays for reading every value.
-/// Every `baggage` header the client sent, joined in order.
+/// Every `baggage` header of the request, joined in order. Most calls carry
+/// no baggage: one lookup settles it, and only a call that has some pays for
+/// reading every value.
 fn request_baggage(host: &dyn Host) -> Option<String> {
     host.request_header(baggage::HEADER)
         .map(|_| host.request_header_all(baggage::HEADER).join(","))
 }
 
+/// Merges the member `key=value` into the request's `baggage`, keeping the
+/// other members.
 fn merge_baggage(env: &mut Env<'_>, host: &mut dyn Host, key: &str, value: &str) {
     let existing = request_baggage(host);
-    let merged = baggage::merge(existing.as_deref(), key, value);
+    set_baggage(env, host, existing.as_deref(), key, value);
+}
+
+/// Writes `existing` (the request's baggage as read) with `key=value` merged in.
+fn set_baggage(
+    env: &mut Env<'_>,
+    host: &mut dyn Host,
+    existing: Option<&str>,
+    key: &str,
+    value: &str,
+) {
+    let merged = baggage::merge(existing, key, value);
     set_request(env, host, baggage::HEADER, Some(&merged));
 }
 
