@@ -110,13 +110,9 @@ impl Endpoint {
         )
     }
 
-    /// The request field that caps the answer's tokens.
-    pub fn max_tokens_field(self) -> Option<&'static str> {
-        match self {
-            Self::Chat | Self::Completions | Self::Messages => Some("max_tokens"),
-            Self::Responses => Some("max_output_tokens"),
-            Self::Embeddings | Self::Other => None,
-        }
+    /// Every dialect's name, as config writes them.
+    pub fn names() -> impl Iterator<Item = &'static str> {
+        APIS.iter().map(|(_, name)| *name)
     }
 }
 

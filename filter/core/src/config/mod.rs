@@ -260,8 +260,11 @@ fn compile_paths(
             ConfigError::new(
                 field,
                 format!(
-                    "{name:?} is not one of `chat`, `completions`, `embeddings`, \
-                     `responses`, `messages`, `other`"
+                    "{name:?} is not one of {}",
+                    Endpoint::names()
+                        .map(|n| format!("`{n}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
             )
         })?;
