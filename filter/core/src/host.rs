@@ -7,6 +7,7 @@ use std::collections::HashMap;
 pub mod cas;
 pub mod codec;
 pub mod footprint;
+pub mod lease;
 
 /// Failure of a shared-store write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

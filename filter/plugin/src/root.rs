@@ -191,7 +191,7 @@ fn prepare_semantic(cfg: &SemanticConfig, metrics: &mut EnvoyMetrics) {
         cfg.max_contexts,
         cfg.max_per_context,
         cfg.max_dimensions,
-        cfg.embeddings.cluster,
+        cfg.embeddings.service.cluster,
         worst,
         worst.div_ceil(1 << 20)
     );

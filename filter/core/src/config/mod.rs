@@ -5,6 +5,7 @@
 pub mod check;
 pub mod error;
 pub mod per_priority;
+pub mod service;
 
 use std::collections::BTreeMap;
 

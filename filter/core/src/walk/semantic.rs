@@ -46,10 +46,16 @@ impl Call {
         // Never longer than the caller's own budget.
         let timeout_ms = sem
             .embeddings
+            .service
             .timeout_ms
             .min(self.request.remaining_ms(env.now_ms))
             .max(1);
-        if !host.dispatch_call(&sem.embeddings.cluster, &headers, &payload, timeout_ms) {
+        if !host.dispatch_call(
+            &sem.embeddings.service.cluster,
+            &headers,
+            &payload,
+            timeout_ms,
+        ) {
             count_failure(env.metrics, EmbedFailure::Dispatch);
             return ControlFlow::Continue(Some(body));
         }

@@ -6,6 +6,7 @@ use serde::Deserialize;
 
 use crate::config::check;
 use crate::config::error::ConfigError;
+use crate::config::service::{Defaults, RawService, Service};
 
 /// Default least cosine similarity of a reworded repeat.
 pub const DEFAULT_THRESHOLD: f64 = 0.95;
@@ -28,8 +29,6 @@ pub const DEFAULT_TIMEOUT_MS: u64 = 50;
 pub const MAX_TIMEOUT_MS: u64 = 10_000;
 /// Default path of the embeddings service.
 pub const DEFAULT_PATH: &str = "/v1/embeddings";
-/// Most extra headers sent to the embeddings service.
-const MAX_HEADERS: usize = 16;
 /// Most text embedded: longer questions are left to the exact cache.
 pub const DEFAULT_MAX_TEXT_BYTES: u32 = 8_192;
 /// Longest `max_text_bytes`.
@@ -91,18 +90,10 @@ pub struct SemanticConfig {
 /// The compiled `cache.semantic.embeddings`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EmbeddingsConfig {
-    /// Envoy cluster.
-    pub cluster: String,
+    /// Where the service is and how it is asked.
+    pub service: Service,
     /// Model asked for.
     pub model: String,
-    /// `:authority` sent.
-    pub authority: String,
-    /// `:path` sent.
-    pub path: String,
-    /// Extra headers, lowercase names.
-    pub headers: Vec<(String, String)>,
-    /// Wait for the answer, ms.
-    pub timeout_ms: u64,
 }
 
 impl SemanticConfig {
@@ -143,59 +134,24 @@ impl SemanticConfig {
 
 impl EmbeddingsConfig {
     fn compile(raw: RawEmbeddingsConfig) -> Result<Self, ConfigError> {
-        let cluster = raw
-            .cluster
-            .filter(|c| !c.is_empty())
-            .ok_or_else(|| ConfigError::new("cluster", "is required: an Envoy cluster name"))?;
-        let model = raw
-            .model
-            .filter(|m| !m.is_empty())
-            .ok_or_else(|| ConfigError::new("model", "is required: the embeddings model"))?;
-        let authority = raw.authority.unwrap_or_else(|| cluster.clone());
-        if authority.is_empty() || check::has_blank_or_control(&authority) {
-            return Err(ConfigError::new(
-                "authority",
-                format!("{authority:?} is not a host"),
-            ));
-        }
-        let path = raw.path.unwrap_or_else(|| DEFAULT_PATH.to_string());
-        if !path.starts_with('/') || check::has_blank_or_control(&path) {
-            return Err(ConfigError::new("path", format!("{path:?} is not a path")));
-        }
-        let raw_headers = raw.headers.unwrap_or_default();
-        if raw_headers.len() > MAX_HEADERS {
-            return Err(ConfigError::new(
-                "headers",
-                format!("{} headers, at most {MAX_HEADERS}", raw_headers.len()),
-            ));
-        }
-        let mut headers = Vec::with_capacity(raw_headers.len());
-        for (name, value) in raw_headers {
-            let lower = name.to_ascii_lowercase();
-            let reserved = ["content-type", "content-length", "host", "te", "connection"];
-            if !check::is_token(&name) || reserved.contains(&lower.as_str()) {
-                return Err(ConfigError::new(
-                    format!("headers.{name}"),
-                    "is not a header name the filter may set",
-                ));
-            }
-            if !check::is_header_value(&value) {
-                return Err(ConfigError::new(
-                    format!("headers.{lower}"),
-                    "has a control character in its value",
-                ));
-            }
-            headers.push((lower, value));
-        }
-        Ok(Self {
-            cluster,
-            model,
-            authority,
-            path,
-            headers,
-            timeout_ms: check::field("timeout_ms", raw.timeout_ms, DEFAULT_TIMEOUT_MS)
-                .in_range(1..=MAX_TIMEOUT_MS)?,
-        })
+        let model = raw.model.filter(|m| !m.is_empty());
+        let service = Service::compile(
+            RawService {
+                cluster: raw.cluster,
+                authority: raw.authority,
+                path: raw.path,
+                headers: raw.headers,
+                timeout_ms: raw.timeout_ms,
+            },
+            Defaults {
+                path: DEFAULT_PATH,
+                timeout_ms: DEFAULT_TIMEOUT_MS,
+                max_timeout_ms: MAX_TIMEOUT_MS,
+            },
+        )?;
+        let model =
+            model.ok_or_else(|| ConfigError::new("model", "is required: the embeddings model"))?;
+        Ok(Self { service, model })
     }
 }
 
@@ -218,13 +174,16 @@ mod tests {
         assert_eq!((c.max_per_context, c.max_contexts), (256, 64));
         assert_eq!(c.max_dimensions, 1536);
         let e = &c.embeddings;
-        assert_eq!((e.cluster.as_str(), e.model.as_str()), ("emb", "e5"));
         assert_eq!(
-            (e.authority.as_str(), e.path.as_str()),
+            (e.service.cluster.as_str(), e.model.as_str()),
+            ("emb", "e5")
+        );
+        assert_eq!(
+            (e.service.authority.as_str(), e.service.path.as_str()),
             ("emb", "/v1/embeddings")
         );
-        assert_eq!(e.timeout_ms, 50);
-        assert!(e.headers.is_empty());
+        assert_eq!(e.service.timeout_ms, 50);
+        assert!(e.service.headers.is_empty());
     }
 
     #[test]
@@ -242,13 +201,13 @@ mod tests {
             (16, 4, 384)
         );
         assert_eq!(c.max_text_bytes, 100);
-        assert_eq!(c.embeddings.authority, "emb.example");
-        assert_eq!(c.embeddings.path, "/embed?v=1");
+        assert_eq!(c.embeddings.service.authority, "emb.example");
+        assert_eq!(c.embeddings.service.path, "/embed?v=1");
         assert_eq!(
-            c.embeddings.headers,
+            c.embeddings.service.headers,
             [("authorization".to_string(), "Bearer k".to_string())]
         );
-        assert_eq!(c.embeddings.timeout_ms, 80);
+        assert_eq!(c.embeddings.service.timeout_ms, 80);
     }
 
     #[test]

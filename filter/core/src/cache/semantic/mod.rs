@@ -129,14 +129,8 @@ fn text_of(content: &Json) -> Option<String> {
 /// The headers and body of the embeddings callout for `text`.
 pub fn embeddings_request(cfg: &EmbeddingsConfig, text: &str) -> (Vec<(String, String)>, Vec<u8>) {
     let body = serde_json::json!({ "model": cfg.model, "input": text }).to_string();
-    let mut headers = vec![
-        (":method".to_string(), "POST".to_string()),
-        (":path".to_string(), cfg.path.clone()),
-        (":authority".to_string(), cfg.authority.clone()),
-        ("content-type".to_string(), "application/json".to_string()),
-        ("content-length".to_string(), body.len().to_string()),
-    ];
-    headers.extend(cfg.headers.iter().cloned());
+    let service = &cfg.service;
+    let headers = service.request_headers("POST", &service.path, Some(body.len()));
     (headers, body.into_bytes())
 }
 

@@ -203,7 +203,7 @@ fn a_completions_prompt_is_the_question() {
 #[test]
 fn the_callout_asks_the_configured_service() {
     let mut cfg = sem().embeddings;
-    cfg.headers = vec![("authorization".into(), "Bearer e".into())];
+    cfg.service.headers = vec![("authorization".into(), "Bearer e".into())];
     let (headers, body) = embeddings_request(&cfg, "a \"quoted\" question");
     let h = |n: &str| {
         headers

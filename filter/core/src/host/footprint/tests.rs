@@ -34,7 +34,7 @@ fn fill(store: &MemoryStore, config: &Config) {
     for n in 0..=255u8 {
         let _ = coalesce::claim(&cache, &[n; 32], 1_000, 5_000, u64::from(n) + 1);
     }
-    let _ = probe::try_lease(store, 7, 1_000, 5_000);
+    let _ = crate::host::lease::try_lease(store, probe::LEASE_KEY, 7, 1_000, 5_000);
     for c in ["a", "b", "c"] {
         let sample = CallSample {
             result: CallResult::Status(200),

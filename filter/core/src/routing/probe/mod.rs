@@ -3,14 +3,16 @@
 //! and load. The glue only sends the probes the [`Prober`] says are due and
 //! hands back how each ended.
 
-pub mod lease;
 pub mod prometheus;
 
 use super::config::RoutingConfig;
 use super::health;
+use crate::host::lease::try_lease;
 use crate::host::{Metrics, SharedStore};
 use crate::metrics;
-pub use lease::{try_lease, Lease, LEASE_KEY};
+
+/// Shared-data key of the probe lease.
+pub const LEASE_KEY: &str = "llm_filter.routing.v1.probe_lease";
 pub use prometheus::parse_load;
 
 /// What a probe asks a cluster.
@@ -90,7 +92,13 @@ impl Prober {
         now_ms: u64,
     ) -> Vec<Probe> {
         if config.clusters.is_empty()
-            || !try_lease(store, self.worker_id, now_ms, config.probe_interval_ms)
+            || !try_lease(
+                store,
+                LEASE_KEY,
+                self.worker_id,
+                now_ms,
+                config.probe_interval_ms,
+            )
         {
             return Vec::new();
         }

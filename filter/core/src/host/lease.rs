@@ -1,5 +1,6 @@
-//! The probe lease: `on_tick` fires on every worker, so a lease in shared
-//! data elects the one worker that probes every cluster this interval.
+//! A lease in shared data: `on_tick` fires on every worker, so a lease
+//! elects the one worker that does a proxy-wide chore this interval (the
+//! routing probes, each degrade source's pull), each chore under its own key.
 
 use serde::{Deserialize, Serialize};
 
@@ -7,10 +8,7 @@ use crate::host::cas::{self, Change, Unguarded};
 use crate::host::codec;
 use crate::host::SharedStore;
 
-/// Shared-data key of the probe lease.
-pub const LEASE_KEY: &str = "llm_filter.routing.v1.probe_lease";
-
-/// Who probes until when. `owner` 0 is nobody.
+/// Who does the chore until when. `owner` 0 is nobody.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
     /// Id of the worker holding the lease (random per worker VM, non-zero).
@@ -19,8 +17,9 @@ pub struct Lease {
     pub expires_ms: u64,
 }
 
-/// Tries to win this interval's probe lease for `worker_id`; true means this
-/// worker probes now and the others skip until `now_ms + interval_ms`.
+/// Tries to win this interval's lease under `key` for `worker_id`; true
+/// means this worker does the chore now and the others skip until
+/// `now_ms + interval_ms`.
 ///
 /// Envoy writes a key that does not exist unconditionally, whatever CAS token
 /// is passed, so two workers could both "create" the lease. Hence a worker
@@ -32,6 +31,7 @@ pub struct Lease {
 /// first interval every win is a compare-and-swap on an existing key.
 pub fn try_lease<S: SharedStore + ?Sized>(
     store: &S,
+    key: &str,
     worker_id: u64,
     now_ms: u64,
     interval_ms: u64,
@@ -44,7 +44,7 @@ pub fn try_lease<S: SharedStore + ?Sized>(
     // lease so (`Skip`).
     let taken = cas::update(
         store,
-        LEASE_KEY,
+        key,
         Unguarded::Skip,
         |bytes| bytes.and_then(codec::decode::<Lease>),
         |lease| lease.as_ref().and_then(codec::encode),
@@ -69,7 +69,7 @@ pub fn try_lease<S: SharedStore + ?Sized>(
             };
             if let Some(b) = codec::encode(&unowned) {
                 // A host error leaves the creation to the next tick.
-                let _ = cas::create_if_absent(store, LEASE_KEY, &b);
+                let _ = cas::create_if_absent(store, key, &b);
             }
             false
         }
@@ -85,20 +85,21 @@ mod tests {
     use crate::host::{MemoryStore, Random, SplitMix64, StoreError, Versioned};
 
     const I: u64 = 5_000;
+    const LEASE_KEY: &str = "test.lease";
 
     #[test]
     fn first_tick_creates_then_one_worker_wins_per_interval() {
         let s = MemoryStore::new();
-        assert!(!try_lease(&s, 1, 0, I));
-        assert!(!try_lease(&s, 2, 0, I));
-        assert!(!try_lease(&s, 1, I - 1, I));
-        assert!(try_lease(&s, 2, I, I));
-        assert!(!try_lease(&s, 1, I, I));
+        assert!(!try_lease(&s, LEASE_KEY, 1, 0, I));
+        assert!(!try_lease(&s, LEASE_KEY, 2, 0, I));
+        assert!(!try_lease(&s, LEASE_KEY, 1, I - 1, I));
+        assert!(try_lease(&s, LEASE_KEY, 2, I, I));
+        assert!(!try_lease(&s, LEASE_KEY, 1, I, I));
         assert!(
-            !try_lease(&s, 2, I + 1, I),
+            !try_lease(&s, LEASE_KEY, 2, I + 1, I),
             "the owner too waits for its lease to end"
         );
-        assert!(try_lease(&s, 1, 2 * I, I));
+        assert!(try_lease(&s, LEASE_KEY, 1, 2 * I, I));
         let v = s.get(LEASE_KEY).unwrap();
         let l: Lease = codec::decode(&v.value.unwrap()).unwrap();
         assert_eq!(
@@ -114,8 +115,8 @@ mod tests {
     fn unreadable_lease_is_taken_over() {
         let s = MemoryStore::new();
         s.set(LEASE_KEY, b"?", None).unwrap();
-        assert!(try_lease(&s, 7, 0, I));
-        assert!(!try_lease(&s, 8, 0, I));
+        assert!(try_lease(&s, LEASE_KEY, 7, 0, I));
+        assert!(!try_lease(&s, LEASE_KEY, 8, 0, I));
     }
 
     /// Another worker's tick, run in the middle of this one's.
@@ -151,16 +152,16 @@ mod tests {
         let racy = Racy {
             inner: &s,
             before_set: RefCell::new(vec![Box::new(|s: &MemoryStore| {
-                assert!(!try_lease(s, 1, 0, I));
-                if try_lease(s, 1, I - 1, I) {
+                assert!(!try_lease(s, LEASE_KEY, 1, 0, I));
+                if try_lease(s, LEASE_KEY, 1, I - 1, I) {
                     wins.borrow_mut().push((1, I - 1));
                 }
             })]),
         };
-        assert!(!try_lease(&racy, 2, 0, I));
+        assert!(!try_lease(&racy, LEASE_KEY, 2, 0, I));
         for now in [I - 1, I, I + 1] {
             for w in [1, 2, 3] {
-                if try_lease(&s, w, now, I) {
+                if try_lease(&s, LEASE_KEY, w, now, I) {
                     wins.borrow_mut().push((w, now));
                 }
             }
@@ -171,16 +172,16 @@ mod tests {
     #[test]
     fn racing_takers_never_both_win() {
         let s = MemoryStore::new();
-        assert!(!try_lease(&s, 1, 0, I));
+        assert!(!try_lease(&s, LEASE_KEY, 1, 0, I));
         let other_won = RefCell::new(false);
         // Both read an expired lease; worker 1 writes first.
         let racy = Racy {
             inner: &s,
             before_set: RefCell::new(vec![Box::new(|s: &MemoryStore| {
-                *other_won.borrow_mut() = try_lease(s, 1, I, I);
+                *other_won.borrow_mut() = try_lease(s, LEASE_KEY, 1, I, I);
             })]),
         };
-        let won = try_lease(&racy, 2, I, I);
+        let won = try_lease(&racy, LEASE_KEY, 2, I, I);
         assert!(*other_won.borrow());
         assert!(!won);
     }
@@ -202,7 +203,7 @@ mod tests {
                     inner: &s,
                     before_set: RefCell::new(if race {
                         vec![Box::new(move |s: &MemoryStore| {
-                            if try_lease(s, nested, now, I) {
+                            if try_lease(s, LEASE_KEY, nested, now, I) {
                                 wins_ref.borrow_mut().push(now);
                             }
                         })]
@@ -210,7 +211,7 @@ mod tests {
                         vec![]
                     }),
                 };
-                if try_lease(&racy, worker, now, I) {
+                if try_lease(&racy, LEASE_KEY, worker, now, I) {
                     wins.borrow_mut().push(now);
                 }
             }
@@ -236,7 +237,7 @@ mod tests {
             }
         }
         let s = NoCas(MemoryStore::new());
-        assert!(!try_lease(&s, 1, 0, I));
-        assert!(!try_lease(&s, 1, 10 * I, I));
+        assert!(!try_lease(&s, LEASE_KEY, 1, 0, I));
+        assert!(!try_lease(&s, LEASE_KEY, 1, 10 * I, I));
     }
 }
