@@ -10,10 +10,12 @@
 
 pub mod alertmanager;
 pub mod cli;
+pub mod daemon;
 pub mod envoy;
 pub mod istio;
 pub mod mock;
 pub mod prometheus;
+pub mod prometheus_server;
 pub mod tls;
 
 use std::time::{Duration, Instant};
@@ -31,6 +33,7 @@ pub use envoy::{
     wasm_available, wasm_path, workspace_root, Envoy, EnvoyBuilder,
 };
 pub use mock::{MockConfig, MockUpstream, RecordedRequest, Script, TailLatency};
+pub use prometheus_server::{prometheus_bin, PrometheusServer};
 
 /// Whether a test that runs the real Envoy skips; every such test starts with it.
 ///

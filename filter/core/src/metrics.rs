@@ -141,6 +141,13 @@ pub const DEGRADED: &str = "llm_filter_degraded_total";
 /// Body actions a call's dialect has no field for, skipped, by `action` and
 /// `api`.
 pub const DEGRADE_SKIPPED: &str = "llm_filter_degrade_skipped_total";
+/// Pulls of a degrade source, by `what` (`alertmanager` | `prometheus`) and
+/// `result` (`ok`, `status`, `no_answer`, `not_sent`, `invalid`, `store`).
+pub const DEGRADE_PULLS: &str = "llm_filter_degrade_pulls_total";
+/// Alerts or samples of a pulled answer not kept, by `what`.
+pub const DEGRADE_PULL_DROPPED: &str = "llm_filter_degrade_pull_dropped_total";
+/// 1 while a degrade source's last pull was read, 0 after one failed, by `what`.
+pub const DEGRADE_SOURCE_UP: &str = "llm_filter_degrade_source_up";
 
 // shared data
 /// Keys the filter holds in Envoy shared data (gauge, counted every few
@@ -265,6 +272,9 @@ pub const ALL: &[&str] = &[
     DEGRADE_LEVEL,
     DEGRADED,
     DEGRADE_SKIPPED,
+    DEGRADE_PULLS,
+    DEGRADE_PULL_DROPPED,
+    DEGRADE_SOURCE_UP,
     SHARED_DATA_KEYS,
     SHARED_DATA_BYTES,
 ];

@@ -1,7 +1,7 @@
 //! The root context: loads and compiles the configuration once per VM, hands
 //! every HTTP context the shared state of this worker, and runs the timer that
-//! wakes parked calls, sends the routing probes and counts the filter's
-//! shared data.
+//! wakes parked calls, sends the routing probes and the degrade sources'
+//! pulls, and counts the filter's shared data.
 
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -11,6 +11,7 @@ use llm_filter_core::cache::semantic::config::SemanticConfig;
 use llm_filter_core::cache::semantic::Index;
 use llm_filter_core::cache::{CacheConfig, Store, PREPARE_MAX_SLOTS};
 use llm_filter_core::config::Config;
+use llm_filter_core::degrade::sources::{Pull, Puller, MAX_ANSWER_BYTES};
 use llm_filter_core::host::footprint::{Census, KEYS_PER_STEP};
 use llm_filter_core::host::{Random, SplitMix64};
 use llm_filter_core::metrics::BoundedLabel;
@@ -39,6 +40,9 @@ pub struct Root {
     prober: Prober,
     /// Probes in flight, by callout token.
     probes: HashMap<u32, Probe>,
+    puller: Puller,
+    /// Pulls of the degrade sources in flight, by callout token.
+    pulls: HashMap<u32, Pull>,
     /// Callouts that parked calls sent from the timer, by token: the SDK
     /// hands their answers to this context, which passes them on.
     callouts: HashMap<u32, ParkedCall>,
@@ -110,23 +114,72 @@ impl Root {
                 .iter()
                 .map(|(k, v)| (*k, v.as_str()))
                 .collect();
-            let timeout = Duration::from_millis(probe.timeout_ms);
-            match hostcall::dispatch_http_call(
+            match send(
                 &probe.cluster,
                 &headers,
                 probe.body.as_deref(),
-                timeout,
+                probe.timeout_ms,
             ) {
-                Ok(token) => {
+                Some(token) => {
                     self.probes.insert(token, probe);
                 }
-                Err(_) => worker.with_metrics(|m| {
+                None => worker.with_metrics(|m| {
                     self.prober
                         .finish(cfg, &EnvoyStore, m, &probe, ProbeEnd::NotSent, now_ms());
                 }),
             }
         }
     }
+
+    /// Sends the degrade sources' pulls that are due; what their answers do
+    /// is the puller's.
+    fn pull(&mut self, worker: &Worker) {
+        let cfg = &worker.config.degrade;
+        for pull in self.puller.due(cfg, &EnvoyStore, now_ms()) {
+            let headers: Vec<(&str, &str)> = pull
+                .headers
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            match send(&pull.cluster, &headers, None, pull.timeout_ms) {
+                Some(token) => {
+                    self.pulls.insert(token, pull);
+                }
+                None => worker.with_metrics(|m| {
+                    self.puller
+                        .finish(cfg, &EnvoyStore, m, &pull, ProbeEnd::NotSent, now_ms());
+                }),
+            }
+        }
+    }
+}
+
+/// Sends a callout from the timer; its token, `None` when the host would not
+/// (Envoy knows no such cluster).
+fn send(
+    cluster: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+    timeout_ms: u64,
+) -> Option<u32> {
+    hostcall::dispatch_http_call(cluster, headers, body, Duration::from_millis(timeout_ms)).ok()
+}
+
+/// The status of a timer's callout's answer (`None`: none came) and its
+/// body, read when `read_body` and no longer than `max_body` (a longer one
+/// is left unread: an empty body, which no source takes for an answer).
+fn callout_answer(body_size: usize, read_body: bool, max_body: usize) -> (Option<u16>, Vec<u8>) {
+    let status = adapter::header(MapType::HttpCallResponseHeaders, ":status")
+        .and_then(|s| s.parse::<u16>().ok());
+    let body = if !read_body || body_size > max_body {
+        Vec::new()
+    } else {
+        hostcall::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    };
+    (status, body)
 }
 
 /// Logs the most memory the cache can take and creates its slots in shared
@@ -215,29 +268,24 @@ impl Context for Root {
             }
             return;
         }
-        let Some(probe) = self.probes.remove(&token) else {
-            return;
-        };
         let Some(worker) = self.worker.clone() else {
             return;
         };
-        let status = adapter::header(MapType::HttpCallResponseHeaders, ":status")
-            .and_then(|s| s.parse::<u16>().ok());
-        let body = if probe.kind.reads_body() {
-            hostcall::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
-                .ok()
-                .flatten()
-                .unwrap_or_default()
-        } else {
-            Vec::new()
+        if let Some(pull) = self.pulls.remove(&token) {
+            let (status, body) = callout_answer(body_size, true, MAX_ANSWER_BYTES);
+            let end = ProbeEnd::of(status, &body);
+            worker.with_metrics(|m| {
+                let cfg = &worker.config.degrade;
+                self.puller
+                    .finish(cfg, &EnvoyStore, m, &pull, end, now_ms());
+            });
+            return;
+        }
+        let Some(probe) = self.probes.remove(&token) else {
+            return;
         };
-        let end = match status {
-            Some(status) => ProbeEnd::Answered {
-                status,
-                body: &body,
-            },
-            None => ProbeEnd::NoAnswer,
-        };
+        let (status, body) = callout_answer(body_size, probe.kind.reads_body(), usize::MAX);
+        let end = ProbeEnd::of(status, &body);
         worker.with_metrics(|m| {
             let cfg = &worker.config.routing;
             self.prober
@@ -273,6 +321,7 @@ impl RootContext for Root {
         hostcall::count_unexpected(&mut metrics);
         let mut rng = SplitMix64::new(adapter::entropy());
         self.prober = Prober::new(rng.next_u64().max(1));
+        self.puller = Puller::new(rng.next_u64().max(1));
         self.census = Census::new(&config);
         let model_labels = BoundedLabel::new(MAX_MODEL_LABELS);
         self.worker = Some(Rc::new(Worker::new(config, metrics, rng, model_labels)));
@@ -290,6 +339,7 @@ impl RootContext for Root {
         };
         self.wake_parked(&worker);
         self.probe(&worker);
+        self.pull(&worker);
         let counted = self
             .census
             .step(&EnvoyStore, &worker.config, now_ms(), KEYS_PER_STEP);

@@ -143,7 +143,7 @@ async fn without_a_token_the_admin_paths_do_not_exist() {
 }
 
 /// `SystemTime` as RFC 3339 in UTC, for Alertmanager's `endsAt`.
-fn rfc3339(t: SystemTime) -> String {
+pub(crate) fn rfc3339(t: SystemTime) -> String {
     let secs = t.duration_since(UNIX_EPOCH).unwrap().as_secs();
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // Civil date from days since the epoch (H. Hinnant's algorithm).

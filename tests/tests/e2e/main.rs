@@ -21,6 +21,7 @@ mod cache;
 mod concurrency;
 mod config;
 mod degrade;
+mod degrade_sources;
 mod deploy_configs;
 mod dialects;
 mod hostile;

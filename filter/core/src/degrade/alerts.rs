@@ -1,7 +1,9 @@
-//! The operators' alerts, as Alertmanager's webhook (version 4) reports them,
-//! kept in shared data so every worker degrades at once: a firing alert that
-//! a rule of `degrade.alerts` matches is kept until it is resolved or, not
-//! re-sent, expires after `degrade.alert_ttl_s`.
+//! The operators' alerts, as Alertmanager's webhook (version 4) reports them
+//! or as its API lists them when pulled (`degrade.alertmanager`, see
+//! [`super::sources`]), kept in shared data so every worker degrades at once:
+//! a firing alert that a rule of `degrade.alerts` matches is kept until it is
+//! resolved (for a pulled alert: until a pull no longer lists it) or, neither
+//! re-sent nor re-read, expires after `degrade.alert_ttl_s`.
 //!
 //! A webhook is parsed and checked whole before anything changes, so a
 //! malformed one changes nothing. Alerts are kept by labels, and their level
@@ -17,7 +19,7 @@ use crate::host::codec;
 use crate::host::{SharedStore, StoreError};
 
 /// The shared-data key of the active alerts.
-pub const KEY: &str = "llm_filter.degrade.v1.alerts";
+pub const KEY: &str = "llm_filter.degrade.v2.alerts";
 /// Most alerts kept; a firing alert beyond it is dropped (and counted in the
 /// webhook's answer) until one ends.
 pub const MAX_ALERTS: usize = 64;
@@ -25,6 +27,15 @@ pub const MAX_ALERTS: usize = 64;
 pub const MAX_LABEL_LEN: usize = 256;
 /// Most alerts one webhook may carry.
 pub const MAX_WEBHOOK_ALERTS: usize = 1024;
+
+/// How an alert reached the filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Source {
+    /// Pushed to the admin path by Alertmanager's webhook.
+    Webhook,
+    /// Read from Alertmanager's API by a pull.
+    Pulled,
+}
 
 /// An alert the filter acts on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,8 +50,10 @@ pub struct Alert {
     pub model: Option<String>,
     /// `llm_cluster`: the alert is about the models routed to that cluster.
     pub llm_cluster: Option<String>,
-    /// When it was last sent as firing, ms.
+    /// When it was last sent or read as firing, ms.
     pub seen_ms: u64,
+    /// How it came.
+    pub source: Source,
 }
 
 impl Alert {
@@ -129,38 +142,60 @@ pub fn parse(body: &[u8], now_ms: u64) -> Result<Vec<Report>, String> {
                 "resolved" => false,
                 other => return Err(format!("alert status {other:?}")),
             };
-            let fingerprint = a
-                .fingerprint
-                .filter(|f| !f.is_empty() && f.len() <= MAX_LABEL_LEN)
-                .unwrap_or_else(|| fingerprint_of(&a.labels));
+            let fingerprint = fingerprint(a.fingerprint, &a.labels);
             if !firing {
                 return Ok(Report::Resolved(fingerprint));
             }
-            let get = |name: &str| a.labels.get(name).cloned();
-            let alert = Alert {
+            Ok(firing_report(
+                &a.labels,
                 fingerprint,
-                alertname: get("alertname"),
-                severity: get("severity"),
-                model: get("model"),
-                llm_cluster: get("llm_cluster"),
-                seen_ms: now_ms,
-            };
-            let too_long = [
-                &alert.alertname,
-                &alert.severity,
-                &alert.model,
-                &alert.llm_cluster,
-            ]
-            .into_iter()
-            .flatten()
-            .any(|v| v.len() > MAX_LABEL_LEN);
-            Ok(if too_long {
-                Report::Dropped
-            } else {
-                Report::Firing(alert)
-            })
+                Source::Webhook,
+                now_ms,
+            ))
         })
         .collect()
+}
+
+/// The report of a firing alert of `labels`: [`Report::Dropped`] when a
+/// label it keeps is too long.
+pub fn firing_report(
+    labels: &BTreeMap<String, String>,
+    fingerprint: String,
+    source: Source,
+    now_ms: u64,
+) -> Report {
+    let get = |name: &str| labels.get(name).cloned();
+    let alert = Alert {
+        fingerprint,
+        alertname: get("alertname"),
+        severity: get("severity"),
+        model: get("model"),
+        llm_cluster: get("llm_cluster"),
+        seen_ms: now_ms,
+        source,
+    };
+    let too_long = [
+        &alert.alertname,
+        &alert.severity,
+        &alert.model,
+        &alert.llm_cluster,
+    ]
+    .into_iter()
+    .flatten()
+    .any(|v| v.len() > MAX_LABEL_LEN);
+    if too_long {
+        Report::Dropped
+    } else {
+        Report::Firing(alert)
+    }
+}
+
+/// The fingerprint an alert is kept by: the one it came with, or one made
+/// of its labels when it has none (or an unusable one).
+pub fn fingerprint(given: Option<String>, labels: &BTreeMap<String, String>) -> String {
+    given
+        .filter(|f| !f.is_empty() && f.len() <= MAX_LABEL_LEN)
+        .unwrap_or_else(|| fingerprint_of(labels))
 }
 
 /// FNV-1a 64 of the sorted labels, for an alert sent without a fingerprint.
@@ -221,31 +256,75 @@ pub fn apply(
                         }
                     }
                     Report::Dropped => out.dropped += 1,
-                    Report::Firing(alert) if alert.level(&cfg.alerts) == 0 => {
-                        // A rule may have stopped matching it since.
-                        alerts.retain(|a| a.fingerprint != alert.fingerprint);
-                        out.ignored += 1;
-                    }
-                    Report::Firing(alert) => {
-                        if let Some(a) = alerts
-                            .iter_mut()
-                            .find(|a| a.fingerprint == alert.fingerprint)
-                        {
-                            *a = alert.clone();
-                        } else if alerts.len() < MAX_ALERTS {
-                            alerts.push(alert.clone());
-                        } else {
-                            out.dropped += 1;
-                            continue;
-                        }
-                        out.firing += 1;
-                    }
+                    Report::Firing(alert) => keep(alerts, alert, cfg, &mut out),
                 }
             }
             Change::Write(out)
         },
     )?;
     Ok(u.out)
+}
+
+/// Applies what a pull of Alertmanager's API read at `now_ms`: the alerts it
+/// lists replace the ones the last pull listed (an alert no longer listed
+/// has ended: it counts as `resolved`); the webhook's stay, expired ones go.
+pub fn apply_pulled(
+    store: &dyn SharedStore,
+    cfg: &DegradeConfig,
+    reports: &[Report],
+    now_ms: u64,
+) -> Result<Applied, StoreError> {
+    let u = cas::update(
+        store,
+        KEY,
+        Unguarded::Verify,
+        decode,
+        codec::encode,
+        |alerts: &mut Vec<Alert>| {
+            let mut out = Applied::default();
+            alerts.retain(|a| a.live(cfg, now_ms));
+            let listed = |fp: &str| {
+                reports
+                    .iter()
+                    .any(|r| matches!(r, Report::Firing(a) if a.fingerprint == fp))
+            };
+            let before = alerts.len();
+            alerts.retain(|a| a.source == Source::Webhook || listed(&a.fingerprint));
+            out.resolved = u32::try_from(before.saturating_sub(alerts.len())).unwrap_or(u32::MAX);
+            for r in reports {
+                match r {
+                    Report::Firing(alert) => keep(alerts, alert, cfg, &mut out),
+                    Report::Dropped => out.dropped += 1,
+                    Report::Resolved(_) => {}
+                }
+            }
+            Change::Write(out)
+        },
+    )?;
+    Ok(u.out)
+}
+
+/// Keeps a firing `alert` in `alerts` (in place of the one of its
+/// fingerprint) when a rule matches it and there is room.
+fn keep(alerts: &mut Vec<Alert>, alert: &Alert, cfg: &DegradeConfig, out: &mut Applied) {
+    if alert.level(&cfg.alerts) == 0 {
+        // A rule may have stopped matching it since.
+        alerts.retain(|a| a.fingerprint != alert.fingerprint);
+        out.ignored += 1;
+        return;
+    }
+    if let Some(a) = alerts
+        .iter_mut()
+        .find(|a| a.fingerprint == alert.fingerprint)
+    {
+        *a = alert.clone();
+    } else if alerts.len() < MAX_ALERTS {
+        alerts.push(alert.clone());
+    } else {
+        out.dropped += 1;
+        return;
+    }
+    out.firing += 1;
 }
 
 /// The alerts in force at `now_ms` (ones no rule matches any more left out).

@@ -7,7 +7,12 @@ use serde::Deserialize;
 
 use crate::config::check;
 use crate::config::error::ConfigError;
+use crate::load::Signal;
 use crate::priority::Priority;
+
+use super::sources::config::{
+    AlertmanagerSource, PrometheusSource, RawAlertmanager, RawPrometheus,
+};
 
 /// Default `alert_ttl_s`: a firing alert not re-sent for this long expires,
 /// so a lost "resolved" never degrades traffic for good. Keep it above the
@@ -51,6 +56,10 @@ pub struct RawDegradeConfig {
     pub retry_after_s: Option<u64>,
     /// Actions per level (`"1"`..`"3"`) and priority (`P1`, `P2`).
     pub levels: Option<BTreeMap<String, BTreeMap<String, Vec<Action>>>>,
+    /// Alertmanager's API, read by every proxy.
+    pub alertmanager: Option<RawAlertmanager>,
+    /// Prometheus's API, asked every model's mesh-wide load.
+    pub prometheus: Option<RawPrometheus>,
 }
 
 /// `ab.groups[].overrides.degrade` as written: what the levels do to the
@@ -78,6 +87,10 @@ pub struct RawDegradeOverride {
     pub alert_ttl_s: Option<serde::de::IgnoredAny>,
     /// Not a group's: refused with a reason.
     pub thresholds: Option<serde::de::IgnoredAny>,
+    /// Not a group's: refused with a reason.
+    pub alertmanager: Option<serde::de::IgnoredAny>,
+    /// Not a group's: refused with a reason.
+    pub prometheus: Option<serde::de::IgnoredAny>,
 }
 
 impl RawDegradeConfig {
@@ -89,6 +102,8 @@ impl RawDegradeConfig {
             ("alerts", over.alerts.is_some()),
             ("alert_ttl_s", over.alert_ttl_s.is_some()),
             ("thresholds", over.thresholds.is_some()),
+            ("alertmanager", over.alertmanager.is_some()),
+            ("prometheus", over.prometheus.is_some()),
         ] {
             if given {
                 return Err(ConfigError::new(
@@ -108,18 +123,6 @@ impl RawDegradeConfig {
         out.tokens_per_s_ref = over.tokens_per_s_ref.or(out.tokens_per_s_ref);
         Ok(out)
     }
-}
-
-/// What a load signal is compared with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Signal {
-    /// Calls per second.
-    Rps,
-    /// Output tokens per second.
-    TokensPerS,
-    /// Calls in flight.
-    InFlight,
 }
 
 /// One entry of `degrade.thresholds`.
@@ -237,6 +240,10 @@ pub struct DegradeConfig {
     /// Actions by level (index 0 is level 1) and priority (P0's always empty),
     /// in the order they are tried: refusals, the cache, then the body edits.
     pub actions: LevelActions,
+    /// Alertmanager's API, when its alerts are pulled.
+    pub alertmanager: Option<AlertmanagerSource>,
+    /// Prometheus's API, when the load is read mesh-wide.
+    pub prometheus: Option<PrometheusSource>,
 }
 
 #[cfg(test)]
@@ -324,6 +331,14 @@ impl DegradeConfig {
             .in_range(1..=MAX_RETRY_AFTER_S)?;
         let fallback_model = compile_fallback_models(raw.fallback_model.unwrap_or_default())?;
         let actions = compile_levels(raw.levels.unwrap_or_default(), &fallback_model)?;
+        let alertmanager = raw
+            .alertmanager
+            .map(|a| AlertmanagerSource::compile(a).map_err(|e| e.within("alertmanager")))
+            .transpose()?;
+        let prometheus = raw
+            .prometheus
+            .map(|p| PrometheusSource::compile(p).map_err(|e| e.within("prometheus")))
+            .transpose()?;
         Ok(Self {
             alerts,
             alert_ttl_ms: ttl_s * 1000,
@@ -334,6 +349,8 @@ impl DegradeConfig {
             fallback_model,
             retry_after_s,
             actions,
+            alertmanager,
+            prometheus,
         })
     }
 }

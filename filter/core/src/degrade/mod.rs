@@ -1,15 +1,19 @@
 //! Load-driven degrade: a level 0–3 per model, the highest of what the
-//! operators' alerts say (`alerts`) and what the thresholds on the live load
-//! signals say (`degrade.thresholds`; none by default). Each level lowers
+//! operators' alerts say (`alerts`: pushed by webhook or pulled from
+//! Alertmanager, see `sources`) and what the thresholds on the live load
+//! signals say (`degrade.thresholds`; none by default), the local window or
+//! Prometheus's mesh-wide readings. Each level lowers
 //! what calls of the lower priorities ask for, by the actions configured per
 //! level and priority: refuse, answer from the cache, switch to a cheaper
 //! model, cap the output tokens, lower the temperature. P0 is never changed.
 
 pub mod alerts;
 pub mod config;
+pub mod sources;
 pub mod temperature;
 
-pub use config::{Action, DegradeConfig, RawDegradeConfig, Signal};
+pub use crate::load::Signal;
+pub use config::{Action, DegradeConfig, RawDegradeConfig};
 
 use crate::budget::reply::{self, LocalReply, ReplyKind};
 use crate::config::Config;
@@ -49,10 +53,10 @@ pub fn level_with(
     model: &str,
     now_ms: u64,
 ) -> (u8, Signals) {
-    // Alerts arrive only through the admin endpoint, which needs a token;
-    // without one (and without thresholds) no level is ever set, and the
-    // shared data is not read.
-    let by_alert = if config.admin.token.is_some() {
+    // Alerts arrive through the admin endpoint, which needs a token, or by
+    // pulling Alertmanager; without either (and without thresholds) no level
+    // is ever set, and the shared data is not read.
+    let by_alert = if config.admin.token.is_some() || config.degrade.alertmanager.is_some() {
         alert_level(store, config, model, now_ms)
     } else {
         0
@@ -60,9 +64,19 @@ pub fn level_with(
     if config.degrade.thresholds.is_empty() && by_alert == 0 {
         return (0, Signals::default());
     }
-    let signals = load::read(store, Scope::Model(model), now_ms);
+    let signals = signals(store, &config.degrade, model, now_ms);
     let by_load = threshold_level(&config.degrade, model, &signals);
     (by_load.max(by_alert), signals)
+}
+
+/// The load signals of `model` at `now_ms`: this proxy's window, raised to
+/// the mesh-wide readings of Prometheus while they are fresh.
+pub fn signals(store: &dyn SharedStore, cfg: &DegradeConfig, model: &str, now_ms: u64) -> Signals {
+    let local = load::read(store, Scope::Model(model), now_ms);
+    match &cfg.prometheus {
+        Some(source) => sources::mesh::signals(store, source, model, local, now_ms),
+        None => local,
+    }
 }
 
 /// The level the thresholds set for `model` with these signals.
@@ -70,14 +84,7 @@ pub fn threshold_level(cfg: &DegradeConfig, model: &str, s: &Signals) -> u8 {
     cfg.thresholds
         .iter()
         .filter(|t| t.model.as_deref().is_none_or(|m| m == model))
-        .filter(|t| {
-            let value = match t.signal {
-                Signal::Rps => s.rps,
-                Signal::TokensPerS => s.tokens_per_s,
-                Signal::InFlight => f64::from(s.in_flight),
-            };
-            value > t.above
-        })
+        .filter(|t| s.get(t.signal) > t.above)
         .map(|t| t.level)
         .max()
         .unwrap_or(0)

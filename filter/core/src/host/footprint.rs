@@ -16,7 +16,7 @@ use crate::budget::{breaker, DEFAULT_BREAKER};
 use crate::cache::store::{marker_key, LAYOUT_KEY, STATS_KEY};
 use crate::cache::{semantic, Store, PREPARE_MAX_SLOTS};
 use crate::config::Config;
-use crate::degrade::alerts;
+use crate::degrade::{alerts, sources};
 use crate::load;
 use crate::metrics;
 use crate::routing::{health, hedge, probe, stateful};
@@ -60,7 +60,8 @@ impl Keys {
 
 /// Every key a configuration can make the filter write, but the cache slots
 /// and the load records: the cache totals, layout and in-flight markers, the
-/// probe lease, the active alerts, each routed
+/// probe lease, the active alerts, the degrade sources' leases and the
+/// mesh-wide load readings, each routed
 /// cluster's health and budget breaker (and the breaker of unrouted calls),
 /// each routed model's hedge window, the table of Responses ids.
 fn keys(config: &Config) -> Keys {
@@ -70,6 +71,13 @@ fn keys(config: &Config) -> Keys {
         probe::LEASE_KEY.to_string(),
         alerts::KEY.to_string(),
     ];
+    if config.degrade.alertmanager.is_some() {
+        named.push(sources::ALERTMANAGER_LEASE_KEY.to_string());
+    }
+    if config.degrade.prometheus.is_some() {
+        named.push(sources::PROMETHEUS_LEASE_KEY.to_string());
+        named.push(sources::mesh::KEY.to_string());
+    }
     if semantic_on(config) {
         named.push(semantic::store::STATS_KEY.to_string());
     }

@@ -71,6 +71,29 @@ impl Scope<'_> {
     }
 }
 
+/// What a load signal is compared with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Signal {
+    /// Calls per second.
+    Rps,
+    /// Output tokens per second.
+    TokensPerS,
+    /// Calls in flight.
+    InFlight,
+}
+
+impl Signal {
+    /// Its name in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Rps => "rps",
+            Self::TokensPerS => "tokens_per_s",
+            Self::InFlight => "in_flight",
+        }
+    }
+}
+
 /// One bucket of the window.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct Bucket {
@@ -97,6 +120,17 @@ pub struct Signals {
     pub tokens_per_s: f64,
     /// Calls in flight.
     pub in_flight: u32,
+}
+
+impl Signals {
+    /// The value of `signal`.
+    pub fn get(&self, signal: Signal) -> f64 {
+        match signal {
+            Signal::Rps => self.rps,
+            Signal::TokensPerS => self.tokens_per_s,
+            Signal::InFlight => f64::from(self.in_flight),
+        }
+    }
 }
 
 impl Record {

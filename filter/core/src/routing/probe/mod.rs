@@ -68,6 +68,17 @@ pub enum ProbeEnd<'a> {
     NotSent,
 }
 
+impl<'a> ProbeEnd<'a> {
+    /// The end of a callout the host called back for: `status` `None` when
+    /// no answer came.
+    pub fn of(status: Option<u16>, body: &'a [u8]) -> Self {
+        match status {
+            Some(status) => Self::Answered { status, body },
+            None => Self::NoAnswer,
+        }
+    }
+}
+
 /// The active-probing policy of one worker: which probes are due when, and
 /// what their ends mean.
 #[derive(Debug, Clone, Default)]

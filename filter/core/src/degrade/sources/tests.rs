@@ -1,0 +1,248 @@
+use super::*;
+use crate::config::Config;
+use crate::degrade;
+use crate::host::{MemoryMetrics, MemoryStore};
+
+const AM: &str =
+    r#"{"degrade":{"alert_ttl_s":60,"alertmanager":{"cluster":"am","interval_s":10}}}"#;
+
+fn config(json: &str) -> Config {
+    Config::parse(json.as_bytes()).unwrap()
+}
+
+/// Alertmanager's list of `alerts` (fingerprint, severity), all active.
+fn listed(alerts: &[(&str, &str)]) -> Vec<u8> {
+    let items: Vec<String> = alerts
+        .iter()
+        .map(|(fp, severity)| {
+            format!(
+                r#"{{"labels":{{"alertname":"LLMLoad","severity":"{severity}"}},"fingerprint":"{fp}",
+                   "status":{{"state":"active","silencedBy":[],"inhibitedBy":[]}}}}"#
+            )
+        })
+        .collect();
+    format!("[{}]", items.join(",")).into_bytes()
+}
+
+/// The due pull of `kind` at `now_ms`, taken by worker 1 (the lease is
+/// created on the first tick and won on the next interval).
+fn pull(c: &Config, store: &MemoryStore, kind: PullKind) -> Pull {
+    let puller = Puller::new(1);
+    assert!(
+        puller.due(&c.degrade, store, 0).is_empty(),
+        "the first tick creates the lease"
+    );
+    puller
+        .due(&c.degrade, store, 1_000_000)
+        .into_iter()
+        .find(|p| p.kind == kind)
+        .unwrap()
+}
+
+fn answered(body: &[u8]) -> ProbeEnd<'_> {
+    ProbeEnd::Answered { status: 200, body }
+}
+
+fn counter(m: &MemoryMetrics, what: &str, result: &str) -> u64 {
+    let name = names::name(names::DEGRADE_PULLS, &[("what", what), ("result", result)]);
+    m.counters.get(&name).copied().unwrap_or(0)
+}
+
+#[test]
+fn one_worker_pulls_each_source_per_interval() {
+    let c = config(
+        r#"{"degrade":{"alertmanager":{"cluster":"am","interval_s":10,"headers":{"authorization":"Bearer t"}},
+            "prometheus":{"cluster":"prom","interval_s":20,"queries":{"in_flight":""}}}}"#,
+    );
+    let store = MemoryStore::new();
+    let (one, two) = (Puller::new(1), Puller::new(2));
+    assert!(one.due(&c.degrade, &store, 0).is_empty());
+    assert!(two.due(&c.degrade, &store, 0).is_empty());
+    let due = two.due(&c.degrade, &store, 20_000);
+    let kinds: Vec<PullKind> = due.iter().map(|p| p.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            PullKind::Alerts,
+            PullKind::Load(Signal::Rps),
+            PullKind::Load(Signal::TokensPerS)
+        ]
+    );
+    let am = &due[0];
+    assert_eq!((am.cluster.as_str(), am.timeout_ms), ("am", 2_000));
+    assert!(am
+        .headers
+        .contains(&("authorization".to_string(), "Bearer t".to_string())));
+    assert!(am
+        .headers
+        .iter()
+        .any(|(k, v)| k == ":path" && v.starts_with("/api/v2/alerts?active=true")));
+    assert!(
+        one.due(&c.degrade, &store, 20_000).is_empty(),
+        "the lease is two's"
+    );
+    // Alertmanager's interval ends first; Prometheus's lease still holds.
+    let due = one.due(&c.degrade, &store, 30_000);
+    assert_eq!(due.len(), 1);
+    assert_eq!(due[0].kind, PullKind::Alerts);
+    // Nothing configured: nothing due, no lease written.
+    let none = config("{}");
+    let empty = MemoryStore::new();
+    assert!(one.due(&none.degrade, &empty, 0).is_empty());
+    assert!(empty.is_empty());
+}
+
+#[test]
+fn pulled_alerts_set_the_level_and_end_when_no_longer_listed() {
+    let (c, store, mut m) = (config(AM), MemoryStore::new(), MemoryMetrics::default());
+    let p = pull(&c, &store, PullKind::Alerts);
+    let puller = Puller::new(1);
+    let finish = |m: &mut MemoryMetrics, body: &[u8], now: u64| {
+        puller.finish(&c.degrade, &store, m, &p, answered(body), now);
+    };
+    finish(&mut m, &listed(&[("a", "critical"), ("b", "info")]), 0);
+    assert_eq!(
+        degrade::level(&store, &c, "gpt-4o", 1),
+        3,
+        "no admin token needed"
+    );
+    assert_eq!(counter(&m, "alertmanager", "ok"), 1);
+    let up = names::name(names::DEGRADE_SOURCE_UP, &[("what", "alertmanager")]);
+    assert_eq!(m.gauges[&up], 1);
+    // The critical alert ends, a warning fires: listed no more is resolved.
+    finish(&mut m, &listed(&[("w", "warning")]), 10_000);
+    assert_eq!(degrade::level(&store, &c, "gpt-4o", 10_000), 1);
+    finish(&mut m, &listed(&[]), 20_000);
+    assert_eq!(degrade::level(&store, &c, "gpt-4o", 20_000), 0);
+}
+
+#[test]
+fn a_failed_pull_keeps_the_last_alerts_until_they_expire() {
+    let (c, store, mut m) = (config(AM), MemoryStore::new(), MemoryMetrics::default());
+    let p = pull(&c, &store, PullKind::Alerts);
+    let puller = Puller::new(1);
+    puller.finish(
+        &c.degrade,
+        &store,
+        &mut m,
+        &p,
+        answered(&listed(&[("a", "critical")])),
+        0,
+    );
+    let failures: [(ProbeEnd<'_>, &str); 5] = [
+        (ProbeEnd::NoAnswer, "no_answer"),
+        (ProbeEnd::NotSent, "not_sent"),
+        (
+            ProbeEnd::Answered {
+                status: 503,
+                body: b"[]",
+            },
+            "status",
+        ),
+        (answered(b"<html>oops</html>"), "invalid"),
+        (answered(br#"{"alerts":[]}"#), "invalid"),
+    ];
+    for (i, (end, result)) in failures.into_iter().enumerate() {
+        let now = 10_000 * (i as u64 + 1);
+        puller.finish(&c.degrade, &store, &mut m, &p, end, now);
+        assert!(counter(&m, "alertmanager", result) >= 1, "{result}");
+        assert_eq!(
+            degrade::level(&store, &c, "m", now),
+            3,
+            "{result}: the last alerts hold"
+        );
+    }
+    let up = names::name(names::DEGRADE_SOURCE_UP, &[("what", "alertmanager")]);
+    assert_eq!(m.gauges[&up], 0);
+    // Neither re-read nor resolved: expired after alert_ttl_s.
+    assert_eq!(degrade::level(&store, &c, "m", 59_999), 3);
+    assert_eq!(degrade::level(&store, &c, "m", 60_000), 0);
+}
+
+#[test]
+fn a_pull_leaves_the_webhooks_alerts_alone() {
+    let json =
+        r#"{"admin":{"token":"0123456789abcdef"},"degrade":{"alertmanager":{"cluster":"am"}}}"#;
+    let (c, store, mut m) = (config(json), MemoryStore::new(), MemoryMetrics::default());
+    let hook = br#"{"version":"4","alerts":[{"status":"firing","fingerprint":"h","labels":{"severity":"warning"}}]}"#;
+    let reports = alerts::parse(hook, 0).unwrap();
+    alerts::apply(&store, &c.degrade, &reports, 0).unwrap();
+    let p = pull(&c, &store, PullKind::Alerts);
+    let puller = Puller::new(1);
+    puller.finish(
+        &c.degrade,
+        &store,
+        &mut m,
+        &p,
+        answered(&listed(&[("a", "critical")])),
+        1,
+    );
+    assert_eq!(degrade::level(&store, &c, "m", 2), 3);
+    puller.finish(&c.degrade, &store, &mut m, &p, answered(&listed(&[])), 3);
+    assert_eq!(
+        degrade::level(&store, &c, "m", 4),
+        1,
+        "the webhook's warning stays"
+    );
+}
+
+#[test]
+fn the_mesh_load_drives_the_thresholds_and_falls_back_when_stale() {
+    let json = r#"{"degrade":{
+        "thresholds":[{"signal":"rps","above":5,"level":2},{"signal":"in_flight","above":50,"level":3}],
+        "prometheus":{"cluster":"prom","interval_s":10,"stale_after_s":30}}}"#;
+    let (c, store, mut m) = (config(json), MemoryStore::new(), MemoryMetrics::default());
+    let rps = pull(&c, &store, PullKind::Load(Signal::Rps));
+    let in_flight = Pull {
+        kind: PullKind::Load(Signal::InFlight),
+        ..rps.clone()
+    };
+    let puller = Puller::new(1);
+    let vector = |samples: &str| {
+        format!(r#"{{"status":"success","data":{{"resultType":"vector","result":[{samples}]}}}}"#)
+            .into_bytes()
+    };
+    let body = vector(
+        r#"{"metric":{"model":"gpt-4o"},"value":[1,"7.5"]},{"metric":{"model":"llama"},"value":[1,"NaN"]}"#,
+    );
+    puller.finish(&c.degrade, &store, &mut m, &rps, answered(&body), 1_000);
+    assert_eq!(
+        degrade::level(&store, &c, "gpt-4o", 2_000),
+        2,
+        "no local call, the mesh's"
+    );
+    assert_eq!(degrade::level(&store, &c, "llama", 2_000), 0);
+    let dropped = names::name(names::DEGRADE_PULL_DROPPED, &[("what", "prometheus")]);
+    assert_eq!(m.counters[&dropped], 1);
+    let body = vector(r#"{"metric":{"model":"gpt-4o"},"value":[1,"80"]}"#);
+    puller.finish(
+        &c.degrade,
+        &store,
+        &mut m,
+        &in_flight,
+        answered(&body),
+        1_000,
+    );
+    assert_eq!(degrade::level(&store, &c, "gpt-4o", 2_000), 3);
+    // Garbage changes nothing; the readings hold until stale.
+    puller.finish(&c.degrade, &store, &mut m, &rps, answered(b"{}"), 5_000);
+    assert_eq!(counter(&m, "prometheus", "invalid"), 1);
+    assert_eq!(degrade::level(&store, &c, "gpt-4o", 31_000), 3);
+    assert_eq!(
+        degrade::level(&store, &c, "gpt-4o", 31_001),
+        0,
+        "stale: the local window"
+    );
+    // The temperature rule reads the same signals.
+    let s = degrade::signals(&store, &c.degrade, "gpt-4o", 2_000);
+    assert_eq!((s.rps, s.in_flight), (7.5, 80));
+}
+
+#[test]
+fn an_answer_past_the_bound_is_not_read() {
+    let (c, store, mut m) = (config(AM), MemoryStore::new(), MemoryMetrics::default());
+    let p = pull(&c, &store, PullKind::Alerts);
+    let big = vec![b' '; MAX_ANSWER_BYTES + 1];
+    Puller::new(1).finish(&c.degrade, &store, &mut m, &p, answered(&big), 0);
+    assert_eq!(counter(&m, "alertmanager", "invalid"), 1);
+}
