@@ -196,7 +196,11 @@ async fn two_envoys_alertmanager_never_heard_of_degrade_and_recover_together() {
         "held until the alerts expired (6 s after the last read), fell after {after:?}"
     );
     assert!(pulls(&both, "alertmanager", "invalid") >= 1.0);
-    let results: Vec<_> = a.metrics().into_iter().filter(|s| s.name == PULLS).collect();
+    let results: Vec<_> = a
+        .metrics()
+        .into_iter()
+        .filter(|s| s.name == PULLS)
+        .collect();
     // Envoy answers a pull it could not connect or that timed out itself
     // (503, 504): those count as `status`.
     assert!(pulls(&both, "alertmanager", "status") >= 1.0, "{results:?}");
@@ -272,7 +276,11 @@ async fn a_prometheus_fed_by_two_envoys_drives_both_to_the_same_level() {
         503,
         "A's own load still degrades it"
     );
-    let results: Vec<_> = b.metrics().into_iter().filter(|s| s.name == PULLS).collect();
+    let results: Vec<_> = b
+        .metrics()
+        .into_iter()
+        .filter(|s| s.name == PULLS)
+        .collect();
     assert!(pulls(&[&b], "prometheus", "status") >= 1.0, "{results:?}");
     running.store(false, Ordering::Relaxed);
     traffic.await.unwrap();

@@ -246,3 +246,125 @@ fn an_answer_past_the_bound_is_not_read() {
     Puller::new(1).finish(&c.degrade, &store, &mut m, &p, answered(&big), 0);
     assert_eq!(counter(&m, "alertmanager", "invalid"), 1);
 }
+
+mod props {
+    use proptest::prelude::*;
+
+    use super::super::{alertmanager, prometheus};
+    use crate::degrade::alerts::{Report, MAX_LABEL_LEN};
+    use crate::fuzz;
+
+    fn quoted(s: &str) -> String {
+        serde_json::to_string(s).unwrap_or_default()
+    }
+
+    fn value() -> impl Strategy<Value = String> {
+        prop_oneof![
+            (0.0f64..1e6).prop_map(|v| v.to_string()),
+            (-1e12f64..1e12).prop_map(|v| format!("{v:e}")),
+            prop::sample::select(vec!["NaN", "+Inf", "-Inf", "", "1e400", "0x10"])
+                .prop_map(str::to_string),
+            fuzz::text(),
+        ]
+    }
+
+    fn vector(samples: &[(String, String)]) -> String {
+        let items: Vec<String> = samples
+            .iter()
+            .map(|(m, v)| {
+                format!(
+                    r#"{{"metric":{{"model":{},"job":"envoy"}},"value":[1764600000.1,{}]}}"#,
+                    quoted(m),
+                    quoted(v)
+                )
+            })
+            .collect();
+        format!(
+            r#"{{"status":"success","data":{{"resultType":"vector","result":[{}]}}}}"#,
+            items.join(",")
+        )
+    }
+
+    fn listed(alerts: &[(String, String, bool)]) -> String {
+        let items: Vec<String> = alerts
+            .iter()
+            .map(|(state, severity, silenced)| {
+                format!(
+                    r#"{{"labels":{{"severity":{}}},"status":{{"state":{},"silencedBy":[{}],"inhibitedBy":[]}}}}"#,
+                    quoted(severity),
+                    quoted(state),
+                    if *silenced { r#""s""# } else { "" }
+                )
+            })
+            .collect();
+        format!("[{}]", items.join(","))
+    }
+
+    fn state() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("active".to_string()),
+            Just("suppressed".to_string()),
+            Just("unprocessed".to_string()),
+            fuzz::text(),
+        ]
+    }
+
+    /// What a reading keeps is always believable and bounded.
+    fn bounded(r: &prometheus::Reading) -> bool {
+        r.values.len() <= prometheus::MAX_MODELS
+            && r.values
+                .iter()
+                .all(|(_, v)| v.is_finite() && (0.0..=prometheus::MAX_VALUE).contains(v))
+            && r.values.windows(2).all(|w| w[0].1 >= w[1].1)
+    }
+
+    proptest! {
+        #![proptest_config(fuzz::config(256))]
+
+        /// Any vector answer: what is kept is bounded and in range, and a
+        /// sample is either kept (summed into its model) or counted dropped.
+        #[test]
+        fn prometheus_answers_read_bounded(samples in prop::collection::vec((fuzz::text(), value()), 0..80)) {
+            let r = prometheus::parse(vector(&samples).as_bytes(), "model").unwrap();
+            prop_assert!(bounded(&r));
+            let believed = samples.iter().filter(|(_, v)| {
+                v.parse::<f64>().is_ok_and(|v| v.is_finite() && (0.0..=prometheus::MAX_VALUE).contains(&v))
+            }).count();
+            prop_assert!(r.dropped as usize >= samples.len() - believed);
+        }
+
+        /// Broken answers and arbitrary JSON: no panic, nothing unbounded.
+        #[test]
+        fn prometheus_garbage_never_panics(samples in prop::collection::vec((fuzz::text(), value()), 0..8), doc in fuzz::doc(false), seed: u64) {
+            let mut broken = vector(&samples).into_bytes();
+            let at = (seed as usize) % (broken.len() + 1);
+            broken.truncate(at);
+            for body in [broken, doc.spell(seed).into_bytes(), fuzz::mutated(&doc, seed)] {
+                if let Ok(r) = prometheus::parse(&body, "model") {
+                    prop_assert!(bounded(&r));
+                }
+            }
+        }
+
+        /// Any list: exactly the active, unsilenced alerts are read, none
+        /// with a label past the bound.
+        #[test]
+        fn alertmanager_lists_read_the_alerts_in_force(alerts in prop::collection::vec((state(), fuzz::text(), any::<bool>()), 0..40)) {
+            let reports = alertmanager::parse(listed(&alerts).as_bytes(), 0).unwrap();
+            let in_force = alerts.iter().filter(|(s, _, silenced)| s == "active" && !silenced).count();
+            prop_assert_eq!(reports.len(), in_force);
+            for r in &reports {
+                if let Report::Firing(a) = r {
+                    prop_assert!(a.severity.as_ref().is_none_or(|s| s.len() <= MAX_LABEL_LEN));
+                }
+            }
+        }
+
+        /// Broken lists and arbitrary JSON: no panic.
+        #[test]
+        fn alertmanager_garbage_never_panics(doc in fuzz::doc(false), seed: u64) {
+            let _ = alertmanager::parse(doc.spell(seed).as_bytes(), 0);
+            let _ = alertmanager::parse(&fuzz::mutated(&doc, seed), 0);
+        }
+    }
+}
