@@ -204,6 +204,7 @@ struct AlertView<'a> {
     llm_cluster: Option<&'a str>,
     level: u8,
     expires_in_s: u64,
+    source: alerts::Source,
 }
 
 /// The models the filter knows: routed ones, measured ones, ones an alert names.
@@ -245,6 +246,7 @@ pub fn state_json(store: &dyn SharedStore, config: &Config, now_ms: u64) -> Vec<
                 llm_cluster: a.llm_cluster.as_deref(),
                 level: a.level(&config.degrade.alerts),
                 expires_in_s: (a.seen_ms.saturating_add(ttl)).saturating_sub(now_ms) / 1000,
+                source: a.source,
             })
             .collect(),
     };

@@ -73,6 +73,7 @@ fn a_webhook_sets_and_clears_levels() {
     assert_eq!(state["alerts"][0]["alertname"], "LLMDown");
     assert_eq!(state["alerts"][0]["level"], 3);
     assert_eq!(state["alerts"][0]["expires_in_s"], 60);
+    assert_eq!(state["alerts"][0]["source"], "webhook");
 
     let resolved = webhook("resolved", r#""alertname":"LLMDown","severity":"critical""#);
     let (status, _) = call(

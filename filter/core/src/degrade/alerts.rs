@@ -28,8 +28,9 @@ pub const MAX_LABEL_LEN: usize = 256;
 /// Most alerts one webhook may carry.
 pub const MAX_WEBHOOK_ALERTS: usize = 1024;
 
-/// How an alert reached the filter.
+/// How an alert reached the filter (`webhook` or `pulled` in the state).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Source {
     /// Pushed to the admin path by Alertmanager's webhook.
     Webhook,
