@@ -185,3 +185,31 @@ fn refusals_are_openai_shaped_503s_with_retry_after() {
         1
     );
 }
+
+#[test]
+fn a_call_reads_each_source_once_and_none_it_does_not_use() {
+    let key = |s: &MemoryStore| {
+        (
+            s.reads(alerts::KEY),
+            s.reads(sources::mesh::KEY),
+            s.reads(&Scope::Model("m").key()),
+        )
+    };
+    let both = config(
+        r#"{"degrade":{"alertmanager":{"cluster":"am"},"prometheus":{"cluster":"prom"},
+            "thresholds":[{"signal":"rps","above":1,"level":1}]}}"#,
+    );
+    let store = MemoryStore::new();
+    level(&store, &both, "m", 0);
+    assert_eq!(key(&store), (1, 1, 1), "alerts, mesh load, local load");
+    // Pulled alerts but no thresholds: the load is read only once a level is set.
+    let alerts_only =
+        config(r#"{"degrade":{"alertmanager":{"cluster":"am"},"prometheus":{"cluster":"prom"}}}"#);
+    let store = MemoryStore::new();
+    level(&store, &alerts_only, "m", 0);
+    assert_eq!(key(&store), (1, 0, 0));
+    // Neither source nor token nor thresholds: nothing is read.
+    let store = MemoryStore::new();
+    level(&store, &config("{}"), "m", 0);
+    assert_eq!(key(&store), (0, 0, 0));
+}
