@@ -80,11 +80,12 @@ impl PrometheusServer {
             .send()
             .await?;
         let body: Value = r.json().await?;
-        if body["status"] != "success" {
+        if body.get("status").and_then(Value::as_str) != Some("success") {
             bail!("query {promql}: {body}");
         }
-        Ok(body["data"]["result"]
-            .as_array()
+        Ok(body
+            .pointer("/data/result")
+            .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default())
     }

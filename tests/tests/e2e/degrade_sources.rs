@@ -98,7 +98,7 @@ fn bad_source(port: u16) -> Arc<AtomicBool> {
             let _ = conn.set_read_timeout(Some(Duration::from_millis(500)));
             let mut buf = [0u8; 4096];
             let _ = conn.read(&mut buf);
-            if n % 2 == 0 {
+            if n.is_multiple_of(2) {
                 std::thread::sleep(Duration::from_millis(1500));
                 continue;
             }
