@@ -28,6 +28,9 @@ ENVOY_VERSION := 1.40.0
 # end-to-end suite.
 OPENAI_VERSION := 3.51.0
 ANTHROPIC_VERSION := 2.15.0
+# The official OTLP definitions (with protobuf), which decode the spans the
+# filter exports in the end-to-end suite (tests/otlp/receiver.py).
+OTLP_PROTO_VERSION := 1.45.2
 PYTHON      ?= python3
 CARGO       ?= cargo
 
@@ -83,6 +86,8 @@ sdk: $(ENVOY)
 		|| $(VENV)/bin/pip install --quiet --disable-pip-version-check openai==$(OPENAI_VERSION)
 	@$(VENV)/bin/python -c "import anthropic, sys; sys.exit(anthropic.__version__ != '$(ANTHROPIC_VERSION)')" 2>/dev/null \
 		|| $(VENV)/bin/pip install --quiet --disable-pip-version-check anthropic==$(ANTHROPIC_VERSION)
+	@$(VENV)/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('opentelemetry-proto') != '$(OTLP_PROTO_VERSION)')" 2>/dev/null \
+		|| $(VENV)/bin/pip install --quiet --disable-pip-version-check opentelemetry-proto==$(OTLP_PROTO_VERSION)
 
 build: wasm-target tools-wasm-opt
 	$(CARGO) build --release --target $(WASM_TARGET) -p llm-filter

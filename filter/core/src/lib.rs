@@ -32,6 +32,7 @@ pub mod observe;
 pub mod priority;
 pub mod routing;
 pub mod shaping;
+pub mod spans;
 pub mod sse;
 pub mod stat_name;
 pub mod summary;

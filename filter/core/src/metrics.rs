@@ -149,6 +149,13 @@ pub const DEGRADE_PULL_DROPPED: &str = "llm_filter_degrade_pull_dropped_total";
 /// 1 while a degrade source's last pull was read, 0 after one failed, by `what`.
 pub const DEGRADE_SOURCE_UP: &str = "llm_filter_degrade_source_up";
 
+// spans
+/// Spans of LLM calls (`tracing.otlp`), by `result`: `queued`, `exported`,
+/// `failed` (their batch got no 2xx), `dropped` (the queue was full).
+pub const SPANS: &str = "llm_filter_spans_total";
+/// Spans waiting for export, across workers.
+pub const SPANS_QUEUED: &str = "llm_filter_spans_queued";
+
 // shared data
 /// Keys the filter holds in Envoy shared data (gauge, counted every few
 /// seconds; see `host::footprint` and the key families of docs/design.md).
@@ -275,6 +282,8 @@ pub const ALL: &[&str] = &[
     DEGRADE_PULLS,
     DEGRADE_PULL_DROPPED,
     DEGRADE_SOURCE_UP,
+    SPANS,
+    SPANS_QUEUED,
     SHARED_DATA_KEYS,
     SHARED_DATA_BYTES,
 ];

@@ -33,6 +33,29 @@ pub struct Outgoing {
     /// True when the caller's trace was continued, so its `tracestate` belongs
     /// with it; false when a new trace was started and `tracestate` is orphaned.
     pub continued: bool,
+    /// The ids written, for the span of this hop.
+    pub span: SpanIds,
+}
+
+/// The ids of the span the filter's `traceparent` names: the span of this
+/// hop, whose parent is the caller's span (none for a new trace).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpanIds {
+    /// The trace.
+    pub trace_id: [u8; 16],
+    /// This hop's span, the one written upstream.
+    pub span_id: [u8; 8],
+    /// The caller's span, when its trace was continued.
+    pub parent_id: Option<[u8; 8]>,
+    /// The trace flags written.
+    pub flags: u8,
+}
+
+impl SpanIds {
+    /// The trace is sampled (flags bit 0).
+    pub fn sampled(&self) -> bool {
+        self.flags & 1 == 1
+    }
 }
 
 impl TraceParent {
@@ -82,13 +105,13 @@ impl TraceParent {
 }
 
 /// The trace context for the upstream call: the caller's trace continued with
-/// a fresh span id (flags kept), or a new sampled trace when the caller sent
-/// none or an invalid one.
-pub fn next(incoming: Option<&str>, rng: &mut dyn Random) -> Outgoing {
+/// a fresh span id (flags kept), or a new trace when the caller sent none or
+/// an invalid one, sampled when `sample_root`.
+pub fn next(incoming: Option<&str>, rng: &mut dyn Random, sample_root: bool) -> Outgoing {
     let parsed = incoming.and_then(TraceParent::parse);
     let (trace_id, flags) = match parsed {
         Some(p) => (p.trace_id, p.flags),
-        None => (new_id::<16>(rng), 0x01),
+        None => (new_id::<16>(rng), u8::from(sample_root)),
     };
     let span_id = new_id::<8>(rng);
     // `00-<trace id>-<span id>-<flags>`, written in one buffer.
@@ -103,6 +126,12 @@ pub fn next(incoming: Option<&str>, rng: &mut dyn Random) -> Outgoing {
         trace_id: hex(&trace_id),
         traceparent,
         continued: parsed.is_some(),
+        span: SpanIds {
+            trace_id,
+            span_id,
+            parent_id: parsed.map(|p| p.parent_id),
+            flags,
+        },
     }
 }
 
@@ -212,7 +241,7 @@ mod tests {
     #[test]
     fn continues_a_valid_trace_with_a_new_span() {
         let mut rng = SplitMix64::new(7);
-        let out = next(Some(VALID), &mut rng);
+        let out = next(Some(VALID), &mut rng, true);
         assert!(out.continued);
         assert_eq!(out.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
         let p = TraceParent::parse(&out.traceparent).unwrap();
@@ -220,7 +249,7 @@ mod tests {
         assert_ne!(hex(&p.parent_id), "00f067aa0ba902b7");
         assert_eq!(p.flags, 1);
         let unsampled = VALID.replace("-01", "-00");
-        assert!(next(Some(&unsampled), &mut rng)
+        assert!(next(Some(&unsampled), &mut rng, true)
             .traceparent
             .ends_with("-00"));
     }
@@ -228,8 +257,8 @@ mod tests {
     #[test]
     fn starts_a_new_trace_when_absent_or_invalid() {
         let mut rng = SplitMix64::new(9);
-        let a = next(None, &mut rng);
-        let b = next(Some("garbage"), &mut rng);
+        let a = next(None, &mut rng, true);
+        let b = next(Some("garbage"), &mut rng, true);
         for o in [&a, &b] {
             assert!(!o.continued);
             assert_eq!(o.trace_id.len(), 32);
@@ -251,7 +280,7 @@ mod tests {
                 }
             }
         }
-        let out = next(None, &mut Zeros(0));
+        let out = next(None, &mut Zeros(0), true);
         assert!(TraceParent::parse(&out.traceparent).is_some());
     }
 }
@@ -287,7 +316,7 @@ mod props {
             let raw = spell(version, &t, &p, flags);
             let parsed = TraceParent::parse(&raw);
             prop_assert_eq!(parsed, Some(TraceParent { trace_id: t, parent_id: p, flags }));
-            let out = next(Some(&raw), &mut SplitMix64::new(seed));
+            let out = next(Some(&raw), &mut SplitMix64::new(seed), true);
             prop_assert!(out.continued);
             let again = TraceParent::parse(&out.traceparent).unwrap();
             prop_assert_eq!((again.trace_id, again.flags), (t, flags));
@@ -303,7 +332,7 @@ mod props {
             raw[at] = byte;
             let raw = String::from_utf8_lossy(&raw);
             let _ = TraceParent::parse(&raw);
-            let out = next(Some(&raw), &mut SplitMix64::new(seed));
+            let out = next(Some(&raw), &mut SplitMix64::new(seed), true);
             prop_assert!(TraceParent::parse(&out.traceparent).is_some());
             prop_assert!(out.traceparent.starts_with("00-"));
         }
@@ -311,7 +340,7 @@ mod props {
         /// Any text at all: no panic, a valid header upstream.
         #[test]
         fn any_text_gives_a_valid_next_hop(raw in ".{0,80}", seed: u64) {
-            let out = next(Some(&raw), &mut SplitMix64::new(seed));
+            let out = next(Some(&raw), &mut SplitMix64::new(seed), true);
             prop_assert!(TraceParent::parse(&out.traceparent).is_some());
         }
     }

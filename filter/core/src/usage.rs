@@ -81,7 +81,7 @@ impl Usage {
     }
 }
 
-/// What the filter reads of a JSON answer: its usage and its `id`.
+/// What the filter reads of a JSON answer: its usage, its `id` and its `model`.
 #[derive(Debug, Default, Deserialize)]
 pub struct Head {
     /// The answer's `usage`.
@@ -91,6 +91,9 @@ pub struct Head {
     /// continues).
     #[serde(default)]
     pub id: Option<String>,
+    /// The model that answered, as the answer names it.
+    #[serde(default)]
+    pub model: Option<String>,
 }
 
 /// The usage and id of a JSON answer body, in one pass.

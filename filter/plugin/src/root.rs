@@ -43,6 +43,8 @@ pub struct Root {
     puller: Puller,
     /// Pulls of the degrade sources in flight, by callout token.
     pulls: HashMap<u32, Pull>,
+    /// The token of this worker's batch of spans in flight.
+    export: Option<u32>,
     /// Callouts that parked calls sent from the timer, by token: the SDK
     /// hands their answers to this context, which passes them on.
     callouts: HashMap<u32, ParkedCall>,
@@ -150,6 +152,32 @@ impl Root {
                         .finish(cfg, &EnvoyStore, m, &pull, ProbeEnd::NotSent, now_ms());
                 }),
             }
+        }
+    }
+}
+
+impl Root {
+    /// Sends this worker's batch of spans when one is due; one at a time.
+    fn export_spans(&mut self, worker: &Worker) {
+        if self.export.is_some() {
+            return;
+        }
+        let Some(batch) = worker.spans_due() else {
+            return;
+        };
+        let headers: Vec<(&str, &str)> = batch
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        match send(
+            &batch.cluster,
+            &headers,
+            Some(&batch.body),
+            batch.timeout_ms,
+        ) {
+            Some(token) => self.export = Some(token),
+            None => worker.spans_exported(None),
         }
     }
 }
@@ -271,6 +299,12 @@ impl Context for Root {
         let Some(worker) = self.worker.clone() else {
             return;
         };
+        if self.export == Some(token) {
+            self.export = None;
+            let (status, _) = callout_answer(body_size, false, 0);
+            worker.spans_exported(status);
+            return;
+        }
         if let Some(pull) = self.pulls.remove(&token) {
             let (status, body) = callout_answer(body_size, true, MAX_ANSWER_BYTES);
             let end = ProbeEnd::of(status, &body);
@@ -340,6 +374,7 @@ impl RootContext for Root {
         self.wake_parked(&worker);
         self.probe(&worker);
         self.pull(&worker);
+        self.export_spans(&worker);
         let counted = self
             .census
             .step(&EnvoyStore, &worker.config, now_ms(), KEYS_PER_STEP);

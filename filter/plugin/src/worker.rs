@@ -9,6 +9,7 @@ use std::rc::{Rc, Weak};
 use llm_filter_core::config::Config;
 use llm_filter_core::host::{Metrics, SplitMix64};
 use llm_filter_core::metrics::{self, BoundedLabel};
+use llm_filter_core::spans;
 use llm_filter_core::walk::{Call, Env};
 
 use crate::adapter::{now_ms, EnvoyMetrics, EnvoyStore};
@@ -26,6 +27,8 @@ struct Draws {
     rng: SplitMix64,
     /// Bound on the values of the `model` label.
     model_labels: BoundedLabel,
+    /// This worker's spans waiting for export.
+    spans: spans::Queue,
 }
 
 /// What every HTTP context of this worker shares.
@@ -55,7 +58,11 @@ impl Worker {
             config,
             can_hold_body: Cell::new(true),
             metrics: Rc::new(Turn::new(metrics)),
-            draws: Turn::new(Draws { rng, model_labels }),
+            draws: Turn::new(Draws {
+                rng,
+                model_labels,
+                spans: spans::Queue::default(),
+            }),
             parked: Turn::new(Vec::new()),
         }
     }
@@ -87,6 +94,25 @@ impl Worker {
             Some(mut m) => f(&mut *m),
             None => f(&mut Discard),
         }
+    }
+
+    /// The batch of spans due for export now, if any (`tracing.otlp`).
+    pub fn spans_due(&self) -> Option<spans::Export> {
+        let otlp = self.config.otlp.as_ref()?;
+        self.metrics
+            .with(|m| {
+                self.draws
+                    .with(|d| d.spans.due(otlp, m, now_ms()))
+                    .flatten()
+            })
+            .flatten()
+    }
+
+    /// The batch of spans in flight ended with `status` (`None`: no answer).
+    pub fn spans_exported(&self, status: Option<u16>) {
+        self.metrics.with(|m| {
+            self.draws.with(|d| d.spans.finished(m, status));
+        });
     }
 
     /// Counts the filter's own trouble; the stream goes on untouched.
@@ -126,6 +152,7 @@ pub fn with_env<T>(worker: &Worker, f: impl FnOnce(&mut Env<'_>) -> T) -> Option
                     metrics,
                     rng: &mut draws.rng,
                     model_labels: &mut draws.model_labels,
+                    spans: &mut draws.spans,
                     now_ms: now_ms(),
                     can_hold_body: worker.can_hold_body.get(),
                 };

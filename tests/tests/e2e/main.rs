@@ -38,6 +38,7 @@ mod sdk;
 mod sdk_dialects;
 mod shaping;
 mod shared_data;
+mod spans;
 mod streaming;
 mod support;
 mod trace_context;

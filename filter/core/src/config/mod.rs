@@ -20,6 +20,7 @@ use crate::degrade::config::{DegradeConfig, RawDegradeConfig};
 use crate::priority::Priority;
 use crate::routing::config::{RawRoutingConfig, RoutingConfig};
 use crate::shaping::{RawShapingConfig, ShapingConfig};
+use crate::spans::config::{OtlpConfig, RawOtlp};
 
 pub use error::ConfigError;
 
@@ -78,6 +79,8 @@ pub struct RawPriority {
 pub struct RawTracing {
     /// `always` (default) | `off`.
     pub mode: Option<TracingMode>,
+    /// Where the span of each LLM call is exported (OTLP/HTTP).
+    pub otlp: Option<RawOtlp>,
 }
 
 /// The compiled configuration every HTTP context shares.
@@ -89,6 +92,8 @@ pub struct Config {
     pub priority: PriorityConfig,
     /// Tracing policy.
     pub tracing: TracingMode,
+    /// Where the span of each LLM call is exported; `None`: nowhere.
+    pub otlp: Option<OtlpConfig>,
     /// Largest request body held to decide on it; larger or unsized bodies
     /// stream through and skip the body-based features.
     pub max_body_bytes: usize,
@@ -155,9 +160,9 @@ impl PriorityConfig {
 }
 
 impl TracingMode {
-    /// Compiles the `tracing` section; every value serde accepts is valid.
-    pub fn compile(raw: RawTracing) -> Result<Self, ConfigError> {
-        Ok(raw.mode.unwrap_or_default())
+    /// Compiles `tracing.mode`; every value serde accepts is valid.
+    pub fn compile(mode: Option<TracingMode>) -> Self {
+        mode.unwrap_or_default()
     }
 }
 
@@ -222,7 +227,12 @@ impl TryFrom<RawConfig> for Config {
             degrade: DegradeConfig::compile(raw.degrade).map_err(|e| e.within("degrade"))?,
             admin: AdminConfig::compile(raw.admin).map_err(|e| e.within("admin"))?,
             priority: PriorityConfig::compile(raw.priority).map_err(|e| e.within("priority"))?,
-            tracing: TracingMode::compile(raw.tracing).map_err(|e| e.within("tracing"))?,
+            otlp: raw
+                .tracing
+                .otlp
+                .map(|o| OtlpConfig::compile(o).map_err(|e| e.within("tracing.otlp")))
+                .transpose()?,
+            tracing: TracingMode::compile(raw.tracing.mode),
         })
     }
 }

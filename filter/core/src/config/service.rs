@@ -83,22 +83,23 @@ impl Service {
         })
     }
 
-    /// The callout's headers: `method` to `path_and_query`, its body of
-    /// `body_len` bytes of JSON if any, then the configured ones.
+    /// The callout's headers: `method` to `path_and_query`, its body's
+    /// content type and length if it has one (else it accepts JSON), then
+    /// the configured ones.
     pub fn request_headers(
         &self,
         method: &str,
         path_and_query: &str,
-        body_len: Option<usize>,
+        body: Option<(&str, usize)>,
     ) -> Vec<(String, String)> {
         let mut headers = vec![
             (":method".to_string(), method.to_string()),
             (":path".to_string(), path_and_query.to_string()),
             (":authority".to_string(), self.authority.clone()),
         ];
-        match body_len {
-            Some(len) => {
-                headers.push(("content-type".to_string(), "application/json".to_string()));
+        match body {
+            Some((content_type, len)) => {
+                headers.push(("content-type".to_string(), content_type.to_string()));
                 headers.push(("content-length".to_string(), len.to_string()));
             }
             None => headers.push(("accept".to_string(), "application/json".to_string())),
@@ -216,7 +217,7 @@ mod tests {
         assert_eq!(h[1], (":path".into(), "/x?a=1".into()));
         assert_eq!(h[3], ("accept".into(), "application/json".into()));
         assert_eq!(h[4], ("authorization".into(), "Bearer k".into()));
-        let h = s.request_headers("POST", "/x", Some(7));
+        let h = s.request_headers("POST", "/x", Some(("application/json", 7)));
         assert!(h.contains(&("content-length".into(), "7".into())));
     }
 

@@ -77,7 +77,7 @@ impl TokenField {
 
     /// The fields of the same dialect a body may already cap its output
     /// with: chat takes either name.
-    pub(super) fn family(self) -> &'static [Self] {
+    pub fn family(self) -> &'static [Self] {
         match self {
             Self::MaxOutputTokens => &[Self::MaxOutputTokens],
             Self::MaxTokens | Self::MaxCompletionTokens => {

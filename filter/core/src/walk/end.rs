@@ -2,10 +2,12 @@
 //! each policy to learn from (the request metrics, routing, the budget
 //! breaker, the load signals).
 
+use crate::cache::CacheStatus;
 use crate::classify::Endpoint;
 use crate::metrics::internal_error;
+use crate::routing::hedge::HedgeResult;
 use crate::summary::{CallSummary, End};
-use crate::{budget, classify, load, observe, routing};
+use crate::{budget, classify, load, observe, routing, spans};
 
 use super::state::{Phase, Response};
 use super::{Call, Env};
@@ -26,6 +28,7 @@ impl Call {
             ..self.summary(&model, env.now_ms)
         };
         observe::record(env.metrics, &summary);
+        self.queue_span(env, &summary);
         self.learn_from(env, &summary);
         self.remember_response(env);
         // Counted in flight under the label it had then, which is the label
@@ -35,6 +38,29 @@ impl Call {
             internal_error(env.metrics, "load_label");
         }
         load::ended(env.store, env.metrics, &summary, started);
+    }
+
+    /// The call's span, queued for export when spans are exported and the
+    /// trace is sampled.
+    fn queue_span(&self, env: &mut Env<'_>, call: &CallSummary<'_>) {
+        let (Some(otlp), Some(ids)) = (env.config.otlp.as_ref(), self.decided.span) else {
+            return;
+        };
+        if !ids.sampled() {
+            return;
+        }
+        let details = spans::Details {
+            requested_model: self.request.model.as_deref(),
+            response_model: self.response.as_ref().and_then(Response::model),
+            max_tokens: self.request.max_tokens,
+            temperature: self.request.temperature,
+            cache: self.cache.status.map(CacheStatus::header),
+            degraded: self.decided.degraded,
+            fallback_model: self.decided.fallback_model.as_deref(),
+            hedge: self.decided.hedge.map(HedgeResult::as_str),
+        };
+        let span = spans::encode(&ids, call, &details);
+        env.spans.push(otlp, env.metrics, span);
     }
 
     /// Routing, the budget breaker and the clusters' load learn from one try

@@ -174,14 +174,13 @@ impl Call {
         if self.progress.settle_hedge().is_some() {
             // The hedge was the failover: it won when it answered.
             let won = result == FailoverResult::Answered;
-            hedge::count(
-                env.metrics,
-                if won {
-                    HedgeResult::Won
-                } else {
-                    HedgeResult::Lost
-                },
-            );
+            let result = if won {
+                HedgeResult::Won
+            } else {
+                HedgeResult::Lost
+            };
+            self.decided.hedge = Some(result);
+            hedge::count(env.metrics, result);
         }
         match answer.status {
             Some(status) if self.reply_with(env, host, status, &answer) => {

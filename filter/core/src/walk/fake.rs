@@ -6,6 +6,7 @@ use super::{Env, Host};
 use crate::config::Config;
 use crate::host::{MemoryMetrics, MemoryStore, SplitMix64};
 use crate::metrics::BoundedLabel;
+use crate::spans;
 
 /// What the fake proxy holds and what the walk did to it.
 #[derive(Debug, Default, Clone)]
@@ -178,6 +179,7 @@ pub struct World {
     pub metrics: MemoryMetrics,
     pub rng: SplitMix64,
     pub models: BoundedLabel,
+    pub spans: spans::Queue,
     pub now_ms: u64,
 }
 
@@ -189,6 +191,7 @@ impl World {
             metrics: MemoryMetrics::default(),
             rng: SplitMix64::new(42),
             models: BoundedLabel::new(10),
+            spans: spans::Queue::default(),
             now_ms: 1_000_000,
         }
     }
@@ -200,6 +203,7 @@ impl World {
             metrics: &mut self.metrics,
             rng: &mut self.rng,
             model_labels: &mut self.models,
+            spans: &mut self.spans,
             now_ms: self.now_ms,
             can_hold_body: true,
         }

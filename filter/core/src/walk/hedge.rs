@@ -121,6 +121,7 @@ impl Call {
                     self.dispatch.breaker = Some(cluster);
                 }
                 self.progress.failed_over();
+                self.decided.hedge = Some(HedgeResult::Won);
                 hedge::count(env.metrics, HedgeResult::Won);
                 return;
             }
@@ -128,6 +129,7 @@ impl Call {
         }
         let end = answer.status.map_or(End::TimedOut(504), End::Answered);
         self.hedge_learns(env, &cluster, end);
+        self.decided.hedge = Some(HedgeResult::Lost);
         hedge::count(env.metrics, HedgeResult::Lost);
     }
 
@@ -148,6 +150,7 @@ impl Call {
         } else {
             HedgeResult::Abandoned
         };
+        self.decided.hedge = Some(result);
         hedge::count(env.metrics, result);
         if self.dispatch.cluster.as_deref() != Some(cluster.as_str()) {
             self.hedge_learns(env, &cluster, End::Abandoned);

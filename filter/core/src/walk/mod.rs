@@ -22,6 +22,7 @@ use crate::host::{Metrics, Random, SharedStore};
 use crate::metrics::{internal_error, BoundedLabel};
 use crate::priority::{self, Priority};
 use crate::routing::stateful::Continues;
+use crate::spans;
 use crate::trace_context;
 
 mod body;
@@ -59,6 +60,8 @@ pub struct Env<'a> {
     pub rng: &'a mut dyn Random,
     /// Bound on the values of the `model` label.
     pub model_labels: &'a mut BoundedLabel,
+    /// This worker's spans waiting for export.
+    pub spans: &'a mut spans::Queue,
     /// Now, in ms since the epoch.
     pub now_ms: u64,
     /// The host delivers request bodies to a paused stream (false once the
@@ -189,7 +192,14 @@ impl Call {
         let incoming = host.request_header(trace_context::TRACEPARENT);
         self.decided.trace_id = match env.config.tracing {
             TracingMode::Always => {
-                let out = trace_context::next(incoming.as_deref(), env.rng);
+                // Parent-based: a continued trace keeps its caller's flags;
+                // a new one is sampled at the ratio of the spans exported.
+                let sample_root =
+                    env.config.otlp.as_ref().is_none_or(|o| {
+                        o.sample_ratio >= 1.0 || env.rng.next_f64() < o.sample_ratio
+                    });
+                let out = trace_context::next(incoming.as_deref(), env.rng, sample_root);
+                self.decided.span = Some(out.span);
                 set_request(
                     env,
                     host,
@@ -351,6 +361,8 @@ impl Request {
             stream: None,
             copy: None,
             continues: Continues::default(),
+            max_tokens: None,
+            temperature: None,
         }
     }
 

@@ -24,11 +24,14 @@
 
 use crate::cache::{CacheStatus, Cacheable, Key, Lease, Seen, StreamAssembler};
 use crate::classify::Endpoint;
+use crate::json::Json;
 use crate::priority::Priority;
+use crate::routing::hedge::HedgeResult;
 use crate::routing::stateful::Continues;
-use crate::shaping::Changes;
+use crate::shaping::{Changes, TokenField};
 use crate::sse::{self, Collect, Grammar};
 use crate::summary::EnvoyReply;
+use crate::trace_context::SpanIds;
 use crate::usage::{self, Usage};
 
 use super::body::{BodyCopy, HeldBody};
@@ -50,6 +53,10 @@ pub(super) struct Request {
     pub(super) copy: Option<BodyCopy>,
     /// The state a backend holds that the call continues (Responses).
     pub(super) continues: Continues,
+    /// The output token cap the body asked for (for the call's span).
+    pub(super) max_tokens: Option<u64>,
+    /// The temperature the body asked for (for the call's span).
+    pub(super) temperature: Option<f64>,
 }
 
 impl Request {
@@ -61,6 +68,17 @@ impl Request {
         self.stream = Some(features.is_some_and(|f| f.stream));
         if let Some(tree) = body.tree() {
             self.continues = Continues::of(self.endpoint, tree);
+            let number = |name: &str| match tree.get(name) {
+                Some(Json::Number(n)) => n.parse::<f64>().ok(),
+                _ => None,
+            };
+            self.max_tokens = TokenField::of(self.endpoint, TokenField::MaxTokens)
+                .into_iter()
+                .flat_map(TokenField::family)
+                .find_map(|f| number(f.as_str()))
+                .filter(|n| *n >= 0.0 && n.fract() == 0.0)
+                .map(|n| n as u64);
+            self.temperature = number("temperature");
         }
     }
 
@@ -89,6 +107,10 @@ pub(super) struct Decided {
     /// The filter asked the provider for the stream's usage on the client's
     /// behalf: the usage-only chunk is removed again on the way back.
     pub(super) usage_asked: bool,
+    /// The ids of the span the filter's `traceparent` names.
+    pub(super) span: Option<SpanIds>,
+    /// How the call's hedge ended, when one was sent.
+    pub(super) hedge: Option<HedgeResult>,
 }
 
 /// Where a call stands. The phases with nothing but a timer to wake them are
@@ -383,6 +405,14 @@ impl Response {
                 _ => None,
             },
             Answer::Json { head, .. } => head.id.as_deref(),
+        }
+    }
+
+    /// The model that answered, when a JSON answer named it.
+    pub(super) fn model(&self) -> Option<&str> {
+        match &self.answer {
+            Answer::Stream(_) => None,
+            Answer::Json { head, .. } => head.model.as_deref(),
         }
     }
 

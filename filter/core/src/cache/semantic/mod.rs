@@ -130,7 +130,11 @@ fn text_of(content: &Json) -> Option<String> {
 pub fn embeddings_request(cfg: &EmbeddingsConfig, text: &str) -> (Vec<(String, String)>, Vec<u8>) {
     let body = serde_json::json!({ "model": cfg.model, "input": text }).to_string();
     let service = &cfg.service;
-    let headers = service.request_headers("POST", &service.path, Some(body.len()));
+    let headers = service.request_headers(
+        "POST",
+        &service.path,
+        Some(("application/json", body.len())),
+    );
     (headers, body.into_bytes())
 }
 

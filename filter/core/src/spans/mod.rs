@@ -1,0 +1,306 @@
+//! A span per LLM call, exported over OTLP/HTTP (`tracing.otlp`): the span
+//! whose id the filter writes upstream in `traceparent`, so the upstream's
+//! own spans hang under a span the tracing backend has. Its name and
+//! attributes follow the OpenTelemetry GenAI conventions
+//! (`gen_ai.operation.name`, `gen_ai.request.model`, `gen_ai.usage.*`, …),
+//! and the filter's own decisions are attributes under `llm_filter.*`.
+//!
+//! Each worker keeps its spans in a bounded queue of its own ([`Queue`]) and
+//! sends them in batches from its timer by HTTP callout, one export in flight
+//! at a time: nothing is exported on the request path, nothing is shared
+//! between workers (a span needs no other worker's eyes, and a queue in shared
+//! data would cost every call a compare-and-swap), a full queue drops new
+//! spans and counts them, and a collector that is down or slow costs a failed
+//! batch, never a call. Sampling is parent-based: a continued trace is
+//! exported when its caller sampled it; a new one with `sample_ratio`.
+
+pub mod config;
+pub mod otlp;
+
+use std::collections::VecDeque;
+
+use crate::classify::Endpoint;
+use crate::host::Metrics;
+use crate::metrics as names;
+use crate::summary::{CallSummary, End};
+use crate::trace_context::SpanIds;
+pub use config::OtlpConfig;
+use otlp::Value;
+
+/// Longest string attribute kept, bytes (cut on a character boundary).
+pub const MAX_STRING_BYTES: usize = 256;
+
+/// What the walk knew of a call beyond its [`CallSummary`], for its span.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Details<'a> {
+    /// The model the request named.
+    pub requested_model: Option<&'a str>,
+    /// The model the answer named.
+    pub response_model: Option<&'a str>,
+    /// The request's output token cap.
+    pub max_tokens: Option<u64>,
+    /// The request's temperature.
+    pub temperature: Option<f64>,
+    /// `x-cache` told the client (`HIT`, `MISS`, …).
+    pub cache: Option<&'static str>,
+    /// The degrade level an action of which changed the call.
+    pub degraded: Option<u8>,
+    /// The model degrade switched to.
+    pub fallback_model: Option<&'a str>,
+    /// How the call's hedge ended (`won`, `lost`, `abandoned`), when one was sent.
+    pub hedge: Option<&'static str>,
+}
+
+/// `gen_ai.operation.name` of a dialect.
+fn operation(api: Endpoint) -> &'static str {
+    match api {
+        Endpoint::Completions => "text_completion",
+        Endpoint::Embeddings => "embeddings",
+        Endpoint::Chat | Endpoint::Responses | Endpoint::Messages => "chat",
+        Endpoint::Other => "other",
+    }
+}
+
+/// `gen_ai.provider.name` as the dialect names it (the backend behind an
+/// OpenAI-compatible API may be another: `server.address` says which).
+fn provider(api: Endpoint) -> &'static str {
+    match api {
+        Endpoint::Messages => "anthropic",
+        _ => "openai",
+    }
+}
+
+/// `s` cut to [`MAX_STRING_BYTES`] on a character boundary.
+fn bounded(s: &str) -> &str {
+    if s.len() <= MAX_STRING_BYTES {
+        return s;
+    }
+    let mut end = MAX_STRING_BYTES;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.get(..end).unwrap_or_default()
+}
+
+/// The `error.type` of a call that failed, `None` for one that did not.
+fn error_type(end: End) -> Option<String> {
+    match end {
+        End::Answered(s) | End::Local(s) if s >= 400 => Some(s.to_string()),
+        End::TimedOut(_) => Some("timeout".to_string()),
+        End::Reset(_) => Some("reset".to_string()),
+        End::Cut(_) => Some("incomplete".to_string()),
+        End::Abandoned => Some("cancelled".to_string()),
+        _ => None,
+    }
+}
+
+/// The status code the client got, when it got one.
+fn status(end: End) -> Option<u16> {
+    match end {
+        End::Local(s) | End::Answered(s) | End::Cut(s) | End::TimedOut(s) | End::Reset(s) => {
+            Some(s)
+        }
+        End::Abandoned | End::Outlasted => None,
+    }
+}
+
+/// The bytes of the span of a call: `ids` as written upstream, what the
+/// summary and `details` say as attributes.
+pub fn encode(ids: &SpanIds, call: &CallSummary<'_>, details: &Details<'_>) -> Vec<u8> {
+    let op = operation(call.api);
+    let requested = details.requested_model.map(bounded);
+    let name = match requested {
+        Some(m) => format!("{op} {m}"),
+        None => op.to_string(),
+    };
+    let error = error_type(call.end);
+    let mut a: Vec<(&str, Value<'_>)> = Vec::with_capacity(24);
+    a.push(("gen_ai.operation.name", Value::Str(op)));
+    a.push(("gen_ai.provider.name", Value::Str(provider(call.api))));
+    a.push(("gen_ai.system", Value::Str(provider(call.api))));
+    if let Some(m) = requested {
+        a.push(("gen_ai.request.model", Value::Str(m)));
+    }
+    if let Some(m) = details.response_model {
+        a.push(("gen_ai.response.model", Value::Str(bounded(m))));
+    }
+    if let Some(n) = details.max_tokens {
+        a.push((
+            "gen_ai.request.max_tokens",
+            Value::Int(i64::try_from(n).unwrap_or(i64::MAX)),
+        ));
+    }
+    if let Some(t) = details.temperature {
+        a.push(("gen_ai.request.temperature", Value::Double(t)));
+    }
+    if let Some(u) = &call.usage {
+        let int = |n: u64| Value::Int(i64::try_from(n).unwrap_or(i64::MAX));
+        a.push(("gen_ai.usage.input_tokens", int(u.prompt_tokens)));
+        a.push(("gen_ai.usage.output_tokens", int(u.completion_tokens)));
+        if u.cached_tokens > 0 {
+            a.push(("gen_ai.usage.cache_read.input_tokens", int(u.cached_tokens)));
+        }
+    }
+    if let Some(c) = call.cluster {
+        a.push(("server.address", Value::Str(bounded(c))));
+    }
+    if let Some(s) = status(call.end) {
+        a.push(("http.response.status_code", Value::Int(i64::from(s))));
+    }
+    if let Some(e) = &error {
+        a.push(("error.type", Value::Str(e)));
+    }
+    a.push(("llm_filter.priority", Value::Str(call.priority.as_str())));
+    a.push(("llm_filter.api", Value::Str(call.api.api())));
+    if let Some(c) = details.cache {
+        a.push(("llm_filter.cache", Value::Str(c)));
+    }
+    if call.budget_ms > 0 {
+        a.push((
+            "llm_filter.budget_ms",
+            Value::Int(i64::try_from(call.budget_ms).unwrap_or(i64::MAX)),
+        ));
+    }
+    if let Some(n) = call.attempts.filter(|n| *n > 1) {
+        a.push(("llm_filter.retries", Value::Int(i64::from(n - 1))));
+    }
+    if call.failovers > 0 {
+        a.push((
+            "llm_filter.failovers",
+            Value::Int(i64::from(call.failovers)),
+        ));
+    }
+    if let Some(h) = details.hedge {
+        a.push(("llm_filter.hedge", Value::Str(h)));
+    }
+    if let Some(b) = call.breaker {
+        a.push(("llm_filter.breaker", Value::Str(bounded(b))));
+    }
+    if let Some(level) = details.degraded {
+        a.push(("llm_filter.degrade.level", Value::Int(i64::from(level))));
+    }
+    if let Some(m) = details.fallback_model {
+        a.push(("llm_filter.degrade.fallback_model", Value::Str(bounded(m))));
+    }
+    if let Some(g) = call.group {
+        a.push(("llm_filter.ab.group", Value::Str(bounded(g))));
+    }
+    let ns = |ms: u64| ms.saturating_mul(1_000_000);
+    otlp::span(&otlp::SpanFields {
+        trace_id: ids.trace_id,
+        span_id: ids.span_id,
+        parent_span_id: ids.parent_id,
+        name: &name,
+        start_ns: ns(call.started_ms),
+        end_ns: ns(call.ended_ms.max(call.started_ms)),
+        attributes: &a,
+        error: error.as_deref(),
+        flags: ids.flags,
+    })
+}
+
+/// One batch to send: an HTTP POST callout to the collector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Export {
+    /// Envoy cluster of the collector.
+    pub cluster: String,
+    /// Request headers, pseudo-headers included.
+    pub headers: Vec<(String, String)>,
+    /// The `ExportTraceServiceRequest`.
+    pub body: Vec<u8>,
+    /// Give up on the answer after this long.
+    pub timeout_ms: u64,
+    /// Spans in it.
+    pub spans: u32,
+}
+
+/// The spans of one worker waiting for export.
+#[derive(Debug, Default)]
+pub struct Queue {
+    spans: VecDeque<Vec<u8>>,
+    /// When the last batch left (or the queue was made), ms.
+    last_export_ms: u64,
+    /// Spans of the batch in flight (0: none).
+    in_flight: u32,
+}
+
+fn count(m: &mut dyn Metrics, result: &str, n: u64) {
+    if n > 0 {
+        m.counter(&names::name(names::SPANS, &[("result", result)]), n);
+    }
+}
+
+impl Queue {
+    /// Spans waiting.
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    /// None waiting.
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// Queues a span, or drops it (counted) when `cfg.max_queue` are waiting.
+    pub fn push(&mut self, cfg: &OtlpConfig, m: &mut dyn Metrics, span: Vec<u8>) {
+        if self.spans.len() >= cfg.max_queue as usize {
+            count(m, "dropped", 1);
+            return;
+        }
+        self.spans.push_back(span);
+        count(m, "queued", 1);
+        m.gauge_add(names::SPANS_QUEUED, 1);
+    }
+
+    /// The batch due at `now_ms`: `batch_size` spans are waiting, or some
+    /// have for `interval_ms`; none while a batch is in flight.
+    pub fn due(&mut self, cfg: &OtlpConfig, m: &mut dyn Metrics, now_ms: u64) -> Option<Export> {
+        if self.in_flight > 0 || self.spans.is_empty() {
+            if self.spans.is_empty() && self.in_flight == 0 {
+                self.last_export_ms = now_ms;
+            }
+            return None;
+        }
+        let full = self.spans.len() >= cfg.batch_size as usize;
+        if !full && now_ms.saturating_sub(self.last_export_ms) < cfg.interval_ms {
+            return None;
+        }
+        let n = self.spans.len().min(cfg.batch_size as usize);
+        let batch: Vec<Vec<u8>> = self.spans.drain(..n).collect();
+        let spans = u32::try_from(n).unwrap_or(u32::MAX);
+        m.gauge_add(names::SPANS_QUEUED, -i64::from(spans));
+        let body = otlp::export_request(
+            &[("service.name", Value::Str(&cfg.service_name))],
+            ("llm-filter", env!("CARGO_PKG_VERSION")),
+            batch.iter().map(Vec::as_slice),
+        );
+        let service = &cfg.service;
+        let headers = service.request_headers(
+            "POST",
+            &service.path,
+            Some(("application/x-protobuf", body.len())),
+        );
+        self.in_flight = spans;
+        self.last_export_ms = now_ms;
+        Some(Export {
+            cluster: service.cluster.clone(),
+            headers,
+            body,
+            timeout_ms: service.timeout_ms,
+            spans,
+        })
+    }
+
+    /// The batch in flight ended: answered with `status` (`None`: no answer,
+    /// or it was never sent). Its spans are counted exported or failed; a
+    /// failed batch is not retried, so a collector that is down costs the
+    /// spans of its batches and nothing more.
+    pub fn finished(&mut self, m: &mut dyn Metrics, status: Option<u16>) {
+        let n = u64::from(std::mem::take(&mut self.in_flight));
+        let ok = status.is_some_and(|s| (200..300).contains(&s));
+        count(m, if ok { "exported" } else { "failed" }, n);
+    }
+}
+
+#[cfg(test)]
+mod tests;

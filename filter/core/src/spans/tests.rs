@@ -1,0 +1,191 @@
+use super::*;
+use crate::config::ConfigError;
+use crate::host::MemoryMetrics;
+use crate::trace_context::TraceParent;
+use crate::usage::Usage;
+use crate::walk::fake::{FakeHost, World};
+use crate::walk::Call;
+
+fn otlp(json: &str) -> OtlpConfig {
+    OtlpConfig::compile(ConfigError::from_json(json.as_bytes()).unwrap()).unwrap()
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+fn ids(parent: Option<[u8; 8]>) -> SpanIds {
+    SpanIds {
+        trace_id: [7; 16],
+        span_id: [9; 8],
+        parent_id: parent,
+        flags: 1,
+    }
+}
+
+#[test]
+fn a_span_carries_the_genai_attributes_and_the_filters_decisions() {
+    let call = CallSummary {
+        usage: Some(Usage {
+            prompt_tokens: 12,
+            completion_tokens: 5,
+            cached_tokens: 4,
+        }),
+        cluster: Some("openai"),
+        attempts: Some(2),
+        group: Some("b"),
+        budget_ms: 30_000,
+        started_ms: 1_000,
+        ended_ms: 1_250,
+        ..CallSummary::ended(End::Answered(200))
+    };
+    let details = Details {
+        requested_model: Some("gpt-4o"),
+        response_model: Some("gpt-4o-2024-08-06"),
+        max_tokens: Some(100),
+        temperature: Some(0.0),
+        cache: Some("MISS"),
+        hedge: Some("won"),
+        ..Details::default()
+    };
+    let span = encode(&ids(Some([3; 8])), &call, &details);
+    for key in [
+        "gen_ai.operation.name",
+        "gen_ai.provider.name",
+        "gen_ai.request.model",
+        "gen_ai.response.model",
+        "gen_ai.request.max_tokens",
+        "gen_ai.request.temperature",
+        "gen_ai.usage.input_tokens",
+        "gen_ai.usage.output_tokens",
+        "gen_ai.usage.cache_read.input_tokens",
+        "server.address",
+        "llm_filter.priority",
+        "llm_filter.cache",
+        "llm_filter.retries",
+        "llm_filter.hedge",
+        "llm_filter.ab.group",
+        "llm_filter.budget_ms",
+    ] {
+        assert!(contains(&span, key.as_bytes()), "{key}");
+    }
+    assert!(
+        contains(&span, b"chat gpt-4o"),
+        "named by operation and model"
+    );
+    assert!(!contains(&span, b"error.type"));
+    // The parent's id follows the span's own.
+    assert!(contains(&span, &[0x22, 8, 3, 3, 3, 3, 3, 3, 3, 3]));
+    // A failure says what failed, and a long model name is cut.
+    let long = "m".repeat(MAX_STRING_BYTES * 2);
+    let failed = CallSummary {
+        api: Endpoint::Messages,
+        ..CallSummary::ended(End::TimedOut(504))
+    };
+    let span = encode(
+        &ids(None),
+        &failed,
+        &Details {
+            requested_model: Some(&long),
+            ..Details::default()
+        },
+    );
+    assert!(contains(&span, b"error.type") && contains(&span, b"timeout"));
+    assert!(contains(&span, b"anthropic"));
+    assert!(span.len() < 3 * MAX_STRING_BYTES + 512, "{}", span.len());
+}
+
+#[test]
+fn the_queue_is_bounded_and_sends_one_batch_at_a_time() {
+    let cfg = otlp(r#"{"cluster":"otel","batch_size":2,"max_queue":3,"interval_ms":1000}"#);
+    let (mut q, mut m) = (Queue::default(), MemoryMetrics::default());
+    assert!(q.due(&cfg, &mut m, 0).is_none());
+    q.push(&cfg, &mut m, vec![1]);
+    assert!(q.due(&cfg, &mut m, 500).is_none(), "neither full nor old");
+    let e = q.due(&cfg, &mut m, 1_000).expect("old enough");
+    assert_eq!((e.spans, e.cluster.as_str()), (1, "otel"));
+    assert!(e
+        .headers
+        .contains(&("content-type".into(), "application/x-protobuf".into())));
+    assert!(e.headers.contains(&(":path".into(), "/v1/traces".into())));
+    for i in 0..5 {
+        q.push(&cfg, &mut m, vec![i]);
+    }
+    assert_eq!(q.len(), 3, "two dropped");
+    assert!(q.due(&cfg, &mut m, 1_001).is_none(), "one batch in flight");
+    q.finished(&mut m, Some(200));
+    let e = q
+        .due(&cfg, &mut m, 1_002)
+        .expect("a full batch goes at once");
+    assert_eq!(e.spans, 2);
+    q.finished(&mut m, None);
+    let count = |m: &MemoryMetrics, r: &str| {
+        m.counters
+            .get(&names::name(names::SPANS, &[("result", r)]))
+            .copied()
+            .unwrap_or(0)
+    };
+    assert_eq!(
+        (
+            count(&m, "queued"),
+            count(&m, "dropped"),
+            count(&m, "exported"),
+            count(&m, "failed")
+        ),
+        (4, 2, 1, 2)
+    );
+    assert_eq!(m.gauges[names::SPANS_QUEUED], 1);
+}
+
+const CHAT: &str = r#"{"model":"gpt-4o","temperature":0.2,"max_tokens":50,"messages":[{"role":"user","content":"hi"}]}"#;
+const ANSWER: &str = r#"{"id":"x","model":"gpt-4o-2024-08-06","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}"#;
+
+/// One call through the walk; its traceparent upstream and the spans queued.
+fn one_call(w: &mut World, traceparent: Option<&str>) -> (TraceParent, usize) {
+    let mut host = FakeHost::post("/v1/chat/completions").with_body(CHAT);
+    if let Some(tp) = traceparent {
+        host = host.with_header("traceparent", tp);
+    }
+    let (mut call, _) = Call::start(&mut w.env(), &mut host, false).unwrap();
+    let size = host.request_body.len();
+    call.on_request_body(&mut w.env(), &mut host, size, true);
+    let sent = TraceParent::parse(host.header("traceparent").unwrap()).unwrap();
+    let mut host = host.with_response(200, "application/json", ANSWER);
+    call.on_response_headers(&mut w.env(), &mut host, false);
+    let size = host.response_body.len();
+    call.on_response_body(&mut w.env(), &mut host, size, true);
+    call.on_log(&mut w.env());
+    (sent, w.spans.len())
+}
+
+#[test]
+fn the_span_queued_is_the_one_written_upstream_and_sampling_follows_the_parent() {
+    let mut w = World::new(r#"{"tracing":{"otlp":{"cluster":"otel"}}}"#);
+    let caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let (sent, queued) = one_call(&mut w, Some(caller));
+    assert_eq!(queued, 1);
+    let cfg = w.config.otlp.clone().unwrap();
+    let batch = w.spans.due(&cfg, &mut w.metrics, u64::MAX).unwrap().body;
+    assert!(contains(&batch, &sent.trace_id), "the caller's trace");
+    assert!(
+        contains(&batch, &sent.parent_id),
+        "the span written upstream"
+    );
+    assert!(
+        contains(&batch, &[0xb7, 0xad, 0x6b, 0x71, 0x69, 0x20, 0x33, 0x31]),
+        "its parent"
+    );
+    assert!(contains(&batch, b"gpt-4o-2024-08-06"));
+    w.spans.finished(&mut w.metrics, Some(200));
+    // The caller did not sample its trace: no span.
+    let unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
+    assert_eq!(one_call(&mut w, Some(unsampled)).1, 0);
+    // New traces at a ratio of 0: none sampled, flags 00 upstream.
+    let mut w = World::new(r#"{"tracing":{"otlp":{"cluster":"otel","sample_ratio":0}}}"#);
+    let (sent, queued) = one_call(&mut w, None);
+    assert_eq!((queued, sent.flags), (0, 0));
+    // Without otlp nothing is queued and new traces stay sampled.
+    let mut w = World::new("{}");
+    let (sent, queued) = one_call(&mut w, None);
+    assert_eq!((queued, sent.flags), (0, 1));
+}

@@ -1,0 +1,268 @@
+//! A span per LLM call over OTLP/HTTP, through the real Envoy, decoded by the
+//! official opentelemetry-proto definitions (tests/otlp/receiver.py): its ids
+//! are the ones written upstream, under the caller's span, its attributes the
+//! GenAI conventions'; a collector that is down or slow costs no call, and
+//! what waits for it stays bounded.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use llm_filter_e2e::daemon::free_port;
+use llm_filter_e2e::{
+    chat_body, chat_stream_body, post_json, skip_without_envoy, stream_sse, workspace_root, Envoy,
+    EnvoyBuilder, MockConfig, MockUpstream,
+};
+use serde_json::{json, Value};
+
+use crate::support::sdk::python;
+
+/// The receiver script, killed when dropped; its spans are read from its file.
+struct Receiver {
+    child: Child,
+    port: u16,
+    out: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Receiver {
+    fn start(args: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("spans.jsonl");
+        let mut child = Command::new(python())
+            .arg(workspace_root().join("tests/otlp/receiver.py"))
+            .arg(&out)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the OTLP receiver (`make e2e` installs opentelemetry-proto)");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line.trim().parse().expect("the receiver's port");
+        Self {
+            child,
+            port,
+            out,
+            _dir: dir,
+        }
+    }
+
+    /// Every export received so far.
+    fn exports(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.out)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    fn spans(&self) -> Vec<Value> {
+        self.exports()
+            .iter()
+            .flat_map(|e| e["spans"].as_array().cloned().unwrap_or_default())
+            .collect()
+    }
+
+    /// Waits up to `within` for a span of `trace_id`.
+    async fn span_of(&self, trace_id: &str, within: Duration) -> Option<Value> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(s) = self.spans().into_iter().find(|s| s["trace_id"] == trace_id) {
+                return Some(s);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn envoy(mock: &MockUpstream, otel_port: u16, otlp: Value) -> Envoy {
+    EnvoyBuilder::new()
+        .plugin_config(json!({"tracing": {"otlp": otlp}}))
+        .upstream("mock", mock.port())
+        .upstream("otel", otel_port)
+        .start()
+        .expect("envoy with the filter")
+}
+
+/// The trace id and span id of a `traceparent`.
+fn traceparent(v: &str) -> Option<(String, String)> {
+    let mut parts = v.split('-').skip(1);
+    Some((parts.next()?.to_string(), parts.next()?.to_string()))
+}
+
+const CALLER: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+#[tokio::test]
+async fn each_llm_call_exports_the_span_its_upstream_hangs_under() {
+    if skip_without_envoy("each_llm_call_exports_the_span_its_upstream_hangs_under") {
+        return;
+    }
+    let receiver = Receiver::start(&[]);
+    let mock = MockUpstream::start(MockConfig::named("spans"));
+    let e = envoy(
+        &mock,
+        receiver.port,
+        json!({"cluster": "otel", "interval_ms": 200}),
+    );
+    let url = e.url("/v1/chat/completions");
+
+    // A caller's sampled trace: continued, and this hop's span exported.
+    let body = json!({"model": "gpt-4o", "temperature": 0.3, "max_tokens": 64,
+                      "messages": [{"role": "user", "content": "hello spans"}]});
+    let r = post_json(&url, &body, &[("traceparent", CALLER)])
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let upstream = mock.requests().pop().unwrap();
+    let sent = traceparent(upstream.header("traceparent").unwrap()).unwrap();
+    assert_eq!(sent.0, "4bf92f3577b34da6a3ce929d0e0e4736");
+    let span = receiver
+        .span_of(&sent.0, Duration::from_secs(5))
+        .await
+        .expect("the span of the call");
+    assert_eq!(span["span_id"], sent.1, "the span written upstream: {span}");
+    assert_eq!(
+        span["parent_span_id"], "00f067aa0ba902b7",
+        "under the caller's span"
+    );
+    assert_eq!(span["name"], "chat gpt-4o");
+    assert_eq!(span["kind"], 3, "SPAN_KIND_CLIENT");
+    assert_eq!(span["resource"]["service.name"], "llm-filter");
+    let a = &span["attributes"];
+    let usage = r.json()["usage"].clone();
+    for (key, want) in [
+        ("gen_ai.operation.name", json!("chat")),
+        ("gen_ai.provider.name", json!("openai")),
+        ("gen_ai.request.model", json!("gpt-4o")),
+        ("gen_ai.response.model", json!("gpt-4o")),
+        ("gen_ai.request.max_tokens", json!(64)),
+        ("gen_ai.request.temperature", json!(0.3)),
+        ("gen_ai.usage.input_tokens", usage["prompt_tokens"].clone()),
+        (
+            "gen_ai.usage.output_tokens",
+            usage["completion_tokens"].clone(),
+        ),
+        ("http.response.status_code", json!(200)),
+        ("llm_filter.priority", json!("P1")),
+        ("llm_filter.cache", json!("BYPASS")),
+    ] {
+        assert_eq!(a[key], want, "{key} of {span}");
+    }
+    assert!(a.get("error.type").is_none());
+    let (start, end) = (
+        span["start"].as_u64().unwrap(),
+        span["end"].as_u64().unwrap(),
+    );
+    assert!(
+        end >= start && start > 1_700_000_000_000_000_000,
+        "{start} {end}"
+    );
+
+    // A new trace, and a stream: a root span, the stream's usage on it.
+    let r = stream_sse(&url, &chat_stream_body("gpt-4o", "a stream", true), &[])
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    let upstream = mock.requests().pop().unwrap();
+    let sent = traceparent(upstream.header("traceparent").unwrap()).unwrap();
+    let span = receiver
+        .span_of(&sent.0, Duration::from_secs(5))
+        .await
+        .expect("root span");
+    assert_eq!(
+        (span["span_id"].clone(), span["parent_span_id"].clone()),
+        (json!(sent.1), json!(""))
+    );
+    let usage = r.usage().unwrap();
+    assert_eq!(
+        span["attributes"]["gen_ai.usage.output_tokens"],
+        usage["completion_tokens"]
+    );
+
+    // An unsampled caller: its trace goes on upstream, no span is exported.
+    let unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
+    let r = post_json(
+        &url,
+        &chat_body("gpt-4o", "unsampled"),
+        &[("traceparent", unsampled)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200);
+    let sent_flags = mock.requests().pop().unwrap();
+    assert!(sent_flags.header("traceparent").unwrap().ends_with("-00"));
+    assert!(receiver
+        .span_of(
+            "0af7651916cd43dd8448eb211c80319c",
+            Duration::from_millis(800)
+        )
+        .await
+        .is_none());
+    // Every export decoded with the official definitions.
+    for export in receiver.exports() {
+        assert!(export.get("error").is_none(), "{export}");
+        assert_eq!(export["content_type"], "application/x-protobuf");
+        assert_eq!(export["path"], "/v1/traces");
+    }
+    let exported = e.metric("llm_filter_spans_total", &[("result", "exported")]);
+    assert!(exported >= 2.0, "{exported}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_down_or_slow_costs_no_call_and_what_waits_stays_bounded() {
+    if skip_without_envoy("a_collector_down_or_slow_costs_no_call_and_what_waits_stays_bounded") {
+        return;
+    }
+    let mock = MockUpstream::start(MockConfig::named("spans-down"));
+    let slow = Receiver::start(&["--delay-s", "3"]);
+    let otlp = |timeout_ms: u64| {
+        json!({"cluster": "otel", "interval_ms": 100, "batch_size": 4, "max_queue": 8,
+               "timeout_ms": timeout_ms})
+    };
+    let down = envoy(&mock, free_port().unwrap(), otlp(500));
+    let slowed = envoy(&mock, slow.port, otlp(300));
+    for e in [&down, &slowed] {
+        let url = e.url("/v1/chat/completions");
+        let mut slowest = Duration::ZERO;
+        for i in 0..40 {
+            let sent = Instant::now();
+            let r = post_json(&url, &chat_body("gpt-4o", &format!("call {i}")), &[])
+                .await
+                .unwrap();
+            slowest = slowest.max(sent.elapsed());
+            assert_eq!(r.status, 200, "{}", r.text());
+        }
+        assert!(
+            slowest < Duration::from_millis(1000),
+            "a call waited: {slowest:?}"
+        );
+        let failed = e.wait_for_metric(
+            "llm_filter_spans_total",
+            &[("result", "failed")],
+            1.0,
+            Duration::from_secs(5),
+        );
+        assert!(failed >= 1.0, "{}", e.log_tail(20));
+        // At most max_queue waiting per worker (two workers).
+        let queued = e.metric("llm_filter_spans_queued", &[]);
+        assert!(queued <= 16.0, "{queued}");
+        let dropped = e.metric("llm_filter_spans_total", &[("result", "dropped")]);
+        let queued_total = e.metric("llm_filter_spans_total", &[("result", "queued")]);
+        assert_eq!(queued_total + dropped, 40.0, "every span queued or dropped");
+    }
+}
