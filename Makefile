@@ -124,6 +124,7 @@ e2e: build envoy tools-tls sdk tools-alertmanager tools-prometheus
 examples: tools-promtool istio-models
 	promtool check rules examples/prometheus/llm-filter.rules.yaml
 	cd examples/prometheus && promtool test rules llm-filter.rules.test.yaml
+	$(PYTHON) scripts/dashboard.py --check
 	$(VENV)/bin/python scripts/check_istio_examples.py examples/istio
 
 test: unit e2e examples image-test

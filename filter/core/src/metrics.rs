@@ -25,6 +25,9 @@ pub const OPERATION_DURATION: &str = "gen_ai_client_operation_duration_ms";
 /// Time from the request to the first byte of the response body, by `model`
 /// (GenAI `gen_ai.server.time_to_first_token`).
 pub const TIME_TO_FIRST_TOKEN: &str = "gen_ai_server_time_to_first_token_ms";
+/// Time per output token after the first of a stream (OpenTelemetry's
+/// `gen_ai.server.time_per_output_token`), µs, by `model` and `api`.
+pub const TIME_PER_OUTPUT_TOKEN: &str = "gen_ai_server_time_per_output_token_us";
 /// Tokens reported in `usage`, by `model` and `token_type` (`input` | `output`),
 /// as in GenAI `gen_ai.client.token.usage`.
 pub const TOKEN_USAGE: &str = "gen_ai_client_token_usage_total";
@@ -237,6 +240,7 @@ pub const ALL: &[&str] = &[
     REQUESTS,
     OPERATION_DURATION,
     TIME_TO_FIRST_TOKEN,
+    TIME_PER_OUTPUT_TOKEN,
     TOKEN_USAGE,
     INTERNAL_ERRORS,
     BENCH_HOSTCALLS,

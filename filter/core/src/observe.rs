@@ -80,6 +80,9 @@ pub fn record(m: &mut dyn Metrics, call: &CallSummary<'_>) {
     if let Some(first) = call.first_byte_after_ms() {
         m.histogram_with(metrics::TIME_TO_FIRST_TOKEN, model.get(), first);
     }
+    if let Some(us) = time_per_output_token_us(call) {
+        m.histogram_with(metrics::TIME_PER_OUTPUT_TOKEN, model.get(), us);
+    }
     if let Some(u) = call.usage {
         for (kind, n) in [
             ("input", u.prompt_tokens),
@@ -93,6 +96,19 @@ pub fn record(m: &mut dyn Metrics, call: &CallSummary<'_>) {
             }
         }
     }
+}
+
+/// The time per output token after the first of a stream that ended with
+/// its usage, µs: from the first event to the end, over the tokens after the
+/// first. `None` for a JSON answer (its first byte is its whole answer) and a
+/// stream of fewer than two tokens.
+pub fn time_per_output_token_us(call: &CallSummary<'_>) -> Option<u64> {
+    let tokens = call.usage?.completion_tokens;
+    if !call.streamed || tokens < 2 || !matches!(call.end, End::Answered(200..=299)) {
+        return None;
+    }
+    let after_first_ms = call.ended_ms.checked_sub(call.first_byte_ms?)?;
+    Some(after_first_ms.saturating_mul(1000) / (tokens - 1))
 }
 
 /// A metric's labels and the call's `group`, when it has one, on the stack.
@@ -243,5 +259,45 @@ mod tests {
             m.histograms["gen_ai_client_operation_duration_ms.model=m;.api=chat;"],
             [0]
         );
+    }
+
+    #[test]
+    fn time_per_output_token_is_read_from_streams_only() {
+        let stream = CallSummary {
+            streamed: true,
+            first_byte_ms: Some(300),
+            ended_ms: 1_300,
+            usage: Some(Usage {
+                prompt_tokens: 10,
+                completion_tokens: 51,
+                cached_tokens: 0,
+            }),
+            ..CallSummary::ended(End::Answered(200))
+        };
+        assert_eq!(time_per_output_token_us(&stream), Some(20_000));
+        let mut m = MemoryMetrics::default();
+        record(&mut m, &stream);
+        assert_eq!(
+            m.histograms["gen_ai_server_time_per_output_token_us.model=m;.api=chat;"],
+            [20_000]
+        );
+        let json = CallSummary {
+            streamed: false,
+            ..stream
+        };
+        assert_eq!(time_per_output_token_us(&json), None);
+        let one = CallSummary {
+            usage: Some(Usage {
+                completion_tokens: 1,
+                ..Usage::default()
+            }),
+            ..stream
+        };
+        assert_eq!(time_per_output_token_us(&one), None);
+        let failed = CallSummary {
+            end: End::Cut(200),
+            ..stream
+        };
+        assert_eq!(time_per_output_token_us(&failed), None);
     }
 }
