@@ -220,6 +220,16 @@ pub fn get_property(path: &[&str]) -> Result<Option<Vec<u8>>, Status> {
     }
 }
 
+/// Sets a property of the stream by path: Envoy keeps it as filter state
+/// `wasm.<path>`, which its access loggers print.
+pub fn set_property(path: &str, value: &[u8]) -> Result<(), Status> {
+    // SAFETY: both slices outlive the call, which copies them.
+    let s = crossing(|| unsafe {
+        abi::proxy_set_property(path.as_ptr(), path.len(), value.as_ptr(), value.len())
+    });
+    check("set_property", s, &[])
+}
+
 /// A shared-data value and its CAS token (`None` for a token of 0); both
 /// `None` for a key never written.
 pub fn get_shared_data(key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status> {

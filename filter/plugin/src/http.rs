@@ -334,6 +334,10 @@ impl Host for Stream {
         hostcall::send_http_response(status, headers, body).is_ok()
     }
 
+    fn set_property(&mut self, path: &str, value: &[u8]) -> bool {
+        hostcall::set_property(path, value).is_ok()
+    }
+
     fn clear_route_cache(&mut self) -> bool {
         hostcall::call_foreign_function("clear_route_cache", None).is_ok()
     }

@@ -266,3 +266,82 @@ async fn a_collector_down_or_slow_costs_no_call_and_what_waits_stays_bounded() {
         assert_eq!(queued_total + dropped, 40.0, "every span queued or dropped");
     }
 }
+
+#[tokio::test]
+async fn envoys_access_log_prints_each_calls_record() {
+    if skip_without_envoy("envoys_access_log_prints_each_calls_record") {
+        return;
+    }
+    let mock = MockUpstream::start(MockConfig::named("access-log"));
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let e = EnvoyBuilder::new()
+        .plugin_config(json!({"access_log": {"enabled": true}}))
+        .upstream("mock", mock.port())
+        .access_log(
+            &log,
+            "%RESPONSE_CODE% %FILTER_STATE(wasm.llm_filter.call:PLAIN)%",
+        )
+        .start()
+        .expect("envoy with the filter");
+    let url = e.url("/v1/chat/completions");
+    let body = json!({"model": "gpt-4o", "temperature": 0,
+                      "messages": [{"role": "user", "content": "log me"}]});
+    // A miss answered by the upstream, the same call from the cache, a stream.
+    let miss = post_json(&url, &body, &[]).await.unwrap();
+    let hit = post_json(&url, &body, &[]).await.unwrap();
+    assert_eq!(hit.header("x-cache"), Some("HIT"));
+    let stream = stream_sse(
+        &url,
+        &chat_stream_body("gpt-4o", "logged stream", true),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(stream.status, 200);
+    // A call that is not an LLM call has no record.
+    let _ = llm_filter_e2e::get(&e.url("/v1/models"), &[])
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let lines = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<String> = text.lines().map(str::to_string).collect();
+        if lines.len() >= 4 || Instant::now() >= deadline {
+            break lines;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(lines.len(), 4, "{lines:?}\n{}", e.log_tail(40));
+    let record = |line: &str| -> Value {
+        let (_, json) = line.split_once(' ').unwrap();
+        serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {line}"))
+    };
+    let (m, h, s) = (record(&lines[0]), record(&lines[1]), record(&lines[2]));
+    let usage = miss.json()["usage"].clone();
+    assert_eq!(
+        (m["status"].clone(), m["cache"].clone()),
+        (json!(200), json!("MISS"))
+    );
+    assert_eq!(m["input_tokens"], usage["prompt_tokens"]);
+    assert_eq!(m["output_tokens"], usage["completion_tokens"]);
+    assert_eq!(m["trace_id"], miss.header("x-trace-id").unwrap());
+    assert_eq!(
+        (m["model"].clone(), m["api"].clone(), m["priority"].clone()),
+        (json!("gpt-4o"), json!("chat"), json!("P1"))
+    );
+    assert_eq!(
+        (h["status"].clone(), h["cache"].clone()),
+        (json!(200), json!("HIT"))
+    );
+    assert_eq!(
+        s["output_tokens"],
+        stream.usage().unwrap()["completion_tokens"]
+    );
+    assert!(s["ttfb_ms"].is_u64());
+    assert!(
+        lines[3].ends_with(" -"),
+        "no record for a call that is not an LLM call: {}",
+        lines[3]
+    );
+}

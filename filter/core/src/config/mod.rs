@@ -45,6 +45,8 @@ pub struct RawConfig {
     pub priority: RawPriority,
     /// Tracing section.
     pub tracing: RawTracing,
+    /// The access-log record of each call.
+    pub access_log: RawAccessLog,
     /// Largest request body held to decide on it.
     pub max_body_bytes: Option<usize>,
     /// Routing section.
@@ -83,6 +85,14 @@ pub struct RawTracing {
     pub otlp: Option<RawOtlp>,
 }
 
+/// `access_log` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawAccessLog {
+    /// Put each call's record in Envoy's filter state, default false.
+    pub enabled: Option<bool>,
+}
+
 /// The compiled configuration every HTTP context shares.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -94,6 +104,9 @@ pub struct Config {
     pub tracing: TracingMode,
     /// Where the span of each LLM call is exported; `None`: nowhere.
     pub otlp: Option<OtlpConfig>,
+    /// Each LLM call's record goes to Envoy's filter state for its access
+    /// loggers (`spans::record`).
+    pub access_log: bool,
     /// Largest request body held to decide on it; larger or unsized bodies
     /// stream through and skip the body-based features.
     pub max_body_bytes: usize,
@@ -233,6 +246,7 @@ impl TryFrom<RawConfig> for Config {
                 .map(|o| OtlpConfig::compile(o).map_err(|e| e.within("tracing.otlp")))
                 .transpose()?,
             tracing: TracingMode::compile(raw.tracing.mode),
+            access_log: raw.access_log.enabled.unwrap_or(false),
         })
     }
 }

@@ -16,6 +16,7 @@
 
 pub mod config;
 pub mod otlp;
+pub mod record;
 
 use std::collections::VecDeque;
 

@@ -189,3 +189,60 @@ fn the_span_queued_is_the_one_written_upstream_and_sampling_follows_the_parent()
     let (sent, queued) = one_call(&mut w, None);
     assert_eq!((queued, sent.flags), (0, 1));
 }
+
+/// A chat answer the cache stores.
+const STORED: &str = r#"{"id":"x","object":"chat.completion","model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"yo"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}"#;
+
+#[test]
+fn the_record_is_set_before_envoy_logs_each_kind_of_answer() {
+    let mut w = World::new(r#"{"access_log":{"enabled":true}}"#);
+    let record = |host: &FakeHost| -> serde_json::Value {
+        serde_json::from_slice(&host.properties[record::PROPERTY]).unwrap()
+    };
+    // Answered by the upstream: set at the answer's end.
+    let body = r#"{"model":"gpt-4o","temperature":0,"messages":[{"role":"user","content":"hi"}]}"#;
+    let mut host = FakeHost::post("/v1/chat/completions").with_body(body);
+    let (mut call, _) = Call::start(&mut w.env(), &mut host, false).unwrap();
+    let size = host.request_body.len();
+    call.on_request_body(&mut w.env(), &mut host, size, true);
+    let mut host = host.with_response(200, "application/json", STORED);
+    call.on_response_headers(&mut w.env(), &mut host, false);
+    assert!(host.properties.is_empty(), "not before the answer ends");
+    let size = host.response_body.len();
+    call.on_response_body(&mut w.env(), &mut host, size, true);
+    let r = record(&host);
+    assert_eq!(
+        (r["status"].clone(), r["cache"].clone()),
+        (200.into(), "MISS".into())
+    );
+    assert_eq!(
+        (r["input_tokens"].clone(), r["output_tokens"].clone()),
+        (3.into(), 1.into())
+    );
+    assert_eq!(r["requested_model"], "gpt-4o");
+    assert_eq!(r["trace_id"].as_str().map(str::len), Some(32));
+    call.on_log(&mut w.env());
+    // Answered by the filter (a cache hit): set before the reply goes.
+    let mut host = FakeHost::post("/v1/chat/completions").with_body(body);
+    let (mut call, _) = Call::start(&mut w.env(), &mut host, false).unwrap();
+    let size = host.request_body.len();
+    call.on_request_body(&mut w.env(), &mut host, size, true);
+    assert!(host.local_reply.is_some());
+    let r = record(&host);
+    assert_eq!(
+        (r["status"].clone(), r["cache"].clone()),
+        (200.into(), "HIT".into())
+    );
+    call.on_log(&mut w.env());
+    // Off by default: nothing set.
+    let mut w = World::new("{}");
+    let mut host = FakeHost::post("/v1/chat/completions").with_body(body);
+    let (mut call, _) = Call::start(&mut w.env(), &mut host, false).unwrap();
+    let size = host.request_body.len();
+    call.on_request_body(&mut w.env(), &mut host, size, true);
+    let mut host = host.with_response(200, "application/json", STORED);
+    call.on_response_headers(&mut w.env(), &mut host, false);
+    let size = host.response_body.len();
+    call.on_response_body(&mut w.env(), &mut host, size, true);
+    assert!(host.properties.is_empty());
+}

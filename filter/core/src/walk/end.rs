@@ -10,21 +10,16 @@ use crate::summary::{CallSummary, End};
 use crate::{budget, classify, load, observe, routing, spans};
 
 use super::state::{Phase, Response};
-use super::{Call, Env};
+use super::{Call, Env, Host};
 
 impl Call {
     /// End of the stream: one summary of the call, learnt from by each policy.
     pub fn on_log(mut self, env: &mut Env<'_>) {
         self.cache_on_log(env);
         self.settle_hedge(env);
-        let model = self.model().map(str::to_string).or_else(|| {
-            let copy = self.request.copy.as_ref()?;
-            classify::model(copy.bytes()?)
-        });
-        let model = env.model_labels.value(model.as_deref()).to_string();
-        let config = env.config;
+        let model = self.model_label(env);
         let summary = CallSummary {
-            group: self.group(config).map(|g| g.name.as_str()),
+            group: self.group(env.config).map(|g| g.name.as_str()),
             ..self.summary(&model, env.now_ms)
         };
         observe::record(env.metrics, &summary);
@@ -40,6 +35,37 @@ impl Call {
         load::ended(env.store, env.metrics, &summary, started);
     }
 
+    /// The model label of the call (bounded, as its metrics spell it).
+    fn model_label(&self, env: &mut Env<'_>) -> String {
+        let model = self.model().map(str::to_string).or_else(|| {
+            let copy = self.request.copy.as_ref()?;
+            classify::model(copy.bytes()?)
+        });
+        env.model_labels.value(model.as_deref()).to_string()
+    }
+
+    /// The call's access-log record, put in Envoy's filter state when
+    /// `access_log.enabled`, before Envoy logs the stream: at the answer's
+    /// end, or as the filter answers itself (`end`: how, since the phase does
+    /// not say so yet).
+    pub(super) fn write_record(&self, env: &mut Env<'_>, host: &mut dyn Host, end: Option<End>) {
+        if !env.config.access_log {
+            return;
+        }
+        let model = self.model_label(env);
+        let mut call = CallSummary {
+            group: self.group(env.config).map(|g| g.name.as_str()),
+            ..self.summary(&model, env.now_ms)
+        };
+        if let Some(end) = end {
+            call.end = end;
+        }
+        let record = spans::record::record(self.decided.span.as_ref(), &call, &self.details());
+        if !host.set_property(spans::record::PROPERTY, &record) {
+            internal_error(env.metrics, "set_property");
+        }
+    }
+
     /// The call's span, queued for export when spans are exported and the
     /// trace is sampled.
     fn queue_span(&self, env: &mut Env<'_>, call: &CallSummary<'_>) {
@@ -49,7 +75,14 @@ impl Call {
         if !ids.sampled() {
             return;
         }
-        let details = spans::Details {
+        let span = spans::encode(&ids, call, &self.details());
+        env.spans.push(otlp, env.metrics, span);
+    }
+
+    /// What the walk knew of the call beyond its summary, for its span and
+    /// its record.
+    fn details(&self) -> spans::Details<'_> {
+        spans::Details {
             requested_model: self.request.model.as_deref(),
             response_model: self.response.as_ref().and_then(Response::model),
             max_tokens: self.request.max_tokens,
@@ -58,9 +91,7 @@ impl Call {
             degraded: self.decided.degraded,
             fallback_model: self.decided.fallback_model.as_deref(),
             hedge: self.decided.hedge.map(HedgeResult::as_str),
-        };
-        let span = spans::encode(&ids, call, &details);
-        env.spans.push(otlp, env.metrics, span);
+        }
     }
 
     /// Routing, the budget breaker and the clusters' load learn from one try

@@ -232,11 +232,14 @@ impl Call {
             env.now_ms,
         );
         let body = stripped.as_deref().unwrap_or(&answer.body);
+        // The record is of the answer sent, written before it goes.
+        let previous = self.response.replace(response);
+        self.write_record(env, host, Some(End::Answered(status)));
         if !host.send_local_reply(u32::from(status), &refs, body) {
+            self.response = previous;
             internal_error(env.metrics, "local_reply");
             return false;
         }
-        self.response = Some(response);
         true
     }
 }

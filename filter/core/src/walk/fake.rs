@@ -26,6 +26,8 @@ pub struct FakeHost {
     pub body_writes: u32,
     /// Times the request body was read.
     pub body_reads: std::cell::Cell<u32>,
+    /// Properties set, last value by path.
+    pub properties: BTreeMap<String, Vec<u8>>,
 }
 
 /// A callout sent: cluster, headers, body, timeout.
@@ -142,6 +144,10 @@ impl Host for FakeHost {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         self.local_reply = Some((status, headers, body.to_vec()));
+        true
+    }
+    fn set_property(&mut self, path: &str, value: &[u8]) -> bool {
+        self.properties.insert(path.to_string(), value.to_vec());
         true
     }
     fn clear_route_cache(&mut self) -> bool {

@@ -26,6 +26,9 @@ pub trait Host {
     fn response_code_details(&self) -> Option<String>;
     /// Answers the client locally; false if refused.
     fn send_local_reply(&mut self, status: u32, headers: &[(&str, &str)], body: &[u8]) -> bool;
+    /// Sets a property of the stream (Envoy: filter state `wasm.<path>`,
+    /// which the access loggers read).
+    fn set_property(&mut self, path: &str, value: &[u8]) -> bool;
     /// Makes Envoy pick the route again after a routing header changed.
     fn clear_route_cache(&mut self) -> bool;
     /// Every request header, in order, as the upstream saw them.

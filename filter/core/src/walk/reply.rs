@@ -4,6 +4,7 @@
 use crate::budget;
 use crate::config::Config;
 use crate::metrics::internal_error;
+use crate::summary::End;
 use crate::{ab, routing, shaping, trace_context};
 
 use super::{Call, Env, Host, Step};
@@ -38,6 +39,8 @@ impl Call {
         let told = self.client_headers(env.config, None);
         let mut all = headers.to_vec();
         all.extend(told.iter().map(|(k, v)| (*k, v.as_str())));
+        let local = u16::try_from(status).unwrap_or(500);
+        self.write_record(env, host, Some(End::Local(local)));
         if !host.send_local_reply(status, &all, body) {
             internal_error(env.metrics, "local_reply");
             return false;

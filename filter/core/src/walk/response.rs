@@ -49,6 +49,9 @@ impl Call {
             set_response(env, host, name, Some(value));
         }
         self.cache_on_response_headers(env, host);
+        if end_of_stream {
+            self.write_record(env, host, None);
+        }
         self.fail_over(env, host)
     }
 
@@ -109,6 +112,9 @@ impl Call {
         // it is to be stored, for its entry.
         let tree = end_of_stream.then(|| self.finish_json()).flatten();
         self.cache_on_response_body(env, size, chunk.as_deref(), end_of_stream, tree.as_ref());
+        if end_of_stream {
+            self.write_record(env, host, None);
+        }
         Step::Continue
     }
 

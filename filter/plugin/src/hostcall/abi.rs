@@ -44,6 +44,12 @@ extern "C" {
         data: *mut *mut u8,
         size: *mut usize,
     ) -> u32;
+    pub fn proxy_set_property(
+        path: *const u8,
+        path_size: usize,
+        value: *const u8,
+        value_size: usize,
+    ) -> u32;
     pub fn proxy_get_shared_data(
         key: *const u8,
         key_size: usize,
@@ -180,6 +186,9 @@ mod stand_in {
         _: usize,
         _: u32,
     ) -> u32 {
+        status()
+    }
+    pub unsafe fn proxy_set_property(_: *const u8, _: usize, _: *const u8, _: usize) -> u32 {
         status()
     }
     pub unsafe fn proxy_continue_stream(_: u32) -> u32 {

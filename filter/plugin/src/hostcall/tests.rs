@@ -40,6 +40,7 @@ fn every_call() -> Vec<(&'static str, Option<u32>)> {
         ("set_map_value", set_map_value(map, "a", Some("b")).err()),
         ("set_map_value", set_map_value(map, "a", None).err()),
         ("get_property", get_property(&["response", "code"]).err()),
+        ("set_property", set_property("llm_filter.call", b"{}").err()),
         ("get_shared_data", get_shared_data("k").err()),
         ("set_shared_data", set_shared_data("k", b"v", Some(3)).err()),
         ("resume_http_request", resume_http_request().err()),
