@@ -402,6 +402,7 @@ mod tests {
             weight,
             model: None,
             authority: None,
+            prompt_cache_key: false,
         }
     }
 

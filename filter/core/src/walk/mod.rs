@@ -239,6 +239,8 @@ impl Call {
         self.progress.forward();
         if let Some(b) = &body {
             self.request.read_body(b);
+            // Before shaping, which may drop the turns the key covers.
+            self.request.affinity = self.affinity_key(env, host, b);
         }
         let flow = self.before_upstream(env, host, body);
         self.then_upstream(env, host, flow)
@@ -351,6 +353,8 @@ impl Request {
             stream: None,
             copy: None,
             continues: Continues::default(),
+            affinity: None,
+            names_cache_key: false,
         }
     }
 

@@ -25,6 +25,7 @@
 use crate::cache::{CacheStatus, Cacheable, Key, Lease, Seen, StreamAssembler};
 use crate::classify::Endpoint;
 use crate::priority::Priority;
+use crate::routing::affinity;
 use crate::routing::stateful::Continues;
 use crate::shaping::Changes;
 use crate::sse::{self, Collect, Grammar};
@@ -50,6 +51,11 @@ pub(super) struct Request {
     pub(super) copy: Option<BodyCopy>,
     /// The state a backend holds that the call continues (Responses).
     pub(super) continues: Continues,
+    /// The call's affinity key (see [`crate::routing::affinity`]), read from
+    /// the body as the client sent it.
+    pub(super) affinity: Option<affinity::Key>,
+    /// The body names its own `prompt_cache_key`: the filter sets none.
+    pub(super) names_cache_key: bool,
 }
 
 impl Request {
@@ -61,6 +67,7 @@ impl Request {
         self.stream = Some(features.is_some_and(|f| f.stream));
         if let Some(tree) = body.tree() {
             self.continues = Continues::of(self.endpoint, tree);
+            self.names_cache_key = affinity::has_prompt_cache_key(tree);
         }
     }
 

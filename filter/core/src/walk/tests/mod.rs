@@ -7,6 +7,7 @@ use crate::walk::fake::{Callout, FakeHost, World};
 use crate::walk::*;
 use crate::{budget, load};
 
+mod affinity;
 mod cache;
 mod degrade;
 mod dialects;
@@ -550,10 +551,12 @@ const TWO_BACKENDS: &str = r#"{
 
 /// Runs calls until one is routed to `cluster`; returns it with its host.
 fn routed_to(w: &mut World, cluster: &str) -> (Call, FakeHost) {
-    for _ in 0..100 {
+    for n in 0..100 {
+        // A session per call: each is placed on its own.
         let mut host = FakeHost::post("/v1/chat/completions")
             .with_header(":authority", "llm.local")
             .with_header("authorization", "Bearer k")
+            .with_header("x-session-id", &format!("s{n}"))
             .with_body(CHAT);
         let (call, _) = w.request(&mut host).unwrap();
         if host.header("x-llm-cluster") == Some(cluster) {
