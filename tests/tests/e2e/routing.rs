@@ -7,6 +7,7 @@
 mod affinity;
 mod failover;
 mod hedge;
+mod paced;
 mod tail;
 
 use std::collections::HashMap;

@@ -69,6 +69,7 @@ pub fn ended(
         latency_ms: elapsed,
         ttft_ms: call.first_byte_after_ms(),
         streamed: call.streamed,
+        output_tokens: call.usage.map(|u| u.completion_tokens).filter(|n| *n > 0),
     };
     match health::record_outcome(store, cfg, cluster, &outcome, now_ms) {
         Ok(r) => {

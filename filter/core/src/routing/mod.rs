@@ -386,6 +386,7 @@ mod tests {
             latency_ms: 3,
             ttft_ms: None,
             streamed: false,
+            output_tokens: None,
         };
         for _ in 0..3 {
             health::record_outcome(&s, &c, "azure", &fail, 1_000).unwrap();
@@ -461,6 +462,7 @@ mod tests {
         let c = RoutingConfig::default();
         assert_eq!(typical_ms(&s, "a", false), None);
         let call = |latency_ms, ttft_ms, streamed| CallSample {
+            output_tokens: None,
             result: CallResult::Status(200),
             latency_ms,
             ttft_ms: Some(ttft_ms),
@@ -587,6 +589,7 @@ mod tests {
             latency_ms: 3,
             ttft_ms: None,
             streamed: false,
+            output_tokens: None,
         };
         for _ in 0..3 {
             health::record_outcome(&s, &c, "azure", &fail, 1_000).unwrap();
@@ -650,6 +653,7 @@ mod tests {
                 latency_ms: ms,
                 ttft_ms: Some(ms / 4),
                 streamed: false,
+                output_tokens: None,
             };
             health::record_start(&s, cluster, 0).unwrap();
             health::record_outcome(&s, &c, cluster, &o, 0).unwrap();
@@ -663,5 +667,45 @@ mod tests {
         }
         // Weights 1 and 0.25: a fifth of the calls.
         assert!((850..1_150).contains(&azure), "{azure}");
+    }
+
+    #[test]
+    fn long_answers_at_the_same_speed_are_not_judged_slower() {
+        let s = MemoryStore::new();
+        let c = config();
+        // Both decode 2 ms a token after 64 ms; openai's answers are 20
+        // times as long.
+        for (cluster, tokens) in [("openai", 400u64), ("azure", 20)] {
+            for _ in 0..20 {
+                let o = CallSample {
+                    result: CallResult::Status(200),
+                    latency_ms: 64 + 2 * tokens,
+                    ttft_ms: Some(64 + 2 * tokens),
+                    streamed: false,
+                    output_tokens: Some(tokens),
+                };
+                health::record_start(&s, cluster, 0).unwrap();
+                health::record_outcome(&s, &c, cluster, &o, 0).unwrap();
+            }
+        }
+        let mut rng = SplitMix64::new(9);
+        let d = plan(&c, &s, "gpt-4o", &features(0), Priority::P1, 0, &mut rng).unwrap();
+        let (openai, azure) = (d.effective_weights[0].1, d.effective_weights[1].1);
+        assert!((openai - azure).abs() < 1e-9, "{openai} vs {azure}");
+        // Without the token counts, openai's 864 ms against azure's 104 ms
+        // would leave it about a tenth of the weight.
+        let bare = MemoryStore::new();
+        for (cluster, ms) in [("openai", 864u64), ("azure", 104)] {
+            let o = CallSample {
+                result: CallResult::Status(200),
+                latency_ms: ms,
+                ttft_ms: Some(ms),
+                streamed: false,
+                output_tokens: None,
+            };
+            health::record_outcome(&bare, &c, cluster, &o, 0).unwrap();
+        }
+        let d = plan(&c, &bare, "gpt-4o", &features(0), Priority::P1, 0, &mut rng).unwrap();
+        assert!(d.effective_weights[0].1 < 0.2, "{:?}", d.effective_weights);
     }
 }

@@ -169,6 +169,7 @@ fn admission_takes_what_routing_read_of_the_chosen_cluster() {
         latency_ms: 800,
         ttft_ms: Some(100),
         streamed: false,
+        output_tokens: None,
     };
     for cluster in ["a", "b"] {
         health::record_outcome(&w.store, &w.config.routing, cluster, &done, w.now_ms).unwrap();
