@@ -131,6 +131,7 @@ fn main() {
         latency_ms: 4,
         ttft_ms: Some(3),
         streamed: false,
+        output_tokens: Some(8),
     };
     health::record_start(&store, CLUSTER, 1_000).expect("a store write");
     health::record_outcome(&store, &config.routing, CLUSTER, &outcome, 1_004)

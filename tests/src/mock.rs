@@ -247,6 +247,11 @@ struct State {
     /// Ids of the Responses answers stored (`store` not false), which a later
     /// `previous_response_id` may name; most recent last (bounded).
     stored_responses: Mutex<VecDeque<String>>,
+    /// Words of every chat answer, when set (the echo padded or cut).
+    answer_words: Mutex<Option<usize>>,
+    /// The chat prompts seen, when the mock plays a prompt cache: a prompt
+    /// that starts with one of them reports its tokens as cached (bounded).
+    prompt_cache: Mutex<Option<VecDeque<String>>>,
 }
 
 impl State {
@@ -320,6 +325,8 @@ impl MockUpstream {
             sequence: AtomicU64::new(0),
             streams: Mutex::new(VecDeque::new()),
             stored_responses: Mutex::new(VecDeque::new()),
+            answer_words: Mutex::new(None),
+            prompt_cache: Mutex::new(None),
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -410,6 +417,20 @@ impl MockUpstream {
     /// Pause between SSE events of every later stream.
     pub fn set_chunk_delay_ms(&self, ms: u64) {
         self.state.chunk_delay_ms.store(ms, Ordering::SeqCst);
+    }
+
+    /// Every later chat answer has `words` words (`None`: the plain echo),
+    /// which its usage counts as its completion tokens.
+    pub fn set_answer_words(&self, words: Option<usize>) {
+        *lock(&self.state.answer_words) = words;
+    }
+
+    /// The mock plays a provider's prompt cache for every later chat call:
+    /// the tokens of the longest earlier prompt (of this mock) that the
+    /// call's prompt starts with are reported as
+    /// `prompt_tokens_details.cached_tokens`.
+    pub fn set_prompt_cache(&self, on: bool) {
+        *lock(&self.state.prompt_cache) = on.then(VecDeque::new);
     }
 
     /// Status for every later request (`None` restores normal answers).
@@ -808,6 +829,8 @@ struct Answer {
     include_usage: bool,
     prompt: String,
     text: String,
+    /// Prompt tokens the played prompt cache held.
+    cached_tokens: u64,
 }
 
 impl Answer {
@@ -842,25 +865,58 @@ impl Answer {
                 (prompt.clone(), prompt)
             }
         };
+        let mut text = echo(state, &last);
+        if let Some(n) = *lock(&state.answer_words) {
+            let words: Vec<&str> = text
+                .split_whitespace()
+                .chain(std::iter::repeat("word"))
+                .take(n.max(1))
+                .collect();
+            text = words.join(" ");
+        }
+        let cached_tokens = match lock(&state.prompt_cache).as_mut() {
+            Some(seen) => {
+                let hit = seen
+                    .iter()
+                    .filter(|p| prompt.starts_with(p.as_str()))
+                    .map(|p| count_tokens(p))
+                    .max()
+                    .unwrap_or(0);
+                if seen.len() >= 1024 {
+                    seen.pop_front();
+                }
+                seen.push_back(prompt.clone());
+                hit
+            }
+            None => 0,
+        };
         Self {
             id: format!("{}-{sequence}", state.name),
             model,
             created: unix_now(),
             stream,
             include_usage,
-            text: echo(state, &last),
+            text,
             prompt,
+            cached_tokens,
         }
     }
 
     fn usage(&self) -> Value {
         let prompt_tokens = count_tokens(&self.prompt);
         let completion_tokens = count_tokens(&self.text);
-        json!({
+        let mut usage = json!({
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
-        })
+        });
+        if let (true, Some(u)) = (self.cached_tokens > 0, usage.as_object_mut()) {
+            u.insert(
+                "prompt_tokens_details".to_string(),
+                json!({"cached_tokens": self.cached_tokens}),
+            );
+        }
+        usage
     }
 
     fn chat(&self) -> Value {

@@ -117,6 +117,10 @@ pub const ROUTING_IN_FLIGHT: &str = "llm_filter_routing_in_flight";
 pub const ROUTING_HEDGES: &str = "llm_filter_routing_hedges_total";
 /// Calls sent to another backend after theirs failed them, by `result`.
 pub const ROUTING_FAILOVERS: &str = "llm_filter_routing_failovers_total";
+/// Tokens the backend reported in `usage`, by `model`, `llm_cluster` and
+/// `token_type` (`input` | `cached_input` | `output`): how warm each
+/// backend's prompt cache is for each model.
+pub const ROUTING_TOKENS: &str = "llm_filter_routing_tokens_total";
 
 // load
 /// Calls per second of a model over the load window, ×1000, by `model`.
@@ -274,6 +278,7 @@ pub const ALL: &[&str] = &[
     ROUTING_IN_FLIGHT,
     ROUTING_HEDGES,
     ROUTING_FAILOVERS,
+    ROUTING_TOKENS,
     LOAD_RPS,
     LOAD_TOKENS,
     LOAD_IN_FLIGHT,

@@ -37,12 +37,13 @@ async fn istio_cluster_names_route_learn_and_label() {
         .start()
         .expect("envoy with Istio-named clusters");
     let url = envoy.url("/v1/chat/completions");
-    let body = chat_body(MODEL, "hi");
+    // A conversation per call: affinity spreads conversations, not calls.
+    let body = |n: usize| chat_body(MODEL, &format!("hi {n}"));
 
     // Routing: both clusters serve, each answer names its cluster whole.
     let mut served = [0usize; 2];
-    for _ in 0..30 {
-        let r = post_json(&url, &body, &[]).await.expect("call");
+    for n in 0..30 {
+        let r = post_json(&url, &body(n), &[]).await.expect("call");
         assert_eq!(r.status, 200, "{}", r.text());
         match r.header("x-llm-cluster") {
             Some(PROVIDER) => served[0] += 1,
@@ -103,8 +104,8 @@ async fn istio_cluster_names_route_learn_and_label() {
     // Health: a failing Istio-named backend is ejected by its own name and
     // the calls go to the other one.
     in_mesh.set_status(Some(503));
-    for _ in 0..40 {
-        post_json(&url, &body, &[]).await.expect("call");
+    for n in 100..140 {
+        post_json(&url, &body(n), &[]).await.expect("call");
     }
     let ejections = envoy.wait_for_metric(
         "llm_filter_routing_ejections_total",
@@ -116,8 +117,8 @@ async fn istio_cluster_names_route_learn_and_label() {
     // However late the ejection came on a loaded machine, every call after
     // it goes to the other backend.
     let mut after = Vec::new();
-    for _ in 0..20 {
-        let r = post_json(&url, &body, &[]).await.expect("call");
+    for n in 200..220 {
+        let r = post_json(&url, &body(n), &[]).await.expect("call");
         after.push(r.header("x-llm-cluster").map(str::to_string));
     }
     assert!(

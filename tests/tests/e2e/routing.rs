@@ -4,8 +4,10 @@
 //! for the backend, probes every cluster from one worker per interval, and
 //! moves traffic off failing, slow and loaded backends.
 
+mod affinity;
 mod failover;
 mod hedge;
+mod paced;
 mod tail;
 
 use std::collections::HashMap;

@@ -33,7 +33,7 @@ const MAX_BYTES: u64 = SLOTS * MAX_ENTRY_BYTES
     + 16
     + 4
     + 16
-    + (CLUSTERS + 1) * (687 + 208)
+    + (CLUSTERS + 1) * (952 + 208)
     + MODELS * 160
     + LOAD_BYTES;
 

@@ -129,13 +129,19 @@ impl Document {
     /// The bytes with the one top-level member `name` set to `value`, this
     /// document left as it is: `None` where [`Self::set`] would refuse.
     pub fn with_member(&self, name: &str, value: &[u8]) -> Option<Vec<u8>> {
-        let mut copy = Self {
+        let mut copy = self.bytes_only();
+        copy.set(name, value, Json::Null).then_some(copy.bytes)
+    }
+
+    /// A copy of the bytes and the members' spans without the tree: what
+    /// edits for one backend start from, this document left as it is.
+    pub fn bytes_only(&self) -> Self {
+        Self {
             bytes: self.bytes.clone(),
             tree: None,
             spans: self.spans.clone(),
             object: self.object,
-        };
-        copy.set(name, value, Json::Null).then_some(copy.bytes)
+        }
     }
 
     /// Replaces the value of member `i` with `value`, moving the spans after it.

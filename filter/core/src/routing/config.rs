@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
+use super::affinity::{AffinityConfig, RawAffinity};
 use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::priority::Priority;
@@ -65,6 +66,8 @@ pub struct RawRoutingConfig {
     pub failover: Option<bool>,
     /// Hedge slow calls on another backend; absent: no hedging.
     pub hedge: Option<RawHedge>,
+    /// Calls of one conversation to one backend (on by default).
+    pub affinity: RawAffinity,
 }
 
 /// `routing.hedge` as written.
@@ -95,6 +98,8 @@ pub struct RawBackend {
     pub health_path: Option<String>,
     /// Prometheus path of the model server's load metrics.
     pub metrics_path: Option<String>,
+    /// Set `prompt_cache_key` from the affinity key, default false.
+    pub prompt_cache_key: Option<bool>,
 }
 
 /// One rule as written.
@@ -174,6 +179,8 @@ pub struct RoutingConfig {
     pub failover: bool,
     /// Slow calls are hedged on another backend (see [`super::hedge`]).
     pub hedge: Option<HedgeConfig>,
+    /// Calls of one conversation go to one backend (see [`super::affinity`]).
+    pub affinity: AffinityConfig,
 }
 
 /// Compiled `routing.hedge`.
@@ -198,6 +205,9 @@ pub struct Backend {
     pub model: Option<String>,
     /// `:authority` to send to this cluster.
     pub authority: Option<String>,
+    /// A chat or Responses call without a `prompt_cache_key` gets the
+    /// affinity key as one (OpenAI-compatible servers that take the field).
+    pub prompt_cache_key: bool,
 }
 
 /// What the elected worker probes on one cluster.
@@ -303,6 +313,7 @@ impl RoutingConfig {
             .hedge
             .map(|h| HedgeConfig::compile(h).map_err(|e| e.within("hedge")))
             .transpose()?;
+        let affinity = AffinityConfig::compile(raw.affinity).map_err(|e| e.within("affinity"))?;
         let (models, clusters) = compile_models(raw.models)?;
         let rules = compile_rules(raw.rules, &models)?;
         Ok(Self {
@@ -320,6 +331,7 @@ impl RoutingConfig {
             rules,
             failover: raw.failover.unwrap_or(DEFAULT_FAILOVER),
             hedge,
+            affinity,
         })
     }
 
@@ -420,6 +432,7 @@ fn compile_backend(
         weight,
         model: b.model,
         authority: None,
+        prompt_cache_key: b.prompt_cache_key.unwrap_or(false),
     })
 }
 
@@ -649,6 +662,7 @@ mod tests {
                 weight: 3,
                 model: None,
                 authority: Some("api.openai.com".into()),
+                prompt_cache_key: false,
             }
         );
         assert_eq!(b[1].weight, 1);

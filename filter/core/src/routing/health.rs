@@ -16,7 +16,7 @@ use crate::host::{SharedStore, StoreError};
 /// Prefix of the per-cluster health keys; the cluster name follows. The
 /// version changes with the record's layout, so workers of two filter versions
 /// (during a configuration update) never read each other's records.
-pub const KEY_PREFIX: &str = "llm_filter.routing.v3.health.";
+pub const KEY_PREFIX: &str = "llm_filter.routing.v4.health.";
 
 /// Successes a new error average starts from (see [`observe_error`]).
 const ERROR_PRIOR: f64 = 4.0;
@@ -102,6 +102,11 @@ pub struct Health {
     /// Times to the first byte of successful streams, ms: their typical and
     /// tail latency.
     pub streams: Option<Histogram>,
+    /// The same non-streamed calls paced: each one's time to the end as if
+    /// its answer had been [`REFERENCE_TOKENS`] long (see [`paced_ms`]), so a
+    /// backend that gets long answers is not judged slower than one that
+    /// gets short ones at the same speed. What the weights judge them by.
+    pub paced: Option<Histogram>,
     /// Failed calls in a row, across workers.
     pub consecutive_failures: u32,
     /// Calls dispatched and not yet completed.
@@ -184,6 +189,7 @@ impl Health {
         }
         h.calls = h.calls.and_then(Histogram::sanitized);
         h.streams = h.streams.and_then(Histogram::sanitized);
+        h.paced = h.paced.and_then(Histogram::sanitized);
         h.load = h.load.map(Load::sanitized);
         Some(h)
     }
@@ -350,6 +356,33 @@ pub fn record_outcome<S: SharedStore + ?Sized>(
     Ok(Recorded { ejected, health })
 }
 
+/// Output tokens that stand for the fixed part of a call's time (queue,
+/// prefill, network): a backend whose fixed part is this many tokens' worth
+/// of decoding is paced exactly, whatever its answers' lengths.
+pub const FIXED_TOKENS: f64 = 32.0;
+/// The answer length every non-streamed call is paced to.
+pub const REFERENCE_TOKENS: f64 = 256.0;
+
+/// A non-streamed call's time to the end as if its answer had been
+/// [`REFERENCE_TOKENS`] long: time per output token plus a fixed part,
+///
+/// ```text
+/// paced = latency × (FIXED_TOKENS + REFERENCE_TOKENS) / (FIXED_TOKENS + output_tokens)
+/// ```
+///
+/// A backend taking `a + b × n` ms for `n` tokens is paced to
+/// `b × (FIXED + REF)` for every `n` when `a = b × FIXED`, and within the
+/// ratio of `a` to `b × FIXED` otherwise. Without a token count (no usage,
+/// embeddings) the latency stands as it is.
+pub fn paced_ms(latency_ms: f64, output_tokens: Option<u64>) -> f64 {
+    match output_tokens {
+        Some(n) if n > 0 => {
+            latency_ms * (FIXED_TOKENS + REFERENCE_TOKENS) / (FIXED_TOKENS + n as f64)
+        }
+        _ => latency_ms,
+    }
+}
+
 /// Folds a call's speed into the averages and the histogram of its kind.
 fn observe_speed(h: &mut Health, outcome: &CallSample, now_ms: u64, half_life: f64) {
     let latency = outcome.latency_ms as f64;
@@ -358,7 +391,11 @@ fn observe_speed(h: &mut Health, outcome: &CallSample, now_ms: u64, half_life: f
         Ewma::observe(&mut h.ttft, t as f64, now_ms, half_life);
     }
     match (outcome.streamed, outcome.ttft_ms) {
-        (false, _) => Histogram::observe(&mut h.calls, latency, now_ms, half_life),
+        (false, _) => {
+            Histogram::observe(&mut h.calls, latency, now_ms, half_life);
+            let paced = paced_ms(latency, outcome.output_tokens);
+            Histogram::observe(&mut h.paced, paced, now_ms, half_life);
+        }
         (true, Some(t)) => Histogram::observe(&mut h.streams, t as f64, now_ms, half_life),
         // A stream that sent no byte says nothing of its speed.
         (true, None) => {}
@@ -470,6 +507,7 @@ mod tests {
             latency_ms,
             ttft_ms: Some(latency_ms / 2),
             streamed: false,
+            output_tokens: None,
         }
     }
 
@@ -479,6 +517,7 @@ mod tests {
             latency_ms,
             ttft_ms,
             streamed: true,
+            output_tokens: None,
         }
     }
 
@@ -488,12 +527,13 @@ mod tests {
             latency_ms: 1,
             ttft_ms: None,
             streamed: false,
+            output_tokens: None,
         }
     }
 
     #[test]
     fn key_carries_prefix_and_cluster() {
-        assert_eq!(key("openai"), "llm_filter.routing.v3.health.openai");
+        assert_eq!(key("openai"), "llm_filter.routing.v4.health.openai");
     }
 
     #[test]
@@ -503,7 +543,7 @@ mod tests {
         let (a, b) = ("outbound|80||api.openai.com", "outbound|80||api.openai.co");
         assert_eq!(
             key(a),
-            "llm_filter.routing.v3.health.outbound|80||api.openai.com"
+            "llm_filter.routing.v4.health.outbound|80||api.openai.com"
         );
         let s = MemoryStore::new();
         let c = config();
@@ -869,5 +909,47 @@ mod tests {
             races: Cell::new(100),
         };
         assert_eq!(record_start(&s, "a", 0), Err(StoreError::CasMismatch));
+    }
+
+    #[test]
+    fn a_call_is_paced_per_output_token_plus_a_fixed_part() {
+        // 2 ms a token and a fixed part of 32 tokens' worth: paced alike
+        // whatever the answer's length.
+        let speed = |n: u64| 64.0 + 2.0 * n as f64;
+        for n in [1, 10, 256, 4_000] {
+            let p = paced_ms(speed(n), Some(n));
+            assert!((p - 576.0).abs() < 1e-9, "{n}: {p}");
+        }
+        assert_eq!(paced_ms(300.0, None), 300.0);
+        assert_eq!(paced_ms(300.0, Some(0)), 300.0);
+        assert_eq!(
+            paced_ms(300.0, Some(u64::MAX)),
+            300.0 * 288.0 / (32.0 + u64::MAX as f64)
+        );
+    }
+
+    #[test]
+    fn a_non_streamed_call_feeds_both_its_time_and_its_pace() {
+        let s = MemoryStore::new();
+        let c = RoutingConfig::default();
+        let call = CallSample {
+            result: CallResult::Status(200),
+            latency_ms: 1_088,
+            ttft_ms: Some(1_088),
+            streamed: false,
+            output_tokens: Some(512),
+        };
+        let h = record_outcome(&s, &c, "a", &call, 0).unwrap().health;
+        assert_eq!(h.calls.and_then(|x| x.mean()), Some(1_088.0));
+        assert_eq!(h.paced.and_then(|x| x.mean()), Some(576.0));
+        // A stream is judged by its first byte alone.
+        let stream = CallSample {
+            streamed: true,
+            ttft_ms: Some(40),
+            ..call
+        };
+        let h = record_outcome(&s, &c, "b", &stream, 0).unwrap().health;
+        assert!(h.paced.is_none() && h.calls.is_none());
+        assert_eq!(h.streams.and_then(|x| x.mean()), Some(40.0));
     }
 }

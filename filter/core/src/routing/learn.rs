@@ -8,6 +8,7 @@ use super::RoutingConfig;
 use crate::host::{Metrics, SharedStore};
 use crate::metrics::{self as names, internal_error};
 use crate::summary::{CallSummary, End};
+use crate::usage::Usage;
 
 /// How routing sees a call's end; `None` when the call never left (answered
 /// locally after it was routed).
@@ -60,11 +61,15 @@ pub fn ended(
         &names::name(names::ROUTING_LATENCY, &[(names::LLM_CLUSTER, cluster)]),
         elapsed,
     );
+    if let Some(u) = call.usage {
+        count_tokens(m, call.model, cluster, &u);
+    }
     let outcome = CallSample {
         result,
         latency_ms: elapsed,
         ttft_ms: call.first_byte_after_ms(),
         streamed: call.streamed,
+        output_tokens: call.usage.map(|u| u.completion_tokens).filter(|n| *n > 0),
     };
     match health::record_outcome(store, cfg, cluster, &outcome, now_ms) {
         Ok(r) => {
@@ -77,6 +82,25 @@ pub fn ended(
             set_in_flight(m, cluster, &r.health);
         }
         Err(_) => internal_error(m, "routing_record"),
+    }
+}
+
+/// The tokens a backend reported for a model: the input, the part of it the
+/// provider's prompt cache held, the output.
+fn count_tokens(m: &mut dyn Metrics, model: &str, cluster: &str, u: &Usage) {
+    for (kind, n) in [
+        ("input", u.prompt_tokens),
+        ("cached_input", u.cached_tokens),
+        ("output", u.completion_tokens),
+    ] {
+        if n > 0 {
+            let labels = [
+                ("model", model),
+                (names::LLM_CLUSTER, cluster),
+                ("token_type", kind),
+            ];
+            m.counter(&names::name(names::ROUTING_TOKENS, &labels), n);
+        }
     }
 }
 
@@ -142,6 +166,11 @@ mod tests {
             m.histograms["llm_filter_routing_call_duration_ms.llm_cluster=a;"],
             [40]
         );
+        // No usage, no token counts.
+        assert!(!m
+            .counters
+            .keys()
+            .any(|k| k.starts_with(names::ROUTING_TOKENS)));
         let h = health::read(&store, "a").unwrap();
         assert_eq!(h.in_flight, 0);
         assert!(h.latency.is_some());
@@ -159,5 +188,43 @@ mod tests {
         ended(&store, &cfg, &mut m, &call);
         let streams = health::read(&store, "a").unwrap().streams.unwrap();
         assert_eq!(streams.mean(), Some(30.0));
+    }
+
+    #[test]
+    fn a_backends_tokens_are_counted_by_model_and_cluster() {
+        let (store, mut m) = (MemoryStore::new(), MemoryMetrics::default());
+        let cfg = RoutingConfig::default();
+        started(&store, &mut m, "a", 0);
+        let call = CallSummary {
+            cluster: Some("a"),
+            usage: Some(Usage {
+                prompt_tokens: 100,
+                completion_tokens: 7,
+                cached_tokens: 64,
+            }),
+            ..CallSummary::ended(End::Answered(200))
+        };
+        ended(&store, &cfg, &mut m, &call);
+        for (kind, n) in [("input", 100), ("cached_input", 64), ("output", 7)] {
+            let name = format!(
+                "llm_filter_routing_tokens_total.model=m;.llm_cluster=a;.token_type={kind};"
+            );
+            assert_eq!(m.counters[&name], n, "{name}");
+        }
+        // A cache that held nothing is not a series of zeros.
+        started(&store, &mut m, "b", 0);
+        let call = CallSummary {
+            cluster: Some("b"),
+            usage: Some(Usage {
+                prompt_tokens: 5,
+                completion_tokens: 1,
+                cached_tokens: 0,
+            }),
+            ..CallSummary::ended(End::Answered(200))
+        };
+        ended(&store, &cfg, &mut m, &call);
+        assert!(!m.counters.contains_key(
+            "llm_filter_routing_tokens_total.model=m;.llm_cluster=b;.token_type=cached_input;"
+        ));
     }
 }

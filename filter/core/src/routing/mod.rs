@@ -10,6 +10,7 @@
 //! [`RoutingConfig::clusters`], on the one worker that wins the lease) and
 //! hands each one's end to [`probe::Prober::finish`].
 
+pub mod affinity;
 pub mod config;
 pub mod ewma;
 pub mod failover;
@@ -47,6 +48,9 @@ pub struct RouteDecision {
     pub rewrite_model: Option<String>,
     /// `:authority` to set for this cluster.
     pub authority: Option<String>,
+    /// The backend takes the affinity key as `prompt_cache_key` when the
+    /// caller sent none.
+    pub prompt_cache_key: bool,
     /// Effective weight of every backend of the model, in configured order
     /// (for the weight gauges).
     pub effective_weights: Vec<(String, f64)>,
@@ -76,11 +80,15 @@ pub struct RouteAsk<'a> {
     /// [`stateful`]): when it is one of the model's, the call goes there
     /// whatever the weights.
     pub pinned: Option<&'a str>,
+    /// The call's affinity key: with one, the backend is picked by weighted
+    /// rendezvous hashing (see [`affinity`]) rather than drawn at random.
+    pub affinity: Option<affinity::Key>,
 }
 
 /// Plans the route of a call: rules may first pick another model, then one
-/// of its backends is drawn by effective weight from the health in `store`.
-/// `None` when the model is not routed: the call passes untouched to the
+/// of its backends is chosen by effective weight from the health in `store`:
+/// the one its affinity key hashes to, or drawn at random for a call without
+/// one. `None` when the model is not routed: the call passes untouched to the
 /// route's default.
 pub fn plan<S, R>(
     config: &RoutingConfig,
@@ -99,6 +107,16 @@ where
         .and_then(|p| weighed.backends.iter().position(|b| b.cluster == p));
     if let Some(index) = pinned {
         return weighed.decision(index, ask.model);
+    }
+    if let Some(key) = ask.affinity.filter(|_| config.affinity.enabled) {
+        let hashes: Vec<u64> = weighed
+            .backends
+            .iter()
+            .map(|b| key.hash_with(&b.cluster))
+            .collect();
+        if let Some(index) = affinity::pick(&weighed.weights.values, &hashes) {
+            return weighed.decision(index, ask.model);
+        }
     }
     // Effective weights always leave one positive; the base weights are the
     // belt and braces.
@@ -207,6 +225,7 @@ impl Weighed<'_> {
             cluster: backend.cluster.clone(),
             rewrite_model,
             authority: backend.authority.clone(),
+            prompt_cache_key: backend.prompt_cache_key,
             effective_weights: self
                 .backends
                 .iter()
@@ -265,6 +284,7 @@ mod tests {
         let f = features(0);
         let ask = |features, avoid| RouteAsk {
             pinned: None,
+            affinity: None,
             model: "gpt-4o",
             features,
             priority: Priority::P1,
@@ -300,12 +320,117 @@ mod tests {
                     now_ms: 0,
                     avoid: &|cl| Some(cl) == pinned,
                     pinned,
+                    affinity: None,
                 };
                 let d = super::plan(&c, &s, &mut rng, &ask).unwrap();
                 if let Some(w) = want {
                     assert_eq!(d.cluster, w);
                 }
             }
+        }
+    }
+
+    /// [`super::plan`] of a call with affinity `key`, avoiding nothing.
+    fn plan_keyed(c: &RoutingConfig, s: &MemoryStore, key: u64, now_ms: u64) -> String {
+        let f = features(0);
+        let ask = RouteAsk {
+            pinned: None,
+            model: "gpt-4o",
+            features: &f,
+            priority: Priority::P1,
+            now_ms,
+            avoid: &|_| false,
+            affinity: Some(affinity::Key(key)),
+        };
+        // The draw is never used for a keyed call: any source will do.
+        let mut rng = SplitMix64::new(key);
+        super::plan(c, s, &mut rng, &ask).unwrap().cluster
+    }
+
+    #[test]
+    fn a_key_stays_on_its_backend_and_keys_spread_by_weight() {
+        let s = MemoryStore::new();
+        let c = config();
+        let keys: Vec<u64> = (0..400u64)
+            .map(|k| k.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
+        let first: Vec<String> = keys.iter().map(|k| plan_keyed(&c, &s, *k, 0)).collect();
+        for _ in 0..3 {
+            let again: Vec<String> = keys.iter().map(|k| plan_keyed(&c, &s, *k, 0)).collect();
+            assert_eq!(again, first);
+        }
+        let openai = first.iter().filter(|c| *c == "openai").count();
+        assert!((160..240).contains(&openai), "{openai} of 400");
+        // Off: the draw decides again.
+        let mut off = config();
+        off.affinity.enabled = false;
+        let drawn: Vec<String> = (0..40).map(|_| plan_keyed(&off, &s, 7, 0)).collect();
+        assert!(drawn.iter().all(|c| c == &drawn[0]), "one seed, one draw");
+        let seeds: std::collections::BTreeSet<String> =
+            (0..40).map(|k| plan_keyed(&off, &s, k, 0)).collect();
+        assert_eq!(seeds.len(), 2);
+    }
+
+    #[test]
+    fn a_key_leaves_an_ejected_backend_and_comes_back_after_the_ramp() {
+        let s = MemoryStore::new();
+        let c = config();
+        let on_azure: Vec<u64> = (0..200u64)
+            .filter(|k| plan_keyed(&c, &s, *k, 0) == "azure")
+            .collect();
+        let on_openai: Vec<u64> = (0..200u64)
+            .filter(|k| plan_keyed(&c, &s, *k, 0) == "openai")
+            .collect();
+        let fail = CallSample {
+            result: CallResult::Status(503),
+            latency_ms: 3,
+            ttft_ms: None,
+            streamed: false,
+            output_tokens: None,
+        };
+        for _ in 0..3 {
+            health::record_outcome(&s, &c, "azure", &fail, 1_000).unwrap();
+        }
+        assert!(on_azure
+            .iter()
+            .all(|k| plan_keyed(&c, &s, *k, 2_000) == "openai"));
+        // openai's keys never moved.
+        assert!(on_openai
+            .iter()
+            .all(|k| plan_keyed(&c, &s, *k, 2_000) == "openai"));
+        // Back at a tenth of its weight, azure takes about a tenth of its keys
+        // back; ramped up, all of them.
+        let back = on_azure
+            .iter()
+            .filter(|k| plan_keyed(&c, &s, **k, 11_000) == "azure")
+            .count();
+        assert!(back * 4 < on_azure.len(), "{back} of {}", on_azure.len());
+        let ramp_end = 11_000 + c.ramp_ms;
+        assert!(on_azure
+            .iter()
+            .all(|k| plan_keyed(&c, &s, *k, ramp_end) == "azure"));
+        assert!(on_openai
+            .iter()
+            .all(|k| plan_keyed(&c, &s, *k, ramp_end) == "openai"));
+    }
+
+    #[test]
+    fn a_pinned_backend_wins_over_the_key() {
+        let s = MemoryStore::new();
+        let c = config();
+        let f = features(0);
+        for key in 0..50u64 {
+            let ask = RouteAsk {
+                pinned: Some("azure"),
+                model: "gpt-4o",
+                features: &f,
+                priority: Priority::P1,
+                now_ms: 0,
+                avoid: &|_| false,
+                affinity: Some(affinity::Key(key)),
+            };
+            let d = super::plan(&c, &s, &mut SplitMix64::new(1), &ask).unwrap();
+            assert_eq!(d.cluster, "azure");
         }
     }
 
@@ -321,6 +446,7 @@ mod tests {
     ) -> Option<RouteDecision> {
         let ask = RouteAsk {
             pinned: None,
+            affinity: None,
             model,
             features,
             priority,
@@ -336,6 +462,7 @@ mod tests {
         let c = RoutingConfig::default();
         assert_eq!(typical_ms(&s, "a", false), None);
         let call = |latency_ms, ttft_ms, streamed| CallSample {
+            output_tokens: None,
             result: CallResult::Status(200),
             latency_ms,
             ttft_ms: Some(ttft_ms),
@@ -462,6 +589,7 @@ mod tests {
             latency_ms: 3,
             ttft_ms: None,
             streamed: false,
+            output_tokens: None,
         };
         for _ in 0..3 {
             health::record_outcome(&s, &c, "azure", &fail, 1_000).unwrap();
@@ -525,6 +653,7 @@ mod tests {
                 latency_ms: ms,
                 ttft_ms: Some(ms / 4),
                 streamed: false,
+                output_tokens: None,
             };
             health::record_start(&s, cluster, 0).unwrap();
             health::record_outcome(&s, &c, cluster, &o, 0).unwrap();
@@ -538,5 +667,45 @@ mod tests {
         }
         // Weights 1 and 0.25: a fifth of the calls.
         assert!((850..1_150).contains(&azure), "{azure}");
+    }
+
+    #[test]
+    fn long_answers_at_the_same_speed_are_not_judged_slower() {
+        let s = MemoryStore::new();
+        let c = config();
+        // Both decode 2 ms a token after 64 ms; openai's answers are 20
+        // times as long.
+        for (cluster, tokens) in [("openai", 400u64), ("azure", 20)] {
+            for _ in 0..20 {
+                let o = CallSample {
+                    result: CallResult::Status(200),
+                    latency_ms: 64 + 2 * tokens,
+                    ttft_ms: Some(64 + 2 * tokens),
+                    streamed: false,
+                    output_tokens: Some(tokens),
+                };
+                health::record_start(&s, cluster, 0).unwrap();
+                health::record_outcome(&s, &c, cluster, &o, 0).unwrap();
+            }
+        }
+        let mut rng = SplitMix64::new(9);
+        let d = plan(&c, &s, "gpt-4o", &features(0), Priority::P1, 0, &mut rng).unwrap();
+        let (openai, azure) = (d.effective_weights[0].1, d.effective_weights[1].1);
+        assert!((openai - azure).abs() < 1e-9, "{openai} vs {azure}");
+        // Without the token counts, openai's 864 ms against azure's 104 ms
+        // would leave it about a tenth of the weight.
+        let bare = MemoryStore::new();
+        for (cluster, ms) in [("openai", 864u64), ("azure", 104)] {
+            let o = CallSample {
+                result: CallResult::Status(200),
+                latency_ms: ms,
+                ttft_ms: Some(ms),
+                streamed: false,
+                output_tokens: None,
+            };
+            health::record_outcome(&bare, &c, cluster, &o, 0).unwrap();
+        }
+        let d = plan(&c, &bare, "gpt-4o", &features(0), Priority::P1, 0, &mut rng).unwrap();
+        assert!(d.effective_weights[0].1 < 0.2, "{:?}", d.effective_weights);
     }
 }

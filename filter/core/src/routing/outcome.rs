@@ -78,6 +78,9 @@ pub struct CallSample {
     /// The call was a stream: its speed is its time to the first byte, not
     /// its length, which the answer's length sets.
     pub streamed: bool,
+    /// Output tokens the backend reported, when it did: a non-streamed
+    /// call's time to the end is judged per token of its answer.
+    pub output_tokens: Option<u64>,
 }
 
 #[cfg(test)]

@@ -1,18 +1,63 @@
-//! Renames the requested model for a backend that knows it by another name.
-//! Only the top-level `"model"` value changes; every other byte is kept, so
-//! the rest of the request reaches the backend exactly as the client sent it.
+//! The body as one backend takes it: the requested model renamed for a
+//! backend that knows it by another name, and the affinity key as
+//! `prompt_cache_key` for one that takes it. Only those top-level values
+//! change; every other byte is kept, so the rest of the request reaches the
+//! backend exactly as the client sent it.
 
-use crate::json::Document;
+use crate::json::{Document, Json};
 
 /// The body with its top-level `"model"` string replaced by `model`; `None`
 /// when the body is not a JSON object, has no top-level `model` string, names
 /// it twice (backends disagree on which counts) or is malformed.
 pub fn rewrite_model(doc: &Document, model: &str) -> Option<Vec<u8>> {
-    if doc.value_bytes("model")?.first() != Some(&b'"') {
-        return None;
+    let mut copy = doc.bytes_only();
+    set_model(&mut copy, model).then(|| copy.into_bytes())
+}
+
+fn set_model(doc: &mut Document, model: &str) -> bool {
+    if doc.value_bytes("model").and_then(|v| v.first()) != Some(&b'"') {
+        return false;
     }
-    let quoted = serde_json::to_string(model).ok()?;
-    doc.with_member("model", quoted.as_bytes())
+    serde_json::to_string(model).is_ok_and(|q| doc.set("model", q.as_bytes(), Json::Null))
+}
+
+/// What a backend's body is, next to the one held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Edit {
+    /// The held body as it is.
+    Unchanged,
+    /// These bytes.
+    Changed(Vec<u8>),
+    /// The model cannot be renamed: the call must not go to that backend.
+    Refused,
+}
+
+/// The body for a backend: `model` its name of the model, when it has its
+/// own, and `prompt_cache_key` the key to add, when the backend takes one
+/// and the caller named none. A key that cannot be added (the body is no
+/// object, or names the member) is left out.
+pub fn for_backend(doc: &Document, model: Option<&str>, prompt_cache_key: Option<&str>) -> Edit {
+    if model.is_none() && prompt_cache_key.is_none() {
+        return Edit::Unchanged;
+    }
+    let mut copy = doc.bytes_only();
+    if let Some(m) = model {
+        if !set_model(&mut copy, m) {
+            return Edit::Refused;
+        }
+    }
+    let mut changed = model.is_some();
+    if let Some(key) = prompt_cache_key.and_then(|k| serde_json::to_string(k).ok()) {
+        // Only where the caller named none: never two members of one name.
+        if copy.value_bytes("prompt_cache_key").is_none() {
+            changed |= copy.set("prompt_cache_key", key.as_bytes(), Json::Null);
+        }
+    }
+    if changed {
+        Edit::Changed(copy.into_bytes())
+    } else {
+        Edit::Unchanged
+    }
 }
 
 #[cfg(test)]
@@ -178,5 +223,34 @@ mod props {
                 prop_assert_eq!(Json::parse(&out), Some(with_model(&tree, "z")));
             }
         }
+    }
+
+    #[test]
+    fn a_backend_gets_its_model_and_the_cache_key_it_takes() {
+        let doc = |s: &str| Document::parse(s.as_bytes().to_vec());
+        let text = |e: Edit| match e {
+            Edit::Changed(b) => String::from_utf8(b).unwrap(),
+            other => format!("{other:?}"),
+        };
+        let d = doc(r#"{"model":"a","messages":[]}"#);
+        assert_eq!(for_backend(&d, None, None), Edit::Unchanged);
+        assert_eq!(
+            text(for_backend(&d, Some("b"), Some("00ff"))),
+            r#"{"model":"b","messages":[],"prompt_cache_key":"00ff"}"#
+        );
+        assert_eq!(
+            text(for_backend(&d, None, Some("00ff"))),
+            r#"{"model":"a","messages":[],"prompt_cache_key":"00ff"}"#
+        );
+        // The caller's own key stays; the held document is left as it was.
+        let own = doc(r#"{"model":"a","prompt_cache_key":"mine"}"#);
+        assert_eq!(for_backend(&own, None, Some("00ff")), Edit::Unchanged);
+        assert_eq!(d.bytes(), br#"{"model":"a","messages":[]}"#);
+        // No model to rename: refused, whatever the key.
+        assert_eq!(
+            for_backend(&doc(r#"{"messages":[]}"#), Some("b"), Some("k")),
+            Edit::Refused
+        );
+        assert_eq!(for_backend(&doc("[]"), None, Some("k")), Edit::Unchanged);
     }
 }

@@ -10,7 +10,8 @@
 //!
 //! L_i latency  = min over k of 1 − c_ik × (1 − clamp(max(best_k, 1) / max(s_ik, 1), 0.05, 1))
 //!                k: the kind of call, judged apart: non-streamed (time to the
-//!                end) and streams (time to the first byte); a kind i has no
+//!                end, paced per output token: `health::paced_ms`) and streams
+//!                (time to the first byte); a kind i has no
 //!                fresh sample of, or no backend sets a bar for, counts 1.
 //!                s_ik = ½ mean_ik + ½ tail_ik, i's latency score for kind k:
 //!                mean_ik the decayed mean of i's successful calls of kind k,
@@ -175,7 +176,7 @@ pub fn in_flight_factor(in_flight: f64, fair: f64) -> f64 {
 /// that are not ejected, from samples fresh enough.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Best {
-    /// Non-streamed calls, by their time to the end.
+    /// Non-streamed calls, by their time to the end paced per output token.
     pub calls: Option<f64>,
     /// Streams, by their time to the first byte.
     pub streams: Option<f64>,
@@ -192,7 +193,7 @@ impl Best {
             }
         };
         Self {
-            calls: min(self.calls, h.calls),
+            calls: min(self.calls, h.paced.or(h.calls)),
             streams: min(self.streams, h.streams),
         }
     }
@@ -216,7 +217,7 @@ pub fn health_factor(config: &RoutingConfig, h: &Health, best: &Best, now_ms: u6
     let half_life = config.ewma_half_life_ms;
     // A backend is as good as its worse kind: the weight is one per model,
     // whatever kind the next call is.
-    let latency = [(best.calls, h.calls), (best.streams, h.streams)]
+    let latency = [(best.calls, h.paced.or(h.calls)), (best.streams, h.streams)]
         .into_iter()
         .filter_map(|(best, hist)| {
             let (mine, c) = fresh_score(&hist?, now_ms, half_life)?;
@@ -402,6 +403,7 @@ mod tests {
             weight,
             model: None,
             authority: None,
+            prompt_cache_key: false,
         }
     }
 
@@ -427,6 +429,7 @@ mod tests {
             latency_ms,
             ttft_ms: Some(ttft_ms),
             streamed,
+            output_tokens: None,
         }
     }
 

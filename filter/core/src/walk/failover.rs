@@ -10,6 +10,7 @@ use crate::cache::CacheStatus;
 use crate::metrics::internal_error;
 use crate::routing::failover::{self, FailoverResult};
 use crate::routing::hedge::{self, HedgeResult};
+use crate::routing::rewrite::{self, Edit};
 use crate::routing::{self, RouteAsk};
 use crate::summary::{CallSummary, End};
 
@@ -80,6 +81,7 @@ impl Call {
         let avoid = |cluster: &str| budget::breaker_sheds(store, budget_cfg, cluster, now_ms);
         let ask = RouteAsk {
             pinned: None,
+            affinity: None,
             model,
             features,
             priority: self.request.priority,
@@ -91,13 +93,18 @@ impl Call {
         else {
             return Sent::Nowhere;
         };
-        let new_body = match &target.rewrite_model {
-            None => Some(body.raw().to_vec()),
-            Some(m) => routing::rewrite::rewrite_model(&body.doc, m),
-        };
-        let Some(new_body) = new_body else {
-            internal_error(env.metrics, "rewrite_model");
-            return Sent::Nowhere;
+        let cache_key = self.cache_key_for(target.prompt_cache_key);
+        let new_body = match rewrite::for_backend(
+            &body.doc,
+            target.rewrite_model.as_deref(),
+            cache_key.as_deref(),
+        ) {
+            Edit::Unchanged => body.raw().to_vec(),
+            Edit::Changed(b) => b,
+            Edit::Refused => {
+                internal_error(env.metrics, "rewrite_model");
+                return Sent::Nowhere;
+            }
         };
         let headers = failover::callout_headers(
             &host.request_headers(),

@@ -249,6 +249,8 @@ impl Call {
         self.progress.forward();
         if let Some(b) = &body {
             self.request.read_body(b);
+            // Before shaping, which may drop the turns the key covers.
+            self.request.affinity = self.affinity_key(env, host, b);
         }
         let flow = self.before_upstream(env, host, body);
         self.then_upstream(env, host, flow)
@@ -363,6 +365,8 @@ impl Request {
             continues: Continues::default(),
             max_tokens: None,
             temperature: None,
+            affinity: None,
+            names_cache_key: false,
         }
     }
 

@@ -27,6 +27,7 @@ use crate::classify::Endpoint;
 use crate::json::Json;
 use crate::priority::Priority;
 use crate::routing::hedge::HedgeResult;
+use crate::routing::affinity;
 use crate::routing::stateful::Continues;
 use crate::shaping::{Changes, TokenField};
 use crate::sse::{self, Collect, Grammar};
@@ -57,6 +58,11 @@ pub(super) struct Request {
     pub(super) max_tokens: Option<u64>,
     /// The temperature the body asked for (for the call's span).
     pub(super) temperature: Option<f64>,
+    /// The call's affinity key (see [`crate::routing::affinity`]), read from
+    /// the body as the client sent it.
+    pub(super) affinity: Option<affinity::Key>,
+    /// The body names its own `prompt_cache_key`: the filter sets none.
+    pub(super) names_cache_key: bool,
 }
 
 impl Request {
@@ -79,6 +85,7 @@ impl Request {
                 .filter(|n| *n >= 0.0 && n.fract() == 0.0)
                 .map(|n| n as u64);
             self.temperature = number("temperature");
+            self.names_cache_key = affinity::has_prompt_cache_key(tree);
         }
     }
 

@@ -12,7 +12,8 @@ use crate::budget::{
 use crate::classify::Endpoint;
 use crate::host::SharedStore;
 use crate::metrics::internal_error;
-use crate::routing::{self, stateful, Features, Health, RouteAsk};
+use crate::routing::rewrite::{self, Edit};
+use crate::routing::{self, affinity, stateful, Features, Health, RouteAsk};
 use crate::{load, usage};
 
 use super::{set_request, Call, Env, HeldBody, Host, Step};
@@ -75,6 +76,38 @@ impl Call {
         }
     }
 
+    /// The call's affinity key, with routing on (see
+    /// [`crate::routing::affinity`]): the session header is read only when
+    /// it is one of the key's sources.
+    pub(super) fn affinity_key(
+        &self,
+        env: &Env<'_>,
+        host: &dyn Host,
+        body: &HeldBody,
+    ) -> Option<affinity::Key> {
+        let routing = &env.config.routing;
+        let cfg = &routing.affinity;
+        if routing.models.is_empty() || !cfg.enabled {
+            return None;
+        }
+        let session = if cfg.sources.contains(&affinity::Source::Header) {
+            host.request_header(&cfg.session_header)
+        } else {
+            None
+        };
+        cfg.key_of(self.request.endpoint, body.tree(), session.as_deref())
+    }
+
+    /// The affinity key as the `prompt_cache_key` a backend that takes one
+    /// (`takes`) gets: only on the APIs that have the field, and only when
+    /// the caller named none.
+    pub(super) fn cache_key_for(&self, takes: bool) -> Option<String> {
+        let wanted = takes
+            && !self.request.names_cache_key
+            && affinity::takes_prompt_cache_key(self.request.endpoint);
+        self.request.affinity.filter(|_| wanted).map(|k| k.hex())
+    }
+
     /// Places the call on one of its model's clusters by measured health and
     /// writes the body it is sent with; returns what routing read of the
     /// chosen cluster.
@@ -87,18 +120,21 @@ impl Call {
             self.send_body(env, host, body, None);
             return Chosen::default();
         };
-        // The chosen backend's name of the model, when it has its own.
-        let rewritten = decision
-            .rewrite_model
-            .as_deref()
-            .map(|new_model| routing::rewrite::rewrite_model(&body.doc, new_model));
-        let written = match &rewritten {
-            Some(None) => {
+        // The chosen backend's name of the model, when it has its own, and
+        // the cache key it takes.
+        let cache_key = self.cache_key_for(decision.prompt_cache_key);
+        let edit = rewrite::for_backend(
+            &body.doc,
+            decision.rewrite_model.as_deref(),
+            cache_key.as_deref(),
+        );
+        let written = match &edit {
+            Edit::Refused => {
                 self.send_body(env, host, body, None);
                 false
             }
-            Some(Some(new_body)) => self.send_body(env, host, body, Some(new_body)),
-            None => {
+            Edit::Changed(new_body) => self.send_body(env, host, body, Some(new_body)),
+            Edit::Unchanged => {
                 self.send_body(env, host, body, None);
                 true
             }
@@ -114,6 +150,12 @@ impl Call {
             set_request(env, host, ":authority", Some(authority));
         }
         set_route_header(env, host, Some(&decision.cluster));
+        if let (Some(header), Some(key)) =
+            (&env.config.routing.affinity.header, self.request.affinity)
+        {
+            let header = header.clone();
+            set_request(env, host, &header, Some(&key.hex()));
+        }
         routing::learn::started(env.store, env.metrics, &decision.cluster, env.now_ms);
         // A call continuing a backend's state has no other backend to go to.
         self.dispatch.alternatives =
@@ -152,6 +194,7 @@ impl Call {
             now_ms: env.now_ms,
             avoid: &avoid,
             pinned: pinned.as_deref(),
+            affinity: self.request.affinity,
         };
         let decision = routing::route(
             self.routing_config(env.config),

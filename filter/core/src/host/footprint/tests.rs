@@ -41,6 +41,7 @@ fn fill(store: &MemoryStore, config: &Config) {
             latency_ms: 100,
             ttft_ms: Some(10),
             streamed: false,
+            output_tokens: None,
         };
         health::record_outcome(store, &config.routing, c, &sample, 1_000).unwrap();
         let load = Load {

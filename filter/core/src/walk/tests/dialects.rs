@@ -36,8 +36,8 @@ fn a_responses_call_continuing_a_response_goes_to_the_backend_that_produced_it()
     let mut w = World::new(TWO_BACKENDS);
     // Calls until one is routed to b, which answers with its response id.
     let (mut call, host) = (0..100)
-        .find_map(|_| {
-            let mut host = responses(RESPONSES);
+        .find_map(|n| {
+            let mut host = responses(RESPONSES).with_header("x-session-id", &format!("s{n}"));
             let (call, _) = w.request(&mut host).unwrap();
             if host.header("x-llm-cluster") == Some("b") {
                 return Some((call, host));
@@ -82,11 +82,13 @@ fn a_responses_call_continuing_a_response_goes_to_the_backend_that_produced_it()
         assert!(host.callouts.is_empty());
         call.on_log(&mut w.env());
     }
-    // An id nobody remembers is routed as any call: both backends get some.
+    // An id nobody remembers is routed as any call: both backends get some
+    // of the conversations.
     let mut seen = std::collections::BTreeSet::new();
-    for _ in 0..40 {
-        let mut host =
-            responses(r#"{"model":"gpt-4o","input":"x","previous_response_id":"resp_unknown"}"#);
+    for n in 0..40 {
+        let mut host = responses(&format!(
+            r#"{{"model":"gpt-4o","input":"x{n}","previous_response_id":"resp_unknown"}}"#
+        ));
         let (call, _) = w.request(&mut host).unwrap();
         seen.insert(host.header("x-llm-cluster").map(str::to_string));
         call.on_log(&mut w.env());
@@ -103,9 +105,10 @@ fn a_response_the_provider_does_not_store_is_not_remembered() {
     w.respond(&mut call, &mut host);
     call.on_log(&mut w.env());
     let mut seen = std::collections::BTreeSet::new();
-    for _ in 0..40 {
-        let mut host =
-            responses(r#"{"model":"gpt-4o","input":"x","previous_response_id":"resp_x"}"#);
+    for n in 0..40 {
+        let mut host = responses(&format!(
+            r#"{{"model":"gpt-4o","input":"x{n}","previous_response_id":"resp_x"}}"#
+        ));
         let (call, _) = w.request(&mut host).unwrap();
         seen.insert(host.header("x-llm-cluster").map(str::to_string));
         call.on_log(&mut w.env());

@@ -7,6 +7,7 @@ use crate::walk::fake::{Callout, FakeHost, World};
 use crate::walk::*;
 use crate::{budget, load};
 
+mod affinity;
 mod cache;
 mod degrade;
 mod dialects;
@@ -168,6 +169,7 @@ fn admission_takes_what_routing_read_of_the_chosen_cluster() {
         latency_ms: 800,
         ttft_ms: Some(100),
         streamed: false,
+        output_tokens: None,
     };
     for cluster in ["a", "b"] {
         health::record_outcome(&w.store, &w.config.routing, cluster, &done, w.now_ms).unwrap();
@@ -550,10 +552,12 @@ const TWO_BACKENDS: &str = r#"{
 
 /// Runs calls until one is routed to `cluster`; returns it with its host.
 fn routed_to(w: &mut World, cluster: &str) -> (Call, FakeHost) {
-    for _ in 0..100 {
+    for n in 0..100 {
+        // A session per call: each is placed on its own.
         let mut host = FakeHost::post("/v1/chat/completions")
             .with_header(":authority", "llm.local")
             .with_header("authorization", "Bearer k")
+            .with_header("x-session-id", &format!("s{n}"))
             .with_body(CHAT);
         let (call, _) = w.request(&mut host).unwrap();
         if host.header("x-llm-cluster") == Some(cluster) {
