@@ -29,6 +29,22 @@ pub struct RawService {
     pub timeout_ms: Option<u64>,
 }
 
+/// The [`RawService`] of a section's `cluster`, `authority`, `path`,
+/// `headers` and `timeout_ms` fields (each section declares them itself:
+/// serde cannot flatten into a struct that refuses unknown fields).
+#[macro_export]
+macro_rules! raw_service {
+    ($raw:expr) => {
+        $crate::config::service::RawService {
+            cluster: $raw.cluster,
+            authority: $raw.authority,
+            path: $raw.path,
+            headers: $raw.headers,
+            timeout_ms: $raw.timeout_ms,
+        }
+    };
+}
+
 /// What a kind of service defaults to.
 #[derive(Debug, Clone, Copy)]
 pub struct Defaults {

@@ -238,32 +238,7 @@ pub fn apply(
     reports: &[Report],
     now_ms: u64,
 ) -> Result<Applied, StoreError> {
-    let u = cas::update(
-        store,
-        KEY,
-        Unguarded::Verify,
-        decode,
-        codec::encode,
-        |alerts: &mut Vec<Alert>| {
-            let mut out = Applied::default();
-            alerts.retain(|a| a.live(cfg, now_ms));
-            for r in reports {
-                match r {
-                    Report::Resolved(fp) => {
-                        let before = alerts.len();
-                        alerts.retain(|a| &a.fingerprint != fp);
-                        if alerts.len() < before {
-                            out.resolved += 1;
-                        }
-                    }
-                    Report::Dropped => out.dropped += 1,
-                    Report::Firing(alert) => keep(alerts, alert, cfg, &mut out),
-                }
-            }
-            Change::Write(out)
-        },
-    )?;
-    Ok(u.out)
+    apply_reports(store, cfg, reports, now_ms, Source::Webhook)
 }
 
 /// Applies what a pull of Alertmanager's API read at `now_ms`: the alerts it
@@ -275,6 +250,23 @@ pub fn apply_pulled(
     reports: &[Report],
     now_ms: u64,
 ) -> Result<Applied, StoreError> {
+    apply_reports(store, cfg, reports, now_ms, Source::Pulled)
+}
+
+/// Expired alerts go, then (for a pull) the pulled ones `reports` no longer
+/// lists, then each report in order.
+fn apply_reports(
+    store: &dyn SharedStore,
+    cfg: &DegradeConfig,
+    reports: &[Report],
+    now_ms: u64,
+    from: Source,
+) -> Result<Applied, StoreError> {
+    let listed = |fp: &str| {
+        reports
+            .iter()
+            .any(|r| matches!(r, Report::Firing(a) if a.fingerprint == fp))
+    };
     let u = cas::update(
         store,
         KEY,
@@ -284,19 +276,23 @@ pub fn apply_pulled(
         |alerts: &mut Vec<Alert>| {
             let mut out = Applied::default();
             alerts.retain(|a| a.live(cfg, now_ms));
-            let listed = |fp: &str| {
-                reports
-                    .iter()
-                    .any(|r| matches!(r, Report::Firing(a) if a.fingerprint == fp))
-            };
-            let before = alerts.len();
-            alerts.retain(|a| a.source == Source::Webhook || listed(&a.fingerprint));
-            out.resolved = u32::try_from(before.saturating_sub(alerts.len())).unwrap_or(u32::MAX);
+            if from == Source::Pulled {
+                let before = alerts.len();
+                alerts.retain(|a| a.source == Source::Webhook || listed(&a.fingerprint));
+                out.resolved =
+                    u32::try_from(before.saturating_sub(alerts.len())).unwrap_or(u32::MAX);
+            }
             for r in reports {
                 match r {
-                    Report::Firing(alert) => keep(alerts, alert, cfg, &mut out),
+                    Report::Resolved(fp) => {
+                        let before = alerts.len();
+                        alerts.retain(|a| &a.fingerprint != fp);
+                        if alerts.len() < before {
+                            out.resolved += 1;
+                        }
+                    }
                     Report::Dropped => out.dropped += 1,
-                    Report::Resolved(_) => {}
+                    Report::Firing(alert) => keep(alerts, alert, cfg, &mut out),
                 }
             }
             Change::Write(out)

@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use crate::config::check;
 use crate::config::error::ConfigError;
-use crate::config::service::{Defaults, RawService, Service};
+use crate::config::service::{Defaults, Service};
 
 /// Default `batch_size`: spans per export.
 pub const DEFAULT_BATCH_SIZE: u32 = 128;
@@ -71,13 +71,7 @@ impl OtlpConfig {
     /// Compiles the section; errors name fields relative to it.
     pub fn compile(raw: RawOtlp) -> Result<Self, ConfigError> {
         let service = Service::compile(
-            RawService {
-                cluster: raw.cluster,
-                authority: raw.authority,
-                path: raw.path,
-                headers: raw.headers,
-                timeout_ms: raw.timeout_ms,
-            },
+            crate::raw_service!(raw),
             Defaults {
                 path: "/v1/traces",
                 timeout_ms: DEFAULT_TIMEOUT_MS,

@@ -115,7 +115,32 @@ pub fn encode(ids: &SpanIds, call: &CallSummary<'_>, details: &Details<'_>) -> V
         None => op.to_string(),
     };
     let error = error_type(call.end);
-    let mut a: Vec<(&str, Value<'_>)> = Vec::with_capacity(24);
+    let mut a: Vec<(&str, Value<'_>)> = Vec::with_capacity(28);
+    genai_attributes(&mut a, call, details, op, requested, error.as_deref());
+    decision_attributes(&mut a, call, details);
+    let ns = |ms: u64| ms.saturating_mul(1_000_000);
+    otlp::span(&otlp::SpanFields {
+        trace_id: ids.trace_id,
+        span_id: ids.span_id,
+        parent_span_id: ids.parent_id,
+        name: &name,
+        start_ns: ns(call.started_ms),
+        end_ns: ns(call.ended_ms.max(call.started_ms)),
+        attributes: &a,
+        error: error.as_deref(),
+        flags: ids.flags,
+    })
+}
+
+/// The GenAI conventions' attributes of a call.
+fn genai_attributes<'a>(
+    a: &mut Vec<(&'static str, Value<'a>)>,
+    call: &'a CallSummary<'_>,
+    details: &'a Details<'_>,
+    op: &'static str,
+    requested: Option<&'a str>,
+    error: Option<&'a str>,
+) {
     a.push(("gen_ai.operation.name", Value::Str(op)));
     a.push(("gen_ai.provider.name", Value::Str(provider(call.api))));
     a.push(("gen_ai.system", Value::Str(provider(call.api))));
@@ -148,9 +173,17 @@ pub fn encode(ids: &SpanIds, call: &CallSummary<'_>, details: &Details<'_>) -> V
     if let Some(s) = status(call.end) {
         a.push(("http.response.status_code", Value::Int(i64::from(s))));
     }
-    if let Some(e) = &error {
+    if let Some(e) = error {
         a.push(("error.type", Value::Str(e)));
     }
+}
+
+/// The filter's decisions on a call, as `llm_filter.*` attributes.
+fn decision_attributes<'a>(
+    a: &mut Vec<(&'static str, Value<'a>)>,
+    call: &'a CallSummary<'_>,
+    details: &'a Details<'_>,
+) {
     a.push(("llm_filter.priority", Value::Str(call.priority.as_str())));
     a.push(("llm_filter.api", Value::Str(call.api.api())));
     if let Some(c) = details.cache {
@@ -186,18 +219,6 @@ pub fn encode(ids: &SpanIds, call: &CallSummary<'_>, details: &Details<'_>) -> V
     if let Some(g) = call.group {
         a.push(("llm_filter.ab.group", Value::Str(bounded(g))));
     }
-    let ns = |ms: u64| ms.saturating_mul(1_000_000);
-    otlp::span(&otlp::SpanFields {
-        trace_id: ids.trace_id,
-        span_id: ids.span_id,
-        parent_span_id: ids.parent_id,
-        name: &name,
-        start_ns: ns(call.started_ms),
-        end_ns: ns(call.ended_ms.max(call.started_ms)),
-        attributes: &a,
-        error: error.as_deref(),
-        flags: ids.flags,
-    })
 }
 
 /// One batch to send: an HTTP POST callout to the collector.

@@ -140,20 +140,32 @@ fn the_queue_is_bounded_and_sends_one_batch_at_a_time() {
 const CHAT: &str = r#"{"model":"gpt-4o","temperature":0.2,"max_tokens":50,"messages":[{"role":"user","content":"hi"}]}"#;
 const ANSWER: &str = r#"{"id":"x","model":"gpt-4o-2024-08-06","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}"#;
 
-/// One call through the walk; its traceparent upstream and the spans queued.
-fn one_call(w: &mut World, traceparent: Option<&str>) -> (TraceParent, usize) {
-    let mut host = FakeHost::post("/v1/chat/completions").with_body(CHAT);
+/// A chat call through the walk up to its trip upstream.
+fn requested(w: &mut World, body: &str, traceparent: Option<&str>) -> (Call, FakeHost) {
+    let mut host = FakeHost::post("/v1/chat/completions").with_body(body);
     if let Some(tp) = traceparent {
         host = host.with_header("traceparent", tp);
     }
     let (mut call, _) = Call::start(&mut w.env(), &mut host, false).unwrap();
     let size = host.request_body.len();
     call.on_request_body(&mut w.env(), &mut host, size, true);
-    let sent = TraceParent::parse(host.header("traceparent").unwrap()).unwrap();
-    let mut host = host.with_response(200, "application/json", ANSWER);
+    (call, host)
+}
+
+/// The upstream's JSON `answer` to the call, headers and body.
+fn answered(w: &mut World, call: &mut Call, host: FakeHost, answer: &str) -> FakeHost {
+    let mut host = host.with_response(200, "application/json", answer);
     call.on_response_headers(&mut w.env(), &mut host, false);
     let size = host.response_body.len();
     call.on_response_body(&mut w.env(), &mut host, size, true);
+    host
+}
+
+/// One call through the walk; its traceparent upstream and the spans queued.
+fn one_call(w: &mut World, traceparent: Option<&str>) -> (TraceParent, usize) {
+    let (mut call, host) = requested(w, CHAT, traceparent);
+    let sent = TraceParent::parse(host.header("traceparent").unwrap()).unwrap();
+    answered(w, &mut call, host, ANSWER);
     call.on_log(&mut w.env());
     (sent, w.spans.len())
 }
@@ -201,10 +213,7 @@ fn the_record_is_set_before_envoy_logs_each_kind_of_answer() {
     };
     // Answered by the upstream: set at the answer's end.
     let body = r#"{"model":"gpt-4o","temperature":0,"messages":[{"role":"user","content":"hi"}]}"#;
-    let mut host = FakeHost::post("/v1/chat/completions").with_body(body);
-    let (mut call, _) = Call::start(&mut w.env(), &mut host, false).unwrap();
-    let size = host.request_body.len();
-    call.on_request_body(&mut w.env(), &mut host, size, true);
+    let (mut call, host) = requested(&mut w, body, None);
     let mut host = host.with_response(200, "application/json", STORED);
     call.on_response_headers(&mut w.env(), &mut host, false);
     assert!(host.properties.is_empty(), "not before the answer ends");
@@ -223,10 +232,7 @@ fn the_record_is_set_before_envoy_logs_each_kind_of_answer() {
     assert_eq!(r["trace_id"].as_str().map(str::len), Some(32));
     call.on_log(&mut w.env());
     // Answered by the filter (a cache hit): set before the reply goes.
-    let mut host = FakeHost::post("/v1/chat/completions").with_body(body);
-    let (mut call, _) = Call::start(&mut w.env(), &mut host, false).unwrap();
-    let size = host.request_body.len();
-    call.on_request_body(&mut w.env(), &mut host, size, true);
+    let (call, host) = requested(&mut w, body, None);
     assert!(host.local_reply.is_some());
     let r = record(&host);
     assert_eq!(
@@ -236,13 +242,7 @@ fn the_record_is_set_before_envoy_logs_each_kind_of_answer() {
     call.on_log(&mut w.env());
     // Off by default: nothing set.
     let mut w = World::new("{}");
-    let mut host = FakeHost::post("/v1/chat/completions").with_body(body);
-    let (mut call, _) = Call::start(&mut w.env(), &mut host, false).unwrap();
-    let size = host.request_body.len();
-    call.on_request_body(&mut w.env(), &mut host, size, true);
-    let mut host = host.with_response(200, "application/json", STORED);
-    call.on_response_headers(&mut w.env(), &mut host, false);
-    let size = host.response_body.len();
-    call.on_response_body(&mut w.env(), &mut host, size, true);
+    let (mut call, host) = requested(&mut w, body, None);
+    let host = answered(&mut w, &mut call, host, STORED);
     assert!(host.properties.is_empty());
 }

@@ -6,7 +6,7 @@ use serde::Deserialize;
 
 use crate::config::check;
 use crate::config::error::ConfigError;
-use crate::config::service::{Defaults, RawService, Service};
+use crate::config::service::{Defaults, Service};
 
 /// Default least cosine similarity of a reworded repeat.
 pub const DEFAULT_THRESHOLD: f64 = 0.95;
@@ -136,13 +136,7 @@ impl EmbeddingsConfig {
     fn compile(raw: RawEmbeddingsConfig) -> Result<Self, ConfigError> {
         let model = raw.model.filter(|m| !m.is_empty());
         let service = Service::compile(
-            RawService {
-                cluster: raw.cluster,
-                authority: raw.authority,
-                path: raw.path,
-                headers: raw.headers,
-                timeout_ms: raw.timeout_ms,
-            },
+            crate::raw_service!(raw),
             Defaults {
                 path: DEFAULT_PATH,
                 timeout_ms: DEFAULT_TIMEOUT_MS,

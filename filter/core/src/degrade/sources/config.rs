@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use crate::config::check;
 use crate::config::error::ConfigError;
-use crate::config::service::{query_escape, Defaults, RawService, Service};
+use crate::config::service::{query_escape, Defaults, Service};
 use crate::load::Signal;
 
 /// Default `interval_s` of Alertmanager's pull.
@@ -151,13 +151,7 @@ impl AlertmanagerSource {
     /// Compiles the section; errors name fields relative to it.
     pub fn compile(raw: RawAlertmanager) -> Result<Self, ConfigError> {
         let service = Service::compile(
-            RawService {
-                cluster: raw.cluster,
-                authority: raw.authority,
-                path: raw.path,
-                headers: raw.headers,
-                timeout_ms: raw.timeout_ms,
-            },
+            crate::raw_service!(raw),
             Defaults {
                 path: "/api/v2/alerts",
                 timeout_ms: DEFAULT_TIMEOUT_MS,
@@ -197,13 +191,7 @@ impl PrometheusSource {
     /// Compiles the section; errors name fields relative to it.
     pub fn compile(raw: RawPrometheus) -> Result<Self, ConfigError> {
         let service = Service::compile(
-            RawService {
-                cluster: raw.cluster,
-                authority: raw.authority,
-                path: raw.path,
-                headers: raw.headers,
-                timeout_ms: raw.timeout_ms,
-            },
+            crate::raw_service!(raw),
             Defaults {
                 path: "/api/v1/query",
                 timeout_ms: DEFAULT_TIMEOUT_MS,
