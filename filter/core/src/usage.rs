@@ -94,6 +94,35 @@ pub struct Head {
     /// The model that answered, as the answer names it.
     #[serde(default)]
     pub model: Option<String>,
+    /// A chat answer's choices, for their finish reasons.
+    #[serde(default)]
+    choices: Vec<Choice>,
+    /// A Messages answer's `stop_reason`.
+    #[serde(default)]
+    stop_reason: Option<String>,
+}
+
+/// What the filter reads of a chat choice.
+#[derive(Debug, Default, Deserialize)]
+struct Choice {
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+/// Most finish reasons kept of one answer.
+pub const MAX_FINISH_REASONS: usize = 8;
+
+impl Head {
+    /// Why the answer ended: each chat choice's `finish_reason`, or a
+    /// Messages answer's `stop_reason` (at most [`MAX_FINISH_REASONS`]).
+    pub fn finish_reasons(&self) -> Vec<&str> {
+        self.choices
+            .iter()
+            .filter_map(|c| c.finish_reason.as_deref())
+            .chain(self.stop_reason.as_deref())
+            .take(MAX_FINISH_REASONS)
+            .collect()
+    }
 }
 
 /// The usage and id of a JSON answer body, in one pass.
@@ -126,6 +155,25 @@ pub fn ask_for_usage(doc: &mut Document) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finish_reasons_of_each_dialect() {
+        let chat = br#"{"choices":[{"index":0,"finish_reason":"stop","message":{"content":"x"}},{"finish_reason":"length"},{}]}"#;
+        assert_eq!(head_from_json(chat).finish_reasons(), ["stop", "length"]);
+        let messages = br#"{"type":"message","stop_reason":"end_turn","content":[]}"#;
+        assert_eq!(head_from_json(messages).finish_reasons(), ["end_turn"]);
+        assert!(head_from_json(br#"{"output":[]}"#)
+            .finish_reasons()
+            .is_empty());
+        let many = format!(
+            r#"{{"choices":[{}]}}"#,
+            vec![r#"{"finish_reason":"stop"}"#; 20].join(",")
+        );
+        assert_eq!(
+            head_from_json(many.as_bytes()).finish_reasons().len(),
+            MAX_FINISH_REASONS
+        );
+    }
 
     /// The `usage` of a JSON answer body.
     fn from_json(body: &[u8]) -> Option<Usage> {

@@ -158,6 +158,7 @@ async fn each_llm_call_exports_the_span_its_upstream_hangs_under() {
             usage["completion_tokens"].clone(),
         ),
         ("http.response.status_code", json!(200)),
+        ("gen_ai.response.finish_reasons", json!(["stop"])),
         ("llm_filter.priority", json!("P1")),
         ("llm_filter.cache", json!("BYPASS")),
     ] {
@@ -326,6 +327,7 @@ async fn envoys_access_log_prints_each_calls_record() {
     assert_eq!(m["input_tokens"], usage["prompt_tokens"]);
     assert_eq!(m["output_tokens"], usage["completion_tokens"]);
     assert_eq!(m["trace_id"], miss.header("x-trace-id").unwrap());
+    assert_eq!(m["finish_reasons"], json!(["stop"]));
     assert_eq!(
         (m["model"].clone(), m["api"].clone(), m["priority"].clone()),
         (json!("gpt-4o"), json!("chat"), json!("P1"))

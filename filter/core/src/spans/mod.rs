@@ -38,6 +38,8 @@ pub struct Details<'a> {
     pub requested_model: Option<&'a str>,
     /// The model the answer named.
     pub response_model: Option<&'a str>,
+    /// Why the answer ended, as it said.
+    pub finish_reasons: &'a [&'a str],
     /// The request's output token cap.
     pub max_tokens: Option<u64>,
     /// The request's temperature.
@@ -149,6 +151,12 @@ fn genai_attributes<'a>(
     }
     if let Some(m) = details.response_model {
         a.push(("gen_ai.response.model", Value::Str(bounded(m))));
+    }
+    if !details.finish_reasons.is_empty() {
+        a.push((
+            "gen_ai.response.finish_reasons",
+            Value::Strs(details.finish_reasons),
+        ));
     }
     if let Some(n) = details.max_tokens {
         a.push((

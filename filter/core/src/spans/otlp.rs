@@ -15,6 +15,8 @@ pub enum Value<'a> {
     Int(i64),
     /// `double_value` (4).
     Double(f64),
+    /// `array_value` (5) of strings.
+    Strs(&'a [&'a str]),
 }
 
 /// Appends field `field` as a varint.
@@ -65,6 +67,16 @@ pub fn key_value(key: &str, value: &Value<'_>) -> Vec<u8> {
         // int64 is two's complement in a varint.
         Value::Int(i) => varint_field(&mut any, 3, *i as u64),
         Value::Double(d) => fixed64_field(&mut any, 4, d.to_bits()),
+        Value::Strs(items) => {
+            // ArrayValue { repeated AnyValue values = 1 }.
+            let mut array = Vec::new();
+            for item in *items {
+                let mut v = Vec::with_capacity(item.len() + 2);
+                bytes_field(&mut v, 1, item.as_bytes());
+                bytes_field(&mut array, 1, &v);
+            }
+            bytes_field(&mut any, 5, &array);
+        }
     }
     let mut kv = Vec::with_capacity(key.len() + any.len() + 4);
     bytes_field(&mut kv, 1, key.as_bytes());

@@ -32,6 +32,12 @@ pub fn record(ids: Option<&SpanIds>, call: &CallSummary<'_>, details: &Details<'
         details.requested_model.map(bounded).into(),
     );
     put("response_model", details.response_model.map(bounded).into());
+    if !details.finish_reasons.is_empty() {
+        put(
+            "finish_reasons",
+            details.finish_reasons.iter().map(|r| bounded(r)).collect(),
+        );
+    }
     put("priority", Value::from(call.priority.as_str()));
     put("status", status(call.end).into());
     put("error", error_type(call.end).into());

@@ -46,6 +46,7 @@ fn a_span_carries_the_genai_attributes_and_the_filters_decisions() {
         temperature: Some(0.0),
         cache: Some("MISS"),
         hedge: Some("won"),
+        finish_reasons: &["stop"],
         ..Details::default()
     };
     let span = encode(&ids(Some([3; 8])), &call, &details);
@@ -54,6 +55,7 @@ fn a_span_carries_the_genai_attributes_and_the_filters_decisions() {
         "gen_ai.provider.name",
         "gen_ai.request.model",
         "gen_ai.response.model",
+        "gen_ai.response.finish_reasons",
         "gen_ai.request.max_tokens",
         "gen_ai.request.temperature",
         "gen_ai.usage.input_tokens",

@@ -60,7 +60,9 @@ impl Call {
         if let Some(end) = end {
             call.end = end;
         }
-        let record = spans::record::record(self.decided.span.as_ref(), &call, &self.details());
+        let finish = self.finish_reasons();
+        let record =
+            spans::record::record(self.decided.span.as_ref(), &call, &self.details(&finish));
         if !host.set_property(spans::record::PROPERTY, &record) {
             internal_error(env.metrics, "set_property");
         }
@@ -75,16 +77,26 @@ impl Call {
         if !ids.sampled() {
             return;
         }
-        let span = spans::encode(&ids, call, &self.details());
+        let finish = self.finish_reasons();
+        let span = spans::encode(&ids, call, &self.details(&finish));
         env.spans.push(otlp, env.metrics, span);
+    }
+
+    /// Why the answer ended, when it said.
+    fn finish_reasons(&self) -> Vec<&str> {
+        self.response
+            .as_ref()
+            .map(Response::finish_reasons)
+            .unwrap_or_default()
     }
 
     /// What the walk knew of the call beyond its summary, for its span and
     /// its record.
-    fn details(&self) -> spans::Details<'_> {
+    fn details<'a>(&'a self, finish_reasons: &'a [&'a str]) -> spans::Details<'a> {
         spans::Details {
             requested_model: self.request.model.as_deref(),
             response_model: self.response.as_ref().and_then(Response::model),
+            finish_reasons,
             max_tokens: self.request.max_tokens,
             temperature: self.request.temperature,
             cache: self.cache.status.map(CacheStatus::header),

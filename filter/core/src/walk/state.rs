@@ -415,6 +415,14 @@ impl Response {
         }
     }
 
+    /// Why the answer ended, when a JSON answer said.
+    pub(super) fn finish_reasons(&self) -> Vec<&str> {
+        match &self.answer {
+            Answer::Stream(_) => Vec::new(),
+            Answer::Json { head, .. } => head.finish_reasons(),
+        }
+    }
+
     /// The model that answered, when a JSON answer named it.
     pub(super) fn model(&self) -> Option<&str> {
         match &self.answer {
