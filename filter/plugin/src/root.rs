@@ -111,14 +111,9 @@ impl Root {
     fn probe(&mut self, worker: &Worker) {
         let cfg = &worker.config.routing;
         for probe in self.prober.due(cfg, &EnvoyStore, now_ms()) {
-            let headers: Vec<(&str, &str)> = probe
-                .headers
-                .iter()
-                .map(|(k, v)| (*k, v.as_str()))
-                .collect();
             match send(
                 &probe.cluster,
-                &headers,
+                &probe.headers,
                 probe.body.as_deref(),
                 probe.timeout_ms,
             ) {
@@ -138,12 +133,7 @@ impl Root {
     fn pull(&mut self, worker: &Worker) {
         let cfg = &worker.config.degrade;
         for pull in self.puller.due(cfg, &EnvoyStore, now_ms()) {
-            let headers: Vec<(&str, &str)> = pull
-                .headers
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str()))
-                .collect();
-            match send(&pull.cluster, &headers, None, pull.timeout_ms) {
+            match send(&pull.cluster, &pull.headers, None, pull.timeout_ms) {
                 Some(token) => {
                     self.pulls.insert(token, pull);
                 }
@@ -154,9 +144,7 @@ impl Root {
             }
         }
     }
-}
 
-impl Root {
     /// Sends this worker's batch of spans when one is due; one at a time.
     fn export_spans(&mut self, worker: &Worker) {
         if self.export.is_some() {
@@ -165,14 +153,9 @@ impl Root {
         let Some(batch) = worker.spans_due() else {
             return;
         };
-        let headers: Vec<(&str, &str)> = batch
-            .headers
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
         match send(
             &batch.cluster,
-            &headers,
+            &batch.headers,
             Some(&batch.body),
             batch.timeout_ms,
         ) {
@@ -184,13 +167,17 @@ impl Root {
 
 /// Sends a callout from the timer; its token, `None` when the host would not
 /// (Envoy knows no such cluster).
-fn send(
+fn send<K: AsRef<str>>(
     cluster: &str,
-    headers: &[(&str, &str)],
+    headers: &[(K, String)],
     body: Option<&[u8]>,
     timeout_ms: u64,
 ) -> Option<u32> {
-    hostcall::dispatch_http_call(cluster, headers, body, Duration::from_millis(timeout_ms)).ok()
+    let headers: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(k, v)| (k.as_ref(), v.as_str()))
+        .collect();
+    hostcall::dispatch_http_call(cluster, &headers, body, Duration::from_millis(timeout_ms)).ok()
 }
 
 /// The status of a timer's callout's answer (`None`: none came) and its

@@ -277,19 +277,15 @@ fn apply_reports(
             let mut out = Applied::default();
             alerts.retain(|a| a.live(cfg, now_ms));
             if from == Source::Pulled {
-                let before = alerts.len();
-                alerts.retain(|a| a.source == Source::Webhook || listed(&a.fingerprint));
-                out.resolved =
-                    u32::try_from(before.saturating_sub(alerts.len())).unwrap_or(u32::MAX);
+                out.resolved = forget(alerts, |a| {
+                    a.source == Source::Pulled && !listed(&a.fingerprint)
+                });
             }
             for r in reports {
                 match r {
+                    // Counted once, however many alerts shared the fingerprint.
                     Report::Resolved(fp) => {
-                        let before = alerts.len();
-                        alerts.retain(|a| &a.fingerprint != fp);
-                        if alerts.len() < before {
-                            out.resolved += 1;
-                        }
+                        out.resolved += forget(alerts, |a| &a.fingerprint == fp).min(1);
                     }
                     Report::Dropped => out.dropped += 1,
                     Report::Firing(alert) => keep(alerts, alert, cfg, &mut out),
@@ -299,6 +295,13 @@ fn apply_reports(
         },
     )?;
     Ok(u.out)
+}
+
+/// Forgets the alerts `ended` says have ended; how many.
+fn forget(alerts: &mut Vec<Alert>, ended: impl Fn(&Alert) -> bool) -> u32 {
+    let before = alerts.len();
+    alerts.retain(|a| !ended(a));
+    u32::try_from(before.saturating_sub(alerts.len())).unwrap_or(u32::MAX)
 }
 
 /// Keeps a firing `alert` in `alerts` (in place of the one of its

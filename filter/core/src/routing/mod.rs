@@ -371,6 +371,20 @@ mod tests {
         assert_eq!(seeds.len(), 2);
     }
 
+    /// Three 503s at 1 s: `azure` is ejected.
+    fn eject_azure(s: &MemoryStore, c: &RoutingConfig) {
+        let fail = CallSample {
+            result: CallResult::Status(503),
+            latency_ms: 3,
+            ttft_ms: None,
+            streamed: false,
+            output_tokens: None,
+        };
+        for _ in 0..3 {
+            health::record_outcome(s, c, "azure", &fail, 1_000).unwrap();
+        }
+    }
+
     #[test]
     fn a_key_leaves_an_ejected_backend_and_comes_back_after_the_ramp() {
         let s = MemoryStore::new();
@@ -381,16 +395,7 @@ mod tests {
         let on_openai: Vec<u64> = (0..200u64)
             .filter(|k| plan_keyed(&c, &s, *k, 0) == "openai")
             .collect();
-        let fail = CallSample {
-            result: CallResult::Status(503),
-            latency_ms: 3,
-            ttft_ms: None,
-            streamed: false,
-            output_tokens: None,
-        };
-        for _ in 0..3 {
-            health::record_outcome(&s, &c, "azure", &fail, 1_000).unwrap();
-        }
+        eject_azure(&s, &c);
         assert!(on_azure
             .iter()
             .all(|k| plan_keyed(&c, &s, *k, 2_000) == "openai"));
@@ -584,16 +589,7 @@ mod tests {
         let s = MemoryStore::new();
         let c = config();
         let mut rng = SplitMix64::new(11);
-        let fail = CallSample {
-            result: CallResult::Status(503),
-            latency_ms: 3,
-            ttft_ms: None,
-            streamed: false,
-            output_tokens: None,
-        };
-        for _ in 0..3 {
-            health::record_outcome(&s, &c, "azure", &fail, 1_000).unwrap();
-        }
+        eject_azure(&s, &c);
         for _ in 0..200 {
             let d = plan(
                 &c,

@@ -285,10 +285,12 @@ impl Queue {
     /// The batch due at `now_ms`: `batch_size` spans are waiting, or some
     /// have for `interval_ms`; none while a batch is in flight.
     pub fn due(&mut self, cfg: &OtlpConfig, m: &mut dyn Metrics, now_ms: u64) -> Option<Export> {
-        if self.in_flight > 0 || self.spans.is_empty() {
-            if self.spans.is_empty() && self.in_flight == 0 {
-                self.last_export_ms = now_ms;
-            }
+        if self.in_flight > 0 {
+            return None;
+        }
+        if self.spans.is_empty() {
+            // A span that comes waits `interval_ms` from about now.
+            self.last_export_ms = now_ms;
             return None;
         }
         let full = self.spans.len() >= cfg.batch_size as usize;
