@@ -4,6 +4,7 @@
 
 use crate::cache::CacheStatus;
 use crate::classify::Endpoint;
+use crate::config::Config;
 use crate::metrics::internal_error;
 use crate::routing::hedge::HedgeResult;
 use crate::summary::{CallSummary, End};
@@ -18,10 +19,7 @@ impl Call {
         self.cache_on_log(env);
         self.settle_hedge(env);
         let model = self.model_label(env);
-        let summary = CallSummary {
-            group: self.group(env.config).map(|g| g.name.as_str()),
-            ..self.summary(&model, env.now_ms)
-        };
+        let summary = self.summary_in_group(env.config, &model, env.now_ms);
         observe::record(env.metrics, &summary);
         self.queue_span(env, &summary);
         self.learn_from(env, &summary);
@@ -33,6 +31,20 @@ impl Call {
             internal_error(env.metrics, "load_label");
         }
         load::ended(env.store, env.metrics, &summary, started);
+    }
+
+    /// The call's summary now, with its A/B group: what the metrics, the span
+    /// and the record say of it.
+    fn summary_in_group<'a>(
+        &'a self,
+        config: &'a Config,
+        model: &'a str,
+        now_ms: u64,
+    ) -> CallSummary<'a> {
+        CallSummary {
+            group: self.group(config).map(|g| g.name.as_str()),
+            ..self.summary(model, now_ms)
+        }
     }
 
     /// The model label of the call (bounded, as its metrics spell it).
@@ -53,10 +65,7 @@ impl Call {
             return;
         }
         let model = self.model_label(env);
-        let mut call = CallSummary {
-            group: self.group(env.config).map(|g| g.name.as_str()),
-            ..self.summary(&model, env.now_ms)
-        };
+        let mut call = self.summary_in_group(env.config, &model, env.now_ms);
         if let Some(end) = end {
             call.end = end;
         }

@@ -18,6 +18,7 @@ pub mod prometheus;
 
 use super::alerts;
 use super::config::DegradeConfig;
+use crate::config::service::Service;
 use crate::host::lease::try_lease;
 use crate::host::{Metrics, SharedStore};
 use crate::load::Signal;
@@ -64,6 +65,18 @@ pub struct Pull {
     pub timeout_ms: u64,
 }
 
+impl Pull {
+    /// A GET of `path_and_query` from `service`.
+    fn get(kind: PullKind, service: &Service, path_and_query: &str) -> Self {
+        Self {
+            kind,
+            cluster: service.cluster.clone(),
+            headers: service.request_headers("GET", path_and_query, None),
+            timeout_ms: service.timeout_ms,
+        }
+    }
+}
+
 /// The pulls of one worker: which are due when, and what their answers do.
 #[derive(Debug, Clone, Default)]
 pub struct Puller {
@@ -94,12 +107,7 @@ impl Puller {
                 now_ms,
                 am.interval_ms,
             ) {
-                due.push(Pull {
-                    kind: PullKind::Alerts,
-                    cluster: am.service.cluster.clone(),
-                    headers: am.service.request_headers("GET", &am.path_and_query, None),
-                    timeout_ms: am.service.timeout_ms,
-                });
+                due.push(Pull::get(PullKind::Alerts, &am.service, &am.path_and_query));
             }
         }
         if let Some(prom) = &cfg.prometheus {
@@ -111,12 +119,7 @@ impl Puller {
                 prom.interval_ms,
             ) {
                 for (signal, path) in &prom.queries {
-                    due.push(Pull {
-                        kind: PullKind::Load(*signal),
-                        cluster: prom.service.cluster.clone(),
-                        headers: prom.service.request_headers("GET", path, None),
-                        timeout_ms: prom.service.timeout_ms,
-                    });
+                    due.push(Pull::get(PullKind::Load(*signal), &prom.service, path));
                 }
             }
         }
