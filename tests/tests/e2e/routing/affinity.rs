@@ -67,10 +67,12 @@ async fn a_conversation_stays_on_its_backend_moves_off_a_failing_one_and_comes_b
         return;
     }
     let default = MockUpstream::backend("default", 0);
+    // Equal backends, slow enough that a loaded machine's hiccups (tens of
+    // ms) stay within the quarter of the best weight that keeps keys put.
     let backends = [
-        MockUpstream::backend("a", 20),
-        MockUpstream::backend("b", 20),
-        MockUpstream::backend("c", 20),
+        MockUpstream::backend("a", 100),
+        MockUpstream::backend("b", 100),
+        MockUpstream::backend("c", 100),
     ];
     // No probe in the test's time (a probe of the failing backend would keep
     // it out longer); short ejection and ramp, so it comes back in seconds.
