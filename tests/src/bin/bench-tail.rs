@@ -23,7 +23,8 @@ use llm_filter_e2e::{cli, http_client, prometheus, Envoy, EnvoyBuilder, MockConf
 use serde_json::{json, Value};
 
 const USAGE: &str = "usage: bench-tail [--calls N] [--failure-calls N] [--concurrency N] \
-                     [--seed N] [--repeat-percent N] [--max-phase-s N] [--only tail|failure]";
+                     [--seed N] [--repeat-percent N] [--max-phase-s N] \
+                     [--only tail|failure|regions]";
 
 /// The model every call asks for.
 const MODEL: &str = "gpt-4o";
@@ -68,6 +69,9 @@ enum Phase {
     Tail,
     /// As `Tail`, but the medium backend answers 503 at once to everything.
     Failure,
+    /// Three regions of different distance, the nearest with a heavy tail,
+    /// and the filter with nothing configured but the model's backends.
+    Regions,
 }
 
 impl Phase {
@@ -75,6 +79,16 @@ impl Phase {
         match self {
             Phase::Tail => "tail",
             Phase::Failure => "failure",
+            Phase::Regions => "regions",
+        }
+    }
+
+    /// Share of calls, in percent, that ask a repeated prompt: the regions
+    /// workload has its own, as filed (40 % repeated FAQ prompts).
+    fn repeat_percent(self, options: &Options) -> u64 {
+        match self {
+            Phase::Regions => REGIONS_REPEAT_PERCENT,
+            Phase::Tail | Phase::Failure => options.repeat_percent,
         }
     }
 
@@ -86,6 +100,7 @@ impl Phase {
             status: None,
         };
         let medium = match self {
+            Phase::Regions => return regions(seed),
             Phase::Tail => Backend {
                 name: "medium",
                 delay_ms: 400,
@@ -112,6 +127,38 @@ impl Phase {
     }
 }
 
+/// Repeated prompts of the regions workload, percent.
+const REGIONS_REPEAT_PERCENT: u64 = 40;
+
+/// Three regions about 210, 390 and 640 ms away; the nearest answers 12 %
+/// of its calls only after 4 s. Its median is the best, its mean and tail
+/// the worst: the backend a router must not fall for.
+fn regions(seed: u64) -> [Backend; 3] {
+    let near = Backend {
+        name: "near",
+        delay_ms: 210,
+        tail: Some(TailLatency {
+            probability: 0.12,
+            min_ms: 4000,
+            max_ms: 4500,
+            seed,
+        }),
+        status: None,
+    };
+    let mid = Backend {
+        name: "mid",
+        delay_ms: 390,
+        tail: None,
+        ..near
+    };
+    let far = Backend {
+        name: "far",
+        delay_ms: 640,
+        ..mid
+    };
+    [near, mid, far]
+}
+
 /// Who spreads the calls over the backends.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Side {
@@ -132,10 +179,10 @@ impl Side {
 
     /// The same Envoy on both sides but for the filter: a route on the cluster
     /// header ahead of the default one, as `envoy/envoy.yaml` has it.
-    fn envoy(self, mocks: &[MockUpstream]) -> EnvoyBuilder {
+    fn envoy(self, phase: Phase, mocks: &[MockUpstream]) -> EnvoyBuilder {
         let builder = match self {
             Side::Plain => EnvoyBuilder::new().no_filter(),
-            Side::Filter => EnvoyBuilder::new().plugin_config(filter_config(mocks)),
+            Side::Filter => EnvoyBuilder::new().plugin_config(filter_config(phase, mocks)),
         };
         let mut builder = builder
             .concurrency(2)
@@ -149,11 +196,15 @@ impl Side {
     }
 }
 
-/// The model over every backend at equal base weight; cache and budgets on
-/// with their defaults, said explicitly; failover on (its default) and
-/// hedging opted into for every priority, at its default cap.
-fn filter_config(mocks: &[MockUpstream]) -> Value {
+/// The model over every backend at equal base weight. The tail and failure
+/// phases: cache and budgets on with their defaults, said explicitly,
+/// failover on (its default) and hedging opted into for every priority, at
+/// its default cap. The regions phase: nothing but the model's backends.
+fn filter_config(phase: Phase, mocks: &[MockUpstream]) -> Value {
     let backends: Vec<Value> = mocks.iter().map(|m| json!({"cluster": m.name()})).collect();
+    if phase == Phase::Regions {
+        return json!({"routing": {"models": {MODEL: backends}}});
+    }
     json!({
         "cache": {"enabled": true},
         "budget": {"enabled": true},
@@ -442,7 +493,8 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Options, String>
                 options.only = Some(match value.as_str() {
                     "tail" => Phase::Tail,
                     "failure" => Phase::Failure,
-                    _ => return Err(format!("--only {value}: tail or failure\n{USAGE}")),
+                    "regions" => Phase::Regions,
+                    _ => return Err(format!("--only {value}: tail, failure or regions\n{USAGE}")),
                 })
             }
             _ => return Err(cli::unknown(&flag, USAGE)),
@@ -469,9 +521,12 @@ async fn run_one(phase: Phase, side: Side, options: &Options) -> Result<Run> {
         .iter()
         .map(start_mock)
         .collect::<Result<Vec<_>>>()?;
-    let envoy = side.envoy(&mocks).start().context("envoy under test")?;
+    let envoy = side
+        .envoy(phase, &mocks)
+        .start()
+        .context("envoy under test")?;
     let calls = match phase {
-        Phase::Tail => options.calls,
+        Phase::Tail | Phase::Regions => options.calls,
         Phase::Failure => options.failure_calls,
     };
     let spread = match side {
@@ -480,7 +535,7 @@ async fn run_one(phase: Phase, side: Side, options: &Options) -> Result<Run> {
     };
     let workload = Workload {
         seed: options.seed,
-        repeat_percent: options.repeat_percent,
+        repeat_percent: phase.repeat_percent(options),
     };
     let started = Instant::now();
     let deadline = started + Duration::from_secs(options.max_phase_s);
@@ -563,10 +618,13 @@ fn backend_names(runs: &[Run]) -> String {
 /// counters, then the latency of the calls the cache did not answer.
 fn tables(runs: &[Run], options: &Options) -> String {
     let names = backend_names(runs);
+    let repeat = runs
+        .first()
+        .map_or(options.repeat_percent, |r| r.phase.repeat_percent(options));
     let mut out = format!(
-        "\n{} clients in a closed loop, seed {}, {} % of calls from a pool of {POOL} \
+        "\n{} clients in a closed loop, seed {}, {repeat} % of calls from a pool of {POOL} \
          repeated prompts\n\n",
-        options.concurrency, options.seed, options.repeat_percent
+        options.concurrency, options.seed
     );
     out.push_str(&format!(
         "| phase | side | calls | p50 ms | p90 ms | p99 ms | max ms | errors | from cache \
@@ -648,7 +706,7 @@ async fn main() -> ExitCode {
 }
 
 async fn run(options: &Options) -> Result<()> {
-    let phases: Vec<Phase> = [Phase::Tail, Phase::Failure]
+    let phases: Vec<Phase> = [Phase::Tail, Phase::Failure, Phase::Regions]
         .into_iter()
         .filter(|p| options.only.is_none_or(|only| only == *p))
         .collect();
@@ -662,7 +720,13 @@ async fn run(options: &Options) -> Result<()> {
     if runs.is_empty() {
         bail!("nothing to run");
     }
-    println!("{}", tables(&runs, options));
+    // The tail and failure phases share their backends; the regions have
+    // their own, so their own tables.
+    let (regions, others): (Vec<Run>, Vec<Run>) =
+        runs.into_iter().partition(|r| r.phase == Phase::Regions);
+    for group in [others, regions].iter().filter(|g| !g.is_empty()) {
+        println!("{}", tables(group, options));
+    }
     Ok(())
 }
 

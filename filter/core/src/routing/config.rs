@@ -64,8 +64,8 @@ pub struct RawRoutingConfig {
     /// Send a held call another backend of its model when the chosen one
     /// fails it retriably, default true.
     pub failover: Option<bool>,
-    /// Hedge slow calls on another backend; absent: no hedging.
-    pub hedge: Option<RawHedge>,
+    /// Hedge slow calls on another backend (on by default).
+    pub hedge: RawHedge,
     /// Calls of one conversation to one backend (on by default).
     pub affinity: RawAffinity,
 }
@@ -74,11 +74,12 @@ pub struct RawRoutingConfig {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawHedge {
-    /// Priorities whose calls are hedged, default `["P0"]`.
+    /// Priorities whose calls are hedged, default all three; none: no hedging.
     pub priorities: Option<Vec<Priority>>,
     /// Shortest wait before a hedge, ms, default 250.
     pub min_delay_ms: Option<u64>,
-    /// Most hedges per hedgeable call over the window, default 0.05.
+    /// Most hedges per hedgeable call over the window, default 0.05; 0: no
+    /// hedging.
     pub max_ratio: Option<f64>,
 }
 
@@ -177,7 +178,8 @@ pub struct RoutingConfig {
     /// A held call that its backend fails retriably goes to another backend
     /// of its model (see [`super::failover`]).
     pub failover: bool,
-    /// Slow calls are hedged on another backend (see [`super::hedge`]).
+    /// Slow calls are hedged on another backend (see [`super::hedge`]);
+    /// `None` when hedging is off.
     pub hedge: Option<HedgeConfig>,
     /// Calls of one conversation go to one backend (see [`super::affinity`]).
     pub affinity: AffinityConfig,
@@ -309,10 +311,7 @@ impl RoutingConfig {
         )
         .real_in(MIN_HALF_LIFE_S..=MAX_INTERVAL_S as f64)?;
         // Hedging, then the model table and the rules that pick in it.
-        let hedge = raw
-            .hedge
-            .map(|h| HedgeConfig::compile(h).map_err(|e| e.within("hedge")))
-            .transpose()?;
+        let hedge = HedgeConfig::compile(raw.hedge).map_err(|e| e.within("hedge"))?;
         let affinity = AffinityConfig::compile(raw.affinity).map_err(|e| e.within("affinity"))?;
         let (models, clusters) = compile_models(raw.models)?;
         let rules = compile_rules(raw.rules, &models)?;
@@ -342,10 +341,11 @@ impl RoutingConfig {
 }
 
 impl HedgeConfig {
-    /// Compiles `routing.hedge`: priorities (P0 by default), the shortest
-    /// delay and the cap; errors name fields relative to it.
-    pub fn compile(raw: RawHedge) -> Result<Self, ConfigError> {
-        Ok(Self {
+    /// Compiles `routing.hedge`: priorities (all three by default), the
+    /// shortest delay and the cap; `None` (no hedging) when it names no
+    /// priority or caps hedges at 0. Errors name fields relative to it.
+    pub fn compile(raw: RawHedge) -> Result<Option<Self>, ConfigError> {
+        let hedge = Self {
             min_delay_ms: check::field(
                 "min_delay_ms",
                 raw.min_delay_ms,
@@ -354,8 +354,9 @@ impl HedgeConfig {
             .in_range(1..=MAX_PROBE_TIMEOUT_MS)?,
             max_ratio: check::field("max_ratio", raw.max_ratio, DEFAULT_HEDGE_MAX_RATIO)
                 .fraction()?,
-            priorities: raw.priorities.unwrap_or_else(|| vec![Priority::P0]),
-        })
+            priorities: raw.priorities.unwrap_or_else(|| Priority::ALL.to_vec()),
+        };
+        Ok((!hedge.priorities.is_empty() && hedge.max_ratio > 0.0).then_some(hedge))
     }
 }
 

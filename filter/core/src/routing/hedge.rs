@@ -132,21 +132,44 @@ pub fn take(
     .is_ok_and(|u| u.out && u.written)
 }
 
-/// How long a call waits for its backend before it is hedged: the backend's
-/// 90th percentile of non-streamed calls (twice its average before it has
-/// one), at least the configured floor.
-pub fn delay_ms(cfg: &HedgeConfig, health: Option<&Health>) -> u64 {
-    let p90 = health
+/// A call that has waited this many times its backend's median, and as long
+/// as the best other backend takes for nine calls in ten, is hedged even
+/// before its own backend's 90th percentile.
+pub const MEDIAN_FACTOR: f64 = 2.0;
+
+/// How long a call waits for its backend before it is hedged, at least the
+/// configured floor: the backend's 90th percentile of non-streamed calls
+/// (twice its average before it has one), or sooner, once the call has
+/// waited both [`MEDIAN_FACTOR`] times its backend's median and the 90th
+/// percentile of `elsewhere`, the best other backend (where the hedge
+/// goes). A backend whose slow calls are far slower than its median and
+/// than the other backend, a heavy tail, is then not waited out: past that
+/// point a fresh try there is the better bet. A backend without such a
+/// tail keeps its 90th percentile, which is the sooner of the two.
+pub fn delay_ms(cfg: &HedgeConfig, own: Option<&Health>, elsewhere: Option<&Health>) -> u64 {
+    let median = own
         .and_then(|h| h.calls)
-        .and_then(|c| c.quantile(DELAY_QUANTILE));
-    let from_mean = || {
-        health
-            .and_then(|h| h.latency)
-            .map(|e| e.value * DELAY_LATENCY_FACTOR)
+        .and_then(|c| c.quantile(0.5))
+        .map(|m| m * MEDIAN_FACTOR);
+    let early = match (median, elsewhere.and_then(slow_ms)) {
+        (Some(median), Some(other)) => Some(median.max(other)),
+        _ => None,
     };
-    let wait = p90.or_else(from_mean).filter(|v| v.is_finite() && *v > 0.0);
+    let wait = [own.and_then(slow_ms), early]
+        .into_iter()
+        .flatten()
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .reduce(f64::min);
     // `as` saturates: a huge latency gives a huge delay, never a trap.
     wait.map_or(0, |v| v as u64).max(cfg.min_delay_ms)
+}
+
+/// A backend's 90th percentile of non-streamed calls, or twice its average
+/// before it has one.
+fn slow_ms(h: &Health) -> Option<f64> {
+    h.calls
+        .and_then(|c| c.quantile(DELAY_QUANTILE))
+        .or_else(|| h.latency.map(|e| e.value * DELAY_LATENCY_FACTOR))
 }
 
 /// How a hedge ended, as the `result` label of the hedges counter.
@@ -217,24 +240,58 @@ mod tests {
             min_delay_ms: 250,
             max_ratio: 0.05,
         };
-        assert_eq!(delay_ms(&cfg, None), 250);
+        assert_eq!(delay_ms(&cfg, None, None), 250);
         let mut h = Health {
             latency: Some(Ewma::new(400.0, 0)),
             ..Health::default()
         };
-        assert_eq!(delay_ms(&cfg, Some(&h)), 800);
+        assert_eq!(delay_ms(&cfg, Some(&h), None), 800);
         h.latency = Some(Ewma::new(50.0, 0));
-        assert_eq!(delay_ms(&cfg, Some(&h)), 250);
+        assert_eq!(delay_ms(&cfg, Some(&h), None), 250);
         h.latency = Some(Ewma::new(f64::NAN, 0));
-        assert_eq!(delay_ms(&cfg, Some(&h)), 250);
+        assert_eq!(delay_ms(&cfg, Some(&h), None), 250);
         h.latency = Some(Ewma::new(f64::MAX / 4.0, 0));
-        assert_eq!(delay_ms(&cfg, Some(&h)), u64::MAX);
+        assert_eq!(delay_ms(&cfg, Some(&h), None), u64::MAX);
         // Once calls are measured, their 90th percentile rules.
         for i in 0..100 {
             let ms = if i % 10 == 0 { 5_000.0 } else { 600.0 };
             Histogram::observe(&mut h.calls, ms, 0, 10_000.0);
         }
-        assert_eq!(delay_ms(&cfg, Some(&h)), 600);
+        assert_eq!(delay_ms(&cfg, Some(&h), None), 600);
+    }
+
+    #[test]
+    fn a_heavy_tail_is_not_waited_out() {
+        let cfg = HedgeConfig {
+            priorities: vec![Priority::P0],
+            min_delay_ms: 250,
+            max_ratio: 0.05,
+        };
+        let backend = |ms: &dyn Fn(u32) -> f64| {
+            let mut h = Health::default();
+            for i in 0..100 {
+                Histogram::observe(&mut h.calls, ms(i), 0, 10_000.0);
+            }
+            h
+        };
+        // 210 ms, but one call in eight takes 4 s: its 90th percentile is
+        // in the tail. The other backend answers in 390 ms.
+        let near = backend(&|i| if i % 8 == 0 { 4_000.0 } else { 210.0 });
+        let mid = backend(&|_| 390.0);
+        assert_eq!(delay_ms(&cfg, Some(&near), None), 4_000);
+        assert_eq!(delay_ms(&cfg, Some(&near), Some(&mid)), 420);
+        // Slower elsewhere: wait as long as a try there takes.
+        let far = backend(&|_| 640.0);
+        assert_eq!(delay_ms(&cfg, Some(&near), Some(&far)), 640);
+        // Without a tail the backend's own 90th percentile is sooner.
+        assert_eq!(delay_ms(&cfg, Some(&mid), Some(&far)), 390);
+        assert_eq!(delay_ms(&cfg, Some(&mid), Some(&near)), 390);
+        // Long answers everywhere: nothing sooner than the own percentile.
+        let long = backend(&|i| if i % 3 == 0 { 8_000.0 } else { 2_000.0 });
+        assert_eq!(delay_ms(&cfg, Some(&long), Some(&long)), 8_000);
+        // An elsewhere with no history leaves the own percentile.
+        let unknown = Health::default();
+        assert_eq!(delay_ms(&cfg, Some(&near), Some(&unknown)), 4_000);
     }
 
     #[test]

@@ -59,6 +59,10 @@ pub struct RouteDecision {
     /// The chosen cluster's health as the weighing read it (`None`: never
     /// recorded), for what the call reads of it next.
     pub health: Option<Health>,
+    /// The health of the backend a failover or hedge of the call would go
+    /// to as the weighing read it: the other one of highest effective
+    /// weight (`None`: none has weight, or it was never recorded).
+    pub elsewhere: Option<Health>,
 }
 
 /// A call to place.
@@ -213,6 +217,18 @@ where
 }
 
 impl Weighed<'_> {
+    /// The health of the backend of highest positive effective weight other
+    /// than `index` (the first on a tie), as [`failover_target`] picks.
+    fn best_other(&self, index: usize) -> Option<Health> {
+        self.weights
+            .values
+            .iter()
+            .enumerate()
+            .filter(|(i, w)| *i != index && w.is_finite() && **w > 0.0)
+            .max_by(|(i, a), (j, b)| a.total_cmp(b).then(j.cmp(i)))
+            .and_then(|(i, _)| self.health.get(i).copied().flatten())
+    }
+
     /// The decision to send a call that asked for `requested` to backend `index`.
     fn decision(self, index: usize, requested: &str) -> Option<RouteDecision> {
         let backend = self.backends.get(index)?;
@@ -234,6 +250,7 @@ impl Weighed<'_> {
                 .collect(),
             fallback: self.weights.fallback,
             health: self.health.get(index).copied().flatten(),
+            elsewhere: self.best_other(index),
             model: self.target,
         })
     }

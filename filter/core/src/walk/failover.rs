@@ -132,7 +132,8 @@ impl Call {
     }
 
     /// The response just read failed the call retriably, it is still held by
-    /// nothing else, and the budget leaves room for one more try.
+    /// nothing else, failover is on (or a hedge already asks another
+    /// backend), and the budget leaves room for one more try.
     fn failover_due(&self, env: &Env<'_>) -> bool {
         let Some(end) = self.answer_end() else {
             return false;
@@ -140,6 +141,7 @@ impl Call {
         let breaker = self.dispatch.breaker.as_deref();
         matches!(self.progress.phase(), Phase::Forwarded)
             && self.dispatch.held.is_some()
+            && (self.may_fail_over(env) || self.progress.hedge_out().is_some())
             && self.response.as_ref().is_some_and(|r| failover::retriable_as_told(end, r.should_retry))
             // An expired entry already answers the failure.
             && self.cache.status != Some(CacheStatus::Stale)

@@ -26,13 +26,13 @@ impl Call {
     }
 
     /// Arms the hedge of a call going upstream with its body kept: it counts
-    /// toward the cap, and is due after a multiple of its backend's usual
-    /// latency when the budget still leaves a try's room then.
-    pub(super) fn arm_hedge(&mut self, env: &Env<'_>) {
-        let (Some(cfg), Some(model), Some(cluster)) = (
+    /// toward the cap, and is due after its backend's usual slow latency
+    /// (`health`, as routing read it; see [`hedge::delay_ms`]) when the
+    /// budget still leaves a try's room then.
+    pub(super) fn arm_hedge(&mut self, env: &Env<'_>, health: Option<&health::Health>) {
+        let (Some(cfg), Some(model)) = (
             env.config.routing.hedge.as_ref(),
             self.dispatch.model.as_deref(),
-            self.dispatch.cluster.as_deref(),
         ) else {
             return;
         };
@@ -41,7 +41,7 @@ impl Call {
         }
         let budget = &env.config.budget;
         hedge::count_call(env.store, model, env.now_ms, budget.window_ms);
-        let delay = hedge::delay_ms(cfg, health::read(env.store, cluster).as_ref());
+        let delay = hedge::delay_ms(cfg, health, self.dispatch.elsewhere.as_ref());
         let room = self
             .request
             .remaining_ms(env.now_ms)

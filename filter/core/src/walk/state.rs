@@ -29,6 +29,7 @@ use crate::priority::Priority;
 use crate::routing::affinity;
 use crate::routing::hedge::HedgeResult;
 use crate::routing::stateful::Continues;
+use crate::routing::Health;
 use crate::shaping::{Changes, TokenField};
 use crate::sse::{self, Collect, Grammar};
 use crate::summary::EnvoyReply;
@@ -312,6 +313,8 @@ pub(super) struct Dispatch {
     pub(super) model: Option<String>,
     /// The routed model has more than one backend.
     pub(super) alternatives: bool,
+    /// The health of the backend a hedge would go to, as routing read it.
+    pub(super) elsewhere: Option<Health>,
     /// The request body, kept while another backend could still be asked.
     pub(super) held: Option<HeldBody>,
     /// The model label the call is counted in flight under (see

@@ -39,12 +39,13 @@ impl Call {
                 self.dispatch.held = Some(body);
             }
         }
+        let health = chosen.health;
         if env.config.budget.enabled {
             if let Some(reply) = self.admit(env, host, chosen) {
                 return self.reply_locally(env, host, reply);
             }
         }
-        self.arm_hedge(env);
+        self.arm_hedge(env, health.as_ref());
         Step::Continue
     }
 
@@ -161,6 +162,7 @@ impl Call {
         self.dispatch.alternatives =
             decision.effective_weights.len() > 1 && !self.request.continues.state;
         self.dispatch.model = Some(decision.model.clone());
+        self.dispatch.elsewhere = decision.elsewhere;
         self.dispatch.cluster = Some(decision.cluster);
         Chosen {
             health: decision.health,

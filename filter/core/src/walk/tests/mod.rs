@@ -852,11 +852,12 @@ fn a_backend_answering_before_its_hedge_wins() {
 
 #[test]
 fn hedges_respect_their_cap_and_the_answer_in_time() {
-    // No share of calls may be hedged.
+    // No share of calls may be hedged: hedging is off, nothing is armed and
+    // the tick is any call's.
     let mut w = World::new(&hedged(0.0));
     let (mut call, mut host) = routed_to(&mut w, "b");
     w.now_ms += 150;
-    assert_eq!(call.on_tick(&mut w.env(), &mut host), Wake::Idle);
+    assert_eq!(call.on_tick(&mut w.env(), &mut host), Wake::Resume);
     assert!(host.callouts.is_empty());
 
     // An answer in time disarms the hedge.
