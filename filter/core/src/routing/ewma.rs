@@ -86,6 +86,9 @@ pub const BUCKETS: usize = 16;
 /// twice as wide.
 const FIRST_EDGE_LOG2: u32 = 4;
 
+/// Share of the slowest calls whose mean is a backend's tail latency.
+pub const TAIL_SHARE: f64 = 0.1;
+
 /// A time-decayed latency histogram: per bucket, the decayed count and sum of
 /// the samples that fell in it. Samples weigh 1 and halve every half-life, like
 /// an [`Ewma`]'s; the total count is capped at [`MAX_WEIGHT`], so a new sample

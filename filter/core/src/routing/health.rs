@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::config::RoutingConfig;
-use super::ewma::{unit_weight, MAX_SAMPLE_MS};
+use super::ewma::{unit_weight, MAX_SAMPLE_MS, TAIL_SHARE};
 pub use super::ewma::{Ewma, Histogram};
 use super::outcome::Verdict;
 pub use super::outcome::{CallResult, CallSample};
@@ -315,7 +315,20 @@ pub fn record_outcome<S: SharedStore + ?Sized>(
         h.in_flight_at_ms = now_ms;
         match outcome.result.verdict() {
             Verdict::Slow => {
-                observe_speed(h, outcome, now_ms, half_life);
+                // It was at least this slow, and, outlasted past its hedge
+                // delay, most likely one of its slow calls: it counts as
+                // slow as those have been, or the hedges that cut its tail
+                // would teach it a tail as short as the hedge delay.
+                let tail = h
+                    .calls
+                    .and_then(|c| c.tail_mean(TAIL_SHARE))
+                    .filter(|t| t.is_finite())
+                    .map_or(0, |t| t as u64);
+                let outlasted = CallSample {
+                    latency_ms: outcome.latency_ms.max(tail),
+                    ..*outcome
+                };
+                observe_speed(h, &outlasted, now_ms, half_life);
                 false
             }
             Verdict::Success => {
@@ -909,6 +922,32 @@ mod tests {
             races: Cell::new(100),
         };
         assert_eq!(record_start(&s, "a", 0), Err(StoreError::CasMismatch));
+    }
+
+    #[test]
+    fn an_outlasted_call_counts_as_slow_as_the_slow_calls_were() {
+        let (s, c) = (MemoryStore::new(), config());
+        // No history: it was at least as slow as the hedge's win.
+        let outlasted = |ms| CallSample {
+            result: CallResult::Outlasted,
+            ..ok(ms)
+        };
+        record_outcome(&s, &c, "fresh", &outlasted(600), 1_000).unwrap();
+        let fresh = read(&s, "fresh").unwrap();
+        assert_eq!(fresh.calls.and_then(|h| h.mean()), Some(600.0));
+        // Nine calls in ten at 100 ms, the tenth at 3 s: a hedge that won
+        // after 600 ms teaches the 3 s the slow ones took, not 600 ms.
+        for i in 0..50 {
+            let ms = if i % 10 == 9 { 3_000 } else { 100 };
+            record_outcome(&s, &c, "tail", &ok(ms), 1_000).unwrap();
+        }
+        let before = read(&s, "tail").unwrap().calls.unwrap();
+        record_outcome(&s, &c, "tail", &outlasted(600), 1_000).unwrap();
+        let after = read(&s, "tail").unwrap().calls.unwrap();
+        assert_eq!(after.total(), before.total() + 1.0);
+        let tail = |h: &Histogram| h.tail_mean(TAIL_SHARE).unwrap();
+        assert!(tail(&after) > 2_900.0, "{}", tail(&after));
+        assert!(after.mean() > before.mean());
     }
 
     #[test]

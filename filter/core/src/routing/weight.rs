@@ -72,8 +72,7 @@ pub const KV_FLOOR: f64 = 0.1;
 pub const LOAD_FLOOR: f64 = 0.05;
 /// Ramp factor right after an ejection ends.
 pub const RAMP_START: f64 = 0.1;
-/// Share of the slowest calls whose mean is a backend's tail latency.
-pub const TAIL_SHARE: f64 = 0.1;
+pub use super::ewma::TAIL_SHARE;
 /// Weight of the tail in a backend's latency score; the mean has the rest.
 pub const TAIL_BLEND: f64 = 0.5;
 /// Calls in flight beyond its share a backend may hold before the in-flight

@@ -103,13 +103,16 @@ async fn heavy_tailed_backend_keeps_a_trickle() {
             ..Script::default()
         });
     }
-    // Routing alone: the budget's per-try timeout would cut the slow calls
-    // into retries. No probe in the test's time: a probe takes the next
-    // script, and one given 3 s would time out and eject `tail`.
+    // Routing's weights alone: the budget's per-try timeout would cut the
+    // slow calls into retries, and hedging (on by default) would answer
+    // them from `steady` before they end. No probe in the test's time: a
+    // probe takes the next script, and one given 3 s would time out and
+    // eject `tail`.
     let config: Value = json!({
         "routing": {
             "models": {"gpt-4o": [{"cluster": "tail"}, {"cluster": "steady"}]},
-            "probe_interval_s": 60
+            "probe_interval_s": 60,
+            "hedge": {"priorities": []}
         },
         "budget": {"enabled": false}
     });
