@@ -9,17 +9,18 @@ SHELL := /bin/bash
 WASM_TARGET := wasm32-wasip1
 # The module as cargo builds it, and as shipped: that one through Binaryen's
 # light pass (`wasm-opt -O1`: 10 % smaller, as fast), with the features
-# rustc's wasm32 target emits. It must stay within 1.25 MB: 1 MiB until the
+# rustc's wasm32 target emits. It must stay within 1.3 MB: 1 MiB until the
 # module learnt the Responses and Messages dialects (1.06 MB), 1.1 MB until
 # it read Alertmanager and Prometheus itself, exported spans and routed by
-# affinity (1.21 MB). The configuration's path-tracking deserializer is the
+# affinity (1.21 MB), 1.25 MB until fallback chains by error class (their
+# walk and the error classes, 30 KB: 1.253 MB). The configuration's path-tracking deserializer is the
 # largest part (about 230 KB before wasm-opt, some 8 KB per configuration
 # struct): the lever of the next size pass. (`-O2` and up
 # shrink it no further and make V8 hold 16 MiB more per Envoy once compiled;
 # `opt-level = "s"` makes it 0.9 MB and the filter's own time 12 % longer.)
 RAW_WASM    := target/$(WASM_TARGET)/release/llm_filter.wasm
 WASM        := target/llm_filter.wasm
-WASM_MAX_BYTES := 1250000
+WASM_MAX_BYTES := 1300000
 WASM_OPT_FLAGS := -O1 --enable-bulk-memory --enable-sign-ext --enable-mutable-globals \
 	--enable-nontrapping-float-to-int --enable-multivalue --enable-reference-types
 NOOP_WASM   := target/$(WASM_TARGET)/release/llm_filter_noop.wasm

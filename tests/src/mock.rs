@@ -232,6 +232,8 @@ struct State {
     scripts: Mutex<VecDeque<Script>>,
     attempts: Mutex<HashMap<String, u64>>,
     status: Mutex<Option<u16>>,
+    /// The `error.code` of scripted error bodies (`mock_status` when unset).
+    error_code: Mutex<Option<String>>,
     reset: AtomicBool,
     waiting: Mutex<f64>,
     kv_usage: Mutex<f64>,
@@ -313,6 +315,7 @@ impl MockUpstream {
             scripts: Mutex::new(VecDeque::new()),
             attempts: Mutex::new(HashMap::new()),
             status: Mutex::new(None),
+            error_code: Mutex::new(None),
             reset: AtomicBool::new(false),
             waiting: Mutex::new(0.0),
             kv_usage: Mutex::new(0.0),
@@ -436,6 +439,14 @@ impl MockUpstream {
     /// Status for every later request (`None` restores normal answers).
     pub fn set_status(&self, status: Option<u16>) {
         *lock(&self.state.status) = status;
+    }
+
+    /// Status and OpenAI `error.code` for every later request, e.g. `400`
+    /// `context_length_exceeded` (a probe gets it too: below 500 but 429 it
+    /// still proves the backend up); `None` restores normal answers.
+    pub fn set_error(&self, error: Option<(u16, &str)>) {
+        *lock(&self.state.status) = error.map(|(s, _)| s);
+        *lock(&self.state.error_code) = error.map(|(_, c)| c.to_string());
     }
 
     /// Drops the connection of every later request without a response (after
@@ -675,7 +686,10 @@ fn scripted_error(state: &State, path: &str, status: StatusCode) -> Response<Bod
     let message = format!("mock {} scripted status {}", state.name, status.as_u16());
     match path {
         messages::PATH => messages::error_response(state, status, &message),
-        _ => error_response(status, &message, "mock_status"),
+        _ => {
+            let code = lock(&state.error_code).clone();
+            error_response(status, &message, code.as_deref().unwrap_or("mock_status"))
+        }
     }
 }
 

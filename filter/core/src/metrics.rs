@@ -117,6 +117,9 @@ pub const ROUTING_IN_FLIGHT: &str = "llm_filter_routing_in_flight";
 pub const ROUTING_HEDGES: &str = "llm_filter_routing_hedges_total";
 /// Calls sent to another backend after theirs failed them, by `result`.
 pub const ROUTING_FAILOVERS: &str = "llm_filter_routing_failovers_total";
+/// Calls moved to the next model of their fallback chain, by the model that
+/// refused them, the error class (`reason`) and how the next model answered.
+pub const ROUTING_MODEL_FALLBACKS: &str = "llm_filter_routing_model_fallbacks_total";
 /// Tokens the backend reported in `usage`, by `model`, `llm_cluster` and
 /// `token_type` (`input` | `cached_input` | `output`): how warm each
 /// backend's prompt cache is for each model.
@@ -278,6 +281,7 @@ pub const ALL: &[&str] = &[
     ROUTING_IN_FLIGHT,
     ROUTING_HEDGES,
     ROUTING_FAILOVERS,
+    ROUTING_MODEL_FALLBACKS,
     ROUTING_TOKENS,
     LOAD_RPS,
     LOAD_TOKENS,

@@ -6,6 +6,7 @@
 
 mod affinity;
 mod failover;
+mod fallback;
 mod hedge;
 mod paced;
 mod tail;

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::affinity::{AffinityConfig, RawAffinity};
+use super::fallback::{self, Chains};
 use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::priority::Priority;
@@ -68,6 +69,9 @@ pub struct RawRoutingConfig {
     pub hedge: RawHedge,
     /// Calls of one conversation to one backend (on by default).
     pub affinity: RawAffinity,
+    /// Model → the models a call refused for its context length, a spent
+    /// quota or an unknown model moves on to.
+    pub fallbacks: serde_json::Value,
 }
 
 /// `routing.hedge` as written.
@@ -183,6 +187,8 @@ pub struct RoutingConfig {
     pub hedge: Option<HedgeConfig>,
     /// Calls of one conversation go to one backend (see [`super::affinity`]).
     pub affinity: AffinityConfig,
+    /// Each model's fallback chain by error class (see [`super::fallback`]).
+    pub fallbacks: Chains,
 }
 
 /// Compiled `routing.hedge`.
@@ -315,6 +321,8 @@ impl RoutingConfig {
         let affinity = AffinityConfig::compile(raw.affinity).map_err(|e| e.within("affinity"))?;
         let (models, clusters) = compile_models(raw.models)?;
         let rules = compile_rules(raw.rules, &models)?;
+        let fallbacks = fallback::compile(&raw.fallbacks, &|m| models.contains_key(m))
+            .map_err(|e| e.within("fallbacks"))?;
         Ok(Self {
             models,
             clusters,
@@ -331,6 +339,7 @@ impl RoutingConfig {
             failover: raw.failover.unwrap_or(DEFAULT_FAILOVER),
             hedge,
             affinity,
+            fallbacks,
         })
     }
 

@@ -14,6 +14,7 @@ pub mod affinity;
 pub mod config;
 pub mod ewma;
 pub mod failover;
+pub mod fallback;
 pub mod health;
 pub mod hedge;
 pub mod learn;

@@ -7,11 +7,12 @@
 use crate::budget;
 use crate::cache::entry::SSE_CONTENT_TYPE;
 use crate::cache::CacheStatus;
+use crate::host::{Random, SharedStore};
 use crate::metrics::internal_error;
 use crate::routing::failover::{self, FailoverResult};
 use crate::routing::hedge::{self, HedgeResult};
 use crate::routing::rewrite::{self, Edit};
-use crate::routing::{self, RouteAsk};
+use crate::routing::{self, affinity, RouteAsk, RouteDecision, RoutingConfig};
 use crate::summary::{CallSummary, End};
 
 use super::state::Response;
@@ -67,38 +68,84 @@ impl Call {
     /// Sends the held request to the best other backend of its model than the
     /// one it is on, as a callout that ends with the caller's budget.
     pub(super) fn send_elsewhere(&self, env: &mut Env<'_>, host: &mut dyn Host) -> Sent {
-        let (Some(failed), Some(body), Some(model)) = (
-            self.dispatch.cluster.as_deref(),
-            self.dispatch.held.as_ref(),
-            self.model(),
-        ) else {
+        let (Some(failed), Some(model)) = (self.dispatch.cluster.as_deref(), self.model()) else {
             return Sent::Nowhere;
         };
-        let Some(features) = body.features.as_ref() else {
-            return Sent::Nowhere;
-        };
+        let target = self.with_ask(env, model, None, |config, store, _, ask| {
+            routing::failover_target(config, store, ask, failed)
+        });
+        match target.flatten() {
+            Some(target) => self.send_to(env, host, &target, target.rewrite_model.as_deref()),
+            None => Sent::Nowhere,
+        }
+    }
+
+    /// Sends the held request to a backend of `model` (another model than
+    /// the call's, named in the body), picked as a call asking for it would
+    /// be, as a callout that ends with the caller's budget.
+    pub(super) fn send_to_model(
+        &self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        model: &str,
+    ) -> Sent {
+        let affinity = self.request.affinity;
+        let target = self.with_ask(env, model, affinity, |config, store, rng, ask| {
+            routing::plan(config, store, rng, ask)
+        });
+        match target.flatten() {
+            Some(target) => {
+                let name = target.rewrite_model.as_deref().unwrap_or(&target.model);
+                self.send_to(env, host, &target, Some(name))
+            }
+            None => Sent::Nowhere,
+        }
+    }
+
+    /// Runs `f` with the routing ask of the held request for `model`,
+    /// steering away from backends whose breaker sheds; `None` without a
+    /// held body.
+    fn with_ask<T>(
+        &self,
+        env: &mut Env<'_>,
+        model: &str,
+        affinity: Option<affinity::Key>,
+        f: impl FnOnce(&RoutingConfig, &dyn SharedStore, &mut dyn Random, &RouteAsk<'_>) -> T,
+    ) -> Option<T> {
+        let features = self.dispatch.held.as_ref()?.features.as_ref()?;
         let (store, budget_cfg, now_ms) = (env.store, &env.config.budget, env.now_ms);
         let avoid = |cluster: &str| budget::breaker_sheds(store, budget_cfg, cluster, now_ms);
         let ask = RouteAsk {
             pinned: None,
-            affinity: None,
+            affinity,
             model,
             features,
             priority: self.request.priority,
             now_ms,
             avoid: &avoid,
         };
-        let Some(target) =
-            routing::failover_target(self.routing_config(env.config), env.store, &ask, failed)
-        else {
+        Some(f(
+            self.routing_config(env.config),
+            store,
+            &mut *env.rng,
+            &ask,
+        ))
+    }
+
+    /// Sends the held request to `target` with `model` in its body, as a
+    /// callout that ends with the caller's budget.
+    fn send_to(
+        &self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        target: &RouteDecision,
+        model: Option<&str>,
+    ) -> Sent {
+        let Some(body) = self.dispatch.held.as_ref() else {
             return Sent::Nowhere;
         };
         let cache_key = self.cache_key_for(target.prompt_cache_key);
-        let new_body = match rewrite::for_backend(
-            &body.doc,
-            target.rewrite_model.as_deref(),
-            cache_key.as_deref(),
-        ) {
+        let new_body = match rewrite::for_backend(&body.doc, model, cache_key.as_deref()) {
             Edit::Unchanged => body.raw().to_vec(),
             Edit::Changed(b) => b,
             Edit::Refused => {
@@ -121,7 +168,7 @@ impl Call {
             internal_error(env.metrics, "callout_dispatch");
             return Sent::Refused;
         }
-        Sent::To(target.cluster)
+        Sent::To(target.cluster.clone())
     }
 
     /// How the answer read so far ended the try, by its status alone: held
@@ -178,8 +225,14 @@ impl Call {
         host: &mut dyn Host,
         answer: CalloutAnswer,
     ) -> Step {
+        if self.fallback_answered(env, host, &answer) {
+            // Refused again for a class the chain names: the next model is asked.
+            return Step::Pause;
+        }
         let result = FailoverResult::of(answer.status);
-        failover::count(env.metrics, result);
+        if self.dispatch.fallback.is_none() {
+            failover::count(env.metrics, result);
+        }
         if self.progress.settle_hedge().is_some() {
             // The hedge was the failover: it won when it answered.
             let won = result == FailoverResult::Answered;

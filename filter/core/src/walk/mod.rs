@@ -32,6 +32,7 @@ mod end;
 mod failover;
 #[cfg(test)]
 pub(crate) mod fake;
+mod fallback;
 mod group;
 mod hedge;
 mod proxy;

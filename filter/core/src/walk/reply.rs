@@ -77,6 +77,9 @@ impl Call {
         if let Some(g) = self.group(config) {
             out.push((ab::GROUP_HEADER, g.name.clone()));
         }
+        if let (Some(_), Some(model)) = (&self.dispatch.fallback, &self.dispatch.model) {
+            out.push((routing::fallback::MODEL_HEADER, model.clone()));
+        }
         if self.decided.downgraded {
             out.push((crate::degrade::DOWNGRADE_HEADER, "cache".to_string()));
         }

@@ -52,7 +52,10 @@ impl Call {
         if end_of_stream {
             self.write_record(env, host, None);
         }
-        self.fail_over(env, host)
+        match self.fail_over(env, host) {
+            Step::Continue => self.hold_error(env, end_of_stream),
+            step => step,
+        }
     }
 
     /// Response body callback.
@@ -68,6 +71,8 @@ impl Call {
             // The failed answer must not reach the client while another
             // backend is asked.
             Phase::FailingOver => return Step::Pause,
+            // An error a fallback chain may answer, read whole at its end.
+            Phase::ErrorHeld => return self.error_body(env, host, size, end_of_stream),
             _ => {}
         }
         let Some(response) = self.response.as_mut() else {

@@ -13,6 +13,8 @@
 //!   decide ─► Coalescing ─(entry / wait over)─► Forwarded           │  │                 │     │
 //!   decide ─► Embedding ──(answered, no hit)──► Forwarded           │  │   (no answer)───┘     │
 //!                                                                   │  └─(hedge won)──┐        │ (answered)
+//!   Forwarded ─(4xx a fallback chain names)─► ErrorHeld ─(its class: the
+//!     next model asked)─► FailingOver; ─(no class)─► Forwarded
 //!   any step ─► Answered(status): the filter's own reply            │                 ▼        ▼
 //!                                                                   └──────────────► FailedOver ◄┘
 //!
@@ -27,6 +29,7 @@ use crate::classify::Endpoint;
 use crate::json::Json;
 use crate::priority::Priority;
 use crate::routing::affinity;
+use crate::routing::fallback::ErrorClass;
 use crate::routing::hedge::HedgeResult;
 use crate::routing::stateful::Continues;
 use crate::routing::Health;
@@ -143,6 +146,10 @@ pub(super) enum Phase {
     /// The chosen backend failed the call retriably; its response is held
     /// while another backend of the model is asked (see [`crate::routing::failover`]).
     FailingOver,
+    /// The chosen backend refused the call with an error a fallback chain
+    /// may answer; its response is held to its end to read the error's class
+    /// (see [`crate::routing::fallback`]).
+    ErrorHeld,
     /// Another backend answered the call in place of the one that failed it;
     /// the response is that backend's.
     FailedOver,
@@ -248,6 +255,11 @@ impl Progress {
         }
     }
 
+    /// The backend refused the call; its error is held to be read.
+    pub(super) fn hold_error(&mut self) {
+        self.phase = Phase::ErrorHeld;
+    }
+
     /// The backend failed the call; its response is held while another is asked.
     pub(super) fn fail_over(&mut self) {
         self.phase = Phase::FailingOver;
@@ -315,11 +327,24 @@ pub(super) struct Dispatch {
     pub(super) alternatives: bool,
     /// The health of the backend a hedge would go to, as routing read it.
     pub(super) elsewhere: Option<Health>,
+    /// The call moved along its model's fallback chain.
+    pub(super) fallback: Option<FellBack>,
     /// The request body, kept while another backend could still be asked.
     pub(super) held: Option<HeldBody>,
     /// The model label the call is counted in flight under (see
     /// [`crate::load::started`]); it leaves that count at the call's end.
     pub(super) load_model: Option<String>,
+}
+
+/// Where a call stands on its model's fallback chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct FellBack {
+    /// The model whose chain it is: the one the call was first routed to.
+    pub(super) from: String,
+    /// Why it last moved on.
+    pub(super) class: ErrorClass,
+    /// Models of the chain asked so far.
+    pub(super) step: usize,
 }
 
 /// The response of a call that went upstream.

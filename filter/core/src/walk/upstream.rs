@@ -32,7 +32,7 @@ impl Call {
         if let Some(mut body) = body {
             self.ask_for_usage(&mut body);
             chosen = self.route(env, host, &body);
-            if self.may_fail_over(env) || self.may_hedge(env) {
+            if self.may_fail_over(env) || self.may_hedge(env) || self.may_fall_back(env) {
                 // Kept to send another backend; only the bytes and the
                 // features are needed again.
                 body.drop_tree();

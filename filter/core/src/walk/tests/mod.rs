@@ -954,3 +954,137 @@ fn a_stream_asks_for_usage_and_the_client_never_sees_it() {
     assert_eq!(host.response_body, STREAM_ANSWER.as_bytes());
     call.on_log(&mut w.env());
 }
+
+const CHAINED: &str = r#"{
+  "routing": {
+    "models": {
+      "gpt-4o": [{"cluster": "a"}],
+      "gpt-4.1": [{"cluster": "b"}],
+      "gpt-4o-mini": [{"cluster": "c"}]
+    },
+    "fallbacks": {"gpt-4o": {"on": ["context_length", "quota"], "to": ["gpt-4.1", "gpt-4o-mini"]}}
+  },
+  "cache": {"enabled": false}
+}"#;
+
+fn refusal(code: &str) -> String {
+    format!(r#"{{"error":{{"message":"no","type":"invalid_request_error","code":"{code}"}}}}"#)
+}
+
+/// The error body as Envoy delivers it: the headers, then the whole body.
+fn answer_with(call: &mut Call, w: &mut World, host: &mut FakeHost) -> (Step, Step) {
+    let size = host.response_body.len();
+    let headers = call.on_response_headers(&mut w.env(), host, false);
+    let body = call.on_response_body(&mut w.env(), host, size, true);
+    (headers, body)
+}
+
+#[test]
+fn a_refusal_of_a_named_class_moves_along_the_chain() {
+    let mut w = World::new(CHAINED);
+    let (mut call, host) = routed_to(&mut w, "a");
+    let mut host = host.with_response(400, "application/json", &refusal("context_length_exceeded"));
+    assert_eq!(
+        answer_with(&mut call, &mut w, &mut host),
+        (Step::Pause, Step::Pause)
+    );
+    // The held request goes to the chain's first model, named in its body.
+    let (cluster, _, body, _) = host.callouts.last().cloned().unwrap();
+    assert_eq!(cluster, "b");
+    let sent: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(sent["model"], "gpt-4.1");
+    // gpt-4.1 refuses for its quota: the chain goes on to gpt-4o-mini.
+    let quota = CalloutAnswer {
+        status: Some(429),
+        headers: vec![(":status".into(), "429".into())],
+        body: refusal("insufficient_quota").into_bytes(),
+    };
+    assert_eq!(
+        call.on_callout_response(&mut w.env(), &mut host, quota),
+        Step::Pause
+    );
+    let (cluster, _, body, _) = host.callouts.last().cloned().unwrap();
+    assert_eq!(cluster, "c");
+    assert!(String::from_utf8_lossy(&body).contains(r#""model":"gpt-4o-mini""#));
+    // gpt-4o-mini answers: the client gets it, with the model named.
+    assert_eq!(
+        call.on_callout_response(&mut w.env(), &mut host, answer_200()),
+        Step::Pause
+    );
+    let (status, headers, _) = host.local_reply.clone().unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(
+        headers.get("x-llm-model").map(String::as_str),
+        Some("gpt-4o-mini")
+    );
+    assert_eq!(headers.get("x-llm-cluster").map(String::as_str), Some("c"));
+    call.on_log(&mut w.env());
+    let counted = |reason: &str, result: &str| {
+        w.counter(&format!(
+            "llm_filter_routing_model_fallbacks_total.model=gpt-4o;.reason={reason};.result={result};"
+        ))
+    };
+    assert_eq!(counted("context_length", "failed"), 1);
+    assert_eq!(counted("quota", "answered"), 1);
+    assert_eq!(
+        w.counter("llm_filter_routing_failovers_total.result=answered;"),
+        0
+    );
+    for c in ["a", "b", "c"] {
+        assert_eq!(health::read(&w.store, c).unwrap().in_flight, 0, "{c}");
+    }
+}
+
+#[test]
+fn other_refusals_reach_the_client_untouched() {
+    let mut w = World::new(CHAINED);
+    // A class the chain does not name, a bad request, a body that is no error.
+    for (status, body) in [
+        (404, refusal("model_not_found")),
+        (400, refusal("invalid_value")),
+        (400, "not json".to_string()),
+    ] {
+        let (mut call, host) = routed_to(&mut w, "a");
+        let mut host = host.with_response(status, "application/json", &body);
+        assert_eq!(
+            answer_with(&mut call, &mut w, &mut host),
+            (Step::Pause, Step::Continue)
+        );
+        assert!(host.callouts.is_empty(), "{status} {body}");
+        assert!(host.local_reply.is_none());
+        call.on_log(&mut w.env());
+    }
+    // The chain's last model refuses too: its refusal is the answer.
+    let (mut call, host) = routed_to(&mut w, "a");
+    let mut host = host.with_response(400, "application/json", &refusal("context_length_exceeded"));
+    answer_with(&mut call, &mut w, &mut host);
+    let too_long = || CalloutAnswer {
+        status: Some(400),
+        headers: vec![(":status".into(), "400".into())],
+        body: refusal("context_length_exceeded").into_bytes(),
+    };
+    assert_eq!(
+        call.on_callout_response(&mut w.env(), &mut host, too_long()),
+        Step::Pause
+    );
+    assert_eq!(
+        call.on_callout_response(&mut w.env(), &mut host, too_long()),
+        Step::Pause
+    );
+    assert_eq!(host.callouts.len(), 2);
+    let (status, headers, _) = host.local_reply.clone().unwrap();
+    assert_eq!(status, 400);
+    assert_eq!(
+        headers.get("x-llm-model").map(String::as_str),
+        Some("gpt-4o-mini")
+    );
+    call.on_log(&mut w.env());
+    // A model without a chain holds nothing back.
+    let mut w = World::new(TWO_BACKENDS);
+    let (mut call, host) = routed_to(&mut w, "b");
+    let mut host = host.with_response(400, "application/json", &refusal("context_length_exceeded"));
+    assert_eq!(
+        answer_with(&mut call, &mut w, &mut host),
+        (Step::Continue, Step::Continue)
+    );
+}

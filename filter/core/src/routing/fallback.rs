@@ -1,0 +1,403 @@
+//! Fallback chains by error class: a call that its model's backend refuses
+//! for a reason another model would not have — the prompt is longer than the
+//! model's context, the account's quota is spent, the backend does not serve
+//! the model — moves to the next model of its chain (`routing.fallbacks`),
+//! within the budget, and the client gets that model's answer with the model
+//! named in [`MODEL_HEADER`]. Failover (another backend of the same model)
+//! answers 5xx, 429 and resets; this answers the 4xx that no backend of the
+//! same model would answer differently.
+//!
+//! The class is read from the error's body as the dialects write it: OpenAI
+//! and OpenAI-compatible servers' `{"error": {"code", "type", "message"}}`,
+//! Anthropic's `{"type": "error", "error": {"type", "message"}}`, and vLLM's
+//! flat `{"object": "error", "type", "message"}`.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::config::error::ConfigError;
+use crate::host::Metrics;
+use crate::metrics as names;
+
+use super::failover::FailoverResult;
+
+/// Response header naming the model that answered after a fallback.
+pub const MODEL_HEADER: &str = "x-llm-model";
+/// Most models in one chain.
+pub const MAX_CHAIN: usize = 4;
+/// Most bytes of an error body read to classify it; a longer one is no
+/// error body the classes know, and passes to the client untouched.
+pub const MAX_ERROR_BODY: usize = 16 * 1024;
+
+/// Why a call moves on to the next model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ErrorClass {
+    /// The prompt (with the output cap) is longer than the model's context.
+    ContextLength,
+    /// The account's quota or credit is spent (not a rate limit: that ends).
+    Quota,
+    /// The backend does not serve the model (or no longer does).
+    ModelNotFound,
+}
+
+impl ErrorClass {
+    /// Every class, the default of `on`.
+    pub const ALL: [Self; 3] = [Self::ContextLength, Self::Quota, Self::ModelNotFound];
+
+    /// The label value and the config's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ContextLength => "context_length",
+            Self::Quota => "quota",
+            Self::ModelNotFound => "model_not_found",
+        }
+    }
+}
+
+/// Whether a response of `status` could be one of the classes: only then is
+/// its body held back and read.
+pub fn candidate(status: u16) -> bool {
+    matches!(status, 400 | 403 | 404 | 413 | 422 | 429)
+}
+
+/// The class of an error answer of `status` whose body is `body`; `None` for
+/// any other error (a bad request is the caller's to fix, a rate limit is
+/// failover's) and for a body that is not an error object.
+pub fn classify(status: u16, body: &[u8]) -> Option<ErrorClass> {
+    if !candidate(status) || body.len() > MAX_ERROR_BODY {
+        return None;
+    }
+    let doc: Value = serde_json::from_slice(body).ok()?;
+    let error = doc.get("error").filter(|e| e.is_object()).unwrap_or(&doc);
+    let field = |name: &str| {
+        error
+            .get(name)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_ascii_lowercase()
+    };
+    let (code, kind, message) = (field("code"), field("type"), field("message"));
+    let named = |words: &[&str]| words.iter().any(|w| *w == code || *w == kind);
+    let says = |words: &[&str]| words.iter().any(|w| message.contains(w));
+    if named(&["context_length_exceeded", "string_above_max_length"])
+        || says(&[
+            "maximum context length",
+            "context length",
+            "context window",
+            "prompt is too long",
+            "too many tokens",
+        ])
+    {
+        return Some(ErrorClass::ContextLength);
+    }
+    if named(&["insufficient_quota", "billing_hard_limit_reached"])
+        || says(&["credit balance is too low", "exceeded your current quota"])
+    {
+        return Some(ErrorClass::Quota);
+    }
+    let no_model = named(&["model_not_found", "deploymentnotfound"])
+        || ((status == 404 || named(&["not_found_error", "notfounderror"]))
+            && message.contains("model"));
+    no_model.then_some(ErrorClass::ModelNotFound)
+}
+
+/// A model's compiled chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chain {
+    /// The classes that move the call on.
+    pub on: Vec<ErrorClass>,
+    /// The models to try next, in order.
+    pub to: Vec<String>,
+}
+
+/// The chains of every model that has one.
+pub type Chains = BTreeMap<String, Chain>;
+
+/// Compiles `routing.fallbacks` (read as a JSON value rather than derived,
+/// which keeps the module smaller): model → `{"on": [classes], "to":
+/// [models]}`, `on` all three classes by default. Each chain's model and
+/// each model it names must be routed (`routed`), none twice and not the
+/// model itself; errors name fields relative to `fallbacks`.
+pub fn compile(raw: &Value, routed: &dyn Fn(&str) -> bool) -> Result<Chains, ConfigError> {
+    let mut out = Chains::new();
+    if raw.is_null() {
+        return Ok(out);
+    }
+    let Some(chains) = raw.as_object() else {
+        return Err(ConfigError::new(".", "is not an object of model → chain"));
+    };
+    for (model, chain) in chains {
+        let at = |field: &str| format!("{model}.{field}");
+        if !routed(model) {
+            return Err(ConfigError::new(
+                model.clone(),
+                "is not a model of routing.models",
+            ));
+        }
+        let Some(fields) = chain.as_object() else {
+            return Err(ConfigError::new(
+                model.clone(),
+                "is not an object with `to`",
+            ));
+        };
+        if let Some(unknown) = fields.keys().find(|k| !matches!(k.as_str(), "on" | "to")) {
+            return Err(ConfigError::new(
+                at(unknown),
+                "unknown field, expected `on` or `to`",
+            ));
+        }
+        let to = strings(fields.get("to"))
+            .ok_or_else(|| ConfigError::new(at("to"), "is not a list of model names"))?;
+        if to.is_empty() || to.len() > MAX_CHAIN {
+            return Err(ConfigError::new(
+                at("to"),
+                format!("names 1 to {MAX_CHAIN} models"),
+            ));
+        }
+        for (i, next) in to.iter().enumerate() {
+            if !routed(next) || next == model || to.get(..i).is_some_and(|s| s.contains(next)) {
+                return Err(ConfigError::new(
+                    format!("{model}.to[{i}]"),
+                    format!("{next:?} is not another model of routing.models, or is named twice"),
+                ));
+            }
+        }
+        let mut on = match fields.get("on") {
+            None => ErrorClass::ALL.to_vec(),
+            Some(v) => {
+                let names = strings(Some(v))
+                    .ok_or_else(|| ConfigError::new(at("on"), "is not a list of error classes"))?;
+                let mut on = Vec::new();
+                for name in names {
+                    let class = ErrorClass::ALL.into_iter().find(|c| c.as_str() == name);
+                    on.push(class.ok_or_else(|| {
+                        ConfigError::new(
+                            at("on"),
+                            format!(
+                                "{name:?} is not `context_length`, `quota` or `model_not_found`"
+                            ),
+                        )
+                    })?);
+                }
+                on
+            }
+        };
+        if on.is_empty() {
+            return Err(ConfigError::new(at("on"), "names no error class"));
+        }
+        on.sort();
+        on.dedup();
+        out.insert(model.clone(), Chain { on, to });
+    }
+    Ok(out)
+}
+
+/// The strings of a JSON list; `None` when it is not one of strings.
+fn strings(v: Option<&Value>) -> Option<Vec<String>> {
+    v?.as_array()?
+        .iter()
+        .map(|s| s.as_str().map(str::to_string))
+        .collect()
+}
+
+impl Chain {
+    /// The model after `step` models of the chain were tried, when `class`
+    /// moves the call on.
+    pub fn next(&self, class: ErrorClass, step: usize) -> Option<&str> {
+        if !self.on.contains(&class) {
+            return None;
+        }
+        self.to.get(step).map(String::as_str)
+    }
+}
+
+/// Counts a fallback of `model` for `class` by its result.
+pub fn count(m: &mut dyn Metrics, model: &str, class: ErrorClass, result: FailoverResult) {
+    m.counter(
+        &names::name(
+            names::ROUTING_MODEL_FALLBACKS,
+            &[
+                ("model", model),
+                ("reason", class.as_str()),
+                ("result", result.as_str()),
+            ],
+        ),
+        1,
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn class(status: u16, body: &str) -> Option<ErrorClass> {
+        classify(status, body.as_bytes())
+    }
+
+    #[test]
+    fn each_dialect_s_errors_are_classified() {
+        use ErrorClass::*;
+        // OpenAI.
+        let openai = |code: &str, message: &str| {
+            format!(
+                r#"{{"error":{{"message":"{message}","type":"invalid_request_error","param":null,"code":"{code}"}}}}"#
+            )
+        };
+        assert_eq!(
+            class(
+                400,
+                &openai(
+                    "context_length_exceeded",
+                    "This model's maximum context length is 128000 tokens."
+                )
+            ),
+            Some(ContextLength)
+        );
+        assert_eq!(
+            class(
+                429,
+                &openai(
+                    "insufficient_quota",
+                    "You exceeded your current quota, please check your plan."
+                )
+            ),
+            Some(Quota)
+        );
+        assert_eq!(
+            class(
+                404,
+                &openai(
+                    "model_not_found",
+                    "The model `gpt-5x` does not exist or you do not have access to it."
+                )
+            ),
+            Some(ModelNotFound)
+        );
+        // A rate limit is failover's; a plain bad request is the caller's.
+        assert_eq!(
+            class(
+                429,
+                &openai("rate_limit_exceeded", "Rate limit reached for requests")
+            ),
+            None
+        );
+        assert_eq!(
+            class(
+                400,
+                &openai("invalid_value", "temperature must be at most 2")
+            ),
+            None
+        );
+        // Anthropic.
+        let anthropic = |kind: &str, message: &str| {
+            format!(r#"{{"type":"error","error":{{"type":"{kind}","message":"{message}"}}}}"#)
+        };
+        assert_eq!(
+            class(
+                400,
+                &anthropic(
+                    "invalid_request_error",
+                    "prompt is too long: 210000 tokens > 200000 maximum"
+                )
+            ),
+            Some(ContextLength)
+        );
+        assert_eq!(
+            class(
+                400,
+                &anthropic(
+                    "invalid_request_error",
+                    "Your credit balance is too low to access the Anthropic API."
+                )
+            ),
+            Some(Quota)
+        );
+        assert_eq!(
+            class(404, &anthropic("not_found_error", "model: claude-9")),
+            Some(ModelNotFound)
+        );
+        assert_eq!(
+            class(
+                429,
+                &anthropic(
+                    "rate_limit_error",
+                    "Number of requests has exceeded your rate limit"
+                )
+            ),
+            None
+        );
+        // vLLM's flat error object.
+        assert_eq!(
+            class(
+                404,
+                r#"{"object":"error","message":"The model `llama-9` does not exist.","type":"NotFoundError","param":null,"code":404}"#
+            ),
+            Some(ModelNotFound)
+        );
+        assert_eq!(
+            class(
+                400,
+                r#"{"object":"error","message":"This model's maximum context length is 8192 tokens. However, you requested 9000 tokens.","type":"BadRequestError","code":400}"#
+            ),
+            Some(ContextLength)
+        );
+    }
+
+    #[test]
+    fn anything_else_is_no_class() {
+        for (status, body) in [
+            (500, r#"{"error":{"code":"context_length_exceeded"}}"#),
+            (200, r#"{"error":{"code":"model_not_found"}}"#),
+            (404, "<html>not found</html>"),
+            (404, r#"{"error":{"message":"no such route"}}"#),
+            (400, ""),
+            (400, "[1,2]"),
+            (400, r#"{"error":"context length"}"#),
+        ] {
+            assert_eq!(class(status, body), None, "{status} {body}");
+        }
+        let long = format!(
+            r#"{{"error":{{"code":"insufficient_quota","message":"{}"}}}}"#,
+            "x".repeat(MAX_ERROR_BODY)
+        );
+        assert_eq!(class(429, &long), None, "too long to be read");
+    }
+
+    #[test]
+    fn chains_are_checked_against_the_routed_models() {
+        let routed = |m: &str| ["a", "b", "c"].contains(&m);
+        let raw = |json: &str| -> Value { serde_json::from_str(json).unwrap() };
+        let chains = compile(&raw(r#"{"a": {"to": ["b", "c"]}}"#), &routed).unwrap();
+        let a = &chains["a"];
+        assert_eq!(a.on, ErrorClass::ALL.to_vec());
+        assert_eq!(a.next(ErrorClass::Quota, 0), Some("b"));
+        assert_eq!(a.next(ErrorClass::Quota, 1), Some("c"));
+        assert_eq!(a.next(ErrorClass::Quota, 2), None);
+        let only = compile(
+            &raw(r#"{"a": {"on": ["context_length"], "to": ["b"]}}"#),
+            &routed,
+        )
+        .unwrap();
+        assert_eq!(only["a"].next(ErrorClass::Quota, 0), None);
+        assert_eq!(only["a"].next(ErrorClass::ContextLength, 0), Some("b"));
+        for (json, at) in [
+            (r#"{"x": {"to": ["b"]}}"#, "x"),
+            (r#"{"a": {"to": []}}"#, "a.to"),
+            (r#"{"a": {"to": ["a"]}}"#, "a.to[0]"),
+            (r#"{"a": {"to": ["b", "b"]}}"#, "a.to[1]"),
+            (r#"{"a": {"to": ["z"]}}"#, "a.to[0]"),
+            (r#"{"a": {"to": ["b"], "on": []}}"#, "a.on"),
+            (r#"{"a": {"to": ["b", "c", "b", "c", "b"]}}"#, "a.to"),
+            (r#"{"a": {"to": ["b"], "on": ["moon"]}}"#, "a.on"),
+            (r#"{"a": {"to": ["b"], "when": []}}"#, "a.when"),
+            (r#"{"a": {"to": "b"}}"#, "a.to"),
+            (r#"{"a": ["b"]}"#, "a"),
+            (r#"["a"]"#, "."),
+        ] {
+            let e = compile(&raw(json), &routed).unwrap_err();
+            assert_eq!(e.field, at, "{json}: {e:?}");
+        }
+        assert!(compile(&Value::Null, &routed).unwrap().is_empty());
+    }
+}

@@ -1,0 +1,173 @@
+//! The walk's fallback step: a routed, held call whose backend refused it
+//! with an error a fallback chain names (see [`crate::routing::fallback`])
+//! has that error held to its end and read; when its class moves the call
+//! on, the held request goes to the chain's next model while the error is
+//! held back, and the client gets that model's answer, named in
+//! `x-llm-model`. The failover step's callout, reply and budget carry it.
+
+use crate::routing::failover::FailoverResult;
+use crate::routing::fallback::{self, Chain, ErrorClass};
+use crate::summary::{CallSummary, End};
+
+use super::failover::Sent;
+use super::state::{Answer, FellBack};
+use super::{Call, CalloutAnswer, Env, Host, Phase, Step};
+
+impl Call {
+    /// The fallback chain of the model the call first went to.
+    fn chain<'c>(&self, env: &Env<'c>) -> Option<&'c Chain> {
+        let model = match &self.dispatch.fallback {
+            Some(f) => f.from.as_str(),
+            None => self.dispatch.model.as_deref()?,
+        };
+        self.routing_config(env.config).fallbacks.get(model)
+    }
+
+    /// The call was routed to a model with a fallback chain: its body is
+    /// worth keeping for the next model.
+    pub(super) fn may_fall_back(&self, env: &Env<'_>) -> bool {
+        self.dispatch.cluster.is_some() && self.chain(env).is_some()
+    }
+
+    /// At the response headers, when failover let them pass: an error
+    /// answer a chain may move on from is held to its end (`Step::Pause`)
+    /// to read its class. Not while a hedge is out: its answer is the
+    /// call's other chance.
+    pub(super) fn hold_error(&mut self, env: &Env<'_>, end_of_stream: bool) -> Step {
+        let Some(r) = self.response.as_ref() else {
+            return Step::Continue;
+        };
+        // Envoy's own replies (its 413) are no backend's refusal.
+        let json_error = r.status.is_some_and(fallback::candidate)
+            && r.envoy.is_none()
+            && matches!(r.answer, Answer::Json { .. });
+        if end_of_stream
+            || !json_error
+            || !matches!(self.progress.phase(), Phase::Forwarded)
+            || self.dispatch.held.is_none()
+            || self.progress.hedge_out().is_some()
+            || self.chain(env).is_none()
+            || self.request.remaining_ms(env.now_ms) < env.config.budget.min_per_try_ms
+        {
+            return Step::Continue;
+        }
+        self.progress.hold_error();
+        Step::Pause
+    }
+
+    /// A body callback of a held error. Envoy buffers it while the filter
+    /// pauses, and each callback sees the whole body buffered so far
+    /// (`size`): it is held to its end (or let go once longer than an error
+    /// body), then read once; the chain's next model is asked when its
+    /// class says so, else the error goes on to the client.
+    pub(super) fn error_body(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        size: usize,
+        end_of_stream: bool,
+    ) -> Step {
+        if let Some(r) = self.response.as_mut().filter(|_| size > 0) {
+            r.first_byte_ms.get_or_insert(env.now_ms);
+        }
+        if size > fallback::MAX_ERROR_BODY {
+            self.progress.forward();
+            return Step::Continue;
+        }
+        if !end_of_stream {
+            return Step::Pause;
+        }
+        let body = host.response_body(size).unwrap_or_default();
+        let status = self.response.as_ref().and_then(|r| r.status);
+        if let Some(r) = self.response.as_mut() {
+            r.ended = true;
+            if let Answer::Json { copy, .. } = &mut r.answer {
+                copy.append(&body);
+            }
+        }
+        let class = status.and_then(|s| fallback::classify(s, &body));
+        if let (Some(class), Some(status)) = (class, status) {
+            if self.fall_back(env, host, class, End::Answered(status)) {
+                return Step::Pause;
+            }
+        }
+        self.progress.forward();
+        self.write_record(env, host, None);
+        Step::Continue
+    }
+
+    /// Moves the call to the next model of its chain for `class`, the try
+    /// that ended so (`failed`) learnt: true once the callout is out.
+    fn fall_back(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        class: ErrorClass,
+        failed: End,
+    ) -> bool {
+        let step = self.dispatch.fallback.as_ref().map_or(0, |f| f.step);
+        let Some(next) = self.chain(env).and_then(|c| c.next(class, step)) else {
+            return false;
+        };
+        let from = match &self.dispatch.fallback {
+            Some(f) => f.from.clone(),
+            None => self.dispatch.model.clone().unwrap_or_default(),
+        };
+        let cluster = match self.send_to_model(env, host, next) {
+            Sent::To(cluster) => cluster,
+            Sent::Refused => {
+                fallback::count(env.metrics, &from, class, FailoverResult::NotSent);
+                return false;
+            }
+            Sent::Nowhere => return false,
+        };
+        // The refusing backend learns its answer now; the call is the next
+        // model's from here.
+        let refused = CallSummary {
+            end: failed,
+            ..self.summary("", env.now_ms)
+        };
+        self.learn_from(env, &refused);
+        crate::routing::learn::started(env.store, env.metrics, &cluster, env.now_ms);
+        if self.dispatch.breaker.is_some() {
+            self.dispatch.breaker = Some(cluster.clone());
+        }
+        self.dispatch.model = Some(next.to_string());
+        self.dispatch.cluster = Some(cluster);
+        self.dispatch.fallback = Some(FellBack {
+            from,
+            class,
+            step: step.saturating_add(1),
+        });
+        self.progress.fail_over();
+        true
+    }
+
+    /// The answer of the model a fallback asked: counted; when it refuses
+    /// the call for a class the chain names too, the chain goes on. True
+    /// when the call went on to another model.
+    pub(super) fn fallback_answered(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        answer: &CalloutAnswer,
+    ) -> bool {
+        let Some(f) = self.dispatch.fallback.as_ref() else {
+            return false;
+        };
+        let class = answer
+            .status
+            .and_then(|status| fallback::classify(status, &answer.body));
+        // Refused again for a class is a failure too, whatever its status.
+        let result = match class {
+            Some(_) => FailoverResult::Failed,
+            None => FailoverResult::of(answer.status),
+        };
+        fallback::count(env.metrics, &f.from, f.class, result);
+        let (Some(status), Some(class)) = (answer.status, class) else {
+            return false;
+        };
+        self.request.remaining_ms(env.now_ms) >= env.config.budget.min_per_try_ms
+            && self.fall_back(env, host, class, End::Answered(status))
+    }
+}
