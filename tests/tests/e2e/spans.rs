@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use llm_filter_e2e::daemon::free_port;
 use llm_filter_e2e::{
-    chat_body, chat_stream_body, post_json, skip_without_envoy, stream_sse, Envoy, EnvoyBuilder,
-    MockConfig, MockUpstream,
+    chat_body, chat_stream_body, messages_body, post_json, responses_body, skip_without_envoy,
+    stream_sse, with_field, Envoy, EnvoyBuilder, MockConfig, MockUpstream,
 };
 use serde_json::{json, Value};
 
@@ -119,6 +119,11 @@ async fn each_llm_call_exports_the_span_its_upstream_hangs_under() {
         span["attributes"]["gen_ai.usage.output_tokens"],
         usage["completion_tokens"]
     );
+    // Why it ended, from its final chunk.
+    assert_eq!(
+        span["attributes"]["gen_ai.response.finish_reasons"],
+        json!(["stop"])
+    );
 
     // An unsampled caller: its trace goes on upstream, no span is exported.
     let unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
@@ -225,6 +230,31 @@ async fn envoys_access_log_prints_each_calls_record() {
     .await
     .unwrap();
     assert_eq!(stream.status, 200);
+    // Streams of the other dialects: the final response's status, the
+    // message's stop reason.
+    let responses = stream_sse(
+        &e.url("/v1/responses"),
+        &with_field(
+            responses_body("gpt-4o", "a Responses stream"),
+            "stream",
+            json!(true),
+        ),
+        &[],
+    )
+    .await
+    .unwrap();
+    let messages = stream_sse(
+        &e.url("/v1/messages"),
+        &with_field(
+            messages_body("claude-sonnet-4", "a Messages stream"),
+            "stream",
+            json!(true),
+        ),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!((responses.status, messages.status), (200, 200));
     // A call that is not an LLM call has no record.
     let _ = llm_filter_e2e::get(&e.url("/v1/models"), &[])
         .await
@@ -233,12 +263,12 @@ async fn envoys_access_log_prints_each_calls_record() {
     let lines = loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         let lines: Vec<String> = text.lines().map(str::to_string).collect();
-        if lines.len() >= 4 || Instant::now() >= deadline {
+        if lines.len() >= 6 || Instant::now() >= deadline {
             break lines;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert_eq!(lines.len(), 4, "{lines:?}\n{}", e.log_tail(40));
+    assert_eq!(lines.len(), 6, "{lines:?}\n{}", e.log_tail(40));
     let record = |line: &str| -> Value {
         let (_, json) = line.split_once(' ').unwrap();
         serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {line}"))
@@ -266,9 +296,19 @@ async fn envoys_access_log_prints_each_calls_record() {
         stream.usage().unwrap()["completion_tokens"]
     );
     assert!(s["ttfb_ms"].is_u64());
+    assert_eq!(s["finish_reasons"], json!(["stop"]), "the final chunk's");
+    let (r, m) = (record(&lines[3]), record(&lines[4]));
+    assert_eq!(
+        (r["api"].clone(), r["finish_reasons"].clone()),
+        (json!("responses"), json!(["completed"]))
+    );
+    assert_eq!(
+        (m["api"].clone(), m["finish_reasons"].clone()),
+        (json!("messages"), json!(["end_turn"]))
+    );
     assert!(
-        lines[3].ends_with(" -"),
+        lines[5].ends_with(" -"),
         "no record for a call that is not an LLM call: {}",
-        lines[3]
+        lines[5]
     );
 }
