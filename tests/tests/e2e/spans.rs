@@ -312,3 +312,96 @@ async fn envoys_access_log_prints_each_calls_record() {
         lines[5]
     );
 }
+
+/// The HTTP connection manager's tracing of envoy/tracing-off.yaml: Envoy's
+/// own OpenTelemetry tracer, exporting to `collector` (a cluster on
+/// `127.0.0.1:port`), its span tagged with the call's record.
+fn envoy_tracing(port: u16) -> String {
+    let shipped =
+        std::fs::read_to_string(llm_filter_e2e::workspace_root().join("envoy/tracing-off.yaml"))
+            .unwrap();
+    let block = shipped
+        .split("# --- tracing ---\n")
+        .nth(1)
+        .and_then(|rest| rest.split("# --- end tracing ---\n").next())
+        .expect("the tracing block of envoy/tracing-off.yaml");
+    // The block sits in the connection manager at column 10.
+    block
+        .lines()
+        .map(|l| l.get(10..).unwrap_or_default().to_string() + "\n")
+        .collect::<String>()
+        .replace("otel-collector:4318", &format!("127.0.0.1:{port}"))
+        .replace("cluster: otel-collector", "cluster: otel")
+}
+
+#[tokio::test]
+async fn with_tracing_off_envoys_own_span_carries_the_calls_record() {
+    if skip_without_envoy("with_tracing_off_envoys_own_span_carries_the_calls_record") {
+        return;
+    }
+    let receiver = Receiver::start(&[]);
+    let mock = MockUpstream::start(MockConfig::named("envoy-span"));
+    let e = EnvoyBuilder::new()
+        .plugin_config(json!({"tracing": {"mode": "off"}, "access_log": {"enabled": true}}))
+        .upstream("mock", mock.port())
+        .upstream("otel", receiver.port)
+        .hcm_yaml(&envoy_tracing(receiver.port))
+        .start()
+        .expect("envoy with its tracer and the filter");
+    let url = e.url("/v1/chat/completions");
+    let body = json!({"model": "gpt-4o", "max_tokens": 64,
+                      "messages": [{"role": "user", "content": "tag Envoy's span"}]});
+    let r = post_json(&url, &body, &[("traceparent", CALLER)])
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let stream = stream_sse(&url, &chat_stream_body("gpt-4o", "a stream", true), &[])
+        .await
+        .unwrap();
+    assert_eq!(stream.status, 200);
+    // Envoy's tracer wrote the traceparent upstream, under the caller's span.
+    let sent = traceparent(mock.requests()[0].header("traceparent").unwrap()).unwrap();
+    assert_eq!(sent.0, "4bf92f3577b34da6a3ce929d0e0e4736");
+    // Envoy flushes its spans every 5 s.
+    let span = receiver
+        .span_of(&sent.0, Duration::from_secs(12))
+        .await
+        .unwrap_or_else(|| panic!("Envoy's span: {:?}\n{}", receiver.exports(), e.log_tail(30)));
+    assert_eq!(span["resource"]["service.name"], "llm-gateway", "{span}");
+    assert_eq!(span["parent_span_id"], "00f067aa0ba902b7");
+    let tag = span["attributes"]["llm_filter.call"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no record on {span}"));
+    let record: Value = serde_json::from_str(tag).unwrap();
+    let usage = r.json()["usage"].clone();
+    assert_eq!(record["model"], "gpt-4o");
+    assert_eq!(record["input_tokens"], usage["prompt_tokens"]);
+    assert_eq!(record["output_tokens"], usage["completion_tokens"]);
+    assert_eq!(record["finish_reasons"], json!(["stop"]));
+    assert_eq!(record["max_tokens"], 64);
+    assert!(record.get("span_id").is_none(), "the filter made no span");
+    // The stream's span too, with its finish reason; the filter exported
+    // nothing itself.
+    let deadline = Instant::now() + Duration::from_secs(12);
+    let stream_record = loop {
+        let found = receiver.spans().into_iter().find_map(|s| {
+            let tag = s["attributes"]["llm_filter.call"].as_str()?.to_string();
+            let record: Value = serde_json::from_str(&tag).ok()?;
+            (s["trace_id"] != sent.0).then_some(record)
+        });
+        if found.is_some() || Instant::now() >= deadline {
+            break found;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let stream_record = stream_record.expect("the stream's span");
+    assert_eq!(stream_record["finish_reasons"], json!(["stop"]));
+    assert_eq!(
+        stream_record["output_tokens"],
+        stream.usage().unwrap()["completion_tokens"]
+    );
+    assert!(receiver
+        .spans()
+        .iter()
+        .all(|s| s["resource"]["service.name"] == "llm-gateway"));
+}
