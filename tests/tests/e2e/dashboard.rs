@@ -357,29 +357,9 @@ async fn every_panel_of_the_dashboard_shows_data_after_mixed_traffic() {
 
     // Until every query answers (the gauges of shared data are set every
     // 10 s, the degrade source's every second) or 40 s passed.
-    let exempt = |expr: &str| {
-        metrics_of(expr).iter().any(|m| {
-            NOT_IN_A_HEALTHY_RUN
-                .iter()
-                .any(|(name, _)| m.starts_with(name))
-        })
-    };
     let deadline = Instant::now() + Duration::from_secs(40);
     let missing = loop {
-        let mut missing = Vec::new();
-        for p in panels(&dashboard) {
-            for t in p["targets"].as_array().into_iter().flatten() {
-                let expr = t["expr"].as_str().unwrap();
-                if exempt(expr) {
-                    continue;
-                }
-                let q = substituted(&dashboard, expr, RATE_INTERVAL, "5s");
-                let samples = prom.query(&q).await.unwrap_or_else(|e| panic!("{e}"));
-                if !has_data(&samples) {
-                    missing.push(format!("{}: {q} → {samples:?}", p["title"]));
-                }
-            }
-        }
+        let missing = targets_without_data(&prom, &dashboard).await;
         if missing.is_empty() || Instant::now() >= deadline {
             break missing;
         }
@@ -394,30 +374,76 @@ async fn every_panel_of_the_dashboard_shows_data_after_mixed_traffic() {
     // The exempt queries are the ones the list names, no more.
     for (name, reason) in NOT_IN_A_HEALTHY_RUN {
         assert!(!reason.is_empty());
-        let used = panels(&dashboard).iter().any(|p| {
-            p["targets"].as_array().into_iter().flatten().any(|t| {
-                t["expr"]
-                    .as_str()
-                    .is_some_and(|e| metrics_of(e).contains(name))
-            })
-        });
+        let used = targets(&dashboard)
+            .iter()
+            .any(|(_, expr)| metrics_of(expr).contains(name));
         assert!(used, "{name} is exempt but no panel reads it");
     }
-
     if let Some(path) = picture {
-        let end = unix_now();
-        let step = ((end - started) / 120.0).max(2.0);
-        let mut out = dashboard.clone();
-        for p in out["panels"].as_array_mut().unwrap() {
-            for t in p["targets"].as_array_mut().into_iter().flatten() {
-                let expr = t["expr"].as_str().unwrap().to_string();
-                let q = substituted(&dashboard, &expr, "20s", "5s");
-                let series = prom.query_range(&q, started, end, step).await.unwrap();
-                t["series"] = Value::Array(series);
-            }
-        }
-        out["range"] = json!({"start": started, "end": end, "step": step});
-        std::fs::write(&path, serde_json::to_string(&out).unwrap()).unwrap();
-        eprintln!("dashboard data written to {}", path.to_string_lossy());
+        write_ranges(&prom, &dashboard, started, &path).await;
     }
+}
+
+/// `(panel title, expr)` of every target of every panel.
+fn targets(dashboard: &Value) -> Vec<(String, String)> {
+    panels(dashboard)
+        .iter()
+        .flat_map(|p| {
+            let title = p["title"].as_str().unwrap_or_default().to_string();
+            p["targets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(move |t| (title.clone(), t["expr"].as_str().unwrap().to_string()))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The queries that returned no number now, each with what it returned;
+/// those of [`NOT_IN_A_HEALTHY_RUN`] are not asked.
+async fn targets_without_data(prom: &PrometheusServer, dashboard: &Value) -> Vec<String> {
+    let exempt = |expr: &str| {
+        metrics_of(expr).iter().any(|m| {
+            NOT_IN_A_HEALTHY_RUN
+                .iter()
+                .any(|(name, _)| m.starts_with(name))
+        })
+    };
+    let mut missing = Vec::new();
+    for (title, expr) in targets(dashboard) {
+        if exempt(&expr) {
+            continue;
+        }
+        let q = substituted(dashboard, &expr, RATE_INTERVAL, "5s");
+        let samples = prom.query(&q).await.unwrap_or_else(|e| panic!("{e}"));
+        if !has_data(&samples) {
+            missing.push(format!("{title}: {q} → {samples:?}"));
+        }
+    }
+    missing
+}
+
+/// Writes the dashboard to `path` with each target's range since `started`
+/// (`series`) and the run's `range`, for scripts/dashboard_picture.py.
+async fn write_ranges(
+    prom: &PrometheusServer,
+    dashboard: &Value,
+    started: f64,
+    path: &std::ffi::OsStr,
+) {
+    let end = unix_now();
+    let step = ((end - started) / 120.0).max(2.0);
+    let mut out = dashboard.clone();
+    for p in out["panels"].as_array_mut().unwrap() {
+        for t in p["targets"].as_array_mut().into_iter().flatten() {
+            let expr = t["expr"].as_str().unwrap().to_string();
+            let q = substituted(dashboard, &expr, "20s", "5s");
+            let series = prom.query_range(&q, started, end, step).await.unwrap();
+            t["series"] = Value::Array(series);
+        }
+    }
+    out["range"] = json!({"start": started, "end": end, "step": step});
+    std::fs::write(path, serde_json::to_string(&out).unwrap()).unwrap();
+    eprintln!("dashboard data written to {}", path.to_string_lossy());
 }
