@@ -204,6 +204,23 @@ async fn round(rig: &Rig, n: usize) {
         );
     }
 
+    // P0 calls until one lands on c and is hedged: routing, which learns
+    // that c is slow, sends it few calls.
+    for i in 0..60 {
+        if rig.envoy.metric("llm_filter_routing_hedges_total", &[]) >= 1.0 {
+            break;
+        }
+        let body = chat_body("gpt-4o", &unique(&format!("hedged {i}")));
+        let r = post_json(&url, &body, &[("x-request-priority", "P0")])
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert!(
+        rig.envoy.metric("llm_filter_routing_hedges_total", &[]) >= 1.0,
+        "no P0 call was hedged"
+    );
+
     // Two turns of a conversation: the second's prompt starts with the
     // first's, which its backend's prompt cache holds.
     let first = json!([{"role": "system", "content": "You answer about dashboards."},
