@@ -56,7 +56,7 @@ export ENVOY_BIN := $(abspath $(ENVOY))
 export LLM_FILTER_WASM := $(abspath $(WASM))
 export LLM_FILTER_NOOP_WASM := $(abspath $(NOOP_WASM))
 
-.PHONY: help build run test unit fuzz e2e examples lint audit tools-deny bench bench-noop bench-core bench-tail bench-hostcalls soak clean wasm-target envoy tools-bench tools-promtool tools-tls sdk image push image-test tools-image istio-models tools-alertmanager tools-prometheus tools-wasm-opt
+.PHONY: help build run test unit fuzz e2e examples dashboard-picture tools-picture lint audit tools-deny bench bench-noop bench-core bench-tail bench-hostcalls soak clean wasm-target envoy tools-bench tools-promtool tools-tls sdk image push image-test tools-image istio-models tools-alertmanager tools-prometheus tools-wasm-opt
 
 help:
 	@echo "make run    build, start the mock upstream and Envoy with the filter, print curls"
@@ -70,6 +70,7 @@ help:
 	@echo "make bench-core  the pure core parts of a call timed natively, µs per call"
 	@echo "make bench-hostcalls  host calls per call of every filter scenario (a census build)"
 	@echo "make bench-tail  tail latency across three backends: even spread vs filter routing (~1 min)"
+	@echo "make dashboard-picture  docs/dashboard.png from a real Prometheus after mixed traffic (~3 min)"
 	@echo "make soak   mixed traffic for SOAK_DURATION_S (default 600) s; fails if memory or shared data grows"
 
 wasm-target:
@@ -131,6 +132,24 @@ examples: tools-promtool istio-models
 	$(VENV)/bin/python scripts/check_istio_examples.py examples/istio
 
 test: unit e2e examples image-test
+
+# The picture of the Grafana dashboard in docs/metrics.md: the dashboard's
+# end-to-end test plays DASHBOARD_ROUNDS rounds of its mixed traffic (a few
+# seconds each) and writes what its real Prometheus answered to every panel's
+# query over the run; scripts/dashboard_picture.py draws it with matplotlib,
+# in a venv of its own under target/. Not part of `make test`.
+MATPLOTLIB_VERSION := 3.11.2
+PICTURE_VENV := target/picture-venv
+DASHBOARD_ROUNDS ?= 30
+DASHBOARD_DATA := target/dashboard-data.json
+dashboard-picture: build envoy sdk tools-prometheus tools-picture
+	LLM_FILTER_DASHBOARD_DATA=$(abspath $(DASHBOARD_DATA)) LLM_FILTER_DASHBOARD_ROUNDS=$(DASHBOARD_ROUNDS) \
+		$(CARGO) test -p llm-filter-e2e -- --exact dashboard::every_panel_of_the_dashboard_shows_data_after_mixed_traffic
+	$(PICTURE_VENV)/bin/python scripts/dashboard_picture.py $(DASHBOARD_DATA) docs/dashboard.png
+
+tools-picture:
+	@$(PICTURE_VENV)/bin/python -c "import matplotlib, sys; sys.exit(matplotlib.__version__ != '$(MATPLOTLIB_VERSION)')" 2>/dev/null \
+		|| { $(PYTHON) -m venv $(PICTURE_VENV) && $(PICTURE_VENV)/bin/pip install --quiet --disable-pip-version-check matplotlib==$(MATPLOTLIB_VERSION); }
 
 # The image (a few seconds): built, pushed to a private registry on loopback,
 # pulled back and unpacked as Istio's agent does.

@@ -23,9 +23,12 @@ RULES = ROOT / "examples" / "prometheus" / "llm-filter.rules.yaml"
 
 SEL = 'model=~"$model", instance=~"$instance"'
 NODE = 'instance=~"$instance"'
+BACKEND = 'llm_cluster=~"$llm_cluster", instance=~"$instance"'
+GROUP = 'group=~"$group"'
 R = "$__rate_interval"
 
-# (row, [(title, kind, unit, [(expr, legend)])]); kind: timeseries, stat, heatmap.
+# (row, [(title, kind, unit, [(expr, legend)])]); kind: timeseries, stat, heatmap
+# (Prometheus buckets), status-history (one row per series, colour = value).
 ROWS = [
     ("Traffic", [
         ("Calls per second by model", "timeseries", "reqps",
@@ -47,10 +50,14 @@ ROWS = [
          [(f"histogram_quantile(0.95, sum by (le, model) (rate(gen_ai_server_time_per_output_token_us_bucket{{{SEL}}}[{R}])))", "{{model}}")]),
         ("Call duration heatmap, per node", "heatmap", "ms",
          [(f"sum by (le) (rate(gen_ai_client_operation_duration_ms_bucket{{{SEL}}}[{R}]))", "{{le}}")]),
+        ("P95 of each try by backend", "status-history", "ms",
+         [(f"histogram_quantile(0.95, sum by (le, llm_cluster) (rate(llm_filter_routing_call_duration_ms_bucket{{{BACKEND}}}[{R}])))", "{{llm_cluster}}")]),
     ]),
     ("Cache", [
         ("Hit ratio", "stat", "percentunit",
          [("llm:cache_hit_ratio:rate5m", "hit ratio")]),
+        ("Hit ratio by kind", "timeseries", "percentunit",
+         [(f'sum by (result) (rate(llm_filter_cache_lookups_total{{result=~"hit|coalesced|stale|semantic", {NODE}}}[{R}])) / ignoring (result) group_left sum(rate(llm_filter_cache_lookups_total{{result!="bypass", {NODE}}}[{R}]))', "{{result}}")]),
         ("Lookups by result", "timeseries", "ops",
          [(f"sum by (result) (rate(llm_filter_cache_lookups_total{{{NODE}}}[{R}]))", "{{result}}")]),
         ("Entries and bytes", "timeseries", "short",
@@ -58,22 +65,26 @@ ROWS = [
           (f"sum(llm_filter_cache_bytes{{{NODE}}})", "bytes")]),
         ("Prompt-cache input tokens read, share of input", "timeseries", "percentunit",
          [(f'sum by (model) (rate(gen_ai_client_token_usage_total{{token_type="cached_input", {SEL}}}[{R}])) / sum by (model) (rate(gen_ai_client_token_usage_total{{token_type="input", {SEL}}}[{R}]))', "{{model}}")]),
+        ("Shard keys by result", "timeseries", "ops",
+         [(f"sum by (result) (rate(llm_filter_cache_shard_keys_total{{{NODE}}}[{R}]))", "{{result}}")]),
     ]),
     ("Routing", [
         ("Effective weight by backend", "timeseries", "short",
-         [(f'max by (model, llm_cluster) (llm_filter_routing_weight_milli{{{SEL}}}) / 1000', "{{model}} → {{llm_cluster}}")]),
+         [(f'max by (model, llm_cluster) (llm_filter_routing_weight_milli{{{SEL}, llm_cluster=~"$llm_cluster"}}) / 1000', "{{model}} → {{llm_cluster}}")]),
         ("Tries by backend and outcome", "timeseries", "ops",
-         [(f"sum by (llm_cluster, outcome) (rate(llm_filter_routing_calls_total{{{NODE}}}[{R}]))", "{{llm_cluster}} {{outcome}}")]),
+         [(f"sum by (llm_cluster, outcome) (rate(llm_filter_routing_calls_total{{{BACKEND}}}[{R}]))", "{{llm_cluster}} {{outcome}}")]),
         ("Ejections, hedges and failovers", "timeseries", "ops",
-         [(f"sum by (llm_cluster) (rate(llm_filter_routing_ejections_total{{{NODE}}}[{R}]))", "ejected {{llm_cluster}}"),
+         [(f"sum by (llm_cluster) (rate(llm_filter_routing_ejections_total{{{BACKEND}}}[{R}]))", "ejected {{llm_cluster}}"),
           (f"sum by (result) (rate(llm_filter_routing_hedges_total{{{NODE}}}[{R}]))", "hedge {{result}}"),
           (f"sum by (result) (rate(llm_filter_routing_failovers_total{{{NODE}}}[{R}]))", "failover {{result}}")]),
         ("Calls in flight by backend", "timeseries", "short",
-         [(f"sum by (llm_cluster) (llm_filter_routing_in_flight{{{NODE}}})", "{{llm_cluster}}")]),
+         [(f"sum by (llm_cluster) (llm_filter_routing_in_flight{{{BACKEND}}})", "{{llm_cluster}}")]),
     ]),
     ("Budgets and degrade", [
         ("Breaker tier by backend", "timeseries", "short",
-         [(f"max by (llm_cluster) (llm_filter_budget_breaker_tier{{{NODE}}})", "{{llm_cluster}}")]),
+         [(f"max by (llm_cluster) (llm_filter_budget_breaker_tier{{{BACKEND}}})", "{{llm_cluster}}")]),
+        ("Breaker pressure by backend", "timeseries", "percentunit",
+         [(f"max by (llm_cluster) (llm_filter_budget_breaker_pressure_permille{{{BACKEND}}}) / 1000", "{{llm_cluster}}")]),
         ("Shed and rejected by the breaker", "timeseries", "ops",
          [(f"sum by (priority) (rate(llm_filter_budget_shed_total{{{NODE}}}[{R}]))", "shed {{priority}}"),
           (f"sum by (priority) (rate(llm_filter_budget_rejected_total{{{NODE}}}[{R}]))", "rejected {{priority}}")]),
@@ -87,6 +98,16 @@ ROWS = [
          [(f"sum by (what) (llm_filter_degrade_source_up{{{NODE}}})", "{{what}}")]),
         ("Mesh-wide load by model", "timeseries", "reqps",
          [('llm:load_rps:sum{model=~"$model"}', "{{model}}")]),
+    ]),
+    ("A/B groups", [
+        ("Calls per second by group", "timeseries", "reqps",
+         [(f'sum by (group) (rate(llm_filter_requests_total{{group!="", {GROUP}, {SEL}}}[{R}]))', "{{group}}")]),
+        ("Call duration P95 by group (5 min)", "timeseries", "ms",
+         [(f"llm:group_duration_ms:p95_5m{{{GROUP}}}", "{{group}}")]),
+        ("Failed or cut share by group (5 min)", "timeseries", "percentunit",
+         [(f"llm:group_error_ratio:rate5m{{{GROUP}}}", "{{group}}")]),
+        ("Tokens per call by group (5 min)", "timeseries", "short",
+         [(f"llm:group_tokens_per_call:rate5m{{{GROUP}}}", "{{group}} {{token_type}}")]),
     ]),
     ("The filter itself", [
         ("Internal errors by reason", "timeseries", "ops",
@@ -118,6 +139,11 @@ def panel(pid, title, kind, unit, targets, x, y):
     }
     if kind == "heatmap":
         p["options"] = {"calculate": False, "yAxis": {"unit": unit}}
+    if kind == "status-history":
+        # Time across, a row per backend, the colour its P95: the heatmap
+        # per backend.
+        p["fieldConfig"]["defaults"]["color"] = {"mode": "continuous-GrYlRd"}
+        p["options"] = {"showValue": "never", "rowHeight": 0.9}
     return p
 
 
@@ -158,6 +184,8 @@ def dashboard():
             {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Prometheus"},
             variable("model", "label_values(llm_filter_requests_total, model)"),
             variable("instance", "label_values(llm_filter_requests_total, instance)"),
+            variable("llm_cluster", "label_values(llm_filter_routing_calls_total, llm_cluster)"),
+            variable("group", "label_values(llm_filter_requests_total, group)"),
         ]},
         "panels": panels,
     }
@@ -192,7 +220,8 @@ def check():
     # promtool parses every query (Grafana's variables given values).
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         rules = [{"record": f"dashboard:query{i}", "expr": e.replace("$__rate_interval", "5m")
-                  .replace("$model", ".*").replace("$instance", ".*")}
+                  .replace("$model", ".*").replace("$instance", ".*")
+                  .replace("$llm_cluster", ".*").replace("$group", ".*")}
                  for i, e in enumerate(exprs())]
         json.dump({"groups": [{"name": "dashboard", "rules": rules}]}, f)
     r = subprocess.run(["promtool", "check", "rules", f.name], capture_output=True, text=True)

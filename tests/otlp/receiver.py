@@ -37,7 +37,7 @@ def main():
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):
-            body = self.rfile.read(int(self.headers.get("content-length", "0")))
+            body = self.body()
             record = {"path": self.path, "content_type": self.headers.get("content-type")}
             try:
                 req = ExportTraceServiceRequest()
@@ -76,6 +76,20 @@ def main():
             self.send_header("content-length", str(len(answer)))
             self.end_headers()
             self.wfile.write(answer)
+
+        def body(self):
+            """The request's body, sized or chunked (Envoy's own OTLP
+            exporter sends its exports chunked)."""
+            if "chunked" not in self.headers.get("transfer-encoding", "").lower():
+                return self.rfile.read(int(self.headers.get("content-length", "0")))
+            body = b""
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    self.rfile.readline()
+                    return body
+                body += self.rfile.read(size)
+                self.rfile.readline()
 
         def log_message(self, *a):
             pass

@@ -135,6 +135,8 @@ pub struct EnvoyBuilder {
     virtual_host_yaml: Option<String>,
     /// A file the HTTP connection manager logs each stream to, with a format.
     access_log: Option<(PathBuf, String)>,
+    /// More fields of the HTTP connection manager (`tracing: ...`).
+    hcm_yaml: Option<String>,
     target: RouteTarget,
     log_level: String,
     component_log_level: Option<String>,
@@ -166,6 +168,7 @@ impl EnvoyBuilder {
             extra_route_yaml: None,
             virtual_host_yaml: None,
             access_log: None,
+            hcm_yaml: None,
             target: RouteTarget::Upstream,
             log_level: "info".to_string(),
             component_log_level: None,
@@ -292,6 +295,13 @@ impl EnvoyBuilder {
         self
     }
 
+    /// More fields of the HTTP connection manager, YAML at column 0 (its
+    /// `tracing`, say).
+    pub fn hcm_yaml(mut self, yaml: &str) -> Self {
+        self.hcm_yaml = Some(yaml.to_string());
+        self
+    }
+
     /// Envoy reads each request whole (a buffer filter) before routing it.
     /// A [`EnvoyBuilder::direct_response`] backend that answers at the
     /// headers leaves the sender a request body it can no longer send, and
@@ -358,6 +368,12 @@ impl EnvoyBuilder {
             head = head.replace(
                 "          codec_type: AUTO\n",
                 &format!("          codec_type: AUTO\n{log}"),
+            );
+        }
+        if let Some(extra) = &self.hcm_yaml {
+            head = head.replace(
+                "          codec_type: AUTO\n",
+                &format!("          codec_type: AUTO\n{}", indent(extra, 10)),
             );
         }
         yaml.push_str(&head);

@@ -36,6 +36,12 @@ pub fn scrape_envoys(targets: &[u16]) -> String {
     )
 }
 
+/// `config` (from [`scrape_envoys`]) that also evaluates the recording
+/// rules and alerts of the file at `rules`, every second.
+pub fn with_rules(config: &str, rules: &std::path::Path) -> String {
+    format!("{config}rule_files:\n- '{}'\n", rules.display())
+}
+
 /// A running Prometheus.
 pub struct PrometheusServer {
     daemon: Daemon,
@@ -74,9 +80,36 @@ impl PrometheusServer {
 
     /// The samples of an instant query, as its API answers them.
     pub async fn query(&self, promql: &str) -> Result<Vec<Value>> {
+        self.api("/api/v1/query", &[("query", promql)]).await
+    }
+
+    /// The series of a range query from `start` to `end` (Unix seconds)
+    /// every `step_s` seconds, as its API answers them.
+    pub async fn query_range(
+        &self,
+        promql: &str,
+        start: f64,
+        end: f64,
+        step_s: f64,
+    ) -> Result<Vec<Value>> {
+        let (start, end, step) = (start.to_string(), end.to_string(), step_s.to_string());
+        self.api(
+            "/api/v1/query_range",
+            &[
+                ("query", promql),
+                ("start", &start),
+                ("end", &end),
+                ("step", &step),
+            ],
+        )
+        .await
+    }
+
+    async fn api(&self, path: &str, params: &[(&str, &str)]) -> Result<Vec<Value>> {
+        let promql = params.first().map_or("", |p| p.1);
         let r = crate::http_client()
-            .get(self.daemon.url("/api/v1/query"))
-            .query(&[("query", promql)])
+            .get(self.daemon.url(path))
+            .query(params)
             .send()
             .await?;
         let body: Value = r.json().await?;

@@ -4,6 +4,7 @@
 //! which the stream reading in `sse` picks up).
 
 use serde::Deserialize;
+use serde_json::Value;
 
 use crate::json::{Document, Json};
 
@@ -100,6 +101,15 @@ pub struct Head {
     /// A Messages answer's `stop_reason`.
     #[serde(default)]
     stop_reason: Option<String>,
+    /// `response` for a Responses answer, whose `status` and
+    /// `incomplete_details` say why it ended (any JSON: other answers may
+    /// use the names for something else).
+    #[serde(default)]
+    object: Option<Value>,
+    #[serde(default)]
+    status: Option<Value>,
+    #[serde(default)]
+    incomplete_details: Option<Value>,
 }
 
 /// What the filter reads of a chat choice.
@@ -113,13 +123,27 @@ struct Choice {
 pub const MAX_FINISH_REASONS: usize = 8;
 
 impl Head {
-    /// Why the answer ended: each chat choice's `finish_reason`, or a
-    /// Messages answer's `stop_reason` (at most [`MAX_FINISH_REASONS`]).
+    /// Why the answer ended: each chat choice's `finish_reason`, a
+    /// Messages answer's `stop_reason`, or a Responses answer's incomplete
+    /// reason else its status (at most [`MAX_FINISH_REASONS`]).
     pub fn finish_reasons(&self) -> Vec<&str> {
+        let response = self
+            .object
+            .as_ref()
+            .is_some_and(|o| o == "response")
+            .then(|| {
+                self.incomplete_details
+                    .as_ref()
+                    .and_then(|d| d.get("reason"))
+                    .and_then(Value::as_str)
+                    .or_else(|| self.status.as_ref().and_then(Value::as_str))
+            })
+            .flatten();
         self.choices
             .iter()
             .filter_map(|c| c.finish_reason.as_deref())
             .chain(self.stop_reason.as_deref())
+            .chain(response)
             .take(MAX_FINISH_REASONS)
             .collect()
     }
@@ -162,6 +186,18 @@ mod tests {
         assert_eq!(head_from_json(chat).finish_reasons(), ["stop", "length"]);
         let messages = br#"{"type":"message","stop_reason":"end_turn","content":[]}"#;
         assert_eq!(head_from_json(messages).finish_reasons(), ["end_turn"]);
+        let done = br#"{"object":"response","status":"completed","incomplete_details":null}"#;
+        assert_eq!(head_from_json(done).finish_reasons(), ["completed"]);
+        let cut = br#"{"object":"response","status":"incomplete","incomplete_details":{"reason":"max_output_tokens"}}"#;
+        assert_eq!(head_from_json(cut).finish_reasons(), ["max_output_tokens"]);
+        // Another answer's `status` is not a finish reason, and never
+        // costs the usage beside it.
+        let other = br#"{"status":400,"usage":{"prompt_tokens":3}}"#;
+        assert!(head_from_json(other).finish_reasons().is_empty());
+        assert_eq!(
+            head_from_json(other).usage.map(|u| u.prompt_tokens),
+            Some(3)
+        );
         assert!(head_from_json(br#"{"output":[]}"#)
             .finish_reasons()
             .is_empty());

@@ -83,6 +83,19 @@ fn tagging_only_envoy(port: u16) -> EnvoyBuilder {
         .upstream("backend", port)
 }
 
+/// [`tagging_only_envoy`] exporting every call's span (new roots, all
+/// sampled) to the backend's cluster, in batches large and frequent enough
+/// that none is dropped at the bench's rate.
+fn tagging_spans_envoy(port: u16) -> EnvoyBuilder {
+    EnvoyBuilder::new()
+        .plugin_config(
+            r#"{"cache":{"enabled":false},"budget":{"enabled":false},
+              "tracing":{"otlp":{"cluster":"backend","interval_ms":100,"batch_size":2048,"max_queue":16384}}}"#,
+        )
+        .concurrency(1)
+        .upstream("backend", port)
+}
+
 /// The filter with `{}` and the model routed over two clusters that are
 /// both the backend (no probes during a run).
 fn routed_envoy(port: u16) -> EnvoyBuilder {
@@ -245,6 +258,16 @@ fn scenarios() -> Vec<Scenario> {
         Scenario {
             name: "filter-tagging-only",
             envoy: tagging_only_envoy,
+            path: "/v1/chat/completions",
+            headers: vec![],
+            body: chat.clone(),
+            expect_cache: None,
+        },
+        Scenario {
+            // Tagging only, plus a span per call exported over OTLP/HTTP (to
+            // the backend, which answers 200): what span export costs.
+            name: "filter-tagging-spans",
+            envoy: tagging_spans_envoy,
             path: "/v1/chat/completions",
             headers: vec![],
             body: chat.clone(),

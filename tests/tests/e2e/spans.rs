@@ -4,91 +4,16 @@
 //! GenAI conventions'; a collector that is down or slow costs no call, and
 //! what waits for it stays bounded.
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use llm_filter_e2e::daemon::free_port;
 use llm_filter_e2e::{
-    chat_body, chat_stream_body, post_json, skip_without_envoy, stream_sse, workspace_root, Envoy,
-    EnvoyBuilder, MockConfig, MockUpstream,
+    chat_body, chat_stream_body, messages_body, post_json, responses_body, skip_without_envoy,
+    stream_sse, with_field, Envoy, EnvoyBuilder, MockConfig, MockUpstream,
 };
 use serde_json::{json, Value};
 
-use crate::support::sdk::python;
-
-/// The receiver script, killed when dropped; its spans are read from its file.
-struct Receiver {
-    child: Child,
-    port: u16,
-    out: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Receiver {
-    fn start(args: &[&str]) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("spans.jsonl");
-        let mut child = Command::new(python())
-            .arg(workspace_root().join("tests/otlp/receiver.py"))
-            .arg(&out)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("the OTLP receiver (`make e2e` installs opentelemetry-proto)");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line.trim().parse().expect("the receiver's port");
-        Self {
-            child,
-            port,
-            out,
-            _dir: dir,
-        }
-    }
-
-    /// Every export received so far.
-    fn exports(&self) -> Vec<Value> {
-        std::fs::read_to_string(&self.out)
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
-
-    fn spans(&self) -> Vec<Value> {
-        self.exports()
-            .iter()
-            .flat_map(|e| e["spans"].as_array().cloned().unwrap_or_default())
-            .collect()
-    }
-
-    /// Waits up to `within` for a span of `trace_id`.
-    async fn span_of(&self, trace_id: &str, within: Duration) -> Option<Value> {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(s) = self.spans().into_iter().find(|s| s["trace_id"] == trace_id) {
-                return Some(s);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use crate::support::otlp::Receiver;
 
 fn envoy(mock: &MockUpstream, otel_port: u16, otlp: Value) -> Envoy {
     EnvoyBuilder::new()
@@ -193,6 +118,11 @@ async fn each_llm_call_exports_the_span_its_upstream_hangs_under() {
     assert_eq!(
         span["attributes"]["gen_ai.usage.output_tokens"],
         usage["completion_tokens"]
+    );
+    // Why it ended, from its final chunk.
+    assert_eq!(
+        span["attributes"]["gen_ai.response.finish_reasons"],
+        json!(["stop"])
     );
 
     // An unsampled caller: its trace goes on upstream, no span is exported.
@@ -300,6 +230,31 @@ async fn envoys_access_log_prints_each_calls_record() {
     .await
     .unwrap();
     assert_eq!(stream.status, 200);
+    // Streams of the other dialects: the final response's status, the
+    // message's stop reason.
+    let responses = stream_sse(
+        &e.url("/v1/responses"),
+        &with_field(
+            responses_body("gpt-4o", "a Responses stream"),
+            "stream",
+            json!(true),
+        ),
+        &[],
+    )
+    .await
+    .unwrap();
+    let messages = stream_sse(
+        &e.url("/v1/messages"),
+        &with_field(
+            messages_body("claude-sonnet-4", "a Messages stream"),
+            "stream",
+            json!(true),
+        ),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!((responses.status, messages.status), (200, 200));
     // A call that is not an LLM call has no record.
     let _ = llm_filter_e2e::get(&e.url("/v1/models"), &[])
         .await
@@ -308,12 +263,12 @@ async fn envoys_access_log_prints_each_calls_record() {
     let lines = loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         let lines: Vec<String> = text.lines().map(str::to_string).collect();
-        if lines.len() >= 4 || Instant::now() >= deadline {
+        if lines.len() >= 6 || Instant::now() >= deadline {
             break lines;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert_eq!(lines.len(), 4, "{lines:?}\n{}", e.log_tail(40));
+    assert_eq!(lines.len(), 6, "{lines:?}\n{}", e.log_tail(40));
     let record = |line: &str| -> Value {
         let (_, json) = line.split_once(' ').unwrap();
         serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {line}"))
@@ -341,9 +296,112 @@ async fn envoys_access_log_prints_each_calls_record() {
         stream.usage().unwrap()["completion_tokens"]
     );
     assert!(s["ttfb_ms"].is_u64());
-    assert!(
-        lines[3].ends_with(" -"),
-        "no record for a call that is not an LLM call: {}",
-        lines[3]
+    assert_eq!(s["finish_reasons"], json!(["stop"]), "the final chunk's");
+    let (r, m) = (record(&lines[3]), record(&lines[4]));
+    assert_eq!(
+        (r["api"].clone(), r["finish_reasons"].clone()),
+        (json!("responses"), json!(["completed"]))
     );
+    assert_eq!(
+        (m["api"].clone(), m["finish_reasons"].clone()),
+        (json!("messages"), json!(["end_turn"]))
+    );
+    assert!(
+        lines[5].ends_with(" -"),
+        "no record for a call that is not an LLM call: {}",
+        lines[5]
+    );
+}
+
+/// The HTTP connection manager's tracing of envoy/tracing-off.yaml: Envoy's
+/// own OpenTelemetry tracer, exporting to `collector` (a cluster on
+/// `127.0.0.1:port`), its span tagged with the call's record.
+fn envoy_tracing(port: u16) -> String {
+    let shipped =
+        std::fs::read_to_string(llm_filter_e2e::workspace_root().join("envoy/tracing-off.yaml"))
+            .unwrap();
+    let block = shipped
+        .split("# --- tracing ---\n")
+        .nth(1)
+        .and_then(|rest| rest.split("# --- end tracing ---\n").next())
+        .expect("the tracing block of envoy/tracing-off.yaml");
+    // The block sits in the connection manager at column 10.
+    block
+        .lines()
+        .map(|l| l.get(10..).unwrap_or_default().to_string() + "\n")
+        .collect::<String>()
+        .replace("otel-collector:4318", &format!("127.0.0.1:{port}"))
+        .replace("cluster: otel-collector", "cluster: otel")
+}
+
+#[tokio::test]
+async fn with_tracing_off_envoys_own_span_carries_the_calls_record() {
+    if skip_without_envoy("with_tracing_off_envoys_own_span_carries_the_calls_record") {
+        return;
+    }
+    let receiver = Receiver::start(&[]);
+    let mock = MockUpstream::start(MockConfig::named("envoy-span"));
+    let e = EnvoyBuilder::new()
+        .plugin_config(json!({"tracing": {"mode": "off"}, "access_log": {"enabled": true}}))
+        .upstream("mock", mock.port())
+        .upstream("otel", receiver.port)
+        .hcm_yaml(&envoy_tracing(receiver.port))
+        .start()
+        .expect("envoy with its tracer and the filter");
+    let url = e.url("/v1/chat/completions");
+    let body = json!({"model": "gpt-4o", "max_tokens": 64,
+                      "messages": [{"role": "user", "content": "tag Envoy's span"}]});
+    let r = post_json(&url, &body, &[("traceparent", CALLER)])
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let stream = stream_sse(&url, &chat_stream_body("gpt-4o", "a stream", true), &[])
+        .await
+        .unwrap();
+    assert_eq!(stream.status, 200);
+    // Envoy's tracer wrote the traceparent upstream, under the caller's span.
+    let sent = traceparent(mock.requests()[0].header("traceparent").unwrap()).unwrap();
+    assert_eq!(sent.0, "4bf92f3577b34da6a3ce929d0e0e4736");
+    // Envoy flushes its spans every 5 s.
+    let span = receiver
+        .span_of(&sent.0, Duration::from_secs(12))
+        .await
+        .unwrap_or_else(|| panic!("Envoy's span: {:?}\n{}", receiver.exports(), e.log_tail(30)));
+    assert_eq!(span["resource"]["service.name"], "llm-gateway", "{span}");
+    assert_eq!(span["parent_span_id"], "00f067aa0ba902b7");
+    let tag = span["attributes"]["llm_filter.call"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no record on {span}"));
+    let record: Value = serde_json::from_str(tag).unwrap();
+    let usage = r.json()["usage"].clone();
+    assert_eq!(record["model"], "gpt-4o");
+    assert_eq!(record["input_tokens"], usage["prompt_tokens"]);
+    assert_eq!(record["output_tokens"], usage["completion_tokens"]);
+    assert_eq!(record["finish_reasons"], json!(["stop"]));
+    assert_eq!(record["max_tokens"], 64);
+    assert!(record.get("span_id").is_none(), "the filter made no span");
+    // The stream's span too, with its finish reason; the filter exported
+    // nothing itself.
+    let deadline = Instant::now() + Duration::from_secs(12);
+    let stream_record = loop {
+        let found = receiver.spans().into_iter().find_map(|s| {
+            let tag = s["attributes"]["llm_filter.call"].as_str()?.to_string();
+            let record: Value = serde_json::from_str(&tag).ok()?;
+            (s["trace_id"] != sent.0).then_some(record)
+        });
+        if found.is_some() || Instant::now() >= deadline {
+            break found;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let stream_record = stream_record.expect("the stream's span");
+    assert_eq!(stream_record["finish_reasons"], json!(["stop"]));
+    assert_eq!(
+        stream_record["output_tokens"],
+        stream.usage().unwrap()["completion_tokens"]
+    );
+    assert!(receiver
+        .spans()
+        .iter()
+        .all(|s| s["resource"]["service.name"] == "llm-gateway"));
 }

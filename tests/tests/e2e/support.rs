@@ -5,5 +5,6 @@
 pub mod alerts;
 pub mod cache;
 mod harness;
+pub mod otlp;
 pub mod sdk;
 pub mod two_backends;

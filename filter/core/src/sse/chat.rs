@@ -4,12 +4,11 @@
 //! `stream_options.include_usage` asks for. Also writes that grammar, for
 //! the cache's replay.
 
-use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::reader::{Event, DATA_FIELD, EVENT_END};
-use super::{Grammar, Parsed, Reading};
+use super::{FinishReasons, Grammar, Parsed, Reading};
 use crate::usage::Usage;
 
 /// The data of the event that ends a stream.
@@ -23,6 +22,8 @@ pub struct Chat {
     pub usage: Option<Usage>,
     /// A choice finished (`finish_reason` not null).
     pub finished: bool,
+    /// The choices' finish reasons, in the order they came.
+    pub reasons: FinishReasons,
     /// The `data: [DONE]` terminator arrived.
     pub done: bool,
     /// Number of events with data seen.
@@ -41,8 +42,9 @@ struct Head {
 
 #[derive(Deserialize)]
 struct ChoiceHead {
+    /// Any value but null finishes the choice; a string says why.
     #[serde(default)]
-    finish_reason: Option<IgnoredAny>,
+    finish_reason: Option<Value>,
 }
 
 impl Grammar for Chat {
@@ -82,6 +84,10 @@ impl Grammar for Chat {
     fn finished(&self) -> bool {
         self.finished
     }
+
+    fn finish_reasons(&self) -> &FinishReasons {
+        &self.reasons
+    }
 }
 
 impl Chat {
@@ -91,13 +97,14 @@ impl Chat {
         if usage.is_some() {
             self.usage = usage;
         }
-        if head
+        for reason in head
             .choices
             .iter()
             .flatten()
-            .any(|c| c.finish_reason.is_some())
+            .filter_map(|c| c.finish_reason.as_ref())
         {
             self.finished = true;
+            self.reasons.push(reason.as_str().unwrap_or_default());
         }
         head.usage.is_some() && head.choices.is_some_and(|c| c.is_empty())
     }

@@ -8,7 +8,7 @@
 use serde_json::Value;
 
 use super::reader::Event;
-use super::{read_named, Grammar, Reading};
+use super::{read_named, FinishReasons, Grammar, Reading};
 use crate::usage::Usage;
 
 /// What a Messages stream said so far.
@@ -18,6 +18,8 @@ pub struct Messages {
     pub usage: Option<Usage>,
     /// A `message_delta` gave the stop reason.
     pub stop_reason: bool,
+    /// The stop reasons given, in order.
+    pub reasons: FinishReasons,
     /// `message_stop` came after the stop reason: the answer is whole.
     pub finished: bool,
     /// `message_stop` or `error` arrived.
@@ -53,6 +55,10 @@ impl Grammar for Messages {
     fn finished(&self) -> bool {
         self.finished
     }
+
+    fn finish_reasons(&self) -> &FinishReasons {
+        &self.reasons
+    }
 }
 
 impl Messages {
@@ -62,6 +68,9 @@ impl Messages {
             Some("message_delta") => {
                 let stop = data.get("delta").and_then(|d| d.get("stop_reason"));
                 self.stop_reason |= stop.is_some_and(|s| !s.is_null());
+                if let Some(reason) = stop.and_then(Value::as_str) {
+                    self.reasons.push(reason);
+                }
                 data.get("usage")
             }
             Some("message_stop") => {

@@ -41,7 +41,7 @@ pub use reader::{Event, Reader, MAX_EVENT};
 pub use responses::Responses;
 
 use crate::classify::Endpoint;
-use crate::usage::Usage;
+use crate::usage::{Usage, MAX_FINISH_REASONS};
 
 /// Longest incomplete event the strip holds back from the client; past it
 /// the stream passes as it is from there on.
@@ -59,6 +59,38 @@ pub trait Grammar {
     /// The stream finished its answer: a choice or the response completed,
     /// or the message gave its stop reason and then stopped.
     fn finished(&self) -> bool;
+    /// Why the answer ended, as the stream said so far.
+    fn finish_reasons(&self) -> &FinishReasons;
+}
+
+/// Most bytes kept of one finish reason (they are short words).
+pub const MAX_REASON_BYTES: usize = 64;
+
+/// Why a stream's answer ended, as its events said (a chat choice's
+/// `finish_reason`, the final response's status or incomplete reason, a
+/// message's `stop_reason`): at most [`MAX_FINISH_REASONS`], each cut to
+/// [`MAX_REASON_BYTES`], so no stream grows what its call holds.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct FinishReasons(Vec<String>);
+
+impl FinishReasons {
+    /// Keeps `reason` while there is room; an empty one says nothing.
+    pub(crate) fn push(&mut self, reason: &str) {
+        if reason.is_empty() || self.0.len() >= MAX_FINISH_REASONS {
+            return;
+        }
+        let mut end = reason.len().min(MAX_REASON_BYTES);
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.0
+            .push(reason.get(..end).unwrap_or_default().to_string());
+    }
+
+    /// The reasons, in the order the stream gave them.
+    pub fn as_strs(&self) -> Vec<&str> {
+        self.0.iter().map(String::as_str).collect()
+    }
 }
 
 /// What one event turned out to be.
@@ -199,6 +231,10 @@ impl Grammar for Dialect {
 
     fn finished(&self) -> bool {
         self.grammar_ref().finished()
+    }
+
+    fn finish_reasons(&self) -> &FinishReasons {
+        self.grammar_ref().finish_reasons()
     }
 }
 

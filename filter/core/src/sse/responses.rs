@@ -8,7 +8,7 @@
 use serde_json::Value;
 
 use super::reader::Event;
-use super::{read_named, Grammar, Reading};
+use super::{read_named, FinishReasons, Grammar, Reading};
 use crate::usage::Usage;
 
 /// The event that opens a Responses stream with the response's id.
@@ -34,6 +34,9 @@ pub struct Responses {
     pub finished: bool,
     /// A final event arrived.
     pub done: bool,
+    /// Why it ended: the final response's incomplete reason, else its
+    /// status (`completed`, `incomplete`, `failed`).
+    pub reasons: FinishReasons,
     /// Number of events with data seen.
     pub events: u64,
 }
@@ -67,6 +70,10 @@ impl Grammar for Responses {
     fn finished(&self) -> bool {
         self.finished
     }
+
+    fn finish_reasons(&self) -> &FinishReasons {
+        &self.reasons
+    }
 }
 
 impl Responses {
@@ -82,6 +89,11 @@ impl Responses {
         if name == CREATED {
             return;
         }
+        if !self.done {
+            if let Some(reason) = response.and_then(final_reason) {
+                self.reasons.push(reason);
+            }
+        }
         self.done = true;
         self.finished |= name == b"response.completed";
         if let Some(u) = response
@@ -91,4 +103,14 @@ impl Responses {
             self.usage = Some(u);
         }
     }
+}
+
+/// Why a final response ended: its `incomplete_details.reason`
+/// (`max_output_tokens`, `content_filter`), else its `status`.
+pub(crate) fn final_reason(response: &Value) -> Option<&str> {
+    response
+        .get("incomplete_details")
+        .and_then(|d| d.get("reason"))
+        .and_then(Value::as_str)
+        .or_else(|| response.get("status").and_then(Value::as_str))
 }

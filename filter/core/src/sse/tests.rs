@@ -459,3 +459,61 @@ fn a_strip_removes_nothing_from_a_named_stream() {
         assert_eq!(s.removed(), 0);
     }
 }
+
+#[test]
+fn each_dialect_says_why_its_stream_ended() {
+    let incomplete = RESPONSES.replace(
+        "\"status\":\"completed\"",
+        "\"status\":\"incomplete\",\"incomplete_details\":{\"reason\":\"max_output_tokens\"}",
+    );
+    let two_choices = "data: {\"choices\":[{\"index\":0,\"finish_reason\":\"stop\"}]}\n\n\
+data: {\"choices\":[{\"index\":1,\"finish_reason\":\"length\"}]}\n\ndata: [DONE]\n\n";
+    for (endpoint, text, want) in [
+        (Endpoint::Chat, STREAM, vec!["stop"]),
+        (Endpoint::Chat, two_choices, vec!["stop", "length"]),
+        (Endpoint::Responses, RESPONSES, vec!["completed"]),
+        (
+            Endpoint::Responses,
+            incomplete.as_str(),
+            vec!["max_output_tokens"],
+        ),
+        (Endpoint::Messages, MESSAGES, vec!["end_turn"]),
+    ] {
+        for split in (1..text.len()).step_by(11) {
+            let s = dialect(endpoint, text, split);
+            assert_eq!(
+                s.grammar().finish_reasons().as_strs(),
+                want,
+                "{endpoint:?} at {split}"
+            );
+        }
+    }
+    // A stream cut before its end says nothing.
+    let cut = &MESSAGES[..MESSAGES.find("event: message_delta").unwrap()];
+    let s = dialect(Endpoint::Messages, cut, 4);
+    assert!(s.grammar().finish_reasons().as_strs().is_empty());
+}
+
+#[test]
+fn finish_reasons_stay_bounded() {
+    let mut reasons = FinishReasons::default();
+    let long = "é".repeat(100);
+    for _ in 0..100 {
+        reasons.push(&long);
+    }
+    reasons.push("");
+    let kept = reasons.as_strs();
+    assert_eq!(kept.len(), crate::usage::MAX_FINISH_REASONS);
+    assert!(kept
+        .iter()
+        .all(|r| r.len() <= MAX_REASON_BYTES && r.starts_with('é')));
+    // A finish_reason that is not a string finishes the choice, saying nothing.
+    let mut s = Stream::<Chat>::new();
+    s.feed(
+        b"data: {\"choices\":[{\"finish_reason\":7}]}\n\n",
+        true,
+        None,
+    );
+    assert!(s.grammar().finished);
+    assert!(s.grammar().reasons.as_strs().is_empty());
+}

@@ -443,10 +443,10 @@ impl Response {
         }
     }
 
-    /// Why the answer ended, when a JSON answer said.
+    /// Why the answer ended, when it said.
     pub(super) fn finish_reasons(&self) -> Vec<&str> {
         match &self.answer {
-            Answer::Stream(_) => Vec::new(),
+            Answer::Stream(sse) => sse.grammar().finish_reasons().as_strs(),
             Answer::Json { head, .. } => head.finish_reasons(),
         }
     }
