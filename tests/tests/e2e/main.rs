@@ -27,6 +27,7 @@ mod deploy_configs;
 mod dialects;
 mod hostile;
 mod istio;
+mod istiod;
 mod load;
 mod mesh_names;
 mod metrics;

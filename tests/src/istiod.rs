@@ -1,0 +1,366 @@
+//! A real istiod (`pilot-discovery`, built from Istio's source by `make
+//! tools-istiod`) run without Kubernetes: file mode on loopback, the config
+//! read from a folder of manifests, plaintext xDS, no CA. Envoys connect to
+//! it over ADS with a bootstrap of ours as a sidecar node or as the egress
+//! gateway node; what istiod generated is read back from Envoy's config dump
+//! and istiod's debug endpoints.
+
+use std::fs::File;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::{json, Value};
+
+use crate::daemon::free_port;
+use crate::envoy::http_request;
+use crate::istio::{bootstrap_override_stats_tags, merge};
+use crate::{running_in_ci, skip_without_envoy};
+
+/// Where `make tools-istiod` put `pilot-discovery` (the Makefile exports it).
+pub const BIN_ENV: &str = "PILOT_DISCOVERY_BIN";
+
+/// The Istio version the test nodes announce (`ISTIO_VERSION` metadata):
+/// the release the pinned istiod is built from.
+pub const PROXY_ISTIO_VERSION: &str = "1.31.0";
+
+/// Whether a test that runs istiod skips. Under `make test` (which exports
+/// [`BIN_ENV`]) or CI a missing binary fails the test; elsewhere, with no
+/// [`BIN_ENV`], the test skips with the reason printed.
+pub fn skip_without_istiod(test: &str) -> Option<PathBuf> {
+    if skip_without_envoy(test) {
+        return None;
+    }
+    match std::env::var_os(BIN_ENV).map(PathBuf::from) {
+        Some(bin) => {
+            assert!(
+                bin.is_file(),
+                "{test}: no istiod at {} ({BIN_ENV}); `make tools-istiod` builds it",
+                bin.display()
+            );
+            Some(bin)
+        }
+        None => {
+            assert!(
+                !running_in_ci(),
+                "{test}: {BIN_ENV} unset under CI; `make test` builds istiod and sets it"
+            );
+            eprintln!("SKIP {test}: no {BIN_ENV}; `make tools-istiod` builds istiod");
+            None
+        }
+    }
+}
+
+/// Holds the fixed ports the nodes istiod generates bind (a sidecar's
+/// outbound `127.0.0.1:80`, the gateway's `0.0.0.0:8080`) for one test at a
+/// time, across every test process of the machine.
+pub struct PortLock(#[allow(dead_code)] File);
+
+impl PortLock {
+    pub fn acquire() -> Result<Self> {
+        let path = std::env::temp_dir().join("llm-filter-e2e-istiod.lock");
+        let file = File::create(&path).with_context(|| format!("create {}", path.display()))?;
+        file.lock().context("lock the istiod ports")?;
+        Ok(Self(file))
+    }
+}
+
+/// A running istiod; killed by pid and reaped on drop.
+pub struct Istiod {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    grpc_port: u16,
+    monitoring: SocketAddr,
+}
+
+impl Istiod {
+    /// Starts `bin` in file mode on the manifests `config` (file name, YAML
+    /// text) with mesh config `mesh`, and waits until it is ready.
+    pub fn start(bin: &Path, config: &[(String, String)], mesh: &str) -> Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("llm-filter-e2e-istiod-")
+            .tempdir()?;
+        let config_dir = dir.path().join("config");
+        std::fs::create_dir(&config_dir)?;
+        for (name, text) in config {
+            std::fs::write(config_dir.join(name), text)?;
+        }
+        let mesh_path = dir.path().join("mesh.yaml");
+        std::fs::write(&mesh_path, mesh)?;
+        let [grpc, http, monitoring, ctrlz] =
+            [free_port()?, free_port()?, free_port()?, free_port()?];
+        let log = File::create(dir.path().join("istiod.log"))?;
+        let child = Command::new(bin)
+            .arg("discovery")
+            .arg(format!("--configDir={}", config_dir.display()))
+            .arg("--registries=")
+            .arg(format!("--meshConfig={}", mesh_path.display()))
+            .args(["--clusterID=Kubernetes", "--domain=cluster.local"])
+            .arg(format!("--grpcAddr=127.0.0.1:{grpc}"))
+            .args(["--secureGRPCAddr=", "--httpsAddr="])
+            .arg(format!("--httpAddr=127.0.0.1:{http}"))
+            .arg(format!("--monitoringAddr=127.0.0.1:{monitoring}"))
+            .arg(format!("--ctrlz_port={ctrlz}"))
+            .arg("--ctrlz_address=127.0.0.1")
+            // It writes under ./var/run and ./etc of where it runs.
+            .current_dir(dir.path())
+            .env("POD_NAMESPACE", "istio-system")
+            .env("ENABLE_CA_SERVER", "false")
+            // Istio-only filters upstream Envoy does not have.
+            .env("PILOT_ENABLE_METADATA_EXCHANGE", "false")
+            .env("PILOT_ENABLE_ALPN_FILTER", "false")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("spawn {}", bin.display()))?;
+        let mut istiod = Self {
+            child: Some(child),
+            dir,
+            grpc_port: grpc,
+            monitoring: SocketAddr::from(([127, 0, 0, 1], monitoring)),
+        };
+        // `/ready` (on `http`) also waits for the injector and validation
+        // webhooks, which never start without Kubernetes: wait for the
+        // discovery server's own readiness instead, which it logs.
+        let _ = http;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = istiod
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                bail!("istiod exited with {status}:\n{}", istiod.log_tail(40));
+            }
+            if !istiod.log_lines("marking server ready").is_empty()
+                && std::net::TcpStream::connect(("127.0.0.1", grpc)).is_ok()
+            {
+                return Ok(istiod);
+            }
+            if Instant::now() >= deadline {
+                bail!("istiod not ready in 60 s:\n{}", istiod.log_tail(40));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Its plaintext xDS port on 127.0.0.1.
+    pub fn grpc_port(&self) -> u16 {
+        self.grpc_port
+    }
+
+    /// A debug endpoint (`/debug/syncz`, `/debug/configz`, ...) as JSON.
+    pub fn debug(&self, path: &str) -> Result<Value> {
+        let (status, body) = http_request(self.monitoring, "GET", path)?;
+        if status != 200 {
+            bail!("istiod {path}: {status} {body}");
+        }
+        serde_json::from_str(&body).with_context(|| format!("istiod {path}: {body}"))
+    }
+
+    /// The last `lines` lines of its log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = std::fs::read_to_string(self.dir.path().join("istiod.log")).unwrap_or_default();
+        let all: Vec<&str> = log.lines().collect();
+        let skip = all.len().saturating_sub(lines);
+        all.into_iter().skip(skip).collect::<Vec<_>>().join("\n")
+    }
+
+    /// Every line of its log with `needle`.
+    pub fn log_lines(&self, needle: &str) -> Vec<String> {
+        std::fs::read_to_string(self.dir.path().join("istiod.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Drop for Istiod {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A proxy of the mesh as it introduces itself to istiod.
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// `sidecar~<ip>~<pod>.<ns>~<ns>.svc.cluster.local` or `router~...`.
+    pub id: String,
+    pub namespace: String,
+    pub labels: Value,
+    pub ip: String,
+    /// `NONE` for a sidecar without iptables: its outbound listeners bind
+    /// 127.0.0.1:<service port>. Gateways always bind their ports.
+    pub interception: Option<&'static str>,
+}
+
+impl Node {
+    /// The name istiod's debug endpoints give it: `<pod>.<namespace>`.
+    pub fn proxy_id(&self) -> &str {
+        self.id.split('~').nth(2).unwrap_or(&self.id)
+    }
+
+    /// A sidecar of `my-app` labelled `llm-filter: enabled`, as the examples select it.
+    pub fn sidecar() -> Self {
+        Self {
+            id: "sidecar~127.0.0.2~app-0.my-app~my-app.svc.cluster.local".into(),
+            namespace: "my-app".into(),
+            labels: json!({"app": "my-app", "llm-filter": "enabled"}),
+            ip: "127.0.0.2".into(),
+            interception: Some("NONE"),
+        }
+    }
+
+    /// Istio's default egress gateway, `istio: egressgateway` in istio-system.
+    pub fn egress_gateway() -> Self {
+        Self {
+            id:
+                "router~127.0.0.3~istio-egressgateway-0.istio-system~istio-system.svc.cluster.local"
+                    .into(),
+            namespace: "istio-system".into(),
+            labels: json!({"app": "istio-egressgateway", "istio": "egressgateway"}),
+            ip: "127.0.0.3".into(),
+            interception: None,
+        }
+    }
+
+    /// The Envoy bootstrap of this node: ADS to istiod at `grpc_port`, the
+    /// bootstrap override ConfigMap `stats_tags` (as the agent merges it)
+    /// in, admin on a free port.
+    pub fn bootstrap(&self, grpc_port: u16, stats_tags: Option<&Value>) -> Result<String> {
+        let mut metadata = json!({
+            "ISTIO_VERSION": PROXY_ISTIO_VERSION,
+            "CLUSTER_ID": "Kubernetes",
+            "NAMESPACE": self.namespace,
+            "LABELS": self.labels,
+            "INSTANCE_IPS": self.ip,
+            "SERVICE_ACCOUNT": "default",
+        });
+        if let (Some(mode), Some(m)) = (self.interception, metadata.as_object_mut()) {
+            m.insert("INTERCEPTION_MODE".into(), json!(mode));
+        }
+        let mut config = json!({
+            "node": {"id": self.id, "cluster": format!("{}.{}", self.labels.get("app").and_then(Value::as_str).unwrap_or("app"), self.namespace), "metadata": metadata},
+            "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
+            "stats_flush_interval": "1s",
+            "dynamic_resources": {
+                "ads_config": {"api_type": "GRPC", "transport_api_version": "V3",
+                    "set_node_on_first_message_only": true,
+                    "grpc_services": [{"envoy_grpc": {"cluster_name": "xds-grpc"}}]},
+                "cds_config": {"ads": {}, "resource_api_version": "V3"},
+                "lds_config": {"ads": {}, "resource_api_version": "V3"}
+            },
+            "static_resources": {"clusters": [{
+                "name": "xds-grpc", "type": "STATIC", "connect_timeout": "1s",
+                "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                    "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                    "explicit_http_config": {"http2_protocol_options": {}}}},
+                "load_assignment": {"cluster_name": "xds-grpc", "endpoints": [{"lb_endpoints": [{"endpoint": {
+                    "address": {"socket_address": {"address": "127.0.0.1", "port_value": grpc_port}}}}]}]}
+            }]}
+        });
+        if let Some(map) = stats_tags {
+            let tags = bootstrap_override_stats_tags(map)?;
+            let rules: Vec<Value> = tags
+                .into_iter()
+                .map(|(tag, regex)| json!({"tag_name": tag, "regex": regex}))
+                .collect();
+            merge(&mut config, &json!({"stats_config": {"stats_tags": rules}}));
+        }
+        Ok(serde_json::to_string_pretty(&config)?)
+    }
+}
+
+/// `ok` when istiod's `/debug/syncz` shows `proxy` ([`Node::proxy_id`]) connected with every type
+/// it was sent acknowledged (no NACK, no error); else what is not.
+pub fn synced(syncz: &Value, proxy: &str) -> Result<()> {
+    let status = syncz
+        .as_array()
+        .and_then(|all| {
+            all.iter()
+                .find(|s| s.get("proxy").and_then(Value::as_str) == Some(proxy))
+        })
+        .ok_or_else(|| anyhow!("{proxy} not connected: {syncz}"))?;
+    let resources = status
+        .get("resources")
+        .and_then(Value::as_object)
+        .ok_or_else(|| anyhow!("{proxy}: no resources in {status}"))?;
+    for (type_url, r) in resources {
+        let error = r.get("lastError").and_then(Value::as_str).unwrap_or("");
+        if !error.is_empty() {
+            bail!("{proxy}: {type_url} NACKed: {error}");
+        }
+        let sent = r.get("sent").and_then(Value::as_str).unwrap_or("");
+        let acked = r.get("acked").and_then(Value::as_str).unwrap_or("");
+        if sent != acked {
+            bail!("{proxy}: {type_url} sent {sent:?}, acked {acked:?}");
+        }
+    }
+    Ok(())
+}
+
+/// A plain-HTTP file server on 127.0.0.1 answering every GET with one body
+/// (the filter's module, fetched by Envoy's remote data source); stops on drop.
+pub struct FileServer {
+    port: u16,
+    stop: Arc<AtomicBool>,
+    hits: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl FileServer {
+    pub fn start(body: Vec<u8>) -> Result<Self> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let hits = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (stop2, hits2) = (stop.clone(), hits.clone());
+        std::thread::spawn(move || {
+            use std::io::{BufRead, BufReader, Write};
+            for stream in listener.incoming() {
+                if stop2.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(mut stream) = stream else { continue };
+                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                    line.clear();
+                }
+                hits2.fetch_add(1, Ordering::SeqCst);
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/wasm\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = stream.write_all(head.as_bytes());
+                let _ = stream.write_all(&body);
+            }
+        });
+        Ok(Self { port, stop, hits })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// How many requests it answered.
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for FileServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = std::net::TcpStream::connect(("127.0.0.1", self.port));
+    }
+}

@@ -1,0 +1,659 @@
+//! The manifests of `examples/istio/` through a real istiod (built from
+//! Istio's source by `make tools-istiod`, run in file mode without
+//! Kubernetes): the config it generates for a sidecar of `my-app` and for the
+//! egress gateway, read back from Envoy's config dump and istiod's
+//! `/debug/syncz`, then run with real calls. The placeholders are filled as a
+//! user would, with two differences a test without Istio's agent needs: the
+//! module is served over plain HTTP from the test and Envoy's own remote data
+//! source fetches it (checking the `sha256`), where the agent would pull the
+//! `oci://` image and hand Envoy a local file; and the provider is the mock on
+//! loopback (its ServiceEntry `STATIC` at 127.0.0.1, no TLS origination: that
+//! needs the agent's SDS for the CA bundle).
+
+use std::time::{Duration, Instant};
+
+use llm_filter_e2e::istio::{example_manifests, read_manifests, EXAMPLES};
+use llm_filter_e2e::istiod::{skip_without_istiod, synced, FileServer, Istiod, Node, PortLock};
+use llm_filter_e2e::{
+    chat_body, chat_stream_body, post_json, stream_sse, temp_dir, wasm_path, with_field,
+    workspace_root, Envoy, EnvoyBuilder, MockConfig, MockUpstream, RecordedRequest,
+};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+const PROVIDER: &str = "api.openai.com";
+const PROVIDER_CLUSTER: &str = "outbound|80||api.openai.com";
+/// Where the test serves the module from, as a ServiceEntry of the mesh.
+const MODULES: &str = "modules.example.com";
+const MODULES_CLUSTER: &str = "outbound|80||modules.example.com";
+
+/// The names and positions istiod gave the examples' patches, as the README
+/// and docs/deploy/istio.md state them.
+struct Layout {
+    /// The node's outbound HTTP listener for the provider.
+    listener: &'static str,
+    listener_port: u16,
+    route_config: &'static str,
+    vhost: &'static str,
+    /// The filter's ECDS resource (and HTTP filter) name.
+    filter: &'static str,
+}
+
+const SIDECAR: Layout = Layout {
+    listener: "127.0.0.1_80",
+    listener_port: 80,
+    route_config: "80",
+    vhost: "api.openai.com:80",
+    filter: "my-app.llm-filter",
+};
+
+const GATEWAY: Layout = Layout {
+    listener: "0.0.0.0_8080",
+    listener_port: 8080,
+    route_config: "http.8080",
+    vhost: "api.openai.com:80",
+    filter: "istio-system.llm-filter",
+};
+
+/// A sidecar as Kubernetes runs it (iptables): the outbound listener of port
+/// 80 is not bound, the traffic reaches it through `virtualOutbound`.
+const SIDECAR_IPTABLES: Layout = Layout {
+    listener: "0.0.0.0_80",
+    ..SIDECAR
+};
+
+/// The shard sidecar of mesh-cache.yaml in front of the gateway.
+const SHARD_SIDECAR: Layout = Layout {
+    listener: "127.0.0.1_80",
+    listener_port: 80,
+    route_config: "80",
+    vhost: "api.openai.com:80",
+    filter: "my-app.llm-filter-shard",
+};
+
+/// The module, served to Envoy, and its sha256 as the manifests carry it.
+struct Module {
+    server: FileServer,
+    sha256: String,
+}
+
+fn module() -> Module {
+    let bytes = std::fs::read(wasm_path()).expect("the filter module (make build)");
+    let sha256 = hex(&Sha256::digest(&bytes));
+    Module {
+        server: FileServer::start(bytes).expect("module server"),
+        sha256,
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A shipped manifest with its placeholders filled: the filter's remote
+/// code from the test's module server, its sha256; the provider at the mock.
+fn filled(file: &str, module: &Module, provider_port: u16) -> String {
+    let path = workspace_root().join(EXAMPLES).join(file);
+    let docs: Vec<Value> = read_manifests(&path)
+        .unwrap_or_else(|e| panic!("{file}: {e:#}"))
+        .into_iter()
+        .map(|mut doc| {
+            fill_remote_code(&mut doc, module);
+            if file == "provider.yaml" {
+                provider_at_loopback(&mut doc, provider_port);
+            }
+            if doc["kind"] == "WasmPlugin" {
+                doc["spec"]["url"] = json!("oci://registry.example.com/llm-filter:0.1.0");
+                doc["spec"]["sha256"] = json!(module.sha256);
+            }
+            doc
+        })
+        .collect();
+    yaml_docs(&docs)
+}
+
+fn yaml_docs(docs: &[Value]) -> String {
+    docs.iter()
+        .map(|d| serde_yaml::to_string(d).expect("YAML"))
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+/// `oci://REGISTRY/...` and `IMAGE_SHA256` of every EXTENSION_CONFIG: the
+/// module over HTTP from [`MODULES`] (Envoy's remote data source names the
+/// cluster to fetch it through), the module's own sha256.
+fn fill_remote_code(doc: &mut Value, module: &Module) {
+    let Some(patches) = doc
+        .pointer_mut("/spec/configPatches")
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    for patch in patches {
+        if let Some(remote) =
+            patch.pointer_mut("/patch/value/typed_config/config/vm_config/code/remote")
+        {
+            assert_eq!(remote["sha256"], "IMAGE_SHA256", "{remote}");
+            assert!(remote["http_uri"]["uri"]
+                .as_str()
+                .is_some_and(|u| u.starts_with("oci://REGISTRY/")));
+            remote["sha256"] = json!(module.sha256);
+            remote["http_uri"]["uri"] = json!(format!("http://{MODULES}/llm-filter.wasm"));
+            remote["http_uri"]["cluster"] = json!(MODULES_CLUSTER);
+            // The first fetch may precede the cluster's endpoints: retry
+            // soon rather than at Envoy's default back-off.
+            remote["retry_policy"] = json!({"retry_back_off": {"base_interval": "0.2s", "max_interval": "0.5s"}, "num_retries": 20});
+        }
+    }
+}
+
+/// provider.yaml's ServiceEntry resolved to the mock on 127.0.0.1 and its
+/// DestinationRule without the TLS origination (the rest as shipped).
+fn provider_at_loopback(doc: &mut Value, port: u16) {
+    match doc["kind"].as_str() {
+        Some("ServiceEntry") => {
+            doc["spec"]["resolution"] = json!("STATIC");
+            doc["spec"]["endpoints"] = json!([{"address": "127.0.0.1", "ports": {"http": port}}]);
+        }
+        Some("DestinationRule") => {
+            if let Some(p) = doc["spec"]["trafficPolicy"].as_object_mut() {
+                p.remove("portLevelSettings");
+            }
+        }
+        _ => {}
+    }
+}
+
+/// What a test mesh adds to the examples: the module server as an external
+/// service, mTLS off (no certificates without the agent), and for the
+/// gateway the service that selects it (port 80 to 8080) and its workload.
+fn overlay(modules_port: u16, gateway: bool) -> String {
+    let mut docs = vec![
+        json!({"apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry",
+            "metadata": {"name": "modules", "namespace": "istio-system"},
+            "spec": {"hosts": [MODULES], "location": "MESH_EXTERNAL", "resolution": "STATIC",
+                "ports": [{"number": 80, "name": "http", "protocol": "HTTP"}],
+                "endpoints": [{"address": "127.0.0.1", "ports": {"http": modules_port}}]}}),
+        json!({"apiVersion": "security.istio.io/v1", "kind": "PeerAuthentication",
+            "metadata": {"name": "default", "namespace": "istio-system"},
+            "spec": {"mtls": {"mode": "DISABLE"}}}),
+    ];
+    if gateway {
+        let node = Node::egress_gateway();
+        docs.push(
+            json!({"apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry",
+            "metadata": {"name": "istio-egressgateway", "namespace": "istio-system"},
+            "spec": {"hosts": ["istio-egressgateway.istio-system.svc.cluster.local"],
+                "location": "MESH_INTERNAL", "resolution": "STATIC",
+                "ports": [{"number": 80, "name": "http2", "protocol": "HTTP2", "targetPort": 8080}],
+                "workloadSelector": {"labels": {"istio": "egressgateway"}}}}),
+        );
+        docs.push(
+            json!({"apiVersion": "networking.istio.io/v1", "kind": "WorkloadEntry",
+            "metadata": {"name": "istio-egressgateway-0", "namespace": "istio-system"},
+            "spec": {"address": node.ip, "labels": node.labels}}),
+        );
+    }
+    yaml_docs(&docs)
+}
+
+/// The mesh config: no tracing or Istio-only telemetry filters (upstream
+/// Envoy has none), the access-log provider access-log.yaml names.
+const MESH: &str = r#"rootNamespace: istio-system
+enableTracing: false
+enablePrometheusMerge: false
+defaultProviders: {}
+extensionProviders:
+- name: llm-calls
+  envoyFileAccessLog:
+    path: /dev/stdout
+    logFormat:
+      labels:
+        path: "%REQ(:PATH)%"
+        response_code: "%RESPONSE_CODE%"
+        llm: "%FILTER_STATE(wasm.llm_filter.call:PLAIN)%"
+"#;
+
+/// The bootstrap override ConfigMap of stats-tags.yaml.
+fn stats_tags_map() -> Value {
+    example_manifests()
+        .expect("examples")
+        .into_iter()
+        .find(|(_, d)| d["kind"] == "ConfigMap")
+        .map(|(_, d)| d)
+        .expect("stats-tags.yaml's ConfigMap")
+}
+
+fn start_node(node: &Node, istiod: &Istiod) -> Envoy {
+    let bootstrap = node
+        .bootstrap(istiod.grpc_port(), Some(&stats_tags_map()))
+        .expect("bootstrap");
+    EnvoyBuilder::new()
+        .start_config_in(temp_dir().expect("temp dir"), &bootstrap)
+        .unwrap_or_else(|e| panic!("{}: {e:#}\n{}", node.id, istiod.log_tail(30)))
+}
+
+/// Envoy's config dump, EDS left out.
+fn config_dump(envoy: &Envoy) -> Value {
+    let (status, body) = envoy.admin_get("/config_dump").expect("config_dump");
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).expect("config_dump JSON")
+}
+
+fn section<'a>(dump: &'a Value, type_suffix: &str) -> &'a Value {
+    dump["configs"]
+        .as_array()
+        .and_then(|c| {
+            c.iter().find(|s| {
+                s["@type"]
+                    .as_str()
+                    .is_some_and(|t| t.ends_with(&format!(".{type_suffix}")))
+            })
+        })
+        .unwrap_or_else(|| panic!("no {type_suffix} in the config dump"))
+}
+
+/// Waits until istiod shows `node` synced (every type ACKed) and Envoy has
+/// the filter's ECDS resource with its module loaded; then returns the dump.
+fn wait_synced(envoy: &Envoy, node: &Node, istiod: &Istiod, layout: &Layout) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let sync = istiod
+            .debug("/debug/syncz")
+            .and_then(|s| synced(&s, node.proxy_id()));
+        let dump = config_dump(envoy);
+        let ecds_ok = dump["configs"].as_array().is_some_and(|c| {
+            c.iter().any(|s| {
+                s["ecds_filters"]
+                    .as_array()
+                    .is_some_and(|f| f.iter().any(|e| e["ecds_filter"]["name"] == layout.filter))
+            })
+        });
+        let loaded = envoy
+            .stat_opt("wasm.envoy.wasm.runtime.v8.active")
+            .is_some_and(|n| n > 0);
+        if sync.is_ok() && ecds_ok && loaded {
+            return dump;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}: not synced in 30 s: {sync:?}, ECDS {ecds_ok}, module loaded {loaded}\n{}\n--- istiod ---\n{}",
+            node.id,
+            envoy.log_tail(30),
+            istiod.log_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// What istiod generated for `layout`, as Envoy holds it: nothing rejected;
+/// the filter by discovery right before the router of the listener; its ECDS
+/// resource with the remote code's sha256, fail-open and the body held; the
+/// route patch first in the provider's virtual host. Returns the listener names.
+fn assert_generated(dump: &Value, layout: &Layout, module: &Module, routes: bool) -> Vec<String> {
+    let listeners = section(dump, "ListenersConfigDump")["dynamic_listeners"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for l in &listeners {
+        assert!(l.get("error_state").is_none(), "rejected listener: {l}");
+    }
+    let names: Vec<String> = listeners
+        .iter()
+        .filter_map(|l| l["name"].as_str().map(str::to_string))
+        .collect();
+    let listener = listeners
+        .iter()
+        .find(|l| l["name"] == layout.listener)
+        .unwrap_or_else(|| panic!("no listener {} in {names:?}", layout.listener));
+    let active = &listener["active_state"]["listener"];
+    assert_eq!(
+        active["address"]["socket_address"]["port_value"],
+        layout.listener_port
+    );
+    let chains = active["filter_chains"].as_array().expect("filter chains");
+    let hcms: Vec<&Value> = chains
+        .iter()
+        .flat_map(|c| c["filters"].as_array().into_iter().flatten())
+        .filter(|f| f["name"] == "envoy.filters.network.http_connection_manager")
+        .map(|f| &f["typed_config"])
+        .collect();
+    assert!(!hcms.is_empty(), "no HTTP connection manager in {active}");
+    for hcm in hcms {
+        let filters: Vec<&str> = hcm["http_filters"]
+            .as_array()
+            .expect("http filters")
+            .iter()
+            .filter_map(|f| f["name"].as_str())
+            .collect();
+        let at = filters
+            .iter()
+            .position(|f| *f == layout.filter)
+            .unwrap_or_else(|| panic!("{}: no {} in {filters:?}", layout.listener, layout.filter));
+        assert_eq!(
+            filters.get(at + 1),
+            Some(&"envoy.filters.http.router"),
+            "{}: the filter right before the router: {filters:?}",
+            layout.listener
+        );
+        assert_eq!(
+            hcm["rds"]["route_config_name"], layout.route_config,
+            "{hcm}"
+        );
+        let discovery = &hcm["http_filters"][at]["config_discovery"];
+        assert!(discovery["config_source"]["ads"].is_object(), "{discovery}");
+    }
+
+    let ecds = section(dump, "EcdsConfigDump")["ecds_filters"]
+        .as_array()
+        .expect("ECDS filters")
+        .iter()
+        .map(|e| &e["ecds_filter"])
+        .find(|e| e["name"] == layout.filter)
+        .expect("the filter's ECDS resource")
+        .clone();
+    let config = &ecds["typed_config"]["config"];
+    assert_eq!(config["allow_on_headers_stop_iteration"], true, "{config}");
+    assert_eq!(config["fail_open"], true, "{config}");
+    let remote = &config["vm_config"]["code"]["remote"];
+    assert_eq!(remote["sha256"], module.sha256.as_str(), "{remote}");
+    assert_eq!(remote["http_uri"]["cluster"], MODULES_CLUSTER, "{remote}");
+
+    if routes {
+        let routes_dump = section(dump, "RoutesConfigDump");
+        let route_config = routes_dump["dynamic_route_configs"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no dynamic route configs: {routes_dump}"))
+            .iter()
+            .map(|r| &r["route_config"])
+            .find(|r| r["name"] == layout.route_config)
+            .unwrap_or_else(|| panic!("no route configuration {}", layout.route_config))
+            .clone();
+        let vhost = route_config["virtual_hosts"]
+            .as_array()
+            .expect("virtual hosts")
+            .iter()
+            .find(|v| v["name"] == layout.vhost)
+            .unwrap_or_else(|| panic!("no virtual host {} in {route_config}", layout.vhost))
+            .clone();
+        assert_eq!(vhost["include_attempt_count_in_response"], true, "{vhost}");
+        let first = &vhost["routes"][0];
+        assert_eq!(first["name"], "llm-filter-routed", "{vhost}");
+        assert_eq!(first["route"]["cluster_header"], "x-llm-cluster", "{first}");
+        assert_eq!(first["route"]["timeout"], "300s", "{first}");
+        let retry = &first["route"]["retry_policy"];
+        assert_eq!(
+            retry["retry_back_off"]["base_interval"], "0.100s",
+            "{retry}"
+        );
+        assert_eq!(retry["retry_back_off"]["max_interval"], "1s", "{retry}");
+        assert_eq!(
+            retry["rate_limited_retry_back_off"]["reset_headers"][0]["name"], "retry-after",
+            "{retry}"
+        );
+        // Istio's own route stays, after it.
+        let istio_route = &vhost["routes"][1];
+        assert_eq!(istio_route["route"]["cluster"], PROVIDER_CLUSTER, "{vhost}");
+    }
+    names
+}
+
+/// The chat calls a mock received (the filter's health probes left out).
+fn chats(mock: &MockUpstream) -> Vec<RecordedRequest> {
+    mock.requests()
+        .into_iter()
+        .filter(|r| r.method == "POST" && r.path == "/v1/chat/completions")
+        .collect()
+}
+
+fn cacheable(model: &str, content: &str) -> Value {
+    with_field(chat_body(model, content), "temperature", json!(0))
+}
+
+/// Real calls through `url` (the provider's host): a cached HIT, a routed
+/// call, an SSE stream; `routed` says whether the filter there routes.
+async fn calls_through(url: &str, provider: &MockUpstream, tag: &str, routed: bool) {
+    let host = [("host", PROVIDER)];
+    let before = chats(provider).len();
+    let body = cacheable("gpt-4o-mini", &format!("cached through the {tag}"));
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let r = post_json(url, &body, &host).await.expect("call");
+        assert_eq!(r.status, 200, "{tag}: {}", r.text());
+        seen.push(r.header("x-cache").unwrap_or("<none>").to_string());
+    }
+    assert_eq!(seen, ["MISS", "HIT"], "{tag}");
+    assert_eq!(
+        chats(provider).len(),
+        before + 1,
+        "{tag}: one provider call"
+    );
+
+    if routed {
+        let r = post_json(
+            url,
+            &chat_body("gpt-4o", &format!("routed through the {tag}")),
+            &host,
+        )
+        .await
+        .expect("routed call");
+        assert_eq!(r.status, 200, "{tag}: {}", r.text());
+        assert_eq!(r.header("x-llm-cluster"), Some(PROVIDER_CLUSTER), "{tag}");
+        // The virtual host's MERGE: the attempt count comes back.
+        assert_eq!(r.header("x-envoy-attempt-count"), Some("1"), "{tag}");
+        let got = chats(provider).pop().expect("the routed call");
+        assert_eq!(got.header("x-llm-cluster"), Some(PROVIDER_CLUSTER));
+        assert_eq!(
+            got.json().expect("JSON")["messages"][0]["content"],
+            format!("routed through the {tag}")
+        );
+    }
+
+    let stream = chat_stream_body("gpt-4o-mini", &format!("streamed through the {tag}"), true);
+    let sse = stream_sse(url, &with_field(stream, "temperature", json!(0)), &host)
+        .await
+        .expect("stream");
+    assert_eq!(sse.status, 200, "{tag}");
+    assert_eq!(
+        sse.header("content-type"),
+        Some("text/event-stream"),
+        "{tag}"
+    );
+    assert_eq!(sse.header("x-cache"), Some("MISS"), "{tag}");
+    assert!(sse.done(), "{tag}: ends with [DONE]: {:?}", sse.events);
+    assert!(
+        sse.content()
+            .contains(&format!("streamed through the {tag}")),
+        "{tag}: {}",
+        sse.content()
+    );
+}
+
+/// Sidecars of a namespace (docs/deploy/istio.md, "every feature"):
+/// provider.yaml, envoyfilter-ecds.yaml, routes.yaml, stats-tags.yaml,
+/// access-log.yaml and wasmplugin.yaml through istiod, a sidecar of `my-app`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn istiod_configures_a_sidecar_with_the_examples() {
+    let Some(bin) = skip_without_istiod("istiod_configures_a_sidecar_with_the_examples") else {
+        return;
+    };
+    let _ports = PortLock::acquire().expect("port lock");
+    let module = module();
+    let provider = MockUpstream::start(MockConfig::named("provider"));
+    let mut config: Vec<(String, String)> = [
+        "provider.yaml",
+        "envoyfilter-ecds.yaml",
+        "routes.yaml",
+        "stats-tags.yaml",
+        "access-log.yaml",
+        "wasmplugin.yaml",
+    ]
+    .iter()
+    .map(|f| (f.to_string(), filled(f, &module, provider.port())))
+    .collect();
+    config.push((
+        "test-mesh.yaml".into(),
+        overlay(module.server.port(), false),
+    ));
+    let istiod = Istiod::start(&bin, &config, MESH).expect("istiod");
+
+    let node = Node::sidecar();
+    let envoy = start_node(&node, &istiod);
+    let dump = wait_synced(&envoy, &node, &istiod, &SIDECAR);
+    let listeners = assert_generated(&dump, &SIDECAR, &module, true);
+    eprintln!("sidecar listeners: {listeners:?}");
+    assert!(module.server.hits() >= 1, "Envoy fetched the module");
+
+    // WasmPlugin: istiod's validation keeps the file (configz lists it), but
+    // from Istio 1.30 only the Kubernetes config store translates it, so
+    // file mode sends nothing for it.
+    let configz = istiod.debug("/debug/configz").expect("configz");
+    let kinds: Vec<String> = configz
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| {
+            Some(format!(
+                "{}/{}.{}",
+                c["kind"].as_str()?,
+                c["metadata"]["namespace"].as_str()?,
+                c["metadata"]["name"].as_str()?
+            ))
+        })
+        .collect();
+    assert!(
+        kinds.iter().any(|k| k == "WasmPlugin/my-app.llm-filter"),
+        "{kinds:?}"
+    );
+    let ecds_names: Vec<&str> = section(&dump, "EcdsConfigDump")["ecds_filters"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["ecds_filter"]["name"].as_str())
+        .collect();
+    assert_eq!(
+        ecds_names,
+        [SIDECAR.filter],
+        "no WasmPlugin resource in file mode"
+    );
+
+    // The same sidecar with iptables interception, as in a pod: the names
+    // the README gives.
+    let mut pod = Node::sidecar();
+    pod.id = "sidecar~127.0.0.4~app-1.my-app~my-app.svc.cluster.local".into();
+    pod.ip = "127.0.0.4".into();
+    pod.interception = None;
+    let pod_envoy = start_node(&pod, &istiod);
+    let pod_dump = wait_synced(&pod_envoy, &pod, &istiod, &SIDECAR_IPTABLES);
+    let pod_listeners = assert_generated(&pod_dump, &SIDECAR_IPTABLES, &module, true);
+    eprintln!("pod sidecar listeners: {pod_listeners:?}");
+    drop(pod_envoy);
+
+    let url = format!(
+        "http://127.0.0.1:{}/v1/chat/completions",
+        SIDECAR.listener_port
+    );
+    calls_through(&url, &provider, "sidecar", true).await;
+    // access-log.yaml's Telemetry: the call's record in the access log.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    // Istio's JSON log format carries the record as a string (of JSON).
+    let record = "\"llm\":\"{\\\"api\\\":\\\"chat\\\"";
+    while !envoy.log_contents().contains(record) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        envoy.log_contents().contains(record),
+        "{}",
+        envoy.log_tail(20)
+    );
+    let syncz = istiod.debug("/debug/syncz").expect("syncz");
+    synced(&syncz, node.proxy_id()).expect("no NACK after the calls");
+}
+
+/// The egress gateway (egress-gateway.yaml) with the shard sidecars in front
+/// (mesh-cache.yaml): provider.yaml, egress-gateway.yaml, mesh-cache.yaml and
+/// stats-tags.yaml through istiod, the gateway node and a `llm-filter: shard`
+/// sidecar of `my-app`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn istiod_configures_the_egress_gateway_with_the_examples() {
+    let Some(bin) = skip_without_istiod("istiod_configures_the_egress_gateway_with_the_examples")
+    else {
+        return;
+    };
+    let _ports = PortLock::acquire().expect("port lock");
+    let module = module();
+    let provider = MockUpstream::start(MockConfig::named("provider"));
+    let mut config: Vec<(String, String)> = [
+        "provider.yaml",
+        "egress-gateway.yaml",
+        "mesh-cache.yaml",
+        "stats-tags.yaml",
+    ]
+    .iter()
+    .map(|f| (f.to_string(), filled(f, &module, provider.port())))
+    .collect();
+    config.push(("test-mesh.yaml".into(), overlay(module.server.port(), true)));
+    let istiod = Istiod::start(&bin, &config, MESH).expect("istiod");
+
+    let gateway_node = Node::egress_gateway();
+    let gateway = start_node(&gateway_node, &istiod);
+    let dump = wait_synced(&gateway, &gateway_node, &istiod, &GATEWAY);
+    let listeners = assert_generated(&dump, &GATEWAY, &module, true);
+    eprintln!("gateway listeners: {listeners:?}");
+
+    let gateway_url = format!(
+        "http://127.0.0.1:{}/v1/chat/completions",
+        GATEWAY.listener_port
+    );
+    calls_through(&gateway_url, &provider, "gateway", true).await;
+
+    // A shard sidecar: its calls to the provider go to the gateway (the
+    // VirtualService for `mesh`), hashed on the key it writes.
+    let mut shard_node = Node::sidecar();
+    shard_node.labels = json!({"app": "my-app", "llm-filter": "shard"});
+    let shard = start_node(&shard_node, &istiod);
+    let dump = wait_synced(&shard, &shard_node, &istiod, &SHARD_SIDECAR);
+    assert_generated(&dump, &SHARD_SIDECAR, &module, false);
+    let before = chats(&provider).len();
+    let body = cacheable("gpt-4o-mini", "cached for the mesh");
+    let url = format!(
+        "http://127.0.0.1:{}/v1/chat/completions",
+        SHARD_SIDECAR.listener_port
+    );
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let r = post_json(
+            &url,
+            &body,
+            &[("host", PROVIDER), ("x-llm-cache-key", "forged")],
+        )
+        .await
+        .expect("call");
+        assert_eq!(r.status, 200, "{}", r.text());
+        seen.push(r.header("x-cache").unwrap_or("<none>").to_string());
+    }
+    assert_eq!(
+        seen,
+        ["MISS", "HIT", "HIT"],
+        "the gateway's cache, through the sidecar"
+    );
+    let calls = chats(&provider);
+    assert_eq!(calls.len(), before + 1, "{calls:?}");
+    assert_eq!(calls.last().and_then(|c| c.header("x-llm-cache-key")), None);
+    let written = shard.wait_for_stat(
+        "wasmcustom.llm_filter_cache_shard_keys_total.result=written;",
+        3,
+        Duration::from_secs(5),
+    );
+    assert_eq!(written, 3);
+    let matched = gateway.wait_for_stat(
+        "wasmcustom.llm_filter_cache_shard_keys_total.result=matched;",
+        3,
+        Duration::from_secs(5),
+    );
+    assert_eq!(matched, 3);
+    let syncz = istiod.debug("/debug/syncz").expect("syncz");
+    for node in [&gateway_node, &shard_node] {
+        synced(&syncz, node.proxy_id()).expect("no NACK after the calls");
+    }
+}
