@@ -158,16 +158,21 @@ where
             ..*ask
         },
     )?;
-    let usable = |w: f64| w.is_finite() && w > 0.0;
-    let index = weighed
-        .backends
-        .iter()
-        .zip(&weighed.weights.values)
-        .enumerate()
-        .filter(|(_, (b, w))| b.cluster != failed && usable(**w))
-        .max_by(|(i, (_, a)), (j, (_, b))| a.total_cmp(b).then(j.cmp(i)))
-        .map(|(i, _)| i)?;
+    let index = best_except(&weighed.weights.values, |i| {
+        weighed.backends.get(i).is_some_and(|b| b.cluster == failed)
+    })?;
     weighed.decision(index, ask.model)
+}
+
+/// The index of the highest positive, finite weight among those `skip`
+/// does not name (the first on a tie); `None` when none has weight.
+fn best_except(values: &[f64], skip: impl Fn(usize) -> bool) -> Option<usize> {
+    values
+        .iter()
+        .enumerate()
+        .filter(|(i, w)| !skip(*i) && w.is_finite() && **w > 0.0)
+        .max_by(|(i, a), (j, b)| a.total_cmp(b).then(j.cmp(i)))
+        .map(|(i, _)| i)
 }
 
 /// A model's backends with their effective weights for one call.
@@ -221,13 +226,8 @@ impl Weighed<'_> {
     /// The health of the backend of highest positive effective weight other
     /// than `index` (the first on a tie), as [`failover_target`] picks.
     fn best_other(&self, index: usize) -> Option<Health> {
-        self.weights
-            .values
-            .iter()
-            .enumerate()
-            .filter(|(i, w)| *i != index && w.is_finite() && **w > 0.0)
-            .max_by(|(i, a), (j, b)| a.total_cmp(b).then(j.cmp(i)))
-            .and_then(|(i, _)| self.health.get(i).copied().flatten())
+        let other = best_except(&self.weights.values, |i| i == index)?;
+        self.health.get(other).copied().flatten()
     }
 
     /// The decision to send a call that asked for `requested` to backend `index`.

@@ -47,22 +47,45 @@ impl Call {
         };
         // The failed backend learns now, with the failover as a retry it
         // cost; the call is the other backend's from here.
-        let mut failed_try = self.summary("", env.now_ms);
-        failed_try.failovers = 1;
-        if let Some(end) = self.answer_end() {
-            failed_try.end = end;
+        let end = self.answer_end();
+        self.hand_over(env, end, 1, target, hedged.is_none());
+        self.dispatch.held = None;
+        Step::Pause
+    }
+
+    /// The call leaves the backend that failed or refused it for `target`,
+    /// whose callout is out: the try that ended so (`end`, else as the
+    /// summary reads it, with the `failovers` it cost) is learnt, `target`
+    /// counts the call in flight unless it already did (`dispatched`: false
+    /// for a hedge already out), and the call's breaker follows it. Its
+    /// response is held while `target` answers.
+    pub(super) fn hand_over(
+        &mut self,
+        env: &mut Env<'_>,
+        end: Option<End>,
+        failovers: u32,
+        target: String,
+        dispatched: bool,
+    ) {
+        let mut ended = self.summary("", env.now_ms);
+        ended.failovers = failovers;
+        if let Some(end) = end {
+            ended.end = end;
         }
-        self.learn_from(env, &failed_try);
-        if hedged.is_none() {
+        self.learn_from(env, &ended);
+        if dispatched {
             routing::learn::started(env.store, env.metrics, &target, env.now_ms);
         }
         if self.dispatch.breaker.is_some() {
             self.dispatch.breaker = Some(target.clone());
         }
         self.dispatch.cluster = Some(target);
-        self.dispatch.held = None;
         self.progress.fail_over();
-        Step::Pause
+    }
+
+    /// The caller's budget still leaves room for another try.
+    pub(super) fn has_room_for_a_try(&self, env: &Env<'_>) -> bool {
+        self.request.remaining_ms(env.now_ms) >= env.config.budget.min_per_try_ms
     }
 
     /// Sends the held request to the best other backend of its model than the
@@ -192,7 +215,7 @@ impl Call {
             && self.response.as_ref().is_some_and(|r| failover::retriable_as_told(end, r.should_retry))
             // An expired entry already answers the failure.
             && self.cache.status != Some(CacheStatus::Stale)
-            && self.request.remaining_ms(env.now_ms) >= env.config.budget.min_per_try_ms
+            && self.has_room_for_a_try(env)
             && breaker.is_none_or(|b| budget::retry_allowed(env.store, &env.config.budget, b, env.now_ms))
     }
 

@@ -7,20 +7,26 @@
 
 use crate::routing::failover::FailoverResult;
 use crate::routing::fallback::{self, Chain, ErrorClass};
-use crate::summary::{CallSummary, End};
+use crate::summary::End;
 
 use super::failover::Sent;
 use super::state::{Answer, FellBack};
 use super::{Call, CalloutAnswer, Env, Host, Phase, Step};
 
 impl Call {
+    /// The model whose chain the call is on: the one it was first routed to.
+    fn chain_model(&self) -> Option<&str> {
+        match &self.dispatch.fallback {
+            Some(f) => Some(f.from.as_str()),
+            None => self.dispatch.model.as_deref(),
+        }
+    }
+
     /// The fallback chain of the model the call first went to.
     fn chain<'c>(&self, env: &Env<'c>) -> Option<&'c Chain> {
-        let model = match &self.dispatch.fallback {
-            Some(f) => f.from.as_str(),
-            None => self.dispatch.model.as_deref()?,
-        };
-        self.routing_config(env.config).fallbacks.get(model)
+        self.routing_config(env.config)
+            .fallbacks
+            .get(self.chain_model()?)
     }
 
     /// The call was routed to a model with a fallback chain: its body is
@@ -47,7 +53,7 @@ impl Call {
             || self.dispatch.held.is_none()
             || self.progress.hedge_out().is_some()
             || self.chain(env).is_none()
-            || self.request.remaining_ms(env.now_ms) < env.config.budget.min_per_try_ms
+            || !self.has_room_for_a_try(env)
         {
             return Step::Continue;
         }
@@ -67,9 +73,6 @@ impl Call {
         size: usize,
         end_of_stream: bool,
     ) -> Step {
-        if let Some(r) = self.response.as_mut().filter(|_| size > 0) {
-            r.first_byte_ms.get_or_insert(env.now_ms);
-        }
         if size > fallback::MAX_ERROR_BODY {
             self.progress.forward();
             return Step::Continue;
@@ -79,11 +82,8 @@ impl Call {
         }
         let body = host.response_body(size).unwrap_or_default();
         let status = self.response.as_ref().and_then(|r| r.status);
-        if let Some(r) = self.response.as_mut() {
-            r.ended = true;
-            if let Answer::Json { copy, .. } = &mut r.answer {
-                copy.append(&body);
-            }
+        if let Some(Answer::Json { copy, .. }) = self.response.as_mut().map(|r| &mut r.answer) {
+            copy.append(&body);
         }
         let class = status.and_then(|s| fallback::classify(s, &body));
         if let (Some(class), Some(status)) = (class, status) {
@@ -109,10 +109,7 @@ impl Call {
         let Some(next) = self.chain(env).and_then(|c| c.next(class, step)) else {
             return false;
         };
-        let from = match &self.dispatch.fallback {
-            Some(f) => f.from.clone(),
-            None => self.dispatch.model.clone().unwrap_or_default(),
-        };
+        let from = self.chain_model().unwrap_or_default().to_string();
         let cluster = match self.send_to_model(env, host, next) {
             Sent::To(cluster) => cluster,
             Sent::Refused => {
@@ -122,24 +119,14 @@ impl Call {
             Sent::Nowhere => return false,
         };
         // The refusing backend learns its answer now; the call is the next
-        // model's from here.
-        let refused = CallSummary {
-            end: failed,
-            ..self.summary("", env.now_ms)
-        };
-        self.learn_from(env, &refused);
-        crate::routing::learn::started(env.store, env.metrics, &cluster, env.now_ms);
-        if self.dispatch.breaker.is_some() {
-            self.dispatch.breaker = Some(cluster.clone());
-        }
+        // model's from here (its held body stays, for the chain's next).
+        self.hand_over(env, Some(failed), 0, cluster, true);
         self.dispatch.model = Some(next.to_string());
-        self.dispatch.cluster = Some(cluster);
         self.dispatch.fallback = Some(FellBack {
             from,
             class,
             step: step.saturating_add(1),
         });
-        self.progress.fail_over();
         true
     }
 
@@ -167,7 +154,6 @@ impl Call {
         let (Some(status), Some(class)) = (answer.status, class) else {
             return false;
         };
-        self.request.remaining_ms(env.now_ms) >= env.config.budget.min_per_try_ms
-            && self.fall_back(env, host, class, End::Answered(status))
+        self.has_room_for_a_try(env) && self.fall_back(env, host, class, End::Answered(status))
     }
 }

@@ -73,7 +73,7 @@ impl Call {
             return Wake::Idle;
         };
         let budget = &env.config.budget;
-        if self.request.remaining_ms(env.now_ms) < budget.min_per_try_ms
+        if !self.has_room_for_a_try(env)
             || !hedge::take(
                 env.store,
                 model,

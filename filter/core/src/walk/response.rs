@@ -71,8 +71,6 @@ impl Call {
             // The failed answer must not reach the client while another
             // backend is asked.
             Phase::FailingOver => return Step::Pause,
-            // An error a fallback chain may answer, read whole at its end.
-            Phase::ErrorHeld => return self.error_body(env, host, size, end_of_stream),
             _ => {}
         }
         let Some(response) = self.response.as_mut() else {
@@ -82,6 +80,10 @@ impl Call {
             response.first_byte_ms = Some(env.now_ms);
         }
         response.ended |= end_of_stream;
+        if matches!(self.progress.phase(), Phase::ErrorHeld) {
+            // An error a fallback chain may answer, read whole at its end.
+            return self.error_body(env, host, size, end_of_stream);
+        }
         if let Some(new_body) = response.replacement.as_ref() {
             if !end_of_stream {
                 return Step::Pause;
