@@ -26,6 +26,7 @@ pub mod degrade;
 mod fuzz;
 pub mod host;
 pub mod json;
+pub mod limits;
 pub mod load;
 pub mod metrics;
 pub mod observe;

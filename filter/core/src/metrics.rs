@@ -181,7 +181,7 @@ pub const LLM_CLUSTER: &str = "llm_cluster";
 
 /// Every label the filter writes into stat names; the bootstrap has one
 /// `stats_tags` rule per label, with the regex [`tag_regex`] gives.
-pub const LABELS: [&str; 11] = [
+pub const LABELS: [&str; 14] = [
     "priority",
     "model",
     "outcome",
@@ -193,6 +193,9 @@ pub const LABELS: [&str; 11] = [
     "group",
     "action",
     "api",
+    "rule",
+    "tenant",
+    "limit",
 ];
 
 /// The `stats_tags` regex that extracts `label` from the names [`name`]
@@ -240,6 +243,26 @@ impl BoundedLabel {
         OTHER
     }
 }
+
+// limits
+/// Calls a limit rule applied to, by `rule` and `result` (`pass` |
+/// `degraded` | `rejected` | `unenforced`: its record could not be read or
+/// written and the call went unchecked).
+pub const LIMITS_CALLS: &str = "llm_filter_limits_calls_total";
+/// Tokens charged under a rule, by `rule` and `tenant` (the first
+/// `limits.tenant_labels` tenants a worker sees; the rest `other`).
+pub const LIMITS_TOKENS: &str = "llm_filter_limits_tokens_total";
+/// Cost charged under a rule, in millionths of the price unit, by `rule`
+/// and `tenant`.
+pub const LIMITS_COST: &str = "llm_filter_limits_cost_micros_total";
+/// What a tenant used of a limit at its last call, in per-mille, by `rule`,
+/// `tenant` and `limit` (`tokens_per_minute`, `cost_per_day`, …).
+pub const LIMITS_USED: &str = "llm_filter_limits_used_permille";
+/// Charges the limits had to estimate or mend, by `reason`
+/// (`usage_unknown` | `stream_cut_short` | `usage_clamped`), and keys that
+/// found every record of their probes held (`record_shared`: they count
+/// with another key, stricter for both).
+pub const LIMITS_ESTIMATED: &str = "llm_filter_limits_estimated_total";
 
 /// Every metric the filter defines, each of the constants above once:
 /// `docs/metrics.md` documents each (a test of the core checks both).
@@ -299,6 +322,11 @@ pub const ALL: &[&str] = &[
     SPANS_QUEUED,
     SHARED_DATA_KEYS,
     SHARED_DATA_BYTES,
+    LIMITS_CALLS,
+    LIMITS_TOKENS,
+    LIMITS_COST,
+    LIMITS_USED,
+    LIMITS_ESTIMATED,
 ];
 
 #[cfg(test)]

@@ -338,6 +338,10 @@ impl Host for Stream {
         hostcall::set_property(path, value).is_ok()
     }
 
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        hostcall::get_property(path).ok().flatten()
+    }
+
     fn clear_route_cache(&mut self) -> bool {
         hostcall::call_foreign_function("clear_route_cache", None).is_ok()
     }

@@ -27,6 +27,8 @@ struct Draws {
     rng: SplitMix64,
     /// Bound on the values of the `model` label.
     model_labels: BoundedLabel,
+    /// Bound on the values of the `tenant` label.
+    tenant_labels: BoundedLabel,
     /// This worker's spans waiting for export.
     spans: spans::Queue,
 }
@@ -54,6 +56,7 @@ impl Worker {
         rng: SplitMix64,
         model_labels: BoundedLabel,
     ) -> Self {
+        let tenant_labels = BoundedLabel::new(config.limits.tenant_labels);
         Self {
             config,
             can_hold_body: Cell::new(true),
@@ -61,6 +64,7 @@ impl Worker {
             draws: Turn::new(Draws {
                 rng,
                 model_labels,
+                tenant_labels,
                 spans: spans::Queue::default(),
             }),
             parked: Turn::new(Vec::new()),
@@ -152,6 +156,7 @@ pub fn with_env<T>(worker: &Worker, f: impl FnOnce(&mut Env<'_>) -> T) -> Option
                     metrics,
                     rng: &mut draws.rng,
                     model_labels: &mut draws.model_labels,
+                    tenant_labels: &mut draws.tenant_labels,
                     spans: &mut draws.spans,
                     now_ms: now_ms(),
                     can_hold_body: worker.can_hold_body.get(),

@@ -60,6 +60,8 @@ pub enum ReplyKind {
     DegradeShed,
     /// Rejected by the load-driven degrade (503).
     DegradeReject,
+    /// Over a limit of `limits` (429).
+    OverLimit,
 }
 
 impl ReplyKind {
@@ -69,6 +71,7 @@ impl ReplyKind {
             Self::Shed | Self::Reject | Self::DegradeShed | Self::DegradeReject => 503,
             Self::BudgetExhausted | Self::UpstreamTimeout => 504,
             Self::TooLarge => 413,
+            Self::OverLimit => 429,
         }
     }
 
@@ -80,6 +83,7 @@ impl ReplyKind {
             }
             Self::BudgetExhausted | Self::UpstreamTimeout => "timeout",
             Self::TooLarge => "invalid_request_error",
+            Self::OverLimit => "rate_limit_exceeded",
         }
     }
 
@@ -93,6 +97,7 @@ impl ReplyKind {
             Self::TooLarge => "llm_filter_request_too_large",
             Self::DegradeShed => "llm_filter_degraded_shed",
             Self::DegradeReject => "llm_filter_degraded_reject",
+            Self::OverLimit => "llm_filter_limit_exceeded",
         }
     }
 
@@ -104,6 +109,7 @@ impl ReplyKind {
             }
             Self::BudgetExhausted | Self::UpstreamTimeout => (504, "timeout_error"),
             Self::TooLarge => (413, "request_too_large"),
+            Self::OverLimit => (429, "rate_limit_error"),
         }
     }
 
@@ -137,6 +143,7 @@ impl ReplyKind {
             Self::DegradeReject => {
                 "The model is degraded under load and rejects this priority for now; retry later."
             }
+            Self::OverLimit => "A usage limit of this caller is reached; retry later.",
         }
     }
 }

@@ -17,6 +17,7 @@ use crate::budget::config::{BudgetConfig, RawBudgetConfig};
 use crate::cache::config::{CacheConfig, RawCacheConfig};
 use crate::classify::{Endpoint, LlmPath, DEFAULT_PATHS};
 use crate::degrade::config::{DegradeConfig, RawDegradeConfig};
+use crate::limits::config::{LimitsConfig, RawLimitsConfig};
 use crate::priority::Priority;
 use crate::routing::config::{RawRoutingConfig, RoutingConfig};
 use crate::shaping::{RawShapingConfig, ShapingConfig};
@@ -63,6 +64,8 @@ pub struct RawConfig {
     pub shaping: RawShapingConfig,
     /// A/B groups section.
     pub ab: RawAbConfig,
+    /// Limits section.
+    pub limits: RawLimitsConfig,
 }
 
 /// `priority` as written.
@@ -124,6 +127,8 @@ pub struct Config {
     pub shaping: ShapingConfig,
     /// A/B groups.
     pub ab: AbConfig,
+    /// Request, token and cost limits.
+    pub limits: LimitsConfig,
 }
 
 /// Compiled `priority`.
@@ -247,6 +252,7 @@ impl TryFrom<RawConfig> for Config {
                 .transpose()?,
             tracing: TracingMode::compile(raw.tracing.mode),
             access_log: raw.access_log.enabled.unwrap_or(false),
+            limits: LimitsConfig::compile(raw.limits).map_err(|e| e.within("limits"))?,
         })
     }
 }

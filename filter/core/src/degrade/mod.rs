@@ -146,10 +146,7 @@ pub fn edit(
     for action in actions {
         let changed = match action {
             Action::FallbackModel => cfg.fallback_model.get(model).is_some_and(|fallback| {
-                let Ok(quoted) = serde_json::to_string(fallback) else {
-                    return false;
-                };
-                let set = doc.set("model", quoted.as_bytes(), Json::String(fallback.clone()));
+                let set = switch_model(doc, fallback);
                 if set {
                     switched = Some(fallback.clone());
                 }
@@ -171,6 +168,14 @@ pub fn edit(
         applied,
         model: switched,
     })
+}
+
+/// Sets the body's top-level `model` to `model`; false when it names none.
+pub fn switch_model(doc: &mut Document, model: &str) -> bool {
+    let Ok(quoted) = serde_json::to_string(model) else {
+        return false;
+    };
+    doc.set("model", quoted.as_bytes(), Json::String(model.to_string()))
 }
 
 /// Counts an action taken on a call of priority `p`.

@@ -267,6 +267,8 @@ pub struct Stream<G = Chat> {
     reader: Reader,
     grammar: G,
     strip: Option<Strip>,
+    /// Events with data read so far.
+    events: u64,
 }
 
 /// Holds back the bytes of the event under way until its end shows whether
@@ -293,6 +295,7 @@ impl<G: Grammar> Stream<G> {
             reader: Reader::default(),
             grammar,
             strip: None,
+            events: 0,
         }
     }
 }
@@ -314,6 +317,12 @@ impl<G: Grammar> Stream<G> {
     /// The tokens the stream reported so far.
     pub fn usage(&self) -> Option<Usage> {
         self.grammar.usage()
+    }
+
+    /// Events with data read so far (about one output token each, for the
+    /// providers' streams).
+    pub fn events(&self) -> u64 {
+        self.events
     }
 
     /// Bytes the reader holds for the event under way.
@@ -345,12 +354,14 @@ impl<G: Grammar> Stream<G> {
             reader,
             grammar,
             strip,
+            events,
         } = self;
         reader.set_bound(bound);
         let mut strip = strip.as_mut().filter(|s| !s.off);
         let mut out = strip.is_some().then(|| Vec::with_capacity(bytes.len()));
         let mut from = 0;
         let mut on = |event: Event<'_>| {
+            *events += u64::from(event.data.is_some());
             let usage_only = read_event(grammar, &mut collect, &event);
             if let (Some(s), Some(out), Some(at)) = (strip.as_deref_mut(), out.as_mut(), event.end)
             {

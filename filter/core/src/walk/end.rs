@@ -24,6 +24,7 @@ impl Call {
         self.queue_span(env, &summary);
         self.learn_from(env, &summary);
         self.remember_response(env);
+        self.settle_limits(env);
         // Counted in flight under the label it had then, which is the label
         // now: the label of a model never changes within a worker.
         let started = self.dispatch.load_model.as_deref() == Some(summary.model);

@@ -150,6 +150,9 @@ impl Host for FakeHost {
         self.properties.insert(path.to_string(), value.to_vec());
         true
     }
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        self.properties.get(&path.join(".")).cloned()
+    }
     fn clear_route_cache(&mut self) -> bool {
         self.route_cache_cleared += 1;
         true
@@ -185,6 +188,7 @@ pub struct World {
     pub metrics: MemoryMetrics,
     pub rng: SplitMix64,
     pub models: BoundedLabel,
+    pub tenants: BoundedLabel,
     pub spans: spans::Queue,
     pub now_ms: u64,
 }
@@ -197,6 +201,7 @@ impl World {
             metrics: MemoryMetrics::default(),
             rng: SplitMix64::new(42),
             models: BoundedLabel::new(10),
+            tenants: BoundedLabel::new(10),
             spans: spans::Queue::default(),
             now_ms: 1_000_000,
         }
@@ -209,6 +214,7 @@ impl World {
             metrics: &mut self.metrics,
             rng: &mut self.rng,
             model_labels: &mut self.models,
+            tenant_labels: &mut self.tenants,
             spans: &mut self.spans,
             now_ms: self.now_ms,
             can_hold_body: true,

@@ -35,6 +35,7 @@ pub(crate) mod fake;
 mod fallback;
 mod group;
 mod hedge;
+mod limits;
 mod proxy;
 mod reply;
 mod response;
@@ -61,6 +62,8 @@ pub struct Env<'a> {
     pub rng: &'a mut dyn Random,
     /// Bound on the values of the `model` label.
     pub model_labels: &'a mut BoundedLabel,
+    /// Bound on the values of the `tenant` label.
+    pub tenant_labels: &'a mut BoundedLabel,
     /// This worker's spans waiting for export.
     pub spans: &'a mut spans::Queue,
     /// Now, in ms since the epoch.
@@ -174,6 +177,7 @@ impl Call {
             || cfg.budget.enabled
             || cfg.cache.enabled
             || cfg.shaping.enabled()
+            || cfg.limits.enabled()
             || ab_wants_body
             // Alerts can arrive, or the load can cross a threshold.
             || cfg.admin.token.is_some()
@@ -270,6 +274,9 @@ impl Call {
         let body = self.shape(env, body)?;
         // Degraded by the model's level, before the cache step too.
         let body = self.degrade(env, host, body)?;
+        // Limits: reserved (or refused, or sent cheaper) before the cache
+        // keys the body a rule's degrade may edit.
+        let body = self.limit(env, host, body)?;
         // Cache: answer from an entry, or wait for an identical call in
         // flight, before routing and admission (a cached answer is served
         // even while the backend sheds).

@@ -29,6 +29,9 @@ pub trait Host {
     /// Sets a property of the stream (Envoy: filter state `wasm.<path>`,
     /// which the access loggers read).
     fn set_property(&mut self, path: &str, value: &[u8]) -> bool;
+    /// A property of the stream or its connection (Envoy attributes, e.g.
+    /// `connection.uri_san_peer_certificate`).
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
     /// Makes Envoy pick the route again after a routing header changed.
     fn clear_route_cache(&mut self) -> bool;
     /// Every request header, in order, as the upstream saw them.

@@ -83,6 +83,7 @@ impl Call {
         if self.decided.downgraded {
             out.push((crate::degrade::DOWNGRADE_HEADER, "cache".to_string()));
         }
+        self.limit_headers(&mut out);
         out
     }
 }

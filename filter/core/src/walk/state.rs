@@ -40,6 +40,7 @@ use crate::trace_context::SpanIds;
 use crate::usage::{self, Usage};
 
 use super::body::{BodyCopy, HeldBody};
+use super::limits::LimitsCall;
 
 /// What the request said: its headers, fixed once read, and what its body
 /// says, read once when the body is.
@@ -82,12 +83,7 @@ impl Request {
                 Some(Json::Number(n)) => n.parse::<f64>().ok(),
                 _ => None,
             };
-            self.max_tokens = TokenField::of(self.endpoint, TokenField::MaxTokens)
-                .into_iter()
-                .flat_map(TokenField::family)
-                .find_map(|f| number(f.as_str()))
-                .filter(|n| *n >= 0.0 && n.fract() == 0.0)
-                .map(|n| n as u64);
+            self.max_tokens = token_cap(self.endpoint, tree);
             self.temperature = number("temperature");
             self.names_cache_key = affinity::has_prompt_cache_key(tree);
         }
@@ -97,6 +93,19 @@ impl Request {
     pub(super) fn streams_through(&mut self) {
         self.copy = Some(BodyCopy::default());
     }
+}
+
+/// The output token cap a request body of `endpoint` names, when a whole number.
+pub(super) fn token_cap(endpoint: Endpoint, tree: &Json) -> Option<u64> {
+    TokenField::of(endpoint, TokenField::MaxTokens)
+        .into_iter()
+        .flat_map(TokenField::family)
+        .find_map(|f| match tree.get(f.as_str()) {
+            Some(Json::Number(n)) => n.parse::<f64>().ok(),
+            _ => None,
+        })
+        .filter(|n| *n >= 0.0 && n.fract() == 0.0)
+        .map(|n| n as u64)
 }
 
 /// What the filter decided for the call and tells the client about it (see
@@ -122,6 +131,8 @@ pub(super) struct Decided {
     pub(super) span: Option<SpanIds>,
     /// How the call's hedge ended, when one was sent.
     pub(super) hedge: Option<HedgeResult>,
+    /// What the call reserved under the limits.
+    pub(super) limits: Option<LimitsCall>,
 }
 
 /// Where a call stands. The phases with nothing but a timer to wake them are
@@ -456,6 +467,14 @@ impl Response {
         match &self.answer {
             Answer::Stream(_) => None,
             Answer::Json { head, .. } => head.model.as_deref(),
+        }
+    }
+
+    /// Data events of a streamed answer so far; 0 for any other.
+    pub(super) fn events(&self) -> u64 {
+        match &self.answer {
+            Answer::Stream(sse) => sse.events(),
+            Answer::Json { .. } => 0,
         }
     }
 

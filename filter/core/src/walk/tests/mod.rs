@@ -12,6 +12,7 @@ mod cache;
 mod degrade;
 mod dialects;
 mod group;
+mod limits;
 mod semantic;
 mod shape;
 

@@ -1,0 +1,622 @@
+//! The `limits` section: rules of requests, tokens and cost per window,
+//! scoped by tenant, user and model, and the price table that turns tokens
+//! into cost.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::window::Span;
+use crate::config::{check, ConfigError};
+use crate::priority::Priority;
+
+/// Most rules.
+const MAX_RULES: usize = 16;
+/// Default keys (tenants, users, …) each rule counts at once.
+const DEFAULT_MAX_KEYS: usize = 4_096;
+/// Most keys of one rule.
+const MAX_MAX_KEYS: usize = 1 << 20;
+/// Output tokens reserved for a call that names no cap.
+const DEFAULT_RESERVE_OUTPUT: u64 = 1_024;
+/// Default distinct tenant label values of the spend metrics, per worker.
+const DEFAULT_TENANT_LABELS: usize = 20;
+/// Longest rule name (it is a key part and a label value).
+const MAX_NAME_LEN: usize = 64;
+/// The price-table entry every model without its own falls back to.
+pub const ANY_MODEL: &str = "*";
+/// Cost is counted in billionths of the price table's unit.
+pub const NANOS_PER_UNIT: f64 = 1e9;
+
+/// `limits` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawLimitsConfig {
+    /// The rules, each enforced on every call it applies to.
+    pub rules: Option<Vec<RawRule>>,
+    /// Price per million tokens, by model (`*`: every other model).
+    pub prices: Option<BTreeMap<String, RawPrice>>,
+    /// Who the tenant of a call is.
+    pub tenant: Option<RawTenant>,
+    /// The header naming the user, default `x-user-id`.
+    pub user_header: Option<String>,
+    /// Keys each rule counts at once (shared-data records per rule).
+    pub max_keys: Option<usize>,
+    /// Output tokens reserved for a call that names no cap.
+    pub reserve_output_tokens: Option<u64>,
+    /// Distinct tenants the spend metrics name, per worker; the rest are `other`.
+    pub tenant_labels: Option<usize>,
+}
+
+/// One rule as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawRule {
+    /// Its name: a metric label and the rule's key in shared data.
+    pub name: String,
+    /// What one count is kept per: any of `tenant`, `user`, `model`; none:
+    /// one count for every call the rule applies to.
+    pub by: Vec<Dimension>,
+    /// The models it applies to; absent: every model.
+    pub models: Option<Vec<String>>,
+    /// The priorities it applies to; default P1 and P2 (P0 is exempt unless named).
+    pub priorities: Option<Vec<Priority>>,
+    /// Requests per sliding minute.
+    pub requests_per_minute: Option<u64>,
+    /// Requests per sliding hour.
+    pub requests_per_hour: Option<u64>,
+    /// Tokens (input + output) per sliding minute.
+    pub tokens_per_minute: Option<u64>,
+    /// Tokens per sliding hour.
+    pub tokens_per_hour: Option<u64>,
+    /// Tokens per UTC day.
+    pub tokens_per_day: Option<u64>,
+    /// Cost per UTC day, in the price table's unit.
+    pub cost_per_day: Option<f64>,
+    /// Cost per UTC month.
+    pub cost_per_month: Option<f64>,
+    /// Over the limit, send the call cheaper instead of refusing it.
+    pub degrade: Option<RawDegrade>,
+}
+
+/// A rule's degrade as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawDegrade {
+    /// Cap the call's output tokens.
+    pub max_tokens: Option<u64>,
+    /// Send the call to this (cheaper) model.
+    pub model: Option<String>,
+    /// Degraded calls go until the count reaches this many times the
+    /// limit, default 1.5; past it they are refused.
+    pub until: Option<f64>,
+}
+
+/// One model's prices as written, per million tokens.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawPrice {
+    /// Input tokens.
+    pub input: Option<f64>,
+    /// Input tokens read from the provider's prompt cache; default `input`.
+    pub cached_input: Option<f64>,
+    /// Output tokens.
+    pub output: Option<f64>,
+}
+
+/// `tenant` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawTenant {
+    /// `credential` (default) | `header` | `peer`.
+    pub from: Option<TenantSource>,
+    /// The header, for `from: header`.
+    pub header: Option<String>,
+}
+
+/// What a count is kept per.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dimension {
+    /// The call's tenant.
+    Tenant,
+    /// The call's user.
+    User,
+    /// The call's model.
+    Model,
+}
+
+/// Who the tenant of a call is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TenantSource {
+    /// A digest of the call's credential headers (as the cache separates
+    /// tenants): every API key is a tenant.
+    #[default]
+    Credential,
+    /// The value of a header a trusted hop sets.
+    Header,
+    /// The mTLS peer's identity (its URI SAN, the SPIFFE id in a mesh).
+    Peer,
+}
+
+/// What a limit counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Measure {
+    /// Calls.
+    Requests,
+    /// Input and output tokens.
+    Tokens,
+    /// Cost, in billionths of the price unit.
+    Cost,
+}
+
+impl Measure {
+    /// The word of the measure in a limit's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Requests => "requests",
+            Self::Tokens => "tokens",
+            Self::Cost => "cost",
+        }
+    }
+}
+
+/// One limit of a rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limit {
+    /// What it counts.
+    pub measure: Measure,
+    /// Over which window.
+    pub span: Span,
+    /// Most in the window.
+    pub max: u64,
+    /// Its field's name, e.g. `tokens_per_minute` (and metric label).
+    pub name: &'static str,
+}
+
+/// A rule's degrade.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Degrade {
+    /// Output token cap.
+    pub max_tokens: Option<u64>,
+    /// The cheaper model.
+    pub model: Option<String>,
+    /// Degraded calls go while the count stays within this many times the limit.
+    pub until: f64,
+}
+
+/// A compiled rule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    /// Its name.
+    pub name: String,
+    /// What one count is kept per.
+    pub by: Vec<Dimension>,
+    /// The models it applies to; `None`: all.
+    pub models: Option<Vec<String>>,
+    /// The priorities it applies to.
+    pub priorities: Vec<Priority>,
+    /// Its limits, at least one.
+    pub limits: Vec<Limit>,
+    /// Over a limit, degrade instead of refusing.
+    pub degrade: Option<Degrade>,
+}
+
+impl Rule {
+    /// The rule applies to a call of `priority` to `model`.
+    pub fn applies(&self, priority: Priority, model: Option<&str>) -> bool {
+        self.priorities.contains(&priority)
+            && self
+                .models
+                .as_ref()
+                .is_none_or(|ms| model.is_some_and(|m| ms.iter().any(|x| x == m)))
+    }
+}
+
+/// Prices of one model, in billionths of the unit per token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Price {
+    /// Per input token.
+    pub input: f64,
+    /// Per cached input token.
+    pub cached_input: f64,
+    /// Per output token.
+    pub output: f64,
+}
+
+/// The compiled section.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitsConfig {
+    /// The rules; none: the section is off.
+    pub rules: Vec<Rule>,
+    /// Prices by model.
+    pub prices: BTreeMap<String, Price>,
+    /// Where the tenant comes from.
+    pub tenant: TenantSource,
+    /// The tenant header, for [`TenantSource::Header`].
+    pub tenant_header: Option<String>,
+    /// The user header.
+    pub user_header: String,
+    /// Keys each rule counts at once.
+    pub max_keys: usize,
+    /// Output tokens reserved for a call that names no cap.
+    pub reserve_output_tokens: u64,
+    /// Distinct tenant label values, per worker.
+    pub tenant_labels: usize,
+}
+
+#[cfg(test)]
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        check::defaults(Self::compile)
+    }
+}
+
+impl LimitsConfig {
+    /// The section has rules.
+    pub fn enabled(&self) -> bool {
+        !self.rules.is_empty()
+    }
+
+    /// The price of `model`: its own or the `*` entry.
+    pub fn price(&self, model: Option<&str>) -> Option<Price> {
+        model
+            .and_then(|m| self.prices.get(m))
+            .or_else(|| self.prices.get(ANY_MODEL))
+            .copied()
+    }
+
+    /// Compiles the section.
+    pub fn compile(raw: RawLimitsConfig) -> Result<Self, ConfigError> {
+        let prices = raw
+            .prices
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(model, p)| {
+                let price = compile_price(&format!("prices.{model}"), &p)?;
+                Ok((model, price))
+            })
+            .collect::<Result<BTreeMap<_, _>, ConfigError>>()?;
+        let raw_rules = raw.rules.unwrap_or_default();
+        check::at_most("rules", &raw_rules, MAX_RULES, "rules")?;
+        let mut rules = Vec::with_capacity(raw_rules.len());
+        for (i, r) in raw_rules.into_iter().enumerate() {
+            let rule = compile_rule(r, &prices).map_err(|e| e.within(&format!("rules[{i}]")))?;
+            if rules.iter().any(|o: &Rule| o.name == rule.name) {
+                return Err(ConfigError::new(
+                    format!("rules[{i}].name"),
+                    format!("{:?} names another rule too", rule.name),
+                ));
+            }
+            rules.push(rule);
+        }
+        let tenant = raw.tenant.unwrap_or_default();
+        let source = tenant.from.unwrap_or_default();
+        let tenant_header = match (source, tenant.header) {
+            (TenantSource::Header, Some(h)) => Some(header("tenant.header", h)?),
+            (TenantSource::Header, None) => {
+                return Err(ConfigError::new(
+                    "tenant.header",
+                    "`from: header` needs the header's name",
+                ))
+            }
+            (_, Some(_)) => {
+                return Err(ConfigError::new(
+                    "tenant.header",
+                    "only `from: header` reads a header",
+                ))
+            }
+            (_, None) => None,
+        };
+        Ok(Self {
+            rules,
+            prices,
+            tenant: source,
+            tenant_header,
+            user_header: header(
+                "user_header",
+                raw.user_header.unwrap_or_else(|| "x-user-id".to_string()),
+            )?,
+            max_keys: check::field("max_keys", raw.max_keys, DEFAULT_MAX_KEYS)
+                .in_range(1..=MAX_MAX_KEYS)?,
+            reserve_output_tokens: check::field(
+                "reserve_output_tokens",
+                raw.reserve_output_tokens,
+                DEFAULT_RESERVE_OUTPUT,
+            )
+            .in_range(0..=1 << 24)?,
+            tenant_labels: check::field("tenant_labels", raw.tenant_labels, DEFAULT_TENANT_LABELS)
+                .in_range(0..=1_000)?,
+        })
+    }
+}
+
+fn header(field: &str, name: String) -> Result<String, ConfigError> {
+    let name = name.to_ascii_lowercase();
+    if check::is_header_name(&name) {
+        Ok(name)
+    } else {
+        Err(ConfigError::new(
+            field,
+            format!("{name:?} is not a header name"),
+        ))
+    }
+}
+
+/// A price per million tokens as a price per token in nanos.
+fn per_token(field: &str, per_million: f64) -> Result<f64, ConfigError> {
+    if !(per_million.is_finite() && (0.0..=1e6).contains(&per_million)) {
+        return Err(ConfigError::new(
+            field,
+            format!("{per_million} is not a price per million tokens in [0, 1000000]"),
+        ));
+    }
+    Ok(per_million * NANOS_PER_UNIT / 1e6)
+}
+
+fn compile_price(field: &str, p: &RawPrice) -> Result<Price, ConfigError> {
+    let (Some(input), Some(output)) = (p.input, p.output) else {
+        return Err(ConfigError::new(
+            field,
+            "a price names `input` and `output`",
+        ));
+    };
+    Ok(Price {
+        input: per_token(&format!("{field}.input"), input)?,
+        cached_input: per_token(
+            &format!("{field}.cached_input"),
+            p.cached_input.unwrap_or(input),
+        )?,
+        output: per_token(&format!("{field}.output"), output)?,
+    })
+}
+
+fn compile_rule(r: RawRule, prices: &BTreeMap<String, Price>) -> Result<Rule, ConfigError> {
+    let name_ok = !r.name.is_empty()
+        && r.name.len() <= MAX_NAME_LEN
+        && r.name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if !name_ok {
+        return Err(ConfigError::new(
+            "name",
+            format!(
+                "{:?} is not a rule name (1..={MAX_NAME_LEN} of A-Z a-z 0-9 _ -)",
+                r.name
+            ),
+        ));
+    }
+    let mut by = Vec::new();
+    for d in r.by {
+        if by.contains(&d) {
+            return Err(ConfigError::new("by", format!("{d:?} is named twice")));
+        }
+        by.push(d);
+    }
+    let counted = [
+        (
+            Measure::Requests,
+            Span::Minute,
+            "requests_per_minute",
+            r.requests_per_minute,
+        ),
+        (
+            Measure::Requests,
+            Span::Hour,
+            "requests_per_hour",
+            r.requests_per_hour,
+        ),
+        (
+            Measure::Tokens,
+            Span::Minute,
+            "tokens_per_minute",
+            r.tokens_per_minute,
+        ),
+        (
+            Measure::Tokens,
+            Span::Hour,
+            "tokens_per_hour",
+            r.tokens_per_hour,
+        ),
+        (
+            Measure::Tokens,
+            Span::Day,
+            "tokens_per_day",
+            r.tokens_per_day,
+        ),
+    ];
+    let mut limits = Vec::new();
+    for (measure, span, name, max) in counted {
+        if let Some(max) = max {
+            let max = check::positive(name, max, "a limit")?;
+            limits.push(Limit {
+                measure,
+                span,
+                max,
+                name,
+            });
+        }
+    }
+    for (span, name, max) in [
+        (Span::Day, "cost_per_day", r.cost_per_day),
+        (Span::Month, "cost_per_month", r.cost_per_month),
+    ] {
+        if let Some(max) = max {
+            if !(max.is_finite() && max > 0.0 && max <= 1e9) {
+                return Err(ConfigError::new(
+                    name,
+                    format!("{max} is not a cost in (0, 1e9]"),
+                ));
+            }
+            limits.push(Limit {
+                measure: Measure::Cost,
+                span,
+                max: (max * NANOS_PER_UNIT) as u64,
+                name,
+            });
+        }
+    }
+    if limits.is_empty() {
+        return Err(ConfigError::new(
+            "rule",
+            "names no limit (requests_per_minute, tokens_per_minute, cost_per_day, …)",
+        ));
+    }
+    if let Some(models) = &r.models {
+        if models.is_empty() || models.iter().any(String::is_empty) {
+            return Err(ConfigError::new(
+                "models",
+                "lists no model, or an empty one",
+            ));
+        }
+    }
+    // A cost limit must be able to price every call it counts, or it
+    // would silently stop applying to the unpriced ones.
+    if limits.iter().any(|l| l.measure == Measure::Cost) && !prices.contains_key(ANY_MODEL) {
+        let unpriced = match &r.models {
+            None => Some("every model (add a `*` price)".to_string()),
+            Some(ms) => ms
+                .iter()
+                .find(|m| !prices.contains_key(m.as_str()))
+                .map(|m| format!("{m:?}")),
+        };
+        if let Some(m) = unpriced {
+            return Err(ConfigError::new(
+                "cost_per_day",
+                format!("a cost limit needs a price for {m} in `limits.prices`"),
+            ));
+        }
+    }
+    let degrade = r
+        .degrade
+        .map(|d| -> Result<Degrade, ConfigError> {
+            if d.max_tokens.is_none() && d.model.is_none() {
+                return Err(ConfigError::new(
+                    "degrade",
+                    "names neither `max_tokens` nor `model`",
+                ));
+            }
+            if let Some(n) = d.max_tokens {
+                check::positive("degrade.max_tokens", n, "a token cap")?;
+            }
+            if d.model.as_deref() == Some("") {
+                return Err(ConfigError::new("degrade.model", "is empty"));
+            }
+            let until = check::field("degrade.until", d.until, 1.5).real_in(1.0..=100.0)?;
+            Ok(Degrade {
+                max_tokens: d.max_tokens,
+                model: d.model,
+                until,
+            })
+        })
+        .transpose()?;
+    Ok(Rule {
+        name: r.name,
+        by,
+        models: r.models,
+        priorities: r
+            .priorities
+            .unwrap_or_else(|| vec![Priority::P1, Priority::P2]),
+        limits,
+        degrade,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<LimitsConfig, ConfigError> {
+        LimitsConfig::compile(serde_json::from_str(json).unwrap())
+    }
+
+    #[test]
+    fn empty_is_off() {
+        let c = LimitsConfig::default();
+        assert!(!c.enabled());
+        assert_eq!(c.tenant, TenantSource::Credential);
+        assert_eq!(c.user_header, "x-user-id");
+    }
+
+    #[test]
+    fn reads_a_rule_and_prices() {
+        let c = parse(
+            r#"{"prices":{"gpt-4o":{"input":2.5,"cached_input":1.25,"output":10}},
+                "tenant":{"from":"header","header":"X-Tenant"},
+                "rules":[{"name":"team","by":["tenant","model"],"models":["gpt-4o"],
+                  "tokens_per_minute":1000,"cost_per_day":5,
+                  "degrade":{"max_tokens":64}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.tenant_header.as_deref(), Some("x-tenant"));
+        let r = &c.rules[0];
+        assert_eq!(r.by, [Dimension::Tenant, Dimension::Model]);
+        assert_eq!(r.limits.len(), 2);
+        assert_eq!(r.limits[1].max, 5_000_000_000);
+        assert_eq!(r.priorities, [Priority::P1, Priority::P2]);
+        assert!(r.applies(Priority::P1, Some("gpt-4o")));
+        assert!(!r.applies(Priority::P0, Some("gpt-4o")));
+        assert!(!r.applies(Priority::P1, Some("gpt-4o-mini")));
+        assert!(!r.applies(Priority::P1, None));
+        let p = c.price(Some("gpt-4o")).unwrap();
+        assert!(
+            (p.output - 10_000.0).abs() < 1e-9,
+            "10 per million is 10 000 nanos a token"
+        );
+        assert_eq!(c.price(Some("other")), None);
+        assert_eq!(r.degrade.as_ref().unwrap().until, 1.5);
+    }
+
+    #[test]
+    fn refuses_what_would_not_apply() {
+        for (doc, field) in [
+            (r#"{"rules":[{"name":"a"}]}"#, "rules[0].rule"),
+            (
+                r#"{"rules":[{"name":"","requests_per_minute":1}]}"#,
+                "rules[0].name",
+            ),
+            (
+                r#"{"rules":[{"name":"a b","requests_per_minute":1}]}"#,
+                "rules[0].name",
+            ),
+            (
+                r#"{"rules":[{"name":"a","requests_per_minute":0}]}"#,
+                "rules[0].requests_per_minute",
+            ),
+            (
+                r#"{"rules":[{"name":"a","cost_per_day":1}]}"#,
+                "rules[0].cost_per_day",
+            ),
+            (
+                r#"{"prices":{"m":{"input":1,"output":1}},"rules":[{"name":"a","models":["m","n"],"cost_per_day":1}]}"#,
+                "rules[0].cost_per_day",
+            ),
+            (
+                r#"{"rules":[{"name":"a","requests_per_minute":1},{"name":"a","requests_per_minute":2}]}"#,
+                "rules[1].name",
+            ),
+            (
+                r#"{"rules":[{"name":"a","by":["user","user"],"requests_per_minute":1}]}"#,
+                "rules[0].by",
+            ),
+            (
+                r#"{"rules":[{"name":"a","requests_per_minute":1,"degrade":{}}]}"#,
+                "rules[0].degrade",
+            ),
+            (r#"{"prices":{"m":{"input":1}}}"#, "prices.m"),
+            (
+                r#"{"prices":{"m":{"input":-1,"output":1}}}"#,
+                "prices.m.input",
+            ),
+            (r#"{"tenant":{"from":"header"}}"#, "tenant.header"),
+            (r#"{"tenant":{"header":"x"}}"#, "tenant.header"),
+        ] {
+            let e = parse(doc).unwrap_err();
+            assert_eq!(e.field, field, "{doc}: {e}");
+        }
+        assert!(parse(
+            r#"{"prices":{"*":{"input":1,"output":2}},"rules":[{"name":"a","cost_per_month":9}]}"#
+        )
+        .is_ok());
+    }
+}

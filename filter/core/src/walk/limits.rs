@@ -1,0 +1,284 @@
+//! The limits step of the walk (see [`crate::limits`]): after degrade and
+//! before the cache, the call reserves what it may cost under every rule
+//! that applies, or is refused with a 429 in its API's shape, or goes
+//! cheaper; the caller hears what is left in the rate-limit headers its SDK
+//! knows. At the call's end the reservation is settled with the usage.
+//!
+//! Before the cache, because a rule's degrade edits the body the cache keys
+//! on; a cached answer then costs its request and nothing else.
+
+use std::ops::ControlFlow;
+
+use crate::budget::reply::{self, ReplyKind, SHOULD_RETRY};
+use crate::classify::Endpoint;
+use crate::degrade;
+use crate::limits::{self, window, Admitted, Ask, Decision, Ended, Left, Measure, Refused};
+use crate::shaping::{self, TokenField};
+
+use super::state::{token_cap, Phase};
+use super::{Call, Env, Flow, HeldBody, Host};
+
+/// A refusal whose window frees later than this tells SDKs not to retry:
+/// they wait at most about a minute for `retry-after` and would otherwise
+/// retry at once.
+const RETRY_HORIZON_S: u64 = 60;
+
+/// The response header telling the caller its call went cheaper.
+pub const LIMITED_HEADER: &str = "x-llm-limited";
+
+/// The limits' part in one call.
+#[derive(Debug, Default)]
+pub(super) struct LimitsCall {
+    /// What it reserved, and what is left.
+    pub(super) admitted: Admitted,
+    /// Its prompt's estimated tokens.
+    pub(super) prompt_tokens: u64,
+    /// The output tokens it reserved.
+    pub(super) reserved_output: u64,
+    /// When the reservation was made, ms.
+    pub(super) at_ms: u64,
+}
+
+impl Call {
+    /// Reserves the call's cost under the limits, or refuses it.
+    pub(super) fn limit(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        mut body: Option<HeldBody>,
+    ) -> Flow {
+        let cfg = &env.config.limits;
+        if !cfg.enabled() {
+            return ControlFlow::Continue(body);
+        }
+        let tenant = self.tenant(env, host);
+        let user = host.request_header(&cfg.user_header);
+        let label = env.tenant_labels.value(tenant.as_deref()).to_string();
+        let prompt_tokens = body
+            .as_ref()
+            .and_then(|b| b.features.as_ref())
+            .map_or(0, |f| f.prompt_tokens);
+        let max_tokens = body
+            .as_ref()
+            .and_then(|b| b.tree())
+            .and_then(|t| token_cap(self.request.endpoint, t));
+        let model = self.model().map(str::to_string);
+        let ask = Ask {
+            priority: self.request.priority,
+            model: model.as_deref(),
+            tenant: tenant.as_deref(),
+            tenant_label: &label,
+            user: user.as_deref(),
+            prompt_tokens,
+            max_tokens,
+            now_ms: env.now_ms,
+        };
+        let admitted = match limits::admit(env.store, cfg, env.metrics, &ask) {
+            Decision::Refuse(r) => {
+                let reply = refusal(&r, self.request.endpoint);
+                return ControlFlow::Break(self.reply_locally(env, host, reply));
+            }
+            Decision::Pass(a) => a,
+        };
+        if let (Some(cheaper), Some(b)) = (&admitted.cheaper, body.as_mut()) {
+            let field =
+                TokenField::of(self.request.endpoint, self.shaping_config(env.config).field);
+            let capped = cheaper
+                .max_tokens
+                .zip(field)
+                .is_some_and(|(cap, f)| shaping::cap_max_tokens(&mut b.doc, cap, f));
+            let switched = cheaper
+                .model
+                .as_deref()
+                .filter(|m| degrade::switch_model(&mut b.doc, m));
+            if let Some(m) = switched {
+                self.decided.fallback_model = Some(m.to_string());
+            }
+            if capped || switched.is_some() {
+                b.was_edited();
+            }
+        }
+        self.decided.limits = Some(LimitsCall {
+            reserved_output: max_tokens.unwrap_or(cfg.reserve_output_tokens),
+            admitted,
+            prompt_tokens,
+            at_ms: env.now_ms,
+        });
+        ControlFlow::Continue(body)
+    }
+
+    /// The call's tenant, as `limits.tenant` says where it comes from.
+    fn tenant(&self, env: &Env<'_>, host: &dyn Host) -> Option<String> {
+        let cfg = &env.config.limits;
+        match cfg.tenant {
+            limits::TenantSource::Credential => {
+                let values: Vec<Option<String>> = env
+                    .config
+                    .cache
+                    .tenant_headers_of(self.request.endpoint)
+                    .map(|name| host.request_header(name))
+                    .collect();
+                let values: Vec<Option<&str>> = values.iter().map(Option::as_deref).collect();
+                limits::credential_tenant(&values)
+            }
+            limits::TenantSource::Header => cfg
+                .tenant_header
+                .as_deref()
+                .and_then(|h| host.request_header(h))
+                .filter(|v| !v.is_empty()),
+            limits::TenantSource::Peer => host
+                .property(&["connection", "uri_san_peer_certificate"])
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .filter(|v| !v.is_empty()),
+        }
+    }
+
+    /// Settles the call's reservations with what it was charged.
+    pub(super) fn settle_limits(&self, env: &mut Env<'_>) {
+        let Some(l) = &self.decided.limits else {
+            return;
+        };
+        if l.admitted.held.is_empty() {
+            return;
+        }
+        let r = self.response.as_ref();
+        let local = matches!(self.progress.phase(), Phase::Answered(_));
+        let ended = Ended {
+            usage: r.and_then(|r| r.usage()),
+            answered: !local
+                && r.and_then(|r| r.status)
+                    .is_some_and(|s| (200..300).contains(&s)),
+            streamed: r.is_some_and(|r| r.is_stream()),
+            completed: r.is_some_and(|r| r.finished()),
+            events: r.map_or(0, |r| r.events()),
+            prompt_tokens: l.prompt_tokens,
+            reserved_output: l.reserved_output,
+        };
+        let model = self.dispatch.model.as_deref().or(self.model());
+        let cfg = &env.config.limits;
+        let charge = limits::charge(cfg, env.metrics, model, &ended);
+        limits::settle(
+            env.store,
+            cfg,
+            env.metrics,
+            &l.admitted.held,
+            charge,
+            env.now_ms,
+        );
+    }
+
+    /// The rate-limit headers of the call's tightest limits, in its
+    /// dialect's names.
+    pub(super) fn limit_headers(&self, out: &mut Vec<(&'static str, String)>) {
+        let Some(l) = &self.decided.limits else {
+            return;
+        };
+        let a = &l.admitted;
+        rate_headers(out, self.request.endpoint, a.requests, a.tokens, l.at_ms);
+        if a.cheaper.is_some() {
+            out.push((LIMITED_HEADER, "degraded".to_string()));
+        }
+    }
+}
+
+/// The headers OpenAI (`x-ratelimit-*`) or Anthropic
+/// (`anthropic-ratelimit-*`) callers read for what is left.
+fn rate_headers(
+    out: &mut Vec<(&'static str, String)>,
+    endpoint: Endpoint,
+    requests: Option<Left>,
+    tokens: Option<Left>,
+    now_ms: u64,
+) {
+    let anthropic = endpoint == Endpoint::Messages;
+    for (left, names) in [
+        (
+            requests,
+            if anthropic {
+                ANTHROPIC_REQUESTS
+            } else {
+                OPENAI_REQUESTS
+            },
+        ),
+        (
+            tokens,
+            if anthropic {
+                ANTHROPIC_TOKENS
+            } else {
+                OPENAI_TOKENS
+            },
+        ),
+    ] {
+        let Some(left) = left else { continue };
+        let [limit, remaining, reset] = names;
+        out.push((limit, left.limit.to_string()));
+        out.push((remaining, left.remaining.to_string()));
+        let reset_value = if anthropic {
+            window::rfc3339(now_ms.saturating_add(left.reset_ms))
+        } else {
+            format!("{}s", left.reset_ms.div_ceil(1000))
+        };
+        out.push((reset, reset_value));
+    }
+}
+
+const OPENAI_REQUESTS: [&str; 3] = [
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-reset-requests",
+];
+const OPENAI_TOKENS: [&str; 3] = [
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-tokens",
+];
+const ANTHROPIC_REQUESTS: [&str; 3] = [
+    "anthropic-ratelimit-requests-limit",
+    "anthropic-ratelimit-requests-remaining",
+    "anthropic-ratelimit-requests-reset",
+];
+const ANTHROPIC_TOKENS: [&str; 3] = [
+    "anthropic-ratelimit-tokens-limit",
+    "anthropic-ratelimit-tokens-remaining",
+    "anthropic-ratelimit-tokens-reset",
+];
+
+/// The 429 for a call over `r`, with `retry-after` until it fits.
+fn refusal(r: &Refused, endpoint: Endpoint) -> reply::LocalReply {
+    let wait_s = r.wait_ms.map(|ms| ms.div_ceil(1000).max(1));
+    let amount = match r.measure {
+        Measure::Cost => format!("{:.6}", r.max as f64 / limits::config::NANOS_PER_UNIT),
+        _ => r.max.to_string(),
+    };
+    let message = match wait_s {
+        Some(s) => format!(
+            "Limit {} of rule {} reached (limit {amount}); retry in {s}s.",
+            r.limit, r.rule
+        ),
+        None => format!(
+            "The request alone is more than limit {} of rule {} (limit {amount}).",
+            r.limit, r.rule
+        ),
+    };
+    let mut reply = reply::with_message(ReplyKind::OverLimit, &message, wait_s);
+    if wait_s.is_none_or(|s| s > RETRY_HORIZON_S) {
+        reply.headers.push((SHOULD_RETRY, "false".to_string()));
+    }
+    let left = Left {
+        limit: r.max,
+        remaining: 0,
+        reset_ms: r.wait_ms.unwrap_or(0),
+    };
+    let (requests, tokens) = match r.measure {
+        Measure::Requests => (Some(left), None),
+        Measure::Tokens => (None, Some(left)),
+        Measure::Cost => (None, None),
+    };
+    let mut headers = Vec::new();
+    // The reset of a refusal is relative: the local reply has no clock.
+    rate_headers(&mut headers, Endpoint::Chat, requests, tokens, 0);
+    if endpoint != Endpoint::Messages {
+        reply.headers.extend(headers);
+    }
+    reply.in_dialect(endpoint)
+}

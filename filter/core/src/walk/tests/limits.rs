@@ -1,0 +1,131 @@
+//! Scenario tests of the limits step: reservation, refusal in each API's
+//! shape, the rate-limit headers, settling at the end and degrade.
+
+use crate::walk::fake::{FakeHost, World};
+use crate::walk::*;
+
+const PATH: &str = "/v1/chat/completions";
+const ANSWER: &str = r#"{"id":"x","object":"chat.completion","created":7,"model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"yo"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;
+const CHAT: &str =
+    r#"{"model":"gpt-4o","max_tokens":100,"messages":[{"role":"user","content":"hi there"}]}"#;
+
+fn world(rules: &str) -> World {
+    World::new(&format!(r#"{{"limits":{{"rules":[{rules}]}}}}"#))
+}
+
+fn call(key: &str, body: &str) -> FakeHost {
+    FakeHost::post(PATH)
+        .with_header("authorization", key)
+        .with_body(body)
+}
+
+fn run(w: &mut World, host: &mut FakeHost) -> (Call, Step) {
+    let (mut call, _) = Call::start(&mut w.env(), host, false).unwrap();
+    let size = host.request_body.len();
+    let step = call.on_request_body(&mut w.env(), host, size, true);
+    (call, step)
+}
+
+fn answered(w: &mut World, mut c: Call, host: FakeHost) -> FakeHost {
+    let mut host = host.with_response(200, "application/json", ANSWER);
+    c.on_response_headers(&mut w.env(), &mut host, false);
+    let n = ANSWER.len();
+    c.on_response_body(&mut w.env(), &mut host, n, true);
+    c.on_log(&mut w.env());
+    host
+}
+
+#[test]
+fn calls_pass_with_what_is_left_and_are_refused_in_openai_shape() {
+    let mut w =
+        world(r#"{"name":"t","by":["tenant"],"tokens_per_minute":250,"requests_per_minute":5}"#);
+    // Reserves 2 prompt tokens + 100: the second call sees 250 − 2 × 102.
+    let (c, step) = run(&mut w, &mut call("Bearer a", CHAT));
+    assert_eq!(step, Step::Continue);
+    let (c2, _) = run(&mut w, &mut call("Bearer a", CHAT));
+    let host = answered(&mut w, c2, call("Bearer a", CHAT));
+    assert_eq!(host.response("x-ratelimit-limit-tokens"), Some("250"));
+    assert_eq!(host.response("x-ratelimit-remaining-tokens"), Some("46"));
+    assert_eq!(host.response("x-ratelimit-remaining-requests"), Some("3"));
+    // The answer used 4 tokens: 98 came back; still 102 + 4 = 106 used.
+    let mut host = call("Bearer a", CHAT);
+    let (_third, step) = run(&mut w, &mut host);
+    assert_eq!(step, Step::Continue);
+    let mut host = call("Bearer a", CHAT);
+    let (refused, step) = run(&mut w, &mut host);
+    assert_eq!(step, Step::Pause);
+    let (status, headers, body) = host.local_reply.clone().unwrap();
+    assert_eq!(status, 429);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"]["code"], "llm_filter_limit_exceeded");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("tokens_per_minute"));
+    assert!(headers["retry-after"].parse::<u64>().unwrap() >= 1);
+    assert_eq!(headers["x-ratelimit-remaining-tokens"], "0");
+    refused.on_log(&mut w.env());
+    // Another key is another tenant.
+    let (_, step) = run(&mut w, &mut call("Bearer b", CHAT));
+    assert_eq!(step, Step::Continue);
+    drop(c);
+}
+
+#[test]
+fn a_messages_caller_gets_anthropics_429_and_header_names() {
+    let mut w = world(r#"{"name":"t","requests_per_minute":1}"#);
+    let body = r#"{"model":"claude","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}"#;
+    let host = || {
+        FakeHost::post("/v1/messages")
+            .with_header("x-api-key", "k")
+            .with_body(body)
+    };
+    let (mut c, _) = run(&mut w, &mut host());
+    let mut h = host().with_response(200, "application/json", "{}");
+    c.on_response_headers(&mut w.env(), &mut h, false);
+    assert_eq!(
+        h.response("anthropic-ratelimit-requests-remaining"),
+        Some("0")
+    );
+    assert!(h
+        .response("anthropic-ratelimit-requests-reset")
+        .unwrap()
+        .ends_with('Z'));
+    let mut refused = host();
+    run(&mut w, &mut refused);
+    let (status, _, body) = refused.local_reply.clone().unwrap();
+    assert_eq!(status, 429);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "rate_limit_error");
+}
+
+#[test]
+fn a_degrading_rule_sends_the_call_cheaper_and_says_so() {
+    let mut w = world(
+        r#"{"name":"d","requests_per_minute":1,"degrade":{"max_tokens":16,"model":"gpt-4o-mini","until":3}}"#,
+    );
+    run(&mut w, &mut call("k", CHAT));
+    let mut host = call("k", CHAT);
+    let (c, step) = run(&mut w, &mut host);
+    assert_eq!(step, Step::Continue);
+    let sent: serde_json::Value = serde_json::from_slice(&host.request_body).unwrap();
+    assert_eq!(sent["model"], "gpt-4o-mini");
+    assert_eq!(sent["max_tokens"], 16);
+    let host = answered(&mut w, c, host);
+    assert_eq!(host.response("x-llm-limited"), Some("degraded"));
+}
+
+#[test]
+fn a_long_window_refusal_tells_sdks_not_to_retry_and_p0_passes() {
+    let mut w = world(r#"{"name":"day","tokens_per_day":150}"#);
+    run(&mut w, &mut call("k", CHAT));
+    let mut host = call("k", CHAT);
+    run(&mut w, &mut host);
+    let (status, headers, _) = host.local_reply.clone().unwrap();
+    assert_eq!(status, 429);
+    assert_eq!(headers["x-should-retry"], "false");
+    let mut p0 = call("k", CHAT).with_header("x-request-priority", "P0");
+    let (_, step) = run(&mut w, &mut p0);
+    assert_eq!(step, Step::Continue);
+}
