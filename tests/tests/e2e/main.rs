@@ -28,6 +28,7 @@ mod dialects;
 mod hostile;
 mod istio;
 mod istiod;
+mod limits;
 mod load;
 mod mesh_names;
 mod metrics;

@@ -247,7 +247,12 @@ const ANTHROPIC_TOKENS: [&str; 3] = [
 fn refusal(r: &Refused, endpoint: Endpoint) -> reply::LocalReply {
     let wait_s = r.wait_ms.map(|ms| ms.div_ceil(1000).max(1));
     let amount = match r.measure {
-        Measure::Cost => format!("{:.6}", r.max as f64 / limits::config::NANOS_PER_UNIT),
+        // Nanos as units with six decimals, without float formatting.
+        Measure::Cost => format!(
+            "{}.{:06}",
+            r.max / 1_000_000_000,
+            r.max % 1_000_000_000 / 1_000
+        ),
         _ => r.max.to_string(),
     };
     let message = match wait_s {

@@ -1,0 +1,362 @@
+//! Token and cost limits through the real Envoy: 32 concurrent calls against
+//! a small limit pass no more than it holds (what the upstream received and
+//! what the calls were charged), a stream is charged its reported usage,
+//! what is left reaches the caller in the rate-limit headers its SDK reads,
+//! a refusal is a 429 in the caller's API shape with `retry-after`, a
+//! degrading rule sends the call cheaper, and a tenant's limit holds across
+//! three gateway replicas when the front hashes the tenant onto one.
+
+use futures_util::future::join_all;
+use llm_filter_e2e::{
+    chat_body, http_client_without_reuse, messages_body, post_json, send_bytes, skip_without_envoy,
+    stream_sse, with_field, Envoy, EnvoyBuilder, HttpResponse, MockConfig, MockUpstream,
+};
+use reqwest::Method;
+use serde_json::json;
+
+use crate::support::cache::{Rig, CHAT};
+
+const TENANT_A: &str = "Bearer sk-tenant-a";
+const TENANT_B: &str = "Bearer sk-tenant-b";
+
+fn total_tokens(r: &HttpResponse) -> u64 {
+    r.json()["usage"]["total_tokens"].as_u64().unwrap_or(0)
+}
+
+fn header_u64(r: &HttpResponse, name: &str) -> u64 {
+    r.header(name)
+        .unwrap_or_else(|| panic!("no {name}: {:?}", r.headers))
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_cannot_pass_a_token_limit_by_more_than_their_reservations() {
+    const LIMIT: u64 = 1000;
+    const CALLS: usize = 32;
+    let config = json!({"limits": {"rules": [
+        {"name": "team", "by": ["tenant"], "tokens_per_minute": LIMIT}
+    ]}});
+    let Some(rig) = Rig::start("limits_concurrent", config) else {
+        return;
+    };
+    // Every call is in flight at once: none settles before the others reserve.
+    rig.mock.set_default_delay_ms(400);
+    // 16 characters (4 estimated tokens) + a cap of 100: 104 reserved each,
+    // so 9 fit in 1000.
+    let body = with_field(
+        chat_body("gpt-4o", "limit me, please"),
+        "max_tokens",
+        json!(100),
+    );
+    let client = http_client_without_reuse();
+    let url = rig.url(CHAT);
+    let bytes = serde_json::to_vec(&body).unwrap();
+    let calls = (0..CALLS).map(|_| {
+        send_bytes(
+            &client,
+            Method::POST,
+            &url,
+            Some(bytes.clone()),
+            &[
+                ("content-type", "application/json"),
+                ("authorization", TENANT_A),
+            ],
+        )
+    });
+    let answers: Vec<HttpResponse> = join_all(calls)
+        .await
+        .into_iter()
+        .map(|r| r.expect("call"))
+        .collect();
+    let passed: Vec<&HttpResponse> = answers.iter().filter(|r| r.status == 200).collect();
+    let refused: Vec<&HttpResponse> = answers.iter().filter(|r| r.status == 429).collect();
+    assert_eq!(passed.len() + refused.len(), CALLS, "only 200s and 429s");
+    assert_eq!(passed.len(), 9, "as many as their reservations fit");
+    assert_eq!(
+        rig.mock.request_count(),
+        passed.len(),
+        "the upstream saw only those"
+    );
+    let charged: u64 = passed.iter().map(|r| total_tokens(r)).sum();
+    assert!(charged <= LIMIT, "{charged} tokens charged against {LIMIT}");
+    for r in &refused {
+        let v = r.json();
+        assert_eq!(
+            v["error"]["code"],
+            "llm_filter_limit_exceeded",
+            "{}",
+            r.text()
+        );
+        assert_eq!(v["error"]["type"], "rate_limit_exceeded");
+        assert!(header_u64(r, "retry-after") >= 1);
+        assert_eq!(r.header("x-ratelimit-remaining-tokens"), Some("0"));
+        assert_eq!(r.header("x-ratelimit-limit-tokens"), Some("1000"));
+    }
+    // Another tenant has a count of its own.
+    let r = rig.chat(&body, &[("authorization", TENANT_B)]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-tokens"), LIMIT - 104);
+    // Seen with real labels.
+    let rejected = rig.envoy.wait_for_metric(
+        "llm_filter_limits_calls_total",
+        &[("rule", "team"), ("result", "rejected")],
+        refused.len() as f64,
+        std::time::Duration::from_secs(5),
+    );
+    assert_eq!(rejected as usize, refused.len());
+    let spent = rig.envoy.wait_for_metric(
+        "llm_filter_limits_tokens_total",
+        &[("rule", "team")],
+        (charged + total_tokens(&r)) as f64,
+        std::time::Duration::from_secs(5),
+    );
+    assert_eq!(
+        spent as u64,
+        charged + total_tokens(&r),
+        "settled with the usage"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_is_charged_its_usage_and_what_is_left_reaches_the_caller() {
+    const LIMIT: u64 = 2000;
+    let config = json!({"limits": {"rules": [
+        {"name": "team", "by": ["tenant"], "tokens_per_minute": LIMIT, "requests_per_minute": 10}
+    ]}});
+    let Some(rig) = Rig::start("limits_stream", config) else {
+        return;
+    };
+    rig.mock.set_answer_words(Some(40));
+    let plain = with_field(
+        chat_body("gpt-4o", "tell me a story"),
+        "max_tokens",
+        json!(300),
+    );
+    let mut stream = with_field(plain.clone(), "stream", json!(true));
+    stream["stream_options"] = json!({"include_usage": true});
+    let s = stream_sse(&rig.url(CHAT), &stream, &[("authorization", TENANT_A)])
+        .await
+        .unwrap();
+    assert_eq!(s.status, 200);
+    let first_left: u64 = s.headers["x-ratelimit-remaining-tokens"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let streamed = s.usage().expect("the stream's usage")["total_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(streamed > 40, "{streamed}");
+    // Settled at the stream's end: the next call, reserving as much as the
+    // stream did, sees the stream's real usage gone instead of its reservation.
+    rig.envoy.wait_for_metric(
+        "llm_filter_limits_tokens_total",
+        &[("rule", "team")],
+        streamed as f64,
+        std::time::Duration::from_secs(5),
+    );
+    let r = rig.chat(&plain, &[("authorization", TENANT_A)]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let second_left = header_u64(&r, "x-ratelimit-remaining-tokens");
+    assert_eq!(
+        first_left - second_left,
+        streamed,
+        "the stream was charged its usage"
+    );
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-requests"), 8);
+    assert_eq!(header_u64(&r, "x-ratelimit-limit-requests"), 10);
+    assert!(r.header("x-ratelimit-reset-tokens").unwrap().ends_with('s'));
+    // And a call after it sees the second one's usage too.
+    let r3 = rig.chat(&plain, &[("authorization", TENANT_A)]).await;
+    assert_eq!(
+        second_left - header_u64(&r3, "x-ratelimit-remaining-tokens"),
+        total_tokens(&r)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_a_degrading_rule_the_call_goes_cheaper_then_is_refused() {
+    let config = json!({"limits": {"rules": [
+        {"name": "soft", "by": ["tenant"], "requests_per_minute": 1,
+         "degrade": {"max_tokens": 8, "model": "gpt-4o-mini", "until": 3}}
+    ]}});
+    let Some(rig) = Rig::start("limits_degrade", config) else {
+        return;
+    };
+    let body = with_field(chat_body("gpt-4o", "hello"), "max_tokens", json!(500));
+    let h = [("authorization", TENANT_A)];
+    let r = rig.chat(&body, &h).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-llm-limited"), None);
+    assert_eq!(
+        rig.mock.last_request().unwrap().json().unwrap(),
+        body,
+        "untouched"
+    );
+    for _ in 0..2 {
+        let r = rig.chat(&body, &h).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-llm-limited"), Some("degraded"));
+        let sent = rig.mock.last_request().unwrap().json().unwrap();
+        assert_eq!(sent["model"], "gpt-4o-mini");
+        assert_eq!(sent["max_tokens"], 8);
+        assert_eq!(sent["messages"], body["messages"]);
+    }
+    // Three calls reached the ceiling of 3 × 1.
+    let r = rig.chat(&body, &h).await;
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(rig.mock.request_count(), 3);
+    // P0 is exempt unless the rule names it.
+    let r = rig.chat(&body, &[h[0], ("x-request-priority", "P0")]).await;
+    assert_eq!(r.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anthropic_caller_over_its_daily_cost_gets_anthropics_429() {
+    // One thousandth a token: 0.5 a day is 500 tokens.
+    let config = json!({"limits": {
+        "prices": {"*": {"input": 1000, "output": 1000}},
+        "rules": [{"name": "spend", "by": ["tenant"], "cost_per_day": 0.5}]
+    }});
+    let Some(rig) = Rig::start("limits_cost", config) else {
+        return;
+    };
+    let url = rig.url("/v1/messages");
+    let h = [
+        ("x-api-key", "sk-ant-tenant"),
+        ("anthropic-version", "2023-06-01"),
+    ];
+    // A cap of 1024 alone costs more than the day allows: never fits.
+    let r = post_json(&url, &messages_body("claude-sonnet", "hi"), &h)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.json()["type"], "error");
+    assert_eq!(r.json()["error"]["type"], "rate_limit_error");
+    assert_eq!(
+        r.header("x-should-retry"),
+        Some("false"),
+        "not before tomorrow"
+    );
+    // A prompt of 90 words (113 estimated tokens) that the mock echoes within
+    // the cap of 100: 213 reserved, about 184 charged, so two calls fit.
+    let prompt = "word ".repeat(90);
+    let small = with_field(
+        messages_body("claude-sonnet", &prompt),
+        "max_tokens",
+        json!(100),
+    );
+    let mut used = 0;
+    let mut last = 0;
+    let mut passed = 0;
+    loop {
+        let r = post_json(&url, &small, &h).await.unwrap();
+        if r.status != 200 {
+            assert_eq!(r.status, 429, "{}", r.text());
+            assert!(r.header("retry-after").is_some());
+            break;
+        }
+        assert!(
+            r.header("anthropic-ratelimit-tokens-remaining").is_none(),
+            "no token limit"
+        );
+        let u = &r.json()["usage"];
+        last = u["input_tokens"].as_u64().unwrap() + u["output_tokens"].as_u64().unwrap();
+        used += last;
+        passed += 1;
+        assert!(
+            passed < 20,
+            "the cost limit never stopped the calls: {} {:?}",
+            r.text(),
+            r.headers
+        );
+    }
+    assert!(passed >= 2, "{passed} calls");
+    assert!(used <= 500, "{used} tokens of cost charged against 500");
+    // Refused only when the next call's reservation no longer fit.
+    assert!(used + 2 * last > 500, "stopped early at {used}");
+    let micros = rig.envoy.wait_for_metric(
+        "llm_filter_limits_cost_micros_total",
+        &[("rule", "spend")],
+        (used * 1000) as f64,
+        std::time::Duration::from_secs(5),
+    );
+    assert_eq!(micros as u64, used * 1000, "charged at the price");
+}
+
+/// Three gateway Envoys with the limit, behind a front Envoy that spreads
+/// calls by `lb_policy`; the gateways' counts are each their own.
+struct Mesh {
+    mock: MockUpstream,
+    front: Envoy,
+    _gateways: Vec<Envoy>,
+}
+
+impl Mesh {
+    fn start(lb: &str, route: &str) -> Self {
+        let mock = MockUpstream::start(MockConfig::named("provider"));
+        let limits = json!({"limits": {"rules": [
+            {"name": "tenant", "by": ["tenant"], "requests_per_minute": 6}
+        ]}});
+        let gateways: Vec<Envoy> = (0..3)
+            .map(|i| {
+                EnvoyBuilder::new()
+                    .concurrency(1)
+                    .plugin_config(limits.clone())
+                    .upstream("provider", mock.port())
+                    .start()
+                    .unwrap_or_else(|e| panic!("gateway {i}: {e:#}"))
+            })
+            .collect();
+        let ports: Vec<u16> = gateways.iter().map(Envoy::port).collect();
+        // One worker: round-robin is then one rotation over the gateways.
+        let front = EnvoyBuilder::new()
+            .concurrency(1)
+            .no_filter()
+            .upstream_pool("gateways", &ports, &format!("lb_policy: {lb}\n"))
+            .extra_route_yaml(route)
+            .start()
+            .unwrap_or_else(|e| panic!("front: {e:#}"));
+        Self {
+            mock,
+            front,
+            _gateways: gateways,
+        }
+    }
+
+    async fn passed(&self, tenant: &str, calls: usize) -> usize {
+        let mut passed = 0;
+        for i in 0..calls {
+            let body = chat_body("gpt-4o", &format!("call {i}"));
+            let r = post_json(&self.front.url(CHAT), &body, &[("authorization", tenant)])
+                .await
+                .unwrap();
+            assert!(matches!(r.status, 200 | 429), "{}", r.text());
+            passed += usize::from(r.status == 200);
+        }
+        passed
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_limit_holds_across_gateways_when_the_front_hashes_the_tenant() {
+    if skip_without_envoy("a_tenant_limit_holds_across_gateways_when_the_front_hashes_the_tenant") {
+        return;
+    }
+    // The front hashes the credential: one gateway owns each tenant's count.
+    let hashed = Mesh::start(
+        "RING_HASH",
+        "hash_policy:\n- header: {header_name: authorization}\n",
+    );
+    assert_eq!(
+        hashed.passed(TENANT_A, 18).await,
+        6,
+        "the limit, once for the mesh"
+    );
+    assert_eq!(hashed.passed(TENANT_B, 18).await, 6, "another tenant's own");
+    assert_eq!(hashed.mock.request_count(), 12);
+    // Spread round-robin, each gateway counts a third: three times the limit.
+    let spread = Mesh::start("ROUND_ROBIN", "");
+    assert_eq!(spread.passed(TENANT_A, 18).await, 18);
+}
