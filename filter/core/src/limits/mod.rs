@@ -15,7 +15,7 @@
 //! Counts live in this proxy's shared data: a limit holds for the calls this
 //! proxy sees. A limit that must hold across many proxies is enforced on the
 //! egress gateway, with the tenant hashed onto one replica by Envoy's
-//! consistent hashing (docs/limits.md, `envoy/limits-front.yaml`).
+//! consistent hashing (docs/limits.md).
 
 pub mod config;
 pub mod store;
