@@ -109,6 +109,16 @@ ROWS = [
         ("Tokens per call by group (5 min)", "timeseries", "short",
          [(f"llm:group_tokens_per_call:rate5m{{{GROUP}}}", "{{group}} {{token_type}}")]),
     ]),
+    ("Limits", [
+        ("Calls under limit rules by result", "timeseries", "ops",
+         [(f"sum by (rule, result) (rate(llm_filter_limits_calls_total{{{NODE}}}[{R}]))", "{{rule}} {{result}}")]),
+        ("Tokens charged per second by tenant", "timeseries", "short",
+         [(f"sum by (rule, tenant) (rate(llm_filter_limits_tokens_total{{{NODE}}}[{R}]))", "{{rule}} {{tenant}}")]),
+        ("Cost charged per hour by tenant", "timeseries", "short",
+         [(f"sum by (rule, tenant) (rate(llm_filter_limits_cost_micros_total{{{NODE}}}[{R}])) * 3600 / 1e6", "{{rule}} {{tenant}}")]),
+        ("Share of each limit used (top tenants)", "timeseries", "percentunit",
+         [(f"topk(10, max by (rule, tenant, limit) (llm_filter_limits_used_permille{{{NODE}}})) / 1000", "{{rule}} {{tenant}} {{limit}}")]),
+    ]),
     ("The filter itself", [
         ("Internal errors by reason", "timeseries", "ops",
          [(f"sum by (reason) (rate(llm_filter_internal_errors_total{{{NODE}}}[{R}]))", "{{reason}}")]),

@@ -2,7 +2,7 @@
 //! operator's Prometheus holds: mixed traffic through the real Envoy and
 //! filter (a cache miss then its hit, calls over three backends with a
 //! failover and a hedge, A/B groups, a degrade level, streams, a backend
-//! whose timeouts drive its breaker), the real Prometheus scraping
+//! whose timeouts drive its breaker, every call under a limit rule), the real Prometheus scraping
 //! `/stats/prometheus` with the repo's `stats_tags` and evaluating the repo's
 //! recording rules, then every query of every panel, its variables set as
 //! Grafana sets them for "All", must return data.
@@ -118,7 +118,13 @@ fn config() -> Value {
         "budget": {"window_s": 60, "min_calls": 10, "probe_fraction": 0},
         "ab": {"groups": [{"name": "control", "percent": 50}, {"name": "b", "percent": 50}]},
         "degrade": {"prometheus": {"cluster": "prometheus", "interval_s": 1, "timeout_ms": 500}},
-        "tracing": {"otlp": {"cluster": "otel", "interval_ms": 200}}
+        "tracing": {"otlp": {"cluster": "otel", "interval_ms": 200}},
+        // Every call counted and charged, none refused.
+        "limits": {
+            "prices": {"*": {"input": 2.5, "output": 10}},
+            "rules": [{"name": "spend", "by": ["tenant"], "priorities": ["P0", "P1", "P2"],
+                       "tokens_per_minute": 100_000_000, "cost_per_day": 1_000}]
+        }
     })
 }
 
