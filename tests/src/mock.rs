@@ -70,6 +70,13 @@ pub const HEADER_CONTENT_ENCODING: &str = "x-mock-content-encoding";
 /// Pause between SSE events unless configured otherwise.
 pub const DEFAULT_CHUNK_DELAY_MS: u64 = 50;
 
+/// How long a played prompt cache keeps a prompt it saw: providers keep a
+/// cached prefix for 5 to 10 minutes of inactivity (OpenAI), 5 minutes by
+/// default (Anthropic).
+pub const PROMPT_CACHE_TTL: Duration = Duration::from_secs(300);
+/// Most prompts a played prompt cache keeps.
+const PROMPT_CACHE_ENTRIES: usize = 1024;
+
 /// Length of every embedding vector the mock returns.
 pub const EMBEDDING_DIMENSIONS: usize = 256;
 
@@ -251,9 +258,13 @@ struct State {
     stored_responses: Mutex<VecDeque<String>>,
     /// Words of every chat answer, when set (the echo padded or cut).
     answer_words: Mutex<Option<usize>>,
-    /// The chat prompts seen, when the mock plays a prompt cache: a prompt
-    /// that starts with one of them reports its tokens as cached (bounded).
-    prompt_cache: Mutex<Option<VecDeque<String>>>,
+    /// The chat prompts seen in the last [`PROMPT_CACHE_TTL`], when the mock
+    /// plays a prompt cache: a prompt that starts with one of them reports its
+    /// tokens as cached (bounded, most recent last).
+    prompt_cache: Mutex<Option<VecDeque<(Instant, String)>>>,
+    /// Prefill time of each prompt token the played cache did not hold, in
+    /// microseconds, added to a chat call's delay (0: none).
+    prefill_us_per_token: AtomicU64,
 }
 
 impl State {
@@ -330,6 +341,7 @@ impl MockUpstream {
             stored_responses: Mutex::new(VecDeque::new()),
             answer_words: Mutex::new(None),
             prompt_cache: Mutex::new(None),
+            prefill_us_per_token: AtomicU64::new(0),
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -432,8 +444,17 @@ impl MockUpstream {
     /// the tokens of the longest earlier prompt (of this mock) that the
     /// call's prompt starts with are reported as
     /// `prompt_tokens_details.cached_tokens`.
+    /// A prompt is remembered for [`PROMPT_CACHE_TTL`].
     pub fn set_prompt_cache(&self, on: bool) {
         *lock(&self.state.prompt_cache) = on.then(VecDeque::new);
+    }
+
+    /// Every later chat or completions call waits `us` microseconds more for
+    /// each prompt token the played prompt cache did not hold, as a model
+    /// server prefills what its prefix cache misses (0: no prefill cost).
+    /// Takes effect with [`MockUpstream::set_prompt_cache`].
+    pub fn set_prefill_us_per_token(&self, us: u64) {
+        self.state.prefill_us_per_token.store(us, Ordering::SeqCst);
     }
 
     /// Status for every later request (`None` restores normal answers).
@@ -608,14 +629,6 @@ async fn handle(
     lock(&state.requests).push(recorded.clone());
 
     let script = lock(&state.scripts).pop_front().unwrap_or_default();
-    let delay_ms = recorded
-        .header_u64(HEADER_DELAY_MS)
-        .or(script.delay_ms)
-        .or_else(|| match parts.method {
-            Method::POST => state.tail_delay_ms(),
-            _ => None,
-        })
-        .unwrap_or_else(|| state.default_delay_ms.load(Ordering::SeqCst));
     let chunk_delay_ms = recorded
         .header_u64(HEADER_CHUNK_DELAY_MS)
         .unwrap_or_else(|| state.chunk_delay_ms.load(Ordering::SeqCst));
@@ -639,6 +652,20 @@ async fn handle(
             status = Some(503);
         }
     }
+    // Only a call the mock answers is prefilled and cached.
+    let cached = match (reset, status) {
+        (false, None | Some(..400)) => prompt_cache_lookup(&state, &parts.method, &recorded),
+        _ => CacheLookup::default(),
+    };
+    let delay_ms = recorded
+        .header_u64(HEADER_DELAY_MS)
+        .or(script.delay_ms)
+        .or_else(|| match parts.method {
+            Method::POST => state.tail_delay_ms(),
+            _ => None,
+        })
+        .unwrap_or_else(|| state.default_delay_ms.load(Ordering::SeqCst))
+        .saturating_add(cached.prefill_ms(&state));
 
     if delay_ms > 0 {
         tokio::time::sleep(Duration::from_millis(delay_ms)).await;
@@ -651,7 +678,14 @@ async fn handle(
     let mut response = match status {
         Some(status) if status.as_u16() >= 400 => scripted_error(&state, &recorded.path, status),
         _ => {
-            let mut response = route(&state, &parts.method, &recorded, chunk_delay_ms, in_flight);
+            let mut response = route(
+                &state,
+                &parts.method,
+                &recorded,
+                chunk_delay_ms,
+                cached.cached_tokens,
+                in_flight,
+            );
             if let Some(status) = status {
                 *response.status_mut() = status;
             }
@@ -699,6 +733,7 @@ fn route(
     method: &Method,
     req: &RecordedRequest,
     chunk_delay_ms: u64,
+    cached_tokens: u64,
     in_flight: InFlight,
 ) -> Response<Body> {
     match (method, req.path.as_str()) {
@@ -713,7 +748,7 @@ fn route(
                     "invalid_json",
                 );
             };
-            let answer = Answer::new(state, &body);
+            let answer = Answer::new(state, &body, cached_tokens);
             match req.path.as_str() {
                 "/v1/embeddings" => json_response(StatusCode::OK, &answer.embeddings(&body)),
                 "/v1/completions" if answer.stream => {
@@ -834,6 +869,84 @@ fn input_texts(input: Option<&Value>) -> Vec<String> {
     }
 }
 
+/// A chat or completions prompt as one text (every message's content, in
+/// order), and the text of its last user turn.
+fn prompt_of(body: &Value) -> (String, String) {
+    match body.get("messages").and_then(Value::as_array) {
+        Some(messages) => {
+            let texts: Vec<String> = messages
+                .iter()
+                .map(|m| content_text(m.get("content").unwrap_or(&Value::Null)))
+                .collect();
+            let last_user = messages
+                .iter()
+                .rev()
+                .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+                .map(|m| content_text(m.get("content").unwrap_or(&Value::Null)))
+                .unwrap_or_default();
+            (texts.join(" "), last_user)
+        }
+        None => {
+            let prompt = input_texts(body.get("prompt")).join(" ");
+            (prompt.clone(), prompt)
+        }
+    }
+}
+
+/// What the played prompt cache held of one call's prompt.
+#[derive(Debug, Clone, Copy, Default)]
+struct CacheLookup {
+    prompt_tokens: u64,
+    cached_tokens: u64,
+}
+
+impl CacheLookup {
+    /// The prefill of the tokens the cache did not hold.
+    fn prefill_ms(&self, state: &State) -> u64 {
+        let us = state.prefill_us_per_token.load(Ordering::SeqCst);
+        self.prompt_tokens
+            .saturating_sub(self.cached_tokens)
+            .saturating_mul(us)
+            / 1000
+    }
+}
+
+/// Looks a chat or completions call's prompt up in the played prompt cache
+/// (when on) and remembers it: the tokens of the longest prompt seen in the
+/// last [`PROMPT_CACHE_TTL`] that this one starts with count as cached.
+/// Done when the call arrives, so its prefill can delay the answer.
+fn prompt_cache_lookup(state: &State, method: &Method, req: &RecordedRequest) -> CacheLookup {
+    let chat = matches!(
+        req.path.as_str(),
+        "/v1/chat/completions" | "/v1/completions"
+    );
+    let mut cache = lock(&state.prompt_cache);
+    let (Some(seen), true, true) = (cache.as_mut(), chat, method == Method::POST) else {
+        return CacheLookup::default();
+    };
+    let Ok(body) = serde_json::from_slice::<Value>(&req.body) else {
+        return CacheLookup::default();
+    };
+    let (prompt, _) = prompt_of(&body);
+    let now = Instant::now();
+    seen.retain(|(at, _)| now.saturating_duration_since(*at) < PROMPT_CACHE_TTL);
+    let cached_tokens = seen
+        .iter()
+        .filter(|(_, p)| prompt.starts_with(p.as_str()))
+        .map(|(_, p)| count_tokens(p))
+        .max()
+        .unwrap_or(0);
+    if seen.len() >= PROMPT_CACHE_ENTRIES {
+        seen.pop_front();
+    }
+    let prompt_tokens = count_tokens(&prompt);
+    seen.push_back((now, prompt));
+    CacheLookup {
+        prompt_tokens,
+        cached_tokens,
+    }
+}
+
 /// Everything a completion answer is derived from, computed once per request.
 struct Answer {
     id: String,
@@ -848,7 +961,7 @@ struct Answer {
 }
 
 impl Answer {
-    fn new(state: &State, body: &Value) -> Self {
+    fn new(state: &State, body: &Value, cached_tokens: u64) -> Self {
         let sequence = state.sequence.fetch_add(1, Ordering::SeqCst) + 1;
         let model = body
             .get("model")
@@ -860,25 +973,7 @@ impl Answer {
             .pointer("/stream_options/include_usage")
             .and_then(Value::as_bool)
             == Some(true);
-        let (prompt, last) = match body.get("messages").and_then(Value::as_array) {
-            Some(messages) => {
-                let texts: Vec<String> = messages
-                    .iter()
-                    .map(|m| content_text(m.get("content").unwrap_or(&Value::Null)))
-                    .collect();
-                let last_user = messages
-                    .iter()
-                    .rev()
-                    .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
-                    .map(|m| content_text(m.get("content").unwrap_or(&Value::Null)))
-                    .unwrap_or_default();
-                (texts.join(" "), last_user)
-            }
-            None => {
-                let prompt = input_texts(body.get("prompt")).join(" ");
-                (prompt.clone(), prompt)
-            }
-        };
+        let (prompt, last) = prompt_of(body);
         let mut text = echo(state, &last);
         if let Some(n) = *lock(&state.answer_words) {
             let words: Vec<&str> = text
@@ -888,22 +983,6 @@ impl Answer {
                 .collect();
             text = words.join(" ");
         }
-        let cached_tokens = match lock(&state.prompt_cache).as_mut() {
-            Some(seen) => {
-                let hit = seen
-                    .iter()
-                    .filter(|p| prompt.starts_with(p.as_str()))
-                    .map(|p| count_tokens(p))
-                    .max()
-                    .unwrap_or(0);
-                if seen.len() >= 1024 {
-                    seen.pop_front();
-                }
-                seen.push_back(prompt.clone());
-                hit
-            }
-            None => 0,
-        };
         Self {
             id: format!("{}-{sequence}", state.name),
             model,
@@ -1422,6 +1501,58 @@ mod tests {
             delays,
             (0..10_000).map(|n| other.delay_ms(n)).collect::<Vec<_>>()
         );
+    }
+
+    /// Asks `mock` a chat call: (milliseconds it took, cached tokens reported).
+    async fn ask(mock: &MockUpstream, content: &str, headers: &[(&str, &str)]) -> (u128, u64) {
+        let mut request = crate::http_client()
+            .post(format!(
+                "http://127.0.0.1:{}/v1/chat/completions",
+                mock.port()
+            ))
+            .json(&crate::chat_body("m", content));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let started = Instant::now();
+        let response = request.send().await.unwrap();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        let cached = body
+            .pointer("/usage/prompt_tokens_details/cached_tokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        (started.elapsed().as_millis(), cached)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_warm_prefix_skips_its_prefill_and_a_failed_call_warms_nothing() {
+        let (a, b) = (MockUpstream::backend("a", 0), MockUpstream::backend("b", 0));
+        for m in [&a, &b] {
+            m.set_prompt_cache(true);
+            m.set_prefill_us_per_token(1000);
+        }
+        let long = vec!["word"; 300].join(" ");
+        // A failed call is neither prefilled nor remembered.
+        let (ms, cached) = ask(&a, &long, &[(HEADER_STATUS, "503")]).await;
+        assert_eq!(cached, 0);
+        assert!(ms < 250, "{ms} ms");
+        let (cold_ms, cached) = ask(&a, &long, &[]).await;
+        assert_eq!(cached, 0);
+        assert!(cold_ms >= 300, "cold {cold_ms} ms");
+        // The next turn starts with the last: its 300 tokens are cached, and
+        // only the new ones prefilled.
+        let (warm_ms, cached) = ask(&a, &format!("{long} and more"), &[]).await;
+        assert_eq!(cached, 300);
+        assert!(warm_ms < 200, "warm {warm_ms} ms");
+        // Another backend never saw it.
+        let (other_ms, cached) = ask(&b, &format!("{long} and more"), &[]).await;
+        assert_eq!(cached, 0);
+        assert!(other_ms >= 300, "other {other_ms} ms");
+        // No prefill cost: as fast as before, the hit still reported.
+        a.set_prefill_us_per_token(0);
+        let (ms, cached) = ask(&a, &format!("{long} again"), &[]).await;
+        assert_eq!(cached, 300);
+        assert!(ms < 200, "{ms} ms");
     }
 
     #[test]

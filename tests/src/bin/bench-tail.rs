@@ -2,14 +2,18 @@
 //! backends of different speed, one of them heavy-tailed, under a closed loop
 //! of clients, once through plain Envoy spreading the calls evenly and once
 //! through Envoy with llm-filter routing the model (cache and budgets on); then
-//! the same with one backend failing outright. Every run starts fresh mocks and
-//! a fresh Envoy, and the calls and the tail are drawn from one seed, so runs
-//! compare.
+//! the same with one backend failing outright; then conversations against
+//! backends that play a prefix cache ([`prefix`], issue 22). Every run starts
+//! fresh mocks and a fresh Envoy, and the calls and the tail are drawn from one
+//! seed, so runs compare.
 // A tool of the test suite: a step that cannot run (a mock, Envoy, a client
 // that does not start) ends the run, and `expect` says why. Indexing and
 // `panic!` stay denied: malformed output is reported, not trapped on.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 #![cfg_attr(test, allow(clippy::panic, clippy::indexing_slicing))]
+
+#[path = "bench-tail/prefix.rs"]
+mod prefix;
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -24,7 +28,7 @@ use serde_json::{json, Value};
 
 const USAGE: &str = "usage: bench-tail [--calls N] [--failure-calls N] [--concurrency N] \
                      [--seed N] [--repeat-percent N] [--max-phase-s N] \
-                     [--only tail|failure|regions]";
+                     [--only tail|failure|regions|prefix]";
 
 /// The model every call asks for.
 const MODEL: &str = "gpt-4o";
@@ -466,7 +470,14 @@ struct Options {
     seed: u64,
     repeat_percent: u64,
     max_phase_s: u64,
-    only: Option<Phase>,
+    only: Option<Only>,
+}
+
+/// What `--only` names: one phase of the tail workload, or the prefix one.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Only {
+    Phase(Phase),
+    Prefix,
 }
 
 fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Options, String> {
@@ -491,10 +502,15 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Options, String>
             "--max-phase-s" => options.max_phase_s = number()?,
             "--only" => {
                 options.only = Some(match value.as_str() {
-                    "tail" => Phase::Tail,
-                    "failure" => Phase::Failure,
-                    "regions" => Phase::Regions,
-                    _ => return Err(format!("--only {value}: tail, failure or regions\n{USAGE}")),
+                    "tail" => Only::Phase(Phase::Tail),
+                    "failure" => Only::Phase(Phase::Failure),
+                    "regions" => Only::Phase(Phase::Regions),
+                    "prefix" => Only::Prefix,
+                    _ => {
+                        return Err(format!(
+                            "--only {value}: tail, failure, regions or prefix\n{USAGE}"
+                        ))
+                    }
                 })
             }
             _ => return Err(cli::unknown(&flag, USAGE)),
@@ -708,7 +724,7 @@ async fn main() -> ExitCode {
 async fn run(options: &Options) -> Result<()> {
     let phases: Vec<Phase> = [Phase::Tail, Phase::Failure, Phase::Regions]
         .into_iter()
-        .filter(|p| options.only.is_none_or(|only| only == *p))
+        .filter(|p| options.only.is_none_or(|only| only == Only::Phase(*p)))
         .collect();
     let mut runs = Vec::new();
     for phase in phases {
@@ -717,7 +733,15 @@ async fn run(options: &Options) -> Result<()> {
             runs.push(run_one(phase, side, options).await?);
         }
     }
-    if runs.is_empty() {
+    let mut prefix_runs = Vec::new();
+    if options.only.is_none_or(|only| only == Only::Prefix) {
+        for side in [prefix::Side::Plain, prefix::Side::Filter] {
+            let deadline = Duration::from_secs(options.max_phase_s);
+            prefix_runs
+                .push(prefix::run_one(side, options.seed, options.concurrency, deadline).await?);
+        }
+    }
+    if runs.is_empty() && prefix_runs.is_empty() {
         bail!("nothing to run");
     }
     // The tail and failure phases share their backends; the regions have
@@ -726,6 +750,12 @@ async fn run(options: &Options) -> Result<()> {
         runs.into_iter().partition(|r| r.phase == Phase::Regions);
     for group in [others, regions].iter().filter(|g| !g.is_empty()) {
         println!("{}", tables(group, options));
+    }
+    if !prefix_runs.is_empty() {
+        println!(
+            "{}",
+            prefix::table(&prefix_runs, options.seed, options.concurrency)
+        );
     }
     Ok(())
 }
@@ -879,7 +909,11 @@ mod tests {
         let o = args(&["--calls", "10", "--only", "failure", "--concurrency", "0"]).unwrap();
         assert_eq!(
             (o.calls, o.only, o.concurrency),
-            (10, Some(Phase::Failure), 1)
+            (10, Some(Only::Phase(Phase::Failure)), 1)
+        );
+        assert_eq!(
+            args(&["--only", "prefix"]).unwrap().only,
+            Some(Only::Prefix)
         );
         assert!(args(&["--only", "both"]).is_err());
         assert!(args(&["--calls"]).is_err());

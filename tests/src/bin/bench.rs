@@ -206,6 +206,14 @@ fn scenarios() -> Vec<Scenario> {
     );
     let unique_messages_stream = with_field(unique_messages.clone(), "stream", json!(true));
     let history = conversation_body("gpt-4o", 5, "Say hello in one short sentence.").to_string();
+    // The 5-turn history with a system prompt of its own per request: a
+    // conversation of its own, so its affinity key too.
+    let mut routed_history = conversation_body("gpt-4o", 5, "Say hello in one short sentence.");
+    if let Some(system) = routed_history.pointer_mut("/messages/0/content") {
+        *system = json!(format!(
+            "You are the concise assistant of conversation {UNIQUE}."
+        ));
+    }
     let filter = filter_envoy;
     vec![
         Scenario {
@@ -350,6 +358,18 @@ fn scenarios() -> Vec<Scenario> {
             path: "/v1/chat/completions",
             headers: vec![],
             body: chat,
+            expect_cache: Some("BYPASS"),
+        },
+        Scenario {
+            // Routed as `filter-routed`, on a conversation (a system prompt,
+            // 5 earlier turns, the question), every request a conversation
+            // of its own: its affinity key hashed from the system prompt and
+            // first turn, the backend picked by rendezvous over both.
+            name: "filter-routed-conversation",
+            envoy: routed_envoy,
+            path: "/v1/chat/completions",
+            headers: vec![],
+            body: routed_history.to_string(),
             expect_cache: Some("BYPASS"),
         },
         Scenario {
