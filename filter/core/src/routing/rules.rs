@@ -218,6 +218,14 @@ impl When {
     }
 }
 
+/// Some rule looks at the prompt's size: the prompt estimate is to be
+/// calibrated for them.
+pub fn weigh_prompts(rules: &[Rule]) -> bool {
+    rules
+        .iter()
+        .any(|r| r.when.min_prompt_tokens.is_some() || r.when.max_prompt_tokens.is_some())
+}
+
 /// The model the first matching rule picks for a call that asked for
 /// `requested`; `None` when no rule matches (keep the requested model).
 pub fn choose_model(

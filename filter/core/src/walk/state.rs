@@ -122,6 +122,9 @@ pub(super) struct Decided {
     pub(super) span: Option<SpanIds>,
     /// How the call's hedge ended, when one was sent.
     pub(super) hedge: Option<HedgeResult>,
+    /// The prompt-token estimate's calibration, once read, and the estimate
+    /// of the body sent.
+    pub(super) estimate: super::estimate::Estimate,
 }
 
 /// Where a call stands. The phases with nothing but a timer to wake them are
