@@ -251,6 +251,8 @@ struct State {
     stored_responses: Mutex<VecDeque<String>>,
     /// Words of every chat answer, when set (the echo padded or cut).
     answer_words: Mutex<Option<usize>>,
+    /// Factor on the prompt tokens every chat answer reports, when set.
+    prompt_token_scale: Mutex<Option<f64>>,
     /// The chat prompts seen, when the mock plays a prompt cache: a prompt
     /// that starts with one of them reports its tokens as cached (bounded).
     prompt_cache: Mutex<Option<VecDeque<String>>>,
@@ -329,6 +331,7 @@ impl MockUpstream {
             streams: Mutex::new(VecDeque::new()),
             stored_responses: Mutex::new(VecDeque::new()),
             answer_words: Mutex::new(None),
+            prompt_token_scale: Mutex::new(None),
             prompt_cache: Mutex::new(None),
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -426,6 +429,13 @@ impl MockUpstream {
     /// which its usage counts as its completion tokens.
     pub fn set_answer_words(&self, words: Option<usize>) {
         *lock(&self.state.answer_words) = words;
+    }
+
+    /// Every later chat answer reports `scale` times the prompt tokens it
+    /// counts (its prompt's words), rounded up (`None`: as counted): a
+    /// provider whose tokenizer counts differently from the filter's estimate.
+    pub fn set_prompt_token_scale(&self, scale: Option<f64>) {
+        *lock(&self.state.prompt_token_scale) = scale;
     }
 
     /// The mock plays a provider's prompt cache for every later chat call:
@@ -843,6 +853,8 @@ struct Answer {
     include_usage: bool,
     prompt: String,
     text: String,
+    /// Factor on the prompt tokens reported.
+    prompt_token_scale: Option<f64>,
     /// Prompt tokens the played prompt cache held.
     cached_tokens: u64,
 }
@@ -912,12 +924,16 @@ impl Answer {
             include_usage,
             text,
             prompt,
+            prompt_token_scale: *lock(&state.prompt_token_scale),
             cached_tokens,
         }
     }
 
     fn usage(&self) -> Value {
-        let prompt_tokens = count_tokens(&self.prompt);
+        let mut prompt_tokens = count_tokens(&self.prompt);
+        if let Some(scale) = self.prompt_token_scale {
+            prompt_tokens = (prompt_tokens as f64 * scale).ceil() as u64;
+        }
         let completion_tokens = count_tokens(&self.text);
         let mut usage = json!({
             "prompt_tokens": prompt_tokens,
