@@ -265,6 +265,8 @@ struct State {
     /// Prefill time of each prompt token the played cache did not hold, in
     /// microseconds, added to a chat call's delay (0: none).
     prefill_us_per_token: AtomicU64,
+    /// Factor on the prompt tokens every chat answer reports, when set.
+    prompt_token_scale: Mutex<Option<f64>>,
 }
 
 impl State {
@@ -340,6 +342,7 @@ impl MockUpstream {
             streams: Mutex::new(VecDeque::new()),
             stored_responses: Mutex::new(VecDeque::new()),
             answer_words: Mutex::new(None),
+            prompt_token_scale: Mutex::new(None),
             prompt_cache: Mutex::new(None),
             prefill_us_per_token: AtomicU64::new(0),
         });
@@ -438,6 +441,13 @@ impl MockUpstream {
     /// which its usage counts as its completion tokens.
     pub fn set_answer_words(&self, words: Option<usize>) {
         *lock(&self.state.answer_words) = words;
+    }
+
+    /// Every later chat answer reports `scale` times the prompt tokens it
+    /// counts (its prompt's words), rounded up (`None`: as counted): a
+    /// provider whose tokenizer counts differently from the filter's estimate.
+    pub fn set_prompt_token_scale(&self, scale: Option<f64>) {
+        *lock(&self.state.prompt_token_scale) = scale;
     }
 
     /// The mock plays a provider's prompt cache for every later chat call:
@@ -956,6 +966,8 @@ struct Answer {
     include_usage: bool,
     prompt: String,
     text: String,
+    /// Factor on the prompt tokens reported.
+    prompt_token_scale: Option<f64>,
     /// Prompt tokens the played prompt cache held.
     cached_tokens: u64,
 }
@@ -991,12 +1003,16 @@ impl Answer {
             include_usage,
             text,
             prompt,
+            prompt_token_scale: *lock(&state.prompt_token_scale),
             cached_tokens,
         }
     }
 
     fn usage(&self) -> Value {
-        let prompt_tokens = count_tokens(&self.prompt);
+        let mut prompt_tokens = count_tokens(&self.prompt);
+        if let Some(scale) = self.prompt_token_scale {
+            prompt_tokens = (prompt_tokens as f64 * scale).ceil() as u64;
+        }
         let completion_tokens = count_tokens(&self.text);
         let mut usage = json!({
             "prompt_tokens": prompt_tokens,

@@ -37,6 +37,7 @@ pub mod spans;
 pub mod sse;
 pub mod stat_name;
 pub mod summary;
+pub mod tokens;
 pub mod trace_context;
 pub mod usage;
 pub mod walk;

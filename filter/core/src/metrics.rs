@@ -31,6 +31,10 @@ pub const TIME_PER_OUTPUT_TOKEN: &str = "gen_ai_server_time_per_output_token_us"
 /// Tokens reported in `usage`, by `model` and `token_type` (`input` | `output`),
 /// as in GenAI `gen_ai.client.token.usage`.
 pub const TOKEN_USAGE: &str = "gen_ai_client_token_usage_total";
+/// Each model's learnt ratio of the prompt tokens its provider reports to
+/// the filter's estimate, in thousandths (500..=2000), by `model`: set by the
+/// worker that learnt it (see `tokens::calibration`).
+pub const TOKEN_ESTIMATE_RATIO: &str = "llm_filter_token_estimate_ratio_milli";
 /// The filter's own trouble, by `reason`; the request continued untouched.
 pub const INTERNAL_ERRORS: &str = "llm_filter_internal_errors_total";
 /// Host calls the filter made, by `call`: only in a bench build of the plugin
@@ -272,6 +276,7 @@ pub const ALL: &[&str] = &[
     TIME_TO_FIRST_TOKEN,
     TIME_PER_OUTPUT_TOKEN,
     TOKEN_USAGE,
+    TOKEN_ESTIMATE_RATIO,
     INTERNAL_ERRORS,
     BENCH_HOSTCALLS,
     BENCH_CALLBACK_NS,

@@ -992,3 +992,56 @@ async fn every_backend_out_falls_back_to_base_weights() {
     let r = post_json(&url, &body, &[]).await.expect("call");
     assert_eq!(r.status, 200, "{}", r.text());
 }
+
+/// A provider that counts twice the tokens the filter estimates moves the
+/// model's ratio (its gauge), and the prompt-length rule then weighs the
+/// same prompt as twice as long.
+#[tokio::test]
+async fn prompt_length_rules_weigh_the_calibrated_estimate() {
+    if skip_without_envoy("prompt_length_rules_weigh_the_calibrated_estimate") {
+        return;
+    }
+    let default = MockUpstream::backend("default", 0);
+    let (big, small) = (
+        MockUpstream::backend("big", 0),
+        MockUpstream::backend("small", 0),
+    );
+    for m in [&big, &small] {
+        m.set_prompt_token_scale(Some(2.0));
+    }
+    let config = json!({"routing": {
+        "models": {"llama-70b": [{"cluster": "big"}], "llama-8b": [{"cluster": "small"}]},
+        "rules": [
+            {"when": {"model": "auto", "min_prompt_tokens": 300}, "model": "llama-70b"},
+            {"when": {"model": "auto"}, "model": "llama-8b"}
+        ]
+    }});
+    let envoy = envoy(&config, &default, &[&big, &small]);
+    // 200 words of three letters: 200 estimated tokens (letters and spaces a
+    // quarter each), which the mock counts as 200 words and reports as 400.
+    let body = chat_body("auto", &vec!["abc"; 200].join(" "));
+    let url = envoy.url("/v1/chat/completions");
+    let r = post_json(&url, &body, &[]).await.expect("call");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header(CLUSTER_HEADER), Some("small"), "200 < 300");
+    let got = small.last_request().unwrap().json().unwrap();
+    assert_eq!(got["model"], "llama-8b");
+    let stat = "wasmcustom.llm_filter_token_estimate_ratio_milli.model=auto;";
+    let ratio = envoy.wait_for_stat(stat, 2000, Duration::from_secs(5));
+    assert_eq!(ratio, 2000, "the ratio learnt from reported / estimated");
+    assert_eq!(
+        envoy.metric(
+            "llm_filter_token_estimate_ratio_milli",
+            &[("model", "auto")]
+        ),
+        2000.0
+    );
+    // The same prompt is 400 of the model's tokens now: the big model.
+    let r = post_json(&url, &body, &[]).await.expect("call");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header(CLUSTER_HEADER), Some("big"));
+    let got = big.last_request().unwrap().json().unwrap();
+    assert_eq!(got["model"], "llama-70b");
+    assert_eq!(got["messages"], body["messages"]);
+    assert_eq!(small.request_count(), 1);
+}

@@ -191,3 +191,44 @@ async fn streamed_calls_are_shaped_too() {
     assert!(sent.get("max_tokens").is_none());
     assert_eq!(roles(&sent), shaped_roles());
 }
+
+/// A Chinese conversation: each old turn a question and an answer of 100
+/// ideographs (100 estimated tokens each; a quarter per character said 25).
+fn chinese(old: usize) -> Value {
+    let text = "天".repeat(100);
+    let mut messages = vec![json!({"role": "system", "content": "s"})];
+    for i in 0..old {
+        messages.push(json!({"role": "user", "content": format!("{i}{text}")}));
+        messages.push(json!({"role": "assistant", "content": text}));
+    }
+    messages.push(json!({"role": "user", "content": "现在呢？"}));
+    json!({"model": "qwen", "messages": messages})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chinese_history_is_trimmed_where_its_tokens_reach_the_cap() {
+    let config = json!({"shaping": {"max_prompt_tokens": 500}});
+    let Some(rig) = Rig::start("shaping_chinese", config) else {
+        return;
+    };
+    // Five old turns of 200 tokens: with the system prompt and the question
+    // the newest two fit 500, a third does not. A quarter per character
+    // weighed the whole conversation at about 260 and sent it all.
+    let body = chinese(5);
+    let r = rig.chat(&body, &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-llm-shaped"), Some("history"));
+    let sent = rig.mock.last_request().unwrap().json().unwrap();
+    let messages = body["messages"].as_array().unwrap();
+    let mut want = vec![messages[0].clone()];
+    want.extend_from_slice(&messages[7..]);
+    assert_eq!(
+        sent["messages"],
+        json!(want),
+        "the system prompt and turns 3, 4"
+    );
+    assert_eq!(
+        r.json()["choices"][0]["message"]["content"],
+        "echo: 现在呢？ [up]"
+    );
+}

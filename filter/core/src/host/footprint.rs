@@ -20,6 +20,7 @@ use crate::degrade::{alerts, sources};
 use crate::load;
 use crate::metrics;
 use crate::routing::{health, hedge, probe, stateful};
+use crate::tokens;
 
 /// Keys read per [`Census::step`]: one timer tick's share of the work.
 pub const KEYS_PER_STEP: u32 = 64;
@@ -60,7 +61,7 @@ impl Keys {
 
 /// Every key a configuration can make the filter write, but the cache slots
 /// and the load records: the cache totals, layout and in-flight markers, the
-/// probe lease, the active alerts, the degrade sources' leases and the
+/// probe lease, the active alerts, the prompt estimate's calibration, the degrade sources' leases and the
 /// mesh-wide load readings, each routed
 /// cluster's health and budget breaker (and the breaker of unrouted calls),
 /// each routed model's hedge window, the table of Responses ids.
@@ -70,6 +71,7 @@ fn keys(config: &Config) -> Keys {
         LAYOUT_KEY.to_string(),
         probe::LEASE_KEY.to_string(),
         alerts::KEY.to_string(),
+        tokens::calibration::KEY.to_string(),
     ];
     if config.degrade.alertmanager.is_some() {
         named.push(sources::ALERTMANAGER_LEASE_KEY.to_string());

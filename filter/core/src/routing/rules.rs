@@ -6,16 +6,22 @@
 use crate::json::Json;
 use crate::priority::Priority;
 use crate::routing::config::{Rule, When};
+use crate::tokens::{self, Ratio};
 
 /// What the rules look at in a request.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Features {
     /// The requested `model`, read in the same pass.
     pub model: Option<String>,
-    /// Estimated prompt tokens: a quarter of the characters of every message
-    /// content (text parts of multimodal contents), `prompt` and `input`, plus
-    /// one per token id where token ids are given.
+    /// Estimated prompt tokens: the text of every message content (text
+    /// parts of multimodal contents), `prompt`, `input`, `instructions` and
+    /// `system`, weighed by script ([`crate::tokens`]), plus one per token id
+    /// where token ids are given. Uncalibrated: see [`Features::calibrated`].
     pub prompt_tokens: u64,
+    /// Every part of the prompt is counted in `prompt_tokens`: no tools
+    /// (whose schemas the provider counts) and no image, audio or file part.
+    /// Only such a call teaches the calibration.
+    pub measured: bool,
     /// The request declares `tools` (or legacy `functions`).
     pub tools: bool,
     /// The request asks for a stream.
@@ -67,8 +73,18 @@ impl Features {
                 _ => {}
             }
         }
-        features.prompt_tokens = text.chars.div_ceil(4).saturating_add(text.tokens);
+        features.prompt_tokens = text.tokens();
+        features.measured = !features.tools && !text.unmeasured;
         Some(features)
+    }
+
+    /// These features with the prompt estimate as a model of `ratio` counts
+    /// it: what the rules compare.
+    pub fn calibrated(&self, ratio: Ratio) -> Features {
+        Features {
+            prompt_tokens: ratio.apply(self.prompt_tokens),
+            ..self.clone()
+        }
     }
 }
 
@@ -97,9 +113,9 @@ fn message_text(message: &Json) -> Option<Text> {
 }
 
 /// Estimated tokens of one chat message, by the rule of
-/// [`Features::prompt_tokens`] (a quarter of the characters of its content,
-/// rounded up, plus one per token id), with the names and arguments of its
-/// tool calls counted as text too: shaping weighs messages one by one.
+/// [`Features::prompt_tokens`] (its content weighed by script, rounded up,
+/// plus one per token id), with the names and arguments of its tool calls
+/// counted as text too: shaping weighs messages one by one.
 pub(crate) fn message_tokens(message: &Json) -> u64 {
     let mut text = message.get("content").map(Text::of).unwrap_or_default();
     if let Some(Json::Array(calls)) = message.get("tool_calls") {
@@ -111,7 +127,7 @@ pub(crate) fn message_tokens(message: &Json) -> u64 {
             }
         }
     }
-    text.chars.div_ceil(4).saturating_add(text.tokens)
+    text.tokens()
 }
 
 /// True for a non-empty array or object; any other value is false.
@@ -123,47 +139,61 @@ fn non_empty(v: &Json) -> bool {
     }
 }
 
-/// Characters of text and count of token ids in a JSON value: strings count,
-/// integers are token ids, arrays are walked, and in objects only `text` (a
-/// content part or block) and `content` (a Responses input item, an
-/// Anthropic tool result) count, so image URLs and audio never do.
+/// Weight of text (thousandths of a token, [`crate::tokens`]) and count of
+/// token ids in a JSON value: strings count, integers are token ids, arrays
+/// are walked, and in objects only `text` (a content part or block) and
+/// `content` (a Responses input item, an Anthropic tool result) count, so
+/// image URLs and audio never do (an object with neither is `unmeasured`).
 #[derive(Debug, Default, Clone, Copy)]
 struct Text {
-    chars: u64,
+    milli: u64,
     tokens: u64,
+    unmeasured: bool,
 }
 
 impl Text {
     fn of(v: &Json) -> Self {
         match v {
             Json::String(s) => Self {
-                chars: s.chars().count() as u64,
-                tokens: 0,
+                milli: tokens::milli_tokens(s),
+                ..Self::default()
             },
             // A canonical number with a negative exponent has a fraction.
             Json::Number(n) if !n.contains("e-") => Self {
-                chars: 0,
                 tokens: 1,
+                ..Self::default()
             },
             Json::Array(items) => items.iter().fold(Self::default(), |mut t, i| {
                 t.add(Self::of(i));
                 t
             }),
             Json::Object(_) => {
-                v.members("text")
-                    .chain(v.members("content"))
-                    .fold(Self::default(), |mut t, i| {
+                let mut parts = v.members("text").chain(v.members("content")).peekable();
+                let unmeasured = parts.peek().is_none();
+                parts.fold(
+                    Self {
+                        unmeasured,
+                        ..Self::default()
+                    },
+                    |mut t, i| {
                         t.add(Self::of(i));
                         t
-                    })
+                    },
+                )
             }
             _ => Self::default(),
         }
     }
 
     fn add(&mut self, other: Text) {
-        self.chars = self.chars.saturating_add(other.chars);
+        self.milli = self.milli.saturating_add(other.milli);
         self.tokens = self.tokens.saturating_add(other.tokens);
+        self.unmeasured |= other.unmeasured;
+    }
+
+    /// The estimate: the text's weight rounded up, plus the token ids.
+    fn tokens(&self) -> u64 {
+        tokens::tokens(self.milli).saturating_add(self.tokens)
     }
 }
 
@@ -186,6 +216,14 @@ impl When {
             && self.tools.is_none_or(|t| t == f.tools)
             && self.stream.is_none_or(|s| s == f.stream)
     }
+}
+
+/// Some rule looks at the prompt's size: the prompt estimate is to be
+/// calibrated for them.
+pub fn weigh_prompts(rules: &[Rule]) -> bool {
+    rules
+        .iter()
+        .any(|r| r.when.min_prompt_tokens.is_some() || r.when.max_prompt_tokens.is_some())
 }
 
 /// The model the first matching rule picks for a call that asked for
@@ -223,10 +261,18 @@ mod tests {
             {"role":"assistant","content":null,"tool_calls":[{"id":"x","function":{"name":"f","arguments":"{}"}}]},
             {"role":"tool","content":"1"}
         ]}"#);
-        // 8 + 4 + 4 (é is one character) + 1 = 17 → 5 tokens.
-        assert_eq!(x.prompt_tokens, 5);
+        // Weighed by script: 8 digits 4, 4 letters 1, 4 accented letters 4
+        // (each a character), 1 digit 0.5 → 9.5 → 10 tokens (a quarter per
+        // character gave 5).
+        assert_eq!(x.prompt_tokens, 10);
         assert_eq!(x.model.as_deref(), Some("auto"));
         assert!(!x.tools && !x.stream);
+        // The image and audio parts are not counted: no sample to learn from.
+        assert!(!x.measured);
+        assert!(
+            f(r#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"}]}]}"#).measured
+        );
+        assert!(!f(r#"{"messages":[],"tools":[{"type":"function"}]}"#).measured);
     }
 
     #[test]
@@ -265,6 +311,18 @@ mod tests {
         assert_eq!(x.prompt_tokens, 4);
         assert!(x.tools);
         assert_eq!(f(r#"{"system":"abcdefgh"}"#).prompt_tokens, 2);
+    }
+
+    #[test]
+    fn estimates_non_latin_text_by_script() {
+        // 13 ideographs and 2 fullwidth marks: a token each, where a quarter
+        // per character said 4.
+        let x = f(r#"{"messages":[{"role":"user","content":"今天天气很好，我们一起去公园。"}]}"#);
+        assert_eq!(x.prompt_tokens, 15);
+        let x = f(r#"{"model":"m","messages":[{"role":"user","content":"今天天气很好，我们一起去公园。"}]}"#)
+            .calibrated(Ratio::from_milli(500));
+        assert_eq!(x.prompt_tokens, 8);
+        assert_eq!(x.model.as_deref(), Some("m"));
     }
 
     #[test]
@@ -378,6 +436,7 @@ mod tests {
             prompt_tokens,
             tools,
             stream,
+            measured: true,
         };
         let p1 = Priority::P1;
         for (requested, features, priority, want) in [

@@ -23,6 +23,9 @@ pub struct RawShapingConfig {
     /// The field set on a call that names no limit: `max_tokens` (default) or
     /// `max_completion_tokens`.
     pub max_tokens_field: Option<TokenField>,
+    /// Learn each model's ratio of reported to estimated prompt tokens
+    /// (default `true`).
+    pub calibrate_estimate: Option<bool>,
 }
 
 impl RawShapingConfig {
@@ -33,6 +36,7 @@ impl RawShapingConfig {
             max_history_turns: over.max_history_turns.or(self.max_history_turns),
             max_prompt_tokens: over.max_prompt_tokens.or(self.max_prompt_tokens),
             max_tokens_field: over.max_tokens_field.or(self.max_tokens_field),
+            calibrate_estimate: over.calibrate_estimate.or(self.calibrate_estimate),
         }
     }
 }
@@ -106,12 +110,24 @@ impl Limits {
 }
 
 /// Compiled `shaping`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShapingConfig {
     /// Limits by priority index.
     pub limits: [Limits; 3],
     /// The field set on a call that names no limit.
     pub field: TokenField,
+    /// Calls whose prompt estimate was used teach their model's ratio.
+    pub calibrate: bool,
+}
+
+impl Default for ShapingConfig {
+    fn default() -> Self {
+        Self {
+            limits: Default::default(),
+            field: TokenField::default(),
+            calibrate: true,
+        }
+    }
 }
 
 impl ShapingConfig {
@@ -132,6 +148,7 @@ impl ShapingConfig {
         Ok(Self {
             limits,
             field: raw.max_tokens_field.unwrap_or_default(),
+            calibrate: raw.calibrate_estimate.unwrap_or(true),
         })
     }
 

@@ -23,6 +23,7 @@ impl Call {
         observe::record(env.metrics, &summary);
         self.queue_span(env, &summary);
         self.learn_from(env, &summary);
+        self.calibrate(env, &summary);
         self.remember_response(env);
         self.settle_limits(env);
         // Counted in flight under the label it had then, which is the label

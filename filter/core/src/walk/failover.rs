@@ -135,7 +135,9 @@ impl Call {
         affinity: Option<affinity::Key>,
         f: impl FnOnce(&RoutingConfig, &dyn SharedStore, &mut dyn Random, &RouteAsk<'_>) -> T,
     ) -> Option<T> {
-        let features = self.dispatch.held.as_ref()?.features.as_ref()?;
+        let held = self.dispatch.held.as_ref()?.features.as_ref()?;
+        // As the first pick weighed it (no new read).
+        let features = &held.calibrated(self.known_ratio());
         let (store, budget_cfg, now_ms) = (env.store, &env.config.budget, env.now_ms);
         let avoid = |cluster: &str| budget::breaker_sheds(store, budget_cfg, cluster, now_ms);
         let ask = RouteAsk {

@@ -47,17 +47,17 @@ impl Call {
         host: &mut dyn Host,
         mut body: Option<HeldBody>,
     ) -> Flow {
-        let cfg = &env.config.limits;
-        if !cfg.enabled() {
+        if !env.config.limits.enabled() {
             return ControlFlow::Continue(body);
         }
         let tenant = self.tenant(env, host);
-        let user = host.request_header(&cfg.user_header);
+        let user = host.request_header(&env.config.limits.user_header);
         let label = env.tenant_labels.value(tenant.as_deref()).to_string();
+        // The per-script estimate, calibrated by the model's reported usage.
         let prompt_tokens = body
             .as_ref()
-            .and_then(|b| b.features.as_ref())
-            .map_or(0, |f| f.prompt_tokens);
+            .and_then(|b| self.prompt_tokens_estimate(env, b))
+            .unwrap_or(0);
         let max_tokens = body
             .as_ref()
             .and_then(|b| b.tree())
@@ -73,6 +73,7 @@ impl Call {
             max_tokens,
             now_ms: env.now_ms,
         };
+        let cfg = &env.config.limits;
         let admitted = match limits::admit(env.store, cfg, env.metrics, &ask) {
             Decision::Refuse(r) => {
                 let reply = refusal(&r, self.request.endpoint);

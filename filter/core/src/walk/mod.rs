@@ -29,6 +29,7 @@ mod body;
 mod cache;
 mod degrade;
 mod end;
+mod estimate;
 mod failover;
 #[cfg(test)]
 pub(crate) mod fake;

@@ -20,7 +20,11 @@ impl Call {
         let Some(mut body) = body else {
             return ControlFlow::Continue(None);
         };
-        let limits = self.shaping_limits(env);
+        let mut limits = self.shaping_limits(env);
+        if let Some(cap) = limits.prompt_tokens {
+            // The cap is on the tokens the model counts.
+            limits.prompt_tokens = Some(self.estimate_ratio(env).uncalibrated(cap));
+        }
         let endpoint = self.request.endpoint;
         let configured = self.shaping_config(env.config).field;
         let field = TokenField::of(endpoint, configured)

@@ -133,6 +133,9 @@ pub(super) struct Decided {
     pub(super) hedge: Option<HedgeResult>,
     /// What the call reserved under the limits.
     pub(super) limits: Option<LimitsCall>,
+    /// The prompt-token estimate's calibration, once read, and the estimate
+    /// of the body sent.
+    pub(super) estimate: super::estimate::Estimate,
 }
 
 /// Where a call stands. The phases with nothing but a timer to wake them are

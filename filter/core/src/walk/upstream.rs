@@ -31,6 +31,7 @@ impl Call {
         let mut chosen = Chosen::default();
         if let Some(mut body) = body {
             self.ask_for_usage(&mut body);
+            self.note_sent_estimate(&body);
             chosen = self.route(env, host, &body);
             if self.may_fail_over(env) || self.may_hedge(env) || self.may_fall_back(env) {
                 // Kept to send another backend; only the bytes and the
@@ -113,10 +114,14 @@ impl Call {
     /// writes the body it is sent with; returns what routing read of the
     /// chosen cluster.
     fn route(&mut self, env: &mut Env<'_>, host: &mut dyn Host, body: &HeldBody) -> Chosen {
-        let decision = body
-            .features
-            .as_ref()
-            .and_then(|features| self.pick(env, features));
+        let features = body.features.as_ref().map(|f| {
+            if routing::rules::weigh_prompts(&self.routing_config(env.config).rules) {
+                self.calibrated_features(env, f)
+            } else {
+                f.clone()
+            }
+        });
+        let decision = features.and_then(|features| self.pick(env, &features));
         let Some((decision, breaker)) = decision else {
             self.send_body(env, host, body, None);
             return Chosen::default();

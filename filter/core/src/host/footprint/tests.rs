@@ -35,6 +35,8 @@ fn fill(store: &MemoryStore, config: &Config) {
         let _ = coalesce::claim(&cache, &[n; 32], 1_000, 5_000, u64::from(n) + 1);
     }
     let _ = crate::host::lease::try_lease(store, probe::LEASE_KEY, 7, 1_000, 5_000);
+    let mut m = crate::host::MemoryMetrics::default();
+    crate::tokens::calibration::learn(store, &mut m, "gpt-4o", 100, 120, 1_000).unwrap();
     for c in ["a", "b", "c"] {
         let sample = CallSample {
             result: CallResult::Status(200),
@@ -99,10 +101,10 @@ fn the_count_matches_the_store() {
     let f = run(&mut Census::new(&config), &store, &config, 0);
     assert_eq!(f.keys, store.len() as u64);
     assert_eq!(f.bytes, store.value_bytes() as u64);
-    // Stats, layout, lease, alerts, 3 health, 4 breakers, 2 hedge windows,
+    // Stats, layout, lease, alerts, the estimate's calibration, 3 health, 4 breakers, 2 hedge windows,
     // 8 markers, 8 slots, 3 Responses ids, the load records and their index.
     let load = load::MAX_RECORDS as u64 + 1;
-    assert_eq!(f.keys, 4 + 3 + 4 + 2 + 2 * u64::from(SLOTS) + 3 + load);
+    assert_eq!(f.keys, 5 + 3 + 4 + 2 + 2 * u64::from(SLOTS) + 3 + load);
     // The bound counts every slot of the Responses table, 3 taken here.
     assert_eq!(max_keys(&config), f.keys - 3 + u64::from(stateful::SLOTS));
 }

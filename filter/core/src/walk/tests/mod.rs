@@ -11,6 +11,7 @@ mod affinity;
 mod cache;
 mod degrade;
 mod dialects;
+mod estimate;
 mod group;
 mod limits;
 mod semantic;
