@@ -47,6 +47,10 @@ ISTIO_VERSION        := 1.31-dev
 ISTIO_MODULE_VERSION := v0.0.0-20260827124520-eed52ebb66ad
 ISTIO_BIN            := target/istio/$(ISTIO_MODULE_VERSION)/bin
 PILOT_DISCOVERY      := $(ISTIO_BIN)/pilot-discovery
+# The bootstrap Istio's agent writes, by the agent's own code
+# (tests/istio-bootstrap), and the template it renders.
+ISTIO_BOOTSTRAP      := $(ISTIO_BIN)/istio-bootstrap
+ISTIO_TEMPLATE       := target/istio/$(ISTIO_MODULE_VERSION)/envoy_bootstrap.json
 PYTHON      ?= python3
 CARGO       ?= cargo
 
@@ -69,8 +73,10 @@ export ENVOY_BIN := $(abspath $(ENVOY))
 export LLM_FILTER_WASM := $(abspath $(WASM))
 export LLM_FILTER_NOOP_WASM := $(abspath $(NOOP_WASM))
 export PILOT_DISCOVERY_BIN := $(abspath $(PILOT_DISCOVERY))
+export ISTIO_BOOTSTRAP_BIN := $(abspath $(ISTIO_BOOTSTRAP))
+export ISTIO_BOOTSTRAP_TEMPLATE := $(abspath $(ISTIO_TEMPLATE))
 
-.PHONY: help build run test unit fuzz e2e examples dashboard-picture tools-picture lint audit tools-deny bench bench-noop bench-core bench-tail bench-hostcalls soak clean wasm-target envoy tools-bench tools-promtool tools-tls sdk image push image-test tools-image istio-models tools-alertmanager tools-prometheus tools-wasm-opt tools-istiod test-envoys
+.PHONY: help build run test unit fuzz e2e examples dashboard-picture tools-picture lint audit tools-deny bench bench-noop bench-core bench-tail bench-hostcalls bench-sidecar-memory soak clean wasm-target envoy tools-bench tools-promtool tools-tls sdk image push image-test tools-image istio-models tools-alertmanager tools-prometheus tools-wasm-opt tools-istiod test-envoys FORCE
 
 help:
 	@echo "make run    build, start the mock upstream and Envoy with the filter, print curls"
@@ -85,6 +91,7 @@ help:
 	@echo "make bench-core  the pure core parts of a call timed natively, µs per call"
 	@echo "make bench-hostcalls  host calls per call of every filter scenario (a census build)"
 	@echo "make bench-tail  tail latency across three backends: even spread vs filter routing (~1 min)"
+	@echo "make bench-sidecar-memory  a sidecar's memory with and without the filter, cache full (real istiod)"
 	@echo "make dashboard-picture  docs/dashboard.png from a real Prometheus after mixed traffic (~3 min)"
 	@echo "make soak   mixed traffic for SOAK_DURATION_S (default 600) s; fails if memory or shared data grows"
 
@@ -264,22 +271,48 @@ tools-tls:
 # without Kubernetes dereferences a nil multicluster controller since Istio
 # 1.30, krt's ServiceEntry controller: the patch gives it an empty namespace
 # collection), built with Istio's upstream build tags and version stamp by
-# `go install` in that source tree. Go's build cache makes a rebuild after
-# `make clean` about a minute; a cold one took half an hour on two busy
-# cores. Built only when the binary is missing.
+# `go install` in that source tree, as Istio's release builds do: no cgo,
+# `-trimpath` (no path of the machine in the binary, so the same source and
+# Go give the same binary anywhere), no VCS stamp, symbols stripped. Go's
+# build cache (where Go keeps it) makes a rebuild after `make clean` about a
+# minute; a cold one took half an hour on two busy cores. Built when the
+# binary is missing, or once when the flags change (ISTIO_FLAGS_STAMP holds
+# them and is rewritten only when they differ).
 ISTIO_SRC := target/istio/$(ISTIO_MODULE_VERSION)/src
-$(PILOT_DISCOVERY): scripts/istiod-file-mode.patch
+ISTIO_GO_FLAGS := -trimpath -buildvcs=false -tags vtprotobuf,disable_pgv \
+	-ldflags "-s -w -X istio.io/istio/pkg/version.buildVersion=$(ISTIO_VERSION)"
+ISTIO_FLAGS_STAMP := target/istio/$(ISTIO_MODULE_VERSION)/go-flags
+$(ISTIO_FLAGS_STAMP): FORCE
+	@mkdir -p $(dir $@)
+	@echo 'CGO_ENABLED=0 $(ISTIO_GO_FLAGS)' | cmp -s - $@ 2>/dev/null \
+		|| echo 'CGO_ENABLED=0 $(ISTIO_GO_FLAGS)' > $@
+FORCE:
+
+# The patched source tree, kept while the binaries are built from it.
+define istio_src
 	@command -v go >/dev/null || { echo "tools-istiod needs Go (1.26 or later) on PATH"; exit 1; }
 	@command -v patch >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends patch; }
-	rm -rf $(ISTIO_SRC)
-	mkdir -p $(dir $(ISTIO_SRC))
-	cp -r "$$(go mod download -json istio.io/istio@$(ISTIO_MODULE_VERSION) | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p')" $(ISTIO_SRC)
-	chmod -R u+w $(ISTIO_SRC)
-	patch -d $(ISTIO_SRC) -p1 < scripts/istiod-file-mode.patch
-	cd $(ISTIO_SRC) && GOBIN=$(abspath $(ISTIO_BIN)) go install -tags vtprotobuf,disable_pgv \
-		-ldflags "-X istio.io/istio/pkg/version.buildVersion=$(ISTIO_VERSION)" ./pilot/cmd/pilot-discovery
+	test -f $(ISTIO_SRC)/.patched && test $(ISTIO_SRC)/.patched -nt scripts/istiod-file-mode.patch || { \
+		rm -rf $(ISTIO_SRC) && mkdir -p $(dir $(ISTIO_SRC)) && \
+		cp -r "$$(go mod download -json istio.io/istio@$(ISTIO_MODULE_VERSION) | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p')" $(ISTIO_SRC) && \
+		chmod -R u+w $(ISTIO_SRC) && \
+		patch -d $(ISTIO_SRC) -p1 < scripts/istiod-file-mode.patch && touch $(ISTIO_SRC)/.patched; }
+endef
 
-tools-istiod: $(PILOT_DISCOVERY)
+$(PILOT_DISCOVERY): scripts/istiod-file-mode.patch $(ISTIO_FLAGS_STAMP)
+	$(istio_src)
+	cd $(ISTIO_SRC) && CGO_ENABLED=0 GOBIN=$(abspath $(ISTIO_BIN)) go install $(ISTIO_GO_FLAGS) ./pilot/cmd/pilot-discovery
+
+# Built in Istio's tree (its go.mod and go.sum) with the same flags, so it
+# reuses what the build of istiod left in Go's build cache (a minute).
+$(ISTIO_BOOTSTRAP): tests/istio-bootstrap/main.go scripts/istiod-file-mode.patch $(ISTIO_FLAGS_STAMP)
+	$(istio_src)
+	mkdir -p $(ISTIO_SRC)/llmfilter/istio-bootstrap
+	cp tests/istio-bootstrap/main.go $(ISTIO_SRC)/llmfilter/istio-bootstrap/
+	cd $(ISTIO_SRC) && CGO_ENABLED=0 GOBIN=$(abspath $(ISTIO_BIN)) go install $(ISTIO_GO_FLAGS) ./llmfilter/istio-bootstrap
+	cp $(ISTIO_SRC)/tools/packaging/common/envoy_bootstrap.json $(ISTIO_TEMPLATE)
+
+tools-istiod: $(PILOT_DISCOVERY) $(ISTIO_BOOTSTRAP)
 
 tools-alertmanager:
 	@command -v prometheus-alertmanager >/dev/null || command -v alertmanager >/dev/null || \
@@ -318,6 +351,13 @@ bench-core:
 
 bench-tail: build envoy
 	$(CARGO) run --release -p llm-filter-e2e --bin bench-tail
+
+# What a sidecar costs: Envoy's RSS, PSS and allocator with and without the
+# filter, and with its cache full, in the sidecar layout the real istiod
+# generates from the examples (e2e istiod::istiod_sidecar_memory, ignored by
+# `make test`; half a minute). The numbers: docs/deploy/istio.md.
+bench-sidecar-memory: build envoy tools-istiod
+	$(CARGO) test -p llm-filter-e2e -- --ignored --exact istiod::istiod_sidecar_memory --nocapture
 
 # A long run, not part of `make test`: mixed traffic at a fixed rate, Envoy's
 # memory and the filter's shared data sampled; SOAK_DURATION_S=180 shortens it.

@@ -7,17 +7,16 @@ cloudcoil-models-istio (generated from Istio's CRD schemas): a wrong type or
 enum value fails, and so does a field the schema does not know, which
 Kubernetes would silently prune. Then what the examples promise: a header
 comment naming the Istio versions, a WasmPlugin pulled by digest from an
-oci:// image with FAIL_OPEN, a selector and ports; EnvoyFilters scoped by a
-workload selector; remote code only through an extension config (ECDS) with a
-sha256 and fail-open; the bootstrap override as JSON with the stats tags of
-envoy/envoy.yaml; and, across files, a filter in `cache.mode: shard` whose
+oci:// image with FAIL_OPEN, a selector and ports; EnvoyFilters scoped to a
+namespace other than the root (or by a workload selector); remote code only
+through an extension config (ECDS) with a sha256 and fail-open; the mesh
+config's `extraStatTags` naming the labels of envoy/envoy.yaml, whose rules are
+the ones Istio's bootstrap writes for them; and, across files, a filter in `cache.mode: shard` whose
 header a DestinationRule hashes on (`consistentHash.httpHeaderName`) for a
 host a VirtualService sends the mesh's calls to. The Envoy fragments inside the patches are checked by Envoy
 itself (e2e `istio`).
 
     check_istio_examples.py [examples/istio]
-    check_istio_examples.py --write-stats-tags    rewrite stats-tags.yaml's rules
-                                                  from envoy/envoy.yaml
 """
 
 import json
@@ -38,7 +37,9 @@ SHA256 = re.compile(r"^[0-9a-f]{64}$")
 WASM_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
 ROOT = Path(__file__).resolve().parent.parent
 ENVOY_YAML = ROOT / "envoy" / "envoy.yaml"
-STATS_TAGS_YAML = ROOT / "examples" / "istio" / "stats-tags.yaml"
+# Istio's root namespace: an EnvoyFilter there without a selector patches
+# every proxy of the mesh.
+ROOT_NAMESPACE = "istio-system"
 
 
 def demo_stats_tags():
@@ -50,13 +51,10 @@ def demo_stats_tags():
     ]
 
 
-def write_stats_tags():
-    """Rewrites the rules of the bootstrap override ConfigMap, one a line."""
-    text = STATS_TAGS_YAML.read_text()
-    head, rest = text.split('"stats_tags": [\n', 1)
-    _, tail = rest.split("\n        ]\n", 1)
-    rules = ",\n".join(" " * 10 + json.dumps(t) for t in demo_stats_tags())
-    STATS_TAGS_YAML.write_text(head + '"stats_tags": [\n' + rules + "\n        ]\n" + tail)
+def istio_stat_tag_rule(tag):
+    """The rule Istio's bootstrap template (tools/packaging/common/
+    envoy_bootstrap.json) writes for one name of `extraStatTags`."""
+    return {"tag_name": tag, "regex": f"({tag}=\\.=(.*?);\\.;)"}
 
 
 def unknown_fields(given, known, path=""):
@@ -145,10 +143,10 @@ def check_sharding(docs):
     return problems
 
 
-def check_envoyfilter(spec):
+def check_envoyfilter(spec, namespace):
     problems = []
-    if not (spec.get("workloadSelector") or {}).get("labels"):
-        problems.append("no workloadSelector: it would patch every proxy of the namespace")
+    if namespace == ROOT_NAMESPACE and not (spec.get("workloadSelector") or {}).get("labels"):
+        problems.append("no workloadSelector in the root namespace: it would patch every proxy of the mesh")
     for i, patch in enumerate(spec.get("configPatches") or []):
         value = (patch.get("patch") or {}).get("value") or {}
         text = json.dumps(value)
@@ -176,17 +174,17 @@ def check_envoyfilter(spec):
     return problems
 
 
-def check_configmap(doc):
-    data = doc.get("data") or {}
-    if set(data) != {"custom_bootstrap.json"}:
-        return ["a bootstrap override holds custom_bootstrap.json alone"]
-    bootstrap = json.loads(data["custom_bootstrap.json"])
-    tags = bootstrap.get("stats_config", {}).get("stats_tags")
-    if tags != demo_stats_tags():
-        return [
-            "custom_bootstrap.json's stats_tags differ from envoy/envoy.yaml's "
-            "(scripts/check_istio_examples.py --write-stats-tags rewrites them)"
-        ]
+def check_mesh_config(doc):
+    """An IstioOperator overlay whose `extraStatTags` are envoy/envoy.yaml's
+    labels, in its order, with envoy/envoy.yaml's rules what Istio writes."""
+    if doc.get("apiVersion") != "install.istio.io/v1alpha1":
+        return ["an IstioOperator of install.istio.io/v1alpha1"]
+    tags = (((doc.get("spec") or {}).get("meshConfig") or {}).get("defaultConfig") or {}).get("extraStatTags")
+    demo = demo_stats_tags()
+    if tags != [t["tag_name"] for t in demo]:
+        return [f"extraStatTags {tags} are not envoy/envoy.yaml's labels"]
+    if [istio_stat_tag_rule(t) for t in tags] != demo:
+        return ["envoy/envoy.yaml's stats_tags are not the rules Istio writes for extraStatTags"]
     return []
 
 
@@ -211,14 +209,17 @@ def check_file(path):
         kind = doc.get("kind")
         where = f"{kind} {doc.get('metadata', {}).get('name')}"
         try:
-            if kind == "ConfigMap":
-                found = check_configmap(doc)
+            if kind == "IstioOperator":
+                # No schema of its own among the CRD models: meshConfig is
+                # checked field by field below.
+                found = check_mesh_config(doc)
             else:
                 check_schema(doc)
                 spec = doc.get("spec") or {}
+                namespace = (doc.get("metadata") or {}).get("namespace")
                 found = {
                     "WasmPlugin": check_wasmplugin,
-                    "EnvoyFilter": check_envoyfilter,
+                    "EnvoyFilter": lambda spec: check_envoyfilter(spec, namespace),
                 }.get(kind, lambda _: [])(spec)
         except Exception as e:  # a schema error names the field
             found = [str(e)]
@@ -227,9 +228,6 @@ def check_file(path):
 
 
 def main(argv):
-    if argv[1:] == ["--write-stats-tags"]:
-        write_stats_tags()
-        return 0
     directory = Path(argv[1] if len(argv) > 1 else "examples/istio")
     files = sorted(directory.glob("*.yaml"))
     if not files:

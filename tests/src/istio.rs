@@ -64,7 +64,8 @@ pub fn vhost_name(host: &str) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     /// A sidecar of the application's namespace `my-app`, labelled
-    /// `llm-filter: enabled` (as the examples select it).
+    /// `llm-filter: enabled` (which the examples no longer need: they reach
+    /// every sidecar of `my-app`).
     Sidecar,
     /// Istio's default egress gateway in `istio-system`: server port 80 on
     /// container port 8080.
@@ -236,13 +237,13 @@ impl Proxy {
                     {"tag_name": "tcp_prefix", "regex": "^tcp\\.((.*?)\\.)\\w+?$"},
                     {"tag_name": "response_code_class", "regex": "_rq(_(\\dxx))$"}
                 ],
-                // What `proxyStatsMatcher: {inclusionPrefixes: [wasmcustom]}` adds
-                // to Istio's defaults: the filter's stats live under `wasmcustom`.
+                // Istio's defaults (whose `wasm` also keeps the filter's
+                // `wasmcustom.` stats) and what the tests read besides.
                 "stats_matcher": {"inclusion_list": {"patterns": [
                     {"prefix": "reporter="}, {"prefix": "cluster_manager"}, {"prefix": "listener_manager"},
                     {"prefix": "server"}, {"prefix": "cluster.xds-grpc"}, {"prefix": "wasm"},
                     {"suffix": "rbac.allowed"}, {"suffix": "rbac.denied"}, {"prefix": "component"},
-                    {"prefix": "wasmcustom"}, {"prefix": "extension_config_discovery"},
+                    {"prefix": "extension_config_discovery"},
                     {"prefix": "http.outbound"}, {"prefix": "cluster.outbound"}
                 ]}}
             },
@@ -279,8 +280,8 @@ impl Proxy {
 
     /// Applies every Istio resource that changes this proxy's Envoy config:
     /// the patches of each `EnvoyFilter` that selects it (as istiod does) and
-    /// each bootstrap override ConfigMap (as the agent merges it, when the
-    /// pod's annotation names it). Others are left alone.
+    /// the stats tags an `IstioOperator`'s `extraStatTags` give (as the
+    /// agent's bootstrap template writes them). Others are left alone.
     pub fn apply_manifest(&mut self, doc: &Value) -> Result<()> {
         match doc.get("kind").and_then(Value::as_str) {
             Some("EnvoyFilter") => {
@@ -310,16 +311,15 @@ impl Proxy {
                 }
                 Ok(())
             }
-            Some("ConfigMap") => {
-                let Some(text) = doc
-                    .pointer("/data/custom_bootstrap.json")
-                    .and_then(Value::as_str)
-                else {
-                    return Ok(());
-                };
-                let addition: Value =
-                    serde_json::from_str(text).context("custom_bootstrap.json is not JSON")?;
-                merge(&mut self.config, &addition);
+            Some("IstioOperator") => {
+                let rules: Vec<Value> = mesh_stats_tags(doc)?
+                    .into_iter()
+                    .map(|(tag, regex)| json!({"tag_name": tag, "regex": regex}))
+                    .collect();
+                merge(
+                    &mut self.config,
+                    &json!({"stats_config": {"stats_tags": rules}}),
+                );
                 Ok(())
             }
             _ => Ok(()),
@@ -711,22 +711,34 @@ pub fn example_manifests() -> Result<Vec<(String, Value)>> {
     Ok(out)
 }
 
-/// The `(tag_name, regex)` rules of the bootstrap override ConfigMap.
-pub fn bootstrap_override_stats_tags(doc: &Value) -> Result<Vec<(String, String)>> {
-    let text = str_at(doc, "/data/custom_bootstrap.json")?;
-    let bootstrap: Value = serde_json::from_str(text).context("custom_bootstrap.json")?;
-    let tags = bootstrap
-        .pointer("/stats_config/stats_tags")
+/// The names of `meshConfig.defaultConfig.extraStatTags` in an `IstioOperator`.
+pub fn extra_stat_tags(doc: &Value) -> Result<Vec<String>> {
+    doc.pointer("/spec/meshConfig/defaultConfig/extraStatTags")
         .and_then(Value::as_array)
-        .ok_or_else(|| anyhow!("no stats_config.stats_tags"))?;
-    tags.iter()
+        .ok_or_else(|| anyhow!("no spec.meshConfig.defaultConfig.extraStatTags"))?
+        .iter()
         .map(|t| {
-            Ok((
-                str_at(t, "/tag_name")?.to_string(),
-                str_at(t, "/regex")?.to_string(),
-            ))
+            t.as_str()
+                .map(str::to_string)
+                .ok_or_else(|| anyhow!("a tag that is no string: {t}"))
         })
         .collect()
+}
+
+/// The `(tag_name, regex)` rule Istio's bootstrap template
+/// (`tools/packaging/common/envoy_bootstrap.json`) writes for one name of
+/// `extraStatTags`: `"regex": "({{ $tag }}=\\.=(.*?);\\.;)"`.
+pub fn istio_stat_tag_rule(tag: &str) -> (String, String) {
+    (tag.to_string(), format!(r"({tag}=\.=(.*?);\.;)"))
+}
+
+/// The `(tag_name, regex)` rules the mesh config `doc` (an `IstioOperator`)
+/// gives every proxy through its `extraStatTags`.
+pub fn mesh_stats_tags(doc: &Value) -> Result<Vec<(String, String)>> {
+    Ok(extra_stat_tags(doc)?
+        .iter()
+        .map(|t| istio_stat_tag_rule(t))
+        .collect())
 }
 
 #[cfg(test)]

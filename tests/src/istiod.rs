@@ -18,11 +18,62 @@ use serde_json::{json, Value};
 
 use crate::daemon::free_port;
 use crate::envoy::http_request;
-use crate::istio::{bootstrap_override_stats_tags, merge};
+use crate::istio::merge;
 use crate::{running_in_ci, skip_without_envoy};
 
 /// Where `make tools-istiod` put `pilot-discovery` (the Makefile exports it).
 pub const BIN_ENV: &str = "PILOT_DISCOVERY_BIN";
+
+/// Where `make tools-istiod` put `istio-bootstrap` (tests/istio-bootstrap:
+/// the bootstrap Istio's agent writes, by the agent's own code) and the
+/// bootstrap template of the same Istio source.
+pub const AGENT_BOOTSTRAP_BIN_ENV: &str = "ISTIO_BOOTSTRAP_BIN";
+pub const AGENT_BOOTSTRAP_TEMPLATE_ENV: &str = "ISTIO_BOOTSTRAP_TEMPLATE";
+
+/// The Envoy bootstrap Istio's agent (pilot-agent) writes for `node` when
+/// the mesh config is `mesh`: `ConstructProxyConfig`, `GetNodeMetaData` and
+/// Istio's template rendered by Istio's own code, built from the same source
+/// as istiod.
+pub fn agent_bootstrap(mesh: &str, node: &Node) -> Result<Value> {
+    let var = |name: &str| {
+        std::env::var_os(name).map(PathBuf::from).ok_or_else(|| {
+            anyhow!("{name} unset: `make tools-istiod` builds istio-bootstrap and sets it")
+        })
+    };
+    let (bin, template) = (
+        var(AGENT_BOOTSTRAP_BIN_ENV)?,
+        var(AGENT_BOOTSTRAP_TEMPLATE_ENV)?,
+    );
+    let dir = tempfile::Builder::new()
+        .prefix("llm-filter-e2e-agent-")
+        .tempdir()?;
+    let (mesh_path, out) = (
+        dir.path().join("mesh.yaml"),
+        dir.path().join("bootstrap.json"),
+    );
+    std::fs::write(&mesh_path, mesh)?;
+    let run = Command::new(&bin)
+        .arg(&mesh_path)
+        .arg(&template)
+        .arg(&node.id)
+        .arg(&node.ip)
+        .arg(&out)
+        // It reads pod annotations and writes nothing else under here.
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("run {}", bin.display()))?;
+    if !run.status.success() {
+        bail!(
+            "{} failed: {}\n{}",
+            bin.display(),
+            String::from_utf8_lossy(&run.stdout),
+            String::from_utf8_lossy(&run.stderr)
+        );
+    }
+    let text = std::fs::read_to_string(&out)?;
+    serde_json::from_str(&text).with_context(|| format!("the agent's bootstrap: {text}"))
+}
 
 /// The Istio version the test nodes announce (`ISTIO_VERSION` metadata):
 /// the release the pinned istiod is built from.
@@ -234,10 +285,10 @@ impl Node {
         }
     }
 
-    /// The Envoy bootstrap of this node: ADS to istiod at `grpc_port`, the
-    /// bootstrap override ConfigMap `stats_tags` (as the agent merges it)
-    /// in, admin on a free port.
-    pub fn bootstrap(&self, grpc_port: u16, stats_tags: Option<&Value>) -> Result<String> {
+    /// The Envoy bootstrap of this node: ADS to istiod at `grpc_port`,
+    /// `stats_config` (the one of [`agent_bootstrap`], whole) in, admin on a
+    /// free port.
+    pub fn bootstrap(&self, grpc_port: u16, stats_config: Option<&Value>) -> Result<String> {
         let mut metadata = json!({
             "ISTIO_VERSION": PROXY_ISTIO_VERSION,
             "CLUSTER_ID": "Kubernetes",
@@ -269,13 +320,8 @@ impl Node {
                     "address": {"socket_address": {"address": "127.0.0.1", "port_value": grpc_port}}}}]}]}
             }]}
         });
-        if let Some(map) = stats_tags {
-            let tags = bootstrap_override_stats_tags(map)?;
-            let rules: Vec<Value> = tags
-                .into_iter()
-                .map(|(tag, regex)| json!({"tag_name": tag, "regex": regex}))
-                .collect();
-            merge(&mut config, &json!({"stats_config": {"stats_tags": rules}}));
+        if let Some(stats) = stats_config {
+            merge(&mut config, &json!({"stats_config": stats}));
         }
         Ok(serde_json::to_string_pretty(&config)?)
     }

@@ -1,15 +1,25 @@
 //! Every stat the filter defines, by name, and the one way labels are encoded
 //! into a stat name. Envoy has no label API: each label is written into the
-//! name as `.<label>=<value>;` and the `stats_tags` rules of the bootstrap
-//! (`envoy/envoy.yaml`, one per label, [`tag_regex`]) split them back out into
-//! Prometheus labels.
+//! name right after the metric as `<label>=.=<value>;.;` and the `stats_tags`
+//! rules of the bootstrap (`envoy/envoy.yaml`, one per label, [`tag_regex`])
+//! split them back out into Prometheus labels.
 //!
-//! The `=` and `;` around a value are what make this lossless for the names
-//! people give clusters and models: a value keeps dots and pipes
+//! That is Istio's own form: the rule [`tag_regex`] gives is the one Istio's
+//! bootstrap writes for each name of `meshConfig.defaultConfig.extraStatTags`,
+//! so in a mesh that one setting labels every sidecar's stats
+//! (docs/deploy/istio.md). Each rule removes its label's part whole and the
+//! metric is what remains, so there is nothing between the metric and the
+//! first label (`llm_filter_requests_totalpriority=.=P0;.;`): a separator
+//! would stay in the name.
+//!
+//! The `=.=` and `;.;` around a value are what make this lossless for the
+//! names people give clusters and models: a value keeps dots and pipes
 //! (`outbound|80||api.openai.com`, `gpt-4.1`) because the rule's regex ends it
-//! at `;`, not at the next dot. A value keeps `[A-Za-z0-9._|/:@+-]`; any other
+//! at `;.;`, not at the next dot. A value keeps `[A-Za-z0-9._|/:@+-]`; any other
 //! character (`;` and `=` among them) becomes `_`, and it is cut at
-//! [`MAX_VALUE_LEN`] characters.
+//! [`MAX_VALUE_LEN`] characters. Istio's rules are not anchored: no label's
+//! name may end with another's (`from_model` next to `model`), or the shorter
+//! one's rule would read the longer one's value.
 
 use hashbrown::HashSet;
 
@@ -203,10 +213,12 @@ pub const LABELS: [&str; 14] = [
 ];
 
 /// The `stats_tags` regex that extracts `label` from the names [`name`]
-/// writes: the first group (removed from the name) is `.label=value;`, the
-/// second (the label's value) runs up to the `;`, dots included.
+/// writes, exactly as Istio's bootstrap template writes it for an
+/// `extraStatTags` name: the first group (removed from the name) is
+/// `label=.=value;.;`, the second (the label's value) runs up to the `;.;`,
+/// dots included.
 pub fn tag_regex(label: &str) -> String {
-    format!(r"(\.{label}=([^;]*);)")
+    format!(r"({label}=\.=(.*?);\.;)")
 }
 
 /// Counts the filter's own trouble by `reason`: the call goes on untouched
@@ -339,14 +351,15 @@ mod tests {
     use super::*;
 
     /// What a `stats_tags` rule does with a name: the value of the second
-    /// group of `(\.label=([^;]*);)`, and the name with the first removed.
+    /// group of `(label=\.=(.*?);\.;)` at its leftmost match, and the name
+    /// with the first removed.
     fn extract(name: &str, label: &str) -> Option<(String, String)> {
-        let head = format!(".{label}=");
+        let head = format!("{label}=.=");
         let start = name.find(&head)?;
         let value_start = start + head.len();
-        let end = value_start + name.get(value_start..)?.find(';')?;
+        let end = value_start + name.get(value_start..)?.find(";.;")?;
         let value = name.get(value_start..end)?.to_string();
-        let rest = format!("{}{}", name.get(..start)?, name.get(end + 1..)?);
+        let rest = format!("{}{}", name.get(..start)?, name.get(end + 3..)?);
         Some((value, rest))
     }
 
@@ -354,7 +367,7 @@ mod tests {
     fn encodes_labels_in_order() {
         assert_eq!(
             name(REQUESTS, &[("priority", "P1"), ("model", "gpt-4o")]),
-            "llm_filter_requests_total.priority=P1;.model=gpt-4o;"
+            "llm_filter_requests_totalpriority=.=P1;.;model=.=gpt-4o;.;"
         );
     }
 
@@ -362,16 +375,16 @@ mod tests {
     fn values_keep_dots_and_pipes_and_lose_the_rest() {
         assert_eq!(
             name("m", &[("model", "meta-llama/Llama-3.1 8B"), ("x", "")]),
-            "m.model=meta-llama/Llama-3.1_8B;.x=unknown;"
+            "mmodel=.=meta-llama/Llama-3.1_8B;.;x=.=unknown;.;"
         );
         assert_eq!(
-            name("m", &[("a", "x;.b=y"), ("b", "z")]),
-            "m.a=x_.b_y;.b=z;"
+            name("m", &[("a", "x;.;b=.=y"), ("b", "z")]),
+            "ma=.=x_._b_._y;.;b=.=z;.;"
         );
         let long = "a".repeat(500);
         assert_eq!(
             name("m", &[("l", &long)]).len(),
-            "m.l=;".len() + MAX_VALUE_LEN
+            "ml=.=;.;".len() + MAX_VALUE_LEN
         );
     }
 
@@ -400,7 +413,18 @@ mod tests {
             assert!(left.starts_with(ROUTING_CALLS), "{left}");
         }
         assert_eq!(rest, ROUTING_CALLS);
-        assert_eq!(tag_regex(LLM_CLUSTER), r"(\.llm_cluster=([^;]*);)");
+        assert_eq!(tag_regex(LLM_CLUSTER), r"(llm_cluster=\.=(.*?);\.;)");
+    }
+
+    #[test]
+    fn no_label_name_ends_with_another() {
+        // Istio's rules are not anchored: `model=\.=` would also match
+        // inside `from_model=.=`.
+        for a in LABELS {
+            for b in LABELS {
+                assert!(a == b || !b.ends_with(a), "{b} ends with {a}");
+            }
+        }
     }
 
     #[test]

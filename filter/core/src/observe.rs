@@ -185,23 +185,23 @@ mod tests {
         );
         assert_eq!(
             m.counters
-                ["llm_filter_requests_total.priority=P0;.model=gpt-4o;.outcome=success;.api=chat;"],
+                ["llm_filter_requests_totalpriority=.=P0;.;model=.=gpt-4o;.;outcome=.=success;.;api=.=chat;.;"],
             1
         );
         assert_eq!(
-            m.histograms["gen_ai_client_operation_duration_ms.model=gpt-4o;.api=chat;"],
+            m.histograms["gen_ai_client_operation_duration_msmodel=.=gpt-4o;.;api=.=chat;.;"],
             [500]
         );
         assert_eq!(
-            m.histograms["gen_ai_server_time_to_first_token_ms.model=gpt-4o;.api=chat;"],
+            m.histograms["gen_ai_server_time_to_first_token_msmodel=.=gpt-4o;.;api=.=chat;.;"],
             [200]
         );
         assert_eq!(
-            m.counters["gen_ai_client_token_usage_total.model=gpt-4o;.token_type=input;.api=chat;"],
+            m.counters["gen_ai_client_token_usage_totalmodel=.=gpt-4o;.;token_type=.=input;.;api=.=chat;.;"],
             10
         );
         assert!(!m.counters.contains_key(
-            "gen_ai_client_token_usage_total.model=gpt-4o;.token_type=output;.api=chat;"
+            "gen_ai_client_token_usage_totalmodel=.=gpt-4o;.;token_type=.=output;.;api=.=chat;.;"
         ));
     }
 
@@ -224,20 +224,22 @@ mod tests {
             },
         );
         assert_eq!(
-            m.counters["llm_filter_requests_total.priority=P1;.model=m;.outcome=success;.api=chat;.group=b;"],
+            m.counters["llm_filter_requests_totalpriority=.=P1;.;model=.=m;.;outcome=.=success;.;api=.=chat;.;group=.=b;.;"],
             1
         );
         assert_eq!(
-            m.histograms["gen_ai_client_operation_duration_ms.model=m;.api=chat;.group=b;"],
+            m.histograms
+                ["gen_ai_client_operation_duration_msmodel=.=m;.;api=.=chat;.;group=.=b;.;"],
             [40]
         );
         assert_eq!(
-            m.histograms["gen_ai_server_time_to_first_token_ms.model=m;.api=chat;.group=b;"],
+            m.histograms
+                ["gen_ai_server_time_to_first_token_msmodel=.=m;.;api=.=chat;.;group=.=b;.;"],
             [10]
         );
         assert_eq!(
             m.counters
-                ["gen_ai_client_token_usage_total.model=m;.token_type=output;.api=chat;.group=b;"],
+                ["gen_ai_client_token_usage_totalmodel=.=m;.;token_type=.=output;.;api=.=chat;.;group=.=b;.;"],
             2
         );
     }
@@ -256,7 +258,7 @@ mod tests {
             },
         );
         assert_eq!(
-            m.histograms["gen_ai_client_operation_duration_ms.model=m;.api=chat;"],
+            m.histograms["gen_ai_client_operation_duration_msmodel=.=m;.;api=.=chat;.;"],
             [0]
         );
     }
@@ -278,7 +280,7 @@ mod tests {
         let mut m = MemoryMetrics::default();
         record(&mut m, &stream);
         assert_eq!(
-            m.histograms["gen_ai_server_time_per_output_token_us.model=m;.api=chat;"],
+            m.histograms["gen_ai_server_time_per_output_token_usmodel=.=m;.;api=.=chat;.;"],
             [20_000]
         );
         let json = CallSummary {

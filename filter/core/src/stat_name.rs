@@ -1,6 +1,6 @@
 //! The one way labels are encoded into a stat name (the `metrics` module says
-//! why): `metric.label=value;…`, each value kept to a safe set of
-//! characters and bounded. Apart from the stats themselves, so that the
+//! why): `metric` then `label=.=value;.;` per label, Istio's form, each value
+//! kept to a safe set of characters and bounded. Apart from the stats themselves, so that the
 //! host's traits can name a stat by its parts without depending on them.
 
 /// Label value for a value that is absent.
@@ -10,16 +10,18 @@ pub const UNKNOWN: &str = "unknown";
 /// name with a subset fits).
 pub const MAX_VALUE_LEN: usize = 128;
 
-/// Encodes a stat name with labels: `metric.label=value;…`.
+/// Encodes a stat name with labels: `metric` then `label=.=value;.;` for
+/// each label, with nothing in between (`llm_filter_requests_totalpriority=.=P0;.;`):
+/// the form Istio's `extraStatTags` rules extract, `(label=\.=(.*?);\.;)`,
+/// which remove exactly each label's part and leave the metric.
 pub fn name(metric: &str, labels: &[(&str, &str)]) -> String {
     let mut out = String::with_capacity(metric.len() + labels.len() * 32);
     out.push_str(metric);
     for (label, value) in labels {
-        out.push('.');
         out.push_str(label);
-        out.push('=');
+        out.push_str("=.=");
         push_value(&mut out, value);
-        out.push(';');
+        out.push_str(";.;");
     }
     out
 }

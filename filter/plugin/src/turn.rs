@@ -85,7 +85,7 @@ mod tests {
         assert_eq!(inner, Some(None));
         assert_eq!(turn.with(|v| *v), Some(2));
         count_missed(&mut m);
-        let stat = "llm_filter_internal_errors_total.reason=reentered;";
+        let stat = "llm_filter_internal_errors_totalreason=.=reentered;.;";
         assert_eq!(m.counters.get(stat), Some(&1));
         count_missed(&mut m);
         assert_eq!(m.counters.get(stat), Some(&1));

@@ -391,9 +391,9 @@ async fn run(options: Options) -> Result<()> {
     );
     println!(
         "filter: hits {}, misses {}, stored {}, evictions {}, internal errors {}, failovers {}, ejections {}",
-        stat("wasmcustom.llm_filter_cache_lookups_total.result=hit;"),
-        stat("wasmcustom.llm_filter_cache_lookups_total.result=miss;"),
-        stat("wasmcustom.llm_filter_cache_stores_total.result=stored;"),
+        stat("wasmcustom.llm_filter_cache_lookups_totalresult=.=hit;.;"),
+        stat("wasmcustom.llm_filter_cache_lookups_totalresult=.=miss;.;"),
+        stat("wasmcustom.llm_filter_cache_stores_totalresult=.=stored;.;"),
         stat("wasmcustom.llm_filter_cache_evictions_total"),
         stat("wasmcustom.llm_filter_internal_errors_total"),
         stat("wasmcustom.llm_filter_routing_failovers_total"),

@@ -53,7 +53,7 @@ async fn a_hit_after_a_miss_gives_the_same_answer() {
 
     assert!(rig.lookups("hit", 2) >= 2);
     assert!(rig.lookups("miss", 2) >= 2);
-    assert!(rig.wait_stat("llm_filter_cache_stores_total.result=stored;", 2) >= 2);
+    assert!(rig.wait_stat("llm_filter_cache_stores_totalresult=.=stored;.;", 2) >= 2);
     assert!(rig.stat("llm_filter_cache_entries") >= 2);
 }
 
@@ -178,7 +178,10 @@ async fn uncacheable_calls_bypass_and_pass_untouched() {
         assert_eq!(rig.mock.last_request().unwrap().body.as_ref(), b"{not json");
     }
     assert!(rig.lookups("bypass", 10) >= 10);
-    assert_eq!(rig.stat("llm_filter_cache_stores_total.result=stored;"), 0);
+    assert_eq!(
+        rig.stat("llm_filter_cache_stores_totalresult=.=stored;.;"),
+        0
+    );
 
     // Switched off, the cache says nothing at all.
     let Some(off) = Rig::start(
@@ -271,7 +274,7 @@ async fn errors_are_never_cached() {
     assert_eq!((hit.status, x_cache(&hit)), (200, "HIT"));
     assert_eq!(hit.json(), ok.json());
     assert!(rig.mock.request_count() >= 2);
-    assert!(rig.wait_stat("llm_filter_cache_stores_total.result=status;", 1) >= 1);
+    assert!(rig.wait_stat("llm_filter_cache_stores_totalresult=.=status;.;", 1) >= 1);
 }
 
 #[tokio::test]

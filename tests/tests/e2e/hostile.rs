@@ -141,7 +141,7 @@ impl Moved {
     }
 
     fn stored(&self) -> i64 {
-        self.of(STORES, &[".result=stored;"])
+        self.of(STORES, &["result=.=stored;.;"])
     }
 }
 
@@ -714,7 +714,7 @@ async fn hostile_upstreams_never_poison_the_cache() {
             assert!(
                 eventually(Duration::from_secs(3), || {
                     Moved::between(&before, &rig.filter_stats())
-                        .of(STORES, &[&format!(".result={result};")])
+                        .of(STORES, &[&format!("result=.={result};.;")])
                         == 1
                 }),
                 "{}: {moved}",
@@ -726,7 +726,7 @@ async fn hostile_upstreams_never_poison_the_cache() {
             assert!(
                 eventually(Duration::from_secs(3), || {
                     Moved::between(&before, &rig.filter_stats())
-                        .of(REQUESTS, &[".outcome=incomplete;"])
+                        .of(REQUESTS, &["outcome=.=incomplete;.;"])
                         == 1
                 }),
                 "{}: {moved}",

@@ -8,15 +8,21 @@
 //! source fetches it (checking the `sha256`), where the agent would pull the
 //! `oci://` image and hand Envoy a local file; and the provider is the mock on
 //! loopback (its ServiceEntry `STATIC` at 127.0.0.1, no TLS origination: that
-//! needs the agent's SDS for the CA bundle).
+//! needs the agent's SDS for the CA bundle). Each node's `stats_config` is
+//! the one Istio's agent would write for it from the same mesh config, with
+//! stats-tags.yaml's `extraStatTags` (Istio's own bootstrap code,
+//! tests/istio-bootstrap): no bootstrap override.
 
 use std::time::{Duration, Instant};
 
-use llm_filter_e2e::istio::{example_manifests, read_manifests, EXAMPLES};
-use llm_filter_e2e::istiod::{skip_without_istiod, synced, FileServer, Istiod, Node, PortLock};
+use llm_filter_core::metrics::{self, CACHE_LOOKUPS, REQUESTS, ROUTING_CALLS};
+use llm_filter_e2e::istio::{example_manifests, extra_stat_tags, read_manifests, EXAMPLES};
+use llm_filter_e2e::istiod::{
+    agent_bootstrap, skip_without_istiod, synced, FileServer, Istiod, Node, PortLock,
+};
 use llm_filter_e2e::{
-    chat_body, chat_stream_body, post_json, stream_sse, temp_dir, wasm_path, with_field,
-    workspace_root, Envoy, EnvoyBuilder, MockConfig, MockUpstream, RecordedRequest,
+    chat_body, chat_stream_body, post_json, stats_tag_rules, stream_sse, temp_dir, wasm_path,
+    with_field, workspace_root, Envoy, EnvoyBuilder, MockConfig, MockUpstream, RecordedRequest,
 };
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -198,7 +204,8 @@ fn overlay(modules_port: u16, gateway: bool) -> String {
 }
 
 /// The mesh config: no tracing or Istio-only telemetry filters (upstream
-/// Envoy has none), the access-log provider access-log.yaml names.
+/// Envoy has none), the access-log provider access-log.yaml names; [`mesh`]
+/// adds stats-tags.yaml's `defaultConfig`.
 const MESH: &str = r#"rootNamespace: istio-system
 enableTracing: false
 enablePrometheusMerge: false
@@ -214,19 +221,34 @@ extensionProviders:
         llm: "%FILTER_STATE(wasm.llm_filter.call:PLAIN)%"
 "#;
 
-/// The bootstrap override ConfigMap of stats-tags.yaml.
-fn stats_tags_map() -> Value {
+/// stats-tags.yaml's `extraStatTags`, the mesh-wide labels.
+fn stat_tags() -> Vec<String> {
     example_manifests()
         .expect("examples")
         .into_iter()
-        .find(|(_, d)| d["kind"] == "ConfigMap")
-        .map(|(_, d)| d)
-        .expect("stats-tags.yaml's ConfigMap")
+        .find(|(_, d)| d["kind"] == "IstioOperator")
+        .map(|(_, d)| extra_stat_tags(&d).expect("extraStatTags"))
+        .expect("stats-tags.yaml's IstioOperator")
+}
+
+/// The test's mesh config with stats-tags.yaml's `defaultConfig` in it, as
+/// `istioctl install -f stats-tags.yaml` merges it.
+fn mesh() -> String {
+    format!(
+        "{MESH}defaultConfig:\n  extraStatTags: [{}]\n",
+        stat_tags().join(", ")
+    )
+}
+
+/// The `stats_config` Istio's agent writes for `node` from [`mesh`].
+fn agent_stats_config(node: &Node) -> Value {
+    let bootstrap = agent_bootstrap(&mesh(), node).expect("the agent's bootstrap");
+    bootstrap["stats_config"].clone()
 }
 
 fn start_node(node: &Node, istiod: &Istiod) -> Envoy {
     let bootstrap = node
-        .bootstrap(istiod.grpc_port(), Some(&stats_tags_map()))
+        .bootstrap(istiod.grpc_port(), Some(&agent_stats_config(node)))
         .expect("bootstrap");
     EnvoyBuilder::new()
         .start_config_in(temp_dir().expect("temp dir"), &bootstrap)
@@ -469,9 +491,74 @@ async fn calls_through(url: &str, provider: &MockUpstream, tag: &str, routed: bo
     );
 }
 
+/// `envoy`'s metrics labelled by the `stats_config` Istio's agent wrote for
+/// `node` from stats-tags.yaml's `extraStatTags` alone: its rules for the
+/// filter's labels are envoy/envoy.yaml's, its stats inclusion list is
+/// Istio's default, and /stats/prometheus shows the filter's metrics by their
+/// names, with their labels, after the calls of [`calls_through`].
+fn assert_labelled_the_istio_way(envoy: &Envoy, node: &Node) {
+    let stats = agent_stats_config(node);
+    let written: Vec<(String, String)> = stats["stats_tags"]
+        .as_array()
+        .expect("stats_tags")
+        .iter()
+        .filter_map(|t| Some((t["tag_name"].as_str()?.into(), t["regex"].as_str()?.into())))
+        .collect();
+    let demo = stats_tag_rules(
+        &std::fs::read_to_string(workspace_root().join("envoy/envoy.yaml")).expect("envoy.yaml"),
+    );
+    for rule in &demo {
+        assert!(
+            written.contains(rule),
+            "{rule:?} not in the agent's {written:?}"
+        );
+    }
+    let matcher = stats["stats_matcher"].to_string();
+    assert!(
+        !matcher.contains("wasmcustom") && matcher.contains(r#"{"prefix":"wasm"}"#),
+        "Istio's default inclusion list: {matcher}"
+    );
+
+    let model = [
+        ("model", "gpt-4o-mini"),
+        ("outcome", "success"),
+        ("api", "chat"),
+    ];
+    let calls = envoy.wait_for_metric(REQUESTS, &model, 3.0, Duration::from_secs(5));
+    assert!(calls >= 3.0, "{REQUESTS}{model:?}: {calls}");
+    let hits = envoy.metric(CACHE_LOOKUPS, &[("result", "hit")]);
+    assert!(hits >= 1.0, "{CACHE_LOOKUPS} hit: {hits}");
+    let routed = envoy.metric(
+        ROUTING_CALLS,
+        &[("llm_cluster", PROVIDER_CLUSTER), ("outcome", "success")],
+    );
+    assert!(routed >= 1.0, "{ROUTING_CALLS}: {routed}");
+    // Every sample of the filter's is one of its metrics by name: no label
+    // left in a name.
+    let samples = envoy.metrics();
+    let mut names: Vec<&str> = samples
+        .iter()
+        .map(|s| s.name.as_str())
+        .filter(|n| n.starts_with("llm_filter_") || n.starts_with("gen_ai_"))
+        .collect();
+    names.dedup();
+    assert!(names.len() > 5, "{names:?}");
+    for name in names {
+        let metric = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s).filter(|m| metrics::ALL.contains(m)))
+            .unwrap_or(name);
+        assert!(
+            metrics::ALL.contains(&metric),
+            "{name}: not a metric of the filter's"
+        );
+    }
+}
+
 /// Sidecars of a namespace (docs/deploy/istio.md, "every feature"):
-/// provider.yaml, envoyfilter-ecds.yaml, routes.yaml, stats-tags.yaml,
-/// access-log.yaml and wasmplugin.yaml through istiod, a sidecar of `my-app`.
+/// provider.yaml, envoyfilter-ecds.yaml, routes.yaml, access-log.yaml and
+/// wasmplugin.yaml through istiod, stats-tags.yaml in the mesh config, a
+/// sidecar of `my-app`; its metrics labelled by what Istio's agent wrote.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn istiod_configures_a_sidecar_with_the_examples() {
     let Some(bin) = skip_without_istiod("istiod_configures_a_sidecar_with_the_examples") else {
@@ -484,7 +571,6 @@ async fn istiod_configures_a_sidecar_with_the_examples() {
         "provider.yaml",
         "envoyfilter-ecds.yaml",
         "routes.yaml",
-        "stats-tags.yaml",
         "access-log.yaml",
         "wasmplugin.yaml",
     ]
@@ -495,7 +581,7 @@ async fn istiod_configures_a_sidecar_with_the_examples() {
         "test-mesh.yaml".into(),
         overlay(module.server.port(), false),
     ));
-    let istiod = Istiod::start(&bin, &config, MESH).expect("istiod");
+    let istiod = Istiod::start(&bin, &config, &mesh()).expect("istiod");
 
     let node = Node::sidecar();
     let envoy = start_node(&node, &istiod);
@@ -554,6 +640,7 @@ async fn istiod_configures_a_sidecar_with_the_examples() {
         SIDECAR.listener_port
     );
     calls_through(&url, &provider, "sidecar", true).await;
+    assert_labelled_the_istio_way(&envoy, &node);
     // access-log.yaml's Telemetry: the call's record in the access log.
     let deadline = Instant::now() + Duration::from_secs(5);
     // Istio's JSON log format carries the record as a string (of JSON).
@@ -571,9 +658,9 @@ async fn istiod_configures_a_sidecar_with_the_examples() {
 }
 
 /// The egress gateway (egress-gateway.yaml) with the shard sidecars in front
-/// (mesh-cache.yaml): provider.yaml, egress-gateway.yaml, mesh-cache.yaml and
-/// stats-tags.yaml through istiod, the gateway node and a `llm-filter: shard`
-/// sidecar of `my-app`.
+/// (mesh-cache.yaml): provider.yaml, egress-gateway.yaml and mesh-cache.yaml
+/// through istiod (stats-tags.yaml in the mesh config), the gateway node and
+/// a `llm-filter: shard` sidecar of `my-app`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn istiod_configures_the_egress_gateway_with_the_examples() {
     let Some(bin) = skip_without_istiod("istiod_configures_the_egress_gateway_with_the_examples")
@@ -583,17 +670,13 @@ async fn istiod_configures_the_egress_gateway_with_the_examples() {
     let _ports = PortLock::acquire().expect("port lock");
     let module = module();
     let provider = MockUpstream::start(MockConfig::named("provider"));
-    let mut config: Vec<(String, String)> = [
-        "provider.yaml",
-        "egress-gateway.yaml",
-        "mesh-cache.yaml",
-        "stats-tags.yaml",
-    ]
-    .iter()
-    .map(|f| (f.to_string(), filled(f, &module, provider.port())))
-    .collect();
+    let mut config: Vec<(String, String)> =
+        ["provider.yaml", "egress-gateway.yaml", "mesh-cache.yaml"]
+            .iter()
+            .map(|f| (f.to_string(), filled(f, &module, provider.port())))
+            .collect();
     config.push(("test-mesh.yaml".into(), overlay(module.server.port(), true)));
-    let istiod = Istiod::start(&bin, &config, MESH).expect("istiod");
+    let istiod = Istiod::start(&bin, &config, &mesh()).expect("istiod");
 
     let gateway_node = Node::egress_gateway();
     let gateway = start_node(&gateway_node, &istiod);
@@ -641,13 +724,13 @@ async fn istiod_configures_the_egress_gateway_with_the_examples() {
     assert_eq!(calls.len(), before + 1, "{calls:?}");
     assert_eq!(calls.last().and_then(|c| c.header("x-llm-cache-key")), None);
     let written = shard.wait_for_stat(
-        "wasmcustom.llm_filter_cache_shard_keys_total.result=written;",
+        "wasmcustom.llm_filter_cache_shard_keys_totalresult=.=written;.;",
         3,
         Duration::from_secs(5),
     );
     assert_eq!(written, 3);
     let matched = gateway.wait_for_stat(
-        "wasmcustom.llm_filter_cache_shard_keys_total.result=matched;",
+        "wasmcustom.llm_filter_cache_shard_keys_totalresult=.=matched;.;",
         3,
         Duration::from_secs(5),
     );
@@ -656,4 +739,274 @@ async fn istiod_configures_the_egress_gateway_with_the_examples() {
     for node in [&gateway_node, &shard_node] {
         synced(&syncz, node.proxy_id()).expect("no NACK after the calls");
     }
+}
+
+/// The HTTP filters of every connection manager of every listener `dump`
+/// holds, by listener name.
+fn http_filters(dump: &Value) -> Vec<(String, Vec<String>)> {
+    section(dump, "ListenersConfigDump")["dynamic_listeners"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|l| {
+            let filters = l["active_state"]["listener"]["filter_chains"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|c| c["filters"].as_array().into_iter().flatten())
+                .flat_map(|f| {
+                    f["typed_config"]["http_filters"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                })
+                .filter_map(|h| h["name"].as_str().map(str::to_string))
+                .collect();
+            (l["name"].as_str().unwrap_or("?").to_string(), filters)
+        })
+        .collect()
+}
+
+/// Enabling the filter for a namespace is one manifest in it:
+/// envoyfilter-ecds.yaml, which has no workload selector, applied in
+/// `my-app` reaches a sidecar of `my-app` whose pod carries no label of the
+/// filter's, and no sidecar of another namespace, labelled or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn istiod_enables_the_filter_for_the_namespace_of_the_one_manifest() {
+    let Some(bin) =
+        skip_without_istiod("istiod_enables_the_filter_for_the_namespace_of_the_one_manifest")
+    else {
+        return;
+    };
+    let _ports = PortLock::acquire().expect("port lock");
+    let module = module();
+    let provider = MockUpstream::start(MockConfig::named("provider"));
+    let mut config: Vec<(String, String)> = ["provider.yaml", "envoyfilter-ecds.yaml"]
+        .iter()
+        .map(|f| (f.to_string(), filled(f, &module, provider.port())))
+        .collect();
+    let manifest = read_manifests(
+        &workspace_root()
+            .join(EXAMPLES)
+            .join("envoyfilter-ecds.yaml"),
+    )
+    .expect("envoyfilter-ecds.yaml");
+    assert_eq!(manifest.len(), 1, "one manifest");
+    assert_eq!(manifest[0]["metadata"]["namespace"], "my-app");
+    assert!(
+        manifest[0]["spec"].get("workloadSelector").is_none(),
+        "no workload selector: {}",
+        manifest[0]["spec"]
+    );
+    config.push((
+        "test-mesh.yaml".into(),
+        overlay(module.server.port(), false),
+    ));
+    let istiod = Istiod::start(&bin, &config, &mesh()).expect("istiod");
+
+    // A pod of my-app without any label of the filter's.
+    let plain = Node {
+        id: "sidecar~127.0.0.5~other-0.my-app~my-app.svc.cluster.local".into(),
+        namespace: "my-app".into(),
+        labels: json!({"app": "other"}),
+        ip: "127.0.0.5".into(),
+        interception: Some("NONE"),
+    };
+    let envoy = start_node(&plain, &istiod);
+    let dump = wait_synced(&envoy, &plain, &istiod, &SIDECAR);
+    assert_generated(&dump, &SIDECAR, &module, false);
+    let url = format!(
+        "http://127.0.0.1:{}/v1/chat/completions",
+        SIDECAR.listener_port
+    );
+    let host = [("host", PROVIDER)];
+    let body = cacheable("gpt-4o-mini", "cached in the namespace");
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let r = post_json(&url, &body, &host).await.expect("call");
+        assert_eq!(r.status, 200, "{}", r.text());
+        seen.push(r.header("x-cache").unwrap_or("<none>").to_string());
+    }
+    assert_eq!(seen, ["MISS", "HIT"], "the filter in the unlabelled pod");
+    assert_eq!(chats(&provider).len(), 1, "one provider call");
+
+    // A pod of another namespace, labelled as the examples once selected
+    // (iptables: its port-80 listener is not bound, so both can run).
+    let elsewhere = Node {
+        id: "sidecar~127.0.0.6~app-0.team-b~team-b.svc.cluster.local".into(),
+        namespace: "team-b".into(),
+        labels: json!({"app": "my-app", "llm-filter": "enabled"}),
+        ip: "127.0.0.6".into(),
+        interception: None,
+    };
+    let other = start_node(&elsewhere, &istiod);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let other_dump = loop {
+        let sync = istiod
+            .debug("/debug/syncz")
+            .and_then(|s| synced(&s, elsewhere.proxy_id()));
+        let dump = config_dump(&other);
+        let has_80 = http_filters(&dump).iter().any(|(l, _)| l == "0.0.0.0_80");
+        if sync.is_ok() && has_80 {
+            break dump;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "team-b: not synced in 30 s: {sync:?}, listener 0.0.0.0_80 {has_80}\n{}",
+            istiod.log_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    for (listener, filters) in http_filters(&other_dump) {
+        assert!(
+            !filters.iter().any(|f| f.contains("llm-filter")),
+            "team-b's {listener}: {filters:?}"
+        );
+    }
+    let ecds = other_dump["configs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["ecds_filters"].as_array())
+        .flatten()
+        .count();
+    assert_eq!(ecds, 0, "no extension config in team-b");
+    assert_eq!(
+        other.stat("wasm.envoy.wasm.runtime.v8.active"),
+        0,
+        "no Wasm VM in team-b's sidecar"
+    );
+    let syncz = istiod.debug("/debug/syncz").expect("syncz");
+    for node in [&plain, &elsewhere] {
+        synced(&syncz, node.proxy_id()).expect("no NACK");
+    }
+}
+
+/// One Envoy's memory: resident and proportional set (KiB, from /proc) and
+/// what its allocator holds (`server.memory_allocated`, `memory_heap_size`).
+fn memory(envoy: &Envoy) -> [u64; 4] {
+    let pid = envoy.pid().expect("pid");
+    let kib = |file: &str, key: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/{file}"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    [
+        kib("status", "VmRSS:"),
+        kib("smaps_rollup", "Pss:"),
+        envoy.stat("server.memory_allocated") / 1024,
+        envoy.stat("server.memory_heap_size") / 1024,
+    ]
+}
+
+/// What a sidecar costs (docs/deploy/istio.md): two sidecars istiod
+/// configures from the examples, Envoy at concurrency 2 (the builder's) with
+/// the stats config Istio's agent writes, one of `team-b` without the filter
+/// and one of `my-app` with envoyfilter-ecds.yaml, measured idle after a few
+/// calls and with the cache filled to its bound (256 answers of about
+/// 60 KiB, under the example's 64 KiB). `make bench-sidecar-memory`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: make bench-sidecar-memory"]
+async fn istiod_sidecar_memory() {
+    let Some(bin) = skip_without_istiod("istiod_sidecar_memory") else {
+        return;
+    };
+    let _ports = PortLock::acquire().expect("port lock");
+    let module = module();
+    let provider = MockUpstream::start(MockConfig::named("provider"));
+    let mut config: Vec<(String, String)> = ["provider.yaml", "envoyfilter-ecds.yaml"]
+        .iter()
+        .map(|f| (f.to_string(), filled(f, &module, provider.port())))
+        .collect();
+    config.push((
+        "test-mesh.yaml".into(),
+        overlay(module.server.port(), false),
+    ));
+    let istiod = Istiod::start(&bin, &config, &mesh()).expect("istiod");
+    let plain_node = Node {
+        id: "sidecar~127.0.0.6~app-0.team-b~team-b.svc.cluster.local".into(),
+        namespace: "team-b".into(),
+        labels: json!({"app": "my-app"}),
+        ip: "127.0.0.6".into(),
+        interception: None,
+    };
+    let plain = start_node(&plain_node, &istiod);
+    let node = Node::sidecar();
+    let envoy = start_node(&node, &istiod);
+    wait_synced(&envoy, &node, &istiod, &SIDECAR);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while istiod
+        .debug("/debug/syncz")
+        .and_then(|s| synced(&s, plain_node.proxy_id()))
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "team-b not synced");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let url = format!(
+        "http://127.0.0.1:{}/v1/chat/completions",
+        SIDECAR.listener_port
+    );
+    let host = [("host", PROVIDER)];
+    for i in 0..3 {
+        let r = post_json(&url, &cacheable("gpt-4o-mini", &format!("warm {i}")), &host)
+            .await
+            .expect("call");
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let idle = (memory(&plain), memory(&envoy));
+
+    provider.set_answer_words(Some(12_000));
+    let mut stored = 0;
+    for i in 0..320 {
+        let r = post_json(&url, &cacheable("gpt-4o-mini", &format!("fill {i}")), &host)
+            .await
+            .expect("call");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(
+            r.text().len() > 60_000 && r.text().len() < 65_000,
+            "{}",
+            r.text().len()
+        );
+        stored += u64::from(r.header("x-cache") == Some("MISS"));
+    }
+    assert_eq!(stored, 320);
+    let entries = "wasmcustom.llm_filter_cache_entries";
+    // 320 answers through a cache of 256: it is at its bound (entries, or
+    // the bytes bound of the cache's shared data, whichever comes first).
+    let full = envoy.wait_for_stat(entries, 256, Duration::from_secs(8));
+    assert!(full > 200, "the cache at its bound: {full}");
+    let bytes = envoy.stat("wasmcustom.llm_filter_cache_bytes");
+    std::thread::sleep(Duration::from_secs(3));
+    let filled = (memory(&plain), memory(&envoy));
+
+    let mib = |k: u64| k as f64 / 1024.0;
+    println!("sidecar memory, MiB (Envoy concurrency 2, Istio's stats config):");
+    println!("| sidecar | RSS | PSS | memory_allocated | heap size |");
+    println!("|---|---:|---:|---:|---:|");
+    let rows = [
+        ("without the filter", idle.0),
+        ("with the filter, after 3 calls", idle.1),
+        ("without the filter (again, after the fill)", filled.0),
+        ("with the filter, cache full", filled.1),
+    ];
+    for (what, [rss, pss, allocated, heap]) in rows {
+        println!(
+            "| {what} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            mib(rss),
+            mib(pss),
+            mib(allocated),
+            mib(heap)
+        );
+    }
+    println!(
+        "cache: {full} entries, {:.1} MiB of answers; filter over plain: RSS {:+.1} MiB idle, {:+.1} MiB full",
+        bytes as f64 / 1048576.0,
+        mib(idle.1[0]) - mib(idle.0[0]),
+        mib(filled.1[0]) - mib(filled.0[0])
+    );
 }

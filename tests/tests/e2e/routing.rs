@@ -1026,7 +1026,7 @@ async fn prompt_length_rules_weigh_the_calibrated_estimate() {
     assert_eq!(r.header(CLUSTER_HEADER), Some("small"), "200 < 300");
     let got = small.last_request().unwrap().json().unwrap();
     assert_eq!(got["model"], "llama-8b");
-    let stat = "wasmcustom.llm_filter_token_estimate_ratio_milli.model=auto;";
+    let stat = "wasmcustom.llm_filter_token_estimate_ratio_millimodel=.=auto;.;";
     let ratio = envoy.wait_for_stat(stat, 2000, Duration::from_secs(5));
     assert_eq!(ratio, 2000, "the ratio learnt from reported / estimated");
     assert_eq!(

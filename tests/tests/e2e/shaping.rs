@@ -104,15 +104,24 @@ async fn the_upstream_gets_the_shaped_body_and_the_client_hears_it() {
     );
 
     assert_eq!(
-        rig.wait_stat("llm_filter_shaped_total.what=history;.priority=P2;", 1),
+        rig.wait_stat(
+            "llm_filter_shaped_totalwhat=.=history;.;priority=.=P2;.;",
+            1
+        ),
         1
     );
     assert_eq!(
-        rig.wait_stat("llm_filter_shaped_total.what=max_tokens;.priority=P2;", 2),
+        rig.wait_stat(
+            "llm_filter_shaped_totalwhat=.=max_tokens;.;priority=.=P2;.;",
+            2
+        ),
         2
     );
     assert_eq!(
-        rig.wait_stat("llm_filter_shaped_total.what=max_tokens;.priority=P1;", 1),
+        rig.wait_stat(
+            "llm_filter_shaped_totalwhat=.=max_tokens;.;priority=.=P1;.;",
+            1
+        ),
         1
     );
     let prom = rig.envoy.metric(

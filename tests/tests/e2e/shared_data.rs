@@ -107,7 +107,7 @@ async fn churn_beyond_every_bound_leaves_shared_data_bounded() {
             observe(&envoy);
         }
     }
-    let stored = stat(&envoy, "llm_filter_cache_stores_total.result=stored;").unwrap_or(0);
+    let stored = stat(&envoy, "llm_filter_cache_stores_totalresult=.=stored;.;").unwrap_or(0);
     assert!(stored > SLOTS, "{stored} answers stored");
 
     // A count that started after the churn: the cache's slots, totals and

@@ -205,15 +205,16 @@ mod tests {
         );
         count_exhausted(&mut m, Priority::P0);
         assert_eq!(
-            m.counters["llm_filter_budget_shed_total.priority=P2;.reason=pressure;"],
+            m.counters["llm_filter_budget_shed_totalpriority=.=P2;.;reason=.=pressure;.;"],
             1
         );
         assert_eq!(
-            m.counters["llm_filter_budget_rejected_total.priority=P1;.reason=circuit_open;"],
+            m.counters["llm_filter_budget_rejected_totalpriority=.=P1;.;reason=.=circuit_open;.;"],
             1
         );
         assert_eq!(
-            m.counters["llm_filter_budget_rejected_total.priority=P0;.reason=budget_exhausted;"],
+            m.counters
+                ["llm_filter_budget_rejected_totalpriority=.=P0;.;reason=.=budget_exhausted;.;"],
             1
         );
 
@@ -234,11 +235,11 @@ mod tests {
             },
         );
         assert_eq!(
-            m.counters["llm_filter_budget_retries_planned_total.llm_cluster=openai;"],
+            m.counters["llm_filter_budget_retries_planned_totalllm_cluster=.=openai;.;"],
             2
         );
         assert_eq!(
-            m.counters["llm_filter_budget_retry_budget_spent_total.llm_cluster=openai;"],
+            m.counters["llm_filter_budget_retry_budget_spent_totalllm_cluster=.=openai;.;"],
             1
         );
     }

@@ -101,16 +101,16 @@ mod tests {
         let mut m = MemoryMetrics::default();
         set_breaker_gauges(&mut m, "openai", Tier::Reject, 0.95);
         assert_eq!(
-            m.gauges["llm_filter_budget_breaker_tier.llm_cluster=openai;"],
+            m.gauges["llm_filter_budget_breaker_tierllm_cluster=.=openai;.;"],
             2
         );
         assert_eq!(
-            m.gauges["llm_filter_budget_breaker_pressure_permille.llm_cluster=openai;"],
+            m.gauges["llm_filter_budget_breaker_pressure_permillellm_cluster=.=openai;.;"],
             950
         );
         observe_used(&mut m, Priority::P1, 420);
         assert_eq!(
-            m.histograms["llm_filter_budget_used_permille.priority=P1;"],
+            m.histograms["llm_filter_budget_used_permillepriority=.=P1;.;"],
             [420]
         );
     }
@@ -179,12 +179,12 @@ mod tests {
         };
         ended(&store, &cfg, &mut m, &call);
         assert_eq!(
-            m.histograms["llm_filter_budget_used_permille.priority=P1;"],
+            m.histograms["llm_filter_budget_used_permillepriority=.=P1;.;"],
             [250]
         );
         assert!(m
             .gauges
-            .contains_key("llm_filter_budget_breaker_tier.llm_cluster=b;"));
+            .contains_key("llm_filter_budget_breaker_tierllm_cluster=.=b;.;"));
         assert_eq!(store.len(), 1);
     }
 }

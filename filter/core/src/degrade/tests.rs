@@ -80,7 +80,7 @@ fn the_level_is_the_highest_of_thresholds_and_alerts() {
     );
 
     publish(&store, &c, &mut m, 0);
-    assert_eq!(m.gauges["llm_filter_degrade_level.model=m;"], 3);
+    assert_eq!(m.gauges["llm_filter_degrade_levelmodel=.=m;.;"], 3);
 }
 
 fn doc(body: &str) -> Document {
@@ -181,7 +181,7 @@ fn refusals_are_openai_shaped_503s_with_retry_after() {
     let mut m = MemoryMetrics::default();
     count(&mut m, Action::Shed, Priority::P2);
     assert_eq!(
-        m.counters["llm_filter_degraded_total.action=shed;.priority=P2;"],
+        m.counters["llm_filter_degraded_totalaction=.=shed;.;priority=.=P2;.;"],
         1
     );
 }

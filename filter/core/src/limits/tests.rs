@@ -78,15 +78,15 @@ fn reservations_stop_at_the_limit_and_settling_gives_back() {
         1000 - (50 + 50 + 300 + 50 + 300)
     );
     assert_eq!(
-        m.counters["llm_filter_limits_calls_total.rule=t;.result=rejected;"],
+        m.counters["llm_filter_limits_calls_totalrule=.=t;.;result=.=rejected;.;"],
         1
     );
     assert_eq!(
-        m.counters["llm_filter_limits_tokens_total.rule=t;.tenant=a;"],
+        m.counters["llm_filter_limits_tokens_totalrule=.=t;.;tenant=.=a;.;"],
         100
     );
     assert_eq!(
-        m.gauges["llm_filter_limits_used_permille.rule=t;.tenant=a;.limit=tokens_per_minute;"],
+        m.gauges["llm_filter_limits_used_permillerule=.=t;.;tenant=.=a;.;limit=.=tokens_per_minute;.;"],
         750
     );
 }
@@ -137,7 +137,7 @@ fn over_a_degrading_rule_the_call_goes_cheaper_until_the_ceiling() {
     admitted(admit(&s, &c, &mut m, &ask("a", 100, 500, T0)));
     refused(admit(&s, &c, &mut m, &ask("a", 100, 500, T0)));
     assert_eq!(
-        m.counters["llm_filter_limits_calls_total.rule=d;.result=degraded;"],
+        m.counters["llm_filter_limits_calls_totalrule=.=d;.;result=.=degraded;.;"],
         2
     );
 }
@@ -205,7 +205,7 @@ fn cost_is_reserved_at_the_price_and_settled_with_the_cached_share() {
     settle(&s, &c, &mut m, &a.held, ch, T0 + 1);
     admitted(admit(&s, &c, &mut m, &ask("a", 1000, 500, T0 + 2)));
     assert_eq!(
-        m.counters["llm_filter_limits_cost_micros_total.rule=c;.tenant=a;"],
+        m.counters["llm_filter_limits_cost_micros_totalrule=.=c;.;tenant=.=a;.;"],
         2_200
     );
     // The next UTC day starts again.
@@ -262,7 +262,7 @@ fn a_charge_is_mended_where_the_usage_cannot_be_trusted() {
         2 * MAX_TOKENS_PER_CALL
     );
     for reason in ["usage_unknown", "stream_cut_short", "usage_clamped"] {
-        let k = format!("llm_filter_limits_estimated_total.reason={reason};");
+        let k = format!("llm_filter_limits_estimated_totalreason=.={reason};.;");
         assert_eq!(m.counters[&k], 1, "{reason}");
     }
 }
@@ -278,7 +278,7 @@ fn keys_past_the_records_share_one_and_stay_limited() {
     assert!(!b.held[0].place.own);
     refused(admit(&s, &c, &mut m, &ask("c", 1, 1, T0)));
     assert_eq!(
-        m.counters["llm_filter_limits_estimated_total.reason=record_shared;"],
+        m.counters["llm_filter_limits_estimated_totalreason=.=record_shared;.;"],
         1
     );
     assert_eq!(s.len(), 1, "bounded by max_keys");
@@ -310,11 +310,11 @@ fn a_store_that_fails_lets_the_call_go_and_says_so() {
             .is_empty());
     }
     assert_eq!(
-        m.counters["llm_filter_limits_calls_total.rule=t;.result=unenforced;"],
+        m.counters["llm_filter_limits_calls_totalrule=.=t;.;result=.=unenforced;.;"],
         3
     );
     assert_eq!(
-        m.counters["llm_filter_internal_errors_total.reason=limits_store;"],
+        m.counters["llm_filter_internal_errors_totalreason=.=limits_store;.;"],
         3
     );
 }

@@ -137,15 +137,15 @@ fn gauges_come_from_shared_data() {
     c.cluster = Some("east");
     tried(&store, &mut m, &c);
     publish(&store, &mut m, 0);
-    assert_eq!(m.gauges["llm_filter_load_rps_milli.model=gpt-4o;"], 100);
-    assert_eq!(m.gauges["llm_filter_load_tokens_per_s.model=gpt-4o;"], 5);
-    assert_eq!(m.gauges["llm_filter_load_in_flight.model=gpt-4o;"], 1);
+    assert_eq!(m.gauges["llm_filter_load_rps_millimodel=.=gpt-4o;.;"], 100);
+    assert_eq!(m.gauges["llm_filter_load_tokens_per_smodel=.=gpt-4o;.;"], 5);
+    assert_eq!(m.gauges["llm_filter_load_in_flightmodel=.=gpt-4o;.;"], 1);
     assert_eq!(
-        m.gauges["llm_filter_load_cluster_rps_milli.llm_cluster=east;"],
+        m.gauges["llm_filter_load_cluster_rps_millillm_cluster=.=east;.;"],
         100
     );
     assert_eq!(
-        m.gauges["llm_filter_load_cluster_tokens_per_s.llm_cluster=east;"],
+        m.gauges["llm_filter_load_cluster_tokens_per_sllm_cluster=.=east;.;"],
         5
     );
 }

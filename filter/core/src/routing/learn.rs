@@ -137,13 +137,19 @@ mod tests {
         let (store, mut m) = (MemoryStore::new(), MemoryMetrics::default());
         let cfg = RoutingConfig::default();
         started(&store, &mut m, "a", 0);
-        assert_eq!(m.gauges["llm_filter_routing_in_flight.llm_cluster=a;"], 1);
+        assert_eq!(
+            m.gauges["llm_filter_routing_in_flightllm_cluster=.=a;.;"],
+            1
+        );
         let call = CallSummary {
             cluster: Some("a"),
             ..CallSummary::ended(End::Local(503))
         };
         ended(&store, &cfg, &mut m, &call);
-        assert_eq!(m.gauges["llm_filter_routing_in_flight.llm_cluster=a;"], 0);
+        assert_eq!(
+            m.gauges["llm_filter_routing_in_flightllm_cluster=.=a;.;"],
+            0
+        );
         assert!(m.counters.is_empty());
     }
 
@@ -159,11 +165,11 @@ mod tests {
         };
         ended(&store, &cfg, &mut m, &call);
         assert_eq!(
-            m.counters["llm_filter_routing_calls_total.llm_cluster=a;.outcome=success;"],
+            m.counters["llm_filter_routing_calls_totalllm_cluster=.=a;.;outcome=.=success;.;"],
             1
         );
         assert_eq!(
-            m.histograms["llm_filter_routing_call_duration_ms.llm_cluster=a;"],
+            m.histograms["llm_filter_routing_call_duration_msllm_cluster=.=a;.;"],
             [40]
         );
         // No usage, no token counts.
@@ -207,7 +213,7 @@ mod tests {
         ended(&store, &cfg, &mut m, &call);
         for (kind, n) in [("input", 100), ("cached_input", 64), ("output", 7)] {
             let name = format!(
-                "llm_filter_routing_tokens_total.model=m;.llm_cluster=a;.token_type={kind};"
+                "llm_filter_routing_tokens_totalmodel=.=m;.;llm_cluster=.=a;.;token_type=.={kind};.;"
             );
             assert_eq!(m.counters[&name], n, "{name}");
         }
@@ -224,7 +230,7 @@ mod tests {
         };
         ended(&store, &cfg, &mut m, &call);
         assert!(!m.counters.contains_key(
-            "llm_filter_routing_tokens_total.model=m;.llm_cluster=b;.token_type=cached_input;"
+            "llm_filter_routing_tokens_totalmodel=.=m;.;llm_cluster=.=b;.;token_type=.=cached_input;.;"
         ));
     }
 }

@@ -90,7 +90,7 @@ fn noted() -> MemoryMetrics {
 }
 
 fn counted(m: &MemoryMetrics, call: &str) -> u64 {
-    let name = format!("llm_filter_internal_errors_total.reason=host_{call};");
+    let name = format!("llm_filter_internal_errors_totalreason=.=host_{call};.;");
     m.counters.get(&name).copied().unwrap_or(0)
 }
 

@@ -37,7 +37,7 @@ async fn the_slot_table_stays_bounded_under_churn() {
     assert_eq!(rig.mock.request_count() as u64, keys);
     assert!(
         eventually(Duration::from_secs(5), || {
-            rig.stat("llm_filter_cache_stores_total.result=stored;") == keys
+            rig.stat("llm_filter_cache_stores_totalresult=.=stored;.;") == keys
         }),
         "every answer was stored: {:?}",
         rig.envoy.stats_matching("llm_filter_cache")

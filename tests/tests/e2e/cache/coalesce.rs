@@ -58,7 +58,10 @@ async fn concurrent_twins_share_one_upstream_call() {
         "one upstream call for five callers"
     );
     assert_eq!(
-        rig.wait_stat("llm_filter_cache_coalesced_waits_total.outcome=served;", 4),
+        rig.wait_stat(
+            "llm_filter_cache_coalesced_waits_totaloutcome=.=served;.;",
+            4
+        ),
         4
     );
     assert!(rig.lookups("coalesced", 4) >= 4);
@@ -99,7 +102,7 @@ async fn a_twin_whose_leader_fails_goes_upstream_itself() {
     assert!(rig.mock.request_count() >= 2);
     assert!(
         rig.wait_stat(
-            "llm_filter_cache_coalesced_waits_total.outcome=upstream;",
+            "llm_filter_cache_coalesced_waits_totaloutcome=.=upstream;.;",
             1
         ) >= 1
     );

@@ -68,7 +68,7 @@ impl Rig {
         let r = self.ask(&cacheable(question), &[TENANT]).await;
         assert_eq!(x_cache(&r), "MISS");
         let stored = self.wait_stat(
-            "llm_filter_cache_semantic_stores_total.result=stored;",
+            "llm_filter_cache_semantic_stores_totalresult=.=stored;.;",
             stored_before + 1,
         );
         assert_eq!(stored, stored_before + 1, "the vector was indexed");
@@ -155,7 +155,7 @@ async fn a_reworded_question_is_answered_from_the_cache() {
     assert_eq!(rig.emb.count("POST", "/v1/embeddings"), emb_before);
 
     assert_eq!(
-        rig.wait_stat("llm_filter_cache_lookups_total.result=semantic;", 2),
+        rig.wait_stat("llm_filter_cache_lookups_totalresult=.=semantic;.;", 2),
         2
     );
     let sims = rig.envoy.wait_for_metric(
@@ -250,7 +250,7 @@ async fn an_embeddings_service_down_or_slow_only_lowers_the_hit_rate() {
         assert_eq!(x_cache(&r), "MISS");
         std::thread::sleep(Duration::from_millis(200));
         stored = rig.envoy.stat(&format!(
-            "{FILTER_STATS}llm_filter_cache_semantic_stores_total.result=stored;"
+            "{FILTER_STATS}llm_filter_cache_semantic_stores_totalresult=.=stored;.;"
         ));
         if stored > 0 {
             break;
@@ -268,7 +268,7 @@ async fn an_embeddings_service_down_or_slow_only_lowers_the_hit_rate() {
     }
     assert_eq!(
         rig.wait_stat(
-            "llm_filter_cache_embedding_failures_total.reason=status;",
+            "llm_filter_cache_embedding_failures_totalreason=.=status;.;",
             3
         ),
         3
@@ -289,7 +289,7 @@ async fn an_embeddings_service_down_or_slow_only_lowers_the_hit_rate() {
     );
     assert_eq!(
         rig.wait_stat(
-            "llm_filter_cache_embedding_failures_total.reason=timeout;",
+            "llm_filter_cache_embedding_failures_totalreason=.=timeout;.;",
             1
         ),
         1
@@ -328,7 +328,7 @@ async fn an_unknown_embeddings_cluster_changes_nothing_but_a_counter() {
         assert_eq!((r.status, x_cache(&r)), (200, "MISS"));
     }
     let n = envoy.wait_for_stat(
-        &format!("{FILTER_STATS}llm_filter_cache_embedding_failures_total.reason=dispatch;"),
+        &format!("{FILTER_STATS}llm_filter_cache_embedding_failures_totalreason=.=dispatch;.;"),
         2,
         DEADLINE,
     );
@@ -378,7 +378,10 @@ async fn the_index_stays_bounded_under_churn() {
         assert!(keys <= max_keys, "{keys} keys, bound {max_keys}");
         assert!(bytes <= max_bytes, "{bytes} bytes, bound {max_bytes}");
     }
-    let stored = rig.wait_stat("llm_filter_cache_semantic_stores_total.result=evicted;", 1);
+    let stored = rig.wait_stat(
+        "llm_filter_cache_semantic_stores_totalresult=.=evicted;.;",
+        1,
+    );
     assert!(stored >= 1, "full groups evicted");
     assert!(seen_vectors >= PER_CONTEXT, "{seen_vectors}");
     // The census, counted after the churn, stays in its bound: the slots

@@ -165,13 +165,13 @@ impl Tier {
 
     fn shard_keys(envoy: &Envoy, result: &str) -> u64 {
         envoy.stat(&format!(
-            "{FILTER_STATS}llm_filter_cache_shard_keys_total.result={result};"
+            "{FILTER_STATS}llm_filter_cache_shard_keys_totalresult=.={result};.;"
         ))
     }
 
     fn wait_shard_keys(envoy: &Envoy, result: &str, at_least: u64) -> u64 {
         envoy.wait_for_stat(
-            &format!("{FILTER_STATS}llm_filter_cache_shard_keys_total.result={result};"),
+            &format!("{FILTER_STATS}llm_filter_cache_shard_keys_totalresult=.={result};.;"),
             at_least,
             Duration::from_secs(5),
         )

@@ -64,7 +64,7 @@ impl Rig {
     /// Lookups counted with `result`, once the calls so far were logged.
     pub fn lookups(&self, result: &str, at_least: u64) -> u64 {
         self.wait_stat(
-            &format!("llm_filter_cache_lookups_total.result={result};"),
+            &format!("llm_filter_cache_lookups_totalresult=.={result};.;"),
             at_least,
         )
     }

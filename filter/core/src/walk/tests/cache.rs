@@ -51,11 +51,15 @@ impl World {
     }
 
     fn lookups(&self, result: &str) -> u64 {
-        self.counter(&format!("llm_filter_cache_lookups_total.result={result};"))
+        self.counter(&format!(
+            "llm_filter_cache_lookups_totalresult=.={result};.;"
+        ))
     }
 
     fn stores(&self, result: &str) -> u64 {
-        self.counter(&format!("llm_filter_cache_stores_total.result={result};"))
+        self.counter(&format!(
+            "llm_filter_cache_stores_totalresult=.={result};.;"
+        ))
     }
 
     fn gauge(&self, name: &str) -> i64 {
@@ -161,7 +165,7 @@ fn a_miss_is_stored_and_the_twin_hits() {
     assert_eq!(w.lookups("hit"), 1);
     assert_eq!(
         w.counter(
-            "llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=success;.api=chat;"
+            "llm_filter_requests_totalpriority=.=P1;.;model=.=gpt-4o;.;outcome=.=success;.;api=.=chat;.;"
         ),
         2
     );
@@ -475,7 +479,7 @@ fn twins_in_flight_wait_for_the_first() {
     twin.on_log(&mut w.env());
     assert_eq!((w.lookups("miss"), w.lookups("coalesced")), (1, 1));
     assert_eq!(
-        w.counter("llm_filter_cache_coalesced_waits_total.outcome=served;"),
+        w.counter("llm_filter_cache_coalesced_waits_totaloutcome=.=served;.;"),
         1
     );
 }
@@ -504,7 +508,7 @@ fn a_twin_whose_leader_fails_goes_upstream_and_leads() {
     assert_eq!(twin_host.header("x-llm-cluster"), Some("azure"));
     assert!(twin_host.header("x-envoy-upstream-rq-timeout-ms").is_some());
     assert_eq!(
-        w.counter("llm_filter_cache_coalesced_waits_total.outcome=upstream;"),
+        w.counter("llm_filter_cache_coalesced_waits_totaloutcome=.=upstream;.;"),
         1
     );
 
@@ -679,13 +683,13 @@ fn a_stream_cut_short_is_neither_stored_nor_a_success() {
     assert_eq!(w.stores("stored"), 0);
     assert_eq!(
         w.counter(
-            "llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=incomplete;.api=chat;"
+            "llm_filter_requests_totalpriority=.=P1;.;model=.=gpt-4o;.;outcome=.=incomplete;.;api=.=chat;.;"
         ),
         1
     );
     assert_eq!(
         w.counter(
-            "llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=success;.api=chat;"
+            "llm_filter_requests_totalpriority=.=P1;.;model=.=gpt-4o;.;outcome=.=success;.;api=.=chat;.;"
         ),
         0
     );
@@ -702,7 +706,7 @@ const SHARD_HEADER: &str = "x-llm-cache-key";
 impl World {
     fn shard_keys(&self, result: &str) -> u64 {
         self.counter(&format!(
-            "llm_filter_cache_shard_keys_total.result={result};"
+            "llm_filter_cache_shard_keys_totalresult=.={result};.;"
         ))
     }
 }

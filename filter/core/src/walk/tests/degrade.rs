@@ -59,11 +59,11 @@ fn level_three_rejects_p2_and_leaves_p0_alone() {
         .contains("llm_filter_degraded_reject"));
     c.on_log(&mut w.env());
     assert_eq!(
-        w.counter("llm_filter_degraded_total.action=reject;.priority=P2;"),
+        w.counter("llm_filter_degraded_totalaction=.=reject;.;priority=.=P2;.;"),
         1
     );
     assert_eq!(
-        w.metrics.gauges["llm_filter_degrade_level.model=gpt-4o;"],
+        w.metrics.gauges["llm_filter_degrade_levelmodel=.=gpt-4o;.;"],
         3
     );
 
@@ -101,7 +101,7 @@ fn level_two_degrades_p1_and_sheds_p2() {
     for action in ["fallback_model", "max_tokens", "temperature"] {
         assert_eq!(
             w.counter(&format!(
-                "llm_filter_degraded_total.action={action};.priority=P1;"
+                "llm_filter_degraded_totalaction=.={action};.;priority=.=P1;.;"
             )),
             1
         );
@@ -158,7 +158,7 @@ fn level_three_answers_p1_from_an_expired_entry() {
     );
     c.on_log(&mut w.env());
     assert_eq!(
-        w.counter("llm_filter_degraded_total.action=cache;.priority=P1;"),
+        w.counter("llm_filter_degraded_totalaction=.=cache;.;priority=.=P1;.;"),
         1
     );
 

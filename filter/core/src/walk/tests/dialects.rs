@@ -53,15 +53,15 @@ fn a_responses_call_continuing_a_response_goes_to_the_backend_that_produced_it()
     call.on_log(&mut w.env());
     for (counter, n) in [
         (
-            "gen_ai_client_token_usage_total.model=gpt-4o;.token_type=input;.api=responses;",
+            "gen_ai_client_token_usage_totalmodel=.=gpt-4o;.;token_type=.=input;.;api=.=responses;.;",
             3,
         ),
         (
-            "gen_ai_client_token_usage_total.model=gpt-4o;.token_type=output;.api=responses;",
+            "gen_ai_client_token_usage_totalmodel=.=gpt-4o;.;token_type=.=output;.;api=.=responses;.;",
             2,
         ),
         (
-            "gen_ai_client_token_usage_total.model=gpt-4o;.token_type=cached_input;.api=responses;",
+            "gen_ai_client_token_usage_totalmodel=.=gpt-4o;.;token_type=.=cached_input;.;api=.=responses;.;",
             2,
         ),
     ] {
@@ -166,15 +166,15 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
     call.on_log(&mut w.env());
     for (counter, n) in [
         (
-            "gen_ai_client_token_usage_total.model=claude;.token_type=input;.api=messages;",
+            "gen_ai_client_token_usage_totalmodel=.=claude;.;token_type=.=input;.;api=.=messages;.;",
             5,
         ),
         (
-            "gen_ai_client_token_usage_total.model=claude;.token_type=output;.api=messages;",
+            "gen_ai_client_token_usage_totalmodel=.=claude;.;token_type=.=output;.;api=.=messages;.;",
             4,
         ),
         (
-            "llm_filter_requests_total.priority=P1;.model=claude;.outcome=success;.api=messages;",
+            "llm_filter_requests_totalpriority=.=P1;.;model=.=claude;.;outcome=.=success;.;api=.=messages;.;",
             1,
         ),
     ] {
@@ -208,7 +208,8 @@ fn degrade_skips_and_counts_what_a_dialect_has_no_field_for() {
         "an embeddings body gains no sampling field"
     );
     for action in ["max_tokens", "temperature"] {
-        let name = format!("llm_filter_degrade_skipped_total.action={action};.api=embeddings;");
+        let name =
+            format!("llm_filter_degrade_skipped_totalaction=.={action};.;api=.=embeddings;.;");
         assert_eq!(w.counter(&name), 1, "{name}");
     }
     // A Messages call under the same level gets both.

@@ -56,7 +56,7 @@ fn call(w: &mut World, body: &str, prompt_tokens: u64) -> FakeHost {
 const CAPPED: &str = r#"{"shaping":{"max_prompt_tokens":500}}"#;
 
 fn gauge(w: &World, model: &str) -> Option<i64> {
-    let name = format!("llm_filter_token_estimate_ratio_milli.model={model};");
+    let name = format!("llm_filter_token_estimate_ratio_millimodel=.={model};.;");
     w.metrics.gauges.get(&name).copied()
 }
 

@@ -61,7 +61,7 @@ fn a_call_joins_its_users_group_with_its_overrides() {
         call.on_log(&mut w.env());
         assert_eq!(
             w.counter(&format!(
-                "llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=success;.api=chat;.group={name};"
+                "llm_filter_requests_totalpriority=.=P1;.;model=.=gpt-4o;.;outcome=.=success;.;api=.=chat;.;group=.={name};.;"
             )),
             1
         );
@@ -157,7 +157,7 @@ fn at_one_level_a_group_is_shed_while_another_is_capped() {
     assert_eq!(headers["x-user-group"], "control");
     call.on_log(&mut w.env());
     assert_eq!(
-        w.counter("llm_filter_degraded_total.action=shed;.priority=P2;"),
+        w.counter("llm_filter_degraded_totalaction=.=shed;.;priority=.=P2;.;"),
         1
     );
 
@@ -179,7 +179,7 @@ fn at_one_level_a_group_is_shed_while_another_is_capped() {
     assert_eq!(host.response("x-user-group"), Some("b"));
     call.on_log(&mut w.env());
     assert_eq!(
-        w.counter("llm_filter_degraded_total.action=max_tokens;.priority=P2;"),
+        w.counter("llm_filter_degraded_totalaction=.=max_tokens;.;priority=.=P2;.;"),
         1
     );
 }

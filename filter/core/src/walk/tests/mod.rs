@@ -81,16 +81,18 @@ fn a_plain_call_is_tagged_planned_and_counted() {
     call.on_log(&mut w.env());
     assert_eq!(
         w.counter(
-            "llm_filter_requests_total.priority=P0;.model=gpt-4o;.outcome=success;.api=chat;"
+            "llm_filter_requests_totalpriority=.=P0;.;model=.=gpt-4o;.;outcome=.=success;.;api=.=chat;.;"
         ),
         1
     );
     assert_eq!(
-        w.counter("gen_ai_client_token_usage_total.model=gpt-4o;.token_type=input;.api=chat;"),
+        w.counter(
+            "gen_ai_client_token_usage_totalmodel=.=gpt-4o;.;token_type=.=input;.;api=.=chat;.;"
+        ),
         3
     );
     assert_eq!(
-        w.metrics.histograms["gen_ai_client_operation_duration_ms.model=gpt-4o;.api=chat;"],
+        w.metrics.histograms["gen_ai_client_operation_duration_msmodel=.=gpt-4o;.;api=.=chat;.;"],
         [250]
     );
 }
@@ -155,7 +157,7 @@ fn a_routed_model_gets_its_cluster_and_name() {
     assert_eq!(host.response("x-llm-cluster"), Some("azure"));
     call.on_log(&mut w.env());
     assert_eq!(
-        w.counter("llm_filter_routing_calls_total.llm_cluster=azure;.outcome=success;"),
+        w.counter("llm_filter_routing_calls_totalllm_cluster=.=azure;.;outcome=.=success;.;"),
         1
     );
     assert!(health::read(&w.store, "azure").is_some());
@@ -258,7 +260,7 @@ fn an_overloaded_backend_refuses_low_priority_but_not_p0() {
     call.on_log(&mut w.env());
     assert_eq!(
         w.counter(
-            "llm_filter_requests_total.priority=P2;.model=gpt-4o;.outcome=refused;.api=chat;"
+            "llm_filter_requests_totalpriority=.=P2;.;model=.=gpt-4o;.;outcome=.=refused;.;api=.=chat;.;"
         ),
         1
     );
@@ -294,7 +296,7 @@ fn failed_calls_without_an_attempt_count_spend_the_retry_budget() {
     assert_eq!(planned[..5], ["2"; 5], "{planned:?}");
     assert_eq!(planned[5..], ["0"; 7], "{planned:?}");
     assert_eq!(
-        w.counter("llm_filter_budget_retry_budget_spent_total.llm_cluster=default;"),
+        w.counter("llm_filter_budget_retry_budget_spent_totalllm_cluster=.=default;.;"),
         7
     );
 }
@@ -341,7 +343,7 @@ fn a_body_never_delivered_is_let_go_by_the_watchdog() {
     );
     assert!(!call.is_parked());
     assert_eq!(
-        w.counter("llm_filter_internal_errors_total.reason=body_not_delivered;"),
+        w.counter("llm_filter_internal_errors_totalreason=.=body_not_delivered;.;"),
         1
     );
     // The body then streams through untouched.
@@ -437,7 +439,7 @@ fn a_client_that_leaves_teaches_routing_nothing() {
         assert_eq!(
             w.metrics
                 .gauges
-                .get("llm_filter_routing_in_flight.llm_cluster=azure;"),
+                .get("llm_filter_routing_in_flightllm_cluster=.=azure;.;"),
             Some(&1)
         );
         // No response at all: the client went away.
@@ -450,13 +452,13 @@ fn a_client_that_leaves_teaches_routing_nothing() {
         (0, 0, None)
     );
     assert_eq!(
-        w.counter("llm_filter_routing_calls_total.llm_cluster=azure;.outcome=cancelled;"),
+        w.counter("llm_filter_routing_calls_totalllm_cluster=.=azure;.;outcome=.=cancelled;.;"),
         5
     );
     assert_eq!(
         w.metrics
             .gauges
-            .get("llm_filter_routing_in_flight.llm_cluster=azure;"),
+            .get("llm_filter_routing_in_flightllm_cluster=.=azure;.;"),
         Some(&0)
     );
 }
@@ -477,7 +479,7 @@ fn a_routed_call_answered_locally_leaves_the_in_flight_count() {
     let h = health::read(&w.store, "a").unwrap();
     assert_eq!((h.in_flight, h.errors), (0, None));
     assert_eq!(
-        w.counter("llm_filter_routing_calls_total.llm_cluster=a;.outcome=server_error;"),
+        w.counter("llm_filter_routing_calls_totalllm_cluster=.=a;.;outcome=.=server_error;.;"),
         0
     );
 }
@@ -493,7 +495,7 @@ fn envoys_reply_to_a_reset_upstream_counts_as_reset() {
     w.respond(&mut call, &mut host);
     call.on_log(&mut w.env());
     assert_eq!(
-        w.counter("llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=reset;.api=chat;"),
+        w.counter("llm_filter_requests_totalpriority=.=P1;.;model=.=gpt-4o;.;outcome=.=reset;.;api=.=chat;.;"),
         1
     );
 }
@@ -615,7 +617,7 @@ fn a_failed_call_is_sent_to_the_other_backend_as_it_would_have_left() {
     assert!(timeout > 0 && timeout <= 60_000, "{timeout}");
     // b learnt its failure already.
     assert_eq!(
-        w.counter("llm_filter_routing_calls_total.llm_cluster=b;.outcome=server_error;"),
+        w.counter("llm_filter_routing_calls_totalllm_cluster=.=b;.;outcome=.=server_error;.;"),
         1
     );
 }
@@ -649,17 +651,17 @@ fn the_other_backends_answer_reaches_the_client_and_is_learnt() {
     assert_eq!(body, ANSWER.as_bytes());
     call.on_log(&mut w.env());
     for (counter, n) in [
-        ("llm_filter_routing_failovers_total.result=answered;", 1),
+        ("llm_filter_routing_failovers_totalresult=.=answered;.;", 1),
         (
-            "llm_filter_routing_calls_total.llm_cluster=a;.outcome=success;",
+            "llm_filter_routing_calls_totalllm_cluster=.=a;.;outcome=.=success;.;",
             1,
         ),
         (
-            "llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=success;.api=chat;",
+            "llm_filter_requests_totalpriority=.=P1;.;model=.=gpt-4o;.;outcome=.=success;.;api=.=chat;.;",
             1,
         ),
         (
-            "gen_ai_client_token_usage_total.model=gpt-4o;.token_type=input;.api=chat;",
+            "gen_ai_client_token_usage_totalmodel=.=gpt-4o;.;token_type=.=input;.;api=.=chat;.;",
             3,
         ),
     ] {
@@ -687,16 +689,16 @@ fn no_answer_from_the_other_backend_lets_the_failure_through() {
     );
     call.on_log(&mut w.env());
     assert_eq!(
-        w.counter("llm_filter_routing_failovers_total.result=no_answer;"),
+        w.counter("llm_filter_routing_failovers_totalresult=.=no_answer;.;"),
         1
     );
     assert_eq!(
-        w.counter("llm_filter_routing_calls_total.llm_cluster=a;.outcome=timeout;"),
+        w.counter("llm_filter_routing_calls_totalllm_cluster=.=a;.;outcome=.=timeout;.;"),
         1
     );
     assert_eq!(
         w.counter(
-            "llm_filter_requests_total.priority=P1;.model=gpt-4o;.outcome=server_error;.api=chat;"
+            "llm_filter_requests_totalpriority=.=P1;.;model=.=gpt-4o;.;outcome=.=server_error;.;api=.=chat;.;"
         ),
         1
     );
@@ -804,13 +806,16 @@ fn a_slow_call_is_hedged_and_the_first_answer_wins() {
         Step::Continue
     );
     call.on_log(&mut w.env());
-    assert_eq!(w.counter("llm_filter_routing_hedges_total.result=won;"), 1);
     assert_eq!(
-        w.counter("llm_filter_routing_calls_total.llm_cluster=a;.outcome=success;"),
+        w.counter("llm_filter_routing_hedges_totalresult=.=won;.;"),
         1
     );
     assert_eq!(
-        w.counter("llm_filter_routing_calls_total.llm_cluster=b;.outcome=outlasted;"),
+        w.counter("llm_filter_routing_calls_totalllm_cluster=.=a;.;outcome=.=success;.;"),
+        1
+    );
+    assert_eq!(
+        w.counter("llm_filter_routing_calls_totalllm_cluster=.=b;.;outcome=.=outlasted;.;"),
         1
     );
     // b learnt it took at least the 140 ms until a answered.
@@ -834,9 +839,12 @@ fn a_backend_answering_before_its_hedge_wins() {
     assert_eq!(step, Step::Pause, "nothing to resume");
     assert!(host.local_reply.is_none());
     call.on_log(&mut w.env());
-    assert_eq!(w.counter("llm_filter_routing_hedges_total.result=lost;"), 1);
     assert_eq!(
-        w.counter("llm_filter_routing_calls_total.llm_cluster=b;.outcome=success;"),
+        w.counter("llm_filter_routing_hedges_totalresult=.=lost;.;"),
+        1
+    );
+    assert_eq!(
+        w.counter("llm_filter_routing_calls_totalllm_cluster=.=b;.;outcome=.=success;.;"),
         1
     );
     assert_eq!(health::read(&w.store, "a").unwrap().in_flight, 0);
@@ -848,7 +856,10 @@ fn a_backend_answering_before_its_hedge_wins() {
     let mut host = host.with_response(200, "application/json", ANSWER);
     w.respond(&mut call, &mut host);
     call.on_log(&mut w.env());
-    assert_eq!(w.counter("llm_filter_routing_hedges_total.result=lost;"), 2);
+    assert_eq!(
+        w.counter("llm_filter_routing_hedges_totalresult=.=lost;.;"),
+        2
+    );
     assert_eq!(health::read(&w.store, "a").unwrap().in_flight, 0);
 }
 
@@ -900,7 +911,7 @@ fn envoys_413_to_a_held_body_is_put_in_openai_shape() {
     call.on_log(&mut w.env());
     assert_eq!(
         w.counter(
-            "llm_filter_requests_total.priority=P1;.model=unknown;.outcome=client_error;.api=chat;"
+            "llm_filter_requests_totalpriority=.=P1;.;model=.=unknown;.;outcome=.=client_error;.;api=.=chat;.;"
         ),
         1
     );
@@ -939,7 +950,9 @@ fn a_stream_asks_for_usage_and_the_client_never_sees_it() {
     assert_eq!(s.in_flight, 0);
     assert_eq!(s.tokens_per_s, 4.0 / load::WINDOW_S);
     assert_eq!(
-        w.counter("gen_ai_client_token_usage_total.model=gpt-4o;.token_type=output;.api=chat;"),
+        w.counter(
+            "gen_ai_client_token_usage_totalmodel=.=gpt-4o;.;token_type=.=output;.;api=.=chat;.;"
+        ),
         4
     );
 
@@ -1023,13 +1036,13 @@ fn a_refusal_of_a_named_class_moves_along_the_chain() {
     call.on_log(&mut w.env());
     let counted = |reason: &str, result: &str| {
         w.counter(&format!(
-            "llm_filter_routing_model_fallbacks_total.model=gpt-4o;.reason={reason};.result={result};"
+            "llm_filter_routing_model_fallbacks_totalmodel=.=gpt-4o;.;reason=.={reason};.;result=.={result};.;"
         ))
     };
     assert_eq!(counted("context_length", "failed"), 1);
     assert_eq!(counted("quota", "answered"), 1);
     assert_eq!(
-        w.counter("llm_filter_routing_failovers_total.result=answered;"),
+        w.counter("llm_filter_routing_failovers_totalresult=.=answered;.;"),
         0
     );
     for c in ["a", "b", "c"] {

@@ -56,7 +56,7 @@ fn a_p2_call_is_capped_trimmed_told_and_counted() {
     for what in ["max_tokens", "history"] {
         assert_eq!(
             w.counter(&format!(
-                "llm_filter_shaped_total.what={what};.priority=P2;"
+                "llm_filter_shaped_totalwhat=.={what};.;priority=.=P2;.;"
             )),
             1
         );
