@@ -43,55 +43,27 @@ pub struct Prompt {
     pub messages: Option<Captured>,
 }
 
-/// A JSON tree as the capture reads it: the request's ([`Json`]) and the
-/// answer's ([`Value`]) are two types.
-pub trait Tree: Sized {
-    /// A member of an object.
-    fn field(&self, name: &str) -> Option<&Self>;
-    /// A string's value.
-    fn text(&self) -> Option<&str>;
-    /// An array's items.
-    fn items(&self) -> Option<&[Self]>;
-    /// The tree written back as JSON (a tool call's arguments).
-    fn written(&self) -> String;
-}
-
-impl Tree for Json {
-    fn field(&self, name: &str) -> Option<&Self> {
-        self.get(name)
-    }
-    fn text(&self) -> Option<&str> {
-        match self {
-            Json::String(s) => Some(s),
-            _ => None,
-        }
-    }
-    fn items(&self) -> Option<&[Self]> {
-        match self {
-            Json::Array(items) => Some(items),
-            _ => None,
-        }
-    }
-    fn written(&self) -> String {
-        let mut out = Vec::new();
-        self.write(&mut out);
-        String::from_utf8(out).unwrap_or_default()
+/// A string's value.
+fn text(j: &Json) -> Option<&str> {
+    match j {
+        Json::String(s) => Some(s),
+        _ => None,
     }
 }
 
-impl Tree for Value {
-    fn field(&self, name: &str) -> Option<&Self> {
-        self.get(name)
+/// An array's items; none of anything else.
+fn items(j: Option<&Json>) -> &[Json] {
+    match j {
+        Some(Json::Array(items)) => items,
+        _ => &[],
     }
-    fn text(&self) -> Option<&str> {
-        self.as_str()
-    }
-    fn items(&self) -> Option<&[Self]> {
-        self.as_array().map(Vec::as_slice)
-    }
-    fn written(&self) -> String {
-        self.to_string()
-    }
+}
+
+/// The tree written back as JSON (a tool call's arguments).
+fn written(j: &Json) -> String {
+    let mut out = Vec::new();
+    j.write(&mut out);
+    String::from_utf8(out).unwrap_or_default()
 }
 
 /// One part of a message.
@@ -170,50 +142,48 @@ impl Reader {
     }
 
     /// The parts of a `content`: a string, or an array of typed parts.
-    fn parts<T: Tree>(&mut self, content: Option<&T>, parts: &mut Vec<Part>) {
+    fn parts(&mut self, content: Option<&Json>, parts: &mut Vec<Part>) {
         let Some(content) = content else {
             return;
         };
-        if let Some(s) = content.text() {
+        if let Some(s) = text(content) {
             parts.push(Part::Text(self.text(s)));
             return;
         }
-        for item in content.items().unwrap_or_default() {
+        for item in items(Some(content)) {
             if self.full() {
                 return;
             }
-            let kind = item.field("type").and_then(Tree::text).unwrap_or("text");
-            let text = item.field("text").and_then(Tree::text);
-            match (kind, text) {
+            let kind = item.get("type").and_then(text).unwrap_or("text");
+            let said = item.get("text").and_then(text);
+            match (kind, said) {
                 ("text" | "input_text" | "output_text", Some(t)) => {
                     parts.push(Part::Text(self.text(t)));
                 }
-                ("tool_use", _) => parts.push(self.tool_call(
-                    item.field("id"),
-                    item.field("name"),
-                    item.field("input"),
-                )),
+                ("tool_use", _) => {
+                    parts.push(self.tool_call(item.get("id"), item.get("name"), item.get("input")))
+                }
                 ("tool_result", _) => {
                     let mut inner = Vec::new();
-                    self.parts(item.field("content"), &mut inner);
+                    self.parts(item.get("content"), &mut inner);
                     parts.push(Part::ToolResult {
-                        id: string(item.field("tool_use_id")),
+                        id: string(item.get("tool_use_id")),
                         response: texts(&inner),
                     });
                 }
                 ("function_call", _) => parts.push(self.tool_call(
-                    item.field("call_id"),
-                    item.field("name"),
-                    item.field("arguments"),
+                    item.get("call_id"),
+                    item.get("name"),
+                    item.get("arguments"),
                 )),
                 ("function_call_output", _) => {
-                    let output = item.field("output");
+                    let output = item.get("output");
                     let response = output
-                        .and_then(Tree::text)
+                        .and_then(text)
                         .map(|t| self.text(t))
                         .unwrap_or_default();
                     parts.push(Part::ToolResult {
-                        id: string(item.field("call_id")),
+                        id: string(item.get("call_id")),
                         response,
                     });
                 }
@@ -222,16 +192,16 @@ impl Reader {
         }
     }
 
-    fn tool_call<T: Tree>(
+    fn tool_call(
         &mut self,
-        id: Option<&T>,
-        name: Option<&T>,
-        arguments: Option<&T>,
+        id: Option<&Json>,
+        name: Option<&Json>,
+        arguments: Option<&Json>,
     ) -> Part {
         let arguments = match arguments {
-            Some(a) => match a.text() {
+            Some(a) => match text(a) {
                 Some(t) => self.text(t),
-                None => self.text(&a.written()),
+                None => self.text(&written(a)),
             },
             None => String::new(),
         };
@@ -244,64 +214,60 @@ impl Reader {
 
     /// One message of a list: `role` and `content` (chat, Messages,
     /// Responses input items), its tool calls and tool results.
-    fn message<T: Tree>(&mut self, m: &T, default_role: &str) {
-        let role = m.field("role").and_then(Tree::text).unwrap_or(default_role);
+    fn message(&mut self, m: &Json, default_role: &str) {
+        let role = m.get("role").and_then(text).unwrap_or(default_role);
         let mut parts = Vec::new();
-        let kind = m.field("type").and_then(Tree::text);
+        let kind = m.get("type").and_then(text);
         match kind {
             // A Responses input item that is no message.
             Some("function_call" | "function_call_output") => {
                 self.parts_of_item(m, &mut parts);
             }
-            _ => self.parts(m.field("content"), &mut parts),
+            _ => self.parts(m.get("content"), &mut parts),
         }
-        for call in m
-            .field("tool_calls")
-            .and_then(Tree::items)
-            .unwrap_or_default()
-        {
-            let f = call.field("function");
+        for call in items(m.get("tool_calls")) {
+            let f = call.get("function");
             parts.push(self.tool_call(
-                call.field("id"),
-                f.and_then(|f| f.field("name")),
-                f.and_then(|f| f.field("arguments")),
+                call.get("id"),
+                f.and_then(|f| f.get("name")),
+                f.and_then(|f| f.get("arguments")),
             ));
         }
         if role == "tool" {
             let response = texts(&parts);
             parts = vec![Part::ToolResult {
-                id: string(m.field("tool_call_id")),
+                id: string(m.get("tool_call_id")),
                 response,
             }];
         }
         self.push(role, parts, None);
     }
 
-    fn parts_of_item<T: Tree>(&mut self, item: &T, parts: &mut Vec<Part>) {
+    fn parts_of_item(&mut self, item: &Json, parts: &mut Vec<Part>) {
         // The item is its own part: read it as a one-item content.
-        let kind = item.field("type").and_then(Tree::text).unwrap_or_default();
+        let kind = item.get("type").and_then(text).unwrap_or_default();
         match kind {
             "function_call" => parts.push(self.tool_call(
-                item.field("call_id"),
-                item.field("name"),
-                item.field("arguments"),
+                item.get("call_id"),
+                item.get("name"),
+                item.get("arguments"),
             )),
             _ => {
                 let response = item
-                    .field("output")
-                    .and_then(Tree::text)
+                    .get("output")
+                    .and_then(text)
                     .map(|t| self.text(t))
                     .unwrap_or_default();
                 parts.push(Part::ToolResult {
-                    id: string(item.field("call_id")),
+                    id: string(item.get("call_id")),
                     response,
                 });
             }
         }
     }
 
-    fn messages<T: Tree>(&mut self, list: Option<&T>, default_role: &str) {
-        for m in list.and_then(Tree::items).unwrap_or_default() {
+    fn messages(&mut self, list: Option<&Json>, default_role: &str) {
+        for m in items(list) {
             if self.full() {
                 return;
             }
@@ -310,8 +276,8 @@ impl Reader {
     }
 }
 
-fn string<T: Tree>(t: Option<&T>) -> String {
-    t.and_then(Tree::text)
+fn string(t: Option<&Json>) -> String {
+    t.and_then(text)
         .unwrap_or_default()
         .chars()
         .take(256)
@@ -332,7 +298,7 @@ fn texts(parts: &[Part]) -> String {
 
 /// What `cfg` captures of a request body of `api`: `None` when it captures
 /// no prompt, or the dialect has none (embeddings).
-pub fn prompt<T: Tree>(cfg: &CaptureConfig, api: Endpoint, body: &T) -> Option<Prompt> {
+pub fn prompt(cfg: &CaptureConfig, api: Endpoint, body: &Json) -> Option<Prompt> {
     if !cfg.prompt {
         return None;
     }
@@ -340,28 +306,28 @@ pub fn prompt<T: Tree>(cfg: &CaptureConfig, api: Endpoint, body: &T) -> Option<P
     let mut system = Reader::new(cfg.max_bytes);
     let mut input = Reader::new(cfg.max_bytes);
     match api {
-        Endpoint::Chat => input.messages(body.field("messages"), "user"),
+        Endpoint::Chat => input.messages(body.get("messages"), "user"),
         Endpoint::Completions => {
-            let prompt = body.field("prompt");
+            let prompt = body.get("prompt");
             let mut parts = Vec::new();
-            match prompt.and_then(Tree::items) {
-                Some(items) => {
-                    for p in items.iter().filter_map(Tree::text) {
+            match prompt {
+                Some(Json::Array(list)) => {
+                    for p in list.iter().filter_map(text) {
                         parts.push(Part::Text(input.text(p)));
                     }
                 }
-                None => input.parts(prompt, &mut parts),
+                _ => input.parts(prompt, &mut parts),
             }
             input.push("user", parts, None);
         }
         Endpoint::Responses => {
             let mut parts = Vec::new();
-            system.parts(body.field("instructions"), &mut parts);
+            system.parts(body.get("instructions"), &mut parts);
             if !parts.is_empty() {
                 system.push("system", parts, None);
             }
-            let items = body.field("input");
-            match items.and_then(Tree::text) {
+            let items = body.get("input");
+            match items.and_then(text) {
                 Some(t) => {
                     let text = input.text(t);
                     input.push("user", vec![Part::Text(text)], None);
@@ -371,11 +337,11 @@ pub fn prompt<T: Tree>(cfg: &CaptureConfig, api: Endpoint, body: &T) -> Option<P
         }
         Endpoint::Messages => {
             let mut parts = Vec::new();
-            system.parts(body.field("system"), &mut parts);
+            system.parts(body.get("system"), &mut parts);
             if !parts.is_empty() {
                 system.push("system", parts, None);
             }
-            input.messages(body.field("messages"), "user");
+            input.messages(body.get("messages"), "user");
         }
         Endpoint::Embeddings | Endpoint::Other => return None,
     }
@@ -390,29 +356,25 @@ pub fn prompt<T: Tree>(cfg: &CaptureConfig, api: Endpoint, body: &T) -> Option<P
 }
 
 /// What `cfg` captures of a JSON answer of `api`.
-pub fn completion(cfg: &CaptureConfig, api: Endpoint, answer: &Value) -> Option<Captured> {
+pub fn completion(cfg: &CaptureConfig, api: Endpoint, answer: &Json) -> Option<Captured> {
     if !cfg.completion {
         return None;
     }
     let mut out = Reader::new(cfg.max_bytes);
     match api {
         Endpoint::Chat | Endpoint::Completions => {
-            for choice in answer
-                .field("choices")
-                .and_then(Tree::items)
-                .unwrap_or_default()
-            {
+            for choice in items(answer.get("choices")) {
                 if out.full() {
                     break;
                 }
-                let reason = choice.field("finish_reason").and_then(Tree::text);
+                let reason = choice.get("finish_reason").and_then(text);
                 let mut parts = Vec::new();
-                if let Some(t) = choice.field("text").and_then(Tree::text) {
+                if let Some(t) = choice.get("text").and_then(text) {
                     parts.push(Part::Text(out.text(t)));
                     out.push("assistant", parts, reason);
                     continue;
                 }
-                let Some(m) = choice.field("message") else {
+                let Some(m) = choice.get("message") else {
                     continue;
                 };
                 out.message(m, "assistant");
@@ -423,27 +385,27 @@ pub fn completion(cfg: &CaptureConfig, api: Endpoint, answer: &Value) -> Option<
         }
         Endpoint::Responses => {
             let mut parts = Vec::new();
-            for item in answer
-                .field("output")
-                .and_then(Tree::items)
-                .unwrap_or_default()
-            {
+            for item in items(answer.get("output")) {
                 if out.full() {
                     break;
                 }
-                match item.field("type").and_then(Tree::text) {
-                    Some("message") => out.parts(item.field("content"), &mut parts),
+                match item.get("type").and_then(text) {
+                    Some("message") => out.parts(item.get("content"), &mut parts),
                     Some("function_call") => out.parts_of_item(item, &mut parts),
                     _ => {}
                 }
             }
-            let reason = crate::sse::responses::final_reason(answer);
+            let reason = answer
+                .get("incomplete_details")
+                .and_then(|d| d.get("reason"))
+                .and_then(text)
+                .or_else(|| answer.get("status").and_then(text));
             out.push("assistant", parts, reason);
         }
         Endpoint::Messages => {
             let mut parts = Vec::new();
-            out.parts(answer.field("content"), &mut parts);
-            let reason = answer.field("stop_reason").and_then(Tree::text);
+            out.parts(answer.get("content"), &mut parts);
+            let reason = answer.get("stop_reason").and_then(text);
             out.push("assistant", parts, reason);
         }
         Endpoint::Embeddings | Endpoint::Other => return None,

@@ -4,10 +4,7 @@
 //! `stream_options.include_usage` asks for. Also writes that grammar, for
 //! the cache's replay.
 
-use std::fmt;
-
-use serde::de::{self, IgnoredAny, MapAccess, Visitor};
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 use serde_json::Value;
 
 use super::reader::{Event, DATA_FIELD, EVENT_END};
@@ -36,105 +33,20 @@ pub struct Chat {
 }
 
 /// What the grammar reads of a chunk; the rest is skipped unparsed unless a
-/// collector asked for the whole tree. `T` is what it reads of a choice's
-/// text: nothing ([`IgnoredAny`]) unless the text is kept ([`Said`]), so a
-/// stream whose text nobody keeps pays nothing for it.
+/// collector asked for the whole tree.
 #[derive(Deserialize)]
-#[serde(bound = "T: Deserialize<'de> + Default")]
-struct Head<T> {
+struct Head {
     #[serde(default)]
     usage: Option<Value>,
     #[serde(default)]
-    choices: Option<Vec<ChoiceHead<T>>>,
+    choices: Option<Vec<ChoiceHead>>,
 }
 
 #[derive(Deserialize)]
-#[serde(bound = "T: Deserialize<'de> + Default")]
-struct ChoiceHead<T> {
+struct ChoiceHead {
     /// Any value but null finishes the choice; a string says why.
     #[serde(default)]
     finish_reason: Option<Value>,
-    /// Any JSON: a chunk whose index is odd still says its usage.
-    #[serde(default)]
-    index: Option<Value>,
-    /// A chat chunk's `delta`.
-    #[serde(default)]
-    delta: T,
-    /// A text completion chunk's `text`.
-    #[serde(default)]
-    text: T,
-}
-
-/// The text of a choice's chunk: a completion's `text` string, or a chat
-/// `delta`'s `content`.
-#[derive(Default)]
-struct Said(Option<String>);
-
-impl<'de> Deserialize<'de> for Said {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Said;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a text or a delta")
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<Said, E> {
-                Ok(Said(Some(s.to_string())))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Said, E> {
-                Ok(Said(None))
-            }
-            // Anything else says no text, and spoils nothing else of the chunk.
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Said, E> {
-                Ok(Said(None))
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Said, E> {
-                Ok(Said(None))
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Said, E> {
-                Ok(Said(None))
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Said, E> {
-                Ok(Said(None))
-            }
-            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Said, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Said(None))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Said, A::Error> {
-                let mut text = None;
-                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                    if key == "content" {
-                        text = match map.next_value::<Value>()? {
-                            Value::String(s) => Some(s),
-                            _ => None,
-                        };
-                    } else {
-                        map.next_value::<IgnoredAny>()?;
-                    }
-                }
-                Ok(Said(text))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// What a choice's chunk said of its text.
-trait Text {
-    fn text(&self) -> Option<&str>;
-}
-
-impl Text for IgnoredAny {
-    fn text(&self) -> Option<&str> {
-        None
-    }
-}
-
-impl Text for Said {
-    fn text(&self) -> Option<&str> {
-        self.0.as_deref()
-    }
 }
 
 impl Grammar for Chat {
@@ -149,10 +61,37 @@ impl Grammar for Chat {
         }
         #[cfg(test)]
         tests::count_parse();
-        if self.transcript.is_some() {
-            self.read_chunk::<Said>(data, parse)
+        // Text is kept from the chunk's tree: the parse a collector asks
+        // for, so keeping it costs the module no parser of its own.
+        let (head, parsed) = if parse || self.transcript.is_some() {
+            match serde_json::from_slice::<Value>(data) {
+                Ok(tree) => {
+                    self.keep(&tree);
+                    let head = Head::deserialize(&tree).ok();
+                    (
+                        head,
+                        if parse {
+                            Parsed::Tree(tree)
+                        } else {
+                            Parsed::Skipped
+                        },
+                    )
+                }
+                Err(_) => (
+                    None,
+                    if parse {
+                        Parsed::NotJson
+                    } else {
+                        Parsed::Skipped
+                    },
+                ),
+            }
         } else {
-            self.read_chunk::<IgnoredAny>(data, parse)
+            (serde_json::from_slice::<Head>(data).ok(), Parsed::Skipped)
+        };
+        Reading {
+            usage_only: head.is_some_and(|h| self.note(h)),
+            parsed,
         }
     }
 
@@ -183,44 +122,38 @@ impl Grammar for Chat {
 }
 
 impl Chat {
-    /// Parses one chunk's data, reading its text as `T`.
-    fn read_chunk<T>(&mut self, data: &[u8], parse: bool) -> Reading
-    where
-        T: for<'de> Deserialize<'de> + Default + Text,
-    {
-        let (head, parsed) = if parse {
-            match serde_json::from_slice::<Value>(data) {
-                Ok(tree) => (Head::<T>::deserialize(&tree).ok(), Parsed::Tree(tree)),
-                Err(_) => (None, Parsed::NotJson),
-            }
-        } else {
-            (
-                serde_json::from_slice::<Head<T>>(data).ok(),
-                Parsed::Skipped,
-            )
+    /// Keeps each choice's text of a chunk: a chat `delta.content`, a
+    /// completion's `text`.
+    fn keep(&mut self, tree: &Value) {
+        let Some(t) = self.transcript.as_mut() else {
+            return;
         };
-        Reading {
-            usage_only: head.is_some_and(|h| self.note(h)),
-            parsed,
+        let choices = tree.get("choices").and_then(Value::as_array);
+        for c in choices.into_iter().flatten() {
+            let text = c
+                .get("delta")
+                .and_then(|d| d.get("content"))
+                .or_else(|| c.get("text"))
+                .and_then(Value::as_str);
+            let index = c.get("index").and_then(Value::as_u64).unwrap_or(0);
+            t.push(index, text.unwrap_or_default());
         }
     }
 
     /// Takes in what a chunk says; true when it is a usage-only chunk.
-    fn note<T: Text>(&mut self, head: Head<T>) -> bool {
+    fn note(&mut self, head: Head) -> bool {
         let usage = head.usage.as_ref().and_then(|u| Usage::deserialize(u).ok());
         if usage.is_some() {
             self.usage = usage;
         }
-        for choice in head.choices.iter().flatten() {
-            if let Some(t) = self.transcript.as_mut() {
-                let text = choice.delta.text().or_else(|| choice.text.text());
-                let index = choice.index.as_ref().and_then(Value::as_u64).unwrap_or(0);
-                t.push(index, text.unwrap_or_default());
-            }
-            if let Some(reason) = &choice.finish_reason {
-                self.finished = true;
-                self.reasons.push(reason.as_str().unwrap_or_default());
-            }
+        for reason in head
+            .choices
+            .iter()
+            .flatten()
+            .filter_map(|c| c.finish_reason.as_ref())
+        {
+            self.finished = true;
+            self.reasons.push(reason.as_str().unwrap_or_default());
         }
         head.usage.is_some() && head.choices.is_some_and(|c| c.is_empty())
     }

@@ -451,7 +451,7 @@ impl Response {
                     capture::streamed(cfg, t, &g.finish_reasons().as_strs())
                 }
                 Answer::Json { copy, .. } => {
-                    let tree: serde_json::Value = serde_json::from_slice(copy.bytes()?).ok()?;
+                    let tree = crate::json::Json::parse(copy.bytes()?)?;
                     capture::completion(cfg, endpoint, &tree)
                 }
             })

@@ -99,7 +99,7 @@ fn each_dialects_answer_is_read_where_it_keeps_it() {
         {"index": 1, "message": {"role": "assistant", "content": "no"}, "finish_reason": "length"}
     ]});
     assert_eq!(
-        parsed(&completion(&c, Endpoint::Chat, &chat).unwrap()),
+        parsed(&completion(&c, Endpoint::Chat, &request(chat.clone())).unwrap()),
         json!([
             {"role": "assistant", "parts": [{"type": "text", "content": "yes"}], "finish_reason": "stop"},
             {"role": "assistant", "parts": [{"type": "text", "content": "no"}], "finish_reason": "length"}
@@ -107,7 +107,8 @@ fn each_dialects_answer_is_read_where_it_keeps_it() {
     );
     let text = json!({"choices": [{"text": "done", "finish_reason": "stop"}]});
     assert_eq!(
-        parsed(&completion(&c, Endpoint::Completions, &text).unwrap())[0]["parts"][0]["content"],
+        parsed(&completion(&c, Endpoint::Completions, &request(text.clone())).unwrap())[0]["parts"]
+            [0]["content"],
         "done"
     );
     let responses = json!({"object": "response", "status": "completed", "output": [
@@ -115,12 +116,12 @@ fn each_dialects_answer_is_read_where_it_keeps_it() {
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "answer"}]}
     ]});
     assert_eq!(
-        parsed(&completion(&c, Endpoint::Responses, &responses).unwrap()),
+        parsed(&completion(&c, Endpoint::Responses, &request(responses.clone())).unwrap()),
         json!([{"role": "assistant", "parts": [{"type": "text", "content": "answer"}], "finish_reason": "completed"}])
     );
     let messages = json!({"content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn"});
     assert_eq!(
-        parsed(&completion(&c, Endpoint::Messages, &messages).unwrap()),
+        parsed(&completion(&c, Endpoint::Messages, &request(messages.clone())).unwrap()),
         json!([{"role": "assistant", "parts": [{"type": "text", "content": "hi"}], "finish_reason": "end_turn"}])
     );
     let mut kept = Transcript::new(transcript_bytes(&c));
