@@ -42,10 +42,10 @@ async fn concurrent_calls_cannot_pass_a_token_limit_by_more_than_their_reservati
     };
     // Every call is in flight at once: none settles before the others reserve.
     rig.mock.set_default_delay_ms(400);
-    // 16 characters (4 estimated tokens) + a cap of 100: 104 reserved each,
+    // 15 letters and spaces (4 estimated tokens) + a cap of 100: 104 reserved each,
     // so 9 fit in 1000.
     let body = with_field(
-        chat_body("gpt-4o", "limit me, please"),
+        chat_body("gpt-4o", "limit me please"),
         "max_tokens",
         json!(100),
     );

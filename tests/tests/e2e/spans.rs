@@ -90,6 +90,14 @@ async fn each_llm_call_exports_the_span_its_upstream_hangs_under() {
         assert_eq!(a[key], want, "{key} of {span}");
     }
     assert!(a.get("error.type").is_none());
+    // Capture is off by default: no prompt, no completion leaves.
+    for key in [
+        "gen_ai.input.messages",
+        "gen_ai.system_instructions",
+        "gen_ai.output.messages",
+    ] {
+        assert!(a.get(key).is_none(), "{key} captured by default: {span}");
+    }
     let (start, end) = (
         span["start"].as_u64().unwrap(),
         span["end"].as_u64().unwrap(),
@@ -404,4 +412,362 @@ async fn with_tracing_off_envoys_own_span_carries_the_calls_record() {
         .spans()
         .iter()
         .all(|s| s["resource"]["service.name"] == "llm-gateway"));
+}
+
+/// Envoy exporting spans to `otel_port` and printing each call's record to
+/// `log`, with `capture` as `tracing.capture`.
+fn capturing_envoy(
+    mock: &MockUpstream,
+    otel_port: u16,
+    log: &std::path::Path,
+    capture: Value,
+) -> Envoy {
+    EnvoyBuilder::new()
+        .plugin_config(json!({
+            "tracing": {"otlp": {"cluster": "otel", "interval_ms": 200}, "capture": capture},
+            "access_log": {"enabled": true}
+        }))
+        .upstream("mock", mock.port())
+        .upstream("otel", otel_port)
+        .access_log(log, "%FILTER_STATE(wasm.llm_filter.call:PLAIN)%")
+        .start()
+        .expect("envoy with the filter")
+}
+
+/// A captured attribute of a span, parsed.
+fn captured(span: &Value, key: &str) -> Value {
+    let text = span["attributes"][key]
+        .as_str()
+        .unwrap_or_else(|| panic!("no {key} on {span}"));
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{key}: {e}: {text}"))
+}
+
+/// The texts of every part of captured messages.
+fn texts(messages: &Value) -> Vec<String> {
+    messages
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|m| m["parts"].as_array().cloned().unwrap_or_default())
+        .filter_map(|p| p["content"].as_str().map(str::to_string))
+        .collect()
+}
+
+#[tokio::test]
+async fn each_dialects_prompt_and_completion_are_captured_when_asked() {
+    if skip_without_envoy("each_dialects_prompt_and_completion_are_captured_when_asked") {
+        return;
+    }
+    let receiver = Receiver::start(&[]);
+    let mock = MockUpstream::start(MockConfig::named("capture"));
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let e = capturing_envoy(
+        &mock,
+        receiver.port,
+        &log,
+        json!({"prompt": true, "completion": true}),
+    );
+    let chat = json!({"model": "gpt-4o", "messages": [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "capture a chat"}
+    ]});
+    let responses =
+        json!({"model": "gpt-4o", "instructions": "answer kindly", "input": "capture a response"});
+    let messages = with_field(
+        messages_body("claude-sonnet-4", "capture a message"),
+        "system",
+        json!("you are terse"),
+    );
+    // (path, body, system instructions, the user's text)
+    let cases = [
+        ("/v1/chat/completions", chat, None, "capture a chat"),
+        (
+            "/v1/responses",
+            responses,
+            Some("answer kindly"),
+            "capture a response",
+        ),
+        (
+            "/v1/messages",
+            messages,
+            Some("you are terse"),
+            "capture a message",
+        ),
+    ];
+    for (path, body, system, user) in cases {
+        for stream in [false, true] {
+            let body = if stream {
+                let b = with_field(body.clone(), "stream", json!(true));
+                if path == "/v1/chat/completions" {
+                    with_field(b, "stream_options", json!({"include_usage": true}))
+                } else {
+                    b
+                }
+            } else {
+                body.clone()
+            };
+            let (trace, answer) = if stream {
+                let r = stream_sse(&e.url(path), &body, &[]).await.unwrap();
+                assert_eq!(r.status, 200, "{path}");
+                (r.header("x-trace-id").unwrap().to_string(), r.content())
+            } else {
+                let r = post_json(&e.url(path), &body, &[]).await.unwrap();
+                assert_eq!(r.status, 200, "{path}: {}", r.text());
+                let j = r.json();
+                let text = match path {
+                    "/v1/chat/completions" => j["choices"][0]["message"]["content"].clone(),
+                    "/v1/responses" => j["output"][0]["content"][0]["text"].clone(),
+                    _ => j["content"][0]["text"].clone(),
+                };
+                (
+                    r.header("x-trace-id").unwrap().to_string(),
+                    text.as_str().unwrap().to_string(),
+                )
+            };
+            assert!(
+                answer.contains(user),
+                "{path} {stream}: the mock echoes: {answer}"
+            );
+            let span = receiver
+                .span_of(&trace, Duration::from_secs(5))
+                .await
+                .unwrap_or_else(|| panic!("{path} {stream}: no span"));
+            let input = captured(&span, "gen_ai.input.messages");
+            assert!(texts(&input).iter().any(|t| t == user), "{path}: {input}");
+            match system {
+                Some(sys) => assert_eq!(
+                    captured(&span, "gen_ai.system_instructions"),
+                    json!([{"type": "text", "content": sys}]),
+                    "{path}"
+                ),
+                None => assert!(span["attributes"]
+                    .get("gen_ai.system_instructions")
+                    .is_none()),
+            }
+            let output = captured(&span, "gen_ai.output.messages");
+            assert_eq!(output[0]["role"], "assistant", "{path} {stream}: {output}");
+            assert_eq!(
+                texts(&output),
+                std::slice::from_ref(&answer),
+                "{path} {stream}: {output}"
+            );
+            assert!(
+                output[0]["finish_reason"].is_string(),
+                "{path} {stream}: {output}"
+            );
+            assert!(span["attributes"]
+                .get("llm_filter.capture.truncated")
+                .is_none());
+        }
+    }
+    // The record holds the same captures.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let lines = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<String> = text.lines().map(str::to_string).collect();
+        if lines.len() >= 6 || Instant::now() >= deadline {
+            break lines;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(lines.len(), 6, "{lines:?}");
+    let first: Value = serde_json::from_str(&lines[0]).unwrap();
+    assert_eq!(
+        texts(&first["input_messages"]),
+        ["be brief", "capture a chat"]
+    );
+    assert!(texts(&first["output_messages"])[0].contains("capture a chat"));
+}
+
+#[tokio::test]
+async fn captures_are_cut_at_their_bound_and_redacted_while_the_call_is_untouched() {
+    if skip_without_envoy(
+        "captures_are_cut_at_their_bound_and_redacted_while_the_call_is_untouched",
+    ) {
+        return;
+    }
+    let receiver = Receiver::start(&[]);
+    let mock = MockUpstream::start(MockConfig::named("capture-cut"));
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let e = capturing_envoy(
+        &mock,
+        receiver.port,
+        &log,
+        json!({"prompt": true, "completion": true, "max_bytes": 512, "redact": ["tok_*"]}),
+    );
+    let url = e.url("/v1/chat/completions");
+    let secrets = "mail alice@example.com key sk-live1234567890abcdef and tok_planted";
+    let planted = [
+        "alice@example.com",
+        "sk-live1234567890abcdef",
+        "tok_planted",
+    ];
+    // Short: whole, redacted, in the prompt and in the echo the answer holds.
+    let body = chat_body("gpt-4o", secrets);
+    let r = post_json(
+        &url,
+        &body,
+        &[("authorization", "Bearer sk-header-secret-123")],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200);
+    let answer = r.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        planted.iter().all(|p| answer.contains(p)),
+        "the client's answer unchanged: {answer}"
+    );
+    let upstream = mock.requests().pop().unwrap();
+    assert_eq!(
+        upstream.body.as_ref(),
+        serde_json::to_vec(&body).unwrap().as_slice(),
+        "the upstream got the body as sent"
+    );
+    assert_eq!(
+        upstream.header("authorization"),
+        Some("Bearer sk-header-secret-123")
+    );
+    let span = receiver
+        .span_of(r.header("x-trace-id").unwrap(), Duration::from_secs(5))
+        .await
+        .expect("the span");
+    let input = captured(&span, "gen_ai.input.messages");
+    let output = captured(&span, "gen_ai.output.messages");
+    assert_eq!(
+        texts(&input),
+        ["mail [REDACTED] key [REDACTED] and [REDACTED]"]
+    );
+    assert!(
+        texts(&output)[0].contains("mail [REDACTED] key [REDACTED] and [REDACTED]"),
+        "{output}"
+    );
+    let exported = serde_json::to_string(&span).unwrap();
+    for p in planted.iter().chain(&["sk-header-secret-123"]) {
+        assert!(
+            !exported.contains(p),
+            "{p} reached the collector: {exported}"
+        );
+    }
+    // Long: cut at 512 bytes of JSON, at a word's end, said so.
+    let long = format!("{secrets} {}", "many words of a long prompt ".repeat(200));
+    let body = chat_body("gpt-4o", &long);
+    let r = post_json(&url, &body, &[]).await.unwrap();
+    assert_eq!(r.status, 200);
+    let upstream = mock.requests().pop().unwrap();
+    assert_eq!(upstream.json().unwrap(), body, "the upstream got all of it");
+    let span = receiver
+        .span_of(r.header("x-trace-id").unwrap(), Duration::from_secs(5))
+        .await
+        .expect("the span");
+    let raw = span["attributes"]["gen_ai.input.messages"]
+        .as_str()
+        .unwrap();
+    assert!(raw.len() <= 512, "{} bytes", raw.len());
+    let input = captured(&span, "gen_ai.input.messages");
+    let text = &texts(&input)[0];
+    assert!(text.starts_with("mail [REDACTED] key [REDACTED]"), "{text}");
+    assert!(text.ends_with("…[truncated]"), "{text}");
+    let kept = text.trim_end_matches("…[truncated]");
+    assert!(
+        long.contains(kept.trim_start_matches("mail [REDACTED] key [REDACTED] and [REDACTED] "))
+    );
+    assert!(
+        ["many", "words", "of", "a", "long", "prompt"]
+            .iter()
+            .any(|w| kept.trim_end().ends_with(w)),
+        "cut at a word's end: {kept:?}"
+    );
+    let cut = span["attributes"]["llm_filter.capture.truncated"].clone();
+    assert!(
+        cut.as_array()
+            .unwrap()
+            .contains(&json!("gen_ai.input.messages")),
+        "{cut}"
+    );
+    let out = span["attributes"]["gen_ai.output.messages"]
+        .as_str()
+        .unwrap();
+    assert!(out.len() <= 512, "{} bytes", out.len());
+    let answer = r.json()["choices"][0]["message"]["content"].clone();
+    assert!(
+        answer.as_str().unwrap().len() > 512,
+        "the client's answer is whole"
+    );
+}
+
+/// Envoy's resident memory, kB.
+fn rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_down_holds_captured_spans_within_the_queues_bytes() {
+    if skip_without_envoy("a_collector_down_holds_captured_spans_within_the_queues_bytes") {
+        return;
+    }
+    let mock = MockUpstream::start(MockConfig::named("capture-down"));
+    // Spans of some 30 KB (a 14 KB prompt, its echo) wait for a batch due
+    // in a minute, to a collector that is down: 128 KiB a worker holds four
+    // each, where the count alone (2048) would let 60 MB wait.
+    let e = EnvoyBuilder::new()
+        .plugin_config(json!({"tracing": {
+            "otlp": {"cluster": "otel", "interval_ms": 60000, "batch_size": 2048,
+                     "max_queue": 2048, "max_queue_bytes": 131072},
+            "capture": {"prompt": true, "completion": true, "max_bytes": 16384}
+        }}))
+        .upstream("mock", mock.port())
+        .upstream("otel", free_port().unwrap())
+        .start()
+        .expect("envoy with the filter");
+    let url = e.url("/v1/chat/completions");
+    let prompt = "words to hold in a span ".repeat(600);
+    let mut slowest = Duration::ZERO;
+    let call = |i: usize| {
+        let url = url.clone();
+        let body = chat_body("gpt-4o", &format!("{i} {prompt}"));
+        async move {
+            let sent = Instant::now();
+            let r = post_json(&url, &body, &[]).await.unwrap();
+            assert_eq!(r.status, 200, "{}", r.text());
+            sent.elapsed()
+        }
+    };
+    for i in 0..50 {
+        slowest = slowest.max(call(i).await);
+    }
+    let pid = e.pid().unwrap();
+    let before = rss_kb(pid);
+    for i in 50..450 {
+        slowest = slowest.max(call(i).await);
+    }
+    let after = rss_kb(pid);
+    assert!(
+        slowest < Duration::from_millis(1000),
+        "a call waited: {slowest:?}"
+    );
+    let queued = e.metric("llm_filter_spans_queued", &[]);
+    assert!(
+        queued <= 10.0,
+        "{queued} spans wait: more than 128 KiB a worker holds"
+    );
+    let dropped = e.metric("llm_filter_spans_total", &[("result", "dropped")]);
+    assert!(
+        dropped >= 100.0,
+        "{dropped}: the byte bound drops what does not fit"
+    );
+    // 400 spans of 30 KB would be 12 MB had they all waited.
+    assert!(
+        after.saturating_sub(before) < 6 * 1024,
+        "resident memory grew from {before} kB to {after} kB"
+    );
 }

@@ -21,7 +21,7 @@ use crate::limits::config::{LimitsConfig, RawLimitsConfig};
 use crate::priority::Priority;
 use crate::routing::config::{RawRoutingConfig, RoutingConfig};
 use crate::shaping::{RawShapingConfig, ShapingConfig};
-use crate::spans::config::{OtlpConfig, RawOtlp};
+use crate::spans::config::{CaptureConfig, OtlpConfig, RawCapture, RawOtlp};
 
 pub use error::ConfigError;
 
@@ -86,6 +86,8 @@ pub struct RawTracing {
     pub mode: Option<TracingMode>,
     /// Where the span of each LLM call is exported (OTLP/HTTP).
     pub otlp: Option<RawOtlp>,
+    /// What of the prompt and completion the span and the record capture.
+    pub capture: RawCapture,
 }
 
 /// `access_log` as written.
@@ -107,6 +109,9 @@ pub struct Config {
     pub tracing: TracingMode,
     /// Where the span of each LLM call is exported; `None`: nowhere.
     pub otlp: Option<OtlpConfig>,
+    /// What of the prompt and completion the span and the record capture
+    /// (nothing unless asked).
+    pub capture: CaptureConfig,
     /// Each LLM call's record goes to Envoy's filter state for its access
     /// loggers (`spans::record`).
     pub access_log: bool,
@@ -234,6 +239,12 @@ impl TryFrom<RawConfig> for Config {
                 routing.clusters.push(target.clone());
             }
         }
+        let otlp = raw
+            .tracing
+            .otlp
+            .map(|o| OtlpConfig::compile(o).map_err(|e| e.within("tracing.otlp")))
+            .transpose()?;
+        let access_log = raw.access_log.enabled.unwrap_or(false);
         Ok(Self {
             llm_paths,
             max_body_bytes,
@@ -245,16 +256,48 @@ impl TryFrom<RawConfig> for Config {
             degrade: DegradeConfig::compile(raw.degrade).map_err(|e| e.within("degrade"))?,
             admin: AdminConfig::compile(raw.admin).map_err(|e| e.within("admin"))?,
             priority: PriorityConfig::compile(raw.priority).map_err(|e| e.within("priority"))?,
-            otlp: raw
-                .tracing
-                .otlp
-                .map(|o| OtlpConfig::compile(o).map_err(|e| e.within("tracing.otlp")))
-                .transpose()?,
+            capture: compile_capture(raw.tracing.capture, otlp.as_ref(), access_log)?,
+            otlp,
             tracing: TracingMode::compile(raw.tracing.mode),
-            access_log: raw.access_log.enabled.unwrap_or(false),
+            access_log,
             limits: LimitsConfig::compile(raw.limits).map_err(|e| e.within("limits"))?,
         })
     }
+}
+
+/// `tracing.capture`, which needs somewhere to put what it captures, and
+/// spans that the queue can hold.
+fn compile_capture(
+    raw: RawCapture,
+    otlp: Option<&OtlpConfig>,
+    access_log: bool,
+) -> Result<CaptureConfig, ConfigError> {
+    let capture = CaptureConfig::compile(raw).map_err(|e| e.within("tracing.capture"))?;
+    if !capture.any() {
+        return Ok(capture);
+    }
+    if otlp.is_none() && !access_log {
+        let field = if capture.prompt {
+            "prompt"
+        } else {
+            "completion"
+        };
+        return Err(ConfigError::new(
+            format!("tracing.capture.{field}"),
+            "captures for nothing: set `tracing.otlp` or `access_log.enabled`",
+        ));
+    }
+    let span = crate::spans::config::SPAN_BYTES_WITHOUT_CAPTURE + capture.span_bytes();
+    if let Some(o) = otlp.filter(|o| o.max_queue_bytes < span) {
+        return Err(ConfigError::new(
+            "tracing.otlp.max_queue_bytes",
+            format!(
+                "{} holds no span that captures {} bytes thrice (at least {span})",
+                o.max_queue_bytes, capture.max_bytes
+            ),
+        ));
+    }
+    Ok(capture)
 }
 
 fn default_paths() -> Vec<LlmPath> {

@@ -86,7 +86,8 @@ fn reservations_stop_at_the_limit_and_settling_gives_back() {
         100
     );
     assert_eq!(
-        m.gauges["llm_filter_limits_used_permillerule=.=t;.;tenant=.=a;.;limit=.=tokens_per_minute;.;"],
+        m.gauges
+            ["llm_filter_limits_used_permillerule=.=t;.;tenant=.=a;.;limit=.=tokens_per_minute;.;"],
         750
     );
 }

@@ -23,6 +23,20 @@ const MAX_MAX_QUEUE: u32 = 65_536;
 pub const DEFAULT_TIMEOUT_MS: u64 = 5_000;
 /// Default `service_name`.
 pub const DEFAULT_SERVICE_NAME: &str = "llm-filter";
+/// Default `max_queue_bytes`: the bytes of the spans a worker holds.
+pub const DEFAULT_MAX_QUEUE_BYTES: usize = 4 << 20;
+/// Smallest and largest `max_queue_bytes`.
+const QUEUE_BYTES_RANGE: std::ops::RangeInclusive<usize> = (64 << 10)..=(64 << 20);
+/// Default `tracing.capture.max_bytes`: the longest captured attribute.
+pub const DEFAULT_CAPTURE_BYTES: usize = 4_096;
+/// Largest `tracing.capture.max_bytes`.
+pub const MAX_CAPTURE_BYTES: usize = 65_536;
+/// Most `tracing.capture.redact` patterns, and the longest one.
+const MAX_PATTERNS: usize = 32;
+const MAX_PATTERN_BYTES: usize = 128;
+/// A span's bytes besides what it captured, at most: its ids, names and
+/// attributes (strings cut at 256 bytes).
+pub const SPAN_BYTES_WITHOUT_CAPTURE: usize = 8 << 10;
 
 /// `tracing.otlp` as written.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -48,6 +62,8 @@ pub struct RawOtlp {
     pub sample_ratio: Option<f64>,
     /// The resource's `service.name`.
     pub service_name: Option<String>,
+    /// Bytes of the spans a worker holds at most.
+    pub max_queue_bytes: Option<usize>,
 }
 
 /// The compiled `tracing.otlp`.
@@ -65,6 +81,8 @@ pub struct OtlpConfig {
     pub sample_ratio: f64,
     /// The resource's `service.name`.
     pub service_name: String,
+    /// Bytes of the spans a worker holds at most.
+    pub max_queue_bytes: usize,
 }
 
 impl OtlpConfig {
@@ -105,7 +123,104 @@ impl OtlpConfig {
             max_queue,
             sample_ratio: check::field("sample_ratio", raw.sample_ratio, 1.0).fraction()?,
             service_name,
+            max_queue_bytes: check::field(
+                "max_queue_bytes",
+                raw.max_queue_bytes,
+                DEFAULT_MAX_QUEUE_BYTES,
+            )
+            .in_range(QUEUE_BYTES_RANGE)?,
         })
+    }
+}
+
+/// `tracing.capture` as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawCapture {
+    /// Capture the prompt (system instructions and input messages).
+    pub prompt: Option<bool>,
+    /// Capture the completion (output messages).
+    pub completion: Option<bool>,
+    /// Longest captured attribute, bytes.
+    pub max_bytes: Option<usize>,
+    /// Glob patterns of words replaced by `[REDACTED]`.
+    pub redact: Option<Vec<String>>,
+    /// Redact e-mail addresses, API keys and bearer tokens, default true.
+    pub redact_builtins: Option<bool>,
+}
+
+/// The compiled `tracing.capture`: off unless asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaptureConfig {
+    /// Capture the prompt.
+    pub prompt: bool,
+    /// Capture the completion.
+    pub completion: bool,
+    /// Longest captured attribute, bytes.
+    pub max_bytes: usize,
+    /// Glob patterns (`*`, `?`) of words replaced by `[REDACTED]`.
+    pub redact: Vec<String>,
+    /// Redact e-mail addresses, API keys and bearer tokens.
+    pub redact_builtins: bool,
+}
+
+impl Default for CaptureConfig {
+    /// Nothing captured.
+    fn default() -> Self {
+        Self {
+            prompt: false,
+            completion: false,
+            max_bytes: DEFAULT_CAPTURE_BYTES,
+            redact: Vec::new(),
+            redact_builtins: true,
+        }
+    }
+}
+
+impl CaptureConfig {
+    /// Compiles the section; errors name fields relative to it.
+    pub fn compile(raw: RawCapture) -> Result<Self, ConfigError> {
+        let redact = raw.redact.unwrap_or_default();
+        check::at_most("redact", &redact, MAX_PATTERNS, "patterns")?;
+        for (i, p) in redact.iter().enumerate() {
+            let bad = if p.len() > MAX_PATTERN_BYTES {
+                Some(format!("is longer than {MAX_PATTERN_BYTES} bytes"))
+            } else if p.chars().all(|c| c == '*' || c == '?') {
+                Some(format!("{p:?} names no character of a word"))
+            } else if p.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                Some(format!(
+                    "{p:?} holds a space or control character: a pattern matches one word"
+                ))
+            } else {
+                None
+            };
+            if let Some(message) = bad {
+                return Err(ConfigError::new(format!("redact[{i}]"), message));
+            }
+        }
+        Ok(Self {
+            prompt: raw.prompt.unwrap_or(false),
+            completion: raw.completion.unwrap_or(false),
+            max_bytes: check::field("max_bytes", raw.max_bytes, DEFAULT_CAPTURE_BYTES)
+                .in_range(64..=MAX_CAPTURE_BYTES)?,
+            redact,
+            redact_builtins: raw.redact_builtins.unwrap_or(true),
+        })
+    }
+
+    /// Anything is captured.
+    pub fn any(&self) -> bool {
+        self.prompt || self.completion
+    }
+
+    /// The most a span's captures add to it: three attributes (system
+    /// instructions, input and output messages) of at most `max_bytes`.
+    pub fn span_bytes(&self) -> usize {
+        if self.any() {
+            self.max_bytes.saturating_mul(3)
+        } else {
+            0
+        }
     }
 }
 
@@ -139,8 +254,41 @@ mod tests {
             (r#"{"cluster":"o","sample_ratio":1.5}"#, "sample_ratio"),
             (r#"{"cluster":"o","interval_ms":10}"#, "interval_ms"),
             (r#"{"cluster":"o","service_name":""}"#, "service_name"),
+            (
+                r#"{"cluster":"o","max_queue_bytes":1024}"#,
+                "max_queue_bytes",
+            ),
         ] {
             assert_eq!(parse(doc).unwrap_err().field, field, "{doc}");
+        }
+        assert_eq!(c.max_queue_bytes, 4 << 20);
+    }
+
+    fn capture(json: &str) -> Result<CaptureConfig, ConfigError> {
+        ConfigError::from_json(json.as_bytes()).and_then(CaptureConfig::compile)
+    }
+
+    #[test]
+    fn capture_is_off_by_default_and_checked() {
+        let c = capture("{}").unwrap();
+        assert_eq!(c, CaptureConfig::default());
+        assert!(!c.any() && c.redact_builtins && c.span_bytes() == 0);
+        let on = capture(r#"{"prompt":true,"max_bytes":100,"redact":["sk-*"]}"#).unwrap();
+        assert!(on.any() && !on.completion);
+        assert_eq!((on.max_bytes, on.span_bytes()), (100, 300));
+        let long = format!(r#"{{"redact":["{}"]}}"#, "a".repeat(200));
+        let many = format!(r#"{{"redact":[{}]}}"#, vec![r#""a*""#; 33].join(","));
+        for (doc, field) in [
+            (r#"{"max_bytes":0}"#, "max_bytes"),
+            (r#"{"max_bytes":100000}"#, "max_bytes"),
+            (r#"{"redact":["x","**"]}"#, "redact[1]"),
+            (r#"{"redact":["a b"]}"#, "redact[0]"),
+            (long.as_str(), "redact[0]"),
+            (many.as_str(), "redact"),
+            (r#"{"prompt":1}"#, "prompt"),
+            (r#"{"headers":true}"#, "headers"),
+        ] {
+            assert_eq!(capture(doc).unwrap_err().field, field, "{doc}");
         }
     }
 }

@@ -14,9 +14,11 @@
 //! batch, never a call. Sampling is parent-based: a continued trace is
 //! exported when its caller sampled it; a new one with `sample_ratio`.
 
+pub mod capture;
 pub mod config;
 pub mod otlp;
 pub mod record;
+pub mod redact;
 
 use std::collections::VecDeque;
 
@@ -25,7 +27,8 @@ use crate::host::Metrics;
 use crate::metrics as names;
 use crate::summary::{CallSummary, End};
 use crate::trace_context::SpanIds;
-pub use config::OtlpConfig;
+pub use capture::{Captured, Prompt};
+pub use config::{CaptureConfig, OtlpConfig};
 use otlp::Value;
 
 /// Longest string attribute kept, bytes (cut on a character boundary).
@@ -52,6 +55,37 @@ pub struct Details<'a> {
     pub fallback_model: Option<&'a str>,
     /// How the call's hedge ended (`won`, `lost`, `abandoned`), when one was sent.
     pub hedge: Option<&'static str>,
+    /// The prompt, when captured (`tracing.capture.prompt`).
+    pub prompt: Option<&'a Prompt>,
+    /// The completion, when captured (`tracing.capture.completion`).
+    pub completion: Option<&'a Captured>,
+}
+
+impl Details<'_> {
+    /// The captured attributes, by name: each a JSON string.
+    pub fn captured(&self) -> [(&'static str, Option<&Captured>); 3] {
+        let prompt = self.prompt;
+        [
+            (
+                "gen_ai.system_instructions",
+                prompt.and_then(|p| p.system.as_ref()),
+            ),
+            (
+                "gen_ai.input.messages",
+                prompt.and_then(|p| p.messages.as_ref()),
+            ),
+            ("gen_ai.output.messages", self.completion),
+        ]
+    }
+
+    /// The names of the captured attributes that were cut to fit.
+    pub fn cut(&self) -> Vec<&'static str> {
+        self.captured()
+            .into_iter()
+            .filter(|(_, c)| c.is_some_and(|c| c.cut))
+            .map(|(name, _)| name)
+            .collect()
+    }
 }
 
 /// `gen_ai.operation.name` of a dialect.
@@ -117,9 +151,18 @@ pub fn encode(ids: &SpanIds, call: &CallSummary<'_>, details: &Details<'_>) -> V
         None => op.to_string(),
     };
     let error = error_type(call.end);
-    let mut a: Vec<(&str, Value<'_>)> = Vec::with_capacity(28);
+    let mut a: Vec<(&str, Value<'_>)> = Vec::with_capacity(32);
     genai_attributes(&mut a, call, details, op, requested, error.as_deref());
     decision_attributes(&mut a, call, details);
+    for (name, c) in details.captured() {
+        if let Some(c) = c {
+            a.push((name, Value::Str(&c.json)));
+        }
+    }
+    let cut = details.cut();
+    if !cut.is_empty() {
+        a.push(("llm_filter.capture.truncated", Value::Strs(&cut)));
+    }
     let ns = |ms: u64| ms.saturating_mul(1_000_000);
     otlp::span(&otlp::SpanFields {
         trace_id: ids.trace_id,
@@ -248,6 +291,8 @@ pub struct Export {
 #[derive(Debug, Default)]
 pub struct Queue {
     spans: VecDeque<Vec<u8>>,
+    /// Bytes of the spans waiting.
+    bytes: usize,
     /// When the last batch left (or the queue was made), ms.
     last_export_ms: u64,
     /// Spans of the batch in flight (0: none).
@@ -271,12 +316,20 @@ impl Queue {
         self.spans.is_empty()
     }
 
-    /// Queues a span, or drops it (counted) when `cfg.max_queue` are waiting.
+    /// Bytes of the spans waiting.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Queues a span, or drops it (counted) when `cfg.max_queue` are
+    /// waiting or it would take the queue past `cfg.max_queue_bytes`.
     pub fn push(&mut self, cfg: &OtlpConfig, m: &mut dyn Metrics, span: Vec<u8>) {
-        if self.spans.len() >= cfg.max_queue as usize {
+        let bytes = self.bytes.saturating_add(span.len());
+        if self.spans.len() >= cfg.max_queue as usize || bytes > cfg.max_queue_bytes {
             count(m, "dropped", 1);
             return;
         }
+        self.bytes = bytes;
         self.spans.push_back(span);
         count(m, "queued", 1);
         m.gauge_add(names::SPANS_QUEUED, 1);
@@ -299,6 +352,8 @@ impl Queue {
         }
         let n = self.spans.len().min(cfg.batch_size as usize);
         let batch: Vec<Vec<u8>> = self.spans.drain(..n).collect();
+        let sent: usize = batch.iter().map(Vec::len).sum();
+        self.bytes = self.bytes.saturating_sub(sent);
         let spans = u32::try_from(n).unwrap_or(u32::MAX);
         m.gauge_add(names::SPANS_QUEUED, -i64::from(spans));
         let body = otlp::export_request(

@@ -64,6 +64,20 @@ pub fn record(ids: Option<&SpanIds>, call: &CallSummary<'_>, details: &Details<'
     if call.budget_ms > 0 {
         put("budget_ms", Value::from(call.budget_ms));
     }
+    // The captures as JSON in the record (each within its bound), under the
+    // names of their span attributes without `gen_ai.`.
+    for (name, c) in details.captured() {
+        let value = c.and_then(|c| serde_json::from_str::<Value>(&c.json).ok());
+        let key = name
+            .strip_prefix("gen_ai.")
+            .unwrap_or(name)
+            .replace('.', "_");
+        put(&key, value.unwrap_or(Value::Null));
+    }
+    let cut = details.cut();
+    if !cut.is_empty() {
+        put("capture_truncated", cut.into_iter().collect());
+    }
     serde_json::to_vec(&Value::Object(r)).unwrap_or_default()
 }
 

@@ -248,3 +248,107 @@ fn the_record_is_set_before_envoy_logs_each_kind_of_answer() {
     let host = answered(&mut w, &mut call, host, STORED);
     assert!(host.properties.is_empty());
 }
+
+#[test]
+fn the_queue_is_bounded_in_bytes_too() {
+    let cfg = otlp(r#"{"cluster":"otel","batch_size":2,"max_queue":100,"max_queue_bytes":65536}"#);
+    let (mut q, mut m) = (Queue::default(), MemoryMetrics::default());
+    for _ in 0..3 {
+        q.push(&cfg, &mut m, vec![0; 30_000]);
+    }
+    assert_eq!(
+        (q.len(), q.bytes()),
+        (2, 60_000),
+        "the third passes the bound"
+    );
+    let e = q.due(&cfg, &mut m, 0).expect("a full batch");
+    assert_eq!((e.spans, q.bytes()), (2, 0));
+    q.finished(&mut m, Some(200));
+    q.push(&cfg, &mut m, vec![0; 70_000]);
+    assert!(q.is_empty(), "a span larger than the bound is dropped");
+}
+
+/// The record a call left, parsed.
+fn record_of(host: &FakeHost) -> serde_json::Value {
+    serde_json::from_slice(&host.properties[record::PROPERTY]).unwrap()
+}
+
+const CAPTURING: &str = r#"{"access_log":{"enabled":true},"tracing":{"otlp":{"cluster":"otel"},"capture":{"prompt":true,"completion":true,"redact":["tok-*"]}}}"#;
+
+#[test]
+fn captures_are_off_by_default() {
+    let mut w =
+        World::new(r#"{"access_log":{"enabled":true},"tracing":{"otlp":{"cluster":"otel"}}}"#);
+    let (mut call, host) = requested(&mut w, CHAT, None);
+    let host = answered(&mut w, &mut call, host, STORED);
+    call.on_log(&mut w.env());
+    let r = record_of(&host);
+    assert!(r.get("input_messages").is_none() && r.get("output_messages").is_none());
+    let cfg = w.config.otlp.clone().unwrap();
+    let batch = w.spans.due(&cfg, &mut w.metrics, u64::MAX).unwrap().body;
+    assert!(!contains(&batch, b"gen_ai.input.messages"));
+    assert!(!contains(&batch, b"gen_ai.output.messages"));
+}
+
+#[test]
+fn the_prompt_and_completion_are_captured_redacted_on_the_span_and_the_record() {
+    let mut w = World::new(CAPTURING);
+    let body = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi from bob@example.com with tok-123"}]}"#;
+    let (mut call, host) = requested(&mut w, body, None);
+    let host = answered(&mut w, &mut call, host, STORED);
+    call.on_log(&mut w.env());
+    let r = record_of(&host);
+    assert_eq!(
+        r["input_messages"],
+        serde_json::json!([{"role":"user","parts":[{"type":"text","content":"hi from [REDACTED] with [REDACTED]"}]}])
+    );
+    assert_eq!(
+        r["output_messages"],
+        serde_json::json!([{"role":"assistant","parts":[{"type":"text","content":"yo"}],"finish_reason":"stop"}])
+    );
+    assert!(r.get("capture_truncated").is_none());
+    let cfg = w.config.otlp.clone().unwrap();
+    let batch = w.spans.due(&cfg, &mut w.metrics, u64::MAX).unwrap().body;
+    assert!(contains(&batch, b"gen_ai.input.messages"));
+    assert!(contains(&batch, b"gen_ai.output.messages"));
+    assert!(contains(&batch, b"hi from [REDACTED] with [REDACTED]"));
+    assert!(!contains(&batch, b"bob@example.com"));
+}
+
+#[test]
+fn a_streamed_completion_is_captured_from_the_one_reading() {
+    let mut w = World::new(CAPTURING);
+    let body = r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let (mut call, host) = requested(&mut w, body, None);
+    let stream = concat!(
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Hel\"}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo \\\"you\\\"\"},\"finish_reason\":\"stop\"}]}\n\n",
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\n",
+        "data: [DONE]\n\n"
+    );
+    let mut host = host.with_response(200, "text/event-stream", stream);
+    call.on_response_headers(&mut w.env(), &mut host, false);
+    let size = host.response_body.len();
+    call.on_response_body(&mut w.env(), &mut host, size, true);
+    let r = record_of(&host);
+    assert_eq!(
+        r["output_messages"],
+        serde_json::json!([{"role":"assistant","parts":[{"type":"text","content":"Hello \"you\""}],"finish_reason":"stop"}])
+    );
+    assert_eq!(r["output_tokens"], 2, "the usage is read as before");
+}
+
+#[test]
+fn a_cache_hits_span_captures_the_prompt_only() {
+    let mut w = World::new(CAPTURING);
+    let body = r#"{"model":"gpt-4o","temperature":0,"messages":[{"role":"user","content":"hi"}]}"#;
+    let (mut call, host) = requested(&mut w, body, None);
+    answered(&mut w, &mut call, host, STORED);
+    call.on_log(&mut w.env());
+    let (call, host) = requested(&mut w, body, None);
+    assert!(host.local_reply.is_some());
+    let r = record_of(&host);
+    assert_eq!(r["cache"], "HIT");
+    assert!(r.get("input_messages").is_some() && r.get("output_messages").is_none());
+    call.on_log(&mut w.env());
+}

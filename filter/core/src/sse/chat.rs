@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::reader::{Event, DATA_FIELD, EVENT_END};
-use super::{FinishReasons, Grammar, Parsed, Reading};
+use super::{FinishReasons, Grammar, Parsed, Reading, Transcript};
 use crate::usage::Usage;
 
 /// The data of the event that ends a stream.
@@ -28,6 +28,8 @@ pub struct Chat {
     pub done: bool,
     /// Number of events with data seen.
     pub events: u64,
+    /// The choices' text, when kept.
+    pub transcript: Option<Transcript>,
 }
 
 /// What the grammar reads of a chunk; the rest is skipped unparsed unless a
@@ -59,10 +61,30 @@ impl Grammar for Chat {
         }
         #[cfg(test)]
         tests::count_parse();
-        let (head, parsed) = if parse {
+        // Text is kept from the chunk's tree: the parse a collector asks
+        // for, so keeping it costs the module no parser of its own.
+        let (head, parsed) = if parse || self.transcript.is_some() {
             match serde_json::from_slice::<Value>(data) {
-                Ok(tree) => (Head::deserialize(&tree).ok(), Parsed::Tree(tree)),
-                Err(_) => (None, Parsed::NotJson),
+                Ok(tree) => {
+                    self.keep(&tree);
+                    let head = Head::deserialize(&tree).ok();
+                    (
+                        head,
+                        if parse {
+                            Parsed::Tree(tree)
+                        } else {
+                            Parsed::Skipped
+                        },
+                    )
+                }
+                Err(_) => (
+                    None,
+                    if parse {
+                        Parsed::NotJson
+                    } else {
+                        Parsed::Skipped
+                    },
+                ),
             }
         } else {
             (serde_json::from_slice::<Head>(data).ok(), Parsed::Skipped)
@@ -88,9 +110,36 @@ impl Grammar for Chat {
     fn finish_reasons(&self) -> &FinishReasons {
         &self.reasons
     }
+
+    fn keep_text(&mut self, limit: usize) {
+        self.transcript
+            .get_or_insert_with(|| Transcript::new(limit));
+    }
+
+    fn transcript(&self) -> Option<&Transcript> {
+        self.transcript.as_ref()
+    }
 }
 
 impl Chat {
+    /// Keeps each choice's text of a chunk: a chat `delta.content`, a
+    /// completion's `text`.
+    fn keep(&mut self, tree: &Value) {
+        let Some(t) = self.transcript.as_mut() else {
+            return;
+        };
+        let choices = tree.get("choices").and_then(Value::as_array);
+        for c in choices.into_iter().flatten() {
+            let text = c
+                .get("delta")
+                .and_then(|d| d.get("content"))
+                .or_else(|| c.get("text"))
+                .and_then(Value::as_str);
+            let index = c.get("index").and_then(Value::as_u64).unwrap_or(0);
+            t.push(index, text.unwrap_or_default());
+        }
+    }
+
     /// Takes in what a chunk says; true when it is a usage-only chunk.
     fn note(&mut self, head: Head) -> bool {
         let usage = head.usage.as_ref().and_then(|u| Usage::deserialize(u).ok());

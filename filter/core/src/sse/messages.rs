@@ -8,7 +8,7 @@
 use serde_json::Value;
 
 use super::reader::Event;
-use super::{read_named, FinishReasons, Grammar, Reading};
+use super::{read_named, FinishReasons, Grammar, Reading, Transcript};
 use crate::usage::Usage;
 
 /// What a Messages stream said so far.
@@ -26,7 +26,12 @@ pub struct Messages {
     pub done: bool,
     /// Number of events with data seen.
     pub events: u64,
+    /// The text deltas, when kept.
+    pub transcript: Option<Transcript>,
 }
+
+/// The event that carries a piece of the answer's text.
+const TEXT_DELTA: &[u8] = b"content_block_delta";
 
 /// The events whose data the grammar reads.
 const READ: [&[u8]; 4] = [
@@ -39,9 +44,11 @@ const READ: [&[u8]; 4] = [
 impl Grammar for Messages {
     fn read(&mut self, event: &Event<'_>, parse: bool) -> Reading {
         self.events += u64::from(event.data.is_some());
-        // A content delta, a ping: nothing for the grammar, and no parse
-        // when no collector asked for one.
-        read_named(event, parse, |n| READ.contains(&n), |_, t| self.note(t))
+        // A content delta, a ping: nothing for the grammar unless it keeps
+        // the text, and no parse when no collector asked for one.
+        let text = self.transcript.is_some();
+        let reads = |n: &[u8]| READ.contains(&n) || (text && n == TEXT_DELTA);
+        read_named(event, parse, reads, |_, t| self.note(t))
     }
 
     fn usage(&self) -> Option<Usage> {
@@ -58,6 +65,15 @@ impl Grammar for Messages {
 
     fn finish_reasons(&self) -> &FinishReasons {
         &self.reasons
+    }
+
+    fn keep_text(&mut self, limit: usize) {
+        self.transcript
+            .get_or_insert_with(|| Transcript::new(limit));
+    }
+
+    fn transcript(&self) -> Option<&Transcript> {
+        self.transcript.as_ref()
     }
 }
 
@@ -80,6 +96,14 @@ impl Messages {
             }
             Some("error") => {
                 self.done = true;
+                None
+            }
+            Some("content_block_delta") => {
+                let text = data.get("delta").and_then(|d| d.get("text"));
+                if let (Some(t), Some(text)) = (self.transcript.as_mut(), text) {
+                    // One message: every content block is of choice 0.
+                    t.push(0, text.as_str().unwrap_or_default());
+                }
                 None
             }
             _ => None,

@@ -32,6 +32,7 @@ pub mod chat;
 pub mod messages;
 pub mod reader;
 pub mod responses;
+pub mod transcript;
 
 use serde_json::Value;
 
@@ -39,6 +40,7 @@ pub use chat::Chat;
 pub use messages::Messages;
 pub use reader::{Event, Reader, MAX_EVENT};
 pub use responses::Responses;
+pub use transcript::Transcript;
 
 use crate::classify::Endpoint;
 use crate::usage::{Usage, MAX_FINISH_REASONS};
@@ -61,6 +63,11 @@ pub trait Grammar {
     fn finished(&self) -> bool;
     /// Why the answer ended, as the stream said so far.
     fn finish_reasons(&self) -> &FinishReasons;
+    /// From now on, keeps the answer's text, at most `limit` bytes
+    /// (`tracing.capture.completion`).
+    fn keep_text(&mut self, limit: usize);
+    /// The answer's text kept so far, when asked.
+    fn transcript(&self) -> Option<&Transcript>;
 }
 
 /// Most bytes kept of one finish reason (they are short words).
@@ -236,6 +243,14 @@ impl Grammar for Dialect {
     fn finish_reasons(&self) -> &FinishReasons {
         self.grammar_ref().finish_reasons()
     }
+
+    fn keep_text(&mut self, limit: usize) {
+        self.grammar().keep_text(limit);
+    }
+
+    fn transcript(&self) -> Option<&Transcript> {
+        self.grammar_ref().transcript()
+    }
 }
 
 /// Takes the answer's events, parsed (the cache's stream assembler).
@@ -333,6 +348,11 @@ impl<G: Grammar> Stream<G> {
     /// What the grammar read so far.
     pub fn grammar(&self) -> &G {
         &self.grammar
+    }
+
+    /// From now on, keeps the answer's text, at most `limit` bytes.
+    pub fn keep_text(&mut self, limit: usize) {
+        self.grammar.keep_text(limit);
     }
 
     /// Reads the next piece of the stream (`end`: the last one), handing

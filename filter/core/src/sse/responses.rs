@@ -8,7 +8,7 @@
 use serde_json::Value;
 
 use super::reader::Event;
-use super::{read_named, FinishReasons, Grammar, Reading};
+use super::{read_named, FinishReasons, Grammar, Reading, Transcript};
 use crate::usage::Usage;
 
 /// The event that opens a Responses stream with the response's id.
@@ -39,6 +39,8 @@ pub struct Responses {
     pub reasons: FinishReasons,
     /// Number of events with data seen.
     pub events: u64,
+    /// The final response's text, when kept.
+    pub transcript: Option<Transcript>,
 }
 
 /// The name of an event: its `event:` field, else its data's `type`.
@@ -74,6 +76,15 @@ impl Grammar for Responses {
     fn finish_reasons(&self) -> &FinishReasons {
         &self.reasons
     }
+
+    fn keep_text(&mut self, limit: usize) {
+        self.transcript
+            .get_or_insert_with(|| Transcript::new(limit));
+    }
+
+    fn transcript(&self) -> Option<&Transcript> {
+        self.transcript.as_ref()
+    }
 }
 
 impl Responses {
@@ -93,6 +104,11 @@ impl Responses {
             if let Some(reason) = response.and_then(final_reason) {
                 self.reasons.push(reason);
             }
+            // The final response holds the whole text: read there, not
+            // from the deltas.
+            if let (Some(t), Some(r)) = (self.transcript.as_mut(), response) {
+                keep_output_text(t, r);
+            }
         }
         self.done = true;
         self.finished |= name == b"response.completed";
@@ -101,6 +117,22 @@ impl Responses {
             .and_then(Usage::from_value)
         {
             self.usage = Some(u);
+        }
+    }
+}
+
+/// The `output_text` parts of a response's message items.
+fn keep_output_text(t: &mut Transcript, response: &Value) {
+    let items = response.get("output").and_then(Value::as_array);
+    for item in items.into_iter().flatten() {
+        let parts = item.get("content").and_then(Value::as_array);
+        for part in parts.into_iter().flatten() {
+            if part.get("type").and_then(Value::as_str) == Some("output_text") {
+                t.push(
+                    0,
+                    part.get("text").and_then(Value::as_str).unwrap_or_default(),
+                );
+            }
         }
     }
 }

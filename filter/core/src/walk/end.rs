@@ -72,8 +72,8 @@ impl Call {
             call.end = end;
         }
         let finish = self.finish_reasons();
-        let record =
-            spans::record::record(self.decided.span.as_ref(), &call, &self.details(&finish));
+        let details = self.details(env.config, &finish);
+        let record = spans::record::record(self.decided.span.as_ref(), &call, &details);
         if !host.set_property(spans::record::PROPERTY, &record) {
             internal_error(env.metrics, "set_property");
         }
@@ -89,7 +89,7 @@ impl Call {
             return;
         }
         let finish = self.finish_reasons();
-        let span = spans::encode(&ids, call, &self.details(&finish));
+        let span = spans::encode(&ids, call, &self.details(env.config, &finish));
         env.spans.push(otlp, env.metrics, span);
     }
 
@@ -103,8 +103,18 @@ impl Call {
 
     /// What the walk knew of the call beyond its summary, for its span and
     /// its record.
-    fn details<'a>(&'a self, finish_reasons: &'a [&'a str]) -> spans::Details<'a> {
+    fn details<'a>(
+        &'a self,
+        config: &'a Config,
+        finish_reasons: &'a [&'a str],
+    ) -> spans::Details<'a> {
+        let endpoint = self.request.endpoint;
         spans::Details {
+            prompt: self.request.prompt.as_ref(),
+            completion: self
+                .response
+                .as_ref()
+                .and_then(|r| r.completion(endpoint, &config.capture)),
             requested_model: self.request.model.as_deref(),
             response_model: self.response.as_ref().and_then(Response::model),
             finish_reasons,

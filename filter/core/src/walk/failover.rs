@@ -315,6 +315,7 @@ impl Call {
             status,
             stream,
             self.decided.usage_asked,
+            &env.config.capture,
             &answer.body,
             env.now_ms,
         );

@@ -179,6 +179,7 @@ impl Call {
             || cfg.cache.enabled
             || cfg.shaping.enabled()
             || cfg.limits.enabled()
+            || cfg.capture.prompt
             || ab_wants_body
             // Alerts can arrive, or the load can cross a threshold.
             || cfg.admin.token.is_some()
@@ -255,11 +256,25 @@ impl Call {
         self.progress.forward();
         if let Some(b) = &body {
             self.request.read_body(b);
+            self.capture_prompt(env, b);
             // Before shaping, which may drop the turns the key covers.
             self.request.affinity = self.affinity_key(env, host, b);
         }
         let flow = self.before_upstream(env, host, body);
         self.then_upstream(env, host, flow)
+    }
+
+    /// The prompt as the client sent it, captured when asked and when it
+    /// goes somewhere: the record, or the span of a sampled trace.
+    fn capture_prompt(&mut self, env: &Env<'_>, body: &HeldBody) {
+        let cfg = env.config;
+        let spanned = cfg.otlp.is_some() && self.decided.span.is_some_and(|s| s.sampled());
+        if !cfg.capture.prompt || !(cfg.access_log || spanned) {
+            return;
+        }
+        if let Some(tree) = body.tree() {
+            self.request.prompt = spans::capture::prompt(&cfg.capture, self.request.endpoint, tree);
+        }
     }
 
     /// The steps before the trip upstream, in order.
@@ -376,6 +391,7 @@ impl Request {
             temperature: None,
             affinity: None,
             names_cache_key: false,
+            prompt: None,
         }
     }
 

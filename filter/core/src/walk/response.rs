@@ -10,6 +10,7 @@ use crate::cache::entry::SSE_CONTENT_TYPE;
 use crate::classify::Endpoint;
 use crate::metrics::internal_error;
 use crate::routing::failover;
+use crate::spans::capture;
 use crate::sse;
 use crate::summary::EnvoyReply;
 use crate::usage;
@@ -35,6 +36,9 @@ impl Call {
         }
         let endpoint = self.request.endpoint;
         let mut response = Response::read(host, endpoint, env.now_ms, end_of_stream);
+        if let (Answer::Stream(sse), true) = (&mut response.answer, env.config.capture.completion) {
+            sse.keep_text(capture::transcript_bytes(&env.config.capture));
+        }
         response.replacement = rewrite_envoy_reply(env, host, endpoint, response.envoy);
         if self.decided.usage_asked {
             if let Answer::Stream(sse) = &mut response.answer {
@@ -182,6 +186,7 @@ impl Response {
             },
             replacement: None,
             ended: end_of_stream,
+            completion: std::cell::OnceCell::new(),
         }
     }
 }

@@ -34,10 +34,14 @@ use crate::routing::hedge::HedgeResult;
 use crate::routing::stateful::Continues;
 use crate::routing::Health;
 use crate::shaping::{Changes, TokenField};
+use crate::spans::capture;
+use crate::spans::{CaptureConfig, Captured, Prompt};
 use crate::sse::{self, Collect, Grammar};
 use crate::summary::EnvoyReply;
 use crate::trace_context::SpanIds;
 use crate::usage::{self, Usage};
+
+use std::cell::OnceCell;
 
 use super::body::{BodyCopy, HeldBody};
 use super::limits::LimitsCall;
@@ -68,6 +72,8 @@ pub(super) struct Request {
     pub(super) affinity: Option<affinity::Key>,
     /// The body names its own `prompt_cache_key`: the filter sets none.
     pub(super) names_cache_key: bool,
+    /// The prompt as the client sent it, when captured (`tracing.capture`).
+    pub(super) prompt: Option<Prompt>,
 }
 
 impl Request {
@@ -383,6 +389,8 @@ pub(super) struct Response {
     pub(super) replacement: Option<Vec<u8>>,
     /// The response's end passed (its last body chunk, or headers alone).
     pub(super) ended: bool,
+    /// The completion as captured, once asked for (`tracing.capture`).
+    pub(super) completion: OnceCell<Option<Captured>>,
 }
 
 /// The answer as it passes.
@@ -405,6 +413,7 @@ impl Response {
         status: u16,
         stream: bool,
         strip: bool,
+        capture: &CaptureConfig,
         body: &[u8],
         now_ms: u64,
     ) -> (Self, Option<Vec<u8>>) {
@@ -413,6 +422,9 @@ impl Response {
             let mut sse = sse::Stream::with_grammar(sse::Dialect::of(endpoint));
             if strip {
                 sse.strip_usage();
+            }
+            if capture.completion {
+                sse.keep_text(capture::transcript_bytes(capture));
             }
             stripped = sse.feed(body, true, None);
             Answer::Stream(sse)
@@ -434,8 +446,30 @@ impl Response {
             answer,
             replacement: None,
             ended: true,
+            completion: OnceCell::new(),
         };
         (response, stripped)
+    }
+
+    /// The completion, captured once when `cfg` asks (a 2xx answer only):
+    /// from the stream's kept text, or from the JSON answer's copy.
+    pub(super) fn completion(&self, endpoint: Endpoint, cfg: &CaptureConfig) -> Option<&Captured> {
+        if !cfg.completion || !self.status.is_some_and(|s| (200..300).contains(&s)) {
+            return None;
+        }
+        self.completion
+            .get_or_init(|| match &self.answer {
+                Answer::Stream(sse) => {
+                    let g = sse.grammar();
+                    let t = g.transcript()?;
+                    capture::streamed(cfg, t, &g.finish_reasons().as_strs())
+                }
+                Answer::Json { copy, .. } => {
+                    let tree = crate::json::Json::parse(copy.bytes()?)?;
+                    capture::completion(cfg, endpoint, &tree)
+                }
+            })
+            .as_ref()
     }
 
     /// Tokens the provider reported.

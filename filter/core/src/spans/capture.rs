@@ -1,0 +1,597 @@
+//! The prompt and completion of a call, captured when `tracing.capture` asks
+//! (off by default: they hold what users wrote), as the OpenTelemetry GenAI
+//! conventions shape them: `gen_ai.system_instructions` (`[{"type":"text",
+//! "content":…}]`), `gen_ai.input.messages` and `gen_ai.output.messages`
+//! (`[{"role":…,"parts":[…],"finish_reason":…}]`), each a JSON string.
+//!
+//! Each dialect's request and answer are read where they keep their text
+//! (chat `messages`, Responses `instructions` and `input`, Messages `system`
+//! and `messages`; a choice's `message`, a response's `output`, a message's
+//! `content`). The text is redacted ([`super::redact`]) and the whole JSON
+//! kept within `max_bytes`: what does not fit is left out, a text cut ends
+//! with [`CUT_MARK`] (never in the middle of a word), and the capture says it
+//! was cut. Reading stops once the text read is past the bound, so no
+//! capture holds more than about twice `max_bytes`.
+
+use serde_json::{json, Value};
+
+use super::config::CaptureConfig;
+use super::redact::{self, Rules};
+use crate::classify::Endpoint;
+use crate::json::Json;
+use crate::sse::Transcript;
+
+/// The end of a text cut to fit.
+pub const CUT_MARK: &str = "…[truncated]";
+
+/// One captured attribute: its JSON, and whether anything was left out.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Captured {
+    /// The JSON array, at most `max_bytes`.
+    pub json: String,
+    /// Something did not fit.
+    pub cut: bool,
+}
+
+/// What is captured of a request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Prompt {
+    /// The system instructions given apart from the messages (Responses
+    /// `instructions`, Messages `system`).
+    pub system: Option<Captured>,
+    /// The messages, in the order they were sent.
+    pub messages: Option<Captured>,
+}
+
+/// A string's value.
+fn text(j: &Json) -> Option<&str> {
+    match j {
+        Json::String(s) => Some(s),
+        _ => None,
+    }
+}
+
+/// An array's items; none of anything else.
+fn items(j: Option<&Json>) -> &[Json] {
+    match j {
+        Some(Json::Array(items)) => items,
+        _ => &[],
+    }
+}
+
+/// The tree written back as JSON (a tool call's arguments).
+fn written(j: &Json) -> String {
+    let mut out = Vec::new();
+    j.write(&mut out);
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// One part of a message.
+#[derive(Debug, Clone, PartialEq)]
+enum Part {
+    /// Text.
+    Text(String),
+    /// A tool call the model asked for.
+    ToolCall {
+        id: String,
+        name: String,
+        arguments: String,
+    },
+    /// A tool's result handed back.
+    ToolResult { id: String, response: String },
+    /// Anything else (an image, a file), by its type only.
+    Other(String),
+}
+
+/// One message, as the conventions shape it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    role: String,
+    parts: Vec<Part>,
+    finish_reason: Option<String>,
+}
+
+/// Collects messages until the text read passes the bound.
+struct Reader {
+    limit: usize,
+    read: usize,
+    messages: Vec<Message>,
+    /// Text was cut or left out.
+    cut: bool,
+}
+
+impl Reader {
+    fn new(limit: usize) -> Self {
+        Self {
+            limit,
+            read: 0,
+            messages: Vec::new(),
+            cut: false,
+        }
+    }
+
+    /// Past the bound: what is left is left out.
+    fn full(&mut self) -> bool {
+        let full = self.read > self.limit;
+        self.cut |= full;
+        full
+    }
+
+    /// Text of a part, kept whole up to the bound; past it, cut at a word's
+    /// end and marked (the writer may cut it shorter still).
+    fn text(&mut self, s: &str) -> String {
+        let room = self.limit.saturating_sub(self.read);
+        if s.len() <= room {
+            self.read = self.read.saturating_add(s.len().max(1));
+            return s.to_string();
+        }
+        self.cut = true;
+        self.read = self.limit.saturating_add(1);
+        let end = redact::word_boundary(s, room);
+        let mut kept = s.get(..end).unwrap_or_default().to_string();
+        kept.push_str(CUT_MARK);
+        kept
+    }
+
+    fn push(&mut self, role: &str, parts: Vec<Part>, finish_reason: Option<&str>) {
+        self.messages.push(Message {
+            role: role.to_string(),
+            parts,
+            finish_reason: finish_reason.map(str::to_string),
+        });
+    }
+
+    /// The parts of a `content`: a string, or an array of typed parts.
+    fn parts(&mut self, content: Option<&Json>, parts: &mut Vec<Part>) {
+        let Some(content) = content else {
+            return;
+        };
+        if let Some(s) = text(content) {
+            parts.push(Part::Text(self.text(s)));
+            return;
+        }
+        for item in items(Some(content)) {
+            if self.full() {
+                return;
+            }
+            let kind = item.get("type").and_then(text).unwrap_or("text");
+            let said = item.get("text").and_then(text);
+            match (kind, said) {
+                ("text" | "input_text" | "output_text", Some(t)) => {
+                    parts.push(Part::Text(self.text(t)));
+                }
+                ("tool_use", _) => {
+                    parts.push(self.tool_call(item.get("id"), item.get("name"), item.get("input")))
+                }
+                ("tool_result", _) => {
+                    let mut inner = Vec::new();
+                    self.parts(item.get("content"), &mut inner);
+                    parts.push(Part::ToolResult {
+                        id: string(item.get("tool_use_id")),
+                        response: texts(&inner),
+                    });
+                }
+                ("function_call", _) => parts.push(self.tool_call(
+                    item.get("call_id"),
+                    item.get("name"),
+                    item.get("arguments"),
+                )),
+                ("function_call_output", _) => {
+                    let output = item.get("output");
+                    let response = output
+                        .and_then(text)
+                        .map(|t| self.text(t))
+                        .unwrap_or_default();
+                    parts.push(Part::ToolResult {
+                        id: string(item.get("call_id")),
+                        response,
+                    });
+                }
+                (other, _) => parts.push(Part::Other(other.chars().take(64).collect())),
+            }
+        }
+    }
+
+    fn tool_call(
+        &mut self,
+        id: Option<&Json>,
+        name: Option<&Json>,
+        arguments: Option<&Json>,
+    ) -> Part {
+        let arguments = match arguments {
+            Some(a) => match text(a) {
+                Some(t) => self.text(t),
+                None => self.text(&written(a)),
+            },
+            None => String::new(),
+        };
+        Part::ToolCall {
+            id: string(id),
+            name: string(name),
+            arguments,
+        }
+    }
+
+    /// One message of a list: `role` and `content` (chat, Messages,
+    /// Responses input items), its tool calls and tool results.
+    fn message(&mut self, m: &Json, default_role: &str) {
+        let role = m.get("role").and_then(text).unwrap_or(default_role);
+        let mut parts = Vec::new();
+        let kind = m.get("type").and_then(text);
+        match kind {
+            // A Responses input item that is no message.
+            Some("function_call" | "function_call_output") => {
+                self.parts_of_item(m, &mut parts);
+            }
+            _ => self.parts(m.get("content"), &mut parts),
+        }
+        for call in items(m.get("tool_calls")) {
+            let f = call.get("function");
+            parts.push(self.tool_call(
+                call.get("id"),
+                f.and_then(|f| f.get("name")),
+                f.and_then(|f| f.get("arguments")),
+            ));
+        }
+        if role == "tool" {
+            let response = texts(&parts);
+            parts = vec![Part::ToolResult {
+                id: string(m.get("tool_call_id")),
+                response,
+            }];
+        }
+        self.push(role, parts, None);
+    }
+
+    fn parts_of_item(&mut self, item: &Json, parts: &mut Vec<Part>) {
+        // The item is its own part: read it as a one-item content.
+        let kind = item.get("type").and_then(text).unwrap_or_default();
+        match kind {
+            "function_call" => parts.push(self.tool_call(
+                item.get("call_id"),
+                item.get("name"),
+                item.get("arguments"),
+            )),
+            _ => {
+                let response = item
+                    .get("output")
+                    .and_then(text)
+                    .map(|t| self.text(t))
+                    .unwrap_or_default();
+                parts.push(Part::ToolResult {
+                    id: string(item.get("call_id")),
+                    response,
+                });
+            }
+        }
+    }
+
+    fn messages(&mut self, list: Option<&Json>, default_role: &str) {
+        for m in items(list) {
+            if self.full() {
+                return;
+            }
+            self.message(m, default_role);
+        }
+    }
+}
+
+fn string(t: Option<&Json>) -> String {
+    t.and_then(text)
+        .unwrap_or_default()
+        .chars()
+        .take(256)
+        .collect()
+}
+
+/// The text parts of a tool result, joined.
+fn texts(parts: &[Part]) -> String {
+    parts
+        .iter()
+        .filter_map(|p| match p {
+            Part::Text(t) => Some(t.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// What `cfg` captures of a request body of `api`: `None` when it captures
+/// no prompt, or the dialect has none (embeddings).
+pub fn prompt(cfg: &CaptureConfig, api: Endpoint, body: &Json) -> Option<Prompt> {
+    if !cfg.prompt {
+        return None;
+    }
+    let rules = rules(cfg);
+    let mut system = Reader::new(cfg.max_bytes);
+    let mut input = Reader::new(cfg.max_bytes);
+    match api {
+        Endpoint::Chat => input.messages(body.get("messages"), "user"),
+        Endpoint::Completions => {
+            let prompt = body.get("prompt");
+            let mut parts = Vec::new();
+            match prompt {
+                Some(Json::Array(list)) => {
+                    for p in list.iter().filter_map(text) {
+                        parts.push(Part::Text(input.text(p)));
+                    }
+                }
+                _ => input.parts(prompt, &mut parts),
+            }
+            input.push("user", parts, None);
+        }
+        Endpoint::Responses => {
+            let mut parts = Vec::new();
+            system.parts(body.get("instructions"), &mut parts);
+            if !parts.is_empty() {
+                system.push("system", parts, None);
+            }
+            let items = body.get("input");
+            match items.and_then(text) {
+                Some(t) => {
+                    let text = input.text(t);
+                    input.push("user", vec![Part::Text(text)], None);
+                }
+                None => input.messages(items, "user"),
+            }
+        }
+        Endpoint::Messages => {
+            let mut parts = Vec::new();
+            system.parts(body.get("system"), &mut parts);
+            if !parts.is_empty() {
+                system.push("system", parts, None);
+            }
+            input.messages(body.get("messages"), "user");
+        }
+        Endpoint::Embeddings | Endpoint::Other => return None,
+    }
+    let system = system
+        .messages
+        .first()
+        .map(|m| write_parts(&system, &m.parts, &rules));
+    Some(Prompt {
+        system,
+        messages: Some(write_messages(&input, &rules)),
+    })
+}
+
+/// What `cfg` captures of a JSON answer of `api`.
+pub fn completion(cfg: &CaptureConfig, api: Endpoint, answer: &Json) -> Option<Captured> {
+    if !cfg.completion {
+        return None;
+    }
+    let mut out = Reader::new(cfg.max_bytes);
+    match api {
+        Endpoint::Chat | Endpoint::Completions => {
+            for choice in items(answer.get("choices")) {
+                if out.full() {
+                    break;
+                }
+                let reason = choice.get("finish_reason").and_then(text);
+                let mut parts = Vec::new();
+                if let Some(t) = choice.get("text").and_then(text) {
+                    parts.push(Part::Text(out.text(t)));
+                    out.push("assistant", parts, reason);
+                    continue;
+                }
+                let Some(m) = choice.get("message") else {
+                    continue;
+                };
+                out.message(m, "assistant");
+                if let Some(last) = out.messages.last_mut() {
+                    last.finish_reason = reason.map(str::to_string);
+                }
+            }
+        }
+        Endpoint::Responses => {
+            let mut parts = Vec::new();
+            for item in items(answer.get("output")) {
+                if out.full() {
+                    break;
+                }
+                match item.get("type").and_then(text) {
+                    Some("message") => out.parts(item.get("content"), &mut parts),
+                    Some("function_call") => out.parts_of_item(item, &mut parts),
+                    _ => {}
+                }
+            }
+            let reason = answer
+                .get("incomplete_details")
+                .and_then(|d| d.get("reason"))
+                .and_then(text)
+                .or_else(|| answer.get("status").and_then(text));
+            out.push("assistant", parts, reason);
+        }
+        Endpoint::Messages => {
+            let mut parts = Vec::new();
+            out.parts(answer.get("content"), &mut parts);
+            let reason = answer.get("stop_reason").and_then(text);
+            out.push("assistant", parts, reason);
+        }
+        Endpoint::Embeddings | Endpoint::Other => return None,
+    }
+    Some(write_messages(&out, &rules(cfg)))
+}
+
+/// Bytes of text a stream keeps for the capture: one past the bound, so a
+/// text cut as it was kept is cut again at a word's end.
+pub fn transcript_bytes(cfg: &CaptureConfig) -> usize {
+    cfg.max_bytes.saturating_add(1)
+}
+
+/// What `cfg` captures of a streamed answer: the text of each choice as
+/// the stream's reading kept it, with the finish reasons in order.
+pub fn streamed(cfg: &CaptureConfig, kept: &Transcript, reasons: &[&str]) -> Option<Captured> {
+    if !cfg.completion {
+        return None;
+    }
+    let mut out = Reader::new(cfg.max_bytes);
+    out.cut = kept.cut;
+    for (i, text) in kept.texts().iter().enumerate() {
+        let part = Part::Text(out.text(text));
+        out.push("assistant", vec![part], reasons.get(i).copied());
+    }
+    Some(write_messages(&out, &rules(cfg)))
+}
+
+fn rules(cfg: &CaptureConfig) -> Rules<'_> {
+    Rules {
+        globs: &cfg.redact,
+        builtins: cfg.redact_builtins,
+    }
+}
+
+/// A part as the conventions write it, its strings redacted.
+fn part_json(part: &Part, rules: &Rules<'_>) -> Value {
+    let r = |s: &str| redact::redact(s, rules).into_owned();
+    match part {
+        Part::Text(t) => json!({"type": "text", "content": r(t)}),
+        Part::ToolCall {
+            id,
+            name,
+            arguments,
+        } => json!({"type": "tool_call", "id": id, "name": name, "arguments": r(arguments)}),
+        Part::ToolResult { id, response } => {
+            json!({"type": "tool_call_response", "id": id, "response": r(response)})
+        }
+        Part::Other(kind) => json!({ "type": kind }),
+    }
+}
+
+/// Writes items into a JSON array of at most `max` bytes: whole items
+/// while they fit, then the one that does not cut to fit (its longest
+/// string shortened, ending with [`CUT_MARK`]) when it can be.
+struct Capped {
+    out: String,
+    max: usize,
+    cut: bool,
+}
+
+impl Capped {
+    fn new(max: usize) -> Self {
+        Self {
+            out: String::from("["),
+            max,
+            cut: false,
+        }
+    }
+
+    /// Room left for one more item, its separator and the closing `]`.
+    fn room(&self) -> usize {
+        let sep = usize::from(self.out.len() > 1);
+        self.max
+            .saturating_sub(self.out.len())
+            .saturating_sub(sep + 1)
+    }
+
+    /// Adds `item`, cut to fit; false once nothing more fits.
+    fn add(&mut self, mut item: Value) -> bool {
+        if self.cut {
+            return false;
+        }
+        let mut written = item.to_string();
+        let room = self.room();
+        if written.len() > room {
+            self.cut = true;
+            // Shorten the item's longest string by what does not fit,
+            // until it fits (escapes make a shorter string shorter still).
+            for _ in 0..4 {
+                let over = written.len().saturating_sub(room);
+                if !shorten(&mut item, over) {
+                    return false;
+                }
+                written = item.to_string();
+                if written.len() <= room {
+                    break;
+                }
+            }
+            if written.len() > room {
+                return false;
+            }
+        }
+        if self.out.len() > 1 {
+            self.out.push(',');
+        }
+        self.out.push_str(&written);
+        !self.cut
+    }
+
+    fn finish(mut self) -> Captured {
+        self.out.push(']');
+        Captured {
+            json: self.out,
+            cut: self.cut,
+        }
+    }
+}
+
+/// Shortens the longest string in `v` by at least `over` bytes (and the
+/// mark), never leaving half a word; false when there is none to shorten.
+fn shorten(v: &mut Value, over: usize) -> bool {
+    fn longest(v: &mut Value) -> Option<&mut String> {
+        match v {
+            Value::String(s) => Some(s),
+            Value::Array(items) => items.iter_mut().filter_map(longest).max_by_key(|s| s.len()),
+            Value::Object(map) => map
+                .iter_mut()
+                .filter(|(k, _)| k.as_str() != "type" && k.as_str() != "role")
+                .filter_map(|(_, v)| longest(v))
+                .max_by_key(|s| s.len()),
+            _ => None,
+        }
+    }
+    let Some(s) = longest(v) else {
+        return false;
+    };
+    let had_mark = s.ends_with(CUT_MARK);
+    let body = if had_mark {
+        s.len() - CUT_MARK.len()
+    } else {
+        s.len()
+    };
+    let want = body.saturating_sub(over.saturating_add(if had_mark { 0 } else { CUT_MARK.len() }));
+    if body == 0 {
+        return false;
+    }
+    let end = redact::word_boundary(s, want);
+    s.truncate(end);
+    s.push_str(CUT_MARK);
+    true
+}
+
+/// Messages as `gen_ai.input.messages` / `gen_ai.output.messages`.
+fn write_messages(read: &Reader, rules: &Rules<'_>) -> Captured {
+    let (messages, max) = (&read.messages, read.limit);
+    let mut c = Capped::new(max);
+    let mut all = true;
+    for m in messages {
+        let parts: Vec<Value> = m.parts.iter().map(|p| part_json(p, rules)).collect();
+        let mut item = json!({"role": m.role, "parts": parts});
+        if let (Some(r), Some(obj)) = (&m.finish_reason, item.as_object_mut()) {
+            obj.insert("finish_reason".to_string(), Value::from(r.as_str()));
+        }
+        if !c.add(item) {
+            all = false;
+            break;
+        }
+    }
+    let mut done = c.finish();
+    done.cut |= !all || read.cut;
+    done
+}
+
+/// Parts as `gen_ai.system_instructions`.
+fn write_parts(read: &Reader, parts: &[Part], rules: &Rules<'_>) -> Captured {
+    let mut c = Capped::new(read.limit);
+    for p in parts {
+        if !c.add(part_json(p, rules)) {
+            break;
+        }
+    }
+    let mut done = c.finish();
+    done.cut |= read.cut;
+    done
+}
+
+#[cfg(test)]
+mod tests;
