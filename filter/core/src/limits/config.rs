@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::window::Span;
-use crate::config::{check, ConfigError};
+use crate::config::check;
+use crate::config::error::ConfigError;
 use crate::priority::Priority;
 
 /// Most rules.

@@ -288,6 +288,101 @@ enum Reserved {
     Over(Refused),
 }
 
+/// What a reservation took of a record: per limit the window and amount,
+/// the degrade it went under, what is left.
+type Taken = (Vec<(u64, u64)>, Option<Cheaper>, Vec<Left>);
+
+/// The call's need under a rule, and its need sent cheaper by the rule's
+/// degrade (with the ceiling factor and the edit).
+fn needs(
+    cfg: &LimitsConfig,
+    rule: &Rule,
+    ask: &Ask<'_>,
+    already: Option<&Cheaper>,
+) -> (Need, Option<(Need, f64, Cheaper)>) {
+    // What an earlier rule's degrade already made of the call.
+    let model = already.and_then(|c| c.model.as_deref()).or(ask.model);
+    let cap = |own: Option<u64>| match (own, ask.max_tokens) {
+        (Some(c), Some(m)) => Some(c.min(m)),
+        (c, m) => c.or(m),
+    };
+    let already_cap = already.and_then(|c| c.max_tokens);
+    let normal = need(cfg, model, ask.prompt_tokens, cap(already_cap));
+    let cheaper = rule.degrade.as_ref().map(|d| {
+        let max_tokens = cap(d.max_tokens.or(already_cap));
+        let c = Cheaper {
+            max_tokens: d.max_tokens,
+            model: d.model.clone(),
+        };
+        let n = need(
+            cfg,
+            d.model.as_deref().or(model),
+            ask.prompt_tokens,
+            max_tokens,
+        );
+        (n, d.until, c)
+    });
+    (normal, cheaper)
+}
+
+/// Checks a rolled record against the rule's limits and adds the need it
+/// can take (the normal one, else the cheaper one under its ceiling);
+/// `Err`: the limit the call waits longest for.
+fn take(
+    r: &mut store::Record,
+    rule: &Rule,
+    now: u64,
+    normal: Need,
+    cheaper: Option<&(Need, f64, Cheaper)>,
+) -> Decided<Result<Taken, Option<Refused>>> {
+    let limits = &rule.limits;
+    let used: Vec<u64> = r
+        .counts
+        .iter()
+        .zip(limits)
+        .map(|(c, l)| c.used(l.span, now))
+        .collect();
+    let fits = |n: &Need, factor: f64| {
+        used.iter().zip(limits).all(|(u, l)| {
+            let ceiling = (l.max as f64 * factor) as u64;
+            u.saturating_add(n.of(l.measure)) <= ceiling
+        })
+    };
+    let (taken, degraded) = match cheaper {
+        _ if fits(&normal, 1.0) => (normal, None),
+        Some((n, until, c)) if fits(n, *until) => (*n, Some(c.clone())),
+        _ => {
+            let over = r
+                .counts
+                .iter()
+                .zip(limits)
+                .map(|(c, l)| (l, c.wait_ms(l.span, now, normal.of(l.measure), l.max)))
+                .filter(|(_, w)| *w != Some(0))
+                .max_by_key(|(_, w)| w.unwrap_or(u64::MAX));
+            return Decided::Keep(Err(over.map(|(l, w)| Refused {
+                rule: rule.name.clone(),
+                limit: l.name,
+                measure: l.measure,
+                max: l.max,
+                wait_ms: w,
+            })));
+        }
+    };
+    let mut reserved = Vec::with_capacity(limits.len());
+    let mut left = Vec::with_capacity(limits.len());
+    for ((c, l), u) in r.counts.iter_mut().zip(limits).zip(&used) {
+        let n = taken.of(l.measure);
+        c.current = c.current.saturating_add(n);
+        reserved.push((c.index, n));
+        left.push(Left {
+            limit: l.max,
+            remaining: l.max.saturating_sub(u.saturating_add(n)),
+            reset_ms: c.wait_ms(l.span, now, l.max, l.max).unwrap_or(0),
+        });
+    }
+    Decided::Write(Ok((reserved, degraded, left)))
+}
+
 fn reserve(
     store: &dyn SharedStore,
     cfg: &LimitsConfig,
@@ -296,92 +391,20 @@ fn reserve(
     ask: &Ask<'_>,
     already: Option<&Cheaper>,
 ) -> Result<Reserved, ()> {
-    let tenant = ask.tenant.unwrap_or(NONE);
     let values: Vec<&str> = rule
         .by
         .iter()
         .map(|d| match d {
-            Dimension::Tenant => tenant,
+            Dimension::Tenant => ask.tenant.unwrap_or(NONE),
             Dimension::User => ask.user.unwrap_or(NONE),
             Dimension::Model => ask.model.unwrap_or(NONE),
         })
         .collect();
     let hash = key_hash(rule, &values);
-    // What an earlier rule's degrade already made of the call.
-    let model = already.and_then(|c| c.model.as_deref()).or(ask.model);
-    let cap = |own: Option<u64>| match (own, ask.max_tokens) {
-        (Some(c), Some(m)) => Some(c.min(m)),
-        (c, m) => c.or(m),
-    };
-    let normal = need(
-        cfg,
-        model,
-        ask.prompt_tokens,
-        cap(already.and_then(|c| c.max_tokens)),
-    );
-    let cheaper = rule.degrade.as_ref().map(|d| {
-        let max_tokens = cap(d.max_tokens.or(already.and_then(|c| c.max_tokens)));
-        let model = d.model.as_deref().or(model);
-        let c = Cheaper {
-            max_tokens: d.max_tokens,
-            model: d.model.clone(),
-        };
-        (need(cfg, model, ask.prompt_tokens, max_tokens), d.until, c)
-    });
-    let now = ask.now_ms;
-    let limits = &rule.limits;
+    let (normal, cheaper) = needs(cfg, rule, ask, already);
     let slots = cfg.max_keys as u64;
-    let changed = store::change(store, rule, slots, hash, now, |r| {
-        let used: Vec<u64> = r
-            .counts
-            .iter()
-            .zip(limits)
-            .map(|(c, l)| c.used(l.span, now))
-            .collect();
-        let fits = |n: &Need, factor: f64| {
-            used.iter().zip(limits).all(|(u, l)| {
-                let ceiling = (l.max as f64 * factor) as u64;
-                u.saturating_add(n.of(l.measure)) <= ceiling
-            })
-        };
-        let (taken, degraded) = if fits(&normal, 1.0) {
-            (normal, None)
-        } else {
-            match &cheaper {
-                Some((n, until, c)) if fits(n, *until) => (*n, Some(c.clone())),
-                _ => {
-                    // The limit the call waits longest for.
-                    let over = r
-                        .counts
-                        .iter()
-                        .zip(limits)
-                        .map(|(c, l)| (l, c.wait_ms(l.span, now, normal.of(l.measure), l.max)))
-                        .filter(|(_, w)| *w != Some(0))
-                        .max_by_key(|(_, w)| w.unwrap_or(u64::MAX));
-                    return Decided::Keep(Err(over.map(|(l, w)| Refused {
-                        rule: rule.name.clone(),
-                        limit: l.name,
-                        measure: l.measure,
-                        max: l.max,
-                        wait_ms: w,
-                    })));
-                }
-            }
-        };
-        let mut reserved = Vec::with_capacity(limits.len());
-        let mut left = Vec::with_capacity(limits.len());
-        for ((c, l), u) in r.counts.iter_mut().zip(limits).zip(&used) {
-            let n = taken.of(l.measure);
-            c.current = c.current.saturating_add(n);
-            reserved.push((c.index, n));
-            let after = u.saturating_add(n);
-            left.push(Left {
-                limit: l.max,
-                remaining: l.max.saturating_sub(after),
-                reset_ms: c.wait_ms(l.span, now, l.max, l.max).unwrap_or(0),
-            });
-        }
-        Decided::Write(Ok((reserved, degraded, left)))
+    let changed = store::change(store, rule, slots, hash, ask.now_ms, |r| {
+        take(r, rule, ask.now_ms, normal, cheaper.as_ref())
     });
     match changed {
         Ok((place, Ok((reserved, cheaper, left)))) => {

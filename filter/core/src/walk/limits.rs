@@ -12,10 +12,10 @@ use std::ops::ControlFlow;
 use crate::budget::reply::{self, ReplyKind, SHOULD_RETRY};
 use crate::classify::Endpoint;
 use crate::degrade;
-use crate::limits::{self, window, Admitted, Ask, Decision, Ended, Left, Measure, Refused};
+use crate::limits::{self, window, Ask, Decision, Ended, Left, Measure, Refused};
 use crate::shaping::{self, TokenField};
 
-use super::state::{token_cap, Phase};
+use super::state::{token_cap, LimitsCall, Phase};
 use super::{Call, Env, Flow, HeldBody, Host};
 
 /// A refusal whose window frees later than this tells SDKs not to retry:
@@ -25,19 +25,6 @@ const RETRY_HORIZON_S: u64 = 60;
 
 /// The response header telling the caller its call went cheaper.
 pub const LIMITED_HEADER: &str = "x-llm-limited";
-
-/// The limits' part in one call.
-#[derive(Debug, Default)]
-pub(super) struct LimitsCall {
-    /// What it reserved, and what is left.
-    pub(super) admitted: Admitted,
-    /// Its prompt's estimated tokens.
-    pub(super) prompt_tokens: u64,
-    /// The output tokens it reserved.
-    pub(super) reserved_output: u64,
-    /// When the reservation was made, ms.
-    pub(super) at_ms: u64,
-}
 
 impl Call {
     /// Reserves the call's cost under the limits, or refuses it.

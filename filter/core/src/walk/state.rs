@@ -27,6 +27,7 @@
 use crate::cache::{CacheStatus, Cacheable, Key, Lease, Seen, StreamAssembler};
 use crate::classify::Endpoint;
 use crate::json::Json;
+use crate::limits::Admitted;
 use crate::priority::Priority;
 use crate::routing::affinity;
 use crate::routing::fallback::ErrorClass;
@@ -44,7 +45,6 @@ use crate::usage::{self, Usage};
 use std::cell::OnceCell;
 
 use super::body::{BodyCopy, HeldBody};
-use super::limits::LimitsCall;
 
 /// What the request said: its headers, fixed once read, and what its body
 /// says, read once when the body is.
@@ -112,6 +112,19 @@ pub(super) fn token_cap(endpoint: Endpoint, tree: &Json) -> Option<u64> {
         })
         .filter(|n| *n >= 0.0 && n.fract() == 0.0)
         .map(|n| n as u64)
+}
+
+/// The limits' part in one call (see `walk::limits`).
+#[derive(Debug, Default)]
+pub(super) struct LimitsCall {
+    /// What it reserved, and what is left.
+    pub(super) admitted: Admitted,
+    /// Its prompt's estimated tokens.
+    pub(super) prompt_tokens: u64,
+    /// The output tokens it reserved.
+    pub(super) reserved_output: u64,
+    /// When the reservation was made, ms.
+    pub(super) at_ms: u64,
 }
 
 /// What the filter decided for the call and tells the client about it (see
