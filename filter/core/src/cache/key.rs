@@ -337,7 +337,10 @@ fn has_marker(body: &Json, fields: &[&str], markers: &[String]) -> bool {
 
 /// A digest of the credential header values, so the key separates tenants
 /// without carrying a credential.
-fn tenant_hash<'a>(names: impl Iterator<Item = &'a str>, values: &[Option<&str>]) -> [u8; 32] {
+pub(crate) fn tenant_hash<'a>(
+    names: impl Iterator<Item = &'a str>,
+    values: &[Option<&str>],
+) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(b"tenant");
     for (i, name) in names.enumerate() {

@@ -201,25 +201,18 @@ fn key_hash(rule: &Rule, values: &[&str]) -> u64 {
     u64::from_le_bytes(b).max(1)
 }
 
-/// A tenant id from the call's credential header values: a digest, so no
-/// credential is kept or labelled.
-pub fn credential_tenant(values: &[Option<&str>]) -> Option<String> {
+/// A tenant id from the call's credential headers (`names`, with their
+/// `values`): the digest the cache separates tenants by, so no credential
+/// is kept or labelled; its first 6 bytes in hex. `None` without any.
+pub fn credential_tenant<'a>(
+    names: impl Iterator<Item = &'a str>,
+    values: &[Option<&str>],
+) -> Option<String> {
     if values.iter().all(Option::is_none) {
         return None;
     }
-    let mut h = Sha256::new();
-    for v in values {
-        match v {
-            Some(v) => {
-                h.update([1]);
-                h.update((v.len() as u64).to_le_bytes());
-                h.update(v.as_bytes());
-            }
-            None => h.update([0]),
-        }
-    }
-    let d = h.finalize();
-    Some(d.iter().take(6).map(|b| format!("{b:02x}")).collect())
+    let digest = crate::cache::key::tenant_hash(names, values);
+    Some(digest.iter().take(6).map(|b| format!("{b:02x}")).collect())
 }
 
 /// Checks the call against every rule that applies and reserves what it
@@ -432,9 +425,7 @@ pub fn release(
     held: &[Held],
     now_ms: u64,
 ) {
-    for h in held {
-        settle_one(store, cfg, metrics, h, Charge::default(), now_ms);
-    }
+    settle(store, cfg, metrics, held, Charge::default(), now_ms);
 }
 
 /// Settles each reservation with what the call was charged in the end.

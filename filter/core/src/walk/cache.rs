@@ -174,6 +174,16 @@ impl Call {
         })
     }
 
+    /// The values of the headers that tell tenants apart (see
+    /// [`crate::cache::config::CacheConfig::tenant_headers_of`]), in order.
+    pub(super) fn credentials(&self, env: &Env<'_>, host: &dyn Host) -> Vec<Option<String>> {
+        env.config
+            .cache
+            .tenant_headers_of(self.request.endpoint)
+            .map(|name| host.request_header(name))
+            .collect()
+    }
+
     /// Runs `f` on what the cache reads of the request: the headers that
     /// take part and the parsed body.
     pub(super) fn with_cache_request<T>(
@@ -183,13 +193,9 @@ impl Call {
         body: Option<&Json>,
         f: impl FnOnce(&CacheRequest<'_>) -> T,
     ) -> T {
-        let cfg = &env.config.cache;
         let path = host.request_header(":path").unwrap_or_default();
         let cache_control = host.request_header("cache-control");
-        let values: Vec<Option<String>> = cfg
-            .tenant_headers_of(self.request.endpoint)
-            .map(|name| host.request_header(name))
-            .collect();
+        let values = self.credentials(env, host);
         let credentials: Vec<Option<&str>> = values.iter().map(Option::as_deref).collect();
         f(&CacheRequest {
             endpoint: self.request.endpoint,

@@ -100,14 +100,10 @@ impl Call {
         let cfg = &env.config.limits;
         match cfg.tenant {
             limits::TenantSource::Credential => {
-                let values: Vec<Option<String>> = env
-                    .config
-                    .cache
-                    .tenant_headers_of(self.request.endpoint)
-                    .map(|name| host.request_header(name))
-                    .collect();
+                let values = self.credentials(env, host);
                 let values: Vec<Option<&str>> = values.iter().map(Option::as_deref).collect();
-                limits::credential_tenant(&values)
+                let names = env.config.cache.tenant_headers_of(self.request.endpoint);
+                limits::credential_tenant(names, &values)
             }
             limits::TenantSource::Header => cfg
                 .tenant_header
@@ -257,21 +253,20 @@ fn refusal(r: &Refused, endpoint: Endpoint) -> reply::LocalReply {
     if wait_s.is_none_or(|s| s > RETRY_HORIZON_S) {
         reply.headers.push((SHOULD_RETRY, "false".to_string()));
     }
-    let left = Left {
-        limit: r.max,
-        remaining: 0,
-        reset_ms: r.wait_ms.unwrap_or(0),
-    };
-    let (requests, tokens) = match r.measure {
-        Measure::Requests => (Some(left), None),
-        Measure::Tokens => (None, Some(left)),
-        Measure::Cost => (None, None),
-    };
-    let mut headers = Vec::new();
     // The reset of a refusal is relative: the local reply has no clock.
-    rate_headers(&mut headers, Endpoint::Chat, requests, tokens, 0);
+    // Messages callers read only `retry-after` from a refusal.
     if endpoint != Endpoint::Messages {
-        reply.headers.extend(headers);
+        let left = Left {
+            limit: r.max,
+            remaining: 0,
+            reset_ms: r.wait_ms.unwrap_or(0),
+        };
+        let (requests, tokens) = match r.measure {
+            Measure::Requests => (Some(left), None),
+            Measure::Tokens => (None, Some(left)),
+            Measure::Cost => (None, None),
+        };
+        rate_headers(&mut reply.headers, endpoint, requests, tokens, 0);
     }
     reply.in_dialect(endpoint)
 }
