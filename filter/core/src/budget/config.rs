@@ -433,7 +433,7 @@ mod tests {
             ),
             (
                 r#"{"default_ms":{"P1":1,"P1":2}}"#,
-                "budget.default_ms",
+                "budget.default_ms.P1",
                 "duplicate",
             ),
             (r#"{"default_ms":{"P1":"x"}}"#, "budget.default_ms.P1", "x"),
