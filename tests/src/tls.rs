@@ -2,6 +2,8 @@
 //! it signs, or self-signed ones) and a small TLS terminator that hands each
 //! connection whose handshake completed to a plain backend (the mock), so a
 //! test can tell a refused handshake (the backend saw nothing) from a served call.
+//! And the other side of mutual TLS: client certificates with a URI SAN (a
+//! workload's SPIFFE id) and a client that shows one to an Envoy listener.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -10,13 +12,20 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
-use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+use anyhow::{anyhow, Context, Result};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, SanType};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use tokio_rustls::rustls::{self, ServerConfig};
-use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::pki_types::{
+    CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName,
+};
+use tokio_rustls::rustls::{self, ClientConfig, RootCertStore, ServerConfig};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+use crate::HttpResponse;
 
 /// A certificate authority made for one test.
 pub struct TestCa {
@@ -28,6 +37,13 @@ pub struct TestCa {
 pub struct ServerCert {
     /// The certificate, PEM.
     pub cert_pem: String,
+    key_pem: String,
+    cert_der: CertificateDer<'static>,
+    key_der: Vec<u8>,
+}
+
+/// A client certificate and its key, for a client that must show one.
+pub struct ClientCert {
     cert_der: CertificateDer<'static>,
     key_der: Vec<u8>,
 }
@@ -64,6 +80,22 @@ impl TestCa {
         let cert = params.signed_by(&key, &self.cert, &self.key)?;
         Ok(ServerCert::new(&cert, &key))
     }
+
+    /// A client certificate signed by this CA: with `uri` as its one URI SAN
+    /// (a workload's SPIFFE id), or with `None` a DNS name and no URI SAN.
+    pub fn issue_client(&self, uri: Option<&str>) -> Result<ClientCert> {
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.subject_alt_names = vec![match uri {
+            Some(uri) => SanType::URI(uri.try_into()?),
+            None => SanType::DnsName("client.test".try_into()?),
+        }];
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &self.cert, &self.key)?;
+        Ok(ClientCert {
+            cert_der: cert.der().clone(),
+            key_der: key.serialize_der(),
+        })
+    }
 }
 
 /// A server certificate for `names` that signs itself (no CA vouches for it).
@@ -83,9 +115,93 @@ impl ServerCert {
     fn new(cert: &rcgen::Certificate, key: &KeyPair) -> Self {
         Self {
             cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
             cert_der: cert.der().clone(),
             key_der: key.serialize_der(),
         }
+    }
+
+    /// Writes the certificate and its key into `dir` as `<name>.pem` and
+    /// `<name>-key.pem`; their paths (what an Envoy TLS context names).
+    pub fn write(&self, dir: &Path, name: &str) -> Result<(PathBuf, PathBuf)> {
+        let cert = dir.join(format!("{name}.pem"));
+        let key = dir.join(format!("{name}-key.pem"));
+        std::fs::write(&cert, &self.cert_pem).context("write the certificate")?;
+        std::fs::write(&key, &self.key_pem).context("write the key")?;
+        Ok((cert, key))
+    }
+}
+
+/// An HTTP/1.1 client over TLS that trusts one test CA and shows a client
+/// certificate, or none: a workload calling a gateway that terminates mTLS.
+pub struct MtlsClient {
+    connector: TlsConnector,
+}
+
+impl MtlsClient {
+    /// Trusts `ca` for the server and shows `cert` (`None`: no certificate).
+    pub fn new(ca: &TestCa, cert: Option<&ClientCert>) -> Result<Self> {
+        let mut roots = RootCertStore::empty();
+        roots.add(ca.cert.der().clone()).context("trust the CA")?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .context("TLS versions")?
+            .with_root_certificates(roots);
+        let config = match cert {
+            Some(c) => builder
+                .with_client_auth_cert(
+                    vec![c.cert_der.clone()],
+                    PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(c.key_der.clone())),
+                )
+                .context("client certificate")?,
+            None => builder.with_no_client_auth(),
+        };
+        Ok(Self {
+            connector: TlsConnector::from(Arc::new(config)),
+        })
+    }
+
+    /// POSTs `body` as JSON to `path` at `port` on 127.0.0.1 (the server
+    /// named `server_name`), on a connection of its own.
+    pub async fn post_json(
+        &self,
+        port: u16,
+        server_name: &str,
+        path: &str,
+        body: &serde_json::Value,
+        headers: &[(&str, &str)],
+    ) -> Result<HttpResponse> {
+        let started = std::time::Instant::now();
+        let tcp = TcpStream::connect(("127.0.0.1", port)).await?;
+        let name = ServerName::try_from(server_name.to_string())?;
+        let tls = self.connector.connect(name, tcp).await?;
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
+        let driver = tokio::spawn(connection);
+        let mut request = hyper::Request::post(path)
+            .header("host", server_name)
+            .header("content-type", "application/json");
+        for (k, v) in headers {
+            request = request.header(*k, *v);
+        }
+        let request = request.body(Full::new(Bytes::from(serde_json::to_vec(body)?)))?;
+        let response = sender.send_request(request).await?;
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| anyhow!("read the body: {e}"))?
+            .to_bytes();
+        driver.abort();
+        Ok(HttpResponse {
+            status,
+            headers,
+            body,
+            elapsed: started.elapsed(),
+        })
     }
 }
 

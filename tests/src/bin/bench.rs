@@ -111,6 +111,21 @@ fn routed_envoy(port: u16) -> EnvoyBuilder {
         .header_route("x-llm-cluster")
 }
 
+/// The filter with `{}` plus a limit per tenant: a rule of tokens a minute
+/// and cost a day on the priced model, limits far above what a run spends
+/// so every call passes, each reserving before it goes and settling after.
+fn limits_envoy(port: u16) -> EnvoyBuilder {
+    EnvoyBuilder::new()
+        .plugin_config(
+            r#"{"limits":{
+                "prices":{"gpt-4o":{"input":2.5,"cached_input":1.25,"output":10}},
+                "rules":[{"name":"team","by":["tenant"],"models":["gpt-4o"],
+                          "tokens_per_minute":1000000000000,"cost_per_day":1000000000}]}}"#,
+        )
+        .concurrency(1)
+        .upstream("backend", port)
+}
+
 /// The two baselines every scenario is compared with.
 const PLAIN: &str = "plain";
 const NOOP: &str = "noop-wasm";
@@ -346,6 +361,17 @@ fn scenarios() -> Vec<Scenario> {
             envoy: filter,
             path: "/v1/chat/completions",
             headers: vec![],
+            body: chat.clone(),
+            expect_cache: Some("BYPASS"),
+        },
+        Scenario {
+            // `{}` and a rule of tokens a minute and cost a day per tenant
+            // (the credential's digest): each call reserves in shared data
+            // before it goes and settles its usage after.
+            name: "filter-limits",
+            envoy: limits_envoy,
+            path: "/v1/chat/completions",
+            headers: vec![("authorization", "Bearer sk-bench-tenant")],
             body: chat.clone(),
             expect_cache: Some("BYPASS"),
         },
@@ -1404,15 +1430,16 @@ async fn run(options: &Options) -> Result<bool> {
 
 /// A census counter of the census build by its one label's value
 /// (`llm_filter_bench_hostcalls_total` by `call`, `…_callback_ns_total` by
-/// `callback`).
+/// `callback`), its label in the stat name as the filter writes every label
+/// (`<metric><label>=.=<value>;.;`).
 fn census_counters(envoy: &Envoy, metric: &str, label: &str) -> Result<BTreeMap<String, u64>> {
-    let prefix = format!("{metric}.{label}=");
+    let prefix = format!("{metric}{label}=.=");
     let counts = envoy
         .stats()?
         .into_iter()
         .filter_map(|(name, n)| {
             let at = name.find(&prefix)?;
-            let value = name.get(at + prefix.len()..)?.strip_suffix(';')?;
+            let value = name.get(at + prefix.len()..)?.strip_suffix(";.;")?;
             Some((value.to_string(), n))
         })
         .collect();

@@ -3,13 +3,15 @@
 //! what the calls were charged), a stream is charged its reported usage,
 //! what is left reaches the caller in the rate-limit headers its SDK reads,
 //! a refusal is a 429 in the caller's API shape with `retry-after`, a
-//! degrading rule sends the call cheaper, and a tenant's limit holds across
-//! three gateway replicas when the front hashes the tenant onto one.
+//! degrading rule sends the call cheaper, a tenant's limit holds across
+//! three gateway replicas when the front hashes the tenant onto one, and at a
+//! gateway that terminates mutual TLS the tenant is the caller's SPIFFE id.
 
 use futures_util::future::join_all;
+use llm_filter_e2e::tls::{ClientCert, MtlsClient, TestCa};
 use llm_filter_e2e::{
     chat_body, http_client_without_reuse, messages_body, post_json, send_bytes, skip_without_envoy,
-    stream_sse, with_field, Envoy, EnvoyBuilder, HttpResponse, MockConfig, MockUpstream,
+    stream_sse, temp_dir, with_field, Envoy, EnvoyBuilder, HttpResponse, MockConfig, MockUpstream,
 };
 use reqwest::Method;
 use serde_json::json;
@@ -359,4 +361,190 @@ async fn a_tenant_limit_holds_across_gateways_when_the_front_hashes_the_tenant()
     // Spread round-robin, each gateway counts a third: three times the limit.
     let spread = Mesh::start("ROUND_ROBIN", "");
     assert_eq!(spread.passed(TENANT_A, 18).await, 18);
+}
+
+/// A gateway Envoy whose listener terminates mutual TLS: it shows a
+/// certificate for `localhost` and requires the client's, signed by the
+/// test CA, before any request, as an egress gateway of a mesh does.
+struct MtlsGateway {
+    ca: TestCa,
+    mock: MockUpstream,
+    envoy: Envoy,
+}
+
+const GATEWAY_NAME: &str = "localhost";
+const SPIFFE_A: &str = "spiffe://cluster.local/ns/a/sa/x";
+const SPIFFE_B: &str = "spiffe://cluster.local/ns/b/sa/y";
+
+impl MtlsGateway {
+    fn start(config: serde_json::Value) -> Self {
+        let ca = TestCa::new("mesh test CA").unwrap();
+        let dir = temp_dir().unwrap();
+        let ca_path = ca.write(dir.path()).unwrap();
+        let (cert, key) = ca
+            .issue(&[GATEWAY_NAME])
+            .unwrap()
+            .write(dir.path(), "gateway")
+            .unwrap();
+        let mock = MockUpstream::start(MockConfig::named("provider"));
+        let builder = EnvoyBuilder::new()
+            .concurrency(1)
+            .plugin_config(config)
+            .upstream("provider", mock.port());
+        let tls = format!(
+            "    - transport_socket:
+        name: envoy.transport_sockets.tls
+        typed_config:
+          \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
+          require_client_certificate: true
+          common_tls_context:
+            tls_certificates:
+            - certificate_chain: {{filename: {cert:?}}}
+              private_key: {{filename: {key:?}}}
+            validation_context:
+              trusted_ca: {{filename: {ca_path:?}}}
+      filters:
+"
+        );
+        let plain = builder.config_yaml();
+        let chain = "    filter_chains:\n    - filters:\n";
+        assert!(plain.contains(chain), "no filter chain in {plain}");
+        let yaml = plain.replacen(chain, &format!("    filter_chains:\n{tls}"), 1);
+        let envoy = builder
+            .start_config_in(dir, &yaml)
+            .unwrap_or_else(|e| panic!("gateway: {e:#}"));
+        Self { ca, mock, envoy }
+    }
+
+    /// A client showing a certificate with `uri` as its URI SAN (`None`: a
+    /// certificate without one).
+    fn client(&self, uri: Option<&str>) -> MtlsClient {
+        let cert: ClientCert = self.ca.issue_client(uri).unwrap();
+        MtlsClient::new(&self.ca, Some(&cert)).unwrap()
+    }
+
+    async fn call(&self, client: &MtlsClient, i: usize) -> anyhow::Result<HttpResponse> {
+        let body = chat_body("gpt-4o", &format!("call {i}"));
+        client
+            .post_json(self.envoy.port(), GATEWAY_NAME, CHAT, &body, &[])
+            .await
+    }
+
+    /// `calls` calls of `client`: the answers, each a 200 or a 429.
+    async fn calls(&self, client: &MtlsClient, calls: usize) -> Vec<HttpResponse> {
+        let mut answers = Vec::new();
+        for i in 0..calls {
+            let r = self.call(client, i).await.expect("call over mTLS");
+            assert!(matches!(r.status, 200 | 429), "{}", r.text());
+            answers.push(r);
+        }
+        answers
+    }
+}
+
+fn passed(answers: &[HttpResponse]) -> usize {
+    answers.iter().filter(|r| r.status == 200).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_an_mtls_gateway_the_tenant_is_the_peers_spiffe_id() {
+    if skip_without_envoy("at_an_mtls_gateway_the_tenant_is_the_peers_spiffe_id") {
+        return;
+    }
+    let gateway = MtlsGateway::start(json!({"limits": {
+        "tenant": {"from": "peer"},
+        "rules": [{"name": "workload", "by": ["tenant"], "requests_per_minute": 3}]
+    }}));
+    // The two workloads call with the same key (none at all): only their
+    // certificates tell them apart.
+    let a = gateway.client(Some(SPIFFE_A));
+    let b = gateway.client(Some(SPIFFE_B));
+    let of_a = gateway.calls(&a, 5).await;
+    assert_eq!(passed(&of_a), 3, "a's limit");
+    let of_b = gateway.calls(&b, 3).await;
+    assert_eq!(passed(&of_b), 3, "b counts apart from a");
+    assert_eq!(
+        gateway.mock.request_count(),
+        6,
+        "the upstream saw only those"
+    );
+    for r in of_a.iter().filter(|r| r.status == 429) {
+        let v = r.json();
+        assert_eq!(v["error"]["type"], "rate_limit_exceeded", "{}", r.text());
+        assert_eq!(v["error"]["code"], "llm_filter_limit_exceeded");
+        assert!(header_u64(r, "retry-after") >= 1);
+        assert_eq!(r.header("x-ratelimit-limit-requests"), Some("3"));
+        assert_eq!(r.header("x-ratelimit-remaining-requests"), Some("0"));
+    }
+    assert_eq!(header_u64(&of_b[2], "x-ratelimit-remaining-requests"), 0);
+    // The spend metrics name each workload by its identity.
+    let wait = std::time::Duration::from_secs(5);
+    for (tenant, calls) in [(SPIFFE_A, 3.0), (SPIFFE_B, 3.0)] {
+        let tokens = gateway.envoy.wait_for_metric(
+            "llm_filter_limits_tokens_total",
+            &[("rule", "workload"), ("tenant", tenant)],
+            calls,
+            wait,
+        );
+        assert!(tokens >= calls, "{tenant}: {tokens} tokens charged");
+        let used = gateway.envoy.metric(
+            "llm_filter_limits_used_permille",
+            &[
+                ("rule", "workload"),
+                ("tenant", tenant),
+                ("limit", "requests_per_minute"),
+            ],
+        );
+        assert_eq!(used, 1000.0, "{tenant} used its minute");
+    }
+    let rejected = gateway.envoy.wait_for_metric(
+        "llm_filter_limits_calls_total",
+        &[("rule", "workload"), ("result", "rejected")],
+        2.0,
+        wait,
+    );
+    assert_eq!(rejected, 2.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_an_mtls_gateway_a_caller_without_an_identity_counts_under_none_or_never_connects() {
+    if skip_without_envoy(
+        "at_an_mtls_gateway_a_caller_without_an_identity_counts_under_none_or_never_connects",
+    ) {
+        return;
+    }
+    let gateway = MtlsGateway::start(json!({"limits": {
+        "tenant": {"from": "peer"},
+        "rules": [{"name": "workload", "by": ["tenant"], "requests_per_minute": 2}]
+    }}));
+    // Certificates the CA signed, but with no URI SAN: no tenant, so all of
+    // them share the one count of tenant `none`.
+    let first = gateway.client(None);
+    let second = gateway.client(None);
+    assert_eq!(passed(&gateway.calls(&first, 2).await), 2);
+    let r = gateway.call(&second, 2).await.unwrap();
+    assert_eq!(
+        r.status, 429,
+        "another caller without an identity shares the count"
+    );
+    // A caller with an identity has its own.
+    let a = gateway.client(Some(SPIFFE_A));
+    assert_eq!(passed(&gateway.calls(&a, 2).await), 2);
+    assert_eq!(gateway.mock.request_count(), 4);
+    let unlabelled = gateway.envoy.wait_for_metric(
+        "llm_filter_limits_tokens_total",
+        &[("rule", "workload"), ("tenant", "unknown")],
+        2.0,
+        std::time::Duration::from_secs(5),
+    );
+    assert!(unlabelled >= 2.0, "{unlabelled}");
+    // Without a certificate the listener refuses the handshake: no call
+    // reaches the filter, let alone the upstream.
+    let anonymous = MtlsClient::new(&gateway.ca, None).unwrap();
+    let refused = gateway.call(&anonymous, 0).await;
+    assert!(
+        refused.is_err(),
+        "served without a certificate: {refused:?}"
+    );
+    assert_eq!(gateway.mock.request_count(), 4);
 }
