@@ -9,7 +9,7 @@ SHELL := /bin/bash
 WASM_TARGET := wasm32-wasip1
 # The module as cargo builds it, and as shipped: that one through Binaryen's
 # light pass (`wasm-opt -O1`: 10 % smaller, as fast), with the features
-# rustc's wasm32 target emits. It must stay within 1.3 MB: 1 MiB until the
+# rustc's wasm32 target emits. It must stay within 1.35 MB: 1 MiB until the
 # module learnt the Responses and Messages dialects (1.06 MB), 1.1 MB until
 # it read Alertmanager and Prometheus itself, exported spans and routed by
 # affinity (1.21 MB), 1.25 MB until fallback chains by error class (their

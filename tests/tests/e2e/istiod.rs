@@ -1013,9 +1013,13 @@ async fn istiod_sidecar_memory() {
     wait_synced(&released, &node, &istiod, &SIDECAR);
     provider.set_answer_words(None);
     for i in 0..3 {
-        let r = post_json(&url, &cacheable("gpt-4o-mini", &format!("again {i}")), &host)
-            .await
-            .expect("call");
+        let r = post_json(
+            &url,
+            &cacheable("gpt-4o-mini", &format!("again {i}")),
+            &host,
+        )
+        .await
+        .expect("call");
         assert_eq!(r.status, 200, "{}", r.text());
     }
     std::thread::sleep(Duration::from_secs(3));
@@ -1028,7 +1032,6 @@ async fn istiod_sidecar_memory() {
     let rows = [
         ("without the filter", idle.0),
         ("with the filter, after 3 calls", idle.1),
-
         ("without the filter (again, after the fill)", filled.0),
         ("with the filter, cache full", filled.1),
         (

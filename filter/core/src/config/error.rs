@@ -58,7 +58,10 @@ impl ConfigError {
 fn offset_of(json: &[u8], line: usize, column: usize) -> usize {
     let mut start = 0;
     for _ in 1..line {
-        match json.get(start..).and_then(|rest| rest.iter().position(|&b| b == b'\n')) {
+        match json
+            .get(start..)
+            .and_then(|rest| rest.iter().position(|&b| b == b'\n'))
+        {
             Some(i) => start += i + 1,
             None => break,
         }
