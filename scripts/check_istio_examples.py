@@ -90,7 +90,8 @@ def check_bootstrap_override(doc):
         return ["no data.custom_bootstrap.json"]
     bootstrap = json.loads(custom)
     unset_by_istio = {"memory_allocator_manager"}
-    return [f"sets {key}, which Istio's bootstrap writes" for key in bootstrap if key not in unset_by_istio]
+    return [f"sets {key}, not a field known to be left unset by Istio's bootstrap"
+            for key in bootstrap if key not in unset_by_istio]
 
 
 def check_wasmplugin(spec):

@@ -894,10 +894,11 @@ async fn istiod_enables_the_filter_for_the_namespace_of_the_one_manifest() {
 /// The bootstrap addition of examples/istio/bootstrap-memory.yaml: Envoy
 /// returns up to 16 MiB a second of its allocator's free pages to the system.
 fn release_free_memory() -> Value {
-    let file = workspace_root().join("examples/istio/bootstrap-memory.yaml");
-    let text = std::fs::read_to_string(&file).expect("bootstrap-memory.yaml");
-    let map: Value = serde_yaml::from_str(&text).expect("ConfigMap YAML");
-    let custom = map["data"]["custom_bootstrap.json"]
+    let file = workspace_root()
+        .join(EXAMPLES)
+        .join("bootstrap-memory.yaml");
+    let docs = read_manifests(&file).expect("bootstrap-memory.yaml");
+    let custom = docs[0]["data"]["custom_bootstrap.json"]
         .as_str()
         .expect("custom_bootstrap.json");
     serde_json::from_str(custom).expect("custom bootstrap JSON")
