@@ -19,7 +19,10 @@
 //! character (`;` and `=` among them) becomes `_`, and it is cut at
 //! [`MAX_VALUE_LEN`] characters. Istio's rules are not anchored: no label's
 //! name may end with another's (`from_model` next to `model`), or the shorter
-//! one's rule would read the longer one's value.
+//! one's rule would read the longer one's value; and the default rules of
+//! Istio's bootstrap take a tag after `cache.`, `component.`, `tag.` and
+//! `wasm_filter.` anywhere in a name, so a value writes that dot as `_`
+//! (`api.cache_example.com`).
 
 use hashbrown::HashSet;
 
@@ -381,6 +384,16 @@ mod tests {
             name("m", &[("a", "x;.;b=.=y"), ("b", "z")]),
             "ma=.=x_._b_._y;.;b=.=z;.;"
         );
+        // Istio's default rules would take a tag after these words' dot.
+        assert_eq!(
+            name("m", &[("llm_cluster", "outbound|80||api.cache.example.com")]),
+            "mllm_cluster=.=outbound|80||api.cache_example.com;.;"
+        );
+        assert_eq!(
+            name("m", &[("tenant", "team.tag.a"), ("model", "component.wasm_filter.x")]),
+            "mtenant=.=team.tag_a;.;model=.=component_wasm_filter_x;.;"
+        );
+        assert_eq!(name("cache", &[("m", ".cachex.")]), "cachem=.=.cachex.;.;");
         let long = "a".repeat(500);
         assert_eq!(
             name("m", &[("l", &long)]).len(),

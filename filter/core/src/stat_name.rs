@@ -39,14 +39,27 @@ pub fn label_value(value: &str) -> String {
     out
 }
 
+/// The words Istio's default bootstrap takes a tag after wherever they stand
+/// before a dot: its rules `(cache\.(.+?)\.)`, `(component\.(.+?)\.)`,
+/// `(tag\.(.+?);\.)` and `(wasm_filter\.(.+?)\.)` are not anchored, so in a
+/// value such as `api.cache.example.com` they would add a label `cache`.
+const ISTIO_TAG_WORDS: [&str; 4] = ["cache", "component", "tag", "wasm_filter"];
+
 /// Appends a label value with every character outside the kept set turned
-/// into `_`, cut to [`MAX_VALUE_LEN`] characters, never empty.
+/// into `_`, and a dot right after one of [`ISTIO_TAG_WORDS`] too, cut to
+/// [`MAX_VALUE_LEN`] characters, never empty.
 pub fn push_value(out: &mut String, value: &str) {
     if value.is_empty() {
         out.push_str(UNKNOWN);
         return;
     }
+    let start = out.len();
     for c in value.chars().take(MAX_VALUE_LEN) {
-        out.push(if kept(c) { c } else { '_' });
+        let kept = kept(c) && !(c == '.' && after_istio_tag_word(out.get(start..)));
+        out.push(if kept { c } else { '_' });
     }
+}
+
+fn after_istio_tag_word(written: Option<&str>) -> bool {
+    written.is_some_and(|w| ISTIO_TAG_WORDS.iter().any(|word| w.ends_with(word)))
 }
