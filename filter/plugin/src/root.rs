@@ -87,7 +87,7 @@ impl Root {
             for token in stream.take_dispatched() {
                 self.callouts.insert(token, (id, weak.clone()));
             }
-            if wake == Wake::ResumeWithoutBodies && worker.can_hold_body.replace(false) {
+            if c.body_not_delivered() && worker.can_hold_body.replace(false) {
                 log::warn!(
                     "llm-filter: Envoy does not deliver request bodies to a paused stream; \
                      set allow_on_headers_stop_iteration: true on the Wasm plugin config. \
@@ -96,7 +96,7 @@ impl Root {
             }
             match wake {
                 Wake::Wait => keep.push((id, weak)),
-                Wake::Resume | Wake::ResumeWithoutBodies => {
+                Wake::Resume => {
                     if hostcall::resume_http_request().is_err() {
                         worker.internal_error("resume");
                     }

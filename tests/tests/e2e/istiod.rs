@@ -20,6 +20,7 @@ use llm_filter_e2e::istio::{example_manifests, extra_stat_tags, read_manifests, 
 use llm_filter_e2e::istiod::{
     agent_bootstrap, skip_without_istiod, synced, FileServer, Istiod, Node, PortLock,
 };
+use llm_filter_e2e::mock::HEADER_DELAY_MS;
 use llm_filter_e2e::{
     chat_body, chat_stream_body, post_json, stats_tag_rules, stream_sse, temp_dir, wasm_path,
     with_field, workspace_root, Envoy, EnvoyBuilder, MockConfig, MockUpstream, RecordedRequest,
@@ -68,6 +69,13 @@ const SIDECAR_IPTABLES: Layout = Layout {
     ..SIDECAR
 };
 
+/// wasmplugin.yaml's filter on the sidecar: Istio's name for a translated
+/// WasmPlugin's ECDS resource.
+const WASMPLUGIN_SIDECAR: Layout = Layout {
+    filter: "extensions.istio.io/trafficextension/my-app.llm-filter~istio-translated-wasmplugin",
+    ..SIDECAR
+};
+
 /// The shard sidecar of mesh-cache.yaml in front of the gateway.
 const SHARD_SIDECAR: Layout = Layout {
     listener: "127.0.0.1_80",
@@ -109,7 +117,9 @@ fn filled(file: &str, module: &Module, provider_port: u16) -> String {
                 provider_at_loopback(&mut doc, provider_port);
             }
             if doc["kind"] == "WasmPlugin" {
-                doc["spec"]["url"] = json!("oci://registry.example.com/llm-filter:0.1.0");
+                // istiod hands Envoy a local file for `file://` (an `oci://`
+                // image is the agent's to pull).
+                doc["spec"]["url"] = json!(format!("file://{}", wasm_path().display()));
                 doc["spec"]["sha256"] = json!(module.sha256);
             }
             doc
@@ -118,9 +128,12 @@ fn filled(file: &str, module: &Module, provider_port: u16) -> String {
     yaml_docs(&docs)
 }
 
+/// The documents for istiod's file store, each as JSON (which is YAML):
+/// YAML written back by serde_yaml leaves `off` unquoted, which istiod's
+/// YAML 1.1 reader takes for `false`.
 fn yaml_docs(docs: &[Value]) -> String {
     docs.iter()
-        .map(|d| serde_yaml::to_string(d).expect("YAML"))
+        .map(|d| format!("{d:#}\n"))
         .collect::<Vec<_>>()
         .join("---\n")
 }
@@ -562,11 +575,28 @@ fn assert_labelled_the_istio_way(envoy: &Envoy, node: &Node) {
             "{name}: not a metric of the filter's"
         );
     }
+    // Istio's default rules that are not anchored take nothing from a value
+    // (the call of model `team.cache.v2`, a cluster's host name).
+    for sample in samples.iter().filter(|s| s.name.starts_with("llm_filter_")) {
+        for istio_default in ["cache", "component", "tag", "wasm_filter"] {
+            assert!(
+                !sample.labels.contains_key(istio_default),
+                "{} {:?}",
+                sample.name,
+                sample.labels
+            );
+        }
+    }
+    let dotted = [("model", "team.cache_v2"), ("outcome", "success")];
+    assert!(
+        envoy.metric(REQUESTS, &dotted) >= 1.0,
+        "{REQUESTS}{dotted:?}"
+    );
 }
 
 /// Sidecars of a namespace (docs/deploy/istio.md, "every feature"):
-/// provider.yaml, envoyfilter-ecds.yaml, routes.yaml, access-log.yaml and
-/// wasmplugin.yaml through istiod, stats-tags.yaml in the mesh config, a
+/// provider.yaml, envoyfilter-ecds.yaml, routes.yaml and access-log.yaml
+/// through istiod, stats-tags.yaml in the mesh config, a
 /// sidecar of `my-app`; its metrics labelled by what Istio's agent wrote.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn istiod_configures_a_sidecar_with_the_examples() {
@@ -581,7 +611,6 @@ async fn istiod_configures_a_sidecar_with_the_examples() {
         "envoyfilter-ecds.yaml",
         "routes.yaml",
         "access-log.yaml",
-        "wasmplugin.yaml",
     ]
     .iter()
     .map(|f| (f.to_string(), filled(f, &module, provider.port())))
@@ -598,39 +627,6 @@ async fn istiod_configures_a_sidecar_with_the_examples() {
     let listeners = assert_generated(&dump, &SIDECAR, &module, true);
     eprintln!("sidecar listeners: {listeners:?}");
     assert!(module.server.hits() >= 1, "Envoy fetched the module");
-
-    // WasmPlugin: istiod's validation keeps the file (configz lists it), but
-    // from Istio 1.30 only the Kubernetes config store translates it, so
-    // file mode sends nothing for it.
-    let configz = istiod.debug("/debug/configz").expect("configz");
-    let kinds: Vec<String> = configz
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|c| {
-            Some(format!(
-                "{}/{}.{}",
-                c["kind"].as_str()?,
-                c["metadata"]["namespace"].as_str()?,
-                c["metadata"]["name"].as_str()?
-            ))
-        })
-        .collect();
-    assert!(
-        kinds.iter().any(|k| k == "WasmPlugin/my-app.llm-filter"),
-        "{kinds:?}"
-    );
-    let ecds_names: Vec<&str> = section(&dump, "EcdsConfigDump")["ecds_filters"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e["ecds_filter"]["name"].as_str())
-        .collect();
-    assert_eq!(
-        ecds_names,
-        [SIDECAR.filter],
-        "no WasmPlugin resource in file mode"
-    );
 
     // The same sidecar with iptables interception, as in a pod: the names
     // the README gives.
@@ -649,6 +645,14 @@ async fn istiod_configures_a_sidecar_with_the_examples() {
         SIDECAR.listener_port
     );
     calls_through(&url, &provider, "sidecar", true).await;
+    let r = post_json(
+        &url,
+        &chat_body("team.cache.v2", "a dotted model"),
+        &[("host", PROVIDER)],
+    )
+    .await
+    .expect("call");
+    assert_eq!(r.status, 200, "{}", r.text());
     assert_labelled_the_istio_way(&envoy, &node);
     // access-log.yaml's Telemetry: the call's record in the access log.
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -664,6 +668,170 @@ async fn istiod_configures_a_sidecar_with_the_examples() {
     );
     let syncz = istiod.debug("/debug/syncz").expect("syncz");
     synced(&syncz, node.proxy_id()).expect("no NACK after the calls");
+}
+
+/// wasmplugin.yaml through istiod: the WasmPlugin form, header features
+/// only, on the labelled sidecars of `my-app`. From Istio 1.30 the
+/// Kubernetes config store alone registers the WasmPlugin → TrafficExtension
+/// translation; the file-mode build wires the same controller over the files
+/// (scripts/istiod-file-mode.patch), so this is the translation a cluster's
+/// istiod runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn istiod_translates_the_wasmplugin_for_the_labelled_sidecars() {
+    let Some(bin) =
+        skip_without_istiod("istiod_translates_the_wasmplugin_for_the_labelled_sidecars")
+    else {
+        return;
+    };
+    let _ports = PortLock::acquire().expect("port lock");
+    let module = module();
+    let provider = MockUpstream::start(MockConfig::named("provider"));
+    let mut config: Vec<(String, String)> = ["provider.yaml", "wasmplugin.yaml"]
+        .iter()
+        .map(|f| (f.to_string(), filled(f, &module, provider.port())))
+        .collect();
+    config.push((
+        "test-mesh.yaml".into(),
+        overlay(module.server.port(), false),
+    ));
+    let istiod = Istiod::start(&bin, &config, &mesh()).expect("istiod");
+
+    let node = Node::sidecar();
+    let envoy = start_node(&node, &istiod);
+    let dump = wait_synced(&envoy, &node, &istiod, &WASMPLUGIN_SIDECAR);
+    let filters = http_filters(&dump);
+    let (_, chain) = filters
+        .iter()
+        .find(|(l, _)| l == WASMPLUGIN_SIDECAR.listener)
+        .unwrap_or_else(|| panic!("no {} in {filters:?}", WASMPLUGIN_SIDECAR.listener));
+    let at = chain
+        .iter()
+        .position(|f| f == WASMPLUGIN_SIDECAR.filter)
+        .unwrap_or_else(|| panic!("no WasmPlugin filter in {chain:?}"));
+    assert_eq!(
+        chain.last().map(String::as_str),
+        Some("envoy.filters.http.router"),
+        "{chain:?}"
+    );
+    assert!(at + 1 < chain.len(), "before the router: {chain:?}");
+
+    let ecds = section(&dump, "EcdsConfigDump")["ecds_filters"]
+        .as_array()
+        .expect("ECDS filters")
+        .iter()
+        .map(|e| &e["ecds_filter"])
+        .find(|e| e["name"] == WASMPLUGIN_SIDECAR.filter)
+        .expect("the WasmPlugin's ECDS resource")
+        .clone();
+    let wasm = &ecds["typed_config"]["config"];
+    assert_eq!(
+        wasm["vm_config"]["code"]["local"]["filename"],
+        wasm_path().display().to_string(),
+        "{wasm}"
+    );
+    assert_eq!(wasm["failure_policy"], "FAIL_OPEN", "failStrategy: {wasm}");
+    assert!(
+        wasm.get("allow_on_headers_stop_iteration").is_none(),
+        "no WasmPlugin field carries it: {wasm}"
+    );
+    let plugin_config: Value = serde_json::from_str(
+        wasm["configuration"]["value"]
+            .as_str()
+            .unwrap_or_else(|| panic!("pluginConfig as a string: {wasm}")),
+    )
+    .expect("pluginConfig JSON");
+    assert_eq!(
+        plugin_config["priority"]["default"], "P1",
+        "{plugin_config}"
+    );
+
+    // Header features: the caller's priority in baggage and Envoy's timeout
+    // from its budget reach the provider; the body-based ones are off, and
+    // say so.
+    let url = format!(
+        "http://127.0.0.1:{}/v1/chat/completions",
+        WASMPLUGIN_SIDECAR.listener_port
+    );
+    let host = [
+        ("host", PROVIDER),
+        ("x-request-priority", "P0"),
+        ("x-request-timeout-ms", "20000"),
+    ];
+    let body = cacheable("gpt-4o-mini", "through the WasmPlugin");
+    for _ in 0..2 {
+        let r = post_json(&url, &body, &host).await.expect("call");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(
+            r.header("x-cache"),
+            Some("BYPASS"),
+            "no cache without the body"
+        );
+    }
+    let got = chats(&provider);
+    assert_eq!(got.len(), 2, "both calls reached the provider");
+    for call in &got {
+        assert!(
+            call.header("baggage")
+                .is_some_and(|b| b.contains("priority=P0")),
+            "{:?}",
+            call.headers
+        );
+        assert_eq!(
+            call.json().expect("JSON")["messages"][0]["content"],
+            "through the WasmPlugin"
+        );
+    }
+    // A budget of 1 s against a provider that answers in 3: Envoy's timeout
+    // from the filter ends the call.
+    let started = Instant::now();
+    let slow = [
+        ("host", PROVIDER),
+        ("x-request-timeout-ms", "1000"),
+        (HEADER_DELAY_MS, "3000"),
+    ];
+    let r = post_json(&url, &body, &slow).await.expect("slow call");
+    let took = started.elapsed();
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert!(took < Duration::from_millis(2500), "{took:?}");
+    let not_delivered = envoy.wait_for_metric(
+        metrics::INTERNAL_ERRORS,
+        &[("reason", "body_not_delivered")],
+        1.0,
+        Duration::from_secs(5),
+    );
+    assert!(not_delivered >= 1.0, "body_not_delivered: {not_delivered}");
+
+    // A sidecar of my-app without the selector's label gets nothing.
+    let plain = Node {
+        id: "sidecar~127.0.0.5~other-0.my-app~my-app.svc.cluster.local".into(),
+        namespace: "my-app".into(),
+        labels: json!({"app": "other"}),
+        ip: "127.0.0.5".into(),
+        interception: None,
+    };
+    let other = start_node(&plain, &istiod);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let other_dump = loop {
+        let sync = istiod
+            .debug("/debug/syncz")
+            .and_then(|s| synced(&s, plain.proxy_id()));
+        let dump = config_dump(&other);
+        if sync.is_ok() && http_filters(&dump).iter().any(|(l, _)| l == "0.0.0.0_80") {
+            break dump;
+        }
+        assert!(Instant::now() < deadline, "{}", istiod.log_tail(30));
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    for (listener, filters) in http_filters(&other_dump) {
+        assert!(
+            !filters.iter().any(|f| f.contains("llm-filter")),
+            "{listener}: {filters:?}"
+        );
+    }
+    let syncz = istiod.debug("/debug/syncz").expect("syncz");
+    for n in [&node, &plain] {
+        synced(&syncz, n.proxy_id()).expect("no NACK");
+    }
 }
 
 /// The egress gateway (egress-gateway.yaml) with the shard sidecars in front

@@ -99,9 +99,6 @@ pub enum Wake {
     Resume,
     /// The call was answered locally; nothing to resume.
     Answered,
-    /// Resume, and stop holding bodies on this worker: the host never
-    /// delivered the one this call waited for.
-    ResumeWithoutBodies,
     /// Stop ticking; nothing to resume (the request went on long ago).
     Idle,
 }
@@ -328,11 +325,16 @@ impl Call {
                 if env.now_ms.saturating_sub(since_ms) < BODY_WATCHDOG_MS {
                     return Wake::Wait;
                 }
-                // Fail open: the request goes on as if the filter only tagged it.
-                self.progress.forward();
+                // Fail open: the call goes on without its body, as the
+                // worker's calls will from now on (budget, header routing).
                 self.request.streams_through();
+                self.request.body_not_delivered = true;
                 internal_error(env.metrics, "body_not_delivered");
-                Wake::ResumeWithoutBodies
+                match self.decide(env, host, None) {
+                    Step::Continue => Wake::Resume,
+                    Step::Pause if self.is_parked() => Wake::Wait,
+                    Step::Pause => Wake::Answered,
+                }
             }
             Phase::Coalescing { deadline_ms, .. } => self.cache_on_tick(env, host, deadline_ms),
             _ if matches!(self.progress.hedge(), state::Hedge::Armed { .. }) => {
@@ -340,6 +342,13 @@ impl Call {
             }
             _ => Wake::Resume,
         }
+    }
+
+    /// The host never delivered the body this call waited for: the worker
+    /// should hold no more bodies (Envoy without
+    /// `allow_on_headers_stop_iteration`).
+    pub fn body_not_delivered(&self) -> bool {
+        self.request.body_not_delivered
     }
 
     /// The call's priority.
@@ -391,6 +400,7 @@ impl Request {
             temperature: None,
             affinity: None,
             names_cache_key: false,
+            body_not_delivered: false,
             prompt: None,
         }
     }

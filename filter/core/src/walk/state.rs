@@ -74,6 +74,8 @@ pub(super) struct Request {
     pub(super) names_cache_key: bool,
     /// The prompt as the client sent it, when captured (`tracing.capture`).
     pub(super) prompt: Option<Prompt>,
+    /// The host never delivered the body the call waited for.
+    pub(super) body_not_delivered: bool,
 }
 
 impl Request {

@@ -337,11 +337,18 @@ fn a_body_never_delivered_is_let_go_by_the_watchdog() {
     w.now_ms += BODY_WATCHDOG_MS / 2;
     assert_eq!(call.on_tick(&mut w.env(), &mut host), Wake::Wait);
     w.now_ms += BODY_WATCHDOG_MS;
-    assert_eq!(
-        call.on_tick(&mut w.env(), &mut host),
-        Wake::ResumeWithoutBodies
-    );
+    assert_eq!(host.header("x-envoy-upstream-rq-timeout-ms"), None);
+    assert!(!call.body_not_delivered());
+    assert_eq!(call.on_tick(&mut w.env(), &mut host), Wake::Resume);
     assert!(!call.is_parked());
+    assert!(call.body_not_delivered(), "the worker holds no more bodies");
+    // It goes on as a call without its body: with Envoy's timeout from the
+    // budget, as the worker's next calls.
+    assert!(
+        host.header("x-envoy-upstream-rq-timeout-ms").is_some(),
+        "{:?}",
+        host.request_headers
+    );
     assert_eq!(
         w.counter("llm_filter_internal_errors_totalreason=.=body_not_delivered;.;"),
         1
