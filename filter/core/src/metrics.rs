@@ -386,11 +386,20 @@ mod tests {
         );
         // Istio's default rules would take a tag after these words' dot.
         assert_eq!(
-            name("m", &[("llm_cluster", "outbound|80||api.cache.example.com")]),
+            name(
+                "m",
+                &[("llm_cluster", "outbound|80||api.cache.example.com")]
+            ),
             "mllm_cluster=.=outbound|80||api.cache_example.com;.;"
         );
         assert_eq!(
-            name("m", &[("tenant", "team.tag.a"), ("model", "component.wasm_filter.x")]),
+            name(
+                "m",
+                &[
+                    ("tenant", "team.tag.a"),
+                    ("model", "component.wasm_filter.x")
+                ]
+            ),
             "mtenant=.=team.tag_a;.;model=.=component_wasm_filter_x;.;"
         );
         assert_eq!(name("cache", &[("m", ".cachex.")]), "cachem=.=.cachex.;.;");
