@@ -17,13 +17,15 @@ use llm_filter_e2e::istiod::{agent_bootstrap, synced, Istiod, Node, PortLock};
 use llm_filter_e2e::pilot_agent::{agent_bin, PilotAgent, WASM_DATA_DIR};
 use llm_filter_e2e::registry::{image_archive, registry_tools, Registry};
 use llm_filter_e2e::tls::{TestCa, TlsFront};
-use llm_filter_e2e::{running_in_ci, wasm_path, workspace_root, MockConfig, MockUpstream};
+use llm_filter_e2e::{
+    post_json, running_in_ci, wasm_path, workspace_root, MockConfig, MockUpstream,
+};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use super::{
-    calls_through, chats, hex, http_filters, mesh, section, skip_without_istiod, yaml_docs,
-    PROVIDER, PROVIDER_CLUSTER, SIDECAR,
+    cacheable, calls_through, chats, hex, http_filters, mesh, section, skip_without_istiod,
+    yaml_docs, PROVIDER, PROVIDER_CLUSTER, SIDECAR,
 };
 
 /// What the test needs besides istiod: the agent, the image and the registry
@@ -147,6 +149,68 @@ fn config(image: &str, sha256: &str, front: u16, ca: &Path) -> Vec<(String, Stri
 /// The image's name and tag as envoyfilter-ecds.yaml names them.
 const IMAGE: &str = "llm-filter:0.1.0";
 
+/// A mesh of one sidecar run by the agent: the image on a registry of its
+/// own, the provider behind TLS with a CA of its own, istiod with [`config`].
+struct AgentMesh {
+    agent: PilotAgent,
+    istiod: Istiod,
+    node: Node,
+    provider: MockUpstream,
+    front: TlsFront,
+    registry: Registry,
+    /// The registry's requests before the agent started (the push's).
+    pushed: usize,
+    /// The image's manifest digest.
+    digest: String,
+    ca_path: std::path::PathBuf,
+    _certs: tempfile::TempDir,
+}
+
+/// [`AgentMesh`] with `sha256` (the manifest digest when `None`) as
+/// envoyfilter-ecds.yaml's `IMAGE_SHA256`, once the agent's Envoy is ready.
+fn start_mesh(istiod_bin: &Path, agent_bin: &Path, sha256: Option<String>) -> AgentMesh {
+    let (archive, digest) = image_archive().expect("the image");
+    let registry = Registry::start().expect("registry");
+    let image = registry.push(&archive, IMAGE).expect("push the image");
+    let pushed = registry.requests().len();
+
+    let certs = tempfile::tempdir().expect("temp dir");
+    let ca = TestCa::new("llm-filter e2e provider CA").expect("CA");
+    let ca_path = ca.write(certs.path()).expect("write the CA");
+    let provider = MockUpstream::start(MockConfig::named("provider"));
+    let front =
+        TlsFront::start(&ca.issue(&[PROVIDER]).expect("cert"), provider.addr()).expect("TLS front");
+    let sha256 = sha256.unwrap_or_else(|| digest.clone());
+    let istiod = Istiod::start(
+        istiod_bin,
+        &config(&image, &sha256, front.port(), &ca_path),
+        &mesh(),
+    )
+    .expect("istiod");
+
+    let node = Node::sidecar();
+    let agent = PilotAgent::start(
+        agent_bin,
+        &node,
+        istiod.grpc_port(),
+        &mesh(),
+        &[("WASM_INSECURE_REGISTRIES", registry.host())],
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\n--- istiod ---\n{}", istiod.log_tail(20)));
+    AgentMesh {
+        agent,
+        istiod,
+        node,
+        provider,
+        front,
+        registry,
+        pushed,
+        digest,
+        ca_path,
+        _certs: certs,
+    }
+}
+
 /// The agent pulls the image for the sidecar: the ECDS resource Envoy holds
 /// names a file of the agent's Wasm cache (the module's bytes), not the
 /// `oci://` URL; the registry served the manifest and the layer; istiod sees
@@ -161,37 +225,22 @@ async fn istiod_and_the_agent_run_the_sidecar_from_the_image() {
         return;
     };
     let _ports = PortLock::acquire().expect("port lock");
-    let (archive, digest) = image_archive().expect("the image");
-    let registry = Registry::start().expect("registry");
-    let image = registry.push(&archive, IMAGE).expect("push the image");
-    let pushed = registry.requests().len();
-
-    let certs = tempfile::tempdir().expect("temp dir");
-    let ca = TestCa::new("llm-filter e2e provider CA").expect("CA");
-    let ca_path = ca.write(certs.path()).expect("write the CA");
-    let provider = MockUpstream::start(MockConfig::named("provider"));
-    let front =
-        TlsFront::start(&ca.issue(&[PROVIDER]).expect("cert"), provider.addr()).expect("TLS front");
-    let istiod = Istiod::start(
-        &istiod_bin,
-        &config(&image, &digest, front.port(), &ca_path),
-        &mesh(),
-    )
-    .expect("istiod");
-
-    let node = Node::sidecar();
     let started = Instant::now();
-    let agent = PilotAgent::start(
-        &agent_bin,
-        &node,
-        istiod.grpc_port(),
-        &mesh(),
-        &[("WASM_INSECURE_REGISTRIES", registry.host())],
-    )
-    .unwrap_or_else(|e| panic!("{e:#}\n--- istiod ---\n{}", istiod.log_tail(20)));
+    let AgentMesh {
+        agent,
+        istiod,
+        node,
+        provider,
+        front,
+        registry,
+        pushed,
+        digest,
+        ca_path,
+        _certs,
+    } = start_mesh(&istiod_bin, &agent_bin, None);
     let (dump, ecds) = wait_ecds(&agent, SIDECAR.filter, &istiod, &node);
     eprintln!(
-        "agent ready and the module loaded in {:?}",
+        "registry, istiod, agent and Envoy up, the module loaded, in {:?}",
         started.elapsed()
     );
 
@@ -319,4 +368,62 @@ async fn istiod_and_the_agent_run_the_sidecar_from_the_image() {
 
     let syncz = istiod.debug("/debug/syncz").expect("syncz");
     synced(&syncz, node.proxy_id()).expect("no NACK after the calls");
+}
+
+/// A module the agent cannot pull fails open as the manifest says: with
+/// `IMAGE_SHA256` the module's own sha256 (not the manifest's, a slip the
+/// docs warn of) the agent refuses the image and hands Envoy an allow-all
+/// RBAC filter under the filter's name instead, which the HTTP filter's
+/// `type_urls` accept: no NACK, no Wasm VM, every call passes untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_the_agent_refuses_leaves_calls_untouched() {
+    let test = "an_image_the_agent_refuses_leaves_calls_untouched";
+    let Some((istiod_bin, agent_bin)) = prerequisites(test) else {
+        return;
+    };
+    let _ports = PortLock::acquire().expect("port lock");
+    let module = std::fs::read(wasm_path()).expect("the module");
+    let wrong = hex(&Sha256::digest(&module));
+    let AgentMesh {
+        agent,
+        istiod,
+        node,
+        provider,
+        // Held to the end, as the others.
+        front: _front,
+        registry: _registry,
+        _certs,
+        ..
+    } = start_mesh(&istiod_bin, &agent_bin, Some(wrong.clone()));
+    let (_, ecds) = wait_ecds(&agent, SIDECAR.filter, &istiod, &node);
+    assert_eq!(
+        ecds["typed_config"]["@type"],
+        "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC",
+        "{ecds}"
+    );
+    let refused = agent
+        .log()
+        .lines()
+        .find(|l| l.contains("applying allow RBAC filter"))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("{}", agent.log_tail(30)));
+    eprintln!("the agent: {refused}");
+    assert!(refused.contains(&wrong), "{refused}");
+    assert_eq!(agent.stat("wasm.envoy.wasm.runtime.v8.active"), 0);
+
+    let url = format!(
+        "http://127.0.0.1:{}/v1/chat/completions",
+        SIDECAR.listener_port
+    );
+    let body = cacheable("gpt-4o-mini", "no filter here");
+    for _ in 0..2 {
+        let r = post_json(&url, &body, &[("host", PROVIDER)])
+            .await
+            .expect("call");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-cache"), None, "the filter answered");
+    }
+    assert_eq!(chats(&provider).len(), 2, "both calls reached the provider");
+    let syncz = istiod.debug("/debug/syncz").expect("syncz");
+    synced(&syncz, node.proxy_id()).expect("no NACK");
 }
