@@ -18,7 +18,7 @@ use llm_filter_e2e::pilot_agent::{agent_bin, PilotAgent, WASM_DATA_DIR};
 use llm_filter_e2e::registry::{image_archive, registry_tools, Registry};
 use llm_filter_e2e::tls::{TestCa, TlsFront};
 use llm_filter_e2e::{
-    post_json, running_in_ci, wasm_path, workspace_root, MockConfig, MockUpstream,
+    chat_body, post_json, running_in_ci, wasm_path, workspace_root, MockConfig, MockUpstream,
 };
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -48,8 +48,9 @@ fn prerequisites(test: &str) -> Option<(std::path::PathBuf, std::path::PathBuf)>
 
 /// The shipped manifest `file` with its placeholders filled as a user would:
 /// the image on `registry` with digest `sha256`; the provider at `front` on
-/// loopback, its certificate checked against `ca`.
-fn filled(file: &str, image: &str, sha256: &str, front: u16, ca: &Path) -> String {
+/// loopback, its certificate checked against `ca` (as shipped, against the
+/// proxy's system bundle, when `None`).
+fn filled(file: &str, image: &str, sha256: &str, front: u16, ca: Option<&Path>) -> String {
     let path = workspace_root().join(EXAMPLES).join(file);
     let docs: Vec<Value> = read_manifests(&path)
         .unwrap_or_else(|e| panic!("{file}: {e:#}"))
@@ -84,7 +85,9 @@ fn filled(file: &str, image: &str, sha256: &str, front: u16, ca: &Path) -> Strin
                         .pointer_mut("/spec/trafficPolicy/portLevelSettings/0/tls")
                         .expect("provider.yaml's TLS origination");
                     assert_eq!(tls["mode"], "SIMPLE", "{tls}");
-                    tls["caCertificates"] = json!(ca);
+                    if let Some(ca) = ca {
+                        tls["caCertificates"] = json!(ca);
+                    }
                 }
                 _ => {}
             }
@@ -136,7 +139,7 @@ fn wait_ecds(agent: &PilotAgent, name: &str, istiod: &Istiod, node: &Node) -> (V
 /// The mesh's config for the sidecar: provider.yaml (TLS origination to the
 /// front, checked against `ca`), envoyfilter-ecds.yaml (the image `image`,
 /// digest `sha256`), routes.yaml, mTLS off.
-fn config(image: &str, sha256: &str, front: u16, ca: &Path) -> Vec<(String, String)> {
+fn config(image: &str, sha256: &str, front: u16, ca: Option<&Path>) -> Vec<(String, String)> {
     let mut config: Vec<(String, String)> =
         ["provider.yaml", "envoyfilter-ecds.yaml", "routes.yaml"]
             .iter()
@@ -167,8 +170,14 @@ struct AgentMesh {
 }
 
 /// [`AgentMesh`] with `sha256` (the manifest digest when `None`) as
-/// envoyfilter-ecds.yaml's `IMAGE_SHA256`, once the agent's Envoy is ready.
-fn start_mesh(istiod_bin: &Path, agent_bin: &Path, sha256: Option<String>) -> AgentMesh {
+/// envoyfilter-ecds.yaml's `IMAGE_SHA256`, the test CA the DestinationRule's
+/// `caCertificates` when `trust_ca`, once the agent's Envoy is ready.
+fn start_mesh(
+    istiod_bin: &Path,
+    agent_bin: &Path,
+    sha256: Option<String>,
+    trust_ca: bool,
+) -> AgentMesh {
     let (archive, digest) = image_archive().expect("the image");
     let registry = Registry::start().expect("registry");
     let image = registry.push(&archive, IMAGE).expect("push the image");
@@ -183,7 +192,7 @@ fn start_mesh(istiod_bin: &Path, agent_bin: &Path, sha256: Option<String>) -> Ag
     let sha256 = sha256.unwrap_or_else(|| digest.clone());
     let istiod = Istiod::start(
         istiod_bin,
-        &config(&image, &sha256, front.port(), &ca_path),
+        &config(&image, &sha256, front.port(), trust_ca.then_some(&*ca_path)),
         &mesh(),
     )
     .expect("istiod");
@@ -237,7 +246,7 @@ async fn istiod_and_the_agent_run_the_sidecar_from_the_image() {
         digest,
         ca_path,
         _certs,
-    } = start_mesh(&istiod_bin, &agent_bin, None);
+    } = start_mesh(&istiod_bin, &agent_bin, None, true);
     let (dump, ecds) = wait_ecds(&agent, SIDECAR.filter, &istiod, &node);
     eprintln!(
         "registry, istiod, agent and Envoy up, the module loaded, in {:?}",
@@ -394,7 +403,7 @@ async fn an_image_the_agent_refuses_leaves_calls_untouched() {
         registry: _registry,
         _certs,
         ..
-    } = start_mesh(&istiod_bin, &agent_bin, Some(wrong.clone()));
+    } = start_mesh(&istiod_bin, &agent_bin, Some(wrong.clone()), true);
     let (_, ecds) = wait_ecds(&agent, SIDECAR.filter, &istiod, &node);
     assert_eq!(
         ecds["typed_config"]["@type"],
@@ -424,6 +433,61 @@ async fn an_image_the_agent_refuses_leaves_calls_untouched() {
         assert_eq!(r.header("x-cache"), None, "the filter answered");
     }
     assert_eq!(chats(&provider).len(), 2, "both calls reached the provider");
+    let syncz = istiod.debug("/debug/syncz").expect("syncz");
+    synced(&syncz, node.proxy_id()).expect("no NACK");
+}
+
+/// provider.yaml's DestinationRule exactly as shipped (no `caCertificates`):
+/// the sidecar checks the provider against the proxy's system CA bundle,
+/// which the agent serves by SDS (`file-root:system`); a provider whose
+/// certificate only the test CA vouches for is refused before any byte of
+/// the call leaves the sidecar.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_destination_rule_checks_the_provider_against_the_system_bundle() {
+    let test = "the_shipped_destination_rule_checks_the_provider_against_the_system_bundle";
+    let Some((istiod_bin, agent_bin)) = prerequisites(test) else {
+        return;
+    };
+    let _ports = PortLock::acquire().expect("port lock");
+    let AgentMesh {
+        agent,
+        istiod,
+        node,
+        provider,
+        front,
+        registry: _registry,
+        _certs,
+        ..
+    } = start_mesh(&istiod_bin, &agent_bin, None, false);
+    let (dump, _) = wait_ecds(&agent, SIDECAR.filter, &istiod, &node);
+    let cluster = section(&dump, "ClustersConfigDump")["dynamic_active_clusters"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| &c["cluster"])
+        .find(|c| c["name"] == PROVIDER_CLUSTER)
+        .expect("the provider's cluster")
+        .to_string();
+    assert!(
+        cluster.contains(r#""name":"file-root:system""#),
+        "{cluster}"
+    );
+
+    let url = format!(
+        "http://127.0.0.1:{}/v1/chat/completions",
+        SIDECAR.listener_port
+    );
+    let r = post_json(
+        &url,
+        &chat_body("gpt-4o-mini", "to an untrusted provider"),
+        &[("host", PROVIDER)],
+    )
+    .await
+    .expect("call");
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(provider.request_count(), 0, "{:?}", provider.requests());
+    assert_eq!(front.handshakes(), 0, "a handshake completed");
+    assert!(front.failed_handshakes() >= 1, "the sidecar never tried");
     let syncz = istiod.debug("/debug/syncz").expect("syncz");
     synced(&syncz, node.proxy_id()).expect("no NACK");
 }
