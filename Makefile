@@ -320,7 +320,7 @@ $(PILOT_DISCOVERY): $(ISTIO_PATCHED) $(ISTIO_FLAGS_STAMP)
 	$(istio_go)
 	cd $(ISTIO_SRC) && CGO_ENABLED=0 GOBIN=$(abspath $(ISTIO_BIN)) go install $(ISTIO_GO_FLAGS) ./pilot/cmd/pilot-discovery
 
-# Istio's agent, from the same tree with its own build tags (20 s after
+# Istio's agent, from the same tree with its own build tags (15 s after
 # istiod, with Go's build cache warm; it shares most of istiod's packages).
 $(PILOT_AGENT): $(ISTIO_PATCHED) $(ISTIO_AGENT_FLAGS_STAMP)
 	$(istio_go)
