@@ -25,7 +25,7 @@ use sha2::{Digest, Sha256};
 
 use super::{
     cacheable, calls_through, chats, hex, http_filters, mesh, section, skip_without_istiod,
-    yaml_docs, PROVIDER, PROVIDER_CLUSTER, SIDECAR,
+    yaml_docs, GATEWAY, PROVIDER, PROVIDER_CLUSTER, SIDECAR,
 };
 
 /// What the test needs besides istiod: the agent, the image and the registry
@@ -139,13 +139,32 @@ fn wait_ecds(agent: &PilotAgent, name: &str, istiod: &Istiod, node: &Node) -> (V
 /// The mesh's config for the sidecar: provider.yaml (TLS origination to the
 /// front, checked against `ca`), envoyfilter-ecds.yaml (the image `image`,
 /// digest `sha256`), routes.yaml, mTLS off.
-fn config(image: &str, sha256: &str, front: u16, ca: Option<&Path>) -> Vec<(String, String)> {
-    let mut config: Vec<(String, String)> =
-        ["provider.yaml", "envoyfilter-ecds.yaml", "routes.yaml"]
-            .iter()
-            .map(|f| (f.to_string(), filled(f, image, sha256, front, ca)))
-            .collect();
-    config.push(("test-mesh.yaml".into(), no_mtls()));
+///
+/// For the egress gateway: provider.yaml and egress-gateway.yaml, mTLS off,
+/// the service that selects the gateway and its workload (istiod.rs's
+/// overlay; its module server's entry goes unused).
+fn config(
+    image: &str,
+    sha256: &str,
+    front: u16,
+    ca: Option<&Path>,
+    gateway: bool,
+) -> Vec<(String, String)> {
+    let files: &[&str] = if gateway {
+        &["provider.yaml", "egress-gateway.yaml"]
+    } else {
+        &["provider.yaml", "envoyfilter-ecds.yaml", "routes.yaml"]
+    };
+    let mut config: Vec<(String, String)> = files
+        .iter()
+        .map(|f| (f.to_string(), filled(f, image, sha256, front, ca)))
+        .collect();
+    let test_mesh = if gateway {
+        super::overlay(1, true)
+    } else {
+        no_mtls()
+    };
+    config.push(("test-mesh.yaml".into(), test_mesh));
     config
 }
 
@@ -171,15 +190,20 @@ struct AgentMesh {
     _certs: tempfile::TempDir,
 }
 
-/// [`AgentMesh`] with `sha256` (the manifest digest when `None`) as
-/// envoyfilter-ecds.yaml's `IMAGE_SHA256`, the test CA the DestinationRule's
-/// `caCertificates` when `trust_ca`, once the agent's Envoy is ready.
-fn start_mesh(
-    istiod_bin: &Path,
-    agent_bin: &Path,
+/// How a test fills the manifests; the default is as the docs say.
+#[derive(Default)]
+struct Setup {
+    /// `IMAGE_SHA256` when not the image's manifest digest.
     sha256: Option<String>,
-    trust_ca: bool,
-) -> AgentMesh {
+    /// provider.yaml's DestinationRule without the test CA as its
+    /// `caCertificates`, exactly as shipped.
+    system_bundle: bool,
+    /// The egress gateway (egress-gateway.yaml) instead of a sidecar.
+    gateway: bool,
+}
+
+/// [`AgentMesh`] as `setup` says, once the agent's Envoy is ready.
+fn start_mesh(istiod_bin: &Path, agent_bin: &Path, setup: Setup) -> AgentMesh {
     let (archive, digest) = image_archive().expect("the image");
     let registry = Registry::start().expect("registry");
     let image = registry.push(&archive, IMAGE).expect("push the image");
@@ -191,15 +215,20 @@ fn start_mesh(
     let provider = MockUpstream::start(MockConfig::named("provider"));
     let front =
         TlsFront::start(&ca.issue(&[PROVIDER]).expect("cert"), provider.addr()).expect("TLS front");
-    let sha256 = sha256.unwrap_or_else(|| digest.clone());
+    let sha256 = setup.sha256.unwrap_or_else(|| digest.clone());
+    let ca = (!setup.system_bundle).then_some(&*ca_path);
     let istiod = Istiod::start(
         istiod_bin,
-        &config(&image, &sha256, front.port(), trust_ca.then_some(&*ca_path)),
+        &config(&image, &sha256, front.port(), ca, setup.gateway),
         &mesh(),
     )
     .expect("istiod");
 
-    let node = Node::sidecar();
+    let node = if setup.gateway {
+        Node::egress_gateway()
+    } else {
+        Node::sidecar()
+    };
     let agent_started = Instant::now();
     let agent = PilotAgent::start(
         agent_bin,
@@ -251,7 +280,7 @@ async fn istiod_and_the_agent_run_the_sidecar_from_the_image() {
         agent_started,
         ca_path,
         _certs,
-    } = start_mesh(&istiod_bin, &agent_bin, None, true);
+    } = start_mesh(&istiod_bin, &agent_bin, Setup::default());
     let (dump, ecds) = wait_ecds(&agent, SIDECAR.filter, &istiod, &node);
     eprintln!(
         "the module loaded {:?} after the agent's start ({:?} with the registry and istiod)",
@@ -409,7 +438,14 @@ async fn an_image_the_agent_refuses_leaves_calls_untouched() {
         registry: _registry,
         _certs,
         ..
-    } = start_mesh(&istiod_bin, &agent_bin, Some(wrong.clone()), true);
+    } = start_mesh(
+        &istiod_bin,
+        &agent_bin,
+        Setup {
+            sha256: Some(wrong.clone()),
+            ..Setup::default()
+        },
+    );
     let (_, ecds) = wait_ecds(&agent, SIDECAR.filter, &istiod, &node);
     assert_eq!(
         ecds["typed_config"]["@type"],
@@ -464,7 +500,14 @@ async fn the_shipped_destination_rule_checks_the_provider_against_the_system_bun
         registry: _registry,
         _certs,
         ..
-    } = start_mesh(&istiod_bin, &agent_bin, None, false);
+    } = start_mesh(
+        &istiod_bin,
+        &agent_bin,
+        Setup {
+            system_bundle: true,
+            ..Setup::default()
+        },
+    );
     let (dump, _) = wait_ecds(&agent, SIDECAR.filter, &istiod, &node);
     let cluster = section(&dump, "ClustersConfigDump")["dynamic_active_clusters"]
         .as_array()
@@ -496,4 +539,60 @@ async fn the_shipped_destination_rule_checks_the_provider_against_the_system_bun
     assert!(front.failed_handshakes() >= 1, "the sidecar never tried");
     let syncz = istiod.debug("/debug/syncz").expect("syncz");
     synced(&syncz, node.proxy_id()).expect("no NACK");
+}
+
+/// The egress gateway as Istio's agent runs it (`pilot-agent proxy router`,
+/// egress-gateway.yaml): the agent pulls the same image for it, and calls
+/// through the gateway are the filter's and reach the provider over TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn istiod_and_the_agent_run_the_egress_gateway_from_the_image() {
+    let test = "istiod_and_the_agent_run_the_egress_gateway_from_the_image";
+    let Some((istiod_bin, agent_bin)) = prerequisites(test) else {
+        return;
+    };
+    let _ports = PortLock::acquire().expect("port lock");
+    let AgentMesh {
+        agent,
+        istiod,
+        node,
+        provider,
+        front,
+        registry: _registry,
+        digest,
+        _certs,
+        ..
+    } = start_mesh(
+        &istiod_bin,
+        &agent_bin,
+        Setup {
+            gateway: true,
+            ..Setup::default()
+        },
+    );
+    let (dump, ecds) = wait_ecds(&agent, GATEWAY.filter, &istiod, &node);
+    let file = ecds["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no local file: {ecds}"))
+        .to_string();
+    eprintln!("gateway module file: {file}");
+    assert!(
+        file.starts_with(&format!("{WASM_DATA_DIR}/"))
+            && file.ends_with(&format!("/{digest}.wasm")),
+        "{file}"
+    );
+    let filters = http_filters(&dump);
+    assert!(
+        filters
+            .iter()
+            .any(|(l, f)| l == GATEWAY.listener && f.iter().any(|f| f == GATEWAY.filter)),
+        "{filters:?}"
+    );
+    let url = format!(
+        "http://127.0.0.1:{}/v1/chat/completions",
+        GATEWAY.listener_port
+    );
+    calls_through(&url, &provider, "agent's gateway", true).await;
+    assert!(front.handshakes() >= 1, "no TLS to the provider");
+    let syncz = istiod.debug("/debug/syncz").expect("syncz");
+    synced(&syncz, node.proxy_id()).expect("no NACK after the calls");
 }
