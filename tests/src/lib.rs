@@ -15,8 +15,10 @@ pub mod envoy;
 pub mod istio;
 pub mod istiod;
 pub mod mock;
+pub mod pilot_agent;
 pub mod prometheus;
 pub mod prometheus_server;
+pub mod registry;
 pub mod tls;
 
 use std::time::{Duration, Instant};

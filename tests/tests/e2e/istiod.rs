@@ -28,6 +28,8 @@ use llm_filter_e2e::{
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
+mod agent;
+
 const PROVIDER: &str = "api.openai.com";
 const PROVIDER_CLUSTER: &str = "outbound|80||api.openai.com";
 /// Where the test serves the module from, as a ServiceEntry of the mesh.
