@@ -100,7 +100,7 @@ async fn calls_in_flight_are_counted_until_they_end() {
     let mock = MockUpstream::start(MockConfig::named("load"));
     // Long enough that all three are upstream together for several of the
     // gauge's one-second publications, however a busy machine staggers them.
-    mock.set_default_delay_ms(4_000);
+    mock.set_default_delay_ms(8_000);
     let envoy = EnvoyBuilder::new()
         .plugin_config("{}")
         .upstream("mock", mock.port())
@@ -124,7 +124,7 @@ async fn calls_in_flight_are_counted_until_they_end() {
         "llm_filter_load_in_flight",
         &[("model", "slow-model")],
         3.0,
-        Duration::from_secs(3),
+        Duration::from_secs(6),
     );
     assert_eq!(
         seen,
