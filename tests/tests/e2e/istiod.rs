@@ -48,6 +48,16 @@ struct Layout {
     filter: &'static str,
 }
 
+impl Layout {
+    /// The chat endpoint at the node's outbound listener, as the test calls it.
+    fn chat_url(&self) -> String {
+        format!(
+            "http://127.0.0.1:{}/v1/chat/completions",
+            self.listener_port
+        )
+    }
+}
+
 const SIDECAR: Layout = Layout {
     listener: "127.0.0.1_80",
     listener_port: 80,
@@ -183,6 +193,27 @@ fn provider_at_loopback(doc: &mut Value, port: u16) {
         }
         _ => {}
     }
+}
+
+/// istiod in file mode on the shipped `files`, filled by [`filled`], with
+/// the test mesh's [`overlay`] (the gateway's service and workload when
+/// `gateway`).
+fn istiod_with(
+    bin: &std::path::Path,
+    files: &[&str],
+    module: &Module,
+    provider: &MockUpstream,
+    gateway: bool,
+) -> Istiod {
+    let mut config: Vec<(String, String)> = files
+        .iter()
+        .map(|f| (f.to_string(), filled(f, module, provider.port())))
+        .collect();
+    config.push((
+        "test-mesh.yaml".into(),
+        overlay(module.server.port(), gateway),
+    ));
+    Istiod::start(bin, &config, &mesh()).expect("istiod")
 }
 
 /// What a test mesh adds to the examples: the module server as an external
@@ -608,20 +639,18 @@ async fn istiod_configures_a_sidecar_with_the_examples() {
     let _ports = PortLock::acquire().expect("port lock");
     let module = module();
     let provider = MockUpstream::start(MockConfig::named("provider"));
-    let mut config: Vec<(String, String)> = [
-        "provider.yaml",
-        "envoyfilter-ecds.yaml",
-        "routes.yaml",
-        "access-log.yaml",
-    ]
-    .iter()
-    .map(|f| (f.to_string(), filled(f, &module, provider.port())))
-    .collect();
-    config.push((
-        "test-mesh.yaml".into(),
-        overlay(module.server.port(), false),
-    ));
-    let istiod = Istiod::start(&bin, &config, &mesh()).expect("istiod");
+    let istiod = istiod_with(
+        &bin,
+        &[
+            "provider.yaml",
+            "envoyfilter-ecds.yaml",
+            "routes.yaml",
+            "access-log.yaml",
+        ],
+        &module,
+        &provider,
+        false,
+    );
 
     let node = Node::sidecar();
     let envoy = start_node(&node, &istiod);
@@ -642,10 +671,7 @@ async fn istiod_configures_a_sidecar_with_the_examples() {
     eprintln!("pod sidecar listeners: {pod_listeners:?}");
     drop(pod_envoy);
 
-    let url = format!(
-        "http://127.0.0.1:{}/v1/chat/completions",
-        SIDECAR.listener_port
-    );
+    let url = SIDECAR.chat_url();
     calls_through(&url, &provider, "sidecar", true).await;
     let r = post_json(
         &url,
@@ -688,15 +714,13 @@ async fn istiod_translates_the_wasmplugin_for_the_labelled_sidecars() {
     let _ports = PortLock::acquire().expect("port lock");
     let module = module();
     let provider = MockUpstream::start(MockConfig::named("provider"));
-    let mut config: Vec<(String, String)> = ["provider.yaml", "wasmplugin.yaml"]
-        .iter()
-        .map(|f| (f.to_string(), filled(f, &module, provider.port())))
-        .collect();
-    config.push((
-        "test-mesh.yaml".into(),
-        overlay(module.server.port(), false),
-    ));
-    let istiod = Istiod::start(&bin, &config, &mesh()).expect("istiod");
+    let istiod = istiod_with(
+        &bin,
+        &["provider.yaml", "wasmplugin.yaml"],
+        &module,
+        &provider,
+        false,
+    );
 
     let node = Node::sidecar();
     let envoy = start_node(&node, &istiod);
@@ -750,10 +774,7 @@ async fn istiod_translates_the_wasmplugin_for_the_labelled_sidecars() {
     // Header features: the caller's priority in baggage and Envoy's timeout
     // from its budget reach the provider; the body-based ones are off, and
     // say so.
-    let url = format!(
-        "http://127.0.0.1:{}/v1/chat/completions",
-        WASMPLUGIN_SIDECAR.listener_port
-    );
+    let url = WASMPLUGIN_SIDECAR.chat_url();
     let host = [
         ("host", PROVIDER),
         ("x-request-priority", "P0"),
@@ -812,24 +833,7 @@ async fn istiod_translates_the_wasmplugin_for_the_labelled_sidecars() {
         interception: None,
     };
     let other = start_node(&plain, &istiod);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let other_dump = loop {
-        let sync = istiod
-            .debug("/debug/syncz")
-            .and_then(|s| synced(&s, plain.proxy_id()));
-        let dump = config_dump(&other);
-        if sync.is_ok() && http_filters(&dump).iter().any(|(l, _)| l == "0.0.0.0_80") {
-            break dump;
-        }
-        assert!(Instant::now() < deadline, "{}", istiod.log_tail(30));
-        std::thread::sleep(Duration::from_millis(250));
-    };
-    for (listener, filters) in http_filters(&other_dump) {
-        assert!(
-            !filters.iter().any(|f| f.contains("llm-filter")),
-            "{listener}: {filters:?}"
-        );
-    }
+    assert_without_the_filter(&other, &plain, &istiod);
     let syncz = istiod.debug("/debug/syncz").expect("syncz");
     for n in [&node, &plain] {
         synced(&syncz, n.proxy_id()).expect("no NACK");
@@ -849,13 +853,13 @@ async fn istiod_configures_the_egress_gateway_with_the_examples() {
     let _ports = PortLock::acquire().expect("port lock");
     let module = module();
     let provider = MockUpstream::start(MockConfig::named("provider"));
-    let mut config: Vec<(String, String)> =
-        ["provider.yaml", "egress-gateway.yaml", "mesh-cache.yaml"]
-            .iter()
-            .map(|f| (f.to_string(), filled(f, &module, provider.port())))
-            .collect();
-    config.push(("test-mesh.yaml".into(), overlay(module.server.port(), true)));
-    let istiod = Istiod::start(&bin, &config, &mesh()).expect("istiod");
+    let istiod = istiod_with(
+        &bin,
+        &["provider.yaml", "egress-gateway.yaml", "mesh-cache.yaml"],
+        &module,
+        &provider,
+        true,
+    );
 
     let gateway_node = Node::egress_gateway();
     let gateway = start_node(&gateway_node, &istiod);
@@ -863,10 +867,7 @@ async fn istiod_configures_the_egress_gateway_with_the_examples() {
     let listeners = assert_generated(&dump, &GATEWAY, &module, true);
     eprintln!("gateway listeners: {listeners:?}");
 
-    let gateway_url = format!(
-        "http://127.0.0.1:{}/v1/chat/completions",
-        GATEWAY.listener_port
-    );
+    let gateway_url = GATEWAY.chat_url();
     calls_through(&gateway_url, &provider, "gateway", true).await;
 
     // A shard sidecar: its calls to the provider go to the gateway (the
@@ -878,10 +879,7 @@ async fn istiod_configures_the_egress_gateway_with_the_examples() {
     assert_generated(&dump, &SHARD_SIDECAR, &module, false);
     let before = chats(&provider).len();
     let body = cacheable("gpt-4o-mini", "cached for the mesh");
-    let url = format!(
-        "http://127.0.0.1:{}/v1/chat/completions",
-        SHARD_SIDECAR.listener_port
-    );
+    let url = SHARD_SIDECAR.chat_url();
     let mut seen = Vec::new();
     for _ in 0..3 {
         let r = post_json(
@@ -946,6 +944,38 @@ fn http_filters(dump: &Value) -> Vec<(String, Vec<String>)> {
         .collect()
 }
 
+/// Waits until `node` (iptables: its listener `0.0.0.0_80` not bound) is
+/// synced with that listener, asserts no listener of it has a filter of
+/// llm-filter's, and returns its config dump.
+fn assert_without_the_filter(envoy: &Envoy, node: &Node, istiod: &Istiod) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let dump = loop {
+        let sync = istiod
+            .debug("/debug/syncz")
+            .and_then(|s| synced(&s, node.proxy_id()));
+        let dump = config_dump(envoy);
+        let has_80 = http_filters(&dump).iter().any(|(l, _)| l == "0.0.0.0_80");
+        if sync.is_ok() && has_80 {
+            break dump;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}: not synced in 30 s: {sync:?}, listener 0.0.0.0_80 {has_80}\n{}",
+            node.id,
+            istiod.log_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    for (listener, filters) in http_filters(&dump) {
+        assert!(
+            !filters.iter().any(|f| f.contains("llm-filter")),
+            "{}'s {listener}: {filters:?}",
+            node.id
+        );
+    }
+    dump
+}
+
 /// Enabling the filter for a namespace is one manifest in it:
 /// envoyfilter-ecds.yaml, which has no workload selector, applied in
 /// `my-app` reaches a sidecar of `my-app` whose pod carries no label of the
@@ -960,10 +990,6 @@ async fn istiod_enables_the_filter_for_the_namespace_of_the_one_manifest() {
     let _ports = PortLock::acquire().expect("port lock");
     let module = module();
     let provider = MockUpstream::start(MockConfig::named("provider"));
-    let mut config: Vec<(String, String)> = ["provider.yaml", "envoyfilter-ecds.yaml"]
-        .iter()
-        .map(|f| (f.to_string(), filled(f, &module, provider.port())))
-        .collect();
     let manifest = read_manifests(
         &workspace_root()
             .join(EXAMPLES)
@@ -977,11 +1003,13 @@ async fn istiod_enables_the_filter_for_the_namespace_of_the_one_manifest() {
         "no workload selector: {}",
         manifest[0]["spec"]
     );
-    config.push((
-        "test-mesh.yaml".into(),
-        overlay(module.server.port(), false),
-    ));
-    let istiod = Istiod::start(&bin, &config, &mesh()).expect("istiod");
+    let istiod = istiod_with(
+        &bin,
+        &["provider.yaml", "envoyfilter-ecds.yaml"],
+        &module,
+        &provider,
+        false,
+    );
 
     // A pod of my-app without any label of the filter's.
     let plain = Node {
@@ -994,10 +1022,7 @@ async fn istiod_enables_the_filter_for_the_namespace_of_the_one_manifest() {
     let envoy = start_node(&plain, &istiod);
     let dump = wait_synced(&envoy, &plain, &istiod, &SIDECAR);
     assert_generated(&dump, &SIDECAR, &module, false);
-    let url = format!(
-        "http://127.0.0.1:{}/v1/chat/completions",
-        SIDECAR.listener_port
-    );
+    let url = SIDECAR.chat_url();
     let host = [("host", PROVIDER)];
     let body = cacheable("gpt-4o-mini", "cached in the namespace");
     let mut seen = Vec::new();
@@ -1019,29 +1044,7 @@ async fn istiod_enables_the_filter_for_the_namespace_of_the_one_manifest() {
         interception: None,
     };
     let other = start_node(&elsewhere, &istiod);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let other_dump = loop {
-        let sync = istiod
-            .debug("/debug/syncz")
-            .and_then(|s| synced(&s, elsewhere.proxy_id()));
-        let dump = config_dump(&other);
-        let has_80 = http_filters(&dump).iter().any(|(l, _)| l == "0.0.0.0_80");
-        if sync.is_ok() && has_80 {
-            break dump;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "team-b: not synced in 30 s: {sync:?}, listener 0.0.0.0_80 {has_80}\n{}",
-            istiod.log_tail(30)
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    };
-    for (listener, filters) in http_filters(&other_dump) {
-        assert!(
-            !filters.iter().any(|f| f.contains("llm-filter")),
-            "team-b's {listener}: {filters:?}"
-        );
-    }
+    let other_dump = assert_without_the_filter(&other, &elsewhere, &istiod);
     let ecds = other_dump["configs"]
         .as_array()
         .into_iter()
@@ -1109,15 +1112,13 @@ async fn istiod_sidecar_memory() {
     let _ports = PortLock::acquire().expect("port lock");
     let module = module();
     let provider = MockUpstream::start(MockConfig::named("provider"));
-    let mut config: Vec<(String, String)> = ["provider.yaml", "envoyfilter-ecds.yaml"]
-        .iter()
-        .map(|f| (f.to_string(), filled(f, &module, provider.port())))
-        .collect();
-    config.push((
-        "test-mesh.yaml".into(),
-        overlay(module.server.port(), false),
-    ));
-    let istiod = Istiod::start(&bin, &config, &mesh()).expect("istiod");
+    let istiod = istiod_with(
+        &bin,
+        &["provider.yaml", "envoyfilter-ecds.yaml"],
+        &module,
+        &provider,
+        false,
+    );
     let plain_node = Node {
         id: "sidecar~127.0.0.6~app-0.team-b~team-b.svc.cluster.local".into(),
         namespace: "team-b".into(),
@@ -1138,10 +1139,7 @@ async fn istiod_sidecar_memory() {
         assert!(Instant::now() < deadline, "team-b not synced");
         std::thread::sleep(Duration::from_millis(250));
     }
-    let url = format!(
-        "http://127.0.0.1:{}/v1/chat/completions",
-        SIDECAR.listener_port
-    );
+    let url = SIDECAR.chat_url();
     let host = [("host", PROVIDER)];
     for i in 0..3 {
         let r = post_json(&url, &cacheable("gpt-4o-mini", &format!("warm {i}")), &host)

@@ -202,6 +202,22 @@ struct Setup {
     gateway: bool,
 }
 
+/// The local file the agent handed Envoy for the module in `ecds`: in its
+/// cache, named by the image's manifest `digest`.
+fn agent_module_file(ecds: &Value, digest: &str) -> String {
+    let file = ecds["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no local file: {ecds}"))
+        .to_string();
+    eprintln!("module file: {file}");
+    assert!(
+        file.starts_with(&format!("{WASM_DATA_DIR}/"))
+            && file.ends_with(&format!("/{digest}.wasm")),
+        "{file}"
+    );
+    file
+}
+
 /// [`AgentMesh`] as `setup` says, once the agent's Envoy is ready.
 fn start_mesh(istiod_bin: &Path, agent_bin: &Path, setup: Setup) -> AgentMesh {
     let (archive, digest) = image_archive().expect("the image");
@@ -298,16 +314,8 @@ async fn istiod_and_the_agent_run_the_sidecar_from_the_image() {
     let config = &ecds["typed_config"]["config"];
     let code = &config["vm_config"]["code"];
     assert!(code.get("remote").is_none(), "still remote: {code}");
-    let file = code["local"]["filename"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no local file: {code}"));
-    eprintln!("module file: {file}");
-    assert!(
-        file.starts_with(&format!("{WASM_DATA_DIR}/"))
-            && file.ends_with(&format!("/{digest}.wasm")),
-        "{file}"
-    );
-    let bytes = std::fs::read(file).expect("the agent's module file");
+    let file = agent_module_file(&ecds, &digest);
+    let bytes = std::fs::read(&file).expect("the agent's module file");
     let module = std::fs::read(wasm_path()).expect("the module");
     assert_eq!(
         hex(&Sha256::digest(&bytes)),
@@ -364,10 +372,7 @@ async fn istiod_and_the_agent_run_the_sidecar_from_the_image() {
         "{tls}"
     );
 
-    let url = format!(
-        "http://127.0.0.1:{}/v1/chat/completions",
-        SIDECAR.listener_port
-    );
+    let url = SIDECAR.chat_url();
     calls_through(&url, &provider, "agent's sidecar", true).await;
     assert!(front.handshakes() >= 1, "no TLS to the provider");
     assert_eq!(front.failed_handshakes(), 0);
@@ -462,10 +467,7 @@ async fn an_image_the_agent_refuses_leaves_calls_untouched() {
     assert!(refused.contains(&wrong), "{refused}");
     assert_eq!(agent.stat("wasm.envoy.wasm.runtime.v8.active"), 0);
 
-    let url = format!(
-        "http://127.0.0.1:{}/v1/chat/completions",
-        SIDECAR.listener_port
-    );
+    let url = SIDECAR.chat_url();
     let body = cacheable("gpt-4o-mini", "no filter here");
     for _ in 0..2 {
         let r = post_json(&url, &body, &[("host", PROVIDER)])
@@ -522,10 +524,7 @@ async fn the_shipped_destination_rule_checks_the_provider_against_the_system_bun
         "{cluster}"
     );
 
-    let url = format!(
-        "http://127.0.0.1:{}/v1/chat/completions",
-        SIDECAR.listener_port
-    );
+    let url = SIDECAR.chat_url();
     let r = post_json(
         &url,
         &chat_body("gpt-4o-mini", "to an untrusted provider"),
@@ -570,16 +569,7 @@ async fn istiod_and_the_agent_run_the_egress_gateway_from_the_image() {
         },
     );
     let (dump, ecds) = wait_ecds(&agent, GATEWAY.filter, &istiod, &node);
-    let file = ecds["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no local file: {ecds}"))
-        .to_string();
-    eprintln!("gateway module file: {file}");
-    assert!(
-        file.starts_with(&format!("{WASM_DATA_DIR}/"))
-            && file.ends_with(&format!("/{digest}.wasm")),
-        "{file}"
-    );
+    agent_module_file(&ecds, &digest);
     let filters = http_filters(&dump);
     assert!(
         filters
@@ -587,10 +577,7 @@ async fn istiod_and_the_agent_run_the_egress_gateway_from_the_image() {
             .any(|(l, f)| l == GATEWAY.listener && f.iter().any(|f| f == GATEWAY.filter)),
         "{filters:?}"
     );
-    let url = format!(
-        "http://127.0.0.1:{}/v1/chat/completions",
-        GATEWAY.listener_port
-    );
+    let url = GATEWAY.chat_url();
     calls_through(&url, &provider, "agent's gateway", true).await;
     assert!(front.handshakes() >= 1, "no TLS to the provider");
     let syncz = istiod.debug("/debug/syncz").expect("syncz");
