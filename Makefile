@@ -182,7 +182,8 @@ tools-picture:
 # `make test` runs 1.40): the latest patch of each from PyPI, one venv each
 # under target/envoys/, and a smoke subset of the end-to-end suite against
 # each (tagging, cache HIT and SSE, routing, failover, budget, admin, the
-# Istio layouts validated, the examples through the real istiod). A few minutes per version; not in `make test`.
+# Istio layouts validated, the examples through the real istiod and Istio's
+# agent, which starts that Envoy). About a minute per version; not in `make test`.
 # 1.38.2, not 1.38.3: PyPI's 1.38.3 wheel (a "Modified" build) has only the
 # null Wasm runtime, no V8, and loads no Wasm module at all.
 ENVOY_MATRIX := 1.36.4 1.37.0 1.38.2 1.39.3

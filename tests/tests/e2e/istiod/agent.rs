@@ -25,7 +25,7 @@ use sha2::{Digest, Sha256};
 
 use super::{
     cacheable, calls_through, chats, hex, http_filters, mesh, section, skip_without_istiod,
-    yaml_docs, GATEWAY, PROVIDER, PROVIDER_CLUSTER, SIDECAR,
+    yaml_docs, GATEWAY, PROVIDER, PROVIDER_CLUSTER, SIDECAR, WASMPLUGIN_SIDECAR,
 };
 
 /// What the test needs besides istiod: the agent, the image and the registry
@@ -75,6 +75,13 @@ fn filled(file: &str, image: &str, sha256: &str, front: u16, ca: Option<&Path>) 
                 }
             }
             match doc["kind"].as_str() {
+                Some("WasmPlugin") => {
+                    let spec = &mut doc["spec"];
+                    assert_eq!(spec["url"], "oci://REGISTRY/llm-filter:0.1.0", "{spec}");
+                    assert_eq!(spec["sha256"], "IMAGE_SHA256", "{spec}");
+                    spec["url"] = json!(format!("oci://{image}"));
+                    spec["sha256"] = json!(sha256);
+                }
                 Some("ServiceEntry") if file == "provider.yaml" => {
                     doc["spec"]["resolution"] = json!("STATIC");
                     doc["spec"]["endpoints"] =
@@ -140,6 +147,9 @@ fn wait_ecds(agent: &PilotAgent, name: &str, istiod: &Istiod, node: &Node) -> (V
 /// front, checked against `ca`), envoyfilter-ecds.yaml (the image `image`,
 /// digest `sha256`), routes.yaml, mTLS off.
 ///
+/// For the WasmPlugin form: provider.yaml and wasmplugin.yaml (the same
+/// image), mTLS off.
+///
 /// For the egress gateway: provider.yaml and egress-gateway.yaml, mTLS off,
 /// the service that selects the gateway and its workload (istiod.rs's
 /// overlay; its module server's entry goes unused).
@@ -148,18 +158,18 @@ fn config(
     sha256: &str,
     front: u16,
     ca: Option<&Path>,
-    gateway: bool,
+    form: Form,
 ) -> Vec<(String, String)> {
-    let files: &[&str] = if gateway {
-        &["provider.yaml", "egress-gateway.yaml"]
-    } else {
-        &["provider.yaml", "envoyfilter-ecds.yaml", "routes.yaml"]
+    let files: &[&str] = match form {
+        Form::Gateway => &["provider.yaml", "egress-gateway.yaml"],
+        Form::Sidecar => &["provider.yaml", "envoyfilter-ecds.yaml", "routes.yaml"],
+        Form::WasmPlugin => &["provider.yaml", "wasmplugin.yaml"],
     };
     let mut config: Vec<(String, String)> = files
         .iter()
         .map(|f| (f.to_string(), filled(f, image, sha256, front, ca)))
         .collect();
-    let test_mesh = if gateway {
+    let test_mesh = if form == Form::Gateway {
         super::overlay(1, true)
     } else {
         no_mtls()
@@ -198,8 +208,31 @@ struct Setup {
     /// provider.yaml's DestinationRule without the test CA as its
     /// `caCertificates`, exactly as shipped.
     system_bundle: bool,
-    /// The egress gateway (egress-gateway.yaml) instead of a sidecar.
-    gateway: bool,
+    /// Which manifests load the filter, and into which node.
+    form: Form,
+}
+
+/// The shipped manifests a test loads the filter with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Form {
+    /// envoyfilter-ecds.yaml (and routes.yaml) on the sidecar.
+    #[default]
+    Sidecar,
+    /// wasmplugin.yaml on the sidecar, translated by istiod.
+    WasmPlugin,
+    /// egress-gateway.yaml on the egress gateway.
+    Gateway,
+}
+
+impl Form {
+    /// The filter's ECDS resource on the node.
+    fn filter(self) -> &'static str {
+        match self {
+            Form::Sidecar => SIDECAR.filter,
+            Form::WasmPlugin => WASMPLUGIN_SIDECAR.filter,
+            Form::Gateway => GATEWAY.filter,
+        }
+    }
 }
 
 /// The local file the agent handed Envoy for the module in `ecds`: in its
@@ -216,6 +249,14 @@ fn agent_module_file(ecds: &Value, digest: &str) -> String {
         "{file}"
     );
     file
+}
+
+/// Whether the registry's access log `requests` has a 200 for the image's
+/// `what` (`manifests/<tag>`, `blobs/sha256:`).
+fn served(requests: &[String], what: &str) -> bool {
+    requests
+        .iter()
+        .any(|r| r.starts_with(&format!("GET /v2/llm-filter/{what}")) && r.contains("\" 200 "))
 }
 
 /// [`AgentMesh`] as `setup` says, once the agent's Envoy is ready.
@@ -235,12 +276,12 @@ fn start_mesh(istiod_bin: &Path, agent_bin: &Path, setup: Setup) -> AgentMesh {
     let ca = (!setup.system_bundle).then_some(&*ca_path);
     let istiod = Istiod::start(
         istiod_bin,
-        &config(&image, &sha256, front.port(), ca, setup.gateway),
+        &config(&image, &sha256, front.port(), ca, setup.form),
         &mesh(),
     )
     .expect("istiod");
 
-    let node = if setup.gateway {
+    let node = if setup.form == Form::Gateway {
         Node::egress_gateway()
     } else {
         Node::sidecar()
@@ -341,13 +382,8 @@ async fn istiod_and_the_agent_run_the_sidecar_from_the_image() {
 
     // The registry served the manifest by tag and its layer, to the agent.
     let pulled: Vec<String> = registry.requests().split_off(pushed);
-    let get = |what: &str| {
-        pulled
-            .iter()
-            .any(|r| r.starts_with(&format!("GET /v2/llm-filter/{what}")) && r.contains("\" 200 "))
-    };
     assert!(
-        get("manifests/0.1.0") && get("blobs/sha256:"),
+        served(&pulled, "manifests/0.1.0") && served(&pulled, "blobs/sha256:"),
         "{pulled:#?}"
     );
 
@@ -419,11 +455,12 @@ async fn istiod_and_the_agent_run_the_sidecar_from_the_image() {
     synced(&syncz, node.proxy_id()).expect("no NACK after the calls");
 }
 
-/// A module the agent cannot pull fails open as the manifest says: with
-/// `IMAGE_SHA256` the module's own sha256 (not the manifest's, a slip the
-/// docs warn of) the agent refuses the image and hands Envoy an allow-all
-/// RBAC filter under the filter's name instead, which the HTTP filter's
-/// `type_urls` accept: no NACK, no Wasm VM, every call passes untouched.
+/// A module the agent cannot pull fails open as the manifests say, in both
+/// forms: with `IMAGE_SHA256` the module's own sha256 (not the manifest's, a
+/// slip the docs warn of) the agent refuses the image and hands Envoy an
+/// allow-all RBAC filter under the filter's name instead, which the HTTP
+/// filter's `type_urls` accept (the EnvoyFilter's as shipped, the ones istiod
+/// writes for a WasmPlugin): no NACK, no Wasm VM, every call passes untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_image_the_agent_refuses_leaves_calls_untouched() {
     let test = "an_image_the_agent_refuses_leaves_calls_untouched";
@@ -433,52 +470,148 @@ async fn an_image_the_agent_refuses_leaves_calls_untouched() {
     let _ports = PortLock::acquire().expect("port lock");
     let module = std::fs::read(wasm_path()).expect("the module");
     let wrong = hex(&Sha256::digest(&module));
+    for form in [Form::Sidecar, Form::WasmPlugin] {
+        let AgentMesh {
+            agent,
+            istiod,
+            node,
+            provider,
+            // Held to the end, as the others.
+            front: _front,
+            registry: _registry,
+            _certs,
+            ..
+        } = start_mesh(
+            &istiod_bin,
+            &agent_bin,
+            Setup {
+                sha256: Some(wrong.clone()),
+                form,
+                ..Setup::default()
+            },
+        );
+        let (_, ecds) = wait_ecds(&agent, form.filter(), &istiod, &node);
+        assert_eq!(
+            ecds["typed_config"]["@type"],
+            "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC",
+            "{form:?}: {ecds}"
+        );
+        let refused = agent
+            .log()
+            .lines()
+            .find(|l| l.contains("applying allow RBAC filter"))
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("{form:?}: {}", agent.log_tail(30)));
+        eprintln!("{form:?}, the agent: {refused}");
+        assert!(refused.contains(&wrong), "{refused}");
+        assert_eq!(agent.stat("wasm.envoy.wasm.runtime.v8.active"), 0);
+
+        let url = SIDECAR.chat_url();
+        let body = cacheable("gpt-4o-mini", "no filter here");
+        for _ in 0..2 {
+            let r = post_json(
+                &url,
+                &body,
+                &[("host", PROVIDER), ("x-request-priority", "P0")],
+            )
+            .await
+            .expect("call");
+            assert_eq!(r.status, 200, "{form:?}: {}", r.text());
+            assert_eq!(r.header("x-cache"), None, "{form:?}: the filter answered");
+        }
+        let got = chats(&provider);
+        assert_eq!(got.len(), 2, "{form:?}: both calls reached the provider");
+        assert!(
+            got.iter().all(|c| c.header("baggage").is_none()),
+            "{form:?}: tagged without the filter"
+        );
+        let syncz = istiod.debug("/debug/syncz").expect("syncz");
+        synced(&syncz, node.proxy_id()).expect("no NACK");
+    }
+}
+
+/// wasmplugin.yaml as a cluster runs it: istiod translates the WasmPlugin,
+/// the agent pulls its `oci://` image (the one envoyfilter-ecds.yaml names)
+/// and hands Envoy the module from its cache; the resource keeps
+/// `failStrategy` and has no body access, so calls get the header features
+/// (the caller's priority in baggage, no cache) and reach the provider over
+/// the TLS provider.yaml originates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn istiod_and_the_agent_run_the_wasmplugin_from_the_image() {
+    let test = "istiod_and_the_agent_run_the_wasmplugin_from_the_image";
+    let Some((istiod_bin, agent_bin)) = prerequisites(test) else {
+        return;
+    };
+    let _ports = PortLock::acquire().expect("port lock");
     let AgentMesh {
         agent,
         istiod,
         node,
         provider,
-        // Held to the end, as the others.
-        front: _front,
-        registry: _registry,
+        front,
+        registry,
+        pushed,
+        digest,
         _certs,
         ..
     } = start_mesh(
         &istiod_bin,
         &agent_bin,
         Setup {
-            sha256: Some(wrong.clone()),
+            form: Form::WasmPlugin,
             ..Setup::default()
         },
     );
-    let (_, ecds) = wait_ecds(&agent, SIDECAR.filter, &istiod, &node);
-    assert_eq!(
-        ecds["typed_config"]["@type"],
-        "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC",
-        "{ecds}"
+    let (dump, ecds) = wait_ecds(&agent, WASMPLUGIN_SIDECAR.filter, &istiod, &node);
+    let file = agent_module_file(&ecds, &digest);
+    let module = std::fs::read(wasm_path()).expect("the module");
+    let bytes = std::fs::read(&file).expect("the agent's module file");
+    assert!(bytes == module, "plugin.wasm of the image is the module");
+    let wasm = &ecds["typed_config"]["config"];
+    assert_eq!(wasm["failure_policy"], "FAIL_OPEN", "failStrategy: {wasm}");
+    assert!(
+        wasm.get("allow_on_headers_stop_iteration").is_none(),
+        "{wasm}"
     );
-    let refused = agent
-        .log()
-        .lines()
-        .find(|l| l.contains("applying allow RBAC filter"))
-        .map(str::to_string)
-        .unwrap_or_else(|| panic!("{}", agent.log_tail(30)));
-    eprintln!("the agent: {refused}");
-    assert!(refused.contains(&wrong), "{refused}");
-    assert_eq!(agent.stat("wasm.envoy.wasm.runtime.v8.active"), 0);
+    assert!(agent.stat("wasm.envoy.wasm.runtime.v8.active") > 0);
+    let filters = http_filters(&dump);
+    let (_, chain) = filters
+        .iter()
+        .find(|(l, _)| l == WASMPLUGIN_SIDECAR.listener)
+        .unwrap_or_else(|| panic!("no {} in {filters:?}", WASMPLUGIN_SIDECAR.listener));
+    let at = chain
+        .iter()
+        .position(|f| f == WASMPLUGIN_SIDECAR.filter)
+        .unwrap_or_else(|| panic!("{chain:?}"));
+    assert!(at + 1 < chain.len(), "before the router: {chain:?}");
+    let pulled: Vec<String> = registry.requests().split_off(pushed);
+    assert!(
+        served(&pulled, "manifests/0.1.0") && served(&pulled, "blobs/sha256:"),
+        "{pulled:#?}"
+    );
 
-    let url = SIDECAR.chat_url();
-    let body = cacheable("gpt-4o-mini", "no filter here");
+    let url = WASMPLUGIN_SIDECAR.chat_url();
+    let headers = [("host", PROVIDER), ("x-request-priority", "P0")];
+    let body = cacheable("gpt-4o-mini", "the WasmPlugin from the image");
     for _ in 0..2 {
-        let r = post_json(&url, &body, &[("host", PROVIDER)])
-            .await
-            .expect("call");
+        let r = post_json(&url, &body, &headers).await.expect("call");
         assert_eq!(r.status, 200, "{}", r.text());
-        assert_eq!(r.header("x-cache"), None, "the filter answered");
+        assert_eq!(r.header("x-cache"), Some("BYPASS"), "no body, no cache");
     }
-    assert_eq!(chats(&provider).len(), 2, "both calls reached the provider");
+    let got = chats(&provider);
+    assert_eq!(got.len(), 2, "both calls reached the provider");
+    for call in &got {
+        assert_eq!(call.header("host"), Some(PROVIDER), "{call:?}");
+        assert!(
+            call.header("baggage")
+                .is_some_and(|b| b.contains("priority=P0")),
+            "{:?}",
+            call.headers
+        );
+    }
+    assert!(front.handshakes() >= 1, "no TLS to the provider");
     let syncz = istiod.debug("/debug/syncz").expect("syncz");
-    synced(&syncz, node.proxy_id()).expect("no NACK");
+    synced(&syncz, node.proxy_id()).expect("no NACK after the calls");
 }
 
 /// provider.yaml's DestinationRule exactly as shipped (no `caCertificates`):
@@ -564,7 +697,7 @@ async fn istiod_and_the_agent_run_the_egress_gateway_from_the_image() {
         &istiod_bin,
         &agent_bin,
         Setup {
-            gateway: true,
+            form: Form::Gateway,
             ..Setup::default()
         },
     );
