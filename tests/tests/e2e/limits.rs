@@ -42,8 +42,10 @@ async fn concurrent_calls_cannot_pass_a_token_limit_by_more_than_their_reservati
     let Some(rig) = Rig::start("limits_concurrent", config) else {
         return;
     };
-    // Every call is in flight at once: none settles before the others reserve.
-    rig.mock.set_default_delay_ms(400);
+    // Every call is in flight at once: none settles (and gives back what its
+    // reservation held over its usage) before the others reserve. 3 s: under
+    // the suite's load, 32 calls took more than 400 ms to all reach the filter.
+    rig.mock.set_default_delay_ms(3000);
     // 15 letters and spaces (4 estimated tokens) + a cap of 100: 104 reserved each,
     // so 9 fit in 1000.
     let body = with_field(
