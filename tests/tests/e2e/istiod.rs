@@ -725,21 +725,7 @@ async fn istiod_translates_the_wasmplugin_for_the_labelled_sidecars() {
     let node = Node::sidecar();
     let envoy = start_node(&node, &istiod);
     let dump = wait_synced(&envoy, &node, &istiod, &WASMPLUGIN_SIDECAR);
-    let filters = http_filters(&dump);
-    let (_, chain) = filters
-        .iter()
-        .find(|(l, _)| l == WASMPLUGIN_SIDECAR.listener)
-        .unwrap_or_else(|| panic!("no {} in {filters:?}", WASMPLUGIN_SIDECAR.listener));
-    let at = chain
-        .iter()
-        .position(|f| f == WASMPLUGIN_SIDECAR.filter)
-        .unwrap_or_else(|| panic!("no WasmPlugin filter in {chain:?}"));
-    assert_eq!(
-        chain.last().map(String::as_str),
-        Some("envoy.filters.http.router"),
-        "{chain:?}"
-    );
-    assert!(at + 1 < chain.len(), "before the router: {chain:?}");
+    assert_before_the_router(&dump, &WASMPLUGIN_SIDECAR);
 
     let ecds = section(&dump, "EcdsConfigDump")["ecds_filters"]
         .as_array()
@@ -944,6 +930,33 @@ fn http_filters(dump: &Value) -> Vec<(String, Vec<String>)> {
         .collect()
 }
 
+/// The HTTP filters of `layout`'s listener in `dump`, and where the
+/// filter's sits among them; panics when either is missing.
+fn filter_chain(dump: &Value, layout: &Layout) -> (Vec<String>, usize) {
+    let filters = http_filters(dump);
+    let (_, chain) = filters
+        .iter()
+        .find(|(l, _)| l == layout.listener)
+        .unwrap_or_else(|| panic!("no {} in {filters:?}", layout.listener));
+    let at = chain
+        .iter()
+        .position(|f| f == layout.filter)
+        .unwrap_or_else(|| panic!("{}: no {} in {chain:?}", layout.listener, layout.filter));
+    (chain.clone(), at)
+}
+
+/// The filter on `layout`'s listener, somewhere before the router, which
+/// ends the chain (a WasmPlugin's phase places it, other filters may follow).
+fn assert_before_the_router(dump: &Value, layout: &Layout) {
+    let (chain, at) = filter_chain(dump, layout);
+    assert_eq!(
+        chain.last().map(String::as_str),
+        Some("envoy.filters.http.router"),
+        "{chain:?}"
+    );
+    assert!(at + 1 < chain.len(), "before the router: {chain:?}");
+}
+
 /// Waits until `node` (iptables: its listener `0.0.0.0_80` not bound) is
 /// synced with that listener, asserts no listener of it has a filter of
 /// llm-filter's, and returns its config dump.
@@ -1130,15 +1143,7 @@ async fn istiod_sidecar_memory() {
     let node = Node::sidecar();
     let envoy = start_node(&node, &istiod);
     wait_synced(&envoy, &node, &istiod, &SIDECAR);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while istiod
-        .debug("/debug/syncz")
-        .and_then(|s| synced(&s, plain_node.proxy_id()))
-        .is_err()
-    {
-        assert!(Instant::now() < deadline, "team-b not synced");
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    assert_without_the_filter(&plain, &plain_node, &istiod);
     let url = SIDECAR.chat_url();
     let host = [("host", PROVIDER)];
     for i in 0..3 {

@@ -24,8 +24,9 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use super::{
-    cacheable, calls_through, chats, hex, http_filters, mesh, section, skip_without_istiod,
-    yaml_docs, GATEWAY, PROVIDER, PROVIDER_CLUSTER, SIDECAR, WASMPLUGIN_SIDECAR,
+    assert_before_the_router, cacheable, calls_through, chats, filter_chain, hex, mesh, section,
+    skip_without_istiod, yaml_docs, GATEWAY, PROVIDER, PROVIDER_CLUSTER, SIDECAR,
+    WASMPLUGIN_SIDECAR,
 };
 
 /// What the test needs besides istiod: the agent, the image and the registry
@@ -236,19 +237,25 @@ impl Form {
 }
 
 /// The local file the agent handed Envoy for the module in `ecds`: in its
-/// cache, named by the image's manifest `digest`.
-fn agent_module_file(ecds: &Value, digest: &str) -> String {
+/// cache, named by the image's manifest `digest`, holding the module's bytes
+/// (plugin.wasm of the image).
+fn assert_agent_module_file(ecds: &Value, digest: &str) {
     let file = ecds["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"]
         .as_str()
-        .unwrap_or_else(|| panic!("no local file: {ecds}"))
-        .to_string();
+        .unwrap_or_else(|| panic!("no local file: {ecds}"));
     eprintln!("module file: {file}");
     assert!(
         file.starts_with(&format!("{WASM_DATA_DIR}/"))
             && file.ends_with(&format!("/{digest}.wasm")),
         "{file}"
     );
-    file
+    let bytes = std::fs::read(file).expect("the agent's module file");
+    let module = std::fs::read(wasm_path()).expect("the module");
+    assert_eq!(
+        hex(&Sha256::digest(&bytes)),
+        hex(&Sha256::digest(&module)),
+        "plugin.wasm of the image is the module"
+    );
 }
 
 /// Whether the registry's access log `requests` has a 200 for the image's
@@ -355,30 +362,20 @@ async fn istiod_and_the_agent_run_the_sidecar_from_the_image() {
     let config = &ecds["typed_config"]["config"];
     let code = &config["vm_config"]["code"];
     assert!(code.get("remote").is_none(), "still remote: {code}");
-    let file = agent_module_file(&ecds, &digest);
-    let bytes = std::fs::read(&file).expect("the agent's module file");
-    let module = std::fs::read(wasm_path()).expect("the module");
-    assert_eq!(
-        hex(&Sha256::digest(&bytes)),
-        hex(&Sha256::digest(&module)),
-        "plugin.wasm of the image is the module"
-    );
+    assert_agent_module_file(&ecds, &digest);
     assert_eq!(config["fail_open"], true, "{config}");
     assert_eq!(config["allow_on_headers_stop_iteration"], true, "{config}");
     assert!(
         agent.stat("wasm.envoy.wasm.runtime.v8.active") > 0,
         "the module runs"
     );
-    for (listener, filters) in http_filters(&dump) {
-        if listener == SIDECAR.listener {
-            let at = filters.iter().position(|f| f == SIDECAR.filter);
-            assert!(
-                at.is_some_and(|at| filters.get(at + 1).map(String::as_str)
-                    == Some("envoy.filters.http.router")),
-                "{listener}: {filters:?}"
-            );
-        }
-    }
+    let (chain, at) = filter_chain(&dump, &SIDECAR);
+    assert_eq!(
+        chain.get(at + 1).map(String::as_str),
+        Some("envoy.filters.http.router"),
+        "{}: {chain:?}",
+        SIDECAR.listener
+    );
 
     // The registry served the manifest by tag and its layer, to the agent.
     let pulled: Vec<String> = registry.requests().split_off(pushed);
@@ -563,10 +560,7 @@ async fn istiod_and_the_agent_run_the_wasmplugin_from_the_image() {
         },
     );
     let (dump, ecds) = wait_ecds(&agent, WASMPLUGIN_SIDECAR.filter, &istiod, &node);
-    let file = agent_module_file(&ecds, &digest);
-    let module = std::fs::read(wasm_path()).expect("the module");
-    let bytes = std::fs::read(&file).expect("the agent's module file");
-    assert!(bytes == module, "plugin.wasm of the image is the module");
+    assert_agent_module_file(&ecds, &digest);
     let wasm = &ecds["typed_config"]["config"];
     assert_eq!(wasm["failure_policy"], "FAIL_OPEN", "failStrategy: {wasm}");
     assert!(
@@ -574,16 +568,7 @@ async fn istiod_and_the_agent_run_the_wasmplugin_from_the_image() {
         "{wasm}"
     );
     assert!(agent.stat("wasm.envoy.wasm.runtime.v8.active") > 0);
-    let filters = http_filters(&dump);
-    let (_, chain) = filters
-        .iter()
-        .find(|(l, _)| l == WASMPLUGIN_SIDECAR.listener)
-        .unwrap_or_else(|| panic!("no {} in {filters:?}", WASMPLUGIN_SIDECAR.listener));
-    let at = chain
-        .iter()
-        .position(|f| f == WASMPLUGIN_SIDECAR.filter)
-        .unwrap_or_else(|| panic!("{chain:?}"));
-    assert!(at + 1 < chain.len(), "before the router: {chain:?}");
+    assert_before_the_router(&dump, &WASMPLUGIN_SIDECAR);
     let pulled: Vec<String> = registry.requests().split_off(pushed);
     assert!(
         served(&pulled, "manifests/0.1.0") && served(&pulled, "blobs/sha256:"),
@@ -702,14 +687,8 @@ async fn istiod_and_the_agent_run_the_egress_gateway_from_the_image() {
         },
     );
     let (dump, ecds) = wait_ecds(&agent, GATEWAY.filter, &istiod, &node);
-    agent_module_file(&ecds, &digest);
-    let filters = http_filters(&dump);
-    assert!(
-        filters
-            .iter()
-            .any(|(l, f)| l == GATEWAY.listener && f.iter().any(|f| f == GATEWAY.filter)),
-        "{filters:?}"
-    );
+    assert_agent_module_file(&ecds, &digest);
+    filter_chain(&dump, &GATEWAY);
     let url = GATEWAY.chat_url();
     calls_through(&url, &provider, "agent's gateway", true).await;
     assert!(front.handshakes() >= 1, "no TLS to the provider");
