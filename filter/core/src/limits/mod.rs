@@ -19,6 +19,7 @@
 
 pub mod config;
 pub mod store;
+pub mod tenant;
 pub mod window;
 
 use sha2::{Digest, Sha256};
@@ -125,6 +126,10 @@ pub struct Refused {
     /// Until the call would fit, ms; `None`: it never fits (it alone is more
     /// than the limit).
     pub wait_ms: Option<u64>,
+    /// What is left of the tightest request limit, the call not counted.
+    pub requests: Option<Left>,
+    /// What is left of the tightest token limit, the call not counted.
+    pub tokens: Option<Left>,
 }
 
 /// The limits' decision on a call.
@@ -201,20 +206,6 @@ fn key_hash(rule: &Rule, values: &[&str]) -> u64 {
     u64::from_le_bytes(b).max(1)
 }
 
-/// A tenant id from the call's credential headers (`names`, with their
-/// `values`): the digest the cache separates tenants by, so no credential
-/// is kept or labelled; its first 6 bytes in hex. `None` without any.
-pub fn credential_tenant<'a>(
-    names: impl Iterator<Item = &'a str>,
-    values: &[Option<&str>],
-) -> Option<String> {
-    if values.iter().all(Option::is_none) {
-        return None;
-    }
-    let digest = crate::cache::key::tenant_hash(names, values);
-    Some(digest.iter().take(6).map(|b| format!("{b:02x}")).collect())
-}
-
 /// Checks the call against every rule that applies and reserves what it
 /// needs under each. A rule whose record cannot be read or written lets the
 /// call go unreserved (fail-open, counted).
@@ -252,17 +243,23 @@ pub fn admit(
                         Measure::Tokens => &mut out.tokens,
                         Measure::Cost => continue,
                     };
-                    if tight.is_none_or(|t| used.remaining < t.remaining) {
-                        *tight = Some(*used);
-                    }
+                    tighten(tight, *used);
                 }
                 if !held.place.own {
                     anomaly(metrics, "record_shared");
                 }
                 out.held.push(held);
             }
-            Ok(Reserved::Over(refused)) => {
+            Ok(Reserved::Over(mut refused)) => {
                 count(metrics, rule, "rejected");
+                // The caller hears the tightest of every rule, as an
+                // answer would have told it.
+                if let Some(l) = out.requests {
+                    tighten(&mut refused.requests, l);
+                }
+                if let Some(l) = out.tokens {
+                    tighten(&mut refused.tokens, l);
+                }
                 // What the rules before reserved is given back.
                 release(store, cfg, metrics, &out.held, ask.now_ms);
                 return Decision::Refuse(refused);
@@ -274,6 +271,13 @@ pub fn admit(
         }
     }
     Decision::Pass(out)
+}
+
+/// Keeps in `tight` whichever of it and `left` has less left.
+fn tighten(tight: &mut Option<Left>, left: Left) {
+    if tight.is_none_or(|t| left.remaining < t.remaining) {
+        *tight = Some(left);
+    }
 }
 
 enum Reserved {
@@ -352,12 +356,32 @@ fn take(
                 .map(|(c, l)| (l, c.wait_ms(l.span, now, normal.of(l.measure), l.max)))
                 .filter(|(_, w)| *w != Some(0))
                 .max_by_key(|(_, w)| w.unwrap_or(u64::MAX));
+            let mut requests = None;
+            let mut tokens = None;
+            for ((c, l), u) in r.counts.iter().zip(limits).zip(&used) {
+                let tight = match l.measure {
+                    Measure::Requests => &mut requests,
+                    Measure::Tokens => &mut tokens,
+                    Measure::Cost => continue,
+                };
+                let left = Left {
+                    limit: l.max,
+                    remaining: l.max.saturating_sub(*u),
+                    // Until the one call more this measure needs fits.
+                    reset_ms: c
+                        .wait_ms(l.span, now, normal.of(l.measure), l.max)
+                        .unwrap_or(0),
+                };
+                tighten(tight, left);
+            }
             return Decided::Keep(Err(over.map(|(l, w)| Refused {
                 rule: rule.name.clone(),
                 limit: l.name,
                 measure: l.measure,
                 max: l.max,
                 wait_ms: w,
+                requests,
+                tokens,
             })));
         }
     };

@@ -319,16 +319,3 @@ fn a_store_that_fails_lets_the_call_go_and_says_so() {
         3
     );
 }
-
-#[test]
-fn credentials_become_a_digest() {
-    let names = || ["authorization", "api-key"].into_iter();
-    let t = credential_tenant(names(), &[Some("Bearer sk-1"), None]).unwrap();
-    assert_eq!(t.len(), 12);
-    assert!(!t.contains("sk"));
-    assert_ne!(
-        Some(t),
-        credential_tenant(names(), &[Some("Bearer sk-2"), None])
-    );
-    assert_eq!(credential_tenant(names(), &[None, None]), None);
-}
