@@ -91,6 +91,10 @@ impl Call {
             admitted,
             prompt_tokens,
             at_ms: env.now_ms,
+            tenant,
+            tenant_label: label,
+            user,
+            max_tokens,
         });
         ControlFlow::Continue(body)
     }
@@ -134,6 +138,56 @@ impl Call {
                 .map(|b| String::from_utf8_lossy(&b).into_owned())
                 .filter(|v| !v.is_empty()),
         }
+    }
+
+    /// Before the call goes to `model`, another model than it was admitted
+    /// as (a fallback chain's next): that model's rules hold it there too.
+    /// `None`: it may go (its reservations follow it; those of the model it
+    /// leaves that the new one does not share are settled as a refused
+    /// call's, its request only); else what the rules said.
+    pub(super) fn limit_move(&mut self, env: &mut Env<'_>, model: &str) -> Option<limits::Switch> {
+        let l = self.decided.limits.as_mut()?;
+        let ask = Ask {
+            priority: self.request.priority,
+            model: Some(model),
+            tenant: l.tenant.as_deref(),
+            tenant_label: &l.tenant_label,
+            user: l.user.as_deref(),
+            prompt_tokens: l.prompt_tokens,
+            max_tokens: l.max_tokens,
+            now_ms: env.now_ms,
+        };
+        let cfg = &env.config.limits;
+        match limits::switch(env.store, cfg, env.metrics, &ask, &l.admitted.held) {
+            limits::Switch::Go { held, left_behind } => {
+                let refused = limits::Charge {
+                    requests: 1,
+                    ..limits::Charge::default()
+                };
+                limits::settle(
+                    env.store,
+                    cfg,
+                    env.metrics,
+                    &left_behind,
+                    refused,
+                    env.now_ms,
+                );
+                l.admitted.held = held;
+                None
+            }
+            other => Some(other),
+        }
+    }
+
+    /// The 429 of a rule of the model a move would have gone to.
+    pub(super) fn refuse_move(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        r: &Refused,
+    ) -> bool {
+        let reply = refusal(r, self.request.endpoint, env.now_ms);
+        self.reply_locally(env, host, reply) == super::Step::Pause
     }
 
     /// Settles the call's reservations with what it was charged.
