@@ -25,6 +25,11 @@ The SDK has no `temperature` parameter, so none is sent. Every object carries
               messages.with_raw_response.create, --calls times:
               {calls: [{status, x_cache, age, request_id, headers: {x-*,
               retry-after, request-id}, id, text}]}
+  messages_calls
+              messages.create, --calls times, each answer or error kept:
+              {calls: [{status, error_class (null on success), type
+              (error.type of an error body), headers: {anthropic-ratelimit-*,
+              retry-after, x-should-retry}}]}
   messages_error
               one messages.create expected to fail: {error_class (e.g.
               OverloadedError, RateLimitError, InternalServerError,
@@ -59,10 +64,10 @@ def client(args, attempts=None):
         )
     headers = {}
     if args.auth == "x-api-key":
-        headers = {"x-api-key": KEY, "Authorization": anthropic.omit}
+        headers = {"x-api-key": args.api_key, "Authorization": anthropic.omit}
     return anthropic.Anthropic(
         base_url=args.base_url,
-        api_key=KEY,
+        api_key=args.api_key,
         default_headers=headers,
         max_retries=args.max_retries,
         timeout=args.timeout,
@@ -178,6 +183,34 @@ def messages_raw(args):
     return {"calls": calls}
 
 
+def told(headers):
+    return {
+        k: v
+        for k, v in headers.items()
+        if k.startswith("anthropic-ratelimit-") or k in ("retry-after", "x-should-retry")
+    }
+
+
+def messages_calls(args):
+    c = client(args)
+    calls = []
+    for _ in range(args.calls):
+        try:
+            raw = c.messages.with_raw_response.create(**create_args(args))
+            raw.parse()
+            calls.append({"status": raw.status_code, "error_class": None, "type": None, "headers": told(raw.headers)})
+        except anthropic.APIStatusError as e:
+            calls.append(
+                {
+                    "status": e.status_code,
+                    "error_class": type(e).__name__,
+                    "type": e.type,
+                    "headers": told(e.response.headers),
+                }
+            )
+    return {"calls": calls}
+
+
 def messages_error(args):
     attempts = Attempts()
     c = client(args, attempts)
@@ -198,6 +231,7 @@ SCENARIOS = {
     "messages_stream": messages_stream,
     "messages_raw": messages_raw,
     "messages_error": messages_error,
+    "messages_calls": messages_calls,
 }
 
 
@@ -213,9 +247,10 @@ def main():
     p.add_argument(
         "--auth", choices=["x-api-key", "bearer"], default="x-api-key", help="where the key goes (default x-api-key)"
     )
+    p.add_argument("--api-key", default=KEY, help="the key the SDK sends")
     p.add_argument("--max-retries", type=int, default=0)
     p.add_argument("--timeout", type=float, default=30.0, help="the SDK's own timeout, s")
-    p.add_argument("--calls", type=int, default=1, help="calls of messages_raw")
+    p.add_argument("--calls", type=int, default=1, help="calls of messages_raw and messages_calls")
     p.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="a header of every call")
     args = p.parse_args()
     out = SCENARIOS[args.scenario](args)

@@ -96,6 +96,16 @@ impl Endpoint {
             .map(|(_, h)| *h)
     }
 
+    /// The headers the dialect's providers authenticate a call with, in the
+    /// order they look: OpenAI's `authorization` (a Bearer key), else Azure
+    /// OpenAI's `api-key`; Anthropic's `x-api-key`, else `authorization`.
+    pub fn authenticates_with(self) -> &'static [&'static str] {
+        match self {
+            Self::Messages => &["x-api-key", "authorization"],
+            _ => &["authorization", "api-key"],
+        }
+    }
+
     /// True when `name` (lowercase) is some dialect's own credential header.
     pub fn is_credential_header(name: &str) -> bool {
         CREDENTIAL_HEADERS.iter().any(|(_, h)| *h == name)

@@ -17,6 +17,7 @@ use reqwest::Method;
 use serde_json::json;
 
 use crate::support::cache::{Rig, CHAT};
+use crate::support::sdk;
 
 const TENANT_A: &str = "Bearer sk-tenant-a";
 const TENANT_B: &str = "Bearer sk-tenant-b";
@@ -94,7 +95,8 @@ async fn concurrent_calls_cannot_pass_a_token_limit_by_more_than_their_reservati
         );
         assert_eq!(v["error"]["type"], "rate_limit_exceeded");
         assert!(header_u64(r, "retry-after") >= 1);
-        assert_eq!(r.header("x-ratelimit-remaining-tokens"), Some("0"));
+        // What is left, without the refused call: too little for its 104.
+        assert!(header_u64(r, "x-ratelimit-remaining-tokens") < 104);
         assert_eq!(r.header("x-ratelimit-limit-tokens"), Some("1000"));
     }
     // Another tenant has a count of its own.
@@ -297,8 +299,13 @@ struct Mesh {
     _gateways: Vec<Envoy>,
 }
 
+/// The front of the recipe in docs/limits.md: the filter in `limits.mode:
+/// shard` names each call's tenant, and the route hashes on that name.
+const SHARD_FRONT: &str = "hash_policy:\n- header: {header_name: x-llm-tenant-key}\n";
+
 impl Mesh {
-    fn start(lb: &str, route: &str) -> Self {
+    /// `front`: the front's filter configuration; `None`, plain Envoy.
+    fn start(lb: &str, route: &str, front: Option<serde_json::Value>) -> Self {
         let mock = MockUpstream::start(MockConfig::named("provider"));
         let limits = json!({"limits": {"rules": [
             {"name": "tenant", "by": ["tenant"], "requests_per_minute": 6}
@@ -315,9 +322,12 @@ impl Mesh {
             .collect();
         let ports: Vec<u16> = gateways.iter().map(Envoy::port).collect();
         // One worker: round-robin is then one rotation over the gateways.
-        let front = EnvoyBuilder::new()
-            .concurrency(1)
-            .no_filter()
+        let builder = EnvoyBuilder::new().concurrency(1);
+        let builder = match front {
+            Some(config) => builder.plugin_config(config),
+            None => builder.no_filter(),
+        };
+        let front = builder
             .upstream_pool("gateways", &ports, &format!("lb_policy: {lb}\n"))
             .extra_route_yaml(route)
             .start()
@@ -329,17 +339,42 @@ impl Mesh {
         }
     }
 
-    async fn passed(&self, tenant: &str, calls: usize) -> usize {
+    fn sharded() -> Self {
+        Self::start(
+            "RING_HASH",
+            SHARD_FRONT,
+            Some(json!({"limits": {"mode": "shard"}})),
+        )
+    }
+
+    /// `calls` chat calls of a tenant, call `i` with `headers(i)` too.
+    async fn passed_with(
+        &self,
+        tenant: &str,
+        calls: usize,
+        headers: impl Fn(usize) -> Vec<(&'static str, String)>,
+    ) -> usize {
         let mut passed = 0;
         for i in 0..calls {
             let body = chat_body("gpt-4o", &format!("call {i}"));
-            let r = post_json(&self.front.url(CHAT), &body, &[("authorization", tenant)])
-                .await
-                .unwrap();
+            let extra = headers(i);
+            let mut h: Vec<(&str, &str)> = vec![("authorization", tenant)];
+            h.extend(extra.iter().map(|(k, v)| (*k, v.as_str())));
+            let r = post_json(&self.front.url(CHAT), &body, &h).await.unwrap();
             assert!(matches!(r.status, 200 | 429), "{}", r.text());
+            if r.status == 429 {
+                // What is left, as OpenAI's own 429 says it.
+                assert_eq!(r.header("x-ratelimit-remaining-requests"), Some("0"));
+                assert_eq!(r.header("x-ratelimit-limit-requests"), Some("6"));
+                assert!(r.header("x-ratelimit-reset-requests").is_some());
+            }
             passed += usize::from(r.status == 200);
         }
         passed
+    }
+
+    async fn passed(&self, tenant: &str, calls: usize) -> usize {
+        self.passed_with(tenant, calls, |_| Vec::new()).await
     }
 }
 
@@ -348,11 +383,8 @@ async fn a_tenant_limit_holds_across_gateways_when_the_front_hashes_the_tenant()
     if skip_without_envoy("a_tenant_limit_holds_across_gateways_when_the_front_hashes_the_tenant") {
         return;
     }
-    // The front hashes the credential: one gateway owns each tenant's count.
-    let hashed = Mesh::start(
-        "RING_HASH",
-        "hash_policy:\n- header: {header_name: authorization}\n",
-    );
+    // The front names the tenant: one gateway owns each tenant's count.
+    let hashed = Mesh::sharded();
     assert_eq!(
         hashed.passed(TENANT_A, 18).await,
         6,
@@ -360,9 +392,111 @@ async fn a_tenant_limit_holds_across_gateways_when_the_front_hashes_the_tenant()
     );
     assert_eq!(hashed.passed(TENANT_B, 18).await, 6, "another tenant's own");
     assert_eq!(hashed.mock.request_count(), 12);
+    // The tenant's name is the front's business: no upstream saw it.
+    assert!(hashed
+        .mock
+        .requests()
+        .iter()
+        .all(|r| r.header("x-llm-tenant-key").is_none()));
     // Spread round-robin, each gateway counts a third: three times the limit.
-    let spread = Mesh::start("ROUND_ROBIN", "");
+    let spread = Mesh::start("ROUND_ROBIN", "", None);
     assert_eq!(spread.passed(TENANT_A, 18).await, 18);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_the_provider_ignores_open_no_fresh_budget_anywhere_in_the_mesh() {
+    if skip_without_envoy("headers_the_provider_ignores_open_no_fresh_budget_anywhere_in_the_mesh")
+    {
+        return;
+    }
+    let mesh = Mesh::sharded();
+    // Each call of the one key adds junk a chat provider ignores, and spells
+    // its scheme another way: one key is one tenant on one replica.
+    let junk = |i: usize| {
+        let mut h = vec![("api-key", format!("junk-{i}"))];
+        if i % 3 == 1 {
+            h.push(("x-api-key", String::new()));
+        }
+        h
+    };
+    assert_eq!(mesh.passed_with(TENANT_A, 9, junk).await, 6);
+    let spelt = [
+        "bearer sk-tenant-a",
+        "BEARER  sk-tenant-a",
+        "Bearer sk-tenant-a ",
+    ];
+    for s in spelt {
+        assert_eq!(mesh.passed(s, 2).await, 0, "{s:?} is the same key");
+    }
+    assert_eq!(mesh.mock.request_count(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anthropic_sdk_caller_is_held_to_its_limit_across_three_gateways() {
+    if skip_without_envoy("an_anthropic_sdk_caller_is_held_to_its_limit_across_three_gateways") {
+        return;
+    }
+    let mesh = Mesh::sharded();
+    let base = format!("http://127.0.0.1:{}", mesh.front.port());
+    // Three runs of the official SDK with its key in `x-api-key`, each with
+    // another stray `authorization` (which the provider ignores beside it).
+    let mut calls = Vec::new();
+    for run in 0..3 {
+        let junk = format!("authorization: Bearer junk-{run}");
+        let out = sdk::run(
+            sdk::ANTHROPIC,
+            "messages_calls",
+            &base,
+            &[
+                "--calls",
+                "6",
+                "--api-key",
+                "sk-ant-mesh-a",
+                "--header",
+                &junk,
+            ],
+        )
+        .await;
+        calls.extend(out["calls"].as_array().unwrap().clone());
+    }
+    let passed = calls.iter().filter(|c| c["status"] == 200).count();
+    assert_eq!(passed, 6, "the limit, once for the mesh: {calls:?}");
+    for c in calls.iter().filter(|c| c["status"] != 200) {
+        assert_eq!(c["status"], 429, "{c}");
+        assert_eq!(c["error_class"], "RateLimitError", "{c}");
+        assert_eq!(c["type"], "rate_limit_error", "{c}");
+        let h = &c["headers"];
+        assert_eq!(h["anthropic-ratelimit-requests-limit"], "6", "{c}");
+        assert_eq!(h["anthropic-ratelimit-requests-remaining"], "0", "{c}");
+        assert!(
+            h["anthropic-ratelimit-requests-reset"]
+                .as_str()
+                .is_some_and(|t| t.ends_with('Z')),
+            "{c}"
+        );
+        assert!(h["retry-after"].is_string(), "{c}");
+    }
+    // Answers say what is left too, counting down on the one replica.
+    let left: Vec<&str> = calls
+        .iter()
+        .filter(|c| c["status"] == 200)
+        .filter_map(|c| c["headers"]["anthropic-ratelimit-requests-remaining"].as_str())
+        .collect();
+    assert_eq!(left, ["5", "4", "3", "2", "1", "0"]);
+    assert_eq!(mesh.mock.request_count(), 6);
+    // Another key has its own.
+    let other = sdk::run(
+        sdk::ANTHROPIC,
+        "messages_calls",
+        &base,
+        &["--calls", "2", "--api-key", "sk-ant-mesh-b"],
+    )
+    .await;
+    assert!(other["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|c| c["status"] == 200));
 }
 
 /// A gateway Envoy whose listener terminates mutual TLS: it shows a

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::window::Span;
+use crate::classify::Endpoint;
 use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::priority::Priority;
@@ -23,6 +24,8 @@ const DEFAULT_RESERVE_OUTPUT: u64 = 1_024;
 const DEFAULT_TENANT_LABELS: usize = 20;
 /// Longest rule name (it is a key part and a label value).
 const MAX_NAME_LEN: usize = 64;
+/// The header a `shard` front names the tenant in.
+const DEFAULT_SHARD_HEADER: &str = "x-llm-tenant-key";
 /// The price-table entry every model without its own falls back to.
 pub const ANY_MODEL: &str = "*";
 /// Cost is counted in billionths of the price table's unit.
@@ -46,6 +49,25 @@ pub struct RawLimitsConfig {
     pub reserve_output_tokens: Option<u64>,
     /// Distinct tenants the spend metrics name, per worker; the rest are `other`.
     pub tenant_labels: Option<usize>,
+    /// `local` (default): enforce the rules here; `shard`: a front that
+    /// only names each call's tenant, for the gateway replicas' hashing.
+    pub mode: Option<Mode>,
+    /// The request header a `shard` filter writes the tenant id into,
+    /// default `x-llm-tenant-key`.
+    pub shard_header: Option<String>,
+}
+
+/// Where the limits are enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Here: every rule is checked and counted by this proxy.
+    #[default]
+    Local,
+    /// On the gateway replicas behind this proxy: it writes each call's
+    /// tenant id into `shard_header`, on which the route to the replicas
+    /// hashes, so one replica holds a tenant's counts.
+    Shard,
 }
 
 /// One rule as written.
@@ -110,7 +132,8 @@ pub struct RawPrice {
 pub struct RawTenant {
     /// `credential` (default) | `header` | `peer`.
     pub from: Option<TenantSource>,
-    /// The header, for `from: header`.
+    /// The header, for `from: header`; for `from: credential`, the one
+    /// credential header the backends read (default: the API's own).
     pub header: Option<String>,
 }
 
@@ -130,8 +153,8 @@ pub enum Dimension {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TenantSource {
-    /// A digest of the call's credential headers (as the cache separates
-    /// tenants): every API key is a tenant.
+    /// A digest of the one credential the call's API authenticates with
+    /// (see [`super::tenant`]): every API key is a tenant.
     #[default]
     Credential,
     /// The value of a header a trusted hop sets.
@@ -234,8 +257,14 @@ pub struct LimitsConfig {
     pub prices: BTreeMap<String, Price>,
     /// Where the tenant comes from.
     pub tenant: TenantSource,
-    /// The tenant header, for [`TenantSource::Header`].
+    /// The tenant header, for [`TenantSource::Header`]; the one credential
+    /// header, for [`TenantSource::Credential`] (default: the API's own).
     pub tenant_header: Option<String>,
+    /// Where the rules are enforced.
+    pub mode: Mode,
+    /// The header a `shard` filter names the tenant in; every filter with
+    /// limits removes it before the upstream.
+    pub shard_header: String,
     /// The user header.
     pub user_header: String,
     /// Keys each rule counts at once.
@@ -254,9 +283,15 @@ impl Default for LimitsConfig {
 }
 
 impl LimitsConfig {
-    /// The section has rules.
+    /// The section has rules this proxy enforces.
     pub fn enabled(&self) -> bool {
-        !self.rules.is_empty()
+        self.mode == Mode::Local && !self.rules.is_empty()
+    }
+
+    /// This proxy reads the shard header: it enforces rules (and drops the
+    /// header a front wrote) or writes it.
+    pub fn uses_shard_header(&self) -> bool {
+        self.enabled() || self.mode == Mode::Shard
     }
 
     /// The price of `model`: its own or the `*` entry.
@@ -294,26 +329,51 @@ impl LimitsConfig {
         let tenant = raw.tenant.unwrap_or_default();
         let source = tenant.from.unwrap_or_default();
         let tenant_header = match (source, tenant.header) {
-            (TenantSource::Header, Some(h)) => Some(header("tenant.header", h)?),
+            (TenantSource::Header, Some(h)) => {
+                let h = header("tenant.header", h)?;
+                if is_credential(&h) {
+                    // The tenant is a label and a key part: a credential
+                    // must be counted by its digest, never as itself.
+                    return Err(ConfigError::new(
+                        "tenant.header",
+                        format!("{h:?} carries a credential; use `from: credential` with it"),
+                    ));
+                }
+                Some(h)
+            }
             (TenantSource::Header, None) => {
                 return Err(ConfigError::new(
                     "tenant.header",
                     "`from: header` needs the header's name",
                 ))
             }
-            (_, Some(_)) => {
+            (TenantSource::Credential, Some(h)) => Some(header("tenant.header", h)?),
+            (TenantSource::Peer, Some(_)) => {
                 return Err(ConfigError::new(
                     "tenant.header",
-                    "only `from: header` reads a header",
+                    "`from: peer` reads no header",
                 ))
             }
             (_, None) => None,
         };
+        let shard_header = header(
+            "shard_header",
+            raw.shard_header
+                .unwrap_or_else(|| DEFAULT_SHARD_HEADER.to_string()),
+        )?;
+        if is_credential(&shard_header) || shard_header.starts_with(':') {
+            return Err(ConfigError::new(
+                "shard_header",
+                format!("{shard_header:?} carries the request itself; the filter removes the shard header"),
+            ));
+        }
         Ok(Self {
             rules,
             prices,
             tenant: source,
             tenant_header,
+            mode: raw.mode.unwrap_or_default(),
+            shard_header,
             user_header: header(
                 "user_header",
                 raw.user_header.unwrap_or_else(|| "x-user-id".to_string()),
@@ -330,6 +390,11 @@ impl LimitsConfig {
                 .in_range(0..=1_000)?,
         })
     }
+}
+
+/// A header some API authenticates with.
+fn is_credential(name: &str) -> bool {
+    name == "authorization" || name == "api-key" || Endpoint::is_credential_header(name)
 }
 
 fn header(field: &str, name: String) -> Result<String, ConfigError> {
@@ -610,11 +675,33 @@ mod tests {
                 "prices.m.input",
             ),
             (r#"{"tenant":{"from":"header"}}"#, "tenant.header"),
-            (r#"{"tenant":{"header":"x"}}"#, "tenant.header"),
+            (
+                r#"{"tenant":{"from":"peer","header":"x"}}"#,
+                "tenant.header",
+            ),
+            (
+                r#"{"tenant":{"from":"header","header":"Authorization"}}"#,
+                "tenant.header",
+            ),
+            (
+                r#"{"tenant":{"from":"header","header":"x-api-key"}}"#,
+                "tenant.header",
+            ),
+            (r#"{"shard_header":"api-key"}"#, "shard_header"),
+            (r#"{"shard_header":"bad header"}"#, "shard_header"),
         ] {
             let e = parse(doc).unwrap_err();
             assert_eq!(e.field, field, "{doc}: {e}");
         }
+        // The one credential header Azure-only backends read.
+        let pinned = parse(r#"{"tenant":{"header":"API-Key"}}"#).unwrap();
+        assert_eq!(pinned.tenant, TenantSource::Credential);
+        assert_eq!(pinned.tenant_header.as_deref(), Some("api-key"));
+        let front =
+            parse(r#"{"mode":"shard","rules":[{"name":"a","requests_per_minute":1}]}"#).unwrap();
+        assert!(!front.enabled() && front.uses_shard_header());
+        assert_eq!(front.shard_header, "x-llm-tenant-key");
+        assert!(!parse("{}").unwrap().uses_shard_header());
         assert!(parse(
             r#"{"prices":{"*":{"input":1,"output":2}},"rules":[{"name":"a","cost_per_month":9}]}"#
         )

@@ -19,6 +19,7 @@
 
 pub mod config;
 pub mod store;
+pub mod tenant;
 pub mod window;
 
 use sha2::{Digest, Sha256};
@@ -125,6 +126,10 @@ pub struct Refused {
     /// Until the call would fit, ms; `None`: it never fits (it alone is more
     /// than the limit).
     pub wait_ms: Option<u64>,
+    /// What is left of the tightest request limit, the call not counted.
+    pub requests: Option<Left>,
+    /// What is left of the tightest token limit, the call not counted.
+    pub tokens: Option<Left>,
 }
 
 /// The limits' decision on a call.
@@ -186,6 +191,20 @@ fn need(cfg: &LimitsConfig, model: Option<&str>, prompt: u64, max_tokens: Option
     }
 }
 
+/// The hash of `rule`'s key for the call `ask` says.
+fn rule_key(rule: &Rule, ask: &Ask<'_>) -> u64 {
+    let values: Vec<&str> = rule
+        .by
+        .iter()
+        .map(|d| match d {
+            Dimension::Tenant => ask.tenant.unwrap_or(NONE),
+            Dimension::User => ask.user.unwrap_or(NONE),
+            Dimension::Model => ask.model.unwrap_or(NONE),
+        })
+        .collect();
+    key_hash(rule, &values)
+}
+
 /// The hash of a rule's key for a call: the values of its dimensions.
 fn key_hash(rule: &Rule, values: &[&str]) -> u64 {
     let mut h = Sha256::new();
@@ -199,20 +218,6 @@ fn key_hash(rule: &Rule, values: &[&str]) -> u64 {
     b.copy_from_slice(d.get(..8).unwrap_or(&[1; 8]));
     // 0 marks a free record.
     u64::from_le_bytes(b).max(1)
-}
-
-/// A tenant id from the call's credential headers (`names`, with their
-/// `values`): the digest the cache separates tenants by, so no credential
-/// is kept or labelled; its first 6 bytes in hex. `None` without any.
-pub fn credential_tenant<'a>(
-    names: impl Iterator<Item = &'a str>,
-    values: &[Option<&str>],
-) -> Option<String> {
-    if values.iter().all(Option::is_none) {
-        return None;
-    }
-    let digest = crate::cache::key::tenant_hash(names, values);
-    Some(digest.iter().take(6).map(|b| format!("{b:02x}")).collect())
 }
 
 /// Checks the call against every rule that applies and reserves what it
@@ -252,17 +257,23 @@ pub fn admit(
                         Measure::Tokens => &mut out.tokens,
                         Measure::Cost => continue,
                     };
-                    if tight.is_none_or(|t| used.remaining < t.remaining) {
-                        *tight = Some(*used);
-                    }
+                    tighten(tight, *used);
                 }
                 if !held.place.own {
                     anomaly(metrics, "record_shared");
                 }
                 out.held.push(held);
             }
-            Ok(Reserved::Over(refused)) => {
+            Ok(Reserved::Over(mut refused)) => {
                 count(metrics, rule, "rejected");
+                // The caller hears the tightest of every rule, as an
+                // answer would have told it.
+                if let Some(l) = out.requests {
+                    tighten(&mut refused.requests, l);
+                }
+                if let Some(l) = out.tokens {
+                    tighten(&mut refused.tokens, l);
+                }
                 // What the rules before reserved is given back.
                 release(store, cfg, metrics, &out.held, ask.now_ms);
                 return Decision::Refuse(refused);
@@ -274,6 +285,103 @@ pub fn admit(
         }
     }
     Decision::Pass(out)
+}
+
+/// Keeps in `tight` whichever of it and `left` has less left.
+fn tighten(tight: &mut Option<Left>, left: Left) {
+    if tight.is_none_or(|t| left.remaining < t.remaining) {
+        *tight = Some(left);
+    }
+}
+
+/// The limits' decision on a call moving to another model than the one it
+/// was admitted as (a fallback chain's next).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Switch {
+    /// It goes there: what it holds now, and the reservations of the model
+    /// it leaves that the new one's rules do not share (to settle as a call
+    /// the backend refused: its request only).
+    Go {
+        /// Its reservations from here on.
+        held: Vec<Held>,
+        /// Those it no longer holds.
+        left_behind: Vec<Held>,
+    },
+    /// A rule of the new model is spent and degrades: the call stays on the
+    /// cheaper model it was on.
+    Stay(Refused),
+    /// A rule of the new model refuses it.
+    Refuse(Refused),
+}
+
+/// Checks a call that holds `held` against the rules of the model `ask`
+/// names before it goes there: a rule already held under the same key keeps
+/// its reservation; every other rule that applies reserves now. A rule that
+/// is over its limit ends the move: [`Switch::Stay`] when it degrades (the
+/// call is kept on the model it was on; going to a cheaper model still is
+/// no way to reach this one), else [`Switch::Refuse`]. What the move
+/// reserved is given back either way.
+pub fn switch(
+    store: &dyn SharedStore,
+    cfg: &LimitsConfig,
+    metrics: &mut dyn Metrics,
+    ask: &Ask<'_>,
+    held: &[Held],
+) -> Switch {
+    let mut kept = Vec::new();
+    let mut added: Vec<Held> = Vec::new();
+    let over = |refused: Refused, degrades: bool| {
+        if degrades {
+            Switch::Stay(refused)
+        } else {
+            Switch::Refuse(refused)
+        }
+    };
+    for (index, rule) in cfg.rules.iter().enumerate() {
+        if !rule.applies(ask.priority, ask.model) {
+            continue;
+        }
+        let hash = rule_key(rule, ask);
+        if let Some(h) = held.iter().find(|h| h.rule == index && h.hash == hash) {
+            kept.push(h.clone());
+            continue;
+        }
+        let refused = match reserve(store, cfg, rule, index, ask, None) {
+            Ok(Reserved::Held(h, None, _)) => {
+                count(metrics, rule, "pass");
+                added.push(h);
+                continue;
+            }
+            // Only its degrade fits: the new model is over this rule's limit.
+            Ok(Reserved::Held(h, Some(_), _)) => {
+                added.push(h);
+                Refused {
+                    rule: rule.name.clone(),
+                    limit: rule.limits.first().map_or("", |l| l.name),
+                    measure: rule.limits.first().map_or(Measure::Requests, |l| l.measure),
+                    max: rule.limits.first().map_or(0, |l| l.max),
+                    wait_ms: None,
+                    requests: None,
+                    tokens: None,
+                }
+            }
+            Ok(Reserved::Over(r)) => r,
+            Err(()) => {
+                count(metrics, rule, "unenforced");
+                internal_error(metrics, "limits_store");
+                continue;
+            }
+        };
+        count(metrics, rule, "rejected");
+        release(store, cfg, metrics, &added, ask.now_ms);
+        return over(refused, rule.degrade.is_some());
+    }
+    let left_behind = held.iter().filter(|h| !kept.contains(h)).cloned().collect();
+    kept.extend(added);
+    Switch::Go {
+        held: kept,
+        left_behind,
+    }
 }
 
 enum Reserved {
@@ -352,12 +460,32 @@ fn take(
                 .map(|(c, l)| (l, c.wait_ms(l.span, now, normal.of(l.measure), l.max)))
                 .filter(|(_, w)| *w != Some(0))
                 .max_by_key(|(_, w)| w.unwrap_or(u64::MAX));
+            let mut requests = None;
+            let mut tokens = None;
+            for ((c, l), u) in r.counts.iter().zip(limits).zip(&used) {
+                let tight = match l.measure {
+                    Measure::Requests => &mut requests,
+                    Measure::Tokens => &mut tokens,
+                    Measure::Cost => continue,
+                };
+                let left = Left {
+                    limit: l.max,
+                    remaining: l.max.saturating_sub(*u),
+                    // Until the one call more this measure needs fits.
+                    reset_ms: c
+                        .wait_ms(l.span, now, normal.of(l.measure), l.max)
+                        .unwrap_or(0),
+                };
+                tighten(tight, left);
+            }
             return Decided::Keep(Err(over.map(|(l, w)| Refused {
                 rule: rule.name.clone(),
                 limit: l.name,
                 measure: l.measure,
                 max: l.max,
                 wait_ms: w,
+                requests,
+                tokens,
             })));
         }
     };
@@ -384,16 +512,7 @@ fn reserve(
     ask: &Ask<'_>,
     already: Option<&Cheaper>,
 ) -> Result<Reserved, ()> {
-    let values: Vec<&str> = rule
-        .by
-        .iter()
-        .map(|d| match d {
-            Dimension::Tenant => ask.tenant.unwrap_or(NONE),
-            Dimension::User => ask.user.unwrap_or(NONE),
-            Dimension::Model => ask.model.unwrap_or(NONE),
-        })
-        .collect();
-    let hash = key_hash(rule, &values);
+    let hash = rule_key(rule, ask);
     let (normal, cheaper) = needs(cfg, rule, ask, already);
     let slots = cfg.max_keys as u64;
     let changed = store::change(store, rule, slots, hash, ask.now_ms, |r| {

@@ -321,14 +321,36 @@ fn a_store_that_fails_lets_the_call_go_and_says_so() {
 }
 
 #[test]
-fn credentials_become_a_digest() {
-    let names = || ["authorization", "api-key"].into_iter();
-    let t = credential_tenant(names(), &[Some("Bearer sk-1"), None]).unwrap();
-    assert_eq!(t.len(), 12);
-    assert!(!t.contains("sk"));
-    assert_ne!(
-        Some(t),
-        credential_tenant(names(), &[Some("Bearer sk-2"), None])
-    );
-    assert_eq!(credential_tenant(names(), &[None, None]), None);
+fn a_move_keeps_shared_reservations_and_takes_the_new_models_own() {
+    let c = cfg(r#"{"rules":[
+        {"name":"all","by":["tenant"],"requests_per_minute":10},
+        {"name":"per-model","by":["tenant","model"],"requests_per_minute":10},
+        {"name":"big","by":["tenant"],"models":["big"],"requests_per_minute":1}]}"#);
+    let (s, mut m) = (MemoryStore::new(), MemoryMetrics::default());
+    let small = admitted(admit(&s, &c, &mut m, &ask("a", 1, 1, T0)));
+    assert_eq!(small.held.len(), 2);
+    let to_big = Ask {
+        model: Some("big"),
+        ..ask("a", 1, 1, T0)
+    };
+    let Switch::Go { held, left_behind } = switch(&s, &c, &mut m, &to_big, &small.held) else {
+        panic!("refused");
+    };
+    // `all` is the same count; `per-model` and `big` are counts of big.
+    assert_eq!(held.len(), 3);
+    assert_eq!(held.iter().filter(|h| small.held.contains(h)).count(), 1);
+    assert_eq!(left_behind.len(), 1);
+    assert_eq!(left_behind[0].rule, 1);
+    // big's one call a minute is taken: the next move is refused and
+    // reserves nothing.
+    let again = admitted(admit(&s, &c, &mut m, &ask("a", 1, 1, T0)));
+    match switch(&s, &c, &mut m, &to_big, &again.held) {
+        Switch::Refuse(r) => {
+            assert_eq!(r.rule, "big");
+            assert_eq!(r.requests.map(|l| l.remaining), Some(0));
+        }
+        other => panic!("{other:?}"),
+    }
+    // A call asking for big itself meets the same spent count.
+    assert_eq!(refused(admit(&s, &c, &mut m, &to_big)).rule, "big");
 }

@@ -53,6 +53,10 @@ pub enum FailoverResult {
     NoAnswer,
     /// The callout could not be sent; the client got the first failure.
     NotSent,
+    /// A limit of the model a fallback would reach held the call back: the
+    /// client got that limit's 429, or the first model's answer when the
+    /// limit's rule degrades.
+    Limited,
 }
 
 impl FailoverResult {
@@ -72,6 +76,7 @@ impl FailoverResult {
             Self::Failed => "failed",
             Self::NoAnswer => "no_answer",
             Self::NotSent => "not_sent",
+            Self::Limited => "limited",
         }
     }
 }

@@ -5,6 +5,7 @@
 //! held back, and the client gets that model's answer, named in
 //! `x-llm-model`. The failover step's callout, reply and budget carry it.
 
+use crate::limits;
 use crate::routing::failover::FailoverResult;
 use crate::routing::fallback::{self, Chain, ErrorClass};
 use crate::summary::End;
@@ -110,6 +111,19 @@ impl Call {
             return false;
         };
         let from = self.chain_model().unwrap_or_default().to_string();
+        // The rules of the model the call would reach hold it before it goes.
+        match self.limit_move(env, next) {
+            None => {}
+            Some(limits::Switch::Refuse(r)) => {
+                fallback::count(env.metrics, &from, class, FailoverResult::Limited);
+                return self.refuse_move(env, host, &r);
+            }
+            Some(_) => {
+                // Kept on the cheaper model: its own answer goes on.
+                fallback::count(env.metrics, &from, class, FailoverResult::Limited);
+                return false;
+            }
+        }
         let cluster = match self.send_to_model(env, host, next) {
             Sent::To(cluster) => cluster,
             Sent::Refused => {

@@ -16,7 +16,7 @@ use crate::limits::{self, window, Ask, Decision, Ended, Left, Measure, Refused};
 use crate::shaping::{self, TokenField};
 
 use super::state::{token_cap, LimitsCall, Phase};
-use super::{Call, Env, Flow, HeldBody, Host};
+use super::{set_request, Call, Env, Flow, HeldBody, Host};
 
 /// A refusal whose window frees later than this tells SDKs not to retry:
 /// they wait at most about a minute for `retry-after` and would otherwise
@@ -63,7 +63,7 @@ impl Call {
         let cfg = &env.config.limits;
         let admitted = match limits::admit(env.store, cfg, env.metrics, &ask) {
             Decision::Refuse(r) => {
-                let reply = refusal(&r, self.request.endpoint);
+                let reply = refusal(&r, self.request.endpoint, env.now_ms);
                 return ControlFlow::Break(self.reply_locally(env, host, reply));
             }
             Decision::Pass(a) => a,
@@ -91,20 +91,43 @@ impl Call {
             admitted,
             prompt_tokens,
             at_ms: env.now_ms,
+            tenant,
+            tenant_label: label,
+            user,
+            max_tokens,
         });
         ControlFlow::Continue(body)
+    }
+
+    /// The tenant for the hop after this one: a front (`limits.mode:
+    /// shard`) names the call's tenant id in the shard header, replacing any
+    /// value the client sent, so the route to the gateway replicas hashes
+    /// the very credential the replicas count; a proxy enforcing rules
+    /// removes the header, so no upstream sees it. A replica never trusts
+    /// it: it computes the tenant itself, so a forged value chooses at most
+    /// the replica.
+    pub(super) fn name_tenant(&self, env: &mut Env<'_>, host: &mut dyn Host) {
+        let cfg = &env.config.limits;
+        if !cfg.uses_shard_header() {
+            return;
+        }
+        let tenant = match cfg.mode {
+            limits::config::Mode::Shard => self.tenant(env, host),
+            limits::config::Mode::Local => None,
+        };
+        let header = env.config.limits.shard_header.clone();
+        set_request(env, host, &header, tenant.as_deref());
     }
 
     /// The call's tenant, as `limits.tenant` says where it comes from.
     fn tenant(&self, env: &Env<'_>, host: &dyn Host) -> Option<String> {
         let cfg = &env.config.limits;
         match cfg.tenant {
-            limits::TenantSource::Credential => {
-                let values = self.credentials(env, host);
-                let values: Vec<Option<&str>> = values.iter().map(Option::as_deref).collect();
-                let names = env.config.cache.tenant_headers_of(self.request.endpoint);
-                limits::credential_tenant(names, &values)
-            }
+            limits::TenantSource::Credential => limits::tenant::of_credential(
+                self.request.endpoint,
+                cfg.tenant_header.as_deref(),
+                |name| host.request_header(name),
+            ),
             limits::TenantSource::Header => cfg
                 .tenant_header
                 .as_deref()
@@ -115,6 +138,56 @@ impl Call {
                 .map(|b| String::from_utf8_lossy(&b).into_owned())
                 .filter(|v| !v.is_empty()),
         }
+    }
+
+    /// Before the call goes to `model`, another model than it was admitted
+    /// as (a fallback chain's next): that model's rules hold it there too.
+    /// `None`: it may go (its reservations follow it; those of the model it
+    /// leaves that the new one does not share are settled as a refused
+    /// call's, its request only); else what the rules said.
+    pub(super) fn limit_move(&mut self, env: &mut Env<'_>, model: &str) -> Option<limits::Switch> {
+        let l = self.decided.limits.as_mut()?;
+        let ask = Ask {
+            priority: self.request.priority,
+            model: Some(model),
+            tenant: l.tenant.as_deref(),
+            tenant_label: &l.tenant_label,
+            user: l.user.as_deref(),
+            prompt_tokens: l.prompt_tokens,
+            max_tokens: l.max_tokens,
+            now_ms: env.now_ms,
+        };
+        let cfg = &env.config.limits;
+        match limits::switch(env.store, cfg, env.metrics, &ask, &l.admitted.held) {
+            limits::Switch::Go { held, left_behind } => {
+                let refused = limits::Charge {
+                    requests: 1,
+                    ..limits::Charge::default()
+                };
+                limits::settle(
+                    env.store,
+                    cfg,
+                    env.metrics,
+                    &left_behind,
+                    refused,
+                    env.now_ms,
+                );
+                l.admitted.held = held;
+                None
+            }
+            other => Some(other),
+        }
+    }
+
+    /// The 429 of a rule of the model a move would have gone to.
+    pub(super) fn refuse_move(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        r: &Refused,
+    ) -> bool {
+        let reply = refusal(r, self.request.endpoint, env.now_ms);
+        self.reply_locally(env, host, reply) == super::Step::Pause
     }
 
     /// Settles the call's reservations with what it was charged.
@@ -227,8 +300,9 @@ const ANTHROPIC_TOKENS: [&str; 3] = [
     "anthropic-ratelimit-tokens-reset",
 ];
 
-/// The 429 for a call over `r`, with `retry-after` until it fits.
-fn refusal(r: &Refused, endpoint: Endpoint) -> reply::LocalReply {
+/// The 429 for a call over `r`, with `retry-after` until it fits and what
+/// is left of the tightest request and token limits.
+fn refusal(r: &Refused, endpoint: Endpoint, now_ms: u64) -> reply::LocalReply {
     let wait_s = r.wait_ms.map(|ms| ms.div_ceil(1000).max(1));
     let amount = match r.measure {
         // Nanos as units with six decimals, without float formatting.
@@ -253,20 +327,9 @@ fn refusal(r: &Refused, endpoint: Endpoint) -> reply::LocalReply {
     if wait_s.is_none_or(|s| s > RETRY_HORIZON_S) {
         reply.headers.push((SHOULD_RETRY, "false".to_string()));
     }
-    // The reset of a refusal is relative: the local reply has no clock.
-    // Messages callers read only `retry-after` from a refusal.
-    if endpoint != Endpoint::Messages {
-        let left = Left {
-            limit: r.max,
-            remaining: 0,
-            reset_ms: r.wait_ms.unwrap_or(0),
-        };
-        let (requests, tokens) = match r.measure {
-            Measure::Requests => (Some(left), None),
-            Measure::Tokens => (None, Some(left)),
-            Measure::Cost => (None, None),
-        };
-        rate_headers(&mut reply.headers, endpoint, requests, tokens, 0);
-    }
+    // Every SDK reads what is left from a 429 as from any answer: both
+    // measures, in the dialect's names (OpenAI's and Anthropic's APIs send
+    // them on their own 429s).
+    rate_headers(&mut reply.headers, endpoint, r.requests, r.tokens, now_ms);
     reply.in_dialect(endpoint)
 }

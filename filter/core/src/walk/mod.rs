@@ -149,6 +149,7 @@ impl Call {
             cache: CacheCall::new(env.config.cache.keeps_entries(), shard_key),
         };
         call.tag(env, host, baggage.as_deref());
+        call.name_tenant(env, host);
         if end_of_stream {
             let step = call.decide(env, host, Some(HeldBody::parse(Vec::new(), 0)));
             return Some((call, step));

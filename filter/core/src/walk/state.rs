@@ -127,6 +127,13 @@ pub(super) struct LimitsCall {
     pub(super) reserved_output: u64,
     /// When the reservation was made, ms.
     pub(super) at_ms: u64,
+    /// Whom it counts under: the tenant's id and label, the user; a move to
+    /// another model reserves under its rules for the same.
+    pub(super) tenant: Option<String>,
+    pub(super) tenant_label: String,
+    pub(super) user: Option<String>,
+    /// The output cap it names.
+    pub(super) max_tokens: Option<u64>,
 }
 
 /// What the filter decided for the call and tells the client about it (see

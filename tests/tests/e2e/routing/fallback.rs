@@ -140,3 +140,87 @@ async fn a_refused_call_moves_along_its_chain_and_says_which_model_answered() {
     assert_eq!(counted("quota", "answered"), 1.0);
     assert_eq!(counted("quota", "failed"), 1.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fallback_is_held_to_the_limits_of_the_model_it_reaches() {
+    let test = "a_fallback_is_held_to_the_limits_of_the_model_it_reaches";
+    if skip_without_envoy(test) {
+        return;
+    }
+    let default = MockUpstream::backend("default", 0);
+    let (small, big) = (
+        MockUpstream::backend("small", 0),
+        MockUpstream::backend("big", 0),
+    );
+    // gpt-4.1 is the expensive model: one call a minute per key, whichever
+    // way the call gets there.
+    let config = json!({
+        "routing": {
+            "models": {"gpt-4o": [{"cluster": "small"}], "gpt-4.1": [{"cluster": "big"}]},
+            "fallbacks": {"gpt-4o": {"to": ["gpt-4.1"]}},
+            "probe_interval_s": 600
+        },
+        "limits": {"rules": [
+            {"name": "big", "by": ["tenant"], "models": ["gpt-4.1"], "requests_per_minute": 1}
+        ]},
+        "cache": {"enabled": false}
+    });
+    let envoy = super::envoy(&config, &default, &[&small, &big]);
+    let url = envoy.url(CHAT);
+    let key = [("authorization", "Bearer sk-fallback-tenant")];
+    small.set_error(Some((400, "context_length_exceeded")));
+    // The first fallback of the key takes gpt-4.1's call.
+    let r = post_json(&url, &chat_body("gpt-4o", &unique("long")), &key)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-llm-model"), Some("gpt-4.1"));
+    // The second may not reach gpt-4.1: the limit's 429, in OpenAI's shape,
+    // and gpt-4.1's backend never sees it.
+    let r = post_json(&url, &chat_body("gpt-4o", &unique("longer")), &key)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "llm_filter_limit_exceeded");
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("rule big")));
+    assert_eq!(r.header("x-ratelimit-remaining-requests"), Some("0"));
+    assert!(r.header("retry-after").is_some());
+    assert_eq!(models_seen(&big), ["gpt-4.1"]);
+    assert_eq!(models_seen(&small), ["gpt-4o", "gpt-4o"]);
+    // Calls of gpt-4o that need no fallback are no calls of gpt-4.1.
+    small.set_error(None);
+    for i in 0..3 {
+        let r = post_json(
+            &url,
+            &chat_body("gpt-4o", &unique(&format!("short {i}"))),
+            &key,
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    // Another key has its own call of gpt-4.1.
+    small.set_error(Some((400, "context_length_exceeded")));
+    let r = post_json(
+        &url,
+        &chat_body("gpt-4o", &unique("long")),
+        &[("authorization", "Bearer sk-other-tenant")],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(models_seen(&big).len(), 2);
+    let samples = envoy.metrics();
+    let limited = prometheus::sum(
+        &samples,
+        FALLBACKS,
+        &[
+            ("model", "gpt-4o"),
+            ("reason", "context_length"),
+            ("result", "limited"),
+        ],
+    );
+    assert_eq!(limited, 1.0);
+}

@@ -63,7 +63,13 @@ fn calls_pass_with_what_is_left_and_are_refused_in_openai_shape() {
         .unwrap()
         .contains("tokens_per_minute"));
     assert!(headers["retry-after"].parse::<u64>().unwrap() >= 1);
-    assert_eq!(headers["x-ratelimit-remaining-tokens"], "0");
+    // Both measures, as OpenAI's own 429 says them: 208 of 250 tokens used
+    // (too few left for this call's 102), 3 of 5 requests.
+    assert_eq!(headers["x-ratelimit-remaining-tokens"], "42");
+    assert_eq!(headers["x-ratelimit-limit-tokens"], "250");
+    assert!(headers["x-ratelimit-reset-tokens"].ends_with('s'));
+    assert_eq!(headers["x-ratelimit-remaining-requests"], "2");
+    assert_eq!(headers["x-ratelimit-limit-requests"], "5");
     refused.on_log(&mut w.env());
     // Another key is another tenant.
     let (_, step) = run(&mut w, &mut call("Bearer b", CHAT));
@@ -98,6 +104,64 @@ fn a_messages_caller_gets_anthropics_429_and_header_names() {
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["type"], "error");
     assert_eq!(v["error"]["type"], "rate_limit_error");
+    // Anthropic's 429 says what is left in its own names, reset as a time.
+    let (_, headers, _) = refused.local_reply.clone().unwrap();
+    assert_eq!(headers["anthropic-ratelimit-requests-limit"], "1");
+    assert_eq!(headers["anthropic-ratelimit-requests-remaining"], "0");
+    assert!(headers["anthropic-ratelimit-requests-reset"].ends_with('Z'));
+    assert!(headers["retry-after"].parse::<u64>().unwrap() >= 1);
+}
+
+#[test]
+fn one_key_is_one_tenant_whatever_else_the_call_carries() {
+    let mut w = world(r#"{"name":"t","by":["tenant"],"requests_per_minute":2}"#);
+    run(&mut w, &mut call("Bearer sk-one", CHAT));
+    // Junk the provider ignores: the same key, the same count.
+    let steps: Vec<Step> = [
+        call("bearer sk-one", CHAT).with_header("api-key", "x"),
+        call("BEARER  sk-one", CHAT).with_header("api-key", ""),
+        call("Bearer sk-one", CHAT).with_header("x-api-key", "junk"),
+    ]
+    .into_iter()
+    .map(|mut host| run(&mut w, &mut host).1)
+    .collect();
+    // The key's second call fits; the two after it are over its limit.
+    assert_eq!(steps, [Step::Continue, Step::Pause, Step::Pause]);
+    assert_eq!(
+        w.counter("llm_filter_limits_calls_totalrule=.=t;.;result=.=rejected;.;"),
+        2
+    );
+    // Another key is another tenant.
+    let (_, step) = run(&mut w, &mut call("Bearer sk-two", CHAT));
+    assert_eq!(step, Step::Continue);
+}
+
+#[test]
+fn a_shard_front_names_the_tenant_and_a_replica_drops_the_name() {
+    let mut front = World::new(r#"{"limits":{"mode":"shard"}}"#);
+    let mut named = |key: &str, junk: &str| {
+        let mut host = call(key, CHAT)
+            .with_header("api-key", junk)
+            .with_header("x-llm-tenant-key", "forged");
+        run(&mut front, &mut host);
+        host.header("x-llm-tenant-key").map(str::to_string)
+    };
+    let a = named("Bearer sk-one", "x");
+    assert_eq!(a.as_deref().map(str::len), Some(12));
+    assert_eq!(named("bearer  sk-one", "y"), a);
+    assert_ne!(named("Bearer sk-two", "x"), a);
+    // Anthropic's key is the same tenant id as the replica counts.
+    let mut m = FakeHost::post("/v1/messages")
+        .with_header("x-api-key", "sk-one")
+        .with_header("authorization", "junk")
+        .with_body(r#"{"model":"c","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#);
+    run(&mut front, &mut m);
+    assert_eq!(m.header("x-llm-tenant-key").map(str::to_string), a);
+    // A replica enforcing rules never lets the name reach the upstream.
+    let mut w = world(r#"{"name":"t","by":["tenant"],"requests_per_minute":5}"#);
+    let mut host = call("Bearer sk-one", CHAT).with_header("x-llm-tenant-key", "forged");
+    run(&mut w, &mut host);
+    assert_eq!(host.header("x-llm-tenant-key"), None);
 }
 
 #[test]

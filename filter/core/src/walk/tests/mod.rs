@@ -1057,6 +1057,78 @@ fn a_refusal_of_a_named_class_moves_along_the_chain() {
     }
 }
 
+/// [`CHAINED`] with a limit on `gpt-4.1` (`degrade`: its rule's degrade).
+fn chained_with_a_limit(degrade: &str) -> World {
+    let limits = format!(
+        r#""limits": {{"rules": [{{"name": "big", "by": ["tenant"], "models": ["gpt-4.1"],
+            "requests_per_minute": 1{degrade}}}]}},"#
+    );
+    World::new(&CHAINED.replacen('{', &format!("{{{limits}"), 1))
+}
+
+#[test]
+fn a_fallback_is_held_to_the_limits_of_the_model_it_would_reach() {
+    let mut w = chained_with_a_limit("");
+    // The first fallback of the key takes gpt-4.1's one call a minute.
+    let (mut call, host) = routed_to(&mut w, "a");
+    let mut host = host.with_response(400, "application/json", &refusal("context_length_exceeded"));
+    answer_with(&mut call, &mut w, &mut host);
+    let (cluster, _, _, _) = host.callouts.last().cloned().unwrap();
+    assert_eq!(cluster, "b");
+    call.on_callout_response(&mut w.env(), &mut host, answer_200());
+    call.on_log(&mut w.env());
+    let rule = |w: &World, result: &str| {
+        w.counter(&format!(
+            "llm_filter_limits_calls_totalrule=.=big;.;result=.={result};.;"
+        ))
+    };
+    assert_eq!(rule(&w, "pass"), 1);
+    // The next one may not reach gpt-4.1: refused with the limit's 429 in
+    // its API's shape, nothing sent.
+    let (mut call, host) = routed_to(&mut w, "a");
+    let mut host = host.with_response(400, "application/json", &refusal("context_length_exceeded"));
+    assert_eq!(
+        answer_with(&mut call, &mut w, &mut host),
+        (Step::Pause, Step::Pause)
+    );
+    assert!(host.callouts.is_empty(), "nothing sent to gpt-4.1");
+    let (status, headers, body) = host.local_reply.clone().unwrap();
+    assert_eq!(status, 429);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"]["code"], "llm_filter_limit_exceeded");
+    assert!(v["error"]["message"].as_str().unwrap().contains("big"));
+    assert_eq!(headers["x-ratelimit-remaining-requests"], "0");
+    call.on_log(&mut w.env());
+    assert_eq!(rule(&w, "rejected"), 1);
+    assert_eq!(
+        w.counter("llm_filter_routing_model_fallbacks_totalmodel=.=gpt-4o;.;reason=.=context_length;.;result=.=limited;.;"),
+        1
+    );
+    // The call to gpt-4o alone is no call of gpt-4.1: the rule never held it.
+    assert_eq!(rule(&w, "pass"), 1);
+}
+
+#[test]
+fn over_a_degrading_limit_a_fallback_stays_on_the_cheaper_model() {
+    let mut w = chained_with_a_limit(r#", "degrade": {"model": "gpt-4o-mini"}"#);
+    for expected in [Some("b"), None] {
+        let (mut call, host) = routed_to(&mut w, "a");
+        let mut host =
+            host.with_response(400, "application/json", &refusal("context_length_exceeded"));
+        let (_, body) = answer_with(&mut call, &mut w, &mut host);
+        let sent = host.callouts.last().map(|c| c.0.as_str());
+        assert_eq!(sent, expected);
+        if expected.is_none() {
+            // gpt-4o's own refusal goes on to the client.
+            assert_eq!(body, Step::Continue);
+            assert!(host.local_reply.is_none());
+        } else {
+            call.on_callout_response(&mut w.env(), &mut host, answer_200());
+        }
+        call.on_log(&mut w.env());
+    }
+}
+
 #[test]
 fn other_refusals_reach_the_client_untouched() {
     let mut w = World::new(CHAINED);
