@@ -253,8 +253,9 @@ fn main() {
             "load signals of a call: in flight, then out (`load::started` + `load::ended`, 2 CAS)",
             time(|| {
                 now += 1;
-                let started = load::started(&store, &mut sink, "gpt-4o", now);
-                load::ended(&store, &mut sink, black_box(&summary), started);
+                let names = &config.names;
+                let started = load::started(&store, &mut sink, names, "gpt-4o", now);
+                load::ended(&store, &mut sink, names, black_box(&summary), started.as_deref());
             }),
         ),
         (

@@ -231,20 +231,31 @@ pub fn internal_error(m: &mut dyn Metrics, reason: &str) {
 }
 
 /// Bounds the distinct values of a label (each stat lives as long as Envoy):
-/// the first `cap` values are kept, later ones become [`OTHER`].
+/// the values the configuration names always keep their own (see
+/// [`crate::config::Names`]); of the others, the first `cap` are kept and
+/// later ones become [`OTHER`], so a client naming made-up values cannot
+/// take the place of one the configuration acts on.
 #[derive(Debug)]
 pub struct BoundedLabel {
     seen: HashSet<String>,
+    known: HashSet<String>,
     cap: usize,
 }
 
 impl BoundedLabel {
-    /// A bound of `cap` distinct values.
+    /// A bound of `cap` distinct values besides the known ones.
     pub fn new(cap: usize) -> Self {
         Self {
             seen: HashSet::new(),
+            known: HashSet::new(),
             cap,
         }
+    }
+
+    /// The bound with `known` values kept outside it.
+    pub fn knowing<'a>(mut self, known: impl IntoIterator<Item = &'a String>) -> Self {
+        self.known = known.into_iter().cloned().collect();
+        self
     }
 
     /// The label value to use for `raw`.
@@ -252,7 +263,7 @@ impl BoundedLabel {
         let Some(raw) = raw.filter(|r| !r.is_empty()) else {
             return UNKNOWN;
         };
-        if self.seen.contains(raw) {
+        if self.known.contains(raw) || self.seen.contains(raw) {
             return raw;
         }
         if self.seen.len() < self.cap {
@@ -458,5 +469,22 @@ mod tests {
         assert_eq!(l.value(Some("a")), "a");
         assert_eq!(l.value(None), UNKNOWN);
         assert_eq!(l.value(Some("")), UNKNOWN);
+    }
+
+    #[test]
+    fn known_values_keep_their_label_whatever_came_first() {
+        let known = ["routed".to_string(), "cheap".to_string()];
+        let mut l = BoundedLabel::new(2).knowing(&known);
+        for made_up in ["x1", "x2"] {
+            assert_eq!(l.value(Some(made_up)), made_up);
+        }
+        assert_eq!(l.value(Some("x3")), OTHER);
+        assert_eq!(l.value(Some("routed")), "routed");
+        assert_eq!(l.value(Some("cheap")), "cheap");
+        // Known values take no place from the others, nor the others theirs.
+        let mut l = BoundedLabel::new(1).knowing(&known);
+        assert_eq!(l.value(Some("routed")), "routed");
+        assert_eq!(l.value(Some("x1")), "x1");
+        assert_eq!(l.value(Some("x2")), OTHER);
     }
 }

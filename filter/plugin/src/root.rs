@@ -26,7 +26,8 @@ use crate::hostcall;
 use crate::http::{deliver_callout, Http, Stream};
 use crate::worker::{with_env, ParkedCall, Worker};
 
-/// Distinct model names one worker turns into stat labels before using `other`.
+/// Distinct model names one worker turns into stat labels before using
+/// `other`, besides the models the configuration names (always their own).
 const MAX_MODEL_LABELS: usize = 100;
 /// How often the load gauges are set from shared data.
 const LOAD_GAUGES_EVERY_MS: u64 = 1000;
@@ -131,15 +132,15 @@ impl Root {
     /// Sends the degrade sources' pulls that are due; what their answers do
     /// is the puller's.
     fn pull(&mut self, worker: &Worker) {
-        let cfg = &worker.config.degrade;
-        for pull in self.puller.due(cfg, &EnvoyStore, now_ms()) {
+        let config = &worker.config;
+        for pull in self.puller.due(&config.degrade, &EnvoyStore, now_ms()) {
             match send(&pull.cluster, &pull.headers, None, pull.timeout_ms) {
                 Some(token) => {
                     self.pulls.insert(token, pull);
                 }
                 None => worker.with_metrics(|m| {
                     self.puller
-                        .finish(cfg, &EnvoyStore, m, &pull, ProbeEnd::NotSent, now_ms());
+                        .finish(config, &EnvoyStore, m, &pull, ProbeEnd::NotSent, now_ms());
                 }),
             }
         }
@@ -296,9 +297,8 @@ impl Context for Root {
             let (status, body) = callout_answer(body_size, true, MAX_ANSWER_BYTES);
             let end = ProbeEnd::of(status, &body);
             worker.with_metrics(|m| {
-                let cfg = &worker.config.degrade;
                 self.puller
-                    .finish(cfg, &EnvoyStore, m, &pull, end, now_ms());
+                    .finish(&worker.config, &EnvoyStore, m, &pull, end, now_ms());
             });
             return;
         }
@@ -344,7 +344,7 @@ impl RootContext for Root {
         self.prober = Prober::new(rng.next_u64().max(1));
         self.puller = Puller::new(rng.next_u64().max(1));
         self.census = Census::new(&config);
-        let model_labels = BoundedLabel::new(MAX_MODEL_LABELS);
+        let model_labels = BoundedLabel::new(MAX_MODEL_LABELS).knowing(config.names.models());
         self.worker = Some(Rc::new(Worker::new(config, metrics, rng, model_labels)));
         if hostcall::set_tick_period(TICK).is_err() {
             log::warn!("llm-filter: no timer: parked calls rely on their own callbacks");

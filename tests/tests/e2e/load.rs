@@ -144,3 +144,104 @@ async fn calls_in_flight_are_counted_until_they_end() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// More made-up model names than the load records (64) and the model labels
+/// a worker keeps (100) for names the configuration does not give.
+const MADE_UP: usize = 110;
+
+#[tokio::test]
+async fn made_up_models_never_switch_off_a_routed_models_threshold() {
+    let test = "made_up_models_never_switch_off_a_routed_models_threshold";
+    if skip_without_envoy(test) {
+        return;
+    }
+    let default = MockUpstream::start(MockConfig::named("default"));
+    let routed = MockUpstream::start(MockConfig::named("routed"));
+    let config = json!({
+        "cache": {"enabled": false},
+        "routing": {"models": {"busy": [{"cluster": "routed", "model": "busy-v2"}]}},
+        "degrade": {"thresholds": [
+            {"model": "busy", "signal": "rps", "above": 0.25, "level": 2}
+        ]}
+    });
+    // One worker: every made-up name reaches the same table of labels.
+    let envoy = EnvoyBuilder::new()
+        .plugin_config(&config)
+        .concurrency(1)
+        .upstream(default.name(), default.port())
+        .upstream(routed.name(), routed.port())
+        .header_route("x-llm-cluster")
+        .start()
+        .expect("envoy with the filter and routing");
+    let url = envoy.url("/v1/chat/completions");
+    let p2 = [("x-request-priority", "P2")];
+
+    // A client names a new model in every call before the routed one is used.
+    for i in 0..MADE_UP {
+        let r = post_json(&url, &chat_body(&format!("made-up-{i}"), "hi"), &p2)
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "made-up call {i}: {}", r.text());
+    }
+    assert_eq!(default.request_count(), MADE_UP);
+
+    // Three calls of the routed model in the 10 s window: 0.3 per second.
+    for i in 0..3 {
+        let r = post_json(&url, &chat_body("busy", &format!("q{i}")), &p2)
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "call {i}: {}", r.text());
+        assert_eq!(r.header("x-llm-degraded"), None);
+        assert_eq!(r.header("x-llm-cluster"), Some("routed"));
+    }
+    assert_eq!(routed.request_count(), 3);
+    let sent = routed.last_request().unwrap().json().unwrap();
+    assert_eq!(sent["model"], "busy-v2");
+    // The threshold still acts: the fourth is shed, and never leaves.
+    let r = post_json(&url, &chat_body("busy", "one more"), &p2)
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status,
+        503,
+        "the threshold on `busy` no longer sheds: {}",
+        r.text()
+    );
+    assert_eq!(r.header("x-llm-degraded"), Some("2"));
+    assert_eq!(r.json()["error"]["code"], "llm_filter_degraded_shed");
+    assert_eq!(
+        routed.request_count(),
+        3,
+        "the shed call never went upstream"
+    );
+    assert_eq!(default.request_count(), MADE_UP);
+
+    // The routed model keeps its own record and label; the made-up names
+    // beyond the bound share the overflow record `other`.
+    let busy = envoy.wait_for_metric(
+        "llm_filter_load_rps_milli",
+        &[("model", "busy")],
+        300.0,
+        Duration::from_secs(5),
+    );
+    assert!(busy >= 300.0, "busy at {busy} milli-calls per second");
+    let other = envoy.wait_for_metric(
+        "llm_filter_load_rps_milli",
+        &[("model", "other")],
+        1.0,
+        Duration::from_secs(5),
+    );
+    assert!(other > 0.0, "no load under `other`");
+    let mut measured: Vec<String> = envoy
+        .metrics()
+        .into_iter()
+        .filter(|s| s.name == "llm_filter_load_rps_milli")
+        .filter_map(|s| s.labels.get("model").cloned())
+        .collect();
+    measured.sort();
+    measured.dedup();
+    assert_eq!(measured.len(), 64 + 2, "{measured:?}");
+    assert!(envoy.metric("llm_filter_requests_total", &[("model", "busy")]) >= 4.0);
+    assert!(envoy.metric("llm_filter_requests_total", &[("model", "other")]) >= 1.0);
+    assert_eq!(envoy.metric("llm_filter_internal_errors_total", &[]), 0.0);
+}

@@ -22,9 +22,12 @@ const CALLS: u64 = 160;
 /// routed models with hedging on.
 const CLUSTERS: u64 = 2;
 const MODELS: u64 = 2;
-/// The load records and their index.
-const LOAD_KEYS: u64 = 64 + 1;
-const LOAD_BYTES: u64 = 64 * 212 + 8 + 64 * (8 + 27 + 64);
+/// The load records: 64 for names the configuration does not give, one for
+/// each it does (`m1`, `m2`, `m2-on-b`, clusters `a` and `b`), the two
+/// overflow records; and their index.
+const LOAD_RECORDS: u64 = 64 + 3 + 2 + 2;
+const LOAD_KEYS: u64 = LOAD_RECORDS + 1;
+const LOAD_BYTES: u64 = LOAD_RECORDS * 212 + 8 + LOAD_RECORDS * (8 + 27 + 64);
 /// The active alerts (none are sent here).
 const ALERT_KEYS: u64 = 1;
 const MAX_KEYS: u64 = 2 * SLOTS + 2 * CLUSTERS + MODELS + 4 + LOAD_KEYS + ALERT_KEYS;

@@ -4,6 +4,7 @@
 
 pub mod check;
 pub mod error;
+pub mod names;
 pub mod per_priority;
 pub mod service;
 
@@ -24,6 +25,7 @@ use crate::shaping::{RawShapingConfig, ShapingConfig};
 use crate::spans::config::{CaptureConfig, OtlpConfig, RawCapture, RawOtlp};
 
 pub use error::ConfigError;
+pub use names::Names;
 
 /// Default bound of a request body the filter holds to decide on it: Envoy's
 /// default per-connection buffer limit, past which holding it earns a 413.
@@ -134,6 +136,8 @@ pub struct Config {
     pub ab: AbConfig,
     /// Request, token and cost limits.
     pub limits: LimitsConfig,
+    /// The models and clusters the sections above name, compiled from them.
+    pub names: Names,
 }
 
 /// Compiled `priority`.
@@ -245,7 +249,7 @@ impl TryFrom<RawConfig> for Config {
             .map(|o| OtlpConfig::compile(o).map_err(|e| e.within("tracing.otlp")))
             .transpose()?;
         let access_log = raw.access_log.enabled.unwrap_or(false);
-        Ok(Self {
+        let mut config = Self {
             llm_paths,
             max_body_bytes,
             routing,
@@ -261,7 +265,10 @@ impl TryFrom<RawConfig> for Config {
             tracing: TracingMode::compile(raw.tracing.mode),
             access_log,
             limits: LimitsConfig::compile(raw.limits).map_err(|e| e.within("limits"))?,
-        })
+            names: Names::default(),
+        };
+        config.names = Names::of(&config);
+        Ok(config)
     }
 }
 

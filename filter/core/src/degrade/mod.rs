@@ -64,16 +64,18 @@ pub fn level_with(
     if config.degrade.thresholds.is_empty() && by_alert == 0 {
         return (0, Signals::default());
     }
-    let signals = signals(store, &config.degrade, model, now_ms);
+    let signals = signals(store, config, model, now_ms);
     let by_load = threshold_level(&config.degrade, model, &signals);
     (by_load.max(by_alert), signals)
 }
 
-/// The load signals of `model` at `now_ms`: this proxy's window, raised to
-/// the mesh-wide readings of Prometheus while they are fresh.
-pub fn signals(store: &dyn SharedStore, cfg: &DegradeConfig, model: &str, now_ms: u64) -> Signals {
-    let local = load::read(store, Scope::Model(model), now_ms);
-    match &cfg.prometheus {
+/// The load signals of `model` at `now_ms`: this proxy's window (of the
+/// record its calls count in: its own, or the one the models beyond the
+/// bound share), raised to the mesh-wide readings of Prometheus while they
+/// are fresh.
+pub fn signals(store: &dyn SharedStore, config: &Config, model: &str, now_ms: u64) -> Signals {
+    let local = load::read_model(store, &config.names, model, now_ms);
+    match &config.degrade.prometheus {
         Some(source) => sources::mesh::signals(store, source, model, local, now_ms),
         None => local,
     }

@@ -46,7 +46,7 @@ fn the_level_is_the_highest_of_thresholds_and_alerts() {
     let (store, mut m) = (MemoryStore::new(), MemoryMetrics::default());
     assert_eq!(level(&store, &c, "m", 0), 0);
     for _ in 0..3 {
-        load::started(&store, &mut m, "m", 0);
+        load::started(&store, &mut m, &c.names, "m", 0);
     }
     assert_eq!(level(&store, &c, "m", 0), 1);
     let hook = br#"{"version":"4","alerts":[{"status":"firing","labels":{"severity":"critical","model":"m"}}]}"#;
@@ -72,7 +72,7 @@ fn the_level_is_the_highest_of_thresholds_and_alerts() {
             model: "m",
             ..CallSummary::ended(End::Answered(200))
         };
-        load::ended(&store, &mut m, &call, true);
+        load::ended(&store, &mut m, &c.names, &call, Some("m"));
     }
     assert_eq!(
         threshold_level(&c.degrade, "m", &load::read(&store, Scope::Model("m"), 0)),
@@ -212,4 +212,31 @@ fn a_call_reads_each_source_once_and_none_it_does_not_use() {
     let store = MemoryStore::new();
     level(&store, &config("{}"), "m", 0);
     assert_eq!(key(&store), (0, 0, 0));
+}
+
+#[test]
+fn thresholds_read_the_record_a_models_calls_count_in() {
+    let c = config(
+        r#"{"routing":{"models":{"busy":[{"cluster":"a"}]}},"degrade":{"thresholds":[
+            {"model":"busy","signal":"in_flight","above":1,"level":2},
+            {"signal":"in_flight","above":5,"level":1}]}}"#,
+    );
+    let (store, mut m) = (MemoryStore::new(), MemoryMetrics::default());
+    // Seventy made-up models in flight: the first 64 in records of their
+    // own, the other six together in the overflow record.
+    for i in 0..70 {
+        load::started(&store, &mut m, &c.names, &format!("x{i}"), 0);
+    }
+    assert_eq!(level(&store, &c, "x0", 0), 0, "one in flight in its own");
+    assert_eq!(level(&store, &c, "x69", 0), 1, "six in flight in `other`");
+    assert_eq!(level(&store, &c, "never-seen", 0), 1);
+    // The routed model still has a record, and its threshold acts.
+    for _ in 0..2 {
+        let joined = load::started(&store, &mut m, &c.names, "busy", 0);
+        assert_eq!(joined.as_deref(), Some("busy"));
+    }
+    assert_eq!(level(&store, &c, "busy", 0), 2);
+    publish(&store, &c, &mut m, 0);
+    assert_eq!(m.gauges["llm_filter_degrade_levelmodel=.=busy;.;"], 2);
+    assert_eq!(m.gauges["llm_filter_degrade_levelmodel=.=other;.;"], 1);
 }

@@ -245,9 +245,7 @@ pub fn max_keys(config: &Config) -> u64 {
     {
         slots += u64::from(sem.max_contexts);
     }
-    // The load records and their index.
-    let load = load::MAX_RECORDS as u64 + 1;
-    u64::from(keys(config).len()) + slots + load
+    u64::from(keys(config).len()) + slots + load::max_keys(&config.names)
 }
 
 #[cfg(test)]

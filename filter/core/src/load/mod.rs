@@ -5,11 +5,19 @@
 //! The window is [`BUCKETS`] fixed buckets of [`BUCKET_MS`] each, stamped with
 //! the second they count, so a bucket from a lap ago is recognised and reset
 //! (no timer clears them). Each record is one small bincode value updated by
-//! compare-and-swap; the family is bounded by an index of at most
-//! [`MAX_RECORDS`] names, admitted once, when a record is first created.
+//! compare-and-swap, listed once in an index when it is first created.
+//!
+//! The family is bounded by the configuration, not by what clients send: a
+//! model or cluster the configuration names (`config::Names`) always has a
+//! record of its own; of the names it does not give, the first
+//! [`MAX_UNKNOWN`] get one each, and the later ones all count in one
+//! overflow record, [`OVERFLOW`] (`other`, as their stat label says once a
+//! worker's labels run out). So a client naming made-up models can never
+//! take the place of a model a threshold watches.
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::Names;
 use crate::host::cas::{self, Change, Unguarded};
 use crate::host::codec;
 use crate::host::{Metrics, SharedStore, StoreError};
@@ -20,9 +28,11 @@ use crate::summary::{CallSummary, End};
 pub const KEY_PREFIX: &str = "llm_filter.load.v1.";
 /// The index of the records that exist.
 pub const INDEX_KEY: &str = "llm_filter.load.v1.index";
-/// Most records (models and clusters together); calls of a model or cluster
-/// beyond it are not measured.
-pub const MAX_RECORDS: usize = 64;
+/// Most records of names the configuration does not give (models and
+/// clusters together); the calls of the later ones count in [`OVERFLOW`].
+pub const MAX_UNKNOWN: usize = 64;
+/// The name of the record the calls of names beyond [`MAX_UNKNOWN`] share.
+pub const OVERFLOW: &str = names::OTHER;
 /// Buckets of the sliding window.
 pub const BUCKETS: usize = 10;
 /// Width of one bucket, ms.
@@ -68,6 +78,31 @@ impl Scope<'_> {
         } else {
             rest.strip_prefix("cluster.").map(Scope::Cluster)
         }
+    }
+
+    /// The overflow record of the same kind.
+    fn overflow(&self) -> Scope<'static> {
+        match self {
+            Scope::Model(_) => Scope::Model(OVERFLOW),
+            Scope::Cluster(_) => Scope::Cluster(OVERFLOW),
+        }
+    }
+
+    /// The name the scope was made with.
+    fn name(&self) -> &str {
+        match self {
+            Scope::Model(n) | Scope::Cluster(n) => n,
+        }
+    }
+}
+
+/// The record behind `key` is outside the bound on unknown names: the
+/// configuration names it, or it is the overflow record.
+fn reserved(config_names: &Names, key: &str) -> bool {
+    match Scope::of_key(key) {
+        Some(Scope::Model(n)) => n == OVERFLOW || config_names.has_model_label(n),
+        Some(Scope::Cluster(n)) => n == OVERFLOW || config_names.has_cluster_label(n),
+        None => false,
     }
 }
 
@@ -197,57 +232,96 @@ impl Record {
 
 /// Reads the signals of `scope`; zero when it has no record.
 pub fn read(store: &dyn SharedStore, scope: Scope<'_>, now_ms: u64) -> Signals {
-    store
-        .get(&scope.key())
-        .ok()
-        .and_then(|v| v.value)
-        .and_then(|b| Record::decode(&b))
+    read_record(store, &scope.key())
         .map(|r| r.signals(now_ms))
         .unwrap_or_default()
 }
 
-/// Changes the record of `scope`, creating it when the index admits it.
-/// `Ok(false)`: the index is full, nothing was recorded.
-fn update(
-    store: &dyn SharedStore,
-    scope: Scope<'_>,
-    mut change: impl FnMut(&mut Record),
-) -> Result<bool, StoreError> {
-    let key = scope.key();
-    let mut admitted = false;
-    loop {
-        let u = cas::update(
-            store,
-            &key,
-            Unguarded::Verify,
-            |b| b.map(|b| Record::decode(b).unwrap_or_default()),
-            |r| r.as_ref().and_then(Record::encode),
-            |r| match r {
-                Some(r) => {
-                    change(r);
-                    Change::Write(true)
-                }
-                None if admitted => {
-                    let mut fresh = Record::default();
-                    change(&mut fresh);
-                    *r = Some(fresh);
-                    Change::Write(true)
-                }
-                None => Change::Keep(false),
-            },
-        )?;
-        if u.out || admitted {
-            return Ok(u.out);
-        }
-        if !admit(store, &key)? {
-            return Ok(false);
-        }
-        admitted = true;
-    }
+fn read_record(store: &dyn SharedStore, key: &str) -> Option<Record> {
+    store
+        .get(key)
+        .ok()
+        .and_then(|v| v.value)
+        .and_then(|b| Record::decode(&b))
 }
 
-/// Adds `key` to the index unless it is full; true when it is (now) there.
-fn admit(store: &dyn SharedStore, key: &str) -> Result<bool, StoreError> {
+/// Reads the signals of the record the calls of `model` count in: its own,
+/// or, for a model the configuration does not name and that has none, the
+/// overflow record its calls share with the other names beyond the bound.
+pub fn read_model(
+    store: &dyn SharedStore,
+    config_names: &Names,
+    model: &str,
+    now_ms: u64,
+) -> Signals {
+    let own = Scope::Model(model);
+    let key = own.key();
+    if let Some(r) = read_record(store, &key) {
+        return r.signals(now_ms);
+    }
+    if reserved(config_names, &key) {
+        return Signals::default();
+    }
+    read(store, own.overflow(), now_ms)
+}
+
+/// Changes the record of `scope`, creating it when the index admits it, or
+/// else the overflow record of its kind. The scope whose record changed;
+/// `None` when the store refused even the overflow (a host fault).
+fn update<'a>(
+    store: &dyn SharedStore,
+    config_names: &Names,
+    scope: Scope<'a>,
+    mut change: impl FnMut(&mut Record),
+) -> Result<Option<Scope<'a>>, StoreError> {
+    for scope in [scope, scope.overflow()] {
+        let key = scope.key();
+        if write(store, &key, false, &mut change)? {
+            return Ok(Some(scope));
+        }
+        if admit(store, config_names, &key)? {
+            return Ok(write(store, &key, true, &mut change)?.then_some(scope));
+        }
+    }
+    Ok(None)
+}
+
+/// Changes the record at `key`, or creates it when `create`; false when it
+/// is not there and not to be created.
+fn write(
+    store: &dyn SharedStore,
+    key: &str,
+    create: bool,
+    change: &mut impl FnMut(&mut Record),
+) -> Result<bool, StoreError> {
+    let u = cas::update(
+        store,
+        key,
+        Unguarded::Verify,
+        |b| b.map(|b| Record::decode(b).unwrap_or_default()),
+        |r| r.as_ref().and_then(Record::encode),
+        |r| match r {
+            Some(r) => {
+                change(r);
+                Change::Write(true)
+            }
+            None if create => {
+                let mut fresh = Record::default();
+                change(&mut fresh);
+                *r = Some(fresh);
+                Change::Write(true)
+            }
+            None => Change::Keep(false),
+        },
+    )?;
+    Ok(u.out)
+}
+
+/// Adds `key` to the index: always when the configuration names it (or it
+/// is the overflow record), else while fewer than [`MAX_UNKNOWN`] other
+/// names are there. True when it is (now) there.
+fn admit(store: &dyn SharedStore, config_names: &Names, key: &str) -> Result<bool, StoreError> {
+    let reserved_key = reserved(config_names, key);
     let u = cas::update(
         store,
         INDEX_KEY,
@@ -256,13 +330,14 @@ fn admit(store: &dyn SharedStore, key: &str) -> Result<bool, StoreError> {
         codec::encode,
         |index: &mut Vec<String>| {
             if index.iter().any(|k| k == key) {
-                Change::Keep(true)
-            } else if index.len() >= MAX_RECORDS {
-                Change::Keep(false)
-            } else {
-                index.push(key.to_string());
-                Change::Write(true)
+                return Change::Keep(true);
             }
+            let unknown = || index.iter().filter(|k| !reserved(config_names, k)).count();
+            if !reserved_key && unknown() >= MAX_UNKNOWN {
+                return Change::Keep(false);
+            }
+            index.push(key.to_string());
+            Change::Write(true)
         },
     )?;
     Ok(u.out)
@@ -279,14 +354,22 @@ pub fn index(store: &dyn SharedStore) -> Vec<String> {
     decode_index(store.get(INDEX_KEY).ok().and_then(|v| v.value).as_deref())
 }
 
-/// A call of `model` went upstream: it joins the model's in-flight count.
-/// True when counted; only then must [`ended`] be told `started`.
-pub fn started(store: &dyn SharedStore, m: &mut dyn Metrics, model: &str, now_ms: u64) -> bool {
-    match update(store, Scope::Model(model), |r| r.move_in_flight(now_ms, 1)) {
-        Ok(counted) => counted,
+/// A call of `model` went upstream: it joins the in-flight count of the
+/// record its model counts in. The name of that record (the model's label,
+/// or [`OVERFLOW`]), which [`ended`] must be told; `None` when not counted.
+pub fn started(
+    store: &dyn SharedStore,
+    m: &mut dyn Metrics,
+    config_names: &Names,
+    model: &str,
+    now_ms: u64,
+) -> Option<String> {
+    let scope = Scope::Model(model);
+    match update(store, config_names, scope, |r| r.move_in_flight(now_ms, 1)) {
+        Ok(counted) => counted.map(|s| s.name().to_string()),
         Err(_) => {
             internal_error(m, "load_record");
-            false
+            None
         }
     }
 }
@@ -296,18 +379,26 @@ fn tokens(call: &CallSummary<'_>) -> u64 {
     call.usage.map_or(0, |u| u.completion_tokens)
 }
 
-/// A call ended: its model's record counts it (unless the filter answered it
-/// itself) and, when it was counted in flight (`started`), it leaves the
-/// in-flight count — exactly once, whatever the end.
-pub fn ended(store: &dyn SharedStore, m: &mut dyn Metrics, call: &CallSummary<'_>, started: bool) {
+/// A call ended: the record its model counts in counts it (unless the
+/// filter answered it itself) and, when it was counted in flight
+/// ([`started`] named the record), it leaves that record's in-flight count
+/// — exactly once, whatever the end.
+pub fn ended(
+    store: &dyn SharedStore,
+    m: &mut dyn Metrics,
+    config_names: &Names,
+    call: &CallSummary<'_>,
+    started: Option<&str>,
+) {
     let upstream = !call.end.is_local() && call.end != End::Outlasted;
-    if !upstream && !started {
+    if !upstream && started.is_none() {
         return;
     }
     let now_ms = call.ended_ms;
     let tokens = tokens(call);
-    let result = update(store, Scope::Model(call.model), |r| {
-        if started {
+    let scope = Scope::Model(started.unwrap_or(call.model));
+    let result = update(store, config_names, scope, |r| {
+        if started.is_some() {
             r.move_in_flight(now_ms, -1);
         }
         if upstream {
@@ -321,7 +412,12 @@ pub fn ended(store: &dyn SharedStore, m: &mut dyn Metrics, call: &CallSummary<'_
 
 /// One try of a call on a cluster ended: the cluster's record counts it.
 /// Cluster in-flight counts are routing's (`llm_filter_routing_in_flight`).
-pub fn tried(store: &dyn SharedStore, m: &mut dyn Metrics, call: &CallSummary<'_>) {
+pub fn tried(
+    store: &dyn SharedStore,
+    m: &mut dyn Metrics,
+    config_names: &Names,
+    call: &CallSummary<'_>,
+) {
     let Some(cluster) = call.cluster else {
         return;
     };
@@ -329,7 +425,8 @@ pub fn tried(store: &dyn SharedStore, m: &mut dyn Metrics, call: &CallSummary<'_
         return;
     }
     let (now_ms, tokens) = (call.ended_ms, tokens(call));
-    if update(store, Scope::Cluster(cluster), |r| r.add(now_ms, 1, tokens)).is_err() {
+    let scope = Scope::Cluster(cluster);
+    if update(store, config_names, scope, |r| r.add(now_ms, 1, tokens)).is_err() {
         internal_error(m, "load_record");
     }
 }
@@ -360,6 +457,16 @@ pub fn publish(store: &dyn SharedStore, m: &mut dyn Metrics, now_ms: u64) {
             }
         }
     }
+}
+
+/// Most keys of the family under `config_names`: a record for each model
+/// and cluster the configuration names, [`MAX_UNKNOWN`] for the others, the
+/// two overflow records, and the index.
+pub fn max_keys(config_names: &Names) -> u64 {
+    let reserved = config_names
+        .model_labels()
+        .saturating_add(config_names.cluster_labels());
+    u64::try_from(reserved.saturating_add(MAX_UNKNOWN + 2 + 1)).unwrap_or(u64::MAX)
 }
 
 /// Keys and bytes of the family, for the census.

@@ -9,20 +9,23 @@
 //! both clamped to [MIN, MAX]
 //! ```
 //!
-//! One record in shared data holds every model's ratio (at most
-//! [`MAX_MODELS`], the least recently learnt one making room), so a call
-//! reads its model's ratio with one get, and learns with one
-//! compare-and-swap update.
+//! One record in shared data holds every model's ratio, so a call reads its
+//! model's ratio with one get, and learns with one compare-and-swap update.
+//! The models the configuration names always keep theirs; of the others at
+//! most [`MAX_MODELS`] are kept, the least recently learnt of them making
+//! room, so a client naming models of its own never pushes out the ratio of
+//! one the configuration routes or limits.
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::Names;
 use crate::host::cas::{self, Change, Unguarded};
 use crate::host::{codec, Metrics, SharedStore};
 use crate::metrics as names;
 
 /// The shared-data key of the record.
 pub const KEY: &str = "llm_filter.tokens.v1.calibration";
-/// Most models whose ratio is kept.
+/// Most models the configuration does not name whose ratio is kept.
 pub const MAX_MODELS: usize = 64;
 /// Weight of a new sample, in thousandths: a ratio moves most of the way to
 /// a new steady value within about ten calls.
@@ -114,10 +117,15 @@ struct Record {
     models: Vec<Entry>,
 }
 
-fn decode(bytes: Option<&[u8]>) -> Record {
+/// Most entries of the record under `config_names`.
+fn bound(config_names: &Names) -> usize {
+    MAX_MODELS.saturating_add(config_names.models().len())
+}
+
+fn decode(bytes: Option<&[u8]>, bound: usize) -> Record {
     let mut r: Record = bytes.and_then(codec::decode).unwrap_or_default();
     // A record written by anyone else is trusted no further than its bounds.
-    r.models.truncate(MAX_MODELS);
+    r.models.truncate(bound);
     for e in &mut r.models {
         e.ratio = Ratio::from_milli(u64::from(e.ratio.0));
     }
@@ -127,11 +135,11 @@ fn decode(bytes: Option<&[u8]>) -> Record {
 /// The ratio of `model` (a model label, bounded as the metrics' are): one
 /// read of shared data; [`Ratio::ONE`] for a model not learnt yet or a store
 /// that cannot be read.
-pub fn ratio(store: &dyn SharedStore, model: &str) -> Ratio {
+pub fn ratio(store: &dyn SharedStore, config_names: &Names, model: &str) -> Ratio {
     let Ok(read) = store.get(KEY) else {
         return Ratio::ONE;
     };
-    decode(read.value.as_deref())
+    decode(read.value.as_deref(), bound(config_names))
         .models
         .iter()
         .find(|e| e.model == model)
@@ -145,6 +153,7 @@ pub fn ratio(store: &dyn SharedStore, model: &str) -> Ratio {
 pub fn learn(
     store: &dyn SharedStore,
     metrics: &mut dyn Metrics,
+    config_names: &Names,
     model: &str,
     estimated: u64,
     reported: u64,
@@ -155,9 +164,9 @@ pub fn learn(
         store,
         KEY,
         Unguarded::Overwrite,
-        decode,
+        |b| decode(b, bound(config_names)),
         codec::encode,
-        |r| Change::Write(learn_into(r, model, sample, now_ms)),
+        |r| Change::Write(learn_into(r, config_names, model, sample, now_ms)),
     );
     let ratio = updated.ok()?.out;
     metrics.gauge_with(
@@ -168,8 +177,17 @@ pub fn learn(
     Some(ratio)
 }
 
-/// The record with `sample` learnt for `model`; the model's new ratio.
-fn learn_into(r: &mut Record, model: &str, sample: Ratio, now_ms: u64) -> Ratio {
+/// The record with `sample` learnt for `model`; the model's new ratio. A
+/// model the configuration names is always added; another one takes the
+/// place of the least recently learnt of the others once they are
+/// [`MAX_MODELS`].
+fn learn_into(
+    r: &mut Record,
+    config_names: &Names,
+    model: &str,
+    sample: Ratio,
+    now_ms: u64,
+) -> Ratio {
     if let Some(e) = r.models.iter_mut().find(|e| e.model == model) {
         e.ratio = e.ratio.moved_toward(sample);
         e.samples = e.samples.saturating_add(1);
@@ -182,9 +200,16 @@ fn learn_into(r: &mut Record, model: &str, sample: Ratio, now_ms: u64) -> Ratio 
         samples: 1,
         learnt_ms: now_ms,
     };
-    if r.models.len() < MAX_MODELS {
+    let other = |e: &&mut Entry| !config_names.has_model(&e.model);
+    let others = r.models.iter_mut().filter(other).count();
+    if config_names.has_model(model) || others < MAX_MODELS {
         r.models.push(entry);
-    } else if let Some(oldest) = r.models.iter_mut().min_by_key(|e| e.learnt_ms) {
+    } else if let Some(oldest) = r
+        .models
+        .iter_mut()
+        .filter(other)
+        .min_by_key(|e| e.learnt_ms)
+    {
         *oldest = entry;
     }
     sample
@@ -220,48 +245,48 @@ mod tests {
 
     #[test]
     fn a_model_learns_its_ratio_and_the_gauge_says_it() {
-        let s = MemoryStore::new();
+        let (s, none) = (MemoryStore::new(), Names::default());
         let mut m = MemoryMetrics::default();
-        assert_eq!(ratio(&s, "m"), Ratio::ONE);
-        assert_eq!(learn(&s, &mut m, "m", 100, 300, 1), Some(Ratio::MAX));
-        assert_eq!(ratio(&s, "m"), Ratio::MAX);
+        assert_eq!(ratio(&s, &none, "m"), Ratio::ONE);
+        assert_eq!(learn(&s, &mut m, &none, "m", 100, 300, 1), Some(Ratio::MAX));
+        assert_eq!(ratio(&s, &none, "m"), Ratio::MAX);
         // Then it moves a fifth of the way to each new sample.
         assert_eq!(
-            learn(&s, &mut m, "m", 100, 100, 2),
+            learn(&s, &mut m, &none, "m", 100, 100, 2),
             Some(Ratio::from_milli(1800))
         );
         let gauge = names::name(names::TOKEN_ESTIMATE_RATIO, &[("model", "m")]);
         assert_eq!(m.gauges.get(&gauge), Some(&1800));
         let mut r = Ratio::from_milli(1800);
         for _ in 0..30 {
-            r = learn(&s, &mut m, "m", 100, 100, 3).unwrap();
+            r = learn(&s, &mut m, &none, "m", 100, 100, 3).unwrap();
         }
         assert!(r.milli() <= 1010, "{r:?}");
         // Other models keep their own; a small call teaches nothing.
-        assert_eq!(ratio(&s, "other"), Ratio::ONE);
-        assert_eq!(learn(&s, &mut m, "small", 10, 100, 4), None);
-        assert_eq!(ratio(&s, "small"), Ratio::ONE);
+        assert_eq!(ratio(&s, &none, "other"), Ratio::ONE);
+        assert_eq!(learn(&s, &mut m, &none, "small", 10, 100, 4), None);
+        assert_eq!(ratio(&s, &none, "small"), Ratio::ONE);
         assert_eq!(s.reads(KEY), 36);
     }
 
     #[test]
     fn the_record_is_bounded() {
-        let s = MemoryStore::new();
+        let (s, none) = (MemoryStore::new(), Names::default());
         let mut m = MemoryMetrics::default();
         for i in 0..MAX_MODELS as u64 + 10 {
-            learn(&s, &mut m, &format!("m{i}"), 100, 150, i).unwrap();
+            learn(&s, &mut m, &none, &format!("m{i}"), 100, 150, i).unwrap();
         }
-        let r = decode(s.get(KEY).unwrap().value.as_deref());
+        let r = decode(s.get(KEY).unwrap().value.as_deref(), usize::MAX);
         assert_eq!(r.models.len(), MAX_MODELS);
         // The least recently learnt made room.
-        assert_eq!(ratio(&s, "m0"), Ratio::ONE);
-        assert_eq!(ratio(&s, "m73"), Ratio::from_milli(1500));
+        assert_eq!(ratio(&s, &none, "m0"), Ratio::ONE);
+        assert_eq!(ratio(&s, &none, "m73"), Ratio::from_milli(1500));
         assert!(s.value_bytes() < 4096, "{}", s.value_bytes());
     }
 
     #[test]
     fn a_foreign_record_is_bounded_on_read() {
-        let s = MemoryStore::new();
+        let (s, none) = (MemoryStore::new(), Names::default());
         let r = Record {
             models: (0..MAX_MODELS + 5)
                 .map(|i| Entry {
@@ -273,14 +298,53 @@ mod tests {
                 .collect(),
         };
         s.set(KEY, &codec::encode(&r).unwrap(), None).unwrap();
-        assert_eq!(ratio(&s, "m0"), Ratio::MAX);
-        assert_eq!(ratio(&s, &format!("m{}", MAX_MODELS + 1)), Ratio::ONE);
+        assert_eq!(ratio(&s, &none, "m0"), Ratio::MAX);
+        assert_eq!(
+            ratio(&s, &none, &format!("m{}", MAX_MODELS + 1)),
+            Ratio::ONE
+        );
         s.set(KEY, b"garbage", None).unwrap();
-        assert_eq!(ratio(&s, "m0"), Ratio::ONE);
+        assert_eq!(ratio(&s, &none, "m0"), Ratio::ONE);
         let mut m = MemoryMetrics::default();
         assert_eq!(
-            learn(&s, &mut m, "m0", 100, 80, 1),
+            learn(&s, &mut m, &none, "m0", 100, 80, 1),
             Some(Ratio::from_milli(800))
         );
+    }
+
+    #[test]
+    fn models_of_the_configuration_are_never_pushed_out() {
+        let c = crate::config::Config::parse(
+            br#"{"routing":{"models":{"routed":[{"cluster":"a","model":"routed-v2"}]}}}"#,
+        )
+        .unwrap();
+        let (s, mut m) = (MemoryStore::new(), MemoryMetrics::default());
+        learn(&s, &mut m, &c.names, "routed", 100, 150, 0).unwrap();
+        // Then far more models of a client's own, each learnt later.
+        for i in 0..MAX_MODELS as u64 * 3 {
+            learn(
+                &s,
+                &mut m,
+                &c.names,
+                &format!("made-up-{i}"),
+                100,
+                120,
+                1 + i,
+            )
+            .unwrap();
+        }
+        assert_eq!(ratio(&s, &c.names, "routed"), Ratio::from_milli(1500));
+        // The others took each other's places, least recently learnt first.
+        let r = decode(s.get(KEY).unwrap().value.as_deref(), usize::MAX);
+        assert_eq!(r.models.len(), MAX_MODELS + 1);
+        assert_eq!(ratio(&s, &c.names, "made-up-0"), Ratio::ONE);
+        let last = format!("made-up-{}", MAX_MODELS * 3 - 1);
+        assert_eq!(ratio(&s, &c.names, &last), Ratio::from_milli(1200));
+        // A configured model learnt last still finds its place.
+        learn(&s, &mut m, &c.names, "routed-v2", 100, 80, 1_000).unwrap();
+        assert_eq!(ratio(&s, &c.names, "routed-v2"), Ratio::from_milli(800));
+        assert_eq!(ratio(&s, &c.names, "routed"), Ratio::from_milli(1500));
+        // Read back, the bound counts the configuration's models too.
+        assert_eq!(ratio(&s, &Names::default(), "routed-v2"), Ratio::ONE);
     }
 }

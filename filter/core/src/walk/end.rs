@@ -26,13 +26,9 @@ impl Call {
         self.calibrate(env, &summary);
         self.remember_response(env);
         self.settle_limits(env);
-        // Counted in flight under the label it had then, which is the label
-        // now: the label of a model never changes within a worker.
-        let started = self.dispatch.load_model.as_deref() == Some(summary.model);
-        if self.dispatch.load_model.is_some() && !started {
-            internal_error(env.metrics, "load_label");
-        }
-        load::ended(env.store, env.metrics, &summary, started);
+        // It leaves the in-flight count of the record it joined.
+        let started = self.dispatch.load_model.as_deref();
+        load::ended(env.store, env.metrics, &env.config.names, &summary, started);
     }
 
     /// The call's summary now, with its A/B group: what the metrics, the span
@@ -133,7 +129,7 @@ impl Call {
         let routing = self.routing_config(env.config);
         routing::learn::ended(env.store, routing, env.metrics, call);
         budget::learn::ended(env.store, &env.config.budget, env.metrics, call);
-        load::tried(env.store, env.metrics, call);
+        load::tried(env.store, env.metrics, &env.config.names, call);
     }
 
     /// A stored Responses answer of a routed backend: the backend holds it,

@@ -57,7 +57,7 @@ impl Call {
             return r;
         }
         let label = env.model_labels.value(self.model()).to_string();
-        let r = calibration::ratio(env.store, &label);
+        let r = calibration::ratio(env.store, &env.config.names, &label);
         self.decided.estimate.ratio = Some(r);
         r
     }
@@ -88,6 +88,7 @@ impl Call {
         calibration::learn(
             env.store,
             env.metrics,
+            &env.config.names,
             call.model,
             estimated,
             usage.prompt_tokens,

@@ -195,12 +195,13 @@ pub struct World {
 
 impl World {
     pub fn new(config: &str) -> Self {
+        let config = Config::parse(config.as_bytes()).unwrap();
         Self {
-            config: Config::parse(config.as_bytes()).unwrap(),
+            models: BoundedLabel::new(10).knowing(config.names.models()),
+            config,
             store: MemoryStore::new(),
             metrics: MemoryMetrics::default(),
             rng: SplitMix64::new(42),
-            models: BoundedLabel::new(10),
             tenants: BoundedLabel::new(10),
             spans: spans::Queue::default(),
             now_ms: 1_000_000,

@@ -373,8 +373,9 @@ pub(super) struct Dispatch {
     pub(super) fallback: Option<FellBack>,
     /// The request body, kept while another backend could still be asked.
     pub(super) held: Option<HeldBody>,
-    /// The model label the call is counted in flight under (see
-    /// [`crate::load::started`]); it leaves that count at the call's end.
+    /// The load record the call is counted in flight in: its model's label,
+    /// or the overflow record's (see [`crate::load::started`]); it leaves
+    /// that count at the call's end.
     pub(super) load_model: Option<String>,
 }
 

@@ -56,9 +56,13 @@ impl Call {
             return;
         };
         let label = env.model_labels.value(Some(model)).to_string();
-        if load::started(env.store, env.metrics, &label, env.now_ms) {
-            self.dispatch.load_model = Some(label);
-        }
+        self.dispatch.load_model = load::started(
+            env.store,
+            env.metrics,
+            &env.config.names,
+            &label,
+            env.now_ms,
+        );
     }
 
     /// A streamed chat or completions call asks the provider for its usage

@@ -19,6 +19,7 @@ pub mod prometheus;
 use super::alerts;
 use super::config::DegradeConfig;
 use crate::config::service::Service;
+use crate::config::Config;
 use crate::host::lease::try_lease;
 use crate::host::{Metrics, SharedStore};
 use crate::load::Signal;
@@ -129,7 +130,7 @@ impl Puller {
     /// Applies how `pull` ended at `now_ms` and counts it.
     pub fn finish(
         &self,
-        cfg: &DegradeConfig,
+        config: &Config,
         store: &dyn SharedStore,
         metrics: &mut dyn Metrics,
         pull: &Pull,
@@ -141,7 +142,7 @@ impl Puller {
             ProbeEnd::NoAnswer => Err("no_answer"),
             ProbeEnd::Answered { status, .. } if !(200..300).contains(&status) => Err("status"),
             ProbeEnd::Answered { body, .. } if body.len() > MAX_ANSWER_BYTES => Err("invalid"),
-            ProbeEnd::Answered { body, .. } => apply(cfg, store, pull.kind, body, now_ms),
+            ProbeEnd::Answered { body, .. } => apply(config, store, pull.kind, body, now_ms),
         };
         let source = pull.kind.source();
         let (label, dropped) = match result {
@@ -168,12 +169,13 @@ impl Puller {
 /// Reads an answer of `kind` into shared data; what it dropped, or why it
 /// changed nothing.
 fn apply(
-    cfg: &DegradeConfig,
+    config: &Config,
     store: &dyn SharedStore,
     kind: PullKind,
     body: &[u8],
     now_ms: u64,
 ) -> Result<u32, &'static str> {
+    let cfg = &config.degrade;
     match kind {
         PullKind::Alerts => {
             let reports = alertmanager::parse(body, now_ms).map_err(|_| "invalid")?;
@@ -185,8 +187,10 @@ fn apply(
             let label = cfg
                 .prometheus
                 .as_ref()
-                .map_or(config::DEFAULT_MODEL_LABEL, |p| p.model_label.as_str());
-            let reading = prometheus::parse(body, label).map_err(|_| "invalid")?;
+                .map_or(self::config::DEFAULT_MODEL_LABEL, |p| {
+                    p.model_label.as_str()
+                });
+            let reading = prometheus::parse(body, label, &config.names).map_err(|_| "invalid")?;
             mesh::record(store, signal, reading.values, now_ms).map_err(|_| "store")?;
             Ok(reading.dropped)
         }

@@ -3,16 +3,19 @@
 //!
 //! Nothing in the answer is trusted: a value that is not a finite number
 //! from 0 to [`MAX_VALUE`] is dropped (NaN, ±Inf, negative, absurd), so is a
-//! sample without the model label; at most [`MAX_MODELS`] models are kept,
-//! the most loaded first, since those are the ones a threshold may trip.
+//! sample without the model label. Every model the configuration names is
+//! kept, and at most [`MAX_MODELS`] others, the most loaded first, since
+//! those are the ones a threshold may trip: models a client made up, however
+//! loaded, never push out one the configuration watches.
 
 use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+use crate::config::Names;
 use crate::stat_name;
 
-/// Most models one reading keeps.
+/// Most models one reading keeps besides those the configuration names.
 pub const MAX_MODELS: usize = 64;
 /// Largest value believed: more calls, tokens per second or calls in flight
 /// than any mesh makes is a broken query or exporter.
@@ -20,17 +23,21 @@ pub const MAX_VALUE: f64 = 1e9;
 /// Most samples one answer may carry; a larger one is refused whole.
 pub const MAX_SAMPLES: usize = 10_000;
 
+/// Model label → value.
+type Values = Vec<(String, f64)>;
+
 /// A query's reading: each model (as its stat label writes it) and its value.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Reading {
-    /// Model label → value, at most [`MAX_MODELS`], largest first.
+    /// Model label → value: the configuration's models, then at most
+    /// [`MAX_MODELS`] others, each part largest first.
     pub values: Vec<(String, f64)>,
     /// Samples dropped: no model label, or a value not believed.
     pub dropped: u32,
 }
 
 /// Reads an answer; the error says why it is not one.
-pub fn parse(body: &[u8], model_label: &str) -> Result<Reading, String> {
+pub fn parse(body: &[u8], model_label: &str, config_names: &Names) -> Result<Reading, String> {
     let answer: Value =
         serde_json::from_slice(body).map_err(|e| format!("not a Prometheus answer: {e}"))?;
     let status = answer.get("status").and_then(Value::as_str);
@@ -73,16 +80,21 @@ pub fn parse(body: &[u8], model_label: &str) -> Result<Reading, String> {
         let slot = values.entry(stat_name::label_value(model)).or_default();
         *slot = (*slot + value).min(MAX_VALUE);
     }
-    let mut values: Vec<(String, f64)> = values.into_iter().collect();
-    values.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    if values.len() > MAX_MODELS {
-        let beyond = values.len() - MAX_MODELS;
+    let (mut known, mut others): (Values, Values) = values
+        .into_iter()
+        .partition(|(m, _)| config_names.has_model_label(m));
+    for part in [&mut known, &mut others] {
+        part.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    }
+    if others.len() > MAX_MODELS {
+        let beyond = others.len() - MAX_MODELS;
         reading.dropped = reading
             .dropped
             .saturating_add(u32::try_from(beyond).unwrap_or(u32::MAX));
-        values.truncate(MAX_MODELS);
+        others.truncate(MAX_MODELS);
     }
-    reading.values = values;
+    known.append(&mut others);
+    reading.values = known;
     Ok(reading)
 }
 
@@ -114,13 +126,16 @@ mod tests {
             ]
             .join(","),
         );
-        let r = parse(&body, "model").unwrap();
+        let r = parse(&body, "model", &Names::default()).unwrap();
         assert_eq!(
             r.values,
             [("llama_3".to_string(), 7.0), ("gpt-4o".to_string(), 3.0)]
         );
         assert_eq!(r.dropped, 0);
-        assert_eq!(parse(&answer(""), "model").unwrap(), Reading::default());
+        assert_eq!(
+            parse(&answer(""), "model", &Names::default()).unwrap(),
+            Reading::default()
+        );
     }
 
     #[test]
@@ -137,7 +152,7 @@ mod tests {
             ]
             .join(","),
         );
-        let r = parse(&body, "model").unwrap();
+        let r = parse(&body, "model", &Names::default()).unwrap();
         assert_eq!(r.values, [("ok".to_string(), 1.0)]);
         assert_eq!(r.dropped, 6);
     }
@@ -147,10 +162,30 @@ mod tests {
         let many: Vec<String> = (0..MAX_MODELS + 5)
             .map(|i| sample(&format!("m{i}"), &i.to_string()))
             .collect();
-        let r = parse(&answer(&many.join(",")), "model").unwrap();
+        let r = parse(&answer(&many.join(",")), "model", &Names::default()).unwrap();
         assert_eq!(r.values.len(), MAX_MODELS);
         assert_eq!(r.values[0].0, format!("m{}", MAX_MODELS + 4));
         assert_eq!(r.dropped, 5);
+    }
+
+    #[test]
+    fn the_configurations_models_are_kept_however_many_others_are_busier() {
+        let c = crate::config::Config::parse(
+            br#"{"degrade":{"thresholds":[{"model":"watched v1","signal":"rps","above":1,"level":1}]}}"#,
+        )
+        .unwrap();
+        let mut many: Vec<String> = (0..MAX_MODELS + 5)
+            .map(|i| sample(&format!("made-up-{i}"), &(100 + i).to_string()))
+            .collect();
+        many.push(sample("watched v1", "2"));
+        let r = parse(&answer(&many.join(",")), "model", &c.names).unwrap();
+        assert_eq!(r.values.len(), MAX_MODELS + 1);
+        assert_eq!(r.values[0], ("watched_v1".to_string(), 2.0));
+        assert_eq!(r.values[1].0, format!("made-up-{}", MAX_MODELS + 4));
+        assert_eq!(r.dropped, 5, "the least loaded others");
+        // Without it named, it is the least loaded and goes.
+        let r = parse(&answer(&many.join(",")), "model", &Names::default()).unwrap();
+        assert!(r.values.iter().all(|(m, _)| m != "watched_v1"));
     }
 
     #[test]
@@ -163,7 +198,7 @@ mod tests {
             br#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[0]}]}}"#,
             br#"[]"#,
         ] {
-            assert!(parse(body, "model").is_err(), "{}", String::from_utf8_lossy(body));
+            assert!(parse(body, "model", &Names::default()).is_err(), "{}", String::from_utf8_lossy(body));
         }
     }
 }

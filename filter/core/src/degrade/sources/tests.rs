@@ -98,7 +98,7 @@ fn pulled_alerts_set_the_level_and_end_when_no_longer_listed() {
     let p = pull(&c, &store, PullKind::Alerts);
     let puller = Puller::new(1);
     let finish = |m: &mut MemoryMetrics, body: &[u8], now: u64| {
-        puller.finish(&c.degrade, &store, m, &p, answered(body), now);
+        puller.finish(&c, &store, m, &p, answered(body), now);
     };
     finish(&mut m, &listed(&[("a", "critical"), ("b", "info")]), 0);
     assert_eq!(
@@ -122,7 +122,7 @@ fn a_failed_pull_keeps_the_last_alerts_until_they_expire() {
     let p = pull(&c, &store, PullKind::Alerts);
     let puller = Puller::new(1);
     puller.finish(
-        &c.degrade,
+        &c,
         &store,
         &mut m,
         &p,
@@ -144,7 +144,7 @@ fn a_failed_pull_keeps_the_last_alerts_until_they_expire() {
     ];
     for (i, (end, result)) in failures.into_iter().enumerate() {
         let now = 10_000 * (i as u64 + 1);
-        puller.finish(&c.degrade, &store, &mut m, &p, end, now);
+        puller.finish(&c, &store, &mut m, &p, end, now);
         assert!(counter(&m, "alertmanager", result) >= 1, "{result}");
         assert_eq!(
             degrade::level(&store, &c, "m", now),
@@ -170,7 +170,7 @@ fn a_pull_leaves_the_webhooks_alerts_alone() {
     let p = pull(&c, &store, PullKind::Alerts);
     let puller = Puller::new(1);
     puller.finish(
-        &c.degrade,
+        &c,
         &store,
         &mut m,
         &p,
@@ -178,7 +178,7 @@ fn a_pull_leaves_the_webhooks_alerts_alone() {
         1,
     );
     assert_eq!(degrade::level(&store, &c, "m", 2), 3);
-    puller.finish(&c.degrade, &store, &mut m, &p, answered(&listed(&[])), 3);
+    puller.finish(&c, &store, &mut m, &p, answered(&listed(&[])), 3);
     assert_eq!(
         degrade::level(&store, &c, "m", 4),
         1,
@@ -205,7 +205,7 @@ fn the_mesh_load_drives_the_thresholds_and_falls_back_when_stale() {
     let body = vector(
         r#"{"metric":{"model":"gpt-4o"},"value":[1,"7.5"]},{"metric":{"model":"llama"},"value":[1,"NaN"]}"#,
     );
-    puller.finish(&c.degrade, &store, &mut m, &rps, answered(&body), 1_000);
+    puller.finish(&c, &store, &mut m, &rps, answered(&body), 1_000);
     assert_eq!(
         degrade::level(&store, &c, "gpt-4o", 2_000),
         2,
@@ -215,17 +215,10 @@ fn the_mesh_load_drives_the_thresholds_and_falls_back_when_stale() {
     let dropped = names::name(names::DEGRADE_PULL_DROPPED, &[("what", "prometheus")]);
     assert_eq!(m.counters[&dropped], 1);
     let body = vector(r#"{"metric":{"model":"gpt-4o"},"value":[1,"80"]}"#);
-    puller.finish(
-        &c.degrade,
-        &store,
-        &mut m,
-        &in_flight,
-        answered(&body),
-        1_000,
-    );
+    puller.finish(&c, &store, &mut m, &in_flight, answered(&body), 1_000);
     assert_eq!(degrade::level(&store, &c, "gpt-4o", 2_000), 3);
     // Garbage changes nothing; the readings hold until stale.
-    puller.finish(&c.degrade, &store, &mut m, &rps, answered(b"{}"), 5_000);
+    puller.finish(&c, &store, &mut m, &rps, answered(b"{}"), 5_000);
     assert_eq!(counter(&m, "prometheus", "invalid"), 1);
     assert_eq!(degrade::level(&store, &c, "gpt-4o", 31_000), 3);
     assert_eq!(
@@ -234,7 +227,7 @@ fn the_mesh_load_drives_the_thresholds_and_falls_back_when_stale() {
         "stale: the local window"
     );
     // The temperature rule reads the same signals.
-    let s = degrade::signals(&store, &c.degrade, "gpt-4o", 2_000);
+    let s = degrade::signals(&store, &c, "gpt-4o", 2_000);
     assert_eq!((s.rps, s.in_flight), (7.5, 80));
 }
 
@@ -243,7 +236,7 @@ fn an_answer_past_the_bound_is_not_read() {
     let (c, store, mut m) = (config(AM), MemoryStore::new(), MemoryMetrics::default());
     let p = pull(&c, &store, PullKind::Alerts);
     let big = vec![b' '; MAX_ANSWER_BYTES + 1];
-    Puller::new(1).finish(&c.degrade, &store, &mut m, &p, answered(&big), 0);
+    Puller::new(1).finish(&c, &store, &mut m, &p, answered(&big), 0);
     assert_eq!(counter(&m, "alertmanager", "invalid"), 1);
 }
 
@@ -325,7 +318,7 @@ mod props {
         /// sample is either kept (summed into its model) or counted dropped.
         #[test]
         fn prometheus_answers_read_bounded(samples in prop::collection::vec((fuzz::text(), value()), 0..80)) {
-            let r = prometheus::parse(vector(&samples).as_bytes(), "model").unwrap();
+            let r = prometheus::parse(vector(&samples).as_bytes(), "model", &crate::config::Names::default()).unwrap();
             prop_assert!(bounded(&r));
             let believed = samples.iter().filter(|(_, v)| {
                 v.parse::<f64>().is_ok_and(|v| v.is_finite() && (0.0..=prometheus::MAX_VALUE).contains(&v))
@@ -340,7 +333,7 @@ mod props {
             let at = (seed as usize) % (broken.len() + 1);
             broken.truncate(at);
             for body in [broken, doc.spell(seed).into_bytes(), fuzz::mutated(&doc, seed)] {
-                if let Ok(r) = prometheus::parse(&body, "model") {
+                if let Ok(r) = prometheus::parse(&body, "model", &crate::config::Names::default()) {
                     prop_assert!(bounded(&r));
                 }
             }

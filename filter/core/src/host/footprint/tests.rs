@@ -36,7 +36,8 @@ fn fill(store: &MemoryStore, config: &Config) {
     }
     let _ = crate::host::lease::try_lease(store, probe::LEASE_KEY, 7, 1_000, 5_000);
     let mut m = crate::host::MemoryMetrics::default();
-    crate::tokens::calibration::learn(store, &mut m, "gpt-4o", 100, 120, 1_000).unwrap();
+    crate::tokens::calibration::learn(store, &mut m, &config.names, "gpt-4o", 100, 120, 1_000)
+        .unwrap();
     for c in ["a", "b", "c"] {
         let sample = CallSample {
             result: CallResult::Status(200),
@@ -80,8 +81,19 @@ fn fill(store: &MemoryStore, config: &Config) {
     crate::degrade::alerts::apply(store, &config.degrade, &reports, 1_000).unwrap();
     // Every load record the index admits, and its index.
     let mut m = MemoryMetrics::default();
-    for n in 0..load::MAX_RECORDS + 3 {
-        load::started(store, &mut m, &format!("model-{n}"), 1_000);
+    for n in 0..load::MAX_UNKNOWN + 3 {
+        load::started(store, &mut m, &config.names, &format!("model-{n}"), 1_000);
+    }
+    // And the configuration's: its models and clusters.
+    for model in ["m1", "m2"] {
+        load::started(store, &mut m, &config.names, model, 1_000);
+    }
+    for cluster in ["a", "b", "c"] {
+        let call = crate::summary::CallSummary {
+            cluster: Some(cluster),
+            ..crate::summary::CallSummary::ended(crate::summary::End::Answered(200))
+        };
+        load::tried(store, &mut m, &config.names, &call);
     }
 }
 
@@ -102,11 +114,16 @@ fn the_count_matches_the_store() {
     assert_eq!(f.keys, store.len() as u64);
     assert_eq!(f.bytes, store.value_bytes() as u64);
     // Stats, layout, lease, alerts, the estimate's calibration, 3 health, 4 breakers, 2 hedge windows,
-    // 8 markers, 8 slots, 3 Responses ids, the load records and their index.
-    let load = load::MAX_RECORDS as u64 + 1;
+    // 8 markers, 8 slots, 3 Responses ids, the load records (64 unknown
+    // models, the overflow, 2 routed models, 3 clusters) and their index.
+    let load = load::MAX_UNKNOWN as u64 + 1 + 2 + 3 + 1;
     assert_eq!(f.keys, 5 + 3 + 4 + 2 + 2 * u64::from(SLOTS) + 3 + load);
-    // The bound counts every slot of the Responses table, 3 taken here.
-    assert_eq!(max_keys(&config), f.keys - 3 + u64::from(stateful::SLOTS));
+    // The bound counts every slot of the Responses table, 3 taken here, and
+    // a record for the rewritten `m2-large` and the clusters' overflow.
+    assert_eq!(
+        max_keys(&config),
+        f.keys - 3 + u64::from(stateful::SLOTS) + 2
+    );
 }
 
 #[test]
@@ -157,6 +174,20 @@ fn an_empty_store_holds_nothing() {
             max_keys(&Config::parse(br#"{"cache": {"enabled": false}}"#).unwrap())
         );
     }
+}
+
+/// The key bound of docs/design.md: `2 × max_entries + 3 × clusters +
+/// models + names + 73`, and 4096 more with `routing.models`.
+#[test]
+fn the_documented_key_bound_holds() {
+    let defaults = Config::parse(b"{}").unwrap();
+    assert_eq!(max_keys(&defaults), 2 * 1024 + 73);
+    assert_eq!(max_keys(&defaults), 2121);
+    // 3 clusters, 2 routed models, 3 models named (`m2-large` too).
+    let c = config();
+    let (clusters, models, names) = (3, 2, 3);
+    let bound = 2 * u64::from(SLOTS) + 3 * clusters + models + names + 73;
+    assert_eq!(max_keys(&c), bound + u64::from(stateful::SLOTS));
 }
 
 /// The value-size bounds documented in the key-family table of docs/design.md.
@@ -262,7 +293,11 @@ fn the_semantic_index_is_counted_from_its_totals() {
     let f = run(&mut Census::new(&config), &store, &config, 0);
     assert_eq!(f.keys, store.len() as u64);
     assert_eq!(f.bytes, store.value_bytes() as u64);
-    assert_eq!(max_keys(&config), f.keys - 3 + u64::from(stateful::SLOTS));
+    // As above: `m2-large` and the clusters' overflow have no record.
+    assert_eq!(
+        max_keys(&config),
+        f.keys - 3 + u64::from(stateful::SLOTS) + 2
+    );
     let totals = index.totals().unwrap();
     assert_eq!(totals.vectors, 4 * 2);
     // Each group slot within the bound of docs/design.md: 8 + per_context × (dims + 86).

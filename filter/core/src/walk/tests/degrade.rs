@@ -2,6 +2,8 @@
 //! priority, against a fake host and in-memory shared data.
 
 use crate::degrade::alerts;
+use crate::load::{self, Scope};
+use crate::metrics as names;
 use crate::walk::fake::{FakeHost, World};
 use crate::walk::*;
 
@@ -189,4 +191,46 @@ fn a_threshold_on_in_flight_calls_raises_the_level() {
     let mut host = call("P2", CHAT);
     let (_, step) = run(&mut w, &mut host);
     assert_eq!(step, Step::Continue, "back to level 0");
+}
+
+#[test]
+fn made_up_models_never_switch_off_a_threshold() {
+    let mut w = World::new(
+        r#"{"degrade":{"thresholds":[{"model":"gpt-4o","signal":"in_flight","above":1,"level":2}]}}"#,
+    );
+    // More made-up models than the load records and the worker's labels
+    // keep for names the configuration does not give, one call each.
+    for i in 0..load::MAX_UNKNOWN + 6 {
+        let body = CHAT.replace("gpt-4o", &format!("made-up-{i}"));
+        let mut host = call("P2", &body);
+        let (c, step) = run(&mut w, &mut host);
+        assert_eq!(step, Step::Continue);
+        c.on_log(&mut w.env());
+    }
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let mut host = call("P2", CHAT);
+        let (c, step) = run(&mut w, &mut host);
+        assert_eq!(step, Step::Continue);
+        open.push(c);
+    }
+    let mut host = call("P2", CHAT);
+    run(&mut w, &mut host);
+    let (status, headers, _) = host.local_reply.unwrap();
+    assert_eq!((status, headers["x-llm-degraded"].as_str()), (503, "2"));
+    for c in open {
+        c.on_log(&mut w.env());
+    }
+    let other = load::read(&w.store, Scope::Model(load::OVERFLOW), w.now_ms);
+    // The sixty beyond the ten labels this world's worker keeps: `other`.
+    assert_eq!((other.rps, other.in_flight), (6.0, 0));
+    // Its calls keep their own label too.
+    let own: u64 = w
+        .metrics
+        .counters
+        .iter()
+        .filter(|(k, _)| k.starts_with(names::REQUESTS) && k.contains("model=.=gpt-4o;"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(own, 2);
 }
