@@ -171,23 +171,30 @@ fn level_three_answers_p1_from_an_expired_entry() {
     assert_eq!(sent(&host)["model"], "gpt-4o-mini");
 }
 
-#[test]
-fn a_threshold_on_in_flight_calls_raises_the_level() {
-    let mut w =
-        World::new(r#"{"degrade":{"thresholds":[{"signal":"in_flight","above":1,"level":2}]}}"#);
+/// With two P2 calls of gpt-4o in flight a third is shed at level 2; the
+/// two then end.
+fn shed_with_two_in_flight(w: &mut World) {
     let mut open = Vec::new();
     for _ in 0..2 {
         let mut host = call("P2", CHAT);
-        let (c, step) = run(&mut w, &mut host);
+        let (c, step) = run(w, &mut host);
         assert_eq!(step, Step::Continue);
         open.push(c);
     }
     let mut host = call("P2", CHAT);
-    run(&mut w, &mut host);
-    assert_eq!(host.local_reply.unwrap().0, 503, "shed with two in flight");
+    run(w, &mut host);
+    let (status, headers, _) = host.local_reply.unwrap();
+    assert_eq!((status, headers["x-llm-degraded"].as_str()), (503, "2"));
     for c in open {
         c.on_log(&mut w.env());
     }
+}
+
+#[test]
+fn a_threshold_on_in_flight_calls_raises_the_level() {
+    let mut w =
+        World::new(r#"{"degrade":{"thresholds":[{"signal":"in_flight","above":1,"level":2}]}}"#);
+    shed_with_two_in_flight(&mut w);
     let mut host = call("P2", CHAT);
     let (_, step) = run(&mut w, &mut host);
     assert_eq!(step, Step::Continue, "back to level 0");
@@ -207,20 +214,7 @@ fn made_up_models_never_switch_off_a_threshold() {
         assert_eq!(step, Step::Continue);
         c.on_log(&mut w.env());
     }
-    let mut open = Vec::new();
-    for _ in 0..2 {
-        let mut host = call("P2", CHAT);
-        let (c, step) = run(&mut w, &mut host);
-        assert_eq!(step, Step::Continue);
-        open.push(c);
-    }
-    let mut host = call("P2", CHAT);
-    run(&mut w, &mut host);
-    let (status, headers, _) = host.local_reply.unwrap();
-    assert_eq!((status, headers["x-llm-degraded"].as_str()), (503, "2"));
-    for c in open {
-        c.on_log(&mut w.env());
-    }
+    shed_with_two_in_flight(&mut w);
     let other = load::read(&w.store, Scope::Model(load::OVERFLOW), w.now_ms);
     // The sixty beyond the ten labels this world's worker keeps: `other`.
     assert_eq!((other.rps, other.in_flight), (6.0, 0));
