@@ -210,14 +210,20 @@ impl<'de> Visitor<'de> for WebhookAlerts {
 
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
         let mut reports = Vec::new();
-        bounded::each_item(seq, MAX_WEBHOOK_ALERTS, WebhookAlert, |(firing, listed)| {
-            if firing {
-                reports.push(listed.firing(Source::Webhook, self.now_ms));
-            } else if let Some(fingerprint) = listed.fingerprint() {
-                reports.push(Report::Resolved(fingerprint));
-            }
-            Ok(())
-        })?;
+        bounded::each_item(
+            seq,
+            MAX_WEBHOOK_ALERTS,
+            "alerts",
+            WebhookAlert,
+            |(firing, listed)| {
+                if firing {
+                    reports.push(listed.firing(Source::Webhook, self.now_ms));
+                } else if let Some(fingerprint) = listed.fingerprint() {
+                    reports.push(Report::Resolved(fingerprint));
+                }
+                Ok(())
+            },
+        )?;
         Ok(reports)
     }
 }
@@ -709,7 +715,7 @@ mod tests {
         assert_eq!(parse(&at, 0).unwrap().len(), MAX_WEBHOOK_ALERTS);
         let past = hook(&vec![one.as_str(); MAX_WEBHOOK_ALERTS + 1].join(","));
         let e = parse(&past, 0).unwrap_err();
-        assert!(e.contains("more than 1024 items"), "{e}");
+        assert!(e.contains("more than 1024 alerts"), "{e}");
     }
 
     #[test]

@@ -143,9 +143,16 @@ pub fn is_number(raw: &str) -> bool {
 }
 
 /// Hands each item of the array `seq` to `each`, as `seed` reads it; an array
-/// of more than `max` items is refused on the first item past the bound,
-/// which is read in place. The error of `each` refuses the array.
-pub fn each_item<'de, A, S, F>(mut seq: A, max: usize, seed: S, mut each: F) -> Result<(), A::Error>
+/// of more than `max` items (`what` they are, for the error) is refused on the
+/// first item past the bound, which is read in place. The error of `each`
+/// refuses the array.
+pub fn each_item<'de, A, S, F>(
+    mut seq: A,
+    max: usize,
+    what: &str,
+    seed: S,
+    mut each: F,
+) -> Result<(), A::Error>
 where
     A: SeqAccess<'de>,
     S: DeserializeSeed<'de> + Clone,
@@ -159,7 +166,7 @@ where
     }
     match seq.next_element::<IgnoredAny>()? {
         None => Ok(()),
-        Some(_) => Err(A::Error::custom(format!("more than {max} items"))),
+        Some(_) => Err(A::Error::custom(format!("more than {max} {what}"))),
     }
 }
 

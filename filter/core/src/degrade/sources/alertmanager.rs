@@ -47,12 +47,18 @@ impl<'de> Visitor<'de> for Listing {
 
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
         let mut reports = Vec::new();
-        bounded::each_item(seq, MAX_LISTED, ListedAlert, |(in_force, listed)| {
-            if in_force {
-                reports.push(listed.firing(Source::Pulled, self.now_ms));
-            }
-            Ok(())
-        })?;
+        bounded::each_item(
+            seq,
+            MAX_LISTED,
+            "alerts",
+            ListedAlert,
+            |(in_force, listed)| {
+                if in_force {
+                    reports.push(listed.firing(Source::Pulled, self.now_ms));
+                }
+                Ok(())
+            },
+        )?;
         Ok(reports)
     }
 }
@@ -197,7 +203,7 @@ mod tests {
             vec![not_in_force; MAX_LISTED].join(",")
         );
         let e = parse(past.as_bytes(), 0).unwrap_err();
-        assert!(e.contains("more than 10000 items"), "{e}");
+        assert!(e.contains("more than 10000 alerts"), "{e}");
     }
 
     #[test]

@@ -200,16 +200,22 @@ impl<'de> Visitor<'de> for VectorSeed<'_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Samples, A::Error> {
         let mut samples = Samples::default();
-        bounded::each_item(seq, MAX_SAMPLES, SampleSeed(self.0), |(model, value)| {
-            let (Some(model), Some(value)) = (model, value.filter(|v| believed(*v))) else {
-                samples.dropped = samples.dropped.saturating_add(1);
-                return Ok(());
-            };
-            // Two samples of one model (labels beyond it): their sum.
-            let slot = samples.sums.entry(model).or_default();
-            *slot = (*slot + value).min(MAX_VALUE);
-            Ok(())
-        })?;
+        bounded::each_item(
+            seq,
+            MAX_SAMPLES,
+            "samples",
+            SampleSeed(self.0),
+            |(model, value)| {
+                let (Some(model), Some(value)) = (model, value.filter(|v| believed(*v))) else {
+                    samples.dropped = samples.dropped.saturating_add(1);
+                    return Ok(());
+                };
+                // Two samples of one model (labels beyond it): their sum.
+                let slot = samples.sums.entry(model).or_default();
+                *slot = (*slot + value).min(MAX_VALUE);
+                Ok(())
+            },
+        )?;
         Ok(samples)
     }
 }
@@ -419,7 +425,7 @@ mod tests {
         assert_eq!(parse(&at, "model").unwrap().dropped, MAX_SAMPLES as u32);
         let past = answer(&vec![dropped; MAX_SAMPLES + 1].join(","));
         let e = parse(&past, "model").unwrap_err();
-        assert!(e.contains("more than 10000 items"), "{e}");
+        assert!(e.contains("more than 10000 samples"), "{e}");
     }
 
     #[test]

@@ -27,7 +27,7 @@ impl<'de> Visitor<'de> for Items {
 
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
         let mut items = Vec::new();
-        each_item(seq, self.0, Raw, |raw| {
+        each_item(seq, self.0, "items", Raw, |raw| {
             if raw == "\"stop\"" {
                 return Err("told to stop".to_string());
             }
