@@ -35,7 +35,7 @@ pub enum Json {
 
 /// Deeper documents are refused: recursion is bounded so a hostile body
 /// cannot exhaust the wasm stack. serde_json uses the same limit.
-pub(crate) const MAX_DEPTH: usize = 128;
+pub const MAX_DEPTH: usize = 128;
 
 impl Json {
     /// Parses a complete JSON document, `None` when it is not strict JSON
