@@ -765,6 +765,15 @@ impl Envoy {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Envoy's resident memory (`VmRSS`), kB; `None` once it has exited.
+    pub fn rss_kb(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
     /// Listener port.
     pub fn port(&self) -> u16 {
         self.listener.port()

@@ -3,7 +3,8 @@
 //! is in `docs/configuration.md`. The fields are learnt from the parser
 //! itself: each section refuses unknown fields, and serde's refusal lists the
 //! ones it knows (``unknown field `x`, expected one of `a`, `b` ``), so feeding
-//! every object an unknown field walks the whole accepted document.
+//! every object an unknown field walks the whole accepted document. The
+//! bounds a user can run into are stated with the numbers the code holds.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
@@ -289,4 +290,262 @@ fn every_configuration_field_has_a_row_in_the_configuration_page() {
         missing.is_empty(),
         "no row in docs/configuration.md: {missing:?}"
     );
+}
+
+// ---------------------------------------------------------------- bounds
+
+/// `n` as the pages write a count: `1,024`, `10,000`.
+fn count(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `n` bytes as the pages write a size: `256 KiB`, `4 MiB`.
+fn size(n: usize) -> String {
+    match n {
+        n if n.is_multiple_of(1 << 20) => format!("{} MiB", n >> 20),
+        n if n.is_multiple_of(1 << 10) => format!("{} KiB", n >> 10),
+        n => format!("{n} bytes"),
+    }
+}
+
+/// A page's text with its lines joined, so a phrase wrapped across lines
+/// is found.
+fn prose(name: &str) -> String {
+    doc(name).split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The bounds a caller, an operator's Alertmanager or Prometheus can run
+/// into, each stated on the page where a reader looks for it, in the words
+/// it is stated in, with the number the code holds: a changed constant
+/// fails here until its page says so.
+#[test]
+fn the_bounds_a_user_can_hit_are_stated_as_the_code_holds_them() {
+    use llm_filter_core::degrade::alerts::MAX_WEBHOOK_ALERTS;
+    use llm_filter_core::degrade::alerts::{MAX_ALERTS, MAX_LABELS, MAX_LABEL_LEN};
+    use llm_filter_core::degrade::sources::{alertmanager, prometheus, MAX_ANSWER_BYTES};
+    use llm_filter_core::{admin, json, routing, sse};
+    let stated = [
+        (
+            "degrade.md",
+            format!(
+                "one over {} or one of more than {} alerts gets a 400",
+                size(admin::MAX_BODY_BYTES),
+                count(MAX_WEBHOOK_ALERTS)
+            ),
+        ),
+        (
+            "degrade.md",
+            format!("nested deeper than {}", json::MAX_DEPTH),
+        ),
+        ("degrade.md", format!("reads at most {MAX_LABELS} labels")),
+        (
+            "degrade.md",
+            format!("each of at most {MAX_LABEL_LEN} bytes"),
+        ),
+        (
+            "degrade.md",
+            format!("a `fingerprint` (of at most {MAX_LABEL_LEN} bytes)"),
+        ),
+        (
+            "degrade.md",
+            format!("(at most {MAX_ALERTS}; further ones are counted"),
+        ),
+        (
+            "degrade.md",
+            format!(
+                "one over {}, one listing more than {} alerts",
+                size(MAX_ANSWER_BYTES),
+                count(alertmanager::MAX_LISTED)
+            ),
+        ),
+        (
+            "degrade.md",
+            format!(
+                "one of more than {} samples is refused whole",
+                count(prometheus::MAX_SAMPLES)
+            ),
+        ),
+        (
+            "degrade.md",
+            format!("names and at most {} others", prometheus::MAX_MODELS),
+        ),
+        (
+            "degrade.md",
+            format!(
+                "whose model is longer than {} bytes",
+                prometheus::MAX_MODEL_LEN
+            ),
+        ),
+        (
+            "admin.md",
+            format!(
+                "a body over {} or of more than {} alerts gets a 400",
+                size(admin::MAX_BODY_BYTES),
+                count(MAX_WEBHOOK_ALERTS)
+            ),
+        ),
+        (
+            "metrics.md",
+            format!("over {}, or a list past its bound", size(MAX_ANSWER_BYTES)),
+        ),
+        (
+            "load.md",
+            format!(
+                "at most one event's bytes, up to {}",
+                size(sse::MAX_HELD_EVENT)
+            ),
+        ),
+        ("load.md", format!("An event over {}", size(sse::MAX_EVENT))),
+        (
+            "limits.md",
+            format!("a stream event over {} is not read", size(sse::MAX_EVENT)),
+        ),
+        (
+            "tracing.md",
+            format!(
+                "the text deltas of its first {} choices",
+                sse::transcript::MAX_CHOICES
+            ),
+        ),
+        (
+            "apis.md",
+            format!(
+                "nor is an id longer than {} bytes",
+                routing::stateful::MAX_ID_BYTES
+            ),
+        ),
+        (
+            "routing.md",
+            format!(
+                "of either, the first {} bytes count",
+                count(routing::affinity::MAX_KEY_BYTES)
+            ),
+        ),
+        (
+            "cache.md",
+            format!("nesting deeper than {}", json::MAX_DEPTH),
+        ),
+    ];
+    let mut missing = Vec::new();
+    for (page, phrase) in &stated {
+        if !prose(page).contains(phrase.as_str()) {
+            missing.push(format!("{page}: {phrase:?}"));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "bounds not stated as the code holds them:\n{}",
+        missing.join("\n")
+    );
+}
+
+/// Ranges of configuration fields, as their row states them and as the
+/// parser holds them: the highest value stated is taken, one more refused.
+#[test]
+fn the_ranges_a_row_states_are_the_parsers() {
+    // (field, as its row states the range, the document around it, its
+    // highest value.)
+    let ranges: [(&str, &str, Value, u64); 11] = [
+        (
+            "degrade.retry_after_s",
+            "(1–3600;",
+            json!({"degrade": {}}),
+            3600,
+        ),
+        (
+            "degrade.alertmanager.timeout_ms",
+            "(1–60000,",
+            json!({"degrade": {"alertmanager": {"cluster": "am", "interval_s": 3600}}}),
+            60_000,
+        ),
+        (
+            "degrade.prometheus.timeout_ms",
+            "(1–60000,",
+            json!({"degrade": {"prometheus": {"cluster": "p", "interval_s": 3600}}}),
+            60_000,
+        ),
+        (
+            "degrade.prometheus.stale_after_s",
+            "at most 10800)",
+            json!({"degrade": {"prometheus": {"cluster": "p"}}}),
+            10_800,
+        ),
+        (
+            "degrade.alert_ttl_s",
+            "(1–86400)",
+            json!({"degrade": {}}),
+            86_400,
+        ),
+        (
+            "limits.max_keys",
+            "(1 to 1,048,576)",
+            json!({"limits": {}}),
+            1 << 20,
+        ),
+        (
+            "limits.reserve_output_tokens",
+            "(0 to 2²⁴)",
+            json!({"limits": {}}),
+            1 << 24,
+        ),
+        (
+            "limits.tenant_labels",
+            "0 to 1000)",
+            json!({"limits": {}}),
+            1_000,
+        ),
+        (
+            "cache.stale_if_error_s",
+            "(0 s to one year)",
+            json!({"cache": {}}),
+            365 * 24 * 3600,
+        ),
+        (
+            "tracing.otlp.batch_size",
+            "(1–2048)",
+            json!({"tracing": {"otlp": {"cluster": "c"}}}),
+            2_048,
+        ),
+        (
+            "cache.max_entries",
+            "(1 to 1,000,000)",
+            json!({"cache": {}}),
+            1_000_000,
+        ),
+    ];
+    let page = doc("configuration.md");
+    for (field, stated, base, highest) in ranges {
+        let row = format!("| `{field}` |");
+        let line = page.lines().find(|l| l.starts_with(&row));
+        assert!(
+            line.is_some_and(|l| l.contains(stated)),
+            "{field}: its row does not say {stated:?}: {line:?}"
+        );
+        let (parents, leaf) = field.rsplit_once('.').unwrap();
+        let with = |v: u64| {
+            let mut d = base.clone();
+            let mut at = &mut d;
+            for p in parents.split('.') {
+                at = at.as_object_mut().unwrap().entry(p).or_insert(json!({}));
+            }
+            at.as_object_mut()
+                .unwrap()
+                .insert(leaf.to_string(), json!(v));
+            Config::parse(d.to_string().as_bytes())
+        };
+        assert!(
+            with(highest).is_ok(),
+            "{field}: {highest} refused: {:?}",
+            with(highest).err()
+        );
+        assert!(with(highest + 1).is_err(), "{field}: {} taken", highest + 1);
+    }
 }

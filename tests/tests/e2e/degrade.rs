@@ -117,6 +117,86 @@ async fn admin_endpoints_are_answered_locally_and_need_the_token() {
     assert_eq!(mock.request_count(), 0, "nothing went upstream");
 }
 
+/// A webhook of `alerts`, each `(status, labels, fingerprint)`.
+fn webhook_of(alerts: &[(&str, Value, Option<String>)]) -> String {
+    let alerts: Vec<Value> = alerts
+        .iter()
+        .map(|(status, labels, fingerprint)| {
+            let mut a = json!({"status": status, "labels": labels, "annotations": {},
+                               "startsAt": "2026-01-01T00:00:00Z"});
+            if let Some(f) = fingerprint {
+                a["fingerprint"] = json!(f);
+            }
+            a
+        })
+        .collect();
+    json!({"version": "4", "status": "firing", "receiver": "llm-filter", "alerts": alerts})
+        .to_string()
+}
+
+/// The bounds docs/degrade.md states of a webhook, through the real Envoy:
+/// 1,024 alerts and no more; labels the rules read of at most 256 bytes; at
+/// most 128 labels read, past which an alert needs its own fingerprint.
+#[tokio::test]
+async fn the_webhooks_stated_bounds_hold() {
+    if skip_without_envoy("the_webhooks_stated_bounds_hold") {
+        return;
+    }
+    let mock = MockUpstream::start(MockConfig::named("admin-bounds"));
+    let envoy = envoy(&mock, json!({"admin": {"token": TOKEN}}));
+    let url = envoy.url("/llm-filter/alerts");
+    let post = |body: String| {
+        let url = url.clone();
+        async move {
+            post_raw(&url, &body, &[("authorization", &bearer())])
+                .await
+                .unwrap()
+        }
+    };
+    let resolved = |i: usize| {
+        (
+            "resolved",
+            json!({"i": i.to_string()}),
+            Some(format!("r{i}")),
+        )
+    };
+    let at_bound: Vec<_> = (0..1024).map(resolved).collect();
+    let r = post(webhook_of(&at_bound)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let past: Vec<_> = (0..1025).map(resolved).collect();
+    let r = post(webhook_of(&past)).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(message.contains("more than 1024 alerts"), "{message}");
+
+    // A label the rules read over 256 bytes: dropped, nothing degrades.
+    let long = json!({"severity": "critical", "model": "m".repeat(257)});
+    let r = post(webhook_of(&[("firing", long, Some("l".into()))])).await;
+    assert_eq!(r.json()["dropped"], 1, "{}", r.text());
+    assert_eq!(state(&envoy).await["levels"]["*"], 0);
+
+    // 200 labels: read up to 128, then only the ruled ones; with its own
+    // fingerprint the alert is kept, without one it cannot be told apart.
+    let mut many = serde_json::Map::new();
+    for i in 0..200 {
+        many.insert(format!("l{i:03}"), json!("v"));
+    }
+    many.insert("severity".into(), json!("critical"));
+    let many = Value::Object(many);
+    let r = post(webhook_of(&[("firing", many.clone(), None)])).await;
+    assert_eq!(
+        (r.json()["firing"].clone(), r.json()["dropped"].clone()),
+        (json!(0), json!(1)),
+        "{}",
+        r.text()
+    );
+    assert_eq!(state(&envoy).await["levels"]["*"], 0);
+    let r = post(webhook_of(&[("firing", many, Some("m1".into()))])).await;
+    assert_eq!(r.json()["firing"], 1, "{}", r.text());
+    assert_eq!(state(&envoy).await["levels"]["*"], 3);
+    assert_eq!(mock.request_count(), 0, "nothing went upstream");
+}
+
 #[tokio::test]
 async fn without_a_token_the_admin_paths_do_not_exist() {
     if skip_without_envoy("without_a_token_the_admin_paths_do_not_exist") {

@@ -285,3 +285,322 @@ async fn a_prometheus_fed_by_two_envoys_drives_both_to_the_same_level() {
     running.store(false, Ordering::Relaxed);
     traffic.await.unwrap();
 }
+
+/// What the scripted source answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// No alert, no load.
+    Quiet,
+    /// As quiet, in answers just under the size cap: one alert or sample
+    /// with a long annotation.
+    Large,
+    /// Answers just under the size cap made of small items, in turn: a
+    /// list of numbers, of items the readers skip, one item of many labels.
+    Hostile,
+    /// The alert the rules degrade to level 2 on.
+    Alert,
+    /// No alert; the mesh-wide load of `gpt-4o` over the level-3 threshold.
+    Loaded,
+}
+
+/// A source of both APIs: Alertmanager's alerts on `/api/v2/alerts`,
+/// Prometheus's instant queries on `/api/v1/query`, answering as `phase`
+/// says; counts the hostile answers it sent each API.
+struct Scripted {
+    port: u16,
+    phase: Arc<std::sync::Mutex<Phase>>,
+    hostile: Arc<[std::sync::atomic::AtomicU32; 2]>,
+    running: Arc<AtomicBool>,
+}
+
+/// Just under the size cap of a pulled answer.
+const NEAR_CAP: usize = llm_filter_core::degrade::sources::MAX_ANSWER_BYTES - 64;
+
+/// `head`, `item(i)` for i = 0.. comma-separated as many as fit in
+/// [`NEAR_CAP`] bytes, and `tail`.
+fn near_cap(head: &str, item: impl Fn(usize) -> String, tail: &str) -> Vec<u8> {
+    let mut body = head.to_string();
+    for i in 0.. {
+        let next = item(i);
+        if body.len() + next.len() + 1 + tail.len() > NEAR_CAP {
+            break;
+        }
+        if i > 0 {
+            body.push(',');
+        }
+        body.push_str(&next);
+    }
+    body.push_str(tail);
+    body.into_bytes()
+}
+
+fn hostile_alerts(n: u32) -> Vec<u8> {
+    match n % 3 {
+        0 => near_cap("[", |_| "0".into(), "]"),
+        1 => near_cap("[", |_| r#"{"status":{}}"#.into(), "]"),
+        _ => near_cap(
+            r#"[{"status":{"state":"active"},"fingerprint":"h","labels":{"#,
+            |i| format!(r#""k{i}":"""#),
+            "}}]",
+        ),
+    }
+}
+
+fn hostile_vector(n: u32) -> Vec<u8> {
+    let head = r#"{"status":"success","data":{"resultType":"vector","result":["#;
+    match n % 3 {
+        0 => near_cap(head, |_| "0".into(), "]}}"),
+        1 => near_cap(head, |_| r#"{"value":[0,"1"]}"#.into(), "]}}"),
+        _ => near_cap(
+            &format!(r#"{head}{{"value":[0,"1"],"metric":{{"#),
+            |i| format!(r#""k{i}":"""#),
+            "}}]}}",
+        ),
+    }
+}
+
+/// A quiet answer just under the size cap: its one item carries a long
+/// string no reader reads.
+fn large(alerts: bool) -> Vec<u8> {
+    let pad = "a".repeat(NEAR_CAP - 200);
+    let body = if alerts {
+        format!(
+            r#"[{{"status":{{"state":"active"}},"fingerprint":"l","annotations":{{"d":"{pad}"}}}}]"#
+        )
+    } else {
+        format!(
+            r#"{{"status":"success","data":{{"resultType":"vector","result":[{{"value":[0,"1"],"d":"{pad}"}}]}}}}"#
+        )
+    };
+    body.into_bytes()
+}
+
+fn vector(samples: &str) -> Vec<u8> {
+    format!(r#"{{"status":"success","data":{{"resultType":"vector","result":[{samples}]}}}}"#)
+        .into_bytes()
+}
+
+impl Scripted {
+    fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
+        let port = listener.local_addr().unwrap().port();
+        listener.set_nonblocking(true).unwrap();
+        let source = Self {
+            port,
+            phase: Arc::new(std::sync::Mutex::new(Phase::Quiet)),
+            hostile: Arc::new(Default::default()),
+            running: Arc::new(AtomicBool::new(true)),
+        };
+        let (phase, hostile, running) = (
+            source.phase.clone(),
+            source.hostile.clone(),
+            source.running.clone(),
+        );
+        std::thread::spawn(move || {
+            while running.load(Ordering::Relaxed) {
+                let Ok((conn, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                };
+                let (phase, hostile) = (phase.clone(), hostile.clone());
+                std::thread::spawn(move || Self::serve(conn, &phase, &hostile));
+            }
+        });
+        source
+    }
+
+    fn set(&self, phase: Phase) {
+        *self.phase.lock().unwrap() = phase;
+    }
+
+    /// Hostile answers sent: Alertmanager's, Prometheus's.
+    fn hostile(&self) -> (u32, u32) {
+        let h = &self.hostile;
+        (h[0].load(Ordering::Relaxed), h[1].load(Ordering::Relaxed))
+    }
+
+    fn serve(
+        mut conn: std::net::TcpStream,
+        phase: &std::sync::Mutex<Phase>,
+        hostile: &[std::sync::atomic::AtomicU32; 2],
+    ) {
+        let _ = conn.set_nonblocking(false);
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+        let mut head = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            match conn.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => head.extend_from_slice(&buf[..n]),
+            }
+        }
+        let head = String::from_utf8_lossy(&head);
+        let path = head.split(' ').nth(1).unwrap_or_default();
+        let alerts = path.starts_with("/api/v2/alerts");
+        let phase = *phase.lock().unwrap();
+        let body = match (phase, alerts) {
+            (Phase::Hostile, true) => hostile_alerts(hostile[0].fetch_add(1, Ordering::Relaxed)),
+            (Phase::Hostile, false) => hostile_vector(hostile[1].fetch_add(1, Ordering::Relaxed)),
+            (Phase::Alert, true) => {
+                br#"[{"fingerprint":"e2e1","labels":{"alertname":"LLMTestOverload"},
+                "status":{"state":"active","silencedBy":[],"inhibitedBy":[]}}]"#
+                    .to_vec()
+            }
+            (Phase::Large, alerts) => large(alerts),
+            (Phase::Loaded, false) => vector(r#"{"metric":{"model":"gpt-4o"},"value":[1,"5000"]}"#),
+            (_, true) => b"[]".to_vec(),
+            (_, false) => vector(""),
+        };
+        let _ = write!(
+            conn,
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        let _ = conn.write_all(&body);
+    }
+}
+
+impl Drop for Scripted {
+    fn drop(&mut self) {
+        self.running.store(false, Ordering::Relaxed);
+    }
+}
+
+/// Polls until a P1 call through `envoy` is degraded to `level`, up to
+/// `within`.
+async fn until_p1_degraded(envoy: &Envoy, level: &str, within: Duration) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if call(envoy, "P1").await.1.as_deref() == Some(level) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    false
+}
+
+/// Most the proxy's resident memory may grow while it reads answers of
+/// small items, once answers of the same size were read: a worker's VM that
+/// had not pulled yet copies one in (4 MiB each, a few times over as its
+/// memory fragments). Made trees, they took 370 MB.
+const MAX_GROWTH_KB: u64 = 24 * 1024;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_of_small_items_at_the_size_cap_cost_the_proxy_little() {
+    let test = "answers_of_small_items_at_the_size_cap_cost_the_proxy_little";
+    if skip_without_envoy(test) {
+        return;
+    }
+    let source = Scripted::start();
+    let mock = MockUpstream::start(MockConfig::named("small-items"));
+    let config = json!({"degrade": {
+        "alert_ttl_s": 60,
+        "alerts": [{"alertname": "LLMTestOverload", "level": 2}],
+        "thresholds": [{"signal": "rps", "above": 100, "level": 3}],
+        "alertmanager": {"cluster": "alertmanager", "interval_s": 1, "timeout_ms": 900},
+        "prometheus": {"cluster": "prometheus", "interval_s": 1, "timeout_ms": 900, "stale_after_s": 60,
+                       "queries": {"tokens_per_s": "", "in_flight": ""}}}});
+    let e = EnvoyBuilder::new()
+        .concurrency(2)
+        .plugin_config(&config)
+        .upstream("mock", mock.port())
+        .upstream("alertmanager", source.port)
+        .upstream("prometheus", source.port)
+        .start()
+        .expect("envoy with the filter");
+    let ok = |what| e.metric(PULLS, &[("what", what), ("result", "ok")]);
+    let invalid = |what| e.metric(PULLS, &[("what", what), ("result", "invalid")]);
+
+    // Quiet answers read, calls served on both workers: the proxy warm.
+    let start = Instant::now();
+    while (ok("alertmanager") < 3.0 || ok("prometheus") < 3.0)
+        && start.elapsed() < Duration::from_secs(10)
+    {
+        assert_eq!(call(&e, "P2").await, (200, None));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        ok("alertmanager") >= 3.0 && ok("prometheus") >= 3.0,
+        "{}",
+        e.log_tail(30)
+    );
+    // What an answer at the size cap costs whatever it holds (Envoy buffers
+    // it, each worker that pulls copies it into its VM): paid before the
+    // measure, by quiet answers of the same size.
+    let quiet = e.rss_kb().unwrap();
+    source.set(Phase::Large);
+    let read_before = ok("alertmanager") + ok("prometheus");
+    let start = Instant::now();
+    while ok("alertmanager") + ok("prometheus") < read_before + 12.0
+        && start.elapsed() < Duration::from_secs(20)
+    {
+        assert_eq!(call(&e, "P2").await, (200, None));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    source.set(Phase::Quiet);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = e.rss_kb().unwrap();
+    println!(
+        "answers at the size cap: resident memory {quiet} kB → {before} kB (+{} kB)",
+        before.saturating_sub(quiet)
+    );
+
+    // Nine answers of each API, each some 4 MiB of 2·10⁵ to 2·10⁶ items.
+    source.set(Phase::Hostile);
+    let (start, mut slowest) = (Instant::now(), Duration::ZERO);
+    while source.hostile().0.min(source.hostile().1) < 9
+        && start.elapsed() < Duration::from_secs(30)
+    {
+        let sent = Instant::now();
+        assert_eq!(call(&e, "P2").await, (200, None), "calls go on");
+        slowest = slowest.max(sent.elapsed());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    source.set(Phase::Quiet);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = e.rss_kb().unwrap();
+    let (am, prom) = source.hostile();
+    println!(
+        "{am} + {prom} hostile answers: resident memory {before} kB → {after} kB (+{} kB); \
+         invalid: alertmanager {}, prometheus {}; slowest call {slowest:?}",
+        after.saturating_sub(before),
+        invalid("alertmanager"),
+        invalid("prometheus"),
+    );
+    assert!(am >= 9 && prom >= 9, "hostile answers sent: {am}, {prom}");
+    assert!(
+        after.saturating_sub(before) < MAX_GROWTH_KB,
+        "resident memory grew from {before} kB to {after} kB"
+    );
+    // Each counted: two of every three are refused (a list of numbers; more
+    // items than the bound), the third read (one item of many labels).
+    let refused = |sent: u32| f64::from(sent - sent / 3);
+    assert_eq!(invalid("alertmanager"), refused(am));
+    assert_eq!(invalid("prometheus"), refused(prom));
+    assert!(
+        slowest < Duration::from_millis(1500),
+        "a call waited {slowest:?}"
+    );
+
+    // Real answers still read: the alert degrades, then the mesh's load.
+    source.set(Phase::Alert);
+    assert!(
+        until_p1_degraded(&e, "2", Duration::from_secs(10)).await,
+        "the alert read\n{}",
+        e.log_tail(30)
+    );
+    assert_eq!(call(&e, "P2").await.0, 503);
+    source.set(Phase::Loaded);
+    assert!(
+        until_p1_degraded(&e, "3", Duration::from_secs(10)).await,
+        "the load read\n{}",
+        e.log_tail(30)
+    );
+    for what in ["alertmanager", "prometheus"] {
+        assert_eq!(
+            e.metric("llm_filter_degrade_source_up", &[("what", what)]),
+            1.0,
+            "{what}"
+        );
+    }
+}

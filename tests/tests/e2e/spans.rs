@@ -700,16 +700,6 @@ async fn captures_are_cut_at_their_bound_and_redacted_while_the_call_is_untouche
     );
 }
 
-/// Envoy's resident memory, kB.
-fn rss_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collector_down_holds_captured_spans_within_the_queues_bytes() {
     if skip_without_envoy("a_collector_down_holds_captured_spans_within_the_queues_bytes") {
@@ -745,12 +735,11 @@ async fn a_collector_down_holds_captured_spans_within_the_queues_bytes() {
     for i in 0..50 {
         slowest = slowest.max(call(i).await);
     }
-    let pid = e.pid().unwrap();
-    let before = rss_kb(pid);
+    let before = e.rss_kb().unwrap();
     for i in 50..450 {
         slowest = slowest.max(call(i).await);
     }
-    let after = rss_kb(pid);
+    let after = e.rss_kb().unwrap();
     assert!(
         slowest < Duration::from_millis(1000),
         "a call waited: {slowest:?}"

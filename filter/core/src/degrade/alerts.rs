@@ -10,13 +10,18 @@
 //! is computed when read, from the rules in force.
 
 use std::collections::BTreeMap;
+use std::fmt;
 
+use serde::de::{
+    DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor,
+};
 use serde::{Deserialize, Serialize};
 
 use super::config::{AlertRule, DegradeConfig};
 use crate::host::cas::{self, Change, Unguarded};
 use crate::host::codec;
 use crate::host::{SharedStore, StoreError};
+use crate::json::bounded::{self, Raw, Text};
 
 /// The shared-data key of the active alerts.
 pub const KEY: &str = "llm_filter.degrade.v2.alerts";
@@ -25,8 +30,14 @@ pub const KEY: &str = "llm_filter.degrade.v2.alerts";
 pub const MAX_ALERTS: usize = 64;
 /// Longest label value kept; an alert with a longer one is dropped.
 pub const MAX_LABEL_LEN: usize = 256;
-/// Most alerts one webhook may carry.
+/// Most alerts one webhook may carry; a webhook with more is refused whole.
 pub const MAX_WEBHOOK_ALERTS: usize = 1024;
+/// Most labels of an alert read. Past them only the ones the rules read
+/// (`alertname`, `severity`, `model`, `llm_cluster`) are, and an alert that
+/// came without a fingerprint is dropped: its labels cannot make one.
+pub const MAX_LABELS: usize = 128;
+/// The labels the rules and the scoping read.
+const RULED_LABELS: [&str; 4] = ["alertname", "severity", "model", "llm_cluster"];
 
 /// How an alert reached the filter (`webhook` or `pulled` in the state).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,21 +104,6 @@ impl Alert {
     }
 }
 
-#[derive(Deserialize)]
-struct Webhook {
-    version: String,
-    alerts: Vec<WebhookAlert>,
-}
-
-#[derive(Deserialize)]
-struct WebhookAlert {
-    status: String,
-    #[serde(default)]
-    labels: BTreeMap<String, String>,
-    #[serde(default)]
-    fingerprint: Option<String>,
-}
-
 /// What one alert of a webhook says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Report {
@@ -115,51 +111,274 @@ pub enum Report {
     Firing(Alert),
     /// Resolved: forget the alert of this fingerprint.
     Resolved(String),
-    /// Not kept: a label value too long.
+    /// Not kept: a label the rules read too long, or an alert without a
+    /// fingerprint whose labels were not all read.
     Dropped,
 }
 
-/// Parses a webhook body; the error says what is wrong.
+/// Parses a webhook body; the error says what is wrong. Read as it comes: at
+/// most [`MAX_WEBHOOK_ALERTS`] alerts, their labels bounded as [`Listed`]
+/// reads them, nothing else kept.
 pub fn parse(body: &[u8], now_ms: u64) -> Result<Vec<Report>, String> {
-    let hook: Webhook =
-        serde_json::from_slice(body).map_err(|e| format!("not an Alertmanager webhook: {e}"))?;
-    if hook.version != "4" {
-        return Err(format!(
-            "webhook version {:?}, expected \"4\"",
-            hook.version
-        ));
-    }
-    if hook.alerts.len() > MAX_WEBHOOK_ALERTS {
-        return Err(format!(
-            "{} alerts, at most {MAX_WEBHOOK_ALERTS}",
-            hook.alerts.len()
-        ));
+    let hook = bounded::read(body, WebhookSeed { now_ms })
+        .map_err(|e| format!("not an Alertmanager webhook: {e}"))?;
+    match hook.version {
+        Some(Text::Short(v)) if v == "4" => {}
+        Some(Text::Short(v)) => return Err(format!("webhook version {v:?}, expected \"4\"")),
+        Some(_) => return Err("a webhook version that is not \"4\"".to_string()),
+        None => return Err("not an Alertmanager webhook: no version".to_string()),
     }
     hook.alerts
-        .into_iter()
-        .map(|a| {
-            let firing = match a.status.as_str() {
-                "firing" => true,
-                "resolved" => false,
-                other => return Err(format!("alert status {other:?}")),
-            };
-            let fingerprint = fingerprint(a.fingerprint, &a.labels);
-            if !firing {
-                return Ok(Report::Resolved(fingerprint));
+        .ok_or_else(|| "not an Alertmanager webhook: no alerts".to_string())
+}
+
+/// Longest webhook version read.
+const MAX_VERSION_LEN: usize = 16;
+
+/// A webhook as read: its version and the reports of its alerts.
+struct Webhook<'de> {
+    version: Option<Text<'de>>,
+    alerts: Option<Vec<Report>>,
+}
+
+/// Reads a webhook object.
+#[derive(Clone, Copy)]
+struct WebhookSeed {
+    now_ms: u64,
+}
+
+impl<'de> DeserializeSeed<'de> for WebhookSeed {
+    type Value = Webhook<'de>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for WebhookSeed {
+    type Value = Webhook<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a webhook object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut hook = Webhook {
+            version: None,
+            alerts: None,
+        };
+        while let Some(key) = map.next_key_seed(Raw)? {
+            match bounded::name(key, &["version", "alerts"]) {
+                Some("version") => {
+                    hook.version = Some(Text::of(map.next_value_seed(Raw)?, MAX_VERSION_LEN));
+                }
+                Some("alerts") => {
+                    let alerts = WebhookAlerts {
+                        now_ms: self.now_ms,
+                    };
+                    hook.alerts = Some(map.next_value_seed(alerts)?);
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
             }
-            Ok(firing_report(
-                &a.labels,
-                fingerprint,
-                Source::Webhook,
-                now_ms,
-            ))
-        })
-        .collect()
+        }
+        Ok(hook)
+    }
+}
+
+/// Reads a webhook's list of alerts, each into its report as it comes.
+#[derive(Clone, Copy)]
+struct WebhookAlerts {
+    now_ms: u64,
+}
+
+impl<'de> DeserializeSeed<'de> for WebhookAlerts {
+    type Value = Vec<Report>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for WebhookAlerts {
+    type Value = Vec<Report>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a list of alerts")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        let mut reports = Vec::new();
+        bounded::each_item(
+            seq,
+            MAX_WEBHOOK_ALERTS,
+            "alerts",
+            WebhookAlert,
+            |(firing, listed)| {
+                if firing {
+                    reports.push(listed.firing(Source::Webhook, self.now_ms));
+                } else if let Some(fingerprint) = listed.fingerprint() {
+                    reports.push(Report::Resolved(fingerprint));
+                }
+                Ok(())
+            },
+        )?;
+        Ok(reports)
+    }
+}
+
+/// Reads one alert of a webhook: firing or not, and what it carries.
+#[derive(Clone, Copy)]
+struct WebhookAlert;
+
+impl<'de> DeserializeSeed<'de> for WebhookAlert {
+    type Value = (bool, Listed);
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for WebhookAlert {
+    type Value = (bool, Listed);
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an alert object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let (mut firing, mut listed) = (None, Listed::default());
+        while let Some(key) = map.next_key_seed(Raw)? {
+            if bounded::name(key, &["status"]).is_none() {
+                listed.member(key, &mut map)?;
+                continue;
+            }
+            firing = match Text::of(map.next_value_seed(Raw)?, MAX_VERSION_LEN) {
+                Text::Short(s) if s == "firing" => Some(true),
+                Text::Short(s) if s == "resolved" => Some(false),
+                Text::Short(other) => {
+                    return Err(A::Error::custom(format!("alert status {other:?}")));
+                }
+                Text::Long | Text::Other => {
+                    return Err(A::Error::custom("an alert status that is no status"));
+                }
+            };
+        }
+        let firing = firing.ok_or_else(|| A::Error::custom("an alert without a status"))?;
+        Ok((firing, listed))
+    }
+}
+
+/// What an alert carries besides its status, as a webhook or a pull lists
+/// it, read with bounds: at most [`MAX_LABELS`] labels (and past them the
+/// ones the rules read), each of at most [`MAX_LABEL_LEN`] bytes; any other
+/// member is left to the caller.
+#[derive(Debug, Clone, Default)]
+pub struct Listed {
+    labels: BTreeMap<String, String>,
+    /// `fingerprint`, when usable.
+    given: Option<String>,
+    unread: Unread,
+}
+
+/// Which labels of an alert were not read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+enum Unread {
+    /// None.
+    #[default]
+    None,
+    /// Some the rules do not read (too long, or past [`MAX_LABELS`]).
+    Other,
+    /// One the rules read (too long).
+    Ruled,
+}
+
+impl Listed {
+    /// Reads the member of the map key `key` (as [`Raw`] reads it) when it is
+    /// one of an alert's `labels` or `fingerprint`; any other is read past.
+    pub fn member<'de, A: MapAccess<'de>>(
+        &mut self,
+        key: &str,
+        map: &mut A,
+    ) -> Result<(), A::Error> {
+        match bounded::name(key, &["labels", "fingerprint"]) {
+            Some("labels") => map.next_value_seed(LabelsSeed(self)),
+            Some("fingerprint") => {
+                let raw = map.next_value_seed(Raw)?;
+                self.given = Text::of(raw, MAX_LABEL_LEN)
+                    .short()
+                    .filter(|f| !f.is_empty())
+                    .map(str::to_string);
+                Ok(())
+            }
+            _ => map.next_value::<IgnoredAny>().map(|_| ()),
+        }
+    }
+
+    /// The fingerprint the alert is kept by: the one it came with, or one
+    /// made of its labels; `None` when it has neither (a label not read).
+    pub fn fingerprint(&self) -> Option<String> {
+        match (&self.given, self.unread) {
+            (Some(f), _) => Some(f.clone()),
+            (None, Unread::None) => Some(fingerprint_of(&self.labels)),
+            (None, _) => None,
+        }
+    }
+
+    /// The report of the alert firing, from `source`, at `now_ms`.
+    pub fn firing(self, source: Source, now_ms: u64) -> Report {
+        match self.fingerprint() {
+            Some(fp) if self.unread != Unread::Ruled => {
+                firing_report(&self.labels, fp, source, now_ms)
+            }
+            _ => Report::Dropped,
+        }
+    }
+}
+
+/// Reads an alert's labels into a [`Listed`].
+struct LabelsSeed<'a>(&'a mut Listed);
+
+impl<'de> DeserializeSeed<'de> for LabelsSeed<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for LabelsSeed<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an object of labels")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let listed = self.0;
+        while let Some(raw_key) = map.next_key_seed(Raw)? {
+            let value = Text::of(map.next_value_seed(Raw)?, MAX_LABEL_LEN);
+            if value == Text::Other {
+                return Err(A::Error::custom("a label value that is not a string"));
+            }
+            let ruled = bounded::name(raw_key, &RULED_LABELS).is_some();
+            let room = ruled || listed.labels.len() < MAX_LABELS;
+            match (Text::of(raw_key, MAX_LABEL_LEN).short(), value.short()) {
+                (Some(k), Some(v)) if room => {
+                    listed.labels.insert(k.to_string(), v.to_string());
+                }
+                _ if ruled => listed.unread = Unread::Ruled,
+                _ => listed.unread = listed.unread.max(Unread::Other),
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The report of a firing alert of `labels`: [`Report::Dropped`] when a
 /// label it keeps is too long.
-pub fn firing_report(
+pub(crate) fn firing_report(
     labels: &BTreeMap<String, String>,
     fingerprint: String,
     source: Source,
@@ -191,16 +410,8 @@ pub fn firing_report(
     }
 }
 
-/// The fingerprint an alert is kept by: the one it came with, or one made
-/// of its labels when it has none (or an unusable one).
-pub fn fingerprint(given: Option<String>, labels: &BTreeMap<String, String>) -> String {
-    given
-        .filter(|f| !f.is_empty() && f.len() <= MAX_LABEL_LEN)
-        .unwrap_or_else(|| fingerprint_of(labels))
-}
-
 /// FNV-1a 64 of the sorted labels, for an alert sent without a fingerprint.
-fn fingerprint_of(labels: &BTreeMap<String, String>) -> String {
+pub(crate) fn fingerprint_of(labels: &BTreeMap<String, String>) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for (k, v) in labels {
         for b in k.bytes().chain([0xff]).chain(v.bytes()).chain([0xfe]) {
@@ -486,5 +697,47 @@ mod tests {
         .unwrap();
         let Report::Firing(fa) = &a[0] else { panic!() };
         assert_eq!(b[0], Report::Resolved(fa.fingerprint.clone()));
+        assert_eq!(
+            parse(br#"{"version":"5","alerts":[]}"#, 0).unwrap_err(),
+            "webhook version \"5\", expected \"4\""
+        );
+        let long = format!(r#"{{"version":"{}","alerts":[]}}"#, "4".repeat(1 << 20));
+        assert_eq!(
+            parse(long.as_bytes(), 0).unwrap_err(),
+            "a webhook version that is not \"4\""
+        );
+    }
+
+    #[test]
+    fn a_webhook_is_refused_on_its_first_alert_past_the_bound() {
+        let one = alert("resolved", "r", "");
+        let at = hook(&vec![one.as_str(); MAX_WEBHOOK_ALERTS].join(","));
+        assert_eq!(parse(&at, 0).unwrap().len(), MAX_WEBHOOK_ALERTS);
+        let past = hook(&vec![one.as_str(); MAX_WEBHOOK_ALERTS + 1].join(","));
+        let e = parse(&past, 0).unwrap_err();
+        assert!(e.contains("more than 1024 alerts"), "{e}");
+    }
+
+    #[test]
+    fn an_alert_whose_labels_were_not_all_read_needs_its_fingerprint() {
+        let many: Vec<String> = (0..=MAX_LABELS).map(|i| format!(r#""l{i}":"v""#)).collect();
+        let labels = format!(r#"{},"severity":"warning""#, many.join(","));
+        let without = |status: &str| format!(r#"{{"status":"{status}","labels":{{{labels}}}}}"#);
+        let body = hook(
+            &[
+                alert("firing", "f", &labels),
+                without("firing"),
+                without("resolved"),
+                alert("resolved", "f", &labels),
+            ]
+            .join(","),
+        );
+        let reports = parse(&body, 0).unwrap();
+        assert_eq!(reports.len(), 3, "nothing to resolve without a fingerprint");
+        assert!(
+            matches!(&reports[0], Report::Firing(a) if a.severity.as_deref() == Some("warning"))
+        );
+        assert_eq!(reports[1], Report::Dropped);
+        assert_eq!(reports[2], Report::Resolved("f".to_string()));
     }
 }

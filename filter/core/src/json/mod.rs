@@ -4,10 +4,13 @@
 //! `\u0041` vs `A`) give the same bytes. serde_json cannot do this exactly (it
 //! rounds big numbers to `f64`), so this is a small strict parser of its own.
 //! The same parse records where each top-level member sits in the bytes, so
-//! edits splice only their own bytes ([`document`]).
+//! edits splice only their own bytes ([`document`]). An answer the filter
+//! pulls and a webhook posted to it are never made a tree: they are read with
+//! bounds that hold while they are read ([`bounded`]).
 
 use std::ops::Range;
 
+pub mod bounded;
 pub mod document;
 
 pub use document::Document;
@@ -32,7 +35,7 @@ pub enum Json {
 
 /// Deeper documents are refused: recursion is bounded so a hostile body
 /// cannot exhaust the wasm stack. serde_json uses the same limit.
-pub(crate) const MAX_DEPTH: usize = 128;
+pub const MAX_DEPTH: usize = 128;
 
 impl Json {
     /// Parses a complete JSON document, `None` when it is not strict JSON

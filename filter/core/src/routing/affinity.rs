@@ -38,7 +38,7 @@ pub const DEFAULT_PREFIX_BYTES: usize = 4096;
 const MAX_PREFIX_BYTES: usize = 1 << 20;
 /// Longest session header value or `prompt_cache_key` taken as a key; a
 /// longer one is hashed up to this many bytes.
-const MAX_KEY_BYTES: usize = 1024;
+pub const MAX_KEY_BYTES: usize = 1024;
 /// Headers the affinity header must not be: they carry the request itself.
 const RESERVED_HEADERS: [&str; 8] = [
     "host",

@@ -3,70 +3,142 @@
 //! only; an alert that says it is suppressed (silenced, inhibited) or not yet
 //! processed is left out all the same, whatever the server did with the query.
 
-use std::collections::BTreeMap;
+use std::fmt;
 
-use serde_json::Value;
+use serde::de::{DeserializeSeed, Deserializer, Error as _, MapAccess, SeqAccess, Visitor};
 
-use crate::degrade::alerts::{self, Report, Source};
+use crate::degrade::alerts::{Listed, Report, Source};
+use crate::json::bounded::{self, Raw, Text};
 
-/// Most alerts one answer may list; a longer answer is refused whole.
+/// Most alerts one answer may list; a longer answer is refused whole, on the
+/// first alert past the bound.
 pub const MAX_LISTED: usize = 10_000;
 
 /// Reads an answer at `now_ms` into the reports of the alerts in force (each
 /// [`Report::Firing`], or [`Report::Dropped`] when a label is too long); the
-/// error says why it is not an answer.
+/// error says why it is not an answer. Read as it comes: only the reports
+/// are kept, so what reading takes is bounded by [`MAX_LISTED`], not by what
+/// the answer is made of.
 pub fn parse(body: &[u8], now_ms: u64) -> Result<Vec<Report>, String> {
-    let listed: Value =
-        serde_json::from_slice(body).map_err(|e| format!("not Alertmanager's alert list: {e}"))?;
-    let listed = listed.as_array().ok_or("not a list of alerts")?;
-    if listed.len() > MAX_LISTED {
-        return Err(format!("{} alerts, at most {MAX_LISTED}", listed.len()));
-    }
-    let mut reports = Vec::new();
-    for alert in listed {
-        let status = alert.get("status").ok_or("an alert without a status")?;
-        let labels = match alert.get("labels") {
-            None => BTreeMap::new(),
-            Some(Value::Object(labels)) => labels
-                .iter()
-                .map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string())))
-                .collect::<Option<BTreeMap<String, String>>>()
-                .ok_or("a label value that is not a string")?,
-            Some(_) => return Err("labels that are not an object".to_string()),
-        };
-        if !in_force(status) {
-            continue;
-        }
-        let given = alert
-            .get("fingerprint")
-            .and_then(Value::as_str)
-            .map(str::to_string);
-        let fingerprint = alerts::fingerprint(given, &labels);
-        reports.push(alerts::firing_report(
-            &labels,
-            fingerprint,
-            Source::Pulled,
-            now_ms,
-        ));
-    }
-    Ok(reports)
+    bounded::read(body, Listing { now_ms })
+        .map_err(|e| format!("not Alertmanager's alert list: {e}"))
 }
 
-/// Active, and neither silenced nor inhibited.
-fn in_force(status: &Value) -> bool {
-    let none = |field: &str| {
-        status
-            .get(field)
-            .is_none_or(|v| v.as_array().is_some_and(Vec::is_empty))
-    };
-    status.get("state").and_then(Value::as_str) == Some("active")
-        && none("silencedBy")
-        && none("inhibitedBy")
+/// Reads the list of alerts.
+#[derive(Clone, Copy)]
+struct Listing {
+    now_ms: u64,
+}
+
+impl<'de> DeserializeSeed<'de> for Listing {
+    type Value = Vec<Report>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Listing {
+    type Value = Vec<Report>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a list of alerts")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        let mut reports = Vec::new();
+        bounded::each_item(
+            seq,
+            MAX_LISTED,
+            "alerts",
+            ListedAlert,
+            |(in_force, listed)| {
+                if in_force {
+                    reports.push(listed.firing(Source::Pulled, self.now_ms));
+                }
+                Ok(())
+            },
+        )?;
+        Ok(reports)
+    }
+}
+
+/// Reads one listed alert: in force or not, and what it carries.
+#[derive(Clone, Copy)]
+struct ListedAlert;
+
+impl<'de> DeserializeSeed<'de> for ListedAlert {
+    type Value = (bool, Listed);
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ListedAlert {
+    type Value = (bool, Listed);
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an alert object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let (mut in_force, mut listed) = (None, Listed::default());
+        while let Some(key) = map.next_key_seed(Raw)? {
+            if bounded::name(key, &["status"]).is_some() {
+                in_force = Some(map.next_value_seed(Status)?);
+            } else {
+                listed.member(key, &mut map)?;
+            }
+        }
+        let in_force = in_force.ok_or_else(|| A::Error::custom("an alert without a status"))?;
+        Ok((in_force, listed))
+    }
+}
+
+/// Reads an alert's status: in force when active, and neither silenced nor
+/// inhibited (`silencedBy`, `inhibitedBy` absent, null or empty).
+#[derive(Clone, Copy)]
+struct Status;
+
+/// Longest state read.
+const MAX_STATE_LEN: usize = 16;
+
+impl<'de> DeserializeSeed<'de> for Status {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Status {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an alert status object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+        let (mut active, mut held) = (false, false);
+        while let Some(key) = map.next_key_seed(Raw)? {
+            let raw = map.next_value_seed(Raw)?;
+            match bounded::name(key, &["state", "silencedBy", "inhibitedBy"]) {
+                Some("state") => {
+                    active = Text::of(raw, MAX_STATE_LEN).short() == Some("active");
+                }
+                Some(_) => held |= !(raw == "null" || bounded::is_empty_array(raw)),
+                None => {}
+            }
+        }
+        Ok(active && !held)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::degrade::alerts::{MAX_LABELS, MAX_LABEL_LEN};
 
     fn listed(fp: &str, state: &str, silenced: &str, labels: &str) -> String {
         format!(
@@ -111,8 +183,69 @@ mod tests {
             b"<html>",
             br#"[{"labels":{}}]"#,
             br#"[{"labels":{"a":1},"status":{"state":"active"}}]"#,
+            br#"[{"labels":[],"status":{"state":"active"}}]"#,
+            br#"[{"status":"active"}]"#,
+            br#"[{"status":{"state":"active"}}] []"#,
+            b"[1]",
         ] {
             assert!(parse(body, 0).is_err(), "{}", String::from_utf8_lossy(body));
         }
+    }
+
+    #[test]
+    fn a_list_is_refused_on_its_first_alert_past_the_bound() {
+        let not_in_force = r#"{"status":{}}"#;
+        let at = format!("[{}]", vec![not_in_force; MAX_LISTED].join(","));
+        assert_eq!(parse(at.as_bytes(), 0).unwrap(), []);
+        // What follows the first alert past the bound is never looked at.
+        let past = format!(
+            "[{},{not_in_force} garbage",
+            vec![not_in_force; MAX_LISTED].join(",")
+        );
+        let e = parse(past.as_bytes(), 0).unwrap_err();
+        assert!(e.contains("more than 10000 alerts"), "{e}");
+    }
+
+    #[test]
+    fn labels_are_read_within_their_bounds() {
+        let active = r#""status":{"state":"active","silencedBy":null}"#;
+        let many: Vec<String> = (0..MAX_LABELS + 5)
+            .map(|i| format!(r#""l{i}":"v""#))
+            .collect();
+        let many = many.join(",");
+        // Past the bound the labels the rules read still are; with a
+        // fingerprint of its own the alert is kept, without one dropped.
+        let body = format!(
+            r#"[{{{active},"fingerprint":"f","labels":{{{many},"severity":"critical"}}}},
+                {{{active},"labels":{{{many},"severity":"critical"}}}}]"#
+        );
+        let reports = parse(body.as_bytes(), 0).unwrap();
+        let Report::Firing(a) = &reports[0] else {
+            panic!("{reports:?}")
+        };
+        assert_eq!(
+            (a.fingerprint.as_str(), a.severity.as_deref()),
+            ("f", Some("critical"))
+        );
+        assert_eq!(reports[1], Report::Dropped);
+        // A label too long: dropped when the rules read it, or when the
+        // alert has no fingerprint its labels could stand in for.
+        let long = "x".repeat(MAX_LABEL_LEN + 1);
+        let body = format!(
+            r#"[{{{active},"fingerprint":"f","labels":{{"note":"{long}","sev\u0065rity":"warning"}}}},
+                {{{active},"labels":{{"note":"{long}"}}}},
+                {{{active},"fingerprint":"g","labels":{{"model":"{long}"}}}},
+                {{{active},"fingerprint":"{long}","labels":{{"model":"m"}}}}]"#
+        );
+        let reports = parse(body.as_bytes(), 0).unwrap();
+        let Report::Firing(a) = &reports[0] else {
+            panic!("{reports:?}")
+        };
+        assert_eq!(a.severity.as_deref(), Some("warning"));
+        assert_eq!(reports[1..3], [Report::Dropped, Report::Dropped]);
+        let Report::Firing(a) = &reports[3] else {
+            panic!("{reports:?}")
+        };
+        assert_eq!(a.fingerprint.len(), 16, "made of the labels");
     }
 }

@@ -9,10 +9,14 @@
 //! loaded, never push out one the configuration watches.
 
 use std::collections::BTreeMap;
+use std::fmt;
 
-use serde_json::Value;
+use serde::de::{
+    DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor,
+};
 
 use crate::config::Names;
+use crate::json::bounded::{self, Raw, Text};
 use crate::stat_name;
 
 /// Most models one reading keeps besides those the configuration names.
@@ -20,8 +24,14 @@ pub const MAX_MODELS: usize = 64;
 /// Largest value believed: more calls, tokens per second or calls in flight
 /// than any mesh makes is a broken query or exporter.
 pub const MAX_VALUE: f64 = 1e9;
-/// Most samples one answer may carry; a larger one is refused whole.
+/// Most samples one answer may carry; a larger one is refused whole, on the
+/// first sample past the bound.
 pub const MAX_SAMPLES: usize = 10_000;
+/// Longest model label read; a sample of a longer one is dropped (its stat
+/// label keeps the first [`stat_name::MAX_VALUE_LEN`] characters anyway).
+pub const MAX_MODEL_LEN: usize = 4 * stat_name::MAX_VALUE_LEN;
+/// Longest `status`, `resultType` or sample value read.
+const MAX_WORD_LEN: usize = 64;
 
 /// Model label → value.
 type Values = Vec<(String, f64)>;
@@ -36,66 +46,296 @@ pub struct Reading {
     pub dropped: u32,
 }
 
-/// Reads an answer; the error says why it is not one.
+/// Reads an answer; the error says why it is not one. Read as it comes: only
+/// each model's sum is kept, so what reading takes is bounded by
+/// [`MAX_SAMPLES`], not by what the answer is made of.
 pub fn parse(body: &[u8], model_label: &str, config_names: &Names) -> Result<Reading, String> {
-    let answer: Value =
-        serde_json::from_slice(body).map_err(|e| format!("not a Prometheus answer: {e}"))?;
-    let status = answer.get("status").and_then(Value::as_str);
+    let answer = bounded::read(body, Answer { model_label })
+        .map_err(|e| format!("not a Prometheus answer: {e}"))?;
+    let status = answer.status.as_ref().and_then(Text::short);
     if status != Some("success") {
         return Err(format!("status {status:?}"));
     }
-    let data = answer.get("data").ok_or("no data")?;
-    let kind = data.get("resultType").and_then(Value::as_str);
+    let data = answer.data.ok_or("no data")?;
+    let kind = data.kind.as_ref().and_then(Text::short);
     if kind != Some("vector") {
         return Err(format!("result type {kind:?}, expected \"vector\""));
     }
-    let samples = data
-        .get("result")
-        .and_then(Value::as_array)
-        .ok_or("no result list")?;
-    if samples.len() > MAX_SAMPLES {
-        return Err(format!("{} samples, at most {MAX_SAMPLES}", samples.len()));
-    }
-    let mut reading = Reading::default();
-    let mut values: BTreeMap<String, f64> = BTreeMap::new();
-    for sample in samples {
-        // `{"metric": {labels}, "value": [unix time, "value"]}`.
-        let value = match sample
-            .get("value")
-            .and_then(Value::as_array)
-            .map(Vec::as_slice)
-        {
-            Some([Value::Number(_), Value::String(v)]) => v.parse::<f64>().ok(),
-            _ => return Err("a sample without a [time, \"value\"] pair".to_string()),
-        };
-        let model = sample
-            .get("metric")
-            .and_then(|m| m.get(model_label))
-            .and_then(Value::as_str);
-        let (Some(model), Some(value)) = (model, value.filter(|v| believed(*v))) else {
-            reading.dropped = reading.dropped.saturating_add(1);
-            continue;
-        };
-        // Two samples of one model (labels beyond it): their sum.
-        let slot = values.entry(stat_name::label_value(model)).or_default();
-        *slot = (*slot + value).min(MAX_VALUE);
-    }
-    let (mut known, mut others): (Values, Values) = values
+    let mut reading = data.samples.ok_or("no result list")?;
+    let (mut known, mut others): (Values, Values) = std::mem::take(&mut reading.sums)
         .into_iter()
         .partition(|(m, _)| config_names.has_model_label(m));
     for part in [&mut known, &mut others] {
         part.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     }
+    let mut dropped = reading.dropped;
     if others.len() > MAX_MODELS {
         let beyond = others.len() - MAX_MODELS;
-        reading.dropped = reading
-            .dropped
-            .saturating_add(u32::try_from(beyond).unwrap_or(u32::MAX));
+        dropped = dropped.saturating_add(u32::try_from(beyond).unwrap_or(u32::MAX));
         others.truncate(MAX_MODELS);
     }
     known.append(&mut others);
-    reading.values = known;
-    Ok(reading)
+    Ok(Reading {
+        values: known,
+        dropped,
+    })
+}
+
+/// An answer as read.
+struct Read<'de> {
+    status: Option<Text<'de>>,
+    data: Option<Data<'de>>,
+}
+
+/// Its `data` as read.
+struct Data<'de> {
+    kind: Option<Text<'de>>,
+    samples: Option<Samples>,
+}
+
+/// Its samples, summed per model as they come.
+#[derive(Default)]
+struct Samples {
+    sums: BTreeMap<String, f64>,
+    dropped: u32,
+}
+
+/// Reads an answer, `data` and its samples with `model_label`.
+#[derive(Clone, Copy)]
+struct Answer<'a> {
+    model_label: &'a str,
+}
+
+impl<'de> DeserializeSeed<'de> for Answer<'_> {
+    type Value = Read<'de>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Answer<'_> {
+    type Value = Read<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a Prometheus answer object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut read = Read {
+            status: None,
+            data: None,
+        };
+        while let Some(key) = map.next_key_seed(Raw)? {
+            match bounded::name(key, &["status", "data"]) {
+                Some("status") => {
+                    read.status = Some(Text::of(map.next_value_seed(Raw)?, MAX_WORD_LEN));
+                }
+                Some("data") => read.data = Some(map.next_value_seed(DataSeed(self))?),
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(read)
+    }
+}
+
+/// Reads `data`: the result type, and the result when it is a vector
+/// (Prometheus writes the type first; a result of another type is read past).
+#[derive(Clone, Copy)]
+struct DataSeed<'a>(Answer<'a>);
+
+impl<'de> DeserializeSeed<'de> for DataSeed<'_> {
+    type Value = Data<'de>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for DataSeed<'_> {
+    type Value = Data<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a data object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut data = Data {
+            kind: None,
+            samples: None,
+        };
+        while let Some(key) = map.next_key_seed(Raw)? {
+            match bounded::name(key, &["resultType", "result"]) {
+                Some("resultType") => {
+                    data.kind = Some(Text::of(map.next_value_seed(Raw)?, MAX_WORD_LEN));
+                }
+                Some("result")
+                    if data
+                        .kind
+                        .as_ref()
+                        .is_none_or(|k| k.short() == Some("vector")) =>
+                {
+                    data.samples = Some(map.next_value_seed(VectorSeed(self.0))?);
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(data)
+    }
+}
+
+/// Reads a vector: at most [`MAX_SAMPLES`] samples, each summed into its
+/// model's value as it comes.
+#[derive(Clone, Copy)]
+struct VectorSeed<'a>(Answer<'a>);
+
+impl<'de> DeserializeSeed<'de> for VectorSeed<'_> {
+    type Value = Samples;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Samples, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for VectorSeed<'_> {
+    type Value = Samples;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a list of samples")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Samples, A::Error> {
+        let mut samples = Samples::default();
+        bounded::each_item(
+            seq,
+            MAX_SAMPLES,
+            "samples",
+            SampleSeed(self.0),
+            |(model, value)| {
+                let (Some(model), Some(value)) = (model, value.filter(|v| believed(*v))) else {
+                    samples.dropped = samples.dropped.saturating_add(1);
+                    return Ok(());
+                };
+                // Two samples of one model (labels beyond it): their sum.
+                let slot = samples.sums.entry(model).or_default();
+                *slot = (*slot + value).min(MAX_VALUE);
+                Ok(())
+            },
+        )?;
+        Ok(samples)
+    }
+}
+
+/// Reads one sample, `{"metric": {labels}, "value": [unix time, "value"]}`:
+/// its model (as its stat label writes it) and its value, each `None` when
+/// it has none that can be read.
+#[derive(Clone, Copy)]
+struct SampleSeed<'a>(Answer<'a>);
+
+impl<'de> DeserializeSeed<'de> for SampleSeed<'_> {
+    type Value = (Option<String>, Option<f64>);
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for SampleSeed<'_> {
+    type Value = (Option<String>, Option<f64>);
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a sample object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let (mut model, mut value) = (None, None);
+        while let Some(key) = map.next_key_seed(Raw)? {
+            match bounded::name(key, &["metric", "value"]) {
+                Some("metric") => model = map.next_value_seed(MetricSeed(self.0))?,
+                Some("value") => value = Some(map.next_value_seed(PairSeed)?),
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        let value =
+            value.ok_or_else(|| A::Error::custom("a sample without a [time, \"value\"] pair"))?;
+        Ok((model, value))
+    }
+}
+
+/// Reads a sample's labels: the model label's value, as its stat label
+/// writes it; the others are read past.
+#[derive(Clone, Copy)]
+struct MetricSeed<'a>(Answer<'a>);
+
+impl<'de> DeserializeSeed<'de> for MetricSeed<'_> {
+    type Value = Option<String>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MetricSeed<'_> {
+    type Value = Option<String>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an object of labels")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let label = self.0.model_label;
+        let mut model = None;
+        while let Some(key) = map.next_key_seed(Raw)? {
+            let raw = map.next_value_seed(Raw)?;
+            if Text::of(key, label.len()).short() == Some(label) {
+                model = Text::of(raw, MAX_MODEL_LEN)
+                    .short()
+                    .map(stat_name::label_value);
+            }
+        }
+        Ok(model)
+    }
+}
+
+/// Reads a sample's `[unix time, "value"]`: the value, `None` when it is not
+/// a number.
+#[derive(Clone, Copy)]
+struct PairSeed;
+
+impl<'de> DeserializeSeed<'de> for PairSeed {
+    type Value = Option<f64>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for PairSeed {
+    type Value = Option<f64>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a [time, \"value\"] pair")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let time = seq.next_element_seed(Raw)?;
+        let value = seq.next_element_seed(Raw)?;
+        let beyond = seq.next_element_seed(Raw)?;
+        match (time, value, beyond) {
+            (Some(t), Some(v), None) if bounded::is_number(t) => match Text::of(v, MAX_WORD_LEN) {
+                Text::Short(v) => Ok(v.parse::<f64>().ok()),
+                Text::Long => Ok(None),
+                Text::Other => Err(A::Error::custom("a sample value that is not a string")),
+            },
+            _ => Err(A::Error::invalid_length(0, &self)),
+        }
+    }
 }
 
 /// A value a mesh can have.
@@ -197,8 +437,47 @@ mod tests {
             br#"{"status":"success"}"#,
             br#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[0]}]}}"#,
             br#"[]"#,
+            br#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[0,1]}]}}"#,
+            br#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[0,"1",2]}]}}"#,
+            br#"{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":[[0,"1"]]}]}}"#,
         ] {
             assert!(parse(body, "model", &Names::default()).is_err(), "{}", String::from_utf8_lossy(body));
         }
+        let matrix =
+            br#"{"status":"success","data":{"resultType":"matrix","result":[{"values":[]}]}}"#;
+        assert_eq!(
+            parse(matrix, "model", &Names::default()).unwrap_err(),
+            "result type Some(\"matrix\"), expected \"vector\""
+        );
+    }
+
+    #[test]
+    fn an_answer_is_refused_on_its_first_sample_past_the_bound() {
+        let dropped = r#"{"value":[0,"1"]}"#;
+        let at = answer(&vec![dropped; MAX_SAMPLES].join(","));
+        assert_eq!(
+            parse(&at, "model", &Names::default()).unwrap().dropped,
+            MAX_SAMPLES as u32
+        );
+        let past = answer(&vec![dropped; MAX_SAMPLES + 1].join(","));
+        let e = parse(&past, "model", &Names::default()).unwrap_err();
+        assert!(e.contains("more than 10000 samples"), "{e}");
+    }
+
+    #[test]
+    fn only_the_model_label_is_read() {
+        let many: Vec<String> = (0..10_000)
+            .map(|i| format!(r#""l{i}":{{"x":[{i}]}}"#))
+            .collect();
+        let long = "m".repeat(MAX_MODEL_LEN + 1);
+        let body = answer(&format!(
+            r#"{{"metric":{{{},"m\u006fdel":"gpt-4o"}},"value":[1,"2"]}},
+               {{"metric":{{"model":"{long}"}},"value":[1,"2"]}},
+               {{"metric":{{"model":7}},"value":[1,"2"]}}"#,
+            many.join(",")
+        ));
+        let r = parse(&body, "model", &Names::default()).unwrap();
+        assert_eq!(r.values, [("gpt-4o".to_string(), 2.0)]);
+        assert_eq!(r.dropped, 2);
     }
 }

@@ -129,7 +129,13 @@ fn a_failed_pull_keeps_the_last_alerts_until_they_expire() {
         answered(&listed(&[("a", "critical")])),
         0,
     );
-    let failures: [(ProbeEnd<'_>, &str); 5] = [
+    // Small items past the bound: refused as they are read, not as a tree.
+    let past = format!(
+        "[{}]",
+        vec![r#"{"status":{}}"#; alertmanager::MAX_LISTED + 1].join(",")
+    );
+    let failures: [(ProbeEnd<'_>, &str); 6] = [
+        (answered(past.as_bytes()), "invalid"),
         (ProbeEnd::NoAnswer, "no_answer"),
         (ProbeEnd::NotSent, "not_sent"),
         (
@@ -143,7 +149,7 @@ fn a_failed_pull_keeps_the_last_alerts_until_they_expire() {
         (answered(br#"{"alerts":[]}"#), "invalid"),
     ];
     for (i, (end, result)) in failures.into_iter().enumerate() {
-        let now = 10_000 * (i as u64 + 1);
+        let now = 9_000 * (i as u64 + 1);
         puller.finish(&c, &store, &mut m, &p, end, now);
         assert!(counter(&m, "alertmanager", result) >= 1, "{result}");
         assert_eq!(
@@ -245,7 +251,204 @@ mod props {
 
     use super::super::{alertmanager, prometheus};
     use crate::degrade::alerts::{Report, MAX_LABEL_LEN};
-    use crate::fuzz;
+    use crate::fuzz::{self, Doc};
+
+    /// The readers as they were: a tree of the whole answer, its bounds
+    /// checked after. Within the bounds the readers must agree with them.
+    mod reference {
+        use std::collections::BTreeMap;
+
+        use serde_json::Value;
+
+        use super::prometheus::{Reading, MAX_MODELS, MAX_VALUE};
+        use crate::degrade::alerts::{self, Report, Source, MAX_LABEL_LEN};
+        use crate::stat_name;
+
+        pub fn alertmanager(body: &[u8], now_ms: u64) -> Option<Vec<Report>> {
+            let listed: Value = serde_json::from_slice(body).ok()?;
+            let mut reports = Vec::new();
+            for alert in listed.as_array()? {
+                let status = alert.get("status")?;
+                let labels = match alert.get("labels") {
+                    None => BTreeMap::new(),
+                    Some(Value::Object(labels)) => labels
+                        .iter()
+                        .map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string())))
+                        .collect::<Option<BTreeMap<String, String>>>()?,
+                    Some(_) => return None,
+                };
+                let none = |field: &str| {
+                    status
+                        .get(field)
+                        .is_none_or(|v| v.is_null() || v.as_array().is_some_and(Vec::is_empty))
+                };
+                let in_force = status.get("state").and_then(Value::as_str) == Some("active")
+                    && none("silencedBy")
+                    && none("inhibitedBy");
+                if !in_force {
+                    continue;
+                }
+                let fingerprint = alert
+                    .get("fingerprint")
+                    .and_then(Value::as_str)
+                    .filter(|f| !f.is_empty() && f.len() <= MAX_LABEL_LEN)
+                    .map_or_else(|| alerts::fingerprint_of(&labels), str::to_string);
+                reports.push(alerts::firing_report(
+                    &labels,
+                    fingerprint,
+                    Source::Pulled,
+                    now_ms,
+                ));
+            }
+            Some(reports)
+        }
+
+        pub fn prometheus(body: &[u8], model_label: &str) -> Option<Reading> {
+            let answer: Value = serde_json::from_slice(body).ok()?;
+            if answer.get("status")?.as_str()? != "success" {
+                return None;
+            }
+            let data = answer.get("data")?;
+            if data.get("resultType")?.as_str()? != "vector" {
+                return None;
+            }
+            let mut reading = Reading::default();
+            let mut values: BTreeMap<String, f64> = BTreeMap::new();
+            for sample in data.get("result")?.as_array()? {
+                let value = match sample.get("value")?.as_array()?.as_slice() {
+                    [Value::Number(_), Value::String(v)] => v.parse::<f64>().ok(),
+                    _ => return None,
+                };
+                let model = sample
+                    .get("metric")
+                    .and_then(|m| m.get(model_label))
+                    .and_then(Value::as_str);
+                let believed = value.filter(|v| v.is_finite() && (0.0..=MAX_VALUE).contains(v));
+                let (Some(model), Some(value)) = (model, believed) else {
+                    reading.dropped += 1;
+                    continue;
+                };
+                let slot = values.entry(stat_name::label_value(model)).or_default();
+                *slot = (*slot + value).min(MAX_VALUE);
+            }
+            let mut values: Vec<(String, f64)> = values.into_iter().collect();
+            values.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            if values.len() > MAX_MODELS {
+                reading.dropped += (values.len() - MAX_MODELS) as u32;
+                values.truncate(MAX_MODELS);
+            }
+            reading.values = values;
+            Some(reading)
+        }
+    }
+
+    fn pick(words: &[&'static str]) -> impl Strategy<Value = String> {
+        prop::sample::select(words.to_vec()).prop_map(str::to_string)
+    }
+
+    /// Members an answer may carry that no reader reads.
+    fn extra() -> impl Strategy<Value = Vec<(String, Doc)>> {
+        prop::collection::vec(
+            (
+                pick(&["annotations", "receivers", "updatedAt", "x"]),
+                fuzz::doc(true),
+            ),
+            0..3,
+        )
+    }
+
+    /// An object of `members` and `extra` ones, each key once.
+    fn object(mut members: Vec<(String, Doc)>, extra: Vec<(String, Doc)>) -> Doc {
+        for (k, v) in extra {
+            if !members.iter().any(|(m, _)| *m == k) {
+                members.push((k, v));
+            }
+        }
+        Doc::Obj(members)
+    }
+
+    /// One alert as Alertmanager lists it, the readers' members and others
+    /// in any order and spelling.
+    fn alert() -> impl Strategy<Value = Doc> {
+        let label = (
+            prop_oneof![
+                pick(&["alertname", "severity", "model", "llm_cluster", "team"]),
+                fuzz::key()
+            ],
+            prop_oneof![
+                pick(&["critical", "warning", "gpt-4o", "LLMDown", ""]),
+                fuzz::text()
+            ],
+        );
+        let held = || prop::collection::vec(fuzz::text().prop_map(Doc::Str), 0..2);
+        let status = (
+            pick(&["active", "suppressed", "unprocessed"]),
+            held(),
+            held(),
+            any::<bool>(),
+        )
+            .prop_map(|(state, silenced, inhibited, null)| {
+                let silenced = if null && silenced.is_empty() {
+                    Doc::Null
+                } else {
+                    Doc::Arr(silenced)
+                };
+                Doc::Obj(vec![
+                    ("state".into(), Doc::Str(state)),
+                    ("silencedBy".into(), silenced),
+                    ("inhibitedBy".into(), Doc::Arr(inhibited)),
+                ])
+            });
+        let fingerprint = prop::option::of(prop_oneof![pick(&["", "a1", "b2"]), fuzz::text()]);
+        (
+            prop::collection::btree_map(label.0, label.1, 0..6),
+            status,
+            fingerprint,
+            extra(),
+        )
+            .prop_map(|(labels, status, fingerprint, extra)| {
+                let labels = labels.into_iter().map(|(k, v)| (k, Doc::Str(v))).collect();
+                let mut members = vec![
+                    ("labels".to_string(), Doc::Obj(labels)),
+                    ("status".to_string(), status),
+                ];
+                if let Some(f) = fingerprint {
+                    members.push(("fingerprint".into(), Doc::Str(f)));
+                }
+                object(members, extra)
+            })
+    }
+
+    /// One sample of a vector, its model label present or not.
+    fn sample() -> impl Strategy<Value = Doc> {
+        let labels = prop::collection::btree_map(
+            prop_oneof![pick(&["model", "job", "mo"]), fuzz::key()],
+            prop_oneof![3 => pick(&["gpt-4o", "llama 3", ""]).prop_map(Doc::Str), 1 => fuzz::doc(true)],
+            0..4,
+        );
+        (labels, fuzz::num(), value(), extra()).prop_map(|(labels, time, value, extra)| {
+            let metric = Doc::Obj(labels.into_iter().collect());
+            let pair = Doc::Arr(vec![Doc::Num(time), Doc::Str(value)]);
+            object(
+                vec![("metric".into(), metric), ("value".into(), pair)],
+                extra,
+            )
+        })
+    }
+
+    fn vector_doc(samples: Vec<Doc>, extra: Vec<(String, Doc)>) -> Doc {
+        let data = Doc::Obj(vec![
+            ("resultType".into(), Doc::Str("vector".into())),
+            ("result".into(), Doc::Arr(samples)),
+        ]);
+        object(
+            vec![
+                ("status".into(), Doc::Str("success".into())),
+                ("data".into(), data),
+            ],
+            extra,
+        )
+    }
 
     fn quoted(s: &str) -> String {
         serde_json::to_string(s).unwrap_or_default()
@@ -350,6 +553,31 @@ mod props {
                 if let Report::Firing(a) = r {
                     prop_assert!(a.severity.as_ref().is_none_or(|s| s.len() <= MAX_LABEL_LEN));
                 }
+            }
+        }
+
+        /// Any list within the bounds, in any order and spelling, with
+        /// members no reader reads: read as the whole tree was.
+        #[test]
+        fn alertmanager_lists_read_as_the_tree_did(alerts in prop::collection::vec(alert(), 0..12), seed: u64) {
+            let body = Doc::Arr(alerts).spell(seed);
+            let got = alertmanager::parse(body.as_bytes(), 7);
+            prop_assert!(got.is_ok(), "{:?}: {}", got, body);
+            // The tree refused numbers past `f64` wherever they were.
+            if let Some(want) = reference::alertmanager(body.as_bytes(), 7) {
+                prop_assert_eq!(got.ok(), Some(want));
+            }
+        }
+
+        /// Any vector answer within the bounds, in any order and spelling,
+        /// with labels and members no reader reads: read as the tree did.
+        #[test]
+        fn prometheus_answers_read_as_the_tree_did(samples in prop::collection::vec(sample(), 0..12), extra in extra(), seed: u64) {
+            let body = vector_doc(samples, extra).spell(seed);
+            let got = prometheus::parse(body.as_bytes(), "model", &crate::config::Names::default());
+            prop_assert!(got.is_ok(), "{:?}: {}", got, body);
+            if let Some(want) = reference::prometheus(body.as_bytes(), "model") {
+                prop_assert_eq!(got.ok(), Some(want));
             }
         }
 
