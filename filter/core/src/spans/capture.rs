@@ -142,8 +142,12 @@ impl<'r> Reader<'r> {
         if lost {
             r.truncate(redact::whole_words(&r));
         }
-        if r.len() <= room && !lost {
+        if r.len() <= room {
             self.read = self.read.saturating_add(r.len().max(1));
+            if lost {
+                self.cut = true;
+                r.push_str(CUT_MARK);
+            }
             return r;
         }
         self.cut = true;

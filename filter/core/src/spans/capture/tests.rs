@@ -350,6 +350,24 @@ fn a_secret_across_the_bound_is_never_half_kept() {
         "{}",
         s.json
     );
+    // Two choices: the one cut short loses its last word, the other is
+    // kept whole.
+    let c = cfg(1024);
+    let mut kept = Transcript::new(transcript_bytes(&c));
+    kept.push(0, "keep: ");
+    kept.push(1, &"words ".repeat(100));
+    kept.push(
+        0,
+        &format!("the token is eyJhbGciOi.eyJ{}", "x".repeat(600)),
+    );
+    let s = streamed(&c, &kept, &["stop", "stop"]).unwrap();
+    let v = parsed(&s);
+    assert_eq!(
+        v[0]["parts"][0]["content"],
+        format!("keep: the token is{CUT_MARK}")
+    );
+    assert_eq!(v[1]["parts"][0]["content"], "words ".repeat(100));
+    assert!(s.cut);
     // A key sent in pieces and kept whole is redacted whole.
     let c = cfg(4096);
     let mut kept = Transcript::new(transcript_bytes(&c));
