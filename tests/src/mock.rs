@@ -231,6 +231,18 @@ pub struct Script {
     pub delay_ms: Option<u64>,
     /// Drop the connection without a response.
     pub reset: bool,
+    /// Answer with this body instead of the dialect's own (a status below
+    /// 400 only), whatever the request said.
+    pub answer: Option<Canned>,
+}
+
+/// A body a script answers with as it is, byte for byte.
+#[derive(Debug, Clone)]
+pub enum Canned {
+    /// `application/json`.
+    Json(String),
+    /// `text/event-stream`, one frame each, `chunk_delay_ms` apart.
+    Sse(Vec<String>),
 }
 
 struct State {
@@ -688,14 +700,22 @@ async fn handle(
     let mut response = match status {
         Some(status) if status.as_u16() >= 400 => scripted_error(&state, &recorded.path, status),
         _ => {
-            let mut response = route(
-                &state,
-                &parts.method,
-                &recorded,
-                chunk_delay_ms,
-                cached.cached_tokens,
-                in_flight,
-            );
+            let mut response = match script.answer {
+                Some(Canned::Json(body)) => {
+                    with_content_type(Response::new(full(body)), "application/json")
+                }
+                Some(Canned::Sse(events)) => {
+                    sse_response(&state, events, chunk_delay_ms, in_flight)
+                }
+                None => route(
+                    &state,
+                    &parts.method,
+                    &recorded,
+                    chunk_delay_ms,
+                    cached.cached_tokens,
+                    in_flight,
+                ),
+            };
             if let Some(status) = status {
                 *response.status_mut() = status;
             }

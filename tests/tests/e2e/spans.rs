@@ -15,6 +15,8 @@ use serde_json::{json, Value};
 
 use crate::support::otlp::Receiver;
 
+mod redaction;
+
 fn envoy(mock: &MockUpstream, otel_port: u16, otlp: Value) -> Envoy {
     EnvoyBuilder::new()
         .plugin_config(json!({"tracing": {"otlp": otlp}}))

@@ -7,11 +7,13 @@
 //! Each dialect's request and answer are read where they keep their text
 //! (chat `messages`, Responses `instructions` and `input`, Messages `system`
 //! and `messages`; a choice's `message`, a response's `output`, a message's
-//! `content`). The text is redacted ([`super::redact`]) and the whole JSON
-//! kept within `max_bytes`: what does not fit is left out, a text cut ends
-//! with [`CUT_MARK`] (never in the middle of a word), and the capture says it
-//! was cut. Reading stops once the text read is past the bound, so no
-//! capture holds more than about twice `max_bytes`.
+//! `content`). Every string captured is redacted ([`super::redact`]) whole
+//! before anything is cut from it, so no cut leaves part of a secret that no
+//! rule knows; then the whole JSON is kept within `max_bytes`: what does not
+//! fit is left out, a text cut ends with [`CUT_MARK`] (never in the middle
+//! of a word), and the capture says it was cut. Reading stops once the text
+//! read is past the bound, so no capture holds more than about twice
+//! `max_bytes`.
 
 use serde_json::{json, Value};
 
@@ -91,22 +93,25 @@ pub struct Message {
     finish_reason: Option<String>,
 }
 
-/// Collects messages until the text read passes the bound.
-struct Reader {
+/// Collects messages, their strings redacted, until the text read passes
+/// the bound.
+struct Reader<'r> {
     limit: usize,
     read: usize,
     messages: Vec<Message>,
     /// Text was cut or left out.
     cut: bool,
+    rules: Rules<'r>,
 }
 
-impl Reader {
-    fn new(limit: usize) -> Self {
+impl<'r> Reader<'r> {
+    fn new(cfg: &'r CaptureConfig) -> Self {
         Self {
-            limit,
+            limit: cfg.max_bytes,
             read: 0,
             messages: Vec::new(),
             cut: false,
+            rules: rules(cfg),
         }
     }
 
@@ -117,27 +122,59 @@ impl Reader {
         full
     }
 
-    /// Text of a part, kept whole up to the bound; past it, cut at a word's
-    /// end and marked (the writer may cut it shorter still).
+    /// Text of a part, redacted whole, then kept whole up to the bound;
+    /// past it, cut at a word's end and marked (the writer may cut it
+    /// shorter still).
     fn text(&mut self, s: &str) -> String {
+        self.kept(s, false)
+    }
+
+    /// [`Reader::text`] of a text that went on past what was kept of it
+    /// (`lost`): its last word is left out, it may be a secret's head.
+    fn kept(&mut self, s: &str, lost: bool) -> String {
         let room = self.limit.saturating_sub(self.read);
-        if s.len() <= room {
-            self.read = self.read.saturating_add(s.len().max(1));
-            return s.to_string();
+        if room == 0 {
+            self.cut = true;
+            self.read = self.limit.saturating_add(1);
+            return CUT_MARK.to_string();
+        }
+        let mut r = redact::redact(s, &self.rules).into_owned();
+        if lost {
+            r.truncate(redact::whole_words(&r));
+        }
+        if r.len() <= room {
+            self.read = self.read.saturating_add(r.len().max(1));
+            if lost {
+                self.cut = true;
+                r.push_str(CUT_MARK);
+            }
+            return r;
         }
         self.cut = true;
         self.read = self.limit.saturating_add(1);
-        let end = redact::word_boundary(s, room);
-        let mut kept = s.get(..end).unwrap_or_default().to_string();
-        kept.push_str(CUT_MARK);
-        kept
+        let end = redact::word_boundary(&r, room);
+        r.truncate(end);
+        r.push_str(CUT_MARK);
+        r
+    }
+
+    /// A short string (an id, a name, a role), redacted, then cut to
+    /// `chars` characters.
+    fn short(&self, s: &str, chars: usize) -> String {
+        redact::redact(s, &self.rules).chars().take(chars).collect()
+    }
+
+    fn string(&self, t: Option<&Json>) -> String {
+        self.short(t.and_then(text).unwrap_or_default(), 256)
     }
 
     fn push(&mut self, role: &str, parts: Vec<Part>, finish_reason: Option<&str>) {
+        let role = self.short(role, 64);
+        let finish_reason = finish_reason.map(|r| self.short(r, 64));
         self.messages.push(Message {
-            role: role.to_string(),
+            role,
             parts,
-            finish_reason: finish_reason.map(str::to_string),
+            finish_reason,
         });
     }
 
@@ -167,7 +204,7 @@ impl Reader {
                     let mut inner = Vec::new();
                     self.parts(item.get("content"), &mut inner);
                     parts.push(Part::ToolResult {
-                        id: string(item.get("tool_use_id")),
+                        id: self.string(item.get("tool_use_id")),
                         response: texts(&inner),
                     });
                 }
@@ -183,11 +220,11 @@ impl Reader {
                         .map(|t| self.text(t))
                         .unwrap_or_default();
                     parts.push(Part::ToolResult {
-                        id: string(item.get("call_id")),
+                        id: self.string(item.get("call_id")),
                         response,
                     });
                 }
-                (other, _) => parts.push(Part::Other(other.chars().take(64).collect())),
+                (other, _) => parts.push(Part::Other(self.short(other, 64))),
             }
         }
     }
@@ -206,8 +243,8 @@ impl Reader {
             None => String::new(),
         };
         Part::ToolCall {
-            id: string(id),
-            name: string(name),
+            id: self.string(id),
+            name: self.string(name),
             arguments,
         }
     }
@@ -236,7 +273,7 @@ impl Reader {
         if role == "tool" {
             let response = texts(&parts);
             parts = vec![Part::ToolResult {
-                id: string(m.get("tool_call_id")),
+                id: self.string(m.get("tool_call_id")),
                 response,
             }];
         }
@@ -259,7 +296,7 @@ impl Reader {
                     .map(|t| self.text(t))
                     .unwrap_or_default();
                 parts.push(Part::ToolResult {
-                    id: string(item.get("call_id")),
+                    id: self.string(item.get("call_id")),
                     response,
                 });
             }
@@ -274,14 +311,6 @@ impl Reader {
             self.message(m, default_role);
         }
     }
-}
-
-fn string(t: Option<&Json>) -> String {
-    t.and_then(text)
-        .unwrap_or_default()
-        .chars()
-        .take(256)
-        .collect()
 }
 
 /// The text parts of a tool result, joined.
@@ -302,9 +331,8 @@ pub fn prompt(cfg: &CaptureConfig, api: Endpoint, body: &Json) -> Option<Prompt>
     if !cfg.prompt {
         return None;
     }
-    let rules = rules(cfg);
-    let mut system = Reader::new(cfg.max_bytes);
-    let mut input = Reader::new(cfg.max_bytes);
+    let mut system = Reader::new(cfg);
+    let mut input = Reader::new(cfg);
     match api {
         Endpoint::Chat => input.messages(body.get("messages"), "user"),
         Endpoint::Completions => {
@@ -348,10 +376,10 @@ pub fn prompt(cfg: &CaptureConfig, api: Endpoint, body: &Json) -> Option<Prompt>
     let system = system
         .messages
         .first()
-        .map(|m| write_parts(&system, &m.parts, &rules));
+        .map(|m| write_parts(&system, &m.parts));
     Some(Prompt {
         system,
-        messages: Some(write_messages(&input, &rules)),
+        messages: Some(write_messages(&input)),
     })
 }
 
@@ -360,7 +388,7 @@ pub fn completion(cfg: &CaptureConfig, api: Endpoint, answer: &Json) -> Option<C
     if !cfg.completion {
         return None;
     }
-    let mut out = Reader::new(cfg.max_bytes);
+    let mut out = Reader::new(cfg);
     match api {
         Endpoint::Chat | Endpoint::Completions => {
             for choice in items(answer.get("choices")) {
@@ -378,8 +406,9 @@ pub fn completion(cfg: &CaptureConfig, api: Endpoint, answer: &Json) -> Option<C
                     continue;
                 };
                 out.message(m, "assistant");
+                let reason = reason.map(|r| out.short(r, 64));
                 if let Some(last) = out.messages.last_mut() {
-                    last.finish_reason = reason.map(str::to_string);
+                    last.finish_reason = reason;
                 }
             }
         }
@@ -410,7 +439,7 @@ pub fn completion(cfg: &CaptureConfig, api: Endpoint, answer: &Json) -> Option<C
         }
         Endpoint::Embeddings | Endpoint::Other => return None,
     }
-    Some(write_messages(&out, &rules(cfg)))
+    Some(write_messages(&out))
 }
 
 /// Bytes of text a stream keeps for the capture: one past the bound, so a
@@ -420,18 +449,19 @@ pub fn transcript_bytes(cfg: &CaptureConfig) -> usize {
 }
 
 /// What `cfg` captures of a streamed answer: the text of each choice as
-/// the stream's reading kept it, with the finish reasons in order.
+/// the stream's reading kept it (the deltas joined, so a secret sent in
+/// pieces is redacted whole), with the finish reasons in order.
 pub fn streamed(cfg: &CaptureConfig, kept: &Transcript, reasons: &[&str]) -> Option<Captured> {
     if !cfg.completion {
         return None;
     }
-    let mut out = Reader::new(cfg.max_bytes);
+    let mut out = Reader::new(cfg);
     out.cut = kept.cut;
-    for (i, text) in kept.texts().iter().enumerate() {
-        let part = Part::Text(out.text(text));
+    for (i, (text, lost)) in kept.kept().enumerate() {
+        let part = Part::Text(out.kept(text, lost));
         out.push("assistant", vec![part], reasons.get(i).copied());
     }
-    Some(write_messages(&out, &rules(cfg)))
+    Some(write_messages(&out))
 }
 
 fn rules(cfg: &CaptureConfig) -> Rules<'_> {
@@ -441,18 +471,17 @@ fn rules(cfg: &CaptureConfig) -> Rules<'_> {
     }
 }
 
-/// A part as the conventions write it, its strings redacted.
-fn part_json(part: &Part, rules: &Rules<'_>) -> Value {
-    let r = |s: &str| redact::redact(s, rules).into_owned();
+/// A part as the conventions write it (its strings redacted as read).
+fn part_json(part: &Part) -> Value {
     match part {
-        Part::Text(t) => json!({"type": "text", "content": r(t)}),
+        Part::Text(t) => json!({"type": "text", "content": t}),
         Part::ToolCall {
             id,
             name,
             arguments,
-        } => json!({"type": "tool_call", "id": id, "name": name, "arguments": r(arguments)}),
+        } => json!({"type": "tool_call", "id": id, "name": name, "arguments": arguments}),
         Part::ToolResult { id, response } => {
-            json!({"type": "tool_call_response", "id": id, "response": r(response)})
+            json!({"type": "tool_call_response", "id": id, "response": response})
         }
         Part::Other(kind) => json!({ "type": kind }),
     }
@@ -560,12 +589,12 @@ fn shorten(v: &mut Value, over: usize) -> bool {
 }
 
 /// Messages as `gen_ai.input.messages` / `gen_ai.output.messages`.
-fn write_messages(read: &Reader, rules: &Rules<'_>) -> Captured {
+fn write_messages(read: &Reader<'_>) -> Captured {
     let (messages, max) = (&read.messages, read.limit);
     let mut c = Capped::new(max);
     let mut all = true;
     for m in messages {
-        let parts: Vec<Value> = m.parts.iter().map(|p| part_json(p, rules)).collect();
+        let parts: Vec<Value> = m.parts.iter().map(part_json).collect();
         let mut item = json!({"role": m.role, "parts": parts});
         if let (Some(r), Some(obj)) = (&m.finish_reason, item.as_object_mut()) {
             obj.insert("finish_reason".to_string(), Value::from(r.as_str()));
@@ -581,10 +610,10 @@ fn write_messages(read: &Reader, rules: &Rules<'_>) -> Captured {
 }
 
 /// Parts as `gen_ai.system_instructions`.
-fn write_parts(read: &Reader, parts: &[Part], rules: &Rules<'_>) -> Captured {
+fn write_parts(read: &Reader<'_>, parts: &[Part]) -> Captured {
     let mut c = Capped::new(read.limit);
     for p in parts {
-        if !c.add(part_json(p, rules)) {
+        if !c.add(part_json(p)) {
             break;
         }
     }

@@ -145,7 +145,8 @@ pub struct RawCapture {
     pub max_bytes: Option<usize>,
     /// Glob patterns of words replaced by `[REDACTED]`.
     pub redact: Option<Vec<String>>,
-    /// Redact e-mail addresses, API keys and bearer tokens, default true.
+    /// Redact e-mail addresses, API keys, tokens, private keys and
+    /// credentials by their shape, default true.
     pub redact_builtins: Option<bool>,
 }
 
@@ -160,7 +161,8 @@ pub struct CaptureConfig {
     pub max_bytes: usize,
     /// Glob patterns (`*`, `?`) of words replaced by `[REDACTED]`.
     pub redact: Vec<String>,
-    /// Redact e-mail addresses, API keys and bearer tokens.
+    /// Redact e-mail addresses, API keys, tokens, private keys and
+    /// credentials by their shape.
     pub redact_builtins: bool,
 }
 

@@ -1,7 +1,9 @@
 //! The text of a streamed answer, kept as the stream's one reading passes
 //! it when `tracing.capture.completion` asks: each choice's text deltas
 //! joined, within a bound of bytes for all of them, so a long stream holds
-//! no more than the capture will keep.
+//! no more than the capture will keep. A choice whose text went on past the
+//! bound says so: its last word may be the head of a secret that no rule
+//! knows until it is whole, and the capture leaves it out.
 
 /// Most choices whose text is kept.
 pub const MAX_CHOICES: usize = 8;
@@ -11,9 +13,18 @@ pub const MAX_CHOICES: usize = 8;
 pub struct Transcript {
     limit: usize,
     held: usize,
-    choices: Vec<(u64, String)>,
+    choices: Vec<Choice>,
     /// Text did not fit.
     pub cut: bool,
+}
+
+/// One choice's text.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Choice {
+    index: u64,
+    text: String,
+    /// Text after `text` did not fit: its last word may be cut.
+    lost: bool,
 }
 
 impl Transcript {
@@ -36,16 +47,14 @@ impl Transcript {
         while !text.is_char_boundary(end) {
             end -= 1;
         }
-        if end < text.len() {
-            self.cut = true;
-        }
-        let Some(kept) = text.get(..end).filter(|k| !k.is_empty()) else {
-            return;
-        };
-        let at = match self.choices.iter().position(|(i, _)| *i == index) {
+        self.cut |= end < text.len();
+        let at = match self.choices.iter().position(|c| c.index == index) {
             Some(at) => at,
-            None if self.choices.len() < MAX_CHOICES => {
-                self.choices.push((index, String::new()));
+            None if end > 0 && self.choices.len() < MAX_CHOICES => {
+                self.choices.push(Choice {
+                    index,
+                    ..Choice::default()
+                });
                 self.choices.len() - 1
             }
             None => {
@@ -53,15 +62,21 @@ impl Transcript {
                 return;
             }
         };
-        if let Some((_, s)) = self.choices.get_mut(at) {
-            s.push_str(kept);
-            self.held += kept.len();
+        if let Some(c) = self.choices.get_mut(at) {
+            c.lost |= end < text.len();
+            c.text.push_str(text.get(..end).unwrap_or_default());
+            self.held += end;
         }
     }
 
     /// The text of each choice, in the order they first spoke.
     pub fn texts(&self) -> Vec<&str> {
-        self.choices.iter().map(|(_, s)| s.as_str()).collect()
+        self.choices.iter().map(|c| c.text.as_str()).collect()
+    }
+
+    /// The text of each choice, and whether text after it was left out.
+    pub fn kept(&self) -> impl Iterator<Item = (&str, bool)> {
+        self.choices.iter().map(|c| (c.text.as_str(), c.lost))
     }
 }
 
@@ -87,6 +102,28 @@ mod tests {
             many.push(i, "a");
         }
         assert_eq!(many.texts().len(), MAX_CHOICES);
+    }
+
+    #[test]
+    fn a_choice_whose_text_went_past_the_bound_says_so() {
+        let mut t = Transcript::new(13);
+        t.push(0, "ab ");
+        t.push(1, "done");
+        t.push(0, "sk-abc");
+        assert_eq!(
+            t.kept().collect::<Vec<_>>(),
+            [("ab sk-abc", false), ("done", false)]
+        );
+        // Choice 0 goes on past the bound; choice 1 speaks after it; a
+        // choice first heard after it is left out.
+        t.push(0, "defgh");
+        t.push(1, "x");
+        t.push(2, "late");
+        assert_eq!(
+            t.kept().collect::<Vec<_>>(),
+            [("ab sk-abc", true), ("done", true)]
+        );
+        assert!(t.cut);
     }
 
     #[test]

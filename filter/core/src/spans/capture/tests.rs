@@ -229,3 +229,353 @@ fn captured_text_is_redacted_before_it_is_cut() {
         m.json
     );
 }
+
+/// A capture's JSON, all of its attributes.
+fn all(p: &Option<Prompt>, c: &Option<Captured>) -> String {
+    let p = p.clone().unwrap_or_default();
+    [p.system, p.messages, c.clone()]
+        .into_iter()
+        .flatten()
+        .map(|c| c.json)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn a_secret_in_tool_arguments_after_an_escape_is_redacted_in_each_dialect() {
+    let c = cfg(4096);
+    // JSON inside a string: the key follows `\n`, `\t`, `\"`, `\\`, and a
+    // name joined by `:` or `=`.
+    let args = json!({"q": "line\nsk-proj-abcdefgh12\ttail", "r": "\"ghp_abcdefgh12\" \\AKIAIOSFODNN7EXAMPLE",
+                      "s": "api_key:opaque12345 token=eyJa.eyJb.c"})
+    .to_string();
+    let planted = ["abcdefgh12", "IOSFODNN7EXAMPLE", "opaque12345", "eyJa.eyJb"];
+    let chat = request(json!({"messages": [
+        {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": args}}]},
+        {"role": "tool", "tool_call_id": "c", "content": args}
+    ]}));
+    let responses = request(json!({"input": [
+        {"type": "function_call", "call_id": "c", "name": "f", "arguments": args},
+        {"type": "function_call_output", "call_id": "c", "output": args}
+    ]}));
+    let tree: Value = serde_json::from_str(&args).unwrap();
+    let messages = request(json!({"messages": [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": tree}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": args}]}
+    ]}));
+    for (api, body) in [
+        (Endpoint::Chat, &chat),
+        (Endpoint::Responses, &responses),
+        (Endpoint::Messages, &messages),
+    ] {
+        let out = all(&prompt(&c, api, body), &None);
+        for p in planted {
+            assert!(!out.contains(p), "{api:?}: {p} in {out}");
+        }
+        // The escapes around what was redacted are kept.
+        assert!(out.contains(r"line\\n[REDACTED]\\ttail"), "{api:?}: {out}");
+    }
+    let answers = [
+        (
+            Endpoint::Chat,
+            json!({"choices": [{"message": {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": args}}]}}]}),
+        ),
+        (
+            Endpoint::Responses,
+            json!({"output": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": args}]}),
+        ),
+        (
+            Endpoint::Messages,
+            json!({"content": [{"type": "tool_use", "id": "t", "name": "f", "input": tree}]}),
+        ),
+    ];
+    for (api, answer) in answers {
+        let out = all(&None, &completion(&c, api, &request(answer)));
+        assert!(out.contains("[REDACTED]"), "{api:?}: {out}");
+        for p in planted {
+            assert!(!out.contains(p), "{api:?} answer: {p} in {out}");
+        }
+    }
+}
+
+#[test]
+fn every_string_captured_is_redacted() {
+    let c = cfg(4096);
+    let key = "sk-abcdefgh1234";
+    let body = request(json!({"messages": [
+        {"role": key, "content": [{"type": key}]},
+        {"role": "assistant", "tool_calls": [{"id": key, "function": {"name": key, "arguments": "{}"}}]}
+    ]}));
+    let out = all(&prompt(&c, Endpoint::Chat, &body), &None);
+    assert!(!out.contains(key), "{out}");
+    let answer = request(json!({"choices": [{"message": {"content": "x"}, "finish_reason": key}]}));
+    let out = all(&None, &completion(&c, Endpoint::Chat, &answer));
+    assert!(!out.contains(key) && out.contains("[REDACTED]"), "{out}");
+}
+
+#[test]
+fn a_secret_across_the_bound_is_never_half_kept() {
+    // The bound falls inside the value: redacted whole before the cut.
+    let text = format!(
+        "{} api_key: \"correct horse battery staple\"",
+        "w ".repeat(30)
+    );
+    let body = request(json!({"messages": [{"role": "user", "content": text}]}));
+    for max in 64..160 {
+        let m = prompt(&cfg(max), Endpoint::Chat, &body)
+            .unwrap()
+            .messages
+            .unwrap();
+        for w in ["correct", "horse", "battery", "staple"] {
+            assert!(!m.json.contains(w), "{max}: {}", m.json);
+        }
+    }
+    // A stream whose kept text ends inside a key: its head is left out.
+    let c = cfg(160);
+    let mut kept = Transcript::new(transcript_bytes(&c));
+    kept.push(0, &"w ".repeat(76));
+    kept.push(0, "sk-abc");
+    kept.push(0, "defgh12345");
+    let s = streamed(&c, &kept, &[]).unwrap();
+    assert!(
+        s.cut && !s.json.contains("sk-") && !s.json.contains("abc"),
+        "{}",
+        s.json
+    );
+    assert!(
+        parsed(&s)[0]["parts"][0]["content"]
+            .as_str()
+            .unwrap()
+            .ends_with(CUT_MARK),
+        "{}",
+        s.json
+    );
+    // Two choices: the one cut short loses its last word, the other is
+    // kept whole.
+    let c = cfg(1024);
+    let mut kept = Transcript::new(transcript_bytes(&c));
+    kept.push(0, "keep: ");
+    kept.push(1, &"words ".repeat(100));
+    kept.push(
+        0,
+        &format!("the token is eyJhbGciOi.eyJ{}", "x".repeat(600)),
+    );
+    let s = streamed(&c, &kept, &["stop", "stop"]).unwrap();
+    let v = parsed(&s);
+    assert_eq!(
+        v[0]["parts"][0]["content"],
+        format!("keep: the token is{CUT_MARK}")
+    );
+    assert_eq!(v[1]["parts"][0]["content"], "words ".repeat(100));
+    assert!(s.cut);
+    // A key sent in pieces and kept whole is redacted whole.
+    let c = cfg(4096);
+    let mut kept = Transcript::new(transcript_bytes(&c));
+    for piece in ["key: sk", "-abc", "defgh", "12345 ok"] {
+        kept.push(0, piece);
+    }
+    let s = streamed(&c, &kept, &[]).unwrap();
+    assert_eq!(parsed(&s)[0]["parts"][0]["content"], "key: [REDACTED] ok");
+}
+
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::fuzz;
+    use crate::spans::redact::tests::{after, before, escaped, filler, secret, Secret};
+    use crate::sse::{Dialect, Grammar, Stream};
+
+    /// The request of `api` with `text` at place `at` (each dialect's text,
+    /// tool arguments as JSON in a string or as a tree, tool results).
+    fn request_with(api: Endpoint, at: usize, text: &str, depth: usize) -> Json {
+        let args = escaped(text, depth.max(1));
+        let tree: Value = serde_json::from_str(&args).unwrap();
+        let call = json!({"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": args}}]});
+        let v = match (api, at % 5) {
+            (Endpoint::Chat, 0) => json!({"messages": [{"role": "system", "content": text}]}),
+            (Endpoint::Chat, 1) => {
+                json!({"messages": [{"role": "user", "content": [{"type": "text", "text": text}]}]})
+            }
+            (Endpoint::Chat, 2) => json!({"messages": [call]}),
+            (Endpoint::Chat, _) => {
+                json!({"messages": [{"role": "tool", "tool_call_id": "c", "content": args}]})
+            }
+            (Endpoint::Responses, 0) => json!({"instructions": text, "input": text}),
+            (Endpoint::Responses, 1) => {
+                json!({"input": [{"role": "user", "content": [{"type": "input_text", "text": text}]}]})
+            }
+            (Endpoint::Responses, 2) => {
+                json!({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": args}]})
+            }
+            (Endpoint::Responses, _) => {
+                json!({"input": [{"type": "function_call_output", "call_id": "c", "output": args}]})
+            }
+            (Endpoint::Messages, 0) => {
+                json!({"system": [{"type": "text", "text": text}], "messages": [{"role": "user", "content": text}]})
+            }
+            (Endpoint::Messages, 1 | 2) => {
+                json!({"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": tree}]}]})
+            }
+            (Endpoint::Messages, _) => {
+                json!({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": args}]}]}]})
+            }
+            (_, _) => json!({"prompt": [text]}),
+        };
+        request(v)
+    }
+
+    /// The JSON answer of `api` with `text` at place `at`.
+    fn answer_with(api: Endpoint, at: usize, text: &str, depth: usize) -> Json {
+        let args = escaped(text, depth.max(1));
+        let tree: Value = serde_json::from_str(&args).unwrap();
+        let v = match (api, at % 2) {
+            (Endpoint::Chat, 0) => json!({"choices": [{"message": {"content": text}}]}),
+            (Endpoint::Chat, _) => {
+                json!({"choices": [{"message": {"tool_calls": [{"id": "c", "function": {"name": "f", "arguments": args}}]}}]})
+            }
+            (Endpoint::Responses, 0) => {
+                json!({"output": [{"type": "message", "content": [{"type": "output_text", "text": text}]}]})
+            }
+            (Endpoint::Responses, _) => {
+                json!({"output": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": args}]})
+            }
+            (Endpoint::Messages, 0) => json!({"content": [{"type": "text", "text": text}]}),
+            (Endpoint::Messages, _) => {
+                json!({"content": [{"type": "tool_use", "id": "t", "name": "f", "input": tree}]})
+            }
+            (_, _) => json!({"choices": [{"text": text}]}),
+        };
+        request(v)
+    }
+
+    /// A stream of `api` whose text deltas are `pieces` (and `other`, the
+    /// text of another choice, where the dialect has choices).
+    fn stream_of(api: Endpoint, pieces: &[String], other: &str) -> String {
+        let whole: String = pieces.concat();
+        let data = |v: Value| format!("data: {v}\n\n");
+        let mut out = String::new();
+        match api {
+            Endpoint::Messages => {
+                for p in pieces {
+                    out.push_str(&format!("event: content_block_delta\n{}", data(json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}}))));
+                }
+                out.push_str("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
+            }
+            Endpoint::Responses => {
+                for p in pieces {
+                    out.push_str(&data(
+                        json!({"type": "response.output_text.delta", "delta": p}),
+                    ));
+                }
+                out.push_str(&data(json!({"type": "response.completed", "response": {"status": "completed",
+                    "output": [{"type": "message", "content": [{"type": "output_text", "text": whole}]}]}})));
+            }
+            _ => {
+                // Choice 1 speaks after choice 0's first piece: its text
+                // comes after choice 0's, which goes on past the bound.
+                for (i, p) in pieces.iter().enumerate() {
+                    out.push_str(&data(
+                        json!({"choices": [{"index": 0, "delta": {"content": p}}]}),
+                    ));
+                    if i == 0 {
+                        out.push_str(&data(
+                            json!({"choices": [{"index": 1, "delta": {"content": other}}]}),
+                        ));
+                    }
+                }
+                out.push_str("data: [DONE]\n\n");
+            }
+        }
+        out
+    }
+
+    fn api() -> impl Strategy<Value = Endpoint> {
+        prop::sample::select(
+            &[
+                Endpoint::Chat,
+                Endpoint::Responses,
+                Endpoint::Messages,
+                Endpoint::Completions,
+            ][..],
+        )
+    }
+
+    /// `text` cut at the byte offsets `cuts` (moved to character
+    /// boundaries).
+    fn cut(text: &str, cuts: &[usize]) -> Vec<String> {
+        let mut at: Vec<usize> = cuts
+            .iter()
+            .map(|c| {
+                let mut c = c % (text.len() + 1);
+                while !text.is_char_boundary(c) {
+                    c -= 1;
+                }
+                c
+            })
+            .collect();
+        at.sort_unstable();
+        at.push(text.len());
+        let mut from = 0;
+        at.into_iter()
+            .map(|to| {
+                let p = text[from..to.max(from)].to_string();
+                from = to.max(from);
+                p
+            })
+            .collect()
+    }
+
+    fn planted(s: &Secret, head: &str, before: &str, after: &str, tail: &str) -> String {
+        format!("{head}{before}{}{after}{tail}", s.text)
+    }
+
+    proptest! {
+        #![proptest_config(fuzz::config(256))]
+
+        /// Any secret, after any separator or escape, in any place of any
+        /// dialect's request or JSON answer, with any bound: no piece of
+        /// it reaches the capture; with room, what it was is said.
+        #[test]
+        fn no_planted_secret_reaches_a_capture(
+            s in secret(), head in filler(), before in before(), after in after(), tail in filler(),
+            api in api(), at in 0usize..5, depth in 1usize..3, max in prop::sample::select(&[64usize, 100, 200, 400, 65536][..]),
+        ) {
+            let text = planted(&s, &head, before, after, &tail);
+            let c = cfg(max);
+            let p = prompt(&c, api, &request_with(api, at, &text, depth));
+            let a = completion(&c, api, &answer_with(api, at, &text, depth));
+            let out = all(&p, &a);
+            prop_assert!(s.leak(&out).is_none(), "{:?} in {out}", s.leak(&out));
+            if max == 65536 {
+                prop_assert!(!out.contains(&s.text) && out.contains("[REDACTED]"), "{out}");
+            }
+        }
+
+        /// Any secret in a stream's text, sent in any pieces, the stream
+        /// read in any chunks, with any bound: no piece of it reaches the
+        /// capture.
+        #[test]
+        fn no_secret_sent_in_pieces_reaches_a_capture(
+            s in secret(), head in filler(), before in before(), after in after(), tail in filler(),
+            api in api(), pieces in prop::collection::vec(any::<usize>(), 0..6),
+            chunks in prop::collection::vec(any::<usize>(), 0..6), max in 64usize..400,
+            other in "[a-z ]{0,200}",
+        ) {
+            let text = planted(&s, &head, before, after, &tail);
+            let sse = stream_of(api, &cut(&text, &pieces), &other);
+            let c = cfg(max);
+            let mut stream = Stream::with_grammar(Dialect::of(api));
+            stream.keep_text(transcript_bytes(&c));
+            let parts = cut(&sse, &chunks);
+            for (i, part) in parts.iter().enumerate() {
+                stream.feed(part.as_bytes(), i + 1 == parts.len(), None);
+            }
+            let g = stream.grammar();
+            let kept = g.transcript().expect("kept");
+            let out = streamed(&c, kept, &g.finish_reasons().as_strs()).unwrap();
+            prop_assert!(s.leak(&out.json).is_none(), "{:?} in {}", s.leak(&out.json), out.json);
+            prop_assert!(out.json.len() <= max);
+        }
+    }
+}
