@@ -162,38 +162,64 @@ impl<'de> Visitor<'de> for WebhookSeed {
         f.write_str("a webhook object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
         let mut hook = Webhook {
             version: None,
             alerts: None,
         };
-        while let Some(key) = map.next_key_seed(Raw)? {
-            match bounded::name(key, &["version", "alerts"]) {
-                Some("version") => {
-                    hook.version = Some(Text::of(map.next_value_seed(Raw)?, MAX_VERSION_LEN));
-                }
-                Some("alerts") => {
-                    let alerts = WebhookAlerts {
-                        now_ms: self.now_ms,
-                    };
-                    hook.alerts = Some(map.next_value_seed(alerts)?);
-                }
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
+        bounded::each_member(map, &["version", "alerts"], |name, map| {
+            if name == "version" {
+                hook.version = Some(Text::of(map.next_value_seed(Raw)?, MAX_VERSION_LEN));
+            } else {
+                let alerts = AlertList {
+                    status: WebhookStatus,
+                    max: MAX_WEBHOOK_ALERTS,
+                    source: Source::Webhook,
+                    now_ms: self.now_ms,
+                };
+                hook.alerts = Some(map.next_value_seed(alerts)?);
             }
-        }
+            Ok(())
+        })?;
         Ok(hook)
     }
 }
 
-/// Reads a webhook's list of alerts, each into its report as it comes.
+/// Reads a webhook alert's status: firing (`true`) or resolved.
 #[derive(Clone, Copy)]
-struct WebhookAlerts {
-    now_ms: u64,
+struct WebhookStatus;
+
+impl<'de> DeserializeSeed<'de> for WebhookStatus {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        match Text::of(Raw.deserialize(d)?, MAX_VERSION_LEN) {
+            Text::Short(s) if s == "firing" => Ok(true),
+            Text::Short(s) if s == "resolved" => Ok(false),
+            Text::Short(other) => Err(D::Error::custom(format!("alert status {other:?}"))),
+            Text::Long | Text::Other => Err(D::Error::custom("an alert status that is no status")),
+        }
+    }
 }
 
-impl<'de> DeserializeSeed<'de> for WebhookAlerts {
+/// Reads a list of alerts, a webhook's or a pull's, into their reports as
+/// they come: at most `max` alerts, each in force or not as `status` reads
+/// its status, the rest as [`Listed`] reads it. An alert not in force is
+/// resolved when a webhook says so; a pull leaves it out, since a pulled
+/// alert ends when a pull no longer lists it.
+#[derive(Clone, Copy)]
+pub(crate) struct AlertList<St> {
+    /// Reads an alert's status: in force or not.
+    pub status: St,
+    /// Most alerts read; a list of more is refused.
+    pub max: usize,
+    /// Where the list came from.
+    pub source: Source,
+    /// When it came, ms.
+    pub now_ms: u64,
+}
+
+impl<'de, St: DeserializeSeed<'de, Value = bool> + Copy> DeserializeSeed<'de> for AlertList<St> {
     type Value = Vec<Report>;
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
@@ -201,7 +227,7 @@ impl<'de> DeserializeSeed<'de> for WebhookAlerts {
     }
 }
 
-impl<'de> Visitor<'de> for WebhookAlerts {
+impl<'de, St: DeserializeSeed<'de, Value = bool> + Copy> Visitor<'de> for AlertList<St> {
     type Value = Vec<Report>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -210,29 +236,26 @@ impl<'de> Visitor<'de> for WebhookAlerts {
 
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
         let mut reports = Vec::new();
-        bounded::each_item(
-            seq,
-            MAX_WEBHOOK_ALERTS,
-            "alerts",
-            WebhookAlert,
-            |(firing, listed)| {
-                if firing {
-                    reports.push(listed.firing(Source::Webhook, self.now_ms));
-                } else if let Some(fingerprint) = listed.fingerprint() {
-                    reports.push(Report::Resolved(fingerprint));
-                }
-                Ok(())
-            },
-        )?;
+        let item = AlertSeed(self.status);
+        bounded::each_item(seq, self.max, "alerts", item, |(in_force, listed)| {
+            if in_force {
+                reports.push(listed.firing(self.source, self.now_ms));
+            } else if let (Source::Webhook, Some(fingerprint)) = (self.source, listed.fingerprint())
+            {
+                reports.push(Report::Resolved(fingerprint));
+            }
+            Ok(())
+        })?;
         Ok(reports)
     }
 }
 
-/// Reads one alert of a webhook: firing or not, and what it carries.
+/// Reads one alert: in force or not, as its seed reads the status, and what
+/// it carries.
 #[derive(Clone, Copy)]
-struct WebhookAlert;
+struct AlertSeed<St>(St);
 
-impl<'de> DeserializeSeed<'de> for WebhookAlert {
+impl<'de, St: DeserializeSeed<'de, Value = bool> + Copy> DeserializeSeed<'de> for AlertSeed<St> {
     type Value = (bool, Listed);
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
@@ -240,7 +263,7 @@ impl<'de> DeserializeSeed<'de> for WebhookAlert {
     }
 }
 
-impl<'de> Visitor<'de> for WebhookAlert {
+impl<'de, St: DeserializeSeed<'de, Value = bool> + Copy> Visitor<'de> for AlertSeed<St> {
     type Value = (bool, Listed);
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -248,25 +271,16 @@ impl<'de> Visitor<'de> for WebhookAlert {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let (mut firing, mut listed) = (None, Listed::default());
+        let (mut in_force, mut listed) = (None, Listed::default());
         while let Some(key) = map.next_key_seed(Raw)? {
-            if bounded::name(key, &["status"]).is_none() {
+            if bounded::name(key, &["status"]).is_some() {
+                in_force = Some(map.next_value_seed(self.0)?);
+            } else {
                 listed.member(key, &mut map)?;
-                continue;
             }
-            firing = match Text::of(map.next_value_seed(Raw)?, MAX_VERSION_LEN) {
-                Text::Short(s) if s == "firing" => Some(true),
-                Text::Short(s) if s == "resolved" => Some(false),
-                Text::Short(other) => {
-                    return Err(A::Error::custom(format!("alert status {other:?}")));
-                }
-                Text::Long | Text::Other => {
-                    return Err(A::Error::custom("an alert status that is no status"));
-                }
-            };
         }
-        let firing = firing.ok_or_else(|| A::Error::custom("an alert without a status"))?;
-        Ok((firing, listed))
+        let in_force = in_force.ok_or_else(|| A::Error::custom("an alert without a status"))?;
+        Ok((in_force, listed))
     }
 }
 

@@ -11,7 +11,7 @@
 
 use std::borrow::Cow;
 
-use serde::de::{DeserializeSeed, Deserializer, Error as _, IgnoredAny, SeqAccess};
+use serde::de::{DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -168,6 +168,31 @@ where
         None => Ok(()),
         Some(_) => Err(A::Error::custom(format!("more than {max} {what}"))),
     }
+}
+
+/// Hands each member of the object `map` whose key is one of `names` to
+/// `each`, with that name and the map to read its value from (which `each`
+/// reads, once); any other member is read past, in place. Of a key given
+/// twice, each member is handed over in turn. The error of `each` refuses the
+/// object.
+pub fn each_member<'de, A, F>(
+    mut map: A,
+    names: &[&'static str],
+    mut each: F,
+) -> Result<(), A::Error>
+where
+    A: MapAccess<'de>,
+    F: FnMut(&'static str, &mut A) -> Result<(), A::Error>,
+{
+    while let Some(key) = map.next_key_seed(Raw)? {
+        match name(key, names) {
+            Some(wanted) => each(wanted, &mut map)?,
+            None => {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -5,9 +5,9 @@
 
 use std::fmt;
 
-use serde::de::{DeserializeSeed, Deserializer, Error as _, MapAccess, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, Visitor};
 
-use crate::degrade::alerts::{Listed, Report, Source};
+use crate::degrade::alerts::{AlertList, Report, Source};
 use crate::json::bounded::{self, Raw, Text};
 
 /// Most alerts one answer may list; a longer answer is refused whole, on the
@@ -20,80 +20,13 @@ pub const MAX_LISTED: usize = 10_000;
 /// are kept, so what reading takes is bounded by [`MAX_LISTED`], not by what
 /// the answer is made of.
 pub fn parse(body: &[u8], now_ms: u64) -> Result<Vec<Report>, String> {
-    bounded::read(body, Listing { now_ms })
-        .map_err(|e| format!("not Alertmanager's alert list: {e}"))
-}
-
-/// Reads the list of alerts.
-#[derive(Clone, Copy)]
-struct Listing {
-    now_ms: u64,
-}
-
-impl<'de> DeserializeSeed<'de> for Listing {
-    type Value = Vec<Report>;
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_seq(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Listing {
-    type Value = Vec<Report>;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a list of alerts")
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-        let mut reports = Vec::new();
-        bounded::each_item(
-            seq,
-            MAX_LISTED,
-            "alerts",
-            ListedAlert,
-            |(in_force, listed)| {
-                if in_force {
-                    reports.push(listed.firing(Source::Pulled, self.now_ms));
-                }
-                Ok(())
-            },
-        )?;
-        Ok(reports)
-    }
-}
-
-/// Reads one listed alert: in force or not, and what it carries.
-#[derive(Clone, Copy)]
-struct ListedAlert;
-
-impl<'de> DeserializeSeed<'de> for ListedAlert {
-    type Value = (bool, Listed);
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for ListedAlert {
-    type Value = (bool, Listed);
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("an alert object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let (mut in_force, mut listed) = (None, Listed::default());
-        while let Some(key) = map.next_key_seed(Raw)? {
-            if bounded::name(key, &["status"]).is_some() {
-                in_force = Some(map.next_value_seed(Status)?);
-            } else {
-                listed.member(key, &mut map)?;
-            }
-        }
-        let in_force = in_force.ok_or_else(|| A::Error::custom("an alert without a status"))?;
-        Ok((in_force, listed))
-    }
+    let list = AlertList {
+        status: Status,
+        max: MAX_LISTED,
+        source: Source::Pulled,
+        now_ms,
+    };
+    bounded::read(body, list).map_err(|e| format!("not Alertmanager's alert list: {e}"))
 }
 
 /// Reads an alert's status: in force when active, and neither silenced nor

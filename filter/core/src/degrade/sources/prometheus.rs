@@ -121,22 +121,19 @@ impl<'de> Visitor<'de> for Answer<'_> {
         f.write_str("a Prometheus answer object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
         let mut read = Read {
             status: None,
             data: None,
         };
-        while let Some(key) = map.next_key_seed(Raw)? {
-            match bounded::name(key, &["status", "data"]) {
-                Some("status") => {
-                    read.status = Some(Text::of(map.next_value_seed(Raw)?, MAX_WORD_LEN));
-                }
-                Some("data") => read.data = Some(map.next_value_seed(DataSeed(self))?),
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
+        bounded::each_member(map, &["status", "data"], |name, map| {
+            if name == "status" {
+                read.status = Some(Text::of(map.next_value_seed(Raw)?, MAX_WORD_LEN));
+            } else {
+                read.data = Some(map.next_value_seed(DataSeed(self))?);
             }
-        }
+            Ok(())
+        })?;
         Ok(read)
     }
 }
@@ -161,29 +158,25 @@ impl<'de> Visitor<'de> for DataSeed<'_> {
         f.write_str("a data object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
         let mut data = Data {
             kind: None,
             samples: None,
         };
-        while let Some(key) = map.next_key_seed(Raw)? {
-            match bounded::name(key, &["resultType", "result"]) {
-                Some("resultType") => {
-                    data.kind = Some(Text::of(map.next_value_seed(Raw)?, MAX_WORD_LEN));
-                }
-                Some("result")
-                    if data
-                        .kind
-                        .as_ref()
-                        .is_none_or(|k| k.short() == Some("vector")) =>
-                {
-                    data.samples = Some(map.next_value_seed(VectorSeed(self.0))?);
-                }
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
+        bounded::each_member(map, &["resultType", "result"], |name, map| {
+            if name == "resultType" {
+                data.kind = Some(Text::of(map.next_value_seed(Raw)?, MAX_WORD_LEN));
+            } else if data
+                .kind
+                .as_ref()
+                .is_none_or(|k| k.short() == Some("vector"))
+            {
+                data.samples = Some(map.next_value_seed(VectorSeed(self.0))?);
+            } else {
+                map.next_value::<IgnoredAny>()?;
             }
-        }
+            Ok(())
+        })?;
         Ok(data)
     }
 }
@@ -251,17 +244,16 @@ impl<'de> Visitor<'de> for SampleSeed<'_> {
         f.write_str("a sample object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
         let (mut model, mut value) = (None, None);
-        while let Some(key) = map.next_key_seed(Raw)? {
-            match bounded::name(key, &["metric", "value"]) {
-                Some("metric") => model = map.next_value_seed(MetricSeed(self.0))?,
-                Some("value") => value = Some(map.next_value_seed(PairSeed)?),
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
+        bounded::each_member(map, &["metric", "value"], |name, map| {
+            if name == "metric" {
+                model = map.next_value_seed(MetricSeed(self.0))?;
+            } else {
+                value = Some(map.next_value_seed(PairSeed)?);
             }
-        }
+            Ok(())
+        })?;
         let value =
             value.ok_or_else(|| A::Error::custom("a sample without a [time, \"value\"] pair"))?;
         Ok((model, value))

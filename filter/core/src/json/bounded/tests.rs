@@ -1,7 +1,7 @@
 use std::fmt;
 
 use proptest::prelude::*;
-use serde::de::{SeqAccess, Visitor};
+use serde::de::{MapAccess, SeqAccess, Visitor};
 
 use super::*;
 use crate::fuzz::{self, Doc};
@@ -35,6 +35,40 @@ impl<'de> Visitor<'de> for Items {
             Ok(())
         })?;
         Ok(items)
+    }
+}
+
+/// Reads an object, keeping the text of each member named `a` or `b`, in
+/// order; a member `b` of `"stop"` refuses it.
+#[derive(Clone, Copy)]
+struct Members;
+
+impl<'de> DeserializeSeed<'de> for Members {
+    type Value = Vec<(&'static str, &'de str)>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Members {
+    type Value = Vec<(&'static str, &'de str)>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        let mut members = Vec::new();
+        each_member(map, &["a", "b"], |name, map| {
+            let raw = map.next_value_seed(Raw)?;
+            if name == "b" && raw == r#""stop""# {
+                return Err(A::Error::custom("told to stop"));
+            }
+            members.push((name, raw));
+            Ok(())
+        })?;
+        Ok(members)
     }
 }
 
@@ -144,6 +178,21 @@ fn items_are_refused_one_past_the_bound() {
     let e = read(br#"[1,"stop",3]"#, Items(3)).unwrap_err();
     assert!(e.contains("told to stop"), "{e}");
     assert!(read(b"{}", Items(3)).is_err());
+}
+
+#[test]
+fn members_wanted_are_handed_over_the_rest_read_past() {
+    let body = br#"{"x":[1,{"a":2}],"b":"one","\u0061":{"c":3},"ab":4,"a":5}"#;
+    assert_eq!(
+        read(body, Members).unwrap(),
+        [("b", r#""one""#), ("a", r#"{"c":3}"#), ("a", "5")]
+    );
+    assert_eq!(read(b"{}", Members).unwrap(), []);
+    let e = read(br#"{"a":1,"b":"stop","a":2}"#, Members).unwrap_err();
+    assert!(e.contains("told to stop"), "{e}");
+    for broken in [&b"[]"[..], br#"{"x":}"#, br#"{"a":1"#] {
+        assert!(read(broken, Members).is_err());
+    }
 }
 
 proptest! {
