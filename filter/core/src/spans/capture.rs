@@ -23,6 +23,12 @@ use crate::classify::Endpoint;
 use crate::json::Json;
 use crate::sse::Transcript;
 
+/// Bytes of a text read past what a capture can keep of it, so a secret
+/// that starts in the kept part is whole when it is redacted (keys, tokens
+/// and PEM blocks are a few KB; a PEM block cut short is redacted to the
+/// end anyway).
+const REDACT_MARGIN: usize = 64 * 1024;
+
 /// The end of a text cut to fit.
 pub const CUT_MARK: &str = "…[truncated]";
 
@@ -138,6 +144,19 @@ impl<'r> Reader<'r> {
             self.read = self.limit.saturating_add(1);
             return CUT_MARK.to_string();
         }
+        // What can be kept, and room for the longest secret that may start
+        // in it: a text past that is redacted no further (a prompt of a MB
+        // would cost its whole scan for a few KB kept).
+        let window = room.saturating_add(REDACT_MARGIN);
+        let (s, lost) = if s.len() > window {
+            let mut end = window;
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            (s.get(..end).unwrap_or_default(), true)
+        } else {
+            (s, lost)
+        };
         let mut r = redact::redact(s, &self.rules).into_owned();
         if lost {
             r.truncate(redact::whole_words(&r));

@@ -230,6 +230,48 @@ fn captured_text_is_redacted_before_it_is_cut() {
     );
 }
 
+#[test]
+fn a_long_text_is_redacted_only_as_far_as_the_capture_can_keep() {
+    // A secret in what is kept, then a megabyte: the capture is the same
+    // as of the short text, and a secret near the bound is still whole when
+    // redacted, however much follows.
+    let c = cfg(4096);
+    let head = format!("{} key sk-live1234567890abcdef", "word ".repeat(800));
+    let long = format!("{head} {}", "tail ".repeat(200_000));
+    let body = |t: &str| request(json!({"messages": [{"role": "user", "content": t}]}));
+    let short = prompt(&c, Endpoint::Chat, &body(&head))
+        .unwrap()
+        .messages
+        .unwrap();
+    let m = prompt(&c, Endpoint::Chat, &body(&long))
+        .unwrap()
+        .messages
+        .unwrap();
+    assert!(m.cut && !m.json.contains("sk-live"), "{}", m.json);
+    assert!(m.json.contains("[REDACTED]"), "{}", m.json);
+    let kept = parsed(&m)[0]["parts"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let whole = parsed(&short)[0]["parts"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(kept.starts_with(&whole), "{kept}");
+    // A PEM block that starts in the kept part and runs past the window
+    // is redacted to where the window ends.
+    let pem = format!(
+        "{} -----BEGIN PRIVATE KEY-----\n{}",
+        "word ".repeat(800),
+        "QUJD".repeat(40_000)
+    );
+    let m = prompt(&c, Endpoint::Chat, &body(&pem))
+        .unwrap()
+        .messages
+        .unwrap();
+    assert!(!m.json.contains("QUJD"), "{}", m.json);
+}
+
 /// A capture's JSON, all of its attributes.
 fn all(p: &Option<Prompt>, c: &Option<Captured>) -> String {
     let p = p.clone().unwrap_or_default();
