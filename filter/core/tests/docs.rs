@@ -425,6 +425,13 @@ fn the_bounds_a_user_can_hit_are_stated_as_the_code_holds_them() {
         (
             "routing.md",
             format!(
+                "A metrics page longer than {} is left unread",
+                size(routing::probe::MAX_METRICS_BYTES)
+            ),
+        ),
+        (
+            "routing.md",
+            format!(
                 "of either, the first {} bytes count",
                 count(routing::affinity::MAX_KEY_BYTES)
             ),

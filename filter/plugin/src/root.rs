@@ -15,7 +15,7 @@ use llm_filter_core::degrade::sources::{Pull, Puller, MAX_ANSWER_BYTES};
 use llm_filter_core::host::footprint::{Census, KEYS_PER_STEP};
 use llm_filter_core::host::{Random, SplitMix64};
 use llm_filter_core::metrics::BoundedLabel;
-use llm_filter_core::routing::probe::{Probe, ProbeEnd, Prober};
+use llm_filter_core::routing::probe::{Probe, ProbeEnd, Prober, MAX_METRICS_BYTES};
 use llm_filter_core::walk::Wake;
 use llm_filter_core::{degrade, load};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -305,7 +305,7 @@ impl Context for Root {
         let Some(probe) = self.probes.remove(&token) else {
             return;
         };
-        let (status, body) = callout_answer(body_size, probe.kind.reads_body(), usize::MAX);
+        let (status, body) = callout_answer(body_size, probe.kind.reads_body(), MAX_METRICS_BYTES);
         let end = ProbeEnd::of(status, &body);
         worker.with_metrics(|m| {
             let cfg = &worker.config.routing;

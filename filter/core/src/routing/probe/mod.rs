@@ -13,6 +13,10 @@ use crate::metrics;
 
 /// Shared-data key of the probe lease.
 pub const LEASE_KEY: &str = "llm_filter.routing.v1.probe_lease";
+/// Most bytes of a model server's metrics page read: a longer one is left
+/// unread (no load signal from it), so a backend's page costs the proxy a
+/// bounded copy per worker that probes.
+pub const MAX_METRICS_BYTES: usize = 4 << 20;
 pub use prometheus::parse_load;
 
 /// What a probe asks a cluster.
