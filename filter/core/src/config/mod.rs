@@ -267,9 +267,41 @@ impl TryFrom<RawConfig> for Config {
             limits: LimitsConfig::compile(raw.limits).map_err(|e| e.within("limits"))?,
             names: Names::default(),
         };
-        config.names = Names::of(&config);
+        config.names = names_of(&config);
         Ok(config)
     }
+}
+
+/// Every model and cluster `config` names, its A/B groups' included: each
+/// section says which models it names.
+fn names_of(config: &Config) -> Names {
+    let mut models: Vec<&str> = Vec::new();
+    config.routing.named_models(&mut models);
+    config.degrade.named_models(&mut models);
+    for g in &config.ab.groups {
+        if let Some(r) = &g.routing {
+            r.named_models(&mut models);
+        }
+        if let Some(d) = &g.degrade {
+            d.named_models(&mut models);
+        }
+    }
+    for rule in &config.limits.rules {
+        models.extend(rule.models.iter().flatten().map(String::as_str));
+        models.extend(rule.degrade.iter().filter_map(|d| d.model.as_deref()));
+    }
+    // `*` prices every other model: it names none.
+    models.extend(
+        config
+            .limits
+            .prices
+            .keys()
+            .map(String::as_str)
+            .filter(|m| *m != "*"),
+    );
+    models.extend(config.cache.deterministic_models.iter().map(String::as_str));
+    let clusters = config.routing.clusters.iter().map(|c| c.cluster.as_str());
+    Names::new(models, clusters)
 }
 
 /// `tracing.capture`, which needs somewhere to put what it captures, and
@@ -360,6 +392,65 @@ fn compile_paths(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_section_that_names_a_model_is_read() {
+        let c = Config::parse(
+            br#"{
+              "routing": {
+                "models": {"gpt-4o": [{"cluster": "east", "model": "gpt-4o-2024"}],
+                           "small": [{"cluster": "cache.west"}]},
+                "rules": [{"when": {"model": ["alias"]}, "model": "small"}],
+                "fallbacks": {"gpt-4o": {"to": ["small"]}}
+              },
+              "degrade": {
+                "thresholds": [{"model": "watched", "signal": "rps", "above": 1, "level": 1}],
+                "fallback_model": {"big": "cheap"},
+                "alerts": [{"model": "alerted", "level": 2}]
+              },
+              "limits": {
+                "rules": [{"name": "r", "models": ["limited"], "requests_per_minute": 5,
+                           "degrade": {"model": "limited-cheap"}}],
+                "prices": {"priced": {"input": 1, "output": 2}, "*": {"input": 1, "output": 1}}
+              },
+              "cache": {"deterministic_models": ["embed model"]},
+              "ab": {"groups": [
+                {"name": "g", "percent": 50, "overrides": {
+                  "routing": {"models": {"small": [{"cluster": "canary-c", "model": "canary"}]}},
+                  "degrade": {"fallback_model": {"small": "tiny"}}}},
+                {"name": "h", "percent": 50}]}
+            }"#,
+        )
+        .unwrap();
+        let n = &c.names;
+        assert_eq!(
+            n.models(),
+            [
+                "alerted",
+                "alias",
+                "big",
+                "canary",
+                "cheap",
+                "embed model",
+                "gpt-4o",
+                "gpt-4o-2024",
+                "limited",
+                "limited-cheap",
+                "priced",
+                "small",
+                "tiny",
+                "watched"
+            ]
+        );
+        assert!(n.has_model("gpt-4o") && !n.has_model("gpt-4"));
+        assert!(n.has_model_label("embed_model") && !n.has_model("embed_model"));
+        assert!(n.has_cluster_label("east") && n.has_cluster_label("canary-c"));
+        assert!(n.has_cluster_label("cache_west") && !n.has_cluster_label("cache.west"));
+        assert!(!n.has_cluster_label("made-up"));
+        let n = Config::parse(b"{}").unwrap().names;
+        assert!(n.models().is_empty());
+        assert!(!n.has_model("") && !n.has_model_label("other"));
+    }
 
     #[test]
     fn empty_document_is_useful() {

@@ -6,11 +6,7 @@
 //! models cannot push out what the configuration acts on; the names it did
 //! not give share what is left, and then one overflow entry.
 
-use crate::degrade::DegradeConfig;
-use crate::routing::RoutingConfig;
 use crate::stat_name;
-
-use super::Config;
 
 /// The models and clusters a configuration names, compiled once.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -25,42 +21,15 @@ pub struct Names {
 }
 
 impl Names {
-    /// Every model and cluster `config` names, its A/B groups' included.
-    pub fn of(config: &Config) -> Self {
-        let mut models: Vec<&str> = Vec::new();
-        routing_models(&config.routing, &mut models);
-        degrade_models(&config.degrade, &mut models);
-        for g in &config.ab.groups {
-            if let Some(r) = &g.routing {
-                routing_models(r, &mut models);
-            }
-            if let Some(d) = &g.degrade {
-                degrade_models(d, &mut models);
-            }
-        }
-        for rule in &config.limits.rules {
-            models.extend(rule.models.iter().flatten().map(String::as_str));
-            models.extend(rule.degrade.iter().filter_map(|d| d.model.as_deref()));
-        }
-        // `*` prices every other model: it names none.
-        models.extend(
-            config
-                .limits
-                .prices
-                .keys()
-                .map(String::as_str)
-                .filter(|m| *m != "*"),
-        );
-        models.extend(config.cache.deterministic_models.iter().map(String::as_str));
+    /// The set of `models` and routed `clusters` (each as often as it
+    /// comes: kept once).
+    pub fn new<'a>(
+        models: impl IntoIterator<Item = &'a str>,
+        clusters: impl IntoIterator<Item = &'a str>,
+    ) -> Self {
         let models = sorted(models.into_iter().map(str::to_string));
         let model_labels = sorted(models.iter().map(|m| stat_name::label_value(m)));
-        let cluster_labels = sorted(
-            config
-                .routing
-                .clusters
-                .iter()
-                .map(|c| stat_name::label_value(&c.cluster)),
-        );
+        let cluster_labels = sorted(clusters.into_iter().map(stat_name::label_value));
         Self {
             models,
             model_labels,
@@ -105,41 +74,6 @@ impl Names {
     }
 }
 
-/// The models a routing table names: its keys, what each backend is sent,
-/// the aliases its rules match, the models of its fallback chains.
-fn routing_models<'a>(r: &'a RoutingConfig, out: &mut Vec<&'a str>) {
-    for (model, backends) in &r.models {
-        out.push(model);
-        out.extend(backends.iter().filter_map(|b| b.model.as_deref()));
-    }
-    for rule in &r.rules {
-        out.push(&rule.model);
-        out.extend(rule.when.models.iter().flatten().map(String::as_str));
-    }
-    for (model, chain) in &r.fallbacks {
-        out.push(model);
-        out.extend(chain.to.iter().map(String::as_str));
-    }
-}
-
-/// The models a degrade section names: the thresholds', the fallback
-/// models on both sides, the alert rules' `model` matchers.
-fn degrade_models<'a>(d: &'a DegradeConfig, out: &mut Vec<&'a str>) {
-    out.extend(d.thresholds.iter().filter_map(|t| t.model.as_deref()));
-    for (from, to) in &d.fallback_model {
-        out.push(from);
-        out.push(to);
-    }
-    for rule in &d.alerts {
-        out.extend(
-            rule.matchers
-                .iter()
-                .filter(|(label, _)| *label == "model")
-                .map(|(_, v)| v.as_str()),
-        );
-    }
-}
-
 fn sorted(names: impl Iterator<Item = String>) -> Vec<String> {
     let mut v: Vec<String> = names.collect();
     v.sort();
@@ -152,66 +86,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_section_that_names_a_model_is_read() {
-        let c = Config::parse(
-            br#"{
-              "routing": {
-                "models": {"gpt-4o": [{"cluster": "east", "model": "gpt-4o-2024"}],
-                           "small": [{"cluster": "cache.west"}]},
-                "rules": [{"when": {"model": ["alias"]}, "model": "small"}],
-                "fallbacks": {"gpt-4o": {"to": ["small"]}}
-              },
-              "degrade": {
-                "thresholds": [{"model": "watched", "signal": "rps", "above": 1, "level": 1}],
-                "fallback_model": {"big": "cheap"},
-                "alerts": [{"model": "alerted", "level": 2}]
-              },
-              "limits": {
-                "rules": [{"name": "r", "models": ["limited"], "requests_per_minute": 5,
-                           "degrade": {"model": "limited-cheap"}}],
-                "prices": {"priced": {"input": 1, "output": 2}, "*": {"input": 1, "output": 1}}
-              },
-              "cache": {"deterministic_models": ["embed model"]},
-              "ab": {"groups": [
-                {"name": "g", "percent": 50, "overrides": {
-                  "routing": {"models": {"small": [{"cluster": "canary-c", "model": "canary"}]}},
-                  "degrade": {"fallback_model": {"small": "tiny"}}}},
-                {"name": "h", "percent": 50}]}
-            }"#,
-        )
-        .unwrap();
-        let n = &c.names;
-        assert_eq!(
-            n.models(),
-            [
-                "alerted",
-                "alias",
-                "big",
-                "canary",
-                "cheap",
-                "embed model",
-                "gpt-4o",
-                "gpt-4o-2024",
-                "limited",
-                "limited-cheap",
-                "priced",
-                "small",
-                "tiny",
-                "watched"
-            ]
-        );
-        assert!(n.has_model("gpt-4o") && !n.has_model("gpt-4"));
+    fn names_are_kept_once_and_compared_as_labels_too() {
+        let n = Names::new(["b", "embed model", "a", "b"], ["cache.west", "east"]);
+        assert_eq!(n.models(), ["a", "b", "embed model"]);
+        assert!(n.has_model("a") && !n.has_model("c"));
         // Labels are compared as shared data and Prometheus write them.
         assert!(n.has_model_label("embed_model") && !n.has_model("embed_model"));
-        assert!(n.has_cluster_label("east") && n.has_cluster_label("canary-c"));
         assert!(n.has_cluster_label("cache_west") && !n.has_cluster_label("cache.west"));
-        assert!(!n.has_cluster_label("made-up"));
-    }
-
-    #[test]
-    fn an_empty_configuration_names_nothing() {
-        let n = Config::parse(b"{}").unwrap().names;
-        assert!(n.models().is_empty());
-        assert!(!n.has_model("") && !n.has_model_label("other"));
+        assert_eq!((n.model_labels(), n.cluster_labels()), (3, 2));
+        let none = Names::default();
+        assert!(none.models().is_empty() && !none.has_model_label("other"));
     }
 }

@@ -271,6 +271,24 @@ fn default_actions() -> LevelActions {
 }
 
 impl DegradeConfig {
+    /// Adds the models the section names to `out`: the thresholds', the
+    /// fallback models on both sides, the alert rules' `model` matchers.
+    pub fn named_models<'a>(&'a self, out: &mut Vec<&'a str>) {
+        out.extend(self.thresholds.iter().filter_map(|t| t.model.as_deref()));
+        for (from, to) in &self.fallback_model {
+            out.push(from);
+            out.push(to);
+        }
+        for rule in &self.alerts {
+            out.extend(
+                rule.matchers
+                    .iter()
+                    .filter(|(label, _)| *label == "model")
+                    .map(|(_, v)| v.as_str()),
+            );
+        }
+    }
+
     /// What `level` does to a call of priority `p`.
     pub fn actions(&self, level: u8, p: Priority) -> &[Action] {
         let Some(i) = usize::from(level).checked_sub(1) else {

@@ -266,6 +266,24 @@ impl Default for RoutingConfig {
 }
 
 impl RoutingConfig {
+    /// Adds the models the table names to `out`: its keys, what each backend
+    /// is sent, the aliases its rules match, the models of its fallback
+    /// chains.
+    pub fn named_models<'a>(&'a self, out: &mut Vec<&'a str>) {
+        for (model, backends) in &self.models {
+            out.push(model);
+            out.extend(backends.iter().filter_map(|b| b.model.as_deref()));
+        }
+        for rule in &self.rules {
+            out.push(&rule.model);
+            out.extend(rule.when.models.iter().flatten().map(String::as_str));
+        }
+        for (model, chain) in &self.fallbacks {
+            out.push(model);
+            out.extend(chain.to.iter().map(String::as_str));
+        }
+    }
+
     /// Compiles the section, one error per broken invariant, naming the field
     /// relative to the section (`models.gpt-4o[1].weight`) and the bad value.
     pub fn compile(raw: RawRoutingConfig) -> Result<Self, ConfigError> {
