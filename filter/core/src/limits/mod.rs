@@ -309,7 +309,7 @@ pub enum Switch {
     },
     /// A rule of the new model is spent and degrades: the call stays on the
     /// cheaper model it was on.
-    Stay(Refused),
+    Stay,
     /// A rule of the new model refuses it.
     Refuse(Refused),
 }
@@ -330,13 +330,6 @@ pub fn switch(
 ) -> Switch {
     let mut kept = Vec::new();
     let mut added: Vec<Held> = Vec::new();
-    let over = |refused: Refused, degrades: bool| {
-        if degrades {
-            Switch::Stay(refused)
-        } else {
-            Switch::Refuse(refused)
-        }
-    };
     for (index, rule) in cfg.rules.iter().enumerate() {
         if !rule.applies(ask.priority, ask.model) {
             continue;
@@ -355,17 +348,9 @@ pub fn switch(
             // Only its degrade fits: the new model is over this rule's limit.
             Ok(Reserved::Held(h, Some(_), _)) => {
                 added.push(h);
-                Refused {
-                    rule: rule.name.clone(),
-                    limit: rule.limits.first().map_or("", |l| l.name),
-                    measure: rule.limits.first().map_or(Measure::Requests, |l| l.measure),
-                    max: rule.limits.first().map_or(0, |l| l.max),
-                    wait_ms: None,
-                    requests: None,
-                    tokens: None,
-                }
+                None
             }
-            Ok(Reserved::Over(r)) => r,
+            Ok(Reserved::Over(r)) => Some(r),
             Err(()) => {
                 count(metrics, rule, "unenforced");
                 internal_error(metrics, "limits_store");
@@ -374,7 +359,10 @@ pub fn switch(
         };
         count(metrics, rule, "rejected");
         release(store, cfg, metrics, &added, ask.now_ms);
-        return over(refused, rule.degrade.is_some());
+        return match refused {
+            Some(r) if rule.degrade.is_none() => Switch::Refuse(r),
+            _ => Switch::Stay,
+        };
     }
     let left_behind = held.iter().filter(|h| !kept.contains(h)).cloned().collect();
     kept.extend(added);

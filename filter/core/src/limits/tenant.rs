@@ -33,11 +33,11 @@ pub fn normalised<'v>(name: &str, value: &'v str) -> Option<std::borrow::Cow<'v,
         None => (value, ""),
     };
     if rest.is_empty() {
-        // A scheme alone, or a bare token: the token is the credential.
-        return match scheme.eq_ignore_ascii_case("bearer") || scheme.is_empty() {
-            true => None,
-            false => Some(std::borrow::Cow::Borrowed(scheme)),
-        };
+        // A bare token is the credential; `Bearer` alone (or nothing) is none.
+        if scheme.is_empty() || scheme.eq_ignore_ascii_case("bearer") {
+            return None;
+        }
+        return Some(std::borrow::Cow::Borrowed(scheme));
     }
     if scheme.eq_ignore_ascii_case("bearer") {
         return Some(std::borrow::Cow::Borrowed(rest));

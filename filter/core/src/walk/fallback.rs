@@ -112,17 +112,13 @@ impl Call {
         };
         let from = self.chain_model().unwrap_or_default().to_string();
         // The rules of the model the call would reach hold it before it goes.
-        match self.limit_move(env, next) {
-            None => {}
-            Some(limits::Switch::Refuse(r)) => {
-                fallback::count(env.metrics, &from, class, FailoverResult::Limited);
-                return self.refuse_move(env, host, &r);
-            }
-            Some(_) => {
+        if let Some(held_back) = self.limit_move(env, next) {
+            fallback::count(env.metrics, &from, class, FailoverResult::Limited);
+            return match held_back {
+                limits::Switch::Refuse(r) => self.refuse_move(env, host, &r),
                 // Kept on the cheaper model: its own answer goes on.
-                fallback::count(env.metrics, &from, class, FailoverResult::Limited);
-                return false;
-            }
+                _ => false,
+            };
         }
         let cluster = match self.send_to_model(env, host, next) {
             Sent::To(cluster) => cluster,

@@ -107,7 +107,8 @@ impl Call {
     /// it: it computes the tenant itself, so a forged value chooses at most
     /// the replica.
     pub(super) fn name_tenant(&self, env: &mut Env<'_>, host: &mut dyn Host) {
-        let cfg = &env.config.limits;
+        let config = env.config;
+        let cfg = &config.limits;
         if !cfg.uses_shard_header() {
             return;
         }
@@ -115,8 +116,7 @@ impl Call {
             limits::config::Mode::Shard => self.tenant(env, host),
             limits::config::Mode::Local => None,
         };
-        let header = env.config.limits.shard_header.clone();
-        set_request(env, host, &header, tenant.as_deref());
+        set_request(env, host, &cfg.shard_header, tenant.as_deref());
     }
 
     /// The call's tenant, as `limits.tenant` says where it comes from.
