@@ -26,6 +26,7 @@
 
 use hashbrown::HashSet;
 
+use crate::config::Names;
 use crate::host::Metrics;
 pub use crate::stat_name::{label_value, name, push_value, MAX_VALUE_LEN, UNKNOWN};
 
@@ -238,7 +239,7 @@ pub fn internal_error(m: &mut dyn Metrics, reason: &str) {
 #[derive(Debug)]
 pub struct BoundedLabel {
     seen: HashSet<String>,
-    known: HashSet<String>,
+    known: Names,
     cap: usize,
 }
 
@@ -247,14 +248,14 @@ impl BoundedLabel {
     pub fn new(cap: usize) -> Self {
         Self {
             seen: HashSet::new(),
-            known: HashSet::new(),
+            known: Names::default(),
             cap,
         }
     }
 
-    /// The bound with `known` values kept outside it.
-    pub fn knowing<'a>(mut self, known: impl IntoIterator<Item = &'a String>) -> Self {
-        self.known = known.into_iter().cloned().collect();
+    /// The bound with the models `known` names kept outside it.
+    pub fn knowing(mut self, known: &Names) -> Self {
+        self.known = known.clone();
         self
     }
 
@@ -263,7 +264,7 @@ impl BoundedLabel {
         let Some(raw) = raw.filter(|r| !r.is_empty()) else {
             return UNKNOWN;
         };
-        if self.known.contains(raw) || self.seen.contains(raw) {
+        if self.known.has_model(raw) || self.seen.contains(raw) {
             return raw;
         }
         if self.seen.len() < self.cap {
@@ -473,7 +474,7 @@ mod tests {
 
     #[test]
     fn known_values_keep_their_label_whatever_came_first() {
-        let known = ["routed".to_string(), "cheap".to_string()];
+        let known = Names::new(["routed", "cheap"], []);
         let mut l = BoundedLabel::new(2).knowing(&known);
         for made_up in ["x1", "x2"] {
             assert_eq!(l.value(Some(made_up)), made_up);

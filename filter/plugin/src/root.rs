@@ -344,7 +344,7 @@ impl RootContext for Root {
         self.prober = Prober::new(rng.next_u64().max(1));
         self.puller = Puller::new(rng.next_u64().max(1));
         self.census = Census::new(&config);
-        let model_labels = BoundedLabel::new(MAX_MODEL_LABELS).knowing(config.names.models());
+        let model_labels = BoundedLabel::new(MAX_MODEL_LABELS).knowing(&config.names);
         self.worker = Some(Rc::new(Worker::new(config, metrics, rng, model_labels)));
         if hostcall::set_tick_period(TICK).is_err() {
             log::warn!("llm-filter: no timer: parked calls rely on their own callbacks");

@@ -197,7 +197,7 @@ impl World {
     pub fn new(config: &str) -> Self {
         let config = Config::parse(config.as_bytes()).unwrap();
         Self {
-            models: BoundedLabel::new(10).knowing(config.names.models()),
+            models: BoundedLabel::new(10).knowing(&config.names),
             config,
             store: MemoryStore::new(),
             metrics: MemoryMetrics::default(),
