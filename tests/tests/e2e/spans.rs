@@ -416,24 +416,41 @@ async fn with_tracing_off_envoys_own_span_carries_the_calls_record() {
         .all(|s| s["resource"]["service.name"] == "llm-gateway"));
 }
 
-/// Envoy exporting spans to `otel_port` and printing each call's record to
-/// `log`, with `capture` as `tracing.capture`.
-fn capturing_envoy(
-    mock: &MockUpstream,
-    otel_port: u16,
-    log: &std::path::Path,
-    capture: Value,
-) -> Envoy {
-    EnvoyBuilder::new()
-        .plugin_config(json!({
-            "tracing": {"otlp": {"cluster": "otel", "interval_ms": 200}, "capture": capture},
-            "access_log": {"enabled": true}
-        }))
-        .upstream("mock", mock.port())
-        .upstream("otel", otel_port)
-        .access_log(log, "%FILTER_STATE(wasm.llm_filter.call:PLAIN)%")
-        .start()
-        .expect("envoy with the filter")
+/// A collector, a mock named `name` and Envoy exporting spans to the one and
+/// printing each call's record to `log`, with `capture` as `tracing.capture`.
+struct Capturing {
+    receiver: Receiver,
+    mock: MockUpstream,
+    /// Holds `log`.
+    _dir: tempfile::TempDir,
+    log: std::path::PathBuf,
+    envoy: Envoy,
+}
+
+impl Capturing {
+    fn start(name: &str, capture: Value) -> Self {
+        let receiver = Receiver::start(&[]);
+        let mock = MockUpstream::start(MockConfig::named(name));
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("access.log");
+        let envoy = EnvoyBuilder::new()
+            .plugin_config(json!({
+                "tracing": {"otlp": {"cluster": "otel", "interval_ms": 200}, "capture": capture},
+                "access_log": {"enabled": true}
+            }))
+            .upstream("mock", mock.port())
+            .upstream("otel", receiver.port)
+            .access_log(&log, "%FILTER_STATE(wasm.llm_filter.call:PLAIN)%")
+            .start()
+            .expect("envoy with the filter");
+        Self {
+            receiver,
+            mock,
+            _dir: dir,
+            log,
+            envoy,
+        }
+    }
 }
 
 /// A captured attribute of a span, parsed.
@@ -460,16 +477,13 @@ async fn each_dialects_prompt_and_completion_are_captured_when_asked() {
     if skip_without_envoy("each_dialects_prompt_and_completion_are_captured_when_asked") {
         return;
     }
-    let receiver = Receiver::start(&[]);
-    let mock = MockUpstream::start(MockConfig::named("capture"));
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    let e = capturing_envoy(
-        &mock,
-        receiver.port,
-        &log,
-        json!({"prompt": true, "completion": true}),
-    );
+    let Capturing {
+        receiver,
+        mock: _mock,
+        _dir,
+        log,
+        envoy: e,
+    } = Capturing::start("capture", json!({"prompt": true, "completion": true}));
     let chat = json!({"model": "gpt-4o", "messages": [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "capture a chat"}
@@ -589,14 +603,14 @@ async fn captures_are_cut_at_their_bound_and_redacted_while_the_call_is_untouche
     ) {
         return;
     }
-    let receiver = Receiver::start(&[]);
-    let mock = MockUpstream::start(MockConfig::named("capture-cut"));
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    let e = capturing_envoy(
-        &mock,
-        receiver.port,
-        &log,
+    let Capturing {
+        receiver,
+        mock,
+        _dir,
+        log: _,
+        envoy: e,
+    } = Capturing::start(
+        "capture-cut",
         json!({"prompt": true, "completion": true, "max_bytes": 512, "redact": ["tok_*"]}),
     );
     let url = e.url("/v1/chat/completions");

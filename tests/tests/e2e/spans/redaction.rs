@@ -8,13 +8,10 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use llm_filter_e2e::{
-    post_raw, skip_without_envoy, stream_sse, Canned, MockConfig, MockUpstream, Script,
-};
+use llm_filter_e2e::{post_raw, skip_without_envoy, stream_sse, Canned, Script};
 use serde_json::{json, Value};
 
-use super::{captured, capturing_envoy, texts};
-use crate::support::otlp::Receiver;
+use super::{captured, texts, Capturing};
 
 const ALNUM: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
 const UPPER: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
@@ -22,6 +19,14 @@ const DIGITS: &[u8] = b"0123456789";
 
 /// SplitMix64: random runs no other text of the test holds.
 struct Rng(u64);
+
+/// A seed from the clock: each run plants other secrets.
+fn clock_seed() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -345,23 +350,19 @@ async fn planted_secrets_of_every_kind_reach_neither_the_collector_nor_the_recor
     ) {
         return;
     }
-    let receiver = Receiver::start(&[]);
-    let mock = MockUpstream::start(MockConfig::named("capture-secrets"));
-    // Hundreds of events a stream: no pause between them.
-    mock.set_chunk_delay_ms(0);
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    let e = capturing_envoy(
-        &mock,
-        receiver.port,
-        &log,
+    let Capturing {
+        receiver,
+        mock,
+        _dir,
+        log,
+        envoy: e,
+    } = Capturing::start(
+        "capture-secrets",
         json!({"prompt": true, "completion": true, "max_bytes": 65536}),
     );
-    let seed = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    let p = Planted::new(seed);
+    // Hundreds of events a stream: no pause between them.
+    mock.set_chunk_delay_ms(0);
+    let p = Planted::new(clock_seed());
     let mut calls = 0;
     // Every call's leaks, each line from the collector and the record.
     let mut leaked = Vec::new();
@@ -496,22 +497,18 @@ async fn a_secret_the_bound_cuts_through_in_a_stream_is_left_out_whole() {
     if skip_without_envoy("a_secret_the_bound_cuts_through_in_a_stream_is_left_out_whole") {
         return;
     }
-    let receiver = Receiver::start(&[]);
-    let mock = MockUpstream::start(MockConfig::named("capture-stream-cut"));
-    mock.set_chunk_delay_ms(0);
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    let e = capturing_envoy(
-        &mock,
-        receiver.port,
-        &log,
+    let Capturing {
+        receiver,
+        mock,
+        _dir,
+        log,
+        envoy: e,
+    } = Capturing::start(
+        "capture-stream-cut",
         json!({"completion": true, "max_bytes": 1024}),
     );
-    let seed = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    let mut rng = Rng(seed);
+    mock.set_chunk_delay_ms(0);
+    let mut rng = Rng(clock_seed());
     // The bound (1025 bytes of text kept) falls inside the payload.
     let (header, payload, signature) =
         (rng.run(ALNUM, 40), rng.run(ALNUM, 600), rng.run(ALNUM, 43));
