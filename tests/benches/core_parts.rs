@@ -17,8 +17,8 @@ use llm_filter_core::cache::key::Key;
 use llm_filter_core::cache::semantic::config::SemanticConfig;
 use llm_filter_core::cache::semantic::{self, store, vector};
 use llm_filter_core::cache::{self, CacheRequest, Decision, Stamp, StreamAssembler};
-use llm_filter_core::classify::{classify, Endpoint};
 use llm_filter_core::config::Config;
+use llm_filter_core::dialect::{classify, Dialect};
 use llm_filter_core::host::{MemoryStore, Metrics, SharedStore};
 use llm_filter_core::json::{Document, Json};
 use llm_filter_core::observe;
@@ -109,7 +109,7 @@ fn main() {
     let parsed = Json::parse(plain.as_bytes()).expect("parse");
     let parsed_det = Json::parse(deterministic.as_bytes()).expect("parse");
     let request = |body| CacheRequest {
-        endpoint: Endpoint::Chat,
+        endpoint: Dialect::Chat,
         path: PATH,
         body: Some(body),
         cache_control: None,
@@ -145,7 +145,7 @@ fn main() {
     )
     .expect("a store write");
     let summary = CallSummary {
-        api: Endpoint::Chat,
+        api: Dialect::Chat,
         priority: Priority::P1,
         model: "gpt-4o",
         end: End::Answered(200),
@@ -174,7 +174,7 @@ fn main() {
     let conversation_doc = Document::parse(conversation.clone().into_bytes());
     let limits = shaping.shaping.limits(Priority::P1);
     let mut shaped = conversation_doc.clone();
-    let changes = shaping::shape(&mut shaped, Endpoint::Chat, &limits, shaping.shaping.field);
+    let changes = shaping::shape(&mut shaped, Dialect::Chat, &limits, shaping.shaping.field);
     assert!(!changes.is_empty(), "the conversation must be shaped");
     let shaped = shaped.into_bytes();
 
@@ -277,7 +277,7 @@ fn main() {
             time(|| {
                 let mut stream = sse::Stream::<sse::Chat>::new();
                 stream.strip_usage();
-                let mut asm = StreamAssembler::new(Endpoint::Chat, 262_144)
+                let mut asm = StreamAssembler::new(Dialect::Chat, 262_144)
                     .expect("an assembler for chat");
                 black_box(stream.feed(black_box(STREAM.as_bytes()), true, Some(&mut asm)));
                 black_box(asm.finish(STAMP).ok());
@@ -287,7 +287,7 @@ fn main() {
             "shape: trim history and cap max_tokens (`shaping::shape` on a copy of the parsed body, 12 messages)",
             time(|| {
                 let mut doc = black_box(&conversation_doc).clone();
-                black_box(shaping::shape(&mut doc, Endpoint::Chat, &limits, shaping.shaping.field));
+                black_box(shaping::shape(&mut doc, Dialect::Chat, &limits, shaping.shaping.field));
             }),
         ),
         (
@@ -376,7 +376,7 @@ fn semantic_parts(parsed: &Json) -> Vec<(String, f64)> {
     .expect("config");
     let sem = config.cache.semantic.as_ref().expect("semantic config");
     let req = CacheRequest {
-        endpoint: Endpoint::Chat,
+        endpoint: Dialect::Chat,
         path: PATH,
         body: Some(parsed),
         cache_control: None,

@@ -19,9 +19,9 @@ pub mod admin;
 pub mod baggage;
 pub mod budget;
 pub mod cache;
-pub mod classify;
 pub mod config;
 pub mod degrade;
+pub mod dialect;
 #[cfg(test)]
 mod fuzz;
 pub mod host;

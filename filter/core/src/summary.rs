@@ -27,7 +27,7 @@
 //! upstream's doing or the client's, which the filter cannot tell apart: the
 //! backend learns nothing from it.
 
-use crate::classify::Endpoint;
+use crate::dialect::Dialect;
 use crate::priority::Priority;
 use crate::usage::Usage;
 
@@ -135,7 +135,7 @@ impl End {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CallSummary<'a> {
     /// The API the call spoke (the `api` label of the request metrics).
-    pub api: Endpoint,
+    pub api: Dialect,
     /// The call's priority.
     pub priority: Priority,
     /// The model label (already bounded).
@@ -189,7 +189,7 @@ impl CallSummary<'static> {
     /// A call of model `m` at priority P1 that ended as `end` at time 0, for tests.
     pub(crate) fn ended(end: End) -> Self {
         Self {
-            api: Endpoint::Chat,
+            api: Dialect::Chat,
             priority: Priority::P1,
             model: "m",
             end,

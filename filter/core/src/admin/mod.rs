@@ -32,7 +32,7 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// Which endpoint a request asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Endpoint {
+enum Dialect {
     Alerts,
     State,
     Unknown,
@@ -66,9 +66,9 @@ impl AdminCall {
         };
         let method = host.request_header(":method").unwrap_or_default();
         let endpoint = match (method.as_str(), rest) {
-            ("POST", "/alerts") => Endpoint::Alerts,
-            ("GET", "/state") => Endpoint::State,
-            _ => Endpoint::Unknown,
+            ("POST", "/alerts") => Dialect::Alerts,
+            ("GET", "/state") => Dialect::State,
+            _ => Dialect::Unknown,
         };
         let Some(token) = cfg.token.as_deref() else {
             call.reply(env, host, 404, "not_found", "No such endpoint.");
@@ -90,15 +90,15 @@ impl AdminCall {
             return Some((call, Step::Pause));
         }
         match endpoint {
-            Endpoint::Unknown => {
+            Dialect::Unknown => {
                 call.reply(env, host, 404, "not_found", "No such endpoint.");
             }
-            Endpoint::State => {
+            Dialect::State => {
                 let body = state_json(env.store, env.config, env.now_ms);
                 call.send(env, host, 200, &body);
             }
-            Endpoint::Alerts if end_of_stream => call.alerts(env, host),
-            Endpoint::Alerts => {
+            Dialect::Alerts if end_of_stream => call.alerts(env, host),
+            Dialect::Alerts => {
                 let declared = host
                     .request_header("content-length")
                     .and_then(|v| v.trim().parse::<usize>().ok());

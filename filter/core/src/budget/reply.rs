@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use super::breaker::Admit;
-use crate::classify::Endpoint;
+use crate::dialect::Dialect;
 
 /// A reply the filter sends in place of the upstream's, in OpenAI's shape
 /// until [`LocalReply::in_dialect`] puts it in the caller's.
@@ -28,8 +28,8 @@ impl LocalReply {
     /// Messages, with the status its SDKs map to the matching error (529
     /// `overloaded_error` for a shed or refused call, which they retry after
     /// `retry-after`).
-    pub fn in_dialect(mut self, endpoint: Endpoint) -> Self {
-        if endpoint == Endpoint::Messages {
+    pub fn in_dialect(mut self, endpoint: Dialect) -> Self {
+        if endpoint == Dialect::Messages {
             let (status, kind) = self.kind.anthropic();
             self.status = status;
             self.body = anthropic_error_body(&self.message, kind, self.kind.code());
@@ -255,7 +255,7 @@ mod tests {
             (ReplyKind::TooLarge, 413, "request_too_large"),
         ] {
             let openai = local_reply(kind, Some(3));
-            let r = openai.clone().in_dialect(Endpoint::Messages);
+            let r = openai.clone().in_dialect(Dialect::Messages);
             assert_eq!(r.status, status, "{kind:?}");
             assert_eq!(r.headers, openai.headers, "{kind:?}");
             let v = parsed(&r);
@@ -263,7 +263,7 @@ mod tests {
             assert_eq!(v["error"]["type"], error_type);
             assert_eq!(v["error"]["message"], kind.message());
             assert_eq!(v["error"]["code"], kind.code());
-            for other in [Endpoint::Chat, Endpoint::Responses, Endpoint::Embeddings] {
+            for other in [Dialect::Chat, Dialect::Responses, Dialect::Embeddings] {
                 assert_eq!(openai.clone().in_dialect(other), openai, "{other:?}");
             }
         }

@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::classify::Endpoint;
+use crate::dialect::Dialect;
 
 /// The kind of answer an entry holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,14 +47,14 @@ impl Delivery {
 impl EntryKind {
     /// The kind of answer a call of `endpoint` gets (`stream`: it asked for
     /// a stream); `None` for endpoints never cached.
-    pub fn of(endpoint: Endpoint, stream: bool) -> Option<Self> {
+    pub fn of(endpoint: Dialect, stream: bool) -> Option<Self> {
         match endpoint {
-            Endpoint::Chat => Some(Self::Chat),
-            Endpoint::Completions => Some(Self::Completions),
-            Endpoint::Embeddings => Some(Self::Embeddings),
-            Endpoint::Responses => Some(Self::Responses(Delivery::of(stream))),
-            Endpoint::Messages => Some(Self::Messages(Delivery::of(stream))),
-            Endpoint::Other => None,
+            Dialect::Chat => Some(Self::Chat),
+            Dialect::Completions => Some(Self::Completions),
+            Dialect::Embeddings => Some(Self::Embeddings),
+            Dialect::Responses => Some(Self::Responses(Delivery::of(stream))),
+            Dialect::Messages => Some(Self::Messages(Delivery::of(stream))),
+            Dialect::Other => None,
         }
     }
 

@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use super::answer::{EntryKind, HEAD_FIELDS, REPLACE_KEYS};
 use super::config::Stamp;
 use super::entry::{Entry, EntryError};
-use crate::classify::Endpoint;
+use crate::dialect::Dialect;
 use crate::sse::{Collect, Piece};
 
 /// Rough cost of one choice beyond its content, so many empty choices still
@@ -44,7 +44,7 @@ impl StreamAssembler {
     /// An assembler for a streamed chat or completions answer, giving up past
     /// `limit` bytes (`cache.max_entry_bytes`); `None` for other endpoints
     /// (the dialects kept as sent are not rebuilt).
-    pub fn new(endpoint: Endpoint, limit: u32) -> Option<Self> {
+    pub fn new(endpoint: Dialect, limit: u32) -> Option<Self> {
         let kind = match EntryKind::of(endpoint, true)? {
             k @ (EntryKind::Chat | EntryKind::Completions) => k,
             EntryKind::Embeddings | EntryKind::Responses(_) | EntryKind::Messages(_) => {
@@ -325,7 +325,7 @@ pub(crate) struct Fed {
 
 #[cfg(test)]
 impl Fed {
-    pub(crate) fn new(endpoint: Endpoint, limit: u32) -> Option<Self> {
+    pub(crate) fn new(endpoint: Dialect, limit: u32) -> Option<Self> {
         Some(Self {
             stream: crate::sse::Stream::new(),
             asm: StreamAssembler::new(endpoint, limit)?,
@@ -378,7 +378,7 @@ mod props {
         #[test]
         fn memory_stays_within_the_limit(pieces in prop::collection::vec(piece(), 0..40), limit in 64u32..8_192) {
             let mut stream: Stream = Stream::new();
-            let mut asm = StreamAssembler::new(Endpoint::Chat, limit).unwrap();
+            let mut asm = StreamAssembler::new(Dialect::Chat, limit).unwrap();
             let bound = limit as usize;
             for p in &pieces {
                 stream.feed(p, false, Some(&mut asm));

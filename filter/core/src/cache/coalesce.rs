@@ -203,7 +203,7 @@ mod tests {
     use super::*;
     use crate::cache::config::{CacheConfig, Stamp};
     use crate::cache::tests::HookStore;
-    use crate::classify::Endpoint;
+    use crate::dialect::Dialect;
     use crate::host::{MemoryStore, StoreError};
 
     const WAIT: u64 = 1_000;
@@ -225,7 +225,7 @@ mod tests {
             stored_at_ms: now,
             expires_at_ms: now + 60_000,
         };
-        Entry::from_json(Endpoint::Chat, 200, body, stamp, 4096).unwrap()
+        Entry::from_json(Dialect::Chat, 200, body, stamp, 4096).unwrap()
     }
 
     fn lead<S: SharedStore + ?Sized>(s: &Store<'_, S>, k: &Key, now: u64, token: u64) -> Lease {

@@ -5,9 +5,9 @@
 use serde::Deserialize;
 
 use super::semantic::config::{RawSemanticConfig, SemanticConfig};
-use crate::classify::Endpoint;
 use crate::config::check;
 use crate::config::error::ConfigError;
+use crate::dialect::Dialect;
 
 /// Largest `cache.max_entries`: every slot may cost up to `max_entry_bytes` of
 /// proxy memory, and shared data never evicts.
@@ -258,7 +258,7 @@ impl CacheConfig {
     /// `tenant_headers`, then the dialect's own credential header (Anthropic's
     /// `x-api-key`) unless listed, so two credentials of that dialect are
     /// two tenants whatever `tenant_headers` says.
-    pub fn tenant_headers_of(&self, endpoint: Endpoint) -> impl Iterator<Item = &str> {
+    pub fn tenant_headers_of(&self, endpoint: Dialect) -> impl Iterator<Item = &str> {
         let own = endpoint
             .credential_header()
             .filter(|h| !self.tenant_headers.iter().any(|t| t == h));
@@ -367,7 +367,7 @@ fn compile_shard_header(name: Option<String>, tenant: &[String]) -> Result<Strin
         ));
     }
     let name = name.to_ascii_lowercase();
-    if tenant.contains(&name) || Endpoint::is_credential_header(&name) {
+    if tenant.contains(&name) || Dialect::is_credential_header(&name) {
         return Err(ConfigError::new(
             "shard_header",
             format!("{name:?} is a tenant header; the filter removes the shard header"),
@@ -556,16 +556,16 @@ mod tests {
     #[test]
     fn a_dialects_own_credential_joins_the_tenant_headers() {
         let c = CacheConfig::default();
-        fn of(c: &CacheConfig, e: Endpoint) -> Vec<&str> {
+        fn of(c: &CacheConfig, e: Dialect) -> Vec<&str> {
             c.tenant_headers_of(e).collect()
         }
-        assert_eq!(of(&c, Endpoint::Chat), ["authorization", "api-key"]);
+        assert_eq!(of(&c, Dialect::Chat), ["authorization", "api-key"]);
         assert_eq!(
-            of(&c, Endpoint::Messages),
+            of(&c, Dialect::Messages),
             ["authorization", "api-key", "x-api-key"]
         );
         let listed = parse(r#"{"tenant_headers":["x-api-key","x-tenant"]}"#).unwrap();
-        assert_eq!(of(&listed, Endpoint::Messages), ["x-api-key", "x-tenant"]);
+        assert_eq!(of(&listed, Dialect::Messages), ["x-api-key", "x-tenant"]);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::config::{Stamp, MAX_ENTRY_BYTES};
 use super::replay;
-use crate::classify::Endpoint;
+use crate::dialect::Dialect;
 use crate::host::codec;
 
 pub use super::answer::{Delivery, EntryKind};
@@ -43,7 +43,7 @@ pub enum EntryError {
     /// Bytes that do not decode as an entry of this version: treat as a miss.
     Corrupt,
     /// The endpoint's answers are never cached.
-    Endpoint,
+    Dialect,
 }
 
 impl EntryError {
@@ -54,7 +54,7 @@ impl EntryError {
             Self::Incomplete => "incomplete",
             Self::TooLarge => "too_large",
             Self::Corrupt => "corrupt",
-            Self::Endpoint => "endpoint",
+            Self::Dialect => "endpoint",
             Self::Delivery => "delivery",
         }
     }
@@ -84,7 +84,7 @@ pub struct Reply {
 impl Entry {
     /// An entry from a non-streamed answer. `limit` is `cache.max_entry_bytes`.
     pub fn from_json(
-        endpoint: Endpoint,
+        endpoint: Dialect,
         status: u16,
         body: &[u8],
         stamp: Stamp,
@@ -97,14 +97,14 @@ impl Entry {
     /// [`Entry::from_json`] for an answer already parsed (`answer`: `None`
     /// when `body` is not JSON), so a body read for other reasons is parsed once.
     pub fn from_answer(
-        endpoint: Endpoint,
+        endpoint: Dialect,
         status: u16,
         body: &[u8],
         answer: Option<&Value>,
         stamp: Stamp,
         limit: u32,
     ) -> Result<Self, EntryError> {
-        let kind = EntryKind::of(endpoint, false).ok_or(EntryError::Endpoint)?;
+        let kind = EntryKind::of(endpoint, false).ok_or(EntryError::Dialect)?;
         if status != 200 {
             return Err(EntryError::Status(status));
         }
@@ -129,7 +129,7 @@ impl Entry {
     /// it: `body` is every byte of the stream (`None`: it outgrew its copy),
     /// `finished` that its grammar saw the answer complete. Its status was 200.
     pub fn from_stream(
-        endpoint: Endpoint,
+        endpoint: Dialect,
         body: Option<&[u8]>,
         finished: bool,
         stamp: Stamp,
@@ -137,7 +137,7 @@ impl Entry {
     ) -> Result<Self, EntryError> {
         let kind = EntryKind::of(endpoint, true)
             .filter(|k| k.verbatim() == Some(Delivery::Stream))
-            .ok_or(EntryError::Endpoint)?;
+            .ok_or(EntryError::Dialect)?;
         let body = body
             .filter(|b| b.len() <= limit as usize)
             .ok_or(EntryError::TooLarge)?;
@@ -328,7 +328,7 @@ mod tests {
 
     #[test]
     fn keeps_complete_answers_only() {
-        let e = Entry::from_json(Endpoint::Chat, 200, ANSWER.as_bytes(), STAMP, 4096).unwrap();
+        let e = Entry::from_json(Dialect::Chat, 200, ANSWER.as_bytes(), STAMP, 4096).unwrap();
         assert_eq!(e.model(), "gpt-4o-2024-08-06");
         assert_eq!(e.kind(), EntryKind::Chat);
         assert_eq!(
@@ -351,21 +351,21 @@ mod tests {
             ),
         ] {
             assert_eq!(
-                Entry::from_json(Endpoint::Chat, status, body.as_bytes(), STAMP, 4096),
+                Entry::from_json(Dialect::Chat, status, body.as_bytes(), STAMP, 4096),
                 Err(err),
                 "{body}"
             );
         }
         assert_eq!(
-            Entry::from_json(Endpoint::Chat, 200, ANSWER.as_bytes(), STAMP, 100),
+            Entry::from_json(Dialect::Chat, 200, ANSWER.as_bytes(), STAMP, 100),
             Err(EntryError::TooLarge)
         );
         assert_eq!(
-            Entry::from_json(Endpoint::Other, 200, ANSWER.as_bytes(), STAMP, 4096),
-            Err(EntryError::Endpoint)
+            Entry::from_json(Dialect::Other, 200, ANSWER.as_bytes(), STAMP, 4096),
+            Err(EntryError::Dialect)
         );
         let emb = r#"{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1]}],"model":"e"}"#;
-        let e = Entry::from_json(Endpoint::Embeddings, 200, emb.as_bytes(), STAMP, 4096).unwrap();
+        let e = Entry::from_json(Dialect::Embeddings, 200, emb.as_bytes(), STAMP, 4096).unwrap();
         let r = e.reply(true, true).unwrap();
         assert_eq!(r.content_type, JSON_CONTENT_TYPE);
         assert_eq!(r.body, emb.as_bytes());
@@ -378,7 +378,7 @@ mod tests {
     fn responses_and_messages_are_kept_as_sent() {
         let json =
             |endpoint, body: &str| Entry::from_json(endpoint, 200, body.as_bytes(), STAMP, 4096);
-        let e = json(Endpoint::Messages, MESSAGE).unwrap();
+        let e = json(Dialect::Messages, MESSAGE).unwrap();
         assert_eq!(e.kind(), EntryKind::Messages(Delivery::Json));
         assert_eq!((e.body(), e.model()), (MESSAGE.as_bytes(), "claude"));
         let r = e.reply(false, true).unwrap();
@@ -389,14 +389,14 @@ mod tests {
         assert_eq!(e.reply(true, false), Err(EntryError::Delivery));
         let done =
             r#"{"id":"resp_1","object":"response","status":"completed","output":[],"error":null}"#;
-        let e = json(Endpoint::Responses, done).unwrap();
+        let e = json(Dialect::Responses, done).unwrap();
         assert_eq!(e.kind(), EntryKind::Responses(Delivery::Json));
         for (endpoint, body) in [
-            (Endpoint::Responses, done.replace("completed", "incomplete")),
-            (Endpoint::Responses, done.replace("null", r#"{"code":"x"}"#)),
-            (Endpoint::Messages, MESSAGE.replace("\"end_turn\"", "null")),
+            (Dialect::Responses, done.replace("completed", "incomplete")),
+            (Dialect::Responses, done.replace("null", r#"{"code":"x"}"#)),
+            (Dialect::Messages, MESSAGE.replace("\"end_turn\"", "null")),
             (
-                Endpoint::Messages,
+                Dialect::Messages,
                 MESSAGE.replace("\"message\"", "\"error\""),
             ),
         ] {
@@ -406,7 +406,7 @@ mod tests {
         let stream = |endpoint, body: Option<&[u8]>, finished, limit| {
             Entry::from_stream(endpoint, body, finished, STAMP, limit)
         };
-        let e = stream(Endpoint::Messages, Some(STREAM.as_bytes()), true, 4096).unwrap();
+        let e = stream(Dialect::Messages, Some(STREAM.as_bytes()), true, 4096).unwrap();
         assert_eq!(e.kind(), EntryKind::Messages(Delivery::Stream));
         let r = e.reply(true, false).unwrap();
         assert_eq!(
@@ -418,22 +418,19 @@ mod tests {
         let s = Some(STREAM.as_bytes());
         for (got, want) in [
             (
-                stream(Endpoint::Responses, s, false, 4096),
+                stream(Dialect::Responses, s, false, 4096),
                 EntryError::Incomplete,
             ),
             (
-                stream(Endpoint::Messages, None, true, 4096),
+                stream(Dialect::Messages, None, true, 4096),
                 EntryError::TooLarge,
             ),
+            (stream(Dialect::Messages, s, true, 10), EntryError::TooLarge),
             (
-                stream(Endpoint::Messages, s, true, 10),
-                EntryError::TooLarge,
-            ),
-            (
-                stream(Endpoint::Messages, Some(b"data: \xff\n\n"), true, 4096),
+                stream(Dialect::Messages, Some(b"data: \xff\n\n"), true, 4096),
                 EntryError::Incomplete,
             ),
-            (stream(Endpoint::Chat, s, true, 4096), EntryError::Endpoint),
+            (stream(Dialect::Chat, s, true, 4096), EntryError::Dialect),
         ] {
             assert_eq!(got, Err(want));
         }
@@ -441,7 +438,7 @@ mod tests {
 
     #[test]
     fn encodes_and_refuses_corrupt_bytes() {
-        let e = Entry::from_json(Endpoint::Chat, 200, ANSWER.as_bytes(), STAMP, 4096).unwrap();
+        let e = Entry::from_json(Dialect::Chat, 200, ANSWER.as_bytes(), STAMP, 4096).unwrap();
         let bytes = e.encode().unwrap();
         assert_eq!(Entry::decode(&bytes), Ok(e.clone()));
         let head = EntryHead::decode(&bytes).unwrap();

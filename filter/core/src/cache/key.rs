@@ -8,7 +8,7 @@ use sha2::{Digest, Sha256};
 use super::answer::EntryKind;
 use super::config::{CacheConfig, Scope};
 use super::entry::Entry;
-use crate::classify::Endpoint;
+use crate::dialect::Dialect;
 use crate::json::Json;
 use crate::routing::stateful::Continues;
 
@@ -34,8 +34,8 @@ const IGNORED_FIELDS: [&str; 3] = ["stream", "stream_options", "user"];
 /// and the buffered body.
 #[derive(Debug, Clone, Copy)]
 pub struct CacheRequest<'a> {
-    /// The call's endpoint, from [`crate::classify::classify`].
-    pub endpoint: Endpoint,
+    /// The call's endpoint, from [`crate::dialect::classify`].
+    pub endpoint: Dialect,
     /// The `:path` as received, query included (a query such as Azure's
     /// `api-version` can change the answer).
     pub path: &'a str,
@@ -54,7 +54,7 @@ pub enum BypassReason {
     /// `cache.enabled` is false.
     Disabled,
     /// A call of a dialect the cache does not keep (`other`).
-    Endpoint,
+    Dialect,
     /// The client sent `cache-control: no-store`.
     NoStore,
     /// The body is not a strict JSON object (or has a malformed `stream`).
@@ -82,7 +82,7 @@ impl BypassReason {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Disabled => "disabled",
-            Self::Endpoint => "endpoint",
+            Self::Dialect => "endpoint",
             Self::NoStore => "no_store",
             Self::InvalidBody => "invalid_body",
             Self::DuplicateKey => "duplicate_key",
@@ -137,7 +137,7 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
         return Decision::Bypass(BypassReason::Disabled);
     }
     if EntryKind::of(req.endpoint, false).is_none() {
-        return Decision::Bypass(BypassReason::Endpoint);
+        return Decision::Bypass(BypassReason::Dialect);
     }
     let control = CacheControl::parse(req.cache_control.unwrap_or(""));
     if control.no_store {
@@ -156,7 +156,7 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
     if Continues::of(req.endpoint, body).state {
         return Decision::Bypass(BypassReason::State);
     }
-    if req.endpoint != Endpoint::Embeddings {
+    if req.endpoint != Dialect::Embeddings {
         if !deterministic(cfg, req.endpoint, body, &control) {
             return Decision::Bypass(BypassReason::Temperature);
         }
@@ -167,7 +167,7 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
     Decision::Cacheable(Cacheable {
         key: digest(KEY_VERSION, cfg, req, body),
         // Embeddings are never streamed, whatever the body says.
-        stream: stream && req.endpoint != Endpoint::Embeddings,
+        stream: stream && req.endpoint != Dialect::Embeddings,
         include_usage,
         read: !control.no_cache,
         store: true,
@@ -281,7 +281,7 @@ fn delivery(body: &Json) -> Option<(bool, bool)> {
 /// parameter, OpenAI's reasoning models refuse it), so only one sent counts.
 fn deterministic(
     cfg: &CacheConfig,
-    endpoint: Endpoint,
+    endpoint: Dialect,
     body: &Json,
     control: &CacheControl,
 ) -> bool {
@@ -289,7 +289,7 @@ fn deterministic(
         Some(Json::String(m)) => cfg.deterministic_models.contains(m),
         _ => false,
     };
-    let absent_is_default = matches!(endpoint, Endpoint::Chat | Endpoint::Completions);
+    let absent_is_default = matches!(endpoint, Dialect::Chat | Dialect::Completions);
     control.max_age_s.is_some()
         || declared()
         || temperature_ok(body, cfg.max_temperature, absent_is_default)
@@ -314,12 +314,12 @@ fn temperature_ok(body: &Json, max: f64, absent_is_default: bool) -> bool {
 }
 
 /// The request fields that hold a dialect's prompt.
-fn prompt_fields(endpoint: Endpoint) -> &'static [&'static str] {
+fn prompt_fields(endpoint: Dialect) -> &'static [&'static str] {
     match endpoint {
-        Endpoint::Chat | Endpoint::Completions => &["messages", "prompt", "suffix"],
-        Endpoint::Responses => &["instructions", "input"],
-        Endpoint::Messages => &["system", "messages"],
-        Endpoint::Embeddings | Endpoint::Other => &[],
+        Dialect::Chat | Dialect::Completions => &["messages", "prompt", "suffix"],
+        Dialect::Responses => &["instructions", "input"],
+        Dialect::Messages => &["system", "messages"],
+        Dialect::Embeddings | Dialect::Other => &[],
     }
 }
 
@@ -370,7 +370,7 @@ mod tests {
 
     fn decide_with(
         cfg: &CacheConfig,
-        endpoint: Endpoint,
+        endpoint: Dialect,
         body: &str,
         cc: Option<&str>,
         cred: Option<&str>,
@@ -390,7 +390,7 @@ mod tests {
     }
 
     fn chat(body: &str) -> Decision {
-        decide_with(&cfg(), Endpoint::Chat, body, None, Some("Bearer a"))
+        decide_with(&cfg(), Dialect::Chat, body, None, Some("Bearer a"))
     }
 
     fn key(body: &str) -> Key {
@@ -466,7 +466,7 @@ mod tests {
             match decide(
                 c,
                 &CacheRequest {
-                    endpoint: Endpoint::Chat,
+                    endpoint: Dialect::Chat,
                     path,
                     body: Json::parse(BASE.as_bytes()).as_ref(),
                     cache_control: None,
@@ -487,7 +487,7 @@ mod tests {
         let moved = match decide(
             &c,
             &CacheRequest {
-                endpoint: Endpoint::Chat,
+                endpoint: Dialect::Chat,
                 path: CHAT,
                 body: Json::parse(BASE.as_bytes()).as_ref(),
                 cache_control: None,
@@ -533,25 +533,25 @@ mod tests {
             let with = |k| {
                 let mut creds = vec![None; n];
                 creds.push(k);
-                key(&c, Endpoint::Messages, &creds)
+                key(&c, Dialect::Messages, &creds)
             };
             assert_ne!(with(a), with(b));
             assert_ne!(with(a), with(None));
             assert_eq!(with(a), with(a));
         }
         // Chat keeps its tenant: the configured headers alone.
-        let chat_key = key(&cfg(), Endpoint::Chat, &[Some("Bearer t"), None]);
+        let chat_key = key(&cfg(), Dialect::Chat, &[Some("Bearer t"), None]);
         assert_eq!(
             chat_key,
-            key(&cfg(), Endpoint::Chat, &[Some("Bearer t"), None, a])
+            key(&cfg(), Dialect::Chat, &[Some("Bearer t"), None, a])
         );
         let global = CacheConfig {
             scope: Scope::Global,
             ..cfg()
         };
         assert_eq!(
-            key(&global, Endpoint::Messages, &[None, None, a]),
-            key(&global, Endpoint::Messages, &[None, None, b])
+            key(&global, Dialect::Messages, &[None, None, a]),
+            key(&global, Dialect::Messages, &[None, None, b])
         );
     }
 
@@ -590,56 +590,53 @@ mod tests {
         let c = cfg();
         let b = |endpoint, body: &str, cc| decide_with(&c, endpoint, body, cc, None);
         let bypass = Decision::Bypass;
+        assert_eq!(b(Dialect::Other, BASE, None), bypass(BypassReason::Dialect));
         assert_eq!(
-            b(Endpoint::Other, BASE, None),
-            bypass(BypassReason::Endpoint)
-        );
-        assert_eq!(
-            b(Endpoint::Chat, BASE, Some("No-Store")),
+            b(Dialect::Chat, BASE, Some("No-Store")),
             bypass(BypassReason::NoStore)
         );
         assert_eq!(
-            b(Endpoint::Chat, BASE, Some("max-age=0, no-store")),
+            b(Dialect::Chat, BASE, Some("max-age=0, no-store")),
             bypass(BypassReason::NoStore)
         );
         assert_eq!(
-            b(Endpoint::Chat, "not json", None),
+            b(Dialect::Chat, "not json", None),
             bypass(BypassReason::InvalidBody)
         );
         assert_eq!(
-            b(Endpoint::Chat, "[1]", None),
+            b(Dialect::Chat, "[1]", None),
             bypass(BypassReason::InvalidBody)
         );
         assert_eq!(
-            b(Endpoint::Chat, r#"{"stream":"yes","temperature":0}"#, None),
+            b(Dialect::Chat, r#"{"stream":"yes","temperature":0}"#, None),
             bypass(BypassReason::InvalidBody)
         );
         assert_eq!(
             b(
-                Endpoint::Chat,
+                Dialect::Chat,
                 r#"{"stream_options":1,"temperature":0}"#,
                 None
             ),
             bypass(BypassReason::InvalidBody)
         );
         assert_eq!(
-            b(Endpoint::Chat, r#"{"model":"m"}"#, None),
+            b(Dialect::Chat, r#"{"model":"m"}"#, None),
             bypass(BypassReason::Temperature)
         );
         assert_eq!(
-            b(Endpoint::Chat, r#"{"temperature":null}"#, None),
+            b(Dialect::Chat, r#"{"temperature":null}"#, None),
             bypass(BypassReason::Temperature)
         );
         assert_eq!(
-            b(Endpoint::Chat, r#"{"temperature":0.2}"#, None),
+            b(Dialect::Chat, r#"{"temperature":0.2}"#, None),
             bypass(BypassReason::Temperature)
         );
         assert_eq!(
-            b(Endpoint::Chat, r#"{"temperature":"0"}"#, None),
+            b(Dialect::Chat, r#"{"temperature":"0"}"#, None),
             bypass(BypassReason::Temperature)
         );
         assert_eq!(
-            b(Endpoint::Completions, r#"{"prompt":"x"}"#, None),
+            b(Dialect::Completions, r#"{"prompt":"x"}"#, None),
             bypass(BypassReason::Temperature)
         );
         for twice in [
@@ -647,12 +644,12 @@ mod tests {
             r#"{"temperature":1,"temperature":0}"#,
         ] {
             assert_eq!(
-                b(Endpoint::Chat, twice, None),
+                b(Dialect::Chat, twice, None),
                 bypass(BypassReason::DuplicateKey)
             );
         }
         assert!(matches!(
-            b(Endpoint::Embeddings, r#"{"input":"x","stream":true}"#, None),
+            b(Dialect::Embeddings, r#"{"input":"x","stream":true}"#, None),
             Decision::Cacheable(Cacheable { stream: false, .. })
         ));
         let off = CacheConfig {
@@ -660,7 +657,7 @@ mod tests {
             ..cfg()
         };
         assert_eq!(
-            decide_with(&off, Endpoint::Chat, BASE, None, None),
+            decide_with(&off, Dialect::Chat, BASE, None, None),
             bypass(BypassReason::Disabled)
         );
         let warm = CacheConfig {
@@ -668,11 +665,11 @@ mod tests {
             ..cfg()
         };
         assert!(matches!(
-            decide_with(&warm, Endpoint::Chat, r#"{"model":"m"}"#, None, None),
+            decide_with(&warm, Dialect::Chat, r#"{"model":"m"}"#, None, None),
             Decision::Cacheable(Cacheable { .. })
         ));
         assert!(matches!(
-            decide_with(&warm, Endpoint::Chat, r#"{"temperature":1.5}"#, None, None),
+            decide_with(&warm, Dialect::Chat, r#"{"temperature":1.5}"#, None, None),
             Decision::Bypass(_)
         ));
     }
@@ -687,7 +684,7 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    decide_with(&cfg(), Endpoint::Chat, BASE, Some(cc), None),
+                    decide_with(&cfg(), Dialect::Chat, BASE, Some(cc), None),
                     Decision::Cacheable(Cacheable {
                         read: false,
                         store: true,
@@ -700,7 +697,7 @@ mod tests {
         assert!(matches!(
             decide_with(
                 &cfg(),
-                Endpoint::Chat,
+                Dialect::Chat,
                 BASE,
                 Some("max-age=0, private"),
                 None
@@ -737,7 +734,7 @@ mod tests {
     fn either_opt_in_makes_any_sampling_cacheable() {
         let warm = r#"{"model":"gpt-4o","temperature":1.2,"messages":[]}"#;
         assert_eq!(chat(warm), Decision::Bypass(BypassReason::Temperature));
-        let opted = decide_with(&cfg(), Endpoint::Chat, warm, Some("max-age=60"), None);
+        let opted = decide_with(&cfg(), Dialect::Chat, warm, Some("max-age=60"), None);
         let Decision::Cacheable(c) = opted else {
             panic!("{opted:?}");
         };
@@ -746,7 +743,7 @@ mod tests {
             deterministic_models: vec!["gpt-4o".into()],
             ..cfg()
         };
-        let d = |body: &str| decide_with(&declared, Endpoint::Chat, body, None, None);
+        let d = |body: &str| decide_with(&declared, Dialect::Chat, body, None, None);
         let Decision::Cacheable(by_model) = d(warm) else {
             panic!("cacheable by its model");
         };
@@ -766,7 +763,7 @@ mod tests {
         };
         let body = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"{{now}}"}]}"#;
         assert_eq!(
-            decide_with(&marked, Endpoint::Chat, body, Some("max-age=5"), None),
+            decide_with(&marked, Dialect::Chat, body, Some("max-age=5"), None),
             Decision::Bypass(BypassReason::DynamicMarker)
         );
     }
@@ -774,7 +771,7 @@ mod tests {
     #[test]
     fn max_age_caps_the_age_of_an_entry_served() {
         let Decision::Cacheable(c) =
-            decide_with(&cfg(), Endpoint::Chat, BASE, Some("max-age=10"), None)
+            decide_with(&cfg(), Dialect::Chat, BASE, Some("max-age=10"), None)
         else {
             panic!("cacheable");
         };
@@ -783,7 +780,7 @@ mod tests {
             stored_at_ms: 1_000,
             expires_at_ms: 1_000_000,
         };
-        let entry = Entry::from_json(Endpoint::Chat, 200, answer.as_bytes(), stamp, 4096).unwrap();
+        let entry = Entry::from_json(Dialect::Chat, 200, answer.as_bytes(), stamp, 4096).unwrap();
         assert!(c.accepts(&entry, 11_000));
         assert!(!c.accepts(&entry, 11_001));
         let any = Cacheable {
@@ -804,10 +801,10 @@ mod tests {
         let temperature = Decision::Bypass(BypassReason::Temperature);
         for (endpoint, cold) in [
             (
-                Endpoint::Messages,
+                Dialect::Messages,
                 r#"{"model":"claude","max_tokens":9,"messages":[]}"#,
             ),
-            (Endpoint::Responses, r#"{"model":"gpt-5","input":"x"}"#),
+            (Dialect::Responses, r#"{"model":"gpt-5","input":"x"}"#),
         ] {
             let sent = |t: &str| cold.replacen('{', &format!("{{\"temperature\":{t},"), 1);
             assert!(matches!(
@@ -829,14 +826,14 @@ mod tests {
         }
         // Chat keeps its rule: no temperature is the default of 1.0.
         assert!(matches!(
-            d(&warm, Endpoint::Chat, r#"{"model":"m"}"#, None),
+            d(&warm, Dialect::Chat, r#"{"model":"m"}"#, None),
             Decision::Cacheable(_)
         ));
     }
 
     #[test]
     fn a_responses_call_that_continues_state_bypasses() {
-        let d = |body: &str| decide_with(&cfg(), Endpoint::Responses, body, None, None);
+        let d = |body: &str| decide_with(&cfg(), Dialect::Responses, body, None, None);
         for body in [
             r#"{"temperature":0,"input":"x","previous_response_id":"resp_1"}"#,
             r#"{"temperature":0,"input":"x","conversation":"conv_1"}"#,
@@ -855,7 +852,7 @@ mod tests {
         // The field means nothing to another dialect.
         let messages = r#"{"temperature":0,"messages":[],"previous_response_id":"resp_1"}"#;
         assert!(matches!(
-            decide_with(&cfg(), Endpoint::Messages, messages, None, None),
+            decide_with(&cfg(), Dialect::Messages, messages, None, None),
             Decision::Cacheable(_)
         ));
         assert_eq!(BypassReason::State.as_str(), "state");
@@ -870,8 +867,8 @@ mod tests {
             d => panic!("{body}: {d:?}"),
         };
         for (endpoint, base) in [
-            (Endpoint::Messages, r#"{"temperature":0,"messages":[]}"#),
-            (Endpoint::Responses, r#"{"temperature":0,"input":"x"}"#),
+            (Dialect::Messages, r#"{"temperature":0,"messages":[]}"#),
+            (Dialect::Responses, r#"{"temperature":0,"input":"x"}"#),
         ] {
             let with = |f: &str| k(endpoint, &base.replacen('{', &format!("{{{f},"), 1));
             let (plain, stream) = (k(endpoint, base), with(r#""stream":true"#));
@@ -898,19 +895,19 @@ mod tests {
         let marker = Decision::Bypass(BypassReason::DynamicMarker);
         for (endpoint, body) in [
             (
-                Endpoint::Messages,
+                Dialect::Messages,
                 r#"{"temperature":0,"system":"at {{now}}","messages":[]}"#,
             ),
             (
-                Endpoint::Messages,
+                Dialect::Messages,
                 r#"{"temperature":0,"messages":[{"role":"user","content":[{"type":"text","text":"{{now}}"}]}]}"#,
             ),
             (
-                Endpoint::Responses,
+                Dialect::Responses,
                 r#"{"temperature":0,"instructions":"{{now}}","input":"x"}"#,
             ),
             (
-                Endpoint::Responses,
+                Dialect::Responses,
                 r#"{"temperature":0,"input":[{"role":"user","content":"{{now}}"}]}"#,
             ),
         ] {
@@ -922,7 +919,7 @@ mod tests {
         }
         let elsewhere = r#"{"temperature":0,"metadata":{"x":"{{now}}"},"input":"x"}"#;
         assert!(matches!(
-            decide_with(&c, Endpoint::Responses, elsewhere, None, None),
+            decide_with(&c, Dialect::Responses, elsewhere, None, None),
             Decision::Cacheable(_)
         ));
     }
@@ -936,17 +933,17 @@ mod tests {
         let d = |endpoint, body: &str| decide_with(&c, endpoint, body, None, None);
         let marked = r#"{"temperature":0,"messages":[{"role":"user","content":[{"type":"text","text":"time: {{now}}"}]}]}"#;
         assert_eq!(
-            d(Endpoint::Chat, marked),
+            d(Dialect::Chat, marked),
             Decision::Bypass(BypassReason::DynamicMarker)
         );
         let escaped = r#"{"temperature":0,"messages":[{"role":"user","content":"\u007b{now}}"}]}"#;
         assert_eq!(
-            d(Endpoint::Chat, escaped),
+            d(Dialect::Chat, escaped),
             Decision::Bypass(BypassReason::DynamicMarker)
         );
         assert_eq!(
             d(
-                Endpoint::Completions,
+                Dialect::Completions,
                 r#"{"temperature":0,"prompt":["a","{{now}}"]}"#
             ),
             Decision::Bypass(BypassReason::DynamicMarker)
@@ -954,13 +951,13 @@ mod tests {
         // The marker outside the prompt (a model name) does not count.
         assert!(matches!(
             d(
-                Endpoint::Chat,
+                Dialect::Chat,
                 r#"{"temperature":0,"model":"{{now}}","messages":[]}"#
             ),
             Decision::Cacheable(Cacheable { .. })
         ));
         assert!(matches!(
-            d(Endpoint::Embeddings, r#"{"input":"{{now}}"}"#),
+            d(Dialect::Embeddings, r#"{"input":"{{now}}"}"#),
             Decision::Cacheable(Cacheable { .. })
         ));
     }
@@ -1050,7 +1047,7 @@ mod tests {
             decide(
                 &cfg(),
                 &CacheRequest {
-                    endpoint: Endpoint::Chat,
+                    endpoint: Dialect::Chat,
                     path: CHAT,
                     body: body.as_ref(),
                     cache_control: None,
@@ -1164,7 +1161,7 @@ mod props {
         decide(
             &CacheConfig::default(),
             &CacheRequest {
-                endpoint: Endpoint::Chat,
+                endpoint: Dialect::Chat,
                 path: "/v1/chat/completions",
                 body: tree.as_ref(),
                 cache_control: None,
@@ -1237,7 +1234,7 @@ mod props {
         fn any_body_is_decided_in_every_dialect(doc in fuzz::doc(false), seed: u64, control in ".{0,24}") {
             let text = doc.spell(seed);
             let tree = Json::parse(text.as_bytes());
-            for endpoint in [Endpoint::Responses, Endpoint::Messages, Endpoint::Embeddings, Endpoint::Other] {
+            for endpoint in [Dialect::Responses, Dialect::Messages, Dialect::Embeddings, Dialect::Other] {
                 let d = decide(
                     &CacheConfig::default(),
                     &CacheRequest {

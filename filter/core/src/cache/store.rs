@@ -538,7 +538,7 @@ mod tests {
     use super::*;
     use crate::cache::config::Stamp;
     use crate::cache::tests::HookStore;
-    use crate::classify::Endpoint;
+    use crate::dialect::Dialect;
     use crate::host::MemoryStore;
 
     fn cfg(slots: u32) -> CacheConfig {
@@ -560,7 +560,7 @@ mod tests {
             r#"{{"model":"m","choices":[{{"index":0,"message":{{"role":"assistant","content":"{text}"}},"finish_reason":"stop"}}]}}"#
         );
         Entry::from_json(
-            Endpoint::Chat,
+            Dialect::Chat,
             200,
             body.as_bytes(),
             Stamp {
@@ -848,7 +848,7 @@ mod tests {
         let store = Store::new(&shared, &big);
         assert_eq!(store.relayout().unwrap(), Dropped::default());
         let entry = Entry::from_json(
-            crate::classify::Endpoint::Chat,
+            crate::dialect::Dialect::Chat,
             200,
             br#"{"id":"x","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}"#,
             crate::cache::config::Stamp {

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use super::assemble::Fed;
 use super::*;
-use crate::classify::Endpoint;
+use crate::dialect::Dialect;
 use crate::host::{MemoryStore, SharedStore, StoreError, Versioned};
 use crate::json::Json;
 
@@ -74,7 +74,7 @@ fn json_of(bytes: &[u8]) -> Value {
 }
 
 /// JSON → entry → SSE → assembler (split at every byte) → entry → JSON.
-fn round_trip(endpoint: Endpoint, answer: &Value) {
+fn round_trip(endpoint: Dialect, answer: &Value) {
     let body = serde_json::to_vec(answer).unwrap();
     let entry = Entry::from_json(endpoint, 200, &body, STAMP, 1 << 20).unwrap();
     let sse = entry.reply(true, true).unwrap();
@@ -112,7 +112,7 @@ fn chat_answer(choices: Value) -> Value {
 #[test]
 fn chat_text_round_trips() {
     round_trip(
-        Endpoint::Chat,
+        Dialect::Chat,
         &chat_answer(json!([{
             "index": 0,
             "message": {"role": "assistant",
@@ -127,7 +127,7 @@ fn chat_text_round_trips() {
 #[test]
 fn chat_tool_calls_and_many_choices_round_trip() {
     round_trip(
-        Endpoint::Chat,
+        Dialect::Chat,
         &chat_answer(json!([
             {
                 "index": 0,
@@ -161,7 +161,7 @@ fn chat_tool_calls_and_many_choices_round_trip() {
 #[test]
 fn chat_logprobs_round_trip() {
     round_trip(
-        Endpoint::Chat,
+        Dialect::Chat,
         &chat_answer(json!([{
             "index": 0,
             "message": {"role": "assistant", "content": "Hello world, how are you today?", "refusal": null},
@@ -180,7 +180,7 @@ fn chat_logprobs_round_trip() {
 #[test]
 fn logprobs_keep_every_bit() {
     round_trip(
-        Endpoint::Chat,
+        Dialect::Chat,
         &chat_answer(json!([{
             "index": 0,
             "message": {"role": "assistant", "content": "x", "refusal": null},
@@ -206,7 +206,7 @@ fn text_completion_round_trips() {
         ],
         "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12},
     });
-    round_trip(Endpoint::Completions, &answer);
+    round_trip(Dialect::Completions, &answer);
 }
 
 /// A stream as OpenAI sends it: role chunk, `usage: null` and `obfuscation`
@@ -235,7 +235,7 @@ fn assembles_a_provider_stream_split_anywhere() {
     });
     let bytes = UPSTREAM.as_bytes();
     for split in 0..=bytes.len() {
-        let mut asm = Fed::new(Endpoint::Chat, 4096).unwrap();
+        let mut asm = Fed::new(Dialect::Chat, 4096).unwrap();
         asm.feed(&bytes[..split]);
         asm.feed(&bytes[split..]);
         let e = asm.finish(STAMP).unwrap();
@@ -243,7 +243,7 @@ fn assembles_a_provider_stream_split_anywhere() {
         assert_eq!(e.model(), "m");
     }
     // Byte by byte, too.
-    let mut asm = Fed::new(Endpoint::Chat, 4096).unwrap();
+    let mut asm = Fed::new(Dialect::Chat, 4096).unwrap();
     for b in bytes {
         asm.feed(std::slice::from_ref(b));
     }
@@ -253,7 +253,7 @@ fn assembles_a_provider_stream_split_anywhere() {
 #[test]
 fn only_complete_streams_make_entries() {
     let assemble = |s: &str, limit: u32| {
-        let mut asm = Fed::new(Endpoint::Chat, limit).unwrap();
+        let mut asm = Fed::new(Dialect::Chat, limit).unwrap();
         asm.feed(s.as_bytes());
         asm.finish(STAMP)
     };
@@ -275,8 +275,8 @@ fn only_complete_streams_make_entries() {
     assert_eq!(assemble(UPSTREAM, 200), Err(EntryError::TooLarge));
     // No trailing blank line after [DONE] still ends the stream.
     assert!(assemble(UPSTREAM.trim_end(), 4096).is_ok());
-    assert!(StreamAssembler::new(Endpoint::Embeddings, 4096).is_none());
-    assert!(StreamAssembler::new(Endpoint::Other, 4096).is_none());
+    assert!(StreamAssembler::new(Dialect::Embeddings, 4096).is_none());
+    assert!(StreamAssembler::new(Dialect::Other, 4096).is_none());
 }
 
 #[test]
@@ -286,7 +286,7 @@ fn a_cached_stream_is_parsed_once_for_usage_strip_and_entry() {
     for size in [1, 7, bytes.len()] {
         let mut stream: crate::sse::Stream = crate::sse::Stream::new();
         stream.strip_usage();
-        let mut asm = StreamAssembler::new(Endpoint::Chat, 4096).unwrap();
+        let mut asm = StreamAssembler::new(Dialect::Chat, 4096).unwrap();
         let before = crate::sse::chat::tests::parses();
         let mut out = Vec::new();
         for piece in bytes.chunks(size) {
@@ -311,7 +311,7 @@ fn a_cached_stream_is_parsed_once_for_usage_strip_and_entry() {
 
 #[test]
 fn a_long_stream_gives_up_with_bounded_memory() {
-    let mut asm = Fed::new(Endpoint::Chat, 2048).unwrap();
+    let mut asm = Fed::new(Dialect::Chat, 2048).unwrap();
     let chunk = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"0123456789\"}}]}\n\n";
     for _ in 0..1000 {
         asm.feed(chunk.as_bytes());
@@ -319,7 +319,7 @@ fn a_long_stream_gives_up_with_bounded_memory() {
     assert!(asm.gave_up());
     assert_eq!(asm.finish(STAMP), Err(EntryError::TooLarge));
     // One endless line.
-    let mut asm = Fed::new(Endpoint::Chat, 2048).unwrap();
+    let mut asm = Fed::new(Dialect::Chat, 2048).unwrap();
     asm.feed(b"data: ");
     for _ in 0..1000 {
         asm.feed(b"xxxxxxxxxx");
@@ -336,7 +336,7 @@ fn a_whole_cached_call_through_the_core() {
     let creds = [Some("Bearer t1"), None];
     let tree = Json::parse(body);
     let req = CacheRequest {
-        endpoint: Endpoint::Chat,
+        endpoint: Dialect::Chat,
         path: "/v1/chat/completions",
         body: tree.as_ref(),
         cache_control: None,
@@ -370,7 +370,7 @@ fn a_whole_cached_call_through_the_core() {
         Poll::KeepWaiting
     );
     // The leader's streamed answer passes through and is stored.
-    let mut asm = Fed::new(Endpoint::Chat, cfg.max_entry_bytes).unwrap();
+    let mut asm = Fed::new(Dialect::Chat, cfg.max_entry_bytes).unwrap();
     asm.feed(UPSTREAM.as_bytes());
     let entry = asm.finish(cfg.stamp(now + 100, 0.5)).unwrap();
     let ins = store.insert(&key, &entry, now + 100).unwrap();
@@ -392,7 +392,7 @@ fn a_whole_cached_call_through_the_core() {
         panic!("not ready");
     };
     let reply = got.reply(true, true).unwrap();
-    let mut again = Fed::new(Endpoint::Chat, cfg.max_entry_bytes).unwrap();
+    let mut again = Fed::new(Dialect::Chat, cfg.max_entry_bytes).unwrap();
     again.feed(&reply.body);
     assert_eq!(
         json_of(again.finish(STAMP).unwrap().body()),
@@ -554,7 +554,7 @@ mod props {
     /// Stores `answer`, replays it as SSE cut at `cuts`, reassembles it and
     /// checks the same entry comes back, byte for byte.
     fn replayed_and_reassembled(
-        endpoint: Endpoint,
+        endpoint: Dialect,
         answer: &Value,
         cuts: &[usize],
     ) -> Result<(), TestCaseError> {
@@ -598,13 +598,13 @@ mod props {
         /// stored answer again, wherever the stream is cut.
         #[test]
         fn chat_replay_reassembles_to_the_entry(answer in chat_answer(), cuts in prop::collection::vec(any::<usize>(), 0..6)) {
-            replayed_and_reassembled(Endpoint::Chat, &answer, &cuts)?;
+            replayed_and_reassembled(Dialect::Chat, &answer, &cuts)?;
         }
 
         /// The same for text completions.
         #[test]
         fn text_replay_reassembles_to_the_entry(answer in text_answer(), cuts in prop::collection::vec(any::<usize>(), 0..6)) {
-            replayed_and_reassembled(Endpoint::Completions, &answer, &cuts)?;
+            replayed_and_reassembled(Dialect::Completions, &answer, &cuts)?;
         }
 
         /// An encoded entry decodes to itself; any damage decodes to an
@@ -612,7 +612,7 @@ mod props {
         #[test]
         fn entries_encode_and_survive_damage(answer in chat_answer(), at: usize, byte: u8, cut: usize) {
             let body = serde_json::to_vec(&answer).unwrap();
-            let entry = Entry::from_json(Endpoint::Chat, 200, &body, STAMP, 1 << 20).unwrap();
+            let entry = Entry::from_json(Dialect::Chat, 200, &body, STAMP, 1 << 20).unwrap();
             let bytes = entry.encode().unwrap();
             prop_assert_eq!(Entry::decode(&bytes), Ok(entry));
             let mut damaged = bytes.clone();

@@ -16,8 +16,8 @@ use crate::ab::{self, AbConfig, RawAbConfig};
 use crate::admin::config::{AdminConfig, RawAdminConfig};
 use crate::budget::config::{BudgetConfig, RawBudgetConfig};
 use crate::cache::config::{CacheConfig, RawCacheConfig};
-use crate::classify::{Endpoint, LlmPath, DEFAULT_PATHS};
 use crate::degrade::config::{DegradeConfig, RawDegradeConfig};
+use crate::dialect::{Dialect, LlmPath, DEFAULT_PATHS};
 use crate::limits::config::{LimitsConfig, RawLimitsConfig};
 use crate::priority::Priority;
 use crate::routing::config::{RawRoutingConfig, RoutingConfig};
@@ -369,12 +369,12 @@ fn compile_paths(
     for (path, name) in apis.unwrap_or_default() {
         let field = format!("llm_apis.{path}");
         path_ok(field.clone(), &path)?;
-        let api = Endpoint::named(&name).ok_or_else(|| {
+        let api = Dialect::named(&name).ok_or_else(|| {
             ConfigError::new(
                 field,
                 format!(
                     "{name:?} is not one of {}",
-                    Endpoint::names()
+                    Dialect::names()
                         .map(|n| format!("`{n}`"))
                         .collect::<Vec<_>>()
                         .join(", ")
@@ -481,7 +481,7 @@ mod tests {
                  "llm_apis":{"/gw/*/chat":"responses","/claude/*":"messages"}}"#,
         )
         .unwrap();
-        let apis: Vec<(&str, Endpoint)> = mapped
+        let apis: Vec<(&str, Dialect)> = mapped
             .llm_paths
             .iter()
             .map(|p| (p.pattern.as_str(), p.api))
@@ -489,10 +489,10 @@ mod tests {
         assert_eq!(
             apis,
             [
-                ("/v1/messages", Endpoint::Messages),
-                ("/gw/*/chat", Endpoint::Responses),
-                ("/openai/deployments/*/chat/completions", Endpoint::Chat),
-                ("/claude/*", Endpoint::Messages),
+                ("/v1/messages", Dialect::Messages),
+                ("/gw/*/chat", Dialect::Responses),
+                ("/openai/deployments/*/chat/completions", Dialect::Chat),
+                ("/claude/*", Dialect::Messages),
             ]
         );
         // Alone, it adds to the default paths.

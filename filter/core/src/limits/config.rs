@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::window::Span;
-use crate::classify::Endpoint;
 use crate::config::check;
 use crate::config::error::ConfigError;
+use crate::dialect::Dialect;
 use crate::priority::Priority;
 
 /// Most rules.
@@ -394,7 +394,7 @@ impl LimitsConfig {
 
 /// A header some API authenticates with.
 fn is_credential(name: &str) -> bool {
-    name == "authorization" || name == "api-key" || Endpoint::is_credential_header(name)
+    name == "authorization" || name == "api-key" || Dialect::is_credential_header(name)
 }
 
 fn header(field: &str, name: String) -> Result<String, ConfigError> {

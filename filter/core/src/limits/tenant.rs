@@ -10,7 +10,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::classify::Endpoint;
+use crate::dialect::Dialect;
 
 /// What the digest of a credential starts with, so a tenant id is never the
 /// digest of anything else.
@@ -50,11 +50,11 @@ pub fn normalised<'v>(name: &str, value: &'v str) -> Option<std::borrow::Cow<'v,
 
 /// The tenant id of a call of `endpoint`: the digest of the first
 /// credential among the headers its API authenticates with
-/// ([`Endpoint::authenticates_with`]), or of `pinned` alone when the
+/// ([`Dialect::authenticates_with`]), or of `pinned` alone when the
 /// configuration names the one header its backends read. `header` reads a
 /// request header. `None` without a credential.
 pub fn of_credential(
-    endpoint: Endpoint,
+    endpoint: Dialect,
     pinned: Option<&str>,
     header: impl Fn(&str) -> Option<String>,
 ) -> Option<String> {
@@ -86,7 +86,7 @@ fn id(credential: &str) -> String {
 mod tests {
     use super::*;
 
-    fn tenant(endpoint: Endpoint, headers: &[(&str, &str)]) -> Option<String> {
+    fn tenant(endpoint: Dialect, headers: &[(&str, &str)]) -> Option<String> {
         of_credential(endpoint, None, |n| {
             headers
                 .iter()
@@ -97,7 +97,7 @@ mod tests {
 
     #[test]
     fn a_stray_header_never_makes_a_key_a_new_tenant() {
-        let chat = Endpoint::Chat;
+        let chat = Dialect::Chat;
         let key = tenant(chat, &[("authorization", "Bearer sk-one")]);
         assert!(key.is_some());
         for extra in [
@@ -110,7 +110,7 @@ mod tests {
             assert_eq!(tenant(chat, extra), key, "{extra:?}");
         }
         // Anthropic: `x-api-key` is the credential; `authorization` beside it is not.
-        let m = Endpoint::Messages;
+        let m = Dialect::Messages;
         let anthropic = tenant(m, &[("x-api-key", "sk-ant-1")]);
         assert_eq!(
             tenant(m, &[("x-api-key", "sk-ant-1"), ("authorization", "x")]),
@@ -131,7 +131,7 @@ mod tests {
 
     #[test]
     fn two_keys_are_two_tenants_and_no_key_is_none() {
-        let chat = Endpoint::Chat;
+        let chat = Dialect::Chat;
         let a = tenant(chat, &[("authorization", "Bearer sk-a")]);
         let b = tenant(chat, &[("authorization", "Bearer sk-b")]);
         assert_ne!(a, b);
@@ -163,12 +163,12 @@ mod tests {
             "api-key" => Some("sk-azure".to_string()),
             _ => None,
         };
-        let pinned = of_credential(Endpoint::Chat, Some("api-key"), h);
-        let alone = of_credential(Endpoint::Chat, Some("api-key"), |n| {
+        let pinned = of_credential(Dialect::Chat, Some("api-key"), h);
+        let alone = of_credential(Dialect::Chat, Some("api-key"), |n| {
             (n == "api-key").then(|| "sk-azure".to_string())
         });
         assert_eq!(pinned, alone);
-        assert_ne!(pinned, of_credential(Endpoint::Chat, None, h));
-        assert_eq!(of_credential(Endpoint::Chat, Some("x-key"), h), None);
+        assert_ne!(pinned, of_credential(Dialect::Chat, None, h));
+        assert_eq!(of_credential(Dialect::Chat, Some("x-key"), h), None);
     }
 }

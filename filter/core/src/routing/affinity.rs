@@ -23,9 +23,9 @@
 
 use serde::Deserialize;
 
-use crate::classify::Endpoint;
 use crate::config::check;
 use crate::config::error::ConfigError;
+use crate::dialect::Dialect;
 use crate::json::Json;
 
 /// Default request header carrying the key to a pool's consistent hashing.
@@ -174,7 +174,7 @@ impl AffinityConfig {
     /// source gives one.
     pub fn key_of(
         &self,
-        endpoint: Endpoint,
+        endpoint: Dialect,
         body: Option<&Json>,
         session: Option<&str>,
     ) -> Option<Key> {
@@ -229,16 +229,16 @@ fn header_name(field: &str, name: String) -> Result<String, ConfigError> {
 }
 
 /// The APIs whose calls continue a conversation over a prompt cache.
-fn keyed(endpoint: Endpoint) -> bool {
+fn keyed(endpoint: Dialect) -> bool {
     matches!(
         endpoint,
-        Endpoint::Chat | Endpoint::Completions | Endpoint::Responses | Endpoint::Messages
+        Dialect::Chat | Dialect::Completions | Dialect::Responses | Dialect::Messages
     )
 }
 
 /// The APIs that take a `prompt_cache_key` in the request body.
-pub fn takes_prompt_cache_key(endpoint: Endpoint) -> bool {
-    matches!(endpoint, Endpoint::Chat | Endpoint::Responses)
+pub fn takes_prompt_cache_key(endpoint: Dialect) -> bool {
+    matches!(endpoint, Dialect::Chat | Dialect::Responses)
 }
 
 /// The caller named its own `prompt_cache_key`: the filter leaves it.
@@ -319,10 +319,10 @@ fn feed_items(h: &mut Hasher, items: &[Json], max: usize) -> bool {
 /// `max` bytes, so a conversation keeps its key as its history grows while
 /// conversations that share a long system prompt still differ. False when
 /// the body has neither.
-fn prefix(endpoint: Endpoint, body: &Json, max: usize, h: &mut Hasher) -> bool {
+fn prefix(endpoint: Dialect, body: &Json, max: usize, h: &mut Hasher) -> bool {
     let mut shared = false;
     let turn = match endpoint {
-        Endpoint::Chat => {
+        Dialect::Chat => {
             shared |= feed(h, body.get("tools").or(body.get("functions")), max);
             let messages = match body.get("messages") {
                 Some(Json::Array(m)) => m.as_slice(),
@@ -335,7 +335,7 @@ fn prefix(endpoint: Endpoint, body: &Json, max: usize, h: &mut Hasher) -> bool {
             shared |= feed_items(h, messages.get(..system).unwrap_or_default(), max);
             messages.iter().find(|m| role(m) == Some("user"))
         }
-        Endpoint::Responses => {
+        Dialect::Responses => {
             shared |= feed(h, body.get("instructions"), max);
             shared |= feed(h, body.get("tools"), max);
             match body.get("input") {
@@ -346,14 +346,14 @@ fn prefix(endpoint: Endpoint, body: &Json, max: usize, h: &mut Hasher) -> bool {
                 other => other,
             }
         }
-        Endpoint::Messages => {
+        Dialect::Messages => {
             shared |= feed_marked(h, body, max);
             match body.get("messages") {
                 Some(Json::Array(m)) => m.iter().find(|m| role(m) == Some("user")),
                 _ => None,
             }
         }
-        Endpoint::Completions => body.get("prompt"),
+        Dialect::Completions => body.get("prompt"),
         _ => None,
     };
     feed(h, turn, max) || shared
@@ -503,7 +503,7 @@ mod tests {
         Json::parse(s.as_bytes()).unwrap()
     }
 
-    fn key(endpoint: Endpoint, b: &str, session: Option<&str>) -> Option<Key> {
+    fn key(endpoint: Dialect, b: &str, session: Option<&str>) -> Option<Key> {
         cfg().key_of(endpoint, Some(&body(b)), session)
     }
 
@@ -511,51 +511,48 @@ mod tests {
     fn the_sources_are_tried_in_order() {
         let chat =
             r#"{"model":"m","prompt_cache_key":"k1","messages":[{"role":"user","content":"hi"}]}"#;
-        let by_pck = key(Endpoint::Chat, chat, Some("s1")).unwrap();
+        let by_pck = key(Dialect::Chat, chat, Some("s1")).unwrap();
         let no_pck = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
-        let by_session = key(Endpoint::Chat, no_pck, Some("s1")).unwrap();
-        let by_prefix = key(Endpoint::Chat, no_pck, None).unwrap();
+        let by_session = key(Dialect::Chat, no_pck, Some("s1")).unwrap();
+        let by_prefix = key(Dialect::Chat, no_pck, None).unwrap();
         assert_ne!(by_pck, by_session);
         assert_ne!(by_session, by_prefix);
         // The same key whatever else the call says.
         assert_eq!(
             key(
-                Endpoint::Chat,
+                Dialect::Chat,
                 r#"{"prompt_cache_key":"k1","messages":[]}"#,
                 None
             ),
             Some(by_pck)
         );
         assert_eq!(
-            key(Endpoint::Chat, r#"{"messages":[]}"#, Some(" s1 ")),
+            key(Dialect::Chat, r#"{"messages":[]}"#, Some(" s1 ")),
             Some(by_session)
         );
         // Empty values are no key; a body with nothing to hash has none.
-        assert_eq!(key(Endpoint::Chat, r#"{"messages":[]}"#, Some("")), None);
-        assert_eq!(
-            key(Endpoint::Chat, r#"{"prompt_cache_key":""}"#, None),
-            None
-        );
+        assert_eq!(key(Dialect::Chat, r#"{"messages":[]}"#, Some("")), None);
+        assert_eq!(key(Dialect::Chat, r#"{"prompt_cache_key":""}"#, None), None);
         // Embeddings keep a cache of no prompt.
         assert_eq!(
-            key(Endpoint::Embeddings, r#"{"input":"hi"}"#, Some("s1")),
+            key(Dialect::Embeddings, r#"{"input":"hi"}"#, Some("s1")),
             None
         );
         let off = AffinityConfig {
             enabled: false,
             ..cfg()
         };
-        assert_eq!(off.key_of(Endpoint::Chat, Some(&body(chat)), None), None);
+        assert_eq!(off.key_of(Dialect::Chat, Some(&body(chat)), None), None);
         let header_only = AffinityConfig {
             sources: vec![Source::Header],
             ..cfg()
         };
         assert_eq!(
-            header_only.key_of(Endpoint::Chat, Some(&body(chat)), None),
+            header_only.key_of(Dialect::Chat, Some(&body(chat)), None),
             None
         );
         assert_eq!(
-            header_only.key_of(Endpoint::Chat, None, Some("s1")),
+            header_only.key_of(Dialect::Chat, None, Some("s1")),
             Some(by_session)
         );
     }
@@ -567,9 +564,9 @@ mod tests {
                 r#"{{"model":"m","messages":[{{"role":"system","content":"be brief"}},{{"role":"user","content":"plan a trip"}}{history}]}}"#
             )
         };
-        let first = key(Endpoint::Chat, &turn(""), None).unwrap();
+        let first = key(Dialect::Chat, &turn(""), None).unwrap();
         let later = key(
-            Endpoint::Chat,
+            Dialect::Chat,
             &turn(
                 r#",{"role":"assistant","content":"where to?"},{"role":"user","content":"Rome"}"#,
             ),
@@ -579,14 +576,14 @@ mod tests {
         assert_eq!(first, later);
         // Another conversation under the same system prompt differs.
         let other = key(
-            Endpoint::Chat,
+            Dialect::Chat,
             r#"{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"write a poem"}]}"#,
             None,
         );
         assert_ne!(Some(first), other);
         // Another system prompt differs too.
         let other = key(
-            Endpoint::Chat,
+            Dialect::Chat,
             r#"{"messages":[{"role":"system","content":"be long"},{"role":"user","content":"plan a trip"}]}"#,
             None,
         );
@@ -606,18 +603,18 @@ mod tests {
             ))
         };
         assert_eq!(
-            c.key_of(Endpoint::Chat, Some(&long("x")), None),
-            c.key_of(Endpoint::Chat, Some(&long("y")), None)
+            c.key_of(Dialect::Chat, Some(&long("x")), None),
+            c.key_of(Dialect::Chat, Some(&long("y")), None)
         );
         assert_ne!(
-            cfg().key_of(Endpoint::Chat, Some(&long("x")), None),
-            cfg().key_of(Endpoint::Chat, Some(&long("y")), None)
+            cfg().key_of(Dialect::Chat, Some(&long("x")), None),
+            cfg().key_of(Dialect::Chat, Some(&long("y")), None)
         );
     }
 
     #[test]
     fn each_dialect_has_its_prefix() {
-        let r = |s| key(Endpoint::Responses, s, None);
+        let r = |s| key(Dialect::Responses, s, None);
         assert_eq!(
             r(r#"{"instructions":"i","input":[{"role":"user","content":"a"}]}"#),
             r(
@@ -626,7 +623,7 @@ mod tests {
         );
         assert_ne!(r(r#"{"input":"a"}"#), r(r#"{"input":"b"}"#));
         assert_eq!(r(r#"{"model":"m"}"#), None);
-        let m = |s| key(Endpoint::Messages, s, None);
+        let m = |s| key(Dialect::Messages, s, None);
         // Anthropic: what follows the first cache_control mark is not shared.
         assert_eq!(
             m(
@@ -649,7 +646,7 @@ mod tests {
                 r#"{"tools":[{"name":"t","cache_control":{"type":"ephemeral"}}],"system":"y","messages":[{"role":"user","content":"a"}]}"#
             )
         );
-        let c = |s| key(Endpoint::Completions, s, None);
+        let c = |s| key(Dialect::Completions, s, None);
         assert_ne!(c(r#"{"prompt":"a"}"#), c(r#"{"prompt":"b"}"#));
         assert!(c(r#"{"prompt":"a"}"#).is_some());
     }

@@ -12,7 +12,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::classify::Endpoint;
+use crate::dialect::Dialect;
 use crate::host::SharedStore;
 use crate::json::Json;
 
@@ -42,8 +42,8 @@ pub struct Continues {
 
 impl Continues {
     /// What a request body of `endpoint` continues; nothing but for Responses.
-    pub fn of(endpoint: Endpoint, body: &Json) -> Self {
-        if endpoint != Endpoint::Responses {
+    pub fn of(endpoint: Dialect, body: &Json) -> Self {
+        if endpoint != Dialect::Responses {
             return Self::default();
         }
         let previous_response_id = match body.get("previous_response_id") {
@@ -148,7 +148,7 @@ mod tests {
     #[test]
     fn a_responses_body_says_what_it_continues() {
         let c = |e, s: &str| Continues::of(e, &Json::parse(s.as_bytes()).unwrap());
-        let r = Endpoint::Responses;
+        let r = Dialect::Responses;
         assert_eq!(
             c(r, r#"{"input":"hi"}"#),
             Continues {
@@ -170,7 +170,7 @@ mod tests {
             .state
         );
         assert_eq!(
-            c(Endpoint::Chat, r#"{"previous_response_id":"resp_1"}"#),
+            c(Dialect::Chat, r#"{"previous_response_id":"resp_1"}"#),
             Continues::default()
         );
     }

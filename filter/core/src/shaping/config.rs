@@ -4,10 +4,10 @@
 
 use serde::Deserialize;
 
-use crate::classify::Endpoint;
 use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::config::per_priority::RawPerPriority;
+use crate::dialect::Dialect;
 use crate::priority::Priority;
 
 /// `shaping` as written by the operator (also an A/B group's `overrides.shaping`).
@@ -70,12 +70,12 @@ impl TokenField {
     /// The field a call of `endpoint` caps its output with: chat's is the
     /// configured one, Responses' and Anthropic Messages' their own;
     /// `None` for a dialect without one.
-    pub fn of(endpoint: Endpoint, configured: Self) -> Option<Self> {
+    pub fn of(endpoint: Dialect, configured: Self) -> Option<Self> {
         match endpoint {
-            Endpoint::Chat | Endpoint::Completions => Some(configured),
-            Endpoint::Responses => Some(Self::MaxOutputTokens),
-            Endpoint::Messages => Some(Self::MaxTokens),
-            Endpoint::Embeddings | Endpoint::Other => None,
+            Dialect::Chat | Dialect::Completions => Some(configured),
+            Dialect::Responses => Some(Self::MaxOutputTokens),
+            Dialect::Messages => Some(Self::MaxTokens),
+            Dialect::Embeddings | Dialect::Other => None,
         }
     }
 

@@ -17,7 +17,7 @@
 //! developer messages are always kept, and function calls, their outputs and
 //! reasoning items belong to the turn they sit in.
 
-use crate::classify::Endpoint;
+use crate::dialect::Dialect;
 use crate::json::Json;
 use crate::routing::rules::message_tokens;
 
@@ -32,22 +32,22 @@ pub fn keep_history(
     max_turns: Option<u64>,
     max_prompt_tokens: Option<u64>,
 ) -> Option<Vec<bool>> {
-    keep_turns(Endpoint::Chat, messages, max_turns, max_prompt_tokens)
+    keep_turns(Dialect::Chat, messages, max_turns, max_prompt_tokens)
 }
 
 /// Which items of the conversation of a call of `endpoint` to keep: chat's
 /// and Anthropic's `messages`, Responses' `input` items; `None` as for
 /// [`keep_history`], and for a dialect without a conversation to trim.
 pub fn keep_turns(
-    endpoint: Endpoint,
+    endpoint: Dialect,
     messages: &[Json],
     max_turns: Option<u64>,
     max_prompt_tokens: Option<u64>,
 ) -> Option<Vec<bool>> {
     let turns = match endpoint {
-        Endpoint::Chat => chat_turns(messages)?,
-        Endpoint::Messages => anthropic_turns(messages)?,
-        Endpoint::Responses => input_turns(messages)?,
+        Dialect::Chat => chat_turns(messages)?,
+        Dialect::Messages => anthropic_turns(messages)?,
+        Dialect::Responses => input_turns(messages)?,
         _ => return None,
     };
     keep(&turns, messages, max_turns, max_prompt_tokens)

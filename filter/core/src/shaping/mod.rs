@@ -11,7 +11,7 @@
 pub mod config;
 mod history;
 
-use crate::classify::Endpoint;
+use crate::dialect::Dialect;
 use crate::json::{Document, Json};
 
 pub use config::{Limits, RawShapingConfig, ShapingConfig, TokenField};
@@ -83,12 +83,7 @@ impl Changes {
 /// chat or Anthropic `messages` list, a Responses `input` list), then the
 /// output token limit in `field`. Returns what changed (nothing when the
 /// body is not one shaping understands).
-pub fn shape(
-    doc: &mut Document,
-    endpoint: Endpoint,
-    limits: &Limits,
-    field: TokenField,
-) -> Changes {
+pub fn shape(doc: &mut Document, endpoint: Dialect, limits: &Limits, field: TokenField) -> Changes {
     let mut changes = Changes::default();
     if !limits.any() || !doc.tree().is_some_and(understood) {
         return changes;
@@ -182,18 +177,18 @@ pub fn trim_history(
     max_turns: Option<u64>,
     max_prompt_tokens: Option<u64>,
 ) -> bool {
-    trim_turns(doc, Endpoint::Chat, max_turns, max_prompt_tokens)
+    trim_turns(doc, Dialect::Chat, max_turns, max_prompt_tokens)
 }
 
 /// [`trim_history`] for a body of `endpoint`: its conversation's items left
 /// out as [`history::keep_turns`] says, each kept one byte for byte.
 pub fn trim_turns(
     doc: &mut Document,
-    endpoint: Endpoint,
+    endpoint: Dialect,
     max_turns: Option<u64>,
     max_prompt_tokens: Option<u64>,
 ) -> bool {
-    let field = if endpoint == Endpoint::Responses {
+    let field = if endpoint == Dialect::Responses {
         "input"
     } else {
         "messages"

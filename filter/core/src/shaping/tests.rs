@@ -1,5 +1,5 @@
 use super::*;
-use crate::classify::Endpoint;
+use crate::dialect::Dialect;
 use crate::routing::rules::message_tokens;
 
 /// The body after `f` edited it, `None` when `f` changed nothing.
@@ -187,7 +187,7 @@ fn shape_reports_what_changed() {
         prompt_tokens: None,
     };
     let mut doc = Document::parse(body.as_bytes().to_vec());
-    let s = shape(&mut doc, Endpoint::Chat, &limits, TokenField::MaxTokens);
+    let s = shape(&mut doc, Dialect::Chat, &limits, TokenField::MaxTokens);
     assert_eq!(s.header().as_deref(), Some("max_tokens,history"));
     assert_eq!(
         String::from_utf8(doc.into_bytes()).unwrap(),
@@ -199,7 +199,7 @@ fn shape_reports_what_changed() {
     };
     let shaped = |body: &str, limits: &Limits| {
         let mut doc = Document::parse(body.as_bytes().to_vec());
-        let changes = shape(&mut doc, Endpoint::Chat, limits, TokenField::MaxTokens);
+        let changes = shape(&mut doc, Dialect::Chat, limits, TokenField::MaxTokens);
         if changes.is_empty() {
             assert_eq!(
                 doc.bytes(),
@@ -431,7 +431,7 @@ mod props {
 }
 
 /// `body` of `endpoint` with its history trimmed to `turns` turns.
-fn trim_dialect(endpoint: Endpoint, body: &str, turns: u64) -> Option<serde_json::Value> {
+fn trim_dialect(endpoint: Dialect, body: &str, turns: u64) -> Option<serde_json::Value> {
     edited(body.as_bytes(), |d| {
         trim_turns(d, endpoint, Some(turns), None)
     })
@@ -458,16 +458,16 @@ fn anthropic_turns_keep_a_tool_use_with_its_result() {
             .collect()
     };
     // Two turns: the current one and the whole tool turn before it.
-    let two = trim_dialect(Endpoint::Messages, body, 2).unwrap();
+    let two = trim_dialect(Dialect::Messages, body, 2).unwrap();
     assert_eq!(two["system"], "be brief");
     let kept = texts(&two);
     assert_eq!(kept.len(), 5, "{kept:?}");
     assert!(kept[0].contains("weather?") && kept[2].contains("tool_result"));
     assert_eq!(two["messages"][0]["role"], "user");
     // One turn: the last user message alone.
-    let one = trim_dialect(Endpoint::Messages, body, 1).unwrap();
+    let one = trim_dialect(Dialect::Messages, body, 1).unwrap();
     assert_eq!(texts(&one), ["\"three\""]);
-    assert_eq!(trim_dialect(Endpoint::Messages, body, 3), None);
+    assert_eq!(trim_dialect(Dialect::Messages, body, 3), None);
 }
 
 #[test]
@@ -481,18 +481,18 @@ fn responses_input_keeps_developer_items_and_calls_with_their_outputs() {
         {"type":"function_call_output","call_id":"c1","output":"sunny"},
         {"role":"user","content":"three"}
     ]}"#;
-    let two = trim_dialect(Endpoint::Responses, body, 2).unwrap();
+    let two = trim_dialect(Dialect::Responses, body, 2).unwrap();
     let items = two["input"].as_array().unwrap();
     assert_eq!(items.len(), 5, "{items:?}");
     assert_eq!(items[0]["role"], "developer");
     assert_eq!(items[1]["content"], "weather?");
     assert_eq!(items[3]["type"], "function_call_output");
     assert_eq!(two["instructions"], "be brief");
-    let one = trim_dialect(Endpoint::Responses, body, 1).unwrap();
+    let one = trim_dialect(Dialect::Responses, body, 1).unwrap();
     assert_eq!(one["input"].as_array().unwrap().len(), 2);
     // A string input has no turns to trim.
     assert_eq!(
-        trim_dialect(Endpoint::Responses, r#"{"input":"just this"}"#, 1),
+        trim_dialect(Dialect::Responses, r#"{"input":"just this"}"#, 1),
         None
     );
 }

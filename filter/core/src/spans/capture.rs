@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 
 use super::config::CaptureConfig;
 use super::redact::{self, Rules};
-use crate::classify::Endpoint;
+use crate::dialect::Dialect;
 use crate::json::Json;
 use crate::sse::Transcript;
 
@@ -346,15 +346,15 @@ fn texts(parts: &[Part]) -> String {
 
 /// What `cfg` captures of a request body of `api`: `None` when it captures
 /// no prompt, or the dialect has none (embeddings).
-pub fn prompt(cfg: &CaptureConfig, api: Endpoint, body: &Json) -> Option<Prompt> {
+pub fn prompt(cfg: &CaptureConfig, api: Dialect, body: &Json) -> Option<Prompt> {
     if !cfg.prompt {
         return None;
     }
     let mut system = Reader::new(cfg);
     let mut input = Reader::new(cfg);
     match api {
-        Endpoint::Chat => input.messages(body.get("messages"), "user"),
-        Endpoint::Completions => {
+        Dialect::Chat => input.messages(body.get("messages"), "user"),
+        Dialect::Completions => {
             let prompt = body.get("prompt");
             let mut parts = Vec::new();
             match prompt {
@@ -367,7 +367,7 @@ pub fn prompt(cfg: &CaptureConfig, api: Endpoint, body: &Json) -> Option<Prompt>
             }
             input.push("user", parts, None);
         }
-        Endpoint::Responses => {
+        Dialect::Responses => {
             let mut parts = Vec::new();
             system.parts(body.get("instructions"), &mut parts);
             if !parts.is_empty() {
@@ -382,7 +382,7 @@ pub fn prompt(cfg: &CaptureConfig, api: Endpoint, body: &Json) -> Option<Prompt>
                 None => input.messages(items, "user"),
             }
         }
-        Endpoint::Messages => {
+        Dialect::Messages => {
             let mut parts = Vec::new();
             system.parts(body.get("system"), &mut parts);
             if !parts.is_empty() {
@@ -390,7 +390,7 @@ pub fn prompt(cfg: &CaptureConfig, api: Endpoint, body: &Json) -> Option<Prompt>
             }
             input.messages(body.get("messages"), "user");
         }
-        Endpoint::Embeddings | Endpoint::Other => return None,
+        Dialect::Embeddings | Dialect::Other => return None,
     }
     let system = system
         .messages
@@ -403,13 +403,13 @@ pub fn prompt(cfg: &CaptureConfig, api: Endpoint, body: &Json) -> Option<Prompt>
 }
 
 /// What `cfg` captures of a JSON answer of `api`.
-pub fn completion(cfg: &CaptureConfig, api: Endpoint, answer: &Json) -> Option<Captured> {
+pub fn completion(cfg: &CaptureConfig, api: Dialect, answer: &Json) -> Option<Captured> {
     if !cfg.completion {
         return None;
     }
     let mut out = Reader::new(cfg);
     match api {
-        Endpoint::Chat | Endpoint::Completions => {
+        Dialect::Chat | Dialect::Completions => {
             for choice in items(answer.get("choices")) {
                 if out.full() {
                     break;
@@ -431,7 +431,7 @@ pub fn completion(cfg: &CaptureConfig, api: Endpoint, answer: &Json) -> Option<C
                 }
             }
         }
-        Endpoint::Responses => {
+        Dialect::Responses => {
             let mut parts = Vec::new();
             for item in items(answer.get("output")) {
                 if out.full() {
@@ -450,13 +450,13 @@ pub fn completion(cfg: &CaptureConfig, api: Endpoint, answer: &Json) -> Option<C
                 .or_else(|| answer.get("status").and_then(text));
             out.push("assistant", parts, reason);
         }
-        Endpoint::Messages => {
+        Dialect::Messages => {
             let mut parts = Vec::new();
             out.parts(answer.get("content"), &mut parts);
             let reason = answer.get("stop_reason").and_then(text);
             out.push("assistant", parts, reason);
         }
-        Endpoint::Embeddings | Endpoint::Other => return None,
+        Dialect::Embeddings | Dialect::Other => return None,
     }
     Some(write_messages(&out))
 }

@@ -22,7 +22,7 @@ pub mod redact;
 
 use std::collections::VecDeque;
 
-use crate::classify::Endpoint;
+use crate::dialect::Dialect;
 use crate::host::Metrics;
 use crate::metrics as names;
 use crate::summary::{CallSummary, End};
@@ -89,20 +89,20 @@ impl Details<'_> {
 }
 
 /// `gen_ai.operation.name` of a dialect.
-fn operation(api: Endpoint) -> &'static str {
+fn operation(api: Dialect) -> &'static str {
     match api {
-        Endpoint::Completions => "text_completion",
-        Endpoint::Embeddings => "embeddings",
-        Endpoint::Chat | Endpoint::Responses | Endpoint::Messages => "chat",
-        Endpoint::Other => "other",
+        Dialect::Completions => "text_completion",
+        Dialect::Embeddings => "embeddings",
+        Dialect::Chat | Dialect::Responses | Dialect::Messages => "chat",
+        Dialect::Other => "other",
     }
 }
 
 /// `gen_ai.provider.name` as the dialect names it (the backend behind an
 /// OpenAI-compatible API may be another: `server.address` says which).
-fn provider(api: Endpoint) -> &'static str {
+fn provider(api: Dialect) -> &'static str {
     match api {
-        Endpoint::Messages => "anthropic",
+        Dialect::Messages => "anthropic",
         _ => "openai",
     }
 }

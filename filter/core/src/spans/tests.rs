@@ -81,7 +81,7 @@ fn a_span_carries_the_genai_attributes_and_the_filters_decisions() {
     // A failure says what failed, and a long model name is cut.
     let long = "m".repeat(MAX_STRING_BYTES * 2);
     let failed = CallSummary {
-        api: Endpoint::Messages,
+        api: Dialect::Messages,
         ..CallSummary::ended(End::TimedOut(504))
     };
     let span = encode(

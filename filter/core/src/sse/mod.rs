@@ -18,7 +18,7 @@
 //! - [`Stream`] is one response's stream: the reader, its grammar and the
 //!   strip, driving the collector the caller passes with each piece.
 //!
-//! Each dialect is a [`Grammar`], and [`Dialect`] picks the call's by its
+//! Each dialect is a [`Grammar`], and [`AnyGrammar`] picks the call's by its
 //! endpoint. The OpenAI Responses ([`responses::Responses`]) and Anthropic
 //! Messages ([`messages::Messages`]) streams name each event (`event:
 //! message_delta` before its `data: {json}`) and have no `[DONE]`: their
@@ -42,7 +42,7 @@ pub use reader::{Event, Reader, MAX_EVENT};
 pub use responses::Responses;
 pub use transcript::Transcript;
 
-use crate::classify::Endpoint;
+use crate::dialect::Dialect;
 use crate::usage::{Usage, MAX_FINISH_REASONS};
 
 /// Longest incomplete event the strip holds back from the client; past it
@@ -181,7 +181,7 @@ pub(crate) fn read_named(
 
 /// The grammar of a call's dialect.
 #[derive(Debug)]
-pub enum Dialect {
+pub enum AnyGrammar {
     /// OpenAI chat and text completions.
     Chat(Chat),
     /// OpenAI Responses.
@@ -190,18 +190,18 @@ pub enum Dialect {
     Messages(Messages),
 }
 
-impl Default for Dialect {
+impl Default for AnyGrammar {
     fn default() -> Self {
         Self::Chat(Chat::default())
     }
 }
 
-impl Dialect {
+impl AnyGrammar {
     /// The grammar of `endpoint`'s streams; chat's for the others.
-    pub fn of(endpoint: Endpoint) -> Self {
+    pub fn of(endpoint: Dialect) -> Self {
         match endpoint {
-            Endpoint::Responses => Self::Responses(Responses::default()),
-            Endpoint::Messages => Self::Messages(Messages::default()),
+            Dialect::Responses => Self::Responses(Responses::default()),
+            Dialect::Messages => Self::Messages(Messages::default()),
             _ => Self::default(),
         }
     }
@@ -223,7 +223,7 @@ impl Dialect {
     }
 }
 
-impl Grammar for Dialect {
+impl Grammar for AnyGrammar {
     fn read(&mut self, event: &Event<'_>, parse: bool) -> Reading {
         self.grammar().read(event, parse)
     }

@@ -2,7 +2,7 @@ use serde_json::json;
 
 use super::chat::tests::parses;
 use super::*;
-use crate::classify::Endpoint;
+use crate::dialect::Dialect;
 
 const STREAM: &str =
     "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"},\"finish_reason\":null}]}\n\n\
@@ -367,8 +367,8 @@ event: message_stop\n\
 data: {\"type\":\"message_stop\"}\n\n";
 
 /// `text` fed to a stream of `endpoint`'s grammar, cut at `split`.
-fn dialect(endpoint: Endpoint, text: &str, split: usize) -> Stream<Dialect> {
-    let mut s = Stream::with_grammar(Dialect::of(endpoint));
+fn dialect(endpoint: Dialect, text: &str, split: usize) -> Stream<AnyGrammar> {
+    let mut s = Stream::with_grammar(AnyGrammar::of(endpoint));
     let (a, b) = text.as_bytes().split_at(split);
     assert_eq!(s.feed(a, false, None), None);
     assert_eq!(s.feed(b, true, None), None);
@@ -378,7 +378,7 @@ fn dialect(endpoint: Endpoint, text: &str, split: usize) -> Stream<Dialect> {
 #[test]
 fn a_responses_stream_gives_its_final_usage_and_its_id() {
     for split in (1..RESPONSES.len()).step_by(7) {
-        let s = dialect(Endpoint::Responses, RESPONSES, split);
+        let s = dialect(Dialect::Responses, RESPONSES, split);
         assert_eq!(
             s.usage(),
             Some(Usage {
@@ -388,7 +388,7 @@ fn a_responses_stream_gives_its_final_usage_and_its_id() {
             }),
             "split at {split}"
         );
-        let Dialect::Responses(g) = s.grammar() else {
+        let AnyGrammar::Responses(g) = s.grammar() else {
             panic!("the Responses grammar");
         };
         assert!(g.finished && g.done);
@@ -397,7 +397,7 @@ fn a_responses_stream_gives_its_final_usage_and_its_id() {
     }
     // Cut short: no final event, no usage, not finished.
     let cut = &RESPONSES[..RESPONSES.find("event: response.completed").unwrap()];
-    let s = dialect(Endpoint::Responses, cut, 10);
+    let s = dialect(Dialect::Responses, cut, 10);
     assert_eq!(s.usage(), None);
     assert!(!s.grammar().finished() && !s.grammar().ended());
 }
@@ -405,7 +405,7 @@ fn a_responses_stream_gives_its_final_usage_and_its_id() {
 #[test]
 fn a_messages_stream_adds_its_usage_up_over_its_events() {
     for split in (1..MESSAGES.len()).step_by(5) {
-        let s = dialect(Endpoint::Messages, MESSAGES, split);
+        let s = dialect(Dialect::Messages, MESSAGES, split);
         // Input: 4 fresh + 6 read from the cache; output as of message_delta.
         assert_eq!(
             s.usage(),
@@ -417,14 +417,14 @@ fn a_messages_stream_adds_its_usage_up_over_its_events() {
             "split at {split}"
         );
         assert!(s.grammar().finished() && s.grammar().ended());
-        let Dialect::Messages(g) = s.grammar() else {
+        let AnyGrammar::Messages(g) = s.grammar() else {
             panic!("the Messages grammar");
         };
         assert_eq!(g.events, 7);
     }
     // An error event ends the stream unfinished.
     let s = dialect(
-        Endpoint::Messages,
+        Dialect::Messages,
         "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n",
         3,
     );
@@ -440,7 +440,7 @@ fn a_messages_stream_adds_its_usage_up_over_its_events() {
         format!("{head}{error}{stop}"),
         without_reason,
     ] {
-        let s = dialect(Endpoint::Messages, &cut, 9);
+        let s = dialect(Dialect::Messages, &cut, 9);
         assert!(!s.grammar().finished(), "{cut}");
     }
 }
@@ -450,10 +450,10 @@ fn a_strip_removes_nothing_from_a_named_stream() {
     // The usage the filter asks a chat stream for is never asked of these,
     // and their usage events are the client's.
     for (endpoint, text) in [
-        (Endpoint::Messages, MESSAGES),
-        (Endpoint::Responses, RESPONSES),
+        (Dialect::Messages, MESSAGES),
+        (Dialect::Responses, RESPONSES),
     ] {
-        let mut s = Stream::with_grammar(Dialect::of(endpoint));
+        let mut s = Stream::with_grammar(AnyGrammar::of(endpoint));
         s.strip_usage();
         assert_eq!(s.feed(text.as_bytes(), true, None), None, "{endpoint:?}");
         assert_eq!(s.removed(), 0);
@@ -469,15 +469,15 @@ fn each_dialect_says_why_its_stream_ended() {
     let two_choices = "data: {\"choices\":[{\"index\":0,\"finish_reason\":\"stop\"}]}\n\n\
 data: {\"choices\":[{\"index\":1,\"finish_reason\":\"length\"}]}\n\ndata: [DONE]\n\n";
     for (endpoint, text, want) in [
-        (Endpoint::Chat, STREAM, vec!["stop"]),
-        (Endpoint::Chat, two_choices, vec!["stop", "length"]),
-        (Endpoint::Responses, RESPONSES, vec!["completed"]),
+        (Dialect::Chat, STREAM, vec!["stop"]),
+        (Dialect::Chat, two_choices, vec!["stop", "length"]),
+        (Dialect::Responses, RESPONSES, vec!["completed"]),
         (
-            Endpoint::Responses,
+            Dialect::Responses,
             incomplete.as_str(),
             vec!["max_output_tokens"],
         ),
-        (Endpoint::Messages, MESSAGES, vec!["end_turn"]),
+        (Dialect::Messages, MESSAGES, vec!["end_turn"]),
     ] {
         for split in (1..text.len()).step_by(11) {
             let s = dialect(endpoint, text, split);
@@ -490,7 +490,7 @@ data: {\"choices\":[{\"index\":1,\"finish_reason\":\"length\"}]}\n\ndata: [DONE]
     }
     // A stream cut before its end says nothing.
     let cut = &MESSAGES[..MESSAGES.find("event: message_delta").unwrap()];
-    let s = dialect(Endpoint::Messages, cut, 4);
+    let s = dialect(Dialect::Messages, cut, 4);
     assert!(s.grammar().finish_reasons().as_strs().is_empty());
 }
 

@@ -3,12 +3,12 @@
 //! breaker, the load signals).
 
 use crate::cache::CacheStatus;
-use crate::classify::Endpoint;
 use crate::config::Config;
+use crate::dialect::Dialect;
 use crate::metrics::internal_error;
 use crate::routing::hedge::HedgeResult;
 use crate::summary::{CallSummary, End};
-use crate::{budget, classify, load, observe, routing, spans};
+use crate::{budget, dialect, load, observe, routing, spans};
 
 use super::state::{Phase, Response};
 use super::{Call, Env, Host};
@@ -49,7 +49,7 @@ impl Call {
     fn model_label(&self, env: &mut Env<'_>) -> String {
         let model = self.model().map(str::to_string).or_else(|| {
             let copy = self.request.copy.as_ref()?;
-            classify::model(copy.bytes()?)
+            dialect::model(copy.bytes()?)
         });
         env.model_labels.value(model.as_deref()).to_string()
     }
@@ -141,7 +141,7 @@ impl Call {
         };
         let answered = matches!(self.progress.phase(), Phase::Forwarded)
             && r.status.is_some_and(|s| (200..300).contains(&s));
-        if self.request.endpoint != Endpoint::Responses
+        if self.request.endpoint != Dialect::Responses
             || !self.request.continues.stored
             || !answered
         {

@@ -10,8 +10,8 @@
 use std::ops::ControlFlow;
 
 use crate::budget::reply::{self, ReplyKind, SHOULD_RETRY};
-use crate::classify::Endpoint;
 use crate::degrade;
+use crate::dialect::Dialect;
 use crate::limits::{self, window, Ask, Decision, Ended, Left, Measure, Refused};
 use crate::shaping::{self, TokenField};
 
@@ -242,12 +242,12 @@ impl Call {
 /// (`anthropic-ratelimit-*`) callers read for what is left.
 fn rate_headers(
     out: &mut Vec<(&'static str, String)>,
-    endpoint: Endpoint,
+    endpoint: Dialect,
     requests: Option<Left>,
     tokens: Option<Left>,
     now_ms: u64,
 ) {
-    let anthropic = endpoint == Endpoint::Messages;
+    let anthropic = endpoint == Dialect::Messages;
     for (left, names) in [
         (
             requests,
@@ -302,7 +302,7 @@ const ANTHROPIC_TOKENS: [&str; 3] = [
 
 /// The 429 for a call over `r`, with `retry-after` until it fits and what
 /// is left of the tightest request and token limits.
-fn refusal(r: &Refused, endpoint: Endpoint, now_ms: u64) -> reply::LocalReply {
+fn refusal(r: &Refused, endpoint: Dialect, now_ms: u64) -> reply::LocalReply {
     let wait_s = r.wait_ms.map(|ms| ms.div_ceil(1000).max(1));
     let amount = match r.measure {
         // Nanos as units with six decimals, without float formatting.

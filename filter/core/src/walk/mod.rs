@@ -16,8 +16,8 @@ use std::ops::ControlFlow;
 
 use crate::baggage;
 use crate::budget::parse as budget_parse;
-use crate::classify::{self, Endpoint};
 use crate::config::{Config, TracingMode};
+use crate::dialect::{self, Dialect};
 use crate::host::{Metrics, Random, SharedStore};
 use crate::metrics::{internal_error, BoundedLabel};
 use crate::priority::{self, Priority};
@@ -137,7 +137,7 @@ impl Call {
         let shard_key = cache::take_shard_header(env, host);
         let method = host.request_header(":method").unwrap_or_default();
         let path = host.request_header(":path").unwrap_or_default();
-        let endpoint = classify::classify(&method, &path, &env.config.llm_paths)?;
+        let endpoint = dialect::classify(&method, &path, &env.config.llm_paths)?;
         // Read once: it may set the priority, and the priority joins it.
         let baggage = request_baggage(host);
         let mut call = Self {
@@ -369,7 +369,7 @@ impl Call {
 impl Request {
     /// What the request headers say (`baggage`: all of the request's, as
     /// read): priority and the caller's budget.
-    fn read(env: &Env<'_>, host: &dyn Host, endpoint: Endpoint, baggage: Option<&str>) -> Self {
+    fn read(env: &Env<'_>, host: &dyn Host, endpoint: Dialect, baggage: Option<&str>) -> Self {
         let cfg = env.config;
         let priority = priority::resolve(
             host.request_header(priority::HEADER).as_deref(),

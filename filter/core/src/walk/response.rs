@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::budget::reply::{self, ReplyKind};
 use crate::cache::entry::SSE_CONTENT_TYPE;
-use crate::classify::Endpoint;
+use crate::dialect::Dialect;
 use crate::metrics::internal_error;
 use crate::routing::failover;
 use crate::spans::capture;
@@ -153,7 +153,7 @@ impl Call {
 
 impl Response {
     /// The response whose headers `host` holds, read at `now_ms`.
-    fn read(host: &dyn Host, endpoint: Endpoint, now_ms: u64, end_of_stream: bool) -> Self {
+    fn read(host: &dyn Host, endpoint: Dialect, now_ms: u64, end_of_stream: bool) -> Self {
         let status = host
             .response_header(":status")
             .and_then(|s| s.parse::<u16>().ok());
@@ -177,7 +177,7 @@ impl Response {
                 .and_then(failover::should_retry),
             envoy,
             answer: if stream {
-                Answer::Stream(sse::Stream::with_grammar(sse::Dialect::of(endpoint)))
+                Answer::Stream(sse::Stream::with_grammar(sse::AnyGrammar::of(endpoint)))
             } else {
                 Answer::Json {
                     copy: BodyCopy::default(),
@@ -197,7 +197,7 @@ impl Response {
 fn rewrite_envoy_reply(
     env: &mut Env<'_>,
     host: &mut dyn Host,
-    endpoint: Endpoint,
+    endpoint: Dialect,
     envoy: Option<EnvoyReply>,
 ) -> Option<Vec<u8>> {
     let kind = match envoy? {

@@ -6,7 +6,7 @@
 
 use std::ops::ControlFlow;
 
-use crate::classify::Endpoint;
+use crate::dialect::Dialect;
 use crate::metrics as names;
 use crate::shaping::{self, Limits, TokenField};
 
@@ -28,7 +28,7 @@ impl Call {
         let endpoint = self.request.endpoint;
         let configured = self.shaping_config(env.config).field;
         let field = TokenField::of(endpoint, configured)
-            .filter(|_| endpoint != Endpoint::Completions && limits.any());
+            .filter(|_| endpoint != Dialect::Completions && limits.any());
         let Some(field) = field else {
             return ControlFlow::Continue(Some(body));
         };

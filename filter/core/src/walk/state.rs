@@ -25,7 +25,7 @@
 //! Steps ask [`Progress`] for a transition; none assigns a phase itself.
 
 use crate::cache::{CacheStatus, Cacheable, Key, Lease, Seen, StreamAssembler};
-use crate::classify::Endpoint;
+use crate::dialect::Dialect;
 use crate::json::Json;
 use crate::limits::Admitted;
 use crate::priority::Priority;
@@ -50,7 +50,7 @@ use super::body::{BodyCopy, HeldBody};
 /// says, read once when the body is.
 #[derive(Debug)]
 pub(super) struct Request {
-    pub(super) endpoint: Endpoint,
+    pub(super) endpoint: Dialect,
     pub(super) priority: Priority,
     pub(super) started_ms: u64,
     /// The caller's whole budget, ms.
@@ -104,7 +104,7 @@ impl Request {
 }
 
 /// The output token cap a request body of `endpoint` names, when a whole number.
-pub(super) fn token_cap(endpoint: Endpoint, tree: &Json) -> Option<u64> {
+pub(super) fn token_cap(endpoint: Dialect, tree: &Json) -> Option<u64> {
     TokenField::of(endpoint, TokenField::MaxTokens)
         .into_iter()
         .flat_map(TokenField::family)
@@ -421,7 +421,7 @@ pub(super) struct Response {
 pub(super) enum Answer {
     /// An SSE stream, read as it passes (usage, the strip of the usage-only
     /// chunk the client did not ask for, the cache's assembler).
-    Stream(sse::Stream<sse::Dialect>),
+    Stream(sse::Stream<sse::AnyGrammar>),
     /// Any other body, copied aside up to a bound; its usage and id read at
     /// its end.
     Json { copy: BodyCopy, head: usage::Head },
@@ -432,7 +432,7 @@ impl Response {
     /// and the body the client gets in its place when that differs (`strip`:
     /// without the usage-only chunk of a stream).
     pub(super) fn from_callout(
-        endpoint: Endpoint,
+        endpoint: Dialect,
         status: u16,
         stream: bool,
         strip: bool,
@@ -442,7 +442,7 @@ impl Response {
     ) -> (Self, Option<Vec<u8>>) {
         let mut stripped = None;
         let answer = if stream {
-            let mut sse = sse::Stream::with_grammar(sse::Dialect::of(endpoint));
+            let mut sse = sse::Stream::with_grammar(sse::AnyGrammar::of(endpoint));
             if strip {
                 sse.strip_usage();
             }
@@ -476,7 +476,7 @@ impl Response {
 
     /// The completion, captured once when `cfg` asks (a 2xx answer only):
     /// from the stream's kept text, or from the JSON answer's copy.
-    pub(super) fn completion(&self, endpoint: Endpoint, cfg: &CaptureConfig) -> Option<&Captured> {
+    pub(super) fn completion(&self, endpoint: Dialect, cfg: &CaptureConfig) -> Option<&Captured> {
         if !cfg.completion || !self.status.is_some_and(|s| (200..300).contains(&s)) {
             return None;
         }
@@ -507,7 +507,7 @@ impl Response {
     pub(super) fn id(&self) -> Option<&str> {
         match &self.answer {
             Answer::Stream(sse) => match sse.grammar() {
-                sse::Dialect::Responses(g) => g.response_id.as_deref(),
+                sse::AnyGrammar::Responses(g) => g.response_id.as_deref(),
                 _ => None,
             },
             Answer::Json { head, .. } => head.id.as_deref(),

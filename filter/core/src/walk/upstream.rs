@@ -9,7 +9,7 @@ use std::cell::RefCell;
 use crate::budget::{
     self, plan::IDEMPOTENCY_KEY, Admission, Ask, BreakerState, BudgetConfig, DEFAULT_BREAKER,
 };
-use crate::classify::Endpoint;
+use crate::dialect::Dialect;
 use crate::host::SharedStore;
 use crate::metrics::internal_error;
 use crate::routing::rewrite::{self, Edit};
@@ -69,10 +69,7 @@ impl Call {
     /// (the load signals count output tokens), which the client then does not
     /// see unless it asked. Responses and Messages streams always carry it.
     fn ask_for_usage(&mut self, body: &mut HeldBody) {
-        if !matches!(
-            self.request.endpoint,
-            Endpoint::Chat | Endpoint::Completions
-        ) {
+        if !matches!(self.request.endpoint, Dialect::Chat | Dialect::Completions) {
             return;
         }
         if usage::ask_for_usage(&mut body.doc) {

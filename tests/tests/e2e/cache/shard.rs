@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use llm_filter_core::cache::{self, CacheConfig, CacheRequest, Decision};
-use llm_filter_core::classify::Endpoint;
+use llm_filter_core::dialect::Dialect;
 use llm_filter_core::json::Json;
 use llm_filter_e2e::{
     post_json, skip_without_envoy, Envoy, EnvoyBuilder, HttpResponse, MockConfig, MockUpstream,
@@ -203,7 +203,7 @@ fn key_hex(prompt: &str, tenant: &str) -> String {
     let body = serde_json::to_vec(&cacheable(prompt)).unwrap();
     let tree = Json::parse(&body);
     let req = CacheRequest {
-        endpoint: Endpoint::Chat,
+        endpoint: Dialect::Chat,
         path: CHAT,
         body: tree.as_ref(),
         cache_control: None,

@@ -19,7 +19,7 @@ use serde::Deserialize;
 
 use super::config::CacheConfig;
 use super::key::{self, CacheRequest, Key};
-use crate::classify::Endpoint;
+use crate::dialect::Dialect;
 use crate::json::Json;
 use config::{EmbeddingsConfig, SemanticConfig};
 
@@ -53,9 +53,9 @@ pub fn query(
 ) -> Option<Query> {
     let mut context = body.clone();
     let text = match req.endpoint {
-        Endpoint::Chat => take_last_user_text(&mut context)?,
-        Endpoint::Completions => take_member_text(&mut context, "prompt")?,
-        Endpoint::Embeddings | Endpoint::Responses | Endpoint::Messages | Endpoint::Other => {
+        Dialect::Chat => take_last_user_text(&mut context)?,
+        Dialect::Completions => take_member_text(&mut context, "prompt")?,
+        Dialect::Embeddings | Dialect::Responses | Dialect::Messages | Dialect::Other => {
             return None
         }
     };

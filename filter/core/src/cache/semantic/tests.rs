@@ -15,7 +15,7 @@ fn sem() -> SemanticConfig {
 }
 
 fn ask(
-    endpoint: Endpoint,
+    endpoint: Dialect,
     path: &str,
     cred: Option<&str>,
     body: &str,
@@ -41,7 +41,7 @@ const CHAT: &str = "/v1/chat/completions";
 
 fn chat(body: &str) -> Option<Query> {
     ask(
-        Endpoint::Chat,
+        Dialect::Chat,
         CHAT,
         Some("Bearer a"),
         body,
@@ -102,12 +102,12 @@ fn everything_else_partitions_the_context() {
         seen.push(c);
     }
     let cfg = CacheConfig::default();
-    let tenant_b = ask(Endpoint::Chat, CHAT, Some("Bearer b"), BASE, &cfg)
+    let tenant_b = ask(Dialect::Chat, CHAT, Some("Bearer b"), BASE, &cfg)
         .unwrap()
         .context;
-    let no_tenant = ask(Endpoint::Chat, CHAT, None, BASE, &cfg).unwrap().context;
+    let no_tenant = ask(Dialect::Chat, CHAT, None, BASE, &cfg).unwrap().context;
     let other_path = ask(
-        Endpoint::Chat,
+        Dialect::Chat,
         "/v2/chat/completions",
         Some("Bearer a"),
         BASE,
@@ -124,10 +124,10 @@ fn everything_else_partitions_the_context() {
         ..CacheConfig::default()
     };
     assert_eq!(
-        ask(Endpoint::Chat, CHAT, Some("Bearer a"), BASE, &global)
+        ask(Dialect::Chat, CHAT, Some("Bearer a"), BASE, &global)
             .unwrap()
             .context,
-        ask(Endpoint::Chat, CHAT, Some("Bearer b"), BASE, &global)
+        ask(Dialect::Chat, CHAT, Some("Bearer b"), BASE, &global)
             .unwrap()
             .context
     );
@@ -139,7 +139,7 @@ fn the_context_is_never_an_exact_key() {
     let tree = Json::parse(BASE.as_bytes()).unwrap();
     let creds = [Some("Bearer a"), None];
     let req = CacheRequest {
-        endpoint: Endpoint::Chat,
+        endpoint: Dialect::Chat,
         path: CHAT,
         body: Some(&tree),
         cache_control: None,
@@ -175,7 +175,7 @@ fn calls_without_a_plain_text_question_do_not_take_part() {
     let cfg = CacheConfig::default();
     let emb = r#"{"model":"e","input":"hello"}"#;
     assert_eq!(
-        ask(Endpoint::Embeddings, "/v1/embeddings", None, emb, &cfg),
+        ask(Dialect::Embeddings, "/v1/embeddings", None, emb, &cfg),
         None
     );
 }
@@ -186,7 +186,7 @@ fn a_completions_prompt_is_the_question() {
     let p = |prompt: &str| {
         let body = format!(r#"{{"model":"m","temperature":0,"prompt":{prompt}}}"#);
         ask(
-            Endpoint::Completions,
+            Dialect::Completions,
             "/v1/completions",
             Some("k"),
             &body,

@@ -28,7 +28,7 @@ fn each_dialects_prompt_is_read_where_it_keeps_it() {
         {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "42"}
     ]}));
-    let p = prompt(&cfg(4096), Endpoint::Chat, &chat).unwrap();
+    let p = prompt(&cfg(4096), Dialect::Chat, &chat).unwrap();
     assert_eq!(p.system, None);
     let m = parsed(p.messages.as_ref().unwrap());
     assert_eq!(
@@ -44,7 +44,7 @@ fn each_dialects_prompt_is_read_where_it_keeps_it() {
         {"role": "user", "content": [{"type": "input_text", "text": "q"}]},
         {"type": "function_call_output", "call_id": "c", "output": "out"}
     ]}));
-    let p = prompt(&cfg(4096), Endpoint::Responses, &responses).unwrap();
+    let p = prompt(&cfg(4096), Dialect::Responses, &responses).unwrap();
     assert_eq!(
         parsed(p.system.as_ref().unwrap()),
         json!([{"type": "text", "content": "rules"}])
@@ -57,7 +57,7 @@ fn each_dialects_prompt_is_read_where_it_keeps_it() {
         ])
     );
     let plain = request(json!({"input": "just text"}));
-    let p = prompt(&cfg(4096), Endpoint::Responses, &plain).unwrap();
+    let p = prompt(&cfg(4096), Dialect::Responses, &plain).unwrap();
     assert_eq!(
         parsed(p.messages.as_ref().unwrap())[0]["parts"][0]["content"],
         "just text"
@@ -69,7 +69,7 @@ fn each_dialects_prompt_is_read_where_it_keeps_it() {
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "r"}]}]}
         ]}),
     );
-    let p = prompt(&cfg(4096), Endpoint::Messages, &messages).unwrap();
+    let p = prompt(&cfg(4096), Dialect::Messages, &messages).unwrap();
     assert_eq!(
         parsed(p.system.as_ref().unwrap()),
         json!([{"type": "text", "content": "sys"}])
@@ -81,14 +81,14 @@ fn each_dialects_prompt_is_read_where_it_keeps_it() {
         json!({"type": "tool_call_response", "id": "t", "response": "r"})
     );
     let completions = request(json!({"prompt": ["a", "b"]}));
-    let p = prompt(&cfg(4096), Endpoint::Completions, &completions).unwrap();
+    let p = prompt(&cfg(4096), Dialect::Completions, &completions).unwrap();
     assert_eq!(
         parsed(p.messages.as_ref().unwrap())[0]["parts"][1]["content"],
         "b"
     );
-    assert_eq!(prompt(&cfg(4096), Endpoint::Embeddings, &plain), None);
+    assert_eq!(prompt(&cfg(4096), Dialect::Embeddings, &plain), None);
     let off = CaptureConfig::default();
-    assert_eq!(prompt(&off, Endpoint::Chat, &chat), None);
+    assert_eq!(prompt(&off, Dialect::Chat, &chat), None);
 }
 
 #[test]
@@ -99,7 +99,7 @@ fn each_dialects_answer_is_read_where_it_keeps_it() {
         {"index": 1, "message": {"role": "assistant", "content": "no"}, "finish_reason": "length"}
     ]});
     assert_eq!(
-        parsed(&completion(&c, Endpoint::Chat, &request(chat.clone())).unwrap()),
+        parsed(&completion(&c, Dialect::Chat, &request(chat.clone())).unwrap()),
         json!([
             {"role": "assistant", "parts": [{"type": "text", "content": "yes"}], "finish_reason": "stop"},
             {"role": "assistant", "parts": [{"type": "text", "content": "no"}], "finish_reason": "length"}
@@ -107,7 +107,7 @@ fn each_dialects_answer_is_read_where_it_keeps_it() {
     );
     let text = json!({"choices": [{"text": "done", "finish_reason": "stop"}]});
     assert_eq!(
-        parsed(&completion(&c, Endpoint::Completions, &request(text.clone())).unwrap())[0]["parts"]
+        parsed(&completion(&c, Dialect::Completions, &request(text.clone())).unwrap())[0]["parts"]
             [0]["content"],
         "done"
     );
@@ -116,12 +116,12 @@ fn each_dialects_answer_is_read_where_it_keeps_it() {
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "answer"}]}
     ]});
     assert_eq!(
-        parsed(&completion(&c, Endpoint::Responses, &request(responses.clone())).unwrap()),
+        parsed(&completion(&c, Dialect::Responses, &request(responses.clone())).unwrap()),
         json!([{"role": "assistant", "parts": [{"type": "text", "content": "answer"}], "finish_reason": "completed"}])
     );
     let messages = json!({"content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn"});
     assert_eq!(
-        parsed(&completion(&c, Endpoint::Messages, &request(messages.clone())).unwrap()),
+        parsed(&completion(&c, Dialect::Messages, &request(messages.clone())).unwrap()),
         json!([{"role": "assistant", "parts": [{"type": "text", "content": "hi"}], "finish_reason": "end_turn"}])
     );
     let mut kept = Transcript::new(transcript_bytes(&c));
@@ -143,13 +143,13 @@ fn a_capture_is_cut_to_its_bound_at_a_words_end_and_says_so() {
         {"role": "user", "content": "never reached"}
     ]}));
     // Too small for even one cut message: an empty list, said to be cut.
-    let p = prompt(&cfg(64), Endpoint::Chat, &body).unwrap();
+    let p = prompt(&cfg(64), Dialect::Chat, &body).unwrap();
     assert_eq!(
         p.messages.as_ref().map(|m| (m.json.as_str(), m.cut)),
         Some(("[]", true))
     );
     for max in [100, 300, 1000] {
-        let p = prompt(&cfg(max), Endpoint::Chat, &body).unwrap();
+        let p = prompt(&cfg(max), Dialect::Chat, &body).unwrap();
         let m = p.messages.unwrap();
         assert!(m.json.len() <= max, "{max}: {}", m.json.len());
         assert!(m.cut, "{max}");
@@ -169,7 +169,7 @@ fn a_capture_is_cut_to_its_bound_at_a_words_end_and_says_so() {
     }
     // Multi-byte text, with escapes: still within the bound, on a boundary.
     let body = request(json!({"messages": [{"role": "user", "content": "é\"\n ".repeat(500)}]}));
-    let m = prompt(&cfg(200), Endpoint::Chat, &body)
+    let m = prompt(&cfg(200), Dialect::Chat, &body)
         .unwrap()
         .messages
         .unwrap();
@@ -177,7 +177,7 @@ fn a_capture_is_cut_to_its_bound_at_a_words_end_and_says_so() {
     serde_json::from_str::<Value>(&m.json).unwrap();
     // What fits is whole and not cut.
     let small = request(json!({"messages": [{"role": "user", "content": "hi"}]}));
-    let m = prompt(&cfg(64), Endpoint::Chat, &small)
+    let m = prompt(&cfg(64), Dialect::Chat, &small)
         .unwrap()
         .messages
         .unwrap();
@@ -201,7 +201,7 @@ fn captured_text_is_redacted_before_it_is_cut() {
     let body = request(json!({"messages": [
         {"role": "user", "content": "mail alice@example.com key sk-live1234567890 and tok-9"}
     ]}));
-    let m = prompt(&c, Endpoint::Chat, &body).unwrap().messages.unwrap();
+    let m = prompt(&c, Dialect::Chat, &body).unwrap().messages.unwrap();
     let v = parsed(&m);
     assert_eq!(
         v[0]["parts"][0]["content"],
@@ -212,7 +212,7 @@ fn captured_text_is_redacted_before_it_is_cut() {
         redact_builtins: false,
         ..c
     };
-    let m = prompt(&c, Endpoint::Chat, &body).unwrap().messages.unwrap();
+    let m = prompt(&c, Dialect::Chat, &body).unwrap().messages.unwrap();
     assert_eq!(
         parsed(&m)[0]["parts"][0]["content"],
         "mail alice@example.com key sk-live1234567890 and [REDACTED]"
@@ -222,7 +222,7 @@ fn captured_text_is_redacted_before_it_is_cut() {
     let body = request(
         json!({"messages": [{"role": "user", "content": format!("{} bob@example.com", "x ".repeat(20))}]}),
     );
-    let m = prompt(&c, Endpoint::Chat, &body).unwrap().messages.unwrap();
+    let m = prompt(&c, Dialect::Chat, &body).unwrap().messages.unwrap();
     assert!(
         !m.json.contains("bob@") && !m.json.contains("example"),
         "{}",
@@ -239,11 +239,11 @@ fn a_long_text_is_redacted_only_as_far_as_the_capture_can_keep() {
     let head = format!("{} key sk-live1234567890abcdef", "word ".repeat(800));
     let long = format!("{head} {}", "tail ".repeat(200_000));
     let body = |t: &str| request(json!({"messages": [{"role": "user", "content": t}]}));
-    let short = prompt(&c, Endpoint::Chat, &body(&head))
+    let short = prompt(&c, Dialect::Chat, &body(&head))
         .unwrap()
         .messages
         .unwrap();
-    let m = prompt(&c, Endpoint::Chat, &body(&long))
+    let m = prompt(&c, Dialect::Chat, &body(&long))
         .unwrap()
         .messages
         .unwrap();
@@ -265,7 +265,7 @@ fn a_long_text_is_redacted_only_as_far_as_the_capture_can_keep() {
         "word ".repeat(800),
         "QUJD".repeat(40_000)
     );
-    let m = prompt(&c, Endpoint::Chat, &body(&pem))
+    let m = prompt(&c, Dialect::Chat, &body(&pem))
         .unwrap()
         .messages
         .unwrap();
@@ -306,9 +306,9 @@ fn a_secret_in_tool_arguments_after_an_escape_is_redacted_in_each_dialect() {
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": args}]}
     ]}));
     for (api, body) in [
-        (Endpoint::Chat, &chat),
-        (Endpoint::Responses, &responses),
-        (Endpoint::Messages, &messages),
+        (Dialect::Chat, &chat),
+        (Dialect::Responses, &responses),
+        (Dialect::Messages, &messages),
     ] {
         let out = all(&prompt(&c, api, body), &None);
         for p in planted {
@@ -319,15 +319,15 @@ fn a_secret_in_tool_arguments_after_an_escape_is_redacted_in_each_dialect() {
     }
     let answers = [
         (
-            Endpoint::Chat,
+            Dialect::Chat,
             json!({"choices": [{"message": {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": args}}]}}]}),
         ),
         (
-            Endpoint::Responses,
+            Dialect::Responses,
             json!({"output": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": args}]}),
         ),
         (
-            Endpoint::Messages,
+            Dialect::Messages,
             json!({"content": [{"type": "tool_use", "id": "t", "name": "f", "input": tree}]}),
         ),
     ];
@@ -348,10 +348,10 @@ fn every_string_captured_is_redacted() {
         {"role": key, "content": [{"type": key}]},
         {"role": "assistant", "tool_calls": [{"id": key, "function": {"name": key, "arguments": "{}"}}]}
     ]}));
-    let out = all(&prompt(&c, Endpoint::Chat, &body), &None);
+    let out = all(&prompt(&c, Dialect::Chat, &body), &None);
     assert!(!out.contains(key), "{out}");
     let answer = request(json!({"choices": [{"message": {"content": "x"}, "finish_reason": key}]}));
-    let out = all(&None, &completion(&c, Endpoint::Chat, &answer));
+    let out = all(&None, &completion(&c, Dialect::Chat, &answer));
     assert!(!out.contains(key) && out.contains("[REDACTED]"), "{out}");
 }
 
@@ -364,7 +364,7 @@ fn a_secret_across_the_bound_is_never_half_kept() {
     );
     let body = request(json!({"messages": [{"role": "user", "content": text}]}));
     for max in 64..160 {
-        let m = prompt(&cfg(max), Endpoint::Chat, &body)
+        let m = prompt(&cfg(max), Dialect::Chat, &body)
             .unwrap()
             .messages
             .unwrap();
@@ -426,40 +426,40 @@ mod props {
     use super::*;
     use crate::fuzz;
     use crate::spans::redact::tests::{after, before, escaped, filler, secret, Secret};
-    use crate::sse::{Dialect, Grammar, Stream};
+    use crate::sse::{AnyGrammar, Grammar, Stream};
 
     /// The request of `api` with `text` at place `at` (each dialect's text,
     /// tool arguments as JSON in a string or as a tree, tool results).
-    fn request_with(api: Endpoint, at: usize, text: &str, depth: usize) -> Json {
+    fn request_with(api: Dialect, at: usize, text: &str, depth: usize) -> Json {
         let args = escaped(text, depth.max(1));
         let tree: Value = serde_json::from_str(&args).unwrap();
         let call = json!({"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": args}}]});
         let v = match (api, at % 5) {
-            (Endpoint::Chat, 0) => json!({"messages": [{"role": "system", "content": text}]}),
-            (Endpoint::Chat, 1) => {
+            (Dialect::Chat, 0) => json!({"messages": [{"role": "system", "content": text}]}),
+            (Dialect::Chat, 1) => {
                 json!({"messages": [{"role": "user", "content": [{"type": "text", "text": text}]}]})
             }
-            (Endpoint::Chat, 2) => json!({"messages": [call]}),
-            (Endpoint::Chat, _) => {
+            (Dialect::Chat, 2) => json!({"messages": [call]}),
+            (Dialect::Chat, _) => {
                 json!({"messages": [{"role": "tool", "tool_call_id": "c", "content": args}]})
             }
-            (Endpoint::Responses, 0) => json!({"instructions": text, "input": text}),
-            (Endpoint::Responses, 1) => {
+            (Dialect::Responses, 0) => json!({"instructions": text, "input": text}),
+            (Dialect::Responses, 1) => {
                 json!({"input": [{"role": "user", "content": [{"type": "input_text", "text": text}]}]})
             }
-            (Endpoint::Responses, 2) => {
+            (Dialect::Responses, 2) => {
                 json!({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": args}]})
             }
-            (Endpoint::Responses, _) => {
+            (Dialect::Responses, _) => {
                 json!({"input": [{"type": "function_call_output", "call_id": "c", "output": args}]})
             }
-            (Endpoint::Messages, 0) => {
+            (Dialect::Messages, 0) => {
                 json!({"system": [{"type": "text", "text": text}], "messages": [{"role": "user", "content": text}]})
             }
-            (Endpoint::Messages, 1 | 2) => {
+            (Dialect::Messages, 1 | 2) => {
                 json!({"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": tree}]}]})
             }
-            (Endpoint::Messages, _) => {
+            (Dialect::Messages, _) => {
                 json!({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": args}]}]}]})
             }
             (_, _) => json!({"prompt": [text]}),
@@ -468,22 +468,22 @@ mod props {
     }
 
     /// The JSON answer of `api` with `text` at place `at`.
-    fn answer_with(api: Endpoint, at: usize, text: &str, depth: usize) -> Json {
+    fn answer_with(api: Dialect, at: usize, text: &str, depth: usize) -> Json {
         let args = escaped(text, depth.max(1));
         let tree: Value = serde_json::from_str(&args).unwrap();
         let v = match (api, at % 2) {
-            (Endpoint::Chat, 0) => json!({"choices": [{"message": {"content": text}}]}),
-            (Endpoint::Chat, _) => {
+            (Dialect::Chat, 0) => json!({"choices": [{"message": {"content": text}}]}),
+            (Dialect::Chat, _) => {
                 json!({"choices": [{"message": {"tool_calls": [{"id": "c", "function": {"name": "f", "arguments": args}}]}}]})
             }
-            (Endpoint::Responses, 0) => {
+            (Dialect::Responses, 0) => {
                 json!({"output": [{"type": "message", "content": [{"type": "output_text", "text": text}]}]})
             }
-            (Endpoint::Responses, _) => {
+            (Dialect::Responses, _) => {
                 json!({"output": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": args}]})
             }
-            (Endpoint::Messages, 0) => json!({"content": [{"type": "text", "text": text}]}),
-            (Endpoint::Messages, _) => {
+            (Dialect::Messages, 0) => json!({"content": [{"type": "text", "text": text}]}),
+            (Dialect::Messages, _) => {
                 json!({"content": [{"type": "tool_use", "id": "t", "name": "f", "input": tree}]})
             }
             (_, _) => json!({"choices": [{"text": text}]}),
@@ -493,18 +493,18 @@ mod props {
 
     /// A stream of `api` whose text deltas are `pieces` (and `other`, the
     /// text of another choice, where the dialect has choices).
-    fn stream_of(api: Endpoint, pieces: &[String], other: &str) -> String {
+    fn stream_of(api: Dialect, pieces: &[String], other: &str) -> String {
         let whole: String = pieces.concat();
         let data = |v: Value| format!("data: {v}\n\n");
         let mut out = String::new();
         match api {
-            Endpoint::Messages => {
+            Dialect::Messages => {
                 for p in pieces {
                     out.push_str(&format!("event: content_block_delta\n{}", data(json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}}))));
                 }
                 out.push_str("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
             }
-            Endpoint::Responses => {
+            Dialect::Responses => {
                 for p in pieces {
                     out.push_str(&data(
                         json!({"type": "response.output_text.delta", "delta": p}),
@@ -532,13 +532,13 @@ mod props {
         out
     }
 
-    fn api() -> impl Strategy<Value = Endpoint> {
+    fn api() -> impl Strategy<Value = Dialect> {
         prop::sample::select(
             &[
-                Endpoint::Chat,
-                Endpoint::Responses,
-                Endpoint::Messages,
-                Endpoint::Completions,
+                Dialect::Chat,
+                Dialect::Responses,
+                Dialect::Messages,
+                Dialect::Completions,
             ][..],
         )
     }
@@ -607,7 +607,7 @@ mod props {
             let text = planted(&s, &head, before, after, &tail);
             let sse = stream_of(api, &cut(&text, &pieces), &other);
             let c = cfg(max);
-            let mut stream = Stream::with_grammar(Dialect::of(api));
+            let mut stream = Stream::with_grammar(AnyGrammar::of(api));
             stream.keep_text(transcript_bytes(&c));
             let parts = cut(&sse, &chunks);
             for (i, part) in parts.iter().enumerate() {

@@ -1,5 +1,8 @@
-//! Which requests are LLM calls. Everything else passes untouched, so this is
-//! decided from the method and path alone, before any body is read.
+//! The APIs the filter speaks, each in its own dialect, and which requests
+//! are LLM calls at all. Everything one API says differently belongs here,
+//! one file per API; the concerns of the walk ask the dialect where things
+//! are. Whether a request is an LLM call is decided from the method and path
+//! alone, before any body is read, so everything else passes untouched.
 
 use serde::Deserialize;
 
@@ -8,7 +11,7 @@ use crate::json::Json;
 /// The API a call speaks: its dialect. A call leaves in the dialect it came
 /// in; each step reads and edits it by that dialect's field names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
+pub enum Dialect {
     /// OpenAI chat completions, `…/chat/completions`.
     Chat,
     /// OpenAI legacy text completions, `…/completions`.
@@ -24,16 +27,16 @@ pub enum Endpoint {
 }
 
 /// Every dialect with its name in config and metrics, in one list.
-const APIS: [(Endpoint, &str); 6] = [
-    (Endpoint::Chat, "chat"),
-    (Endpoint::Completions, "completions"),
-    (Endpoint::Embeddings, "embeddings"),
-    (Endpoint::Responses, "responses"),
-    (Endpoint::Messages, "messages"),
-    (Endpoint::Other, "other"),
+const APIS: [(Dialect, &str); 6] = [
+    (Dialect::Chat, "chat"),
+    (Dialect::Completions, "completions"),
+    (Dialect::Embeddings, "embeddings"),
+    (Dialect::Responses, "responses"),
+    (Dialect::Messages, "messages"),
+    (Dialect::Other, "other"),
 ];
 
-impl Endpoint {
+impl Dialect {
     /// The OpenTelemetry GenAI operation name.
     pub fn operation(self) -> &'static str {
         match self {
@@ -128,7 +131,7 @@ impl Endpoint {
 
 /// The request header each dialect's provider takes its credential in,
 /// beside `authorization` (which every dialect's SDK may send).
-const CREDENTIAL_HEADERS: [(Endpoint, &str); 1] = [(Endpoint::Messages, "x-api-key")];
+const CREDENTIAL_HEADERS: [(Dialect, &str); 1] = [(Dialect::Messages, "x-api-key")];
 
 /// The default LLM paths: OpenAI's chat, text completions, embeddings and
 /// Responses, and Anthropic's Messages.
@@ -147,7 +150,7 @@ pub struct LlmPath {
     /// The path pattern, absolute, without query.
     pub pattern: String,
     /// The dialect of calls on it.
-    pub api: Endpoint,
+    pub api: Dialect,
 }
 
 impl LlmPath {
@@ -155,7 +158,7 @@ impl LlmPath {
     pub fn new(pattern: &str) -> Self {
         Self {
             pattern: pattern.to_string(),
-            api: Endpoint::of_path(pattern),
+            api: Dialect::of_path(pattern),
         }
     }
 
@@ -180,7 +183,7 @@ impl LlmPath {
 /// The dialect of an LLM call, or `None` for any other request. Only `POST`
 /// to one of `paths` (query string ignored) is an LLM call; the first entry
 /// that matches names its dialect.
-pub fn classify(method: &str, path: &str, paths: &[LlmPath]) -> Option<Endpoint> {
+pub fn classify(method: &str, path: &str, paths: &[LlmPath]) -> Option<Dialect> {
     if method != "POST" {
         return None;
     }
@@ -209,11 +212,11 @@ mod tests {
     fn recognises_llm_calls_by_method_and_path() {
         let p = paths(&DEFAULT_PATHS);
         for (path, want) in [
-            ("/v1/chat/completions", Endpoint::Chat),
-            ("/v1/completions?x=1", Endpoint::Completions),
-            ("/v1/embeddings", Endpoint::Embeddings),
-            ("/v1/responses", Endpoint::Responses),
-            ("/v1/messages?beta=true", Endpoint::Messages),
+            ("/v1/chat/completions", Dialect::Chat),
+            ("/v1/completions?x=1", Dialect::Completions),
+            ("/v1/embeddings", Dialect::Embeddings),
+            ("/v1/responses", Dialect::Responses),
+            ("/v1/messages?beta=true", Dialect::Messages),
         ] {
             assert_eq!(classify("POST", path, &p), Some(want), "{path}");
         }
@@ -226,12 +229,9 @@ mod tests {
         let custom = paths(&["/openai/deployments/gpt/chat/completions", "/generate"]);
         assert_eq!(
             classify("POST", "/openai/deployments/gpt/chat/completions", &custom),
-            Some(Endpoint::Chat)
+            Some(Dialect::Chat)
         );
-        assert_eq!(
-            classify("POST", "/generate", &custom),
-            Some(Endpoint::Other)
-        );
+        assert_eq!(classify("POST", "/generate", &custom), Some(Dialect::Other));
         assert_eq!(classify("POST", "/v1/chat/completions", &custom), None);
     }
 
@@ -241,22 +241,22 @@ mod tests {
             LlmPath::new("/openai/deployments/*/chat/completions"),
             LlmPath {
                 pattern: "/gw/*/v1/complete".into(),
-                api: Endpoint::Messages,
+                api: Dialect::Messages,
             },
         ];
         for (path, want) in [
             (
                 "/openai/deployments/gpt-4o/chat/completions",
-                Some(Endpoint::Chat),
+                Some(Dialect::Chat),
             ),
             (
                 "/openai/deployments/x/chat/completions?api-version=1",
-                Some(Endpoint::Chat),
+                Some(Dialect::Chat),
             ),
             ("/openai/deployments//chat/completions", None),
             ("/openai/deployments/a/b/chat/completions", None),
             ("/openai/deployments/chat/completions", None),
-            ("/gw/team-a/v1/complete", Some(Endpoint::Messages)),
+            ("/gw/team-a/v1/complete", Some(Dialect::Messages)),
             ("/gw/team-a/v1/complete/x", None),
         ] {
             assert_eq!(classify("POST", path, &p), want, "{path}");
@@ -267,16 +267,16 @@ mod tests {
     fn the_user_is_read_where_the_dialect_puts_it() {
         let j = |s: &str| Json::parse(s.as_bytes()).unwrap();
         let chat = j(r#"{"user":"u1","metadata":{"user_id":"u2"}}"#);
-        assert_eq!(Endpoint::Chat.user(&chat), Some("u1"));
-        assert_eq!(Endpoint::Responses.user(&chat), Some("u1"));
-        assert_eq!(Endpoint::Messages.user(&chat), Some("u2"));
+        assert_eq!(Dialect::Chat.user(&chat), Some("u1"));
+        assert_eq!(Dialect::Responses.user(&chat), Some("u1"));
+        assert_eq!(Dialect::Messages.user(&chat), Some("u2"));
         for body in [
             r#"{"user":""}"#,
             r#"{"user":3}"#,
             r#"{"metadata":{"user_id":null}}"#,
             "{}",
         ] {
-            for e in [Endpoint::Chat, Endpoint::Messages] {
+            for e in [Dialect::Chat, Dialect::Messages] {
                 assert_eq!(e.user(&j(body)), None, "{e:?} {body}");
             }
         }
@@ -286,19 +286,19 @@ mod tests {
     fn every_dialect_has_one_name() {
         for (e, name) in APIS {
             assert_eq!(e.api(), name);
-            assert_eq!(Endpoint::named(name), Some(e));
+            assert_eq!(Dialect::named(name), Some(e));
         }
-        assert_eq!(Endpoint::named("chat_completions"), None);
+        assert_eq!(Dialect::named("chat_completions"), None);
     }
 
     #[test]
     fn only_messages_has_a_credential_header_of_its_own() {
-        assert_eq!(Endpoint::Messages.credential_header(), Some("x-api-key"));
-        for (e, _) in APIS.iter().filter(|(e, _)| *e != Endpoint::Messages) {
+        assert_eq!(Dialect::Messages.credential_header(), Some("x-api-key"));
+        for (e, _) in APIS.iter().filter(|(e, _)| *e != Dialect::Messages) {
             assert_eq!(e.credential_header(), None, "{e:?}");
         }
-        assert!(Endpoint::is_credential_header("x-api-key"));
-        assert!(!Endpoint::is_credential_header("authorization"));
+        assert!(Dialect::is_credential_header("x-api-key"));
+        assert!(!Dialect::is_credential_header("authorization"));
     }
 
     #[test]
