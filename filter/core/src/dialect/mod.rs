@@ -4,6 +4,15 @@
 //! are. Whether a request is an LLM call is decided from the method and path
 //! alone, before any body is read, so everything else passes untouched.
 
+pub mod answer;
+pub mod chat;
+pub mod completions;
+pub mod embeddings;
+pub mod messages;
+pub mod other;
+pub mod request;
+pub mod responses;
+
 use serde::Deserialize;
 
 use crate::json::Json;

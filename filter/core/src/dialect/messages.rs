@@ -1,0 +1,11 @@
+//! Anthropic Messages (`…/messages`), in its own words.
+
+/// Anthropic Messages.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Messages;
+
+// The request: where the call says what it says, and how it is edited
+// (the [`super::request`] side).
+
+// The answer: usage, the stream's grammar, the stored entry, the error shape
+// and classes (the [`super::answer`] side).
