@@ -364,7 +364,7 @@ bench: build bench-noop envoy tools-bench
 # module is left alone). HOSTCALLS=<calls per scenario>.
 HOSTCALLS ?= 300
 CENSUS_WASM := target/census/llm_filter.wasm
-bench-hostcalls: wasm-target envoy tools-wasm-opt
+bench-hostcalls: wasm-target envoy tools-wasm-opt tools-bench
 	CARGO_TARGET_DIR=target/census $(CARGO) build --profile wasm --target $(WASM_TARGET) -p llm-filter --features hostcall-census
 	wasm-opt $(WASM_OPT_FLAGS) target/census/$(WASM_TARGET)/wasm/llm_filter.wasm -o $(CENSUS_WASM)
 	LLM_FILTER_WASM=$(abspath $(CENSUS_WASM)) $(CARGO) run --release -p llm-filter-e2e --bin bench -- --hostcalls $(HOSTCALLS) $(BENCH_ARGS)
