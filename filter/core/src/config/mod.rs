@@ -7,6 +7,7 @@ pub mod error;
 pub mod names;
 pub mod per_priority;
 pub mod service;
+pub mod setting;
 
 use std::collections::BTreeMap;
 
@@ -26,14 +27,35 @@ use crate::spans::config::{CaptureConfig, OtlpConfig, RawCapture, RawOtlp};
 
 pub use error::ConfigError;
 pub use names::Names;
+use setting::{Named, Setting};
 
 /// Default bound of a request body the filter holds to decide on it: Envoy's
 /// default per-connection buffer limit, past which holding it earns a 413.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
-/// Largest `max_body_bytes`.
-const MAX_MAX_BODY_BYTES: usize = 64 << 20;
-/// Whether the client's `x-request-priority` is honoured unless told otherwise.
-const DEFAULT_TRUST_CLIENT: bool = true;
+/// `max_body_bytes`: 1 B to 64 MiB.
+const MAX_BODY_BYTES: Setting<usize> =
+    Setting::range("max_body_bytes", DEFAULT_MAX_BODY_BYTES, 1, 64 << 20);
+/// `priority.default`.
+const DEFAULT_PRIORITY: Setting<Priority> = Setting::any("default", Priority::P1);
+/// `priority.trust_client`: the client's `x-request-priority` is honoured
+/// unless told otherwise.
+const TRUST_CLIENT: Setting<bool> = Setting::any("trust_client", true);
+/// `tracing.mode`.
+const TRACING_MODE: Named<TracingMode> = Named {
+    name: "mode",
+    default: TracingMode::Always,
+    spell: TracingMode::as_str,
+};
+/// `access_log.enabled`.
+const ACCESS_LOG: Setting<bool> = Setting::any("enabled", false);
+
+/// The document's own settings, by the path of the object that holds them.
+pub const SETTINGS: setting::Table = &[
+    ("", &[&MAX_BODY_BYTES]),
+    ("priority", &[&DEFAULT_PRIORITY, &TRUST_CLIENT]),
+    ("tracing", &[&TRACING_MODE]),
+    ("access_log", &[&ACCESS_LOG]),
+];
 
 /// The document as written by the operator.
 #[derive(Debug, Default, Deserialize)]
@@ -180,8 +202,8 @@ impl PriorityConfig {
     /// Compiles the section; every value serde accepts is valid.
     pub fn compile(raw: RawPriority) -> Result<Self, ConfigError> {
         Ok(Self {
-            default: raw.default.unwrap_or_default(),
-            trust_client: raw.trust_client.unwrap_or(DEFAULT_TRUST_CLIENT),
+            default: DEFAULT_PRIORITY.or(raw.default),
+            trust_client: TRUST_CLIENT.or(raw.trust_client),
         })
     }
 }
@@ -189,7 +211,15 @@ impl PriorityConfig {
 impl TracingMode {
     /// Compiles `tracing.mode`; every value serde accepts is valid.
     pub fn compile(mode: Option<TracingMode>) -> Self {
-        mode.unwrap_or_default()
+        TRACING_MODE.default_or(mode)
+    }
+
+    /// The document's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Always => "always",
+            Self::Off => "off",
+        }
     }
 }
 
@@ -216,9 +246,7 @@ impl TryFrom<RawConfig> for Config {
     /// names its fields relative to itself and is prefixed here.
     fn try_from(raw: RawConfig) -> Result<Self, ConfigError> {
         let llm_paths = compile_paths(raw.llm_paths, raw.llm_apis)?;
-        let max_body_bytes =
-            check::field("max_body_bytes", raw.max_body_bytes, DEFAULT_MAX_BODY_BYTES)
-                .in_range(1..=MAX_MAX_BODY_BYTES)?;
+        let max_body_bytes = MAX_BODY_BYTES.read(raw.max_body_bytes)?;
         let cache = CacheConfig::compile(raw.cache).map_err(|e| e.within("cache"))?;
         // Groups compile their overrides against the sections as written.
         let ab = AbConfig::compile(
@@ -248,7 +276,7 @@ impl TryFrom<RawConfig> for Config {
             .otlp
             .map(|o| OtlpConfig::compile(o).map_err(|e| e.within("tracing.otlp")))
             .transpose()?;
-        let access_log = raw.access_log.enabled.unwrap_or(false);
+        let access_log = ACCESS_LOG.or(raw.access_log.enabled);
         let mut config = Self {
             llm_paths,
             max_body_bytes,
