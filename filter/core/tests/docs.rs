@@ -599,7 +599,7 @@ fn every_setting_has_its_default_and_range_on_its_row() {
 /// What a setting needs around it to be read: the required fields of the
 /// object that holds it, and settings its bound depends on kept out of the
 /// way (a long interval for a timeout that must be shorter).
-const AROUND: [(&str, &str); 8] = [
+const AROUND: [(&str, &str); 9] = [
     ("tracing.otlp", r#"{"cluster":"c"}"#),
     (
         "degrade.alertmanager",
@@ -617,6 +617,7 @@ const AROUND: [(&str, &str); 8] = [
     ("routing.models.<>[]", r#"{"cluster":"c"}"#),
     ("limits.rules[]", r#"{"name":"r","requests_per_minute":1}"#),
     ("limits.rules[].degrade", r#"{"max_tokens":1}"#),
+    ("ab.groups[]", r#"{"name":"g"}"#),
 ];
 
 /// The document with `value` at `path` (`a.<>[].b`: a map's key `m`, a

@@ -260,17 +260,7 @@ impl TryFrom<RawConfig> for Config {
         )
         .map_err(|e| e.within("ab"))?;
         let mut routing = RoutingConfig::compile(raw.routing).map_err(|e| e.within("routing"))?;
-        // A cluster only a group routes to is probed like every other.
-        for target in ab
-            .groups
-            .iter()
-            .filter_map(|g| g.routing.as_ref())
-            .flat_map(|r| &r.clusters)
-        {
-            if !routing.clusters.iter().any(|c| c.cluster == target.cluster) {
-                routing.clusters.push(target.clone());
-            }
-        }
+        probe_group_clusters(&mut routing, &ab);
         let otlp = raw
             .tracing
             .otlp
@@ -297,6 +287,20 @@ impl TryFrom<RawConfig> for Config {
         };
         config.names = names_of(&config);
         Ok(config)
+    }
+}
+
+/// A cluster only a group routes to is probed like every other.
+fn probe_group_clusters(routing: &mut RoutingConfig, ab: &AbConfig) {
+    for target in ab
+        .groups
+        .iter()
+        .filter_map(|g| g.routing.as_ref())
+        .flat_map(|r| &r.clusters)
+    {
+        if !routing.clusters.iter().any(|c| c.cluster == target.cluster) {
+            routing.clusters.push(target.clone());
+        }
     }
 }
 
@@ -371,20 +375,12 @@ fn default_paths() -> Vec<LlmPath> {
     DEFAULT_PATHS.iter().map(|p| LlmPath::new(p)).collect()
 }
 
+/// `llm_paths` (the default ones when absent), then the paths `llm_apis`
+/// names the dialect of, added when not listed.
 fn compile_paths(
     paths: Option<Vec<String>>,
     apis: Option<BTreeMap<String, String>>,
 ) -> Result<Vec<LlmPath>, ConfigError> {
-    let path_ok = |field: String, p: &str| {
-        if check::is_path_without_query(p) {
-            Ok(())
-        } else {
-            Err(ConfigError::new(
-                field,
-                format!("{p:?} is not an absolute path without query"),
-            ))
-        }
-    };
     let mut out = match paths {
         None => default_paths(),
         Some(paths) => {
@@ -395,26 +391,42 @@ fn compile_paths(
         }
     };
     for (path, name) in apis.unwrap_or_default() {
-        let field = format!("llm_apis.{path}");
-        path_ok(field.clone(), &path)?;
-        let api = Dialect::named(&name).ok_or_else(|| {
-            ConfigError::new(
-                field,
-                format!(
-                    "{name:?} is not one of {}",
-                    Dialect::names()
-                        .map(|n| format!("`{n}`"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            )
-        })?;
+        let api = compile_api(&path, &name)?;
         match out.iter_mut().find(|p| p.pattern == path) {
             Some(p) => p.api = api,
             None => out.push(LlmPath { pattern: path, api }),
         }
     }
     Ok(out)
+}
+
+/// A path the filter matches: absolute, without query.
+fn path_ok(field: String, p: &str) -> Result<(), ConfigError> {
+    if check::is_path_without_query(p) {
+        return Ok(());
+    }
+    Err(ConfigError::new(
+        field,
+        format!("{p:?} is not an absolute path without query"),
+    ))
+}
+
+/// One entry of `llm_apis`: a path and the dialect it names.
+fn compile_api(path: &str, name: &str) -> Result<Dialect, ConfigError> {
+    let field = format!("llm_apis.{path}");
+    path_ok(field.clone(), path)?;
+    Dialect::named(name).ok_or_else(|| {
+        ConfigError::new(
+            field,
+            format!(
+                "{name:?} is not one of {}",
+                Dialect::names()
+                    .map(|n| format!("`{n}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
+    })
 }
 
 #[cfg(test)]

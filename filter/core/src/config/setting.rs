@@ -6,7 +6,9 @@
 //! which the docs test (`filter/core/tests/docs.rs`) compares with the rows
 //! of `docs/configuration.md`: a default or a range changed here fails that
 //! test until the page says the same. The table is read by tests only, so no
-//! byte of it reaches the Wasm module.
+//! byte of it reaches the Wasm module; for the same reason a setting's
+//! one-line description is the doc comment on its constant, and the page's
+//! `meaning` cell the longer one.
 
 use std::fmt::Display;
 
@@ -280,6 +282,7 @@ pub const SECTIONS: &[Table] = &[
     crate::admin::config::SETTINGS,
     crate::shaping::config::SETTINGS,
     crate::limits::config::SETTINGS,
+    crate::ab::SETTINGS,
 ];
 
 #[cfg(test)]
@@ -319,6 +322,12 @@ mod tests {
         assert_eq!(J.read(Some(0.0)), Ok(0.0));
         const T: Setting<f64> = Setting::real("t", 0.9, (0.0, true), (1.0, false));
         assert_eq!(T.read(Some(0.0)).unwrap_err().message, "0 is not in (0, 1]");
+        const S: Setting<f64> = Setting::real("s", 0.7, (0.0, true), (1.0, true));
+        assert_eq!(S.read(Some(0.5)), Ok(0.5));
+        for bad in [0.0, 1.0, f64::NAN] {
+            assert!(S.read(Some(bad)).is_err(), "{bad}");
+        }
+        assert_eq!(S.read(Some(1.0)).unwrap_err().message, "1 is not in (0, 1)");
         const P: Setting<f64> = Setting {
             name: "p",
             default: 1.0,

@@ -347,20 +347,14 @@ impl DegradeConfig {
     pub fn compile(raw: RawDegradeConfig) -> Result<Self, ConfigError> {
         let alerts = match raw.alerts {
             None => default_alerts(),
-            Some(rules) => rules
-                .into_iter()
-                .enumerate()
-                .map(|(i, r)| compile_rule(r).map_err(|e| e.within(&format!("alerts[{i}]"))))
-                .collect::<Result<_, _>>()?,
+            Some(rules) => each("alerts", rules, compile_rule)?,
         };
         let ttl_s = ALERT_TTL_S.read(raw.alert_ttl_s)?;
-        let thresholds = raw
-            .thresholds
-            .unwrap_or_default()
-            .into_iter()
-            .enumerate()
-            .map(|(i, t)| compile_threshold(t).map_err(|e| e.within(&format!("thresholds[{i}]"))))
-            .collect::<Result<_, _>>()?;
+        let thresholds = each(
+            "thresholds",
+            raw.thresholds.unwrap_or_default(),
+            compile_threshold,
+        )?;
         let qps_ref = QPS_REF.read(raw.qps_ref)?;
         let tokens_per_s_ref = TOKENS_PER_S_REF.read(raw.tokens_per_s_ref)?;
         let max_tokens_cap = MAX_TOKENS_CAP.read(raw.max_tokens_cap)?;
@@ -389,6 +383,20 @@ impl DegradeConfig {
             prometheus,
         })
     }
+}
+
+/// Each item of the list `field` compiled, its errors named under
+/// `field[i]`.
+fn each<R, T>(
+    field: &str,
+    items: Vec<R>,
+    compile: fn(R) -> Result<T, ConfigError>,
+) -> Result<Vec<T>, ConfigError> {
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| compile(item).map_err(|e| e.within(&format!("{field}[{i}]"))))
+        .collect()
 }
 
 /// `fallback_model`: each model's cheaper stand-in, never itself.

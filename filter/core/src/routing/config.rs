@@ -81,6 +81,7 @@ pub const SETTINGS: Table = &[
         &[&WEIGHT, &HEALTH_PATH, &PROMPT_CACHE_KEY],
     ),
     ("routing.hedge", &[&HEDGE_MIN_DELAY_MS, &HEDGE_MAX_RATIO]),
+    ("routing.affinity", super::affinity::SETTINGS),
 ];
 
 /// `routing` as written.

@@ -204,6 +204,56 @@ impl AlertmanagerSource {
     }
 }
 
+/// `stale_after_s`, three intervals unless written, never shorter than one.
+fn stale_after_ms(written: Option<u64>, interval_ms: u64) -> Result<u64, ConfigError> {
+    let stale_after_s = written.unwrap_or(interval_ms * 3 / 1000);
+    let stale_after_ms = STALE_AFTER_S.check(stale_after_s)? * 1000;
+    if stale_after_ms < interval_ms {
+        return Err(ConfigError::new(
+            "stale_after_s",
+            "is shorter than the interval: every reading would be stale before the next",
+        ));
+    }
+    Ok(stale_after_ms)
+}
+
+/// `queries`: each signal's query (its default unless written, none when
+/// written empty) as the `:path` that asks it; at least one.
+fn compile_queries(
+    mut written: BTreeMap<String, String>,
+    path: &str,
+) -> Result<Vec<(Signal, String)>, ConfigError> {
+    let mut queries = Vec::with_capacity(3);
+    for (signal, default) in [
+        (Signal::Rps, DEFAULT_RPS_QUERY),
+        (Signal::TokensPerS, DEFAULT_TOKENS_QUERY),
+        (Signal::InFlight, DEFAULT_IN_FLIGHT_QUERY),
+    ] {
+        let query = written
+            .remove(signal.as_str())
+            .unwrap_or_else(|| default.to_string());
+        if query.is_empty() {
+            continue;
+        }
+        expression(&format!("queries.{}", signal.as_str()), &query)?;
+        let sep = if path.contains('?') { '&' } else { '?' };
+        queries.push((signal, format!("{path}{sep}query={}", query_escape(&query))));
+    }
+    if let Some(other) = written.keys().next() {
+        return Err(ConfigError::new(
+            format!("queries.{other}"),
+            "is not a signal: rps, tokens_per_s or in_flight",
+        ));
+    }
+    if queries.is_empty() {
+        return Err(ConfigError::new(
+            "queries",
+            "every query is empty: nothing would be read",
+        ));
+    }
+    Ok(queries)
+}
+
 impl PrometheusSource {
     /// Compiles the section; errors name fields relative to it.
     pub fn compile(raw: RawPrometheus) -> Result<Self, ConfigError> {
@@ -216,15 +266,7 @@ impl PrometheusSource {
         )?;
         let interval_ms =
             interval_and_timeout(raw.interval_s, PROMETHEUS_INTERVAL_S, service.timeout_ms)?;
-        // Three intervals unless written.
-        let stale_after_s = raw.stale_after_s.unwrap_or(interval_ms * 3 / 1000);
-        let stale_after_ms = STALE_AFTER_S.check(stale_after_s)? * 1000;
-        if stale_after_ms < interval_ms {
-            return Err(ConfigError::new(
-                "stale_after_s",
-                "is shorter than the interval: every reading would be stale before the next",
-            ));
-        }
+        let stale_after_ms = stale_after_ms(raw.stale_after_s, interval_ms)?;
         let model_label = MODEL_LABEL.or_string(raw.model_label);
         if !is_prometheus_label(&model_label) {
             return Err(ConfigError::new(
@@ -232,38 +274,7 @@ impl PrometheusSource {
                 format!("{model_label:?} is not a Prometheus label name"),
             ));
         }
-        let mut written = raw.queries.unwrap_or_default();
-        let mut queries = Vec::with_capacity(3);
-        for (signal, default) in [
-            (Signal::Rps, DEFAULT_RPS_QUERY),
-            (Signal::TokensPerS, DEFAULT_TOKENS_QUERY),
-            (Signal::InFlight, DEFAULT_IN_FLIGHT_QUERY),
-        ] {
-            let query = written
-                .remove(signal.as_str())
-                .unwrap_or_else(|| default.to_string());
-            if query.is_empty() {
-                continue;
-            }
-            expression(&format!("queries.{}", signal.as_str()), &query)?;
-            let sep = if service.path.contains('?') { '&' } else { '?' };
-            queries.push((
-                signal,
-                format!("{}{sep}query={}", service.path, query_escape(&query)),
-            ));
-        }
-        if let Some(other) = written.keys().next() {
-            return Err(ConfigError::new(
-                format!("queries.{other}"),
-                "is not a signal: rps, tokens_per_s or in_flight",
-            ));
-        }
-        if queries.is_empty() {
-            return Err(ConfigError::new(
-                "queries",
-                "every query is empty: nothing would be read",
-            ));
-        }
+        let queries = compile_queries(raw.queries.unwrap_or_default(), &service.path)?;
         Ok(Self {
             service,
             interval_ms,
