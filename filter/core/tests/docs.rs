@@ -596,6 +596,27 @@ fn every_setting_has_its_default_and_range_on_its_row() {
     );
 }
 
+/// A range the page states is a setting's: no row states a bound the code's
+/// tables do not hold.
+#[test]
+fn every_range_the_page_states_is_a_settings() {
+    let settings: BTreeSet<String> = settings().into_iter().map(|(path, _)| path).collect();
+    let stray: Vec<String> = configuration_rows()
+        .into_iter()
+        .filter(|(field, row)| {
+            row.get(2).is_some_and(|r| !r.is_empty()) && !settings.contains(field)
+        })
+        .map(|(field, _)| field)
+        .collect();
+    assert!(stray.is_empty(), "a range no setting holds: {stray:?}");
+    let fields = accepted_fields();
+    eprintln!(
+        "{} settings in the tables, of {} fields the parser accepts",
+        settings.len(),
+        fields.len()
+    );
+}
+
 /// What a setting needs around it to be read: the required fields of the
 /// object that holds it, and settings its bound depends on kept out of the
 /// way (a long interval for a timeout that must be shorter).
