@@ -12,12 +12,19 @@ use serde::Deserialize;
 
 use crate::config::check;
 use crate::config::error::ConfigError;
+use crate::config::setting::{Setting, Table};
 use crate::degrade::config::{DegradeConfig, RawDegradeConfig, RawDegradeOverride};
 use crate::routing::config::{RawBackend, RawRoutingConfig, RoutingConfig};
 use crate::shaping::{RawShapingConfig, ShapingConfig};
 
 /// Header naming the user, unless `ab.user_header` says otherwise.
-pub const DEFAULT_USER_HEADER: &str = "x-user-id";
+pub const DEFAULT_USER_HEADER: &str = USER_HEADER.default;
+/// `user_header`.
+const USER_HEADER: Setting<&str> = Setting::any("user_header", "x-user-id");
+/// A group's `percent`.
+const PERCENT: Setting<u8> = Setting::range("percent", 0, 0, 100);
+/// The section's settings.
+pub const SETTINGS: Table = &[("ab", &[&USER_HEADER]), ("ab.groups[]", &[&PERCENT])];
 /// Header carrying the call's group upstream and back to the client.
 pub const GROUP_HEADER: &str = "x-user-group";
 /// The baggage member carrying the group to every later hop.
@@ -141,16 +148,13 @@ impl AbConfig {
     /// section that also takes what it is compiled against: a group's
     /// overrides are compiled over the top-level sections in `base`.
     pub fn compile(raw: RawAbConfig, base: &Base<'_>) -> Result<Self, ConfigError> {
-        let user_header = match raw.user_header {
-            None => DEFAULT_USER_HEADER.to_string(),
-            Some(h) if check::is_header_name(&h) => h,
-            Some(h) => {
-                return Err(ConfigError::new(
-                    "user_header",
-                    format!("{h:?} is not a lowercase HTTP header name"),
-                ))
-            }
-        };
+        let user_header = USER_HEADER.or_string(raw.user_header);
+        if !check::is_header_name(&user_header) {
+            return Err(ConfigError::new(
+                USER_HEADER.name,
+                format!("{user_header:?} is not a lowercase HTTP header name"),
+            ));
+        }
         check::at_most("groups", &raw.groups, MAX_GROUPS, "groups")?;
         let mut groups: Vec<Group> = Vec::with_capacity(raw.groups.len());
         for (i, g) in raw.groups.into_iter().enumerate() {
@@ -167,7 +171,7 @@ impl AbConfig {
                     format!("{:?} names two groups", g.name),
                 ));
             }
-            let percent = check::in_range(&format!("{at}.percent"), g.percent, 0..=100)?;
+            let percent = PERCENT.check(g.percent).map_err(|e| e.within(&at))?;
             groups.push(compile_group(g, percent, base).map_err(|e| e.within(&at))?);
         }
         let total: u32 = groups.iter().map(|g| u32::from(g.percent)).sum();

@@ -7,8 +7,9 @@
 //! bounds a user can run into are stated with the numbers the code holds.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
+use llm_filter_core::config::setting::{Bound, Row, SECTIONS};
 use llm_filter_core::config::Config;
 use llm_filter_core::metrics;
 use serde_json::{json, Map, Value};
@@ -454,105 +455,291 @@ fn the_bounds_a_user_can_hit_are_stated_as_the_code_holds_them() {
     );
 }
 
-/// Ranges of configuration fields, as their row states them and as the
-/// parser holds them: the highest value stated is taken, one more refused.
-#[test]
-fn the_ranges_a_row_states_are_the_parsers() {
-    // (field, as its row states the range, the document around it, its
-    // highest value.)
-    let ranges: [(&str, &str, Value, u64); 11] = [
-        (
-            "degrade.retry_after_s",
-            "(1–3600;",
-            json!({"degrade": {}}),
-            3600,
-        ),
-        (
-            "degrade.alertmanager.timeout_ms",
-            "(1–60000,",
-            json!({"degrade": {"alertmanager": {"cluster": "am", "interval_s": 3600}}}),
-            60_000,
-        ),
-        (
-            "degrade.prometheus.timeout_ms",
-            "(1–60000,",
-            json!({"degrade": {"prometheus": {"cluster": "p", "interval_s": 3600}}}),
-            60_000,
-        ),
-        (
-            "degrade.prometheus.stale_after_s",
-            "at most 10800)",
-            json!({"degrade": {"prometheus": {"cluster": "p"}}}),
-            10_800,
-        ),
-        (
-            "degrade.alert_ttl_s",
-            "(1–86400)",
-            json!({"degrade": {}}),
-            86_400,
-        ),
-        (
-            "limits.max_keys",
-            "(1 to 1,048,576)",
-            json!({"limits": {}}),
-            1 << 20,
-        ),
-        (
-            "limits.reserve_output_tokens",
-            "(0 to 2²⁴)",
-            json!({"limits": {}}),
-            1 << 24,
-        ),
-        (
-            "limits.tenant_labels",
-            "0 to 1000)",
-            json!({"limits": {}}),
-            1_000,
-        ),
-        (
-            "cache.stale_if_error_s",
-            "(0 s to one year)",
-            json!({"cache": {}}),
-            365 * 24 * 3600,
-        ),
-        (
-            "tracing.otlp.batch_size",
-            "(1–2048)",
-            json!({"tracing": {"otlp": {"cluster": "c"}}}),
-            2_048,
-        ),
-        (
-            "cache.max_entries",
-            "(1 to 1,000,000)",
-            json!({"cache": {}}),
-            1_000_000,
-        ),
-    ];
-    let page = doc("configuration.md");
-    for (field, stated, base, highest) in ranges {
-        let row = format!("| `{field}` |");
-        let line = page.lines().find(|l| l.starts_with(&row));
-        assert!(
-            line.is_some_and(|l| l.contains(stated)),
-            "{field}: its row does not say {stated:?}: {line:?}"
-        );
-        let (parents, leaf) = field.rsplit_once('.').unwrap();
-        let with = |v: u64| {
-            let mut d = base.clone();
-            let mut at = &mut d;
-            for p in parents.split('.') {
-                at = at.as_object_mut().unwrap().entry(p).or_insert(json!({}));
+// ---------------------------------------------------------------- settings
+
+/// The cells of a table row, `\|` inside a cell kept as `|`.
+fn cells(line: &str) -> Vec<String> {
+    let mut out = vec![String::new()];
+    let mut escaped = false;
+    for c in line
+        .trim()
+        .trim_start_matches('|')
+        .trim_end_matches('|')
+        .chars()
+    {
+        match c {
+            '|' if !escaped => out.push(String::new()),
+            '\\' if !escaped => escaped = true,
+            _ => {
+                if escaped && c != '|' {
+                    out.last_mut().unwrap().push('\\');
+                }
+                escaped = false;
+                out.last_mut().unwrap().push(c);
             }
-            at.as_object_mut()
-                .unwrap()
-                .insert(leaf.to_string(), json!(v));
-            Config::parse(d.to_string().as_bytes())
-        };
-        assert!(
-            with(highest).is_ok(),
-            "{field}: {highest} refused: {:?}",
-            with(highest).err()
-        );
-        assert!(with(highest + 1).is_err(), "{field}: {} taken", highest + 1);
+        }
     }
+    out.iter().map(|c| c.trim().to_string()).collect()
+}
+
+/// The rows of the configuration page by the field they are about (the
+/// first cell's code span, placeholders spelled `<>`): `[field, default,
+/// range, meaning]`.
+fn configuration_rows() -> BTreeMap<String, Vec<String>> {
+    let page = doc("configuration.md");
+    let mut rows = BTreeMap::new();
+    for line in page.lines().filter(|l| l.starts_with("| `")) {
+        let cells = cells(line);
+        let key = cells.first().and_then(|c| code_spans(c).into_iter().next());
+        assert_eq!(
+            cells.len(),
+            4,
+            "not field | default | range | meaning: {line}"
+        );
+        rows.insert(key.unwrap(), cells);
+    }
+    rows
+}
+
+/// The ways the page may write a whole number: `3600`, `3,600`, and a
+/// multiple of 1024 as a size (`64 KiB`, `16 MiB`).
+fn spellings(n: &str) -> Vec<String> {
+    let mut out = vec![n.to_string()];
+    if let Ok(v) = n.parse::<usize>() {
+        out.push(count(v));
+        if v >= 1024 && v.is_multiple_of(1024) {
+            out.push(size(v));
+        }
+    }
+    out
+}
+
+/// What a setting's range cell may say: `1 to 3,600`, `[0, 1)`,
+/// `at least 1`, `above 0`, or the words a dependent bound is stated in;
+/// empty for a setting every value of its type is valid for.
+fn range_cells(bound: &Bound<String>) -> Vec<String> {
+    match bound {
+        Bound::Any => vec![String::new()],
+        Bound::Range(lo, hi) => {
+            let mut out = Vec::new();
+            for a in spellings(lo) {
+                for b in spellings(hi) {
+                    out.push(format!("{a} to {b}"));
+                }
+            }
+            out
+        }
+        Bound::Positive(_) => vec!["at least 1".to_string()],
+        Bound::Real(lo, lo_open, hi, hi_open) => {
+            let open = if *lo_open { '(' } else { '[' };
+            let close = if *hi_open { ')' } else { ']' };
+            vec![format!("{open}{lo}, {hi}{close}")]
+        }
+        Bound::PositiveReal => vec!["above 0".to_string()],
+        Bound::Stated(words) => vec![words.to_string()],
+    }
+}
+
+/// Every setting of the code's tables, by its path in the document.
+fn settings() -> Vec<(String, &'static dyn Row)> {
+    let mut out = Vec::new();
+    for table in SECTIONS {
+        for (at, rows) in *table {
+            for row in *rows {
+                let path = if at.is_empty() {
+                    row.name().to_string()
+                } else {
+                    format!("{at}.{}", row.name())
+                };
+                out.push((path, *row));
+            }
+        }
+    }
+    out
+}
+
+/// The code's table of settings and the page agree: each setting has a row,
+/// whose default cell starts with the default and whose range cell states
+/// the range the section refuses outside of.
+#[test]
+fn every_setting_has_its_default_and_range_on_its_row() {
+    let rows = configuration_rows();
+    let mut wrong = Vec::new();
+    for (path, setting) in settings() {
+        let Some(row) = rows.get(&path) else {
+            wrong.push(format!("{path}: no row"));
+            continue;
+        };
+        let default = row.get(1).map(|c| c.as_str()).unwrap_or_default();
+        // The first code span, or the words of a default derived from others.
+        let stated = default.split('`').nth(1).unwrap_or(default);
+        if stated != setting.default_text() {
+            wrong.push(format!(
+                "{path}: default `{}`, the row says {default:?}",
+                setting.default_text()
+            ));
+        }
+        let bound = setting.bound_text();
+        let range = row.get(2).map(|c| c.as_str()).unwrap_or_default();
+        let allowed = range_cells(&bound);
+        if bound != Bound::Any && !allowed.iter().any(|a| a == range) {
+            wrong.push(format!(
+                "{path}: range {:?}, the row says {range:?}",
+                allowed.first().unwrap()
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "docs/configuration.md differs from the code's settings:\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// A range the page states is a setting's: no row states a bound the code's
+/// tables do not hold.
+#[test]
+fn every_range_the_page_states_is_a_settings() {
+    let settings: BTreeSet<String> = settings().into_iter().map(|(path, _)| path).collect();
+    let stray: Vec<String> = configuration_rows()
+        .into_iter()
+        .filter(|(field, row)| {
+            row.get(2).is_some_and(|r| !r.is_empty()) && !settings.contains(field)
+        })
+        .map(|(field, _)| field)
+        .collect();
+    assert!(stray.is_empty(), "a range no setting holds: {stray:?}");
+    let fields = accepted_fields();
+    eprintln!(
+        "{} settings in the tables, of {} fields the parser accepts",
+        settings.len(),
+        fields.len()
+    );
+}
+
+/// What a setting needs around it to be read: the required fields of the
+/// object that holds it, and settings its bound depends on kept out of the
+/// way (a long interval for a timeout that must be shorter).
+const AROUND: [(&str, &str); 9] = [
+    ("tracing.otlp", r#"{"cluster":"c"}"#),
+    (
+        "degrade.alertmanager",
+        r#"{"cluster":"a","interval_s":3600}"#,
+    ),
+    ("degrade.prometheus", r#"{"cluster":"p","interval_s":3600}"#),
+    (
+        "cache.semantic",
+        r#"{"embeddings":{"cluster":"e","model":"m"}}"#,
+    ),
+    (
+        "cache.semantic.embeddings",
+        r#"{"cluster":"e","model":"m"}"#,
+    ),
+    ("routing.models.<>[]", r#"{"cluster":"c"}"#),
+    ("limits.rules[]", r#"{"name":"r","requests_per_minute":1}"#),
+    ("limits.rules[].degrade", r#"{"max_tokens":1}"#),
+    ("ab.groups[]", r#"{"name":"g"}"#),
+];
+
+/// The document with `value` at `path` (`a.<>[].b`: a map's key `m`, a
+/// list's first element), each object on the way holding what it needs.
+fn document_with(path: &str, value: Value) -> Value {
+    let (at, leaf) = path.rsplit_once('.').unwrap_or(("", path));
+    let mut object: Value = AROUND
+        .iter()
+        .find(|(p, _)| *p == at)
+        .map_or(json!({}), |(_, v)| serde_json::from_str(v).unwrap());
+    object
+        .as_object_mut()
+        .unwrap()
+        .insert(leaf.to_string(), value);
+    if at.is_empty() {
+        return object;
+    }
+    let (at, list) = match at.strip_suffix("[]") {
+        Some(at) => (at, true),
+        None => (at, false),
+    };
+    let object = if list { json!([object]) } else { object };
+    match at.strip_suffix(".<>") {
+        Some(at) => document_with(at, json!({ "m": object })),
+        None => document_with(at, object),
+    }
+}
+
+/// The error path of `path` as the parser names it.
+fn error_path_of(path: &str) -> String {
+    path.replace(".<>", ".m").replace("[]", "[0]")
+}
+
+/// Each setting's bound is the parser's: its ends are taken, a value past
+/// either is refused naming the field. A section that declared a range and
+/// checked another would fail here.
+#[test]
+fn the_parser_holds_each_setting_to_its_bound() {
+    let mut wrong = Vec::new();
+    for (path, setting) in settings() {
+        let parse = |v: Value| Config::parse(document_with(&path, v).to_string().as_bytes());
+        let mut taken = Vec::new();
+        let mut refused = Vec::new();
+        match setting.bound_text() {
+            Bound::Range(lo, hi) => {
+                let (lo, hi): (u64, u64) = (lo.parse().unwrap(), hi.parse().unwrap());
+                taken.push(json!(hi));
+                refused.push(json!(hi + 1));
+                if let Some(below) = lo.checked_sub(1) {
+                    refused.push(json!(below));
+                }
+            }
+            Bound::Positive(_) => refused.push(json!(0)),
+            Bound::PositiveReal => refused.extend([json!(0.0), json!(-1.0)]),
+            Bound::Real(lo, lo_open, hi, hi_open) => {
+                let (lo, hi): (f64, f64) = (lo.parse().unwrap(), hi.parse().unwrap());
+                for (end, open, step) in [(lo, lo_open, -0.5), (hi, hi_open, 0.5)] {
+                    if open {
+                        refused.push(json!(end))
+                    } else {
+                        taken.push(json!(end))
+                    }
+                    refused.push(json!(end + step));
+                }
+            }
+            Bound::Any | Bound::Stated(_) => {}
+        }
+        let field = error_path_of(&path);
+        for v in taken {
+            if let Err(e) = parse(v.clone()) {
+                wrong.push(format!("{path}: {v} refused: {e}"));
+            }
+        }
+        for v in refused {
+            match parse(v.clone()) {
+                Ok(_) => wrong.push(format!("{path}: {v} taken")),
+                Err(e) if e.field != field => {
+                    wrong.push(format!("{path}: {v} refused at {}: {e}", e.field))
+                }
+                Err(_) => {}
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The probes above reach every object a setting lives in.
+#[test]
+fn a_setting_document_is_read_where_the_setting_is() {
+    assert_eq!(
+        document_with("routing.models.<>[].weight", json!(2)),
+        json!({"routing": {"models": {"m": [{"cluster": "c", "weight": 2}]}}})
+    );
+    assert_eq!(
+        document_with("limits.rules[].degrade.until", json!(2)),
+        json!({"limits": {"rules": [{"name": "r", "requests_per_minute": 1,
+            "degrade": {"max_tokens": 1, "until": 2}}]}})
+    );
+    assert_eq!(
+        error_path_of("routing.models.<>[].weight"),
+        "routing.models.m[0].weight"
+    );
+    assert!(settings().len() > 10, "{}", settings().len());
 }

@@ -5,9 +5,15 @@ use serde::Deserialize;
 
 use crate::config::check;
 use crate::config::error::ConfigError;
+use crate::config::setting::{Setting, Table};
 
 /// Default `admin.path_prefix`.
-pub const DEFAULT_PREFIX: &str = "/llm-filter";
+pub const DEFAULT_PREFIX: &str = PATH_PREFIX.default;
+/// `path_prefix`.
+const PATH_PREFIX: Setting<&str> = Setting::any("path_prefix", "/llm-filter");
+
+/// The section's settings.
+pub const SETTINGS: Table = &[("admin", &[&PATH_PREFIX])];
 /// Shortest `admin.token`: a guessable token protects nothing.
 const MIN_TOKEN_LEN: usize = 16;
 
@@ -51,9 +57,7 @@ impl Default for AdminConfig {
 impl AdminConfig {
     /// Compiles the section; errors name fields relative to it.
     pub fn compile(raw: RawAdminConfig) -> Result<Self, ConfigError> {
-        let prefix = raw
-            .path_prefix
-            .unwrap_or_else(|| DEFAULT_PREFIX.to_string());
+        let prefix = PATH_PREFIX.or_string(raw.path_prefix);
         let prefix = prefix.trim_end_matches('/').to_string();
         if !check::is_path_without_query(&prefix) {
             return Err(ConfigError::new(

@@ -8,6 +8,7 @@ use serde::Deserialize;
 
 use crate::config::check;
 use crate::config::error::ConfigError;
+use crate::config::setting::{Bound, Named, Setting, Table};
 use crate::priority::Priority;
 
 /// Buckets of the breaker's sliding window: fine enough that old calls age out
@@ -30,25 +31,86 @@ pub const RETRY_ON_VALUES: [&str; 11] = [
     "http3-post-connect-failure",
 ];
 
-const DEFAULT_ENABLED: bool = true;
-const DEFAULT_MS: u64 = 60_000;
-const DEFAULT_MAX_MS: u64 = 300_000;
-const DEFAULT_MIN_PER_TRY_MS: u64 = 1_000;
-const DEFAULT_RETRY_RATIO: f64 = 0.2;
-const DEFAULT_MAX_RETRIES: u32 = 2;
-const MAX_MAX_RETRIES: u32 = 10;
-const DEFAULT_RETRY_ON: &str = "5xx,reset,connect-failure,retriable-status-codes";
+/// `enabled`.
+const ENABLED: Setting<bool> = Setting::any("enabled", true);
+/// `default_ms` of each priority not given (or `max_ms` when lower).
+const DEFAULT_MS: Setting<u64> = Setting {
+    name: "default_ms",
+    default: 60_000,
+    bound: Bound::Stated("1 to `max_ms`"),
+};
+/// `max_ms`.
+const MAX_MS: Setting<u64> = Setting {
+    name: "max_ms",
+    default: 300_000,
+    bound: Bound::Positive("number of ms"),
+};
+/// `min_per_try_ms`.
+const MIN_PER_TRY_MS: Setting<u64> = Setting {
+    name: "min_per_try_ms",
+    default: 1_000,
+    bound: Bound::Stated("1 to `max_ms`"),
+};
+/// `retry_ratio`.
+const RETRY_RATIO: Setting<f64> = Setting::fraction("retry_ratio", 0.2);
+/// `max_retries`.
+const MAX_RETRIES: Setting<u32> = Setting::range("max_retries", 2, 0, 10);
+/// `retry_on`.
+const RETRY_ON: Setting<&str> = Setting::any(
+    "retry_on",
+    "5xx,reset,connect-failure,retriable-status-codes",
+);
 // 503 is already covered by `5xx`; it is listed so the default stays right when
 // an operator narrows `retry_on` to `gateway-error` or drops `5xx`.
 const DEFAULT_RETRIABLE_STATUS_CODES: [u16; 2] = [429, 503];
 const ERROR_STATUSES: RangeInclusive<u16> = 400..=599;
-const DEFAULT_WINDOW_S: u64 = 30;
-const MAX_WINDOW_S: u64 = 3_600;
-const DEFAULT_SHED_AT: f64 = 0.7;
-const DEFAULT_REJECT_AT: f64 = 0.9;
-const DEFAULT_SHED_FRACTION: f64 = 0.2;
-const DEFAULT_PROBE_FRACTION: f64 = 0.05;
-const DEFAULT_MIN_CALLS: u32 = 10;
+/// `window_s`.
+const WINDOW_S: Setting<u64> = Setting::range("window_s", 30, 1, 3_600);
+/// `shed_at`.
+const SHED_AT: Setting<f64> = Setting::real("shed_at", 0.7, (0.0, true), (1.0, true));
+/// `reject_at`.
+const REJECT_AT: Setting<f64> = Setting {
+    name: "reject_at",
+    default: 0.9,
+    bound: Bound::Stated("(`shed_at`, 1]"),
+};
+/// `shed_fraction`.
+const SHED_FRACTION: Setting<f64> = Setting::fraction("shed_fraction", 0.2);
+/// `probe_fraction`.
+const PROBE_FRACTION: Setting<f64> = Setting::fraction("probe_fraction", 0.05);
+/// `min_calls`.
+const MIN_CALLS: Setting<u32> = Setting {
+    name: "min_calls",
+    default: 10,
+    bound: Bound::Positive("count"),
+};
+/// `streaming`.
+const STREAMING: Named<StreamingMode> = Named {
+    name: "streaming",
+    default: StreamingMode::UntilHeaders,
+    spell: StreamingMode::as_str,
+};
+
+/// The section's settings.
+pub const SETTINGS: Table = &[(
+    "budget",
+    &[
+        &ENABLED,
+        &DEFAULT_MS,
+        &MAX_MS,
+        &MIN_PER_TRY_MS,
+        &RETRY_RATIO,
+        &MAX_RETRIES,
+        &RETRY_ON,
+        &WINDOW_S,
+        &SHED_AT,
+        &REJECT_AT,
+        &SHED_FRACTION,
+        &PROBE_FRACTION,
+        &MIN_CALLS,
+        &STREAMING,
+    ],
+)];
 
 /// `budget` as written by the operator.
 #[derive(Debug, Default, Deserialize)]
@@ -165,34 +227,27 @@ impl BudgetConfig {
     /// relative to the section (`shed_at`) and the bad value.
     pub fn compile(raw: RawBudgetConfig) -> Result<Self, ConfigError> {
         // Budgets.
-        let max_ms = check::field("max_ms", raw.max_ms, DEFAULT_MAX_MS).positive("number of ms")?;
+        let max_ms = MAX_MS.read(raw.max_ms)?;
         let default_ms = default_ms(raw.default_ms, max_ms)?;
-        let min_per_try_ms =
-            check::field("min_per_try_ms", raw.min_per_try_ms, DEFAULT_MIN_PER_TRY_MS)
-                .check(|field, ms| up_to_max_ms(field, ms, max_ms))?;
+        let min_per_try_ms = up_to_max_ms(
+            MIN_PER_TRY_MS.name,
+            MIN_PER_TRY_MS.or(raw.min_per_try_ms),
+            max_ms,
+        )?;
         // Retries.
-        let retry_ratio =
-            check::field("retry_ratio", raw.retry_ratio, DEFAULT_RETRY_RATIO).fraction()?;
-        let max_retries = check::field("max_retries", raw.max_retries, DEFAULT_MAX_RETRIES)
-            .in_range(0..=MAX_MAX_RETRIES)?;
+        let retry_ratio = RETRY_RATIO.read(raw.retry_ratio)?;
+        let max_retries = MAX_RETRIES.read(raw.max_retries)?;
         let (retry_on, retriable_status_codes) =
             retry_conditions(raw.retry_on.as_deref(), raw.retriable_status_codes)?;
         // The breaker.
-        let window_s =
-            check::field("window_s", raw.window_s, DEFAULT_WINDOW_S).in_range(1..=MAX_WINDOW_S)?;
-        let (window_ms, bucket_ms) = window_ms(window_s);
-        let shed_at = check::field("shed_at", raw.shed_at, DEFAULT_SHED_AT).open_fraction()?;
-        let reject_at = check::field("reject_at", raw.reject_at, DEFAULT_REJECT_AT)
-            .check(|field, at| above_shed_at(field, at, shed_at))?;
-        let shed_fraction =
-            check::field("shed_fraction", raw.shed_fraction, DEFAULT_SHED_FRACTION).fraction()?;
-        let probe_fraction =
-            check::field("probe_fraction", raw.probe_fraction, DEFAULT_PROBE_FRACTION)
-                .fraction()?;
-        let min_calls =
-            check::field("min_calls", raw.min_calls, DEFAULT_MIN_CALLS).positive("count")?;
+        let (window_ms, bucket_ms) = window_ms(WINDOW_S.read(raw.window_s)?);
+        let shed_at = SHED_AT.read(raw.shed_at)?;
+        let reject_at = above_shed_at(REJECT_AT.name, REJECT_AT.or(raw.reject_at), shed_at)?;
+        let shed_fraction = SHED_FRACTION.read(raw.shed_fraction)?;
+        let probe_fraction = PROBE_FRACTION.read(raw.probe_fraction)?;
+        let min_calls = MIN_CALLS.read(raw.min_calls)?;
         Ok(Self {
-            enabled: raw.enabled.unwrap_or(DEFAULT_ENABLED),
+            enabled: ENABLED.or(raw.enabled),
             default_ms,
             max_ms,
             min_per_try_ms,
@@ -207,7 +262,7 @@ impl BudgetConfig {
             shed_fraction,
             probe_fraction,
             min_calls,
-            streaming: raw.streaming.unwrap_or_default(),
+            streaming: STREAMING.default_or(raw.streaming),
         })
     }
 
@@ -223,7 +278,7 @@ impl BudgetConfig {
 /// `default_ms`, one budget or one per priority, each within `max_ms`.
 fn default_ms(raw: Option<RawDefaultMs>, max_ms: u64) -> Result<[u64; 3], ConfigError> {
     // A small ceiling pulls the built-in default down with it.
-    let builtin = DEFAULT_MS.min(max_ms);
+    let builtin = DEFAULT_MS.default.min(max_ms);
     match raw {
         None => Ok([builtin; 3]),
         Some(RawDefaultMs::All(ms)) => Ok([up_to_max_ms("default_ms", ms, max_ms)?; 3]),
@@ -256,7 +311,7 @@ fn retry_conditions(
     retry_on: Option<&str>,
     codes: Option<Vec<u16>>,
 ) -> Result<(String, String), ConfigError> {
-    let retry_on = normalise_retry_on(retry_on.unwrap_or(DEFAULT_RETRY_ON))?;
+    let retry_on = normalise_retry_on(retry_on.unwrap_or(RETRY_ON.default))?;
     let codes = codes.unwrap_or_else(|| DEFAULT_RETRIABLE_STATUS_CODES.to_vec());
     let distinct = distinct_error_statuses(&codes)?;
     // Envoy only looks at the codes under this condition; refusing the

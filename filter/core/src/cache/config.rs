@@ -7,6 +7,7 @@ use serde::Deserialize;
 use super::semantic::config::{RawSemanticConfig, SemanticConfig};
 use crate::config::check;
 use crate::config::error::ConfigError;
+use crate::config::setting::{Named, Setting, Table};
 use crate::dialect::Dialect;
 
 /// Largest `cache.max_entries`: every slot may cost up to `max_entry_bytes` of
@@ -26,24 +27,78 @@ pub const MAX_TTL_S: u64 = 365 * 24 * 3600;
 /// worst-case footprint logged at start.
 pub const SLOT_OVERHEAD_BYTES: u64 = 256;
 
-const DEFAULT_ENABLED: bool = true;
-/// Only deterministic calls are cached unless the operator says otherwise.
-const DEFAULT_MAX_TEMPERATURE: f64 = 0.0;
-/// The highest temperature OpenAI-compatible APIs accept.
-const MAX_TEMPERATURE: f64 = 2.0;
+/// `enabled`.
+const ENABLED: Setting<bool> = Setting::any("enabled", true);
+/// `max_temperature`: only deterministic calls are cached unless the
+/// operator says otherwise; 2 is the highest temperature OpenAI-compatible
+/// APIs accept.
+const MAX_TEMPERATURE: Setting<f64> =
+    Setting::real("max_temperature", 0.0, (0.0, false), (2.0, false));
 const DEFAULT_TENANT_HEADERS: [&str; 2] = ["authorization", "api-key"];
-const DEFAULT_TTL_S: u64 = 3_600;
-const DEFAULT_TTL_JITTER: f64 = 0.1;
-const DEFAULT_STALE_IF_ERROR_S: u64 = 0;
-const DEFAULT_MAX_ENTRIES: u32 = 1_024;
-const DEFAULT_MAX_ENTRY_BYTES: u32 = 256 * 1024;
-const DEFAULT_COALESCE: bool = true;
-const DEFAULT_COALESCE_WAIT_MS: u64 = 30_000;
+/// `ttl_s`.
+const TTL_S: Setting<u64> = Setting::range("ttl_s", 3_600, 1, MAX_TTL_S);
+/// `ttl_jitter`.
+const TTL_JITTER: Setting<f64> = Setting::real("ttl_jitter", 0.1, (0.0, false), (1.0, true));
+/// `stale_if_error_s`: off by default.
+const STALE_IF_ERROR_S: Setting<u64> = Setting::range("stale_if_error_s", 0, 0, MAX_TTL_S);
+/// `max_entries`.
+const MAX_ENTRIES_SETTING: Setting<u32> = Setting::range("max_entries", 1_024, 1, MAX_ENTRIES);
+/// `max_entry_bytes`.
+const MAX_ENTRY_BYTES_SETTING: Setting<u32> = Setting::range(
+    "max_entry_bytes",
+    256 * 1024,
+    MIN_ENTRY_BYTES,
+    MAX_ENTRY_BYTES,
+);
+/// `coalesce`.
+const COALESCE: Setting<bool> = Setting::any("coalesce", true);
+/// `coalesce_wait_ms`.
+const COALESCE_WAIT_MS: Setting<u64> =
+    Setting::range("coalesce_wait_ms", 30_000, 1, MAX_COALESCE_WAIT_MS);
+/// `scope`.
+const SCOPE: Named<Scope> = Named {
+    name: "scope",
+    default: Scope::Tenant,
+    spell: Scope::as_str,
+};
+/// `mode`.
+const MODE: Named<Mode> = Named {
+    name: "mode",
+    default: Mode::Local,
+    spell: Mode::as_str,
+};
+/// `shard_header`.
+const SHARD_HEADER: Setting<&str> = Setting::any("shard_header", "x-llm-cache-key");
+
+/// The section's settings, and its semantic cache's.
+pub const SETTINGS: Table = &[
+    (
+        "cache",
+        &[
+            &ENABLED,
+            &MAX_TEMPERATURE,
+            &SCOPE,
+            &TTL_S,
+            &TTL_JITTER,
+            &STALE_IF_ERROR_S,
+            &MAX_ENTRIES_SETTING,
+            &MAX_ENTRY_BYTES_SETTING,
+            &COALESCE,
+            &COALESCE_WAIT_MS,
+            &MODE,
+            &SHARD_HEADER,
+        ],
+    ),
+    ("cache.semantic", super::semantic::config::SETTINGS),
+    (
+        "cache.semantic.embeddings",
+        super::semantic::config::EMBEDDINGS,
+    ),
+];
 const MAX_MARKERS: usize = 256;
 const MAX_DETERMINISTIC_MODELS: usize = 256;
 const MAX_MARKER_LEN: usize = 1024;
 const MAX_TENANT_HEADERS: usize = 16;
-const DEFAULT_SHARD_HEADER: &str = "x-llm-cache-key";
 /// Headers HTTP, Envoy or the cache itself need, which the shard header
 /// (removed from every request) must never be.
 const RESERVED_HEADERS: [&str; 10] = [
@@ -113,6 +168,16 @@ pub enum Mode {
     Shard,
 }
 
+impl Mode {
+    /// The document's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Local => "local",
+            Self::Shard => "shard",
+        }
+    }
+}
+
 /// Whose answers a call may be served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(variant_identifier, rename_all = "snake_case")]
@@ -123,6 +188,16 @@ pub enum Scope {
     /// Any answer to the same request; only for deployments where every
     /// caller may see every other caller's answers.
     Global,
+}
+
+impl Scope {
+    /// The document's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tenant => "tenant",
+            Self::Global => "global",
+        }
+    }
 }
 
 /// The compiled `cache` section.
@@ -185,31 +260,20 @@ impl CacheConfig {
     /// relative to the section (`ttl_jitter`) and quote the bad value.
     pub fn compile(raw: RawCacheConfig) -> Result<Self, ConfigError> {
         // What is cacheable, and whose.
-        let max_temperature = check::field(
-            "max_temperature",
-            raw.max_temperature,
-            DEFAULT_MAX_TEMPERATURE,
-        )
-        .real_in(0.0..=MAX_TEMPERATURE)?;
+        let max_temperature = MAX_TEMPERATURE.read(raw.max_temperature)?;
         let deterministic_models = compile_models(raw.deterministic_models.unwrap_or_default())?;
         let dynamic_markers = compile_markers(raw.dynamic_markers.unwrap_or_default())?;
-        let scope = raw.scope.unwrap_or_default();
+        let scope = SCOPE.default_or(raw.scope);
         let tenant_headers = compile_tenant_headers(scope, raw.tenant_headers)?;
         // Freshness.
-        let ttl_s = check::field("ttl_s", raw.ttl_s, DEFAULT_TTL_S).in_range(1..=MAX_TTL_S)?;
-        let ttl_jitter =
-            check::field("ttl_jitter", raw.ttl_jitter, DEFAULT_TTL_JITTER).fraction_below_one()?;
-        let stale_s = check::field(
-            "stale_if_error_s",
-            raw.stale_if_error_s,
-            DEFAULT_STALE_IF_ERROR_S,
-        )
-        .in_range(0..=MAX_TTL_S)?;
+        let ttl_s = TTL_S.read(raw.ttl_s)?;
+        let ttl_jitter = TTL_JITTER.read(raw.ttl_jitter)?;
+        let stale_s = STALE_IF_ERROR_S.read(raw.stale_if_error_s)?;
         let semantic = raw
             .semantic
             .map(|s| SemanticConfig::compile(s).map_err(|e| e.within("semantic")))
             .transpose()?;
-        let mode = raw.mode.unwrap_or_default();
+        let mode = MODE.default_or(raw.mode);
         if mode == Mode::Shard && semantic.is_some() {
             // A shard looks nothing up; the semantic cache belongs to the
             // replica that owns the key.
@@ -220,22 +284,11 @@ impl CacheConfig {
         }
         let shard_header = compile_shard_header(raw.shard_header, &tenant_headers)?;
         // Size and waiting.
-        let max_entries = check::field("max_entries", raw.max_entries, DEFAULT_MAX_ENTRIES)
-            .in_range(1..=MAX_ENTRIES)?;
-        let max_entry_bytes = check::field(
-            "max_entry_bytes",
-            raw.max_entry_bytes,
-            DEFAULT_MAX_ENTRY_BYTES,
-        )
-        .in_range(MIN_ENTRY_BYTES..=MAX_ENTRY_BYTES)?;
-        let coalesce_wait_ms = check::field(
-            "coalesce_wait_ms",
-            raw.coalesce_wait_ms,
-            DEFAULT_COALESCE_WAIT_MS,
-        )
-        .in_range(1..=MAX_COALESCE_WAIT_MS)?;
+        let max_entries = MAX_ENTRIES_SETTING.read(raw.max_entries)?;
+        let max_entry_bytes = MAX_ENTRY_BYTES_SETTING.read(raw.max_entry_bytes)?;
+        let coalesce_wait_ms = COALESCE_WAIT_MS.read(raw.coalesce_wait_ms)?;
         Ok(Self {
-            enabled: raw.enabled.unwrap_or(DEFAULT_ENABLED),
+            enabled: ENABLED.or(raw.enabled),
             max_temperature,
             deterministic_models,
             dynamic_markers,
@@ -246,7 +299,7 @@ impl CacheConfig {
             stale_if_error_ms: stale_s.saturating_mul(1000),
             max_entries,
             max_entry_bytes,
-            coalesce: raw.coalesce.unwrap_or(DEFAULT_COALESCE),
+            coalesce: COALESCE.or(raw.coalesce),
             coalesce_wait_ms,
             semantic,
             mode,
@@ -358,7 +411,7 @@ fn compile_tenant_headers(
 /// filter removes it from every request).
 fn compile_shard_header(name: Option<String>, tenant: &[String]) -> Result<String, ConfigError> {
     let Some(name) = name else {
-        return Ok(DEFAULT_SHARD_HEADER.to_string());
+        return Ok(SHARD_HEADER.default.to_string());
     };
     if !check::is_token(&name) {
         return Err(ConfigError::new(

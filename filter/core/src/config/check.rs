@@ -1,88 +1,14 @@
 //! The checks every section makes, in one place so the same kind of mistake
 //! is refused with the same words wherever it is made. Each range check takes
 //! the field's path, relative to its section, and returns the value it
-//! accepts; [`field`] puts a setting's default in front of its check; the
-//! `is_*` predicates are the grammars of names, paths and headers.
+//! accepts (a setting with a default is checked through its
+//! [`super::setting::Setting`]); the `is_*` predicates are the grammars of
+//! names, paths and headers.
 
 use std::fmt::Display;
 use std::ops::RangeInclusive;
 
 use super::error::ConfigError;
-
-/// A setting as written, `None` when absent or `null`, or else its default,
-/// under its field's name: `check::field("ttl_s", raw.ttl_s, 3_600).in_range(1..=MAX)`.
-/// The default is applied here rather than by a serde field default, which
-/// covers only an absent field: a `null` has always meant the default too.
-pub fn field<T>(name: &str, written: Option<T>, default: T) -> Field<'_, T> {
-    Field {
-        name,
-        value: written.unwrap_or(default),
-    }
-}
-
-/// A setting's value, written or defaulted, and the name its check reports.
-#[derive(Debug, Clone, Copy)]
-#[must_use = "a setting is read through its check"]
-pub struct Field<'a, T> {
-    name: &'a str,
-    value: T,
-}
-
-impl<'a, T> Field<'a, T> {
-    /// The value, checked by `check`, which is given the field's name.
-    pub fn check(
-        self,
-        check: impl FnOnce(&'a str, T) -> Result<T, ConfigError>,
-    ) -> Result<T, ConfigError> {
-        check(self.name, self.value)
-    }
-}
-
-impl<T: PartialOrd + Display + Copy> Field<'_, T> {
-    /// See [`in_range`].
-    pub fn in_range(self, range: RangeInclusive<T>) -> Result<T, ConfigError> {
-        in_range(self.name, self.value, range)
-    }
-}
-
-impl<T: PartialEq + Default + Display + Copy> Field<'_, T> {
-    /// See [`positive`].
-    pub fn positive(self, what: &str) -> Result<T, ConfigError> {
-        positive(self.name, self.value, what)
-    }
-}
-
-impl Field<'_, f64> {
-    /// See [`real_in`].
-    pub fn real_in(self, range: RangeInclusive<f64>) -> Result<f64, ConfigError> {
-        real_in(self.name, self.value, range)
-    }
-
-    /// See [`positive_real`].
-    pub fn positive_real(self) -> Result<f64, ConfigError> {
-        positive_real(self.name, self.value)
-    }
-
-    /// See [`fraction`].
-    pub fn fraction(self) -> Result<f64, ConfigError> {
-        fraction(self.name, self.value)
-    }
-
-    /// See [`fraction_below_one`].
-    pub fn fraction_below_one(self) -> Result<f64, ConfigError> {
-        fraction_below_one(self.name, self.value)
-    }
-
-    /// See [`open_fraction`].
-    pub fn open_fraction(self) -> Result<f64, ConfigError> {
-        open_fraction(self.name, self.value)
-    }
-
-    /// See [`positive_fraction`].
-    pub fn positive_fraction(self) -> Result<f64, ConfigError> {
-        positive_fraction(self.name, self.value)
-    }
-}
 
 /// What a section's built-in defaults compile to, as `{}` does: the
 /// test-only `Default` of every compiled section, so no default is stated
@@ -146,30 +72,6 @@ pub fn positive_real(field: &str, value: f64) -> Result<f64, ConfigError> {
 /// A share in `[0, 1]`.
 pub fn fraction(field: &str, value: f64) -> Result<f64, ConfigError> {
     real_in(field, value, 0.0..=1.0)
-}
-
-/// A share in `[0, 1)`: all of it would leave nothing.
-pub fn fraction_below_one(field: &str, value: f64) -> Result<f64, ConfigError> {
-    if (0.0..1.0).contains(&value) {
-        return Ok(value);
-    }
-    Err(ConfigError::new(field, format!("{value} is not in [0, 1)")))
-}
-
-/// A share in `(0, 1]`: none of it would hold for nothing.
-pub fn positive_fraction(field: &str, value: f64) -> Result<f64, ConfigError> {
-    if value > 0.0 && value <= 1.0 {
-        return Ok(value);
-    }
-    Err(ConfigError::new(field, format!("{value} is not in (0, 1]")))
-}
-
-/// A threshold in `(0, 1)`: neither end is a level anything can sit below and above.
-pub fn open_fraction(field: &str, value: f64) -> Result<f64, ConfigError> {
-    if value > 0.0 && value < 1.0 {
-        return Ok(value);
-    }
-    Err(ConfigError::new(field, format!("{value} is not in (0, 1)")))
 }
 
 /// A list of at most `max` items, `what` naming them in the message.
@@ -288,42 +190,6 @@ mod tests {
             real_in("t", 2.5, 0.0..=2.0).unwrap_err().message,
             "2.5 is not in [0, 2]"
         );
-        assert!(fraction_below_one("j", 1.0).is_err());
-        assert!(fraction_below_one("j", f64::NAN).is_err());
-        assert_eq!(fraction_below_one("j", 0.0), Ok(0.0));
-        for v in [0.0, 1.0, f64::NAN] {
-            assert!(open_fraction("s", v).is_err(), "{v}");
-        }
-        assert_eq!(open_fraction("s", 0.5), Ok(0.5));
-    }
-
-    #[test]
-    fn a_field_is_its_default_until_written_then_checked_under_its_name() {
-        assert_eq!(field("n", None, 3u32).in_range(1..=5), Ok(3));
-        assert_eq!(field("n", Some(5u32), 3).in_range(1..=5), Ok(5));
-        let e = field("n", Some(9u32), 3).in_range(1..=5).unwrap_err();
-        assert_eq!(
-            (e.field.as_str(), e.message.as_str()),
-            ("n", "9 is not in 1..=5")
-        );
-        assert_eq!(
-            field("w", Some(0u32), 1)
-                .positive("weight")
-                .unwrap_err()
-                .message,
-            "0 is not a positive weight"
-        );
-        assert_eq!(field("f", None, 0.5).fraction(), Ok(0.5));
-        assert!(field("f", Some(f64::NAN), 0.5).positive_real().is_err());
-        let e = field("t", Some(0.0), 0.9).positive_fraction().unwrap_err();
-        assert_eq!(
-            (e.field.as_str(), e.message.as_str()),
-            ("t", "0 is not in (0, 1]")
-        );
-        assert_eq!(field("t", Some(1.0), 0.9).positive_fraction(), Ok(1.0));
-        let named =
-            field("m", Some(7u64), 1).check(|name, v| Err(ConfigError::new(name, format!("{v}"))));
-        assert_eq!(named.unwrap_err(), ConfigError::new("m", "7"));
     }
 
     #[test]

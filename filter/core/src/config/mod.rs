@@ -7,6 +7,7 @@ pub mod error;
 pub mod names;
 pub mod per_priority;
 pub mod service;
+pub mod setting;
 
 use std::collections::BTreeMap;
 
@@ -26,14 +27,35 @@ use crate::spans::config::{CaptureConfig, OtlpConfig, RawCapture, RawOtlp};
 
 pub use error::ConfigError;
 pub use names::Names;
+use setting::{Named, Setting};
 
 /// Default bound of a request body the filter holds to decide on it: Envoy's
 /// default per-connection buffer limit, past which holding it earns a 413.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
-/// Largest `max_body_bytes`.
-const MAX_MAX_BODY_BYTES: usize = 64 << 20;
-/// Whether the client's `x-request-priority` is honoured unless told otherwise.
-const DEFAULT_TRUST_CLIENT: bool = true;
+/// `max_body_bytes`: 1 B to 64 MiB.
+const MAX_BODY_BYTES: Setting<usize> =
+    Setting::range("max_body_bytes", DEFAULT_MAX_BODY_BYTES, 1, 64 << 20);
+/// `priority.default`.
+const DEFAULT_PRIORITY: Setting<Priority> = Setting::any("default", Priority::P1);
+/// `priority.trust_client`: the client's `x-request-priority` is honoured
+/// unless told otherwise.
+const TRUST_CLIENT: Setting<bool> = Setting::any("trust_client", true);
+/// `tracing.mode`.
+const TRACING_MODE: Named<TracingMode> = Named {
+    name: "mode",
+    default: TracingMode::Always,
+    spell: TracingMode::as_str,
+};
+/// `access_log.enabled`.
+const ACCESS_LOG: Setting<bool> = Setting::any("enabled", false);
+
+/// The document's own settings, by the path of the object that holds them.
+pub const SETTINGS: setting::Table = &[
+    ("", &[&MAX_BODY_BYTES]),
+    ("priority", &[&DEFAULT_PRIORITY, &TRUST_CLIENT]),
+    ("tracing", &[&TRACING_MODE]),
+    ("access_log", &[&ACCESS_LOG]),
+];
 
 /// The document as written by the operator.
 #[derive(Debug, Default, Deserialize)]
@@ -180,8 +202,8 @@ impl PriorityConfig {
     /// Compiles the section; every value serde accepts is valid.
     pub fn compile(raw: RawPriority) -> Result<Self, ConfigError> {
         Ok(Self {
-            default: raw.default.unwrap_or_default(),
-            trust_client: raw.trust_client.unwrap_or(DEFAULT_TRUST_CLIENT),
+            default: DEFAULT_PRIORITY.or(raw.default),
+            trust_client: TRUST_CLIENT.or(raw.trust_client),
         })
     }
 }
@@ -189,7 +211,15 @@ impl PriorityConfig {
 impl TracingMode {
     /// Compiles `tracing.mode`; every value serde accepts is valid.
     pub fn compile(mode: Option<TracingMode>) -> Self {
-        mode.unwrap_or_default()
+        TRACING_MODE.default_or(mode)
+    }
+
+    /// The document's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Always => "always",
+            Self::Off => "off",
+        }
     }
 }
 
@@ -216,9 +246,7 @@ impl TryFrom<RawConfig> for Config {
     /// names its fields relative to itself and is prefixed here.
     fn try_from(raw: RawConfig) -> Result<Self, ConfigError> {
         let llm_paths = compile_paths(raw.llm_paths, raw.llm_apis)?;
-        let max_body_bytes =
-            check::field("max_body_bytes", raw.max_body_bytes, DEFAULT_MAX_BODY_BYTES)
-                .in_range(1..=MAX_MAX_BODY_BYTES)?;
+        let max_body_bytes = MAX_BODY_BYTES.read(raw.max_body_bytes)?;
         let cache = CacheConfig::compile(raw.cache).map_err(|e| e.within("cache"))?;
         // Groups compile their overrides against the sections as written.
         let ab = AbConfig::compile(
@@ -232,23 +260,13 @@ impl TryFrom<RawConfig> for Config {
         )
         .map_err(|e| e.within("ab"))?;
         let mut routing = RoutingConfig::compile(raw.routing).map_err(|e| e.within("routing"))?;
-        // A cluster only a group routes to is probed like every other.
-        for target in ab
-            .groups
-            .iter()
-            .filter_map(|g| g.routing.as_ref())
-            .flat_map(|r| &r.clusters)
-        {
-            if !routing.clusters.iter().any(|c| c.cluster == target.cluster) {
-                routing.clusters.push(target.clone());
-            }
-        }
+        probe_group_clusters(&mut routing, &ab);
         let otlp = raw
             .tracing
             .otlp
             .map(|o| OtlpConfig::compile(o).map_err(|e| e.within("tracing.otlp")))
             .transpose()?;
-        let access_log = raw.access_log.enabled.unwrap_or(false);
+        let access_log = ACCESS_LOG.or(raw.access_log.enabled);
         let mut config = Self {
             llm_paths,
             max_body_bytes,
@@ -269,6 +287,20 @@ impl TryFrom<RawConfig> for Config {
         };
         config.names = names_of(&config);
         Ok(config)
+    }
+}
+
+/// A cluster only a group routes to is probed like every other.
+fn probe_group_clusters(routing: &mut RoutingConfig, ab: &AbConfig) {
+    for target in ab
+        .groups
+        .iter()
+        .filter_map(|g| g.routing.as_ref())
+        .flat_map(|r| &r.clusters)
+    {
+        if !routing.clusters.iter().any(|c| c.cluster == target.cluster) {
+            routing.clusters.push(target.clone());
+        }
     }
 }
 
@@ -343,20 +375,12 @@ fn default_paths() -> Vec<LlmPath> {
     DEFAULT_PATHS.iter().map(|p| LlmPath::new(p)).collect()
 }
 
+/// `llm_paths` (the default ones when absent), then the paths `llm_apis`
+/// names the dialect of, added when not listed.
 fn compile_paths(
     paths: Option<Vec<String>>,
     apis: Option<BTreeMap<String, String>>,
 ) -> Result<Vec<LlmPath>, ConfigError> {
-    let path_ok = |field: String, p: &str| {
-        if check::is_path_without_query(p) {
-            Ok(())
-        } else {
-            Err(ConfigError::new(
-                field,
-                format!("{p:?} is not an absolute path without query"),
-            ))
-        }
-    };
     let mut out = match paths {
         None => default_paths(),
         Some(paths) => {
@@ -367,26 +391,42 @@ fn compile_paths(
         }
     };
     for (path, name) in apis.unwrap_or_default() {
-        let field = format!("llm_apis.{path}");
-        path_ok(field.clone(), &path)?;
-        let api = Dialect::named(&name).ok_or_else(|| {
-            ConfigError::new(
-                field,
-                format!(
-                    "{name:?} is not one of {}",
-                    Dialect::names()
-                        .map(|n| format!("`{n}`"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            )
-        })?;
+        let api = compile_api(&path, &name)?;
         match out.iter_mut().find(|p| p.pattern == path) {
             Some(p) => p.api = api,
             None => out.push(LlmPath { pattern: path, api }),
         }
     }
     Ok(out)
+}
+
+/// A path the filter matches: absolute, without query.
+fn path_ok(field: String, p: &str) -> Result<(), ConfigError> {
+    if check::is_path_without_query(p) {
+        return Ok(());
+    }
+    Err(ConfigError::new(
+        field,
+        format!("{p:?} is not an absolute path without query"),
+    ))
+}
+
+/// One entry of `llm_apis`: a path and the dialect it names.
+fn compile_api(path: &str, name: &str) -> Result<Dialect, ConfigError> {
+    let field = format!("llm_apis.{path}");
+    path_ok(field.clone(), path)?;
+    Dialect::named(name).ok_or_else(|| {
+        ConfigError::new(
+            field,
+            format!(
+                "{name:?} is not one of {}",
+                Dialect::names()
+                    .map(|n| format!("`{n}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
+    })
 }
 
 #[cfg(test)]

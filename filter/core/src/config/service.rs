@@ -7,6 +7,7 @@ use std::fmt::Write;
 
 use super::check;
 use super::error::ConfigError;
+use super::setting::Setting;
 
 /// Most extra headers a service is sent.
 const MAX_HEADERS: usize = 16;
@@ -45,15 +46,14 @@ macro_rules! raw_service {
     };
 }
 
-/// What a kind of service defaults to.
+/// What a kind of service defaults to: its `path` and its `timeout_ms`
+/// (the wait and its range).
 #[derive(Debug, Clone, Copy)]
 pub struct Defaults {
     /// Its path.
-    pub path: &'static str,
+    pub path: Setting<&'static str>,
     /// Its wait, ms.
-    pub timeout_ms: u64,
-    /// Its longest wait, ms.
-    pub max_timeout_ms: u64,
+    pub timeout: Setting<u64>,
 }
 
 /// A compiled service.
@@ -85,7 +85,7 @@ impl Service {
                 format!("{authority:?} is not a host"),
             ));
         }
-        let path = raw.path.unwrap_or_else(|| defaults.path.to_string());
+        let path = defaults.path.or_string(raw.path);
         if !path.starts_with('/') || check::has_blank_or_control(&path) {
             return Err(ConfigError::new("path", format!("{path:?} is not a path")));
         }
@@ -94,8 +94,7 @@ impl Service {
             authority,
             path,
             headers: compile_headers(raw.headers.unwrap_or_default())?,
-            timeout_ms: check::field("timeout_ms", raw.timeout_ms, defaults.timeout_ms)
-                .in_range(1..=defaults.max_timeout_ms)?,
+            timeout_ms: defaults.timeout.read(raw.timeout_ms)?,
         })
     }
 
@@ -172,9 +171,8 @@ mod tests {
     use super::*;
 
     const D: Defaults = Defaults {
-        path: "/x",
-        timeout_ms: 50,
-        max_timeout_ms: 100,
+        path: Setting::any("path", "/x"),
+        timeout: Setting::range("timeout_ms", 50, 1, 100),
     };
 
     #[test]

@@ -7,6 +7,7 @@ use serde::Deserialize;
 
 use crate::config::check;
 use crate::config::error::ConfigError;
+use crate::config::setting::{Bound, Setting, Table};
 use crate::load::Signal;
 use crate::priority::Priority;
 
@@ -14,25 +15,51 @@ use super::sources::config::{
     AlertmanagerSource, PrometheusSource, RawAlertmanager, RawPrometheus,
 };
 
-/// Default `alert_ttl_s`: a firing alert not re-sent for this long expires,
-/// so a lost "resolved" never degrades traffic for good. Keep it above the
-/// Alertmanager route's `repeat_interval` plus `group_interval`.
-pub const DEFAULT_ALERT_TTL_S: u64 = 900;
-/// Longest `alert_ttl_s`: a day.
-const MAX_ALERT_TTL_S: u64 = 86_400;
+/// `alert_ttl_s`: a firing alert not re-sent for this long expires, so a
+/// lost "resolved" never degrades traffic for good. Keep it above the
+/// Alertmanager route's `repeat_interval` plus `group_interval`; at most a
+/// day.
+const ALERT_TTL_S: Setting<u64> = Setting::range("alert_ttl_s", 900, 1, 86_400);
 /// Highest degrade level.
 pub const MAX_LEVEL: u8 = 3;
-/// Default `qps_ref`: calls per second at which the temperature rule's load
-/// term reaches its floor.
-pub const DEFAULT_QPS_REF: f64 = 10.0;
-/// Default `tokens_per_s_ref`: output tokens per second of the rule's token term.
-pub const DEFAULT_TOKENS_PER_S_REF: f64 = 1000.0;
-/// Default cap of the `max_tokens` action.
-pub const DEFAULT_MAX_TOKENS_CAP: u64 = 256;
-/// Default `retry_after_s` of a shed call (a rejected one is told twice that).
-pub const DEFAULT_RETRY_AFTER_S: u64 = 5;
-/// Longest `retry_after_s`: an hour.
-const MAX_RETRY_AFTER_S: u64 = 3_600;
+/// `qps_ref`: calls per second at which the temperature rule's load term
+/// reaches its floor.
+const QPS_REF: Setting<f64> = Setting {
+    name: "qps_ref",
+    default: 10.0,
+    bound: Bound::PositiveReal,
+};
+/// `tokens_per_s_ref`: output tokens per second of the rule's token term.
+const TOKENS_PER_S_REF: Setting<f64> = Setting {
+    name: "tokens_per_s_ref",
+    default: 1000.0,
+    bound: Bound::PositiveReal,
+};
+/// `max_tokens_cap`: the cap of the `max_tokens` action.
+const MAX_TOKENS_CAP: Setting<u64> = Setting {
+    name: "max_tokens_cap",
+    default: 256,
+    bound: Bound::Positive("token count"),
+};
+/// `retry_after_s` of a shed call (a rejected one is told twice that); at
+/// most an hour.
+const RETRY_AFTER_S: Setting<u64> = Setting::range("retry_after_s", 5, 1, 3_600);
+
+/// The section's settings, and its sources'.
+pub const SETTINGS: Table = &[
+    (
+        "degrade",
+        &[
+            &ALERT_TTL_S,
+            &QPS_REF,
+            &TOKENS_PER_S_REF,
+            &MAX_TOKENS_CAP,
+            &RETRY_AFTER_S,
+        ],
+    ),
+    ("degrade.alertmanager", super::sources::config::ALERTMANAGER),
+    ("degrade.prometheus", super::sources::config::PROMETHEUS),
+];
 
 /// `degrade` as written.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -320,33 +347,18 @@ impl DegradeConfig {
     pub fn compile(raw: RawDegradeConfig) -> Result<Self, ConfigError> {
         let alerts = match raw.alerts {
             None => default_alerts(),
-            Some(rules) => rules
-                .into_iter()
-                .enumerate()
-                .map(|(i, r)| compile_rule(r).map_err(|e| e.within(&format!("alerts[{i}]"))))
-                .collect::<Result<_, _>>()?,
+            Some(rules) => each("alerts", rules, compile_rule)?,
         };
-        let ttl_s = check::field("alert_ttl_s", raw.alert_ttl_s, DEFAULT_ALERT_TTL_S)
-            .in_range(1..=MAX_ALERT_TTL_S)?;
-        let thresholds = raw
-            .thresholds
-            .unwrap_or_default()
-            .into_iter()
-            .enumerate()
-            .map(|(i, t)| compile_threshold(t).map_err(|e| e.within(&format!("thresholds[{i}]"))))
-            .collect::<Result<_, _>>()?;
-        let qps_ref = check::field("qps_ref", raw.qps_ref, DEFAULT_QPS_REF).positive_real()?;
-        let tokens_per_s_ref = check::field(
-            "tokens_per_s_ref",
-            raw.tokens_per_s_ref,
-            DEFAULT_TOKENS_PER_S_REF,
-        )
-        .positive_real()?;
-        let max_tokens_cap =
-            check::field("max_tokens_cap", raw.max_tokens_cap, DEFAULT_MAX_TOKENS_CAP)
-                .positive("token count")?;
-        let retry_after_s = check::field("retry_after_s", raw.retry_after_s, DEFAULT_RETRY_AFTER_S)
-            .in_range(1..=MAX_RETRY_AFTER_S)?;
+        let ttl_s = ALERT_TTL_S.read(raw.alert_ttl_s)?;
+        let thresholds = each(
+            "thresholds",
+            raw.thresholds.unwrap_or_default(),
+            compile_threshold,
+        )?;
+        let qps_ref = QPS_REF.read(raw.qps_ref)?;
+        let tokens_per_s_ref = TOKENS_PER_S_REF.read(raw.tokens_per_s_ref)?;
+        let max_tokens_cap = MAX_TOKENS_CAP.read(raw.max_tokens_cap)?;
+        let retry_after_s = RETRY_AFTER_S.read(raw.retry_after_s)?;
         let fallback_model = compile_fallback_models(raw.fallback_model.unwrap_or_default())?;
         let actions = compile_levels(raw.levels.unwrap_or_default(), &fallback_model)?;
         let alertmanager = raw
@@ -371,6 +383,20 @@ impl DegradeConfig {
             prometheus,
         })
     }
+}
+
+/// Each item of the list `field` compiled, its errors named under
+/// `field[i]`.
+fn each<R, T>(
+    field: &str,
+    items: Vec<R>,
+    compile: fn(R) -> Result<T, ConfigError>,
+) -> Result<Vec<T>, ConfigError> {
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| compile(item).map_err(|e| e.within(&format!("{field}[{i}]"))))
+        .collect()
 }
 
 /// `fallback_model`: each model's cheaper stand-in, never itself.

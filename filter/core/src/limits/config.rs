@@ -9,23 +9,72 @@ use serde::Deserialize;
 use super::window::Span;
 use crate::config::check;
 use crate::config::error::ConfigError;
+use crate::config::setting::{Named, Setting, Table};
 use crate::dialect::Dialect;
 use crate::priority::Priority;
 
 /// Most rules.
 const MAX_RULES: usize = 16;
-/// Default keys (tenants, users, …) each rule counts at once.
-const DEFAULT_MAX_KEYS: usize = 4_096;
-/// Most keys of one rule.
-const MAX_MAX_KEYS: usize = 1 << 20;
-/// Output tokens reserved for a call that names no cap.
-const DEFAULT_RESERVE_OUTPUT: u64 = 1_024;
-/// Default distinct tenant label values of the spend metrics, per worker.
-const DEFAULT_TENANT_LABELS: usize = 20;
 /// Longest rule name (it is a key part and a label value).
 const MAX_NAME_LEN: usize = 64;
-/// The header a `shard` front names the tenant in.
-const DEFAULT_SHARD_HEADER: &str = "x-llm-tenant-key";
+/// `max_keys`: keys (tenants, users, …) each rule counts at once.
+const MAX_KEYS: Setting<usize> = Setting::range("max_keys", 4_096, 1, 1 << 20);
+/// `reserve_output_tokens`: reserved for a call that names no cap.
+const RESERVE_OUTPUT_TOKENS: Setting<u64> =
+    Setting::range("reserve_output_tokens", 1_024, 0, 1 << 24);
+/// `tenant_labels`: distinct tenant label values of the spend metrics, per
+/// worker.
+const TENANT_LABELS: Setting<usize> = Setting::range("tenant_labels", 20, 0, 1_000);
+/// `user_header`.
+const USER_HEADER: Setting<&str> = Setting::any("user_header", "x-user-id");
+/// `shard_header`: the header a `shard` front names the tenant in.
+const SHARD_HEADER: Setting<&str> = Setting::any("shard_header", "x-llm-tenant-key");
+/// `mode`.
+const MODE: Named<Mode> = Named {
+    name: "mode",
+    default: Mode::Local,
+    spell: Mode::as_str,
+};
+/// `tenant.from`.
+const TENANT_FROM: Named<TenantSource> = Named {
+    name: "from",
+    default: TenantSource::Credential,
+    spell: TenantSource::as_str,
+};
+/// A rule's `degrade.until`: degraded calls go until the count reaches this
+/// many times the limit.
+const UNTIL: Setting<f64> = Setting::real("until", 1.5, (1.0, false), (100.0, false));
+
+/// The section's settings.
+pub const SETTINGS: Table = &[
+    (
+        "limits",
+        &[
+            &USER_HEADER,
+            &MAX_KEYS,
+            &RESERVE_OUTPUT_TOKENS,
+            &TENANT_LABELS,
+            &MODE,
+            &SHARD_HEADER,
+        ],
+    ),
+    ("limits.tenant", &[&TENANT_FROM]),
+    ("limits.rules[].degrade", &[&UNTIL]),
+];
+
+/// The limits that count calls or tokens: each field of a rule, what it
+/// counts and over which window, in the order the rule's limits are kept.
+const COUNTED: [(&str, Measure, Span); 5] = [
+    ("requests_per_minute", Measure::Requests, Span::Minute),
+    ("requests_per_hour", Measure::Requests, Span::Hour),
+    ("tokens_per_minute", Measure::Tokens, Span::Minute),
+    ("tokens_per_hour", Measure::Tokens, Span::Hour),
+    ("tokens_per_day", Measure::Tokens, Span::Day),
+];
+/// The limits that count cost, after the counted ones.
+const COSTS: [(&str, Span); 2] = [("cost_per_day", Span::Day), ("cost_per_month", Span::Month)];
+/// The most a cost limit may be, in the price table's unit.
+const MAX_COST: f64 = 1e9;
 /// The price-table entry every model without its own falls back to.
 pub const ANY_MODEL: &str = "*";
 /// Cost is counted in billionths of the price table's unit.
@@ -68,6 +117,16 @@ pub enum Mode {
     /// tenant id into `shard_header`, on which the route to the replicas
     /// hashes, so one replica holds a tenant's counts.
     Shard,
+}
+
+impl Mode {
+    /// The document's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Local => "local",
+            Self::Shard => "shard",
+        }
+    }
 }
 
 /// One rule as written.
@@ -161,6 +220,17 @@ pub enum TenantSource {
     Header,
     /// The mTLS peer's identity (its URI SAN, the SPIFFE id in a mesh).
     Peer,
+}
+
+impl TenantSource {
+    /// The document's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Credential => "credential",
+            Self::Header => "header",
+            Self::Peer => "peer",
+        }
+    }
 }
 
 /// What a limit counts.
@@ -304,92 +374,100 @@ impl LimitsConfig {
 
     /// Compiles the section.
     pub fn compile(raw: RawLimitsConfig) -> Result<Self, ConfigError> {
-        let prices = raw
-            .prices
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(model, p)| {
-                let price = compile_price(&format!("prices.{model}"), &p)?;
-                Ok((model, price))
-            })
-            .collect::<Result<BTreeMap<_, _>, ConfigError>>()?;
-        let raw_rules = raw.rules.unwrap_or_default();
-        check::at_most("rules", &raw_rules, MAX_RULES, "rules")?;
-        let mut rules = Vec::with_capacity(raw_rules.len());
-        for (i, r) in raw_rules.into_iter().enumerate() {
-            let rule = compile_rule(r, &prices).map_err(|e| e.within(&format!("rules[{i}]")))?;
-            if rules.iter().any(|o: &Rule| o.name == rule.name) {
-                return Err(ConfigError::new(
-                    format!("rules[{i}].name"),
-                    format!("{:?} names another rule too", rule.name),
-                ));
-            }
-            rules.push(rule);
-        }
-        let tenant = raw.tenant.unwrap_or_default();
-        let source = tenant.from.unwrap_or_default();
-        let tenant_header = match (source, tenant.header) {
-            (TenantSource::Header, Some(h)) => {
-                let h = header("tenant.header", h)?;
-                if is_credential(&h) {
-                    // The tenant is a label and a key part: a credential
-                    // must be counted by its digest, never as itself.
-                    return Err(ConfigError::new(
-                        "tenant.header",
-                        format!("{h:?} carries a credential; use `from: credential` with it"),
-                    ));
-                }
-                Some(h)
-            }
-            (TenantSource::Header, None) => {
-                return Err(ConfigError::new(
-                    "tenant.header",
-                    "`from: header` needs the header's name",
-                ))
-            }
-            (TenantSource::Credential, Some(h)) => Some(header("tenant.header", h)?),
-            (TenantSource::Peer, Some(_)) => {
-                return Err(ConfigError::new(
-                    "tenant.header",
-                    "`from: peer` reads no header",
-                ))
-            }
-            (_, None) => None,
-        };
-        let shard_header = header(
-            "shard_header",
-            raw.shard_header
-                .unwrap_or_else(|| DEFAULT_SHARD_HEADER.to_string()),
-        )?;
-        if is_credential(&shard_header) || shard_header.starts_with(':') {
-            return Err(ConfigError::new(
-                "shard_header",
-                format!("{shard_header:?} carries the request itself; the filter removes the shard header"),
-            ));
-        }
+        let prices = compile_prices(raw.prices.unwrap_or_default())?;
+        let rules = compile_rules(raw.rules.unwrap_or_default(), &prices)?;
+        let (tenant, tenant_header) = compile_tenant(raw.tenant.unwrap_or_default())?;
+        let shard_header = compile_shard_header(raw.shard_header)?;
         Ok(Self {
             rules,
             prices,
-            tenant: source,
+            tenant,
             tenant_header,
-            mode: raw.mode.unwrap_or_default(),
+            mode: MODE.default_or(raw.mode),
             shard_header,
-            user_header: header(
-                "user_header",
-                raw.user_header.unwrap_or_else(|| "x-user-id".to_string()),
-            )?,
-            max_keys: check::field("max_keys", raw.max_keys, DEFAULT_MAX_KEYS)
-                .in_range(1..=MAX_MAX_KEYS)?,
-            reserve_output_tokens: check::field(
-                "reserve_output_tokens",
-                raw.reserve_output_tokens,
-                DEFAULT_RESERVE_OUTPUT,
-            )
-            .in_range(0..=1 << 24)?,
-            tenant_labels: check::field("tenant_labels", raw.tenant_labels, DEFAULT_TENANT_LABELS)
-                .in_range(0..=1_000)?,
+            user_header: header(USER_HEADER.name, USER_HEADER.or_string(raw.user_header))?,
+            max_keys: MAX_KEYS.read(raw.max_keys)?,
+            reserve_output_tokens: RESERVE_OUTPUT_TOKENS.read(raw.reserve_output_tokens)?,
+            tenant_labels: TENANT_LABELS.read(raw.tenant_labels)?,
         })
     }
+}
+
+/// `prices`: each model's, per token.
+fn compile_prices(raw: BTreeMap<String, RawPrice>) -> Result<BTreeMap<String, Price>, ConfigError> {
+    raw.into_iter()
+        .map(|(model, p)| {
+            Ok((
+                model.clone(),
+                compile_price(&format!("prices.{model}"), &p)?,
+            ))
+        })
+        .collect()
+}
+
+/// `rules`: at most [`MAX_RULES`], each named once.
+fn compile_rules(
+    raw: Vec<RawRule>,
+    prices: &BTreeMap<String, Price>,
+) -> Result<Vec<Rule>, ConfigError> {
+    check::at_most("rules", &raw, MAX_RULES, "rules")?;
+    let mut rules: Vec<Rule> = Vec::with_capacity(raw.len());
+    for (i, r) in raw.into_iter().enumerate() {
+        let rule = compile_rule(r, prices).map_err(|e| e.within(&format!("rules[{i}]")))?;
+        if rules.iter().any(|o| o.name == rule.name) {
+            return Err(ConfigError::new(
+                format!("rules[{i}].name"),
+                format!("{:?} names another rule too", rule.name),
+            ));
+        }
+        rules.push(rule);
+    }
+    Ok(rules)
+}
+
+/// `tenant`: where the tenant comes from, and the header it is read from.
+fn compile_tenant(raw: RawTenant) -> Result<(TenantSource, Option<String>), ConfigError> {
+    let source = TENANT_FROM.default_or(raw.from);
+    let field = "tenant.header";
+    let header = match (source, raw.header) {
+        (TenantSource::Header, Some(h)) => {
+            let h = header(field, h)?;
+            if is_credential(&h) {
+                // The tenant is a label and a key part: a credential
+                // must be counted by its digest, never as itself.
+                return Err(ConfigError::new(
+                    field,
+                    format!("{h:?} carries a credential; use `from: credential` with it"),
+                ));
+            }
+            Some(h)
+        }
+        (TenantSource::Header, None) => {
+            return Err(ConfigError::new(
+                field,
+                "`from: header` needs the header's name",
+            ))
+        }
+        (TenantSource::Credential, Some(h)) => Some(header(field, h)?),
+        (TenantSource::Peer, Some(_)) => {
+            return Err(ConfigError::new(field, "`from: peer` reads no header"))
+        }
+        (_, None) => None,
+    };
+    Ok((source, header))
+}
+
+/// `shard_header`: a header name that carries neither a credential nor a
+/// pseudo-header, since every filter with limits removes it.
+fn compile_shard_header(raw: Option<String>) -> Result<String, ConfigError> {
+    let name = header(SHARD_HEADER.name, SHARD_HEADER.or_string(raw))?;
+    if is_credential(&name) || name.starts_with(':') {
+        return Err(ConfigError::new(
+            SHARD_HEADER.name,
+            format!("{name:?} carries the request itself; the filter removes the shard header"),
+        ));
+    }
+    Ok(name)
 }
 
 /// A header some API authenticates with.
@@ -437,97 +515,11 @@ fn compile_price(field: &str, p: &RawPrice) -> Result<Price, ConfigError> {
     })
 }
 
+/// One rule; errors name fields relative to it.
 fn compile_rule(r: RawRule, prices: &BTreeMap<String, Price>) -> Result<Rule, ConfigError> {
-    let name_ok = !r.name.is_empty()
-        && r.name.len() <= MAX_NAME_LEN
-        && r.name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if !name_ok {
-        return Err(ConfigError::new(
-            "name",
-            format!(
-                "{:?} is not a rule name (1..={MAX_NAME_LEN} of A-Z a-z 0-9 _ -)",
-                r.name
-            ),
-        ));
-    }
-    let mut by = Vec::new();
-    for d in r.by {
-        if by.contains(&d) {
-            return Err(ConfigError::new("by", format!("{d:?} is named twice")));
-        }
-        by.push(d);
-    }
-    let counted = [
-        (
-            Measure::Requests,
-            Span::Minute,
-            "requests_per_minute",
-            r.requests_per_minute,
-        ),
-        (
-            Measure::Requests,
-            Span::Hour,
-            "requests_per_hour",
-            r.requests_per_hour,
-        ),
-        (
-            Measure::Tokens,
-            Span::Minute,
-            "tokens_per_minute",
-            r.tokens_per_minute,
-        ),
-        (
-            Measure::Tokens,
-            Span::Hour,
-            "tokens_per_hour",
-            r.tokens_per_hour,
-        ),
-        (
-            Measure::Tokens,
-            Span::Day,
-            "tokens_per_day",
-            r.tokens_per_day,
-        ),
-    ];
-    let mut limits = Vec::new();
-    for (measure, span, name, max) in counted {
-        if let Some(max) = max {
-            let max = check::positive(name, max, "a limit")?;
-            limits.push(Limit {
-                measure,
-                span,
-                max,
-                name,
-            });
-        }
-    }
-    for (span, name, max) in [
-        (Span::Day, "cost_per_day", r.cost_per_day),
-        (Span::Month, "cost_per_month", r.cost_per_month),
-    ] {
-        if let Some(max) = max {
-            if !(max.is_finite() && max > 0.0 && max <= 1e9) {
-                return Err(ConfigError::new(
-                    name,
-                    format!("{max} is not a cost in (0, 1e9]"),
-                ));
-            }
-            limits.push(Limit {
-                measure: Measure::Cost,
-                span,
-                max: (max * NANOS_PER_UNIT) as u64,
-                name,
-            });
-        }
-    }
-    if limits.is_empty() {
-        return Err(ConfigError::new(
-            "rule",
-            "names no limit (requests_per_minute, tokens_per_minute, cost_per_day, …)",
-        ));
-    }
+    compile_name(&r.name)?;
+    let by = compile_by(&r.by)?;
+    let limits = compile_limits(&r)?;
     if let Some(models) = &r.models {
         if models.is_empty() || models.iter().any(String::is_empty) {
             return Err(ConfigError::new(
@@ -536,45 +528,10 @@ fn compile_rule(r: RawRule, prices: &BTreeMap<String, Price>) -> Result<Rule, Co
             ));
         }
     }
-    // A cost limit must be able to price every call it counts, or it
-    // would silently stop applying to the unpriced ones.
-    if limits.iter().any(|l| l.measure == Measure::Cost) && !prices.contains_key(ANY_MODEL) {
-        let unpriced = match &r.models {
-            None => Some("every model (add a `*` price)".to_string()),
-            Some(ms) => ms
-                .iter()
-                .find(|m| !prices.contains_key(m.as_str()))
-                .map(|m| format!("{m:?}")),
-        };
-        if let Some(m) = unpriced {
-            return Err(ConfigError::new(
-                "cost_per_day",
-                format!("a cost limit needs a price for {m} in `limits.prices`"),
-            ));
-        }
-    }
+    check_priced(&limits, r.models.as_deref(), prices)?;
     let degrade = r
         .degrade
-        .map(|d| -> Result<Degrade, ConfigError> {
-            if d.max_tokens.is_none() && d.model.is_none() {
-                return Err(ConfigError::new(
-                    "degrade",
-                    "names neither `max_tokens` nor `model`",
-                ));
-            }
-            if let Some(n) = d.max_tokens {
-                check::positive("degrade.max_tokens", n, "a token cap")?;
-            }
-            if d.model.as_deref() == Some("") {
-                return Err(ConfigError::new("degrade.model", "is empty"));
-            }
-            let until = check::field("degrade.until", d.until, 1.5).real_in(1.0..=100.0)?;
-            Ok(Degrade {
-                max_tokens: d.max_tokens,
-                model: d.model,
-                until,
-            })
-        })
+        .map(|d| compile_degrade(d).map_err(|e| e.within("degrade")))
         .transpose()?;
     Ok(Rule {
         name: r.name,
@@ -585,6 +542,133 @@ fn compile_rule(r: RawRule, prices: &BTreeMap<String, Price>) -> Result<Rule, Co
             .unwrap_or_else(|| vec![Priority::P1, Priority::P2]),
         limits,
         degrade,
+    })
+}
+
+/// A rule's `name`: a label value and a part of its keys.
+fn compile_name(name: &str) -> Result<(), ConfigError> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        return Ok(());
+    }
+    Err(ConfigError::new(
+        "name",
+        format!("{name:?} is not a rule name (1..={MAX_NAME_LEN} of A-Z a-z 0-9 _ -)"),
+    ))
+}
+
+/// A rule's `by`, each dimension once.
+fn compile_by(raw: &[Dimension]) -> Result<Vec<Dimension>, ConfigError> {
+    let mut by = Vec::with_capacity(raw.len());
+    for &d in raw {
+        if by.contains(&d) {
+            return Err(ConfigError::new("by", format!("{d:?} is named twice")));
+        }
+        by.push(d);
+    }
+    Ok(by)
+}
+
+/// The limits a rule names, at least one: the counted ones in [`COUNTED`]'s
+/// order, then the costs.
+fn compile_limits(r: &RawRule) -> Result<Vec<Limit>, ConfigError> {
+    let counts = [
+        r.requests_per_minute,
+        r.requests_per_hour,
+        r.tokens_per_minute,
+        r.tokens_per_hour,
+        r.tokens_per_day,
+    ];
+    let mut limits = Vec::new();
+    for ((name, measure, span), max) in COUNTED.into_iter().zip(counts) {
+        if let Some(max) = max {
+            let max = check::positive(name, max, "a limit")?;
+            limits.push(Limit {
+                measure,
+                span,
+                max,
+                name,
+            });
+        }
+    }
+    for ((name, span), max) in COSTS.into_iter().zip([r.cost_per_day, r.cost_per_month]) {
+        if let Some(max) = max {
+            limits.push(cost_limit(name, span, max)?);
+        }
+    }
+    if limits.is_empty() {
+        return Err(ConfigError::new(
+            "rule",
+            "names no limit (requests_per_minute, tokens_per_minute, cost_per_day, …)",
+        ));
+    }
+    Ok(limits)
+}
+
+/// A cost limit of `max` units, counted in nanos.
+fn cost_limit(name: &'static str, span: Span, max: f64) -> Result<Limit, ConfigError> {
+    if !(max.is_finite() && max > 0.0 && max <= MAX_COST) {
+        return Err(ConfigError::new(
+            name,
+            format!("{max} is not a cost in (0, 1e9]"),
+        ));
+    }
+    Ok(Limit {
+        measure: Measure::Cost,
+        span,
+        max: (max * NANOS_PER_UNIT) as u64,
+        name,
+    })
+}
+
+/// A cost limit must be able to price every call it counts, or it would
+/// silently stop applying to the unpriced ones.
+fn check_priced(
+    limits: &[Limit],
+    models: Option<&[String]>,
+    prices: &BTreeMap<String, Price>,
+) -> Result<(), ConfigError> {
+    if !limits.iter().any(|l| l.measure == Measure::Cost) || prices.contains_key(ANY_MODEL) {
+        return Ok(());
+    }
+    let unpriced = match models {
+        None => Some("every model (add a `*` price)".to_string()),
+        Some(ms) => ms
+            .iter()
+            .find(|m| !prices.contains_key(m.as_str()))
+            .map(|m| format!("{m:?}")),
+    };
+    match unpriced {
+        Some(m) => Err(ConfigError::new(
+            "cost_per_day",
+            format!("a cost limit needs a price for {m} in `limits.prices`"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A rule's `degrade`; errors name fields relative to it.
+fn compile_degrade(d: RawDegrade) -> Result<Degrade, ConfigError> {
+    if d.max_tokens.is_none() && d.model.is_none() {
+        return Err(ConfigError::new(
+            ".",
+            "names neither `max_tokens` nor `model`",
+        ));
+    }
+    if let Some(n) = d.max_tokens {
+        check::positive("max_tokens", n, "a token cap")?;
+    }
+    if d.model.as_deref() == Some("") {
+        return Err(ConfigError::new("model", "is empty"));
+    }
+    Ok(Degrade {
+        max_tokens: d.max_tokens,
+        model: d.model,
+        until: UNTIL.read(d.until)?,
     })
 }
 

@@ -25,6 +25,7 @@ use serde::Deserialize;
 
 use crate::config::check;
 use crate::config::error::ConfigError;
+use crate::config::setting::{Row, Setting};
 use crate::dialect::Dialect;
 use crate::json::Json;
 
@@ -36,6 +37,18 @@ pub const DEFAULT_SESSION_HEADER: &str = "x-session-id";
 pub const DEFAULT_PREFIX_BYTES: usize = 4096;
 /// Most bytes of each part of the prefix hashed.
 const MAX_PREFIX_BYTES: usize = 1 << 20;
+/// `prefix_bytes`.
+const PREFIX_BYTES: Setting<usize> =
+    Setting::range("prefix_bytes", DEFAULT_PREFIX_BYTES, 1, MAX_PREFIX_BYTES);
+/// `enabled`.
+const ENABLED: Setting<bool> = Setting::any("enabled", true);
+/// The settings of `routing.affinity`.
+pub const SETTINGS: &[&dyn Row] = &[
+    &ENABLED,
+    &Setting::any("session_header", DEFAULT_SESSION_HEADER),
+    &PREFIX_BYTES,
+    &Setting::any("header", DEFAULT_HEADER),
+];
 /// Longest session header value or `prompt_cache_key` taken as a key; a
 /// longer one is hashed up to this many bytes.
 pub const MAX_KEY_BYTES: usize = 1024;
@@ -160,11 +173,10 @@ impl AffinityConfig {
             Some(h) => Some(header_name("header", h)?),
         };
         Ok(Self {
-            enabled: raw.enabled.unwrap_or(true),
+            enabled: ENABLED.or(raw.enabled),
             sources,
             session_header,
-            prefix_bytes: check::field("prefix_bytes", raw.prefix_bytes, DEFAULT_PREFIX_BYTES)
-                .in_range(1..=MAX_PREFIX_BYTES)?,
+            prefix_bytes: PREFIX_BYTES.read(raw.prefix_bytes)?,
             header,
         })
     }

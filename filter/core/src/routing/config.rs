@@ -10,33 +10,79 @@ use super::affinity::{AffinityConfig, RawAffinity};
 use super::fallback::{self, Chains};
 use crate::config::check;
 use crate::config::error::ConfigError;
+use crate::config::setting::{Bound, Setting, Table};
 use crate::priority::Priority;
 
-/// Header that carries the chosen cluster to Envoy's `cluster_header` route.
-pub const DEFAULT_CLUSTER_HEADER: &str = "x-llm-cluster";
-/// Path probed on each cluster: every OpenAI-compatible server answers it cheaply.
-pub const DEFAULT_HEALTH_PATH: &str = "/v1/models";
-
-const DEFAULT_WEIGHT: u32 = 1;
-const DEFAULT_PROBE_INTERVAL_S: u64 = 5;
-const DEFAULT_PROBE_TIMEOUT_MS: u64 = 2_000;
-const DEFAULT_EJECT_AFTER_FAILURES: u32 = 3;
-const DEFAULT_EJECT_S: u64 = 10;
-const DEFAULT_MAX_EJECT_S: u64 = 300;
-const DEFAULT_RAMP_S: u64 = 20;
-const DEFAULT_EWMA_HALF_LIFE_S: f64 = 10.0;
-const DEFAULT_HEDGE_MIN_DELAY_MS: u64 = 250;
-const DEFAULT_HEDGE_MAX_RATIO: f64 = 0.05;
-/// A held call its backend fails retriably goes to another backend.
-const DEFAULT_FAILOVER: bool = true;
+/// `cluster_header`: carries the chosen cluster to Envoy's `cluster_header`
+/// route.
+const CLUSTER_HEADER: Setting<&str> = Setting::any("cluster_header", "x-llm-cluster");
+/// The default `cluster_header`.
+pub const DEFAULT_CLUSTER_HEADER: &str = CLUSTER_HEADER.default;
+/// `health_path`, probed on each cluster: every OpenAI-compatible server
+/// answers it cheaply.
+const HEALTH_PATH: Setting<&str> = Setting::any("health_path", "/v1/models");
+/// The default `health_path`.
+pub const DEFAULT_HEALTH_PATH: &str = HEALTH_PATH.default;
+/// A backend's `weight`.
+const WEIGHT: Setting<u32> = Setting {
+    name: "weight",
+    default: 1,
+    bound: Bound::Positive("weight"),
+};
+/// A backend's `prompt_cache_key`.
+const PROMPT_CACHE_KEY: Setting<bool> = Setting::any("prompt_cache_key", false);
 
 // Upper bounds keep every millisecond conversion far from overflow and reject
 // values that can only be typos.
 const MAX_INTERVAL_S: u64 = 3_600;
-const MAX_PROBE_TIMEOUT_MS: u64 = 60_000;
-const MAX_EJECT_AFTER_FAILURES: u32 = 1_000;
-const MAX_EJECT_S: u64 = 86_400;
-const MIN_HALF_LIFE_S: f64 = 0.1;
+const MAX_EJECT_S_VALUE: u64 = 86_400;
+
+const PROBE_INTERVAL_S: Setting<u64> = Setting::range("probe_interval_s", 5, 1, MAX_INTERVAL_S);
+const PROBE_TIMEOUT_MS: Setting<u64> = Setting::range("probe_timeout_ms", 2_000, 1, 60_000);
+const EJECT_AFTER_FAILURES: Setting<u32> = Setting::range("eject_after_failures", 3, 1, 1_000);
+const EJECT_S: Setting<u64> = Setting::range("eject_s", 10, 1, MAX_EJECT_S_VALUE);
+/// `max_eject_s`: a long first ejection raises the default cap with it.
+const MAX_EJECT_S: Setting<u64> = Setting {
+    name: "max_eject_s",
+    default: 300,
+    bound: Bound::Stated("`eject_s` to 86,400"),
+};
+const RAMP_S: Setting<u64> = Setting::range("ramp_s", 20, 0, MAX_INTERVAL_S);
+const EWMA_HALF_LIFE_S: Setting<f64> = Setting::real(
+    "ewma_half_life_s",
+    10.0,
+    (0.1, false),
+    (MAX_INTERVAL_S as f64, false),
+);
+/// `failover`: a held call its backend fails retriably goes to another
+/// backend.
+const FAILOVER: Setting<bool> = Setting::any("failover", true);
+const HEDGE_MIN_DELAY_MS: Setting<u64> = Setting::range("min_delay_ms", 250, 1, 60_000);
+const HEDGE_MAX_RATIO: Setting<f64> = Setting::fraction("max_ratio", 0.05);
+
+/// The section's settings.
+pub const SETTINGS: Table = &[
+    (
+        "routing",
+        &[
+            &CLUSTER_HEADER,
+            &PROBE_INTERVAL_S,
+            &PROBE_TIMEOUT_MS,
+            &EJECT_AFTER_FAILURES,
+            &EJECT_S,
+            &MAX_EJECT_S,
+            &RAMP_S,
+            &EWMA_HALF_LIFE_S,
+            &FAILOVER,
+        ],
+    ),
+    (
+        "routing.models.<>[]",
+        &[&WEIGHT, &HEALTH_PATH, &PROMPT_CACHE_KEY],
+    ),
+    ("routing.hedge", &[&HEDGE_MIN_DELAY_MS, &HEDGE_MAX_RATIO]),
+    ("routing.affinity", super::affinity::SETTINGS),
+];
 
 /// `routing` as written.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -287,53 +333,19 @@ impl RoutingConfig {
     /// Compiles the section, one error per broken invariant, naming the field
     /// relative to the section (`models.gpt-4o[1].weight`) and the bad value.
     pub fn compile(raw: RawRoutingConfig) -> Result<Self, ConfigError> {
-        let cluster_header = match raw.cluster_header.as_deref() {
-            None => DEFAULT_CLUSTER_HEADER,
-            Some(h) if check::is_header_name(h) => h,
-            Some(h) => {
-                return Err(ConfigError::new(
-                    "cluster_header",
-                    format!("{h:?} is not a lowercase HTTP header name"),
-                ))
-            }
-        }
-        .to_string();
+        let cluster_header = compile_cluster_header(raw.cluster_header)?;
         // Health: probes, ejection, averaging.
-        let probe_interval_s = check::field(
-            "probe_interval_s",
-            raw.probe_interval_s,
-            DEFAULT_PROBE_INTERVAL_S,
-        )
-        .in_range(1..=MAX_INTERVAL_S)?;
-        let probe_timeout_ms = check::field(
-            "probe_timeout_ms",
-            raw.probe_timeout_ms,
-            DEFAULT_PROBE_TIMEOUT_MS,
-        )
-        .in_range(1..=MAX_PROBE_TIMEOUT_MS)?;
-        let eject_after_failures = check::field(
-            "eject_after_failures",
-            raw.eject_after_failures,
-            DEFAULT_EJECT_AFTER_FAILURES,
-        )
-        .in_range(1..=MAX_EJECT_AFTER_FAILURES)?;
-        let eject_s =
-            check::field("eject_s", raw.eject_s, DEFAULT_EJECT_S).in_range(1..=MAX_EJECT_S)?;
-        // A long first ejection raises the default cap with it.
-        let max_eject_s = check::field(
-            "max_eject_s",
-            raw.max_eject_s,
-            DEFAULT_MAX_EJECT_S.max(eject_s),
-        )
-        .in_range(eject_s..=MAX_EJECT_S)?;
-        let ramp_s =
-            check::field("ramp_s", raw.ramp_s, DEFAULT_RAMP_S).in_range(0..=MAX_INTERVAL_S)?;
-        let half_life_s = check::field(
-            "ewma_half_life_s",
-            raw.ewma_half_life_s,
-            DEFAULT_EWMA_HALF_LIFE_S,
-        )
-        .real_in(MIN_HALF_LIFE_S..=MAX_INTERVAL_S as f64)?;
+        let probe_interval_s = PROBE_INTERVAL_S.read(raw.probe_interval_s)?;
+        let probe_timeout_ms = PROBE_TIMEOUT_MS.read(raw.probe_timeout_ms)?;
+        let eject_after_failures = EJECT_AFTER_FAILURES.read(raw.eject_after_failures)?;
+        let eject_s = EJECT_S.read(raw.eject_s)?;
+        let max_eject_s = check::in_range(
+            MAX_EJECT_S.name,
+            raw.max_eject_s.unwrap_or(MAX_EJECT_S.default.max(eject_s)),
+            eject_s..=MAX_EJECT_S_VALUE,
+        )?;
+        let ramp_s = RAMP_S.read(raw.ramp_s)?;
+        let half_life_s = EWMA_HALF_LIFE_S.read(raw.ewma_half_life_s)?;
         // Hedging, then the model table and the rules that pick in it.
         let hedge = HedgeConfig::compile(raw.hedge).map_err(|e| e.within("hedge"))?;
         let affinity = AffinityConfig::compile(raw.affinity).map_err(|e| e.within("affinity"))?;
@@ -354,7 +366,7 @@ impl RoutingConfig {
             ramp_ms: ramp_s.saturating_mul(1_000),
             ewma_half_life_ms: half_life_s * 1_000.0,
             rules,
-            failover: raw.failover.unwrap_or(DEFAULT_FAILOVER),
+            failover: FAILOVER.or(raw.failover),
             hedge,
             affinity,
             fallbacks,
@@ -373,18 +385,24 @@ impl HedgeConfig {
     /// priority or caps hedges at 0. Errors name fields relative to it.
     pub fn compile(raw: RawHedge) -> Result<Option<Self>, ConfigError> {
         let hedge = Self {
-            min_delay_ms: check::field(
-                "min_delay_ms",
-                raw.min_delay_ms,
-                DEFAULT_HEDGE_MIN_DELAY_MS,
-            )
-            .in_range(1..=MAX_PROBE_TIMEOUT_MS)?,
-            max_ratio: check::field("max_ratio", raw.max_ratio, DEFAULT_HEDGE_MAX_RATIO)
-                .fraction()?,
+            min_delay_ms: HEDGE_MIN_DELAY_MS.read(raw.min_delay_ms)?,
+            max_ratio: HEDGE_MAX_RATIO.read(raw.max_ratio)?,
             priorities: raw.priorities.unwrap_or_else(|| Priority::ALL.to_vec()),
         };
         Ok((!hedge.priorities.is_empty() && hedge.max_ratio > 0.0).then_some(hedge))
     }
+}
+
+/// `cluster_header`: a lowercase header name.
+fn compile_cluster_header(raw: Option<String>) -> Result<String, ConfigError> {
+    let header = CLUSTER_HEADER.or_string(raw);
+    if !check::is_header_name(&header) {
+        return Err(ConfigError::new(
+            CLUSTER_HEADER.name,
+            format!("{header:?} is not a lowercase HTTP header name"),
+        ));
+    }
+    Ok(header)
 }
 
 type Models = BTreeMap<String, Vec<Backend>>;
@@ -429,8 +447,7 @@ fn compile_backend(
     probes: &mut Probes,
 ) -> Result<Backend, ConfigError> {
     check_cluster(&format!("{at}.cluster"), &b.cluster, siblings)?;
-    let weight =
-        check::field(&format!("{at}.weight"), b.weight, DEFAULT_WEIGHT).positive("weight")?;
+    let weight = WEIGHT.read(b.weight).map_err(|e| e.within(at))?;
     if let Some(m) = b.model.as_ref().filter(|m| !check::is_name(m)) {
         return Err(ConfigError::new(
             format!("{at}.model"),
@@ -460,7 +477,7 @@ fn compile_backend(
         weight,
         model: b.model,
         authority: None,
-        prompt_cache_key: b.prompt_cache_key.unwrap_or(false),
+        prompt_cache_key: PROMPT_CACHE_KEY.or(b.prompt_cache_key),
     })
 }
 
@@ -543,9 +560,7 @@ impl Probes {
                 ClusterTarget {
                     cluster,
                     authority: m.authority,
-                    health_path: m
-                        .health_path
-                        .unwrap_or_else(|| DEFAULT_HEALTH_PATH.to_string()),
+                    health_path: HEALTH_PATH.or_string(m.health_path),
                     metrics_path: m.metrics_path,
                 }
             })

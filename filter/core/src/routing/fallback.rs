@@ -128,69 +128,82 @@ pub fn compile(raw: &Value, routed: &dyn Fn(&str) -> bool) -> Result<Chains, Con
         return Err(ConfigError::new(".", "is not an object of model → chain"));
     };
     for (model, chain) in chains {
-        let at = |field: &str| format!("{model}.{field}");
-        if !routed(model) {
-            return Err(ConfigError::new(
-                model.clone(),
-                "is not a model of routing.models",
-            ));
-        }
-        let Some(fields) = chain.as_object() else {
-            return Err(ConfigError::new(
-                model.clone(),
-                "is not an object with `to`",
-            ));
-        };
-        if let Some(unknown) = fields.keys().find(|k| !matches!(k.as_str(), "on" | "to")) {
-            return Err(ConfigError::new(
-                at(unknown),
-                "unknown field, expected `on` or `to`",
-            ));
-        }
-        let to = strings(fields.get("to"))
-            .ok_or_else(|| ConfigError::new(at("to"), "is not a list of model names"))?;
-        if to.is_empty() || to.len() > MAX_CHAIN {
-            return Err(ConfigError::new(
-                at("to"),
-                format!("names 1 to {MAX_CHAIN} models"),
-            ));
-        }
-        for (i, next) in to.iter().enumerate() {
-            if !routed(next) || next == model || to.get(..i).is_some_and(|s| s.contains(next)) {
-                return Err(ConfigError::new(
-                    format!("{model}.to[{i}]"),
-                    format!("{next:?} is not another model of routing.models, or is named twice"),
-                ));
-            }
-        }
-        let mut on = match fields.get("on") {
-            None => ErrorClass::ALL.to_vec(),
-            Some(v) => {
-                let names = strings(Some(v))
-                    .ok_or_else(|| ConfigError::new(at("on"), "is not a list of error classes"))?;
-                let mut on = Vec::new();
-                for name in names {
-                    let class = ErrorClass::ALL.into_iter().find(|c| c.as_str() == name);
-                    on.push(class.ok_or_else(|| {
-                        ConfigError::new(
-                            at("on"),
-                            format!(
-                                "{name:?} is not `context_length`, `quota` or `model_not_found`"
-                            ),
-                        )
-                    })?);
-                }
-                on
-            }
-        };
-        if on.is_empty() {
-            return Err(ConfigError::new(at("on"), "names no error class"));
-        }
-        on.sort();
-        on.dedup();
-        out.insert(model.clone(), Chain { on, to });
+        out.insert(model.clone(), compile_chain(model, chain, routed)?);
     }
     Ok(out)
+}
+
+/// The chain of `model`: an object of `to` and `on` only.
+fn compile_chain(
+    model: &str,
+    chain: &Value,
+    routed: &dyn Fn(&str) -> bool,
+) -> Result<Chain, ConfigError> {
+    if !routed(model) {
+        return Err(ConfigError::new(model, "is not a model of routing.models"));
+    }
+    let Some(fields) = chain.as_object() else {
+        return Err(ConfigError::new(model, "is not an object with `to`"));
+    };
+    if let Some(unknown) = fields.keys().find(|k| !matches!(k.as_str(), "on" | "to")) {
+        return Err(ConfigError::new(
+            format!("{model}.{unknown}"),
+            "unknown field, expected `on` or `to`",
+        ));
+    }
+    let to = compile_to(model, fields.get("to"), routed)?;
+    let on = compile_on(&format!("{model}.on"), fields.get("on"))?;
+    Ok(Chain { on, to })
+}
+
+/// `to`: 1 to [`MAX_CHAIN`] other routed models, each once.
+fn compile_to(
+    model: &str,
+    to: Option<&Value>,
+    routed: &dyn Fn(&str) -> bool,
+) -> Result<Vec<String>, ConfigError> {
+    let field = format!("{model}.to");
+    let to = strings(to).ok_or_else(|| ConfigError::new(&field, "is not a list of model names"))?;
+    if to.is_empty() || to.len() > MAX_CHAIN {
+        return Err(ConfigError::new(
+            field,
+            format!("names 1 to {MAX_CHAIN} models"),
+        ));
+    }
+    for (i, next) in to.iter().enumerate() {
+        if !routed(next) || next == model || to.get(..i).is_some_and(|s| s.contains(next)) {
+            return Err(ConfigError::new(
+                format!("{field}[{i}]"),
+                format!("{next:?} is not another model of routing.models, or is named twice"),
+            ));
+        }
+    }
+    Ok(to)
+}
+
+/// `on`: error classes, all three by default, sorted and each once.
+fn compile_on(field: &str, on: Option<&Value>) -> Result<Vec<ErrorClass>, ConfigError> {
+    let Some(v) = on else {
+        return Ok(ErrorClass::ALL.to_vec());
+    };
+    let names = strings(Some(v))
+        .ok_or_else(|| ConfigError::new(field, "is not a list of error classes"))?;
+    let mut on = Vec::with_capacity(names.len());
+    for name in names {
+        let class = ErrorClass::ALL.into_iter().find(|c| c.as_str() == name);
+        on.push(class.ok_or_else(|| {
+            ConfigError::new(
+                field,
+                format!("{name:?} is not `context_length`, `quota` or `model_not_found`"),
+            )
+        })?);
+    }
+    if on.is_empty() {
+        return Err(ConfigError::new(field, "names no error class"));
+    }
+    on.sort();
+    on.dedup();
+    Ok(on)
 }
 
 /// The strings of a JSON list; `None` when it is not one of strings.

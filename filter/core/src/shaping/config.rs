@@ -7,8 +7,21 @@ use serde::Deserialize;
 use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::config::per_priority::RawPerPriority;
+use crate::config::setting::{Named, Setting, Table};
 use crate::dialect::Dialect;
 use crate::priority::Priority;
+
+/// `max_tokens_field`.
+const MAX_TOKENS_FIELD: Named<TokenField> = Named {
+    name: "max_tokens_field",
+    default: TokenField::MaxTokens,
+    spell: TokenField::as_str,
+};
+/// `calibrate_estimate`.
+const CALIBRATE_ESTIMATE: Setting<bool> = Setting::any("calibrate_estimate", true);
+
+/// The section's settings.
+pub const SETTINGS: Table = &[("shaping", &[&CALIBRATE_ESTIMATE, &MAX_TOKENS_FIELD])];
 
 /// `shaping` as written by the operator (also an A/B group's `overrides.shaping`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -124,8 +137,8 @@ impl Default for ShapingConfig {
     fn default() -> Self {
         Self {
             limits: Default::default(),
-            field: TokenField::default(),
-            calibrate: true,
+            field: MAX_TOKENS_FIELD.default,
+            calibrate: CALIBRATE_ESTIMATE.default,
         }
     }
 }
@@ -147,8 +160,8 @@ impl ShapingConfig {
         }
         Ok(Self {
             limits,
-            field: raw.max_tokens_field.unwrap_or_default(),
-            calibrate: raw.calibrate_estimate.unwrap_or(true),
+            field: MAX_TOKENS_FIELD.default_or(raw.max_tokens_field),
+            calibrate: CALIBRATE_ESTIMATE.or(raw.calibrate_estimate),
         })
     }
 

@@ -8,29 +8,54 @@ use serde::Deserialize;
 use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::config::service::{Defaults, Service};
+use crate::config::setting::{Setting, Table};
 
-/// Default `batch_size`: spans per export.
-pub const DEFAULT_BATCH_SIZE: u32 = 128;
-/// Largest `batch_size`.
-const MAX_BATCH_SIZE: u32 = 2_048;
-/// Default `interval_ms`: a span waits at most this long for its batch.
-pub const DEFAULT_INTERVAL_MS: u64 = 2_000;
-/// Default `max_queue`: spans a worker holds; beyond, new ones are dropped.
-pub const DEFAULT_MAX_QUEUE: u32 = 2_048;
-/// Largest `max_queue`.
-const MAX_MAX_QUEUE: u32 = 65_536;
-/// Default wait for the collector's answer, ms.
-pub const DEFAULT_TIMEOUT_MS: u64 = 5_000;
-/// Default `service_name`.
-pub const DEFAULT_SERVICE_NAME: &str = "llm-filter";
-/// Default `max_queue_bytes`: the bytes of the spans a worker holds.
-pub const DEFAULT_MAX_QUEUE_BYTES: usize = 4 << 20;
-/// Smallest and largest `max_queue_bytes`.
-const QUEUE_BYTES_RANGE: std::ops::RangeInclusive<usize> = (64 << 10)..=(64 << 20);
-/// Default `tracing.capture.max_bytes`: the longest captured attribute.
-pub const DEFAULT_CAPTURE_BYTES: usize = 4_096;
-/// Largest `tracing.capture.max_bytes`.
-pub const MAX_CAPTURE_BYTES: usize = 65_536;
+/// `path` of the exports.
+const PATH: Setting<&str> = Setting::any("path", "/v1/traces");
+/// `timeout_ms`: the wait for the collector's answer.
+const TIMEOUT_MS: Setting<u64> = Setting::range("timeout_ms", 5_000, 1, 60_000);
+/// `batch_size`: spans per export.
+const BATCH_SIZE: Setting<u32> = Setting::range("batch_size", 128, 1, 2_048);
+/// `interval_ms`: a span waits at most this long for its batch.
+const INTERVAL_MS: Setting<u64> = Setting::range("interval_ms", 2_000, 100, 60_000);
+/// `max_queue`: spans a worker holds; beyond, new ones are dropped.
+const MAX_QUEUE: Setting<u32> = Setting::range("max_queue", 2_048, 1, 65_536);
+/// `sample_ratio`: share of new traces sampled.
+const SAMPLE_RATIO: Setting<f64> = Setting::fraction("sample_ratio", 1.0);
+/// `service_name`.
+const SERVICE_NAME: Setting<&str> = Setting::any("service_name", "llm-filter");
+/// `max_queue_bytes`: the bytes of the spans a worker holds.
+const MAX_QUEUE_BYTES: Setting<usize> =
+    Setting::range("max_queue_bytes", 4 << 20, 64 << 10, 64 << 20);
+/// `tracing.capture.prompt`.
+const PROMPT: Setting<bool> = Setting::any("prompt", false);
+/// `tracing.capture.completion`.
+const COMPLETION: Setting<bool> = Setting::any("completion", false);
+/// `tracing.capture.max_bytes`: the longest captured attribute.
+const MAX_BYTES: Setting<usize> = Setting::range("max_bytes", 4_096, 64, 65_536);
+/// `tracing.capture.redact_builtins`.
+const REDACT_BUILTINS: Setting<bool> = Setting::any("redact_builtins", true);
+
+/// The settings of the export and of the capture.
+pub const SETTINGS: Table = &[
+    (
+        "tracing.otlp",
+        &[
+            &PATH,
+            &TIMEOUT_MS,
+            &BATCH_SIZE,
+            &INTERVAL_MS,
+            &MAX_QUEUE,
+            &SAMPLE_RATIO,
+            &SERVICE_NAME,
+            &MAX_QUEUE_BYTES,
+        ],
+    ),
+    (
+        "tracing.capture",
+        &[&PROMPT, &COMPLETION, &MAX_BYTES, &REDACT_BUILTINS],
+    ),
+];
 /// Most `tracing.capture.redact` patterns, and the longest one.
 const MAX_PATTERNS: usize = 32;
 const MAX_PATTERN_BYTES: usize = 128;
@@ -91,24 +116,19 @@ impl OtlpConfig {
         let service = Service::compile(
             crate::raw_service!(raw),
             Defaults {
-                path: "/v1/traces",
-                timeout_ms: DEFAULT_TIMEOUT_MS,
-                max_timeout_ms: 60_000,
+                path: PATH,
+                timeout: TIMEOUT_MS,
             },
         )?;
-        let batch_size = check::field("batch_size", raw.batch_size, DEFAULT_BATCH_SIZE)
-            .in_range(1..=MAX_BATCH_SIZE)?;
-        let max_queue = check::field("max_queue", raw.max_queue, DEFAULT_MAX_QUEUE)
-            .in_range(1..=MAX_MAX_QUEUE)?;
+        let batch_size = BATCH_SIZE.read(raw.batch_size)?;
+        let max_queue = MAX_QUEUE.read(raw.max_queue)?;
         if max_queue < batch_size {
             return Err(ConfigError::new(
                 "max_queue",
                 format!("{max_queue} holds less than one batch ({batch_size})"),
             ));
         }
-        let service_name = raw
-            .service_name
-            .unwrap_or_else(|| DEFAULT_SERVICE_NAME.to_string());
+        let service_name = SERVICE_NAME.or_string(raw.service_name);
         if !check::is_name(&service_name) {
             return Err(ConfigError::new(
                 "service_name",
@@ -118,17 +138,11 @@ impl OtlpConfig {
         Ok(Self {
             service,
             batch_size,
-            interval_ms: check::field("interval_ms", raw.interval_ms, DEFAULT_INTERVAL_MS)
-                .in_range(100..=60_000)?,
+            interval_ms: INTERVAL_MS.read(raw.interval_ms)?,
             max_queue,
-            sample_ratio: check::field("sample_ratio", raw.sample_ratio, 1.0).fraction()?,
+            sample_ratio: SAMPLE_RATIO.read(raw.sample_ratio)?,
             service_name,
-            max_queue_bytes: check::field(
-                "max_queue_bytes",
-                raw.max_queue_bytes,
-                DEFAULT_MAX_QUEUE_BYTES,
-            )
-            .in_range(QUEUE_BYTES_RANGE)?,
+            max_queue_bytes: MAX_QUEUE_BYTES.read(raw.max_queue_bytes)?,
         })
     }
 }
@@ -172,9 +186,9 @@ impl Default for CaptureConfig {
         Self {
             prompt: false,
             completion: false,
-            max_bytes: DEFAULT_CAPTURE_BYTES,
+            max_bytes: MAX_BYTES.default,
             redact: Vec::new(),
-            redact_builtins: true,
+            redact_builtins: REDACT_BUILTINS.default,
         }
     }
 }
@@ -201,12 +215,11 @@ impl CaptureConfig {
             }
         }
         Ok(Self {
-            prompt: raw.prompt.unwrap_or(false),
-            completion: raw.completion.unwrap_or(false),
-            max_bytes: check::field("max_bytes", raw.max_bytes, DEFAULT_CAPTURE_BYTES)
-                .in_range(64..=MAX_CAPTURE_BYTES)?,
+            prompt: PROMPT.or(raw.prompt),
+            completion: COMPLETION.or(raw.completion),
+            max_bytes: MAX_BYTES.read(raw.max_bytes)?,
             redact,
-            redact_builtins: raw.redact_builtins.unwrap_or(true),
+            redact_builtins: REDACT_BUILTINS.or(raw.redact_builtins),
         })
     }
 

@@ -4,35 +4,48 @@
 
 use serde::Deserialize;
 
-use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::config::service::{Defaults, Service};
+use crate::config::setting::{Row, Setting};
 
-/// Default least cosine similarity of a reworded repeat.
-pub const DEFAULT_THRESHOLD: f64 = 0.95;
-/// Default vectors kept per context group.
-pub const DEFAULT_MAX_PER_CONTEXT: u32 = 256;
 /// Most vectors per context group: a lookup scans all of one group.
 pub const MAX_PER_CONTEXT: u32 = 4_096;
-/// Default number of context group slots.
-pub const DEFAULT_MAX_CONTEXTS: u32 = 64;
 /// Most context group slots.
 pub const MAX_CONTEXTS: u32 = 65_536;
-/// Default longest vector kept (OpenAI's `text-embedding-3-small`, 1536).
-pub const DEFAULT_MAX_DIMENSIONS: u32 = 1_536;
 /// Longest vector any setting allows.
 pub const MAX_DIMENSIONS: u32 = 8_192;
-/// Default wait for the embedding, ms: a semantic lookup may slow a call by
-/// this much, never more.
-pub const DEFAULT_TIMEOUT_MS: u64 = 50;
-/// Longest wait for the embedding, ms.
-pub const MAX_TIMEOUT_MS: u64 = 10_000;
-/// Default path of the embeddings service.
-pub const DEFAULT_PATH: &str = "/v1/embeddings";
-/// Most text embedded: longer questions are left to the exact cache.
-pub const DEFAULT_MAX_TEXT_BYTES: u32 = 8_192;
 /// Longest `max_text_bytes`.
 pub const MAX_TEXT_BYTES: u32 = 1 << 20;
+/// `threshold`: the least cosine similarity of a reworded repeat.
+const THRESHOLD: Setting<f64> = Setting::real("threshold", 0.95, (0.0, true), (1.0, false));
+/// `max_per_context`: vectors kept per context group.
+const MAX_PER_CONTEXT_SETTING: Setting<u32> =
+    Setting::range("max_per_context", 256, 1, MAX_PER_CONTEXT);
+/// `max_contexts`: context group slots.
+const MAX_CONTEXTS_SETTING: Setting<u32> = Setting::range("max_contexts", 64, 1, MAX_CONTEXTS);
+/// `max_dimensions`: the longest vector kept (OpenAI's
+/// `text-embedding-3-small`, 1536).
+const MAX_DIMENSIONS_SETTING: Setting<u32> =
+    Setting::range("max_dimensions", 1_536, 1, MAX_DIMENSIONS);
+/// `max_text_bytes`: longer questions are left to the exact cache.
+const MAX_TEXT_BYTES_SETTING: Setting<u32> =
+    Setting::range("max_text_bytes", 8_192, 1, MAX_TEXT_BYTES);
+/// `embeddings.path`.
+const PATH: Setting<&str> = Setting::any("path", "/v1/embeddings");
+/// `embeddings.timeout_ms`: a semantic lookup may slow a call by this much,
+/// never more.
+const TIMEOUT_MS: Setting<u64> = Setting::range("timeout_ms", 50, 1, 10_000);
+
+/// The section's settings.
+pub const SETTINGS: &[&dyn Row] = &[
+    &THRESHOLD,
+    &MAX_PER_CONTEXT_SETTING,
+    &MAX_CONTEXTS_SETTING,
+    &MAX_DIMENSIONS_SETTING,
+    &MAX_TEXT_BYTES_SETTING,
+];
+/// The embeddings service's settings.
+pub const EMBEDDINGS: &[&dyn Row] = &[&PATH, &TIMEOUT_MS];
 
 /// `cache.semantic` as written.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -106,28 +119,11 @@ impl SemanticConfig {
             EmbeddingsConfig::compile(embeddings).map_err(|e| e.within("embeddings"))?;
         Ok(Self {
             embeddings,
-            threshold: check::field("threshold", raw.threshold, DEFAULT_THRESHOLD)
-                .positive_fraction()?,
-            max_per_context: check::field(
-                "max_per_context",
-                raw.max_per_context,
-                DEFAULT_MAX_PER_CONTEXT,
-            )
-            .in_range(1..=MAX_PER_CONTEXT)?,
-            max_contexts: check::field("max_contexts", raw.max_contexts, DEFAULT_MAX_CONTEXTS)
-                .in_range(1..=MAX_CONTEXTS)?,
-            max_dimensions: check::field(
-                "max_dimensions",
-                raw.max_dimensions,
-                DEFAULT_MAX_DIMENSIONS,
-            )
-            .in_range(1..=MAX_DIMENSIONS)?,
-            max_text_bytes: check::field(
-                "max_text_bytes",
-                raw.max_text_bytes,
-                DEFAULT_MAX_TEXT_BYTES,
-            )
-            .in_range(1..=MAX_TEXT_BYTES)?,
+            threshold: THRESHOLD.read(raw.threshold)?,
+            max_per_context: MAX_PER_CONTEXT_SETTING.read(raw.max_per_context)?,
+            max_contexts: MAX_CONTEXTS_SETTING.read(raw.max_contexts)?,
+            max_dimensions: MAX_DIMENSIONS_SETTING.read(raw.max_dimensions)?,
+            max_text_bytes: MAX_TEXT_BYTES_SETTING.read(raw.max_text_bytes)?,
         })
     }
 }
@@ -138,9 +134,8 @@ impl EmbeddingsConfig {
         let service = Service::compile(
             crate::raw_service!(raw),
             Defaults {
-                path: DEFAULT_PATH,
-                timeout_ms: DEFAULT_TIMEOUT_MS,
-                max_timeout_ms: MAX_TIMEOUT_MS,
+                path: PATH,
+                timeout: TIMEOUT_MS,
             },
         )?;
         let model =

@@ -8,18 +8,41 @@ use serde::Deserialize;
 use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::config::service::{query_escape, Defaults, Service};
+use crate::config::setting::{Derived, Row, Setting};
 use crate::load::Signal;
 
-/// Default `interval_s` of Alertmanager's pull.
-pub const DEFAULT_ALERTMANAGER_INTERVAL_S: u64 = 10;
-/// Default `interval_s` of Prometheus's pull.
-pub const DEFAULT_PROMETHEUS_INTERVAL_S: u64 = 15;
-/// Longest `interval_s`: an hour.
-const MAX_INTERVAL_S: u64 = 3_600;
-/// Default wait for a source's answer, ms.
-pub const DEFAULT_TIMEOUT_MS: u64 = 2_000;
-/// Longest wait, ms (never more than the interval either).
-const MAX_TIMEOUT_MS: u64 = 60_000;
+/// `alertmanager.path`.
+const ALERTMANAGER_PATH: Setting<&str> = Setting::any("path", "/api/v2/alerts");
+/// `prometheus.path`.
+const PROMETHEUS_PATH: Setting<&str> = Setting::any("path", "/api/v1/query");
+/// `interval_s` of Alertmanager's pull; at most an hour.
+const ALERTMANAGER_INTERVAL_S: Setting<u64> = Setting::range("interval_s", 10, 1, 3_600);
+/// `interval_s` of Prometheus's pull.
+const PROMETHEUS_INTERVAL_S: Setting<u64> = Setting::range("interval_s", 15, 1, 3_600);
+/// `timeout_ms`: the wait for a source's answer (never as long as the
+/// interval either).
+const TIMEOUT_MS: Setting<u64> = Setting::range("timeout_ms", 2_000, 1, 60_000);
+/// `stale_after_s`: three intervals by default, at most three of the
+/// longest.
+const STALE_AFTER_S: Setting<u64> = Setting::range("stale_after_s", 0, 1, 3 * 3_600);
+/// Its row: the default is derived.
+const STALE_AFTER_S_ROW: Derived<u64> = Derived {
+    setting: STALE_AFTER_S,
+    default: "three intervals",
+};
+/// `model_label`.
+const MODEL_LABEL: Setting<&str> = Setting::any("model_label", DEFAULT_MODEL_LABEL);
+
+/// Alertmanager's settings.
+pub const ALERTMANAGER: &[&dyn Row] = &[&ALERTMANAGER_PATH, &TIMEOUT_MS, &ALERTMANAGER_INTERVAL_S];
+/// Prometheus's settings.
+pub const PROMETHEUS: &[&dyn Row] = &[
+    &PROMETHEUS_PATH,
+    &TIMEOUT_MS,
+    &PROMETHEUS_INTERVAL_S,
+    &STALE_AFTER_S_ROW,
+    &MODEL_LABEL,
+];
 /// Most `filters` of Alertmanager's pull.
 const MAX_FILTERS: usize = 16;
 /// Longest filter, receiver or query, bytes.
@@ -113,12 +136,10 @@ pub struct PrometheusSource {
 /// so one pull ends before the next is due.
 fn interval_and_timeout(
     interval_s: Option<u64>,
-    default_interval_s: u64,
+    interval: Setting<u64>,
     timeout_ms: u64,
 ) -> Result<u64, ConfigError> {
-    let interval_ms = check::field("interval_s", interval_s, default_interval_s)
-        .in_range(1..=MAX_INTERVAL_S)?
-        * 1000;
+    let interval_ms = interval.read(interval_s)? * 1000;
     if timeout_ms >= interval_ms {
         return Err(ConfigError::new(
             "timeout_ms",
@@ -153,16 +174,12 @@ impl AlertmanagerSource {
         let service = Service::compile(
             crate::raw_service!(raw),
             Defaults {
-                path: "/api/v2/alerts",
-                timeout_ms: DEFAULT_TIMEOUT_MS,
-                max_timeout_ms: MAX_TIMEOUT_MS,
+                path: ALERTMANAGER_PATH,
+                timeout: TIMEOUT_MS,
             },
         )?;
-        let interval_ms = interval_and_timeout(
-            raw.interval_s,
-            DEFAULT_ALERTMANAGER_INTERVAL_S,
-            service.timeout_ms,
-        )?;
+        let interval_ms =
+            interval_and_timeout(raw.interval_s, ALERTMANAGER_INTERVAL_S, service.timeout_ms)?;
         let filters = raw.filters.unwrap_or_default();
         check::at_most("filters", &filters, MAX_FILTERS, "filters")?;
         let mut query =
@@ -187,73 +204,77 @@ impl AlertmanagerSource {
     }
 }
 
+/// `stale_after_s`, three intervals unless written, never shorter than one.
+fn stale_after_ms(written: Option<u64>, interval_ms: u64) -> Result<u64, ConfigError> {
+    let stale_after_s = written.unwrap_or(interval_ms * 3 / 1000);
+    let stale_after_ms = STALE_AFTER_S.check(stale_after_s)? * 1000;
+    if stale_after_ms < interval_ms {
+        return Err(ConfigError::new(
+            "stale_after_s",
+            "is shorter than the interval: every reading would be stale before the next",
+        ));
+    }
+    Ok(stale_after_ms)
+}
+
+/// `queries`: each signal's query (its default unless written, none when
+/// written empty) as the `:path` that asks it; at least one.
+fn compile_queries(
+    mut written: BTreeMap<String, String>,
+    path: &str,
+) -> Result<Vec<(Signal, String)>, ConfigError> {
+    let mut queries = Vec::with_capacity(3);
+    for (signal, default) in [
+        (Signal::Rps, DEFAULT_RPS_QUERY),
+        (Signal::TokensPerS, DEFAULT_TOKENS_QUERY),
+        (Signal::InFlight, DEFAULT_IN_FLIGHT_QUERY),
+    ] {
+        let query = written
+            .remove(signal.as_str())
+            .unwrap_or_else(|| default.to_string());
+        if query.is_empty() {
+            continue;
+        }
+        expression(&format!("queries.{}", signal.as_str()), &query)?;
+        let sep = if path.contains('?') { '&' } else { '?' };
+        queries.push((signal, format!("{path}{sep}query={}", query_escape(&query))));
+    }
+    if let Some(other) = written.keys().next() {
+        return Err(ConfigError::new(
+            format!("queries.{other}"),
+            "is not a signal: rps, tokens_per_s or in_flight",
+        ));
+    }
+    if queries.is_empty() {
+        return Err(ConfigError::new(
+            "queries",
+            "every query is empty: nothing would be read",
+        ));
+    }
+    Ok(queries)
+}
+
 impl PrometheusSource {
     /// Compiles the section; errors name fields relative to it.
     pub fn compile(raw: RawPrometheus) -> Result<Self, ConfigError> {
         let service = Service::compile(
             crate::raw_service!(raw),
             Defaults {
-                path: "/api/v1/query",
-                timeout_ms: DEFAULT_TIMEOUT_MS,
-                max_timeout_ms: MAX_TIMEOUT_MS,
+                path: PROMETHEUS_PATH,
+                timeout: TIMEOUT_MS,
             },
         )?;
-        let interval_ms = interval_and_timeout(
-            raw.interval_s,
-            DEFAULT_PROMETHEUS_INTERVAL_S,
-            service.timeout_ms,
-        )?;
-        let stale_after_ms =
-            check::field("stale_after_s", raw.stale_after_s, interval_ms * 3 / 1000)
-                .in_range(1..=MAX_INTERVAL_S * 3)?
-                * 1000;
-        if stale_after_ms < interval_ms {
-            return Err(ConfigError::new(
-                "stale_after_s",
-                "is shorter than the interval: every reading would be stale before the next",
-            ));
-        }
-        let model_label = raw
-            .model_label
-            .unwrap_or_else(|| DEFAULT_MODEL_LABEL.to_string());
+        let interval_ms =
+            interval_and_timeout(raw.interval_s, PROMETHEUS_INTERVAL_S, service.timeout_ms)?;
+        let stale_after_ms = stale_after_ms(raw.stale_after_s, interval_ms)?;
+        let model_label = MODEL_LABEL.or_string(raw.model_label);
         if !is_prometheus_label(&model_label) {
             return Err(ConfigError::new(
                 "model_label",
                 format!("{model_label:?} is not a Prometheus label name"),
             ));
         }
-        let mut written = raw.queries.unwrap_or_default();
-        let mut queries = Vec::with_capacity(3);
-        for (signal, default) in [
-            (Signal::Rps, DEFAULT_RPS_QUERY),
-            (Signal::TokensPerS, DEFAULT_TOKENS_QUERY),
-            (Signal::InFlight, DEFAULT_IN_FLIGHT_QUERY),
-        ] {
-            let query = written
-                .remove(signal.as_str())
-                .unwrap_or_else(|| default.to_string());
-            if query.is_empty() {
-                continue;
-            }
-            expression(&format!("queries.{}", signal.as_str()), &query)?;
-            let sep = if service.path.contains('?') { '&' } else { '?' };
-            queries.push((
-                signal,
-                format!("{}{sep}query={}", service.path, query_escape(&query)),
-            ));
-        }
-        if let Some(other) = written.keys().next() {
-            return Err(ConfigError::new(
-                format!("queries.{other}"),
-                "is not a signal: rps, tokens_per_s or in_flight",
-            ));
-        }
-        if queries.is_empty() {
-            return Err(ConfigError::new(
-                "queries",
-                "every query is empty: nothing would be read",
-            ));
-        }
+        let queries = compile_queries(raw.queries.unwrap_or_default(), &service.path)?;
         Ok(Self {
             service,
             interval_ms,
