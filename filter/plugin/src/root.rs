@@ -50,7 +50,7 @@ pub struct Root {
     /// hands their answers to this context, which passes them on.
     callouts: HashMap<u32, ParkedCall>,
     /// The count of the filter's shared-data keys and bytes in progress.
-    census: Census,
+    census: Census<Config>,
     /// When the load and degrade level gauges were last set, ms.
     load_published_ms: u64,
 }
@@ -362,7 +362,9 @@ impl RootContext for Root {
         self.probe(&worker);
         self.pull(&worker);
         self.export_spans(&worker);
-        let counted = self.census.step(&EnvoyStore, now_ms(), KEYS_PER_STEP);
+        let counted = self
+            .census
+            .step(&EnvoyStore, &worker.config, now_ms(), KEYS_PER_STEP);
         if let Some(footprint) = counted {
             worker.with_metrics(|m| keyspace::publish(&footprint, m));
         }

@@ -3,11 +3,9 @@
 //! keys and bytes of a [`Plan`] at a low rate, a few keys per timer tick, for
 //! the `llm_filter_shared_data_keys` and `llm_filter_shared_data_bytes`
 //! gauges. What the plan holds (which families, which keys, who counts the
-//! ones not read) is the key registry's (`crate::keyspace`): the host layer
+//! ones not read) is the key registry's (`crate::keyspace`), and what the
+//! owners count from is the caller's `C` (the configuration): the host layer
 //! knows no family.
-
-use std::fmt;
-use std::rc::Rc;
 
 use super::SharedStore;
 
@@ -59,29 +57,30 @@ impl Read {
 }
 
 /// A family its owner counts from what it keeps (its totals, its index),
-/// because its values are too many or too large to read every count.
-pub type Owner = Rc<dyn Fn(&dyn SharedStore) -> Footprint>;
+/// because its values are too many or too large to read every count; `None`
+/// when `C` has the family off.
+pub type Owner<C> = fn(&dyn SharedStore, &C) -> Option<Footprint>;
 
 /// What a census counts: the keys it reads, then what the owners of the
 /// other families count, at the end of each count.
-#[derive(Clone, Default)]
-pub struct Plan {
+#[derive(Debug, Clone)]
+pub struct Plan<C> {
     /// Read one by one, in order.
     pub reads: Vec<Read>,
     /// Counted by their owners.
-    pub owners: Vec<Owner>,
+    pub owners: Vec<Owner<C>>,
 }
 
-impl fmt::Debug for Plan {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Plan")
-            .field("reads", &self.reads)
-            .field("owners", &self.owners.len())
-            .finish()
+impl<C> Default for Plan<C> {
+    fn default() -> Self {
+        Self {
+            reads: Vec::new(),
+            owners: Vec::new(),
+        }
     }
 }
 
-impl Plan {
+impl<C> Plan<C> {
     /// Keys read in one count.
     pub fn len(&self) -> u32 {
         self.reads
@@ -111,9 +110,9 @@ impl Plan {
 }
 
 /// A count in progress, a few keys at a time.
-#[derive(Debug, Clone, Default)]
-pub struct Census {
-    plan: Plan,
+#[derive(Debug, Clone)]
+pub struct Census<C> {
+    plan: Plan<C>,
     /// [`Plan::len`], once.
     len: u32,
     next: u32,
@@ -121,19 +120,34 @@ pub struct Census {
     started_ms: Option<u64>,
 }
 
-impl Census {
+impl<C> Default for Census<C> {
+    fn default() -> Self {
+        Self::new(Plan::default())
+    }
+}
+
+impl<C> Census<C> {
     /// A census of `plan`.
-    pub fn new(plan: Plan) -> Self {
+    pub fn new(plan: Plan<C>) -> Self {
         Self {
             len: plan.len(),
             plan,
-            ..Self::default()
+            next: 0,
+            counted: Footprint::default(),
+            started_ms: None,
         }
     }
 
-    /// Reads up to `budget` keys; returns the footprint when a count ends.
-    /// A new count starts [`INTERVAL_MS`] after the last one started.
-    pub fn step(&mut self, store: &dyn SharedStore, now_ms: u64, budget: u32) -> Option<Footprint> {
+    /// Reads up to `budget` keys; returns the footprint when a count ends,
+    /// the owners counting from `owned`. A new count starts [`INTERVAL_MS`]
+    /// after the last one started.
+    pub fn step(
+        &mut self,
+        store: &dyn SharedStore,
+        owned: &C,
+        now_ms: u64,
+        budget: u32,
+    ) -> Option<Footprint> {
         match self.started_ms {
             Some(at) if self.next == 0 && now_ms.saturating_sub(at) < INTERVAL_MS => return None,
             Some(_) if self.next > 0 => {}
@@ -161,12 +175,9 @@ impl Census {
             return None;
         }
         self.next = 0;
-        Some(
-            self.plan
-                .owners
-                .iter()
-                .fold(self.counted, |f, owner| f.plus(owner(store))),
-        )
+        Some(self.plan.owners.iter().fold(self.counted, |f, owner| {
+            f.plus(owner(store, owned).unwrap_or_default())
+        }))
     }
 }
 

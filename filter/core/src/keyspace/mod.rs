@@ -11,12 +11,10 @@
 //! by an older version stays in shared data, unread and uncounted, until the
 //! proxy restarts (docs/design.md lists what changed).
 
-use std::rc::Rc;
-
 use crate::budget::{breaker, DEFAULT_BREAKER};
 use crate::cache::{semantic, Store, PREPARE_MAX_SLOTS};
 use crate::config::Config;
-use crate::host::footprint::{Footprint, Plan, Read};
+use crate::host::footprint::{Footprint, Owner, Plan, Read};
 use crate::host::{Metrics, SharedStore};
 use crate::load;
 use crate::metrics;
@@ -57,7 +55,7 @@ pub enum Counted {
         /// The most keys.
         bound: fn(&Config) -> u64,
         /// Keys and bytes present; `None` when the family is off.
-        count: fn(&dyn SharedStore, &Config) -> Option<Footprint>,
+        count: Owner<Config>,
     },
     /// Counted, and bounded, with the family of that key.
     With(&'static str),
@@ -360,8 +358,7 @@ pub fn is_named(key: &str) -> bool {
 
 /// What the census counts for `config`: the keys of the families it reads,
 /// and the owners of the others.
-pub fn plan(config: &Config) -> Plan {
-    let shared = Rc::new(config.clone());
+pub fn plan(config: &Config) -> Plan<Config> {
     let mut plan = Plan::default();
     for family in FAMILIES {
         match family.counted {
@@ -371,11 +368,7 @@ pub fn plan(config: &Config) -> Plan {
                 }
             }
             Counted::Read(reads) => plan.reads.extend(reads(config)),
-            Counted::Owner { count, .. } => {
-                let config = Rc::clone(&shared);
-                plan.owners
-                    .push(Rc::new(move |s| count(s, &config).unwrap_or_default()));
-            }
+            Counted::Owner { count, .. } => plan.owners.push(count),
             Counted::With(_) => {}
         }
     }

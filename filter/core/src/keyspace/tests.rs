@@ -135,9 +135,14 @@ fn fill(store: &MemoryStore, config: &Config) {
     }
 }
 
-fn run(census: &mut Census, store: &MemoryStore, now_ms: u64) -> Footprint {
+fn run(
+    census: &mut Census<Config>,
+    store: &MemoryStore,
+    config: &Config,
+    now_ms: u64,
+) -> Footprint {
     for _ in 0..10_000 {
-        if let Some(f) = census.step(store, now_ms, 4) {
+        if let Some(f) = census.step(store, config, now_ms, 4) {
             return f;
         }
     }
@@ -148,7 +153,7 @@ fn run(census: &mut Census, store: &MemoryStore, now_ms: u64) -> Footprint {
 fn the_count_matches_the_store() {
     let (config, store) = (config(), checked());
     fill(&store, &config);
-    let f = run(&mut Census::new(plan(&config)), &store, 0);
+    let f = run(&mut Census::new(plan(&config)), &store, &config, 0);
     assert_eq!(f.keys, store.len() as u64);
     assert_eq!(f.bytes, store.value_bytes() as u64);
     assert_eq!(store.unnamed(), Vec::<String>::new());
@@ -181,11 +186,11 @@ fn counts_are_spread_over_steps_and_spaced_out() {
     // count ends on the last.
     let steps = (21 + stateful::SLOTS + 2 * LIMIT_SLOTS).div_ceil(4);
     for _ in 0..steps - 1 {
-        assert_eq!(census.step(&store, 0, 4), None);
+        assert_eq!(census.step(&store, &config, 0, 4), None);
     }
-    let f = census.step(&store, 0, 4).unwrap();
-    assert_eq!(census.step(&store, INTERVAL_MS - 1, 100), None);
-    let again = (0..100).find_map(|_| census.step(&store, INTERVAL_MS, 100));
+    let f = census.step(&store, &config, 0, 4).unwrap();
+    assert_eq!(census.step(&store, &config, INTERVAL_MS - 1, 100), None);
+    let again = (0..100).find_map(|_| census.step(&store, &config, INTERVAL_MS, 100));
     assert_eq!(again, Some(f));
     let mut m = MemoryMetrics::default();
     publish(&f, &mut m);
@@ -196,7 +201,7 @@ fn counts_are_spread_over_steps_and_spaced_out() {
 #[test]
 fn an_empty_store_holds_nothing() {
     let (config, store) = (config(), checked());
-    let f = run(&mut Census::new(plan(&config)), &store, 0);
+    let f = run(&mut Census::new(plan(&config)), &store, &config, 0);
     // The prepared table's slots are counted from the configuration.
     assert_eq!(
         f,
@@ -212,7 +217,7 @@ fn an_empty_store_holds_nothing() {
     ] {
         let off = Config::parse(doc).unwrap();
         assert_eq!(
-            run(&mut Census::new(plan(&off)), &store, 0),
+            run(&mut Census::new(plan(&off)), &store, &off, 0),
             Footprint::default()
         );
         assert_eq!(
@@ -342,7 +347,7 @@ fn the_semantic_index_is_counted_from_its_totals() {
             .insert(&[n; 32], &[n; 32], &unit, 1_000, 100_000)
             .unwrap();
     }
-    let f = run(&mut Census::new(plan(&config)), &store, 0);
+    let f = run(&mut Census::new(plan(&config)), &store, &config, 0);
     assert_eq!(f.keys, store.len() as u64);
     assert_eq!(f.bytes, store.value_bytes() as u64);
     assert_eq!(store.unnamed(), Vec::<String>::new());
@@ -440,7 +445,7 @@ fn limits_records_are_counted_and_bounded() {
     let written = store.keys().iter().filter(|k| LIMITS.holds(k)).count() as u64;
     // 64 tenants in the tenants' rule's 4 records, one model in the other's.
     assert_eq!(written, u64::from(LIMIT_SLOTS) + 1);
-    let f = run(&mut Census::new(plan(&config)), &store, 0);
+    let f = run(&mut Census::new(plan(&config)), &store, &config, 0);
     // And the cache's slots, counted from the configuration (none written).
     assert_eq!(f.keys, written + u64::from(SLOTS));
     assert_eq!(f.bytes, store.value_bytes() as u64);

@@ -1,7 +1,10 @@
 use super::*;
 use crate::host::MemoryStore;
 
-fn plan() -> Plan {
+/// What the owners count from, here: the keys and bytes the one owner says.
+type Owned = Footprint;
+
+fn plan() -> Plan<Owned> {
     Plan {
         reads: vec![
             Read::Key("one".into()),
@@ -11,12 +14,14 @@ fn plan() -> Plan {
             },
             Read::Key("two".into()),
         ],
-        owners: vec![Rc::new(|_: &dyn SharedStore| Footprint {
-            keys: 10,
-            bytes: 100,
-        })],
+        owners: vec![|_: &dyn SharedStore, owned: &Owned| Some(*owned)],
     }
 }
+
+const OWNED: Owned = Footprint {
+    keys: 10,
+    bytes: 100,
+};
 
 fn store() -> MemoryStore {
     let s = MemoryStore::new();
@@ -38,7 +43,7 @@ fn a_count_reads_the_plan_and_adds_the_owners() {
     let (plan, s) = (plan(), store());
     assert_eq!(plan.len(), 8);
     let mut census = Census::new(plan);
-    let f = (0..10).find_map(|_| census.step(&s, 0, 3)).unwrap();
+    let f = (0..10).find_map(|_| census.step(&s, &OWNED, 0, 3)).unwrap();
     assert_eq!(
         f,
         Footprint {
@@ -56,20 +61,20 @@ fn counts_are_spread_over_steps_and_spaced_out() {
     let s = store();
     let mut census = Census::new(plan());
     // 8 keys at 3 a step: the count ends on the third.
-    assert_eq!(census.step(&s, 0, 3), None);
-    assert_eq!(census.step(&s, 0, 3), None);
-    let f = census.step(&s, 0, 3).unwrap();
-    assert_eq!(census.step(&s, INTERVAL_MS - 1, 100), None);
-    assert_eq!(census.step(&s, INTERVAL_MS, 100), Some(f));
+    assert_eq!(census.step(&s, &OWNED, 0, 3), None);
+    assert_eq!(census.step(&s, &OWNED, 0, 3), None);
+    let f = census.step(&s, &OWNED, 0, 3).unwrap();
+    assert_eq!(census.step(&s, &OWNED, INTERVAL_MS - 1, 100), None);
+    assert_eq!(census.step(&s, &OWNED, INTERVAL_MS, 100), Some(f));
 }
 
 #[test]
 fn an_empty_plan_counts_nothing_and_saturates() {
     let s = store();
-    let mut empty = Census::new(Plan::default());
-    assert!(Plan::default().is_empty());
-    assert_eq!(empty.step(&s, 0, 1), Some(Footprint::default()));
-    let huge = Plan {
+    let mut empty = Census::new(Plan::<Owned>::default());
+    assert!(Plan::<Owned>::default().is_empty());
+    assert_eq!(empty.step(&s, &OWNED, 0, 1), Some(Footprint::default()));
+    let huge = Plan::<Owned> {
         reads: vec![
             Read::Slots {
                 prefix: "a.".into(),
