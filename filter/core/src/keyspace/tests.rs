@@ -469,3 +469,21 @@ fn a_checked_store_notes_keys_of_no_family() {
     // The writes themselves went ahead, as Envoy's would.
     assert_eq!(store.len(), 3);
 }
+
+/// The largest value of any family, the alert table at its bound (every
+/// label at its longest), fits the shared-data codec with room to spare.
+#[test]
+fn the_largest_record_fits_the_codec() {
+    use crate::degrade::alerts::{MAX_ALERTS, MAX_LABEL_LEN};
+    use crate::host::codec::{encode, MAX_RECORD_BYTES};
+    let label = "a".repeat(MAX_LABEL_LEN);
+    let labels: [Option<String>; 4] = std::array::from_fn(|_| Some(label.clone()));
+    let alert = (label.clone(), labels, u64::MAX);
+    let table = vec![alert; MAX_ALERTS];
+    let bytes = encode(&table).unwrap();
+    assert!(
+        bytes.len() as u64 <= MAX_RECORD_BYTES / 2,
+        "{}",
+        bytes.len()
+    );
+}
