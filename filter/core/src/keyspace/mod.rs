@@ -3,7 +3,7 @@
 //! lets it hold, and who counts them. Shared data never evicts and is shared
 //! by every plugin on a proxy, so a key nobody bounds or counts is a leak; the
 //! owners build their keys from here, the census counts what [`plan`] lists,
-//! and a test store refuses a key no family names ([`is_named`]).
+//! and the scenario tests' store notes a key no family names ([`is_named`]).
 //!
 //! Every key is `llm_filter.<area>.v<version>.<name>`: the version moves when
 //! a family's encoding does, so the workers of two filter versions (during a
@@ -95,13 +95,12 @@ impl Family {
     pub fn max_keys(&self, config: &Config) -> u64 {
         match self.counted {
             Counted::One(on) => u64::from(on(config)),
-            Counted::Read(reads) => reads(config)
-                .iter()
-                .map(|r| match r {
+            Counted::Read(reads) => reads(config).iter().fold(0u64, |n, r| {
+                n.saturating_add(match r {
                     Read::Key(_) => 1,
                     Read::Slots { count, .. } => u64::from(*count),
                 })
-                .sum(),
+            }),
             Counted::Owner { bound, .. } => bound(config),
             Counted::With(_) => 0,
         }
