@@ -56,12 +56,30 @@ pub struct MemoryStore {
     next_cas: RefCell<u32>,
     /// Reads of each key so far.
     reads: RefCell<HashMap<String, usize>>,
+    /// What every key written must be (a family of the key registry).
+    named: Option<fn(&str) -> bool>,
+    /// Keys written that `named` refused, in order.
+    unnamed: RefCell<Vec<String>>,
 }
 
 impl MemoryStore {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty store that notes every key written that `named` refuses
+    /// ([`MemoryStore::unnamed`]); the write itself goes ahead, as Envoy's would.
+    pub fn checked(named: fn(&str) -> bool) -> Self {
+        Self {
+            named: Some(named),
+            ..Self::default()
+        }
+    }
+
+    /// Keys written that the store's check refused, in order.
+    pub fn unnamed(&self) -> Vec<String> {
+        self.unnamed.borrow().clone()
     }
 
     /// Number of keys held.
@@ -110,6 +128,9 @@ impl SharedStore for MemoryStore {
     }
 
     fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+        if self.named.is_some_and(|named| !named(key)) {
+            self.unnamed.borrow_mut().push(key.to_string());
+        }
         let mut map = self.map.borrow_mut();
         if let (Some(want), Some((_, have))) = (cas.filter(|c| *c != 0), map.get(key)) {
             if want != *have {

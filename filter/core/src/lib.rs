@@ -26,6 +26,7 @@ pub mod dialect;
 mod fuzz;
 pub mod host;
 pub mod json;
+pub mod keyspace;
 pub mod limits;
 pub mod load;
 pub mod metrics;

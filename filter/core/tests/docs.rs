@@ -743,3 +743,46 @@ fn a_setting_document_is_read_where_the_setting_is() {
     );
     assert!(settings().len() > 10, "{}", settings().len());
 }
+
+// ---------------------------------------------------------------- shared data
+
+/// The key-family table of docs/design.md is the registry's: a row per
+/// family, its key, what it holds, its bound and who counts it as the
+/// registry states them, and no row the registry does not name.
+#[test]
+fn the_key_family_table_is_the_registrys() {
+    use llm_filter_core::keyspace::FAMILIES;
+    let page = doc("design.md");
+    let section = page
+        .split("## Shared data")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("a Shared data section");
+    let rows: Vec<&str> = section
+        .lines()
+        .filter(|l| l.starts_with("| `llm_filter."))
+        .collect();
+    let mut wrong = Vec::new();
+    for f in FAMILIES {
+        let row = format!(
+            "| `{}` | {} | {} | {} |",
+            f.pattern(),
+            f.what,
+            f.bound,
+            f.counted.who()
+        );
+        if !rows.iter().any(|r| r.starts_with(&row)) {
+            wrong.push(format!("no row {row}"));
+        }
+    }
+    for r in &rows {
+        let named = FAMILIES
+            .iter()
+            .any(|f| r.starts_with(&format!("| `{}` |", f.pattern())));
+        if !named {
+            wrong.push(format!("a row of no family: {r}"));
+        }
+    }
+    assert_eq!(rows.len(), FAMILIES.len(), "one row per family");
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}

@@ -17,7 +17,7 @@ use llm_filter_core::host::{Random, SplitMix64};
 use llm_filter_core::metrics::BoundedLabel;
 use llm_filter_core::routing::probe::{Probe, ProbeEnd, Prober, MAX_METRICS_BYTES};
 use llm_filter_core::walk::Wake;
-use llm_filter_core::{degrade, load};
+use llm_filter_core::{degrade, keyspace, load};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType, MapType};
 
@@ -50,7 +50,7 @@ pub struct Root {
     /// hands their answers to this context, which passes them on.
     callouts: HashMap<u32, ParkedCall>,
     /// The count of the filter's shared-data keys and bytes in progress.
-    census: Census,
+    census: Census<Config>,
     /// When the load and degrade level gauges were last set, ms.
     load_published_ms: u64,
 }
@@ -343,7 +343,7 @@ impl RootContext for Root {
         let mut rng = SplitMix64::new(adapter::entropy());
         self.prober = Prober::new(rng.next_u64().max(1));
         self.puller = Puller::new(rng.next_u64().max(1));
-        self.census = Census::new(&config);
+        self.census = Census::new(keyspace::plan(&config));
         let model_labels = BoundedLabel::new(MAX_MODEL_LABELS).knowing(&config.names);
         self.worker = Some(Rc::new(Worker::new(config, metrics, rng, model_labels)));
         if hostcall::set_tick_period(TICK).is_err() {
@@ -366,7 +366,7 @@ impl RootContext for Root {
             .census
             .step(&EnvoyStore, &worker.config, now_ms(), KEYS_PER_STEP);
         if let Some(footprint) = counted {
-            worker.with_metrics(|m| footprint.set_gauges(m));
+            worker.with_metrics(|m| keyspace::publish(&footprint, m));
         }
         let now = now_ms();
         if now.saturating_sub(self.load_published_ms) >= LOAD_GAUGES_EVERY_MS {

@@ -1,7 +1,8 @@
 //! The filter's shared data stays within the bounds docs/design.md documents
 //! however many distinct cache keys, tenants, models and cluster names the
 //! clients send: the `llm_filter_shared_data_keys` and `_bytes` gauges,
-//! counted by the filter itself, never pass them.
+//! counted by the filter itself, never pass them, and count every family,
+//! the limits' records too.
 
 use std::time::{Duration, Instant};
 
@@ -30,7 +31,12 @@ const LOAD_KEYS: u64 = LOAD_RECORDS + 1;
 const LOAD_BYTES: u64 = LOAD_RECORDS * 212 + 8 + LOAD_RECORDS * (8 + 27 + 64);
 /// The active alerts (none are sent here).
 const ALERT_KEYS: u64 = 1;
-const MAX_KEYS: u64 = 2 * SLOTS + 2 * CLUSTERS + MODELS + 4 + LOAD_KEYS + ALERT_KEYS;
+/// Records of the one limits rule (by tenant): more than the tenants sent,
+/// so each tenant holds one of its own.
+const LIMIT_KEYS: u64 = 1024;
+/// A limits record of one limit: about 40 bytes and 24 per limit.
+const LIMIT_RECORD_BYTES: u64 = 40 + 24;
+const MAX_KEYS: u64 = 2 * SLOTS + 2 * CLUSTERS + MODELS + 4 + LOAD_KEYS + ALERT_KEYS + LIMIT_KEYS;
 const MAX_BYTES: u64 = SLOTS * MAX_ENTRY_BYTES
     + SLOTS * 52
     + 16
@@ -38,7 +44,15 @@ const MAX_BYTES: u64 = SLOTS * MAX_ENTRY_BYTES
     + 16
     + (CLUSTERS + 1) * (952 + 208)
     + MODELS * 160
-    + LOAD_BYTES;
+    + LOAD_BYTES
+    + LIMIT_KEYS * LIMIT_RECORD_BYTES;
+
+/// The least a count after the churn finds: the cache's slots, totals and
+/// markers, both clusters' health and breakers, and a limits record for each
+/// tenant: more than every other family here can hold, so a census that
+/// missed the limits' records never reaches it.
+const AFTER: u64 = SLOTS + 1 + 1 + 2 * CLUSTERS + CALLS;
+const _: () = assert!(AFTER > MAX_KEYS - LIMIT_KEYS);
 
 fn stat(envoy: &Envoy, name: &str) -> Option<u64> {
     envoy.stat_opt(&format!("{FILTER_STATS}{name}"))
@@ -61,7 +75,10 @@ async fn churn_beyond_every_bound_leaves_shared_data_bounded() {
             },
             "probe_interval_s": 1,
             "hedge": {}
-        }
+        },
+        "limits": {"max_keys": LIMIT_KEYS, "rules": [
+            {"name": "tenants", "by": ["tenant"], "requests_per_minute": 10 * CALLS}
+        ]}
     });
     let envoy = EnvoyBuilder::new()
         .plugin_config(&config)
@@ -113,9 +130,8 @@ async fn churn_beyond_every_bound_leaves_shared_data_bounded() {
     let stored = stat(&envoy, "llm_filter_cache_stores_totalresult=.=stored;.;").unwrap_or(0);
     assert!(stored > SLOTS, "{stored} answers stored");
 
-    // A count that started after the churn: the cache's slots, totals and
-    // markers, both clusters' health and breakers are in it.
-    let after = SLOTS + 1 + 1 + 2 * CLUSTERS;
+    // A count that started after the churn.
+    let after = AFTER;
     let deadline = Instant::now() + Duration::from_secs(25);
     let (keys, bytes) = loop {
         let (keys, bytes) = observe(&envoy);

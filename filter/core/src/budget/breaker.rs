@@ -35,7 +35,7 @@ impl Reason {
 
 /// Prefix of the shared-data key of a backend's window; the rest is the
 /// cluster (or route) name. The version moves when the encoding changes.
-pub const KEY_PREFIX: &str = "llm_filter.budget.v1.breaker.";
+pub const KEY_PREFIX: &str = crate::keyspace::BREAKER.key;
 
 /// Names longer than this are hashed into the key, which keeps keys bounded.
 const MAX_NAME_LEN: usize = 128;

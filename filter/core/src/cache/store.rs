@@ -16,18 +16,16 @@ use super::entry::{self, Entry, EntryHead};
 use super::key::Key;
 use crate::host::cas::{self, Change, Unguarded};
 use crate::host::{Metrics, SharedStore, StoreError, Versioned};
+use crate::keyspace;
 use crate::metrics;
 
-/// Prefix of every shared-data key of the cache. Istio leaves `vm_id` empty, so
-/// all plugins on a proxy share one namespace; the version changes with the
-/// encoding so a new filter never reads an old one's bytes.
-pub const KEY_PREFIX: &str = "llm_filter.cache.v1.";
-
-/// The shared-data key holding the cache's entry and byte totals.
-pub const STATS_KEY: &str = "llm_filter.cache.v1.stats";
+/// The shared-data key holding the cache's entry and byte totals. Istio
+/// leaves `vm_id` empty, so all plugins on a proxy share one namespace: the
+/// keys, and their versions, are the registry's.
+pub const STATS_KEY: &str = keyspace::CACHE_STATS.key;
 
 /// The shared-data key of the slot count the table was last laid out with.
-pub const LAYOUT_KEY: &str = "llm_filter.cache.v1.layout";
+pub const LAYOUT_KEY: &str = keyspace::CACHE_LAYOUT.key;
 
 /// Largest table worth [`Store::prepare`]-ing at start. Creating every key of
 /// a larger one holds Envoy's start for seconds and takes memory for slots
@@ -37,12 +35,12 @@ pub const PREPARE_MAX_SLOTS: u32 = 131_072;
 
 /// The shared-data key of slot `i`.
 pub fn slot_key(i: u32) -> String {
-    format!("{KEY_PREFIX}slot.{i}")
+    keyspace::CACHE_SLOT.at(i)
 }
 
 /// The shared-data key of the in-flight marker of slot `i`.
 pub fn marker_key(i: u32) -> String {
-    format!("{KEY_PREFIX}inflight.{i}")
+    keyspace::CACHE_INFLIGHT.at(i)
 }
 
 /// The result of a lookup.

@@ -24,7 +24,7 @@ use crate::host::{SharedStore, StoreError};
 use crate::json::bounded::{self, Raw, Text};
 
 /// The shared-data key of the active alerts.
-pub const KEY: &str = "llm_filter.degrade.v2.alerts";
+pub const KEY: &str = crate::keyspace::ALERTS.key;
 /// Most alerts kept; a firing alert beyond it is dropped (and counted in the
 /// webhook's answer) until one ends.
 pub const MAX_ALERTS: usize = 64;

@@ -76,20 +76,4 @@ mod tests {
         assert_eq!(decode::<String>(&encode(&within).unwrap()), Some(within));
         assert_eq!(encode(&"a".repeat(MAX_RECORD_BYTES as usize)), None);
     }
-
-    #[test]
-    fn the_largest_record_fits() {
-        // The alert table at its bound: every label at its longest.
-        use crate::degrade::alerts::{MAX_ALERTS, MAX_LABEL_LEN};
-        let label = "a".repeat(MAX_LABEL_LEN);
-        let labels: [Option<String>; 4] = std::array::from_fn(|_| Some(label.clone()));
-        let alert = (label.clone(), labels, u64::MAX);
-        let table = vec![alert; MAX_ALERTS];
-        let bytes = encode(&table).unwrap();
-        assert!(
-            bytes.len() as u64 <= MAX_RECORD_BYTES / 2,
-            "{}",
-            bytes.len()
-        );
-    }
 }

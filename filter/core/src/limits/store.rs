@@ -31,7 +31,7 @@ pub struct Record {
 
 /// The shared-data key of record `slot` of `rule`.
 pub fn record_key(rule: &str, slot: u64) -> String {
-    format!("llm_filter/limits/{rule}/{slot}")
+    format!("{}{slot}", crate::keyspace::limits_prefix(rule))
 }
 
 fn decode(bytes: Option<&[u8]>) -> Record {

@@ -21,13 +21,12 @@ use crate::config::Names;
 use crate::host::cas::{self, Change, Unguarded};
 use crate::host::codec;
 use crate::host::{Metrics, SharedStore, StoreError};
+use crate::keyspace;
 use crate::metrics::{self as names, internal_error};
 use crate::summary::{CallSummary, End};
 
-/// Prefix of every key of the family; the version changes with the layout.
-pub const KEY_PREFIX: &str = "llm_filter.load.v1.";
 /// The index of the records that exist.
-pub const INDEX_KEY: &str = "llm_filter.load.v1.index";
+pub const INDEX_KEY: &str = keyspace::LOAD_INDEX.key;
 /// Most records of names the configuration does not give (models and
 /// clusters together); the calls of the later ones count in [`OVERFLOW`].
 pub const MAX_UNKNOWN: usize = 64;
@@ -59,24 +58,23 @@ impl Scope<'_> {
     /// (bounded, [`names::label_value`]), so the key is bounded too and names
     /// that share a label share a record.
     pub fn key(&self) -> String {
-        let (kind, name) = match self {
-            Scope::Model(n) => ("model.", n),
-            Scope::Cluster(n) => ("cluster.", n),
+        let (family, name) = match self {
+            Scope::Model(n) => (keyspace::LOAD_MODEL.key, n),
+            Scope::Cluster(n) => (keyspace::LOAD_CLUSTER.key, n),
         };
-        let mut k = String::with_capacity(KEY_PREFIX.len() + kind.len() + names::MAX_VALUE_LEN);
-        k.push_str(KEY_PREFIX);
-        k.push_str(kind);
+        let mut k = String::with_capacity(family.len() + names::MAX_VALUE_LEN);
+        k.push_str(family);
         names::push_value(&mut k, name);
         k
     }
 
     /// The scope a key names, for the index's readers.
     pub fn of_key(key: &str) -> Option<Scope<'_>> {
-        let rest = key.strip_prefix(KEY_PREFIX)?;
-        if let Some(n) = rest.strip_prefix("model.") {
+        if let Some(n) = key.strip_prefix(keyspace::LOAD_MODEL.key) {
             Some(Scope::Model(n))
         } else {
-            rest.strip_prefix("cluster.").map(Scope::Cluster)
+            key.strip_prefix(keyspace::LOAD_CLUSTER.key)
+                .map(Scope::Cluster)
         }
     }
 

@@ -316,7 +316,7 @@ fn foreign_bytes_are_a_fresh_record() {
     assert_eq!(Scope::Model("a b").key(), "llm_filter.load.v1.model.a_b");
     assert_eq!(
         Scope::Model(&"x".repeat(500)).key().len(),
-        KEY_PREFIX.len() + 6 + names::MAX_VALUE_LEN
+        "llm_filter.load.v1.model.".len() + names::MAX_VALUE_LEN
     );
     assert_eq!(
         Scope::of_key("llm_filter.load.v1.model.gpt-4.1"),

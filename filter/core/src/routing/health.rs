@@ -16,7 +16,7 @@ use crate::host::{SharedStore, StoreError};
 /// Prefix of the per-cluster health keys; the cluster name follows. The
 /// version changes with the record's layout, so workers of two filter versions
 /// (during a configuration update) never read each other's records.
-pub const KEY_PREFIX: &str = "llm_filter.routing.v4.health.";
+pub const KEY_PREFIX: &str = crate::keyspace::HEALTH.key;
 
 /// Successes a new error average starts from (see [`observe_error`]).
 const ERROR_PRIOR: f64 = 4.0;

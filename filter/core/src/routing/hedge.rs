@@ -16,7 +16,7 @@ use crate::metrics as names;
 
 /// Prefix of the shared-data key of a model's hedge window; the rest is the
 /// model name, one of the configured ones (so the keys are bounded).
-pub const KEY_PREFIX: &str = "llm_filter.routing.v1.hedge.";
+pub const KEY_PREFIX: &str = crate::keyspace::HEDGE.key;
 /// Buckets of the sliding window.
 const BUCKETS: usize = 10;
 /// The share of the backend's calls that answer before a hedge is sent: the

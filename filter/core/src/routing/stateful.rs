@@ -17,7 +17,7 @@ use crate::host::SharedStore;
 use crate::json::Json;
 
 /// Prefix of the table's keys; the slot number follows.
-pub const KEY_PREFIX: &str = "llm_filter.routing.v1.response.";
+pub const KEY_PREFIX: &str = crate::keyspace::RESPONSE.key;
 /// Slots of the table: the most response ids remembered at once.
 pub const SLOTS: u32 = 4096;
 /// How long an id is remembered: a conversation continued later than this

@@ -24,7 +24,7 @@ use crate::host::{codec, Metrics, SharedStore};
 use crate::metrics as names;
 
 /// The shared-data key of the record.
-pub const KEY: &str = "llm_filter.tokens.v1.calibration";
+pub const KEY: &str = crate::keyspace::CALIBRATION.key;
 /// Most models the configuration does not name whose ratio is kept.
 pub const MAX_MODELS: usize = 64;
 /// Weight of a new sample, in thousandths: a ratio moves most of the way to

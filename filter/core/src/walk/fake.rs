@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use super::{Env, Host};
 use crate::config::Config;
 use crate::host::{MemoryMetrics, MemoryStore, SplitMix64};
+use crate::keyspace;
 use crate::metrics::BoundedLabel;
 use crate::spans;
 
@@ -199,7 +200,7 @@ impl World {
         Self {
             models: BoundedLabel::new(10).knowing(&config.names),
             config,
-            store: MemoryStore::new(),
+            store: MemoryStore::checked(keyspace::is_named),
             metrics: MemoryMetrics::default(),
             rng: SplitMix64::new(42),
             tenants: BoundedLabel::new(10),
@@ -224,5 +225,19 @@ impl World {
 
     pub fn counter(&self, name: &str) -> u64 {
         self.metrics.counters.get(name).copied().unwrap_or(0)
+    }
+}
+
+/// Every scenario's shared data is in families the key registry names: a
+/// key written outside them is one nobody bounds or counts.
+impl Drop for World {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let unnamed = self.store.unnamed();
+            assert!(
+                unnamed.is_empty(),
+                "keys of no registered family: {unnamed:?}"
+            );
+        }
     }
 }

@@ -20,12 +20,11 @@ use crate::cache::entry;
 use crate::cache::key::Key;
 use crate::host::cas::{self, Change, Unguarded};
 use crate::host::{Metrics, SharedStore, StoreError};
+use crate::keyspace;
 use crate::metrics;
 
-/// Prefix of every shared-data key of the semantic index.
-pub const KEY_PREFIX: &str = "llm_filter.semantic.v1.";
 /// The shared-data key of the index's vector and byte totals.
-pub const STATS_KEY: &str = "llm_filter.semantic.v1.stats";
+pub const STATS_KEY: &str = keyspace::SEMANTIC_STATS.key;
 /// Bytes before the first record of a slot.
 pub const GROUP_HEADER_BYTES: usize = 8;
 /// Version of the slot layout.
@@ -36,7 +35,7 @@ pub const MAX_CANDIDATES: usize = 3;
 
 /// The shared-data key of group slot `i`.
 pub fn group_key(i: u32) -> String {
-    format!("{KEY_PREFIX}group.{i}")
+    keyspace::SEMANTIC_GROUP.at(i)
 }
 
 /// One record, read in place from a slot's bytes.

@@ -13,7 +13,7 @@ use crate::load::{Signal, Signals};
 use crate::stat_name;
 
 /// The shared-data key of the readings.
-pub const KEY: &str = "llm_filter.degrade.v1.mesh";
+pub const KEY: &str = crate::keyspace::MESH.key;
 
 /// One signal's reading.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -27,9 +27,9 @@ use crate::metrics as names;
 use crate::routing::probe::ProbeEnd;
 
 /// Shared-data key of Alertmanager's pull lease.
-pub const ALERTMANAGER_LEASE_KEY: &str = "llm_filter.degrade.v1.alertmanager_lease";
+pub const ALERTMANAGER_LEASE_KEY: &str = crate::keyspace::ALERTMANAGER_LEASE.key;
 /// Shared-data key of Prometheus's pull lease.
-pub const PROMETHEUS_LEASE_KEY: &str = "llm_filter.degrade.v1.prometheus_lease";
+pub const PROMETHEUS_LEASE_KEY: &str = crate::keyspace::PROMETHEUS_LEASE.key;
 /// Longest answer read; a longer one counts as `invalid` (narrow the alerts
 /// with `filters`).
 pub const MAX_ANSWER_BYTES: usize = 4 << 20;

@@ -12,7 +12,7 @@ use crate::host::{Metrics, SharedStore};
 use crate::metrics;
 
 /// Shared-data key of the probe lease.
-pub const LEASE_KEY: &str = "llm_filter.routing.v1.probe_lease";
+pub const LEASE_KEY: &str = crate::keyspace::PROBE_LEASE.key;
 /// Most bytes of a model server's metrics page read: a longer one is left
 /// unread (no load signal from it), so a backend's page costs the proxy a
 /// bounded copy per worker that probes.
