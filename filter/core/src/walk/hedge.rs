@@ -6,6 +6,7 @@ use crate::routing::failover;
 use crate::routing::hedge::{self, HedgeResult};
 use crate::routing::{self, health};
 use crate::summary::{CallSummary, End};
+use crate::wait::CallWait;
 
 use super::failover::Sent;
 use super::state::Hedge;
@@ -84,7 +85,7 @@ impl Call {
         {
             return Wake::Idle;
         }
-        if let Sent::To(cluster) = self.send_elsewhere(env, host) {
+        if let Sent::To(cluster) = self.send_elsewhere(env, host, CallWait::Hedge) {
             routing::learn::started(env.store, env.metrics, &cluster, env.now_ms);
             self.progress.hedge_sent(cluster);
         }
