@@ -9,7 +9,6 @@ use crate::summary::{CallSummary, End};
 use crate::wait::CallWait;
 
 use super::failover::Sent;
-use super::state::Hedge;
 use super::{Call, CalloutAnswer, Env, Host, Phase, Wake};
 
 impl Call {
@@ -52,13 +51,15 @@ impl Call {
         }
     }
 
-    /// A timer tick of a call whose hedge is armed: sends the hedge once it is
-    /// due, unless the backend answered, the budget has no room left or the
-    /// cap is reached.
-    pub(super) fn hedge_on_tick(&mut self, env: &mut Env<'_>, host: &mut dyn Host) -> Wake {
-        let Hedge::Armed { at_ms } = *self.progress.hedge() else {
-            return Wake::Idle;
-        };
+    /// A timer tick of a call whose hedge is armed for `at_ms`: sends the
+    /// hedge once it is due, unless the backend answered, the budget has no
+    /// room left or the cap is reached.
+    pub(super) fn hedge_on_tick(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        at_ms: u64,
+    ) -> Wake {
         if self.response.is_some() || !matches!(self.progress.phase(), Phase::Forwarded) {
             self.progress.disarm_hedge();
             return Wake::Idle;

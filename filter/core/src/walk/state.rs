@@ -213,6 +213,18 @@ pub(super) enum Hedge {
     Done,
 }
 
+/// What a parked call waits for the timer for: each tick goes on by it (a
+/// new kind of timed wait is one more variant).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Timer {
+    /// The first body callback, since `since_ms` (see [`Phase::Holding`]).
+    BodyWatchdog { since_ms: u64 },
+    /// An identical call's answer, until `deadline_ms`.
+    Coalescing { deadline_ms: u64 },
+    /// The hedge's time, `at_ms`.
+    Hedge { at_ms: u64 },
+}
+
 /// Where the call and its hedge stand; every transition of the diagram above
 /// is one method here.
 #[derive(Debug)]
@@ -235,19 +247,24 @@ impl Progress {
         &self.phase
     }
 
-    /// Where its hedge stands.
-    pub(super) fn hedge(&self) -> &Hedge {
-        &self.hedge
-    }
-
     /// True while the call waits for a timer rather than for Envoy.
     pub(super) fn is_parked(&self) -> bool {
-        matches!(
-            self.phase,
+        self.timer().is_some()
+    }
+
+    /// What the call waits for the timer for, if anything: the phase's
+    /// wait first, then the hedge's.
+    pub(super) fn timer(&self) -> Option<Timer> {
+        match self.phase {
             Phase::Holding {
-                watchdog_since_ms: Some(_)
-            } | Phase::Coalescing { .. }
-        ) || matches!(self.hedge, Hedge::Armed { .. })
+                watchdog_since_ms: Some(since_ms),
+            } => Some(Timer::BodyWatchdog { since_ms }),
+            Phase::Coalescing { deadline_ms, .. } => Some(Timer::Coalescing { deadline_ms }),
+            _ => match self.hedge {
+                Hedge::Armed { at_ms } => Some(Timer::Hedge { at_ms }),
+                _ => None,
+            },
+        }
     }
 
     /// The body is held from `now_ms`, under the watchdog.
