@@ -16,6 +16,9 @@ use super::{Call, Env, Host};
 impl Call {
     /// End of the stream: one summary of the call, learnt from by each policy.
     pub fn on_log(mut self, env: &mut Env<'_>) {
+        for _ in 0..self.progress.strays() {
+            internal_error(env.metrics, "phase");
+        }
         self.cache_on_log(env);
         self.settle_hedge(env);
         let model = self.model_label(env);

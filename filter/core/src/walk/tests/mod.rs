@@ -14,6 +14,7 @@ mod dialects;
 mod estimate;
 mod group;
 mod limits;
+mod phases;
 mod semantic;
 mod shape;
 mod waits;
