@@ -22,7 +22,7 @@ impl Call {
         self.cache_on_log(env);
         self.settle_hedge(env);
         let model = self.model_label(env);
-        let summary = self.summary_in_group(env.config, &model, env.now_ms);
+        let summary = self.summary_in_group(env.config, self.served(), &model, env.now_ms);
         observe::record(env.metrics, &summary);
         self.queue_span(env, &summary);
         self.learn_from(env, &summary);
@@ -34,17 +34,26 @@ impl Call {
         load::ended(env.store, env.metrics, &env.config.names, &summary, started);
     }
 
-    /// The call's summary now, with its A/B group: what the metrics, the span
-    /// and the record say of it.
+    /// The call's summary now, served as `served` says, with its A/B group:
+    /// what the metrics, the span and the record say of it.
     fn summary_in_group<'a>(
         &'a self,
         config: &'a Config,
+        served: Served<'a>,
         model: &'a str,
         now_ms: u64,
     ) -> CallSummary<'a> {
         CallSummary {
             group: self.group(config).map(|g| g.name.as_str()),
-            ..self.summary(model, now_ms)
+            ..self.summary_of(served, model, now_ms)
+        }
+    }
+
+    /// What serves the call as it stands: its response and its cluster.
+    pub(super) fn served(&self) -> Served<'_> {
+        Served {
+            response: self.response.as_ref(),
+            cluster: self.dispatch.cluster.as_deref(),
         }
     }
 
@@ -62,16 +71,28 @@ impl Call {
     /// end, or as the filter answers itself (`end`: how, since the phase does
     /// not say so yet).
     pub(super) fn write_record(&self, env: &mut Env<'_>, host: &mut dyn Host, end: Option<End>) {
+        self.write_record_of(env, host, end, self.served());
+    }
+
+    /// The record of the call as `served` serves it (another backend's
+    /// answer about to go out, say).
+    pub(super) fn write_record_of(
+        &self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        end: Option<End>,
+        served: Served<'_>,
+    ) {
         if !env.config.access_log {
             return;
         }
         let model = self.model_label(env);
-        let mut call = self.summary_in_group(env.config, &model, env.now_ms);
+        let mut call = self.summary_in_group(env.config, served, &model, env.now_ms);
         if let Some(end) = end {
             call.end = end;
         }
-        let finish = self.finish_reasons();
-        let details = self.details(env.config, &finish);
+        let finish = served.finish_reasons();
+        let details = self.details(env.config, &finish, served.response);
         let record = spans::record::record(self.decided.span.as_ref(), &call, &details);
         if !host.set_property(spans::record::PROPERTY, &record) {
             internal_error(env.metrics, "set_property");
@@ -87,35 +108,30 @@ impl Call {
         if !ids.sampled() {
             return;
         }
-        let finish = self.finish_reasons();
-        let span = spans::encode(&ids, call, &self.details(env.config, &finish));
+        let served = self.served();
+        let finish = served.finish_reasons();
+        let span = spans::encode(
+            &ids,
+            call,
+            &self.details(env.config, &finish, served.response),
+        );
         env.spans.push(otlp, env.metrics, span);
     }
 
-    /// Why the answer ended, when it said.
-    fn finish_reasons(&self) -> Vec<&str> {
-        self.response
-            .as_ref()
-            .map(Response::finish_reasons)
-            .unwrap_or_default()
-    }
-
-    /// What the walk knew of the call beyond its summary, for its span and
-    /// its record.
+    /// What the walk knew of the call beyond its summary, answered by
+    /// `response`, for its span and its record.
     fn details<'a>(
         &'a self,
         config: &'a Config,
         finish_reasons: &'a [&'a str],
+        response: Option<&'a Response>,
     ) -> spans::Details<'a> {
         let endpoint = self.request.endpoint;
         spans::Details {
             prompt: self.request.prompt.as_ref(),
-            completion: self
-                .response
-                .as_ref()
-                .and_then(|r| r.completion(endpoint, &config.capture)),
+            completion: response.and_then(|r| r.completion(endpoint, &config.capture)),
             requested_model: self.request.model.as_deref(),
-            response_model: self.response.as_ref().and_then(Response::model),
+            response_model: response.and_then(Response::model),
             finish_reasons,
             max_tokens: self.request.max_tokens,
             temperature: self.request.temperature,
@@ -159,11 +175,21 @@ impl Call {
 
     /// What the call was and how it ended.
     pub(super) fn summary<'a>(&'a self, model: &'a str, now_ms: u64) -> CallSummary<'a> {
+        self.summary_of(self.served(), model, now_ms)
+    }
+
+    /// What the call was and how it ended, served as `served` says.
+    fn summary_of<'a>(
+        &'a self,
+        served: Served<'a>,
+        model: &'a str,
+        now_ms: u64,
+    ) -> CallSummary<'a> {
         let local = match *self.progress.phase() {
             Phase::Answered(status) => Some(status),
             _ => None,
         };
-        let r = self.response.as_ref();
+        let r = served.response;
         let end = match self.progress.phase() {
             // The stream ended while another backend was still asked.
             Phase::FailingOver => End::Abandoned,
@@ -185,7 +211,7 @@ impl Call {
             ended_ms: now_ms,
             usage: r.and_then(Response::usage),
             streamed: r.is_some_and(Response::is_stream),
-            cluster: self.dispatch.cluster.as_deref(),
+            cluster: served.cluster,
             breaker: self.dispatch.breaker.as_deref(),
             budget_ms: self.request.budget_ms,
             planned_retries: self.dispatch.planned_retries,
@@ -193,5 +219,23 @@ impl Call {
             failovers: 0,
             group: None,
         }
+    }
+}
+
+/// What serves a call: the response that answers it and the cluster that
+/// sent it. Passed explicitly where it is not yet the call's own (another
+/// backend's answer about to go out), instead of swapping it in.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Served<'a> {
+    pub(super) response: Option<&'a Response>,
+    pub(super) cluster: Option<&'a str>,
+}
+
+impl<'a> Served<'a> {
+    /// Why the answer ended, when it said.
+    fn finish_reasons(self) -> Vec<&'a str> {
+        self.response
+            .map(Response::finish_reasons)
+            .unwrap_or_default()
     }
 }

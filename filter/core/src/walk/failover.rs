@@ -16,6 +16,7 @@ use crate::routing::{self, affinity, RouteAsk, RouteDecision, RoutingConfig};
 use crate::summary::{CallSummary, End};
 use crate::wait::CallWait;
 
+use super::end::Served;
 use super::state::Response;
 use super::{Call, CalloutAnswer, Env, Host, Phase, Step};
 
@@ -293,7 +294,7 @@ impl Call {
             hedge::count(env.metrics, result);
         }
         match answer.status {
-            Some(status) if self.reply_with(env, host, status, &answer) => {
+            Some(status) if self.reply_with(env, host, None, status, &answer) => {
                 self.progress.failed_over();
                 Step::Pause
             }
@@ -313,17 +314,20 @@ impl Call {
         }
     }
 
-    /// Answers the client with the other backend's answer; false (counted)
-    /// when the host refused.
+    /// Answers the client with the other backend's answer, of `cluster`
+    /// (`None`: the one the call is on); false (counted) when the host
+    /// refused. The answer is the call's once it went out.
     pub(super) fn reply_with(
         &mut self,
         env: &mut Env<'_>,
         host: &mut dyn Host,
+        cluster: Option<&str>,
         status: u16,
         answer: &CalloutAnswer,
     ) -> bool {
+        let cluster = cluster.or(self.dispatch.cluster.as_deref());
         let mut headers = failover::reply_headers(&answer.headers);
-        let told = self.client_headers(env.config, self.dispatch.cluster.as_deref());
+        let told = self.client_headers(env.config, cluster);
         headers.extend(told.into_iter().map(|(k, v)| (k.to_string(), v)));
         let refs: Vec<(&str, &str)> = headers
             .iter()
@@ -344,13 +348,16 @@ impl Call {
         );
         let body = stripped.as_deref().unwrap_or(&answer.body);
         // The record is of the answer sent, written before it goes.
-        let previous = self.response.replace(response);
-        self.write_record(env, host, Some(End::Answered(status)));
+        let served = Served {
+            response: Some(&response),
+            cluster,
+        };
+        self.write_record_of(env, host, Some(End::Answered(status)), served);
         if !host.send_local_reply(u32::from(status), &refs, body) {
-            self.response = previous;
             internal_error(env.metrics, "local_reply");
             return false;
         }
+        self.response = Some(response);
         true
     }
 }

@@ -109,8 +109,8 @@ impl Call {
             .status
             .filter(|s| !failover::retriable(End::Answered(*s)));
         if let (Some(status), None) = (good, self.response.as_ref()) {
-            let first = self.dispatch.cluster.replace(cluster.clone());
-            if self.reply_with(env, host, status, &answer) {
+            if self.reply_with(env, host, Some(&cluster), status, &answer) {
+                let first = self.dispatch.cluster.replace(cluster.clone());
                 // The first backend was dropped unanswered: its tail learns
                 // it was at least this slow; its breaker learns nothing.
                 let outlasted = CallSummary {
@@ -127,7 +127,6 @@ impl Call {
                 hedge::count(env.metrics, HedgeResult::Won);
                 return;
             }
-            self.dispatch.cluster = first;
         }
         let end = answer.status.map_or(End::TimedOut(504), End::Answered);
         self.hedge_learns(env, &cluster, end);
