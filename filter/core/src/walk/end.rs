@@ -13,6 +13,37 @@ use crate::{budget, dialect, load, observe, routing, spans};
 use super::state::{Phase, Response};
 use super::{Call, Env, Host};
 
+/// A feature that only listens at the end of a call: it hears the call's
+/// summary, nothing else (a new one is a variant and a line of [`AT_END`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AtEnd {
+    /// The request metrics.
+    Metrics,
+    /// The call's span.
+    Span,
+    /// Routing, the budget breaker and the clusters' load learn the try.
+    Learn,
+    /// The prompt-token estimate's calibration.
+    Calibration,
+    /// The memory of stored Responses answers.
+    ResponseMemory,
+    /// The limits' reservations settle.
+    Limits,
+    /// The model's in-flight count.
+    Load,
+}
+
+/// The listeners at a call's end, in the order they hear it.
+const AT_END: [AtEnd; 7] = [
+    AtEnd::Metrics,
+    AtEnd::Span,
+    AtEnd::Learn,
+    AtEnd::Calibration,
+    AtEnd::ResponseMemory,
+    AtEnd::Limits,
+    AtEnd::Load,
+];
+
 impl Call {
     /// End of the stream: one summary of the call, learnt from by each policy.
     pub fn on_log(mut self, env: &mut Env<'_>) {
@@ -23,15 +54,26 @@ impl Call {
         self.settle_hedge(env);
         let model = self.model_label(env);
         let summary = self.summary_in_group(env.config, self.served(), &model, env.now_ms);
-        observe::record(env.metrics, &summary);
-        self.queue_span(env, &summary);
-        self.learn_from(env, &summary);
-        self.calibrate(env, &summary);
-        self.remember_response(env);
-        self.settle_limits(env);
-        // It leaves the in-flight count of the record it joined.
-        let started = self.dispatch.load_model.as_deref();
-        load::ended(env.store, env.metrics, &env.config.names, &summary, started);
+        for listener in AT_END {
+            self.hear_end(env, listener, &summary);
+        }
+    }
+
+    /// One listener hears how the call ended (`call`, classified once).
+    fn hear_end(&self, env: &mut Env<'_>, listener: AtEnd, call: &CallSummary<'_>) {
+        match listener {
+            AtEnd::Metrics => observe::record(env.metrics, call),
+            AtEnd::Span => self.queue_span(env, call),
+            AtEnd::Learn => self.learn_from(env, call),
+            AtEnd::Calibration => self.calibrate(env, call),
+            AtEnd::ResponseMemory => self.remember_response(env, call),
+            AtEnd::Limits => self.settle_limits(env, call),
+            AtEnd::Load => {
+                // It leaves the in-flight count of the record it joined.
+                let started = self.dispatch.load_model.as_deref();
+                load::ended(env.store, env.metrics, &env.config.names, call, started);
+            }
+        }
     }
 
     /// The call's summary now, served as `served` says, with its A/B group:
@@ -153,13 +195,15 @@ impl Call {
 
     /// A stored Responses answer of a routed backend: the backend holds it,
     /// and a call that continues it goes there (see [`routing::stateful`]).
-    fn remember_response(&self, env: &mut Env<'_>) {
+    /// (An answer another backend gave in place of a failed one is not
+    /// remembered.)
+    fn remember_response(&self, env: &mut Env<'_>, call: &CallSummary<'_>) {
         let (Some(cluster), Some(r)) = (self.dispatch.cluster.as_deref(), self.response.as_ref())
         else {
             return;
         };
-        let answered = matches!(self.progress.phase(), Phase::Forwarded)
-            && r.status.is_some_and(|s| (200..300).contains(&s));
+        let answered =
+            matches!(self.progress.phase(), Phase::Forwarded) && call.end.upstream_success();
         if self.request.endpoint != Dialect::Responses
             || !self.request.continues.stored
             || !answered
