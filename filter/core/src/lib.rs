@@ -41,4 +41,5 @@ pub mod summary;
 pub mod tokens;
 pub mod trace_context;
 pub mod usage;
+pub mod wait;
 pub mod walk;

@@ -129,6 +129,11 @@ impl End {
     pub fn is_local(self) -> bool {
         matches!(self, Self::Local(_))
     }
+
+    /// The upstream answered with a 2xx, whole or cut short.
+    pub fn upstream_success(self) -> bool {
+        matches!(self, Self::Answered(200..=299) | Self::Cut(200..=299))
+    }
 }
 
 /// Everything the walk knew of a call when it ended, for each policy to learn from.
@@ -213,6 +218,25 @@ impl CallSummary<'static> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_upstream_success_is_a_2xx_of_the_upstream_whole_or_cut() {
+        for (end, success) in [
+            (End::Answered(200), true),
+            (End::Answered(299), true),
+            (End::Cut(200), true),
+            (End::Answered(300), false),
+            (End::Answered(429), false),
+            (End::Local(200), false),
+            (End::TimedOut(504), false),
+            (End::Reset(503), false),
+            (End::Cut(500), false),
+            (End::Abandoned, false),
+            (End::Outlasted, false),
+        ] {
+            assert_eq!(end.upstream_success(), success, "{end:?}");
+        }
+    }
 
     #[test]
     fn envoy_replies_are_recognised_by_details() {

@@ -6,11 +6,13 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use llm_filter_core::admin::AdminCall;
-use llm_filter_core::walk::{Call, CalloutAnswer, Env, Host, Step};
+use llm_filter_core::wait::CallWait;
+use llm_filter_core::walk::{Call, Env, Host, Step};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, MapType};
 
 use crate::adapter::{self, Headers};
+use crate::callout::{self, Sent};
 use crate::hostcall;
 use crate::worker::{with_env, CallSlot, Worker};
 
@@ -60,10 +62,13 @@ impl Http {
         let Some(step) = with_env(&self.worker, |env| f(call, env, &mut stream)) else {
             return Action::Continue;
         };
-        if call.is_parked() {
+        let (parked, holds_body) = (call.is_parked(), call.holds_body());
+        drop(slot);
+        callout::register_calls(&self.worker, self.id, &self.call, stream.take_dispatched());
+        if parked {
             self.worker.park(self.id, &self.call);
         }
-        if call.holds_body() {
+        if holds_body {
             self.held_request = stream.into_request();
         }
         action(step)
@@ -78,56 +83,10 @@ fn action(step: Step) -> Action {
 }
 
 impl Context for Http {
-    fn on_http_call_response(&mut self, _token: u32, _: usize, body_size: usize, _: usize) {
+    fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
         #[cfg(feature = "hostcall-census")]
         let _timed = hostcall::bench_census::Timed::new(self.worker.stats(), "callout_response");
-        deliver_callout(&self.worker, self.id, &self.call, body_size);
-    }
-}
-
-/// Hands the answer of a call's callout (its response in the host's callout
-/// buffers) to the walk, and lets the request or response held for it go on
-/// when the walk says so (parking the call when it now waits for the timer).
-/// The stream (`id`) must be the effective context.
-pub fn deliver_callout(worker: &Worker, id: u32, slot: &CallSlot, body_size: usize) {
-    let headers = adapter::headers(MapType::HttpCallResponseHeaders);
-    let status = headers
-        .iter()
-        .find(|(k, _)| k == ":status")
-        .and_then(|(_, v)| v.parse::<u16>().ok());
-    let body = hostcall::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
-        .ok()
-        .flatten()
-        .unwrap_or_default();
-    let answer = CalloutAnswer {
-        status,
-        headers,
-        body,
-    };
-    let Ok(mut call) = slot.try_borrow_mut() else {
-        return;
-    };
-    let Some(call) = call.as_mut() else {
-        return;
-    };
-    let request_held = call.holds_request();
-    // A worker busy in another callback: what is held goes on.
-    let step = with_env(worker, |env| {
-        call.on_callout_response(env, &mut Stream::default(), answer)
-    })
-    .unwrap_or(Step::Continue);
-    if call.is_parked() {
-        worker.park(id, slot);
-    }
-    if step == Step::Continue {
-        let resumed = if request_held {
-            hostcall::resume_http_request()
-        } else {
-            hostcall::resume_http_response()
-        };
-        if resumed.is_err() {
-            worker.internal_error("resume");
-        }
+        callout::deliver(&self.worker, token, body_size, Some(self.id));
     }
 }
 
@@ -156,6 +115,7 @@ impl HttpContext for Http {
         let Some((call, step)) = started else {
             return Action::Continue;
         };
+        let sent = stream.take_dispatched();
         let parked = call.is_parked();
         if call.holds_body() {
             self.held_request = stream.into_request();
@@ -165,6 +125,7 @@ impl HttpContext for Http {
         };
         *slot = Some(call);
         drop(slot);
+        callout::register_calls(&self.worker, self.id, &self.call, sent);
         if parked {
             self.worker.park(self.id, &self.call);
         }
@@ -213,6 +174,7 @@ impl HttpContext for Http {
         #[cfg(feature = "hostcall-census")]
         let _timed = hostcall::bench_census::Timed::new(self.worker.stats(), "log");
         let call = self.call.try_borrow_mut().ok().and_then(|mut c| c.take());
+        self.worker.forget_calls(self.id);
         if let Some(call) = call {
             // A worker busy in another callback: the call ends unrecorded.
             let _ = with_env(&self.worker, |env| call.on_log(env));
@@ -228,9 +190,9 @@ impl HttpContext for Http {
 pub struct Stream {
     request: Cell<Option<Headers>>,
     response: Cell<Option<Headers>>,
-    /// Tokens of the callouts sent, for a context other than the stream's
-    /// own (the timer) to route their answers back.
-    dispatched: Vec<u32>,
+    /// The callouts sent, for the worker's registry to route their answers
+    /// back (see [`callout::register_calls`]).
+    dispatched: Vec<Sent>,
 }
 
 impl Stream {
@@ -249,8 +211,8 @@ impl Stream {
         self.request.into_inner()
     }
 
-    /// Tokens of the callouts this stream sent during the callback.
-    pub fn take_dispatched(&mut self) -> Vec<u32> {
+    /// The callouts this stream sent during the callback.
+    pub fn take_dispatched(&mut self) -> Vec<Sent> {
         std::mem::take(&mut self.dispatched)
     }
 
@@ -356,11 +318,12 @@ impl Host for Stream {
         headers: &[(&str, &str)],
         body: &[u8],
         timeout_ms: u64,
+        then: CallWait,
     ) -> bool {
         let timeout = Duration::from_millis(timeout_ms);
         match hostcall::dispatch_http_call(cluster, headers, Some(body), timeout) {
             Ok(token) => {
-                self.dispatched.push(token);
+                self.dispatched.push((token, then, timeout_ms));
                 true
             }
             Err(_) => false,

@@ -11,6 +11,7 @@
 )]
 
 mod adapter;
+mod callout;
 mod hostcall;
 mod http;
 mod logger;

@@ -1,9 +1,9 @@
 //! The root context: loads and compiles the configuration once per VM, hands
 //! every HTTP context the shared state of this worker, and runs the timer that
-//! wakes parked calls, sends the routing probes and the degrade sources'
-//! pulls, and counts the filter's shared data.
+//! wakes parked calls, runs the background jobs (the routing probes, the
+//! degrade sources' pulls, the span export) and counts the filter's shared
+//! data.
 
-use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -11,44 +11,33 @@ use llm_filter_core::cache::semantic::config::SemanticConfig;
 use llm_filter_core::cache::semantic::Index;
 use llm_filter_core::cache::{CacheConfig, Store, PREPARE_MAX_SLOTS};
 use llm_filter_core::config::Config;
-use llm_filter_core::degrade::sources::{Pull, Puller, MAX_ANSWER_BYTES};
 use llm_filter_core::host::footprint::{Census, KEYS_PER_STEP};
 use llm_filter_core::host::{Random, SplitMix64};
 use llm_filter_core::metrics::BoundedLabel;
-use llm_filter_core::routing::probe::{Probe, ProbeEnd, Prober, MAX_METRICS_BYTES};
+use llm_filter_core::wait::Jobs;
 use llm_filter_core::walk::Wake;
 use llm_filter_core::{degrade, keyspace, load};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{BufferType, ContextType, MapType};
+use proxy_wasm::types::{BufferType, ContextType};
 
 use crate::adapter::{self, now_ms, EnvoyMetrics, EnvoyStore};
+use crate::callout;
 use crate::hostcall;
-use crate::http::{deliver_callout, Http, Stream};
-use crate::worker::{with_env, ParkedCall, Worker};
+use crate::http::{Http, Stream};
+use crate::worker::{with_env, Worker};
 
 /// Distinct model names one worker turns into stat labels before using
 /// `other`, besides the models the configuration names (always their own).
 const MAX_MODEL_LABELS: usize = 100;
 /// How often the load gauges are set from shared data.
 const LOAD_GAUGES_EVERY_MS: u64 = 1000;
-/// Timer period: how often parked calls are looked at and probes considered.
+/// Timer period: how often parked calls are looked at and jobs considered.
 const TICK: Duration = Duration::from_millis(25);
 
 /// The root context of one VM.
 #[derive(Default)]
 pub struct Root {
     worker: Option<Rc<Worker>>,
-    prober: Prober,
-    /// Probes in flight, by callout token.
-    probes: HashMap<u32, Probe>,
-    puller: Puller,
-    /// Pulls of the degrade sources in flight, by callout token.
-    pulls: HashMap<u32, Pull>,
-    /// The token of this worker's batch of spans in flight.
-    export: Option<u32>,
-    /// Callouts that parked calls sent from the timer, by token: the SDK
-    /// hands their answers to this context, which passes them on.
-    callouts: HashMap<u32, ParkedCall>,
     /// The count of the filter's shared-data keys and bytes in progress.
     census: Census<Config>,
     /// When the load and degrade level gauges were last set, ms.
@@ -63,7 +52,7 @@ impl HttpContext for Passthrough {}
 
 impl Root {
     /// Wakes the parked calls whose time has come.
-    fn wake_parked(&mut self, worker: &Worker) {
+    fn wake_parked(&self, worker: &Worker) {
         let parked = worker.take_parked();
         let mut keep = Vec::with_capacity(parked.len());
         for (id, weak) in parked {
@@ -85,9 +74,8 @@ impl Root {
             let mut stream = Stream::default();
             // A worker busy in another callback: look again next tick.
             let wake = with_env(worker, |env| c.on_tick(env, &mut stream)).unwrap_or(Wake::Wait);
-            for token in stream.take_dispatched() {
-                self.callouts.insert(token, (id, weak.clone()));
-            }
+            // The SDK hands their answers to this context, which passes them on.
+            callout::register_calls(worker, id, &slot, stream.take_dispatched());
             if c.body_not_delivered() && worker.can_hold_body.replace(false) {
                 log::warn!(
                     "llm-filter: Envoy does not deliver request bodies to a paused stream; \
@@ -107,95 +95,6 @@ impl Root {
         }
         worker.repark(keep);
     }
-
-    /// Sends the probes that are due; what their ends mean is the prober's.
-    fn probe(&mut self, worker: &Worker) {
-        let cfg = &worker.config.routing;
-        for probe in self.prober.due(cfg, &EnvoyStore, now_ms()) {
-            match send(
-                &probe.cluster,
-                &probe.headers,
-                probe.body.as_deref(),
-                probe.timeout_ms,
-            ) {
-                Some(token) => {
-                    self.probes.insert(token, probe);
-                }
-                None => worker.with_metrics(|m| {
-                    self.prober
-                        .finish(cfg, &EnvoyStore, m, &probe, ProbeEnd::NotSent, now_ms());
-                }),
-            }
-        }
-    }
-
-    /// Sends the degrade sources' pulls that are due; what their answers do
-    /// is the puller's.
-    fn pull(&mut self, worker: &Worker) {
-        let config = &worker.config;
-        for pull in self.puller.due(&config.degrade, &EnvoyStore, now_ms()) {
-            match send(&pull.cluster, &pull.headers, None, pull.timeout_ms) {
-                Some(token) => {
-                    self.pulls.insert(token, pull);
-                }
-                None => worker.with_metrics(|m| {
-                    self.puller
-                        .finish(config, &EnvoyStore, m, &pull, ProbeEnd::NotSent, now_ms());
-                }),
-            }
-        }
-    }
-
-    /// Sends this worker's batch of spans when one is due; one at a time.
-    fn export_spans(&mut self, worker: &Worker) {
-        if self.export.is_some() {
-            return;
-        }
-        let Some(batch) = worker.spans_due() else {
-            return;
-        };
-        match send(
-            &batch.cluster,
-            &batch.headers,
-            Some(&batch.body),
-            batch.timeout_ms,
-        ) {
-            Some(token) => self.export = Some(token),
-            None => worker.spans_exported(None),
-        }
-    }
-}
-
-/// Sends a callout from the timer; its token, `None` when the host would not
-/// (Envoy knows no such cluster).
-fn send<K: AsRef<str>>(
-    cluster: &str,
-    headers: &[(K, String)],
-    body: Option<&[u8]>,
-    timeout_ms: u64,
-) -> Option<u32> {
-    let headers: Vec<(&str, &str)> = headers
-        .iter()
-        .map(|(k, v)| (k.as_ref(), v.as_str()))
-        .collect();
-    hostcall::dispatch_http_call(cluster, &headers, body, Duration::from_millis(timeout_ms)).ok()
-}
-
-/// The status of a timer's callout's answer (`None`: none came) and its
-/// body, read when `read_body` and no longer than `max_body` (a longer one
-/// is left unread: an empty body, which no source takes for an answer).
-fn callout_answer(body_size: usize, read_body: bool, max_body: usize) -> (Option<u16>, Vec<u8>) {
-    let status = adapter::header(MapType::HttpCallResponseHeaders, ":status")
-        .and_then(|s| s.parse::<u16>().ok());
-    let body = if !read_body || body_size > max_body {
-        Vec::new()
-    } else {
-        hostcall::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
-            .ok()
-            .flatten()
-            .unwrap_or_default()
-    };
-    (status, body)
 }
 
 /// Logs the most memory the cache can take and creates its slots in shared
@@ -275,43 +174,9 @@ fn prepare_semantic(cfg: &SemanticConfig, metrics: &mut EnvoyMetrics) {
 
 impl Context for Root {
     fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
-        if let Some((id, weak)) = self.callouts.remove(&token) {
-            let (Some(worker), Some(slot)) = (self.worker.clone(), weak.upgrade()) else {
-                return;
-            };
-            if hostcall::set_effective_context(id).is_ok() {
-                deliver_callout(&worker, id, &slot, body_size);
-            }
-            return;
+        if let Some(worker) = self.worker.clone() {
+            callout::deliver(&worker, token, body_size, None);
         }
-        let Some(worker) = self.worker.clone() else {
-            return;
-        };
-        if self.export == Some(token) {
-            self.export = None;
-            let (status, _) = callout_answer(body_size, false, 0);
-            worker.spans_exported(status);
-            return;
-        }
-        if let Some(pull) = self.pulls.remove(&token) {
-            let (status, body) = callout_answer(body_size, true, MAX_ANSWER_BYTES);
-            let end = ProbeEnd::of(status, &body);
-            worker.with_metrics(|m| {
-                self.puller
-                    .finish(&worker.config, &EnvoyStore, m, &pull, end, now_ms());
-            });
-            return;
-        }
-        let Some(probe) = self.probes.remove(&token) else {
-            return;
-        };
-        let (status, body) = callout_answer(body_size, probe.kind.reads_body(), MAX_METRICS_BYTES);
-        let end = ProbeEnd::of(status, &body);
-        worker.with_metrics(|m| {
-            let cfg = &worker.config.routing;
-            self.prober
-                .finish(cfg, &EnvoyStore, m, &probe, end, now_ms());
-        });
     }
 }
 
@@ -341,11 +206,16 @@ impl RootContext for Root {
         prepare_cache(&config.cache, &mut metrics);
         hostcall::count_unexpected(&mut metrics);
         let mut rng = SplitMix64::new(adapter::entropy());
-        self.prober = Prober::new(rng.next_u64().max(1));
-        self.puller = Puller::new(rng.next_u64().max(1));
+        let jobs = Jobs::new(rng.next_u64().max(1), rng.next_u64().max(1));
         self.census = Census::new(keyspace::plan(&config));
         let model_labels = BoundedLabel::new(MAX_MODEL_LABELS).knowing(&config.names);
-        self.worker = Some(Rc::new(Worker::new(config, metrics, rng, model_labels)));
+        self.worker = Some(Rc::new(Worker::new(
+            config,
+            metrics,
+            rng,
+            model_labels,
+            jobs,
+        )));
         if hostcall::set_tick_period(TICK).is_err() {
             log::warn!("llm-filter: no timer: parked calls rely on their own callbacks");
         }
@@ -359,16 +229,15 @@ impl RootContext for Root {
             return;
         };
         self.wake_parked(&worker);
-        self.probe(&worker);
-        self.pull(&worker);
-        self.export_spans(&worker);
+        callout::run_jobs(&worker);
+        let now = now_ms();
+        callout::give_up(&worker, now);
         let counted = self
             .census
-            .step(&EnvoyStore, &worker.config, now_ms(), KEYS_PER_STEP);
+            .step(&EnvoyStore, &worker.config, now, KEYS_PER_STEP);
         if let Some(footprint) = counted {
             worker.with_metrics(|m| keyspace::publish(&footprint, m));
         }
-        let now = now_ms();
         if now.saturating_sub(self.load_published_ms) >= LOAD_GAUGES_EVERY_MS {
             self.load_published_ms = now;
             worker.with_metrics(|m| {

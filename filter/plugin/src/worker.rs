@@ -1,5 +1,6 @@
 //! What every context of one worker VM shares: the compiled configuration,
-//! the host's stats and randomness, and the calls parked for the timer. The
+//! the host's stats and randomness, the calls parked for the timer, the
+//! callouts in flight and the background jobs. The
 //! root context builds it once; the HTTP contexts and the timer take turns at
 //! it (see [`crate::turn`]).
 
@@ -10,9 +11,11 @@ use llm_filter_core::config::Config;
 use llm_filter_core::host::{Metrics, SplitMix64};
 use llm_filter_core::metrics::{self, BoundedLabel};
 use llm_filter_core::spans;
+use llm_filter_core::wait::{Jobs, Waits};
 use llm_filter_core::walk::{Call, Env};
 
 use crate::adapter::{now_ms, EnvoyMetrics, EnvoyStore};
+use crate::callout::Then;
 use crate::hostcall;
 use crate::turn::{self, Discard, Turn};
 
@@ -40,26 +43,36 @@ pub struct Worker {
     /// Envoy delivers request bodies to paused streams (it does not without
     /// `allow_on_headers_stop_iteration`).
     pub can_hold_body: Cell<bool>,
+    /// The time the last callback read, ms: when a callout it sent left.
+    last_now_ms: Cell<u64>,
     /// Stats sink (shared with a census build's timing of each callback).
     metrics: Rc<Turn<EnvoyMetrics>>,
     draws: Turn<Draws>,
     /// Calls waiting for the timer, by context id.
     parked: Turn<Vec<ParkedCall>>,
+    /// The callouts in flight, by token, with what should happen to their
+    /// answers.
+    pub waits: Turn<Waits<ParkedCall>>,
+    /// The background jobs: probes, the degrade sources' pulls, the span
+    /// export.
+    pub jobs: Turn<Jobs>,
 }
 
 impl Worker {
-    /// The worker of `config`, with the stats defined so far, its generator
-    /// and its bound on model labels.
+    /// The worker of `config`, with the stats defined so far, its generator,
+    /// its bound on model labels and its background jobs.
     pub fn new(
         config: Config,
         metrics: EnvoyMetrics,
         rng: SplitMix64,
         model_labels: BoundedLabel,
+        jobs: Jobs,
     ) -> Self {
         let tenant_labels = BoundedLabel::new(config.limits.tenant_labels);
         Self {
             config,
             can_hold_body: Cell::new(true),
+            last_now_ms: Cell::new(0),
             metrics: Rc::new(Turn::new(metrics)),
             draws: Turn::new(Draws {
                 rng,
@@ -68,7 +81,31 @@ impl Worker {
                 spans: spans::Queue::default(),
             }),
             parked: Turn::new(Vec::new()),
+            waits: Turn::new(Waits::default()),
+            jobs: Turn::new(jobs),
         }
+    }
+
+    /// Registers `then` for the answer of callout `token`, sent now with a
+    /// timeout of `timeout_ms`; the continuation when it was not kept (the
+    /// registry full, or busy in another callback).
+    pub fn register(&self, token: u32, then: Then, timeout_ms: u64) -> Option<Then> {
+        let now = self.last_now_ms.get();
+        let mut then = Some(then);
+        self.waits.with(|w| {
+            if let Some(t) = then.take() {
+                then = w
+                    .register(token, t, now, timeout_ms)
+                    .err()
+                    .map(|full| full.0);
+            }
+        });
+        then
+    }
+
+    /// The call of stream `id` ended: answers to its callouts find nothing.
+    pub fn forget_calls(&self, id: u32) {
+        self.waits.with(|w| w.forget_calls(|(call, _)| *call == id));
     }
 
     /// Remembers a call that waits for the timer.
@@ -98,25 +135,6 @@ impl Worker {
             Some(mut m) => f(&mut *m),
             None => f(&mut Discard),
         }
-    }
-
-    /// The batch of spans due for export now, if any (`tracing.otlp`).
-    pub fn spans_due(&self) -> Option<spans::Export> {
-        let otlp = self.config.otlp.as_ref()?;
-        self.metrics
-            .with(|m| {
-                self.draws
-                    .with(|d| d.spans.due(otlp, m, now_ms()))
-                    .flatten()
-            })
-            .flatten()
-    }
-
-    /// The batch of spans in flight ended with `status` (`None`: no answer).
-    pub fn spans_exported(&self, status: Option<u16>) {
-        self.metrics.with(|m| {
-            self.draws.with(|d| d.spans.finished(m, status));
-        });
     }
 
     /// Counts the filter's own trouble; the stream goes on untouched.
@@ -149,6 +167,8 @@ pub fn with_env<T>(worker: &Worker, f: impl FnOnce(&mut Env<'_>) -> T) -> Option
     worker
         .metrics
         .with(|metrics| {
+            let now = now_ms();
+            worker.last_now_ms.set(now);
             let out = worker.draws.with(|draws| {
                 let mut env = Env {
                     config: &worker.config,
@@ -158,7 +178,7 @@ pub fn with_env<T>(worker: &Worker, f: impl FnOnce(&mut Env<'_>) -> T) -> Option
                     model_labels: &mut draws.model_labels,
                     tenant_labels: &mut draws.tenant_labels,
                     spans: &mut draws.spans,
-                    now_ms: now_ms(),
+                    now_ms: now,
                     can_hold_body: worker.can_hold_body.get(),
                 };
                 f(&mut env)

@@ -13,35 +13,89 @@ use crate::{budget, dialect, load, observe, routing, spans};
 use super::state::{Phase, Response};
 use super::{Call, Env, Host};
 
+/// A feature that only listens at the end of a call: it hears the call's
+/// summary, nothing else (a new one is a variant and a line of [`AT_END`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AtEnd {
+    /// The request metrics.
+    Metrics,
+    /// The call's span.
+    Span,
+    /// Routing, the budget breaker and the clusters' load learn the try.
+    Learn,
+    /// The prompt-token estimate's calibration.
+    Calibration,
+    /// The memory of stored Responses answers.
+    ResponseMemory,
+    /// The limits' reservations settle.
+    Limits,
+    /// The model's in-flight count.
+    Load,
+}
+
+/// The listeners at a call's end, in the order they hear it.
+const AT_END: [AtEnd; 7] = [
+    AtEnd::Metrics,
+    AtEnd::Span,
+    AtEnd::Learn,
+    AtEnd::Calibration,
+    AtEnd::ResponseMemory,
+    AtEnd::Limits,
+    AtEnd::Load,
+];
+
 impl Call {
     /// End of the stream: one summary of the call, learnt from by each policy.
     pub fn on_log(mut self, env: &mut Env<'_>) {
+        for _ in 0..self.progress.strays() {
+            internal_error(env.metrics, "phase");
+        }
         self.cache_on_log(env);
         self.settle_hedge(env);
         let model = self.model_label(env);
-        let summary = self.summary_in_group(env.config, &model, env.now_ms);
-        observe::record(env.metrics, &summary);
-        self.queue_span(env, &summary);
-        self.learn_from(env, &summary);
-        self.calibrate(env, &summary);
-        self.remember_response(env);
-        self.settle_limits(env);
-        // It leaves the in-flight count of the record it joined.
-        let started = self.dispatch.load_model.as_deref();
-        load::ended(env.store, env.metrics, &env.config.names, &summary, started);
+        let summary = self.summary_in_group(env.config, self.served(), &model, env.now_ms);
+        for listener in AT_END {
+            self.hear_end(env, listener, &summary);
+        }
     }
 
-    /// The call's summary now, with its A/B group: what the metrics, the span
-    /// and the record say of it.
+    /// One listener hears how the call ended (`call`, classified once).
+    fn hear_end(&self, env: &mut Env<'_>, listener: AtEnd, call: &CallSummary<'_>) {
+        match listener {
+            AtEnd::Metrics => observe::record(env.metrics, call),
+            AtEnd::Span => self.queue_span(env, call),
+            AtEnd::Learn => self.learn_from(env, call),
+            AtEnd::Calibration => self.calibrate(env, call),
+            AtEnd::ResponseMemory => self.remember_response(env, call),
+            AtEnd::Limits => self.settle_limits(env, call),
+            AtEnd::Load => {
+                // It leaves the in-flight count of the record it joined.
+                let started = self.dispatch.load_model.as_deref();
+                load::ended(env.store, env.metrics, &env.config.names, call, started);
+            }
+        }
+    }
+
+    /// The call's summary now, served as `served` says, with its A/B group:
+    /// what the metrics, the span and the record say of it.
     fn summary_in_group<'a>(
         &'a self,
         config: &'a Config,
+        served: Served<'a>,
         model: &'a str,
         now_ms: u64,
     ) -> CallSummary<'a> {
         CallSummary {
             group: self.group(config).map(|g| g.name.as_str()),
-            ..self.summary(model, now_ms)
+            ..self.summary_of(served, model, now_ms)
+        }
+    }
+
+    /// What serves the call as it stands: its response and its cluster.
+    pub(super) fn served(&self) -> Served<'_> {
+        Served {
+            response: self.response.as_ref(),
+            cluster: self.dispatch.cluster.as_deref(),
         }
     }
 
@@ -59,16 +113,28 @@ impl Call {
     /// end, or as the filter answers itself (`end`: how, since the phase does
     /// not say so yet).
     pub(super) fn write_record(&self, env: &mut Env<'_>, host: &mut dyn Host, end: Option<End>) {
+        self.write_record_of(env, host, end, self.served());
+    }
+
+    /// The record of the call as `served` serves it (another backend's
+    /// answer about to go out, say).
+    pub(super) fn write_record_of(
+        &self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        end: Option<End>,
+        served: Served<'_>,
+    ) {
         if !env.config.access_log {
             return;
         }
         let model = self.model_label(env);
-        let mut call = self.summary_in_group(env.config, &model, env.now_ms);
+        let mut call = self.summary_in_group(env.config, served, &model, env.now_ms);
         if let Some(end) = end {
             call.end = end;
         }
-        let finish = self.finish_reasons();
-        let details = self.details(env.config, &finish);
+        let finish = served.finish_reasons();
+        let details = self.details(env.config, &finish, served.response);
         let record = spans::record::record(self.decided.span.as_ref(), &call, &details);
         if !host.set_property(spans::record::PROPERTY, &record) {
             internal_error(env.metrics, "set_property");
@@ -84,35 +150,30 @@ impl Call {
         if !ids.sampled() {
             return;
         }
-        let finish = self.finish_reasons();
-        let span = spans::encode(&ids, call, &self.details(env.config, &finish));
+        let served = self.served();
+        let finish = served.finish_reasons();
+        let span = spans::encode(
+            &ids,
+            call,
+            &self.details(env.config, &finish, served.response),
+        );
         env.spans.push(otlp, env.metrics, span);
     }
 
-    /// Why the answer ended, when it said.
-    fn finish_reasons(&self) -> Vec<&str> {
-        self.response
-            .as_ref()
-            .map(Response::finish_reasons)
-            .unwrap_or_default()
-    }
-
-    /// What the walk knew of the call beyond its summary, for its span and
-    /// its record.
+    /// What the walk knew of the call beyond its summary, answered by
+    /// `response`, for its span and its record.
     fn details<'a>(
         &'a self,
         config: &'a Config,
         finish_reasons: &'a [&'a str],
+        response: Option<&'a Response>,
     ) -> spans::Details<'a> {
         let endpoint = self.request.endpoint;
         spans::Details {
             prompt: self.request.prompt.as_ref(),
-            completion: self
-                .response
-                .as_ref()
-                .and_then(|r| r.completion(endpoint, &config.capture)),
+            completion: response.and_then(|r| r.completion(endpoint, &config.capture)),
             requested_model: self.request.model.as_deref(),
-            response_model: self.response.as_ref().and_then(Response::model),
+            response_model: response.and_then(Response::model),
             finish_reasons,
             max_tokens: self.request.max_tokens,
             temperature: self.request.temperature,
@@ -134,13 +195,15 @@ impl Call {
 
     /// A stored Responses answer of a routed backend: the backend holds it,
     /// and a call that continues it goes there (see [`routing::stateful`]).
-    fn remember_response(&self, env: &mut Env<'_>) {
+    /// (An answer another backend gave in place of a failed one is not
+    /// remembered.)
+    fn remember_response(&self, env: &mut Env<'_>, call: &CallSummary<'_>) {
         let (Some(cluster), Some(r)) = (self.dispatch.cluster.as_deref(), self.response.as_ref())
         else {
             return;
         };
-        let answered = matches!(self.progress.phase(), Phase::Forwarded)
-            && r.status.is_some_and(|s| (200..300).contains(&s));
+        let answered =
+            matches!(self.progress.phase(), Phase::Forwarded) && call.end.upstream_success();
         if self.request.endpoint != Dialect::Responses
             || !self.request.continues.stored
             || !answered
@@ -156,11 +219,21 @@ impl Call {
 
     /// What the call was and how it ended.
     pub(super) fn summary<'a>(&'a self, model: &'a str, now_ms: u64) -> CallSummary<'a> {
+        self.summary_of(self.served(), model, now_ms)
+    }
+
+    /// What the call was and how it ended, served as `served` says.
+    fn summary_of<'a>(
+        &'a self,
+        served: Served<'a>,
+        model: &'a str,
+        now_ms: u64,
+    ) -> CallSummary<'a> {
         let local = match *self.progress.phase() {
             Phase::Answered(status) => Some(status),
             _ => None,
         };
-        let r = self.response.as_ref();
+        let r = served.response;
         let end = match self.progress.phase() {
             // The stream ended while another backend was still asked.
             Phase::FailingOver => End::Abandoned,
@@ -182,7 +255,7 @@ impl Call {
             ended_ms: now_ms,
             usage: r.and_then(Response::usage),
             streamed: r.is_some_and(Response::is_stream),
-            cluster: self.dispatch.cluster.as_deref(),
+            cluster: served.cluster,
             breaker: self.dispatch.breaker.as_deref(),
             budget_ms: self.request.budget_ms,
             planned_retries: self.dispatch.planned_retries,
@@ -190,5 +263,23 @@ impl Call {
             failovers: 0,
             group: None,
         }
+    }
+}
+
+/// What serves a call: the response that answers it and the cluster that
+/// sent it. Passed explicitly where it is not yet the call's own (another
+/// backend's answer about to go out), instead of swapping it in.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Served<'a> {
+    pub(super) response: Option<&'a Response>,
+    pub(super) cluster: Option<&'a str>,
+}
+
+impl<'a> Served<'a> {
+    /// Why the answer ended, when it said.
+    fn finish_reasons(self) -> Vec<&'a str> {
+        self.response
+            .map(Response::finish_reasons)
+            .unwrap_or_default()
     }
 }

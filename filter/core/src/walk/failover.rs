@@ -14,7 +14,9 @@ use crate::routing::hedge::{self, HedgeResult};
 use crate::routing::rewrite::{self, Edit};
 use crate::routing::{self, affinity, RouteAsk, RouteDecision, RoutingConfig};
 use crate::summary::{CallSummary, End};
+use crate::wait::CallWait;
 
+use super::end::Served;
 use super::state::Response;
 use super::{Call, CalloutAnswer, Env, Host, Phase, Step};
 
@@ -36,7 +38,7 @@ impl Call {
         let hedged = self.progress.hedge_out().map(str::to_string);
         let target = match hedged.clone() {
             Some(cluster) => cluster,
-            None => match self.send_elsewhere(env, host) {
+            None => match self.send_elsewhere(env, host, CallWait::Failover) {
                 Sent::To(cluster) => cluster,
                 Sent::Nowhere => return Step::Continue,
                 Sent::Refused => {
@@ -89,8 +91,14 @@ impl Call {
     }
 
     /// Sends the held request to the best other backend of its model than the
-    /// one it is on, as a callout that ends with the caller's budget.
-    pub(super) fn send_elsewhere(&self, env: &mut Env<'_>, host: &mut dyn Host) -> Sent {
+    /// one it is on, as a callout that ends with the caller's budget and
+    /// whose answer goes on by `then`.
+    pub(super) fn send_elsewhere(
+        &self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        then: CallWait,
+    ) -> Sent {
         let (Some(failed), Some(model)) = (self.dispatch.cluster.as_deref(), self.model()) else {
             return Sent::Nowhere;
         };
@@ -98,14 +106,17 @@ impl Call {
             routing::failover_target(config, store, ask, failed)
         });
         match target.flatten() {
-            Some(target) => self.send_to(env, host, &target, target.rewrite_model.as_deref()),
+            Some(target) => {
+                let model = target.rewrite_model.as_deref();
+                self.send_to(env, host, &target, model, then)
+            }
             None => Sent::Nowhere,
         }
     }
 
     /// Sends the held request to a backend of `model` (another model than
     /// the call's, named in the body), picked as a call asking for it would
-    /// be, as a callout that ends with the caller's budget.
+    /// be, as a callout that ends with the caller's budget (a fallback's).
     pub(super) fn send_to_model(
         &self,
         env: &mut Env<'_>,
@@ -119,7 +130,7 @@ impl Call {
         match target.flatten() {
             Some(target) => {
                 let name = target.rewrite_model.as_deref().unwrap_or(&target.model);
-                self.send_to(env, host, &target, Some(name))
+                self.send_to(env, host, &target, Some(name), CallWait::Fallback)
             }
             None => Sent::Nowhere,
         }
@@ -158,13 +169,15 @@ impl Call {
     }
 
     /// Sends the held request to `target` with `model` in its body, as a
-    /// callout that ends with the caller's budget.
+    /// callout that ends with the caller's budget and whose answer goes on
+    /// by `then`.
     fn send_to(
         &self,
         env: &mut Env<'_>,
         host: &mut dyn Host,
         target: &RouteDecision,
         model: Option<&str>,
+        then: CallWait,
     ) -> Sent {
         let Some(body) = self.dispatch.held.as_ref() else {
             return Sent::Nowhere;
@@ -189,7 +202,7 @@ impl Call {
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
         let timeout_ms = self.request.remaining_ms(env.now_ms);
-        if !host.dispatch_call(&target.cluster, &headers, &new_body, timeout_ms) {
+        if !host.dispatch_call(&target.cluster, &headers, &new_body, timeout_ms, then) {
             internal_error(env.metrics, "callout_dispatch");
             return Sent::Refused;
         }
@@ -221,21 +234,32 @@ impl Call {
             && breaker.is_none_or(|b| budget::retry_allowed(env.store, &env.config.budget, b, env.now_ms))
     }
 
-    /// The answer of a callout: of the embeddings service (see
-    /// [`Call::holds_request`]), or of the backend a failover (or a hedge)
-    /// asked. `Step::Continue`: let the held failure go on to the client (the
+    /// The answer of a callout the call sent, which goes on by `then` (see
+    /// [`crate::wait`]): the question's embedding, or the answer of the
+    /// backend a failover, a hedge or a fallback asked. An answer the call
+    /// no longer waits for (it moved on meanwhile) is dropped. A hedge's
+    /// answer after its backend failed the call is the failover's.
+    /// `Step::Continue`: let the held failure go on to the client (the
     /// other backend did not answer); `Step::Pause`: nothing to resume (the
     /// client was answered here, or the response was never held).
     pub fn on_callout_response(
         &mut self,
         env: &mut Env<'_>,
         host: &mut dyn Host,
+        then: CallWait,
         answer: CalloutAnswer,
     ) -> Step {
-        match self.progress.phase() {
-            Phase::Embedding { .. } => self.embedding_answered(env, host, &answer),
-            Phase::FailingOver => self.failover_answered(env, host, answer),
-            Phase::Forwarded => {
+        let phase = self.progress.phase();
+        match then {
+            CallWait::Embedding if matches!(phase, Phase::Embedding { .. }) => {
+                self.embedding_answered(env, host, &answer)
+            }
+            CallWait::Failover | CallWait::Fallback | CallWait::Hedge
+                if matches!(phase, Phase::FailingOver) =>
+            {
+                self.failover_answered(env, host, answer)
+            }
+            CallWait::Hedge if matches!(phase, Phase::Forwarded) => {
                 self.hedge_answered(env, host, answer);
                 Step::Pause
             }
@@ -270,7 +294,7 @@ impl Call {
             hedge::count(env.metrics, result);
         }
         match answer.status {
-            Some(status) if self.reply_with(env, host, status, &answer) => {
+            Some(status) if self.reply_with(env, host, None, status, &answer) => {
                 self.progress.failed_over();
                 Step::Pause
             }
@@ -290,17 +314,20 @@ impl Call {
         }
     }
 
-    /// Answers the client with the other backend's answer; false (counted)
-    /// when the host refused.
+    /// Answers the client with the other backend's answer, of `cluster`
+    /// (`None`: the one the call is on); false (counted) when the host
+    /// refused. The answer is the call's once it went out.
     pub(super) fn reply_with(
         &mut self,
         env: &mut Env<'_>,
         host: &mut dyn Host,
+        cluster: Option<&str>,
         status: u16,
         answer: &CalloutAnswer,
     ) -> bool {
+        let cluster = cluster.or(self.dispatch.cluster.as_deref());
         let mut headers = failover::reply_headers(&answer.headers);
-        let told = self.client_headers(env.config, self.dispatch.cluster.as_deref());
+        let told = self.client_headers(env.config, cluster);
         headers.extend(told.into_iter().map(|(k, v)| (k.to_string(), v)));
         let refs: Vec<(&str, &str)> = headers
             .iter()
@@ -321,13 +348,16 @@ impl Call {
         );
         let body = stripped.as_deref().unwrap_or(&answer.body);
         // The record is of the answer sent, written before it goes.
-        let previous = self.response.replace(response);
-        self.write_record(env, host, Some(End::Answered(status)));
+        let served = Served {
+            response: Some(&response),
+            cluster,
+        };
+        self.write_record_of(env, host, Some(End::Answered(status)), served);
         if !host.send_local_reply(u32::from(status), &refs, body) {
-            self.response = previous;
             internal_error(env.metrics, "local_reply");
             return false;
         }
+        self.response = Some(response);
         true
     }
 }

@@ -2,12 +2,13 @@
 
 use std::collections::BTreeMap;
 
-use super::{Env, Host};
+use super::{Call, CalloutAnswer, Env, Host, Step};
 use crate::config::Config;
 use crate::host::{MemoryMetrics, MemoryStore, SplitMix64};
 use crate::keyspace;
 use crate::metrics::BoundedLabel;
 use crate::spans;
+use crate::wait::CallWait;
 
 /// What the fake proxy holds and what the walk did to it.
 #[derive(Debug, Default, Clone)]
@@ -21,6 +22,8 @@ pub struct FakeHost {
     pub route_cache_cleared: u32,
     /// Callouts sent.
     pub callouts: Vec<Callout>,
+    /// What the walk does with each callout's answer, in the order sent.
+    pub waits: Vec<CallWait>,
     /// The host refuses to send callouts.
     pub refuse_callouts: bool,
     /// Times the request body was replaced.
@@ -33,6 +36,21 @@ pub struct FakeHost {
 
 /// A callout sent: cluster, headers, body, timeout.
 pub type Callout = (String, Vec<(String, String)>, Vec<u8>, u64);
+
+impl Call {
+    /// Hands `answer` to the call as the answer of the last callout it sent
+    /// through `host`, with the continuation it registered, as the plugin
+    /// does with the one its registry holds under the callout's token.
+    pub fn answer_callout(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut FakeHost,
+        answer: CalloutAnswer,
+    ) -> Step {
+        let then = *host.waits.last().expect("a callout was sent");
+        self.on_callout_response(env, host, then, answer)
+    }
+}
 
 impl FakeHost {
     pub fn new() -> Self {
@@ -167,10 +185,12 @@ impl Host for FakeHost {
         headers: &[(&str, &str)],
         body: &[u8],
         timeout_ms: u64,
+        then: CallWait,
     ) -> bool {
         if self.refuse_callouts {
             return false;
         }
+        self.waits.push(then);
         let headers = headers
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -6,9 +6,9 @@ use crate::routing::failover;
 use crate::routing::hedge::{self, HedgeResult};
 use crate::routing::{self, health};
 use crate::summary::{CallSummary, End};
+use crate::wait::CallWait;
 
 use super::failover::Sent;
-use super::state::Hedge;
 use super::{Call, CalloutAnswer, Env, Host, Phase, Wake};
 
 impl Call {
@@ -51,13 +51,15 @@ impl Call {
         }
     }
 
-    /// A timer tick of a call whose hedge is armed: sends the hedge once it is
-    /// due, unless the backend answered, the budget has no room left or the
-    /// cap is reached.
-    pub(super) fn hedge_on_tick(&mut self, env: &mut Env<'_>, host: &mut dyn Host) -> Wake {
-        let Hedge::Armed { at_ms } = *self.progress.hedge() else {
-            return Wake::Idle;
-        };
+    /// A timer tick of a call whose hedge is armed for `at_ms`: sends the
+    /// hedge once it is due, unless the backend answered, the budget has no
+    /// room left or the cap is reached.
+    pub(super) fn hedge_on_tick(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        at_ms: u64,
+    ) -> Wake {
         if self.response.is_some() || !matches!(self.progress.phase(), Phase::Forwarded) {
             self.progress.disarm_hedge();
             return Wake::Idle;
@@ -84,7 +86,7 @@ impl Call {
         {
             return Wake::Idle;
         }
-        if let Sent::To(cluster) = self.send_elsewhere(env, host) {
+        if let Sent::To(cluster) = self.send_elsewhere(env, host, CallWait::Hedge) {
             routing::learn::started(env.store, env.metrics, &cluster, env.now_ms);
             self.progress.hedge_sent(cluster);
         }
@@ -107,8 +109,8 @@ impl Call {
             .status
             .filter(|s| !failover::retriable(End::Answered(*s)));
         if let (Some(status), None) = (good, self.response.as_ref()) {
-            let first = self.dispatch.cluster.replace(cluster.clone());
-            if self.reply_with(env, host, status, &answer) {
+            if self.reply_with(env, host, Some(&cluster), status, &answer) {
+                let first = self.dispatch.cluster.replace(cluster.clone());
                 // The first backend was dropped unanswered: its tail learns
                 // it was at least this slow; its breaker learns nothing.
                 let outlasted = CallSummary {
@@ -125,7 +127,6 @@ impl Call {
                 hedge::count(env.metrics, HedgeResult::Won);
                 return;
             }
-            self.dispatch.cluster = first;
         }
         let end = answer.status.map_or(End::TimedOut(504), End::Answered);
         self.hedge_learns(env, &cluster, end);

@@ -14,8 +14,9 @@ use crate::degrade;
 use crate::dialect::Dialect;
 use crate::limits::{self, window, Ask, Decision, Ended, Left, Measure, Refused};
 use crate::shaping::{self, TokenField};
+use crate::summary::CallSummary;
 
-use super::state::{token_cap, LimitsCall, Phase};
+use super::state::{token_cap, LimitsCall};
 use super::{set_request, Call, Env, Flow, HeldBody, Host};
 
 /// A refusal whose window frees later than this tells SDKs not to retry:
@@ -190,8 +191,9 @@ impl Call {
         self.reply_locally(env, host, reply) == super::Step::Pause
     }
 
-    /// Settles the call's reservations with what it was charged.
-    pub(super) fn settle_limits(&self, env: &mut Env<'_>) {
+    /// Settles the call's reservations with what it was charged, by how it
+    /// ended (`call`).
+    pub(super) fn settle_limits(&self, env: &mut Env<'_>, call: &CallSummary<'_>) {
         let Some(l) = &self.decided.limits else {
             return;
         };
@@ -199,12 +201,9 @@ impl Call {
             return;
         }
         let r = self.response.as_ref();
-        let local = matches!(self.progress.phase(), Phase::Answered(_));
         let ended = Ended {
             usage: r.and_then(|r| r.usage()),
-            answered: !local
-                && r.and_then(|r| r.status)
-                    .is_some_and(|s| (200..300).contains(&s)),
+            answered: call.end.upstream_success(),
             streamed: r.is_some_and(|r| r.is_stream()),
             completed: r.is_some_and(|r| r.finished()),
             events: r.map_or(0, |r| r.events()),

@@ -49,7 +49,7 @@ mod upstream;
 
 use body::{BodyCopy, HeldBody};
 pub use proxy::{CalloutAnswer, Host};
-use state::{CacheCall, Decided, Dispatch, Phase, Progress, Request, Response};
+use state::{CacheCall, Decided, Dispatch, Phase, Progress, Request, Response, Timer};
 
 /// What the worker shares with every call.
 pub struct Env<'a> {
@@ -317,12 +317,10 @@ impl Call {
         matches!(self.progress.phase(), Phase::Holding { .. })
     }
 
-    /// A timer tick for a parked call.
+    /// A timer tick for a parked call, which goes on by what it waits for.
     pub fn on_tick(&mut self, env: &mut Env<'_>, host: &mut dyn Host) -> Wake {
-        match *self.progress.phase() {
-            Phase::Holding {
-                watchdog_since_ms: Some(since_ms),
-            } => {
+        match self.progress.timer() {
+            Some(Timer::BodyWatchdog { since_ms }) => {
                 if env.now_ms.saturating_sub(since_ms) < BODY_WATCHDOG_MS {
                     return Wake::Wait;
                 }
@@ -337,11 +335,9 @@ impl Call {
                     Step::Pause => Wake::Answered,
                 }
             }
-            Phase::Coalescing { deadline_ms, .. } => self.cache_on_tick(env, host, deadline_ms),
-            _ if matches!(self.progress.hedge(), state::Hedge::Armed { .. }) => {
-                self.hedge_on_tick(env, host)
-            }
-            _ => Wake::Resume,
+            Some(Timer::Coalescing { deadline_ms }) => self.cache_on_tick(env, host, deadline_ms),
+            Some(Timer::Hedge { at_ms }) => self.hedge_on_tick(env, host, at_ms),
+            None => Wake::Resume,
         }
     }
 

@@ -2,6 +2,8 @@
 //! bodies, local replies, the route cache and callouts. The plugin implements
 //! it over Envoy's host calls; the core's tests, over a fake.
 
+use crate::wait::CallWait;
+
 /// Stream operations the walk needs from the proxy.
 pub trait Host {
     /// A request header (first value), lossily decoded.
@@ -37,13 +39,16 @@ pub trait Host {
     /// Every request header, in order, as the upstream saw them.
     fn request_headers(&self) -> Vec<(String, String)>;
     /// Sends a request to `cluster` on the side (an HTTP callout), whose
-    /// answer comes back through [`Call::on_callout_response`]; false if refused.
+    /// answer comes back through [`super::Call::on_callout_response`] with `then`
+    /// (the host registers it under the callout's token, see
+    /// [`crate::wait::Waits`]); false if refused.
     fn dispatch_call(
         &mut self,
         cluster: &str,
         headers: &[(&str, &str)],
         body: &[u8],
         timeout_ms: u64,
+        then: CallWait,
     ) -> bool;
 }
 

@@ -8,6 +8,7 @@ use crate::cache::semantic::{self, EmbedFailure, Index};
 use crate::cache::{CacheStatus, Entry, Key, Lookup, Store};
 use crate::host::{Metrics, StoreError};
 use crate::metrics as names;
+use crate::wait::CallWait;
 
 use std::ops::ControlFlow;
 
@@ -55,6 +56,7 @@ impl Call {
             &headers,
             &payload,
             timeout_ms,
+            CallWait::Embedding,
         ) {
             count_failure(env.metrics, EmbedFailure::Dispatch);
             return ControlFlow::Continue(Some(body));

@@ -213,12 +213,27 @@ pub(super) enum Hedge {
     Done,
 }
 
+/// What a parked call waits for the timer for: each tick goes on by it (a
+/// new kind of timed wait is one more variant).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Timer {
+    /// The first body callback, since `since_ms` (see [`Phase::Holding`]).
+    BodyWatchdog { since_ms: u64 },
+    /// An identical call's answer, until `deadline_ms`.
+    Coalescing { deadline_ms: u64 },
+    /// The hedge's time, `at_ms`.
+    Hedge { at_ms: u64 },
+}
+
 /// Where the call and its hedge stand; every transition of the diagram above
-/// is one method here.
+/// is one method here, and checks the phase it starts from.
 #[derive(Debug)]
 pub(super) struct Progress {
     phase: Phase,
     hedge: Hedge,
+    /// Transitions asked from a phase the diagram has none from (see
+    /// [`Progress::check`]).
+    strays: u32,
 }
 
 impl Progress {
@@ -227,7 +242,34 @@ impl Progress {
         Self {
             phase: Phase::Forwarded,
             hedge: Hedge::Off,
+            strays: 0,
         }
+    }
+
+    /// A transition to `to` from where the call stands, allowed (`ok`) by
+    /// the diagram or not: one that is not is a bug of the walk. A test
+    /// fails on it; in production the transition is made all the same (as
+    /// the walk asked) and counted, see [`Progress::strays`].
+    fn check(&mut self, ok: bool, to: &str) {
+        if ok {
+            return;
+        }
+        #[cfg(test)]
+        panic!(
+            "no transition to {to} from {:?} (hedge {:?})",
+            self.phase, self.hedge
+        );
+        #[cfg(not(test))]
+        {
+            let _ = to;
+            self.strays = self.strays.saturating_add(1);
+        }
+    }
+
+    /// Transitions asked from a phase the diagram has none from, for the
+    /// call's end to count (`llm_filter_internal_errors_total{reason="phase"}`).
+    pub(super) fn strays(&self) -> u32 {
+        self.strays
     }
 
     /// Where the call stands.
@@ -235,23 +277,29 @@ impl Progress {
         &self.phase
     }
 
-    /// Where its hedge stands.
-    pub(super) fn hedge(&self) -> &Hedge {
-        &self.hedge
-    }
-
     /// True while the call waits for a timer rather than for Envoy.
     pub(super) fn is_parked(&self) -> bool {
-        matches!(
-            self.phase,
+        self.timer().is_some()
+    }
+
+    /// What the call waits for the timer for, if anything: the phase's
+    /// wait first, then the hedge's.
+    pub(super) fn timer(&self) -> Option<Timer> {
+        match self.phase {
             Phase::Holding {
-                watchdog_since_ms: Some(_)
-            } | Phase::Coalescing { .. }
-        ) || matches!(self.hedge, Hedge::Armed { .. })
+                watchdog_since_ms: Some(since_ms),
+            } => Some(Timer::BodyWatchdog { since_ms }),
+            Phase::Coalescing { deadline_ms, .. } => Some(Timer::Coalescing { deadline_ms }),
+            _ => match self.hedge {
+                Hedge::Armed { at_ms } => Some(Timer::Hedge { at_ms }),
+                _ => None,
+            },
+        }
     }
 
     /// The body is held from `now_ms`, under the watchdog.
     pub(super) fn hold(&mut self, now_ms: u64) {
+        self.check(matches!(self.phase, Phase::Forwarded), "Holding");
         self.phase = Phase::Holding {
             watchdog_since_ms: Some(now_ms),
         };
@@ -272,16 +320,23 @@ impl Progress {
     /// The request goes on to the upstream: decided, given up on holding,
     /// or back from a failover no other backend answered.
     pub(super) fn forward(&mut self) {
+        let ok = matches!(
+            self.phase,
+            Phase::Holding { .. } | Phase::Forwarded | Phase::ErrorHeld | Phase::FailingOver
+        );
+        self.check(ok, "Forwarded");
         self.phase = Phase::Forwarded;
     }
 
     /// The call waits for an identical one in flight, until `deadline_ms`.
     pub(super) fn coalesce(&mut self, deadline_ms: u64, body: HeldBody) {
+        self.check(matches!(self.phase, Phase::Forwarded), "Coalescing");
         self.phase = Phase::Coalescing { deadline_ms, body };
     }
 
     /// The call waits for its question's embedding.
     pub(super) fn embed(&mut self, body: HeldBody) {
+        self.check(matches!(self.phase, Phase::Forwarded), "Embedding");
         self.phase = Phase::Embedding { body };
     }
 
@@ -299,41 +354,59 @@ impl Progress {
 
     /// The backend refused the call; its error is held to be read.
     pub(super) fn hold_error(&mut self) {
+        self.check(matches!(self.phase, Phase::Forwarded), "ErrorHeld");
         self.phase = Phase::ErrorHeld;
     }
 
     /// The backend failed the call; its response is held while another is asked.
     pub(super) fn fail_over(&mut self) {
+        // From a failure just read, a held error, or a fallback's answer
+        // that the chain moves on from.
+        let ok = matches!(
+            self.phase,
+            Phase::Forwarded | Phase::ErrorHeld | Phase::FailingOver
+        );
+        self.check(ok, "FailingOver");
         self.phase = Phase::FailingOver;
     }
 
     /// Another backend's answer reached the client.
     pub(super) fn failed_over(&mut self) {
+        // The other backend's answer, or a hedge's that beat the backend.
+        let ok = matches!(self.phase, Phase::FailingOver | Phase::Forwarded);
+        self.check(ok, "FailedOver");
         self.phase = Phase::FailedOver;
     }
 
     /// The filter answered the call with `status`.
     pub(super) fn answered(&mut self, status: u32) {
+        // Never twice, nor once another backend's answer went out.
+        let ok = !matches!(self.phase, Phase::Answered(_) | Phase::FailedOver);
+        self.check(ok, "Answered");
         self.phase = Phase::Answered(u16::try_from(status).unwrap_or(u16::MAX));
     }
 
     /// The hedge goes out at `at_ms` unless the backend answers first.
     pub(super) fn arm_hedge(&mut self, at_ms: u64) {
+        self.check(self.hedge == Hedge::Off, "hedge Armed");
         self.hedge = Hedge::Armed { at_ms };
     }
 
     /// The backend answered before the hedge was due: no hedge.
     pub(super) fn disarm_hedge(&mut self) {
+        self.check(matches!(self.hedge, Hedge::Armed { .. }), "hedge Off");
         self.hedge = Hedge::Off;
     }
 
     /// The hedge was due: it is sent now (see [`Self::hedge_sent`]) or never.
     pub(super) fn hedge_due(&mut self) {
+        self.check(matches!(self.hedge, Hedge::Armed { .. }), "hedge Done");
         self.hedge = Hedge::Done;
     }
 
     /// The hedge went to `cluster`.
     pub(super) fn hedge_sent(&mut self, cluster: String) {
+        self.check(self.hedge == Hedge::Done, "hedge Sent");
         self.hedge = Hedge::Sent { cluster };
     }
 

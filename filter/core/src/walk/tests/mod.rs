@@ -15,8 +15,10 @@ mod estimate;
 mod group;
 mod keys;
 mod limits;
+mod phases;
 mod semantic;
 mod shape;
+mod waits;
 
 impl World {
     /// Runs a request through to the upstream; returns the call, what the
@@ -645,7 +647,7 @@ fn the_other_backends_answer_reaches_the_client_and_is_learnt() {
         body: ANSWER.as_bytes().to_vec(),
     };
     assert_eq!(
-        call.on_callout_response(&mut w.env(), &mut host, answer),
+        call.answer_callout(&mut w.env(), &mut host, answer),
         Step::Pause
     );
     let (status, headers, body) = host.local_reply.clone().unwrap();
@@ -688,7 +690,7 @@ fn no_answer_from_the_other_backend_lets_the_failure_through() {
         call.on_response_headers(&mut w.env(), &mut host, false),
         Step::Pause
     );
-    let step = call.on_callout_response(&mut w.env(), &mut host, CalloutAnswer::default());
+    let step = call.answer_callout(&mut w.env(), &mut host, CalloutAnswer::default());
     assert_eq!(step, Step::Continue, "the held failure goes on");
     assert!(host.local_reply.is_none());
     assert_eq!(
@@ -803,7 +805,7 @@ fn a_slow_call_is_hedged_and_the_first_answer_wins() {
     );
 
     w.now_ms += 30;
-    let step = call.on_callout_response(&mut w.env(), &mut host, answer_200());
+    let step = call.answer_callout(&mut w.env(), &mut host, answer_200());
     assert_eq!(step, Step::Pause);
     let (status, headers, _) = host.local_reply.clone().unwrap();
     assert_eq!(status, 200);
@@ -843,7 +845,7 @@ fn a_backend_answering_before_its_hedge_wins() {
     assert_eq!(host.callouts.len(), 1);
     let mut host = host.with_response(200, "application/json", ANSWER);
     w.respond(&mut call, &mut host);
-    let step = call.on_callout_response(&mut w.env(), &mut host, answer_200());
+    let step = call.answer_callout(&mut w.env(), &mut host, answer_200());
     assert_eq!(step, Step::Pause, "nothing to resume");
     assert!(host.local_reply.is_none());
     call.on_log(&mut w.env());
@@ -1023,7 +1025,7 @@ fn a_refusal_of_a_named_class_moves_along_the_chain() {
         body: refusal("insufficient_quota").into_bytes(),
     };
     assert_eq!(
-        call.on_callout_response(&mut w.env(), &mut host, quota),
+        call.answer_callout(&mut w.env(), &mut host, quota),
         Step::Pause
     );
     let (cluster, _, body, _) = host.callouts.last().cloned().unwrap();
@@ -1031,7 +1033,7 @@ fn a_refusal_of_a_named_class_moves_along_the_chain() {
     assert!(String::from_utf8_lossy(&body).contains(r#""model":"gpt-4o-mini""#));
     // gpt-4o-mini answers: the client gets it, with the model named.
     assert_eq!(
-        call.on_callout_response(&mut w.env(), &mut host, answer_200()),
+        call.answer_callout(&mut w.env(), &mut host, answer_200()),
         Step::Pause
     );
     let (status, headers, _) = host.local_reply.clone().unwrap();
@@ -1076,7 +1078,7 @@ fn a_fallback_is_held_to_the_limits_of_the_model_it_would_reach() {
     answer_with(&mut call, &mut w, &mut host);
     let (cluster, _, _, _) = host.callouts.last().cloned().unwrap();
     assert_eq!(cluster, "b");
-    call.on_callout_response(&mut w.env(), &mut host, answer_200());
+    call.answer_callout(&mut w.env(), &mut host, answer_200());
     call.on_log(&mut w.env());
     let rule = |w: &World, result: &str| {
         w.counter(&format!(
@@ -1124,7 +1126,7 @@ fn over_a_degrading_limit_a_fallback_stays_on_the_cheaper_model() {
             assert_eq!(body, Step::Continue);
             assert!(host.local_reply.is_none());
         } else {
-            call.on_callout_response(&mut w.env(), &mut host, answer_200());
+            call.answer_callout(&mut w.env(), &mut host, answer_200());
         }
         call.on_log(&mut w.env());
     }
@@ -1159,11 +1161,11 @@ fn other_refusals_reach_the_client_untouched() {
         body: refusal("context_length_exceeded").into_bytes(),
     };
     assert_eq!(
-        call.on_callout_response(&mut w.env(), &mut host, too_long()),
+        call.answer_callout(&mut w.env(), &mut host, too_long()),
         Step::Pause
     );
     assert_eq!(
-        call.on_callout_response(&mut w.env(), &mut host, too_long()),
+        call.answer_callout(&mut w.env(), &mut host, too_long()),
         Step::Pause
     );
     assert_eq!(host.callouts.len(), 2);

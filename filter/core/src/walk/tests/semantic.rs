@@ -58,7 +58,7 @@ impl World {
         assert!(call.holds_request());
         assert_eq!(host.callouts.len(), 1);
         self.now_ms += 7;
-        let step = call.on_callout_response(&mut self.env(), &mut host, embedding(v));
+        let step = call.answer_callout(&mut self.env(), &mut host, embedding(v));
         assert_eq!(step, Step::Continue, "goes upstream");
         assert!(host.local_reply.is_none());
         let mut host = host.with_response(200, "application/json", ANSWER);
@@ -109,7 +109,7 @@ fn a_reworded_repeat_is_answered_from_the_originals_entry() {
     let mut host = chat("france: capital city?");
     let (mut call, step) = w.ask(&mut host);
     assert_eq!(step, Step::Pause);
-    let step = call.on_callout_response(&mut w.env(), &mut host, embedding(&NEAR));
+    let step = call.answer_callout(&mut w.env(), &mut host, embedding(&NEAR));
     assert_eq!(step, Step::Pause, "answered here");
     let (status, headers, body) = reply(&host);
     assert_eq!(status, 200);
@@ -165,7 +165,7 @@ fn a_different_question_or_context_never_matches() {
             .with_body(&other);
         let (mut call, step) = w.ask(&mut host);
         assert_eq!(step, Step::Pause);
-        let step = call.on_callout_response(&mut w.env(), &mut host, embedding(&V));
+        let step = call.answer_callout(&mut w.env(), &mut host, embedding(&V));
         assert_eq!(step, Step::Continue, "{auth} {other}");
         assert!(host.local_reply.is_none());
         call.on_log(&mut w.env());
@@ -203,7 +203,7 @@ fn a_failed_or_late_embedding_is_a_plain_miss() {
     ] {
         let mut host = chat("france: capital city?");
         let (mut call, _) = w.ask(&mut host);
-        let step = call.on_callout_response(&mut w.env(), &mut host, answer);
+        let step = call.answer_callout(&mut w.env(), &mut host, answer);
         assert_eq!(step, Step::Continue, "{reason}");
         assert!(host.local_reply.is_none());
         assert_eq!(
@@ -233,7 +233,7 @@ fn a_streamed_repeat_is_replayed_as_sse() {
                 .replace(r#""temperature":0"#, r#""temperature":0,"stream":true"#),
         );
     let (mut call, _) = w.ask(&mut host);
-    call.on_callout_response(&mut w.env(), &mut host, embedding(&NEAR));
+    call.answer_callout(&mut w.env(), &mut host, embedding(&NEAR));
     let (_, headers, body) = reply(&host);
     assert_eq!(headers["x-cache"], "SEMANTIC");
     assert_eq!(headers["content-type"], "text/event-stream");
@@ -283,7 +283,7 @@ fn an_answer_that_left_the_exact_cache_is_not_served() {
     }
     let mut host = chat("france: capital city?");
     let (mut call, _) = w.ask(&mut host);
-    let step = call.on_callout_response(&mut w.env(), &mut host, embedding(&NEAR));
+    let step = call.answer_callout(&mut w.env(), &mut host, embedding(&NEAR));
     assert_eq!(step, Step::Continue);
     assert!(host.local_reply.is_none());
 }
@@ -312,7 +312,7 @@ fn after_a_miss_an_identical_call_in_flight_is_waited_for() {
     let mut first = chat("What is the capital of France?");
     let (mut lead, _) = w.ask(&mut first);
     assert_eq!(
-        lead.on_callout_response(&mut w.env(), &mut first, embedding(&V)),
+        lead.answer_callout(&mut w.env(), &mut first, embedding(&V)),
         Step::Continue,
         "leads the key upstream"
     );
@@ -320,7 +320,7 @@ fn after_a_miss_an_identical_call_in_flight_is_waited_for() {
     let (mut call, step) = w.ask(&mut twin);
     assert_eq!(step, Step::Pause);
     assert_eq!(
-        call.on_callout_response(&mut w.env(), &mut twin, embedding(&V)),
+        call.answer_callout(&mut w.env(), &mut twin, embedding(&V)),
         Step::Pause
     );
     assert!(call.is_parked(), "waits for the leader's entry");
