@@ -304,6 +304,72 @@ mod tests {
         assert_eq!(start.updated_by(want(0, 42, 0)), want(10, 42, 7));
     }
 
+    /// What each dialect's answers read as, odd ones included: a count
+    /// that is null, a string, negative, fractional or past `u64` costs
+    /// the whole head; a missing count is 0; null or missing details are no
+    /// cached tokens; Anthropic's cache counts add to the input, saturating.
+    #[test]
+    fn pins_what_each_dialects_usage_reads_as() {
+        let want = |p, c, cached| {
+            Some(Usage {
+                prompt_tokens: p,
+                completion_tokens: c,
+                cached_tokens: cached,
+            })
+        };
+        let max = u64::MAX;
+        let big = format!(
+            r#"{{"usage":{{"input_tokens":{max},"cache_read_input_tokens":5,"output_tokens":1}}}}"#
+        );
+        let past = r#"{"usage":{"prompt_tokens":18446744073709551616}}"#;
+        for (body, usage) in [
+            (r#"{"usage":{}}"#, want(0, 0, 0)),
+            (r#"{"usage":{"completion_tokens":4}}"#, want(0, 4, 0)),
+            (r#"{"usage":{"prompt_tokens":null}}"#, None),
+            (r#"{"usage":{"prompt_tokens":"3"}}"#, None),
+            (r#"{"usage":{"prompt_tokens":-1}}"#, None),
+            (r#"{"usage":{"prompt_tokens":1.5}}"#, None),
+            (r#"{"usage":{"prompt_tokens":3.0}}"#, None),
+            (past, None),
+            (r#"{"usage":"many"}"#, None),
+            (
+                r#"{"usage":{"prompt_tokens":2,"prompt_tokens_details":null}}"#,
+                want(2, 0, 0),
+            ),
+            (
+                r#"{"usage":{"prompt_tokens":2,"prompt_tokens_details":{"cached_tokens":null}}}"#,
+                want(2, 0, 0),
+            ),
+            (
+                r#"{"usage":{"prompt_tokens":2,"prompt_tokens_details":{"cached_tokens":"1"}}}"#,
+                None,
+            ),
+            (
+                r#"{"usage":{"prompt_tokens":2,"prompt_tokens_details":{"audio_tokens":1}}}"#,
+                want(2, 0, 0),
+            ),
+            (
+                r#"{"usage":{"input_tokens":2,"input_tokens_details":null,"output_tokens":1}}"#,
+                want(2, 1, 0),
+            ),
+            (r#"{"usage":{"input_tokens":null}}"#, None),
+            (
+                r#"{"usage":{"input_tokens":2,"cache_creation_input_tokens":null,"output_tokens":1}}"#,
+                want(2, 1, 0),
+            ),
+            (
+                r#"{"usage":{"input_tokens":2,"cache_creation_input_tokens":"3"}}"#,
+                None,
+            ),
+            (big.as_str(), want(max, 1, 5)),
+        ] {
+            assert_eq!(from_json(body.as_bytes()), usage, "{body}");
+        }
+        // A count that costs the usage costs the id and model beside it.
+        let head = head_from_json(br#"{"id":"a","model":"m","usage":{"prompt_tokens":"3"}}"#);
+        assert_eq!((head.id, head.model), (None, None));
+    }
+
     #[test]
     fn a_parsed_answer_gives_the_same_usage() {
         for body in [
