@@ -9,3 +9,34 @@ pub struct Chat;
 
 // The answer: usage, the stream's grammar, the stored entry, the error shape
 // and classes (the [`super::answer`] side).
+
+mod answers {
+    use super::Chat;
+    use crate::dialect::answer::Answer;
+    use crate::dialect::Dialect;
+    use crate::sse::{self, AnyGrammar};
+    use crate::usage::{Reported, Usage};
+
+    impl Answer for Chat {
+        fn usage(&self, reported: &Reported) -> Usage {
+            openai_usage(reported)
+        }
+
+        fn grammar(&self) -> AnyGrammar {
+            AnyGrammar::Chat(sse::Chat::of(Dialect::Chat))
+        }
+    }
+
+    /// The usage OpenAI's chat, completions and embeddings report:
+    /// `prompt_tokens` (the cached ones among them, in
+    /// `prompt_tokens_details.cached_tokens`) and `completion_tokens`.
+    pub(crate) fn openai_usage(r: &Reported) -> Usage {
+        Usage {
+            prompt_tokens: r.prompt_tokens,
+            completion_tokens: r.completion_tokens,
+            cached_tokens: Reported::cached(r.prompt_tokens_details),
+        }
+    }
+}
+
+pub(crate) use answers::openai_usage;

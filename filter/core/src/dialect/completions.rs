@@ -9,3 +9,22 @@ pub struct Completions;
 
 // The answer: usage, the stream's grammar, the stored entry, the error shape
 // and classes (the [`super::answer`] side).
+
+mod answers {
+    use super::Completions;
+    use crate::dialect::answer::Answer;
+    use crate::dialect::chat::openai_usage;
+    use crate::dialect::Dialect;
+    use crate::sse::{self, AnyGrammar};
+    use crate::usage::{Reported, Usage};
+
+    impl Answer for Completions {
+        fn usage(&self, reported: &Reported) -> Usage {
+            openai_usage(reported)
+        }
+
+        fn grammar(&self) -> AnyGrammar {
+            AnyGrammar::Chat(sse::Chat::of(Dialect::Completions))
+        }
+    }
+}

@@ -9,3 +9,35 @@ pub struct Other;
 
 // The answer: usage, the stream's grammar, the stored entry, the error shape
 // and classes (the [`super::answer`] side).
+
+mod answers {
+    use super::Other;
+    use crate::dialect::answer::Answer;
+    use crate::dialect::Dialect;
+    use crate::sse::{self, AnyGrammar};
+    use crate::usage::{Reported, Usage};
+
+    impl Answer for Other {
+        /// Any dialect's names, added up: a path of another shape may
+        /// answer in any of them.
+        fn usage(&self, r: &Reported) -> Usage {
+            let read = r.cache_read_input_tokens.unwrap_or(0);
+            let written = r.cache_creation_input_tokens.unwrap_or(0);
+            let details = r.prompt_tokens_details.or(r.input_tokens_details);
+            Usage {
+                prompt_tokens: r
+                    .prompt_tokens
+                    .saturating_add(r.input_tokens)
+                    .saturating_add(read)
+                    .saturating_add(written),
+                completion_tokens: r.completion_tokens.saturating_add(r.output_tokens),
+                cached_tokens: Reported::cached(details).saturating_add(read),
+            }
+        }
+
+        /// Read as a chat stream, the commonest shape.
+        fn grammar(&self) -> AnyGrammar {
+            AnyGrammar::Chat(sse::Chat::of(Dialect::Other))
+        }
+    }
+}

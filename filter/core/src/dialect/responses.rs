@@ -9,3 +9,26 @@ pub struct Responses;
 
 // The answer: usage, the stream's grammar, the stored entry, the error shape
 // and classes (the [`super::answer`] side).
+
+mod answers {
+    use super::Responses;
+    use crate::dialect::answer::Answer;
+    use crate::sse::{self, AnyGrammar};
+    use crate::usage::{Reported, Usage};
+
+    impl Answer for Responses {
+        /// `input_tokens` (the cached ones among them, in
+        /// `input_tokens_details.cached_tokens`) and `output_tokens`.
+        fn usage(&self, r: &Reported) -> Usage {
+            Usage {
+                prompt_tokens: r.input_tokens,
+                completion_tokens: r.output_tokens,
+                cached_tokens: Reported::cached(r.input_tokens_details),
+            }
+        }
+
+        fn grammar(&self) -> AnyGrammar {
+            AnyGrammar::Responses(sse::Responses::default())
+        }
+    }
+}

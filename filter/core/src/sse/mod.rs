@@ -42,7 +42,6 @@ pub use reader::{Event, Reader, MAX_EVENT};
 pub use responses::Responses;
 pub use transcript::Transcript;
 
-use crate::dialect::Dialect;
 use crate::usage::{Usage, MAX_FINISH_REASONS};
 
 /// Longest incomplete event the strip holds back from the client; past it
@@ -68,6 +67,11 @@ pub trait Grammar {
     fn keep_text(&mut self, limit: usize);
     /// The answer's text kept so far, when asked.
     fn transcript(&self) -> Option<&Transcript>;
+    /// The id of the response a later call may continue, when the stream
+    /// gave one (OpenAI Responses).
+    fn response_id(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// Most bytes kept of one finish reason (they are short words).
@@ -197,15 +201,6 @@ impl Default for AnyGrammar {
 }
 
 impl AnyGrammar {
-    /// The grammar of `endpoint`'s streams; chat's for the others.
-    pub fn of(endpoint: Dialect) -> Self {
-        match endpoint {
-            Dialect::Responses => Self::Responses(Responses::default()),
-            Dialect::Messages => Self::Messages(Messages::default()),
-            _ => Self::default(),
-        }
-    }
-
     fn grammar(&mut self) -> &mut dyn Grammar {
         match self {
             Self::Chat(g) => g,
@@ -250,6 +245,10 @@ impl Grammar for AnyGrammar {
 
     fn transcript(&self) -> Option<&Transcript> {
         self.grammar_ref().transcript()
+    }
+
+    fn response_id(&self) -> Option<&str> {
+        self.grammar_ref().response_id()
     }
 }
 

@@ -9,7 +9,8 @@ use serde_json::Value;
 
 use super::reader::Event;
 use super::{read_named, FinishReasons, Grammar, Reading, Transcript};
-use crate::usage::Usage;
+use crate::dialect::answer::Answer;
+use crate::usage::{Reported, Usage};
 
 /// The event that opens a Responses stream with the response's id.
 const CREATED: &[u8] = b"response.created";
@@ -85,6 +86,10 @@ impl Grammar for Responses {
     fn transcript(&self) -> Option<&Transcript> {
         self.transcript.as_ref()
     }
+
+    fn response_id(&self) -> Option<&str> {
+        self.response_id.as_deref()
+    }
 }
 
 impl Responses {
@@ -114,7 +119,8 @@ impl Responses {
         self.finished |= name == b"response.completed";
         if let Some(u) = response
             .and_then(|r| r.get("usage"))
-            .and_then(Usage::from_value)
+            .and_then(Reported::from_value)
+            .map(|r| crate::dialect::responses::Responses.usage(&r))
         {
             self.usage = Some(u);
         }
