@@ -11,8 +11,10 @@ pub struct Chat;
 // and classes (the [`super::answer`] side).
 
 mod answers {
+    use serde_json::{Map, Value};
+
     use super::Chat;
-    use crate::dialect::answer::Answer;
+    use crate::dialect::answer::{Answer, Choices, Stored};
     use crate::dialect::Dialect;
     use crate::sse::{self, AnyGrammar};
     use crate::usage::{Reported, Usage};
@@ -24,6 +26,32 @@ mod answers {
 
         fn grammar(&self) -> AnyGrammar {
             AnyGrammar::Chat(sse::Chat::of(Dialect::Chat))
+        }
+
+        fn stored(&self) -> Option<Stored> {
+            Some(Stored::Canonical(Some(Choices {
+                object: "chat.completion",
+                chunk: "chat.completion.chunk",
+                message: true,
+            })))
+        }
+
+        fn complete(&self, answer: &Map<String, Value>) -> bool {
+            choices_finished(answer)
+        }
+    }
+
+    /// Every choice of an OpenAI answer finished (a `finish_reason`), and
+    /// there is one at least.
+    pub(crate) fn choices_finished(answer: &Map<String, Value>) -> bool {
+        match answer.get("choices") {
+            Some(Value::Array(choices)) => {
+                !choices.is_empty()
+                    && choices
+                        .iter()
+                        .all(|c| c.get("finish_reason").is_some_and(Value::is_string))
+            }
+            _ => false,
         }
     }
 
@@ -39,4 +67,4 @@ mod answers {
     }
 }
 
-pub(crate) use answers::openai_usage;
+pub(crate) use answers::{choices_finished, openai_usage};

@@ -11,9 +11,11 @@ pub struct Completions;
 // and classes (the [`super::answer`] side).
 
 mod answers {
+    use serde_json::{Map, Value};
+
     use super::Completions;
-    use crate::dialect::answer::Answer;
-    use crate::dialect::chat::openai_usage;
+    use crate::dialect::answer::{Answer, Choices, Stored};
+    use crate::dialect::chat::{choices_finished, openai_usage};
     use crate::dialect::Dialect;
     use crate::sse::{self, AnyGrammar};
     use crate::usage::{Reported, Usage};
@@ -25,6 +27,18 @@ mod answers {
 
         fn grammar(&self) -> AnyGrammar {
             AnyGrammar::Chat(sse::Chat::of(Dialect::Completions))
+        }
+
+        fn stored(&self) -> Option<Stored> {
+            Some(Stored::Canonical(Some(Choices {
+                object: "text_completion",
+                chunk: "text_completion",
+                message: false,
+            })))
+        }
+
+        fn complete(&self, answer: &Map<String, Value>) -> bool {
+            choices_finished(answer)
         }
     }
 }

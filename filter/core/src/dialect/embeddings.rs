@@ -11,8 +11,10 @@ pub struct Embeddings;
 // and classes (the [`super::answer`] side).
 
 mod answers {
+    use serde_json::{Map, Value};
+
     use super::Embeddings;
-    use crate::dialect::answer::Answer;
+    use crate::dialect::answer::{Answer, Stored};
     use crate::dialect::chat::openai_usage;
     use crate::dialect::Dialect;
     use crate::sse::{self, AnyGrammar};
@@ -25,6 +27,15 @@ mod answers {
 
         fn grammar(&self) -> AnyGrammar {
             AnyGrammar::Chat(sse::Chat::of(Dialect::Embeddings))
+        }
+
+        /// Never streamed: a hit is always the JSON list.
+        fn stored(&self) -> Option<Stored> {
+            Some(Stored::Canonical(None))
+        }
+
+        fn complete(&self, answer: &Map<String, Value>) -> bool {
+            answer.get("data").is_some_and(Value::is_array)
         }
     }
 }

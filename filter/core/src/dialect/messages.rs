@@ -11,8 +11,10 @@ pub struct Messages;
 // and classes (the [`super::answer`] side).
 
 mod answers {
+    use serde_json::{Map, Value};
+
     use super::Messages;
-    use crate::dialect::answer::Answer;
+    use crate::dialect::answer::{Answer, Stored};
     use crate::sse::{self, AnyGrammar};
     use crate::usage::{Reported, Usage};
 
@@ -31,6 +33,17 @@ mod answers {
 
         fn grammar(&self) -> AnyGrammar {
             AnyGrammar::Messages(sse::Messages::default())
+        }
+
+        /// As sent, the JSON or every event of the stream.
+        fn stored(&self) -> Option<Stored> {
+            Some(Stored::AsSent)
+        }
+
+        /// A `message` that gave its `stop_reason`.
+        fn complete(&self, answer: &Map<String, Value>) -> bool {
+            answer.get("type").and_then(Value::as_str) == Some("message")
+                && answer.get("stop_reason").is_some_and(Value::is_string)
         }
     }
 }

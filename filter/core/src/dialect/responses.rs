@@ -11,8 +11,10 @@ pub struct Responses;
 // and classes (the [`super::answer`] side).
 
 mod answers {
+    use serde_json::{Map, Value};
+
     use super::Responses;
-    use crate::dialect::answer::Answer;
+    use crate::dialect::answer::{Answer, Stored};
     use crate::sse::{self, AnyGrammar};
     use crate::usage::{Reported, Usage};
 
@@ -29,6 +31,15 @@ mod answers {
 
         fn grammar(&self) -> AnyGrammar {
             AnyGrammar::Responses(sse::Responses::default())
+        }
+
+        /// As sent, the JSON or every event of the stream.
+        fn stored(&self) -> Option<Stored> {
+            Some(Stored::AsSent)
+        }
+
+        fn complete(&self, answer: &Map<String, Value>) -> bool {
+            answer.get("status").and_then(Value::as_str) == Some("completed")
         }
     }
 }
