@@ -7,6 +7,7 @@
 use serde_json::{Map, Value};
 
 use super::{chat, completions, embeddings, messages, other, responses, Dialect};
+use crate::budget::reply::ReplyKind;
 use crate::sse::AnyGrammar;
 use crate::usage::{Reported, Usage};
 
@@ -30,6 +31,44 @@ pub trait Answer: Sync {
     fn complete(&self, _answer: &Map<String, Value>) -> bool {
         false
     }
+
+    /// A reply the filter makes in place of the upstream's (`kind`, in
+    /// `message`'s words), in the dialect's error shape: the status its
+    /// SDKs map to the matching error, and the body they parse. OpenAI's
+    /// (`{"error":{"message","type","code"}}`) unless the dialect has its own.
+    fn local_error(&self, kind: ReplyKind, message: &str) -> (u32, Vec<u8>) {
+        (
+            kind.status(),
+            chat::error_body(message, kind.error_type(), kind.code()),
+        )
+    }
+
+    /// The headers its callers read what is left of their limits from:
+    /// OpenAI's `x-ratelimit-*` unless the dialect has its own.
+    fn rate_headers(&self) -> &'static RateHeaders {
+        &chat::RATE_HEADERS
+    }
+}
+
+/// The names a dialect's providers give what is left of a caller's
+/// limits, on every answer and on their own 429s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateHeaders {
+    /// The limit, the remaining and the reset of the requests.
+    pub requests: [&'static str; 3],
+    /// The limit, the remaining and the reset of the tokens.
+    pub tokens: [&'static str; 3],
+    /// How the reset is written.
+    pub reset: Reset,
+}
+
+/// How a dialect writes when a limit resets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reset {
+    /// The seconds until it does, `12s` (OpenAI's).
+    Seconds,
+    /// The instant it does, RFC 3339 (Anthropic's).
+    Instant,
 }
 
 /// How the cache keeps a dialect's answers.

@@ -11,10 +11,11 @@ pub struct Chat;
 // and classes (the [`super::answer`] side).
 
 mod answers {
+    use serde::Serialize;
     use serde_json::{Map, Value};
 
     use super::Chat;
-    use crate::dialect::answer::{Answer, Choices, Stored};
+    use crate::dialect::answer::{Answer, Choices, RateHeaders, Reset, Stored};
     use crate::dialect::Dialect;
     use crate::sse::{self, AnyGrammar};
     use crate::usage::{Reported, Usage};
@@ -39,6 +40,56 @@ mod answers {
         fn complete(&self, answer: &Map<String, Value>) -> bool {
             choices_finished(answer)
         }
+    }
+
+    /// OpenAI's names of what is left of a caller's limits; the reset is
+    /// in seconds from now.
+    pub(crate) const RATE_HEADERS: RateHeaders = RateHeaders {
+        requests: [
+            "x-ratelimit-limit-requests",
+            "x-ratelimit-remaining-requests",
+            "x-ratelimit-reset-requests",
+        ],
+        tokens: [
+            "x-ratelimit-limit-tokens",
+            "x-ratelimit-remaining-tokens",
+            "x-ratelimit-reset-tokens",
+        ],
+        reset: Reset::Seconds,
+    };
+
+    #[derive(Serialize)]
+    struct Body<'a> {
+        error: Error<'a>,
+    }
+
+    /// The error object of OpenAI's shape, and of Anthropic's beside its
+    /// `type` (the filter's stable `code` among its fields).
+    #[derive(Serialize)]
+    pub(crate) struct Error<'a> {
+        pub(crate) message: &'a str,
+        #[serde(rename = "type")]
+        pub(crate) kind: &'a str,
+        pub(crate) code: &'a str,
+    }
+
+    /// `{"error":{"message":…,"type":…,"code":…}}`: OpenAI's error shape,
+    /// which its chat, completions, embeddings and Responses share, every
+    /// string JSON-escaped.
+    pub fn error_body(message: &str, error_type: &str, code: &str) -> Vec<u8> {
+        let body = Body {
+            error: Error {
+                message,
+                kind: error_type,
+                code,
+            },
+        };
+        // Serialising borrowed strings cannot fail; the fallback keeps the
+        // data path free of `unwrap` all the same.
+        serde_json::to_vec(&body).unwrap_or_else(|_| {
+            br#"{"error":{"message":"request refused","type":"service_unavailable","code":null}}"#
+                .to_vec()
+        })
     }
 
     /// Every choice of an OpenAI answer finished (a `finish_reason`), and
@@ -67,4 +118,5 @@ mod answers {
     }
 }
 
-pub(crate) use answers::{choices_finished, openai_usage};
+pub use answers::error_body;
+pub(crate) use answers::{choices_finished, openai_usage, Error, RATE_HEADERS};
