@@ -48,6 +48,76 @@ pub trait Answer: Sync {
     fn rate_headers(&self) -> &'static RateHeaders {
         &chat::RATE_HEADERS
     }
+
+    /// Why an upstream refused a call of `status`, as its error `body`
+    /// (JSON) says; `None` for any other error. Today's dialects share one
+    /// reading ([`refusal_of`]): their error shapes keep `type` and
+    /// `message` in an `error` object, and servers of one dialect often
+    /// front another's models and pass its words on.
+    fn refusal(&self, status: u16, body: &Value) -> Option<Refusal> {
+        refusal_of(status, body)
+    }
+
+    /// `gen_ai.provider.name` as the dialect names its provider (the
+    /// backend behind an OpenAI-compatible API may be another).
+    fn provider(&self) -> &'static str {
+        "openai"
+    }
+}
+
+/// Why an upstream refused a call, in one set of words for every dialect;
+/// routing maps them to what it does (fall back to another model, or not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The prompt (with the output cap) is longer than the model's context.
+    ContextLength,
+    /// The account's quota or credit is spent (not a rate limit: that ends).
+    Quota,
+    /// The backend does not serve the model (or no longer does).
+    UnknownModel,
+    /// The backend is overloaded for now.
+    Overloaded,
+}
+
+/// The refusal an error body says, as OpenAI and OpenAI-compatible servers
+/// write it (`{"error": {"code", "type", "message"}}`), Anthropic
+/// (`{"type": "error", "error": {"type", "message"}}`) and vLLM (flat,
+/// `{"object": "error", "type", "message"}`).
+pub fn refusal_of(status: u16, body: &Value) -> Option<Refusal> {
+    let error = body.get("error").filter(|e| e.is_object()).unwrap_or(body);
+    let field = |name: &str| {
+        error
+            .get(name)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_ascii_lowercase()
+    };
+    let (code, kind, message) = (field("code"), field("type"), field("message"));
+    let named = |words: &[&str]| words.iter().any(|w| *w == code || *w == kind);
+    let says = |words: &[&str]| words.iter().any(|w| message.contains(w));
+    if named(&["context_length_exceeded", "string_above_max_length"])
+        || says(&[
+            "maximum context length",
+            "context length",
+            "context window",
+            "prompt is too long",
+            "too many tokens",
+        ])
+    {
+        return Some(Refusal::ContextLength);
+    }
+    if named(&["insufficient_quota", "billing_hard_limit_reached"])
+        || says(&["credit balance is too low", "exceeded your current quota"])
+    {
+        return Some(Refusal::Quota);
+    }
+    let no_model = named(&["model_not_found", "deploymentnotfound"])
+        || ((status == 404 || named(&["not_found_error", "notfounderror"]))
+            && message.contains("model"));
+    if no_model {
+        return Some(Refusal::UnknownModel);
+    }
+    (status == 529 || named(&["overloaded_error"])).then_some(Refusal::Overloaded)
 }
 
 /// The names a dialect's providers give what is left of a caller's

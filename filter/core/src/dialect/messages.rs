@@ -60,6 +60,10 @@ mod answers {
         fn rate_headers(&self) -> &'static RateHeaders {
             &RATE_HEADERS
         }
+
+        fn provider(&self) -> &'static str {
+            "anthropic"
+        }
     }
 
     /// Anthropic's names of what is left of a caller's limits; the reset is
