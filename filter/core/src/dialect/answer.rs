@@ -8,6 +8,7 @@ use serde_json::{Map, Value};
 
 use super::{chat, completions, embeddings, messages, other, responses, Dialect};
 use crate::budget::reply::ReplyKind;
+use crate::json::Json;
 use crate::sse::AnyGrammar;
 use crate::usage::{Reported, Usage};
 
@@ -62,6 +63,50 @@ pub trait Answer: Sync {
     /// backend behind an OpenAI-compatible API may be another).
     fn provider(&self) -> &'static str {
         "openai"
+    }
+
+    /// Tells `out` what a JSON answer said, turn by turn, as the dialect
+    /// lays it out; false when its answers say no text (embeddings, a path
+    /// of another shape).
+    fn said(&self, _answer: &Json, _out: &mut dyn Hear) -> bool {
+        false
+    }
+}
+
+/// Takes what an answer said as its dialect reads it out (the capture of
+/// the completion). The assistant's turns come one by one: a whole chat
+/// message, a choice's text, or parts gathered until the turn ends.
+pub trait Hear {
+    /// Past its bound: what is left of the answer is left out.
+    fn full(&mut self) -> bool;
+    /// A turn that is one chat `message` (`role`, `content`, `tool_calls`),
+    /// ended for `reason`.
+    fn message(&mut self, message: &Json, reason: Option<&str>);
+    /// A turn that is one text, ended for `reason`.
+    fn text(&mut self, text: &str, reason: Option<&str>);
+    /// A `content` of the turn under way: a string, or typed parts (text,
+    /// tool uses and results, function calls).
+    fn content(&mut self, content: Option<&Json>);
+    /// An item of the turn under way that is its own part (a Responses
+    /// `function_call`).
+    fn item(&mut self, item: &Json);
+    /// The turn under way ends, for `reason`.
+    fn end_turn(&mut self, reason: Option<&str>);
+}
+
+/// A string's value.
+pub(super) fn string(j: &Json) -> Option<&str> {
+    match j {
+        Json::String(s) => Some(s),
+        _ => None,
+    }
+}
+
+/// An array's items; none of anything else.
+pub(super) fn list(j: Option<&Json>) -> &[Json] {
+    match j {
+        Some(Json::Array(items)) => items,
+        _ => &[],
     }
 }
 

@@ -15,8 +15,9 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Chat;
-    use crate::dialect::answer::{Answer, Choices, RateHeaders, Reset, Stored};
+    use crate::dialect::answer::{list, string, Answer, Choices, Hear, RateHeaders, Reset, Stored};
     use crate::dialect::Dialect;
+    use crate::json::Json;
     use crate::sse::{self, AnyGrammar};
     use crate::usage::{Reported, Usage};
 
@@ -39,6 +40,28 @@ mod answers {
 
         fn complete(&self, answer: &Map<String, Value>) -> bool {
             choices_finished(answer)
+        }
+
+        /// Each choice: its `message`, or a completion's `text`.
+        fn said(&self, answer: &Json, out: &mut dyn Hear) -> bool {
+            choices_said(answer, out);
+            true
+        }
+    }
+
+    /// What each choice of an OpenAI answer said: a chat `message`, or a
+    /// completion's `text`, with its `finish_reason`.
+    pub(crate) fn choices_said(answer: &Json, out: &mut dyn Hear) {
+        for choice in list(answer.get("choices")) {
+            if out.full() {
+                break;
+            }
+            let reason = choice.get("finish_reason").and_then(string);
+            if let Some(t) = choice.get("text").and_then(string) {
+                out.text(t, reason);
+            } else if let Some(m) = choice.get("message") {
+                out.message(m, reason);
+            }
         }
     }
 
@@ -119,4 +142,4 @@ mod answers {
 }
 
 pub use answers::error_body;
-pub(crate) use answers::{choices_finished, openai_usage, Error, RATE_HEADERS};
+pub(crate) use answers::{choices_finished, choices_said, openai_usage, Error, RATE_HEADERS};

@@ -14,9 +14,10 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Completions;
-    use crate::dialect::answer::{Answer, Choices, Stored};
-    use crate::dialect::chat::{choices_finished, openai_usage};
+    use crate::dialect::answer::{Answer, Choices, Hear, Stored};
+    use crate::dialect::chat::{choices_finished, choices_said, openai_usage};
     use crate::dialect::Dialect;
+    use crate::json::Json;
     use crate::sse::{self, AnyGrammar};
     use crate::usage::{Reported, Usage};
 
@@ -39,6 +40,12 @@ mod answers {
 
         fn complete(&self, answer: &Map<String, Value>) -> bool {
             choices_finished(answer)
+        }
+
+        /// Each choice: its `message`, or a completion's `text`.
+        fn said(&self, answer: &Json, out: &mut dyn Hear) -> bool {
+            choices_said(answer, out);
+            true
         }
     }
 }

@@ -16,8 +16,9 @@ mod answers {
 
     use super::Messages;
     use crate::budget::reply::ReplyKind;
-    use crate::dialect::answer::{Answer, RateHeaders, Reset, Stored};
+    use crate::dialect::answer::{string, Answer, Hear, RateHeaders, Reset, Stored};
     use crate::dialect::chat::Error;
+    use crate::json::Json;
     use crate::sse::{self, AnyGrammar};
     use crate::usage::{Reported, Usage};
 
@@ -63,6 +64,14 @@ mod answers {
 
         fn provider(&self) -> &'static str {
             "anthropic"
+        }
+
+        /// One turn: the message's `content` blocks, ended for its
+        /// `stop_reason`.
+        fn said(&self, answer: &Json, out: &mut dyn Hear) -> bool {
+            out.content(answer.get("content"));
+            out.end_turn(answer.get("stop_reason").and_then(string));
+            true
         }
     }
 

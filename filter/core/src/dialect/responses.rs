@@ -14,7 +14,8 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Responses;
-    use crate::dialect::answer::{Answer, Stored};
+    use crate::dialect::answer::{list, string, Answer, Hear, Stored};
+    use crate::json::Json;
     use crate::sse::{self, AnyGrammar};
     use crate::usage::{Reported, Usage};
 
@@ -40,6 +41,28 @@ mod answers {
 
         fn complete(&self, answer: &Map<String, Value>) -> bool {
             answer.get("status").and_then(Value::as_str) == Some("completed")
+        }
+
+        /// One turn: the `output` items' message contents and function
+        /// calls, ended for the incomplete reason, else the status.
+        fn said(&self, answer: &Json, out: &mut dyn Hear) -> bool {
+            for item in list(answer.get("output")) {
+                if out.full() {
+                    break;
+                }
+                match item.get("type").and_then(string) {
+                    Some("message") => out.content(item.get("content")),
+                    Some("function_call") => out.item(item),
+                    _ => {}
+                }
+            }
+            let reason = answer
+                .get("incomplete_details")
+                .and_then(|d| d.get("reason"))
+                .and_then(string)
+                .or_else(|| answer.get("status").and_then(string));
+            out.end_turn(reason);
+            true
         }
     }
 }
