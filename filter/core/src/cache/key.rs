@@ -167,7 +167,7 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
     Decision::Cacheable(Cacheable {
         key: digest(KEY_VERSION, cfg, req, body),
         // Embeddings are never streamed, whatever the body says.
-        stream: stream && req.endpoint != Dialect::Embeddings,
+        stream: stream && req.endpoint.answer().streams(),
         include_usage,
         read: !control.no_cache,
         store: true,

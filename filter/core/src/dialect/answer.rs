@@ -27,6 +27,12 @@ pub trait Answer: Sync {
         None
     }
 
+    /// A call may ask for its answer as a stream: false when the dialect
+    /// answers in one JSON document whatever the body says (embeddings).
+    fn streams(&self) -> bool {
+        self.stored() != Some(Stored::Canonical(None))
+    }
+
     /// A JSON answer (an object without an `error`) is complete: all of
     /// it came, and it ended as an answer should (worth keeping).
     fn complete(&self, _answer: &Map<String, Value>) -> bool {
@@ -223,5 +229,184 @@ impl Dialect {
             Self::Messages => &messages::Messages,
             Self::Other => &other::Other,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::budget::reply::with_message;
+    use crate::sse::{Grammar, Stream};
+
+    fn every() -> Vec<Dialect> {
+        Dialect::names().filter_map(Dialect::named).collect()
+    }
+
+    #[test]
+    fn each_dialect_says_how_its_answers_are_kept() {
+        for d in every() {
+            let (stored, streams) = (d.answer().stored(), d.answer().streams());
+            match d {
+                Dialect::Chat | Dialect::Completions => {
+                    let Some(Stored::Canonical(Some(c))) = stored else {
+                        panic!("{d:?}: {stored:?}");
+                    };
+                    assert_eq!(c.message, d == Dialect::Chat, "{d:?}");
+                    assert!(streams);
+                }
+                Dialect::Embeddings => {
+                    assert_eq!(stored, Some(Stored::Canonical(None)));
+                    assert!(!streams);
+                }
+                Dialect::Responses | Dialect::Messages => {
+                    assert_eq!(stored, Some(Stored::AsSent), "{d:?}");
+                    assert!(streams);
+                }
+                Dialect::Other => assert_eq!(stored, None),
+            }
+        }
+    }
+
+    #[test]
+    fn each_dialect_reads_its_stream_with_its_grammar() {
+        for d in every() {
+            let g = d.answer().grammar();
+            let want = match d {
+                Dialect::Responses => matches!(g, AnyGrammar::Responses(_)),
+                Dialect::Messages => matches!(g, AnyGrammar::Messages(_)),
+                _ => matches!(g, AnyGrammar::Chat(_)),
+            };
+            assert!(want, "{d:?}: {g:?}");
+        }
+        // The chat grammar reads a chunk's usage by its dialect's names.
+        let chunk =
+            b"data: {\"choices\":[],\"usage\":{\"input_tokens\":3,\"prompt_tokens\":2}}\n\n";
+        let prompt = |d: Dialect| {
+            let mut s = Stream::with_grammar(d.answer().grammar());
+            s.feed(chunk, true, None);
+            s.grammar().usage().map(|u| u.prompt_tokens)
+        };
+        assert_eq!(prompt(Dialect::Chat), Some(2));
+        assert_eq!(prompt(Dialect::Completions), Some(2));
+        assert_eq!(prompt(Dialect::Other), Some(5));
+    }
+
+    #[test]
+    fn each_dialect_writes_errors_and_names_limits_in_its_words() {
+        for d in every() {
+            let a = d.answer();
+            let (status, body) = a.local_error(ReplyKind::Shed, "busy");
+            let v: Value = serde_json::from_slice(&body).unwrap();
+            let headers = a.rate_headers();
+            if d == Dialect::Messages {
+                assert_eq!(status, 529);
+                assert_eq!(v["type"], "error");
+                assert_eq!(v["error"]["type"], "overloaded_error");
+                assert_eq!(headers.requests[0], "anthropic-ratelimit-requests-limit");
+                assert_eq!(headers.reset, Reset::Instant);
+                assert_eq!(a.provider(), "anthropic");
+            } else {
+                assert_eq!(status, 503);
+                let written = with_message(ReplyKind::Shed, "busy", None);
+                assert_eq!(body, written.body, "{d:?}: as the reply module writes it");
+                assert_eq!(v["error"]["type"], "service_unavailable");
+                assert_eq!(headers.tokens[1], "x-ratelimit-remaining-tokens");
+                assert_eq!(headers.reset, Reset::Seconds);
+                assert_eq!(a.provider(), "openai");
+            }
+            assert_eq!(v["error"]["message"], "busy", "{d:?}");
+            assert_eq!(v["error"]["code"], ReplyKind::Shed.code(), "{d:?}");
+        }
+    }
+
+    /// What a dialect read out, as one line per call.
+    #[derive(Default)]
+    struct Heard(Vec<String>);
+
+    impl Hear for Heard {
+        fn full(&mut self) -> bool {
+            false
+        }
+        fn message(&mut self, m: &Json, reason: Option<&str>) {
+            let content = m.get("content").and_then(string).unwrap_or_default();
+            self.0.push(format!("message {content} {reason:?}"));
+        }
+        fn text(&mut self, text: &str, reason: Option<&str>) {
+            self.0.push(format!("text {text} {reason:?}"));
+        }
+        fn content(&mut self, c: Option<&Json>) {
+            self.0.push(format!("content {}", list(c).len()));
+        }
+        fn item(&mut self, item: &Json) {
+            let name = item.get("name").and_then(string).unwrap_or_default();
+            self.0.push(format!("item {name}"));
+        }
+        fn end_turn(&mut self, reason: Option<&str>) {
+            self.0.push(format!("end {reason:?}"));
+        }
+    }
+
+    #[test]
+    fn each_dialect_reads_out_where_its_answer_said_it() {
+        let said = |d: Dialect, body: &str| {
+            let mut h = Heard::default();
+            let any = d
+                .answer()
+                .said(&Json::parse(body.as_bytes()).unwrap(), &mut h);
+            any.then_some(h.0)
+        };
+        let chat = r#"{"choices":[{"message":{"content":"hi"},"finish_reason":"stop"},{"text":"t","finish_reason":"length"},{}]}"#;
+        assert_eq!(
+            said(Dialect::Chat, chat).unwrap(),
+            ["message hi Some(\"stop\")", "text t Some(\"length\")"]
+        );
+        assert_eq!(said(Dialect::Completions, chat), said(Dialect::Chat, chat));
+        let responses = r#"{"status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"output":[{"type":"reasoning"},{"type":"message","content":[{"type":"output_text","text":"a"}]},{"type":"function_call","name":"f"}]}"#;
+        assert_eq!(
+            said(Dialect::Responses, responses).unwrap(),
+            ["content 1", "item f", "end Some(\"max_output_tokens\")"]
+        );
+        let messages = r#"{"type":"message","content":[{"type":"text","text":"a"},{"type":"tool_use"}],"stop_reason":"tool_use"}"#;
+        assert_eq!(
+            said(Dialect::Messages, messages).unwrap(),
+            ["content 2", "end Some(\"tool_use\")"]
+        );
+        assert_eq!(said(Dialect::Embeddings, chat), None);
+        assert_eq!(said(Dialect::Other, chat), None);
+    }
+
+    #[test]
+    fn refusals_are_read_from_every_shape() {
+        let r = |status, body: &str| refusal_of(status, &serde_json::from_str(body).unwrap());
+        assert_eq!(
+            r(400, r#"{"error":{"code":"context_length_exceeded"}}"#),
+            Some(Refusal::ContextLength)
+        );
+        assert_eq!(
+            r(
+                400,
+                r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 9 tokens"}}"#
+            ),
+            Some(Refusal::ContextLength)
+        );
+        assert_eq!(
+            r(
+                404,
+                r#"{"object":"error","type":"NotFoundError","message":"The model `x` does not exist."}"#
+            ),
+            Some(Refusal::UnknownModel)
+        );
+        assert_eq!(
+            r(429, r#"{"error":{"code":"insufficient_quota"}}"#),
+            Some(Refusal::Quota)
+        );
+        assert_eq!(
+            r(
+                529,
+                r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#
+            ),
+            Some(Refusal::Overloaded)
+        );
+        assert_eq!(r(400, r#"{"error":{"message":"bad"}}"#), None);
     }
 }
