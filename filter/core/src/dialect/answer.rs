@@ -4,6 +4,8 @@
 //! (limits, the cache, the budget's replies, fallback, capture) keep their
 //! policy and ask the call's dialect here, through the one `match` below.
 
+pub mod stream;
+
 use serde_json::{Map, Value};
 
 use super::{chat, completions, embeddings, messages, other, responses, Dialect};

@@ -15,10 +15,11 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Chat;
+    use crate::dialect::answer::stream;
     use crate::dialect::answer::{list, string, Answer, Choices, Hear, RateHeaders, Reset, Stored};
     use crate::dialect::Dialect;
     use crate::json::Json;
-    use crate::sse::{self, AnyGrammar};
+    use crate::sse::AnyGrammar;
     use crate::usage::{Reported, Usage};
 
     impl Answer for Chat {
@@ -27,7 +28,7 @@ mod answers {
         }
 
         fn grammar(&self) -> AnyGrammar {
-            AnyGrammar::Chat(sse::Chat::of(Dialect::Chat))
+            AnyGrammar::Chat(stream::Chat::of(Dialect::Chat))
         }
 
         fn stored(&self) -> Option<Stored> {

@@ -14,11 +14,12 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Completions;
+    use crate::dialect::answer::stream;
     use crate::dialect::answer::{Answer, Choices, Hear, Stored};
     use crate::dialect::chat::{choices_finished, choices_said, openai_usage};
     use crate::dialect::Dialect;
     use crate::json::Json;
-    use crate::sse::{self, AnyGrammar};
+    use crate::sse::AnyGrammar;
     use crate::usage::{Reported, Usage};
 
     impl Answer for Completions {
@@ -27,7 +28,7 @@ mod answers {
         }
 
         fn grammar(&self) -> AnyGrammar {
-            AnyGrammar::Chat(sse::Chat::of(Dialect::Completions))
+            AnyGrammar::Chat(stream::Chat::of(Dialect::Completions))
         }
 
         fn stored(&self) -> Option<Stored> {

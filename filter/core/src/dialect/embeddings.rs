@@ -14,10 +14,11 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Embeddings;
+    use crate::dialect::answer::stream;
     use crate::dialect::answer::{Answer, Stored};
     use crate::dialect::chat::openai_usage;
     use crate::dialect::Dialect;
-    use crate::sse::{self, AnyGrammar};
+    use crate::sse::AnyGrammar;
     use crate::usage::{Reported, Usage};
 
     impl Answer for Embeddings {
@@ -26,7 +27,7 @@ mod answers {
         }
 
         fn grammar(&self) -> AnyGrammar {
-            AnyGrammar::Chat(sse::Chat::of(Dialect::Embeddings))
+            AnyGrammar::Chat(stream::Chat::of(Dialect::Embeddings))
         }
 
         /// Never streamed: a hit is always the JSON list.

@@ -16,10 +16,11 @@ mod answers {
 
     use super::Messages;
     use crate::budget::reply::ReplyKind;
+    use crate::dialect::answer::stream;
     use crate::dialect::answer::{string, Answer, Hear, RateHeaders, Reset, Stored};
     use crate::dialect::chat::Error;
     use crate::json::Json;
-    use crate::sse::{self, AnyGrammar};
+    use crate::sse::AnyGrammar;
     use crate::usage::{Reported, Usage};
 
     impl Answer for Messages {
@@ -36,7 +37,7 @@ mod answers {
         }
 
         fn grammar(&self) -> AnyGrammar {
-            AnyGrammar::Messages(sse::Messages::default())
+            AnyGrammar::Messages(stream::Messages::default())
         }
 
         /// As sent, the JSON or every event of the stream.

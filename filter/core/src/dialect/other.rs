@@ -12,9 +12,10 @@ pub struct Other;
 
 mod answers {
     use super::Other;
+    use crate::dialect::answer::stream;
     use crate::dialect::answer::Answer;
     use crate::dialect::Dialect;
-    use crate::sse::{self, AnyGrammar};
+    use crate::sse::AnyGrammar;
     use crate::usage::{Reported, Usage};
 
     impl Answer for Other {
@@ -37,7 +38,7 @@ mod answers {
 
         /// Read as a chat stream, the commonest shape.
         fn grammar(&self) -> AnyGrammar {
-            AnyGrammar::Chat(sse::Chat::of(Dialect::Other))
+            AnyGrammar::Chat(stream::Chat::of(Dialect::Other))
         }
     }
 }

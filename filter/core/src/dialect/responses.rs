@@ -14,9 +14,10 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Responses;
+    use crate::dialect::answer::stream;
     use crate::dialect::answer::{list, string, Answer, Hear, Stored};
     use crate::json::Json;
-    use crate::sse::{self, AnyGrammar};
+    use crate::sse::AnyGrammar;
     use crate::usage::{Reported, Usage};
 
     impl Answer for Responses {
@@ -31,7 +32,7 @@ mod answers {
         }
 
         fn grammar(&self) -> AnyGrammar {
-            AnyGrammar::Responses(sse::Responses::default())
+            AnyGrammar::Responses(stream::Responses::default())
         }
 
         /// As sent, the JSON or every event of the stream.

@@ -1,7 +1,7 @@
 use serde_json::json;
 
-use super::chat::tests::parses;
 use super::*;
+use crate::dialect::answer::stream::chat::tests::parses;
 use crate::dialect::Dialect;
 
 const STREAM: &str =

@@ -7,9 +7,9 @@
 
 use serde_json::Value;
 
-use super::reader::Event;
-use super::{read_named, FinishReasons, Grammar, Reading, Transcript};
 use crate::dialect::answer::Answer;
+use crate::sse::reader::Event;
+use crate::sse::{read_named, FinishReasons, Grammar, Reading, Transcript};
 use crate::usage::{Reported, Usage};
 
 /// The event that opens a Responses stream with the response's id.
@@ -45,7 +45,7 @@ pub struct Responses {
 }
 
 /// The name of an event: its `event:` field, else its data's `type`.
-pub(super) fn kind<'a>(event: &Event<'a>, tree: Option<&'a Value>) -> Option<&'a [u8]> {
+pub(crate) fn kind<'a>(event: &Event<'a>, tree: Option<&'a Value>) -> Option<&'a [u8]> {
     event.kind.or_else(|| {
         tree.and_then(|t| t.get("type"))
             .and_then(Value::as_str)

@@ -7,9 +7,9 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::reader::{Event, DATA_FIELD, EVENT_END};
-use super::{FinishReasons, Grammar, Parsed, Reading, Transcript};
 use crate::dialect::Dialect;
+use crate::sse::reader::{Event, DATA_FIELD, EVENT_END};
+use crate::sse::{FinishReasons, Grammar, Parsed, Reading, Transcript};
 use crate::usage::{Reported, Usage};
 
 /// The data of the event that ends a stream.
@@ -217,7 +217,7 @@ pub(crate) mod tests {
         static PARSES: Cell<u64> = const { Cell::new(0) };
     }
 
-    pub(in crate::sse) fn count_parse() {
+    pub(crate) fn count_parse() {
         PARSES.with(|p| p.set(p.get() + 1));
     }
 
