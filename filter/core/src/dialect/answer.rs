@@ -25,9 +25,7 @@ pub trait Answer: Sync {
     fn grammar(&self) -> AnyGrammar;
 
     /// How the cache keeps its answers; `None`: they are never cached.
-    fn stored(&self) -> Option<Stored> {
-        None
-    }
+    fn stored(&self) -> Option<Stored>;
 
     /// A call may ask for its answer as a stream: false when the dialect
     /// answers in one JSON document whatever the body says (embeddings).
@@ -37,48 +35,34 @@ pub trait Answer: Sync {
 
     /// A JSON answer (an object without an `error`) is complete: all of
     /// it came, and it ended as an answer should (worth keeping).
-    fn complete(&self, _answer: &Map<String, Value>) -> bool {
-        false
-    }
+    fn complete(&self, answer: &Map<String, Value>) -> bool;
 
     /// A reply the filter makes in place of the upstream's (`kind`, in
     /// `message`'s words), in the dialect's error shape: the status its
-    /// SDKs map to the matching error, and the body they parse. OpenAI's
-    /// (`{"error":{"message","type","code"}}`) unless the dialect has its own.
-    fn local_error(&self, kind: ReplyKind, message: &str) -> (u32, Vec<u8>) {
-        (
-            kind.status(),
-            chat::error_body(message, kind.error_type(), kind.code()),
-        )
-    }
+    /// SDKs map to the matching error, and the body they parse (OpenAI's
+    /// `{"error":{"message","type","code"}}`, Anthropic's
+    /// `{"type":"error","error":{"type","message"}}`).
+    fn local_error(&self, kind: ReplyKind, message: &str) -> (u32, Vec<u8>);
 
-    /// The headers its callers read what is left of their limits from:
-    /// OpenAI's `x-ratelimit-*` unless the dialect has its own.
-    fn rate_headers(&self) -> &'static RateHeaders {
-        &chat::RATE_HEADERS
-    }
+    /// The headers its callers read what is left of their limits from
+    /// (OpenAI's `x-ratelimit-*`, Anthropic's `anthropic-ratelimit-*`).
+    fn rate_headers(&self) -> &'static RateHeaders;
 
     /// Why an upstream refused a call of `status`, as its error `body`
     /// (JSON) says; `None` for any other error. Today's dialects share one
     /// reading ([`refusal_of`]): their error shapes keep `type` and
     /// `message` in an `error` object, and servers of one dialect often
     /// front another's models and pass its words on.
-    fn refusal(&self, status: u16, body: &Value) -> Option<Refusal> {
-        refusal_of(status, body)
-    }
+    fn refusal(&self, status: u16, body: &Value) -> Option<Refusal>;
 
     /// `gen_ai.provider.name` as the dialect names its provider (the
     /// backend behind an OpenAI-compatible API may be another).
-    fn provider(&self) -> &'static str {
-        "openai"
-    }
+    fn provider(&self) -> &'static str;
 
     /// Tells `out` what a JSON answer said, turn by turn, as the dialect
     /// lays it out; false when its answers say no text (embeddings, a path
     /// of another shape).
-    fn said(&self, _answer: &Json, _out: &mut dyn Hear) -> bool {
-        false
-    }
+    fn said(&self, answer: &Json, out: &mut dyn Hear) -> bool;
 }
 
 /// Takes what an answer said as its dialect reads it out (the capture of

@@ -15,8 +15,11 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Chat;
+    use crate::budget::reply::ReplyKind;
     use crate::dialect::answer::stream;
-    use crate::dialect::answer::{list, string, Answer, Choices, Hear, RateHeaders, Reset, Stored};
+    use crate::dialect::answer::{
+        list, refusal_of, string, Answer, Choices, Hear, RateHeaders, Refusal, Reset, Stored,
+    };
     use crate::dialect::Dialect;
     use crate::json::Json;
     use crate::sse::AnyGrammar;
@@ -29,6 +32,22 @@ mod answers {
 
         fn grammar(&self) -> AnyGrammar {
             AnyGrammar::Chat(stream::Chat::of(Dialect::Chat))
+        }
+
+        fn local_error(&self, kind: ReplyKind, message: &str) -> (u32, Vec<u8>) {
+            openai_local_error(kind, message)
+        }
+
+        fn rate_headers(&self) -> &'static RateHeaders {
+            &RATE_HEADERS
+        }
+
+        fn refusal(&self, status: u16, body: &Value) -> Option<Refusal> {
+            refusal_of(status, body)
+        }
+
+        fn provider(&self) -> &'static str {
+            "openai"
         }
 
         fn stored(&self) -> Option<Stored> {
@@ -64,6 +83,14 @@ mod answers {
                 out.message(m, reason);
             }
         }
+    }
+
+    /// A local reply in OpenAI's shape, with the reply module's status.
+    pub(crate) fn openai_local_error(kind: ReplyKind, message: &str) -> (u32, Vec<u8>) {
+        (
+            kind.status(),
+            error_body(message, kind.error_type(), kind.code()),
+        )
     }
 
     /// OpenAI's names of what is left of a caller's limits; the reset is
@@ -143,4 +170,6 @@ mod answers {
 }
 
 pub use answers::error_body;
-pub(crate) use answers::{choices_finished, choices_said, openai_usage, Error, RATE_HEADERS};
+pub(crate) use answers::{
+    choices_finished, choices_said, openai_local_error, openai_usage, Error, RATE_HEADERS,
+};
