@@ -18,6 +18,7 @@ use llm_filter_core::cache::semantic::config::SemanticConfig;
 use llm_filter_core::cache::semantic::{self, store, vector};
 use llm_filter_core::cache::{self, CacheRequest, Decision, Stamp, StreamAssembler};
 use llm_filter_core::config::Config;
+use llm_filter_core::dialect::answer::stream::Chat;
 use llm_filter_core::dialect::{classify, Dialect};
 use llm_filter_core::host::{MemoryStore, Metrics, SharedStore};
 use llm_filter_core::json::{Document, Json};
@@ -267,7 +268,7 @@ fn main() {
         (
             "usage-only chunk out of a 3-event stream, usage read (`sse::Stream` stripping)",
             time(|| {
-                let mut stream = sse::Stream::<sse::Chat>::new();
+                let mut stream = sse::Stream::<Chat>::new();
                 stream.strip_usage();
                 black_box(stream.feed(black_box(STREAM.as_bytes()), true, None));
             }),
@@ -275,7 +276,7 @@ fn main() {
         (
             "… and the cache's entry rebuilt in the same pass (`cache::StreamAssembler` collecting)",
             time(|| {
-                let mut stream = sse::Stream::<sse::Chat>::new();
+                let mut stream = sse::Stream::<Chat>::new();
                 stream.strip_usage();
                 let mut asm = StreamAssembler::new(Dialect::Chat, 262_144)
                     .expect("an assembler for chat");

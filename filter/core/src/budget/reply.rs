@@ -1,11 +1,14 @@
-//! Local replies for calls the budget stops, in the OpenAI error shape so SDKs
-//! surface the reason (and honour `retry-after`) instead of failing to parse a
-//! proxy's plain-text page. Envoy's own timeout reply is rewritten the same way.
-
-use serde::Serialize;
+//! Local replies for calls the budget stops, in the caller's dialect's error
+//! shape so SDKs surface the reason (and honour `retry-after`) instead of
+//! failing to parse a proxy's plain-text page. Envoy's own timeout reply is
+//! rewritten the same way. This module keeps why, the status and the retry
+//! policy; the dialect ([`crate::dialect::answer::Answer::local_error`])
+//! says it in its words.
 
 use super::breaker::Admit;
 use crate::dialect::Dialect;
+
+pub use crate::dialect::chat::error_body;
 
 /// A reply the filter sends in place of the upstream's, in OpenAI's shape
 /// until [`LocalReply::in_dialect`] puts it in the caller's.
@@ -23,17 +26,14 @@ pub struct LocalReply {
 }
 
 impl LocalReply {
-    /// The same reply in the error shape of the caller's dialect: OpenAI's
-    /// for chat, completions, embeddings and Responses; Anthropic's for
-    /// Messages, with the status its SDKs map to the matching error (529
+    /// The same reply in the error shape of the caller's dialect, with the
+    /// status its SDKs map to the matching error (Anthropic's 529
     /// `overloaded_error` for a shed or refused call, which they retry after
     /// `retry-after`).
-    pub fn in_dialect(mut self, endpoint: Dialect) -> Self {
-        if endpoint == Dialect::Messages {
-            let (status, kind) = self.kind.anthropic();
-            self.status = status;
-            self.body = anthropic_error_body(&self.message, kind, self.kind.code());
-        }
+    pub fn in_dialect(mut self, dialect: Dialect) -> Self {
+        let (status, body) = dialect.answer().local_error(self.kind, &self.message);
+        self.status = status;
+        self.body = body;
         self
     }
 }
@@ -101,18 +101,6 @@ impl ReplyKind {
         }
     }
 
-    /// Anthropic's status and error `type` for this reply.
-    fn anthropic(self) -> (u32, &'static str) {
-        match self {
-            Self::Shed | Self::Reject | Self::DegradeShed | Self::DegradeReject => {
-                (529, "overloaded_error")
-            }
-            Self::BudgetExhausted | Self::UpstreamTimeout => (504, "timeout_error"),
-            Self::TooLarge => (413, "request_too_large"),
-            Self::OverLimit => (429, "rate_limit_error"),
-        }
-    }
-
     /// The caller's whole budget is gone: a retry can no longer meet its
     /// deadline, only add load, so the reply tells SDKs not to make one.
     pub fn spends_the_budget(self) -> bool {
@@ -146,59 +134,6 @@ impl ReplyKind {
             Self::OverLimit => "A usage limit of this caller is reached; retry later.",
         }
     }
-}
-
-#[derive(Serialize)]
-struct Body<'a> {
-    error: Error<'a>,
-}
-
-#[derive(Serialize)]
-struct Error<'a> {
-    message: &'a str,
-    #[serde(rename = "type")]
-    kind: &'a str,
-    code: &'a str,
-}
-
-/// `{"error":{"message":…,"type":…,"code":…}}`, every string JSON-escaped.
-pub fn error_body(message: &str, error_type: &str, code: &str) -> Vec<u8> {
-    let body = Body {
-        error: Error {
-            message,
-            kind: error_type,
-            code,
-        },
-    };
-    // Serialising borrowed strings cannot fail; the fallback keeps the data
-    // path free of `unwrap` all the same.
-    serde_json::to_vec(&body).unwrap_or_else(|_| {
-        br#"{"error":{"message":"request refused","type":"service_unavailable","code":null}}"#
-            .to_vec()
-    })
-}
-
-#[derive(Serialize)]
-struct AnthropicBody<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    error: Error<'a>,
-}
-
-/// `{"type":"error","error":{"type":…,"message":…,"code":…}}`: Anthropic's
-/// error shape, with the filter's stable `code` beside its fields.
-pub fn anthropic_error_body(message: &str, error_type: &str, code: &str) -> Vec<u8> {
-    let body = AnthropicBody {
-        kind: "error",
-        error: Error {
-            message,
-            kind: error_type,
-            code,
-        },
-    };
-    serde_json::to_vec(&body).unwrap_or_else(|_| {
-        br#"{"type":"error","error":{"type":"api_error","message":"request refused"}}"#.to_vec()
-    })
 }
 
 /// The reply of `kind` with its default message.

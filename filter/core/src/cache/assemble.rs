@@ -7,9 +7,10 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
-use super::answer::{EntryKind, HEAD_FIELDS, REPLACE_KEYS};
+use super::answer::{Delivery, HEAD_FIELDS, REPLACE_KEYS};
 use super::config::Stamp;
 use super::entry::{Entry, EntryError};
+use crate::dialect::answer::{Choices, Stored};
 use crate::dialect::Dialect;
 use crate::sse::{Collect, Piece};
 
@@ -23,7 +24,8 @@ const CHOICE_OVERHEAD: usize = 64;
 /// non-streamed answer as an [`Entry`]. Fed as the stream's [`Collect`]or.
 #[derive(Debug)]
 pub struct StreamAssembler {
-    kind: EntryKind,
+    dialect: Dialect,
+    shape: Choices,
     limit: usize,
     held: usize,
     failure: Option<EntryError>,
@@ -41,18 +43,17 @@ struct ChoiceAcc {
 }
 
 impl StreamAssembler {
-    /// An assembler for a streamed chat or completions answer, giving up past
-    /// `limit` bytes (`cache.max_entry_bytes`); `None` for other endpoints
-    /// (the dialects kept as sent are not rebuilt).
-    pub fn new(endpoint: Dialect, limit: u32) -> Option<Self> {
-        let kind = match EntryKind::of(endpoint, true)? {
-            k @ (EntryKind::Chat | EntryKind::Completions) => k,
-            EntryKind::Embeddings | EntryKind::Responses(_) | EntryKind::Messages(_) => {
-                return None
-            }
+    /// An assembler for a streamed answer of a dialect kept in canonical
+    /// form from choices (chat, completions), giving up past `limit` bytes
+    /// (`cache.max_entry_bytes`); `None` for other dialects (those kept as
+    /// sent are not rebuilt).
+    pub fn new(dialect: Dialect, limit: u32) -> Option<Self> {
+        let Some(Stored::Canonical(Some(shape))) = dialect.answer().stored() else {
+            return None;
         };
         Some(Self {
-            kind,
+            dialect,
+            shape,
             limit: limit as usize,
             held: 0,
             failure: None,
@@ -80,7 +81,7 @@ impl StreamAssembler {
         {
             return Err(EntryError::Incomplete);
         }
-        let kind = self.kind;
+        let dialect = self.dialect;
         let limit = self.limit;
         let model = self
             .head
@@ -93,7 +94,7 @@ impl StreamAssembler {
         if body.len() > limit {
             return Err(EntryError::TooLarge);
         }
-        Ok(Entry::new(kind, stamp, model, body))
+        Ok(Entry::new(dialect, Delivery::Json, stamp, model, body))
     }
 
     fn fail(&mut self, e: EntryError) {
@@ -136,19 +137,18 @@ impl StreamAssembler {
                 None => 0,
                 Some(i) => i.as_u64().ok_or(EntryError::Incomplete)?,
             };
-            let delta = match self.kind {
-                EntryKind::Chat => match choice.remove("delta") {
+            let delta = if self.shape.message {
+                match choice.remove("delta") {
                     None | Some(Value::Null) => Map::new(),
                     Some(Value::Object(d)) => d,
                     Some(_) => return Err(EntryError::Incomplete),
-                },
-                _ => {
-                    let mut d = Map::new();
-                    if let Some(t) = choice.remove("text") {
-                        d.insert("text".to_string(), t);
-                    }
-                    d
                 }
+            } else {
+                let mut d = Map::new();
+                if let Some(t) = choice.remove("text") {
+                    d.insert("text".to_string(), t);
+                }
+                d
             };
             if !self.choices.contains_key(&index) {
                 self.held = self.held.saturating_add(CHOICE_OVERHEAD);
@@ -174,11 +174,7 @@ impl StreamAssembler {
 
     fn into_answer(self) -> Value {
         let mut answer = Map::new();
-        let object = match self.kind {
-            EntryKind::Chat => "chat.completion",
-            _ => "text_completion",
-        };
-        answer.insert("object".to_string(), Value::from(object));
+        answer.insert("object".to_string(), Value::from(self.shape.object));
         answer.extend(self.head);
         let choices: Vec<Value> = self
             .choices
@@ -186,18 +182,15 @@ impl StreamAssembler {
             .map(|(index, acc)| {
                 let mut c = Map::new();
                 c.insert("index".to_string(), Value::from(index));
-                match self.kind {
-                    EntryKind::Chat => {
-                        c.insert("message".to_string(), Value::Object(message(acc.delta)));
-                    }
-                    _ => {
-                        let text = acc
-                            .delta
-                            .get("text")
-                            .cloned()
-                            .unwrap_or_else(|| Value::from(""));
-                        c.insert("text".to_string(), text);
-                    }
+                if self.shape.message {
+                    c.insert("message".to_string(), Value::Object(message(acc.delta)));
+                } else {
+                    let text = acc
+                        .delta
+                        .get("text")
+                        .cloned()
+                        .unwrap_or_else(|| Value::from(""));
+                    c.insert("text".to_string(), text);
                 }
                 c.insert("logprobs".to_string(), acc.logprobs);
                 c.insert(

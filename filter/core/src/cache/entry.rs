@@ -1,9 +1,10 @@
-//! A cached answer. Chat, completions and embeddings answers are kept in one
-//! canonical form, the provider's non-streamed JSON, so an entry filled by a
-//! plain call can answer a streamed one and the other way round. Responses
-//! and Messages answers are kept as the upstream sent them, the JSON or every
-//! byte of the stream, and answer only calls asking for that delivery. Only
-//! complete, successful answers become entries.
+//! A cached answer. The dialect says how its answers are kept
+//! ([`Stored`]): chat, completions and embeddings answers in one canonical
+//! form, the provider's non-streamed JSON, so an entry filled by a plain call
+//! can answer a streamed one and the other way round; Responses and Messages
+//! answers as the upstream sent them, the JSON or every byte of the stream,
+//! answering only calls asking for that delivery. Only complete, successful
+//! answers become entries.
 
 use bincode::Options;
 use serde::{Deserialize, Serialize};
@@ -11,10 +12,11 @@ use serde_json::Value;
 
 use super::config::{Stamp, MAX_ENTRY_BYTES};
 use super::replay;
+use crate::dialect::answer::Stored;
 use crate::dialect::Dialect;
 use crate::host::codec;
 
-pub use super::answer::{Delivery, EntryKind};
+pub use super::answer::Delivery;
 
 /// Content type of a JSON reply.
 pub const JSON_CONTENT_TYPE: &str = "application/json";
@@ -22,8 +24,9 @@ pub const JSON_CONTENT_TYPE: &str = "application/json";
 pub const SSE_CONTENT_TYPE: &str = "text/event-stream";
 
 /// Version of the encoding; a mismatch reads as corrupt, so entries written by
-/// another version of the filter are misses, never misread.
-const FORMAT: u32 = 1;
+/// another version of the filter are misses, never misread. 2: the dialect
+/// by its name and the delivery, in place of one kind for both.
+const FORMAT: u32 = 2;
 
 /// Why an answer was not made into an entry, or an entry cannot be used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +70,9 @@ pub struct Entry {
     stored_at_ms: u64,
     expires_at_ms: u64,
     status: u16,
-    kind: EntryKind,
+    #[serde(with = "dialect_name")]
+    dialect: Dialect,
+    delivery: Delivery,
     model: String,
     body: String,
 }
@@ -104,7 +109,7 @@ impl Entry {
         stamp: Stamp,
         limit: u32,
     ) -> Result<Self, EntryError> {
-        let kind = EntryKind::of(endpoint, false).ok_or(EntryError::Dialect)?;
+        let stored = endpoint.answer().stored().ok_or(EntryError::Dialect)?;
         if status != 200 {
             return Err(EntryError::Status(status));
         }
@@ -112,17 +117,23 @@ impl Entry {
             return Err(EntryError::TooLarge);
         }
         let answer = answer.ok_or(EntryError::Incomplete)?;
-        if !is_complete(kind, answer) {
+        if !is_complete(endpoint, answer) {
             return Err(EntryError::Incomplete);
         }
         // The canonical form is the answer without the space around it; an
         // answer kept as sent keeps every byte.
-        let body = match kind.verbatim() {
-            None => body.trim_ascii(),
-            Some(_) => body,
+        let body = match stored {
+            Stored::Canonical(_) => body.trim_ascii(),
+            Stored::AsSent => body,
         };
         let body = String::from_utf8(body.to_vec()).map_err(|_| EntryError::Incomplete)?;
-        Ok(Self::new(kind, stamp, model_of(answer), body))
+        Ok(Self::new(
+            endpoint,
+            Delivery::Json,
+            stamp,
+            model_of(answer),
+            body,
+        ))
     }
 
     /// An entry from a streamed answer of a dialect kept as the upstream sent
@@ -135,9 +146,9 @@ impl Entry {
         stamp: Stamp,
         limit: u32,
     ) -> Result<Self, EntryError> {
-        let kind = EntryKind::of(endpoint, true)
-            .filter(|k| k.verbatim() == Some(Delivery::Stream))
-            .ok_or(EntryError::Dialect)?;
+        if endpoint.answer().stored() != Some(Stored::AsSent) {
+            return Err(EntryError::Dialect);
+        }
         let body = body
             .filter(|b| b.len() <= limit as usize)
             .ok_or(EntryError::TooLarge)?;
@@ -146,16 +157,30 @@ impl Entry {
         }
         // SSE is UTF-8 by its definition.
         let body = String::from_utf8(body.to_vec()).map_err(|_| EntryError::Incomplete)?;
-        Ok(Self::new(kind, stamp, String::new(), body))
+        Ok(Self::new(
+            endpoint,
+            Delivery::Stream,
+            stamp,
+            String::new(),
+            body,
+        ))
     }
 
-    /// An entry from an answer already in canonical form and checked.
-    pub(crate) fn new(kind: EntryKind, stamp: Stamp, model: String, body: String) -> Self {
+    /// An entry from an answer of `dialect` already in its stored form and
+    /// checked, as it was delivered (`Json` for a canonical form).
+    pub(crate) fn new(
+        dialect: Dialect,
+        delivery: Delivery,
+        stamp: Stamp,
+        model: String,
+        body: String,
+    ) -> Self {
         Self {
             stored_at_ms: stamp.stored_at_ms,
             expires_at_ms: stamp.expires_at_ms.max(stamp.stored_at_ms),
             status: 200,
-            kind,
+            dialect,
+            delivery,
             model,
             body,
         }
@@ -176,9 +201,14 @@ impl Entry {
         self.status
     }
 
-    /// What kind of answer it is.
-    pub fn kind(&self) -> EntryKind {
-        self.kind
+    /// The dialect of the answer.
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
+    /// How the answer was delivered (`Json` for a canonical form).
+    pub fn delivery(&self) -> Delivery {
+        self.delivery
     }
 
     /// The model that answered, as the answer names it (may be empty).
@@ -202,30 +232,28 @@ impl Entry {
     /// answer kept as sent is replayed byte for byte, and only to a request
     /// of its delivery.
     pub fn reply(&self, stream: bool, include_usage: bool) -> Result<Reply, EntryError> {
-        if let Some(delivery) = self.kind.verbatim() {
-            if delivery != Delivery::of(stream) {
-                return Err(EntryError::Delivery);
+        let as_is = |content_type| Reply {
+            content_type,
+            body: self.body.as_bytes().to_vec(),
+        };
+        match self.dialect.answer().stored() {
+            Some(Stored::AsSent) => {
+                if self.delivery != Delivery::of(stream) {
+                    return Err(EntryError::Delivery);
+                }
+                Ok(as_is(match self.delivery {
+                    Delivery::Json => JSON_CONTENT_TYPE,
+                    Delivery::Stream => SSE_CONTENT_TYPE,
+                }))
             }
-            let content_type = match delivery {
-                Delivery::Json => JSON_CONTENT_TYPE,
-                Delivery::Stream => SSE_CONTENT_TYPE,
-            };
-            return Ok(Reply {
-                content_type,
-                body: self.body.as_bytes().to_vec(),
-            });
+            Some(Stored::Canonical(Some(choices))) if stream => Ok(Reply {
+                content_type: SSE_CONTENT_TYPE,
+                body: replay::sse(choices, &self.body, include_usage).ok_or(EntryError::Corrupt)?,
+            }),
+            Some(Stored::Canonical(_)) => Ok(as_is(JSON_CONTENT_TYPE)),
+            // A dialect whose answers are never kept: not an entry of ours.
+            None => Err(EntryError::Corrupt),
         }
-        if !stream || self.kind == EntryKind::Embeddings {
-            return Ok(Reply {
-                content_type: JSON_CONTENT_TYPE,
-                body: self.body.as_bytes().to_vec(),
-            });
-        }
-        let body = replay::sse(self.kind, &self.body, include_usage).ok_or(EntryError::Corrupt)?;
-        Ok(Reply {
-            content_type: SSE_CONTENT_TYPE,
-            body,
-        })
     }
 
     /// The bincode encoding.
@@ -288,31 +316,32 @@ fn model_of(answer: &Value) -> String {
         .to_string()
 }
 
-/// True when a JSON answer is a complete success worth keeping.
-fn is_complete(kind: EntryKind, answer: &Value) -> bool {
+/// The dialect kept by its name, which stays when dialects are added.
+mod dialect_name {
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    use crate::dialect::Dialect;
+
+    pub(super) fn serialize<S: Serializer>(d: &Dialect, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(d.api())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Dialect, D::Error> {
+        let name = String::deserialize(d)?;
+        Dialect::named(&name).ok_or_else(|| D::Error::custom("no such dialect"))
+    }
+}
+
+/// True when a JSON answer is a complete success worth keeping: an object,
+/// no `error` in it, and complete as its dialect says.
+fn is_complete(dialect: Dialect, answer: &Value) -> bool {
     let Some(obj) = answer.as_object() else {
         return false;
     };
     if obj.get("error").is_some_and(|e| !e.is_null()) {
         return false;
     }
-    let is = |field: &str, value: &str| obj.get(field).and_then(Value::as_str) == Some(value);
-    match kind {
-        EntryKind::Embeddings => obj.get("data").is_some_and(Value::is_array),
-        EntryKind::Responses(_) => is("status", "completed"),
-        EntryKind::Messages(_) => {
-            is("type", "message") && obj.get("stop_reason").is_some_and(Value::is_string)
-        }
-        EntryKind::Chat | EntryKind::Completions => match obj.get("choices") {
-            Some(Value::Array(choices)) => {
-                !choices.is_empty()
-                    && choices
-                        .iter()
-                        .all(|c| c.get("finish_reason").is_some_and(Value::is_string))
-            }
-            _ => false,
-        },
-    }
+    dialect.answer().complete(obj)
 }
 
 #[cfg(test)]
@@ -330,7 +359,7 @@ mod tests {
     fn keeps_complete_answers_only() {
         let e = Entry::from_json(Dialect::Chat, 200, ANSWER.as_bytes(), STAMP, 4096).unwrap();
         assert_eq!(e.model(), "gpt-4o-2024-08-06");
-        assert_eq!(e.kind(), EntryKind::Chat);
+        assert_eq!((e.dialect(), e.delivery()), (Dialect::Chat, Delivery::Json));
         assert_eq!(
             (e.stored_at_ms(), e.expires_at_ms(), e.status()),
             (1_000, 61_000, 200)
@@ -379,7 +408,10 @@ mod tests {
         let json =
             |endpoint, body: &str| Entry::from_json(endpoint, 200, body.as_bytes(), STAMP, 4096);
         let e = json(Dialect::Messages, MESSAGE).unwrap();
-        assert_eq!(e.kind(), EntryKind::Messages(Delivery::Json));
+        assert_eq!(
+            (e.dialect(), e.delivery()),
+            (Dialect::Messages, Delivery::Json)
+        );
         assert_eq!((e.body(), e.model()), (MESSAGE.as_bytes(), "claude"));
         let r = e.reply(false, true).unwrap();
         assert_eq!(
@@ -390,7 +422,10 @@ mod tests {
         let done =
             r#"{"id":"resp_1","object":"response","status":"completed","output":[],"error":null}"#;
         let e = json(Dialect::Responses, done).unwrap();
-        assert_eq!(e.kind(), EntryKind::Responses(Delivery::Json));
+        assert_eq!(
+            (e.dialect(), e.delivery()),
+            (Dialect::Responses, Delivery::Json)
+        );
         for (endpoint, body) in [
             (Dialect::Responses, done.replace("completed", "incomplete")),
             (Dialect::Responses, done.replace("null", r#"{"code":"x"}"#)),
@@ -407,7 +442,10 @@ mod tests {
             Entry::from_stream(endpoint, body, finished, STAMP, limit)
         };
         let e = stream(Dialect::Messages, Some(STREAM.as_bytes()), true, 4096).unwrap();
-        assert_eq!(e.kind(), EntryKind::Messages(Delivery::Stream));
+        assert_eq!(
+            (e.dialect(), e.delivery()),
+            (Dialect::Messages, Delivery::Stream)
+        );
         let r = e.reply(true, false).unwrap();
         assert_eq!(
             (r.content_type, r.body.as_slice()),

@@ -5,7 +5,7 @@
 
 use sha2::{Digest, Sha256};
 
-use super::answer::EntryKind;
+use super::answer::kept_as_sent;
 use super::config::{CacheConfig, Scope};
 use super::entry::Entry;
 use crate::dialect::Dialect;
@@ -136,7 +136,7 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
     if !cfg.enabled {
         return Decision::Bypass(BypassReason::Disabled);
     }
-    if EntryKind::of(req.endpoint, false).is_none() {
+    if req.endpoint.answer().stored().is_none() {
         return Decision::Bypass(BypassReason::Dialect);
     }
     let control = CacheControl::parse(req.cache_control.unwrap_or(""));
@@ -167,7 +167,7 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
     Decision::Cacheable(Cacheable {
         key: digest(KEY_VERSION, cfg, req, body),
         // Embeddings are never streamed, whatever the body says.
-        stream: stream && req.endpoint != Dialect::Embeddings,
+        stream: stream && req.endpoint.answer().streams(),
         include_usage,
         read: !control.no_cache,
         store: true,
@@ -184,8 +184,7 @@ pub(crate) fn digest(
     req: &CacheRequest<'_>,
     body: &Json,
 ) -> Key {
-    let kept_as_sent = EntryKind::of(req.endpoint, false).and_then(EntryKind::verbatim);
-    let ignored: &[&str] = match kept_as_sent {
+    let ignored: &[&str] = match kept_as_sent(req.endpoint, false) {
         None => &IGNORED_FIELDS,
         Some(_) => &[],
     };

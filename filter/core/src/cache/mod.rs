@@ -19,11 +19,11 @@ mod replay;
 pub mod semantic;
 pub mod store;
 
-pub use answer::Delivery;
+pub use answer::{kept_as_sent, Delivery};
 pub use assemble::StreamAssembler;
 pub use coalesce::{Claim, Lease, Poll};
 pub use config::{CacheConfig, Mode, RawCacheConfig, Scope, Stamp};
-pub use entry::{Entry, EntryError, EntryKind, Reply};
+pub use entry::{Entry, EntryError, Reply};
 pub use key::{
     decide, key_hex, BypassReason, CacheControl, CacheRequest, Cacheable, Decision, Key,
 };

@@ -4,17 +4,18 @@
 
 use serde_json::{json, Map, Value};
 
-use super::answer::{EntryKind, HEAD_FIELDS, REPLACE_KEYS};
-use crate::sse::chat;
+use super::answer::{HEAD_FIELDS, REPLACE_KEYS};
+use crate::dialect::answer::stream::chat;
+use crate::dialect::answer::Choices;
 
 /// Content pieces end at the first whitespace after this many bytes…
 const PIECE_TARGET: usize = 16;
 /// …or are cut here (at a char boundary) when no whitespace comes.
 const PIECE_MAX: usize = 32;
 
-/// The SSE body replaying `body`, a complete `chat.completion` or
-/// `text_completion`; `None` when it is not one.
-pub(crate) fn sse(kind: EntryKind, body: &str, include_usage: bool) -> Option<Vec<u8>> {
+/// The SSE body replaying `body`, a complete answer of `shape`'s choices
+/// (a `chat.completion`, a `text_completion`); `None` when it is not one.
+pub(crate) fn sse(shape: Choices, body: &str, include_usage: bool) -> Option<Vec<u8>> {
     let answer: Value = serde_json::from_str(body).ok()?;
     let obj = answer.as_object()?;
     let choices = obj.get("choices")?.as_array()?;
@@ -24,13 +25,7 @@ pub(crate) fn sse(kind: EntryKind, body: &str, include_usage: bool) -> Option<Ve
             head.insert(field.to_string(), v.clone());
         }
     }
-    let object = match kind {
-        EntryKind::Chat => "chat.completion.chunk",
-        EntryKind::Completions => "text_completion",
-        // Never streamed, or replayed as stored.
-        EntryKind::Embeddings | EntryKind::Responses(_) | EntryKind::Messages(_) => return None,
-    };
-    head.insert("object".to_string(), Value::from(object));
+    head.insert("object".to_string(), Value::from(shape.chunk));
     let mut out = Vec::with_capacity(body.len().saturating_mul(4));
     let mut w = Writer {
         head,
@@ -41,9 +36,10 @@ pub(crate) fn sse(kind: EntryKind, body: &str, include_usage: bool) -> Option<Ve
             .get("index")
             .cloned()
             .unwrap_or_else(|| Value::from(pos));
-        match kind {
-            EntryKind::Chat => chat_choice(&mut w, index, choice)?,
-            _ => text_choice(&mut w, index, choice)?,
+        if shape.message {
+            chat_choice(&mut w, index, choice)?;
+        } else {
+            text_choice(&mut w, index, choice)?;
         }
     }
     if include_usage {
@@ -256,6 +252,15 @@ fn pieces(text: &str) -> Vec<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dialect::answer::Stored;
+    use crate::dialect::Dialect;
+
+    fn chat_shape() -> Choices {
+        let Some(Stored::Canonical(Some(shape))) = Dialect::Chat.answer().stored() else {
+            panic!("chat answers are kept from choices");
+        };
+        shape
+    }
 
     #[test]
     fn pieces_rebuild_the_text() {
@@ -284,7 +289,7 @@ mod tests {
     #[test]
     fn each_event_is_a_data_line() {
         let body = r#"{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there, this is a longer answer that spans pieces."},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}"#;
-        let plain = String::from_utf8(sse(EntryKind::Chat, body, false).unwrap()).unwrap();
+        let plain = String::from_utf8(sse(chat_shape(), body, false).unwrap()).unwrap();
         let events: Vec<&str> = plain.split_terminator("\n\n").collect();
         assert!(events
             .iter()
@@ -297,13 +302,13 @@ mod tests {
         assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
         let last: Value = serde_json::from_str(&events[events.len() - 2][6..]).unwrap();
         assert_eq!(last["choices"][0]["finish_reason"], "stop");
-        let with_usage = String::from_utf8(sse(EntryKind::Chat, body, true).unwrap()).unwrap();
+        let with_usage = String::from_utf8(sse(chat_shape(), body, true).unwrap()).unwrap();
         let all: Vec<&str> = with_usage.split_terminator("\n\n").collect();
         let usage_event = all[all.len() - 2];
         let usage: Value = serde_json::from_str(&usage_event[6..]).unwrap();
         assert_eq!(usage["choices"], json!([]));
         assert_eq!(usage["usage"]["total_tokens"], 3);
-        assert!(sse(EntryKind::Chat, "{}", false).is_none());
-        assert!(sse(EntryKind::Chat, "nope", false).is_none());
+        assert!(sse(chat_shape(), "{}", false).is_none());
+        assert!(sse(chat_shape(), "nope", false).is_none());
     }
 }

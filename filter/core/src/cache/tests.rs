@@ -287,7 +287,7 @@ fn a_cached_stream_is_parsed_once_for_usage_strip_and_entry() {
         let mut stream: crate::sse::Stream = crate::sse::Stream::new();
         stream.strip_usage();
         let mut asm = StreamAssembler::new(Dialect::Chat, 4096).unwrap();
-        let before = crate::sse::chat::tests::parses();
+        let before = crate::dialect::answer::stream::chat::tests::parses();
         let mut out = Vec::new();
         for piece in bytes.chunks(size) {
             let passed = stream.feed(piece, false, Some(&mut asm));
@@ -295,7 +295,7 @@ fn a_cached_stream_is_parsed_once_for_usage_strip_and_entry() {
         }
         out.extend(stream.feed(&[], true, Some(&mut asm)).unwrap_or_default());
         assert_eq!(
-            crate::sse::chat::tests::parses() - before,
+            crate::dialect::answer::stream::chat::tests::parses() - before,
             json_events as u64
         );
         let usage_chunk = UPSTREAM

@@ -1,2 +1,398 @@
 //! What an answer says, read by its dialect: usage, the stream's grammar,
 //! the stored entry, the local-reply and error shapes and the error classes.
+//! Each API's file says it in its own words ([`Answer`]); the concerns
+//! (limits, the cache, the budget's replies, fallback, capture) keep their
+//! policy and ask the call's dialect here, through the one `match` below.
+
+pub mod stream;
+
+use serde_json::{Map, Value};
+
+use super::{chat, completions, embeddings, messages, other, responses, Dialect};
+use crate::budget::reply::ReplyKind;
+use crate::json::Json;
+use crate::sse::AnyGrammar;
+use crate::usage::{Reported, Usage};
+
+/// What one API's answers say, and where.
+pub trait Answer: Sync {
+    /// The tokens a `usage` object reports, read by the dialect's names
+    /// (each count as `u64`; a count of another type costs the whole object
+    /// before this is asked).
+    fn usage(&self, reported: &Reported) -> Usage;
+
+    /// The grammar its streams are read with, one per stream.
+    fn grammar(&self) -> AnyGrammar;
+
+    /// How the cache keeps its answers; `None`: they are never cached.
+    fn stored(&self) -> Option<Stored>;
+
+    /// A call may ask for its answer as a stream: false when the dialect
+    /// answers in one JSON document whatever the body says (embeddings).
+    fn streams(&self) -> bool {
+        self.stored() != Some(Stored::Canonical(None))
+    }
+
+    /// A JSON answer (an object without an `error`) is complete: all of
+    /// it came, and it ended as an answer should (worth keeping).
+    fn complete(&self, answer: &Map<String, Value>) -> bool;
+
+    /// A reply the filter makes in place of the upstream's (`kind`, in
+    /// `message`'s words), in the dialect's error shape: the status its
+    /// SDKs map to the matching error, and the body they parse (OpenAI's
+    /// `{"error":{"message","type","code"}}`, Anthropic's
+    /// `{"type":"error","error":{"type","message"}}`).
+    fn local_error(&self, kind: ReplyKind, message: &str) -> (u32, Vec<u8>);
+
+    /// The headers its callers read what is left of their limits from
+    /// (OpenAI's `x-ratelimit-*`, Anthropic's `anthropic-ratelimit-*`).
+    fn rate_headers(&self) -> &'static RateHeaders;
+
+    /// Why an upstream refused a call of `status`, as its error `body`
+    /// (JSON) says; `None` for any other error. Today's dialects share one
+    /// reading ([`refusal_of`]): their error shapes keep `type` and
+    /// `message` in an `error` object, and servers of one dialect often
+    /// front another's models and pass its words on.
+    fn refusal(&self, status: u16, body: &Value) -> Option<Refusal>;
+
+    /// `gen_ai.provider.name` as the dialect names its provider (the
+    /// backend behind an OpenAI-compatible API may be another).
+    fn provider(&self) -> &'static str;
+
+    /// Tells `out` what a JSON answer said, turn by turn, as the dialect
+    /// lays it out; false when its answers say no text (embeddings, a path
+    /// of another shape).
+    fn said(&self, answer: &Json, out: &mut dyn Hear) -> bool;
+}
+
+/// Takes what an answer said as its dialect reads it out (the capture of
+/// the completion). The assistant's turns come one by one: a whole chat
+/// message, a choice's text, or parts gathered until the turn ends.
+pub trait Hear {
+    /// Past its bound: what is left of the answer is left out.
+    fn full(&mut self) -> bool;
+    /// A turn that is one chat `message` (`role`, `content`, `tool_calls`),
+    /// ended for `reason`.
+    fn message(&mut self, message: &Json, reason: Option<&str>);
+    /// A turn that is one text, ended for `reason`.
+    fn text(&mut self, text: &str, reason: Option<&str>);
+    /// A `content` of the turn under way: a string, or typed parts (text,
+    /// tool uses and results, function calls).
+    fn content(&mut self, content: Option<&Json>);
+    /// An item of the turn under way that is its own part (a Responses
+    /// `function_call`).
+    fn item(&mut self, item: &Json);
+    /// The turn under way ends, for `reason`.
+    fn end_turn(&mut self, reason: Option<&str>);
+}
+
+/// A string's value.
+pub(super) fn string(j: &Json) -> Option<&str> {
+    match j {
+        Json::String(s) => Some(s),
+        _ => None,
+    }
+}
+
+/// An array's items; none of anything else.
+pub(super) fn list(j: Option<&Json>) -> &[Json] {
+    match j {
+        Some(Json::Array(items)) => items,
+        _ => &[],
+    }
+}
+
+/// Why an upstream refused a call, in one set of words for every dialect;
+/// routing maps them to what it does (fall back to another model, or not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The prompt (with the output cap) is longer than the model's context.
+    ContextLength,
+    /// The account's quota or credit is spent (not a rate limit: that ends).
+    Quota,
+    /// The backend does not serve the model (or no longer does).
+    UnknownModel,
+    /// The backend is overloaded for now.
+    Overloaded,
+}
+
+/// The refusal an error body says, as OpenAI and OpenAI-compatible servers
+/// write it (`{"error": {"code", "type", "message"}}`), Anthropic
+/// (`{"type": "error", "error": {"type", "message"}}`) and vLLM (flat,
+/// `{"object": "error", "type", "message"}`).
+pub fn refusal_of(status: u16, body: &Value) -> Option<Refusal> {
+    let error = body.get("error").filter(|e| e.is_object()).unwrap_or(body);
+    let field = |name: &str| {
+        error
+            .get(name)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_ascii_lowercase()
+    };
+    let (code, kind, message) = (field("code"), field("type"), field("message"));
+    let named = |words: &[&str]| words.iter().any(|w| *w == code || *w == kind);
+    let says = |words: &[&str]| words.iter().any(|w| message.contains(w));
+    if named(&["context_length_exceeded", "string_above_max_length"])
+        || says(&[
+            "maximum context length",
+            "context length",
+            "context window",
+            "prompt is too long",
+            "too many tokens",
+        ])
+    {
+        return Some(Refusal::ContextLength);
+    }
+    if named(&["insufficient_quota", "billing_hard_limit_reached"])
+        || says(&["credit balance is too low", "exceeded your current quota"])
+    {
+        return Some(Refusal::Quota);
+    }
+    let no_model = named(&["model_not_found", "deploymentnotfound"])
+        || ((status == 404 || named(&["not_found_error", "notfounderror"]))
+            && message.contains("model"));
+    if no_model {
+        return Some(Refusal::UnknownModel);
+    }
+    (status == 529 || named(&["overloaded_error"])).then_some(Refusal::Overloaded)
+}
+
+/// The names a dialect's providers give what is left of a caller's
+/// limits, on every answer and on their own 429s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateHeaders {
+    /// The limit, the remaining and the reset of the requests.
+    pub requests: [&'static str; 3],
+    /// The limit, the remaining and the reset of the tokens.
+    pub tokens: [&'static str; 3],
+    /// How the reset is written.
+    pub reset: Reset,
+}
+
+/// How a dialect writes when a limit resets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reset {
+    /// The seconds until it does, `12s` (OpenAI's).
+    Seconds,
+    /// The instant it does, RFC 3339 (Anthropic's).
+    Instant,
+}
+
+/// How the cache keeps a dialect's answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    /// In one canonical form, the provider's non-streamed JSON, which
+    /// answers a call either way: with `Some`, a stream is rebuilt into it
+    /// and replayed from it in these choices' shape; with `None` the
+    /// dialect never streams, and a hit is always JSON.
+    Canonical(Option<Choices>),
+    /// As the upstream sent it, the JSON or every byte of the stream: it
+    /// answers only calls that ask for the same delivery.
+    AsSent,
+}
+
+/// The shape of an answer of OpenAI's `choices`, which the cache rebuilds
+/// from a stream of chunks and replays as one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Choices {
+    /// The `object` of the whole answer (`chat.completion`).
+    pub object: &'static str,
+    /// The `object` of each chunk of its stream (`chat.completion.chunk`).
+    pub chunk: &'static str,
+    /// Each choice is a `message`, streamed as `delta`s; else a `text`,
+    /// streamed in pieces of text.
+    pub message: bool,
+}
+
+impl Dialect {
+    /// What the dialect's answers say.
+    pub fn answer(self) -> &'static dyn Answer {
+        match self {
+            Self::Chat => &chat::Chat,
+            Self::Completions => &completions::Completions,
+            Self::Embeddings => &embeddings::Embeddings,
+            Self::Responses => &responses::Responses,
+            Self::Messages => &messages::Messages,
+            Self::Other => &other::Other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::budget::reply::with_message;
+    use crate::sse::{Grammar, Stream};
+
+    fn every() -> Vec<Dialect> {
+        Dialect::names().filter_map(Dialect::named).collect()
+    }
+
+    #[test]
+    fn each_dialect_says_how_its_answers_are_kept() {
+        for d in every() {
+            let (stored, streams) = (d.answer().stored(), d.answer().streams());
+            match d {
+                Dialect::Chat | Dialect::Completions => {
+                    let Some(Stored::Canonical(Some(c))) = stored else {
+                        panic!("{d:?}: {stored:?}");
+                    };
+                    assert_eq!(c.message, d == Dialect::Chat, "{d:?}");
+                    assert!(streams);
+                }
+                Dialect::Embeddings => {
+                    assert_eq!(stored, Some(Stored::Canonical(None)));
+                    assert!(!streams);
+                }
+                Dialect::Responses | Dialect::Messages => {
+                    assert_eq!(stored, Some(Stored::AsSent), "{d:?}");
+                    assert!(streams);
+                }
+                Dialect::Other => assert_eq!(stored, None),
+            }
+        }
+    }
+
+    #[test]
+    fn each_dialect_reads_its_stream_with_its_grammar() {
+        for d in every() {
+            let g = d.answer().grammar();
+            let want = match d {
+                Dialect::Responses => matches!(g, AnyGrammar::Responses(_)),
+                Dialect::Messages => matches!(g, AnyGrammar::Messages(_)),
+                _ => matches!(g, AnyGrammar::Chat(_)),
+            };
+            assert!(want, "{d:?}: {g:?}");
+        }
+        // The chat grammar reads a chunk's usage by its dialect's names.
+        let chunk =
+            b"data: {\"choices\":[],\"usage\":{\"input_tokens\":3,\"prompt_tokens\":2}}\n\n";
+        let prompt = |d: Dialect| {
+            let mut s = Stream::with_grammar(d.answer().grammar());
+            s.feed(chunk, true, None);
+            s.grammar().usage().map(|u| u.prompt_tokens)
+        };
+        assert_eq!(prompt(Dialect::Chat), Some(2));
+        assert_eq!(prompt(Dialect::Completions), Some(2));
+        assert_eq!(prompt(Dialect::Other), Some(5));
+    }
+
+    #[test]
+    fn each_dialect_writes_errors_and_names_limits_in_its_words() {
+        for d in every() {
+            let a = d.answer();
+            let (status, body) = a.local_error(ReplyKind::Shed, "busy");
+            let v: Value = serde_json::from_slice(&body).unwrap();
+            let headers = a.rate_headers();
+            if d == Dialect::Messages {
+                assert_eq!(status, 529);
+                assert_eq!(v["type"], "error");
+                assert_eq!(v["error"]["type"], "overloaded_error");
+                assert_eq!(headers.requests[0], "anthropic-ratelimit-requests-limit");
+                assert_eq!(headers.reset, Reset::Instant);
+                assert_eq!(a.provider(), "anthropic");
+            } else {
+                assert_eq!(status, 503);
+                let written = with_message(ReplyKind::Shed, "busy", None);
+                assert_eq!(body, written.body, "{d:?}: as the reply module writes it");
+                assert_eq!(v["error"]["type"], "service_unavailable");
+                assert_eq!(headers.tokens[1], "x-ratelimit-remaining-tokens");
+                assert_eq!(headers.reset, Reset::Seconds);
+                assert_eq!(a.provider(), "openai");
+            }
+            assert_eq!(v["error"]["message"], "busy", "{d:?}");
+            assert_eq!(v["error"]["code"], ReplyKind::Shed.code(), "{d:?}");
+        }
+    }
+
+    /// What a dialect read out, as one line per call.
+    #[derive(Default)]
+    struct Heard(Vec<String>);
+
+    impl Hear for Heard {
+        fn full(&mut self) -> bool {
+            false
+        }
+        fn message(&mut self, m: &Json, reason: Option<&str>) {
+            let content = m.get("content").and_then(string).unwrap_or_default();
+            self.0.push(format!("message {content} {reason:?}"));
+        }
+        fn text(&mut self, text: &str, reason: Option<&str>) {
+            self.0.push(format!("text {text} {reason:?}"));
+        }
+        fn content(&mut self, c: Option<&Json>) {
+            self.0.push(format!("content {}", list(c).len()));
+        }
+        fn item(&mut self, item: &Json) {
+            let name = item.get("name").and_then(string).unwrap_or_default();
+            self.0.push(format!("item {name}"));
+        }
+        fn end_turn(&mut self, reason: Option<&str>) {
+            self.0.push(format!("end {reason:?}"));
+        }
+    }
+
+    #[test]
+    fn each_dialect_reads_out_where_its_answer_said_it() {
+        let said = |d: Dialect, body: &str| {
+            let mut h = Heard::default();
+            let any = d
+                .answer()
+                .said(&Json::parse(body.as_bytes()).unwrap(), &mut h);
+            any.then_some(h.0)
+        };
+        let chat = r#"{"choices":[{"message":{"content":"hi"},"finish_reason":"stop"},{"text":"t","finish_reason":"length"},{}]}"#;
+        assert_eq!(
+            said(Dialect::Chat, chat).unwrap(),
+            ["message hi Some(\"stop\")", "text t Some(\"length\")"]
+        );
+        assert_eq!(said(Dialect::Completions, chat), said(Dialect::Chat, chat));
+        let responses = r#"{"status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"output":[{"type":"reasoning"},{"type":"message","content":[{"type":"output_text","text":"a"}]},{"type":"function_call","name":"f"}]}"#;
+        assert_eq!(
+            said(Dialect::Responses, responses).unwrap(),
+            ["content 1", "item f", "end Some(\"max_output_tokens\")"]
+        );
+        let messages = r#"{"type":"message","content":[{"type":"text","text":"a"},{"type":"tool_use"}],"stop_reason":"tool_use"}"#;
+        assert_eq!(
+            said(Dialect::Messages, messages).unwrap(),
+            ["content 2", "end Some(\"tool_use\")"]
+        );
+        assert_eq!(said(Dialect::Embeddings, chat), None);
+        assert_eq!(said(Dialect::Other, chat), None);
+    }
+
+    #[test]
+    fn refusals_are_read_from_every_shape() {
+        let r = |status, body: &str| refusal_of(status, &serde_json::from_str(body).unwrap());
+        assert_eq!(
+            r(400, r#"{"error":{"code":"context_length_exceeded"}}"#),
+            Some(Refusal::ContextLength)
+        );
+        assert_eq!(
+            r(
+                400,
+                r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 9 tokens"}}"#
+            ),
+            Some(Refusal::ContextLength)
+        );
+        assert_eq!(
+            r(
+                404,
+                r#"{"object":"error","type":"NotFoundError","message":"The model `x` does not exist."}"#
+            ),
+            Some(Refusal::UnknownModel)
+        );
+        assert_eq!(
+            r(429, r#"{"error":{"code":"insufficient_quota"}}"#),
+            Some(Refusal::Quota)
+        );
+        assert_eq!(
+            r(
+                529,
+                r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#
+            ),
+            Some(Refusal::Overloaded)
+        );
+        assert_eq!(r(400, r#"{"error":{"message":"bad"}}"#), None);
+    }
+}

@@ -9,3 +9,64 @@ pub struct Completions;
 
 // The answer: usage, the stream's grammar, the stored entry, the error shape
 // and classes (the [`super::answer`] side).
+
+mod answers {
+    use serde_json::{Map, Value};
+
+    use super::Completions;
+    use crate::budget::reply::ReplyKind;
+    use crate::dialect::answer::{
+        refusal_of, stream, Answer, Choices, Hear, RateHeaders, Refusal, Stored,
+    };
+    use crate::dialect::chat::{
+        choices_finished, choices_said, openai_local_error, openai_usage, RATE_HEADERS,
+    };
+    use crate::dialect::Dialect;
+    use crate::json::Json;
+    use crate::sse::AnyGrammar;
+    use crate::usage::{Reported, Usage};
+
+    impl Answer for Completions {
+        fn usage(&self, reported: &Reported) -> Usage {
+            openai_usage(reported)
+        }
+
+        fn grammar(&self) -> AnyGrammar {
+            AnyGrammar::Chat(stream::Chat::of(Dialect::Completions))
+        }
+
+        fn local_error(&self, kind: ReplyKind, message: &str) -> (u32, Vec<u8>) {
+            openai_local_error(kind, message)
+        }
+
+        fn rate_headers(&self) -> &'static RateHeaders {
+            &RATE_HEADERS
+        }
+
+        fn refusal(&self, status: u16, body: &Value) -> Option<Refusal> {
+            refusal_of(status, body)
+        }
+
+        fn provider(&self) -> &'static str {
+            "openai"
+        }
+
+        fn stored(&self) -> Option<Stored> {
+            Some(Stored::Canonical(Some(Choices {
+                object: "text_completion",
+                chunk: "text_completion",
+                message: false,
+            })))
+        }
+
+        fn complete(&self, answer: &Map<String, Value>) -> bool {
+            choices_finished(answer)
+        }
+
+        /// Each choice: its `message`, or a completion's `text`.
+        fn said(&self, answer: &Json, out: &mut dyn Hear) -> bool {
+            choices_said(answer, out);
+            true
+        }
+    }
+}

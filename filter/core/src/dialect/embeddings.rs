@@ -9,3 +9,56 @@ pub struct Embeddings;
 
 // The answer: usage, the stream's grammar, the stored entry, the error shape
 // and classes (the [`super::answer`] side).
+
+mod answers {
+    use serde_json::{Map, Value};
+
+    use super::Embeddings;
+    use crate::budget::reply::ReplyKind;
+    use crate::dialect::answer::{refusal_of, stream, Answer, Hear, RateHeaders, Refusal, Stored};
+    use crate::dialect::chat::{openai_local_error, openai_usage, RATE_HEADERS};
+    use crate::dialect::Dialect;
+    use crate::json::Json;
+    use crate::sse::AnyGrammar;
+    use crate::usage::{Reported, Usage};
+
+    impl Answer for Embeddings {
+        fn usage(&self, reported: &Reported) -> Usage {
+            openai_usage(reported)
+        }
+
+        fn grammar(&self) -> AnyGrammar {
+            AnyGrammar::Chat(stream::Chat::of(Dialect::Embeddings))
+        }
+
+        fn local_error(&self, kind: ReplyKind, message: &str) -> (u32, Vec<u8>) {
+            openai_local_error(kind, message)
+        }
+
+        fn rate_headers(&self) -> &'static RateHeaders {
+            &RATE_HEADERS
+        }
+
+        fn refusal(&self, status: u16, body: &Value) -> Option<Refusal> {
+            refusal_of(status, body)
+        }
+
+        fn provider(&self) -> &'static str {
+            "openai"
+        }
+
+        /// A list of vectors: no text to tell.
+        fn said(&self, _answer: &Json, _out: &mut dyn Hear) -> bool {
+            false
+        }
+
+        /// Never streamed: a hit is always the JSON list.
+        fn stored(&self) -> Option<Stored> {
+            Some(Stored::Canonical(None))
+        }
+
+        fn complete(&self, answer: &Map<String, Value>) -> bool {
+            answer.get("data").is_some_and(Value::is_array)
+        }
+    }
+}

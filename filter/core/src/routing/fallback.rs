@@ -7,16 +7,17 @@
 //! answers 5xx, 429 and resets; this answers the 4xx that no backend of the
 //! same model would answer differently.
 //!
-//! The class is read from the error's body as the dialects write it: OpenAI
-//! and OpenAI-compatible servers' `{"error": {"code", "type", "message"}}`,
-//! Anthropic's `{"type": "error", "error": {"type", "message"}}`, and vLLM's
-//! flat `{"object": "error", "type", "message"}`.
+//! The class is read from the error's body by the call's dialect
+//! ([`crate::dialect::answer::Answer::refusal`]); this module says which
+//! statuses are worth reading and which refusals move the call on.
 
 use std::collections::BTreeMap;
 
 use serde_json::Value;
 
 use crate::config::error::ConfigError;
+use crate::dialect::answer::Refusal;
+use crate::dialect::Dialect;
 use crate::host::Metrics;
 use crate::metrics as names;
 
@@ -61,45 +62,21 @@ pub fn candidate(status: u16) -> bool {
     matches!(status, 400 | 403 | 404 | 413 | 422 | 429)
 }
 
-/// The class of an error answer of `status` whose body is `body`; `None` for
-/// any other error (a bad request is the caller's to fix, a rate limit is
-/// failover's) and for a body that is not an error object.
-pub fn classify(status: u16, body: &[u8]) -> Option<ErrorClass> {
+/// The class of an error answer of `status` to a call of `dialect`, whose
+/// body is `body`; `None` for any other error (a bad request is the
+/// caller's to fix, a rate limit or an overload is failover's) and for a
+/// body that is not an error object.
+pub fn classify(dialect: Dialect, status: u16, body: &[u8]) -> Option<ErrorClass> {
     if !candidate(status) || body.len() > MAX_ERROR_BODY {
         return None;
     }
     let doc: Value = serde_json::from_slice(body).ok()?;
-    let error = doc.get("error").filter(|e| e.is_object()).unwrap_or(&doc);
-    let field = |name: &str| {
-        error
-            .get(name)
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_ascii_lowercase()
-    };
-    let (code, kind, message) = (field("code"), field("type"), field("message"));
-    let named = |words: &[&str]| words.iter().any(|w| *w == code || *w == kind);
-    let says = |words: &[&str]| words.iter().any(|w| message.contains(w));
-    if named(&["context_length_exceeded", "string_above_max_length"])
-        || says(&[
-            "maximum context length",
-            "context length",
-            "context window",
-            "prompt is too long",
-            "too many tokens",
-        ])
-    {
-        return Some(ErrorClass::ContextLength);
+    match dialect.answer().refusal(status, &doc)? {
+        Refusal::ContextLength => Some(ErrorClass::ContextLength),
+        Refusal::Quota => Some(ErrorClass::Quota),
+        Refusal::UnknownModel => Some(ErrorClass::ModelNotFound),
+        Refusal::Overloaded => None,
     }
-    if named(&["insufficient_quota", "billing_hard_limit_reached"])
-        || says(&["credit balance is too low", "exceeded your current quota"])
-    {
-        return Some(ErrorClass::Quota);
-    }
-    let no_model = named(&["model_not_found", "deploymentnotfound"])
-        || ((status == 404 || named(&["not_found_error", "notfounderror"]))
-            && message.contains("model"));
-    no_model.then_some(ErrorClass::ModelNotFound)
 }
 
 /// A model's compiled chain.
@@ -244,8 +221,13 @@ pub fn count(m: &mut dyn Metrics, model: &str, class: ErrorClass, result: Failov
 mod tests {
     use super::*;
 
+    /// The class of an error, which every dialect reads alike.
     fn class(status: u16, body: &str) -> Option<ErrorClass> {
-        classify(status, body.as_bytes())
+        let c = classify(Dialect::Chat, status, body.as_bytes());
+        for d in Dialect::names().filter_map(Dialect::named) {
+            assert_eq!(classify(d, status, body.as_bytes()), c, "{d:?} {body}");
+        }
+        c
     }
 
     #[test]
@@ -354,6 +336,18 @@ mod tests {
                 r#"{"object":"error","message":"This model's maximum context length is 8192 tokens. However, you requested 9000 tokens.","type":"BadRequestError","code":400}"#
             ),
             Some(ContextLength)
+        );
+    }
+
+    #[test]
+    fn an_overload_is_failovers_not_a_class() {
+        let overloaded =
+            r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
+        assert_eq!(class(429, overloaded), None);
+        let doc: Value = serde_json::from_str(overloaded).unwrap();
+        assert_eq!(
+            Dialect::Messages.answer().refusal(429, &doc),
+            Some(Refusal::Overloaded)
         );
     }
 

@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 
 use super::config::CaptureConfig;
 use super::redact::{self, Rules};
+use crate::dialect::answer::Hear;
 use crate::dialect::Dialect;
 use crate::json::Json;
 use crate::sse::Transcript;
@@ -402,63 +403,59 @@ pub fn prompt(cfg: &CaptureConfig, api: Dialect, body: &Json) -> Option<Prompt> 
     })
 }
 
-/// What `cfg` captures of a JSON answer of `api`.
+/// What `cfg` captures of a JSON answer of `api`: what the dialect reads
+/// out of it, turn by turn.
 pub fn completion(cfg: &CaptureConfig, api: Dialect, answer: &Json) -> Option<Captured> {
     if !cfg.completion {
         return None;
     }
-    let mut out = Reader::new(cfg);
-    match api {
-        Dialect::Chat | Dialect::Completions => {
-            for choice in items(answer.get("choices")) {
-                if out.full() {
-                    break;
-                }
-                let reason = choice.get("finish_reason").and_then(text);
-                let mut parts = Vec::new();
-                if let Some(t) = choice.get("text").and_then(text) {
-                    parts.push(Part::Text(out.text(t)));
-                    out.push("assistant", parts, reason);
-                    continue;
-                }
-                let Some(m) = choice.get("message") else {
-                    continue;
-                };
-                out.message(m, "assistant");
-                let reason = reason.map(|r| out.short(r, 64));
-                if let Some(last) = out.messages.last_mut() {
-                    last.finish_reason = reason;
-                }
-            }
-        }
-        Dialect::Responses => {
-            let mut parts = Vec::new();
-            for item in items(answer.get("output")) {
-                if out.full() {
-                    break;
-                }
-                match item.get("type").and_then(text) {
-                    Some("message") => out.parts(item.get("content"), &mut parts),
-                    Some("function_call") => out.parts_of_item(item, &mut parts),
-                    _ => {}
-                }
-            }
-            let reason = answer
-                .get("incomplete_details")
-                .and_then(|d| d.get("reason"))
-                .and_then(text)
-                .or_else(|| answer.get("status").and_then(text));
-            out.push("assistant", parts, reason);
-        }
-        Dialect::Messages => {
-            let mut parts = Vec::new();
-            out.parts(answer.get("content"), &mut parts);
-            let reason = answer.get("stop_reason").and_then(text);
-            out.push("assistant", parts, reason);
-        }
-        Dialect::Embeddings | Dialect::Other => return None,
+    let mut heard = Heard {
+        out: Reader::new(cfg),
+        parts: Vec::new(),
+    };
+    if !api.answer().said(answer, &mut heard) {
+        return None;
     }
-    Some(write_messages(&out))
+    Some(write_messages(&heard.out))
+}
+
+/// The assistant's turns of an answer, as its dialect tells them.
+struct Heard<'r> {
+    out: Reader<'r>,
+    /// The parts of the turn under way.
+    parts: Vec<Part>,
+}
+
+impl Hear for Heard<'_> {
+    fn full(&mut self) -> bool {
+        self.out.full()
+    }
+
+    fn message(&mut self, message: &Json, reason: Option<&str>) {
+        self.out.message(message, "assistant");
+        let reason = reason.map(|r| self.out.short(r, 64));
+        if let Some(last) = self.out.messages.last_mut() {
+            last.finish_reason = reason;
+        }
+    }
+
+    fn text(&mut self, text: &str, reason: Option<&str>) {
+        let parts = vec![Part::Text(self.out.text(text))];
+        self.out.push("assistant", parts, reason);
+    }
+
+    fn content(&mut self, content: Option<&Json>) {
+        self.out.parts(content, &mut self.parts);
+    }
+
+    fn item(&mut self, item: &Json) {
+        self.out.parts_of_item(item, &mut self.parts);
+    }
+
+    fn end_turn(&mut self, reason: Option<&str>) {
+        let parts = std::mem::take(&mut self.parts);
+        self.out.push("assistant", parts, reason);
+    }
 }
 
 /// Bytes of text a stream keeps for the capture: one past the bound, so a

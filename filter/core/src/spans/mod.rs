@@ -90,21 +90,13 @@ impl Details<'_> {
 
 /// `gen_ai.operation.name` of a dialect.
 fn operation(api: Dialect) -> &'static str {
-    match api {
-        Dialect::Completions => "text_completion",
-        Dialect::Embeddings => "embeddings",
-        Dialect::Chat | Dialect::Responses | Dialect::Messages => "chat",
-        Dialect::Other => "other",
-    }
+    api.operation()
 }
 
 /// `gen_ai.provider.name` as the dialect names it (the backend behind an
 /// OpenAI-compatible API may be another: `server.address` says which).
 fn provider(api: Dialect) -> &'static str {
-    match api {
-        Dialect::Messages => "anthropic",
-        _ => "openai",
-    }
+    api.answer().provider()
 }
 
 /// `s` cut to [`MAX_STRING_BYTES`] on a character boundary.

@@ -11,16 +11,18 @@
 //!   usage, which ends the stream, which is the usage-only event the filter
 //!   asked for, and it parses each event's data, once: only the fields it
 //!   needs, or the whole tree when a [`Collect`]or takes the event.
-//!   [`chat::Chat`] is OpenAI's chat and text completions grammar: `data:`
-//!   JSON chunks only, ending with `data: [DONE]`.
+//!   Each dialect gives its own ([`crate::dialect::answer::Answer::grammar`];
+//!   they live with the dialects, in [`crate::dialect::answer::stream`]):
+//!   [`Chat`] is OpenAI's chat and text completions grammar, `data:` JSON
+//!   chunks only, ending with `data: [DONE]`.
 //! - A [`Collect`]or takes the parsed events of the answer (the cache's
 //!   `StreamAssembler`), within its limit.
 //! - [`Stream`] is one response's stream: the reader, its grammar and the
 //!   strip, driving the collector the caller passes with each piece.
 //!
-//! Each dialect is a [`Grammar`], and [`AnyGrammar`] picks the call's by its
-//! endpoint. The OpenAI Responses ([`responses::Responses`]) and Anthropic
-//! Messages ([`messages::Messages`]) streams name each event (`event:
+//! [`AnyGrammar`] holds the call's grammar, one per stream, without a box.
+//! The OpenAI Responses ([`Responses`]) and Anthropic Messages
+//! ([`Messages`]) streams name each event (`event:
 //! message_delta` before its `data: {json}`) and have no `[DONE]`: their
 //! grammars read the event's name, add up the usage across events
 //! (Anthropic reports the input tokens in `message_start` and the output
@@ -28,21 +30,15 @@
 //! `message_stop`), and ask no strip (their usage always comes). Events they
 //! do not know pass as they came.
 
-pub mod chat;
-pub mod messages;
 pub mod reader;
-pub mod responses;
 pub mod transcript;
 
 use serde_json::Value;
 
-pub use chat::Chat;
-pub use messages::Messages;
 pub use reader::{Event, Reader, MAX_EVENT};
-pub use responses::Responses;
 pub use transcript::Transcript;
 
-use crate::dialect::Dialect;
+use crate::dialect::answer::stream::{responses, Chat, Messages, Responses};
 use crate::usage::{Usage, MAX_FINISH_REASONS};
 
 /// Longest incomplete event the strip holds back from the client; past it
@@ -68,6 +64,11 @@ pub trait Grammar {
     fn keep_text(&mut self, limit: usize);
     /// The answer's text kept so far, when asked.
     fn transcript(&self) -> Option<&Transcript>;
+    /// The id of the response a later call may continue, when the stream
+    /// gave one (OpenAI Responses).
+    fn response_id(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// Most bytes kept of one finish reason (they are short words).
@@ -197,15 +198,6 @@ impl Default for AnyGrammar {
 }
 
 impl AnyGrammar {
-    /// The grammar of `endpoint`'s streams; chat's for the others.
-    pub fn of(endpoint: Dialect) -> Self {
-        match endpoint {
-            Dialect::Responses => Self::Responses(Responses::default()),
-            Dialect::Messages => Self::Messages(Messages::default()),
-            _ => Self::default(),
-        }
-    }
-
     fn grammar(&mut self) -> &mut dyn Grammar {
         match self {
             Self::Chat(g) => g,
@@ -250,6 +242,10 @@ impl Grammar for AnyGrammar {
 
     fn transcript(&self) -> Option<&Transcript> {
         self.grammar_ref().transcript()
+    }
+
+    fn response_id(&self) -> Option<&str> {
+        self.grammar_ref().response_id()
     }
 }
 

@@ -1,7 +1,7 @@
 use serde_json::json;
 
-use super::chat::tests::parses;
 use super::*;
+use crate::dialect::answer::stream::chat::tests::parses;
 use crate::dialect::Dialect;
 
 const STREAM: &str =
@@ -368,7 +368,7 @@ data: {\"type\":\"message_stop\"}\n\n";
 
 /// `text` fed to a stream of `endpoint`'s grammar, cut at `split`.
 fn dialect(endpoint: Dialect, text: &str, split: usize) -> Stream<AnyGrammar> {
-    let mut s = Stream::with_grammar(AnyGrammar::of(endpoint));
+    let mut s = Stream::with_grammar(endpoint.answer().grammar());
     let (a, b) = text.as_bytes().split_at(split);
     assert_eq!(s.feed(a, false, None), None);
     assert_eq!(s.feed(b, true, None), None);
@@ -453,7 +453,7 @@ fn a_strip_removes_nothing_from_a_named_stream() {
         (Dialect::Messages, MESSAGES),
         (Dialect::Responses, RESPONSES),
     ] {
-        let mut s = Stream::with_grammar(AnyGrammar::of(endpoint));
+        let mut s = Stream::with_grammar(endpoint.answer().grammar());
         s.strip_usage();
         assert_eq!(s.feed(text.as_bytes(), true, None), None, "{endpoint:?}");
         assert_eq!(s.removed(), 0);

@@ -128,7 +128,7 @@ mod tests {
 
     #[test]
     fn each_dialects_stream_keeps_its_text_when_asked() {
-        use crate::sse::{AnyGrammar, Grammar, Stream};
+        use crate::sse::{Grammar, Stream};
         let messages = concat!(
             "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":2}}}\n\n",
             "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi \"}}\n\n",
@@ -145,13 +145,13 @@ mod tests {
             (crate::dialect::Dialect::Responses, responses),
             (crate::dialect::Dialect::Completions, chat),
         ] {
-            let mut kept = Stream::with_grammar(AnyGrammar::of(endpoint));
+            let mut kept = Stream::with_grammar(endpoint.answer().grammar());
             kept.keep_text(100);
             kept.feed(body.as_bytes(), true, None);
             let t = kept.grammar().transcript().expect("kept");
             assert_eq!(t.texts(), ["Hi there"], "{endpoint:?}");
             assert!(kept.usage().is_some(), "{endpoint:?}: the usage as before");
-            let mut plain = Stream::with_grammar(AnyGrammar::of(endpoint));
+            let mut plain = Stream::with_grammar(endpoint.answer().grammar());
             plain.feed(body.as_bytes(), true, None);
             assert!(plain.grammar().transcript().is_none());
             assert_eq!(plain.usage(), kept.usage());

@@ -8,8 +8,8 @@ use std::ops::ControlFlow;
 use serde_json::Value;
 
 use crate::cache::{
-    self as policy, coalesce, key_hex, BypassReason, CacheRequest, CacheStatus, Cacheable, Claim,
-    Decision, Delivery, Entry, EntryError, EntryKind, Lookup, Mode, Poll, Reply, Store,
+    self as policy, coalesce, kept_as_sent, key_hex, BypassReason, CacheRequest, CacheStatus,
+    Cacheable, Claim, Decision, Delivery, Entry, EntryError, Lookup, Mode, Poll, Reply, Store,
     StreamAssembler, AGE_HEADER, X_CACHE,
 };
 use crate::host::Metrics;
@@ -327,8 +327,7 @@ impl Call {
             count_store(env.metrics, "status");
             return None;
         }
-        let kept_as_sent =
-            EntryKind::of(self.request.endpoint, c.stream).and_then(EntryKind::verbatim);
+        let kept_as_sent = kept_as_sent(self.request.endpoint, c.stream);
         if kept_as_sent.is_some_and(|d| d != Delivery::of(response.is_stream())) {
             count_store(env.metrics, EntryError::Delivery.as_str());
             return None;

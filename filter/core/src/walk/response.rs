@@ -133,19 +133,20 @@ impl Call {
     /// when the cache will store it.
     fn finish_json(&mut self) -> Option<Value> {
         let for_cache = self.cache.stores_json();
+        let dialect = self.request.endpoint.answer();
         let response = self.response.as_mut()?;
         let Answer::Json { copy, head } = &mut response.answer else {
             return None;
         };
         let bytes = copy.bytes()?;
         if !for_cache {
-            *head = usage::head_from_json(bytes);
+            *head = usage::head_from_json(dialect, bytes);
             return None;
         }
         let tree: Option<Value> = serde_json::from_slice(bytes).ok();
         *head = tree
             .as_ref()
-            .map(usage::head_from_value)
+            .map(|t| usage::head_from_value(dialect, t))
             .unwrap_or_default();
         tree
     }
@@ -177,7 +178,7 @@ impl Response {
                 .and_then(failover::should_retry),
             envoy,
             answer: if stream {
-                Answer::Stream(sse::Stream::with_grammar(sse::AnyGrammar::of(endpoint)))
+                Answer::Stream(sse::Stream::with_grammar(endpoint.answer().grammar()))
             } else {
                 Answer::Json {
                     copy: BodyCopy::default(),

@@ -515,7 +515,7 @@ impl Response {
     ) -> (Self, Option<Vec<u8>>) {
         let mut stripped = None;
         let answer = if stream {
-            let mut sse = sse::Stream::with_grammar(sse::AnyGrammar::of(endpoint));
+            let mut sse = sse::Stream::with_grammar(endpoint.answer().grammar());
             if strip {
                 sse.strip_usage();
             }
@@ -529,7 +529,7 @@ impl Response {
             copy.append(body);
             Answer::Json {
                 copy,
-                head: usage::head_from_json(body),
+                head: usage::head_from_json(endpoint.answer(), body),
             }
         };
         let response = Self {
@@ -579,10 +579,7 @@ impl Response {
     /// The id of the response, when the answer gave one.
     pub(super) fn id(&self) -> Option<&str> {
         match &self.answer {
-            Answer::Stream(sse) => match sse.grammar() {
-                sse::AnyGrammar::Responses(g) => g.response_id.as_deref(),
-                _ => None,
-            },
+            Answer::Stream(sse) => sse.grammar().response_id(),
             Answer::Json { head, .. } => head.id.as_deref(),
         }
     }

@@ -426,7 +426,7 @@ mod props {
     use super::*;
     use crate::fuzz;
     use crate::spans::redact::tests::{after, before, escaped, filler, secret, Secret};
-    use crate::sse::{AnyGrammar, Grammar, Stream};
+    use crate::sse::{Grammar, Stream};
 
     /// The request of `api` with `text` at place `at` (each dialect's text,
     /// tool arguments as JSON in a string or as a tree, tool results).
@@ -607,7 +607,7 @@ mod props {
             let text = planted(&s, &head, before, after, &tail);
             let sse = stream_of(api, &cut(&text, &pieces), &other);
             let c = cfg(max);
-            let mut stream = Stream::with_grammar(AnyGrammar::of(api));
+            let mut stream = Stream::with_grammar(api.answer().grammar());
             stream.keep_text(transcript_bytes(&c));
             let parts = cut(&sse, &chunks);
             for (i, part) in parts.iter().enumerate() {

@@ -7,9 +7,10 @@
 
 use serde_json::Value;
 
-use super::reader::Event;
-use super::{read_named, FinishReasons, Grammar, Reading, Transcript};
-use crate::usage::Usage;
+use crate::dialect::answer::Answer;
+use crate::sse::reader::Event;
+use crate::sse::{read_named, FinishReasons, Grammar, Reading, Transcript};
+use crate::usage::{Reported, Usage};
 
 /// The event that opens a Responses stream with the response's id.
 const CREATED: &[u8] = b"response.created";
@@ -44,7 +45,7 @@ pub struct Responses {
 }
 
 /// The name of an event: its `event:` field, else its data's `type`.
-pub(super) fn kind<'a>(event: &Event<'a>, tree: Option<&'a Value>) -> Option<&'a [u8]> {
+pub(crate) fn kind<'a>(event: &Event<'a>, tree: Option<&'a Value>) -> Option<&'a [u8]> {
     event.kind.or_else(|| {
         tree.and_then(|t| t.get("type"))
             .and_then(Value::as_str)
@@ -85,6 +86,10 @@ impl Grammar for Responses {
     fn transcript(&self) -> Option<&Transcript> {
         self.transcript.as_ref()
     }
+
+    fn response_id(&self) -> Option<&str> {
+        self.response_id.as_deref()
+    }
 }
 
 impl Responses {
@@ -114,7 +119,8 @@ impl Responses {
         self.finished |= name == b"response.completed";
         if let Some(u) = response
             .and_then(|r| r.get("usage"))
-            .and_then(Usage::from_value)
+            .and_then(Reported::from_value)
+            .map(|r| crate::dialect::responses::Responses.usage(&r))
         {
             self.usage = Some(u);
         }

@@ -7,9 +7,10 @@
 
 use serde_json::Value;
 
-use super::reader::Event;
-use super::{read_named, FinishReasons, Grammar, Reading, Transcript};
-use crate::usage::Usage;
+use crate::dialect::answer::Answer;
+use crate::sse::reader::Event;
+use crate::sse::{read_named, FinishReasons, Grammar, Reading, Transcript};
+use crate::usage::{Reported, Usage};
 
 /// What a Messages stream said so far.
 #[derive(Debug, Default)]
@@ -108,7 +109,10 @@ impl Messages {
             }
             _ => None,
         };
-        if let Some(u) = reported.and_then(Usage::from_value) {
+        if let Some(u) = reported
+            .and_then(Reported::from_value)
+            .map(|r| crate::dialect::messages::Messages.usage(&r))
+        {
             self.usage = Some(self.usage.map_or(u, |so_far| so_far.updated_by(u)));
         }
     }

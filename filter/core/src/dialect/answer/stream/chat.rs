@@ -7,17 +7,20 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::reader::{Event, DATA_FIELD, EVENT_END};
-use super::{FinishReasons, Grammar, Parsed, Reading, Transcript};
-use crate::usage::Usage;
+use crate::dialect::Dialect;
+use crate::sse::reader::{Event, DATA_FIELD, EVENT_END};
+use crate::sse::{FinishReasons, Grammar, Parsed, Reading, Transcript};
+use crate::usage::{Reported, Usage};
 
 /// The data of the event that ends a stream.
 pub(crate) const DONE: &[u8] = b"[DONE]";
 
 /// What a chat stream said so far: its usage, whether a choice finished,
 /// whether it ended.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Chat {
+    /// The dialect whose names the usage is read by.
+    dialect: Dialect,
     /// Usage of the last chunk that carried one.
     pub usage: Option<Usage>,
     /// A choice finished (`finish_reason` not null).
@@ -30,6 +33,27 @@ pub struct Chat {
     pub events: u64,
     /// The choices' text, when kept.
     pub transcript: Option<Transcript>,
+}
+
+impl Default for Chat {
+    fn default() -> Self {
+        Self::of(Dialect::Chat)
+    }
+}
+
+impl Chat {
+    /// The grammar of `dialect`'s streams, its usage read by its names.
+    pub fn of(dialect: Dialect) -> Self {
+        Self {
+            dialect,
+            usage: None,
+            finished: false,
+            reasons: FinishReasons::default(),
+            done: false,
+            events: 0,
+            transcript: None,
+        }
+    }
 }
 
 /// What the grammar reads of a chunk; the rest is skipped unparsed unless a
@@ -142,7 +166,11 @@ impl Chat {
 
     /// Takes in what a chunk says; true when it is a usage-only chunk.
     fn note(&mut self, head: Head) -> bool {
-        let usage = head.usage.as_ref().and_then(|u| Usage::deserialize(u).ok());
+        let usage = head
+            .usage
+            .as_ref()
+            .and_then(Reported::from_value)
+            .map(|r| self.dialect.answer().usage(&r));
         if usage.is_some() {
             self.usage = usage;
         }
@@ -189,7 +217,7 @@ pub(crate) mod tests {
         static PARSES: Cell<u64> = const { Cell::new(0) };
     }
 
-    pub(in crate::sse) fn count_parse() {
+    pub(crate) fn count_parse() {
         PARSES.with(|p| p.set(p.get() + 1));
     }
 
