@@ -188,10 +188,8 @@ pub fn trim_turns(
     max_turns: Option<u64>,
     max_prompt_tokens: Option<u64>,
 ) -> bool {
-    let field = if endpoint == Dialect::Responses {
-        "input"
-    } else {
-        "messages"
+    let Some(field) = endpoint.request().turns_field() else {
+        return false;
     };
     let Some(Json::Array(messages)) = doc.tree().and_then(|t| t.get(field)) else {
         return false;
