@@ -8,7 +8,7 @@ pub struct Messages;
 // (the [`super::request`] side).
 
 use super::request::{
-    items, non_empty_string, one, only_role, role, Prefix, Prompt, Request, Turns,
+    items, non_empty_string, one, only_role, role, Prefix, Prompt, RateHeaders, Request, Turns,
 };
 use crate::json::Json;
 use crate::shaping::TokenField;
@@ -34,6 +34,11 @@ impl Request for Messages {
 
     fn samples(&self) -> bool {
         true
+    }
+
+    /// Anthropic's `anthropic-ratelimit-*`, the reset an instant.
+    fn rate_headers(&self) -> &'static RateHeaders {
+        &RATE_HEADERS
     }
 
     fn output_cap_field(&self, _configured: TokenField) -> Option<TokenField> {
@@ -108,6 +113,21 @@ impl Request for Messages {
         })
     }
 }
+
+/// Anthropic's rate-limit headers.
+const RATE_HEADERS: RateHeaders = RateHeaders {
+    requests: [
+        "anthropic-ratelimit-requests-limit",
+        "anthropic-ratelimit-requests-remaining",
+        "anthropic-ratelimit-requests-reset",
+    ],
+    tokens: [
+        "anthropic-ratelimit-tokens-limit",
+        "anthropic-ratelimit-tokens-remaining",
+        "anthropic-ratelimit-tokens-reset",
+    ],
+    reset_at: true,
+};
 
 /// True when an Anthropic message's content holds a `tool_result` block.
 fn answers_a_tool(message: &Json) -> bool {

@@ -149,6 +149,12 @@ pub trait Request: Sync {
         None
     }
 
+    /// The headers the API's callers read for what is left of their rate
+    /// limits: OpenAI's `x-ratelimit-*`.
+    fn rate_headers(&self) -> &'static RateHeaders {
+        &OPENAI_RATE_HEADERS
+    }
+
     /// Asks a streamed call for its usage, every other byte kept; false when
     /// nothing changed (the API's streams always carry it, or the body
     /// cannot take the ask).
@@ -250,6 +256,33 @@ pub fn output_cap(dialect: Dialect, tree: &Json) -> Option<(TokenField, u64)> {
         .filter(|(_, n)| *n >= 0.0 && n.fract() == 0.0)
         .map(|(f, n)| (f, n as u64))
 }
+
+/// The names of the rate-limit headers of an API's callers: limit,
+/// remaining and reset, of requests and of tokens, and how a reset is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateHeaders {
+    /// Of requests.
+    pub requests: [&'static str; 3],
+    /// Of tokens.
+    pub tokens: [&'static str; 3],
+    /// The reset is an RFC 3339 instant (else seconds from now, `"12s"`).
+    pub reset_at: bool,
+}
+
+/// OpenAI's rate-limit headers.
+const OPENAI_RATE_HEADERS: RateHeaders = RateHeaders {
+    requests: [
+        "x-ratelimit-limit-requests",
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-reset-requests",
+    ],
+    tokens: [
+        "x-ratelimit-limit-tokens",
+        "x-ratelimit-remaining-tokens",
+        "x-ratelimit-reset-tokens",
+    ],
+    reset_at: false,
+};
 
 /// How a conversation splits into turns: where one starts, what is always
 /// kept, and the item the current turn is anchored on.

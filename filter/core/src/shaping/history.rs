@@ -22,20 +22,11 @@ use crate::dialect::Dialect;
 use crate::json::Json;
 use crate::routing::rules::message_tokens;
 
-/// Which `messages` of a chat call to keep (same length, in order); `None`
-/// when every message is kept or the list is not understood (a message that
-/// is not an object with one string `role`, or no user message at all).
-pub fn keep_history(
-    messages: &[Json],
-    max_turns: Option<u64>,
-    max_prompt_tokens: Option<u64>,
-) -> Option<Vec<bool>> {
-    keep_turns(Dialect::Chat, messages, max_turns, max_prompt_tokens)
-}
-
-/// Which items of the conversation of a call of `endpoint` to keep: chat's
-/// and Anthropic's `messages`, Responses' `input` items; `None` as for
-/// [`keep_history`], and for a dialect without a conversation to trim.
+/// Which items of the conversation of a call of `endpoint` to keep (same
+/// length, in order): chat's and Anthropic's `messages`, Responses' `input`
+/// items; `None` when every item is kept or the list is not understood (a
+/// message that is not an object with one string `role`, or no user message
+/// at all), and for a dialect without a conversation to trim.
 pub fn keep_turns(
     endpoint: Dialect,
     messages: &[Json],

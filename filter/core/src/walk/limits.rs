@@ -238,8 +238,8 @@ impl Call {
     }
 }
 
-/// The headers OpenAI (`x-ratelimit-*`) or Anthropic
-/// (`anthropic-ratelimit-*`) callers read for what is left.
+/// The headers the dialect's callers read for what is left: OpenAI's
+/// `x-ratelimit-*`, Anthropic's `anthropic-ratelimit-*`.
 fn rate_headers(
     out: &mut Vec<(&'static str, String)>,
     endpoint: Dialect,
@@ -247,30 +247,13 @@ fn rate_headers(
     tokens: Option<Left>,
     now_ms: u64,
 ) {
-    let anthropic = endpoint == Dialect::Messages;
-    for (left, names) in [
-        (
-            requests,
-            if anthropic {
-                ANTHROPIC_REQUESTS
-            } else {
-                OPENAI_REQUESTS
-            },
-        ),
-        (
-            tokens,
-            if anthropic {
-                ANTHROPIC_TOKENS
-            } else {
-                OPENAI_TOKENS
-            },
-        ),
-    ] {
+    let headers = endpoint.request().rate_headers();
+    for (left, names) in [(requests, headers.requests), (tokens, headers.tokens)] {
         let Some(left) = left else { continue };
         let [limit, remaining, reset] = names;
         out.push((limit, left.limit.to_string()));
         out.push((remaining, left.remaining.to_string()));
-        let reset_value = if anthropic {
+        let reset_value = if headers.reset_at {
             window::rfc3339(now_ms.saturating_add(left.reset_ms))
         } else {
             format!("{}s", left.reset_ms.div_ceil(1000))
@@ -278,27 +261,6 @@ fn rate_headers(
         out.push((reset, reset_value));
     }
 }
-
-const OPENAI_REQUESTS: [&str; 3] = [
-    "x-ratelimit-limit-requests",
-    "x-ratelimit-remaining-requests",
-    "x-ratelimit-reset-requests",
-];
-const OPENAI_TOKENS: [&str; 3] = [
-    "x-ratelimit-limit-tokens",
-    "x-ratelimit-remaining-tokens",
-    "x-ratelimit-reset-tokens",
-];
-const ANTHROPIC_REQUESTS: [&str; 3] = [
-    "anthropic-ratelimit-requests-limit",
-    "anthropic-ratelimit-requests-remaining",
-    "anthropic-ratelimit-requests-reset",
-];
-const ANTHROPIC_TOKENS: [&str; 3] = [
-    "anthropic-ratelimit-tokens-limit",
-    "anthropic-ratelimit-tokens-remaining",
-    "anthropic-ratelimit-tokens-reset",
-];
 
 /// The 429 for a call over `r`, with `retry-after` until it fits and what
 /// is left of the tightest request and token limits.
