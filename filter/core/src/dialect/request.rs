@@ -580,6 +580,38 @@ mod tests {
     }
 
     #[test]
+    fn each_dialect_names_its_operation_provider_and_credentials() {
+        let said: Vec<_> = ALL
+            .iter()
+            .map(|d| {
+                let api = d.request();
+                (
+                    api.operation(),
+                    api.provider(),
+                    api.authenticates_with(),
+                    api.samples(),
+                    api.streams(),
+                )
+            })
+            .collect();
+        let openai: &[&str] = &["authorization", "api-key"];
+        let anthropic: &[&str] = &["x-api-key", "authorization"];
+        assert_eq!(
+            said,
+            [
+                ("chat", "openai", openai, true, true),
+                ("text_completion", "openai", openai, true, true),
+                ("embeddings", "openai", openai, false, false),
+                ("chat", "openai", openai, true, true),
+                ("chat", "anthropic", anthropic, true, true),
+                ("other", "openai", openai, false, true),
+            ]
+        );
+        let rate = |d: Dialect| d.request().rate_headers().reset_at;
+        assert!(rate(Dialect::Messages) && !rate(Dialect::Chat));
+    }
+
+    #[test]
     fn only_chat_and_completions_are_asked_for_usage() {
         for d in ALL {
             let mut doc = Document::parse(br#"{"stream":true}"#.to_vec());
