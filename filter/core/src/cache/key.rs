@@ -156,18 +156,20 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
     if Continues::of(req.endpoint, body).state {
         return Decision::Bypass(BypassReason::State);
     }
-    if req.endpoint != Dialect::Embeddings {
+    let api = req.endpoint.request();
+    // A call that samples nothing (embeddings) is as deterministic as its input.
+    if api.samples() {
         if !deterministic(cfg, req.endpoint, body, &control) {
             return Decision::Bypass(BypassReason::Temperature);
         }
-        if has_marker(body, prompt_fields(req.endpoint), &cfg.dynamic_markers) {
+        if has_marker(body, api.prompt_fields(), &cfg.dynamic_markers) {
             return Decision::Bypass(BypassReason::DynamicMarker);
         }
     }
     Decision::Cacheable(Cacheable {
         key: digest(KEY_VERSION, cfg, req, body),
         // Embeddings are never streamed, whatever the body says.
-        stream: stream && req.endpoint.answer().streams(),
+        stream: stream && api.streams(),
         include_usage,
         read: !control.no_cache,
         store: true,
@@ -288,7 +290,7 @@ fn deterministic(
         Some(Json::String(m)) => cfg.deterministic_models.contains(m),
         _ => false,
     };
-    let absent_is_default = matches!(endpoint, Dialect::Chat | Dialect::Completions);
+    let absent_is_default = endpoint.request().absent_temperature_is_default();
     control.max_age_s.is_some()
         || declared()
         || temperature_ok(body, cfg.max_temperature, absent_is_default)
@@ -310,16 +312,6 @@ fn temperature_ok(body: &Json, max: f64, absent_is_default: bool) -> bool {
         t <= max
     });
     all_ok && (seen || (absent_is_default && 1.0 <= max))
-}
-
-/// The request fields that hold a dialect's prompt.
-fn prompt_fields(endpoint: Dialect) -> &'static [&'static str] {
-    match endpoint {
-        Dialect::Chat | Dialect::Completions => &["messages", "prompt", "suffix"],
-        Dialect::Responses => &["instructions", "input"],
-        Dialect::Messages => &["system", "messages"],
-        Dialect::Embeddings | Dialect::Other => &[],
-    }
 }
 
 /// True when any prompt string (in `fields`, each time one appears) contains

@@ -27,12 +27,6 @@ pub trait Answer: Sync {
     /// How the cache keeps its answers; `None`: they are never cached.
     fn stored(&self) -> Option<Stored>;
 
-    /// A call may ask for its answer as a stream: false when the dialect
-    /// answers in one JSON document whatever the body says (embeddings).
-    fn streams(&self) -> bool {
-        self.stored() != Some(Stored::Canonical(None))
-    }
-
     /// A JSON answer (an object without an `error`) is complete: all of
     /// it came, and it ended as an answer should (worth keeping).
     fn complete(&self, answer: &Map<String, Value>) -> bool;
@@ -231,7 +225,7 @@ mod tests {
     #[test]
     fn each_dialect_says_how_its_answers_are_kept() {
         for d in every() {
-            let (stored, streams) = (d.answer().stored(), d.answer().streams());
+            let (stored, streams) = (d.answer().stored(), d.request().streams());
             match d {
                 Dialect::Chat | Dialect::Completions => {
                     let Some(Stored::Canonical(Some(c))) = stored else {

@@ -7,6 +7,56 @@ pub struct Completions;
 // The request: where the call says what it says, and how it is edited
 // (the [`super::request`] side).
 
+use super::request::{one, Prefix, Prompt, Question, Request};
+use crate::json::{Document, Json};
+use crate::shaping::TokenField;
+
+impl Request for Completions {
+    fn operation(&self) -> &'static str {
+        "text_completion"
+    }
+
+    fn samples(&self) -> bool {
+        true
+    }
+
+    fn absent_temperature_is_default(&self) -> bool {
+        true
+    }
+
+    fn output_cap_field(&self, configured: TokenField) -> Option<TokenField> {
+        Some(configured)
+    }
+
+    fn prompt<'a>(&self, body: &'a Json) -> Option<Prompt<'a>> {
+        Some(Prompt::new(None, Some(body.get("prompt")), None))
+    }
+
+    fn prompt_fields(&self) -> &'static [&'static str] {
+        &["messages", "prompt", "suffix"]
+    }
+
+    fn question(&self) -> Option<Question> {
+        Some(Question::Member("prompt"))
+    }
+
+    fn converses(&self) -> bool {
+        true
+    }
+
+    /// The prompt alone: nothing is shared apart from it.
+    fn prefix<'a>(&self, body: &'a Json) -> Option<Prefix<'a>> {
+        Some(Prefix {
+            shared: [None, None],
+            turn: one(body.get("prompt")),
+        })
+    }
+
+    fn ask_for_usage(&self, doc: &mut Document) -> bool {
+        crate::usage::ask_for_usage(doc)
+    }
+}
+
 // The answer: usage, the stream's grammar, the stored entry, the error shape
 // and classes (the [`super::answer`] side).
 

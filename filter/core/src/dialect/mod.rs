@@ -48,12 +48,7 @@ const APIS: [(Dialect, &str); 6] = [
 impl Dialect {
     /// The OpenTelemetry GenAI operation name.
     pub fn operation(self) -> &'static str {
-        match self {
-            Self::Chat | Self::Responses | Self::Messages => "chat",
-            Self::Completions => "text_completion",
-            Self::Embeddings => "embeddings",
-            Self::Other => "other",
-        }
+        self.request().operation()
     }
 
     /// The dialect's name: the `api` of `llm_paths` entries and of metrics.
@@ -86,50 +81,33 @@ impl Dialect {
         }
     }
 
-    /// The end user a request body names: `user` (OpenAI), or Anthropic's
-    /// `metadata.user_id`; `None` when absent, empty or not a string.
+    /// The end user a request body names (see [`request::Request::user`]).
     pub fn user(self, body: &Json) -> Option<&str> {
-        let user = match self {
-            Self::Messages => body.get("metadata")?.get("user_id")?,
-            _ => body.get("user")?,
-        };
-        match user {
-            Json::String(u) if !u.is_empty() => Some(u),
-            _ => None,
-        }
+        self.request().user(body)
     }
 
     /// The header of the dialect's own credential, where it has one
     /// besides `authorization`: Anthropic's `x-api-key`.
     pub fn credential_header(self) -> Option<&'static str> {
-        CREDENTIAL_HEADERS
-            .iter()
-            .find(|(e, _)| *e == self)
-            .map(|(_, h)| *h)
+        self.request().credential_header()
     }
 
     /// The headers the dialect's providers authenticate a call with, in the
-    /// order they look: OpenAI's `authorization` (a Bearer key), else Azure
-    /// OpenAI's `api-key`; Anthropic's `x-api-key`, else `authorization`.
+    /// order they look (see [`request::Request::authenticates_with`]).
     pub fn authenticates_with(self) -> &'static [&'static str] {
-        match self {
-            Self::Messages => &["x-api-key", "authorization"],
-            _ => &["authorization", "api-key"],
-        }
+        self.request().authenticates_with()
     }
 
     /// True when `name` (lowercase) is some dialect's own credential header.
     pub fn is_credential_header(name: &str) -> bool {
-        CREDENTIAL_HEADERS.iter().any(|(_, h)| *h == name)
+        APIS.iter()
+            .any(|(d, _)| d.credential_header() == Some(name))
     }
 
     /// The dialect samples its answer (`temperature` and the output cap
     /// mean something to it).
     pub fn samples(self) -> bool {
-        matches!(
-            self,
-            Self::Chat | Self::Completions | Self::Responses | Self::Messages
-        )
+        self.request().samples()
     }
 
     /// Every dialect's name, as config writes them.
@@ -137,10 +115,6 @@ impl Dialect {
         APIS.iter().map(|(_, name)| *name)
     }
 }
-
-/// The request header each dialect's provider takes its credential in,
-/// beside `authorization` (which every dialect's SDK may send).
-const CREDENTIAL_HEADERS: [(Dialect, &str); 1] = [(Dialect::Messages, "x-api-key")];
 
 /// The default LLM paths: OpenAI's chat, text completions, embeddings and
 /// Responses, and Anthropic's Messages.

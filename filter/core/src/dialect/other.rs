@@ -7,6 +7,14 @@ pub struct Other;
 // The request: where the call says what it says, and how it is edited
 // (the [`super::request`] side).
 
+use super::request::Request;
+
+impl Request for Other {
+    fn operation(&self) -> &'static str {
+        "other"
+    }
+}
+
 // The answer: usage, the stream's grammar, the stored entry, the error shape
 // and classes (the [`super::answer`] side).
 

@@ -1,2 +1,585 @@
 //! What a call says, read once by its dialect: the request view every
 //! concern reads, the prompt's texts, and the edits a step makes.
+//!
+//! Each API's file implements [`Request`]; the concerns (routing, the cache,
+//! shaping, capture, limits) keep their policy and ask the call's dialect
+//! where things are: which field caps the output, where the turns are and how
+//! they split, which fields the cache's markers search, where the semantic
+//! question is, what the prompt cache keys on. [`Dialect::request`] is the
+//! one place that picks the API.
+
+use super::{chat, completions, embeddings, messages, other, responses, Dialect};
+use crate::json::{Document, Json};
+use crate::routing::affinity;
+use crate::routing::rules::Features;
+use crate::routing::stateful::Continues;
+use crate::shaping::TokenField;
+
+/// What one API says of a request, and how a step edits it. Every method has
+/// the answer of an API that has no such thing; each API's file overrides
+/// what it has.
+pub trait Request: Sync {
+    /// `gen_ai.operation.name` of the API's calls.
+    fn operation(&self) -> &'static str {
+        "chat"
+    }
+
+    /// The model a request names in its path, for an API that puts it
+    /// there; `None`: the model is the body's `model`.
+    fn model_in_path<'p>(&self, _path: &'p str) -> Option<&'p str> {
+        None
+    }
+
+    /// The `:path` with the model it names replaced by `model`, for an API
+    /// that puts the model in the path; `None` for one whose model is in the
+    /// body (see [`Request::set_model`]).
+    fn path_with_model(&self, _path: &str, _model: &str) -> Option<String> {
+        None
+    }
+
+    /// Sets the body's top-level `model` to `model`, every other byte kept;
+    /// false when the body cannot take it.
+    fn set_model(&self, doc: &mut Document, model: &str) -> bool {
+        set_body_model(doc, model)
+    }
+
+    /// The end user a request body names; `None` when absent, empty or not a
+    /// string. OpenAI's is `user`.
+    fn user<'a>(&self, body: &'a Json) -> Option<&'a str> {
+        non_empty_string(body.get("user")?)
+    }
+
+    /// The headers the API's providers authenticate a call with, in the
+    /// order they look: OpenAI's `authorization` (a Bearer key), else Azure
+    /// OpenAI's `api-key`.
+    fn authenticates_with(&self) -> &'static [&'static str] {
+        &["authorization", "api-key"]
+    }
+
+    /// The header of the API's own credential, where it has one besides
+    /// `authorization`.
+    fn credential_header(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// The API samples its answer: `temperature` and the output cap mean
+    /// something to it.
+    fn samples(&self) -> bool {
+        false
+    }
+
+    /// A request without a `temperature` samples at the providers' default
+    /// of 1.0 (else it often has none to send, and only one sent counts).
+    fn absent_temperature_is_default(&self) -> bool {
+        false
+    }
+
+    /// The API may answer in a stream (`"stream": true`).
+    fn streams(&self) -> bool {
+        true
+    }
+
+    /// The field a call caps its output with, `configured` where the API
+    /// lets the operator choose; `None` for an API without one.
+    fn output_cap_field(&self, _configured: TokenField) -> Option<TokenField> {
+        None
+    }
+
+    /// What a request body continues of the state a backend keeps.
+    fn continues(&self, _body: &Json) -> Continues {
+        Continues::default()
+    }
+
+    /// Shaping understands the API's body (its turns and output cap).
+    fn shaped(&self) -> bool {
+        false
+    }
+
+    /// The field holding the conversation's turns, and how they split (see
+    /// [`crate::shaping::keep_turns`]); `None` for an API without turns.
+    fn turns_field(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// How the items of the conversation split into turns; `None` when the
+    /// list is not understood or the API has no turns to trim.
+    fn turns(&self, _items: &[Json]) -> Option<Turns> {
+        None
+    }
+
+    /// The prompt's parts, in the order they are sent; `None` for an API
+    /// whose request holds no prompt to read (embeddings' input is no
+    /// conversation).
+    fn prompt<'a>(&self, _body: &'a Json) -> Option<Prompt<'a>> {
+        None
+    }
+
+    /// The request fields holding the prompt, each searched whole (what the
+    /// cache's dynamic markers are looked for in).
+    fn prompt_fields(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// Where the question the semantic cache embeds is; `None`: the API
+    /// takes no part in it.
+    fn question(&self) -> Option<Question> {
+        None
+    }
+
+    /// The API's calls continue a conversation over a prompt cache, so they
+    /// have an affinity key.
+    fn converses(&self) -> bool {
+        false
+    }
+
+    /// The API takes a `prompt_cache_key` in the request body.
+    fn takes_prompt_cache_key(&self) -> bool {
+        false
+    }
+
+    /// The prefix a provider's prompt cache keys on (see
+    /// [`crate::routing::affinity`]); `None` for an API without one.
+    fn prefix<'a>(&self, _body: &'a Json) -> Option<Prefix<'a>> {
+        None
+    }
+
+    /// Asks a streamed call for its usage, every other byte kept; false when
+    /// nothing changed (the API's streams always carry it, or the body
+    /// cannot take the ask).
+    fn ask_for_usage(&self, _doc: &mut Document) -> bool {
+        false
+    }
+}
+
+impl Dialect {
+    /// What the dialect says of a request: the one place that picks the API.
+    pub fn request(self) -> &'static dyn Request {
+        match self {
+            Self::Chat => &chat::Chat,
+            Self::Completions => &completions::Completions,
+            Self::Embeddings => &embeddings::Embeddings,
+            Self::Responses => &responses::Responses,
+            Self::Messages => &messages::Messages,
+            Self::Other => &other::Other,
+        }
+    }
+}
+
+/// What a call's request says, read once when its body is complete: what
+/// every concern asks of it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct View {
+    /// The requested model: from the path for an API that puts it there,
+    /// else the body's `model`.
+    pub model: Option<String>,
+    /// The client asked for a stream (`None`: the body was not read).
+    pub stream: Option<bool>,
+    /// The end user the body names.
+    pub user: Option<String>,
+    /// The request declares tools.
+    pub tools: bool,
+    /// The `temperature` asked for.
+    pub temperature: Option<f64>,
+    /// The field that caps the output, and the cap the body names there.
+    pub output_cap: Option<(TokenField, u64)>,
+    /// The state it continues.
+    pub continues: Continues,
+    /// The body names its own `prompt_cache_key`.
+    pub names_cache_key: bool,
+}
+
+impl View {
+    /// Reads a request of `dialect` to `path` whose body parsed to `tree`
+    /// (`None`: not strict JSON) with routing's `features` (`None`: no
+    /// request object), from what the one parse gave.
+    pub fn read(
+        dialect: Dialect,
+        path: &str,
+        tree: Option<&Json>,
+        features: Option<&Features>,
+    ) -> Self {
+        let api = dialect.request();
+        let model = api
+            .model_in_path(path)
+            .map(str::to_string)
+            .or_else(|| features.and_then(|f| f.model.clone()));
+        let mut view = Self {
+            model,
+            stream: Some(features.is_some_and(|f| f.stream)),
+            tools: features.is_some_and(|f| f.tools),
+            ..Self::default()
+        };
+        if let Some(tree) = tree {
+            view.user = api.user(tree).map(str::to_string);
+            view.temperature = match tree.get("temperature") {
+                Some(Json::Number(n)) => n.parse::<f64>().ok(),
+                _ => None,
+            };
+            view.output_cap = output_cap(dialect, tree);
+            view.continues = api.continues(tree);
+            view.names_cache_key = affinity::has_prompt_cache_key(tree);
+        }
+        view
+    }
+
+    /// The output cap the body names, when a whole number.
+    pub fn max_tokens(&self) -> Option<u64> {
+        self.output_cap.map(|(_, n)| n)
+    }
+}
+
+/// The output cap a request body of `dialect` names, and the field it names
+/// it in, when a whole number: the first of the field's family (chat takes
+/// either of its names).
+pub fn output_cap(dialect: Dialect, tree: &Json) -> Option<(TokenField, u64)> {
+    dialect
+        .request()
+        .output_cap_field(TokenField::MaxTokens)
+        .into_iter()
+        .flat_map(TokenField::family)
+        .find_map(|f| match tree.get(f.as_str()) {
+            Some(Json::Number(n)) => n.parse::<f64>().ok().map(|n| (*f, n)),
+            _ => None,
+        })
+        .filter(|(_, n)| *n >= 0.0 && n.fract() == 0.0)
+        .map(|(f, n)| (f, n as u64))
+}
+
+/// How a conversation splits into turns: where one starts, what is always
+/// kept, and the item the current turn is anchored on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Turns {
+    /// The item starts a turn.
+    pub starts: Vec<bool>,
+    /// The item is always kept, wherever it stands.
+    pub pinned: Vec<bool>,
+    /// The item the current turn is anchored on.
+    pub current: usize,
+}
+
+/// Roles that are always kept, wherever they stand.
+pub(super) const PINNED_ROLES: [&str; 2] = ["system", "developer"];
+
+/// One part of a prompt, where its dialect keeps it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Said<'a> {
+    /// Instructions given apart from the turns (Responses `instructions`,
+    /// Messages `system`): a string or an array of blocks.
+    System(&'a Json),
+    /// A prompt that is no message: a completions `prompt` (`None` when the
+    /// body has none), a Responses `input` string.
+    Bare(Option<&'a Json>),
+    /// One message or item of the conversation, in its dialect's shape
+    /// (`role`, `content`, tool calls and results).
+    Turn(&'a Json),
+}
+
+/// The parts of a prompt, in the order they are sent: the system
+/// instructions, a bare prompt, then the turns.
+#[derive(Debug, Clone, Default)]
+pub struct Prompt<'a> {
+    system: Option<&'a Json>,
+    bare: Option<Option<&'a Json>>,
+    turns: std::slice::Iter<'a, Json>,
+}
+
+impl<'a> Prompt<'a> {
+    /// A prompt of these parts; `turns` is the list of messages or items
+    /// (anything but an array has none).
+    pub(super) fn new(
+        system: Option<&'a Json>,
+        bare: Option<Option<&'a Json>>,
+        turns: Option<&'a Json>,
+    ) -> Self {
+        Self {
+            system,
+            bare,
+            turns: items(turns).iter(),
+        }
+    }
+}
+
+impl<'a> Iterator for Prompt<'a> {
+    type Item = Said<'a>;
+
+    fn next(&mut self) -> Option<Said<'a>> {
+        if let Some(s) = self.system.take() {
+            return Some(Said::System(s));
+        }
+        if let Some(b) = self.bare.take() {
+            return Some(Said::Bare(b));
+        }
+        self.turns.next().map(Said::Turn)
+    }
+}
+
+/// Where the semantic cache's question is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Question {
+    /// The `content` of the last message of `role` `user` in `messages`.
+    LastUserMessage,
+    /// The top-level member of this name.
+    Member(&'static str),
+}
+
+/// The prefix a prompt cache keys on: the shared parts (tools, the system
+/// prompt or instructions), each a list of values hashed as one part, and
+/// the conversation's first turn (empty when there is none).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Prefix<'a> {
+    /// The shared parts in order; `None` past the last.
+    pub shared: [Option<&'a [Json]>; 2],
+    /// The first turn.
+    pub turn: &'a [Json],
+}
+
+/// A value as a list of one, `null` and absence as none.
+pub(super) fn one(value: Option<&Json>) -> &[Json] {
+    match value {
+        None | Some(Json::Null) => &[],
+        Some(v) => std::slice::from_ref(v),
+    }
+}
+
+/// An array's items; none of anything else.
+pub(super) fn items(value: Option<&Json>) -> &[Json] {
+    match value {
+        Some(Json::Array(items)) => items,
+        _ => &[],
+    }
+}
+
+/// A string that is not empty.
+pub(super) fn non_empty_string(value: &Json) -> Option<&str> {
+    match value {
+        Json::String(s) if !s.is_empty() => Some(s),
+        _ => None,
+    }
+}
+
+/// A message's or item's `role`, when a string.
+pub(super) fn role(m: &Json) -> Option<&str> {
+    match m.get("role") {
+        Some(Json::String(r)) => Some(r),
+        _ => None,
+    }
+}
+
+/// The message's one string `role`; `None` when it is no object, or has no
+/// role, or names it twice or not as a string.
+pub(super) fn only_role(message: &Json) -> Option<&str> {
+    if !matches!(message, Json::Object(_)) {
+        return None;
+    }
+    let mut roles = message.members("role");
+    let role = match roles.next()? {
+        Json::String(r) => r.as_str(),
+        _ => return None,
+    };
+    roles.next().is_none().then_some(role)
+}
+
+/// Sets the body's top-level `model` string to `model`, every other byte
+/// kept; false when the body names none as a string (or names it twice).
+pub fn set_body_model(doc: &mut Document, model: &str) -> bool {
+    if doc.value_bytes("model").and_then(|v| v.first()) != Some(&b'"') {
+        return false;
+    }
+    serde_json::to_string(model).is_ok_and(|q| doc.set("model", q.as_bytes(), Json::Null))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn j(s: &str) -> Json {
+        Json::parse(s.as_bytes()).unwrap()
+    }
+
+    const ALL: [Dialect; 6] = [
+        Dialect::Chat,
+        Dialect::Completions,
+        Dialect::Embeddings,
+        Dialect::Responses,
+        Dialect::Messages,
+        Dialect::Other,
+    ];
+
+    #[test]
+    fn the_view_reads_what_each_dialect_says() {
+        let body = j(
+            r#"{"model":"m","stream":true,"user":"u","metadata":{"user_id":"a"},
+            "temperature":0.5,"max_tokens":7,"max_output_tokens":9,"tools":[{"x":1}],
+            "prompt_cache_key":"k","previous_response_id":"r1"}"#,
+        );
+        let features = Features::from_json(&body);
+        let view = |d| View::read(d, "/v1/x", Some(&body), features.as_ref());
+        let chat = view(Dialect::Chat);
+        assert_eq!(chat.model.as_deref(), Some("m"));
+        assert_eq!(chat.stream, Some(true));
+        assert_eq!(chat.user.as_deref(), Some("u"));
+        assert!(chat.tools && chat.names_cache_key);
+        assert_eq!(chat.temperature, Some(0.5));
+        assert_eq!(chat.output_cap, Some((TokenField::MaxTokens, 7)));
+        assert_eq!(chat.continues, Continues::default());
+        let responses = view(Dialect::Responses);
+        assert_eq!(responses.output_cap, Some((TokenField::MaxOutputTokens, 9)));
+        assert_eq!(
+            responses.continues.previous_response_id.as_deref(),
+            Some("r1")
+        );
+        assert_eq!(view(Dialect::Messages).user.as_deref(), Some("a"));
+        assert_eq!(view(Dialect::Embeddings).max_tokens(), None);
+        // Nothing read of a body that is no object but the stream's absence.
+        let none = View::read(Dialect::Chat, "/", None, None);
+        assert_eq!(
+            none,
+            View {
+                stream: Some(false),
+                ..View::default()
+            }
+        );
+    }
+
+    #[test]
+    fn an_output_cap_is_a_whole_number_in_the_family() {
+        let cap = |d, s: &str| output_cap(d, &j(s)).map(|(_, n)| n);
+        assert_eq!(
+            cap(Dialect::Chat, r#"{"max_completion_tokens":5}"#),
+            Some(5)
+        );
+        assert_eq!(cap(Dialect::Chat, r#"{"max_tokens":5.5}"#), None);
+        assert_eq!(cap(Dialect::Chat, r#"{"max_tokens":-1}"#), None);
+        assert_eq!(cap(Dialect::Chat, r#"{"max_tokens":"5"}"#), None);
+        assert_eq!(cap(Dialect::Responses, r#"{"max_tokens":5}"#), None);
+        assert_eq!(cap(Dialect::Messages, r#"{"max_tokens":5}"#), Some(5));
+        assert_eq!(cap(Dialect::Other, r#"{"max_tokens":5}"#), None);
+    }
+
+    #[test]
+    fn no_dialect_takes_its_model_from_the_path_yet() {
+        for d in ALL {
+            let api = d.request();
+            assert_eq!(api.model_in_path("/v1beta/models/g:generateContent"), None);
+            assert_eq!(api.path_with_model("/v1/chat/completions", "x"), None);
+        }
+    }
+
+    #[test]
+    fn the_model_is_set_in_the_body() {
+        let mut doc = Document::parse(br#"{"model":"a","x":1}"#.to_vec());
+        assert!(Dialect::Chat.request().set_model(&mut doc, "b\"c"));
+        assert_eq!(doc.bytes(), br#"{"model":"b\"c","x":1}"#);
+        let mut none = Document::parse(br#"{"model":3}"#.to_vec());
+        assert!(!Dialect::Chat.request().set_model(&mut none, "b"));
+    }
+
+    #[test]
+    fn the_prompt_is_read_in_the_order_it_is_sent() {
+        let body = j(
+            r#"{"system":"s","instructions":"i","prompt":"p","input":"in",
+            "messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]}"#,
+        );
+        let kinds = |d: Dialect| -> Vec<String> {
+            d.request()
+                .prompt(&body)
+                .into_iter()
+                .flatten()
+                .map(|s| match s {
+                    Said::System(v) => format!("system {v:?}"),
+                    Said::Bare(v) => format!("bare {v:?}"),
+                    Said::Turn(v) => format!("turn {:?}", role(v)),
+                })
+                .collect()
+        };
+        let s = |v: &str| Json::String(v.into());
+        assert_eq!(
+            kinds(Dialect::Chat),
+            ["turn Some(\"user\")", "turn Some(\"assistant\")"]
+        );
+        assert_eq!(
+            kinds(Dialect::Messages),
+            [
+                format!("system {:?}", s("s")),
+                "turn Some(\"user\")".into(),
+                "turn Some(\"assistant\")".into()
+            ]
+        );
+        assert_eq!(
+            kinds(Dialect::Responses),
+            [
+                format!("system {:?}", s("i")),
+                format!("bare {:?}", Some(&s("in")))
+            ]
+        );
+        assert_eq!(
+            kinds(Dialect::Completions),
+            [format!("bare {:?}", Some(&s("p")))]
+        );
+        assert_eq!(
+            kinds_of(Dialect::Completions, "{}"),
+            [format!("bare {:?}", None::<&Json>)]
+        );
+        assert!(kinds(Dialect::Embeddings).is_empty());
+        assert!(kinds(Dialect::Other).is_empty());
+        let items = r#"{"input":[{"role":"user","content":"a"},{"type":"function_call"}]}"#;
+        assert_eq!(kinds_of(Dialect::Responses, items).len(), 2);
+    }
+
+    fn kinds_of(d: Dialect, body: &str) -> Vec<String> {
+        let body = j(body);
+        d.request()
+            .prompt(&body)
+            .into_iter()
+            .flatten()
+            .map(|s| match s {
+                Said::System(v) => format!("system {v:?}"),
+                Said::Bare(v) => format!("bare {v:?}"),
+                Said::Turn(_) => "turn".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn each_dialect_names_its_operation_provider_and_credentials() {
+        let said: Vec<_> = ALL
+            .iter()
+            .map(|d| {
+                let api = d.request();
+                (
+                    api.operation(),
+                    d.answer().provider(),
+                    api.authenticates_with(),
+                    api.samples(),
+                    api.streams(),
+                )
+            })
+            .collect();
+        let openai: &[&str] = &["authorization", "api-key"];
+        let anthropic: &[&str] = &["x-api-key", "authorization"];
+        assert_eq!(
+            said,
+            [
+                ("chat", "openai", openai, true, true),
+                ("text_completion", "openai", openai, true, true),
+                ("embeddings", "openai", openai, false, false),
+                ("chat", "openai", openai, true, true),
+                ("chat", "anthropic", anthropic, true, true),
+                ("other", "openai", openai, false, true),
+            ]
+        );
+    }
+
+    #[test]
+    fn only_chat_and_completions_are_asked_for_usage() {
+        for d in ALL {
+            let mut doc = Document::parse(br#"{"stream":true}"#.to_vec());
+            let asked = d.request().ask_for_usage(&mut doc);
+            assert_eq!(
+                asked,
+                matches!(d, Dialect::Chat | Dialect::Completions),
+                "{d:?}"
+            );
+        }
+    }
+}

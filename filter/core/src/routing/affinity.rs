@@ -242,15 +242,12 @@ fn header_name(field: &str, name: String) -> Result<String, ConfigError> {
 
 /// The APIs whose calls continue a conversation over a prompt cache.
 fn keyed(endpoint: Dialect) -> bool {
-    matches!(
-        endpoint,
-        Dialect::Chat | Dialect::Completions | Dialect::Responses | Dialect::Messages
-    )
+    endpoint.request().converses()
 }
 
 /// The APIs that take a `prompt_cache_key` in the request body.
 pub fn takes_prompt_cache_key(endpoint: Dialect) -> bool {
-    matches!(endpoint, Dialect::Chat | Dialect::Responses)
+    endpoint.request().takes_prompt_cache_key()
 }
 
 /// The caller named its own `prompt_cache_key`: the filter leaves it.
@@ -301,15 +298,6 @@ fn bounded(bytes: &[u8], max: usize) -> &[u8] {
     bytes.get(..max).unwrap_or(bytes)
 }
 
-/// Feeds `h` the bounded canonical bytes of `value`, length first; false for
-/// nothing to feed.
-fn feed(h: &mut Hasher, value: Option<&Json>, max: usize) -> bool {
-    match value {
-        None | Some(Json::Null) => feed_items(h, &[], max),
-        Some(v) => feed_items(h, std::slice::from_ref(v), max),
-    }
-}
-
 /// Feeds `h` the canonical bytes of `items`, one after the other, bounded to
 /// `max` in all, length first; false for none.
 fn feed_items(h: &mut Hasher, items: &[Json], max: usize) -> bool {
@@ -326,79 +314,20 @@ fn feed_items(h: &mut Hasher, items: &[Json], max: usize) -> bool {
     !items.is_empty()
 }
 
-/// Feeds `h` the prefix a prompt cache keys on: the shared part (tools, the
-/// system prompt or instructions) and the first user turn, each bounded to
-/// `max` bytes, so a conversation keeps its key as its history grows while
-/// conversations that share a long system prompt still differ. False when
-/// the body has neither.
+/// Feeds `h` the prefix a prompt cache keys on, where the dialect says it
+/// is: the shared parts (tools, the system prompt or instructions) and the
+/// first user turn, each bounded to `max` bytes, so a conversation keeps its
+/// key as its history grows while conversations that share a long system
+/// prompt still differ. False when the body has neither.
 fn prefix(endpoint: Dialect, body: &Json, max: usize, h: &mut Hasher) -> bool {
-    let mut shared = false;
-    let turn = match endpoint {
-        Dialect::Chat => {
-            shared |= feed(h, body.get("tools").or(body.get("functions")), max);
-            let messages = match body.get("messages") {
-                Some(Json::Array(m)) => m.as_slice(),
-                _ => &[],
-            };
-            let system = messages
-                .iter()
-                .take_while(|m| matches!(role(m), Some("system" | "developer")))
-                .count();
-            shared |= feed_items(h, messages.get(..system).unwrap_or_default(), max);
-            messages.iter().find(|m| role(m) == Some("user"))
-        }
-        Dialect::Responses => {
-            shared |= feed(h, body.get("instructions"), max);
-            shared |= feed(h, body.get("tools"), max);
-            match body.get("input") {
-                Some(Json::Array(items)) => items
-                    .iter()
-                    .find(|i| role(i) == Some("user"))
-                    .or(items.first()),
-                other => other,
-            }
-        }
-        Dialect::Messages => {
-            shared |= feed_marked(h, body, max);
-            match body.get("messages") {
-                Some(Json::Array(m)) => m.iter().find(|m| role(m) == Some("user")),
-                _ => None,
-            }
-        }
-        Dialect::Completions => body.get("prompt"),
-        _ => None,
+    let Some(prefix) = endpoint.request().prefix(body) else {
+        return false;
     };
-    feed(h, turn, max) || shared
-}
-
-/// Anthropic's shared part: tools then the system prompt, cut after the
-/// first block a `cache_control` marks when one does (what the provider
-/// caches), each bounded to `max` bytes.
-fn feed_marked(h: &mut Hasher, body: &Json, max: usize) -> bool {
-    let mut fed = false;
-    for part in [body.get("tools"), body.get("system")] {
-        match part {
-            Some(Json::Array(blocks)) => {
-                let mark = blocks.iter().position(|b| b.get("cache_control").is_some());
-                let cut = mark.map_or(blocks.len(), |i| i.saturating_add(1));
-                fed |= feed_items(h, blocks.get(..cut).unwrap_or(blocks), max);
-                if mark.is_some() {
-                    // The mark ends the shared part: what follows is not cached.
-                    return fed;
-                }
-            }
-            other => fed |= feed(h, other, max),
-        }
+    let mut shared = false;
+    for part in prefix.shared.into_iter().flatten() {
+        shared |= feed_items(h, part, max);
     }
-    fed
-}
-
-/// A message's or item's `role`.
-fn role(m: &Json) -> Option<&str> {
-    match m.get("role") {
-        Some(Json::String(r)) => Some(r),
-        _ => None,
-    }
+    feed_items(h, prefix.turn, max) || shared
 }
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;

@@ -4,6 +4,7 @@
 //! change; every other byte is kept, so the rest of the request reaches the
 //! backend exactly as the client sent it.
 
+use crate::dialect::request;
 use crate::json::{Document, Json};
 
 /// The body with its top-level `"model"` string replaced by `model`; `None`
@@ -14,11 +15,10 @@ pub fn rewrite_model(doc: &Document, model: &str) -> Option<Vec<u8>> {
     set_model(&mut copy, model).then(|| copy.into_bytes())
 }
 
+/// The body's model, where a body-model dialect keeps it (see
+/// [`crate::dialect::request::Request::set_model`]).
 fn set_model(doc: &mut Document, model: &str) -> bool {
-    if doc.value_bytes("model").and_then(|v| v.first()) != Some(&b'"') {
-        return false;
-    }
-    serde_json::to_string(model).is_ok_and(|q| doc.set("model", q.as_bytes(), Json::Null))
+    request::set_body_model(doc, model)
 }
 
 /// What a backend's body is, next to the one held.

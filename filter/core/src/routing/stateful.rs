@@ -41,22 +41,10 @@ pub struct Continues {
 }
 
 impl Continues {
-    /// What a request body of `endpoint` continues; nothing but for Responses.
+    /// What a request body of `endpoint` continues, as its dialect reads
+    /// it; nothing but for Responses.
     pub fn of(endpoint: Dialect, body: &Json) -> Self {
-        if endpoint != Dialect::Responses {
-            return Self::default();
-        }
-        let previous_response_id = match body.get("previous_response_id") {
-            Some(Json::String(id)) if !id.is_empty() => Some(id.clone()),
-            _ => None,
-        };
-        let conversation = !matches!(body.get("conversation"), None | Some(Json::Null));
-        let background = body.get("background") == Some(&Json::Bool(true));
-        Self {
-            state: previous_response_id.is_some() || conversation || background,
-            previous_response_id,
-            stored: body.get("store") != Some(&Json::Bool(false)),
-        }
+        endpoint.request().continues(body)
     }
 }
 

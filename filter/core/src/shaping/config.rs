@@ -82,14 +82,9 @@ impl TokenField {
 
     /// The field a call of `endpoint` caps its output with: chat's is the
     /// configured one, Responses' and Anthropic Messages' their own;
-    /// `None` for a dialect without one.
+    /// `None` for a dialect without one (its dialect says which).
     pub fn of(endpoint: Dialect, configured: Self) -> Option<Self> {
-        match endpoint {
-            Dialect::Chat | Dialect::Completions => Some(configured),
-            Dialect::Responses => Some(Self::MaxOutputTokens),
-            Dialect::Messages => Some(Self::MaxTokens),
-            Dialect::Embeddings | Dialect::Other => None,
-        }
+        endpoint.request().output_cap_field(configured)
     }
 
     /// The fields of the same dialect a body may already cap its output

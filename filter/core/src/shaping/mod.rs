@@ -15,7 +15,7 @@ use crate::dialect::Dialect;
 use crate::json::{Document, Json};
 
 pub use config::{Limits, RawShapingConfig, ShapingConfig, TokenField};
-pub use history::{keep_history, keep_turns};
+pub use history::keep_turns;
 
 /// Response header telling the client what shaping changed
 /// (`max_tokens,history`).
@@ -169,29 +169,18 @@ fn repeated(doc: &Document, name: &str) -> bool {
         .is_some_and(|tree| tree.members(name).nth(1).is_some())
 }
 
-/// Leaves out of the body the messages [`keep_history`] does not keep, each
-/// kept message byte for byte. False, and nothing changed, when nothing is
-/// left out or the body is not understood.
-pub fn trim_history(
-    doc: &mut Document,
-    max_turns: Option<u64>,
-    max_prompt_tokens: Option<u64>,
-) -> bool {
-    trim_turns(doc, Dialect::Chat, max_turns, max_prompt_tokens)
-}
-
-/// [`trim_history`] for a body of `endpoint`: its conversation's items left
-/// out as [`history::keep_turns`] says, each kept one byte for byte.
+/// Leaves out of a body of `endpoint` the items of its conversation
+/// [`history::keep_turns`] does not keep, each kept one byte for byte.
+/// False, and nothing changed, when nothing is left out or the body is not
+/// understood.
 pub fn trim_turns(
     doc: &mut Document,
     endpoint: Dialect,
     max_turns: Option<u64>,
     max_prompt_tokens: Option<u64>,
 ) -> bool {
-    let field = if endpoint == Dialect::Responses {
-        "input"
-    } else {
-        "messages"
+    let Some(field) = endpoint.request().turns_field() else {
+        return false;
     };
     let Some(Json::Array(messages)) = doc.tree().and_then(|t| t.get(field)) else {
         return false;

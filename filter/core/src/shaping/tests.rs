@@ -2,6 +2,24 @@ use super::*;
 use crate::dialect::Dialect;
 use crate::routing::rules::message_tokens;
 
+/// Which messages of a chat call to keep.
+fn keep_history(
+    messages: &[Json],
+    max_turns: Option<u64>,
+    max_prompt_tokens: Option<u64>,
+) -> Option<Vec<bool>> {
+    keep_turns(Dialect::Chat, messages, max_turns, max_prompt_tokens)
+}
+
+/// Leaves out of a chat body the messages [`keep_history`] does not keep.
+fn trim_history(
+    doc: &mut Document,
+    max_turns: Option<u64>,
+    max_prompt_tokens: Option<u64>,
+) -> bool {
+    trim_turns(doc, Dialect::Chat, max_turns, max_prompt_tokens)
+}
+
 /// The body after `f` edited it, `None` when `f` changed nothing.
 fn edited(body: &[u8], f: impl FnOnce(&mut Document) -> bool) -> Option<String> {
     let mut doc = Document::parse(body.to_vec());

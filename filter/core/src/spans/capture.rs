@@ -20,6 +20,7 @@ use serde_json::{json, Value};
 use super::config::CaptureConfig;
 use super::redact::{self, Rules};
 use crate::dialect::answer::Hear;
+use crate::dialect::request::Said;
 use crate::dialect::Dialect;
 use crate::json::Json;
 use crate::sse::Transcript;
@@ -322,15 +323,6 @@ impl<'r> Reader<'r> {
             }
         }
     }
-
-    fn messages(&mut self, list: Option<&Json>, default_role: &str) {
-        for m in items(list) {
-            if self.full() {
-                return;
-            }
-            self.message(m, default_role);
-        }
-    }
 }
 
 /// The text parts of a tool result, joined.
@@ -346,52 +338,45 @@ fn texts(parts: &[Part]) -> String {
 }
 
 /// What `cfg` captures of a request body of `api`: `None` when it captures
-/// no prompt, or the dialect has none (embeddings).
+/// no prompt, or the dialect has none (embeddings). The prompt is read where
+/// the dialect says it is ([`crate::dialect::request::Request::prompt`]).
 pub fn prompt(cfg: &CaptureConfig, api: Dialect, body: &Json) -> Option<Prompt> {
     if !cfg.prompt {
         return None;
     }
+    let said = api.request().prompt(body)?;
     let mut system = Reader::new(cfg);
     let mut input = Reader::new(cfg);
-    match api {
-        Dialect::Chat => input.messages(body.get("messages"), "user"),
-        Dialect::Completions => {
-            let prompt = body.get("prompt");
-            let mut parts = Vec::new();
-            match prompt {
-                Some(Json::Array(list)) => {
-                    for p in list.iter().filter_map(text) {
-                        parts.push(Part::Text(input.text(p)));
+    for part in said {
+        match part {
+            Said::System(instructions) => {
+                let mut parts = Vec::new();
+                system.parts(Some(instructions), &mut parts);
+                if !parts.is_empty() {
+                    system.push("system", parts, None);
+                }
+            }
+            // A completions prompt (a string, or a list of strings or
+            // token ids), a Responses input string: one user message.
+            Said::Bare(prompt) => {
+                let mut parts = Vec::new();
+                match prompt {
+                    Some(Json::Array(list)) => {
+                        for p in list.iter().filter_map(text) {
+                            parts.push(Part::Text(input.text(p)));
+                        }
                     }
+                    _ => input.parts(prompt, &mut parts),
                 }
-                _ => input.parts(prompt, &mut parts),
+                input.push("user", parts, None);
             }
-            input.push("user", parts, None);
-        }
-        Dialect::Responses => {
-            let mut parts = Vec::new();
-            system.parts(body.get("instructions"), &mut parts);
-            if !parts.is_empty() {
-                system.push("system", parts, None);
-            }
-            let items = body.get("input");
-            match items.and_then(text) {
-                Some(t) => {
-                    let text = input.text(t);
-                    input.push("user", vec![Part::Text(text)], None);
+            Said::Turn(m) => {
+                if input.full() {
+                    break;
                 }
-                None => input.messages(items, "user"),
+                input.message(m, "user");
             }
         }
-        Dialect::Messages => {
-            let mut parts = Vec::new();
-            system.parts(body.get("system"), &mut parts);
-            if !parts.is_empty() {
-                system.push("system", parts, None);
-            }
-            input.messages(body.get("messages"), "user");
-        }
-        Dialect::Embeddings | Dialect::Other => return None,
     }
     let system = system
         .messages

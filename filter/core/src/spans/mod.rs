@@ -88,11 +88,6 @@ impl Details<'_> {
     }
 }
 
-/// `gen_ai.operation.name` of a dialect.
-fn operation(api: Dialect) -> &'static str {
-    api.operation()
-}
-
 /// `gen_ai.provider.name` as the dialect names it (the backend behind an
 /// OpenAI-compatible API may be another: `server.address` says which).
 fn provider(api: Dialect) -> &'static str {
@@ -136,7 +131,7 @@ fn status(end: End) -> Option<u16> {
 /// The bytes of the span of a call: `ids` as written upstream, what the
 /// summary and `details` say as attributes.
 pub fn encode(ids: &SpanIds, call: &CallSummary<'_>, details: &Details<'_>) -> Vec<u8> {
-    let op = operation(call.api);
+    let op = call.api.operation();
     let requested = details.requested_model.map(bounded);
     let name = match requested {
         Some(m) => format!("{op} {m}"),

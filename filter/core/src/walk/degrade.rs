@@ -21,7 +21,7 @@ impl Call {
         host: &mut dyn Host,
         body: Option<HeldBody>,
     ) -> Flow {
-        let Some(model) = self.request.model.clone() else {
+        let Some(model) = self.request.view.model.clone() else {
             return ControlFlow::Continue(body);
         };
         let (level, signals) = degrade::level_with(env.store, env.config, &model, env.now_ms);

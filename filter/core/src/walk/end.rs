@@ -4,7 +4,6 @@
 
 use crate::cache::CacheStatus;
 use crate::config::Config;
-use crate::dialect::Dialect;
 use crate::metrics::internal_error;
 use crate::routing::hedge::HedgeResult;
 use crate::summary::{CallSummary, End};
@@ -172,11 +171,11 @@ impl Call {
         spans::Details {
             prompt: self.request.prompt.as_ref(),
             completion: response.and_then(|r| r.completion(endpoint, &config.capture)),
-            requested_model: self.request.model.as_deref(),
+            requested_model: self.request.view.model.as_deref(),
             response_model: response.and_then(Response::model),
             finish_reasons,
-            max_tokens: self.request.max_tokens,
-            temperature: self.request.temperature,
+            max_tokens: self.request.view.max_tokens(),
+            temperature: self.request.view.temperature,
             cache: self.cache.status.map(CacheStatus::header),
             degraded: self.decided.degraded,
             fallback_model: self.decided.fallback_model.as_deref(),
@@ -204,10 +203,8 @@ impl Call {
         };
         let answered =
             matches!(self.progress.phase(), Phase::Forwarded) && call.end.upstream_success();
-        if self.request.endpoint != Dialect::Responses
-            || !self.request.continues.stored
-            || !answered
-        {
+        // Only a call that continues stored state (Responses) says `stored`.
+        if !self.request.view.continues.stored || !answered {
             return;
         }
         if let Some(id) = r.id() {

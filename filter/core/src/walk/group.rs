@@ -34,7 +34,7 @@ impl Call {
         let key = host
             .request_header(&cfg.user_header)
             .filter(|k| !k.is_empty())
-            .or_else(|| Some(self.request.endpoint.user(body?.tree()?)?.to_string()));
+            .or_else(|| body.and(self.request.view.user.clone()));
         let Some(index) = cfg.assign(key.as_deref()) else {
             return;
         };

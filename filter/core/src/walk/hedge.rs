@@ -20,7 +20,7 @@ impl Call {
             .hedge
             .as_ref()
             .is_some_and(|h| h.priorities.contains(&self.request.priority))
-            && self.request.stream == Some(false)
+            && self.request.view.stream == Some(false)
             && self.dispatch.cluster.is_some()
             && self.dispatch.alternatives
     }

@@ -17,11 +17,11 @@ use std::ops::ControlFlow;
 use crate::baggage;
 use crate::budget::parse as budget_parse;
 use crate::config::{Config, TracingMode};
+use crate::dialect::request::View;
 use crate::dialect::{self, Dialect};
 use crate::host::{Metrics, Random, SharedStore};
 use crate::metrics::{internal_error, BoundedLabel};
 use crate::priority::{self, Priority};
-use crate::routing::stateful::Continues;
 use crate::spans;
 use crate::trace_context;
 
@@ -141,7 +141,7 @@ impl Call {
         // Read once: it may set the priority, and the priority joins it.
         let baggage = request_baggage(host);
         let mut call = Self {
-            request: Request::read(env, host, endpoint, baggage.as_deref()),
+            request: Request::read(env, host, endpoint, path, baggage.as_deref()),
             decided: Decided::default(),
             progress: Progress::new(),
             dispatch: Dispatch::default(),
@@ -358,14 +358,20 @@ impl Call {
         self.decided
             .fallback_model
             .as_deref()
-            .or(self.request.model.as_deref())
+            .or(self.request.view.model.as_deref())
     }
 }
 
 impl Request {
     /// What the request headers say (`baggage`: all of the request's, as
     /// read): priority and the caller's budget.
-    fn read(env: &Env<'_>, host: &dyn Host, endpoint: Dialect, baggage: Option<&str>) -> Self {
+    fn read(
+        env: &Env<'_>,
+        host: &dyn Host,
+        endpoint: Dialect,
+        path: String,
+        baggage: Option<&str>,
+    ) -> Self {
         let cfg = env.config;
         let priority = priority::resolve(
             host.request_header(priority::HEADER).as_deref(),
@@ -389,14 +395,15 @@ impl Request {
             priority,
             started_ms: env.now_ms,
             budget_ms,
-            model: None,
-            stream: None,
+            // A dialect that names the model in the path names it before
+            // any body is read (or when none is).
+            view: View {
+                model: endpoint.request().model_in_path(&path).map(str::to_string),
+                ..View::default()
+            },
+            path,
             copy: None,
-            continues: Continues::default(),
-            max_tokens: None,
-            temperature: None,
             affinity: None,
-            names_cache_key: false,
             body_not_delivered: false,
             prompt: None,
         }

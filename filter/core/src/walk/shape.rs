@@ -6,7 +6,6 @@
 
 use std::ops::ControlFlow;
 
-use crate::dialect::Dialect;
 use crate::metrics as names;
 use crate::shaping::{self, Limits, TokenField};
 
@@ -28,7 +27,7 @@ impl Call {
         let endpoint = self.request.endpoint;
         let configured = self.shaping_config(env.config).field;
         let field = TokenField::of(endpoint, configured)
-            .filter(|_| endpoint != Dialect::Completions && limits.any());
+            .filter(|_| endpoint.request().shaped() && limits.any());
         let Some(field) = field else {
             return ControlFlow::Continue(Some(body));
         };

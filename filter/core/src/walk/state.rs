@@ -25,6 +25,7 @@
 //! Steps ask [`Progress`] for a transition; none assigns a phase itself.
 
 use crate::cache::{CacheStatus, Cacheable, Key, Lease, Seen, StreamAssembler};
+use crate::dialect::request::{self, View};
 use crate::dialect::Dialect;
 use crate::json::Json;
 use crate::limits::Admitted;
@@ -32,9 +33,8 @@ use crate::priority::Priority;
 use crate::routing::affinity;
 use crate::routing::fallback::ErrorClass;
 use crate::routing::hedge::HedgeResult;
-use crate::routing::stateful::Continues;
 use crate::routing::Health;
-use crate::shaping::{Changes, TokenField};
+use crate::shaping::Changes;
 use crate::spans::capture;
 use crate::spans::{CaptureConfig, Captured, Prompt};
 use crate::sse::{self, Collect, Grammar};
@@ -55,23 +55,18 @@ pub(super) struct Request {
     pub(super) started_ms: u64,
     /// The caller's whole budget, ms.
     pub(super) budget_ms: u64,
-    /// The requested model, from the held body.
-    pub(super) model: Option<String>,
-    /// The client asked for a stream (`None`: body not read).
-    pub(super) stream: Option<bool>,
+    /// The `:path` as received.
+    pub(super) path: String,
+    /// What the request says, as its dialect reads it: from the path on
+    /// request headers, from the held body once it is complete (the model,
+    /// the stream, the output cap and temperature for the call's span, the
+    /// state it continues, its own `prompt_cache_key`).
+    pub(super) view: View,
     /// Copy of a body that streams through, for the model label.
     pub(super) copy: Option<BodyCopy>,
-    /// The state a backend holds that the call continues (Responses).
-    pub(super) continues: Continues,
-    /// The output token cap the body asked for (for the call's span).
-    pub(super) max_tokens: Option<u64>,
-    /// The temperature the body asked for (for the call's span).
-    pub(super) temperature: Option<f64>,
     /// The call's affinity key (see [`crate::routing::affinity`]), read from
     /// the body as the client sent it.
     pub(super) affinity: Option<affinity::Key>,
-    /// The body names its own `prompt_cache_key`: the filter sets none.
-    pub(super) names_cache_key: bool,
     /// The prompt as the client sent it, when captured (`tracing.capture`).
     pub(super) prompt: Option<Prompt>,
     /// The host never delivered the body the call waited for.
@@ -82,19 +77,12 @@ impl Request {
     /// What the held body says (`features`: `None` when it is no request
     /// object); read once, when the body is complete.
     pub(super) fn read_body(&mut self, body: &HeldBody) {
-        let features = body.features.as_ref();
-        self.model = features.and_then(|f| f.model.clone());
-        self.stream = Some(features.is_some_and(|f| f.stream));
-        if let Some(tree) = body.tree() {
-            self.continues = Continues::of(self.endpoint, tree);
-            let number = |name: &str| match tree.get(name) {
-                Some(Json::Number(n)) => n.parse::<f64>().ok(),
-                _ => None,
-            };
-            self.max_tokens = token_cap(self.endpoint, tree);
-            self.temperature = number("temperature");
-            self.names_cache_key = affinity::has_prompt_cache_key(tree);
-        }
+        self.view = View::read(
+            self.endpoint,
+            &self.path,
+            body.tree(),
+            body.features.as_ref(),
+        );
     }
 
     /// The body streams through the filter: a bounded copy is kept of it.
@@ -105,15 +93,7 @@ impl Request {
 
 /// The output token cap a request body of `endpoint` names, when a whole number.
 pub(super) fn token_cap(endpoint: Dialect, tree: &Json) -> Option<u64> {
-    TokenField::of(endpoint, TokenField::MaxTokens)
-        .into_iter()
-        .flat_map(TokenField::family)
-        .find_map(|f| match tree.get(f.as_str()) {
-            Some(Json::Number(n)) => n.parse::<f64>().ok(),
-            _ => None,
-        })
-        .filter(|n| *n >= 0.0 && n.fract() == 0.0)
-        .map(|n| n as u64)
+    request::output_cap(endpoint, tree).map(|(_, n)| n)
 }
 
 /// The limits' part in one call (see `walk::limits`).

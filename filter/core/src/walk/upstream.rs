@@ -9,12 +9,11 @@ use std::cell::RefCell;
 use crate::budget::{
     self, plan::IDEMPOTENCY_KEY, Admission, Ask, BreakerState, BudgetConfig, DEFAULT_BREAKER,
 };
-use crate::dialect::Dialect;
 use crate::host::SharedStore;
+use crate::load;
 use crate::metrics::internal_error;
 use crate::routing::rewrite::{self, Edit};
 use crate::routing::{self, affinity, stateful, Features, Health, RouteAsk};
-use crate::{load, usage};
 
 use super::{set_request, Call, Env, HeldBody, Host, Step};
 
@@ -69,10 +68,7 @@ impl Call {
     /// (the load signals count output tokens), which the client then does not
     /// see unless it asked. Responses and Messages streams always carry it.
     fn ask_for_usage(&mut self, body: &mut HeldBody) {
-        if !matches!(self.request.endpoint, Dialect::Chat | Dialect::Completions) {
-            return;
-        }
-        if usage::ask_for_usage(&mut body.doc) {
+        if self.request.endpoint.request().ask_for_usage(&mut body.doc) {
             // Routing reads the features, which this does not change.
             body.edited = true;
             self.decided.usage_asked = true;
@@ -106,7 +102,7 @@ impl Call {
     /// the caller named none.
     pub(super) fn cache_key_for(&self, takes: bool) -> Option<String> {
         let wanted = takes
-            && !self.request.names_cache_key
+            && !self.request.view.names_cache_key
             && affinity::takes_prompt_cache_key(self.request.endpoint);
         self.request.affinity.filter(|_| wanted).map(|k| k.hex())
     }
@@ -166,7 +162,7 @@ impl Call {
         routing::learn::started(env.store, env.metrics, &decision.cluster, env.now_ms);
         // A call continuing a backend's state has no other backend to go to.
         self.dispatch.alternatives =
-            decision.effective_weights.len() > 1 && !self.request.continues.state;
+            decision.effective_weights.len() > 1 && !self.request.view.continues.state;
         self.dispatch.model = Some(decision.model.clone());
         self.dispatch.elsewhere = decision.elsewhere;
         self.dispatch.cluster = Some(decision.cluster);
@@ -191,6 +187,7 @@ impl Call {
         // The backend that produced the response the call continues.
         let pinned = self
             .request
+            .view
             .continues
             .previous_response_id
             .as_deref()
@@ -225,7 +222,7 @@ impl Call {
         chosen: Chosen,
     ) -> Option<budget::LocalReply> {
         let cluster = self.dispatch.cluster.as_deref();
-        let streaming = self.request.stream.unwrap_or(true);
+        let streaming = self.request.view.stream.unwrap_or(true);
         let observed_ms = match (cluster, chosen.health) {
             (Some(_), Some(health)) => health.typical_ms(streaming),
             (Some(c), None) => routing::typical_ms(env.store, c, streaming),

@@ -19,7 +19,7 @@ use serde::Deserialize;
 
 use super::config::CacheConfig;
 use super::key::{self, CacheRequest, Key};
-use crate::dialect::Dialect;
+use crate::dialect::request::Question;
 use crate::json::Json;
 use config::{EmbeddingsConfig, SemanticConfig};
 
@@ -51,13 +51,11 @@ pub fn query(
     req: &CacheRequest<'_>,
     body: &Json,
 ) -> Option<Query> {
+    let question = req.endpoint.request().question()?;
     let mut context = body.clone();
-    let text = match req.endpoint {
-        Dialect::Chat => take_last_user_text(&mut context)?,
-        Dialect::Completions => take_member_text(&mut context, "prompt")?,
-        Dialect::Embeddings | Dialect::Responses | Dialect::Messages | Dialect::Other => {
-            return None
-        }
+    let text = match question {
+        Question::LastUserMessage => take_last_user_text(&mut context)?,
+        Question::Member(name) => take_member_text(&mut context, name)?,
     };
     if text.trim().is_empty() || text.len() > sem.max_text_bytes as usize {
         return None;

@@ -1,6 +1,7 @@
 use super::config::{RawEmbeddingsConfig, SemanticConfig};
 use super::*;
 use crate::cache::config::Scope;
+use crate::dialect::Dialect;
 
 fn sem() -> SemanticConfig {
     SemanticConfig::compile(RawSemanticConfig {
