@@ -61,7 +61,8 @@ pub const HEADER_RESET_AFTER_BYTES: &str = "x-mock-reset-after-bytes";
 /// Request header: how a streamed answer misbehaves. `invalid`: events that
 /// are not JSON, not UTF-8, cut in the middle, data after `[DONE]`, and no
 /// final blank line; `endless`: the usual events without the last one
-/// (`[DONE]`, `response.completed`, `message_stop`), then silence with the
+/// (`[DONE]`, `response.completed`, `message_stop`, Gemini's response with
+/// the `finishReason`), then silence with the
 /// stream left open until the other side gives up; `unknown` (Responses and
 /// Messages): the usual events with one of a type the API does not define
 /// after the first, as a provider adding event types sends them.

@@ -463,7 +463,7 @@ fn cut(s: &str, max: usize) -> &str {
 /// `finishReason` (the last event), when the prompt was blocked, or when an
 /// error came in place of a response.
 #[derive(Debug, Default)]
-pub struct Stream {
+pub struct Gemini {
     /// The usage so far (each event reports the whole call's so far).
     pub usage: Option<Usage>,
     /// A candidate gave its finish reason.
@@ -481,7 +481,7 @@ pub struct Stream {
     pub transcript: Option<Transcript>,
 }
 
-impl Grammar for Stream {
+impl Grammar for Gemini {
     fn read(&mut self, event: &Event<'_>, parse: bool) -> Reading {
         let Some(data) = event.data else {
             return Reading::default();
@@ -538,7 +538,7 @@ impl Grammar for Stream {
     }
 }
 
-impl Stream {
+impl Gemini {
     /// Takes in what one event says.
     fn note(&mut self, head: &Head) {
         if head.error.as_ref().is_some_and(|e| !e.is_null()) {

@@ -17,8 +17,8 @@ fn counted(prompt: u64, completion: u64, cached: u64) -> Usage {
     }
 }
 
-fn feed(pieces: &[&[u8]]) -> SseStream<Stream> {
-    let mut s = SseStream::with_grammar(Stream::default());
+fn feed(pieces: &[&[u8]]) -> SseStream<Gemini> {
+    let mut s = SseStream::with_grammar(Gemini::default());
     s.keep_text(1024);
     for p in pieces {
         s.feed(p, false, None);
@@ -357,7 +357,7 @@ fn a_stream_is_read_however_it_is_cut() {
 fn the_stream_ends_with_its_last_candidate() {
     let event = |data: &str| format!("data: {data}\r\n\r\n");
     // Two candidates: the stream ends when both gave their reason.
-    let mut s = SseStream::with_grammar(Stream::default());
+    let mut s = SseStream::with_grammar(Gemini::default());
     s.feed(
         event(r#"{"candidates":[{"index":0,"finishReason":"STOP"},{"index":1}]}"#).as_bytes(),
         false,
@@ -372,7 +372,7 @@ fn the_stream_ends_with_its_last_candidate() {
     assert!(s.grammar().done);
     assert_eq!(s.grammar().reasons.as_strs(), ["STOP", "MAX_TOKENS"]);
     // A blocked prompt: one event, no candidate, ended, not finished.
-    let mut s = SseStream::with_grammar(Stream::default());
+    let mut s = SseStream::with_grammar(Gemini::default());
     s.feed(
         event(
             r#"{"promptFeedback":{"blockReason":"SAFETY"},"usageMetadata":{"promptTokenCount":7}}"#,
@@ -386,7 +386,7 @@ fn the_stream_ends_with_its_last_candidate() {
     assert_eq!(g.reasons.as_strs(), ["SAFETY"]);
     assert_eq!(g.usage.map(|u| u.prompt_tokens), Some(7));
     // An error in place of a response ends it.
-    let mut s = SseStream::with_grammar(Stream::default());
+    let mut s = SseStream::with_grammar(Gemini::default());
     s.feed(
         event(r#"{"candidates":[{"index":0}]}"#).as_bytes(),
         false,
@@ -400,7 +400,7 @@ fn the_stream_ends_with_its_last_candidate() {
     );
     assert!(s.grammar().done && !s.grammar().finished);
     // Events that are not JSON, or not a response, change nothing.
-    let mut s = SseStream::with_grammar(Stream::default());
+    let mut s = SseStream::with_grammar(Gemini::default());
     s.feed(b"data: [DONE]\n\ndata: {\"candidates\":[{\"index\":99,\"finishReason\":\"STOP\"}]}\n\n: ping\n\n", false, None);
     let g = s.grammar();
     assert!(
@@ -412,7 +412,7 @@ fn the_stream_ends_with_its_last_candidate() {
 
 #[test]
 fn a_collector_gets_each_event_parsed_once() {
-    let mut g = Stream::default();
+    let mut g = Gemini::default();
     for (data, parse) in [
         (r#"{"candidates":[]}"#, true),
         ("not json", true),
