@@ -646,11 +646,14 @@ pub const MAX_ERROR_BODY: usize = 16 * 1024;
 
 /// The class of a Gemini error answer, read from Google's shape: a prompt
 /// over the model's input limit (400 `INVALID_ARGUMENT`, "exceeds the
-/// maximum number of tokens"), a spent quota or billing (400
-/// `FAILED_PRECONDITION` naming billing, or a 429 whose message says the
-/// quota is spent for the day or the billing), a model the API does not
-/// serve (404 `NOT_FOUND` naming a model). A plain 429 is a rate limit,
-/// failover's; `None` for anything else.
+/// maximum number of tokens"), a spent quota (400 `FAILED_PRECONDITION`
+/// naming billing, or a 429 whose message or `details` name a daily quota,
+/// as `quotaId: GenerateRequestsPerDayPerProjectPerModel-FreeTier` does), a
+/// model the API does not serve (404 `NOT_FOUND` naming a model). Any other
+/// 429 is a rate limit, failover's, even when its message says "You
+/// exceeded your current quota, please check your plan and billing
+/// details": Google writes that for a per-minute limit too. `None` for
+/// anything else.
 pub fn error_class(status: u16, body: &[u8]) -> Option<ErrorClass> {
     if body.len() > MAX_ERROR_BODY {
         return None;
@@ -673,8 +676,9 @@ pub fn error_class(status: u16, body: &[u8]) -> Option<ErrorClass> {
             Some(ErrorClass::ContextLength)
         }
         (400, "failed_precondition") if says(&["billing"]) => Some(ErrorClass::Quota),
-        (429, "resource_exhausted") if says(&["per day", "billing", "credits"]) => {
-            Some(ErrorClass::Quota)
+        (429, "resource_exhausted") => {
+            let all = error.to_string().to_ascii_lowercase();
+            (all.contains("perday") || all.contains("per day")).then_some(ErrorClass::Quota)
         }
         (404, "not_found") if says(&["models/", "model"]) => Some(ErrorClass::ModelNotFound),
         _ => None,

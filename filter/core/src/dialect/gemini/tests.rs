@@ -499,6 +499,20 @@ fn error_classes_are_read_from_googles_errors() {
         ),
         (
             429,
+            serde_json::to_vec(&json!({"error": {"code": 429, "status": "RESOURCE_EXHAUSTED",
+                "message": "You exceeded your current quota, please check your plan and billing details.",
+                "details": [{"@type": "type.googleapis.com/google.rpc.QuotaFailure",
+                    "violations": [{"quotaId": "GenerateRequestsPerDayPerProjectPerModel-FreeTier"}]}]}}))
+            .unwrap(),
+            Some(ErrorClass::Quota),
+        ),
+        (
+            429,
+            err(429, "RESOURCE_EXHAUSTED", "You exceeded your current quota, please check your plan and billing details."),
+            None,
+        ),
+        (
+            429,
             err(429, "RESOURCE_EXHAUSTED", "Resource has been exhausted (e.g. check quota)."),
             None,
         ),
