@@ -130,6 +130,48 @@ pub fn with_model(path: &str, model: &str) -> Option<String> {
     Some(out)
 }
 
+/// The API key a call carries in its query (`?key=…`, which the API takes
+/// besides [`KEY_HEADER`]): a credential, never to be logged, labelled or
+/// forwarded to a backend that authenticates otherwise. The first non-empty
+/// `key` parameter, as written (percent-encoding left alone).
+pub fn query_key(path: &str) -> Option<&str> {
+    if path.len() > MAX_PATH {
+        return None;
+    }
+    let (_, query) = path.split_once('?')?;
+    let query = query.split('#').next().unwrap_or(query);
+    query
+        .split('&')
+        .filter_map(|p| p.strip_prefix("key="))
+        .find(|k| !k.is_empty())
+}
+
+/// `path` without its `key` query parameters (every other byte kept, the
+/// `?` dropped with the last parameter); `None` when it has none.
+pub fn without_query_key(path: &str) -> Option<String> {
+    query_key(path)?;
+    let (head, query) = path.split_once('?')?;
+    let (query, fragment) = match query.split_once('#') {
+        Some((q, f)) => (q, Some(f)),
+        None => (query, None),
+    };
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|p| *p != "key" && !p.starts_with("key="))
+        .collect();
+    let mut out = String::with_capacity(path.len());
+    out.push_str(head);
+    if kept.iter().any(|p| !p.is_empty()) {
+        out.push('?');
+        out.push_str(&kept.join("&"));
+    }
+    if let Some(f) = fragment {
+        out.push('#');
+        out.push_str(f);
+    }
+    Some(out)
+}
+
 /// Where one piece of the prompt's text comes from.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Text<'a> {

@@ -117,6 +117,38 @@ fn the_model_is_rewritten_in_the_path_alone() {
 }
 
 #[test]
+fn a_key_in_the_query_is_found_and_taken_out() {
+    for (path, key, without) in [
+        (
+            "/v1beta/models/g:streamGenerateContent?alt=sse&key=AIza-1",
+            Some("AIza-1"),
+            Some("/v1beta/models/g:streamGenerateContent?alt=sse"),
+        ),
+        (
+            "/v1beta/models/g:generateContent?key=AIza-1",
+            Some("AIza-1"),
+            Some("/v1beta/models/g:generateContent"),
+        ),
+        (
+            "/v1beta/models/g:generateContent?key=&key=k2&alt=sse#f",
+            Some("k2"),
+            Some("/v1beta/models/g:generateContent?alt=sse#f"),
+        ),
+        ("/v1beta/models/g:generateContent?monkey=x&key=", None, None),
+        ("/v1beta/models/g:generateContent?alt=sse", None, None),
+        (
+            "/v1beta/models/g:generateContent#?key=x",
+            Some("x"),
+            Some("/v1beta/models/g:generateContent#"),
+        ),
+        ("/v1beta/models/g:generateContent", None, None),
+    ] {
+        assert_eq!(query_key(path), key, "{path}");
+        assert_eq!(without_query_key(path).as_deref(), without, "{path}");
+    }
+}
+
+#[test]
 fn the_prompt_is_read_in_order_with_tool_calls() {
     let body = Json::parse(
         br#"{
@@ -575,6 +607,23 @@ mod props {
                 prop_assert_eq!(with_model(&new, call.model), Some(path.clone()));
             } else {
                 prop_assert_eq!(with_model(&path, &model), None);
+            }
+        }
+
+        /// A path without its key has no key left, and the rest of the
+        /// call the same.
+        #[test]
+        fn a_key_taken_out_is_gone(path in path(), key in "[A-Za-z0-9_-]{1,8}", at in 0usize..3) {
+            let mut with = path.clone();
+            let sep = if with.contains('?') { "&" } else { "?" };
+            let param = format!("key={key}");
+            match at {
+                0 => with.push_str(&format!("{sep}{param}")),
+                _ => with = with.replacen('?', &format!("?{param}&"), 1),
+            }
+            if let Some(without) = without_query_key(&with) {
+                prop_assert_eq!(query_key(&without), None);
+                prop_assert_eq!(call_of(&without).map(|c| (c.model, c.stream)), call_of(&with).map(|c| (c.model, c.stream)));
             }
         }
 
