@@ -254,6 +254,41 @@ fn string(value: Option<&Json>) -> Option<&str> {
     }
 }
 
+/// How `contents` splits into turns, for trimming a long history: where
+/// each turn starts, and the turn the call asks about (kept always).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Turns {
+    /// One per content: a turn starts there.
+    pub starts: Vec<bool>,
+    /// The content the current turn starts at.
+    pub current: usize,
+}
+
+/// The turns of `contents`: a `user` content (the role a content that names
+/// none has) starts a turn unless it answers the model's function call
+/// (its parts are `functionResponse`s), which continues the call's turn, so
+/// a call and its answer are kept or left out together; a `model` content
+/// belongs to the turn it follows. `None` when a content is not an object
+/// naming its role at most once as a string, or no user content starts a
+/// turn.
+pub fn turns(contents: &[Json]) -> Option<Turns> {
+    let mut starts = Vec::with_capacity(contents.len());
+    for content in contents {
+        if !matches!(content, Json::Object(_)) || content.members("role").nth(1).is_some() {
+            return None;
+        }
+        let role = match content.get("role") {
+            None => "user",
+            Some(Json::String(r)) => r,
+            Some(_) => return None,
+        };
+        let answers_a_call = parts(Some(content)).any(|p| p.get("functionResponse").is_some());
+        starts.push(role == "user" && !answers_a_call);
+    }
+    let current = starts.iter().rposition(|s| *s)?;
+    Some(Turns { starts, current })
+}
+
 /// The call's output cap, `generationConfig.maxOutputTokens`, when it is a
 /// whole number.
 pub fn output_cap(body: &Json) -> Option<u64> {

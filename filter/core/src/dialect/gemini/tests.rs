@@ -209,6 +209,46 @@ fn the_prompt_is_read_in_order_with_tool_calls() {
 }
 
 #[test]
+fn contents_split_into_turns_a_call_with_its_answer() {
+    let j = |s: &str| match Json::parse(s.as_bytes()).unwrap() {
+        Json::Array(items) => items,
+        _ => unreachable!(),
+    };
+    let contents = j(r#"[
+        {"role": "user", "parts": [{"text": "q1"}]},
+        {"role": "model", "parts": [{"text": "a1"}]},
+        {"parts": [{"text": "q2"}]},
+        {"role": "model", "parts": [{"functionCall": {"name": "f"}}]},
+        {"role": "user", "parts": [{"functionResponse": {"name": "f"}}]},
+        {"role": "model", "parts": [{"text": "a2"}]},
+        {"role": "user", "parts": [{"text": "q3"}]}
+    ]"#);
+    assert_eq!(
+        turns(&contents),
+        Some(Turns {
+            starts: vec![true, false, true, false, false, false, true],
+            current: 6
+        })
+    );
+    // The current turn is a tool's answer: it belongs to the turn of q.
+    let answering = j(r#"[
+        {"role": "user", "parts": [{"text": "q"}]},
+        {"role": "model", "parts": [{"functionCall": {"name": "f"}}]},
+        {"role": "user", "parts": [{"functionResponse": {"name": "f"}}]}
+    ]"#);
+    assert_eq!(turns(&answering).map(|t| t.current), Some(0));
+    for bad in [
+        "[]",
+        r#"[{"role": "model", "parts": []}]"#,
+        r#"[{"role": 1, "parts": []}]"#,
+        r#"[{"role": "user", "role": "user", "parts": []}]"#,
+        r#"["hi"]"#,
+    ] {
+        assert_eq!(turns(&j(bad)), None, "{bad}");
+    }
+}
+
+#[test]
 fn reads_the_output_cap_and_the_temperature() {
     let j = |s: &str| Json::parse(s.as_bytes()).unwrap();
     let body = j(r#"{"generationConfig":{"temperature":0.3,"maxOutputTokens":1e3}}"#);
@@ -659,6 +699,12 @@ mod props {
             let mut doc = Document::parse(bytes.clone());
             if let Some(tree) = doc.tree() {
                 let _ = texts(tree).count();
+                if let Json::Array(items) = tree {
+                    if let Some(t) = turns(items) {
+                        prop_assert_eq!(t.starts.len(), items.len());
+                        prop_assert!(t.starts.get(t.current) == Some(&true));
+                    }
+                }
                 let _ = (output_cap(tree), temperature(tree));
             }
             if cap_output(&mut doc, cap) {
