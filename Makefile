@@ -28,10 +28,11 @@ NOOP_WASM   := target/$(WASM_TARGET)/release/llm_filter_noop.wasm
 VENV        := .venv
 ENVOY       := $(VENV)/bin/envoy
 ENVOY_VERSION := 1.40.0
-# The official OpenAI and Anthropic Python SDKs, real clients in the
-# end-to-end suite.
+# The official OpenAI, Anthropic and Google Gen AI (Gemini) Python SDKs, real
+# clients in the end-to-end suite.
 OPENAI_VERSION := 3.51.0
 ANTHROPIC_VERSION := 2.15.0
+GENAI_VERSION := 3.6.1
 # The official OTLP definitions (with protobuf), which decode the spans the
 # filter exports in the end-to-end suite (tests/otlp/receiver.py).
 OTLP_PROTO_VERSION := 1.45.2
@@ -117,6 +118,8 @@ sdk: $(ENVOY)
 		|| $(VENV)/bin/pip install --quiet --disable-pip-version-check openai==$(OPENAI_VERSION)
 	@$(VENV)/bin/python -c "import anthropic, sys; sys.exit(anthropic.__version__ != '$(ANTHROPIC_VERSION)')" 2>/dev/null \
 		|| $(VENV)/bin/pip install --quiet --disable-pip-version-check anthropic==$(ANTHROPIC_VERSION)
+	@$(VENV)/bin/python -c "from google import genai; import sys; sys.exit(genai.__version__ != '$(GENAI_VERSION)')" 2>/dev/null \
+		|| $(VENV)/bin/pip install --quiet --disable-pip-version-check google-genai==$(GENAI_VERSION)
 	@$(VENV)/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('opentelemetry-proto') != '$(OTLP_PROTO_VERSION)')" 2>/dev/null \
 		|| $(VENV)/bin/pip install --quiet --disable-pip-version-check opentelemetry-proto==$(OTLP_PROTO_VERSION)
 

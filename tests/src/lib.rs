@@ -1,5 +1,5 @@
 //! End-to-end harness of llm-filter: a mock LLM provider (OpenAI-compatible, OpenAI
-//! Responses, Anthropic Messages), a launcher
+//! Responses, Anthropic Messages, Gemini), a launcher
 //! for the real Envoy with the built filter, and small client helpers for JSON and
 //! SSE calls that record when each event arrived.
 // Test infrastructure: a mock, a launcher or a client that cannot start fails

@@ -1,9 +1,10 @@
 //! A mock LLM provider, so end-to-end tests can assert exactly what reached the
 //! provider and script how it answers (status, latency, streaming pace, dropped
 //! connections) without any real provider. It speaks the OpenAI-compatible chat,
-//! completions and embeddings APIs, the OpenAI Responses API ([`responses`]) and
-//! the Anthropic Messages API ([`messages`]), each in its own JSON, SSE and
-//! error shapes; every scripting header below works on all of them.
+//! completions and embeddings APIs, the OpenAI Responses API ([`responses`]),
+//! the Anthropic Messages API ([`messages`]) and the Gemini API's
+//! `generateContent` ([`gemini`]), each in its own JSON, SSE and error shapes;
+//! every scripting header below works on all of them.
 //!
 //! It runs on its own thread and Tokio runtime, so it keeps serving while a test
 //! blocks (on Envoy's admin API, say) and works from sync and async tests alike.
@@ -28,12 +29,15 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
+mod gemini;
 mod messages;
 mod responses;
 
 /// Request header: reply with this status and an error body in the API's
 /// shape (OpenAI's `{"error":{..}}`, Anthropic's `{"type":"error",..}` with the
-/// error type Anthropic gives that status, e.g. 529 `overloaded_error`).
+/// error type Anthropic gives that status, e.g. 529 `overloaded_error`,
+/// Google's `{"error":{"code","message","status"}}` with the status name
+/// Google gives it, e.g. 429 `RESOURCE_EXHAUSTED`).
 pub const HEADER_STATUS: &str = "x-mock-status";
 /// Request header: wait this many milliseconds before the response headers.
 pub const HEADER_DELAY_MS: &str = "x-mock-delay-ms";
@@ -57,7 +61,8 @@ pub const HEADER_RESET_AFTER_BYTES: &str = "x-mock-reset-after-bytes";
 /// Request header: how a streamed answer misbehaves. `invalid`: events that
 /// are not JSON, not UTF-8, cut in the middle, data after `[DONE]`, and no
 /// final blank line; `endless`: the usual events without the last one
-/// (`[DONE]`, `response.completed`, `message_stop`), then silence with the
+/// (`[DONE]`, `response.completed`, `message_stop`, Gemini's response with
+/// the `finishReason`), then silence with the
 /// stream left open until the other side gives up; `unknown` (Responses and
 /// Messages): the usual events with one of a type the API does not define
 /// after the first, as a provider adding event types sends them.
@@ -462,10 +467,11 @@ impl MockUpstream {
         *lock(&self.state.prompt_token_scale) = scale;
     }
 
-    /// The mock plays a provider's prompt cache for every later chat call:
-    /// the tokens of the longest earlier prompt (of this mock) that the
-    /// call's prompt starts with are reported as
-    /// `prompt_tokens_details.cached_tokens`.
+    /// The mock plays a provider's prompt cache for every later chat and
+    /// Gemini call: the tokens of the longest earlier prompt (of this mock)
+    /// that the call's prompt starts with are reported as
+    /// `prompt_tokens_details.cached_tokens` (Gemini's
+    /// `usageMetadata.cachedContentTokenCount`).
     /// A prompt is remembered for [`PROMPT_CACHE_TTL`].
     pub fn set_prompt_cache(&self, on: bool) {
         *lock(&self.state.prompt_cache) = on.then(VecDeque::new);
@@ -750,6 +756,7 @@ fn scripted_error(state: &State, path: &str, status: StatusCode) -> Response<Bod
     let message = format!("mock {} scripted status {}", state.name, status.as_u16());
     match path {
         messages::PATH => messages::error_response(state, status, &message),
+        _ if gemini::call_of(path).is_some() => gemini::error_response(status, &message),
         _ => {
             let code = lock(&state.error_code).clone();
             error_response(status, &message, code.as_deref().unwrap_or("mock_status"))
@@ -796,6 +803,9 @@ fn route(
             responses::answer(state, req, chunk_delay_ms, in_flight)
         }
         (&Method::POST, messages::PATH) => messages::answer(state, req, chunk_delay_ms, in_flight),
+        (&Method::POST, path) if gemini::call_of(path).is_some() => {
+            gemini::answer(state, req, cached_tokens, chunk_delay_ms, in_flight)
+        }
         _ => error_response(
             StatusCode::NOT_FOUND,
             &format!("unknown endpoint {} {}", req.method, req.path),
@@ -950,14 +960,19 @@ fn prompt_cache_lookup(state: &State, method: &Method, req: &RecordedRequest) ->
         req.path.as_str(),
         "/v1/chat/completions" | "/v1/completions"
     );
+    let gemini = gemini::call_of(&req.path).is_some();
     let mut cache = lock(&state.prompt_cache);
-    let (Some(seen), true, true) = (cache.as_mut(), chat, method == Method::POST) else {
+    let (Some(seen), true, true) = (cache.as_mut(), chat || gemini, method == Method::POST) else {
         return CacheLookup::default();
     };
     let Ok(body) = serde_json::from_slice::<Value>(&req.body) else {
         return CacheLookup::default();
     };
-    let (prompt, _) = prompt_of(&body);
+    let prompt = if gemini {
+        gemini::prompt_text(&body)
+    } else {
+        prompt_of(&body).0
+    };
     let now = Instant::now();
     seen.retain(|(at, _)| now.saturating_duration_since(*at) < PROMPT_CACHE_TTL);
     let cached_tokens = seen

@@ -25,6 +25,7 @@ mod degrade;
 mod degrade_sources;
 mod deploy_configs;
 mod dialects;
+mod gemini;
 mod hostile;
 mod istio;
 mod istiod;

@@ -12,6 +12,9 @@ use serde_json::Value;
 pub const OPENAI: &str = "openai_client.py";
 /// The Anthropic SDK's script; its `--base-url` is the listener alone.
 pub const ANTHROPIC: &str = "anthropic_client.py";
+/// The Google Gen AI SDK's script (the Gemini API); its `--base-url` is the
+/// listener alone.
+pub const GENAI: &str = "genai_client.py";
 
 /// The venv's Python (`LLM_FILTER_SDK_PYTHON` names another).
 pub fn python() -> PathBuf {

@@ -1,0 +1,766 @@
+//! Google's Gemini API (`generateContent`, `streamGenerateContent`), in its
+//! own words. It is the one dialect whose model is in the path
+//! (`/v1beta/models/{model}:generateContent`), whose stream is asked for by
+//! the path too (`:streamGenerateContent?alt=sse`), whose usage is
+//! `usageMetadata` in every answer and every streamed event (so nothing is
+//! asked on a client's behalf, nothing stripped), whose stream has no
+//! terminator (each event is a whole `GenerateContentResponse`, the last
+//! one carries the candidates' `finishReason`), and whose errors are
+//! Google's `{"error":{"code","message","status"}}`. Everything here is pure
+//! and bounded; the walk reaches it through the dialect's traits.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::json::{Document, Json};
+use crate::routing::fallback::ErrorClass;
+use crate::sse::reader::{Event, DATA_FIELD};
+use crate::sse::{tree_of, FinishReasons, Grammar, Parsed, Reading, Transcript};
+use crate::usage::{Usage, MAX_FINISH_REASONS};
+
+/// The method of a whole answer, after the model in the path.
+pub const GENERATE: &str = "generateContent";
+/// The method of a streamed answer.
+pub const STREAM_GENERATE: &str = "streamGenerateContent";
+/// The query parameter that makes a stream server-sent events (without it
+/// Google streams one JSON array).
+pub const ALT_SSE: &str = "alt=sse";
+/// The header the API takes its key in (the SDK's `api_key`).
+pub const KEY_HEADER: &str = "x-goog-api-key";
+/// Longest path read; a longer one is no Gemini call the filter knows.
+pub const MAX_PATH: usize = 2048;
+/// Longest model name taken from a path or written into one.
+pub const MAX_MODEL: usize = 256;
+/// What ends each event of Google's streams, and of a replay in its shape.
+pub const EVENT_END: &[u8] = b"\r\n\r\n";
+/// Most bytes kept of a response's id or model version.
+pub const MAX_ID: usize = 256;
+/// Candidates whose end the stream grammar tracks (`candidateCount` is at
+/// most 8 today); a candidate of a higher index is not waited for.
+const MAX_CANDIDATES: u64 = 64;
+
+/// A generation call as its path says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Call<'a> {
+    /// The API version, the path's first segment (`v1beta`, `v1`).
+    pub version: &'a str,
+    /// The model, the segment before the method.
+    pub model: &'a str,
+    /// `streamGenerateContent`.
+    pub stream: bool,
+    /// The query asks for server-sent events (`alt=sse`).
+    pub sse: bool,
+}
+
+/// The call `path` (query included) makes, when it is a Gemini generation:
+/// `/{version}/…/models/{model}:{generateContent|streamGenerateContent}`,
+/// the model one segment of name characters (Vertex AI's
+/// `/v1/projects/p/locations/l/publishers/google/models/m:…` is one too).
+pub fn call_of(path: &str) -> Option<Call<'_>> {
+    if path.len() > MAX_PATH {
+        return None;
+    }
+    let (path, query) = match path.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (path, None),
+    };
+    let path = path.split('#').next().unwrap_or(path);
+    let (head, method) = path.rsplit_once(':')?;
+    let stream = match method {
+        GENERATE => false,
+        STREAM_GENERATE => true,
+        _ => return None,
+    };
+    let (collection, model) = head.rsplit_once('/')?;
+    if !collection.ends_with("/models") || !model_ok(model) {
+        return None;
+    }
+    let version = collection.strip_prefix('/')?.split('/').next()?;
+    if version.is_empty() || version == "models" {
+        return None;
+    }
+    let sse = query
+        .map(|q| q.split('#').next().unwrap_or(q))
+        .is_some_and(|q| q.split('&').any(|p| p == ALT_SSE));
+    Some(Call {
+        version,
+        model,
+        stream,
+        sse,
+    })
+}
+
+/// The model a path names, when it is a Gemini generation call.
+pub fn model(path: &str) -> Option<&str> {
+    call_of(path).map(|c| c.model)
+}
+
+/// A model name the filter reads from or writes into a path: letters,
+/// digits and `-._@`, at most [`MAX_MODEL`] bytes (nothing that would
+/// change what the path means).
+pub fn model_ok(model: &str) -> bool {
+    !model.is_empty()
+        && model.len() <= MAX_MODEL
+        && model
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'@'))
+}
+
+/// `path` with its model replaced by `model`, every other byte (prefix,
+/// method, query) kept; `None` when `path` is no Gemini generation call or
+/// `model` is no model name.
+pub fn with_model(path: &str, model: &str) -> Option<String> {
+    let call = call_of(path)?;
+    if !model_ok(model) {
+        return None;
+    }
+    // The model ends at the method's `:`, the last one before the query.
+    let end = path.find(['?', '#']).unwrap_or(path.len());
+    let colon = path.get(..end)?.rfind(':')?;
+    let start = colon.checked_sub(call.model.len())?;
+    if path.get(start..colon) != Some(call.model) {
+        return None;
+    }
+    let (before, _) = path.split_at_checked(start)?;
+    let (_, after) = path.split_at_checked(colon)?;
+    let mut out = String::with_capacity(before.len() + model.len() + after.len());
+    out.push_str(before);
+    out.push_str(model);
+    out.push_str(after);
+    Some(out)
+}
+
+/// The API key a call carries in its query (`?key=…`, which the API takes
+/// besides [`KEY_HEADER`]): a credential, never to be logged, labelled or
+/// forwarded to a backend that authenticates otherwise. The first non-empty
+/// `key` parameter, as written (percent-encoding left alone).
+pub fn query_key(path: &str) -> Option<&str> {
+    if path.len() > MAX_PATH {
+        return None;
+    }
+    let (_, query) = path.split_once('?')?;
+    let query = query.split('#').next().unwrap_or(query);
+    query
+        .split('&')
+        .filter_map(|p| p.strip_prefix("key="))
+        .find(|k| !k.is_empty())
+}
+
+/// `path` without its `key` query parameters (every other byte kept, the
+/// `?` dropped with the last parameter); `None` when it has none.
+pub fn without_query_key(path: &str) -> Option<String> {
+    query_key(path)?;
+    let (head, query) = path.split_once('?')?;
+    let (query, fragment) = match query.split_once('#') {
+        Some((q, f)) => (q, Some(f)),
+        None => (query, None),
+    };
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|p| *p != "key" && !p.starts_with("key="))
+        .collect();
+    let mut out = String::with_capacity(path.len());
+    out.push_str(head);
+    if kept.iter().any(|p| !p.is_empty()) {
+        out.push('?');
+        out.push_str(&kept.join("&"));
+    }
+    if let Some(f) = fragment {
+        out.push('#');
+        out.push_str(f);
+    }
+    Some(out)
+}
+
+/// Where one piece of the prompt's text comes from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Text<'a> {
+    /// A part of `systemInstruction`.
+    System(&'a str),
+    /// A text part of a turn of `contents`, with the turn's role (`user`
+    /// when it names none, as the API reads it; `model` for the answers).
+    Turn {
+        /// The turn's role.
+        role: &'a str,
+        /// The part's text.
+        text: &'a str,
+    },
+    /// A `functionCall` part: the model asked for a tool.
+    ToolCall {
+        /// The function's name.
+        name: &'a str,
+        /// Its arguments, as the call wrote them.
+        args: Option<&'a Json>,
+    },
+    /// A `functionResponse` part: the tool's answer.
+    ToolResult {
+        /// The function's name.
+        name: &'a str,
+        /// Its response, as the call wrote it.
+        response: Option<&'a Json>,
+    },
+}
+
+/// The prompt's texts in order: the system instruction's parts, then each
+/// turn's text, function call and function response parts. Other parts
+/// (inline data, files) carry no text. Reads the tree the body was parsed
+/// into once, allocating nothing.
+pub fn texts(body: &Json) -> impl Iterator<Item = Text<'_>> {
+    let system = parts(body.get("systemInstruction"))
+        .filter_map(|p| string(p.get("text")))
+        .map(Text::System);
+    let turns = items(body.get("contents")).flat_map(|turn| {
+        let role = string(turn.get("role")).unwrap_or("user");
+        parts(Some(turn)).filter_map(move |p| part_text(role, p))
+    });
+    system.chain(turns)
+}
+
+/// The text one part of a turn carries.
+fn part_text<'a>(role: &'a str, part: &'a Json) -> Option<Text<'a>> {
+    if let Some(text) = string(part.get("text")) {
+        return Some(Text::Turn { role, text });
+    }
+    if let Some(call) = part.get("functionCall") {
+        return Some(Text::ToolCall {
+            name: string(call.get("name")).unwrap_or_default(),
+            args: call.get("args"),
+        });
+    }
+    let result = part.get("functionResponse")?;
+    Some(Text::ToolResult {
+        name: string(result.get("name")).unwrap_or_default(),
+        response: result.get("response"),
+    })
+}
+
+/// The items of an array member (none for anything else).
+fn items(value: Option<&Json>) -> impl Iterator<Item = &Json> {
+    match value {
+        Some(Json::Array(items)) => items.iter(),
+        _ => [].iter(),
+    }
+}
+
+/// The parts of a `Content`.
+fn parts(content: Option<&Json>) -> impl Iterator<Item = &Json> {
+    items(content.and_then(|c| c.get("parts")))
+}
+
+fn string(value: Option<&Json>) -> Option<&str> {
+    match value {
+        Some(Json::String(s)) => Some(s),
+        _ => None,
+    }
+}
+
+/// How `contents` splits into turns, for trimming a long history: where
+/// each turn starts, and the turn the call asks about (kept always).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Turns {
+    /// One per content: a turn starts there.
+    pub starts: Vec<bool>,
+    /// The content the current turn starts at.
+    pub current: usize,
+}
+
+/// The turns of `contents`: a `user` content (the role a content that names
+/// none has) starts a turn unless it answers the model's function call
+/// (its parts are `functionResponse`s), which continues the call's turn, so
+/// a call and its answer are kept or left out together; a `model` content
+/// belongs to the turn it follows. `None` when a content is not an object
+/// naming its role at most once as a string, or no user content starts a
+/// turn.
+pub fn turns(contents: &[Json]) -> Option<Turns> {
+    let mut starts = Vec::with_capacity(contents.len());
+    for content in contents {
+        if !matches!(content, Json::Object(_)) || content.members("role").nth(1).is_some() {
+            return None;
+        }
+        let role = match content.get("role") {
+            None => "user",
+            Some(Json::String(r)) => r,
+            Some(_) => return None,
+        };
+        let answers_a_call = parts(Some(content)).any(|p| p.get("functionResponse").is_some());
+        starts.push(role == "user" && !answers_a_call);
+    }
+    let current = starts.iter().rposition(|s| *s)?;
+    Some(Turns { starts, current })
+}
+
+/// The call's output cap, `generationConfig.maxOutputTokens`, when it is a
+/// whole number.
+pub fn output_cap(body: &Json) -> Option<u64> {
+    match body.get("generationConfig")?.get("maxOutputTokens")? {
+        Json::Number(n) => whole_number(n),
+        _ => None,
+    }
+}
+
+/// The call's sampling temperature, `generationConfig.temperature`.
+pub fn temperature(body: &Json) -> Option<f64> {
+    match body.get("generationConfig")?.get("temperature")? {
+        Json::Number(n) => n.parse::<f64>().ok().filter(|t| t.is_finite()),
+        _ => None,
+    }
+}
+
+/// Lowers `generationConfig.maxOutputTokens` to at most `cap`: set when the
+/// call names none, lowered when it names more, every other byte of the
+/// body kept. False, and nothing changed, when nothing needs to, or the
+/// body is not one object naming `generationConfig` (and the cap in it)
+/// once with a whole number or `null`.
+pub fn cap_output(doc: &mut Document, cap: u64) -> bool {
+    let Some(tree) = doc.tree() else {
+        return false;
+    };
+    if !matches!(tree, Json::Object(_)) {
+        return false;
+    }
+    match tree
+        .get("generationConfig")
+        .map(|c| c.get("maxOutputTokens"))
+    {
+        Some(Some(Json::Number(n))) => match whole_number(n) {
+            Some(v) if v > cap => {}
+            _ => return false,
+        },
+        Some(Some(Json::Null) | None) | None => {}
+        Some(Some(_)) => return false,
+    }
+    set_in_config(doc, "maxOutputTokens", cap.to_string().as_bytes())
+}
+
+/// Sets `generationConfig.temperature` to `t` (finite, ≥ 0), every other
+/// byte kept. False, and nothing changed, where [`cap_output`] would refuse.
+pub fn set_temperature(doc: &mut Document, t: f64) -> bool {
+    if !t.is_finite() || t < 0.0 {
+        return false;
+    }
+    set_in_config(doc, "temperature", format!("{t}").as_bytes())
+}
+
+/// Sets member `name` of `generationConfig` to the JSON text `value`: the
+/// config's other members byte for byte, the config added when absent.
+fn set_in_config(doc: &mut Document, name: &str, value: &[u8]) -> bool {
+    const CONFIG: &str = "generationConfig";
+    let config = match doc.value_bytes(CONFIG) {
+        Some(bytes) => {
+            let mut config = Document::parse(bytes.to_vec());
+            let once = config
+                .tree()
+                .is_some_and(|t| t.members(name).nth(1).is_none());
+            if !once || !config.set_text(name, value) {
+                return false;
+            }
+            config
+        }
+        // Absent (or named twice, which `set` then refuses).
+        None => {
+            let mut text = Vec::with_capacity(name.len() + value.len() + 5);
+            text.extend_from_slice(b"{\"");
+            text.extend_from_slice(name.as_bytes());
+            text.extend_from_slice(b"\":");
+            text.extend_from_slice(value);
+            text.push(b'}');
+            Document::parse(text)
+        }
+    };
+    let Some(tree) = config.tree().cloned() else {
+        return false;
+    };
+    doc.set(CONFIG, config.bytes(), tree)
+}
+
+/// A canonical JSON number (see [`crate::json`]) that is a whole number ≥ 0
+/// and fits a `u64`.
+fn whole_number(canonical: &str) -> Option<u64> {
+    let (digits, exp) = match canonical.split_once('e') {
+        Some((d, e)) => (d, e.parse::<u32>().ok()?),
+        None => (canonical, 0),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits
+        .parse::<u64>()
+        .ok()?
+        .checked_mul(10u64.checked_pow(exp)?)
+}
+
+/// `usageMetadata` as Gemini writes it. `promptTokenCount` counts the
+/// cached content too (`cachedContentTokenCount` is a part of it);
+/// `toolUsePromptTokenCount` (what a tool such as search added to the
+/// prompt) and `thoughtsTokenCount` (the thinking, billed as output) are
+/// counted apart from `promptTokenCount` and `candidatesTokenCount`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Metadata {
+    #[serde(default)]
+    prompt_token_count: Option<u64>,
+    #[serde(default)]
+    candidates_token_count: Option<u64>,
+    #[serde(default)]
+    cached_content_token_count: Option<u64>,
+    #[serde(default)]
+    thoughts_token_count: Option<u64>,
+    #[serde(default)]
+    tool_use_prompt_token_count: Option<u64>,
+}
+
+impl From<Metadata> for Usage {
+    fn from(m: Metadata) -> Self {
+        let n = |v: Option<u64>| v.unwrap_or(0);
+        Usage {
+            prompt_tokens: n(m.prompt_token_count).saturating_add(n(m.tool_use_prompt_token_count)),
+            completion_tokens: n(m.candidates_token_count)
+                .saturating_add(n(m.thoughts_token_count)),
+            cached_tokens: n(m.cached_content_token_count),
+        }
+    }
+}
+
+/// The usage of a `usageMetadata` object; `None` when it is not one.
+pub fn usage(metadata: &Value) -> Option<Usage> {
+    if !metadata.is_object() {
+        return None;
+    }
+    Metadata::deserialize(metadata).ok().map(Usage::from)
+}
+
+/// What the filter reads of a `GenerateContentResponse`: a whole answer, or
+/// one event of a stream.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Head {
+    #[serde(default)]
+    usage_metadata: Option<Value>,
+    #[serde(default)]
+    candidates: Option<Vec<CandidateHead>>,
+    #[serde(default)]
+    prompt_feedback: Option<Feedback>,
+    #[serde(default)]
+    response_id: Option<Value>,
+    #[serde(default)]
+    model_version: Option<Value>,
+    /// An error in place of a response (a stream's last event).
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CandidateHead {
+    #[serde(default)]
+    finish_reason: Option<Value>,
+    #[serde(default)]
+    index: Option<Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Feedback {
+    /// The prompt was blocked: no candidate comes.
+    #[serde(default)]
+    block_reason: Option<Value>,
+}
+
+impl Head {
+    fn usage(&self) -> Option<Usage> {
+        self.usage_metadata.as_ref().and_then(usage)
+    }
+
+    /// Why the answer (or this event) ended: each finished candidate's
+    /// `finishReason`, or the prompt's `blockReason`.
+    fn reasons(&self) -> impl Iterator<Item = &str> {
+        self.candidates
+            .iter()
+            .flatten()
+            .filter_map(|c| c.finish_reason.as_ref()?.as_str())
+            .chain(
+                self.prompt_feedback
+                    .as_ref()
+                    .and_then(|f| f.block_reason.as_ref()?.as_str()),
+            )
+            .filter(|r| !r.is_empty())
+    }
+
+    fn blocked(&self) -> bool {
+        self.prompt_feedback
+            .as_ref()
+            .is_some_and(|f| f.block_reason.as_ref().is_some_and(|r| !r.is_null()))
+    }
+}
+
+/// What the filter reads of a whole answer.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// Its `usageMetadata`.
+    pub usage: Option<Usage>,
+    /// Its `responseId`, at most [`MAX_ID`] bytes.
+    pub id: Option<String>,
+    /// The model that answered (`modelVersion`), at most [`MAX_ID`] bytes.
+    pub model: Option<String>,
+    /// Why it ended (at most [`MAX_FINISH_REASONS`]).
+    pub reasons: FinishReasons,
+}
+
+/// Reads a whole answer's body (`generateContent`); an answer the filter
+/// cannot read gives an empty one.
+pub fn answer(body: &[u8]) -> Answer {
+    let Ok(head) = serde_json::from_slice::<Head>(body) else {
+        return Answer::default();
+    };
+    let mut reasons = FinishReasons::default();
+    for reason in head.reasons().take(MAX_FINISH_REASONS) {
+        reasons.push(reason);
+    }
+    let short = |v: &Option<Value>| v.as_ref()?.as_str().map(|s| cut(s, MAX_ID).to_string());
+    Answer {
+        usage: head.usage(),
+        id: short(&head.response_id),
+        model: short(&head.model_version),
+        reasons,
+    }
+}
+
+/// `s` cut to at most `max` bytes on a character boundary.
+fn cut(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end = end.saturating_sub(1);
+    }
+    s.get(..end).unwrap_or_default()
+}
+
+/// The event grammar of a Gemini stream (`alt=sse`): unnamed `data:`
+/// events, each a whole `GenerateContentResponse` with the usage so far;
+/// no terminator. The stream ended when every candidate it started gave its
+/// `finishReason` (the last event), when the prompt was blocked, or when an
+/// error came in place of a response.
+#[derive(Debug, Default)]
+pub struct Gemini {
+    /// The usage so far (each event reports the whole call's so far).
+    pub usage: Option<Usage>,
+    /// A candidate gave its finish reason.
+    pub finished: bool,
+    /// The finish reasons, in the order they came.
+    pub reasons: FinishReasons,
+    /// The last event passed.
+    pub done: bool,
+    /// Events with data seen.
+    pub events: u64,
+    /// Candidates (by index, below [`MAX_CANDIDATES`]) seen, and finished.
+    started: u64,
+    ended: u64,
+    /// The candidates' text, when kept.
+    pub transcript: Option<Transcript>,
+}
+
+impl Grammar for Gemini {
+    fn read(&mut self, event: &Event<'_>, parse: bool) -> Reading {
+        let Some(data) = event.data else {
+            return Reading::default();
+        };
+        self.events = self.events.saturating_add(1);
+        // The text is kept from the event's tree: the parse a collector
+        // asks for, or one of its own while the text is kept; else only the
+        // fields the grammar reads are parsed.
+        let tree = tree_of(data, parse || self.transcript.is_some());
+        let head = match &tree {
+            Some(Some(t)) => {
+                self.keep(t);
+                Head::deserialize(t).ok()
+            }
+            Some(None) => None,
+            None => serde_json::from_slice::<Head>(data).ok(),
+        };
+        if let Some(head) = head {
+            self.note(&head);
+        }
+        Reading {
+            usage_only: false,
+            parsed: if parse {
+                Parsed::of(tree)
+            } else {
+                Parsed::Skipped
+            },
+        }
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        self.usage
+    }
+
+    fn ended(&self) -> bool {
+        self.done
+    }
+
+    fn finished(&self) -> bool {
+        self.finished
+    }
+
+    fn finish_reasons(&self) -> &FinishReasons {
+        &self.reasons
+    }
+
+    fn keep_text(&mut self, limit: usize) {
+        self.transcript
+            .get_or_insert_with(|| Transcript::new(limit));
+    }
+
+    fn transcript(&self) -> Option<&Transcript> {
+        self.transcript.as_ref()
+    }
+}
+
+impl Gemini {
+    /// Takes in what one event says.
+    fn note(&mut self, head: &Head) {
+        if head.error.as_ref().is_some_and(|e| !e.is_null()) {
+            self.done = true;
+            return;
+        }
+        if let Some(u) = head.usage() {
+            // Each event reports the call's usage so far: a later count
+            // replaces an earlier one, a count it leaves out stays.
+            self.usage = Some(self.usage.map_or(u, |so_far| so_far.updated_by(u)));
+        }
+        for reason in head.reasons() {
+            self.reasons.push(reason);
+        }
+        for (at, c) in head.candidates.iter().flatten().enumerate() {
+            let index = c
+                .index
+                .as_ref()
+                .and_then(Value::as_u64)
+                .unwrap_or(u64::try_from(at).unwrap_or(u64::MAX));
+            let finished = c.finish_reason.as_ref().is_some_and(|r| !r.is_null());
+            self.finished |= finished;
+            if index >= MAX_CANDIDATES {
+                continue;
+            }
+            let bit = 1u64 << index;
+            self.started |= bit;
+            if finished {
+                self.ended |= bit;
+            }
+        }
+        if head.blocked() || (self.started != 0 && self.started == self.ended) {
+            self.done = true;
+        }
+    }
+
+    /// Keeps each candidate's text of an event (its parts' text, thoughts
+    /// left out: they are not the answer).
+    fn keep(&mut self, tree: &Value) {
+        let Some(t) = self.transcript.as_mut() else {
+            return;
+        };
+        let candidates = tree.get("candidates").and_then(Value::as_array);
+        for (at, c) in candidates.into_iter().flatten().enumerate() {
+            let index = c
+                .get("index")
+                .and_then(Value::as_u64)
+                .unwrap_or(u64::try_from(at).unwrap_or(u64::MAX));
+            let parts = c
+                .get("content")
+                .and_then(|content| content.get("parts"))
+                .and_then(Value::as_array);
+            for part in parts.into_iter().flatten() {
+                if part.get("thought").and_then(Value::as_bool) == Some(true) {
+                    continue;
+                }
+                if let Some(text) = part.get("text").and_then(Value::as_str) {
+                    t.push(index, text);
+                }
+            }
+        }
+    }
+}
+
+/// Writes one response as an event of Google's streams (the cache's replay).
+pub fn write_event(out: &mut Vec<u8>, response: &Value) {
+    out.extend_from_slice(DATA_FIELD);
+    out.extend_from_slice(b": ");
+    // Writing a Value into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, response);
+    out.extend_from_slice(EVENT_END);
+}
+
+/// The `google.rpc` status name Google's APIs give an HTTP status.
+pub fn status_name(status: u16) -> &'static str {
+    match status {
+        400 => "INVALID_ARGUMENT",
+        401 => "UNAUTHENTICATED",
+        403 => "PERMISSION_DENIED",
+        404 => "NOT_FOUND",
+        409 => "ABORTED",
+        429 => "RESOURCE_EXHAUSTED",
+        499 => "CANCELLED",
+        501 => "UNIMPLEMENTED",
+        503 => "UNAVAILABLE",
+        504 => "DEADLINE_EXCEEDED",
+        _ if (400..500).contains(&status) => "FAILED_PRECONDITION",
+        _ => "INTERNAL",
+    }
+}
+
+/// An error body in Google's shape, which the SDK raises as `ClientError`
+/// (4xx) or `ServerError` (5xx) with `code`, `status` and `message`.
+pub fn error_body(status: u16, message: &str) -> Vec<u8> {
+    let body = serde_json::json!({"error": {
+        "code": status,
+        "message": message,
+        "status": status_name(status),
+    }});
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+/// Most bytes of an error body read to classify it.
+pub const MAX_ERROR_BODY: usize = 16 * 1024;
+
+/// The class of a Gemini error answer, read from Google's shape: a prompt
+/// over the model's input limit (400 `INVALID_ARGUMENT`, "exceeds the
+/// maximum number of tokens"), a spent quota (400 `FAILED_PRECONDITION`
+/// naming billing, or a 429 whose message or `details` name a daily quota,
+/// as `quotaId: GenerateRequestsPerDayPerProjectPerModel-FreeTier` does), a
+/// model the API does not serve (404 `NOT_FOUND` naming a model). Any other
+/// 429 is a rate limit, failover's, even when its message says "You
+/// exceeded your current quota, please check your plan and billing
+/// details": Google writes that for a per-minute limit too. `None` for
+/// anything else.
+pub fn error_class(status: u16, body: &[u8]) -> Option<ErrorClass> {
+    if body.len() > MAX_ERROR_BODY {
+        return None;
+    }
+    let doc: Value = serde_json::from_slice(body).ok()?;
+    let error = doc.get("error")?;
+    let field = |name: &str| {
+        error
+            .get(name)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_ascii_lowercase()
+    };
+    let (kind, message) = (field("status"), field("message"));
+    let says = |words: &[&str]| words.iter().any(|w| message.contains(w));
+    match (status, kind.as_str()) {
+        (400, "invalid_argument")
+            if says(&["exceeds the maximum number of tokens", "input token count"]) =>
+        {
+            Some(ErrorClass::ContextLength)
+        }
+        (400, "failed_precondition") if says(&["billing"]) => Some(ErrorClass::Quota),
+        (429, "resource_exhausted") => {
+            let all = error.to_string().to_ascii_lowercase();
+            (all.contains("perday") || all.contains("per day")).then_some(ErrorClass::Quota)
+        }
+        (404, "not_found") if says(&["models/", "model"]) => Some(ErrorClass::ModelNotFound),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests;
