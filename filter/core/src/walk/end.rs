@@ -95,6 +95,7 @@ impl Call {
         Served {
             response: self.response.as_ref(),
             cluster: self.dispatch.cluster.as_deref(),
+            cache: self.cache.status,
         }
     }
 
@@ -133,7 +134,7 @@ impl Call {
             call.end = end;
         }
         let finish = served.finish_reasons();
-        let details = self.details(env.config, &finish, served.response);
+        let details = self.details(env.config, &finish, served);
         let record = spans::record::record(self.decided.span.as_ref(), &call, &details);
         if !host.set_property(spans::record::PROPERTY, &record) {
             internal_error(env.metrics, "set_property");
@@ -151,23 +152,20 @@ impl Call {
         }
         let served = self.served();
         let finish = served.finish_reasons();
-        let span = spans::encode(
-            &ids,
-            call,
-            &self.details(env.config, &finish, served.response),
-        );
+        let span = spans::encode(&ids, call, &self.details(env.config, &finish, served));
         env.spans.push(otlp, env.metrics, span);
     }
 
-    /// What the walk knew of the call beyond its summary, answered by
-    /// `response`, for its span and its record.
+    /// What the walk knew of the call beyond its summary, served as
+    /// `served` says, for its span and its record.
     fn details<'a>(
         &'a self,
         config: &'a Config,
         finish_reasons: &'a [&'a str],
-        response: Option<&'a Response>,
+        served: Served<'a>,
     ) -> spans::Details<'a> {
         let endpoint = self.request.endpoint;
+        let response = served.response;
         spans::Details {
             prompt: self.request.prompt.as_ref(),
             completion: response.and_then(|r| r.completion(endpoint, &config.capture)),
@@ -176,7 +174,7 @@ impl Call {
             finish_reasons,
             max_tokens: self.request.view.max_tokens(),
             temperature: self.request.view.temperature,
-            cache: self.cache.status.map(CacheStatus::header),
+            cache: served.cache.map(CacheStatus::header),
             degraded: self.decided.degraded,
             fallback_model: self.decided.fallback_model.as_deref(),
             hedge: self.decided.hedge.map(HedgeResult::as_str),
@@ -263,13 +261,15 @@ impl Call {
     }
 }
 
-/// What serves a call: the response that answers it and the cluster that
-/// sent it. Passed explicitly where it is not yet the call's own (another
-/// backend's answer about to go out), instead of swapping it in.
+/// What serves a call: the response that answers it, the cluster that
+/// sent it and the cache's result. Passed explicitly where it is not yet
+/// the call's own (another backend's answer or a cached one about to go
+/// out), instead of swapping it in.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Served<'a> {
     pub(super) response: Option<&'a Response>,
     pub(super) cluster: Option<&'a str>,
+    pub(super) cache: Option<CacheStatus>,
 }
 
 impl<'a> Served<'a> {

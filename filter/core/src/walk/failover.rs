@@ -327,7 +327,7 @@ impl Call {
     ) -> bool {
         let cluster = cluster.or(self.dispatch.cluster.as_deref());
         let mut headers = failover::reply_headers(&answer.headers);
-        let told = self.client_headers(env.config, cluster);
+        let told = self.client_headers(env.config, cluster, self.cache.status);
         headers.extend(told.into_iter().map(|(k, v)| (k.to_string(), v)));
         let refs: Vec<(&str, &str)> = headers
             .iter()
@@ -351,6 +351,7 @@ impl Call {
         let served = Served {
             response: Some(&response),
             cluster,
+            cache: self.cache.status,
         };
         self.write_record_of(env, host, Some(End::Answered(status)), served);
         if !host.send_local_reply(u32::from(status), &refs, body) {
