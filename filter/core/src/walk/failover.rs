@@ -301,10 +301,13 @@ impl Call {
             }
             _ => {
                 // No answer in the budget left: this backend learns its
-                // timeout now, and the client gets the failure held back.
+                // timeout now (it reported no tokens: the response held is
+                // the failed backend's), and the client gets the failure
+                // held back.
                 let model = self.model_label(env);
                 let timed_out = Try {
                     end: End::TimedOut(504),
+                    usage: None,
                     ..self.tried(env.now_ms)
                 };
                 self.learn_from(env, &model, &timed_out);
