@@ -28,7 +28,7 @@ use llm_filter_core::routing::health::{self, CallResult, CallSample};
 use llm_filter_core::routing::Features;
 use llm_filter_core::shaping;
 use llm_filter_core::sse;
-use llm_filter_core::summary::{CallSummary, End};
+use llm_filter_core::summary::{CallSummary, End, Try};
 use llm_filter_core::usage::Usage;
 use llm_filter_core::{degrade, load};
 use llm_filter_e2e::{chat_body, conversation_body, with_field, SHAPING_AB};
@@ -149,24 +149,26 @@ fn main() {
         api: Dialect::Chat,
         priority: Priority::P1,
         model: "gpt-4o",
-        end: End::Answered(200),
-        started_ms: 1_000,
-        response_headers_ms: Some(1_003),
-        first_byte_ms: Some(1_003),
-        ended_ms: 1_004,
-        usage: Some(Usage {
-            prompt_tokens: 14,
-            completion_tokens: 9,
-            cached_tokens: 0,
-        }),
-        streamed: false,
-        cluster: Some(CLUSTER),
-        breaker: Some(CLUSTER),
-        budget_ms: 60_000,
-        planned_retries: 1,
-        attempts: Some(1),
-        failovers: 0,
         group: None,
+        served: Try {
+            end: End::Answered(200),
+            started_ms: 1_000,
+            response_headers_ms: Some(1_003),
+            first_byte_ms: Some(1_003),
+            ended_ms: 1_004,
+            usage: Some(Usage {
+                prompt_tokens: 14,
+                completion_tokens: 9,
+                cached_tokens: 0,
+            }),
+            streamed: false,
+            cluster: Some(CLUSTER),
+            breaker: Some(CLUSTER),
+            budget_ms: 60_000,
+            planned_retries: 1,
+            attempts: Some(1),
+            failovers: 0,
+        },
     };
     // The shaping bench's request: 5 earlier turns, 2 kept, the cap set.
     let shaping = Config::parse(SHAPING_AB.as_bytes()).expect("config");

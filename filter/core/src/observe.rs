@@ -65,7 +65,7 @@ impl RequestOutcome {
 /// duration and time-to-first-token histograms, and the token counters, each
 /// with a `group` label when the call is in an A/B group.
 pub fn record(m: &mut dyn Metrics, call: &CallSummary<'_>) {
-    let outcome = RequestOutcome::of(call.end);
+    let outcome = RequestOutcome::of(call.end());
     let api = call.api.api();
     let requests = [
         ("priority", call.priority.as_str()),
@@ -76,14 +76,18 @@ pub fn record(m: &mut dyn Metrics, call: &CallSummary<'_>) {
     let requests = Labels::with_group(&requests, call.group);
     m.counter_with(metrics::REQUESTS, requests.get(), 1);
     let model = Labels::with_group(&[("model", call.model), ("api", api)], call.group);
-    m.histogram_with(metrics::OPERATION_DURATION, model.get(), call.elapsed_ms());
-    if let Some(first) = call.first_byte_after_ms() {
+    m.histogram_with(
+        metrics::OPERATION_DURATION,
+        model.get(),
+        call.served.elapsed_ms(),
+    );
+    if let Some(first) = call.served.first_byte_after_ms() {
         m.histogram_with(metrics::TIME_TO_FIRST_TOKEN, model.get(), first);
     }
     if let Some(us) = time_per_output_token_us(call) {
         m.histogram_with(metrics::TIME_PER_OUTPUT_TOKEN, model.get(), us);
     }
-    if let Some(u) = call.usage {
+    if let Some(u) = call.served.usage {
         for (kind, n) in [
             ("input", u.prompt_tokens),
             ("output", u.completion_tokens),
@@ -103,11 +107,14 @@ pub fn record(m: &mut dyn Metrics, call: &CallSummary<'_>) {
 /// first. `None` for a JSON answer (its first byte is its whole answer) and a
 /// stream of fewer than two tokens.
 pub fn time_per_output_token_us(call: &CallSummary<'_>) -> Option<u64> {
-    let tokens = call.usage?.completion_tokens;
-    if !call.streamed || tokens < 2 || !matches!(call.end, End::Answered(200..=299)) {
+    let tokens = call.served.usage?.completion_tokens;
+    if !call.served.streamed || tokens < 2 || !matches!(call.end(), End::Answered(200..=299)) {
         return None;
     }
-    let after_first_ms = call.ended_ms.checked_sub(call.first_byte_ms?)?;
+    let after_first_ms = call
+        .served
+        .ended_ms
+        .checked_sub(call.served.first_byte_ms?)?;
     Some(after_first_ms.saturating_mul(1000) / (tokens - 1))
 }
 
@@ -142,6 +149,7 @@ mod tests {
     use super::*;
     use crate::host::MemoryMetrics;
     use crate::priority::Priority;
+    use crate::summary::Try;
     use crate::usage::Usage;
 
     #[test]
@@ -172,14 +180,17 @@ mod tests {
             &CallSummary {
                 priority: Priority::P0,
                 model: "gpt-4o",
-                started_ms: 1000,
-                first_byte_ms: Some(1200),
-                ended_ms: 1500,
-                usage: Some(Usage {
-                    prompt_tokens: 10,
-                    completion_tokens: 0,
-                    cached_tokens: 0,
-                }),
+                served: Try {
+                    started_ms: 1000,
+                    first_byte_ms: Some(1200),
+                    ended_ms: 1500,
+                    usage: Some(Usage {
+                        prompt_tokens: 10,
+                        completion_tokens: 0,
+                        cached_tokens: 0,
+                    }),
+                    ..Try::ended(End::Answered(200))
+                },
                 ..CallSummary::ended(End::Answered(200))
             },
         );
@@ -212,14 +223,17 @@ mod tests {
             &mut m,
             &CallSummary {
                 model: "m",
-                ended_ms: 40,
-                first_byte_ms: Some(10),
                 group: Some("b"),
-                usage: Some(Usage {
-                    prompt_tokens: 1,
-                    completion_tokens: 2,
-                    cached_tokens: 0,
-                }),
+                served: Try {
+                    ended_ms: 40,
+                    first_byte_ms: Some(10),
+                    usage: Some(Usage {
+                        prompt_tokens: 1,
+                        completion_tokens: 2,
+                        cached_tokens: 0,
+                    }),
+                    ..Try::ended(End::Answered(200))
+                },
                 ..CallSummary::ended(End::Answered(200))
             },
         );
@@ -251,9 +265,12 @@ mod tests {
             &mut m,
             &CallSummary {
                 model: "m",
-                started_ms: 10,
-                first_byte_ms: Some(5),
-                ended_ms: 1,
+                served: Try {
+                    started_ms: 10,
+                    first_byte_ms: Some(5),
+                    ended_ms: 1,
+                    ..Try::ended(End::Abandoned)
+                },
                 ..CallSummary::ended(End::Abandoned)
             },
         );
@@ -266,14 +283,17 @@ mod tests {
     #[test]
     fn time_per_output_token_is_read_from_streams_only() {
         let stream = CallSummary {
-            streamed: true,
-            first_byte_ms: Some(300),
-            ended_ms: 1_300,
-            usage: Some(Usage {
-                prompt_tokens: 10,
-                completion_tokens: 51,
-                cached_tokens: 0,
-            }),
+            served: Try {
+                streamed: true,
+                first_byte_ms: Some(300),
+                ended_ms: 1_300,
+                usage: Some(Usage {
+                    prompt_tokens: 10,
+                    completion_tokens: 51,
+                    cached_tokens: 0,
+                }),
+                ..Try::ended(End::Answered(200))
+            },
             ..CallSummary::ended(End::Answered(200))
         };
         assert_eq!(time_per_output_token_us(&stream), Some(20_000));
@@ -284,20 +304,29 @@ mod tests {
             [20_000]
         );
         let json = CallSummary {
-            streamed: false,
+            served: Try {
+                streamed: false,
+                ..stream.served
+            },
             ..stream
         };
         assert_eq!(time_per_output_token_us(&json), None);
         let one = CallSummary {
-            usage: Some(Usage {
-                completion_tokens: 1,
-                ..Usage::default()
-            }),
+            served: Try {
+                usage: Some(Usage {
+                    completion_tokens: 1,
+                    ..Usage::default()
+                }),
+                ..stream.served
+            },
             ..stream
         };
         assert_eq!(time_per_output_token_us(&one), None);
         let failed = CallSummary {
-            end: End::Cut(200),
+            served: Try {
+                end: End::Cut(200),
+                ..stream.served
+            },
             ..stream
         };
         assert_eq!(time_per_output_token_us(&failed), None);

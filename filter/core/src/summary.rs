@@ -1,6 +1,7 @@
-//! How one call ended, decided once, and what the walk knew of it at the end.
-//! Every policy learns from the same [`CallSummary`]; each maps [`End`] to
-//! what it needs, and the differences between them are deliberate:
+//! How one call ended, decided once, and what the walk knew of it at the end:
+//! a [`CallSummary`] of the call, and a [`Try`] of each backend it asked.
+//! Every policy maps [`End`] to what it needs, and the differences between
+//! them are deliberate:
 //!
 //! | [`End`]                     | requests `outcome` | routing health (`outcome`, verdict) | budget breaker sample |
 //! |-----------------------------|--------------------|-------------------------------------|-----------------------|
@@ -136,7 +137,9 @@ impl End {
     }
 }
 
-/// Everything the walk knew of a call when it ended, for each policy to learn from.
+/// What a call was when it ended: what it asked for, and the try that
+/// served it. The request metrics, the span, the record, the limits and the
+/// model's load read it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CallSummary<'a> {
     /// The API the call spoke (the `api` label of the request metrics).
@@ -145,47 +148,88 @@ pub struct CallSummary<'a> {
     pub priority: Priority,
     /// The model label (already bounded).
     pub model: &'a str,
+    /// The call's A/B group, when A/B is on.
+    pub group: Option<&'a str>,
+    /// The try whose answer (or lack of one) reached the client: the call
+    /// ended as it did.
+    pub served: Try<'a>,
+}
+
+impl CallSummary<'_> {
+    /// How the call ended: as the try that served it.
+    pub fn end(&self) -> End {
+        self.served.end
+    }
+}
+
+/// One try of a call on one backend: what that backend's health, its
+/// breaker and its load record learn from. A call makes one try per backend
+/// it asks (a failover's, a hedge's); each is summarised on its own, with
+/// its own end and its own usage, and knows nothing of the call's model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Try<'a> {
+    /// The cluster the try went to, when routing placed it.
+    pub cluster: Option<&'a str>,
+    /// The breaker that admitted the try (it went upstream under a budget plan).
+    pub breaker: Option<&'a str>,
     /// How it ended.
     pub end: End,
-    /// When the request headers arrived, ms.
+    /// When the call's request headers arrived, ms: a try's latency is the
+    /// caller's wait.
     pub started_ms: u64,
-    /// When the response headers arrived, ms.
+    /// When the try's response headers arrived, ms.
     pub response_headers_ms: Option<u64>,
-    /// When the first response body byte passed, ms.
+    /// When the try's first response body byte passed, ms.
     pub first_byte_ms: Option<u64>,
-    /// When the call ended, ms.
+    /// When the try ended, ms.
     pub ended_ms: u64,
-    /// Tokens the provider reported.
+    /// Tokens the provider reported for this try's answer.
     pub usage: Option<Usage>,
-    /// The answer was an SSE stream.
+    /// The try's answer was an SSE stream.
     pub streamed: bool,
-    /// The cluster routing placed the call on.
-    pub cluster: Option<&'a str>,
-    /// The breaker that admitted the call (it went upstream under a budget plan).
-    pub breaker: Option<&'a str>,
-    /// The caller's budget, ms.
+    /// The caller's budget the try ran under, ms.
     pub budget_ms: u64,
     /// Retries the plan let Envoy make.
     pub planned_retries: u32,
     /// Envoy's attempt count, when it said.
     pub attempts: Option<u32>,
-    /// Other backends asked after this call's backend failed it (each
+    /// Other backends asked after this try's backend failed it (each
     /// counts as a retry).
     pub failovers: u32,
-    /// The call's A/B group, when A/B is on.
-    pub group: Option<&'a str>,
 }
 
-impl CallSummary<'_> {
-    /// From the request to the end of the call, ms.
+impl Try<'_> {
+    /// From the request to the end of the try, ms.
     pub fn elapsed_ms(&self) -> u64 {
         self.ended_ms.saturating_sub(self.started_ms)
     }
 
-    /// From the request to the first response body byte, ms, when one came.
+    /// From the request to the try's first response body byte, ms, when one came.
     pub fn first_byte_after_ms(&self) -> Option<u64> {
         self.first_byte_ms
             .map(|t| t.saturating_sub(self.started_ms))
+    }
+}
+
+#[cfg(test)]
+impl Try<'static> {
+    /// A try on no cluster that ended as `end` at time 0, for tests.
+    pub(crate) fn ended(end: End) -> Self {
+        Self {
+            cluster: None,
+            breaker: None,
+            end,
+            started_ms: 0,
+            response_headers_ms: None,
+            first_byte_ms: None,
+            ended_ms: 0,
+            usage: None,
+            streamed: false,
+            budget_ms: 0,
+            planned_retries: 0,
+            attempts: None,
+            failovers: 0,
+        }
     }
 }
 
@@ -197,20 +241,8 @@ impl CallSummary<'static> {
             api: Dialect::Chat,
             priority: Priority::P1,
             model: "m",
-            end,
-            started_ms: 0,
-            response_headers_ms: None,
-            first_byte_ms: None,
-            ended_ms: 0,
-            usage: None,
-            streamed: false,
-            cluster: None,
-            breaker: None,
-            budget_ms: 0,
-            planned_retries: 0,
-            attempts: None,
-            failovers: 0,
             group: None,
+            served: Try::ended(end),
         }
     }
 }

@@ -7,7 +7,7 @@ use super::{BudgetConfig, StreamingMode};
 use crate::host::{Metrics, SharedStore};
 use crate::metrics::{self, internal_error};
 use crate::priority::Priority;
-use crate::summary::{CallSummary, End};
+use crate::summary::{End, Try};
 
 /// Whether the backend failed the caller, as the breaker counts it; `None`
 /// when the call teaches the breaker nothing (answered locally, or the client
@@ -24,54 +24,48 @@ pub fn failed(end: End) -> Option<bool> {
 
 /// The budget a call used, ms. A stream's budget is spent waiting for its
 /// headers (see `budget.streaming`); the stream itself may run long.
-pub fn used_ms(call: &CallSummary<'_>, cfg: &BudgetConfig) -> u64 {
-    let until = match (call.streamed, cfg.streaming) {
-        (true, StreamingMode::UntilHeaders) => call.response_headers_ms,
+pub fn used_ms(t: &Try<'_>, cfg: &BudgetConfig) -> u64 {
+    let until = match (t.streamed, cfg.streaming) {
+        (true, StreamingMode::UntilHeaders) => t.response_headers_ms,
         _ => None,
     };
-    until
-        .unwrap_or(call.ended_ms)
-        .saturating_sub(call.started_ms)
+    until.unwrap_or(t.ended_ms).saturating_sub(t.started_ms)
 }
 
-/// The breaker sample of a call, `None` when it teaches nothing.
-pub fn sample_of(call: &CallSummary<'_>, cfg: &BudgetConfig) -> Option<Sample> {
-    let failed = failed(call.end)?;
-    let retries = breaker::retries_made(call.attempts, call.planned_retries, failed)
-        .saturating_add(call.failovers);
-    Some(Sample::new(
-        used_ms(call, cfg),
-        call.budget_ms,
-        failed,
-        retries,
-    ))
+/// The breaker sample of a try, `None` when it teaches nothing.
+pub fn sample_of(t: &Try<'_>, cfg: &BudgetConfig) -> Option<Sample> {
+    let failed = failed(t.end)?;
+    let retries =
+        breaker::retries_made(t.attempts, t.planned_retries, failed).saturating_add(t.failovers);
+    Some(Sample::new(used_ms(t, cfg), t.budget_ms, failed, retries))
 }
 
-/// A call that went upstream under a breaker ended: the budget it used is
-/// observed and its breaker window learns from it.
+/// A try of a call of `priority` that went upstream under a breaker ended:
+/// the budget it used is observed and its breaker window learns from it.
 pub fn ended(
     store: &dyn SharedStore,
     cfg: &BudgetConfig,
     m: &mut dyn Metrics,
-    call: &CallSummary<'_>,
+    priority: Priority,
+    t: &Try<'_>,
 ) {
-    let Some(name) = call.breaker else {
+    let Some(name) = t.breaker else {
         return;
     };
-    let Some(sample) = sample_of(call, cfg) else {
+    let Some(sample) = sample_of(t, cfg) else {
         return;
     };
     observe_used(
         m,
-        call.priority,
-        breaker::used_permille(used_ms(call, cfg), call.budget_ms),
+        priority,
+        breaker::used_permille(used_ms(t, cfg), t.budget_ms),
     );
-    match breaker::record(store, name, call.ended_ms, sample, cfg) {
+    match breaker::record(store, name, t.ended_ms, sample, cfg) {
         Ok(state) => set_breaker_gauges(
             m,
             name,
-            state.tier(call.ended_ms, cfg),
-            state.pressure(call.ended_ms, cfg),
+            state.tier(t.ended_ms, cfg),
+            state.pressure(t.ended_ms, cfg),
         ),
         Err(_) => internal_error(m, "breaker_record"),
     }
@@ -138,19 +132,19 @@ mod tests {
     #[test]
     fn a_stream_spends_its_budget_until_its_headers() {
         let cfg = BudgetConfig::default();
-        let call = CallSummary {
+        let call = Try {
             streamed: true,
             started_ms: 100,
             response_headers_ms: Some(300),
             ended_ms: 5_000,
-            ..CallSummary::ended(End::Answered(200))
+            ..Try::ended(End::Answered(200))
         };
         let want = match cfg.streaming {
             StreamingMode::UntilHeaders => 200,
             _ => 4_900,
         };
         assert_eq!(used_ms(&call, &cfg), want);
-        let plain = CallSummary {
+        let plain = Try {
             streamed: false,
             ..call
         };
@@ -162,22 +156,22 @@ mod tests {
         let cfg = BudgetConfig::default();
         let (store, mut m) = (MemoryStore::new(), MemoryMetrics::default());
         for call in [
-            CallSummary::ended(End::Answered(200)),
-            CallSummary {
+            Try::ended(End::Answered(200)),
+            Try {
                 breaker: Some("b"),
-                ..CallSummary::ended(End::Abandoned)
+                ..Try::ended(End::Abandoned)
             },
         ] {
-            ended(&store, &cfg, &mut m, &call);
+            ended(&store, &cfg, &mut m, Priority::P1, &call);
         }
         assert!(store.is_empty());
-        let call = CallSummary {
+        let call = Try {
             breaker: Some("b"),
             budget_ms: 1_000,
             ended_ms: 250,
-            ..CallSummary::ended(End::Answered(200))
+            ..Try::ended(End::Answered(200))
         };
-        ended(&store, &cfg, &mut m, &call);
+        ended(&store, &cfg, &mut m, Priority::P1, &call);
         assert_eq!(
             m.histograms["llm_filter_budget_used_permillepriority=.=P1;.;"],
             [250]

@@ -127,11 +127,11 @@ fn fill(store: &MemoryStore, config: &Config) {
         load::started(store, &mut m, &config.names, model, 1_000);
     }
     for cluster in ["a", "b", "c"] {
-        let call = crate::summary::CallSummary {
+        let tried = crate::summary::Try {
             cluster: Some(cluster),
-            ..crate::summary::CallSummary::ended(crate::summary::End::Answered(200))
+            ..crate::summary::Try::ended(crate::summary::End::Answered(200))
         };
-        load::tried(store, &mut m, &config.names, &call);
+        load::tried(store, &mut m, &config.names, &tried);
     }
 }
 

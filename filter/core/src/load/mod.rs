@@ -23,7 +23,7 @@ use crate::host::codec;
 use crate::host::{Metrics, SharedStore, StoreError};
 use crate::keyspace;
 use crate::metrics::{self as names, internal_error};
-use crate::summary::{CallSummary, End};
+use crate::summary::{CallSummary, End, Try};
 
 /// The index of the records that exist.
 pub const INDEX_KEY: &str = keyspace::LOAD_INDEX.key;
@@ -372,9 +372,9 @@ pub fn started(
     }
 }
 
-/// The output tokens a call reported.
-fn tokens(call: &CallSummary<'_>) -> u64 {
-    call.usage.map_or(0, |u| u.completion_tokens)
+/// The output tokens a try reported.
+fn tokens(t: &Try<'_>) -> u64 {
+    t.usage.map_or(0, |u| u.completion_tokens)
 }
 
 /// A call ended: the record its model counts in counts it (unless the
@@ -388,12 +388,12 @@ pub fn ended(
     call: &CallSummary<'_>,
     started: Option<&str>,
 ) {
-    let upstream = !call.end.is_local() && call.end != End::Outlasted;
+    let upstream = !call.end().is_local() && call.end() != End::Outlasted;
     if !upstream && started.is_none() {
         return;
     }
-    let now_ms = call.ended_ms;
-    let tokens = tokens(call);
+    let now_ms = call.served.ended_ms;
+    let tokens = tokens(&call.served);
     let scope = Scope::Model(started.unwrap_or(call.model));
     let result = update(store, config_names, scope, |r| {
         if started.is_some() {
@@ -410,19 +410,14 @@ pub fn ended(
 
 /// One try of a call on a cluster ended: the cluster's record counts it.
 /// Cluster in-flight counts are routing's (`llm_filter_routing_in_flight`).
-pub fn tried(
-    store: &dyn SharedStore,
-    m: &mut dyn Metrics,
-    config_names: &Names,
-    call: &CallSummary<'_>,
-) {
-    let Some(cluster) = call.cluster else {
+pub fn tried(store: &dyn SharedStore, m: &mut dyn Metrics, config_names: &Names, t: &Try<'_>) {
+    let Some(cluster) = t.cluster else {
         return;
     };
-    if call.end.is_local() {
+    if t.end.is_local() {
         return;
     }
-    let (now_ms, tokens) = (call.ended_ms, tokens(call));
+    let (now_ms, tokens) = (t.ended_ms, tokens(t));
     let scope = Scope::Cluster(cluster);
     if update(store, config_names, scope, |r| r.add(now_ms, 1, tokens)).is_err() {
         internal_error(m, "load_record");

@@ -21,13 +21,22 @@ fn routed() -> Names {
 fn call(model: &str, end: End, at_ms: u64, tokens: u64) -> CallSummary<'_> {
     CallSummary {
         model,
+        served: try_on(None, end, at_ms, tokens),
+        ..CallSummary::ended(end)
+    }
+}
+
+/// A try on `cluster` that ended as `end` at `at_ms` with `tokens` output tokens.
+fn try_on(cluster: Option<&str>, end: End, at_ms: u64, tokens: u64) -> Try<'_> {
+    Try {
+        cluster,
         ended_ms: at_ms,
         usage: Some(Usage {
             prompt_tokens: 1,
             completion_tokens: tokens,
             cached_tokens: 0,
         }),
-        ..CallSummary::ended(end)
+        ..Try::ended(end)
     }
 }
 
@@ -117,8 +126,7 @@ fn a_leaked_in_flight_count_expires() {
 #[test]
 fn clusters_count_tries_sent() {
     let (store, mut m) = (MemoryStore::new(), MemoryMetrics::default());
-    let mut c = call("", End::Answered(200), 0, 7);
-    c.cluster = Some("a");
+    let mut c = try_on(Some("a"), End::Answered(200), 0, 7);
     tried(&store, &mut m, &none(), &c);
     c.end = End::Local(503);
     tried(&store, &mut m, &none(), &c);
@@ -181,8 +189,7 @@ fn made_up_models_never_take_the_place_of_the_configurations() {
         Some("busy-v2")
     );
     for cluster in ["a", "b"] {
-        let mut c = call("", End::Answered(200), 100, 7);
-        c.cluster = Some(cluster);
+        let c = try_on(Some(cluster), End::Answered(200), 100, 7);
         tried(&store, &mut m, &names, &c);
         assert_eq!(
             read(&store, Scope::Cluster(cluster), 100).rps,
@@ -286,8 +293,7 @@ fn gauges_come_from_shared_data() {
         &call("gpt-4o", End::Answered(200), 0, 50),
         Some("gpt-4o"),
     );
-    let mut c = call("", End::Answered(200), 0, 50);
-    c.cluster = Some("east");
+    let c = try_on(Some("east"), End::Answered(200), 0, 50);
     tried(&store, &mut m, &none(), &c);
     publish(&store, &mut m, 0);
     assert_eq!(m.gauges["llm_filter_load_rps_millimodel=.=gpt-4o;.;"], 100);

@@ -7,7 +7,7 @@ use super::outcome::{CallResult, CallSample};
 use super::RoutingConfig;
 use crate::host::{Metrics, SharedStore};
 use crate::metrics::{self as names, internal_error};
-use crate::summary::{CallSummary, End};
+use crate::summary::{End, Try};
 use crate::usage::Usage;
 
 /// How routing sees a call's end; `None` when the call never left (answered
@@ -31,25 +31,27 @@ pub fn started(store: &dyn SharedStore, m: &mut dyn Metrics, cluster: &str, now_
     }
 }
 
-/// A routed call ended: the cluster's health learns from it, or, when it was
-/// answered locally, it only leaves the in-flight count.
+/// A routed try of a call of `model` (its label) ended: the cluster's health
+/// learns from it, or, when the call was answered locally, it only leaves
+/// the in-flight count.
 pub fn ended(
     store: &dyn SharedStore,
     cfg: &RoutingConfig,
     m: &mut dyn Metrics,
-    call: &CallSummary<'_>,
+    model: &str,
+    t: &Try<'_>,
 ) {
-    let Some(cluster) = call.cluster else {
+    let Some(cluster) = t.cluster else {
         return;
     };
-    let now_ms = call.ended_ms;
-    let Some(result) = result_of(call.end) else {
+    let now_ms = t.ended_ms;
+    let Some(result) = result_of(t.end) else {
         if let Ok(r) = health::record_unsent(store, cluster, now_ms) {
             set_in_flight(m, cluster, &r.health);
         }
         return;
     };
-    let elapsed = call.elapsed_ms();
+    let elapsed = t.elapsed_ms();
     m.counter(
         &names::name(
             names::ROUTING_CALLS,
@@ -61,15 +63,15 @@ pub fn ended(
         &names::name(names::ROUTING_LATENCY, &[(names::LLM_CLUSTER, cluster)]),
         elapsed,
     );
-    if let Some(u) = call.usage {
-        count_tokens(m, call.model, cluster, &u);
+    if let Some(u) = t.usage {
+        count_tokens(m, model, cluster, &u);
     }
     let outcome = CallSample {
         result,
         latency_ms: elapsed,
-        ttft_ms: call.first_byte_after_ms(),
-        streamed: call.streamed,
-        output_tokens: call.usage.map(|u| u.completion_tokens).filter(|n| *n > 0),
+        ttft_ms: t.first_byte_after_ms(),
+        streamed: t.streamed,
+        output_tokens: t.usage.map(|u| u.completion_tokens).filter(|n| *n > 0),
     };
     match health::record_outcome(store, cfg, cluster, &outcome, now_ms) {
         Ok(r) => {
@@ -141,11 +143,11 @@ mod tests {
             m.gauges["llm_filter_routing_in_flightllm_cluster=.=a;.;"],
             1
         );
-        let call = CallSummary {
+        let call = Try {
             cluster: Some("a"),
-            ..CallSummary::ended(End::Local(503))
+            ..Try::ended(End::Local(503))
         };
-        ended(&store, &cfg, &mut m, &call);
+        ended(&store, &cfg, &mut m, "m", &call);
         assert_eq!(
             m.gauges["llm_filter_routing_in_flightllm_cluster=.=a;.;"],
             0
@@ -158,12 +160,12 @@ mod tests {
         let (store, mut m) = (MemoryStore::new(), MemoryMetrics::default());
         let cfg = RoutingConfig::default();
         started(&store, &mut m, "a", 0);
-        let call = CallSummary {
+        let call = Try {
             cluster: Some("a"),
             ended_ms: 40,
-            ..CallSummary::ended(End::Answered(200))
+            ..Try::ended(End::Answered(200))
         };
-        ended(&store, &cfg, &mut m, &call);
+        ended(&store, &cfg, &mut m, "m", &call);
         assert_eq!(
             m.counters["llm_filter_routing_calls_totalllm_cluster=.=a;.;outcome=.=success;.;"],
             1
@@ -183,15 +185,15 @@ mod tests {
         assert!(h.calls.is_some() && h.streams.is_none());
         // A stream teaches the stream tail, by its first byte.
         started(&store, &mut m, "a", 50);
-        let call = CallSummary {
+        let call = Try {
             cluster: Some("a"),
             started_ms: 50,
             first_byte_ms: Some(80),
             ended_ms: 900,
             streamed: true,
-            ..CallSummary::ended(End::Answered(200))
+            ..Try::ended(End::Answered(200))
         };
-        ended(&store, &cfg, &mut m, &call);
+        ended(&store, &cfg, &mut m, "m", &call);
         let streams = health::read(&store, "a").unwrap().streams.unwrap();
         assert_eq!(streams.mean(), Some(30.0));
     }
@@ -201,16 +203,16 @@ mod tests {
         let (store, mut m) = (MemoryStore::new(), MemoryMetrics::default());
         let cfg = RoutingConfig::default();
         started(&store, &mut m, "a", 0);
-        let call = CallSummary {
+        let call = Try {
             cluster: Some("a"),
             usage: Some(Usage {
                 prompt_tokens: 100,
                 completion_tokens: 7,
                 cached_tokens: 64,
             }),
-            ..CallSummary::ended(End::Answered(200))
+            ..Try::ended(End::Answered(200))
         };
-        ended(&store, &cfg, &mut m, &call);
+        ended(&store, &cfg, &mut m, "m", &call);
         for (kind, n) in [("input", 100), ("cached_input", 64), ("output", 7)] {
             let name = format!(
                 "llm_filter_routing_tokens_totalmodel=.=m;.;llm_cluster=.=a;.;token_type=.={kind};.;"
@@ -219,16 +221,16 @@ mod tests {
         }
         // A cache that held nothing is not a series of zeros.
         started(&store, &mut m, "b", 0);
-        let call = CallSummary {
+        let call = Try {
             cluster: Some("b"),
             usage: Some(Usage {
                 prompt_tokens: 5,
                 completion_tokens: 1,
                 cached_tokens: 0,
             }),
-            ..CallSummary::ended(End::Answered(200))
+            ..Try::ended(End::Answered(200))
         };
-        ended(&store, &cfg, &mut m, &call);
+        ended(&store, &cfg, &mut m, "m", &call);
         assert!(!m.counters.contains_key(
             "llm_filter_routing_tokens_totalmodel=.=m;.;llm_cluster=.=b;.;token_type=.=cached_input;.;"
         ));

@@ -137,7 +137,7 @@ pub fn encode(ids: &SpanIds, call: &CallSummary<'_>, details: &Details<'_>) -> V
         Some(m) => format!("{op} {m}"),
         None => op.to_string(),
     };
-    let error = error_type(call.end);
+    let error = error_type(call.end());
     let mut a: Vec<(&str, Value<'_>)> = Vec::with_capacity(32);
     genai_attributes(&mut a, call, details, op, requested, error.as_deref());
     decision_attributes(&mut a, call, details);
@@ -156,8 +156,8 @@ pub fn encode(ids: &SpanIds, call: &CallSummary<'_>, details: &Details<'_>) -> V
         span_id: ids.span_id,
         parent_span_id: ids.parent_id,
         name: &name,
-        start_ns: ns(call.started_ms),
-        end_ns: ns(call.ended_ms.max(call.started_ms)),
+        start_ns: ns(call.served.started_ms),
+        end_ns: ns(call.served.ended_ms.max(call.served.started_ms)),
         attributes: &a,
         error: error.as_deref(),
         flags: ids.flags,
@@ -197,7 +197,7 @@ fn genai_attributes<'a>(
     if let Some(t) = details.temperature {
         a.push(("gen_ai.request.temperature", Value::Double(t)));
     }
-    if let Some(u) = &call.usage {
+    if let Some(u) = &call.served.usage {
         let int = |n: u64| Value::Int(i64::try_from(n).unwrap_or(i64::MAX));
         a.push(("gen_ai.usage.input_tokens", int(u.prompt_tokens)));
         a.push(("gen_ai.usage.output_tokens", int(u.completion_tokens)));
@@ -205,10 +205,10 @@ fn genai_attributes<'a>(
             a.push(("gen_ai.usage.cache_read.input_tokens", int(u.cached_tokens)));
         }
     }
-    if let Some(c) = call.cluster {
+    if let Some(c) = call.served.cluster {
         a.push(("server.address", Value::Str(bounded(c))));
     }
-    if let Some(s) = status(call.end) {
+    if let Some(s) = status(call.end()) {
         a.push(("http.response.status_code", Value::Int(i64::from(s))));
     }
     if let Some(e) = error {
@@ -227,25 +227,25 @@ fn decision_attributes<'a>(
     if let Some(c) = details.cache {
         a.push(("llm_filter.cache", Value::Str(c)));
     }
-    if call.budget_ms > 0 {
+    if call.served.budget_ms > 0 {
         a.push((
             "llm_filter.budget_ms",
-            Value::Int(i64::try_from(call.budget_ms).unwrap_or(i64::MAX)),
+            Value::Int(i64::try_from(call.served.budget_ms).unwrap_or(i64::MAX)),
         ));
     }
-    if let Some(n) = call.attempts.filter(|n| *n > 1) {
+    if let Some(n) = call.served.attempts.filter(|n| *n > 1) {
         a.push(("llm_filter.retries", Value::Int(i64::from(n - 1))));
     }
-    if call.failovers > 0 {
+    if call.served.failovers > 0 {
         a.push((
             "llm_filter.failovers",
-            Value::Int(i64::from(call.failovers)),
+            Value::Int(i64::from(call.served.failovers)),
         ));
     }
     if let Some(h) = details.hedge {
         a.push(("llm_filter.hedge", Value::Str(h)));
     }
-    if let Some(b) = call.breaker {
+    if let Some(b) = call.served.breaker {
         a.push(("llm_filter.breaker", Value::Str(bounded(b))));
     }
     if let Some(level) = details.degraded {

@@ -39,30 +39,33 @@ pub fn record(ids: Option<&SpanIds>, call: &CallSummary<'_>, details: &Details<'
         );
     }
     put("priority", Value::from(call.priority.as_str()));
-    put("status", status(call.end).into());
-    put("error", error_type(call.end).into());
+    put("status", status(call.end()).into());
+    put("error", error_type(call.end()).into());
     put("cache", details.cache.into());
-    put("cluster", call.cluster.map(bounded).into());
-    put("duration_ms", Value::from(call.elapsed_ms()));
-    put("ttfb_ms", call.first_byte_after_ms().into());
-    if let Some(u) = &call.usage {
+    put("cluster", call.served.cluster.map(bounded).into());
+    put("duration_ms", Value::from(call.served.elapsed_ms()));
+    put("ttfb_ms", call.served.first_byte_after_ms().into());
+    if let Some(u) = &call.served.usage {
         put("input_tokens", Value::from(u.prompt_tokens));
         put("output_tokens", Value::from(u.completion_tokens));
         put("cached_tokens", Value::from(u.cached_tokens));
     }
     put("max_tokens", details.max_tokens.into());
     put("temperature", details.temperature.into());
-    put("retries", call.attempts.map(|n| n.saturating_sub(1)).into());
-    if call.failovers > 0 {
-        put("failovers", Value::from(call.failovers));
+    put(
+        "retries",
+        call.served.attempts.map(|n| n.saturating_sub(1)).into(),
+    );
+    if call.served.failovers > 0 {
+        put("failovers", Value::from(call.served.failovers));
     }
     put("hedge", details.hedge.into());
-    put("breaker", call.breaker.map(bounded).into());
+    put("breaker", call.served.breaker.map(bounded).into());
     put("degrade_level", details.degraded.into());
     put("fallback_model", details.fallback_model.map(bounded).into());
     put("group", call.group.map(bounded).into());
-    if call.budget_ms > 0 {
-        put("budget_ms", Value::from(call.budget_ms));
+    if call.served.budget_ms > 0 {
+        put("budget_ms", Value::from(call.served.budget_ms));
     }
     // The captures as JSON in the record (each within its bound), under the
     // names of their span attributes without `gen_ai.`.
@@ -84,7 +87,7 @@ pub fn record(ids: Option<&SpanIds>, call: &CallSummary<'_>, details: &Details<'
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::summary::End;
+    use crate::summary::{End, Try};
     use crate::usage::Usage;
 
     #[test]
@@ -96,14 +99,17 @@ mod tests {
             flags: 1,
         };
         let call = CallSummary {
-            usage: Some(Usage {
-                prompt_tokens: 3,
-                completion_tokens: 2,
-                cached_tokens: 0,
-            }),
-            started_ms: 10,
-            ended_ms: 30,
-            cluster: Some("openai"),
+            served: Try {
+                usage: Some(Usage {
+                    prompt_tokens: 3,
+                    completion_tokens: 2,
+                    cached_tokens: 0,
+                }),
+                started_ms: 10,
+                ended_ms: 30,
+                cluster: Some("openai"),
+                ..Try::ended(End::Answered(200))
+            },
             ..CallSummary::ended(End::Answered(200))
         };
         let details = Details {
@@ -124,7 +130,10 @@ mod tests {
         );
         assert!(r.get("error").is_none() && r.get("hedge").is_none());
         let failed = CallSummary {
-            end: End::Reset(503),
+            served: Try {
+                end: End::Reset(503),
+                ..call.served
+            },
             ..call
         };
         let r: Value = serde_json::from_slice(&record(None, &failed, &details)).unwrap();

@@ -1,6 +1,7 @@
 use super::*;
 use crate::config::ConfigError;
 use crate::host::MemoryMetrics;
+use crate::summary::Try;
 use crate::trace_context::TraceParent;
 use crate::usage::Usage;
 use crate::walk::fake::{FakeHost, World};
@@ -26,17 +27,20 @@ fn ids(parent: Option<[u8; 8]>) -> SpanIds {
 #[test]
 fn a_span_carries_the_genai_attributes_and_the_filters_decisions() {
     let call = CallSummary {
-        usage: Some(Usage {
-            prompt_tokens: 12,
-            completion_tokens: 5,
-            cached_tokens: 4,
-        }),
-        cluster: Some("openai"),
-        attempts: Some(2),
         group: Some("b"),
-        budget_ms: 30_000,
-        started_ms: 1_000,
-        ended_ms: 1_250,
+        served: Try {
+            usage: Some(Usage {
+                prompt_tokens: 12,
+                completion_tokens: 5,
+                cached_tokens: 4,
+            }),
+            cluster: Some("openai"),
+            attempts: Some(2),
+            budget_ms: 30_000,
+            started_ms: 1_000,
+            ended_ms: 1_250,
+            ..Try::ended(End::Answered(200))
+        },
         ..CallSummary::ended(End::Answered(200))
     };
     let details = Details {

@@ -286,12 +286,7 @@ impl Call {
         ];
         headers.extend(extra);
         // The reply tells the client this status (`x-cache`).
-        let before = self.cache.status.replace(status);
-        if !self.send_local_reply(env, host, 200, &headers, &reply.body) {
-            self.cache.status = before;
-            return false;
-        }
-        true
+        self.send_local_reply(env, host, 200, &headers, &reply.body, Some(status))
     }
 
     /// Response headers of a call that went upstream: `x-cache`, an expired

@@ -6,7 +6,7 @@ use crate::cache::CacheStatus;
 use crate::config::Config;
 use crate::metrics::internal_error;
 use crate::routing::hedge::HedgeResult;
-use crate::summary::{CallSummary, End};
+use crate::summary::{CallSummary, End, Try};
 use crate::{budget, dialect, load, observe, routing, spans};
 
 use super::state::{Phase, Response};
@@ -63,7 +63,7 @@ impl Call {
         match listener {
             AtEnd::Metrics => observe::record(env.metrics, call),
             AtEnd::Span => self.queue_span(env, call),
-            AtEnd::Learn => self.learn_from(env, call),
+            AtEnd::Learn => self.learn_from(env, call.model, &call.served),
             AtEnd::Calibration => self.calibrate(env, call),
             AtEnd::ResponseMemory => self.remember_response(env, call),
             AtEnd::Limits => self.settle_limits(env, call),
@@ -95,11 +95,12 @@ impl Call {
         Served {
             response: self.response.as_ref(),
             cluster: self.dispatch.cluster.as_deref(),
+            cache: self.cache.status,
         }
     }
 
     /// The model label of the call (bounded, as its metrics spell it).
-    fn model_label(&self, env: &mut Env<'_>) -> String {
+    pub(super) fn model_label(&self, env: &mut Env<'_>) -> String {
         let model = self.model().map(str::to_string).or_else(|| {
             let copy = self.request.copy.as_ref()?;
             dialect::model(copy.bytes()?)
@@ -130,10 +131,10 @@ impl Call {
         let model = self.model_label(env);
         let mut call = self.summary_in_group(env.config, served, &model, env.now_ms);
         if let Some(end) = end {
-            call.end = end;
+            call.served.end = end;
         }
         let finish = served.finish_reasons();
-        let details = self.details(env.config, &finish, served.response);
+        let details = self.details(env.config, &finish, served);
         let record = spans::record::record(self.decided.span.as_ref(), &call, &details);
         if !host.set_property(spans::record::PROPERTY, &record) {
             internal_error(env.metrics, "set_property");
@@ -151,23 +152,20 @@ impl Call {
         }
         let served = self.served();
         let finish = served.finish_reasons();
-        let span = spans::encode(
-            &ids,
-            call,
-            &self.details(env.config, &finish, served.response),
-        );
+        let span = spans::encode(&ids, call, &self.details(env.config, &finish, served));
         env.spans.push(otlp, env.metrics, span);
     }
 
-    /// What the walk knew of the call beyond its summary, answered by
-    /// `response`, for its span and its record.
+    /// What the walk knew of the call beyond its summary, served as
+    /// `served` says, for its span and its record.
     fn details<'a>(
         &'a self,
         config: &'a Config,
         finish_reasons: &'a [&'a str],
-        response: Option<&'a Response>,
+        served: Served<'a>,
     ) -> spans::Details<'a> {
         let endpoint = self.request.endpoint;
+        let response = served.response;
         spans::Details {
             prompt: self.request.prompt.as_ref(),
             completion: response.and_then(|r| r.completion(endpoint, &config.capture)),
@@ -176,7 +174,7 @@ impl Call {
             finish_reasons,
             max_tokens: self.request.view.max_tokens(),
             temperature: self.request.view.temperature,
-            cache: self.cache.status.map(CacheStatus::header),
+            cache: served.cache.map(CacheStatus::header),
             degraded: self.decided.degraded,
             fallback_model: self.decided.fallback_model.as_deref(),
             hedge: self.decided.hedge.map(HedgeResult::as_str),
@@ -184,12 +182,20 @@ impl Call {
     }
 
     /// Routing, the budget breaker and the clusters' load learn from one try
-    /// of the call.
-    pub(super) fn learn_from(&self, env: &mut Env<'_>, call: &CallSummary<'_>) {
+    /// of the call, whose model `model` labels the try's tokens.
+    pub(super) fn learn_from(&self, env: &mut Env<'_>, model: &str, t: &Try<'_>) {
         let routing = self.routing_config(env.config);
-        routing::learn::ended(env.store, routing, env.metrics, call);
-        budget::learn::ended(env.store, &env.config.budget, env.metrics, call);
-        load::tried(env.store, env.metrics, &env.config.names, call);
+        routing::learn::ended(env.store, routing, env.metrics, model, t);
+        let priority = self.request.priority;
+        budget::learn::ended(env.store, &env.config.budget, env.metrics, priority, t);
+        load::tried(env.store, env.metrics, &env.config.names, t);
+    }
+
+    /// The try the call is on, ended now as the call's summary would read
+    /// it; a try that ended otherwise (a hedge's, a failed backend's) is
+    /// this with its own cluster, end and usage.
+    pub(super) fn tried(&self, now_ms: u64) -> Try<'_> {
+        self.try_of(self.served(), now_ms)
     }
 
     /// A stored Responses answer of a routed backend: the backend holds it,
@@ -202,7 +208,7 @@ impl Call {
             return;
         };
         let answered =
-            matches!(self.progress.phase(), Phase::Forwarded) && call.end.upstream_success();
+            matches!(self.progress.phase(), Phase::Forwarded) && call.end().upstream_success();
         // Only a call that continues stored state (Responses) says `stored`.
         if !self.request.view.continues.stored || !answered {
             return;
@@ -214,11 +220,6 @@ impl Call {
         }
     }
 
-    /// What the call was and how it ended.
-    pub(super) fn summary<'a>(&'a self, model: &'a str, now_ms: u64) -> CallSummary<'a> {
-        self.summary_of(self.served(), model, now_ms)
-    }
-
     /// What the call was and how it ended, served as `served` says.
     fn summary_of<'a>(
         &'a self,
@@ -226,6 +227,18 @@ impl Call {
         model: &'a str,
         now_ms: u64,
     ) -> CallSummary<'a> {
+        CallSummary {
+            api: self.request.endpoint,
+            priority: self.request.priority,
+            model,
+            group: None,
+            served: self.try_of(served, now_ms),
+        }
+    }
+
+    /// The try that serves the call as `served` says, ended now: how it
+    /// ended, classified once from the phase and the response.
+    fn try_of<'a>(&'a self, served: Served<'a>, now_ms: u64) -> Try<'a> {
         let local = match *self.progress.phase() {
             Phase::Answered(status) => Some(status),
             _ => None,
@@ -241,10 +254,9 @@ impl Call {
                 r.is_some_and(|r| r.ended),
             ),
         };
-        CallSummary {
-            api: self.request.endpoint,
-            priority: self.request.priority,
-            model,
+        Try {
+            cluster: served.cluster,
+            breaker: self.dispatch.breaker.as_deref(),
             end,
             started_ms: self.request.started_ms,
             response_headers_ms: r.map(|r| r.headers_ms),
@@ -252,24 +264,23 @@ impl Call {
             ended_ms: now_ms,
             usage: r.and_then(Response::usage),
             streamed: r.is_some_and(Response::is_stream),
-            cluster: served.cluster,
-            breaker: self.dispatch.breaker.as_deref(),
             budget_ms: self.request.budget_ms,
             planned_retries: self.dispatch.planned_retries,
             attempts: r.and_then(|r| r.attempts),
             failovers: 0,
-            group: None,
         }
     }
 }
 
-/// What serves a call: the response that answers it and the cluster that
-/// sent it. Passed explicitly where it is not yet the call's own (another
-/// backend's answer about to go out), instead of swapping it in.
+/// What serves a call: the response that answers it, the cluster that
+/// sent it and the cache's result. Passed explicitly where it is not yet
+/// the call's own (another backend's answer or a cached one about to go
+/// out), instead of swapping it in.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Served<'a> {
     pub(super) response: Option<&'a Response>,
     pub(super) cluster: Option<&'a str>,
+    pub(super) cache: Option<CacheStatus>,
 }
 
 impl<'a> Served<'a> {

@@ -76,12 +76,13 @@ impl Call {
     /// prompt, and the backend answered it.
     pub(super) fn calibrate(&self, env: &mut Env<'_>, call: &CallSummary<'_>) {
         let est = &self.decided.estimate;
-        let (Some(_), Some((estimated, true)), Some(usage)) = (est.ratio, est.sent, call.usage)
+        let (Some(_), Some((estimated, true)), Some(usage)) =
+            (est.ratio, est.sent, call.served.usage)
         else {
             return;
         };
         if !self.shaping_config(env.config).calibrate
-            || !matches!(call.end, End::Answered(200..=299))
+            || !matches!(call.end(), End::Answered(200..=299))
         {
             return;
         }

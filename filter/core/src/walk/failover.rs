@@ -13,7 +13,7 @@ use crate::routing::failover::{self, FailoverResult};
 use crate::routing::hedge::{self, HedgeResult};
 use crate::routing::rewrite::{self, Edit};
 use crate::routing::{self, affinity, RouteAsk, RouteDecision, RoutingConfig};
-use crate::summary::{CallSummary, End};
+use crate::summary::{End, Try};
 use crate::wait::CallWait;
 
 use super::end::Served;
@@ -69,12 +69,13 @@ impl Call {
         target: String,
         dispatched: bool,
     ) {
-        let mut ended = self.summary("", env.now_ms);
+        let model = self.model_label(env);
+        let mut ended = self.tried(env.now_ms);
         ended.failovers = failovers;
         if let Some(end) = end {
             ended.end = end;
         }
-        self.learn_from(env, &ended);
+        self.learn_from(env, &model, &ended);
         if dispatched {
             routing::learn::started(env.store, env.metrics, &target, env.now_ms);
         }
@@ -300,12 +301,16 @@ impl Call {
             }
             _ => {
                 // No answer in the budget left: this backend learns its
-                // timeout now, and the client gets the failure held back.
-                let timed_out = CallSummary {
+                // timeout now (it reported no tokens: the response held is
+                // the failed backend's), and the client gets the failure
+                // held back.
+                let model = self.model_label(env);
+                let timed_out = Try {
                     end: End::TimedOut(504),
-                    ..self.summary("", env.now_ms)
+                    usage: None,
+                    ..self.tried(env.now_ms)
                 };
-                self.learn_from(env, &timed_out);
+                self.learn_from(env, &model, &timed_out);
                 self.dispatch.cluster = None;
                 self.dispatch.breaker = None;
                 self.progress.forward();
@@ -327,7 +332,7 @@ impl Call {
     ) -> bool {
         let cluster = cluster.or(self.dispatch.cluster.as_deref());
         let mut headers = failover::reply_headers(&answer.headers);
-        let told = self.client_headers(env.config, cluster);
+        let told = self.client_headers(env.config, cluster, self.cache.status);
         headers.extend(told.into_iter().map(|(k, v)| (k.to_string(), v)));
         let refs: Vec<(&str, &str)> = headers
             .iter()
@@ -351,6 +356,7 @@ impl Call {
         let served = Served {
             response: Some(&response),
             cluster,
+            cache: self.cache.status,
         };
         self.write_record_of(env, host, Some(End::Answered(status)), served);
         if !host.send_local_reply(u32::from(status), &refs, body) {

@@ -5,7 +5,8 @@
 use crate::routing::failover;
 use crate::routing::hedge::{self, HedgeResult};
 use crate::routing::{self, health};
-use crate::summary::{CallSummary, End};
+use crate::summary::{End, Try};
+use crate::usage::{self, Usage};
 use crate::wait::CallWait;
 
 use super::failover::Sent;
@@ -112,13 +113,16 @@ impl Call {
             if self.reply_with(env, host, Some(&cluster), status, &answer) {
                 let first = self.dispatch.cluster.replace(cluster.clone());
                 // The first backend was dropped unanswered: its tail learns
-                // it was at least this slow; its breaker learns nothing.
-                let outlasted = CallSummary {
+                // it was at least this slow; its breaker learns nothing, and
+                // it reported no tokens (the answer is the hedge's).
+                let model = self.model_label(env);
+                let outlasted = Try {
                     end: End::Outlasted,
                     cluster: first.as_deref(),
-                    ..self.summary("", env.now_ms)
+                    usage: None,
+                    ..self.tried(env.now_ms)
                 };
-                self.learn_from(env, &outlasted);
+                self.learn_from(env, &model, &outlasted);
                 if self.dispatch.breaker.is_some() {
                     self.dispatch.breaker = Some(cluster);
                 }
@@ -129,7 +133,9 @@ impl Call {
             }
         }
         let end = answer.status.map_or(End::TimedOut(504), End::Answered);
-        self.hedge_learns(env, &cluster, end);
+        // The hedge's own tokens, not those of the answer that beat it.
+        let usage = usage::head_from_json(self.request.endpoint.answer(), &answer.body).usage;
+        self.hedge_learns(env, &cluster, end, usage);
         self.decided.hedge = Some(HedgeResult::Lost);
         hedge::count(env.metrics, HedgeResult::Lost);
     }
@@ -154,19 +160,22 @@ impl Call {
         self.decided.hedge = Some(result);
         hedge::count(env.metrics, result);
         if self.dispatch.cluster.as_deref() != Some(cluster.as_str()) {
-            self.hedge_learns(env, &cluster, End::Abandoned);
+            self.hedge_learns(env, &cluster, End::Abandoned, None);
         }
     }
 
-    /// The hedge's backend learns how its try ended (its breaker does not:
-    /// the call was never its to serve).
-    fn hedge_learns(&self, env: &mut Env<'_>, cluster: &str, end: End) {
-        let hedge_try = CallSummary {
+    /// The hedge's backend learns how its try ended and the tokens its
+    /// answer reported (`usage`); its breaker does not: the call was never
+    /// its to serve.
+    fn hedge_learns(&self, env: &mut Env<'_>, cluster: &str, end: End, usage: Option<Usage>) {
+        let model = self.model_label(env);
+        let hedge_try = Try {
             end,
             cluster: Some(cluster),
             breaker: None,
-            ..self.summary("", env.now_ms)
+            usage,
+            ..self.tried(env.now_ms)
         };
-        self.learn_from(env, &hedge_try);
+        self.learn_from(env, &model, &hedge_try);
     }
 }

@@ -203,9 +203,9 @@ impl Call {
         }
         let r = self.response.as_ref();
         let ended = Ended {
-            usage: r.and_then(|r| r.usage()),
-            answered: call.end.upstream_success(),
-            streamed: r.is_some_and(|r| r.is_stream()),
+            usage: call.served.usage,
+            answered: call.end().upstream_success(),
+            streamed: call.served.streamed,
             completed: r.is_some_and(|r| r.finished()),
             events: r.map_or(0, |r| r.events()),
             prompt_tokens: l.prompt_tokens,

@@ -2,11 +2,13 @@
 //! answers) and the headers it adds to every answer, whoever gives it.
 
 use crate::budget;
+use crate::cache::CacheStatus;
 use crate::config::Config;
 use crate::metrics::internal_error;
 use crate::summary::End;
 use crate::{ab, routing, shaping, trace_context};
 
+use super::end::Served;
 use super::{Call, Env, Host, Step};
 
 impl Call {
@@ -19,15 +21,18 @@ impl Call {
     ) -> Step {
         let r = r.in_dialect(self.request.endpoint);
         let headers: Vec<(&str, &str)> = r.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        if self.send_local_reply(env, host, r.status, &headers, &r.body) {
+        let cache = self.cache.status;
+        if self.send_local_reply(env, host, r.status, &headers, &r.body, cache) {
             Step::Pause
         } else {
             Step::Continue
         }
     }
 
-    /// Sends a local reply with the filter's own headers; the call is then
-    /// answered. False (counted) when the host refused it.
+    /// Sends a local reply with the filter's own headers, telling the
+    /// client `cache` as the cache's result; the call is then answered with
+    /// it. False (counted) when the host refused it, and the call's cache
+    /// result stays what it was.
     pub(super) fn send_local_reply(
         &mut self,
         env: &mut Env<'_>,
@@ -35,28 +40,35 @@ impl Call {
         status: u32,
         headers: &[(&str, &str)],
         body: &[u8],
+        cache: Option<CacheStatus>,
     ) -> bool {
-        let told = self.client_headers(env.config, None);
+        let told = self.client_headers(env.config, None, cache);
         let mut all = headers.to_vec();
         all.extend(told.iter().map(|(k, v)| (*k, v.as_str())));
         let local = u16::try_from(status).unwrap_or(500);
-        self.write_record(env, host, Some(End::Local(local)));
+        let served = Served {
+            cache,
+            ..self.served()
+        };
+        self.write_record_of(env, host, Some(End::Local(local)), served);
         if !host.send_local_reply(status, &all, body) {
             internal_error(env.metrics, "local_reply");
             return false;
         }
+        self.cache.status = cache;
         self.progress.answered(status);
         true
     }
 
     /// The headers the filter tells the client about the call, whoever
     /// answers it: the trace id, the cluster that served it (`served_by`:
-    /// `None` when the filter answered itself), the cache's result, what
-    /// degrade and shaping did, the A/B group.
+    /// `None` when the filter answered itself), the cache's result
+    /// (`cache`), what degrade and shaping did, the A/B group.
     pub(super) fn client_headers(
         &self,
         config: &Config,
         served_by: Option<&str>,
+        cache: Option<CacheStatus>,
     ) -> Vec<(&'static str, String)> {
         let mut out = Vec::new();
         if let Some(t) = &self.decided.trace_id {
@@ -65,8 +77,8 @@ impl Call {
         if let Some(c) = served_by {
             out.push((routing::CLUSTER_RESPONSE_HEADER, c.to_string()));
         }
-        if let Some(x_cache) = self.cache.header() {
-            out.push((crate::cache::X_CACHE, x_cache.to_string()));
+        if let Some(x_cache) = cache {
+            out.push((crate::cache::X_CACHE, x_cache.header().to_string()));
         }
         if let Some(level) = self.decided.degraded {
             out.push((crate::degrade::HEADER, level.to_string()));

@@ -48,7 +48,11 @@ impl Call {
             }
         }
         self.response = Some(response);
-        let told = self.client_headers(env.config, self.dispatch.cluster.as_deref());
+        let told = self.client_headers(
+            env.config,
+            self.dispatch.cluster.as_deref(),
+            self.cache.status,
+        );
         for (name, value) in &told {
             set_response(env, host, name, Some(value));
         }

@@ -687,11 +687,6 @@ impl CacheCall {
         }
     }
 
-    /// The `x-cache` value so far.
-    pub(super) fn header(&self) -> Option<&'static str> {
-        self.status.map(CacheStatus::header)
-    }
-
     /// A JSON answer is being collected to store.
     pub(super) fn stores_json(&self) -> bool {
         matches!(self.fill, Some(Fill::Json))

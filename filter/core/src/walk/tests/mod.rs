@@ -873,6 +873,81 @@ fn a_backend_answering_before_its_hedge_wins() {
     assert_eq!(health::read(&w.store, "a").unwrap().in_flight, 0);
 }
 
+/// The routing token counts of `cluster`, by model label and token type.
+fn routing_tokens(w: &World, cluster: &str) -> Vec<(String, u64)> {
+    let mut out: Vec<(String, u64)> = w
+        .metrics
+        .counters
+        .iter()
+        .filter(|(k, _)| {
+            k.starts_with("llm_filter_routing_tokens_total")
+                && k.contains(&format!("llm_cluster=.={cluster};.;"))
+        })
+        .map(|(k, v)| (k.clone(), *v))
+        .collect();
+    out.sort();
+    out
+}
+
+/// The routing token counter of a call of gpt-4o on `cluster`.
+fn tokens_of(cluster: &str, kind: &str, n: u64) -> (String, u64) {
+    (
+        format!("llm_filter_routing_tokens_totalmodel=.=gpt-4o;.;llm_cluster=.={cluster};.;token_type=.={kind};.;"),
+        n,
+    )
+}
+
+#[test]
+fn a_try_counts_its_own_tokens_under_the_calls_model() {
+    // The backend answers first (3 in, 1 out); the hedge loses with its
+    // own answer (20 in, 9 out): each cluster counts its own tokens.
+    let mut w = World::new(&hedged(1.0));
+    let (mut call, mut host) = routed_to(&mut w, "b");
+    w.now_ms += 150;
+    assert_eq!(call.on_tick(&mut w.env(), &mut host), Wake::Idle);
+    assert_eq!(host.callouts.len(), 1);
+    let mut host = host.with_response(200, "application/json", ANSWER);
+    w.respond(&mut call, &mut host);
+    let hedge = CalloutAnswer {
+        body: ANSWER
+            .replace(
+                r#""prompt_tokens":3,"completion_tokens":1"#,
+                r#""prompt_tokens":20,"completion_tokens":9"#,
+            )
+            .into_bytes(),
+        ..answer_200()
+    };
+    call.answer_callout(&mut w.env(), &mut host, hedge);
+    call.on_log(&mut w.env());
+    assert_eq!(
+        w.counter("llm_filter_routing_hedges_totalresult=.=lost;.;"),
+        1
+    );
+    assert_eq!(
+        routing_tokens(&w, "a"),
+        [tokens_of("a", "input", 20), tokens_of("a", "output", 9)]
+    );
+    assert_eq!(
+        routing_tokens(&w, "b"),
+        [tokens_of("b", "input", 3), tokens_of("b", "output", 1)]
+    );
+
+    // The hedge wins: the backend it beat reported nothing.
+    let mut w = World::new(&hedged(1.0));
+    let (mut call, mut host) = routed_to(&mut w, "b");
+    w.now_ms += 150;
+    assert_eq!(call.on_tick(&mut w.env(), &mut host), Wake::Idle);
+    call.answer_callout(&mut w.env(), &mut host, answer_200());
+    assert!(host.local_reply.is_some());
+    call.on_response_headers(&mut w.env(), &mut host, false);
+    call.on_log(&mut w.env());
+    assert_eq!(
+        routing_tokens(&w, "a"),
+        [tokens_of("a", "input", 3), tokens_of("a", "output", 1)]
+    );
+    assert_eq!(routing_tokens(&w, "b"), []);
+}
+
 #[test]
 fn hedges_respect_their_cap_and_the_answer_in_time() {
     // No share of calls may be hedged: hedging is off, nothing is armed and
