@@ -490,9 +490,10 @@ fn read_breakers(config: &Config) -> Vec<Read> {
         .map(|c| breaker::key(&c.cluster))
         .collect();
     keys.push(breaker::key(DEFAULT_BREAKER));
-    keys.sort();
-    keys.dedup();
-    keys.into_iter().map(Read::Key).collect()
+    crate::config::names::sorted(keys)
+        .into_iter()
+        .map(Read::Key)
+        .collect()
 }
 
 fn read_hedges(config: &Config) -> Vec<Read> {
