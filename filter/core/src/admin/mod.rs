@@ -216,9 +216,7 @@ fn known_models(store: &dyn SharedStore, config: &Config, active: &[alerts::Aler
         }
     }
     models.extend(active.iter().filter_map(|a| a.model.clone()));
-    models.sort();
-    models.dedup();
-    models
+    crate::config::names::sorted(models)
 }
 
 /// `GET <prefix>/state`: the levels now and the alerts in force.

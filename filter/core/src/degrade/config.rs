@@ -198,6 +198,16 @@ pub enum Action {
 }
 
 impl Action {
+    /// Every action, in the enum's order.
+    pub const ALL: [Self; 6] = [
+        Self::Cache,
+        Self::Shed,
+        Self::Reject,
+        Self::FallbackModel,
+        Self::MaxTokens,
+        Self::Temperature,
+    ];
+
     /// The metric label value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -433,15 +443,20 @@ fn compile_levels(
             _ => return Err(ConfigError::new(field, "levels are \"1\", \"2\" and \"3\"")),
         };
         let mut table: [Vec<Action>; 3] = Default::default();
-        for (p, mut list) in per {
+        for (p, list) in per {
             let field = format!("{field}.{p}");
             let priority = Priority::parse(&p)
                 .ok_or_else(|| ConfigError::new(&field, format!("{p:?} is not P1 or P2")))?;
             if priority == Priority::P0 {
                 return Err(ConfigError::new(field, "P0 is never degraded"));
             }
-            list.sort();
-            list.dedup();
+            // Sorted and each once, in `ALL`'s order (the enum's): a filter,
+            // not a sort, which would compile a sort for this type into the
+            // module.
+            let list: Vec<Action> = Action::ALL
+                .into_iter()
+                .filter(|a| list.contains(a))
+                .collect();
             if list.contains(&Action::FallbackModel) && fallback_model.is_empty() {
                 return Err(ConfigError::new(
                     field,
@@ -577,6 +592,36 @@ mod tests {
         assert_eq!(c.actions(3, Priority::P1)[0], Cache);
         assert_eq!(c.actions(3, Priority::P2), [Reject]);
         assert!(c.actions(4, Priority::P2).is_empty());
+    }
+
+    #[test]
+    fn a_levels_list_compiles_sorted_and_each_once() {
+        use Action::*;
+        let c = parse(
+            r#"{"fallback_model":{"a":"b"},"levels":{"2":{"P2":["temperature","shed","cache","shed","fallback_model","reject","max_tokens","temperature"]}}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.actions(2, Priority::P2),
+            [Cache, Shed, Reject, FallbackModel, MaxTokens, Temperature]
+        );
+    }
+
+    #[test]
+    fn all_lists_every_action_in_order() {
+        // A new action must be added here (the match) and to `ALL`, or a
+        // level listing it would drop it.
+        let listed = |a: Action| match a {
+            Action::Cache
+            | Action::Shed
+            | Action::Reject
+            | Action::FallbackModel
+            | Action::MaxTokens
+            | Action::Temperature => Action::ALL.contains(&a),
+        };
+        assert!(Action::ALL.into_iter().all(listed));
+        assert_eq!(Action::ALL.len(), 6);
+        assert!(Action::ALL.windows(2).all(|w| w[0] < w[1]));
     }
 
     #[test]

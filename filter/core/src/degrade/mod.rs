@@ -207,9 +207,7 @@ pub fn publish(store: &dyn SharedStore, config: &Config, m: &mut dyn Metrics, no
             models.push(model.to_string());
         }
     }
-    models.sort();
-    models.dedup();
-    for model in models {
+    for model in crate::config::names::sorted(models) {
         let level = level(store, config, &model, now_ms);
         set_level_gauge(m, &model, level);
     }

@@ -395,14 +395,14 @@ impl LimitsConfig {
 
 /// `prices`: each model's, per token.
 fn compile_prices(raw: BTreeMap<String, RawPrice>) -> Result<BTreeMap<String, Price>, ConfigError> {
-    raw.into_iter()
-        .map(|(model, p)| {
-            Ok((
-                model.clone(),
-                compile_price(&format!("prices.{model}"), &p)?,
-            ))
-        })
-        .collect()
+    // Inserted one by one, in the raw map's order: collecting into a map
+    // would compile a sort of the pairs into the module for nothing.
+    let mut prices = BTreeMap::new();
+    for (model, p) in raw {
+        let price = compile_price(&format!("prices.{model}"), &p)?;
+        prices.insert(model, price);
+    }
+    Ok(prices)
 }
 
 /// `rules`: at most [`MAX_RULES`], each named once.

@@ -178,9 +178,12 @@ fn compile_on(field: &str, on: Option<&Value>) -> Result<Vec<ErrorClass>, Config
     if on.is_empty() {
         return Err(ConfigError::new(field, "names no error class"));
     }
-    on.sort();
-    on.dedup();
-    Ok(on)
+    // Sorted and each once, in `ALL`'s order (the enum's): a filter, not a
+    // sort, which would compile a sort for this type into the module.
+    Ok(ErrorClass::ALL
+        .into_iter()
+        .filter(|c| on.contains(c))
+        .collect())
 }
 
 /// The strings of a JSON list; `None` when it is not one of strings.
@@ -386,6 +389,16 @@ mod tests {
             &routed,
         )
         .unwrap();
+        let repeated = compile(
+            &raw(r#"{"a": {"on": ["model_not_found", "context_length", "model_not_found"], "to": ["b"]}}"#),
+            &routed,
+        )
+        .unwrap();
+        assert_eq!(
+            repeated["a"].on,
+            [ErrorClass::ContextLength, ErrorClass::ModelNotFound],
+            "sorted and each once"
+        );
         assert_eq!(only["a"].next(ErrorClass::Quota, 0), None);
         assert_eq!(only["a"].next(ErrorClass::ContextLength, 0), Some("b"));
         for (json, at) in [

@@ -143,16 +143,14 @@ impl Call {
             return None;
         };
         let bytes = copy.bytes()?;
-        if !for_cache {
-            *head = usage::head_from_json(dialect, bytes);
-            return None;
-        }
-        let tree: Option<Value> = serde_json::from_slice(bytes).ok();
-        *head = tree
-            .as_ref()
-            .map(|t| usage::head_from_value(dialect, t))
-            .unwrap_or_default();
-        tree
+        // The usage is read from the bytes even when the tree is parsed too:
+        // reading it from the tree as well would compile a second reader of
+        // the answer's head into the module (some 6 KB) for a parse that
+        // only answers the cache stores pay.
+        *head = usage::head_from_json(dialect, bytes);
+        for_cache
+            .then(|| serde_json::from_slice::<Value>(bytes).ok())
+            .flatten()
     }
 }
 
