@@ -159,7 +159,7 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
     let api = req.endpoint.request();
     // A call that samples nothing (embeddings) is as deterministic as its input.
     if api.samples() {
-        if !deterministic(cfg, req.endpoint, body, &control) {
+        if !deterministic(cfg, req.endpoint, req.path, body, &control) {
             return Decision::Bypass(BypassReason::Temperature);
         }
         if has_marker(body, api.prompt_fields(), &cfg.dynamic_markers) {
@@ -168,8 +168,9 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
     }
     Decision::Cacheable(Cacheable {
         key: digest(KEY_VERSION, cfg, req, body),
-        // Embeddings are never streamed, whatever the body says.
-        stream: stream && api.streams(),
+        // Embeddings are never streamed, whatever the body says; an API
+        // that asks for a stream in its path asks there alone.
+        stream: api.stream_in_path(req.path).unwrap_or(stream) && api.streams(),
         include_usage,
         read: !control.no_cache,
         store: true,
@@ -283,17 +284,22 @@ fn delivery(body: &Json) -> Option<(bool, bool)> {
 fn deterministic(
     cfg: &CacheConfig,
     endpoint: Dialect,
+    path: &str,
     body: &Json,
     control: &CacheControl,
 ) -> bool {
-    let declared = || match body.get("model") {
-        Some(Json::String(m)) => cfg.deterministic_models.contains(m),
+    let api = endpoint.request();
+    let declared = || match (api.model_in_path(path), body.get("model")) {
+        (Some(m), _) => cfg.deterministic_models.iter().any(|d| d == m),
+        (None, Some(Json::String(m))) => cfg.deterministic_models.contains(m),
         _ => false,
     };
-    let absent_is_default = endpoint.request().absent_temperature_is_default();
+    let absent_is_default = api.absent_temperature_is_default();
     control.max_age_s.is_some()
         || declared()
-        || temperature_ok(body, cfg.max_temperature, absent_is_default)
+        || api
+            .sampling(body)
+            .is_some_and(|s| temperature_ok(s, cfg.max_temperature, absent_is_default))
 }
 
 /// True when the call's sampling is deterministic enough to cache. A null

@@ -125,11 +125,18 @@ impl Call {
     fn tenant(&self, env: &Env<'_>, host: &dyn Host) -> Option<String> {
         let cfg = &env.config.limits;
         match cfg.tenant {
-            limits::TenantSource::Credential => limits::tenant::of_credential(
-                self.request.endpoint,
-                cfg.tenant_header.as_deref(),
-                |name| host.request_header(name),
-            ),
+            limits::TenantSource::Credential => {
+                let api = self.request.endpoint.request();
+                let path = &self.request.path;
+                limits::tenant::of_credential(
+                    self.request.endpoint,
+                    cfg.tenant_header.as_deref(),
+                    |name| {
+                        host.request_header(name)
+                            .or_else(|| api.query_credential(path, name).map(str::to_string))
+                    },
+                )
+            }
             limits::TenantSource::Header => cfg
                 .tenant_header
                 .as_deref()
