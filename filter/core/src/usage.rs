@@ -517,6 +517,25 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn a_gemini_answer_is_read_from_usage_metadata_and_candidates() {
+        let body = br#"{"candidates":[{"content":{"parts":[{"text":"x"}]},"finishReason":"STOP"},{"finishReason":"MAX_TOKENS"}],
+            "usageMetadata":{"promptTokenCount":10,"candidatesTokenCount":4,"cachedContentTokenCount":6,"thoughtsTokenCount":2}}"#;
+        let gemini = Dialect::Gemini.answer();
+        let head = head_from_json(gemini, body);
+        assert_eq!(
+            head.usage,
+            Some(Usage {
+                prompt_tokens: 10,
+                completion_tokens: 6,
+                cached_tokens: 6
+            })
+        );
+        assert_eq!(head.finish_reasons(), ["STOP", "MAX_TOKENS"]);
+        // Another dialect reads no usage there.
+        assert_eq!(head_from_json(ANY, body).usage, None);
+    }
 }
 
 #[cfg(test)]

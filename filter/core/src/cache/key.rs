@@ -1110,6 +1110,68 @@ mod tests {
             .join()
             .unwrap();
     }
+
+    #[test]
+    fn a_gemini_call_is_read_from_its_path_and_generation_config() {
+        let decide_on = |path: &str, body: &str, cc: Option<&str>| {
+            let creds = [Some("k"), None];
+            let body = Json::parse(body.as_bytes());
+            decide(
+                &cfg(),
+                &CacheRequest {
+                    endpoint: Dialect::Gemini,
+                    path,
+                    body: body.as_ref(),
+                    cache_control: cc,
+                    credentials: &creds,
+                },
+            )
+        };
+        let plain = "/v1beta/models/g:generateContent";
+        let stream = "/v1beta/models/g:streamGenerateContent?alt=sse";
+        let cold = r#"{"contents":[],"generationConfig":{"temperature":0}}"#;
+        let Decision::Cacheable(c) = decide_on(plain, cold, None) else {
+            panic!("a temperature of 0 in generationConfig is deterministic");
+        };
+        assert!(!c.stream);
+        let Decision::Cacheable(s) = decide_on(stream, cold, None) else {
+            panic!("streamed alike");
+        };
+        assert!(s.stream, "the stream is the path's");
+        assert_ne!(c.key, s.key, "each path its own entry");
+        let hot = r#"{"contents":[],"generationConfig":{"temperature":1.5}}"#;
+        assert_eq!(
+            decide_on(plain, hot, None),
+            Decision::Bypass(BypassReason::Temperature)
+        );
+        assert!(matches!(
+            decide_on(plain, hot, Some("max-age=60")),
+            Decision::Cacheable(_)
+        ));
+        // A top-level temperature is no Gemini field: it counts for nothing.
+        assert_eq!(
+            decide_on(plain, r#"{"contents":[],"temperature":0}"#, None),
+            Decision::Bypass(BypassReason::Temperature)
+        );
+        // The model of `deterministic_models` is the path's.
+        let c = CacheConfig {
+            deterministic_models: vec!["g".into()],
+            ..cfg()
+        };
+        let creds = [None, None];
+        let body = Json::parse(hot.as_bytes());
+        let by_model = decide(
+            &c,
+            &CacheRequest {
+                endpoint: Dialect::Gemini,
+                path: plain,
+                body: body.as_ref(),
+                cache_control: None,
+                credentials: &creds,
+            },
+        );
+        assert!(matches!(by_model, Decision::Cacheable(_)));
+    }
 }
 
 #[cfg(test)]

@@ -325,4 +325,43 @@ mod tests {
         assert_eq!(model(br#"{"model":3}"#), None);
         assert_eq!(model(b""), None);
     }
+
+    #[test]
+    fn gemini_is_classified_by_default_with_its_verb() {
+        let p = paths(&DEFAULT_PATHS);
+        for (path, want) in [
+            (
+                "/v1beta/models/gemini-2.5-flash:generateContent",
+                Some(Dialect::Gemini),
+            ),
+            (
+                "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse",
+                Some(Dialect::Gemini),
+            ),
+            ("/v1beta/models/m:countTokens", None),
+            ("/v1beta/models/:generateContent", None),
+            ("/v1beta/models/a:b:generateContent", None),
+            ("/v1beta/models/m/x:generateContent", None),
+            ("/v1beta/models/m", None),
+            ("/v1beta/models/*:generateContent/x", None),
+        ] {
+            assert_eq!(classify("POST", path, &p), want, "{path}");
+        }
+        assert_eq!(
+            classify("GET", "/v1beta/models/m:generateContent", &p),
+            None
+        );
+        // A configured pattern of the same shape is Gemini's too.
+        let vertex =
+            LlmPath::new("/v1/projects/*/locations/*/publishers/google/models/*:generateContent");
+        assert_eq!(vertex.api, Dialect::Gemini);
+        assert!(
+            vertex.matches("/v1/projects/p/locations/l/publishers/google/models/m:generateContent")
+        );
+        assert!(!vertex.matches(
+            "/v1/projects/p/locations/l/publishers/google/models/m:streamGenerateContent"
+        ));
+        // A `*` alone still takes a whole segment, colon and all.
+        assert!(LlmPath::new("/x/*").matches("/x/a:b"));
+    }
 }

@@ -480,12 +480,60 @@ mod tests {
     }
 
     #[test]
-    fn no_dialect_takes_its_model_from_the_path_yet() {
+    fn only_gemini_takes_its_model_and_stream_from_the_path() {
+        let path = "/v1beta/models/g:generateContent";
         for d in ALL {
             let api = d.request();
-            assert_eq!(api.model_in_path("/v1beta/models/g:generateContent"), None);
+            assert_eq!(api.model_in_path(path), None);
             assert_eq!(api.path_with_model("/v1/chat/completions", "x"), None);
+            assert_eq!(api.stream_in_path(path), None);
         }
+        let g = Dialect::Gemini.request();
+        assert_eq!(g.model_in_path(path), Some("g"));
+        assert_eq!(
+            g.path_with_model("/v1beta/models/g:streamGenerateContent?alt=sse", "h")
+                .as_deref(),
+            Some("/v1beta/models/h:streamGenerateContent?alt=sse")
+        );
+        assert_eq!(g.stream_in_path(path), Some(false));
+        let mut doc = Document::parse(br#"{"contents":[]}"#.to_vec());
+        assert!(!g.set_model(&mut doc, "h"), "the body names no model");
+        assert_eq!(doc.bytes(), br#"{"contents":[]}"#);
+    }
+
+    #[test]
+    fn a_gemini_view_reads_the_path_and_generation_config() {
+        let body = j(
+            r#"{"contents":[{"role":"user","parts":[{"text":"hi"}]}],"stream":false,
+            "temperature":2,"generationConfig":{"temperature":0.25,"maxOutputTokens":64}}"#,
+        );
+        let features = Features::from_json(&body);
+        let view = |path| View::read(Dialect::Gemini, path, Some(&body), features.as_ref());
+        let plain = view("/v1beta/models/gemini-2.5-flash:generateContent");
+        assert_eq!(plain.model.as_deref(), Some("gemini-2.5-flash"));
+        assert_eq!(plain.stream, Some(false));
+        assert_eq!(plain.temperature, Some(0.25), "the nested one counts");
+        assert_eq!(plain.user, None);
+        let streamed = view("/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse");
+        assert_eq!(streamed.stream, Some(true), "the path's verb, not the body");
+        assert_eq!(
+            Dialect::Gemini
+                .request()
+                .query_credential("/v1beta/models/m:generateContent?key=k1", "x-goog-api-key"),
+            Some("k1")
+        );
+        assert_eq!(
+            Dialect::Gemini
+                .request()
+                .query_credential("/v1beta/models/m:generateContent?key=k1", "authorization"),
+            None
+        );
+        assert_eq!(
+            Dialect::Chat
+                .request()
+                .query_credential("/v1/chat/completions?key=k1", "x-goog-api-key"),
+            None
+        );
     }
 
     #[test]

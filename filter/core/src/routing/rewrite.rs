@@ -272,4 +272,25 @@ mod props {
         );
         assert_eq!(for_backend(&doc("[]"), None, Some("k")), Edit::Unchanged);
     }
+
+    #[test]
+    fn the_model_goes_where_the_dialect_names_it() {
+        let chat = "/v1/chat/completions";
+        assert_eq!(
+            model_edit(Dialect::Chat, chat, Some("b")),
+            Some((Some("b"), None))
+        );
+        assert_eq!(model_edit(Dialect::Chat, chat, None), Some((None, None)));
+        let g = "/v1beta/models/a:streamGenerateContent?alt=sse";
+        assert_eq!(
+            model_edit(Dialect::Gemini, g, Some("b")),
+            Some((
+                None,
+                Some("/v1beta/models/b:streamGenerateContent?alt=sse".into())
+            ))
+        );
+        assert_eq!(model_edit(Dialect::Gemini, g, None), Some((None, None)));
+        // A name the path cannot take: not to that backend.
+        assert_eq!(model_edit(Dialect::Gemini, g, Some("a/b")), None);
+    }
 }
