@@ -107,6 +107,13 @@ pub struct Head {
     /// The model that answered, as the answer names it.
     #[serde(default)]
     pub model: Option<String>,
+    /// The usage an API reports apart from `usage` (Gemini's
+    /// `usageMetadata`), read by the call's dialect.
+    #[serde(default, rename = "usageMetadata")]
+    apart: Option<Value>,
+    /// A Gemini answer's candidates, for their finish reasons.
+    #[serde(default)]
+    candidates: Vec<Candidate>,
     /// A chat answer's choices, for their finish reasons.
     #[serde(default)]
     choices: Vec<Choice>,
@@ -128,6 +135,13 @@ pub struct Head {
 #[derive(Debug, Default, Deserialize)]
 struct Choice {
     #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+/// What the filter reads of a Gemini candidate.
+#[derive(Debug, Default, Deserialize)]
+struct Candidate {
+    #[serde(default, rename = "finishReason")]
     finish_reason: Option<String>,
 }
 
@@ -154,6 +168,11 @@ impl Head {
         self.choices
             .iter()
             .filter_map(|c| c.finish_reason.as_deref())
+            .chain(
+                self.candidates
+                    .iter()
+                    .filter_map(|c| c.finish_reason.as_deref()),
+            )
             .chain(self.stop_reason.as_deref())
             .chain(response)
             .take(MAX_FINISH_REASONS)
@@ -164,7 +183,10 @@ impl Head {
 impl Head {
     /// The head with its usage read in the words of `dialect`.
     fn read_by(mut self, dialect: &dyn Answer) -> Self {
-        self.usage = self.reported.as_ref().map(|r| dialect.usage(r));
+        self.usage = match &self.reported {
+            Some(r) => Some(dialect.usage(r)),
+            None => self.apart.as_ref().and_then(|m| dialect.usage_apart(m)),
+        };
         self
     }
 }
@@ -494,6 +516,25 @@ mod tests {
                 "{body}"
             );
         }
+    }
+
+    #[test]
+    fn a_gemini_answer_is_read_from_usage_metadata_and_candidates() {
+        let body = br#"{"candidates":[{"content":{"parts":[{"text":"x"}]},"finishReason":"STOP"},{"finishReason":"MAX_TOKENS"}],
+            "usageMetadata":{"promptTokenCount":10,"candidatesTokenCount":4,"cachedContentTokenCount":6,"thoughtsTokenCount":2}}"#;
+        let gemini = Dialect::Gemini.answer();
+        let head = head_from_json(gemini, body);
+        assert_eq!(
+            head.usage,
+            Some(Usage {
+                prompt_tokens: 10,
+                completion_tokens: 6,
+                cached_tokens: 6
+            })
+        );
+        assert_eq!(head.finish_reasons(), ["STOP", "MAX_TOKENS"]);
+        // Another dialect reads no usage there.
+        assert_eq!(head_from_json(ANY, body).usage, None);
     }
 }
 

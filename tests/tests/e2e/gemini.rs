@@ -220,7 +220,6 @@ async fn a_gemini_call_crosses_the_filter_as_the_sdk_sent_it() {
 }
 
 #[tokio::test]
-#[ignore = "gemini dialect wiring"]
 async fn a_gemini_call_is_classified_and_counted_from_its_usage_metadata() {
     if skip_without_envoy("a_gemini_call_is_classified_and_counted_from_its_usage_metadata") {
         return;
@@ -256,7 +255,6 @@ async fn a_gemini_call_is_classified_and_counted_from_its_usage_metadata() {
 }
 
 #[tokio::test]
-#[ignore = "gemini dialect wiring"]
 async fn a_gemini_stream_reaches_the_sdk_as_sent_and_is_counted() {
     if skip_without_envoy("a_gemini_stream_reaches_the_sdk_as_sent_and_is_counted") {
         return;
@@ -286,7 +284,6 @@ async fn a_gemini_stream_reaches_the_sdk_as_sent_and_is_counted() {
 }
 
 #[tokio::test]
-#[ignore = "gemini dialect wiring"]
 async fn a_gemini_call_opted_in_by_max_age_is_a_cache_hit() {
     if skip_without_envoy("a_gemini_call_opted_in_by_max_age_is_a_cache_hit") {
         return;
@@ -330,7 +327,6 @@ async fn a_gemini_call_opted_in_by_max_age_is_a_cache_hit() {
 }
 
 #[tokio::test]
-#[ignore = "gemini dialect wiring"]
 async fn a_shed_gemini_call_is_the_sdks_error_in_googles_shape() {
     if skip_without_envoy("a_shed_gemini_call_is_the_sdks_error_in_googles_shape") {
         return;
@@ -373,7 +369,6 @@ async fn a_shed_gemini_call_is_the_sdks_error_in_googles_shape() {
 }
 
 #[tokio::test]
-#[ignore = "gemini dialect wiring"]
 async fn a_gemini_call_is_routed_with_the_model_rewritten_in_its_path() {
     if skip_without_envoy("a_gemini_call_is_routed_with_the_model_rewritten_in_its_path") {
         return;
@@ -382,7 +377,9 @@ async fn a_gemini_call_is_routed_with_the_model_rewritten_in_its_path() {
     let a = MockUpstream::backend("a", 0);
     a.set_prompt_cache(true);
     let envoy = EnvoyBuilder::new()
-        .plugin_config(json!({"routing": {"models": {
+        // The SDK's temperature 0 would make the second call a cache hit:
+        // it must reach the backend, whose prompt cache counts it.
+        .plugin_config(json!({"cache": {"enabled": false}, "routing": {"models": {
             MODEL: [{"cluster": "a", "model": "gemini-a"}]
         }}}))
         .upstream(default.name(), default.port())
@@ -411,4 +408,55 @@ async fn a_gemini_call_is_routed_with_the_model_rewritten_in_its_path() {
         );
         assert_eq!(got, n, "{kind}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gemini_call_fails_over_with_the_other_backends_model_in_its_path() {
+    if skip_without_envoy("a_gemini_call_fails_over_with_the_other_backends_model_in_its_path") {
+        return;
+    }
+    let default = MockUpstream::backend("default", 0);
+    let (a, b) = (
+        MockUpstream::backend("a", 10),
+        MockUpstream::backend("b", 10),
+    );
+    b.set_status(Some(503));
+    let envoy = EnvoyBuilder::new()
+        .plugin_config(json!({"cache": {"enabled": false}, "routing": {
+            "eject_after_failures": 1000,
+            "models": {MODEL: [
+                {"cluster": "a", "model": "gemini-a"},
+                {"cluster": "b", "model": "gemini-b"}
+            ]}
+        }}))
+        .upstream(default.name(), default.port())
+        .upstream(a.name(), a.port())
+        .upstream(b.name(), b.port())
+        .header_route(CLUSTER_HEADER)
+        .route_timeout_ms(30_000)
+        .start()
+        .expect("envoy with the filter and two backends");
+    for i in 0..8 {
+        let prompt = format!("failover {i}");
+        let out = genai(&envoy, "generate", &["--prompt", &prompt]).await;
+        assert_eq!(out["headers"][CLUSTER_HEADER], "a", "{i}: {out}");
+        assert_eq!(out["model_version"], "gemini-a", "{i}: {out}");
+        assert_eq!(out["text"], format!("echo: {prompt} [a]"), "{i}: {out}");
+    }
+    // b was tried on its own name of the model, a answered on its own: each
+    // path rewritten from the client's, never the other backend's.
+    let on_b = b.count("POST", &path_of("gemini-b", false));
+    assert!(on_b > 0, "b was never chosen");
+    assert_eq!(b.count("POST", &path_of("gemini-a", false)), 0);
+    assert_eq!(a.count("POST", &path_of("gemini-a", false)), 8);
+    assert_eq!(a.count("POST", &path_of("gemini-b", false)), 0);
+    assert_eq!(a.count("POST", &path_of(MODEL, false)), 0);
+    assert_eq!(default.request_count(), 0, "every call was routed");
+    let answered = envoy.wait_for_metric(
+        "llm_filter_routing_failovers_total",
+        &[("result", "answered")],
+        on_b as f64,
+        DEADLINE,
+    );
+    assert_eq!(answered, on_b as f64);
 }

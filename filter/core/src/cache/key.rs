@@ -159,7 +159,7 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
     let api = req.endpoint.request();
     // A call that samples nothing (embeddings) is as deterministic as its input.
     if api.samples() {
-        if !deterministic(cfg, req.endpoint, body, &control) {
+        if !deterministic(cfg, req.endpoint, req.path, body, &control) {
             return Decision::Bypass(BypassReason::Temperature);
         }
         if has_marker(body, api.prompt_fields(), &cfg.dynamic_markers) {
@@ -168,8 +168,9 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
     }
     Decision::Cacheable(Cacheable {
         key: digest(KEY_VERSION, cfg, req, body),
-        // Embeddings are never streamed, whatever the body says.
-        stream: stream && api.streams(),
+        // Embeddings are never streamed, whatever the body says; an API
+        // that asks for a stream in its path asks there alone.
+        stream: api.stream_in_path(req.path).unwrap_or(stream) && api.streams(),
         include_usage,
         read: !control.no_cache,
         store: true,
@@ -283,17 +284,22 @@ fn delivery(body: &Json) -> Option<(bool, bool)> {
 fn deterministic(
     cfg: &CacheConfig,
     endpoint: Dialect,
+    path: &str,
     body: &Json,
     control: &CacheControl,
 ) -> bool {
-    let declared = || match body.get("model") {
-        Some(Json::String(m)) => cfg.deterministic_models.contains(m),
+    let api = endpoint.request();
+    let declared = || match (api.model_in_path(path), body.get("model")) {
+        (Some(m), _) => cfg.deterministic_models.iter().any(|d| d == m),
+        (None, Some(Json::String(m))) => cfg.deterministic_models.contains(m),
         _ => false,
     };
-    let absent_is_default = endpoint.request().absent_temperature_is_default();
+    let absent_is_default = api.absent_temperature_is_default();
     control.max_age_s.is_some()
         || declared()
-        || temperature_ok(body, cfg.max_temperature, absent_is_default)
+        || api
+            .sampling(body)
+            .is_some_and(|s| temperature_ok(s, cfg.max_temperature, absent_is_default))
 }
 
 /// True when the call's sampling is deterministic enough to cache. A null
@@ -1103,6 +1109,68 @@ mod tests {
             .unwrap()
             .join()
             .unwrap();
+    }
+
+    #[test]
+    fn a_gemini_call_is_read_from_its_path_and_generation_config() {
+        let decide_on = |path: &str, body: &str, cc: Option<&str>| {
+            let creds = [Some("k"), None];
+            let body = Json::parse(body.as_bytes());
+            decide(
+                &cfg(),
+                &CacheRequest {
+                    endpoint: Dialect::Gemini,
+                    path,
+                    body: body.as_ref(),
+                    cache_control: cc,
+                    credentials: &creds,
+                },
+            )
+        };
+        let plain = "/v1beta/models/g:generateContent";
+        let stream = "/v1beta/models/g:streamGenerateContent?alt=sse";
+        let cold = r#"{"contents":[],"generationConfig":{"temperature":0}}"#;
+        let Decision::Cacheable(c) = decide_on(plain, cold, None) else {
+            panic!("a temperature of 0 in generationConfig is deterministic");
+        };
+        assert!(!c.stream);
+        let Decision::Cacheable(s) = decide_on(stream, cold, None) else {
+            panic!("streamed alike");
+        };
+        assert!(s.stream, "the stream is the path's");
+        assert_ne!(c.key, s.key, "each path its own entry");
+        let hot = r#"{"contents":[],"generationConfig":{"temperature":1.5}}"#;
+        assert_eq!(
+            decide_on(plain, hot, None),
+            Decision::Bypass(BypassReason::Temperature)
+        );
+        assert!(matches!(
+            decide_on(plain, hot, Some("max-age=60")),
+            Decision::Cacheable(_)
+        ));
+        // A top-level temperature is no Gemini field: it counts for nothing.
+        assert_eq!(
+            decide_on(plain, r#"{"contents":[],"temperature":0}"#, None),
+            Decision::Bypass(BypassReason::Temperature)
+        );
+        // The model of `deterministic_models` is the path's.
+        let c = CacheConfig {
+            deterministic_models: vec!["g".into()],
+            ..cfg()
+        };
+        let creds = [None, None];
+        let body = Json::parse(hot.as_bytes());
+        let by_model = decide(
+            &c,
+            &CacheRequest {
+                endpoint: Dialect::Gemini,
+                path: plain,
+                body: body.as_ref(),
+                cache_control: None,
+                credentials: &creds,
+            },
+        );
+        assert!(matches!(by_model, Decision::Cacheable(_)));
     }
 }
 

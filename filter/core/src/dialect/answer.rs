@@ -8,7 +8,7 @@ pub mod stream;
 
 use serde_json::{Map, Value};
 
-use super::{chat, completions, embeddings, messages, other, responses, Dialect};
+use super::{chat, completions, embeddings, gemini, messages, other, responses, Dialect};
 use crate::budget::reply::ReplyKind;
 use crate::json::Json;
 use crate::sse::AnyGrammar;
@@ -20,6 +20,13 @@ pub trait Answer: Sync {
     /// (each count as `u64`; a count of another type costs the whole object
     /// before this is asked).
     fn usage(&self, reported: &Reported) -> Usage;
+
+    /// The usage an answer reports apart from a `usage` object, in the
+    /// member the API names so (Gemini's `usageMetadata`); `None` for an
+    /// API whose answers report it in `usage` alone.
+    fn usage_apart(&self, _metadata: &Value) -> Option<Usage> {
+        None
+    }
 
     /// The grammar its streams are read with, one per stream.
     fn grammar(&self) -> AnyGrammar;
@@ -207,6 +214,7 @@ impl Dialect {
             Self::Embeddings => &embeddings::Embeddings,
             Self::Responses => &responses::Responses,
             Self::Messages => &messages::Messages,
+            Self::Gemini => &gemini::Gemini,
             Self::Other => &other::Other,
         }
     }
@@ -238,7 +246,7 @@ mod tests {
                     assert_eq!(stored, Some(Stored::Canonical(None)));
                     assert!(!streams);
                 }
-                Dialect::Responses | Dialect::Messages => {
+                Dialect::Responses | Dialect::Messages | Dialect::Gemini => {
                     assert_eq!(stored, Some(Stored::AsSent), "{d:?}");
                     assert!(streams);
                 }
@@ -254,6 +262,7 @@ mod tests {
             let want = match d {
                 Dialect::Responses => matches!(g, AnyGrammar::Responses(_)),
                 Dialect::Messages => matches!(g, AnyGrammar::Messages(_)),
+                Dialect::Gemini => matches!(g, AnyGrammar::Gemini(_)),
                 _ => matches!(g, AnyGrammar::Chat(_)),
             };
             assert!(want, "{d:?}: {g:?}");
@@ -278,6 +287,14 @@ mod tests {
             let (status, body) = a.local_error(ReplyKind::Shed, "busy");
             let v: Value = serde_json::from_slice(&body).unwrap();
             let headers = a.rate_headers();
+            if d == Dialect::Gemini {
+                assert_eq!(status, 503);
+                assert_eq!(v["error"]["code"], 503);
+                assert_eq!(v["error"]["status"], "UNAVAILABLE");
+                assert_eq!(v["error"]["message"], "busy");
+                assert_eq!(a.provider(), "gcp.gemini");
+                continue;
+            }
             if d == Dialect::Messages {
                 assert_eq!(status, 529);
                 assert_eq!(v["type"], "error");

@@ -14,8 +14,9 @@ use serde_json::Value;
 
 use crate::json::{Document, Json};
 use crate::routing::fallback::ErrorClass;
-use crate::sse::reader::{Event, DATA_FIELD};
-use crate::sse::{tree_of, FinishReasons, Grammar, Parsed, Reading, Transcript};
+use crate::sse::reader::DATA_FIELD;
+use crate::sse::FinishReasons;
+
 use crate::usage::{Usage, MAX_FINISH_REASONS};
 
 /// The method of a whole answer, after the model in the path.
@@ -37,7 +38,7 @@ pub const EVENT_END: &[u8] = b"\r\n\r\n";
 pub const MAX_ID: usize = 256;
 /// Candidates whose end the stream grammar tracks (`candidateCount` is at
 /// most 8 today); a candidate of a higher index is not waited for.
-const MAX_CANDIDATES: u64 = 64;
+pub(crate) const MAX_CANDIDATES: u64 = 64;
 
 /// A generation call as its path says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -433,47 +434,47 @@ pub fn usage(metadata: &Value) -> Option<Usage> {
 /// one event of a stream.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Head {
+pub(crate) struct Head {
     #[serde(default)]
-    usage_metadata: Option<Value>,
+    pub(crate) usage_metadata: Option<Value>,
     #[serde(default)]
-    candidates: Option<Vec<CandidateHead>>,
+    pub(crate) candidates: Option<Vec<CandidateHead>>,
     #[serde(default)]
-    prompt_feedback: Option<Feedback>,
+    pub(crate) prompt_feedback: Option<Feedback>,
     #[serde(default)]
-    response_id: Option<Value>,
+    pub(crate) response_id: Option<Value>,
     #[serde(default)]
-    model_version: Option<Value>,
+    pub(crate) model_version: Option<Value>,
     /// An error in place of a response (a stream's last event).
     #[serde(default)]
-    error: Option<Value>,
+    pub(crate) error: Option<Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct CandidateHead {
+pub(crate) struct CandidateHead {
     #[serde(default)]
-    finish_reason: Option<Value>,
+    pub(crate) finish_reason: Option<Value>,
     #[serde(default)]
-    index: Option<Value>,
+    pub(crate) index: Option<Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Feedback {
+pub(crate) struct Feedback {
     /// The prompt was blocked: no candidate comes.
     #[serde(default)]
-    block_reason: Option<Value>,
+    pub(crate) block_reason: Option<Value>,
 }
 
 impl Head {
-    fn usage(&self) -> Option<Usage> {
+    pub(crate) fn usage(&self) -> Option<Usage> {
         self.usage_metadata.as_ref().and_then(usage)
     }
 
     /// Why the answer (or this event) ended: each finished candidate's
     /// `finishReason`, or the prompt's `blockReason`.
-    fn reasons(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn reasons(&self) -> impl Iterator<Item = &str> {
         self.candidates
             .iter()
             .flatten()
@@ -486,7 +487,7 @@ impl Head {
             .filter(|r| !r.is_empty())
     }
 
-    fn blocked(&self) -> bool {
+    pub(crate) fn blocked(&self) -> bool {
         self.prompt_feedback
             .as_ref()
             .is_some_and(|f| f.block_reason.as_ref().is_some_and(|r| !r.is_null()))
@@ -532,152 +533,6 @@ fn cut(s: &str, max: usize) -> &str {
         end = end.saturating_sub(1);
     }
     s.get(..end).unwrap_or_default()
-}
-
-/// The event grammar of a Gemini stream (`alt=sse`): unnamed `data:`
-/// events, each a whole `GenerateContentResponse` with the usage so far;
-/// no terminator. The stream ended when every candidate it started gave its
-/// `finishReason` (the last event), when the prompt was blocked, or when an
-/// error came in place of a response.
-#[derive(Debug, Default)]
-pub struct Gemini {
-    /// The usage so far (each event reports the whole call's so far).
-    pub usage: Option<Usage>,
-    /// A candidate gave its finish reason.
-    pub finished: bool,
-    /// The finish reasons, in the order they came.
-    pub reasons: FinishReasons,
-    /// The last event passed.
-    pub done: bool,
-    /// Events with data seen.
-    pub events: u64,
-    /// Candidates (by index, below [`MAX_CANDIDATES`]) seen, and finished.
-    started: u64,
-    ended: u64,
-    /// The candidates' text, when kept.
-    pub transcript: Option<Transcript>,
-}
-
-impl Grammar for Gemini {
-    fn read(&mut self, event: &Event<'_>, parse: bool) -> Reading {
-        let Some(data) = event.data else {
-            return Reading::default();
-        };
-        self.events = self.events.saturating_add(1);
-        // The text is kept from the event's tree: the parse a collector
-        // asks for, or one of its own while the text is kept; else only the
-        // fields the grammar reads are parsed.
-        let tree = tree_of(data, parse || self.transcript.is_some());
-        let head = match &tree {
-            Some(Some(t)) => {
-                self.keep(t);
-                Head::deserialize(t).ok()
-            }
-            Some(None) => None,
-            None => serde_json::from_slice::<Head>(data).ok(),
-        };
-        if let Some(head) = head {
-            self.note(&head);
-        }
-        Reading {
-            usage_only: false,
-            parsed: if parse {
-                Parsed::of(tree)
-            } else {
-                Parsed::Skipped
-            },
-        }
-    }
-
-    fn usage(&self) -> Option<Usage> {
-        self.usage
-    }
-
-    fn ended(&self) -> bool {
-        self.done
-    }
-
-    fn finished(&self) -> bool {
-        self.finished
-    }
-
-    fn finish_reasons(&self) -> &FinishReasons {
-        &self.reasons
-    }
-
-    fn keep_text(&mut self, limit: usize) {
-        self.transcript
-            .get_or_insert_with(|| Transcript::new(limit));
-    }
-
-    fn transcript(&self) -> Option<&Transcript> {
-        self.transcript.as_ref()
-    }
-}
-
-impl Gemini {
-    /// Takes in what one event says.
-    fn note(&mut self, head: &Head) {
-        if head.error.as_ref().is_some_and(|e| !e.is_null()) {
-            self.done = true;
-            return;
-        }
-        if let Some(u) = head.usage() {
-            // Each event reports the call's usage so far: a later count
-            // replaces an earlier one, a count it leaves out stays.
-            self.usage = Some(self.usage.map_or(u, |so_far| so_far.updated_by(u)));
-        }
-        for reason in head.reasons() {
-            self.reasons.push(reason);
-        }
-        for (at, c) in head.candidates.iter().flatten().enumerate() {
-            let index = c
-                .index
-                .as_ref()
-                .and_then(Value::as_u64)
-                .unwrap_or(u64::try_from(at).unwrap_or(u64::MAX));
-            let finished = c.finish_reason.as_ref().is_some_and(|r| !r.is_null());
-            self.finished |= finished;
-            if index >= MAX_CANDIDATES {
-                continue;
-            }
-            let bit = 1u64 << index;
-            self.started |= bit;
-            if finished {
-                self.ended |= bit;
-            }
-        }
-        if head.blocked() || (self.started != 0 && self.started == self.ended) {
-            self.done = true;
-        }
-    }
-
-    /// Keeps each candidate's text of an event (its parts' text, thoughts
-    /// left out: they are not the answer).
-    fn keep(&mut self, tree: &Value) {
-        let Some(t) = self.transcript.as_mut() else {
-            return;
-        };
-        let candidates = tree.get("candidates").and_then(Value::as_array);
-        for (at, c) in candidates.into_iter().flatten().enumerate() {
-            let index = c
-                .get("index")
-                .and_then(Value::as_u64)
-                .unwrap_or(u64::try_from(at).unwrap_or(u64::MAX));
-            let parts = c
-                .get("content")
-                .and_then(|content| content.get("parts"))
-                .and_then(Value::as_array);
-            for part in parts.into_iter().flatten() {
-                if part.get("thought").and_then(Value::as_bool) == Some(true) {
-                    continue;
-                }
-                if let Some(text) = part.get("text").and_then(Value::as_str) {
-                    t.push(index, text);
-                }
-            }
-        }
-    }
 }
 
 /// Writes one response as an event of Google's streams (the cache's replay).
@@ -759,6 +614,215 @@ pub fn error_class(status: u16, body: &[u8]) -> Option<ErrorClass> {
         }
         (404, "not_found") if says(&["models/", "model"]) => Some(ErrorClass::ModelNotFound),
         _ => None,
+    }
+}
+
+/// Google's Gemini API: the dialect.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Gemini;
+
+// The request: the model and the stream in the path, the prompt in
+// `systemInstruction` and `contents`, the sampling in `generationConfig`
+// (the [`super::request`] side).
+
+mod asks {
+    use super::{call_of, model, query_key, turns, with_model, Gemini, KEY_HEADER};
+    use crate::dialect::request::{Prompt, Request, Turns};
+    use crate::json::{Document, Json};
+    use crate::shaping::TokenField;
+
+    impl Request for Gemini {
+        fn model_in_path<'p>(&self, path: &'p str) -> Option<&'p str> {
+            model(path)
+        }
+
+        fn path_with_model(&self, path: &str, model: &str) -> Option<String> {
+            with_model(path, model)
+        }
+
+        /// The body names no model: it is the path's.
+        fn set_model(&self, _doc: &mut Document, _model: &str) -> bool {
+            false
+        }
+
+        fn stream_in_path(&self, path: &str) -> Option<bool> {
+            call_of(path).map(|c| c.stream)
+        }
+
+        /// Gemini's requests name no end user.
+        fn user<'a>(&self, _body: &'a Json) -> Option<&'a str> {
+            None
+        }
+
+        /// Google's `x-goog-api-key` (the key may come in the query too,
+        /// `?key=`, which the path carries into the cache's key).
+        fn authenticates_with(&self) -> &'static [&'static str] {
+            &[KEY_HEADER]
+        }
+
+        fn credential_header(&self) -> Option<&'static str> {
+            Some(KEY_HEADER)
+        }
+
+        fn query_credential<'p>(&self, path: &'p str, name: &str) -> Option<&'p str> {
+            (name == KEY_HEADER).then(|| query_key(path)).flatten()
+        }
+
+        fn samples(&self) -> bool {
+            true
+        }
+
+        /// `generationConfig` holds the sampling (`temperature`).
+        fn sampling<'a>(&self, body: &'a Json) -> Option<&'a Json> {
+            body.get("generationConfig")
+        }
+
+        fn turns_field(&self) -> Option<&'static str> {
+            Some("contents")
+        }
+
+        fn turns(&self, contents: &[Json]) -> Option<Turns> {
+            let t = turns(contents)?;
+            Some(Turns {
+                pinned: vec![false; t.starts.len()],
+                starts: t.starts,
+                current: t.current,
+            })
+        }
+
+        fn prompt<'a>(&self, body: &'a Json) -> Option<Prompt<'a>> {
+            Some(Prompt::new(
+                body.get("systemInstruction"),
+                None,
+                body.get("contents"),
+            ))
+        }
+
+        fn prompt_fields(&self) -> &'static [&'static str] {
+            &["systemInstruction", "contents"]
+        }
+
+        /// Gemini's cap is nested (`generationConfig.maxOutputTokens`):
+        /// no top-level field of the family.
+        fn output_cap_field(&self, _configured: TokenField) -> Option<TokenField> {
+            None
+        }
+    }
+}
+
+// The answer: `usageMetadata`, the stream's grammar, the stored entry,
+// Google's error shape and classes (the [`super::answer`] side).
+
+mod answers {
+    use serde_json::{Map, Value};
+
+    use super::{error_body, error_class, usage, Gemini};
+    use crate::budget::reply::ReplyKind;
+    use crate::dialect::answer::{refusal_of, stream, Answer, Hear, RateHeaders, Refusal, Stored};
+    use crate::dialect::chat::RATE_HEADERS;
+    use crate::json::Json;
+    use crate::routing::fallback::ErrorClass;
+    use crate::sse::AnyGrammar;
+    use crate::usage::{Reported, Usage};
+
+    impl Answer for Gemini {
+        /// Gemini reports no `usage` object (see [`Answer::usage_apart`]).
+        fn usage(&self, _reported: &Reported) -> Usage {
+            Usage::default()
+        }
+
+        fn usage_apart(&self, metadata: &Value) -> Option<Usage> {
+            usage(metadata)
+        }
+
+        fn grammar(&self) -> AnyGrammar {
+            AnyGrammar::Gemini(stream::Gemini::default())
+        }
+
+        /// As sent: the JSON, or every event of the stream (a replay is
+        /// Google's own framing, byte for byte).
+        fn stored(&self) -> Option<Stored> {
+            Some(Stored::AsSent)
+        }
+
+        /// Candidates, each with its `finishReason`.
+        fn complete(&self, answer: &Map<String, Value>) -> bool {
+            answer
+                .get("candidates")
+                .and_then(Value::as_array)
+                .is_some_and(|c| {
+                    !c.is_empty()
+                        && c.iter()
+                            .all(|c| c.get("finishReason").is_some_and(Value::is_string))
+                })
+        }
+
+        /// Google's shape, with the status its SDK raises as the matching
+        /// error (503 `UNAVAILABLE` for a shed or refused call, a
+        /// `ServerError` it may retry).
+        fn local_error(&self, kind: ReplyKind, message: &str) -> (u32, Vec<u8>) {
+            let status: u16 = match kind {
+                ReplyKind::Shed
+                | ReplyKind::Reject
+                | ReplyKind::DegradeShed
+                | ReplyKind::DegradeReject => 503,
+                ReplyKind::BudgetExhausted | ReplyKind::UpstreamTimeout => 504,
+                ReplyKind::TooLarge => 413,
+                ReplyKind::OverLimit => 429,
+            };
+            (u32::from(status), error_body(status, message))
+        }
+
+        /// Google sends none; OpenAI's names are the filter's own.
+        fn rate_headers(&self) -> &'static RateHeaders {
+            &RATE_HEADERS
+        }
+
+        /// Read from Google's shape, else as every dialect reads the
+        /// others' (a Gemini path may front another provider's models).
+        fn refusal(&self, status: u16, body: &Value) -> Option<Refusal> {
+            let bytes = serde_json::to_vec(body).unwrap_or_default();
+            match error_class(status, &bytes) {
+                Some(ErrorClass::ContextLength) => Some(Refusal::ContextLength),
+                Some(ErrorClass::Quota) => Some(Refusal::Quota),
+                Some(ErrorClass::ModelNotFound) => Some(Refusal::UnknownModel),
+                None => refusal_of(status, body),
+            }
+        }
+
+        fn provider(&self) -> &'static str {
+            "gcp.gemini"
+        }
+
+        /// Each candidate a turn: its parts' text (thoughts left out),
+        /// ended for its `finishReason`.
+        fn said(&self, answer: &Json, out: &mut dyn Hear) -> bool {
+            let Some(Json::Array(candidates)) = answer.get("candidates") else {
+                return true;
+            };
+            for c in candidates {
+                if out.full() {
+                    break;
+                }
+                let mut text = String::new();
+                if let Some(Json::Array(parts)) = c.get("content").and_then(|c| c.get("parts")) {
+                    for p in parts {
+                        if matches!(p.get("thought"), Some(Json::Bool(true))) {
+                            continue;
+                        }
+                        if let Some(Json::String(t)) = p.get("text") {
+                            text.push_str(t);
+                        }
+                    }
+                }
+                let reason = match c.get("finishReason") {
+                    Some(Json::String(r)) => Some(r.as_str()),
+                    _ => None,
+                };
+                out.text(&text, reason);
+            }
+            true
+        }
     }
 }
 

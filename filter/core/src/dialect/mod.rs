@@ -32,17 +32,21 @@ pub enum Dialect {
     Responses,
     /// Anthropic Messages, `…/messages`.
     Messages,
+    /// Google Gemini, `…/models/{model}:generateContent` and
+    /// `:streamGenerateContent`.
+    Gemini,
     /// A configured path of another shape.
     Other,
 }
 
 /// Every dialect with its name in config and metrics, in one list.
-const APIS: [(Dialect, &str); 6] = [
+const APIS: [(Dialect, &str); 7] = [
     (Dialect::Chat, "chat"),
     (Dialect::Completions, "completions"),
     (Dialect::Embeddings, "embeddings"),
     (Dialect::Responses, "responses"),
     (Dialect::Messages, "messages"),
+    (Dialect::Gemini, "gemini"),
     (Dialect::Other, "other"),
 ];
 
@@ -77,6 +81,9 @@ impl Dialect {
             Self::Responses
         } else if path.ends_with("/messages") {
             Self::Messages
+        } else if gemini::call_of(path).is_some() || GEMINI_VERBS.iter().any(|v| path.ends_with(v))
+        {
+            Self::Gemini
         } else {
             Self::Other
         }
@@ -118,17 +125,25 @@ impl Dialect {
 }
 
 /// The default LLM paths: OpenAI's chat, text completions, embeddings and
-/// Responses, and Anthropic's Messages.
-pub const DEFAULT_PATHS: [&str; 5] = [
+/// Responses, Anthropic's Messages, and Gemini's generation (the model in
+/// the path).
+pub const DEFAULT_PATHS: [&str; 7] = [
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/embeddings",
     "/v1/responses",
     "/v1/messages",
+    "/v1beta/models/*:generateContent",
+    "/v1beta/models/*:streamGenerateContent",
 ];
 
+/// The path endings of Gemini's generation patterns (`…/*:generateContent`).
+const GEMINI_VERBS: [&str; 2] = ["*:generateContent", "*:streamGenerateContent"];
+
 /// One entry of `llm_paths`: a path, where a `*` segment stands for any one
-/// segment (`/openai/deployments/*/chat/completions`), and its dialect.
+/// segment (`/openai/deployments/*/chat/completions`), and may be followed
+/// by a `:verb` its segment ends with (`/v1beta/models/*:generateContent`),
+/// and its dialect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LlmPath {
     /// The path pattern, absolute, without query.
@@ -157,11 +172,22 @@ impl LlmPath {
             match (want.next(), got.next()) {
                 (None, None) => return true,
                 (Some("*"), Some(g)) if !g.is_empty() => {}
+                (Some(w), Some(g)) if star_verb(w, g) => {}
                 (Some(w), Some(g)) if w == g => {}
                 _ => return false,
             }
         }
     }
+}
+
+/// True when the pattern segment `want` is `*:verb` and `got` is a
+/// non-empty name ending with that `:verb` (and no other `:`).
+fn star_verb(want: &str, got: &str) -> bool {
+    let Some(verb) = want.strip_prefix('*').filter(|v| v.starts_with(':')) else {
+        return false;
+    };
+    got.strip_suffix(verb)
+        .is_some_and(|name| !name.is_empty() && !name.contains(':'))
 }
 
 /// The dialect of an LLM call, or `None` for any other request. Only `POST`
@@ -276,12 +302,15 @@ mod tests {
     }
 
     #[test]
-    fn only_messages_has_a_credential_header_of_its_own() {
+    fn only_messages_and_gemini_have_a_credential_header_of_their_own() {
         assert_eq!(Dialect::Messages.credential_header(), Some("x-api-key"));
-        for (e, _) in APIS.iter().filter(|(e, _)| *e != Dialect::Messages) {
+        assert_eq!(Dialect::Gemini.credential_header(), Some("x-goog-api-key"));
+        let own = [Dialect::Messages, Dialect::Gemini];
+        for (e, _) in APIS.iter().filter(|(e, _)| !own.contains(e)) {
             assert_eq!(e.credential_header(), None, "{e:?}");
         }
         assert!(Dialect::is_credential_header("x-api-key"));
+        assert!(Dialect::is_credential_header("x-goog-api-key"));
         assert!(!Dialect::is_credential_header("authorization"));
     }
 
@@ -295,5 +324,44 @@ mod tests {
         assert_eq!(model(b"not json"), None);
         assert_eq!(model(br#"{"model":3}"#), None);
         assert_eq!(model(b""), None);
+    }
+
+    #[test]
+    fn gemini_is_classified_by_default_with_its_verb() {
+        let p = paths(&DEFAULT_PATHS);
+        for (path, want) in [
+            (
+                "/v1beta/models/gemini-2.5-flash:generateContent",
+                Some(Dialect::Gemini),
+            ),
+            (
+                "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse",
+                Some(Dialect::Gemini),
+            ),
+            ("/v1beta/models/m:countTokens", None),
+            ("/v1beta/models/:generateContent", None),
+            ("/v1beta/models/a:b:generateContent", None),
+            ("/v1beta/models/m/x:generateContent", None),
+            ("/v1beta/models/m", None),
+            ("/v1beta/models/*:generateContent/x", None),
+        ] {
+            assert_eq!(classify("POST", path, &p), want, "{path}");
+        }
+        assert_eq!(
+            classify("GET", "/v1beta/models/m:generateContent", &p),
+            None
+        );
+        // A configured pattern of the same shape is Gemini's too.
+        let vertex =
+            LlmPath::new("/v1/projects/*/locations/*/publishers/google/models/*:generateContent");
+        assert_eq!(vertex.api, Dialect::Gemini);
+        assert!(
+            vertex.matches("/v1/projects/p/locations/l/publishers/google/models/m:generateContent")
+        );
+        assert!(!vertex.matches(
+            "/v1/projects/p/locations/l/publishers/google/models/m:streamGenerateContent"
+        ));
+        // A `*` alone still takes a whole segment, colon and all.
+        assert!(LlmPath::new("/x/*").matches("/x/a:b"));
     }
 }

@@ -8,7 +8,7 @@
 //! question is, what the prompt cache keys on. [`Dialect::request`] is the
 //! one place that picks the API.
 
-use super::{chat, completions, embeddings, messages, other, responses, Dialect};
+use super::{chat, completions, embeddings, gemini, messages, other, responses, Dialect};
 use crate::json::{Document, Json};
 use crate::routing::affinity;
 use crate::routing::rules::Features;
@@ -37,6 +37,12 @@ pub trait Request: Sync {
         None
     }
 
+    /// Whether the call asks for a stream, for an API whose path says it
+    /// (Gemini's `:streamGenerateContent`); `None`: the body's `stream`.
+    fn stream_in_path(&self, _path: &str) -> Option<bool> {
+        None
+    }
+
     /// Sets the body's top-level `model` to `model`, every other byte kept;
     /// false when the body cannot take it.
     fn set_model(&self, doc: &mut Document, model: &str) -> bool {
@@ -56,6 +62,13 @@ pub trait Request: Sync {
         &["authorization", "api-key"]
     }
 
+    /// The credential a call's `path` carries in its query in place of
+    /// header `name` (Gemini's `?key=`); `None` for an API that takes none
+    /// there. A credential: never logged, labelled or counted, only digested.
+    fn query_credential<'p>(&self, _path: &'p str, _name: &str) -> Option<&'p str> {
+        None
+    }
+
     /// The header of the API's own credential, where it has one besides
     /// `authorization`.
     fn credential_header(&self) -> Option<&'static str> {
@@ -66,6 +79,12 @@ pub trait Request: Sync {
     /// something to it.
     fn samples(&self) -> bool {
         false
+    }
+
+    /// The object holding the request's sampling parameters
+    /// (`temperature`): the body itself, or the member an API nests them in.
+    fn sampling<'a>(&self, body: &'a Json) -> Option<&'a Json> {
+        Some(body)
     }
 
     /// A request without a `temperature` samples at the providers' default
@@ -160,6 +179,7 @@ impl Dialect {
             Self::Embeddings => &embeddings::Embeddings,
             Self::Responses => &responses::Responses,
             Self::Messages => &messages::Messages,
+            Self::Gemini => &gemini::Gemini,
             Self::Other => &other::Other,
         }
     }
@@ -203,15 +223,18 @@ impl View {
             .model_in_path(path)
             .map(str::to_string)
             .or_else(|| features.and_then(|f| f.model.clone()));
+        let stream = api
+            .stream_in_path(path)
+            .unwrap_or_else(|| features.is_some_and(|f| f.stream));
         let mut view = Self {
             model,
-            stream: Some(features.is_some_and(|f| f.stream)),
+            stream: Some(stream),
             tools: features.is_some_and(|f| f.tools),
             ..Self::default()
         };
         if let Some(tree) = tree {
             view.user = api.user(tree).map(str::to_string);
-            view.temperature = match tree.get("temperature") {
+            view.temperature = match api.sampling(tree).and_then(|s| s.get("temperature")) {
                 Some(Json::Number(n)) => n.parse::<f64>().ok(),
                 _ => None,
             };
@@ -457,12 +480,60 @@ mod tests {
     }
 
     #[test]
-    fn no_dialect_takes_its_model_from_the_path_yet() {
+    fn only_gemini_takes_its_model_and_stream_from_the_path() {
+        let path = "/v1beta/models/g:generateContent";
         for d in ALL {
             let api = d.request();
-            assert_eq!(api.model_in_path("/v1beta/models/g:generateContent"), None);
+            assert_eq!(api.model_in_path(path), None);
             assert_eq!(api.path_with_model("/v1/chat/completions", "x"), None);
+            assert_eq!(api.stream_in_path(path), None);
         }
+        let g = Dialect::Gemini.request();
+        assert_eq!(g.model_in_path(path), Some("g"));
+        assert_eq!(
+            g.path_with_model("/v1beta/models/g:streamGenerateContent?alt=sse", "h")
+                .as_deref(),
+            Some("/v1beta/models/h:streamGenerateContent?alt=sse")
+        );
+        assert_eq!(g.stream_in_path(path), Some(false));
+        let mut doc = Document::parse(br#"{"contents":[]}"#.to_vec());
+        assert!(!g.set_model(&mut doc, "h"), "the body names no model");
+        assert_eq!(doc.bytes(), br#"{"contents":[]}"#);
+    }
+
+    #[test]
+    fn a_gemini_view_reads_the_path_and_generation_config() {
+        let body = j(
+            r#"{"contents":[{"role":"user","parts":[{"text":"hi"}]}],"stream":false,
+            "temperature":2,"generationConfig":{"temperature":0.25,"maxOutputTokens":64}}"#,
+        );
+        let features = Features::from_json(&body);
+        let view = |path| View::read(Dialect::Gemini, path, Some(&body), features.as_ref());
+        let plain = view("/v1beta/models/gemini-2.5-flash:generateContent");
+        assert_eq!(plain.model.as_deref(), Some("gemini-2.5-flash"));
+        assert_eq!(plain.stream, Some(false));
+        assert_eq!(plain.temperature, Some(0.25), "the nested one counts");
+        assert_eq!(plain.user, None);
+        let streamed = view("/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse");
+        assert_eq!(streamed.stream, Some(true), "the path's verb, not the body");
+        assert_eq!(
+            Dialect::Gemini
+                .request()
+                .query_credential("/v1beta/models/m:generateContent?key=k1", "x-goog-api-key"),
+            Some("k1")
+        );
+        assert_eq!(
+            Dialect::Gemini
+                .request()
+                .query_credential("/v1beta/models/m:generateContent?key=k1", "authorization"),
+            None
+        );
+        assert_eq!(
+            Dialect::Chat
+                .request()
+                .query_credential("/v1/chat/completions?key=k1", "x-goog-api-key"),
+            None
+        );
     }
 
     #[test]

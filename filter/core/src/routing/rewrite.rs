@@ -4,7 +4,7 @@
 //! change; every other byte is kept, so the rest of the request reaches the
 //! backend exactly as the client sent it.
 
-use crate::dialect::request;
+use crate::dialect::{request, Dialect};
 use crate::json::{Document, Json};
 
 /// The body with its top-level `"model"` string replaced by `model`; `None`
@@ -19,6 +19,25 @@ pub fn rewrite_model(doc: &Document, model: &str) -> Option<Vec<u8>> {
 /// [`crate::dialect::request::Request::set_model`]).
 fn set_model(doc: &mut Document, model: &str) -> bool {
     request::set_body_model(doc, model)
+}
+
+/// Where a backend's name of the model goes: the model to set in the body
+/// (`None`: the body stays as it names it), and the `:path` to send the call
+/// on for a dialect that names the model there (`None`: `path` as it is).
+/// `None` when the dialect's path cannot take `model`: the call must not go
+/// to that backend.
+pub fn model_edit<'m>(
+    dialect: Dialect,
+    path: &str,
+    model: Option<&'m str>,
+) -> Option<(Option<&'m str>, Option<String>)> {
+    let api = dialect.request();
+    match model {
+        Some(m) if api.model_in_path(path).is_some() => {
+            api.path_with_model(path, m).map(|p| (None, Some(p)))
+        }
+        m => Some((m, None)),
+    }
 }
 
 /// What a backend's body is, next to the one held.
@@ -252,5 +271,26 @@ mod props {
             Edit::Refused
         );
         assert_eq!(for_backend(&doc("[]"), None, Some("k")), Edit::Unchanged);
+    }
+
+    #[test]
+    fn the_model_goes_where_the_dialect_names_it() {
+        let chat = "/v1/chat/completions";
+        assert_eq!(
+            model_edit(Dialect::Chat, chat, Some("b")),
+            Some((Some("b"), None))
+        );
+        assert_eq!(model_edit(Dialect::Chat, chat, None), Some((None, None)));
+        let g = "/v1beta/models/a:streamGenerateContent?alt=sse";
+        assert_eq!(
+            model_edit(Dialect::Gemini, g, Some("b")),
+            Some((
+                None,
+                Some("/v1beta/models/b:streamGenerateContent?alt=sse".into())
+            ))
+        );
+        assert_eq!(model_edit(Dialect::Gemini, g, None), Some((None, None)));
+        // A name the path cannot take: not to that backend.
+        assert_eq!(model_edit(Dialect::Gemini, g, Some("a/b")), None);
     }
 }

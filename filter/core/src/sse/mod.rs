@@ -38,7 +38,7 @@ use serde_json::Value;
 pub use reader::{Event, Reader, MAX_EVENT};
 pub use transcript::Transcript;
 
-use crate::dialect::answer::stream::{responses, Chat, Messages, Responses};
+use crate::dialect::answer::stream::{responses, Chat, Gemini, Messages, Responses};
 use crate::usage::{Usage, MAX_FINISH_REASONS};
 
 /// Longest incomplete event the strip holds back from the client; past it
@@ -189,6 +189,8 @@ pub enum AnyGrammar {
     Responses(Responses),
     /// Anthropic Messages.
     Messages(Messages),
+    /// Google Gemini.
+    Gemini(Gemini),
 }
 
 impl Default for AnyGrammar {
@@ -203,6 +205,7 @@ impl AnyGrammar {
             Self::Chat(g) => g,
             Self::Responses(g) => g,
             Self::Messages(g) => g,
+            Self::Gemini(g) => g,
         }
     }
 
@@ -211,6 +214,7 @@ impl AnyGrammar {
             Self::Chat(g) => g,
             Self::Responses(g) => g,
             Self::Messages(g) => g,
+            Self::Gemini(g) => g,
         }
     }
 }

@@ -53,10 +53,16 @@ impl Call {
         }
         let endpoint = self.request.endpoint;
         let field = TokenField::of(endpoint, self.shaping_config(env.config).field);
-        // What the dialect has no field for is skipped, and counted.
+        // What the dialect has no field for is skipped, and counted: the
+        // edits below write the body's top-level `model` and `temperature`,
+        // which a dialect naming the model in its path (and nesting its
+        // sampling) does not have.
+        let api = endpoint.request();
+        let body_model = api.model_in_path(&self.request.path).is_none();
         let (apply, skip): (Vec<Action>, Vec<Action>) = actions.iter().partition(|a| match a {
             Action::MaxTokens => field.is_some(),
-            Action::Temperature => endpoint.samples(),
+            Action::Temperature => endpoint.samples() && body_model,
+            Action::FallbackModel => body_model,
             _ => true,
         });
         for action in skip {

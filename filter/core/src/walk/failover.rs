@@ -184,6 +184,14 @@ impl Call {
             return Sent::Nowhere;
         };
         let cache_key = self.cache_key_for(target.prompt_cache_key);
+        // The path as the client sent it, with the backend's name of the
+        // model for a dialect that names it there.
+        let Some((model, path)) =
+            rewrite::model_edit(self.request.endpoint, &self.request.path, model)
+        else {
+            internal_error(env.metrics, "rewrite_model");
+            return Sent::Nowhere;
+        };
         let new_body = match rewrite::for_backend(&body.doc, model, cache_key.as_deref()) {
             Edit::Unchanged => body.raw().to_vec(),
             Edit::Changed(b) => b,
@@ -192,12 +200,24 @@ impl Call {
                 return Sent::Nowhere;
             }
         };
-        let headers = failover::callout_headers(
+        let mut headers = failover::callout_headers(
             &host.request_headers(),
             &env.config.routing.cluster_header,
             target.authority.as_deref(),
             new_body.len(),
         );
+        if self
+            .request
+            .endpoint
+            .request()
+            .model_in_path(&self.request.path)
+            .is_some()
+        {
+            let path = path.unwrap_or_else(|| self.request.path.clone());
+            for (_, v) in headers.iter_mut().filter(|(k, _)| k == ":path") {
+                v.clone_from(&path);
+            }
+        }
         let headers: Vec<(&str, &str)> = headers
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))

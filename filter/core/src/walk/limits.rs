@@ -77,10 +77,17 @@ impl Call {
                 .max_tokens
                 .zip(field)
                 .is_some_and(|(cap, f)| shaping::cap_max_tokens(&mut b.doc, cap, f));
+            // Only a model the body names is switched there.
+            let in_body = self
+                .request
+                .endpoint
+                .request()
+                .model_in_path(&self.request.path)
+                .is_none();
             let switched = cheaper
                 .model
                 .as_deref()
-                .filter(|m| degrade::switch_model(&mut b.doc, m));
+                .filter(|m| in_body && degrade::switch_model(&mut b.doc, m));
             if let Some(m) = switched {
                 self.decided.fallback_model = Some(m.to_string());
             }
@@ -125,11 +132,18 @@ impl Call {
     fn tenant(&self, env: &Env<'_>, host: &dyn Host) -> Option<String> {
         let cfg = &env.config.limits;
         match cfg.tenant {
-            limits::TenantSource::Credential => limits::tenant::of_credential(
-                self.request.endpoint,
-                cfg.tenant_header.as_deref(),
-                |name| host.request_header(name),
-            ),
+            limits::TenantSource::Credential => {
+                let api = self.request.endpoint.request();
+                let path = &self.request.path;
+                limits::tenant::of_credential(
+                    self.request.endpoint,
+                    cfg.tenant_header.as_deref(),
+                    |name| {
+                        host.request_header(name)
+                            .or_else(|| api.query_credential(path, name).map(str::to_string))
+                    },
+                )
+            }
             limits::TenantSource::Header => cfg
                 .tenant_header
                 .as_deref()

@@ -126,11 +126,19 @@ impl Call {
         // The chosen backend's name of the model, when it has its own, and
         // the cache key it takes.
         let cache_key = self.cache_key_for(decision.prompt_cache_key);
-        let edit = rewrite::for_backend(
-            &body.doc,
+        // The backend's name of the model, in the body or, for a dialect
+        // that names it there, in the path.
+        let (edit, path) = match rewrite::model_edit(
+            self.request.endpoint,
+            &self.request.path,
             decision.rewrite_model.as_deref(),
-            cache_key.as_deref(),
-        );
+        ) {
+            Some((model, path)) => (
+                rewrite::for_backend(&body.doc, model, cache_key.as_deref()),
+                path,
+            ),
+            None => (Edit::Refused, None),
+        };
         let written = match &edit {
             Edit::Refused => {
                 self.send_body(env, host, body, None);
@@ -151,6 +159,11 @@ impl Call {
         }
         if let Some(authority) = &decision.authority {
             set_request(env, host, ":authority", Some(authority));
+        }
+        if let Some(path) = &path {
+            // Envoy picks the route again below (the routing header's
+            // refresh), on the rewritten path.
+            set_request(env, host, ":path", Some(path));
         }
         set_route_header(env, host, Some(&decision.cluster));
         if let (Some(header), Some(key)) =

@@ -1,7 +1,10 @@
 use serde_json::json;
 
 use super::*;
+use crate::dialect::answer::stream::Gemini as Events;
+use crate::sse::reader::Event;
 use crate::sse::Stream as SseStream;
+use crate::sse::{Grammar, Parsed};
 
 /// A stream as Google's servers frame it (`data: {json}\r\n\r\n`), the
 /// usage so far in every event, the finish reason in the last.
@@ -17,8 +20,8 @@ fn counted(prompt: u64, completion: u64, cached: u64) -> Usage {
     }
 }
 
-fn feed(pieces: &[&[u8]]) -> SseStream<Gemini> {
-    let mut s = SseStream::with_grammar(Gemini::default());
+fn feed(pieces: &[&[u8]]) -> SseStream<Events> {
+    let mut s = SseStream::with_grammar(Events::default());
     s.keep_text(1024);
     for p in pieces {
         s.feed(p, false, None);
@@ -429,7 +432,7 @@ fn a_stream_is_read_however_it_is_cut() {
 fn the_stream_ends_with_its_last_candidate() {
     let event = |data: &str| format!("data: {data}\r\n\r\n");
     // Two candidates: the stream ends when both gave their reason.
-    let mut s = SseStream::with_grammar(Gemini::default());
+    let mut s = SseStream::with_grammar(Events::default());
     s.feed(
         event(r#"{"candidates":[{"index":0,"finishReason":"STOP"},{"index":1}]}"#).as_bytes(),
         false,
@@ -444,7 +447,7 @@ fn the_stream_ends_with_its_last_candidate() {
     assert!(s.grammar().done);
     assert_eq!(s.grammar().reasons.as_strs(), ["STOP", "MAX_TOKENS"]);
     // A blocked prompt: one event, no candidate, ended, not finished.
-    let mut s = SseStream::with_grammar(Gemini::default());
+    let mut s = SseStream::with_grammar(Events::default());
     s.feed(
         event(
             r#"{"promptFeedback":{"blockReason":"SAFETY"},"usageMetadata":{"promptTokenCount":7}}"#,
@@ -458,7 +461,7 @@ fn the_stream_ends_with_its_last_candidate() {
     assert_eq!(g.reasons.as_strs(), ["SAFETY"]);
     assert_eq!(g.usage.map(|u| u.prompt_tokens), Some(7));
     // An error in place of a response ends it.
-    let mut s = SseStream::with_grammar(Gemini::default());
+    let mut s = SseStream::with_grammar(Events::default());
     s.feed(
         event(r#"{"candidates":[{"index":0}]}"#).as_bytes(),
         false,
@@ -472,7 +475,7 @@ fn the_stream_ends_with_its_last_candidate() {
     );
     assert!(s.grammar().done && !s.grammar().finished);
     // Events that are not JSON, or not a response, change nothing.
-    let mut s = SseStream::with_grammar(Gemini::default());
+    let mut s = SseStream::with_grammar(Events::default());
     s.feed(b"data: [DONE]\n\ndata: {\"candidates\":[{\"index\":99,\"finishReason\":\"STOP\"}]}\n\n: ping\n\n", false, None);
     let g = s.grammar();
     assert!(
@@ -484,7 +487,7 @@ fn the_stream_ends_with_its_last_candidate() {
 
 #[test]
 fn a_collector_gets_each_event_parsed_once() {
-    let mut g = Gemini::default();
+    let mut g = Events::default();
     for (data, parse) in [
         (r#"{"candidates":[]}"#, true),
         ("not json", true),

@@ -212,6 +212,16 @@ fn degrade_skips_and_counts_what_a_dialect_has_no_field_for() {
             format!("llm_filter_degrade_skipped_totalaction=.={action};.;api=.=embeddings;.;");
         assert_eq!(w.counter(&name), 1, "{name}");
     }
+    // Gemini names its model in the path and nests its sampling: its body
+    // never gains a top-level `temperature` (or `model`).
+    let gemini = r#"{"contents":[{"role":"user","parts":[{"text":"hi"}]}],"generationConfig":{"temperature":1}}"#;
+    let mut host = FakeHost::post("/v1beta/models/g:generateContent").with_body(gemini);
+    w.request(&mut host).unwrap();
+    assert_eq!(host.body_writes, 0, "the Gemini body is sent as written");
+    for action in ["max_tokens", "temperature"] {
+        let name = format!("llm_filter_degrade_skipped_totalaction=.={action};.;api=.=gemini;.;");
+        assert_eq!(w.counter(&name), 1, "{name}");
+    }
     // A Messages call under the same level gets both.
     let mut host = FakeHost::post("/v1/messages")
         .with_body(r#"{"model":"claude","max_tokens":4096,"temperature":1,"messages":[{"role":"user","content":"hi"}]}"#);

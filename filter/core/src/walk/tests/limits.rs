@@ -193,3 +193,25 @@ fn a_long_window_refusal_tells_sdks_not_to_retry_and_p0_passes() {
     let (_, step) = run(&mut w, &mut p0);
     assert_eq!(step, Step::Continue);
 }
+
+#[test]
+fn a_gemini_key_in_the_header_or_the_query_is_one_tenant() {
+    let mut w = world(r#"{"name":"t","by":["tenant"],"requests_per_minute":2}"#);
+    let body = r#"{"contents":[{"role":"user","parts":[{"text":"hi"}]}]}"#;
+    let path = "/v1beta/models/g:generateContent";
+    let in_header = || {
+        FakeHost::post(path)
+            .with_header("x-goog-api-key", "gk-one")
+            .with_body(body)
+    };
+    let in_query = |key: &str| FakeHost::post(&format!("{path}?key={key}")).with_body(body);
+    let steps: Vec<Step> = [in_header(), in_query("gk-one"), in_header()]
+        .into_iter()
+        .map(|mut host| run(&mut w, &mut host).1)
+        .collect();
+    // The key's third call, header or query, is over its limit.
+    assert_eq!(steps, [Step::Continue, Step::Continue, Step::Pause]);
+    // Another key in the query is another tenant.
+    let (_, step) = run(&mut w, &mut in_query("gk-two"));
+    assert_eq!(step, Step::Continue);
+}
