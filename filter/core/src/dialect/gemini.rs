@@ -9,7 +9,6 @@
 //! Google's `{"error":{"code","message","status"}}`. Everything here is pure
 //! and bounded; the walk reaches it through the dialect's traits.
 
-use serde::Deserialize;
 use serde_json::Value;
 
 use crate::json::{Document, Json};
@@ -395,102 +394,84 @@ fn whole_number(canonical: &str) -> Option<u64> {
 /// `toolUsePromptTokenCount` (what a tool such as search added to the
 /// prompt) and `thoughtsTokenCount` (the thinking, billed as output) are
 /// counted apart from `promptTokenCount` and `candidatesTokenCount`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Metadata {
-    #[serde(default)]
-    prompt_token_count: Option<u64>,
-    #[serde(default)]
-    candidates_token_count: Option<u64>,
-    #[serde(default)]
-    cached_content_token_count: Option<u64>,
-    #[serde(default)]
-    thoughts_token_count: Option<u64>,
-    #[serde(default)]
-    tool_use_prompt_token_count: Option<u64>,
-}
-
-impl From<Metadata> for Usage {
-    fn from(m: Metadata) -> Self {
-        let n = |v: Option<u64>| v.unwrap_or(0);
-        Usage {
-            prompt_tokens: n(m.prompt_token_count).saturating_add(n(m.tool_use_prompt_token_count)),
-            completion_tokens: n(m.candidates_token_count)
-                .saturating_add(n(m.thoughts_token_count)),
-            cached_tokens: n(m.cached_content_token_count),
-        }
-    }
-}
-
-/// The usage of a `usageMetadata` object; `None` when it is not one.
+/// The usage of a `usageMetadata` object; `None` when it is not one, or a
+/// count in it is not a whole number.
 pub fn usage(metadata: &Value) -> Option<Usage> {
-    if !metadata.is_object() {
-        return None;
+    let m = metadata.as_object()?;
+    let n = |field: &str| match m.get(field) {
+        None | Some(Value::Null) => Some(0),
+        Some(v) => v.as_u64(),
+    };
+    Some(Usage {
+        prompt_tokens: n("promptTokenCount")?.saturating_add(n("toolUsePromptTokenCount")?),
+        completion_tokens: n("candidatesTokenCount")?.saturating_add(n("thoughtsTokenCount")?),
+        cached_tokens: n("cachedContentTokenCount")?,
+    })
+}
+
+/// What the filter reads of a `GenerateContentResponse`, a whole answer or
+/// one event of a stream, read from its tree (no reader of its own in the
+/// module).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Head<'a>(&'a Value);
+
+impl<'a> Head<'a> {
+    /// The response `tree` is, when it is an object.
+    pub(crate) fn of(tree: &'a Value) -> Option<Self> {
+        tree.is_object().then_some(Self(tree))
     }
-    Metadata::deserialize(metadata).ok().map(Usage::from)
-}
 
-/// What the filter reads of a `GenerateContentResponse`: a whole answer, or
-/// one event of a stream.
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(crate) struct Head {
-    #[serde(default)]
-    pub(crate) usage_metadata: Option<Value>,
-    #[serde(default)]
-    pub(crate) candidates: Option<Vec<CandidateHead>>,
-    #[serde(default)]
-    pub(crate) prompt_feedback: Option<Feedback>,
-    #[serde(default)]
-    pub(crate) response_id: Option<Value>,
-    #[serde(default)]
-    pub(crate) model_version: Option<Value>,
+    fn field(&self, name: &str) -> Option<&'a Value> {
+        self.0.get(name).filter(|v| !v.is_null())
+    }
+
     /// An error in place of a response (a stream's last event).
-    #[serde(default)]
-    pub(crate) error: Option<Value>,
-}
+    pub(crate) fn error(&self) -> bool {
+        self.field("error").is_some()
+    }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(crate) struct CandidateHead {
-    #[serde(default)]
-    pub(crate) finish_reason: Option<Value>,
-    #[serde(default)]
-    pub(crate) index: Option<Value>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(crate) struct Feedback {
-    /// The prompt was blocked: no candidate comes.
-    #[serde(default)]
-    pub(crate) block_reason: Option<Value>,
-}
-
-impl Head {
     pub(crate) fn usage(&self) -> Option<Usage> {
-        self.usage_metadata.as_ref().and_then(usage)
+        self.field("usageMetadata").and_then(usage)
+    }
+
+    /// Each candidate: its `index`, and whether it gave its `finishReason`.
+    pub(crate) fn candidates(&self) -> impl Iterator<Item = (Option<u64>, bool)> + 'a {
+        self.field("candidates")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                let index = c.get("index").and_then(Value::as_u64);
+                let finished = c.get("finishReason").is_some_and(|r| !r.is_null());
+                (index, finished)
+            })
+    }
+
+    fn block_reason(&self) -> Option<&'a Value> {
+        self.field("promptFeedback")?
+            .get("blockReason")
+            .filter(|r| !r.is_null())
     }
 
     /// Why the answer (or this event) ended: each finished candidate's
     /// `finishReason`, or the prompt's `blockReason`.
-    pub(crate) fn reasons(&self) -> impl Iterator<Item = &str> {
-        self.candidates
-            .iter()
+    pub(crate) fn reasons(&self) -> impl Iterator<Item = &'a str> + 'a {
+        self.field("candidates")
+            .and_then(Value::as_array)
+            .into_iter()
             .flatten()
-            .filter_map(|c| c.finish_reason.as_ref()?.as_str())
-            .chain(
-                self.prompt_feedback
-                    .as_ref()
-                    .and_then(|f| f.block_reason.as_ref()?.as_str()),
-            )
+            .filter_map(|c| c.get("finishReason")?.as_str())
+            .chain(self.block_reason().and_then(Value::as_str))
             .filter(|r| !r.is_empty())
     }
 
+    /// The prompt was blocked: no candidate comes.
     pub(crate) fn blocked(&self) -> bool {
-        self.prompt_feedback
-            .as_ref()
-            .is_some_and(|f| f.block_reason.as_ref().is_some_and(|r| !r.is_null()))
+        self.block_reason().is_some()
+    }
+
+    fn text(&self, name: &str) -> Option<&'a str> {
+        self.field(name)?.as_str()
     }
 }
 
@@ -510,18 +491,21 @@ pub struct Answer {
 /// Reads a whole answer's body (`generateContent`); an answer the filter
 /// cannot read gives an empty one.
 pub fn answer(body: &[u8]) -> Answer {
-    let Ok(head) = serde_json::from_slice::<Head>(body) else {
+    let Ok(tree) = serde_json::from_slice::<Value>(body) else {
+        return Answer::default();
+    };
+    let Some(head) = Head::of(&tree) else {
         return Answer::default();
     };
     let mut reasons = FinishReasons::default();
     for reason in head.reasons().take(MAX_FINISH_REASONS) {
         reasons.push(reason);
     }
-    let short = |v: &Option<Value>| v.as_ref()?.as_str().map(|s| cut(s, MAX_ID).to_string());
+    let short = |name: &str| head.text(name).map(|s| cut(s, MAX_ID).to_string());
     Answer {
         usage: head.usage(),
-        id: short(&head.response_id),
-        model: short(&head.model_version),
+        id: short("responseId"),
+        model: short("modelVersion"),
         reasons,
     }
 }

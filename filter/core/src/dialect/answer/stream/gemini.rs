@@ -3,7 +3,6 @@
 //! far, and no terminator. What an event says is read by the dialect's
 //! [`crate::dialect::gemini`] reading of a response.
 
-use serde::Deserialize;
 use serde_json::Value;
 
 use crate::dialect::gemini::{Head, MAX_CANDIDATES};
@@ -45,16 +44,17 @@ impl Grammar for Gemini {
         // asks for, or one of its own while the text is kept; else only the
         // fields the grammar reads are parsed.
         let tree = tree_of(data, parse || self.transcript.is_some());
-        let head = match &tree {
+        match &tree {
             Some(Some(t)) => {
                 self.keep(t);
-                Head::deserialize(t).ok()
+                self.note_tree(t);
             }
-            Some(None) => None,
-            None => serde_json::from_slice::<Head>(data).ok(),
-        };
-        if let Some(head) = head {
-            self.note(&head);
+            Some(None) => {}
+            None => {
+                if let Ok(t) = serde_json::from_slice::<Value>(data) {
+                    self.note_tree(&t);
+                }
+            }
         }
         Reading {
             usage_only: false,
@@ -93,9 +93,15 @@ impl Grammar for Gemini {
 }
 
 impl Gemini {
+    fn note_tree(&mut self, tree: &Value) {
+        if let Some(head) = Head::of(tree) {
+            self.note(&head);
+        }
+    }
+
     /// Takes in what one event says.
-    fn note(&mut self, head: &Head) {
-        if head.error.as_ref().is_some_and(|e| !e.is_null()) {
+    fn note(&mut self, head: &Head<'_>) {
+        if head.error() {
             self.done = true;
             return;
         }
@@ -107,13 +113,8 @@ impl Gemini {
         for reason in head.reasons() {
             self.reasons.push(reason);
         }
-        for (at, c) in head.candidates.iter().flatten().enumerate() {
-            let index = c
-                .index
-                .as_ref()
-                .and_then(Value::as_u64)
-                .unwrap_or(u64::try_from(at).unwrap_or(u64::MAX));
-            let finished = c.finish_reason.as_ref().is_some_and(|r| !r.is_null());
+        for (at, (index, finished)) in head.candidates().enumerate() {
+            let index = index.unwrap_or(u64::try_from(at).unwrap_or(u64::MAX));
             self.finished |= finished;
             if index >= MAX_CANDIDATES {
                 continue;
