@@ -424,9 +424,11 @@ async fn a_gemini_call_fails_over_with_the_other_backends_model_in_its_path() {
     let envoy = EnvoyBuilder::new()
         .plugin_config(json!({"cache": {"enabled": false}, "routing": {
             "eject_after_failures": 1000,
+            // b, which fails, is the first choice almost always (a call
+            // chosen at equal weights could go to a every time).
             "models": {MODEL: [
-                {"cluster": "a", "model": "gemini-a"},
-                {"cluster": "b", "model": "gemini-b"}
+                {"cluster": "a", "model": "gemini-a", "weight": 1},
+                {"cluster": "b", "model": "gemini-b", "weight": 1000}
             ]}
         }}))
         .upstream(default.name(), default.port())
