@@ -13,19 +13,7 @@ mod tests;
 
 pub use jobs::{Callout, Job, JobWait, Jobs, Outcome, SpanExport};
 
-/// What a call does with the answer to one of its callouts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CallWait {
-    /// The question's embedding, for the semantic cache.
-    Embedding,
-    /// Another backend of the model, asked in place of one that failed.
-    Failover,
-    /// Another backend of the model, asked because the first is slow; it
-    /// becomes the failover when the first then fails.
-    Hedge,
-    /// The next model of a fallback chain.
-    Fallback,
-}
+use crate::walk::CallWait;
 
 /// What should happen to a callout's answer. `C` is the host's handle on
 /// the call that sent it (the core never sees the host's contexts).

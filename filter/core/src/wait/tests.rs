@@ -2,6 +2,7 @@ use super::*;
 use crate::metrics::{self as names, ROUTING_PROBES};
 use crate::routing::probe::{Probe, ProbeKind};
 use crate::walk::fake::World;
+use crate::walk::CallWait;
 use crate::walk::CalloutAnswer;
 
 /// A call's handle as a host keeps it: here, its context id.

@@ -14,7 +14,7 @@ use crate::routing::hedge::{self, HedgeResult};
 use crate::routing::rewrite::{self, Edit};
 use crate::routing::{self, affinity, RouteAsk, RouteDecision, RoutingConfig};
 use crate::summary::{End, Try};
-use crate::wait::CallWait;
+use crate::walk::CallWait;
 
 use super::end::Served;
 use super::state::Response;
@@ -255,8 +255,8 @@ impl Call {
             && breaker.is_none_or(|b| budget::retry_allowed(env.store, &env.config.budget, b, env.now_ms))
     }
 
-    /// The answer of a callout the call sent, which goes on by `then` (see
-    /// [`crate::wait`]): the question's embedding, or the answer of the
+    /// The answer of a callout the call sent, which goes on by `then` (the
+    /// `wait` module's registry hands it over): the question's embedding, or the answer of the
     /// backend a failover, a hedge or a fallback asked. An answer the call
     /// no longer waits for (it moved on meanwhile) is dropped. A hedge's
     /// answer after its backend failed the call is the failover's.

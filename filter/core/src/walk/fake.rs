@@ -8,7 +8,7 @@ use crate::host::{MemoryMetrics, MemoryStore, SplitMix64};
 use crate::keyspace;
 use crate::metrics::BoundedLabel;
 use crate::spans;
-use crate::wait::CallWait;
+use crate::walk::CallWait;
 
 /// What the fake proxy holds and what the walk did to it.
 #[derive(Debug, Default, Clone)]

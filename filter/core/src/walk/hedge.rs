@@ -7,7 +7,7 @@ use crate::routing::hedge::{self, HedgeResult};
 use crate::routing::{self, health};
 use crate::summary::{End, Try};
 use crate::usage::{self, Usage};
-use crate::wait::CallWait;
+use crate::walk::CallWait;
 
 use super::failover::Sent;
 use super::{Call, CalloutAnswer, Env, Host, Phase, Wake};

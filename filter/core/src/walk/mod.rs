@@ -48,7 +48,7 @@ mod tests;
 mod upstream;
 
 use body::{BodyCopy, HeldBody};
-pub use proxy::{CalloutAnswer, Host};
+pub use proxy::{CallWait, CalloutAnswer, Host};
 use state::{CacheCall, Decided, Dispatch, Phase, Progress, Request, Response, Timer};
 
 /// What the worker shares with every call.

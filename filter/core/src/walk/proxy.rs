@@ -2,8 +2,6 @@
 //! bodies, local replies, the route cache and callouts. The plugin implements
 //! it over Envoy's host calls; the core's tests, over a fake.
 
-use crate::wait::CallWait;
-
 /// Stream operations the walk needs from the proxy.
 pub trait Host {
     /// A request header (first value), lossily decoded.
@@ -40,8 +38,9 @@ pub trait Host {
     fn request_headers(&self) -> Vec<(String, String)>;
     /// Sends a request to `cluster` on the side (an HTTP callout), whose
     /// answer comes back through [`super::Call::on_callout_response`] with `then`
-    /// (the host registers it under the callout's token, see
-    /// [`crate::wait::Waits`]); false if refused.
+    /// (the host registers it under the callout's token in the `wait`
+    /// module's registry, which depends on the walk, not the other way);
+    /// false if refused.
     fn dispatch_call(
         &mut self,
         cluster: &str,
@@ -62,4 +61,18 @@ pub struct CalloutAnswer {
     pub headers: Vec<(String, String)>,
     /// The answer's body.
     pub body: Vec<u8>,
+}
+
+/// What a call does with the answer to one of its callouts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallWait {
+    /// The question's embedding, for the semantic cache.
+    Embedding,
+    /// Another backend of the model, asked in place of one that failed.
+    Failover,
+    /// Another backend of the model, asked because the first is slow; it
+    /// becomes the failover when the first then fails.
+    Hedge,
+    /// The next model of a fallback chain.
+    Fallback,
 }

@@ -8,7 +8,7 @@ use crate::cache::semantic::{self, EmbedFailure, Index};
 use crate::cache::{CacheStatus, Entry, Key, Lookup, Store};
 use crate::host::{Metrics, StoreError};
 use crate::metrics as names;
-use crate::wait::CallWait;
+use crate::walk::CallWait;
 
 use std::ops::ControlFlow;
 

@@ -2,7 +2,7 @@
 //! call no longer waits for.
 
 use super::*;
-use crate::wait::CallWait;
+use crate::walk::CallWait;
 
 #[test]
 fn each_callout_names_what_its_answer_does() {
