@@ -6,21 +6,14 @@
 use std::rc::Rc;
 use std::time::Duration;
 
-use llm_filter_core::wait::{CallWait, Continuation, JobWait, Outcome, Reads};
-use llm_filter_core::walk::{CalloutAnswer, Step};
+use llm_filter_core::wait::{Continuation, JobWait, Outcome, Reads};
+use llm_filter_core::walk::{CallWait, CalloutAnswer, Step};
 use proxy_wasm::types::{BufferType, MapType};
 
 use crate::adapter;
 use crate::hostcall;
-use crate::http::Stream;
-use crate::worker::{with_env, CallSlot, ParkedCall, Worker};
-
-/// A callout a call sent during a callback: its token, what the call does
-/// with its answer, and its timeout.
-pub type Sent = (u32, CallWait, u64);
-
-/// What the worker's registry keeps of a callout.
-pub type Then = Continuation<ParkedCall>;
+use crate::stream::{Sent, Stream};
+use crate::worker::{with_env, CallSlot, Then, Worker};
 
 /// Sends a callout; its token, `None` when the host would not (Envoy knows
 /// no such cluster).

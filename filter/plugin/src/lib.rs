@@ -16,6 +16,7 @@ mod hostcall;
 mod http;
 mod logger;
 mod root;
+mod stream;
 mod turn;
 mod worker;
 

@@ -23,7 +23,8 @@ use proxy_wasm::types::{BufferType, ContextType};
 use crate::adapter::{self, now_ms, EnvoyMetrics, EnvoyStore};
 use crate::callout;
 use crate::hostcall;
-use crate::http::{Http, Stream};
+use crate::http::Http;
+use crate::stream::Stream;
 use crate::worker::{with_env, Worker};
 
 /// Distinct model names one worker turns into stat labels before using

@@ -11,11 +11,10 @@ use llm_filter_core::config::Config;
 use llm_filter_core::host::{Metrics, SplitMix64};
 use llm_filter_core::metrics::{self, BoundedLabel};
 use llm_filter_core::spans;
-use llm_filter_core::wait::{Jobs, Waits};
+use llm_filter_core::wait::{Continuation, Jobs, Waits};
 use llm_filter_core::walk::{Call, Env};
 
 use crate::adapter::{now_ms, EnvoyMetrics, EnvoyStore};
-use crate::callout::Then;
 use crate::hostcall;
 use crate::turn::{self, Discard, Turn};
 
@@ -23,6 +22,8 @@ use crate::turn::{self, Discard, Turn};
 pub type CallSlot = Rc<RefCell<Option<Call>>>;
 /// A parked call: its context id and its slot (gone once the stream ends).
 pub type ParkedCall = (u32, Weak<RefCell<Option<Call>>>);
+/// What the worker's registry keeps of a callout.
+pub type Then = Continuation<ParkedCall>;
 
 /// What the walk draws on besides the stats.
 struct Draws {
