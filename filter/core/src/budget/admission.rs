@@ -4,8 +4,9 @@
 use super::breaker::Reason;
 use super::breaker::{self, BreakerState};
 use super::plan::{self, Exhausted, PlanInput};
-use super::reply::{self, LocalReply, ReplyKind};
+use super::reply::{self, LocalReply};
 use super::{Admit, BudgetConfig, Plan, Tier};
+use crate::dialect::answer::ReplyKind;
 use crate::host::{Metrics, Random, SharedStore};
 use crate::metrics::{self, internal_error, name};
 use crate::priority::Priority;

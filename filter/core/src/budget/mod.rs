@@ -16,4 +16,4 @@ pub use admission::{
 pub use breaker::{Admit, BreakerState, Reason, Sample, Tier};
 pub use config::{BudgetConfig, RawBudgetConfig, StreamingMode};
 pub use plan::{Exhausted, Plan, PlanInput};
-pub use reply::{LocalReply, ReplyKind};
+pub use reply::LocalReply;

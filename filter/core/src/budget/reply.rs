@@ -1,11 +1,13 @@
 //! Local replies for calls the budget stops, in the caller's dialect's error
 //! shape so SDKs surface the reason (and honour `retry-after`) instead of
 //! failing to parse a proxy's plain-text page. Envoy's own timeout reply is
-//! rewritten the same way. This module keeps why, the status and the retry
-//! policy; the dialect ([`crate::dialect::answer::Answer::local_error`])
-//! says it in its words.
+//! rewritten the same way. This module builds the reply and keeps the retry
+//! policy (`retry-after`, `x-should-retry`); why it is sent
+//! ([`ReplyKind`]) and the words it is said in are the dialect's
+//! ([`crate::dialect::answer::Answer::local_error`]).
 
 use super::breaker::Admit;
+use crate::dialect::answer::ReplyKind;
 use crate::dialect::Dialect;
 
 pub use crate::dialect::chat::error_body;
@@ -41,100 +43,6 @@ impl LocalReply {
 /// The header OpenAI's SDKs obey over their own retry rules (`false`: do not
 /// retry this answer, whatever its status).
 pub const SHOULD_RETRY: &str = "x-should-retry";
-
-/// Why the budget answered locally.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReplyKind {
-    /// Shed by the breaker's shed tier (503).
-    Shed,
-    /// Rejected by the breaker's reject tier (503).
-    Reject,
-    /// The budget was spent before the call could be forwarded (504).
-    BudgetExhausted,
-    /// Envoy ended the call at the budget (504), its reply rewritten.
-    UpstreamTimeout,
-    /// Envoy refused a request body larger than its buffer limit (413), its
-    /// reply rewritten.
-    TooLarge,
-    /// Shed by the load-driven degrade (503).
-    DegradeShed,
-    /// Rejected by the load-driven degrade (503).
-    DegradeReject,
-    /// Over a limit of `limits` (429).
-    OverLimit,
-}
-
-impl ReplyKind {
-    /// HTTP status.
-    pub fn status(self) -> u32 {
-        match self {
-            Self::Shed | Self::Reject | Self::DegradeShed | Self::DegradeReject => 503,
-            Self::BudgetExhausted | Self::UpstreamTimeout => 504,
-            Self::TooLarge => 413,
-            Self::OverLimit => 429,
-        }
-    }
-
-    /// The error `type`.
-    pub fn error_type(self) -> &'static str {
-        match self {
-            Self::Shed | Self::Reject | Self::DegradeShed | Self::DegradeReject => {
-                "service_unavailable"
-            }
-            Self::BudgetExhausted | Self::UpstreamTimeout => "timeout",
-            Self::TooLarge => "invalid_request_error",
-            Self::OverLimit => "rate_limit_exceeded",
-        }
-    }
-
-    /// The error `code`, stable for clients and alerts to match on.
-    pub fn code(self) -> &'static str {
-        match self {
-            Self::Shed => "llm_filter_shed",
-            Self::Reject => "llm_filter_circuit_open",
-            Self::BudgetExhausted => "llm_filter_budget_exhausted",
-            Self::UpstreamTimeout => "llm_filter_upstream_timeout",
-            Self::TooLarge => "llm_filter_request_too_large",
-            Self::DegradeShed => "llm_filter_degraded_shed",
-            Self::DegradeReject => "llm_filter_degraded_reject",
-            Self::OverLimit => "llm_filter_limit_exceeded",
-        }
-    }
-
-    /// The caller's whole budget is gone: a retry can no longer meet its
-    /// deadline, only add load, so the reply tells SDKs not to make one.
-    pub fn spends_the_budget(self) -> bool {
-        matches!(self, Self::BudgetExhausted | Self::UpstreamTimeout)
-    }
-
-    /// The default human-readable message.
-    pub fn message(self) -> &'static str {
-        match self {
-            Self::Shed => {
-                "The backend is under pressure and lower-priority requests are being shed; \
-                 retry later."
-            }
-            Self::Reject => {
-                "The backend is failing and the circuit is open for this priority; retry later."
-            }
-            Self::BudgetExhausted => {
-                "The request's timeout budget was spent before it could be sent upstream."
-            }
-            Self::UpstreamTimeout => {
-                "The upstream did not answer within the request's timeout budget."
-            }
-            Self::TooLarge => "The request body is larger than the proxy accepts.",
-            Self::DegradeShed => {
-                "The model is degraded under load and lower-priority requests are being shed; \
-                 retry later."
-            }
-            Self::DegradeReject => {
-                "The model is degraded under load and rejects this priority for now; retry later."
-            }
-            Self::OverLimit => "A usage limit of this caller is reached; retry later.",
-        }
-    }
-}
 
 /// The reply of `kind` with its default message.
 pub fn local_reply(kind: ReplyKind, retry_after_s: Option<u64>) -> LocalReply {

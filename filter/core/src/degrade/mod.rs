@@ -15,8 +15,9 @@ pub mod temperature;
 pub use crate::load::Signal;
 pub use config::{Action, DegradeConfig, RawDegradeConfig};
 
-use crate::budget::reply::{self, LocalReply, ReplyKind};
+use crate::budget::reply::{self, LocalReply};
 use crate::config::Config;
+use crate::dialect::answer::ReplyKind;
 use crate::host::{Metrics, SharedStore};
 use crate::json::{Document, Json};
 use crate::load::{self, Scope, Signals};

@@ -9,7 +9,6 @@ pub mod stream;
 use serde_json::{Map, Value};
 
 use super::{chat, completions, embeddings, gemini, messages, other, responses, Dialect};
-use crate::budget::reply::ReplyKind;
 use crate::json::Json;
 use crate::sse::AnyGrammar;
 use crate::usage::{Reported, Usage};
@@ -156,6 +155,102 @@ pub fn refusal_of(status: u16, body: &Value) -> Option<Refusal> {
         return Some(Refusal::UnknownModel);
     }
     (status == 529 || named(&["overloaded_error"])).then_some(Refusal::Overloaded)
+}
+
+/// Why the filter answers a call locally, which every dialect renders in
+/// its error shape ([`Answer::local_error`]); the kind's own status, type,
+/// code and message are the OpenAI-shaped defaults the dialects start from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplyKind {
+    /// Shed by the breaker's shed tier (503).
+    Shed,
+    /// Rejected by the breaker's reject tier (503).
+    Reject,
+    /// The budget was spent before the call could be forwarded (504).
+    BudgetExhausted,
+    /// Envoy ended the call at the budget (504), its reply rewritten.
+    UpstreamTimeout,
+    /// Envoy refused a request body larger than its buffer limit (413), its
+    /// reply rewritten.
+    TooLarge,
+    /// Shed by the load-driven degrade (503).
+    DegradeShed,
+    /// Rejected by the load-driven degrade (503).
+    DegradeReject,
+    /// Over a limit of `limits` (429).
+    OverLimit,
+}
+
+impl ReplyKind {
+    /// HTTP status.
+    pub fn status(self) -> u32 {
+        match self {
+            Self::Shed | Self::Reject | Self::DegradeShed | Self::DegradeReject => 503,
+            Self::BudgetExhausted | Self::UpstreamTimeout => 504,
+            Self::TooLarge => 413,
+            Self::OverLimit => 429,
+        }
+    }
+
+    /// The error `type`.
+    pub fn error_type(self) -> &'static str {
+        match self {
+            Self::Shed | Self::Reject | Self::DegradeShed | Self::DegradeReject => {
+                "service_unavailable"
+            }
+            Self::BudgetExhausted | Self::UpstreamTimeout => "timeout",
+            Self::TooLarge => "invalid_request_error",
+            Self::OverLimit => "rate_limit_exceeded",
+        }
+    }
+
+    /// The error `code`, stable for clients and alerts to match on.
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Shed => "llm_filter_shed",
+            Self::Reject => "llm_filter_circuit_open",
+            Self::BudgetExhausted => "llm_filter_budget_exhausted",
+            Self::UpstreamTimeout => "llm_filter_upstream_timeout",
+            Self::TooLarge => "llm_filter_request_too_large",
+            Self::DegradeShed => "llm_filter_degraded_shed",
+            Self::DegradeReject => "llm_filter_degraded_reject",
+            Self::OverLimit => "llm_filter_limit_exceeded",
+        }
+    }
+
+    /// The caller's whole budget is gone: a retry can no longer meet its
+    /// deadline, only add load, so the reply tells SDKs not to make one.
+    pub fn spends_the_budget(self) -> bool {
+        matches!(self, Self::BudgetExhausted | Self::UpstreamTimeout)
+    }
+
+    /// The default human-readable message.
+    pub fn message(self) -> &'static str {
+        match self {
+            Self::Shed => {
+                "The backend is under pressure and lower-priority requests are being shed; \
+                 retry later."
+            }
+            Self::Reject => {
+                "The backend is failing and the circuit is open for this priority; retry later."
+            }
+            Self::BudgetExhausted => {
+                "The request's timeout budget was spent before it could be sent upstream."
+            }
+            Self::UpstreamTimeout => {
+                "The upstream did not answer within the request's timeout budget."
+            }
+            Self::TooLarge => "The request body is larger than the proxy accepts.",
+            Self::DegradeShed => {
+                "The model is degraded under load and lower-priority requests are being shed; \
+                 retry later."
+            }
+            Self::DegradeReject => {
+                "The model is degraded under load and rejects this priority for now; retry later."
+            }
+            Self::OverLimit => "A usage limit of this caller is reached; retry later.",
+        }
+    }
 }
 
 /// The names a dialect's providers give what is left of a caller's

@@ -135,8 +135,8 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Chat;
-    use crate::budget::reply::ReplyKind;
     use crate::dialect::answer::stream;
+    use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::{
         list, refusal_of, string, Answer, Choices, Hear, RateHeaders, Refusal, Reset, Stored,
     };

@@ -64,7 +64,7 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Completions;
-    use crate::budget::reply::ReplyKind;
+    use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::{
         refusal_of, stream, Answer, Choices, Hear, RateHeaders, Refusal, Stored,
     };

@@ -27,7 +27,7 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Embeddings;
-    use crate::budget::reply::ReplyKind;
+    use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::{refusal_of, stream, Answer, Hear, RateHeaders, Refusal, Stored};
     use crate::dialect::chat::{openai_local_error, openai_usage, RATE_HEADERS};
     use crate::dialect::Dialect;

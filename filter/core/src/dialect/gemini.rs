@@ -701,7 +701,7 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::{error_body, error_class, usage, Gemini};
-    use crate::budget::reply::ReplyKind;
+    use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::{refusal_of, stream, Answer, Hear, RateHeaders, Refusal, Stored};
     use crate::dialect::chat::RATE_HEADERS;
     use crate::json::Json;

@@ -119,8 +119,8 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Messages;
-    use crate::budget::reply::ReplyKind;
     use crate::dialect::answer::stream;
+    use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::{
         refusal_of, string, Answer, Hear, RateHeaders, Refusal, Reset, Stored,
     };

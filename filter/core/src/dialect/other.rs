@@ -22,7 +22,7 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Other;
-    use crate::budget::reply::ReplyKind;
+    use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::{refusal_of, stream, Answer, Hear, RateHeaders, Refusal, Stored};
     use crate::dialect::chat::{openai_local_error, RATE_HEADERS};
     use crate::dialect::Dialect;

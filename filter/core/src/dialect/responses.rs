@@ -120,7 +120,7 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Responses;
-    use crate::budget::reply::ReplyKind;
+    use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::{
         list, refusal_of, stream, string, Answer, Hear, RateHeaders, Refusal, Stored,
     };

@@ -9,8 +9,9 @@
 
 use std::ops::ControlFlow;
 
-use crate::budget::reply::{self, ReplyKind, SHOULD_RETRY};
+use crate::budget::reply::{self, SHOULD_RETRY};
 use crate::degrade;
+use crate::dialect::answer::ReplyKind;
 use crate::dialect::answer::Reset;
 use crate::dialect::Dialect;
 use crate::limits::{self, window, Ask, Decision, Ended, Left, Measure, Refused};

@@ -5,8 +5,9 @@
 
 use serde_json::Value;
 
-use crate::budget::reply::{self, ReplyKind};
+use crate::budget::reply;
 use crate::cache::entry::SSE_CONTENT_TYPE;
+use crate::dialect::answer::ReplyKind;
 use crate::dialect::Dialect;
 use crate::metrics::internal_error;
 use crate::routing::failover;
