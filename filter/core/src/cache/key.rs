@@ -8,9 +8,9 @@ use sha2::{Digest, Sha256};
 use super::answer::kept_as_sent;
 use super::config::{CacheConfig, Scope};
 use super::entry::Entry;
+use crate::dialect::request::Continues;
 use crate::dialect::Dialect;
 use crate::json::Json;
-use crate::routing::stateful::Continues;
 
 /// A cache key: SHA-256 of the canonical request and its tenant.
 pub type Key = [u8; 32];

@@ -18,12 +18,13 @@ pub use config::{Action, DegradeConfig, RawDegradeConfig};
 use crate::budget::reply::{self, LocalReply};
 use crate::config::Config;
 use crate::dialect::answer::ReplyKind;
+use crate::dialect::request::TokenField;
 use crate::host::{Metrics, SharedStore};
 use crate::json::{Document, Json};
 use crate::load::{self, Scope, Signals};
 use crate::metrics::{self as names};
 use crate::priority::Priority;
-use crate::shaping::{self, TokenField};
+use crate::shaping;
 
 /// Response header carrying the level a degraded call was served at.
 pub const HEADER: &str = "x-llm-degraded";

@@ -10,8 +10,8 @@ pub struct Chat;
 use super::request::{
     items, one, only_role, role, Prefix, Prompt, Question, Request, Turns, PINNED_ROLES,
 };
+use crate::dialect::request::TokenField;
 use crate::json::{Document, Json};
-use crate::shaping::TokenField;
 
 impl Request for Chat {
     fn samples(&self) -> bool {

@@ -8,8 +8,8 @@ pub struct Completions;
 // (the [`super::request`] side).
 
 use super::request::{one, Prefix, Prompt, Question, Request};
+use crate::dialect::request::TokenField;
 use crate::json::{Document, Json};
-use crate::shaping::TokenField;
 
 impl Request for Completions {
     fn operation(&self) -> &'static str {

@@ -611,9 +611,9 @@ pub struct Gemini;
 
 mod asks {
     use super::{call_of, model, query_key, turns, with_model, Gemini, KEY_HEADER};
+    use crate::dialect::request::TokenField;
     use crate::dialect::request::{Prompt, Request, Turns};
     use crate::json::{Document, Json};
-    use crate::shaping::TokenField;
 
     impl Request for Gemini {
         fn model_in_path<'p>(&self, path: &'p str) -> Option<&'p str> {

@@ -10,8 +10,8 @@ pub struct Messages;
 use super::request::{
     items, non_empty_string, one, only_role, role, Prefix, Prompt, Request, Turns,
 };
+use crate::dialect::request::TokenField;
 use crate::json::Json;
-use crate::shaping::TokenField;
 
 impl Request for Messages {
     /// Anthropic's `metadata.user_id`.

@@ -9,11 +9,10 @@
 //! one place that picks the API.
 
 use super::{chat, completions, embeddings, gemini, messages, other, responses, Dialect};
+use serde::Deserialize;
+
 use crate::json::{Document, Json};
-use crate::routing::affinity;
 use crate::routing::rules::Features;
-use crate::routing::stateful::Continues;
-use crate::shaping::TokenField;
 
 /// What one API says of a request, and how a step edits it. Every method has
 /// the answer of an API that has no such thing; each API's file overrides
@@ -114,8 +113,8 @@ pub trait Request: Sync {
         false
     }
 
-    /// The field holding the conversation's turns, and how they split (see
-    /// [`crate::shaping::keep_turns`]); `None` for an API without turns.
+    /// The field holding the conversation's turns, and how they split (what
+    /// shaping's `keep_turns` trims); `None` for an API without turns.
     fn turns_field(&self) -> Option<&'static str> {
         None
     }
@@ -156,8 +155,8 @@ pub trait Request: Sync {
         false
     }
 
-    /// The prefix a provider's prompt cache keys on (see
-    /// [`crate::routing::affinity`]); `None` for an API without one.
+    /// The prefix a provider's prompt cache keys on (what routing's
+    /// affinity hashes); `None` for an API without one.
     fn prefix<'a>(&self, _body: &'a Json) -> Option<Prefix<'a>> {
         None
     }
@@ -183,6 +182,78 @@ impl Dialect {
             Self::Other => &other::Other,
         }
     }
+}
+
+/// The request field that limits output tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(variant_identifier, rename_all = "snake_case")]
+pub enum TokenField {
+    /// `max_tokens`: understood by every OpenAI-compatible server.
+    #[default]
+    MaxTokens,
+    /// `max_completion_tokens`: OpenAI's newer name, the only one its
+    /// reasoning models take.
+    MaxCompletionTokens,
+    /// `max_output_tokens`: OpenAI Responses' name, never configured (a
+    /// Responses call always uses it).
+    #[serde(skip_deserializing)]
+    MaxOutputTokens,
+}
+
+impl TokenField {
+    /// The field's name in a request body.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MaxTokens => "max_tokens",
+            Self::MaxCompletionTokens => "max_completion_tokens",
+            Self::MaxOutputTokens => "max_output_tokens",
+        }
+    }
+
+    /// The field a call of `endpoint` caps its output with: chat's is the
+    /// configured one, Responses' and Anthropic Messages' their own;
+    /// `None` for a dialect without one (its dialect says which).
+    pub fn of(endpoint: Dialect, configured: Self) -> Option<Self> {
+        endpoint.request().output_cap_field(configured)
+    }
+
+    /// The fields of the same dialect a body may already cap its output
+    /// with: chat takes either name.
+    pub fn family(self) -> &'static [Self] {
+        match self {
+            Self::MaxOutputTokens => &[Self::MaxOutputTokens],
+            Self::MaxTokens | Self::MaxCompletionTokens => {
+                &[Self::MaxTokens, Self::MaxCompletionTokens]
+            }
+        }
+    }
+}
+
+/// What a Responses request says about the state it continues.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Continues {
+    /// `previous_response_id`: the response the call continues.
+    pub previous_response_id: Option<String>,
+    /// The call continues or creates state a backend keeps: a previous
+    /// response, a `conversation`, a `background` run. Such a call is never
+    /// failed over, hedged or answered from the cache.
+    pub state: bool,
+    /// The provider stores the response (`store` not `false`): its id is
+    /// worth remembering.
+    pub stored: bool,
+}
+
+impl Continues {
+    /// What a request body of `endpoint` continues, as its dialect reads
+    /// it; nothing but for Responses.
+    pub fn of(endpoint: Dialect, body: &Json) -> Self {
+        endpoint.request().continues(body)
+    }
+}
+
+/// The caller named its own `prompt_cache_key`: the filter leaves it.
+pub fn has_prompt_cache_key(body: &Json) -> bool {
+    !matches!(body.get("prompt_cache_key"), None | Some(Json::Null))
 }
 
 /// What a call's request says, read once when its body is complete: what
@@ -240,7 +311,7 @@ impl View {
             };
             view.output_cap = output_cap(dialect, tree);
             view.continues = api.continues(tree);
-            view.names_cache_key = affinity::has_prompt_cache_key(tree);
+            view.names_cache_key = has_prompt_cache_key(tree);
         }
         view
     }
@@ -652,5 +723,35 @@ mod tests {
                 "{d:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_responses_body_says_what_it_continues() {
+        let c = |e, s: &str| Continues::of(e, &Json::parse(s.as_bytes()).unwrap());
+        let r = Dialect::Responses;
+        assert_eq!(
+            c(r, r#"{"input":"hi"}"#),
+            Continues {
+                stored: true,
+                ..Continues::default()
+            }
+        );
+        let prev = c(r, r#"{"previous_response_id":"resp_1","store":false}"#);
+        assert_eq!(prev.previous_response_id.as_deref(), Some("resp_1"));
+        assert!(prev.state && !prev.stored);
+        assert!(c(r, r#"{"conversation":"conv_1"}"#).state);
+        assert!(c(r, r#"{"conversation":{"id":"conv_1"}}"#).state);
+        assert!(c(r, r#"{"background":true}"#).state);
+        assert!(
+            !c(
+                r,
+                r#"{"background":false,"conversation":null,"previous_response_id":""}"#
+            )
+            .state
+        );
+        assert_eq!(
+            c(Dialect::Chat, r#"{"previous_response_id":"resp_1"}"#),
+            Continues::default()
+        );
     }
 }

@@ -8,9 +8,8 @@ pub struct Responses;
 // (the [`super::request`] side).
 
 use super::request::{one, only_role, role, Prefix, Prompt, Request, Turns, PINNED_ROLES};
+use crate::dialect::request::{Continues, TokenField};
 use crate::json::Json;
-use crate::routing::stateful::Continues;
-use crate::shaping::TokenField;
 
 impl Request for Responses {
     fn samples(&self) -> bool {

@@ -250,11 +250,6 @@ pub fn takes_prompt_cache_key(endpoint: Dialect) -> bool {
     endpoint.request().takes_prompt_cache_key()
 }
 
-/// The caller named its own `prompt_cache_key`: the filter leaves it.
-pub fn has_prompt_cache_key(body: &Json) -> bool {
-    !matches!(body.get("prompt_cache_key"), None | Some(Json::Null))
-}
-
 /// A call's affinity key: a 64-bit hash of its source and material.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Key(pub u64);

@@ -12,9 +12,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::dialect::Dialect;
 use crate::host::SharedStore;
-use crate::json::Json;
 
 /// Prefix of the table's keys; the slot number follows.
 pub const KEY_PREFIX: &str = crate::keyspace::RESPONSE.key;
@@ -25,28 +23,6 @@ pub const SLOTS: u32 = 4096;
 pub const TTL_MS: u64 = 24 * 3600 * 1000;
 /// Longest response id remembered; a longer one is not.
 pub const MAX_ID_BYTES: usize = 256;
-
-/// What a Responses request says about the state it continues.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Continues {
-    /// `previous_response_id`: the response the call continues.
-    pub previous_response_id: Option<String>,
-    /// The call continues or creates state a backend keeps: a previous
-    /// response, a `conversation`, a `background` run. Such a call is never
-    /// failed over, hedged or answered from the cache.
-    pub state: bool,
-    /// The provider stores the response (`store` not `false`): its id is
-    /// worth remembering.
-    pub stored: bool,
-}
-
-impl Continues {
-    /// What a request body of `endpoint` continues, as its dialect reads
-    /// it; nothing but for Responses.
-    pub fn of(endpoint: Dialect, body: &Json) -> Self {
-        endpoint.request().continues(body)
-    }
-}
 
 /// One remembered response, as stored: when it expires (8 bytes, little
 /// endian), the length of the cluster's name (2 bytes), the name, the id.
@@ -131,36 +107,6 @@ mod tests {
         // A slot taken by a newer id no longer answers for the older one.
         let last = format!("resp_{}", SLOTS * 3 - 1);
         assert_eq!(holder(&s, &last, 1).as_deref(), Some("a"));
-    }
-
-    #[test]
-    fn a_responses_body_says_what_it_continues() {
-        let c = |e, s: &str| Continues::of(e, &Json::parse(s.as_bytes()).unwrap());
-        let r = Dialect::Responses;
-        assert_eq!(
-            c(r, r#"{"input":"hi"}"#),
-            Continues {
-                stored: true,
-                ..Continues::default()
-            }
-        );
-        let prev = c(r, r#"{"previous_response_id":"resp_1","store":false}"#);
-        assert_eq!(prev.previous_response_id.as_deref(), Some("resp_1"));
-        assert!(prev.state && !prev.stored);
-        assert!(c(r, r#"{"conversation":"conv_1"}"#).state);
-        assert!(c(r, r#"{"conversation":{"id":"conv_1"}}"#).state);
-        assert!(c(r, r#"{"background":true}"#).state);
-        assert!(
-            !c(
-                r,
-                r#"{"background":false,"conversation":null,"previous_response_id":""}"#
-            )
-            .state
-        );
-        assert_eq!(
-            c(Dialect::Chat, r#"{"previous_response_id":"resp_1"}"#),
-            Continues::default()
-        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::config::per_priority::RawPerPriority;
 use crate::config::setting::{Named, Setting, Table};
-use crate::dialect::Dialect;
+use crate::dialect::request::TokenField;
 use crate::priority::Priority;
 
 /// `max_tokens_field`.
@@ -50,51 +50,6 @@ impl RawShapingConfig {
             max_prompt_tokens: over.max_prompt_tokens.or(self.max_prompt_tokens),
             max_tokens_field: over.max_tokens_field.or(self.max_tokens_field),
             calibrate_estimate: over.calibrate_estimate.or(self.calibrate_estimate),
-        }
-    }
-}
-
-/// The request field that limits output tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(variant_identifier, rename_all = "snake_case")]
-pub enum TokenField {
-    /// `max_tokens`: understood by every OpenAI-compatible server.
-    #[default]
-    MaxTokens,
-    /// `max_completion_tokens`: OpenAI's newer name, the only one its
-    /// reasoning models take.
-    MaxCompletionTokens,
-    /// `max_output_tokens`: OpenAI Responses' name, never configured (a
-    /// Responses call always uses it).
-    #[serde(skip_deserializing)]
-    MaxOutputTokens,
-}
-
-impl TokenField {
-    /// The field's name in a request body.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::MaxTokens => "max_tokens",
-            Self::MaxCompletionTokens => "max_completion_tokens",
-            Self::MaxOutputTokens => "max_output_tokens",
-        }
-    }
-
-    /// The field a call of `endpoint` caps its output with: chat's is the
-    /// configured one, Responses' and Anthropic Messages' their own;
-    /// `None` for a dialect without one (its dialect says which).
-    pub fn of(endpoint: Dialect, configured: Self) -> Option<Self> {
-        endpoint.request().output_cap_field(configured)
-    }
-
-    /// The fields of the same dialect a body may already cap its output
-    /// with: chat takes either name.
-    pub fn family(self) -> &'static [Self] {
-        match self {
-            Self::MaxOutputTokens => &[Self::MaxOutputTokens],
-            Self::MaxTokens | Self::MaxCompletionTokens => {
-                &[Self::MaxTokens, Self::MaxCompletionTokens]
-            }
         }
     }
 }

@@ -14,7 +14,9 @@ mod history;
 use crate::dialect::Dialect;
 use crate::json::{Document, Json};
 
-pub use config::{Limits, RawShapingConfig, ShapingConfig, TokenField};
+pub use config::{Limits, RawShapingConfig, ShapingConfig};
+
+use crate::dialect::request::TokenField;
 pub use history::keep_turns;
 
 /// Response header telling the client what shaping changed

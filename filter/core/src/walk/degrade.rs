@@ -7,8 +7,8 @@
 use std::ops::ControlFlow;
 
 use crate::degrade::{self, Action};
+use crate::dialect::request::TokenField;
 use crate::metrics as names;
-use crate::shaping::TokenField;
 
 use super::{Call, Env, Flow, HeldBody, Host, Step};
 

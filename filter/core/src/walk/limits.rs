@@ -13,9 +13,10 @@ use crate::budget::reply::{self, SHOULD_RETRY};
 use crate::degrade;
 use crate::dialect::answer::ReplyKind;
 use crate::dialect::answer::Reset;
+use crate::dialect::request::TokenField;
 use crate::dialect::Dialect;
 use crate::limits::{self, window, Ask, Decision, Ended, Left, Measure, Refused};
-use crate::shaping::{self, TokenField};
+use crate::shaping;
 use crate::summary::CallSummary;
 
 use super::state::{token_cap, LimitsCall};

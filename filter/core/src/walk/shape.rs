@@ -6,8 +6,9 @@
 
 use std::ops::ControlFlow;
 
+use crate::dialect::request::TokenField;
 use crate::metrics as names;
-use crate::shaping::{self, Limits, TokenField};
+use crate::shaping::{self, Limits};
 
 use super::{Call, Env, Flow, HeldBody};
 
