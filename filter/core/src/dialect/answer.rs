@@ -116,6 +116,32 @@ pub enum Refusal {
     Overloaded,
 }
 
+/// The refusals a fallback chain moves a call on to the next model for,
+/// as its `on` spells them (an overload is failover's, not one of them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ErrorClass {
+    /// The prompt (with the output cap) is longer than the model's context.
+    ContextLength,
+    /// The account's quota or credit is spent (not a rate limit: that ends).
+    Quota,
+    /// The backend does not serve the model (or no longer does).
+    ModelNotFound,
+}
+
+impl ErrorClass {
+    /// Every class, the default of `on`.
+    pub const ALL: [Self; 3] = [Self::ContextLength, Self::Quota, Self::ModelNotFound];
+
+    /// The label value and the config's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ContextLength => "context_length",
+            Self::Quota => "quota",
+            Self::ModelNotFound => "model_not_found",
+        }
+    }
+}
+
 /// The refusal an error body says, as OpenAI and OpenAI-compatible servers
 /// write it (`{"error": {"code", "type", "message"}}`), Anthropic
 /// (`{"type": "error", "error": {"type", "message"}}`) and vLLM (flat,

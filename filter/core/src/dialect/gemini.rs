@@ -11,8 +11,8 @@
 
 use serde_json::Value;
 
+use crate::dialect::answer::ErrorClass;
 use crate::json::{Document, Json};
-use crate::routing::fallback::ErrorClass;
 use crate::sse::reader::DATA_FIELD;
 use crate::sse::FinishReasons;
 
@@ -701,11 +701,11 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::{error_body, error_class, usage, Gemini};
+    use crate::dialect::answer::ErrorClass;
     use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::{refusal_of, stream, Answer, Hear, RateHeaders, Refusal, Stored};
     use crate::dialect::chat::RATE_HEADERS;
     use crate::json::Json;
-    use crate::routing::fallback::ErrorClass;
     use crate::sse::AnyGrammar;
     use crate::usage::{Reported, Usage};
 

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use crate::config::error::ConfigError;
-use crate::dialect::answer::Refusal;
+use crate::dialect::answer::{ErrorClass, Refusal};
 use crate::dialect::Dialect;
 use crate::host::Metrics;
 use crate::metrics as names;
@@ -30,31 +30,6 @@ pub const MAX_CHAIN: usize = 4;
 /// Most bytes of an error body read to classify it; a longer one is no
 /// error body the classes know, and passes to the client untouched.
 pub const MAX_ERROR_BODY: usize = 16 * 1024;
-
-/// Why a call moves on to the next model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum ErrorClass {
-    /// The prompt (with the output cap) is longer than the model's context.
-    ContextLength,
-    /// The account's quota or credit is spent (not a rate limit: that ends).
-    Quota,
-    /// The backend does not serve the model (or no longer does).
-    ModelNotFound,
-}
-
-impl ErrorClass {
-    /// Every class, the default of `on`.
-    pub const ALL: [Self; 3] = [Self::ContextLength, Self::Quota, Self::ModelNotFound];
-
-    /// The label value and the config's spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::ContextLength => "context_length",
-            Self::Quota => "quota",
-            Self::ModelNotFound => "model_not_found",
-        }
-    }
-}
 
 /// Whether a response of `status` could be one of the classes: only then is
 /// its body held back and read.

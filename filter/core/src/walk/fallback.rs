@@ -5,9 +5,10 @@
 //! held back, and the client gets that model's answer, named in
 //! `x-llm-model`. The failover step's callout, reply and budget carry it.
 
+use crate::dialect::answer::ErrorClass;
 use crate::limits;
 use crate::routing::failover::FailoverResult;
-use crate::routing::fallback::{self, Chain, ErrorClass};
+use crate::routing::fallback::{self, Chain};
 use crate::summary::End;
 
 use super::failover::Sent;

@@ -25,13 +25,13 @@
 //! Steps ask [`Progress`] for a transition; none assigns a phase itself.
 
 use crate::cache::{CacheStatus, Cacheable, Key, Lease, Seen, StreamAssembler};
+use crate::dialect::answer::ErrorClass;
 use crate::dialect::request::{self, View};
 use crate::dialect::Dialect;
 use crate::json::Json;
 use crate::limits::Admitted;
 use crate::priority::Priority;
 use crate::routing::affinity;
-use crate::routing::fallback::ErrorClass;
 use crate::routing::hedge::HedgeResult;
 use crate::routing::Health;
 use crate::shaping::Changes;
