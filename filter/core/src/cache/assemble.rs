@@ -312,7 +312,7 @@ fn approx_size(v: &Value) -> usize {
 /// The assembler behind a stream's reading, fed as the walk feeds it.
 #[cfg(test)]
 pub(crate) struct Fed {
-    stream: crate::sse::Stream,
+    stream: crate::sse::Stream<crate::dialect::answer::stream::Chat>,
     pub(crate) asm: StreamAssembler,
 }
 
@@ -344,6 +344,7 @@ mod props {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::dialect::answer::stream::Chat;
     use crate::fuzz;
     use crate::sse::{Stream, MAX_EVENT};
 
@@ -370,7 +371,7 @@ mod props {
         /// is within the limit too.
         #[test]
         fn memory_stays_within_the_limit(pieces in prop::collection::vec(piece(), 0..40), limit in 64u32..8_192) {
-            let mut stream: Stream = Stream::new();
+            let mut stream: Stream<Chat> = Stream::new();
             let mut asm = StreamAssembler::new(Dialect::Chat, limit).unwrap();
             let bound = limit as usize;
             for p in &pieces {

@@ -284,7 +284,8 @@ fn a_cached_stream_is_parsed_once_for_usage_strip_and_entry() {
     let bytes = UPSTREAM.as_bytes();
     let json_events = UPSTREAM.matches("data:").count() - 1;
     for size in [1, 7, bytes.len()] {
-        let mut stream: crate::sse::Stream = crate::sse::Stream::new();
+        let mut stream: crate::sse::Stream<crate::dialect::answer::stream::Chat> =
+            crate::sse::Stream::new();
         stream.strip_usage();
         let mut asm = StreamAssembler::new(Dialect::Chat, 4096).unwrap();
         let before = crate::dialect::answer::stream::chat::tests::parses();

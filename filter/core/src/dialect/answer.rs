@@ -10,8 +10,8 @@ use serde_json::{Map, Value};
 
 use super::{chat, completions, embeddings, gemini, messages, other, responses, Dialect};
 use crate::json::Json;
-use crate::sse::AnyGrammar;
 use crate::usage::{Reported, Usage};
+use stream::AnyGrammar;
 
 /// What one API's answers say, and where.
 pub trait Answer: Sync {

@@ -136,13 +136,13 @@ mod answers {
 
     use super::Chat;
     use crate::dialect::answer::stream;
+    use crate::dialect::answer::stream::AnyGrammar;
     use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::{
         list, refusal_of, string, Answer, Choices, Hear, RateHeaders, Refusal, Reset, Stored,
     };
     use crate::dialect::Dialect;
     use crate::json::Json;
-    use crate::sse::AnyGrammar;
     use crate::usage::{Reported, Usage};
 
     impl Answer for Chat {

@@ -64,6 +64,7 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Completions;
+    use crate::dialect::answer::stream::AnyGrammar;
     use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::{
         refusal_of, stream, Answer, Choices, Hear, RateHeaders, Refusal, Stored,
@@ -73,7 +74,6 @@ mod answers {
     };
     use crate::dialect::Dialect;
     use crate::json::Json;
-    use crate::sse::AnyGrammar;
     use crate::usage::{Reported, Usage};
 
     impl Answer for Completions {

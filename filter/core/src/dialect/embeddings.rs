@@ -27,12 +27,12 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Embeddings;
+    use crate::dialect::answer::stream::AnyGrammar;
     use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::{refusal_of, stream, Answer, Hear, RateHeaders, Refusal, Stored};
     use crate::dialect::chat::{openai_local_error, openai_usage, RATE_HEADERS};
     use crate::dialect::Dialect;
     use crate::json::Json;
-    use crate::sse::AnyGrammar;
     use crate::usage::{Reported, Usage};
 
     impl Answer for Embeddings {

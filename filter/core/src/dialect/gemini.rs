@@ -701,12 +701,12 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::{error_body, error_class, usage, Gemini};
+    use crate::dialect::answer::stream::AnyGrammar;
     use crate::dialect::answer::ErrorClass;
     use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::{refusal_of, stream, Answer, Hear, RateHeaders, Refusal, Stored};
     use crate::dialect::chat::RATE_HEADERS;
     use crate::json::Json;
-    use crate::sse::AnyGrammar;
     use crate::usage::{Reported, Usage};
 
     impl Answer for Gemini {

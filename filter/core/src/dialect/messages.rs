@@ -120,13 +120,13 @@ mod answers {
 
     use super::Messages;
     use crate::dialect::answer::stream;
+    use crate::dialect::answer::stream::AnyGrammar;
     use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::{
         refusal_of, string, Answer, Hear, RateHeaders, Refusal, Reset, Stored,
     };
     use crate::dialect::chat::Error;
     use crate::json::Json;
-    use crate::sse::AnyGrammar;
     use crate::usage::{Reported, Usage};
 
     impl Answer for Messages {

@@ -119,13 +119,13 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Responses;
+    use crate::dialect::answer::stream::AnyGrammar;
     use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::{
         list, refusal_of, stream, string, Answer, Hear, RateHeaders, Refusal, Stored,
     };
     use crate::dialect::chat::{openai_local_error, RATE_HEADERS};
     use crate::json::Json;
-    use crate::sse::AnyGrammar;
     use crate::usage::{Reported, Usage};
 
     impl Answer for Responses {

@@ -11,24 +11,12 @@
 //!   usage, which ends the stream, which is the usage-only event the filter
 //!   asked for, and it parses each event's data, once: only the fields it
 //!   needs, or the whole tree when a [`Collect`]or takes the event.
-//!   Each dialect gives its own ([`crate::dialect::answer::Answer::grammar`];
-//!   they live with the dialects, in [`crate::dialect::answer::stream`]):
-//!   [`Chat`] is OpenAI's chat and text completions grammar, `data:` JSON
-//!   chunks only, ending with `data: [DONE]`.
+//!   This module knows no dialect: each gives its own grammar, and the
+//!   picker over them, from the dialect module's `answer::stream`.
 //! - A [`Collect`]or takes the parsed events of the answer (the cache's
 //!   `StreamAssembler`), within its limit.
 //! - [`Stream`] is one response's stream: the reader, its grammar and the
 //!   strip, driving the collector the caller passes with each piece.
-//!
-//! [`AnyGrammar`] holds the call's grammar, one per stream, without a box.
-//! The OpenAI Responses ([`Responses`]) and Anthropic Messages
-//! ([`Messages`]) streams name each event (`event:
-//! message_delta` before its `data: {json}`) and have no `[DONE]`: their
-//! grammars read the event's name, add up the usage across events
-//! (Anthropic reports the input tokens in `message_start` and the output
-//! tokens in `message_delta`), end at the final event (`response.completed`,
-//! `message_stop`), and ask no strip (their usage always comes). Events they
-//! do not know pass as they came.
 
 pub mod reader;
 pub mod transcript;
@@ -38,7 +26,6 @@ use serde_json::Value;
 pub use reader::{Event, Reader, MAX_EVENT};
 pub use transcript::Transcript;
 
-use crate::dialect::answer::stream::{responses, Chat, Gemini, Messages, Responses};
 use crate::usage::{Usage, MAX_FINISH_REASONS};
 
 /// Longest incomplete event the strip holds back from the client; past it
@@ -139,120 +126,6 @@ pub(crate) fn tree_of(data: &[u8], parse: bool) -> Option<Option<Value>> {
     parse.then(|| serde_json::from_slice::<Value>(data).ok())
 }
 
-/// The tree of an event a grammar reads: the one parsed for a collector,
-/// else its data parsed now; `None` when it is not JSON.
-pub(crate) fn read_tree<'a>(
-    tree: &'a Option<Option<Value>>,
-    data: &[u8],
-) -> Option<std::borrow::Cow<'a, Value>> {
-    match tree {
-        Some(Some(t)) => Some(std::borrow::Cow::Borrowed(t)),
-        Some(None) => None,
-        None => serde_json::from_slice::<Value>(data)
-            .ok()
-            .map(std::borrow::Cow::Owned),
-    }
-}
-
-/// Reads one event of a stream that names its events (Responses,
-/// Messages): its data is parsed only when a collector takes it or `reads`
-/// says the grammar wants it by its name (`None`: unnamed, read for its
-/// `type`), and then handed to `note` with the name.
-pub(crate) fn read_named(
-    event: &Event<'_>,
-    parse: bool,
-    reads: impl Fn(&[u8]) -> bool,
-    mut note: impl FnMut(Option<&[u8]>, &Value),
-) -> Reading {
-    let Some(data) = event.data else {
-        return Reading::default();
-    };
-    let tree = tree_of(data, parse);
-    let named = responses::kind(event, tree.as_ref().and_then(Option::as_ref));
-    if named.is_none_or(&reads) {
-        if let Some(t) = read_tree(&tree, data).as_deref() {
-            note(named, t);
-        }
-    }
-    Reading {
-        usage_only: false,
-        parsed: Parsed::of(tree),
-    }
-}
-
-/// The grammar of a call's dialect.
-#[derive(Debug)]
-pub enum AnyGrammar {
-    /// OpenAI chat and text completions.
-    Chat(Chat),
-    /// OpenAI Responses.
-    Responses(Responses),
-    /// Anthropic Messages.
-    Messages(Messages),
-    /// Google Gemini.
-    Gemini(Gemini),
-}
-
-impl Default for AnyGrammar {
-    fn default() -> Self {
-        Self::Chat(Chat::default())
-    }
-}
-
-impl AnyGrammar {
-    fn grammar(&mut self) -> &mut dyn Grammar {
-        match self {
-            Self::Chat(g) => g,
-            Self::Responses(g) => g,
-            Self::Messages(g) => g,
-            Self::Gemini(g) => g,
-        }
-    }
-
-    fn grammar_ref(&self) -> &dyn Grammar {
-        match self {
-            Self::Chat(g) => g,
-            Self::Responses(g) => g,
-            Self::Messages(g) => g,
-            Self::Gemini(g) => g,
-        }
-    }
-}
-
-impl Grammar for AnyGrammar {
-    fn read(&mut self, event: &Event<'_>, parse: bool) -> Reading {
-        self.grammar().read(event, parse)
-    }
-
-    fn usage(&self) -> Option<Usage> {
-        self.grammar_ref().usage()
-    }
-
-    fn ended(&self) -> bool {
-        self.grammar_ref().ended()
-    }
-
-    fn finished(&self) -> bool {
-        self.grammar_ref().finished()
-    }
-
-    fn finish_reasons(&self) -> &FinishReasons {
-        self.grammar_ref().finish_reasons()
-    }
-
-    fn keep_text(&mut self, limit: usize) {
-        self.grammar().keep_text(limit);
-    }
-
-    fn transcript(&self) -> Option<&Transcript> {
-        self.grammar_ref().transcript()
-    }
-
-    fn response_id(&self) -> Option<&str> {
-        self.grammar_ref().response_id()
-    }
-}
-
 /// Takes the answer's events, parsed (the cache's stream assembler).
 pub trait Collect {
     /// Most bytes of one event's data it takes.
@@ -278,7 +151,7 @@ pub enum Piece {
 
 /// One response's stream, read as it passes.
 #[derive(Debug, Default)]
-pub struct Stream<G = Chat> {
+pub struct Stream<G> {
     reader: Reader,
     grammar: G,
     strip: Option<Strip>,

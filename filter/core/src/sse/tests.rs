@@ -2,6 +2,7 @@ use serde_json::json;
 
 use super::*;
 use crate::dialect::answer::stream::chat::tests::parses;
+use crate::dialect::answer::stream::{AnyGrammar, Chat};
 use crate::dialect::Dialect;
 
 const STREAM: &str =
@@ -12,7 +13,7 @@ data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2}}\n
 data: [DONE]\n\n";
 
 /// The stream read from `pieces`, none of them the last.
-fn scan(pieces: &[&[u8]]) -> Stream {
+fn scan(pieces: &[&[u8]]) -> Stream<Chat> {
     let mut s = Stream::new();
     for p in pieces {
         s.feed(p, false, None);
@@ -22,11 +23,11 @@ fn scan(pieces: &[&[u8]]) -> Stream {
 }
 
 /// The bytes a stripping stream passes on for `chunk`.
-fn pass(s: &mut Stream, chunk: &[u8], end: bool) -> Vec<u8> {
+fn pass(s: &mut Stream<Chat>, chunk: &[u8], end: bool) -> Vec<u8> {
     s.feed(chunk, end, None).unwrap_or_else(|| chunk.to_vec())
 }
 
-fn stripping() -> Stream {
+fn stripping() -> Stream<Chat> {
     let mut s = Stream::new();
     s.strip_usage();
     s

@@ -25,6 +25,7 @@
 //! Steps ask [`Progress`] for a transition; none assigns a phase itself.
 
 use crate::cache::{CacheStatus, Cacheable, Key, Lease, Seen, StreamAssembler};
+use crate::dialect::answer::stream::AnyGrammar;
 use crate::dialect::answer::ErrorClass;
 use crate::dialect::request::{self, View};
 use crate::dialect::Dialect;
@@ -474,7 +475,7 @@ pub(super) struct Response {
 pub(super) enum Answer {
     /// An SSE stream, read as it passes (usage, the strip of the usage-only
     /// chunk the client did not ask for, the cache's assembler).
-    Stream(sse::Stream<sse::AnyGrammar>),
+    Stream(sse::Stream<AnyGrammar>),
     /// Any other body, copied aside up to a bound; its usage and id read at
     /// its end.
     Json { copy: BodyCopy, head: usage::Head },

@@ -7,9 +7,10 @@
 
 use serde_json::Value;
 
+use super::read_named;
 use crate::dialect::answer::Answer;
 use crate::sse::reader::Event;
-use crate::sse::{read_named, FinishReasons, Grammar, Reading, Transcript};
+use crate::sse::{FinishReasons, Grammar, Reading, Transcript};
 use crate::usage::{Reported, Usage};
 
 /// The event that opens a Responses stream with the response's id.
