@@ -2,13 +2,13 @@
 //! the stored entry, the local-reply and error shapes and the error classes.
 //! Each API's file says it in its own words ([`Answer`]); the concerns
 //! (limits, the cache, the budget's replies, fallback, capture) keep their
-//! policy and ask the call's dialect here, through the one `match` below.
+//! policy and ask the call's dialect here, through the one `match` of
+//! [`Dialect::answer`].
 
 pub mod stream;
 
 use serde_json::{Map, Value};
 
-use super::{chat, completions, embeddings, gemini, messages, other, responses, Dialect};
 use crate::json::Json;
 use crate::usage::{Reported, Usage};
 use stream::AnyGrammar;
@@ -326,25 +326,11 @@ pub struct Choices {
     pub message: bool,
 }
 
-impl Dialect {
-    /// What the dialect's answers say.
-    pub fn answer(self) -> &'static dyn Answer {
-        match self {
-            Self::Chat => &chat::Chat,
-            Self::Completions => &completions::Completions,
-            Self::Embeddings => &embeddings::Embeddings,
-            Self::Responses => &responses::Responses,
-            Self::Messages => &messages::Messages,
-            Self::Gemini => &gemini::Gemini,
-            Self::Other => &other::Other,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::budget::reply::with_message;
+    use crate::dialect::Dialect;
     use crate::sse::{Grammar, Stream};
 
     fn every() -> Vec<Dialect> {

@@ -16,6 +16,9 @@ pub mod responses;
 
 use serde::Deserialize;
 
+use answer::Answer;
+use request::Request;
+
 use crate::json::Json;
 
 /// The API a call speaks: its dialect. A call leaves in the dialect it came
@@ -51,6 +54,32 @@ const APIS: [(Dialect, &str); 7] = [
 ];
 
 impl Dialect {
+    /// What the dialect says of a request: the one place that picks the API.
+    pub fn request(self) -> &'static dyn Request {
+        match self {
+            Self::Chat => &chat::Chat,
+            Self::Completions => &completions::Completions,
+            Self::Embeddings => &embeddings::Embeddings,
+            Self::Responses => &responses::Responses,
+            Self::Messages => &messages::Messages,
+            Self::Gemini => &gemini::Gemini,
+            Self::Other => &other::Other,
+        }
+    }
+
+    /// What the dialect's answers say.
+    pub fn answer(self) -> &'static dyn Answer {
+        match self {
+            Self::Chat => &chat::Chat,
+            Self::Completions => &completions::Completions,
+            Self::Embeddings => &embeddings::Embeddings,
+            Self::Responses => &responses::Responses,
+            Self::Messages => &messages::Messages,
+            Self::Gemini => &gemini::Gemini,
+            Self::Other => &other::Other,
+        }
+    }
+
     /// The OpenTelemetry GenAI operation name.
     pub fn operation(self) -> &'static str {
         self.request().operation()

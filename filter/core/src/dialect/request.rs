@@ -8,7 +8,7 @@
 //! question is, what the prompt cache keys on. [`Dialect::request`] is the
 //! one place that picks the API.
 
-use super::{chat, completions, embeddings, gemini, messages, other, responses, Dialect};
+use super::Dialect;
 use serde::Deserialize;
 
 use crate::json::{Document, Json};
@@ -166,21 +166,6 @@ pub trait Request: Sync {
     /// cannot take the ask).
     fn ask_for_usage(&self, _doc: &mut Document) -> bool {
         false
-    }
-}
-
-impl Dialect {
-    /// What the dialect says of a request: the one place that picks the API.
-    pub fn request(self) -> &'static dyn Request {
-        match self {
-            Self::Chat => &chat::Chat,
-            Self::Completions => &completions::Completions,
-            Self::Embeddings => &embeddings::Embeddings,
-            Self::Responses => &responses::Responses,
-            Self::Messages => &messages::Messages,
-            Self::Gemini => &gemini::Gemini,
-            Self::Other => &other::Other,
-        }
     }
 }
 
