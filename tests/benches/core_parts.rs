@@ -18,7 +18,7 @@ use llm_filter_core::cache::semantic::config::SemanticConfig;
 use llm_filter_core::cache::semantic::{self, store, vector};
 use llm_filter_core::cache::{self, CacheRequest, Decision, Stamp, StreamAssembler};
 use llm_filter_core::config::Config;
-use llm_filter_core::dialect::answer::stream::Chat;
+use llm_filter_core::dialect::chat::stream::Chat;
 use llm_filter_core::dialect::{classify, Dialect};
 use llm_filter_core::host::{MemoryStore, Metrics, SharedStore};
 use llm_filter_core::json::{Document, Json};

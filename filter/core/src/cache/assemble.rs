@@ -312,7 +312,7 @@ fn approx_size(v: &Value) -> usize {
 /// The assembler behind a stream's reading, fed as the walk feeds it.
 #[cfg(test)]
 pub(crate) struct Fed {
-    stream: crate::sse::Stream<crate::dialect::answer::stream::Chat>,
+    stream: crate::sse::Stream<crate::dialect::chat::stream::Chat>,
     pub(crate) asm: StreamAssembler,
 }
 
@@ -344,7 +344,7 @@ mod props {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::dialect::answer::stream::Chat;
+    use crate::dialect::chat::stream::Chat;
     use crate::fuzz;
     use crate::sse::{Stream, MAX_EVENT};
 

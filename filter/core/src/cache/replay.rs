@@ -5,8 +5,8 @@
 use serde_json::{json, Map, Value};
 
 use super::answer::{HEAD_FIELDS, REPLACE_KEYS};
-use crate::dialect::answer::stream::chat;
 use crate::dialect::answer::Choices;
+use crate::dialect::chat::stream as chat;
 
 /// Content pieces end at the first whitespace after this many bytes…
 const PIECE_TARGET: usize = 16;

@@ -284,11 +284,11 @@ fn a_cached_stream_is_parsed_once_for_usage_strip_and_entry() {
     let bytes = UPSTREAM.as_bytes();
     let json_events = UPSTREAM.matches("data:").count() - 1;
     for size in [1, 7, bytes.len()] {
-        let mut stream: crate::sse::Stream<crate::dialect::answer::stream::Chat> =
+        let mut stream: crate::sse::Stream<crate::dialect::chat::stream::Chat> =
             crate::sse::Stream::new();
         stream.strip_usage();
         let mut asm = StreamAssembler::new(Dialect::Chat, 4096).unwrap();
-        let before = crate::dialect::answer::stream::chat::tests::parses();
+        let before = crate::dialect::chat::stream::tests::parses();
         let mut out = Vec::new();
         for piece in bytes.chunks(size) {
             let passed = stream.feed(piece, false, Some(&mut asm));
@@ -296,7 +296,7 @@ fn a_cached_stream_is_parsed_once_for_usage_strip_and_entry() {
         }
         out.extend(stream.feed(&[], true, Some(&mut asm)).unwrap_or_default());
         assert_eq!(
-            crate::dialect::answer::stream::chat::tests::parses() - before,
+            crate::dialect::chat::stream::tests::parses() - before,
             json_events as u64
         );
         let usage_chunk = UPSTREAM

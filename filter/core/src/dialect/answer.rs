@@ -5,13 +5,11 @@
 //! policy and ask the call's dialect here, through the one `match` of
 //! [`Dialect::answer`].
 
-pub mod stream;
-
 use serde_json::{Map, Value};
 
+use super::AnyGrammar;
 use crate::json::Json;
 use crate::usage::{Reported, Usage};
-use stream::AnyGrammar;
 
 /// What one API's answers say, and where.
 pub trait Answer: Sync {

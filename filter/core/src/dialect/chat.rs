@@ -7,6 +7,8 @@ pub struct Chat;
 // The request: where the call says what it says, and how it is edited
 // (the [`super::request`] side).
 
+pub mod stream;
+
 use super::request::{
     items, one, only_role, role, Prefix, Prompt, Question, Request, Turns, PINNED_ROLES,
 };
@@ -135,12 +137,12 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Chat;
-    use crate::dialect::answer::stream;
-    use crate::dialect::answer::stream::AnyGrammar;
     use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::{
         list, refusal_of, string, Answer, Choices, Hear, RateHeaders, Refusal, Reset, Stored,
     };
+    use crate::dialect::chat::stream;
+    use crate::dialect::AnyGrammar;
     use crate::dialect::Dialect;
     use crate::json::Json;
     use crate::usage::{Reported, Usage};

@@ -64,14 +64,13 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Completions;
-    use crate::dialect::answer::stream::AnyGrammar;
     use crate::dialect::answer::ReplyKind;
-    use crate::dialect::answer::{
-        refusal_of, stream, Answer, Choices, Hear, RateHeaders, Refusal, Stored,
-    };
+    use crate::dialect::answer::{refusal_of, Answer, Choices, Hear, RateHeaders, Refusal, Stored};
+    use crate::dialect::chat::stream;
     use crate::dialect::chat::{
         choices_finished, choices_said, openai_local_error, openai_usage, RATE_HEADERS,
     };
+    use crate::dialect::AnyGrammar;
     use crate::dialect::Dialect;
     use crate::json::Json;
     use crate::usage::{Reported, Usage};

@@ -9,6 +9,8 @@
 //! Google's `{"error":{"code","message","status"}}`. Everything here is pure
 //! and bounded; the walk reaches it through the dialect's traits.
 
+pub mod stream;
+
 use serde_json::Value;
 
 use crate::dialect::answer::ErrorClass;
@@ -701,11 +703,12 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::{error_body, error_class, usage, Gemini};
-    use crate::dialect::answer::stream::AnyGrammar;
     use crate::dialect::answer::ErrorClass;
     use crate::dialect::answer::ReplyKind;
-    use crate::dialect::answer::{refusal_of, stream, Answer, Hear, RateHeaders, Refusal, Stored};
+    use crate::dialect::answer::{refusal_of, Answer, Hear, RateHeaders, Refusal, Stored};
     use crate::dialect::chat::RATE_HEADERS;
+    use crate::dialect::gemini::stream;
+    use crate::dialect::AnyGrammar;
     use crate::json::Json;
     use crate::usage::{Reported, Usage};
 

@@ -7,6 +7,8 @@ pub struct Messages;
 // The request: where the call says what it says, and how it is edited
 // (the [`super::request`] side).
 
+pub mod stream;
+
 use super::request::{
     items, non_empty_string, one, only_role, role, Prefix, Prompt, Request, Turns,
 };
@@ -119,13 +121,13 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Messages;
-    use crate::dialect::answer::stream;
-    use crate::dialect::answer::stream::AnyGrammar;
     use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::{
         refusal_of, string, Answer, Hear, RateHeaders, Refusal, Reset, Stored,
     };
     use crate::dialect::chat::Error;
+    use crate::dialect::messages::stream;
+    use crate::dialect::AnyGrammar;
     use crate::json::Json;
     use crate::usage::{Reported, Usage};
 

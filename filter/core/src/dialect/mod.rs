@@ -20,6 +20,14 @@ use answer::Answer;
 use request::Request;
 
 use crate::json::Json;
+use crate::sse::reader::Event;
+use crate::sse::{FinishReasons, Grammar, Reading, Transcript};
+use crate::usage::Usage;
+
+use chat::stream::Chat;
+use gemini::stream::Gemini;
+use messages::stream::Messages;
+use responses::stream::Responses;
 
 /// The API a call speaks: its dialect. A call leaves in the dialect it came
 /// in; each step reads and edits it by that dialect's field names.
@@ -237,6 +245,91 @@ pub fn model(body: &[u8]) -> Option<String> {
         model: Option<String>,
     }
     serde_json::from_slice::<Body>(body).ok()?.model
+}
+
+/// The grammar of a call's dialect, held without a box: the picker over
+/// the dialects' stream grammars, which live with their dialects and are
+/// read by the generic reader of [`crate::sse`]. OpenAI's chat and text
+/// completions stream `data:` JSON chunks only, ending with `data: [DONE]`
+/// ([`chat::stream`]). The OpenAI Responses and Anthropic Messages streams
+/// name each event (`event: message_delta` before its `data: {json}`) and
+/// have no `[DONE]`: their grammars read the event's name, add up the usage
+/// across events (Anthropic reports the input tokens in `message_start` and
+/// the output tokens in `message_delta`), end at the final event
+/// (`response.completed`, `message_stop`), and ask no strip (their usage
+/// always comes); events they do not know pass as they came. Google Gemini
+/// streams whole responses, no terminator. A dialect gives its own
+/// ([`answer::Answer::grammar`]).
+#[derive(Debug)]
+pub enum AnyGrammar {
+    /// OpenAI chat and text completions.
+    Chat(Chat),
+    /// OpenAI Responses.
+    Responses(Responses),
+    /// Anthropic Messages.
+    Messages(Messages),
+    /// Google Gemini.
+    Gemini(Gemini),
+}
+
+impl Default for AnyGrammar {
+    fn default() -> Self {
+        Self::Chat(Chat::default())
+    }
+}
+
+impl AnyGrammar {
+    fn grammar(&mut self) -> &mut dyn Grammar {
+        match self {
+            Self::Chat(g) => g,
+            Self::Responses(g) => g,
+            Self::Messages(g) => g,
+            Self::Gemini(g) => g,
+        }
+    }
+
+    fn grammar_ref(&self) -> &dyn Grammar {
+        match self {
+            Self::Chat(g) => g,
+            Self::Responses(g) => g,
+            Self::Messages(g) => g,
+            Self::Gemini(g) => g,
+        }
+    }
+}
+
+impl Grammar for AnyGrammar {
+    fn read(&mut self, event: &Event<'_>, parse: bool) -> Reading {
+        self.grammar().read(event, parse)
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        self.grammar_ref().usage()
+    }
+
+    fn ended(&self) -> bool {
+        self.grammar_ref().ended()
+    }
+
+    fn finished(&self) -> bool {
+        self.grammar_ref().finished()
+    }
+
+    fn finish_reasons(&self) -> &FinishReasons {
+        self.grammar_ref().finish_reasons()
+    }
+
+    fn keep_text(&mut self, limit: usize) {
+        self.grammar().keep_text(limit);
+    }
+
+    fn transcript(&self) -> Option<&Transcript> {
+        self.grammar_ref().transcript()
+    }
+
+    fn response_id(&self) -> Option<&str> {
+        self.grammar_ref().response_id()
+    }
 }
 
 #[cfg(test)]

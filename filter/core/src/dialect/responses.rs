@@ -7,6 +7,8 @@ pub struct Responses;
 // The request: where the call says what it says, and how it is edited
 // (the [`super::request`] side).
 
+pub mod stream;
+
 use super::request::{one, only_role, role, Prefix, Prompt, Request, Turns, PINNED_ROLES};
 use crate::dialect::request::{Continues, TokenField};
 use crate::json::Json;
@@ -119,12 +121,13 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Responses;
-    use crate::dialect::answer::stream::AnyGrammar;
     use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::{
-        list, refusal_of, stream, string, Answer, Hear, RateHeaders, Refusal, Stored,
+        list, refusal_of, string, Answer, Hear, RateHeaders, Refusal, Stored,
     };
     use crate::dialect::chat::{openai_local_error, RATE_HEADERS};
+    use crate::dialect::responses::stream;
+    use crate::dialect::AnyGrammar;
     use crate::json::Json;
     use crate::usage::{Reported, Usage};
 

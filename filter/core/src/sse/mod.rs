@@ -12,7 +12,7 @@
 //!   asked for, and it parses each event's data, once: only the fields it
 //!   needs, or the whole tree when a [`Collect`]or takes the event.
 //!   This module knows no dialect: each gives its own grammar, and the
-//!   picker over them, from the dialect module's `answer::stream`.
+//!   picker over them, from the dialect module (`AnyGrammar`).
 //! - A [`Collect`]or takes the parsed events of the answer (the cache's
 //!   `StreamAssembler`), within its limit.
 //! - [`Stream`] is one response's stream: the reader, its grammar and the

@@ -1,8 +1,9 @@
 use serde_json::json;
 
 use super::*;
-use crate::dialect::answer::stream::chat::tests::parses;
-use crate::dialect::answer::stream::{AnyGrammar, Chat};
+use crate::dialect::chat::stream::tests::parses;
+use crate::dialect::chat::stream::Chat;
+use crate::dialect::AnyGrammar;
 use crate::dialect::Dialect;
 
 const STREAM: &str =

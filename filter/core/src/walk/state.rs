@@ -25,9 +25,9 @@
 //! Steps ask [`Progress`] for a transition; none assigns a phase itself.
 
 use crate::cache::{CacheStatus, Cacheable, Key, Lease, Seen, StreamAssembler};
-use crate::dialect::answer::stream::AnyGrammar;
 use crate::dialect::answer::ErrorClass;
 use crate::dialect::request::{self, View};
+use crate::dialect::AnyGrammar;
 use crate::dialect::Dialect;
 use crate::json::Json;
 use crate::limits::Admitted;

@@ -1,7 +1,7 @@
 use serde_json::json;
 
 use super::*;
-use crate::dialect::answer::stream::Gemini as Events;
+use crate::dialect::gemini::stream::Gemini as Events;
 use crate::sse::reader::Event;
 use crate::sse::Stream as SseStream;
 use crate::sse::{Grammar, Parsed};

@@ -7,8 +7,8 @@
 
 use serde_json::Value;
 
-use super::read_named;
 use crate::dialect::answer::Answer;
+use crate::dialect::responses::stream::read_named;
 use crate::sse::reader::Event;
 use crate::sse::{FinishReasons, Grammar, Reading, Transcript};
 use crate::usage::{Reported, Usage};

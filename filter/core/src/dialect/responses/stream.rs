@@ -7,10 +7,9 @@
 
 use serde_json::Value;
 
-use super::read_named;
 use crate::dialect::answer::Answer;
 use crate::sse::reader::Event;
-use crate::sse::{FinishReasons, Grammar, Reading, Transcript};
+use crate::sse::{tree_of, FinishReasons, Grammar, Parsed, Reading, Transcript};
 use crate::usage::{Reported, Usage};
 
 /// The event that opens a Responses stream with the response's id.
@@ -152,4 +151,45 @@ pub(crate) fn final_reason(response: &Value) -> Option<&str> {
         .and_then(|d| d.get("reason"))
         .and_then(Value::as_str)
         .or_else(|| response.get("status").and_then(Value::as_str))
+}
+
+/// The tree of an event a grammar reads: the one parsed for a collector,
+/// else its data parsed now; `None` when it is not JSON.
+fn read_tree<'a>(
+    tree: &'a Option<Option<Value>>,
+    data: &[u8],
+) -> Option<std::borrow::Cow<'a, Value>> {
+    match tree {
+        Some(Some(t)) => Some(std::borrow::Cow::Borrowed(t)),
+        Some(None) => None,
+        None => serde_json::from_slice::<Value>(data)
+            .ok()
+            .map(std::borrow::Cow::Owned),
+    }
+}
+
+/// Reads one event of a stream that names its events (Responses,
+/// Messages): its data is parsed only when a collector takes it or `reads`
+/// says the grammar wants it by its name (`None`: unnamed, read for its
+/// `type`), and then handed to `note` with the name.
+pub(crate) fn read_named(
+    event: &Event<'_>,
+    parse: bool,
+    reads: impl Fn(&[u8]) -> bool,
+    mut note: impl FnMut(Option<&[u8]>, &Value),
+) -> Reading {
+    let Some(data) = event.data else {
+        return Reading::default();
+    };
+    let tree = tree_of(data, parse);
+    let named = kind(event, tree.as_ref().and_then(Option::as_ref));
+    if named.is_none_or(&reads) {
+        if let Some(t) = read_tree(&tree, data).as_deref() {
+            note(named, t);
+        }
+    }
+    Reading {
+        usage_only: false,
+        parsed: Parsed::of(tree),
+    }
 }
