@@ -208,7 +208,7 @@ impl RootContext for Root {
         hostcall::count_unexpected(&mut metrics);
         let mut rng = SplitMix64::new(adapter::entropy());
         let jobs = Jobs::new(rng.next_u64().max(1), rng.next_u64().max(1));
-        self.census = Census::new(keyspace::plan(&config));
+        self.census = Census::new(keyspace::census::plan(&config));
         let model_labels = BoundedLabel::new(MAX_MODEL_LABELS).knowing(&config.names);
         self.worker = Some(Rc::new(Worker::new(
             config,
@@ -237,7 +237,7 @@ impl RootContext for Root {
             .census
             .step(&EnvoyStore, &worker.config, now, KEYS_PER_STEP);
         if let Some(footprint) = counted {
-            worker.with_metrics(|m| keyspace::publish(&footprint, m));
+            worker.with_metrics(|m| keyspace::census::publish(&footprint, m));
         }
         if now.saturating_sub(self.load_published_ms) >= LOAD_GAUGES_EVERY_MS {
             self.load_published_ms = now;

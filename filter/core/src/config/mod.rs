@@ -57,6 +57,20 @@ pub const SETTINGS: setting::Table = &[
     ("access_log", &[&ACCESS_LOG]),
 ];
 
+/// Every section's tables.
+pub const SECTIONS: &[setting::Table] = &[
+    SETTINGS,
+    crate::spans::config::SETTINGS,
+    crate::routing::config::SETTINGS,
+    crate::budget::config::SETTINGS,
+    crate::cache::config::SETTINGS,
+    crate::degrade::config::SETTINGS,
+    crate::admin::config::SETTINGS,
+    crate::shaping::config::SETTINGS,
+    crate::limits::config::SETTINGS,
+    crate::ab::SETTINGS,
+];
+
 /// The document as written by the operator.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]

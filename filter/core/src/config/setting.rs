@@ -2,7 +2,8 @@
 //! the field's name, its default and its bound — and compiles every one of
 //! them through [`Setting::read`], so the default a section applies and the
 //! range it refuses outside of live in one place. The section also lists its
-//! settings in a table ([`Row`]s under the section's path, [`SECTIONS`]),
+//! settings in a table ([`Row`]s under the section's path), and the
+//! configuration lists every section's ([`super::SECTIONS`]),
 //! which the docs test (`filter/core/tests/docs.rs`) compares with the rows
 //! of `docs/configuration.md`: a default or a range changed here fails that
 //! test until the page says the same. The table is read by tests only, so no
@@ -270,20 +271,6 @@ impl<T: Copy + Sync + 'static> Row for Named<T> {
 /// The settings of one object of the document, under its path (`""` for
 /// the document's own fields, `routing.models.<>[]` for each backend).
 pub type Table = &'static [(&'static str, &'static [&'static dyn Row])];
-
-/// Every section's tables.
-pub const SECTIONS: &[Table] = &[
-    super::SETTINGS,
-    crate::spans::config::SETTINGS,
-    crate::routing::config::SETTINGS,
-    crate::budget::config::SETTINGS,
-    crate::cache::config::SETTINGS,
-    crate::degrade::config::SETTINGS,
-    crate::admin::config::SETTINGS,
-    crate::shaping::config::SETTINGS,
-    crate::limits::config::SETTINGS,
-    crate::ab::SETTINGS,
-];
 
 #[cfg(test)]
 mod tests {

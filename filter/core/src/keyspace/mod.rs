@@ -2,7 +2,7 @@
 //! key (with the version of its encoding), how many keys a configuration
 //! lets it hold, and who counts them. Shared data never evicts and is shared
 //! by every plugin on a proxy, so a key nobody bounds or counts is a leak; the
-//! owners build their keys from here, the census counts what [`plan`] lists,
+//! owners build their keys from here, the census counts what [`census::plan`] lists,
 //! and the scenario tests' store notes a key no family names ([`is_named`]).
 //!
 //! Every key is `llm_filter.<area>.v<version>.<name>`: the version moves when
@@ -10,15 +10,6 @@
 //! configuration update) never read each other's bytes; a family left behind
 //! by an older version stays in shared data, unread and uncounted, until the
 //! proxy restarts (docs/design.md lists what changed).
-
-use crate::budget::{breaker, DEFAULT_BREAKER};
-use crate::cache::{semantic, Store, PREPARE_MAX_SLOTS};
-use crate::config::Config;
-use crate::host::footprint::{Footprint, Owner, Plan, Read};
-use crate::host::{Metrics, SharedStore};
-use crate::load;
-use crate::metrics;
-use crate::routing::stateful;
 
 /// One family of keys.
 #[derive(Debug, Clone, Copy)]
@@ -41,38 +32,6 @@ pub struct Family {
     /// docs/design.md); not in the module either.
     #[cfg(not(target_arch = "wasm32"))]
     pub bound: &'static str,
-    /// Who counts them.
-    pub counted: Counted,
-}
-
-/// How the census counts a family.
-#[derive(Debug, Clone, Copy)]
-pub enum Counted {
-    /// The family's one key is read, when the configuration can write it.
-    One(fn(&Config) -> bool),
-    /// Every key the configuration can make the filter write is read.
-    Read(fn(&Config) -> Vec<Read>),
-    /// The owner counts its keys from what it keeps (totals, an index):
-    /// `bound` keys at most, `count` at the end of each count.
-    Owner {
-        /// The most keys.
-        bound: fn(&Config) -> u64,
-        /// Keys and bytes present; `None` when the family is off.
-        count: Owner<Config>,
-    },
-    /// Counted, and bounded, with the family of that key.
-    With(&'static str),
-}
-
-impl Counted {
-    /// Who counts, in the docs' words.
-    pub fn who(&self) -> &'static str {
-        match self {
-            Counted::One(_) | Counted::Read(_) => "read",
-            Counted::Owner { .. } => "its owner's totals",
-            Counted::With(_) => "with the family above",
-        }
-    }
 }
 
 impl Family {
@@ -93,26 +52,11 @@ impl Family {
     pub fn pattern(&self) -> String {
         format!("{}{}", self.key, self.rest.unwrap_or(""))
     }
-
-    /// The most keys `config` lets the family hold.
-    pub fn max_keys(&self, config: &Config) -> u64 {
-        match self.counted {
-            Counted::One(on) => u64::from(on(config)),
-            Counted::Read(reads) => reads(config).iter().fold(0u64, |n, r| {
-                n.saturating_add(match r {
-                    Read::Key(_) => 1,
-                    Read::Slots { count, .. } => u64::from(*count),
-                })
-            }),
-            Counted::Owner { bound, .. } => bound(config),
-            Counted::With(_) => 0,
-        }
-    }
 }
 
 /// A family: its key is `llm_filter.<area>.v<version>.<name>`.
 macro_rules! family {
-    ($area:literal, $version:literal, $name:literal, $rest:expr, $what:literal, $bound:literal, $counted:expr) => {
+    ($area:literal, $version:literal, $name:literal, $rest:expr, $what:literal, $bound:literal) => {
         Family {
             area: $area,
             version: $version,
@@ -122,7 +66,6 @@ macro_rules! family {
             what: $what,
             #[cfg(not(target_arch = "wasm32"))]
             bound: $bound,
-            counted: $counted,
         }
     };
 }
@@ -134,11 +77,7 @@ pub const CACHE_SLOT: Family = family!(
     "slot.",
     Some("<i>"),
     "one per cache slot",
-    "`cache.max_entries` (none with `cache.mode: shard`)",
-    Counted::Owner {
-        bound: cache_slots,
-        count: count_cache_slots
-    }
+    "`cache.max_entries` (none with `cache.mode: shard`)"
 );
 /// The coalescing marker of each cache slot.
 pub const CACHE_INFLIGHT: Family = family!(
@@ -147,8 +86,7 @@ pub const CACHE_INFLIGHT: Family = family!(
     "inflight.",
     Some("<i>"),
     "coalescing marker of slot `i`",
-    "`cache.max_entries` (none with `cache.mode: shard`)",
-    Counted::Read(read_markers)
+    "`cache.max_entries` (none with `cache.mode: shard`)"
 );
 /// The cache's entry and byte totals.
 pub const CACHE_STATS: Family = family!(
@@ -157,8 +95,7 @@ pub const CACHE_STATS: Family = family!(
     "stats",
     None,
     "the cache's entry and byte totals",
-    "1",
-    Counted::One(always)
+    "1"
 );
 /// The slot count the cache's table is laid out with.
 pub const CACHE_LAYOUT: Family = family!(
@@ -167,8 +104,7 @@ pub const CACHE_LAYOUT: Family = family!(
     "layout",
     None,
     "the slot count the table is laid out with",
-    "1",
-    Counted::One(always)
+    "1"
 );
 /// The semantic index's group slots.
 pub const SEMANTIC_GROUP: Family = family!(
@@ -177,11 +113,7 @@ pub const SEMANTIC_GROUP: Family = family!(
     "group.",
     Some("<i>"),
     "semantic index group slot",
-    "`cache.semantic.max_contexts`",
-    Counted::Owner {
-        bound: semantic_groups,
-        count: count_semantic_groups
-    }
+    "`cache.semantic.max_contexts`"
 );
 /// The semantic index's totals.
 pub const SEMANTIC_STATS: Family = family!(
@@ -190,8 +122,7 @@ pub const SEMANTIC_STATS: Family = family!(
     "stats",
     None,
     "the index's vector and byte totals",
-    "1 (with `cache.semantic`)",
-    Counted::One(semantic_on)
+    "1 (with `cache.semantic`)"
 );
 /// Which worker sends the health probes.
 pub const PROBE_LEASE: Family = family!(
@@ -200,8 +131,7 @@ pub const PROBE_LEASE: Family = family!(
     "probe_lease",
     None,
     "which worker sends the probes",
-    "1",
-    Counted::One(always)
+    "1"
 );
 /// Each routed cluster's health (and the weights it gives).
 pub const HEALTH: Family = family!(
@@ -210,15 +140,13 @@ pub const HEALTH: Family = family!(
     "health.",
     Some("<cluster>"),
     "health of a routed cluster",
-    "clusters in `routing.models`",
-    Counted::Read(read_health)
+    "clusters in `routing.models`"
 );
 /// Each routed cluster's budget breaker window.
 pub const BREAKER: Family = family!(
     "budget", 1, "breaker.", Some("<cluster>"),
     "budget breaker window of a cluster, and `default` for unrouted calls (names over 128 bytes are hashed)",
-    "clusters in `routing.models` + 1",
-    Counted::Read(read_breakers)
+    "clusters in `routing.models` + 1"
 );
 /// Each routed model's hedge window.
 pub const HEDGE: Family = family!(
@@ -227,22 +155,19 @@ pub const HEDGE: Family = family!(
     "hedge.",
     Some("<model>"),
     "hedge window of a model",
-    "models in `routing.models`, with `routing.hedge` set",
-    Counted::Read(read_hedges)
+    "models in `routing.models`, with `routing.hedge` set"
 );
 /// The backend that produced a stored Responses answer, by id.
 pub const RESPONSE: Family = family!(
     "routing", 1, "response.", Some("<slot>"),
     "the backend that produced a stored Responses response, by id ([the APIs](apis.md#calls-that-continue-state))",
-    "4096 slots (with `routing.models`)",
-    Counted::Read(read_responses)
+    "4096 slots (with `routing.models`)"
 );
 /// Load signals of a model.
 pub const LOAD_MODEL: Family = family!(
     "load", 1, "model.", Some("<model>"),
     "[load signals](load.md) of a model",
-    "one per model the configuration names (names) and per routed cluster, 64 others together, the two overflow records `model.other` and `cluster.other`, and the index",
-    Counted::Owner { bound: load_records, count: count_load_records }
+    "one per model the configuration names (names) and per routed cluster, 64 others together, the two overflow records `model.other` and `cluster.other`, and the index"
 );
 /// Load signals of a cluster.
 pub const LOAD_CLUSTER: Family = family!(
@@ -251,8 +176,7 @@ pub const LOAD_CLUSTER: Family = family!(
     "cluster.",
     Some("<cluster>"),
     "[load signals](load.md) of a cluster",
-    "with the model records",
-    Counted::With(LOAD_MODEL.key)
+    "with the model records"
 );
 /// The index of the load records.
 pub const LOAD_INDEX: Family = family!(
@@ -261,8 +185,7 @@ pub const LOAD_INDEX: Family = family!(
     "index",
     None,
     "the load records that exist (names as stat labels write them: at most 128 characters)",
-    "with the model records",
-    Counted::With(LOAD_MODEL.key)
+    "with the model records"
 );
 /// The alerts Alertmanager reports active.
 pub const ALERTS: Family = family!(
@@ -271,8 +194,7 @@ pub const ALERTS: Family = family!(
     "alerts",
     None,
     "the [active alerts](degrade.md#the-alertmanager-loop)",
-    "1",
-    Counted::One(always)
+    "1"
 );
 /// The load readings pulled from Prometheus.
 pub const MESH: Family = family!(
@@ -281,8 +203,7 @@ pub const MESH: Family = family!(
     "mesh",
     None,
     "the mesh-wide [load readings](degrade.md) pulled from Prometheus",
-    "1 (with `degrade.prometheus`)",
-    Counted::One(prometheus_on)
+    "1 (with `degrade.prometheus`)"
 );
 /// Which worker pulls Alertmanager's alerts.
 pub const ALERTMANAGER_LEASE: Family = family!(
@@ -291,8 +212,7 @@ pub const ALERTMANAGER_LEASE: Family = family!(
     "alertmanager_lease",
     None,
     "which worker pulls Alertmanager's alerts",
-    "1 (with `degrade.alertmanager`)",
-    Counted::One(alertmanager_on)
+    "1 (with `degrade.alertmanager`)"
 );
 /// Which worker pulls Prometheus's readings.
 pub const PROMETHEUS_LEASE: Family = family!(
@@ -301,8 +221,7 @@ pub const PROMETHEUS_LEASE: Family = family!(
     "prometheus_lease",
     None,
     "which worker pulls Prometheus's readings",
-    "1 (with `degrade.prometheus`)",
-    Counted::One(prometheus_on)
+    "1 (with `degrade.prometheus`)"
 );
 /// The prompt estimate's learnt ratios.
 pub const CALIBRATION: Family = family!(
@@ -311,8 +230,7 @@ pub const CALIBRATION: Family = family!(
     "calibration",
     None,
     "the prompt estimate's learnt ratios, per model",
-    "1",
-    Counted::One(always)
+    "1"
 );
 /// The counts of each limits rule, by record.
 pub const LIMITS: Family = family!(
@@ -321,8 +239,7 @@ pub const LIMITS: Family = family!(
     "",
     Some("<rule>.<slot>"),
     "the [limits](limits.md) counts of a rule's keys (tenants, users, models)",
-    "`limits.max_keys` per rule in `limits.rules`",
-    Counted::Read(read_limits)
+    "`limits.max_keys` per rule in `limits.rules`"
 );
 
 /// Every family, in the order docs/design.md lists them.
@@ -360,201 +277,11 @@ pub fn is_named(key: &str) -> bool {
     family_of(key).is_some()
 }
 
-/// What the census counts for `config`: the keys of the families it reads,
-/// and the owners of the others.
-pub fn plan(config: &Config) -> Plan<Config> {
-    let mut plan = Plan::default();
-    for family in FAMILIES {
-        match family.counted {
-            Counted::One(on) => {
-                if on(config) {
-                    plan.reads.push(Read::Key(family.key.to_string()));
-                }
-            }
-            Counted::Read(reads) => plan.reads.extend(reads(config)),
-            Counted::Owner { count, .. } => plan.owners.push(count),
-            Counted::With(_) => {}
-        }
-    }
-    plan
-}
-
-/// The most keys `config` lets the filter hold in shared data: the bound the
-/// gauge `llm_filter_shared_data_keys` stays under.
-pub fn max_keys(config: &Config) -> u64 {
-    FAMILIES
-        .iter()
-        .fold(0u64, |n, f| n.saturating_add(f.max_keys(config)))
-}
-
-/// Sets the footprint's gauges; every worker sets the same ones from the
-/// same data.
-pub fn publish(footprint: &Footprint, m: &mut dyn Metrics) {
-    m.gauge(
-        metrics::SHARED_DATA_KEYS,
-        i64::try_from(footprint.keys).unwrap_or(i64::MAX),
-    );
-    m.gauge(
-        metrics::SHARED_DATA_BYTES,
-        i64::try_from(footprint.bytes).unwrap_or(i64::MAX),
-    );
-}
-
-// ------------------------------------------------ the bounds, by family
-
-fn always(_: &Config) -> bool {
-    true
-}
-
-fn read_markers(config: &Config) -> Vec<Read> {
-    vec![Read::Slots {
-        prefix: CACHE_INFLIGHT.key.to_string(),
-        count: cache_slots_u32(config),
-    }]
-}
-
-fn cache_slots_u32(config: &Config) -> u32 {
-    if config.cache.keeps_entries() {
-        config.cache.max_entries
-    } else {
-        0
-    }
-}
-
-fn cache_slots(config: &Config) -> u64 {
-    u64::from(cache_slots_u32(config))
-}
-
-/// The cache slots, from the cache's totals: not read, their values may be
-/// large. Their count is the table size when the table was created at start
-/// (up to [`PREPARE_MAX_SLOTS`]), else the occupied slots.
-fn count_cache_slots(store: &dyn SharedStore, config: &Config) -> Option<Footprint> {
-    let cfg = &config.cache;
-    if !cfg.keeps_entries() {
-        return None;
-    }
-    let totals = Store::new(store, cfg).totals().unwrap_or_default();
-    let keys = if cfg.max_entries <= PREPARE_MAX_SLOTS {
-        u64::from(cfg.max_entries)
-    } else {
-        totals.entries
-    };
-    Some(Footprint {
-        keys,
-        bytes: totals.bytes,
-    })
-}
-
-/// The semantic index is configured (and with it its keys).
-fn semantic_on(config: &Config) -> bool {
-    config.cache.keeps_entries() && config.cache.semantic.is_some()
-}
-
-fn semantic_groups(config: &Config) -> u64 {
-    match &config.cache.semantic {
-        Some(sem) if semantic_on(config) => u64::from(sem.max_contexts),
-        _ => 0,
-    }
-}
-
-/// The index's group slots, all created at start, from its own totals.
-fn count_semantic_groups(store: &dyn SharedStore, config: &Config) -> Option<Footprint> {
-    let sem = config
-        .cache
-        .semantic
-        .as_ref()
-        .filter(|_| semantic_on(config))?;
-    let totals = semantic::Index::new(store, sem)
-        .totals()
-        .unwrap_or_default();
-    Some(Footprint {
-        keys: u64::from(sem.max_contexts),
-        bytes: totals.bytes,
-    })
-}
-
-fn read_health(config: &Config) -> Vec<Read> {
-    config
-        .routing
-        .clusters
-        .iter()
-        .map(|c| Read::Key(HEALTH.at(&c.cluster)))
-        .collect()
-}
-
-fn read_breakers(config: &Config) -> Vec<Read> {
-    let mut keys: Vec<String> = config
-        .routing
-        .clusters
-        .iter()
-        .map(|c| breaker::key(&c.cluster))
-        .collect();
-    keys.push(breaker::key(DEFAULT_BREAKER));
-    crate::config::names::sorted(keys)
-        .into_iter()
-        .map(Read::Key)
-        .collect()
-}
-
-fn read_hedges(config: &Config) -> Vec<Read> {
-    if config.routing.hedge.is_none() {
-        return Vec::new();
-    }
-    config
-        .routing
-        .models
-        .keys()
-        .map(|m| Read::Key(HEDGE.at(m)))
-        .collect()
-}
-
-/// Routed Responses answers fill the table of the backends holding them.
-fn read_responses(config: &Config) -> Vec<Read> {
-    if config.routing.models.is_empty() {
-        return Vec::new();
-    }
-    vec![Read::Slots {
-        prefix: RESPONSE.key.to_string(),
-        count: stateful::SLOTS,
-    }]
-}
-
-fn load_records(config: &Config) -> u64 {
-    load::max_keys(&config.names)
-}
-
-/// The load records, read at the end of a count through their index.
-fn count_load_records(store: &dyn SharedStore, _: &Config) -> Option<Footprint> {
-    let (keys, bytes) = load::footprint(store);
-    Some(Footprint { keys, bytes })
-}
-
-fn alertmanager_on(config: &Config) -> bool {
-    config.degrade.alertmanager.is_some()
-}
-
-fn prometheus_on(config: &Config) -> bool {
-    config.degrade.prometheus.is_some()
-}
-
-/// Every record of every rule: a rule keeps `limits.max_keys` of them.
-fn read_limits(config: &Config) -> Vec<Read> {
-    let count = u32::try_from(config.limits.max_keys).unwrap_or(u32::MAX);
-    config
-        .limits
-        .rules
-        .iter()
-        .map(|r| Read::Slots {
-            prefix: limits_prefix(&r.name),
-            count,
-        })
-        .collect()
-}
-
 /// What the keys of `rule`'s records start with; the slot follows.
 pub fn limits_prefix(rule: &str) -> String {
     LIMITS.at(format_args!("{rule}."))
 }
 
+pub mod census;
 #[cfg(test)]
 mod tests;

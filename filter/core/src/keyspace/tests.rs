@@ -1,17 +1,24 @@
 use serde_json::json;
 
+use super::census::{counted, max_keys, plan, publish, Counted};
 use super::*;
 use crate::budget::breaker::Sample;
+use crate::budget::{breaker, DEFAULT_BREAKER};
 use crate::cache::coalesce;
 use crate::cache::store::{marker_key, STATS_KEY};
+use crate::cache::{semantic, Store};
+use crate::config::Config;
 use crate::degrade::sources;
+use crate::host::footprint::Footprint;
 use crate::host::footprint::{Census, INTERVAL_MS};
+use crate::host::SharedStore;
 use crate::host::{MemoryMetrics, MemoryStore};
 use crate::limits;
 use crate::priority::Priority;
 use crate::routing::health::{Ewma, Histogram, Load, ProbeRecord};
 use crate::routing::{health, hedge, probe};
 use crate::routing::{stateful, CallResult, CallSample, Health};
+use crate::{load, metrics};
 
 const SLOTS: u32 = 8;
 /// Response ids of three slots, and the clusters that produced them.
@@ -395,11 +402,11 @@ fn every_family_is_named_once_in_the_versioned_scheme() {
         let holders: Vec<_> = FAMILIES.iter().filter(|g| g.holds(&sample)).collect();
         assert_eq!(holders.len(), 1, "{sample}: {holders:?}");
         assert_eq!(family_of(&sample).map(|g| g.key), Some(f.key));
-        if let Counted::With(key) = f.counted {
+        if let Some(Counted::With(key)) = counted(f) {
             assert!(
                 FAMILIES
                     .iter()
-                    .any(|g| g.key == key && matches!(g.counted, Counted::Owner { .. })),
+                    .any(|g| g.key == key && matches!(counted(g), Some(Counted::Owner { .. }))),
                 "{}: counted with {key}, which counts nothing",
                 f.key
             );
@@ -450,7 +457,10 @@ fn limits_records_are_counted_and_bounded() {
     assert_eq!(f.keys, written + u64::from(SLOTS));
     assert_eq!(f.bytes, store.value_bytes() as u64);
     assert_eq!(store.unnamed(), Vec::<String>::new());
-    assert_eq!(LIMITS.max_keys(&config), 2 * u64::from(LIMIT_SLOTS));
+    assert_eq!(
+        counted(&LIMITS).unwrap().max_keys(&config),
+        2 * u64::from(LIMIT_SLOTS)
+    );
 }
 
 #[test]
