@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::dialect::answer::Answer;
 use crate::sse::reader::Event;
 use crate::sse::{read_named, FinishReasons, Grammar, Reading, Transcript};
-use crate::usage::{Reported, Usage};
+use crate::usage::Usage;
 
 /// What a Messages stream said so far.
 #[derive(Debug, Default)]
@@ -109,10 +109,7 @@ impl Messages {
             }
             _ => None,
         };
-        if let Some(u) = reported
-            .and_then(Reported::from_value)
-            .map(|r| crate::dialect::messages::Messages.usage(&r))
-        {
+        if let Some(u) = reported.and_then(|u| crate::dialect::messages::Messages.usage(u)) {
             self.usage = Some(self.usage.map_or(u, |so_far| so_far.updated_by(u)));
         }
     }
