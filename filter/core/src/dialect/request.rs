@@ -8,10 +8,10 @@
 //! question is, what the prompt cache keys on. [`Dialect::request`] is the
 //! one place that picks the API.
 
+use super::features::Features;
 use super::{chat, completions, embeddings, gemini, messages, other, responses, Dialect};
 use crate::json::{Document, Json};
 use crate::routing::affinity;
-use crate::routing::rules::Features;
 use crate::routing::stateful::Continues;
 use crate::shaping::TokenField;
 
