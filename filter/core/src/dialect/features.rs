@@ -6,6 +6,8 @@
 //! [`crate::tokens`], and the rules that compare it in
 //! [`crate::routing::rules`].
 
+use super::request::Said;
+use super::Dialect;
 use crate::json::Json;
 use crate::tokens;
 
@@ -14,10 +16,14 @@ use crate::tokens;
 pub struct Features {
     /// The requested `model`, read in the same pass.
     pub model: Option<String>,
-    /// Estimated prompt tokens: the text of every message content (text
-    /// parts of multimodal contents), `prompt`, `input`, `instructions` and
-    /// `system`, weighed by script ([`crate::tokens`]), plus one per token id
-    /// where token ids are given. Uncalibrated: see [`Features::calibrated`].
+    /// Estimated prompt tokens: the text of the prompt as the call's
+    /// dialect reads it out ([`crate::dialect::request::Request::prompt`]:
+    /// the system prompt, a bare prompt, each turn's text and content),
+    /// weighed by script ([`crate::tokens`]), plus one per token id where
+    /// token ids are given. A dialect without a prompt to read out
+    /// (embeddings, a path of another shape) counts every dialect's prompt
+    /// fields: `messages` contents, `prompt`, `input`, `instructions` and
+    /// `system`. Uncalibrated: see [`Features::calibrated`].
     pub prompt_tokens: u64,
     /// Every part of the prompt is counted in `prompt_tokens`: no tools
     /// (whose schemas the provider counts) and no image, audio or file part.
@@ -30,22 +36,24 @@ pub struct Features {
 }
 
 impl Features {
-    /// Reads the features of a JSON request body; `None` when it is not a JSON
-    /// object or a known field has an impossible type.
-    pub fn from_body(body: &[u8]) -> Option<Self> {
-        Self::from_json(&Json::parse(body)?)
+    /// Reads the features of a JSON request body of `dialect`; `None` when
+    /// it is not a JSON object or a known field has an impossible type.
+    pub fn from_body(dialect: Dialect, body: &[u8]) -> Option<Self> {
+        Self::from_json(dialect, &Json::parse(body)?)
     }
 
-    /// Reads the features of a parsed request body; `None` when it is not an
-    /// object, names a known field twice (readers disagree on which counts)
-    /// or gives one an impossible type.
-    pub fn from_json(body: &Json) -> Option<Self> {
+    /// Reads the features of a parsed request body of `dialect`; `None` when
+    /// it is not an object, names a known field twice (readers disagree on
+    /// which counts) or gives one an impossible type.
+    pub fn from_json(dialect: Dialect, body: &Json) -> Option<Self> {
         let Json::Object(members) = body else {
             return None;
         };
         let mut seen = [false; KNOWN.len()];
         let mut features = Self::default();
-        let mut text = Text::default();
+        // Every dialect's prompt fields, for a dialect without a prompt to
+        // read out; the messages are checked whichever reads them.
+        let mut any = Text::default();
         for (name, value) in members {
             let Some(i) = KNOWN.iter().position(|k| k == name) else {
                 continue;
@@ -62,21 +70,39 @@ impl Features {
                 ("model", _) => return None,
                 ("messages", Json::Array(messages)) => {
                     for m in messages {
-                        text.add(message_text(m)?);
+                        any.add(message_text(m)?);
                     }
                 }
                 ("messages", _) => return None,
                 // Chat and embeddings prompts, Responses' input (a string
                 // or items) and instructions, Anthropic's system prompt.
-                ("prompt" | "input" | "instructions" | "system", v) => text.add(Text::of(v)),
+                ("prompt" | "input" | "instructions" | "system", v) => any.add(Text::of(v)),
                 ("tools" | "functions", v) => features.tools |= non_empty(v),
                 ("stream", v) => features.stream = matches!(v, Json::Bool(true)),
                 _ => {}
             }
         }
+        let text = match dialect.request().prompt(body) {
+            Some(prompt) => prompt.fold(Text::default(), |mut text, said| {
+                text.add(said_text(said));
+                text
+            }),
+            None => any,
+        };
         features.prompt_tokens = text.tokens();
         features.measured = !features.tools && !text.unmeasured;
         Some(features)
+    }
+}
+
+/// The text of one part of a prompt as the dialect reads it out: the
+/// system prompt, a bare prompt, or a turn (of which its `text` and
+/// `content` count: one with neither, a tool call or an image alone, is not
+/// measured).
+fn said_text(said: Said<'_>) -> Text {
+    match said {
+        Said::System(v) | Said::Bare(Some(v)) | Said::Turn(v) => Text::of(v),
+        Said::Bare(None) => Text::default(),
     }
 }
 
@@ -194,8 +220,58 @@ mod tests {
     use super::*;
     use crate::tokens::Ratio;
 
+    /// The features a path of another shape reads, which takes every
+    /// dialect's prompt fields.
     fn f(body: &str) -> Features {
-        Features::from_body(body.as_bytes()).unwrap()
+        Features::from_body(Dialect::Other, body.as_bytes()).unwrap()
+    }
+
+    /// The features of a body of `d`.
+    fn of(d: Dialect, body: &str) -> Features {
+        Features::from_body(d, body.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn each_dialect_estimates_the_prompt_it_reads_out() {
+        // Every field a dialect could keep a prompt in, each of eight
+        // letters (two tokens).
+        let body = r#"{"model":"m","system":"abcdefgh","instructions":"abcdefgh",
+            "prompt":"abcdefgh","input":"abcdefgh",
+            "messages":[{"role":"user","content":"abcdefgh"}],
+            "contents":[{"role":"user","parts":[{"text":"abcdefgh"}]}]}"#;
+        let tokens = |d| of(d, body).prompt_tokens;
+        assert_eq!(tokens(Dialect::Chat), 2, "its messages");
+        assert_eq!(tokens(Dialect::Completions), 2, "its prompt");
+        assert_eq!(tokens(Dialect::Responses), 4, "instructions and input");
+        assert_eq!(tokens(Dialect::Messages), 4, "system and messages");
+        assert_eq!(tokens(Dialect::Other), 10, "every dialect's fields");
+        assert_eq!(tokens(Dialect::Embeddings), 10, "no prompt read out");
+        // As the prompt iterator reads them, a Responses input of items
+        // and Anthropic's system blocks count alike.
+        let items = r#"{"instructions":"abcd","input":[{"role":"user","content":"efgh"},
+            {"type":"function_call_output","call_id":"c","output":"ignored"}]}"#;
+        let x = of(Dialect::Responses, items);
+        assert_eq!((x.prompt_tokens, x.measured), (2, false));
+        assert_eq!(x.prompt_tokens, f(items).prompt_tokens);
+        let blocks = r#"{"system":[{"type":"text","text":"abcd"}],"messages":[{"role":"user","content":[{"type":"text","text":"efgh"}]}]}"#;
+        let x = of(Dialect::Messages, blocks);
+        assert_eq!((x.prompt_tokens, x.measured), (2, true));
+        // A turn with neither text nor content (a tool call alone) is not
+        // measured: its tokens are not in the estimate.
+        let call = r#"{"messages":[{"role":"user","content":"abcd"},{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}]}"#;
+        assert!(!of(Dialect::Chat, call).measured);
+        // The model, tools and stream, and what refuses a body, are read
+        // alike by every dialect.
+        for d in Dialect::names().filter_map(Dialect::named) {
+            let x = of(d, r#"{"model":"m","tools":[{}],"stream":true}"#);
+            assert_eq!(x.model.as_deref(), Some("m"), "{d:?}");
+            assert!(x.tools && x.stream && !x.measured, "{d:?}");
+            assert_eq!(
+                Features::from_body(d, br#"{"messages":["hi"]}"#),
+                None,
+                "{d:?}"
+            );
+        }
     }
 
     #[test]
@@ -308,9 +384,13 @@ mod tests {
             r#"{"messages":[{"content":"a","content":"b"}]}"#,
             r#"{"stream":true,"stream":false}"#,
         ] {
-            assert_eq!(Features::from_body(body.as_bytes()), None, "{body}");
+            assert_eq!(
+                Features::from_body(Dialect::Other, body.as_bytes()),
+                None,
+                "{body}"
+            );
         }
-        assert!(Features::from_body(b"  {}  ").is_some());
+        assert!(Features::from_body(Dialect::Other, b"  {}  ").is_some());
     }
 
     #[test]
@@ -327,12 +407,12 @@ mod tests {
             ),
             (r#"{"messages":null,"model":null,"tools":null}"#, 0),
         ] {
-            let f = Features::from_body(body.as_bytes()).unwrap();
+            let f = Features::from_body(Dialect::Other, body.as_bytes()).unwrap();
             assert_eq!(f.prompt_tokens, tokens, "{body}");
         }
-        let f = Features::from_body(br#"{"tools":[{}],"stream":1}"#).unwrap();
+        let f = Features::from_body(Dialect::Other, br#"{"tools":[{}],"stream":1}"#).unwrap();
         assert!(f.tools && !f.stream);
-        let f = Features::from_body(br#"{"functions":{},"stream":true}"#).unwrap();
+        let f = Features::from_body(Dialect::Other, br#"{"functions":{},"stream":true}"#).unwrap();
         assert!(!f.tools && f.stream);
     }
 }
@@ -351,9 +431,11 @@ mod props {
         /// is read or refused without a panic.
         #[test]
         fn features_ignore_spelling(doc in fuzz::doc(true), a: u64, b: u64) {
-            let fa = Features::from_body(doc.spell(a).as_bytes());
-            prop_assert_eq!(Features::from_body(doc.spell(b).as_bytes()), fa);
-            let _ = Features::from_body(&fuzz::mutated(&doc, a));
+            for d in Dialect::names().filter_map(Dialect::named) {
+                let fa = Features::from_body(d, doc.spell(a).as_bytes());
+                prop_assert_eq!(Features::from_body(d, doc.spell(b).as_bytes()), fa, "{:?}", d);
+                let _ = Features::from_body(d, &fuzz::mutated(&doc, a));
+            }
         }
     }
 }
