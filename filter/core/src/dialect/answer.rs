@@ -5,25 +5,28 @@
 //! policy and ask the call's dialect here, through the one `match` of
 //! [`Dialect::answer`].
 
+pub mod head;
+
 use serde_json::{Map, Value};
 
 use super::AnyGrammar;
 use crate::json::Json;
-use crate::usage::{Reported, Usage};
+use crate::usage::{Head, Usage};
 
 /// What one API's answers say, and where.
 pub trait Answer: Sync {
-    /// The tokens a `usage` object reports, read by the dialect's names
-    /// (each count as `u64`; a count of another type costs the whole object
-    /// before this is asked).
-    fn usage(&self, reported: &Reported) -> Usage;
+    /// The tokens a usage object reports (the `usage` member of an answer
+    /// or of a stream's event, Gemini's `usageMetadata`), read by the
+    /// dialect's names alone; `None` when it is no usage object, or a count
+    /// of its names is of a type the dialect does not write (the streams
+    /// read their events' usage here too).
+    fn usage(&self, usage: &Value) -> Option<Usage>;
 
-    /// The usage an answer reports apart from a `usage` object, in the
-    /// member the API names so (Gemini's `usageMetadata`); `None` for an
-    /// API whose answers report it in `usage` alone.
-    fn usage_apart(&self, _metadata: &Value) -> Option<Usage> {
-        None
-    }
+    /// What a whole JSON answer says of itself (its usage, id, model and
+    /// why it ended), read by the dialect's names in one pass over `body`
+    /// ([`head`]); empty when it is no JSON object, or when a member the
+    /// dialect reads is of a type it does not write.
+    fn head(&self, body: &[u8]) -> Head;
 
     /// The grammar its streams are read with, one per stream.
     fn grammar(&self) -> AnyGrammar;

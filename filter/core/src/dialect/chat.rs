@@ -104,8 +104,26 @@ impl Request for Chat {
     }
 
     fn ask_for_usage(&self, doc: &mut Document) -> bool {
-        crate::usage::ask_for_usage(doc)
+        ask_for_usage(doc)
     }
+}
+
+/// The value of `stream_options` that asks the provider for usage.
+const ASK_USAGE: &[u8] = br#"{"include_usage":true}"#;
+
+/// Sets `stream_options.include_usage` in the body of a streamed request,
+/// every other byte kept (the final chunk then carries `usage`, which the
+/// stream's grammar picks up). False, and nothing changed, when it needs no
+/// change (not a stream, or usage already asked) or cannot take one without
+/// rewriting what the client wrote (a `stream_options` of its own).
+pub(crate) fn ask_for_usage(doc: &mut Document) -> bool {
+    let Some(tree) = doc.tree() else {
+        return false;
+    };
+    if tree.get("stream") != Some(&Json::Bool(true)) || tree.get("stream_options").is_some() {
+        return false;
+    }
+    doc.set_text("stream_options", ASK_USAGE)
 }
 
 /// The index of the assistant message before `t` whose `tool_calls` hold the
@@ -133,11 +151,12 @@ fn caller_of(messages: &[Json], t: usize, m: &Json) -> Option<usize> {
 // and classes (the [`super::answer`] side).
 
 mod answers {
-    use serde::Serialize;
+    use serde::{Deserialize, Serialize};
     use serde_json::{Map, Value};
 
     use super::Chat;
     use crate::dialect::answer::ReplyKind;
+    use crate::dialect::answer::head::{self, count, optional_count, Members};
     use crate::dialect::answer::{
         list, refusal_of, string, Answer, Choices, Hear, RateHeaders, Refusal, Reset, Stored,
     };
@@ -145,11 +164,15 @@ mod answers {
     use crate::dialect::AnyGrammar;
     use crate::dialect::Dialect;
     use crate::json::Json;
-    use crate::usage::{Reported, Usage};
+    use crate::usage::{Head, Usage};
 
     impl Answer for Chat {
-        fn usage(&self, reported: &Reported) -> Usage {
-            openai_usage(reported)
+        fn usage(&self, usage: &Value) -> Option<Usage> {
+            openai_usage(usage)
+        }
+
+        fn head(&self, body: &[u8]) -> Head {
+            openai_head(body)
         }
 
         fn grammar(&self) -> AnyGrammar {
@@ -282,16 +305,95 @@ mod answers {
     /// The usage OpenAI's chat, completions and embeddings report:
     /// `prompt_tokens` (the cached ones among them, in
     /// `prompt_tokens_details.cached_tokens`) and `completion_tokens`.
-    pub(crate) fn openai_usage(r: &Reported) -> Usage {
-        Usage {
-            prompt_tokens: r.prompt_tokens,
-            completion_tokens: r.completion_tokens,
-            cached_tokens: Reported::cached(r.prompt_tokens_details),
+    pub(crate) fn openai_usage(usage: &Value) -> Option<Usage> {
+        let u = usage.as_object()?;
+        Some(Usage {
+            prompt_tokens: count(u, "prompt_tokens")?,
+            completion_tokens: count(u, "completion_tokens")?,
+            cached_tokens: cached(u, "prompt_tokens_details")?.unwrap_or(0),
+        })
+    }
+
+    /// The `cached_tokens` of a usage's details object `name` (OpenAI's and
+    /// Responses' words): `Some(None)` when there are no details (absent or
+    /// null), `None` when they are of another type.
+    pub(crate) fn cached(usage: &Map<String, Value>, name: &str) -> Option<Option<u64>> {
+        match usage.get(name) {
+            None | Some(Value::Null) => Some(None),
+            Some(Value::Object(details)) => optional_count(details, "cached_tokens").map(Some),
+            Some(_) => None,
         }
+    }
+
+    /// The members an OpenAI answer's head is read from.
+    const OPENAI_HEAD: &[&str] = &["usage", "id", "model", "choices"];
+
+    /// The head of an answer of OpenAI's chat, completions or embeddings
+    /// (the one reader the three share): its usage, id, model and each
+    /// choice's `finish_reason`.
+    pub(crate) fn openai_head(body: &[u8]) -> Head {
+        head::read(body, OPENAI_HEAD, |m| {
+            let mut head = m.head(openai_usage)?;
+            choice_reasons(m, &mut head)?;
+            Some(head)
+        })
+    }
+
+    /// What the head reads of a choice.
+    #[derive(Deserialize)]
+    struct Choice {
+        #[serde(default)]
+        finish_reason: Option<String>,
+    }
+
+    /// Each choice's `finish_reason`, in order; `None` when `choices` is
+    /// not a list of choices.
+    pub(crate) fn choice_reasons(m: &Members<'_>, head: &mut Head) -> Option<()> {
+        for choice in m.get::<Vec<Choice>>("choices")?.unwrap_or_default() {
+            if let Some(reason) = choice.finish_reason {
+                head.ended_for(&reason);
+            }
+        }
+        Some(())
     }
 }
 
 pub use answers::error_body;
 pub(crate) use answers::{
-    choices_finished, choices_said, openai_local_error, openai_usage, Error, RATE_HEADERS,
+    cached, choice_reasons, choices_finished, choices_said, openai_head, openai_local_error,
+    openai_usage, Error, RATE_HEADERS,
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_is_asked_of_streams_that_did_not() {
+        for (body, want) in [
+            (
+                r#" {"stream":true,"model":"m"}"#,
+                Some(r#" {"stream":true,"model":"m","stream_options":{"include_usage":true}}"#),
+            ),
+            (r#"{"stream":false}"#, None),
+            (r#"{"model":"m"}"#, None),
+            (r#"{"stream":true,"stream_options":null}"#, None),
+            (
+                r#"{"stream":true,"stream_options":{"include_usage":false}}"#,
+                None,
+            ),
+            (
+                r#"{"stream":true,"stream_options":{"include_usage":true}}"#,
+                None,
+            ),
+        ] {
+            let mut doc = Document::parse(body.as_bytes().to_vec());
+            let got = ask_for_usage(&mut doc).then(|| doc.into_bytes());
+            assert_eq!(got.as_deref(), want.map(str::as_bytes), "{body}");
+            if let Some(got) = got {
+                let v: serde_json::Value = serde_json::from_slice(&got).unwrap();
+                assert_eq!(v["stream_options"]["include_usage"], true);
+            }
+        }
+    }
+}

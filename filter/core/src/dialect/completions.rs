@@ -53,7 +53,7 @@ impl Request for Completions {
     }
 
     fn ask_for_usage(&self, doc: &mut Document) -> bool {
-        crate::usage::ask_for_usage(doc)
+        crate::dialect::chat::ask_for_usage(doc)
     }
 }
 
@@ -68,16 +68,20 @@ mod answers {
     use crate::dialect::answer::{refusal_of, Answer, Choices, Hear, RateHeaders, Refusal, Stored};
     use crate::dialect::chat::stream;
     use crate::dialect::chat::{
-        choices_finished, choices_said, openai_local_error, openai_usage, RATE_HEADERS,
+        choices_finished, choices_said, openai_head, openai_local_error, openai_usage, RATE_HEADERS,
     };
     use crate::dialect::AnyGrammar;
     use crate::dialect::Dialect;
     use crate::json::Json;
-    use crate::usage::{Reported, Usage};
+    use crate::usage::{Head, Usage};
 
     impl Answer for Completions {
-        fn usage(&self, reported: &Reported) -> Usage {
-            openai_usage(reported)
+        fn usage(&self, usage: &Value) -> Option<Usage> {
+            openai_usage(usage)
+        }
+
+        fn head(&self, body: &[u8]) -> Head {
+            openai_head(body)
         }
 
         fn grammar(&self) -> AnyGrammar {

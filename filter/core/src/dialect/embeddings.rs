@@ -30,15 +30,19 @@ mod answers {
     use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::{refusal_of, Answer, Hear, RateHeaders, Refusal, Stored};
     use crate::dialect::chat::stream;
-    use crate::dialect::chat::{openai_local_error, openai_usage, RATE_HEADERS};
+    use crate::dialect::chat::{openai_head, openai_local_error, openai_usage, RATE_HEADERS};
     use crate::dialect::AnyGrammar;
     use crate::dialect::Dialect;
     use crate::json::Json;
-    use crate::usage::{Reported, Usage};
+    use crate::usage::{Head, Usage};
 
     impl Answer for Embeddings {
-        fn usage(&self, reported: &Reported) -> Usage {
-            openai_usage(reported)
+        fn usage(&self, usage: &Value) -> Option<Usage> {
+            openai_usage(usage)
+        }
+
+        fn head(&self, body: &[u8]) -> Head {
+            openai_head(body)
         }
 
         fn grammar(&self) -> AnyGrammar {

@@ -702,24 +702,36 @@ mod asks {
 mod answers {
     use serde_json::{Map, Value};
 
+    use serde::Deserialize;
+
     use super::{error_body, error_class, usage, Gemini};
     use crate::dialect::answer::ErrorClass;
     use crate::dialect::answer::ReplyKind;
+    use crate::dialect::answer::head::{self, Members};
     use crate::dialect::answer::{refusal_of, Answer, Hear, RateHeaders, Refusal, Stored};
     use crate::dialect::chat::RATE_HEADERS;
     use crate::dialect::gemini::stream;
     use crate::dialect::AnyGrammar;
     use crate::json::Json;
-    use crate::usage::{Reported, Usage};
+    use crate::usage::{Head, Usage};
 
     impl Answer for Gemini {
-        /// Gemini reports no `usage` object (see [`Answer::usage_apart`]).
-        fn usage(&self, _reported: &Reported) -> Usage {
-            Usage::default()
+        /// A `usageMetadata` object.
+        fn usage(&self, metadata: &Value) -> Option<Usage> {
+            usage(metadata)
         }
 
-        fn usage_apart(&self, metadata: &Value) -> Option<Usage> {
-            usage(metadata)
+        /// Its `usageMetadata` (one it cannot read is no usage, the rest
+        /// of the head kept) and each candidate's `finishReason`; Gemini
+        /// names no `id` or `model` there (its `responseId` and
+        /// `modelVersion` are not read).
+        fn head(&self, body: &[u8]) -> Head {
+            head::read(body, &["usageMetadata", "candidates"], |m| {
+                let metadata = m.get::<Value>("usageMetadata")?;
+                let mut head = Head::new(metadata.as_ref().and_then(usage), None, None);
+                candidate_reasons(m, &mut head)?;
+                Some(head)
+            })
         }
 
         fn grammar(&self) -> AnyGrammar {
@@ -811,7 +823,27 @@ mod answers {
             true
         }
     }
+
+    /// What the head reads of a candidate.
+    #[derive(Deserialize)]
+    struct Candidate {
+        #[serde(default, rename = "finishReason")]
+        finish_reason: Option<String>,
+    }
+
+    /// Each candidate's `finishReason`, in order; `None` when `candidates`
+    /// is not a list of candidates.
+    pub(crate) fn candidate_reasons(m: &Members<'_>, head: &mut Head) -> Option<()> {
+        for candidate in m.get::<Vec<Candidate>>("candidates")?.unwrap_or_default() {
+            if let Some(reason) = candidate.finish_reason {
+                head.ended_for(&reason);
+            }
+        }
+        Some(())
+    }
 }
+
+pub(crate) use answers::candidate_reasons;
 
 #[cfg(test)]
 mod tests;

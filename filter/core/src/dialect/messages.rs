@@ -122,6 +122,7 @@ mod answers {
 
     use super::Messages;
     use crate::dialect::answer::ReplyKind;
+    use crate::dialect::answer::head::{self, count, optional_count, Members};
     use crate::dialect::answer::{
         refusal_of, string, Answer, Hear, RateHeaders, Refusal, Reset, Stored,
     };
@@ -129,19 +130,31 @@ mod answers {
     use crate::dialect::messages::stream;
     use crate::dialect::AnyGrammar;
     use crate::json::Json;
-    use crate::usage::{Reported, Usage};
+    use crate::usage::{Head, Usage};
 
     impl Answer for Messages {
         /// `input_tokens` counts only the input not read from or written
         /// to the prompt cache: the input is all three.
-        fn usage(&self, r: &Reported) -> Usage {
-            let read = r.cache_read_input_tokens.unwrap_or(0);
-            let written = r.cache_creation_input_tokens.unwrap_or(0);
-            Usage {
-                prompt_tokens: r.input_tokens.saturating_add(read).saturating_add(written),
-                completion_tokens: r.output_tokens,
+        fn usage(&self, usage: &Value) -> Option<Usage> {
+            let u = usage.as_object()?;
+            let read = optional_count(u, "cache_read_input_tokens")?;
+            let written = optional_count(u, "cache_creation_input_tokens")?;
+            Some(Usage {
+                prompt_tokens: count(u, "input_tokens")?
+                    .saturating_add(read)
+                    .saturating_add(written),
+                completion_tokens: count(u, "output_tokens")?,
                 cached_tokens: read,
-            }
+            })
+        }
+
+        /// Its usage, id and model, and its `stop_reason`.
+        fn head(&self, body: &[u8]) -> Head {
+            head::read(body, &["usage", "id", "model", "stop_reason"], |m| {
+                let mut head = m.head(|u| self.usage(u))?;
+                stop_reason(m, &mut head)?;
+                Some(head)
+            })
         }
 
         fn grammar(&self) -> AnyGrammar {
@@ -240,4 +253,14 @@ mod answers {
             br#"{"type":"error","error":{"type":"api_error","message":"request refused"}}"#.to_vec()
         })
     }
+
+    /// A message's `stop_reason`; `None` when it is no string.
+    pub(crate) fn stop_reason(m: &Members<'_>, head: &mut Head) -> Option<()> {
+        if let Some(reason) = m.get::<String>("stop_reason")? {
+            head.ended_for(&reason);
+        }
+        Some(())
+    }
 }
+
+pub(crate) use answers::stop_reason;

@@ -8,6 +8,7 @@ pub mod answer;
 pub mod chat;
 pub mod completions;
 pub mod embeddings;
+pub mod features;
 pub mod gemini;
 pub mod messages;
 pub mod other;

@@ -23,30 +23,66 @@ mod answers {
 
     use super::Other;
     use crate::dialect::answer::ReplyKind;
+    use crate::dialect::answer::head::{self, count, optional_count};
     use crate::dialect::answer::{refusal_of, Answer, Hear, RateHeaders, Refusal, Stored};
     use crate::dialect::chat::stream;
-    use crate::dialect::chat::{openai_local_error, RATE_HEADERS};
+    use crate::dialect::chat::{cached, choice_reasons, openai_local_error, RATE_HEADERS};
+    use crate::dialect::gemini::candidate_reasons;
+    use crate::dialect::messages::stop_reason;
+    use crate::dialect::responses::response_reason;
     use crate::dialect::AnyGrammar;
     use crate::dialect::Dialect;
     use crate::json::Json;
-    use crate::usage::{Reported, Usage};
+    use crate::usage::{Head, Usage};
+
+    /// Every dialect's members a head is read from.
+    const HEAD: &[&str] = &[
+        "usage",
+        "id",
+        "model",
+        "choices",
+        "candidates",
+        "stop_reason",
+        "object",
+        "status",
+        "incomplete_details",
+    ];
 
     impl Answer for Other {
         /// Any dialect's names, added up: a path of another shape may
-        /// answer in any of them.
-        fn usage(&self, r: &Reported) -> Usage {
-            let read = r.cache_read_input_tokens.unwrap_or(0);
-            let written = r.cache_creation_input_tokens.unwrap_or(0);
-            let details = r.prompt_tokens_details.or(r.input_tokens_details);
-            Usage {
-                prompt_tokens: r
-                    .prompt_tokens
-                    .saturating_add(r.input_tokens)
+        /// answer in any of them (Gemini's `usageMetadata` aside).
+        fn usage(&self, usage: &Value) -> Option<Usage> {
+            let u = usage.as_object()?;
+            let read = optional_count(u, "cache_read_input_tokens")?;
+            let written = optional_count(u, "cache_creation_input_tokens")?;
+            let prompt_details = cached(u, "prompt_tokens_details")?;
+            let input_details = cached(u, "input_tokens_details")?;
+            Some(Usage {
+                prompt_tokens: count(u, "prompt_tokens")?
+                    .saturating_add(count(u, "input_tokens")?)
                     .saturating_add(read)
                     .saturating_add(written),
-                completion_tokens: r.completion_tokens.saturating_add(r.output_tokens),
-                cached_tokens: Reported::cached(details).saturating_add(read),
-            }
+                completion_tokens: count(u, "completion_tokens")?
+                    .saturating_add(count(u, "output_tokens")?),
+                cached_tokens: prompt_details
+                    .or(input_details)
+                    .unwrap_or(0)
+                    .saturating_add(read),
+            })
+        }
+
+        /// Its usage, id and model, and why it ended in any dialect's
+        /// words: each choice's, each candidate's, a message's stop, a
+        /// response's end.
+        fn head(&self, body: &[u8]) -> Head {
+            head::read(body, HEAD, |m| {
+                let mut head = m.head(|u| self.usage(u))?;
+                choice_reasons(m, &mut head)?;
+                candidate_reasons(m, &mut head)?;
+                stop_reason(m, &mut head)?;
+                response_reason(m, &mut head);
+                Some(head)
+            })
         }
 
         /// Read as a chat stream, the commonest shape.

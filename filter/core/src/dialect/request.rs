@@ -8,11 +8,11 @@
 //! question is, what the prompt cache keys on. [`Dialect::request`] is the
 //! one place that picks the API.
 
+use super::features::Features;
 use super::Dialect;
 use serde::Deserialize;
 
 use crate::json::{Document, Json};
-use crate::routing::rules::Features;
 
 /// What one API says of a request, and how a step edits it. Every method has
 /// the answer of an API that has no such thing; each API's file overrides
@@ -491,8 +491,10 @@ mod tests {
             "temperature":0.5,"max_tokens":7,"max_output_tokens":9,"tools":[{"x":1}],
             "prompt_cache_key":"k","previous_response_id":"r1"}"#,
         );
-        let features = Features::from_json(&body);
-        let view = |d| View::read(d, "/v1/x", Some(&body), features.as_ref());
+        let view = |d| {
+            let features = Features::from_json(d, &body);
+            View::read(d, "/v1/x", Some(&body), features.as_ref())
+        };
         let chat = view(Dialect::Chat);
         assert_eq!(chat.model.as_deref(), Some("m"));
         assert_eq!(chat.stream, Some(true));
@@ -563,7 +565,7 @@ mod tests {
             r#"{"contents":[{"role":"user","parts":[{"text":"hi"}]}],"stream":false,
             "temperature":2,"generationConfig":{"temperature":0.25,"maxOutputTokens":64}}"#,
         );
-        let features = Features::from_json(&body);
+        let features = Features::from_json(Dialect::Gemini, &body);
         let view = |path| View::read(Dialect::Gemini, path, Some(&body), features.as_ref());
         let plain = view("/v1beta/models/gemini-2.5-flash:generateContent");
         assert_eq!(plain.model.as_deref(), Some("gemini-2.5-flash"));

@@ -122,24 +122,36 @@ mod answers {
 
     use super::Responses;
     use crate::dialect::answer::ReplyKind;
+    use crate::dialect::answer::head::{self, count, Members};
     use crate::dialect::answer::{
         list, refusal_of, string, Answer, Hear, RateHeaders, Refusal, Stored,
     };
-    use crate::dialect::chat::{openai_local_error, RATE_HEADERS};
+    use crate::dialect::chat::{cached, openai_local_error, RATE_HEADERS};
     use crate::dialect::responses::stream;
     use crate::dialect::AnyGrammar;
     use crate::json::Json;
-    use crate::usage::{Reported, Usage};
+    use crate::usage::{Head, Usage};
 
     impl Answer for Responses {
         /// `input_tokens` (the cached ones among them, in
         /// `input_tokens_details.cached_tokens`) and `output_tokens`.
-        fn usage(&self, r: &Reported) -> Usage {
-            Usage {
-                prompt_tokens: r.input_tokens,
-                completion_tokens: r.output_tokens,
-                cached_tokens: Reported::cached(r.input_tokens_details),
-            }
+        fn usage(&self, usage: &Value) -> Option<Usage> {
+            let u = usage.as_object()?;
+            Some(Usage {
+                prompt_tokens: count(u, "input_tokens")?,
+                completion_tokens: count(u, "output_tokens")?,
+                cached_tokens: cached(u, "input_tokens_details")?.unwrap_or(0),
+            })
+        }
+
+        /// Its usage, id and model, and why it ended when it is a
+        /// `response`.
+        fn head(&self, body: &[u8]) -> Head {
+            head::read(body, HEAD, |m| {
+                let mut head = m.head(|u| self.usage(u))?;
+                response_reason(m, &mut head);
+                Some(head)
+            })
         }
 
         fn grammar(&self) -> AnyGrammar {
@@ -193,4 +205,35 @@ mod answers {
             true
         }
     }
+
+    /// The members a Responses answer's head is read from.
+    const HEAD: &[&str] = &[
+        "usage",
+        "id",
+        "model",
+        "object",
+        "status",
+        "incomplete_details",
+    ];
+
+    /// Why a `response` ended: its incomplete reason, else its status (any
+    /// JSON in these members: another answer may use the names for
+    /// something else, and never loses its head for it).
+    pub(crate) fn response_reason(m: &Members<'_>, head: &mut Head) {
+        let member = |name| m.get::<Value>(name).flatten();
+        if member("object").is_none_or(|o| o != "response") {
+            return;
+        }
+        let (incomplete, status) = (member("incomplete_details"), member("status"));
+        let reason = incomplete
+            .as_ref()
+            .and_then(|d| d.get("reason"))
+            .and_then(Value::as_str)
+            .or(status.as_ref().and_then(Value::as_str));
+        if let Some(reason) = reason {
+            head.ended_for(reason);
+        }
+    }
 }
+
+pub(crate) use answers::response_reason;

@@ -17,10 +17,10 @@
 //! developer messages are always kept, and function calls, their outputs and
 //! reasoning items belong to the turn they sit in.
 
+use crate::dialect::features::message_tokens;
 use crate::dialect::request::Turns;
 use crate::dialect::Dialect;
 use crate::json::Json;
-use crate::routing::rules::message_tokens;
 
 /// Which items of the conversation of a call of `endpoint` to keep (same
 /// length, in order): chat's and Anthropic's `messages`, Responses' `input`

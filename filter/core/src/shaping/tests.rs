@@ -1,6 +1,6 @@
 use super::*;
+use crate::dialect::features::message_tokens;
 use crate::dialect::Dialect;
-use crate::routing::rules::message_tokens;
 
 /// Which messages of a chat call to keep.
 fn keep_history(

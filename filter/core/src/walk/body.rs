@@ -2,6 +2,7 @@
 //! view every concern reads, or, when it streams through, a bounded copy kept
 //! to read `model` (and the answer's `usage`) from a body the filter does not hold.
 
+use crate::dialect::Dialect;
 use crate::json::{Document, Json};
 use crate::routing::Features;
 
@@ -19,18 +20,22 @@ pub(super) struct HeldBody {
     pub(super) edited: bool,
     /// What routing rules look at; `None` when the body is no request object.
     pub(super) features: Option<Features>,
+    /// The call's dialect, which reads the features.
+    dialect: Dialect,
 }
 
 impl HeldBody {
-    /// Parses a held body: the one parse of the request.
-    pub(super) fn parse(raw: Vec<u8>, size: usize) -> Self {
+    /// Parses a held body of a call of `dialect`: the one parse of the
+    /// request.
+    pub(super) fn parse(dialect: Dialect, raw: Vec<u8>, size: usize) -> Self {
         let doc = Document::parse(raw);
-        let features = doc.tree().and_then(Features::from_json);
+        let features = doc.tree().and_then(|t| Features::from_json(dialect, t));
         Self {
             doc,
             size,
             edited: false,
             features,
+            dialect,
         }
     }
 
@@ -49,7 +54,11 @@ impl HeldBody {
     /// reads follows the edit.
     pub(super) fn was_edited(&mut self) {
         self.edited = true;
-        self.features = self.doc.tree().and_then(Features::from_json);
+        let dialect = self.dialect;
+        self.features = self
+            .doc
+            .tree()
+            .and_then(|t| Features::from_json(dialect, t));
     }
 
     /// Frees the tree once only the bytes and the features are needed.

@@ -6,7 +6,7 @@ use crate::routing::failover;
 use crate::routing::hedge::{self, HedgeResult};
 use crate::routing::{self, health};
 use crate::summary::{End, Try};
-use crate::usage::{self, Usage};
+use crate::usage::Usage;
 use crate::walk::CallWait;
 
 use super::failover::Sent;
@@ -134,7 +134,7 @@ impl Call {
         }
         let end = answer.status.map_or(End::TimedOut(504), End::Answered);
         // The hedge's own tokens, not those of the answer that beat it.
-        let usage = usage::head_from_json(self.request.endpoint.answer(), &answer.body).usage;
+        let usage = self.request.endpoint.answer().head(&answer.body).usage;
         self.hedge_learns(env, &cluster, end, usage);
         self.decided.hedge = Some(HedgeResult::Lost);
         hedge::count(env.metrics, HedgeResult::Lost);

@@ -151,7 +151,7 @@ impl Call {
         call.tag(env, host, baggage.as_deref());
         call.name_tenant(env, host);
         if end_of_stream {
-            let step = call.decide(env, host, Some(HeldBody::parse(Vec::new(), 0)));
+            let step = call.decide(env, host, Some(HeldBody::parse(endpoint, Vec::new(), 0)));
             return Some((call, step));
         }
         if call.can_hold_body(env, host) {
@@ -236,7 +236,8 @@ impl Call {
                 return Step::Pause;
             }
             let body = host.request_body(size).unwrap_or_default();
-            return self.decide(env, host, Some(HeldBody::parse(body, size)));
+            let endpoint = self.request.endpoint;
+            return self.decide(env, host, Some(HeldBody::parse(endpoint, body, size)));
         }
         // A copy past its bound is gone: the rest of the body is not fetched.
         if let Some(copy) = self.request.copy.as_mut().filter(|c| c.is_open()) {

@@ -148,7 +148,7 @@ impl Call {
         // reading it from the tree as well would compile a second reader of
         // the answer's head into the module (some 6 KB) for a parse that
         // only answers the cache stores pay.
-        *head = usage::head_from_json(dialect, bytes);
+        *head = dialect.head(bytes);
         for_cache
             .then(|| serde_json::from_slice::<Value>(bytes).ok())
             .flatten()

@@ -510,7 +510,7 @@ impl Response {
             copy.append(body);
             Answer::Json {
                 copy,
-                head: usage::head_from_json(endpoint.answer(), body),
+                head: endpoint.answer().head(body),
             }
         };
         let response = Self {

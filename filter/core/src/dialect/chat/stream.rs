@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::dialect::Dialect;
 use crate::sse::reader::{Event, DATA_FIELD, EVENT_END};
 use crate::sse::{FinishReasons, Grammar, Parsed, Reading, Transcript};
-use crate::usage::{Reported, Usage};
+use crate::usage::Usage;
 
 /// The data of the event that ends a stream.
 pub(crate) const DONE: &[u8] = b"[DONE]";
@@ -169,8 +169,7 @@ impl Chat {
         let usage = head
             .usage
             .as_ref()
-            .and_then(Reported::from_value)
-            .map(|r| self.dialect.answer().usage(&r));
+            .and_then(|u| self.dialect.answer().usage(u));
         if usage.is_some() {
             self.usage = usage;
         }

@@ -11,7 +11,7 @@ use crate::dialect::answer::Answer;
 use crate::dialect::responses::stream::read_named;
 use crate::sse::reader::Event;
 use crate::sse::{FinishReasons, Grammar, Reading, Transcript};
-use crate::usage::{Reported, Usage};
+use crate::usage::Usage;
 
 /// What a Messages stream said so far.
 #[derive(Debug, Default)]
@@ -110,10 +110,7 @@ impl Messages {
             }
             _ => None,
         };
-        if let Some(u) = reported
-            .and_then(Reported::from_value)
-            .map(|r| crate::dialect::messages::Messages.usage(&r))
-        {
+        if let Some(u) = reported.and_then(|u| crate::dialect::messages::Messages.usage(u)) {
             self.usage = Some(self.usage.map_or(u, |so_far| so_far.updated_by(u)));
         }
     }

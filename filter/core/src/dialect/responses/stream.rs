@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::dialect::answer::Answer;
 use crate::sse::reader::Event;
 use crate::sse::{tree_of, FinishReasons, Grammar, Parsed, Reading, Transcript};
-use crate::usage::{Reported, Usage};
+use crate::usage::Usage;
 
 /// The event that opens a Responses stream with the response's id.
 const CREATED: &[u8] = b"response.created";
@@ -119,8 +119,7 @@ impl Responses {
         self.finished |= name == b"response.completed";
         if let Some(u) = response
             .and_then(|r| r.get("usage"))
-            .and_then(Reported::from_value)
-            .map(|r| crate::dialect::responses::Responses.usage(&r))
+            .and_then(|u| crate::dialect::responses::Responses.usage(u))
         {
             self.usage = Some(u);
         }

@@ -4,7 +4,7 @@ use crate::walk::body::HeldBody;
 use crate::walk::state::{Phase, Progress, Timer};
 
 fn body() -> HeldBody {
-    HeldBody::parse(Vec::new(), 0)
+    HeldBody::parse(crate::dialect::Dialect::Chat, Vec::new(), 0)
 }
 
 #[test]
