@@ -1,7 +1,7 @@
 //! Token usage and what else a JSON answer says of itself, in words of no
 //! dialect: the types the concerns (limits, spans, learning, the cache)
 //! read. Where each API writes them is its dialect's
-//! ([`crate::dialect::answer::Answer::usage`], `Answer::head`).
+//! (the dialect's answer reader: `Answer::usage`, `Answer::head`).
 
 /// Tokens of one call, whatever dialect reported them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

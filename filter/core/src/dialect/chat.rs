@@ -155,8 +155,8 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Chat;
-    use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::head::{self, count, optional_count, Members};
+    use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::{
         list, refusal_of, string, Answer, Choices, Hear, RateHeaders, Refusal, Reset, Stored,
     };

@@ -3,8 +3,7 @@
 //! the prompt's estimated size, read once from the body the walk parsed.
 //! Where each API keeps these is dialect knowledge, so it is read here; the
 //! estimate's policy (the weights by script, the calibration) stays in
-//! [`crate::tokens`], and the rules that compare it in
-//! [`crate::routing::rules`].
+//! [`crate::tokens`], and the rules that compare it in routing's rules.
 
 use super::request::Said;
 use super::Dialect;

@@ -705,9 +705,9 @@ mod answers {
     use serde::Deserialize;
 
     use super::{error_body, error_class, usage, Gemini};
+    use crate::dialect::answer::head::{self, Members};
     use crate::dialect::answer::ErrorClass;
     use crate::dialect::answer::ReplyKind;
-    use crate::dialect::answer::head::{self, Members};
     use crate::dialect::answer::{refusal_of, Answer, Hear, RateHeaders, Refusal, Stored};
     use crate::dialect::chat::RATE_HEADERS;
     use crate::dialect::gemini::stream;

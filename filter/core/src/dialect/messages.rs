@@ -121,8 +121,8 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Messages;
-    use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::head::{self, count, optional_count, Members};
+    use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::{
         refusal_of, string, Answer, Hear, RateHeaders, Refusal, Reset, Stored,
     };

@@ -22,8 +22,8 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Other;
-    use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::head::{self, count, optional_count};
+    use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::{refusal_of, Answer, Hear, RateHeaders, Refusal, Stored};
     use crate::dialect::chat::stream;
     use crate::dialect::chat::{cached, choice_reasons, openai_local_error, RATE_HEADERS};

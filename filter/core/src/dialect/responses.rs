@@ -121,8 +121,8 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Responses;
-    use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::head::{self, count, Members};
+    use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::{
         list, refusal_of, string, Answer, Hear, RateHeaders, Refusal, Stored,
     };
