@@ -130,6 +130,13 @@ pub(crate) fn message_tokens(message: &Json) -> u64 {
     text.tokens()
 }
 
+/// Estimated tokens of a JSON value by the rule of
+/// [`Features::prompt_tokens`]: its strings (in objects, `text` and
+/// `content`) weighed by script, rounded up, plus one per token id.
+pub(crate) fn text_tokens(value: &Json) -> u64 {
+    Text::of(value).tokens()
+}
+
 /// True for a non-empty array or object; any other value is false.
 fn non_empty(v: &Json) -> bool {
     match v {
