@@ -462,3 +462,136 @@ async fn a_gemini_call_fails_over_with_the_other_backends_model_in_its_path() {
     );
     assert_eq!(answered, on_b as f64);
 }
+
+#[tokio::test]
+async fn a_p2_gemini_call_is_shaped_in_its_config_and_contents() {
+    if skip_without_envoy("a_p2_gemini_call_is_shaped_in_its_config_and_contents") {
+        return;
+    }
+    let mock = MockUpstream::start(MockConfig::named("gemsh"));
+    let envoy = filtered_envoy(
+        &mock,
+        json!({"shaping": {"max_tokens_cap": {"P2": 2}, "max_history_turns": {"P2": 2}}}),
+    );
+    let args = [
+        "--turn",
+        "user:the oldest question",
+        "--turn",
+        "model:the oldest answer",
+        "--turn",
+        "user:an earlier question",
+        "--turn",
+        "model:an earlier answer",
+        "--prompt",
+        "the question now",
+        "--max-output-tokens",
+        "64",
+    ];
+    let mut p2 = args.to_vec();
+    p2.extend(["--header", "x-request-priority:P2"]);
+    let out = genai(&envoy, "generate", &p2).await;
+    // The cap reached the backend: two words of the echo, cut there.
+    assert_eq!(out["text"], "echo: the", "{out}");
+    assert_eq!(out["finish_reason"], "MAX_TOKENS", "{out}");
+    assert_eq!(
+        out["headers"]["x-llm-shaped"], "max_tokens,history",
+        "{out}"
+    );
+    let (_, sent) = last_on(&mock, &path_of(MODEL, false));
+    assert_eq!(sent["generationConfig"], json!({"maxOutputTokens": 2}));
+    let texts: Vec<&str> = sent["contents"]
+        .as_array()
+        .expect("contents")
+        .iter()
+        .map(|c| c["parts"][0]["text"].as_str().expect("a text part"))
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            "an earlier question",
+            "an earlier answer",
+            "the question now"
+        ],
+        "the last two turns, each as the SDK wrote it"
+    );
+    let shaped = envoy.wait_for_metric(
+        "llm_filter_shaped_total",
+        &[("what", "history"), ("priority", "P2")],
+        1.0,
+        DEADLINE,
+    );
+    assert_eq!(shaped, 1.0);
+    // P1 is not shaped: the body goes as the SDK wrote it.
+    let out = genai(&envoy, "generate", &args).await;
+    assert_eq!(out["text"], "echo: the question now [gemsh]", "{out}");
+    assert!(out["headers"].get("x-llm-shaped").is_none(), "{out}");
+    let (_, sent) = last_on(&mock, &path_of(MODEL, false));
+    assert_eq!(sent["contents"].as_array().map(Vec::len), Some(5));
+    assert_eq!(sent["generationConfig"], json!({"maxOutputTokens": 64}));
+}
+
+#[tokio::test]
+async fn a_degraded_gemini_call_goes_out_with_the_fallback_model_in_its_path() {
+    if skip_without_envoy("a_degraded_gemini_call_goes_out_with_the_fallback_model_in_its_path") {
+        return;
+    }
+    const LITE: &str = "gemini-2.5-flash-lite";
+    let mock = MockUpstream::start(MockConfig::named("gemd"));
+    let envoy = filtered_envoy(
+        &mock,
+        json!({"admin": {"token": ADMIN_TOKEN},
+               "degrade": {"alerts": [{"severity": "page", "level": 2}],
+                           "fallback_model": {MODEL: LITE}, "max_tokens_cap": 3}}),
+    );
+    fire(
+        &envoy,
+        ADMIN_TOKEN,
+        json!({"alertname": "LLMSlow", "severity": "page"}),
+    )
+    .await;
+    let args = [
+        "--prompt",
+        "a degraded question",
+        "--temperature",
+        "0.9",
+        "--max-output-tokens",
+        "1000",
+    ];
+    let (plain, streamed) = tokio::join!(
+        genai(&envoy, "generate", &args),
+        genai(&envoy, "generate_stream", &args),
+    );
+    // The fallback model answered, its output capped.
+    assert_eq!(plain["model_version"], LITE, "{plain}");
+    assert_eq!(plain["text"], "echo: a degraded", "{plain}");
+    assert_eq!(plain["headers"]["x-llm-degraded"], "2", "{plain}");
+    assert_eq!(streamed["text"], "echo: a degraded", "{streamed}");
+    for stream in [false, true] {
+        let (seen, sent) = last_on(&mock, &path_of(LITE, stream));
+        assert_eq!(seen.query.as_deref(), stream.then_some("alt=sse"));
+        assert_eq!(seen.header("x-goog-api-key"), Some(KEY));
+        let config = &sent["generationConfig"];
+        assert_eq!(config["maxOutputTokens"], 3, "{sent}");
+        let t = config["temperature"].as_f64().expect("a temperature");
+        assert!(t < 0.9, "lowered: {sent}");
+        assert!(
+            sent.get("model").is_none(),
+            "the body names no model: {sent}"
+        );
+        assert_eq!(
+            sent["contents"][0]["parts"][0]["text"],
+            "a degraded question"
+        );
+    }
+    assert_eq!(mock.count("POST", &path_of(MODEL, false)), 0);
+    assert_eq!(mock.count("POST", &path_of(MODEL, true)), 0);
+    for action in ["fallback_model", "max_tokens", "temperature"] {
+        let n = envoy.wait_for_metric(
+            "llm_filter_degraded_total",
+            &[("action", action), ("priority", "P1")],
+            2.0,
+            DEADLINE,
+        );
+        assert_eq!(n, 2.0, "{action}");
+    }
+}
