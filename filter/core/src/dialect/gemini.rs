@@ -614,7 +614,7 @@ mod asks {
         call_of, cap_output, model, output_cap, query_key, set_temperature, turns, with_model,
         Gemini, KEY_HEADER,
     };
-    use crate::dialect::request::{Prompt, Request, Turns};
+    use crate::dialect::request::{Prompt, Question, Request, Turns};
     use crate::json::{Document, Json};
     use crate::routing::rules::text_tokens;
     use crate::shaping::TokenField;
@@ -685,6 +685,11 @@ mod asks {
                 body.get("systemInstruction").and_then(|s| s.get("parts")),
                 body.get("contents"),
             ))
+        }
+
+        /// The last user content's text parts.
+        fn question(&self) -> Option<Question> {
+            Some(Question::LastUserParts)
         }
 
         /// A content weighs its parts' text.

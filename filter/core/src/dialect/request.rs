@@ -394,6 +394,9 @@ impl<'a> Iterator for Prompt<'a> {
 pub enum Question {
     /// The `content` of the last message of `role` `user` in `messages`.
     LastUserMessage,
+    /// The `parts` of the last content of `contents` whose role is `user`
+    /// (or none), each a text (Gemini's).
+    LastUserParts,
     /// The top-level member of this name.
     Member(&'static str),
 }
