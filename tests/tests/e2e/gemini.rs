@@ -595,3 +595,73 @@ async fn a_degraded_gemini_call_goes_out_with_the_fallback_model_in_its_path() {
         assert_eq!(n, 2.0, "{action}");
     }
 }
+
+#[tokio::test]
+async fn a_reworded_gemini_question_is_a_semantic_hit() {
+    if skip_without_envoy("a_reworded_gemini_question_is_a_semantic_hit") {
+        return;
+    }
+    const QUESTION: &str = "What is the capital of France?";
+    // The same words, reordered and re-cased: the mock embeds it identically.
+    const REWORDED: &str = "france: THE capital of, what is";
+    let mock = MockUpstream::start(MockConfig::named("gemq"));
+    let emb = MockUpstream::start(MockConfig::named("emb"));
+    let envoy = EnvoyBuilder::new()
+        .plugin_config(json!({"cache": {"semantic": {"embeddings": {
+            "cluster": "emb", "model": "text-embedding-3-small", "timeout_ms": 2000
+        }}}}))
+        .upstream("mock", mock.port())
+        .upstream("emb", emb.port())
+        .start()
+        .expect("envoy with the semantic cache");
+    let ask = |system: &'static str, prompt: &'static str| {
+        let envoy = &envoy;
+        async move {
+            genai(
+                envoy,
+                "generate",
+                &[
+                    "--system",
+                    system,
+                    "--turn",
+                    "user:hello",
+                    "--turn",
+                    "model:hi",
+                    "--temperature",
+                    "0",
+                    "--prompt",
+                    prompt,
+                ],
+            )
+            .await
+        }
+    };
+    let first = ask("be brief", QUESTION).await;
+    assert_eq!(first["headers"]["x-cache"], "MISS", "{first}");
+    let stored = envoy.wait_for_metric(
+        "llm_filter_cache_semantic_stores_total",
+        &[("result", "stored")],
+        1.0,
+        DEADLINE,
+    );
+    assert_eq!(stored, 1.0, "the question's vector was indexed");
+    let asked = emb.last_request().expect("the embeddings callout");
+    assert_eq!(
+        asked.json().unwrap(),
+        json!({"model": "text-embedding-3-small", "input": QUESTION}),
+        "the last user content's text alone"
+    );
+
+    let again = ask("be brief", REWORDED).await;
+    assert_eq!(again["headers"]["x-cache"], "SEMANTIC", "{again}");
+    assert_eq!(again["text"], format!("echo: {QUESTION} [gemq]"), "{again}");
+    assert_eq!(again["response_id"], first["response_id"], "{again}");
+    assert_eq!(mock.count("POST", &path_of(MODEL, false)), 1);
+    assert_eq!(emb.count("POST", "/v1/embeddings"), 2);
+
+    // Another system instruction is another context: a miss.
+    let other = ask("be long", REWORDED).await;
+    assert_eq!(other["headers"]["x-cache"], "MISS", "{other}");
+    assert_eq!(other["text"], format!("echo: {REWORDED} [gemq]"), "{other}");
+    assert_eq!(mock.count("POST", &path_of(MODEL, false)), 2);
+}
