@@ -3,12 +3,11 @@
 //! (`tests/sdk/genai_client.py`): the model is in the path, the usage in
 //! `usageMetadata`, errors in Google's `{"error":{"code","message","status"}}`.
 //!
-//! The first two scenarios hold today: the mock answers as Google does, in
-//! shapes the SDK parses, and a Gemini call crosses the filter untouched.
-//! The rest are the Gemini dialect's behaviour and wait for its wiring into
-//! the walk (`#[ignore = "gemini dialect wiring"]`): counted under
-//! `api="gemini"`, cached on opt-in, refused in Google's shape, routed with
-//! the model rewritten in the path.
+//! The mock answers as Google does, in shapes the SDK parses; through the
+//! filter a Gemini call is counted under `api="gemini"`, cached on opt-in
+//! (and semantically), refused in Google's shape, routed and degraded with
+//! the model rewritten in the path, shaped in its `generationConfig` and
+//! `contents`.
 
 use std::time::Duration;
 

@@ -8,7 +8,6 @@ use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::config::per_priority::RawPerPriority;
 use crate::config::setting::{Named, Setting, Table};
-use crate::dialect::Dialect;
 use crate::priority::Priority;
 
 /// `max_tokens_field`.
@@ -78,13 +77,6 @@ impl TokenField {
             Self::MaxCompletionTokens => "max_completion_tokens",
             Self::MaxOutputTokens => "max_output_tokens",
         }
-    }
-
-    /// The field a call of `endpoint` caps its output with: chat's is the
-    /// configured one, Responses' and Anthropic Messages' their own;
-    /// `None` for a dialect without one (its dialect says which).
-    pub fn of(endpoint: Dialect, configured: Self) -> Option<Self> {
-        endpoint.request().output_cap_field(configured)
     }
 
     /// The fields of the same dialect a body may already cap its output
