@@ -3,12 +3,11 @@
 //! (`tests/sdk/genai_client.py`): the model is in the path, the usage in
 //! `usageMetadata`, errors in Google's `{"error":{"code","message","status"}}`.
 //!
-//! The first two scenarios hold today: the mock answers as Google does, in
-//! shapes the SDK parses, and a Gemini call crosses the filter untouched.
-//! The rest are the Gemini dialect's behaviour and wait for its wiring into
-//! the walk (`#[ignore = "gemini dialect wiring"]`): counted under
-//! `api="gemini"`, cached on opt-in, refused in Google's shape, routed with
-//! the model rewritten in the path.
+//! The mock answers as Google does, in shapes the SDK parses; through the
+//! filter a Gemini call is counted under `api="gemini"`, cached on opt-in
+//! (and semantically), refused in Google's shape, routed and degraded with
+//! the model rewritten in the path, shaped in its `generationConfig` and
+//! `contents`.
 
 use std::time::Duration;
 
@@ -461,4 +460,207 @@ async fn a_gemini_call_fails_over_with_the_other_backends_model_in_its_path() {
         DEADLINE,
     );
     assert_eq!(answered, on_b as f64);
+}
+
+#[tokio::test]
+async fn a_p2_gemini_call_is_shaped_in_its_config_and_contents() {
+    if skip_without_envoy("a_p2_gemini_call_is_shaped_in_its_config_and_contents") {
+        return;
+    }
+    let mock = MockUpstream::start(MockConfig::named("gemsh"));
+    let envoy = filtered_envoy(
+        &mock,
+        json!({"shaping": {"max_tokens_cap": {"P2": 2}, "max_history_turns": {"P2": 2}}}),
+    );
+    let args = [
+        "--turn",
+        "user:the oldest question",
+        "--turn",
+        "model:the oldest answer",
+        "--turn",
+        "user:an earlier question",
+        "--turn",
+        "model:an earlier answer",
+        "--prompt",
+        "the question now",
+        "--max-output-tokens",
+        "64",
+    ];
+    let mut p2 = args.to_vec();
+    p2.extend(["--header", "x-request-priority:P2"]);
+    let out = genai(&envoy, "generate", &p2).await;
+    // The cap reached the backend: two words of the echo, cut there.
+    assert_eq!(out["text"], "echo: the", "{out}");
+    assert_eq!(out["finish_reason"], "MAX_TOKENS", "{out}");
+    assert_eq!(
+        out["headers"]["x-llm-shaped"], "max_tokens,history",
+        "{out}"
+    );
+    let (_, sent) = last_on(&mock, &path_of(MODEL, false));
+    assert_eq!(sent["generationConfig"], json!({"maxOutputTokens": 2}));
+    let texts: Vec<&str> = sent["contents"]
+        .as_array()
+        .expect("contents")
+        .iter()
+        .map(|c| c["parts"][0]["text"].as_str().expect("a text part"))
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            "an earlier question",
+            "an earlier answer",
+            "the question now"
+        ],
+        "the last two turns, each as the SDK wrote it"
+    );
+    let shaped = envoy.wait_for_metric(
+        "llm_filter_shaped_total",
+        &[("what", "history"), ("priority", "P2")],
+        1.0,
+        DEADLINE,
+    );
+    assert_eq!(shaped, 1.0);
+    // P1 is not shaped: the body goes as the SDK wrote it.
+    let out = genai(&envoy, "generate", &args).await;
+    assert_eq!(out["text"], "echo: the question now [gemsh]", "{out}");
+    assert!(out["headers"].get("x-llm-shaped").is_none(), "{out}");
+    let (_, sent) = last_on(&mock, &path_of(MODEL, false));
+    assert_eq!(sent["contents"].as_array().map(Vec::len), Some(5));
+    assert_eq!(sent["generationConfig"], json!({"maxOutputTokens": 64}));
+}
+
+#[tokio::test]
+async fn a_degraded_gemini_call_goes_out_with_the_fallback_model_in_its_path() {
+    if skip_without_envoy("a_degraded_gemini_call_goes_out_with_the_fallback_model_in_its_path") {
+        return;
+    }
+    const LITE: &str = "gemini-2.5-flash-lite";
+    let mock = MockUpstream::start(MockConfig::named("gemd"));
+    let envoy = filtered_envoy(
+        &mock,
+        json!({"admin": {"token": ADMIN_TOKEN},
+               "degrade": {"alerts": [{"severity": "page", "level": 2}],
+                           "fallback_model": {MODEL: LITE}, "max_tokens_cap": 3}}),
+    );
+    fire(
+        &envoy,
+        ADMIN_TOKEN,
+        json!({"alertname": "LLMSlow", "severity": "page"}),
+    )
+    .await;
+    let args = [
+        "--prompt",
+        "a degraded question",
+        "--temperature",
+        "0.9",
+        "--max-output-tokens",
+        "1000",
+    ];
+    let (plain, streamed) = tokio::join!(
+        genai(&envoy, "generate", &args),
+        genai(&envoy, "generate_stream", &args),
+    );
+    // The fallback model answered, its output capped.
+    assert_eq!(plain["model_version"], LITE, "{plain}");
+    assert_eq!(plain["text"], "echo: a degraded", "{plain}");
+    assert_eq!(plain["headers"]["x-llm-degraded"], "2", "{plain}");
+    assert_eq!(streamed["text"], "echo: a degraded", "{streamed}");
+    for stream in [false, true] {
+        let (seen, sent) = last_on(&mock, &path_of(LITE, stream));
+        assert_eq!(seen.query.as_deref(), stream.then_some("alt=sse"));
+        assert_eq!(seen.header("x-goog-api-key"), Some(KEY));
+        let config = &sent["generationConfig"];
+        assert_eq!(config["maxOutputTokens"], 3, "{sent}");
+        let t = config["temperature"].as_f64().expect("a temperature");
+        assert!(t < 0.9, "lowered: {sent}");
+        assert!(
+            sent.get("model").is_none(),
+            "the body names no model: {sent}"
+        );
+        assert_eq!(
+            sent["contents"][0]["parts"][0]["text"],
+            "a degraded question"
+        );
+    }
+    assert_eq!(mock.count("POST", &path_of(MODEL, false)), 0);
+    assert_eq!(mock.count("POST", &path_of(MODEL, true)), 0);
+    for action in ["fallback_model", "max_tokens", "temperature"] {
+        let n = envoy.wait_for_metric(
+            "llm_filter_degraded_total",
+            &[("action", action), ("priority", "P1")],
+            2.0,
+            DEADLINE,
+        );
+        assert_eq!(n, 2.0, "{action}");
+    }
+}
+
+#[tokio::test]
+async fn a_reworded_gemini_question_is_a_semantic_hit() {
+    if skip_without_envoy("a_reworded_gemini_question_is_a_semantic_hit") {
+        return;
+    }
+    const QUESTION: &str = "What is the capital of France?";
+    // The same words, reordered and re-cased: the mock embeds it identically.
+    const REWORDED: &str = "france: THE capital of, what is";
+    let mock = MockUpstream::start(MockConfig::named("gemq"));
+    let emb = MockUpstream::start(MockConfig::named("emb"));
+    let envoy = EnvoyBuilder::new()
+        .plugin_config(json!({"cache": {"semantic": {"embeddings": {
+            "cluster": "emb", "model": "text-embedding-3-small", "timeout_ms": 2000
+        }}}}))
+        .upstream("mock", mock.port())
+        .upstream("emb", emb.port())
+        .start()
+        .expect("envoy with the semantic cache");
+    let ask = |system: &'static str, prompt: &'static str| {
+        let envoy = &envoy;
+        async move {
+            genai(
+                envoy,
+                "generate",
+                &[
+                    "--system",
+                    system,
+                    "--turn",
+                    "user:hello",
+                    "--turn",
+                    "model:hi",
+                    "--temperature",
+                    "0",
+                    "--prompt",
+                    prompt,
+                ],
+            )
+            .await
+        }
+    };
+    let first = ask("be brief", QUESTION).await;
+    assert_eq!(first["headers"]["x-cache"], "MISS", "{first}");
+    let stored = envoy.wait_for_metric(
+        "llm_filter_cache_semantic_stores_total",
+        &[("result", "stored")],
+        1.0,
+        DEADLINE,
+    );
+    assert_eq!(stored, 1.0, "the question's vector was indexed");
+    let asked = emb.last_request().expect("the embeddings callout");
+    assert_eq!(
+        asked.json().unwrap(),
+        json!({"model": "text-embedding-3-small", "input": QUESTION}),
+        "the last user content's text alone"
+    );
+
+    let again = ask("be brief", REWORDED).await;
+    assert_eq!(again["headers"]["x-cache"], "SEMANTIC", "{again}");
+    assert_eq!(again["text"], format!("echo: {QUESTION} [gemq]"), "{again}");
+    assert_eq!(again["response_id"], first["response_id"], "{again}");
+    assert_eq!(mock.count("POST", &path_of(MODEL, false)), 1);
+    assert_eq!(emb.count("POST", "/v1/embeddings"), 2);
+
+    // Another system instruction is another context: a miss.
+    let other = ask("be long", REWORDED).await;
+    assert_eq!(other["headers"]["x-cache"], "MISS", "{other}");
+    assert_eq!(other["text"], format!("echo: {REWORDED} [gemq]"), "{other}");
+    assert_eq!(mock.count("POST", &path_of(MODEL, false)), 2);
 }

@@ -14,6 +14,7 @@ use llm_filter_e2e::{
 use serde_json::{json, Value};
 
 use crate::support::otlp::Receiver;
+use crate::support::sdk::{run, GENAI};
 
 mod redaction;
 
@@ -594,6 +595,65 @@ async fn each_dialects_prompt_and_completion_are_captured_when_asked() {
         ["be brief", "capture a chat"]
     );
     assert!(texts(&first["output_messages"])[0].contains("capture a chat"));
+}
+
+#[tokio::test]
+async fn a_gemini_prompt_is_captured_from_its_parts() {
+    if skip_without_envoy("a_gemini_prompt_is_captured_from_its_parts") {
+        return;
+    }
+    let Capturing {
+        receiver,
+        mock: _mock,
+        _dir,
+        log: _log,
+        envoy: e,
+    } = Capturing::start("capgem", json!({"prompt": true, "completion": true}));
+    let out = run(
+        GENAI,
+        "generate",
+        &e.url(""),
+        &[
+            "--system",
+            "be brief",
+            "--turn",
+            "user:an earlier question",
+            "--turn",
+            "model:an earlier answer",
+            "--prompt",
+            "capture a gemini call",
+        ],
+    )
+    .await;
+    assert_eq!(out["text"], "echo: capture a gemini call [capgem]", "{out}");
+    let trace = out["headers"]["x-trace-id"].as_str().expect("a trace id");
+    let span = receiver
+        .span_of(trace, Duration::from_secs(5))
+        .await
+        .expect("the call's span");
+    assert_eq!(
+        captured(&span, "gen_ai.system_instructions"),
+        json!([{"type": "text", "content": "be brief"}])
+    );
+    let input = captured(&span, "gen_ai.input.messages");
+    assert_eq!(
+        texts(&input),
+        [
+            "an earlier question",
+            "an earlier answer",
+            "capture a gemini call"
+        ],
+        "{input}"
+    );
+    let roles: Vec<&str> = input
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["user", "model", "user"]);
+    let output = captured(&span, "gen_ai.output.messages");
+    assert_eq!(texts(&output), ["echo: capture a gemini call [capgem]"]);
 }
 
 #[tokio::test]

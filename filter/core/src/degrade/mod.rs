@@ -19,12 +19,12 @@ use crate::budget::reply::{self, LocalReply};
 use crate::config::Config;
 use crate::dialect::answer::ReplyKind;
 use crate::dialect::request::TokenField;
+use crate::dialect::Dialect;
 use crate::host::{Metrics, SharedStore};
 use crate::json::{Document, Json};
 use crate::load::{self, Scope, Signals};
 use crate::metrics::{self as names};
 use crate::priority::Priority;
-use crate::shaping;
 
 /// Response header carrying the level a degraded call was served at.
 pub const HEADER: &str = "x-llm-degraded";
@@ -127,41 +127,59 @@ pub struct Edited {
     pub applied: Vec<Action>,
     /// The model it now asks for, when switched.
     pub model: Option<String>,
+    /// The `:path` the call now goes on, for a dialect naming the model
+    /// there whose model was switched.
+    pub path: Option<String>,
 }
 
-/// Applies the body actions among `actions` to the body of a call of
-/// `model`, in place: the fallback model, the output token cap (shaping's, in
-/// the call's token field, `None` for a dialect without one), the temperature by `signals`. `None` when none
-/// changed anything, or the body is not one object naming each key once.
+/// The call a body edit is for.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    /// Its dialect: where the model, the output cap and the temperature are.
+    pub dialect: Dialect,
+    /// Its `:path`, which names the model for a dialect that keeps it there.
+    pub path: &'a str,
+    /// The model it asks for.
+    pub model: &'a str,
+}
+
+/// Applies the body actions among `actions` to the body of a call, in
+/// place: the fallback model (in the body, or in the path its dialect names
+/// it in), the output token cap (shaping's, in the call's token field
+/// `field` where the dialect lets the operator choose; skipped by one
+/// without a cap), the temperature by `signals`. `None` when none changed
+/// anything, or the body is not one object naming each key once.
 pub fn edit(
     cfg: &DegradeConfig,
     actions: &[Action],
     doc: &mut Document,
-    model: &str,
-    field: Option<TokenField>,
+    call: &Target<'_>,
+    field: TokenField,
     signals: &Signals,
 ) -> Option<Edited> {
     let tree = doc.tree()?;
     if !matches!(tree, Json::Object(_)) || tree.repeats_a_key() {
         return None;
     }
+    let api = call.dialect.request();
     let mut applied = Vec::new();
     let mut switched = None;
+    let mut path = None;
     for action in actions {
         let changed = match action {
-            Action::FallbackModel => cfg.fallback_model.get(model).is_some_and(|fallback| {
-                let set = switch_model(doc, fallback);
-                if set {
-                    switched = Some(fallback.clone());
+            Action::FallbackModel => cfg.fallback_model.get(call.model).is_some_and(|fallback| {
+                let Some(to) = switch_model(call.dialect, doc, call.path, fallback) else {
+                    return false;
+                };
+                if let Switched::Path(p) = to {
+                    path = Some(p);
                 }
-                set
+                switched = Some(fallback.clone());
+                true
             }),
-            // A dialect without an output cap skips it.
-            Action::MaxTokens => {
-                field.is_some_and(|f| shaping::cap_max_tokens(doc, cfg.max_tokens_cap, f))
-            }
+            Action::MaxTokens => api.cap_output(doc, cfg.max_tokens_cap, field),
             // The temperature is the client's: the actions before never change it.
-            Action::Temperature => temperature::lower(doc, cfg, signals),
+            Action::Temperature => temperature::lower(doc, api, cfg, signals),
             Action::Cache | Action::Shed | Action::Reject => false,
         };
         if changed {
@@ -171,15 +189,36 @@ pub fn edit(
     (!applied.is_empty()).then_some(Edited {
         applied,
         model: switched,
+        path,
     })
 }
 
-/// Sets the body's top-level `model` to `model`; false when it names none.
-pub fn switch_model(doc: &mut Document, model: &str) -> bool {
-    let Ok(quoted) = serde_json::to_string(model) else {
-        return false;
-    };
+/// Where a switched model was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Switched {
+    /// The body's top-level `model`.
+    Body,
+    /// This `:path`, for a dialect naming the model there (the body as it
+    /// was).
+    Path(String),
+}
+
+/// Switches a call of `dialect` on `path` to `model` where the dialect names
+/// the model: the body's top-level `model` (set when absent), or the path.
+/// `None`, and nothing changed, when it cannot take it.
+pub fn switch_model(
+    dialect: Dialect,
+    doc: &mut Document,
+    path: &str,
+    model: &str,
+) -> Option<Switched> {
+    let api = dialect.request();
+    if api.model_in_path(path).is_some() {
+        return api.path_with_model(path, model).map(Switched::Path);
+    }
+    let quoted = serde_json::to_string(model).ok()?;
     doc.set("model", quoted.as_bytes(), Json::String(model.to_string()))
+        .then_some(Switched::Body)
 }
 
 /// Counts an action taken on a call of priority `p`.

@@ -12,6 +12,7 @@
 //! A call lowered to the cache's temperature becomes cacheable.
 
 use super::config::DegradeConfig;
+use crate::dialect::request::Request;
 use crate::json::{Document, Json};
 use crate::load::Signals;
 
@@ -46,11 +47,12 @@ pub fn lowered(t_req: f64, cfg: &DegradeConfig, s: &Signals) -> f64 {
     (t_req * factor(cfg, s) * DECIMALS).floor() / DECIMALS
 }
 
-/// Lowers the body's temperature; false, and nothing changed, when nothing
-/// changes (a factor of 1, a temperature of 0) or the temperature is not a
-/// number.
-pub fn lower(doc: &mut Document, cfg: &DegradeConfig, s: &Signals) -> bool {
-    let t_req = match doc.tree().and_then(|tree| tree.get("temperature")) {
+/// Lowers the temperature of a body of `api`, where the API keeps it;
+/// false, and nothing changed, when nothing changes (a factor of 1, a
+/// temperature of 0) or the temperature is not a number.
+pub fn lower(doc: &mut Document, api: &dyn Request, cfg: &DegradeConfig, s: &Signals) -> bool {
+    let sampling = doc.tree().and_then(|tree| api.sampling(tree));
+    let t_req = match sampling.and_then(|s| s.get("temperature")) {
         None | Some(Json::Null) => DEFAULT_T,
         Some(Json::Number(n)) => match n.parse::<f64>() {
             Ok(t) if t.is_finite() && t >= 0.0 => t,
@@ -62,12 +64,13 @@ pub fn lower(doc: &mut Document, cfg: &DegradeConfig, s: &Signals) -> bool {
     if t >= t_req {
         return false;
     }
-    doc.set_text("temperature", format!("{t}").as_bytes())
+    api.set_temperature(doc, t)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dialect::Dialect;
 
     fn signals(rps: f64, tokens_per_s: f64) -> Signals {
         Signals {
@@ -116,7 +119,7 @@ mod tests {
             (r#"{"model":"m","temperature":"hot"}"#, None),
         ] {
             let mut doc = Document::parse(body.as_bytes().to_vec());
-            let got = lower(&mut doc, &cfg, &s).then(|| doc.into_bytes());
+            let got = lower(&mut doc, Dialect::Chat.request(), &cfg, &s).then(|| doc.into_bytes());
             assert_eq!(got.as_deref(), want.map(str::as_bytes), "{body}");
         }
         // Unloaded but for the floor, and no temperature to lower: unchanged.
@@ -124,8 +127,37 @@ mod tests {
         let body = r#"{"temperature":0.5}"#;
         assert!(!lower(
             &mut Document::parse(body.as_bytes().to_vec()),
+            Dialect::Chat.request(),
             &cfg,
             &none
         ));
+    }
+
+    #[test]
+    fn a_gemini_temperature_is_lowered_in_its_generation_config() {
+        let cfg = DegradeConfig::default();
+        let s = signals(5.0, 0.0);
+        for (body, want) in [
+            (
+                r#"{"contents":[],"generationConfig":{"temperature":0.7,"topK":3}}"#,
+                Some(r#"{"contents":[],"generationConfig":{"temperature":0.23,"topK":3}}"#),
+            ),
+            (
+                r#"{"contents":[]}"#,
+                Some(r#"{"contents":[],"generationConfig":{"temperature":0.34}}"#),
+            ),
+            // The top level is no sampling of Gemini's: the default is lowered.
+            (
+                r#"{"temperature":0,"generationConfig":{}}"#,
+                Some(r#"{"temperature":0,"generationConfig":{"temperature":0.34}}"#),
+            ),
+            (r#"{"generationConfig":{"temperature":0}}"#, None),
+            (r#"{"generationConfig":{"temperature":"hot"}}"#, None),
+        ] {
+            let mut doc = Document::parse(body.as_bytes().to_vec());
+            let api = Dialect::Gemini.request();
+            let got = lower(&mut doc, api, &cfg, &s).then(|| doc.into_bytes());
+            assert_eq!(got.as_deref(), want.map(str::as_bytes), "{body}");
+        }
     }
 }

@@ -83,6 +83,15 @@ fn the_level_is_the_highest_of_thresholds_and_alerts() {
     assert_eq!(m.gauges["llm_filter_degrade_levelmodel=.=m;.;"], 3);
 }
 
+/// A chat completions call of `model`.
+fn chat(model: &str) -> Target<'_> {
+    Target {
+        dialect: Dialect::Chat,
+        path: "/v1/chat/completions",
+        model,
+    }
+}
+
 fn doc(body: &str) -> Document {
     Document::parse(body.as_bytes().to_vec())
 }
@@ -100,8 +109,8 @@ fn the_body_actions_edit_only_their_bytes() {
         cfg,
         all,
         &mut edited,
-        "gpt-4o",
-        Some(TokenField::MaxTokens),
+        &chat("gpt-4o"),
+        TokenField::MaxTokens,
         &s,
     )
     .unwrap();
@@ -124,8 +133,8 @@ fn the_body_actions_edit_only_their_bytes() {
         cfg,
         &[Action::MaxTokens],
         &mut doc(body),
-        "x",
-        Some(TokenField::MaxTokens),
+        &chat("x"),
+        TokenField::MaxTokens,
         &s,
     )
     .unwrap();
@@ -134,9 +143,9 @@ fn the_body_actions_edit_only_their_bytes() {
         cfg,
         &[Action::FallbackModel],
         &mut doc(body),
-        "x",
-        Some(TokenField::MaxTokens),
-        &s
+        &chat("x"),
+        TokenField::MaxTokens,
+        &s,
     )
     .is_none());
     let small = r#"{"model":"x","max_completion_tokens":10,"temperature":0}"#;
@@ -145,9 +154,9 @@ fn the_body_actions_edit_only_their_bytes() {
             cfg,
             all,
             &mut doc(small),
-            "x",
-            Some(TokenField::MaxTokens),
-            &s
+            &chat("x"),
+            TokenField::MaxTokens,
+            &s,
         )
         .is_none(),
         "nothing to lower"
@@ -158,11 +167,65 @@ fn the_body_actions_edit_only_their_bytes() {
         cfg,
         all,
         &mut doc(twice),
-        "gpt-4o",
-        Some(TokenField::MaxTokens),
+        &chat("gpt-4o"),
+        TokenField::MaxTokens,
+        &s,
+    )
+    .is_none());
+}
+
+#[test]
+fn a_gemini_call_is_switched_in_its_path_and_capped_in_its_config() {
+    let c = config(
+        r#"{"degrade":{"fallback_model":{"gemini-pro":"gemini-flash"},"max_tokens_cap":100}}"#,
+    );
+    let cfg = &c.degrade;
+    let body = r#"{"contents":[{"parts":[{"text":"hi"}]}],"generationConfig":{"temperature":0.5,"maxOutputTokens":4000}}"#;
+    let call = Target {
+        dialect: Dialect::Gemini,
+        path: "/v1beta/models/gemini-pro:streamGenerateContent?alt=sse",
+        model: "gemini-pro",
+    };
+    let s = signals(5.0, 0.0, 0);
+    let mut edited = doc(body);
+    let all = cfg.actions(2, Priority::P1);
+    let e = edit(cfg, all, &mut edited, &call, TokenField::MaxTokens, &s).unwrap();
+    assert_eq!(
+        String::from_utf8(edited.into_bytes()).unwrap(),
+        r#"{"contents":[{"parts":[{"text":"hi"}]}],"generationConfig":{"temperature":0.17,"maxOutputTokens":100}}"#,
+        "the body names no model"
+    );
+    assert_eq!(
+        e.applied,
+        [
+            Action::FallbackModel,
+            Action::MaxTokens,
+            Action::Temperature
+        ]
+    );
+    assert_eq!(e.model.as_deref(), Some("gemini-flash"));
+    assert_eq!(
+        e.path.as_deref(),
+        Some("/v1beta/models/gemini-flash:streamGenerateContent?alt=sse")
+    );
+    // A fallback the path cannot take is no switch.
+    let c = config(r#"{"degrade":{"fallback_model":{"gemini-pro":"a/b"}}}"#);
+    assert!(edit(
+        &c.degrade,
+        &[Action::FallbackModel],
+        &mut doc(body),
+        &call,
+        TokenField::MaxTokens,
         &s
     )
     .is_none());
+    // A chat body has its model switched in the body, its path kept.
+    let mut chat_body = doc(r#"{"messages":[]}"#);
+    assert_eq!(
+        switch_model(Dialect::Chat, &mut chat_body, "/v1/chat/completions", "m"),
+        Some(Switched::Body)
+    );
+    assert_eq!(chat_body.bytes(), br#"{"messages":[],"model":"m"}"#);
 }
 
 #[test]

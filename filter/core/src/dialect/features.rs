@@ -101,7 +101,8 @@ impl Features {
 fn said_text(said: Said<'_>) -> Text {
     match said {
         Said::System(v) | Said::Bare(Some(v)) | Said::Turn(v) => Text::of(v),
-        Said::Bare(None) => Text::default(),
+        Said::Bare(None) | Said::Parts { parts: None, .. } => Text::default(),
+        Said::Parts { parts: Some(v), .. } => Text::of(v),
     }
 }
 
@@ -145,6 +146,13 @@ pub(crate) fn message_tokens(message: &Json) -> u64 {
         }
     }
     text.tokens()
+}
+
+/// Estimated tokens of a JSON value by the rule of
+/// [`Features::prompt_tokens`]: its strings (in objects, `text` and
+/// `content`) weighed by script, rounded up, plus one per token id.
+pub(crate) fn text_tokens(value: &Json) -> u64 {
+    Text::of(value).tokens()
 }
 
 /// True for a non-empty array or object; any other value is false.

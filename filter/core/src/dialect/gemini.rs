@@ -612,9 +612,13 @@ pub struct Gemini;
 // (the [`super::request`] side).
 
 mod asks {
-    use super::{call_of, model, query_key, turns, with_model, Gemini, KEY_HEADER};
+    use super::{
+        call_of, cap_output, model, output_cap, query_key, set_temperature, turns, with_model,
+        Gemini, KEY_HEADER,
+    };
+    use crate::dialect::features::text_tokens;
     use crate::dialect::request::TokenField;
-    use crate::dialect::request::{Prompt, Request, Turns};
+    use crate::dialect::request::{Prompt, Question, Request, Turns};
     use crate::json::{Document, Json};
 
     impl Request for Gemini {
@@ -676,12 +680,23 @@ mod asks {
             })
         }
 
+        /// The system instruction's parts, then each content's role and
+        /// parts.
         fn prompt<'a>(&self, body: &'a Json) -> Option<Prompt<'a>> {
-            Some(Prompt::new(
-                body.get("systemInstruction"),
-                None,
+            Some(Prompt::of_contents(
+                body.get("systemInstruction").and_then(|s| s.get("parts")),
                 body.get("contents"),
             ))
+        }
+
+        /// The last user content's text parts.
+        fn question(&self) -> Option<Question> {
+            Some(Question::LastUserParts)
+        }
+
+        /// A content weighs its parts' text.
+        fn turn_tokens(&self, content: &Json) -> u64 {
+            content.get("parts").map_or(0, text_tokens)
         }
 
         fn prompt_fields(&self) -> &'static [&'static str] {
@@ -689,9 +704,29 @@ mod asks {
         }
 
         /// Gemini's cap is nested (`generationConfig.maxOutputTokens`):
-        /// no top-level field of the family.
+        /// no top-level field of the family, its own edits below.
         fn output_cap_field(&self, _configured: TokenField) -> Option<TokenField> {
             None
+        }
+
+        fn caps_output(&self) -> bool {
+            true
+        }
+
+        fn output_cap(&self, body: &Json) -> Option<u64> {
+            output_cap(body)
+        }
+
+        fn cap_output(&self, doc: &mut Document, cap: u64, _configured: TokenField) -> bool {
+            cap_output(doc, cap)
+        }
+
+        fn set_temperature(&self, doc: &mut Document, t: f64) -> bool {
+            set_temperature(doc, t)
+        }
+
+        fn shaped(&self) -> bool {
+            true
         }
     }
 }

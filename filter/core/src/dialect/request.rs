@@ -98,9 +98,45 @@ pub trait Request: Sync {
     }
 
     /// The field a call caps its output with, `configured` where the API
-    /// lets the operator choose; `None` for an API without one.
+    /// lets the operator choose; `None` for an API without one at the top
+    /// of its body.
     fn output_cap_field(&self, _configured: TokenField) -> Option<TokenField> {
         None
+    }
+
+    /// The API has an output cap shaping and degrade may lower.
+    fn caps_output(&self) -> bool {
+        self.output_cap_field(TokenField::MaxTokens).is_some()
+    }
+
+    /// The output cap a request body names, when a whole number: the first
+    /// of its field's family (chat takes either of its names).
+    fn output_cap(&self, body: &Json) -> Option<u64> {
+        self.output_cap_field(TokenField::MaxTokens)
+            .into_iter()
+            .flat_map(TokenField::family)
+            .find_map(|f| match body.get(f.as_str()) {
+                Some(Json::Number(n)) => n.parse::<f64>().ok(),
+                _ => None,
+            })
+            .filter(|n| *n >= 0.0 && n.fract() == 0.0)
+            .map(|n| n as u64)
+    }
+
+    /// Lowers the body's output cap to at most `cap` (set when it names
+    /// none), in `configured` where the API lets the operator choose; false,
+    /// and nothing changed, when nothing needed to, the body cannot take it
+    /// or the API has no cap.
+    fn cap_output(&self, doc: &mut Document, cap: u64, configured: TokenField) -> bool {
+        self.output_cap_field(configured)
+            .is_some_and(|f| crate::shaping::cap_max_tokens(doc, cap, f))
+    }
+
+    /// Sets the body's sampling temperature to `t` (where
+    /// [`Request::sampling`] reads it), every other byte kept; false, and
+    /// nothing changed, when the body cannot take it.
+    fn set_temperature(&self, doc: &mut Document, t: f64) -> bool {
+        doc.set_text("temperature", format!("{t}").as_bytes())
     }
 
     /// What a request body continues of the state a backend keeps.
@@ -123,6 +159,12 @@ pub trait Request: Sync {
     /// list is not understood or the API has no turns to trim.
     fn turns(&self, _items: &[Json]) -> Option<Turns> {
         None
+    }
+
+    /// Estimated tokens of one item of the conversation, as history
+    /// trimming weighs it: a message's `content` and tool calls.
+    fn turn_tokens(&self, item: &Json) -> u64 {
+        super::features::message_tokens(item)
     }
 
     /// The prompt's parts, in the order they are sent; `None` for an API
@@ -195,13 +237,6 @@ impl TokenField {
         }
     }
 
-    /// The field a call of `endpoint` caps its output with: chat's is the
-    /// configured one, Responses' and Anthropic Messages' their own;
-    /// `None` for a dialect without one (its dialect says which).
-    pub fn of(endpoint: Dialect, configured: Self) -> Option<Self> {
-        endpoint.request().output_cap_field(configured)
-    }
-
     /// The fields of the same dialect a body may already cap its output
     /// with: chat takes either name.
     pub fn family(self) -> &'static [Self] {
@@ -256,8 +291,8 @@ pub struct View {
     pub tools: bool,
     /// The `temperature` asked for.
     pub temperature: Option<f64>,
-    /// The field that caps the output, and the cap the body names there.
-    pub output_cap: Option<(TokenField, u64)>,
+    /// The output cap the body names.
+    pub output_cap: Option<u64>,
     /// The state it continues.
     pub continues: Continues,
     /// The body names its own `prompt_cache_key`.
@@ -294,7 +329,7 @@ impl View {
                 Some(Json::Number(n)) => n.parse::<f64>().ok(),
                 _ => None,
             };
-            view.output_cap = output_cap(dialect, tree);
+            view.output_cap = api.output_cap(tree);
             view.continues = api.continues(tree);
             view.names_cache_key = has_prompt_cache_key(tree);
         }
@@ -303,25 +338,8 @@ impl View {
 
     /// The output cap the body names, when a whole number.
     pub fn max_tokens(&self) -> Option<u64> {
-        self.output_cap.map(|(_, n)| n)
+        self.output_cap
     }
-}
-
-/// The output cap a request body of `dialect` names, and the field it names
-/// it in, when a whole number: the first of the field's family (chat takes
-/// either of its names).
-pub fn output_cap(dialect: Dialect, tree: &Json) -> Option<(TokenField, u64)> {
-    dialect
-        .request()
-        .output_cap_field(TokenField::MaxTokens)
-        .into_iter()
-        .flat_map(TokenField::family)
-        .find_map(|f| match tree.get(f.as_str()) {
-            Some(Json::Number(n)) => n.parse::<f64>().ok().map(|n| (*f, n)),
-            _ => None,
-        })
-        .filter(|(_, n)| *n >= 0.0 && n.fract() == 0.0)
-        .map(|(f, n)| (f, n as u64))
 }
 
 /// How a conversation splits into turns: where one starts, what is always
@@ -351,6 +369,15 @@ pub enum Said<'a> {
     /// One message or item of the conversation, in its dialect's shape
     /// (`role`, `content`, tool calls and results).
     Turn(&'a Json),
+    /// One turn as a role and its list of parts (Gemini's `Content`): each
+    /// part an object with its `text`, or a `functionCall` (`name`, `args`)
+    /// or `functionResponse` (`name`, `response`); `None` when it has none.
+    Parts {
+        /// The turn's role (`user` when it names none, as the API reads it).
+        role: &'a str,
+        /// The parts.
+        parts: Option<&'a Json>,
+    },
 }
 
 /// The parts of a prompt, in the order they are sent: the system
@@ -360,6 +387,8 @@ pub struct Prompt<'a> {
     system: Option<&'a Json>,
     bare: Option<Option<&'a Json>>,
     turns: std::slice::Iter<'a, Json>,
+    /// The turns are role-and-parts contents (see [`Said::Parts`]).
+    contents: bool,
 }
 
 impl<'a> Prompt<'a> {
@@ -374,6 +403,16 @@ impl<'a> Prompt<'a> {
             system,
             bare,
             turns: items(turns).iter(),
+            contents: false,
+        }
+    }
+
+    /// A prompt of `system` (a list of parts) and `contents`, turns of a
+    /// role and its parts (Gemini's).
+    pub(super) fn of_contents(system: Option<&'a Json>, contents: Option<&'a Json>) -> Self {
+        Self {
+            contents: true,
+            ..Self::new(system, None, contents)
         }
     }
 }
@@ -388,7 +427,14 @@ impl<'a> Iterator for Prompt<'a> {
         if let Some(b) = self.bare.take() {
             return Some(Said::Bare(b));
         }
-        self.turns.next().map(Said::Turn)
+        let turn = self.turns.next()?;
+        if !self.contents {
+            return Some(Said::Turn(turn));
+        }
+        Some(Said::Parts {
+            role: role(turn).unwrap_or("user"),
+            parts: turn.get("parts"),
+        })
     }
 }
 
@@ -397,6 +443,9 @@ impl<'a> Iterator for Prompt<'a> {
 pub enum Question {
     /// The `content` of the last message of `role` `user` in `messages`.
     LastUserMessage,
+    /// The `parts` of the last content of `contents` whose role is `user`
+    /// (or none), each a text (Gemini's).
+    LastUserParts,
     /// The top-level member of this name.
     Member(&'static str),
 }
@@ -501,10 +550,10 @@ mod tests {
         assert_eq!(chat.user.as_deref(), Some("u"));
         assert!(chat.tools && chat.names_cache_key);
         assert_eq!(chat.temperature, Some(0.5));
-        assert_eq!(chat.output_cap, Some((TokenField::MaxTokens, 7)));
+        assert_eq!(chat.output_cap, Some(7));
         assert_eq!(chat.continues, Continues::default());
         let responses = view(Dialect::Responses);
-        assert_eq!(responses.output_cap, Some((TokenField::MaxOutputTokens, 9)));
+        assert_eq!(responses.output_cap, Some(9));
         assert_eq!(
             responses.continues.previous_response_id.as_deref(),
             Some("r1")
@@ -524,7 +573,7 @@ mod tests {
 
     #[test]
     fn an_output_cap_is_a_whole_number_in_the_family() {
-        let cap = |d, s: &str| output_cap(d, &j(s)).map(|(_, n)| n);
+        let cap = |d: Dialect, s: &str| d.request().output_cap(&j(s));
         assert_eq!(
             cap(Dialect::Chat, r#"{"max_completion_tokens":5}"#),
             Some(5)
@@ -618,6 +667,7 @@ mod tests {
                     Said::System(v) => format!("system {v:?}"),
                     Said::Bare(v) => format!("bare {v:?}"),
                     Said::Turn(v) => format!("turn {:?}", role(v)),
+                    Said::Parts { role, parts } => format!("parts {role} {}", items(parts).len()),
                 })
                 .collect()
         };
@@ -665,8 +715,39 @@ mod tests {
                 Said::System(v) => format!("system {v:?}"),
                 Said::Bare(v) => format!("bare {v:?}"),
                 Said::Turn(_) => "turn".into(),
+                Said::Parts { role, parts } => format!("parts {role} {}", items(parts).len()),
             })
             .collect()
+    }
+
+    #[test]
+    fn a_gemini_prompt_is_its_instruction_parts_then_each_contents_parts() {
+        let body = r#"{"systemInstruction":{"parts":[{"text":"be brief"}]},
+            "contents":[{"parts":[{"text":"a"},{"text":"b"}]},
+              {"role":"model","parts":[{"functionCall":{"name":"f","args":{}}}]},
+              {"role":"user","parts":[{"functionResponse":{"name":"f","response":{}}}]},
+              {"role":"user"}],
+            "messages":[{"role":"user","content":"not Gemini's"}]}"#;
+        let parts = j(r#"[{"text":"be brief"}]"#);
+        assert_eq!(
+            kinds_of(Dialect::Gemini, body),
+            [
+                format!("system {parts:?}"),
+                "parts user 2".into(),
+                "parts model 1".into(),
+                "parts user 1".into(),
+                "parts user 0".into(),
+            ]
+        );
+        // No instruction: the contents alone; none: nothing.
+        assert_eq!(
+            kinds_of(Dialect::Gemini, r#"{"contents":[{"parts":[]}]}"#),
+            ["parts user 0"]
+        );
+        assert!(kinds_of(Dialect::Gemini, r#"{"contents":{}}"#).is_empty());
+        // Chat's turns are no contents.
+        let chat = r#"{"messages":[{"role":"user","content":"a"}]}"#;
+        assert_eq!(kinds_of(Dialect::Chat, chat), ["turn"]);
     }
 
     #[test]

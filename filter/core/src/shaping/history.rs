@@ -15,9 +15,9 @@
 //! answers the `tool_use` before it and so continues its turn; OpenAI
 //! Responses' `input` items, where a user message starts a turn, system and
 //! developer messages are always kept, and function calls, their outputs and
-//! reasoning items belong to the turn they sit in.
+//! reasoning items belong to the turn they sit in; Gemini's `contents`, where
+//! a user content starts a turn unless it answers the model's function call.
 
-use crate::dialect::features::message_tokens;
 use crate::dialect::request::Turns;
 use crate::dialect::Dialect;
 use crate::json::Json;
@@ -33,14 +33,17 @@ pub fn keep_turns(
     max_turns: Option<u64>,
     max_prompt_tokens: Option<u64>,
 ) -> Option<Vec<bool>> {
-    let turns = endpoint.request().turns(messages)?;
-    keep(&turns, messages, max_turns, max_prompt_tokens)
+    let api = endpoint.request();
+    let turns = api.turns(messages)?;
+    let tokens: Vec<u64> = messages.iter().map(|m| api.turn_tokens(m)).collect();
+    keep(&turns, &tokens, max_turns, max_prompt_tokens)
 }
 
-/// Which messages to keep under the limits, once split into turns.
+/// Which messages to keep under the limits, once split into turns and
+/// weighed (`tokens`, one per message).
 fn keep(
     turns: &Turns,
-    messages: &[Json],
+    tokens: &[u64],
     max_turns: Option<u64>,
     max_prompt_tokens: Option<u64>,
 ) -> Option<Vec<bool>> {
@@ -50,9 +53,9 @@ fn keep(
         current: anchor,
     } = turns;
     // Turn number of every message that is not pinned, counted from the start.
-    let mut turn_of: Vec<Option<usize>> = vec![None; messages.len()];
+    let mut turn_of: Vec<Option<usize>> = vec![None; tokens.len()];
     let mut turns = 0usize;
-    for i in 0..messages.len() {
+    for i in 0..tokens.len() {
         if pinned.get(i).copied().unwrap_or(true) {
             continue;
         }
@@ -64,7 +67,6 @@ fn keep(
         }
     }
     let current = turn_of.get(*anchor).copied().flatten()?;
-    let tokens: Vec<u64> = messages.iter().map(message_tokens).collect();
     // Tokens of what is always sent, then of each older turn.
     let mut per_turn = vec![0u64; current];
     let mut used = 0u64;

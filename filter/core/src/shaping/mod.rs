@@ -82,9 +82,11 @@ impl Changes {
 }
 
 /// Shapes a body of `endpoint` under `limits`, in place: history first (a
-/// chat or Anthropic `messages` list, a Responses `input` list), then the
-/// output token limit in `field`. Returns what changed (nothing when the
-/// body is not one shaping understands).
+/// chat or Anthropic `messages` list, a Responses `input` list, Gemini's
+/// `contents`), then the output token limit where the dialect keeps it
+/// (`field`, the configured one, where it lets the operator choose).
+/// Returns what changed (nothing when the body is not one shaping
+/// understands).
 pub fn shape(doc: &mut Document, endpoint: Dialect, limits: &Limits, field: TokenField) -> Changes {
     let mut changes = Changes::default();
     if !limits.any() || !doc.tree().is_some_and(understood) {
@@ -96,7 +98,7 @@ pub fn shape(doc: &mut Document, endpoint: Dialect, limits: &Limits, field: Toke
         changes.add(What::History);
     }
     if let Some(cap) = limits.max_tokens {
-        if cap_max_tokens(doc, cap, field) {
+        if endpoint.request().cap_output(doc, cap, field) {
             changes.add(What::MaxTokens);
         }
     }

@@ -514,3 +514,76 @@ fn responses_input_keeps_developer_items_and_calls_with_their_outputs() {
         None
     );
 }
+
+#[test]
+fn gemini_contents_keep_a_function_call_with_its_response_and_weigh_their_text() {
+    let body = r#"{"contents":[
+        {"role":"user","parts":[{"text":"one one one one one one one one"}]},
+        {"role":"model","parts":[{"text":"1"}]},
+        {"role":"user","parts":[{"text":"weather?"}]},
+        {"role":"model","parts":[{"functionCall":{"name":"w","args":{}}}]},
+        {"role":"user","parts":[{"functionResponse":{"name":"w","response":{"t":"sunny"}}}]},
+        {"role":"model","parts":[{"text":"sunny"}]},
+        {"parts":[{"text":"three"}]}
+    ],"generationConfig":{"maxOutputTokens":9}}"#;
+    // Two turns: the current one and the whole tool turn before it.
+    let two = trim_dialect(Dialect::Gemini, body, 2).unwrap();
+    let contents = two["contents"].as_array().unwrap();
+    assert_eq!(contents.len(), 5, "{contents:?}");
+    assert_eq!(contents[0]["parts"][0]["text"], "weather?");
+    assert!(contents[2]["parts"][0].get("functionResponse").is_some());
+    assert_eq!(two["generationConfig"]["maxOutputTokens"], 9);
+    assert_eq!(trim_dialect(Dialect::Gemini, body, 3), None);
+    // By tokens: the long first turn is what does not fit.
+    let tokens: Vec<u64> = Json::parse(body.as_bytes())
+        .unwrap()
+        .get("contents")
+        .and_then(|c| match c {
+            Json::Array(items) => Some(
+                items
+                    .iter()
+                    .map(|c| Dialect::Gemini.request().turn_tokens(c))
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .unwrap();
+    assert!(tokens[0] > tokens[2] && tokens[2] > 0, "{tokens:?}");
+    let all: u64 = tokens.iter().sum();
+    let messages = match Json::parse(body.as_bytes()).unwrap().get("contents") {
+        Some(Json::Array(items)) => items.clone(),
+        _ => unreachable!(),
+    };
+    let keep = keep_turns(Dialect::Gemini, &messages, None, Some(all - 1)).unwrap();
+    assert_eq!(keep, [false, false, true, true, true, true, true]);
+    assert_eq!(
+        keep_turns(Dialect::Gemini, &messages, None, Some(all)),
+        None
+    );
+}
+
+#[test]
+fn a_gemini_output_cap_is_shaped_in_its_generation_config() {
+    let limits = Limits {
+        max_tokens: Some(50),
+        ..Limits::default()
+    };
+    let shaped = |body: &str| {
+        edited(body.as_bytes(), |d| {
+            !shape(d, Dialect::Gemini, &limits, TokenField::MaxTokens).is_empty()
+        })
+    };
+    assert_eq!(
+        shaped(r#"{"contents":[],"generationConfig":{"maxOutputTokens":500}}"#).as_deref(),
+        Some(r#"{"contents":[],"generationConfig":{"maxOutputTokens":50}}"#)
+    );
+    assert_eq!(
+        shaped(r#"{"contents":[]}"#).as_deref(),
+        Some(r#"{"contents":[],"generationConfig":{"maxOutputTokens":50}}"#)
+    );
+    assert_eq!(
+        shaped(r#"{"contents":[],"max_tokens":500,"generationConfig":{"maxOutputTokens":5}}"#),
+        None,
+        "a top-level field is no cap of Gemini's"
+    );
+}

@@ -212,6 +212,20 @@ impl<'r> Reader<'r> {
             if self.full() {
                 return;
             }
+            // Gemini's parts are keyed by what they hold, not typed.
+            if let Some(call) = item.get("functionCall") {
+                parts.push(self.tool_call(call.get("id"), call.get("name"), call.get("args")));
+                continue;
+            }
+            if let Some(result) = item.get("functionResponse") {
+                let response = result.get("response").map(written).unwrap_or_default();
+                let id = result.get("id").or_else(|| result.get("name"));
+                parts.push(Part::ToolResult {
+                    id: self.string(id),
+                    response: self.text(&response),
+                });
+                continue;
+            }
             let kind = item.get("type").and_then(text).unwrap_or("text");
             let said = item.get("text").and_then(text);
             match (kind, said) {
@@ -375,6 +389,14 @@ pub fn prompt(cfg: &CaptureConfig, api: Dialect, body: &Json) -> Option<Prompt> 
                     break;
                 }
                 input.message(m, "user");
+            }
+            Said::Parts { role, parts: list } => {
+                if input.full() {
+                    break;
+                }
+                let mut parts = Vec::new();
+                input.parts(list, &mut parts);
+                input.push(role, parts, None);
             }
         }
     }

@@ -7,7 +7,6 @@
 use std::ops::ControlFlow;
 
 use crate::degrade::{self, Action};
-use crate::dialect::request::TokenField;
 use crate::metrics as names;
 
 use super::{Call, Env, Flow, HeldBody, Host, Step};
@@ -52,17 +51,12 @@ impl Call {
             return ControlFlow::Break(Step::Pause);
         }
         let endpoint = self.request.endpoint;
-        let field = TokenField::of(endpoint, self.shaping_config(env.config).field);
-        // What the dialect has no field for is skipped, and counted: the
-        // edits below write the body's top-level `model` and `temperature`,
-        // which a dialect naming the model in its path (and nesting its
-        // sampling) does not have.
+        let field = self.shaping_config(env.config).field;
+        // What the dialect has no field for is skipped, and counted.
         let api = endpoint.request();
-        let body_model = api.model_in_path(&self.request.path).is_none();
         let (apply, skip): (Vec<Action>, Vec<Action>) = actions.iter().partition(|a| match a {
-            Action::MaxTokens => field.is_some(),
-            Action::Temperature => endpoint.samples() && body_model,
-            Action::FallbackModel => body_model,
+            Action::MaxTokens => api.caps_output(),
+            Action::Temperature => api.samples(),
             _ => true,
         });
         for action in skip {
@@ -74,7 +68,12 @@ impl Call {
                 1,
             );
         }
-        let edited = degrade::edit(cfg, &apply, &mut body.doc, &model, field, &signals);
+        let target = degrade::Target {
+            dialect: endpoint,
+            path: self.path(),
+            model: &model,
+        };
+        let edited = degrade::edit(cfg, &apply, &mut body.doc, &target, field, &signals);
         if let Some(edited) = edited {
             body.was_edited();
             self.decided.degraded = Some(level);
@@ -83,6 +82,9 @@ impl Call {
             }
             if let Some(fallback) = edited.model {
                 self.decided.fallback_model = Some(fallback);
+            }
+            if let Some(path) = edited.path {
+                self.switch_path(env, host, path);
             }
         }
         ControlFlow::Continue(Some(body))

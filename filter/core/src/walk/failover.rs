@@ -186,8 +186,7 @@ impl Call {
         let cache_key = self.cache_key_for(target.prompt_cache_key);
         // The path as the client sent it, with the backend's name of the
         // model for a dialect that names it there.
-        let Some((model, path)) =
-            rewrite::model_edit(self.request.endpoint, &self.request.path, model)
+        let Some((model, path)) = rewrite::model_edit(self.request.endpoint, self.path(), model)
         else {
             internal_error(env.metrics, "rewrite_model");
             return Sent::Nowhere;
@@ -210,10 +209,10 @@ impl Call {
             .request
             .endpoint
             .request()
-            .model_in_path(&self.request.path)
+            .model_in_path(self.path())
             .is_some()
         {
-            let path = path.unwrap_or_else(|| self.request.path.clone());
+            let path = path.unwrap_or_else(|| self.path().to_string());
             for (_, v) in headers.iter_mut().filter(|(k, _)| k == ":path") {
                 v.clone_from(&path);
             }

@@ -13,10 +13,8 @@ use crate::budget::reply::{self, SHOULD_RETRY};
 use crate::degrade;
 use crate::dialect::answer::ReplyKind;
 use crate::dialect::answer::Reset;
-use crate::dialect::request::TokenField;
 use crate::dialect::Dialect;
 use crate::limits::{self, window, Ask, Decision, Ended, Left, Measure, Refused};
-use crate::shaping;
 use crate::summary::CallSummary;
 
 use super::state::{token_cap, LimitsCall};
@@ -73,27 +71,23 @@ impl Call {
             Decision::Pass(a) => a,
         };
         if let (Some(cheaper), Some(b)) = (&admitted.cheaper, body.as_mut()) {
-            let field =
-                TokenField::of(self.request.endpoint, self.shaping_config(env.config).field);
+            let endpoint = self.request.endpoint;
+            let field = self.shaping_config(env.config).field;
             let capped = cheaper
                 .max_tokens
-                .zip(field)
-                .is_some_and(|(cap, f)| shaping::cap_max_tokens(&mut b.doc, cap, f));
-            // Only a model the body names is switched there.
-            let in_body = self
-                .request
-                .endpoint
-                .request()
-                .model_in_path(&self.request.path)
-                .is_none();
-            let switched = cheaper
-                .model
-                .as_deref()
-                .filter(|m| in_body && degrade::switch_model(&mut b.doc, m));
-            if let Some(m) = switched {
+                .is_some_and(|cap| endpoint.request().cap_output(&mut b.doc, cap, field));
+            // Where the dialect names the model: the body, or the path.
+            let switched = cheaper.model.as_deref().and_then(|m| {
+                degrade::switch_model(endpoint, &mut b.doc, self.path(), m).map(|to| (m, to))
+            });
+            if let Some((m, to)) = switched {
                 self.decided.fallback_model = Some(m.to_string());
+                match to {
+                    degrade::Switched::Body => b.was_edited(),
+                    degrade::Switched::Path(path) => self.switch_path(env, host, path),
+                }
             }
-            if capped || switched.is_some() {
+            if capped {
                 b.was_edited();
             }
         }

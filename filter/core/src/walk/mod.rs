@@ -361,6 +361,22 @@ impl Call {
             .as_deref()
             .or(self.request.view.model.as_deref())
     }
+
+    /// The `:path` the call goes on: as received, or with the model a step
+    /// switched it to, for a dialect naming the model there.
+    fn path(&self) -> &str {
+        self.decided.path.as_deref().unwrap_or(&self.request.path)
+    }
+
+    /// The call goes on `path` (a model switched in it): written once, and
+    /// Envoy picks the route again, as for routing's own path edits.
+    fn switch_path(&mut self, env: &mut Env<'_>, host: &mut dyn Host, path: String) {
+        set_request(env, host, ":path", Some(&path));
+        if !host.clear_route_cache() {
+            internal_error(env.metrics, "clear_route_cache");
+        }
+        self.decided.path = Some(path);
+    }
 }
 
 impl Request {

@@ -6,15 +6,14 @@
 
 use std::ops::ControlFlow;
 
-use crate::dialect::request::TokenField;
 use crate::metrics as names;
 use crate::shaping::{self, Limits};
 
 use super::{Call, Env, Flow, HeldBody};
 
 impl Call {
-    /// Shapes a held chat completions, Responses or Messages body, each by
-    /// its own fields; any other body (or one shaping does not understand)
+    /// Shapes a held chat completions, Responses, Messages or Gemini body,
+    /// each by its own fields; any other body (or one shaping does not understand)
     /// goes on as it was. Always goes on.
     pub(super) fn shape(&mut self, env: &mut Env<'_>, body: Option<HeldBody>) -> Flow {
         let Some(mut body) = body else {
@@ -26,12 +25,10 @@ impl Call {
             limits.prompt_tokens = Some(self.estimate_ratio(env).uncalibrated(cap));
         }
         let endpoint = self.request.endpoint;
-        let configured = self.shaping_config(env.config).field;
-        let field = TokenField::of(endpoint, configured)
-            .filter(|_| endpoint.request().shaped() && limits.any());
-        let Some(field) = field else {
+        if !endpoint.request().shaped() || !limits.any() {
             return ControlFlow::Continue(Some(body));
-        };
+        }
+        let field = self.shaping_config(env.config).field;
         let changes = shaping::shape(&mut body.doc, endpoint, &limits, field);
         if changes.is_empty() {
             return ControlFlow::Continue(Some(body));

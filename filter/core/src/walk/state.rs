@@ -26,7 +26,7 @@
 
 use crate::cache::{CacheStatus, Cacheable, Key, Lease, Seen, StreamAssembler};
 use crate::dialect::answer::ErrorClass;
-use crate::dialect::request::{self, View};
+use crate::dialect::request::View;
 use crate::dialect::AnyGrammar;
 use crate::dialect::Dialect;
 use crate::json::Json;
@@ -94,7 +94,7 @@ impl Request {
 
 /// The output token cap a request body of `endpoint` names, when a whole number.
 pub(super) fn token_cap(endpoint: Dialect, tree: &Json) -> Option<u64> {
-    request::output_cap(endpoint, tree).map(|(_, n)| n)
+    endpoint.request().output_cap(tree)
 }
 
 /// The limits' part in one call (see `walk::limits`).
@@ -133,6 +133,8 @@ pub(super) struct Decided {
     pub(super) downgraded: bool,
     /// The model degrade switched the call to, in place of the requested one.
     pub(super) fallback_model: Option<String>,
+    /// The `:path` with that model, for a dialect naming it there.
+    pub(super) path: Option<String>,
     /// The filter asked the provider for the stream's usage on the client's
     /// behalf: the usage-only chunk is removed again on the way back.
     pub(super) usage_asked: bool,

@@ -130,7 +130,7 @@ impl Call {
         // that names it there, in the path.
         let (edit, path) = match rewrite::model_edit(
             self.request.endpoint,
-            &self.request.path,
+            self.path(),
             decision.rewrite_model.as_deref(),
         ) {
             Some((model, path)) => (

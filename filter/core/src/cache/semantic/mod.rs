@@ -55,6 +55,7 @@ pub fn query(
     let mut context = body.clone();
     let text = match question {
         Question::LastUserMessage => take_last_user_text(&mut context)?,
+        Question::LastUserParts => take_last_user_parts(&mut context)?,
         Question::Member(name) => take_member_text(&mut context, name)?,
     };
     if text.trim().is_empty() || text.len() > sem.max_text_bytes as usize {
@@ -81,6 +82,48 @@ fn take_last_user_text(body: &mut Json) -> Option<String> {
         .find(|m| matches!(m.get("role"), Some(Json::String(r)) if r == "user"))?;
     let text = text_of(message.get("content")?)?;
     take_member_text(message, "content").map(|_| text)
+}
+
+/// Takes the text of the last `user` content of Gemini's `contents` (its
+/// `parts` become `null`), `None` when there is none or a part of it is
+/// anything but a text.
+fn take_last_user_parts(body: &mut Json) -> Option<String> {
+    let Json::Object(members) = body else {
+        return None;
+    };
+    let (_, Json::Array(contents)) = members.iter_mut().find(|(k, _)| k == "contents")? else {
+        return None;
+    };
+    let content = contents.iter_mut().rev().find(|c| match c.get("role") {
+        None => true,
+        Some(Json::String(r)) => r == "user",
+        Some(_) => false,
+    })?;
+    let Json::Object(fields) = content else {
+        return None;
+    };
+    let (_, parts) = fields.iter_mut().find(|(k, _)| k == "parts")?;
+    let Json::Array(list) = &*parts else {
+        return None;
+    };
+    let mut out = String::new();
+    for part in list {
+        let Json::Object(m) = part else {
+            return None;
+        };
+        let [(name, Json::String(text))] = m.as_slice() else {
+            return None;
+        };
+        if name != "text" {
+            return None;
+        }
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(text);
+    }
+    *parts = Json::Null;
+    Some(out)
 }
 
 /// Replaces member `name` of an object with `null`, returning its text.

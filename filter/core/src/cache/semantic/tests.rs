@@ -202,6 +202,52 @@ fn a_completions_prompt_is_the_question() {
 }
 
 #[test]
+fn a_gemini_questions_last_user_parts_are_the_question() {
+    let gemini = |path: &str, body: &str| {
+        ask(
+            Dialect::Gemini,
+            path,
+            Some("gk"),
+            body,
+            &CacheConfig::default(),
+        )
+    };
+    let flash = "/v1beta/models/flash:generateContent";
+    let body = r#"{"systemInstruction":{"parts":[{"text":"be brief"}]},"contents":[
+        {"role":"user","parts":[{"text":"hi"}]},{"role":"model","parts":[{"text":"hello"}]},
+        {"parts":[{"text":"What is the capital"},{"text":"of France?"}]}]}"#;
+    let q = gemini(flash, body).unwrap();
+    assert_eq!(q.text, "What is the capital\nof France?");
+    let reworded = gemini(
+        flash,
+        &body.replace(
+            r#"{"text":"What is the capital"},{"text":"of France?"}"#,
+            r#"{"text":"france capital?"}"#,
+        ),
+    )
+    .unwrap();
+    assert_eq!(reworded.context, q.context, "the wording is no context");
+    // The model is the path's, the system instruction and the turns before
+    // are context.
+    let pro = gemini("/v1beta/models/pro:generateContent", body).unwrap();
+    assert_ne!(pro.context, q.context);
+    let other = gemini(flash, &body.replace("be brief", "be long")).unwrap();
+    assert_ne!(other.context, q.context);
+    // A function's response, an image or a last content of the model's is
+    // no question.
+    for other in [
+        r#"{"contents":[{"role":"user","parts":[{"functionResponse":{"name":"f","response":{}}}]}]}"#,
+        r#"{"contents":[{"role":"user","parts":[{"text":"a"},{"inlineData":{"data":"AA"}}]}]}"#,
+        r#"{"contents":[{"role":"user","parts":[{"text":"a","thought":true}]}]}"#,
+        r#"{"contents":[{"role":"model","parts":[{"text":"a"}]}]}"#,
+        r#"{"contents":[{"role":"user","parts":[]}]}"#,
+        r#"{"contents":{}}"#,
+    ] {
+        assert_eq!(gemini(flash, other), None, "{other}");
+    }
+}
+
+#[test]
 fn the_callout_asks_the_configured_service() {
     let mut cfg = sem().embeddings;
     cfg.service.headers = vec![("authorization".into(), "Bearer e".into())];

@@ -92,6 +92,38 @@ fn each_dialects_prompt_is_read_where_it_keeps_it() {
 }
 
 #[test]
+fn a_gemini_prompt_is_read_from_its_parts() {
+    let gemini = request(json!({
+        "systemInstruction": {"role": "user", "parts": [{"text": "be brief"}]},
+        "contents": [
+            {"parts": [{"text": "weather?"}, {"inlineData": {"mimeType": "image/png", "data": "AA"}}]},
+            {"role": "model", "parts": [{"functionCall": {"name": "w", "args": {"city": "Oslo"}}}]},
+            {"role": "user", "parts": [{"functionResponse": {"name": "w", "response": {"t": 3}}}]}
+        ]
+    }));
+    let p = prompt(&cfg(4096), Dialect::Gemini, &gemini).unwrap();
+    assert_eq!(
+        parsed(p.system.as_ref().unwrap()),
+        json!([{"type": "text", "content": "be brief"}])
+    );
+    let m = parsed(p.messages.as_ref().unwrap());
+    assert_eq!(m[0]["role"], "user");
+    assert_eq!(
+        m[0]["parts"][0],
+        json!({"type": "text", "content": "weather?"})
+    );
+    assert_eq!(m[0]["parts"].as_array().unwrap().len(), 2, "{m}");
+    assert_eq!(m[1]["role"], "model");
+    assert_eq!(m[1]["parts"][0]["type"], "tool_call", "{m}");
+    assert_eq!(m[1]["parts"][0]["name"], "w", "{m}");
+    assert_eq!(m[1]["parts"][0]["arguments"], "{\"city\":\"Oslo\"}", "{m}");
+    assert_eq!(m[2]["parts"][0]["type"], "tool_call_response", "{m}");
+    assert_eq!(m[2]["parts"][0]["id"], "w", "{m}");
+    assert_eq!(m[2]["parts"][0]["response"], "{\"t\":3}", "{m}");
+    assert_eq!(m.as_array().unwrap().len(), 3);
+}
+
+#[test]
 fn each_dialects_answer_is_read_where_it_keeps_it() {
     let c = cfg(4096);
     let chat = json!({"choices": [

@@ -183,6 +183,60 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
 }
 
 #[test]
+fn a_degraded_gemini_call_goes_on_the_fallback_models_path() {
+    let mut w = World::new(
+        r#"{"admin":{"token":"0123456789abcdef"},
+            "degrade":{"alerts":[{"severity":"page","level":2}],
+                       "fallback_model":{"gemini-pro":"gemini-lite"}}}"#,
+    );
+    let hook = r#"{"version":"4","alerts":[{"status":"firing","labels":{"severity":"page"},"fingerprint":"f"}]}"#;
+    let reports = alerts::parse(hook.as_bytes(), w.now_ms).unwrap();
+    alerts::apply(&w.store, &w.config.degrade, &reports, w.now_ms).unwrap();
+    let body = r#"{"contents":[{"role":"user","parts":[{"text":"hi"}]}]}"#;
+    let mut host =
+        FakeHost::post("/v1beta/models/gemini-pro:generateContent?key=k").with_body(body);
+    w.request(&mut host).unwrap();
+    assert_eq!(
+        host.header(":path"),
+        Some("/v1beta/models/gemini-lite:generateContent?key=k")
+    );
+    assert!(host.route_cache_cleared > 0, "Envoy picks the route again");
+    let sent: serde_json::Value = serde_json::from_slice(&host.request_body).unwrap();
+    assert!(sent.get("model").is_none(), "{sent}");
+    assert_eq!(sent["contents"][0]["parts"][0]["text"], "hi");
+    assert_eq!(
+        w.counter("llm_filter_degraded_totalaction=.=fallback_model;.;priority=.=P1;.;"),
+        1
+    );
+}
+
+#[test]
+fn a_gemini_call_is_shaped_in_its_config_and_contents() {
+    let mut w =
+        World::new(r#"{"shaping":{"max_tokens_cap":{"P1":50},"max_history_turns":{"P1":2}}}"#);
+    let body = r#"{"contents":[
+        {"role":"user","parts":[{"text":"one"}]},{"role":"model","parts":[{"text":"1"}]},
+        {"role":"user","parts":[{"text":"two"}]},{"role":"model","parts":[{"text":"2"}]},
+        {"parts":[{"text":"three"}]}],
+        "generationConfig":{"maxOutputTokens":500,"temperature":0.5}}"#;
+    let mut host = FakeHost::post("/v1beta/models/g:generateContent").with_body(body);
+    let (mut call, _) = w.request(&mut host).unwrap();
+    let sent: serde_json::Value = serde_json::from_slice(&host.request_body).unwrap();
+    assert_eq!(sent["generationConfig"]["maxOutputTokens"], 50);
+    assert_eq!(sent["generationConfig"]["temperature"], 0.5);
+    let texts: Vec<&str> = sent["contents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["parts"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(texts, ["two", "2", "three"], "the last two turns");
+    let mut host = host.with_response(200, "application/json", "{}");
+    w.respond(&mut call, &mut host);
+    assert_eq!(host.response("x-llm-shaped"), Some("max_tokens,history"));
+}
+
+#[test]
 fn the_output_cap_is_set_in_each_dialects_own_field() {
     let mut w = World::new(r#"{"shaping":{"max_tokens_cap":{"P1":50}}}"#);
     let mut host = responses(r#"{"model":"m","input":"hi","max_output_tokens":500}"#);
@@ -212,15 +266,18 @@ fn degrade_skips_and_counts_what_a_dialect_has_no_field_for() {
             format!("llm_filter_degrade_skipped_totalaction=.={action};.;api=.=embeddings;.;");
         assert_eq!(w.counter(&name), 1, "{name}");
     }
-    // Gemini names its model in the path and nests its sampling: its body
-    // never gains a top-level `temperature` (or `model`).
+    // Gemini nests both in its `generationConfig`.
     let gemini = r#"{"contents":[{"role":"user","parts":[{"text":"hi"}]}],"generationConfig":{"temperature":1}}"#;
     let mut host = FakeHost::post("/v1beta/models/g:generateContent").with_body(gemini);
     w.request(&mut host).unwrap();
-    assert_eq!(host.body_writes, 0, "the Gemini body is sent as written");
+    let sent: serde_json::Value = serde_json::from_slice(&host.request_body).unwrap();
+    let config = &sent["generationConfig"];
+    assert!(config["maxOutputTokens"].as_u64().is_some(), "{sent}");
+    assert!(config["temperature"].as_f64().unwrap() < 1.0, "{sent}");
+    assert!(sent.get("temperature").is_none() && sent.get("max_tokens").is_none());
     for action in ["max_tokens", "temperature"] {
         let name = format!("llm_filter_degrade_skipped_totalaction=.={action};.;api=.=gemini;.;");
-        assert_eq!(w.counter(&name), 1, "{name}");
+        assert_eq!(w.counter(&name), 0, "{name}");
     }
     // A Messages call under the same level gets both.
     let mut host = FakeHost::post("/v1/messages")

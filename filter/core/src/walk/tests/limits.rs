@@ -181,6 +181,31 @@ fn a_degrading_rule_sends_the_call_cheaper_and_says_so() {
 }
 
 #[test]
+fn a_degrading_rule_switches_a_gemini_model_in_its_path() {
+    let mut w = world(
+        r#"{"name":"d","requests_per_minute":1,"degrade":{"max_tokens":16,"model":"gemini-lite","until":3}}"#,
+    );
+    let body = r#"{"contents":[{"role":"user","parts":[{"text":"hi"}]}]}"#;
+    let gemini = || {
+        FakeHost::post("/v1beta/models/gemini-pro:streamGenerateContent?alt=sse")
+            .with_header("x-goog-api-key", "k")
+            .with_body(body)
+    };
+    run(&mut w, &mut gemini());
+    let mut host = gemini();
+    let (_, step) = run(&mut w, &mut host);
+    assert_eq!(step, Step::Continue);
+    assert_eq!(
+        host.header(":path"),
+        Some("/v1beta/models/gemini-lite:streamGenerateContent?alt=sse")
+    );
+    assert!(host.route_cache_cleared > 0, "Envoy picks the route again");
+    let sent: serde_json::Value = serde_json::from_slice(&host.request_body).unwrap();
+    assert_eq!(sent["generationConfig"]["maxOutputTokens"], 16);
+    assert!(sent.get("model").is_none(), "the body names no model");
+}
+
+#[test]
 fn a_long_window_refusal_tells_sdks_not_to_retry_and_p0_passes() {
     let mut w = world(r#"{"name":"day","tokens_per_day":150}"#);
     run(&mut w, &mut call("k", CHAT));
