@@ -17,6 +17,7 @@ use crate::ab::{self, AbConfig, RawAbConfig};
 use crate::admin::config::{AdminConfig, RawAdminConfig};
 use crate::budget::config::{BudgetConfig, RawBudgetConfig};
 use crate::cache::config::{CacheConfig, RawCacheConfig};
+use crate::credentials::{CredentialsConfig, RawCredentialsConfig};
 use crate::degrade::config::{DegradeConfig, RawDegradeConfig};
 use crate::dialect::{Dialect, LlmPath, DEFAULT_PATHS};
 use crate::limits::config::{LimitsConfig, RawLimitsConfig};
@@ -90,6 +91,8 @@ pub struct RawConfig {
     pub ab: RawAbConfig,
     /// Limits section.
     pub limits: RawLimitsConfig,
+    /// Which backends the mesh puts the provider's credential on.
+    pub credentials: RawCredentialsConfig,
 }
 
 /// `priority` as written.
@@ -158,6 +161,8 @@ pub struct Config {
     pub ab: AbConfig,
     /// Request, token and cost limits.
     pub limits: LimitsConfig,
+    /// Which backends the mesh puts the provider's credential on.
+    pub credentials: CredentialsConfig,
     /// The models and clusters the sections above name, compiled from them.
     pub names: Names,
 }
@@ -283,6 +288,8 @@ impl TryFrom<RawConfig> for Config {
             tracing: TracingMode::compile(raw.tracing.mode),
             access_log,
             limits: LimitsConfig::compile(raw.limits).map_err(|e| e.within("limits"))?,
+            credentials: CredentialsConfig::compile(raw.credentials)
+                .map_err(|e| e.within("credentials"))?,
             names: Names::default(),
         };
         config.names = names_of(&config);

@@ -280,6 +280,7 @@ pub const SECTIONS: &[Table] = &[
     crate::cache::config::SETTINGS,
     crate::degrade::config::SETTINGS,
     crate::admin::config::SETTINGS,
+    crate::credentials::SETTINGS,
     crate::shaping::config::SETTINGS,
     crate::limits::config::SETTINGS,
     crate::ab::SETTINGS,
