@@ -36,6 +36,7 @@ received). Every object carries `sdk_version`. What each scenario prints:
               says otherwise), like shed: {error_class, status, code, type,
               message, attempts, elapsed_ms}
 
+--api-key KEY sets the key the SDK sends ('' sends none: a keyless app).
 --header NAME:VALUE (repeatable) adds a header to the Responses scenarios'
 calls (e.g. cache-control: max-age=60, or the mock's x-mock-* knobs).
 """
@@ -58,9 +59,15 @@ def client(args, attempts=None, **kwargs):
         http = openai.DefaultHttpxClient(
             event_hooks=attempts.hooks()
         )
+    if not args.api_key:
+        # A keyless app: the SDK insists on a key, so it gets one it never
+        # sends (its Authorization header is taken off each request).
+        hooks = attempts.hooks() if attempts is not None else {}
+        hooks.setdefault("request", []).append(lambda r: r.headers.pop("authorization", None))
+        http = openai.DefaultHttpxClient(event_hooks=hooks)
     return openai.OpenAI(
         base_url=args.base_url,
-        api_key=KEY,
+        api_key=args.api_key or "unused",
         max_retries=args.max_retries,
         timeout=args.timeout,
         http_client=http,
@@ -317,6 +324,7 @@ def main():
     p.add_argument("scenario", choices=sorted(SCENARIOS))
     p.add_argument("--base-url", required=True, help="Envoy's listener, with /v1")
     p.add_argument("--model", default="gpt-4o-mini")
+    p.add_argument("--api-key", default=KEY, help="the key the SDK sends ('' for none)")
     p.add_argument("--prompt", default="hello from the SDK")
     p.add_argument("--max-retries", type=int, default=0)
     p.add_argument("--timeout", type=float, default=30.0, help="the SDK's own timeout, s")

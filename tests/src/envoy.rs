@@ -143,6 +143,8 @@ pub struct EnvoyBuilder {
     envoy_bin: PathBuf,
     wasm_path: PathBuf,
     ecds: bool,
+    /// The bootstrap names a node (secrets from SDS need one).
+    node: bool,
     read_body_first: bool,
     /// A whole bootstrap to run instead of the generated one.
     bootstrap: Option<String>,
@@ -175,6 +177,7 @@ impl EnvoyBuilder {
             envoy_bin: envoy_bin(),
             wasm_path: wasm_path(),
             ecds: false,
+            node: false,
             read_body_first: false,
             bootstrap: None,
         }
@@ -202,6 +205,13 @@ impl EnvoyBuilder {
     pub fn plugin_config(mut self, config: impl std::fmt::Display) -> Self {
         self.plugin_config = config.to_string();
         self.filter = true;
+        self
+    }
+
+    /// The bootstrap names a node, as config sources other than the
+    /// bootstrap (secrets from SDS files among them) need.
+    pub fn node(mut self) -> Self {
+        self.node = true;
         self
     }
 
@@ -347,7 +357,7 @@ impl EnvoyBuilder {
         yaml.push_str("admin:\n  address: {socket_address: {address: 127.0.0.1, port_value: 0}}\n");
         // Histograms reach /stats/prometheus on flush; keep tests waiting briefly.
         yaml.push_str("stats_flush_interval: 1s\n");
-        if self.ecds {
+        if self.ecds || self.node {
             // Config sources other than the bootstrap need a node identity.
             yaml.push_str("node: {id: llm-filter-e2e, cluster: llm-filter-e2e}\n");
         }

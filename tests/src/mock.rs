@@ -284,6 +284,9 @@ struct State {
     prefill_us_per_token: AtomicU64,
     /// Factor on the prompt tokens every chat answer reports, when set.
     prompt_token_scale: Mutex<Option<f64>>,
+    /// The provider keys a model call must carry, checked as its provider
+    /// checks them, when set: anything else is answered 401.
+    keys: Mutex<Option<Vec<String>>>,
 }
 
 impl State {
@@ -362,6 +365,7 @@ impl MockUpstream {
             prompt_token_scale: Mutex::new(None),
             prompt_cache: Mutex::new(None),
             prefill_us_per_token: AtomicU64::new(0),
+            keys: Mutex::new(None),
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -383,6 +387,15 @@ impl MockUpstream {
             shutdown: Some(shutdown),
             thread: Some(thread),
         })
+    }
+
+    /// Makes every model call (POST) carry one of `keys` as its provider
+    /// takes it: Anthropic's `x-api-key`, Gemini's `x-goog-api-key` (or
+    /// `?key=`), else OpenAI's `authorization: Bearer` or Azure's `api-key`;
+    /// a call without one is answered 401 in its API's shape. `None`: any
+    /// call is answered.
+    pub fn set_keys(&self, keys: Option<&[&str]>) {
+        *lock(&self.state.keys) = keys.map(|k| k.iter().map(|s| s.to_string()).collect());
     }
 
     /// Port the mock listens on.
@@ -656,6 +669,7 @@ async fn handle(
     };
     lock(&state.requests).push(recorded.clone());
 
+    let refused = parts.method == Method::POST && !carries_a_key(&state, &recorded);
     let script = lock(&state.scripts).pop_front().unwrap_or_default();
     let chunk_delay_ms = recorded
         .header_u64(HEADER_CHUNK_DELAY_MS)
@@ -668,6 +682,9 @@ async fn handle(
         .and_then(|s| u16::try_from(s).ok())
         .or(script.status)
         .or(*lock(&state.status));
+    if refused {
+        status = Some(401);
+    }
     if let Some(fail_first) = recorded.header_u64(HEADER_FAIL_FIRST) {
         let key = recorded
             .header("idempotency-key")
@@ -749,6 +766,25 @@ async fn handle(
         }
     }
     Ok(response)
+}
+
+/// The call carries one of the keys the mock was told to take, where and as
+/// its provider reads it (or the mock takes any call).
+fn carries_a_key(state: &State, r: &RecordedRequest) -> bool {
+    let Some(keys) = lock(&state.keys).clone() else {
+        return true;
+    };
+    let is = |v: Option<&str>| v.is_some_and(|v| keys.iter().any(|k| k == v));
+    if r.path == messages::PATH {
+        is(r.header("x-api-key"))
+    } else if gemini::call_of(&r.path).is_some() {
+        let query = r.query.as_deref().unwrap_or_default();
+        is(r.header("x-goog-api-key")) || query.split('&').any(|p| is(p.strip_prefix("key=")))
+    } else {
+        is(r.header("authorization")
+            .and_then(|v| v.strip_prefix("Bearer ")))
+            || is(r.header("api-key"))
+    }
 }
 
 /// The error a scripted status gets, in the shape of the API the path belongs to.

@@ -20,6 +20,7 @@ pub mod baggage;
 pub mod budget;
 pub mod cache;
 pub mod config;
+pub mod credentials;
 pub mod degrade;
 pub mod dialect;
 #[cfg(test)]

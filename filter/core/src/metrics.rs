@@ -295,6 +295,12 @@ pub const LIMITS_USED: &str = "llm_filter_limits_used_permille";
 /// with another key, stricter for both).
 pub const LIMITS_ESTIMATED: &str = "llm_filter_limits_estimated_total";
 
+// credentials
+/// Calls Envoy could not put the mesh's credential on (the secret missing or
+/// unreadable), by `llm_cluster`: each answered 503 in the caller's shape
+/// (`llm_filter_credential_unavailable`), never sent with the client's key.
+pub const CREDENTIAL_UNAVAILABLE: &str = "llm_filter_credential_unavailable_total";
+
 /// Every metric the filter defines, each of the constants above once:
 /// `docs/metrics.md` documents each (a test of the core checks both).
 pub const ALL: &[&str] = &[
@@ -359,6 +365,7 @@ pub const ALL: &[&str] = &[
     LIMITS_COST,
     LIMITS_USED,
     LIMITS_ESTIMATED,
+    CREDENTIAL_UNAVAILABLE,
 ];
 
 #[cfg(test)]

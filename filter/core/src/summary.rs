@@ -60,6 +60,9 @@ pub enum EnvoyReply {
     /// The request body outgrew Envoy's buffer limit (413): the request
     /// never went upstream.
     TooLarge,
+    /// The cluster's `credential_injector` had no mesh credential to put on
+    /// (401): the request never went upstream.
+    NoCredential,
 }
 
 impl EnvoyReply {
@@ -74,6 +77,8 @@ impl EnvoyReply {
             Some(Self::Reset)
         } else if status == 413 && details == TOO_LARGE_DETAILS {
             Some(Self::TooLarge)
+        } else if status == 401 && details == crate::credentials::NOT_INJECTED_DETAILS {
+            Some(Self::NoCredential)
         } else {
             None
         }
@@ -120,7 +125,9 @@ impl End {
             (None, Some(s), Some(EnvoyReply::Timeout)) => Self::TimedOut(s),
             (None, Some(s), Some(EnvoyReply::Reset)) => Self::Reset(s),
             // Envoy's own refusal of the request, answered as it is.
-            (None, Some(s), Some(EnvoyReply::TooLarge)) => Self::Answered(s),
+            (None, Some(s), Some(EnvoyReply::TooLarge | EnvoyReply::NoCredential)) => {
+                Self::Answered(s)
+            }
             (None, Some(s), None) if !complete => Self::Cut(s),
             (None, Some(s), None) => Self::Answered(s),
         }

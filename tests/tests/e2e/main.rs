@@ -20,6 +20,7 @@ mod budget;
 mod cache;
 mod concurrency;
 mod config;
+mod credentials;
 mod dashboard;
 mod degrade;
 mod degrade_sources;

@@ -17,6 +17,7 @@ use crate::ab::{self, AbConfig, RawAbConfig};
 use crate::admin::config::{AdminConfig, RawAdminConfig};
 use crate::budget::config::{BudgetConfig, RawBudgetConfig};
 use crate::cache::config::{CacheConfig, RawCacheConfig};
+use crate::credentials::{CredentialsConfig, RawCredentialsConfig};
 use crate::degrade::config::{DegradeConfig, RawDegradeConfig};
 use crate::dialect::{Dialect, LlmPath, DEFAULT_PATHS};
 use crate::limits::config::{LimitsConfig, RawLimitsConfig};
@@ -66,6 +67,7 @@ pub const SECTIONS: &[setting::Table] = &[
     crate::cache::config::SETTINGS,
     crate::degrade::config::SETTINGS,
     crate::admin::config::SETTINGS,
+    crate::credentials::SETTINGS,
     crate::shaping::config::SETTINGS,
     crate::limits::config::SETTINGS,
     crate::ab::SETTINGS,
@@ -104,6 +106,8 @@ pub struct RawConfig {
     pub ab: RawAbConfig,
     /// Limits section.
     pub limits: RawLimitsConfig,
+    /// Which backends the mesh puts the provider's credential on.
+    pub credentials: RawCredentialsConfig,
 }
 
 /// `priority` as written.
@@ -172,6 +176,8 @@ pub struct Config {
     pub ab: AbConfig,
     /// Request, token and cost limits.
     pub limits: LimitsConfig,
+    /// Which backends the mesh puts the provider's credential on.
+    pub credentials: CredentialsConfig,
     /// The models and clusters the sections above name, compiled from them.
     pub names: Names,
 }
@@ -297,6 +303,8 @@ impl TryFrom<RawConfig> for Config {
             tracing: TracingMode::compile(raw.tracing.mode),
             access_log,
             limits: LimitsConfig::compile(raw.limits).map_err(|e| e.within("limits"))?,
+            credentials: CredentialsConfig::compile(raw.credentials)
+                .map_err(|e| e.within("credentials"))?,
             names: Names::default(),
         };
         config.names = names_of(&config);

@@ -206,13 +206,21 @@ pub enum ReplyKind {
     DegradeReject,
     /// Over a limit of `limits` (429).
     OverLimit,
+    /// Envoy had no mesh credential to put on the call (its secret is
+    /// missing or unreadable), its 401 rewritten (503): the gateway's fault,
+    /// never the caller's key.
+    NoCredential,
 }
 
 impl ReplyKind {
     /// HTTP status.
     pub fn status(self) -> u32 {
         match self {
-            Self::Shed | Self::Reject | Self::DegradeShed | Self::DegradeReject => 503,
+            Self::Shed
+            | Self::Reject
+            | Self::DegradeShed
+            | Self::DegradeReject
+            | Self::NoCredential => 503,
             Self::BudgetExhausted | Self::UpstreamTimeout => 504,
             Self::TooLarge => 413,
             Self::OverLimit => 429,
@@ -222,9 +230,11 @@ impl ReplyKind {
     /// The error `type`.
     pub fn error_type(self) -> &'static str {
         match self {
-            Self::Shed | Self::Reject | Self::DegradeShed | Self::DegradeReject => {
-                "service_unavailable"
-            }
+            Self::Shed
+            | Self::Reject
+            | Self::DegradeShed
+            | Self::DegradeReject
+            | Self::NoCredential => "service_unavailable",
             Self::BudgetExhausted | Self::UpstreamTimeout => "timeout",
             Self::TooLarge => "invalid_request_error",
             Self::OverLimit => "rate_limit_exceeded",
@@ -242,6 +252,7 @@ impl ReplyKind {
             Self::DegradeShed => "llm_filter_degraded_shed",
             Self::DegradeReject => "llm_filter_degraded_reject",
             Self::OverLimit => "llm_filter_limit_exceeded",
+            Self::NoCredential => "llm_filter_credential_unavailable",
         }
     }
 
@@ -276,6 +287,10 @@ impl ReplyKind {
                 "The model is degraded under load and rejects this priority for now; retry later."
             }
             Self::OverLimit => "A usage limit of this caller is reached; retry later.",
+            Self::NoCredential => {
+                "The gateway's credential for this provider is unavailable, so the call was not \
+                 sent; this is not a fault of the caller's key."
+            }
         }
     }
 }

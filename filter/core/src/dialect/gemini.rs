@@ -658,6 +658,10 @@ mod asks {
             (name == KEY_HEADER).then(|| query_key(path)).flatten()
         }
 
+        fn without_query_credential(&self, path: &str) -> Option<String> {
+            super::without_query_key(path)
+        }
+
         fn samples(&self) -> bool {
             true
         }
@@ -799,7 +803,8 @@ mod answers {
                 ReplyKind::Shed
                 | ReplyKind::Reject
                 | ReplyKind::DegradeShed
-                | ReplyKind::DegradeReject => 503,
+                | ReplyKind::DegradeReject
+                | ReplyKind::NoCredential => 503,
                 ReplyKind::BudgetExhausted | ReplyKind::UpstreamTimeout => 504,
                 ReplyKind::TooLarge => 413,
                 ReplyKind::OverLimit => 429,

@@ -30,6 +30,11 @@ impl Request for Messages {
         Some("x-api-key")
     }
 
+    /// The API version Anthropic requires of every call.
+    fn keyless_headers(&self) -> &'static [(&'static str, &'static str)] {
+        &[("anthropic-version", "2023-06-01")]
+    }
+
     fn samples(&self) -> bool {
         true
     }
@@ -227,6 +232,7 @@ mod answers {
             ReplyKind::BudgetExhausted | ReplyKind::UpstreamTimeout => (504, "timeout_error"),
             ReplyKind::TooLarge => (413, "request_too_large"),
             ReplyKind::OverLimit => (429, "rate_limit_error"),
+            ReplyKind::NoCredential => (503, "api_error"),
         }
     }
 

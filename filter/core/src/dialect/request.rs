@@ -74,6 +74,19 @@ pub trait Request: Sync {
         None
     }
 
+    /// `path` without the credential its query carries (Gemini's `?key=`);
+    /// `None` when it carries none.
+    fn without_query_credential(&self, _path: &str) -> Option<String> {
+        None
+    }
+
+    /// Headers the API requires that its SDKs send beside the key, which a
+    /// call the mesh puts the key on gets when the client sent none
+    /// (Anthropic's `anthropic-version`).
+    fn keyless_headers(&self) -> &'static [(&'static str, &'static str)] {
+        &[]
+    }
+
     /// The API samples its answer: `temperature` and the output cap mean
     /// something to it.
     fn samples(&self) -> bool {

@@ -217,12 +217,13 @@ impl Call {
                 v.clone_from(&path);
             }
         }
+        let cluster = self.callout_cluster(env, &target.cluster, &mut headers);
         let headers: Vec<(&str, &str)> = headers
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
         let timeout_ms = self.request.remaining_ms(env.now_ms);
-        if !host.dispatch_call(&target.cluster, &headers, &new_body, timeout_ms, then) {
+        if !host.dispatch_call(cluster, &headers, &new_body, timeout_ms, then) {
             internal_error(env.metrics, "callout_dispatch");
             return Sent::Refused;
         }

@@ -125,7 +125,7 @@ impl Call {
     }
 
     /// The call's tenant, as `limits.tenant` says where it comes from.
-    fn tenant(&self, env: &Env<'_>, host: &dyn Host) -> Option<String> {
+    pub(super) fn tenant(&self, env: &Env<'_>, host: &dyn Host) -> Option<String> {
         let cfg = &env.config.limits;
         match cfg.tenant {
             limits::TenantSource::Credential => {

@@ -27,6 +27,7 @@ use crate::trace_context;
 
 mod body;
 mod cache;
+mod credentials;
 mod degrade;
 mod end;
 mod estimate;

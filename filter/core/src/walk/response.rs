@@ -9,7 +9,7 @@ use crate::budget::reply;
 use crate::cache::entry::SSE_CONTENT_TYPE;
 use crate::dialect::answer::ReplyKind;
 use crate::dialect::Dialect;
-use crate::metrics::internal_error;
+use crate::metrics::{self, internal_error, CREDENTIAL_UNAVAILABLE, LLM_CLUSTER, UNKNOWN};
 use crate::routing::failover;
 use crate::spans::capture;
 use crate::sse;
@@ -39,6 +39,13 @@ impl Call {
         let mut response = Response::read(host, endpoint, env.now_ms, end_of_stream);
         if let (Answer::Stream(sse), true) = (&mut response.answer, env.config.capture.completion) {
             sse.keep_text(capture::transcript_bytes(&env.config.capture));
+        }
+        if response.envoy == Some(EnvoyReply::NoCredential) {
+            let cluster = self.dispatch.cluster.as_deref().unwrap_or(UNKNOWN);
+            env.metrics.counter(
+                &metrics::name(CREDENTIAL_UNAVAILABLE, &[(LLM_CLUSTER, cluster)]),
+                1,
+            );
         }
         response.replacement = rewrite_envoy_reply(env, host, endpoint, response.envoy);
         if self.decided.usage_asked {
@@ -164,12 +171,18 @@ impl Response {
         let stream = host
             .response_header("content-type")
             .is_some_and(|c| c.contains(SSE_CONTENT_TYPE));
-        // Envoy's own replies that the walk reads the reason of are 5xx and 413.
+        // Envoy's own replies that the walk reads the reason of are 5xx, 413
+        // and the credential injector's 401.
         let envoy = status
-            .filter(|s| *s >= 500 || *s == 413)
+            .filter(|s| *s >= 500 || *s == 413 || *s == 401)
             .and_then(|s| EnvoyReply::of(s, host.response_code_details().as_deref()));
         Self {
-            status,
+            // What the client gets: a missing mesh credential is the
+            // gateway's fault, never a 401 blamed on the app's key.
+            status: match envoy {
+                Some(EnvoyReply::NoCredential) => Some(503),
+                _ => status,
+            },
             headers_ms: now_ms,
             first_byte_ms: None,
             attempts: host
@@ -196,8 +209,8 @@ impl Response {
 }
 
 /// Envoy's plain-text pages the client gets in its dialect's error shape
-/// instead (its timeout, its 413): sets that reply's headers and returns its
-/// body. The status stays Envoy's.
+/// instead (its timeout, its 413, the credential injector's 401): sets that
+/// reply's headers and status and returns its body.
 fn rewrite_envoy_reply(
     env: &mut Env<'_>,
     host: &mut dyn Host,
@@ -207,12 +220,14 @@ fn rewrite_envoy_reply(
     let kind = match envoy? {
         EnvoyReply::Timeout => ReplyKind::UpstreamTimeout,
         EnvoyReply::TooLarge => ReplyKind::TooLarge,
+        EnvoyReply::NoCredential => ReplyKind::NoCredential,
         EnvoyReply::Reset => return None,
     };
     let r = reply::local_reply(kind, None).in_dialect(endpoint);
     for (name, value) in &r.headers {
         set_response(env, host, name, Some(value));
     }
+    set_response(env, host, ":status", Some(&r.status.to_string()));
     set_response(env, host, "content-length", None);
     Some(r.body)
 }

@@ -433,6 +433,12 @@ pub(super) struct Dispatch {
     /// or the overflow record's (see [`crate::load::started`]); it leaves
     /// that count at the call's end.
     pub(super) load_model: Option<String>,
+    /// The client's credentials were taken off the request: its first
+    /// backend is mesh-credentialed.
+    pub(super) keyless: bool,
+    /// The call's tenant, read before its credential was taken off, when a
+    /// backend has per-tenant credential sets.
+    pub(super) tenant: Option<String>,
 }
 
 /// Where a call stands on its model's fallback chain.

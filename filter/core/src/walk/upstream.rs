@@ -39,6 +39,7 @@ impl Call {
                 self.dispatch.held = Some(body);
             }
         }
+        self.leave_keyless(env, host);
         let health = chosen.health;
         if env.config.budget.enabled {
             if let Some(reply) = self.admit(env, host, chosen) {
@@ -335,7 +336,7 @@ pub(super) fn drop_client_route_header(env: &mut Env<'_>, host: &mut dyn Host) {
 
 /// Sets (or removes) the routing header and has Envoy pick the route again:
 /// header edits alone no longer refresh the route cache.
-fn set_route_header(env: &mut Env<'_>, host: &mut dyn Host, cluster: Option<&str>) {
+pub(super) fn set_route_header(env: &mut Env<'_>, host: &mut dyn Host, cluster: Option<&str>) {
     let header = env.config.routing.cluster_header.clone();
     set_request(env, host, &header, cluster);
     if !host.clear_route_cache() {

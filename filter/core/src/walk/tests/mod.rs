@@ -9,6 +9,7 @@ use crate::{budget, load};
 
 mod affinity;
 mod cache;
+mod credentials;
 mod degrade;
 mod dialects;
 mod estimate;
