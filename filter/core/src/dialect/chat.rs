@@ -9,9 +9,8 @@ pub struct Chat;
 
 pub mod stream;
 
-use super::request::{
-    items, one, only_role, role, Prefix, Prompt, Question, Request, Turns, PINNED_ROLES,
-};
+use super::prompt::{items, one, only_role, role, Prompt};
+use super::request::{Prefix, Question, Request, Turns, PINNED_ROLES};
 use crate::dialect::request::TokenField;
 use crate::json::{Document, Json};
 

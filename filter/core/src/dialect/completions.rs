@@ -7,7 +7,8 @@ pub struct Completions;
 // The request: where the call says what it says, and how it is edited
 // (the [`super::request`] side).
 
-use super::request::{one, Prefix, Prompt, Question, Request};
+use super::prompt::{one, Prompt};
+use super::request::{Prefix, Question, Request};
 use crate::dialect::request::TokenField;
 use crate::json::{Document, Json};
 

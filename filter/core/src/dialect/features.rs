@@ -5,7 +5,7 @@
 //! estimate's policy (the weights by script, the calibration) stays in
 //! [`crate::tokens`], and the rules that compare it in routing's rules.
 
-use super::request::Said;
+use super::prompt::Said;
 use super::Dialect;
 use crate::json::Json;
 use crate::tokens;
@@ -16,7 +16,7 @@ pub struct Features {
     /// The requested `model`, read in the same pass.
     pub model: Option<String>,
     /// Estimated prompt tokens: the text of the prompt as the call's
-    /// dialect reads it out ([`crate::dialect::request::Request::prompt`]:
+    /// dialect reads it out (`Request::prompt`:
     /// the system prompt, a bare prompt, each turn's text and content),
     /// weighed by script ([`crate::tokens`]), plus one per token id where
     /// token ids are given. A dialect without a prompt to read out

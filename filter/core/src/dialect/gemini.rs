@@ -14,6 +14,7 @@ pub mod stream;
 use serde_json::Value;
 
 use crate::dialect::answer::ErrorClass;
+use crate::dialect::request::whole_number;
 use crate::json::{Document, Json};
 use crate::sse::reader::DATA_FIELD;
 use crate::sse::FinishReasons;
@@ -375,22 +376,6 @@ fn set_in_config(doc: &mut Document, name: &str, value: &[u8]) -> bool {
     doc.set(CONFIG, config.bytes(), tree)
 }
 
-/// A canonical JSON number (see [`crate::json`]) that is a whole number ≥ 0
-/// and fits a `u64`.
-fn whole_number(canonical: &str) -> Option<u64> {
-    let (digits, exp) = match canonical.split_once('e') {
-        Some((d, e)) => (d, e.parse::<u32>().ok()?),
-        None => (canonical, 0),
-    };
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits
-        .parse::<u64>()
-        .ok()?
-        .checked_mul(10u64.checked_pow(exp)?)
-}
-
 /// `usageMetadata` as Gemini writes it. `promptTokenCount` counts the
 /// cached content too (`cachedContentTokenCount` is a part of it);
 /// `toolUsePromptTokenCount` (what a tool such as search added to the
@@ -617,8 +602,9 @@ mod asks {
         Gemini, KEY_HEADER,
     };
     use crate::dialect::features::text_tokens;
+    use crate::dialect::prompt::Prompt;
     use crate::dialect::request::TokenField;
-    use crate::dialect::request::{Prompt, Question, Request, Turns};
+    use crate::dialect::request::{Question, Request, Turns};
     use crate::json::{Document, Json};
 
     impl Request for Gemini {

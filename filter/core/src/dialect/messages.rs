@@ -9,9 +9,8 @@ pub struct Messages;
 
 pub mod stream;
 
-use super::request::{
-    items, non_empty_string, one, only_role, role, Prefix, Prompt, Request, Turns,
-};
+use super::prompt::{items, non_empty_string, one, only_role, role, Prompt};
+use super::request::{Prefix, Request, Turns};
 use crate::dialect::request::TokenField;
 use crate::json::Json;
 

@@ -12,6 +12,7 @@ pub mod features;
 pub mod gemini;
 pub mod messages;
 pub mod other;
+pub mod prompt;
 pub mod request;
 pub mod responses;
 

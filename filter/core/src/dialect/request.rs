@@ -8,7 +8,8 @@
 //! question is, what the prompt cache keys on. [`Dialect::request`] is the
 //! one place that picks the API.
 
-use super::features::Features;
+use super::features::{message_tokens, Features};
+use super::prompt::{non_empty_string, Prompt};
 use super::Dialect;
 use serde::Deserialize;
 
@@ -142,7 +143,7 @@ pub trait Request: Sync {
     /// or the API has no cap.
     fn cap_output(&self, doc: &mut Document, cap: u64, configured: TokenField) -> bool {
         self.output_cap_field(configured)
-            .is_some_and(|f| crate::shaping::cap_max_tokens(doc, cap, f))
+            .is_some_and(|f| cap_max_tokens(doc, cap, f))
     }
 
     /// Sets the body's sampling temperature to `t` (where
@@ -177,7 +178,7 @@ pub trait Request: Sync {
     /// Estimated tokens of one item of the conversation, as history
     /// trimming weighs it: a message's `content` and tool calls.
     fn turn_tokens(&self, item: &Json) -> u64 {
-        super::features::message_tokens(item)
+        message_tokens(item)
     }
 
     /// The prompt's parts, in the order they are sent; `None` for an API
@@ -260,6 +261,74 @@ impl TokenField {
             }
         }
     }
+}
+
+/// Lowers the body's output token limit to at most `cap`: `max_tokens` and
+/// `max_completion_tokens` above it are lowered to it; a body that names
+/// neither (or only as `null`) gets `cap` set, in the field it named as
+/// `null` or else in `field`. False, and nothing changed, when nothing needed
+/// to, or a limit is not a whole number, or the body is not one object naming
+/// each field once.
+pub fn cap_max_tokens(doc: &mut Document, cap: u64, field: TokenField) -> bool {
+    let Some(Json::Object(_)) = doc.tree() else {
+        return false;
+    };
+    let mut lower = Vec::new();
+    let mut named = false;
+    let mut null_field = None;
+    for &f in field.family() {
+        let Some(value) = doc.value_bytes(f.as_str()) else {
+            if repeated(doc, f.as_str()) {
+                return false;
+            }
+            continue;
+        };
+        match Json::parse(value) {
+            Some(Json::Null) => null_field = null_field.or(Some(f)),
+            Some(Json::Number(n)) => {
+                named = true;
+                match whole_number(&n) {
+                    Some(v) if v > cap => lower.push(f),
+                    Some(_) => {}
+                    None => return false,
+                }
+            }
+            _ => return false,
+        }
+    }
+    let cap_text = cap.to_string();
+    let number = Json::Number(cap_text.clone());
+    if !named {
+        let f = null_field.unwrap_or(field);
+        return doc.set(f.as_str(), cap_text.as_bytes(), number);
+    }
+    let mut changed = false;
+    for f in lower {
+        changed |= doc.set(f.as_str(), cap_text.as_bytes(), number.clone());
+    }
+    changed
+}
+
+/// True when the object names `name` more than once.
+fn repeated(doc: &Document, name: &str) -> bool {
+    doc.tree()
+        .is_some_and(|tree| tree.members(name).nth(1).is_some())
+}
+
+/// A canonical JSON number (see [`crate::json`]) that is a whole number ≥ 0
+/// and fits a `u64`.
+pub(crate) fn whole_number(canonical: &str) -> Option<u64> {
+    let (digits, exp) = match canonical.split_once('e') {
+        Some((d, e)) => (d, e.parse::<u32>().ok()?),
+        None => (canonical, 0),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits
+        .parse::<u64>()
+        .ok()?
+        .checked_mul(10u64.checked_pow(exp)?)
 }
 
 /// What a Responses request says about the state it continues.
@@ -370,87 +439,6 @@ pub struct Turns {
 /// Roles that are always kept, wherever they stand.
 pub(super) const PINNED_ROLES: [&str; 2] = ["system", "developer"];
 
-/// One part of a prompt, where its dialect keeps it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Said<'a> {
-    /// Instructions given apart from the turns (Responses `instructions`,
-    /// Messages `system`): a string or an array of blocks.
-    System(&'a Json),
-    /// A prompt that is no message: a completions `prompt` (`None` when the
-    /// body has none), a Responses `input` string.
-    Bare(Option<&'a Json>),
-    /// One message or item of the conversation, in its dialect's shape
-    /// (`role`, `content`, tool calls and results).
-    Turn(&'a Json),
-    /// One turn as a role and its list of parts (Gemini's `Content`): each
-    /// part an object with its `text`, or a `functionCall` (`name`, `args`)
-    /// or `functionResponse` (`name`, `response`); `None` when it has none.
-    Parts {
-        /// The turn's role (`user` when it names none, as the API reads it).
-        role: &'a str,
-        /// The parts.
-        parts: Option<&'a Json>,
-    },
-}
-
-/// The parts of a prompt, in the order they are sent: the system
-/// instructions, a bare prompt, then the turns.
-#[derive(Debug, Clone, Default)]
-pub struct Prompt<'a> {
-    system: Option<&'a Json>,
-    bare: Option<Option<&'a Json>>,
-    turns: std::slice::Iter<'a, Json>,
-    /// The turns are role-and-parts contents (see [`Said::Parts`]).
-    contents: bool,
-}
-
-impl<'a> Prompt<'a> {
-    /// A prompt of these parts; `turns` is the list of messages or items
-    /// (anything but an array has none).
-    pub(super) fn new(
-        system: Option<&'a Json>,
-        bare: Option<Option<&'a Json>>,
-        turns: Option<&'a Json>,
-    ) -> Self {
-        Self {
-            system,
-            bare,
-            turns: items(turns).iter(),
-            contents: false,
-        }
-    }
-
-    /// A prompt of `system` (a list of parts) and `contents`, turns of a
-    /// role and its parts (Gemini's).
-    pub(super) fn of_contents(system: Option<&'a Json>, contents: Option<&'a Json>) -> Self {
-        Self {
-            contents: true,
-            ..Self::new(system, None, contents)
-        }
-    }
-}
-
-impl<'a> Iterator for Prompt<'a> {
-    type Item = Said<'a>;
-
-    fn next(&mut self) -> Option<Said<'a>> {
-        if let Some(s) = self.system.take() {
-            return Some(Said::System(s));
-        }
-        if let Some(b) = self.bare.take() {
-            return Some(Said::Bare(b));
-        }
-        let turn = self.turns.next()?;
-        if !self.contents {
-            return Some(Said::Turn(turn));
-        }
-        Some(Said::Parts {
-            role: role(turn).unwrap_or("user"),
-            parts: turn.get("parts"),
-        })
-    }
-}
-
 /// Where the semantic cache's question is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Question {
@@ -474,52 +462,6 @@ pub struct Prefix<'a> {
     pub turn: &'a [Json],
 }
 
-/// A value as a list of one, `null` and absence as none.
-pub(super) fn one(value: Option<&Json>) -> &[Json] {
-    match value {
-        None | Some(Json::Null) => &[],
-        Some(v) => std::slice::from_ref(v),
-    }
-}
-
-/// An array's items; none of anything else.
-pub(super) fn items(value: Option<&Json>) -> &[Json] {
-    match value {
-        Some(Json::Array(items)) => items,
-        _ => &[],
-    }
-}
-
-/// A string that is not empty.
-pub(super) fn non_empty_string(value: &Json) -> Option<&str> {
-    match value {
-        Json::String(s) if !s.is_empty() => Some(s),
-        _ => None,
-    }
-}
-
-/// A message's or item's `role`, when a string.
-pub(super) fn role(m: &Json) -> Option<&str> {
-    match m.get("role") {
-        Some(Json::String(r)) => Some(r),
-        _ => None,
-    }
-}
-
-/// The message's one string `role`; `None` when it is no object, or has no
-/// role, or names it twice or not as a string.
-pub(super) fn only_role(message: &Json) -> Option<&str> {
-    if !matches!(message, Json::Object(_)) {
-        return None;
-    }
-    let mut roles = message.members("role");
-    let role = match roles.next()? {
-        Json::String(r) => r.as_str(),
-        _ => return None,
-    };
-    roles.next().is_none().then_some(role)
-}
-
 /// Sets the body's top-level `model` string to `model`, every other byte
 /// kept; false when the body names none as a string (or names it twice).
 pub fn set_body_model(doc: &mut Document, model: &str) -> bool {
@@ -532,6 +474,7 @@ pub fn set_body_model(doc: &mut Document, model: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dialect::prompt::{items, role, Said};
 
     fn j(s: &str) -> Json {
         Json::parse(s.as_bytes()).unwrap()

@@ -9,7 +9,8 @@ pub struct Responses;
 
 pub mod stream;
 
-use super::request::{one, only_role, role, Prefix, Prompt, Request, Turns, PINNED_ROLES};
+use super::prompt::{one, only_role, role, Prompt};
+use super::request::{Prefix, Request, Turns, PINNED_ROLES};
 use crate::dialect::request::{Continues, TokenField};
 use crate::json::Json;
 

@@ -16,7 +16,7 @@ use crate::json::{Document, Json};
 
 pub use config::{Limits, RawShapingConfig, ShapingConfig};
 
-use crate::dialect::request::TokenField;
+use crate::dialect::request::{whole_number, TokenField};
 pub use history::keep_turns;
 
 /// Response header telling the client what shaping changed
@@ -121,58 +121,6 @@ fn understood(tree: &Json) -> bool {
         && !tree.repeats_a_key()
 }
 
-/// Lowers the body's output token limit to at most `cap`: `max_tokens` and
-/// `max_completion_tokens` above it are lowered to it; a body that names
-/// neither (or only as `null`) gets `cap` set, in the field it named as
-/// `null` or else in `field`. False, and nothing changed, when nothing needed
-/// to, or a limit is not a whole number, or the body is not one object naming
-/// each field once.
-pub fn cap_max_tokens(doc: &mut Document, cap: u64, field: TokenField) -> bool {
-    let Some(Json::Object(_)) = doc.tree() else {
-        return false;
-    };
-    let mut lower = Vec::new();
-    let mut named = false;
-    let mut null_field = None;
-    for &f in field.family() {
-        let Some(value) = doc.value_bytes(f.as_str()) else {
-            if repeated(doc, f.as_str()) {
-                return false;
-            }
-            continue;
-        };
-        match Json::parse(value) {
-            Some(Json::Null) => null_field = null_field.or(Some(f)),
-            Some(Json::Number(n)) => {
-                named = true;
-                match whole_number(&n) {
-                    Some(v) if v > cap => lower.push(f),
-                    Some(_) => {}
-                    None => return false,
-                }
-            }
-            _ => return false,
-        }
-    }
-    let cap_text = cap.to_string();
-    let number = Json::Number(cap_text.clone());
-    if !named {
-        let f = null_field.unwrap_or(field);
-        return doc.set(f.as_str(), cap_text.as_bytes(), number);
-    }
-    let mut changed = false;
-    for f in lower {
-        changed |= doc.set(f.as_str(), cap_text.as_bytes(), number.clone());
-    }
-    changed
-}
-
-/// True when the object names `name` more than once.
-fn repeated(doc: &Document, name: &str) -> bool {
-    doc.tree()
-        .is_some_and(|tree| tree.members(name).nth(1).is_some())
-}
-
 /// Leaves out of a body of `endpoint` the items of its conversation
 /// [`history::keep_turns`] does not keep, each kept one byte for byte.
 /// False, and nothing changed, when nothing is left out or the body is not
@@ -214,22 +162,6 @@ pub fn trim_turns(
         .map(|(m, _)| m.clone())
         .collect();
     doc.set(field, &new, Json::Array(kept))
-}
-
-/// A canonical JSON number (see [`crate::json`]) that is a whole number ≥ 0
-/// and fits a `u64`.
-fn whole_number(canonical: &str) -> Option<u64> {
-    let (digits, exp) = match canonical.split_once('e') {
-        Some((d, e)) => (d, e.parse::<u32>().ok()?),
-        None => (canonical, 0),
-    };
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits
-        .parse::<u64>()
-        .ok()?
-        .checked_mul(10u64.checked_pow(exp)?)
 }
 
 #[cfg(test)]

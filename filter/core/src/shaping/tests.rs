@@ -1,5 +1,6 @@
 use super::*;
 use crate::dialect::features::message_tokens;
+use crate::dialect::request::cap_max_tokens;
 use crate::dialect::Dialect;
 
 /// Which messages of a chat call to keep.

@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use super::config::CaptureConfig;
 use super::redact::{self, Rules};
 use crate::dialect::answer::Hear;
-use crate::dialect::request::Said;
+use crate::dialect::prompt::Said;
 use crate::dialect::Dialect;
 use crate::json::Json;
 use crate::sse::Transcript;
