@@ -14,7 +14,11 @@ use crate::json::Json;
 use crate::sse::AnyGrammar;
 use crate::usage::{Reported, Usage};
 
-/// What one API's answers say, and where.
+/// What one API's answers say, and where. The error shape, the limits'
+/// headers, the refusal reading and the provider's name default to
+/// OpenAI's, which its chat, completions, embeddings and Responses APIs
+/// share with the servers that copy them; a dialect of another family says
+/// its own.
 pub trait Answer: Sync {
     /// The tokens a `usage` object reports, read by the dialect's names
     /// (each count as `u64`; a count of another type costs the whole object
@@ -43,22 +47,32 @@ pub trait Answer: Sync {
     /// SDKs map to the matching error, and the body they parse (OpenAI's
     /// `{"error":{"message","type","code"}}`, Anthropic's
     /// `{"type":"error","error":{"type","message"}}`).
-    fn local_error(&self, kind: ReplyKind, message: &str) -> (u32, Vec<u8>);
+    fn local_error(&self, kind: ReplyKind, message: &str) -> (u32, Vec<u8>) {
+        chat::openai_local_error(kind, message)
+    }
 
     /// The headers its callers read what is left of their limits from
-    /// (OpenAI's `x-ratelimit-*`, Anthropic's `anthropic-ratelimit-*`).
-    fn rate_headers(&self) -> &'static RateHeaders;
+    /// (OpenAI's `x-ratelimit-*`, Anthropic's `anthropic-ratelimit-*`); a
+    /// provider that sends none (Google) is told in OpenAI's, the filter's
+    /// own.
+    fn rate_headers(&self) -> &'static RateHeaders {
+        &chat::RATE_HEADERS
+    }
 
     /// Why an upstream refused a call of `status`, as its error `body`
     /// (JSON) says; `None` for any other error. Today's dialects share one
     /// reading ([`refusal_of`]): their error shapes keep `type` and
     /// `message` in an `error` object, and servers of one dialect often
     /// front another's models and pass its words on.
-    fn refusal(&self, status: u16, body: &Value) -> Option<Refusal>;
+    fn refusal(&self, status: u16, body: &Value) -> Option<Refusal> {
+        refusal_of(status, body)
+    }
 
     /// `gen_ai.provider.name` as the dialect names its provider (the
     /// backend behind an OpenAI-compatible API may be another).
-    fn provider(&self) -> &'static str;
+    fn provider(&self) -> &'static str {
+        "openai"
+    }
 
     /// Tells `out` what a JSON answer said, turn by turn, as the dialect
     /// lays it out; false when its answers say no text (embeddings, a path

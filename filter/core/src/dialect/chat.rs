@@ -137,9 +137,7 @@ mod answers {
     use super::Chat;
     use crate::budget::reply::ReplyKind;
     use crate::dialect::answer::stream;
-    use crate::dialect::answer::{
-        list, refusal_of, string, Answer, Choices, Hear, RateHeaders, Refusal, Reset, Stored,
-    };
+    use crate::dialect::answer::{list, string, Answer, Choices, Hear, RateHeaders, Reset, Stored};
     use crate::dialect::Dialect;
     use crate::json::Json;
     use crate::sse::AnyGrammar;
@@ -152,22 +150,6 @@ mod answers {
 
         fn grammar(&self) -> AnyGrammar {
             AnyGrammar::Chat(stream::Chat::of(Dialect::Chat))
-        }
-
-        fn local_error(&self, kind: ReplyKind, message: &str) -> (u32, Vec<u8>) {
-            openai_local_error(kind, message)
-        }
-
-        fn rate_headers(&self) -> &'static RateHeaders {
-            &RATE_HEADERS
-        }
-
-        fn refusal(&self, status: u16, body: &Value) -> Option<Refusal> {
-            refusal_of(status, body)
-        }
-
-        fn provider(&self) -> &'static str {
-            "openai"
         }
 
         fn stored(&self) -> Option<Stored> {

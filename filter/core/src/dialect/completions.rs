@@ -64,13 +64,8 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Completions;
-    use crate::budget::reply::ReplyKind;
-    use crate::dialect::answer::{
-        refusal_of, stream, Answer, Choices, Hear, RateHeaders, Refusal, Stored,
-    };
-    use crate::dialect::chat::{
-        choices_finished, choices_said, openai_local_error, openai_usage, RATE_HEADERS,
-    };
+    use crate::dialect::answer::{stream, Answer, Choices, Hear, Stored};
+    use crate::dialect::chat::{choices_finished, choices_said, openai_usage};
     use crate::dialect::Dialect;
     use crate::json::Json;
     use crate::sse::AnyGrammar;
@@ -83,22 +78,6 @@ mod answers {
 
         fn grammar(&self) -> AnyGrammar {
             AnyGrammar::Chat(stream::Chat::of(Dialect::Completions))
-        }
-
-        fn local_error(&self, kind: ReplyKind, message: &str) -> (u32, Vec<u8>) {
-            openai_local_error(kind, message)
-        }
-
-        fn rate_headers(&self) -> &'static RateHeaders {
-            &RATE_HEADERS
-        }
-
-        fn refusal(&self, status: u16, body: &Value) -> Option<Refusal> {
-            refusal_of(status, body)
-        }
-
-        fn provider(&self) -> &'static str {
-            "openai"
         }
 
         fn stored(&self) -> Option<Stored> {

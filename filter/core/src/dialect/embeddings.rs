@@ -27,9 +27,8 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Embeddings;
-    use crate::budget::reply::ReplyKind;
-    use crate::dialect::answer::{refusal_of, stream, Answer, Hear, RateHeaders, Refusal, Stored};
-    use crate::dialect::chat::{openai_local_error, openai_usage, RATE_HEADERS};
+    use crate::dialect::answer::{stream, Answer, Hear, Stored};
+    use crate::dialect::chat::openai_usage;
     use crate::dialect::Dialect;
     use crate::json::Json;
     use crate::sse::AnyGrammar;
@@ -42,22 +41,6 @@ mod answers {
 
         fn grammar(&self) -> AnyGrammar {
             AnyGrammar::Chat(stream::Chat::of(Dialect::Embeddings))
-        }
-
-        fn local_error(&self, kind: ReplyKind, message: &str) -> (u32, Vec<u8>) {
-            openai_local_error(kind, message)
-        }
-
-        fn rate_headers(&self) -> &'static RateHeaders {
-            &RATE_HEADERS
-        }
-
-        fn refusal(&self, status: u16, body: &Value) -> Option<Refusal> {
-            refusal_of(status, body)
-        }
-
-        fn provider(&self) -> &'static str {
-            "openai"
         }
 
         /// A list of vectors: no text to tell.

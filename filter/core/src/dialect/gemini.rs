@@ -702,8 +702,7 @@ mod answers {
 
     use super::{error_body, error_class, usage, Gemini};
     use crate::budget::reply::ReplyKind;
-    use crate::dialect::answer::{refusal_of, stream, Answer, Hear, RateHeaders, Refusal, Stored};
-    use crate::dialect::chat::RATE_HEADERS;
+    use crate::dialect::answer::{refusal_of, stream, Answer, Hear, Refusal, Stored};
     use crate::json::Json;
     use crate::routing::fallback::ErrorClass;
     use crate::sse::AnyGrammar;
@@ -755,11 +754,6 @@ mod answers {
                 ReplyKind::OverLimit => 429,
             };
             (u32::from(status), error_body(status, message))
-        }
-
-        /// Google sends none; OpenAI's names are the filter's own.
-        fn rate_headers(&self) -> &'static RateHeaders {
-            &RATE_HEADERS
         }
 
         /// Read from Google's shape, else as every dialect reads the

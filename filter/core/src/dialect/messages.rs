@@ -121,9 +121,7 @@ mod answers {
     use super::Messages;
     use crate::budget::reply::ReplyKind;
     use crate::dialect::answer::stream;
-    use crate::dialect::answer::{
-        refusal_of, string, Answer, Hear, RateHeaders, Refusal, Reset, Stored,
-    };
+    use crate::dialect::answer::{string, Answer, Hear, RateHeaders, Reset, Stored};
     use crate::dialect::chat::Error;
     use crate::json::Json;
     use crate::sse::AnyGrammar;
@@ -171,10 +169,6 @@ mod answers {
 
         fn provider(&self) -> &'static str {
             "anthropic"
-        }
-
-        fn refusal(&self, status: u16, body: &Value) -> Option<Refusal> {
-            refusal_of(status, body)
         }
 
         /// One turn: the message's `content` blocks, ended for its

@@ -22,9 +22,7 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Other;
-    use crate::budget::reply::ReplyKind;
-    use crate::dialect::answer::{refusal_of, stream, Answer, Hear, RateHeaders, Refusal, Stored};
-    use crate::dialect::chat::{openai_local_error, RATE_HEADERS};
+    use crate::dialect::answer::{stream, Answer, Hear, Stored};
     use crate::dialect::Dialect;
     use crate::json::Json;
     use crate::sse::AnyGrammar;
@@ -51,22 +49,6 @@ mod answers {
         /// Read as a chat stream, the commonest shape.
         fn grammar(&self) -> AnyGrammar {
             AnyGrammar::Chat(stream::Chat::of(Dialect::Other))
-        }
-
-        fn local_error(&self, kind: ReplyKind, message: &str) -> (u32, Vec<u8>) {
-            openai_local_error(kind, message)
-        }
-
-        fn rate_headers(&self) -> &'static RateHeaders {
-            &RATE_HEADERS
-        }
-
-        fn refusal(&self, status: u16, body: &Value) -> Option<Refusal> {
-            refusal_of(status, body)
-        }
-
-        fn provider(&self) -> &'static str {
-            "openai"
         }
 
         /// Never cached: its answers' shape is not known.

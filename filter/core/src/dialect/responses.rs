@@ -120,11 +120,7 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Responses;
-    use crate::budget::reply::ReplyKind;
-    use crate::dialect::answer::{
-        list, refusal_of, stream, string, Answer, Hear, RateHeaders, Refusal, Stored,
-    };
-    use crate::dialect::chat::{openai_local_error, RATE_HEADERS};
+    use crate::dialect::answer::{list, stream, string, Answer, Hear, Stored};
     use crate::json::Json;
     use crate::sse::AnyGrammar;
     use crate::usage::{Reported, Usage};
@@ -142,22 +138,6 @@ mod answers {
 
         fn grammar(&self) -> AnyGrammar {
             AnyGrammar::Responses(stream::Responses::default())
-        }
-
-        fn local_error(&self, kind: ReplyKind, message: &str) -> (u32, Vec<u8>) {
-            openai_local_error(kind, message)
-        }
-
-        fn rate_headers(&self) -> &'static RateHeaders {
-            &RATE_HEADERS
-        }
-
-        fn refusal(&self, status: u16, body: &Value) -> Option<Refusal> {
-            refusal_of(status, body)
-        }
-
-        fn provider(&self) -> &'static str {
-            "openai"
         }
 
         /// As sent, the JSON or every event of the stream.
