@@ -403,7 +403,7 @@ fn compile_tenant_headers(
     names: Option<Vec<String>>,
 ) -> Result<Vec<String>, ConfigError> {
     let headers = match names {
-        None => TENANT_HEADERS.or(None),
+        None => TENANT_HEADERS.or_into(None),
         Some(names) => compile_headers(names)?,
     };
     if scope == Scope::Tenant && headers.is_empty() {

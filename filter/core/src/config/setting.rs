@@ -288,8 +288,14 @@ impl<T: Copy> List<T> {
         Self { name, default }
     }
 
-    /// The list written, or the default's items.
-    pub fn or<U: From<T>>(&self, written: Option<Vec<U>>) -> Vec<U> {
+    /// The list written, or the default.
+    pub fn or(&self, written: Option<Vec<T>>) -> Vec<T> {
+        written.unwrap_or_else(|| self.default.to_vec())
+    }
+
+    /// The list written, or the default's items each made a `U` (a name
+    /// an owned `String`, a rule the compiled one).
+    pub fn or_into<U: From<T>>(&self, written: Option<Vec<U>>) -> Vec<U> {
         written.unwrap_or_else(|| self.default.iter().map(|&t| U::from(t)).collect())
     }
 }
@@ -452,12 +458,13 @@ mod tests {
     #[test]
     fn a_list_or_map_setting_takes_its_default_when_not_written() {
         const L: List<&str> = List::new("l", &["a", "b"]);
-        assert_eq!(L.or::<String>(None), ["a", "b"]);
-        assert_eq!(L.or(Some(vec!["c".to_string()])), ["c"]);
-        assert_eq!(L.or::<String>(Some(vec![])), Vec::<String>::new());
+        assert_eq!(L.or_into::<String>(None), ["a", "b"]);
+        assert_eq!(L.or_into(Some(vec!["c".to_string()])), ["c"]);
+        assert_eq!(L.or_into::<String>(Some(vec![])), Vec::<String>::new());
         assert_eq!(L.default_text(), r#"["a","b"]"#);
         const C: List<u16> = List::new("c", &[429, 503]);
-        assert_eq!(C.or::<u16>(None), [429, 503]);
+        assert_eq!(C.or(None), [429, 503]);
+        assert!(C.or(Some(vec![])).is_empty());
         assert_eq!(C.default_text(), "[429,503]");
         const P: List<Priority> = List::new("p", &[Priority::P1, Priority::P2]);
         assert_eq!(P.default_text(), r#"["P1","P2"]"#);

@@ -384,7 +384,7 @@ impl DegradeConfig {
     /// Compiles the section; errors name fields relative to it.
     pub fn compile(raw: RawDegradeConfig) -> Result<Self, ConfigError> {
         let alerts = match raw.alerts {
-            None => ALERTS.or(None),
+            None => ALERTS.or_into(None),
             Some(rules) => each("alerts", rules, compile_rule)?,
         };
         let ttl_s = ALERT_TTL_S.read(raw.alert_ttl_s)?;

@@ -142,7 +142,7 @@ impl AffinityConfig {
     /// Compiles `routing.affinity`; errors name fields relative to it.
     pub fn compile(raw: RawAffinity) -> Result<Self, ConfigError> {
         let sources = SOURCES
-            .or(raw.sources)
+            .or_into(raw.sources)
             .iter()
             .map(|n| {
                 Source::ALL
