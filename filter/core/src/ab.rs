@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use crate::config::check;
 use crate::config::error::ConfigError;
-use crate::config::setting::{Setting, Table};
+use crate::config::setting::{Empty, Setting, Table};
 use crate::degrade::config::{DegradeConfig, RawDegradeConfig, RawDegradeOverride};
 use crate::routing::config::{RawBackend, RawRoutingConfig, RoutingConfig};
 use crate::shaping::{RawShapingConfig, ShapingConfig};
@@ -24,7 +24,10 @@ const USER_HEADER: Setting<&str> = Setting::any("user_header", "x-user-id");
 /// A group's `percent`.
 const PERCENT: Setting<u8> = Setting::range("percent", 0, 0, 100);
 /// The section's settings.
-pub const SETTINGS: Table = &[("ab", &[&USER_HEADER]), ("ab.groups[]", &[&PERCENT])];
+pub const SETTINGS: Table = &[
+    ("ab", &[&Empty::list("groups"), &USER_HEADER]),
+    ("ab.groups[]", &[&PERCENT]),
+];
 /// Header carrying the call's group upstream and back to the client.
 pub const GROUP_HEADER: &str = "x-user-group";
 /// The baggage member carrying the group to every later hop.

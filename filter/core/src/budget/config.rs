@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use crate::config::check;
 use crate::config::error::ConfigError;
-use crate::config::setting::{Bound, Named, Setting, Table};
+use crate::config::setting::{Bound, List, Named, Setting, Table};
 use crate::priority::Priority;
 
 /// Buckets of the breaker's sliding window: fine enough that old calls age out
@@ -62,7 +62,8 @@ const RETRY_ON: Setting<&str> = Setting::any(
 );
 // 503 is already covered by `5xx`; it is listed so the default stays right when
 // an operator narrows `retry_on` to `gateway-error` or drops `5xx`.
-const DEFAULT_RETRIABLE_STATUS_CODES: [u16; 2] = [429, 503];
+/// `retriable_status_codes`.
+const RETRIABLE_STATUS_CODES: List<u16> = List::new("retriable_status_codes", &[429, 503]);
 const ERROR_STATUSES: RangeInclusive<u16> = 400..=599;
 /// `window_s`.
 const WINDOW_S: Setting<u64> = Setting::range("window_s", 30, 1, 3_600);
@@ -102,6 +103,7 @@ pub const SETTINGS: Table = &[(
         &RETRY_RATIO,
         &MAX_RETRIES,
         &RETRY_ON,
+        &RETRIABLE_STATUS_CODES,
         &WINDOW_S,
         &SHED_AT,
         &REJECT_AT,
@@ -312,7 +314,7 @@ fn retry_conditions(
     codes: Option<Vec<u16>>,
 ) -> Result<(String, String), ConfigError> {
     let retry_on = normalise_retry_on(retry_on.unwrap_or(RETRY_ON.default))?;
-    let codes = codes.unwrap_or_else(|| DEFAULT_RETRIABLE_STATUS_CODES.to_vec());
+    let codes = RETRIABLE_STATUS_CODES.or(codes);
     let distinct = distinct_error_statuses(&codes)?;
     // Envoy only looks at the codes under this condition; refusing the
     // mismatch beats a retry policy that quietly does less than it says.

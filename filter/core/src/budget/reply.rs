@@ -10,7 +10,7 @@ use super::breaker::Admit;
 use crate::dialect::answer::ReplyKind;
 use crate::dialect::Dialect;
 
-pub use crate::dialect::chat::error_body;
+pub use crate::dialect::answer::error_body;
 
 /// A reply the filter sends in place of the upstream's, in OpenAI's shape
 /// until [`LocalReply::in_dialect`] puts it in the caller's.

@@ -7,7 +7,7 @@ use serde::Deserialize;
 use super::semantic::config::{RawSemanticConfig, SemanticConfig};
 use crate::config::check;
 use crate::config::error::ConfigError;
-use crate::config::setting::{Named, Setting, Table};
+use crate::config::setting::{Empty, List, Named, Setting, Table};
 use crate::dialect::Dialect;
 
 /// Largest `cache.max_entries`: every slot may cost up to `max_entry_bytes` of
@@ -34,7 +34,13 @@ const ENABLED: Setting<bool> = Setting::any("enabled", true);
 /// APIs accept.
 const MAX_TEMPERATURE: Setting<f64> =
     Setting::real("max_temperature", 0.0, (0.0, false), (2.0, false));
-const DEFAULT_TENANT_HEADERS: [&str; 2] = ["authorization", "api-key"];
+/// `deterministic_models`: none; a model's calls are cached by their
+/// sampling parameters.
+const DETERMINISTIC_MODELS: Empty = Empty::list("deterministic_models");
+/// `dynamic_markers`: none.
+const DYNAMIC_MARKERS: Empty = Empty::list("dynamic_markers");
+/// `tenant_headers`: OpenAI's and Azure OpenAI's credentials.
+const TENANT_HEADERS: List<&str> = List::new("tenant_headers", &["authorization", "api-key"]);
 /// `ttl_s`.
 const TTL_S: Setting<u64> = Setting::range("ttl_s", 3_600, 1, MAX_TTL_S);
 /// `ttl_jitter`.
@@ -77,7 +83,10 @@ pub const SETTINGS: Table = &[
         &[
             &ENABLED,
             &MAX_TEMPERATURE,
+            &DETERMINISTIC_MODELS,
+            &DYNAMIC_MARKERS,
             &SCOPE,
+            &TENANT_HEADERS,
             &TTL_S,
             &TTL_JITTER,
             &STALE_IF_ERROR_S,
@@ -261,8 +270,9 @@ impl CacheConfig {
     pub fn compile(raw: RawCacheConfig) -> Result<Self, ConfigError> {
         // What is cacheable, and whose.
         let max_temperature = MAX_TEMPERATURE.read(raw.max_temperature)?;
-        let deterministic_models = compile_models(raw.deterministic_models.unwrap_or_default())?;
-        let dynamic_markers = compile_markers(raw.dynamic_markers.unwrap_or_default())?;
+        let deterministic_models =
+            compile_models(DETERMINISTIC_MODELS.or(raw.deterministic_models))?;
+        let dynamic_markers = compile_markers(DYNAMIC_MARKERS.or(raw.dynamic_markers))?;
         let scope = SCOPE.default_or(raw.scope);
         let tenant_headers = compile_tenant_headers(scope, raw.tenant_headers)?;
         // Freshness.
@@ -393,7 +403,7 @@ fn compile_tenant_headers(
     names: Option<Vec<String>>,
 ) -> Result<Vec<String>, ConfigError> {
     let headers = match names {
-        None => DEFAULT_TENANT_HEADERS.map(String::from).to_vec(),
+        None => TENANT_HEADERS.or_into(None),
         Some(names) => compile_headers(names)?,
     };
     if scope == Scope::Tenant && headers.is_empty() {

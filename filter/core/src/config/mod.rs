@@ -28,7 +28,7 @@ use crate::spans::config::{CaptureConfig, OtlpConfig, RawCapture, RawOtlp};
 
 pub use error::ConfigError;
 pub use names::Names;
-use setting::{Named, Setting};
+use setting::{List, Named, Setting};
 
 /// Default bound of a request body the filter holds to decide on it: Envoy's
 /// default per-connection buffer limit, past which holding it earns a 413.
@@ -36,6 +36,8 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
 /// `max_body_bytes`: 1 B to 64 MiB.
 const MAX_BODY_BYTES: Setting<usize> =
     Setting::range("max_body_bytes", DEFAULT_MAX_BODY_BYTES, 1, 64 << 20);
+/// `llm_paths`: the paths of every dialect but `other`.
+const LLM_PATHS: List<&str> = List::new("llm_paths", &DEFAULT_PATHS);
 /// `priority.default`.
 const DEFAULT_PRIORITY: Setting<Priority> = Setting::any("default", Priority::P1);
 /// `priority.trust_client`: the client's `x-request-priority` is honoured
@@ -52,7 +54,7 @@ const ACCESS_LOG: Setting<bool> = Setting::any("enabled", false);
 
 /// The document's own settings, by the path of the object that holds them.
 pub const SETTINGS: setting::Table = &[
-    ("", &[&MAX_BODY_BYTES]),
+    ("", &[&LLM_PATHS, &MAX_BODY_BYTES]),
     ("priority", &[&DEFAULT_PRIORITY, &TRUST_CLIENT]),
     ("tracing", &[&TRACING_MODE]),
     ("access_log", &[&ACCESS_LOG]),
@@ -394,7 +396,7 @@ fn compile_capture(
 }
 
 fn default_paths() -> Vec<LlmPath> {
-    DEFAULT_PATHS.iter().map(|p| LlmPath::new(p)).collect()
+    LLM_PATHS.default.iter().map(|p| LlmPath::new(p)).collect()
 }
 
 /// `llm_paths` (the default ones when absent), then the paths `llm_apis`

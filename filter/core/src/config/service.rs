@@ -7,10 +7,12 @@ use std::fmt::Write;
 
 use super::check;
 use super::error::ConfigError;
-use super::setting::Setting;
+use super::setting::{Empty, Setting};
 
 /// Most extra headers a service is sent.
 const MAX_HEADERS: usize = 16;
+/// A service's `headers`: none beside the request's own.
+pub const HEADERS: Empty = Empty::map("headers");
 /// Headers the filter sets itself on a callout.
 const RESERVED: [&str; 5] = ["content-type", "content-length", "host", "te", "connection"];
 
@@ -93,7 +95,7 @@ impl Service {
             cluster,
             authority,
             path,
-            headers: compile_headers(raw.headers.unwrap_or_default())?,
+            headers: compile_headers(HEADERS.or(raw.headers))?,
             timeout_ms: defaults.timeout.read(raw.timeout_ms)?,
         })
     }

@@ -1,20 +1,24 @@
 //! A setting stated once. Each section declares its settings as constants —
 //! the field's name, its default and its bound — and compiles every one of
 //! them through [`Setting::read`], so the default a section applies and the
-//! range it refuses outside of live in one place. The section also lists its
-//! settings in a table ([`Row`]s under the section's path), and the
-//! configuration lists every section's ([`super::SECTIONS`]),
-//! which the docs test (`filter/core/tests/docs.rs`) compares with the rows
-//! of `docs/configuration.md`: a default or a range changed here fails that
-//! test until the page says the same. The table is read by tests only, so no
-//! byte of it reaches the Wasm module; for the same reason a setting's
-//! one-line description is the doc comment on its constant, and the page's
-//! `meaning` cell the longer one.
+//! range it refuses outside of live in one place; a list's default is its
+//! items ([`List`]), a list or map empty unless written says so ([`Empty`]),
+//! and the section reads the written value through it all the same. The
+//! section also lists its settings in a table ([`Row`]s under the section's
+//! path, [`super::SECTIONS`]), which the docs test (`filter/core/tests/docs.rs`)
+//! compares with the rows of `docs/configuration.md`: a default or a range
+//! changed here fails that test until the page says the same. The table is
+//! read by tests only, so no byte of it reaches the Wasm module; for the
+//! same reason a setting's one-line description is the doc comment on its
+//! constant, and the page's `meaning` cell the longer one.
 
 use std::fmt::Display;
 
+use serde_json::Value;
+
 use super::check;
 use super::error::ConfigError;
+use crate::priority::Priority;
 
 /// A setting: the field's name relative to its section, the value an absent
 /// or `null` field takes, and the values it may take.
@@ -268,6 +272,113 @@ impl<T: Copy + Sync + 'static> Row for Named<T> {
     }
 }
 
+/// A list setting: the field's name and the items an absent or `null`
+/// field takes. The page writes the default as JSON.
+#[derive(Debug, Clone, Copy)]
+pub struct List<T: 'static> {
+    /// The field's name, as errors name it (relative to the section).
+    pub name: &'static str,
+    /// The items of an absent or `null` field.
+    pub default: &'static [T],
+}
+
+impl<T: Copy> List<T> {
+    /// A list setting that takes `default` when not written.
+    pub const fn new(name: &'static str, default: &'static [T]) -> Self {
+        Self { name, default }
+    }
+
+    /// The list written, or the default.
+    pub fn or(&self, written: Option<Vec<T>>) -> Vec<T> {
+        written.unwrap_or_else(|| self.default.to_vec())
+    }
+
+    /// The list written, or the default's items each made a `U` (a name
+    /// an owned `String`, a rule the compiled one).
+    pub fn or_into<U: From<T>>(&self, written: Option<Vec<U>>) -> Vec<U> {
+        written.unwrap_or_else(|| self.default.iter().map(|&t| U::from(t)).collect())
+    }
+}
+
+/// An item of a list setting's default, as the page writes it.
+pub trait Item: Copy + Sync {
+    /// The item in JSON.
+    fn json(self) -> Value;
+}
+
+impl Item for &'static str {
+    fn json(self) -> Value {
+        Value::from(self)
+    }
+}
+
+impl Item for u16 {
+    fn json(self) -> Value {
+        Value::from(self)
+    }
+}
+
+impl Item for Priority {
+    fn json(self) -> Value {
+        Value::from(self.as_str())
+    }
+}
+
+impl<T: Item> Row for List<T> {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn default_text(&self) -> String {
+        Value::Array(self.default.iter().map(|&t| t.json()).collect()).to_string()
+    }
+
+    fn bound_text(&self) -> Bound<String> {
+        Bound::Any
+    }
+}
+
+/// A list or map setting that is empty unless written (`[]`, `{}`): a
+/// list of objects, a map by the operator's names.
+#[derive(Debug, Clone, Copy)]
+pub struct Empty {
+    /// The field's name.
+    pub name: &'static str,
+    /// A map (`{}`), else a list (`[]`).
+    pub map: bool,
+}
+
+impl Empty {
+    /// A list empty unless written.
+    pub const fn list(name: &'static str) -> Self {
+        Self { name, map: false }
+    }
+
+    /// A map empty unless written.
+    pub const fn map(name: &'static str) -> Self {
+        Self { name, map: true }
+    }
+
+    /// The list or map written, or an empty one.
+    pub fn or<U: Default>(&self, written: Option<U>) -> U {
+        written.unwrap_or_default()
+    }
+}
+
+impl Row for Empty {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn default_text(&self) -> String {
+        (if self.map { "{}" } else { "[]" }).to_string()
+    }
+
+    fn bound_text(&self) -> Bound<String> {
+        Bound::Any
+    }
+}
+
 /// The settings of one object of the document, under its path (`""` for
 /// the document's own fields, `routing.models.<>[]` for each backend).
 pub type Table = &'static [(&'static str, &'static [&'static dyn Row])];
@@ -328,6 +439,30 @@ mod tests {
         assert!(Setting::any("b", true).or(None));
         assert_eq!(Setting::any("s", "x").or_string(Some("y".into())), "y");
         assert_eq!(Setting::any("s", "x").or_string(None), "x");
+    }
+
+    #[test]
+    fn a_list_or_map_setting_takes_its_default_when_not_written() {
+        const L: List<&str> = List::new("l", &["a", "b"]);
+        assert_eq!(L.or_into::<String>(None), ["a", "b"]);
+        assert_eq!(L.or_into(Some(vec!["c".to_string()])), ["c"]);
+        assert_eq!(L.or_into::<String>(Some(vec![])), Vec::<String>::new());
+        assert_eq!(L.default_text(), r#"["a","b"]"#);
+        const C: List<u16> = List::new("c", &[429, 503]);
+        assert_eq!(C.or(None), [429, 503]);
+        assert!(C.or(Some(vec![])).is_empty());
+        assert_eq!(C.default_text(), "[429,503]");
+        const P: List<Priority> = List::new("p", &[Priority::P1, Priority::P2]);
+        assert_eq!(P.default_text(), r#"["P1","P2"]"#);
+        assert_eq!(L.bound_text(), Bound::Any);
+        const E: Empty = Empty::list("e");
+        const M: Empty = Empty::map("m");
+        assert_eq!(
+            (E.default_text(), M.default_text()),
+            ("[]".into(), "{}".into())
+        );
+        assert_eq!(E.or::<Vec<u8>>(None), Vec::<u8>::new());
+        assert_eq!(M.or(Some(vec![1])), [1]);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use crate::config::check;
 use crate::config::error::ConfigError;
-use crate::config::setting::{Bound, Setting, Table};
+use crate::config::setting::{Bound, Item, List, Setting, Table};
 use crate::load::Signal;
 use crate::priority::Priority;
 
@@ -50,6 +50,7 @@ pub const SETTINGS: Table = &[
     (
         "degrade",
         &[
+            &ALERTS,
             &ALERT_TTL_S,
             &QPS_REF,
             &TOKENS_PER_S_REF,
@@ -338,25 +339,52 @@ impl DegradeConfig {
     }
 }
 
-/// `severity="critical"` → level 3, `severity="warning"` → level 1, for every model.
-fn default_alerts() -> Vec<AlertRule> {
-    vec![
-        AlertRule {
-            matchers: vec![("severity", "critical".to_string())],
+/// `alerts`: `severity="critical"` → level 3, `severity="warning"` → level
+/// 1, for every model.
+const ALERTS: List<DefaultAlert> = List::new(
+    "alerts",
+    &[
+        DefaultAlert {
+            label: "severity",
+            value: "critical",
             level: 3,
         },
-        AlertRule {
-            matchers: vec![("severity", "warning".to_string())],
+        DefaultAlert {
+            label: "severity",
+            value: "warning",
             level: 1,
         },
-    ]
+    ],
+);
+
+/// A rule of the default `alerts`: one label's value raises a level.
+#[derive(Debug, Clone, Copy)]
+struct DefaultAlert {
+    label: &'static str,
+    value: &'static str,
+    level: u8,
+}
+
+impl From<DefaultAlert> for AlertRule {
+    fn from(d: DefaultAlert) -> Self {
+        Self {
+            matchers: vec![(d.label, d.value.to_string())],
+            level: d.level,
+        }
+    }
+}
+
+impl Item for DefaultAlert {
+    fn json(self) -> serde_json::Value {
+        serde_json::json!({ self.label: self.value, "level": self.level })
+    }
 }
 
 impl DegradeConfig {
     /// Compiles the section; errors name fields relative to it.
     pub fn compile(raw: RawDegradeConfig) -> Result<Self, ConfigError> {
         let alerts = match raw.alerts {
-            None => default_alerts(),
+            None => ALERTS.or_into(None),
             Some(rules) => each("alerts", rules, compile_rule)?,
         };
         let ttl_s = ALERT_TTL_S.read(raw.alert_ttl_s)?;

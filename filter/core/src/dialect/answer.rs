@@ -7,13 +7,18 @@
 
 pub mod head;
 
+use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::AnyGrammar;
 use crate::json::Json;
 use crate::usage::{Head, Usage};
 
-/// What one API's answers say, and where.
+/// What one API's answers say, and where. The error shape, the limits'
+/// headers, the refusal reading and the provider's name default to
+/// OpenAI's, which its chat, completions, embeddings and Responses APIs
+/// share with the servers that copy them; a dialect of another family says
+/// its own.
 pub trait Answer: Sync {
     /// The tokens a usage object reports (the `usage` member of an answer
     /// or of a stream's event, Gemini's `usageMetadata`), read by the
@@ -43,22 +48,32 @@ pub trait Answer: Sync {
     /// SDKs map to the matching error, and the body they parse (OpenAI's
     /// `{"error":{"message","type","code"}}`, Anthropic's
     /// `{"type":"error","error":{"type","message"}}`).
-    fn local_error(&self, kind: ReplyKind, message: &str) -> (u32, Vec<u8>);
+    fn local_error(&self, kind: ReplyKind, message: &str) -> (u32, Vec<u8>) {
+        openai_local_error(kind, message)
+    }
 
     /// The headers its callers read what is left of their limits from
-    /// (OpenAI's `x-ratelimit-*`, Anthropic's `anthropic-ratelimit-*`).
-    fn rate_headers(&self) -> &'static RateHeaders;
+    /// (OpenAI's `x-ratelimit-*`, Anthropic's `anthropic-ratelimit-*`); a
+    /// provider that sends none (Google) is told in OpenAI's, the filter's
+    /// own.
+    fn rate_headers(&self) -> &'static RateHeaders {
+        &OPENAI_RATE_HEADERS
+    }
 
     /// Why an upstream refused a call of `status`, as its error `body`
     /// (JSON) says; `None` for any other error. Today's dialects share one
     /// reading ([`refusal_of`]): their error shapes keep `type` and
     /// `message` in an `error` object, and servers of one dialect often
     /// front another's models and pass its words on.
-    fn refusal(&self, status: u16, body: &Value) -> Option<Refusal>;
+    fn refusal(&self, status: u16, body: &Value) -> Option<Refusal> {
+        refusal_of(status, body)
+    }
 
     /// `gen_ai.provider.name` as the dialect names its provider (the
     /// backend behind an OpenAI-compatible API may be another).
-    fn provider(&self) -> &'static str;
+    fn provider(&self) -> &'static str {
+        "openai"
+    }
 
     /// Tells `out` what a JSON answer said, turn by turn, as the dialect
     /// lays it out; false when its answers say no text (embeddings, a path
@@ -340,6 +355,64 @@ pub struct Choices {
     /// Each choice is a `message`, streamed as `delta`s; else a `text`,
     /// streamed in pieces of text.
     pub message: bool,
+}
+
+/// A local reply in OpenAI's shape, with the reply module's status.
+fn openai_local_error(kind: ReplyKind, message: &str) -> (u32, Vec<u8>) {
+    (
+        kind.status(),
+        error_body(message, kind.error_type(), kind.code()),
+    )
+}
+
+/// OpenAI's names of what is left of a caller's limits; the reset is
+/// in seconds from now.
+pub(crate) const OPENAI_RATE_HEADERS: RateHeaders = RateHeaders {
+    requests: [
+        "x-ratelimit-limit-requests",
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-reset-requests",
+    ],
+    tokens: [
+        "x-ratelimit-limit-tokens",
+        "x-ratelimit-remaining-tokens",
+        "x-ratelimit-reset-tokens",
+    ],
+    reset: Reset::Seconds,
+};
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: Error<'a>,
+}
+
+/// The error object of OpenAI's shape, and of Anthropic's beside its
+/// `type` (the filter's stable `code` among its fields).
+#[derive(Serialize)]
+pub(crate) struct Error<'a> {
+    pub(crate) message: &'a str,
+    #[serde(rename = "type")]
+    pub(crate) kind: &'a str,
+    pub(crate) code: &'a str,
+}
+
+/// `{"error":{"message":…,"type":…,"code":…}}`: OpenAI's error shape,
+/// which its chat, completions, embeddings and Responses share, every
+/// string JSON-escaped.
+pub fn error_body(message: &str, error_type: &str, code: &str) -> Vec<u8> {
+    let body = Body {
+        error: Error {
+            message,
+            kind: error_type,
+            code,
+        },
+    };
+    // Serialising borrowed strings cannot fail; the fallback keeps the
+    // data path free of `unwrap` all the same.
+    serde_json::to_vec(&body).unwrap_or_else(|_| {
+        br#"{"error":{"message":"request refused","type":"service_unavailable","code":null}}"#
+            .to_vec()
+    })
 }
 
 #[cfg(test)]

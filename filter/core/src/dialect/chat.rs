@@ -150,15 +150,13 @@ fn caller_of(messages: &[Json], t: usize, m: &Json) -> Option<usize> {
 // and classes (the [`super::answer`] side).
 
 mod answers {
-    use serde::{Deserialize, Serialize};
+    use serde::Deserialize;
     use serde_json::{Map, Value};
 
     use super::Chat;
     use crate::dialect::answer::head::{self, count, optional_count, Members};
-    use crate::dialect::answer::ReplyKind;
-    use crate::dialect::answer::{
-        list, refusal_of, string, Answer, Choices, Hear, RateHeaders, Refusal, Reset, Stored,
-    };
+
+    use crate::dialect::answer::{list, string, Answer, Choices, Hear, Stored};
     use crate::dialect::chat::stream;
     use crate::dialect::AnyGrammar;
     use crate::dialect::Dialect;
@@ -176,22 +174,6 @@ mod answers {
 
         fn grammar(&self) -> AnyGrammar {
             AnyGrammar::Chat(stream::Chat::of(Dialect::Chat))
-        }
-
-        fn local_error(&self, kind: ReplyKind, message: &str) -> (u32, Vec<u8>) {
-            openai_local_error(kind, message)
-        }
-
-        fn rate_headers(&self) -> &'static RateHeaders {
-            &RATE_HEADERS
-        }
-
-        fn refusal(&self, status: u16, body: &Value) -> Option<Refusal> {
-            refusal_of(status, body)
-        }
-
-        fn provider(&self) -> &'static str {
-            "openai"
         }
 
         fn stored(&self) -> Option<Stored> {
@@ -227,64 +209,6 @@ mod answers {
                 out.message(m, reason);
             }
         }
-    }
-
-    /// A local reply in OpenAI's shape, with the reply module's status.
-    pub(crate) fn openai_local_error(kind: ReplyKind, message: &str) -> (u32, Vec<u8>) {
-        (
-            kind.status(),
-            error_body(message, kind.error_type(), kind.code()),
-        )
-    }
-
-    /// OpenAI's names of what is left of a caller's limits; the reset is
-    /// in seconds from now.
-    pub(crate) const RATE_HEADERS: RateHeaders = RateHeaders {
-        requests: [
-            "x-ratelimit-limit-requests",
-            "x-ratelimit-remaining-requests",
-            "x-ratelimit-reset-requests",
-        ],
-        tokens: [
-            "x-ratelimit-limit-tokens",
-            "x-ratelimit-remaining-tokens",
-            "x-ratelimit-reset-tokens",
-        ],
-        reset: Reset::Seconds,
-    };
-
-    #[derive(Serialize)]
-    struct Body<'a> {
-        error: Error<'a>,
-    }
-
-    /// The error object of OpenAI's shape, and of Anthropic's beside its
-    /// `type` (the filter's stable `code` among its fields).
-    #[derive(Serialize)]
-    pub(crate) struct Error<'a> {
-        pub(crate) message: &'a str,
-        #[serde(rename = "type")]
-        pub(crate) kind: &'a str,
-        pub(crate) code: &'a str,
-    }
-
-    /// `{"error":{"message":…,"type":…,"code":…}}`: OpenAI's error shape,
-    /// which its chat, completions, embeddings and Responses share, every
-    /// string JSON-escaped.
-    pub fn error_body(message: &str, error_type: &str, code: &str) -> Vec<u8> {
-        let body = Body {
-            error: Error {
-                message,
-                kind: error_type,
-                code,
-            },
-        };
-        // Serialising borrowed strings cannot fail; the fallback keeps the
-        // data path free of `unwrap` all the same.
-        serde_json::to_vec(&body).unwrap_or_else(|_| {
-            br#"{"error":{"message":"request refused","type":"service_unavailable","code":null}}"#
-                .to_vec()
-        })
     }
 
     /// Every choice of an OpenAI answer finished (a `finish_reason`), and
@@ -357,10 +281,8 @@ mod answers {
     }
 }
 
-pub use answers::error_body;
 pub(crate) use answers::{
-    cached, choice_reasons, choices_finished, choices_said, openai_head, openai_local_error,
-    openai_usage, Error, RATE_HEADERS,
+    cached, choice_reasons, choices_finished, choices_said, openai_head, openai_usage,
 };
 
 #[cfg(test)]

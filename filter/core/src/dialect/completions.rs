@@ -65,12 +65,10 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Completions;
-    use crate::dialect::answer::ReplyKind;
-    use crate::dialect::answer::{refusal_of, Answer, Choices, Hear, RateHeaders, Refusal, Stored};
+
+    use crate::dialect::answer::{Answer, Choices, Hear, Stored};
     use crate::dialect::chat::stream;
-    use crate::dialect::chat::{
-        choices_finished, choices_said, openai_head, openai_local_error, openai_usage, RATE_HEADERS,
-    };
+    use crate::dialect::chat::{choices_finished, choices_said, openai_head, openai_usage};
     use crate::dialect::AnyGrammar;
     use crate::dialect::Dialect;
     use crate::json::Json;
@@ -87,22 +85,6 @@ mod answers {
 
         fn grammar(&self) -> AnyGrammar {
             AnyGrammar::Chat(stream::Chat::of(Dialect::Completions))
-        }
-
-        fn local_error(&self, kind: ReplyKind, message: &str) -> (u32, Vec<u8>) {
-            openai_local_error(kind, message)
-        }
-
-        fn rate_headers(&self) -> &'static RateHeaders {
-            &RATE_HEADERS
-        }
-
-        fn refusal(&self, status: u16, body: &Value) -> Option<Refusal> {
-            refusal_of(status, body)
-        }
-
-        fn provider(&self) -> &'static str {
-            "openai"
         }
 
         fn stored(&self) -> Option<Stored> {

@@ -27,10 +27,10 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Embeddings;
-    use crate::dialect::answer::ReplyKind;
-    use crate::dialect::answer::{refusal_of, Answer, Hear, RateHeaders, Refusal, Stored};
+
+    use crate::dialect::answer::{Answer, Hear, Stored};
     use crate::dialect::chat::stream;
-    use crate::dialect::chat::{openai_head, openai_local_error, openai_usage, RATE_HEADERS};
+    use crate::dialect::chat::{openai_head, openai_usage};
     use crate::dialect::AnyGrammar;
     use crate::dialect::Dialect;
     use crate::json::Json;
@@ -47,22 +47,6 @@ mod answers {
 
         fn grammar(&self) -> AnyGrammar {
             AnyGrammar::Chat(stream::Chat::of(Dialect::Embeddings))
-        }
-
-        fn local_error(&self, kind: ReplyKind, message: &str) -> (u32, Vec<u8>) {
-            openai_local_error(kind, message)
-        }
-
-        fn rate_headers(&self) -> &'static RateHeaders {
-            &RATE_HEADERS
-        }
-
-        fn refusal(&self, status: u16, body: &Value) -> Option<Refusal> {
-            refusal_of(status, body)
-        }
-
-        fn provider(&self) -> &'static str {
-            "openai"
         }
 
         /// A list of vectors: no text to tell.

@@ -733,8 +733,7 @@ mod answers {
     use crate::dialect::answer::head::{self, Members};
     use crate::dialect::answer::ErrorClass;
     use crate::dialect::answer::ReplyKind;
-    use crate::dialect::answer::{refusal_of, Answer, Hear, RateHeaders, Refusal, Stored};
-    use crate::dialect::chat::RATE_HEADERS;
+    use crate::dialect::answer::{refusal_of, Answer, Hear, Refusal, Stored};
     use crate::dialect::gemini::stream;
     use crate::dialect::AnyGrammar;
     use crate::json::Json;
@@ -796,11 +795,6 @@ mod answers {
                 ReplyKind::OverLimit => 429,
             };
             (u32::from(status), error_body(status, message))
-        }
-
-        /// Google sends none; OpenAI's names are the filter's own.
-        fn rate_headers(&self) -> &'static RateHeaders {
-            &RATE_HEADERS
         }
 
         /// Read from Google's shape, else as every dialect reads the

@@ -126,11 +126,9 @@ mod answers {
 
     use super::Messages;
     use crate::dialect::answer::head::{self, count, optional_count, Members};
+    use crate::dialect::answer::Error;
     use crate::dialect::answer::ReplyKind;
-    use crate::dialect::answer::{
-        refusal_of, string, Answer, Hear, RateHeaders, Refusal, Reset, Stored,
-    };
-    use crate::dialect::chat::Error;
+    use crate::dialect::answer::{string, Answer, Hear, RateHeaders, Reset, Stored};
     use crate::dialect::messages::stream;
     use crate::dialect::AnyGrammar;
     use crate::json::Json;
@@ -190,10 +188,6 @@ mod answers {
 
         fn provider(&self) -> &'static str {
             "anthropic"
-        }
-
-        fn refusal(&self, status: u16, body: &Value) -> Option<Refusal> {
-            refusal_of(status, body)
         }
 
         /// One turn: the message's `content` blocks, ended for its

@@ -23,7 +23,7 @@ use request::Request;
 
 use crate::json::Json;
 use crate::sse::reader::Event;
-use crate::sse::{FinishReasons, Grammar, Reading, Transcript};
+use crate::sse::{FinishReasons, Grammar, Reading, StreamState, Transcript};
 use crate::usage::Usage;
 
 use chat::stream::Chat;
@@ -303,6 +303,14 @@ impl AnyGrammar {
 impl Grammar for AnyGrammar {
     fn read(&mut self, event: &Event<'_>, parse: bool) -> Reading {
         self.grammar().read(event, parse)
+    }
+
+    fn state(&self) -> &StreamState {
+        self.grammar_ref().state()
+    }
+
+    fn state_mut(&mut self) -> &mut StreamState {
+        self.grammar().state_mut()
     }
 
     fn usage(&self) -> Option<Usage> {

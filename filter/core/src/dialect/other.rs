@@ -23,10 +23,10 @@ mod answers {
 
     use super::Other;
     use crate::dialect::answer::head::{self, count, optional_count};
-    use crate::dialect::answer::ReplyKind;
-    use crate::dialect::answer::{refusal_of, Answer, Hear, RateHeaders, Refusal, Stored};
+
+    use crate::dialect::answer::{Answer, Hear, Stored};
     use crate::dialect::chat::stream;
-    use crate::dialect::chat::{cached, choice_reasons, openai_local_error, RATE_HEADERS};
+    use crate::dialect::chat::{cached, choice_reasons};
     use crate::dialect::gemini::candidate_reasons;
     use crate::dialect::messages::stop_reason;
     use crate::dialect::responses::response_reason;
@@ -88,22 +88,6 @@ mod answers {
         /// Read as a chat stream, the commonest shape.
         fn grammar(&self) -> AnyGrammar {
             AnyGrammar::Chat(stream::Chat::of(Dialect::Other))
-        }
-
-        fn local_error(&self, kind: ReplyKind, message: &str) -> (u32, Vec<u8>) {
-            openai_local_error(kind, message)
-        }
-
-        fn rate_headers(&self) -> &'static RateHeaders {
-            &RATE_HEADERS
-        }
-
-        fn refusal(&self, status: u16, body: &Value) -> Option<Refusal> {
-            refusal_of(status, body)
-        }
-
-        fn provider(&self) -> &'static str {
-            "openai"
         }
 
         /// Never cached: its answers' shape is not known.

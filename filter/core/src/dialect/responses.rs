@@ -123,11 +123,9 @@ mod answers {
 
     use super::Responses;
     use crate::dialect::answer::head::{self, count, Members};
-    use crate::dialect::answer::ReplyKind;
-    use crate::dialect::answer::{
-        list, refusal_of, string, Answer, Hear, RateHeaders, Refusal, Stored,
-    };
-    use crate::dialect::chat::{cached, openai_local_error, RATE_HEADERS};
+
+    use crate::dialect::answer::{list, string, Answer, Hear, Stored};
+    use crate::dialect::chat::cached;
     use crate::dialect::responses::stream;
     use crate::dialect::AnyGrammar;
     use crate::json::Json;
@@ -157,22 +155,6 @@ mod answers {
 
         fn grammar(&self) -> AnyGrammar {
             AnyGrammar::Responses(stream::Responses::default())
-        }
-
-        fn local_error(&self, kind: ReplyKind, message: &str) -> (u32, Vec<u8>) {
-            openai_local_error(kind, message)
-        }
-
-        fn rate_headers(&self) -> &'static RateHeaders {
-            &RATE_HEADERS
-        }
-
-        fn refusal(&self, status: u16, body: &Value) -> Option<Refusal> {
-            refusal_of(status, body)
-        }
-
-        fn provider(&self) -> &'static str {
-            "openai"
         }
 
         /// As sent, the JSON or every event of the stream.

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use super::window::Span;
 use crate::config::check;
 use crate::config::error::ConfigError;
-use crate::config::setting::{Named, Setting, Table};
+use crate::config::setting::{Empty, List, Named, Setting, Table};
 use crate::dialect::Dialect;
 use crate::priority::Priority;
 
@@ -50,6 +50,8 @@ pub const SETTINGS: Table = &[
     (
         "limits",
         &[
+            &RULES,
+            &PRICES,
             &USER_HEADER,
             &MAX_KEYS,
             &RESERVE_OUTPUT_TOKENS,
@@ -59,8 +61,16 @@ pub const SETTINGS: Table = &[
         ],
     ),
     ("limits.tenant", &[&TENANT_FROM]),
+    ("limits.rules[]", &[&Empty::list("by"), &PRIORITIES]),
     ("limits.rules[].degrade", &[&UNTIL]),
 ];
+
+/// `rules`: none, the limits are off.
+const RULES: Empty = Empty::list("rules");
+/// `prices`: none; a cost limit needs the model's price.
+const PRICES: Empty = Empty::map("prices");
+/// A rule's `priorities`: P0 is exempt unless named.
+const PRIORITIES: List<Priority> = List::new("priorities", &[Priority::P1, Priority::P2]);
 
 /// The limits that count calls or tokens: each field of a rule, what it
 /// counts and over which window, in the order the rule's limits are kept.
@@ -374,8 +384,8 @@ impl LimitsConfig {
 
     /// Compiles the section.
     pub fn compile(raw: RawLimitsConfig) -> Result<Self, ConfigError> {
-        let prices = compile_prices(raw.prices.unwrap_or_default())?;
-        let rules = compile_rules(raw.rules.unwrap_or_default(), &prices)?;
+        let prices = compile_prices(PRICES.or(raw.prices))?;
+        let rules = compile_rules(RULES.or(raw.rules), &prices)?;
         let (tenant, tenant_header) = compile_tenant(raw.tenant.unwrap_or_default())?;
         let shard_header = compile_shard_header(raw.shard_header)?;
         Ok(Self {
@@ -537,9 +547,7 @@ fn compile_rule(r: RawRule, prices: &BTreeMap<String, Price>) -> Result<Rule, Co
         name: r.name,
         by,
         models: r.models,
-        priorities: r
-            .priorities
-            .unwrap_or_else(|| vec![Priority::P1, Priority::P2]),
+        priorities: PRIORITIES.or(r.priorities),
         limits,
         degrade,
     })

@@ -25,7 +25,7 @@ use serde::Deserialize;
 
 use crate::config::check;
 use crate::config::error::ConfigError;
-use crate::config::setting::{Row, Setting};
+use crate::config::setting::{List, Row, Setting};
 use crate::dialect::Dialect;
 use crate::json::Json;
 
@@ -42,9 +42,12 @@ const PREFIX_BYTES: Setting<usize> =
     Setting::range("prefix_bytes", DEFAULT_PREFIX_BYTES, 1, MAX_PREFIX_BYTES);
 /// `enabled`.
 const ENABLED: Setting<bool> = Setting::any("enabled", true);
+/// `sources`: every source, the body's key first.
+const SOURCES: List<&str> = List::new("sources", &["prompt_cache_key", "header", "prefix"]);
 /// The settings of `routing.affinity`.
 pub const SETTINGS: &[&dyn Row] = &[
     &ENABLED,
+    &SOURCES,
     &Setting::any("session_header", DEFAULT_SESSION_HEADER),
     &PREFIX_BYTES,
     &Setting::any("header", DEFAULT_HEADER),
@@ -138,24 +141,22 @@ impl Default for AffinityConfig {
 impl AffinityConfig {
     /// Compiles `routing.affinity`; errors name fields relative to it.
     pub fn compile(raw: RawAffinity) -> Result<Self, ConfigError> {
-        let sources = match raw.sources {
-            None => Source::ALL.iter().map(|(_, s)| *s).collect(),
-            Some(names) => names
-                .iter()
-                .map(|n| {
-                    Source::ALL
-                        .iter()
-                        .find(|(name, _)| name == n)
-                        .map(|(_, s)| *s)
-                        .ok_or_else(|| {
-                            ConfigError::new(
-                                "sources",
-                                format!("{n:?} is not one of prompt_cache_key, header, prefix"),
-                            )
-                        })
-                })
-                .collect::<Result<Vec<_>, _>>()?,
-        };
+        let sources = SOURCES
+            .or_into(raw.sources)
+            .iter()
+            .map(|n| {
+                Source::ALL
+                    .iter()
+                    .find(|(name, _)| name == n)
+                    .map(|(_, s)| *s)
+                    .ok_or_else(|| {
+                        ConfigError::new(
+                            "sources",
+                            format!("{n:?} is not one of prompt_cache_key, header, prefix"),
+                        )
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         if sources.is_empty() {
             return Err(ConfigError::new(
                 "sources",

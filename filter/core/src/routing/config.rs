@@ -10,7 +10,7 @@ use super::affinity::{AffinityConfig, RawAffinity};
 use super::fallback::{self, Chains};
 use crate::config::check;
 use crate::config::error::ConfigError;
-use crate::config::setting::{Bound, Setting, Table};
+use crate::config::setting::{Bound, Empty, List, Setting, Table};
 use crate::priority::Priority;
 
 /// `cluster_header`: carries the chosen cluster to Envoy's `cluster_header`
@@ -57,6 +57,8 @@ const EWMA_HALF_LIFE_S: Setting<f64> = Setting::real(
 /// `failover`: a held call its backend fails retriably goes to another
 /// backend.
 const FAILOVER: Setting<bool> = Setting::any("failover", true);
+/// `hedge.priorities`: every priority's calls are hedged.
+const HEDGE_PRIORITIES: List<Priority> = List::new("priorities", &Priority::ALL);
 const HEDGE_MIN_DELAY_MS: Setting<u64> = Setting::range("min_delay_ms", 250, 1, 60_000);
 const HEDGE_MAX_RATIO: Setting<f64> = Setting::fraction("max_ratio", 0.05);
 
@@ -65,6 +67,8 @@ pub const SETTINGS: Table = &[
     (
         "routing",
         &[
+            &Empty::map("models"),
+            &Empty::list("rules"),
             &CLUSTER_HEADER,
             &PROBE_INTERVAL_S,
             &PROBE_TIMEOUT_MS,
@@ -80,7 +84,10 @@ pub const SETTINGS: Table = &[
         "routing.models.<>[]",
         &[&WEIGHT, &HEALTH_PATH, &PROMPT_CACHE_KEY],
     ),
-    ("routing.hedge", &[&HEDGE_MIN_DELAY_MS, &HEDGE_MAX_RATIO]),
+    (
+        "routing.hedge",
+        &[&HEDGE_PRIORITIES, &HEDGE_MIN_DELAY_MS, &HEDGE_MAX_RATIO],
+    ),
     ("routing.affinity", super::affinity::SETTINGS),
 ];
 
@@ -387,7 +394,7 @@ impl HedgeConfig {
         let hedge = Self {
             min_delay_ms: HEDGE_MIN_DELAY_MS.read(raw.min_delay_ms)?,
             max_ratio: HEDGE_MAX_RATIO.read(raw.max_ratio)?,
-            priorities: raw.priorities.unwrap_or_else(|| Priority::ALL.to_vec()),
+            priorities: HEDGE_PRIORITIES.or(raw.priorities),
         };
         Ok((!hedge.priorities.is_empty() && hedge.max_ratio > 0.0).then_some(hedge))
     }

@@ -42,6 +42,7 @@ pub const SETTINGS: Table = &[
         "tracing.otlp",
         &[
             &PATH,
+            &crate::config::service::HEADERS,
             &TIMEOUT_MS,
             &BATCH_SIZE,
             &INTERVAL_MS,

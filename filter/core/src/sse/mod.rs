@@ -32,29 +32,76 @@ use crate::usage::{Usage, MAX_FINISH_REASONS};
 /// the stream passes as it is from there on.
 pub const MAX_HELD_EVENT: usize = 256 * 1024;
 
-/// The event grammar of one API dialect's stream.
+/// The event grammar of one API dialect's stream. A grammar reads its
+/// events its own way and keeps what every stream says in one
+/// [`StreamState`]; what is asked of that is answered here, once.
 pub trait Grammar {
     /// Reads one event. `parse`: a collector takes the event, so its data
     /// is parsed into a whole tree (and read from there), once.
     fn read(&mut self, event: &Event<'_>, parse: bool) -> Reading;
+    /// What the stream said so far.
+    fn state(&self) -> &StreamState;
+    /// What the stream said so far, to keep more of it.
+    fn state_mut(&mut self) -> &mut StreamState;
     /// The tokens the stream reported so far.
-    fn usage(&self) -> Option<Usage>;
+    fn usage(&self) -> Option<Usage> {
+        self.state().usage
+    }
     /// The stream's final event passed: nothing after it is the answer's.
-    fn ended(&self) -> bool;
+    fn ended(&self) -> bool {
+        self.state().done
+    }
     /// The stream finished its answer: a choice or the response completed,
     /// or the message gave its stop reason and then stopped.
-    fn finished(&self) -> bool;
+    fn finished(&self) -> bool {
+        self.state().finished
+    }
     /// Why the answer ended, as the stream said so far.
-    fn finish_reasons(&self) -> &FinishReasons;
+    fn finish_reasons(&self) -> &FinishReasons {
+        &self.state().reasons
+    }
     /// From now on, keeps the answer's text, at most `limit` bytes
     /// (`tracing.capture.completion`).
-    fn keep_text(&mut self, limit: usize);
+    fn keep_text(&mut self, limit: usize) {
+        self.state_mut()
+            .transcript
+            .get_or_insert_with(|| Transcript::new(limit));
+    }
     /// The answer's text kept so far, when asked.
-    fn transcript(&self) -> Option<&Transcript>;
+    fn transcript(&self) -> Option<&Transcript> {
+        self.state().transcript.as_ref()
+    }
     /// The id of the response a later call may continue, when the stream
     /// gave one (OpenAI Responses).
     fn response_id(&self) -> Option<&str> {
         None
+    }
+}
+
+/// What a stream said so far, whatever its dialect: each grammar keeps
+/// these as its events say them, and only what is its own beside them.
+#[derive(Debug, Default)]
+pub struct StreamState {
+    /// The tokens reported so far.
+    pub usage: Option<Usage>,
+    /// The answer is whole: a choice or a candidate gave its finish reason,
+    /// the response completed, the message stopped after its stop reason.
+    pub finished: bool,
+    /// Why it ended, in the order the stream said it.
+    pub reasons: FinishReasons,
+    /// The final event passed (`[DONE]`, the final response, `message_stop`
+    /// or an error, the last candidate's end).
+    pub done: bool,
+    /// The answer's text, when kept.
+    pub transcript: Option<Transcript>,
+}
+
+impl StreamState {
+    /// Takes in a usage that reports the call's so far: a later count
+    /// replaces an earlier one, a count it leaves out stays (Anthropic's
+    /// split over its events, Gemini's on each).
+    pub(crate) fn update_usage(&mut self, usage: Usage) {
+        self.usage = Some(self.usage.map_or(usage, |so_far| so_far.updated_by(usage)));
     }
 }
 

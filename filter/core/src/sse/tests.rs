@@ -41,7 +41,7 @@ fn scans_a_stream_split_anywhere() {
         let s = scan(&[a, b]);
         let g = s.grammar();
         assert_eq!(
-            g.usage,
+            g.usage(),
             Some(Usage {
                 prompt_tokens: 9,
                 completion_tokens: 2,
@@ -49,8 +49,8 @@ fn scans_a_stream_split_anywhere() {
             }),
             "split at {split}"
         );
-        assert!(g.finished && g.done);
-        assert_eq!(g.events, 5);
+        assert!(g.finished() && g.ended());
+        assert_eq!(s.events(), 5);
     }
 }
 
@@ -62,17 +62,17 @@ fn crlf_and_no_space_after_colon() {
         true,
         None,
     );
-    assert!(s.grammar().finished && s.grammar().done);
+    assert!(s.grammar().finished() && s.grammar().ended());
     assert_eq!(s.usage(), None);
 }
 
 #[test]
 fn unfinished_stream_is_not_done() {
     let s = scan(&[b"data: {\"choices\":[{\"finish_reason\":null}]}\n\ndata: [DO"]);
-    assert!(!s.grammar().finished && !s.grammar().done);
+    assert!(!s.grammar().finished() && !s.grammar().ended());
     let mut s = s;
     s.feed(b"", true, None);
-    assert!(!s.grammar().done, "`[DO` is not the end");
+    assert!(!s.grammar().ended(), "`[DO` is not the end");
 }
 
 #[test]
@@ -84,7 +84,7 @@ fn overlong_line_is_skipped_with_bounded_memory() {
     }
     assert!(s.reader.pending() <= MAX_EVENT);
     s.feed(b"\n\ndata: [DONE]\n\n", false, None);
-    assert!(s.grammar().done);
+    assert!(s.grammar().ended());
 }
 
 #[test]
@@ -271,7 +271,7 @@ mod props {
     fn summary(chunks: &[&[u8]]) -> (Option<Usage>, bool, bool, u64) {
         let s = scan(chunks);
         let g = s.grammar();
-        (g.usage, g.finished, g.done, g.events)
+        (g.usage(), g.finished(), g.ended(), s.events())
     }
 
     proptest! {
@@ -321,7 +321,7 @@ mod props {
                 prop_assert!(s.reader.held_capacity() <= 2 * MAX_EVENT);
             }
             s.feed(b"\n\ndata: [DONE]\n\n", false, None);
-            prop_assert!(s.grammar().done);
+            prop_assert!(s.grammar().ended());
         }
 
         /// Arbitrary bytes, stripped or not, with a collector or not: no panic.
@@ -393,9 +393,9 @@ fn a_responses_stream_gives_its_final_usage_and_its_id() {
         let AnyGrammar::Responses(g) = s.grammar() else {
             panic!("the Responses grammar");
         };
-        assert!(g.finished && g.done);
+        assert!(g.finished() && g.ended());
         assert_eq!(g.response_id.as_deref(), Some("resp_abc"));
-        assert_eq!(g.events, 6);
+        assert_eq!(s.events(), 6);
     }
     // Cut short: no final event, no usage, not finished.
     let cut = &RESPONSES[..RESPONSES.find("event: response.completed").unwrap()];
@@ -419,10 +419,8 @@ fn a_messages_stream_adds_its_usage_up_over_its_events() {
             "split at {split}"
         );
         assert!(s.grammar().finished() && s.grammar().ended());
-        let AnyGrammar::Messages(g) = s.grammar() else {
-            panic!("the Messages grammar");
-        };
-        assert_eq!(g.events, 7);
+        assert!(matches!(s.grammar(), AnyGrammar::Messages(_)));
+        assert_eq!(s.events(), 7);
     }
     // An error event ends the stream unfinished.
     let s = dialect(
@@ -516,6 +514,26 @@ fn finish_reasons_stay_bounded() {
         true,
         None,
     );
-    assert!(s.grammar().finished);
-    assert!(s.grammar().reasons.as_strs().is_empty());
+    assert!(s.grammar().finished());
+    assert!(s.grammar().finish_reasons().as_strs().is_empty());
+}
+
+#[test]
+fn a_state_takes_a_usage_in_as_the_calls_so_far() {
+    let usage = |p, c, k| Usage {
+        prompt_tokens: p,
+        completion_tokens: c,
+        cached_tokens: k,
+    };
+    let mut state = StreamState::default();
+    state.update_usage(usage(4, 0, 6));
+    assert_eq!(
+        state.usage,
+        Some(usage(4, 0, 6)),
+        "the first is taken whole"
+    );
+    state.update_usage(usage(0, 7, 0));
+    assert_eq!(state.usage, Some(usage(4, 7, 6)), "a count left out stays");
+    state.update_usage(usage(5, 9, 0));
+    assert_eq!(state.usage, Some(usage(5, 9, 6)), "a later count replaces");
 }

@@ -184,8 +184,8 @@ impl Call {
             .collect()
     }
 
-    /// Runs `f` on what the cache reads of the request: the headers that
-    /// take part and the parsed body.
+    /// Runs `f` on what the cache reads of the request: the path as
+    /// received, the headers that take part and the parsed body.
     pub(super) fn with_cache_request<T>(
         &self,
         env: &Env<'_>,
@@ -193,13 +193,12 @@ impl Call {
         body: Option<&Json>,
         f: impl FnOnce(&CacheRequest<'_>) -> T,
     ) -> T {
-        let path = host.request_header(":path").unwrap_or_default();
         let cache_control = host.request_header("cache-control");
         let values = self.credentials(env, host);
         let credentials: Vec<Option<&str>> = values.iter().map(Option::as_deref).collect();
         f(&CacheRequest {
             endpoint: self.request.endpoint,
-            path: &path,
+            path: &self.request.path,
             body,
             cache_control: cache_control.as_deref(),
             credentials: &credentials,

@@ -30,6 +30,8 @@ pub struct FakeHost {
     pub body_writes: u32,
     /// Times the request body was read.
     pub body_reads: std::cell::Cell<u32>,
+    /// The request headers read, by name, in order.
+    pub header_reads: std::cell::RefCell<Vec<String>>,
     /// Properties set, last value by path.
     pub properties: BTreeMap<String, Vec<u8>>,
 }
@@ -118,6 +120,7 @@ fn set(map: &mut Vec<(String, String)>, name: &str, value: Option<&str>) {
 
 impl Host for FakeHost {
     fn request_header(&self, name: &str) -> Option<String> {
+        self.header_reads.borrow_mut().push(name.to_string());
         get(&self.request_headers, name)
     }
     fn request_header_all(&self, name: &str) -> Vec<String> {

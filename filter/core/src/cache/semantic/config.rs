@@ -45,7 +45,7 @@ pub const SETTINGS: &[&dyn Row] = &[
     &MAX_TEXT_BYTES_SETTING,
 ];
 /// The embeddings service's settings.
-pub const EMBEDDINGS: &[&dyn Row] = &[&PATH, &TIMEOUT_MS];
+pub const EMBEDDINGS: &[&dyn Row] = &[&PATH, &crate::config::service::HEADERS, &TIMEOUT_MS];
 
 /// `cache.semantic` as written.
 #[derive(Debug, Default, Clone, Deserialize)]

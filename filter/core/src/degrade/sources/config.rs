@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use crate::config::check;
 use crate::config::error::ConfigError;
-use crate::config::service::{query_escape, Defaults, Service};
+use crate::config::service::{query_escape, Defaults, Service, HEADERS};
 use crate::config::setting::{Derived, Row, Setting};
 use crate::load::Signal;
 
@@ -34,10 +34,16 @@ const STALE_AFTER_S_ROW: Derived<u64> = Derived {
 const MODEL_LABEL: Setting<&str> = Setting::any("model_label", DEFAULT_MODEL_LABEL);
 
 /// Alertmanager's settings.
-pub const ALERTMANAGER: &[&dyn Row] = &[&ALERTMANAGER_PATH, &TIMEOUT_MS, &ALERTMANAGER_INTERVAL_S];
+pub const ALERTMANAGER: &[&dyn Row] = &[
+    &ALERTMANAGER_PATH,
+    &HEADERS,
+    &TIMEOUT_MS,
+    &ALERTMANAGER_INTERVAL_S,
+];
 /// Prometheus's settings.
 pub const PROMETHEUS: &[&dyn Row] = &[
     &PROMETHEUS_PATH,
+    &HEADERS,
     &TIMEOUT_MS,
     &PROMETHEUS_INTERVAL_S,
     &STALE_AFTER_S_ROW,

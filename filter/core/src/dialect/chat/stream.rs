@@ -9,30 +9,19 @@ use serde_json::Value;
 
 use crate::dialect::Dialect;
 use crate::sse::reader::{Event, DATA_FIELD, EVENT_END};
-use crate::sse::{FinishReasons, Grammar, Parsed, Reading, Transcript};
-use crate::usage::Usage;
+use crate::sse::{Grammar, Parsed, Reading, StreamState};
 
 /// The data of the event that ends a stream.
 pub(crate) const DONE: &[u8] = b"[DONE]";
 
-/// What a chat stream said so far: its usage, whether a choice finished,
-/// whether it ended.
+/// What a chat stream said so far: the usage of the last chunk that
+/// carried one, finished when a choice's `finish_reason` is not null,
+/// done at `data: [DONE]`, the choices' text.
 #[derive(Debug)]
 pub struct Chat {
     /// The dialect whose names the usage is read by.
     dialect: Dialect,
-    /// Usage of the last chunk that carried one.
-    pub usage: Option<Usage>,
-    /// A choice finished (`finish_reason` not null).
-    pub finished: bool,
-    /// The choices' finish reasons, in the order they came.
-    pub reasons: FinishReasons,
-    /// The `data: [DONE]` terminator arrived.
-    pub done: bool,
-    /// Number of events with data seen.
-    pub events: u64,
-    /// The choices' text, when kept.
-    pub transcript: Option<Transcript>,
+    state: StreamState,
 }
 
 impl Default for Chat {
@@ -46,12 +35,7 @@ impl Chat {
     pub fn of(dialect: Dialect) -> Self {
         Self {
             dialect,
-            usage: None,
-            finished: false,
-            reasons: FinishReasons::default(),
-            done: false,
-            events: 0,
-            transcript: None,
+            state: StreamState::default(),
         }
     }
 }
@@ -78,16 +62,15 @@ impl Grammar for Chat {
         let Some(data) = event.data else {
             return Reading::default();
         };
-        self.events += 1;
         if data == DONE {
-            self.done = true;
+            self.state.done = true;
             return Reading::default();
         }
         #[cfg(test)]
         tests::count_parse();
         // Text is kept from the chunk's tree: the parse a collector asks
         // for, so keeping it costs the module no parser of its own.
-        let (head, parsed) = if parse || self.transcript.is_some() {
+        let (head, parsed) = if parse || self.state.transcript.is_some() {
             match serde_json::from_slice::<Value>(data) {
                 Ok(tree) => {
                     self.keep(&tree);
@@ -119,29 +102,12 @@ impl Grammar for Chat {
         }
     }
 
-    fn usage(&self) -> Option<Usage> {
-        self.usage
+    fn state(&self) -> &StreamState {
+        &self.state
     }
 
-    fn ended(&self) -> bool {
-        self.done
-    }
-
-    fn finished(&self) -> bool {
-        self.finished
-    }
-
-    fn finish_reasons(&self) -> &FinishReasons {
-        &self.reasons
-    }
-
-    fn keep_text(&mut self, limit: usize) {
-        self.transcript
-            .get_or_insert_with(|| Transcript::new(limit));
-    }
-
-    fn transcript(&self) -> Option<&Transcript> {
-        self.transcript.as_ref()
+    fn state_mut(&mut self) -> &mut StreamState {
+        &mut self.state
     }
 }
 
@@ -149,7 +115,7 @@ impl Chat {
     /// Keeps each choice's text of a chunk: a chat `delta.content`, a
     /// completion's `text`.
     fn keep(&mut self, tree: &Value) {
-        let Some(t) = self.transcript.as_mut() else {
+        let Some(t) = self.state.transcript.as_mut() else {
             return;
         };
         let choices = tree.get("choices").and_then(Value::as_array);
@@ -171,7 +137,7 @@ impl Chat {
             .as_ref()
             .and_then(|u| self.dialect.answer().usage(u));
         if usage.is_some() {
-            self.usage = usage;
+            self.state.usage = usage;
         }
         for reason in head
             .choices
@@ -179,8 +145,8 @@ impl Chat {
             .flatten()
             .filter_map(|c| c.finish_reason.as_ref())
         {
-            self.finished = true;
-            self.reasons.push(reason.as_str().unwrap_or_default());
+            self.state.finished = true;
+            self.state.reasons.push(reason.as_str().unwrap_or_default());
         }
         head.usage.is_some() && head.choices.is_some_and(|c| c.is_empty())
     }
@@ -211,6 +177,7 @@ pub(crate) mod tests {
 
     use super::*;
     use crate::sse::Stream;
+    use crate::usage::Usage;
 
     thread_local! {
         static PARSES: Cell<u64> = const { Cell::new(0) };
@@ -239,15 +206,15 @@ pub(crate) mod tests {
         s.feed(&out, false, None);
         let g = s.grammar();
         assert_eq!(
-            g.usage,
+            g.usage(),
             Some(Usage {
                 prompt_tokens: 2,
                 completion_tokens: 3,
                 cached_tokens: 0
             })
         );
-        assert!(g.done && !g.finished);
-        assert_eq!(g.events, 2);
+        assert!(g.ended() && !g.finished());
+        assert_eq!(s.events(), 2);
     }
 
     #[test]
@@ -294,8 +261,8 @@ pub(crate) mod tests {
                     end: None,
                 };
                 let r = chat.read(&event, parse);
-                assert_eq!(chat.usage.map(|u| u.prompt_tokens), usage, "{data}");
-                assert_eq!(chat.finished, finished, "{data}");
+                assert_eq!(chat.usage().map(|u| u.prompt_tokens), usage, "{data}");
+                assert_eq!(chat.finished(), finished, "{data}");
                 assert_eq!(r.usage_only, usage_only, "{data}");
                 let tree = serde_json::from_str::<Value>(data).ok();
                 match (parse, r.parsed) {

@@ -419,11 +419,11 @@ fn a_stream_is_read_however_it_is_cut() {
         let (a, b) = bytes.split_at(split);
         let s = feed(&[a, b]);
         let g = s.grammar();
-        assert_eq!(g.usage, Some(counted(5, 189, 4)), "split at {split}");
-        assert!(g.finished && g.done, "split at {split}");
-        assert_eq!(g.reasons.as_strs(), ["STOP"]);
-        assert_eq!(g.events, 3);
-        let text = g.transcript.as_ref().unwrap();
+        assert_eq!(g.usage(), Some(counted(5, 189, 4)), "split at {split}");
+        assert!(g.finished() && g.ended(), "split at {split}");
+        assert_eq!(g.finish_reasons().as_strs(), ["STOP"]);
+        assert_eq!(s.events(), 3);
+        let text = g.transcript().unwrap();
         assert_eq!(text.texts(), ["Hello there"], "thoughts left out");
     }
 }
@@ -438,14 +438,17 @@ fn the_stream_ends_with_its_last_candidate() {
         false,
         None,
     );
-    assert!(s.grammar().finished && !s.grammar().done);
+    assert!(s.grammar().finished() && !s.grammar().ended());
     s.feed(
         event(r#"{"candidates":[{"index":1,"finishReason":"MAX_TOKENS"}]}"#).as_bytes(),
         false,
         None,
     );
-    assert!(s.grammar().done);
-    assert_eq!(s.grammar().reasons.as_strs(), ["STOP", "MAX_TOKENS"]);
+    assert!(s.grammar().ended());
+    assert_eq!(
+        s.grammar().finish_reasons().as_strs(),
+        ["STOP", "MAX_TOKENS"]
+    );
     // A blocked prompt: one event, no candidate, ended, not finished.
     let mut s = SseStream::with_grammar(Events::default());
     s.feed(
@@ -457,9 +460,9 @@ fn the_stream_ends_with_its_last_candidate() {
         None,
     );
     let g = s.grammar();
-    assert!(g.done && !g.finished);
-    assert_eq!(g.reasons.as_strs(), ["SAFETY"]);
-    assert_eq!(g.usage.map(|u| u.prompt_tokens), Some(7));
+    assert!(g.ended() && !g.finished());
+    assert_eq!(g.finish_reasons().as_strs(), ["SAFETY"]);
+    assert_eq!(g.usage().map(|u| u.prompt_tokens), Some(7));
     // An error in place of a response ends it.
     let mut s = SseStream::with_grammar(Events::default());
     s.feed(
@@ -467,22 +470,22 @@ fn the_stream_ends_with_its_last_candidate() {
         false,
         None,
     );
-    assert!(!s.grammar().done);
+    assert!(!s.grammar().ended());
     s.feed(
         event(r#"{"error":{"code":503,"message":"overloaded","status":"UNAVAILABLE"}}"#).as_bytes(),
         false,
         None,
     );
-    assert!(s.grammar().done && !s.grammar().finished);
+    assert!(s.grammar().ended() && !s.grammar().finished());
     // Events that are not JSON, or not a response, change nothing.
     let mut s = SseStream::with_grammar(Events::default());
     s.feed(b"data: [DONE]\n\ndata: {\"candidates\":[{\"index\":99,\"finishReason\":\"STOP\"}]}\n\n: ping\n\n", false, None);
     let g = s.grammar();
     assert!(
-        g.finished && !g.done,
+        g.finished() && !g.ended(),
         "a candidate past the tracked ones is not waited for"
     );
-    assert_eq!(g.usage, None);
+    assert_eq!(g.usage(), None);
 }
 
 #[test]
@@ -518,8 +521,8 @@ fn written_events_read_back() {
     write_event(&mut out, &response);
     assert!(out.starts_with(b"data: {") && out.ends_with(b"}\r\n\r\n"));
     let s = feed(&[&out]);
-    assert_eq!(s.grammar().usage, Some(counted(2, 1, 0)));
-    assert!(s.grammar().done);
+    assert_eq!(s.grammar().usage(), Some(counted(2, 1, 0)));
+    assert!(s.grammar().ended());
 }
 
 #[test]
@@ -687,9 +690,9 @@ mod props {
             let whole = feed(&[&bytes]);
             let cut = feed(&[a, b]);
             let (w, c) = (whole.grammar(), cut.grammar());
-            prop_assert_eq!(w.usage, c.usage);
-            prop_assert_eq!((w.done, w.finished, w.events), (c.done, c.finished, c.events));
-            prop_assert_eq!(w.transcript.as_ref(), c.transcript.as_ref());
+            prop_assert_eq!(w.usage(), c.usage());
+            prop_assert_eq!((w.ended(), w.finished(), whole.events()), (c.ended(), c.finished(), cut.events()));
+            prop_assert_eq!(w.transcript(), c.transcript());
         }
 
         /// Any body: the answer, the prompt, the cap and the error class

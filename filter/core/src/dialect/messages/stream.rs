@@ -10,26 +10,16 @@ use serde_json::Value;
 use crate::dialect::answer::Answer;
 use crate::dialect::responses::stream::read_named;
 use crate::sse::reader::Event;
-use crate::sse::{FinishReasons, Grammar, Reading, Transcript};
-use crate::usage::Usage;
+use crate::sse::{Grammar, Reading, StreamState};
 
-/// What a Messages stream said so far.
+/// What a Messages stream said so far: the usage added up over its events,
+/// finished when `message_stop` came after the stop reason, done at
+/// `message_stop` or `error`, the text deltas.
 #[derive(Debug, Default)]
 pub struct Messages {
-    /// The usage reported so far, events added up.
-    pub usage: Option<Usage>,
+    state: StreamState,
     /// A `message_delta` gave the stop reason.
-    pub stop_reason: bool,
-    /// The stop reasons given, in order.
-    pub reasons: FinishReasons,
-    /// `message_stop` came after the stop reason: the answer is whole.
-    pub finished: bool,
-    /// `message_stop` or `error` arrived.
-    pub done: bool,
-    /// Number of events with data seen.
-    pub events: u64,
-    /// The text deltas, when kept.
-    pub transcript: Option<Transcript>,
+    stop_reason: bool,
 }
 
 /// The event that carries a piece of the answer's text.
@@ -45,37 +35,19 @@ const READ: [&[u8]; 4] = [
 
 impl Grammar for Messages {
     fn read(&mut self, event: &Event<'_>, parse: bool) -> Reading {
-        self.events += u64::from(event.data.is_some());
         // A content delta, a ping: nothing for the grammar unless it keeps
         // the text, and no parse when no collector asked for one.
-        let text = self.transcript.is_some();
+        let text = self.state.transcript.is_some();
         let reads = |n: &[u8]| READ.contains(&n) || (text && n == TEXT_DELTA);
         read_named(event, parse, reads, |_, t| self.note(t))
     }
 
-    fn usage(&self) -> Option<Usage> {
-        self.usage
+    fn state(&self) -> &StreamState {
+        &self.state
     }
 
-    fn ended(&self) -> bool {
-        self.done
-    }
-
-    fn finished(&self) -> bool {
-        self.finished
-    }
-
-    fn finish_reasons(&self) -> &FinishReasons {
-        &self.reasons
-    }
-
-    fn keep_text(&mut self, limit: usize) {
-        self.transcript
-            .get_or_insert_with(|| Transcript::new(limit));
-    }
-
-    fn transcript(&self) -> Option<&Transcript> {
-        self.transcript.as_ref()
+    fn state_mut(&mut self) -> &mut StreamState {
+        &mut self.state
     }
 }
 
@@ -87,22 +59,22 @@ impl Messages {
                 let stop = data.get("delta").and_then(|d| d.get("stop_reason"));
                 self.stop_reason |= stop.is_some_and(|s| !s.is_null());
                 if let Some(reason) = stop.and_then(Value::as_str) {
-                    self.reasons.push(reason);
+                    self.state.reasons.push(reason);
                 }
                 data.get("usage")
             }
             Some("message_stop") => {
-                self.finished = self.stop_reason && !self.done;
-                self.done = true;
+                self.state.finished = self.stop_reason && !self.state.done;
+                self.state.done = true;
                 None
             }
             Some("error") => {
-                self.done = true;
+                self.state.done = true;
                 None
             }
             Some("content_block_delta") => {
                 let text = data.get("delta").and_then(|d| d.get("text"));
-                if let (Some(t), Some(text)) = (self.transcript.as_mut(), text) {
+                if let (Some(t), Some(text)) = (self.state.transcript.as_mut(), text) {
                     // One message: every content block is of choice 0.
                     t.push(0, text.as_str().unwrap_or_default());
                 }
@@ -111,7 +83,7 @@ impl Messages {
             _ => None,
         };
         if let Some(u) = reported.and_then(|u| crate::dialect::messages::Messages.usage(u)) {
-            self.usage = Some(self.usage.map_or(u, |so_far| so_far.updated_by(u)));
+            self.state.update_usage(u);
         }
     }
 }

@@ -9,8 +9,7 @@ use serde_json::Value;
 
 use crate::dialect::answer::Answer;
 use crate::sse::reader::Event;
-use crate::sse::{tree_of, FinishReasons, Grammar, Parsed, Reading, Transcript};
-use crate::usage::Usage;
+use crate::sse::{tree_of, Grammar, Parsed, Reading, StreamState, Transcript};
 
 /// The event that opens a Responses stream with the response's id.
 const CREATED: &[u8] = b"response.created";
@@ -24,24 +23,14 @@ const FINAL: [&[u8]; 4] = [
     b"error",
 ];
 
-/// What a Responses stream said so far.
+/// What a Responses stream said so far: the final response's usage,
+/// finished at `response.completed`, done at any final event, why it ended
+/// (the final response's incomplete reason, else its status), its text.
 #[derive(Debug, Default)]
 pub struct Responses {
-    /// The final response's usage.
-    pub usage: Option<Usage>,
+    state: StreamState,
     /// The response's id, from `response.created` (or a final event).
     pub response_id: Option<String>,
-    /// `response.completed` arrived: the answer is whole.
-    pub finished: bool,
-    /// A final event arrived.
-    pub done: bool,
-    /// Why it ended: the final response's incomplete reason, else its
-    /// status (`completed`, `incomplete`, `failed`).
-    pub reasons: FinishReasons,
-    /// Number of events with data seen.
-    pub events: u64,
-    /// The final response's text, when kept.
-    pub transcript: Option<Transcript>,
 }
 
 /// The name of an event: its `event:` field, else its data's `type`.
@@ -55,36 +44,18 @@ pub(crate) fn kind<'a>(event: &Event<'a>, tree: Option<&'a Value>) -> Option<&'a
 
 impl Grammar for Responses {
     fn read(&mut self, event: &Event<'_>, parse: bool) -> Reading {
-        self.events += u64::from(event.data.is_some());
         // A delta, an item added: nothing for the grammar, and no parse when
         // no collector asked for one.
         let reads = |n: &[u8]| n == CREATED || FINAL.contains(&n);
         read_named(event, parse, reads, |named, t| self.note(named, t))
     }
 
-    fn usage(&self) -> Option<Usage> {
-        self.usage
+    fn state(&self) -> &StreamState {
+        &self.state
     }
 
-    fn ended(&self) -> bool {
-        self.done
-    }
-
-    fn finished(&self) -> bool {
-        self.finished
-    }
-
-    fn finish_reasons(&self) -> &FinishReasons {
-        &self.reasons
-    }
-
-    fn keep_text(&mut self, limit: usize) {
-        self.transcript
-            .get_or_insert_with(|| Transcript::new(limit));
-    }
-
-    fn transcript(&self) -> Option<&Transcript> {
-        self.transcript.as_ref()
+    fn state_mut(&mut self) -> &mut StreamState {
+        &mut self.state
     }
 
     fn response_id(&self) -> Option<&str> {
@@ -105,23 +76,23 @@ impl Responses {
         if name == CREATED {
             return;
         }
-        if !self.done {
+        if !self.state.done {
             if let Some(reason) = response.and_then(final_reason) {
-                self.reasons.push(reason);
+                self.state.reasons.push(reason);
             }
             // The final response holds the whole text: read there, not
             // from the deltas.
-            if let (Some(t), Some(r)) = (self.transcript.as_mut(), response) {
+            if let (Some(t), Some(r)) = (self.state.transcript.as_mut(), response) {
                 keep_output_text(t, r);
             }
         }
-        self.done = true;
-        self.finished |= name == b"response.completed";
+        self.state.done = true;
+        self.state.finished |= name == b"response.completed";
         if let Some(u) = response
             .and_then(|r| r.get("usage"))
             .and_then(|u| crate::dialect::responses::Responses.usage(u))
         {
-            self.usage = Some(u);
+            self.state.usage = Some(u);
         }
     }
 }

@@ -172,6 +172,18 @@ fn a_miss_is_stored_and_the_twin_hits() {
 }
 
 #[test]
+fn the_cache_reads_the_path_the_call_read_at_its_start() {
+    let mut w = World::new(r#"{"cache":{"ttl_jitter":0}}"#);
+    let mut host = chat(CHAT);
+    let (_call, step) = w.hold_request(&mut host);
+    assert_eq!(step, Step::Continue, "a miss goes upstream");
+    assert_eq!(host.header("accept-encoding"), None, "the cache keyed it");
+    let reads = host.header_reads.borrow();
+    let paths = reads.iter().filter(|n| *n == ":path").count();
+    assert_eq!(paths, 1, "the host is asked once: {reads:?}");
+}
+
+#[test]
 fn a_hit_is_served_while_the_backend_sheds() {
     let mut w = World::new(r#"{"budget":{"probe_fraction":0}}"#);
     w.upstream_call(chat(CHAT), 200, "application/json", ANSWER);
