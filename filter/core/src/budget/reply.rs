@@ -62,6 +62,8 @@ pub enum ReplyKind {
     DegradeReject,
     /// Over a limit of `limits` (429).
     OverLimit,
+    /// No virtual key or verified identity, or an unknown key (401).
+    Unauthenticated,
 }
 
 impl ReplyKind {
@@ -72,6 +74,7 @@ impl ReplyKind {
             Self::BudgetExhausted | Self::UpstreamTimeout => 504,
             Self::TooLarge => 413,
             Self::OverLimit => 429,
+            Self::Unauthenticated => 401,
         }
     }
 
@@ -82,7 +85,7 @@ impl ReplyKind {
                 "service_unavailable"
             }
             Self::BudgetExhausted | Self::UpstreamTimeout => "timeout",
-            Self::TooLarge => "invalid_request_error",
+            Self::TooLarge | Self::Unauthenticated => "invalid_request_error",
             Self::OverLimit => "rate_limit_exceeded",
         }
     }
@@ -98,6 +101,8 @@ impl ReplyKind {
             Self::DegradeShed => "llm_filter_degraded_shed",
             Self::DegradeReject => "llm_filter_degraded_reject",
             Self::OverLimit => "llm_filter_limit_exceeded",
+            // OpenAI's own code, which its SDKs and apps already match on.
+            Self::Unauthenticated => "invalid_api_key",
         }
     }
 
@@ -132,6 +137,7 @@ impl ReplyKind {
                 "The model is degraded under load and rejects this priority for now; retry later."
             }
             Self::OverLimit => "A usage limit of this caller is reached; retry later.",
+            Self::Unauthenticated => "Incorrect API key provided.",
         }
     }
 }

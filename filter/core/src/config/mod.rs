@@ -19,6 +19,7 @@ use crate::budget::config::{BudgetConfig, RawBudgetConfig};
 use crate::cache::config::{CacheConfig, RawCacheConfig};
 use crate::degrade::config::{DegradeConfig, RawDegradeConfig};
 use crate::dialect::{Dialect, LlmPath, DEFAULT_PATHS};
+use crate::identity::config::{RawTenant, TenantConfig};
 use crate::limits::config::{LimitsConfig, RawLimitsConfig};
 use crate::priority::Priority;
 use crate::routing::config::{RawRoutingConfig, RoutingConfig};
@@ -90,6 +91,8 @@ pub struct RawConfig {
     pub ab: RawAbConfig,
     /// Limits section.
     pub limits: RawLimitsConfig,
+    /// Who a call's tenant is.
+    pub tenant: RawTenant,
 }
 
 /// `priority` as written.
@@ -158,6 +161,8 @@ pub struct Config {
     pub ab: AbConfig,
     /// Request, token and cost limits.
     pub limits: LimitsConfig,
+    /// Who a call's tenant is, for every feature that tells tenants apart.
+    pub tenant: TenantConfig,
     /// The models and clusters the sections above name, compiled from them.
     pub names: Names,
 }
@@ -283,6 +288,7 @@ impl TryFrom<RawConfig> for Config {
             tracing: TracingMode::compile(raw.tracing.mode),
             access_log,
             limits: LimitsConfig::compile(raw.limits).map_err(|e| e.within("limits"))?,
+            tenant: TenantConfig::compile(raw.tenant).map_err(|e| e.within("tenant"))?,
             names: Names::default(),
         };
         config.names = names_of(&config);

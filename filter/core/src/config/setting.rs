@@ -282,6 +282,7 @@ pub const SECTIONS: &[Table] = &[
     crate::admin::config::SETTINGS,
     crate::shaping::config::SETTINGS,
     crate::limits::config::SETTINGS,
+    crate::identity::config::SETTINGS,
     crate::ab::SETTINGS,
 ];
 

@@ -212,6 +212,7 @@ mod answers {
             ReplyKind::BudgetExhausted | ReplyKind::UpstreamTimeout => (504, "timeout_error"),
             ReplyKind::TooLarge => (413, "request_too_large"),
             ReplyKind::OverLimit => (429, "rate_limit_error"),
+            ReplyKind::Unauthenticated => (401, "authentication_error"),
         }
     }
 

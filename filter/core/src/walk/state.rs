@@ -71,6 +71,8 @@ pub(super) struct Request {
     pub(super) prompt: Option<Prompt>,
     /// The host never delivered the body the call waited for.
     pub(super) body_not_delivered: bool,
+    /// Who the caller is (see [`crate::identity`]), found on request headers.
+    pub(super) tenant: Option<String>,
 }
 
 impl Request {
