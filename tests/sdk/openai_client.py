@@ -10,7 +10,7 @@ received). Every object carries `sdk_version`. What each scenario prints:
   stream      {chunks: [{at_ms, content, finish_reason, usage}], content}
   embeddings  {count, indexes, dimensions, usage}
   cache       {calls: [{status, x_cache, age, content, id}] x2}  (temperature 0)
-  shed, budget
+  shed, budget, chat_error (a chat call with --header and --api-key)
               {error_class, elapsed_ms, status, code, type, message,
                attempts: [{sent_ms, status, retry_after, should_retry}]}
               (error_class null when the call succeeded)
@@ -60,7 +60,7 @@ def client(args, attempts=None, **kwargs):
         )
     return openai.OpenAI(
         base_url=args.base_url,
-        api_key=KEY,
+        api_key=args.api_key,
         max_retries=args.max_retries,
         timeout=args.timeout,
         http_client=http,
@@ -297,6 +297,10 @@ def budget(args):
     return refused(args, {"x-request-timeout-ms": str(args.budget_ms)})
 
 
+def chat_error(args):
+    return refused(args, extra_headers(args))
+
+
 SCENARIOS = {
     "chat": chat,
     "stream": stream,
@@ -304,6 +308,7 @@ SCENARIOS = {
     "cache": cache,
     "shed": shed,
     "budget": budget,
+    "chat_error": chat_error,
     "responses": responses,
     "responses_stream": responses_stream,
     "responses_raw": responses_raw,
@@ -318,6 +323,7 @@ def main():
     p.add_argument("--base-url", required=True, help="Envoy's listener, with /v1")
     p.add_argument("--model", default="gpt-4o-mini")
     p.add_argument("--prompt", default="hello from the SDK")
+    p.add_argument("--api-key", default=KEY, help="the key the SDK sends as a Bearer token")
     p.add_argument("--max-retries", type=int, default=0)
     p.add_argument("--timeout", type=float, default=30.0, help="the SDK's own timeout, s")
     p.add_argument("--budget-ms", type=int, default=500, help="x-request-timeout-ms")

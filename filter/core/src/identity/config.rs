@@ -4,6 +4,8 @@
 //! SHA-256 digests: the configuration is readable by whoever reads the
 //! namespace, and appears whole in Envoy's `/config_dump`.
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 
 use crate::config::check;
@@ -22,7 +24,7 @@ const CLAIM: Setting<&str> = Setting::any("claim", "sub");
 /// `payload_in_metadata`: the key `jwt_authn` writes the payload under.
 const PAYLOAD: Setting<&str> = Setting::any("payload_in_metadata", "jwt_payload");
 /// Most virtual keys.
-pub const MAX_KEYS: usize = 10_000;
+pub const MAX_KEYS: usize = 4_096;
 /// Longest tenant name of a virtual key (a label and a key part).
 pub const MAX_TENANT_LEN: usize = 64;
 /// Longest claim name and metadata key.
@@ -45,18 +47,9 @@ pub struct RawTenant {
     /// For `from: jwt`, the `payload_in_metadata` of Envoy's `jwt_authn`
     /// provider, default `jwt_payload`.
     pub payload_in_metadata: Option<String>,
-    /// For `from: virtual_key`, the keys the platform issued, as digests.
-    pub keys: Option<Vec<RawKey>>,
-}
-
-/// One virtual key as written: its digest, never the key.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RawKey {
-    /// SHA-256 of the key, 64 hex digits.
-    pub sha256: String,
-    /// The tenant the key belongs to.
-    pub tenant: String,
+    /// For `from: virtual_key`, the keys the platform issued: each tenant's
+    /// keys, as their SHA-256 digests (64 hex digits), never the keys.
+    pub keys: Option<BTreeMap<String, Vec<String>>>,
 }
 
 /// Who the tenant of a call is.
@@ -123,18 +116,16 @@ impl TenantConfig {
     /// Compiles the section.
     pub fn compile(raw: RawTenant) -> Result<Self, ConfigError> {
         let from = FROM.default_or(raw.from);
-        let only = |set: bool, field: &str, source: &str| {
-            if set && from.as_str() != source {
-                return Err(ConfigError::new(
-                    field,
-                    format!("only `from: {source}` reads it"),
-                ));
+        let jwt = from == Source::Jwt;
+        for (set, field, ok) in [
+            (raw.claim.is_some(), CLAIM.name, jwt),
+            (raw.payload_in_metadata.is_some(), PAYLOAD.name, jwt),
+            (raw.keys.is_some(), "keys", from == Source::VirtualKey),
+        ] {
+            if set && !ok {
+                return Err(ConfigError::new(field, "this `from` does not read it"));
             }
-            Ok(())
-        };
-        only(raw.claim.is_some(), CLAIM.name, "jwt")?;
-        only(raw.payload_in_metadata.is_some(), PAYLOAD.name, "jwt")?;
-        only(raw.keys.is_some(), "keys", "virtual_key")?;
+        }
         Ok(Self {
             header: compile_header(from, raw.header)?,
             claim: name(CLAIM.name, CLAIM.or_string(raw.claim))?,
@@ -205,46 +196,38 @@ pub fn is_credential(name: &str) -> bool {
 }
 
 /// `keys`: at least one, at most [`MAX_KEYS`], each digest once.
-fn compile_keys(raw: Vec<RawKey>) -> Result<Vec<([u8; 32], String)>, ConfigError> {
-    if raw.is_empty() {
-        return Err(ConfigError::new(
-            "keys",
-            "`from: virtual_key` needs at least one key",
-        ));
-    }
-    check::at_most("keys", &raw, MAX_KEYS, "keys")?;
-    let mut keys = Vec::with_capacity(raw.len());
-    for (i, k) in raw.into_iter().enumerate() {
-        let Some(digest) = hex_digest(&k.sha256) else {
-            // Never echoed: a key pasted here by mistake stays out of the log.
+fn compile_keys(
+    raw: BTreeMap<String, Vec<String>>,
+) -> Result<Vec<([u8; 32], String)>, ConfigError> {
+    // Kept sorted by inserting each in its place: a sort would compile
+    // kilobytes of code into the module for a list read once.
+    let mut keys: Vec<([u8; 32], String)> = Vec::new();
+    for (tenant, digests) in raw {
+        if !check::is_label(&tenant, MAX_TENANT_LEN) {
             return Err(ConfigError::new(
-                format!("keys[{i}].sha256"),
-                "is not a SHA-256 digest (64 hex digits); write the key's digest, never the key",
-            ));
-        };
-        if !check::is_label(&k.tenant, MAX_TENANT_LEN) {
-            return Err(ConfigError::new(
-                format!("keys[{i}].tenant"),
-                format!(
-                    "{:?} is not 1 to {MAX_TENANT_LEN} of [A-Za-z0-9_-]",
-                    k.tenant
-                ),
+                "keys",
+                format!("{tenant:?} is not 1 to {MAX_TENANT_LEN} of [A-Za-z0-9_-]"),
             ));
         }
-        keys.push((digest, k.tenant, i));
-    }
-    keys.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    for pair in keys.windows(2) {
-        if let [a, b] = pair {
-            if a.0 == b.0 {
-                return Err(ConfigError::new(
-                    format!("keys[{}].sha256", a.2.max(b.2)),
-                    format!("is the digest of keys[{}] too", a.2.min(b.2)),
-                ));
+        for (i, d) in digests.iter().enumerate() {
+            let field = || format!("keys.{tenant}[{i}]");
+            // Never echoed: a key pasted here by mistake stays out of the log.
+            let digest = hex_digest(d).ok_or_else(|| {
+                ConfigError::new(field(), "is not a SHA-256 digest (64 hex digits)")
+            })?;
+            match keys.binary_search_by(|(k, _)| k.cmp(&digest)) {
+                Ok(_) => return Err(ConfigError::new(field(), "is listed twice")),
+                Err(at) => keys.insert(at, (digest, tenant.clone())),
             }
         }
     }
-    Ok(keys.into_iter().map(|(d, t, _)| (d, t)).collect())
+    if keys.is_empty() || keys.len() > MAX_KEYS {
+        return Err(ConfigError::new(
+            "keys",
+            format!("`from: virtual_key` needs 1 to {MAX_KEYS} keys"),
+        ));
+    }
+    Ok(keys)
 }
 
 /// 64 hex digits (either case) as the 32 bytes they spell.
@@ -294,8 +277,7 @@ mod tests {
         let j = parse(r#"{"from":"jwt","claim":"team","payload_in_metadata":"p"}"#).unwrap();
         assert_eq!((j.claim.as_str(), j.payload.as_str()), ("team", "p"));
         let doc = format!(
-            r#"{{"from":"virtual_key","keys":[{{"sha256":"{B}","tenant":"b"}},
-                {{"sha256":"{}","tenant":"a"}}]}}"#,
+            r#"{{"from":"virtual_key","keys":{{"b":["{B}"],"a":["{}"]}}}}"#,
             A.to_uppercase()
         );
         let v = parse(&doc).unwrap();
@@ -309,7 +291,7 @@ mod tests {
     fn refuses_what_would_not_apply() {
         let short = &A[..63];
         let key = |sha: &str, tenant: &str| {
-            format!(r#"{{"from":"virtual_key","keys":[{{"sha256":"{sha}","tenant":"{tenant}"}}]}}"#)
+            format!(r#"{{"from":"virtual_key","keys":{{"{tenant}":["{sha}"]}}}}"#)
         };
         for (doc, field) in [
             (r#"{"from":"header"}"#.to_string(), "header"),
@@ -327,21 +309,25 @@ mod tests {
                 r#"{"from":"jwt","payload_in_metadata":"a b"}"#.into(),
                 "payload_in_metadata",
             ),
-            (r#"{"from":"jwt","keys":[]}"#.into(), "keys"),
+            (r#"{"from":"jwt","keys":{}}"#.into(), "keys"),
             (r#"{"from":"virtual_key"}"#.into(), "keys"),
-            (r#"{"from":"virtual_key","keys":[]}"#.into(), "keys"),
-            (key(short, "a"), "keys[0].sha256"),
-            (key(&format!("{short}g"), "a"), "keys[0].sha256"),
-            (key("sk-live-not-a-digest", "a"), "keys[0].sha256"),
-            (key(A, ""), "keys[0].tenant"),
-            (key(A, "a b"), "keys[0].tenant"),
+            (r#"{"from":"virtual_key","keys":{}}"#.into(), "keys"),
+            (r#"{"from":"virtual_key","keys":{"a":[]}}"#.into(), "keys"),
+            (key(short, "a"), "keys.a[0]"),
+            (key(&format!("{short}g"), "a"), "keys.a[0]"),
+            (key("sk-live-not-a-digest", "a"), "keys.a[0]"),
+            (key(A, ""), "keys"),
+            (key(A, "a b"), "keys"),
             (
                 format!(
-                    r#"{{"from":"virtual_key","keys":[{{"sha256":"{A}","tenant":"a"}},
-                        {{"sha256":"{B}","tenant":"b"}},{{"sha256":"{}","tenant":"c"}}]}}"#,
+                    r#"{{"from":"virtual_key","keys":{{"a":["{A}","{B}"],"b":["{}"]}}}}"#,
                     A.to_uppercase()
                 ),
-                "keys[2].sha256",
+                "keys.b[0]",
+            ),
+            (
+                format!(r#"{{"from":"virtual_key","keys":{{"a":["{A}","{A}"]}}}}"#),
+                "keys.a[1]",
             ),
         ] {
             let e = parse(&doc).unwrap_err();

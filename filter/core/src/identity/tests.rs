@@ -9,8 +9,7 @@ fn hex(d: [u8; 32]) -> String {
 
 fn keys() -> TenantConfig {
     let doc = format!(
-        r#"{{"from":"virtual_key","keys":[{{"sha256":"{}","tenant":"team-a"}},
-            {{"sha256":"{}","tenant":"team-a"}}]}}"#,
+        r#"{{"from":"virtual_key","keys":{{"team-a":["{}","{}"]}}}}"#,
         hex(digest(KEY_A1)),
         hex(digest(KEY_A2))
     );
