@@ -39,8 +39,8 @@ fn sha256sum(key: &str) -> String {
 /// The `tenant` section of the three keys, by digest.
 fn virtual_keys() -> Value {
     json!({"from": "virtual_key", "keys": {
-        "team-a": [sha256sum(KEY_A1), sha256sum(KEY_A2)],
-        "team-b": [sha256sum(KEY_B)]
+        "team-a": format!("{} {}", sha256sum(KEY_A1), sha256sum(KEY_A2)),
+        "team-b": sha256sum(KEY_B)
     }})
 }
 

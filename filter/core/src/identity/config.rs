@@ -21,17 +21,18 @@ const FROM: Named<Source> = Named {
 };
 /// `claim`: the claim of the verified JWT that names the tenant.
 const CLAIM: Setting<&str> = Setting::any("claim", "sub");
-/// `payload_in_metadata`: the key `jwt_authn` writes the payload under.
-const PAYLOAD: Setting<&str> = Setting::any("payload_in_metadata", "jwt_payload");
+/// The `payload_in_metadata` of the `jwt_authn` provider: the key the
+/// verified payload is read under.
+pub const JWT_PAYLOAD: &str = "jwt_payload";
 /// Most virtual keys.
 pub const MAX_KEYS: usize = 4_096;
 /// Longest tenant name of a virtual key (a label and a key part).
 pub const MAX_TENANT_LEN: usize = 64;
-/// Longest claim name and metadata key.
-const MAX_NAME_LEN: usize = 128;
+/// Longest claim name.
+const MAX_CLAIM_LEN: usize = 128;
 
 /// The section's settings.
-pub const SETTINGS: Table = &[("tenant", &[&FROM, &CLAIM, &PAYLOAD])];
+pub const SETTINGS: Table = &[("tenant", &[&FROM, &CLAIM])];
 
 /// `tenant` as written.
 #[derive(Debug, Default, Deserialize)]
@@ -44,12 +45,10 @@ pub struct RawTenant {
     pub header: Option<String>,
     /// For `from: jwt`, the claim naming the tenant, default `sub`.
     pub claim: Option<String>,
-    /// For `from: jwt`, the `payload_in_metadata` of Envoy's `jwt_authn`
-    /// provider, default `jwt_payload`.
-    pub payload_in_metadata: Option<String>,
     /// For `from: virtual_key`, the keys the platform issued: each tenant's
-    /// keys, as their SHA-256 digests (64 hex digits), never the keys.
-    pub keys: Option<BTreeMap<String, Vec<String>>>,
+    /// keys, as their SHA-256 digests (64 hex digits each, separated by
+    /// spaces or commas), never the keys.
+    pub keys: Option<BTreeMap<String, String>>,
 }
 
 /// Who the tenant of a call is.
@@ -99,8 +98,6 @@ pub struct TenantConfig {
     pub header: Option<String>,
     /// The claim ([`Source::Jwt`]).
     pub claim: String,
-    /// The metadata key of the verified payload ([`Source::Jwt`]).
-    pub payload: String,
     /// The virtual keys by digest, sorted for a binary search.
     pub keys: Vec<([u8; 32], String)>,
 }
@@ -116,22 +113,23 @@ impl TenantConfig {
     /// Compiles the section.
     pub fn compile(raw: RawTenant) -> Result<Self, ConfigError> {
         let from = FROM.default_or(raw.from);
-        let jwt = from == Source::Jwt;
         for (set, field, ok) in [
-            (raw.claim.is_some(), CLAIM.name, jwt),
-            (raw.payload_in_metadata.is_some(), PAYLOAD.name, jwt),
+            (raw.claim.is_some(), CLAIM.name, from == Source::Jwt),
             (raw.keys.is_some(), "keys", from == Source::VirtualKey),
         ] {
             if set && !ok {
                 return Err(ConfigError::new(field, "this `from` does not read it"));
             }
         }
+        let claim = CLAIM.or_string(raw.claim);
+        if claim.is_empty() || claim.len() > MAX_CLAIM_LEN {
+            return Err(ConfigError::new(CLAIM.name, "is not 1 to 128 bytes"));
+        }
         Ok(Self {
             header: compile_header(from, raw.header)?,
-            claim: name(CLAIM.name, CLAIM.or_string(raw.claim))?,
-            payload: name(PAYLOAD.name, PAYLOAD.or_string(raw.payload_in_metadata))?,
+            claim,
             keys: match from {
-                Source::VirtualKey => compile_keys(raw.keys.unwrap_or_default())?,
+                Source::VirtualKey => compile_keys(&raw.keys.unwrap_or_default())?,
                 _ => Vec::new(),
             },
             from,
@@ -145,48 +143,26 @@ impl TenantConfig {
     }
 }
 
-/// A claim or metadata key: 1 to [`MAX_NAME_LEN`] visible characters.
-fn name(field: &str, value: String) -> Result<String, ConfigError> {
-    if value.is_empty() || value.len() > MAX_NAME_LEN || check::has_blank_or_control(&value) {
-        return Err(ConfigError::new(
-            field,
-            format!("{value:?} is not 1 to {MAX_NAME_LEN} visible characters"),
-        ));
-    }
-    Ok(value)
-}
-
 /// `header`, by the source that reads it.
 fn compile_header(from: Source, raw: Option<String>) -> Result<Option<String>, ConfigError> {
-    let field = "header";
-    let Some(h) = raw else {
+    let refuse = |why: &str| Err(ConfigError::new("header", why));
+    let Some(h) = raw.map(|h| h.to_ascii_lowercase()) else {
         if from == Source::Header {
-            return Err(ConfigError::new(
-                field,
-                "`from: header` needs the header's name",
-            ));
+            return refuse("`from: header` needs the header's name");
         }
         return Ok(None);
     };
-    let h = h.to_ascii_lowercase();
-    if !check::is_header_name(&h) {
-        return Err(ConfigError::new(
-            field,
-            format!("{h:?} is not a header name"),
-        ));
-    }
     match from {
+        Source::Header | Source::Credential if !check::is_header_name(&h) => {
+            refuse("is not a header name")
+        }
         // The tenant is a label and a key part: a credential must be
         // counted by its digest, never as itself.
-        Source::Header if is_credential(&h) => Err(ConfigError::new(
-            field,
-            format!("{h:?} carries a credential; use `from: credential` with it"),
-        )),
+        Source::Header if is_credential(&h) => {
+            refuse("carries a credential; count it with `from: credential`")
+        }
         Source::Header | Source::Credential => Ok(Some(h)),
-        _ => Err(ConfigError::new(
-            field,
-            format!("`from: {}` reads no header", from.as_str()),
-        )),
+        _ => refuse("this `from` reads no header"),
     }
 }
 
@@ -195,28 +171,28 @@ pub fn is_credential(name: &str) -> bool {
     name == "authorization" || name == "api-key" || Dialect::is_credential_header(name)
 }
 
-/// `keys`: at least one, at most [`MAX_KEYS`], each digest once.
-fn compile_keys(
-    raw: BTreeMap<String, Vec<String>>,
-) -> Result<Vec<([u8; 32], String)>, ConfigError> {
+/// `keys`: at least one, at most [`MAX_KEYS`], each digest once. Errors
+/// never echo a value: a key pasted here by mistake stays out of the log.
+fn compile_keys(raw: &BTreeMap<String, String>) -> Result<Vec<([u8; 32], String)>, ConfigError> {
     // Kept sorted by inserting each in its place: a sort would compile
     // kilobytes of code into the module for a list read once.
     let mut keys: Vec<([u8; 32], String)> = Vec::new();
     for (tenant, digests) in raw {
-        if !check::is_label(&tenant, MAX_TENANT_LEN) {
+        if !check::is_label(tenant, MAX_TENANT_LEN) {
             return Err(ConfigError::new(
                 "keys",
-                format!("{tenant:?} is not 1 to {MAX_TENANT_LEN} of [A-Za-z0-9_-]"),
+                "a tenant is 1 to 64 of [A-Za-z0-9_-]",
             ));
         }
-        for (i, d) in digests.iter().enumerate() {
-            let field = || format!("keys.{tenant}[{i}]");
-            // Never echoed: a key pasted here by mistake stays out of the log.
-            let digest = hex_digest(d).ok_or_else(|| {
-                ConfigError::new(field(), "is not a SHA-256 digest (64 hex digits)")
-            })?;
+        for d in digests.split([' ', ',']).filter(|d| !d.is_empty()) {
+            let Some(digest) = hex_digest(d) else {
+                return Err(ConfigError::new(
+                    "keys",
+                    "holds a value that is not a SHA-256 digest (64 hex digits)",
+                ));
+            };
             match keys.binary_search_by(|(k, _)| k.cmp(&digest)) {
-                Ok(_) => return Err(ConfigError::new(field(), "is listed twice")),
+                Ok(_) => return Err(ConfigError::new("keys", "lists a digest twice")),
                 Err(at) => keys.insert(at, (digest, tenant.clone())),
             }
         }
@@ -224,7 +200,7 @@ fn compile_keys(
     if keys.is_empty() || keys.len() > MAX_KEYS {
         return Err(ConfigError::new(
             "keys",
-            format!("`from: virtual_key` needs 1 to {MAX_KEYS} keys"),
+            "`from: virtual_key` needs 1 to 4096 keys",
         ));
     }
     Ok(keys)
@@ -261,10 +237,7 @@ mod tests {
         let c = TenantConfig::default();
         assert_eq!(c.from, Source::Credential);
         assert!(!c.from.verified());
-        assert_eq!(
-            (c.claim.as_str(), c.payload.as_str()),
-            ("sub", "jwt_payload")
-        );
+        assert_eq!(c.claim, "sub");
         assert!(c.keys.is_empty() && c.header.is_none());
     }
 
@@ -274,10 +247,10 @@ mod tests {
         assert_eq!(h.header.as_deref(), Some("x-tenant"));
         let pinned = parse(r#"{"header":"API-Key"}"#).unwrap();
         assert_eq!(pinned.header.as_deref(), Some("api-key"));
-        let j = parse(r#"{"from":"jwt","claim":"team","payload_in_metadata":"p"}"#).unwrap();
-        assert_eq!((j.claim.as_str(), j.payload.as_str()), ("team", "p"));
+        let j = parse(r#"{"from":"jwt","claim":"team"}"#).unwrap();
+        assert_eq!(j.claim, "team");
         let doc = format!(
-            r#"{{"from":"virtual_key","keys":{{"b":["{B}"],"a":["{}"]}}}}"#,
+            r#"{{"from":"virtual_key","keys":{{"b":"{B}","a":" {},"}}}}"#,
             A.to_uppercase()
         );
         let v = parse(&doc).unwrap();
@@ -291,7 +264,7 @@ mod tests {
     fn refuses_what_would_not_apply() {
         let short = &A[..63];
         let key = |sha: &str, tenant: &str| {
-            format!(r#"{{"from":"virtual_key","keys":{{"{tenant}":["{sha}"]}}}}"#)
+            format!(r#"{{"from":"virtual_key","keys":{{"{tenant}":"{sha}"}}}}"#)
         };
         for (doc, field) in [
             (r#"{"from":"header"}"#.to_string(), "header"),
@@ -305,29 +278,28 @@ mod tests {
             (r#"{"from":"header","header":"a b"}"#.into(), "header"),
             (r#"{"claim":"sub"}"#.into(), "claim"),
             (r#"{"from":"jwt","claim":""}"#.into(), "claim"),
-            (
-                r#"{"from":"jwt","payload_in_metadata":"a b"}"#.into(),
-                "payload_in_metadata",
-            ),
             (r#"{"from":"jwt","keys":{}}"#.into(), "keys"),
             (r#"{"from":"virtual_key"}"#.into(), "keys"),
             (r#"{"from":"virtual_key","keys":{}}"#.into(), "keys"),
-            (r#"{"from":"virtual_key","keys":{"a":[]}}"#.into(), "keys"),
-            (key(short, "a"), "keys.a[0]"),
-            (key(&format!("{short}g"), "a"), "keys.a[0]"),
-            (key("sk-live-not-a-digest", "a"), "keys.a[0]"),
+            (
+                r#"{"from":"virtual_key","keys":{"a":" , "}}"#.into(),
+                "keys",
+            ),
+            (key(short, "a"), "keys"),
+            (key(&format!("{short}g"), "a"), "keys"),
+            (key("sk-live-not-a-digest", "a"), "keys"),
             (key(A, ""), "keys"),
             (key(A, "a b"), "keys"),
             (
                 format!(
-                    r#"{{"from":"virtual_key","keys":{{"a":["{A}","{B}"],"b":["{}"]}}}}"#,
+                    r#"{{"from":"virtual_key","keys":{{"a":"{A} {B}","b":"{}"}}}}"#,
                     A.to_uppercase()
                 ),
-                "keys.b[0]",
+                "keys",
             ),
             (
-                format!(r#"{{"from":"virtual_key","keys":{{"a":["{A}","{A}"]}}}}"#),
-                "keys.a[1]",
+                format!(r#"{{"from":"virtual_key","keys":{{"a":"{A},{A}"}}}}"#),
+                "keys",
             ),
         ] {
             let e = parse(&doc).unwrap_err();

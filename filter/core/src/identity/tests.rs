@@ -9,7 +9,7 @@ fn hex(d: [u8; 32]) -> String {
 
 fn keys() -> TenantConfig {
     let doc = format!(
-        r#"{{"from":"virtual_key","keys":{{"team-a":["{}","{}"]}}}}"#,
+        r#"{{"from":"virtual_key","keys":{{"team-a":"{} {}"}}}}"#,
         hex(digest(KEY_A1)),
         hex(digest(KEY_A2))
     );
@@ -113,7 +113,7 @@ fn geminis_key_in_the_query_or_its_header() {
 }
 
 #[test]
-fn every_place_carrying_the_key_is_taken_and_no_other() {
+fn every_credential_of_the_api_is_taken() {
     let cfg = keys();
     let id = resolve_with(
         &cfg,
@@ -127,7 +127,8 @@ fn every_place_carrying_the_key_is_taken_and_no_other() {
     )
     .unwrap();
     assert_eq!(id.presented.headers, ["x-api-key", "authorization"]);
-    // Another value beside it is not the key: left for the mesh's own.
+    // Another value beside it goes too: a client's credential is never
+    // the provider's here.
     let id = resolve_with(
         &cfg,
         Dialect::Chat,
@@ -135,6 +136,19 @@ fn every_place_carrying_the_key_is_taken_and_no_other() {
         &[
             ("authorization", "Bearer vk-team-a-one"),
             ("api-key", "other"),
+        ],
+        &[],
+    )
+    .unwrap();
+    assert_eq!(id.presented.headers, ["authorization", "api-key"]);
+    // A header of another API is not this one's: left alone.
+    let id = resolve_with(
+        &cfg,
+        Dialect::Chat,
+        "/v1/chat/completions",
+        &[
+            ("authorization", "Bearer vk-team-a-one"),
+            ("x-api-key", "other"),
         ],
         &[],
     )
@@ -174,11 +188,10 @@ fn a_missing_or_unknown_key_is_refused() {
 
 #[test]
 fn a_jwt_claim_is_the_tenant_and_none_is_refused() {
-    let cfg = TenantConfig::compile(
-        serde_json::from_str(r#"{"from":"jwt","claim":"team","payload_in_metadata":"p"}"#).unwrap(),
-    )
-    .unwrap();
-    let at = "metadata.filter_metadata.envoy.filters.http.jwt_authn.p.team";
+    let cfg =
+        TenantConfig::compile(serde_json::from_str(r#"{"from":"jwt","claim":"team"}"#).unwrap())
+            .unwrap();
+    let at = "metadata.filter_metadata.envoy.filters.http.jwt_authn.jwt_payload.team";
     let jwt = |props: &[(&str, &[u8])]| {
         resolve_with(&cfg, Dialect::Chat, "/v1/chat/completions", &[], props)
     };
@@ -193,7 +206,7 @@ fn a_jwt_claim_is_the_tenant_and_none_is_refused() {
     let long = vec![b'a'; MAX_CLAIM_LEN + 1];
     assert_eq!(jwt(&[(at, &long)]), Err(Refusal::Missing));
     // Another claim is not this one.
-    let sub = "metadata.filter_metadata.envoy.filters.http.jwt_authn.p.sub";
+    let sub = "metadata.filter_metadata.envoy.filters.http.jwt_authn.jwt_payload.sub";
     assert_eq!(jwt(&[(sub, b"alice")]), Err(Refusal::Missing));
 }
 

@@ -182,7 +182,12 @@ impl Call {
     /// which no header value holds.
     pub(super) fn credentials(&self, env: &Env<'_>, host: &dyn Host) -> Vec<Option<String>> {
         if env.config.tenant.from.verified() {
-            return vec![self.request.tenant.as_ref().map(|t| format!("\n{t}"))];
+            let tagged = self.request.tenant.as_ref().map(|t| {
+                let mut v = String::from("\n");
+                v.push_str(t);
+                v
+            });
+            return vec![tagged];
         }
         env.config
             .cache

@@ -20,7 +20,7 @@ fn hex(key: &str) -> String {
 /// minute per tenant; the cache on; the record on.
 fn world() -> World {
     World::new(&format!(
-        r#"{{"tenant":{{"from":"virtual_key","keys":{{"a":["{}","{}"],"b":["{}"]}}}},
+        r#"{{"tenant":{{"from":"virtual_key","keys":{{"a":"{} {}","b":"{}"}}}},
           "limits":{{"rules":[{{"name":"t","by":["tenant"],"requests_per_minute":3}}]}},
           "cache":{{"max_entries":8}},
           "access_log":{{"enabled":true}}}}"#,
