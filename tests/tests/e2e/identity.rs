@@ -141,6 +141,9 @@ async fn a_virtual_key_names_its_tenant_and_never_reaches_the_upstream() {
     }
 }
 
+/// A refused call: its path, body and headers, the reason, the `api` label.
+type Refusal<'a> = (&'a str, Value, Vec<(&'a str, &'a str)>, &'a str, &'a str);
+
 #[tokio::test]
 async fn an_unknown_or_missing_key_is_a_401_in_each_apis_shape_and_spends_nothing() {
     if skip_without_envoy(
@@ -156,7 +159,7 @@ async fn an_unknown_or_missing_key_is_a_401_in_each_apis_shape_and_spends_nothin
     );
     let chat = chat_body("gpt-4o", "hi");
     let gemini = json!({"contents": [{"role": "user", "parts": [{"text": "hi"}]}]});
-    let cases: [(&str, Value, Vec<(&str, &str)>, &str, &str); 5] = [
+    let cases: [Refusal<'_>; 5] = [
         (
             CHAT,
             chat.clone(),
