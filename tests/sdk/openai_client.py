@@ -10,7 +10,7 @@ received). Every object carries `sdk_version`. What each scenario prints:
   stream      {chunks: [{at_ms, content, finish_reason, usage}], content}
   embeddings  {count, indexes, dimensions, usage}
   cache       {calls: [{status, x_cache, age, content, id}] x2}  (temperature 0)
-  shed, budget
+  shed, budget, chat_error (a chat call with --header and --api-key)
               {error_class, elapsed_ms, status, code, type, message,
                attempts: [{sent_ms, status, retry_after, should_retry}]}
               (error_class null when the call succeeded)
@@ -304,6 +304,10 @@ def budget(args):
     return refused(args, {"x-request-timeout-ms": str(args.budget_ms)})
 
 
+def chat_error(args):
+    return refused(args, extra_headers(args))
+
+
 SCENARIOS = {
     "chat": chat,
     "stream": stream,
@@ -311,6 +315,7 @@ SCENARIOS = {
     "cache": cache,
     "shed": shed,
     "budget": budget,
+    "chat_error": chat_error,
     "responses": responses,
     "responses_stream": responses_stream,
     "responses_raw": responses_raw,

@@ -148,6 +148,9 @@ pub struct EnvoyBuilder {
     read_body_first: bool,
     /// A whole bootstrap to run instead of the generated one.
     bootstrap: Option<String>,
+    /// HTTP filters placed before the filter (`jwt_authn`, say), YAML list
+    /// items at column 0.
+    filters_before: Option<String>,
 }
 
 impl Default for EnvoyBuilder {
@@ -180,6 +183,7 @@ impl EnvoyBuilder {
             node: false,
             read_body_first: false,
             bootstrap: None,
+            filters_before: None,
         }
     }
 
@@ -321,6 +325,13 @@ impl EnvoyBuilder {
         self
     }
 
+    /// HTTP filters before the filter (each a `- name: …` list item at
+    /// column 0), as Envoy's `jwt_authn` goes before it.
+    pub fn filters_before(mut self, yaml: &str) -> Self {
+        self.filters_before = Some(yaml.to_string());
+        self
+    }
+
     /// Envoy's `-l` level, `info` by default.
     pub fn log_level(mut self, level: &str) -> Self {
         self.log_level = level.to_string();
@@ -389,6 +400,9 @@ impl EnvoyBuilder {
         yaml.push_str(&head);
         yaml.push_str(&indent(&self.route_yaml(), 16));
         yaml.push_str("          http_filters:\n");
+        if let Some(before) = &self.filters_before {
+            yaml.push_str(&indent(before, 10));
+        }
         if self.filter && self.ecds {
             let filter = ECDS_FILTER
                 .replace("{name}", FILTER_NAME)

@@ -26,6 +26,7 @@ pub mod dialect;
 #[cfg(test)]
 mod fuzz;
 pub mod host;
+pub mod identity;
 pub mod json;
 pub mod keyspace;
 pub mod limits;

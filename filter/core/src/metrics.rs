@@ -191,6 +191,12 @@ pub const SHARED_DATA_KEYS: &str = "llm_filter_shared_data_keys";
 /// Bytes of the values of those keys (gauge).
 pub const SHARED_DATA_BYTES: &str = "llm_filter_shared_data_bytes";
 
+// identity
+/// Calls refused for who they are, before anything is spent
+/// (`tenant.from: jwt | virtual_key`), by `reason` (`missing` | `unknown`)
+/// and `api`.
+pub const IDENTITY_REFUSED: &str = "llm_filter_identity_refused_total";
+
 /// Label value used once a label has seen too many distinct values.
 pub const OTHER: &str = "other";
 /// The label that names a backend (an Envoy cluster). Not `cluster`, which
@@ -366,6 +372,7 @@ pub const ALL: &[&str] = &[
     LIMITS_USED,
     LIMITS_ESTIMATED,
     CREDENTIAL_UNAVAILABLE,
+    IDENTITY_REFUSED,
 ];
 
 #[cfg(test)]

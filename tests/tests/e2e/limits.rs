@@ -587,8 +587,7 @@ async fn at_an_mtls_gateway_the_tenant_is_the_peers_spiffe_id() {
     if skip_without_envoy("at_an_mtls_gateway_the_tenant_is_the_peers_spiffe_id") {
         return;
     }
-    let gateway = MtlsGateway::start(json!({"limits": {
-        "tenant": {"from": "peer"},
+    let gateway = MtlsGateway::start(json!({"tenant": {"from": "peer"}, "limits": {
         "rules": [{"name": "workload", "by": ["tenant"], "requests_per_minute": 3}]
     }}));
     // The two workloads call with the same key (none at all): only their
@@ -649,8 +648,7 @@ async fn at_an_mtls_gateway_a_caller_without_an_identity_counts_under_none_or_ne
     ) {
         return;
     }
-    let gateway = MtlsGateway::start(json!({"limits": {
-        "tenant": {"from": "peer"},
+    let gateway = MtlsGateway::start(json!({"tenant": {"from": "peer"}, "limits": {
         "rules": [{"name": "workload", "by": ["tenant"], "requests_per_minute": 2}]
     }}));
     // Certificates the CA signed, but with no URI SAN: no tenant, so all of

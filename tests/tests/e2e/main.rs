@@ -28,6 +28,7 @@ mod deploy_configs;
 mod dialects;
 mod gemini;
 mod hostile;
+mod identity;
 mod istio;
 mod istiod;
 mod limits;

@@ -20,6 +20,7 @@ use crate::cache::config::{CacheConfig, RawCacheConfig};
 use crate::credentials::{CredentialsConfig, RawCredentialsConfig};
 use crate::degrade::config::{DegradeConfig, RawDegradeConfig};
 use crate::dialect::{Dialect, LlmPath, DEFAULT_PATHS};
+use crate::identity::config::{RawTenant, TenantConfig};
 use crate::limits::config::{LimitsConfig, RawLimitsConfig};
 use crate::priority::Priority;
 use crate::routing::config::{RawRoutingConfig, RoutingConfig};
@@ -72,6 +73,7 @@ pub const SECTIONS: &[setting::Table] = &[
     crate::credentials::SETTINGS,
     crate::shaping::config::SETTINGS,
     crate::limits::config::SETTINGS,
+    crate::identity::config::SETTINGS,
     crate::ab::SETTINGS,
 ];
 
@@ -108,6 +110,8 @@ pub struct RawConfig {
     pub ab: RawAbConfig,
     /// Limits section.
     pub limits: RawLimitsConfig,
+    /// Who a call's tenant is.
+    pub tenant: RawTenant,
     /// Which backends the mesh puts the provider's credential on.
     pub credentials: RawCredentialsConfig,
 }
@@ -178,6 +182,8 @@ pub struct Config {
     pub ab: AbConfig,
     /// Request, token and cost limits.
     pub limits: LimitsConfig,
+    /// Who a call's tenant is, for every feature that tells tenants apart.
+    pub tenant: TenantConfig,
     /// Which backends the mesh puts the provider's credential on.
     pub credentials: CredentialsConfig,
     /// The models and clusters the sections above name, compiled from them.
@@ -305,6 +311,7 @@ impl TryFrom<RawConfig> for Config {
             tracing: TracingMode::compile(raw.tracing.mode),
             access_log,
             limits: LimitsConfig::compile(raw.limits).map_err(|e| e.within("limits"))?,
+            tenant: TenantConfig::compile(raw.tenant).map_err(|e| e.within("tenant"))?,
             credentials: CredentialsConfig::compile(raw.credentials)
                 .map_err(|e| e.within("credentials"))?,
             names: Names::default(),

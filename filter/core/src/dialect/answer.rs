@@ -225,6 +225,8 @@ pub enum ReplyKind {
     /// missing or unreadable), its 401 rewritten (503): the gateway's fault,
     /// never the caller's key.
     NoCredential,
+    /// No virtual key or verified identity, or an unknown key (401).
+    Unauthenticated,
 }
 
 impl ReplyKind {
@@ -239,6 +241,7 @@ impl ReplyKind {
             Self::BudgetExhausted | Self::UpstreamTimeout => 504,
             Self::TooLarge => 413,
             Self::OverLimit => 429,
+            Self::Unauthenticated => 401,
         }
     }
 
@@ -251,7 +254,7 @@ impl ReplyKind {
             | Self::DegradeReject
             | Self::NoCredential => "service_unavailable",
             Self::BudgetExhausted | Self::UpstreamTimeout => "timeout",
-            Self::TooLarge => "invalid_request_error",
+            Self::TooLarge | Self::Unauthenticated => "invalid_request_error",
             Self::OverLimit => "rate_limit_exceeded",
         }
     }
@@ -268,6 +271,8 @@ impl ReplyKind {
             Self::DegradeReject => "llm_filter_degraded_reject",
             Self::OverLimit => "llm_filter_limit_exceeded",
             Self::NoCredential => "llm_filter_credential_unavailable",
+            // OpenAI's own code, which its SDKs and apps already match on.
+            Self::Unauthenticated => "invalid_api_key",
         }
     }
 
@@ -302,6 +307,7 @@ impl ReplyKind {
                 "The model is degraded under load and rejects this priority for now; retry later."
             }
             Self::OverLimit => "A usage limit of this caller is reached; retry later.",
+            Self::Unauthenticated => "Incorrect API key provided.",
             Self::NoCredential => {
                 "The gateway's credential for this provider is unavailable, so the call was not \
                  sent; this is not a fault of the caller's key."

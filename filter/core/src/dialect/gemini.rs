@@ -793,6 +793,7 @@ mod answers {
                 ReplyKind::BudgetExhausted | ReplyKind::UpstreamTimeout => 504,
                 ReplyKind::TooLarge => 413,
                 ReplyKind::OverLimit => 429,
+                ReplyKind::Unauthenticated => 401,
             };
             (u32::from(status), error_body(status, message))
         }

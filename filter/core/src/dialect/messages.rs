@@ -226,6 +226,7 @@ mod answers {
             ReplyKind::TooLarge => (413, "request_too_large"),
             ReplyKind::OverLimit => (429, "rate_limit_error"),
             ReplyKind::NoCredential => (503, "api_error"),
+            ReplyKind::Unauthenticated => (401, "authentication_error"),
         }
     }
 

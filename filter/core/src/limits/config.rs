@@ -10,7 +10,6 @@ use super::window::Span;
 use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::config::setting::{Empty, List, Named, Setting, Table};
-use crate::dialect::Dialect;
 use crate::priority::Priority;
 
 /// Most rules.
@@ -35,12 +34,6 @@ const MODE: Named<Mode> = Named {
     default: Mode::Local,
     spell: Mode::as_str,
 };
-/// `tenant.from`.
-const TENANT_FROM: Named<TenantSource> = Named {
-    name: "from",
-    default: TenantSource::Credential,
-    spell: TenantSource::as_str,
-};
 /// A rule's `degrade.until`: degraded calls go until the count reaches this
 /// many times the limit.
 const UNTIL: Setting<f64> = Setting::real("until", 1.5, (1.0, false), (100.0, false));
@@ -60,7 +53,6 @@ pub const SETTINGS: Table = &[
             &SHARD_HEADER,
         ],
     ),
-    ("limits.tenant", &[&TENANT_FROM]),
     ("limits.rules[]", &[&Empty::list("by"), &PRIORITIES]),
     ("limits.rules[].degrade", &[&UNTIL]),
 ];
@@ -98,8 +90,6 @@ pub struct RawLimitsConfig {
     pub rules: Option<Vec<RawRule>>,
     /// Price per million tokens, by model (`*`: every other model).
     pub prices: Option<BTreeMap<String, RawPrice>>,
-    /// Who the tenant of a call is.
-    pub tenant: Option<RawTenant>,
     /// The header naming the user, default `x-user-id`.
     pub user_header: Option<String>,
     /// Keys each rule counts at once (shared-data records per rule).
@@ -195,17 +185,6 @@ pub struct RawPrice {
     pub output: Option<f64>,
 }
 
-/// `tenant` as written.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RawTenant {
-    /// `credential` (default) | `header` | `peer`.
-    pub from: Option<TenantSource>,
-    /// The header, for `from: header`; for `from: credential`, the one
-    /// credential header the backends read (default: the API's own).
-    pub header: Option<String>,
-}
-
 /// What a count is kept per.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -216,31 +195,6 @@ pub enum Dimension {
     User,
     /// The call's model.
     Model,
-}
-
-/// Who the tenant of a call is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TenantSource {
-    /// A digest of the one credential the call's API authenticates with
-    /// (see [`super::tenant`]): every API key is a tenant.
-    #[default]
-    Credential,
-    /// The value of a header a trusted hop sets.
-    Header,
-    /// The mTLS peer's identity (its URI SAN, the SPIFFE id in a mesh).
-    Peer,
-}
-
-impl TenantSource {
-    /// The document's spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Credential => "credential",
-            Self::Header => "header",
-            Self::Peer => "peer",
-        }
-    }
 }
 
 /// What a limit counts.
@@ -335,11 +289,6 @@ pub struct LimitsConfig {
     pub rules: Vec<Rule>,
     /// Prices by model.
     pub prices: BTreeMap<String, Price>,
-    /// Where the tenant comes from.
-    pub tenant: TenantSource,
-    /// The tenant header, for [`TenantSource::Header`]; the one credential
-    /// header, for [`TenantSource::Credential`] (default: the API's own).
-    pub tenant_header: Option<String>,
     /// Where the rules are enforced.
     pub mode: Mode,
     /// The header a `shard` filter names the tenant in; every filter with
@@ -386,13 +335,10 @@ impl LimitsConfig {
     pub fn compile(raw: RawLimitsConfig) -> Result<Self, ConfigError> {
         let prices = compile_prices(PRICES.or(raw.prices))?;
         let rules = compile_rules(RULES.or(raw.rules), &prices)?;
-        let (tenant, tenant_header) = compile_tenant(raw.tenant.unwrap_or_default())?;
         let shard_header = compile_shard_header(raw.shard_header)?;
         Ok(Self {
             rules,
             prices,
-            tenant,
-            tenant_header,
             mode: MODE.default_or(raw.mode),
             shard_header,
             user_header: header(USER_HEADER.name, USER_HEADER.or_string(raw.user_header))?,
@@ -435,54 +381,17 @@ fn compile_rules(
     Ok(rules)
 }
 
-/// `tenant`: where the tenant comes from, and the header it is read from.
-fn compile_tenant(raw: RawTenant) -> Result<(TenantSource, Option<String>), ConfigError> {
-    let source = TENANT_FROM.default_or(raw.from);
-    let field = "tenant.header";
-    let header = match (source, raw.header) {
-        (TenantSource::Header, Some(h)) => {
-            let h = header(field, h)?;
-            if is_credential(&h) {
-                // The tenant is a label and a key part: a credential
-                // must be counted by its digest, never as itself.
-                return Err(ConfigError::new(
-                    field,
-                    format!("{h:?} carries a credential; use `from: credential` with it"),
-                ));
-            }
-            Some(h)
-        }
-        (TenantSource::Header, None) => {
-            return Err(ConfigError::new(
-                field,
-                "`from: header` needs the header's name",
-            ))
-        }
-        (TenantSource::Credential, Some(h)) => Some(header(field, h)?),
-        (TenantSource::Peer, Some(_)) => {
-            return Err(ConfigError::new(field, "`from: peer` reads no header"))
-        }
-        (_, None) => None,
-    };
-    Ok((source, header))
-}
-
 /// `shard_header`: a header name that carries neither a credential nor a
 /// pseudo-header, since every filter with limits removes it.
 fn compile_shard_header(raw: Option<String>) -> Result<String, ConfigError> {
     let name = header(SHARD_HEADER.name, SHARD_HEADER.or_string(raw))?;
-    if is_credential(&name) || name.starts_with(':') {
+    if crate::identity::config::is_credential(&name) || name.starts_with(':') {
         return Err(ConfigError::new(
             SHARD_HEADER.name,
             format!("{name:?} carries the request itself; the filter removes the shard header"),
         ));
     }
     Ok(name)
-}
-
-/// A header some API authenticates with.
-fn is_credential(name: &str) -> bool {
-    name == "authorization" || name == "api-key" || Dialect::is_credential_header(name)
 }
 
 fn header(field: &str, name: String) -> Result<String, ConfigError> {
@@ -692,7 +601,6 @@ mod tests {
     fn empty_is_off() {
         let c = LimitsConfig::default();
         assert!(!c.enabled());
-        assert_eq!(c.tenant, TenantSource::Credential);
         assert_eq!(c.user_header, "x-user-id");
     }
 
@@ -700,13 +608,11 @@ mod tests {
     fn reads_a_rule_and_prices() {
         let c = parse(
             r#"{"prices":{"gpt-4o":{"input":2.5,"cached_input":1.25,"output":10}},
-                "tenant":{"from":"header","header":"X-Tenant"},
                 "rules":[{"name":"team","by":["tenant","model"],"models":["gpt-4o"],
                   "tokens_per_minute":1000,"cost_per_day":5,
                   "degrade":{"max_tokens":64}}]}"#,
         )
         .unwrap();
-        assert_eq!(c.tenant_header.as_deref(), Some("x-tenant"));
         let r = &c.rules[0];
         assert_eq!(r.by, [Dimension::Tenant, Dimension::Model]);
         assert_eq!(r.limits.len(), 2);
@@ -766,29 +672,12 @@ mod tests {
                 r#"{"prices":{"m":{"input":-1,"output":1}}}"#,
                 "prices.m.input",
             ),
-            (r#"{"tenant":{"from":"header"}}"#, "tenant.header"),
-            (
-                r#"{"tenant":{"from":"peer","header":"x"}}"#,
-                "tenant.header",
-            ),
-            (
-                r#"{"tenant":{"from":"header","header":"Authorization"}}"#,
-                "tenant.header",
-            ),
-            (
-                r#"{"tenant":{"from":"header","header":"x-api-key"}}"#,
-                "tenant.header",
-            ),
             (r#"{"shard_header":"api-key"}"#, "shard_header"),
             (r#"{"shard_header":"bad header"}"#, "shard_header"),
         ] {
             let e = parse(doc).unwrap_err();
             assert_eq!(e.field, field, "{doc}: {e}");
         }
-        // The one credential header Azure-only backends read.
-        let pinned = parse(r#"{"tenant":{"header":"API-Key"}}"#).unwrap();
-        assert_eq!(pinned.tenant, TenantSource::Credential);
-        assert_eq!(pinned.tenant_header.as_deref(), Some("api-key"));
         let front =
             parse(r#"{"mode":"shard","rules":[{"name":"a","requests_per_minute":1}]}"#).unwrap();
         assert!(!front.enabled() && front.uses_shard_header());

@@ -19,12 +19,11 @@
 
 pub mod config;
 pub mod store;
-pub mod tenant;
 pub mod window;
 
 use sha2::{Digest, Sha256};
 
-pub use config::{Dimension, LimitsConfig, Measure, Rule, TenantSource};
+pub use config::{Dimension, LimitsConfig, Measure, Rule};
 use config::{Limit, Price};
 use store::{Decided, Place};
 

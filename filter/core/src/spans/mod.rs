@@ -53,6 +53,8 @@ pub struct Details<'a> {
     pub degraded: Option<u8>,
     /// The model degrade switched to.
     pub fallback_model: Option<&'a str>,
+    /// Who the caller is (see [`crate::identity`]): never a credential.
+    pub tenant: Option<&'a str>,
     /// How the call's hedge ended (`won`, `lost`, `abandoned`), when one was sent.
     pub hedge: Option<&'static str>,
     /// The prompt, when captured (`tracing.capture.prompt`).
@@ -253,6 +255,9 @@ fn decision_attributes<'a>(
     }
     if let Some(m) = details.fallback_model {
         a.push(("llm_filter.degrade.fallback_model", Value::Str(bounded(m))));
+    }
+    if let Some(t) = details.tenant {
+        a.push(("llm_filter.tenant", Value::Str(bounded(t))));
     }
     if let Some(g) = call.group {
         a.push(("llm_filter.ab.group", Value::Str(bounded(g))));

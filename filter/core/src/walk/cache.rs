@@ -175,8 +175,20 @@ impl Call {
     }
 
     /// The values of the headers that tell tenants apart (see
-    /// [`crate::cache::config::CacheConfig::tenant_headers_of`]), in order.
+    /// [`crate::cache::config::CacheConfig::tenant_headers_of`]), in order;
+    /// where the mesh verifies who calls (`tenant.from` other than
+    /// `credential`), the caller's tenant alone, so two keys of one tenant
+    /// share its entries and two tenants never do. A newline starts it,
+    /// which no header value holds.
     pub(super) fn credentials(&self, env: &Env<'_>, host: &dyn Host) -> Vec<Option<String>> {
+        if env.config.tenant.from.verified() {
+            let tagged = self.request.tenant.as_ref().map(|t| {
+                let mut v = String::from("\n");
+                v.push_str(t);
+                v
+            });
+            return vec![tagged];
+        }
         env.config
             .cache
             .tenant_headers_of(self.request.endpoint)

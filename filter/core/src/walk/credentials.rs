@@ -15,12 +15,6 @@ impl Call {
     /// is mesh-credentialed, the client's credentials are stripped from the
     /// request.
     pub(super) fn leave_keyless(&mut self, env: &mut Env<'_>, host: &mut dyn Host) {
-        let creds = &env.config.credentials;
-        if creds.per_tenant() {
-            // Read before the credential it may be the digest of is gone;
-            // a failover to a backend with tenant sets needs it too.
-            self.dispatch.tenant = self.tenant(env, host);
-        }
         let cluster = self.dispatch.cluster.clone();
         if !env.config.credentials.mesh(cluster.as_deref()) {
             return;
@@ -43,7 +37,7 @@ impl Call {
             let own = env
                 .config
                 .credentials
-                .cluster_for(cluster, self.dispatch.tenant.as_deref());
+                .cluster_for(cluster, self.request.tenant.as_deref());
             if own != cluster {
                 let own = own.to_string();
                 set_route_header(env, host, Some(&own));
@@ -78,6 +72,6 @@ impl Call {
                 headers.push(((*name).to_string(), (*value).to_string()));
             }
         }
-        creds.cluster_for(cluster, self.dispatch.tenant.as_deref())
+        creds.cluster_for(cluster, self.request.tenant.as_deref())
     }
 }

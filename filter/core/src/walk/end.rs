@@ -177,6 +177,7 @@ impl Call {
             cache: served.cache.map(CacheStatus::header),
             degraded: self.decided.degraded,
             fallback_model: self.decided.fallback_model.as_deref(),
+            tenant: self.request.tenant.as_deref(),
             hedge: self.decided.hedge.map(HedgeResult::as_str),
         }
     }

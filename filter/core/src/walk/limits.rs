@@ -39,7 +39,7 @@ impl Call {
         if !env.config.limits.enabled() {
             return ControlFlow::Continue(body);
         }
-        let tenant = self.tenant(env, host);
+        let tenant = self.request.tenant.clone();
         let user = host.request_header(&env.config.limits.user_header);
         let label = env.tenant_labels.value(tenant.as_deref()).to_string();
         // The per-script estimate, calibrated by the model's reported usage.
@@ -118,38 +118,10 @@ impl Call {
             return;
         }
         let tenant = match cfg.mode {
-            limits::config::Mode::Shard => self.tenant(env, host),
+            limits::config::Mode::Shard => self.request.tenant.as_deref(),
             limits::config::Mode::Local => None,
         };
-        set_request(env, host, &cfg.shard_header, tenant.as_deref());
-    }
-
-    /// The call's tenant, as `limits.tenant` says where it comes from.
-    pub(super) fn tenant(&self, env: &Env<'_>, host: &dyn Host) -> Option<String> {
-        let cfg = &env.config.limits;
-        match cfg.tenant {
-            limits::TenantSource::Credential => {
-                let api = self.request.endpoint.request();
-                let path = &self.request.path;
-                limits::tenant::of_credential(
-                    self.request.endpoint,
-                    cfg.tenant_header.as_deref(),
-                    |name| {
-                        host.request_header(name)
-                            .or_else(|| api.query_credential(path, name).map(str::to_string))
-                    },
-                )
-            }
-            limits::TenantSource::Header => cfg
-                .tenant_header
-                .as_deref()
-                .and_then(|h| host.request_header(h))
-                .filter(|v| !v.is_empty()),
-            limits::TenantSource::Peer => host
-                .property(&["connection", "uri_san_peer_certificate"])
-                .map(|b| String::from_utf8_lossy(&b).into_owned())
-                .filter(|v| !v.is_empty()),
-        }
+        set_request(env, host, &cfg.shard_header, tenant);
     }
 
     /// Before the call goes to `model`, another model than it was admitted

@@ -37,6 +37,7 @@ pub(crate) mod fake;
 mod fallback;
 mod group;
 mod hedge;
+mod identify;
 mod limits;
 mod proxy;
 mod reply;
@@ -150,6 +151,11 @@ impl Call {
             cache: CacheCall::new(env.config.cache.keeps_entries(), shard_key),
         };
         call.tag(env, host, baggage.as_deref());
+        // Before anything is spent: a refused caller costs no count, no
+        // cache read and no trip upstream.
+        if let Some(step) = call.identify(env, host) {
+            return Some((call, step));
+        }
         call.name_tenant(env, host);
         if end_of_stream {
             let step = call.decide(env, host, Some(HeldBody::parse(endpoint, Vec::new(), 0)));
@@ -424,6 +430,7 @@ impl Request {
             affinity: None,
             body_not_delivered: false,
             prompt: None,
+            tenant: None,
         }
     }
 

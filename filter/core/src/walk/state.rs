@@ -72,6 +72,8 @@ pub(super) struct Request {
     pub(super) prompt: Option<Prompt>,
     /// The host never delivered the body the call waited for.
     pub(super) body_not_delivered: bool,
+    /// Who the caller is (see [`crate::identity`]), found on request headers.
+    pub(super) tenant: Option<String>,
 }
 
 impl Request {
@@ -436,9 +438,6 @@ pub(super) struct Dispatch {
     /// The client's credentials were taken off the request: its first
     /// backend is mesh-credentialed.
     pub(super) keyless: bool,
-    /// The call's tenant, read before its credential was taken off, when a
-    /// backend has per-tenant credential sets.
-    pub(super) tenant: Option<String>,
 }
 
 /// Where a call stands on its model's fallback chain.

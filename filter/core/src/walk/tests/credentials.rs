@@ -13,7 +13,7 @@ const MESH: &str = r#"{
       "local": [{"cluster": "vllm"}]
     }
   },
-  "limits": {"tenant": {"from": "header", "header": "x-team"}},
+  "tenant": {"from": "header", "header": "x-team"},
   "credentials": {"clusters": {
     "openai": {"team-a": "openai-a"},
     "anthropic": {},
@@ -137,7 +137,7 @@ fn call_again(w: &mut World, body: &str) -> (Call, FakeHost) {
 
 const TWO: &str = r#"{
   "routing": {"models": {"gpt-4o": [{"cluster": "a"}, {"cluster": "b"}]}, "eject_after_failures": 100},
-  "limits": {"tenant": {"from": "header", "header": "x-team"}},
+  "tenant": {"from": "header", "header": "x-team"},
   "credentials": {"clusters": {"a": {"team-a": "a-team"}}}
 }"#;
 
