@@ -19,13 +19,13 @@ use llm_filter_core::cache::semantic::{self, store, vector};
 use llm_filter_core::cache::{self, CacheRequest, Decision, Stamp, StreamAssembler};
 use llm_filter_core::config::Config;
 use llm_filter_core::dialect::chat::stream::Chat;
+use llm_filter_core::dialect::features::Features;
 use llm_filter_core::dialect::{classify, Dialect};
 use llm_filter_core::host::{MemoryStore, Metrics, SharedStore};
 use llm_filter_core::json::{Document, Json};
 use llm_filter_core::observe;
 use llm_filter_core::priority::Priority;
 use llm_filter_core::routing::health::{self, CallResult, CallSample};
-use llm_filter_core::routing::Features;
 use llm_filter_core::shaping;
 use llm_filter_core::sse;
 use llm_filter_core::summary::{CallSummary, End, Try};
@@ -227,9 +227,9 @@ fn main() {
             }),
         ),
         (
-            "routing features (`routing::Features::from_json`)",
+            "routing features (`dialect::features::Features::from_json`)",
             time(|| {
-                black_box(Features::from_json(black_box(&parsed)));
+                black_box(Features::from_json(Dialect::Chat, black_box(&parsed)));
             }),
         ),
         (

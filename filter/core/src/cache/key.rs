@@ -1100,9 +1100,11 @@ mod tests {
             body.push_str(&"}]".repeat(inner / 2));
             body.push_str("}]}");
             let tree = Json::parse(body.as_bytes()).expect("within the limit");
-            assert!(
-                crate::routing::Features::from_json(crate::dialect::Dialect::Chat, &tree).is_some()
-            );
+            assert!(crate::dialect::features::Features::from_json(
+                crate::dialect::Dialect::Chat,
+                &tree
+            )
+            .is_some());
             assert!(matches!(chat(&body), Decision::Cacheable(_)));
         };
         std::thread::Builder::new()

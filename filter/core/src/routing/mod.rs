@@ -28,8 +28,8 @@ pub mod weight;
 pub use config::{Backend, ClusterTarget, RawRoutingConfig, RoutingConfig, Rule, When};
 pub use health::{Health, Load};
 pub use outcome::{CallResult, CallSample};
-pub use rules::Features;
 
+use crate::dialect::features::Features;
 use crate::host::{Metrics, Random, SharedStore};
 use crate::metrics as names;
 use crate::priority::Priority;

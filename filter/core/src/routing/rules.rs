@@ -4,7 +4,7 @@
 //! tools and streaming, as the call's dialect read them from the request body
 //! the walk parsed once ([`Features`]).
 
-pub use crate::dialect::features::Features;
+use crate::dialect::features::Features;
 use crate::priority::Priority;
 use crate::routing::config::{Rule, When};
 use crate::tokens::Ratio;

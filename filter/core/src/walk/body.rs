@@ -2,9 +2,9 @@
 //! view every concern reads, or, when it streams through, a bounded copy kept
 //! to read `model` (and the answer's `usage`) from a body the filter does not hold.
 
+use crate::dialect::features::Features;
 use crate::dialect::Dialect;
 use crate::json::{Document, Json};
-use crate::routing::Features;
 
 /// A request body held whole, parsed once: the cache keys its tree, routing
 /// reads its features and rewrites its bytes. The steps edit its document in

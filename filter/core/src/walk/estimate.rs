@@ -5,7 +5,7 @@
 //! reservation). A call whose estimate was used teaches the ratio at its end,
 //! from the prompt tokens its provider reported.
 
-use crate::routing::Features;
+use crate::dialect::features::Features;
 use crate::summary::{CallSummary, End};
 use crate::tokens::{calibration, Ratio};
 

@@ -9,11 +9,12 @@ use std::cell::RefCell;
 use crate::budget::{
     self, plan::IDEMPOTENCY_KEY, Admission, Ask, BreakerState, BudgetConfig, DEFAULT_BREAKER,
 };
+use crate::dialect::features::Features;
 use crate::host::SharedStore;
 use crate::load;
 use crate::metrics::internal_error;
 use crate::routing::rewrite::{self, Edit};
-use crate::routing::{self, affinity, stateful, Features, Health, RouteAsk};
+use crate::routing::{self, affinity, stateful, Health, RouteAsk};
 
 use super::{set_request, Call, Env, HeldBody, Host, Step};
 
