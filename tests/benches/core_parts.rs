@@ -110,7 +110,7 @@ fn main() {
     let parsed = Json::parse(plain.as_bytes()).expect("parse");
     let parsed_det = Json::parse(deterministic.as_bytes()).expect("parse");
     let request = |body| CacheRequest {
-        endpoint: Dialect::Chat,
+        dialect: Dialect::Chat,
         path: PATH,
         body: Some(body),
         cache_control: None,
@@ -379,7 +379,7 @@ fn semantic_parts(parsed: &Json) -> Vec<(String, f64)> {
     .expect("config");
     let sem = config.cache.semantic.as_ref().expect("semantic config");
     let req = CacheRequest {
-        endpoint: Dialect::Chat,
+        dialect: Dialect::Chat,
         path: PATH,
         body: Some(parsed),
         cache_control: None,

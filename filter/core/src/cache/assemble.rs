@@ -318,10 +318,10 @@ pub(crate) struct Fed {
 
 #[cfg(test)]
 impl Fed {
-    pub(crate) fn new(endpoint: Dialect, limit: u32) -> Option<Self> {
+    pub(crate) fn new(dialect: Dialect, limit: u32) -> Option<Self> {
         Some(Self {
             stream: crate::sse::Stream::new(),
-            asm: StreamAssembler::new(endpoint, limit)?,
+            asm: StreamAssembler::new(dialect, limit)?,
         })
     }
 

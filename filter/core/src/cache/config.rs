@@ -317,12 +317,12 @@ impl CacheConfig {
         })
     }
 
-    /// The headers whose values tell the tenant of a call of `endpoint`:
+    /// The headers whose values tell the tenant of a call of `dialect`:
     /// `tenant_headers`, then the dialect's own credential header (Anthropic's
     /// `x-api-key`) unless listed, so two credentials of that dialect are
     /// two tenants whatever `tenant_headers` says.
-    pub fn tenant_headers_of(&self, endpoint: Dialect) -> impl Iterator<Item = &str> {
-        let own = endpoint
+    pub fn tenant_headers_of(&self, dialect: Dialect) -> impl Iterator<Item = &str> {
+        let own = dialect
             .credential_header()
             .filter(|h| !self.tenant_headers.iter().any(|t| t == h));
         self.tenant_headers.iter().map(String::as_str).chain(own)

@@ -45,7 +45,7 @@ pub enum EntryError {
     TooLarge,
     /// Bytes that do not decode as an entry of this version: treat as a miss.
     Corrupt,
-    /// The endpoint's answers are never cached.
+    /// The dialect's answers are never cached.
     Dialect,
 }
 
@@ -89,27 +89,27 @@ pub struct Reply {
 impl Entry {
     /// An entry from a non-streamed answer. `limit` is `cache.max_entry_bytes`.
     pub fn from_json(
-        endpoint: Dialect,
+        dialect: Dialect,
         status: u16,
         body: &[u8],
         stamp: Stamp,
         limit: u32,
     ) -> Result<Self, EntryError> {
         let answer = serde_json::from_slice::<Value>(body).ok();
-        Self::from_answer(endpoint, status, body, answer.as_ref(), stamp, limit)
+        Self::from_answer(dialect, status, body, answer.as_ref(), stamp, limit)
     }
 
     /// [`Entry::from_json`] for an answer already parsed (`answer`: `None`
     /// when `body` is not JSON), so a body read for other reasons is parsed once.
     pub fn from_answer(
-        endpoint: Dialect,
+        dialect: Dialect,
         status: u16,
         body: &[u8],
         answer: Option<&Value>,
         stamp: Stamp,
         limit: u32,
     ) -> Result<Self, EntryError> {
-        let stored = endpoint.answer().stored().ok_or(EntryError::Dialect)?;
+        let stored = dialect.answer().stored().ok_or(EntryError::Dialect)?;
         if status != 200 {
             return Err(EntryError::Status(status));
         }
@@ -117,7 +117,7 @@ impl Entry {
             return Err(EntryError::TooLarge);
         }
         let answer = answer.ok_or(EntryError::Incomplete)?;
-        if !is_complete(endpoint, answer) {
+        if !is_complete(dialect, answer) {
             return Err(EntryError::Incomplete);
         }
         // The canonical form is the answer without the space around it; an
@@ -128,7 +128,7 @@ impl Entry {
         };
         let body = String::from_utf8(body.to_vec()).map_err(|_| EntryError::Incomplete)?;
         Ok(Self::new(
-            endpoint,
+            dialect,
             Delivery::Json,
             stamp,
             model_of(answer),
@@ -140,13 +140,13 @@ impl Entry {
     /// it: `body` is every byte of the stream (`None`: it outgrew its copy),
     /// `finished` that its grammar saw the answer complete. Its status was 200.
     pub fn from_stream(
-        endpoint: Dialect,
+        dialect: Dialect,
         body: Option<&[u8]>,
         finished: bool,
         stamp: Stamp,
         limit: u32,
     ) -> Result<Self, EntryError> {
-        if endpoint.answer().stored() != Some(Stored::AsSent) {
+        if dialect.answer().stored() != Some(Stored::AsSent) {
             return Err(EntryError::Dialect);
         }
         let body = body
@@ -158,7 +158,7 @@ impl Entry {
         // SSE is UTF-8 by its definition.
         let body = String::from_utf8(body.to_vec()).map_err(|_| EntryError::Incomplete)?;
         Ok(Self::new(
-            endpoint,
+            dialect,
             Delivery::Stream,
             stamp,
             String::new(),
@@ -406,7 +406,7 @@ mod tests {
     #[test]
     fn responses_and_messages_are_kept_as_sent() {
         let json =
-            |endpoint, body: &str| Entry::from_json(endpoint, 200, body.as_bytes(), STAMP, 4096);
+            |dialect, body: &str| Entry::from_json(dialect, 200, body.as_bytes(), STAMP, 4096);
         let e = json(Dialect::Messages, MESSAGE).unwrap();
         assert_eq!(
             (e.dialect(), e.delivery()),
@@ -426,7 +426,7 @@ mod tests {
             (e.dialect(), e.delivery()),
             (Dialect::Responses, Delivery::Json)
         );
-        for (endpoint, body) in [
+        for (dialect, body) in [
             (Dialect::Responses, done.replace("completed", "incomplete")),
             (Dialect::Responses, done.replace("null", r#"{"code":"x"}"#)),
             (Dialect::Messages, MESSAGE.replace("\"end_turn\"", "null")),
@@ -435,11 +435,11 @@ mod tests {
                 MESSAGE.replace("\"message\"", "\"error\""),
             ),
         ] {
-            assert_eq!(json(endpoint, &body), Err(EntryError::Incomplete), "{body}");
+            assert_eq!(json(dialect, &body), Err(EntryError::Incomplete), "{body}");
         }
 
-        let stream = |endpoint, body: Option<&[u8]>, finished, limit| {
-            Entry::from_stream(endpoint, body, finished, STAMP, limit)
+        let stream = |dialect, body: Option<&[u8]>, finished, limit| {
+            Entry::from_stream(dialect, body, finished, STAMP, limit)
         };
         let e = stream(Dialect::Messages, Some(STREAM.as_bytes()), true, 4096).unwrap();
         assert_eq!(

@@ -34,8 +34,8 @@ const IGNORED_FIELDS: [&str; 3] = ["stream", "stream_options", "user"];
 /// and the buffered body.
 #[derive(Debug, Clone, Copy)]
 pub struct CacheRequest<'a> {
-    /// The call's endpoint, from [`crate::dialect::classify`].
-    pub endpoint: Dialect,
+    /// The call's dialect, from [`crate::dialect::classify`].
+    pub dialect: Dialect,
     /// The `:path` as received, query included (a query such as Azure's
     /// `api-version` can change the answer).
     pub path: &'a str,
@@ -44,7 +44,7 @@ pub struct CacheRequest<'a> {
     /// The client's `cache-control` header, if any.
     pub cache_control: Option<&'a str>,
     /// The value of each of [`CacheConfig::tenant_headers_of`] the
-    /// endpoint, in that order, `None` where the header is absent.
+    /// dialect, in that order, `None` where the header is absent.
     pub credentials: &'a [Option<&'a str>],
 }
 
@@ -136,7 +136,7 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
     if !cfg.enabled {
         return Decision::Bypass(BypassReason::Disabled);
     }
-    if req.endpoint.answer().stored().is_none() {
+    if req.dialect.answer().stored().is_none() {
         return Decision::Bypass(BypassReason::Dialect);
     }
     let control = CacheControl::parse(req.cache_control.unwrap_or(""));
@@ -153,13 +153,13 @@ pub fn decide(cfg: &CacheConfig, req: &CacheRequest<'_>) -> Decision {
         Some(d) => d,
         None => return Decision::Bypass(BypassReason::InvalidBody),
     };
-    if Continues::of(req.endpoint, body).state {
+    if Continues::of(req.dialect, body).state {
         return Decision::Bypass(BypassReason::State);
     }
-    let api = req.endpoint.request();
+    let api = req.dialect.request();
     // A call that samples nothing (embeddings) is as deterministic as its input.
     if api.samples() {
-        if !deterministic(cfg, req.endpoint, req.path, body, &control) {
+        if !deterministic(cfg, req.dialect, req.path, body, &control) {
             return Decision::Bypass(BypassReason::Temperature);
         }
         if has_marker(body, api.prompt_fields(), &cfg.dynamic_markers) {
@@ -187,7 +187,7 @@ pub(crate) fn digest(
     req: &CacheRequest<'_>,
     body: &Json,
 ) -> Key {
-    let ignored: &[&str] = match kept_as_sent(req.endpoint, false) {
+    let ignored: &[&str] = match kept_as_sent(req.dialect, false) {
         None => &IGNORED_FIELDS,
         Some(_) => &[],
     };
@@ -195,7 +195,7 @@ pub(crate) fn digest(
     body.write_without(ignored, &mut canonical);
     let tenant = match cfg.scope {
         Scope::Global => Vec::new(),
-        Scope::Tenant => tenant_hash(cfg.tenant_headers_of(req.endpoint), req.credentials).to_vec(),
+        Scope::Tenant => tenant_hash(cfg.tenant_headers_of(req.dialect), req.credentials).to_vec(),
     };
     let mut h = Sha256::new();
     for part in [version, req.path.as_bytes(), &tenant, &canonical] {
@@ -283,12 +283,12 @@ fn delivery(body: &Json) -> Option<(bool, bool)> {
 /// parameter, OpenAI's reasoning models refuse it), so only one sent counts.
 fn deterministic(
     cfg: &CacheConfig,
-    endpoint: Dialect,
+    dialect: Dialect,
     path: &str,
     body: &Json,
     control: &CacheControl,
 ) -> bool {
-    let api = endpoint.request();
+    let api = dialect.request();
     let declared = || match (api.model_in_path(path), body.get("model")) {
         (Some(m), _) => cfg.deterministic_models.iter().any(|d| d == m),
         (None, Some(Json::String(m))) => cfg.deterministic_models.contains(m),
@@ -367,7 +367,7 @@ mod tests {
 
     fn decide_with(
         cfg: &CacheConfig,
-        endpoint: Dialect,
+        dialect: Dialect,
         body: &str,
         cc: Option<&str>,
         cred: Option<&str>,
@@ -377,7 +377,7 @@ mod tests {
         decide(
             cfg,
             &CacheRequest {
-                endpoint,
+                dialect,
                 path: CHAT,
                 body: body.as_ref(),
                 cache_control: cc,
@@ -463,7 +463,7 @@ mod tests {
             match decide(
                 c,
                 &CacheRequest {
-                    endpoint: Dialect::Chat,
+                    dialect: Dialect::Chat,
                     path,
                     body: Json::parse(BASE.as_bytes()).as_ref(),
                     cache_control: None,
@@ -484,7 +484,7 @@ mod tests {
         let moved = match decide(
             &c,
             &CacheRequest {
-                endpoint: Dialect::Chat,
+                dialect: Dialect::Chat,
                 path: CHAT,
                 body: Json::parse(BASE.as_bytes()).as_ref(),
                 cache_control: None,
@@ -508,9 +508,9 @@ mod tests {
     #[test]
     fn a_messages_tenant_is_its_x_api_key() {
         let body = Json::parse(br#"{"model":"claude","messages":[]}"#).unwrap();
-        let key = |c: &CacheConfig, endpoint, creds: &[Option<&str>]| {
+        let key = |c: &CacheConfig, dialect, creds: &[Option<&str>]| {
             let req = CacheRequest {
-                endpoint,
+                dialect,
                 path: "/v1/messages",
                 body: Some(&body),
                 cache_control: None,
@@ -585,7 +585,7 @@ mod tests {
     #[test]
     fn bypasses() {
         let c = cfg();
-        let b = |endpoint, body: &str, cc| decide_with(&c, endpoint, body, cc, None);
+        let b = |dialect, body: &str, cc| decide_with(&c, dialect, body, cc, None);
         let bypass = Decision::Bypass;
         assert_eq!(b(Dialect::Other, BASE, None), bypass(BypassReason::Dialect));
         assert_eq!(
@@ -793,10 +793,9 @@ mod tests {
             max_temperature: 1.0,
             ..cfg()
         };
-        let d =
-            |c: &CacheConfig, endpoint, body: &str, cc| decide_with(c, endpoint, body, cc, None);
+        let d = |c: &CacheConfig, dialect, body: &str, cc| decide_with(c, dialect, body, cc, None);
         let temperature = Decision::Bypass(BypassReason::Temperature);
-        for (endpoint, cold) in [
+        for (dialect, cold) in [
             (
                 Dialect::Messages,
                 r#"{"model":"claude","max_tokens":9,"messages":[]}"#,
@@ -805,19 +804,19 @@ mod tests {
         ] {
             let sent = |t: &str| cold.replacen('{', &format!("{{\"temperature\":{t},"), 1);
             assert!(matches!(
-                d(&cfg(), endpoint, &sent("0"), None),
+                d(&cfg(), dialect, &sent("0"), None),
                 Decision::Cacheable(_)
             ));
-            assert_eq!(d(&cfg(), endpoint, &sent("0.5"), None), temperature);
+            assert_eq!(d(&cfg(), dialect, &sent("0.5"), None), temperature);
             assert!(matches!(
-                d(&warm, endpoint, &sent("0.5"), None),
+                d(&warm, dialect, &sent("0.5"), None),
                 Decision::Cacheable(_)
             ));
             // No temperature is no default to compare: only an opt-in helps.
-            assert_eq!(d(&cfg(), endpoint, cold, None), temperature, "{endpoint:?}");
-            assert_eq!(d(&warm, endpoint, cold, None), temperature, "{endpoint:?}");
+            assert_eq!(d(&cfg(), dialect, cold, None), temperature, "{dialect:?}");
+            assert_eq!(d(&warm, dialect, cold, None), temperature, "{dialect:?}");
             assert!(matches!(
-                d(&cfg(), endpoint, cold, Some("max-age=5")),
+                d(&cfg(), dialect, cold, Some("max-age=5")),
                 Decision::Cacheable(_)
             ));
         }
@@ -859,18 +858,18 @@ mod tests {
     /// by delivery: nothing of the body stays out of its key.
     #[test]
     fn a_kept_as_sent_answer_is_keyed_on_its_whole_body() {
-        let k = |endpoint, body: &str| match decide_with(&cfg(), endpoint, body, None, None) {
+        let k = |dialect, body: &str| match decide_with(&cfg(), dialect, body, None, None) {
             Decision::Cacheable(c) => (c.key, c.stream),
             d => panic!("{body}: {d:?}"),
         };
-        for (endpoint, base) in [
+        for (dialect, base) in [
             (Dialect::Messages, r#"{"temperature":0,"messages":[]}"#),
             (Dialect::Responses, r#"{"temperature":0,"input":"x"}"#),
         ] {
-            let with = |f: &str| k(endpoint, &base.replacen('{', &format!("{{{f},"), 1));
-            let (plain, stream) = (k(endpoint, base), with(r#""stream":true"#));
+            let with = |f: &str| k(dialect, &base.replacen('{', &format!("{{{f},"), 1));
+            let (plain, stream) = (k(dialect, base), with(r#""stream":true"#));
             assert!(!plain.1 && stream.1);
-            assert_ne!(plain.0, stream.0, "{endpoint:?}");
+            assert_ne!(plain.0, stream.0, "{dialect:?}");
             for f in [
                 r#""user":"u1""#,
                 r#""metadata":{"user_id":"u1"}"#,
@@ -879,7 +878,7 @@ mod tests {
             ] {
                 assert_ne!(with(f).0, plain.0, "{f}");
             }
-            assert_eq!(k(endpoint, &base.replace(':', " : ")), plain, "spelling");
+            assert_eq!(k(dialect, &base.replace(':', " : ")), plain, "spelling");
         }
     }
 
@@ -890,7 +889,7 @@ mod tests {
             ..cfg()
         };
         let marker = Decision::Bypass(BypassReason::DynamicMarker);
-        for (endpoint, body) in [
+        for (dialect, body) in [
             (
                 Dialect::Messages,
                 r#"{"temperature":0,"system":"at {{now}}","messages":[]}"#,
@@ -908,11 +907,7 @@ mod tests {
                 r#"{"temperature":0,"input":[{"role":"user","content":"{{now}}"}]}"#,
             ),
         ] {
-            assert_eq!(
-                decide_with(&c, endpoint, body, None, None),
-                marker,
-                "{body}"
-            );
+            assert_eq!(decide_with(&c, dialect, body, None, None), marker, "{body}");
         }
         let elsewhere = r#"{"temperature":0,"metadata":{"x":"{{now}}"},"input":"x"}"#;
         assert!(matches!(
@@ -927,7 +922,7 @@ mod tests {
             dynamic_markers: vec!["{{now}}".into()],
             ..cfg()
         };
-        let d = |endpoint, body: &str| decide_with(&c, endpoint, body, None, None);
+        let d = |dialect, body: &str| decide_with(&c, dialect, body, None, None);
         let marked = r#"{"temperature":0,"messages":[{"role":"user","content":[{"type":"text","text":"time: {{now}}"}]}]}"#;
         assert_eq!(
             d(Dialect::Chat, marked),
@@ -1044,7 +1039,7 @@ mod tests {
             decide(
                 &cfg(),
                 &CacheRequest {
-                    endpoint: Dialect::Chat,
+                    dialect: Dialect::Chat,
                     path: CHAT,
                     body: body.as_ref(),
                     cache_control: None,
@@ -1123,7 +1118,7 @@ mod tests {
             decide(
                 &cfg(),
                 &CacheRequest {
-                    endpoint: Dialect::Gemini,
+                    dialect: Dialect::Gemini,
                     path,
                     body: body.as_ref(),
                     cache_control: cc,
@@ -1167,7 +1162,7 @@ mod tests {
         let by_model = decide(
             &c,
             &CacheRequest {
-                endpoint: Dialect::Gemini,
+                dialect: Dialect::Gemini,
                 path: plain,
                 body: body.as_ref(),
                 cache_control: None,
@@ -1224,7 +1219,7 @@ mod props {
         decide(
             &CacheConfig::default(),
             &CacheRequest {
-                endpoint: Dialect::Chat,
+                dialect: Dialect::Chat,
                 path: "/v1/chat/completions",
                 body: tree.as_ref(),
                 cache_control: None,
@@ -1297,18 +1292,18 @@ mod props {
         fn any_body_is_decided_in_every_dialect(doc in fuzz::doc(false), seed: u64, control in ".{0,24}") {
             let text = doc.spell(seed);
             let tree = Json::parse(text.as_bytes());
-            for endpoint in [Dialect::Responses, Dialect::Messages, Dialect::Embeddings, Dialect::Other] {
+            for dialect in [Dialect::Responses, Dialect::Messages, Dialect::Embeddings, Dialect::Other] {
                 let d = decide(
                     &CacheConfig::default(),
                     &CacheRequest {
-                        endpoint,
+                        dialect,
                         path: "/v1/x",
                         body: tree.as_ref(),
                         cache_control: Some(&control),
                         credentials: &[None, None, Some("k")],
                     },
                 );
-                let continues = tree.as_ref().is_some_and(|t| Continues::of(endpoint, t).state);
+                let continues = tree.as_ref().is_some_and(|t| Continues::of(dialect, t).state);
                 prop_assert!(!(continues && matches!(d, Decision::Cacheable(_))));
             }
         }

@@ -74,14 +74,14 @@ fn json_of(bytes: &[u8]) -> Value {
 }
 
 /// JSON → entry → SSE → assembler (split at every byte) → entry → JSON.
-fn round_trip(endpoint: Dialect, answer: &Value) {
+fn round_trip(dialect: Dialect, answer: &Value) {
     let body = serde_json::to_vec(answer).unwrap();
-    let entry = Entry::from_json(endpoint, 200, &body, STAMP, 1 << 20).unwrap();
+    let entry = Entry::from_json(dialect, 200, &body, STAMP, 1 << 20).unwrap();
     let sse = entry.reply(true, true).unwrap();
     assert_eq!(sse.content_type, entry::SSE_CONTENT_TYPE);
     for split in 0..=sse.body.len() {
         let (a, b) = sse.body.split_at(split);
-        let mut asm = Fed::new(endpoint, 1 << 20).unwrap();
+        let mut asm = Fed::new(dialect, 1 << 20).unwrap();
         asm.feed(a);
         asm.feed(b);
         let again = asm
@@ -337,7 +337,7 @@ fn a_whole_cached_call_through_the_core() {
     let creds = [Some("Bearer t1"), None];
     let tree = Json::parse(body);
     let req = CacheRequest {
-        endpoint: Dialect::Chat,
+        dialect: Dialect::Chat,
         path: "/v1/chat/completions",
         body: tree.as_ref(),
         cache_control: None,
@@ -555,15 +555,15 @@ mod props {
     /// Stores `answer`, replays it as SSE cut at `cuts`, reassembles it and
     /// checks the same entry comes back, byte for byte.
     fn replayed_and_reassembled(
-        endpoint: Dialect,
+        dialect: Dialect,
         answer: &Value,
         cuts: &[usize],
     ) -> Result<(), TestCaseError> {
         let body = serde_json::to_vec(answer).unwrap();
-        let entry = Entry::from_json(endpoint, 200, &body, STAMP, 1 << 20).unwrap();
+        let entry = Entry::from_json(dialect, 200, &body, STAMP, 1 << 20).unwrap();
         for include_usage in [true, false] {
             let sse = entry.reply(true, include_usage).unwrap().body;
-            let mut asm = Fed::new(endpoint, 1 << 20).unwrap();
+            let mut asm = Fed::new(dialect, 1 << 20).unwrap();
             let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (sse.len() + 1)).collect();
             cuts.sort_unstable();
             let mut from = 0;

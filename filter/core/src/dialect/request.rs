@@ -346,10 +346,10 @@ pub struct Continues {
 }
 
 impl Continues {
-    /// What a request body of `endpoint` continues, as its dialect reads
+    /// What a request body of `dialect` continues, as its dialect reads
     /// it; nothing but for Responses.
-    pub fn of(endpoint: Dialect, body: &Json) -> Self {
-        endpoint.request().continues(body)
+    pub fn of(dialect: Dialect, body: &Json) -> Self {
+        dialect.request().continues(body)
     }
 }
 

@@ -48,19 +48,19 @@ pub fn normalised<'v>(name: &str, value: &'v str) -> Option<std::borrow::Cow<'v,
     )))
 }
 
-/// The tenant id of a call of `endpoint`: the digest of the first
+/// The tenant id of a call of `dialect`: the digest of the first
 /// credential among the headers its API authenticates with
 /// ([`Dialect::authenticates_with`]), or of `pinned` alone when the
 /// configuration names the one header its backends read. `header` reads a
 /// request header. `None` without a credential.
 pub fn of_credential(
-    endpoint: Dialect,
+    dialect: Dialect,
     pinned: Option<&str>,
     header: impl Fn(&str) -> Option<String>,
 ) -> Option<String> {
     let pinned = pinned.as_slice();
     let names = if pinned.is_empty() {
-        endpoint.authenticates_with()
+        dialect.authenticates_with()
     } else {
         pinned
     };
@@ -86,8 +86,8 @@ fn id(credential: &str) -> String {
 mod tests {
     use super::*;
 
-    fn tenant(endpoint: Dialect, headers: &[(&str, &str)]) -> Option<String> {
-        of_credential(endpoint, None, |n| {
+    fn tenant(dialect: Dialect, headers: &[(&str, &str)]) -> Option<String> {
+        of_credential(dialect, None, |n| {
             headers
                 .iter()
                 .find(|(k, _)| k.eq_ignore_ascii_case(n))

@@ -79,18 +79,18 @@ pub struct Caller<'a> {
     pub property: &'a dyn Fn(&[&str]) -> Option<Vec<u8>>,
 }
 
-/// The identity of a call of `endpoint` to `path`, as `cfg` says where it
+/// The identity of a call of `dialect` to `path`, as `cfg` says where it
 /// comes from; a refusal where a virtual key or a verified claim is due
 /// and missing, or the key is unknown.
 pub fn resolve(
     cfg: &TenantConfig,
-    endpoint: Dialect,
+    dialect: Dialect,
     path: &str,
     caller: &Caller<'_>,
 ) -> Result<Identity, Refusal> {
     let tenant = match cfg.from {
-        Source::Credential => credential::of_credential(endpoint, cfg.header.as_deref(), |name| {
-            presented(endpoint, path, caller, name)
+        Source::Credential => credential::of_credential(dialect, cfg.header.as_deref(), |name| {
+            presented(dialect, path, caller, name)
         }),
         Source::Header => cfg
             .header
@@ -113,7 +113,7 @@ pub fn resolve(
                 .ok_or(Refusal::Missing)?;
             Some(claim)
         }
-        Source::VirtualKey => return virtual_key(cfg, endpoint, path, caller),
+        Source::VirtualKey => return virtual_key(cfg, dialect, path, caller),
     };
     Ok(Identity {
         tenant,
@@ -122,9 +122,9 @@ pub fn resolve(
 }
 
 /// The credential header `name` of a call, or the query's in its place.
-fn presented(endpoint: Dialect, path: &str, caller: &Caller<'_>, name: &str) -> Option<String> {
+fn presented(dialect: Dialect, path: &str, caller: &Caller<'_>, name: &str) -> Option<String> {
     (caller.header)(name).or_else(|| {
-        endpoint
+        dialect
             .request()
             .query_credential(path, name)
             .map(str::to_string)
@@ -153,15 +153,15 @@ fn claim(bytes: Vec<u8>) -> Option<String> {
 /// carries a credential of the API.
 fn virtual_key(
     cfg: &TenantConfig,
-    endpoint: Dialect,
+    dialect: Dialect,
     path: &str,
     caller: &Caller<'_>,
 ) -> Result<Identity, Refusal> {
-    let names = endpoint.authenticates_with();
+    let names = dialect.authenticates_with();
     let key = names
         .iter()
         .find_map(|n| {
-            let v = presented(endpoint, path, caller, n)?;
+            let v = presented(dialect, path, caller, n)?;
             credential::normalised(n, &v).map(|c| c.into_owned())
         })
         .ok_or(Refusal::Missing)?;
@@ -175,7 +175,7 @@ fn virtual_key(
         .collect();
     let query = names
         .iter()
-        .any(|n| endpoint.request().query_credential(path, n).is_some());
+        .any(|n| dialect.request().query_credential(path, n).is_some());
     Ok(Identity {
         tenant: Some(tenant.to_string()),
         presented: Presented { headers, query },

@@ -18,7 +18,7 @@ fn keys() -> TenantConfig {
 
 fn resolve_with(
     cfg: &TenantConfig,
-    endpoint: Dialect,
+    dialect: Dialect,
     path: &str,
     headers: &[(&str, &str)],
     properties: &[(&str, &[u8])],
@@ -38,7 +38,7 @@ fn resolve_with(
     };
     resolve(
         cfg,
-        endpoint,
+        dialect,
         path,
         &Caller {
             header: &header,
@@ -59,7 +59,7 @@ fn a_digest_is_what_sha256sum_prints() {
 #[test]
 fn a_virtual_key_names_its_tenant_in_each_apis_header() {
     let cfg = keys();
-    for (endpoint, path, header, value) in [
+    for (dialect, path, header, value) in [
         (
             Dialect::Chat,
             "/v1/chat/completions",
@@ -85,7 +85,7 @@ fn a_virtual_key_names_its_tenant_in_each_apis_header() {
             "bearer  vk-team-a-two ",
         ),
     ] {
-        let id = resolve_with(&cfg, endpoint, path, &[(header, value)], &[]).unwrap();
+        let id = resolve_with(&cfg, dialect, path, &[(header, value)], &[]).unwrap();
         assert_eq!(id.tenant.as_deref(), Some("team-a"), "{header}");
         assert_eq!(id.presented.headers, [header], "{header}");
         assert!(!id.presented.query);

@@ -182,16 +182,16 @@ impl AffinityConfig {
         })
     }
 
-    /// The key of a call to `endpoint` with body `body` (when held) and
+    /// The key of a call to `dialect` with body `body` (when held) and
     /// session header value `session`; `None` when affinity is off or no
     /// source gives one.
     pub fn key_of(
         &self,
-        endpoint: Dialect,
+        dialect: Dialect,
         body: Option<&Json>,
         session: Option<&str>,
     ) -> Option<Key> {
-        if !self.enabled || !keyed(endpoint) {
+        if !self.enabled || !keyed(dialect) {
             return None;
         }
         self.sources.iter().find_map(|source| {
@@ -212,7 +212,7 @@ impl AffinityConfig {
                     }
                     _ => false,
                 },
-                Source::Prefix => prefix(endpoint, body?, self.prefix_bytes, &mut h),
+                Source::Prefix => prefix(dialect, body?, self.prefix_bytes, &mut h),
             };
             found.then(|| Key(h.finish()))
         })
@@ -242,13 +242,13 @@ fn header_name(field: &str, name: String) -> Result<String, ConfigError> {
 }
 
 /// The APIs whose calls continue a conversation over a prompt cache.
-fn keyed(endpoint: Dialect) -> bool {
-    endpoint.request().converses()
+fn keyed(dialect: Dialect) -> bool {
+    dialect.request().converses()
 }
 
 /// The APIs that take a `prompt_cache_key` in the request body.
-pub fn takes_prompt_cache_key(endpoint: Dialect) -> bool {
-    endpoint.request().takes_prompt_cache_key()
+pub fn takes_prompt_cache_key(dialect: Dialect) -> bool {
+    dialect.request().takes_prompt_cache_key()
 }
 
 /// A call's affinity key: a 64-bit hash of its source and material.
@@ -315,8 +315,8 @@ fn feed_items(h: &mut Hasher, items: &[Json], max: usize) -> bool {
 /// first user turn, each bounded to `max` bytes, so a conversation keeps its
 /// key as its history grows while conversations that share a long system
 /// prompt still differ. False when the body has neither.
-fn prefix(endpoint: Dialect, body: &Json, max: usize, h: &mut Hasher) -> bool {
-    let Some(prefix) = endpoint.request().prefix(body) else {
+fn prefix(dialect: Dialect, body: &Json, max: usize, h: &mut Hasher) -> bool {
+    let Some(prefix) = dialect.request().prefix(body) else {
         return false;
     };
     let mut shared = false;
@@ -440,8 +440,8 @@ mod tests {
         Json::parse(s.as_bytes()).unwrap()
     }
 
-    fn key(endpoint: Dialect, b: &str, session: Option<&str>) -> Option<Key> {
-        cfg().key_of(endpoint, Some(&body(b)), session)
+    fn key(dialect: Dialect, b: &str, session: Option<&str>) -> Option<Key> {
+        cfg().key_of(dialect, Some(&body(b)), session)
     }
 
     #[test]

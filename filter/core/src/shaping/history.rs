@@ -22,18 +22,18 @@ use crate::dialect::request::Turns;
 use crate::dialect::Dialect;
 use crate::json::Json;
 
-/// Which items of the conversation of a call of `endpoint` to keep (same
+/// Which items of the conversation of a call of `dialect` to keep (same
 /// length, in order): chat's and Anthropic's `messages`, Responses' `input`
 /// items; `None` when every item is kept or the list is not understood (a
 /// message that is not an object with one string `role`, or no user message
 /// at all), and for a dialect without a conversation to trim.
 pub fn keep_turns(
-    endpoint: Dialect,
+    dialect: Dialect,
     messages: &[Json],
     max_turns: Option<u64>,
     max_prompt_tokens: Option<u64>,
 ) -> Option<Vec<bool>> {
-    let api = endpoint.request();
+    let api = dialect.request();
     let turns = api.turns(messages)?;
     let tokens: Vec<u64> = messages.iter().map(|m| api.turn_tokens(m)).collect();
     keep(&turns, &tokens, max_turns, max_prompt_tokens)

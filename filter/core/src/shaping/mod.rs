@@ -81,24 +81,24 @@ impl Changes {
     }
 }
 
-/// Shapes a body of `endpoint` under `limits`, in place: history first (a
+/// Shapes a body of `dialect` under `limits`, in place: history first (a
 /// chat or Anthropic `messages` list, a Responses `input` list, Gemini's
 /// `contents`), then the output token limit where the dialect keeps it
 /// (`field`, the configured one, where it lets the operator choose).
 /// Returns what changed (nothing when the body is not one shaping
 /// understands).
-pub fn shape(doc: &mut Document, endpoint: Dialect, limits: &Limits, field: TokenField) -> Changes {
+pub fn shape(doc: &mut Document, dialect: Dialect, limits: &Limits, field: TokenField) -> Changes {
     let mut changes = Changes::default();
     if !limits.any() || !doc.tree().is_some_and(understood) {
         return changes;
     }
     if (limits.history_turns.is_some() || limits.prompt_tokens.is_some())
-        && trim_turns(doc, endpoint, limits.history_turns, limits.prompt_tokens)
+        && trim_turns(doc, dialect, limits.history_turns, limits.prompt_tokens)
     {
         changes.add(What::History);
     }
     if let Some(cap) = limits.max_tokens {
-        if endpoint.request().cap_output(doc, cap, field) {
+        if dialect.request().cap_output(doc, cap, field) {
             changes.add(What::MaxTokens);
         }
     }
@@ -121,23 +121,23 @@ fn understood(tree: &Json) -> bool {
         && !tree.repeats_a_key()
 }
 
-/// Leaves out of a body of `endpoint` the items of its conversation
+/// Leaves out of a body of `dialect` the items of its conversation
 /// [`history::keep_turns`] does not keep, each kept one byte for byte.
 /// False, and nothing changed, when nothing is left out or the body is not
 /// understood.
 pub fn trim_turns(
     doc: &mut Document,
-    endpoint: Dialect,
+    dialect: Dialect,
     max_turns: Option<u64>,
     max_prompt_tokens: Option<u64>,
 ) -> bool {
-    let Some(field) = endpoint.request().turns_field() else {
+    let Some(field) = dialect.request().turns_field() else {
         return false;
     };
     let Some(Json::Array(messages)) = doc.tree().and_then(|t| t.get(field)) else {
         return false;
     };
-    let Some(keep) = history::keep_turns(endpoint, messages, max_turns, max_prompt_tokens) else {
+    let Some(keep) = history::keep_turns(dialect, messages, max_turns, max_prompt_tokens) else {
         return false;
     };
     let Some(items) = doc.items(field) else {

@@ -449,10 +449,10 @@ mod props {
     }
 }
 
-/// `body` of `endpoint` with its history trimmed to `turns` turns.
-fn trim_dialect(endpoint: Dialect, body: &str, turns: u64) -> Option<serde_json::Value> {
+/// `body` of `dialect` with its history trimmed to `turns` turns.
+fn trim_dialect(dialect: Dialect, body: &str, turns: u64) -> Option<serde_json::Value> {
     edited(body.as_bytes(), |d| {
-        trim_turns(d, endpoint, Some(turns), None)
+        trim_turns(d, dialect, Some(turns), None)
     })
     .map(|t| serde_json::from_str(&t).unwrap())
 }

@@ -368,9 +368,9 @@ data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop
 event: message_stop\n\
 data: {\"type\":\"message_stop\"}\n\n";
 
-/// `text` fed to a stream of `endpoint`'s grammar, cut at `split`.
-fn dialect(endpoint: Dialect, text: &str, split: usize) -> Stream<AnyGrammar> {
-    let mut s = Stream::with_grammar(endpoint.answer().grammar());
+/// `text` fed to a stream of `dialect`'s grammar, cut at `split`.
+fn stream_of(dialect: Dialect, text: &str, split: usize) -> Stream<AnyGrammar> {
+    let mut s = Stream::with_grammar(dialect.answer().grammar());
     let (a, b) = text.as_bytes().split_at(split);
     assert_eq!(s.feed(a, false, None), None);
     assert_eq!(s.feed(b, true, None), None);
@@ -380,7 +380,7 @@ fn dialect(endpoint: Dialect, text: &str, split: usize) -> Stream<AnyGrammar> {
 #[test]
 fn a_responses_stream_gives_its_final_usage_and_its_id() {
     for split in (1..RESPONSES.len()).step_by(7) {
-        let s = dialect(Dialect::Responses, RESPONSES, split);
+        let s = stream_of(Dialect::Responses, RESPONSES, split);
         assert_eq!(
             s.usage(),
             Some(Usage {
@@ -399,7 +399,7 @@ fn a_responses_stream_gives_its_final_usage_and_its_id() {
     }
     // Cut short: no final event, no usage, not finished.
     let cut = &RESPONSES[..RESPONSES.find("event: response.completed").unwrap()];
-    let s = dialect(Dialect::Responses, cut, 10);
+    let s = stream_of(Dialect::Responses, cut, 10);
     assert_eq!(s.usage(), None);
     assert!(!s.grammar().finished() && !s.grammar().ended());
 }
@@ -407,7 +407,7 @@ fn a_responses_stream_gives_its_final_usage_and_its_id() {
 #[test]
 fn a_messages_stream_adds_its_usage_up_over_its_events() {
     for split in (1..MESSAGES.len()).step_by(5) {
-        let s = dialect(Dialect::Messages, MESSAGES, split);
+        let s = stream_of(Dialect::Messages, MESSAGES, split);
         // Input: 4 fresh + 6 read from the cache; output as of message_delta.
         assert_eq!(
             s.usage(),
@@ -423,7 +423,7 @@ fn a_messages_stream_adds_its_usage_up_over_its_events() {
         assert_eq!(s.events(), 7);
     }
     // An error event ends the stream unfinished.
-    let s = dialect(
+    let s = stream_of(
         Dialect::Messages,
         "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n",
         3,
@@ -440,7 +440,7 @@ fn a_messages_stream_adds_its_usage_up_over_its_events() {
         format!("{head}{error}{stop}"),
         without_reason,
     ] {
-        let s = dialect(Dialect::Messages, &cut, 9);
+        let s = stream_of(Dialect::Messages, &cut, 9);
         assert!(!s.grammar().finished(), "{cut}");
     }
 }
@@ -449,13 +449,13 @@ fn a_messages_stream_adds_its_usage_up_over_its_events() {
 fn a_strip_removes_nothing_from_a_named_stream() {
     // The usage the filter asks a chat stream for is never asked of these,
     // and their usage events are the client's.
-    for (endpoint, text) in [
+    for (dialect, text) in [
         (Dialect::Messages, MESSAGES),
         (Dialect::Responses, RESPONSES),
     ] {
-        let mut s = Stream::with_grammar(endpoint.answer().grammar());
+        let mut s = Stream::with_grammar(dialect.answer().grammar());
         s.strip_usage();
-        assert_eq!(s.feed(text.as_bytes(), true, None), None, "{endpoint:?}");
+        assert_eq!(s.feed(text.as_bytes(), true, None), None, "{dialect:?}");
         assert_eq!(s.removed(), 0);
     }
 }
@@ -468,7 +468,7 @@ fn each_dialect_says_why_its_stream_ended() {
     );
     let two_choices = "data: {\"choices\":[{\"index\":0,\"finish_reason\":\"stop\"}]}\n\n\
 data: {\"choices\":[{\"index\":1,\"finish_reason\":\"length\"}]}\n\ndata: [DONE]\n\n";
-    for (endpoint, text, want) in [
+    for (dialect, text, want) in [
         (Dialect::Chat, STREAM, vec!["stop"]),
         (Dialect::Chat, two_choices, vec!["stop", "length"]),
         (Dialect::Responses, RESPONSES, vec!["completed"]),
@@ -480,17 +480,17 @@ data: {\"choices\":[{\"index\":1,\"finish_reason\":\"length\"}]}\n\ndata: [DONE]
         (Dialect::Messages, MESSAGES, vec!["end_turn"]),
     ] {
         for split in (1..text.len()).step_by(11) {
-            let s = dialect(endpoint, text, split);
+            let s = stream_of(dialect, text, split);
             assert_eq!(
                 s.grammar().finish_reasons().as_strs(),
                 want,
-                "{endpoint:?} at {split}"
+                "{dialect:?} at {split}"
             );
         }
     }
     // A stream cut before its end says nothing.
     let cut = &MESSAGES[..MESSAGES.find("event: message_delta").unwrap()];
-    let s = dialect(Dialect::Messages, cut, 4);
+    let s = stream_of(Dialect::Messages, cut, 4);
     assert!(s.grammar().finish_reasons().as_strs().is_empty());
 }
 

@@ -140,18 +140,18 @@ mod tests {
             "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"status\":\"completed\",\"output\":[{\"type\":\"message\",\"content\":[{\"type\":\"output_text\",\"text\":\"Hi there\"}]}],\"usage\":{\"input_tokens\":1,\"output_tokens\":2}}}\n\n",
         );
         let chat = "data: {\"choices\":[{\"index\":0,\"text\":\"Hi \"}]}\n\ndata: {\"choices\":[{\"index\":0,\"delta\":[1],\"text\":\"there\"}],\"usage\":{\"prompt_tokens\":1}}\n\ndata: [DONE]\n\n";
-        for (endpoint, body) in [
+        for (dialect, body) in [
             (crate::dialect::Dialect::Messages, messages),
             (crate::dialect::Dialect::Responses, responses),
             (crate::dialect::Dialect::Completions, chat),
         ] {
-            let mut kept = Stream::with_grammar(endpoint.answer().grammar());
+            let mut kept = Stream::with_grammar(dialect.answer().grammar());
             kept.keep_text(100);
             kept.feed(body.as_bytes(), true, None);
             let t = kept.grammar().transcript().expect("kept");
-            assert_eq!(t.texts(), ["Hi there"], "{endpoint:?}");
-            assert!(kept.usage().is_some(), "{endpoint:?}: the usage as before");
-            let mut plain = Stream::with_grammar(endpoint.answer().grammar());
+            assert_eq!(t.texts(), ["Hi there"], "{dialect:?}");
+            assert!(kept.usage().is_some(), "{dialect:?}: the usage as before");
+            let mut plain = Stream::with_grammar(dialect.answer().grammar());
             plain.feed(body.as_bytes(), true, None);
             assert!(plain.grammar().transcript().is_none());
             assert_eq!(plain.usage(), kept.usage());

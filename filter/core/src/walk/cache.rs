@@ -191,7 +191,7 @@ impl Call {
         }
         env.config
             .cache
-            .tenant_headers_of(self.request.endpoint)
+            .tenant_headers_of(self.request.dialect)
             .map(|name| host.request_header(name))
             .collect()
     }
@@ -209,7 +209,7 @@ impl Call {
         let values = self.credentials(env, host);
         let credentials: Vec<Option<&str>> = values.iter().map(Option::as_deref).collect();
         f(&CacheRequest {
-            endpoint: self.request.endpoint,
+            dialect: self.request.dialect,
             path: &self.request.path,
             body,
             cache_control: cache_control.as_deref(),
@@ -333,7 +333,7 @@ impl Call {
             count_store(env.metrics, "status");
             return None;
         }
-        let kept_as_sent = kept_as_sent(self.request.endpoint, c.stream);
+        let kept_as_sent = kept_as_sent(self.request.dialect, c.stream);
         if kept_as_sent.is_some_and(|d| d != Delivery::of(response.is_stream())) {
             count_store(env.metrics, EntryError::Delivery.as_str());
             return None;
@@ -353,7 +353,7 @@ impl Call {
         if kept_as_sent.is_some() {
             return Some(Fill::Verbatim(BodyCopy::with_limit(limit as usize)));
         }
-        match StreamAssembler::new(self.request.endpoint, limit) {
+        match StreamAssembler::new(self.request.dialect, limit) {
             Some(a) => Some(Fill::Sse(a)),
             None => {
                 count_store(env.metrics, "endpoint");
@@ -438,16 +438,16 @@ impl Call {
             return;
         };
         let stamp = env.config.cache.stamp(env.now_ms, env.rng.next_f64());
-        let endpoint = self.request.endpoint;
+        let dialect = self.request.dialect;
         let entry = match (fill, json) {
             (Fill::Json, Some(body)) if !gave_up => {
-                Entry::from_answer(endpoint, 200, body, answer, stamp, limit)
+                Entry::from_answer(dialect, 200, body, answer, stamp, limit)
             }
             (Fill::Json, _) => Err(EntryError::TooLarge),
             (Fill::Sse(asm), _) => asm.finish(stamp),
             (Fill::Verbatim(copy), _) => {
                 let finished = self.response.as_ref().is_some_and(Response::finished);
-                Entry::from_stream(endpoint, copy.bytes(), finished, stamp, limit)
+                Entry::from_stream(dialect, copy.bytes(), finished, stamp, limit)
             }
         };
         match entry {

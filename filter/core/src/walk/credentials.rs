@@ -19,7 +19,7 @@ impl Call {
         if !env.config.credentials.mesh(cluster.as_deref()) {
             return;
         }
-        let api = self.request.endpoint.request();
+        let api = self.request.dialect.request();
         for name in credentials::CLIENT_HEADERS {
             set_request(env, host, name, None);
         }
@@ -61,7 +61,7 @@ impl Call {
         if !mesh {
             return cluster;
         }
-        let api = self.request.endpoint.request();
+        let api = self.request.dialect.request();
         for (_, v) in headers.iter_mut().filter(|(k, _)| k == ":path") {
             if let Some(p) = api.without_query_credential(v) {
                 *v = p;

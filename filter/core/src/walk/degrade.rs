@@ -50,10 +50,10 @@ impl Call {
             degrade::count(env.metrics, Action::Cache, priority);
             return ControlFlow::Break(Step::Pause);
         }
-        let endpoint = self.request.endpoint;
+        let dialect = self.request.dialect;
         let field = self.shaping_config(env.config).field;
         // What the dialect has no field for is skipped, and counted.
-        let api = endpoint.request();
+        let api = dialect.request();
         let (apply, skip): (Vec<Action>, Vec<Action>) = actions.iter().partition(|a| match a {
             Action::MaxTokens => api.caps_output(),
             Action::Temperature => api.samples(),
@@ -63,13 +63,13 @@ impl Call {
             env.metrics.counter(
                 &names::name(
                     names::DEGRADE_SKIPPED,
-                    &[("action", action.as_str()), ("api", endpoint.api())],
+                    &[("action", action.as_str()), ("api", dialect.api())],
                 ),
                 1,
             );
         }
         let target = degrade::Target {
-            dialect: endpoint,
+            dialect,
             path: self.path(),
             model: &model,
         };

@@ -164,11 +164,11 @@ impl Call {
         finish_reasons: &'a [&'a str],
         served: Served<'a>,
     ) -> spans::Details<'a> {
-        let endpoint = self.request.endpoint;
+        let dialect = self.request.dialect;
         let response = served.response;
         spans::Details {
             prompt: self.request.prompt.as_ref(),
-            completion: response.and_then(|r| r.completion(endpoint, &config.capture)),
+            completion: response.and_then(|r| r.completion(dialect, &config.capture)),
             requested_model: self.request.view.model.as_deref(),
             response_model: response.and_then(Response::model),
             finish_reasons,
@@ -229,7 +229,7 @@ impl Call {
         now_ms: u64,
     ) -> CallSummary<'a> {
         CallSummary {
-            api: self.request.endpoint,
+            api: self.request.dialect,
             priority: self.request.priority,
             model,
             group: None,

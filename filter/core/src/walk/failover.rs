@@ -186,7 +186,7 @@ impl Call {
         let cache_key = self.cache_key_for(target.prompt_cache_key);
         // The path as the client sent it, with the backend's name of the
         // model for a dialect that names it there.
-        let Some((model, path)) = rewrite::model_edit(self.request.endpoint, self.path(), model)
+        let Some((model, path)) = rewrite::model_edit(self.request.dialect, self.path(), model)
         else {
             internal_error(env.metrics, "rewrite_model");
             return Sent::Nowhere;
@@ -207,7 +207,7 @@ impl Call {
         );
         if self
             .request
-            .endpoint
+            .dialect
             .request()
             .model_in_path(self.path())
             .is_some()
@@ -363,7 +363,7 @@ impl Call {
             .any(|(k, v)| k.eq_ignore_ascii_case("content-type") && v.contains(SSE_CONTENT_TYPE));
         // The client sees the stream without the usage it did not ask for.
         let (response, stripped) = Response::from_callout(
-            self.request.endpoint,
+            self.request.dialect,
             status,
             stream,
             self.decided.usage_asked,

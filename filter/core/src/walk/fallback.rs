@@ -87,7 +87,7 @@ impl Call {
         if let Some(Answer::Json { copy, .. }) = self.response.as_mut().map(|r| &mut r.answer) {
             copy.append(&body);
         }
-        let dialect = self.request.endpoint;
+        let dialect = self.request.dialect;
         let class = status.and_then(|s| fallback::classify(dialect, s, &body));
         if let (Some(class), Some(status)) = (class, status) {
             if self.fall_back(env, host, class, End::Answered(status)) {
@@ -156,7 +156,7 @@ impl Call {
         };
         let class = answer
             .status
-            .and_then(|status| fallback::classify(self.request.endpoint, status, &answer.body));
+            .and_then(|status| fallback::classify(self.request.dialect, status, &answer.body));
         // Refused again for a class is a failure too, whatever its status.
         let result = match class {
             Some(_) => FailoverResult::Failed,

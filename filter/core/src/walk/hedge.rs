@@ -134,7 +134,7 @@ impl Call {
         }
         let end = answer.status.map_or(End::TimedOut(504), End::Answered);
         // The hedge's own tokens, not those of the answer that beat it.
-        let usage = self.request.endpoint.answer().head(&answer.body).usage;
+        let usage = self.request.dialect.answer().head(&answer.body).usage;
         self.hedge_learns(env, &cluster, end, usage);
         self.decided.hedge = Some(HedgeResult::Lost);
         hedge::count(env.metrics, HedgeResult::Lost);

@@ -16,7 +16,7 @@ impl Call {
     /// Finds the call's tenant; `Some(step)` when the call was refused.
     pub(super) fn identify(&mut self, env: &mut Env<'_>, host: &mut dyn Host) -> Option<Step> {
         let cfg = &env.config.tenant;
-        let endpoint = self.request.endpoint;
+        let dialect = self.request.dialect;
         let found = {
             let reader: &dyn Host = host;
             let header = |n: &str| reader.request_header(n);
@@ -25,7 +25,7 @@ impl Call {
                 header: &header,
                 property: &property,
             };
-            identity::resolve(cfg, endpoint, &self.request.path, &caller)
+            identity::resolve(cfg, dialect, &self.request.path, &caller)
         };
         match found {
             Ok(id) => {
@@ -42,7 +42,7 @@ impl Call {
                 None
             }
             Err(why) => {
-                let labels = [("reason", why.as_str()), ("api", endpoint.api())];
+                let labels = [("reason", why.as_str()), ("api", dialect.api())];
                 env.metrics
                     .counter(&names::name(names::IDENTITY_REFUSED, &labels), 1);
                 let r =

@@ -50,7 +50,7 @@ impl Call {
         let max_tokens = body
             .as_ref()
             .and_then(|b| b.tree())
-            .and_then(|t| token_cap(self.request.endpoint, t));
+            .and_then(|t| token_cap(self.request.dialect, t));
         let model = self.model().map(str::to_string);
         let ask = Ask {
             priority: self.request.priority,
@@ -65,20 +65,20 @@ impl Call {
         let cfg = &env.config.limits;
         let admitted = match limits::admit(env.store, cfg, env.metrics, &ask) {
             Decision::Refuse(r) => {
-                let reply = refusal(&r, self.request.endpoint, env.now_ms);
+                let reply = refusal(&r, self.request.dialect, env.now_ms);
                 return ControlFlow::Break(self.reply_locally(env, host, reply));
             }
             Decision::Pass(a) => a,
         };
         if let (Some(cheaper), Some(b)) = (&admitted.cheaper, body.as_mut()) {
-            let endpoint = self.request.endpoint;
+            let dialect = self.request.dialect;
             let field = self.shaping_config(env.config).field;
             let capped = cheaper
                 .max_tokens
-                .is_some_and(|cap| endpoint.request().cap_output(&mut b.doc, cap, field));
+                .is_some_and(|cap| dialect.request().cap_output(&mut b.doc, cap, field));
             // Where the dialect names the model: the body, or the path.
             let switched = cheaper.model.as_deref().and_then(|m| {
-                degrade::switch_model(endpoint, &mut b.doc, self.path(), m).map(|to| (m, to))
+                degrade::switch_model(dialect, &mut b.doc, self.path(), m).map(|to| (m, to))
             });
             if let Some((m, to)) = switched {
                 self.decided.fallback_model = Some(m.to_string());
@@ -170,7 +170,7 @@ impl Call {
         host: &mut dyn Host,
         r: &Refused,
     ) -> bool {
-        let reply = refusal(r, self.request.endpoint, env.now_ms);
+        let reply = refusal(r, self.request.dialect, env.now_ms);
         self.reply_locally(env, host, reply) == super::Step::Pause
     }
 
@@ -213,7 +213,7 @@ impl Call {
             return;
         };
         let a = &l.admitted;
-        rate_headers(out, self.request.endpoint, a.requests, a.tokens, l.at_ms);
+        rate_headers(out, self.request.dialect, a.requests, a.tokens, l.at_ms);
         if a.cheaper.is_some() {
             out.push((LIMITED_HEADER, "degraded".to_string()));
         }
@@ -245,7 +245,7 @@ fn rate_headers(
 
 /// The 429 for a call over `r`, with `retry-after` until it fits and what
 /// is left of the tightest request and token limits.
-fn refusal(r: &Refused, endpoint: Dialect, now_ms: u64) -> reply::LocalReply {
+fn refusal(r: &Refused, dialect: Dialect, now_ms: u64) -> reply::LocalReply {
     let wait_s = r.wait_ms.map(|ms| ms.div_ceil(1000).max(1));
     let amount = match r.measure {
         // Nanos as units with six decimals, without float formatting.
@@ -273,6 +273,6 @@ fn refusal(r: &Refused, endpoint: Dialect, now_ms: u64) -> reply::LocalReply {
     // Every SDK reads what is left from a 429 as from any answer: both
     // measures, in the dialect's names (OpenAI's and Anthropic's APIs send
     // them on their own 429s).
-    rate_headers(&mut reply.headers, endpoint, r.requests, r.tokens, now_ms);
-    reply.in_dialect(endpoint)
+    rate_headers(&mut reply.headers, dialect, r.requests, r.tokens, now_ms);
+    reply.in_dialect(dialect)
 }

@@ -139,11 +139,11 @@ impl Call {
         let shard_key = cache::take_shard_header(env, host);
         let method = host.request_header(":method").unwrap_or_default();
         let path = host.request_header(":path").unwrap_or_default();
-        let endpoint = dialect::classify(&method, &path, &env.config.llm_paths)?;
+        let dialect = dialect::classify(&method, &path, &env.config.llm_paths)?;
         // Read once: it may set the priority, and the priority joins it.
         let baggage = request_baggage(host);
         let mut call = Self {
-            request: Request::read(env, host, endpoint, path, baggage.as_deref()),
+            request: Request::read(env, host, dialect, path, baggage.as_deref()),
             decided: Decided::default(),
             progress: Progress::new(),
             dispatch: Dispatch::default(),
@@ -158,7 +158,7 @@ impl Call {
         }
         call.name_tenant(env, host);
         if end_of_stream {
-            let step = call.decide(env, host, Some(HeldBody::parse(endpoint, Vec::new(), 0)));
+            let step = call.decide(env, host, Some(HeldBody::parse(dialect, Vec::new(), 0)));
             return Some((call, step));
         }
         if call.can_hold_body(env, host) {
@@ -243,8 +243,8 @@ impl Call {
                 return Step::Pause;
             }
             let body = host.request_body(size).unwrap_or_default();
-            let endpoint = self.request.endpoint;
-            return self.decide(env, host, Some(HeldBody::parse(endpoint, body, size)));
+            let dialect = self.request.dialect;
+            return self.decide(env, host, Some(HeldBody::parse(dialect, body, size)));
         }
         // A copy past its bound is gone: the rest of the body is not fetched.
         if let Some(copy) = self.request.copy.as_mut().filter(|c| c.is_open()) {
@@ -279,7 +279,7 @@ impl Call {
             return;
         }
         if let Some(tree) = body.tree() {
-            self.request.prompt = spans::capture::prompt(&cfg.capture, self.request.endpoint, tree);
+            self.request.prompt = spans::capture::prompt(&cfg.capture, self.request.dialect, tree);
         }
     }
 
@@ -392,7 +392,7 @@ impl Request {
     fn read(
         env: &Env<'_>,
         host: &dyn Host,
-        endpoint: Dialect,
+        dialect: Dialect,
         path: String,
         baggage: Option<&str>,
     ) -> Self {
@@ -415,14 +415,14 @@ impl Request {
             cfg.budget.default_for(priority)
         };
         Self {
-            endpoint,
+            dialect,
             priority,
             started_ms: env.now_ms,
             budget_ms,
             // A dialect that names the model in the path names it before
             // any body is read (or when none is).
             view: View {
-                model: endpoint.request().model_in_path(&path).map(str::to_string),
+                model: dialect.request().model_in_path(&path).map(str::to_string),
                 ..View::default()
             },
             path,

@@ -19,7 +19,7 @@ impl Call {
         host: &mut dyn Host,
         r: budget::LocalReply,
     ) -> Step {
-        let r = r.in_dialect(self.request.endpoint);
+        let r = r.in_dialect(self.request.dialect);
         let headers: Vec<(&str, &str)> = r.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let cache = self.cache.status;
         if self.send_local_reply(env, host, r.status, &headers, &r.body, cache) {

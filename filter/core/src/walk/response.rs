@@ -35,8 +35,8 @@ impl Call {
             Phase::Holding { .. } => self.progress.forward(),
             _ => {}
         }
-        let endpoint = self.request.endpoint;
-        let mut response = Response::read(host, endpoint, env.now_ms, end_of_stream);
+        let dialect = self.request.dialect;
+        let mut response = Response::read(host, dialect, env.now_ms, end_of_stream);
         if let (Answer::Stream(sse), true) = (&mut response.answer, env.config.capture.completion) {
             sse.keep_text(capture::transcript_bytes(&env.config.capture));
         }
@@ -47,7 +47,7 @@ impl Call {
                 1,
             );
         }
-        response.replacement = rewrite_envoy_reply(env, host, endpoint, response.envoy);
+        response.replacement = rewrite_envoy_reply(env, host, dialect, response.envoy);
         if self.decided.usage_asked {
             if let Answer::Stream(sse) = &mut response.answer {
                 sse.strip_usage();
@@ -145,7 +145,7 @@ impl Call {
     /// when the cache will store it.
     fn finish_json(&mut self) -> Option<Value> {
         let for_cache = self.cache.stores_json();
-        let dialect = self.request.endpoint.answer();
+        let dialect = self.request.dialect.answer();
         let response = self.response.as_mut()?;
         let Answer::Json { copy, head } = &mut response.answer else {
             return None;
@@ -164,7 +164,7 @@ impl Call {
 
 impl Response {
     /// The response whose headers `host` holds, read at `now_ms`.
-    fn read(host: &dyn Host, endpoint: Dialect, now_ms: u64, end_of_stream: bool) -> Self {
+    fn read(host: &dyn Host, dialect: Dialect, now_ms: u64, end_of_stream: bool) -> Self {
         let status = host
             .response_header(":status")
             .and_then(|s| s.parse::<u16>().ok());
@@ -194,7 +194,7 @@ impl Response {
                 .and_then(failover::should_retry),
             envoy,
             answer: if stream {
-                Answer::Stream(sse::Stream::with_grammar(endpoint.answer().grammar()))
+                Answer::Stream(sse::Stream::with_grammar(dialect.answer().grammar()))
             } else {
                 Answer::Json {
                     copy: BodyCopy::default(),
@@ -214,7 +214,7 @@ impl Response {
 fn rewrite_envoy_reply(
     env: &mut Env<'_>,
     host: &mut dyn Host,
-    endpoint: Dialect,
+    dialect: Dialect,
     envoy: Option<EnvoyReply>,
 ) -> Option<Vec<u8>> {
     let kind = match envoy? {
@@ -223,7 +223,7 @@ fn rewrite_envoy_reply(
         EnvoyReply::NoCredential => ReplyKind::NoCredential,
         EnvoyReply::Reset => return None,
     };
-    let r = reply::local_reply(kind, None).in_dialect(endpoint);
+    let r = reply::local_reply(kind, None).in_dialect(dialect);
     for (name, value) in &r.headers {
         set_response(env, host, name, Some(value));
     }

@@ -24,12 +24,12 @@ impl Call {
             // The cap is on the tokens the model counts.
             limits.prompt_tokens = Some(self.estimate_ratio(env).uncalibrated(cap));
         }
-        let endpoint = self.request.endpoint;
-        if !endpoint.request().shaped() || !limits.any() {
+        let dialect = self.request.dialect;
+        if !dialect.request().shaped() || !limits.any() {
             return ControlFlow::Continue(Some(body));
         }
         let field = self.shaping_config(env.config).field;
-        let changes = shaping::shape(&mut body.doc, endpoint, &limits, field);
+        let changes = shaping::shape(&mut body.doc, dialect, &limits, field);
         if changes.is_empty() {
             return ControlFlow::Continue(Some(body));
         }

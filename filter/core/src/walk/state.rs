@@ -51,7 +51,7 @@ use super::body::{BodyCopy, HeldBody};
 /// says, read once when the body is.
 #[derive(Debug)]
 pub(super) struct Request {
-    pub(super) endpoint: Dialect,
+    pub(super) dialect: Dialect,
     pub(super) priority: Priority,
     pub(super) started_ms: u64,
     /// The caller's whole budget, ms.
@@ -81,7 +81,7 @@ impl Request {
     /// object); read once, when the body is complete.
     pub(super) fn read_body(&mut self, body: &HeldBody) {
         self.view = View::read(
-            self.endpoint,
+            self.dialect,
             &self.path,
             body.tree(),
             body.features.as_ref(),
@@ -94,9 +94,9 @@ impl Request {
     }
 }
 
-/// The output token cap a request body of `endpoint` names, when a whole number.
-pub(super) fn token_cap(endpoint: Dialect, tree: &Json) -> Option<u64> {
-    endpoint.request().output_cap(tree)
+/// The output token cap a request body of `dialect` names, when a whole number.
+pub(super) fn token_cap(dialect: Dialect, tree: &Json) -> Option<u64> {
+    dialect.request().output_cap(tree)
 }
 
 /// The limits' part in one call (see `walk::limits`).
@@ -493,7 +493,7 @@ impl Response {
     /// and the body the client gets in its place when that differs (`strip`:
     /// without the usage-only chunk of a stream).
     pub(super) fn from_callout(
-        endpoint: Dialect,
+        dialect: Dialect,
         status: u16,
         stream: bool,
         strip: bool,
@@ -503,7 +503,7 @@ impl Response {
     ) -> (Self, Option<Vec<u8>>) {
         let mut stripped = None;
         let answer = if stream {
-            let mut sse = sse::Stream::with_grammar(endpoint.answer().grammar());
+            let mut sse = sse::Stream::with_grammar(dialect.answer().grammar());
             if strip {
                 sse.strip_usage();
             }
@@ -517,7 +517,7 @@ impl Response {
             copy.append(body);
             Answer::Json {
                 copy,
-                head: endpoint.answer().head(body),
+                head: dialect.answer().head(body),
             }
         };
         let response = Self {
@@ -537,7 +537,7 @@ impl Response {
 
     /// The completion, captured once when `cfg` asks (a 2xx answer only):
     /// from the stream's kept text, or from the JSON answer's copy.
-    pub(super) fn completion(&self, endpoint: Dialect, cfg: &CaptureConfig) -> Option<&Captured> {
+    pub(super) fn completion(&self, dialect: Dialect, cfg: &CaptureConfig) -> Option<&Captured> {
         if !cfg.completion || !self.status.is_some_and(|s| (200..300).contains(&s)) {
             return None;
         }
@@ -550,7 +550,7 @@ impl Response {
                 }
                 Answer::Json { copy, .. } => {
                     let tree = crate::json::Json::parse(copy.bytes()?)?;
-                    capture::completion(cfg, endpoint, &tree)
+                    capture::completion(cfg, dialect, &tree)
                 }
             })
             .as_ref()

@@ -70,7 +70,7 @@ impl Call {
     /// (the load signals count output tokens), which the client then does not
     /// see unless it asked. Responses and Messages streams always carry it.
     fn ask_for_usage(&mut self, body: &mut HeldBody) {
-        if self.request.endpoint.request().ask_for_usage(&mut body.doc) {
+        if self.request.dialect.request().ask_for_usage(&mut body.doc) {
             // Routing reads the features, which this does not change.
             body.edited = true;
             self.decided.usage_asked = true;
@@ -96,7 +96,7 @@ impl Call {
         } else {
             None
         };
-        cfg.key_of(self.request.endpoint, body.tree(), session.as_deref())
+        cfg.key_of(self.request.dialect, body.tree(), session.as_deref())
     }
 
     /// The affinity key as the `prompt_cache_key` a backend that takes one
@@ -105,7 +105,7 @@ impl Call {
     pub(super) fn cache_key_for(&self, takes: bool) -> Option<String> {
         let wanted = takes
             && !self.request.view.names_cache_key
-            && affinity::takes_prompt_cache_key(self.request.endpoint);
+            && affinity::takes_prompt_cache_key(self.request.dialect);
         self.request.affinity.filter(|_| wanted).map(|k| k.hex())
     }
 
@@ -131,7 +131,7 @@ impl Call {
         // The backend's name of the model, in the body or, for a dialect
         // that names it there, in the path.
         let (edit, path) = match rewrite::model_edit(
-            self.request.endpoint,
+            self.request.dialect,
             self.path(),
             decision.rewrite_model.as_deref(),
         ) {

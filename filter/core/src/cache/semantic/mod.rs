@@ -51,7 +51,7 @@ pub fn query(
     req: &CacheRequest<'_>,
     body: &Json,
 ) -> Option<Query> {
-    let question = req.endpoint.request().question()?;
+    let question = req.dialect.request().question()?;
     let mut context = body.clone();
     let text = match question {
         Question::LastUserMessage => take_last_user_text(&mut context)?,

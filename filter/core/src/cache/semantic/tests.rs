@@ -16,7 +16,7 @@ fn sem() -> SemanticConfig {
 }
 
 fn ask(
-    endpoint: Dialect,
+    dialect: Dialect,
     path: &str,
     cred: Option<&str>,
     body: &str,
@@ -28,7 +28,7 @@ fn ask(
         cfg,
         &sem(),
         &CacheRequest {
-            endpoint,
+            dialect,
             path,
             body: Some(&tree),
             cache_control: None,
@@ -140,7 +140,7 @@ fn the_context_is_never_an_exact_key() {
     let tree = Json::parse(BASE.as_bytes()).unwrap();
     let creds = [Some("Bearer a"), None];
     let req = CacheRequest {
-        endpoint: Dialect::Chat,
+        dialect: Dialect::Chat,
         path: CHAT,
         body: Some(&tree),
         cache_control: None,
