@@ -203,7 +203,7 @@ fn key_hex(prompt: &str, tenant: &str) -> String {
     let body = serde_json::to_vec(&cacheable(prompt)).unwrap();
     let tree = Json::parse(&body);
     let req = CacheRequest {
-        endpoint: Dialect::Chat,
+        dialect: Dialect::Chat,
         path: CHAT,
         body: tree.as_ref(),
         cache_control: None,
