@@ -230,6 +230,18 @@ async fn bedrock_calls_are_signed_over_the_body_the_filter_sent() {
             "{out}"
         );
     }
+    // Streamed: the answer streams back as the provider sends it.
+    let out = support::sdk::run(
+        support::sdk::OPENAI,
+        "stream",
+        &envoy.url("/openai/v1"),
+        &["--api-key", "", "--model", "gpt-oss-120b"],
+    )
+    .await;
+    assert!(
+        out["chunks"].as_array().is_some_and(|c| c.len() > 2),
+        "{out}"
+    );
     // A raw Anthropic Messages call with every kind of stray key, asking
     // for more than the cap.
     let strays = [
@@ -243,8 +255,9 @@ async fn bedrock_calls_are_signed_over_the_body_the_filter_sent() {
     assert_eq!(r.status, 200, "{}", r.text());
 
     let seen = gw.bedrock.requests();
-    assert_eq!(seen.len(), 3);
+    assert_eq!(seen.len(), 4);
     for (r, (path, model)) in seen.iter().zip([
+        ("/openai/v1/chat/completions", "openai.gpt-oss-120b-1:0"),
         ("/openai/v1/chat/completions", "openai.gpt-oss-120b-1:0"),
         ("/openai/v1/chat/completions", "openai.gpt-oss-120b-1:0"),
         ("/v1/messages", "anthropic.claude-sonnet-4-5-20250929-v1:0"),
@@ -262,7 +275,8 @@ async fn bedrock_calls_are_signed_over_the_body_the_filter_sent() {
         );
         assert!(r.header("x-api-key").is_none() && r.header("api-key").is_none());
     }
-    assert_eq!(seen[2].header("anthropic-version"), Some("2023-06-01"));
+    assert_eq!(seen[2].json().unwrap()["stream"], true);
+    assert_eq!(seen[3].header("anthropic-version"), Some("2023-06-01"));
     never_saw(&gw.bedrock, "STRAY");
     // AWS's signer takes every signature over the bytes received...
     for (result, r) in verify(&seen, SECRET_KEY).await.iter().zip(&seen) {
