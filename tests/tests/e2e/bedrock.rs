@@ -10,6 +10,9 @@
 
 use std::path::Path;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use llm_filter_e2e::{
     post_json, skip_without_envoy, workspace_root, Envoy, EnvoyBuilder, MockConfig, MockUpstream,
@@ -80,22 +83,25 @@ fn signer_item(options: &str) -> String {
     item.join("\n") + "\n"
 }
 
-/// Writes the AWS shared credentials file the signer reads.
-fn write_credentials(dir: &Path) {
+/// Writes the AWS shared credentials file the signer reads, atomically (a
+/// rename into the watched directory, as Kubernetes' Secret volumes and an
+/// operator's `mv` do).
+fn write_credentials(dir: &Path, access_key: &str, secret: &str) {
+    let tmp = dir.join(".aws-credentials.tmp");
     std::fs::write(
-        dir.join("aws-credentials"),
-        format!(
-            "[default]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n"
-        ),
+        &tmp,
+        format!("[default]\naws_access_key_id = {access_key}\naws_secret_access_key = {secret}\n"),
     )
     .unwrap();
+    std::fs::rename(&tmp, dir.join("aws-credentials")).unwrap();
 }
 
 /// Each of `requests`, as the mock received it, checked by botocore's
-/// SigV4 signer with `secret`: the verifier's result of each.
-async fn verify(requests: &[RecordedRequest], secret: &str) -> Vec<Value> {
+/// SigV4 signer with the key `access_key`, `secret`: the verifier's result
+/// of each.
+async fn verify(requests: &[RecordedRequest], access_key: &str, secret: &str) -> Vec<Value> {
     let spec = json!({
-        "access_key": ACCESS_KEY,
+        "access_key": access_key,
         "secret_key": secret,
         "region": REGION,
         "service": "bedrock",
@@ -151,6 +157,8 @@ struct Gateway {
     bedrock: MockUpstream,
     receiver: Receiver,
     log: std::path::PathBuf,
+    /// The directory Envoy watches for the credentials file.
+    keys: std::path::PathBuf,
     _dir: tempfile::TempDir,
     envoy: Envoy,
 }
@@ -162,8 +170,10 @@ impl Gateway {
     /// the body can break the signature).
     fn start(downstream: bool) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        write_credentials(dir.path());
-        let options = documented_options(dir.path());
+        let keys = dir.path().join("keys");
+        std::fs::create_dir(&keys).unwrap();
+        write_credentials(&keys, ACCESS_KEY, SECRET_KEY);
+        let options = documented_options(&keys);
         let bedrock = MockUpstream::start(MockConfig::named("bedrock"));
         let receiver = Receiver::start(&[]);
         let log = dir.path().join("access.log");
@@ -193,6 +203,7 @@ impl Gateway {
             bedrock,
             receiver,
             log,
+            keys,
             _dir: dir,
             envoy,
         }
@@ -279,7 +290,11 @@ async fn bedrock_calls_are_signed_over_the_body_the_filter_sent() {
     assert_eq!(seen[3].header("anthropic-version"), Some("2023-06-01"));
     never_saw(&gw.bedrock, "STRAY");
     // AWS's signer takes every signature over the bytes received...
-    for (result, r) in verify(&seen, SECRET_KEY).await.iter().zip(&seen) {
+    for (result, r) in verify(&seen, ACCESS_KEY, SECRET_KEY)
+        .await
+        .iter()
+        .zip(&seen)
+    {
         assert_eq!(result["valid"], true, "{result} {}", r.path);
         let signed = result["signed_headers"].to_string();
         assert!(
@@ -288,7 +303,7 @@ async fn bedrock_calls_are_signed_over_the_body_the_filter_sent() {
         );
     }
     // ... and would refuse them under another secret (the check can fail).
-    for result in verify(&seen, "another-secret").await {
+    for result in verify(&seen, ACCESS_KEY, "another-secret").await {
         assert_eq!(result["valid"], false, "{result}");
     }
     // The signer logged at debug level, where it names the credentials it
@@ -328,7 +343,7 @@ async fn a_signature_made_before_the_filter_edits_fails() {
     let edited = seen[1].json().unwrap();
     assert_eq!(edited["max_tokens"], CAP, "{edited}");
     assert_eq!(edited["model"], "openai.gpt-oss-120b-1:0", "{edited}");
-    let results = verify(&seen, SECRET_KEY).await;
+    let results = verify(&seen, ACCESS_KEY, SECRET_KEY).await;
     assert_eq!(results[0]["valid"], true, "{}", results[0]);
     assert_eq!(results[1]["valid"], false, "{}", results[1]);
     assert!(
@@ -338,4 +353,92 @@ async fn a_signature_made_before_the_filter_edits_fails() {
         "{}",
         results[1]
     );
+}
+
+/// The access key id a SigV4 `authorization` names.
+fn access_key_of(r: &RecordedRequest) -> String {
+    let auth = r.header("authorization").unwrap_or_default();
+    let credential = auth.split("Credential=").nth(1).unwrap_or_default();
+    credential.split('/').next().unwrap_or_default().to_string()
+}
+
+#[tokio::test]
+async fn a_rotated_aws_key_is_taken_up_with_no_call_failing() {
+    if skip_without_envoy("a_rotated_aws_key_is_taken_up_with_no_call_failing") {
+        return;
+    }
+    const NEW_ACCESS_KEY: &str = "AKIAMESHBEDROCK00002";
+    const NEW_SECRET_KEY: &str = "mesh/Bedrock+ROTATED-secret-7pQ2";
+    let gw = Gateway::start(false);
+    let url = gw.envoy.url("/openai/v1/chat/completions");
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut loops = Vec::new();
+    for _ in 0..2 {
+        let (url, stop, ok, failed) = (url.clone(), stop.clone(), ok.clone(), failed.clone());
+        loops.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let call = json!({"model": "gpt-oss-120b",
+                    "messages": [{"role": "user", "content": "rotate"}]});
+                match post_json(&url, &call, &[]).await {
+                    Ok(r) if r.status == 200 => ok.fetch_add(1, Ordering::SeqCst),
+                    _ => failed.fetch_add(1, Ordering::SeqCst),
+                };
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    write_credentials(&gw.keys, NEW_ACCESS_KEY, NEW_SECRET_KEY);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while gw
+        .bedrock
+        .last_request()
+        .is_none_or(|r| access_key_of(&r) != NEW_ACCESS_KEY)
+    {
+        assert!(Instant::now() < deadline, "the new key never signed a call");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::SeqCst);
+    for l in loops {
+        l.await.unwrap();
+    }
+    // Every call a real Bedrock would have taken: each signature verifies
+    // under the key it names, the old one before the rotation and the new
+    // one after.
+    let seen = gw.bedrock.requests();
+    let (old, new): (Vec<_>, Vec<_>) = seen
+        .into_iter()
+        .partition(|r| access_key_of(r) == ACCESS_KEY);
+    assert!(
+        new.iter().all(|r| access_key_of(r) == NEW_ACCESS_KEY),
+        "every call is signed by one of the two keys"
+    );
+    assert!(
+        !old.is_empty() && new.len() > 5,
+        "{} {}",
+        old.len(),
+        new.len()
+    );
+    let mut refused = 0;
+    for (requests, access, secret) in [
+        (&old, ACCESS_KEY, SECRET_KEY),
+        (&new, NEW_ACCESS_KEY, NEW_SECRET_KEY),
+    ] {
+        for result in verify(requests, access, secret).await {
+            if result["valid"] != true {
+                refused += 1;
+                eprintln!("refused: {result}");
+            }
+        }
+    }
+    eprintln!(
+        "aws key rotation: {} calls ok ({} signed by the old key, {} by the new), {} failed, {refused} signatures refused",
+        ok.load(Ordering::SeqCst),
+        old.len(),
+        new.len(),
+        failed.load(Ordering::SeqCst),
+    );
+    assert_eq!(failed.load(Ordering::SeqCst), 0, "no call failed");
+    assert_eq!(refused, 0, "every signature verifies under its key");
 }
