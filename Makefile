@@ -37,6 +37,10 @@ GENAI_VERSION := 3.6.1
 # The official OTLP definitions (with protobuf), which decode the spans the
 # filter exports in the end-to-end suite (tests/otlp/receiver.py).
 OTLP_PROTO_VERSION := 1.45.2
+# AWS's own SigV4 signer (botocore), which recomputes the signature of each
+# call the Bedrock mock receives in the end-to-end suite
+# (tests/sdk/sigv4_verify.py).
+BOTOCORE_VERSION := 1.44.8
 # istiod (pilot-discovery) built from source, for the end-to-end tests
 # against a real control plane (tests/tests/e2e/istiod.rs; no Kubernetes: file
 # mode on loopback). Istio's tags carry no `v`, so its Go module has only
@@ -123,6 +127,8 @@ sdk: $(ENVOY)
 		|| $(VENV)/bin/pip install --quiet --disable-pip-version-check google-genai==$(GENAI_VERSION)
 	@$(VENV)/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('opentelemetry-proto') != '$(OTLP_PROTO_VERSION)')" 2>/dev/null \
 		|| $(VENV)/bin/pip install --quiet --disable-pip-version-check opentelemetry-proto==$(OTLP_PROTO_VERSION)
+	@$(VENV)/bin/python -c "import botocore, sys; sys.exit(botocore.__version__ != '$(BOTOCORE_VERSION)')" 2>/dev/null \
+		|| $(VENV)/bin/pip install --quiet --disable-pip-version-check botocore==$(BOTOCORE_VERSION)
 
 build: wasm-target tools-wasm-opt
 	$(CARGO) build --profile wasm --target $(WASM_TARGET) -p llm-filter

@@ -1,7 +1,8 @@
 //! A mock LLM provider, so end-to-end tests can assert exactly what reached the
 //! provider and script how it answers (status, latency, streaming pace, dropped
 //! connections) without any real provider. It speaks the OpenAI-compatible chat,
-//! completions and embeddings APIs, the OpenAI Responses API ([`responses`]),
+//! completions and embeddings APIs (chat also at Bedrock's
+//! [`BEDROCK_CHAT_PATH`]), the OpenAI Responses API ([`responses`]),
 //! the Anthropic Messages API ([`messages`]) and the Gemini API's
 //! `generateContent` ([`gemini`]), each in its own JSON, SSE and error shapes;
 //! every scripting header below works on all of them.
@@ -179,6 +180,10 @@ impl MockUpstream {
     }
 }
 
+/// Bedrock's OpenAI-compatible chat completions, answered as
+/// `/v1/chat/completions` is.
+pub const BEDROCK_CHAT_PATH: &str = "/openai/v1/chat/completions";
+
 /// One request as the mock received it.
 #[derive(Debug, Clone)]
 pub struct RecordedRequest {
@@ -225,6 +230,43 @@ impl RecordedRequest {
     pub fn json(&self) -> Option<Value> {
         serde_json::from_slice(&self.body).ok()
     }
+
+    /// The request as received, for a verifier outside the test (a
+    /// provider's signature check): method, path with its query, every
+    /// header in arrival order, the body's exact bytes in base64.
+    pub fn as_received(&self) -> Value {
+        let path = match &self.query {
+            Some(q) => format!("{}?{q}", self.path),
+            None => self.path.clone(),
+        };
+        json!({
+            "method": self.method,
+            "path": path,
+            "headers": self.headers,
+            "body_b64": base64(&self.body),
+        })
+    }
+}
+
+/// `bytes` in standard base64, padded (RFC 4648).
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4usize {
+            let sextet = (n >> (18 - 6 * i) & 63) as usize;
+            let c = match ALPHABET.get(sextet) {
+                Some(c) if i <= chunk.len() => *c,
+                _ => b'=',
+            };
+            out.push(char::from(c));
+        }
+    }
+    out
 }
 
 /// A one-shot behaviour consumed by the next request (see [`MockUpstream::push_script`]).
@@ -813,7 +855,10 @@ fn route(
         (&Method::GET, "/health") => text_response(StatusCode::OK, "ok"),
         (&Method::GET, "/v1/models") => json_response(StatusCode::OK, &models(state)),
         (&Method::GET, "/metrics") => metrics_response(state),
-        (&Method::POST, "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings") => {
+        (
+            &Method::POST,
+            "/v1/chat/completions" | BEDROCK_CHAT_PATH | "/v1/completions" | "/v1/embeddings",
+        ) => {
             let Ok(body) = serde_json::from_slice::<Value>(&req.body) else {
                 return error_response(
                     StatusCode::BAD_REQUEST,
@@ -1540,6 +1585,25 @@ fn crc32(data: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn base64_is_rfc_4648() {
+        // RFC 4648's test vectors, then every byte value.
+        for (plain, coded) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64(plain.as_bytes()), coded);
+        }
+        let all: Vec<u8> = (0..=255).collect();
+        assert!(base64(&all).starts_with("AAECAwQFBgcICQoL"));
+        assert!(base64(&all).ends_with("8PHy8/T19vf4+fr7/P3+/w=="));
+    }
 
     fn cosine(a: &str, b: &str) -> f64 {
         embedding(a)

@@ -158,7 +158,7 @@ impl Mesh {
 
 /// No header of any call `mock` received carries `stray`, in any place a
 /// provider reads a key from.
-fn never_saw(mock: &MockUpstream, stray: &str) {
+pub(crate) fn never_saw(mock: &MockUpstream, stray: &str) {
     for r in mock.requests() {
         for (k, v) in &r.headers {
             assert!(!v.contains(stray), "{} got {k}: {v}", mock.name());
@@ -269,17 +269,38 @@ async fn sdk_calls_without_a_key_or_with_a_stray_one_carry_the_mesh_key() {
 /// log, its stats, its config dump (SDS secrets show as `[redacted]`), the
 /// filter's state page, the access-log record and the spans.
 async fn assert_no_secret_anywhere(mesh: &Mesh) {
-    let envoy = &mesh.envoy;
-    let (_, dump) = envoy.admin_get("/config_dump?include_eds").unwrap();
+    let (_, dump) = mesh.envoy.admin_get("/config_dump?include_eds").unwrap();
     assert!(
         dump.contains("[redacted]"),
         "the SDS secrets are in the dump, redacted"
     );
+    assert_secrets_nowhere(
+        &mesh.envoy,
+        &mesh.receiver,
+        &mesh.log,
+        ADMIN_TOKEN,
+        &[OPENAI_KEY, ANTHROPIC_KEY, GEMINI_KEY],
+    )
+    .await;
+}
+
+/// None of `secrets` is in Envoy's log, its stats, its config dump, the
+/// filter's state page (read with `admin_token`), the access log at
+/// `access_log` (which must have records) or the spans `receiver` got
+/// (which must be some).
+pub(crate) async fn assert_secrets_nowhere(
+    envoy: &Envoy,
+    receiver: &Receiver,
+    access_log: &Path,
+    admin_token: &str,
+    secrets: &[&str],
+) {
+    let (_, dump) = envoy.admin_get("/config_dump?include_eds").unwrap();
     let (_, stats) = envoy.admin_get("/stats").unwrap();
     let (_, prom) = envoy.admin_get("/stats/prometheus").unwrap();
     let state = reqwest::Client::new()
         .get(envoy.url("/llm-filter/state"))
-        .bearer_auth(ADMIN_TOKEN)
+        .bearer_auth(admin_token)
         .send()
         .await
         .unwrap();
@@ -287,15 +308,15 @@ async fn assert_no_secret_anywhere(mesh: &Mesh) {
     let state = state.text().await.unwrap();
     // Spans are pushed every 200 ms; wait for some.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while mesh.receiver.spans().is_empty() && Instant::now() < deadline {
+    while receiver.spans().is_empty() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let spans = serde_json::to_string(&mesh.receiver.exports()).unwrap();
-    assert!(!mesh.receiver.spans().is_empty(), "spans arrived");
-    let access = std::fs::read_to_string(&mesh.log).unwrap_or_default();
+    let spans = serde_json::to_string(&receiver.exports()).unwrap();
+    assert!(!receiver.spans().is_empty(), "spans arrived");
+    let access = std::fs::read_to_string(access_log).unwrap_or_default();
     assert!(!access.trim().is_empty(), "the access log has records");
     let log = envoy.log_contents();
-    for secret in [OPENAI_KEY, ANTHROPIC_KEY, GEMINI_KEY] {
+    for secret in secrets {
         for (what, text) in [
             ("config_dump", &dump),
             ("stats", &stats),

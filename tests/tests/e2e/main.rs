@@ -16,6 +16,7 @@
 
 mod ab;
 mod baggage;
+mod bedrock;
 mod budget;
 mod cache;
 mod concurrency;
