@@ -48,10 +48,12 @@ impl Receiver {
         }
     }
 
-    /// Every export received so far.
+    /// Every export received so far: each whole line the receiver wrote (a
+    /// last line still being written is read next time).
     pub fn exports(&self) -> Vec<Value> {
-        std::fs::read_to_string(&self.out)
-            .unwrap_or_default()
+        let text = std::fs::read_to_string(&self.out).unwrap_or_default();
+        let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+        whole
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect()
