@@ -246,120 +246,156 @@ fn cluster(dump: &Value, name: &str) -> Value {
         .clone()
 }
 
-/// The sum of the gateway's metric `name` with `labels`.
-fn metric(agent: &PilotAgent, name: &str, labels: &[(&str, &str)]) -> f64 {
-    let (status, text) = agent
-        .admin_get("/stats/prometheus")
-        .expect("/stats/prometheus");
-    assert_eq!(status, 200, "{text}");
-    llm_filter_e2e::prometheus::sum(&llm_filter_e2e::prometheus::parse(&text), name, labels)
+/// The mesh of the test: istiod with provider.yaml and egress-keyless.yaml
+/// as filled, the egress gateway and a sidecar of `my-app` each run by
+/// Istio's agent with a workload certificate of the test CA, the provider
+/// (taking only the mesh's key) and the gateway's Secret volume.
+struct KeylessMesh {
+    gateway: PilotAgent,
+    gateway_node: Node,
+    app: PilotAgent,
+    app_node: Node,
+    istiod: Istiod,
+    provider: MockUpstream,
+    keys: SecretVolume,
+    example: Vec<Value>,
+    module: Module,
 }
 
-fn wait_metric(agent: &PilotAgent, name: &str, labels: &[(&str, &str)], min: f64) -> f64 {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let value = metric(agent, name, labels);
-        if value >= min || Instant::now() >= deadline {
-            return value;
+impl KeylessMesh {
+    /// The mesh, once both proxies are synced with what they need; with the
+    /// config dumps of the gateway and the sidecar.
+    fn start(istiod_bin: &Path, agent_bin: &Path) -> (Self, Value, Value) {
+        let module = module();
+        let provider = MockUpstream::start(MockConfig::named("provider"));
+        provider.set_keys(Some(&[MESH_KEY]));
+        let example = read_manifests(&workspace_root().join(EXAMPLES).join(FILE)).expect(FILE);
+        let keys = SecretVolume::new(&secret_files(&example, MESH_KEY));
+        let config = vec![
+            (
+                "provider.yaml".to_string(),
+                filled("provider.yaml", &module, provider.port()),
+            ),
+            (
+                FILE.to_string(),
+                filled_keyless(&example, &module, keys.path(), None),
+            ),
+            (
+                "test-mesh.yaml".to_string(),
+                overlay(module.server.port(), true),
+            ),
+        ];
+        let istiod = Istiod::start(istiod_bin, &config, &mesh()).expect("istiod");
+        let ca = TestCa::new("llm-filter e2e mesh CA").expect("CA");
+        let gateway_node = Node::egress_gateway();
+        let gateway = start_agent(
+            agent_bin,
+            &gateway_node,
+            &istiod,
+            &workload_files(&ca, &gateway_id()),
+        );
+        let app_node = Node::sidecar();
+        let app = start_agent(agent_bin, &app_node, &istiod, &workload_files(&ca, APP_ID));
+        wait_ecds(&gateway, KEYLESS_GATEWAY.filter, &istiod, &gateway_node);
+        let gateway_dump = wait_for(
+            &gateway,
+            &gateway_node,
+            &istiod,
+            KEYLESS_GATEWAY.listener,
+            PROVIDER_CLUSTER,
+        );
+        let app_dump = wait_for(
+            &app,
+            &app_node,
+            &istiod,
+            SIDECAR.listener,
+            GATEWAY_MTLS_CLUSTER,
+        );
+        let mesh = Self {
+            gateway,
+            gateway_node,
+            app,
+            app_node,
+            istiod,
+            provider,
+            keys,
+            example,
+            module,
+        };
+        (mesh, gateway_dump, app_dump)
+    }
+
+    /// The example with the filter's `tenant` replaced, written over the
+    /// first in istiod's folder; returns once the gateway runs it.
+    fn switch_tenant(&self, tenant: &Value) {
+        let text = filled_keyless(&self.example, &self.module, self.keys.path(), Some(tenant));
+        self.istiod.write_config(FILE, &text).expect("the new form");
+        let from = tenant["from"].as_str().expect("tenant.from");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (_, ecds) = wait_ecds(
+                &self.gateway,
+                KEYLESS_GATEWAY.filter,
+                &self.istiod,
+                &self.gateway_node,
+            );
+            if ecds.to_string().contains(from) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "tenant.from {from} never came");
+            std::thread::sleep(Duration::from_millis(200));
         }
-        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    /// The gateway's limit tokens counted under `tenant`, once they reach
+    /// `min` (or 5 s pass).
+    fn tokens_of(&self, tenant: &str, min: f64) -> f64 {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let value = llm_filter_e2e::prometheus::sum(
+                &self.gateway_metrics(),
+                "llm_filter_limits_tokens_total",
+                &[("rule", "per-workload"), ("tenant", tenant)],
+            );
+            if value >= min || Instant::now() >= deadline {
+                return value;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn gateway_metrics(&self) -> Vec<llm_filter_e2e::prometheus::Sample> {
+        let (status, text) = self
+            .gateway
+            .admin_get("/stats/prometheus")
+            .expect("metrics");
+        assert_eq!(status, 200, "{text}");
+        llm_filter_e2e::prometheus::parse(&text)
+    }
+
+    /// The authorization each chat call the provider received carried.
+    fn keys_received(&self) -> Vec<String> {
+        chats(&self.provider)
+            .iter()
+            .map(|c| c.header("authorization").unwrap_or("<none>").to_string())
+            .collect()
     }
 }
 
-/// The authorization each chat call the provider received carried.
-fn keys_received(provider: &MockUpstream) -> Vec<String> {
-    chats(provider)
-        .iter()
-        .map(|c| c.header("authorization").unwrap_or("<none>").to_string())
-        .collect()
-}
-
-/// The sidecar's listener for the provider, as the apps call it.
-fn sidecar_url() -> String {
-    SIDECAR.chat_url()
-}
-
-/// egress-keyless.yaml and provider.yaml through istiod, a sidecar of
-/// `my-app` and the egress gateway each run by Istio's agent with its
-/// workload certificate: calls from the app with no key, with a stray one
-/// (raw and the OpenAI SDK) reach the provider with the key of the mounted
-/// Secret and none of the app's; the gateway knows the caller by the
-/// sidecar's SPIFFE id (its limit metrics say so) and serves it from the
-/// cache; no plaintext call reaches the gateway's filter; a rotation by the
-/// kubelet's swap is taken up with no call failing; the virtual-key form of
-/// the same file admits a call with the key the platform issued and refuses
-/// one without; no planted key is in any output of istiod or the proxies.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keyless_egress_the_gateway_holds_the_key_and_knows_the_caller_by_its_mesh_identity() {
-    let test = "keyless_egress_the_gateway_holds_the_key_and_knows_the_caller_by_its_mesh_identity";
-    let Some(istiod_bin) = skip_without_istiod(test) else {
-        return;
-    };
-    let Some(agent_bin) = agent_bin(test) else {
-        return;
-    };
-    let _ports = PortLock::acquire().expect("port lock");
-    let started = Instant::now();
-    let module = module();
-    let provider = MockUpstream::start(MockConfig::named("provider"));
-    provider.set_keys(Some(&[MESH_KEY]));
-    let example = read_manifests(&workspace_root().join(EXAMPLES).join(FILE)).expect(FILE);
-    let mut keys = SecretVolume::new(&secret_files(&example, MESH_KEY));
-    let config = vec![
-        (
-            "provider.yaml".to_string(),
-            filled("provider.yaml", &module, provider.port()),
-        ),
-        (
-            FILE.to_string(),
-            filled_keyless(&example, &module, keys.path(), None),
-        ),
-        (
-            "test-mesh.yaml".to_string(),
-            overlay(module.server.port(), true),
-        ),
-    ];
-    let istiod = Istiod::start(&istiod_bin, &config, &mesh()).expect("istiod");
-
-    let ca = TestCa::new("llm-filter e2e mesh CA").expect("CA");
-    let gateway_node = Node::egress_gateway();
-    let gateway = start_agent(
-        &agent_bin,
-        &gateway_node,
-        &istiod,
-        &workload_files(&ca, &gateway_id()),
-    );
-    let app_node = Node::sidecar();
-    let app = start_agent(&agent_bin, &app_node, &istiod, &workload_files(&ca, APP_ID));
-    wait_ecds(&gateway, KEYLESS_GATEWAY.filter, &istiod, &gateway_node);
-    let gateway_dump = wait_for(
-        &gateway,
-        &gateway_node,
-        &istiod,
-        KEYLESS_GATEWAY.listener,
-        PROVIDER_CLUSTER,
-    );
-    let app_dump = wait_for(
-        &app,
-        &app_node,
-        &istiod,
-        SIDECAR.listener,
-        GATEWAY_MTLS_CLUSTER,
-    );
-    eprintln!("mesh up in {:?}", started.elapsed());
-
-    // What istiod generated: the gateway terminates mTLS on 8443 and asks
-    // for the caller's certificate, the filter before the router; the
-    // provider's cluster puts the key of the mounted file on; the sidecar
-    // sends to the gateway over mTLS with its certificate, the provider's
-    // name as SNI, and checks the gateway's identity.
-    let (chain, at) = filter_chain(&gateway_dump, &KEYLESS_GATEWAY);
+/// What istiod generated: the gateway terminates mTLS on 8443 and asks for
+/// the caller's certificate, the filter right before the router; the
+/// provider's cluster puts the key of the mounted file (under `keys`) on,
+/// Istio's own options kept; the sidecar reaches the gateway over mTLS with
+/// its certificate, the provider's name as SNI, and checks the gateway's
+/// identity.
+fn assert_generated(gateway: &Value, app: &Value, keys: &Path) {
+    let (chain, at) = filter_chain(gateway, &KEYLESS_GATEWAY);
     assert_eq!(
         chain.get(at + 1).map(String::as_str),
         Some("envoy.filters.http.router"),
         "{chain:?}"
     );
-    let listener = section(&gateway_dump, "ListenersConfigDump")["dynamic_listeners"]
+    let listener = section(gateway, "ListenersConfigDump")["dynamic_listeners"]
         .as_array()
         .into_iter()
         .flatten()
@@ -370,8 +406,8 @@ async fn keyless_egress_the_gateway_holds_the_key_and_knows_the_caller_by_its_me
         listener.contains(r#""require_client_certificate":true"#),
         "{listener}"
     );
-    let provider_cluster = cluster(&gateway_dump, PROVIDER_CLUSTER);
-    let options = &provider_cluster["typed_extension_protocol_options"]
+    let provider = cluster(gateway, PROVIDER_CLUSTER);
+    let options = &provider["typed_extension_protocol_options"]
         ["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"];
     let upstream_filters: Vec<&str> = options["http_filters"]
         .as_array()
@@ -392,10 +428,10 @@ async fn keyless_egress_the_gateway_holds_the_key_and_knows_the_caller_by_its_me
     );
     let injector = options["http_filters"][0].to_string();
     assert!(
-        injector.contains(&format!("{}/openai.yaml", keys.path().display())),
+        injector.contains(&format!("{}/openai.yaml", keys.display())),
         "{injector}"
     );
-    let to_gateway = cluster(&app_dump, GATEWAY_MTLS_CLUSTER).to_string();
+    let to_gateway = cluster(app, GATEWAY_MTLS_CLUSTER).to_string();
     for expected in [
         r#""sni":"api.openai.com""#,
         r#""name":"default""#,
@@ -407,9 +443,98 @@ async fn keyless_egress_the_gateway_holds_the_key_and_knows_the_caller_by_its_me
             "{expected} not in {to_gateway}"
         );
     }
+}
 
-    // A keyless app (the OpenAI SDK sends no key), then one with a stray key
-    // of its own: each call leaves the gateway with the mesh's key.
+/// A chat call through the sidecar, as the app makes it, with `headers`.
+async fn call(content: &str, headers: &[(&str, &str)]) -> llm_filter_e2e::HttpResponse {
+    let mut all = vec![("host", PROVIDER)];
+    all.extend_from_slice(headers);
+    let r = post_json(
+        &SIDECAR.chat_url(),
+        &cacheable("gpt-4o-mini", content),
+        &all,
+    )
+    .await
+    .expect("call");
+    assert_eq!(r.status, 200, "{}", r.text());
+    r
+}
+
+/// A rotation as Kubernetes makes one: the Secret's new key reaches the
+/// volume by the kubelet's swap; the provider takes both keys meanwhile,
+/// then only the new one. No call fails; returns how many calls went before
+/// one carried the new key.
+async fn rotate(mesh: &mut KeylessMesh) -> usize {
+    mesh.provider.set_keys(Some(&[MESH_KEY, ROTATED_KEY]));
+    mesh.keys.update(&secret_files(&mesh.example, ROTATED_KEY));
+    let rotated = format!("Bearer {ROTATED_KEY}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut calls = 0;
+    while mesh.keys_received().last() != Some(&rotated) {
+        assert!(Instant::now() < deadline, "the rotated key not taken up");
+        call(&format!("rotation {calls}"), &[]).await;
+        calls += 1;
+    }
+    mesh.provider.set_keys(Some(&[ROTATED_KEY]));
+    call("after the rotation", &[]).await;
+    calls
+}
+
+/// No planted key anywhere istiod or the proxies write: the keys never pass
+/// through istiod or an Istio resource, and the proxies never tell.
+fn assert_no_planted_key(mesh: &KeylessMesh) {
+    let (_, stats) = mesh.gateway.admin_get("/stats").expect("/stats");
+    let (_, prometheus) = mesh
+        .gateway
+        .admin_get("/stats/prometheus")
+        .expect("/stats/prometheus");
+    let configz = mesh.istiod.debug("/debug/configz").expect("configz");
+    let outputs = [
+        ("istiod's config", configz.to_string()),
+        ("istiod's log", mesh.istiod.log_tail(100_000)),
+        (
+            "the gateway's config dump",
+            mesh.gateway.config_dump().expect("dump").to_string(),
+        ),
+        ("the gateway's stats", stats),
+        ("the gateway's metrics", prometheus),
+        ("the gateway's log", mesh.gateway.log()),
+        ("the sidecar's log", mesh.app.log()),
+    ];
+    for (what, text) in &outputs {
+        for secret in [MESH_KEY, ROTATED_KEY, STRAY_KEY, VIRTUAL_KEY] {
+            assert!(!text.contains(secret), "{secret} in {what}");
+        }
+    }
+}
+
+/// egress-keyless.yaml and provider.yaml through istiod, a sidecar of
+/// `my-app` and the egress gateway each run by Istio's agent with its
+/// workload certificate: calls from the app with no key (the OpenAI SDK)
+/// and with stray ones reach the provider with the key of the mounted
+/// Secret and none of the app's; the gateway knows the caller by the
+/// sidecar's SPIFFE id (its limit metrics say so) and serves it from the
+/// cache; no plaintext call reaches the gateway; a rotation by the kubelet's
+/// swap is taken up with no call failing; the virtual-key form of the same
+/// file admits a call with the key the platform issued and refuses one
+/// without; no planted key is in any output of istiod or the proxies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyless_egress_the_gateway_holds_the_key_and_knows_the_caller_by_its_mesh_identity() {
+    let test = "keyless_egress_the_gateway_holds_the_key_and_knows_the_caller_by_its_mesh_identity";
+    let Some(istiod_bin) = skip_without_istiod(test) else {
+        return;
+    };
+    let Some(agent_bin) = agent_bin(test) else {
+        return;
+    };
+    let _ports = PortLock::acquire().expect("port lock");
+    let started = Instant::now();
+    let (mut mesh, gateway_dump, app_dump) = KeylessMesh::start(&istiod_bin, &agent_bin);
+    eprintln!("mesh up in {:?}", started.elapsed());
+    assert_generated(&gateway_dump, &app_dump, mesh.keys.path());
+
+    // A keyless app (the OpenAI SDK sends no key), then one with stray keys
+    // of its own: each call leaves the gateway with the mesh's key alone.
     let base = "http://127.0.0.1:80/v1";
     let host = format!("host: {PROVIDER}");
     let out = support::sdk::run(
@@ -419,46 +544,28 @@ async fn keyless_egress_the_gateway_holds_the_key_and_knows_the_caller_by_its_me
         &["--api-key", "", "--header", &host, "--prompt", "keyless"],
     )
     .await;
-    assert!(
-        out["content"]
-            .as_str()
-            .is_some_and(|c| c.contains("keyless")),
-        "{out}"
-    );
+    let content = out["content"].as_str().unwrap_or_default();
+    assert!(content.contains("keyless"), "{out}");
     let stray = format!("Bearer {STRAY_KEY}");
-    let body = cacheable("gpt-4o-mini", "with a stray key");
+    let strays = [
+        ("authorization", stray.as_str()),
+        ("api-key", STRAY_KEY),
+        ("x-api-key", STRAY_KEY),
+    ];
     let mut seen = Vec::new();
     for _ in 0..2 {
-        let r = post_json(
-            &sidecar_url(),
-            &body,
-            &[
-                ("host", PROVIDER),
-                ("authorization", &stray),
-                ("api-key", STRAY_KEY),
-                ("x-api-key", STRAY_KEY),
-            ],
-        )
-        .await
-        .expect("call");
-        assert_eq!(r.status, 200, "{}", r.text());
+        let r = call("with a stray key", &strays).await;
         seen.push(r.header("x-cache").unwrap_or("<none>").to_string());
     }
     assert_eq!(seen, ["MISS", "HIT"], "the caller's own cache entries");
     let mesh_bearer = format!("Bearer {MESH_KEY}");
-    assert_eq!(keys_received(&provider), [mesh_bearer.as_str(); 2]);
-    never_saw(&provider, STRAY_KEY);
+    assert_eq!(mesh.keys_received(), [mesh_bearer.as_str(); 2]);
+    never_saw(&mesh.provider, STRAY_KEY);
 
-    // The caller, at the gateway, is the sidecar's SPIFFE id.
-    let tokens = wait_metric(
-        &gateway,
-        "llm_filter_limits_tokens_total",
-        &[("rule", "per-workload"), ("tenant", APP_ID)],
-        3.0,
-    );
+    // The caller, at the gateway, is the sidecar's SPIFFE id, and no other.
+    let tokens = mesh.tokens_of(APP_ID, 3.0);
     assert!(tokens >= 3.0, "{APP_ID}: {tokens} tokens");
-    let samples =
-        llm_filter_e2e::prometheus::parse(&gateway.admin_get("/stats/prometheus").unwrap().1);
+    let samples = mesh.gateway_metrics();
     let tenants: Vec<&str> = samples
         .iter()
         .filter(|s| s.name == "llm_filter_limits_tokens_total")
@@ -469,72 +576,22 @@ async fn keyless_egress_the_gateway_holds_the_key_and_knows_the_caller_by_its_me
     // No way around the mTLS: a plaintext call to the gateway's port never
     // reaches its filter or the provider.
     let plain = post_json(
-        &format!("http://{}:8443/v1/chat/completions", gateway_node.ip),
+        &format!("http://{}:8443/v1/chat/completions", mesh.gateway_node.ip),
         &chat_body("gpt-4o-mini", "plaintext"),
         &[("host", PROVIDER)],
     )
     .await;
     assert!(plain.is_err(), "served in plaintext: {plain:?}");
-    assert_eq!(chats(&provider).len(), 2);
+    assert_eq!(chats(&mesh.provider).len(), 2);
 
-    // A rotation as Kubernetes makes one: the Secret's new key reaches the
-    // volume by the kubelet's swap; the provider takes both keys meanwhile,
-    // then only the new one. No call fails.
-    provider.set_keys(Some(&[MESH_KEY, ROTATED_KEY]));
-    keys.update(&secret_files(&example, ROTATED_KEY));
-    let rotated = format!("Bearer {ROTATED_KEY}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut calls = 0;
-    loop {
-        let r = post_json(
-            &sidecar_url(),
-            &chat_body("gpt-4o-mini", &format!("rotation {calls}")),
-            &[("host", PROVIDER)],
-        )
-        .await
-        .expect("call");
-        assert_eq!(r.status, 200, "{}", r.text());
-        calls += 1;
-        if keys_received(&provider).last() == Some(&rotated) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the rotated key not taken up");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    provider.set_keys(Some(&[ROTATED_KEY]));
-    let r = post_json(
-        &sidecar_url(),
-        &chat_body("gpt-4o-mini", "after the rotation"),
-        &[("host", PROVIDER)],
-    )
-    .await
-    .expect("call");
-    assert_eq!(r.status, 200, "{}", r.text());
-    eprintln!("rotation taken up after {calls} calls");
+    let calls = rotate(&mut mesh).await;
+    eprintln!("the rotated key taken up after {calls} calls");
 
     // The file's virtual-key form: the platform issued the app a key, the
-    // gateway's config holds its digest; istiod pushes the change.
+    // gateway's config holds its digest.
     let digest = hex(&Sha256::digest(VIRTUAL_KEY.as_bytes()));
-    let tenant = json!({"from": "virtual_key", "keys": {"payments": digest}});
-    istiod
-        .write_config(
-            FILE,
-            &filled_keyless(&example, &module, keys.path(), Some(&tenant)),
-        )
-        .expect("the virtual-key form");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !wait_ecds(&gateway, KEYLESS_GATEWAY.filter, &istiod, &gateway_node)
-        .1
-        .to_string()
-        .contains("virtual_key")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the virtual-key config never came"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let before = chats(&provider).len();
+    mesh.switch_tenant(&json!({"from": "virtual_key", "keys": {"payments": digest}}));
+    let before = chats(&mesh.provider).len();
     let out = support::sdk::run(
         support::sdk::OPENAI,
         "chat_error",
@@ -544,65 +601,31 @@ async fn keyless_egress_the_gateway_holds_the_key_and_knows_the_caller_by_its_me
     .await;
     assert_eq!(out["status"], 401, "{out}");
     assert_eq!(out["code"], "invalid_api_key", "{out}");
-    assert_eq!(chats(&provider).len(), before, "a refused call went out");
-    let out = support::sdk::run(
-        support::sdk::OPENAI,
-        "chat",
-        base,
-        &[
-            "--api-key",
-            VIRTUAL_KEY,
-            "--header",
-            &host,
-            "--prompt",
-            "virtual",
-        ],
-    )
-    .await;
-    assert!(
-        out["content"]
-            .as_str()
-            .is_some_and(|c| c.contains("virtual")),
-        "{out}"
+    assert_eq!(
+        chats(&mesh.provider).len(),
+        before,
+        "a refused call went out"
     );
-    assert_eq!(keys_received(&provider).last(), Some(&rotated));
-    never_saw(&provider, VIRTUAL_KEY);
-    let payments = wait_metric(
-        &gateway,
-        "llm_filter_limits_tokens_total",
-        &[("rule", "per-workload"), ("tenant", "payments")],
-        1.0,
-    );
+    let args = [
+        "--api-key",
+        VIRTUAL_KEY,
+        "--header",
+        &host,
+        "--prompt",
+        "virtual",
+    ];
+    let out = support::sdk::run(support::sdk::OPENAI, "chat", base, &args).await;
+    let content = out["content"].as_str().unwrap_or_default();
+    assert!(content.contains("virtual"), "{out}");
+    let rotated = format!("Bearer {ROTATED_KEY}");
+    assert_eq!(mesh.keys_received().last(), Some(&rotated));
+    never_saw(&mesh.provider, VIRTUAL_KEY);
+    let payments = mesh.tokens_of("payments", 1.0);
     assert!(payments >= 1.0, "payments: {payments}");
 
-    // No planted key anywhere istiod or the proxies write: the keys never
-    // pass through istiod or an Istio resource, and the proxies never tell.
-    let (_, stats) = gateway.admin_get("/stats").expect("/stats");
-    let (_, prometheus) = gateway
-        .admin_get("/stats/prometheus")
-        .expect("/stats/prometheus");
-    let outputs = [
-        (
-            "istiod's config",
-            istiod.debug("/debug/configz").expect("configz").to_string(),
-        ),
-        ("istiod's log", istiod.log_tail(100_000)),
-        (
-            "the gateway's config dump",
-            gateway.config_dump().expect("dump").to_string(),
-        ),
-        ("the gateway's stats", stats),
-        ("the gateway's metrics", prometheus),
-        ("the gateway's log", gateway.log()),
-        ("the sidecar's log", app.log()),
-    ];
-    for (what, text) in &outputs {
-        for secret in [MESH_KEY, ROTATED_KEY, STRAY_KEY, VIRTUAL_KEY] {
-            assert!(!text.contains(secret), "{secret} in {what}");
-        }
-    }
-    let syncz = istiod.debug("/debug/syncz").expect("syncz");
-    for node in [&gateway_node, &app_node] {
+    assert_no_planted_key(&mesh);
+    let syncz = mesh.istiod.debug("/debug/syncz").expect("syncz");
+    for node in [&mesh.gateway_node, &mesh.app_node] {
         synced(&syncz, node.proxy_id()).expect("no NACK after the calls");
     }
     eprintln!("keyless egress: {:?} in all", started.elapsed());
