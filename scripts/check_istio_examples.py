@@ -14,8 +14,12 @@ with RBAC among its `type_urls` (the agent's fail-open stand-in); the mesh
 config's `extraStatTags` naming the labels of envoy/envoy.yaml, whose rules are
 the ones Istio's bootstrap writes for them; and, across files, a filter in `cache.mode: shard` whose
 header a DestinationRule hashes on (`consistentHash.httpHeaderName`) for a
-host a VirtualService sends the mesh's calls to. The Envoy fragments inside the patches are checked by Envoy
-itself (e2e `istio`).
+host a VirtualService sends the mesh's calls to; a Secret of provider keys
+holding only Envoy SDS files of generic secrets, no other field, and, across
+files, every SDS file a cluster patch names (with its directory watched, so a
+rotation is taken up) one of a Secret's files holding the secret it names. The
+Envoy fragments inside the patches are checked by Envoy itself (e2e `istio`,
+e2e `istiod`).
 
     check_istio_examples.py [examples/istio]
 """
@@ -159,6 +163,74 @@ def check_sharding(docs):
     return problems
 
 
+SDS_SECRET_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
+
+
+def check_secret(doc):
+    """A Secret of provider keys (not an Istio kind, so no schema of ours):
+    each of its files an Envoy SDS file of generic secrets."""
+    problems = []
+    extra = set(doc) - {"apiVersion", "kind", "metadata", "type", "stringData"}
+    if doc.get("apiVersion") != "v1" or extra:
+        problems.append(f"a v1 Secret of metadata, type and stringData only (not {sorted(extra)})")
+    for name, text in sds_files(doc).items():
+        try:
+            resources = yaml.safe_load(text)["resources"]
+            if not resources or any(
+                r["@type"] != SDS_SECRET_TYPE or "inline_string" not in r["generic_secret"]["secret"]
+                for r in resources
+            ):
+                raise ValueError("a resource that is not a generic secret")
+        except (TypeError, KeyError, ValueError, yaml.YAMLError) as e:
+            problems.append(f"stringData.{name}: not an SDS file of generic secrets ({e})")
+    return problems
+
+
+def sds_files(doc):
+    return (doc.get("stringData") or {}) if doc.get("kind") == "Secret" else {}
+
+
+def sds_references(value):
+    """Every (secret name, path, watched directory) an SDS file source names
+    under `value`."""
+    if isinstance(value, dict):
+        source = (value.get("sds_config") or {}).get("path_config_source")
+        if source:
+            yield value.get("name"), source.get("path", ""), (source.get("watched_directory") or {}).get("path")
+        for v in value.values():
+            yield from sds_references(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from sds_references(v)
+
+
+def check_mounted_secrets(docs):
+    """Each SDS file a cluster patch reads is a Secret's file (by its name;
+    the mount's path is the Deployment's) holding the secret it names, in a
+    directory Envoy watches."""
+    files = {}
+    for doc in docs:
+        for name, text in sds_files(doc).items():
+            try:
+                files[name] = {r.get("name") for r in yaml.safe_load(text)["resources"]}
+            except (TypeError, KeyError, yaml.YAMLError):
+                files[name] = set()
+    problems = []
+    for doc in docs:
+        if doc.get("kind") != "EnvoyFilter":
+            continue
+        for patch in (doc.get("spec") or {}).get("configPatches") or []:
+            if patch.get("applyTo") != "CLUSTER":
+                continue
+            for name, path, watched in sds_references((patch.get("patch") or {}).get("value")):
+                directory, _, file = path.rpartition("/")
+                if watched != directory:
+                    problems.append(f"{path}: its directory is not watched, a rotation would not be taken up")
+                if name not in files.get(file, set()):
+                    problems.append(f"{path}: no Secret's file {file} holds the secret {name}")
+    return problems
+
+
 def check_envoyfilter(spec, namespace):
     problems = []
     if namespace == ROOT_NAMESPACE and not (spec.get("workloadSelector") or {}).get("labels"):
@@ -236,6 +308,9 @@ def check_file(path):
                 # `sidecar.istio.io/bootstrapOverride` names (Envoy starts
                 # with it in e2e istiod::istiod_sidecar_memory).
                 found = check_bootstrap_override(doc)
+            elif kind == "Secret":
+                # Not an Istio kind: the provider keys a gateway mounts.
+                found = check_secret(doc)
             elif kind == "IstioOperator":
                 # No schema of its own among the CRD models: meshConfig is
                 # checked field by field below.
@@ -266,7 +341,8 @@ def main(argv):
         for p in problems:
             print(f"{path}: {p}")
         failed += bool(problems)
-    across = check_sharding([doc for path in files for doc in load(path)])
+    docs = [doc for path in files for doc in load(path)]
+    across = check_sharding(docs) + check_mounted_secrets(docs)
     for p in across:
         print(f"{directory}: {p}")
     print(f"istio examples: {len(files) - failed} passed, {failed} failed")

@@ -37,8 +37,9 @@ received). Every object carries `sdk_version`. What each scenario prints:
               message, attempts, elapsed_ms}
 
 --api-key KEY sets the key the SDK sends ('' sends none: a keyless app).
---header NAME:VALUE (repeatable) adds a header to the Responses scenarios'
-calls (e.g. cache-control: max-age=60, or the mock's x-mock-* knobs).
+--header NAME:VALUE (repeatable) adds a header to the chat and Responses
+scenarios' calls (e.g. cache-control: max-age=60, the mock's x-mock-* knobs,
+or `host` for a proxy that routes by it).
 """
 
 import argparse
@@ -86,7 +87,9 @@ def messages(text):
 
 
 def chat(args):
-    r = client(args).chat.completions.create(model=args.model, messages=messages(args.prompt))
+    r = client(args).chat.completions.create(
+        model=args.model, messages=messages(args.prompt), extra_headers=extra_headers(args)
+    )
     return {
         "id": r.id,
         "model": r.model,
@@ -334,7 +337,7 @@ def main():
     p.add_argument("--max-retries", type=int, default=0)
     p.add_argument("--timeout", type=float, default=30.0, help="the SDK's own timeout, s")
     p.add_argument("--budget-ms", type=int, default=500, help="x-request-timeout-ms")
-    p.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="a header of the Responses calls")
+    p.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="a header of the chat and Responses calls")
     p.add_argument("--instructions", help="the Responses call's instructions")
     p.add_argument("--max-output-tokens", type=int)
     p.add_argument("--previous-response-id")

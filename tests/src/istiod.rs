@@ -200,6 +200,18 @@ impl Istiod {
         }
     }
 
+    /// Replaces the manifests of `name` in its config folder, as one rename
+    /// (istiod watches the folder and pushes what changed, as a `kubectl
+    /// apply` would have it).
+    pub fn write_config(&self, name: &str, text: &str) -> Result<()> {
+        let config_dir = self.dir.path().join("config");
+        // Not a .yaml name: istiod reads no half-written file.
+        let staged = self.dir.path().join(format!("{name}.staged"));
+        std::fs::write(&staged, text)?;
+        std::fs::rename(&staged, config_dir.join(name))?;
+        Ok(())
+    }
+
     /// Its plaintext xDS port on 127.0.0.1.
     pub fn grpc_port(&self) -> u16 {
         self.grpc_port

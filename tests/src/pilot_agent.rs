@@ -54,6 +54,16 @@ pub fn agent_bin(test: &str) -> Option<PathBuf> {
     }
 }
 
+/// Where the agent reads a workload certificate mounted as files (Istio's
+/// `security.DefaultCertChainFilePath` and its siblings, relative to where it
+/// runs): the chain, its key and the mesh's root, served to Envoy by SDS as
+/// `default` and `ROOTCA`, the names istiod's mTLS settings ask for.
+pub const WORKLOAD_CERT_FILES: [&str; 3] = [
+    "etc/certs/cert-chain.pem",
+    "etc/certs/key.pem",
+    "etc/certs/root-cert.pem",
+];
+
 /// A running agent and the Envoy it started; both killed (the agent's
 /// process group, by its id) on drop, and the modules it pulled removed.
 pub struct PilotAgent {
@@ -76,6 +86,21 @@ impl PilotAgent {
         mesh: &str,
         env: &[(&str, String)],
     ) -> Result<Self> {
+        Self::start_with_files(bin, node, discovery_port, mesh, env, &[])
+    }
+
+    /// [`PilotAgent::start`] with `files` (path relative to the container's
+    /// root, contents) laid into the container first: e.g. the workload
+    /// certificate the agent serves by SDS when mounted as files
+    /// ([`WORKLOAD_CERT_FILES`]).
+    pub fn start_with_files(
+        bin: &Path,
+        node: &Node,
+        discovery_port: u16,
+        mesh: &str,
+        env: &[(&str, String)],
+        files: &[(&str, &str)],
+    ) -> Result<Self> {
         let template = std::env::var_os(AGENT_BOOTSTRAP_TEMPLATE_ENV)
             .map(PathBuf::from)
             .ok_or_else(|| {
@@ -96,6 +121,13 @@ impl PilotAgent {
         .with_context(|| format!("copy {}", template.display()))?;
         let config_path = root.join("etc/istio/proxy");
         std::fs::create_dir_all(&config_path)?;
+        for (path, contents) in files {
+            let path = root.join(path);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::write(&path, contents).with_context(|| format!("write {}", path.display()))?;
+        }
 
         let mut parts = node.id.split('~');
         let (Some(kind), Some(ip), Some(pod_ns)) = (parts.next(), parts.next(), parts.next())
@@ -130,9 +162,10 @@ impl PilotAgent {
             .env("SERVICE_ACCOUNT", "default")
             .env("ISTIO_META_CLUSTER_ID", "Kubernetes")
             .env("ISTIO_METAJSON_LABELS", node.labels.to_string())
-            // No CA: the workload certificates would be files under
-            // ./etc/certs; with mTLS off nothing asks for them, and the SDS
-            // server still serves files (a DestinationRule's caCertificates).
+            // No CA: the workload certificate, when there is one, is files
+            // under ./etc/certs ([`WORKLOAD_CERT_FILES`]); with mTLS off
+            // nothing asks for it, and the SDS server still serves files (a
+            // DestinationRule's caCertificates).
             .env("FILE_MOUNTED_CERTS", "true")
             // The fixed ports of Istio's bootstrap (15021, 15090) on free ones.
             .env("ENVOY_STATUS_PORT", envoy_status.to_string())

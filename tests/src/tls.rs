@@ -84,17 +84,31 @@ impl TestCa {
     /// A client certificate signed by this CA: with `uri` as its one URI SAN
     /// (a workload's SPIFFE id), or with `None` a DNS name and no URI SAN.
     pub fn issue_client(&self, uri: Option<&str>) -> Result<ClientCert> {
-        let mut params = CertificateParams::new(Vec::<String>::new())?;
-        params.subject_alt_names = vec![match uri {
+        let san = match uri {
             Some(uri) => SanType::URI(uri.try_into()?),
             None => SanType::DnsName("client.test".try_into()?),
-        }];
-        let key = KeyPair::generate()?;
-        let cert = params.signed_by(&key, &self.cert, &self.key)?;
+        };
+        let (cert, key) = self.sign(san)?;
         Ok(ClientCert {
             cert_der: cert.der().clone(),
             key_der: key.serialize_der(),
         })
+    }
+
+    /// A workload certificate as Istio's CA issues one: the SPIFFE id `uri`
+    /// its one SAN, good for either end of mutual TLS.
+    pub fn issue_workload(&self, uri: &str) -> Result<ServerCert> {
+        let (cert, key) = self.sign(SanType::URI(uri.try_into()?))?;
+        Ok(ServerCert::new(&cert, &key))
+    }
+
+    /// A leaf with `san` its one subject alternative name, signed by this CA.
+    fn sign(&self, san: SanType) -> Result<(rcgen::Certificate, KeyPair)> {
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.subject_alt_names = vec![san];
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &self.cert, &self.key)?;
+        Ok((cert, key))
     }
 }
 
@@ -119,6 +133,11 @@ impl ServerCert {
             cert_der: cert.der().clone(),
             key_der: key.serialize_der(),
         }
+    }
+
+    /// The private key, PEM.
+    pub fn key_pem(&self) -> &str {
+        &self.key_pem
     }
 
     /// Writes the certificate and its key into `dir` as `<name>.pem` and

@@ -29,9 +29,12 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 mod agent;
+mod keyless;
 
 const PROVIDER: &str = "api.openai.com";
 const PROVIDER_CLUSTER: &str = "outbound|80||api.openai.com";
+/// The egress gateway's service account, as Istio's gateway chart names it.
+const GATEWAY_SERVICE_ACCOUNT: &str = "istio-egressgateway-service-account";
 /// Where the test serves the module from, as a ServiceEntry of the mesh.
 const MODULES: &str = "modules.example.com";
 const MODULES_CLUSTER: &str = "outbound|80||modules.example.com";
@@ -218,7 +221,9 @@ fn istiod_with(
 
 /// What a test mesh adds to the examples: the module server as an external
 /// service, mTLS off (no certificates without the agent), and for the
-/// gateway the service that selects it (port 80 to 8080) and its workload.
+/// gateway the service that selects it (port 80 to 8080, 443 to 8443, as
+/// Istio's istio-egressgateway Service) and its workload, of the gateway's
+/// service account [`GATEWAY_SERVICE_ACCOUNT`].
 fn overlay(modules_port: u16, gateway: bool) -> String {
     let mut docs = vec![
         json!({"apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry",
@@ -237,13 +242,15 @@ fn overlay(modules_port: u16, gateway: bool) -> String {
             "metadata": {"name": "istio-egressgateway", "namespace": "istio-system"},
             "spec": {"hosts": ["istio-egressgateway.istio-system.svc.cluster.local"],
                 "location": "MESH_INTERNAL", "resolution": "STATIC",
-                "ports": [{"number": 80, "name": "http2", "protocol": "HTTP2", "targetPort": 8080}],
+                "ports": [{"number": 80, "name": "http2", "protocol": "HTTP2", "targetPort": 8080},
+                    {"number": 443, "name": "https", "protocol": "HTTPS", "targetPort": 8443}],
                 "workloadSelector": {"labels": {"istio": "egressgateway"}}}}),
         );
         docs.push(
             json!({"apiVersion": "networking.istio.io/v1", "kind": "WorkloadEntry",
             "metadata": {"name": "istio-egressgateway-0", "namespace": "istio-system"},
-            "spec": {"address": node.ip, "labels": node.labels}}),
+            "spec": {"address": node.ip, "labels": node.labels,
+                "serviceAccount": GATEWAY_SERVICE_ACCOUNT}}),
         );
     }
     yaml_docs(&docs)

@@ -115,7 +115,12 @@ fn no_mtls() -> String {
 }
 
 /// The ECDS resource `name` as Envoy holds it, once it is there.
-fn wait_ecds(agent: &PilotAgent, name: &str, istiod: &Istiod, node: &Node) -> (Value, Value) {
+pub(super) fn wait_ecds(
+    agent: &PilotAgent,
+    name: &str,
+    istiod: &Istiod,
+    node: &Node,
+) -> (Value, Value) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let dump = agent.config_dump().expect("config_dump");
