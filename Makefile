@@ -249,6 +249,7 @@ lint: wasm-target
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p llm-filter-core -p llm-filter --target $(WASM_TARGET) -- -D warnings
+	$(CARGO) clippy -p llm-filter --target $(WASM_TARGET) --features hostcall-census -- -D warnings
 
 # The dependency graph against deny.toml: licenses, banned or duplicated
 # crates, and where each crate comes from, read from Cargo.lock and the

@@ -82,7 +82,7 @@ fn action(step: Step) -> Action {
 impl Context for Http {
     fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
         #[cfg(feature = "hostcall-census")]
-        let _timed = hostcall::bench_census::Timed::new(self.worker.stats(), "callout_response");
+        let _timed = crate::hostcall::bench_census::Timed::new(self.worker.stats(), "callout_response");
         callout::deliver(&self.worker, token, body_size, Some(self.id));
     }
 }
@@ -90,7 +90,7 @@ impl Context for Http {
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
         #[cfg(feature = "hostcall-census")]
-        let _timed = hostcall::bench_census::Timed::new(self.worker.stats(), "request_headers");
+        let _timed = crate::hostcall::bench_census::Timed::new(self.worker.stats(), "request_headers");
         // The filter's own endpoints first, then the walk: one read of the
         // request's headers and of the clock serves both.
         let mut stream = Stream::default();
@@ -131,7 +131,7 @@ impl HttpContext for Http {
 
     fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
         #[cfg(feature = "hostcall-census")]
-        let _timed = hostcall::bench_census::Timed::new(self.worker.stats(), "request_body");
+        let _timed = crate::hostcall::bench_census::Timed::new(self.worker.stats(), "request_body");
         if let Some(admin) = self.admin.as_mut() {
             let step = with_env(&self.worker, |env| {
                 admin.on_request_body(env, &mut Stream::default(), size, end_of_stream)
@@ -153,7 +153,7 @@ impl HttpContext for Http {
 
     fn on_http_response_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
         #[cfg(feature = "hostcall-census")]
-        let _timed = hostcall::bench_census::Timed::new(self.worker.stats(), "response_headers");
+        let _timed = crate::hostcall::bench_census::Timed::new(self.worker.stats(), "response_headers");
         self.step(Stream::default(), |call, env, host| {
             call.on_response_headers(env, host, end_of_stream)
         })
@@ -161,7 +161,7 @@ impl HttpContext for Http {
 
     fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
         #[cfg(feature = "hostcall-census")]
-        let _timed = hostcall::bench_census::Timed::new(self.worker.stats(), "response_body");
+        let _timed = crate::hostcall::bench_census::Timed::new(self.worker.stats(), "response_body");
         self.step(Stream::default(), |call, env, host| {
             call.on_response_body(env, host, size, end_of_stream)
         })
@@ -169,7 +169,7 @@ impl HttpContext for Http {
 
     fn on_log(&mut self) {
         #[cfg(feature = "hostcall-census")]
-        let _timed = hostcall::bench_census::Timed::new(self.worker.stats(), "log");
+        let _timed = crate::hostcall::bench_census::Timed::new(self.worker.stats(), "log");
         let call = self.call.try_borrow_mut().ok().and_then(|mut c| c.take());
         self.worker.forget_calls(self.id);
         if let Some(call) = call {
