@@ -126,6 +126,11 @@ fn limits_envoy(port: u16) -> EnvoyBuilder {
         .upstream("backend", port)
 }
 
+/// `{}` with the tenant from a virtual key (the digest of
+/// `vk-bench-key-0123456789`).
+const VIRTUAL_KEY: &str = r#"{"tenant":{"from":"virtual_key","keys":{"bench":
+    "d89a9c5280394ce8e2969ad9a3e2635d0dc206c89df2f0e1efa2ad94e7dcc5a3"}}}"#;
+
 /// The two baselines every scenario is compared with.
 const PLAIN: &str = "plain";
 const NOOP: &str = "noop-wasm";
@@ -361,6 +366,36 @@ fn scenarios() -> Vec<Scenario> {
             envoy: filter,
             path: "/v1/chat/completions",
             headers: vec![],
+            body: chat.clone(),
+            expect_cache: Some("BYPASS"),
+        },
+        Scenario {
+            // `{}` with the tenant from a virtual key: the key is digested,
+            // looked up among the tenants' digests and removed from the call.
+            name: "filter-virtual-key",
+            envoy: |port| {
+                EnvoyBuilder::new()
+                    .plugin_config(VIRTUAL_KEY)
+                    .concurrency(1)
+                    .upstream("backend", port)
+            },
+            path: "/v1/chat/completions",
+            headers: vec![("authorization", "Bearer vk-bench-key-0123456789")],
+            body: chat.clone(),
+            expect_cache: Some("BYPASS"),
+        },
+        Scenario {
+            // `{}` with every LLM call keyless: the client's stray key is
+            // stripped before the call leaves (the mesh would put its own on).
+            name: "filter-keyless",
+            envoy: |port| {
+                EnvoyBuilder::new()
+                    .plugin_config(r#"{"credentials":{"every_call":true}}"#)
+                    .concurrency(1)
+                    .upstream("backend", port)
+            },
+            path: "/v1/chat/completions",
+            headers: vec![("authorization", "Bearer sk-stray-app-key")],
             body: chat.clone(),
             expect_cache: Some("BYPASS"),
         },
