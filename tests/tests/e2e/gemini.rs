@@ -423,6 +423,10 @@ async fn a_gemini_call_fails_over_with_the_other_backends_model_in_its_path() {
     let envoy = EnvoyBuilder::new()
         .plugin_config(json!({"cache": {"enabled": false}, "routing": {
             "eject_after_failures": 1000,
+            // No probe during the calls (the first comes after an
+            // interval): one b failed would take it out before any call
+            // tried it, on a machine slow enough to start the SDK late.
+            "probe_interval_s": 3600,
             // b, which fails, is the first choice almost always (a call
             // chosen at equal weights could go to a every time).
             "models": {MODEL: [
