@@ -21,9 +21,9 @@ use llm_filter_e2e::{
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 
-use crate::credentials::{assert_secrets_nowhere, never_saw};
 use crate::support;
 use crate::support::otlp::Receiver;
+use crate::support::secrets::{self, assert_secrets_nowhere, never_saw};
 
 const ACCESS_KEY: &str = "AKIAMESHBEDROCK00001";
 /// The AWS secret key: it signs, and must show up nowhere.
@@ -38,29 +38,17 @@ const CAP: u64 = 256;
 /// docs/credentials.md gives them, at column 0, with the credentials file
 /// in `dir` instead of the page's.
 fn documented_options(dir: &Path) -> String {
-    let page = std::fs::read_to_string(workspace_root().join("docs/credentials.md")).unwrap();
-    let section = &page[page
-        .find("### Bedrock")
-        .expect("the page's Bedrock section")..];
-    let cluster = section.split("```yaml\n").nth(1).unwrap();
-    let cluster = cluster.split("```").next().unwrap();
-    let route = section.split("```yaml\n").nth(2).unwrap();
+    let route = secrets::documented_yaml("### Bedrock", 1);
     assert!(
         route.contains(&format!("host_rewrite_literal: {HOST}")),
         "the page's route rewrites the host as the test's does: {route}"
     );
-    let options: Vec<&str> = cluster
-        .lines()
-        .skip_while(|l| l.trim() != "typed_extension_protocol_options:")
-        .map(|l| l.strip_prefix("  ").unwrap_or(l))
-        .collect();
-    assert!(options.len() > 10, "{cluster}");
-    let options = options.join("\n") + "\n";
+    let options = secrets::documented_options("### Bedrock", dir);
     assert!(
-        options.contains("/etc/llm-keys/aws-credentials"),
+        options.contains(&format!("{}/aws-credentials", dir.display())),
         "{options}"
     );
-    options.replace("/etc/llm-keys", &dir.display().to_string())
+    options
 }
 
 /// The signer of `options` alone, a list item at column 0 (to place it

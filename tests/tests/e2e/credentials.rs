@@ -18,27 +18,13 @@ use serde_json::{json, Value};
 
 use crate::support;
 use crate::support::otlp::Receiver;
+use crate::support::secrets::{assert_secrets_nowhere, never_saw, write_secret};
 
 const OPENAI_KEY: &str = "sk-mesh-openai-PLANTED-1";
 const ANTHROPIC_KEY: &str = "sk-ant-mesh-PLANTED-2";
 const GEMINI_KEY: &str = "goog-mesh-PLANTED-3";
 const ADMIN_TOKEN: &str = "admin-token-0123456789";
 const DEADLINE: Duration = Duration::from_secs(20);
-
-/// Writes the SDS file `name.yaml` in `dir` holding the generic secret
-/// `name` = `value`, atomically (a rename into the watched directory, as
-/// Kubernetes' projected volumes and an operator's `mv` do).
-fn write_secret(dir: &Path, name: &str, value: Option<&str>) {
-    let body = match value {
-        Some(v) => format!(
-            "resources:\n- \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret\n  name: {name}\n  generic_secret:\n    secret:\n      inline_string: \"{v}\"\n"
-        ),
-        None => "resources: []\n".to_string(),
-    };
-    let tmp = dir.join(format!(".{name}.tmp"));
-    std::fs::write(&tmp, body).unwrap();
-    std::fs::rename(&tmp, dir.join(format!("{name}.yaml"))).unwrap();
-}
 
 /// The cluster options that put secret `name` of `dir` on every call in
 /// `header` (Envoy's own upstream filters; the filter holds no secret).
@@ -156,18 +142,6 @@ impl Mesh {
     }
 }
 
-/// No header of any call `mock` received carries `stray`, in any place a
-/// provider reads a key from.
-pub(crate) fn never_saw(mock: &MockUpstream, stray: &str) {
-    for r in mock.requests() {
-        for (k, v) in &r.headers {
-            assert!(!v.contains(stray), "{} got {k}: {v}", mock.name());
-        }
-        let q = r.query.clone().unwrap_or_default();
-        assert!(!q.contains(stray), "{} got ?{q}", mock.name());
-    }
-}
-
 #[tokio::test]
 async fn sdk_calls_without_a_key_or_with_a_stray_one_carry_the_mesh_key() {
     if skip_without_envoy("sdk_calls_without_a_key_or_with_a_stray_one_carry_the_mesh_key") {
@@ -282,53 +256,6 @@ async fn assert_no_secret_anywhere(mesh: &Mesh) {
         &[OPENAI_KEY, ANTHROPIC_KEY, GEMINI_KEY],
     )
     .await;
-}
-
-/// None of `secrets` is in Envoy's log, its stats, its config dump, the
-/// filter's state page (read with `admin_token`), the access log at
-/// `access_log` (which must have records) or the spans `receiver` got
-/// (which must be some).
-pub(crate) async fn assert_secrets_nowhere(
-    envoy: &Envoy,
-    receiver: &Receiver,
-    access_log: &Path,
-    admin_token: &str,
-    secrets: &[&str],
-) {
-    let (_, dump) = envoy.admin_get("/config_dump?include_eds").unwrap();
-    let (_, stats) = envoy.admin_get("/stats").unwrap();
-    let (_, prom) = envoy.admin_get("/stats/prometheus").unwrap();
-    let state = reqwest::Client::new()
-        .get(envoy.url("/llm-filter/state"))
-        .bearer_auth(admin_token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(state.status(), 200);
-    let state = state.text().await.unwrap();
-    // Spans are pushed every 200 ms; wait for some.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while receiver.spans().is_empty() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let spans = serde_json::to_string(&receiver.exports()).unwrap();
-    assert!(!receiver.spans().is_empty(), "spans arrived");
-    let access = std::fs::read_to_string(access_log).unwrap_or_default();
-    assert!(!access.trim().is_empty(), "the access log has records");
-    let log = envoy.log_contents();
-    for secret in secrets {
-        for (what, text) in [
-            ("config_dump", &dump),
-            ("stats", &stats),
-            ("prometheus", &prom),
-            ("state", &state),
-            ("spans", &spans),
-            ("access log", &access),
-            ("envoy log", &log),
-        ] {
-            assert!(!text.contains(secret), "{secret} in {what}");
-        }
-    }
 }
 
 #[tokio::test]
