@@ -61,7 +61,9 @@ pub enum EnvoyReply {
     /// never went upstream.
     TooLarge,
     /// The cluster's `credential_injector` had no mesh credential to put on
-    /// (401): the request never went upstream.
+    /// (401): the request never went upstream. A keyless call's 401 from
+    /// the provider, which refused the mesh's credential, is read as this
+    /// too.
     NoCredential,
 }
 

@@ -1,5 +1,6 @@
 //! A call for a mesh-credentialed backend leaves keyless, on its tenant's
-//! credential set, and a missing mesh key is the gateway's 503, not a 401.
+//! credential set, and a missing or refused mesh key is the gateway's 503,
+//! not a 401.
 
 use crate::walk::fake::{FakeHost, World};
 use crate::walk::*;
@@ -123,9 +124,30 @@ fn a_missing_mesh_key_is_the_gateways_503_in_the_callers_shape() {
         w.counter("llm_filter_credential_unavailable_totalllm_cluster=.=anthropic;.;"),
         1
     );
-    // A provider's own 401 is the provider's word, passed on as it is.
+    // A provider's 401 to a keyless call refused the mesh's credential (an
+    // expired token Envoy still held): the gateway's 503 too, counted.
     let (mut call, host) = call_again(&mut w, m);
     let mut host = host.with_response(401, "application/json", r#"{"type":"error"}"#);
+    host.code_details = Some("via_upstream".into());
+    call.on_response_headers(&mut w.env(), &mut host, false);
+    assert_eq!(host.response(":status"), Some("503"));
+    let size = host.response_body.len();
+    call.on_response_body(&mut w.env(), &mut host, size, true);
+    let body: serde_json::Value = serde_json::from_slice(&host.response_body).unwrap();
+    assert_eq!(body["error"]["code"], "llm_filter_credential_unavailable");
+    call.on_log(&mut w.env());
+    assert_eq!(
+        w.counter("llm_filter_credential_unavailable_totalllm_cluster=.=anthropic;.;"),
+        2
+    );
+}
+
+#[test]
+fn a_providers_401_to_a_call_with_the_clients_key_is_the_providers_word() {
+    let mut w = World::new(MESH);
+    let body = r#"{"model":"local","messages":[{"role":"user","content":"hi"}]}"#;
+    let (mut call, host) = call(&mut w, "/v1/chat/completions", body, &[]);
+    let mut host = host.with_response(401, "application/json", r#"{"error":{}}"#);
     host.code_details = Some("via_upstream".into());
     call.on_response_headers(&mut w.env(), &mut host, false);
     assert_eq!(host.response(":status"), Some("401"));
