@@ -208,3 +208,33 @@ fn a_failover_never_carries_a_key_to_the_wrong_backend() {
     assert_eq!(to, "b");
     assert_eq!(auth(&headers), None);
 }
+
+#[test]
+fn a_credential_outage_adds_no_breaker_pressure() {
+    // The mesh's token is missing for a while (its token endpoint is down):
+    // calls are the gateway's 503, but the breaker does not shed or open
+    // the circuit on them, so the first call after the token is back goes.
+    let config = MESH.replacen(
+        "\"tenant\"",
+        r#""budget": {"min_calls": 1, "probe_fraction": 0}, "tenant""#,
+        1,
+    );
+    let mut w = World::new(&config);
+    let chat = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
+    for _ in 0..20 {
+        let (mut call, host) = call(&mut w, "/v1/chat/completions", chat, &[]);
+        let mut host = host.with_response(401, "text/plain", "Failed to inject credential.");
+        host.code_details = Some(crate::credentials::NOT_INJECTED_DETAILS.into());
+        w.respond(&mut call, &mut host);
+        assert_eq!(host.response(":status"), Some("503"));
+        call.on_log(&mut w.env());
+    }
+    let (_, host) = call(
+        &mut w,
+        "/v1/chat/completions",
+        chat,
+        &[("x-request-priority", "P2")],
+    );
+    assert!(host.local_reply.is_none(), "{:?}", host.local_reply);
+    assert_eq!(host.header("x-llm-cluster"), Some("openai"));
+}
