@@ -72,8 +72,9 @@ struct Mesh {
 }
 
 impl Mesh {
-    /// The mesh with every key but those of `missing` in its secret files.
-    fn start(missing: &[&str]) -> Self {
+    /// The mesh with every key but those of `missing` in its secret files,
+    /// and the files of `unreadable` not YAML at all.
+    fn start(missing: &[&str], unreadable: &[&str]) -> Self {
         let secrets = tempfile::tempdir().unwrap();
         let dir = secrets.path();
         // OpenAI's secret is the whole header value, scheme and all.
@@ -84,6 +85,9 @@ impl Mesh {
             ("gemini", GEMINI_KEY),
         ] {
             write_secret(dir, name, Some(value).filter(|_| !missing.contains(&name)));
+            if unreadable.contains(&name) {
+                std::fs::write(dir.join(format!("{name}.yaml")), "resources: [not yaml\n").unwrap();
+            }
         }
         let openai = MockUpstream::start(MockConfig::named("openai"));
         let anthropic = MockUpstream::start(MockConfig::named("anthropic"));
@@ -147,7 +151,7 @@ async fn sdk_calls_without_a_key_or_with_a_stray_one_carry_the_mesh_key() {
     if skip_without_envoy("sdk_calls_without_a_key_or_with_a_stray_one_carry_the_mesh_key") {
         return;
     }
-    let mesh = Mesh::start(&[]);
+    let mesh = Mesh::start(&[], &[]);
     let envoy = &mesh.envoy;
     // OpenAI's SDK with no key at all: a keyless app.
     let out = support::sdk::run(
@@ -259,11 +263,14 @@ async fn assert_no_secret_anywhere(mesh: &Mesh) {
 }
 
 #[tokio::test]
-async fn a_missing_secret_is_the_gateways_error_never_the_apps_key() {
-    if skip_without_envoy("a_missing_secret_is_the_gateways_error_never_the_apps_key") {
+async fn a_missing_or_unreadable_secret_is_the_gateways_error_never_the_apps_key() {
+    if skip_without_envoy("a_missing_or_unreadable_secret_is_the_gateways_error_never_the_apps_key")
+    {
         return;
     }
-    let mesh = Mesh::start(&["openai", "anthropic"]);
+    // Anthropic's file holds no secret, OpenAI's is not YAML: Envoy starts
+    // without either key.
+    let mesh = Mesh::start(&["anthropic"], &["openai"]);
     // The mock would take the app's key: only the mesh's credential may go.
     mesh.openai.set_keys(Some(&[OPENAI_KEY, "sk-app-own"]));
     let out = support::sdk::run(
@@ -308,7 +315,7 @@ async fn a_rotated_secret_is_taken_up_with_no_call_failing() {
         return;
     }
     const NEW_KEY: &str = "sk-mesh-openai-ROTATED-9";
-    let mesh = Mesh::start(&[]);
+    let mesh = Mesh::start(&[], &[]);
     let url = mesh.envoy.url("/v1/chat/completions");
     let stop = Arc::new(AtomicBool::new(false));
     let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
