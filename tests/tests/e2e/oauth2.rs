@@ -227,7 +227,10 @@ async fn sdk_calls_with_no_key_or_a_stray_one_carry_the_mesh_token() {
         return;
     }
     let az = Azure::start(Some(CLIENT_SECRET), 60, |_| {});
-    az.until_served().await;
+    // Envoy is ready before its first token: that fetch runs before the
+    // secret file is read, the next one a retry interval later.
+    let first = az.until_served().await;
+    eprintln!("oauth2: the first call served {first:?} after Envoy was ready");
     // Azure's own client of the OpenAI SDK, keyless and with a stray key
     // (it sends it as `api-key`).
     for key in ["", "azure-STRAY-app-key"] {
