@@ -22,15 +22,13 @@ use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 
 use crate::support;
-use crate::support::otlp::Receiver;
-use crate::support::secrets::{self, assert_secrets_nowhere, never_saw};
+use crate::support::secrets::{self, never_saw, Outputs};
 
 const ACCESS_KEY: &str = "AKIAMESHBEDROCK00001";
 /// The AWS secret key: it signs, and must show up nowhere.
 const SECRET_KEY: &str = "mesh/Bedrock+PLANTED-secret-5xK9";
 const REGION: &str = "us-east-1";
 const HOST: &str = "bedrock-runtime.us-east-1.amazonaws.com";
-const ADMIN_TOKEN: &str = "admin-token-0123456789";
 /// The cap shaping puts on `max_tokens`.
 const CAP: u64 = 256;
 
@@ -131,9 +129,6 @@ fn filter_config(keyless: bool) -> Value {
                 "model": "anthropic.claude-sonnet-4-5-20250929-v1:0"}],
         }},
         "shaping": {"max_tokens_cap": CAP},
-        "admin": {"token": ADMIN_TOKEN},
-        "tracing": {"otlp": {"cluster": "otel", "interval_ms": 200}},
-        "access_log": {"enabled": true},
     });
     if keyless {
         config["credentials"] = json!({"clusters": {"bedrock": {}}});
@@ -143,8 +138,7 @@ fn filter_config(keyless: bool) -> Value {
 
 struct Gateway {
     bedrock: MockUpstream,
-    receiver: Receiver,
-    log: std::path::PathBuf,
+    outputs: Outputs,
     /// The directory Envoy watches for the credentials file.
     keys: std::path::PathBuf,
     _dir: tempfile::TempDir,
@@ -163,15 +157,10 @@ impl Gateway {
         write_credentials(&keys, ACCESS_KEY, SECRET_KEY);
         let options = documented_options(&keys);
         let bedrock = MockUpstream::start(MockConfig::named("bedrock"));
-        let receiver = Receiver::start(&[]);
-        let log = dir.path().join("access.log");
+        let outputs = Outputs::start(dir.path());
         let mut builder = EnvoyBuilder::new()
-            .plugin_config(filter_config(!downstream))
+            .plugin_config(outputs.config(filter_config(!downstream)))
             .header_route("x-llm-cluster")
-            .access_log(
-                &log,
-                "%FILTER_STATE(wasm.llm_filter.call:PLAIN)% %REQ(:PATH)%",
-            )
             // The signer's own logging, where a leak would show.
             .component_log_level("aws:debug");
         builder = if downstream {
@@ -183,14 +172,13 @@ impl Gateway {
                 .upstream_pool("bedrock", &[bedrock.port()], &options)
                 .extra_route_yaml(&format!("host_rewrite_literal: {HOST}"))
         };
-        let envoy = builder
-            .upstream("otel", receiver.port)
+        let envoy = outputs
+            .envoy(builder)
             .start()
             .expect("envoy with the Bedrock signer");
         Self {
             bedrock,
-            receiver,
-            log,
+            outputs,
             keys,
             _dir: dir,
             envoy,
@@ -300,7 +288,7 @@ async fn bedrock_calls_are_signed_over_the_body_the_filter_sent() {
         envoy.log_contents().contains("AWS_SECRET_ACCESS_KEY=*"),
         "the signer's debug log is in the searched log"
     );
-    assert_secrets_nowhere(envoy, &gw.receiver, &gw.log, ADMIN_TOKEN, &[SECRET_KEY]).await;
+    gw.outputs.assert_none_of(envoy, &[SECRET_KEY]).await;
 }
 
 #[tokio::test]

@@ -17,13 +17,11 @@ use llm_filter_e2e::{
 use serde_json::{json, Value};
 
 use crate::support;
-use crate::support::otlp::Receiver;
-use crate::support::secrets::{assert_secrets_nowhere, never_saw, write_secret};
+use crate::support::secrets::{never_saw, write_secret, Outputs};
 
 const OPENAI_KEY: &str = "sk-mesh-openai-PLANTED-1";
 const ANTHROPIC_KEY: &str = "sk-ant-mesh-PLANTED-2";
 const GEMINI_KEY: &str = "goog-mesh-PLANTED-3";
-const ADMIN_TOKEN: &str = "admin-token-0123456789";
 const DEADLINE: Duration = Duration::from_secs(20);
 
 /// The cluster options that put secret `name` of `dir` on every call in
@@ -66,8 +64,7 @@ struct Mesh {
     anthropic: MockUpstream,
     gemini: MockUpstream,
     secrets: tempfile::TempDir,
-    log: std::path::PathBuf,
-    receiver: Receiver,
+    outputs: Outputs,
     envoy: Envoy,
 }
 
@@ -95,19 +92,15 @@ impl Mesh {
         openai.set_keys(Some(&[OPENAI_KEY]));
         anthropic.set_keys(Some(&[ANTHROPIC_KEY]));
         gemini.set_keys(Some(&[GEMINI_KEY]));
-        let receiver = Receiver::start(&[]);
-        let log = dir.join("access.log");
-        let config = json!({
+        let outputs = Outputs::start(dir);
+        let config = outputs.config(json!({
             "routing": {"models": {
                 "gpt-4o-mini": [{"cluster": "openai"}],
                 "claude-sonnet-4-5": [{"cluster": "anthropic"}],
                 "gemini-2.5-flash": [{"cluster": "gemini"}],
             }},
             "credentials": {"clusters": {"openai": {}, "anthropic": {}, "gemini": {}}},
-            "admin": {"token": ADMIN_TOKEN},
-            "tracing": {"otlp": {"cluster": "otel", "interval_ms": 200}},
-            "access_log": {"enabled": true},
-        });
+        }));
         let envoy = EnvoyBuilder::new()
             .node()
             .plugin_config(config)
@@ -126,12 +119,9 @@ impl Mesh {
                 &[gemini.port()],
                 &injector(dir, "gemini", "x-goog-api-key"),
             )
-            .upstream("otel", receiver.port)
-            .header_route("x-llm-cluster")
-            .access_log(
-                &log,
-                "%FILTER_STATE(wasm.llm_filter.call:PLAIN)% %REQ(:PATH)%",
-            )
+            .header_route("x-llm-cluster");
+        let envoy = outputs
+            .envoy(envoy)
             .start()
             .expect("envoy with the mesh's keys");
         Self {
@@ -139,8 +129,7 @@ impl Mesh {
             anthropic,
             gemini,
             secrets,
-            log,
-            receiver,
+            outputs,
             envoy,
         }
     }
@@ -252,14 +241,9 @@ async fn assert_no_secret_anywhere(mesh: &Mesh) {
         dump.contains("[redacted]"),
         "the SDS secrets are in the dump, redacted"
     );
-    assert_secrets_nowhere(
-        &mesh.envoy,
-        &mesh.receiver,
-        &mesh.log,
-        ADMIN_TOKEN,
-        &[OPENAI_KEY, ANTHROPIC_KEY, GEMINI_KEY],
-    )
-    .await;
+    mesh.outputs
+        .assert_none_of(&mesh.envoy, &[OPENAI_KEY, ANTHROPIC_KEY, GEMINI_KEY])
+        .await;
 }
 
 #[tokio::test]

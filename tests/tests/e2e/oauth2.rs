@@ -9,7 +9,6 @@
 //! heals without a restart; the client secret and the tokens show up
 //! nowhere Envoy or the filter writes.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -21,9 +20,8 @@ use llm_filter_e2e::{
 use serde_json::json;
 
 use crate::support;
-use crate::support::otlp::Receiver;
 use crate::support::secrets::{
-    assert_secrets_nowhere, documented_options, documented_yaml, never_saw, write_secret,
+    documented_options, documented_yaml, never_saw, write_secret, Outputs,
 };
 
 const SECTION: &str = "### Azure OpenAI with an Entra ID token";
@@ -35,7 +33,6 @@ const CLIENT_SECRET: &str = "Qx8~PLANTED.entra-secret_4kZr";
 const WRONG_SECRET: &str = "Qx8~WRONG.entra-secret_0000";
 /// The SDS secret (and file) the page names.
 const SECRET_NAME: &str = "entra-client-secret";
-const ADMIN_TOKEN: &str = "admin-token-0123456789";
 const CLUSTER: &str = "azure-openai";
 const DEPLOYMENT: &str = "gpt-4o";
 const API_VERSION: &str = "2024-10-21";
@@ -51,8 +48,7 @@ struct Azure {
     provider: MockUpstream,
     entra: TokenEndpoint,
     keys: tempfile::TempDir,
-    log: PathBuf,
-    receiver: Receiver,
+    outputs: Outputs,
     /// The token endpoint's timeout on the page.
     timeout: Duration,
     envoy: Envoy,
@@ -90,37 +86,29 @@ impl Azure {
         prepare(&entra);
         let provider = MockUpstream::start(MockConfig::named(CLUSTER));
         provider.take_tokens_of(Some(&entra));
-        let receiver = Receiver::start(&[]);
-        let log = keys.path().join("access.log");
-        let config = json!({
+        let outputs = Outputs::start(keys.path());
+        let config = outputs.config(json!({
             "llm_paths": ["/openai/deployments/*/chat/completions"],
             "routing": {"models": {DEPLOYMENT: [{"cluster": CLUSTER}]}},
             "credentials": {"clusters": {CLUSTER: {}}},
-            "admin": {"token": ADMIN_TOKEN},
-            "tracing": {"otlp": {"cluster": "otel", "interval_ms": 200}},
-            "access_log": {"enabled": true},
-        });
+        }));
         let envoy = EnvoyBuilder::new()
             .node()
             .plugin_config(config)
             .upstream_pool(CLUSTER, &[provider.port()], &options)
             .upstream("entra", entra.port())
-            .upstream("otel", receiver.port)
             .header_route("x-llm-cluster")
-            .access_log(
-                &log,
-                "%FILTER_STATE(wasm.llm_filter.call:PLAIN)% %REQ(:PATH)%",
-            )
             // The token provider's own logging, where a leak would show.
-            .component_log_level("credential_injector:debug")
+            .component_log_level("credential_injector:debug");
+        let envoy = outputs
+            .envoy(envoy)
             .start()
             .expect("envoy with the Entra token injector");
         Self {
             provider,
             entra,
             keys,
-            log,
-            receiver,
+            outputs,
             timeout: documented_timeout(),
             envoy,
         }
@@ -170,24 +158,14 @@ impl Azure {
         }
     }
 
-    /// Every token the endpoint issued, and the client secrets planted.
-    fn secrets(&self) -> Vec<String> {
-        let mut secrets = self.entra.ledger().tokens();
-        secrets.extend([CLIENT_SECRET.to_string(), WRONG_SECRET.to_string()]);
-        secrets
-    }
-
+    /// Neither client secret planted nor any token the endpoint issued is
+    /// anywhere Envoy or the filter writes.
     async fn assert_no_secret_anywhere(&self) {
-        let secrets = self.secrets();
+        let mut secrets = self.entra.ledger().tokens();
+        assert!(!secrets.is_empty(), "tokens were issued");
+        secrets.extend([CLIENT_SECRET.to_string(), WRONG_SECRET.to_string()]);
         let secrets: Vec<&str> = secrets.iter().map(String::as_str).collect();
-        assert_secrets_nowhere(
-            &self.envoy,
-            &self.receiver,
-            &self.log,
-            ADMIN_TOKEN,
-            &secrets,
-        )
-        .await;
+        self.outputs.assert_none_of(&self.envoy, &secrets).await;
     }
 }
 

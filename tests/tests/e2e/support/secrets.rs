@@ -3,10 +3,11 @@
 //! Kubernetes swaps them), and the search of every output Envoy and the
 //! filter write for planted secrets.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use llm_filter_e2e::{workspace_root, Envoy, MockUpstream};
+use llm_filter_e2e::{workspace_root, Envoy, EnvoyBuilder, MockUpstream};
+use serde_json::{json, Value};
 
 use super::otlp::Receiver;
 
@@ -37,49 +38,81 @@ pub fn never_saw(mock: &MockUpstream, stray: &str) {
     }
 }
 
-/// None of `secrets` is in Envoy's log, its stats, its config dump, the
-/// filter's state page (read with `admin_token`), the access log at
-/// `access_log` (which must have records) or the spans `receiver` got
-/// (which must be some).
-pub async fn assert_secrets_nowhere(
-    envoy: &Envoy,
-    receiver: &Receiver,
-    access_log: &Path,
-    admin_token: &str,
-    secrets: &[&str],
-) {
-    let (_, dump) = envoy.admin_get("/config_dump?include_eds").unwrap();
-    let (_, stats) = envoy.admin_get("/stats").unwrap();
-    let (_, prom) = envoy.admin_get("/stats/prometheus").unwrap();
-    let state = reqwest::Client::new()
-        .get(envoy.url("/llm-filter/state"))
-        .bearer_auth(admin_token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(state.status(), 200);
-    let state = state.text().await.unwrap();
-    // Spans are pushed every 200 ms; wait for some.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while receiver.spans().is_empty() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+/// The token of the filter's admin pages in these scenarios.
+const ADMIN_TOKEN: &str = "admin-token-0123456789";
+
+/// Every output of an Envoy and its filter a secret could leak to, beyond
+/// Envoy's log, stats and config dump: the spans it pushes (to an OTLP
+/// receiver), its access log, the filter's state page.
+pub struct Outputs {
+    receiver: Receiver,
+    access_log: PathBuf,
+}
+
+impl Outputs {
+    /// A span receiver, and an access log written in `dir`.
+    pub fn start(dir: &Path) -> Self {
+        Self {
+            receiver: Receiver::start(&[]),
+            access_log: dir.join("access.log"),
+        }
     }
-    let spans = serde_json::to_string(&receiver.exports()).unwrap();
-    assert!(!receiver.spans().is_empty(), "spans arrived");
-    let access = std::fs::read_to_string(access_log).unwrap_or_default();
-    assert!(!access.trim().is_empty(), "the access log has records");
-    let log = envoy.log_contents();
-    for secret in secrets {
-        for (what, text) in [
-            ("config_dump", &dump),
-            ("stats", &stats),
-            ("prometheus", &prom),
-            ("state", &state),
-            ("spans", &spans),
-            ("access log", &access),
-            ("envoy log", &log),
-        ] {
-            assert!(!text.contains(secret), "{secret} in {what}");
+
+    /// The filter's `config` with these outputs on: spans pushed to the
+    /// receiver, its record in the access log, its admin pages.
+    pub fn config(&self, mut config: Value) -> Value {
+        config["admin"] = json!({"token": ADMIN_TOKEN});
+        config["tracing"] = json!({"otlp": {"cluster": "otel", "interval_ms": 200}});
+        config["access_log"] = json!({"enabled": true});
+        config
+    }
+
+    /// `envoy` with the receiver's cluster and the access log.
+    pub fn envoy(&self, envoy: EnvoyBuilder) -> EnvoyBuilder {
+        envoy.upstream("otel", self.receiver.port).access_log(
+            &self.access_log,
+            "%FILTER_STATE(wasm.llm_filter.call:PLAIN)% %REQ(:PATH)%",
+        )
+    }
+
+    /// None of `secrets` is in Envoy's log, its stats, its config dump,
+    /// the filter's state page, the access log (which must have records) or
+    /// the spans (which must be some).
+    pub async fn assert_none_of(&self, envoy: &Envoy, secrets: &[&str]) {
+        let (_, dump) = envoy.admin_get("/config_dump?include_eds").unwrap();
+        let (_, stats) = envoy.admin_get("/stats").unwrap();
+        let (_, prom) = envoy.admin_get("/stats/prometheus").unwrap();
+        let state = reqwest::Client::new()
+            .get(envoy.url("/llm-filter/state"))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(state.status(), 200);
+        let state = state.text().await.unwrap();
+        // Spans are pushed every 200 ms; wait for some.
+        let receiver = &self.receiver;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while receiver.spans().is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let spans = serde_json::to_string(&receiver.exports()).unwrap();
+        assert!(!receiver.spans().is_empty(), "spans arrived");
+        let access = std::fs::read_to_string(&self.access_log).unwrap_or_default();
+        assert!(!access.trim().is_empty(), "the access log has records");
+        let log = envoy.log_contents();
+        for secret in secrets {
+            for (what, text) in [
+                ("config_dump", &dump),
+                ("stats", &stats),
+                ("prometheus", &prom),
+                ("state", &state),
+                ("spans", &spans),
+                ("access log", &access),
+                ("envoy log", &log),
+            ] {
+                assert!(!text.contains(secret), "{secret} in {what}");
+            }
         }
     }
 }
