@@ -37,6 +37,10 @@ received). Every object carries `sdk_version`. What each scenario prints:
               message, attempts, elapsed_ms}
 
 --api-key KEY sets the key the SDK sends ('' sends none: a keyless app).
+--azure-api-version V makes the client Azure OpenAI's (openai.AzureOpenAI,
+--base-url its endpoint without /v1, the model its deployment): it calls
+/openai/deployments/<model>/chat/completions?api-version=V with the key in
+`api-key`.
 --header NAME:VALUE (repeatable) adds a header to the chat and Responses
 scenarios' calls (e.g. cache-control: max-age=60, the mock's x-mock-* knobs,
 or `host` for a proxy that routes by it).
@@ -64,8 +68,18 @@ def client(args, attempts=None, **kwargs):
         # A keyless app: the SDK insists on a key, so it gets one it never
         # sends (its Authorization header is taken off each request).
         hooks = attempts.hooks() if attempts is not None else {}
-        hooks.setdefault("request", []).append(lambda r: r.headers.pop("authorization", None))
+        hooks.setdefault("request", []).append(keyless)
         http = openai.DefaultHttpxClient(event_hooks=hooks)
+    if args.azure_api_version:
+        return openai.AzureOpenAI(
+            azure_endpoint=args.base_url,
+            api_version=args.azure_api_version,
+            api_key=args.api_key or "unused",
+            max_retries=args.max_retries,
+            timeout=args.timeout,
+            http_client=http,
+            **kwargs,
+        )
     return openai.OpenAI(
         base_url=args.base_url,
         api_key=args.api_key or "unused",
@@ -74,6 +88,13 @@ def client(args, attempts=None, **kwargs):
         http_client=http,
         **kwargs,
     )
+
+
+def keyless(request):
+    """Takes the key the SDK insists on off the request (OpenAI's
+    Authorization, Azure's api-key)."""
+    request.headers.pop("authorization", None)
+    request.headers.pop("api-key", None)
 
 
 def usage(u):
@@ -343,6 +364,7 @@ def main():
     p.add_argument("--previous-response-id")
     p.add_argument("--priority", help="x-request-priority of responses_shed (default P2)")
     p.add_argument("--calls", type=int, default=1, help="calls of responses_raw")
+    p.add_argument("--azure-api-version", help="an Azure OpenAI client of this API version")
     args = p.parse_args()
     out = SCENARIOS[args.scenario](args)
     out["sdk_version"] = openai.__version__

@@ -35,6 +35,7 @@ pub use envoy::{
     stats_tag_rules, temp_dir, top_level_block, validate_config, validate_config_file,
     wasm_available, wasm_path, workspace_root, Envoy, EnvoyBuilder,
 };
+pub use mock::oauth2::TokenEndpoint;
 pub use mock::{Canned, MockConfig, MockUpstream, RecordedRequest, Script, TailLatency};
 pub use prometheus_server::{prometheus_bin, PrometheusServer};
 

@@ -2,10 +2,13 @@
 //! provider and script how it answers (status, latency, streaming pace, dropped
 //! connections) without any real provider. It speaks the OpenAI-compatible chat,
 //! completions and embeddings APIs (chat also at Bedrock's
-//! [`BEDROCK_CHAT_PATH`]), the OpenAI Responses API ([`responses`]),
+//! [`BEDROCK_CHAT_PATH`] and at Azure OpenAI's deployment paths), the
+//! OpenAI Responses API ([`responses`]),
 //! the Anthropic Messages API ([`messages`]) and the Gemini API's
 //! `generateContent` ([`gemini`]), each in its own JSON, SSE and error shapes;
-//! every scripting header below works on all of them.
+//! every scripting header below works on all of them. It takes the
+//! credential its provider takes when told to: keys ([`MockUpstream::set_keys`])
+//! or the live tokens of a mock OAuth2 token endpoint ([`oauth2`]).
 //!
 //! It runs on its own thread and Tokio runtime, so it keeps serving while a test
 //! blocks (on Envoy's admin API, say) and works from sync and async tests alike.
@@ -32,6 +35,7 @@ use tokio::sync::{mpsc, oneshot};
 
 mod gemini;
 mod messages;
+pub mod oauth2;
 mod responses;
 
 /// Request header: reply with this status and an error body in the API's
@@ -184,6 +188,15 @@ impl MockUpstream {
 /// `/v1/chat/completions` is.
 pub const BEDROCK_CHAT_PATH: &str = "/openai/v1/chat/completions";
 
+/// Whether `path` is Azure OpenAI's chat completions of a deployment,
+/// `/openai/deployments/<deployment>/chat/completions`, answered as
+/// `/v1/chat/completions` is.
+fn azure_chat(path: &str) -> bool {
+    path.strip_prefix("/openai/deployments/")
+        .and_then(|p| p.strip_suffix("/chat/completions"))
+        .is_some_and(|deployment| !deployment.is_empty() && !deployment.contains('/'))
+}
+
 /// One request as the mock received it.
 #[derive(Debug, Clone)]
 pub struct RecordedRequest {
@@ -248,9 +261,12 @@ impl RecordedRequest {
     }
 }
 
+/// The digits of standard base64 (RFC 4648).
+const BASE64_ALPHABET: &[u8; 64] =
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
 /// `bytes` in standard base64, padded (RFC 4648).
 fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {
         let n = chunk
@@ -259,7 +275,7 @@ fn base64(bytes: &[u8]) -> String {
             .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
         for i in 0..4usize {
             let sextet = (n >> (18 - 6 * i) & 63) as usize;
-            let c = match ALPHABET.get(sextet) {
+            let c = match BASE64_ALPHABET.get(sextet) {
                 Some(c) if i <= chunk.len() => *c,
                 _ => b'=',
             };
@@ -267,6 +283,24 @@ fn base64(bytes: &[u8]) -> String {
         }
     }
     out
+}
+
+/// The bytes of standard base64 `text` (RFC 4648, padding optional);
+/// `None` when it is not base64.
+fn from_base64(text: &str) -> Option<Vec<u8>> {
+    let digits = text.trim_end_matches('=').bytes();
+    let mut out = Vec::with_capacity(text.len() / 4 * 3);
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for c in digits {
+        let sextet = BASE64_ALPHABET.iter().position(|a| *a == c)?;
+        acc = acc << 6 | sextet as u32;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits & 0xff) as u8);
+        }
+    }
+    Some(out)
 }
 
 /// A one-shot behaviour consumed by the next request (see [`MockUpstream::push_script`]).
@@ -329,6 +363,10 @@ struct State {
     /// The provider keys a model call must carry, checked as its provider
     /// checks them, when set: anything else is answered 401.
     keys: Mutex<Option<Vec<String>>>,
+    /// The token endpoint whose live tokens a model call must carry as
+    /// `authorization: Bearer`, when set: any other, or one expired, is
+    /// answered 401.
+    tokens: Mutex<Option<Arc<oauth2::Ledger>>>,
 }
 
 impl State {
@@ -366,9 +404,59 @@ impl Drop for InFlight {
 /// A running mock upstream; stops when dropped.
 pub struct MockUpstream {
     state: Arc<State>,
+    server: Server,
+}
+
+/// An HTTP/1 server on a thread and Tokio runtime of its own, answering
+/// every request with its handler; stops when dropped. The mock provider
+/// and the mock token endpoint ([`oauth2`]) each run on one.
+struct Server {
     addr: SocketAddr,
     shutdown: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
+}
+
+impl Server {
+    /// Binds `host:port` and answers each request with `handler`.
+    fn start<H, F>(name: &str, host: IpAddr, port: u16, handler: H) -> std::io::Result<Self>
+    where
+        H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+        F: std::future::Future<Output = Result<Response<Body>, ResetConnection>> + Send + 'static,
+    {
+        let listener = std::net::TcpListener::bind((host, port))?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name(format!("mock-{name}"))
+            .enable_all()
+            .build()?;
+        let (shutdown, stop) = oneshot::channel();
+        let name = name.to_string();
+        let thread = std::thread::Builder::new()
+            .name(format!("mock-{name}"))
+            .spawn(move || {
+                runtime.block_on(serve(listener, &name, handler, stop));
+                // Open connections and streams end with the runtime.
+                runtime.shutdown_timeout(Duration::from_secs(1));
+            })?;
+        Ok(Self {
+            addr,
+            shutdown: Some(shutdown),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 impl MockUpstream {
@@ -381,9 +469,6 @@ impl MockUpstream {
 
     /// Like [`MockUpstream::start`], returning bind errors.
     pub fn try_start(config: MockConfig) -> std::io::Result<MockUpstream> {
-        let listener = std::net::TcpListener::bind((config.host, config.port))?;
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
         let state = Arc::new(State {
             name: config.name.clone(),
             requests: Mutex::new(Vec::new()),
@@ -408,27 +493,13 @@ impl MockUpstream {
             prompt_cache: Mutex::new(None),
             prefill_us_per_token: AtomicU64::new(0),
             keys: Mutex::new(None),
+            tokens: Mutex::new(None),
         });
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name(format!("mock-{}", config.name))
-            .enable_all()
-            .build()?;
-        let (shutdown, stop) = oneshot::channel();
-        let serve_state = Arc::clone(&state);
-        let thread = std::thread::Builder::new()
-            .name(format!("mock-{}", config.name))
-            .spawn(move || {
-                runtime.block_on(serve(listener, serve_state, stop));
-                // Open connections and streams end with the runtime.
-                runtime.shutdown_timeout(Duration::from_secs(1));
-            })?;
-        Ok(MockUpstream {
-            state,
-            addr,
-            shutdown: Some(shutdown),
-            thread: Some(thread),
-        })
+        let serving = Arc::clone(&state);
+        let server = Server::start(&config.name, config.host, config.port, move |req| {
+            handle(Arc::clone(&serving), req)
+        })?;
+        Ok(MockUpstream { state, server })
     }
 
     /// Makes every model call (POST) carry one of `keys` as its provider
@@ -440,19 +511,28 @@ impl MockUpstream {
         *lock(&self.state.keys) = keys.map(|k| k.iter().map(|s| s.to_string()).collect());
     }
 
+    /// Makes every model call (POST) carry a token `endpoint` issued that
+    /// has not expired, in `authorization: Bearer`, as a provider taking
+    /// OAuth2 tokens (Azure OpenAI with Entra ID) checks it; any other call
+    /// is answered 401 in its API's shape. `None`: back to
+    /// [`MockUpstream::set_keys`]'s check.
+    pub fn take_tokens_of(&self, endpoint: Option<&oauth2::TokenEndpoint>) {
+        *lock(&self.state.tokens) = endpoint.map(oauth2::TokenEndpoint::ledger);
+    }
+
     /// Port the mock listens on.
     pub fn port(&self) -> u16 {
-        self.addr.port()
+        self.server.addr.port()
     }
 
     /// Address the mock listens on.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr
     }
 
     /// Base URL, e.g. `http://127.0.0.1:4321`.
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}{}", self.addr, path)
+        format!("http://{}{}", self.server.addr, path)
     }
 
     /// Instance name.
@@ -622,26 +702,19 @@ async fn yield_until(timeout: Duration, done: impl Fn() -> bool) -> bool {
     true
 }
 
-impl Drop for MockUpstream {
-    fn drop(&mut self) {
-        if let Some(shutdown) = self.shutdown.take() {
-            let _ = shutdown.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-async fn serve(
+async fn serve<H, F>(
     listener: std::net::TcpListener,
-    state: Arc<State>,
+    name: &str,
+    handler: H,
     mut stop: oneshot::Receiver<()>,
-) {
+) where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: std::future::Future<Output = Result<Response<Body>, ResetConnection>> + Send + 'static,
+{
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(listener) => listener,
         Err(e) => {
-            eprintln!("mock {}: cannot listen: {e}", state.name);
+            eprintln!("mock {name}: cannot listen: {e}");
             return;
         }
     };
@@ -655,9 +728,9 @@ async fn serve(
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
-                let state = Arc::clone(&state);
+                let handler = handler.clone();
                 tokio::spawn(async move {
-                    let service = service_fn(move |req| handle(Arc::clone(&state), req));
+                    let service = service_fn(handler);
                     // Errors here are resets we asked for or clients going away.
                     let _ = http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
@@ -813,6 +886,12 @@ async fn handle(
 /// The call carries one of the keys the mock was told to take, where and as
 /// its provider reads it (or the mock takes any call).
 fn carries_a_key(state: &State, r: &RecordedRequest) -> bool {
+    if let Some(ledger) = lock(&state.tokens).clone() {
+        let token = r
+            .header("authorization")
+            .and_then(|v| v.strip_prefix("Bearer "));
+        return token.is_some_and(|t| ledger.valid_at(t, Instant::now()));
+    }
     let Some(keys) = lock(&state.keys).clone() else {
         return true;
     };
@@ -851,7 +930,11 @@ fn route(
     cached_tokens: u64,
     in_flight: InFlight,
 ) -> Response<Body> {
-    match (method, req.path.as_str()) {
+    let path = match req.path.as_str() {
+        p if azure_chat(p) => "/v1/chat/completions",
+        p => p,
+    };
+    match (method, path) {
         (&Method::GET, "/health") => text_response(StatusCode::OK, "ok"),
         (&Method::GET, "/v1/models") => json_response(StatusCode::OK, &models(state)),
         (&Method::GET, "/metrics") => metrics_response(state),
@@ -867,7 +950,7 @@ fn route(
                 );
             };
             let answer = Answer::new(state, &body, cached_tokens);
-            match req.path.as_str() {
+            match path {
                 "/v1/embeddings" => json_response(StatusCode::OK, &answer.embeddings(&body)),
                 "/v1/completions" if answer.stream => {
                     let events = answer.completion_events();
@@ -1599,10 +1682,13 @@ mod tests {
             ("foobar", "Zm9vYmFy"),
         ] {
             assert_eq!(base64(plain.as_bytes()), coded);
+            assert_eq!(from_base64(coded).as_deref(), Some(plain.as_bytes()));
         }
         let all: Vec<u8> = (0..=255).collect();
         assert!(base64(&all).starts_with("AAECAwQFBgcICQoL"));
         assert!(base64(&all).ends_with("8PHy8/T19vf4+fr7/P3+/w=="));
+        assert_eq!(from_base64(&base64(&all)), Some(all));
+        assert_eq!(from_base64("Zm9v!"), None);
     }
 
     fn cosine(a: &str, b: &str) -> f64 {

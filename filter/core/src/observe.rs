@@ -34,7 +34,9 @@ impl RequestOutcome {
             // A dropped try is never a call's end; counted as no answer.
             End::Reset(_) | End::Abandoned | End::Outlasted => Self::Reset,
             End::Cut(_) => Self::Incomplete,
-            End::Local(s) | End::Answered(s) | End::TimedOut(s) => Self::of_status(s),
+            End::Local(s) | End::Answered(s) | End::TimedOut(s) | End::NoCredential(s) => {
+                Self::of_status(s)
+            }
         }
     }
 
@@ -162,6 +164,7 @@ mod tests {
             (End::Answered(429), RequestOutcome::RateLimited),
             (End::Answered(404), RequestOutcome::ClientError),
             (End::Answered(503), RequestOutcome::ServerError),
+            (End::NoCredential(503), RequestOutcome::ServerError),
             (End::TimedOut(504), RequestOutcome::ServerError),
             (End::Cut(200), RequestOutcome::Incomplete),
             (End::Local(200), RequestOutcome::Success),

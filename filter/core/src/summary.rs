@@ -13,6 +13,7 @@
 //! | `Answered` 5xx              | `server_error`     | `server_error`, failure             | failure (all budget)  |
 //! | `TimedOut` (Envoy's 504)    | `server_error`     | `timeout`, failure                  | failure (all budget)  |
 //! | `Reset` (Envoy's 503)       | `reset`            | `reset`, failure                    | failure (all budget)  |
+//! | `NoCredential` (the gateway's 503) | `server_error` | `server_error`, failure         | none                  |
 //! | `Cut` (answer began, never ended) | `incomplete`  | `cancelled`, nothing learnt         | none                  |
 //! | `Abandoned` (client left)   | `reset`            | `cancelled`, nothing learnt         | none                  |
 //! | `Outlasted` (a try a hedge beat) | never a call's end | `outlasted`, at least that slow | none              |
@@ -23,8 +24,10 @@
 //!
 //! Why: a 429 is the provider pacing this caller, so routing moves load away
 //! while the budget breaker (which measures time eaten, not refusals) does not
-//! count it; a client that leaves says nothing about the backend; and the
-//! requests counter keeps the status the client saw. A cut answer may be the
+//! count it; a missing or refused mesh credential moves load to a backend
+//! holding one but says nothing of the backend's pressure; a client that
+//! leaves says nothing about the backend; and the requests counter keeps the
+//! status the client saw. A cut answer may be the
 //! upstream's doing or the client's, which the filter cannot tell apart: the
 //! backend learns nothing from it.
 
@@ -61,7 +64,9 @@ pub enum EnvoyReply {
     /// never went upstream.
     TooLarge,
     /// The cluster's `credential_injector` had no mesh credential to put on
-    /// (401): the request never went upstream.
+    /// (401): the request never went upstream. A keyless call's 401 from
+    /// the provider, which refused the mesh's credential, is read as this
+    /// too.
     NoCredential,
 }
 
@@ -107,6 +112,10 @@ pub enum End {
     /// Not a call's end but a try's: another backend's answer (a hedge's)
     /// reached the client first and this try was dropped unanswered.
     Outlasted,
+    /// The backend's mesh credential was missing (Envoy's injector refused
+    /// the call before it left) or refused by the provider; the client got
+    /// this status, the gateway's.
+    NoCredential(u16),
 }
 
 impl End {
@@ -125,9 +134,8 @@ impl End {
             (None, Some(s), Some(EnvoyReply::Timeout)) => Self::TimedOut(s),
             (None, Some(s), Some(EnvoyReply::Reset)) => Self::Reset(s),
             // Envoy's own refusal of the request, answered as it is.
-            (None, Some(s), Some(EnvoyReply::TooLarge | EnvoyReply::NoCredential)) => {
-                Self::Answered(s)
-            }
+            (None, Some(s), Some(EnvoyReply::TooLarge)) => Self::Answered(s),
+            (None, Some(s), Some(EnvoyReply::NoCredential)) => Self::NoCredential(s),
             (None, Some(s), None) if !complete => Self::Cut(s),
             (None, Some(s), None) => Self::Answered(s),
         }
@@ -324,6 +332,18 @@ mod tests {
             (None, Some(504), Some(Timeout), End::TimedOut(504)),
             (None, Some(503), Some(Reset), End::Reset(503)),
             (None, Some(429), None, End::Answered(429)),
+            (
+                None,
+                Some(503),
+                Some(EnvoyReply::NoCredential),
+                End::NoCredential(503),
+            ),
+            (
+                None,
+                Some(413),
+                Some(EnvoyReply::TooLarge),
+                End::Answered(413),
+            ),
         ] {
             assert_eq!(End::classify(local, status, envoy, true), want);
         }

@@ -21,16 +21,14 @@ use llm_filter_e2e::{
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 
-use crate::credentials::{assert_secrets_nowhere, never_saw};
 use crate::support;
-use crate::support::otlp::Receiver;
+use crate::support::secrets::{self, never_saw, Outputs};
 
 const ACCESS_KEY: &str = "AKIAMESHBEDROCK00001";
 /// The AWS secret key: it signs, and must show up nowhere.
 const SECRET_KEY: &str = "mesh/Bedrock+PLANTED-secret-5xK9";
 const REGION: &str = "us-east-1";
 const HOST: &str = "bedrock-runtime.us-east-1.amazonaws.com";
-const ADMIN_TOKEN: &str = "admin-token-0123456789";
 /// The cap shaping puts on `max_tokens`.
 const CAP: u64 = 256;
 
@@ -38,29 +36,17 @@ const CAP: u64 = 256;
 /// docs/credentials.md gives them, at column 0, with the credentials file
 /// in `dir` instead of the page's.
 fn documented_options(dir: &Path) -> String {
-    let page = std::fs::read_to_string(workspace_root().join("docs/credentials.md")).unwrap();
-    let section = &page[page
-        .find("### Bedrock")
-        .expect("the page's Bedrock section")..];
-    let cluster = section.split("```yaml\n").nth(1).unwrap();
-    let cluster = cluster.split("```").next().unwrap();
-    let route = section.split("```yaml\n").nth(2).unwrap();
+    let route = secrets::documented_yaml("### Bedrock", 1);
     assert!(
         route.contains(&format!("host_rewrite_literal: {HOST}")),
         "the page's route rewrites the host as the test's does: {route}"
     );
-    let options: Vec<&str> = cluster
-        .lines()
-        .skip_while(|l| l.trim() != "typed_extension_protocol_options:")
-        .map(|l| l.strip_prefix("  ").unwrap_or(l))
-        .collect();
-    assert!(options.len() > 10, "{cluster}");
-    let options = options.join("\n") + "\n";
+    let options = secrets::documented_options("### Bedrock", dir);
     assert!(
-        options.contains("/etc/llm-keys/aws-credentials"),
+        options.contains(&format!("{}/aws-credentials", dir.display())),
         "{options}"
     );
-    options.replace("/etc/llm-keys", &dir.display().to_string())
+    options
 }
 
 /// The signer of `options` alone, a list item at column 0 (to place it
@@ -146,9 +132,6 @@ fn filter_config(keyless: bool) -> Value {
         // No retry or hedge of the filter's own on a slow machine: each
         // call is one request signed.
         "budget": {"enabled": false},
-        "admin": {"token": ADMIN_TOKEN},
-        "tracing": {"otlp": {"cluster": "otel", "interval_ms": 200}},
-        "access_log": {"enabled": true},
     });
     if keyless {
         config["credentials"] = json!({"clusters": {"bedrock": {}}});
@@ -158,8 +141,7 @@ fn filter_config(keyless: bool) -> Value {
 
 struct Gateway {
     bedrock: MockUpstream,
-    receiver: Receiver,
-    log: std::path::PathBuf,
+    outputs: Outputs,
     /// The directory Envoy watches for the credentials file.
     keys: std::path::PathBuf,
     _dir: tempfile::TempDir,
@@ -178,15 +160,10 @@ impl Gateway {
         write_credentials(&keys, ACCESS_KEY, SECRET_KEY);
         let options = documented_options(&keys);
         let bedrock = MockUpstream::start(MockConfig::named("bedrock"));
-        let receiver = Receiver::start(&[]);
-        let log = dir.path().join("access.log");
+        let outputs = Outputs::start(dir.path());
         let mut builder = EnvoyBuilder::new()
-            .plugin_config(filter_config(!downstream))
+            .plugin_config(outputs.config(filter_config(!downstream)))
             .header_route("x-llm-cluster")
-            .access_log(
-                &log,
-                "%FILTER_STATE(wasm.llm_filter.call:PLAIN)% %REQ(:PATH)%",
-            )
             // The signer's own logging, where a leak would show.
             .component_log_level("aws:debug");
         builder = if downstream {
@@ -198,14 +175,13 @@ impl Gateway {
                 .upstream_pool("bedrock", &[bedrock.port()], &options)
                 .extra_route_yaml(&format!("host_rewrite_literal: {HOST}"))
         };
-        let envoy = builder
-            .upstream("otel", receiver.port)
+        let envoy = outputs
+            .envoy(builder)
             .start()
             .expect("envoy with the Bedrock signer");
         Self {
             bedrock,
-            receiver,
-            log,
+            outputs,
             keys,
             _dir: dir,
             envoy,
@@ -328,7 +304,7 @@ async fn bedrock_calls_are_signed_over_the_body_the_filter_sent() {
         envoy.log_contents().contains("AWS_SECRET_ACCESS_KEY=*"),
         "the signer's debug log is in the searched log"
     );
-    assert_secrets_nowhere(envoy, &gw.receiver, &gw.log, ADMIN_TOKEN, &[SECRET_KEY]).await;
+    gw.outputs.assert_none_of(envoy, &[SECRET_KEY]).await;
 }
 
 #[tokio::test]

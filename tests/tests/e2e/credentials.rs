@@ -17,28 +17,12 @@ use llm_filter_e2e::{
 use serde_json::{json, Value};
 
 use crate::support;
-use crate::support::otlp::Receiver;
+use crate::support::secrets::{never_saw, write_secret, Outputs};
 
 const OPENAI_KEY: &str = "sk-mesh-openai-PLANTED-1";
 const ANTHROPIC_KEY: &str = "sk-ant-mesh-PLANTED-2";
 const GEMINI_KEY: &str = "goog-mesh-PLANTED-3";
-const ADMIN_TOKEN: &str = "admin-token-0123456789";
 const DEADLINE: Duration = Duration::from_secs(20);
-
-/// Writes the SDS file `name.yaml` in `dir` holding the generic secret
-/// `name` = `value`, atomically (a rename into the watched directory, as
-/// Kubernetes' projected volumes and an operator's `mv` do).
-fn write_secret(dir: &Path, name: &str, value: Option<&str>) {
-    let body = match value {
-        Some(v) => format!(
-            "resources:\n- \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret\n  name: {name}\n  generic_secret:\n    secret:\n      inline_string: \"{v}\"\n"
-        ),
-        None => "resources: []\n".to_string(),
-    };
-    let tmp = dir.join(format!(".{name}.tmp"));
-    std::fs::write(&tmp, body).unwrap();
-    std::fs::rename(&tmp, dir.join(format!("{name}.yaml"))).unwrap();
-}
 
 /// The cluster options that put secret `name` of `dir` on every call in
 /// `header` (Envoy's own upstream filters; the filter holds no secret).
@@ -80,14 +64,14 @@ struct Mesh {
     anthropic: MockUpstream,
     gemini: MockUpstream,
     secrets: tempfile::TempDir,
-    log: std::path::PathBuf,
-    receiver: Receiver,
+    outputs: Outputs,
     envoy: Envoy,
 }
 
 impl Mesh {
-    /// The mesh with every key but those of `missing` in its secret files.
-    fn start(missing: &[&str]) -> Self {
+    /// The mesh with every key but those of `missing` in its secret files,
+    /// and the files of `unreadable` not YAML at all.
+    fn start(missing: &[&str], unreadable: &[&str]) -> Self {
         let secrets = tempfile::tempdir().unwrap();
         let dir = secrets.path();
         // OpenAI's secret is the whole header value, scheme and all.
@@ -98,6 +82,9 @@ impl Mesh {
             ("gemini", GEMINI_KEY),
         ] {
             write_secret(dir, name, Some(value).filter(|_| !missing.contains(&name)));
+            if unreadable.contains(&name) {
+                std::fs::write(dir.join(format!("{name}.yaml")), "resources: [not yaml\n").unwrap();
+            }
         }
         let openai = MockUpstream::start(MockConfig::named("openai"));
         let anthropic = MockUpstream::start(MockConfig::named("anthropic"));
@@ -105,19 +92,15 @@ impl Mesh {
         openai.set_keys(Some(&[OPENAI_KEY]));
         anthropic.set_keys(Some(&[ANTHROPIC_KEY]));
         gemini.set_keys(Some(&[GEMINI_KEY]));
-        let receiver = Receiver::start(&[]);
-        let log = dir.join("access.log");
-        let config = json!({
+        let outputs = Outputs::start(dir);
+        let config = outputs.config(json!({
             "routing": {"models": {
                 "gpt-4o-mini": [{"cluster": "openai"}],
                 "claude-sonnet-4-5": [{"cluster": "anthropic"}],
                 "gemini-2.5-flash": [{"cluster": "gemini"}],
             }},
             "credentials": {"clusters": {"openai": {}, "anthropic": {}, "gemini": {}}},
-            "admin": {"token": ADMIN_TOKEN},
-            "tracing": {"otlp": {"cluster": "otel", "interval_ms": 200}},
-            "access_log": {"enabled": true},
-        });
+        }));
         let envoy = EnvoyBuilder::new()
             .node()
             .plugin_config(config)
@@ -136,12 +119,9 @@ impl Mesh {
                 &[gemini.port()],
                 &injector(dir, "gemini", "x-goog-api-key"),
             )
-            .upstream("otel", receiver.port)
-            .header_route("x-llm-cluster")
-            .access_log(
-                &log,
-                "%FILTER_STATE(wasm.llm_filter.call:PLAIN)% %REQ(:PATH)%",
-            )
+            .header_route("x-llm-cluster");
+        let envoy = outputs
+            .envoy(envoy)
             .start()
             .expect("envoy with the mesh's keys");
         Self {
@@ -149,22 +129,9 @@ impl Mesh {
             anthropic,
             gemini,
             secrets,
-            log,
-            receiver,
+            outputs,
             envoy,
         }
-    }
-}
-
-/// No header of any call `mock` received carries `stray`, in any place a
-/// provider reads a key from.
-pub(crate) fn never_saw(mock: &MockUpstream, stray: &str) {
-    for r in mock.requests() {
-        for (k, v) in &r.headers {
-            assert!(!v.contains(stray), "{} got {k}: {v}", mock.name());
-        }
-        let q = r.query.clone().unwrap_or_default();
-        assert!(!q.contains(stray), "{} got ?{q}", mock.name());
     }
 }
 
@@ -173,7 +140,7 @@ async fn sdk_calls_without_a_key_or_with_a_stray_one_carry_the_mesh_key() {
     if skip_without_envoy("sdk_calls_without_a_key_or_with_a_stray_one_carry_the_mesh_key") {
         return;
     }
-    let mesh = Mesh::start(&[]);
+    let mesh = Mesh::start(&[], &[]);
     let envoy = &mesh.envoy;
     // OpenAI's SDK with no key at all: a keyless app.
     let out = support::sdk::run(
@@ -274,69 +241,20 @@ async fn assert_no_secret_anywhere(mesh: &Mesh) {
         dump.contains("[redacted]"),
         "the SDS secrets are in the dump, redacted"
     );
-    assert_secrets_nowhere(
-        &mesh.envoy,
-        &mesh.receiver,
-        &mesh.log,
-        ADMIN_TOKEN,
-        &[OPENAI_KEY, ANTHROPIC_KEY, GEMINI_KEY],
-    )
-    .await;
-}
-
-/// None of `secrets` is in Envoy's log, its stats, its config dump, the
-/// filter's state page (read with `admin_token`), the access log at
-/// `access_log` (which must have records) or the spans `receiver` got
-/// (which must be some).
-pub(crate) async fn assert_secrets_nowhere(
-    envoy: &Envoy,
-    receiver: &Receiver,
-    access_log: &Path,
-    admin_token: &str,
-    secrets: &[&str],
-) {
-    let (_, dump) = envoy.admin_get("/config_dump?include_eds").unwrap();
-    let (_, stats) = envoy.admin_get("/stats").unwrap();
-    let (_, prom) = envoy.admin_get("/stats/prometheus").unwrap();
-    let state = reqwest::Client::new()
-        .get(envoy.url("/llm-filter/state"))
-        .bearer_auth(admin_token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(state.status(), 200);
-    let state = state.text().await.unwrap();
-    // Spans are pushed every 200 ms; wait for some.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while receiver.spans().is_empty() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let spans = serde_json::to_string(&receiver.exports()).unwrap();
-    assert!(!receiver.spans().is_empty(), "spans arrived");
-    let access = std::fs::read_to_string(access_log).unwrap_or_default();
-    assert!(!access.trim().is_empty(), "the access log has records");
-    let log = envoy.log_contents();
-    for secret in secrets {
-        for (what, text) in [
-            ("config_dump", &dump),
-            ("stats", &stats),
-            ("prometheus", &prom),
-            ("state", &state),
-            ("spans", &spans),
-            ("access log", &access),
-            ("envoy log", &log),
-        ] {
-            assert!(!text.contains(secret), "{secret} in {what}");
-        }
-    }
+    mesh.outputs
+        .assert_none_of(&mesh.envoy, &[OPENAI_KEY, ANTHROPIC_KEY, GEMINI_KEY])
+        .await;
 }
 
 #[tokio::test]
-async fn a_missing_secret_is_the_gateways_error_never_the_apps_key() {
-    if skip_without_envoy("a_missing_secret_is_the_gateways_error_never_the_apps_key") {
+async fn a_missing_or_unreadable_secret_is_the_gateways_error_never_the_apps_key() {
+    if skip_without_envoy("a_missing_or_unreadable_secret_is_the_gateways_error_never_the_apps_key")
+    {
         return;
     }
-    let mesh = Mesh::start(&["openai", "anthropic"]);
+    // Anthropic's file holds no secret, OpenAI's is not YAML: Envoy starts
+    // without either key.
+    let mesh = Mesh::start(&["anthropic"], &["openai"]);
     // The mock would take the app's key: only the mesh's credential may go.
     mesh.openai.set_keys(Some(&[OPENAI_KEY, "sk-app-own"]));
     let out = support::sdk::run(
@@ -381,7 +299,7 @@ async fn a_rotated_secret_is_taken_up_with_no_call_failing() {
         return;
     }
     const NEW_KEY: &str = "sk-mesh-openai-ROTATED-9";
-    let mesh = Mesh::start(&[]);
+    let mesh = Mesh::start(&[], &[]);
     let url = mesh.envoy.url("/v1/chat/completions");
     let stop = Arc::new(AtomicBool::new(false));
     let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));

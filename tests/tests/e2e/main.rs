@@ -36,6 +36,7 @@ mod limits;
 mod load;
 mod mesh_names;
 mod metrics;
+mod oauth2;
 mod passthrough;
 mod priority;
 mod provider_tls;

@@ -15,6 +15,11 @@ use crate::summary::{End, Try};
 pub fn failed(end: End) -> Option<bool> {
     match end {
         End::Local(_) | End::Abandoned | End::Outlasted | End::Cut(_) => None,
+        // Refused at once for want of the mesh's credential: the backend's
+        // pressure is not known. Counted as a failure, a credential outage
+        // would shed and then open the circuit, and keep it open a window
+        // after the credential is back.
+        End::NoCredential(_) => None,
         End::TimedOut(_) => Some(true),
         // A 5xx (Envoy's own 503 on a reset included) ate the caller's wait;
         // a 4xx, 429 included, was answered.
@@ -122,6 +127,7 @@ mod tests {
             (End::Answered(502), Some(true)),
             (End::Answered(499), Some(false)),
             (End::Answered(0), Some(true)),
+            (End::NoCredential(503), None),
             (End::TimedOut(504), Some(true)),
             (End::Reset(503), Some(true)),
         ] {

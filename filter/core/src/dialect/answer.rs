@@ -222,7 +222,8 @@ pub enum ReplyKind {
     /// Over a limit of `limits` (429).
     OverLimit,
     /// Envoy had no mesh credential to put on the call (its secret is
-    /// missing or unreadable), its 401 rewritten (503): the gateway's fault,
+    /// missing or unreadable), or the provider refused the one it put on
+    /// (an expired token), the 401 rewritten (503): the gateway's fault,
     /// never the caller's key.
     NoCredential,
     /// No virtual key or verified identity, or an unknown key (401).
@@ -309,8 +310,8 @@ impl ReplyKind {
             Self::OverLimit => "A usage limit of this caller is reached; retry later.",
             Self::Unauthenticated => "Incorrect API key provided.",
             Self::NoCredential => {
-                "The gateway's credential for this provider is unavailable, so the call was not \
-                 sent; this is not a fault of the caller's key."
+                "The gateway's credential for this provider is unavailable or was refused; \
+                 this is not a fault of the caller's key."
             }
         }
     }

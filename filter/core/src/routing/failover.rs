@@ -15,7 +15,8 @@ use crate::summary::End;
 pub fn retriable(end: End) -> bool {
     match end {
         End::Answered(s) => s == 429 || (500..=599).contains(&s),
-        End::TimedOut(_) | End::Reset(_) => true,
+        // Another backend may hold a credential of its own.
+        End::TimedOut(_) | End::Reset(_) | End::NoCredential(_) => true,
         // Part of a cut answer already reached the client.
         End::Local(_) | End::Abandoned | End::Outlasted | End::Cut(_) => false,
     }
@@ -180,6 +181,7 @@ mod tests {
         for (end, want) in [
             (End::Answered(500), true),
             (End::Answered(503), true),
+            (End::NoCredential(503), true),
             (End::Answered(429), true),
             (End::Answered(200), false),
             (End::Answered(400), false),

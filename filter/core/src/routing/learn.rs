@@ -15,7 +15,8 @@ use crate::usage::Usage;
 pub fn result_of(end: End) -> Option<CallResult> {
     match end {
         End::Local(_) => None,
-        End::Answered(s) => Some(CallResult::Status(s)),
+        // A backend without its credential fails calls: load moves away.
+        End::Answered(s) | End::NoCredential(s) => Some(CallResult::Status(s)),
         End::TimedOut(_) => Some(CallResult::Timeout),
         End::Reset(_) => Some(CallResult::Reset),
         // Who cut a started answer, the backend or the client, is not known.
@@ -125,6 +126,7 @@ mod tests {
             (End::Local(200), None),
             (End::Local(503), None),
             (End::Answered(429), Some(CallResult::Status(429))),
+            (End::NoCredential(503), Some(CallResult::Status(503))),
             (End::TimedOut(504), Some(CallResult::Timeout)),
             (End::Reset(503), Some(CallResult::Reset)),
             (End::Abandoned, Some(CallResult::Cancelled)),

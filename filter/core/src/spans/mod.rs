@@ -111,7 +111,7 @@ fn bounded(s: &str) -> &str {
 /// The `error.type` of a call that failed, `None` for one that did not.
 fn error_type(end: End) -> Option<String> {
     match end {
-        End::Answered(s) | End::Local(s) if s >= 400 => Some(s.to_string()),
+        End::Answered(s) | End::Local(s) | End::NoCredential(s) if s >= 400 => Some(s.to_string()),
         End::TimedOut(_) => Some("timeout".to_string()),
         End::Reset(_) => Some("reset".to_string()),
         End::Cut(_) => Some("incomplete".to_string()),
@@ -123,9 +123,12 @@ fn error_type(end: End) -> Option<String> {
 /// The status code the client got, when it got one.
 fn status(end: End) -> Option<u16> {
     match end {
-        End::Local(s) | End::Answered(s) | End::Cut(s) | End::TimedOut(s) | End::Reset(s) => {
-            Some(s)
-        }
+        End::Local(s)
+        | End::Answered(s)
+        | End::Cut(s)
+        | End::TimedOut(s)
+        | End::Reset(s)
+        | End::NoCredential(s) => Some(s),
         End::Abandoned | End::Outlasted => None,
     }
 }

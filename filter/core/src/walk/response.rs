@@ -36,7 +36,8 @@ impl Call {
             _ => {}
         }
         let dialect = self.request.dialect;
-        let mut response = Response::read(host, dialect, env.now_ms, end_of_stream);
+        let keyless = self.dispatch.keyless;
+        let mut response = Response::read(host, dialect, env.now_ms, end_of_stream, keyless);
         if let (Answer::Stream(sse), true) = (&mut response.answer, env.config.capture.completion) {
             sse.keep_text(capture::transcript_bytes(&env.config.capture));
         }
@@ -163,8 +164,15 @@ impl Call {
 }
 
 impl Response {
-    /// The response whose headers `host` holds, read at `now_ms`.
-    fn read(host: &dyn Host, dialect: Dialect, now_ms: u64, end_of_stream: bool) -> Self {
+    /// The response whose headers `host` holds, read at `now_ms`, of a
+    /// call that left `keyless` (with the mesh's credential alone).
+    fn read(
+        host: &dyn Host,
+        dialect: Dialect,
+        now_ms: u64,
+        end_of_stream: bool,
+        keyless: bool,
+    ) -> Self {
         let status = host
             .response_header(":status")
             .and_then(|s| s.parse::<u16>().ok());
@@ -172,10 +180,14 @@ impl Response {
             .response_header("content-type")
             .is_some_and(|c| c.contains(SSE_CONTENT_TYPE));
         // Envoy's own replies that the walk reads the reason of are 5xx, 413
-        // and the credential injector's 401.
+        // and the credential injector's 401. A provider's 401 to a keyless
+        // call refused the mesh's credential, the only one it carried (an
+        // OAuth2 token Envoy holds past its expiry while its token endpoint
+        // fails): the gateway's fault as much as a missing one.
         let envoy = status
             .filter(|s| *s >= 500 || *s == 413 || *s == 401)
-            .and_then(|s| EnvoyReply::of(s, host.response_code_details().as_deref()));
+            .and_then(|s| EnvoyReply::of(s, host.response_code_details().as_deref()))
+            .or_else(|| (keyless && status == Some(401)).then_some(EnvoyReply::NoCredential));
         Self {
             // What the client gets: a missing mesh credential is the
             // gateway's fault, never a 401 blamed on the app's key.

@@ -27,7 +27,7 @@ use super::{
     skip_without_istiod, yaml_docs, Layout, Module, PortLock, GATEWAY_SERVICE_ACCOUNT, PROVIDER,
     PROVIDER_CLUSTER, SIDECAR,
 };
-use crate::credentials::never_saw;
+use crate::support::secrets::never_saw;
 use crate::support;
 
 const FILE: &str = "egress-keyless.yaml";

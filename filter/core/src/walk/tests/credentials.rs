@@ -1,5 +1,6 @@
 //! A call for a mesh-credentialed backend leaves keyless, on its tenant's
-//! credential set, and a missing mesh key is the gateway's 503, not a 401.
+//! credential set, and a missing or refused mesh key is the gateway's 503,
+//! not a 401.
 
 use crate::walk::fake::{FakeHost, World};
 use crate::walk::*;
@@ -123,9 +124,30 @@ fn a_missing_mesh_key_is_the_gateways_503_in_the_callers_shape() {
         w.counter("llm_filter_credential_unavailable_totalllm_cluster=.=anthropic;.;"),
         1
     );
-    // A provider's own 401 is the provider's word, passed on as it is.
+    // A provider's 401 to a keyless call refused the mesh's credential (an
+    // expired token Envoy still held): the gateway's 503 too, counted.
     let (mut call, host) = call_again(&mut w, m);
     let mut host = host.with_response(401, "application/json", r#"{"type":"error"}"#);
+    host.code_details = Some("via_upstream".into());
+    call.on_response_headers(&mut w.env(), &mut host, false);
+    assert_eq!(host.response(":status"), Some("503"));
+    let size = host.response_body.len();
+    call.on_response_body(&mut w.env(), &mut host, size, true);
+    let body: serde_json::Value = serde_json::from_slice(&host.response_body).unwrap();
+    assert_eq!(body["error"]["code"], "llm_filter_credential_unavailable");
+    call.on_log(&mut w.env());
+    assert_eq!(
+        w.counter("llm_filter_credential_unavailable_totalllm_cluster=.=anthropic;.;"),
+        2
+    );
+}
+
+#[test]
+fn a_providers_401_to_a_call_with_the_clients_key_is_the_providers_word() {
+    let mut w = World::new(MESH);
+    let body = r#"{"model":"local","messages":[{"role":"user","content":"hi"}]}"#;
+    let (mut call, host) = call(&mut w, "/v1/chat/completions", body, &[]);
+    let mut host = host.with_response(401, "application/json", r#"{"error":{}}"#);
     host.code_details = Some("via_upstream".into());
     call.on_response_headers(&mut w.env(), &mut host, false);
     assert_eq!(host.response(":status"), Some("401"));
@@ -185,4 +207,34 @@ fn a_failover_never_carries_a_key_to_the_wrong_backend() {
     let (to, headers) = failed_over_from("a");
     assert_eq!(to, "b");
     assert_eq!(auth(&headers), None);
+}
+
+#[test]
+fn a_credential_outage_adds_no_breaker_pressure() {
+    // The mesh's token is missing for a while (its token endpoint is down):
+    // calls are the gateway's 503, but the breaker does not shed or open
+    // the circuit on them, so the first call after the token is back goes.
+    let config = MESH.replacen(
+        "\"tenant\"",
+        r#""budget": {"min_calls": 1, "probe_fraction": 0}, "tenant""#,
+        1,
+    );
+    let mut w = World::new(&config);
+    let chat = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
+    for _ in 0..20 {
+        let (mut call, host) = call(&mut w, "/v1/chat/completions", chat, &[]);
+        let mut host = host.with_response(401, "text/plain", "Failed to inject credential.");
+        host.code_details = Some(crate::credentials::NOT_INJECTED_DETAILS.into());
+        w.respond(&mut call, &mut host);
+        assert_eq!(host.response(":status"), Some("503"));
+        call.on_log(&mut w.env());
+    }
+    let (_, host) = call(
+        &mut w,
+        "/v1/chat/completions",
+        chat,
+        &[("x-request-priority", "P2")],
+    );
+    assert!(host.local_reply.is_none(), "{:?}", host.local_reply);
+    assert_eq!(host.header("x-llm-cluster"), Some("openai"));
 }
