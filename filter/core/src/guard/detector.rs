@@ -140,8 +140,10 @@ impl Set {
     /// The personal data.
     pub const PERSONAL: Set = Set(Self::ALL.0 & !Self::SECRETS.0);
     /// What capture redacts (`tracing.capture.redact_builtins`): the
-    /// secrets and e-mail addresses.
-    pub const CAPTURE: Set = Set(Self::SECRETS.0 | D::Email.bit());
+    /// secrets, e-mail addresses, and the personal data a checksum
+    /// validates (payment cards, IBANs), which a false positive is rare in.
+    pub const CAPTURE: Set =
+        Set(Self::SECRETS.0 | D::Email.bit() | D::CreditCard.bit() | D::Iban.bit());
 
     /// This set and `id`.
     pub const fn with(self, id: DetectorId) -> Set {

@@ -67,6 +67,7 @@ mod builtins;
 mod decoded;
 mod detector;
 pub mod glob;
+pub mod mask;
 mod personal;
 mod scan;
 mod secrets;
@@ -74,6 +75,7 @@ pub mod words;
 
 use decoded::Decoded;
 pub use detector::{Detector, DetectorId, Set};
+pub use mask::Vault;
 use scan::{Scan, Sink};
 
 /// Most operator rules.
@@ -271,6 +273,27 @@ impl Detectors {
             glob_rules: &self.glob_rules,
             words: self.words.as_ref(),
         }
+    }
+
+    /// The label of a placeholder for what `detector` found: its name in
+    /// capitals.
+    fn label(&self, detector: Detector) -> Label<'_> {
+        Label(self.name(detector))
+    }
+}
+
+/// A name as a placeholder's label: `credit_card` → `CREDIT_CARD`.
+struct Label<'a>(&'a str);
+
+impl fmt::Display for Label<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use fmt::Write as _;
+        self.0.chars().try_for_each(|c| {
+            f.write_char(match c {
+                'a'..='z' | 'A'..='Z' | '0'..='9' => c.to_ascii_uppercase(),
+                _ => '_',
+            })
+        })
     }
 }
 

@@ -158,8 +158,9 @@ pub struct RawCapture {
     pub max_bytes: Option<usize>,
     /// Glob patterns of words replaced by `[REDACTED]`.
     pub redact: Option<Vec<String>>,
-    /// Redact e-mail addresses, API keys, tokens, private keys and
-    /// credentials by their shape, default true.
+    /// Redact e-mail addresses, API keys, tokens, private keys,
+    /// credentials, payment card numbers and IBANs by their shape, default
+    /// true.
     pub redact_builtins: Option<bool>,
 }
 
@@ -174,8 +175,8 @@ pub struct CaptureConfig {
     pub max_bytes: usize,
     /// Glob patterns (`*`, `?`) of words replaced by `[REDACTED]`.
     pub redact: Vec<String>,
-    /// Redact e-mail addresses, API keys, tokens, private keys and
-    /// credentials by their shape.
+    /// Redact e-mail addresses, API keys, tokens, private keys,
+    /// credentials, payment card numbers and IBANs by their shape.
     pub redact_builtins: bool,
 }
 

@@ -290,6 +290,24 @@ fn redaction_is_linear_in_the_text() {
     }
 }
 
+#[test]
+fn capture_redacts_cards_and_ibans_too() {
+    let rules = Rules {
+        globs: &[],
+        builtins: true,
+    };
+    assert_eq!(
+        redact(
+            "card 4111 1111 1111 1111, iban DE89370400440532013000.",
+            &rules
+        ),
+        "card [REDACTED], iban [REDACTED]."
+    );
+    // Phone numbers and addresses are kept: logs and code are full of them.
+    let kept = "call +1 415 555 2671 at 10.0.0.1";
+    assert_eq!(redact(kept, &rules), kept);
+}
+
 mod props {
     use proptest::prelude::*;
 
