@@ -68,6 +68,7 @@ mod decoded;
 mod detector;
 pub mod glob;
 pub mod mask;
+pub mod policy;
 mod personal;
 mod scan;
 mod secrets;
