@@ -12,6 +12,7 @@
 //! read.
 
 use serde::Deserialize;
+use serde_json::Value;
 
 use super::{Budget, Custom, Detector, DetectorId, Detectors, Finding, Set, Vault};
 use crate::config::check;
@@ -26,8 +27,7 @@ const UNCHECKED: Named<Unchecked> = Named {
     spell: Unchecked::as_str,
 };
 /// `max_scan_bytes`: the bytes of prompt text read per call.
-const MAX_SCAN_BYTES: Setting<u64> =
-    Setting::range("max_scan_bytes", 2 << 20, 1024, 64 << 20);
+const MAX_SCAN_BYTES: Setting<u64> = Setting::range("max_scan_bytes", 2 << 20, 1024, 64 << 20);
 
 /// The section's settings.
 pub const SETTINGS: Table = &[("guardrails", &[&UNCHECKED, &MAX_SCAN_BYTES])];
@@ -86,28 +86,65 @@ impl Unchecked {
     }
 }
 
-/// A rule as written.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RawRule {
-    /// Its name: the metric's and span's rule, a custom placeholder's label.
-    pub name: String,
-    /// Built-in detectors by name, or `secrets` / `personal` for a group.
-    pub detect: Option<Vec<String>>,
-    /// Glob patterns of whole words.
-    pub globs: Option<Vec<String>>,
-    /// Words and phrases, any case.
-    pub words: Option<Vec<String>>,
-    /// `block`, `mask` or `log`.
-    pub action: Option<String>,
+/// A rule as written. Read from the JSON value by hand: a derived reader
+/// of its own would cost the module more than this.
+#[derive(Debug, Default)]
+struct RawRule {
+    name: String,
+    detect: Vec<String>,
+    globs: Vec<String>,
+    words: Vec<String>,
+    action: Option<String>,
+}
+
+impl RawRule {
+    /// Rule `k` of `rules`, each field of the right type, no other.
+    fn read(k: usize, value: &Value) -> Result<Self, ConfigError> {
+        let at = |f: &str| format!("rules[{k}]{f}");
+        let Value::Object(members) = value else {
+            return Err(ConfigError::new(at(""), "is not an object"));
+        };
+        let mut r = Self::default();
+        for (name, v) in members {
+            let field = at(&format!(".{name}"));
+            let list = |v: &Value| -> Result<Vec<String>, ConfigError> {
+                match v {
+                    Value::Null => Ok(Vec::new()),
+                    Value::Array(items) => items
+                        .iter()
+                        .map(|i| i.as_str().map(str::to_string))
+                        .collect::<Option<_>>()
+                        .ok_or_else(|| ConfigError::new(&field, "is not a list of strings")),
+                    _ => Err(ConfigError::new(&field, "is not a list of strings")),
+                }
+            };
+            match name.as_str() {
+                "name" | "action" => {
+                    let s = v
+                        .as_str()
+                        .ok_or_else(|| ConfigError::new(&field, "is not a string"))?;
+                    if name == "name" {
+                        r.name = s.to_string();
+                    } else {
+                        r.action = Some(s.to_string());
+                    }
+                }
+                "detect" => r.detect = list(v)?,
+                "globs" => r.globs = list(v)?,
+                "words" => r.words = list(v)?,
+                _ => return Err(ConfigError::new(field, "is no field of a rule")),
+            }
+        }
+        Ok(r)
+    }
 }
 
 /// `guardrails` as written.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawGuardrails {
-    /// The rules.
-    pub rules: Option<Vec<RawRule>>,
+    /// The rules, a list of objects.
+    pub rules: Option<Value>,
     /// `refuse` or `allow`.
     pub unchecked: Option<String>,
     /// Bytes of prompt text read per call.
@@ -169,7 +206,15 @@ impl PartialEq for Guardrails {
 impl Guardrails {
     /// Compiles the section; errors name fields relative to it.
     pub fn compile(raw: RawGuardrails) -> Result<Self, ConfigError> {
-        let written = raw.rules.unwrap_or_default();
+        let written: Vec<RawRule> = match raw.rules {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(k, v)| RawRule::read(k, v))
+                .collect::<Result<_, _>>()?,
+            Some(_) => return Err(ConfigError::new("rules", "is not a list of rules")),
+        };
         check::at_most("rules", &written, super::MAX_RULES, "rules")?;
         let mut rules = Vec::with_capacity(written.len());
         let mut customs = Vec::new();
@@ -183,7 +228,7 @@ impl Guardrails {
                 ));
             }
             let mut detect = Set::NONE;
-            for (j, name) in r.detect.iter().flatten().enumerate() {
+            for (j, name) in r.detect.iter().enumerate() {
                 detect = match name.as_str() {
                     "secrets" => Set::SECRETS.iter().fold(detect, Set::with),
                     "personal" => Set::PERSONAL.iter().fold(detect, Set::with),
@@ -198,8 +243,7 @@ impl Guardrails {
                     },
                 };
             }
-            let globs = r.globs.as_deref().unwrap_or_default();
-            let words = r.words.as_deref().unwrap_or_default();
+            let (globs, words) = (r.globs.as_slice(), r.words.as_slice());
             if detect.is_empty() && globs.is_empty() && words.is_empty() {
                 return Err(ConfigError::new(
                     field("detect"),
@@ -433,7 +477,11 @@ mod tests {
         let (v, _) = check(&g, &body, &["messages"]);
         assert_eq!(v.blocked_by(), Some(0));
         assert!(v.edits.is_empty());
-        let (v, _) = check(&g, r#"{"messages":[{"role":"user","content":"hi"}]}"#, &["messages"]);
+        let (v, _) = check(
+            &g,
+            r#"{"messages":[{"role":"user","content":"hi"}]}"#,
+            &["messages"],
+        );
         assert_eq!(v.blocked_by(), None);
         assert!(v.fired.is_empty());
     }
@@ -514,11 +562,17 @@ mod tests {
     fn bad_rules_are_refused_by_field() {
         let bad = |json: &str| compiled(json).unwrap_err().to_string();
         assert!(bad(r#"{"rules":[{"name":"a"}]}"#).contains("rules[0].detect"));
-        assert!(bad(r#"{"rules":[{"name":"a","detect":["emails"]}]}"#).contains("rules[0].detect[0]"));
-        assert!(bad(r#"{"rules":[{"name":"a","detect":["email"],"action":"drop"}]}"#)
-            .contains("rules[0].action"));
-        assert!(bad(r#"{"rules":[{"name":"a","detect":["email"]},{"name":"a","detect":["jwt"]}]}"#)
-            .contains("rules[1].name"));
+        assert!(
+            bad(r#"{"rules":[{"name":"a","detect":["emails"]}]}"#).contains("rules[0].detect[0]")
+        );
+        assert!(
+            bad(r#"{"rules":[{"name":"a","detect":["email"],"action":"drop"}]}"#)
+                .contains("rules[0].action")
+        );
+        assert!(bad(
+            r#"{"rules":[{"name":"a","detect":["email"]},{"name":"a","detect":["jwt"]}]}"#
+        )
+        .contains("rules[1].name"));
         assert!(bad(r#"{"rules":[{"name":"","detect":["email"]}]}"#).contains("rules[0].name"));
         assert!(bad(r#"{"unchecked":"maybe"}"#).contains("unchecked"));
         assert!(bad(r#"{"max_scan_bytes":1}"#).contains("max_scan_bytes"));

@@ -72,7 +72,10 @@ fn a_secret_in_the_prompt_is_refused_in_the_callers_shape() {
     let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(body["error"]["code"], "llm_filter_guardrail_blocked");
     assert_eq!(body["error"]["type"], "invalid_request_error");
-    assert!(body["error"]["message"].as_str().unwrap().contains("`no-secrets`"));
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("`no-secrets`"));
     assert!(!body.to_string().contains("PLANTED"), "{body}");
     assert_eq!(fired(&w, "no-secrets", "block"), 1);
     assert_eq!(record(&host)["guardrails"], "no-secrets:block");
@@ -96,15 +99,24 @@ fn a_messages_call_is_refused_in_anthropics_shape() {
 #[test]
 fn personal_data_is_masked_before_the_call_leaves_and_the_cache_keys_the_masked_text() {
     let mut w = world("");
-    let mut host = chat(&format!("mail {MAIL} twice: {MAIL}, card 4111 1111 1111 1111"));
+    let mut host = chat(&format!(
+        "mail {MAIL} twice: {MAIL}, card 4111 1111 1111 1111"
+    ));
     assert_eq!(run(&mut w, &mut host), Step::Continue);
     let sent = String::from_utf8(host.request_body.clone()).unwrap();
-    assert!(sent.contains("mail [EMAIL_1] twice: [EMAIL_1], card [CREDIT_CARD_2]"), "{sent}");
-    assert!(!sent.contains("example.com") && !sent.contains("4111"), "{sent}");
+    assert!(
+        sent.contains("mail [EMAIL_1] twice: [EMAIL_1], card [CREDIT_CARD_2]"),
+        "{sent}"
+    );
+    assert!(
+        !sent.contains("example.com") && !sent.contains("4111"),
+        "{sent}"
+    );
     assert_eq!(fired(&w, "pii", "mask"), 1);
     assert_eq!(record(&host)["guardrails"], "pii:mask");
     // Another address masks to the same text: the same cache entry.
-    let mut again = chat("mail other@example.org twice: other@example.org, card 4111 1111 1111 1111");
+    let mut again =
+        chat("mail other@example.org twice: other@example.org, card 4111 1111 1111 1111");
     assert_eq!(run(&mut w, &mut again), Step::Pause);
     let (_, headers, _) = again.local_reply.clone().expect("served from the cache");
     assert_eq!(headers["x-cache"], "HIT");
