@@ -25,6 +25,7 @@ pub mod degrade;
 pub mod dialect;
 #[cfg(test)]
 mod fuzz;
+pub mod guard;
 pub mod host;
 pub mod identity;
 pub mod json;

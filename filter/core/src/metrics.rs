@@ -307,6 +307,15 @@ pub const LIMITS_ESTIMATED: &str = "llm_filter_limits_estimated_total";
 /// (`llm_filter_credential_unavailable`), never sent with the client's key.
 pub const CREDENTIAL_UNAVAILABLE: &str = "llm_filter_credential_unavailable_total";
 
+/// Calls a guardrail rule fired on, by `rule`, its `action` (`block` |
+/// `mask` | `log`) and `api`: once per call and rule, never what was found.
+pub const GUARDRAIL_FIRED: &str = "llm_filter_guardrail_fired_total";
+
+/// Calls whose prompt the guardrails could not read whole while a rule
+/// blocks or masks, by `reason` (`not_held` | `not_json` | `too_long`),
+/// `result` (`refused` | `allowed`, by `guardrails.unchecked`) and `api`.
+pub const GUARDRAIL_UNCHECKED: &str = "llm_filter_guardrail_unchecked_total";
+
 /// Every metric the filter defines, each of the constants above once:
 /// `docs/metrics.md` documents each (a test of the core checks both).
 pub const ALL: &[&str] = &[
@@ -373,6 +382,8 @@ pub const ALL: &[&str] = &[
     LIMITS_ESTIMATED,
     CREDENTIAL_UNAVAILABLE,
     IDENTITY_REFUSED,
+    GUARDRAIL_FIRED,
+    GUARDRAIL_UNCHECKED,
 ];
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ use crate::cache::config::{CacheConfig, RawCacheConfig};
 use crate::credentials::{CredentialsConfig, RawCredentialsConfig};
 use crate::degrade::config::{DegradeConfig, RawDegradeConfig};
 use crate::dialect::{Dialect, LlmPath, DEFAULT_PATHS};
+use crate::guard::policy::{Guardrails, RawGuardrails};
 use crate::identity::config::{RawTenant, TenantConfig};
 use crate::limits::config::{LimitsConfig, RawLimitsConfig};
 use crate::priority::Priority;
@@ -71,6 +72,7 @@ pub const SECTIONS: &[setting::Table] = &[
     crate::degrade::config::SETTINGS,
     crate::admin::config::SETTINGS,
     crate::credentials::SETTINGS,
+    crate::guard::policy::SETTINGS,
     crate::shaping::config::SETTINGS,
     crate::limits::config::SETTINGS,
     crate::identity::config::SETTINGS,
@@ -114,6 +116,8 @@ pub struct RawConfig {
     pub tenant: RawTenant,
     /// Which backends the mesh puts the provider's credential on.
     pub credentials: RawCredentialsConfig,
+    /// What is looked for in a prompt, and done with what is found.
+    pub guardrails: RawGuardrails,
 }
 
 /// `priority` as written.
@@ -186,6 +190,8 @@ pub struct Config {
     pub tenant: TenantConfig,
     /// Which backends the mesh puts the provider's credential on.
     pub credentials: CredentialsConfig,
+    /// What is looked for in a prompt, and done with what is found.
+    pub guardrails: Guardrails,
     /// The models and clusters the sections above name, compiled from them.
     pub names: Names,
 }
@@ -314,6 +320,7 @@ impl TryFrom<RawConfig> for Config {
             tenant: TenantConfig::compile(raw.tenant).map_err(|e| e.within("tenant"))?,
             credentials: CredentialsConfig::compile(raw.credentials)
                 .map_err(|e| e.within("credentials"))?,
+            guardrails: Guardrails::compile(raw.guardrails).map_err(|e| e.within("guardrails"))?,
             names: Names::default(),
         };
         config.names = names_of(&config);

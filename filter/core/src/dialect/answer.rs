@@ -228,6 +228,11 @@ pub enum ReplyKind {
     NoCredential,
     /// No virtual key or verified identity, or an unknown key (401).
     Unauthenticated,
+    /// A guardrail rule that blocks found something in the prompt (400).
+    Blocked,
+    /// The prompt could not be read whole for the guardrails that block
+    /// or mask, and `guardrails.unchecked` refuses such calls (400).
+    Unchecked,
 }
 
 impl ReplyKind {
@@ -243,6 +248,7 @@ impl ReplyKind {
             Self::TooLarge => 413,
             Self::OverLimit => 429,
             Self::Unauthenticated => 401,
+            Self::Blocked | Self::Unchecked => 400,
         }
     }
 
@@ -255,7 +261,9 @@ impl ReplyKind {
             | Self::DegradeReject
             | Self::NoCredential => "service_unavailable",
             Self::BudgetExhausted | Self::UpstreamTimeout => "timeout",
-            Self::TooLarge | Self::Unauthenticated => "invalid_request_error",
+            Self::TooLarge | Self::Unauthenticated | Self::Blocked | Self::Unchecked => {
+                "invalid_request_error"
+            }
             Self::OverLimit => "rate_limit_exceeded",
         }
     }
@@ -274,6 +282,8 @@ impl ReplyKind {
             Self::NoCredential => "llm_filter_credential_unavailable",
             // OpenAI's own code, which its SDKs and apps already match on.
             Self::Unauthenticated => "invalid_api_key",
+            Self::Blocked => "llm_filter_guardrail_blocked",
+            Self::Unchecked => "llm_filter_guardrail_unchecked",
         }
     }
 
@@ -309,6 +319,8 @@ impl ReplyKind {
             }
             Self::OverLimit => "A usage limit of this caller is reached; retry later.",
             Self::Unauthenticated => "Incorrect API key provided.",
+            Self::Blocked => "The request was blocked by a guardrail rule.",
+            Self::Unchecked => "The request could not be checked by the guardrails.",
             Self::NoCredential => {
                 "The gateway's credential for this provider is unavailable or was refused; \
                  this is not a fault of the caller's key."

@@ -10,6 +10,10 @@ pub struct Embeddings;
 use super::request::Request;
 
 impl Request for Embeddings {
+    fn guarded_fields(&self) -> &'static [&'static str] {
+        &["input"]
+    }
+
     fn operation(&self) -> &'static str {
         "embeddings"
     }

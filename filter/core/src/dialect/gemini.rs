@@ -794,6 +794,7 @@ mod answers {
                 ReplyKind::TooLarge => 413,
                 ReplyKind::OverLimit => 429,
                 ReplyKind::Unauthenticated => 401,
+                ReplyKind::Blocked | ReplyKind::Unchecked => 400,
             };
             (u32::from(status), error_body(status, message))
         }

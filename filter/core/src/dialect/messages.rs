@@ -227,6 +227,7 @@ mod answers {
             ReplyKind::OverLimit => (429, "rate_limit_error"),
             ReplyKind::NoCredential => (503, "api_error"),
             ReplyKind::Unauthenticated => (401, "authentication_error"),
+            ReplyKind::Blocked | ReplyKind::Unchecked => (400, "invalid_request_error"),
         }
     }
 

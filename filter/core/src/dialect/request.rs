@@ -194,6 +194,12 @@ pub trait Request: Sync {
         &[]
     }
 
+    /// The request fields the guardrails read, each whole: the prompt's,
+    /// and what else of the request goes to the model as text.
+    fn guarded_fields(&self) -> &'static [&'static str] {
+        self.prompt_fields()
+    }
+
     /// Where the question the semantic cache embeds is; `None`: the API
     /// takes no part in it.
     fn question(&self) -> Option<Question> {

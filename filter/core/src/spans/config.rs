@@ -9,6 +9,7 @@ use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::config::service::{Defaults, Service};
 use crate::config::setting::{Setting, Table};
+use crate::guard::glob::{self, MAX_PATTERNS};
 
 /// `path` of the exports.
 const PATH: Setting<&str> = Setting::any("path", "/v1/traces");
@@ -57,9 +58,6 @@ pub const SETTINGS: Table = &[
         &[&PROMPT, &COMPLETION, &MAX_BYTES, &REDACT_BUILTINS],
     ),
 ];
-/// Most `tracing.capture.redact` patterns, and the longest one.
-const MAX_PATTERNS: usize = 32;
-const MAX_PATTERN_BYTES: usize = 128;
 /// A span's bytes besides what it captured, at most: its ids, names and
 /// attributes (strings cut at 256 bytes).
 pub const SPAN_BYTES_WITHOUT_CAPTURE: usize = 8 << 10;
@@ -160,8 +158,9 @@ pub struct RawCapture {
     pub max_bytes: Option<usize>,
     /// Glob patterns of words replaced by `[REDACTED]`.
     pub redact: Option<Vec<String>>,
-    /// Redact e-mail addresses, API keys, tokens, private keys and
-    /// credentials by their shape, default true.
+    /// Redact e-mail addresses, API keys, tokens, private keys,
+    /// credentials, payment card numbers and IBANs by their shape, default
+    /// true.
     pub redact_builtins: Option<bool>,
 }
 
@@ -176,8 +175,8 @@ pub struct CaptureConfig {
     pub max_bytes: usize,
     /// Glob patterns (`*`, `?`) of words replaced by `[REDACTED]`.
     pub redact: Vec<String>,
-    /// Redact e-mail addresses, API keys, tokens, private keys and
-    /// credentials by their shape.
+    /// Redact e-mail addresses, API keys, tokens, private keys,
+    /// credentials, payment card numbers and IBANs by their shape.
     pub redact_builtins: bool,
 }
 
@@ -200,18 +199,7 @@ impl CaptureConfig {
         let redact = raw.redact.unwrap_or_default();
         check::at_most("redact", &redact, MAX_PATTERNS, "patterns")?;
         for (i, p) in redact.iter().enumerate() {
-            let bad = if p.len() > MAX_PATTERN_BYTES {
-                Some(format!("is longer than {MAX_PATTERN_BYTES} bytes"))
-            } else if p.chars().all(|c| c == '*' || c == '?') {
-                Some(format!("{p:?} names no character of a word"))
-            } else if p.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                Some(format!(
-                    "{p:?} holds a space or control character: a pattern matches one word"
-                ))
-            } else {
-                None
-            };
-            if let Some(message) = bad {
+            if let Some(message) = glob::invalid(p) {
                 return Err(ConfigError::new(format!("redact[{i}]"), message));
             }
         }

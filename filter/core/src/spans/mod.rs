@@ -57,6 +57,8 @@ pub struct Details<'a> {
     pub tenant: Option<&'a str>,
     /// How the call's hedge ended (`won`, `lost`, `abandoned`), when one was sent.
     pub hedge: Option<&'static str>,
+    /// The guardrail rules that fired (`rule:action`, joined by commas).
+    pub guardrails: Option<&'a str>,
     /// The prompt, when captured (`tracing.capture.prompt`).
     pub prompt: Option<&'a Prompt>,
     /// The completion, when captured (`tracing.capture.completion`).
@@ -261,6 +263,9 @@ fn decision_attributes<'a>(
     }
     if let Some(t) = details.tenant {
         a.push(("llm_filter.tenant", Value::Str(bounded(t))));
+    }
+    if let Some(g) = details.guardrails {
+        a.push(("llm_filter.guardrails", Value::Str(bounded(g))));
     }
     if let Some(g) = call.group {
         a.push(("llm_filter.ab.group", Value::Str(bounded(g))));

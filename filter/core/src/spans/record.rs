@@ -65,6 +65,7 @@ pub fn record(ids: Option<&SpanIds>, call: &CallSummary<'_>, details: &Details<'
     put("fallback_model", details.fallback_model.map(bounded).into());
     put("group", call.group.map(bounded).into());
     put("tenant", details.tenant.map(bounded).into());
+    put("guardrails", details.guardrails.map(bounded).into());
     if call.served.budget_ms > 0 {
         put("budget_ms", Value::from(call.served.budget_ms));
     }

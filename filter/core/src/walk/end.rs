@@ -179,6 +179,7 @@ impl Call {
             fallback_model: self.decided.fallback_model.as_deref(),
             tenant: self.request.tenant.as_deref(),
             hedge: self.decided.hedge.map(HedgeResult::as_str),
+            guardrails: self.decided.guardrails.as_deref(),
         }
     }
 

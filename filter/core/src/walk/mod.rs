@@ -36,6 +36,7 @@ mod failover;
 pub(crate) mod fake;
 mod fallback;
 mod group;
+mod guard;
 mod hedge;
 mod identify;
 mod limits;
@@ -185,6 +186,7 @@ impl Call {
             || cfg.shaping.enabled()
             || cfg.limits.enabled()
             || cfg.capture.prompt
+            || cfg.guardrails.enabled()
             || ab_wants_body
             // Alerts can arrive, or the load can cross a threshold.
             || cfg.admin.token.is_some()
@@ -262,6 +264,13 @@ impl Call {
         self.progress.forward();
         if let Some(b) = &body {
             self.request.read_body(b);
+        }
+        // Before anything reads the prompt: capture, affinity, the cache.
+        let body = match self.guard(env, host, body) {
+            ControlFlow::Continue(body) => body,
+            ControlFlow::Break(step) => return step,
+        };
+        if let Some(b) = &body {
             self.capture_prompt(env, b);
             // Before shaping, which may drop the turns the key covers.
             self.request.affinity = self.affinity_key(env, host, b);

@@ -149,6 +149,8 @@ pub(super) struct Decided {
     /// The prompt-token estimate's calibration, once read, and the estimate
     /// of the body sent.
     pub(super) estimate: super::estimate::Estimate,
+    /// The guardrail rules that fired, as `rule:action` joined by commas.
+    pub(super) guardrails: Option<String>,
 }
 
 /// Where a call stands. The phases with nothing but a timer to wake them are

@@ -14,6 +14,7 @@ mod degrade;
 mod dialects;
 mod estimate;
 mod group;
+mod guard;
 mod identity;
 mod keys;
 mod limits;

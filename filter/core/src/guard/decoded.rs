@@ -1,13 +1,14 @@
-//! The text a secret is found in, with its JSON escapes decoded: captured
+//! The text values are found in, with its JSON escapes decoded: a prompt's
 //! text is often JSON inside a string (a tool call's arguments, a tool-use
 //! input written back), where `\nsk-…` is a newline before a key, not the
-//! word `nsk-…`. Rules run on the decoded text; what they find is replaced
-//! in the raw text, whose other bytes (formatting, escapes) stay as they
-//! were. The decoded text is walked again to map its ranges back, so no map
-//! of a byte per byte is held.
+//! word `nsk-…`. Detectors run on the decoded text; what they find is
+//! mapped back to the raw text, whose other bytes (formatting, escapes)
+//! stay as they were. The decoded text is walked again to map its ranges
+//! back, so no map of a byte per byte is held.
 
 use std::borrow::Cow;
-use std::ops::Range;
+
+use super::Finding;
 
 /// A run of the raw text and what it decodes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,8 +96,7 @@ fn segment(raw: &str) -> Segment {
     }
 }
 
-/// Text as rules read it.
-#[derive(Debug)]
+/// Text as detectors read it (no `Debug`: it is a prompt's text).
 pub(super) struct Decoded<'t> {
     raw: &'t str,
     text: Cow<'t, str>,
@@ -137,23 +137,38 @@ impl<'t> Decoded<'t> {
         matches!(self.text, Cow::Owned(_))
     }
 
-    /// The raw ranges of `hits`, ranges of the decoded text sorted and
-    /// disjoint: a range that starts or ends inside an escape covers it
-    /// whole.
-    pub(super) fn raw_ranges(&self, hits: &[Range<usize>]) -> Vec<Range<usize>> {
+    /// The findings' ranges of the decoded text made ranges of the raw
+    /// text: a range that starts or ends inside an escape covers it whole.
+    /// The walk goes forward only: the starts are mapped in order, then the
+    /// ends (the findings are left in the order of their ends).
+    pub(super) fn map_back(&self, found: &mut [Finding]) {
         if !self.decodes() {
-            return hits.to_vec();
+            return;
         }
-        let mut walk = Walk {
-            raw: self.raw,
-            raw_at: 0,
-            decoded_at: 0,
-            segment: segment(self.raw),
-        };
-        hits.iter()
-            .map(|h| walk.raw_at(h.start, false)..walk.raw_at(h.end, true))
-            .collect()
+        for up in [false, true] {
+            super::heapsort(found, if up { by_end } else { by_start });
+            let mut walk = Walk {
+                raw: self.raw,
+                raw_at: 0,
+                decoded_at: 0,
+                segment: segment(self.raw),
+            };
+            for f in found.iter_mut() {
+                match up {
+                    false => f.range.start = walk.raw_at(f.range.start, false),
+                    true => f.range.end = walk.raw_at(f.range.end, true),
+                }
+            }
+        }
     }
+}
+
+fn by_start(a: &Finding, b: &Finding) -> bool {
+    a.range.start < b.range.start
+}
+
+fn by_end(a: &Finding, b: &Finding) -> bool {
+    a.range.end < b.range.end
 }
 
 /// A walk over the segments, forward only.
@@ -189,6 +204,8 @@ impl Walk<'_> {
 
 #[cfg(test)]
 mod tests {
+    use std::ops::Range;
+
     use super::*;
 
     #[test]
@@ -210,19 +227,36 @@ mod tests {
         }
     }
 
+    fn raw_ranges(d: &Decoded<'_>, hits: &[Range<usize>]) -> Vec<Range<usize>> {
+        // Each tagged with its place, to be put back in order.
+        let mut found: Vec<Finding> = hits
+            .iter()
+            .enumerate()
+            .map(|(k, r)| Finding {
+                detector: crate::guard::Detector::Custom(k as u16),
+                range: r.clone(),
+            })
+            .collect();
+        d.map_back(&mut found);
+        found.sort_by_key(|f| f.detector);
+        found.into_iter().map(|f| f.range).collect()
+    }
+
     #[test]
     fn decoded_ranges_map_back_to_the_raw_bytes_they_came_from() {
         let raw = r#"x\nsk-abc\u00e9\"z"#;
         let d = Decoded::of(raw);
         assert_eq!(d.text(), "x\nsk-abcé\"z");
-        let map = |r: Range<usize>| d.raw_ranges(&[r, 99..99]).swap_remove(0);
+        let map = |r: Range<usize>| raw_ranges(&d, &[r, 99..99]).swap_remove(0);
         // `sk-abc`, `é` (an escape of six bytes), `z` after `\"`, the end.
         let hits = [2..8, 8..10, 11..12];
-        assert_eq!(d.raw_ranges(&hits), [3..9, 9..15, 17..18]);
+        assert_eq!(raw_ranges(&d, &hits), [3..9, 9..15, 17..18]);
         assert_eq!(raw.get(map(1..2)), Some(r"\n"));
         // Inside an escape's character: the whole escape.
         assert_eq!(map(9..10), 9..15);
         assert_eq!(map(0..12), 0..raw.len());
-        assert_eq!(Decoded::of("abc").raw_ranges(&[1..2, 2..3]), [1..2, 2..3]);
+        assert_eq!(raw_ranges(&Decoded::of("abc"), &[1..2, 2..3]), [1..2, 2..3]);
+        // Overlapping and out of order: each mapped alone.
+        assert_eq!(raw_ranges(&d, &[8..12, 2..9, 9..10]), [9..18, 3..15, 9..15]);
     }
 }

@@ -1,0 +1,594 @@
+//! The `guardrails` section and what it does with a prompt: each rule names
+//! what it looks for (built-in detectors by name or by group, glob
+//! patterns, words and phrases) and what is done with a call where it finds
+//! something: `block` (refused in the caller's API shape, nothing sent,
+//! nothing cached), `mask` (each value replaced by its placeholder before
+//! the call leaves, the same value by the same placeholder within a call)
+//! or `log` (counted and named in the span and the record). A value two
+//! rules find falls under the stricter. The check reads the texts of the
+//! fields the call's dialect keeps its prompt in, decoded, within a budget
+//! of bytes: a prompt longer than the budget is not checked whole, which
+//! [`Verdict::truncated`] says, and the walk treats as a body it could not
+//! read.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{Budget, Custom, Detector, DetectorId, Detectors, Finding, Set, Vault};
+use crate::config::check;
+use crate::config::error::ConfigError;
+use crate::config::setting::{Named, Setting, Table};
+use crate::json::Json;
+
+/// `unchecked`: what becomes of a call whose prompt could not be read whole.
+const UNCHECKED: Named<Unchecked> = Named {
+    name: "unchecked",
+    default: Unchecked::Refuse,
+    spell: Unchecked::as_str,
+};
+/// `max_scan_bytes`: the bytes of prompt text read per call.
+const MAX_SCAN_BYTES: Setting<u64> = Setting::range("max_scan_bytes", 2 << 20, 1024, 64 << 20);
+
+/// The section's settings.
+pub const SETTINGS: Table = &[("guardrails", &[&UNCHECKED, &MAX_SCAN_BYTES])];
+
+/// Most findings a call's check makes before it stops (truncated).
+const MAX_FINDINGS: usize = 4_096;
+
+/// What a rule does with a call where it finds something, least strict
+/// first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Action {
+    /// Counted, and named in the span and the record.
+    Log,
+    /// Each value replaced by its placeholder before the call leaves.
+    Mask,
+    /// The call is refused.
+    Block,
+}
+
+impl Action {
+    /// The name in the configuration and the metric's `action` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Log => "log",
+            Self::Mask => "mask",
+            Self::Block => "block",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        [Self::Log, Self::Mask, Self::Block]
+            .into_iter()
+            .find(|a| a.as_str() == s)
+    }
+}
+
+/// What becomes of a call whose prompt the rules could not read whole (the
+/// body streams through unheld, is not JSON, or is longer than
+/// `max_scan_bytes`), when a rule blocks or masks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Unchecked {
+    /// Refused (413), as a call the rules would have refused.
+    #[default]
+    Refuse,
+    /// Let through unchecked, and counted.
+    Allow,
+}
+
+impl Unchecked {
+    /// The name in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Refuse => "refuse",
+            Self::Allow => "allow",
+        }
+    }
+}
+
+/// A rule as written. Read from the JSON value by hand: a derived reader
+/// of its own would cost the module more than this.
+#[derive(Debug, Default)]
+struct RawRule {
+    name: String,
+    detect: Vec<String>,
+    globs: Vec<String>,
+    words: Vec<String>,
+    action: Option<String>,
+}
+
+impl RawRule {
+    /// Rule `k` of `rules`, each field of the right type, no other.
+    fn read(k: usize, value: &Value) -> Result<Self, ConfigError> {
+        let at = |f: &str| format!("rules[{k}]{f}");
+        let Value::Object(members) = value else {
+            return Err(ConfigError::new(at(""), "is not an object"));
+        };
+        let mut r = Self::default();
+        for (name, v) in members {
+            let field = at(&format!(".{name}"));
+            let list = |v: &Value| -> Result<Vec<String>, ConfigError> {
+                match v {
+                    Value::Null => Ok(Vec::new()),
+                    Value::Array(items) => items
+                        .iter()
+                        .map(|i| i.as_str().map(str::to_string))
+                        .collect::<Option<_>>()
+                        .ok_or_else(|| ConfigError::new(&field, "is not a list of strings")),
+                    _ => Err(ConfigError::new(&field, "is not a list of strings")),
+                }
+            };
+            match name.as_str() {
+                "name" | "action" => {
+                    let s = v
+                        .as_str()
+                        .ok_or_else(|| ConfigError::new(&field, "is not a string"))?;
+                    if name == "name" {
+                        r.name = s.to_string();
+                    } else {
+                        r.action = Some(s.to_string());
+                    }
+                }
+                "detect" => r.detect = list(v)?,
+                "globs" => r.globs = list(v)?,
+                "words" => r.words = list(v)?,
+                _ => return Err(ConfigError::new(field, "is no field of a rule")),
+            }
+        }
+        Ok(r)
+    }
+}
+
+/// `guardrails` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawGuardrails {
+    /// The rules, a list of objects.
+    pub rules: Option<Value>,
+    /// `refuse` or `allow`.
+    pub unchecked: Option<String>,
+    /// Bytes of prompt text read per call.
+    pub max_scan_bytes: Option<u64>,
+}
+
+/// A compiled rule.
+#[derive(Clone, PartialEq)]
+pub struct Rule {
+    /// Its name.
+    pub name: String,
+    /// The built-in detectors it names.
+    detect: Set,
+    /// Its glob patterns and words, which the detectors were built from
+    /// (kept to tell two configurations apart; never printed).
+    custom: (Vec<String>, Vec<String>),
+    /// What it does.
+    pub action: Action,
+}
+
+/// The compiled `guardrails` section; no rule: off.
+#[derive(Debug, Clone, Default)]
+pub struct Guardrails {
+    /// The rules, in the order written.
+    pub rules: Vec<Rule>,
+    /// Every rule's detectors, built once; `None` without rules.
+    detectors: Option<Detectors>,
+    /// The rule of each of the detectors' custom rules.
+    custom_rule: Vec<usize>,
+    /// What becomes of a call that could not be checked whole.
+    pub unchecked: Unchecked,
+    /// Bytes of prompt text read per call.
+    pub max_scan_bytes: usize,
+}
+
+/// Counts only: a deny-list may name what is not to be said.
+impl std::fmt::Debug for Rule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rule")
+            .field("name", &self.name)
+            .field("detect", &self.detect)
+            .field("globs", &self.custom.0.len())
+            .field("words", &self.custom.1.len())
+            .field("action", &self.action)
+            .finish()
+    }
+}
+
+/// Two sections are the same when their rules and bounds are: the
+/// detectors are built from the rules.
+impl PartialEq for Guardrails {
+    fn eq(&self, other: &Self) -> bool {
+        self.rules == other.rules
+            && self.unchecked == other.unchecked
+            && self.max_scan_bytes == other.max_scan_bytes
+    }
+}
+
+impl Guardrails {
+    /// Compiles the section; errors name fields relative to it.
+    pub fn compile(raw: RawGuardrails) -> Result<Self, ConfigError> {
+        let written: Vec<RawRule> = match raw.rules {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(k, v)| RawRule::read(k, v))
+                .collect::<Result<_, _>>()?,
+            Some(_) => return Err(ConfigError::new("rules", "is not a list of rules")),
+        };
+        check::at_most("rules", &written, super::MAX_RULES, "rules")?;
+        let mut rules = Vec::with_capacity(written.len());
+        let mut customs = Vec::new();
+        let mut custom_rule = Vec::new();
+        for (k, r) in written.iter().enumerate() {
+            let field = |f: &str| format!("rules[{k}].{f}");
+            if !check::is_label(&r.name, 64) || rules.iter().any(|o: &Rule| o.name == r.name) {
+                return Err(ConfigError::new(
+                    field("name"),
+                    "a rule's name is 1 to 64 of `A-Za-z0-9_-`, each rule's its own",
+                ));
+            }
+            let mut detect = Set::NONE;
+            for (j, name) in r.detect.iter().enumerate() {
+                detect = match name.as_str() {
+                    "secrets" => Set::SECRETS.iter().fold(detect, Set::with),
+                    "personal" => Set::PERSONAL.iter().fold(detect, Set::with),
+                    n => match DetectorId::from_name(n) {
+                        Some(id) => detect.with(id),
+                        None => {
+                            return Err(ConfigError::new(
+                                field(&format!("detect[{j}]")),
+                                format!("{n:?} is no built-in detector, `secrets` or `personal`"),
+                            ))
+                        }
+                    },
+                };
+            }
+            let (globs, words) = (r.globs.as_slice(), r.words.as_slice());
+            if detect.is_empty() && globs.is_empty() && words.is_empty() {
+                return Err(ConfigError::new(
+                    field("detect"),
+                    "a rule names what it looks for: `detect`, `globs` or `words`",
+                ));
+            }
+            let action = match r.action.as_deref() {
+                None => Action::Block,
+                Some(a) => Action::parse(a).ok_or_else(|| {
+                    ConfigError::new(field("action"), "is `block`, `mask` or `log`")
+                })?,
+            };
+            if !globs.is_empty() || !words.is_empty() {
+                customs.push((r.name.as_str(), globs, words));
+                custom_rule.push(k);
+            }
+            rules.push(Rule {
+                name: r.name.clone(),
+                detect,
+                custom: (globs.to_vec(), words.to_vec()),
+                action,
+            });
+        }
+        let detectors = if rules.is_empty() {
+            None
+        } else {
+            let builtins = rules
+                .iter()
+                .flat_map(|r| r.detect.iter())
+                .fold(Set::NONE, Set::with);
+            let customs: Vec<Custom<'_>> = customs
+                .iter()
+                .map(|(name, globs, words)| Custom { name, globs, words })
+                .collect();
+            Some(Detectors::new(builtins, &customs)?)
+        };
+        let unchecked = match raw.unchecked.as_deref() {
+            None => UNCHECKED.default,
+            Some("refuse") => Unchecked::Refuse,
+            Some("allow") => Unchecked::Allow,
+            Some(_) => return Err(ConfigError::new("unchecked", "is `refuse` or `allow`")),
+        };
+        let max_scan_bytes = MAX_SCAN_BYTES.read(raw.max_scan_bytes)?;
+        Ok(Self {
+            rules,
+            detectors,
+            custom_rule,
+            unchecked,
+            max_scan_bytes: usize::try_from(max_scan_bytes).unwrap_or(usize::MAX),
+        })
+    }
+
+    /// A rule is configured: prompts are checked.
+    pub fn enabled(&self) -> bool {
+        !self.rules.is_empty()
+    }
+
+    /// A rule blocks or masks: a prompt that could not be checked falls
+    /// under `unchecked`.
+    pub fn enforces(&self) -> bool {
+        self.rules.iter().any(|r| r.action > Action::Log)
+    }
+
+    /// The rule a finding of `detector` falls under: the custom rule it is,
+    /// or the strictest rule naming the built-in (the first written of
+    /// equals).
+    fn rule_of(&self, detector: Detector) -> Option<usize> {
+        match detector {
+            Detector::Custom(k) => self.custom_rule.get(usize::from(k)).copied(),
+            Detector::Builtin(id) => self
+                .rules
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.detect.has(id))
+                .max_by(|(i, a), (j, b)| a.action.cmp(&b.action).then(j.cmp(i)))
+                .map(|(i, _)| i),
+        }
+    }
+
+    /// Checks the prompt of a request whose body is `tree`, kept in its
+    /// dialect's `fields`: which rules fired, whether one blocks, and, when
+    /// a rule masks, each field as it is to be sent (the masked values kept
+    /// in `vault`). Nothing of what was found leaves this but ranges
+    /// replaced by placeholders.
+    pub fn check(&self, tree: &Json, fields: &[&'static str], vault: &mut Vault) -> Verdict {
+        let mut verdict = Verdict::default();
+        let Some(detectors) = &self.detectors else {
+            return verdict;
+        };
+        let mut budget = Budget::new(self.max_scan_bytes, MAX_FINDINGS);
+        let mut found = Vec::new();
+        for field in fields {
+            let Some(value) = tree.get(field) else {
+                continue;
+            };
+            let mut masked: Option<Json> = None;
+            let mut path = Vec::new();
+            each_string(value, &mut path, &mut |at, text| {
+                found.clear();
+                detectors.scan(text, &mut budget, &mut found);
+                let mut masks: Vec<Finding> = Vec::new();
+                for f in &found {
+                    let Some((rule, action)) = self
+                        .rule_of(f.detector)
+                        .and_then(|k| Some((k, self.rules.get(k)?.action)))
+                    else {
+                        continue;
+                    };
+                    verdict.fire(rule, action);
+                    if action == Action::Mask {
+                        masks.push(f.clone());
+                    }
+                }
+                if !masks.is_empty() {
+                    let to = vault.mask(text, &masks, detectors).into_owned();
+                    let tree = masked.get_or_insert_with(|| value.clone());
+                    if let Some(s) = string_at(tree, at) {
+                        *s = to;
+                    }
+                }
+            });
+            if let Some(m) = masked {
+                let mut bytes = Vec::new();
+                m.write(&mut bytes);
+                verdict.edits.push((field, bytes, m));
+            }
+        }
+        verdict.truncated = budget.truncated();
+        verdict
+    }
+}
+
+/// What the check of one prompt found.
+#[derive(Debug, Default)]
+pub struct Verdict {
+    /// Each rule that fired (its index), once, in the order first fired.
+    pub fired: Vec<usize>,
+    /// The strictest action of the rules that fired, and the first rule of it.
+    pub strictest: Option<(Action, usize)>,
+    /// Each field to send masked: its name, its bytes and its tree.
+    pub edits: Vec<(&'static str, Vec<u8>, Json)>,
+    /// The prompt was longer than the budget: what was past it was not read.
+    pub truncated: bool,
+}
+
+impl Verdict {
+    fn fire(&mut self, rule: usize, action: Action) {
+        if !self.fired.contains(&rule) {
+            self.fired.push(rule);
+        }
+        if self.strictest.is_none_or(|(a, _)| action > a) {
+            self.strictest = Some((action, rule));
+        }
+    }
+
+    /// The rule that blocks the call, if one does.
+    pub fn blocked_by(&self) -> Option<usize> {
+        self.strictest
+            .filter(|(a, _)| *a == Action::Block)
+            .map(|(_, r)| r)
+    }
+}
+
+/// Where a string sits in a value: the index of each array item or object
+/// member on the way down.
+type At = [usize];
+
+/// Calls `f` with every string of `value` (object keys aside) and where it
+/// sits. The tree is as deep as the parser allowed ([`crate::json::MAX_DEPTH`]).
+fn each_string<'a>(value: &'a Json, path: &mut Vec<usize>, f: &mut dyn FnMut(&At, &'a str)) {
+    match value {
+        Json::String(s) => f(path, s),
+        Json::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                path.push(i);
+                each_string(v, path, f);
+                path.pop();
+            }
+        }
+        Json::Object(members) => {
+            for (i, (_, v)) in members.iter().enumerate() {
+                path.push(i);
+                each_string(v, path, f);
+                path.pop();
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The string at `at` in `value`.
+fn string_at<'a>(value: &'a mut Json, at: &At) -> Option<&'a mut String> {
+    let mut v = value;
+    for &i in at {
+        v = match v {
+            Json::Array(items) => items.get_mut(i)?,
+            Json::Object(members) => &mut members.get_mut(i)?.1,
+            _ => return None,
+        };
+    }
+    match v {
+        Json::String(s) => Some(s),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn compiled(json: &str) -> Result<Guardrails, ConfigError> {
+        Guardrails::compile(ConfigError::from_json(json.as_bytes())?)
+    }
+
+    fn rules(json: &str) -> Guardrails {
+        compiled(&format!(r#"{{"rules":{json}}}"#)).unwrap()
+    }
+
+    fn check(g: &Guardrails, body: &str, fields: &[&'static str]) -> (Verdict, Vault) {
+        let mut vault = Vault::new();
+        let tree = Json::parse(body.as_bytes()).unwrap();
+        (g.check(&tree, fields, &mut vault), vault)
+    }
+
+    const KEY: &str = "sk-proj-PLANTED0123456789abcdef";
+
+    #[test]
+    fn a_secret_blocks_and_a_clean_prompt_passes() {
+        let g = rules(r#"[{"name":"no-secrets","detect":["secrets"],"action":"block"}]"#);
+        let body = format!(r#"{{"messages":[{{"role":"user","content":"use {KEY} please"}}]}}"#);
+        let (v, _) = check(&g, &body, &["messages"]);
+        assert_eq!(v.blocked_by(), Some(0));
+        assert!(v.edits.is_empty());
+        let (v, _) = check(
+            &g,
+            r#"{"messages":[{"role":"user","content":"hi"}]}"#,
+            &["messages"],
+        );
+        assert_eq!(v.blocked_by(), None);
+        assert!(v.fired.is_empty());
+    }
+
+    #[test]
+    fn only_the_dialects_fields_are_read() {
+        let g = rules(r#"[{"name":"s","detect":["openai_key"]}]"#);
+        let body = format!(r#"{{"user":"{KEY}","messages":[]}}"#);
+        assert!(check(&g, &body, &["messages"]).0.fired.is_empty());
+    }
+
+    #[test]
+    fn masking_replaces_each_value_by_one_placeholder_in_every_field() {
+        let g = rules(r#"[{"name":"pii","detect":["email"],"action":"mask"}]"#);
+        let body = r#"{"system":"write to ann@example.com","messages":[{"role":"user","content":[{"type":"text","text":"ann@example.com and bob@example.org"}]}]}"#;
+        let (v, vault) = check(&g, body, &["system", "messages"]);
+        assert_eq!(v.blocked_by(), None);
+        assert_eq!(v.fired, vec![0]);
+        assert_eq!(vault.len(), 2);
+        let sent: Vec<String> = v
+            .edits
+            .iter()
+            .map(|(f, b, _)| format!("{f}={}", String::from_utf8_lossy(b)))
+            .collect();
+        assert_eq!(
+            sent,
+            vec![
+                r#"system="write to [EMAIL_1]""#.to_string(),
+                r#"messages=[{"content":[{"text":"[EMAIL_1] and [EMAIL_2]","type":"text"}],"role":"user"}]"#
+                    .to_string(),
+            ]
+        );
+        assert!(!sent.concat().contains("example"));
+    }
+
+    #[test]
+    fn the_stricter_rule_wins_and_log_only_counts() {
+        let g = rules(
+            r#"[{"name":"seen","detect":["personal"],"action":"log"},
+                {"name":"cards","detect":["credit_card"],"action":"block"},
+                {"name":"codename","words":["project falcon"],"action":"log"}]"#,
+        );
+        let (v, _) = check(
+            &g,
+            r#"{"input":"Project Falcon: bill 4111 1111 1111 1111"}"#,
+            &["input"],
+        );
+        assert_eq!(v.blocked_by(), Some(1));
+        let mut fired = v.fired.clone();
+        fired.sort_unstable();
+        assert_eq!(fired, vec![1, 2]);
+        let (v, _) = check(&g, r#"{"input":"mail ann@example.com"}"#, &["input"]);
+        assert_eq!((v.blocked_by(), v.fired, v.edits.len()), (None, vec![0], 0));
+    }
+
+    #[test]
+    fn a_tool_calls_json_arguments_are_read_decoded() {
+        let g = rules(r#"[{"name":"s","detect":["secrets"],"action":"mask"}]"#);
+        let body = format!(
+            r#"{{"messages":[{{"role":"assistant","tool_calls":[{{"function":{{"name":"f","arguments":"{{\"key\":\"{KEY}\"}}"}}}}]}}]}}"#
+        );
+        let (v, _) = check(&g, &body, &["messages"]);
+        assert_eq!(v.fired, vec![0]);
+        let sent = String::from_utf8_lossy(&v.edits[0].1).to_string();
+        assert!(!sent.contains("PLANTED"), "{sent}");
+    }
+
+    #[test]
+    fn a_prompt_past_the_budget_is_truncated() {
+        let g = compiled(r#"{"rules":[{"name":"s","detect":["email"]}],"max_scan_bytes":1024}"#)
+            .unwrap();
+        let body = format!(r#"{{"input":"{}"}}"#, "a ".repeat(2000));
+        assert!(check(&g, &body, &["input"]).0.truncated);
+        assert!(!check(&g, r#"{"input":"short"}"#, &["input"]).0.truncated);
+    }
+
+    #[test]
+    fn bad_rules_are_refused_by_field() {
+        let bad = |json: &str| compiled(json).unwrap_err().to_string();
+        assert!(bad(r#"{"rules":[{"name":"a"}]}"#).contains("rules[0].detect"));
+        assert!(
+            bad(r#"{"rules":[{"name":"a","detect":["emails"]}]}"#).contains("rules[0].detect[0]")
+        );
+        assert!(
+            bad(r#"{"rules":[{"name":"a","detect":["email"],"action":"drop"}]}"#)
+                .contains("rules[0].action")
+        );
+        assert!(bad(
+            r#"{"rules":[{"name":"a","detect":["email"]},{"name":"a","detect":["jwt"]}]}"#
+        )
+        .contains("rules[1].name"));
+        assert!(bad(r#"{"rules":[{"name":"","detect":["email"]}]}"#).contains("rules[0].name"));
+        assert!(bad(r#"{"unchecked":"maybe"}"#).contains("unchecked"));
+        assert!(bad(r#"{"max_scan_bytes":1}"#).contains("max_scan_bytes"));
+        let secret_word = "hunter2-secret-word";
+        let e = bad(&format!(
+            r#"{{"rules":[{{"name":"w","words":["{secret_word}","x\u0001"]}}]}}"#
+        ));
+        assert!(!e.contains(secret_word), "{e}");
+    }
+
+    #[test]
+    fn no_rule_is_off_and_a_log_rule_enforces_nothing() {
+        let off = compiled("{}").unwrap();
+        assert!(!off.enabled());
+        let log = rules(r#"[{"name":"l","detect":["email"],"action":"log"}]"#);
+        assert!(log.enabled() && !log.enforces());
+        assert_eq!(log.unchecked, Unchecked::Refuse);
+    }
+}

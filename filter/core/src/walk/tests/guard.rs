@@ -1,0 +1,171 @@
+//! Scenario tests of the guard step: a prompt a rule blocks is refused in
+//! its API's shape before anything is spent or sent; a masked prompt goes
+//! on masked, and the cache keys the masked text; a body the rules cannot
+//! read is refused unless the operator lets it through; nothing found ever
+//! reaches the reply, a label or the record.
+
+use crate::walk::fake::{FakeHost, World};
+use crate::walk::*;
+
+const ANSWER: &str = r#"{"id":"x","object":"chat.completion","created":7,"model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;
+const KEY: &str = "sk-proj-PLANTEDguard0123456789";
+const MAIL: &str = "planted.person@example.com";
+
+fn world(extra: &str) -> World {
+    World::new(&format!(
+        r#"{{"guardrails":{{"rules":[
+              {{"name":"no-secrets","detect":["secrets"],"action":"block"}},
+              {{"name":"pii","detect":["email","credit_card"],"action":"mask"}},
+              {{"name":"codename","words":["project falcon"],"action":"log"}}]{extra}}},
+            "cache":{{"max_entries":8}},
+            "access_log":{{"enabled":true}}}}"#
+    ))
+}
+
+/// Runs a call to its end; the step its request took.
+fn run(w: &mut World, host: &mut FakeHost) -> Step {
+    let (mut call, step) = Call::start(&mut w.env(), host, false).unwrap();
+    if step == Step::Pause && host.local_reply.is_some() {
+        call.on_log(&mut w.env());
+        return step;
+    }
+    let step = if step == Step::Pause {
+        let size = host.request_body.len();
+        call.on_request_body(&mut w.env(), host, size, true)
+    } else {
+        step
+    };
+    if step == Step::Continue {
+        let mut answered = host.clone().with_response(200, "application/json", ANSWER);
+        call.on_response_headers(&mut w.env(), &mut answered, false);
+        answered.response_body = ANSWER.as_bytes().to_vec();
+        call.on_response_body(&mut w.env(), &mut answered, ANSWER.len(), true);
+        *host = answered;
+    }
+    call.on_log(&mut w.env());
+    step
+}
+
+fn chat(content: &str) -> FakeHost {
+    let body = serde_json::json!({"model": "gpt-4o", "temperature": 0,
+        "messages": [{"role": "user", "content": content}]});
+    FakeHost::post("/v1/chat/completions").with_body(&body.to_string())
+}
+
+fn record(host: &FakeHost) -> serde_json::Value {
+    serde_json::from_slice(&host.properties["llm_filter.call"]).unwrap()
+}
+
+fn fired(w: &World, rule: &str, action: &str) -> u64 {
+    w.counter(&format!(
+        "llm_filter_guardrail_fired_totalrule=.={rule};.;action=.={action};.;api=.=chat;.;"
+    ))
+}
+
+#[test]
+fn a_secret_in_the_prompt_is_refused_in_the_callers_shape() {
+    let mut w = world("");
+    let mut host = chat(&format!("deploy with {KEY}"));
+    assert_eq!(run(&mut w, &mut host), Step::Pause);
+    let (status, _, body) = host.local_reply.clone().expect("refused");
+    assert_eq!(status, 400);
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["error"]["code"], "llm_filter_guardrail_blocked");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("`no-secrets`"));
+    assert!(!body.to_string().contains("PLANTED"), "{body}");
+    assert_eq!(fired(&w, "no-secrets", "block"), 1);
+    assert_eq!(record(&host)["guardrails"], "no-secrets:block");
+    assert!(!String::from_utf8_lossy(&host.properties["llm_filter.call"]).contains("PLANTED"));
+}
+
+#[test]
+fn a_messages_call_is_refused_in_anthropics_shape() {
+    let mut w = world("");
+    let body = serde_json::json!({"model": "claude", "max_tokens": 8,
+        "system": format!("key {KEY}"), "messages": [{"role": "user", "content": "hi"}]});
+    let mut host = FakeHost::post("/v1/messages").with_body(&body.to_string());
+    assert_eq!(run(&mut w, &mut host), Step::Pause);
+    let (status, _, body) = host.local_reply.clone().unwrap();
+    assert_eq!(status, 400);
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["type"], "error");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+}
+
+#[test]
+fn personal_data_is_masked_before_the_call_leaves_and_the_cache_keys_the_masked_text() {
+    let mut w = world("");
+    let mut host = chat(&format!(
+        "mail {MAIL} twice: {MAIL}, card 4111 1111 1111 1111"
+    ));
+    assert_eq!(run(&mut w, &mut host), Step::Continue);
+    let sent = String::from_utf8(host.request_body.clone()).unwrap();
+    assert!(
+        sent.contains("mail [EMAIL_1] twice: [EMAIL_1], card [CREDIT_CARD_2]"),
+        "{sent}"
+    );
+    assert!(
+        !sent.contains("example.com") && !sent.contains("4111"),
+        "{sent}"
+    );
+    assert_eq!(fired(&w, "pii", "mask"), 1);
+    assert_eq!(record(&host)["guardrails"], "pii:mask");
+    // Another address masks to the same text: the same cache entry.
+    let mut again =
+        chat("mail other@example.org twice: other@example.org, card 4111 1111 1111 1111");
+    assert_eq!(run(&mut w, &mut again), Step::Pause);
+    let (_, headers, _) = again.local_reply.clone().expect("served from the cache");
+    assert_eq!(headers["x-cache"], "HIT");
+}
+
+#[test]
+fn a_log_rule_only_counts() {
+    let mut w = world("");
+    let mut host = chat("about Project Falcon");
+    assert_eq!(run(&mut w, &mut host), Step::Continue);
+    assert!(String::from_utf8_lossy(&host.request_body).contains("Project Falcon"));
+    assert_eq!(fired(&w, "codename", "log"), 1);
+    assert_eq!(record(&host)["guardrails"], "codename:log");
+}
+
+#[test]
+fn a_body_the_rules_cannot_read_is_refused_unless_allowed() {
+    let unchecked = |w: &World, reason: &str, result: &str| {
+        w.counter(&format!(
+            "llm_filter_guardrail_unchecked_totalreason=.={reason};.;result=.={result};.;api=.=chat;.;"
+        ))
+    };
+    // No content-length: the body streams through, unread.
+    let mut w = world("");
+    let mut host = chat(&format!("key {KEY}"));
+    host.request_headers.retain(|(k, _)| k != "content-length");
+    assert_eq!(run(&mut w, &mut host), Step::Pause);
+    let (status, _, body) = host.local_reply.clone().unwrap();
+    assert_eq!(status, 400);
+    assert!(String::from_utf8_lossy(&body).contains("llm_filter_guardrail_unchecked"));
+    assert_eq!(unchecked(&w, "not_held", "refused"), 1);
+    // Not JSON.
+    let mut host = FakeHost::post("/v1/chat/completions").with_body("not json");
+    assert_eq!(run(&mut w, &mut host), Step::Pause);
+    assert_eq!(unchecked(&w, "not_json", "refused"), 1);
+    // Allowed through when the operator says so, and counted.
+    let mut w = world(r#","unchecked":"allow""#);
+    let mut host = chat("hello");
+    host.request_headers.retain(|(k, _)| k != "content-length");
+    assert_eq!(run(&mut w, &mut host), Step::Continue);
+    assert_eq!(host.local_reply, None);
+    assert_eq!(unchecked(&w, "not_held", "allowed"), 1);
+}
+
+#[test]
+fn without_rules_nothing_is_read() {
+    let mut w = World::new("{}");
+    let mut host = chat(&format!("deploy with {KEY}"));
+    host.request_headers.retain(|(k, _)| k != "content-length");
+    assert_eq!(run(&mut w, &mut host), Step::Continue);
+    assert_eq!(host.local_reply, None);
+}
