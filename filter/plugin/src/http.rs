@@ -82,7 +82,8 @@ fn action(step: Step) -> Action {
 impl Context for Http {
     fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
         #[cfg(feature = "hostcall-census")]
-        let _timed = crate::hostcall::bench_census::Timed::new(self.worker.stats(), "callout_response");
+        let _timed =
+            crate::hostcall::bench_census::Timed::new(self.worker.stats(), "callout_response");
         callout::deliver(&self.worker, token, body_size, Some(self.id));
     }
 }
@@ -90,7 +91,8 @@ impl Context for Http {
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
         #[cfg(feature = "hostcall-census")]
-        let _timed = crate::hostcall::bench_census::Timed::new(self.worker.stats(), "request_headers");
+        let _timed =
+            crate::hostcall::bench_census::Timed::new(self.worker.stats(), "request_headers");
         // The filter's own endpoints first, then the walk: one read of the
         // request's headers and of the clock serves both.
         let mut stream = Stream::default();
@@ -153,7 +155,8 @@ impl HttpContext for Http {
 
     fn on_http_response_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
         #[cfg(feature = "hostcall-census")]
-        let _timed = crate::hostcall::bench_census::Timed::new(self.worker.stats(), "response_headers");
+        let _timed =
+            crate::hostcall::bench_census::Timed::new(self.worker.stats(), "response_headers");
         self.step(Stream::default(), |call, env, host| {
             call.on_response_headers(env, host, end_of_stream)
         })
@@ -161,7 +164,8 @@ impl HttpContext for Http {
 
     fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
         #[cfg(feature = "hostcall-census")]
-        let _timed = crate::hostcall::bench_census::Timed::new(self.worker.stats(), "response_body");
+        let _timed =
+            crate::hostcall::bench_census::Timed::new(self.worker.stats(), "response_body");
         self.step(Stream::default(), |call, env, host| {
             call.on_response_body(env, host, size, end_of_stream)
         })
