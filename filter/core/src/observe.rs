@@ -188,6 +188,7 @@ mod tests {
                         prompt_tokens: 10,
                         completion_tokens: 0,
                         cached_tokens: 0,
+                        ..Usage::default()
                     }),
                     ..Try::ended(End::Answered(200))
                 },
@@ -231,6 +232,7 @@ mod tests {
                         prompt_tokens: 1,
                         completion_tokens: 2,
                         cached_tokens: 0,
+                        ..Usage::default()
                     }),
                     ..Try::ended(End::Answered(200))
                 },
@@ -291,6 +293,7 @@ mod tests {
                     prompt_tokens: 10,
                     completion_tokens: 51,
                     cached_tokens: 0,
+                    ..Usage::default()
                 }),
                 ..Try::ended(End::Answered(200))
             },

@@ -192,6 +192,7 @@ fn cost_is_reserved_at_the_price_and_settled_with_the_cached_share() {
             prompt_tokens: 1000,
             completion_tokens: 100,
             cached_tokens: 800,
+            ..Usage::default()
         }),
         answered: true,
         streamed: false,
@@ -255,6 +256,7 @@ fn a_charge_is_mended_where_the_usage_cannot_be_trusted() {
             prompt_tokens: u64::MAX,
             completion_tokens: u64::MAX,
             cached_tokens: 0,
+            ..Usage::default()
         }),
         ..base
     };

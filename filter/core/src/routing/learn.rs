@@ -209,6 +209,7 @@ mod tests {
                 prompt_tokens: 100,
                 completion_tokens: 7,
                 cached_tokens: 64,
+                ..Usage::default()
             }),
             ..Try::ended(End::Answered(200))
         };
@@ -227,6 +228,7 @@ mod tests {
                 prompt_tokens: 5,
                 completion_tokens: 1,
                 cached_tokens: 0,
+                ..Usage::default()
             }),
             ..Try::ended(End::Answered(200))
         };

@@ -107,6 +107,7 @@ mod tests {
                     prompt_tokens: 3,
                     completion_tokens: 2,
                     cached_tokens: 0,
+                    ..Usage::default()
                 }),
                 started_ms: 10,
                 ended_ms: 30,

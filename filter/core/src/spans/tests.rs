@@ -33,6 +33,7 @@ fn a_span_carries_the_genai_attributes_and_the_filters_decisions() {
                 prompt_tokens: 12,
                 completion_tokens: 5,
                 cached_tokens: 4,
+                ..Usage::default()
             }),
             cluster: Some("openai"),
             attempts: Some(2),
