@@ -92,6 +92,7 @@ pub fn record(m: &mut dyn Metrics, call: &CallSummary<'_>) {
             ("input", u.prompt_tokens),
             ("output", u.completion_tokens),
             ("cached_input", u.cached_tokens),
+            ("cache_creation_input", u.cache_write_tokens),
         ] {
             if n > 0 {
                 let labels = [("model", call.model), ("token_type", kind), ("api", api)];

@@ -93,6 +93,7 @@ fn count_tokens(m: &mut dyn Metrics, model: &str, cluster: &str, u: &Usage) {
     for (kind, n) in [
         ("input", u.prompt_tokens),
         ("cached_input", u.cached_tokens),
+        ("cache_creation_input", u.cache_write_tokens),
         ("output", u.completion_tokens),
     ] {
         if n > 0 {
