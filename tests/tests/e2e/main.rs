@@ -37,6 +37,7 @@ mod load;
 mod mesh_names;
 mod metrics;
 mod passthrough;
+mod pricing;
 mod priority;
 mod provider_tls;
 mod reload;
