@@ -142,6 +142,7 @@ fn compile_price(field: &str, p: &RawPrice) -> Result<Price, ConfigError> {
             "only a `long_context` names `above`",
         ));
     }
+    let base = compile_rates(field, p.written())?;
     let long = match &p.long_context {
         None => None,
         Some(l) => {
@@ -157,10 +158,7 @@ fn compile_price(field: &str, p: &RawPrice) -> Result<Price, ConfigError> {
             Some(Tier { above, rates })
         }
     };
-    Ok(Price {
-        base: compile_rates(field, p.written())?,
-        long,
-    })
+    Ok(Price { base, long })
 }
 
 /// One set of rates, each defaulted and checked.

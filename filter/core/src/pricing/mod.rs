@@ -174,11 +174,6 @@ impl Prices {
     pub fn named(&self) -> impl Iterator<Item = &str> {
         self.own.iter().map(String::as_str)
     }
-
-    /// No model is priced.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
 }
 
 /// Counts what the prompt cache did on a call to `model` (its label
