@@ -41,17 +41,31 @@ fn with_catalog(config: &Value) -> Value {
     config
 }
 
-fn envoy(mock: &MockUpstream, receiver: &Receiver, limits: Value) -> Envoy {
+/// The mock provider `name`, the span receiver, and Envoy with the catalog
+/// and one cost rule on `model`.
+fn start(name: &str, model: &str, cost_per_day: f64) -> (MockUpstream, Receiver, Envoy) {
+    let mock = MockUpstream::start(MockConfig::named(name));
+    let receiver = Receiver::start(&[]);
     let config = with_catalog(&json!({
         "tracing": {"otlp": {"cluster": "otel", "interval_ms": 200}},
-        "limits": limits,
+        "limits": {"rules": [{"name": "spend", "by": ["tenant"], "models": [model],
+                              "cost_per_day": cost_per_day}]},
     }));
-    EnvoyBuilder::new()
+    let envoy = EnvoyBuilder::new()
         .plugin_config(config)
         .upstream("mock", mock.port())
         .upstream("otel", receiver.port)
         .start()
-        .expect("envoy with the filter and the catalog")
+        .expect("envoy with the filter and the catalog");
+    (mock, receiver, envoy)
+}
+
+/// The cost rule counted `micros` millionths of the unit, exactly.
+fn assert_rule_counted(e: &Envoy, micros: f64) {
+    let rule = [("rule", "spend")];
+    let cost = "llm_filter_limits_cost_micros_total";
+    e.wait_for_metric(cost, &rule, micros, Duration::from_secs(5));
+    assert_eq!(e.metric(cost, &rule), micros);
 }
 
 /// The attributes of the span of the mock's `n`-th call (from 0).
@@ -83,8 +97,6 @@ async fn anthropic_cache_reads_and_writes_cost_their_rates_and_a_cost_limit_coun
     ) {
         return;
     }
-    let mock = MockUpstream::start(MockConfig::named("anthropic"));
-    let receiver = Receiver::start(&[]);
     // Claude Sonnet 4.5 at the catalog's list prices ($3 input, $3.75 and $6
     // per million written for five minutes and an hour, $0.30 read, $15
     // output). Each call below costs 50 × 3 + 100,000 × 0.3 + 20,000 × 3.75
@@ -94,12 +106,7 @@ async fn anthropic_cache_reads_and_writes_cost_their_rates_and_a_cost_limit_coun
     // (0.50445). Priced with writes at the input rate (123,150 each) a
     // fourth would go; with every token at the input rate (393,150) not a
     // second.
-    let e = envoy(
-        &mock,
-        &receiver,
-        json!({"rules": [{"name": "spend", "by": ["tenant"], "models": ["claude-sonnet-4-5"],
-                          "cost_per_day": 0.40}]}),
-    );
+    let (mock, receiver, e) = start("anthropic", "claude-sonnet-4-5", 0.40);
     mock.set_reported_usage(Some(json!({
         "input_tokens": 50,
         "cache_read_input_tokens": 100_000,
@@ -147,21 +154,7 @@ async fn anthropic_cache_reads_and_writes_cost_their_rates_and_a_cost_limit_coun
             &[("model", "claude-sonnet-4-5"), ("token_type", kind)],
         )
     };
-    e.wait_for_metric(
-        "llm_filter_limits_cost_micros_total",
-        &[("rule", "spend")],
-        3.0 * 168_150.0 + 964_500.0,
-        Duration::from_secs(5),
-    );
-    assert_eq!(
-        counter(
-            &e,
-            "llm_filter_limits_cost_micros_total",
-            &[("rule", "spend")]
-        ),
-        3.0 * 168_150.0 + 964_500.0,
-        "the rule counted each call at its rates"
-    );
+    assert_rule_counted(&e, 3.0 * 168_150.0 + 964_500.0);
     assert_eq!(
         (tokens("cached_input"), tokens("cache_creation_input")),
         (400_000.0, 90_000.0)
@@ -208,16 +201,10 @@ async fn openai_cached_input_and_reasoning_cost_their_rates() {
     if skip_without_envoy("openai_cached_input_and_reasoning_cost_their_rates") {
         return;
     }
-    let mock = MockUpstream::start(MockConfig::named("openai"));
-    let receiver = Receiver::start(&[]);
     // o3 at the catalog's list prices ($2 input, $0.50 cached input, $8
     // output, reasoning billed as output): 500 × 2 + 1,500 × 0.5 + 100 × 8
     // = 2,550 millionths of a dollar a call, 2,250 of it saved by the cache.
-    let e = envoy(
-        &mock,
-        &receiver,
-        json!({"rules": [{"name": "spend", "by": ["tenant"], "models": ["o3"], "cost_per_day": 100}]}),
-    );
+    let (mock, receiver, e) = start("openai", "o3", 100.0);
     mock.set_reported_usage(Some(json!({
         "prompt_tokens": 2_000,
         "completion_tokens": 100,
@@ -244,20 +231,7 @@ async fn openai_cached_input_and_reasoning_cost_their_rates() {
         .clone();
     assert_eq!(last["usage"]["cached"], 1_500, "{streamed}");
 
-    e.wait_for_metric(
-        "llm_filter_limits_cost_micros_total",
-        &[("rule", "spend")],
-        2.0 * 2_550.0,
-        Duration::from_secs(5),
-    );
-    assert_eq!(
-        counter(
-            &e,
-            "llm_filter_limits_cost_micros_total",
-            &[("rule", "spend")]
-        ),
-        2.0 * 2_550.0
-    );
+    assert_rule_counted(&e, 2.0 * 2_550.0);
     let model = [("model", "o3")];
     assert_eq!(
         counter(&e, "llm_filter_prompt_cache_saved_micros_total", &model),
