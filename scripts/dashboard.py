@@ -26,6 +26,10 @@ NODE = 'instance=~"$instance"'
 BACKEND = 'llm_cluster=~"$llm_cluster", instance=~"$instance"'
 GROUP = 'group=~"$group"'
 R = "$__rate_interval"
+# What the providers' prompt caches saved and their writes cost above the
+# input rate, per model, in the price unit per hour (docs/metrics.md).
+SAVED = f"sum by (model) (rate(llm_filter_prompt_cache_saved_micros_total{{{SEL}}}[{R}])) * 3600 / 1e6"
+PREMIUM = f"sum by (model) (rate(llm_filter_prompt_cache_write_premium_micros_total{{{SEL}}}[{R}])) * 3600 / 1e6"
 
 # (row, [(title, kind, unit, [(expr, legend)])]); kind: timeseries, stat, heatmap
 # (Prometheus buckets), status-history (one row per series, colour = value).
@@ -65,6 +69,10 @@ ROWS = [
           (f"sum(llm_filter_cache_bytes{{{NODE}}})", "bytes")]),
         ("Prompt-cache input tokens read, share of input", "timeseries", "percentunit",
          [(f'sum by (model) (rate(gen_ai_client_token_usage_total{{token_type="cached_input", {SEL}}}[{R}])) / sum by (model) (rate(gen_ai_client_token_usage_total{{token_type="input", {SEL}}}[{R}]))', "{{model}}")]),
+        ("Prompt-cache tokens read and written per second", "timeseries", "short",
+         [(f'sum by (model, token_type) (rate(gen_ai_client_token_usage_total{{token_type=~"cached_input|cache_creation_input", {SEL}}}[{R}]))', "{{model}} {{token_type}}")]),
+        ("Prompt-cache saving per hour by model, net of writes", "timeseries", "short",
+         [(f"({SAVED} or {PREMIUM} * 0) - ({PREMIUM} or {SAVED} * 0)", "{{model}}")]),
         ("Shard keys by result", "timeseries", "ops",
          [(f"sum by (result) (rate(llm_filter_cache_shard_keys_total{{{NODE}}}[{R}]))", "{{result}}")]),
     ]),

@@ -159,7 +159,7 @@ fn main() {
             usage: Some(Usage {
                 prompt_tokens: 14,
                 completion_tokens: 9,
-                cached_tokens: 0,
+                ..Usage::default()
             }),
             streamed: false,
             cluster: Some(CLUSTER),

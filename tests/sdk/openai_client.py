@@ -6,7 +6,9 @@ upstream and Envoy, run this with --base-url pointing at Envoy (with /v1), and
 assert on the one JSON object printed on stdout (and on what the mock
 received). Every object carries `sdk_version`. What each scenario prints:
 
-  chat        {id, model, content, finish_reason, usage: {prompt, completion, total}}
+  chat        {id, model, content, finish_reason, usage: {prompt, completion, total,
+              cached, reasoning}} (cached: prompt_tokens_details.cached_tokens,
+              reasoning: completion_tokens_details.reasoning_tokens, null when absent)
   stream      {chunks: [{at_ms, content, finish_reason, usage}], content}
   embeddings  {count, indexes, dimensions, usage}
   cache       {calls: [{status, x_cache, age, content, id}] x2}  (temperature 0)
@@ -97,10 +99,21 @@ def keyless(request):
     request.headers.pop("api-key", None)
 
 
+def detail(u, details, name):
+    d = getattr(u, details, None)
+    return getattr(d, name, None) if d is not None else None
+
+
 def usage(u):
     if u is None:
         return None
-    return {"prompt": u.prompt_tokens, "completion": getattr(u, "completion_tokens", None), "total": u.total_tokens}
+    return {
+        "prompt": u.prompt_tokens,
+        "completion": getattr(u, "completion_tokens", None),
+        "total": u.total_tokens,
+        "cached": detail(u, "prompt_tokens_details", "cached_tokens"),
+        "reasoning": detail(u, "completion_tokens_details", "reasoning_tokens"),
+    }
 
 
 def messages(text):

@@ -360,6 +360,9 @@ struct State {
     prefill_us_per_token: AtomicU64,
     /// Factor on the prompt tokens every chat answer reports, when set.
     prompt_token_scale: Mutex<Option<f64>>,
+    /// The usage every chat and Messages answer reports, when set, in
+    /// place of the one it counts.
+    reported_usage: Mutex<Option<Value>>,
     /// The provider keys a model call must carry, checked as its provider
     /// checks them, when set: anything else is answered 401.
     keys: Mutex<Option<Vec<String>>>,
@@ -490,6 +493,7 @@ impl MockUpstream {
             stored_responses: Mutex::new(VecDeque::new()),
             answer_words: Mutex::new(None),
             prompt_token_scale: Mutex::new(None),
+            reported_usage: Mutex::new(None),
             prompt_cache: Mutex::new(None),
             prefill_us_per_token: AtomicU64::new(0),
             keys: Mutex::new(None),
@@ -600,6 +604,15 @@ impl MockUpstream {
     /// provider whose tokenizer counts differently from the filter's estimate.
     pub fn set_prompt_token_scale(&self, scale: Option<f64>) {
         *lock(&self.state.prompt_token_scale) = scale;
+    }
+
+    /// Every later chat and Messages answer reports `usage` (in the API's
+    /// own words: `prompt_tokens_details`, `cache_creation_input_tokens`,
+    /// …) in place of the usage it counts, in a JSON answer and in a
+    /// stream's usage events (a Messages stream's `message_delta` carries
+    /// its `output_tokens`); `None` counts again.
+    pub fn set_reported_usage(&self, usage: Option<Value>) {
+        *lock(&self.state.reported_usage) = usage;
     }
 
     /// The mock plays a provider's prompt cache for every later chat and
@@ -1169,6 +1182,8 @@ struct Answer {
     prompt_token_scale: Option<f64>,
     /// Prompt tokens the played prompt cache held.
     cached_tokens: u64,
+    /// The usage to report in place of the counted one.
+    reported: Option<Value>,
 }
 
 impl Answer {
@@ -1204,10 +1219,14 @@ impl Answer {
             prompt,
             prompt_token_scale: *lock(&state.prompt_token_scale),
             cached_tokens,
+            reported: lock(&state.reported_usage).clone(),
         }
     }
 
     fn usage(&self) -> Value {
+        if let Some(usage) = &self.reported {
+            return usage.clone();
+        }
         let mut prompt_tokens = count_tokens(&self.prompt);
         if let Some(scale) = self.prompt_token_scale {
             prompt_tokens = (prompt_tokens as f64 * scale).ceil() as u64;

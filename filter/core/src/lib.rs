@@ -34,6 +34,7 @@ pub mod limits;
 pub mod load;
 pub mod metrics;
 pub mod observe;
+pub mod pricing;
 pub mod priority;
 pub mod routing;
 pub mod shaping;

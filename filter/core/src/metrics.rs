@@ -42,8 +42,10 @@ pub const TIME_TO_FIRST_TOKEN: &str = "gen_ai_server_time_to_first_token_ms";
 /// Time per output token after the first of a stream (OpenTelemetry's
 /// `gen_ai.server.time_per_output_token`), µs, by `model` and `api`.
 pub const TIME_PER_OUTPUT_TOKEN: &str = "gen_ai_server_time_per_output_token_us";
-/// Tokens reported in `usage`, by `model` and `token_type` (`input` | `output`),
-/// as in GenAI `gen_ai.client.token.usage`.
+/// Tokens reported in `usage`, by `model` and `token_type` (`input` |
+/// `output`, and the parts of the input the provider's prompt cache read,
+/// `cached_input`, and wrote, `cache_creation_input`), as in GenAI
+/// `gen_ai.client.token.usage`.
 pub const TOKEN_USAGE: &str = "gen_ai_client_token_usage_total";
 /// Each model's learnt ratio of the prompt tokens its provider reports to
 /// the filter's estimate, in thousandths (500..=2000), by `model`: set by the
@@ -139,8 +141,8 @@ pub const ROUTING_FAILOVERS: &str = "llm_filter_routing_failovers_total";
 /// refused them, the error class (`reason`) and how the next model answered.
 pub const ROUTING_MODEL_FALLBACKS: &str = "llm_filter_routing_model_fallbacks_total";
 /// Tokens the backend reported in `usage`, by `model`, `llm_cluster` and
-/// `token_type` (`input` | `cached_input` | `output`): how warm each
-/// backend's prompt cache is for each model.
+/// `token_type` (`input` | `cached_input` | `cache_creation_input` |
+/// `output`): how warm each backend's prompt cache is for each model.
 pub const ROUTING_TOKENS: &str = "llm_filter_routing_tokens_total";
 
 // load
@@ -301,6 +303,16 @@ pub const LIMITS_USED: &str = "llm_filter_limits_used_permille";
 /// with another key, stricter for both).
 pub const LIMITS_ESTIMATED: &str = "llm_filter_limits_estimated_total";
 
+// prices
+/// What the provider's prompt cache saved, in millionths of the price
+/// unit, by `model`: the tokens it read at the cached rate rather than the
+/// input rate (`limits.prices`).
+pub const PROMPT_CACHE_SAVED: &str = "llm_filter_prompt_cache_saved_micros_total";
+/// What writing to the provider's prompt cache cost above the input rate,
+/// in millionths of the price unit, by `model`: the net saving is the
+/// saved counter less this one.
+pub const PROMPT_CACHE_PREMIUM: &str = "llm_filter_prompt_cache_write_premium_micros_total";
+
 // credentials
 /// Calls Envoy could not put the mesh's credential on (the secret missing or
 /// unreadable), by `llm_cluster`: each answered 503 in the caller's shape
@@ -380,6 +392,8 @@ pub const ALL: &[&str] = &[
     LIMITS_COST,
     LIMITS_USED,
     LIMITS_ESTIMATED,
+    PROMPT_CACHE_SAVED,
+    PROMPT_CACHE_PREMIUM,
     CREDENTIAL_UNAVAILABLE,
     IDENTITY_REFUSED,
     GUARDRAIL_FIRED,

@@ -94,6 +94,7 @@ pub fn record(m: &mut dyn Metrics, call: &CallSummary<'_>) {
             ("input", u.prompt_tokens),
             ("output", u.completion_tokens),
             ("cached_input", u.cached_tokens),
+            ("cache_creation_input", u.cache_write_tokens),
         ] {
             if n > 0 {
                 let labels = [("model", call.model), ("token_type", kind), ("api", api)];
@@ -191,6 +192,7 @@ mod tests {
                         prompt_tokens: 10,
                         completion_tokens: 0,
                         cached_tokens: 0,
+                        ..Usage::default()
                     }),
                     ..Try::ended(End::Answered(200))
                 },
@@ -234,6 +236,7 @@ mod tests {
                         prompt_tokens: 1,
                         completion_tokens: 2,
                         cached_tokens: 0,
+                        ..Usage::default()
                     }),
                     ..Try::ended(End::Answered(200))
                 },
@@ -294,6 +297,7 @@ mod tests {
                     prompt_tokens: 10,
                     completion_tokens: 51,
                     cached_tokens: 0,
+                    ..Usage::default()
                 }),
                 ..Try::ended(End::Answered(200))
             },

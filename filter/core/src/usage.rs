@@ -12,6 +12,15 @@ pub struct Usage {
     pub completion_tokens: u64,
     /// Input tokens the provider read from its prompt cache.
     pub cached_tokens: u64,
+    /// Input tokens the provider wrote to its prompt cache (Anthropic's
+    /// `cache_creation_input_tokens`), priced apart from the rest.
+    pub cache_write_tokens: u64,
+    /// Of those, the ones written to be kept an hour rather than five
+    /// minutes (Anthropic's `cache_creation.ephemeral_1h_input_tokens`).
+    pub cache_write_1h_tokens: u64,
+    /// Output tokens the model spent reasoning (OpenAI's `reasoning_tokens`,
+    /// Gemini's `thoughtsTokenCount`), a part of `completion_tokens`.
+    pub reasoning_tokens: u64,
 }
 
 impl Usage {
@@ -24,6 +33,9 @@ impl Usage {
             prompt_tokens: pick(self.prompt_tokens, later.prompt_tokens),
             completion_tokens: pick(self.completion_tokens, later.completion_tokens),
             cached_tokens: pick(self.cached_tokens, later.cached_tokens),
+            cache_write_tokens: pick(self.cache_write_tokens, later.cache_write_tokens),
+            cache_write_1h_tokens: pick(self.cache_write_1h_tokens, later.cache_write_1h_tokens),
+            reasoning_tokens: pick(self.reasoning_tokens, later.reasoning_tokens),
         }
     }
 }
@@ -82,6 +94,7 @@ mod tests {
             prompt_tokens: p,
             completion_tokens: c,
             cached_tokens: cached,
+            ..Usage::default()
         };
         assert_eq!(want(10, 1, 7).updated_by(want(0, 42, 0)), want(10, 42, 7));
         assert_eq!(want(10, 1, 7).updated_by(Usage::default()), want(10, 1, 7));

@@ -97,6 +97,8 @@ struct Reply {
     stream: bool,
     input_tokens: u64,
     text: String,
+    /// The usage to report in place of the counted one.
+    reported: Option<Value>,
 }
 
 impl Reply {
@@ -135,11 +137,34 @@ impl Reply {
             stream: body.get("stream").and_then(Value::as_bool) == Some(true),
             input_tokens: count_tokens(&all.join(" ")),
             text: echo(state, &last_user),
+            reported: super::lock(&state.reported_usage).clone(),
         })
     }
 
     fn output_tokens(&self) -> u64 {
-        count_tokens(&self.text)
+        match &self.reported {
+            Some(usage) => usage
+                .get("output_tokens")
+                .and_then(Value::as_u64)
+                .unwrap_or(0),
+            None => count_tokens(&self.text),
+        }
+    }
+
+    /// The usage of the message (of a stream's `message_start`, whose
+    /// output so far is `output_tokens`).
+    fn usage(&self, output_tokens: u64) -> Value {
+        let mut usage = self.reported.clone().unwrap_or_else(|| {
+            json!({
+                "input_tokens": self.input_tokens,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            })
+        });
+        if let Some(u) = usage.as_object_mut() {
+            u.insert("output_tokens".to_string(), json!(output_tokens));
+        }
+        usage
     }
 
     /// The message with `content`, its stop and `output_tokens`.
@@ -152,12 +177,7 @@ impl Reply {
             "content": content,
             "stop_reason": stop_reason,
             "stop_sequence": null,
-            "usage": {
-                "input_tokens": self.input_tokens,
-                "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": 0,
-                "output_tokens": output_tokens,
-            },
+            "usage": self.usage(output_tokens),
         })
     }
 

@@ -121,7 +121,7 @@ fn config() -> Value {
         "tracing": {"otlp": {"cluster": "otel", "interval_ms": 200}},
         // Every call counted and charged, none refused.
         "limits": {
-            "prices": {"*": {"input": 2.5, "output": 10}},
+            "prices": {"*": {"input": 2.5, "cached_input": 1.25, "output": 10}},
             "rules": [{"name": "spend", "by": ["tenant"], "priorities": ["P0", "P1", "P2"],
                        "tokens_per_minute": 100_000_000, "cost_per_day": 1_000}]
         }

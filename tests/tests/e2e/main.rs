@@ -39,6 +39,7 @@ mod mesh_names;
 mod metrics;
 mod oauth2;
 mod passthrough;
+mod pricing;
 mod priority;
 mod provider_tls;
 mod reload;

@@ -360,15 +360,9 @@ fn names_of(config: &Config) -> Names {
         models.extend(rule.models.iter().flatten().map(String::as_str));
         models.extend(rule.degrade.iter().filter_map(|d| d.model.as_deref()));
     }
-    // `*` prices every other model: it names none.
-    models.extend(
-        config
-            .limits
-            .prices
-            .keys()
-            .map(String::as_str)
-            .filter(|m| *m != "*"),
-    );
+    // `*` and a prefix price models they do not name, and a catalog's
+    // models are named by no one here.
+    models.extend(config.limits.prices.named());
     models.extend(config.cache.deterministic_models.iter().map(String::as_str));
     let clusters = config.routing.clusters.iter().map(|c| c.cluster.as_str());
     Names::new(models, clusters)

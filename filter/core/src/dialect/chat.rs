@@ -227,23 +227,31 @@ mod answers {
 
     /// The usage OpenAI's chat, completions and embeddings report:
     /// `prompt_tokens` (the cached ones among them, in
-    /// `prompt_tokens_details.cached_tokens`) and `completion_tokens`.
+    /// `prompt_tokens_details.cached_tokens`) and `completion_tokens` (the
+    /// reasoning ones among them, in `completion_tokens_details.reasoning_tokens`).
     pub(crate) fn openai_usage(usage: &Value) -> Option<Usage> {
         let u = usage.as_object()?;
         Some(Usage {
             prompt_tokens: count(u, "prompt_tokens")?,
             completion_tokens: count(u, "completion_tokens")?,
-            cached_tokens: cached(u, "prompt_tokens_details")?.unwrap_or(0),
+            cached_tokens: detail(u, "prompt_tokens_details", "cached_tokens")?.unwrap_or(0),
+            reasoning_tokens: detail(u, "completion_tokens_details", "reasoning_tokens")?
+                .unwrap_or(0),
+            ..Usage::default()
         })
     }
 
-    /// The `cached_tokens` of a usage's details object `name` (OpenAI's and
+    /// The count `field` of a usage's details object `name` (OpenAI's and
     /// Responses' words): `Some(None)` when there are no details (absent or
     /// null), `None` when they are of another type.
-    pub(crate) fn cached(usage: &Map<String, Value>, name: &str) -> Option<Option<u64>> {
+    pub(crate) fn detail(
+        usage: &Map<String, Value>,
+        name: &str,
+        field: &str,
+    ) -> Option<Option<u64>> {
         match usage.get(name) {
             None | Some(Value::Null) => Some(None),
-            Some(Value::Object(details)) => optional_count(details, "cached_tokens").map(Some),
+            Some(Value::Object(details)) => optional_count(details, field).map(Some),
             Some(_) => None,
         }
     }
@@ -282,7 +290,7 @@ mod answers {
 }
 
 pub(crate) use answers::{
-    cached, choice_reasons, choices_finished, choices_said, openai_head, openai_usage,
+    choice_reasons, choices_finished, choices_said, detail, openai_head, openai_usage,
 };
 
 #[cfg(test)]

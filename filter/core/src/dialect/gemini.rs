@@ -393,6 +393,8 @@ pub fn usage(metadata: &Value) -> Option<Usage> {
         prompt_tokens: n("promptTokenCount")?.saturating_add(n("toolUsePromptTokenCount")?),
         completion_tokens: n("candidatesTokenCount")?.saturating_add(n("thoughtsTokenCount")?),
         cached_tokens: n("cachedContentTokenCount")?,
+        reasoning_tokens: n("thoughtsTokenCount")?,
+        ..Usage::default()
     })
 }
 

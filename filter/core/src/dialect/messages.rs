@@ -129,6 +129,7 @@ mod answers {
     use crate::dialect::answer::Error;
     use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::{string, Answer, Hear, RateHeaders, Reset, Stored};
+    use crate::dialect::chat::detail;
     use crate::dialect::messages::stream;
     use crate::dialect::AnyGrammar;
     use crate::json::Json;
@@ -136,17 +137,25 @@ mod answers {
 
     impl Answer for Messages {
         /// `input_tokens` counts only the input not read from or written
-        /// to the prompt cache: the input is all three.
+        /// to the prompt cache: the input is all three. The writes are
+        /// split by how long they are kept in `cache_creation` (when the
+        /// answer says; else all are for five minutes).
         fn usage(&self, usage: &Value) -> Option<Usage> {
             let u = usage.as_object()?;
             let read = optional_count(u, "cache_read_input_tokens")?;
-            let written = optional_count(u, "cache_creation_input_tokens")?;
+            let short = detail(u, "cache_creation", "ephemeral_5m_input_tokens")?.unwrap_or(0);
+            let hour = detail(u, "cache_creation", "ephemeral_1h_input_tokens")?.unwrap_or(0);
+            let written =
+                optional_count(u, "cache_creation_input_tokens")?.max(short.saturating_add(hour));
             Some(Usage {
                 prompt_tokens: count(u, "input_tokens")?
                     .saturating_add(read)
                     .saturating_add(written),
                 completion_tokens: count(u, "output_tokens")?,
                 cached_tokens: read,
+                cache_write_tokens: written,
+                cache_write_1h_tokens: hour,
+                reasoning_tokens: 0,
             })
         }
 

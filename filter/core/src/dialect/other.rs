@@ -26,7 +26,7 @@ mod answers {
 
     use crate::dialect::answer::{Answer, Hear, Stored};
     use crate::dialect::chat::stream;
-    use crate::dialect::chat::{cached, choice_reasons};
+    use crate::dialect::chat::{choice_reasons, detail};
     use crate::dialect::gemini::candidate_reasons;
     use crate::dialect::messages::stop_reason;
     use crate::dialect::responses::response_reason;
@@ -55,8 +55,10 @@ mod answers {
             let u = usage.as_object()?;
             let read = optional_count(u, "cache_read_input_tokens")?;
             let written = optional_count(u, "cache_creation_input_tokens")?;
-            let prompt_details = cached(u, "prompt_tokens_details")?;
-            let input_details = cached(u, "input_tokens_details")?;
+            let prompt_details = detail(u, "prompt_tokens_details", "cached_tokens")?;
+            let input_details = detail(u, "input_tokens_details", "cached_tokens")?;
+            let completion_details = detail(u, "completion_tokens_details", "reasoning_tokens")?;
+            let output_details = detail(u, "output_tokens_details", "reasoning_tokens")?;
             Some(Usage {
                 prompt_tokens: count(u, "prompt_tokens")?
                     .saturating_add(count(u, "input_tokens")?)
@@ -68,6 +70,11 @@ mod answers {
                     .or(input_details)
                     .unwrap_or(0)
                     .saturating_add(read),
+                cache_write_tokens: written,
+                cache_write_1h_tokens: detail(u, "cache_creation", "ephemeral_1h_input_tokens")?
+                    .unwrap_or(0)
+                    .min(written),
+                reasoning_tokens: completion_details.or(output_details).unwrap_or(0),
             })
         }
 

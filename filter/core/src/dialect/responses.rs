@@ -125,7 +125,7 @@ mod answers {
     use crate::dialect::answer::head::{self, count, Members};
 
     use crate::dialect::answer::{list, string, Answer, Hear, Stored};
-    use crate::dialect::chat::cached;
+    use crate::dialect::chat::detail;
     use crate::dialect::responses::stream;
     use crate::dialect::AnyGrammar;
     use crate::json::Json;
@@ -133,13 +133,17 @@ mod answers {
 
     impl Answer for Responses {
         /// `input_tokens` (the cached ones among them, in
-        /// `input_tokens_details.cached_tokens`) and `output_tokens`.
+        /// `input_tokens_details.cached_tokens`) and `output_tokens` (the
+        /// reasoning ones among them, in `output_tokens_details.reasoning_tokens`).
         fn usage(&self, usage: &Value) -> Option<Usage> {
             let u = usage.as_object()?;
             Some(Usage {
                 prompt_tokens: count(u, "input_tokens")?,
                 completion_tokens: count(u, "output_tokens")?,
-                cached_tokens: cached(u, "input_tokens_details")?.unwrap_or(0),
+                cached_tokens: detail(u, "input_tokens_details", "cached_tokens")?.unwrap_or(0),
+                reasoning_tokens: detail(u, "output_tokens_details", "reasoning_tokens")?
+                    .unwrap_or(0),
+                ..Usage::default()
             })
         }
 

@@ -1,6 +1,6 @@
 //! The `limits` section: rules of requests, tokens and cost per window,
 //! scoped by tenant, user and model, and the price table that turns tokens
-//! into cost.
+//! into cost (compiled by [`crate::pricing::config`]).
 
 use std::collections::BTreeMap;
 
@@ -10,6 +10,8 @@ use super::window::Span;
 use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::config::setting::{Empty, List, Named, Setting, Table};
+use crate::pricing::config::RawPrice;
+use crate::pricing::{self, Price, Prices};
 use crate::priority::Priority;
 
 /// Most rules.
@@ -45,6 +47,7 @@ pub const SETTINGS: Table = &[
         &[
             &RULES,
             &PRICES,
+            &CATALOG,
             &USER_HEADER,
             &MAX_KEYS,
             &RESERVE_OUTPUT_TOKENS,
@@ -61,6 +64,8 @@ pub const SETTINGS: Table = &[
 const RULES: Empty = Empty::list("rules");
 /// `prices`: none; a cost limit needs the model's price.
 const PRICES: Empty = Empty::map("prices");
+/// `catalog`: none.
+const CATALOG: Empty = Empty::map("catalog");
 /// A rule's `priorities`: P0 is exempt unless named.
 const PRIORITIES: List<Priority> = List::new("priorities", &[Priority::P1, Priority::P2]);
 
@@ -77,8 +82,6 @@ const COUNTED: [(&str, Measure, Span); 5] = [
 const COSTS: [(&str, Span); 2] = [("cost_per_day", Span::Day), ("cost_per_month", Span::Month)];
 /// The most a cost limit may be, in the price table's unit.
 const MAX_COST: f64 = 1e9;
-/// The price-table entry every model without its own falls back to.
-pub const ANY_MODEL: &str = "*";
 /// Cost is counted in billionths of the price table's unit.
 pub const NANOS_PER_UNIT: f64 = 1e9;
 
@@ -88,8 +91,13 @@ pub const NANOS_PER_UNIT: f64 = 1e9;
 pub struct RawLimitsConfig {
     /// The rules, each enforced on every call it applies to.
     pub rules: Option<Vec<RawRule>>,
-    /// Price per million tokens, by model (`*`: every other model).
+    /// Price per million tokens, by model (`*`: every other model; a
+    /// name ending in `*`: every model it begins), over the catalog's.
     pub prices: Option<BTreeMap<String, RawPrice>>,
+    /// A catalog of list prices (`examples/prices.json`), as `prices`.
+    pub catalog: Option<BTreeMap<String, RawPrice>>,
+    /// The day the catalog's prices were read, `YYYY-MM-DD`.
+    pub catalog_as_of: Option<String>,
     /// The header naming the user, default `x-user-id`.
     pub user_header: Option<String>,
     /// Keys each rule counts at once (shared-data records per rule).
@@ -171,18 +179,6 @@ pub struct RawDegrade {
     /// Degraded calls go until the count reaches this many times the
     /// limit, default 1.5; past it they are refused.
     pub until: Option<f64>,
-}
-
-/// One model's prices as written, per million tokens.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RawPrice {
-    /// Input tokens.
-    pub input: Option<f64>,
-    /// Input tokens read from the provider's prompt cache; default `input`.
-    pub cached_input: Option<f64>,
-    /// Output tokens.
-    pub output: Option<f64>,
 }
 
 /// What a count is kept per.
@@ -271,24 +267,13 @@ impl Rule {
     }
 }
 
-/// Prices of one model, in billionths of the unit per token.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Price {
-    /// Per input token.
-    pub input: f64,
-    /// Per cached input token.
-    pub cached_input: f64,
-    /// Per output token.
-    pub output: f64,
-}
-
 /// The compiled section.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LimitsConfig {
     /// The rules; none: the section is off.
     pub rules: Vec<Rule>,
     /// Prices by model.
-    pub prices: BTreeMap<String, Price>,
+    pub prices: Prices,
     /// Where the rules are enforced.
     pub mode: Mode,
     /// The header a `shard` filter names the tenant in; every filter with
@@ -323,17 +308,18 @@ impl LimitsConfig {
         self.enabled() || self.mode == Mode::Shard
     }
 
-    /// The price of `model`: its own or the `*` entry.
-    pub fn price(&self, model: Option<&str>) -> Option<Price> {
-        model
-            .and_then(|m| self.prices.get(m))
-            .or_else(|| self.prices.get(ANY_MODEL))
-            .copied()
+    /// The price of `model`: its own, a prefix's, or the `*` entry.
+    pub fn price(&self, model: Option<&str>) -> Option<&Price> {
+        self.prices.get(model)
     }
 
     /// Compiles the section.
     pub fn compile(raw: RawLimitsConfig) -> Result<Self, ConfigError> {
-        let prices = compile_prices(PRICES.or(raw.prices))?;
+        let prices = pricing::config::compile(
+            PRICES.or(raw.prices),
+            CATALOG.or(raw.catalog),
+            raw.catalog_as_of.as_deref(),
+        )?;
         let rules = compile_rules(RULES.or(raw.rules), &prices)?;
         let shard_header = compile_shard_header(raw.shard_header)?;
         Ok(Self {
@@ -349,23 +335,8 @@ impl LimitsConfig {
     }
 }
 
-/// `prices`: each model's, per token.
-fn compile_prices(raw: BTreeMap<String, RawPrice>) -> Result<BTreeMap<String, Price>, ConfigError> {
-    // Inserted one by one, in the raw map's order: collecting into a map
-    // would compile a sort of the pairs into the module for nothing.
-    let mut prices = BTreeMap::new();
-    for (model, p) in raw {
-        let price = compile_price(&format!("prices.{model}"), &p)?;
-        prices.insert(model, price);
-    }
-    Ok(prices)
-}
-
 /// `rules`: at most [`MAX_RULES`], each named once.
-fn compile_rules(
-    raw: Vec<RawRule>,
-    prices: &BTreeMap<String, Price>,
-) -> Result<Vec<Rule>, ConfigError> {
+fn compile_rules(raw: Vec<RawRule>, prices: &Prices) -> Result<Vec<Rule>, ConfigError> {
     check::at_most("rules", &raw, MAX_RULES, "rules")?;
     let mut rules: Vec<Rule> = Vec::with_capacity(raw.len());
     for (i, r) in raw.into_iter().enumerate() {
@@ -406,36 +377,8 @@ fn header(field: &str, name: String) -> Result<String, ConfigError> {
     }
 }
 
-/// A price per million tokens as a price per token in nanos.
-fn per_token(field: &str, per_million: f64) -> Result<f64, ConfigError> {
-    if !(per_million.is_finite() && (0.0..=1e6).contains(&per_million)) {
-        return Err(ConfigError::new(
-            field,
-            format!("{per_million} is not a price per million tokens in [0, 1000000]"),
-        ));
-    }
-    Ok(per_million * NANOS_PER_UNIT / 1e6)
-}
-
-fn compile_price(field: &str, p: &RawPrice) -> Result<Price, ConfigError> {
-    let (Some(input), Some(output)) = (p.input, p.output) else {
-        return Err(ConfigError::new(
-            field,
-            "a price names `input` and `output`",
-        ));
-    };
-    Ok(Price {
-        input: per_token(&format!("{field}.input"), input)?,
-        cached_input: per_token(
-            &format!("{field}.cached_input"),
-            p.cached_input.unwrap_or(input),
-        )?,
-        output: per_token(&format!("{field}.output"), output)?,
-    })
-}
-
 /// One rule; errors name fields relative to it.
-fn compile_rule(r: RawRule, prices: &BTreeMap<String, Price>) -> Result<Rule, ConfigError> {
+fn compile_rule(r: RawRule, prices: &Prices) -> Result<Rule, ConfigError> {
     compile_name(&r.name)?;
     let by = compile_by(&r.by)?;
     let limits = compile_limits(&r)?;
@@ -547,16 +490,16 @@ fn cost_limit(name: &'static str, span: Span, max: f64) -> Result<Limit, ConfigE
 fn check_priced(
     limits: &[Limit],
     models: Option<&[String]>,
-    prices: &BTreeMap<String, Price>,
+    prices: &Prices,
 ) -> Result<(), ConfigError> {
-    if !limits.iter().any(|l| l.measure == Measure::Cost) || prices.contains_key(ANY_MODEL) {
+    if !limits.iter().any(|l| l.measure == Measure::Cost) || prices.prices_every_model() {
         return Ok(());
     }
     let unpriced = match models {
         None => Some("every model (add a `*` price)".to_string()),
         Some(ms) => ms
             .iter()
-            .find(|m| !prices.contains_key(m.as_str()))
+            .find(|m| prices.get(Some(m)).is_none())
             .map(|m| format!("{m:?}")),
     };
     match unpriced {
@@ -624,7 +567,7 @@ mod tests {
         assert!(!r.applies(Priority::P1, None));
         let p = c.price(Some("gpt-4o")).unwrap();
         assert!(
-            (p.output - 10_000.0).abs() < 1e-9,
+            (p.base.output - 10_000.0).abs() < 1e-9,
             "10 per million is 10 000 nanos a token"
         );
         assert_eq!(c.price(Some("other")), None);

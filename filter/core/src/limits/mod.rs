@@ -23,8 +23,8 @@ pub mod window;
 
 use sha2::{Digest, Sha256};
 
+use config::Limit;
 pub use config::{Dimension, LimitsConfig, Measure, Rule};
-use config::{Limit, Price};
 use store::{Decided, Place};
 
 use crate::host::{Metrics, SharedStore};
@@ -169,15 +169,18 @@ impl Need {
     }
 }
 
-/// The cost of `tokens` input (`cached` of them from the prompt cache) and
-/// `output` tokens at `price`, nanos.
-fn cost(price: Option<Price>, input: u64, cached: u64, output: u64) -> u64 {
-    let Some(p) = price else { return 0 };
-    let cached = cached.min(input);
-    let nanos = (input - cached) as f64 * p.input
-        + cached as f64 * p.cached_input
-        + output as f64 * p.output;
-    nanos.ceil().clamp(0.0, u64::MAX as f64) as u64
+/// The cost of `usage` at `model`'s price, nanos (0 unpriced).
+fn cost(cfg: &LimitsConfig, model: Option<&str>, usage: &Usage) -> u64 {
+    cfg.price(model).map_or(0, |p| p.cost(usage))
+}
+
+/// A usage of `prompt` input and `output` tokens, nothing cached.
+fn plain(prompt: u64, output: u64) -> Usage {
+    Usage {
+        prompt_tokens: prompt,
+        completion_tokens: output,
+        ..Usage::default()
+    }
 }
 
 /// What the call reserves: one request, its prompt and output cap, their cost.
@@ -186,7 +189,7 @@ fn need(cfg: &LimitsConfig, model: Option<&str>, prompt: u64, max_tokens: Option
     Need {
         requests: 1,
         tokens: prompt.saturating_add(output),
-        cost: cost(cfg.price(model), prompt, 0, output),
+        cost: cost(cfg, model, &plain(prompt, output)),
     }
 }
 
@@ -631,38 +634,41 @@ pub fn charge(
             ..Charge::default()
         };
     }
-    let price = cfg.price(model);
-    let (input, cached, output) = match ended.usage {
+    let usage = match ended.usage {
         Some(u) => {
-            let bounded = |n: u64| n.min(MAX_TOKENS_PER_CALL);
-            let (i, c, o) = (
-                bounded(u.prompt_tokens),
-                bounded(u.cached_tokens),
-                bounded(u.completion_tokens),
-            );
-            if (i, c, o) != (u.prompt_tokens, u.cached_tokens, u.completion_tokens) {
+            let bounded = bounded(u);
+            if bounded != u {
                 anomaly(metrics, "usage_clamped");
             }
-            (i, c, o)
+            bounded
         }
         None if ended.streamed && !ended.completed => {
             // Cut short: about a token per event was produced.
             anomaly(metrics, "stream_cut_short");
-            (
-                ended.prompt_tokens,
-                0,
-                ended.events.min(ended.reserved_output),
-            )
+            plain(ended.prompt_tokens, ended.events.min(ended.reserved_output))
         }
         None => {
             anomaly(metrics, "usage_unknown");
-            (ended.prompt_tokens, 0, ended.reserved_output)
+            plain(ended.prompt_tokens, ended.reserved_output)
         }
     };
     Charge {
         requests: 1,
-        tokens: input.saturating_add(output),
-        cost: cost(price, input, cached, output),
+        tokens: usage.prompt_tokens.saturating_add(usage.completion_tokens),
+        cost: cost(cfg, model, &usage),
+    }
+}
+
+/// `u` with each count at most [`MAX_TOKENS_PER_CALL`].
+fn bounded(u: Usage) -> Usage {
+    let b = |n: u64| n.min(MAX_TOKENS_PER_CALL);
+    Usage {
+        prompt_tokens: b(u.prompt_tokens),
+        completion_tokens: b(u.completion_tokens),
+        cached_tokens: b(u.cached_tokens),
+        cache_write_tokens: b(u.cache_write_tokens),
+        cache_write_1h_tokens: b(u.cache_write_1h_tokens),
+        reasoning_tokens: b(u.reasoning_tokens),
     }
 }
 

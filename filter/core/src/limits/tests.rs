@@ -192,6 +192,7 @@ fn cost_is_reserved_at_the_price_and_settled_with_the_cached_share() {
             prompt_tokens: 1000,
             completion_tokens: 100,
             cached_tokens: 800,
+            ..Usage::default()
         }),
         answered: true,
         streamed: false,
@@ -212,6 +213,45 @@ fn cost_is_reserved_at_the_price_and_settled_with_the_cached_share() {
     // The next UTC day starts again.
     let day = 86_400_000;
     admitted(admit(&s, &c, &mut m, &ask("a", 1000, 500, T0 + day)));
+}
+
+#[test]
+fn cost_is_settled_at_the_caches_write_rates_and_the_long_context() {
+    // Anthropic's Sonnet 4.5: writes at 1.25 and 2 times the input, reads at
+    // 0.1; all of a call past 200,000 prompt tokens at $6 / $22.50.
+    let c = cfg(
+        r#"{"prices":{"claude-sonnet-4-5*":{"input":3,"cached_input":0.3,"cache_write":3.75,"cache_write_1h":6,"output":15,
+              "long_context":{"above":200000,"input":6,"cached_input":0.6,"cache_write":7.5,"cache_write_1h":12,"output":22.5}}},
+            "rules":[{"name":"c","by":["tenant"],"models":["claude-sonnet-4-5-20250929"],"cost_per_day":100}]}"#,
+    );
+    let mut m = MemoryMetrics::default();
+    let ended = |usage| Ended {
+        usage: Some(usage),
+        answered: true,
+        streamed: false,
+        completed: true,
+        events: 0,
+        prompt_tokens: 0,
+        reserved_output: 0,
+    };
+    let written = Usage {
+        prompt_tokens: 100_000,
+        cached_tokens: 50_000,
+        cache_write_tokens: 30_000,
+        cache_write_1h_tokens: 10_000,
+        completion_tokens: 1_000,
+        ..Usage::default()
+    };
+    let model = Some("claude-sonnet-4-5-20250929");
+    // 20K × 3 + 50K × 0.3 + 20K × 3.75 + 10K × 6 + 1K × 15 per million.
+    let ch = charge(&c, &mut m, model, &ended(written));
+    assert_eq!(ch.cost, 225_000_000);
+    let long = Usage {
+        prompt_tokens: 250_000,
+        ..written
+    };
+    // 170K × 6 + 50K × 0.6 + 20K × 7.5 + 10K × 12 + 1K × 22.5.
+    assert_eq!(charge(&c, &mut m, model, &ended(long)).cost, 1_342_500_000);
 }
 
 #[test]
@@ -255,6 +295,7 @@ fn a_charge_is_mended_where_the_usage_cannot_be_trusted() {
             prompt_tokens: u64::MAX,
             completion_tokens: u64::MAX,
             cached_tokens: 0,
+            ..Usage::default()
         }),
         ..base
     };

@@ -35,6 +35,7 @@ fn try_on(cluster: Option<&str>, end: End, at_ms: u64, tokens: u64) -> Try<'_> {
             prompt_tokens: 1,
             completion_tokens: tokens,
             cached_tokens: 0,
+            ..Usage::default()
         }),
         ..Try::ended(end)
     }

@@ -94,6 +94,7 @@ fn count_tokens(m: &mut dyn Metrics, model: &str, cluster: &str, u: &Usage) {
     for (kind, n) in [
         ("input", u.prompt_tokens),
         ("cached_input", u.cached_tokens),
+        ("cache_creation_input", u.cache_write_tokens),
         ("output", u.completion_tokens),
     ] {
         if n > 0 {
@@ -211,6 +212,7 @@ mod tests {
                 prompt_tokens: 100,
                 completion_tokens: 7,
                 cached_tokens: 64,
+                ..Usage::default()
             }),
             ..Try::ended(End::Answered(200))
         };
@@ -229,6 +231,7 @@ mod tests {
                 prompt_tokens: 5,
                 completion_tokens: 1,
                 cached_tokens: 0,
+                ..Usage::default()
             }),
             ..Try::ended(End::Answered(200))
         };

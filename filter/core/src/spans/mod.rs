@@ -25,6 +25,7 @@ use std::collections::VecDeque;
 use crate::dialect::Dialect;
 use crate::host::Metrics;
 use crate::metrics as names;
+use crate::pricing::Price;
 use crate::summary::{CallSummary, End};
 use crate::trace_context::SpanIds;
 pub use capture::{Captured, Prompt};
@@ -63,6 +64,8 @@ pub struct Details<'a> {
     pub prompt: Option<&'a Prompt>,
     /// The completion, when captured (`tracing.capture.completion`).
     pub completion: Option<&'a Captured>,
+    /// The price of the call's model, when it has one.
+    pub price: Option<&'a Price>,
 }
 
 impl Details<'_> {
@@ -108,6 +111,18 @@ fn bounded(s: &str) -> &str {
         end -= 1;
     }
     s.get(..end).unwrap_or_default()
+}
+
+/// What the call cost, and what the provider's prompt cache saved on it
+/// (net of its writes' premium; `None` when it neither read nor wrote),
+/// in the price unit: when its model has a price and its answer a usage.
+fn spend(call: &CallSummary<'_>, details: &Details<'_>) -> Option<(f64, Option<f64>)> {
+    let (p, u) = (details.price?, call.served.usage.as_ref()?);
+    let unit = |nanos: u64| nanos as f64 / crate::limits::config::NANOS_PER_UNIT;
+    let e = p.cache_effect(u);
+    let cached = u.cached_tokens > 0 || u.cache_write_tokens > 0;
+    let saved = cached.then(|| unit(e.saved) - unit(e.premium));
+    Some((unit(p.cost(u)), saved))
 }
 
 /// The `error.type` of a call that failed, `None` for one that did not.
@@ -208,8 +223,17 @@ fn genai_attributes<'a>(
         let int = |n: u64| Value::Int(i64::try_from(n).unwrap_or(i64::MAX));
         a.push(("gen_ai.usage.input_tokens", int(u.prompt_tokens)));
         a.push(("gen_ai.usage.output_tokens", int(u.completion_tokens)));
-        if u.cached_tokens > 0 {
-            a.push(("gen_ai.usage.cache_read.input_tokens", int(u.cached_tokens)));
+        for (name, n) in [
+            ("gen_ai.usage.cache_read.input_tokens", u.cached_tokens),
+            (
+                "gen_ai.usage.cache_creation.input_tokens",
+                u.cache_write_tokens,
+            ),
+            ("gen_ai.usage.reasoning.output_tokens", u.reasoning_tokens),
+        ] {
+            if n > 0 {
+                a.push((name, int(n)));
+            }
         }
     }
     if let Some(c) = call.served.cluster {
@@ -233,6 +257,12 @@ fn decision_attributes<'a>(
     a.push(("llm_filter.api", Value::Str(call.api.api())));
     if let Some(c) = details.cache {
         a.push(("llm_filter.cache", Value::Str(c)));
+    }
+    if let Some((cost, saved)) = spend(call, details) {
+        a.push(("llm_filter.cost", Value::Double(cost)));
+        if let Some(saved) = saved {
+            a.push(("llm_filter.prompt_cache.saved", Value::Double(saved)));
+        }
     }
     if call.served.budget_ms > 0 {
         a.push((

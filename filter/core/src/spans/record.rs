@@ -6,7 +6,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{bounded, error_type, status, Details};
+use super::{bounded, error_type, spend, status, Details};
 use crate::summary::CallSummary;
 use crate::trace_context::{hex, SpanIds};
 
@@ -49,6 +49,12 @@ pub fn record(ids: Option<&SpanIds>, call: &CallSummary<'_>, details: &Details<'
         put("input_tokens", Value::from(u.prompt_tokens));
         put("output_tokens", Value::from(u.completion_tokens));
         put("cached_tokens", Value::from(u.cached_tokens));
+        put("cache_creation_tokens", Value::from(u.cache_write_tokens));
+        put("reasoning_tokens", Value::from(u.reasoning_tokens));
+    }
+    if let Some((cost, saved)) = spend(call, details) {
+        put("cost", Value::from(cost));
+        put("prompt_cache_saved", saved.into());
     }
     put("max_tokens", details.max_tokens.into());
     put("temperature", details.temperature.into());
@@ -108,6 +114,7 @@ mod tests {
                     prompt_tokens: 3,
                     completion_tokens: 2,
                     cached_tokens: 0,
+                    ..Usage::default()
                 }),
                 started_ms: 10,
                 ended_ms: 30,

@@ -33,6 +33,7 @@ fn a_span_carries_the_genai_attributes_and_the_filters_decisions() {
                 prompt_tokens: 12,
                 completion_tokens: 5,
                 cached_tokens: 4,
+                ..Usage::default()
             }),
             cluster: Some("openai"),
             attempts: Some(2),
@@ -99,6 +100,68 @@ fn a_span_carries_the_genai_attributes_and_the_filters_decisions() {
     assert!(contains(&span, b"error.type") && contains(&span, b"timeout"));
     assert!(contains(&span, b"anthropic"));
     assert!(span.len() < 3 * MAX_STRING_BYTES + 512, "{}", span.len());
+}
+
+#[test]
+fn a_priced_call_says_its_cost_and_the_caches_saving() {
+    let raw = serde_json::from_str(
+        r#"{"m": {"input": 3, "cached_input": 0.3, "cache_write": 3.75, "cache_write_1h": 6, "output": 15}}"#,
+    )
+    .unwrap();
+    let prices = crate::pricing::config::compile(raw, Default::default(), None).unwrap();
+    // Anthropic's usage: 1,000 plain, 10,000 read, 2,000 written for five
+    // minutes and 1,000 for an hour; 100 output, 40 of them thinking.
+    let call = CallSummary {
+        api: Dialect::Messages,
+        served: Try {
+            usage: Some(Usage {
+                prompt_tokens: 14_000,
+                cached_tokens: 10_000,
+                cache_write_tokens: 3_000,
+                cache_write_1h_tokens: 1_000,
+                completion_tokens: 100,
+                reasoning_tokens: 40,
+            }),
+            ..Try::ended(End::Answered(200))
+        },
+        ..CallSummary::ended(End::Answered(200))
+    };
+    let details = Details {
+        price: prices.get(Some("m")),
+        ..Details::default()
+    };
+    let span = encode(&ids(None), &call, &details);
+    for key in [
+        "gen_ai.usage.cache_read.input_tokens",
+        "gen_ai.usage.cache_creation.input_tokens",
+        "gen_ai.usage.reasoning.output_tokens",
+        "llm_filter.cost",
+        "llm_filter.prompt_cache.saved",
+    ] {
+        assert!(contains(&span, key.as_bytes()), "{key}");
+    }
+    let r: serde_json::Value =
+        serde_json::from_slice(&record::record(None, &call, &details)).unwrap();
+    // 1,000 × 3 + 10,000 × 0.3 + 2,000 × 3.75 + 1,000 × 6 + 100 × 15 per million.
+    let cost = r["cost"].as_f64().unwrap();
+    assert!((cost - 0.021).abs() < 1e-9, "{cost}");
+    // 10,000 × 2.70 saved, less 2,000 × 0.75 and 1,000 × 3 of premium.
+    let saved = r["prompt_cache_saved"].as_f64().unwrap();
+    assert!((saved - 0.0225).abs() < 1e-9, "{saved}");
+    assert_eq!(
+        (
+            r["cache_creation_tokens"].clone(),
+            r["reasoning_tokens"].clone()
+        ),
+        (3_000.into(), 40.into())
+    );
+    // Unpriced: no cost is said.
+    let unpriced = record::record(None, &call, &Details::default());
+    assert!(!contains(&unpriced, b"\"cost\""));
+    assert!(!contains(
+        &encode(&ids(None), &call, &Details::default()),
+        b"llm_filter.cost"
+    ));
 }
 
 #[test]

@@ -45,7 +45,8 @@ fn scans_a_stream_split_anywhere() {
             Some(Usage {
                 prompt_tokens: 9,
                 completion_tokens: 2,
-                cached_tokens: 0
+                cached_tokens: 0,
+                ..Usage::default()
             }),
             "split at {split}"
         );
@@ -386,7 +387,8 @@ fn a_responses_stream_gives_its_final_usage_and_its_id() {
             Some(Usage {
                 prompt_tokens: 12,
                 completion_tokens: 3,
-                cached_tokens: 8
+                cached_tokens: 8,
+                ..Usage::default()
             }),
             "split at {split}"
         );
@@ -414,7 +416,8 @@ fn a_messages_stream_adds_its_usage_up_over_its_events() {
             Some(Usage {
                 prompt_tokens: 10,
                 completion_tokens: 7,
-                cached_tokens: 6
+                cached_tokens: 6,
+                ..Usage::default()
             }),
             "split at {split}"
         );
@@ -524,6 +527,7 @@ fn a_state_takes_a_usage_in_as_the_calls_so_far() {
         prompt_tokens: p,
         completion_tokens: c,
         cached_tokens: k,
+        ..Usage::default()
     };
     let mut state = StreamState::default();
     state.update_usage(usage(4, 0, 6));

@@ -7,7 +7,7 @@ use crate::config::Config;
 use crate::metrics::internal_error;
 use crate::routing::hedge::HedgeResult;
 use crate::summary::{CallSummary, End, Try};
-use crate::{budget, dialect, load, observe, routing, spans};
+use crate::{budget, dialect, load, observe, pricing, routing, spans};
 
 use super::state::{Phase, Response};
 use super::{Call, Env, Host};
@@ -28,18 +28,21 @@ enum AtEnd {
     ResponseMemory,
     /// The limits' reservations settle.
     Limits,
+    /// What the provider's prompt cache saved, at the model's prices.
+    PromptCache,
     /// The model's in-flight count.
     Load,
 }
 
 /// The listeners at a call's end, in the order they hear it.
-const AT_END: [AtEnd; 7] = [
+const AT_END: [AtEnd; 8] = [
     AtEnd::Metrics,
     AtEnd::Span,
     AtEnd::Learn,
     AtEnd::Calibration,
     AtEnd::ResponseMemory,
     AtEnd::Limits,
+    AtEnd::PromptCache,
     AtEnd::Load,
 ];
 
@@ -67,6 +70,13 @@ impl Call {
             AtEnd::Calibration => self.calibrate(env, call),
             AtEnd::ResponseMemory => self.remember_response(env, call),
             AtEnd::Limits => self.settle_limits(env, call),
+            AtEnd::PromptCache => pricing::count_cache_effect(
+                env.metrics,
+                &env.config.limits.prices,
+                self.priced_model(),
+                call.model,
+                call.served.usage.as_ref(),
+            ),
             AtEnd::Load => {
                 // It leaves the in-flight count of the record it joined.
                 let started = self.dispatch.load_model.as_deref();
@@ -180,6 +190,7 @@ impl Call {
             tenant: self.request.tenant.as_deref(),
             hedge: self.decided.hedge.map(HedgeResult::as_str),
             guardrails: self.decided.guardrails.as_deref(),
+            price: config.limits.price(self.priced_model()),
         }
     }
 

@@ -193,9 +193,8 @@ impl Call {
             prompt_tokens: l.prompt_tokens,
             reserved_output: l.reserved_output,
         };
-        let model = self.dispatch.model.as_deref().or(self.model());
         let cfg = &env.config.limits;
-        let charge = limits::charge(cfg, env.metrics, model, &ended);
+        let charge = limits::charge(cfg, env.metrics, self.priced_model(), &ended);
         limits::settle(
             env.store,
             cfg,
@@ -204,6 +203,12 @@ impl Call {
             charge,
             env.now_ms,
         );
+    }
+
+    /// The model the call is priced as: the backend's name for it, else
+    /// the one it asked for.
+    pub(super) fn priced_model(&self) -> Option<&str> {
+        self.dispatch.model.as_deref().or(self.model())
     }
 
     /// The rate-limit headers of the call's tightest limits, in its

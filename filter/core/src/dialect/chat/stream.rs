@@ -210,7 +210,8 @@ pub(crate) mod tests {
             Some(Usage {
                 prompt_tokens: 2,
                 completion_tokens: 3,
-                cached_tokens: 0
+                cached_tokens: 0,
+                ..Usage::default()
             })
         );
         assert!(g.ended() && !g.finished());

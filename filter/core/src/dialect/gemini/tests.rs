@@ -17,6 +17,7 @@ fn counted(prompt: u64, completion: u64, cached: u64) -> Usage {
         prompt_tokens: prompt,
         completion_tokens: completion,
         cached_tokens: cached,
+        ..Usage::default()
     }
 }
 
@@ -341,7 +342,11 @@ fn usage_is_read_from_usage_metadata() {
     // As the API reports a thinking model's call: the thoughts are output.
     let real = json!({"promptTokenCount": 5, "candidatesTokenCount": 39, "totalTokenCount": 230,
         "promptTokensDetails": [{"modality": "TEXT", "tokenCount": 5}], "thoughtsTokenCount": 186});
-    assert_eq!(usage(&real), Some(counted(5, 225, 0)));
+    let thinking = Usage {
+        reasoning_tokens: 186,
+        ..counted(5, 225, 0)
+    };
+    assert_eq!(usage(&real), Some(thinking));
     let cached = json!({"promptTokenCount": 100, "cachedContentTokenCount": 80, "candidatesTokenCount": 7,
         "toolUsePromptTokenCount": 3});
     assert_eq!(
@@ -349,7 +354,8 @@ fn usage_is_read_from_usage_metadata() {
         Some(Usage {
             prompt_tokens: 103,
             completion_tokens: 7,
-            cached_tokens: 80
+            cached_tokens: 80,
+            ..Usage::default()
         })
     );
     assert_eq!(usage(&json!({})), Some(Usage::default()));
@@ -376,7 +382,8 @@ fn reads_a_whole_answer() {
         Some(Usage {
             prompt_tokens: 4,
             completion_tokens: 2,
-            cached_tokens: 1
+            cached_tokens: 1,
+            ..Usage::default()
         })
     );
     assert_eq!(a.id.as_deref(), Some("abc"));
@@ -419,7 +426,11 @@ fn a_stream_is_read_however_it_is_cut() {
         let (a, b) = bytes.split_at(split);
         let s = feed(&[a, b]);
         let g = s.grammar();
-        assert_eq!(g.usage(), Some(counted(5, 189, 4)), "split at {split}");
+        let thinking = Usage {
+            reasoning_tokens: 186,
+            ..counted(5, 189, 4)
+        };
+        assert_eq!(g.usage(), Some(thinking), "split at {split}");
         assert!(g.finished() && g.ended(), "split at {split}");
         assert_eq!(g.finish_reasons().as_strs(), ["STOP"]);
         assert_eq!(s.events(), 3);

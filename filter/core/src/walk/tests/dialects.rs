@@ -183,6 +183,67 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
 }
 
 #[test]
+fn a_messages_streams_cache_reads_and_writes_are_counted_with_their_saving() {
+    // Priced by the catalog alone: no rule, no model the configuration names.
+    let mut w = World::new(
+        r#"{"limits":{"catalog_as_of":"2026-12-03","catalog":{"claude-sonnet-4-5*":
+            {"input":3,"cached_input":0.3,"cache_write":3.75,"cache_write_1h":6,"output":15}}}}"#,
+    );
+    let mut host = FakeHost::post("/v1/messages").with_body(
+        r#"{"model":"claude-sonnet-4-5","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    let (mut call, _) = w.request(&mut host).unwrap();
+    // Anthropic's usage: reads and writes in message_start, split by how
+    // long the writes are kept; the output in message_delta.
+    let stream = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":50,\"cache_read_input_tokens\":10000,\"cache_creation_input_tokens\":3000,\"cache_creation\":{\"ephemeral_5m_input_tokens\":2000,\"ephemeral_1h_input_tokens\":1000},\"output_tokens\":1}}}\n\n\
+event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":4}}\n\n\
+event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+    let mut host = host.with_response(200, "text/event-stream", stream);
+    w.respond(&mut call, &mut host);
+    call.on_log(&mut w.env());
+    let tokens = |kind: &str| {
+        w.counter(&format!(
+            "gen_ai_client_token_usage_totalmodel=.=claude-sonnet-4-5;.;token_type=.={kind};.;api=.=messages;.;"
+        ))
+    };
+    assert_eq!(
+        (
+            tokens("input"),
+            tokens("cached_input"),
+            tokens("cache_creation_input")
+        ),
+        (13_050, 10_000, 3_000)
+    );
+    // 10,000 × $2.70 saved; 2,000 × $0.75 + 1,000 × $3 of premium, per
+    // million, in millionths.
+    assert_eq!(
+        w.counter("llm_filter_prompt_cache_saved_micros_totalmodel=.=claude-sonnet-4-5;.;"),
+        27_000
+    );
+    assert_eq!(
+        w.counter("llm_filter_prompt_cache_write_premium_micros_totalmodel=.=claude-sonnet-4-5;.;"),
+        4_500
+    );
+    // An unpriced model's cache is counted in tokens, not in money.
+    let mut host = FakeHost::post("/v1/messages").with_body(
+        r#"{"model":"claude-x","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    let (mut call, _) = w.request(&mut host).unwrap();
+    let answer = r#"{"type":"message","content":[],"stop_reason":"end_turn","usage":{"input_tokens":1,"cache_read_input_tokens":9,"output_tokens":1}}"#;
+    let mut host = host.with_response(200, "application/json", answer);
+    w.respond(&mut call, &mut host);
+    call.on_log(&mut w.env());
+    assert_eq!(
+        w.counter("gen_ai_client_token_usage_totalmodel=.=claude-x;.;token_type=.=cached_input;.;api=.=messages;.;"),
+        9
+    );
+    assert_eq!(
+        w.counter("llm_filter_prompt_cache_saved_micros_totalmodel=.=claude-x;.;"),
+        0
+    );
+}
+
+#[test]
 fn a_degraded_gemini_call_goes_on_the_fallback_models_path() {
     let mut w = World::new(
         r#"{"admin":{"token":"0123456789abcdef"},

@@ -28,6 +28,7 @@ fn want(p: u64, c: u64, cached: u64) -> Option<Usage> {
         prompt_tokens: p,
         completion_tokens: c,
         cached_tokens: cached,
+        ..Usage::default()
     })
 }
 
@@ -127,15 +128,55 @@ fn reads_each_dialects_usage() {
             Dialect::Responses,
             r#"{"object":"response","usage":{"input_tokens":10,"input_tokens_details":{"cached_tokens":4},"output_tokens":3,"output_tokens_details":{"reasoning_tokens":1},"total_tokens":13}}"#
         ),
-        want(10, 3, 4)
+        want(10, 3, 4).map(|w| Usage {
+            reasoning_tokens: 1,
+            ..w
+        })
+    );
+    assert_eq!(
+        u(
+            Dialect::Chat,
+            r#"{"usage":{"prompt_tokens":9,"completion_tokens":7,"completion_tokens_details":{"reasoning_tokens":5}}}"#
+        ),
+        want(9, 7, 0).map(|w| Usage {
+            reasoning_tokens: 5,
+            ..w
+        })
     );
     assert_eq!(
         u(
             Dialect::Messages,
             r#"{"type":"message","usage":{"input_tokens":2,"cache_read_input_tokens":7,"cache_creation_input_tokens":1,"output_tokens":5}}"#
         ),
-        want(10, 5, 7)
+        want(10, 5, 7).map(|w| Usage {
+            cache_write_tokens: 1,
+            ..w
+        })
     );
+    // The writes split by how long they are kept, as Anthropic reports them.
+    let split = r#"{"type":"message","usage":{"input_tokens":2,"cache_read_input_tokens":7,"cache_creation_input_tokens":30,"cache_creation":{"ephemeral_5m_input_tokens":10,"ephemeral_1h_input_tokens":20},"output_tokens":5}}"#;
+    assert_eq!(
+        of(Dialect::Messages, split.as_bytes()),
+        want(39, 5, 7).map(|w| Usage {
+            cache_write_tokens: 30,
+            cache_write_1h_tokens: 20,
+            ..w
+        })
+    );
+    // A breakdown alone still counts its writes; one of another type costs
+    // the usage, as any count of another type does.
+    let breakdown =
+        r#"{"usage":{"input_tokens":1,"cache_creation":{"ephemeral_1h_input_tokens":4}}}"#;
+    assert_eq!(
+        of(Dialect::Messages, breakdown.as_bytes()),
+        want(5, 0, 0).map(|w| Usage {
+            cache_write_tokens: 4,
+            cache_write_1h_tokens: 4,
+            ..w
+        })
+    );
+    let odd = r#"{"usage":{"input_tokens":1,"cache_creation":3}}"#;
+    assert_eq!(of(Dialect::Messages, odd.as_bytes()), None);
     assert_eq!(
         u(
             Dialect::Messages,
@@ -281,7 +322,13 @@ fn a_gemini_answer_is_read_from_usage_metadata_and_candidates() {
         "usageMetadata":{"promptTokenCount":10,"candidatesTokenCount":4,"cachedContentTokenCount":6,"thoughtsTokenCount":2},
         "responseId":"r","modelVersion":"g"}"#;
     let h = head(Dialect::Gemini, body);
-    assert_eq!(h.usage, want(10, 6, 6));
+    assert_eq!(
+        h.usage,
+        want(10, 6, 6).map(|w| Usage {
+            reasoning_tokens: 2,
+            ..w
+        })
+    );
     assert_eq!(h.finish_reasons(), ["STOP", "MAX_TOKENS"]);
     assert_eq!((h.id, h.model), (None, None));
     // Another dialect reads no usage there; a path of another shape reads
