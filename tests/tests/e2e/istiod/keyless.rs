@@ -27,8 +27,8 @@ use super::{
     skip_without_istiod, yaml_docs, Layout, Module, PortLock, GATEWAY_SERVICE_ACCOUNT, PROVIDER,
     PROVIDER_CLUSTER, SIDECAR,
 };
-use crate::support::secrets::never_saw;
 use crate::support;
+use crate::support::secrets::never_saw;
 
 const FILE: &str = "egress-keyless.yaml";
 /// Where the example mounts the Secret in the gateway's pod.
