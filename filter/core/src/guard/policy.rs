@@ -180,6 +180,53 @@ pub struct Guardrails {
     pub max_scan_bytes: usize,
 }
 
+impl Rule {
+    /// Rule `k` as written, its name none of `before`'s.
+    fn compile(k: usize, r: RawRule, before: &[Rule]) -> Result<Self, ConfigError> {
+        let field = |f: &str| format!("rules[{k}].{f}");
+        if !check::is_label(&r.name, 64) || before.iter().any(|o| o.name == r.name) {
+            return Err(ConfigError::new(
+                field("name"),
+                "a rule's name is 1 to 64 of `A-Za-z0-9_-`, each rule's its own",
+            ));
+        }
+        let mut detect = Set::NONE;
+        for (j, name) in r.detect.iter().enumerate() {
+            let group = match name.as_str() {
+                "secrets" => Set::SECRETS,
+                "personal" => Set::PERSONAL,
+                n => match DetectorId::from_name(n) {
+                    Some(id) => Set::NONE.with(id),
+                    None => {
+                        return Err(ConfigError::new(
+                            field(&format!("detect[{j}]")),
+                            format!("{n:?} is no built-in detector, `secrets` or `personal`"),
+                        ))
+                    }
+                },
+            };
+            detect = group.iter().fold(detect, Set::with);
+        }
+        if detect.is_empty() && r.globs.is_empty() && r.words.is_empty() {
+            return Err(ConfigError::new(
+                field("detect"),
+                "a rule names what it looks for: `detect`, `globs` or `words`",
+            ));
+        }
+        let action = match r.action.as_deref() {
+            None => Action::Block,
+            Some(a) => Action::parse(a)
+                .ok_or_else(|| ConfigError::new(field("action"), "is `block`, `mask` or `log`"))?,
+        };
+        Ok(Self {
+            name: r.name,
+            detect,
+            custom: (r.globs, r.words),
+            action,
+        })
+    }
+}
+
 /// Counts only: a deny-list may name what is not to be said.
 impl std::fmt::Debug for Rule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -216,69 +263,31 @@ impl Guardrails {
             Some(_) => return Err(ConfigError::new("rules", "is not a list of rules")),
         };
         check::at_most("rules", &written, super::MAX_RULES, "rules")?;
-        let mut rules = Vec::with_capacity(written.len());
-        let mut customs = Vec::new();
-        let mut custom_rule = Vec::new();
-        for (k, r) in written.iter().enumerate() {
-            let field = |f: &str| format!("rules[{k}].{f}");
-            if !check::is_label(&r.name, 64) || rules.iter().any(|o: &Rule| o.name == r.name) {
-                return Err(ConfigError::new(
-                    field("name"),
-                    "a rule's name is 1 to 64 of `A-Za-z0-9_-`, each rule's its own",
-                ));
-            }
-            let mut detect = Set::NONE;
-            for (j, name) in r.detect.iter().enumerate() {
-                detect = match name.as_str() {
-                    "secrets" => Set::SECRETS.iter().fold(detect, Set::with),
-                    "personal" => Set::PERSONAL.iter().fold(detect, Set::with),
-                    n => match DetectorId::from_name(n) {
-                        Some(id) => detect.with(id),
-                        None => {
-                            return Err(ConfigError::new(
-                                field(&format!("detect[{j}]")),
-                                format!("{n:?} is no built-in detector, `secrets` or `personal`"),
-                            ))
-                        }
-                    },
-                };
-            }
-            let (globs, words) = (r.globs.as_slice(), r.words.as_slice());
-            if detect.is_empty() && globs.is_empty() && words.is_empty() {
-                return Err(ConfigError::new(
-                    field("detect"),
-                    "a rule names what it looks for: `detect`, `globs` or `words`",
-                ));
-            }
-            let action = match r.action.as_deref() {
-                None => Action::Block,
-                Some(a) => Action::parse(a).ok_or_else(|| {
-                    ConfigError::new(field("action"), "is `block`, `mask` or `log`")
-                })?,
-            };
-            if !globs.is_empty() || !words.is_empty() {
-                customs.push((r.name.as_str(), globs, words));
-                custom_rule.push(k);
-            }
-            rules.push(Rule {
-                name: r.name.clone(),
-                detect,
-                custom: (globs.to_vec(), words.to_vec()),
-                action,
-            });
+        let mut rules: Vec<Rule> = Vec::with_capacity(written.len());
+        for (k, r) in written.into_iter().enumerate() {
+            let rule = Rule::compile(k, r, &rules)?;
+            rules.push(rule);
         }
-        let detectors = if rules.is_empty() {
-            None
-        } else {
-            let builtins = rules
-                .iter()
-                .flat_map(|r| r.detect.iter())
-                .fold(Set::NONE, Set::with);
-            let customs: Vec<Custom<'_>> = customs
-                .iter()
-                .map(|(name, globs, words)| Custom { name, globs, words })
-                .collect();
-            Some(Detectors::new(builtins, &customs)?)
+        let mut custom_rule = Vec::new();
+        let mut customs = Vec::new();
+        for (k, r) in rules.iter().enumerate() {
+            let (globs, words) = &r.custom;
+            if !globs.is_empty() || !words.is_empty() {
+                custom_rule.push(k);
+                customs.push(Custom {
+                    name: &r.name,
+                    globs,
+                    words,
+                });
+            }
+        }
+        let builtins = rules
+            .iter()
+            .flat_map(|r| r.detect.iter())
+            .fold(Set::NONE, Set::with);
+        let detectors = match rules.is_empty() {
+            true => None,
+            false => Some(Detectors::new(builtins, &customs)?),
         };
         let unchecked = match raw.unchecked.as_deref() {
             None => UNCHECKED.default,

@@ -75,6 +75,16 @@ impl Outputs {
         )
     }
 
+    /// The access log's records so far.
+    pub fn records(&self) -> String {
+        std::fs::read_to_string(&self.access_log).unwrap_or_default()
+    }
+
+    /// The spans received so far.
+    pub fn spans(&self) -> Vec<Value> {
+        self.receiver.spans()
+    }
+
     /// None of `secrets` is in Envoy's log, its stats, its config dump,
     /// the filter's state page, the access log (which must have records) or
     /// the spans (which must be some).
