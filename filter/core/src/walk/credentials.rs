@@ -5,6 +5,7 @@
 //! filters on that cluster put the key on; the filter never sees it.
 
 use crate::credentials;
+use crate::metrics::{self, CREDENTIAL_UNAVAILABLE, LLM_CLUSTER, UNKNOWN};
 
 use super::upstream::set_route_header;
 use super::{set_request, Call, Env, Host};
@@ -74,4 +75,12 @@ impl Call {
         }
         creds.cluster_for(cluster, self.request.tenant.as_deref())
     }
+}
+
+/// Counts a call the mesh's credential for `cluster` was missing or
+/// refused for.
+pub(super) fn credential_unavailable(env: &mut Env<'_>, cluster: Option<&str>) {
+    let labels = [(LLM_CLUSTER, cluster.unwrap_or(UNKNOWN))];
+    env.metrics
+        .counter(&metrics::name(CREDENTIAL_UNAVAILABLE, &labels), 1);
 }

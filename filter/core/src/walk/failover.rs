@@ -7,6 +7,7 @@
 use crate::budget;
 use crate::cache::entry::SSE_CONTENT_TYPE;
 use crate::cache::CacheStatus;
+use crate::dialect::answer::ReplyKind;
 use crate::host::{Random, SharedStore};
 use crate::metrics::internal_error;
 use crate::routing::failover::{self, FailoverResult};
@@ -16,6 +17,7 @@ use crate::routing::{self, affinity, RouteAsk, RouteDecision, RoutingConfig};
 use crate::summary::{End, Try};
 use crate::walk::CallWait;
 
+use super::credentials::credential_unavailable;
 use super::end::Served;
 use super::state::Response;
 use super::{Call, CalloutAnswer, Env, Host, Phase, Step};
@@ -314,6 +316,9 @@ impl Call {
             self.decided.hedge = Some(result);
             hedge::count(env.metrics, result);
         }
+        if let Some(step) = self.callout_without_credential(env, host, &answer) {
+            return step;
+        }
         match answer.status {
             Some(status) if self.reply_with(env, host, None, status, &answer) => {
                 self.progress.failed_over();
@@ -337,6 +342,26 @@ impl Call {
                 Step::Continue
             }
         }
+    }
+
+    /// A mesh-credentialed backend asked in place of another answered 401:
+    /// the mesh's credential for it is missing or refused, which is the
+    /// gateway's fault, not the caller's key (the call left without it).
+    /// The client gets the gateway's 503 in its API's shape, counted by
+    /// the backend, as the first try's 401 would have been.
+    fn callout_without_credential(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        answer: &CalloutAnswer,
+    ) -> Option<Step> {
+        let cluster = self.dispatch.cluster.clone();
+        if answer.status != Some(401) || !env.config.credentials.mesh(cluster.as_deref()) {
+            return None;
+        }
+        credential_unavailable(env, cluster.as_deref());
+        let r = budget::reply::local_reply(ReplyKind::NoCredential, None);
+        Some(self.reply_locally(env, host, r))
     }
 
     /// Answers the client with the other backend's answer, of `cluster`

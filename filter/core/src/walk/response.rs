@@ -9,13 +9,14 @@ use crate::budget::reply;
 use crate::cache::entry::SSE_CONTENT_TYPE;
 use crate::dialect::answer::ReplyKind;
 use crate::dialect::Dialect;
-use crate::metrics::{self, internal_error, CREDENTIAL_UNAVAILABLE, LLM_CLUSTER, UNKNOWN};
+use crate::metrics::internal_error;
 use crate::routing::failover;
 use crate::spans::capture;
 use crate::sse;
 use crate::summary::EnvoyReply;
 use crate::usage;
 
+use super::credentials::credential_unavailable;
 use super::state::{Answer, Fill, Response};
 use super::{set_response, BodyCopy, Call, Env, Host, Phase, Step};
 
@@ -42,11 +43,7 @@ impl Call {
             sse.keep_text(capture::transcript_bytes(&env.config.capture));
         }
         if response.envoy == Some(EnvoyReply::NoCredential) {
-            let cluster = self.dispatch.cluster.as_deref().unwrap_or(UNKNOWN);
-            env.metrics.counter(
-                &metrics::name(CREDENTIAL_UNAVAILABLE, &[(LLM_CLUSTER, cluster)]),
-                1,
-            );
+            credential_unavailable(env, self.dispatch.cluster.as_deref());
         }
         response.replacement = rewrite_envoy_reply(env, host, dialect, response.envoy);
         if self.decided.usage_asked {

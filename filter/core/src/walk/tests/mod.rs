@@ -636,6 +636,52 @@ fn a_failed_call_is_sent_to_the_other_backend_as_it_would_have_left() {
 }
 
 #[test]
+fn a_mesh_credentialed_backend_asked_in_place_of_another_that_answers_401_is_the_gateways_503() {
+    let config = TWO_BACKENDS.replacen(
+        "\"eject_after_failures\": 100\n  }",
+        "\"eject_after_failures\": 100\n  },\n  \"credentials\": {\"every_call\": true}",
+        1,
+    );
+    for (mesh, want) in [(true, 503), (false, 401)] {
+        let config = if mesh {
+            config.clone()
+        } else {
+            TWO_BACKENDS.to_string()
+        };
+        let mut w = World::new(&config);
+        let (mut call, mut host, _, _) = failed_over_from_b(&mut w);
+        let body = br#"{"error":{"message":"Invalid API key","type":"invalid_request_error"}}"#;
+        let answer = CalloutAnswer {
+            status: Some(401),
+            headers: vec![
+                (":status".into(), "401".into()),
+                ("content-type".into(), "application/json".into()),
+            ],
+            body: body.to_vec(),
+        };
+        assert_eq!(
+            call.answer_callout(&mut w.env(), &mut host, answer),
+            Step::Pause
+        );
+        let (status, _, sent) = host.local_reply.clone().unwrap();
+        assert_eq!(status, want, "mesh {mesh}");
+        let unavailable = w.counter("llm_filter_credential_unavailable_totalllm_cluster=.=a;.;");
+        if mesh {
+            let sent: serde_json::Value = serde_json::from_slice(&sent).unwrap();
+            assert_eq!(sent["error"]["code"], "llm_filter_credential_unavailable");
+            assert_eq!(unavailable, 1);
+        } else {
+            assert_eq!(
+                sent,
+                body.to_vec(),
+                "the provider's word on the client's key"
+            );
+            assert_eq!(unavailable, 0);
+        }
+    }
+}
+
+#[test]
 fn the_other_backends_answer_reaches_the_client_and_is_learnt() {
     let mut w = World::new(TWO_BACKENDS);
     let (mut call, mut host, _, _) = failed_over_from_b(&mut w);
