@@ -169,3 +169,33 @@ fn without_rules_nothing_is_read() {
     assert_eq!(run(&mut w, &mut host), Step::Continue);
     assert_eq!(host.local_reply, None);
 }
+
+#[test]
+fn every_dialects_prompt_is_read_where_it_keeps_it() {
+    let mut w = world("");
+    // Gemini: the contents' parts and the system instruction.
+    let body = serde_json::json!({
+        "systemInstruction": {"parts": [{"text": format!("reply to {MAIL}")}]},
+        "contents": [{"role": "user", "parts": [{"text": format!("and cc {MAIL}")}]}]});
+    let mut host = FakeHost::post("/v1beta/models/gemini-2.5-flash:generateContent")
+        .with_body(&body.to_string());
+    assert_eq!(run(&mut w, &mut host), Step::Continue);
+    let sent: serde_json::Value = serde_json::from_slice(&host.request_body).unwrap();
+    assert_eq!(
+        sent["systemInstruction"]["parts"][0]["text"],
+        "reply to [EMAIL_1]"
+    );
+    assert_eq!(sent["contents"][0]["parts"][0]["text"], "and cc [EMAIL_1]");
+    // Embeddings: the input.
+    let body = serde_json::json!({"model": "e", "input": ["x", format!("key {KEY}")]});
+    let mut host = FakeHost::post("/v1/embeddings").with_body(&body.to_string());
+    assert_eq!(run(&mut w, &mut host), Step::Pause);
+    assert_eq!(host.local_reply.as_ref().unwrap().0, 400);
+    // Responses: instructions and input items.
+    let body = serde_json::json!({"model": "gpt-4o", "instructions": format!("sign as {MAIL}"),
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]});
+    let mut host = FakeHost::post("/v1/responses").with_body(&body.to_string());
+    assert_eq!(run(&mut w, &mut host), Step::Continue);
+    let sent: serde_json::Value = serde_json::from_slice(&host.request_body).unwrap();
+    assert_eq!(sent["instructions"], "sign as [EMAIL_1]");
+}
