@@ -10,8 +10,6 @@
 
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use llm_filter_e2e::{
@@ -22,6 +20,7 @@ use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 
 use crate::support;
+use crate::support::load::{tally, Loops};
 use crate::support::secrets::{self, never_saw, Outputs};
 
 const ACCESS_KEY: &str = "AKIAMESHBEDROCK00001";
@@ -363,22 +362,14 @@ async fn a_rotated_aws_key_is_taken_up_with_no_call_failing() {
     const NEW_SECRET_KEY: &str = "mesh/Bedrock+ROTATED-secret-7pQ2";
     let gw = Gateway::start(false);
     let url = gw.envoy.url("/openai/v1/chat/completions");
-    let stop = Arc::new(AtomicBool::new(false));
-    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let mut loops = Vec::new();
-    for _ in 0..2 {
-        let (url, stop, ok, failed) = (url.clone(), stop.clone(), ok.clone(), failed.clone());
-        loops.push(tokio::spawn(async move {
-            while !stop.load(Ordering::SeqCst) {
-                let call = json!({"model": "gpt-oss-120b",
-                    "messages": [{"role": "user", "content": "rotate"}]});
-                match post_json(&url, &call, &[]).await {
-                    Ok(r) if r.status == 200 => ok.fetch_add(1, Ordering::SeqCst),
-                    _ => failed.fetch_add(1, Ordering::SeqCst),
-                };
-            }
-        }));
-    }
+    let loops = Loops::start(2, move |_| {
+        let url = url.clone();
+        async move {
+            let call = json!({"model": "gpt-oss-120b",
+                "messages": [{"role": "user", "content": "rotate"}]});
+            post_json(&url, &call, &[]).await.map(|r| r.status).ok()
+        }
+    });
     tokio::time::sleep(Duration::from_millis(500)).await;
     write_credentials(&gw.keys, NEW_ACCESS_KEY, NEW_SECRET_KEY);
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -391,10 +382,7 @@ async fn a_rotated_aws_key_is_taken_up_with_no_call_failing() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    stop.store(true, Ordering::SeqCst);
-    for l in loops {
-        l.await.unwrap();
-    }
+    let (ok, failed) = tally(&loops.stop().await, |s| *s == Some(200));
     // Every call a real Bedrock would have taken: each signature verifies
     // under the key it names, the old one before the rotation and the new
     // one after.
@@ -425,12 +413,10 @@ async fn a_rotated_aws_key_is_taken_up_with_no_call_failing() {
         }
     }
     eprintln!(
-        "aws key rotation: {} calls ok ({} signed by the old key, {} by the new), {} failed, {refused} signatures refused",
-        ok.load(Ordering::SeqCst),
+        "aws key rotation: {ok} calls ok ({} signed by the old key, {} by the new), {failed} failed, {refused} signatures refused",
         old.len(),
         new.len(),
-        failed.load(Ordering::SeqCst),
     );
-    assert_eq!(failed.load(Ordering::SeqCst), 0, "no call failed");
+    assert_eq!(failed, 0, "no call failed");
     assert_eq!(refused, 0, "every signature verifies under its key");
 }

@@ -7,8 +7,6 @@
 //! call, and no planted secret shows up anywhere the filter or Envoy writes.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use llm_filter_e2e::{
@@ -17,6 +15,7 @@ use llm_filter_e2e::{
 use serde_json::{json, Value};
 
 use crate::support;
+use crate::support::load::{tally, Loops};
 use crate::support::secrets::{never_saw, write_secret, Outputs};
 
 const OPENAI_KEY: &str = "sk-mesh-openai-PLANTED-1";
@@ -301,21 +300,13 @@ async fn a_rotated_secret_is_taken_up_with_no_call_failing() {
     const NEW_KEY: &str = "sk-mesh-openai-ROTATED-9";
     let mesh = Mesh::start(&[], &[]);
     let url = mesh.envoy.url("/v1/chat/completions");
-    let stop = Arc::new(AtomicBool::new(false));
-    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let mut loops = Vec::new();
-    for _ in 0..2 {
-        let (url, stop, ok, failed) = (url.clone(), stop.clone(), ok.clone(), failed.clone());
-        loops.push(tokio::spawn(async move {
-            while !stop.load(Ordering::SeqCst) {
-                let r = post_json(&url, &chat_body("gpt-4o-mini", "rotate"), &[]).await;
-                match r {
-                    Ok(r) if r.status == 200 => ok.fetch_add(1, Ordering::SeqCst),
-                    _ => failed.fetch_add(1, Ordering::SeqCst),
-                };
-            }
-        }));
-    }
+    let loops = Loops::start(2, move |_| {
+        let url = url.clone();
+        async move {
+            let r = post_json(&url, &chat_body("gpt-4o-mini", "rotate"), &[]).await;
+            r.map(|r| r.status).ok()
+        }
+    });
     tokio::time::sleep(Duration::from_millis(500)).await;
     // The provider takes both keys while the new one rolls out.
     mesh.openai.set_keys(Some(&[OPENAI_KEY, NEW_KEY]));
@@ -337,10 +328,7 @@ async fn a_rotated_secret_is_taken_up_with_no_call_failing() {
     mesh.openai.set_keys(Some(&[NEW_KEY]));
     mesh.openai.clear();
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    stop.store(true, Ordering::SeqCst);
-    for l in loops {
-        l.await.unwrap();
-    }
+    let (ok, failed) = tally(&loops.stop().await, |s| *s == Some(200));
     let after = mesh.openai.requests();
     assert!(
         after.len() > 5,
@@ -350,14 +338,6 @@ async fn a_rotated_secret_is_taken_up_with_no_call_failing() {
     for r in &after {
         assert_eq!(r.header("authorization"), Some(bearer.as_str()));
     }
-    eprintln!(
-        "rotation: {} calls ok, {} failed",
-        ok.load(Ordering::SeqCst),
-        failed.load(Ordering::SeqCst)
-    );
-    assert_eq!(
-        failed.load(Ordering::SeqCst),
-        0,
-        "no call failed across the rotation"
-    );
+    eprintln!("rotation: {ok} calls ok, {failed} failed");
+    assert_eq!(failed, 0, "no call failed across the rotation");
 }

@@ -9,8 +9,7 @@
 //! heals without a restart; the client secret and the tokens show up
 //! nowhere Envoy or the filter writes.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use llm_filter_e2e::{
@@ -20,6 +19,7 @@ use llm_filter_e2e::{
 use serde_json::json;
 
 use crate::support;
+use crate::support::load::{tally, Loops};
 use crate::support::secrets::{
     documented_options, documented_yaml, never_saw, write_secret, Outputs,
 };
@@ -278,31 +278,25 @@ async fn tokens_refreshed_under_load_fail_no_call() {
     let az = Arc::new(Azure::start(Some(CLIENT_SECRET), LIFE_S, |_| {}));
     az.until_served().await;
     az.provider.clear();
-    let (requests_before, stop) = (az.entra.requests(), Arc::new(AtomicBool::new(false)));
-    let failures = Arc::new(Mutex::new(Vec::new()));
-    let mut loops = Vec::new();
-    for stray in [None, Some(("api-key", "STRAY-under-load"))] {
-        let (az, stop, failures) = (az.clone(), stop.clone(), failures.clone());
-        loops.push(tokio::spawn(async move {
-            let mut ok = 0u64;
-            while !stop.load(Ordering::SeqCst) {
-                let r = az.call(stray.as_slice()).await;
-                if r.status == 200 {
-                    ok += 1;
-                } else {
-                    failures.lock().unwrap().push((r.status, r.text()));
-                }
-            }
-            ok
-        }));
-    }
+    let requests_before = az.entra.requests();
+    let caller = az.clone();
+    // One loop with no key, one with a stray key of its own.
+    let loops = Loops::start(2, move |i| {
+        let az = caller.clone();
+        async move {
+            let stray = [("api-key", "STRAY-under-load")];
+            let r = az.call(if i == 0 { &[] } else { &stray }).await;
+            (r.status, r.text())
+        }
+    });
     tokio::time::sleep(RUN).await;
-    stop.store(true, Ordering::SeqCst);
-    let mut ok = 0;
-    for l in loops {
-        ok += l.await.unwrap();
-    }
-    let failures = failures.lock().unwrap().clone();
+    let answers = loops.stop().await;
+    let ok = tally(&answers, |(status, _)| *status == 200).0;
+    let failures: Vec<_> = answers
+        .into_iter()
+        .map(|(_, answer)| answer)
+        .filter(|(status, _)| *status != 200)
+        .collect();
     let fetched = az.envoy.stat(FETCHED);
     let seen = az.provider.requests();
     let ledger = az.entra.ledger();
@@ -499,18 +493,11 @@ async fn a_token_endpoint_lost_mid_run_is_the_gateways_503_never_a_401() {
     for fault in ["down", "slow"] {
         az.until_served().await;
         az.provider.clear();
-        let stop = Arc::new(AtomicBool::new(false));
-        let answers = Arc::new(Mutex::new(Vec::new()));
-        let mut loops = Vec::new();
-        for _ in 0..2 {
-            let (az, stop, answers) = (az.clone(), stop.clone(), answers.clone());
-            loops.push(tokio::spawn(async move {
-                while !stop.load(Ordering::SeqCst) {
-                    let answer = Answer::of(&az.call(&[]).await);
-                    answers.lock().unwrap().push((Instant::now(), answer));
-                }
-            }));
-        }
+        let caller = az.clone();
+        let loops = Loops::start(2, move |_| {
+            let az = caller.clone();
+            async move { Answer::of(&az.call(&[]).await) }
+        });
         tokio::time::sleep(Duration::from_millis(300)).await;
         match fault {
             "down" => az.entra.set_down(true),
@@ -526,9 +513,8 @@ async fn a_token_endpoint_lost_mid_run_is_the_gateways_503_never_a_401() {
         // Until a call is served again, and a second after.
         let deadline = healed_at + DEADLINE;
         let served_again = loop {
-            let first = answers
-                .lock()
-                .unwrap()
+            let first = loops
+                .answers()
                 .iter()
                 .find(|(at, a)| *at > healed_at && *a == Answer::Served)
                 .map(|(at, _)| *at);
@@ -539,11 +525,7 @@ async fn a_token_endpoint_lost_mid_run_is_the_gateways_503_never_a_401() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
         tokio::time::sleep(Duration::from_secs(1)).await;
-        stop.store(true, Ordering::SeqCst);
-        for l in loops {
-            l.await.unwrap();
-        }
-        let answers = answers.lock().unwrap().clone();
+        let answers = loops.stop().await;
         let count = |want: &Answer| answers.iter().filter(|(_, a)| a == want).count();
         let other: Vec<_> = answers
             .iter()

@@ -6,6 +6,7 @@
 pub mod alerts;
 pub mod cache;
 mod harness;
+pub mod load;
 pub mod otlp;
 pub mod sdk;
 pub mod secrets;
