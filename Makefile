@@ -24,6 +24,15 @@ WASM_TARGET := wasm32-wasip1
 RAW_WASM    := target/$(WASM_TARGET)/wasm/llm_filter.wasm
 WASM        := target/llm_filter.wasm
 WASM_MAX_BYTES := 1160000
+# The sidecar build of the same source (`--no-default-features`: no cache,
+# routing, limits, guardrails, credentials, spans; filter/core/Cargo.toml),
+# for app sidecars in front of a gateway tier that runs the full one
+# (docs/deploy/istio.md, "Two builds"). Its own target dir, so neither build
+# undoes the other's, and its own ceiling.
+SIDECAR_DIR := target/sidecar
+RAW_SIDECAR_WASM := $(SIDECAR_DIR)/$(WASM_TARGET)/wasm/llm_filter.wasm
+SIDECAR_WASM := target/llm_filter_sidecar.wasm
+SIDECAR_WASM_MAX_BYTES := 880000
 WASM_OPT_FLAGS := -O1 --enable-bulk-memory --enable-sign-ext --enable-mutable-globals \
 	--enable-nontrapping-float-to-int --enable-multivalue --enable-reference-types
 NOOP_WASM   := target/$(WASM_TARGET)/release/llm_filter_noop.wasm
@@ -82,6 +91,7 @@ ISTIO_MODELS_VERSION := 1.24.2.1
 
 export ENVOY_BIN := $(abspath $(ENVOY))
 export LLM_FILTER_WASM := $(abspath $(WASM))
+export LLM_FILTER_SIDECAR_WASM := $(abspath $(SIDECAR_WASM))
 export LLM_FILTER_NOOP_WASM := $(abspath $(NOOP_WASM))
 export PILOT_DISCOVERY_BIN := $(abspath $(PILOT_DISCOVERY))
 export PILOT_AGENT_BIN := $(abspath $(PILOT_AGENT))
@@ -94,7 +104,7 @@ help:
 	@echo "make run    build, start the mock upstream and Envoy with the filter, print curls"
 	@echo "make test   unit tests and end-to-end tests through the real Envoy"
 	@echo "make test-envoys  a smoke subset of the end-to-end suite on Envoy $(ENVOY_MATRIX) (the Envoys of Istio 1.28-1.31)"
-	@echo "make build  release wasm at $(WASM)"
+	@echo "make build  release wasm at $(WASM) (full) and $(SIDECAR_WASM) (sidecar)"
 	@echo "make image  the module as an OCI image for Istio at $(IMAGE_ARCHIVE); make push IMAGE=<registry>/<name>:<tag>"
 	@echo "make lint   rustfmt check, clippy -D warnings (native and wasm)"
 	@echo "make audit  dependency licenses, bans and sources against deny.toml (cargo-deny)"
@@ -133,14 +143,23 @@ sdk: $(ENVOY)
 
 build: wasm-target tools-wasm-opt
 	$(CARGO) build --profile wasm --target $(WASM_TARGET) -p llm-filter
-	@$(MAKE) --no-print-directory $(WASM)
-	@ls -l $(WASM)
+	CARGO_TARGET_DIR=$(SIDECAR_DIR) $(CARGO) build --profile wasm --target $(WASM_TARGET) -p llm-filter --no-default-features
+	@$(MAKE) --no-print-directory $(WASM) $(SIDECAR_WASM)
+	@ls -l $(WASM) $(SIDECAR_WASM)
+
+# A module through wasm-opt, refused over its ceiling.
+define shrink
+	wasm-opt $(WASM_OPT_FLAGS) $< -o $@.tmp
+	@size=$$(stat -c %s $@.tmp); if [ $$size -gt $(1) ]; then \
+		echo "$@: $$size bytes, over the $(1)-byte ceiling"; rm -f $@.tmp; exit 1; fi
+	mv $@.tmp $@
+endef
 
 $(WASM): $(RAW_WASM)
-	wasm-opt $(WASM_OPT_FLAGS) $< -o $@.tmp
-	@size=$$(stat -c %s $@.tmp); if [ $$size -gt $(WASM_MAX_BYTES) ]; then \
-		echo "$@: $$size bytes, over the $(WASM_MAX_BYTES)-byte ceiling"; rm -f $@.tmp; exit 1; fi
-	mv $@.tmp $@
+	$(call shrink,$(WASM_MAX_BYTES))
+
+$(SIDECAR_WASM): $(RAW_SIDECAR_WASM)
+	$(call shrink,$(SIDECAR_WASM_MAX_BYTES))
 
 tools-wasm-opt:
 	@command -v wasm-opt >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends binaryen; }
@@ -250,6 +269,7 @@ lint: wasm-target
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p llm-filter-core -p llm-filter --target $(WASM_TARGET) -- -D warnings
+	$(CARGO) clippy -p llm-filter-core -p llm-filter --target $(WASM_TARGET) --no-default-features -- -D warnings
 	$(CARGO) clippy -p llm-filter --target $(WASM_TARGET) --features hostcall-census -- -D warnings
 
 # The dependency graph against deny.toml: licenses, banned or duplicated
