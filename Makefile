@@ -83,6 +83,8 @@ PROVIDER_PORT ?= 443
 # `code.remote`) can pull; `make push IMAGE=<registry>/<name>:<tag>` pushes it.
 IMAGE_TAG     ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 IMAGE_ARCHIVE := target/image/llm-filter.oci.tar
+# The sidecar build, tagged `<tag>-sidecar` (`make push` pushes both tags).
+SIDECAR_IMAGE_ARCHIVE := target/image/llm-filter-sidecar.oci.tar
 IMAGE         ?=
 PUSH_FLAGS    ?=
 # The Istio API as typed models (generated from its CRD schemas), to check
@@ -105,7 +107,7 @@ help:
 	@echo "make test   unit tests and end-to-end tests through the real Envoy"
 	@echo "make test-envoys  a smoke subset of the end-to-end suite on Envoy $(ENVOY_MATRIX) (the Envoys of Istio 1.28-1.31)"
 	@echo "make build  release wasm at $(WASM) (full) and $(SIDECAR_WASM) (sidecar)"
-	@echo "make image  the module as an OCI image for Istio at $(IMAGE_ARCHIVE); make push IMAGE=<registry>/<name>:<tag>"
+	@echo "make image  both modules as OCI images for Istio ($(IMAGE_ARCHIVE), $(SIDECAR_IMAGE_ARCHIVE)); make push IMAGE=<registry>/<name>:<tag> (and <tag>-sidecar)"
 	@echo "make lint   rustfmt check, clippy -D warnings (native and wasm)"
 	@echo "make audit  dependency licenses, bans and sources against deny.toml (cargo-deny)"
 	@echo "make fuzz   the parsers' property tests with $(FUZZ_CASES) cases each (a few minutes)"
@@ -179,8 +181,22 @@ fuzz:
 	PROPTEST_CASES=$(FUZZ_CASES) CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
 		$(CARGO) test --release -p llm-filter-core props
 
+# The suite's sidecar-relevant tests (priority, baggage, trace context,
+# budget, shedding, passthrough, the dialects' paths, the SDKs) a second time
+# on the sidecar build (about 35 s).
+SIDECAR_TESTS := priority:: baggage:: trace_context:: passthrough:: \
+	budget::caller_budget_becomes_the_timeout_the_upstream_sees \
+	budget::a_budget_spent_before_forwarding_is_answered_locally \
+	budget::breaker::a_timing_out_backend_drives_the_tiers \
+	degrade::a_threshold_on_the_load_raises_the_level \
+	metrics::requests_are_counted_by_priority_model_and_outcome \
+	sdk::chat_through_the_sdk sdk::a_stream_arrives_chunk_by_chunk_with_its_usage \
+	sdk::a_shed_call_is_the_sdks_status_error_retried_after_retry_after \
+	sdk_dialects::both_sdks_call_their_apis_through_the_filter
+
 e2e: build envoy tools-tls sdk tools-alertmanager tools-prometheus tools-istiod image
 	$(CARGO) test -p llm-filter-e2e -- --test-threads 2
+	LLM_FILTER_WASM=$(abspath $(SIDECAR_WASM)) $(CARGO) test -p llm-filter-e2e --test e2e -- --test-threads 2 $(SIDECAR_TESTS)
 
 examples: tools-promtool istio-models
 	promtool check rules examples/prometheus/llm-filter.rules.yaml
@@ -244,15 +260,21 @@ test-envoys: build tools-tls tools-istiod image $(foreach v,$(ENVOY_MATRIX),targ
 
 # The image (a few seconds): built, pushed to a private registry on loopback,
 # pulled back and unpacked as Istio's agent does.
+# Two images, one per build: the full module as `<tag>`, the sidecar module as
+# `<tag>-sidecar` (Istio's agent takes plugin.wasm from an image's last layer,
+# so each build is an image of its own, two tags of one repository).
 image: build tools-image
 	scripts/image.sh build $(WASM) $(IMAGE_ARCHIVE) $(IMAGE_TAG)
+	scripts/image.sh build $(SIDECAR_WASM) $(SIDECAR_IMAGE_ARCHIVE) $(IMAGE_TAG)-sidecar
 
 push: tools-image
-	@test -f $(IMAGE_ARCHIVE) || { echo "no image: run make image first"; exit 1; }
+	@test -f $(IMAGE_ARCHIVE) -a -f $(SIDECAR_IMAGE_ARCHIVE) || { echo "no image: run make image first"; exit 1; }
 	scripts/image.sh push $(IMAGE_ARCHIVE) "$(IMAGE)" $(PUSH_FLAGS)
+	scripts/image.sh push $(SIDECAR_IMAGE_ARCHIVE) "$(IMAGE)-sidecar" $(PUSH_FLAGS)
 
 image-test: image
 	scripts/image-roundtrip.sh $(WASM) $(IMAGE_ARCHIVE) $(IMAGE_TAG)
+	scripts/image-roundtrip.sh $(SIDECAR_WASM) $(SIDECAR_IMAGE_ARCHIVE) $(IMAGE_TAG)-sidecar
 
 tools-image:
 	@command -v umoci >/dev/null && command -v skopeo >/dev/null && command -v docker-registry >/dev/null \

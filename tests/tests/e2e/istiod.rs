@@ -13,6 +13,7 @@
 //! stats-tags.yaml's `extraStatTags` (Istio's own bootstrap code,
 //! tests/istio-bootstrap): no bootstrap override.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use llm_filter_core::metrics::{self, CACHE_LOOKUPS, REQUESTS, ROUTING_CALLS};
@@ -22,8 +23,9 @@ use llm_filter_e2e::istiod::{
 };
 use llm_filter_e2e::mock::HEADER_DELAY_MS;
 use llm_filter_e2e::{
-    chat_body, chat_stream_body, post_json, stats_tag_rules, stream_sse, temp_dir, wasm_path,
-    with_field, workspace_root, Envoy, EnvoyBuilder, MockConfig, MockUpstream, RecordedRequest,
+    chat_body, chat_stream_body, post_json, sidecar_wasm_path, stats_tag_rules, stream_sse,
+    temp_dir, wasm_path, with_field, workspace_root, Envoy, EnvoyBuilder, MockConfig, MockUpstream,
+    RecordedRequest,
 };
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -115,6 +117,17 @@ fn module() -> Module {
     }
 }
 
+/// The module a WasmPlugin's `url` names: the sidecar build for a
+/// `-sidecar` image, else the full one; with its sha256.
+fn module_of_url(url: &str, module: &Module) -> (PathBuf, String) {
+    if !url.ends_with("-sidecar") {
+        return (wasm_path(), module.sha256.clone());
+    }
+    let path = sidecar_wasm_path();
+    let bytes = std::fs::read(&path).expect("the sidecar module (make build)");
+    (path, hex(&Sha256::digest(&bytes)))
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -134,8 +147,10 @@ fn filled(file: &str, module: &Module, provider_port: u16) -> String {
             if doc["kind"] == "WasmPlugin" {
                 // istiod hands Envoy a local file for `file://` (an `oci://`
                 // image is the agent's to pull).
-                doc["spec"]["url"] = json!(format!("file://{}", wasm_path().display()));
-                doc["spec"]["sha256"] = json!(module.sha256);
+                let url = doc["spec"]["url"].as_str().unwrap_or_default();
+                let (path, sha256) = module_of_url(url, module);
+                doc["spec"]["url"] = json!(format!("file://{}", path.display()));
+                doc["spec"]["sha256"] = json!(sha256);
             }
             doc
         })
@@ -743,9 +758,10 @@ async fn istiod_translates_the_wasmplugin_for_the_labelled_sidecars() {
         .expect("the WasmPlugin's ECDS resource")
         .clone();
     let wasm = &ecds["typed_config"]["config"];
+    // wasmplugin.yaml names the sidecar build's image.
     assert_eq!(
         wasm["vm_config"]["code"]["local"]["filename"],
-        wasm_path().display().to_string(),
+        sidecar_wasm_path().display().to_string(),
         "{wasm}"
     );
     assert_eq!(wasm["failure_policy"], "FAIL_OPEN", "failStrategy: {wasm}");
