@@ -1222,6 +1222,38 @@ async fn istiod_sidecar_memory() {
     std::thread::sleep(Duration::from_secs(3));
     let idle_released = memory(&released);
 
+    // The sidecar build (wasmplugin.yaml, which names its image), beside a
+    // plain Envoy of the same istiod, idle after three calls.
+    drop((released, plain, istiod));
+    let istiod = istiod_with(
+        &bin,
+        &["provider.yaml", "wasmplugin.yaml"],
+        &module,
+        &provider,
+        false,
+    );
+    let plain = start_node(&plain_node, &istiod);
+    let sidecar = start_node(&node, &istiod);
+    wait_synced(&sidecar, &node, &istiod, &WASMPLUGIN_SIDECAR);
+    assert_without_the_filter(&plain, &plain_node, &istiod);
+    for i in 0..3 {
+        let r = post_json(
+            &url,
+            &chat_body("gpt-4o-mini", &format!("sidecar {i}")),
+            &host,
+        )
+        .await
+        .expect("call");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(
+            provider.last_request().expect("call").header("baggage"),
+            Some("priority=P1"),
+            "the sidecar build tagged the call"
+        );
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let sidecar_idle = (memory(&plain), memory(&sidecar));
+
     let mib = |k: u64| k as f64 / 1024.0;
     println!("sidecar memory, MiB (Envoy concurrency 2, Istio's stats config):");
     println!("| sidecar | RSS | PSS | memory_allocated | heap size |");
@@ -1234,6 +1266,14 @@ async fn istiod_sidecar_memory() {
         (
             "with the filter, after 3 calls, free memory released",
             idle_released,
+        ),
+        (
+            "without the filter (beside the sidecar build)",
+            sidecar_idle.0,
+        ),
+        (
+            "with the sidecar build (wasmplugin.yaml), after 3 calls",
+            sidecar_idle.1,
         ),
     ];
     for (what, [rss, pss, allocated, heap]) in rows {
@@ -1251,5 +1291,13 @@ async fn istiod_sidecar_memory() {
         mib(idle.1[0]) - mib(idle.0[0]),
         mib(filled.1[0]) - mib(filled.0[0]),
         mib(idle_released[0]) - mib(idle.0[0])
+    );
+    let over = |i: usize, (plain, filter): ([u64; 4], [u64; 4])| mib(filter[i]) - mib(plain[i]);
+    println!(
+        "over plain Envoy, idle: full build RSS {:+.1} MiB, PSS {:+.1} MiB; sidecar build RSS {:+.1} MiB, PSS {:+.1} MiB",
+        over(0, idle),
+        over(1, idle),
+        over(0, sidecar_idle),
+        over(1, sidecar_idle)
     );
 }
