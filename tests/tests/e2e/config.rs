@@ -153,18 +153,25 @@ fn a_part_the_sidecar_build_leaves_out_is_refused_naming_the_build() {
         "no sidecar module at {} (make build)",
         sidecar.display()
     );
+    // (configuration, the field named, what is not in the build)
     let cases = [
-        (json!({"cache": {"enabled": true}}), "cache"),
-        (json!({"routing": {}}), "routing"),
-        (json!({"limits": {}}), "limits"),
-        (json!({"guardrails": {}}), "guardrails"),
-        (json!({"credentials": {}}), "credentials"),
+        (json!({"cache": {"enabled": true}}), "cache", "`cache`"),
+        (json!({"routing": {}}), "routing", "`routing`"),
+        (json!({"limits": {}}), "limits", "`limits`"),
+        (json!({"guardrails": {}}), "guardrails", "`guardrails`"),
+        (json!({"credentials": {}}), "credentials", "`credentials`"),
         (
             json!({"tracing": {"otlp": {"cluster": "otlp"}}}),
             "tracing.otlp",
+            "`otlp`",
+        ),
+        (
+            json!({"degrade": {"levels": {"2": {"P2": ["shed"], "P1": ["cache"]}}}}),
+            "degrade.levels.2.P1[0]",
+            "the `cache` action",
         ),
     ];
-    for (config, field) in &cases {
+    for (config, field, what) in &cases {
         let error = match EnvoyBuilder::new()
             .wasm_path(&sidecar)
             .plugin_config(config)
@@ -181,12 +188,13 @@ fn a_part_the_sidecar_build_leaves_out_is_refused_naming_the_build() {
             .lines()
             .find(|l| l.contains("invalid configuration"))
             .unwrap_or_else(|| panic!("{config}: no configuration error logged:\n{error}"));
-        let want =
-            format!("`{field}` is not in the sidecar build of the module; use the full build");
+        let want = format!(
+            "at `{field}`: {what} is not in the sidecar build of the module; use the full build"
+        );
         assert!(line.contains(&want), "{config}: {want:?} not in {line}");
     }
     // The full build loads what the sidecar build refuses.
-    let (config, _) = &cases[0];
+    let (config, _, _) = &cases[0];
     EnvoyBuilder::new()
         .wasm_path(wasm_path())
         .plugin_config(config)

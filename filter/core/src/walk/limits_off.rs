@@ -4,6 +4,7 @@
 
 use std::ops::ControlFlow;
 
+use crate::limits::{Refused, Switch};
 use crate::summary::CallSummary;
 
 use super::{Call, Env, Flow, HeldBody, Host};
@@ -21,6 +22,21 @@ impl Call {
 
     /// No shard header: no replica counts the tenant.
     pub(super) fn name_tenant(&self, _env: &mut Env<'_>, _host: &mut dyn Host) {}
+
+    /// A move to another model is held by no rule.
+    pub(super) fn limit_move(&mut self, _env: &mut Env<'_>, _model: &str) -> Option<Switch> {
+        None
+    }
+
+    /// Never called: no rule refuses a move.
+    pub(super) fn refuse_move(
+        &mut self,
+        _env: &mut Env<'_>,
+        _host: &mut dyn Host,
+        _r: &Refused,
+    ) -> bool {
+        false
+    }
 
     /// Nothing reserved, nothing to settle.
     pub(super) fn settle_limits(&self, _env: &mut Env<'_>, _call: &CallSummary<'_>) {}
