@@ -432,8 +432,9 @@ bench-tail: build envoy
 
 # What a sidecar costs: Envoy's RSS, PSS and allocator with and without the
 # filter, and with its cache full, in the sidecar layout the real istiod
-# generates from the examples (e2e istiod::istiod_sidecar_memory, ignored by
-# `make test`; half a minute). The numbers: docs/deploy/istio.md.
+# generates from the examples, then the sidecar build (wasmplugin.yaml) beside
+# a plain Envoy (e2e istiod::istiod_sidecar_memory, ignored by `make test`;
+# half a minute). The numbers: docs/deploy/istio.md, docs/bench.md.
 bench-sidecar-memory: build envoy tools-istiod
 	$(CARGO) test -p llm-filter-e2e -- --ignored --exact istiod::istiod_sidecar_memory --nocapture
 
