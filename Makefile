@@ -24,6 +24,15 @@ WASM_TARGET := wasm32-wasip1
 RAW_WASM    := target/$(WASM_TARGET)/wasm/llm_filter.wasm
 WASM        := target/llm_filter.wasm
 WASM_MAX_BYTES := 1160000
+# The sidecar build of the same source (`--no-default-features`: no cache,
+# routing, limits, guardrails, credentials, spans; filter/core/Cargo.toml),
+# for app sidecars in front of a gateway tier that runs the full one
+# (docs/deploy/istio.md, "Two builds"). Its own target dir, so neither build
+# undoes the other's, and its own ceiling.
+SIDECAR_DIR := target/sidecar
+RAW_SIDECAR_WASM := $(SIDECAR_DIR)/$(WASM_TARGET)/wasm/llm_filter.wasm
+SIDECAR_WASM := target/llm_filter_sidecar.wasm
+SIDECAR_WASM_MAX_BYTES := 880000
 WASM_OPT_FLAGS := -O1 --enable-bulk-memory --enable-sign-ext --enable-mutable-globals \
 	--enable-nontrapping-float-to-int --enable-multivalue --enable-reference-types
 NOOP_WASM   := target/$(WASM_TARGET)/release/llm_filter_noop.wasm
@@ -74,6 +83,8 @@ PROVIDER_PORT ?= 443
 # `code.remote`) can pull; `make push IMAGE=<registry>/<name>:<tag>` pushes it.
 IMAGE_TAG     ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 IMAGE_ARCHIVE := target/image/llm-filter.oci.tar
+# The sidecar build, tagged `<tag>-sidecar` (`make push` pushes both tags).
+SIDECAR_IMAGE_ARCHIVE := target/image/llm-filter-sidecar.oci.tar
 IMAGE         ?=
 PUSH_FLAGS    ?=
 # The Istio API as typed models (generated from its CRD schemas), to check
@@ -82,6 +93,7 @@ ISTIO_MODELS_VERSION := 1.24.2.1
 
 export ENVOY_BIN := $(abspath $(ENVOY))
 export LLM_FILTER_WASM := $(abspath $(WASM))
+export LLM_FILTER_SIDECAR_WASM := $(abspath $(SIDECAR_WASM))
 export LLM_FILTER_NOOP_WASM := $(abspath $(NOOP_WASM))
 export PILOT_DISCOVERY_BIN := $(abspath $(PILOT_DISCOVERY))
 export PILOT_AGENT_BIN := $(abspath $(PILOT_AGENT))
@@ -94,8 +106,8 @@ help:
 	@echo "make run    build, start the mock upstream and Envoy with the filter, print curls"
 	@echo "make test   unit tests and end-to-end tests through the real Envoy"
 	@echo "make test-envoys  a smoke subset of the end-to-end suite on Envoy $(ENVOY_MATRIX) (the Envoys of Istio 1.28-1.31)"
-	@echo "make build  release wasm at $(WASM)"
-	@echo "make image  the module as an OCI image for Istio at $(IMAGE_ARCHIVE); make push IMAGE=<registry>/<name>:<tag>"
+	@echo "make build  release wasm at $(WASM) (full) and $(SIDECAR_WASM) (sidecar)"
+	@echo "make image  both modules as OCI images for Istio ($(IMAGE_ARCHIVE), $(SIDECAR_IMAGE_ARCHIVE)); make push IMAGE=<registry>/<name>:<tag> (and <tag>-sidecar)"
 	@echo "make lint   rustfmt check, clippy -D warnings (native and wasm)"
 	@echo "make audit  dependency licenses, bans and sources against deny.toml (cargo-deny)"
 	@echo "make fuzz   the parsers' property tests with $(FUZZ_CASES) cases each (a few minutes)"
@@ -133,14 +145,23 @@ sdk: $(ENVOY)
 
 build: wasm-target tools-wasm-opt
 	$(CARGO) build --profile wasm --target $(WASM_TARGET) -p llm-filter
-	@$(MAKE) --no-print-directory $(WASM)
-	@ls -l $(WASM)
+	CARGO_TARGET_DIR=$(SIDECAR_DIR) $(CARGO) build --profile wasm --target $(WASM_TARGET) -p llm-filter --no-default-features
+	@$(MAKE) --no-print-directory $(WASM) $(SIDECAR_WASM)
+	@ls -l $(WASM) $(SIDECAR_WASM)
+
+# A module through wasm-opt, refused over its ceiling.
+define shrink
+	wasm-opt $(WASM_OPT_FLAGS) $< -o $@.tmp
+	@size=$$(stat -c %s $@.tmp); if [ $$size -gt $(1) ]; then \
+		echo "$@: $$size bytes, over the $(1)-byte ceiling"; rm -f $@.tmp; exit 1; fi
+	mv $@.tmp $@
+endef
 
 $(WASM): $(RAW_WASM)
-	wasm-opt $(WASM_OPT_FLAGS) $< -o $@.tmp
-	@size=$$(stat -c %s $@.tmp); if [ $$size -gt $(WASM_MAX_BYTES) ]; then \
-		echo "$@: $$size bytes, over the $(WASM_MAX_BYTES)-byte ceiling"; rm -f $@.tmp; exit 1; fi
-	mv $@.tmp $@
+	$(call shrink,$(WASM_MAX_BYTES))
+
+$(SIDECAR_WASM): $(RAW_SIDECAR_WASM)
+	$(call shrink,$(SIDECAR_WASM_MAX_BYTES))
 
 tools-wasm-opt:
 	@command -v wasm-opt >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends binaryen; }
@@ -160,8 +181,22 @@ fuzz:
 	PROPTEST_CASES=$(FUZZ_CASES) CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
 		$(CARGO) test --release -p llm-filter-core props
 
+# The suite's sidecar-relevant tests (priority, baggage, trace context,
+# budget, shedding, passthrough, the dialects' paths, the SDKs) a second time
+# on the sidecar build (about 35 s).
+SIDECAR_TESTS := priority:: baggage:: trace_context:: passthrough:: \
+	budget::caller_budget_becomes_the_timeout_the_upstream_sees \
+	budget::a_budget_spent_before_forwarding_is_answered_locally \
+	budget::breaker::a_timing_out_backend_drives_the_tiers \
+	degrade::a_threshold_on_the_load_raises_the_level \
+	metrics::requests_are_counted_by_priority_model_and_outcome \
+	sdk::chat_through_the_sdk sdk::a_stream_arrives_chunk_by_chunk_with_its_usage \
+	sdk::a_shed_call_is_the_sdks_status_error_retried_after_retry_after \
+	sdk_dialects::both_sdks_call_their_apis_through_the_filter
+
 e2e: build envoy tools-tls sdk tools-alertmanager tools-prometheus tools-istiod image
 	$(CARGO) test -p llm-filter-e2e -- --test-threads 2
+	LLM_FILTER_WASM=$(abspath $(SIDECAR_WASM)) $(CARGO) test -p llm-filter-e2e --test e2e -- --test-threads 2 $(SIDECAR_TESTS)
 
 examples: tools-promtool istio-models
 	promtool check rules examples/prometheus/llm-filter.rules.yaml
@@ -225,15 +260,21 @@ test-envoys: build tools-tls tools-istiod image $(foreach v,$(ENVOY_MATRIX),targ
 
 # The image (a few seconds): built, pushed to a private registry on loopback,
 # pulled back and unpacked as Istio's agent does.
+# Two images, one per build: the full module as `<tag>`, the sidecar module as
+# `<tag>-sidecar` (Istio's agent takes plugin.wasm from an image's last layer,
+# so each build is an image of its own, two tags of one repository).
 image: build tools-image
 	scripts/image.sh build $(WASM) $(IMAGE_ARCHIVE) $(IMAGE_TAG)
+	scripts/image.sh build $(SIDECAR_WASM) $(SIDECAR_IMAGE_ARCHIVE) $(IMAGE_TAG)-sidecar
 
 push: tools-image
-	@test -f $(IMAGE_ARCHIVE) || { echo "no image: run make image first"; exit 1; }
+	@test -f $(IMAGE_ARCHIVE) -a -f $(SIDECAR_IMAGE_ARCHIVE) || { echo "no image: run make image first"; exit 1; }
 	scripts/image.sh push $(IMAGE_ARCHIVE) "$(IMAGE)" $(PUSH_FLAGS)
+	scripts/image.sh push $(SIDECAR_IMAGE_ARCHIVE) "$(IMAGE)-sidecar" $(PUSH_FLAGS)
 
 image-test: image
 	scripts/image-roundtrip.sh $(WASM) $(IMAGE_ARCHIVE) $(IMAGE_TAG)
+	scripts/image-roundtrip.sh $(SIDECAR_WASM) $(SIDECAR_IMAGE_ARCHIVE) $(IMAGE_TAG)-sidecar
 
 tools-image:
 	@command -v umoci >/dev/null && command -v skopeo >/dev/null && command -v docker-registry >/dev/null \
@@ -250,6 +291,7 @@ lint: wasm-target
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p llm-filter-core -p llm-filter --target $(WASM_TARGET) -- -D warnings
+	$(CARGO) clippy -p llm-filter-core -p llm-filter --target $(WASM_TARGET) --no-default-features -- -D warnings
 	$(CARGO) clippy -p llm-filter --target $(WASM_TARGET) --features hostcall-census -- -D warnings
 
 # The dependency graph against deny.toml: licenses, banned or duplicated
@@ -390,8 +432,9 @@ bench-tail: build envoy
 
 # What a sidecar costs: Envoy's RSS, PSS and allocator with and without the
 # filter, and with its cache full, in the sidecar layout the real istiod
-# generates from the examples (e2e istiod::istiod_sidecar_memory, ignored by
-# `make test`; half a minute). The numbers: docs/deploy/istio.md.
+# generates from the examples, then the sidecar build (wasmplugin.yaml) beside
+# a plain Envoy (e2e istiod::istiod_sidecar_memory, ignored by `make test`;
+# half a minute). The numbers: docs/deploy/istio.md, docs/bench.md.
 bench-sidecar-memory: build envoy tools-istiod
 	$(CARGO) test -p llm-filter-e2e -- --ignored --exact istiod::istiod_sidecar_memory --nocapture
 

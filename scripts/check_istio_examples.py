@@ -102,10 +102,32 @@ def check_bootstrap_override(doc):
             for key in bootstrap if key not in unset_by_istio]
 
 
+# What the sidecar build of the module (an image tagged `-sidecar`) leaves
+# out and refuses to be configured with (filter/core/src/build.rs, `PARTS`):
+# a manifest loading it must name none of these.
+NOT_IN_SIDECAR = ["cache", "routing", "limits", "guardrails", "credentials",
+                  "tracing.otlp", "tracing.capture"]
+
+
+def sidecar_misfits(image, config):
+    """The parts `config` names that the sidecar build `image` would refuse."""
+    if not image.endswith("-sidecar"):
+        return []
+    found = []
+    for path in NOT_IN_SIDECAR:
+        at = config
+        for key in path.split("."):
+            at = at.get(key) if isinstance(at, dict) else None
+        if at is not None:
+            found.append(f"names `{path}`, which the sidecar build ({image}) refuses: use the full image")
+    return found
+
+
 def check_wasmplugin(spec):
     problems = []
     if not spec.get("url", "").startswith("oci://"):
         problems.append("url is not an oci:// image")
+    problems.extend(sidecar_misfits(spec.get("url", ""), spec.get("pluginConfig") or {}))
     if not SHA256.match(spec.get("sha256", "")):
         problems.append("no sha256 (the image manifest's digest)")
     if spec.get("failStrategy") != "FAIL_OPEN":
@@ -255,7 +277,8 @@ def check_envoyfilter(spec, namespace):
                 problems.append(f"configPatches[{i}]: the filter does not fail open")
             if config.get("allow_on_headers_stop_iteration") is not True:
                 problems.append(f"configPatches[{i}]: no allow_on_headers_stop_iteration")
-            json.loads((config.get("configuration") or {}).get("value", "{}"))
+            plugin = json.loads((config.get("configuration") or {}).get("value", "{}"))
+            problems.extend(f"configPatches[{i}]: {p}" for p in sidecar_misfits(uri, plugin))
         if patch.get("applyTo") == "HTTP_FILTER" and "typed_config" in value:
             if value["typed_config"].get("@type") == WASM_TYPE:
                 problems.append(f"configPatches[{i}]: a Wasm filter inline, not by ECDS")

@@ -92,10 +92,20 @@ pub fn envoy_bin() -> PathBuf {
 }
 
 /// The filter module: `LLM_FILTER_WASM`, else the release build under the workspace root.
+/// `make test` runs the suite's sidecar-relevant tests a second time with
+/// this set to the sidecar build.
 pub fn wasm_path() -> PathBuf {
     std::env::var_os("LLM_FILTER_WASM")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target/llm_filter.wasm"))
+}
+
+/// The sidecar build of the module (`make build`): `LLM_FILTER_SIDECAR_WASM`,
+/// else its place under the workspace root.
+pub fn sidecar_wasm_path() -> PathBuf {
+    std::env::var_os("LLM_FILTER_SIDECAR_WASM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/llm_filter_sidecar.wasm"))
 }
 
 /// Whether the Envoy binary exists (see [`crate::skip_without_envoy`]).

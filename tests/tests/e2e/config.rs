@@ -5,7 +5,8 @@
 //! reaches Envoy.
 
 use llm_filter_e2e::{
-    chat_body, post_json, skip_without_envoy, unique, EnvoyBuilder, MockConfig, MockUpstream,
+    chat_body, post_json, sidecar_wasm_path, skip_without_envoy, unique, wasm_path, EnvoyBuilder,
+    MockConfig, MockUpstream,
 };
 use serde_json::json;
 
@@ -136,4 +137,68 @@ fn invalid_configs_are_refused_naming_field_and_value() {
             "{config}: value {value:?} not in {line}"
         );
     }
+}
+
+/// The sidecar build refuses a configuration naming a part it does not
+/// have — naming the field and the build — rather than running without it;
+/// the full build loads the same document.
+#[test]
+fn a_part_the_sidecar_build_leaves_out_is_refused_naming_the_build() {
+    if skip_without_envoy("a_part_the_sidecar_build_leaves_out_is_refused_naming_the_build") {
+        return;
+    }
+    let sidecar = sidecar_wasm_path();
+    assert!(
+        sidecar.is_file(),
+        "no sidecar module at {} (make build)",
+        sidecar.display()
+    );
+    // (configuration, the field named, what is not in the build)
+    let cases = [
+        (json!({"cache": {"enabled": true}}), "cache", "`cache`"),
+        (json!({"routing": {}}), "routing", "`routing`"),
+        (json!({"limits": {}}), "limits", "`limits`"),
+        (json!({"guardrails": {}}), "guardrails", "`guardrails`"),
+        (json!({"credentials": {}}), "credentials", "`credentials`"),
+        (
+            json!({"tracing": {"otlp": {"cluster": "otlp"}}}),
+            "tracing.otlp",
+            "`otlp`",
+        ),
+        (
+            json!({"degrade": {"levels": {"2": {"P2": ["shed"], "P1": ["cache"]}}}}),
+            "degrade.levels.2.P1[0]",
+            "the `cache` action",
+        ),
+    ];
+    for (config, field, what) in &cases {
+        let error = match EnvoyBuilder::new()
+            .wasm_path(&sidecar)
+            .plugin_config(config)
+            .upstream("unused", 9)
+            .start()
+        {
+            Ok(envoy) => panic!(
+                "{config}: the sidecar build accepted it\n{}",
+                envoy.log_tail(20)
+            ),
+            Err(e) => format!("{e:#}"),
+        };
+        let line = error
+            .lines()
+            .find(|l| l.contains("invalid configuration"))
+            .unwrap_or_else(|| panic!("{config}: no configuration error logged:\n{error}"));
+        let want = format!(
+            "at `{field}`: {what} is not in the sidecar build of the module; use the full build"
+        );
+        assert!(line.contains(&want), "{config}: {want:?} not in {line}");
+    }
+    // The full build loads what the sidecar build refuses.
+    let (config, _, _) = &cases[0];
+    EnvoyBuilder::new()
+        .wasm_path(wasm_path())
+        .plugin_config(config)
+        .upstream("unused", 9)
+        .start()
+        .unwrap_or_else(|e| panic!("{config}: the full build must load it: {e:#}"));
 }

@@ -13,6 +13,7 @@
 //! stats-tags.yaml's `extraStatTags` (Istio's own bootstrap code,
 //! tests/istio-bootstrap): no bootstrap override.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use llm_filter_core::metrics::{self, CACHE_LOOKUPS, REQUESTS, ROUTING_CALLS};
@@ -22,8 +23,9 @@ use llm_filter_e2e::istiod::{
 };
 use llm_filter_e2e::mock::HEADER_DELAY_MS;
 use llm_filter_e2e::{
-    chat_body, chat_stream_body, post_json, stats_tag_rules, stream_sse, temp_dir, wasm_path,
-    with_field, workspace_root, Envoy, EnvoyBuilder, MockConfig, MockUpstream, RecordedRequest,
+    chat_body, chat_stream_body, post_json, sidecar_wasm_path, stats_tag_rules, stream_sse,
+    temp_dir, wasm_path, with_field, workspace_root, Envoy, EnvoyBuilder, MockConfig, MockUpstream,
+    RecordedRequest,
 };
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -115,6 +117,17 @@ fn module() -> Module {
     }
 }
 
+/// The module a WasmPlugin's `url` names: the sidecar build for a
+/// `-sidecar` image, else the full one; with its sha256.
+fn module_of_url(url: &str, module: &Module) -> (PathBuf, String) {
+    if !url.ends_with("-sidecar") {
+        return (wasm_path(), module.sha256.clone());
+    }
+    let path = sidecar_wasm_path();
+    let bytes = std::fs::read(&path).expect("the sidecar module (make build)");
+    (path, hex(&Sha256::digest(&bytes)))
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -134,8 +147,10 @@ fn filled(file: &str, module: &Module, provider_port: u16) -> String {
             if doc["kind"] == "WasmPlugin" {
                 // istiod hands Envoy a local file for `file://` (an `oci://`
                 // image is the agent's to pull).
-                doc["spec"]["url"] = json!(format!("file://{}", wasm_path().display()));
-                doc["spec"]["sha256"] = json!(module.sha256);
+                let url = doc["spec"]["url"].as_str().unwrap_or_default();
+                let (path, sha256) = module_of_url(url, module);
+                doc["spec"]["url"] = json!(format!("file://{}", path.display()));
+                doc["spec"]["sha256"] = json!(sha256);
             }
             doc
         })
@@ -743,9 +758,10 @@ async fn istiod_translates_the_wasmplugin_for_the_labelled_sidecars() {
         .expect("the WasmPlugin's ECDS resource")
         .clone();
     let wasm = &ecds["typed_config"]["config"];
+    // wasmplugin.yaml names the sidecar build's image.
     assert_eq!(
         wasm["vm_config"]["code"]["local"]["filename"],
-        wasm_path().display().to_string(),
+        sidecar_wasm_path().display().to_string(),
         "{wasm}"
     );
     assert_eq!(wasm["failure_policy"], "FAIL_OPEN", "failStrategy: {wasm}");
@@ -1206,6 +1222,38 @@ async fn istiod_sidecar_memory() {
     std::thread::sleep(Duration::from_secs(3));
     let idle_released = memory(&released);
 
+    // The sidecar build (wasmplugin.yaml, which names its image), beside a
+    // plain Envoy of the same istiod, idle after three calls.
+    drop((released, plain, istiod));
+    let istiod = istiod_with(
+        &bin,
+        &["provider.yaml", "wasmplugin.yaml"],
+        &module,
+        &provider,
+        false,
+    );
+    let plain = start_node(&plain_node, &istiod);
+    let sidecar = start_node(&node, &istiod);
+    wait_synced(&sidecar, &node, &istiod, &WASMPLUGIN_SIDECAR);
+    assert_without_the_filter(&plain, &plain_node, &istiod);
+    for i in 0..3 {
+        let r = post_json(
+            &url,
+            &chat_body("gpt-4o-mini", &format!("sidecar {i}")),
+            &host,
+        )
+        .await
+        .expect("call");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(
+            provider.last_request().expect("call").header("baggage"),
+            Some("priority=P1"),
+            "the sidecar build tagged the call"
+        );
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let sidecar_idle = (memory(&plain), memory(&sidecar));
+
     let mib = |k: u64| k as f64 / 1024.0;
     println!("sidecar memory, MiB (Envoy concurrency 2, Istio's stats config):");
     println!("| sidecar | RSS | PSS | memory_allocated | heap size |");
@@ -1218,6 +1266,14 @@ async fn istiod_sidecar_memory() {
         (
             "with the filter, after 3 calls, free memory released",
             idle_released,
+        ),
+        (
+            "without the filter (beside the sidecar build)",
+            sidecar_idle.0,
+        ),
+        (
+            "with the sidecar build (wasmplugin.yaml), after 3 calls",
+            sidecar_idle.1,
         ),
     ];
     for (what, [rss, pss, allocated, heap]) in rows {
@@ -1235,5 +1291,13 @@ async fn istiod_sidecar_memory() {
         mib(idle.1[0]) - mib(idle.0[0]),
         mib(filled.1[0]) - mib(filled.0[0]),
         mib(idle_released[0]) - mib(idle.0[0])
+    );
+    let over = |i: usize, (plain, filter): ([u64; 4], [u64; 4])| mib(filter[i]) - mib(plain[i]);
+    println!(
+        "over plain Envoy, idle: full build RSS {:+.1} MiB, PSS {:+.1} MiB; sidecar build RSS {:+.1} MiB, PSS {:+.1} MiB",
+        over(0, idle),
+        over(1, idle),
+        over(0, sidecar_idle),
+        over(1, sidecar_idle)
     );
 }

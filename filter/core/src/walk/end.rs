@@ -151,24 +151,9 @@ impl Call {
         }
     }
 
-    /// The call's span, queued for export when spans are exported and the
-    /// trace is sampled.
-    fn queue_span(&self, env: &mut Env<'_>, call: &CallSummary<'_>) {
-        let (Some(otlp), Some(ids)) = (env.config.otlp.as_ref(), self.decided.span) else {
-            return;
-        };
-        if !ids.sampled() {
-            return;
-        }
-        let served = self.served();
-        let finish = served.finish_reasons();
-        let span = spans::encode(&ids, call, &self.details(env.config, &finish, served));
-        env.spans.push(otlp, env.metrics, span);
-    }
-
     /// What the walk knew of the call beyond its summary, served as
     /// `served` says, for its span and its record.
-    fn details<'a>(
+    pub(super) fn details<'a>(
         &'a self,
         config: &'a Config,
         finish_reasons: &'a [&'a str],
@@ -178,7 +163,7 @@ impl Call {
         let response = served.response;
         spans::Details {
             prompt: self.request.prompt.as_ref(),
-            completion: response.and_then(|r| r.completion(dialect, &config.capture)),
+            completion: response.and_then(|r| self.captured_completion(r, dialect, config)),
             requested_model: self.request.view.model.as_deref(),
             response_model: response.and_then(Response::model),
             finish_reasons,
@@ -298,7 +283,7 @@ pub(super) struct Served<'a> {
 
 impl<'a> Served<'a> {
     /// Why the answer ended, when it said.
-    fn finish_reasons(self) -> Vec<&'a str> {
+    pub(super) fn finish_reasons(self) -> Vec<&'a str> {
         self.response
             .map(Response::finish_reasons)
             .unwrap_or_default()

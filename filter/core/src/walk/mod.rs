@@ -26,25 +26,39 @@ use crate::spans;
 use crate::trace_context;
 
 mod body;
+// A step whose feature the build leaves out is its `*_off.rs` twin: the
+// same interface, doing nothing (filter/core/Cargo.toml).
+#[cfg_attr(not(feature = "cache"), path = "cache_off.rs")]
 mod cache;
+#[cfg_attr(not(feature = "credentials"), path = "credentials_off.rs")]
 mod credentials;
 mod degrade;
 mod end;
 mod estimate;
+#[cfg_attr(not(feature = "routing"), path = "failover_off.rs")]
 mod failover;
 #[cfg(test)]
 pub(crate) mod fake;
+#[cfg_attr(not(feature = "routing"), path = "fallback_off.rs")]
 mod fallback;
 mod group;
+#[cfg_attr(not(feature = "guardrails"), path = "guard_off.rs")]
 mod guard;
+#[cfg_attr(not(feature = "routing"), path = "hedge_off.rs")]
 mod hedge;
 mod identify;
+#[cfg_attr(not(feature = "limits"), path = "limits_off.rs")]
 mod limits;
 mod proxy;
 mod reply;
 mod response;
+#[cfg_attr(not(feature = "routing"), path = "route_off.rs")]
+mod route;
+#[cfg_attr(not(feature = "cache"), path = "semantic_off.rs")]
 mod semantic;
 mod shape;
+#[cfg_attr(not(feature = "spans"), path = "span_off.rs")]
+mod span;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -277,19 +291,6 @@ impl Call {
         }
         let flow = self.before_upstream(env, host, body);
         self.then_upstream(env, host, flow)
-    }
-
-    /// The prompt as the client sent it, captured when asked and when it
-    /// goes somewhere: the record, or the span of a sampled trace.
-    fn capture_prompt(&mut self, env: &Env<'_>, body: &HeldBody) {
-        let cfg = env.config;
-        let spanned = cfg.otlp.is_some() && self.decided.span.is_some_and(|s| s.sampled());
-        if !cfg.capture.prompt || !(cfg.access_log || spanned) {
-            return;
-        }
-        if let Some(tree) = body.tree() {
-            self.request.prompt = spans::capture::prompt(&cfg.capture, self.request.dialect, tree);
-        }
     }
 
     /// The steps before the trip upstream, in order.

@@ -4,17 +4,10 @@
 //! Envoy's timeouts and retries. Each policy decides in its own module; this
 //! only applies the decisions to the request.
 
-use std::cell::RefCell;
-
-use crate::budget::{
-    self, plan::IDEMPOTENCY_KEY, Admission, Ask, BreakerState, BudgetConfig, DEFAULT_BREAKER,
-};
-use crate::dialect::features::Features;
-use crate::host::SharedStore;
+use crate::budget::{self, plan::IDEMPOTENCY_KEY, Admission, Ask, BreakerState, DEFAULT_BREAKER};
 use crate::load;
 use crate::metrics::internal_error;
-use crate::routing::rewrite::{self, Edit};
-use crate::routing::{self, affinity, stateful, Health, RouteAsk};
+use crate::routing::{self, Health};
 
 use super::{set_request, Call, Env, HeldBody, Host, Step};
 
@@ -77,156 +70,6 @@ impl Call {
         }
     }
 
-    /// The call's affinity key, with routing on (see
-    /// [`crate::routing::affinity`]): the session header is read only when
-    /// it is one of the key's sources.
-    pub(super) fn affinity_key(
-        &self,
-        env: &Env<'_>,
-        host: &dyn Host,
-        body: &HeldBody,
-    ) -> Option<affinity::Key> {
-        let routing = &env.config.routing;
-        let cfg = &routing.affinity;
-        if routing.models.is_empty() || !cfg.enabled {
-            return None;
-        }
-        let session = if cfg.sources.contains(&affinity::Source::Header) {
-            host.request_header(&cfg.session_header)
-        } else {
-            None
-        };
-        cfg.key_of(self.request.dialect, body.tree(), session.as_deref())
-    }
-
-    /// The affinity key as the `prompt_cache_key` a backend that takes one
-    /// (`takes`) gets: only on the APIs that have the field, and only when
-    /// the caller named none.
-    pub(super) fn cache_key_for(&self, takes: bool) -> Option<String> {
-        let wanted = takes
-            && !self.request.view.names_cache_key
-            && affinity::takes_prompt_cache_key(self.request.dialect);
-        self.request.affinity.filter(|_| wanted).map(|k| k.hex())
-    }
-
-    /// Places the call on one of its model's clusters by measured health and
-    /// writes the body it is sent with; returns what routing read of the
-    /// chosen cluster.
-    fn route(&mut self, env: &mut Env<'_>, host: &mut dyn Host, body: &HeldBody) -> Chosen {
-        let features = body.features.as_ref().map(|f| {
-            if routing::rules::weigh_prompts(&self.routing_config(env.config).rules) {
-                self.calibrated_features(env, f)
-            } else {
-                f.clone()
-            }
-        });
-        let decision = features.and_then(|features| self.pick(env, &features));
-        let Some((decision, breaker)) = decision else {
-            self.send_body(env, host, body, None);
-            return Chosen::default();
-        };
-        // The chosen backend's name of the model, when it has its own, and
-        // the cache key it takes.
-        let cache_key = self.cache_key_for(decision.prompt_cache_key);
-        // The backend's name of the model, in the body or, for a dialect
-        // that names it there, in the path.
-        let (edit, path) = match rewrite::model_edit(
-            self.request.dialect,
-            self.path(),
-            decision.rewrite_model.as_deref(),
-        ) {
-            Some((model, path)) => (
-                rewrite::for_backend(&body.doc, model, cache_key.as_deref()),
-                path,
-            ),
-            None => (Edit::Refused, None),
-        };
-        let written = match &edit {
-            Edit::Refused => {
-                self.send_body(env, host, body, None);
-                false
-            }
-            Edit::Changed(new_body) => self.send_body(env, host, body, Some(new_body)),
-            Edit::Unchanged => {
-                self.send_body(env, host, body, None);
-                true
-            }
-        };
-        if !written {
-            // The body could not be rewritten: the call goes to the model's
-            // default route untouched rather than to a backend that would not
-            // know the model.
-            internal_error(env.metrics, "rewrite_model");
-            return Chosen::default();
-        }
-        if let Some(authority) = &decision.authority {
-            set_request(env, host, ":authority", Some(authority));
-        }
-        if let Some(path) = &path {
-            // Envoy picks the route again below (the routing header's
-            // refresh), on the rewritten path.
-            set_request(env, host, ":path", Some(path));
-        }
-        set_route_header(env, host, Some(&decision.cluster));
-        if let (Some(header), Some(key)) =
-            (&env.config.routing.affinity.header, self.request.affinity)
-        {
-            let header = header.clone();
-            set_request(env, host, &header, Some(&key.hex()));
-        }
-        routing::learn::started(env.store, env.metrics, &decision.cluster, env.now_ms);
-        // A call continuing a backend's state has no other backend to go to.
-        self.dispatch.alternatives =
-            decision.effective_weights.len() > 1 && !self.request.view.continues.state;
-        self.dispatch.model = Some(decision.model.clone());
-        self.dispatch.elsewhere = decision.elsewhere;
-        self.dispatch.cluster = Some(decision.cluster);
-        Chosen {
-            health: decision.health,
-            breaker,
-        }
-    }
-
-    /// Routing's pick for the call (no host edit yet), with the breaker
-    /// window it read of the chosen cluster.
-    fn pick(
-        &self,
-        env: &mut Env<'_>,
-        features: &Features,
-    ) -> Option<(routing::RouteDecision, Option<BreakerState>)> {
-        let model = self.model()?;
-        // A backend whose budget breaker is not closed would shed or reject
-        // the call: another backend of the model takes it when one can.
-        let windows = Windows::new(env);
-        let avoid = |cluster: &str| windows.sheds(cluster);
-        // The backend that produced the response the call continues.
-        let pinned = self
-            .request
-            .view
-            .continues
-            .previous_response_id
-            .as_deref()
-            .and_then(|id| stateful::holder(env.store, id, env.now_ms));
-        let ask = RouteAsk {
-            model,
-            features,
-            priority: self.request.priority,
-            now_ms: env.now_ms,
-            avoid: &avoid,
-            pinned: pinned.as_deref(),
-            affinity: self.request.affinity,
-        };
-        let decision = routing::route(
-            self.routing_config(env.config),
-            env.store,
-            env.metrics,
-            env.rng,
-            &ask,
-        )?;
-        let breaker = windows.take(&decision.cluster);
-        Some((decision, breaker))
-    }
-
     /// Breaker admission, then the Envoy timeout and retry plan, on what
     /// routing read of the cluster when it placed the call. Returns the
     /// local reply when the call must not go upstream.
@@ -272,54 +115,14 @@ impl Call {
     }
 }
 
-/// The breaker windows routing reads to steer calls away from backends that
-/// would shed them, kept for the chosen backend's admission.
-struct Windows<'e> {
-    store: &'e dyn SharedStore,
-    budget: &'e BudgetConfig,
-    now_ms: u64,
-    read: RefCell<Vec<(String, BreakerState)>>,
-}
-
-impl<'e> Windows<'e> {
-    fn new(env: &Env<'e>) -> Self {
-        Self {
-            store: env.store,
-            budget: &env.config.budget,
-            now_ms: env.now_ms,
-            read: RefCell::new(Vec::new()),
-        }
-    }
-
-    /// True when `cluster`'s breaker would shed or reject the call now
-    /// (never with budgets off).
-    fn sheds(&self, cluster: &str) -> bool {
-        let Some(window) = budget::breaker_window(self.store, self.budget, cluster) else {
-            return false;
-        };
-        let sheds = budget::sheds(&window, self.budget, self.now_ms);
-        self.read.borrow_mut().push((cluster.to_string(), window));
-        sheds
-    }
-
-    /// The window read of `cluster`, if it was.
-    fn take(self, cluster: &str) -> Option<BreakerState> {
-        self.read
-            .into_inner()
-            .into_iter()
-            .find(|(c, _)| c == cluster)
-            .map(|(_, window)| window)
-    }
-}
-
 /// What routing read of the cluster it chose, in the same callback as the
 /// admission that reads them next: handed over, not read again.
 #[derive(Default)]
-struct Chosen {
+pub(super) struct Chosen {
     /// Its health (`None`: not read, or never recorded: read it again).
-    health: Option<Health>,
+    pub(super) health: Option<Health>,
     /// Its breaker window (`None`: not read).
-    breaker: Option<BreakerState>,
+    pub(super) breaker: Option<BreakerState>,
 }
 
 /// Removes a routing header the client sent, from every request the filter
@@ -353,7 +156,7 @@ impl Call {
     /// (counted) when the host refused: the call then goes on with the body
     /// as received, whose answer is not stored under a key taken over the
     /// edits.
-    fn send_body(
+    pub(super) fn send_body(
         &mut self,
         env: &mut Env<'_>,
         host: &mut dyn Host,

@@ -1,0 +1,31 @@
+//! Routing's step in a build without routing (the sidecar build: the
+//! gateway tier routes): the call goes where Envoy's route sends it, with
+//! the body every step edited. A `routing` section is refused at load.
+
+use crate::routing::affinity;
+
+use super::upstream::Chosen;
+use super::{Call, Env, HeldBody, Host};
+
+impl Call {
+    /// No affinity: nothing routes by it.
+    pub(super) fn affinity_key(
+        &self,
+        _env: &Env<'_>,
+        _host: &dyn Host,
+        _body: &HeldBody,
+    ) -> Option<affinity::Key> {
+        None
+    }
+
+    /// Writes the edited body; no cluster is chosen.
+    pub(super) fn route(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        body: &HeldBody,
+    ) -> Chosen {
+        self.send_body(env, host, body, None);
+        Chosen::default()
+    }
+}
