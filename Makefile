@@ -23,7 +23,7 @@ WASM_TARGET := wasm32-wasip1
 # 30 % longer.)
 RAW_WASM    := target/$(WASM_TARGET)/wasm/llm_filter.wasm
 WASM        := target/llm_filter.wasm
-WASM_MAX_BYTES := 1160000
+WASM_MAX_BYTES := 1180000
 WASM_OPT_FLAGS := -O1 --enable-bulk-memory --enable-sign-ext --enable-mutable-globals \
 	--enable-nontrapping-float-to-int --enable-multivalue --enable-reference-types
 NOOP_WASM   := target/$(WASM_TARGET)/release/llm_filter_noop.wasm

@@ -16,6 +16,7 @@ use std::ops::ControlFlow;
 
 use crate::baggage;
 use crate::budget::parse as budget_parse;
+use crate::config::service::{Callout, Service};
 use crate::config::{Config, TracingMode};
 use crate::dialect::request::View;
 use crate::dialect::{self, Dialect};
@@ -37,6 +38,7 @@ pub(crate) mod fake;
 mod fallback;
 mod group;
 mod guard;
+mod guard_service;
 mod hedge;
 mod identify;
 mod limits;
@@ -270,6 +272,34 @@ impl Call {
             ControlFlow::Continue(body) => body,
             ControlFlow::Break(step) => return step,
         };
+        match self.ask_verdict(env, host, body) {
+            ControlFlow::Continue(body) => self.guarded(env, host, body),
+            ControlFlow::Break(step) => step,
+        }
+    }
+
+    /// Sends `callout` to `service`, waiting for the answer no longer than
+    /// its timeout nor what is left of the caller's budget; false when the
+    /// host would not send it.
+    fn ask_service(
+        &self,
+        env: &Env<'_>,
+        host: &mut dyn Host,
+        service: &Service,
+        (headers, body): &Callout,
+        then: CallWait,
+    ) -> bool {
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let remaining_ms = self.request.remaining_ms(env.now_ms);
+        let timeout_ms = service.timeout_ms.min(remaining_ms).max(1);
+        host.dispatch_call(&service.cluster, &headers, body, timeout_ms, then)
+    }
+
+    /// The rest of the walk once the prompt passed the guardrails.
+    fn guarded(&mut self, env: &mut Env<'_>, host: &mut dyn Host, body: Option<HeldBody>) -> Step {
         if let Some(b) = &body {
             self.capture_prompt(env, b);
             // Before shaping, which may drop the turns the key covers.
