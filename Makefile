@@ -23,7 +23,7 @@ WASM_TARGET := wasm32-wasip1
 # 30 % longer.)
 RAW_WASM    := target/$(WASM_TARGET)/wasm/llm_filter.wasm
 WASM        := target/llm_filter.wasm
-WASM_MAX_BYTES := 1160000
+WASM_MAX_BYTES := 1180000
 # The sidecar build of the same source (`--no-default-features`: no cache,
 # routing, limits, guardrails, credentials, spans; filter/core/Cargo.toml),
 # for app sidecars in front of a gateway tier that runs the full one

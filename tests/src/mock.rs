@@ -34,6 +34,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
 mod gemini;
+pub mod guardrail;
 mod messages;
 pub mod oauth2;
 mod responses;
@@ -983,6 +984,7 @@ fn route(
         (&Method::POST, path) if gemini::call_of(path).is_some() => {
             gemini::answer(state, req, cached_tokens, chunk_delay_ms, in_flight)
         }
+        (&Method::POST, path) if guardrail::serves(path) => guardrail::answer(req),
         _ => error_response(
             StatusCode::NOT_FOUND,
             &format!("unknown endpoint {} {}", req.method, req.path),

@@ -327,6 +327,13 @@ pub const GUARDRAIL_FIRED: &str = "llm_filter_guardrail_fired_total";
 /// blocks or masks, by `reason` (`not_held` | `not_json` | `too_long`),
 /// `result` (`refused` | `allowed`, by `guardrails.unchecked`) and `api`.
 pub const GUARDRAIL_UNCHECKED: &str = "llm_filter_guardrail_unchecked_total";
+/// Guardrail service callouts, asked to answered (or failed), ms.
+pub const GUARDRAIL_SERVICE_DURATION: &str = "llm_filter_guardrail_service_duration_ms";
+/// Prompts the guardrail service gave no verdict on, by `rule` (the
+/// service's name), `reason` (`dispatch` | `timeout` | `status` | `invalid`
+/// | `too_long`), `result` (`allowed` | `refused`, by its `on_error`) and
+/// `api`.
+pub const GUARDRAIL_SERVICE_FAILURES: &str = "llm_filter_guardrail_service_failures_total";
 
 /// Every metric the filter defines, each of the constants above once:
 /// `docs/metrics.md` documents each (a test of the core checks both).
@@ -398,6 +405,8 @@ pub const ALL: &[&str] = &[
     IDENTITY_REFUSED,
     GUARDRAIL_FIRED,
     GUARDRAIL_UNCHECKED,
+    GUARDRAIL_SERVICE_DURATION,
+    GUARDRAIL_SERVICE_FAILURES,
 ];
 
 #[cfg(test)]

@@ -639,7 +639,7 @@ fn every_range_the_page_states_is_a_settings() {
 /// What a setting needs around it to be read: the required fields of the
 /// object that holds it, and settings its bound depends on kept out of the
 /// way (a long interval for a timeout that must be shorter).
-const AROUND: [(&str, &str); 9] = [
+const AROUND: [(&str, &str); 10] = [
     ("tracing.otlp", r#"{"cluster":"c"}"#),
     (
         "degrade.alertmanager",
@@ -658,6 +658,10 @@ const AROUND: [(&str, &str); 9] = [
     ("limits.rules[]", r#"{"name":"r","requests_per_minute":1}"#),
     ("limits.rules[].degrade", r#"{"max_tokens":1}"#),
     ("ab.groups[]", r#"{"name":"g"}"#),
+    (
+        "guardrails.service",
+        r#"{"preset":"azure_content_safety","cluster":"s"}"#,
+    ),
 ];
 
 /// The document with `value` at `path` (`a.<>[].b`: a map's key `m`, a

@@ -28,6 +28,7 @@ mod degrade_sources;
 mod deploy_configs;
 mod dialects;
 mod gemini;
+mod guardrail_service;
 mod guardrails;
 mod hostile;
 mod identity;

@@ -58,6 +58,9 @@ pub struct Defaults {
     pub timeout: Setting<u64>,
 }
 
+/// A callout to a service: its headers and its body.
+pub type Callout = (Vec<(String, String)>, Vec<u8>);
+
 /// A compiled service.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Service {

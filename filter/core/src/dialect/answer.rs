@@ -233,6 +233,9 @@ pub enum ReplyKind {
     /// The prompt could not be read whole for the guardrails that block
     /// or mask, and `guardrails.unchecked` refuses such calls (400).
     Unchecked,
+    /// The guardrail service gave no verdict and its `on_error` refuses
+    /// such calls (503).
+    GuardrailUnavailable,
 }
 
 impl ReplyKind {
@@ -243,7 +246,8 @@ impl ReplyKind {
             | Self::Reject
             | Self::DegradeShed
             | Self::DegradeReject
-            | Self::NoCredential => 503,
+            | Self::NoCredential
+            | Self::GuardrailUnavailable => 503,
             Self::BudgetExhausted | Self::UpstreamTimeout => 504,
             Self::TooLarge => 413,
             Self::OverLimit => 429,
@@ -259,7 +263,8 @@ impl ReplyKind {
             | Self::Reject
             | Self::DegradeShed
             | Self::DegradeReject
-            | Self::NoCredential => "service_unavailable",
+            | Self::NoCredential
+            | Self::GuardrailUnavailable => "service_unavailable",
             Self::BudgetExhausted | Self::UpstreamTimeout => "timeout",
             Self::TooLarge | Self::Unauthenticated | Self::Blocked | Self::Unchecked => {
                 "invalid_request_error"
@@ -284,6 +289,7 @@ impl ReplyKind {
             Self::Unauthenticated => "invalid_api_key",
             Self::Blocked => "llm_filter_guardrail_blocked",
             Self::Unchecked => "llm_filter_guardrail_unchecked",
+            Self::GuardrailUnavailable => "llm_filter_guardrail_unavailable",
         }
     }
 
@@ -321,6 +327,9 @@ impl ReplyKind {
             Self::Unauthenticated => "Incorrect API key provided.",
             Self::Blocked => "The request was blocked by a guardrail rule.",
             Self::Unchecked => "The request could not be checked by the guardrails.",
+            Self::GuardrailUnavailable => {
+                "The guardrail service could not check the request; retry later."
+            }
             Self::NoCredential => {
                 "The gateway's credential for this provider is unavailable or was refused; \
                  this is not a fault of the caller's key."

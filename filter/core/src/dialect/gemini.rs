@@ -791,7 +791,8 @@ mod answers {
                 | ReplyKind::Reject
                 | ReplyKind::DegradeShed
                 | ReplyKind::DegradeReject
-                | ReplyKind::NoCredential => 503,
+                | ReplyKind::NoCredential
+                | ReplyKind::GuardrailUnavailable => 503,
                 ReplyKind::BudgetExhausted | ReplyKind::UpstreamTimeout => 504,
                 ReplyKind::TooLarge => 413,
                 ReplyKind::OverLimit => 429,

@@ -234,7 +234,7 @@ mod answers {
             ReplyKind::BudgetExhausted | ReplyKind::UpstreamTimeout => (504, "timeout_error"),
             ReplyKind::TooLarge => (413, "request_too_large"),
             ReplyKind::OverLimit => (429, "rate_limit_error"),
-            ReplyKind::NoCredential => (503, "api_error"),
+            ReplyKind::NoCredential | ReplyKind::GuardrailUnavailable => (503, "api_error"),
             ReplyKind::Unauthenticated => (401, "authentication_error"),
             ReplyKind::Blocked | ReplyKind::Unchecked => (400, "invalid_request_error"),
         }

@@ -63,6 +63,7 @@ use std::ops::Range;
 use crate::config::check;
 use crate::config::error::ConfigError;
 
+pub mod action;
 mod builtins;
 mod decoded;
 mod detector;
@@ -72,12 +73,16 @@ mod personal;
 pub mod policy;
 mod scan;
 mod secrets;
+pub mod service;
 pub mod words;
 
+pub use action::Action;
 use decoded::Decoded;
 pub use detector::{Detector, DetectorId, Set};
 pub use mask::Vault;
 use scan::{Scan, Sink};
+
+use crate::json::Json;
 
 /// Most operator rules.
 pub const MAX_RULES: usize = 32;
@@ -441,6 +446,22 @@ pub(crate) fn covered(findings: &[Finding]) -> Vec<(Detector, Range<usize>)> {
         }
     }
     out
+}
+
+/// The string at `at` in `value`.
+pub(crate) fn string_at<'a>(value: &'a mut Json, at: &[usize]) -> Option<&'a mut String> {
+    let mut v = value;
+    for &i in at {
+        v = match v {
+            Json::Array(items) => items.get_mut(i)?,
+            Json::Object(members) => &mut members.get_mut(i)?.1,
+            _ => return None,
+        };
+    }
+    match v {
+        Json::String(s) => Some(s),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

@@ -14,7 +14,9 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{Budget, Custom, Detector, DetectorId, Detectors, Finding, Set, Vault};
+pub use super::action::Action;
+use super::service::{GuardService, RawGuardService};
+use super::{string_at, Budget, Custom, Detector, DetectorId, Detectors, Finding, Set, Vault};
 use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::config::setting::{Named, Setting, Table};
@@ -30,39 +32,13 @@ const UNCHECKED: Named<Unchecked> = Named {
 const MAX_SCAN_BYTES: Setting<u64> = Setting::range("max_scan_bytes", 2 << 20, 1024, 64 << 20);
 
 /// The section's settings.
-pub const SETTINGS: Table = &[("guardrails", &[&UNCHECKED, &MAX_SCAN_BYTES])];
+pub const SETTINGS: Table = &[
+    ("guardrails", &[&UNCHECKED, &MAX_SCAN_BYTES]),
+    ("guardrails.service", super::service::SETTINGS),
+];
 
 /// Most findings a call's check makes before it stops (truncated).
 const MAX_FINDINGS: usize = 4_096;
-
-/// What a rule does with a call where it finds something, least strict
-/// first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Action {
-    /// Counted, and named in the span and the record.
-    Log,
-    /// Each value replaced by its placeholder before the call leaves.
-    Mask,
-    /// The call is refused.
-    Block,
-}
-
-impl Action {
-    /// The name in the configuration and the metric's `action` label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Log => "log",
-            Self::Mask => "mask",
-            Self::Block => "block",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Self> {
-        [Self::Log, Self::Mask, Self::Block]
-            .into_iter()
-            .find(|a| a.as_str() == s)
-    }
-}
 
 /// What becomes of a call whose prompt the rules could not read whole (the
 /// body streams through unheld, is not JSON, or is longer than
@@ -149,6 +125,8 @@ pub struct RawGuardrails {
     pub unchecked: Option<String>,
     /// Bytes of prompt text read per call.
     pub max_scan_bytes: Option<u64>,
+    /// A guardrail service asked about each prompt, an object.
+    pub service: Option<Value>,
 }
 
 /// A compiled rule.
@@ -178,6 +156,8 @@ pub struct Guardrails {
     pub unchecked: Unchecked,
     /// Bytes of prompt text read per call.
     pub max_scan_bytes: usize,
+    /// The guardrail service asked about each prompt.
+    pub service: Option<GuardService>,
 }
 
 impl Rule {
@@ -245,6 +225,7 @@ impl std::fmt::Debug for Rule {
 impl PartialEq for Guardrails {
     fn eq(&self, other: &Self) -> bool {
         self.rules == other.rules
+            && self.service == other.service
             && self.unchecked == other.unchecked
             && self.max_scan_bytes == other.max_scan_bytes
     }
@@ -296,24 +277,50 @@ impl Guardrails {
             Some(_) => return Err(ConfigError::new("unchecked", "is `refuse` or `allow`")),
         };
         let max_scan_bytes = MAX_SCAN_BYTES.read(raw.max_scan_bytes)?;
+        let service = match raw.service {
+            None | Some(Value::Null) => None,
+            Some(s) => Some(
+                RawGuardService::read(&s)
+                    .and_then(GuardService::compile)
+                    .map_err(|e| e.within("service"))?,
+            ),
+        };
+        if let Some(s) = service
+            .as_ref()
+            .filter(|s| rules.iter().any(|r| r.name == s.name))
+        {
+            return Err(ConfigError::new(
+                "service.name",
+                format!(
+                    "{:?} is a rule's name too; the service's is its own",
+                    s.name
+                ),
+            ));
+        }
         Ok(Self {
             rules,
             detectors,
             custom_rule,
             unchecked,
             max_scan_bytes: usize::try_from(max_scan_bytes).unwrap_or(usize::MAX),
+            service,
         })
     }
 
-    /// A rule is configured: prompts are checked.
+    /// A rule or a service is configured: prompts are checked.
     pub fn enabled(&self) -> bool {
-        !self.rules.is_empty()
+        !self.rules.is_empty() || self.service.is_some()
     }
 
-    /// A rule blocks or masks: a prompt that could not be checked falls
-    /// under `unchecked`.
+    /// A rule or the service blocks or masks: a prompt that could not be
+    /// checked falls under `unchecked`.
     pub fn enforces(&self) -> bool {
-        self.rules.iter().any(|r| r.action > Action::Log)
+        let service = self.service.as_ref().map(|s| s.action);
+        self.rules
+            .iter()
+            .map(|r| r.action)
+            .chain(service)
+            .any(|a| a > Action::Log)
     }
 
     /// The rule a finding of `detector` falls under: the custom rule it is,
@@ -440,22 +447,6 @@ fn each_string<'a>(value: &'a Json, path: &mut Vec<usize>, f: &mut dyn FnMut(&At
             }
         }
         _ => {}
-    }
-}
-
-/// The string at `at` in `value`.
-fn string_at<'a>(value: &'a mut Json, at: &At) -> Option<&'a mut String> {
-    let mut v = value;
-    for &i in at {
-        v = match v {
-            Json::Array(items) => items.get_mut(i)?,
-            Json::Object(members) => &mut members.get_mut(i)?.1,
-            _ => return None,
-        };
-    }
-    match v {
-        Json::String(s) => Some(s),
-        _ => None,
     }
 }
 

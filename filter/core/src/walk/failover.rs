@@ -277,6 +277,9 @@ impl Call {
             CallWait::Embedding if matches!(phase, Phase::Embedding { .. }) => {
                 self.embedding_answered(env, host, &answer)
             }
+            CallWait::Guardrail if matches!(phase, Phase::Guarding { .. }) => {
+                self.verdict_answered(env, host, &answer)
+            }
             CallWait::Failover | CallWait::Fallback | CallWait::Hedge
                 if matches!(phase, Phase::FailingOver) =>
             {

@@ -16,6 +16,7 @@ use std::ops::ControlFlow;
 
 use crate::baggage;
 use crate::budget::parse as budget_parse;
+use crate::config::service::{Callout, Service};
 use crate::config::{Config, TracingMode};
 use crate::dialect::request::View;
 use crate::dialect::{self, Dialect};
@@ -44,6 +45,8 @@ mod fallback;
 mod group;
 #[cfg_attr(not(feature = "guardrails"), path = "guard_off.rs")]
 mod guard;
+#[cfg_attr(not(feature = "guardrails"), path = "guard_service_off.rs")]
+mod guard_service;
 #[cfg_attr(not(feature = "routing"), path = "hedge_off.rs")]
 mod hedge;
 mod identify;
@@ -284,6 +287,34 @@ impl Call {
             ControlFlow::Continue(body) => body,
             ControlFlow::Break(step) => return step,
         };
+        match self.ask_verdict(env, host, body) {
+            ControlFlow::Continue(body) => self.guarded(env, host, body),
+            ControlFlow::Break(step) => step,
+        }
+    }
+
+    /// Sends `callout` to `service`, waiting for the answer no longer than
+    /// its timeout nor what is left of the caller's budget; false when the
+    /// host would not send it.
+    fn ask_service(
+        &self,
+        env: &Env<'_>,
+        host: &mut dyn Host,
+        service: &Service,
+        (headers, body): &Callout,
+        then: CallWait,
+    ) -> bool {
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let remaining_ms = self.request.remaining_ms(env.now_ms);
+        let timeout_ms = service.timeout_ms.min(remaining_ms).max(1);
+        host.dispatch_call(&service.cluster, &headers, body, timeout_ms, then)
+    }
+
+    /// The rest of the walk once the prompt passed the guardrails.
+    fn guarded(&mut self, env: &mut Env<'_>, host: &mut dyn Host, body: Option<HeldBody>) -> Step {
         if let Some(b) = &body {
             self.capture_prompt(env, b);
             // Before shaping, which may drop the turns the key covers.
@@ -327,6 +358,17 @@ impl Call {
     /// must call [`Call::on_tick`] until it says otherwise.
     pub fn is_parked(&self) -> bool {
         self.progress.is_parked()
+    }
+
+    /// True while the request is held for a callout of its own (the
+    /// embedding, the guardrail service's verdict): when the callout
+    /// answers with `Step::Continue`, the host resumes the request rather
+    /// than the response.
+    pub fn holds_request(&self) -> bool {
+        matches!(
+            self.progress.phase(),
+            Phase::Embedding { .. } | Phase::Guarding { .. }
+        )
     }
 
     /// True while the request's body is held for the walk to read whole:

@@ -68,6 +68,8 @@ pub struct CalloutAnswer {
 pub enum CallWait {
     /// The question's embedding, for the semantic cache.
     Embedding,
+    /// The guardrail service's verdict on the prompt.
+    Guardrail,
     /// Another backend of the model, asked in place of one that failed.
     Failover,
     /// Another backend of the model, asked because the first is slow; it

@@ -13,7 +13,7 @@ use crate::walk::CallWait;
 use std::ops::ControlFlow;
 
 use super::state::SemanticCall;
-use super::{Call, CalloutAnswer, Env, Flow, HeldBody, Host, Phase, Step};
+use super::{Call, CalloutAnswer, Env, Flow, HeldBody, Host, Step};
 
 impl Call {
     /// Sends the embeddings callout of a call the exact cache missed and
@@ -39,25 +39,9 @@ impl Call {
         let Some(query) = query else {
             return ControlFlow::Continue(Some(body));
         };
-        let (headers, payload) = semantic::embeddings_request(&sem.embeddings, &query.text);
-        let headers: Vec<(&str, &str)> = headers
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        // Never longer than the caller's own budget.
-        let timeout_ms = sem
-            .embeddings
-            .service
-            .timeout_ms
-            .min(self.request.remaining_ms(env.now_ms))
-            .max(1);
-        if !host.dispatch_call(
-            &sem.embeddings.service.cluster,
-            &headers,
-            &payload,
-            timeout_ms,
-            CallWait::Embedding,
-        ) {
+        let callout = semantic::embeddings_request(&sem.embeddings, &query.text);
+        let service = &sem.embeddings.service;
+        if !self.ask_service(env, host, service, &callout, CallWait::Embedding) {
             count_failure(env.metrics, EmbedFailure::Dispatch);
             return ControlFlow::Continue(Some(body));
         }
@@ -175,13 +159,6 @@ impl Call {
             &names::name(names::CACHE_SEMANTIC_STORES, &[("result", result)]),
             1,
         );
-    }
-
-    /// True while the request is held for a callout of its own (the
-    /// embedding): when the callout answers with `Step::Continue`, the host
-    /// resumes the request rather than the response.
-    pub fn holds_request(&self) -> bool {
-        matches!(self.progress.phase(), Phase::Embedding { .. })
     }
 }
 

@@ -13,9 +13,4 @@ impl Call {
     ) -> Step {
         Step::Pause
     }
-
-    /// Never: no call is held for an embedding.
-    pub fn holds_request(&self) -> bool {
-        false
-    }
 }

@@ -12,6 +12,7 @@
 //!                                                                   │  │  └─(failure)─► FailingOver
 //!   decide ─► Coalescing ─(entry / wait over)─► Forwarded           │  │                 │     │
 //!   decide ─► Embedding ──(answered, no hit)──► Forwarded           │  │   (no answer)───┘     │
+//!   decide ─► Guarding ──(verdict: go on)──► Forwarded              │  │                       │
 //!                                                                   │  └─(hedge won)──┐        │ (answered)
 //!   Forwarded ─(4xx a fallback chain names)─► ErrorHeld ─(its class: the
 //!     next model asked)─► FailingOver; ─(no class)─► Forwarded
@@ -151,6 +152,8 @@ pub(super) struct Decided {
     pub(super) estimate: super::estimate::Estimate,
     /// The guardrail rules that fired, as `rule:action` joined by commas.
     pub(super) guardrails: Option<String>,
+    /// When the guardrail service was asked, ms, and about how many texts.
+    pub(super) verdict: Option<(u64, usize)>,
 }
 
 /// Where a call stands. The phases with nothing but a timer to wake them are
@@ -170,6 +173,9 @@ pub(super) enum Phase {
     /// miss (see [`crate::cache::semantic`]); the callout's own timeout ends
     /// the wait, and the held body goes upstream if nothing matches.
     Embedding { body: HeldBody },
+    /// Waiting for the guardrail service's verdict on the prompt (see
+    /// [`crate::guard::service`]); the callout's own timeout ends the wait.
+    Guarding { body: HeldBody },
     /// Decided (or streaming through): the request goes on to the upstream.
     Forwarded,
     /// The chosen backend failed the call retriably; its response is held
@@ -327,11 +333,19 @@ impl Progress {
         self.phase = Phase::Embedding { body };
     }
 
-    /// A wait (coalescing, embedding) is over: the call goes on, with the
+    /// The call waits for the guardrail service's verdict.
+    pub(super) fn guard(&mut self, body: HeldBody) {
+        self.check(matches!(self.phase, Phase::Forwarded), "Guarding");
+        self.phase = Phase::Guarding { body };
+    }
+
+    /// A wait (coalescing, embedding, a verdict) is over: the call goes on, with the
     /// body it kept; `None` when it was not waiting.
     pub(super) fn stop_waiting(&mut self) -> Option<HeldBody> {
         match std::mem::replace(&mut self.phase, Phase::Forwarded) {
-            Phase::Coalescing { body, .. } | Phase::Embedding { body } => Some(body),
+            Phase::Coalescing { body, .. }
+            | Phase::Embedding { body }
+            | Phase::Guarding { body } => Some(body),
             other => {
                 self.phase = other;
                 None

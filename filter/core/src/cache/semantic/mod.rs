@@ -19,6 +19,7 @@ use serde::Deserialize;
 
 use super::config::CacheConfig;
 use super::key::{self, CacheRequest, Key};
+use crate::config::service::Callout;
 use crate::dialect::request::Question;
 use crate::json::Json;
 use config::{EmbeddingsConfig, SemanticConfig};
@@ -168,7 +169,7 @@ fn text_of(content: &Json) -> Option<String> {
 }
 
 /// The headers and body of the embeddings callout for `text`.
-pub fn embeddings_request(cfg: &EmbeddingsConfig, text: &str) -> (Vec<(String, String)>, Vec<u8>) {
+pub fn embeddings_request(cfg: &EmbeddingsConfig, text: &str) -> Callout {
     let body = serde_json::json!({ "model": cfg.model, "input": text }).to_string();
     let service = &cfg.service;
     let headers = service.request_headers(

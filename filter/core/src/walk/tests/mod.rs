@@ -15,6 +15,7 @@ mod dialects;
 mod estimate;
 mod group;
 mod guard;
+mod guard_service;
 mod identity;
 mod keys;
 mod limits;

@@ -1,0 +1,29 @@
+//! The guardrail service's step in a build without guardrails (the sidecar
+//! build: the gateway tier asks it): no call waits for a verdict. A
+//! `guardrails` section is refused at load.
+
+use std::ops::ControlFlow;
+
+use super::{Call, CalloutAnswer, Env, Flow, HeldBody, Host, Step};
+
+impl Call {
+    /// Goes on: no service is asked.
+    pub(super) fn ask_verdict(
+        &mut self,
+        _env: &mut Env<'_>,
+        _host: &mut dyn Host,
+        body: Option<HeldBody>,
+    ) -> Flow {
+        ControlFlow::Continue(body)
+    }
+
+    /// Never asked for: no call waits for a verdict.
+    pub(super) fn verdict_answered(
+        &mut self,
+        _env: &mut Env<'_>,
+        _host: &mut dyn Host,
+        _answer: &CalloutAnswer,
+    ) -> Step {
+        Step::Pause
+    }
+}

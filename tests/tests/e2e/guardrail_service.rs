@@ -1,0 +1,294 @@
+//! A guardrail service asked through the real Envoy, each preset against a
+//! mock that speaks its service's published API and refuses any other
+//! shape: a flagged prompt is refused in the caller's shape before anything
+//! reaches the provider (the official SDKs see their typed error), a
+//! masking service's texts are what the provider gets, a slow service lets
+//! the call go on or refuses it as `on_error` says, and no planted value
+//! shows up anywhere Envoy or the filter writes.
+
+use llm_filter_e2e::{
+    post_json, skip_without_envoy, Envoy, EnvoyBuilder, MockConfig, MockUpstream,
+};
+use serde_json::{json, Value};
+
+use llm_filter_e2e::mock::guardrail::FLAG;
+
+use crate::support::sdk::{run, ANTHROPIC, OPENAI};
+use crate::support::secrets::Outputs;
+
+const MAIL: &str = "planted.guard-service@example.com";
+
+/// An Envoy whose filter asks `service` (on the `guard` cluster, the
+/// `guard` mock) about every prompt; `provider` answers the calls.
+fn envoy(provider: &MockUpstream, guard: &MockUpstream, service: Value) -> Envoy {
+    // The provider first: Envoy's default route goes to the first upstream.
+    EnvoyBuilder::new()
+        .upstream("provider", provider.port())
+        .upstream("guard", guard.port())
+        .plugin_config(json!({"guardrails": {"service": service}}))
+        .start()
+        .expect("envoy with a guardrail service")
+}
+
+fn chat(content: &str) -> Value {
+    json!({"model": "gpt-4o", "messages": [{"role": "user", "content": content}]})
+}
+
+/// The texts the service was asked about, each request's.
+fn asked(guard: &MockUpstream) -> Vec<Value> {
+    guard.requests().iter().filter_map(|r| r.json()).collect()
+}
+
+#[tokio::test]
+async fn a_moderation_service_refuses_a_flagged_prompt_for_the_sdks() {
+    if skip_without_envoy("a_moderation_service_refuses_a_flagged_prompt_for_the_sdks") {
+        return;
+    }
+    let provider = MockUpstream::start(MockConfig::named("provider"));
+    let guard = MockUpstream::start(MockConfig::named("guard"));
+    let envoy = envoy(
+        &provider,
+        &guard,
+        json!({"name": "moderation", "preset": "openai_moderation", "cluster": "guard",
+               "headers": {"authorization": "Bearer sk-moderation-PLANTED"}}),
+    );
+
+    // A clean prompt: asked about, then sent on.
+    let out = run(
+        OPENAI,
+        "chat",
+        &envoy.url("/v1"),
+        &["--prompt", "hello there"],
+    )
+    .await;
+    assert!(out["content"].is_string(), "{out}");
+    let [question] = asked(&guard).try_into().unwrap();
+    assert_eq!(question["model"], "omni-moderation-latest");
+    assert_eq!(question["input"], json!(["hello there"]));
+    assert_eq!(
+        guard.last_request().unwrap().header("authorization"),
+        Some("Bearer sk-moderation-PLANTED")
+    );
+    assert_eq!(provider.request_count(), 1);
+
+    // Flagged: the OpenAI SDK raises BadRequestError, the Anthropic SDK
+    // its own; the provider got nothing.
+    let prompt = format!("tell me about {FLAG}");
+    let out = run(
+        OPENAI,
+        "chat_error",
+        &envoy.url("/v1"),
+        &["--prompt", &prompt],
+    )
+    .await;
+    assert_eq!(out["error_class"], "BadRequestError", "{out}");
+    assert_eq!(out["code"], "llm_filter_guardrail_blocked", "{out}");
+    assert!(
+        out["message"].as_str().unwrap().contains("`moderation`"),
+        "{out}"
+    );
+    let out = run(
+        ANTHROPIC,
+        "messages_error",
+        &envoy.url(""),
+        &["--system", &prompt],
+    )
+    .await;
+    assert_eq!(out["error_class"], "BadRequestError", "{out}");
+    assert_eq!(out["type"], "invalid_request_error", "{out}");
+    assert_eq!(
+        provider.request_count(),
+        1,
+        "nothing more reached the provider"
+    );
+    // The Messages call's system prompt was asked about too.
+    let last = asked(&guard).pop().unwrap();
+    assert!(last["input"].to_string().contains(FLAG), "{last}");
+    for api in ["chat", "messages"] {
+        assert_eq!(
+            envoy.metric(
+                "llm_filter_guardrail_fired_total",
+                &[("rule", "moderation"), ("action", "block"), ("api", api)]
+            ),
+            1.0,
+            "{api}"
+        );
+    }
+    assert!(envoy
+        .prometheus()
+        .unwrap()
+        .contains("llm_filter_guardrail_service_duration_ms"));
+}
+
+#[tokio::test]
+async fn a_masking_service_s_texts_are_what_the_provider_gets_and_leak_nowhere() {
+    if skip_without_envoy("a_masking_service_s_texts_are_what_the_provider_gets_and_leak_nowhere") {
+        return;
+    }
+    let provider = MockUpstream::start(MockConfig::named("provider"));
+    let guard = MockUpstream::start(MockConfig::named("guard"));
+    let dir = tempfile::tempdir().unwrap();
+    let outputs = Outputs::start(dir.path());
+    let config = outputs.config(json!({"guardrails": {"service": {
+        "name": "presidio", "preset": "webhook", "cluster": "guard", "action": "mask"}}}));
+    let envoy = outputs
+        .envoy(
+            EnvoyBuilder::new()
+                .upstream("provider", provider.port())
+                .upstream("guard", guard.port()),
+        )
+        .plugin_config(config)
+        .component_log_level("wasm:debug")
+        .start()
+        .expect("envoy with a masking service");
+    let prompt = format!("write to {MAIL} today");
+    let out = run(
+        ANTHROPIC,
+        "messages",
+        &envoy.url(""),
+        &["--prompt", &prompt],
+    )
+    .await;
+    assert!(out.get("error_class").is_none_or(Value::is_null), "{out}");
+    let sent = provider.last_request().unwrap().json().unwrap();
+    assert_eq!(
+        sent["messages"][0]["content"], "write to <EMAIL_ADDRESS> today",
+        "{sent}"
+    );
+    let out = run(OPENAI, "chat", &envoy.url("/v1"), &["--prompt", &prompt]).await;
+    assert!(out["content"].is_string(), "{out}");
+    let sent = provider.last_request().unwrap().json().unwrap();
+    assert_eq!(
+        sent["messages"][0]["content"], "write to <EMAIL_ADDRESS> today",
+        "{sent}"
+    );
+    assert_eq!(
+        envoy.metric(
+            "llm_filter_guardrail_fired_total",
+            &[
+                ("rule", "presidio"),
+                ("action", "mask"),
+                ("api", "messages")
+            ]
+        ),
+        1.0
+    );
+    for r in provider.requests() {
+        assert!(!String::from_utf8_lossy(&r.body).contains("planted.guard"));
+    }
+    outputs
+        .assert_none_of(&envoy, &["planted.guard-service"])
+        .await;
+}
+
+#[tokio::test]
+async fn azure_and_bedrock_are_asked_in_their_own_shapes() {
+    if skip_without_envoy("azure_and_bedrock_are_asked_in_their_own_shapes") {
+        return;
+    }
+    let provider = MockUpstream::start(MockConfig::named("provider"));
+    let guard = MockUpstream::start(MockConfig::named("guard"));
+    let url_of = |e: &Envoy| e.url("/v1/chat/completions");
+
+    let azure = envoy(
+        &provider,
+        &guard,
+        json!({"preset": "azure_content_safety", "cluster": "guard",
+               "headers": {"Ocp-Apim-Subscription-Key": "azure-cs-key"}}),
+    );
+    let ok = post_json(&url_of(&azure), &chat("fine text"), &[])
+        .await
+        .unwrap();
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    let r = guard.last_request().unwrap();
+    assert_eq!(r.query.as_deref(), Some("api-version=2024-09-01"));
+    assert_eq!(r.json().unwrap()["text"], "fine text");
+    let refused = post_json(&url_of(&azure), &chat(&format!("{FLAG} now")), &[])
+        .await
+        .unwrap();
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    assert!(refused.text().contains("llm_filter_guardrail_blocked"));
+    drop(azure);
+
+    let bedrock = envoy(
+        &provider,
+        &guard,
+        json!({"name": "bedrock", "preset": "bedrock_guardrail", "cluster": "guard",
+               "guardrail_id": "gr0mesh1", "guardrail_version": "2", "action": "mask"}),
+    );
+    let before = provider.request_count();
+    let ok = post_json(
+        &url_of(&bedrock),
+        &chat(&format!("mail {MAIL} please")),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    let r = guard.last_request().unwrap();
+    assert_eq!(r.path, "/guardrail/gr0mesh1/version/2/apply");
+    assert_eq!(
+        r.json().unwrap(),
+        json!({"source": "INPUT", "content": [{"text": {"text": format!("mail {MAIL} please")}}]})
+    );
+    let sent = provider.last_request().unwrap().json().unwrap();
+    assert_eq!(sent["messages"][0]["content"], "mail {EMAIL} please");
+    assert_eq!(provider.request_count(), before + 1);
+    // A guardrail that blocks (its content filter's action `BLOCKED`)
+    // refuses the call even where it would mask: nothing is sent.
+    let blocked = post_json(&url_of(&bedrock), &chat(&format!("{FLAG} and more")), &[])
+        .await
+        .unwrap();
+    assert_eq!(blocked.status, 400, "{}", blocked.text());
+    assert!(blocked.text().contains("`bedrock`"), "{}", blocked.text());
+    assert_eq!(provider.request_count(), before + 1);
+}
+
+#[tokio::test]
+async fn a_slow_service_lets_the_call_go_on_or_refuses_it_as_on_error_says() {
+    if skip_without_envoy("a_slow_service_lets_the_call_go_on_or_refuses_it_as_on_error_says") {
+        return;
+    }
+    let provider = MockUpstream::start(MockConfig::named("provider"));
+    let guard = MockUpstream::start(MockConfig::named("guard"));
+    guard.set_default_delay_ms(1_500);
+    for (on_error, status) in [("allow", 200), ("refuse", 503)] {
+        let envoy = envoy(
+            &provider,
+            &guard,
+            json!({"name": "slow", "preset": "webhook", "cluster": "guard",
+                   "timeout_ms": 200, "on_error": on_error}),
+        );
+        let before = provider.request_count();
+        let started = std::time::Instant::now();
+        let r = post_json(&envoy.url("/v1/chat/completions"), &chat("hello"), &[])
+            .await
+            .unwrap();
+        let waited = started.elapsed();
+        assert_eq!(r.status, status, "{on_error}: {}", r.text());
+        assert!(waited.as_millis() < 1_400, "{on_error}: waited {waited:?}");
+        let reached = provider.request_count() - before;
+        assert_eq!(reached, usize::from(status == 200), "{on_error}");
+        if status == 503 {
+            assert!(
+                r.text().contains("llm_filter_guardrail_unavailable"),
+                "{}",
+                r.text()
+            );
+        }
+        let result = if status == 200 { "allowed" } else { "refused" };
+        assert_eq!(
+            envoy.metric(
+                "llm_filter_guardrail_service_failures_total",
+                &[
+                    ("rule", "slow"),
+                    ("reason", "timeout"),
+                    ("result", result),
+                    ("api", "chat")
+                ]
+            ),
+            1.0,
+            "{on_error}"
+        );
+    }
+}
