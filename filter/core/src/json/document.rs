@@ -91,12 +91,29 @@ impl Document {
     /// The bytes of each item of the array that is the value of the one
     /// top-level member `name`, as received (`None` once edited).
     pub fn items(&self, name: &str) -> Option<Vec<&[u8]>> {
-        let span = self.spans.get(self.find(name)??)?;
-        span.items
-            .as_ref()?
+        self.item_ranges(name)?
             .iter()
             .map(|r| self.bytes.get(r.clone()))
             .collect()
+    }
+
+    /// Where each item of the array that is the value of the one top-level
+    /// member `name` sits, as received (`None` once edited).
+    pub fn item_ranges(&self, name: &str) -> Option<&[Range<usize>]> {
+        self.spans.get(self.find(name)??)?.items.as_deref()
+    }
+
+    /// Replaces the value of the one top-level member `name` with the JSON
+    /// text `value`, without parsing it: the tree, which no longer says
+    /// what the bytes say, is dropped (an edit after which nothing reads
+    /// it). False, and nothing changed, when the body names no such member
+    /// once.
+    pub fn splice(&mut self, name: &str, value: &[u8]) -> bool {
+        let done = matches!(self.find(name), Some(Some(i)) if self.replace(i, value));
+        if done {
+            self.tree = None;
+        }
+        done
     }
 
     /// Sets the one top-level member `name` to the JSON text `value` (whose

@@ -12,7 +12,7 @@ use crate::budget::{
 use crate::dialect::features::Features;
 use crate::host::SharedStore;
 use crate::load;
-use crate::metrics::internal_error;
+use crate::metrics::{self as names, internal_error};
 use crate::routing::rewrite::{self, Edit};
 use crate::routing::{self, affinity, stateful, Health, RouteAsk};
 
@@ -31,6 +31,7 @@ impl Call {
         let mut chosen = Chosen::default();
         if let Some(mut body) = body {
             self.ask_for_usage(&mut body);
+            self.mark_prompt_cache(env, &mut body);
             self.note_sent_estimate(&body);
             chosen = self.route(env, host, &body);
             if self.may_fail_over(env) || self.may_hedge(env) || self.may_fall_back(env) {
@@ -77,9 +78,39 @@ impl Call {
         }
     }
 
+    /// The provider's prompt-cache markers the client placed none of, on a
+    /// model that opts in (`routing.prompt_cache`): its dialect says where
+    /// they go, on a prefix of at least the entry's tokens as the model's
+    /// learnt ratio reads the estimate. After the cache step, whose key is
+    /// over the body as the client meant it; before routing, so a failover
+    /// or a hedge sends the same markers.
+    fn mark_prompt_cache(&mut self, env: &mut Env<'_>, body: &mut HeldBody) {
+        let cfg = &self.routing_config(env.config).prompt_cache;
+        let Some(mut ask) = self.model().and_then(|m| cfg.for_model(m)) else {
+            return;
+        };
+        ask.min_tokens = self.estimate_ratio(env).uncalibrated(ask.min_tokens);
+        let dialect = self.request.dialect;
+        let placed = dialect.request().mark_cache(&mut body.doc, &ask);
+        if placed == 0 {
+            return;
+        }
+        // What routing reads of the body is as it was.
+        body.edited = true;
+        self.decided.cache_markers = placed;
+        let label = env.model_labels.value(self.model()).to_string();
+        env.metrics.counter(
+            &names::name(
+                names::PROMPT_CACHE_MARKERS,
+                &[("model", &label), ("api", dialect.api())],
+            ),
+            u64::from(placed),
+        );
+    }
+
     /// The call's affinity key, with routing on (see
-    /// [`crate::routing::affinity`]): the session header is read only when
-    /// it is one of the key's sources.
+    /// [`crate::routing::affinity`]), its tenant's own: the session header
+    /// is read only when it is one of the key's sources.
     pub(super) fn affinity_key(
         &self,
         env: &Env<'_>,
@@ -97,6 +128,7 @@ impl Call {
             None
         };
         cfg.key_of(self.request.dialect, body.tree(), session.as_deref())
+            .map(|k| k.of_tenant(self.request.tenant.as_deref()))
     }
 
     /// The affinity key as the `prompt_cache_key` a backend that takes one
