@@ -43,7 +43,8 @@ The SDK has no `temperature` parameter, so none is sent. Every object carries
               --conversations conversations of --turns turns each, the
               SDK's answer kept in the history, each starting with its own
               question under --system (with --client-marker, a system block
-              the client marks with cache_control itself): {turns: [{usage,
+              the client marks with cache_control itself; with --tool-words
+              N, a tool whose description is N words): {turns: [{usage,
               conversation, turn}], error (the first refusal: {status,
               message}, null when none)}
 
@@ -248,6 +249,14 @@ def conversations(args):
             kwargs["messages"] = said
             if system is not None:
                 kwargs["system"] = system
+            if args.tool_words:
+                kwargs["tools"] = [
+                    {
+                        "name": "lookup",
+                        "description": "Looks the platform's records up. " * (args.tool_words // 5),
+                        "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}},
+                    }
+                ]
             try:
                 m = c.messages.create(**kwargs)
             except anthropic.APIStatusError as e:
@@ -288,6 +297,7 @@ def main():
     p.add_argument("--conversations", type=int, default=1, help="conversations of the conversations scenario")
     p.add_argument("--turns", type=int, default=1, help="turns of each conversation")
     p.add_argument("--client-marker", action="store_true", help="the client marks its system prompt")
+    p.add_argument("--tool-words", type=int, default=0, help="words of the conversations' one tool's description")
     args = p.parse_args()
     out = SCENARIOS[args.scenario](args)
     out["sdk_version"] = anthropic.__version__

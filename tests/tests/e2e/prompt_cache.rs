@@ -145,7 +145,7 @@ async fn markers_the_mesh_puts_on_are_read_back_and_saved_at_the_cached_rate() {
         assert!(m.len() <= 4);
         placed += m.len();
     }
-    let (share_with, reads) = read_share(&out);
+    let (share_with, mut reads) = read_share(&out);
     // Every call but the very first reads the instructions; every later
     // turn reads its conversation up to the previous question too.
     assert!(
@@ -158,6 +158,24 @@ async fn markers_the_mesh_puts_on_are_read_back_and_saved_at_the_cached_rate() {
          {share_without:.3} without markers, {share_with:.3} with them ({placed} markers)"
     );
 
+    // With a tool of 600 words besides: four markers from the second turn
+    // on, the tool first, and the provider takes them.
+    let before = mock.requests().len();
+    let out = converse(&e, MODEL, &system, 1, 3, &["--tool-words", "600"]).await;
+    assert_eq!(out["error"], Value::Null, "{out}");
+    let sent: Vec<Vec<String>> = mock.requests().iter().skip(before).map(markers).collect();
+    assert_eq!(
+        sent,
+        [
+            vec!["tools", "system"],
+            vec!["tools", "system", "messages[0]", "messages[2]"],
+            vec!["tools", "system", "messages[2]", "messages[4]"],
+        ]
+    );
+    placed += 10;
+    let (_, with_tool) = read_share(&out);
+    assert!(with_tool[1..].iter().all(|r| *r > 1200), "{with_tool:?}");
+
     // Counted: the markers, the tokens read and written, the saving at the
     // catalog's rates ($3 input, $0.30 cached: 2.7 millionths a token read).
     let model = [("model", MODEL), ("api", "messages")];
@@ -168,6 +186,7 @@ async fn markers_the_mesh_puts_on_are_read_back_and_saved_at_the_cached_rate() {
         Duration::from_secs(5),
     );
     assert_eq!(counted, placed as f64);
+    reads.extend(with_tool);
     let read: u64 = reads.iter().sum();
     let saved = reads.iter().map(|r| r * 27 / 10).sum::<u64>() as f64;
     let by_model = [("model", MODEL)];
