@@ -208,6 +208,11 @@ async fn markers_the_mesh_puts_on_are_read_back_and_saved_at_the_cached_rate() {
         ),
         read as f64
     );
+    let premium = e.metric(
+        "llm_filter_prompt_cache_write_premium_micros_total",
+        &by_model,
+    );
+    println!("saved {saved} µ$, writes' premium {premium} µ$ ({read} tokens read)");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -286,7 +291,12 @@ async fn an_openai_call_gets_its_tenants_and_conversations_prompt_cache_key() {
         )
         .await;
         assert!(out["content"].is_string(), "{out}");
-        let r = mock.last_request().expect("the call reached the mock");
+        // The last chat call (routing's probes of the backend come between).
+        let r = mock
+            .requests()
+            .into_iter()
+            .rfind(|r| r.path == "/v1/chat/completions")
+            .expect("the call reached the mock");
         let key = r.json().unwrap_or_default()["prompt_cache_key"]
             .as_str()
             .expect("a prompt_cache_key upstream")

@@ -7,7 +7,8 @@ use super::*;
 use crate::json::Json;
 
 const CONFIG: &str = r#"{
-  "routing": {"prompt_cache": {"claude-*": {"min_prefix_tokens": 100}}}
+  "routing": {"prompt_cache": {"claude-*": {"min_prefix_tokens": 100}}},
+  "access_log": {"enabled": true}
 }"#;
 
 fn conversation(model: &str, marked: bool) -> String {
@@ -24,10 +25,18 @@ fn conversation(model: &str, marked: bool) -> String {
     )
 }
 
+/// A Messages call of `body`, answered: the host as the call left it,
+/// and the record of the call.
 fn send(w: &mut World, body: &str) -> FakeHost {
     let mut host = FakeHost::post("/v1/messages").with_body(body);
-    let (call, _) = w.request(&mut host).unwrap();
+    let (mut call, _) = w.request(&mut host).unwrap();
+    let answer = r#"{"type":"message","content":[],"stop_reason":"end_turn","usage":{"input_tokens":5,"output_tokens":1}}"#;
+    let mut answered = host.clone().with_response(200, "application/json", answer);
+    call.on_response_headers(&mut w.env(), &mut answered, false);
+    answered.response_body = answer.as_bytes().to_vec();
+    call.on_response_body(&mut w.env(), &mut answered, answer.len(), true);
     call.on_log(&mut w.env());
+    host.properties = answered.properties;
     host
 }
 
@@ -45,6 +54,9 @@ fn a_model_that_opts_in_gets_markers_the_client_placed_none_of() {
         w.counter("llm_filter_prompt_cache_markers_totalmodel=.=claude-x;.;api=.=messages;.;"),
         3
     );
+    let record: serde_json::Value =
+        serde_json::from_slice(&host.properties["llm_filter.call"]).unwrap();
+    assert_eq!(record["cache_markers"], 3, "{record}");
     // Another model, and a client's own marker: as they came.
     for body in [conversation("gpt-x", false), conversation("claude-x", true)] {
         let host = send(&mut w, &body);
