@@ -308,6 +308,22 @@ async fn an_openai_call_gets_its_tenants_and_conversations_prompt_cache_key() {
     }
     assert_eq!(keys[0], keys[1], "one tenant's conversation keeps its key");
     assert_ne!(keys[0], keys[2], "two tenants never share one");
+    // A Responses call gets one too.
+    let out = run(
+        OPENAI,
+        "responses",
+        &url,
+        &["--model", "gpt-4o", "--api-key", "sk-team-a"],
+    )
+    .await;
+    assert_eq!(out["status"], "completed", "{out}");
+    let r = mock
+        .requests()
+        .into_iter()
+        .rfind(|r| r.path == "/v1/responses")
+        .expect("the Responses call reached the mock");
+    let key = r.json().unwrap_or_default()["prompt_cache_key"].clone();
+    assert!(key.as_str().is_some_and(|k| k.len() == 16), "{key}");
     let stats = e.prometheus().unwrap();
     assert!(!stats.contains("sk-team-a") && !stats.contains("sk-team-b"));
 }

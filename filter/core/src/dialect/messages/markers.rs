@@ -15,8 +15,8 @@
 //! The last message is marked only once the call continues a conversation
 //! (an assistant message comes before it): a one-shot question would pay
 //! the write's premium for a prefix nobody asks again. A client that placed
-//! any marker of its own (on a block, a tool, or the request's top-level
-//! automatic `cache_control`) knows its prompt better: nothing is moved or
+//! any marker of its own (on a block, a nested block, a tool, or the
+//! request's top-level automatic `cache_control`) knows its prompt better: nothing is moved or
 //! added. Every edit is an insertion into the bytes as received (a string
 //! content's bytes are kept inside the block that replaces it); nothing is
 //! parsed again but the (at most two) messages marked, and the tree, which
@@ -139,15 +139,16 @@ fn plan(doc: &Document, tree: &Json, ask: &MarkAsk) -> Vec<Edit> {
 }
 
 /// The client placed a marker of its own somewhere: on the request (its
-/// automatic caching), a tool, a system block or a message's block.
-fn client_marked(tree: &Json) -> bool {
-    let marked = |v: &Json| v.members("cache_control").next().is_some();
-    let any = |v: Option<&Json>| matches!(v, Some(Json::Array(items)) if items.iter().any(marked));
-    marked(tree)
-        || any(tree.get("tools"))
-        || any(tree.get("system"))
-        || matches!(tree.get("messages"), Some(Json::Array(ms))
-            if ms.iter().any(|m| any(m.get("content"))))
+/// automatic caching), a tool, a system block, a message's block, or a
+/// block nested in one (a tool result's).
+fn client_marked(v: &Json) -> bool {
+    match v {
+        Json::Array(items) => items.iter().any(client_marked),
+        Json::Object(members) => members
+            .iter()
+            .any(|(k, v)| k == "cache_control" || client_marked(v)),
+        _ => false,
+    }
 }
 
 /// The block a marker may end on, the last of `blocks` that can carry one:

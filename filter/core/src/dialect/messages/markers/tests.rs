@@ -146,6 +146,10 @@ fn a_client_marker_anywhere_leaves_the_body_as_it_is() {
         format!(
             r#"{{"system":{long},"messages":[{{"role":"user","content":[{{"type":"text","text":"a","cache_control":{{"type":"ephemeral"}}}}]}},{{"role":"assistant","content":"b"}},{{"role":"user","content":"c"}}]}}"#
         ),
+        // Nested in a tool result, its key spelled with an escape.
+        format!(
+            r#"{{"system":{long},"messages":[{{"role":"assistant","content":"b"}},{{"role":"user","content":[{{"type":"tool_result","tool_use_id":"t","content":[{{"type":"text","text":"r","\u0063ache_control":{{"type":"ephemeral"}}}}]}}]}}]}}"#
+        ),
     ] {
         let (n, doc) = marked(&body, &ASK);
         assert_eq!((n, text(&doc)), (0, body.as_str()));
