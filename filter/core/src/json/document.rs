@@ -103,19 +103,6 @@ impl Document {
         self.spans.get(self.find(name)??)?.items.as_deref()
     }
 
-    /// Replaces the value of the one top-level member `name` with the JSON
-    /// text `value`, without parsing it: the tree, which no longer says
-    /// what the bytes say, is dropped (an edit after which nothing reads
-    /// it). False, and nothing changed, when the body names no such member
-    /// once.
-    pub fn splice(&mut self, name: &str, value: &[u8]) -> bool {
-        let done = matches!(self.find(name), Some(Some(i)) if self.replace(i, value));
-        if done {
-            self.tree = None;
-        }
-        done
-    }
-
     /// Sets the one top-level member `name` to the JSON text `value` (whose
     /// tree is `parsed`): its value replaced, or the member added after the
     /// last one. False, and nothing changed, when the body is no object or

@@ -29,14 +29,11 @@ use crate::dialect::request::MarkAsk;
 use crate::json::{Document, Json};
 use crate::tokens;
 
-/// The members marked, in the order the provider reads them.
-const MEMBERS: [&str; 3] = ["tools", "system", "messages"];
-
-/// One marker: in member `MEMBERS[member]`, the bytes it goes at (an
+/// One marker: in top-level member `member`, the bytes it goes at (an
 /// object's, or a string's to wrap in a text block), relative to the
 /// member's value.
 struct Edit {
-    member: usize,
+    member: &'static str,
     at: Range<usize>,
     wrap: bool,
 }
@@ -54,18 +51,23 @@ pub(super) fn mark(doc: &mut Document, ask: &MarkAsk) -> u32 {
         br#"{"type":"ephemeral"}"#
     };
     let mut placed = 0;
-    for (member, name) in MEMBERS.iter().enumerate() {
-        let mine: Vec<&Edit> = edits.iter().filter(|e| e.member == member).collect();
-        if mine.is_empty() {
-            continue;
-        }
-        let value = doc.value_range(name).and_then(|r| doc.bytes().get(r));
-        let Some(bytes) = value.and_then(|v| spliced(v, &mine, marker)) else {
+    // Planned member by member, in the order of each one's bytes.
+    for mine in edits.chunk_by(|a, b| a.member == b.member) {
+        let Some(name) = mine.first().map(|e| e.member) else {
             continue;
         };
-        if doc.splice(name, &bytes) {
+        let value = doc.value_range(name).and_then(|r| doc.bytes().get(r));
+        let Some(bytes) = value.and_then(|v| spliced(v, mine, marker)) else {
+            continue;
+        };
+        // The tree no longer says what the bytes say: nothing reads it
+        // after this last edit, and it is dropped below.
+        if doc.set(name, &bytes, Json::Null) {
             placed += mine.len() as u32;
         }
+    }
+    if placed > 0 {
+        doc.drop_tree();
     }
     placed
 }
@@ -89,7 +91,7 @@ fn plan(doc: &Document, tree: &Json, ask: &MarkAsk) -> Vec<Edit> {
     }
     if let (Some(last), true) = (tools.last(), long(milli)) {
         edits.push(Edit {
-            member: 0,
+            member: "tools",
             at: relative(last, start("tools")),
             wrap: false,
         });
@@ -106,7 +108,7 @@ fn plan(doc: &Document, tree: &Json, ask: &MarkAsk) -> Vec<Edit> {
         };
         if let (Some((at, wrap)), true) = (at, long(milli)) {
             edits.push(Edit {
-                member: 1,
+                member: "system",
                 at: relative(&at, base),
                 wrap,
             });
@@ -175,7 +177,7 @@ fn message_edit(doc: &Document, at: &Range<usize>) -> Option<Edit> {
         _ => return None,
     };
     Some(Edit {
-        member: 2,
+        member: "messages",
         at: r.start.saturating_add(at.start)..r.end.saturating_add(at.start),
         wrap,
     })
@@ -184,7 +186,7 @@ fn message_edit(doc: &Document, at: &Range<usize>) -> Option<Edit> {
 /// The member's `value` with `edits` (in the order of their bytes) in:
 /// each object gets the marker before its closing brace, each string is
 /// wrapped in a text block. `None` when an edit is not where it should be.
-fn spliced(value: &[u8], edits: &[&Edit], marker: &[u8]) -> Option<Vec<u8>> {
+fn spliced(value: &[u8], edits: &[Edit], marker: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(value.len().saturating_add(128));
     let mut from = 0;
     for e in edits {
