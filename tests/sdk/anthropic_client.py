@@ -39,6 +39,15 @@ The SDK has no `temperature` parameter, so none is sent. Every object carries
               retry_after, should_retry}] as the HTTP client's event hooks saw
               every attempt, the SDK's retries included}
 
+  conversations
+              --conversations conversations of --turns turns each, the
+              SDK's answer kept in the history, each starting with its own
+              question under --system (with --client-marker, a system block
+              the client marks with cache_control itself; with --tool-words
+              N, a tool whose description is N words): {turns: [{usage,
+              conversation, turn}], error (the first refusal: {status,
+              message}, null when none)}
+
 --header NAME:VALUE (repeatable) adds a header to every call (e.g.
 x-request-priority: P2, cache-control: max-age=60, the mock's x-mock-* knobs);
 --max-retries sets the SDK's retries (default 0).
@@ -226,7 +235,40 @@ def messages_error(args):
     return {"error_class": None, "attempts": attempts.list}
 
 
+def conversations(args):
+    c = client(args)
+    system = args.system
+    if args.client_marker:
+        system = [{"type": "text", "text": args.system, "cache_control": {"type": "ephemeral"}}]
+    out = {"turns": [], "error": None}
+    for n in range(args.conversations):
+        said = []
+        for turn in range(args.turns):
+            said.append({"role": "user", "content": f"conversation {n} question {turn}: {args.prompt}"})
+            kwargs = create_args(args)
+            kwargs["messages"] = said
+            if system is not None:
+                kwargs["system"] = system
+            if args.tool_words:
+                kwargs["tools"] = [
+                    {
+                        "name": "lookup",
+                        "description": "Looks the platform's records up. " * (args.tool_words // 5),
+                        "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}},
+                    }
+                ]
+            try:
+                m = c.messages.create(**kwargs)
+            except anthropic.APIStatusError as e:
+                out["error"] = {"status": e.status_code, "message": e.message}
+                return out
+            said.append({"role": "assistant", "content": text(m)})
+            out["turns"].append({"conversation": n, "turn": turn, "usage": usage(m.usage)})
+    return out
+
+
 SCENARIOS = {
+    "conversations": conversations,
     "messages": messages,
     "messages_stream": messages_stream,
     "messages_raw": messages_raw,
@@ -252,6 +294,10 @@ def main():
     p.add_argument("--timeout", type=float, default=30.0, help="the SDK's own timeout, s")
     p.add_argument("--calls", type=int, default=1, help="calls of messages_raw and messages_calls")
     p.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="a header of every call")
+    p.add_argument("--conversations", type=int, default=1, help="conversations of the conversations scenario")
+    p.add_argument("--turns", type=int, default=1, help="turns of each conversation")
+    p.add_argument("--client-marker", action="store_true", help="the client marks its system prompt")
+    p.add_argument("--tool-words", type=int, default=0, help="words of the conversations' one tool's description")
     args = p.parse_args()
     out = SCENARIOS[args.scenario](args)
     out["sdk_version"] = anthropic.__version__

@@ -121,8 +121,11 @@ def messages(text):
 
 
 def chat(args):
+    said = messages(args.prompt)
+    for n in range(args.turns):
+        said += [{"role": "assistant", "content": f"answer {n}"}, {"role": "user", "content": f"and then {n}?"}]
     r = client(args).chat.completions.create(
-        model=args.model, messages=messages(args.prompt), extra_headers=extra_headers(args)
+        model=args.model, messages=said, extra_headers=extra_headers(args)
     )
     return {
         "id": r.id,
@@ -377,6 +380,7 @@ def main():
     p.add_argument("--previous-response-id")
     p.add_argument("--priority", help="x-request-priority of responses_shed (default P2)")
     p.add_argument("--calls", type=int, default=1, help="calls of responses_raw")
+    p.add_argument("--turns", type=int, default=0, help="earlier turns of chat's conversation after --prompt")
     p.add_argument("--azure-api-version", help="an Azure OpenAI client of this API version")
     args = p.parse_args()
     out = SCENARIOS[args.scenario](args)

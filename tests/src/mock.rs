@@ -356,6 +356,8 @@ struct State {
     /// plays a prompt cache: a prompt that starts with one of them reports its
     /// tokens as cached (bounded, most recent last).
     prompt_cache: Mutex<Option<VecDeque<(Instant, String)>>>,
+    /// Anthropic's prompt cache, when the mock plays it for Messages calls.
+    messages_cache: Mutex<Option<messages::PromptCache>>,
     /// Prefill time of each prompt token the played cache did not hold, in
     /// microseconds, added to a chat call's delay (0: none).
     prefill_us_per_token: AtomicU64,
@@ -496,6 +498,7 @@ impl MockUpstream {
             prompt_token_scale: Mutex::new(None),
             reported_usage: Mutex::new(None),
             prompt_cache: Mutex::new(None),
+            messages_cache: Mutex::new(None),
             prefill_us_per_token: AtomicU64::new(0),
             keys: Mutex::new(None),
             tokens: Mutex::new(None),
@@ -624,6 +627,13 @@ impl MockUpstream {
     /// A prompt is remembered for [`PROMPT_CACHE_TTL`].
     pub fn set_prompt_cache(&self, on: bool) {
         *lock(&self.state.prompt_cache) = on.then(VecDeque::new);
+    }
+
+    /// The mock plays Anthropic's prompt cache for every later Messages
+    /// call (`Some`: the fewest tokens, words here, a prefix must have to be
+    /// cached; `None`: off): see [`messages::PromptCache`].
+    pub fn set_messages_cache(&self, min_tokens: Option<u64>) {
+        *lock(&self.state.messages_cache) = min_tokens.map(messages::PromptCache::new);
     }
 
     /// Every later chat or completions call waits `us` microseconds more for

@@ -313,6 +313,10 @@ pub const PROMPT_CACHE_SAVED: &str = "llm_filter_prompt_cache_saved_micros_total
 /// saved counter less this one.
 pub const PROMPT_CACHE_PREMIUM: &str = "llm_filter_prompt_cache_write_premium_micros_total";
 
+/// Prompt-cache markers the filter put on calls whose client placed none,
+/// by `model` and `api` (`routing.prompt_cache`).
+pub const PROMPT_CACHE_MARKERS: &str = "llm_filter_prompt_cache_markers_total";
+
 // credentials
 /// Calls Envoy could not put the mesh's credential on (the secret missing or
 /// unreadable), by `llm_cluster`: each answered 503 in the caller's shape
@@ -401,6 +405,7 @@ pub const ALL: &[&str] = &[
     LIMITS_ESTIMATED,
     PROMPT_CACHE_SAVED,
     PROMPT_CACHE_PREMIUM,
+    PROMPT_CACHE_MARKERS,
     CREDENTIAL_UNAVAILABLE,
     IDENTITY_REFUSED,
     GUARDRAIL_FIRED,

@@ -234,6 +234,18 @@ fn scenarios() -> Vec<Scenario> {
             "You are the concise assistant of conversation {UNIQUE}."
         ));
     }
+    // A Messages conversation of six turns under 4 KiB of instructions, a
+    // conversation of its own per request: what the prompt-cache markers
+    // are put on (`filter-messages-markers`) or not.
+    let mut said =
+        vec![json!({"role": "user", "content": format!("Conversation {UNIQUE}: hello.")})];
+    for t in 0..5 {
+        said.push(json!({"role": "assistant", "content": [{"type": "text", "text": format!("Answer {t}.")}]}));
+        said.push(json!({"role": "user", "content": format!("Question {t}?")}));
+    }
+    let conversation = json!({"model": claude, "max_tokens": 64, "messages": said,
+        "system": "Answer questions about the platform precisely. ".repeat(88)})
+    .to_string();
     let filter = filter_envoy;
     vec![
         Scenario {
@@ -509,6 +521,28 @@ fn scenarios() -> Vec<Scenario> {
             headers: vec![OPT_IN],
             body: messages.to_string(),
             expect_cache: Some("HIT"),
+        },
+        Scenario {
+            // A six-turn Messages conversation, cache off, no markers.
+            name: "filter-messages-conversation",
+            envoy: |port| filter_envoy(port).plugin_config(r#"{"cache":{"enabled":false}}"#),
+            path: "/v1/messages",
+            headers: vec![],
+            body: conversation.clone(),
+            expect_cache: None,
+        },
+        Scenario {
+            // The same with the prompt-cache markers put on: three.
+            name: "filter-messages-markers",
+            envoy: |port| {
+                filter_envoy(port).plugin_config(
+                    r#"{"cache":{"enabled":false},"routing":{"prompt_cache":{"claude-*":{}}}}"#,
+                )
+            },
+            path: "/v1/messages",
+            headers: vec![],
+            body: conversation,
+            expect_cache: None,
         },
         Scenario {
             // A streamed Messages miss: the events pass to the client as

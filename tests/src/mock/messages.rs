@@ -5,6 +5,9 @@
 //! the last but one, and errors in Anthropic's shape with the type its SDK maps
 //! to the right exception. `max_tokens` is required, as Anthropic requires it.
 
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::Ordering;
 
 use hyper::header::HeaderValue;
@@ -99,6 +102,9 @@ struct Reply {
     text: String,
     /// The usage to report in place of the counted one.
     reported: Option<Value>,
+    /// Input tokens read from and written to the played prompt cache.
+    cache_read: u64,
+    cache_write: u64,
 }
 
 impl Reply {
@@ -131,13 +137,22 @@ impl Reply {
             }
             all.push(text);
         }
+        let mut input_tokens = count_tokens(&all.join(" "));
+        let (mut cache_read, mut cache_write) = (0, 0);
+        if let Some(cache) = super::lock(&state.messages_cache).as_mut() {
+            let (read, write, total) = cache.look_up(body)?;
+            (cache_read, cache_write) = (read, write);
+            input_tokens = total.saturating_sub(read).saturating_sub(write);
+        }
         Ok(Self {
             id: format!("msg_{}-{sequence}", state.name),
             model: model.to_string(),
             stream: body.get("stream").and_then(Value::as_bool) == Some(true),
-            input_tokens: count_tokens(&all.join(" ")),
+            input_tokens,
             text: echo(state, &last_user),
             reported: super::lock(&state.reported_usage).clone(),
+            cache_read,
+            cache_write,
         })
     }
 
@@ -157,8 +172,8 @@ impl Reply {
         let mut usage = self.reported.clone().unwrap_or_else(|| {
             json!({
                 "input_tokens": self.input_tokens,
-                "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": 0,
+                "cache_creation_input_tokens": self.cache_write,
+                "cache_read_input_tokens": self.cache_read,
             })
         });
         if let Some(u) = usage.as_object_mut() {
@@ -245,5 +260,112 @@ fn blocks_text(content: Option<&Value>) -> String {
             .collect::<Vec<_>>()
             .join(" "),
         _ => String::new(),
+    }
+}
+
+/// Anthropic's prompt cache as the mock plays it: the prompt is read as a
+/// list of blocks (each tool, each system block, each message's content
+/// blocks, a string being one), and a block with `cache_control` is a
+/// breakpoint; more than four are refused with Anthropic's 400. The prefix
+/// a breakpoint ends is cached when it has at least `min_tokens` (words,
+/// the mock's tokens); a later call reads the longest cached prefix found at
+/// a breakpoint or up to 20 blocks before one, and writes the rest up to
+/// its last breakpoint. Tokens are the words of each block's text (a
+/// tool's, its JSON).
+pub struct PromptCache {
+    min_tokens: u64,
+    /// Hash of a prefix → its tokens.
+    entries: HashMap<u64, u64>,
+}
+
+/// Blocks looked back from a breakpoint for an earlier entry.
+const LOOKBACK: usize = 20;
+
+impl PromptCache {
+    pub(super) fn new(min_tokens: u64) -> Self {
+        Self {
+            min_tokens,
+            entries: HashMap::new(),
+        }
+    }
+
+    /// The tokens read and written, and the prompt's in all; `Err`:
+    /// Anthropic's message refusing too many breakpoints.
+    fn look_up(&mut self, body: &Value) -> Result<(u64, u64, u64), String> {
+        let mut blocks: Vec<(String, u64, bool)> = Vec::new();
+        let mut push = |role: &str, block: &Value| {
+            let marked = block.get("cache_control").is_some();
+            let mut bare = block.clone();
+            if let Some(b) = bare.as_object_mut() {
+                b.remove("cache_control");
+            }
+            let text = match role {
+                "tool" => bare.to_string(),
+                _ => blocks_text(Some(&Value::Array(vec![bare.clone()]))),
+            };
+            blocks.push((format!("{role}:{bare}"), count_tokens(&text), marked));
+        };
+        let list = |v: Option<&Value>| match v {
+            Some(Value::String(s)) => vec![json!({"type": "text", "text": s})],
+            Some(Value::Array(items)) => items.clone(),
+            _ => Vec::new(),
+        };
+        for tool in list(body.get("tools")) {
+            push("tool", &tool);
+        }
+        for block in list(body.get("system")) {
+            push("system", &block);
+        }
+        for message in body
+            .get("messages")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let role = message
+                .get("role")
+                .and_then(Value::as_str)
+                .unwrap_or("user");
+            for block in list(message.get("content")) {
+                push(role, &block);
+            }
+        }
+        let marks = blocks.iter().filter(|b| b.2).count();
+        if marks > 4 {
+            return Err(format!(
+                "A maximum of 4 blocks with cache_control may be provided. Found {marks}."
+            ));
+        }
+        // Each prefix's hash and tokens, and whether a breakpoint ends it.
+        let mut prefixes = Vec::with_capacity(blocks.len());
+        let (mut h, mut tokens) = (0u64, 0u64);
+        for (text, n, marked) in &blocks {
+            let mut hasher = DefaultHasher::new();
+            (h, text).hash(&mut hasher);
+            h = hasher.finish();
+            tokens += n;
+            prefixes.push((h, tokens, *marked));
+        }
+        let cacheable: Vec<(usize, u64, u64)> = prefixes
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, n, marked))| *marked && *n >= self.min_tokens)
+            .map(|(i, (h, n, _))| (i, *h, *n))
+            .collect();
+        let mut read = 0;
+        for &(b, _, _) in &cacheable {
+            let back = prefixes
+                .iter()
+                .take(b + 1)
+                .skip((b + 1).saturating_sub(LOOKBACK));
+            if let Some(n) = back.rev().find_map(|(h, _, _)| self.entries.get(h)) {
+                read = read.max(*n);
+            }
+        }
+        let end = cacheable.last().map_or(0, |(_, _, n)| *n);
+        for (_, h, n) in cacheable {
+            self.entries.insert(h, n);
+        }
+        Ok((read, end.saturating_sub(read), tokens))
     }
 }

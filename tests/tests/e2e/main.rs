@@ -42,6 +42,7 @@ mod oauth2;
 mod passthrough;
 mod pricing;
 mod priority;
+mod prompt_cache;
 mod provider_tls;
 mod reload;
 mod routing;

@@ -21,7 +21,7 @@ use crate::support::sdk::{python, run, ANTHROPIC, OPENAI};
 
 /// The configuration with the shipped catalog in its `limits`, as the
 /// operator's script writes it.
-fn with_catalog(config: &Value) -> Value {
+pub(crate) fn with_catalog(config: &Value) -> Value {
     let mut child = Command::new(python())
         .arg(workspace_root().join("scripts/prices.py"))
         .arg("-")

@@ -7,12 +7,13 @@ pub struct Messages;
 // The request: where the call says what it says, and how it is edited
 // (the [`super::request`] side).
 
+mod markers;
 pub mod stream;
 
 use super::prompt::{items, non_empty_string, one, only_role, role, Prompt};
-use super::request::{Prefix, Request, Turns};
+use super::request::{MarkAsk, Prefix, Request, Turns};
 use crate::dialect::request::TokenField;
-use crate::json::Json;
+use crate::json::{Document, Json};
 
 impl Request for Messages {
     /// Anthropic's `metadata.user_id`.
@@ -80,6 +81,12 @@ impl Request for Messages {
 
     fn converses(&self) -> bool {
         true
+    }
+
+    /// `cache_control` breakpoints on the last tool, the system prompt and
+    /// the conversation's last two user turns (see [`markers`]).
+    fn mark_cache(&self, doc: &mut Document, ask: &MarkAsk) -> u32 {
+        markers::mark(doc, ask)
     }
 
     /// Tools then the system prompt, cut after the first block a

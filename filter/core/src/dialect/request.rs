@@ -223,12 +223,31 @@ pub trait Request: Sync {
         None
     }
 
+    /// Puts the provider's prompt-cache markers where they pay on a request
+    /// that carries none, every other byte kept: `ask` says how long a
+    /// prefix must be to be marked and how long the provider keeps it. The
+    /// markers placed; 0 when the client placed its own (never moved nor
+    /// added to), nothing was long enough, or the API has no such markers.
+    fn mark_cache(&self, _doc: &mut Document, _ask: &MarkAsk) -> u32 {
+        0
+    }
+
     /// Asks a streamed call for its usage, every other byte kept; false when
     /// nothing changed (the API's streams always carry it, or the body
     /// cannot take the ask).
     fn ask_for_usage(&self, _doc: &mut Document) -> bool {
         false
     }
+}
+
+/// The prompt-cache markers a call is to get (see [`Request::mark_cache`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MarkAsk {
+    /// Least tokens of the prefix a marker ends, in the prompt estimate's
+    /// own measure (the walk takes the model's learnt ratio out).
+    pub min_tokens: u64,
+    /// The prefix is kept for an hour rather than five minutes.
+    pub hour: bool,
 }
 
 /// The request field that limits output tokens.

@@ -91,12 +91,16 @@ impl Document {
     /// The bytes of each item of the array that is the value of the one
     /// top-level member `name`, as received (`None` once edited).
     pub fn items(&self, name: &str) -> Option<Vec<&[u8]>> {
-        let span = self.spans.get(self.find(name)??)?;
-        span.items
-            .as_ref()?
+        self.item_ranges(name)?
             .iter()
             .map(|r| self.bytes.get(r.clone()))
             .collect()
+    }
+
+    /// Where each item of the array that is the value of the one top-level
+    /// member `name` sits, as received (`None` once edited).
+    pub fn item_ranges(&self, name: &str) -> Option<&[Range<usize>]> {
+        self.spans.get(self.find(name)??)?.items.as_deref()
     }
 
     /// Sets the one top-level member `name` to the JSON text `value` (whose

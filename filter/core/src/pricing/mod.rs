@@ -141,17 +141,23 @@ pub struct Prices {
     own: Vec<String>,
 }
 
+/// How well `key` names `model`: the exact name best (`usize::MAX`), else a
+/// beginning ending in `*` by its length (`*` alone fits every model, at 0);
+/// `None` when it does not.
+pub fn fit(key: &str, model: Option<&str>) -> Option<usize> {
+    match key.strip_suffix('*') {
+        Some(prefix) => (prefix.is_empty() || model.is_some_and(|m| m.starts_with(prefix)))
+            .then_some(prefix.len()),
+        None => (model == Some(key)).then_some(usize::MAX),
+    }
+}
+
 impl Prices {
     /// The price of `model`.
     pub fn get(&self, model: Option<&str>) -> Option<&Price> {
         let mut best: Option<(usize, &Price)> = None;
         for (key, price) in &self.entries {
-            let fit = match key.strip_suffix('*') {
-                Some(prefix) => (prefix.is_empty() || model.is_some_and(|m| m.starts_with(prefix)))
-                    .then_some(prefix.len()),
-                None => (model == Some(key.as_str())).then_some(usize::MAX),
-            };
-            if let Some(n) = fit.filter(|n| best.is_none_or(|(b, _)| *n > b)) {
+            if let Some(n) = fit(key, model).filter(|n| best.is_none_or(|(b, _)| *n > b)) {
                 best = Some((n, price));
             }
         }

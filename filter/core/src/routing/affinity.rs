@@ -283,6 +283,18 @@ impl Key {
         format!("{:016x}", self.0)
     }
 
+    /// The key of `tenant`'s call: two tenants whose calls say the same
+    /// (a session id, a prefix) never share a key, and the tenant's id is
+    /// never in it, only mixed into its hash. No tenant: the key as it is.
+    pub fn of_tenant(self, tenant: Option<&str>) -> Self {
+        match tenant {
+            Some(t) => Self(mix64(
+                self.0 ^ mix64(fnv1a64_from(fnv1a64(b"tenant\0"), t.as_bytes())),
+            )),
+            None => self,
+        }
+    }
+
     /// The rendezvous hash of this key with `cluster`, uniform over `u64`.
     pub fn hash_with(self, cluster: &str) -> u64 {
         mix64(self.0 ^ mix64(fnv1a64(cluster.as_bytes())))
@@ -442,6 +454,18 @@ mod tests {
 
     fn key(dialect: Dialect, b: &str, session: Option<&str>) -> Option<Key> {
         cfg().key_of(dialect, Some(&body(b)), session)
+    }
+
+    #[test]
+    fn each_tenant_has_its_own_key_and_keeps_it() {
+        let k = key(Dialect::Chat, r#"{"messages":[]}"#, Some("s1")).unwrap();
+        let a = k.of_tenant(Some("team-a"));
+        assert_eq!(a, k.of_tenant(Some("team-a")));
+        assert_ne!(a, k.of_tenant(Some("team-b")));
+        assert_ne!(a, k);
+        assert_eq!(k.of_tenant(None), k);
+        // The id is hashed in, never spelled out.
+        assert!(!a.hex().contains("team"));
     }
 
     #[test]

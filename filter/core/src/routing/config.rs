@@ -8,6 +8,7 @@ use serde::Deserialize;
 
 use super::affinity::{AffinityConfig, RawAffinity};
 use super::fallback::{self, Chains};
+use super::prompt_cache::PromptCacheConfig;
 use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::config::setting::{Bound, Empty, List, Setting, Table};
@@ -69,6 +70,7 @@ pub const SETTINGS: Table = &[
         &[
             &Empty::map("models"),
             &Empty::list("rules"),
+            &Empty::map("prompt_cache"),
             &CLUSTER_HEADER,
             &PROBE_INTERVAL_S,
             &PROBE_TIMEOUT_MS,
@@ -89,6 +91,7 @@ pub const SETTINGS: Table = &[
         &[&HEDGE_PRIORITIES, &HEDGE_MIN_DELAY_MS, &HEDGE_MAX_RATIO],
     ),
     ("routing.affinity", super::affinity::SETTINGS),
+    ("routing.prompt_cache.<>", super::prompt_cache::SETTINGS),
 ];
 
 /// `routing` as written.
@@ -122,6 +125,8 @@ pub struct RawRoutingConfig {
     pub hedge: RawHedge,
     /// Calls of one conversation to one backend (on by default).
     pub affinity: RawAffinity,
+    /// Prompt-cache markers the filter puts on (none by default).
+    pub prompt_cache: serde_json::Value,
     /// Model → the models a call refused for its context length, a spent
     /// quota or an unknown model moves on to.
     pub fallbacks: serde_json::Value,
@@ -240,6 +245,9 @@ pub struct RoutingConfig {
     pub hedge: Option<HedgeConfig>,
     /// Calls of one conversation go to one backend (see [`super::affinity`]).
     pub affinity: AffinityConfig,
+    /// The models whose calls get prompt-cache markers (see
+    /// [`super::prompt_cache`]).
+    pub prompt_cache: PromptCacheConfig,
     /// Each model's fallback chain by error class (see [`super::fallback`]).
     pub fallbacks: Chains,
 }
@@ -356,6 +364,8 @@ impl RoutingConfig {
         // Hedging, then the model table and the rules that pick in it.
         let hedge = HedgeConfig::compile(raw.hedge).map_err(|e| e.within("hedge"))?;
         let affinity = AffinityConfig::compile(raw.affinity).map_err(|e| e.within("affinity"))?;
+        let prompt_cache =
+            PromptCacheConfig::compile(&raw.prompt_cache).map_err(|e| e.within("prompt_cache"))?;
         let (models, clusters) = compile_models(raw.models)?;
         let rules = compile_rules(raw.rules, &models)?;
         let fallbacks = fallback::compile(&raw.fallbacks, &|m| models.contains_key(m))
@@ -376,6 +386,7 @@ impl RoutingConfig {
             failover: FAILOVER.or(raw.failover),
             hedge,
             affinity,
+            prompt_cache,
             fallbacks,
         })
     }

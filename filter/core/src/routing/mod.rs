@@ -20,6 +20,7 @@ pub mod hedge;
 pub mod learn;
 pub mod outcome;
 pub mod probe;
+pub mod prompt_cache;
 pub mod rewrite;
 pub mod rules;
 pub mod stateful;

@@ -58,6 +58,8 @@ pub struct Details<'a> {
     pub tenant: Option<&'a str>,
     /// How the call's hedge ended (`won`, `lost`, `abandoned`), when one was sent.
     pub hedge: Option<&'static str>,
+    /// The prompt-cache markers the filter put on (0: none).
+    pub cache_markers: u32,
     /// The guardrail rules that fired (`rule:action`, joined by commas).
     pub guardrails: Option<&'a str>,
     /// The prompt, when captured (`tracing.capture.prompt`).
@@ -263,6 +265,12 @@ fn decision_attributes<'a>(
         if let Some(saved) = saved {
             a.push(("llm_filter.prompt_cache.saved", Value::Double(saved)));
         }
+    }
+    if details.cache_markers > 0 {
+        a.push((
+            "llm_filter.prompt_cache.markers",
+            Value::Int(i64::from(details.cache_markers)),
+        ));
     }
     if call.served.budget_ms > 0 {
         a.push((

@@ -72,6 +72,9 @@ pub fn record(ids: Option<&SpanIds>, call: &CallSummary<'_>, details: &Details<'
     put("group", call.group.map(bounded).into());
     put("tenant", details.tenant.map(bounded).into());
     put("guardrails", details.guardrails.map(bounded).into());
+    if details.cache_markers > 0 {
+        put("cache_markers", Value::from(details.cache_markers));
+    }
     if call.served.budget_ms > 0 {
         put("budget_ms", Value::from(call.served.budget_ms));
     }

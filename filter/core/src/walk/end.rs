@@ -175,6 +175,7 @@ impl Call {
             tenant: self.request.tenant.as_deref(),
             hedge: self.decided.hedge.map(HedgeResult::as_str),
             guardrails: self.decided.guardrails.as_deref(),
+            cache_markers: self.decided.cache_markers,
             price: config.limits.price(self.priced_model()),
         }
     }

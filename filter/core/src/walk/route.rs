@@ -8,7 +8,7 @@ use std::cell::RefCell;
 use crate::budget::{self, BreakerState, BudgetConfig};
 use crate::dialect::features::Features;
 use crate::host::SharedStore;
-use crate::metrics::internal_error;
+use crate::metrics::{self as names, internal_error};
 use crate::routing::rewrite::{self, Edit};
 use crate::routing::{self, affinity, stateful, RouteAsk};
 
@@ -16,6 +16,36 @@ use super::upstream::{set_route_header, Chosen};
 use super::{set_request, Call, Env, HeldBody, Host};
 
 impl Call {
+    /// The provider's prompt-cache markers the client placed none of, on a
+    /// model that opts in (`routing.prompt_cache`): its dialect says where
+    /// they go, on a prefix of at least the entry's tokens as the model's
+    /// learnt ratio reads the estimate. After the cache step, whose key is
+    /// over the body as the client meant it; before routing, so a failover
+    /// or a hedge sends the same markers.
+    pub(super) fn mark_prompt_cache(&mut self, env: &mut Env<'_>, body: &mut HeldBody) {
+        let cfg = &self.routing_config(env.config).prompt_cache;
+        let Some(mut ask) = self.model().and_then(|m| cfg.for_model(m)) else {
+            return;
+        };
+        ask.min_tokens = self.estimate_ratio(env).uncalibrated(ask.min_tokens);
+        let dialect = self.request.dialect;
+        let placed = dialect.request().mark_cache(&mut body.doc, &ask);
+        if placed == 0 {
+            return;
+        }
+        // What routing reads of the body is as it was.
+        body.edited = true;
+        self.decided.cache_markers = placed;
+        let label = env.model_labels.value(self.model()).to_string();
+        env.metrics.counter(
+            &names::name(
+                names::PROMPT_CACHE_MARKERS,
+                &[("model", &label), ("api", dialect.api())],
+            ),
+            u64::from(placed),
+        );
+    }
+
     /// The call's affinity key, with routing on (see
     /// [`crate::routing::affinity`]): the session header is read only when
     /// it is one of the key's sources.
@@ -36,6 +66,7 @@ impl Call {
             None
         };
         cfg.key_of(self.request.dialect, body.tree(), session.as_deref())
+            .map(|k| k.of_tenant(self.request.tenant.as_deref()))
     }
 
     /// The affinity key as the `prompt_cache_key` a backend that takes one

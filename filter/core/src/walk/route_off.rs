@@ -8,6 +8,9 @@ use super::upstream::Chosen;
 use super::{Call, Env, HeldBody, Host};
 
 impl Call {
+    /// No markers: `routing.prompt_cache` is the gateway tier's.
+    pub(super) fn mark_prompt_cache(&mut self, _env: &mut Env<'_>, _body: &mut HeldBody) {}
+
     /// No affinity: nothing routes by it.
     pub(super) fn affinity_key(
         &self,

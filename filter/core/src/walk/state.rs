@@ -130,6 +130,8 @@ pub(super) struct Decided {
     pub(super) group: Option<usize>,
     /// What shaping changed in the body sent.
     pub(super) shaped: Changes,
+    /// The prompt-cache markers the filter put on the body sent.
+    pub(super) cache_markers: u32,
     /// The degrade level an action of which changed the call.
     pub(super) degraded: Option<u8>,
     /// The cache answered in place of the backend (`x-downgrade: cache`).

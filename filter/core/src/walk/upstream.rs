@@ -24,6 +24,7 @@ impl Call {
         let mut chosen = Chosen::default();
         if let Some(mut body) = body {
             self.ask_for_usage(&mut body);
+            self.mark_prompt_cache(env, &mut body);
             self.note_sent_estimate(&body);
             chosen = self.route(env, host, &body);
             if self.may_fail_over(env) || self.may_hedge(env) || self.may_fall_back(env) {

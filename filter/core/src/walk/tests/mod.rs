@@ -20,6 +20,7 @@ mod identity;
 mod keys;
 mod limits;
 mod phases;
+mod prompt_cache;
 mod semantic;
 mod shape;
 mod waits;
