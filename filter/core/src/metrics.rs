@@ -327,6 +327,12 @@ pub const GUARDRAIL_FIRED: &str = "llm_filter_guardrail_fired_total";
 /// blocks or masks, by `reason` (`not_held` | `not_json` | `too_long`),
 /// `result` (`refused` | `allowed`, by `guardrails.unchecked`) and `api`.
 pub const GUARDRAIL_UNCHECKED: &str = "llm_filter_guardrail_unchecked_total";
+/// Answers a guardrail rule found something in, by `rule`, `action` and
+/// `api`.
+pub const GUARDRAIL_ANSWER_FIRED: &str = "llm_filter_guardrail_answer_fired_total";
+/// Answers the rules that block or mask could not read whole, by `reason`
+/// (`too_long`, `not_json`), `result` (`refused`, `allowed`) and `api`.
+pub const GUARDRAIL_ANSWER_UNCHECKED: &str = "llm_filter_guardrail_answer_unchecked_total";
 
 /// Every metric the filter defines, each of the constants above once:
 /// `docs/metrics.md` documents each (a test of the core checks both).
@@ -398,6 +404,8 @@ pub const ALL: &[&str] = &[
     IDENTITY_REFUSED,
     GUARDRAIL_FIRED,
     GUARDRAIL_UNCHECKED,
+    GUARDRAIL_ANSWER_FIRED,
+    GUARDRAIL_ANSWER_UNCHECKED,
 ];
 
 #[cfg(test)]

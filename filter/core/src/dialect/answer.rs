@@ -79,6 +79,68 @@ pub trait Answer: Sync {
     /// lays it out; false when its answers say no text (embeddings, a path
     /// of another shape).
     fn said(&self, answer: &Json, out: &mut dyn Hear) -> bool;
+
+    /// The members of a JSON answer that hold what it said (the guardrails
+    /// read every string in them): OpenAI's `choices`.
+    fn said_fields(&self) -> &'static [&'static str] {
+        &["choices"]
+    }
+
+    /// Calls `f` with each piece of text a stream's event adds to a text of
+    /// the answer, keyed by that text (one per choice, content block or
+    /// output part): OpenAI's chunks, a choice's `delta.content`, its tool
+    /// calls' `arguments` and a completion's `text`.
+    fn deltas(&self, event: &mut Json, f: &mut dyn FnMut(u32, &mut String)) {
+        for (i, choice) in items_mut(member_mut(event, "choices"))
+            .iter_mut()
+            .enumerate()
+        {
+            let key = (i as u32) << 6;
+            if let Some(Json::String(s)) = member_mut(choice, "text") {
+                f(key, s);
+            }
+            let delta = member_mut(choice, "delta");
+            let Some(delta) = delta else { continue };
+            if let Some(Json::String(s)) = member_mut(delta, "content") {
+                f(key, s);
+            }
+            for (j, call) in items_mut(member_mut(delta, "tool_calls"))
+                .iter_mut()
+                .enumerate()
+            {
+                let args = member_mut(call, "function").and_then(|c| member_mut(c, "arguments"));
+                if let Some(Json::String(s)) = args {
+                    f(key | (j as u32 + 1).min(63), s);
+                }
+            }
+        }
+    }
+
+    /// The `event:` name of an error event of its streams, when they name
+    /// their events (the data is [`Answer::local_error`]'s body).
+    fn error_event(&self) -> Option<&'static str> {
+        None
+    }
+}
+
+/// The member `name` of an object, to change (the last one when repeated).
+pub(super) fn member_mut<'a>(j: &'a mut Json, name: &str) -> Option<&'a mut Json> {
+    match j {
+        Json::Object(members) => members
+            .iter_mut()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v),
+        _ => None,
+    }
+}
+
+/// An array's items, to change; none of anything else.
+pub(super) fn items_mut(j: Option<&mut Json>) -> &mut [Json] {
+    match j {
+        Some(Json::Array(items)) => items,
+        _ => &mut [],
+    }
 }
 
 /// Takes what an answer said as its dialect reads it out (the capture of
@@ -233,6 +295,10 @@ pub enum ReplyKind {
     /// The prompt could not be read whole for the guardrails that block
     /// or mask, and `guardrails.unchecked` refuses such calls (400).
     Unchecked,
+    /// A guardrail rule that blocks found something in the answer, or the
+    /// answer could not be read whole and `unchecked` refuses it (502: the
+    /// upstream's answer was refused; not to be retried).
+    AnswerBlocked,
 }
 
 impl ReplyKind {
@@ -249,6 +315,7 @@ impl ReplyKind {
             Self::OverLimit => 429,
             Self::Unauthenticated => 401,
             Self::Blocked | Self::Unchecked => 400,
+            Self::AnswerBlocked => 502,
         }
     }
 
@@ -265,6 +332,7 @@ impl ReplyKind {
                 "invalid_request_error"
             }
             Self::OverLimit => "rate_limit_exceeded",
+            Self::AnswerBlocked => "guardrail_error",
         }
     }
 
@@ -284,13 +352,18 @@ impl ReplyKind {
             Self::Unauthenticated => "invalid_api_key",
             Self::Blocked => "llm_filter_guardrail_blocked",
             Self::Unchecked => "llm_filter_guardrail_unchecked",
+            Self::AnswerBlocked => "llm_filter_guardrail_answer_blocked",
         }
     }
 
-    /// The caller's whole budget is gone: a retry can no longer meet its
-    /// deadline, only add load, so the reply tells SDKs not to make one.
+    /// A retry cannot help, only add load (the caller's whole budget is
+    /// gone, or the answer would be refused again), so the reply tells SDKs
+    /// not to make one.
     pub fn spends_the_budget(self) -> bool {
-        matches!(self, Self::BudgetExhausted | Self::UpstreamTimeout)
+        matches!(
+            self,
+            Self::BudgetExhausted | Self::UpstreamTimeout | Self::AnswerBlocked
+        )
     }
 
     /// The default human-readable message.
@@ -321,6 +394,7 @@ impl ReplyKind {
             Self::Unauthenticated => "Incorrect API key provided.",
             Self::Blocked => "The request was blocked by a guardrail rule.",
             Self::Unchecked => "The request could not be checked by the guardrails.",
+            Self::AnswerBlocked => "The answer was blocked by a guardrail rule.",
             Self::NoCredential => {
                 "The gateway's credential for this provider is unavailable or was refused; \
                  this is not a fault of the caller's key."

@@ -735,6 +735,7 @@ mod answers {
     use crate::dialect::answer::head::{self, Members};
     use crate::dialect::answer::ErrorClass;
     use crate::dialect::answer::ReplyKind;
+    use crate::dialect::answer::{items_mut, member_mut};
     use crate::dialect::answer::{refusal_of, Answer, Hear, Refusal, Stored};
     use crate::dialect::gemini::stream;
     use crate::dialect::AnyGrammar;
@@ -797,6 +798,7 @@ mod answers {
                 ReplyKind::OverLimit => 429,
                 ReplyKind::Unauthenticated => 401,
                 ReplyKind::Blocked | ReplyKind::Unchecked => 400,
+                ReplyKind::AnswerBlocked => 502,
             };
             (u32::from(status), error_body(status, message))
         }
@@ -819,6 +821,24 @@ mod answers {
 
         /// Each candidate a turn: its parts' text (thoughts left out),
         /// ended for its `finishReason`.
+        fn said_fields(&self) -> &'static [&'static str] {
+            &["candidates"]
+        }
+
+        /// Each candidate's parts' text, keyed by candidate and part.
+        fn deltas(&self, event: &mut Json, f: &mut dyn FnMut(u32, &mut String)) {
+            let candidates = items_mut(member_mut(event, "candidates"));
+            for (i, c) in candidates.iter_mut().enumerate() {
+                let parts =
+                    items_mut(member_mut(c, "content").and_then(|c| member_mut(c, "parts")));
+                for (j, p) in parts.iter_mut().enumerate() {
+                    if let Some(Json::String(t)) = member_mut(p, "text") {
+                        f(((i as u32) << 6) | (j as u32).min(63), t);
+                    }
+                }
+            }
+        }
+
         fn said(&self, answer: &Json, out: &mut dyn Hear) -> bool {
             let Some(Json::Array(candidates)) = answer.get("candidates") else {
                 return true;

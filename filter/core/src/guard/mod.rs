@@ -72,6 +72,7 @@ mod personal;
 pub mod policy;
 mod scan;
 mod secrets;
+pub mod window;
 pub mod words;
 
 use decoded::Decoded;

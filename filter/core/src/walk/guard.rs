@@ -10,7 +10,7 @@ use std::ops::ControlFlow;
 
 use crate::budget::reply;
 use crate::dialect::answer::ReplyKind;
-use crate::guard::policy::{Unchecked, Verdict};
+use crate::guard::policy::{Side, Unchecked, Verdict};
 use crate::guard::Vault;
 use crate::metrics::{self as names};
 
@@ -62,7 +62,7 @@ impl Call {
         body: Option<HeldBody>,
     ) -> Flow {
         let rules = &env.config.guardrails;
-        if !rules.enabled() {
+        if !rules.reads(Side::Prompt) {
             return ControlFlow::Continue(body);
         }
         let api = self.request.dialect;
@@ -87,7 +87,7 @@ impl Call {
                 return ControlFlow::Break(self.reply_locally(env, host, r));
             }
         }
-        if let Some(why) = unread.filter(|_| rules.enforces()) {
+        if let Some(why) = unread.filter(|_| rules.enforces(Side::Prompt)) {
             let refused = rules.unchecked == Unchecked::Refuse;
             let labels = [
                 ("reason", why.as_str()),
@@ -101,6 +101,8 @@ impl Call {
                 return ControlFlow::Break(self.reply_locally(env, host, r));
             }
         }
+        // Kept for the answer: its placeholders are put back there.
+        self.decided.vault = vault;
         let mut body = body;
         if let (Some(b), Some(v)) = (body.as_mut(), verdict) {
             if !v.edits.is_empty() {

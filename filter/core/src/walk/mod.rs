@@ -25,6 +25,7 @@ use crate::priority::{self, Priority};
 use crate::spans;
 use crate::trace_context;
 
+mod answer;
 mod body;
 mod cache;
 mod credentials;
