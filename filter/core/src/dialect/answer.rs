@@ -91,24 +91,23 @@ pub trait Answer: Sync {
     /// output part): OpenAI's chunks, a choice's `delta.content`, its tool
     /// calls' `arguments` and a completion's `text`.
     fn deltas(&self, event: &mut Json, f: &mut dyn FnMut(u32, &mut String)) {
-        for (i, choice) in items_mut(member_mut(event, "choices"))
-            .iter_mut()
-            .enumerate()
-        {
+        for (i, choice) in items_mut(event.get_mut("choices")).iter_mut().enumerate() {
             let key = (i as u32) << 6;
-            if let Some(Json::String(s)) = member_mut(choice, "text") {
+            if let Some(Json::String(s)) = choice.get_mut("text") {
                 f(key, s);
             }
-            let delta = member_mut(choice, "delta");
+            let delta = choice.get_mut("delta");
             let Some(delta) = delta else { continue };
-            if let Some(Json::String(s)) = member_mut(delta, "content") {
+            if let Some(Json::String(s)) = delta.get_mut("content") {
                 f(key, s);
             }
-            for (j, call) in items_mut(member_mut(delta, "tool_calls"))
+            for (j, call) in items_mut(delta.get_mut("tool_calls"))
                 .iter_mut()
                 .enumerate()
             {
-                let args = member_mut(call, "function").and_then(|c| member_mut(c, "arguments"));
+                let args = call
+                    .get_mut("function")
+                    .and_then(|c| c.get_mut("arguments"));
                 if let Some(Json::String(s)) = args {
                     f(key | (j as u32 + 1).min(63), s);
                 }
@@ -120,18 +119,6 @@ pub trait Answer: Sync {
     /// their events (the data is [`Answer::local_error`]'s body).
     fn error_event(&self) -> Option<&'static str> {
         None
-    }
-}
-
-/// The member `name` of an object, to change (the last one when repeated).
-pub(super) fn member_mut<'a>(j: &'a mut Json, name: &str) -> Option<&'a mut Json> {
-    match j {
-        Json::Object(members) => members
-            .iter_mut()
-            .rev()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v),
-        _ => None,
     }
 }
 

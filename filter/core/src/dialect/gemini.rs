@@ -733,9 +733,9 @@ mod answers {
 
     use super::{error_body, error_class, usage, Gemini};
     use crate::dialect::answer::head::{self, Members};
+    use crate::dialect::answer::items_mut;
     use crate::dialect::answer::ErrorClass;
     use crate::dialect::answer::ReplyKind;
-    use crate::dialect::answer::{items_mut, member_mut};
     use crate::dialect::answer::{refusal_of, Answer, Hear, Refusal, Stored};
     use crate::dialect::gemini::stream;
     use crate::dialect::AnyGrammar;
@@ -827,12 +827,11 @@ mod answers {
 
         /// Each candidate's parts' text, keyed by candidate and part.
         fn deltas(&self, event: &mut Json, f: &mut dyn FnMut(u32, &mut String)) {
-            let candidates = items_mut(member_mut(event, "candidates"));
+            let candidates = items_mut(event.get_mut("candidates"));
             for (i, c) in candidates.iter_mut().enumerate() {
-                let parts =
-                    items_mut(member_mut(c, "content").and_then(|c| member_mut(c, "parts")));
+                let parts = items_mut(c.get_mut("content").and_then(|c| c.get_mut("parts")));
                 for (j, p) in parts.iter_mut().enumerate() {
-                    if let Some(Json::String(t)) = member_mut(p, "text") {
+                    if let Some(Json::String(t)) = p.get_mut("text") {
                         f(((i as u32) << 6) | (j as u32).min(63), t);
                     }
                 }

@@ -128,7 +128,7 @@ mod answers {
     use crate::dialect::answer::head::{self, count, optional_count, Members};
     use crate::dialect::answer::Error;
     use crate::dialect::answer::ReplyKind;
-    use crate::dialect::answer::{member_mut, string, Answer, Hear, RateHeaders, Reset, Stored};
+    use crate::dialect::answer::{string, Answer, Hear, RateHeaders, Reset, Stored};
     use crate::dialect::chat::detail;
     use crate::dialect::messages::stream;
     use crate::dialect::AnyGrammar;
@@ -221,7 +221,7 @@ mod answers {
                 Some(Json::Number(n)) => n.parse::<u32>().unwrap_or(0),
                 _ => 0,
             };
-            let Some(delta) = member_mut(event, "delta") else {
+            let Some(delta) = event.get_mut("delta") else {
                 return;
             };
             if let Json::Object(members) = delta {

@@ -124,7 +124,7 @@ mod answers {
     use super::Responses;
     use crate::dialect::answer::head::{self, count, Members};
 
-    use crate::dialect::answer::{list, member_mut, string, Answer, Hear, Stored};
+    use crate::dialect::answer::{list, string, Answer, Hear, Stored};
     use crate::dialect::chat::detail;
     use crate::dialect::responses::stream;
     use crate::dialect::AnyGrammar;
@@ -211,7 +211,7 @@ mod answers {
                 _ => 0,
             };
             let key = (index("output_index") << 6) | index("content_index").min(63);
-            if let Some(Json::String(s)) = member_mut(event, "delta") {
+            if let Some(Json::String(s)) = event.get_mut("delta") {
                 f(key, s);
             }
         }

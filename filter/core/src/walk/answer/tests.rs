@@ -212,3 +212,62 @@ proptest! {
         prop_assert_eq!(blocked, block);
     }
 }
+
+#[test]
+fn a_responses_stream_is_masked_in_its_deltas_and_its_final_response_alike() {
+    let g = rules(r#"[{"name":"c","detect":["credit_card"],"action":"mask","on":"answer"}]"#);
+    let event =
+        |v: serde_json::Value| format!("event: {}\ndata: {v}\n\n", v["type"].as_str().unwrap());
+    let delta = |d: &str| {
+        event(
+            serde_json::json!({"type": "response.output_text.delta", "output_index": 0,
+                                 "content_index": 0, "delta": d}),
+        )
+    };
+    let full = "card 4111 1111 1111 1111 ok";
+    let body = [
+        delta("card 4111 11"),
+        delta("11 1111 1111"),
+        delta(" ok"),
+        event(serde_json::json!({"type": "response.output_text.done", "text": full})),
+        event(
+            serde_json::json!({"type": "response.completed", "response": {"output": [
+            {"type": "message", "content": [{"type": "output_text", "text": full}]}]}}),
+        ),
+    ]
+    .concat();
+    let (out, blocked) = check(&g, Dialect::Responses, &mut Vault::new(), &body, &[30, 200]);
+    assert!(!blocked);
+    assert!(!out.contains("4111"), "{out}");
+    let mut text = String::new();
+    for line in out.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        if v["type"] == "response.output_text.delta" {
+            text.push_str(v["delta"].as_str().unwrap());
+        }
+        if v["type"] == "response.completed" {
+            assert_eq!(
+                v["response"]["output"][0]["content"][0]["text"],
+                "card [CREDIT_CARD_1] ok"
+            );
+        }
+    }
+    assert_eq!(text, "card [CREDIT_CARD_1] ok");
+}
+
+#[test]
+fn a_gemini_stream_is_read_by_its_parts() {
+    let g = rules(r#"[{"name":"k","detect":["secrets"],"on":"answer"}]"#);
+    let (head, tail) = KEY.split_at(12);
+    let chunk = |t: &str| {
+        let v = serde_json::json!({"candidates": [{"content": {"role": "model", "parts": [{"text": t}]}}]});
+        format!("data: {v}\n\n")
+    };
+    let body = [chunk("key "), chunk(head), chunk(tail)].concat();
+    let (out, blocked) = check(&g, Dialect::Gemini, &mut Vault::new(), &body, &[]);
+    assert!(blocked && !out.contains("PLANT"), "{out}");
+    assert!(
+        out.ends_with("\n\n") && out.contains("\"code\":502"),
+        "{out}"
+    );
+}
