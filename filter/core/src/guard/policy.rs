@@ -433,7 +433,7 @@ impl Guardrails {
         verdict: &mut Verdict,
     ) -> Vec<(Finding, Action)> {
         let mut out = Vec::new();
-        let Some(detectors) = &self.detectors else {
+        let Some(detectors) = self.detectors.as_ref().filter(|_| self.reads(Side::Answer)) else {
             return out;
         };
         let mut budget = Budget::new(self.max_scan_bytes, MAX_FINDINGS);

@@ -56,7 +56,9 @@ impl Window {
             return Out::Pass(String::new());
         }
         let seen = self.context.len();
-        let whole = format!("{}{}", self.context, self.held);
+        let mut whole = String::with_capacity(seen + self.held.len());
+        whole.push_str(&self.context);
+        whole.push_str(&self.held);
         let found = rules.answer_findings(&whole, seen, vault, verdict);
         if let Some(k) = verdict.blocked_by() {
             return Out::Blocked(k);

@@ -270,13 +270,16 @@ impl Texts<'_> {
         let mut passed = Vec::with_capacity(texts.len());
         for (k, text) in &texts {
             let Some((_, w, template)) = window_of(self.windows, *k) else {
+                passed.push(text.clone());
                 continue;
             };
-            // This event carries what this text holds when it ends.
-            *template = Some((e.kind.map(<[u8]>::to_vec), tree.clone()));
             match w.push(self.rules, self.vault, self.verdict, text, false) {
                 Out::Pass(p) => passed.push(p),
                 Out::Blocked(r) => return Err(Some(r)),
+            }
+            if w.held() > 0 {
+                // This event carries what the text holds if it ends here.
+                *template = Some((e.kind.map(<[u8]>::to_vec), tree.clone()));
             }
         }
         if !changed && passed.iter().zip(&texts).all(|(p, (_, t))| p == t) {
@@ -332,14 +335,19 @@ fn window_of(
 
 /// Writes an event: its name when it had one, its data.
 fn write_event(kind: Option<&[u8]>, data: &Json, out: &mut Vec<u8>) {
+    event_head(kind, out);
+    data.write(out);
+    out.extend_from_slice(b"\n\n");
+}
+
+/// An event's name when it has one, and the start of its data.
+fn event_head(kind: Option<&[u8]>, out: &mut Vec<u8>) {
     if let Some(kind) = kind {
         out.extend_from_slice(b"event: ");
         out.extend_from_slice(kind);
         out.push(b'\n');
     }
     out.extend_from_slice(b"data: ");
-    data.write(out);
-    out.extend_from_slice(b"\n\n");
 }
 
 /// The words of a refused answer: the rule's name, never what it found.
@@ -359,12 +367,7 @@ fn refusal(rule: Option<&str>, stream: bool) -> String {
 fn error_event(answer: &dyn Answer, rule: Option<&str>) -> Vec<u8> {
     let (_, body) = answer.local_error(ReplyKind::AnswerBlocked, &refusal(rule, true));
     let mut out = Vec::with_capacity(body.len() + 24);
-    if let Some(name) = answer.error_event() {
-        out.extend_from_slice(b"event: ");
-        out.extend_from_slice(name.as_bytes());
-        out.push(b'\n');
-    }
-    out.extend_from_slice(b"data: ");
+    event_head(answer.error_event().map(str::as_bytes), &mut out);
     out.extend_from_slice(&body);
     out.extend_from_slice(b"\n\n");
     out
@@ -622,9 +625,9 @@ impl Call {
         let api = self.request.dialect.api();
         let mut named = self.decided.guardrails.take().unwrap_or_default();
         g.note(&env.config.guardrails, env.metrics, api, &mut named);
-        let named = named
-            .strip_prefix(',')
-            .map_or(named.clone(), str::to_string);
+        if named.starts_with(',') {
+            named.remove(0);
+        }
         self.decided.guardrails = (!named.is_empty()).then_some(named);
     }
 }

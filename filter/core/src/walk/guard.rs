@@ -14,7 +14,7 @@ use crate::guard::policy::{Side, Unchecked, Verdict};
 use crate::guard::Vault;
 use crate::metrics::{self as names};
 
-use super::{Call, Env, Flow, HeldBody, Host};
+use super::{set_request, Call, Env, Flow, HeldBody, Host};
 
 /// Why a prompt could not be checked whole.
 #[derive(Debug, Clone, Copy)]
@@ -61,6 +61,10 @@ impl Call {
         host: &mut dyn Host,
         body: Option<HeldBody>,
     ) -> Flow {
+        if env.config.guardrails.reads(Side::Answer) {
+            // The answer is read as it passes; a compressed one could not be.
+            set_request(env, host, "accept-encoding", None);
+        }
         let rules = &env.config.guardrails;
         if !rules.reads(Side::Prompt) {
             return ControlFlow::Continue(body);
@@ -102,6 +106,9 @@ impl Call {
             }
         }
         // Kept for the answer: its placeholders are put back there.
+        if vault.restores() && !env.config.guardrails.reads(Side::Answer) {
+            set_request(env, host, "accept-encoding", None);
+        }
         self.decided.vault = vault;
         let mut body = body;
         if let (Some(b), Some(v)) = (body.as_mut(), verdict) {

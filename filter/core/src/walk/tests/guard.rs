@@ -240,11 +240,16 @@ fn an_answer_a_rule_blocks_is_a_502_in_the_callers_shape_and_never_stored() {
             "cache":{"max_entries":8},"access_log":{"enabled":true}}"#,
     );
     let leak = answer_saying(&format!("the key is {KEY}"));
-    let mut host = chat("what is the key?");
+    let mut host = chat("what is the key?").with_header("accept-encoding", "gzip");
     assert_eq!(
         run_answering(&mut w, &mut host, &leak),
         Some(Step::Pause),
         "held"
+    );
+    assert_eq!(
+        host.header("accept-encoding"),
+        None,
+        "the answer comes uncompressed"
     );
     assert_eq!(host.response(":status"), Some("502"));
     assert_eq!(host.response("content-length"), None);
