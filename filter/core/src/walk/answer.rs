@@ -434,9 +434,10 @@ impl AnswerGuard {
 }
 
 /// An answer is checked for this call: a rule reads answers, or a value
-/// masked in its prompt is to be put back.
-pub(super) fn checks_answers(rules: &Guardrails, vault: &Vault) -> bool {
-    rules.reads(Side::Answer) || vault.restores()
+/// masked in its prompt is to be put back; and its answers say text (an
+/// embeddings answer, vectors, has nothing to check).
+pub(super) fn checks_answers(rules: &Guardrails, vault: &Vault, answer: &dyn Answer) -> bool {
+    (rules.reads(Side::Answer) || vault.restores()) && !answer.said_fields().is_empty()
 }
 
 impl Call {
@@ -456,7 +457,11 @@ impl Call {
         let ok = response.status.is_some_and(|s| (200..300).contains(&s))
             && response.envoy.is_none()
             && response.replacement.is_none();
-        if !ok || end_of_stream || !checks_answers(&env.config.guardrails, &self.decided.vault) {
+        let answer = self.request.dialect.answer();
+        if !ok
+            || end_of_stream
+            || !checks_answers(&env.config.guardrails, &self.decided.vault, answer)
+        {
             return false;
         }
         response.guard = Some(AnswerGuard::new(stream));
@@ -593,10 +598,10 @@ impl Call {
     /// backend's answer), checked: what to send.
     pub(super) fn check_whole(&mut self, env: &mut Env<'_>, stream: bool, body: &[u8]) -> Checked {
         let rules = &env.config.guardrails;
-        if !checks_answers(rules, &self.decided.vault) {
+        let answer = self.request.dialect.answer();
+        if !checks_answers(rules, &self.decided.vault, answer) {
             return Checked::Pass;
         }
-        let answer = self.request.dialect.answer();
         let mut g = AnswerGuard::new(stream);
         let vault = &mut self.decided.vault;
         let checked = match stream {

@@ -271,3 +271,14 @@ fn a_gemini_stream_is_read_by_its_parts() {
         "{out}"
     );
 }
+
+#[test]
+fn each_dialect_says_where_its_answer_says_it() {
+    let fields = |d: Dialect| d.answer().said_fields();
+    assert_eq!(fields(Dialect::Chat), ["choices"]);
+    assert_eq!(fields(Dialect::Messages), ["content"]);
+    assert_eq!(fields(Dialect::Responses), ["output"]);
+    assert_eq!(fields(Dialect::Gemini), ["candidates"]);
+    // Vectors: never held for the rules.
+    assert!(fields(Dialect::Embeddings).is_empty());
+}
