@@ -351,6 +351,35 @@ fn messages_sse(pieces: &[&str]) -> Canned {
     Canned::Sse(events)
 }
 
+/// A Responses stream whose text comes in `pieces`, its final response
+/// saying `text`.
+fn responses_sse(pieces: &[&str], text: &str) -> Canned {
+    let event = |data: Value| {
+        format!(
+            "event: {}\ndata: {data}\n\n",
+            data["type"].as_str().unwrap()
+        )
+    };
+    let response = json!({"id": "resp_1", "object": "response", "status": "completed",
+        "model": "gpt-4o", "output": [
+            {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+             "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+        "usage": {"input_tokens": 3, "output_tokens": 3, "total_tokens": 6}});
+    let mut events = vec![event(
+        json!({"type": "response.created", "response": {"id": "resp_1", "status": "in_progress", "output": []}}),
+    )];
+    events.extend(pieces.iter().map(|p| {
+        event(
+            json!({"type": "response.output_text.delta", "item_id": "msg_1",
+                     "output_index": 0, "content_index": 0, "delta": p}),
+        )
+    }));
+    events.push(event(
+        json!({"type": "response.completed", "response": response}),
+    ));
+    Canned::Sse(events)
+}
+
 const OTHER: &str = "another.caller@example.org";
 
 #[tokio::test]
@@ -447,6 +476,19 @@ async fn guardrails_check_answers_json_and_streamed_restore_masked_values_and_le
     assert_eq!(out["text"], "pay with [CREDIT_CARD_1] today", "{out}");
     assert_eq!(out["final_text"], "pay with [CREDIT_CARD_1] today", "{out}");
     assert_eq!(answer_fired(&envoy, "cards", "mask", "messages"), 2.0);
+
+    // A Responses stream: the deltas and the final response alike.
+    let card_text = format!("pay with {CARD} today");
+    answers(
+        &mock,
+        responses_sse(&["pay with 4111 ", "1111 1111", " 1111 today"], &card_text),
+    );
+    let out = run(OPENAI, "responses_stream", &openai, &["--prompt", "pay?"]).await;
+    assert_eq!(out["text"], "pay with [CREDIT_CARD_1] today", "{out}");
+    assert_eq!(
+        out["output_text"], "pay with [CREDIT_CARD_1] today",
+        "{out}"
+    );
 
     // Restore: the upstream sees the placeholder and echoes it; the client
     // reads its own address. JSON (the mock's echo), then a stream with the
