@@ -21,6 +21,9 @@ The SDK has no `temperature` parameter, so none is sent. Every object carries
               message: message_start's input with message_delta's output),
               at_ms (each event's arrival, from the call), first_event_ms,
               last_event_ms}
+  messages_stream_error
+              the stream helper: {text (the `text` events joined), error_class and
+              message of what the SDK raised, when it did}
   messages_raw
               messages.with_raw_response.create, --calls times:
               {calls: [{status, x_cache, age, request_id, headers: {x-*,
@@ -168,6 +171,21 @@ def messages_stream(args):
     }
 
 
+def messages_stream_error(args):
+    """A stream the filter may end with an error event: the text the SDK
+    yielded before, and what it raised."""
+    text, out = [], {"error_class": None}
+    try:
+        with client(args).messages.stream(**create_args(args)) as s:
+            for event in s:
+                if event.type == "text":
+                    text.append(event.text)
+    except anthropic.APIError as e:
+        out = {"error_class": type(e).__name__, "message": str(e)}
+    out["text"] = "".join(text)
+    return out
+
+
 def messages_raw(args):
     c = client(args)
     calls = []
@@ -271,6 +289,7 @@ SCENARIOS = {
     "conversations": conversations,
     "messages": messages,
     "messages_stream": messages_stream,
+    "messages_stream_error": messages_stream_error,
     "messages_raw": messages_raw,
     "messages_error": messages_error,
     "messages_calls": messages_calls,

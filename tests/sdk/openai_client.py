@@ -10,6 +10,9 @@ received). Every object carries `sdk_version`. What each scenario prints:
               cached, reasoning}} (cached: prompt_tokens_details.cached_tokens,
               reasoning: completion_tokens_details.reasoning_tokens, null when absent)
   stream      {chunks: [{at_ms, content, finish_reason, usage}], content}
+  stream_error
+              a chat stream: {content (the text yielded), error_class, message, code
+              of what the SDK raised, when it did}
   embeddings  {count, indexes, dimensions, usage}
   cache       {calls: [{status, x_cache, age, content, id}] x2}  (temperature 0)
   shed, budget, chat_error (a chat call with --header and --api-key)
@@ -156,6 +159,23 @@ def stream(args):
             }
         )
     return {"chunks": chunks, "content": "".join(c["content"] or "" for c in chunks)}
+
+
+def stream_error(args):
+    """A chat stream the filter may end with an error event: the text the SDK
+    yielded before, and what it raised."""
+    s = client(args).chat.completions.create(
+        model=args.model, messages=messages(args.prompt), stream=True, extra_headers=extra_headers(args)
+    )
+    text, out = [], {"error_class": None}
+    try:
+        for chunk in s:
+            if chunk.choices and chunk.choices[0].delta.content:
+                text.append(chunk.choices[0].delta.content)
+    except openai.APIError as e:
+        out = {"error_class": type(e).__name__, "message": e.message, "code": getattr(e, "code", None)}
+    out["content"] = "".join(text)
+    return out
 
 
 def embeddings(args):
@@ -351,6 +371,7 @@ def chat_error(args):
 SCENARIOS = {
     "chat": chat,
     "stream": stream,
+    "stream_error": stream_error,
     "embeddings": embeddings,
     "cache": cache,
     "shed": shed,

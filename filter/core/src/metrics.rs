@@ -338,6 +338,12 @@ pub const GUARDRAIL_SERVICE_DURATION: &str = "llm_filter_guardrail_service_durat
 /// | `too_long`), `result` (`allowed` | `refused`, by its `on_error`) and
 /// `api`.
 pub const GUARDRAIL_SERVICE_FAILURES: &str = "llm_filter_guardrail_service_failures_total";
+/// Answers a guardrail rule found something in, by `rule`, `action` and
+/// `api`.
+pub const GUARDRAIL_ANSWER_FIRED: &str = "llm_filter_guardrail_answer_fired_total";
+/// Answers the rules that block or mask could not read whole, by `reason`
+/// (`too_long`, `not_json`), `result` (`refused`, `allowed`) and `api`.
+pub const GUARDRAIL_ANSWER_UNCHECKED: &str = "llm_filter_guardrail_answer_unchecked_total";
 
 /// Every metric the filter defines, each of the constants above once:
 /// `docs/metrics.md` documents each (a test of the core checks both).
@@ -412,6 +418,8 @@ pub const ALL: &[&str] = &[
     GUARDRAIL_UNCHECKED,
     GUARDRAIL_SERVICE_DURATION,
     GUARDRAIL_SERVICE_FAILURES,
+    GUARDRAIL_ANSWER_FIRED,
+    GUARDRAIL_ANSWER_UNCHECKED,
 ];
 
 #[cfg(test)]

@@ -1307,12 +1307,32 @@ fn ttfb_sides() -> Vec<TtfbSide> {
             name: "filter-streamed",
             envoy: filter_envoy,
         },
+        TtfbSide {
+            // The same with the guardrails reading the answer: each text is
+            // held back through its window.
+            name: "filter-guarded",
+            envoy: guarded_envoy,
+        },
     ]
 }
 
+/// The filter with guardrails on prompts and answers: keys blocked, personal
+/// data masked.
+fn guarded_envoy(port: u16) -> EnvoyBuilder {
+    EnvoyBuilder::new()
+        .plugin_config(
+            r#"{"guardrails":{"rules":[
+                {"name":"keys","detect":["secrets"],"action":"block","on":"both"},
+                {"name":"pii","detect":["personal"],"action":"mask","on":"both"}]}}"#,
+        )
+        .concurrency(1)
+        .upstream("backend", port)
+}
+
 /// Time to the first byte of the body of `calls` streamed chat calls sent one
-/// after the other on one kept-alive connection, in ms, sorted.
-async fn ttfb_ms(envoy: &Envoy, calls: u32) -> Result<Vec<f64>> {
+/// after the other on one kept-alive connection, and to the first token (the
+/// first chunk with text), in ms, sorted.
+async fn ttfb_ms(envoy: &Envoy, calls: u32) -> Result<(Vec<f64>, Vec<f64>)> {
     let client = reqwest::Client::builder()
         .no_proxy()
         .timeout(Duration::from_secs(10))
@@ -1320,6 +1340,7 @@ async fn ttfb_ms(envoy: &Envoy, calls: u32) -> Result<Vec<f64>> {
     let url = envoy.url("/v1/chat/completions");
     let body = chat_stream_body("gpt-4o", "Say hello in one short sentence.", false).to_string();
     let mut times = Vec::new();
+    let mut tokens = Vec::new();
     // The first calls open the connection and warm the VM: not measured.
     for i in 0..calls + 20 {
         let sent = Instant::now();
@@ -1335,16 +1356,33 @@ async fn ttfb_ms(envoy: &Envoy, calls: u32) -> Result<Vec<f64>> {
         let mut stream = response.bytes_stream();
         let first = stream.next().await.transpose()?;
         let at = sent.elapsed();
-        if first.is_none() {
+        let Some(first) = first else {
             bail!("streamed call without a body");
+        };
+        let mut seen = first.to_vec();
+        let mut token = has_token(&seen).then_some(at);
+        while let Some(piece) = stream.next().await.transpose()? {
+            if token.is_none() {
+                seen.extend_from_slice(&piece);
+                token = has_token(&seen).then(|| sent.elapsed());
+            }
         }
-        while stream.next().await.transpose()?.is_some() {}
         if i >= 20 {
             times.push(at.as_secs_f64() * 1000.0);
+            tokens.push(token.context("no token")?.as_secs_f64() * 1000.0);
         }
     }
     times.sort_by(f64::total_cmp);
-    Ok(times)
+    tokens.sort_by(f64::total_cmp);
+    Ok((times, tokens))
+}
+
+/// A chat chunk with text is in `bytes`.
+fn has_token(bytes: &[u8]) -> bool {
+    let pat = b"\"content\":\"";
+    bytes
+        .windows(pat.len() + 1)
+        .any(|w| w.starts_with(pat) && w.last() != Some(&b'"'))
 }
 
 /// The value at quantile `q` of sorted `values` (nearest rank).
@@ -1353,8 +1391,9 @@ fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
     sorted.get(rank - 1).copied()
 }
 
-/// p50 and p99 of each side, per round.
-type TtfbRounds = Vec<(&'static str, Vec<Result<(f64, f64)>>)>;
+/// p50 and p99 of each side, per round: to the first byte, then to the
+/// first token.
+type TtfbRounds = Vec<(&'static str, Vec<Result<(f64, f64, f64, f64)>>)>;
 
 async fn run_ttfb(options: &Options, rounds: &mut TtfbRounds) -> Result<()> {
     // A mock that streams at once and paces its events by 1 ms: the first byte
@@ -1367,10 +1406,12 @@ async fn run_ttfb(options: &Options, rounds: &mut TtfbRounds) -> Result<()> {
         eprintln!("bench: ttfb {name} ({} streamed calls)", options.ttfb_calls);
         let result = async {
             let envoy = (side.envoy)(mock.port()).start()?;
-            let times = ttfb_ms(&envoy, options.ttfb_calls).await?;
+            let (times, tokens) = ttfb_ms(&envoy, options.ttfb_calls).await?;
             Ok((
                 quantile(&times, 0.5).context("no call")?,
                 quantile(&times, 0.99).context("no call")?,
+                quantile(&tokens, 0.5).context("no call")?,
+                quantile(&tokens, 0.99).context("no call")?,
             ))
         }
         .await;
@@ -1388,18 +1429,22 @@ fn print_ttfb(rounds: &TtfbRounds, options: &Options) {
          median of {} rounds\n",
         options.ttfb_calls, options.rounds
     );
-    println!("| side | TTFB p50 ms | TTFB p99 ms | p50 over {PLAIN} ms | p99 over {PLAIN} ms |");
-    println!("|---|---:|---:|---:|---:|");
-    let base: Vec<Option<(f64, f64)>> = rounds
+    println!(
+        "| side | TTFB p50 ms | TTFB p99 ms | p50 over {PLAIN} ms | p99 over {PLAIN} ms \
+         | first token p50 ms | first token p99 ms |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    type Quad = (f64, f64, f64, f64);
+    let base: Vec<Option<Quad>> = rounds
         .first()
         .map(|(_, r)| r.iter().map(|x| x.as_ref().ok().copied()).collect())
         .unwrap_or_default();
     for (name, results) in rounds {
-        let ok: Vec<(f64, f64)> = results
+        let ok: Vec<Quad> = results
             .iter()
             .filter_map(|r| r.as_ref().ok().copied())
             .collect();
-        let over = |pick: fn(&(f64, f64)) -> f64| {
+        let over = |pick: fn(&Quad) -> f64| {
             let values: Vec<f64> = results
                 .iter()
                 .zip(&base)
@@ -1407,12 +1452,15 @@ fn print_ttfb(rounds: &TtfbRounds, options: &Options) {
                 .collect();
             median(&values)
         };
+        let of = |pick: fn(&Quad) -> f64| median(&ok.iter().map(pick).collect::<Vec<_>>());
         println!(
-            "| {name} | {} | {} | {} | {} |",
-            fmt_opt(median(&ok.iter().map(|t| t.0).collect::<Vec<_>>()), 3),
-            fmt_opt(median(&ok.iter().map(|t| t.1).collect::<Vec<_>>()), 3),
+            "| {name} | {} | {} | {} | {} | {} | {} |",
+            fmt_opt(of(|t| t.0), 3),
+            fmt_opt(of(|t| t.1), 3),
             fmt_opt(over(|t| t.0), 3),
             fmt_opt(over(|t| t.1), 3),
+            fmt_opt(of(|t| t.2), 3),
+            fmt_opt(of(|t| t.3), 3),
         );
     }
 }

@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use llm_filter_e2e::{
-    post_json, skip_without_envoy, Envoy, EnvoyBuilder, MockConfig, MockUpstream,
+    post_json, skip_without_envoy, Canned, Envoy, EnvoyBuilder, MockConfig, MockUpstream, Script,
 };
 use serde_json::{json, Value};
 
@@ -246,4 +246,315 @@ async fn a_prompt_longer_than_the_rules_read_is_refused_or_let_through_by_the_op
         );
     }
     assert_eq!(mock.request_count(), 1, "only the allowed call went on");
+}
+
+/// Rules on the answer: keys blocked both ways, cards masked in answers,
+/// addresses masked in prompts and put back in the answer.
+fn answer_rules() -> Value {
+    json!({"rules": [
+        {"name": "no-secrets", "detect": ["secrets"], "action": "block", "on": "both"},
+        {"name": "cards", "detect": ["credit_card"], "action": "mask", "on": "answer"},
+        {"name": "pii", "detect": ["email"], "action": "mask", "restore": true}
+    ]})
+}
+
+fn answer_fired(e: &Envoy, rule: &str, action: &str, api: &str) -> f64 {
+    e.metric(
+        "llm_filter_guardrail_answer_fired_total",
+        &[("rule", rule), ("action", action), ("api", api)],
+    )
+}
+
+/// The next answer of `mock` is `canned`.
+fn answers(mock: &MockUpstream, canned: Canned) {
+    mock.push_script(Script {
+        answer: Some(canned),
+        ..Script::default()
+    });
+}
+
+fn chat_json(text: &str) -> Canned {
+    Canned::Json(
+        json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "gpt-4o",
+               "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                            "finish_reason": "stop"}],
+               "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}})
+        .to_string(),
+    )
+}
+
+fn messages_json(text: &str) -> Canned {
+    Canned::Json(
+        json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4",
+               "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
+               "stop_sequence": null, "usage": {"input_tokens": 3, "output_tokens": 3}})
+        .to_string(),
+    )
+}
+
+/// A chat stream whose text comes in `pieces`, one event each.
+fn chat_sse(pieces: &[&str]) -> Canned {
+    let chunk = |delta: Value, finish: Value| {
+        let c = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
+                       "model": "gpt-4o",
+                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+        format!("data: {c}\n\n")
+    };
+    let mut events = vec![chunk(
+        json!({"role": "assistant", "content": ""}),
+        Value::Null,
+    )];
+    events.extend(
+        pieces
+            .iter()
+            .map(|p| chunk(json!({"content": p}), Value::Null)),
+    );
+    events.push(chunk(json!({}), json!("stop")));
+    events.push("data: [DONE]\n\n".to_string());
+    Canned::Sse(events)
+}
+
+/// A Messages stream whose text comes in `pieces`, one event each.
+fn messages_sse(pieces: &[&str]) -> Canned {
+    let event = |name: &str, data: Value| format!("event: {name}\ndata: {data}\n\n");
+    let mut events = vec![
+        event(
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+                   "role": "assistant", "model": "claude-sonnet-4", "content": [],
+                   "stop_reason": null, "stop_sequence": null,
+                   "usage": {"input_tokens": 3, "output_tokens": 1}}}),
+        ),
+        event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0,
+                   "content_block": {"type": "text", "text": ""}}),
+        ),
+    ];
+    events.extend(pieces.iter().map(|p| {
+        event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+                   "delta": {"type": "text_delta", "text": p}}),
+        )
+    }));
+    events.push(event(
+        "content_block_stop",
+        json!({"type": "content_block_stop", "index": 0}),
+    ));
+    events.push(event(
+        "message_delta",
+        json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null},
+               "usage": {"output_tokens": 3}}),
+    ));
+    events.push(event("message_stop", json!({"type": "message_stop"})));
+    Canned::Sse(events)
+}
+
+/// A Responses stream whose text comes in `pieces`, its final response
+/// saying `text`.
+fn responses_sse(pieces: &[&str], text: &str) -> Canned {
+    let event = |data: Value| {
+        format!(
+            "event: {}\ndata: {data}\n\n",
+            data["type"].as_str().unwrap()
+        )
+    };
+    let response = json!({"id": "resp_1", "object": "response", "status": "completed",
+        "model": "gpt-4o", "output": [
+            {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+             "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+        "usage": {"input_tokens": 3, "output_tokens": 3, "total_tokens": 6}});
+    let mut events = vec![event(
+        json!({"type": "response.created", "response": {"id": "resp_1", "status": "in_progress", "output": []}}),
+    )];
+    events.extend(pieces.iter().map(|p| {
+        event(
+            json!({"type": "response.output_text.delta", "item_id": "msg_1",
+                     "output_index": 0, "content_index": 0, "delta": p}),
+        )
+    }));
+    events.push(event(
+        json!({"type": "response.completed", "response": response}),
+    ));
+    Canned::Sse(events)
+}
+
+const OTHER: &str = "another.caller@example.org";
+
+#[tokio::test]
+async fn guardrails_check_answers_json_and_streamed_restore_masked_values_and_leak_nothing() {
+    if skip_without_envoy(
+        "guardrails_check_answers_json_and_streamed_restore_masked_values_and_leak_nothing",
+    ) {
+        return;
+    }
+    let mock = MockUpstream::start(MockConfig::named("answers"));
+    mock.set_chunk_delay_ms(20);
+    let dir = tempfile::tempdir().unwrap();
+    let outputs = Outputs::start(dir.path());
+    let envoy = outputs
+        .envoy(EnvoyBuilder::new().upstream("mock", mock.port()))
+        .plugin_config(
+            outputs.config(json!({"guardrails": answer_rules(), "cache": {"enabled": true}})),
+        )
+        .component_log_level("wasm:debug")
+        .start()
+        .expect("envoy with guardrails on answers");
+    let openai = envoy.url("/v1");
+    let anthropic = envoy.url("");
+    let (key_head, key_tail) = KEY.split_at(15);
+
+    // A key in a JSON answer: a 502 the OpenAI SDK raises as its
+    // InternalServerError, not retried; the key never reaches the client.
+    answers(&mock, chat_json(&format!("the key is {KEY}")));
+    let out = run(
+        OPENAI,
+        "chat_error",
+        &openai,
+        &["--prompt", "what is the key?", "--max-retries", "2"],
+    )
+    .await;
+    assert_eq!(out["status"], 502, "{out}");
+    assert_eq!(out["error_class"], "InternalServerError", "{out}");
+    assert_eq!(out["code"], "llm_filter_guardrail_answer_blocked", "{out}");
+    assert!(
+        out["message"].as_str().unwrap().contains("`no-secrets`"),
+        "{out}"
+    );
+    assert!(!out.to_string().contains("PLANTED"), "{out}");
+    assert_eq!(mock.request_count(), 1, "the SDK did not retry");
+    assert_eq!(answer_fired(&envoy, "no-secrets", "block", "chat"), 1.0);
+
+    // A card in a JSON Messages answer: masked.
+    answers(&mock, messages_json(&format!("card {CARD} noted")));
+    let out = run(ANTHROPIC, "messages", &anthropic, &["--prompt", "card?"]).await;
+    assert_eq!(out["text"], "card [CREDIT_CARD_1] noted", "{out}");
+
+    // A key cut across a chat stream's events: the stream ends with the
+    // error chunk the OpenAI SDK raises as APIError; none of the key came.
+    answers(&mock, chat_sse(&["the key is ", key_head, key_tail, " ok"]));
+    let out = run(
+        OPENAI,
+        "stream_error",
+        &openai,
+        &["--prompt", "stream the key"],
+    )
+    .await;
+    assert_eq!(out["error_class"], "APIError", "{out}");
+    assert!(
+        out["message"].as_str().unwrap().contains("`no-secrets`"),
+        "{out}"
+    );
+    assert_eq!(out["content"], "the key is ", "{out}");
+    assert!(!out.to_string().contains("PLANTED"), "{out}");
+    // And a Messages stream ends with `event: error`, the SDK's APIStatusError.
+    answers(&mock, messages_sse(&["key: ", key_head, key_tail]));
+    let out = run(
+        ANTHROPIC,
+        "messages_stream_error",
+        &anthropic,
+        &["--prompt", "key?"],
+    )
+    .await;
+    assert_eq!(out["error_class"], "APIStatusError", "{out}");
+    assert!(!out.to_string().contains("PLANTED"), "{out}");
+    assert_eq!(answer_fired(&envoy, "no-secrets", "block", "messages"), 1.0);
+
+    // A card cut across a Messages stream's events: masked whole.
+    answers(
+        &mock,
+        messages_sse(&["pay with 4111 1111 ", "1111 1111", " today"]),
+    );
+    let out = run(
+        ANTHROPIC,
+        "messages_stream",
+        &anthropic,
+        &["--prompt", "pay?"],
+    )
+    .await;
+    assert_eq!(out["text"], "pay with [CREDIT_CARD_1] today", "{out}");
+    assert_eq!(out["final_text"], "pay with [CREDIT_CARD_1] today", "{out}");
+    assert_eq!(answer_fired(&envoy, "cards", "mask", "messages"), 2.0);
+
+    // A Responses stream: the deltas and the final response alike.
+    let card_text = format!("pay with {CARD} today");
+    answers(
+        &mock,
+        responses_sse(&["pay with 4111 ", "1111 1111", " 1111 today"], &card_text),
+    );
+    let out = run(OPENAI, "responses_stream", &openai, &["--prompt", "pay?"]).await;
+    assert_eq!(out["text"], "pay with [CREDIT_CARD_1] today", "{out}");
+    assert_eq!(
+        out["output_text"], "pay with [CREDIT_CARD_1] today",
+        "{out}"
+    );
+
+    // Restore: the upstream sees the placeholder and echoes it; the client
+    // reads its own address. JSON (the mock's echo), then a stream with the
+    // placeholder cut across events.
+    let out = run(
+        OPENAI,
+        "chat",
+        &openai,
+        &["--prompt", &format!("write to {MAIL}")],
+    )
+    .await;
+    assert_eq!(
+        out["content"],
+        format!("echo: write to {MAIL} [answers]"),
+        "{out}"
+    );
+    answers(&mock, chat_sse(&["sent to [EMA", "IL_1", "] ok"]));
+    let out = run(
+        OPENAI,
+        "stream_error",
+        &openai,
+        &["--prompt", &format!("mail {MAIL}")],
+    )
+    .await;
+    assert_eq!(out["error_class"], Value::Null, "{out}");
+    assert_eq!(out["content"], format!("sent to {MAIL} ok"), "{out}");
+
+    // A cache hit restores with the caller's own values: the same masked
+    // prompt, another address.
+    let ask = |mail: &str| format!("remember {mail} for later");
+    let max_age = "cache-control:max-age=60";
+    let first = run(
+        OPENAI,
+        "chat",
+        &openai,
+        &["--prompt", &ask(MAIL), "--header", max_age],
+    )
+    .await;
+    assert_eq!(
+        first["content"],
+        format!("echo: {} [answers]", ask(MAIL)),
+        "{first}"
+    );
+    let before = mock.request_count();
+    let hit = run(
+        OPENAI,
+        "chat",
+        &openai,
+        &["--prompt", &ask(OTHER), "--header", max_age],
+    )
+    .await;
+    assert_eq!(mock.request_count(), before, "served from the cache");
+    assert_eq!(
+        hit["content"],
+        format!("echo: {} [answers]", ask(OTHER)),
+        "{hit}"
+    );
+
+    // The upstream never saw an address; nothing planted shows anywhere.
+    let upstream = received(&mock);
+    for p in [MAIL, OTHER] {
+        assert!(!upstream.contains(p), "{p} upstream");
+    }
+    let records = outputs.records();
+    assert!(records.contains("no-secrets:block:answer"), "{records}");
+    outputs
+        .assert_none_of(&envoy, &["PLANTEDguardrail", "4111 1111", MAIL, OTHER])
+        .await;
 }

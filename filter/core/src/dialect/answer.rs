@@ -79,6 +79,55 @@ pub trait Answer: Sync {
     /// lays it out; false when its answers say no text (embeddings, a path
     /// of another shape).
     fn said(&self, answer: &Json, out: &mut dyn Hear) -> bool;
+
+    /// The members of a JSON answer that hold what it said (the guardrails
+    /// read every string in them): OpenAI's `choices`.
+    fn said_fields(&self) -> &'static [&'static str] {
+        &["choices"]
+    }
+
+    /// Calls `f` with each piece of text a stream's event adds to a text of
+    /// the answer, keyed by that text (one per choice, content block or
+    /// output part): OpenAI's chunks, a choice's `delta.content`, its tool
+    /// calls' `arguments` and a completion's `text`.
+    fn deltas(&self, event: &mut Json, f: &mut dyn FnMut(u32, &mut String)) {
+        for (i, choice) in items_mut(event.get_mut("choices")).iter_mut().enumerate() {
+            let key = (i as u32) << 6;
+            if let Some(Json::String(s)) = choice.get_mut("text") {
+                f(key, s);
+            }
+            let delta = choice.get_mut("delta");
+            let Some(delta) = delta else { continue };
+            if let Some(Json::String(s)) = delta.get_mut("content") {
+                f(key, s);
+            }
+            for (j, call) in items_mut(delta.get_mut("tool_calls"))
+                .iter_mut()
+                .enumerate()
+            {
+                let args = call
+                    .get_mut("function")
+                    .and_then(|c| c.get_mut("arguments"));
+                if let Some(Json::String(s)) = args {
+                    f(key | (j as u32 + 1).min(63), s);
+                }
+            }
+        }
+    }
+
+    /// The `event:` name of an error event of its streams, when they name
+    /// their events (the data is [`Answer::local_error`]'s body).
+    fn error_event(&self) -> Option<&'static str> {
+        None
+    }
+}
+
+/// An array's items, to change; none of anything else.
+pub(super) fn items_mut(j: Option<&mut Json>) -> &mut [Json] {
+    match j {
+        Some(Json::Array(items)) => items,
+        _ => &mut [],
+    }
 }
 
 /// Takes what an answer said as its dialect reads it out (the capture of
@@ -236,6 +285,10 @@ pub enum ReplyKind {
     /// The guardrail service gave no verdict and its `on_error` refuses
     /// such calls (503).
     GuardrailUnavailable,
+    /// A guardrail rule that blocks found something in the answer, or the
+    /// answer could not be read whole and `unchecked` refuses it (502: the
+    /// upstream's answer was refused; not to be retried).
+    AnswerBlocked,
 }
 
 impl ReplyKind {
@@ -253,6 +306,7 @@ impl ReplyKind {
             Self::OverLimit => 429,
             Self::Unauthenticated => 401,
             Self::Blocked | Self::Unchecked => 400,
+            Self::AnswerBlocked => 502,
         }
     }
 
@@ -270,6 +324,7 @@ impl ReplyKind {
                 "invalid_request_error"
             }
             Self::OverLimit => "rate_limit_exceeded",
+            Self::AnswerBlocked => "guardrail_error",
         }
     }
 
@@ -290,13 +345,18 @@ impl ReplyKind {
             Self::Blocked => "llm_filter_guardrail_blocked",
             Self::Unchecked => "llm_filter_guardrail_unchecked",
             Self::GuardrailUnavailable => "llm_filter_guardrail_unavailable",
+            Self::AnswerBlocked => "llm_filter_guardrail_answer_blocked",
         }
     }
 
-    /// The caller's whole budget is gone: a retry can no longer meet its
-    /// deadline, only add load, so the reply tells SDKs not to make one.
+    /// A retry cannot help, only add load (the caller's whole budget is
+    /// gone, or the answer would be refused again), so the reply tells SDKs
+    /// not to make one.
     pub fn spends_the_budget(self) -> bool {
-        matches!(self, Self::BudgetExhausted | Self::UpstreamTimeout)
+        matches!(
+            self,
+            Self::BudgetExhausted | Self::UpstreamTimeout | Self::AnswerBlocked
+        )
     }
 
     /// The default human-readable message.
@@ -330,6 +390,7 @@ impl ReplyKind {
             Self::GuardrailUnavailable => {
                 "The guardrail service could not check the request; retry later."
             }
+            Self::AnswerBlocked => "The answer was blocked by a guardrail rule.",
             Self::NoCredential => {
                 "The gateway's credential for this provider is unavailable or was refused; \
                  this is not a fault of the caller's key."

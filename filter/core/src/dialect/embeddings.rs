@@ -58,6 +58,11 @@ mod answers {
             false
         }
 
+        /// Vectors: no text to check.
+        fn said_fields(&self) -> &'static [&'static str] {
+            &[]
+        }
+
         /// Never streamed: a hit is always the JSON list.
         fn stored(&self) -> Option<Stored> {
             Some(Stored::Canonical(None))

@@ -733,6 +733,7 @@ mod answers {
 
     use super::{error_body, error_class, usage, Gemini};
     use crate::dialect::answer::head::{self, Members};
+    use crate::dialect::answer::items_mut;
     use crate::dialect::answer::ErrorClass;
     use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::{refusal_of, Answer, Hear, Refusal, Stored};
@@ -798,6 +799,7 @@ mod answers {
                 ReplyKind::OverLimit => 429,
                 ReplyKind::Unauthenticated => 401,
                 ReplyKind::Blocked | ReplyKind::Unchecked => 400,
+                ReplyKind::AnswerBlocked => 502,
             };
             (u32::from(status), error_body(status, message))
         }
@@ -820,6 +822,23 @@ mod answers {
 
         /// Each candidate a turn: its parts' text (thoughts left out),
         /// ended for its `finishReason`.
+        fn said_fields(&self) -> &'static [&'static str] {
+            &["candidates"]
+        }
+
+        /// Each candidate's parts' text, keyed by candidate and part.
+        fn deltas(&self, event: &mut Json, f: &mut dyn FnMut(u32, &mut String)) {
+            let candidates = items_mut(event.get_mut("candidates"));
+            for (i, c) in candidates.iter_mut().enumerate() {
+                let parts = items_mut(c.get_mut("content").and_then(|c| c.get_mut("parts")));
+                for (j, p) in parts.iter_mut().enumerate() {
+                    if let Some(Json::String(t)) = p.get_mut("text") {
+                        f(((i as u32) << 6) | (j as u32).min(63), t);
+                    }
+                }
+            }
+        }
+
         fn said(&self, answer: &Json, out: &mut dyn Hear) -> bool {
             let Some(Json::Array(candidates)) = answer.get("candidates") else {
                 return true;

@@ -213,6 +213,39 @@ mod answers {
             out.end_turn(answer.get("stop_reason").and_then(string));
             true
         }
+
+        fn said_fields(&self) -> &'static [&'static str] {
+            &["content"]
+        }
+
+        /// A `content_block_delta`'s text, tool input or thinking, keyed
+        /// by its block's `index`.
+        fn deltas(&self, event: &mut Json, f: &mut dyn FnMut(u32, &mut String)) {
+            if event.get("type").and_then(string) != Some("content_block_delta") {
+                return;
+            }
+            let key = match event.get("index") {
+                Some(Json::Number(n)) => n.parse::<u32>().unwrap_or(0),
+                _ => 0,
+            };
+            let Some(delta) = event.get_mut("delta") else {
+                return;
+            };
+            if let Json::Object(members) = delta {
+                for (name, v) in members.iter_mut() {
+                    if let (true, Json::String(s)) = (
+                        matches!(name.as_str(), "text" | "partial_json" | "thinking"),
+                        v,
+                    ) {
+                        f(key, s);
+                    }
+                }
+            }
+        }
+
+        fn error_event(&self) -> Option<&'static str> {
+            Some("error")
+        }
     }
 
     /// Anthropic's names of what is left of a caller's limits; the reset is
@@ -244,6 +277,7 @@ mod answers {
             ReplyKind::NoCredential | ReplyKind::GuardrailUnavailable => (503, "api_error"),
             ReplyKind::Unauthenticated => (401, "authentication_error"),
             ReplyKind::Blocked | ReplyKind::Unchecked => (400, "invalid_request_error"),
+            ReplyKind::AnswerBlocked => (502, "api_error"),
         }
     }
 

@@ -191,6 +191,34 @@ mod answers {
             out.end_turn(reason);
             true
         }
+
+        fn said_fields(&self) -> &'static [&'static str] {
+            &["output"]
+        }
+
+        /// A `response.*.delta` event's `delta` (output text, refusal,
+        /// function call arguments), keyed by its item and part.
+        fn deltas(&self, event: &mut Json, f: &mut dyn FnMut(u32, &mut String)) {
+            let delta = event
+                .get("type")
+                .and_then(string)
+                .is_some_and(|t| t.starts_with("response.") && t.ends_with(".delta"));
+            if !delta {
+                return;
+            }
+            let index = |name: &str| match event.get(name) {
+                Some(Json::Number(n)) => n.parse::<u32>().unwrap_or(0),
+                _ => 0,
+            };
+            let key = (index("output_index") << 6) | index("content_index").min(63);
+            if let Some(Json::String(s)) = event.get_mut("delta") {
+                f(key, s);
+            }
+        }
+
+        fn error_event(&self) -> Option<&'static str> {
+            Some("error")
+        }
     }
 
     /// The members a Responses answer's head is read from.

@@ -3,13 +3,15 @@
 //! call so the model still sees one address used twice, and the values kept
 //! in the call's [`Vault`] so an answer can have them back. The vault is
 //! bounded: past it, a value is still masked, by a placeholder without a
-//! number (`[EMAIL]`) that nothing restores; nothing is let through.
+//! number (`[EMAIL]`) that nothing restores; nothing is let through. A
+//! value is put back only when the rule that masked it says so (`restore`).
 
 use std::borrow::Cow;
 use std::fmt;
 use std::fmt::Write as _;
+use std::ops::Range;
 
-use super::{ceil_char, covered, floor_char, Detectors, Finding};
+use super::{ceil_char, covered, floor_char, Detector, Detectors, Finding};
 
 /// Most values a call's vault keeps.
 pub const MAX_VALUES: usize = 256;
@@ -22,8 +24,9 @@ pub const MAX_PLACEHOLDER: usize = 80;
 /// The values masked in one call, by placeholder.
 #[derive(Default)]
 pub struct Vault {
-    /// Value `n` stands behind `[LABEL_n+1]`, kept with its placeholder.
-    values: Vec<(String, String)>,
+    /// Value `n` stands behind `[LABEL_n+1]`, kept with its placeholder
+    /// and whether an answer may have it back.
+    values: Vec<(String, String, bool)>,
     bytes: usize,
 }
 
@@ -58,6 +61,11 @@ impl Vault {
         self.values.is_empty()
     }
 
+    /// A value kept is to be put back in the answer.
+    pub fn restores(&self) -> bool {
+        self.values.iter().any(|(_, _, keep)| *keep)
+    }
+
     /// `text` with each finding (ranges of `text`, sorted by start, as
     /// [`Detectors::scan`] gives them) replaced by its placeholder; findings
     /// that overlap or touch are masked as one, named by the first.
@@ -68,27 +76,60 @@ impl Vault {
         findings: &[Finding],
         detectors: &Detectors,
     ) -> Cow<'t, str> {
+        self.mask_as(text, findings, detectors, &|_| true, false)
+    }
+
+    /// [`Vault::mask`], each new value kept as `restorable` says of what
+    /// found it; with `restore`, the text between the findings has this
+    /// vault's placeholders put back ([`Vault::restore`]) while the
+    /// placeholders written here stay.
+    pub fn mask_as<'t>(
+        &mut self,
+        text: &'t str,
+        findings: &[Finding],
+        detectors: &Detectors,
+        restorable: &dyn Fn(Detector) -> bool,
+        restore: bool,
+    ) -> Cow<'t, str> {
         let spans = covered(findings);
-        if spans.is_empty() {
+        if spans.is_empty() && !restore {
             return Cow::Borrowed(text);
         }
         let mut out = String::with_capacity(text.len());
         let mut copied = 0;
+        let gap = |v: &Self, out: &mut String, from: usize, to: usize| {
+            let t = text.get(from..to).unwrap_or_default();
+            match restore {
+                true => out.push_str(&v.restore(t, t.len().saturating_add(MAX_VALUE_BYTES))),
+                false => out.push_str(t),
+            }
+        };
         for (detector, r) in spans {
             let from = floor_char(text, r.start).max(copied);
             let to = ceil_char(text, r.end).max(from);
-            out.push_str(text.get(copied..from).unwrap_or_default());
+            gap(self, &mut out, copied, from);
             let value = text.get(from..to).unwrap_or_default();
-            self.placeholder(value, detectors.label(detector), &mut out);
+            let keep = restorable(detector);
+            self.placeholder(value, detectors.label(detector), keep, &mut out);
             copied = to;
         }
-        out.push_str(text.get(copied..).unwrap_or_default());
-        Cow::Owned(out)
+        gap(self, &mut out, copied, text.len());
+        match out == text {
+            true => Cow::Borrowed(text),
+            false => Cow::Owned(out),
+        }
     }
 
-    /// Writes the placeholder of `value` to `out`, taken before or new.
-    fn placeholder(&mut self, value: &str, label: impl fmt::Display, out: &mut String) {
-        if let Some((p, _)) = self.values.iter().find(|(_, v)| v == value) {
+    /// Writes the placeholder of `value` to `out`, taken before or new
+    /// (kept `restorable` or not).
+    fn placeholder(
+        &mut self,
+        value: &str,
+        label: impl fmt::Display,
+        restorable: bool,
+        out: &mut String,
+    ) {
+        if let Some((p, _, _)) = self.values.iter().find(|(_, v, _)| v == value) {
             out.push_str(p);
             return;
         }
@@ -104,13 +145,47 @@ impl Vault {
         if room {
             let p = out.get(start..).unwrap_or_default().to_string();
             self.bytes += value.len();
-            self.values.push((p, value.to_string()));
+            self.values.push((p, value.to_string(), restorable));
         }
     }
 
     /// The value behind the placeholder at the start of `text`, and the
-    /// placeholder's length.
+    /// placeholder's length; only one an answer may have back.
     fn behind(&self, text: &[u8]) -> Option<(&str, usize)> {
+        self.issued(text)
+            .filter(|(_, _, keep)| *keep)
+            .map(|(v, n, _)| (v, n))
+    }
+
+    /// The stretches of `text` that are placeholders this vault wrote: an
+    /// answer's rules do not read them (a glob of the operator's could
+    /// match one).
+    pub fn placeholders(&self, text: &str) -> Vec<Range<usize>> {
+        let bytes = text.as_bytes();
+        let mut out = Vec::new();
+        if self.values.is_empty() {
+            return out;
+        }
+        let mut at = 0;
+        while let Some(k) = bytes
+            .get(at..)
+            .and_then(|b| b.iter().position(|c| *c == b'['))
+        {
+            at += k;
+            match self.issued(bytes.get(at..).unwrap_or_default()) {
+                Some((_, n, _)) => {
+                    out.push(at..at + n);
+                    at += n;
+                }
+                None => at += 1,
+            }
+        }
+        out
+    }
+
+    /// The entry of the placeholder at the start of `text`: its value, its
+    /// length and whether it is restored.
+    fn issued(&self, text: &[u8]) -> Option<(&str, usize, bool)> {
         let len = 2 + text
             .get(1..)?
             .iter()
@@ -129,12 +204,12 @@ impl Vault {
             .fold(0usize, |n, (k, d)| {
                 n + usize::from(d - b'0') * 10usize.pow(k as u32)
             });
-        let (placeholder, value) = self.values.get(n.checked_sub(1)?)?;
-        (placeholder.as_bytes() == p).then_some((value.as_str(), len))
+        let (placeholder, value, keep) = self.values.get(n.checked_sub(1)?)?;
+        (placeholder.as_bytes() == p).then_some((value.as_str(), len, *keep))
     }
 
-    /// `text` (an answer) with each placeholder this vault gave put back to
-    /// its value, as long as the text stays within `max_len` bytes (a
+    /// `text` (an answer) with each placeholder this vault gave a value it
+    /// may put back put back to its value, as long as the text stays within `max_len` bytes (a
     /// placeholder that would take it past stays as it is). A placeholder
     /// the caller wrote is put back as well: the values are the caller's
     /// own. Borrowed when there is none.

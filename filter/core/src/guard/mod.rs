@@ -74,6 +74,7 @@ pub mod policy;
 mod scan;
 mod secrets;
 pub mod service;
+pub mod window;
 pub mod words;
 
 pub use action::Action;

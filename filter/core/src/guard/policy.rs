@@ -40,6 +40,48 @@ pub const SETTINGS: Table = &[
 /// Most findings a call's check makes before it stops (truncated).
 const MAX_FINDINGS: usize = 4_096;
 
+/// Where a rule looks: the prompt on its way out, the answer on its way
+/// back, or both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum On {
+    /// The prompt only (the default: an answer is held and read only where
+    /// a rule asks for it).
+    #[default]
+    Prompt,
+    /// The answer only.
+    Answer,
+    /// Both.
+    Both,
+}
+
+impl On {
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "prompt" => Some(Self::Prompt),
+            "answer" => Some(Self::Answer),
+            "both" => Some(Self::Both),
+            _ => None,
+        }
+    }
+
+    /// The rule looks at `side`.
+    pub fn covers(self, side: Side) -> bool {
+        matches!(
+            (self, side),
+            (Self::Both, _) | (Self::Prompt, Side::Prompt) | (Self::Answer, Side::Answer)
+        )
+    }
+}
+
+/// What is read: the prompt or the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The request's prompt.
+    Prompt,
+    /// The upstream's answer.
+    Answer,
+}
+
 /// What becomes of a call whose prompt the rules could not read whole (the
 /// body streams through unheld, is not JSON, or is longer than
 /// `max_scan_bytes`), when a rule blocks or masks.
@@ -71,6 +113,8 @@ struct RawRule {
     globs: Vec<String>,
     words: Vec<String>,
     action: Option<String>,
+    on: Option<String>,
+    restore: bool,
 }
 
 impl RawRule {
@@ -95,15 +139,21 @@ impl RawRule {
                 }
             };
             match name.as_str() {
-                "name" | "action" => {
+                "name" | "action" | "on" => {
                     let s = v
                         .as_str()
-                        .ok_or_else(|| ConfigError::new(&field, "is not a string"))?;
-                    if name == "name" {
-                        r.name = s.to_string();
-                    } else {
-                        r.action = Some(s.to_string());
+                        .ok_or_else(|| ConfigError::new(&field, "is not a string"))?
+                        .to_string();
+                    match name.as_str() {
+                        "name" => r.name = s,
+                        "action" => r.action = Some(s),
+                        _ => r.on = Some(s),
                     }
+                }
+                "restore" => {
+                    r.restore = v
+                        .as_bool()
+                        .ok_or_else(|| ConfigError::new(&field, "is not a boolean"))?;
                 }
                 "detect" => r.detect = list(v)?,
                 "globs" => r.globs = list(v)?,
@@ -141,6 +191,10 @@ pub struct Rule {
     custom: (Vec<String>, Vec<String>),
     /// What it does.
     pub action: Action,
+    /// Where it looks.
+    pub on: On,
+    /// What it masked in the prompt is put back in the answer.
+    pub restore: bool,
 }
 
 /// The compiled `guardrails` section; no rule: off.
@@ -198,11 +252,24 @@ impl Rule {
             Some(a) => Action::parse(a)
                 .ok_or_else(|| ConfigError::new(field("action"), "is `block`, `mask` or `log`"))?,
         };
+        let on = match r.on.as_deref() {
+            None => On::Prompt,
+            Some(o) => On::parse(o)
+                .ok_or_else(|| ConfigError::new(field("on"), "is `prompt`, `answer` or `both`"))?,
+        };
+        if r.restore && (action != Action::Mask || on == On::Answer) {
+            return Err(ConfigError::new(
+                field("restore"),
+                "only a rule that masks the prompt restores",
+            ));
+        }
         Ok(Self {
             name: r.name,
             detect,
             custom: (r.globs, r.words),
             action,
+            on,
+            restore: r.restore,
         })
     }
 }
@@ -216,6 +283,8 @@ impl std::fmt::Debug for Rule {
             .field("globs", &self.custom.0.len())
             .field("words", &self.custom.1.len())
             .field("action", &self.action)
+            .field("on", &self.on)
+            .field("restore", &self.restore)
             .finish()
     }
 }
@@ -307,36 +376,130 @@ impl Guardrails {
         })
     }
 
-    /// A rule or a service is configured: prompts are checked.
+    /// A rule or the service is configured.
     pub fn enabled(&self) -> bool {
         !self.rules.is_empty() || self.service.is_some()
     }
 
-    /// A rule or the service blocks or masks: a prompt that could not be
-    /// checked falls under `unchecked`.
-    pub fn enforces(&self) -> bool {
-        let service = self.service.as_ref().map(|s| s.action);
-        self.rules
-            .iter()
-            .map(|r| r.action)
-            .chain(service)
-            .any(|a| a > Action::Log)
+    /// A rule looks at `side` (the service, at the prompt).
+    pub fn reads(&self, side: Side) -> bool {
+        self.rules.iter().any(|r| r.on.covers(side))
+            || (side == Side::Prompt && self.service.is_some())
     }
 
-    /// The rule a finding of `detector` falls under: the custom rule it is,
-    /// or the strictest rule naming the built-in (the first written of
-    /// equals).
-    fn rule_of(&self, detector: Detector) -> Option<usize> {
+    /// A rule of `side` (or, on the prompt, the service) blocks or masks:
+    /// what could not be checked falls under `unchecked`.
+    pub fn enforces(&self, side: Side) -> bool {
+        let service = self.service.as_ref().filter(|_| side == Side::Prompt);
+        self.rules
+            .iter()
+            .any(|r| r.action > Action::Log && r.on.covers(side))
+            || service.is_some_and(|s| s.action > Action::Log)
+    }
+
+    /// The rule of `side` a finding of `detector` falls under: the custom
+    /// rule it is, or the strictest rule naming the built-in (the first
+    /// written of equals).
+    fn rule_of(&self, detector: Detector, side: Side) -> Option<usize> {
         match detector {
-            Detector::Custom(k) => self.custom_rule.get(usize::from(k)).copied(),
+            Detector::Custom(k) => self
+                .custom_rule
+                .get(usize::from(k))
+                .copied()
+                .filter(|k| self.rules.get(*k).is_some_and(|r| r.on.covers(side))),
             Detector::Builtin(id) => self
                 .rules
                 .iter()
                 .enumerate()
-                .filter(|(_, r)| r.detect.has(id))
+                .filter(|(_, r)| r.detect.has(id) && r.on.covers(side))
                 .max_by(|(i, a), (j, b)| a.action.cmp(&b.action).then(j.cmp(i)))
                 .map(|(i, _)| i),
         }
+    }
+
+    /// A prompt's value `detector` found is put back in the answer.
+    fn restores(&self, detector: Detector) -> bool {
+        self.rule_of(detector, Side::Prompt)
+            .and_then(|k| self.rules.get(k))
+            .is_some_and(|r| r.restore)
+    }
+
+    /// Checks one text of an answer (`text`), of which the first `seen`
+    /// bytes were checked before (what a stream already passed, read again
+    /// for what leads into the rest): fires the answer's rules on what is
+    /// found past them in `verdict`, and returns what was found, each with
+    /// its rule and action, placeholders of `vault` left out (re-reading
+    /// masked text never finds its own placeholder).
+    pub fn answer_findings(
+        &self,
+        text: &str,
+        seen: usize,
+        vault: &Vault,
+        verdict: &mut Verdict,
+    ) -> Vec<(Finding, Action)> {
+        let mut out = Vec::new();
+        let Some(detectors) = self.detectors.as_ref().filter(|_| self.reads(Side::Answer)) else {
+            return out;
+        };
+        let mut budget = Budget::new(self.max_scan_bytes, MAX_FINDINGS);
+        let mut found = Vec::new();
+        detectors.scan(text, &mut budget, &mut found);
+        verdict.truncated |= budget.truncated();
+        let ours = vault.placeholders(text);
+        for f in found {
+            let theirs = ours
+                .iter()
+                .any(|p| f.range.start < p.end && p.start < f.range.end);
+            let rule = self.rule_of(f.detector, Side::Answer);
+            let Some((rule, action)) = rule.and_then(|k| Some((k, self.rules.get(k)?.action)))
+            else {
+                continue;
+            };
+            if theirs || f.range.end <= seen {
+                continue;
+            }
+            verdict.fire(rule, action);
+            out.push((f, action));
+        }
+        out
+    }
+
+    /// `text` as the client is to see it: what `found` (of
+    /// [`Guardrails::answer_findings`]) masks replaced by placeholders, and
+    /// the prompt's values a rule restores put back.
+    pub fn answer_text<'t>(
+        &self,
+        text: &'t str,
+        found: &[(Finding, Action)],
+        vault: &mut Vault,
+    ) -> std::borrow::Cow<'t, str> {
+        let masks: Vec<Finding> = found
+            .iter()
+            .filter(|(_, a)| *a == Action::Mask)
+            .map(|(f, _)| f.clone())
+            .collect();
+        match &self.detectors {
+            Some(d) => vault.mask_as(text, &masks, d, &|_| false, true),
+            None => std::borrow::Cow::Borrowed(text),
+        }
+    }
+
+    /// Checks every string of `value` (a JSON answer's part, a stream's
+    /// event) in place: what the answer's rules mask masked, the prompt's
+    /// values put back; true when a string changed.
+    pub fn check_answer(&self, value: &mut Json, vault: &mut Vault, verdict: &mut Verdict) -> bool {
+        let mut changed = false;
+        each_string_mut(value, &mut |s| {
+            let found = self.answer_findings(s, 0, vault, verdict);
+            if found.iter().any(|(_, a)| *a == Action::Block) {
+                return;
+            }
+            if let std::borrow::Cow::Owned(to) = self.answer_text(s, &found, vault) {
+                *s = to;
+                changed = true;
+            }
+        });
+        changed
     }
 
     /// Checks the prompt of a request whose body is `tree`, kept in its
@@ -363,7 +526,7 @@ impl Guardrails {
                 let mut masks: Vec<Finding> = Vec::new();
                 for f in &found {
                     let Some((rule, action)) = self
-                        .rule_of(f.detector)
+                        .rule_of(f.detector, Side::Prompt)
                         .and_then(|k| Some((k, self.rules.get(k)?.action)))
                     else {
                         continue;
@@ -374,7 +537,10 @@ impl Guardrails {
                     }
                 }
                 if !masks.is_empty() {
-                    let to = vault.mask(text, &masks, detectors).into_owned();
+                    let restores = |d| self.restores(d);
+                    let to = vault
+                        .mask_as(text, &masks, detectors, &restores, false)
+                        .into_owned();
                     let tree = masked.get_or_insert_with(|| value.clone());
                     if let Some(s) = string_at(tree, at) {
                         *s = to;
@@ -406,7 +572,8 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    fn fire(&mut self, rule: usize, action: Action) {
+    /// Rule `rule` of `action` found something.
+    pub fn fire(&mut self, rule: usize, action: Action) {
         if !self.fired.contains(&rule) {
             self.fired.push(rule);
         }
@@ -446,6 +613,16 @@ fn each_string<'a>(value: &'a Json, path: &mut Vec<usize>, f: &mut dyn FnMut(&At
                 path.pop();
             }
         }
+        _ => {}
+    }
+}
+
+/// Calls `f` with every string of `value` (object keys aside), to change.
+fn each_string_mut(value: &mut Json, f: &mut dyn FnMut(&mut String)) {
+    match value {
+        Json::String(s) => f(s),
+        Json::Array(items) => items.iter_mut().for_each(|v| each_string_mut(v, f)),
+        Json::Object(members) => members.iter_mut().for_each(|(_, v)| each_string_mut(v, f)),
         _ => {}
     }
 }
@@ -588,7 +765,7 @@ mod tests {
         let off = compiled("{}").unwrap();
         assert!(!off.enabled());
         let log = rules(r#"[{"name":"l","detect":["email"],"action":"log"}]"#);
-        assert!(log.enabled() && !log.enforces());
+        assert!(log.enabled() && !log.enforces(Side::Prompt));
         assert_eq!(log.unchecked, Unchecked::Refuse);
     }
 }

@@ -63,6 +63,19 @@ impl Json {
         }
     }
 
+    /// The member `name` of an object, to change (the last one when
+    /// repeated, as [`Json::get`] reads it).
+    pub fn get_mut(&mut self, name: &str) -> Option<&mut Json> {
+        match self {
+            Json::Object(members) => members
+                .iter_mut()
+                .rev()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v),
+            _ => None,
+        }
+    }
+
     /// Writes the canonical form: object members sorted by key bytes (stable,
     /// so repeated keys keep their order), no whitespace, canonical numbers and
     /// strings.

@@ -7,6 +7,7 @@ use std::ops::ControlFlow;
 
 use serde_json::Value;
 
+use crate::cache::entry::SSE_CONTENT_TYPE;
 use crate::cache::{
     self as policy, coalesce, kept_as_sent, key_hex, BypassReason, CacheRequest, CacheStatus,
     Cacheable, Claim, Decision, Delivery, Entry, EntryError, Lookup, Mode, Poll, Reply, Store,
@@ -17,6 +18,7 @@ use crate::json::Json;
 use crate::metrics::{self as names, internal_error};
 use crate::summary::EnvoyReply;
 
+use super::answer::{blocked_reply, Checked};
 use super::state::{Answer, Fill, Response};
 use super::{set_request, set_response, BodyCopy, Call, Env, Flow, HeldBody, Host, Step, Wake};
 
@@ -287,9 +289,21 @@ impl Call {
         let Some(c) = self.cache.cacheable else {
             return false;
         };
-        let Some(reply) = entry_reply(env, &c, entry) else {
+        let Some(mut reply) = entry_reply(env, &c, entry) else {
             return false;
         };
+        // The entry keeps the placeholders: the caller's own values are
+        // put back, and the answer's rules read it.
+        let stream = reply.content_type == SSE_CONTENT_TYPE;
+        match self.check_whole(env, stream, &reply.body) {
+            Checked::Pass => {}
+            Checked::Body(b) => reply.body = b,
+            Checked::Blocked(rule) => {
+                let r = blocked_reply(&env.config.guardrails, rule);
+                self.reply_locally(env, host, r);
+                return true;
+            }
+        }
         let age = age_s.to_string();
         let mut headers = vec![
             ("content-type", reply.content_type),
@@ -380,9 +394,16 @@ impl Call {
             Lookup::Hit { entry, age_s } | Lookup::Stale { entry, age_s } => (entry, age_s),
             Lookup::Miss => return false,
         };
-        let Some(reply) = entry_reply(env, &c, &entry) else {
+        let Some(mut reply) = entry_reply(env, &c, &entry) else {
             return false;
         };
+        let stream = reply.content_type == SSE_CONTENT_TYPE;
+        match self.check_whole(env, stream, &reply.body) {
+            Checked::Pass => {}
+            Checked::Body(b) => reply.body = b,
+            // Not served: the upstream's failure goes on.
+            Checked::Blocked(_) => return false,
+        }
         set_response(env, host, ":status", Some("200"));
         set_response(env, host, "content-type", Some(reply.content_type));
         set_response(env, host, "content-length", None);
@@ -478,7 +499,7 @@ impl Call {
         }
     }
 
-    fn release_lease(&mut self, env: &mut Env<'_>) {
+    pub(super) fn release_lease(&mut self, env: &mut Env<'_>) {
         if let Some(lease) = self.cache.lease.take() {
             coalesce::release(&Store::new(env.store, &env.config.cache), &lease);
         }

@@ -17,6 +17,7 @@ use crate::routing::{self, affinity, RouteAsk, RouteDecision, RoutingConfig};
 use crate::summary::{End, Try};
 use crate::walk::CallWait;
 
+use super::answer::{blocked_reply, Checked};
 use super::credentials::credential_unavailable;
 use super::end::Served;
 use super::state::Response;
@@ -378,7 +379,10 @@ impl Call {
         status: u16,
         answer: &CalloutAnswer,
     ) -> bool {
-        let cluster = cluster.or(self.dispatch.cluster.as_deref());
+        let cluster = cluster
+            .or(self.dispatch.cluster.as_deref())
+            .map(str::to_string);
+        let cluster = cluster.as_deref();
         let mut headers = failover::reply_headers(&answer.headers);
         let told = self.client_headers(env.config, cluster, self.cache.status);
         headers.extend(told.into_iter().map(|(k, v)| (k.to_string(), v)));
@@ -400,6 +404,18 @@ impl Call {
             env.now_ms,
         );
         let body = stripped.as_deref().unwrap_or(&answer.body);
+        let checked = match (200..300).contains(&status) {
+            true => self.check_whole(env, stream, body),
+            false => Checked::Pass,
+        };
+        let body = match &checked {
+            Checked::Body(b) => b,
+            Checked::Pass => body,
+            Checked::Blocked(rule) => {
+                let r = blocked_reply(&env.config.guardrails, *rule);
+                return matches!(self.reply_locally(env, host, r), Step::Pause);
+            }
+        };
         // The record is of the answer sent, written before it goes.
         let served = Served {
             response: Some(&response),

@@ -10,11 +10,11 @@ use std::ops::ControlFlow;
 
 use crate::budget::reply;
 use crate::dialect::answer::ReplyKind;
-use crate::guard::policy::{Unchecked, Verdict};
+use crate::guard::policy::{Side, Unchecked, Verdict};
 use crate::guard::Vault;
 use crate::metrics::{self as names};
 
-use super::{Call, Env, Flow, HeldBody, Host};
+use super::{set_request, Call, Env, Flow, HeldBody, Host};
 
 /// Why a prompt could not be checked whole.
 #[derive(Debug, Clone, Copy)]
@@ -61,8 +61,12 @@ impl Call {
         host: &mut dyn Host,
         body: Option<HeldBody>,
     ) -> Flow {
+        if env.config.guardrails.reads(Side::Answer) {
+            // The answer is read as it passes; a compressed one could not be.
+            set_request(env, host, "accept-encoding", None);
+        }
         let rules = &env.config.guardrails;
-        if !rules.enabled() {
+        if !rules.reads(Side::Prompt) {
             return ControlFlow::Continue(body);
         }
         let api = self.request.dialect;
@@ -87,7 +91,7 @@ impl Call {
                 return ControlFlow::Break(self.reply_locally(env, host, r));
             }
         }
-        if let Some(why) = unread.filter(|_| rules.enforces()) {
+        if let Some(why) = unread.filter(|_| rules.enforces(Side::Prompt)) {
             let refused = rules.unchecked == Unchecked::Refuse;
             let labels = [
                 ("reason", why.as_str()),
@@ -101,6 +105,11 @@ impl Call {
                 return ControlFlow::Break(self.reply_locally(env, host, r));
             }
         }
+        // Kept for the answer: its placeholders are put back there.
+        if vault.restores() && !env.config.guardrails.reads(Side::Answer) {
+            set_request(env, host, "accept-encoding", None);
+        }
+        self.decided.vault = vault;
         let mut body = body;
         if let (Some(b), Some(v)) = (body.as_mut(), verdict) {
             if !v.edits.is_empty() {

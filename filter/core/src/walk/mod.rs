@@ -26,6 +26,8 @@ use crate::priority::{self, Priority};
 use crate::spans;
 use crate::trace_context;
 
+#[cfg_attr(not(feature = "guardrails"), path = "answer_off.rs")]
+mod answer;
 mod body;
 // A step whose feature the build leaves out is its `*_off.rs` twin: the
 // same interface, doing nothing (filter/core/Cargo.toml).

@@ -53,7 +53,9 @@ impl Call {
                 set_response(env, host, "content-length", None);
             }
         }
+        let stream = matches!(response.answer, Answer::Stream(_));
         self.response = Some(response);
+        let hold = self.guard_answer_headers(env, host, end_of_stream, stream);
         let told = self.client_headers(
             env.config,
             self.dispatch.cluster.as_deref(),
@@ -67,6 +69,8 @@ impl Call {
             self.write_record(env, host, None);
         }
         match self.fail_over(env, host) {
+            // A JSON answer the guardrails check is held to its end.
+            Step::Continue if hold => Step::Pause,
             Step::Continue => self.hold_error(env, end_of_stream),
             step => step,
         }
@@ -98,6 +102,12 @@ impl Call {
             // An error a fallback chain may answer, read whole at its end.
             return self.error_body(env, host, size, end_of_stream);
         }
+        if let Some(step) = self.guard_held_json(env, host, size, end_of_stream) {
+            return step;
+        }
+        let Some(response) = self.response.as_mut() else {
+            return Step::Continue;
+        };
         if let Some(new_body) = response.replacement.as_ref() {
             if !end_of_stream {
                 return Step::Pause;
@@ -117,7 +127,13 @@ impl Call {
                 // One reading of the stream: usage, strip and cache assembler.
                 let original = chunk.as_deref().unwrap_or_default();
                 let collect = self.cache.fill.as_mut().and_then(Fill::collector);
-                if let Some(out) = sse.feed(original, end_of_stream, collect) {
+                let stripped = sse.feed(original, end_of_stream, collect);
+                let passing = stripped.as_deref().unwrap_or(original);
+                let checked = match response.guard.is_some() {
+                    true => self.guard_stream(env, passing, end_of_stream),
+                    false => None,
+                };
+                if let Some(out) = checked.or(stripped) {
                     if !host.set_response_body(size, &out) {
                         internal_error(env.metrics, "set_response_body");
                     }
@@ -132,6 +148,9 @@ impl Call {
         // The JSON answer is parsed once at its end, for its usage and, when
         // it is to be stored, for its entry.
         let tree = end_of_stream.then(|| self.finish_json()).flatten();
+        if end_of_stream {
+            self.guard_json_end(env, host, size, chunk.as_deref().unwrap_or_default());
+        }
         self.cache_on_response_body(env, size, chunk.as_deref(), end_of_stream, tree.as_ref());
         if end_of_stream {
             self.write_record(env, host, None);
@@ -213,6 +232,7 @@ impl Response {
             replacement: None,
             ended: end_of_stream,
             completion: std::cell::OnceCell::new(),
+            guard: None,
         }
     }
 }

@@ -46,7 +46,9 @@ use crate::usage::{self, Usage};
 
 use std::cell::OnceCell;
 
+use super::answer::AnswerGuard;
 use super::body::{BodyCopy, HeldBody};
+use crate::guard::Vault;
 
 /// What the request said: its headers, fixed once read, and what its body
 /// says, read once when the body is.
@@ -152,10 +154,13 @@ pub(super) struct Decided {
     /// The prompt-token estimate's calibration, once read, and the estimate
     /// of the body sent.
     pub(super) estimate: super::estimate::Estimate,
-    /// The guardrail rules that fired, as `rule:action` joined by commas.
+    /// The guardrail rules that fired, as `rule:action` joined by commas
+    /// (`rule:action:answer` for those that fired on the answer).
     pub(super) guardrails: Option<String>,
     /// When the guardrail service was asked, ms, and about how many texts.
     pub(super) verdict: Option<(u64, usize)>,
+    /// The values masked in the prompt, by placeholder.
+    pub(super) vault: Vault,
 }
 
 /// Where a call stands. The phases with nothing but a timer to wake them are
@@ -493,6 +498,8 @@ pub(super) struct Response {
     pub(super) ended: bool,
     /// The completion as captured, once asked for (`tracing.capture`).
     pub(super) completion: OnceCell<Option<Captured>>,
+    /// The answer's check by the guardrails, when the call has one.
+    pub(super) guard: Option<AnswerGuard>,
 }
 
 /// The answer as it passes.
@@ -549,6 +556,7 @@ impl Response {
             replacement: None,
             ended: true,
             completion: OnceCell::new(),
+            guard: None,
         };
         (response, stripped)
     }

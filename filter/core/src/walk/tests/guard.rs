@@ -199,3 +199,110 @@ fn every_dialects_prompt_is_read_where_it_keeps_it() {
     let sent: serde_json::Value = serde_json::from_slice(&host.request_body).unwrap();
     assert_eq!(sent["instructions"], "sign as [EMAIL_1]");
 }
+
+/// Runs a call to its end, the upstream answering `answer` (JSON); the
+/// step the response's headers took.
+fn run_answering(w: &mut World, host: &mut FakeHost, answer: &str) -> Option<Step> {
+    let (mut call, step) = Call::start(&mut w.env(), host, false).unwrap();
+    let step = match step {
+        Step::Pause if host.local_reply.is_none() => {
+            let size = host.request_body.len();
+            call.on_request_body(&mut w.env(), host, size, true)
+        }
+        step => step,
+    };
+    let mut headers_step = None;
+    if step == Step::Continue && host.local_reply.is_none() {
+        let mut answered = host
+            .clone()
+            .with_response(200, "application/json", answer)
+            .with_response_header("content-length", &answer.len().to_string());
+        headers_step = Some(call.on_response_headers(&mut w.env(), &mut answered, false));
+        answered.response_body = answer.as_bytes().to_vec();
+        call.on_response_body(&mut w.env(), &mut answered, answer.len(), true);
+        *host = answered;
+    }
+    call.on_log(&mut w.env());
+    headers_step
+}
+
+fn answer_saying(text: &str) -> String {
+    serde_json::json!({"id": "x", "object": "chat.completion", "created": 7, "model": "gpt-4o",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
+    .to_string()
+}
+
+#[test]
+fn an_answer_a_rule_blocks_is_a_502_in_the_callers_shape_and_never_stored() {
+    let mut w = World::new(
+        r#"{"guardrails":{"rules":[{"name":"no-keys","detect":["secrets"],"on":"answer"}]},
+            "cache":{"max_entries":8},"access_log":{"enabled":true}}"#,
+    );
+    let leak = answer_saying(&format!("the key is {KEY}"));
+    let mut host = chat("what is the key?").with_header("accept-encoding", "gzip");
+    assert_eq!(
+        run_answering(&mut w, &mut host, &leak),
+        Some(Step::Pause),
+        "held"
+    );
+    assert_eq!(
+        host.header("accept-encoding"),
+        None,
+        "the answer comes uncompressed"
+    );
+    assert_eq!(host.response(":status"), Some("502"));
+    assert_eq!(host.response("content-length"), None);
+    assert_eq!(host.response("x-should-retry"), Some("false"));
+    let body: serde_json::Value = serde_json::from_slice(&host.response_body).unwrap();
+    assert_eq!(body["error"]["code"], "llm_filter_guardrail_answer_blocked");
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("`no-keys`"));
+    assert!(!String::from_utf8_lossy(&host.response_body).contains("PLANTED"));
+    assert_eq!(record(&host)["guardrails"], "no-keys:block:answer");
+    assert_eq!(
+        w.counter("llm_filter_guardrail_answer_fired_totalrule=.=no-keys;.;action=.=block;.;api=.=chat;.;"),
+        1
+    );
+    // Not stored: the same call goes upstream again.
+    let mut again = chat("what is the key?");
+    assert!(run_answering(&mut w, &mut again, &answer_saying("fine")).is_some());
+    assert_eq!(again.response("x-cache"), Some("MISS"));
+    assert!(String::from_utf8_lossy(&again.response_body).contains("fine"));
+}
+
+#[test]
+fn a_masked_prompts_values_are_put_back_in_the_answer_and_a_hit_restores_the_callers_own() {
+    let mut w = World::new(
+        r#"{"guardrails":{"rules":[{"name":"pii","detect":["email"],"action":"mask","restore":true}]},
+            "cache":{"max_entries":8},"access_log":{"enabled":true}}"#,
+    );
+    let mut host = chat(&format!("write to {MAIL}"));
+    // The upstream saw the placeholder and echoes it.
+    run_answering(&mut w, &mut host, &answer_saying("I wrote to [EMAIL_1]."));
+    let sent = String::from_utf8(host.request_body.clone()).unwrap();
+    assert!(
+        sent.contains("write to [EMAIL_1]") && !sent.contains(MAIL),
+        "{sent}"
+    );
+    let got: serde_json::Value = serde_json::from_slice(&host.response_body).unwrap();
+    assert_eq!(
+        got["choices"][0]["message"]["content"],
+        format!("I wrote to {MAIL}.")
+    );
+    assert_eq!(host.response("content-length"), None);
+    // Another caller's address masks to the same prompt: a hit, restored
+    // with that caller's own value.
+    let mut other = chat("write to other.person@example.org");
+    run_answering(&mut w, &mut other, "{}");
+    let (_, headers, body) = other.local_reply.clone().expect("a hit");
+    assert_eq!(headers["x-cache"], "HIT");
+    let body = String::from_utf8(body).unwrap();
+    assert!(
+        body.contains("I wrote to other.person@example.org."),
+        "{body}"
+    );
+    assert!(!body.contains(MAIL), "{body}");
+}
