@@ -15,15 +15,16 @@ WASM_TARGET := wasm32-wasip1
 # sidecar costs"), so it is built for size: 1.04 MB against 1.32 MB at
 # `opt-level = 3`, 8 MiB less per sidecar, for 3.4 % more of the proxy's
 # instructions per tagging-only call (9 % more in the filter; docs/bench.md).
-# It must stay within 1.16 MB (1.1 MB until the mesh's identity and
+# It must stay within 1.1675 MB (1.1 MB until the mesh's identity and
 # credentials came in: 1.103 MB; 1.12 MB until the guardrails and the price
-# catalog's rates did: 1.151 MB).
+# catalog's rates did: 1.151 MB; 1.16 MB until backends said which APIs they
+# speak: 1.167 MB).
 # (`-O2` and up shrink it no further and make V8 hold 16 MiB more per Envoy
 # once compiled; `opt-level = "z"` makes it 0.88 MB and the filter's own time
 # 30 % longer.)
 RAW_WASM    := target/$(WASM_TARGET)/wasm/llm_filter.wasm
 WASM        := target/llm_filter.wasm
-WASM_MAX_BYTES := 1160000
+WASM_MAX_BYTES := 1167500
 WASM_OPT_FLAGS := -O1 --enable-bulk-memory --enable-sign-ext --enable-mutable-globals \
 	--enable-nontrapping-float-to-int --enable-multivalue --enable-reference-types
 NOOP_WASM   := target/$(WASM_TARGET)/release/llm_filter_noop.wasm
