@@ -42,6 +42,7 @@ mod passthrough;
 mod pricing;
 mod priority;
 mod provider_tls;
+mod providers;
 mod reload;
 mod routing;
 mod sdk;
