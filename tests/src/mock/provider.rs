@@ -153,17 +153,15 @@ fn versioned(body: &Value, version: &str) -> Result<(), String> {
 
 /// A percent-encoded path segment, decoded.
 fn decode(segment: &str) -> Result<String, String> {
-    let b = segment.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = segment.get(i + 1..i + 3).ok_or("bad escape")?;
+    let mut out = Vec::with_capacity(segment.len());
+    let mut bytes = segment.bytes();
+    while let Some(b) = bytes.next() {
+        if b == b'%' {
+            let hex: Vec<u8> = bytes.by_ref().take(2).collect();
+            let hex = std::str::from_utf8(&hex).map_err(|_| "bad escape")?;
             out.push(u8::from_str_radix(hex, 16).map_err(|_| "bad escape")?);
-            i += 3;
         } else {
-            out.push(b[i]);
-            i += 1;
+            out.push(b);
         }
     }
     String::from_utf8(out).map_err(|_| "bad escape".into())

@@ -200,7 +200,9 @@ pub fn path_with(template: &str, name: &str) -> String {
         } else {
             encoded.push('%');
             for nibble in [b >> 4, b & 15] {
-                encoded.push(char::from(HEX[usize::from(nibble)]));
+                if let Some(h) = HEX.get(usize::from(nibble)) {
+                    encoded.push(char::from(*h));
+                }
             }
         }
     }

@@ -312,17 +312,17 @@ impl Serves {
 }
 
 impl Backend {
-    /// How it serves a call of `api` (a stream when `stream`): `Ok(None)`
+    /// How it serves a call of `api` (a stream when `stream`): `Some(None)`
     /// when it was never told what it speaks (it takes the call as it
-    /// came), `Err(())` when it does not speak that shape.
-    pub fn serving(&self, api: Dialect, stream: bool) -> Result<Option<&Serves>, ()> {
+    /// came), `None` when it does not speak that shape.
+    pub fn serving(&self, api: Dialect, stream: bool) -> Option<Option<&Serves>> {
         let Some(speaks) = &self.speaks else {
-            return Ok(None);
+            return Some(None);
         };
-        let s = speaks.iter().find(|s| s.api == api).ok_or(())?;
+        let s = speaks.iter().find(|s| s.api == api)?;
         match s.path(stream) {
-            Some(None) => Err(()),
-            _ => Ok(Some(s)),
+            Some(None) => None,
+            _ => Some(Some(s)),
         }
     }
 }
@@ -861,12 +861,12 @@ mod tests {
             m.version,
             Some(Version::Header("anthropic-version", "2023-06-01"))
         );
-        assert!(b[0].serving(Dialect::Chat, false).is_err());
+        assert!(b[0].serving(Dialect::Chat, false).is_none());
         // Bedrock's InvokeModel: no stream in Messages' shape.
         let m = b[1].serving(Dialect::Messages, false).unwrap().unwrap();
         assert_eq!(m.path(false), Some(Some("/model/{model}/invoke")));
-        assert!(b[1].serving(Dialect::Messages, true).is_err());
-        assert!(b[1].serving(Dialect::Chat, true).is_ok());
+        assert!(b[1].serving(Dialect::Messages, true).is_none());
+        assert!(b[1].serving(Dialect::Chat, true).is_some());
         // Vertex: the operator's path, its stream by the verb; only Messages.
         let m = b[2].serving(Dialect::Messages, true).unwrap().unwrap();
         assert_eq!(
@@ -875,11 +875,11 @@ mod tests {
                 "/v1/projects/p/locations/l/publishers/anthropic/models/{model}:streamRawPredict"
             ))
         );
-        assert!(b[2].serving(Dialect::Gemini, false).is_err());
+        assert!(b[2].serving(Dialect::Gemini, false).is_none());
         // Nothing declared: every API, as it came.
         let gpt = c.backends("gpt").unwrap();
-        assert_eq!(gpt[1].serving(Dialect::Messages, true), Ok(None));
-        assert!(gpt[0].serving(Dialect::Messages, false).is_err());
+        assert_eq!(gpt[1].serving(Dialect::Messages, true), Some(None));
+        assert!(gpt[0].serving(Dialect::Messages, false).is_none());
     }
 
     #[test]

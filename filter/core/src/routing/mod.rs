@@ -217,7 +217,7 @@ where
         .iter()
         .map(|b| {
             ask.shape
-                .is_none_or(|(api, stream)| b.serving(api, stream).is_ok())
+                .is_none_or(|(api, stream)| b.serving(api, stream).is_some())
         })
         .collect();
     if !speaks.contains(&true) {
@@ -271,7 +271,7 @@ impl Weighed<'_> {
     fn decision(self, index: usize, requested: &str) -> Option<RouteDecision> {
         let backend = self.backends.get(index)?;
         let serves = match &self.shape {
-            Some((api, stream)) => backend.serving(*api, *stream).ok()?.cloned(),
+            Some((api, stream)) => backend.serving(*api, *stream)?.cloned(),
             None => None,
         };
         let rewrite_model = backend
