@@ -7,7 +7,9 @@
 
 use std::time::Instant;
 
-use llm_filter_e2e::{post_json, skip_without_envoy, Envoy, EnvoyBuilder, MockUpstream, Provider};
+use llm_filter_e2e::{
+    post_json, skip_without_envoy, Envoy, EnvoyBuilder, MockUpstream, Provider, RecordedRequest,
+};
 use serde_json::{json, Value};
 
 use crate::support::sdk;
@@ -52,7 +54,20 @@ fn claude_routing() -> Value {
     })
 }
 
-fn body(r: &llm_filter_e2e::RecordedRequest) -> Value {
+/// The model calls `m` received (its health probes left out).
+fn posts(m: &MockUpstream) -> Vec<RecordedRequest> {
+    m.requests()
+        .into_iter()
+        .filter(|r| r.method == "POST")
+        .collect()
+}
+
+/// The last model call `m` received.
+fn last_post(m: &MockUpstream) -> Option<RecordedRequest> {
+    posts(m).pop()
+}
+
+fn body(r: &RecordedRequest) -> Value {
     r.json().expect("a JSON body")
 }
 
@@ -106,11 +121,11 @@ async fn claude_fails_over_from_anthropic_to_bedrock_to_vertex_in_the_messages_s
         call["text"].as_str().unwrap().ends_with("[bedrock]"),
         "{out}"
     );
-    let a = anthropic.last_request().expect("anthropic was asked first");
+    let a = last_post(&anthropic).expect("anthropic was asked first");
     assert_eq!(a.path, "/v1/messages");
     assert!(a.header("anthropic-version").is_some(), "the SDK's version");
     assert_eq!(body(&a)["model"], CLAUDE);
-    let b = bedrock.last_request().expect("bedrock took the failover");
+    let b = last_post(&bedrock).expect("bedrock took the failover");
     assert_eq!(
         b.path,
         "/model/anthropic.claude-sonnet-4-5-20250929-v1%3A0/invoke"
@@ -133,12 +148,8 @@ async fn claude_fails_over_from_anthropic_to_bedrock_to_vertex_in_the_messages_s
         call["text"].as_str().unwrap().ends_with("[vertex]"),
         "{out}"
     );
-    assert_eq!(
-        bedrock.requests().len(),
-        2,
-        "bedrock was asked, and throttled"
-    );
-    let v = vertex.last_request().expect("vertex took the failover");
+    assert_eq!(posts(&bedrock).len(), 2, "bedrock was asked, and throttled");
+    let v = last_post(&vertex).expect("vertex took the failover");
     assert_eq!(v.path, format!("{VERTEX_PATH}/{VERTEX_ID}:rawPredict"));
     let sent = body(&v);
     assert_eq!(sent["anthropic_version"], "vertex-2023-10-16");
@@ -160,13 +171,13 @@ async fn claude_fails_over_from_anthropic_to_bedrock_to_vertex_in_the_messages_s
         "{out}"
     );
     assert_eq!(out["stop_reason"], "end_turn", "{out}");
-    let v = vertex.last_request().unwrap();
+    let v = last_post(&vertex).unwrap();
     assert_eq!(
         v.path,
         format!("{VERTEX_PATH}/{VERTEX_ID}:streamRawPredict")
     );
     assert_eq!(body(&v)["stream"], true);
-    assert_eq!(bedrock.requests().len(), 2, "no stream reached bedrock");
+    assert_eq!(posts(&bedrock).len(), 2, "no stream reached bedrock");
 
     let answered = envoy.metric(
         "llm_filter_routing_failovers_total",
@@ -224,8 +235,8 @@ async fn gpt_fails_over_from_openai_to_azure_for_chat_and_responses() {
         assert_eq!(call["status"], 200, "{out}");
         assert_eq!(call["headers"]["x-llm-provider"], "azure_openai", "{out}");
         assert_eq!(call["headers"]["x-llm-model"], "gpt-4o-east", "{out}");
-        let o = openai.last_request().unwrap();
-        let a = azure.last_request().unwrap();
+        let o = last_post(&openai).unwrap();
+        let a = last_post(&azure).unwrap();
         let want = o.path.replace("/v1/", "/openai/v1/");
         assert_eq!(a.path, want, "{scenario}");
         assert_eq!(body(&a)["model"], "gpt-4o-east");

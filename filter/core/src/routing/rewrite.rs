@@ -137,7 +137,7 @@ pub struct Shaped {
 #[allow(clippy::too_many_arguments)]
 pub fn for_serves(
     dialect: Dialect,
-    path: &str,
+    client_path: &str,
     stream: bool,
     serves: Option<&Serves>,
     rename: Option<&str>,
@@ -156,7 +156,7 @@ pub fn for_serves(
             (Some(provider::path_with(t, name)), Model::Dropped)
         }
         Some(t) => (Some(t.to_string()), rename.map_or(Model::Kept, Model::Set)),
-        None => match model_edit(dialect, path, rename) {
+        None => match model_edit(dialect, client_path, rename) {
             Some((model, path)) => (path, model.map_or(Model::Kept, Model::Set)),
             None => {
                 return Shaped {
@@ -168,7 +168,8 @@ pub fn for_serves(
         },
     };
     Shaped {
-        path,
+        // The path it already has is not written again.
+        path: path.filter(|p| p != client_path),
         body: body_for(doc, model, prompt_cache_key, member),
         header,
     }
