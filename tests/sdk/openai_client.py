@@ -6,6 +6,8 @@ upstream and Envoy, run this with --base-url pointing at Envoy (with /v1), and
 assert on the one JSON object printed on stdout (and on what the mock
 received). Every object carries `sdk_version`. What each scenario prints:
 
+  chat_raw    chat.completions.with_raw_response.create, --calls times:
+              {calls: [{status, headers: {x-*, retry-after}, id, content}]}
   chat        {id, model, content, finish_reason, usage: {prompt, completion, total,
               cached, reasoning}} (cached: prompt_tokens_details.cached_tokens,
               reasoning: completion_tokens_details.reasoning_tokens, null when absent)
@@ -328,6 +330,26 @@ def raw_call(c, kwargs):
     }
 
 
+def chat_raw(args):
+    """chat.completions.with_raw_response.create, --calls times."""
+    c = client(args)
+    calls = []
+    for _ in range(args.calls):
+        raw = c.chat.completions.with_raw_response.create(
+            model=args.model, messages=messages(args.prompt), extra_headers=extra_headers(args)
+        )
+        parsed = raw.parse()
+        calls.append(
+            {
+                "status": raw.status_code,
+                "headers": interesting_headers(raw.headers),
+                "id": parsed.id,
+                "content": parsed.choices[0].message.content,
+            }
+        )
+    return {"calls": calls}
+
+
 def responses_raw(args):
     c = client(args)
     return {"calls": [raw_call(c, responses_args(args)) for _ in range(args.calls)]}
@@ -370,6 +392,7 @@ def chat_error(args):
 
 SCENARIOS = {
     "chat": chat,
+    "chat_raw": chat_raw,
     "stream": stream,
     "stream_error": stream_error,
     "embeddings": embeddings,

@@ -36,7 +36,7 @@ pub use envoy::{
     validate_config_file, wasm_available, wasm_path, workspace_root, Envoy, EnvoyBuilder,
 };
 pub use mock::oauth2::TokenEndpoint;
-pub use mock::{Canned, MockConfig, MockUpstream, RecordedRequest, Script, TailLatency};
+pub use mock::{Canned, MockConfig, MockUpstream, Provider, RecordedRequest, Script, TailLatency};
 pub use prometheus_server::{prometheus_bin, PrometheusServer};
 
 /// Whether a test that runs the real Envoy skips; every such test starts with it.

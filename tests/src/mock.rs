@@ -37,7 +37,10 @@ mod gemini;
 pub mod guardrail;
 mod messages;
 pub mod oauth2;
+pub mod provider;
 mod responses;
+
+pub use provider::Provider;
 
 /// Request header: reply with this status and an error body in the API's
 /// shape (OpenAI's `{"error":{..}}`, Anthropic's `{"type":"error",..}` with the
@@ -373,6 +376,9 @@ struct State {
     /// `authorization: Bearer`, when set: any other, or one expired, is
     /// answered 401.
     tokens: Mutex<Option<Arc<oauth2::Ledger>>>,
+    /// The provider the mock plays, when set: it takes calls only in that
+    /// provider's shape (see [`provider`]).
+    provider: Mutex<Option<Provider>>,
 }
 
 impl State {
@@ -502,12 +508,20 @@ impl MockUpstream {
             prefill_us_per_token: AtomicU64::new(0),
             keys: Mutex::new(None),
             tokens: Mutex::new(None),
+            provider: Mutex::new(None),
         });
         let serving = Arc::clone(&state);
         let server = Server::start(&config.name, config.host, config.port, move |req| {
             handle(Arc::clone(&serving), req)
         })?;
         Ok(MockUpstream { state, server })
+    }
+
+    /// Plays `provider` (`None`: every API on its own path): a call in any
+    /// other shape is refused as that provider refuses it (400), and error
+    /// statuses are answered in its shape.
+    pub fn set_provider(&self, provider: Option<Provider>) {
+        *lock(&self.state.provider) = provider;
     }
 
     /// Makes every model call (POST) carry one of `keys` as its provider
@@ -807,6 +821,21 @@ async fn handle(
         received_at,
     };
     lock(&state.requests).push(recorded.clone());
+    let provider = *lock(&state.provider);
+    let recorded = match provider.filter(|_| parts.method == Method::POST) {
+        Some(p) => match provider::accept(p, &recorded) {
+            Ok(plain) => plain,
+            Err(message) => {
+                return Ok(provider::error(
+                    &state,
+                    p,
+                    StatusCode::BAD_REQUEST,
+                    &message,
+                ))
+            }
+        },
+        None => recorded,
+    };
 
     let refused = parts.method == Method::POST && !carries_a_key(&state, &recorded);
     let script = lock(&state.scripts).pop_front().unwrap_or_default();
@@ -821,6 +850,11 @@ async fn handle(
         .and_then(|s| u16::try_from(s).ok())
         .or(script.status)
         .or(*lock(&state.status));
+    if provider.is_some() && parts.method != Method::POST {
+        // A provider's scripted failure is of its model calls, not of the
+        // probes that read its health.
+        status = None;
+    }
     if refused {
         status = Some(401);
     }
@@ -860,7 +894,13 @@ async fn handle(
 
     let status = status.and_then(|s| StatusCode::from_u16(s).ok());
     let mut response = match status {
-        Some(status) if status.as_u16() >= 400 => scripted_error(&state, &recorded.path, status),
+        Some(status) if status.as_u16() >= 400 => match provider {
+            Some(p) => {
+                let message = format!("mock {} scripted status {}", state.name, status.as_u16());
+                provider::error(&state, p, status, &message)
+            }
+            None => scripted_error(&state, &recorded.path, status),
+        },
         _ => {
             let mut response = match script.answer {
                 Some(Canned::Json(body)) => {

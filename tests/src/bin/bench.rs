@@ -111,6 +111,29 @@ fn routed_envoy(port: u16) -> EnvoyBuilder {
         .header_route("x-llm-cluster")
 }
 
+/// [`routed_envoy`] for a Messages model whose two backends are plain
+/// (`providers` false) or declared as providers (`anthropic`, `vllm`): each
+/// call then weighs only backends that speak Messages, and goes on the
+/// provider's path with its version header.
+fn messages_routed_envoy(port: u16, providers: bool) -> EnvoyBuilder {
+    let declared = if providers {
+        [r#","provider":"anthropic""#, r#","provider":"vllm""#]
+    } else {
+        ["", ""]
+    };
+    EnvoyBuilder::new()
+        .plugin_config(format!(
+            r#"{{"routing":{{"models":{{"claude-sonnet-4-5":[{{"cluster":"backend-a"{}}},{{"cluster":"backend-b"{}}}]}},
+                "probe_interval_s":3600}}}}"#,
+            declared[0], declared[1]
+        ))
+        .concurrency(1)
+        .upstream("backend", port)
+        .upstream("backend-a", port)
+        .upstream("backend-b", port)
+        .header_route("x-llm-cluster")
+}
+
 /// The filter with `{}` plus a limit per tenant: a rule of tokens a minute
 /// and cost a day on the priced model, limits far above what a run spends
 /// so every call passes, each reserving before it goes and settling after.
@@ -431,6 +454,25 @@ fn scenarios() -> Vec<Scenario> {
             path: "/v1/chat/completions",
             headers: vec![],
             body: chat,
+            expect_cache: Some("BYPASS"),
+        },
+        Scenario {
+            // `filter-routed` in the Messages dialect, over plain backends.
+            name: "filter-routed-messages",
+            envoy: |port| messages_routed_envoy(port, false),
+            path: "/v1/messages",
+            headers: vec![],
+            body: unique_messages.to_string(),
+            expect_cache: Some("BYPASS"),
+        },
+        Scenario {
+            // The same over backends declared as providers: only those that
+            // speak Messages weighed, the path and the version header set.
+            name: "filter-routed-providers",
+            envoy: |port| messages_routed_envoy(port, true),
+            path: "/v1/messages",
+            headers: vec![],
+            body: unique_messages.to_string(),
             expect_cache: Some("BYPASS"),
         },
         Scenario {

@@ -44,6 +44,7 @@ mod pricing;
 mod priority;
 mod prompt_cache;
 mod provider_tls;
+mod providers;
 mod reload;
 mod routing;
 mod sdk;

@@ -13,6 +13,7 @@ pub mod gemini;
 pub mod messages;
 pub mod other;
 pub mod prompt;
+pub mod provider;
 pub mod request;
 pub mod responses;
 

@@ -137,6 +137,23 @@ impl Document {
         copy.set(name, value, Json::Null).then_some(copy.bytes)
     }
 
+    /// The bytes without the one top-level member `name` (as they are when
+    /// it is absent), this document left as it is: `None` when the body is
+    /// no object or names it twice.
+    pub fn without(&self, name: &str) -> Option<Vec<u8>> {
+        let Some(i) = self.find(name)? else {
+            return Some(self.bytes.clone());
+        };
+        let s = self.spans.get(i)?;
+        // With the comma before it, or else the one after it.
+        let cut = match (i.checked_sub(1), self.spans.get(i.saturating_add(1))) {
+            (Some(before), _) => self.spans.get(before)?.value.end..s.value.end,
+            (None, Some(next)) => s.key.start..next.key.start,
+            (None, None) => s.key.start..s.value.end,
+        };
+        splice(&self.bytes, &cut, b"")
+    }
+
     /// A copy of the bytes and the members' spans without the tree: what
     /// edits for one backend start from, this document left as it is.
     pub fn bytes_only(&self) -> Self {
@@ -252,6 +269,29 @@ fn moved(r: &Range<usize>, from: usize, to: usize) -> Range<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_member_is_left_out_with_its_comma() {
+        let without = |b: &str| {
+            Document::parse(b.as_bytes().to_vec())
+                .without("model")
+                .map(|v| String::from_utf8(v).unwrap())
+        };
+        for (body, want) in [
+            (r#"{"model":"a","x":1}"#, Some(r#"{"x":1}"#)),
+            (r#"{ "x":1 , "model" : "a" }"#, Some(r#"{ "x":1 }"#)),
+            (r#"{"x":1,"model":"a","y":[2]}"#, Some(r#"{"x":1,"y":[2]}"#)),
+            (r#"{"model":"a"}"#, Some("{}")),
+            (r#"{"x":1}"#, Some(r#"{"x":1}"#)),
+            (r#"{"model":"a","model":"b"}"#, None),
+            ("[1]", None),
+        ] {
+            assert_eq!(without(body).as_deref(), want, "{body}");
+            if let Some(w) = want {
+                assert!(serde_json::from_str::<serde_json::Value>(w).is_ok());
+            }
+        }
+    }
 
     fn doc(s: &str) -> Document {
         Document::parse(s.as_bytes().to_vec())

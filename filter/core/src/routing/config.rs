@@ -12,6 +12,8 @@ use super::prompt_cache::PromptCacheConfig;
 use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::config::setting::{Bound, Empty, List, Setting, Table};
+use crate::dialect::provider::{self, Streams, Version};
+use crate::dialect::Dialect;
 use crate::priority::Priority;
 
 /// `cluster_header`: carries the chosen cluster to Envoy's `cluster_header`
@@ -163,6 +165,13 @@ pub struct RawBackend {
     pub metrics_path: Option<String>,
     /// Set `prompt_cache_key` from the affinity key, default false.
     pub prompt_cache_key: Option<bool>,
+    /// The provider it is: a preset of the APIs it serves and their paths.
+    pub provider: Option<String>,
+    /// The APIs it serves (default: its preset's; none: every API, on the
+    /// client's paths).
+    pub apis: Option<Vec<String>>,
+    /// API → its path, `{model}` where the model goes.
+    pub paths: Option<BTreeMap<String, String>>,
 }
 
 /// One rule as written.
@@ -277,6 +286,53 @@ pub struct Backend {
     /// A chat or Responses call without a `prompt_cache_key` gets the
     /// affinity key as one (OpenAI-compatible servers that take the field).
     pub prompt_cache_key: bool,
+    /// The provider it was declared as.
+    pub provider: Option<&'static str>,
+    /// The APIs it serves and how; `None`: every API, as the call came.
+    pub speaks: Option<Vec<Serves>>,
+}
+
+/// How a backend takes the calls of one API (see
+/// [`crate::dialect::provider`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Serves {
+    /// The API.
+    pub api: Dialect,
+    /// The path of a call, `{model}` where the model goes; `None`: the
+    /// client's path.
+    pub path: Option<String>,
+    /// The path of a stream; `None` with a `path`: no stream goes there.
+    pub stream_path: Option<String>,
+    /// The API version it wants.
+    pub version: Option<Version>,
+}
+
+impl Serves {
+    /// The path of a call (a stream when `stream`): `None` for the
+    /// client's, `Some(None)` when no such call goes there.
+    pub fn path(&self, stream: bool) -> Option<Option<&str>> {
+        match (&self.path, stream) {
+            (None, _) => None,
+            (Some(p), false) => Some(Some(p)),
+            (Some(_), true) => Some(self.stream_path.as_deref()),
+        }
+    }
+}
+
+impl Backend {
+    /// How it serves a call of `api` (a stream when `stream`): `Some(None)`
+    /// when it was never told what it speaks (it takes the call as it
+    /// came), `None` when it does not speak that shape.
+    pub fn serving(&self, api: Dialect, stream: bool) -> Option<Option<&Serves>> {
+        let Some(speaks) = &self.speaks else {
+            return Some(None);
+        };
+        let s = speaks.iter().find(|s| s.api == api)?;
+        match s.path(stream) {
+            Some(None) => None,
+            _ => Some(Some(s)),
+        }
+    }
 }
 
 /// What the elected worker probes on one cluster.
@@ -370,6 +426,7 @@ impl RoutingConfig {
         let rules = compile_rules(raw.rules, &models)?;
         let fallbacks = fallback::compile(&raw.fallbacks, &|m| models.contains_key(m))
             .map_err(|e| e.within("fallbacks"))?;
+        check_fallback_shapes(&models, &fallbacks)?;
         Ok(Self {
             models,
             clusters,
@@ -424,6 +481,39 @@ fn compile_cluster_header(raw: Option<String>) -> Result<String, ConfigError> {
 }
 
 type Models = BTreeMap<String, Vec<Backend>>;
+
+/// Every API a model whose backends all declare theirs is called in, some
+/// backend of each model of its fallback chain speaks too: a call moved on
+/// leaves in the shape it came in.
+fn check_fallback_shapes(models: &Models, chains: &Chains) -> Result<(), ConfigError> {
+    let speaks = |model: &str, api: Dialect| {
+        models.get(model).is_some_and(|bs| {
+            bs.iter().any(|b| {
+                b.speaks
+                    .as_ref()
+                    .is_none_or(|s| s.iter().any(|s| s.api == api))
+            })
+        })
+    };
+    for (model, chain) in chains {
+        let Some(backends) = models.get(model) else {
+            continue;
+        };
+        let declared = backends.iter().filter_map(|b| b.speaks.as_ref()).flatten();
+        for api in declared.map(|s| s.api) {
+            if let Some(to) = chain.to.iter().find(|to| !speaks(to, api)) {
+                return Err(ConfigError::new(
+                    format!("fallbacks.{model}.to"),
+                    format!(
+                        "{to:?} has no backend that speaks {}, as {model:?} does",
+                        api.api()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
 
 fn compile_models(
     raw: BTreeMap<String, Vec<RawBackend>>,
@@ -490,13 +580,99 @@ fn compile_backend(
         }
     }
     probes.merge(at, &b)?;
+    let (provider, speaks) = compile_speaks(at, b.provider, b.apis, b.paths)?;
     Ok(Backend {
         cluster: b.cluster,
         weight,
         model: b.model,
         authority: None,
         prompt_cache_key: PROMPT_CACHE_KEY.or(b.prompt_cache_key),
+        provider,
+        speaks,
     })
+}
+
+/// What a backend speaks: its preset's APIs (or `apis`), each on its
+/// preset's path or the one `paths` gives; nothing declared: every API.
+fn compile_speaks(
+    at: &str,
+    provider: Option<String>,
+    apis: Option<Vec<String>>,
+    paths: Option<BTreeMap<String, String>>,
+) -> Result<(Option<&'static str>, Option<Vec<Serves>>), ConfigError> {
+    let err =
+        |field: &str, message: &'static str| ConfigError::new(format!("{at}.{field}"), message);
+    let preset = match provider.as_deref() {
+        None => None,
+        Some(name) => {
+            Some(provider::preset(name).ok_or_else(|| err("provider", provider::UNKNOWN))?)
+        }
+    };
+    let paths = paths.unwrap_or_default();
+    let apis: Vec<String> = match (apis, preset) {
+        (Some(apis), _) => apis,
+        (None, Some(p)) => p
+            .endpoints
+            .iter()
+            .map(|e| e.api.api().to_string())
+            .collect(),
+        (None, None) if paths.is_empty() => return Ok((None, None)),
+        (None, None) => paths.keys().cloned().collect(),
+    };
+    let mut speaks: Vec<Serves> = Vec::with_capacity(apis.len());
+    for name in &apis {
+        let api = Dialect::named(name)
+            .filter(|d| *d != Dialect::Other && !speaks.iter().any(|s| s.api == *d))
+            .ok_or_else(|| err("apis", "lists an unknown API, `other` or an API twice"))?;
+        let endpoint = preset.and_then(|p| p.endpoint(api));
+        let path = match (paths.get(name), endpoint) {
+            (Some(p), _) => Some(p.as_str()),
+            (None, Some(e)) => Some(e.path),
+            (None, None) if preset.is_some() => {
+                return Err(err(
+                    "apis",
+                    "names an API its preset does not serve: give its path under `paths`",
+                ))
+            }
+            (None, None) => None,
+        };
+        let field = || match paths.contains_key(name) {
+            true => format!("paths.{name}"),
+            false => "provider".to_string(),
+        };
+        let streams = endpoint.map_or(Streams::Same, |e| e.streams);
+        let stream_path = match (path, streams) {
+            (Some(p), Streams::Same) => Some(p.to_string()),
+            (Some(p), Streams::Verb(from, to)) => {
+                let head = p.strip_suffix(from).ok_or_else(|| {
+                    err(
+                        &field(),
+                        "does not end with the preset's verb (`:rawPredict`, `:generateContent`)",
+                    )
+                })?;
+                Some([head, to].concat())
+            }
+            _ => None,
+        };
+        if let Some(p) = path {
+            if p.replacen(provider::MODEL, "", 1).contains(['{', '}']) || !check::is_path(p) {
+                return Err(err(&field(), "is no absolute path with no placeholder but `{model}` (Vertex's: write yours under `paths`)"));
+            }
+        }
+        speaks.push(Serves {
+            api,
+            path: path.map(str::to_string),
+            stream_path,
+            version: endpoint.and_then(|e| e.version),
+        });
+    }
+    if let Some(k) = paths.keys().find(|k| !apis.contains(k)) {
+        return Err(err(
+            &format!("paths.{k}"),
+            "names an API the backend does not serve",
+        ));
+    }
+    Ok((preset.map(|p| p.name), Some(speaks)))
 }
 
 fn check_cluster(field: &str, cluster: &str, siblings: &[Backend]) -> Result<(), ConfigError> {
@@ -674,6 +850,119 @@ mod tests {
         RoutingConfig::compile(raw).map_err(|e| e.within("routing"))
     }
 
+    /// The Claude of three clouds, the Vertex paths written in full.
+    const CLAUDE: &str = r#"{"models": {
+      "claude": [
+        {"cluster": "anthropic", "provider": "anthropic"},
+        {"cluster": "bedrock", "provider": "bedrock", "model": "anthropic.claude-sonnet-4-5-v1:0"},
+        {"cluster": "vertex", "provider": "vertex", "apis": ["messages"],
+         "paths": {"messages": "/v1/projects/p/locations/l/publishers/anthropic/models/{model}:rawPredict"}}
+      ],
+      "gpt": [{"cluster": "openai", "provider": "openai"}, {"cluster": "self"}]
+    }}"#;
+
+    #[test]
+    fn a_backend_speaks_its_preset_or_what_it_says() {
+        let c = parse(CLAUDE).unwrap();
+        let b = c.backends("claude").unwrap();
+        assert_eq!(b[0].provider, Some("anthropic"));
+        let m = b[0].serving(Dialect::Messages, true).unwrap().unwrap();
+        assert_eq!(m.path(true), Some(Some("/v1/messages")));
+        assert_eq!(
+            m.version,
+            Some(Version::Header("anthropic-version", "2023-06-01"))
+        );
+        assert!(b[0].serving(Dialect::Chat, false).is_none());
+        // Bedrock's InvokeModel: no stream in Messages' shape.
+        let m = b[1].serving(Dialect::Messages, false).unwrap().unwrap();
+        assert_eq!(m.path(false), Some(Some("/model/{model}/invoke")));
+        assert!(b[1].serving(Dialect::Messages, true).is_none());
+        assert!(b[1].serving(Dialect::Chat, true).is_some());
+        // Vertex: the operator's path, its stream by the verb; only Messages.
+        let m = b[2].serving(Dialect::Messages, true).unwrap().unwrap();
+        assert_eq!(
+            m.path(true),
+            Some(Some(
+                "/v1/projects/p/locations/l/publishers/anthropic/models/{model}:streamRawPredict"
+            ))
+        );
+        assert!(b[2].serving(Dialect::Gemini, false).is_none());
+        // Nothing declared: every API, as it came.
+        let gpt = c.backends("gpt").unwrap();
+        assert_eq!(gpt[1].serving(Dialect::Messages, true), Some(None));
+        assert!(gpt[0].serving(Dialect::Messages, false).is_none());
+    }
+
+    #[test]
+    fn what_a_backend_cannot_speak_is_refused_by_field() {
+        let one = |b: &str| {
+            parse(&format!(r#"{{"models": {{"m": [{b}]}}}}"#))
+                .unwrap_err()
+                .field
+        };
+        for (backend, field) in [
+            (
+                r#"{"cluster": "a", "provider": "aws"}"#,
+                "routing.models.m[0].provider",
+            ),
+            (
+                r#"{"cluster": "a", "provider": "vertex"}"#,
+                "routing.models.m[0].provider",
+            ),
+            (
+                r#"{"cluster": "a", "provider": "anthropic", "apis": ["chat"]}"#,
+                "routing.models.m[0].apis",
+            ),
+            (
+                r#"{"cluster": "a", "apis": ["messages", "messages"]}"#,
+                "routing.models.m[0].apis",
+            ),
+            (
+                r#"{"cluster": "a", "apis": ["other"]}"#,
+                "routing.models.m[0].apis",
+            ),
+            (
+                r#"{"cluster": "a", "provider": "openai", "paths": {"messages": "/m"}}"#,
+                "routing.models.m[0].paths.messages",
+            ),
+            (
+                r#"{"cluster": "a", "paths": {"chat": "v1/chat"}}"#,
+                "routing.models.m[0].paths.chat",
+            ),
+            (
+                r#"{"cluster": "a", "paths": {"chat": "/{deployment}/chat"}}"#,
+                "routing.models.m[0].paths.chat",
+            ),
+            (
+                r#"{"cluster": "a", "provider": "vertex", "apis": ["messages"], "paths": {"messages": "/x/{model}:predict"}}"#,
+                "routing.models.m[0].paths.messages",
+            ),
+        ] {
+            assert_eq!(one(backend), field, "{backend}");
+        }
+        // A chain moves a Messages call only to a model that speaks it.
+        let chain = CLAUDE.replacen(
+            r#""models""#,
+            r#""fallbacks": {"claude": {"to": ["gpt"]}}, "models""#,
+            1,
+        );
+        let gpt_only = chain.replace(r#", {"cluster": "self"}"#, "");
+        let e = parse(&gpt_only).unwrap_err();
+        assert_eq!(e.field, "routing.fallbacks.claude.to");
+        assert!(e.to_string().contains("messages"), "{e}");
+        // A backend of any shape in the chain's model takes it.
+        assert!(parse(&chain).is_ok());
+        // Azure's dated deployment path, the model in it.
+        let azure = r#"{"cluster": "a", "provider": "azure_openai", "apis": ["chat"],
+            "paths": {"chat": "/openai/deployments/{model}/chat/completions?api-version=2024-10-21"}}"#;
+        let c = parse(&format!(r#"{{"models": {{"m": [{azure}]}}}}"#)).unwrap();
+        let s = c.backends("m").unwrap()[0]
+            .serving(Dialect::Chat, true)
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.path(true), s.path(false));
+    }
+
     #[test]
     fn empty_section_routes_nothing() {
         let c = parse("{}").unwrap();
@@ -724,6 +1013,8 @@ mod tests {
                 model: None,
                 authority: Some("api.openai.com".into()),
                 prompt_cache_key: false,
+                provider: None,
+                speaks: None,
             }
         );
         assert_eq!(b[1].weight, 1);

@@ -26,11 +26,12 @@ pub mod rules;
 pub mod stateful;
 pub mod weight;
 
-pub use config::{Backend, ClusterTarget, RawRoutingConfig, RoutingConfig, Rule, When};
+pub use config::{Backend, ClusterTarget, RawRoutingConfig, RoutingConfig, Rule, Serves, When};
 pub use health::{Health, Load};
 pub use outcome::{CallResult, CallSample};
 
 use crate::dialect::features::Features;
+use crate::dialect::Dialect;
 use crate::host::{Metrics, Random, SharedStore};
 use crate::metrics as names;
 use crate::priority::Priority;
@@ -38,6 +39,9 @@ use crate::priority::Priority;
 /// Response header naming the cluster that served the call: the name of the
 /// default request header that carries the choice to Envoy.
 pub const CLUSTER_RESPONSE_HEADER: &str = config::DEFAULT_CLUSTER_HEADER;
+/// Response header naming the provider that answered, for a backend
+/// declared as one.
+pub const PROVIDER_HEADER: &str = "x-llm-provider";
 
 /// Where one call goes.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,6 +57,12 @@ pub struct RouteDecision {
     /// The backend takes the affinity key as `prompt_cache_key` when the
     /// caller sent none.
     pub prompt_cache_key: bool,
+    /// The name the backend knows the model by.
+    pub sent_model: String,
+    /// The provider the backend was declared as.
+    pub provider: Option<&'static str>,
+    /// How it takes the call's API (`None`: as the call came).
+    pub serves: Option<Serves>,
     /// Effective weight of every backend of the model, in configured order
     /// (for the weight gauges).
     pub effective_weights: Vec<(String, f64)>,
@@ -89,6 +99,9 @@ pub struct RouteAsk<'a> {
     /// The call's affinity key: with one, the backend is picked by weighted
     /// rendezvous hashing (see [`affinity`]) rather than drawn at random.
     pub affinity: Option<affinity::Key>,
+    /// The call's API, and whether it streams: only a backend that speaks
+    /// that shape takes it (`None`: any backend).
+    pub shape: Option<(Dialect, bool)>,
 }
 
 /// Plans the route of a call: rules may first pick another model, then one
@@ -108,9 +121,10 @@ where
 {
     let weighed = weigh(config, store, ask)?;
     let r = rng.next_f64();
-    let pinned = ask
-        .pinned
-        .and_then(|p| weighed.backends.iter().position(|b| b.cluster == p));
+    let pinned = ask.pinned.and_then(|p| {
+        let at = weighed.backends.iter().position(|b| b.cluster == p)?;
+        weighed.speaks.get(at).copied()?.then_some(at)
+    });
     if let Some(index) = pinned {
         return weighed.decision(index, ask.model);
     }
@@ -130,7 +144,8 @@ where
         let base: Vec<f64> = weighed
             .backends
             .iter()
-            .map(|b| f64::from(b.weight))
+            .zip(&weighed.speaks)
+            .map(|(b, s)| if *s { f64::from(b.weight) } else { 0.0 })
             .collect();
         weight::pick(&base, r)
     })?;
@@ -181,6 +196,10 @@ struct Weighed<'c> {
     /// The model routed: the requested one, or the one a rule chose.
     target: String,
     backends: &'c [Backend],
+    /// The call's shape, and whether each backend speaks it, in the same
+    /// order.
+    shape: Option<(Dialect, bool)>,
+    speaks: Vec<bool>,
     /// Each backend's health as read, in the same order.
     health: Vec<Option<Health>>,
     weights: weight::Weights,
@@ -195,11 +214,27 @@ where
     let target = rules::choose_model(&config.rules, ask.model, ask.features, ask.priority)
         .unwrap_or_else(|| ask.model.to_string());
     let backends = config.backends(&target)?;
+    let speaks: Vec<bool> = backends
+        .iter()
+        .map(|b| {
+            ask.shape
+                .is_none_or(|(api, stream)| b.serving(api, stream).is_some())
+        })
+        .collect();
+    if !speaks.contains(&true) {
+        return None;
+    }
     let health: Vec<Option<Health>> = backends
         .iter()
         .map(|b| health::read(store, &b.cluster))
         .collect();
     let mut weights = weight::effective_weights(config, backends, &health, ask.now_ms);
+    // A backend that does not speak the call's shape never takes it.
+    for (w, s) in weights.values.iter_mut().zip(&speaks) {
+        if !*s {
+            *w = 0.0;
+        }
+    }
     let avoided: Vec<bool> = backends.iter().map(|b| (ask.avoid)(&b.cluster)).collect();
     let open_weight: f64 = weights
         .values
@@ -218,6 +253,8 @@ where
     Some(Weighed {
         target,
         backends,
+        shape: ask.shape,
+        speaks,
         health,
         weights,
     })
@@ -234,6 +271,10 @@ impl Weighed<'_> {
     /// The decision to send a call that asked for `requested` to backend `index`.
     fn decision(self, index: usize, requested: &str) -> Option<RouteDecision> {
         let backend = self.backends.get(index)?;
+        let serves = match &self.shape {
+            Some((api, stream)) => backend.serving(*api, *stream)?.cloned(),
+            None => None,
+        };
         let rewrite_model = backend
             .model
             .clone()
@@ -244,6 +285,9 @@ impl Weighed<'_> {
             rewrite_model,
             authority: backend.authority.clone(),
             prompt_cache_key: backend.prompt_cache_key,
+            sent_model: backend.model.clone().unwrap_or_else(|| self.target.clone()),
+            provider: backend.provider,
+            serves,
             effective_weights: self
                 .backends
                 .iter()
@@ -302,6 +346,7 @@ mod tests {
         let c = config();
         let f = features(0);
         let ask = |features, avoid| RouteAsk {
+            shape: None,
             pinned: None,
             affinity: None,
             model: "gpt-4o",
@@ -333,6 +378,7 @@ mod tests {
         ] {
             for _ in 0..50 {
                 let ask = RouteAsk {
+                    shape: None,
                     model: "gpt-4o",
                     features: &f,
                     priority: Priority::P1,
@@ -353,6 +399,7 @@ mod tests {
     fn plan_keyed(c: &RoutingConfig, s: &MemoryStore, key: u64, now_ms: u64) -> String {
         let f = features(0);
         let ask = RouteAsk {
+            shape: None,
             pinned: None,
             model: "gpt-4o",
             features: &f,
@@ -445,6 +492,7 @@ mod tests {
         let f = features(0);
         for key in 0..50u64 {
             let ask = RouteAsk {
+                shape: None,
                 pinned: Some("azure"),
                 model: "gpt-4o",
                 features: &f,
@@ -469,6 +517,7 @@ mod tests {
         rng: &mut SplitMix64,
     ) -> Option<RouteDecision> {
         let ask = RouteAsk {
+            shape: None,
             pinned: None,
             affinity: None,
             model,
@@ -503,6 +552,64 @@ mod tests {
             Some(400),
             "streams' length stays out"
         );
+    }
+
+    #[test]
+    fn only_a_backend_that_speaks_the_calls_shape_takes_it() {
+        let raw: RawRoutingConfig = serde_json::from_str(
+            r#"{"models": {"claude": [
+              {"cluster": "anthropic", "provider": "anthropic"},
+              {"cluster": "bedrock", "provider": "bedrock"},
+              {"cluster": "mantle", "provider": "bedrock_mantle", "model": "claude-m"}
+            ]}}"#,
+        )
+        .unwrap();
+        let c = RoutingConfig::compile(raw).unwrap();
+        let s = MemoryStore::new();
+        let f = features(0);
+        let ask = |shape, pinned| RouteAsk {
+            shape,
+            pinned,
+            affinity: None,
+            model: "claude",
+            features: &f,
+            priority: Priority::P1,
+            now_ms: 0,
+            avoid: &|_| false,
+        };
+        let mut rng = SplitMix64::new(3);
+        let stream = Some((Dialect::Messages, true));
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..200 {
+            let d = super::plan(&c, &s, &mut rng, &ask(stream, Some("bedrock"))).unwrap();
+            seen.insert(d.cluster.clone());
+            let serves = d.serves.unwrap();
+            assert_eq!(serves.api, Dialect::Messages);
+        }
+        // Bedrock's InvokeModel streams no SSE: never a stream's, even pinned.
+        assert_eq!(
+            seen.into_iter().collect::<Vec<_>>(),
+            ["anthropic", "mantle"]
+        );
+        let d = super::failover_target(&c, &s, &ask(stream, None), "anthropic").unwrap();
+        assert_eq!(
+            (d.cluster.as_str(), d.sent_model.as_str()),
+            ("mantle", "claude-m")
+        );
+        assert_eq!(d.provider, Some("bedrock_mantle"));
+        assert!(super::failover_target(&c, &s, &ask(stream, None), "mantle")
+            .is_some_and(|d| d.cluster == "anthropic"));
+        // A non-stream may go to Bedrock.
+        let d = super::failover_target(
+            &c,
+            &s,
+            &ask(Some((Dialect::Messages, false)), None),
+            "anthropic",
+        );
+        assert!(d.is_some());
+        // Nobody speaks Gemini's API for this model: not routed.
+        let gemini = ask(Some((Dialect::Gemini, false)), None);
+        assert_eq!(super::plan(&c, &s, &mut rng, &gemini), None);
     }
 
     fn config() -> RoutingConfig {

@@ -4,6 +4,8 @@
 //! change; every other byte is kept, so the rest of the request reaches the
 //! backend exactly as the client sent it.
 
+use super::config::Serves;
+use crate::dialect::provider::{self, Version};
 use crate::dialect::{request, Dialect};
 use crate::json::{Document, Json};
 
@@ -56,26 +58,120 @@ pub enum Edit {
 /// and the caller named none. A key that cannot be added (the body is no
 /// object, or names the member) is left out.
 pub fn for_backend(doc: &Document, model: Option<&str>, prompt_cache_key: Option<&str>) -> Edit {
-    if model.is_none() && prompt_cache_key.is_none() {
+    body_for(
+        doc,
+        model.map_or(Model::Kept, Model::Set),
+        prompt_cache_key,
+        None,
+    )
+}
+
+/// What becomes of the body's `model` for a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Model<'m> {
+    /// As the client named it.
+    Kept,
+    /// Renamed.
+    Set(&'m str),
+    /// Left out: the backend reads it from the path.
+    Dropped,
+}
+
+/// [`for_backend`], with the model perhaps left out and a top-level string
+/// `member` set (an API version the provider reads from the body).
+fn body_for(
+    doc: &Document,
+    model: Model<'_>,
+    prompt_cache_key: Option<&str>,
+    member: Option<(&str, &str)>,
+) -> Edit {
+    if model == Model::Kept && prompt_cache_key.is_none() && member.is_none() {
         return Edit::Unchanged;
     }
     let mut copy = doc.bytes_only();
-    if let Some(m) = model {
+    if let Model::Set(m) = model {
         if !set_model(&mut copy, m) {
             return Edit::Refused;
         }
     }
-    let mut changed = model.is_some();
+    if let Some((name, value)) = member {
+        let set = serde_json::to_string(value).is_ok_and(|v| copy.set_text(name, v.as_bytes()));
+        if !set {
+            return Edit::Refused;
+        }
+    }
+    let mut changed = model != Model::Kept || member.is_some();
     if let Some(key) = prompt_cache_key.and_then(|k| serde_json::to_string(k).ok()) {
         // Only where the caller named none: never two members of one name.
         if copy.value_bytes("prompt_cache_key").is_none() {
             changed |= copy.set("prompt_cache_key", key.as_bytes(), Json::Null);
         }
     }
+    if model == Model::Dropped {
+        return copy.without("model").map_or(Edit::Refused, Edit::Changed);
+    }
     if changed {
         Edit::Changed(copy.into_bytes())
     } else {
         Edit::Unchanged
+    }
+}
+
+/// How one backend takes the call.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Shaped {
+    /// The `:path` to send it on; `None`: the one it has.
+    pub path: Option<String>,
+    /// Its body.
+    pub body: Edit,
+    /// A version header to add when the call has none.
+    pub header: Option<(&'static str, &'static str)>,
+}
+
+/// The call of `dialect` on `path` (a stream when `stream`) as a backend
+/// takes it: `serves` how it takes the API (`None`: as the call came),
+/// `rename` its name of the model when the body's must change, `name` its
+/// name of the model wherever it goes, `prompt_cache_key` the key to add.
+/// On its own path, the model goes in the path (then not in the body) when
+/// the path has `{model}`; the version goes where the provider reads it.
+#[allow(clippy::too_many_arguments)]
+pub fn for_serves(
+    dialect: Dialect,
+    client_path: &str,
+    stream: bool,
+    serves: Option<&Serves>,
+    rename: Option<&str>,
+    name: &str,
+    doc: &Document,
+    prompt_cache_key: Option<&str>,
+) -> Shaped {
+    let version = serves.and_then(|s| s.version);
+    let (header, member) = match version {
+        Some(Version::Header(h, v)) => (Some((h, v)), None),
+        Some(Version::Body(k, v)) => (None, Some((k, v))),
+        None => (None, None),
+    };
+    let (path, model) = match serves.and_then(|s| s.path(stream)).flatten() {
+        Some(t) if t.contains(provider::MODEL) => {
+            (Some(provider::path_with(t, name)), Model::Dropped)
+        }
+        Some(t) => (Some(t.to_string()), rename.map_or(Model::Kept, Model::Set)),
+        None => match model_edit(dialect, client_path, rename) {
+            Some((model, path)) => (path, model.map_or(Model::Kept, Model::Set)),
+            None => {
+                return Shaped {
+                    path: None,
+                    body: Edit::Refused,
+                    header,
+                }
+            }
+        },
+    };
+    Shaped {
+        // The path it already has is not written again.
+        path: path.filter(|p| p != client_path),
+        body: body_for(doc, model, prompt_cache_key, member),
+        header,
     }
 }
 
@@ -271,6 +367,89 @@ mod props {
             Edit::Refused
         );
         assert_eq!(for_backend(&doc("[]"), None, Some("k")), Edit::Unchanged);
+    }
+
+    #[test]
+    fn each_provider_gets_the_call_as_it_takes_it() {
+        let raw: crate::routing::RawRoutingConfig = serde_json::from_str(
+            r#"{"models": {"claude": [
+              {"cluster": "anthropic", "provider": "anthropic"},
+              {"cluster": "bedrock", "provider": "bedrock", "model": "anthropic.claude-v1:0"},
+              {"cluster": "vertex", "provider": "vertex", "apis": ["messages"],
+               "paths": {"messages": "/v1/projects/p/locations/l/publishers/anthropic/models/{model}:rawPredict"}},
+              {"cluster": "mantle", "provider": "bedrock_mantle"}
+            ]}}"#,
+        )
+        .unwrap();
+        let c = crate::routing::RoutingConfig::compile(raw).unwrap();
+        let b = c.backends("claude").unwrap();
+        let body = r#"{"model":"claude","max_tokens":8,"messages":[]}"#;
+        let doc = Document::parse(body.as_bytes().to_vec());
+        let shape = |i: usize, stream: bool| {
+            let backend = &b[i];
+            let serves = backend.serving(Dialect::Messages, stream).unwrap();
+            let name = backend.model.as_deref().unwrap_or("claude");
+            let s = for_serves(
+                Dialect::Messages,
+                "/v1/messages?beta=true",
+                stream,
+                serves,
+                backend.model.as_deref(),
+                name,
+                &doc,
+                None,
+            );
+            let body = match s.body {
+                Edit::Changed(b) => String::from_utf8(b).unwrap(),
+                e => format!("{e:?}"),
+            };
+            (s.path, body, s.header)
+        };
+        let version = Some(("anthropic-version", "2023-06-01"));
+        assert_eq!(
+            shape(0, true),
+            (Some("/v1/messages".into()), "Unchanged".into(), version)
+        );
+        assert_eq!(
+            shape(1, false),
+            (
+                Some("/model/anthropic.claude-v1%3A0/invoke".into()),
+                r#"{"max_tokens":8,"messages":[],"anthropic_version":"bedrock-2023-05-31"}"#.into(),
+                None
+            )
+        );
+        assert_eq!(
+            shape(2, true),
+            (
+                Some("/v1/projects/p/locations/l/publishers/anthropic/models/claude:streamRawPredict".into()),
+                r#"{"max_tokens":8,"messages":[],"anthropic_version":"vertex-2023-10-16"}"#.into(),
+                None
+            )
+        );
+        assert_eq!(
+            shape(3, true),
+            (
+                Some("/anthropic/v1/messages".into()),
+                "Unchanged".into(),
+                version
+            )
+        );
+        // Nothing declared: as before, the client's path.
+        let s = for_serves(
+            Dialect::Messages,
+            "/v1/messages",
+            true,
+            None,
+            Some("x"),
+            "x",
+            &doc,
+            None,
+        );
+        assert_eq!((s.path, s.header), (None, None));
+        assert_eq!(
+            s.body,
+            Edit::Changed(br#"{"model":"x","max_tokens":8,"messages":[]}"#.to_vec())
+        );
     }
 
     #[test]

@@ -403,6 +403,8 @@ mod tests {
             model: None,
             authority: None,
             prompt_cache_key: false,
+            provider: None,
+            speaks: None,
         }
     }
 

@@ -156,6 +156,7 @@ impl Call {
         let (store, budget_cfg, now_ms) = (env.store, &env.config.budget, env.now_ms);
         let avoid = |cluster: &str| budget::breaker_sheds(store, budget_cfg, cluster, now_ms);
         let ask = RouteAsk {
+            shape: Some(self.call_shape()),
             pinned: None,
             affinity,
             model,
@@ -187,14 +188,21 @@ impl Call {
             return Sent::Nowhere;
         };
         let cache_key = self.cache_key_for(target.prompt_cache_key);
-        // The path as the client sent it, with the backend's name of the
-        // model for a dialect that names it there.
-        let Some((model, path)) = rewrite::model_edit(self.request.dialect, self.path(), model)
-        else {
-            internal_error(env.metrics, "rewrite_model");
-            return Sent::Nowhere;
-        };
-        let new_body = match rewrite::for_backend(&body.doc, model, cache_key.as_deref()) {
+        // The call as that backend takes it: its path (the client's, with
+        // the backend's name of the model where the dialect names it
+        // there), its body, its version header.
+        let (api, stream) = self.call_shape();
+        let shaped = rewrite::for_serves(
+            api,
+            self.path(),
+            stream,
+            target.serves.as_ref(),
+            model,
+            model.unwrap_or(&target.sent_model),
+            &body.doc,
+            cache_key.as_deref(),
+        );
+        let new_body = match shaped.body {
             Edit::Unchanged => body.raw().to_vec(),
             Edit::Changed(b) => b,
             Edit::Refused => {
@@ -208,16 +216,15 @@ impl Call {
             target.authority.as_deref(),
             new_body.len(),
         );
-        if self
-            .request
-            .dialect
-            .request()
-            .model_in_path(self.path())
-            .is_some()
-        {
-            let path = path.unwrap_or_else(|| self.path().to_string());
-            for (_, v) in headers.iter_mut().filter(|(k, _)| k == ":path") {
-                v.clone_from(&path);
+        // The path this backend takes the call on, never the one the first
+        // backend did.
+        let path = shaped.path.unwrap_or_else(|| self.path().to_string());
+        for (_, v) in headers.iter_mut().filter(|(k, _)| k == ":path") {
+            v.clone_from(&path);
+        }
+        if let Some((name, value)) = shaped.header {
+            if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name)) {
+                headers.push((name.to_string(), value.to_string()));
             }
         }
         let cluster = self.callout_cluster(env, &target.cluster, &mut headers);

@@ -77,6 +77,12 @@ impl Call {
         if let Some(c) = served_by {
             out.push((routing::CLUSTER_RESPONSE_HEADER, c.to_string()));
         }
+        // A backend declared as a provider: which one answered, and its
+        // name of the model.
+        let declared = served_by.and_then(|c| self.provider_of(config, c));
+        if let Some((provider, _)) = declared {
+            out.push((routing::PROVIDER_HEADER, provider.to_string()));
+        }
         if let Some(x_cache) = cache {
             out.push((crate::cache::X_CACHE, x_cache.header().to_string()));
         }
@@ -89,7 +95,9 @@ impl Call {
         if let Some(g) = self.group(config) {
             out.push((ab::GROUP_HEADER, g.name.clone()));
         }
-        if let (Some(_), Some(model)) = (&self.dispatch.fallback, &self.dispatch.model) {
+        if let Some((_, model)) = declared {
+            out.push((routing::fallback::MODEL_HEADER, model.to_string()));
+        } else if let (Some(_), Some(model)) = (&self.dispatch.fallback, &self.dispatch.model) {
             out.push((routing::fallback::MODEL_HEADER, model.clone()));
         }
         if self.decided.downgraded {
@@ -97,5 +105,18 @@ impl Call {
         }
         self.limit_headers(&mut out);
         out
+    }
+
+    /// The provider of the call's model's backend on `cluster`, with its
+    /// name of the model, when it was declared as one.
+    fn provider_of<'c>(
+        &'c self,
+        config: &'c Config,
+        cluster: &str,
+    ) -> Option<(&'static str, &'c str)> {
+        let model = self.dispatch.model.as_deref()?;
+        let backends = self.routing_config(config).backends(model)?;
+        let b = backends.iter().find(|b| b.cluster == cluster)?;
+        Some((b.provider?, b.model.as_deref().unwrap_or(model)))
     }
 }

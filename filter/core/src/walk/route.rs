@@ -7,6 +7,7 @@ use std::cell::RefCell;
 
 use crate::budget::{self, BreakerState, BudgetConfig};
 use crate::dialect::features::Features;
+use crate::dialect::Dialect;
 use crate::host::SharedStore;
 use crate::metrics::{self as names, internal_error};
 use crate::routing::rewrite::{self, Edit};
@@ -69,6 +70,15 @@ impl Call {
             .map(|k| k.of_tenant(self.request.tenant.as_deref()))
     }
 
+    /// The call's API and whether it streams: the shape a backend must
+    /// speak to take it.
+    pub(super) fn call_shape(&self) -> (Dialect, bool) {
+        (
+            self.request.dialect,
+            self.request.view.stream.unwrap_or(false),
+        )
+    }
+
     /// The affinity key as the `prompt_cache_key` a backend that takes one
     /// (`takes`) gets: only on the APIs that have the field, and only when
     /// the caller named none.
@@ -103,19 +113,20 @@ impl Call {
         // The chosen backend's name of the model, when it has its own, and
         // the cache key it takes.
         let cache_key = self.cache_key_for(decision.prompt_cache_key);
-        // The backend's name of the model, in the body or, for a dialect
-        // that names it there, in the path.
-        let (edit, path) = match rewrite::model_edit(
-            self.request.dialect,
+        // The call as the backend takes it: the model in the body or in the
+        // path, its path, its version.
+        let (api, stream) = self.call_shape();
+        let shaped = rewrite::for_serves(
+            api,
             self.path(),
+            stream,
+            decision.serves.as_ref(),
             decision.rewrite_model.as_deref(),
-        ) {
-            Some((model, path)) => (
-                rewrite::for_backend(&body.doc, model, cache_key.as_deref()),
-                path,
-            ),
-            None => (Edit::Refused, None),
-        };
+            &decision.sent_model,
+            &body.doc,
+            cache_key.as_deref(),
+        );
+        let (edit, path) = (shaped.body, shaped.path);
         let written = match &edit {
             Edit::Refused => {
                 self.send_body(env, host, body, None);
@@ -141,6 +152,11 @@ impl Call {
             // Envoy picks the route again below (the routing header's
             // refresh), on the rewritten path.
             set_request(env, host, ":path", Some(path));
+        }
+        if let Some((name, value)) = shaped.header {
+            if host.request_header(name).is_none() {
+                set_request(env, host, name, Some(value));
+            }
         }
         set_route_header(env, host, Some(&decision.cluster));
         if let (Some(header), Some(key)) =
@@ -183,6 +199,7 @@ impl Call {
             .as_deref()
             .and_then(|id| stateful::holder(env.store, id, env.now_ms));
         let ask = RouteAsk {
+            shape: Some(self.call_shape()),
             model,
             features,
             priority: self.request.priority,
