@@ -14,13 +14,24 @@ use crate::daemon::free_port;
 use crate::envoy::http_request;
 use crate::workspace_root;
 
-/// The image archive and its manifest digest, as `make image` writes them.
+/// The image archives and their manifest digests, as `make image` writes
+/// them: the full build's and the sidecar build's.
 pub const IMAGE_ARCHIVE: &str = "target/image/llm-filter.oci.tar";
+pub const SIDECAR_IMAGE_ARCHIVE: &str = "target/image/llm-filter-sidecar.oci.tar";
 
-/// The archive `make image` built, with the manifest digest it printed (hex,
-/// no `sha256:`); `None` when it is not built.
+/// The full build's archive `make image` built, with the manifest digest it
+/// printed (hex, no `sha256:`); `None` when it is not built.
 pub fn image_archive() -> Option<(PathBuf, String)> {
-    let archive = workspace_root().join(IMAGE_ARCHIVE);
+    archive_at(IMAGE_ARCHIVE)
+}
+
+/// The sidecar build's archive, as [`image_archive`].
+pub fn sidecar_image_archive() -> Option<(PathBuf, String)> {
+    archive_at(SIDECAR_IMAGE_ARCHIVE)
+}
+
+fn archive_at(relative: &str) -> Option<(PathBuf, String)> {
+    let archive = workspace_root().join(relative);
     let digest = std::fs::read_to_string(archive.with_extension("tar.digest")).ok()?;
     archive
         .is_file()

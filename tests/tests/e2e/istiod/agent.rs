@@ -2,8 +2,9 @@
 //! built from the same source as istiod) writes the bootstrap, starts Envoy,
 //! proxies its xDS to istiod and serves its SDS. The shipped manifests as a
 //! user fills them: envoyfilter-ecds.yaml's `oci://REGISTRY/llm-filter:0.1.0`
-//! on a private registry on loopback holding the image `make image` built,
-//! `IMAGE_SHA256` its manifest digest; provider.yaml's DestinationRule as
+//! (and wasmplugin.yaml's `…:0.1.0-sidecar`) on a private registry on
+//! loopback holding the two images `make image` built, `IMAGE_SHA256` each
+//! one's manifest digest; provider.yaml's DestinationRule as
 //! shipped (TLS origination, the provider's name checked) with the test CA as
 //! its `caCertificates`, in front of a mock provider behind TLS. No CA: mTLS
 //! is off in the test mesh and the agent serves files only
@@ -15,10 +16,11 @@ use std::time::{Duration, Instant};
 use llm_filter_e2e::istio::{read_manifests, EXAMPLES};
 use llm_filter_e2e::istiod::{agent_bootstrap, synced, Istiod, Node, PortLock};
 use llm_filter_e2e::pilot_agent::{agent_bin, PilotAgent, WASM_DATA_DIR};
-use llm_filter_e2e::registry::{image_archive, registry_tools, Registry};
+use llm_filter_e2e::registry::{image_archive, registry_tools, sidecar_image_archive, Registry};
 use llm_filter_e2e::tls::{TestCa, TlsFront};
 use llm_filter_e2e::{
-    chat_body, post_json, running_in_ci, wasm_path, workspace_root, MockConfig, MockUpstream,
+    chat_body, post_json, running_in_ci, sidecar_wasm_path, wasm_path, workspace_root, MockConfig,
+    MockUpstream,
 };
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -34,9 +36,10 @@ use super::{
 fn prerequisites(test: &str) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
     let istiod = skip_without_istiod(test)?;
     let agent = agent_bin(test)?;
-    let missing = match (image_archive(), registry_tools()) {
+    let built = image_archive().and(sidecar_image_archive());
+    let missing = match (built, registry_tools()) {
         (Some(_), Ok(())) => None,
-        (None, _) => Some("no image (make image)".to_string()),
+        (None, _) => Some("no images (make image)".to_string()),
         (_, Err(e)) => Some(e),
     };
     if let Some(why) = missing {
@@ -48,10 +51,29 @@ fn prerequisites(test: &str) -> Option<(std::path::PathBuf, std::path::PathBuf)>
 }
 
 /// The shipped manifest `file` with its placeholders filled as a user would:
-/// the image on `registry` with digest `sha256`; the provider at `front` on
-/// loopback, its certificate checked against `ca` (as shipped, against the
-/// proxy's system bundle, when `None`).
-fn filled(file: &str, image: &str, sha256: &str, front: u16, ca: Option<&Path>) -> String {
+/// each image it names on `images`' registry with that image's digest (or
+/// `sha256`, when a test says so); the provider at `front` on loopback, its
+/// certificate checked against `ca` (as shipped, against the proxy's system
+/// bundle, when `None`).
+fn filled(
+    file: &str,
+    images: &Images,
+    sha256: Option<&str>,
+    front: u16,
+    ca: Option<&Path>,
+) -> String {
+    let fill = |url: &mut Value, sha: &mut Value, what: &Value| {
+        assert_eq!(*sha, "IMAGE_SHA256", "{file}: {what}");
+        let name = url
+            .as_str()
+            .and_then(|u| u.strip_prefix("oci://REGISTRY/"))
+            .unwrap_or_else(|| panic!("{file}: {what}"));
+        let digest = images
+            .digest(name)
+            .unwrap_or_else(|| panic!("{file}: {what}"));
+        *url = json!(format!("oci://{}/{name}", images.host));
+        *sha = json!(sha256.unwrap_or(digest));
+    };
     let path = workspace_root().join(EXAMPLES).join(file);
     let docs: Vec<Value> = read_manifests(&path)
         .unwrap_or_else(|e| panic!("{file}: {e:#}"))
@@ -66,22 +88,23 @@ fn filled(file: &str, image: &str, sha256: &str, front: u16, ca: Option<&Path>) 
                 if let Some(remote) =
                     patch.pointer_mut("/patch/value/typed_config/config/vm_config/code/remote")
                 {
-                    assert_eq!(remote["sha256"], "IMAGE_SHA256", "{remote}");
-                    assert_eq!(
-                        remote["http_uri"]["uri"], "oci://REGISTRY/llm-filter:0.1.0",
-                        "{remote}"
-                    );
-                    remote["http_uri"]["uri"] = json!(format!("oci://{image}"));
-                    remote["sha256"] = json!(sha256);
+                    let what = remote.clone();
+                    let mut url = remote["http_uri"]["uri"].take();
+                    let mut sha = remote["sha256"].take();
+                    fill(&mut url, &mut sha, &what);
+                    remote["http_uri"]["uri"] = url;
+                    remote["sha256"] = sha;
                 }
             }
             match doc["kind"].as_str() {
                 Some("WasmPlugin") => {
                     let spec = &mut doc["spec"];
-                    assert_eq!(spec["url"], "oci://REGISTRY/llm-filter:0.1.0", "{spec}");
-                    assert_eq!(spec["sha256"], "IMAGE_SHA256", "{spec}");
-                    spec["url"] = json!(format!("oci://{image}"));
-                    spec["sha256"] = json!(sha256);
+                    let what = spec.clone();
+                    let mut url = spec["url"].take();
+                    let mut sha = spec["sha256"].take();
+                    fill(&mut url, &mut sha, &what);
+                    spec["url"] = url;
+                    spec["sha256"] = sha;
                 }
                 Some("ServiceEntry") if file == "provider.yaml" => {
                     doc["spec"]["resolution"] = json!("STATIC");
@@ -150,18 +173,18 @@ pub(super) fn wait_ecds(
 }
 
 /// The mesh's config for the sidecar: provider.yaml (TLS origination to the
-/// front, checked against `ca`), envoyfilter-ecds.yaml (the image `image`,
-/// digest `sha256`), routes.yaml, mTLS off.
+/// front, checked against `ca`), envoyfilter-ecds.yaml (the full build's
+/// image on `images`' registry), routes.yaml, mTLS off.
 ///
-/// For the WasmPlugin form: provider.yaml and wasmplugin.yaml (the same
-/// image), mTLS off.
+/// For the WasmPlugin form: provider.yaml and wasmplugin.yaml (the sidecar
+/// build's image), mTLS off.
 ///
 /// For the egress gateway: provider.yaml and egress-gateway.yaml, mTLS off,
 /// the service that selects the gateway and its workload (istiod.rs's
 /// overlay; its module server's entry goes unused).
 fn config(
-    image: &str,
-    sha256: &str,
+    images: &Images,
+    sha256: Option<&str>,
     front: u16,
     ca: Option<&Path>,
     form: Form,
@@ -173,7 +196,7 @@ fn config(
     };
     let mut config: Vec<(String, String)> = files
         .iter()
-        .map(|f| (f.to_string(), filled(f, image, sha256, front, ca)))
+        .map(|f| (f.to_string(), filled(f, images, sha256, front, ca)))
         .collect();
     let test_mesh = if form == Form::Gateway {
         super::overlay(1, true)
@@ -184,8 +207,30 @@ fn config(
     config
 }
 
-/// The image's name and tag as envoyfilter-ecds.yaml names them.
+/// The images' names and tags as the manifests name them: the full build's
+/// (envoyfilter-ecds.yaml, the gateways) and the sidecar build's
+/// (wasmplugin.yaml).
 const IMAGE: &str = "llm-filter:0.1.0";
+const SIDECAR_IMAGE: &str = "llm-filter:0.1.0-sidecar";
+
+/// Both images pushed to a registry: its host and each one's manifest digest.
+struct Images {
+    host: String,
+    full: String,
+    sidecar: String,
+}
+
+impl Images {
+    /// The digest of the image a manifest names `name`; `None` for an image
+    /// `make image` does not build.
+    fn digest(&self, name: &str) -> Option<&str> {
+        match name {
+            IMAGE => Some(&self.full),
+            SIDECAR_IMAGE => Some(&self.sidecar),
+            _ => None,
+        }
+    }
+}
 
 /// A mesh of one sidecar run by the agent: the image on a registry of its
 /// own, the provider behind TLS with a CA of its own, istiod with [`config`].
@@ -198,7 +243,7 @@ struct AgentMesh {
     registry: Registry,
     /// The registry's requests before the agent started (the push's).
     pushed: usize,
-    /// The image's manifest digest.
+    /// The manifest digest of the image the form's manifests name.
     digest: String,
     /// When the agent was started.
     agent_started: Instant,
@@ -231,6 +276,24 @@ enum Form {
 }
 
 impl Form {
+    /// The module the form's manifests name: the sidecar build for
+    /// wasmplugin.yaml, the full build for the others.
+    fn module(self) -> std::path::PathBuf {
+        match self {
+            Form::WasmPlugin => sidecar_wasm_path(),
+            Form::Sidecar | Form::Gateway => wasm_path(),
+        }
+    }
+
+    /// The tag of that module's image.
+    fn tag(self) -> &'static str {
+        match self {
+            Form::WasmPlugin => SIDECAR_IMAGE,
+            Form::Sidecar | Form::Gateway => IMAGE,
+        }
+        .trim_start_matches("llm-filter:")
+    }
+
     /// The filter's ECDS resource on the node.
     fn filter(self) -> &'static str {
         match self {
@@ -242,9 +305,9 @@ impl Form {
 }
 
 /// The local file the agent handed Envoy for the module in `ecds`: in its
-/// cache, named by the image's manifest `digest`, holding the module's bytes
-/// (plugin.wasm of the image).
-fn assert_agent_module_file(ecds: &Value, digest: &str) {
+/// cache, named by the image's manifest `digest`, holding the bytes of the
+/// form's module (plugin.wasm of the image).
+fn assert_agent_module_file(ecds: &Value, digest: &str, form: Form) {
     let file = ecds["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"]
         .as_str()
         .unwrap_or_else(|| panic!("no local file: {ecds}"));
@@ -255,7 +318,7 @@ fn assert_agent_module_file(ecds: &Value, digest: &str) {
         "{file}"
     );
     let bytes = std::fs::read(file).expect("the agent's module file");
-    let module = std::fs::read(wasm_path()).expect("the module");
+    let module = std::fs::read(form.module()).expect("the module");
     assert_eq!(
         hex(&Sha256::digest(&bytes)),
         hex(&Sha256::digest(&module)),
@@ -273,9 +336,26 @@ fn served(requests: &[String], what: &str) -> bool {
 
 /// [`AgentMesh`] as `setup` says, once the agent's Envoy is ready.
 fn start_mesh(istiod_bin: &Path, agent_bin: &Path, setup: Setup) -> AgentMesh {
-    let (archive, digest) = image_archive().expect("the image");
     let registry = Registry::start().expect("registry");
-    let image = registry.push(&archive, IMAGE).expect("push the image");
+    let mut digests = [IMAGE, SIDECAR_IMAGE].map(|name| {
+        let (archive, digest) = if name == IMAGE {
+            image_archive()
+        } else {
+            sidecar_image_archive()
+        }
+        .expect("the image");
+        registry.push(&archive, name).expect("push the image");
+        digest
+    });
+    let images = Images {
+        host: registry.host(),
+        sidecar: std::mem::take(&mut digests[1]),
+        full: std::mem::take(&mut digests[0]),
+    };
+    let digest = images
+        .digest(&format!("llm-filter:{}", setup.form.tag()))
+        .expect("the form's image")
+        .to_string();
     let pushed = registry.requests().len();
 
     let certs = tempfile::tempdir().expect("temp dir");
@@ -284,11 +364,16 @@ fn start_mesh(istiod_bin: &Path, agent_bin: &Path, setup: Setup) -> AgentMesh {
     let provider = MockUpstream::start(MockConfig::named("provider"));
     let front =
         TlsFront::start(&ca.issue(&[PROVIDER]).expect("cert"), provider.addr()).expect("TLS front");
-    let sha256 = setup.sha256.unwrap_or_else(|| digest.clone());
     let ca = (!setup.system_bundle).then_some(&*ca_path);
     let istiod = Istiod::start(
         istiod_bin,
-        &config(&image, &sha256, front.port(), ca, setup.form),
+        &config(
+            &images,
+            setup.sha256.as_deref(),
+            front.port(),
+            ca,
+            setup.form,
+        ),
         &mesh(),
     )
     .expect("istiod");
@@ -367,7 +452,7 @@ async fn istiod_and_the_agent_run_the_sidecar_from_the_image() {
     let config = &ecds["typed_config"]["config"];
     let code = &config["vm_config"]["code"];
     assert!(code.get("remote").is_none(), "still remote: {code}");
-    assert_agent_module_file(&ecds, &digest);
+    assert_agent_module_file(&ecds, &digest, Form::Sidecar);
     assert_eq!(config["fail_open"], true, "{config}");
     assert_eq!(config["allow_on_headers_stop_iteration"], true, "{config}");
     assert!(
@@ -470,9 +555,9 @@ async fn an_image_the_agent_refuses_leaves_calls_untouched() {
         return;
     };
     let _ports = PortLock::acquire().expect("port lock");
-    let module = std::fs::read(wasm_path()).expect("the module");
-    let wrong = hex(&Sha256::digest(&module));
     for form in [Form::Sidecar, Form::WasmPlugin] {
+        let module = std::fs::read(form.module()).expect("the module");
+        let wrong = hex(&Sha256::digest(&module));
         let AgentMesh {
             agent,
             istiod,
@@ -533,8 +618,8 @@ async fn an_image_the_agent_refuses_leaves_calls_untouched() {
 }
 
 /// wasmplugin.yaml as a cluster runs it: istiod translates the WasmPlugin,
-/// the agent pulls its `oci://` image (the one envoyfilter-ecds.yaml names)
-/// and hands Envoy the module from its cache; the resource keeps
+/// the agent pulls its `oci://` image (the sidecar build's, its own tag)
+/// and hands Envoy that module from its cache; the resource keeps
 /// `failStrategy` and has no body access, so calls get the header features
 /// (the caller's priority in baggage, no cache) and reach the provider over
 /// the TLS provider.yaml originates.
@@ -565,7 +650,7 @@ async fn istiod_and_the_agent_run_the_wasmplugin_from_the_image() {
         },
     );
     let (dump, ecds) = wait_ecds(&agent, WASMPLUGIN_SIDECAR.filter, &istiod, &node);
-    assert_agent_module_file(&ecds, &digest);
+    assert_agent_module_file(&ecds, &digest, Form::WasmPlugin);
     let wasm = &ecds["typed_config"]["config"];
     assert_eq!(wasm["failure_policy"], "FAIL_OPEN", "failStrategy: {wasm}");
     assert!(
@@ -576,7 +661,7 @@ async fn istiod_and_the_agent_run_the_wasmplugin_from_the_image() {
     assert_before_the_router(&dump, &WASMPLUGIN_SIDECAR);
     let pulled: Vec<String> = registry.requests().split_off(pushed);
     assert!(
-        served(&pulled, "manifests/0.1.0") && served(&pulled, "blobs/sha256:"),
+        served(&pulled, "manifests/0.1.0-sidecar") && served(&pulled, "blobs/sha256:"),
         "{pulled:#?}"
     );
 
@@ -692,7 +777,7 @@ async fn istiod_and_the_agent_run_the_egress_gateway_from_the_image() {
         },
     );
     let (dump, ecds) = wait_ecds(&agent, GATEWAY.filter, &istiod, &node);
-    assert_agent_module_file(&ecds, &digest);
+    assert_agent_module_file(&ecds, &digest, Form::Gateway);
     filter_chain(&dump, &GATEWAY);
     let url = GATEWAY.chat_url();
     calls_through(&url, &provider, "agent's gateway", true).await;
