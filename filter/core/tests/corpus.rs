@@ -40,6 +40,13 @@ const FILES: &[(&str, &str)] = &[
         include_str!("corpus/maths_tables_invoices.txt"),
     ),
     ("http_api.txt", include_str!("corpus/http_api.txt")),
+    ("code_misc.txt", include_str!("corpus/code_misc.txt")),
+    ("data_logs.txt", include_str!("corpus/data_logs.txt")),
+    (
+        "numbers_locales.txt",
+        include_str!("corpus/numbers_locales.txt"),
+    ),
+    ("documents.txt", include_str!("corpus/documents.txt")),
 ];
 
 /// The values a reader agrees are what their detector says: a file, a
@@ -47,9 +54,11 @@ const FILES: &[(&str, &str)] = &[
 const AGREED: &str = include_str!("corpus/agreed.txt");
 
 /// False positives at most per MB of corpus, and the share of prompts with
-/// one at most: the measurement when the corpus was written, rounded up.
-const MAX_FALSE_PER_MB: f64 = 60.0;
-const MAX_FALSE_PROMPT_SHARE: f64 = 0.025;
+/// one at most: the measurement when the corpus was written (3 in 88.7 KB,
+/// 33.8 per MB; 3 of 215 prompts, 1.4 %), rounded up so that one more
+/// fails.
+const MAX_FALSE_PER_MB: f64 = 40.0;
+const MAX_FALSE_PROMPT_SHARE: f64 = 0.015;
 
 /// One finding, where it is.
 struct Hit {
@@ -217,4 +226,34 @@ fn clean_prompts_raise_few_findings() {
         "false positives above the bound ({MAX_FALSE_PER_MB} per MB, {MAX_FALSE_PROMPT_SHARE} of \
          prompts):\n{report}"
     );
+}
+
+/// Each detector's findings, counted over every prompt of the corpus.
+fn counts(encode: bool) -> BTreeMap<&'static str, usize> {
+    let detectors = Detectors::new(Set::ALL, &[]).expect("every built-in");
+    let mut out = BTreeMap::new();
+    for (_, _, text) in prompts() {
+        let encoded;
+        let text = match encode {
+            true => {
+                encoded = serde_json::to_string(text).expect("a JSON string");
+                encoded.as_str()
+            }
+            false => text,
+        };
+        let mut found = Vec::new();
+        detectors.scan(text, &mut Budget::unbounded(), &mut found);
+        for f in found {
+            *out.entry(name(f.detector)).or_default() += 1;
+        }
+    }
+    out
+}
+
+/// A prompt inside a tool call's JSON arguments is escaped once more
+/// (`\n`, `\"` written out): read as written and decoded, it raises what
+/// it raises plain, no more.
+#[test]
+fn clean_prompts_escaped_once_more_raise_the_same() {
+    assert_eq!(counts(true), counts(false));
 }
