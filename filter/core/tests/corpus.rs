@@ -15,38 +15,30 @@ use std::fmt::Write as _;
 
 use llm_filter_core::guard::{Budget, Detector, DetectorId, Detectors, Set};
 
+/// The files named, each with its text.
+macro_rules! corpus {
+    ($($file:literal),* $(,)?) => {
+        &[$(($file, include_str!(concat!("corpus/", $file)))),*]
+    };
+}
+
 /// The corpus, a file per kind of text; prompts are separated by a line
 /// `%%`.
-const FILES: &[(&str, &str)] = &[
-    ("code_rust.txt", include_str!("corpus/code_rust.txt")),
-    ("code_python.txt", include_str!("corpus/code_python.txt")),
-    ("code_go_js.txt", include_str!("corpus/code_go_js.txt")),
-    (
-        "code_sql_config.txt",
-        include_str!("corpus/code_sql_config.txt"),
-    ),
-    ("shell_logs.txt", include_str!("corpus/shell_logs.txt")),
-    ("prose_en.txt", include_str!("corpus/prose_en.txt")),
-    (
-        "prose_de_fr_es.txt",
-        include_str!("corpus/prose_de_fr_es.txt"),
-    ),
-    (
-        "prose_asia_mideast.txt",
-        include_str!("corpus/prose_asia_mideast.txt"),
-    ),
-    (
-        "maths_tables_invoices.txt",
-        include_str!("corpus/maths_tables_invoices.txt"),
-    ),
-    ("http_api.txt", include_str!("corpus/http_api.txt")),
-    ("code_misc.txt", include_str!("corpus/code_misc.txt")),
-    ("data_logs.txt", include_str!("corpus/data_logs.txt")),
-    (
-        "numbers_locales.txt",
-        include_str!("corpus/numbers_locales.txt"),
-    ),
-    ("documents.txt", include_str!("corpus/documents.txt")),
+const FILES: &[(&str, &str)] = corpus![
+    "code_rust.txt",
+    "code_python.txt",
+    "code_go_js.txt",
+    "code_misc.txt",
+    "code_sql_config.txt",
+    "shell_logs.txt",
+    "data_logs.txt",
+    "http_api.txt",
+    "prose_en.txt",
+    "prose_de_fr_es.txt",
+    "prose_asia_mideast.txt",
+    "documents.txt",
+    "maths_tables_invoices.txt",
+    "numbers_locales.txt",
 ];
 
 /// The values a reader agrees are what their detector says: a file, a
