@@ -395,7 +395,9 @@ fn guard_parts() -> Vec<(String, f64)> {
         })
         .to_string();
         out.push((
-            format!("guardrails: check a clean {kb} KB JSON answer (parse, `Guardrails::check_answer`)"),
+            format!(
+                "guardrails: check a clean {kb} KB JSON answer (parse, `Guardrails::check_answer`)"
+            ),
             time(|| {
                 let mut tree = Json::parse(black_box(answer.as_bytes())).expect("parse");
                 let (mut vault, mut verdict) = (Vault::new(), Verdict::default());
@@ -417,7 +419,8 @@ fn guard_parts() -> Vec<(String, f64)> {
     let v = rules.check(&prompt, fields, &mut Vault::new());
     assert_eq!(v.edits.len(), 1, "the prompt is masked");
     out.push((
-        "guardrails: check a 2 KB chat prompt, a card, an e-mail address and a phone number masked".to_string(),
+        "guardrails: check a 2 KB chat prompt, a card, an e-mail address and a phone number masked"
+            .to_string(),
         time(|| {
             let mut vault = Vault::new();
             black_box(rules.check(black_box(&prompt), fields, &mut vault));
