@@ -73,20 +73,14 @@ fn name(d: Detector) -> &'static str {
 fn prompts() -> Vec<(&'static str, usize, &'static str)> {
     let mut out = Vec::new();
     for (file, text) in FILES {
-        let mut start = 0;
-        let mut line = 1;
-        let mut first = 1;
-        for (at, l) in text.split_inclusive('\n').scan(0, |at, l| {
-            let here = *at;
-            *at += l.len();
-            Some((here, l))
-        }) {
+        let (mut start, mut at, mut first) = (0, 0, 1);
+        for (line, l) in (1..).zip(text.split_inclusive('\n')) {
             if l.trim_end_matches(['\n', '\r']) == "%%" {
                 out.push((*file, first, &text[start..at]));
                 start = at + l.len();
                 first = line + 1;
             }
-            line += 1;
+            at += l.len();
         }
         if start < text.len() {
             out.push((*file, first, &text[start..]));
