@@ -227,8 +227,12 @@ impl<'t> Scan<'t> {
     }
 
     /// An IPv4 address: four decimal octets, 0 to 255, without leading
-    /// zeros.
+    /// zeros, not right after the word `version` (`Version=4.0.0.0`,
+    /// `"version": "1.2.3.4"`: a version, as `v1.2.3.4` is).
     fn ipv4(&self, i: usize) -> Option<usize> {
+        if self.after_version(i) {
+            return None;
+        }
         let mut j = i;
         for k in 0..4 {
             if k > 0 {
@@ -251,10 +255,31 @@ impl<'t> Scan<'t> {
         self.number_ends(j).then_some(j)
     }
 
+    /// The word `version` (any case; or ending a name in camel case,
+    /// `AssemblyVersion`; not `conversion`) ends at most a few quotes,
+    /// spaces, `:` or `=` before `i`.
+    fn after_version(&self, i: usize) -> bool {
+        const WORD: &str = "version";
+        let mut at = i;
+        while at > 0 && i - at < 8 && b" \t\"'\\:=".contains(&self.at(at - 1)) {
+            at -= 1;
+        }
+        at.checked_sub(WORD.len()).is_some_and(|w| {
+            let prev = w.checked_sub(1).map_or(b' ', |p| self.at(p));
+            self.starts_any_case(w, WORD)
+                && (!prev.is_ascii_alphabetic()
+                    || (self.at(w) == b'V' && prev.is_ascii_lowercase()))
+        })
+    }
+
     /// An IPv6 address: eight groups of one to four hex digits joined by
     /// `:`, or fewer with one `::`, the last two maybe an IPv4 address;
     /// with a decimal digit, and with `::` at least two groups unless it
-    /// starts with it (`::1`), so `a::b` and `dead::beef` in code are none.
+    /// starts with it (`::1`), so `a::b` and `dead::beef` in code are none;
+    /// with `::`, a group of three or four digits, an IPv4 tail or the
+    /// loopback `::1` (every address in use has one: `2001:db8::1`,
+    /// `fe80::1`, `::ffff:192.0.2.1`), so the slices `xs[::2]` and
+    /// `xs[1::2]` are none.
     fn ipv6(&self, i: usize) -> Option<usize> {
         if i.checked_sub(1)
             .is_some_and(|p| b":.".contains(&self.at(p)))
@@ -263,7 +288,7 @@ impl<'t> Scan<'t> {
         }
         let lead = self.starts(i, "::");
         let mut j = i + if lead { 2 } else { 0 };
-        let (mut groups, mut gap, mut decimal) = (0, lead, false);
+        let (mut groups, mut gap, mut decimal, mut long) = (0, lead, false, false);
         loop {
             let end = self.run_max(j, |b| b.is_ascii_hexdigit(), 5);
             let group = self.b.get(j..end)?;
@@ -274,12 +299,14 @@ impl<'t> Scan<'t> {
                 j = self.ipv4(j)?;
                 groups += 2;
                 decimal = true;
+                long = true;
                 break;
             }
             if group.len() > 4 || groups == 8 {
                 return None;
             }
             decimal |= group.iter().any(|b| digit(*b));
+            long |= group.len() >= 3;
             groups += 1;
             j = end;
             match (self.at(j), self.at(j + 1)) {
@@ -291,8 +318,9 @@ impl<'t> Scan<'t> {
                 _ => break,
             }
         }
+        let loopback = lead && j == i + 3 && self.at(i + 2) == b'1';
         let whole = match gap {
-            true => groups <= 7 && (groups >= 2 || (lead && groups == 1)),
+            true => groups <= 7 && (groups >= 2 || lead && groups == 1) && (long || loopback),
             false => groups == 8,
         };
         let next = self.at(j);
@@ -450,6 +478,10 @@ impl<'t> Scan<'t> {
         }
         let domain = self.b.get(from..end)?;
         let dot = domain.iter().position(|b| *b == b'.')?;
-        (start < i && dot > 0 && dot + 1 < domain.len()).then_some(start..end)
+        // A top-level domain holds a letter: `react@18.3.1` is a package's
+        // version.
+        let top = domain.rsplit(|b| *b == b'.').next().unwrap_or_default();
+        let named = top.iter().any(u8::is_ascii_alphabetic);
+        (start < i && dot > 0 && dot + 1 < domain.len() && named).then_some(start..end)
     }
 }

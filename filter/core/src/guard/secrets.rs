@@ -52,12 +52,27 @@ const NAMES: [&str; 12] = [
     "credentials",
     "authorization",
 ];
-/// The longest of [`NAMES`].
-const NAME_MAX: usize = 13;
+/// Names that end as one of [`NAMES`] does and name no credential: a .NET
+/// assembly's `PublicKeyToken`, a digest of its public key.
+const NOT_NAMES: [&str; 1] = ["publickeytoken"];
+/// The longest of [`NAMES`] and [`NOT_NAMES`].
+const NAME_MAX: usize = 14;
 /// Bytes looked back over for a name before `:` or `=`.
 const NAME_LOOKBACK: usize = 64;
 /// Quotes and spaces between a name, its `:` or `=`, and its value.
 const FILLER_MAX: usize = 8;
+/// Words prose puts after `Bearer` or `Basic` (`a Bearer token`, `Basic
+/// authentication`), any case, a `.`, `?`, `!` or `:` after them: no
+/// credential.
+const PROSE: [&str; 7] = [
+    "auth",
+    "authentication",
+    "authorization",
+    "token",
+    "tokens",
+    "credentials",
+    "scheme",
+];
 /// Bytes of a PEM block's label (`RSA PRIVATE KEY`).
 const PEM_LABEL_MAX: usize = 64;
 
@@ -163,7 +178,17 @@ impl Scan<'_> {
             return None;
         }
         let end = self.run(from, in_value);
-        (end > from).then_some((*id, from..end))
+        let value = self.b.get(from..end)?;
+        let word = value
+            .strip_suffix(b".")
+            .or_else(|| value.strip_suffix(b"?"))
+            .or_else(|| value.strip_suffix(b"!"))
+            .or_else(|| value.strip_suffix(b":"))
+            .unwrap_or(value);
+        let prose = PROSE
+            .iter()
+            .any(|w| word.eq_ignore_ascii_case(w.as_bytes()));
+        (end > from && !prose).then_some((*id, from..end))
     }
 
     /// The value joined by `:` or `=` at `j` to a credential's name: its
@@ -191,7 +216,8 @@ impl Scan<'_> {
             at -= 1;
         }
         let name = letters.get(NAME_MAX - n..)?;
-        if !NAMES.iter().any(|w| name.ends_with(w.as_bytes())) {
+        let ends = |w: &&str| name.ends_with(w.as_bytes());
+        if !NAMES.iter().any(ends) || NOT_NAMES.iter().any(ends) {
             return None;
         }
         // Forward over spaces and an opening quote, escaped (`\"`) when the

@@ -114,8 +114,23 @@ fn each_secret_is_named_by_its_detector() {
     let pem = "-----BEGIN EC PRIVATE KEY-----\nMHcC\n-----END EC PRIVATE KEY-----";
     one(&format!("{pem} x"), "private_key", pem);
     one("Authorization: Bearer abc.def", "bearer_token", "abc.def");
+    one("Bearer tokenised", "bearer_token", "tokenised");
+    // A word of prose after the scheme is none.
+    for text in [
+        "send it as a Bearer token.",
+        "Basic authentication, or a bearer TOKEN?",
+        "the Basic auth: scheme",
+    ] {
+        assert_eq!(found(&d, text), [], "{text}");
+    }
     one("BASIC dXNlcjpwYXNz==;", "basic_auth", "dXNlcjpwYXNz==");
     one("password=\"p@ss w0rd\"", "named_credential", "p@ss w0rd");
+    one("KeyToken=a1b2c3d4", "named_credential", "a1b2c3d4");
+    // A .NET assembly's public key token is no credential.
+    assert_eq!(
+        found(&d, "Culture=neutral, PublicKeyToken=cc7b13ffcd2ddd51"),
+        []
+    );
     // A short tail, an unknown Slack kind, lowercase after AWS's prefix.
     for text in [
         "xoxp-1234567",
@@ -145,7 +160,18 @@ fn emails() {
     check(
         DetectorId::Email,
         &["bob@example.com", "bob.smith+x@mail.example.co.uk"],
-        &["@decorator", "a@b", "x@y."],
+        &[
+            "@decorator",
+            "a@b",
+            "x@y.",
+            "react@18.3.1",
+            "left-pad@1.3.0",
+        ],
+    );
+    check(
+        DetectorId::Email,
+        &["ops@mail.example.io", "x@10.example.com"],
+        &[],
     );
 }
 
@@ -414,14 +440,26 @@ fn ip_addresses_have_valid_octets_and_groups() {
         ],
     );
     // A port or a prefix length after it, the end of a sentence; a
-    // version number in prose is one (see the module's doc).
+    // dotted quad in prose other than after `version` is one (see the
+    // module's doc).
     for (text, want) in [
         ("10.0.0.1:8080", "10.0.0.1"),
         ("10.0.0.0/8", "10.0.0.0"),
         ("at 8.8.8.8.", "8.8.8.8"),
-        ("version 1.2.3.4 of", "1.2.3.4"),
+        ("release 1.2.3.4 of", "1.2.3.4"),
+        ("conversion 10.0.0.1", "10.0.0.1"),
     ] {
         assert_eq!(values(DetectorId::Ipv4, text), [want], "{text}");
+    }
+    // Right after the word `version`, a version.
+    for text in [
+        "version 1.2.3.4 of",
+        "System.Text.Json, Version=6.0.0.0, Culture=neutral",
+        r#"{"version": "10.0.0.1"}"#,
+        r#"{\"version\": \"10.0.0.1\"}"#,
+        "AssemblyFileVersion: 4.0.0.0",
+    ] {
+        assert_eq!(values(DetectorId::Ipv4, text), [""; 0], "{text}");
     }
     check(
         DetectorId::Ipv6,
@@ -444,7 +482,18 @@ fn ip_addresses_have_valid_octets_and_groups() {
             "1:2:3:4:5:6:7:8:9",
             "2001:db8::1::",
             "::",
+            // Python's slices: with `::`, an address has a group of three
+            // digits or more, an IPv4 tail, or is `::1`.
+            "xs[::2]",
+            "xs[1::2]",
+            "m[5::10]",
+            "::2",
         ],
+    );
+    check(
+        DetectorId::Ipv6,
+        &["ff02::1", "64:ff9b::192.0.2.33", "::1:2:abc"],
+        &[],
     );
     assert_eq!(
         values(DetectorId::Ipv6, "[2001:db8::1]:443"),

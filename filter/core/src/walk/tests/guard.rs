@@ -306,3 +306,43 @@ fn a_masked_prompts_values_are_put_back_in_the_answer_and_a_hit_restores_the_cal
     );
     assert!(!body.contains(MAIL), "{body}");
 }
+
+/// The guard step makes no host call of its own on a clean prompt: it reads
+/// the body the walk already holds and parsed, writes nothing back, reads
+/// no header and counts nothing; a rule on answers adds only the removal
+/// of the request's `accept-encoding` (an answer must come uncompressed to
+/// be read), which the cache removes too.
+#[test]
+fn a_clean_prompt_costs_no_host_call_of_its_own() {
+    let text = "Summarise the release notes of 3.15.2 (2024-06-10) in three lines. ".repeat(30);
+    let plain = r#"{"cache":{"max_entries":8},"access_log":{"enabled":true}}"#;
+    let rules = |on: &str| {
+        format!(
+            r#"{{"guardrails":{{"rules":[
+              {{"name":"no-secrets","detect":["secrets"],"action":"block","on":"{on}"}},
+              {{"name":"pii","detect":["personal"],"action":"mask","on":"{on}"}}]}},
+            "cache":{{"max_entries":8}},"access_log":{{"enabled":true}}}}"#
+        )
+    };
+    let mut seen = Vec::new();
+    for config in [plain.to_string(), rules("prompt"), rules("both")] {
+        let mut w = World::new(&config);
+        let mut host = chat(&text).with_header("accept-encoding", "gzip");
+        assert_eq!(run(&mut w, &mut host), Step::Continue);
+        let mut metrics: Vec<String> = w.metrics.counters.keys().cloned().collect();
+        metrics.sort();
+        seen.push((
+            host.body_reads.get(),
+            host.body_writes,
+            host.header_reads.borrow().clone(),
+            host.request_headers.clone(),
+            metrics,
+        ));
+    }
+    let (unguarded, prompt, both) = (&seen[0], &seen[1], &seen[2]);
+    assert_eq!(unguarded, prompt);
+    assert_eq!(prompt.1, 0, "nothing written back");
+    // On answers too (the cache removes `accept-encoding` as well).
+    assert_eq!(both, prompt);
+    assert!(!both.3.iter().any(|(n, _)| n == "accept-encoding"));
+}
