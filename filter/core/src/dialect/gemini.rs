@@ -606,7 +606,7 @@ mod asks {
     use crate::dialect::features::text_tokens;
     use crate::dialect::prompt::Prompt;
     use crate::dialect::request::TokenField;
-    use crate::dialect::request::{Question, Request, Turns};
+    use crate::dialect::request::{switch_body_model, Question, Request, Switched, Turns};
     use crate::json::{Document, Json};
 
     impl Request for Gemini {
@@ -618,9 +618,13 @@ mod asks {
             with_model(path, model)
         }
 
-        /// The body names no model: it is the path's.
-        fn set_model(&self, _doc: &mut Document, _model: &str) -> bool {
-            false
+        /// In the path, where the call names it; the body's only on a
+        /// configured path that names none (where the view read it too).
+        fn set_model(&self, doc: &mut Document, path: &str, model: &str) -> Option<Switched> {
+            if call_of(path).is_none() {
+                return switch_body_model(doc, model);
+            }
+            with_model(path, model).map(Switched::Path)
         }
 
         fn stream_in_path(&self, path: &str) -> Option<bool> {

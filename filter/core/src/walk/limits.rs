@@ -10,9 +10,9 @@
 use std::ops::ControlFlow;
 
 use crate::budget::reply::{self, SHOULD_RETRY};
-use crate::degrade;
 use crate::dialect::answer::ReplyKind;
 use crate::dialect::answer::Reset;
+use crate::dialect::request::Switched;
 use crate::dialect::Dialect;
 use crate::limits::{self, window, Ask, Decision, Ended, Left, Measure, Refused};
 use crate::summary::CallSummary;
@@ -78,13 +78,14 @@ impl Call {
                 .is_some_and(|cap| dialect.request().cap_output(&mut b.doc, cap, field));
             // Where the dialect names the model: the body, or the path.
             let switched = cheaper.model.as_deref().and_then(|m| {
-                degrade::switch_model(dialect, &mut b.doc, self.path(), m).map(|to| (m, to))
+                let to = dialect.request().set_model(&mut b.doc, self.path(), m)?;
+                Some((m, to))
             });
             if let Some((m, to)) = switched {
                 self.decided.fallback_model = Some(m.to_string());
                 match to {
-                    degrade::Switched::Body => b.was_edited(),
-                    degrade::Switched::Path(path) => self.switch_path(env, host, path),
+                    Switched::Body => b.was_edited(),
+                    Switched::Path(path) => self.switch_path(env, host, path),
                 }
             }
             if capped {
