@@ -71,16 +71,16 @@ impl Call {
             Decision::Pass(a) => a,
         };
         if let (Some(cheaper), Some(b)) = (&admitted.cheaper, body.as_mut()) {
-            let dialect = self.request.dialect;
+            let api = self.request.dialect.request();
             let field = self.shaping_config(env.config).field;
             let capped = cheaper
                 .max_tokens
-                .is_some_and(|cap| dialect.request().cap_output(&mut b.doc, cap, field));
+                .is_some_and(|cap| api.cap_output(&mut b.doc, cap, field));
             // Where the dialect names the model: the body, or the path.
-            let switched = cheaper.model.as_deref().and_then(|m| {
-                let to = dialect.request().set_model(&mut b.doc, self.path(), m)?;
-                Some((m, to))
-            });
+            let switched = cheaper
+                .model
+                .as_deref()
+                .and_then(|m| api.set_model(&mut b.doc, self.path(), m).map(|to| (m, to)));
             if let Some((m, to)) = switched {
                 self.decided.fallback_model = Some(m.to_string());
                 match to {
