@@ -18,7 +18,7 @@ pub use config::{Action, DegradeConfig, RawDegradeConfig};
 use crate::budget::reply::{self, LocalReply};
 use crate::config::Config;
 use crate::dialect::answer::ReplyKind;
-use crate::dialect::request::TokenField;
+use crate::dialect::request::{Switched, TokenField};
 use crate::dialect::Dialect;
 use crate::host::{Metrics, SharedStore};
 use crate::json::{Document, Json};
@@ -168,7 +168,7 @@ pub fn edit(
     for action in actions {
         let changed = match action {
             Action::FallbackModel => cfg.fallback_model.get(call.model).is_some_and(|fallback| {
-                let Some(to) = switch_model(call.dialect, doc, call.path, fallback) else {
+                let Some(to) = api.set_model(doc, call.path, fallback) else {
                     return false;
                 };
                 if let Switched::Path(p) = to {
@@ -191,34 +191,6 @@ pub fn edit(
         model: switched,
         path,
     })
-}
-
-/// Where a switched model was written.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Switched {
-    /// The body's top-level `model`.
-    Body,
-    /// This `:path`, for a dialect naming the model there (the body as it
-    /// was).
-    Path(String),
-}
-
-/// Switches a call of `dialect` on `path` to `model` where the dialect names
-/// the model: the body's top-level `model` (set when absent), or the path.
-/// `None`, and nothing changed, when it cannot take it.
-pub fn switch_model(
-    dialect: Dialect,
-    doc: &mut Document,
-    path: &str,
-    model: &str,
-) -> Option<Switched> {
-    let api = dialect.request();
-    if api.model_in_path(path).is_some() {
-        return api.path_with_model(path, model).map(Switched::Path);
-    }
-    let quoted = serde_json::to_string(model).ok()?;
-    doc.set("model", quoted.as_bytes(), Json::String(model.to_string()))
-        .then_some(Switched::Body)
 }
 
 /// Counts an action taken on a call of priority `p`.

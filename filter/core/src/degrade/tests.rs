@@ -219,13 +219,6 @@ fn a_gemini_call_is_switched_in_its_path_and_capped_in_its_config() {
         &s
     )
     .is_none());
-    // A chat body has its model switched in the body, its path kept.
-    let mut chat_body = doc(r#"{"messages":[]}"#);
-    assert_eq!(
-        switch_model(Dialect::Chat, &mut chat_body, "/v1/chat/completions", "m"),
-        Some(Switched::Body)
-    );
-    assert_eq!(chat_body.bytes(), br#"{"messages":[],"model":"m"}"#);
 }
 
 #[test]

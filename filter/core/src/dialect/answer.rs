@@ -18,7 +18,8 @@ use crate::usage::{Head, Usage};
 /// headers, the refusal reading and the provider's name default to
 /// OpenAI's, which its chat, completions, embeddings and Responses APIs
 /// share with the servers that copy them; a dialect of another family says
-/// its own.
+/// its own. OpenAI's chat, completions and embeddings have one impl, their
+/// family's ([`super::openai::Family`]).
 pub trait Answer: Sync {
     /// The tokens a usage object reports (the `usage` member of an answer
     /// or of a stream's event, Gemini's `usageMetadata`), read by the

@@ -146,152 +146,21 @@ fn caller_of(messages: &[Json], t: usize, m: &Json) -> Option<usize> {
     })
 }
 
-// The answer: usage, the stream's grammar, the stored entry, the error shape
-// and classes (the [`super::answer`] side).
+// The answer: OpenAI's family's (the [`super::answer`] side), each choice a
+// `message`, streamed as `delta`s.
 
-mod answers {
-    use serde::Deserialize;
-    use serde_json::{Map, Value};
+use super::answer::{Choices, Stored};
+use super::openai::Family;
+use super::Dialect;
 
-    use super::Chat;
-    use crate::dialect::answer::head::{self, count, optional_count, Members};
-
-    use crate::dialect::answer::{list, string, Answer, Choices, Hear, Stored};
-    use crate::dialect::chat::stream;
-    use crate::dialect::AnyGrammar;
-    use crate::dialect::Dialect;
-    use crate::json::Json;
-    use crate::usage::{Head, Usage};
-
-    impl Answer for Chat {
-        fn usage(&self, usage: &Value) -> Option<Usage> {
-            openai_usage(usage)
-        }
-
-        fn head(&self, body: &[u8]) -> Head {
-            openai_head(body)
-        }
-
-        fn grammar(&self) -> AnyGrammar {
-            AnyGrammar::Chat(stream::Chat::of(Dialect::Chat))
-        }
-
-        fn stored(&self) -> Option<Stored> {
-            Some(Stored::Canonical(Some(Choices {
-                object: "chat.completion",
-                chunk: "chat.completion.chunk",
-                message: true,
-            })))
-        }
-
-        fn complete(&self, answer: &Map<String, Value>) -> bool {
-            choices_finished(answer)
-        }
-
-        /// Each choice: its `message`, or a completion's `text`.
-        fn said(&self, answer: &Json, out: &mut dyn Hear) -> bool {
-            choices_said(answer, out);
-            true
-        }
-    }
-
-    /// What each choice of an OpenAI answer said: a chat `message`, or a
-    /// completion's `text`, with its `finish_reason`.
-    pub(crate) fn choices_said(answer: &Json, out: &mut dyn Hear) {
-        for choice in list(answer.get("choices")) {
-            if out.full() {
-                break;
-            }
-            let reason = choice.get("finish_reason").and_then(string);
-            if let Some(t) = choice.get("text").and_then(string) {
-                out.text(t, reason);
-            } else if let Some(m) = choice.get("message") {
-                out.message(m, reason);
-            }
-        }
-    }
-
-    /// Every choice of an OpenAI answer finished (a `finish_reason`), and
-    /// there is one at least.
-    pub(crate) fn choices_finished(answer: &Map<String, Value>) -> bool {
-        match answer.get("choices") {
-            Some(Value::Array(choices)) => {
-                !choices.is_empty()
-                    && choices
-                        .iter()
-                        .all(|c| c.get("finish_reason").is_some_and(Value::is_string))
-            }
-            _ => false,
-        }
-    }
-
-    /// The usage OpenAI's chat, completions and embeddings report:
-    /// `prompt_tokens` (the cached ones among them, in
-    /// `prompt_tokens_details.cached_tokens`) and `completion_tokens` (the
-    /// reasoning ones among them, in `completion_tokens_details.reasoning_tokens`).
-    pub(crate) fn openai_usage(usage: &Value) -> Option<Usage> {
-        let u = usage.as_object()?;
-        Some(Usage {
-            prompt_tokens: count(u, "prompt_tokens")?,
-            completion_tokens: count(u, "completion_tokens")?,
-            cached_tokens: detail(u, "prompt_tokens_details", "cached_tokens")?.unwrap_or(0),
-            reasoning_tokens: detail(u, "completion_tokens_details", "reasoning_tokens")?
-                .unwrap_or(0),
-            ..Usage::default()
-        })
-    }
-
-    /// The count `field` of a usage's details object `name` (OpenAI's and
-    /// Responses' words): `Some(None)` when there are no details (absent or
-    /// null), `None` when they are of another type.
-    pub(crate) fn detail(
-        usage: &Map<String, Value>,
-        name: &str,
-        field: &str,
-    ) -> Option<Option<u64>> {
-        match usage.get(name) {
-            None | Some(Value::Null) => Some(None),
-            Some(Value::Object(details)) => optional_count(details, field).map(Some),
-            Some(_) => None,
-        }
-    }
-
-    /// The members an OpenAI answer's head is read from.
-    const OPENAI_HEAD: &[&str] = &["usage", "id", "model", "choices"];
-
-    /// The head of an answer of OpenAI's chat, completions or embeddings
-    /// (the one reader the three share): its usage, id, model and each
-    /// choice's `finish_reason`.
-    pub(crate) fn openai_head(body: &[u8]) -> Head {
-        head::read(body, OPENAI_HEAD, |m| {
-            let mut head = m.head(openai_usage)?;
-            choice_reasons(m, &mut head)?;
-            Some(head)
-        })
-    }
-
-    /// What the head reads of a choice.
-    #[derive(Deserialize)]
-    struct Choice {
-        #[serde(default)]
-        finish_reason: Option<String>,
-    }
-
-    /// Each choice's `finish_reason`, in order; `None` when `choices` is
-    /// not a list of choices.
-    pub(crate) fn choice_reasons(m: &Members<'_>, head: &mut Head) -> Option<()> {
-        for choice in m.get::<Vec<Choice>>("choices")?.unwrap_or_default() {
-            if let Some(reason) = choice.finish_reason {
-                head.ended_for(&reason);
-            }
-        }
-        Some(())
-    }
+impl Family for Chat {
+    const DIALECT: Dialect = Dialect::Chat;
+    const STORED: Stored = Stored::Canonical(Some(Choices {
+        object: "chat.completion",
+        chunk: "chat.completion.chunk",
+        message: true,
+    }));
 }
-
-pub(crate) use answers::{
-    choice_reasons, choices_finished, choices_said, detail, openai_head, openai_usage,
-};
 
 #[cfg(test)]
 mod tests {

@@ -58,51 +58,18 @@ impl Request for Completions {
     }
 }
 
-// The answer: usage, the stream's grammar, the stored entry, the error shape
-// and classes (the [`super::answer`] side).
+// The answer: OpenAI's family's (the [`super::answer`] side), each choice a
+// `text`, streamed in pieces.
 
-mod answers {
-    use serde_json::{Map, Value};
+use super::answer::{Choices, Stored};
+use super::openai::Family;
+use super::Dialect;
 
-    use super::Completions;
-
-    use crate::dialect::answer::{Answer, Choices, Hear, Stored};
-    use crate::dialect::chat::stream;
-    use crate::dialect::chat::{choices_finished, choices_said, openai_head, openai_usage};
-    use crate::dialect::AnyGrammar;
-    use crate::dialect::Dialect;
-    use crate::json::Json;
-    use crate::usage::{Head, Usage};
-
-    impl Answer for Completions {
-        fn usage(&self, usage: &Value) -> Option<Usage> {
-            openai_usage(usage)
-        }
-
-        fn head(&self, body: &[u8]) -> Head {
-            openai_head(body)
-        }
-
-        fn grammar(&self) -> AnyGrammar {
-            AnyGrammar::Chat(stream::Chat::of(Dialect::Completions))
-        }
-
-        fn stored(&self) -> Option<Stored> {
-            Some(Stored::Canonical(Some(Choices {
-                object: "text_completion",
-                chunk: "text_completion",
-                message: false,
-            })))
-        }
-
-        fn complete(&self, answer: &Map<String, Value>) -> bool {
-            choices_finished(answer)
-        }
-
-        /// Each choice: its `message`, or a completion's `text`.
-        fn said(&self, answer: &Json, out: &mut dyn Hear) -> bool {
-            choices_said(answer, out);
-            true
-        }
-    }
+impl Family for Completions {
+    const DIALECT: Dialect = Dialect::Completions;
+    const STORED: Stored = Stored::Canonical(Some(Choices {
+        object: "text_completion",
+        chunk: "text_completion",
+        message: false,
+    }));
 }

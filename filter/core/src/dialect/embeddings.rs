@@ -24,52 +24,23 @@ impl Request for Embeddings {
     }
 }
 
-// The answer: usage, the stream's grammar, the stored entry, the error shape
-// and classes (the [`super::answer`] side).
+// The answer: OpenAI's family's (the [`super::answer`] side), a list of
+// vectors.
 
-mod answers {
-    use serde_json::{Map, Value};
+use serde_json::{Map, Value};
 
-    use super::Embeddings;
+use super::answer::Stored;
+use super::openai::Family;
+use super::Dialect;
 
-    use crate::dialect::answer::{Answer, Hear, Stored};
-    use crate::dialect::chat::stream;
-    use crate::dialect::chat::{openai_head, openai_usage};
-    use crate::dialect::AnyGrammar;
-    use crate::dialect::Dialect;
-    use crate::json::Json;
-    use crate::usage::{Head, Usage};
+impl Family for Embeddings {
+    const DIALECT: Dialect = Dialect::Embeddings;
+    /// Never streamed: a hit is always the JSON list.
+    const STORED: Stored = Stored::Canonical(None);
+    /// Vectors: no text to tell or check.
+    const SAYS_TEXT: bool = false;
 
-    impl Answer for Embeddings {
-        fn usage(&self, usage: &Value) -> Option<Usage> {
-            openai_usage(usage)
-        }
-
-        fn head(&self, body: &[u8]) -> Head {
-            openai_head(body)
-        }
-
-        fn grammar(&self) -> AnyGrammar {
-            AnyGrammar::Chat(stream::Chat::of(Dialect::Embeddings))
-        }
-
-        /// A list of vectors: no text to tell.
-        fn said(&self, _answer: &Json, _out: &mut dyn Hear) -> bool {
-            false
-        }
-
-        /// Vectors: no text to check.
-        fn said_fields(&self) -> &'static [&'static str] {
-            &[]
-        }
-
-        /// Never streamed: a hit is always the JSON list.
-        fn stored(&self) -> Option<Stored> {
-            Some(Stored::Canonical(None))
-        }
-
-        fn complete(&self, answer: &Map<String, Value>) -> bool {
-            answer.get("data").is_some_and(Value::is_array)
-        }
+    fn complete(answer: &Map<String, Value>) -> bool {
+        answer.get("data").is_some_and(Value::is_array)
     }
 }

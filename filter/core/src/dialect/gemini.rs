@@ -17,9 +17,8 @@ use crate::dialect::answer::ErrorClass;
 use crate::dialect::request::whole_number;
 use crate::json::{Document, Json};
 use crate::sse::reader::DATA_FIELD;
-use crate::sse::FinishReasons;
 
-use crate::usage::{Usage, MAX_FINISH_REASONS};
+use crate::usage::Usage;
 
 /// The method of a whole answer, after the model in the path.
 pub const GENERATE: &str = "generateContent";
@@ -36,8 +35,6 @@ pub const MAX_PATH: usize = 2048;
 pub const MAX_MODEL: usize = 256;
 /// What ends each event of Google's streams, and of a replay in its shape.
 pub const EVENT_END: &[u8] = b"\r\n\r\n";
-/// Most bytes kept of a response's id or model version.
-pub const MAX_ID: usize = 256;
 /// Candidates whose end the stream grammar tracks (`candidateCount` is at
 /// most 8 today); a candidate of a higher index is not waited for.
 pub(crate) const MAX_CANDIDATES: u64 = 64;
@@ -458,54 +455,6 @@ impl<'a> Head<'a> {
     pub(crate) fn blocked(&self) -> bool {
         self.block_reason().is_some()
     }
-
-    fn text(&self, name: &str) -> Option<&'a str> {
-        self.field(name)?.as_str()
-    }
-}
-
-/// What the filter reads of a whole answer.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Answer {
-    /// Its `usageMetadata`.
-    pub usage: Option<Usage>,
-    /// Its `responseId`, at most [`MAX_ID`] bytes.
-    pub id: Option<String>,
-    /// The model that answered (`modelVersion`), at most [`MAX_ID`] bytes.
-    pub model: Option<String>,
-    /// Why it ended (at most [`MAX_FINISH_REASONS`]).
-    pub reasons: FinishReasons,
-}
-
-/// Reads a whole answer's body (`generateContent`); an answer the filter
-/// cannot read gives an empty one.
-pub fn answer(body: &[u8]) -> Answer {
-    let Ok(tree) = serde_json::from_slice::<Value>(body) else {
-        return Answer::default();
-    };
-    let Some(head) = Head::of(&tree) else {
-        return Answer::default();
-    };
-    let mut reasons = FinishReasons::default();
-    for reason in head.reasons().take(MAX_FINISH_REASONS) {
-        reasons.push(reason);
-    }
-    let short = |name: &str| head.text(name).map(|s| cut(s, MAX_ID).to_string());
-    Answer {
-        usage: head.usage(),
-        id: short("responseId"),
-        model: short("modelVersion"),
-        reasons,
-    }
-}
-
-/// `s` cut to at most `max` bytes on a character boundary.
-fn cut(s: &str, max: usize) -> &str {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end = end.saturating_sub(1);
-    }
-    s.get(..end).unwrap_or_default()
 }
 
 /// Writes one response as an event of Google's streams (the cache's replay).
@@ -606,7 +555,7 @@ mod asks {
     use crate::dialect::features::text_tokens;
     use crate::dialect::prompt::Prompt;
     use crate::dialect::request::TokenField;
-    use crate::dialect::request::{Question, Request, Turns};
+    use crate::dialect::request::{switch_body_model, Question, Request, Switched, Turns};
     use crate::json::{Document, Json};
 
     impl Request for Gemini {
@@ -618,9 +567,13 @@ mod asks {
             with_model(path, model)
         }
 
-        /// The body names no model: it is the path's.
-        fn set_model(&self, _doc: &mut Document, _model: &str) -> bool {
-            false
+        /// In the path, where the call names it; the body's only on a
+        /// configured path that names none (where the view read it too).
+        fn set_model(&self, doc: &mut Document, path: &str, model: &str) -> Option<Switched> {
+            if call_of(path).is_none() {
+                return switch_body_model(doc, model);
+            }
+            with_model(path, model).map(Switched::Path)
         }
 
         fn stream_in_path(&self, path: &str) -> Option<bool> {

@@ -132,11 +132,10 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Messages;
-    use crate::dialect::answer::head::{self, count, optional_count, Members};
+    use crate::dialect::answer::head::{self, count, detail, optional_count, Members};
     use crate::dialect::answer::Error;
     use crate::dialect::answer::ReplyKind;
     use crate::dialect::answer::{string, Answer, Hear, RateHeaders, Reset, Stored};
-    use crate::dialect::chat::detail;
     use crate::dialect::messages::stream;
     use crate::dialect::AnyGrammar;
     use crate::json::Json;

@@ -11,6 +11,7 @@ pub mod embeddings;
 pub mod features;
 pub mod gemini;
 pub mod messages;
+pub mod openai;
 pub mod other;
 pub mod prompt;
 pub mod provider;

@@ -22,13 +22,13 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Other;
-    use crate::dialect::answer::head::{self, count, optional_count};
+    use crate::dialect::answer::head::{self, count, detail, optional_count};
 
     use crate::dialect::answer::{Answer, Hear, Stored};
     use crate::dialect::chat::stream;
-    use crate::dialect::chat::{choice_reasons, detail};
     use crate::dialect::gemini::candidate_reasons;
     use crate::dialect::messages::stop_reason;
+    use crate::dialect::openai::choice_reasons;
     use crate::dialect::responses::response_reason;
     use crate::dialect::AnyGrammar;
     use crate::dialect::Dialect;

@@ -32,7 +32,7 @@ pub trait Request: Sync {
 
     /// The `:path` with the model it names replaced by `model`, for an API
     /// that puts the model in the path; `None` for one whose model is in the
-    /// body (see [`Request::set_model`]).
+    /// body (see [`Request::set_model`], which edits either).
     fn path_with_model(&self, _path: &str, _model: &str) -> Option<String> {
         None
     }
@@ -43,10 +43,12 @@ pub trait Request: Sync {
         None
     }
 
-    /// Sets the body's top-level `model` to `model`, every other byte kept;
-    /// false when the body cannot take it.
-    fn set_model(&self, doc: &mut Document, model: &str) -> bool {
-        set_body_model(doc, model)
+    /// Switches a call on `path` to `model` where the API names the model:
+    /// the body's top-level `model` (set when absent, every other byte
+    /// kept), or the `:path` the call then goes on. `None`, and nothing
+    /// changed, when it cannot take it.
+    fn set_model(&self, doc: &mut Document, _path: &str, model: &str) -> Option<Switched> {
+        switch_body_model(doc, model)
     }
 
     /// The end user a request body names; `None` when absent, empty or not a
@@ -487,6 +489,25 @@ pub struct Prefix<'a> {
     pub turn: &'a [Json],
 }
 
+/// Where [`Request::set_model`] switched a call's model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Switched {
+    /// The body's top-level `model`.
+    Body,
+    /// This `:path`, for an API naming the model there (the body as it
+    /// was).
+    Path(String),
+}
+
+/// Switches the body's top-level `model` to `model`, set when absent, every
+/// other byte kept (the tree too); `None` when the body is no object or
+/// names it twice.
+pub fn switch_body_model(doc: &mut Document, model: &str) -> Option<Switched> {
+    let quoted = serde_json::to_string(model).ok()?;
+    doc.set("model", quoted.as_bytes(), Json::String(model.to_string()))
+        .then_some(Switched::Body)
+}
+
 /// Sets the body's top-level `model` string to `model`, every other byte
 /// kept; false when the body names none as a string (or names it twice).
 pub fn set_body_model(doc: &mut Document, model: &str) -> bool {
@@ -584,9 +605,6 @@ mod tests {
             Some("/v1beta/models/h:streamGenerateContent?alt=sse")
         );
         assert_eq!(g.stream_in_path(path), Some(false));
-        let mut doc = Document::parse(br#"{"contents":[]}"#.to_vec());
-        assert!(!g.set_model(&mut doc, "h"), "the body names no model");
-        assert_eq!(doc.bytes(), br#"{"contents":[]}"#);
     }
 
     #[test]
@@ -627,10 +645,56 @@ mod tests {
     #[test]
     fn the_model_is_set_in_the_body() {
         let mut doc = Document::parse(br#"{"model":"a","x":1}"#.to_vec());
-        assert!(Dialect::Chat.request().set_model(&mut doc, "b\"c"));
+        assert!(set_body_model(&mut doc, "b\"c"));
         assert_eq!(doc.bytes(), br#"{"model":"b\"c","x":1}"#);
         let mut none = Document::parse(br#"{"model":3}"#.to_vec());
-        assert!(!Dialect::Chat.request().set_model(&mut none, "b"));
+        assert!(!set_body_model(&mut none, "b"));
+    }
+
+    #[test]
+    fn each_dialect_switches_the_model_where_it_names_it() {
+        let path = "/v1/chat/completions";
+        for d in ALL {
+            let mut doc = Document::parse(br#"{"model":"a","x":1}"#.to_vec());
+            let api = d.request();
+            assert_eq!(api.set_model(&mut doc, path, "b"), Some(Switched::Body));
+            assert_eq!(doc.bytes(), br#"{"model":"b","x":1}"#, "{d:?}");
+            assert_eq!(doc.tree().and_then(|t| t.get("model")), Some(&j(r#""b""#)));
+            // Set when absent; refused where the body cannot take one.
+            let mut none = Document::parse(br#"{"messages":[]}"#.to_vec());
+            assert_eq!(api.set_model(&mut none, path, "m"), Some(Switched::Body));
+            assert_eq!(none.bytes(), br#"{"messages":[],"model":"m"}"#);
+            let mut twice = Document::parse(br#"{"model":"a","model":"b"}"#.to_vec());
+            assert_eq!(api.set_model(&mut twice, path, "m"), None, "{d:?}");
+            assert_eq!(twice.bytes(), br#"{"model":"a","model":"b"}"#);
+        }
+        // Gemini's is in the path: the body is left as it is.
+        let g = Dialect::Gemini.request();
+        let body = br#"{"contents":[]}"#;
+        let mut doc = Document::parse(body.to_vec());
+        assert_eq!(
+            g.set_model(
+                &mut doc,
+                "/v1beta/models/g:streamGenerateContent?alt=sse",
+                "h"
+            ),
+            Some(Switched::Path(
+                "/v1beta/models/h:streamGenerateContent?alt=sse".into()
+            ))
+        );
+        assert_eq!(doc.bytes(), body);
+        assert_eq!(
+            g.set_model(&mut doc, "/v1beta/models/g:generateContent", "a/b"),
+            None,
+            "no model name"
+        );
+        assert_eq!(doc.bytes(), body);
+        // A configured path naming no model: the body's, where it was read.
+        assert_eq!(
+            g.set_model(&mut doc, "/gw/gemini", "h"),
+            Some(Switched::Body)
+        );
+        assert_eq!(doc.bytes(), br#"{"contents":[],"model":"h"}"#);
     }
 
     #[test]

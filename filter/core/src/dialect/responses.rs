@@ -122,10 +122,9 @@ mod answers {
     use serde_json::{Map, Value};
 
     use super::Responses;
-    use crate::dialect::answer::head::{self, count, Members};
+    use crate::dialect::answer::head::{self, count, detail, Members};
 
     use crate::dialect::answer::{list, string, Answer, Hear, Stored};
-    use crate::dialect::chat::detail;
     use crate::dialect::responses::stream;
     use crate::dialect::AnyGrammar;
     use crate::json::Json;

@@ -10,9 +10,9 @@
 use std::ops::ControlFlow;
 
 use crate::budget::reply::{self, SHOULD_RETRY};
-use crate::degrade;
 use crate::dialect::answer::ReplyKind;
 use crate::dialect::answer::Reset;
+use crate::dialect::request::Switched;
 use crate::dialect::Dialect;
 use crate::limits::{self, window, Ask, Decision, Ended, Left, Measure, Refused};
 use crate::summary::CallSummary;
@@ -71,20 +71,21 @@ impl Call {
             Decision::Pass(a) => a,
         };
         if let (Some(cheaper), Some(b)) = (&admitted.cheaper, body.as_mut()) {
-            let dialect = self.request.dialect;
+            let api = self.request.dialect.request();
             let field = self.shaping_config(env.config).field;
             let capped = cheaper
                 .max_tokens
-                .is_some_and(|cap| dialect.request().cap_output(&mut b.doc, cap, field));
+                .is_some_and(|cap| api.cap_output(&mut b.doc, cap, field));
             // Where the dialect names the model: the body, or the path.
-            let switched = cheaper.model.as_deref().and_then(|m| {
-                degrade::switch_model(dialect, &mut b.doc, self.path(), m).map(|to| (m, to))
-            });
+            let switched = cheaper
+                .model
+                .as_deref()
+                .and_then(|m| api.set_model(&mut b.doc, self.path(), m).map(|to| (m, to)));
             if let Some((m, to)) = switched {
                 self.decided.fallback_model = Some(m.to_string());
                 match to {
-                    degrade::Switched::Body => b.was_edited(),
-                    degrade::Switched::Path(path) => self.switch_path(env, host, path),
+                    Switched::Body => b.was_edited(),
+                    Switched::Path(path) => self.switch_path(env, host, path),
                 }
             }
             if capped {

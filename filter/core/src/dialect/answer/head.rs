@@ -95,6 +95,17 @@ pub(crate) fn optional_count(usage: &Map<String, Value>, name: &str) -> Option<u
     }
 }
 
+/// The count `field` of a usage's details object `name` (OpenAI's,
+/// Responses' and Anthropic's words): `Some(None)` when there are no
+/// details (absent or null), `None` when they are of another type.
+pub(crate) fn detail(usage: &Map<String, Value>, name: &str, field: &str) -> Option<Option<u64>> {
+    match usage.get(name) {
+        None | Some(Value::Null) => Some(None),
+        Some(Value::Object(details)) => optional_count(details, field).map(Some),
+        Some(_) => None,
+    }
+}
+
 /// Reads the top-level members named in its list, each as its JSON text.
 struct Wanted<'n>(&'n [&'static str]);
 
