@@ -14,6 +14,8 @@ use serde_json::{json, Value};
 
 use crate::support::sdk;
 
+mod presets;
+
 const CLAUDE: &str = "claude-sonnet-4-5";
 const BEDROCK_ID: &str = "anthropic.claude-sonnet-4-5-20250929-v1:0";
 const VERTEX_ID: &str = "claude-sonnet-4-5@20250929";
@@ -27,8 +29,13 @@ fn mock(name: &str, provider: Provider) -> MockUpstream {
 
 /// Envoy routing `models` over `backends` (the catch-all route is `default`).
 fn envoy(default: &MockUpstream, backends: &[&MockUpstream], routing: Value) -> Envoy {
+    envoy_with(default, backends, json!({ "routing": routing }))
+}
+
+/// Envoy with the filter configured by `config` in front of `backends`.
+fn envoy_with(default: &MockUpstream, backends: &[&MockUpstream], config: Value) -> Envoy {
     let mut b = EnvoyBuilder::new()
-        .plugin_config(json!({ "routing": routing }))
+        .plugin_config(config)
         .upstream(default.name(), default.port());
     for m in backends {
         b = b.upstream(m.name(), m.port());
