@@ -27,7 +27,8 @@ The SDK has no `temperature` parameter, so none is sent. Every object carries
   messages_raw
               messages.with_raw_response.create, --calls times:
               {calls: [{status, x_cache, age, request_id, headers: {x-*,
-              retry-after, request-id}, id, text}]}
+              retry-after, request-id}, id, text, elapsed_ms (the call's,
+              as the SDK's caller waited for it)}]}
   messages_calls
               messages.create, --calls times, each answer or error kept:
               {calls: [{status, error_class (null on success), type
@@ -190,8 +191,10 @@ def messages_raw(args):
     c = client(args)
     calls = []
     for _ in range(args.calls):
+        started = time.monotonic()
         raw = c.messages.with_raw_response.create(**create_args(args))
         parsed = raw.parse()
+        elapsed_ms = round((time.monotonic() - started) * 1000, 2)
         calls.append(
             {
                 "status": raw.status_code,
@@ -205,6 +208,7 @@ def messages_raw(args):
                 },
                 "id": parsed.id,
                 "text": text(parsed),
+                "elapsed_ms": elapsed_ms,
             }
         )
     return {"calls": calls}

@@ -4,8 +4,9 @@
 //! other as the provider would, and it answers errors in the provider's own
 //! shape: Bedrock's `{"message"}` with the exception named in
 //! `x-amzn-errortype` (429 `ThrottlingException`), Vertex's Google error
-//! (429 `RESOURCE_EXHAUSTED`), Anthropic's (529 `overloaded_error`). A call it
-//! takes is answered as the API's own path answers it.
+//! (429 `RESOURCE_EXHAUSTED`), Anthropic's (529 `overloaded_error`), vLLM's
+//! flat `{"object": "error"}`. A call it takes is answered as the API's own
+//! path answers it.
 
 use hyper::header::HeaderValue;
 use hyper::{Response, StatusCode};
@@ -25,8 +26,17 @@ pub enum Provider {
     BedrockMantle,
     /// Claude on Vertex: `…/publishers/anthropic/models/{m}:rawPredict` (or
     /// `:streamRawPredict` for a stream), no `model`, `"anthropic_version":
-    /// "vertex-2023-10-16"`.
+    /// "vertex-2023-10-16"`; Gemini on Vertex:
+    /// `…/publishers/google/models/{m}:generateContent` (or
+    /// `:streamGenerateContent`).
     Vertex,
+    /// The Gemini API: `/v1beta/models/{m}:generateContent` (or
+    /// `:streamGenerateContent`), `/v1beta/openai/chat/completions`.
+    Gemini,
+    /// vLLM's OpenAI-compatible server: `/v1/chat/completions`,
+    /// `/v1/completions`, `/v1/embeddings`, `/v1/responses` and
+    /// `/v1/messages`, the model in the body.
+    Vllm,
     /// `/v1/chat/completions`, `/v1/responses`.
     OpenAi,
     /// Azure OpenAI's v1 API: `/openai/v1/chat/completions`,
@@ -86,6 +96,15 @@ pub(super) fn accept(p: Provider, r: &RecordedRequest) -> Result<RecordedRequest
                 .ok_or_else(|| format!("no route for {}", r.path))?;
             let parts: Vec<&str> = rest.split('/').collect();
             let (model, stream) = match parts.as_slice() {
+                [_, "locations", _, "publishers", "google", "models", m] => {
+                    // Gemini's own call, on Vertex's path.
+                    let path = format!("/v1beta/models/{m}");
+                    if gemini::call_of(&path).is_none() {
+                        return Err(format!("no method in {}", r.path));
+                    }
+                    plain.path = path;
+                    return Ok(plain);
+                }
                 [_, "locations", _, "publishers", "anthropic", "models", m] => {
                     match (
                         m.strip_suffix(":rawPredict"),
@@ -104,6 +123,28 @@ pub(super) fn accept(p: Provider, r: &RecordedRequest) -> Result<RecordedRequest
             }
             (messages::PATH, Some(decode(model)?))
         }
+        Provider::Gemini => {
+            if r.path == "/v1beta/openai/chat/completions" && body.get("model").is_some() {
+                ("/v1/chat/completions", None)
+            } else if r.path.starts_with("/v1beta/models/") && gemini::call_of(&r.path).is_some() {
+                return Ok(plain);
+            } else {
+                return Err(format!("no route for {}", r.path));
+            }
+        }
+        Provider::Vllm => match r.path.as_str() {
+            "/v1/chat/completions"
+            | "/v1/completions"
+            | "/v1/embeddings"
+            | "/v1/responses"
+            | "/v1/messages" => {
+                if body.get("model").and_then(Value::as_str).is_none() {
+                    return Err("model: Field required".into());
+                }
+                return Ok(plain);
+            }
+            _ => return Err(format!("Not Found: {}", r.path)),
+        },
         Provider::OpenAi | Provider::AzureOpenAi => {
             let path = match p {
                 Provider::AzureOpenAi => r.path.strip_prefix("/openai"),
@@ -193,7 +234,12 @@ pub(super) fn error(
             }
             r
         }
-        Provider::Vertex => gemini::error_response(status, message),
+        Provider::Vertex | Provider::Gemini => gemini::error_response(status, message),
+        Provider::Vllm => json_response(
+            status,
+            &json!({"object": "error", "message": message, "code": status.as_u16(),
+                "type": if status.is_client_error() { "BadRequestError" } else { "InternalServerError" }}),
+        ),
         Provider::OpenAi | Provider::AzureOpenAi => error_response(status, message, "mock_status"),
     }
 }

@@ -14,6 +14,9 @@ use serde_json::{json, Value};
 
 use crate::support::sdk;
 
+mod chain;
+mod presets;
+
 const CLAUDE: &str = "claude-sonnet-4-5";
 const BEDROCK_ID: &str = "anthropic.claude-sonnet-4-5-20250929-v1:0";
 const VERTEX_ID: &str = "claude-sonnet-4-5@20250929";
@@ -27,8 +30,13 @@ fn mock(name: &str, provider: Provider) -> MockUpstream {
 
 /// Envoy routing `models` over `backends` (the catch-all route is `default`).
 fn envoy(default: &MockUpstream, backends: &[&MockUpstream], routing: Value) -> Envoy {
+    envoy_with(default, backends, json!({ "routing": routing }))
+}
+
+/// Envoy with the filter configured by `config` in front of `backends`.
+fn envoy_with(default: &MockUpstream, backends: &[&MockUpstream], config: Value) -> Envoy {
     let mut b = EnvoyBuilder::new()
-        .plugin_config(json!({ "routing": routing }))
+        .plugin_config(config)
         .upstream(default.name(), default.port());
     for m in backends {
         b = b.upstream(m.name(), m.port());
@@ -164,13 +172,7 @@ async fn claude_fails_over_from_anthropic_to_bedrock_to_vertex_in_the_messages_s
         &["--model", CLAUDE],
     )
     .await;
-    assert!(
-        out["text"]
-            .as_str()
-            .is_some_and(|t| t.ends_with("[vertex]")),
-        "{out}"
-    );
-    assert_eq!(out["stop_reason"], "end_turn", "{out}");
+    streamed_by_vertex(&out);
     let v = last_post(&vertex).unwrap();
     assert_eq!(
         v.path,
@@ -184,6 +186,17 @@ async fn claude_fails_over_from_anthropic_to_bedrock_to_vertex_in_the_messages_s
         &[("result", "answered")],
     );
     assert_eq!(answered, 2.0);
+}
+
+/// The SDK's stream helper read a whole answer that Vertex streamed.
+fn streamed_by_vertex(out: &Value) {
+    assert!(
+        out["text"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("[vertex]")),
+        "{out}"
+    );
+    assert_eq!(out["stop_reason"], "end_turn", "{out}");
 }
 
 /// The client's latencies of 200 chat calls, ms, sorted, the first provider

@@ -169,6 +169,53 @@ mod tests {
     }
 
     use super::*;
+    use crate::dialect::Dialect;
+    use crate::routing::fallback;
+
+    #[test]
+    fn each_providers_pacing_and_overload_fail_over_and_are_no_fallback_class() {
+        for (api, status, body) in [
+            // Anthropic overloaded.
+            (
+                Dialect::Messages,
+                529,
+                r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+            ),
+            // Bedrock's ThrottlingException and ServiceUnavailableException
+            // (named in x-amzn-errortype, the body a bare message).
+            (
+                Dialect::Messages,
+                429,
+                r#"{"message":"Too many requests, please wait before trying again."}"#,
+            ),
+            (
+                Dialect::Messages,
+                503,
+                r#"{"message":"Bedrock is unable to process your request."}"#,
+            ),
+            // Vertex's RESOURCE_EXHAUSTED, for Claude and for Gemini.
+            (
+                Dialect::Messages,
+                429,
+                r#"{"error":{"code":429,"message":"Resource exhausted. Please try again later.","status":"RESOURCE_EXHAUSTED"}}"#,
+            ),
+            (
+                Dialect::Gemini,
+                429,
+                r#"{"error":{"code":429,"message":"Resource exhausted. Please try again later.","status":"RESOURCE_EXHAUSTED"}}"#,
+            ),
+        ] {
+            assert!(
+                retriable_as_told(End::Answered(status), None),
+                "{status} {body}"
+            );
+            assert_eq!(
+                fallback::classify(api, status, body.as_bytes()),
+                None,
+                "{body}"
+            );
+        }
+    }
 
     fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
         list.iter()

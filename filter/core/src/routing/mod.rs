@@ -152,20 +152,21 @@ where
     weighed.decision(index, ask.model)
 }
 
-/// Where a call that `failed` on one backend goes instead: the other backend
+/// Where a call that failed on one backend goes instead: the other backend
 /// of its model with the highest effective weight (the first configured on a
-/// tie), never `failed` itself, and none that `ask.avoid` names while another
-/// can take it. `None` when no other backend has any weight.
+/// tie), never one `asked` names (the one that failed and every other the
+/// call asked), and none that `ask.avoid` names while another can take it.
+/// `None` when no backend left has any weight.
 pub fn failover_target<S>(
     config: &RoutingConfig,
     store: &S,
     ask: &RouteAsk<'_>,
-    failed: &str,
+    asked: &dyn Fn(&str) -> bool,
 ) -> Option<RouteDecision>
 where
     S: SharedStore + ?Sized,
 {
-    let avoid = |cluster: &str| cluster == failed || (ask.avoid)(cluster);
+    let avoid = |cluster: &str| asked(cluster) || (ask.avoid)(cluster);
     let weighed = weigh(
         config,
         store,
@@ -175,7 +176,7 @@ where
         },
     )?;
     let index = best_except(&weighed.weights.values, |i| {
-        weighed.backends.get(i).is_some_and(|b| b.cluster == failed)
+        weighed.backends.get(i).is_some_and(|b| asked(&b.cluster))
     })?;
     weighed.decision(index, ask.model)
 }
@@ -591,22 +592,31 @@ mod tests {
             seen.into_iter().collect::<Vec<_>>(),
             ["anthropic", "mantle"]
         );
-        let d = super::failover_target(&c, &s, &ask(stream, None), "anthropic").unwrap();
+        let d = super::failover_target(&c, &s, &ask(stream, None), &|c| c == "anthropic").unwrap();
         assert_eq!(
             (d.cluster.as_str(), d.sent_model.as_str()),
             ("mantle", "claude-m")
         );
         assert_eq!(d.provider, Some("bedrock_mantle"));
-        assert!(super::failover_target(&c, &s, &ask(stream, None), "mantle")
-            .is_some_and(|d| d.cluster == "anthropic"));
-        // A non-stream may go to Bedrock.
-        let d = super::failover_target(
-            &c,
-            &s,
-            &ask(Some((Dialect::Messages, false)), None),
-            "anthropic",
+        assert!(
+            super::failover_target(&c, &s, &ask(stream, None), &|c| c == "mantle")
+                .is_some_and(|d| d.cluster == "anthropic")
         );
+        // A non-stream may go to Bedrock, and once both others were asked,
+        // nowhere: no backend is asked twice.
+        let messages = ask(Some((Dialect::Messages, false)), None);
+        let d = super::failover_target(&c, &s, &messages, &|c| c == "anthropic");
         assert!(d.is_some());
+        let asked = |c: &str| c != "bedrock";
+        let d = super::failover_target(&c, &s, &messages, &asked).unwrap();
+        assert_eq!(d.cluster, "bedrock");
+        let asked = |_: &str| true;
+        assert_eq!(super::failover_target(&c, &s, &messages, &asked), None);
+        let asked = |c: &str| c != "bedrock";
+        assert_eq!(
+            super::failover_target(&c, &s, &ask(stream, None), &asked),
+            None
+        );
         // Nobody speaks Gemini's API for this model: not routed.
         let gemini = ask(Some((Dialect::Gemini, false)), None);
         assert_eq!(super::plan(&c, &s, &mut rng, &gemini), None);

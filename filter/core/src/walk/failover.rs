@@ -1,8 +1,11 @@
 //! The walk's failover step: a routed, held call that its backend failed
 //! retriably is sent to another backend of its model while the failed
-//! response is held back, and the client gets that backend's answer. The
-//! budget stays the law: only with room for one more try left, only when the
-//! retry budget allows, and the callout ends with the caller's budget.
+//! response is held back, and the client gets that backend's answer; when
+//! that one fails it too, the next one not asked yet is, and so on down the
+//! model's backends that speak the call's shape. The budget stays the law:
+//! only with room for one more try left, only when the retry budget allows,
+//! at most `budget.max_retries` times in one call, and each callout ends
+//! with the caller's budget.
 
 use crate::budget;
 use crate::cache::entry::SSE_CONTENT_TYPE;
@@ -53,8 +56,8 @@ impl Call {
         // The failed backend learns now, with the failover as a retry it
         // cost; the call is the other backend's from here.
         let end = self.answer_end();
+        // The held body stays: that backend may fail the call too.
         self.hand_over(env, end, 1, target, hedged.is_none());
-        self.dispatch.held = None;
         Step::Pause
     }
 
@@ -85,7 +88,9 @@ impl Call {
         if self.dispatch.breaker.is_some() {
             self.dispatch.breaker = Some(target.clone());
         }
-        self.dispatch.cluster = Some(target);
+        if let Some(left) = self.dispatch.cluster.replace(target) {
+            self.dispatch.asked.push(left);
+        }
         self.progress.fail_over();
     }
 
@@ -95,8 +100,8 @@ impl Call {
     }
 
     /// Sends the held request to the best other backend of its model than the
-    /// one it is on, as a callout that ends with the caller's budget and
-    /// whose answer goes on by `then`.
+    /// one it is on and those it asked, as a callout that ends with the
+    /// caller's budget and whose answer goes on by `then`.
     pub(super) fn send_elsewhere(
         &self,
         env: &mut Env<'_>,
@@ -106,8 +111,9 @@ impl Call {
         let (Some(failed), Some(model)) = (self.dispatch.cluster.as_deref(), self.model()) else {
             return Sent::Nowhere;
         };
+        let asked = |c: &str| c == failed || self.dispatch.asked.iter().any(|a| a == c);
         let target = self.with_ask(env, model, None, |config, store, _, ask| {
-            routing::failover_target(config, store, ask, failed)
+            routing::failover_target(config, store, ask, &asked)
         });
         match target.flatten() {
             Some(target) => {
@@ -330,6 +336,9 @@ impl Call {
         if let Some(step) = self.callout_without_credential(env, host, &answer) {
             return step;
         }
+        if self.fail_over_again(env, host, &answer) {
+            return Step::Pause;
+        }
         match answer.status {
             Some(status) if self.reply_with(env, host, None, status, &answer) => {
                 self.progress.failed_over();
@@ -352,6 +361,49 @@ impl Call {
                 self.progress.forward();
                 Step::Continue
             }
+        }
+    }
+
+    /// The backend asked in place of a failed one failed the call too
+    /// (retriably, as its answer tells, or with no answer): the next backend
+    /// of the model not asked yet in this call is, while the budget leaves
+    /// a try's room, the retry budget allows and the call failed over fewer
+    /// than `budget.max_retries` times. True once its callout is out. A
+    /// fallback's answer is its chain's, not this.
+    fn fail_over_again(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        answer: &CalloutAnswer,
+    ) -> bool {
+        let end = answer.status.map_or(End::TimedOut(504), End::Answered);
+        let told = answer
+            .headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("x-should-retry"))
+            .and_then(|(_, v)| failover::should_retry(v));
+        let breaker = self.dispatch.breaker.as_deref();
+        let due = self.dispatch.fallback.is_none()
+            && failover::retriable_as_told(end, told)
+            && u32::try_from(self.dispatch.asked.len())
+                .is_ok_and(|n| n < env.config.budget.max_retries)
+            && self.has_room_for_a_try(env)
+            && breaker.is_none_or(|b| {
+                budget::retry_allowed(env.store, &env.config.budget, b, env.now_ms)
+            });
+        if !due {
+            return false;
+        }
+        match self.send_elsewhere(env, host, CallWait::Failover) {
+            Sent::To(target) => {
+                self.hand_over(env, Some(end), 1, target, true);
+                true
+            }
+            Sent::Refused => {
+                failover::count(env.metrics, FailoverResult::NotSent);
+                false
+            }
+            Sent::Nowhere => false,
         }
     }
 

@@ -136,6 +136,8 @@ impl Call {
         // The hedge's own tokens, not those of the answer that beat it.
         let usage = self.request.dialect.answer().head(&answer.body).usage;
         self.hedge_learns(env, &cluster, end, usage);
+        // Asked once in this call: a failover goes elsewhere.
+        self.dispatch.asked.push(cluster);
         self.decided.hedge = Some(HedgeResult::Lost);
         hedge::count(env.metrics, HedgeResult::Lost);
     }

@@ -16,6 +16,7 @@
 //!                                                                   │  └─(hedge won)──┐        │ (answered)
 //!   Forwarded ─(4xx a fallback chain names)─► ErrorHeld ─(its class: the
 //!     next model asked)─► FailingOver; ─(no class)─► Forwarded
+//!   FailingOver ─(that backend failed too: the next one not asked yet)─► FailingOver
 //!   any step ─► Answered(status): the filter's own reply            │                 ▼        ▼
 //!                                                                   └──────────────► FailedOver ◄┘
 //!
@@ -454,6 +455,10 @@ pub(super) struct Dispatch {
     pub(super) fallback: Option<FellBack>,
     /// The request body, kept while another backend could still be asked.
     pub(super) held: Option<HeldBody>,
+    /// The clusters the call asked besides the one it is on (those it
+    /// failed over from, a hedge's that lost): never asked again. At most
+    /// `budget.max_retries` + 1 (see `walk::failover`).
+    pub(super) asked: Vec<String>,
     /// The load record the call is counted in flight in: its model's label,
     /// or the overflow record's (see [`crate::load::started`]); it leaves
     /// that count at the call's end.

@@ -13,6 +13,7 @@ mod credentials;
 mod degrade;
 mod dialects;
 mod estimate;
+mod failover;
 mod group;
 mod guard;
 mod guard_service;

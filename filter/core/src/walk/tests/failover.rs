@@ -1,0 +1,261 @@
+//! Failover down a model's backends within one call: each provider's own
+//! pacing or overload moves the call on to the next backend that speaks its
+//! shape and was not asked yet, on that backend's path, while the budget, the
+//! retry budget and `budget.max_retries` allow.
+
+use crate::routing::health;
+use crate::walk::fake::{FakeHost, World};
+use crate::walk::*;
+
+/// Claude on Anthropic, Bedrock and Vertex, in that order of weight.
+fn claude(budget: &str) -> String {
+    format!(
+        r#"{{
+  "budget": {{{budget}}},
+  "routing": {{"eject_after_failures": 100, "models": {{"claude": [
+    {{"cluster": "anthropic", "provider": "anthropic", "weight": 1000000}},
+    {{"cluster": "bedrock", "provider": "bedrock", "weight": 1000, "model": "anthropic.claude-v1:0"}},
+    {{"cluster": "vertex", "provider": "vertex", "apis": ["messages"], "weight": 1, "model": "claude@1",
+     "paths": {{"messages": "/v1/projects/p/locations/l/publishers/anthropic/models/{{model}}:rawPredict"}}}}
+  ]}}}}
+}}"#
+    )
+}
+
+const MESSAGES: &str =
+    r#"{"model":"claude","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
+const OVERLOADED: &str =
+    r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
+const ANSWER: &str = r#"{"id":"msg_1","type":"message","role":"assistant","model":"claude","content":[{"type":"text","text":"yo"}],"stop_reason":"end_turn","usage":{"input_tokens":3,"output_tokens":1}}"#;
+
+/// A Messages call Anthropic overloaded (529) and the callout that went to
+/// the next backend in its place.
+fn overloaded_on_anthropic(w: &mut World) -> (Call, FakeHost) {
+    for n in 0..100 {
+        let mut host = FakeHost::post("/v1/messages")
+            .with_header("anthropic-version", "2023-06-01")
+            .with_header("x-session-id", &format!("s{n}"))
+            .with_body(MESSAGES);
+        let (mut call, _) = w.request(&mut host).unwrap();
+        if host.header("x-llm-cluster") != Some("anthropic") {
+            call.on_log(&mut w.env());
+            continue;
+        }
+        let mut host = host.with_response(529, "application/json", OVERLOADED);
+        assert_eq!(
+            call.on_response_headers(&mut w.env(), &mut host, false),
+            Step::Pause
+        );
+        return (call, host);
+    }
+    panic!("never routed to anthropic");
+}
+
+fn answer(status: u16, headers: &[(&str, &str)], body: &str) -> CalloutAnswer {
+    let mut all = vec![
+        (":status".to_string(), status.to_string()),
+        ("content-type".to_string(), "application/json".to_string()),
+    ];
+    all.extend(headers.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    CalloutAnswer {
+        status: Some(status),
+        headers: all,
+        body: body.as_bytes().to_vec(),
+    }
+}
+
+/// Bedrock's throttling, as bedrock-runtime answers it.
+fn throttled() -> CalloutAnswer {
+    answer(
+        429,
+        &[(
+            "x-amzn-errortype",
+            "ThrottlingException:http://internal.amazon.com/coral/com.amazon.bedrock/",
+        )],
+        r#"{"message":"Too many requests, please wait before trying again."}"#,
+    )
+}
+
+/// Vertex's quota for the moment, as Google's APIs answer it.
+fn exhausted() -> CalloutAnswer {
+    answer(
+        429,
+        &[],
+        r#"{"error":{"code":429,"message":"Resource exhausted. Please try again later.","status":"RESOURCE_EXHAUSTED"}}"#,
+    )
+}
+
+/// The last callout's cluster, `:path` and body.
+fn last_callout(host: &FakeHost) -> (String, String, serde_json::Value) {
+    let (cluster, headers, body, _) = host.callouts.last().cloned().unwrap();
+    let path = headers
+        .iter()
+        .find(|(k, _)| k == ":path")
+        .map(|(_, v)| v.clone())
+        .unwrap();
+    (cluster, path, serde_json::from_slice(&body).unwrap())
+}
+
+#[test]
+fn a_call_walks_anthropic_bedrock_vertex_within_one_client_call() {
+    let mut w = World::new(&claude(""));
+    let (mut call, mut host) = overloaded_on_anthropic(&mut w);
+    let (cluster, path, body) = last_callout(&host);
+    assert_eq!(cluster, "bedrock");
+    assert_eq!(path, "/model/anthropic.claude-v1%3A0/invoke");
+    assert_eq!(body["anthropic_version"], "bedrock-2023-05-31");
+
+    // Bedrock throttles: Vertex is asked, on its own path, never Anthropic again.
+    w.now_ms += 30;
+    assert_eq!(
+        call.answer_callout(&mut w.env(), &mut host, throttled()),
+        Step::Pause
+    );
+    assert!(host.local_reply.is_none(), "nothing reached the client yet");
+    assert_eq!(host.callouts.len(), 2);
+    let (cluster, path, body) = last_callout(&host);
+    assert_eq!(cluster, "vertex");
+    assert_eq!(
+        path,
+        "/v1/projects/p/locations/l/publishers/anthropic/models/claude@1:rawPredict"
+    );
+    assert_eq!(body["anthropic_version"], "vertex-2023-10-16");
+    assert!(body.get("model").is_none(), "{body}");
+    let (_, headers, _, timeout) = host.callouts.last().unwrap();
+    assert!(*timeout > 0 && *timeout < 60_000, "what is left: {timeout}");
+    assert!(headers.iter().any(|(k, _)| k == "anthropic-version"));
+
+    w.now_ms += 30;
+    assert_eq!(
+        call.answer_callout(&mut w.env(), &mut host, answer(200, &[], ANSWER)),
+        Step::Pause
+    );
+    let (status, headers, sent) = host.local_reply.clone().unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(sent, ANSWER.as_bytes());
+    let told = |n: &str| headers.get(n).map(String::as_str);
+    assert_eq!(told("x-llm-provider"), Some("vertex"));
+    assert_eq!(told("x-llm-model"), Some("claude@1"));
+    assert_eq!(told("x-llm-cluster"), Some("vertex"));
+    call.on_log(&mut w.env());
+    for (counter, n) in [
+        ("llm_filter_routing_failovers_totalresult=.=failed;.;", 1),
+        ("llm_filter_routing_failovers_totalresult=.=answered;.;", 1),
+        (
+            "llm_filter_routing_calls_totalllm_cluster=.=vertex;.;outcome=.=success;.;",
+            1,
+        ),
+    ] {
+        assert_eq!(w.counter(counter), n, "{counter}");
+    }
+    for cluster in ["anthropic", "bedrock", "vertex"] {
+        assert_eq!(
+            health::read(&w.store, cluster).unwrap().in_flight,
+            0,
+            "{cluster}"
+        );
+    }
+}
+
+#[test]
+fn each_backend_is_asked_once_and_the_last_failure_reaches_the_client() {
+    let mut w = World::new(&claude(r#""max_retries": 5"#));
+    let (mut call, mut host) = overloaded_on_anthropic(&mut w);
+    call.answer_callout(&mut w.env(), &mut host, throttled());
+    assert_eq!(
+        call.answer_callout(&mut w.env(), &mut host, exhausted()),
+        Step::Pause
+    );
+    assert_eq!(host.callouts.len(), 2, "nobody is asked twice");
+    let (status, headers, body) = host.local_reply.clone().unwrap();
+    assert_eq!(status, 429);
+    assert_eq!(
+        headers.get("x-llm-provider").map(String::as_str),
+        Some("vertex")
+    );
+    assert!(String::from_utf8(body)
+        .unwrap()
+        .contains("RESOURCE_EXHAUSTED"));
+    call.on_log(&mut w.env());
+    assert_eq!(
+        w.counter("llm_filter_routing_failovers_totalresult=.=failed;.;"),
+        2
+    );
+}
+
+#[test]
+fn the_walk_stops_at_max_retries_the_budget_and_the_backends_word() {
+    // One failover a call: Bedrock's throttling is the client's answer.
+    let mut w = World::new(&claude(r#""max_retries": 1"#));
+    let (mut call, mut host) = overloaded_on_anthropic(&mut w);
+    call.answer_callout(&mut w.env(), &mut host, throttled());
+    assert_eq!(host.callouts.len(), 1);
+    let (status, headers, _) = host.local_reply.clone().unwrap();
+    assert_eq!(status, 429);
+    assert_eq!(
+        headers.get("x-llm-provider").map(String::as_str),
+        Some("bedrock")
+    );
+
+    // No room left in the budget for a third try.
+    let mut w = World::new(&claude(""));
+    let (mut call, mut host) = overloaded_on_anthropic(&mut w);
+    w.now_ms += 59_500;
+    call.answer_callout(&mut w.env(), &mut host, throttled());
+    assert_eq!(host.callouts.len(), 1);
+    assert_eq!(host.local_reply.as_ref().unwrap().0, 429);
+
+    // A backend that says not to retry is not retried elsewhere.
+    let mut w = World::new(&claude(""));
+    let (mut call, mut host) = overloaded_on_anthropic(&mut w);
+    let refused = answer(503, &[("x-should-retry", "false")], OVERLOADED);
+    call.answer_callout(&mut w.env(), &mut host, refused);
+    assert_eq!(host.callouts.len(), 1);
+    assert_eq!(host.local_reply.as_ref().unwrap().0, 503);
+
+    // A success or a client error ends the walk where it is.
+    let mut w = World::new(&claude(""));
+    let (mut call, mut host) = overloaded_on_anthropic(&mut w);
+    let bad = r#"{"message":"Malformed input request"}"#;
+    call.answer_callout(&mut w.env(), &mut host, answer(400, &[], bad));
+    assert_eq!(host.callouts.len(), 1);
+    assert_eq!(host.local_reply.as_ref().unwrap().0, 400);
+}
+
+#[test]
+fn a_stream_walks_only_the_backends_that_stream_its_shape() {
+    let config = claude("").replace(
+        r#"{"cluster": "bedrock", "provider": "bedrock","#,
+        r#"{"cluster": "bedrock", "provider": "bedrock_mantle","#,
+    );
+    let mut w = World::new(&config);
+    let stream = MESSAGES.replace(r#""max_tokens":8"#, r#""max_tokens":8,"stream":true"#);
+    let mut host = FakeHost::post("/v1/messages")
+        .with_header("anthropic-version", "2023-06-01")
+        .with_body(&stream);
+    let (mut call, _) = w.request(&mut host).unwrap();
+    assert_eq!(host.header("x-llm-cluster"), Some("anthropic"));
+    let mut host = host.with_response(529, "application/json", OVERLOADED);
+    assert_eq!(
+        call.on_response_headers(&mut w.env(), &mut host, false),
+        Step::Pause
+    );
+    let (cluster, path, _) = last_callout(&host);
+    assert_eq!(
+        (cluster.as_str(), path.as_str()),
+        ("bedrock", "/anthropic/v1/messages")
+    );
+    let paced = answer(
+        429,
+        &[],
+        r#"{"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}"#,
+    );
+    assert_eq!(
+        call.answer_callout(&mut w.env(), &mut host, paced),
+        Step::Pause
+    );
+    let (cluster, path, body) = last_callout(&host);
+    assert_eq!(cluster, "vertex");
+    assert!(path.ends_with("/claude@1:streamRawPredict"), "{path}");
+    assert_eq!(body["stream"], true);
+}
