@@ -516,3 +516,106 @@ async fn in_parallel_an_allowed_answer_passes_whole_and_its_entry_waits_for_a_ve
     assert_eq!(guard.request_count(), asked + 1);
     assert_eq!(provider.request_count(), reached);
 }
+
+/// Presidio's webhook glue (examples/guardrails/presidio_webhook.py) on a
+/// free port, in the venv `make presidio` builds; `None`, saying why, when
+/// Presidio is not installed.
+async fn presidio() -> Option<(tokio::process::Child, u16)> {
+    use tokio::io::AsyncBufReadExt;
+    let root = llm_filter_e2e::workspace_root();
+    let python = std::env::var_os("LLM_FILTER_PRESIDIO_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root.join("target/presidio/bin/python"));
+    if !python.exists() {
+        eprintln!("skipping: Presidio is not installed (`make presidio`)");
+        return None;
+    }
+    let mut child = tokio::process::Command::new(python)
+        .arg(root.join("examples/guardrails/presidio_webhook.py"))
+        .args(["--port", "0"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let first = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        tokio::io::BufReader::new(stdout).lines().next_line(),
+    )
+    .await
+    .expect("Presidio starts within a minute")
+    .unwrap();
+    let Some(line) = first else {
+        // It said why on stderr (exit 3: the packages are missing).
+        eprintln!(
+            "skipping: Presidio's glue did not start: {:?}",
+            child.wait().await
+        );
+        return None;
+    };
+    let port: Value = serde_json::from_str(&line).unwrap();
+    Some((child, port["port"].as_u64().unwrap().try_into().unwrap()))
+}
+
+#[tokio::test]
+async fn presidio_as_the_webhook_masks_what_its_recognizers_find() {
+    if skip_without_envoy("presidio_as_the_webhook_masks_what_its_recognizers_find") {
+        return;
+    }
+    let Some((_presidio, port)) = presidio().await else {
+        return;
+    };
+    let provider = MockUpstream::start(MockConfig::named("provider"));
+    let dir = tempfile::tempdir().unwrap();
+    let outputs = Outputs::start(dir.path());
+    let config = outputs.config(json!({"guardrails": {"service": {
+        "name": "presidio", "preset": "webhook", "cluster": "presidio", "action": "mask",
+        "timeout_ms": 2_000}}}));
+    let envoy = outputs
+        .envoy(
+            EnvoyBuilder::new()
+                .upstream("provider", provider.port())
+                .upstream("presidio", port),
+        )
+        .plugin_config(config)
+        .start()
+        .expect("envoy with Presidio as its guardrail service");
+    let card = "4111 1111 1111 1111";
+    let prompt = format!("write to {MAIL} or call +1 212 555 0123 about card {card}");
+    let out = run(OPENAI, "chat", &envoy.url("/v1"), &["--prompt", &prompt]).await;
+    assert!(out["content"].is_string(), "{out}");
+    let sent = provider.last_request().unwrap().json().unwrap();
+    assert_eq!(
+        sent["messages"][0]["content"],
+        "write to <EMAIL_ADDRESS> or call <PHONE_NUMBER> about card <CREDIT_CARD>",
+        "{sent}"
+    );
+    // A clean prompt leaves as it was.
+    let out = run(
+        ANTHROPIC,
+        "messages",
+        &envoy.url(""),
+        &["--prompt", "what is a haiku"],
+    )
+    .await;
+    assert!(out.get("error_class").is_none_or(Value::is_null), "{out}");
+    let sent = provider.last_request().unwrap().json().unwrap();
+    assert_eq!(sent["messages"][0]["content"], "what is a haiku");
+    assert_eq!(
+        envoy.metric(
+            "llm_filter_guardrail_fired_total",
+            &[("rule", "presidio"), ("action", "mask"), ("api", "chat")]
+        ),
+        1.0
+    );
+    for r in provider.requests() {
+        let body = String::from_utf8_lossy(&r.body);
+        assert!(
+            !body.contains("planted.guard") && !body.contains(card),
+            "{body}"
+        );
+    }
+    outputs
+        .assert_none_of(&envoy, &["planted.guard-service", card])
+        .await;
+}
