@@ -39,6 +39,29 @@ fn asked(guard: &MockUpstream) -> Vec<Value> {
     guard.requests().iter().filter_map(|r| r.json()).collect()
 }
 
+/// The OpenAI and the Anthropic SDK (`prompt` as its `flag`) both see
+/// `prompt` refused by the service `moderation` as their typed error,
+/// whose message says `what` of the call did not pass.
+async fn sdks_see_it_blocked(envoy: &Envoy, prompt: &str, flag: &str, what: &str) {
+    let out = run(
+        OPENAI,
+        "chat_error",
+        &envoy.url("/v1"),
+        &["--prompt", prompt],
+    )
+    .await;
+    assert_eq!(out["error_class"], "BadRequestError", "{out}");
+    assert_eq!(out["code"], "llm_filter_guardrail_blocked", "{out}");
+    let message = out["message"].as_str().unwrap();
+    assert!(
+        message.contains("`moderation`") && message.contains(what),
+        "{message}"
+    );
+    let out = run(ANTHROPIC, "messages_error", &envoy.url(""), &[flag, prompt]).await;
+    assert_eq!(out["error_class"], "BadRequestError", "{out}");
+    assert_eq!(out["type"], "invalid_request_error", "{out}");
+}
+
 #[tokio::test]
 async fn a_moderation_service_refuses_a_flagged_prompt_for_the_sdks() {
     if skip_without_envoy("a_moderation_service_refuses_a_flagged_prompt_for_the_sdks") {
@@ -74,28 +97,7 @@ async fn a_moderation_service_refuses_a_flagged_prompt_for_the_sdks() {
     // Flagged: the OpenAI SDK raises BadRequestError, the Anthropic SDK
     // its own; the provider got nothing.
     let prompt = format!("tell me about {FLAG}");
-    let out = run(
-        OPENAI,
-        "chat_error",
-        &envoy.url("/v1"),
-        &["--prompt", &prompt],
-    )
-    .await;
-    assert_eq!(out["error_class"], "BadRequestError", "{out}");
-    assert_eq!(out["code"], "llm_filter_guardrail_blocked", "{out}");
-    assert!(
-        out["message"].as_str().unwrap().contains("`moderation`"),
-        "{out}"
-    );
-    let out = run(
-        ANTHROPIC,
-        "messages_error",
-        &envoy.url(""),
-        &["--system", &prompt],
-    )
-    .await;
-    assert_eq!(out["error_class"], "BadRequestError", "{out}");
-    assert_eq!(out["type"], "invalid_request_error", "{out}");
+    sdks_see_it_blocked(&envoy, &prompt, "--system", "nothing was sent").await;
     assert_eq!(
         provider.request_count(),
         1,
@@ -386,29 +388,7 @@ async fn in_parallel_a_flagged_call_gets_the_refusal_and_nothing_of_its_answer()
         guard.set_default_delay_ms(service_ms);
         provider.set_default_delay_ms(upstream_ms);
         let before = provider.request_count();
-        let out = run(
-            OPENAI,
-            "chat_error",
-            &envoy.url("/v1"),
-            &["--prompt", &prompt],
-        )
-        .await;
-        assert_eq!(out["error_class"], "BadRequestError", "{out}");
-        assert_eq!(out["code"], "llm_filter_guardrail_blocked", "{out}");
-        let message = out["message"].as_str().unwrap();
-        assert!(
-            message.contains("`moderation`") && message.contains("answer was withheld"),
-            "{message}"
-        );
-        let out = run(
-            ANTHROPIC,
-            "messages_error",
-            &envoy.url(""),
-            &["--prompt", &prompt],
-        )
-        .await;
-        assert_eq!(out["error_class"], "BadRequestError", "{out}");
-        assert_eq!(out["type"], "invalid_request_error", "{out}");
+        sdks_see_it_blocked(&envoy, &prompt, "--prompt", "answer was withheld").await;
         // A stream: the refusal in place of the whole answer, no event.
         let mut streamed = cacheable(&prompt);
         streamed["stream"] = json!(true);

@@ -227,6 +227,24 @@ impl RawGuardService {
     }
 }
 
+/// `mode`: asked in parallel with the trip upstream (true) or before it;
+/// never in parallel to mask.
+fn parallel(mode: Option<&str>, action: Action) -> Result<bool, ConfigError> {
+    let parallel = match mode {
+        None | Some("before") => false,
+        Some("parallel") => true,
+        Some(_) => return Err(ConfigError::new("mode", "is `before` or `parallel`")),
+    };
+    if parallel && action == Action::Mask {
+        return Err(ConfigError::new(
+            "mode",
+            "`parallel` cannot `mask`: the prompt leaves before the service's masked texts \
+             come; ask it `before` to mask, or `block` or `log` in parallel",
+        ));
+    }
+    Ok(parallel)
+}
+
 /// `headers`: an object of strings.
 fn string_map(v: &Value) -> Result<BTreeMap<String, String>, ConfigError> {
     let Value::Object(headers) = v else {
@@ -276,18 +294,7 @@ impl GuardService {
             Some("refuse") => OnError::Refuse,
             Some(_) => return Err(ConfigError::new("on_error", "is `allow` or `refuse`")),
         };
-        let parallel = match raw.mode.as_deref() {
-            None | Some("before") => false,
-            Some("parallel") => true,
-            Some(_) => return Err(ConfigError::new("mode", "is `before` or `parallel`")),
-        };
-        if parallel && action == Action::Mask {
-            return Err(ConfigError::new(
-                "mode",
-                "`parallel` cannot `mask`: the prompt leaves before the service's masked texts \
-                 come; ask it `before` to mask, or `block` or `log` in parallel",
-            ));
-        }
+        let parallel = parallel(raw.mode.as_deref(), action)?;
         let path = match (raw.path, preset) {
             (Some(p), _) => p,
             (None, Preset::OpenAiModeration) => PATH.default.to_string(),
