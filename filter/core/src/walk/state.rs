@@ -391,13 +391,16 @@ impl Progress {
 
     /// A verdict asked in parallel is awaited.
     pub(super) fn awaits_verdict(&self) -> bool {
-        self.verdict.is_some()
+        // A build without guardrails asks none: its hooks compile away.
+        cfg!(feature = "guardrails") && self.verdict.is_some()
     }
 
     /// What is held for the awaited verdict, to add to; `None` when none
     /// is awaited.
     pub(super) fn held(&mut self) -> Option<&mut Held> {
-        self.verdict.as_mut()
+        self.verdict
+            .as_mut()
+            .filter(|_| cfg!(feature = "guardrails"))
     }
 
     /// The verdict is in: what was held for it.
