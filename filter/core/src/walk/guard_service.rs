@@ -5,21 +5,28 @@
 //! masked or only counted, as the service's `action` says; a verdict that
 //! does not come (or cannot be read) lets the call go on or refuses it, as
 //! `on_error` says.
+//!
+//! With `mode: parallel` the call goes upstream at once and only its answer
+//! waits: the response's headers and the body Envoy buffers meanwhile (and
+//! any answer the filter gives itself, a cache entry's) are held, no longer
+//! than the callout's timeout, and go on as if read then, or are replaced
+//! by the refusal.
 
 use std::ops::ControlFlow;
 
-use crate::budget::reply;
+use crate::budget::reply::{self, LocalReply};
 use crate::dialect::answer::ReplyKind;
 use crate::guard::policy::Action;
 use crate::guard::service::{self, Failure, GuardService, Judged, OnError};
 use crate::metrics as names;
 
-use super::{Call, CallWait, CalloutAnswer, Env, Flow, HeldBody, Host, Step};
+use super::state::Held;
+use super::{Call, CallWait, CalloutAnswer, Env, Flow, HeldBody, Host, Phase, Step};
 
 impl Call {
     /// Sends the prompt's texts to the guardrail service and parks the call
-    /// until its verdict; goes on when there is no service or nothing to
-    /// ask about.
+    /// until its verdict (or, in parallel, lets it go upstream meanwhile);
+    /// goes on when there is no service or nothing to ask about.
     pub(super) fn ask_verdict(
         &mut self,
         env: &mut Env<'_>,
@@ -45,61 +52,51 @@ impl Call {
             svc.request(&texts, api.api())
                 .map(|r| Some((r, texts.len())))
         });
-        let (callout, sent) = match asked {
+        let sent = match asked {
             None | Some(Ok(None)) => return ControlFlow::Continue(Some(body)),
-            Some(Ok(Some(asked))) => asked,
-            Some(Err(failure)) => return self.unjudged(env, host, svc, failure, body),
+            Some(Ok(Some((callout, sent)))) => self
+                .ask_service(env, host, &svc.service, &callout, CallWait::Guardrail)
+                .then_some(sent)
+                .ok_or(Failure::Dispatch),
+            Some(Err(failure)) => Err(failure),
         };
-        if !self.ask_service(env, host, &svc.service, &callout, CallWait::Guardrail) {
-            return self.unjudged(env, host, svc, Failure::Dispatch, body);
-        }
+        let sent = match sent {
+            Ok(sent) => sent,
+            Err(failure) => {
+                return match self.unjudged(env, svc, failure) {
+                    None => ControlFlow::Continue(Some(body)),
+                    Some(r) => ControlFlow::Break(self.reply_locally(env, host, r)),
+                }
+            }
+        };
         self.decided.verdict = Some((env.now_ms, sent));
+        if svc.parallel {
+            self.progress.await_verdict();
+            return ControlFlow::Continue(Some(body));
+        }
         self.progress.guard(body);
         ControlFlow::Break(Step::Pause)
     }
 
     /// The service answered (or did not in time): the call is refused here
-    /// (`Step::Pause`) or goes on with the rest of the walk.
+    /// (`Step::Pause`) or goes on with the rest of the walk; in parallel,
+    /// what was held for the verdict goes on (`Step::Continue`: the
+    /// response held is resumed) or is refused.
     pub(super) fn verdict_answered(
         &mut self,
         env: &mut Env<'_>,
         host: &mut dyn Host,
         answer: &CalloutAnswer,
     ) -> Step {
+        if let Some(held) = self.progress.verdict_in() {
+            return self.parallel_verdict(env, host, answer, held);
+        }
         let Some(mut body) = self.progress.stop_waiting() else {
             return Step::Pause;
         };
-        let (Some(svc), Some((sent_ms, sent))) =
-            (env.config.guardrails.service.as_ref(), self.decided.verdict)
-        else {
-            return self.guarded(env, host, Some(body));
-        };
-        env.metrics.histogram(
-            names::GUARDRAIL_SERVICE_DURATION,
-            env.now_ms.saturating_sub(sent_ms),
-        );
-        let masked = match svc.read(answer.status, &answer.body, sent) {
-            Ok(Judged::Pass) => None,
-            Ok(Judged::Flagged(masked)) => {
-                self.note_service_fired(env, svc);
-                // A masking service that masked nothing refuses the call.
-                if svc.action == Action::Block || (svc.action == Action::Mask && masked.is_none()) {
-                    let message = format!(
-                        "The request was blocked by the guardrail service `{}`; nothing was \
-                         sent.",
-                        svc.name
-                    );
-                    let r = reply::with_message(ReplyKind::Blocked, &message, None);
-                    return self.reply_locally(env, host, r);
-                }
-                masked
-            }
-            Err(failure) => {
-                return match self.unjudged(env, host, svc, failure, body) {
-                    ControlFlow::Continue(body) => self.guarded(env, host, body),
-                    ControlFlow::Break(step) => step,
-                };
-            }
+        let masked = match self.judge(env, answer) {
+            Ok(masked) => masked,
+            Err(r) => return self.reply_locally(env, host, r),
         };
         if let Some(masked) = masked {
             let fields = self.request.dialect.request().guarded_fields();
@@ -117,16 +114,106 @@ impl Call {
         self.guarded(env, host, Some(body))
     }
 
-    /// The service gave no verdict: counted, and the call goes on or is
-    /// refused by `on_error`.
-    fn unjudged(
+    /// The verdict on a call that went upstream while it was awaited: what
+    /// was held goes on, or the refusal takes its place and nothing of the
+    /// upstream's answer is read or stored.
+    fn parallel_verdict(
         &mut self,
         env: &mut Env<'_>,
         host: &mut dyn Host,
+        answer: &CalloutAnswer,
+        held: Held,
+    ) -> Step {
+        let judged = self.judge(env, answer);
+        if matches!(self.progress.phase(), Phase::Answered(_)) {
+            // Refused meanwhile (a limit, admission): nothing is held.
+            return Step::Pause;
+        }
+        let Err(r) = judged else {
+            return self.release(env, host, held);
+        };
+        // Calls waiting for this one's answer go on without it.
+        self.release_lease(env);
+        let step = self.reply_locally(env, host, r);
+        match held.headers {
+            Some(_) => step,
+            None => Step::Pause,
+        }
+    }
+
+    /// What was held for a verdict that let the call go on passes as it
+    /// would have without the wait: the filter's own answer is sent, the
+    /// upstream's is read from its headers and the body Envoy buffered.
+    fn release(&mut self, env: &mut Env<'_>, host: &mut dyn Host, held: Held) -> Step {
+        if let Some((status, headers, body, cache)) = held.reply {
+            let headers: Vec<(&str, &str)> = headers
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            self.send_local_reply(env, host, status, &headers, &body, cache);
+            return Step::Pause;
+        }
+        // Nothing came yet: the answer passes as it comes.
+        let Some(end) = held.headers else {
+            return Step::Pause;
+        };
+        let step = self.on_response_headers(env, host, end);
+        if matches!(
+            self.progress.phase(),
+            Phase::Answered(_) | Phase::FailedOver | Phase::FailingOver
+        ) {
+            return Step::Pause;
+        }
+        match held.body {
+            Some((size, ended)) => self.on_response_body(env, host, size, ended),
+            None => step,
+        }
+    }
+
+    /// The service's answer read and counted: `Ok` (with the texts it
+    /// masked, when it did) when the call goes on, judged or, failing a
+    /// verdict, by `on_error`; `Err` with its refusal.
+    fn judge(
+        &mut self,
+        env: &mut Env<'_>,
+        answer: &CalloutAnswer,
+    ) -> Result<Option<Vec<String>>, LocalReply> {
+        let (Some(svc), Some((sent_ms, sent))) =
+            (env.config.guardrails.service.as_ref(), self.decided.verdict)
+        else {
+            return Ok(None);
+        };
+        env.metrics.histogram(
+            names::GUARDRAIL_SERVICE_DURATION,
+            env.now_ms.saturating_sub(sent_ms),
+        );
+        match svc.read(answer.status, &answer.body, sent) {
+            Ok(Judged::Pass) => Ok(None),
+            Ok(Judged::Flagged(masked)) => {
+                self.note_service_fired(env, svc);
+                // A masking service that masked nothing refuses the call.
+                if svc.action == Action::Block || (svc.action == Action::Mask && masked.is_none()) {
+                    let message = format!(
+                        "The request was blocked by the guardrail service `{}`; {}.",
+                        svc.name,
+                        withheld(svc)
+                    );
+                    return Err(reply::with_message(ReplyKind::Blocked, &message, None));
+                }
+                Ok(masked)
+            }
+            Err(failure) => self.unjudged(env, svc, failure).map_or(Ok(None), Err),
+        }
+    }
+
+    /// The service gave no verdict: counted, and the refusal when
+    /// `on_error` refuses.
+    fn unjudged(
+        &mut self,
+        env: &mut Env<'_>,
         svc: &GuardService,
         failure: Failure,
-        body: HeldBody,
-    ) -> Flow {
+    ) -> Option<LocalReply> {
         let refused = svc.on_error == OnError::Refuse;
         let labels = [
             ("rule", svc.name.as_str()),
@@ -137,14 +224,18 @@ impl Call {
         env.metrics
             .counter(&names::name(names::GUARDRAIL_SERVICE_FAILURES, &labels), 1);
         if !refused {
-            return ControlFlow::Continue(Some(body));
+            return None;
         }
         let message = format!(
-            "The guardrail service `{}` could not check the request; nothing was sent.",
-            svc.name
+            "The guardrail service `{}` could not check the request; {}.",
+            svc.name,
+            withheld(svc)
         );
-        let r = reply::with_message(ReplyKind::GuardrailUnavailable, &message, None);
-        ControlFlow::Break(self.reply_locally(env, host, r))
+        Some(reply::with_message(
+            ReplyKind::GuardrailUnavailable,
+            &message,
+            None,
+        ))
     }
 
     /// Counts the service's flag and names it beside the rules that fired.
@@ -161,5 +252,14 @@ impl Call {
             Some(rules) => format!("{rules},{fired}"),
             None => fired,
         });
+    }
+}
+
+/// What of a refused call did not pass: the call (asked before), or the
+/// answer (asked in parallel: the prompt had left).
+fn withheld(svc: &GuardService) -> &'static str {
+    match svc.parallel {
+        true => "its answer was withheld",
+        false => "nothing was sent",
     }
 }

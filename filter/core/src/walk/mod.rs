@@ -398,6 +398,8 @@ impl Call {
                 }
             }
             Some(Timer::Coalescing { deadline_ms }) => self.cache_on_tick(env, host, deadline_ms),
+            // No hedge's answer may outrun a verdict awaited.
+            Some(Timer::Hedge { .. }) if self.progress.awaits_verdict() => Wake::Wait,
             Some(Timer::Hedge { at_ms }) => self.hedge_on_tick(env, host, at_ms),
             None => Wake::Resume,
         }

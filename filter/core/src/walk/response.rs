@@ -36,6 +36,11 @@ impl Call {
             Phase::Holding { .. } => self.progress.forward(),
             _ => {}
         }
+        if let Some(held) = self.progress.held() {
+            // The guardrail service's verdict is not in: read when it is.
+            held.headers = Some(end_of_stream);
+            return Step::Pause;
+        }
         let dialect = self.request.dialect;
         let keyless = self.dispatch.keyless;
         let mut response = Response::read(host, dialect, env.now_ms, end_of_stream, keyless);
@@ -90,6 +95,11 @@ impl Call {
             // backend is asked.
             Phase::FailingOver => return Step::Pause,
             _ => {}
+        }
+        if let Some(held) = self.progress.held() {
+            // Envoy buffers it; each callback sees all of it so far.
+            held.body = Some((size, end_of_stream));
+            return Step::Pause;
         }
         let Some(response) = self.response.as_mut() else {
             return Step::Continue;

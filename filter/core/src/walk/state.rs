@@ -22,6 +22,10 @@
 //!
 //!  hedge: Off ─(armed)─► Armed ─(due)─► Done ─(sent)─► Sent ─(answered / settled)─► Done
 //!                          └─(answered first)─► Off
+//!
+//!  verdict (`guardrails.service.mode: parallel`): Off ─(asked)─► Awaited ─(in)─► Off;
+//!    while Awaited the answer's headers and body, and the filter's own
+//!    answer, are held (see [`Held`])
 //! ```
 //!
 //! Steps ask [`Progress`] for a transition; none assigns a phase itself.
@@ -226,12 +230,30 @@ pub(super) enum Timer {
     Hedge { at_ms: u64 },
 }
 
+/// What of a call's answer is held while a verdict asked in parallel is
+/// awaited: it goes on, or is refused, when the verdict is in.
+#[derive(Debug, Default)]
+pub(super) struct Held {
+    /// The response's headers came (with the end of the stream: `true`).
+    pub(super) headers: Option<bool>,
+    /// The body Envoy buffered meanwhile: its size, and whether it ended.
+    pub(super) body: Option<(usize, bool)>,
+    /// The filter's own answer (a cache entry's): status, headers, body
+    /// and the cache's result it tells.
+    pub(super) reply: Option<HeldReply>,
+}
+
+/// A local answer held for the verdict.
+pub(super) type HeldReply = (u32, Vec<(String, String)>, Vec<u8>, Option<CacheStatus>);
+
 /// Where the call and its hedge stand; every transition of the diagram above
 /// is one method here, and checks the phase it starts from.
 #[derive(Debug)]
 pub(super) struct Progress {
     phase: Phase,
     hedge: Hedge,
+    /// A verdict asked in parallel with the trip upstream, while awaited.
+    verdict: Option<Held>,
     /// Transitions asked from a phase the diagram has none from (see
     /// [`Progress::check`]).
     strays: u32,
@@ -243,6 +265,7 @@ impl Progress {
         Self {
             phase: Phase::Forwarded,
             hedge: Hedge::Off,
+            verdict: None,
             strays: 0,
         }
     }
@@ -359,6 +382,31 @@ impl Progress {
                 None
             }
         }
+    }
+
+    /// The call goes upstream while its verdict is awaited.
+    pub(super) fn await_verdict(&mut self) {
+        self.check(self.verdict.is_none(), "verdict Awaited");
+        self.verdict = Some(Held::default());
+    }
+
+    /// A verdict asked in parallel is awaited.
+    pub(super) fn awaits_verdict(&self) -> bool {
+        // A build without guardrails asks none: its hooks compile away.
+        cfg!(feature = "guardrails") && self.verdict.is_some()
+    }
+
+    /// What is held for the awaited verdict, to add to; `None` when none
+    /// is awaited.
+    pub(super) fn held(&mut self) -> Option<&mut Held> {
+        self.verdict
+            .as_mut()
+            .filter(|_| cfg!(feature = "guardrails"))
+    }
+
+    /// The verdict is in: what was held for it.
+    pub(super) fn verdict_in(&mut self) -> Option<Held> {
+        self.verdict.take()
     }
 
     /// The backend refused the call; its error is held to be read.

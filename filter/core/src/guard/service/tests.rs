@@ -188,6 +188,26 @@ fn a_bad_service_is_refused_by_field() {
         json!({"preset": "webhook", "cluster": "c", "name": "a b"}),
         "name",
     );
+    refused(
+        json!({"preset": "webhook", "cluster": "c", "mode": "after"}),
+        "mode",
+    );
+}
+
+#[test]
+fn parallel_asks_alongside_the_call_and_cannot_mask() {
+    let before = service(json!({"preset": "webhook", "cluster": "c"})).unwrap();
+    assert!(!before.parallel, "`before` by default");
+    let parallel =
+        service(json!({"preset": "webhook", "cluster": "c", "mode": "parallel"})).unwrap();
+    assert!(parallel.parallel);
+    let e = service(
+        json!({"preset": "webhook", "cluster": "c", "mode": "parallel",
+        "action": "mask"}),
+    )
+    .unwrap_err();
+    assert_eq!(e.field, "mode");
+    assert!(e.to_string().contains("cannot `mask`"), "{e}");
 }
 
 #[test]

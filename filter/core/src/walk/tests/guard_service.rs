@@ -189,3 +189,154 @@ fn a_call_the_rules_block_never_reaches_the_service() {
     assert_eq!(host.local_reply.as_ref().map(|r| r.0), Some(400));
     assert!(host.callouts.is_empty(), "nothing sent to the service");
 }
+
+const ANSWER: &str = r#"{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"yo"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}"#;
+
+fn parallel(extra: &str) -> World {
+    world(&format!(
+        r#"{{"preset":"webhook","cluster":"hook","mode":"parallel","timeout_ms":300{extra}}}"#
+    ))
+}
+
+/// The upstream's answer comes while the verdict is awaited: its headers
+/// and body are held (the step of each callback).
+fn answer_comes(w: &mut World, call: &mut Call, host: &mut FakeHost) -> (Step, Step) {
+    host.response_headers = vec![
+        (":status".into(), "200".into()),
+        ("content-type".into(), "application/json".into()),
+    ];
+    host.response_body = ANSWER.as_bytes().to_vec();
+    let headers = call.on_response_headers(&mut w.env(), host, false);
+    let body = call.on_response_body(&mut w.env(), host, ANSWER.len(), true);
+    (headers, body)
+}
+
+#[test]
+fn in_parallel_the_call_leaves_at_once_and_its_answer_waits_for_the_verdict() {
+    let mut w = parallel("");
+    let mut host = chat("hello");
+    let (mut call, step) = ask(&mut w, &mut host);
+    assert_eq!(step, Step::Continue, "upstream while the service is asked");
+    assert!(!call.holds_request());
+    assert_eq!(host.callouts.len(), 1, "the service is asked");
+    assert_eq!(
+        answer_comes(&mut w, &mut call, &mut host),
+        (Step::Pause, Step::Pause),
+        "held for the verdict"
+    );
+    assert!(host.response("x-cache").is_none(), "not read yet");
+    let pass = verdict(200, serde_json::json!({"flagged": false}));
+    let step = call.answer_callout(&mut w.env(), &mut host, pass);
+    assert_eq!(step, Step::Continue, "the held answer goes on");
+    assert_eq!(host.response("x-cache"), Some("MISS"));
+    assert_eq!(host.response_body, ANSWER.as_bytes());
+    call.on_log(&mut w.env());
+    // Stored as any answer: the same call again is a hit, held for its
+    // own verdict, then sent.
+    let mut again = chat("hello");
+    let (mut call, step) = ask(&mut w, &mut again);
+    assert_eq!(step, Step::Pause, "the entry's answer waits");
+    assert!(again.local_reply.is_none());
+    let pass = verdict(200, serde_json::json!({"flagged": false}));
+    assert_eq!(
+        call.answer_callout(&mut w.env(), &mut again, pass),
+        Step::Pause
+    );
+    let (status, headers, body) = again.local_reply.clone().expect("the hit");
+    assert_eq!(status, 200);
+    assert_eq!(headers.get("x-cache").map(String::as_str), Some("HIT"));
+    assert!(String::from_utf8_lossy(&body).contains("yo"));
+}
+
+#[test]
+fn in_parallel_a_flagged_call_gets_the_refusal_and_nothing_is_stored() {
+    // Flagged after the answer came, and before.
+    for answer_first in [true, false] {
+        let mut w = parallel("");
+        let mut host = chat("hello");
+        let (mut call, _) = ask(&mut w, &mut host);
+        if answer_first {
+            answer_comes(&mut w, &mut call, &mut host);
+        }
+        let flagged = verdict(200, serde_json::json!({"flagged": true}));
+        let step = call.answer_callout(&mut w.env(), &mut host, flagged);
+        assert_eq!(step, Step::Pause, "{answer_first}");
+        let (status, _, body) = host.local_reply.clone().expect("refused");
+        assert_eq!(status, 400);
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["error"]["code"], "llm_filter_guardrail_blocked");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("answer was withheld"), "{message}");
+        if !answer_first {
+            // The upstream's answer, when it comes, is the refused call's.
+            answer_comes(&mut w, &mut call, &mut host);
+        }
+        call.on_log(&mut w.env());
+        assert_eq!(record(&host)["guardrails"], "service:block");
+        let mut again = chat("hello");
+        let (mut call, step) = ask(&mut w, &mut again);
+        assert_eq!(step, Step::Continue, "no entry: a miss goes upstream");
+        call.answer_callout(
+            &mut w.env(),
+            &mut again,
+            verdict(200, serde_json::json!({"flagged": false})),
+        );
+        assert!(again.local_reply.is_none(), "{answer_first}");
+    }
+}
+
+#[test]
+fn in_parallel_no_verdict_releases_or_refuses_the_answer_as_on_error_says() {
+    for (on_error, want) in [("allow", Step::Continue), ("refuse", Step::Pause)] {
+        let mut w = parallel(&format!(r#","on_error":"{on_error}""#));
+        let mut host = chat("hello");
+        let (mut call, _) = ask(&mut w, &mut host);
+        answer_comes(&mut w, &mut call, &mut host);
+        let step = call.answer_callout(&mut w.env(), &mut host, CalloutAnswer::default());
+        assert_eq!(step, want, "{on_error}");
+        let refused = host.local_reply.as_ref().map(|r| r.0);
+        assert_eq!(refused, (on_error == "refuse").then_some(503), "{on_error}");
+    }
+}
+
+#[test]
+fn in_parallel_a_held_stream_is_read_whole_when_released() {
+    let mut w = parallel("");
+    let mut host = FakeHost::post("/v1/chat/completions").with_body(
+        r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    let (mut call, _) = ask(&mut w, &mut host);
+    let events = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"yo\"}}]}\n\n\
+                  data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\n";
+    host.response_headers = vec![
+        (":status".into(), "200".into()),
+        ("content-type".into(), "text/event-stream".into()),
+    ];
+    host.response_body = events.as_bytes().to_vec();
+    assert_eq!(
+        call.on_response_headers(&mut w.env(), &mut host, false),
+        Step::Pause
+    );
+    // Two chunks buffered so far, the stream not ended.
+    assert_eq!(
+        call.on_response_body(&mut w.env(), &mut host, events.len(), false),
+        Step::Pause
+    );
+    let pass = verdict(200, serde_json::json!({"flagged": false}));
+    assert_eq!(
+        call.answer_callout(&mut w.env(), &mut host, pass),
+        Step::Continue
+    );
+    // The usage the filter asked for is read and taken out again.
+    let passed = String::from_utf8_lossy(&host.response_body).to_string();
+    assert!(
+        passed.contains("\"yo\"") && !passed.contains("usage"),
+        "{passed}"
+    );
+    // The rest streams as usual.
+    host.response_body = b"data: [DONE]\n\n".to_vec();
+    assert_eq!(
+        call.on_response_body(&mut w.env(), &mut host, 14, true),
+        Step::Continue
+    );
+}
