@@ -36,14 +36,14 @@ const KEYS_DIR: &str = "/etc/llm-keys";
 /// The placeholder of the provider's key in the example's Secret.
 const KEY_PLACEHOLDER: &str = "OPENAI_API_KEY";
 
-const MESH_KEY: &str = "sk-mesh-egress-PLANTED-1";
+pub(super) const MESH_KEY: &str = "sk-mesh-egress-PLANTED-1";
 const ROTATED_KEY: &str = "sk-mesh-egress-PLANTED-2";
 const STRAY_KEY: &str = "sk-app-stray-PLANTED-3";
 const VIRTUAL_KEY: &str = "vk-payments-PLANTED-4";
 
 /// The sidecar's identity: `my-app`'s service account `default` (what the
 /// agent announces), as Istio's CA writes it into the certificate.
-const APP_ID: &str = "spiffe://cluster.local/ns/my-app/sa/default";
+pub(super) const APP_ID: &str = "spiffe://cluster.local/ns/my-app/sa/default";
 
 /// The gateway's server for port 443 (the Service's `https`, 443 → 8443).
 const KEYLESS_GATEWAY: Layout = Layout {
@@ -127,6 +127,13 @@ fn secret_files(docs: &[Value], key: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// What `agent`'s Envoy shows at `/stats/prometheus`.
+pub(super) fn metrics_of(agent: &PilotAgent) -> Vec<llm_filter_e2e::prometheus::Sample> {
+    let (status, text) = agent.admin_get("/stats/prometheus").expect("metrics");
+    assert_eq!(status, 200, "{text}");
+    llm_filter_e2e::prometheus::parse(&text)
+}
+
 /// egress-keyless.yaml as a user fills it, for istiod: the module over HTTP
 /// from the test's server (Istio's agent fetches it and checks its sha256,
 /// as it pulls an image), the Secret's mount at `keys` (the Secret itself
@@ -147,13 +154,7 @@ fn filled_keyless(docs: &[Value], module: &Module, keys: &Path, tenant: Option<&
                 let Some(config) = patch.pointer_mut("/patch/value/typed_config/config") else {
                     continue;
                 };
-                let remote = &mut config["vm_config"]["code"]["remote"];
-                assert_eq!(remote["sha256"], "IMAGE_SHA256", "{remote}");
-                remote["sha256"] = json!(module.sha256);
-                remote["http_uri"]["uri"] = json!(format!(
-                    "http://127.0.0.1:{}/llm-filter.wasm",
-                    module.server.port()
-                ));
+                fetched_by_the_agent(config, module);
                 if let Some(tenant) = tenant {
                     let value = &mut config["configuration"]["value"];
                     let mut filter: Value =
@@ -173,6 +174,19 @@ fn filled_keyless(docs: &[Value], module: &Module, keys: &Path, tenant: Option<&
         })
         .collect();
     yaml_docs(&docs)
+}
+
+/// A Wasm filter's remote code (`oci://REGISTRY/...`, `IMAGE_SHA256`) as
+/// the agent fetches it here: `module` over HTTP from the test's server,
+/// checked against its sha256, as the agent pulls and checks an image.
+pub(super) fn fetched_by_the_agent(config: &mut Value, module: &Module) {
+    let remote = &mut config["vm_config"]["code"]["remote"];
+    assert_eq!(remote["sha256"], "IMAGE_SHA256", "{remote}");
+    remote["sha256"] = json!(module.sha256);
+    remote["http_uri"]["uri"] = json!(format!(
+        "http://127.0.0.1:{}/llm-filter.wasm",
+        module.server.port()
+    ));
 }
 
 /// The workload certificate of `id` as the agent reads it from files.
@@ -250,13 +264,13 @@ fn cluster(dump: &Value, name: &str) -> Value {
 /// as filled, the egress gateway and a sidecar of `my-app` each run by
 /// Istio's agent with a workload certificate of the test CA, the provider
 /// (taking only the mesh's key) and the gateway's Secret volume.
-struct KeylessMesh {
-    gateway: PilotAgent,
-    gateway_node: Node,
-    app: PilotAgent,
-    app_node: Node,
-    istiod: Istiod,
-    provider: MockUpstream,
+pub(super) struct KeylessMesh {
+    pub(super) gateway: PilotAgent,
+    pub(super) gateway_node: Node,
+    pub(super) app: PilotAgent,
+    pub(super) app_node: Node,
+    pub(super) istiod: Istiod,
+    pub(super) provider: MockUpstream,
     keys: SecretVolume,
     example: Vec<Value>,
     module: Module,
@@ -266,12 +280,22 @@ impl KeylessMesh {
     /// The mesh, once both proxies are synced with what they need; with the
     /// config dumps of the gateway and the sidecar.
     fn start(istiod_bin: &Path, agent_bin: &Path) -> (Self, Value, Value) {
+        Self::start_with(istiod_bin, agent_bin, Vec::new())
+    }
+
+    /// [`KeylessMesh::start`] with `more` manifests (file name, text) in
+    /// istiod's folder.
+    pub(super) fn start_with(
+        istiod_bin: &Path,
+        agent_bin: &Path,
+        more: Vec<(String, String)>,
+    ) -> (Self, Value, Value) {
         let module = module();
         let provider = MockUpstream::start(MockConfig::named("provider"));
         provider.set_keys(Some(&[MESH_KEY]));
         let example = read_manifests(&workspace_root().join(EXAMPLES).join(FILE)).expect(FILE);
         let keys = SecretVolume::new(&secret_files(&example, MESH_KEY));
-        let config = vec![
+        let mut config = vec![
             (
                 "provider.yaml".to_string(),
                 filled("provider.yaml", &module, provider.port()),
@@ -285,6 +309,7 @@ impl KeylessMesh {
                 overlay(module.server.port(), true),
             ),
         ];
+        config.extend(more);
         let istiod = Istiod::start(istiod_bin, &config, &mesh()).expect("istiod");
         let ca = TestCa::new("llm-filter e2e mesh CA").expect("CA");
         let gateway_node = Node::egress_gateway();
@@ -349,7 +374,7 @@ impl KeylessMesh {
 
     /// The gateway's limit tokens counted under `tenant`, once they reach
     /// `min` (or 5 s pass).
-    fn tokens_of(&self, tenant: &str, min: f64) -> f64 {
+    pub(super) fn tokens_of(&self, tenant: &str, min: f64) -> f64 {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             let value = llm_filter_e2e::prometheus::sum(
@@ -365,12 +390,7 @@ impl KeylessMesh {
     }
 
     fn gateway_metrics(&self) -> Vec<llm_filter_e2e::prometheus::Sample> {
-        let (status, text) = self
-            .gateway
-            .admin_get("/stats/prometheus")
-            .expect("metrics");
-        assert_eq!(status, 200, "{text}");
-        llm_filter_e2e::prometheus::parse(&text)
+        metrics_of(&self.gateway)
     }
 
     /// The authorization each chat call the provider received carried.
