@@ -428,6 +428,7 @@ async fn sidecar_build_in_front_of_the_gateway_tier() {
     );
     provider.set_status(None);
     assert!(ejected >= 1.0, "the gateway's probe ejected the backend");
+    let ejected_at = Instant::now();
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut n = 0;
     while !alert_held(&am).await {
@@ -442,13 +443,16 @@ async fn sidecar_build_in_front_of_the_gateway_tier() {
         n += 1;
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    let alerted = started.elapsed();
+    let alerted = Instant::now();
     let fallbacks = metric(gateway, ROUTING_FALLBACKS, &[("model", MODEL)]);
     assert!(
         fallbacks >= 2.0,
         "the gateway's calls on base weights: {fallbacks}"
     );
-    eprintln!("{ALERT} in Alertmanager after {n} calls on base weights");
+    eprintln!(
+        "{ALERT} in Alertmanager {:?} after the ejection, {n} calls on base weights",
+        alerted - ejected_at
+    );
 
     // The sidecar pulls it (every 10 s) and sheds P2 calls of the model.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -464,7 +468,7 @@ async fn sidecar_build_in_front_of_the_gateway_tier() {
     }
     eprintln!(
         "P2 shed at the sidecar {:?} after the alert",
-        started.elapsed() - alerted
+        alerted.elapsed()
     );
 
     // The SDK's P2 call: shed in the pod, it reaches neither the gateway
