@@ -10,7 +10,7 @@
 //! no CA here. The Secret is a folder laid out and updated as the kubelet
 //! does a Secret volume.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use llm_filter_e2e::istio::{read_manifests, EXAMPLES};
@@ -134,6 +134,29 @@ pub(super) fn metrics_of(agent: &PilotAgent) -> Vec<llm_filter_e2e::prometheus::
     llm_filter_e2e::prometheus::parse(&text)
 }
 
+/// A metric of `agent`'s Envoy, summed over the series with `labels`.
+pub(super) fn metric(agent: &PilotAgent, name: &str, labels: &[(&str, &str)]) -> f64 {
+    llm_filter_e2e::prometheus::sum(&metrics_of(agent), name, labels)
+}
+
+/// [`metric`] once it reaches `min`, or what it is after `within`.
+pub(super) fn wait_metric(
+    agent: &PilotAgent,
+    name: &str,
+    labels: &[(&str, &str)],
+    min: f64,
+    within: Duration,
+) -> f64 {
+    let deadline = Instant::now() + within;
+    loop {
+        let value = metric(agent, name, labels);
+        if value >= min || Instant::now() >= deadline {
+            return value;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// egress-keyless.yaml as a user fills it, for istiod: the module over HTTP
 /// from the test's server (Istio's agent fetches it and checks its sha256,
 /// as it pulls an image), the Secret's mount at `keys` (the Secret itself
@@ -145,15 +168,7 @@ fn filled_keyless(docs: &[Value], module: &Module, keys: &Path, tenant: Option<&
         .filter(|d| d["kind"] != "Secret")
         .map(|doc| {
             let mut doc = doc.clone();
-            let patches = doc
-                .pointer_mut("/spec/configPatches")
-                .and_then(Value::as_array_mut)
-                .into_iter()
-                .flatten();
-            for patch in patches {
-                let Some(config) = patch.pointer_mut("/patch/value/typed_config/config") else {
-                    continue;
-                };
+            for config in filter_configs(&mut doc) {
                 fetched_by_the_agent(config, module);
                 if let Some(tenant) = tenant {
                     let value = &mut config["configuration"]["value"];
@@ -176,6 +191,15 @@ fn filled_keyless(docs: &[Value], module: &Module, keys: &Path, tenant: Option<&
     yaml_docs(&docs)
 }
 
+/// The filter configurations (`typed_config.config`) of a manifest's patches.
+pub(super) fn filter_configs(doc: &mut Value) -> impl Iterator<Item = &mut Value> {
+    doc.pointer_mut("/spec/configPatches")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+        .filter_map(|patch| patch.pointer_mut("/patch/value/typed_config/config"))
+}
+
 /// A Wasm filter's remote code (`oci://REGISTRY/...`, `IMAGE_SHA256`) as
 /// the agent fetches it here: `module` over HTTP from the test's server,
 /// checked against its sha256, as the agent pulls and checks an image.
@@ -187,6 +211,11 @@ pub(super) fn fetched_by_the_agent(config: &mut Value, module: &Module) {
         "http://127.0.0.1:{}/llm-filter.wasm",
         module.server.port()
     ));
+}
+
+/// istiod and Istio's agent, or `None` when the test `test` skips.
+pub(super) fn binaries(test: &str) -> Option<(PathBuf, PathBuf)> {
+    Some((skip_without_istiod(test)?, agent_bin(test)?))
 }
 
 /// The workload certificate of `id` as the agent reads it from files.
@@ -375,18 +404,9 @@ impl KeylessMesh {
     /// The gateway's limit tokens counted under `tenant`, once they reach
     /// `min` (or 5 s pass).
     pub(super) fn tokens_of(&self, tenant: &str, min: f64) -> f64 {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let value = llm_filter_e2e::prometheus::sum(
-                &self.gateway_metrics(),
-                "llm_filter_limits_tokens_total",
-                &[("rule", "per-workload"), ("tenant", tenant)],
-            );
-            if value >= min || Instant::now() >= deadline {
-                return value;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let labels = [("rule", "per-workload"), ("tenant", tenant)];
+        let tokens = "llm_filter_limits_tokens_total";
+        wait_metric(&self.gateway, tokens, &labels, min, Duration::from_secs(5))
     }
 
     fn gateway_metrics(&self) -> Vec<llm_filter_e2e::prometheus::Sample> {
@@ -541,10 +561,7 @@ fn assert_no_planted_key(mesh: &KeylessMesh) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyless_egress_the_gateway_holds_the_key_and_knows_the_caller_by_its_mesh_identity() {
     let test = "keyless_egress_the_gateway_holds_the_key_and_knows_the_caller_by_its_mesh_identity";
-    let Some(istiod_bin) = skip_without_istiod(test) else {
-        return;
-    };
-    let Some(agent_bin) = agent_bin(test) else {
+    let Some((istiod_bin, agent_bin)) = binaries(test) else {
         return;
     };
     let _ports = PortLock::acquire().expect("port lock");

@@ -16,8 +16,8 @@ use llm_filter_core::metrics::{
 };
 use llm_filter_e2e::istio::{read_manifests, EXAMPLES};
 use llm_filter_e2e::istiod::{synced, Istiod, Node};
-use llm_filter_e2e::pilot_agent::{agent_bin, PilotAgent};
-use llm_filter_e2e::prometheus::{self, Sample};
+use llm_filter_e2e::pilot_agent::PilotAgent;
+use llm_filter_e2e::prometheus::Sample;
 use llm_filter_e2e::prometheus_server::{free_port, scrape_envoys, with_alertmanager, with_rules};
 use llm_filter_e2e::{
     alertmanager_bin, post_json, prometheus_bin, running_in_ci, unique, workspace_root,
@@ -27,10 +27,13 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use super::agent::wait_ecds;
-use super::keyless::{fetched_by_the_agent, metrics_of, KeylessMesh, APP_ID, MESH_KEY};
+use super::keyless::{
+    binaries, fetched_by_the_agent, filter_configs, metric, metrics_of, wait_metric, KeylessMesh,
+    APP_ID, MESH_KEY,
+};
 use super::{
-    cacheable, chats, filter_chain, hex, module, sidecar_module, skip_without_istiod, yaml_docs,
-    Layout, Module, PortLock, PROVIDER, PROVIDER_CLUSTER, SIDECAR,
+    cacheable, chats, filter_chain, hex, module, sidecar_module, yaml_docs, Layout, Module,
+    PortLock, PROVIDER, PROVIDER_CLUSTER, SIDECAR,
 };
 use crate::support;
 
@@ -61,22 +64,13 @@ const HOST: &str = "host: api.openai.com";
 fn sidecars_filled(module: &Module) -> String {
     let path = workspace_root().join(EXAMPLES).join(SIDECARS);
     let mut docs = read_manifests(&path).expect(SIDECARS);
-    for doc in &mut docs {
-        let patches = doc
-            .pointer_mut("/spec/configPatches")
-            .and_then(Value::as_array_mut)
-            .into_iter()
-            .flatten();
-        for patch in patches {
-            if let Some(config) = patch.pointer_mut("/patch/value/typed_config/config") {
-                let uri = &config["vm_config"]["code"]["remote"]["http_uri"]["uri"];
-                assert!(
-                    uri.as_str().is_some_and(|u| u.ends_with("-sidecar")),
-                    "the sidecar image: {uri}"
-                );
-                fetched_by_the_agent(config, module);
-            }
-        }
+    for config in docs.iter_mut().flat_map(filter_configs) {
+        let uri = &config["vm_config"]["code"]["remote"]["http_uri"]["uri"];
+        assert!(
+            uri.as_str().is_some_and(|u| u.ends_with("-sidecar")),
+            "the sidecar image: {uri}"
+        );
+        fetched_by_the_agent(config, module);
     }
     yaml_docs(&docs)
 }
@@ -103,29 +97,6 @@ fn module_run(agent: &PilotAgent, istiod: &Istiod, node: &Node, name: &str) -> S
         .to_string();
     let bytes = std::fs::read(Path::new(&file)).expect("the agent's module file");
     hex(&Sha256::digest(&bytes))
-}
-
-/// A metric of `agent`'s Envoy, summed over the series with `labels`.
-fn metric(agent: &PilotAgent, name: &str, labels: &[(&str, &str)]) -> f64 {
-    prometheus::sum(&metrics_of(agent), name, labels)
-}
-
-/// [`metric`] once it reaches `min`, or what it is after `within`.
-fn wait_metric(
-    agent: &PilotAgent,
-    name: &str,
-    labels: &[(&str, &str)],
-    min: f64,
-    within: Duration,
-) -> f64 {
-    let deadline = Instant::now() + within;
-    loop {
-        let value = metric(agent, name, labels);
-        if value >= min || Instant::now() >= deadline {
-            return value;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 /// The records of the LLM calls the gateway logged (access-log.yaml's
@@ -188,10 +159,7 @@ fn samples_named<'a>(samples: &'a [Sample], name: &str) -> Vec<&'a Sample> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sidecar_build_in_front_of_the_gateway_tier() {
     let test = "sidecar_build_in_front_of_the_gateway_tier";
-    let Some(istiod_bin) = skip_without_istiod(test) else {
-        return;
-    };
-    let Some(agent_bin) = agent_bin(test) else {
+    let Some((istiod_bin, agent_bin)) = binaries(test) else {
         return;
     };
     if prometheus_bin().is_none() || alertmanager_bin().is_none() {
