@@ -21,7 +21,7 @@ use llm_filter_e2e::prometheus::Sample;
 use llm_filter_e2e::prometheus_server::{free_port, scrape_envoys, with_alertmanager, with_rules};
 use llm_filter_e2e::{
     alertmanager_bin, post_json, prometheus_bin, running_in_ci, unique, workspace_root,
-    Alertmanager, PrometheusServer,
+    Alertmanager, MockUpstream, PrometheusServer,
 };
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -147,80 +147,10 @@ fn samples_named<'a>(samples: &'a [Sample], name: &str) -> Vec<&'a Sample> {
     samples.iter().filter(|s| s.name == name).collect()
 }
 
-/// App sidecar (sidecar build) → egress gateway (full build) → provider,
-/// configured by the real istiod: the OpenAI SDK's calls carry the app's
-/// priority in baggage and continue its trace from the sidecar; the sidecar
-/// plans the budget, whose timeout ends a slow call; the gateway knows the
-/// app by its SPIFFE id over mTLS, serves a repeat from its cache (one
-/// provider call for two), routes, counts the tenant's tokens and writes the
-/// record; when the gateway finds every backend of the model down, its
-/// metric raises LLMAllBackendsEjected in Prometheus, Alertmanager holds it,
-/// the sidecar pulls it and sheds a P2 call of that model in the pod.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sidecar_build_in_front_of_the_gateway_tier() {
-    let test = "sidecar_build_in_front_of_the_gateway_tier";
-    let Some((istiod_bin, agent_bin)) = binaries(test) else {
-        return;
-    };
-    if prometheus_bin().is_none() || alertmanager_bin().is_none() {
-        assert!(
-            !running_in_ci(),
-            "{test}: no prometheus or alertmanager; `make e2e` installs them"
-        );
-        eprintln!("SKIP {test}: no prometheus or alertmanager; `make e2e` installs them");
-        return;
-    }
-    let _ports = PortLock::acquire().expect("port lock");
-    let started = Instant::now();
-    // Alertmanager sends nowhere: the sidecars pull.
-    let am = Alertmanager::start(
-        "route: {receiver: nobody, group_wait: 1s, group_interval: 1s, repeat_interval: 1h}\n\
-         receivers: [{name: nobody}]\n",
-    )
-    .expect("alertmanager");
-    let sidecar_build = sidecar_module();
-    let full_build = module();
-    let more = vec![
-        (SIDECARS.to_string(), sidecars_filled(&sidecar_build)),
-        (
-            "access-log.yaml".to_string(),
-            std::fs::read_to_string(workspace_root().join(EXAMPLES).join("access-log.yaml"))
-                .expect("access-log.yaml"),
-        ),
-        (
-            "monitoring.yaml".to_string(),
-            alertmanager_service(am.port()),
-        ),
-    ];
-    let (mesh, _, _) = KeylessMesh::start_with(&istiod_bin, &agent_bin, more);
+/// The app's two identical calls through its sidecar and the gateway:
+/// what the app got, what the provider received, what each tier counted.
+async fn two_calls_through_the_tier(mesh: &KeylessMesh) {
     let (app, gateway, provider) = (&mesh.app, &mesh.gateway, &mesh.provider);
-
-    // Each proxy runs its build: the sidecar's filter right before the
-    // router of its outbound listener.
-    let sidecar_sha = module_run(app, &mesh.istiod, &mesh.app_node, SIDECAR_BUILD.filter);
-    assert_eq!(sidecar_sha, sidecar_build.sha256, "the sidecar build");
-    let gateway_sha = module_run(gateway, &mesh.istiod, &mesh.gateway_node, GATEWAY_FILTER);
-    assert_eq!(gateway_sha, full_build.sha256, "the full build");
-    assert_ne!(sidecar_sha, gateway_sha);
-    let (chain, at) = filter_chain(&app.config_dump().expect("dump"), &SIDECAR_BUILD);
-    assert_eq!(
-        chain.get(at + 1).map(String::as_str),
-        Some("envoy.filters.http.router"),
-        "{chain:?}"
-    );
-    let prom = PrometheusServer::start(
-        free_port().expect("port"),
-        &with_alertmanager(
-            &with_rules(
-                &scrape_envoys(&[gateway.prometheus_port(), app.prometheus_port()]),
-                &workspace_root().join("examples/prometheus/llm-filter.rules.yaml"),
-            ),
-            am.port(),
-        ),
-    )
-    .expect("prometheus");
-    eprintln!("mesh up in {:?}", started.elapsed());
-
     // The app's two identical calls (the SDK, keyless): priority P2 (not
     // the default; P0 would be exempt from the gateway's limit), its trace,
     // a baggage member of its own.
@@ -345,7 +275,11 @@ async fn sidecar_build_in_front_of_the_gateway_tier() {
         "the gateway's records: {records:?}"
     );
     assert_eq!(records[0]["cluster"], PROVIDER_CLUSTER, "{records:?}");
+}
 
+/// The app's budget, planned at the sidecar, ends a call the provider is
+/// slow to answer.
+async fn the_budget_ends_a_slow_call(provider: &MockUpstream) {
     // The app's budget, planned at the sidecar: 1 s against a provider that
     // answers in 3 ends the call in about 1 s.
     let out = sdk(
@@ -377,7 +311,16 @@ async fn sidecar_build_in_front_of_the_gateway_tier() {
         .header("x-envoy-expected-rq-timeout-ms")
         .and_then(|v| v.parse::<u64>().ok());
     assert!(expected.is_some_and(|ms| ms <= 1000), "{:?}", slow.headers);
+}
 
+/// The gateway tier's alert, raised by its metrics in Prometheus and held
+/// by Alertmanager, sheds a P2 call at the sidecar, which pulls it.
+async fn the_gateway_tiers_alert_sheds_p2_at_the_sidecar(
+    mesh: &KeylessMesh,
+    am: &Alertmanager,
+    prom: &PrometheusServer,
+) {
+    let (app, gateway, provider) = (&mesh.app, &mesh.gateway, &mesh.provider);
     // Before any alert a P2 call goes through.
     let (status, body, _) = call("P2", &unique("P2 before")).await;
     assert_eq!(status, 200, "{body}");
@@ -399,7 +342,7 @@ async fn sidecar_build_in_front_of_the_gateway_tier() {
     let ejected_at = Instant::now();
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut n = 0;
-    while !alert_held(&am).await {
+    while !alert_held(am).await {
         assert!(
             Instant::now() < deadline,
             "no {ALERT} in Alertmanager: fallbacks {}\n{}",
@@ -479,6 +422,85 @@ async fn sidecar_build_in_front_of_the_gateway_tier() {
     assert_eq!((status, degraded.as_deref()), (200, Some("2")), "{body}");
     let (status, body, degraded) = call("P0", &unique("P0 while degraded")).await;
     assert_eq!((status, degraded), (200, None), "{body}");
+}
+
+/// App sidecar (sidecar build) → egress gateway (full build) → provider,
+/// configured by the real istiod: the OpenAI SDK's calls carry the app's
+/// priority in baggage and continue its trace from the sidecar; the sidecar
+/// plans the budget, whose timeout ends a slow call; the gateway knows the
+/// app by its SPIFFE id over mTLS, serves a repeat from its cache (one
+/// provider call for two), routes, counts the tenant's tokens and writes the
+/// record; when the gateway finds every backend of the model down, its
+/// metric raises LLMAllBackendsEjected in Prometheus, Alertmanager holds it,
+/// the sidecar pulls it and sheds a P2 call of that model in the pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecar_build_in_front_of_the_gateway_tier() {
+    let test = "sidecar_build_in_front_of_the_gateway_tier";
+    let Some((istiod_bin, agent_bin)) = binaries(test) else {
+        return;
+    };
+    if prometheus_bin().is_none() || alertmanager_bin().is_none() {
+        assert!(
+            !running_in_ci(),
+            "{test}: no prometheus or alertmanager; `make e2e` installs them"
+        );
+        eprintln!("SKIP {test}: no prometheus or alertmanager; `make e2e` installs them");
+        return;
+    }
+    let _ports = PortLock::acquire().expect("port lock");
+    let started = Instant::now();
+    // Alertmanager sends nowhere: the sidecars pull.
+    let am = Alertmanager::start(
+        "route: {receiver: nobody, group_wait: 1s, group_interval: 1s, repeat_interval: 1h}\n\
+         receivers: [{name: nobody}]\n",
+    )
+    .expect("alertmanager");
+    let sidecar_build = sidecar_module();
+    let full_build = module();
+    let more = vec![
+        (SIDECARS.to_string(), sidecars_filled(&sidecar_build)),
+        (
+            "access-log.yaml".to_string(),
+            std::fs::read_to_string(workspace_root().join(EXAMPLES).join("access-log.yaml"))
+                .expect("access-log.yaml"),
+        ),
+        (
+            "monitoring.yaml".to_string(),
+            alertmanager_service(am.port()),
+        ),
+    ];
+    let (mesh, _, _) = KeylessMesh::start_with(&istiod_bin, &agent_bin, more);
+    let (app, gateway, provider) = (&mesh.app, &mesh.gateway, &mesh.provider);
+
+    // Each proxy runs its build: the sidecar's filter right before the
+    // router of its outbound listener.
+    let sidecar_sha = module_run(app, &mesh.istiod, &mesh.app_node, SIDECAR_BUILD.filter);
+    assert_eq!(sidecar_sha, sidecar_build.sha256, "the sidecar build");
+    let gateway_sha = module_run(gateway, &mesh.istiod, &mesh.gateway_node, GATEWAY_FILTER);
+    assert_eq!(gateway_sha, full_build.sha256, "the full build");
+    assert_ne!(sidecar_sha, gateway_sha);
+    let (chain, at) = filter_chain(&app.config_dump().expect("dump"), &SIDECAR_BUILD);
+    assert_eq!(
+        chain.get(at + 1).map(String::as_str),
+        Some("envoy.filters.http.router"),
+        "{chain:?}"
+    );
+    let prom = PrometheusServer::start(
+        free_port().expect("port"),
+        &with_alertmanager(
+            &with_rules(
+                &scrape_envoys(&[gateway.prometheus_port(), app.prometheus_port()]),
+                &workspace_root().join("examples/prometheus/llm-filter.rules.yaml"),
+            ),
+            am.port(),
+        ),
+    )
+    .expect("prometheus");
+    eprintln!("mesh up in {:?}", started.elapsed());
+
+    two_calls_through_the_tier(&mesh).await;
+    the_budget_ends_a_slow_call(provider).await;
+    the_gateway_tiers_alert_sheds_p2_at_the_sidecar(&mesh, &am, &prom).await;
 
     let syncz = mesh.istiod.debug("/debug/syncz").expect("syncz");
     for node in [&mesh.gateway_node, &mesh.app_node] {
