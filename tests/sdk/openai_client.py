@@ -48,6 +48,8 @@ received). Every object carries `sdk_version`. What each scenario prints:
 --base-url its endpoint without /v1, the model its deployment): it calls
 /openai/deployments/<model>/chat/completions?api-version=V with the key in
 `api-key`.
+--temperature T sets the chat scenarios' temperature (chat, chat_raw, and the
+refused calls of shed, budget and chat_error); without it they send none.
 --header NAME:VALUE (repeatable) adds a header to the chat and Responses
 scenarios' calls (e.g. cache-control: max-age=60, the mock's x-mock-* knobs,
 or `host` for a proxy that routes by it).
@@ -121,6 +123,11 @@ def usage(u):
     }
 
 
+def sampling(args):
+    """The chat call's sampling parameters the options set."""
+    return {} if args.temperature is None else {"temperature": args.temperature}
+
+
 def messages(text):
     return [{"role": "user", "content": text}]
 
@@ -130,7 +137,7 @@ def chat(args):
     for n in range(args.turns):
         said += [{"role": "assistant", "content": f"answer {n}"}, {"role": "user", "content": f"and then {n}?"}]
     r = client(args).chat.completions.create(
-        model=args.model, messages=said, extra_headers=extra_headers(args)
+        model=args.model, messages=said, extra_headers=extra_headers(args), **sampling(args)
     )
     return {
         "id": r.id,
@@ -226,7 +233,7 @@ def refused(args, extra_headers):
     started = time.monotonic()
     try:
         client(args, attempts).chat.completions.create(
-            model=args.model, messages=messages(args.prompt), extra_headers=extra_headers
+            model=args.model, messages=messages(args.prompt), extra_headers=extra_headers, **sampling(args)
         )
     except openai.OpenAIError as e:
         return error(e, attempts, started)
@@ -336,7 +343,7 @@ def chat_raw(args):
     calls = []
     for _ in range(args.calls):
         raw = c.chat.completions.with_raw_response.create(
-            model=args.model, messages=messages(args.prompt), extra_headers=extra_headers(args)
+            model=args.model, messages=messages(args.prompt), extra_headers=extra_headers(args), **sampling(args)
         )
         parsed = raw.parse()
         calls.append(
@@ -416,6 +423,7 @@ def main():
     p.add_argument("--api-key", default=KEY, help="the key the SDK sends ('' for none)")
     p.add_argument("--prompt", default="hello from the SDK")
     p.add_argument("--max-retries", type=int, default=0)
+    p.add_argument("--temperature", type=float, help="the chat scenarios' temperature (none sent without it)")
     p.add_argument("--timeout", type=float, default=30.0, help="the SDK's own timeout, s")
     p.add_argument("--budget-ms", type=int, default=500, help="x-request-timeout-ms")
     p.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="a header of the chat and Responses calls")

@@ -74,6 +74,18 @@ impl Alertmanager {
         Ok(())
     }
 
+    /// The alerts it holds (its API v2's `GET /api/v2/alerts`).
+    pub async fn alerts(&self) -> Result<Vec<Value>> {
+        let r = crate::http_client()
+            .get(self.url("/api/v2/alerts"))
+            .send()
+            .await?;
+        if !r.status().is_success() {
+            bail!("GET /api/v2/alerts: {} {}", r.status(), r.text().await?);
+        }
+        Ok(r.json().await?)
+    }
+
     /// What it logged.
     pub fn log_contents(&self) -> String {
         self.daemon.log_contents()

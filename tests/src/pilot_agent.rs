@@ -70,6 +70,9 @@ pub struct PilotAgent {
     child: Option<Child>,
     dir: tempfile::TempDir,
     admin: SocketAddr,
+    /// Envoy's Prometheus listener (15090 in a pod), what the mesh's
+    /// Prometheus scrapes.
+    prometheus: u16,
     config_path: PathBuf,
     data_dir: DataDir,
 }
@@ -188,6 +191,7 @@ impl PilotAgent {
             child: Some(child),
             dir,
             admin: SocketAddr::from(([127, 0, 0, 1], admin)),
+            prometheus,
             config_path,
             data_dir,
         };
@@ -217,6 +221,12 @@ impl PilotAgent {
     /// GET on its Envoy's admin interface: status and body.
     pub fn admin_get(&self, path: &str) -> Result<(u16, String)> {
         http_request(self.admin, "GET", path)
+    }
+
+    /// The port of its Envoy's Prometheus listener (Istio's 15090), serving
+    /// `/stats/prometheus`.
+    pub fn prometheus_port(&self) -> u16 {
+        self.prometheus
     }
 
     /// Its Envoy's `/config_dump`.

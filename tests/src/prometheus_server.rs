@@ -42,6 +42,14 @@ pub fn with_rules(config: &str, rules: &std::path::Path) -> String {
     format!("{config}rule_files:\n- '{}'\n", rules.display())
 }
 
+/// `config` that also sends the alerts of its rules to the Alertmanager on
+/// 127.0.0.1:`port`.
+pub fn with_alertmanager(config: &str, port: u16) -> String {
+    format!(
+        "{config}alerting:\n  alertmanagers:\n  - static_configs:\n    - targets: ['127.0.0.1:{port}']\n"
+    )
+}
+
 /// A running Prometheus.
 pub struct PrometheusServer {
     daemon: Daemon,

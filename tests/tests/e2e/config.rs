@@ -202,3 +202,34 @@ fn a_part_the_sidecar_build_leaves_out_is_refused_naming_the_build() {
         .start()
         .unwrap_or_else(|e| panic!("{config}: the full build must load it: {e:#}"));
 }
+
+/// The sidecar build with `{}` keeps no cache of its own: no table in
+/// shared data, and no `x-cache` of its own on an answer, so the one the
+/// gateway tier tells (its HIT) reaches the client unchanged (e2e
+/// `istiod::topology` runs it in front of the gateway).
+#[tokio::test]
+async fn the_sidecar_build_tells_no_x_cache_of_its_own() {
+    if skip_without_envoy("the_sidecar_build_tells_no_x_cache_of_its_own") {
+        return;
+    }
+    let mock = MockUpstream::start(MockConfig::named("cfg"));
+    let envoy = EnvoyBuilder::new()
+        .wasm_path(sidecar_wasm_path())
+        .plugin_config(json!({}))
+        .upstream("mock", mock.port())
+        .start()
+        .expect("the sidecar build with {}");
+    let body = json!({"model": "gpt-4o-mini", "temperature": 0,
+        "messages": [{"role": "user", "content": unique("cacheable")}]});
+    for _ in 0..2 {
+        let r = post_json(&envoy.url("/v1/chat/completions"), &body, &[])
+            .await
+            .expect("call");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-cache"), None, "{:?}", r.headers);
+        assert!(r.header("x-trace-id").is_some(), "{:?}", r.headers);
+    }
+    assert_eq!(mock.count("POST", "/v1/chat/completions"), 2);
+    let log = envoy.log_contents();
+    assert!(!log.contains("response cache of"), "{log}");
+}

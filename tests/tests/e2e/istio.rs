@@ -40,11 +40,13 @@ fn proxy(role: Role, services: &[Service], discovery: Discovery) -> Proxy {
     // without them (docs/deploy/istio.md). egress-keyless.yaml is the
     // gateway's other form, in place of egress-gateway.yaml; its mTLS server
     // and cluster patch are not laid out here: the real istiod and Istio's
-    // agent run it (e2e `istiod::keyless`).
+    // agent run it (e2e `istiod::keyless`). egress-sidecars.yaml is the
+    // sidecar's form in front of it, in place of envoyfilter-ecds.yaml (the
+    // sidecar build; e2e `istiod::topology`).
     let left_out: &[&str] = match role {
         Role::ShardSidecar => &["envoyfilter-ecds.yaml", "routes.yaml"],
         Role::EgressGateway => &["egress-keyless.yaml"],
-        Role::Sidecar => &[],
+        Role::Sidecar => &["egress-sidecars.yaml"],
     };
     for (file, doc) in example_manifests()
         .expect("read examples/istio")

@@ -27,8 +27,10 @@ pub const MAX_TTL_S: u64 = 365 * 24 * 3600;
 /// worst-case footprint logged at start.
 pub const SLOT_OVERHEAD_BYTES: u64 = 256;
 
-/// `enabled`.
-const ENABLED: Setting<bool> = Setting::any("enabled", true);
+/// `enabled`: on where the build has the cache. The sidecar build (no
+/// `cache` feature, its section refused) keeps no table, holds no body for
+/// it and tells no `x-cache` of its own: the next tier's reaches the client.
+const ENABLED: Setting<bool> = Setting::any("enabled", cfg!(feature = "cache"));
 /// `max_temperature`: only deterministic calls are cached unless the
 /// operator says otherwise; 2 is the highest temperature OpenAI-compatible
 /// APIs accept.

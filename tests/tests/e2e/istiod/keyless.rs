@@ -10,7 +10,7 @@
 //! no CA here. The Secret is a folder laid out and updated as the kubelet
 //! does a Secret volume.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use llm_filter_e2e::istio::{read_manifests, EXAMPLES};
@@ -36,14 +36,14 @@ const KEYS_DIR: &str = "/etc/llm-keys";
 /// The placeholder of the provider's key in the example's Secret.
 const KEY_PLACEHOLDER: &str = "OPENAI_API_KEY";
 
-const MESH_KEY: &str = "sk-mesh-egress-PLANTED-1";
+pub(super) const MESH_KEY: &str = "sk-mesh-egress-PLANTED-1";
 const ROTATED_KEY: &str = "sk-mesh-egress-PLANTED-2";
 const STRAY_KEY: &str = "sk-app-stray-PLANTED-3";
 const VIRTUAL_KEY: &str = "vk-payments-PLANTED-4";
 
 /// The sidecar's identity: `my-app`'s service account `default` (what the
 /// agent announces), as Istio's CA writes it into the certificate.
-const APP_ID: &str = "spiffe://cluster.local/ns/my-app/sa/default";
+pub(super) const APP_ID: &str = "spiffe://cluster.local/ns/my-app/sa/default";
 
 /// The gateway's server for port 443 (the Service's `https`, 443 → 8443).
 const KEYLESS_GATEWAY: Layout = Layout {
@@ -127,6 +127,36 @@ fn secret_files(docs: &[Value], key: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// What `agent`'s Envoy shows at `/stats/prometheus`.
+pub(super) fn metrics_of(agent: &PilotAgent) -> Vec<llm_filter_e2e::prometheus::Sample> {
+    let (status, text) = agent.admin_get("/stats/prometheus").expect("metrics");
+    assert_eq!(status, 200, "{text}");
+    llm_filter_e2e::prometheus::parse(&text)
+}
+
+/// A metric of `agent`'s Envoy, summed over the series with `labels`.
+pub(super) fn metric(agent: &PilotAgent, name: &str, labels: &[(&str, &str)]) -> f64 {
+    llm_filter_e2e::prometheus::sum(&metrics_of(agent), name, labels)
+}
+
+/// [`metric`] once it reaches `min`, or what it is after `within`.
+pub(super) fn wait_metric(
+    agent: &PilotAgent,
+    name: &str,
+    labels: &[(&str, &str)],
+    min: f64,
+    within: Duration,
+) -> f64 {
+    let deadline = Instant::now() + within;
+    loop {
+        let value = metric(agent, name, labels);
+        if value >= min || Instant::now() >= deadline {
+            return value;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// egress-keyless.yaml as a user fills it, for istiod: the module over HTTP
 /// from the test's server (Istio's agent fetches it and checks its sha256,
 /// as it pulls an image), the Secret's mount at `keys` (the Secret itself
@@ -138,22 +168,8 @@ fn filled_keyless(docs: &[Value], module: &Module, keys: &Path, tenant: Option<&
         .filter(|d| d["kind"] != "Secret")
         .map(|doc| {
             let mut doc = doc.clone();
-            let patches = doc
-                .pointer_mut("/spec/configPatches")
-                .and_then(Value::as_array_mut)
-                .into_iter()
-                .flatten();
-            for patch in patches {
-                let Some(config) = patch.pointer_mut("/patch/value/typed_config/config") else {
-                    continue;
-                };
-                let remote = &mut config["vm_config"]["code"]["remote"];
-                assert_eq!(remote["sha256"], "IMAGE_SHA256", "{remote}");
-                remote["sha256"] = json!(module.sha256);
-                remote["http_uri"]["uri"] = json!(format!(
-                    "http://127.0.0.1:{}/llm-filter.wasm",
-                    module.server.port()
-                ));
+            for config in filter_configs(&mut doc) {
+                fetched_by_the_agent(config, module);
                 if let Some(tenant) = tenant {
                     let value = &mut config["configuration"]["value"];
                     let mut filter: Value =
@@ -173,6 +189,33 @@ fn filled_keyless(docs: &[Value], module: &Module, keys: &Path, tenant: Option<&
         })
         .collect();
     yaml_docs(&docs)
+}
+
+/// The filter configurations (`typed_config.config`) of a manifest's patches.
+pub(super) fn filter_configs(doc: &mut Value) -> impl Iterator<Item = &mut Value> {
+    doc.pointer_mut("/spec/configPatches")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+        .filter_map(|patch| patch.pointer_mut("/patch/value/typed_config/config"))
+}
+
+/// A Wasm filter's remote code (`oci://REGISTRY/...`, `IMAGE_SHA256`) as
+/// the agent fetches it here: `module` over HTTP from the test's server,
+/// checked against its sha256, as the agent pulls and checks an image.
+pub(super) fn fetched_by_the_agent(config: &mut Value, module: &Module) {
+    let remote = &mut config["vm_config"]["code"]["remote"];
+    assert_eq!(remote["sha256"], "IMAGE_SHA256", "{remote}");
+    remote["sha256"] = json!(module.sha256);
+    remote["http_uri"]["uri"] = json!(format!(
+        "http://127.0.0.1:{}/llm-filter.wasm",
+        module.server.port()
+    ));
+}
+
+/// istiod and Istio's agent, or `None` when the test `test` skips.
+pub(super) fn binaries(test: &str) -> Option<(PathBuf, PathBuf)> {
+    Some((skip_without_istiod(test)?, agent_bin(test)?))
 }
 
 /// The workload certificate of `id` as the agent reads it from files.
@@ -250,13 +293,13 @@ fn cluster(dump: &Value, name: &str) -> Value {
 /// as filled, the egress gateway and a sidecar of `my-app` each run by
 /// Istio's agent with a workload certificate of the test CA, the provider
 /// (taking only the mesh's key) and the gateway's Secret volume.
-struct KeylessMesh {
-    gateway: PilotAgent,
-    gateway_node: Node,
-    app: PilotAgent,
-    app_node: Node,
-    istiod: Istiod,
-    provider: MockUpstream,
+pub(super) struct KeylessMesh {
+    pub(super) gateway: PilotAgent,
+    pub(super) gateway_node: Node,
+    pub(super) app: PilotAgent,
+    pub(super) app_node: Node,
+    pub(super) istiod: Istiod,
+    pub(super) provider: MockUpstream,
     keys: SecretVolume,
     example: Vec<Value>,
     module: Module,
@@ -266,12 +309,22 @@ impl KeylessMesh {
     /// The mesh, once both proxies are synced with what they need; with the
     /// config dumps of the gateway and the sidecar.
     fn start(istiod_bin: &Path, agent_bin: &Path) -> (Self, Value, Value) {
+        Self::start_with(istiod_bin, agent_bin, Vec::new())
+    }
+
+    /// [`KeylessMesh::start`] with `more` manifests (file name, text) in
+    /// istiod's folder.
+    pub(super) fn start_with(
+        istiod_bin: &Path,
+        agent_bin: &Path,
+        more: Vec<(String, String)>,
+    ) -> (Self, Value, Value) {
         let module = module();
         let provider = MockUpstream::start(MockConfig::named("provider"));
         provider.set_keys(Some(&[MESH_KEY]));
         let example = read_manifests(&workspace_root().join(EXAMPLES).join(FILE)).expect(FILE);
         let keys = SecretVolume::new(&secret_files(&example, MESH_KEY));
-        let config = vec![
+        let mut config = vec![
             (
                 "provider.yaml".to_string(),
                 filled("provider.yaml", &module, provider.port()),
@@ -285,6 +338,7 @@ impl KeylessMesh {
                 overlay(module.server.port(), true),
             ),
         ];
+        config.extend(more);
         let istiod = Istiod::start(istiod_bin, &config, &mesh()).expect("istiod");
         let ca = TestCa::new("llm-filter e2e mesh CA").expect("CA");
         let gateway_node = Node::egress_gateway();
@@ -349,28 +403,14 @@ impl KeylessMesh {
 
     /// The gateway's limit tokens counted under `tenant`, once they reach
     /// `min` (or 5 s pass).
-    fn tokens_of(&self, tenant: &str, min: f64) -> f64 {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let value = llm_filter_e2e::prometheus::sum(
-                &self.gateway_metrics(),
-                "llm_filter_limits_tokens_total",
-                &[("rule", "per-workload"), ("tenant", tenant)],
-            );
-            if value >= min || Instant::now() >= deadline {
-                return value;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+    pub(super) fn tokens_of(&self, tenant: &str, min: f64) -> f64 {
+        let labels = [("rule", "per-workload"), ("tenant", tenant)];
+        let tokens = "llm_filter_limits_tokens_total";
+        wait_metric(&self.gateway, tokens, &labels, min, Duration::from_secs(5))
     }
 
     fn gateway_metrics(&self) -> Vec<llm_filter_e2e::prometheus::Sample> {
-        let (status, text) = self
-            .gateway
-            .admin_get("/stats/prometheus")
-            .expect("metrics");
-        assert_eq!(status, 200, "{text}");
-        llm_filter_e2e::prometheus::parse(&text)
+        metrics_of(&self.gateway)
     }
 
     /// The authorization each chat call the provider received carried.
@@ -521,10 +561,7 @@ fn assert_no_planted_key(mesh: &KeylessMesh) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyless_egress_the_gateway_holds_the_key_and_knows_the_caller_by_its_mesh_identity() {
     let test = "keyless_egress_the_gateway_holds_the_key_and_knows_the_caller_by_its_mesh_identity";
-    let Some(istiod_bin) = skip_without_istiod(test) else {
-        return;
-    };
-    let Some(agent_bin) = agent_bin(test) else {
+    let Some((istiod_bin, agent_bin)) = binaries(test) else {
         return;
     };
     let _ports = PortLock::acquire().expect("port lock");
