@@ -211,8 +211,9 @@ async fn round(rig: &Rig, n: usize) {
     }
 
     // P0 calls until one lands on c and is hedged: routing, which learns
-    // that c is slow, sends it few calls.
-    for i in 0..60 {
+    // that c is slow, sends it few calls (on a busy machine, 60 tries were
+    // once not enough; a call to a takes 20 ms, so up to 200).
+    for i in 0..200 {
         if rig.envoy.metric("llm_filter_routing_hedges_total", &[]) >= 1.0 {
             break;
         }
