@@ -18,6 +18,7 @@ use llm_filter_e2e::prometheus_server::{free_port, scrape_envoys, with_rules};
 use llm_filter_e2e::{
     chat_body, chat_stream_body, post_json, prometheus_bin, running_in_ci, skip_without_envoy,
     stream_sse, unique, workspace_root, Envoy, EnvoyBuilder, MockUpstream, PrometheusServer,
+    TailLatency,
 };
 use serde_json::{json, Value};
 
@@ -132,7 +133,16 @@ fn rig(prom_port: u16) -> Rig {
     let default = MockUpstream::backend("default", 0);
     let a = MockUpstream::backend("a", 20);
     let b = MockUpstream::backend("b", 10);
-    let c = MockUpstream::backend("c", 900);
+    // c answers in 300 ms, but three calls in ten take 1.5-1.8 s: those
+    // outlast its hedge delay (twice its median, 600 ms), so a P0 call that
+    // routing sends there is hedged, whatever the machine's load.
+    let c = MockUpstream::backend("c", 300);
+    c.set_tail_latency(Some(TailLatency {
+        probability: 0.3,
+        min_ms: 1_500,
+        max_ms: 1_800,
+        seed: 7,
+    }));
     let slow = MockUpstream::backend("slow", 2_000);
     b.set_status(Some(503));
     for m in [&a, &c] {
@@ -210,11 +220,14 @@ async fn round(rig: &Rig, n: usize) {
         );
     }
 
-    // P0 calls until one lands on c and is hedged: routing, which learns
-    // that c is slow, sends it few calls (on a busy machine, 60 tries were
-    // once not enough; a call to a takes 20 ms, so up to 200).
-    for i in 0..200 {
-        if rig.envoy.metric("llm_filter_routing_hedges_total", &[]) >= 1.0 {
+    // P0 calls until one lands in c's tail and is hedged: routing, which
+    // learns that c is slow, sends it few calls (about one in twenty), so
+    // calls go on for up to a minute rather than a fixed number of tries.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for i in 0.. {
+        if rig.envoy.metric("llm_filter_routing_hedges_total", &[]) >= 1.0
+            || Instant::now() > deadline
+        {
             break;
         }
         let body = chat_body("gpt-4o", &unique(&format!("hedged {i}")));
