@@ -34,7 +34,7 @@ pub const MAX_ERROR_BODY: usize = 16 * 1024;
 /// Whether a response of `status` could be one of the classes: only then is
 /// its body held back and read.
 pub fn candidate(status: u16) -> bool {
-    matches!(status, 400 | 403 | 404 | 413 | 422 | 429)
+    matches!(status, 400 | 402 | 403 | 404 | 413 | 422 | 429)
 }
 
 /// The class of an error answer of `status` to a call of `dialect`, whose
@@ -289,6 +289,31 @@ mod tests {
         assert_eq!(
             class(404, &anthropic("not_found_error", "model: claude-9")),
             Some(ModelNotFound)
+        );
+        // Anthropic's billing refusal (402), and Bedrock's
+        // ValidationException for a prompt over the model's context (the
+        // type in `x-amzn-errortype`, the body a bare message).
+        assert_eq!(
+            class(
+                402,
+                &anthropic("billing_error", "There is an issue with your billing.")
+            ),
+            Some(Quota)
+        );
+        assert_eq!(
+            class(
+                400,
+                r#"{"message":"Input is too long for requested model."}"#
+            ),
+            Some(ContextLength)
+        );
+        // Bedrock's model not ready is failover's, no unknown model.
+        assert_eq!(
+            class(
+                429,
+                r#"{"message":"Model is not ready to serve inference requests."}"#
+            ),
+            None
         );
         assert_eq!(
             class(
