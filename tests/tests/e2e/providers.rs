@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use crate::support::sdk;
 
 mod chain;
+mod fallback;
 mod presets;
 
 const CLAUDE: &str = "claude-sonnet-4-5";

@@ -47,7 +47,8 @@ pub fn should_retry(value: &str) -> Option<bool> {
 /// How a failover ended, as the `result` label of the failovers counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailoverResult {
-    /// The other backend answered (below 500, 429 aside): the client got it.
+    /// The other backend answered (below 500, 429 aside): the client got
+    /// it, unless a refusal of it moved the call along its fallback chain.
     Answered,
     /// The other backend failed too; the client got its answer.
     Failed,
