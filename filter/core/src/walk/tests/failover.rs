@@ -85,6 +85,22 @@ fn exhausted() -> CalloutAnswer {
     )
 }
 
+/// A Messages call of `body` routed to Anthropic, which overloaded it
+/// (529), and the callout that went to the next backend in its place.
+fn overloaded_first(w: &mut World, body: &str) -> (Call, FakeHost) {
+    let mut host = FakeHost::post("/v1/messages")
+        .with_header("anthropic-version", "2023-06-01")
+        .with_body(body);
+    let (mut call, _) = w.request(&mut host).unwrap();
+    assert_eq!(host.header("x-llm-cluster"), Some("anthropic"));
+    let mut host = host.with_response(529, "application/json", OVERLOADED);
+    assert_eq!(
+        call.on_response_headers(&mut w.env(), &mut host, false),
+        Step::Pause
+    );
+    (call, host)
+}
+
 /// The last callout's cluster, `:path` and body.
 fn last_callout(host: &FakeHost) -> (String, String, serde_json::Value) {
     let (cluster, headers, body, _) = host.callouts.last().cloned().unwrap();
@@ -230,16 +246,7 @@ fn a_stream_walks_only_the_backends_that_stream_its_shape() {
     );
     let mut w = World::new(&config);
     let stream = MESSAGES.replace(r#""max_tokens":8"#, r#""max_tokens":8,"stream":true"#);
-    let mut host = FakeHost::post("/v1/messages")
-        .with_header("anthropic-version", "2023-06-01")
-        .with_body(&stream);
-    let (mut call, _) = w.request(&mut host).unwrap();
-    assert_eq!(host.header("x-llm-cluster"), Some("anthropic"));
-    let mut host = host.with_response(529, "application/json", OVERLOADED);
-    assert_eq!(
-        call.on_response_headers(&mut w.env(), &mut host, false),
-        Step::Pause
-    );
+    let (mut call, mut host) = overloaded_first(&mut w, &stream);
     let (cluster, path, _) = last_callout(&host);
     assert_eq!(
         (cluster.as_str(), path.as_str()),
@@ -286,16 +293,8 @@ fn opus_then_sonnet(budget: &str) -> String {
 /// An Opus call Anthropic overloaded, failed over to Bedrock, whose
 /// refusal for the prompt's length (as Bedrock words it) ends Opus's walk.
 fn opus_refused_after_failover(w: &mut World) -> (Call, FakeHost) {
-    let mut host = FakeHost::post("/v1/messages")
-        .with_header("anthropic-version", "2023-06-01")
-        .with_body(&MESSAGES.replace(r#""claude""#, r#""opus""#));
-    let (mut call, _) = w.request(&mut host).unwrap();
-    assert_eq!(host.header("x-llm-cluster"), Some("anthropic"));
-    let mut host = host.with_response(529, "application/json", OVERLOADED);
-    assert_eq!(
-        call.on_response_headers(&mut w.env(), &mut host, false),
-        Step::Pause
-    );
+    let opus = MESSAGES.replace(r#""claude""#, r#""opus""#);
+    let (mut call, mut host) = overloaded_first(w, &opus);
     let (cluster, path, _) = last_callout(&host);
     assert_eq!(
         (cluster.as_str(), path.as_str()),
