@@ -231,7 +231,7 @@ mod tests {
                 "{status} {body}"
             );
             assert_eq!(
-                fallback::classify(api, status, body.as_bytes()),
+                fallback::classify(api, status, body.as_bytes(), None),
                 None,
                 "{body}"
             );

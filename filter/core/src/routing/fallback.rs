@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use crate::config::error::ConfigError;
 use crate::dialect::answer::{ErrorClass, Refusal};
-use crate::dialect::Dialect;
+use crate::dialect::{provider, Dialect};
 use crate::host::Metrics;
 use crate::metrics as names;
 
@@ -38,15 +38,27 @@ pub fn candidate(status: u16) -> bool {
 }
 
 /// The class of an error answer of `status` to a call of `dialect`, whose
-/// body is `body`; `None` for any other error (a bad request is the
-/// caller's to fix, a rate limit or an overload is failover's) and for a
-/// body that is not an error object.
-pub fn classify(dialect: Dialect, status: u16, body: &[u8]) -> Option<ErrorClass> {
+/// body is `body` and whose type a header may name (`error_type`, see
+/// [`provider::ERROR_TYPE`]); `None` for any other error (a bad request is
+/// the caller's to fix, a rate limit or an overload is failover's) and for
+/// a body that is not an error object.
+pub fn classify(
+    dialect: Dialect,
+    status: u16,
+    body: &[u8],
+    error_type: Option<&str>,
+) -> Option<ErrorClass> {
     if !candidate(status) || body.len() > MAX_ERROR_BODY {
         return None;
     }
-    let doc: Value = serde_json::from_slice(body).ok()?;
-    match dialect.answer().refusal(status, &doc)? {
+    let refusal = match error_type.and_then(provider::refusal_named) {
+        Some(named) => named,
+        None => {
+            let doc: Value = serde_json::from_slice(body).ok()?;
+            dialect.answer().refusal(status, &doc)?
+        }
+    };
+    match refusal {
         Refusal::ContextLength => Some(ErrorClass::ContextLength),
         Refusal::Quota => Some(ErrorClass::Quota),
         Refusal::UnknownModel => Some(ErrorClass::ModelNotFound),
@@ -201,9 +213,13 @@ mod tests {
 
     /// The class of an error, which every dialect reads alike.
     fn class(status: u16, body: &str) -> Option<ErrorClass> {
-        let c = classify(Dialect::Chat, status, body.as_bytes());
+        let c = classify(Dialect::Chat, status, body.as_bytes(), None);
         for d in Dialect::names().filter_map(Dialect::named) {
-            assert_eq!(classify(d, status, body.as_bytes()), c, "{d:?} {body}");
+            assert_eq!(
+                classify(d, status, body.as_bytes(), None),
+                c,
+                "{d:?} {body}"
+            );
         }
         c
     }
@@ -307,6 +323,15 @@ mod tests {
             ),
             Some(ContextLength)
         );
+        // Bedrock's quota, named only in `x-amzn-errortype`.
+        let quota = r#"{"message":"Your request exceeds the service quota for your account."}"#;
+        let named = |t| classify(Dialect::Messages, 400, quota.as_bytes(), Some(t));
+        assert_eq!(
+            named("ServiceQuotaExceededException:http://internal.amazon.com/coral/com.amazon.bedrock/"),
+            Some(Quota)
+        );
+        assert_eq!(named("ValidationException"), None);
+        assert_eq!(class(400, quota), None, "unnamed, a bare message");
         // Bedrock's model not ready is failover's, no unknown model.
         assert_eq!(
             class(

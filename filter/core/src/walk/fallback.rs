@@ -6,6 +6,7 @@
 //! `x-llm-model`. The failover step's callout, reply and budget carry it.
 
 use crate::dialect::answer::ErrorClass;
+use crate::dialect::provider;
 use crate::limits;
 use crate::routing::failover::FailoverResult;
 use crate::routing::fallback::{self, Chain};
@@ -88,7 +89,8 @@ impl Call {
             copy.append(&body);
         }
         let dialect = self.request.dialect;
-        let class = status.and_then(|s| fallback::classify(dialect, s, &body));
+        let named = host.response_header(provider::ERROR_TYPE);
+        let class = status.and_then(|s| fallback::classify(dialect, s, &body, named.as_deref()));
         if let (Some(class), Some(status)) = (class, status) {
             if self.fall_back(env, host, class, End::Answered(status)) {
                 return Step::Pause;
@@ -151,7 +153,12 @@ impl Call {
         answer: &CalloutAnswer,
     ) -> Option<ErrorClass> {
         self.chain(env)?;
-        fallback::classify(self.request.dialect, answer.status?, &answer.body)
+        let named = answer
+            .headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(provider::ERROR_TYPE))
+            .map(|(_, v)| v.as_str());
+        fallback::classify(self.request.dialect, answer.status?, &answer.body, named)
     }
 
     /// A fallback's answer (`then`), counted by its result: a refusal for a

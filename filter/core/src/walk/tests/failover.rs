@@ -411,3 +411,45 @@ fn the_fallback_models_walk_counts_against_the_calls_failovers_and_the_switch() 
     assert_eq!(host.callouts.len(), 1);
     assert_eq!(host.local_reply.clone().unwrap().0, 429);
 }
+
+#[test]
+fn bedrocks_quota_named_in_its_header_takes_the_chain() {
+    let mut w = World::new(
+        r#"{"routing": {"models": {
+            "opus": [{"cluster": "bedrock", "provider": "bedrock", "apis": ["messages"],
+                      "model": "anthropic.opus-v1:0"}],
+            "sonnet": [{"cluster": "anthropic", "provider": "anthropic"}]},
+          "fallbacks": {"opus": {"to": ["sonnet"]}}}}"#,
+    );
+    let quota = r#"{"message":"Your request exceeds the service quota for your account."}"#;
+    let named =
+        "ServiceQuotaExceededException:http://internal.amazon.com/coral/com.amazon.bedrock/";
+    // Named only in the header: without it, a bad request for the client.
+    for error_type in [None, Some(named)] {
+        let mut host = FakeHost::post("/v1/messages")
+            .with_header("anthropic-version", "2023-06-01")
+            .with_body(&MESSAGES.replace(r#""claude""#, r#""opus""#));
+        let (mut call, _) = w.request(&mut host).unwrap();
+        assert_eq!(host.header("x-llm-cluster"), Some("bedrock"));
+        let mut host = host.with_response(400, "application/json", quota);
+        if let Some(t) = error_type {
+            host = host.with_response_header("x-amzn-errortype", t);
+        }
+        let size = host.response_body.len();
+        call.on_response_headers(&mut w.env(), &mut host, false);
+        let step = call.on_response_body(&mut w.env(), &mut host, size, true);
+        if error_type.is_none() {
+            assert_eq!(step, Step::Continue);
+            assert!(host.callouts.is_empty());
+            call.on_log(&mut w.env());
+            continue;
+        }
+        assert_eq!(step, Step::Pause);
+        let (cluster, path, body) = last_callout(&host);
+        assert_eq!(
+            (cluster.as_str(), path.as_str()),
+            ("anthropic", "/v1/messages")
+        );
+        assert_eq!(body["model"], "sonnet");
+    }
+}
