@@ -665,7 +665,9 @@ impl MockUpstream {
 
     /// Status and OpenAI `error.code` for every later request, e.g. `400`
     /// `context_length_exceeded` (a probe gets it too: below 500 but 429 it
-    /// still proves the backend up); `None` restores normal answers.
+    /// still proves the backend up); on a mock playing a provider, the
+    /// error's message in that provider's shape. `None` restores normal
+    /// answers.
     pub fn set_error(&self, error: Option<(u16, &str)>) {
         *lock(&self.state.status) = error.map(|(s, _)| s);
         *lock(&self.state.error_code) = error.map(|(_, c)| c.to_string());
@@ -896,7 +898,10 @@ async fn handle(
     let mut response = match status {
         Some(status) if status.as_u16() >= 400 => match provider {
             Some(p) => {
-                let message = format!("mock {} scripted status {}", state.name, status.as_u16());
+                // `set_error`'s words, else the mock's own.
+                let message = lock(&state.error_code).clone().unwrap_or_else(|| {
+                    format!("mock {} scripted status {}", state.name, status.as_u16())
+                });
                 provider::error(&state, p, status, &message)
             }
             None => scripted_error(&state, &recorded.path, status),

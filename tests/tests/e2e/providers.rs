@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use crate::support::sdk;
 
 mod chain;
+mod fallback;
 mod presets;
 
 const CLAUDE: &str = "claude-sonnet-4-5";
@@ -77,6 +78,37 @@ fn last_post(m: &MockUpstream) -> Option<RecordedRequest> {
 
 fn body(r: &RecordedRequest) -> Value {
     r.json().expect("a JSON body")
+}
+
+/// The SDK's one call was answered by Sonnet on Vertex, and told so.
+fn answered_by_sonnet_on_vertex(out: &Value) {
+    let call = &out["calls"][0];
+    assert_eq!(call["status"], 200, "{out}");
+    assert_eq!(call["headers"]["x-llm-provider"], "vertex", "{out}");
+    assert_eq!(call["headers"]["x-llm-model"], VERTEX_ID, "{out}");
+    assert_eq!(call["headers"]["x-llm-cluster"], "vertex", "{out}");
+    assert!(
+        call["text"].as_str().unwrap().ends_with("[vertex]"),
+        "{out}"
+    );
+}
+
+/// Sonnet reached Bedrock (`b`) and Vertex (`v`) each in its own shape,
+/// with the messages and the idempotency key the first backend (`a`) had.
+fn sonnet_on_bedrock_and_vertex(a: &RecordedRequest, b: &RecordedRequest, v: &RecordedRequest) {
+    assert_eq!(
+        b.path,
+        "/model/anthropic.claude-sonnet-4-5-20250929-v1%3A0/invoke"
+    );
+    assert_eq!(body(b)["anthropic_version"], "bedrock-2023-05-31");
+    assert!(body(b).get("model").is_none());
+    assert_eq!(v.path, format!("{VERTEX_PATH}/{VERTEX_ID}:rawPredict"));
+    assert_eq!(body(v)["anthropic_version"], "vertex-2023-10-16");
+    assert!(body(v).get("model").is_none());
+    assert_eq!(body(v)["messages"], body(a)["messages"]);
+    for r in [b, v] {
+        assert_eq!(r.header("idempotency-key"), a.header("idempotency-key"));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -230,13 +230,17 @@ pub fn refusal_of(status: u16, body: &Value) -> Option<Refusal> {
             "context length",
             "context window",
             "prompt is too long",
+            "input is too long",
             "too many tokens",
         ])
     {
         return Some(Refusal::ContextLength);
     }
-    if named(&["insufficient_quota", "billing_hard_limit_reached"])
-        || says(&["credit balance is too low", "exceeded your current quota"])
+    if named(&[
+        "insufficient_quota",
+        "billing_hard_limit_reached",
+        "billing_error",
+    ]) || says(&["credit balance is too low", "exceeded your current quota"])
     {
         return Some(Refusal::Quota);
     }

@@ -4,6 +4,7 @@
 //! know whether it speaks a call's shape and where the call goes there.
 //! Nothing is translated; a preset only says where a shape is spoken.
 
+use super::answer::Refusal;
 use super::Dialect;
 
 /// How a stream of an endpoint is asked for.
@@ -178,6 +179,19 @@ pub const PRESETS: &[Preset] = &[
 /// The preset named `name`.
 pub fn preset(name: &str) -> Option<&'static Preset> {
     PRESETS.iter().find(|p| p.name == name)
+}
+
+/// The response header AWS names an error's type in (`Type:namespace`);
+/// Bedrock's error bodies are a bare message.
+pub const ERROR_TYPE: &str = "x-amzn-errortype";
+
+/// The refusal an error of `error_type` (as [`ERROR_TYPE`] names it) is,
+/// when its body cannot say: Bedrock's `ServiceQuotaExceededException`,
+/// a 400 for the account's quota spent.
+pub fn refusal_named(error_type: &str) -> Option<Refusal> {
+    error_type
+        .starts_with("ServiceQuotaExceededException")
+        .then_some(Refusal::Quota)
 }
 
 /// What a `provider` that names no preset is told.

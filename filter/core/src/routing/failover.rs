@@ -10,11 +10,13 @@ use crate::metrics::{self as names};
 use crate::summary::End;
 
 /// Whether another backend may answer a call that ended so: a 5xx, a 429
-/// (this backend pacing the caller), a reset or refused connection, or
-/// Envoy's timeout of this backend.
+/// (this backend pacing the caller, or a model not ready yet), a 408 (the
+/// model took too long: Bedrock's `ModelTimeoutException`; the SDKs retry
+/// it too), a reset or refused connection, or Envoy's timeout of this
+/// backend.
 pub fn retriable(end: End) -> bool {
     match end {
-        End::Answered(s) => s == 429 || (500..=599).contains(&s),
+        End::Answered(s) => matches!(s, 408 | 429 | 500..=599),
         // Another backend may hold a credential of its own.
         End::TimedOut(_) | End::Reset(_) | End::NoCredential(_) => true,
         // Part of a cut answer already reached the client.
@@ -45,7 +47,8 @@ pub fn should_retry(value: &str) -> Option<bool> {
 /// How a failover ended, as the `result` label of the failovers counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailoverResult {
-    /// The other backend answered (below 500, 429 aside): the client got it.
+    /// The other backend answered (below 500, 429 aside): the client got
+    /// it, unless a refusal of it moved the call along its fallback chain.
     Answered,
     /// The other backend failed too; the client got its answer.
     Failed,
@@ -193,6 +196,24 @@ mod tests {
                 503,
                 r#"{"message":"Bedrock is unable to process your request."}"#,
             ),
+            // Bedrock's ModelNotReadyException (429, the SDKs retry it)
+            // and ModelTimeoutException (408).
+            (
+                Dialect::Messages,
+                429,
+                r#"{"message":"Model is not ready to serve inference requests. Try again later."}"#,
+            ),
+            (
+                Dialect::Messages,
+                408,
+                r#"{"message":"Model has timed out in processing the request. Try your request again."}"#,
+            ),
+            // Anthropic's own timeout.
+            (
+                Dialect::Messages,
+                504,
+                r#"{"type":"error","error":{"type":"timeout_error","message":"Request timed out"}}"#,
+            ),
             // Vertex's RESOURCE_EXHAUSTED, for Claude and for Gemini.
             (
                 Dialect::Messages,
@@ -210,7 +231,7 @@ mod tests {
                 "{status} {body}"
             );
             assert_eq!(
-                fallback::classify(api, status, body.as_bytes()),
+                fallback::classify(api, status, body.as_bytes(), None),
                 None,
                 "{body}"
             );
@@ -233,6 +254,8 @@ mod tests {
             (End::Answered(200), false),
             (End::Answered(400), false),
             (End::Answered(404), false),
+            (End::Answered(408), true),
+            (End::Answered(409), false),
             (End::TimedOut(504), true),
             (End::Reset(503), true),
             (End::Local(503), false),

@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use crate::config::error::ConfigError;
 use crate::dialect::answer::{ErrorClass, Refusal};
-use crate::dialect::Dialect;
+use crate::dialect::{provider, Dialect};
 use crate::host::Metrics;
 use crate::metrics as names;
 
@@ -34,19 +34,31 @@ pub const MAX_ERROR_BODY: usize = 16 * 1024;
 /// Whether a response of `status` could be one of the classes: only then is
 /// its body held back and read.
 pub fn candidate(status: u16) -> bool {
-    matches!(status, 400 | 403 | 404 | 413 | 422 | 429)
+    matches!(status, 400 | 402 | 403 | 404 | 413 | 422 | 429)
 }
 
 /// The class of an error answer of `status` to a call of `dialect`, whose
-/// body is `body`; `None` for any other error (a bad request is the
-/// caller's to fix, a rate limit or an overload is failover's) and for a
-/// body that is not an error object.
-pub fn classify(dialect: Dialect, status: u16, body: &[u8]) -> Option<ErrorClass> {
+/// body is `body` and whose type a header may name (`error_type`, see
+/// [`provider::ERROR_TYPE`]); `None` for any other error (a bad request is
+/// the caller's to fix, a rate limit or an overload is failover's) and for
+/// a body that is not an error object.
+pub fn classify(
+    dialect: Dialect,
+    status: u16,
+    body: &[u8],
+    error_type: Option<&str>,
+) -> Option<ErrorClass> {
     if !candidate(status) || body.len() > MAX_ERROR_BODY {
         return None;
     }
-    let doc: Value = serde_json::from_slice(body).ok()?;
-    match dialect.answer().refusal(status, &doc)? {
+    let refusal = match error_type.and_then(provider::refusal_named) {
+        Some(named) => named,
+        None => {
+            let doc: Value = serde_json::from_slice(body).ok()?;
+            dialect.answer().refusal(status, &doc)?
+        }
+    };
+    match refusal {
         Refusal::ContextLength => Some(ErrorClass::ContextLength),
         Refusal::Quota => Some(ErrorClass::Quota),
         Refusal::UnknownModel => Some(ErrorClass::ModelNotFound),
@@ -201,9 +213,13 @@ mod tests {
 
     /// The class of an error, which every dialect reads alike.
     fn class(status: u16, body: &str) -> Option<ErrorClass> {
-        let c = classify(Dialect::Chat, status, body.as_bytes());
+        let c = classify(Dialect::Chat, status, body.as_bytes(), None);
         for d in Dialect::names().filter_map(Dialect::named) {
-            assert_eq!(classify(d, status, body.as_bytes()), c, "{d:?} {body}");
+            assert_eq!(
+                classify(d, status, body.as_bytes(), None),
+                c,
+                "{d:?} {body}"
+            );
         }
         c
     }
@@ -289,6 +305,40 @@ mod tests {
         assert_eq!(
             class(404, &anthropic("not_found_error", "model: claude-9")),
             Some(ModelNotFound)
+        );
+        // Anthropic's billing refusal (402), and Bedrock's
+        // ValidationException for a prompt over the model's context (the
+        // type in `x-amzn-errortype`, the body a bare message).
+        assert_eq!(
+            class(
+                402,
+                &anthropic("billing_error", "There is an issue with your billing.")
+            ),
+            Some(Quota)
+        );
+        assert_eq!(
+            class(
+                400,
+                r#"{"message":"Input is too long for requested model."}"#
+            ),
+            Some(ContextLength)
+        );
+        // Bedrock's quota, named only in `x-amzn-errortype`.
+        let quota = r#"{"message":"Your request exceeds the service quota for your account."}"#;
+        let named = |t| classify(Dialect::Messages, 400, quota.as_bytes(), Some(t));
+        assert_eq!(
+            named("ServiceQuotaExceededException:http://internal.amazon.com/coral/com.amazon.bedrock/"),
+            Some(Quota)
+        );
+        assert_eq!(named("ValidationException"), None);
+        assert_eq!(class(400, quota), None, "unnamed, a bare message");
+        // Bedrock's model not ready is failover's, no unknown model.
+        assert_eq!(
+            class(
+                429,
+                r#"{"message":"Model is not ready to serve inference requests."}"#
+            ),
+            None
         );
         assert_eq!(
             class(

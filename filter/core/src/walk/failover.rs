@@ -99,25 +99,41 @@ impl Call {
         self.request.remaining_ms(env.now_ms) >= env.config.budget.min_per_try_ms
     }
 
-    /// Sends the held request to the best other backend of its model than the
-    /// one it is on and those it asked, as a callout that ends with the
-    /// caller's budget and whose answer goes on by `then`.
+    /// Sends the held request to the best other backend of its model (the
+    /// one a fallback reached, if it did) than the one it is on and those
+    /// it asked for that model, as a callout that ends with the caller's
+    /// budget and whose answer goes on by `then`.
     pub(super) fn send_elsewhere(
         &self,
         env: &mut Env<'_>,
         host: &mut dyn Host,
         then: CallWait,
     ) -> Sent {
-        let (Some(failed), Some(model)) = (self.dispatch.cluster.as_deref(), self.model()) else {
+        let fell_back = self.dispatch.fallback.as_ref();
+        let model = match fell_back {
+            Some(_) => self.dispatch.model.as_deref(),
+            None => self.model(),
+        };
+        let (Some(failed), Some(model)) = (self.dispatch.cluster.as_deref(), model) else {
             return Sent::Nowhere;
         };
-        let asked = |c: &str| c == failed || self.dispatch.asked.iter().any(|a| a == c);
+        let walked = self
+            .dispatch
+            .asked
+            .get(fell_back.map_or(0, |f| f.asked)..)
+            .unwrap_or_default();
+        let asked = |c: &str| c == failed || walked.iter().any(|a| a == c);
         let target = self.with_ask(env, model, None, |config, store, _, ask| {
             routing::failover_target(config, store, ask, &asked)
         });
         match target.flatten() {
             Some(target) => {
-                let model = target.rewrite_model.as_deref();
+                // A fallback's held body still names the first model.
+                let model = match (&target.rewrite_model, fell_back) {
+                    (Some(m), _) => Some(m.as_str()),
+                    (None, Some(_)) => Some(target.model.as_str()),
+                    (None, None) => None,
+                };
                 self.send_to(env, host, &target, model, then)
             }
             None => Sent::Nowhere,
@@ -299,7 +315,7 @@ impl Call {
             CallWait::Failover | CallWait::Fallback | CallWait::Hedge
                 if matches!(phase, Phase::FailingOver) =>
             {
-                self.failover_answered(env, host, answer)
+                self.failover_answered(env, host, then, answer)
             }
             CallWait::Hedge if matches!(phase, Phase::Forwarded) => {
                 self.hedge_answered(env, host, answer);
@@ -309,20 +325,23 @@ impl Call {
         }
     }
 
-    /// The answer of the backend asked in place of one that failed the call.
+    /// The answer of the backend asked in place of one that failed or
+    /// refused the call (`then`: by a failover, a hedge or a fallback).
+    /// Failover comes first: a retriable failure walks on to the model's
+    /// next backend; a refusal its chain names, where the walk ends, moves
+    /// the call to the chain's next model; else the client gets it.
     fn failover_answered(
         &mut self,
         env: &mut Env<'_>,
         host: &mut dyn Host,
+        then: CallWait,
         answer: CalloutAnswer,
     ) -> Step {
-        if self.fallback_answered(env, host, &answer) {
-            // Refused again for a class the chain names: the next model is asked.
-            return Step::Pause;
-        }
+        let class = self.refusal_class(env, &answer);
         let result = FailoverResult::of(answer.status);
-        if self.dispatch.fallback.is_none() {
-            failover::count(env.metrics, result);
+        match then {
+            CallWait::Fallback => self.count_fallback(env, class, answer.status),
+            _ => failover::count(env.metrics, result),
         }
         if self.progress.settle_hedge().is_some() {
             // The hedge was the failover: it won when it answered.
@@ -338,7 +357,9 @@ impl Call {
         if let Some(step) = self.callout_without_credential(env, host, &answer) {
             return step;
         }
-        if self.fail_over_again(env, host, &answer) {
+        if self.fail_over_again(env, host, &answer)
+            || self.fall_back_after(env, host, class, answer.status)
+        {
             return Step::Pause;
         }
         match answer.status {
@@ -370,8 +391,9 @@ impl Call {
     /// (retriably, as its answer tells, or with no answer): the next backend
     /// of the model not asked yet in this call is, while the budget leaves
     /// a try's room, the retry budget allows and the call failed over fewer
-    /// than `budget.max_retries` times. True once its callout is out. A
-    /// fallback's answer is its chain's, not this.
+    /// than `budget.max_retries` times (its fallbacks are no failovers).
+    /// True once its callout is out. A model a fallback reached walks its
+    /// backends so too, when failover is on.
     fn fail_over_again(
         &mut self,
         env: &mut Env<'_>,
@@ -385,10 +407,15 @@ impl Call {
             .find(|(k, _)| k.eq_ignore_ascii_case("x-should-retry"))
             .and_then(|(_, v)| failover::should_retry(v));
         let breaker = self.dispatch.breaker.as_deref();
-        let due = self.dispatch.fallback.is_none()
+        let fell_back = self.dispatch.fallback.as_ref().map(|f| f.step);
+        let failovers = self
+            .dispatch
+            .asked
+            .len()
+            .saturating_sub(fell_back.unwrap_or(0));
+        let due = (fell_back.is_none() || env.config.routing.failover)
             && failover::retriable_as_told(end, told)
-            && u32::try_from(self.dispatch.asked.len())
-                .is_ok_and(|n| n < env.config.budget.max_retries)
+            && u32::try_from(failovers).is_ok_and(|n| n < env.config.budget.max_retries)
             && self.has_room_for_a_try(env)
             && breaker.is_none_or(|b| {
                 budget::retry_allowed(env.store, &env.config.budget, b, env.now_ms)

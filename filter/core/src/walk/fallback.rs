@@ -6,6 +6,7 @@
 //! `x-llm-model`. The failover step's callout, reply and budget carry it.
 
 use crate::dialect::answer::ErrorClass;
+use crate::dialect::provider;
 use crate::limits;
 use crate::routing::failover::FailoverResult;
 use crate::routing::fallback::{self, Chain};
@@ -88,7 +89,8 @@ impl Call {
             copy.append(&body);
         }
         let dialect = self.request.dialect;
-        let class = status.and_then(|s| fallback::classify(dialect, s, &body));
+        let named = host.response_header(provider::ERROR_TYPE);
+        let class = status.and_then(|s| fallback::classify(dialect, s, &body, named.as_deref()));
         if let (Some(class), Some(status)) = (class, status) {
             if self.fall_back(env, host, class, End::Answered(status)) {
                 return Step::Pause;
@@ -138,32 +140,57 @@ impl Call {
             from,
             class,
             step: step.saturating_add(1),
+            asked: self.dispatch.asked.len(),
         });
         true
     }
 
-    /// The answer of the model a fallback asked: counted; when it refuses
-    /// the call for a class the chain names too, the chain goes on. True
-    /// when the call went on to another model.
-    pub(super) fn fallback_answered(
+    /// The class of a refusal another backend answered the call with, when
+    /// the call's model has a chain (else none: the answer is the client's).
+    pub(super) fn refusal_class(
+        &self,
+        env: &Env<'_>,
+        answer: &CalloutAnswer,
+    ) -> Option<ErrorClass> {
+        self.chain(env)?;
+        let named = answer
+            .headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(provider::ERROR_TYPE))
+            .map(|(_, v)| v.as_str());
+        fallback::classify(self.request.dialect, answer.status?, &answer.body, named)
+    }
+
+    /// A fallback's answer (`then`), counted by its result: a refusal for a
+    /// class is a failure too, whatever its status.
+    pub(super) fn count_fallback(
+        &self,
+        env: &mut Env<'_>,
+        class: Option<ErrorClass>,
+        status: Option<u16>,
+    ) {
+        let Some(f) = self.dispatch.fallback.as_ref() else {
+            return;
+        };
+        let result = match class {
+            Some(_) => FailoverResult::Failed,
+            None => FailoverResult::of(status),
+        };
+        fallback::count(env.metrics, &f.from, f.class, result);
+    }
+
+    /// The last backend another one's failure or refusal led to refused the
+    /// call for `class` (failover, which comes first, had nowhere left to
+    /// go): the chain goes on from the model it is on, while the budget
+    /// leaves a try's room. True when the call went on to another model.
+    pub(super) fn fall_back_after(
         &mut self,
         env: &mut Env<'_>,
         host: &mut dyn Host,
-        answer: &CalloutAnswer,
+        class: Option<ErrorClass>,
+        status: Option<u16>,
     ) -> bool {
-        let Some(f) = self.dispatch.fallback.as_ref() else {
-            return false;
-        };
-        let class = answer
-            .status
-            .and_then(|status| fallback::classify(self.request.dialect, status, &answer.body));
-        // Refused again for a class is a failure too, whatever its status.
-        let result = match class {
-            Some(_) => FailoverResult::Failed,
-            None => FailoverResult::of(answer.status),
-        };
-        fallback::count(env.metrics, &f.from, f.class, result);
-        let (Some(status), Some(class)) = (answer.status, class) else {
+        let (Some(class), Some(status)) = (class, status) else {
             return false;
         };
         self.has_room_for_a_try(env) && self.fall_back(env, host, class, End::Answered(status))

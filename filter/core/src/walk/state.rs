@@ -504,8 +504,9 @@ pub(super) struct Dispatch {
     /// The request body, kept while another backend could still be asked.
     pub(super) held: Option<HeldBody>,
     /// The clusters the call asked besides the one it is on (those it
-    /// failed over from, a hedge's that lost): never asked again. At most
-    /// `budget.max_retries` + 1 (see `walk::failover`).
+    /// failed over from, a hedge's that lost, a model's it fell back from):
+    /// never asked again for the same model. At most `budget.max_retries` +
+    /// 1 + the chain's models (see `walk::failover`).
     pub(super) asked: Vec<String>,
     /// The load record the call is counted in flight in: its model's label,
     /// or the overflow record's (see [`crate::load::started`]); it leaves
@@ -525,6 +526,9 @@ pub(super) struct FellBack {
     pub(super) class: ErrorClass,
     /// Models of the chain asked so far.
     pub(super) step: usize,
+    /// How many clusters the call had asked when it reached this model:
+    /// those after are this model's walk's (see `walk::failover`).
+    pub(super) asked: usize,
 }
 
 /// The response of a call that went upstream.

@@ -85,6 +85,22 @@ fn exhausted() -> CalloutAnswer {
     )
 }
 
+/// A Messages call of `body` routed to Anthropic, which overloaded it
+/// (529), and the callout that went to the next backend in its place.
+fn overloaded_first(w: &mut World, body: &str) -> (Call, FakeHost) {
+    let mut host = FakeHost::post("/v1/messages")
+        .with_header("anthropic-version", "2023-06-01")
+        .with_body(body);
+    let (mut call, _) = w.request(&mut host).unwrap();
+    assert_eq!(host.header("x-llm-cluster"), Some("anthropic"));
+    let mut host = host.with_response(529, "application/json", OVERLOADED);
+    assert_eq!(
+        call.on_response_headers(&mut w.env(), &mut host, false),
+        Step::Pause
+    );
+    (call, host)
+}
+
 /// The last callout's cluster, `:path` and body.
 fn last_callout(host: &FakeHost) -> (String, String, serde_json::Value) {
     let (cluster, headers, body, _) = host.callouts.last().cloned().unwrap();
@@ -230,16 +246,7 @@ fn a_stream_walks_only_the_backends_that_stream_its_shape() {
     );
     let mut w = World::new(&config);
     let stream = MESSAGES.replace(r#""max_tokens":8"#, r#""max_tokens":8,"stream":true"#);
-    let mut host = FakeHost::post("/v1/messages")
-        .with_header("anthropic-version", "2023-06-01")
-        .with_body(&stream);
-    let (mut call, _) = w.request(&mut host).unwrap();
-    assert_eq!(host.header("x-llm-cluster"), Some("anthropic"));
-    let mut host = host.with_response(529, "application/json", OVERLOADED);
-    assert_eq!(
-        call.on_response_headers(&mut w.env(), &mut host, false),
-        Step::Pause
-    );
+    let (mut call, mut host) = overloaded_first(&mut w, &stream);
     let (cluster, path, _) = last_callout(&host);
     assert_eq!(
         (cluster.as_str(), path.as_str()),
@@ -258,4 +265,191 @@ fn a_stream_walks_only_the_backends_that_stream_its_shape() {
     assert_eq!(cluster, "vertex");
     assert!(path.ends_with("/claude@1:streamRawPredict"), "{path}");
     assert_eq!(body["stream"], true);
+}
+
+/// Opus on Anthropic then Bedrock; Sonnet, its fallback for every class, on
+/// Bedrock then Anthropic.
+fn opus_then_sonnet(budget: &str) -> String {
+    format!(
+        r#"{{
+  "budget": {{{budget}}},
+  "routing": {{"eject_after_failures": 100,
+    "models": {{
+      "opus": [
+        {{"cluster": "anthropic", "provider": "anthropic", "weight": 1000000}},
+        {{"cluster": "bedrock", "provider": "bedrock", "weight": 1, "model": "anthropic.opus-v1:0"}}
+      ],
+      "sonnet": [
+        {{"cluster": "bedrock", "provider": "bedrock", "weight": 1000000, "model": "anthropic.sonnet-v1:0"}},
+        {{"cluster": "anthropic", "provider": "anthropic", "weight": 1}}
+      ]
+    }},
+    "fallbacks": {{"opus": {{"to": ["sonnet"]}}}}
+  }}
+}}"#
+    )
+}
+
+/// An Opus call Anthropic overloaded, failed over to Bedrock, whose
+/// refusal for the prompt's length (as Bedrock words it) ends Opus's walk.
+fn opus_refused_after_failover(w: &mut World) -> (Call, FakeHost) {
+    let opus = MESSAGES.replace(r#""claude""#, r#""opus""#);
+    let (mut call, mut host) = overloaded_first(w, &opus);
+    let (cluster, path, _) = last_callout(&host);
+    assert_eq!(
+        (cluster.as_str(), path.as_str()),
+        ("bedrock", "/model/anthropic.opus-v1%3A0/invoke")
+    );
+    let too_long = answer(
+        400,
+        &[("x-amzn-errortype", "ValidationException")],
+        r#"{"message":"Input is too long for requested model."}"#,
+    );
+    assert_eq!(
+        call.answer_callout(&mut w.env(), &mut host, too_long),
+        Step::Pause
+    );
+    assert!(host.local_reply.is_none(), "the refusal is held back");
+    (call, host)
+}
+
+#[test]
+fn a_refusal_after_a_failover_takes_the_chain_and_the_fallback_model_fails_over_too() {
+    let mut w = World::new(&opus_then_sonnet(""));
+    let (mut call, mut host) = opus_refused_after_failover(&mut w);
+    // The walk's last refusal moves the call to Sonnet, on Bedrock.
+    assert_eq!(host.callouts.len(), 2);
+    let (cluster, path, body) = last_callout(&host);
+    assert_eq!(cluster, "bedrock");
+    assert_eq!(path, "/model/anthropic.sonnet-v1%3A0/invoke");
+    assert!(body.get("model").is_none(), "{body}");
+    // Bedrock throttles Sonnet: Sonnet's own walk goes on to Anthropic,
+    // which Opus's walk asked but Sonnet's did not, with Sonnet named.
+    assert_eq!(
+        call.answer_callout(&mut w.env(), &mut host, throttled()),
+        Step::Pause
+    );
+    assert!(host.local_reply.is_none());
+    assert_eq!(host.callouts.len(), 3);
+    let (cluster, path, body) = last_callout(&host);
+    assert_eq!(
+        (cluster.as_str(), path.as_str()),
+        ("anthropic", "/v1/messages")
+    );
+    assert_eq!(body["model"], "sonnet");
+    assert!(body.get("anthropic_version").is_none(), "{body}");
+    assert_eq!(
+        call.answer_callout(&mut w.env(), &mut host, answer(200, &[], ANSWER)),
+        Step::Pause
+    );
+    let (status, headers, sent) = host.local_reply.clone().unwrap();
+    assert_eq!((status, sent.as_slice()), (200, ANSWER.as_bytes()));
+    let told = |n: &str| headers.get(n).map(String::as_str);
+    assert_eq!(told("x-llm-provider"), Some("anthropic"));
+    assert_eq!(told("x-llm-model"), Some("sonnet"));
+    assert_eq!(told("x-llm-cluster"), Some("anthropic"));
+    call.on_log(&mut w.env());
+    let fallbacks = |result: &str| {
+        w.counter(&format!(
+            "llm_filter_routing_model_fallbacks_totalmodel=.=opus;.;reason=.=context_length;.;result=.={result};.;"
+        ))
+    };
+    // Sonnet's first backend failed; its failover answered, as did Opus's.
+    assert_eq!(fallbacks("failed"), 1);
+    assert_eq!(fallbacks("answered"), 0);
+    assert_eq!(
+        w.counter("llm_filter_routing_failovers_totalresult=.=answered;.;"),
+        2
+    );
+    for cluster in ["anthropic", "bedrock"] {
+        assert_eq!(
+            health::read(&w.store, cluster).unwrap().in_flight,
+            0,
+            "{cluster}"
+        );
+    }
+}
+
+#[test]
+fn the_fallback_models_walk_counts_against_the_calls_failovers_and_the_switch() {
+    // One failover a call, spent on Opus's: Sonnet's throttling is the answer.
+    let mut w = World::new(&opus_then_sonnet(r#""max_retries": 1"#));
+    let (mut call, mut host) = opus_refused_after_failover(&mut w);
+    assert_eq!(last_callout(&host).0, "bedrock");
+    call.answer_callout(&mut w.env(), &mut host, throttled());
+    assert_eq!(host.callouts.len(), 2);
+    let (status, headers, _) = host.local_reply.clone().unwrap();
+    assert_eq!(status, 429);
+    assert_eq!(
+        headers.get("x-llm-model").map(String::as_str),
+        Some("anthropic.sonnet-v1:0")
+    );
+
+    // Failover off: a fallback model's backend is not walked either.
+    let config = opus_then_sonnet("").replace(
+        r#""eject_after_failures": 100,"#,
+        r#""eject_after_failures": 100, "failover": false,"#,
+    );
+    let mut w = World::new(&config);
+    let mut host = FakeHost::post("/v1/messages")
+        .with_header("anthropic-version", "2023-06-01")
+        .with_body(&MESSAGES.replace(r#""claude""#, r#""opus""#));
+    let (mut call, _) = w.request(&mut host).unwrap();
+    let refused = r#"{"type":"error","error":{"type":"billing_error","message":"Billing issue"}}"#;
+    let mut host = host.with_response(402, "application/json", refused);
+    let size = host.response_body.len();
+    assert_eq!(
+        call.on_response_headers(&mut w.env(), &mut host, false),
+        Step::Pause
+    );
+    assert_eq!(
+        call.on_response_body(&mut w.env(), &mut host, size, true),
+        Step::Pause
+    );
+    assert_eq!(last_callout(&host).0, "bedrock", "billing: Sonnet is asked");
+    call.answer_callout(&mut w.env(), &mut host, throttled());
+    assert_eq!(host.callouts.len(), 1);
+    assert_eq!(host.local_reply.clone().unwrap().0, 429);
+}
+
+#[test]
+fn bedrocks_quota_named_in_its_header_takes_the_chain() {
+    let mut w = World::new(
+        r#"{"routing": {"models": {
+            "opus": [{"cluster": "bedrock", "provider": "bedrock", "apis": ["messages"],
+                      "model": "anthropic.opus-v1:0"}],
+            "sonnet": [{"cluster": "anthropic", "provider": "anthropic"}]},
+          "fallbacks": {"opus": {"to": ["sonnet"]}}}}"#,
+    );
+    let quota = r#"{"message":"Your request exceeds the service quota for your account."}"#;
+    let named =
+        "ServiceQuotaExceededException:http://internal.amazon.com/coral/com.amazon.bedrock/";
+    // Named only in the header: without it, a bad request for the client.
+    for error_type in [None, Some(named)] {
+        let mut host = FakeHost::post("/v1/messages")
+            .with_header("anthropic-version", "2023-06-01")
+            .with_body(&MESSAGES.replace(r#""claude""#, r#""opus""#));
+        let (mut call, _) = w.request(&mut host).unwrap();
+        assert_eq!(host.header("x-llm-cluster"), Some("bedrock"));
+        let mut host = host.with_response(400, "application/json", quota);
+        if let Some(t) = error_type {
+            host = host.with_response_header("x-amzn-errortype", t);
+        }
+        let size = host.response_body.len();
+        call.on_response_headers(&mut w.env(), &mut host, false);
+        let step = call.on_response_body(&mut w.env(), &mut host, size, true);
+        if error_type.is_none() {
+            assert_eq!(step, Step::Continue);
+            assert!(host.callouts.is_empty());
+            call.on_log(&mut w.env());
+            continue;
+        }
+        assert_eq!(step, Step::Pause);
+        let (cluster, path, body) = last_callout(&host);
+        assert_eq!(
+            (cluster.as_str(), path.as_str()),
+            ("anthropic", "/v1/messages")
+        );
+        assert_eq!(body["model"], "sonnet");
+    }
 }
