@@ -377,6 +377,11 @@ fn tokens(t: &Try<'_>) -> u64 {
     t.usage.map_or(0, |u| u.completion_tokens)
 }
 
+/// Whether a call that ended went upstream, so the record counts it.
+fn went_upstream(call: &CallSummary<'_>) -> bool {
+    !call.end().is_local() && call.end() != End::Outlasted
+}
+
 /// A call ended: the record its model counts in counts it (unless the
 /// filter answered it itself) and, when it was counted in flight
 /// ([`started`] named the record), it leaves that record's in-flight count
@@ -388,7 +393,7 @@ pub fn ended(
     call: &CallSummary<'_>,
     started: Option<&str>,
 ) {
-    let upstream = !call.end().is_local() && call.end() != End::Outlasted;
+    let upstream = went_upstream(call);
     if !upstream && started.is_none() {
         return;
     }
@@ -405,6 +410,99 @@ pub fn ended(
     });
     if result.is_err() {
         internal_error(m, "load_record");
+    }
+}
+
+/// The calls a worker saw end that were never counted in flight (their
+/// model was known only once the answer came: a body that streamed
+/// through), counted by model and second, for [`flush`] to add to their
+/// records once a timer tick instead of a read and a write of shared data
+/// per call. Nothing on such a call's path reads the record: a call a
+/// threshold or an alert may degrade holds its body and joins the
+/// in-flight count, which is written at once; the `llm_filter_load_*`
+/// gauges read the records once a second.
+#[derive(Debug, Default)]
+pub struct Pending(Vec<PendingEnd>);
+
+/// Calls of one model that ended in one bucket, not yet in its record.
+#[derive(Debug)]
+struct PendingEnd {
+    model: String,
+    bucket: u64,
+    calls: u32,
+    tokens: u64,
+}
+
+/// Models and seconds a worker keeps between two flushes; a call past them
+/// is written at once, as [`ended`] does.
+const MAX_PENDING: usize = 32;
+
+impl Pending {
+    /// Keeps `call` for the next [`flush`] when it was never counted in
+    /// flight (`started` is `None`) and there is room; false when the
+    /// caller must write it now ([`ended`]).
+    pub fn keep(&mut self, call: &CallSummary<'_>, started: Option<&str>) -> bool {
+        if started.is_some() {
+            return false;
+        }
+        if !went_upstream(call) {
+            // Nothing to count: kept as nothing.
+            return true;
+        }
+        let bucket = call.served.ended_ms / BUCKET_MS;
+        let tokens = tokens(&call.served);
+        let model = call.model;
+        if let Some(e) = self
+            .0
+            .iter_mut()
+            .find(|e| e.bucket == bucket && e.model == model)
+        {
+            e.calls = e.calls.saturating_add(1);
+            e.tokens = e.tokens.saturating_add(tokens);
+            return true;
+        }
+        if self.0.len() >= MAX_PENDING {
+            return false;
+        }
+        self.0.push(PendingEnd {
+            model: model.to_string(),
+            bucket,
+            calls: 1,
+            tokens,
+        });
+        true
+    }
+
+    /// Nothing is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Adds the calls `pending` kept to their records, as [`ended`] would have
+/// one by one. Calls of a bucket a whole window old are dropped: their
+/// bucket's slot may count a newer second by now.
+pub fn flush(
+    store: &dyn SharedStore,
+    m: &mut dyn Metrics,
+    config_names: &Names,
+    pending: &mut Pending,
+    now_ms: u64,
+) {
+    let current = now_ms / BUCKET_MS;
+    for e in pending.0.drain(..) {
+        if current.saturating_sub(e.bucket) >= BUCKETS as u64 {
+            continue;
+        }
+        let at_ms = e.bucket.saturating_mul(BUCKET_MS);
+        let scope = Scope::Model(&e.model);
+        if update(store, config_names, scope, |r| {
+            r.add(at_ms, e.calls, e.tokens)
+        })
+        .is_err()
+        {
+            internal_error(m, "load_record");
+        }
     }
 }
 
