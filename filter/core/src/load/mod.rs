@@ -270,15 +270,15 @@ fn update<'a>(
     store: &dyn SharedStore,
     config_names: &Names,
     scope: Scope<'a>,
-    mut change: impl FnMut(&mut Record),
+    change: &mut dyn FnMut(&mut Record),
 ) -> Result<Option<Scope<'a>>, StoreError> {
     for scope in [scope, scope.overflow()] {
         let key = scope.key();
-        if write(store, &key, false, &mut change)? {
+        if write(store, &key, false, change)? {
             return Ok(Some(scope));
         }
         if admit(store, config_names, &key)? {
-            return Ok(write(store, &key, true, &mut change)?.then_some(scope));
+            return Ok(write(store, &key, true, change)?.then_some(scope));
         }
     }
     Ok(None)
@@ -290,7 +290,7 @@ fn write(
     store: &dyn SharedStore,
     key: &str,
     create: bool,
-    change: &mut impl FnMut(&mut Record),
+    change: &mut dyn FnMut(&mut Record),
 ) -> Result<bool, StoreError> {
     let u = cas::update(
         store,
@@ -363,7 +363,9 @@ pub fn started(
     now_ms: u64,
 ) -> Option<String> {
     let scope = Scope::Model(model);
-    match update(store, config_names, scope, |r| r.move_in_flight(now_ms, 1)) {
+    match update(store, config_names, scope, &mut |r| {
+        r.move_in_flight(now_ms, 1)
+    }) {
         Ok(counted) => counted.map(|s| s.name().to_string()),
         Err(_) => {
             internal_error(m, "load_record");
@@ -400,7 +402,7 @@ pub fn ended(
     let now_ms = call.served.ended_ms;
     let tokens = tokens(&call.served);
     let scope = Scope::Model(started.unwrap_or(call.model));
-    let result = update(store, config_names, scope, |r| {
+    let result = update(store, config_names, scope, &mut |r| {
         if started.is_some() {
             r.move_in_flight(now_ms, -1);
         }
@@ -496,7 +498,7 @@ pub fn flush(
         }
         let at_ms = e.bucket.saturating_mul(BUCKET_MS);
         let scope = Scope::Model(&e.model);
-        if update(store, config_names, scope, |r| {
+        if update(store, config_names, scope, &mut |r| {
             r.add(at_ms, e.calls, e.tokens)
         })
         .is_err()
@@ -517,7 +519,11 @@ pub fn tried(store: &dyn SharedStore, m: &mut dyn Metrics, config_names: &Names,
     }
     let (now_ms, tokens) = (t.ended_ms, tokens(t));
     let scope = Scope::Cluster(cluster);
-    if update(store, config_names, scope, |r| r.add(now_ms, 1, tokens)).is_err() {
+    if update(store, config_names, scope, &mut |r| {
+        r.add(now_ms, 1, tokens)
+    })
+    .is_err()
+    {
         internal_error(m, "load_record");
     }
 }
