@@ -232,6 +232,8 @@ impl RootContext for Root {
         self.wake_parked(&worker);
         callout::run_jobs(&worker);
         let now = now_ms();
+        // Before the load gauges below read the records.
+        worker.flush_load(now);
         callout::give_up(&worker, now);
         let counted = self
             .census

@@ -10,9 +10,9 @@ use std::rc::{Rc, Weak};
 use llm_filter_core::config::Config;
 use llm_filter_core::host::{Metrics, SplitMix64};
 use llm_filter_core::metrics::{self, BoundedLabel};
-use llm_filter_core::spans;
 use llm_filter_core::wait::{Continuation, Jobs, Waits};
 use llm_filter_core::walk::{Call, Env};
+use llm_filter_core::{load, spans};
 
 use crate::adapter::{now_ms, EnvoyMetrics, EnvoyStore};
 use crate::hostcall;
@@ -35,6 +35,8 @@ struct Draws {
     tenant_labels: BoundedLabel,
     /// This worker's spans waiting for export.
     spans: spans::Queue,
+    /// This worker's ended calls not yet in the load records.
+    load: load::Pending,
 }
 
 /// What every HTTP context of this worker shares.
@@ -80,6 +82,7 @@ impl Worker {
                 model_labels,
                 tenant_labels,
                 spans: spans::Queue::default(),
+                load: load::Pending::default(),
             }),
             parked: Turn::new(Vec::new()),
             waits: Turn::new(Waits::default()),
@@ -138,6 +141,19 @@ impl Worker {
         }
     }
 
+    /// Adds the calls that ended since the last tick to their load records
+    /// (see [`load::Pending`]); while another callback has the worker, they
+    /// wait for the next tick.
+    pub fn flush_load(&self, now_ms: u64) {
+        self.metrics.with(|m| {
+            self.draws.with(|d| {
+                if !d.load.is_empty() {
+                    load::flush(&EnvoyStore, m, &self.config.names, &mut d.load, now_ms);
+                }
+            })
+        });
+    }
+
     /// Counts the filter's own trouble; the stream goes on untouched.
     pub fn internal_error(&self, reason: &str) {
         self.with_metrics(|m| metrics::internal_error(m, reason));
@@ -179,6 +195,7 @@ pub fn with_env<T>(worker: &Worker, f: impl FnOnce(&mut Env<'_>) -> T) -> Option
                     model_labels: &mut draws.model_labels,
                     tenant_labels: &mut draws.tenant_labels,
                     spans: &mut draws.spans,
+                    load: &mut draws.load,
                     now_ms: now,
                     can_hold_body: worker.can_hold_body.get(),
                 };

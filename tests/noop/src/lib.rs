@@ -9,7 +9,7 @@
 //!
 //! With `{"replay_tagging":true}` it makes, in each callback, the host calls a
 //! tagging-only llm-filter call makes there (the census's exact counts of
-//! `filter-tagging-only`: 22 a call), with constant arguments and no logic:
+//! `filter-tagging-only`: 20 a call), with constant arguments and no logic:
 //! the floor of any filter that reads and writes what tagging does, so the
 //! bench can tell the ABI's cost of the features from the filter's own code.
 //! It must follow the census when the filter's host calls change.
@@ -84,9 +84,6 @@ fn read_body(buffer: BufferType, size: usize) {
     std::hint::black_box(hostcalls::get_buffer(buffer, 0, size).ok());
 }
 
-/// The live load record's key: one read and one write at a call's end.
-const REPLAY_LOAD_KEY: &str = "noop_replay.load.model.gpt-4o";
-
 impl HttpContext for Noop {
     fn on_http_request_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
         if !self.replay.is_empty() {
@@ -154,9 +151,6 @@ impl HttpContext for Noop {
         for _ in 0..3 {
             clock();
         }
-        let (value, cas) = hostcalls::get_shared_data(REPLAY_LOAD_KEY).unwrap_or((None, None));
-        let value = value.unwrap_or_else(|| vec![0; 40]);
-        let _ = hostcalls::set_shared_data(REPLAY_LOAD_KEY, Some(&value), cas);
         for (id, (kind, _)) in self.replay.iter().zip(REPLAY_METRICS) {
             let _ = match kind {
                 MetricType::Histogram => hostcalls::record_metric(*id, 100),

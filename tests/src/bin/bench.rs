@@ -24,8 +24,8 @@ use futures_util::StreamExt;
 use llm_filter_core::metrics::{BENCH_CALLBACK_NS, BENCH_HOSTCALLS, BENCH_HOSTCALL_NS};
 use llm_filter_e2e::{
     chat_body, chat_stream_body, cli, conversation_body, messages_body, post_json, responses_body,
-    with_field, workspace_root, Envoy, EnvoyBuilder, HttpResponse, MockConfig, MockUpstream,
-    SseParser, SHAPING_AB,
+    sidecar_wasm_path, with_field, workspace_root, Envoy, EnvoyBuilder, HttpResponse, MockConfig,
+    MockUpstream, SseParser, SHAPING_AB,
 };
 use serde_json::{json, Value};
 
@@ -79,6 +79,17 @@ fn filter_envoy(port: u16) -> EnvoyBuilder {
 fn tagging_only_envoy(port: u16) -> EnvoyBuilder {
     EnvoyBuilder::new()
         .plugin_config(r#"{"cache":{"enabled":false},"budget":{"enabled":false}}"#)
+        .concurrency(1)
+        .upstream("backend", port)
+}
+
+/// The sidecar build of the module (`make build`) tagging only: what an app
+/// pod's sidecar pays per LLM call. The build has no cache to turn off (it
+/// refuses a configuration that names one).
+fn sidecar_tagging_only_envoy(port: u16) -> EnvoyBuilder {
+    EnvoyBuilder::new()
+        .wasm_path(sidecar_wasm_path())
+        .plugin_config(r#"{"budget":{"enabled":false}}"#)
         .concurrency(1)
         .upstream("backend", port)
 }
@@ -321,6 +332,16 @@ fn scenarios() -> Vec<Scenario> {
         Scenario {
             name: "filter-tagging-only",
             envoy: tagging_only_envoy,
+            path: "/v1/chat/completions",
+            headers: vec![],
+            body: chat.clone(),
+            expect_cache: None,
+        },
+        Scenario {
+            // The same on the sidecar build, which leaves the gateway tier's
+            // features out.
+            name: "filter-sidecar-tagging-only",
+            envoy: sidecar_tagging_only_envoy,
             path: "/v1/chat/completions",
             headers: vec![],
             body: chat.clone(),

@@ -270,15 +270,15 @@ fn update<'a>(
     store: &dyn SharedStore,
     config_names: &Names,
     scope: Scope<'a>,
-    mut change: impl FnMut(&mut Record),
+    change: &mut dyn FnMut(&mut Record),
 ) -> Result<Option<Scope<'a>>, StoreError> {
     for scope in [scope, scope.overflow()] {
         let key = scope.key();
-        if write(store, &key, false, &mut change)? {
+        if write(store, &key, false, change)? {
             return Ok(Some(scope));
         }
         if admit(store, config_names, &key)? {
-            return Ok(write(store, &key, true, &mut change)?.then_some(scope));
+            return Ok(write(store, &key, true, change)?.then_some(scope));
         }
     }
     Ok(None)
@@ -290,7 +290,7 @@ fn write(
     store: &dyn SharedStore,
     key: &str,
     create: bool,
-    change: &mut impl FnMut(&mut Record),
+    change: &mut dyn FnMut(&mut Record),
 ) -> Result<bool, StoreError> {
     let u = cas::update(
         store,
@@ -363,7 +363,9 @@ pub fn started(
     now_ms: u64,
 ) -> Option<String> {
     let scope = Scope::Model(model);
-    match update(store, config_names, scope, |r| r.move_in_flight(now_ms, 1)) {
+    match update(store, config_names, scope, &mut |r| {
+        r.move_in_flight(now_ms, 1)
+    }) {
         Ok(counted) => counted.map(|s| s.name().to_string()),
         Err(_) => {
             internal_error(m, "load_record");
@@ -377,6 +379,11 @@ fn tokens(t: &Try<'_>) -> u64 {
     t.usage.map_or(0, |u| u.completion_tokens)
 }
 
+/// Whether a call that ended went upstream, so the record counts it.
+fn went_upstream(call: &CallSummary<'_>) -> bool {
+    !call.end().is_local() && call.end() != End::Outlasted
+}
+
 /// A call ended: the record its model counts in counts it (unless the
 /// filter answered it itself) and, when it was counted in flight
 /// ([`started`] named the record), it leaves that record's in-flight count
@@ -388,14 +395,14 @@ pub fn ended(
     call: &CallSummary<'_>,
     started: Option<&str>,
 ) {
-    let upstream = !call.end().is_local() && call.end() != End::Outlasted;
+    let upstream = went_upstream(call);
     if !upstream && started.is_none() {
         return;
     }
     let now_ms = call.served.ended_ms;
     let tokens = tokens(&call.served);
     let scope = Scope::Model(started.unwrap_or(call.model));
-    let result = update(store, config_names, scope, |r| {
+    let result = update(store, config_names, scope, &mut |r| {
         if started.is_some() {
             r.move_in_flight(now_ms, -1);
         }
@@ -405,6 +412,99 @@ pub fn ended(
     });
     if result.is_err() {
         internal_error(m, "load_record");
+    }
+}
+
+/// The calls a worker saw end that were never counted in flight (their
+/// model was known only once the answer came: a body that streamed
+/// through), counted by model and second, for [`flush`] to add to their
+/// records once a timer tick instead of a read and a write of shared data
+/// per call. Nothing on such a call's path reads the record: a call a
+/// threshold or an alert may degrade holds its body and joins the
+/// in-flight count, which is written at once; the `llm_filter_load_*`
+/// gauges read the records once a second.
+#[derive(Debug, Default)]
+pub struct Pending(Vec<PendingEnd>);
+
+/// Calls of one model that ended in one bucket, not yet in its record.
+#[derive(Debug)]
+struct PendingEnd {
+    model: String,
+    bucket: u64,
+    calls: u32,
+    tokens: u64,
+}
+
+/// Models and seconds a worker keeps between two flushes; a call past them
+/// is written at once, as [`ended`] does.
+const MAX_PENDING: usize = 32;
+
+impl Pending {
+    /// Keeps `call` for the next [`flush`] when it was never counted in
+    /// flight (`started` is `None`) and there is room; false when the
+    /// caller must write it now ([`ended`]).
+    pub fn keep(&mut self, call: &CallSummary<'_>, started: Option<&str>) -> bool {
+        if started.is_some() {
+            return false;
+        }
+        if !went_upstream(call) {
+            // Nothing to count: kept as nothing.
+            return true;
+        }
+        let bucket = call.served.ended_ms / BUCKET_MS;
+        let tokens = tokens(&call.served);
+        let model = call.model;
+        if let Some(e) = self
+            .0
+            .iter_mut()
+            .find(|e| e.bucket == bucket && e.model == model)
+        {
+            e.calls = e.calls.saturating_add(1);
+            e.tokens = e.tokens.saturating_add(tokens);
+            return true;
+        }
+        if self.0.len() >= MAX_PENDING {
+            return false;
+        }
+        self.0.push(PendingEnd {
+            model: model.to_string(),
+            bucket,
+            calls: 1,
+            tokens,
+        });
+        true
+    }
+
+    /// Nothing is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Adds the calls `pending` kept to their records, as [`ended`] would have
+/// one by one. Calls of a bucket a whole window old are dropped: their
+/// bucket's slot may count a newer second by now.
+pub fn flush(
+    store: &dyn SharedStore,
+    m: &mut dyn Metrics,
+    config_names: &Names,
+    pending: &mut Pending,
+    now_ms: u64,
+) {
+    let current = now_ms / BUCKET_MS;
+    for e in pending.0.drain(..) {
+        if current.saturating_sub(e.bucket) >= BUCKETS as u64 {
+            continue;
+        }
+        let at_ms = e.bucket.saturating_mul(BUCKET_MS);
+        let scope = Scope::Model(&e.model);
+        if update(store, config_names, scope, &mut |r| {
+            r.add(at_ms, e.calls, e.tokens)
+        })
+        .is_err()
+        {
+            internal_error(m, "load_record");
+        }
     }
 }
 
@@ -419,7 +519,11 @@ pub fn tried(store: &dyn SharedStore, m: &mut dyn Metrics, config_names: &Names,
     }
     let (now_ms, tokens) = (t.ended_ms, tokens(t));
     let scope = Scope::Cluster(cluster);
-    if update(store, config_names, scope, |r| r.add(now_ms, 1, tokens)).is_err() {
+    if update(store, config_names, scope, &mut |r| {
+        r.add(now_ms, 1, tokens)
+    })
+    .is_err()
+    {
         internal_error(m, "load_record");
     }
 }

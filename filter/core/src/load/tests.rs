@@ -331,3 +331,72 @@ fn foreign_bytes_are_a_fresh_record() {
     );
     assert_eq!(Scope::of_key("llm_filter.load.v1.x"), None);
 }
+
+#[test]
+fn calls_never_in_flight_are_kept_then_written_as_at_once() {
+    let (kept, at_once) = (MemoryStore::new(), MemoryStore::new());
+    let mut m = MemoryMetrics::default();
+    let mut pending = Pending::default();
+    let calls = [
+        call("m", End::Answered(200), 100, 3),
+        call("m", End::Answered(200), 900, 4),
+        call("m", End::Answered(500), 1_200, 0),
+        call("n", End::Answered(200), 1_300, 5),
+        // The filter's own answer: counted nowhere.
+        call("m", End::Local(429), 1_400, 0),
+    ];
+    for c in &calls {
+        assert!(pending.keep(c, None));
+        ended(&at_once, &mut m, &none(), c, None);
+    }
+    // Nothing is written before the flush.
+    assert_eq!(read(&kept, Scope::Model("m"), 1_500), Signals::default());
+    flush(&kept, &mut m, &none(), &mut pending, 1_500);
+    assert!(pending.is_empty());
+    for (scope, at) in [(Scope::Model("m"), 1_500), (Scope::Model("n"), 9_000)] {
+        assert_eq!(
+            read(&kept, scope, at),
+            read(&at_once, scope, at),
+            "{scope:?}"
+        );
+    }
+    assert_eq!(read(&kept, Scope::Model("m"), 1_500).rps, 3.0 / WINDOW_S);
+    assert_eq!(index(&kept), index(&at_once));
+}
+
+#[test]
+fn a_call_in_flight_or_past_the_bound_is_written_at_once() {
+    let mut pending = Pending::default();
+    assert!(!pending.keep(&call_of("m", 0), Some("m")));
+    for i in 0..MAX_PENDING {
+        assert!(pending.keep(&call_of(&format!("m{i}"), 0), None));
+    }
+    assert!(
+        pending.keep(&call_of("m0", 0), None),
+        "a model kept already"
+    );
+    assert!(!pending.keep(&call_of("late", 0), None));
+}
+
+#[test]
+fn calls_kept_past_the_window_are_dropped() {
+    let store = MemoryStore::new();
+    let mut m = MemoryMetrics::default();
+    let mut pending = Pending::default();
+    assert!(pending.keep(&call_of("m", 0), None));
+    // A tick that comes a window later: the slot may hold a newer second.
+    let mut newer = Record::default();
+    newer.add(BUCKETS as u64 * BUCKET_MS, 5, 0);
+    let key = Scope::Model("m").key();
+    store.set(&key, &newer.encode().unwrap(), None).unwrap();
+    flush(
+        &store,
+        &mut m,
+        &none(),
+        &mut pending,
+        BUCKETS as u64 * BUCKET_MS,
+    );
+    assert!(pending.is_empty());
+    let s = read(&store, Scope::Model("m"), BUCKETS as u64 * BUCKET_MS);
+    assert_eq!(s.rps, 5.0 / WINDOW_S);
+}

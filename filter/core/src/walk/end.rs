@@ -78,9 +78,12 @@ impl Call {
                 call.served.usage.as_ref(),
             ),
             AtEnd::Load => {
-                // It leaves the in-flight count of the record it joined.
+                // It leaves the in-flight count of the record it joined; a
+                // call that joined none is counted on the worker's next tick.
                 let started = self.dispatch.load_model.as_deref();
-                load::ended(env.store, env.metrics, &env.config.names, call, started);
+                if !env.load.keep(call, started) {
+                    load::ended(env.store, env.metrics, &env.config.names, call, started);
+                }
             }
         }
     }

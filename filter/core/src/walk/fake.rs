@@ -214,6 +214,7 @@ pub struct World {
     pub models: BoundedLabel,
     pub tenants: BoundedLabel,
     pub spans: spans::Queue,
+    pub load: crate::load::Pending,
     pub now_ms: u64,
 }
 
@@ -228,6 +229,7 @@ impl World {
             rng: SplitMix64::new(42),
             tenants: BoundedLabel::new(10),
             spans: spans::Queue::default(),
+            load: crate::load::Pending::default(),
             now_ms: 1_000_000,
         }
     }
@@ -241,6 +243,7 @@ impl World {
             model_labels: &mut self.models,
             tenant_labels: &mut self.tenants,
             spans: &mut self.spans,
+            load: &mut self.load,
             now_ms: self.now_ms,
             can_hold_body: true,
         }

@@ -89,6 +89,9 @@ pub struct Env<'a> {
     pub tenant_labels: &'a mut BoundedLabel,
     /// This worker's spans waiting for export.
     pub spans: &'a mut spans::Queue,
+    /// This worker's ended calls not yet in the load records (see
+    /// [`crate::load::Pending`]); the host flushes them on its timer.
+    pub load: &'a mut crate::load::Pending,
     /// Now, in ms since the epoch.
     pub now_ms: u64,
     /// The host delivers request bodies to a paused stream (false once the

@@ -21,6 +21,7 @@ mod identity;
 mod keys;
 mod limits;
 mod phases;
+mod profile;
 mod prompt_cache;
 mod semantic;
 mod shape;
