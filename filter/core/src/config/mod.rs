@@ -333,6 +333,9 @@ impl TryFrom<RawConfig> for Config {
             guardrails: Guardrails::compile(raw.guardrails).map_err(|e| e.within("guardrails"))?,
             names: Names::default(),
         };
+        if config.capture.any() {
+            config.capture.guarded = config.guardrails.withheld();
+        }
         config.names = names_of(&config);
         Ok(config)
     }

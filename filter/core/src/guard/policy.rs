@@ -376,6 +376,31 @@ impl Guardrails {
         })
     }
 
+    /// The detectors of every rule that blocks or masks, on either side:
+    /// what a capture redacts besides its own rules, so no value these
+    /// rules keep from the provider or the client (an answer's masked or
+    /// refused text, a prompt's value restored in the answer, a prompt read
+    /// past `max_scan_bytes`) is in a span or a record. `None` when no rule
+    /// does.
+    pub fn withheld(&self) -> Option<Detectors> {
+        let strict = || self.rules.iter().filter(|r| r.action > Action::Log);
+        let builtins = strict()
+            .flat_map(|r| r.detect.iter())
+            .fold(Set::NONE, Set::with);
+        let customs: Vec<Custom<'_>> = strict()
+            .filter(|r| !r.custom.0.is_empty() || !r.custom.1.is_empty())
+            .map(|r| Custom {
+                name: &r.name,
+                globs: &r.custom.0,
+                words: &r.custom.1,
+            })
+            .collect();
+        if builtins.is_empty() && customs.is_empty() {
+            return None;
+        }
+        Detectors::new(builtins, &customs).ok()
+    }
+
     /// A rule or the service is configured.
     pub fn enabled(&self) -> bool {
         !self.rules.is_empty() || self.service.is_some()
