@@ -266,14 +266,14 @@ fn answer_fired(e: &Envoy, rule: &str, action: &str, api: &str) -> f64 {
 }
 
 /// The next answer of `mock` is `canned`.
-fn answers(mock: &MockUpstream, canned: Canned) {
+pub(crate) fn answers(mock: &MockUpstream, canned: Canned) {
     mock.push_script(Script {
         answer: Some(canned),
         ..Script::default()
     });
 }
 
-fn chat_json(text: &str) -> Canned {
+pub(crate) fn chat_json(text: &str) -> Canned {
     Canned::Json(
         json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "gpt-4o",
                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
@@ -283,7 +283,7 @@ fn chat_json(text: &str) -> Canned {
     )
 }
 
-fn messages_json(text: &str) -> Canned {
+pub(crate) fn messages_json(text: &str) -> Canned {
     Canned::Json(
         json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4",
                "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",

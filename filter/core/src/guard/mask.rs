@@ -22,7 +22,7 @@ const MAX_ONE_VALUE: usize = 8 << 10;
 pub const MAX_PLACEHOLDER: usize = 80;
 
 /// The values masked in one call, by placeholder.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Vault {
     /// Value `n` stands behind `[LABEL_n+1]`, kept with its placeholder
     /// and whether an answer may have it back.

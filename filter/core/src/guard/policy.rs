@@ -55,7 +55,7 @@ pub enum On {
 }
 
 impl On {
-    fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         match s {
             "prompt" => Some(Self::Prompt),
             "answer" => Some(Self::Answer),
@@ -406,20 +406,28 @@ impl Guardrails {
         !self.rules.is_empty() || self.service.is_some()
     }
 
-    /// A rule looks at `side` (the service, at the prompt).
+    /// A rule or the service looks at `side`.
     pub fn reads(&self, side: Side) -> bool {
-        self.rules.iter().any(|r| r.on.covers(side))
-            || (side == Side::Prompt && self.service.is_some())
+        self.rules_read(side) || self.asks(side).is_some()
     }
 
-    /// A rule of `side` (or, on the prompt, the service) blocks or masks:
+    /// A rule looks at `side`.
+    pub fn rules_read(&self, side: Side) -> bool {
+        self.rules.iter().any(|r| r.on.covers(side))
+    }
+
+    /// The service, when it is asked about `side`.
+    pub fn asks(&self, side: Side) -> Option<&GuardService> {
+        self.service.as_ref().filter(|s| s.on.covers(side))
+    }
+
+    /// A rule of `side` (or the service asked about it) blocks or masks:
     /// what could not be checked falls under `unchecked`.
     pub fn enforces(&self, side: Side) -> bool {
-        let service = self.service.as_ref().filter(|_| side == Side::Prompt);
         self.rules
             .iter()
             .any(|r| r.action > Action::Log && r.on.covers(side))
-            || service.is_some_and(|s| s.action > Action::Log)
+            || self.asks(side).is_some_and(|s| s.action > Action::Log)
     }
 
     /// The rule of `side` a finding of `detector` falls under: the custom
@@ -463,7 +471,11 @@ impl Guardrails {
         verdict: &mut Verdict,
     ) -> Vec<(Finding, Action)> {
         let mut out = Vec::new();
-        let Some(detectors) = self.detectors.as_ref().filter(|_| self.reads(Side::Answer)) else {
+        let Some(detectors) = self
+            .detectors
+            .as_ref()
+            .filter(|_| self.rules_read(Side::Answer))
+        else {
             return out;
         };
         let mut budget = Budget::new(self.max_scan_bytes, MAX_FINDINGS);
@@ -490,13 +502,14 @@ impl Guardrails {
     }
 
     /// `text` as the client is to see it: what `found` (of
-    /// [`Guardrails::answer_findings`]) masks replaced by placeholders, and
-    /// the prompt's values a rule restores put back.
+    /// [`Guardrails::answer_findings`]) masks replaced by placeholders, and,
+    /// with `restore`, the prompt's values a rule restores put back.
     pub fn answer_text<'t>(
         &self,
         text: &'t str,
         found: &[(Finding, Action)],
         vault: &mut Vault,
+        restore: bool,
     ) -> std::borrow::Cow<'t, str> {
         let masks: Vec<Finding> = found
             .iter()
@@ -504,22 +517,28 @@ impl Guardrails {
             .map(|(f, _)| f.clone())
             .collect();
         match &self.detectors {
-            Some(d) => vault.mask_as(text, &masks, d, &|_| false, true),
+            Some(d) => vault.mask_as(text, &masks, d, &|_| false, restore),
             None => std::borrow::Cow::Borrowed(text),
         }
     }
 
     /// Checks every string of `value` (a JSON answer's part, a stream's
-    /// event) in place: what the answer's rules mask masked, the prompt's
-    /// values put back; true when a string changed.
-    pub fn check_answer(&self, value: &mut Json, vault: &mut Vault, verdict: &mut Verdict) -> bool {
+    /// event) in place: what the answer's rules mask masked, and, with
+    /// `restore`, the prompt's values put back; true when a string changed.
+    pub fn check_answer(
+        &self,
+        value: &mut Json,
+        vault: &mut Vault,
+        verdict: &mut Verdict,
+        restore: bool,
+    ) -> bool {
         let mut changed = false;
         each_string_mut(value, &mut |s| {
             let found = self.answer_findings(s, 0, vault, verdict);
             if found.iter().any(|(_, a)| *a == Action::Block) {
                 return;
             }
-            if let std::borrow::Cow::Owned(to) = self.answer_text(s, &found, vault) {
+            if let std::borrow::Cow::Owned(to) = self.answer_text(s, &found, vault, restore) {
                 *s = to;
                 changed = true;
             }
