@@ -396,3 +396,35 @@ fn capture_keeps_nothing_a_rule_withholds_from_the_provider_or_the_client() {
     let kept = captured(&host);
     assert!(!kept.to_lowercase().contains("falcon"), "{kept}");
 }
+
+/// A rule scoped to priorities and models applies to those calls only:
+/// the priority the call was given, the model it asks for.
+#[test]
+fn a_scoped_rule_applies_to_its_priorities_and_models_only() {
+    let mut w = World::new(
+        r#"{"guardrails":{"rules":[
+              {"name":"batch-secrets","detect":["secrets"],"priorities":["P2"]},
+              {"name":"mini-pii","detect":["email"],"action":"mask","models":["gpt-4o-mini*"]}]},
+            "access_log":{"enabled":true}}"#,
+    );
+    let prompt = format!("deploy with {KEY}, mail {MAIL}");
+    let call = |model: &str, priority: &str| {
+        let body = serde_json::json!({"model": model,
+            "messages": [{"role": "user", "content": prompt}]});
+        FakeHost::post("/v1/chat/completions")
+            .with_header("x-request-priority", priority)
+            .with_body(&body.to_string())
+    };
+    let mut host = call("gpt-4o", "P2");
+    assert_eq!(run(&mut w, &mut host), Step::Pause);
+    assert_eq!(host.local_reply.as_ref().map(|r| r.0), Some(400));
+    let mut host = call("gpt-4o", "P1");
+    assert_eq!(run(&mut w, &mut host), Step::Continue);
+    let sent = String::from_utf8(host.request_body.clone()).unwrap();
+    assert!(sent.contains(KEY) && sent.contains(MAIL), "{sent}");
+    let mut host = call("gpt-4o-mini-2024-07-18", "P1");
+    assert_eq!(run(&mut w, &mut host), Step::Continue);
+    let sent = String::from_utf8(host.request_body.clone()).unwrap();
+    assert!(sent.contains("[EMAIL_1]") && !sent.contains(MAIL), "{sent}");
+    assert_eq!(record(&host)["guardrails"], "mini-pii:mask");
+}
