@@ -550,3 +550,69 @@ fn a_streamed_answer_is_not_asked_and_falls_under_on_error() {
         }
     }
 }
+
+/// A call asked about in parallel whose model has two backends, hedged:
+/// its hedge waits for the verdict, and goes once it passed.
+#[test]
+fn in_parallel_a_hedge_waits_for_the_verdict() {
+    let mut config: serde_json::Value = serde_json::from_str(&super::hedged(1.0)).unwrap();
+    config["guardrails"] = serde_json::json!({"service": {"preset": "webhook",
+        "cluster": "hook", "mode": "parallel", "timeout_ms": 1000}});
+    let mut w = World::new(&config.to_string());
+    let (mut call, mut host) = super::routed_to(&mut w, "b");
+    assert_eq!(host.callouts.len(), 1, "the service is asked");
+    w.now_ms += 150;
+    assert_eq!(call.on_tick(&mut w.env(), &mut host), Wake::Wait);
+    assert_eq!(
+        host.callouts.len(),
+        1,
+        "no hedge while the verdict is awaited"
+    );
+    let pass = verdict(200, serde_json::json!({"flagged": false}));
+    assert_eq!(
+        call.answer_callout(&mut w.env(), &mut host, pass),
+        Step::Pause,
+        "nothing came back yet"
+    );
+    assert_eq!(call.on_tick(&mut w.env(), &mut host), Wake::Idle);
+    let (cluster, _, _, _) = host.callouts.last().unwrap();
+    assert_eq!(cluster, "a", "the hedge went once the verdict was in");
+}
+
+/// A call refused here (a limit) while its verdict is awaited: nothing
+/// left and no answer is given, so the refusal goes at once; the verdict,
+/// when it comes, sends no second answer (flagged, it is counted).
+#[test]
+fn in_parallel_a_local_refusal_goes_at_once_and_the_verdict_adds_no_answer() {
+    for flagged in [false, true] {
+        let mut w = World::new(
+            r#"{"guardrails":{"service":{"preset":"webhook","cluster":"hook","mode":"parallel"}},
+                "limits":{"rules":[{"name":"t","by":["tenant"],"requests_per_minute":1}]},
+                "access_log":{"enabled":true}}"#,
+        );
+        let mut first = chat("hello").with_header("authorization", "Bearer a");
+        let (_first, step) = ask(&mut w, &mut first);
+        assert_eq!(step, Step::Continue);
+        let mut host = chat("hello").with_header("authorization", "Bearer a");
+        let (mut call, step) = ask(&mut w, &mut host);
+        assert_eq!(step, Step::Pause);
+        assert_eq!(host.local_reply.as_ref().map(|r| r.0), Some(429));
+        assert_eq!(
+            host.request_headers
+                .iter()
+                .filter(|(k, _)| k == "x-llm-cluster")
+                .count(),
+            0
+        );
+        let v = verdict(200, serde_json::json!({"flagged": flagged}));
+        assert_eq!(call.answer_callout(&mut w.env(), &mut host, v), Step::Pause);
+        assert_eq!(host.replies, 1, "flagged: {flagged}");
+        assert_eq!(host.local_reply.as_ref().map(|r| r.0), Some(429));
+        call.on_log(&mut w.env());
+        // Counted; the record was written with the refusal, before it.
+        let fired = w.counter(
+            "llm_filter_guardrail_fired_totalrule=.=service;.;action=.=block;.;api=.=chat;.;",
+        );
+        assert_eq!(fired, u64::from(flagged));
+    }
+}
