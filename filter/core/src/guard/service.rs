@@ -384,8 +384,8 @@ impl GuardService {
             }
             Preset::Webhook => {
                 let mut asked = json!({"api": api, "texts": texts});
-                if side == Side::Answer {
-                    asked["source"] = Value::from("answer");
+                if let (Side::Answer, Value::Object(m)) = (side, &mut asked) {
+                    m.insert("source".into(), Value::from("answer"));
                 }
                 asked
             }

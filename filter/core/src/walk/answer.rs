@@ -532,7 +532,7 @@ impl Call {
         if stream && asked && self.stream_unasked(env, host) {
             return false;
         }
-        if !checks_answers(rules, &self.decided.vault, answer) && !(asked && !stream) {
+        if !(checks_answers(rules, &self.decided.vault, answer) || asked && !stream) {
             return false;
         }
         if let Some(response) = self.response.as_mut() {
