@@ -404,7 +404,7 @@ fn guard_parts() -> Vec<(String, f64)> {
                 if let Json::Object(members) = &mut tree {
                     for (name, value) in members.iter_mut() {
                         if said.contains(&name.as_str()) {
-                            black_box(rules.check_answer(value, &mut vault, &mut verdict));
+                            black_box(rules.check_answer(value, &mut vault, &mut verdict, true));
                         }
                     }
                 }

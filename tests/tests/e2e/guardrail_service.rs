@@ -599,3 +599,132 @@ async fn presidio_as_the_webhook_masks_what_its_recognizers_find() {
         .assert_none_of(&envoy, &["planted.guard-service", card])
         .await;
 }
+
+/// Asked about answers (`on`): a flagged JSON answer is refused with the
+/// 502 the OpenAI SDK raises as its `InternalServerError`, not retried; a
+/// masking service's texts are the answer the Anthropic SDK reads; the
+/// service reads the answer's texts, never the prompt's masked values.
+#[tokio::test]
+async fn a_service_asked_about_answers_refuses_or_masks_them_for_the_sdks() {
+    if skip_without_envoy("a_service_asked_about_answers_refuses_or_masks_them_for_the_sdks") {
+        return;
+    }
+    use crate::guardrails::{answers, chat_json, messages_json};
+    let provider = MockUpstream::start(MockConfig::named("provider"));
+    let guard = MockUpstream::start(MockConfig::named("guard"));
+    let dir = tempfile::tempdir().unwrap();
+    let outputs = Outputs::start(dir.path());
+    let phones = json!({"name": "phones", "detect": ["phone"], "action": "mask", "restore": true});
+    let start = |service: Value| {
+        outputs
+            .envoy(
+                EnvoyBuilder::new()
+                    .upstream("provider", provider.port())
+                    .upstream("guard", guard.port()),
+            )
+            .plugin_config(outputs.config(json!({"guardrails": {
+                "rules": [phones.clone()], "service": service}})))
+            .component_log_level("wasm:debug")
+            .start()
+            .expect("envoy with a service asked about answers")
+    };
+    let envoy = start(
+        json!({"name": "moderation", "preset": "webhook", "cluster": "guard",
+                             "on": "answer", "timeout_ms": 2000}),
+    );
+    const PHONE: &str = "+14155550123";
+
+    // Flagged: a 502, named, nothing of the answer; the SDK did not retry.
+    answers(&provider, chat_json(&format!("call [PHONE_1]: {FLAG}")));
+    let out = run(
+        OPENAI,
+        "chat_error",
+        &envoy.url("/v1"),
+        &[
+            "--prompt",
+            &format!("call me at {PHONE}"),
+            "--max-retries",
+            "2",
+        ],
+    )
+    .await;
+    assert_eq!(out["status"], 502, "{out}");
+    assert_eq!(out["error_class"], "InternalServerError", "{out}");
+    assert_eq!(out["code"], "llm_filter_guardrail_answer_blocked", "{out}");
+    let message = out["message"].as_str().unwrap();
+    assert!(
+        message.contains("guardrail service `moderation`"),
+        "{message}"
+    );
+    assert!(!out.to_string().contains(FLAG), "{out}");
+    assert_eq!(provider.request_count(), 1, "not retried");
+    // Only the answer was asked about, its placeholder and not the number.
+    let [question] = asked(&guard).try_into().unwrap();
+    assert_eq!(
+        question,
+        json!({"api": "chat", "source": "answer", "texts": [format!("call [PHONE_1]: {FLAG}")]})
+    );
+    assert_eq!(
+        envoy.metric(
+            "llm_filter_guardrail_answer_fired_total",
+            &[("rule", "moderation"), ("action", "block"), ("api", "chat")]
+        ),
+        1.0
+    );
+    // Passed: the client reads its own number back.
+    answers(&provider, chat_json("I will call [PHONE_1]."));
+    let out = run(
+        OPENAI,
+        "chat",
+        &envoy.url("/v1"),
+        &["--prompt", &format!("call me at {PHONE}")],
+    )
+    .await;
+    assert_eq!(out["content"], format!("I will call {PHONE}."), "{out}");
+    drop(envoy);
+
+    // A masking service: its texts are what the client reads.
+    let envoy = start(
+        json!({"name": "presidio", "preset": "webhook", "cluster": "guard",
+                             "on": "both", "action": "mask"}),
+    );
+    answers(
+        &provider,
+        messages_json(&format!("Sure: write to {MAIL} about [PHONE_1]")),
+    );
+    let out = run(
+        ANTHROPIC,
+        "messages",
+        &envoy.url(""),
+        &["--prompt", &format!("who do I mail? call me at {PHONE}")],
+    )
+    .await;
+    assert!(out.get("error_class").is_none_or(Value::is_null), "{out}");
+    assert_eq!(
+        out["text"],
+        format!("Sure: write to <EMAIL_ADDRESS> about {PHONE}"),
+        "{out}"
+    );
+    assert_eq!(
+        envoy.metric(
+            "llm_filter_guardrail_answer_fired_total",
+            &[
+                ("rule", "presidio"),
+                ("action", "mask"),
+                ("api", "messages")
+            ]
+        ),
+        1.0
+    );
+    let last = asked(&guard).pop().unwrap();
+    assert_eq!(last["source"], "answer", "{last}");
+    for r in provider.requests() {
+        assert!(!String::from_utf8_lossy(&r.body).contains(PHONE));
+    }
+    for r in guard.requests() {
+        assert!(!String::from_utf8_lossy(&r.body).contains(PHONE));
+    }
+    outputs
+        .assert_none_of(&envoy, &[PHONE, "planted.guard-service"])
+        .await;
+}

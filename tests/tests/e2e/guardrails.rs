@@ -266,14 +266,14 @@ fn answer_fired(e: &Envoy, rule: &str, action: &str, api: &str) -> f64 {
 }
 
 /// The next answer of `mock` is `canned`.
-fn answers(mock: &MockUpstream, canned: Canned) {
+pub(crate) fn answers(mock: &MockUpstream, canned: Canned) {
     mock.push_script(Script {
         answer: Some(canned),
         ..Script::default()
     });
 }
 
-fn chat_json(text: &str) -> Canned {
+pub(crate) fn chat_json(text: &str) -> Canned {
     Canned::Json(
         json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "gpt-4o",
                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
@@ -283,7 +283,7 @@ fn chat_json(text: &str) -> Canned {
     )
 }
 
-fn messages_json(text: &str) -> Canned {
+pub(crate) fn messages_json(text: &str) -> Canned {
     Canned::Json(
         json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4",
                "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
@@ -556,5 +556,106 @@ async fn guardrails_check_answers_json_and_streamed_restore_masked_values_and_le
     assert!(records.contains("no-secrets:block:answer"), "{records}");
     outputs
         .assert_none_of(&envoy, &["PLANTEDguardrail", "4111 1111", MAIL, OTHER])
+        .await;
+}
+
+const PHONE: &str = "+14155550123";
+const ANSWER_PHONE: &str = "+442071838750";
+
+/// Capture on (prompt and completion, in the span and the record): what a
+/// rule that masks or blocks withholds is in neither, though capture's own
+/// rules let phone numbers and words be — a phone number masked in the
+/// prompt and put back for the client, one masked in an answer (JSON and
+/// streamed), an answer refused for a codename.
+#[tokio::test]
+async fn capture_keeps_nothing_the_guardrails_withhold() {
+    if skip_without_envoy("capture_keeps_nothing_the_guardrails_withhold") {
+        return;
+    }
+    let mock = MockUpstream::start(MockConfig::named("captured"));
+    let dir = tempfile::tempdir().unwrap();
+    let outputs = Outputs::start(dir.path());
+    let mut config = outputs.config(json!({"guardrails": {"rules": [
+        {"name": "phones", "detect": ["phone"], "action": "mask", "on": "both", "restore": true},
+        {"name": "codename", "words": ["project falcon"], "action": "block", "on": "answer"}
+    ]}}));
+    config["tracing"]["capture"] = json!({"prompt": true, "completion": true});
+    let envoy = outputs
+        .envoy(EnvoyBuilder::new().upstream("mock", mock.port()))
+        .plugin_config(config)
+        .component_log_level("wasm:debug")
+        .start()
+        .expect("envoy with guardrails and capture");
+    let openai = envoy.url("/v1");
+
+    // JSON: the client reads its own number back and the answer's masked.
+    answers(
+        &mock,
+        chat_json(&format!("I will call [PHONE_1] or {ANSWER_PHONE}.")),
+    );
+    let prompt = format!("call me at {PHONE}");
+    let out = run(OPENAI, "chat", &openai, &["--prompt", &prompt]).await;
+    assert_eq!(
+        out["content"],
+        format!("I will call {PHONE} or [PHONE_2]."),
+        "{out}"
+    );
+    // Streamed, the number cut across events.
+    answers(
+        &mock,
+        chat_sse(&["ring [PHONE_1] or +4420", "71838750", " today"]),
+    );
+    let out = run(OPENAI, "stream_error", &openai, &["--prompt", &prompt]).await;
+    assert_eq!(
+        out["content"],
+        format!("ring {PHONE} or [PHONE_2] today"),
+        "{out}"
+    );
+    // Refused for what it says: a 502, and not captured either.
+    answers(&mock, chat_json("Project Falcon ships Monday."));
+    let out = run(OPENAI, "chat_error", &openai, &["--prompt", "plans?"]).await;
+    assert_eq!(out["status"], 502, "{out}");
+
+    // The captures are there, placeholders and all.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let records = loop {
+        let text = outputs.records();
+        if text.lines().count() >= 3 || Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(records.contains("output_messages"), "{records}");
+    assert!(records.contains("call me at [PHONE_1]"), "{records}");
+    assert!(
+        records.contains("I will call [PHONE_1] or [REDACTED]"),
+        "{records}"
+    );
+    let span_deadline = Instant::now() + Duration::from_secs(5);
+    while !outputs.spans().iter().any(|s| {
+        s["attributes"]["gen_ai.output.messages"]
+            .as_str()
+            .is_some_and(|m| m.contains("ring [PHONE_1]"))
+    }) {
+        assert!(
+            Instant::now() < span_deadline,
+            "no span captured the stream"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let upstream = received(&mock);
+    assert!(!upstream.contains(PHONE), "the provider saw the number");
+    outputs
+        .assert_none_of(
+            &envoy,
+            &[
+                PHONE,
+                ANSWER_PHONE,
+                "4155550123",
+                "2071838750",
+                "Project Falcon",
+                "Falcon ships",
+            ],
+        )
         .await;
 }

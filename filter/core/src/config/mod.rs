@@ -330,12 +330,24 @@ impl TryFrom<RawConfig> for Config {
             tenant: TenantConfig::compile(raw.tenant).map_err(|e| e.within("tenant"))?,
             credentials: CredentialsConfig::compile(raw.credentials)
                 .map_err(|e| e.within("credentials"))?,
-            guardrails: Guardrails::compile(raw.guardrails).map_err(|e| e.within("guardrails"))?,
+            guardrails: compile_guardrails(raw.guardrails)?,
             names: Names::default(),
         };
+        if config.capture.any() {
+            config.capture.guarded = config.guardrails.withheld();
+        }
         config.names = names_of(&config);
         Ok(config)
     }
+}
+
+/// `guardrails`; a build without them refused the section already (`build`)
+/// and compiles none of its reading.
+fn compile_guardrails(raw: RawGuardrails) -> Result<Guardrails, ConfigError> {
+    if !cfg!(feature = "guardrails") {
+        return Ok(Guardrails::default());
+    }
+    Guardrails::compile(raw).map_err(|e| e.within("guardrails"))
 }
 
 /// A cluster only a group routes to is probed like every other.

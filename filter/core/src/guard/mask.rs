@@ -21,13 +21,26 @@ const MAX_ONE_VALUE: usize = 8 << 10;
 /// Longest placeholder, bytes: `[`, a label, `_`, a number, `]`.
 pub const MAX_PLACEHOLDER: usize = 80;
 
-/// The values masked in one call, by placeholder.
-#[derive(Default)]
+/// The values masked in one call, by placeholder, and the rules that
+/// apply to the call.
+#[derive(Clone)]
 pub struct Vault {
     /// Value `n` stands behind `[LABEL_n+1]`, kept with its placeholder
     /// and whether an answer may have it back.
     values: Vec<(String, String, bool)>,
     bytes: usize,
+    /// The rules that apply to the call, a bit each (all by default).
+    scope: u32,
+}
+
+impl Default for Vault {
+    fn default() -> Self {
+        Self {
+            values: Vec::new(),
+            bytes: 0,
+            scope: u32::MAX,
+        }
+    }
 }
 
 /// Counts only: a vault's values never reach a log.
@@ -46,6 +59,17 @@ fn in_placeholder(b: u8) -> bool {
 }
 
 impl Vault {
+    /// The rules that apply to the call (see
+    /// [`super::policy::Guardrails::applying`]).
+    pub fn scope(&self) -> u32 {
+        self.scope
+    }
+
+    /// Only the rules of `scope` (a bit each) apply to the call.
+    pub fn limit_to(&mut self, scope: u32) {
+        self.scope = scope;
+    }
+
     /// An empty vault.
     pub fn new() -> Self {
         Self::default()

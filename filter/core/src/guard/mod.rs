@@ -365,9 +365,7 @@ impl<'a> View<'a> {
         }
         budget.truncated |= sink.full;
         budget.steps = budget.steps.saturating_add(steps);
-        heapsort(&mut mine, |a, b| {
-            (a.range.start, b.range.end, a.detector) < (b.range.start, a.range.end, b.detector)
-        });
+        sort_findings(&mut mine);
         mine.dedup();
         budget.findings = budget.findings.saturating_sub(mine.len());
         out.append(&mut mine);
@@ -389,6 +387,13 @@ impl<'a> View<'a> {
         }
         steps
     }
+}
+
+/// Sorts findings by start, a longer one first.
+pub(crate) fn sort_findings(v: &mut [Finding]) {
+    heapsort(v, |a, b| {
+        (a.range.start, b.range.end, a.detector) < (b.range.start, a.range.end, b.detector)
+    });
 }
 
 /// Sorts `v` by `less`: a heapsort, without allocating, and a fraction of

@@ -126,22 +126,28 @@ impl<'t> Scan<'t> {
             (D::Phone, 1 | 8, Self::phone),
             (D::Ipv6, 1 | 4, Self::ipv6),
         ];
-        if !self.number_starts(i) {
+        if !self.number_starts(i, b".,-/:") {
             return None;
         }
+        // After a number and a space, an address is still one (a log's
+        // status code, then its client); a card or a phone number would be
+        // the tail of a table of numbers.
+        let spaced = !self.number_starts(i, b" ");
         tries
             .iter()
             .filter(|(id, starts, _)| starts & class != 0 && set.has(*id))
+            .filter(|(id, _, _)| !spaced || matches!(id, D::Ipv4 | D::Ipv6))
             .find_map(|(id, _, f)| f(self, i).map(|end| (*id, end)))
     }
 
-    /// A number may start at `i`: not inside another.
-    fn number_starts(&self, i: usize) -> bool {
+    /// A number may start at `i`: not inside another, after a digit and
+    /// one of `seps`.
+    fn number_starts(&self, i: usize, seps: &[u8]) -> bool {
         let Some(p) = i.checked_sub(1) else {
             return true;
         };
         let prev = self.at(p);
-        !(b" .,-/:".contains(&prev) && p.checked_sub(1).is_some_and(|q| digit(self.at(q))))
+        !(seps.contains(&prev) && p.checked_sub(1).is_some_and(|q| digit(self.at(q))))
     }
 
     /// A number ends at `j`: no letter or digit follows, nor `.`, `,` or
@@ -183,10 +189,13 @@ impl<'t> Scan<'t> {
 
     /// A payment card number: 13 to 19 digits, alone or in groups (four
     /// digits, then three to six each) joined by spaces or dashes, of a
-    /// known issuer's prefix and length, and Luhn-valid.
+    /// known issuer's prefix and length, and Luhn-valid. A run of 13
+    /// digits alone is an EAN-13 (GTIN) barcode's length, and no issuer
+    /// has handed out 13-digit cards for years: none.
     fn card(&self, i: usize) -> Option<usize> {
         let g = self.groups(i, b" -")?;
         let grouped = match g.groups() {
+            [13] => false,
             [_] => true,
             [4, rest @ ..] => rest.iter().all(|n| (3..=6).contains(n)),
             _ => false,

@@ -21,6 +21,7 @@ use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::config::setting::{Named, Setting, Table};
 use crate::json::Json;
+use crate::priority::Priority;
 
 /// `unchecked`: what becomes of a call whose prompt could not be read whole.
 const UNCHECKED: Named<Unchecked> = Named {
@@ -36,6 +37,9 @@ pub const SETTINGS: Table = &[
     ("guardrails", &[&UNCHECKED, &MAX_SCAN_BYTES]),
     ("guardrails.service", super::service::SETTINGS),
 ];
+
+/// Most models a rule names.
+const MAX_MODELS: usize = 32;
 
 /// Most findings a call's check makes before it stops (truncated).
 const MAX_FINDINGS: usize = 4_096;
@@ -55,7 +59,7 @@ pub enum On {
 }
 
 impl On {
-    fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         match s {
             "prompt" => Some(Self::Prompt),
             "answer" => Some(Self::Answer),
@@ -115,6 +119,8 @@ struct RawRule {
     action: Option<String>,
     on: Option<String>,
     restore: bool,
+    priorities: Vec<String>,
+    models: Vec<String>,
 }
 
 impl RawRule {
@@ -156,6 +162,8 @@ impl RawRule {
                         .ok_or_else(|| ConfigError::new(&field, "is not a boolean"))?;
                 }
                 "detect" => r.detect = list(v)?,
+                "priorities" => r.priorities = list(v)?,
+                "models" => r.models = list(v)?,
                 "globs" => r.globs = list(v)?,
                 "words" => r.words = list(v)?,
                 _ => return Err(ConfigError::new(field, "is no field of a rule")),
@@ -195,6 +203,10 @@ pub struct Rule {
     pub on: On,
     /// What it masked in the prompt is put back in the answer.
     pub restore: bool,
+    /// The calls it applies to: by priority (none: all), and by model
+    /// (exact names, or a prefix and `*`; none: all).
+    priorities: Vec<Priority>,
+    models: Vec<String>,
 }
 
 /// The compiled `guardrails` section; no rule: off.
@@ -257,6 +269,26 @@ impl Rule {
             Some(o) => On::parse(o)
                 .ok_or_else(|| ConfigError::new(field("on"), "is `prompt`, `answer` or `both`"))?,
         };
+        let priorities = r
+            .priorities
+            .iter()
+            .enumerate()
+            .map(|(j, p)| {
+                Priority::parse(p).filter(|_| p.len() == 2).ok_or_else(|| {
+                    ConfigError::new(field(&format!("priorities[{j}]")), "is `P0`, `P1` or `P2`")
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        check::at_most(&field("models"), &r.models, MAX_MODELS, "models")?;
+        if let Some(j) = r.models.iter().position(|m| {
+            let name = m.strip_suffix('*').unwrap_or(m);
+            name.is_empty() || name.len() > 128 || name.contains('*')
+        }) {
+            return Err(ConfigError::new(
+                field(&format!("models[{j}]")),
+                "is a model's name, or a prefix of one and `*` (1 to 128 bytes)",
+            ));
+        }
         if r.restore && (action != Action::Mask || on == On::Answer) {
             return Err(ConfigError::new(
                 field("restore"),
@@ -270,7 +302,21 @@ impl Rule {
             action,
             on,
             restore: r.restore,
+            priorities,
+            models: r.models,
         })
+    }
+
+    /// The rule applies to a call of `priority` asking for `model`.
+    fn applies(&self, priority: Priority, model: Option<&str>) -> bool {
+        let named = |m: &str| {
+            self.models.iter().any(|p| match p.strip_suffix('*') {
+                Some(prefix) => m.starts_with(prefix),
+                None => m == p,
+            })
+        };
+        (self.priorities.is_empty() || self.priorities.contains(&priority))
+            && (self.models.is_empty() || model.is_some_and(named))
     }
 }
 
@@ -285,6 +331,8 @@ impl std::fmt::Debug for Rule {
             .field("action", &self.action)
             .field("on", &self.on)
             .field("restore", &self.restore)
+            .field("priorities", &self.priorities)
+            .field("models", &self.models)
             .finish()
     }
 }
@@ -376,50 +424,95 @@ impl Guardrails {
         })
     }
 
+    /// The detectors of every rule that blocks or masks, on either side:
+    /// what a capture redacts besides its own rules, so no value these
+    /// rules keep from the provider or the client (an answer's masked or
+    /// refused text, a prompt's value restored in the answer, a prompt read
+    /// past `max_scan_bytes`) is in a span or a record. `None` when no rule
+    /// does.
+    pub fn withheld(&self) -> Option<Detectors> {
+        let strict = || self.rules.iter().filter(|r| r.action > Action::Log);
+        let builtins = strict()
+            .flat_map(|r| r.detect.iter())
+            .fold(Set::NONE, Set::with);
+        let customs: Vec<Custom<'_>> = strict()
+            .filter(|r| !r.custom.0.is_empty() || !r.custom.1.is_empty())
+            .map(|r| Custom {
+                name: &r.name,
+                globs: &r.custom.0,
+                words: &r.custom.1,
+            })
+            .collect();
+        if builtins.is_empty() && customs.is_empty() {
+            return None;
+        }
+        Detectors::new(builtins, &customs).ok()
+    }
+
     /// A rule or the service is configured.
     pub fn enabled(&self) -> bool {
         !self.rules.is_empty() || self.service.is_some()
     }
 
-    /// A rule looks at `side` (the service, at the prompt).
+    /// A rule or the service looks at `side`.
     pub fn reads(&self, side: Side) -> bool {
-        self.rules.iter().any(|r| r.on.covers(side))
-            || (side == Side::Prompt && self.service.is_some())
+        self.rules_read(side) || self.asks(side).is_some()
     }
 
-    /// A rule of `side` (or, on the prompt, the service) blocks or masks:
+    /// A rule looks at `side`.
+    pub fn rules_read(&self, side: Side) -> bool {
+        self.rules.iter().any(|r| r.on.covers(side))
+    }
+
+    /// The service, when it is asked about `side`.
+    pub fn asks(&self, side: Side) -> Option<&GuardService> {
+        self.service.as_ref().filter(|s| s.on.covers(side))
+    }
+
+    /// A rule of `side` (or the service asked about it) blocks or masks:
     /// what could not be checked falls under `unchecked`.
     pub fn enforces(&self, side: Side) -> bool {
-        let service = self.service.as_ref().filter(|_| side == Side::Prompt);
         self.rules
             .iter()
             .any(|r| r.action > Action::Log && r.on.covers(side))
-            || service.is_some_and(|s| s.action > Action::Log)
+            || self.asks(side).is_some_and(|s| s.action > Action::Log)
     }
 
-    /// The rule of `side` a finding of `detector` falls under: the custom
-    /// rule it is, or the strictest rule naming the built-in (the first
-    /// written of equals).
-    fn rule_of(&self, detector: Detector, side: Side) -> Option<usize> {
+    /// The rules that apply to a call of `priority` asking for `model` (a
+    /// bit each; all without scopes): what its [`Vault`] is limited to.
+    pub fn applying(&self, priority: Priority, model: Option<&str>) -> u32 {
+        self.rules
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.applies(priority, model))
+            .fold(0, |bits, (k, _)| bits | 1 << k)
+    }
+
+    /// The rule of `side` a finding of `detector` falls under, of the
+    /// rules that apply to the call (`scope`, a bit each): the custom rule
+    /// it is, or the strictest rule naming the built-in (the first written
+    /// of equals).
+    fn rule_of(&self, detector: Detector, side: Side, scope: u32) -> Option<usize> {
+        let on = |k: usize, r: &Rule| r.on.covers(side) && scope >> k & 1 == 1;
         match detector {
             Detector::Custom(k) => self
                 .custom_rule
                 .get(usize::from(k))
                 .copied()
-                .filter(|k| self.rules.get(*k).is_some_and(|r| r.on.covers(side))),
+                .filter(|k| self.rules.get(*k).is_some_and(|r| on(*k, r))),
             Detector::Builtin(id) => self
                 .rules
                 .iter()
                 .enumerate()
-                .filter(|(_, r)| r.detect.has(id) && r.on.covers(side))
+                .filter(|(k, r)| r.detect.has(id) && on(*k, r))
                 .max_by(|(i, a), (j, b)| a.action.cmp(&b.action).then(j.cmp(i)))
                 .map(|(i, _)| i),
         }
     }
 
     /// A prompt's value `detector` found is put back in the answer.
-    fn restores(&self, detector: Detector) -> bool {
-        self.rule_of(detector, Side::Prompt)
+    fn restores(&self, detector: Detector, scope: u32) -> bool {
+        self.rule_of(detector, Side::Prompt, scope)
             .and_then(|k| self.rules.get(k))
             .is_some_and(|r| r.restore)
     }
@@ -438,7 +531,11 @@ impl Guardrails {
         verdict: &mut Verdict,
     ) -> Vec<(Finding, Action)> {
         let mut out = Vec::new();
-        let Some(detectors) = self.detectors.as_ref().filter(|_| self.reads(Side::Answer)) else {
+        let Some(detectors) = self
+            .detectors
+            .as_ref()
+            .filter(|_| self.rules_read(Side::Answer))
+        else {
             return out;
         };
         let mut budget = Budget::new(self.max_scan_bytes, MAX_FINDINGS);
@@ -450,7 +547,7 @@ impl Guardrails {
             let theirs = ours
                 .iter()
                 .any(|p| f.range.start < p.end && p.start < f.range.end);
-            let rule = self.rule_of(f.detector, Side::Answer);
+            let rule = self.rule_of(f.detector, Side::Answer, vault.scope());
             let Some((rule, action)) = rule.and_then(|k| Some((k, self.rules.get(k)?.action)))
             else {
                 continue;
@@ -465,13 +562,14 @@ impl Guardrails {
     }
 
     /// `text` as the client is to see it: what `found` (of
-    /// [`Guardrails::answer_findings`]) masks replaced by placeholders, and
-    /// the prompt's values a rule restores put back.
+    /// [`Guardrails::answer_findings`]) masks replaced by placeholders, and,
+    /// with `restore`, the prompt's values a rule restores put back.
     pub fn answer_text<'t>(
         &self,
         text: &'t str,
         found: &[(Finding, Action)],
         vault: &mut Vault,
+        restore: bool,
     ) -> std::borrow::Cow<'t, str> {
         let masks: Vec<Finding> = found
             .iter()
@@ -479,22 +577,28 @@ impl Guardrails {
             .map(|(f, _)| f.clone())
             .collect();
         match &self.detectors {
-            Some(d) => vault.mask_as(text, &masks, d, &|_| false, true),
+            Some(d) => vault.mask_as(text, &masks, d, &|_| false, restore),
             None => std::borrow::Cow::Borrowed(text),
         }
     }
 
     /// Checks every string of `value` (a JSON answer's part, a stream's
-    /// event) in place: what the answer's rules mask masked, the prompt's
-    /// values put back; true when a string changed.
-    pub fn check_answer(&self, value: &mut Json, vault: &mut Vault, verdict: &mut Verdict) -> bool {
+    /// event) in place: what the answer's rules mask masked, and, with
+    /// `restore`, the prompt's values put back; true when a string changed.
+    pub fn check_answer(
+        &self,
+        value: &mut Json,
+        vault: &mut Vault,
+        verdict: &mut Verdict,
+        restore: bool,
+    ) -> bool {
         let mut changed = false;
         each_string_mut(value, &mut |s| {
             let found = self.answer_findings(s, 0, vault, verdict);
             if found.iter().any(|(_, a)| *a == Action::Block) {
                 return;
             }
-            if let std::borrow::Cow::Owned(to) = self.answer_text(s, &found, vault) {
+            if let std::borrow::Cow::Owned(to) = self.answer_text(s, &found, vault, restore) {
                 *s = to;
                 changed = true;
             }
@@ -526,7 +630,7 @@ impl Guardrails {
                 let mut masks: Vec<Finding> = Vec::new();
                 for f in &found {
                     let Some((rule, action)) = self
-                        .rule_of(f.detector, Side::Prompt)
+                        .rule_of(f.detector, Side::Prompt, vault.scope())
                         .and_then(|k| Some((k, self.rules.get(k)?.action)))
                     else {
                         continue;
@@ -537,7 +641,8 @@ impl Guardrails {
                     }
                 }
                 if !masks.is_empty() {
-                    let restores = |d| self.restores(d);
+                    let scope = vault.scope();
+                    let restores = |d| self.restores(d, scope);
                     let to = vault
                         .mask_as(text, &masks, detectors, &restores, false)
                         .into_owned();
@@ -661,6 +766,50 @@ mod tests {
         );
         assert_eq!(v.blocked_by(), None);
         assert!(v.fired.is_empty());
+    }
+
+    #[test]
+    fn a_rule_applies_to_its_priorities_and_models_only() {
+        let g = rules(
+            r#"[{"name":"p2-secrets","detect":["secrets"],"priorities":["P2"]},
+                {"name":"gpt-pii","detect":["email"],"action":"mask","models":["gpt-4o*","o3"]}]"#,
+        );
+        let body =
+            format!(r#"{{"messages":[{{"role":"user","content":"{KEY} to ann@example.com"}}]}}"#);
+        let checked = |priority: Priority, model: &str| {
+            let mut vault = Vault::new();
+            vault.limit_to(g.applying(priority, Some(model)));
+            let tree = Json::parse(body.as_bytes()).unwrap();
+            g.check(&tree, &["messages"], &mut vault).fired
+        };
+        assert_eq!(checked(Priority::P2, "gpt-4o-mini"), vec![0, 1]);
+        assert_eq!(checked(Priority::P1, "gpt-4o"), vec![1]);
+        assert_eq!(checked(Priority::P1, "o3"), vec![1]);
+        assert!(checked(Priority::P0, "claude-sonnet-4").is_empty());
+        assert_eq!(
+            g.applying(Priority::P1, None),
+            0,
+            "no model: no model's rule"
+        );
+        // Without scopes, every rule applies.
+        assert_eq!(
+            rules(r#"[{"name":"a","detect":["email"]}]"#).applying(Priority::P0, None),
+            1
+        );
+        for (bad, field) in [
+            (r#""priorities":["P3"]"#, "rules[0].priorities[0]"),
+            (r#""priorities":["p2 "]"#, "rules[0].priorities[0]"),
+            (r#""priorities":"P2""#, "rules[0].priorities"),
+            (r#""models":[""]"#, "rules[0].models[0]"),
+            (r#""models":["*"]"#, "rules[0].models[0]"),
+            (r#""models":["gpt-*-mini"]"#, "rules[0].models[0]"),
+        ] {
+            let e = compiled(&format!(
+                r#"{{"rules":[{{"name":"a","detect":["email"],{bad}}}]}}"#
+            ))
+            .unwrap_err();
+            assert_eq!(e.field, field, "{bad}: {e}");
+        }
     }
 
     #[test]

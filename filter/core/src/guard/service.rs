@@ -27,6 +27,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
+use super::policy::{On, Side};
 use super::{string_at, Action};
 use crate::config::error::ConfigError;
 use crate::config::service::{Callout, Defaults, RawService, Service};
@@ -116,6 +117,8 @@ pub struct RawGuardService {
     pub on_error: Option<String>,
     /// `before` or `parallel`.
     pub mode: Option<String>,
+    /// `prompt`, `answer` or `both`.
+    pub on: Option<String>,
     /// OpenAI's moderation model.
     pub model: Option<String>,
     /// Azure's least severity that flags.
@@ -142,6 +145,8 @@ pub struct GuardService {
     /// Asked while the call goes upstream, its answer held for the verdict
     /// (`mode: parallel`), rather than before it leaves.
     pub parallel: bool,
+    /// What it is asked about: prompts, answers or both.
+    pub on: On,
     model: String,
     threshold: u8,
 }
@@ -160,6 +165,8 @@ pub enum Failure {
     Invalid,
     /// More text than the service reads in one call.
     TooLong,
+    /// A streamed answer, which is not sent to the service.
+    Stream,
 }
 
 impl Failure {
@@ -171,6 +178,7 @@ impl Failure {
             Self::Status => "status",
             Self::Invalid => "invalid",
             Self::TooLong => "too_long",
+            Self::Stream => "stream",
         }
     }
 }
@@ -214,6 +222,7 @@ impl RawGuardService {
                 "action" => r.action = Some(text()?),
                 "on_error" => r.on_error = Some(text()?),
                 "mode" => r.mode = Some(text()?),
+                "on" => r.on = Some(text()?),
                 "model" => r.model = Some(text()?),
                 "guardrail_id" => r.guardrail_id = Some(text()?),
                 "guardrail_version" => r.guardrail_version = Some(text()?),
@@ -295,6 +304,11 @@ impl GuardService {
             Some(_) => return Err(ConfigError::new("on_error", "is `allow` or `refuse`")),
         };
         let parallel = parallel(raw.mode.as_deref(), action)?;
+        let on = match raw.on.as_deref() {
+            None => On::Prompt,
+            Some(o) => On::parse(o)
+                .ok_or_else(|| ConfigError::new("on", "is `prompt`, `answer` or `both`"))?,
+        };
         let path = match (raw.path, preset) {
             (Some(p), _) => p,
             (None, Preset::OpenAiModeration) => PATH.default.to_string(),
@@ -341,14 +355,16 @@ impl GuardService {
             action,
             on_error,
             parallel,
+            on,
             model: MODEL.or_string(raw.model),
             threshold: THRESHOLD.read(raw.threshold)?,
         })
     }
 
-    /// The callout asking about `texts` of a call of `api`: its headers and
-    /// body; `Err(TooLong)` when the service cannot read them in one call.
-    pub fn request(&self, texts: &[&str], api: &str) -> Result<Callout, Failure> {
+    /// The callout asking about `texts` of a call of `api`, of its prompt
+    /// or its answer (`side`): its headers and body; `Err(TooLong)` when the
+    /// service cannot read them in one call.
+    pub fn request(&self, texts: &[&str], api: &str, side: Side) -> Result<Callout, Failure> {
         let body = match self.preset {
             Preset::OpenAiModeration => json!({"model": self.model, "input": texts}),
             Preset::AzureContentSafety => {
@@ -360,9 +376,19 @@ impl GuardService {
             }
             Preset::BedrockGuardrail => {
                 let content: Vec<_> = texts.iter().map(|t| json!({"text": {"text": t}})).collect();
-                json!({"source": "INPUT", "content": content})
+                let source = match side {
+                    Side::Prompt => "INPUT",
+                    Side::Answer => "OUTPUT",
+                };
+                json!({"source": source, "content": content})
             }
-            Preset::Webhook => json!({"api": api, "texts": texts}),
+            Preset::Webhook => {
+                let mut asked = json!({"api": api, "texts": texts});
+                if let (Side::Answer, Value::Object(m)) = (side, &mut asked) {
+                    m.insert("source".into(), Value::from("answer"));
+                }
+                asked
+            }
         }
         .to_string();
         let headers = self.service.request_headers(
@@ -490,6 +516,19 @@ const NOT_TEXT: &[&str] = &[
     "signature",
     "detail",
     "format",
+    "finish_reason",
+    "finishReason",
+    "stop_reason",
+    "stop_sequence",
+];
+
+/// Keys whose whole value is no text of a prompt or an answer: a token's
+/// log probabilities, a candidate's ratings, a text's citations.
+const NOT_TEXTS: &[&str] = &[
+    "logprobs",
+    "safetyRatings",
+    "citationMetadata",
+    "annotations",
 ];
 
 /// Calls `f` with each text of `value` (a string the prompt says, by the
@@ -500,6 +539,9 @@ pub fn each_text<'a>(
     path: &mut Vec<usize>,
     f: &mut dyn FnMut(&[usize], &'a str),
 ) {
+    if key.is_some_and(|k| NOT_TEXTS.contains(&k)) {
+        return;
+    }
     match value {
         Json::String(s) if !key.is_some_and(|k| NOT_TEXT.contains(&k)) => f(path, s),
         Json::Array(items) => {

@@ -185,7 +185,7 @@ fn cards_are_an_issuers_numbers_that_pass_luhn() {
             "4111111111111111",
             "4111 1111 1111 1111",
             "4111-1111-1111-1111",
-            "4222222222222",
+            "4222 222 222 222",
             &visa19,
             "378282246310005",
             "3782 822463 10005",
@@ -209,6 +209,10 @@ fn cards_are_an_issuers_numbers_that_pass_luhn() {
             // Groups no card is written in; separators mixed.
             "41 11 1111 1111 1111",
             "4111 1111-1111 1111",
+            // 13 digits alone: an EAN-13 barcode's length (a German one,
+            // Luhn-valid; a 13-digit Visa number, long out of issue).
+            "4006381333932",
+            "4222222222222",
             // Inside a longer number, a decimal, an identifier.
             "41111111111111111111",
             "12 4111 1111 1111 1111",
@@ -1056,4 +1060,24 @@ mod props {
             prop_assert_eq!(vault.restore(&masked, usize::MAX), text.as_str());
         }
     }
+}
+
+#[test]
+fn an_address_after_a_number_and_a_space_is_still_one() {
+    // A log line's status code, then its client.
+    assert_eq!(
+        values(DetectorId::Ipv6, "GET /v1/chat 200 2001:db8::7 12ms"),
+        ["2001:db8::7"]
+    );
+    assert_eq!(
+        values(DetectorId::Ipv4, "GET /v1/chat 200 10.4.2.17 12ms"),
+        ["10.4.2.17"]
+    );
+    assert_eq!(values(DetectorId::Ipv6, "3 fe80::1 hops"), ["fe80::1"]);
+    // Inside a number still none: after a digit and `.`, `:` or `-`.
+    assert!(values(DetectorId::Ipv4, "1.10.0.0.1").is_empty());
+    assert!(values(DetectorId::Ipv6, "0.2001:db8::7").is_empty());
+    // A card or a phone number after a number and a space: a table's tail.
+    assert!(values(DetectorId::CreditCard, "12 4111 1111 1111 1111").is_empty());
+    assert!(values(DetectorId::Phone, "7 +14155550123").is_empty());
 }

@@ -90,7 +90,7 @@ impl Window {
             })
             .filter(|(f, _)| f.range.start < f.range.end)
             .collect();
-        let out = rules.answer_text(new, &masks, vault).into_owned();
+        let out = rules.answer_text(new, &masks, vault, true).into_owned();
         self.held = whole.get(cut..).unwrap_or_default().to_string();
         let keep = floor_char(passed, passed.len().saturating_sub(CONTEXT));
         let keep = ceil_char(passed, keep);

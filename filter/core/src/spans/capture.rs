@@ -491,6 +491,7 @@ fn rules(cfg: &CaptureConfig) -> Rules<'_> {
     Rules {
         globs: &cfg.redact,
         builtins: cfg.redact_builtins,
+        guarded: cfg.guarded.as_ref(),
     }
 }
 

@@ -10,6 +10,7 @@ use crate::config::error::ConfigError;
 use crate::config::service::{Defaults, Service};
 use crate::config::setting::{Setting, Table};
 use crate::guard::glob::{self, MAX_PATTERNS};
+use crate::guard::Detectors;
 
 /// `path` of the exports.
 const PATH: Setting<&str> = Setting::any("path", "/v1/traces");
@@ -165,7 +166,7 @@ pub struct RawCapture {
 }
 
 /// The compiled `tracing.capture`: off unless asked.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct CaptureConfig {
     /// Capture the prompt.
     pub prompt: bool,
@@ -178,7 +179,25 @@ pub struct CaptureConfig {
     /// Redact e-mail addresses, API keys, tokens, private keys,
     /// credentials, payment card numbers and IBANs by their shape.
     pub redact_builtins: bool,
+    /// The detectors of the guardrails' rules that block or mask
+    /// ([`crate::guard::policy::Guardrails::withheld`]): what they find is
+    /// redacted too, whatever the settings above.
+    pub guarded: Option<Detectors>,
 }
+
+/// Two captures are the same by their settings: `guarded` is built from
+/// the guardrails, which are compared on their own.
+impl PartialEq for CaptureConfig {
+    fn eq(&self, other: &Self) -> bool {
+        self.prompt == other.prompt
+            && self.completion == other.completion
+            && self.max_bytes == other.max_bytes
+            && self.redact == other.redact
+            && self.redact_builtins == other.redact_builtins
+    }
+}
+
+impl Eq for CaptureConfig {}
 
 impl Default for CaptureConfig {
     /// Nothing captured.
@@ -189,6 +208,7 @@ impl Default for CaptureConfig {
             max_bytes: MAX_BYTES.default,
             redact: Vec::new(),
             redact_builtins: REDACT_BUILTINS.default,
+            guarded: None,
         }
     }
 }
@@ -209,6 +229,7 @@ impl CaptureConfig {
             max_bytes: MAX_BYTES.read(raw.max_bytes)?,
             redact,
             redact_builtins: REDACT_BUILTINS.or(raw.redact_builtins),
+            guarded: None,
         })
     }
 

@@ -39,6 +39,37 @@ pub(super) struct AnswerGuard {
     pub(super) unread: Option<Unread>,
     /// What was noted of the check (metrics, the record's names).
     noted: bool,
+    /// The guardrail service's part in a JSON answer's check.
+    pub(super) ask: Ask,
+}
+
+/// Where the guardrail service is in the check of a JSON answer.
+#[derive(Debug, Default)]
+pub(super) enum Ask {
+    /// Not asked (none asks about answers, or not yet).
+    #[default]
+    No,
+    /// Asked about the answer of `size` bytes, `tree` as the rules masked
+    /// it (nothing put back), `sent` texts at `sent_ms`.
+    Asking {
+        size: usize,
+        tree: Json,
+        sent: usize,
+        sent_ms: u64,
+    },
+    /// Let through (flagged with `log`, or unjudged and `on_error: allow`).
+    Passed,
+    /// Masked: the answer's tree with the service's texts, nothing put back.
+    Masked(Json),
+    /// Refused: flagged (true) or unjudged with `on_error: refuse`.
+    Refused(bool),
+}
+
+impl Ask {
+    /// The service was asked (or could not be).
+    pub(super) fn is_asked(&self) -> bool {
+        !matches!(self, Self::No)
+    }
 }
 
 /// What a whole answer comes out as.
@@ -93,14 +124,7 @@ impl AnswerGuard {
         body: &[u8],
     ) -> Result<Checked, Unread> {
         let mut tree = Json::parse(body).ok_or(Unread::NotJson)?;
-        let mut changed = false;
-        if let Json::Object(members) = &mut tree {
-            for (name, value) in members.iter_mut() {
-                if answer.said_fields().contains(&name.as_str()) {
-                    changed |= rules.check_answer(value, vault, &mut self.verdict);
-                }
-            }
-        }
+        let changed = check_said(rules, answer, &mut tree, vault, &mut self.verdict, true);
         if let Some(k) = self.verdict.blocked_by() {
             self.blocked = true;
             return Ok(Checked::Blocked(Some(k)));
@@ -209,6 +233,28 @@ impl AnswerGuard {
     }
 }
 
+/// Checks the members of a JSON answer `tree` that hold what it said, in
+/// place (with `restore`, the prompt's values put back); true when a
+/// string changed.
+pub(super) fn check_said(
+    rules: &Guardrails,
+    answer: &dyn Answer,
+    tree: &mut Json,
+    vault: &mut Vault,
+    verdict: &mut Verdict,
+    restore: bool,
+) -> bool {
+    let mut changed = false;
+    if let Json::Object(members) = tree {
+        for (name, value) in members.iter_mut() {
+            if answer.said_fields().contains(&name.as_str()) {
+                changed |= rules.check_answer(value, vault, verdict, restore);
+            }
+        }
+    }
+    changed
+}
+
 /// A stream's reading for its check.
 #[derive(Debug, Default)]
 struct StreamGuard {
@@ -255,7 +301,9 @@ impl Texts<'_> {
             .deltas(&mut tree, &mut |k, s| texts.push((k, std::mem::take(s))));
         // The rest of the event is read whole (a Responses `*.done` event,
         // the final response).
-        let changed = self.rules.check_answer(&mut tree, self.vault, self.verdict);
+        let changed = self
+            .rules
+            .check_answer(&mut tree, self.vault, self.verdict, true);
         if let Some(k) = self.verdict.blocked_by() {
             return Err(Some(k));
         }
@@ -350,14 +398,27 @@ fn event_head(kind: Option<&[u8]>, out: &mut Vec<u8>) {
     out.extend_from_slice(b"data: ");
 }
 
-/// The words of a refused answer: the rule's name, never what it found.
-fn refusal(rule: Option<&str>, stream: bool) -> String {
+/// Who refused an answer: a rule, or the guardrail service, by name.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum By<'a> {
+    Rule(&'a str),
+    Service(&'a str),
+}
+
+/// The words of a refused answer: who refused it, never what it found;
+/// `None` when it could not be checked.
+fn refusal(by: Option<By<'_>>, stream: bool) -> String {
     let rest = match stream {
         true => "the rest of it was not sent",
         false => "nothing of it was sent",
     };
-    match rule {
-        Some(name) => format!("The answer was blocked by the guardrail rule `{name}`; {rest}."),
+    match by {
+        Some(By::Rule(name)) => {
+            format!("The answer was blocked by the guardrail rule `{name}`; {rest}.")
+        }
+        Some(By::Service(name)) => {
+            format!("The answer was blocked by the guardrail service `{name}`; {rest}.")
+        }
         None => format!("The answer could not be checked by the guardrails; {rest}."),
     }
 }
@@ -365,7 +426,8 @@ fn refusal(rule: Option<&str>, stream: bool) -> String {
 /// The error event that ends a refused stream: the dialect's error body,
 /// named as its streams name an error.
 fn error_event(answer: &dyn Answer, rule: Option<&str>) -> Vec<u8> {
-    let (_, body) = answer.local_error(ReplyKind::AnswerBlocked, &refusal(rule, true));
+    let (_, body) =
+        answer.local_error(ReplyKind::AnswerBlocked, &refusal(rule.map(By::Rule), true));
     let mut out = Vec::with_capacity(body.len() + 24);
     event_head(answer.error_event().map(str::as_bytes), &mut out);
     out.extend_from_slice(&body);
@@ -374,11 +436,14 @@ fn error_event(answer: &dyn Answer, rule: Option<&str>) -> Vec<u8> {
 }
 
 /// The reply that takes a refused JSON answer's place.
-pub(super) fn blocked_reply(rules: &Guardrails, rule: Option<usize>) -> reply::LocalReply {
-    let name = rule
-        .and_then(|k| rules.rules.get(k))
-        .map(|r| r.name.as_str());
-    reply::with_message(ReplyKind::AnswerBlocked, &refusal(name, false), None)
+pub(super) fn blocked_reply(by: Option<By<'_>>) -> reply::LocalReply {
+    reply::with_message(ReplyKind::AnswerBlocked, &refusal(by, false), None)
+}
+
+/// Rule `rule` of `rules`, as who refused an answer.
+pub(super) fn by_rule(rules: &Guardrails, rule: Option<usize>) -> Option<By<'_>> {
+    rule.and_then(|k| rules.rules.get(k))
+        .map(|r| By::Rule(r.name.as_str()))
 }
 
 impl AnswerGuard {
@@ -437,7 +502,7 @@ impl AnswerGuard {
 /// masked in its prompt is to be put back; and its answers say text (an
 /// embeddings answer, vectors, has nothing to check).
 pub(super) fn checks_answers(rules: &Guardrails, vault: &Vault, answer: &dyn Answer) -> bool {
-    (rules.reads(Side::Answer) || vault.restores()) && !answer.said_fields().is_empty()
+    (rules.rules_read(Side::Answer) || vault.restores()) && !answer.said_fields().is_empty()
 }
 
 impl Call {
@@ -458,13 +523,21 @@ impl Call {
             && response.envoy.is_none()
             && response.replacement.is_none();
         let answer = self.request.dialect.answer();
-        if !ok
-            || end_of_stream
-            || !checks_answers(&env.config.guardrails, &self.decided.vault, answer)
-        {
+        let rules = &env.config.guardrails;
+        // The service is asked about a JSON answer that says something.
+        let asked = rules.asks(Side::Answer).is_some() && !answer.said_fields().is_empty();
+        if !ok || end_of_stream {
             return false;
         }
-        response.guard = Some(AnswerGuard::new(stream));
+        if stream && asked && self.stream_unasked(env, host) {
+            return false;
+        }
+        if !(checks_answers(rules, &self.decided.vault, answer) || asked && !stream) {
+            return false;
+        }
+        if let Some(response) = self.response.as_mut() {
+            response.guard = Some(AnswerGuard::new(stream));
+        }
         set_response(env, host, "content-length", None);
         !stream
     }
@@ -487,8 +560,12 @@ impl Call {
             }
             return Some(Step::Continue);
         }
-        if !g.holds_json() || end_of_stream {
+        if !g.holds_json() {
             return None;
+        }
+        if end_of_stream {
+            // The guardrail service is asked about it, when it is.
+            return self.ask_about_answer(env, host, size);
         }
         if size <= env.config.max_body_bytes {
             return Some(Step::Pause);
@@ -522,31 +599,50 @@ impl Call {
         if !g.holds_json() {
             return;
         }
-        let checked = g
-            .check_json(rules, answer, vault, body)
-            .unwrap_or_else(|why| g.unread(rules, why));
+        let checked = match std::mem::take(&mut g.ask) {
+            Ask::Refused(flagged) => {
+                let name = rules.asks(Side::Answer).map(|s| s.name.as_str());
+                Err(name.filter(|_| flagged).map(By::Service))
+            }
+            Ask::Masked(mut tree) => {
+                // The service's texts, the prompt's values put back.
+                check_said(rules, answer, &mut tree, vault, &mut g.verdict, true);
+                let mut out = Vec::with_capacity(body.len());
+                tree.write(&mut out);
+                // What the service flagged is not stored.
+                self.forget_answer(env);
+                Ok(Checked::Body(out))
+            }
+            _ => Ok(g
+                .check_json(rules, answer, vault, body)
+                .unwrap_or_else(|why| g.unread(rules, why))),
+        };
         match checked {
-            Checked::Pass => {}
-            Checked::Body(b) => {
+            Ok(Checked::Pass) => {}
+            Ok(Checked::Body(b)) => {
                 if !host.set_response_body(size, &b) {
                     internal_error(env.metrics, "set_response_body");
                 }
             }
-            Checked::Blocked(rule) => self.refuse_answer(env, host, size, rule),
+            Ok(Checked::Blocked(rule)) => {
+                self.refuse_answer(env, host, size, by_rule(rules, rule));
+            }
+            Err(by) => self.refuse_answer(env, host, size, by),
         }
         self.note_answer(env);
     }
 
-    /// Puts the refusal of the answer (by `rule`, or unread) in its place:
-    /// status, headers and body; nothing of it is stored.
+    /// Puts the refusal of the answer (`by` a rule or the service, or
+    /// unread) in its place: status, headers and body; nothing of it is
+    /// stored.
     fn refuse_answer(
         &mut self,
         env: &mut Env<'_>,
         host: &mut dyn Host,
         size: usize,
-        rule: Option<usize>,
+        by: Option<By<'_>>,
     ) {
-        let r = blocked_reply(&env.config.guardrails, rule).in_dialect(self.request.dialect);
+        let r = blocked_reply(by).in_dialect(self.request.dialect);
         set_response(env, host, ":status", Some(&r.status.to_string()));
         for (name, value) in &r.headers {
             set_response(env, host, name, Some(value));

@@ -18,7 +18,7 @@ use crate::json::Json;
 use crate::metrics::{self as names, internal_error};
 use crate::summary::EnvoyReply;
 
-use super::answer::{blocked_reply, Checked};
+use super::answer::{blocked_reply, by_rule, Checked};
 use super::state::{Answer, Fill, Response};
 use super::{set_request, set_response, BodyCopy, Call, Env, Flow, HeldBody, Host, Step, Wake};
 
@@ -299,7 +299,7 @@ impl Call {
             Checked::Pass => {}
             Checked::Body(b) => reply.body = b,
             Checked::Blocked(rule) => {
-                let r = blocked_reply(&env.config.guardrails, rule);
+                let r = blocked_reply(by_rule(&env.config.guardrails, rule));
                 self.reply_locally(env, host, r);
                 return true;
             }

@@ -20,7 +20,7 @@ use crate::routing::{self, affinity, RouteAsk, RouteDecision, RoutingConfig};
 use crate::summary::{End, Try};
 use crate::walk::CallWait;
 
-use super::answer::{blocked_reply, Checked};
+use super::answer::{blocked_reply, by_rule, Checked};
 use super::credentials::credential_unavailable;
 use super::end::Served;
 use super::state::Response;
@@ -307,6 +307,9 @@ impl Call {
             CallWait::Embedding if matches!(phase, Phase::Embedding { .. }) => {
                 self.embedding_answered(env, host, &answer)
             }
+            CallWait::Guardrail if self.awaits_answer_verdict() => {
+                self.answer_verdict(env, host, &answer)
+            }
             CallWait::Guardrail
                 if matches!(phase, Phase::Guarding { .. }) || self.progress.awaits_verdict() =>
             {
@@ -500,7 +503,7 @@ impl Call {
             Checked::Body(b) => b,
             Checked::Pass => body,
             Checked::Blocked(rule) => {
-                let r = blocked_reply(&env.config.guardrails, *rule);
+                let r = blocked_reply(by_rule(&env.config.guardrails, *rule));
                 return matches!(self.reply_locally(env, host, r), Step::Pause);
             }
         };

@@ -19,6 +19,8 @@ pub struct FakeHost {
     pub response_body: Vec<u8>,
     pub code_details: Option<String>,
     pub local_reply: Option<(u32, BTreeMap<String, String>, Vec<u8>)>,
+    /// Local replies sent (the last is `local_reply`).
+    pub replies: u32,
     pub route_cache_cleared: u32,
     /// Callouts sent.
     pub callouts: Vec<Callout>,
@@ -166,6 +168,7 @@ impl Host for FakeHost {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         self.local_reply = Some((status, headers, body.to_vec()));
+        self.replies += 1;
         true
     }
     fn set_property(&mut self, path: &str, value: &[u8]) -> bool {

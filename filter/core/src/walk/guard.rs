@@ -66,11 +66,15 @@ impl Call {
             set_request(env, host, "accept-encoding", None);
         }
         let rules = &env.config.guardrails;
+        // The rules of the call's priority and model.
+        let scope = rules.applying(self.request.priority, self.request.view.model.as_deref());
+        self.decided.vault.limit_to(scope);
         if !rules.reads(Side::Prompt) {
             return ControlFlow::Continue(body);
         }
         let api = self.request.dialect;
         let mut vault = Vault::new();
+        vault.limit_to(scope);
         let (verdict, unread) = match body.as_ref().map(HeldBody::tree) {
             None => (None, Some(Unread::NotHeld)),
             Some(None) => (None, Some(Unread::NotJson)),

@@ -16,12 +16,14 @@ use std::ops::ControlFlow;
 
 use crate::budget::reply::{self, LocalReply};
 use crate::dialect::answer::ReplyKind;
-use crate::guard::policy::Action;
+use crate::guard::policy::{Action, Side, Verdict};
 use crate::guard::service::{self, Failure, GuardService, Judged, OnError};
+use crate::json::Json;
 use crate::metrics as names;
 
+use super::answer::{blocked_reply, check_said, Ask};
 use super::state::Held;
-use super::{Call, CallWait, CalloutAnswer, Env, Flow, HeldBody, Host, Phase, Step};
+use super::{set_response, Call, CallWait, CalloutAnswer, Env, Flow, HeldBody, Host, Phase, Step};
 
 impl Call {
     /// Sends the prompt's texts to the guardrail service and parks the call
@@ -34,7 +36,7 @@ impl Call {
         body: Option<HeldBody>,
     ) -> Flow {
         let guardrails = &env.config.guardrails;
-        let Some(svc) = guardrails.service.as_ref() else {
+        let Some(svc) = guardrails.asks(Side::Prompt) else {
             return ControlFlow::Continue(body);
         };
         // A body the rules could not read was settled by them (`unchecked`).
@@ -49,7 +51,7 @@ impl Call {
             if texts.is_empty() {
                 return Ok(None);
             }
-            svc.request(&texts, api.api())
+            svc.request(&texts, api.api(), Side::Prompt)
                 .map(|r| Some((r, texts.len())))
         });
         let sent = match asked {
@@ -190,7 +192,7 @@ impl Call {
         match svc.read(answer.status, &answer.body, sent) {
             Ok(Judged::Pass) => Ok(None),
             Ok(Judged::Flagged(masked)) => {
-                self.note_service_fired(env, svc);
+                self.note_service_fired(env, svc, Side::Prompt);
                 // A masking service that masked nothing refuses the call.
                 if svc.action == Action::Block || (svc.action == Action::Mask && masked.is_none()) {
                     let message = format!(
@@ -238,20 +240,181 @@ impl Call {
         ))
     }
 
-    /// Counts the service's flag and names it beside the rules that fired.
-    fn note_service_fired(&mut self, env: &mut Env<'_>, svc: &GuardService) {
+    /// Counts the service's flag on `side` and names it beside the rules
+    /// that fired.
+    fn note_service_fired(&mut self, env: &mut Env<'_>, svc: &GuardService, side: Side) {
         let labels = [
             ("rule", svc.name.as_str()),
             ("action", svc.action.as_str()),
             ("api", self.request.dialect.api()),
         ];
-        env.metrics
-            .counter(&names::name(names::GUARDRAIL_FIRED, &labels), 1);
-        let fired = format!("{}:{}", svc.name, svc.action.as_str());
+        let (metric, tail) = match side {
+            Side::Prompt => (names::GUARDRAIL_FIRED, ""),
+            Side::Answer => (names::GUARDRAIL_ANSWER_FIRED, ":answer"),
+        };
+        env.metrics.counter(&names::name(metric, &labels), 1);
+        let fired = format!("{}:{}{tail}", svc.name, svc.action.as_str());
         self.decided.guardrails = Some(match self.decided.guardrails.take() {
             Some(rules) => format!("{rules},{fired}"),
             None => fired,
         });
+    }
+}
+
+impl Call {
+    /// The end of a JSON answer held for its check, `size` bytes: when the
+    /// service is asked about answers, its texts — as the rules mask them,
+    /// none of the prompt's values put back — go to it, and the answer
+    /// waits for the verdict (`Some(Pause)`). `None` when the walk reads it
+    /// now: not asked, asked already, or the rules settle it (they block,
+    /// or cannot read it).
+    pub(super) fn ask_about_answer(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        size: usize,
+    ) -> Option<Step> {
+        let rules = &env.config.guardrails;
+        let svc = rules.asks(Side::Answer)?;
+        let asked = self.response.as_ref()?.guard.as_ref()?.ask.is_asked();
+        if asked {
+            return None;
+        }
+        let answer = self.request.dialect.answer();
+        let mut tree = Json::parse(&host.response_body(size)?)?;
+        let mut vault = self.decided.vault.clone();
+        let mut verdict = Verdict::default();
+        check_said(rules, answer, &mut tree, &mut vault, &mut verdict, false);
+        if verdict.blocked_by().is_some() || verdict.truncated {
+            return None;
+        }
+        let api = self.request.dialect.api();
+        let callout = match service::texts(&tree, answer.said_fields(), rules.max_scan_bytes) {
+            None => Err(Failure::TooLong),
+            Some(texts) if texts.is_empty() => return None,
+            Some(texts) => svc
+                .request(&texts, api, Side::Answer)
+                .map(|c| (c, texts.len())),
+        };
+        let sent = callout.and_then(|(c, n)| {
+            self.ask_service(env, host, &svc.service, &c, CallWait::Guardrail)
+                .then_some(n)
+                .ok_or(Failure::Dispatch)
+        });
+        // The values the rules masked keep their placeholders.
+        self.decided.vault = vault;
+        let (ask, step) = match sent {
+            Ok(sent) => {
+                let sent_ms = env.now_ms;
+                let ask = Ask::Asking {
+                    size,
+                    tree,
+                    sent,
+                    sent_ms,
+                };
+                (ask, Some(Step::Pause))
+            }
+            Err(failure) => match self.unjudged(env, svc, failure) {
+                Some(_) => (Ask::Refused(false), None),
+                None => (Ask::Passed, None),
+            },
+        };
+        let g = self.response.as_mut()?.guard.as_mut()?;
+        g.ask = ask;
+        g.verdict = verdict;
+        step
+    }
+
+    /// A stream is not sent to the service asked about answers: counted,
+    /// and with `on_error: refuse`, refused before a byte of it goes (true:
+    /// the refusal takes its place, as an Envoy reply's does).
+    pub(super) fn stream_unasked(&mut self, env: &mut Env<'_>, host: &mut dyn Host) -> bool {
+        let Some(svc) = env.config.guardrails.asks(Side::Answer) else {
+            return false;
+        };
+        if self.unjudged(env, svc, Failure::Stream).is_none() {
+            return false;
+        }
+        let r = blocked_reply(None).in_dialect(self.request.dialect);
+        set_response(env, host, ":status", Some(&r.status.to_string()));
+        for (name, value) in &r.headers {
+            set_response(env, host, name, Some(value));
+        }
+        set_response(env, host, "content-length", None);
+        if let Some(response) = self.response.as_mut() {
+            response.replacement = Some(r.body);
+        }
+        self.cache.fill = None;
+        self.release_lease(env);
+        true
+    }
+
+    /// The service's verdict on an answer is awaited.
+    pub(super) fn awaits_answer_verdict(&self) -> bool {
+        self.response
+            .as_ref()
+            .and_then(|r| r.guard.as_ref())
+            .is_some_and(|g| matches!(g.ask, Ask::Asking { .. }))
+    }
+
+    /// The service answered about the answer (or did not in time): the
+    /// answer is read on as it is, masked by its texts or refused, and the
+    /// response goes on.
+    pub(super) fn answer_verdict(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        answer: &CalloutAnswer,
+    ) -> Step {
+        let Some(svc) = env.config.guardrails.asks(Side::Answer) else {
+            return Step::Continue;
+        };
+        let Some(g) = self.response.as_mut().and_then(|r| r.guard.as_mut()) else {
+            return Step::Continue;
+        };
+        let Ask::Asking {
+            size,
+            mut tree,
+            sent,
+            sent_ms,
+        } = std::mem::take(&mut g.ask)
+        else {
+            return Step::Pause;
+        };
+        env.metrics.histogram(
+            names::GUARDRAIL_SERVICE_DURATION,
+            env.now_ms.saturating_sub(sent_ms),
+        );
+        let fields = self.request.dialect.answer().said_fields();
+        let ask = match svc.read(answer.status, &answer.body, sent) {
+            Ok(Judged::Pass) => Ask::Passed,
+            Ok(Judged::Flagged(masked)) => {
+                self.note_service_fired(env, svc, Side::Answer);
+                match (svc.action, masked) {
+                    (Action::Log, _) => Ask::Passed,
+                    (Action::Mask, Some(masked)) => {
+                        for (field, _, value) in service::put_back(&tree, fields, &masked) {
+                            if let Json::Object(members) = &mut tree {
+                                if let Some((_, v)) = members.iter_mut().find(|(k, _)| k == field) {
+                                    *v = value;
+                                }
+                            }
+                        }
+                        Ask::Masked(tree)
+                    }
+                    // A masking service that masked nothing refuses it.
+                    _ => Ask::Refused(true),
+                }
+            }
+            Err(failure) => match self.unjudged(env, svc, failure) {
+                Some(_) => Ask::Refused(false),
+                None => Ask::Passed,
+            },
+        };
+        if let Some(g) = self.response.as_mut().and_then(|r| r.guard.as_mut()) {
+            g.ask = ask;
+        }
+        self.on_response_body(env, host, size, true)
     }
 }
 

@@ -26,4 +26,19 @@ impl Call {
     ) -> Step {
         Step::Pause
     }
+
+    /// No answer waits for a verdict.
+    pub(super) fn awaits_answer_verdict(&self) -> bool {
+        false
+    }
+
+    /// Never asked for.
+    pub(super) fn answer_verdict(
+        &mut self,
+        _env: &mut Env<'_>,
+        _host: &mut dyn Host,
+        _answer: &CalloutAnswer,
+    ) -> Step {
+        Step::Pause
+    }
 }

@@ -81,7 +81,9 @@ impl Call {
         }
     }
 
-    /// Response body callback.
+    /// Response body callback (called again when a verdict on the answer
+    /// comes: kept whole once, not inlined there).
+    #[inline(never)]
     pub fn on_response_body(
         &mut self,
         env: &mut Env<'_>,

@@ -7,7 +7,7 @@ fn service(written: serde_json::Value) -> Result<GuardService, ConfigError> {
 }
 
 fn body_of(s: &GuardService, texts: &[&str]) -> serde_json::Value {
-    let (headers, body) = s.request(texts, "chat").unwrap();
+    let (headers, body) = s.request(texts, "chat", Side::Prompt).unwrap();
     assert!(headers.contains(&(":method".into(), "POST".into())));
     assert!(headers.contains(&("content-length".into(), body.len().to_string())));
     serde_json::from_slice(&body).unwrap()
@@ -36,7 +36,7 @@ fn each_preset_asks_in_its_services_shape() {
     );
     let long = "x".repeat(AZURE_MAX_CHARS + 1);
     assert_eq!(
-        azure.request(&[&long], "chat").unwrap_err(),
+        azure.request(&[&long], "chat", Side::Prompt).unwrap_err(),
         Failure::TooLong
     );
     let bedrock = service(json!({"preset": "bedrock_guardrail", "cluster": "bedrock",

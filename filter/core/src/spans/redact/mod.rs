@@ -11,7 +11,7 @@
 use std::borrow::Cow;
 
 use crate::guard::glob::separates;
-use crate::guard::{ceil_char, covered, floor_char, Budget, View};
+use crate::guard::{ceil_char, covered, floor_char, sort_findings, Budget, Detectors, View};
 
 /// What a redacted word becomes.
 pub const REDACTED: &str = "[REDACTED]";
@@ -23,6 +23,8 @@ pub struct Rules<'a> {
     pub globs: &'a [String],
     /// The built-in rules apply.
     pub builtins: bool,
+    /// The guardrails' detectors of what they withhold.
+    pub guarded: Option<&'a Detectors>,
 }
 
 /// `text` with what a rule matches, in the text as written or decoded,
@@ -33,6 +35,10 @@ pub struct Rules<'a> {
 pub fn redact<'t>(text: &'t str, rules: &Rules<'_>) -> Cow<'t, str> {
     let mut found = Vec::new();
     View::capture(rules.globs, rules.builtins).scan(text, &mut Budget::unbounded(), &mut found);
+    if let Some(d) = rules.guarded {
+        d.scan(text, &mut Budget::unbounded(), &mut found);
+        sort_findings(&mut found);
+    }
     if found.is_empty() {
         return Cow::Borrowed(text);
     }

@@ -5,6 +5,7 @@ use super::*;
 const BUILTINS: Rules<'static> = Rules {
     globs: &[],
     builtins: true,
+    guarded: None,
 };
 
 fn globs(globs: &[&str]) -> Vec<String> {
@@ -21,6 +22,7 @@ fn words_a_rule_matches_are_replaced_and_the_rest_kept() {
     let r = Rules {
         globs: &globs,
         builtins: true,
+        guarded: None,
     };
     assert_eq!(
         redact("mail bob@example.com, key \"sk-abcdefgh1234\" ok", &r),
@@ -37,6 +39,7 @@ fn words_a_rule_matches_are_replaced_and_the_rest_kept() {
     let none = Rules {
         globs: &[],
         builtins: false,
+        guarded: None,
     };
     assert!(matches!(redact("bob@example.com", &none), Cow::Borrowed(_)));
     // Non-ASCII text around a match.
@@ -211,6 +214,7 @@ fn globs_read_decoded_words() {
     let rules = Rules {
         globs: &globs,
         builtins: false,
+        guarded: None,
     };
     for (text, want) in [
         ("tok_1 xtok_2", "[REDACTED] xtok_2"),
@@ -268,6 +272,7 @@ fn redaction_is_linear_in_the_text() {
     let rules = Rules {
         globs: &globs,
         builtins: true,
+        guarded: None,
     };
     let fastest = |text: &str, runs: usize| {
         (0..runs)
@@ -295,6 +300,7 @@ fn capture_redacts_cards_and_ibans_too() {
     let rules = Rules {
         globs: &[],
         builtins: true,
+        guarded: None,
     };
     assert_eq!(
         redact(
@@ -333,7 +339,7 @@ mod props {
         #[test]
         fn any_text_is_redacted_without_panic(text in ".{0,200}", esc in "[\\\\\"nu0-9a-f]{0,20}", glob in "[a-z*?]{0,6}") {
             let globs = vec![glob];
-            let rules = Rules { globs: &globs, builtins: true };
+            let rules = Rules { globs: &globs, builtins: true, guarded: None };
             let text = format!("{esc}{text}{esc}");
             let out = redact(&text, &rules);
             match &out {

@@ -346,3 +346,85 @@ fn a_clean_prompt_costs_no_host_call_of_its_own() {
     assert_eq!(both, prompt);
     assert!(!both.3.iter().any(|(n, _)| n == "accept-encoding"));
 }
+
+/// Capture never keeps what a rule that blocks or masks withholds: a value
+/// masked in the answer (a phone number, which capture's own rules let
+/// be), an answer refused for a codename, a prompt's value the client gets
+/// restored. Both the record's prompt and its completion are checked.
+#[test]
+fn capture_keeps_nothing_a_rule_withholds_from_the_provider_or_the_client() {
+    const PHONE: &str = "+14155550123";
+    const OTHER_PHONE: &str = "+442071838750";
+    let mut w = World::new(
+        r#"{"guardrails":{"rules":[
+              {"name":"phones","detect":["phone"],"action":"mask","on":"both","restore":true},
+              {"name":"codename","words":["project falcon"],"action":"block","on":"answer"},
+              {"name":"noted","words":["bluebird"],"action":"log","on":"both"}]},
+            "tracing":{"capture":{"prompt":true,"completion":true}},
+            "access_log":{"enabled":true}}"#,
+    );
+    let captured = |host: &FakeHost| {
+        let r = record(host);
+        format!("{} {}", r["input_messages"], r["output_messages"])
+    };
+    // Masked in the prompt, restored for the client, masked in the answer.
+    let mut host = chat(&format!("call me at {PHONE} about bluebird"));
+    let said = format!("I will call [PHONE_1] or {OTHER_PHONE} about bluebird.");
+    run_answering(&mut w, &mut host, &answer_saying(&said));
+    let got: serde_json::Value = serde_json::from_slice(&host.response_body).unwrap();
+    assert_eq!(
+        got["choices"][0]["message"]["content"],
+        format!("I will call {PHONE} or [PHONE_2] about bluebird.")
+    );
+    let kept = captured(&host);
+    assert!(kept.contains("[PHONE_1]"), "{kept}");
+    assert!(
+        kept.contains("bluebird"),
+        "a log rule withholds nothing: {kept}"
+    );
+    for planted in [PHONE, OTHER_PHONE, "4155550123", "2071838750"] {
+        assert!(!kept.contains(planted), "{planted} captured: {kept}");
+    }
+    // An answer refused for what it said: not captured either.
+    let mut host = chat("what is the plan?");
+    run_answering(
+        &mut w,
+        &mut host,
+        &answer_saying("Project Falcon ships Monday."),
+    );
+    assert_eq!(host.response(":status"), Some("502"));
+    let kept = captured(&host);
+    assert!(!kept.to_lowercase().contains("falcon"), "{kept}");
+}
+
+/// A rule scoped to priorities and models applies to those calls only:
+/// the priority the call was given, the model it asks for.
+#[test]
+fn a_scoped_rule_applies_to_its_priorities_and_models_only() {
+    let mut w = World::new(
+        r#"{"guardrails":{"rules":[
+              {"name":"batch-secrets","detect":["secrets"],"priorities":["P2"]},
+              {"name":"mini-pii","detect":["email"],"action":"mask","models":["gpt-4o-mini*"]}]},
+            "access_log":{"enabled":true}}"#,
+    );
+    let prompt = format!("deploy with {KEY}, mail {MAIL}");
+    let call = |model: &str, priority: &str| {
+        let body = serde_json::json!({"model": model,
+            "messages": [{"role": "user", "content": prompt}]});
+        FakeHost::post("/v1/chat/completions")
+            .with_header("x-request-priority", priority)
+            .with_body(&body.to_string())
+    };
+    let mut host = call("gpt-4o", "P2");
+    assert_eq!(run(&mut w, &mut host), Step::Pause);
+    assert_eq!(host.local_reply.as_ref().map(|r| r.0), Some(400));
+    let mut host = call("gpt-4o", "P1");
+    assert_eq!(run(&mut w, &mut host), Step::Continue);
+    let sent = String::from_utf8(host.request_body.clone()).unwrap();
+    assert!(sent.contains(KEY) && sent.contains(MAIL), "{sent}");
+    let mut host = call("gpt-4o-mini-2024-07-18", "P1");
+    assert_eq!(run(&mut w, &mut host), Step::Continue);
+    let sent = String::from_utf8(host.request_body.clone()).unwrap();
+    assert!(sent.contains("[EMAIL_1]") && !sent.contains(MAIL), "{sent}");
+    assert_eq!(record(&host)["guardrails"], "mini-pii:mask");
+}

@@ -340,3 +340,279 @@ fn in_parallel_a_held_stream_is_read_whole_when_released() {
         Step::Continue
     );
 }
+
+/// A service asked about answers (`on`), with a rule that masks phone
+/// numbers in prompts and puts them back.
+fn on_answers(service: &str) -> World {
+    World::new(&format!(
+        r#"{{"guardrails":{{"rules":[
+              {{"name":"phones","detect":["phone"],"action":"mask","restore":true}}],
+              "service":{service}}},
+            "cache":{{"max_entries":8}},
+            "access_log":{{"enabled":true}}}}"#
+    ))
+}
+
+const PHONE: &str = "+14155550123";
+
+fn chat_answer(text: &str) -> String {
+    serde_json::json!({"id": "x", "object": "chat.completion", "created": 7, "model": "gpt-4o",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                     "finish_reason": "stop", "logprobs": null}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
+    .to_string()
+}
+
+/// The call goes upstream (its prompt asked about by nobody) and its JSON
+/// answer `answer` comes whole: the steps of its headers and body.
+fn answered(w: &mut World, call: &mut Call, host: &mut FakeHost, answer: &str) -> (Step, Step) {
+    let mut answered = host
+        .clone()
+        .with_response(200, "application/json", answer)
+        .with_response_header("content-length", &answer.len().to_string());
+    let headers = call.on_response_headers(&mut w.env(), &mut answered, false);
+    answered.response_body = answer.as_bytes().to_vec();
+    let body = call.on_response_body(&mut w.env(), &mut answered, answer.len(), true);
+    *host = answered;
+    (headers, body)
+}
+
+fn start(w: &mut World, host: &mut FakeHost) -> Call {
+    let (mut call, step) = Call::start(&mut w.env(), host, false).unwrap();
+    assert_eq!(step, Step::Pause);
+    let size = host.request_body.len();
+    let step = call.on_request_body(&mut w.env(), host, size, true);
+    assert_eq!(step, Step::Continue, "not asked about the prompt");
+    call
+}
+
+#[test]
+fn an_answers_texts_go_to_the_service_without_the_prompts_values_and_a_flagged_one_is_refused() {
+    let mut w = on_answers(
+        r#"{"name":"moderation","preset":"webhook","cluster":"hook","on":"answer","timeout_ms":300}"#,
+    );
+    let mut host = chat(&format!("call me at {PHONE}"));
+    let mut call = start(&mut w, &mut host);
+    assert!(host.callouts.is_empty(), "the prompt is not asked about");
+    let said = chat_answer("I will call [PHONE_1] about FORBIDDEN");
+    let (headers, body) = answered(&mut w, &mut call, &mut host, &said);
+    assert_eq!(
+        (headers, body),
+        (Step::Pause, Step::Pause),
+        "held for the verdict"
+    );
+    let [(cluster, _, asked, timeout_ms)] = host.callouts.as_slice() else {
+        panic!("one callout: {:?}", host.callouts)
+    };
+    assert_eq!(cluster, "hook");
+    assert!(*timeout_ms <= 300);
+    let asked: serde_json::Value = serde_json::from_slice(asked).unwrap();
+    // The placeholder, never the caller's number; no role, no reason.
+    assert_eq!(
+        asked,
+        serde_json::json!({"api": "chat", "source": "answer",
+                           "texts": ["I will call [PHONE_1] about FORBIDDEN"]})
+    );
+    w.now_ms += 9;
+    let step = call.answer_callout(
+        &mut w.env(),
+        &mut host,
+        verdict(200, serde_json::json!({"flagged": true})),
+    );
+    assert_eq!(
+        step,
+        Step::Continue,
+        "the refusal goes on in the answer's place"
+    );
+    assert_eq!(host.response(":status"), Some("502"));
+    let body: serde_json::Value = serde_json::from_slice(&host.response_body).unwrap();
+    assert_eq!(body["error"]["code"], "llm_filter_guardrail_answer_blocked");
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("guardrail service `moderation`"));
+    assert!(!body.to_string().contains("FORBIDDEN"));
+    call.on_log(&mut w.env());
+    assert_eq!(
+        w.counter(
+            "llm_filter_guardrail_answer_fired_totalrule=.=moderation;.;action=.=block;.;api=.=chat;.;"
+        ),
+        1
+    );
+    assert_eq!(
+        record(&host)["guardrails"],
+        "phones:mask,moderation:block:answer"
+    );
+    // Not stored: the same call goes upstream again, and passes.
+    let mut again = chat(&format!("call me at {PHONE}"));
+    let mut call = start(&mut w, &mut again);
+    answered(&mut w, &mut call, &mut again, &chat_answer("fine"));
+    let step = call.answer_callout(
+        &mut w.env(),
+        &mut again,
+        verdict(200, serde_json::json!({"flagged": false})),
+    );
+    assert_eq!(step, Step::Continue);
+    assert_eq!(
+        again.response(":status"),
+        Some("200"),
+        "the upstream's status stays"
+    );
+    assert!(String::from_utf8_lossy(&again.response_body).contains("fine"));
+}
+
+#[test]
+fn a_masking_service_s_texts_are_the_answer_with_the_callers_values_put_back() {
+    let mut w = on_answers(r#"{"preset":"webhook","cluster":"hook","on":"both","action":"mask"}"#);
+    let mut host = chat(&format!("call me at {PHONE}"));
+    let (mut call, step) = ask(&mut w, &mut host);
+    assert_eq!(step, Step::Pause, "the prompt is asked about first");
+    let step = call.answer_callout(
+        &mut w.env(),
+        &mut host,
+        verdict(200, serde_json::json!({"flagged": false})),
+    );
+    assert_eq!(step, Step::Continue);
+    let said = chat_answer("call [PHONE_1], or mail them at someone@example.com");
+    answered(&mut w, &mut call, &mut host, &said);
+    let masked = serde_json::json!({"flagged": true,
+        "texts": ["call [PHONE_1], or mail them at <EMAIL_ADDRESS>"]});
+    let step = call.answer_callout(&mut w.env(), &mut host, verdict(200, masked));
+    assert_eq!(step, Step::Continue);
+    let got: serde_json::Value = serde_json::from_slice(&host.response_body).unwrap();
+    assert_eq!(
+        got["choices"][0]["message"]["content"],
+        format!("call {PHONE}, or mail them at <EMAIL_ADDRESS>")
+    );
+    assert_eq!(got["choices"][0]["finish_reason"], "stop");
+    call.on_log(&mut w.env());
+    assert_eq!(
+        record(&host)["guardrails"],
+        "phones:mask,service:mask:answer"
+    );
+}
+
+#[test]
+fn no_verdict_on_an_answer_passes_it_or_refuses_it_as_on_error_says() {
+    for (on_error, status) in [("allow", "200"), ("refuse", "502")] {
+        let mut w = on_answers(&format!(
+            r#"{{"preset":"webhook","cluster":"hook","on":"answer","on_error":"{on_error}"}}"#
+        ));
+        let mut host = chat("hello");
+        let mut call = start(&mut w, &mut host);
+        answered(&mut w, &mut call, &mut host, &chat_answer("hi there"));
+        let timeout = CalloutAnswer {
+            status: Some(504),
+            ..CalloutAnswer::default()
+        };
+        assert_eq!(
+            call.answer_callout(&mut w.env(), &mut host, timeout),
+            Step::Continue
+        );
+        assert_eq!(host.response(":status"), Some(status), "{on_error}");
+        let result = if status == "502" {
+            "refused"
+        } else {
+            "allowed"
+        };
+        assert_eq!(
+            w.counter(&format!(
+                "llm_filter_guardrail_service_failures_totalrule=.=service;.;reason=.=timeout;.;result=.={result};.;api=.=chat;.;"
+            )),
+            1,
+            "{on_error}"
+        );
+    }
+}
+
+#[test]
+fn a_streamed_answer_is_not_asked_and_falls_under_on_error() {
+    let sse = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-4o\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":null}]}\n\ndata: [DONE]\n\n";
+    for (on_error, status) in [("allow", "200"), ("refuse", "502")] {
+        let mut w = on_answers(&format!(
+            r#"{{"preset":"webhook","cluster":"hook","on":"answer","on_error":"{on_error}"}}"#
+        ));
+        let mut host = chat("hello");
+        let mut call = start(&mut w, &mut host);
+        let mut answered = host.clone().with_response(200, "text/event-stream", sse);
+        call.on_response_headers(&mut w.env(), &mut answered, false);
+        answered.response_body = sse.as_bytes().to_vec();
+        call.on_response_body(&mut w.env(), &mut answered, sse.len(), true);
+        assert!(answered.callouts.is_empty(), "{on_error}");
+        assert_eq!(answered.response(":status"), Some(status), "{on_error}");
+        let body = String::from_utf8_lossy(&answered.response_body).to_string();
+        match status {
+            "200" => assert_eq!(body, sse),
+            _ => assert!(
+                body.contains("llm_filter_guardrail_answer_blocked"),
+                "{body}"
+            ),
+        }
+    }
+}
+
+/// A call asked about in parallel whose model has two backends, hedged:
+/// its hedge waits for the verdict, and goes once it passed.
+#[test]
+fn in_parallel_a_hedge_waits_for_the_verdict() {
+    let mut config: serde_json::Value = serde_json::from_str(&super::hedged(1.0)).unwrap();
+    config["guardrails"] = serde_json::json!({"service": {"preset": "webhook",
+        "cluster": "hook", "mode": "parallel", "timeout_ms": 1000}});
+    let mut w = World::new(&config.to_string());
+    let (mut call, mut host) = super::routed_to(&mut w, "b");
+    assert_eq!(host.callouts.len(), 1, "the service is asked");
+    w.now_ms += 150;
+    assert_eq!(call.on_tick(&mut w.env(), &mut host), Wake::Wait);
+    assert_eq!(
+        host.callouts.len(),
+        1,
+        "no hedge while the verdict is awaited"
+    );
+    let pass = verdict(200, serde_json::json!({"flagged": false}));
+    assert_eq!(
+        call.answer_callout(&mut w.env(), &mut host, pass),
+        Step::Pause,
+        "nothing came back yet"
+    );
+    assert_eq!(call.on_tick(&mut w.env(), &mut host), Wake::Idle);
+    let (cluster, _, _, _) = host.callouts.last().unwrap();
+    assert_eq!(cluster, "a", "the hedge went once the verdict was in");
+}
+
+/// A call refused here (a limit) while its verdict is awaited: nothing
+/// left and no answer is given, so the refusal goes at once; the verdict,
+/// when it comes, sends no second answer (flagged, it is counted).
+#[test]
+fn in_parallel_a_local_refusal_goes_at_once_and_the_verdict_adds_no_answer() {
+    for flagged in [false, true] {
+        let mut w = World::new(
+            r#"{"guardrails":{"service":{"preset":"webhook","cluster":"hook","mode":"parallel"}},
+                "limits":{"rules":[{"name":"t","by":["tenant"],"requests_per_minute":1}]},
+                "access_log":{"enabled":true}}"#,
+        );
+        let mut first = chat("hello").with_header("authorization", "Bearer a");
+        let (_first, step) = ask(&mut w, &mut first);
+        assert_eq!(step, Step::Continue);
+        let mut host = chat("hello").with_header("authorization", "Bearer a");
+        let (mut call, step) = ask(&mut w, &mut host);
+        assert_eq!(step, Step::Pause);
+        assert_eq!(host.local_reply.as_ref().map(|r| r.0), Some(429));
+        assert_eq!(
+            host.request_headers
+                .iter()
+                .filter(|(k, _)| k == "x-llm-cluster")
+                .count(),
+            0
+        );
+        let v = verdict(200, serde_json::json!({"flagged": flagged}));
+        assert_eq!(call.answer_callout(&mut w.env(), &mut host, v), Step::Pause);
+        assert_eq!(host.replies, 1, "flagged: {flagged}");
+        assert_eq!(host.local_reply.as_ref().map(|r| r.0), Some(429));
+        call.on_log(&mut w.env());
+        // Counted; the record was written with the refusal, before it.
+        let fired = w.counter(
+            "llm_filter_guardrail_fired_totalrule=.=service;.;action=.=block;.;api=.=chat;.;",
+        );
+        assert_eq!(fired, u64::from(flagged));
+    }
+}
