@@ -10,6 +10,7 @@
 
 use serde::Deserialize;
 
+use crate::build;
 use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::config::setting::{Empty, Setting, Table};
@@ -64,11 +65,15 @@ pub struct RawGroup {
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawOverrides {
+    // A part whose feature the build leaves out is not read (`build`
+    // refuses a document that names it): its parser is not in the module.
     /// Routing: entries of the model table that replace the top-level ones.
+    #[cfg_attr(not(feature = "routing"), serde(skip))]
     pub routing: Option<RawRoutingOverride>,
     /// Shaping fields that replace the top-level ones.
     pub shaping: Option<RawShapingConfig>,
     /// The response cache on or off.
+    #[cfg_attr(not(feature = "cache"), serde(skip))]
     pub cache: Option<RawCacheOverride>,
     /// What the degrade levels do to the group's calls (the levels
     /// themselves stay the model's, shared by every group).
@@ -220,7 +225,8 @@ impl AbConfig {
 }
 
 fn compile_group(g: RawGroup, percent: u8, base: &Base<'_>) -> Result<Group, ConfigError> {
-    let routing = match g.overrides.routing {
+    // Never written in a build without routing: nor is its compiler in it.
+    let routing = match g.overrides.routing.filter(|_| build::ROUTING) {
         None => None,
         Some(over) => {
             if let Some(m) = over

@@ -14,24 +14,37 @@ pub const NAME: &str = if cfg!(feature = "full") {
     "sidecar"
 };
 
+/// The build has the response cache.
+pub const CACHE: bool = cfg!(feature = "cache");
+/// The build has routing.
+pub const ROUTING: bool = cfg!(feature = "routing");
+/// The build has limits.
+pub const LIMITS: bool = cfg!(feature = "limits");
+/// The build has the guardrails.
+pub const GUARDRAILS: bool = cfg!(feature = "guardrails");
+/// The build has mesh credentials.
+pub const CREDENTIALS: bool = cfg!(feature = "credentials");
+/// The build exports spans.
+pub const SPANS: bool = cfg!(feature = "spans");
+
 /// Every part of the document a feature owns, and whether this build has
 /// it: a dotted path, where `[]` is every element of an array and `*` every
 /// member of an object.
 const PARTS: &[(&str, bool)] = &[
-    ("cache", cfg!(feature = "cache")),
-    ("routing", cfg!(feature = "routing")),
-    ("limits", cfg!(feature = "limits")),
-    ("guardrails", cfg!(feature = "guardrails")),
-    ("credentials", cfg!(feature = "credentials")),
-    ("tracing.otlp", cfg!(feature = "spans")),
-    ("tracing.capture", cfg!(feature = "spans")),
-    ("ab.groups.[].overrides.routing", cfg!(feature = "routing")),
-    ("ab.groups.[].overrides.cache", cfg!(feature = "cache")),
+    ("cache", CACHE),
+    ("routing", ROUTING),
+    ("limits", LIMITS),
+    ("guardrails", GUARDRAILS),
+    ("credentials", CREDENTIALS),
+    ("tracing.otlp", SPANS),
+    ("tracing.capture", SPANS),
+    ("ab.groups.[].overrides.routing", ROUTING),
+    ("ab.groups.[].overrides.cache", CACHE),
 ];
 
 /// Every degrade action a feature owns (the action's spelling), where the
 /// actions are listed, and whether this build has it.
-const ACTIONS: &[(&str, bool)] = &[("cache", cfg!(feature = "cache"))];
+const ACTIONS: &[(&str, bool)] = &[("cache", CACHE)];
 const ACTION_LISTS: &[&str] = &[
     "degrade.levels.*.*.[]",
     "ab.groups.[].overrides.degrade.levels.*.*.[]",

@@ -330,9 +330,10 @@ impl CacheConfig {
         self.tenant_headers.iter().map(String::as_str).chain(own)
     }
 
-    /// This proxy looks up and stores answers: on, in `local` mode.
+    /// This proxy looks up and stores answers: on, in `local` mode (never
+    /// in a build without the cache, which then holds no table's code).
     pub fn keeps_entries(&self) -> bool {
-        self.enabled && self.mode == Mode::Local
+        crate::build::CACHE && self.enabled && self.mode == Mode::Local
     }
 
     /// The most shared data the cache can ever hold, in bytes: every slot full

@@ -16,6 +16,7 @@ use serde::Deserialize;
 use crate::ab::{self, AbConfig, RawAbConfig};
 use crate::admin::config::{AdminConfig, RawAdminConfig};
 use crate::budget::config::{BudgetConfig, RawBudgetConfig};
+use crate::build::{CREDENTIALS, GUARDRAILS, LIMITS, ROUTING, SPANS};
 use crate::cache::config::{CacheConfig, RawCacheConfig};
 use crate::credentials::{CredentialsConfig, RawCredentialsConfig};
 use crate::degrade::config::{DegradeConfig, RawDegradeConfig};
@@ -303,11 +304,13 @@ impl TryFrom<RawConfig> for Config {
             },
         )
         .map_err(|e| e.within("ab"))?;
-        let mut routing = RoutingConfig::compile(raw.routing).map_err(|e| e.within("routing"))?;
+        let mut routing = section(ROUTING, raw.routing, RoutingConfig::compile)
+            .map_err(|e| e.within("routing"))?;
         probe_group_clusters(&mut routing, &ab);
         let otlp = raw
             .tracing
             .otlp
+            .filter(|_| SPANS)
             .map(|o| OtlpConfig::compile(o).map_err(|e| e.within("tracing.otlp")))
             .transpose()?;
         let access_log = ACCESS_LOG.or(raw.access_log.enabled);
@@ -322,15 +325,19 @@ impl TryFrom<RawConfig> for Config {
             degrade: DegradeConfig::compile(raw.degrade).map_err(|e| e.within("degrade"))?,
             admin: AdminConfig::compile(raw.admin).map_err(|e| e.within("admin"))?,
             priority: PriorityConfig::compile(raw.priority).map_err(|e| e.within("priority"))?,
-            capture: compile_capture(raw.tracing.capture, otlp.as_ref(), access_log)?,
+            capture: section(SPANS, raw.tracing.capture, |c| {
+                compile_capture(c, otlp.as_ref(), access_log)
+            })?,
             otlp,
             tracing: TracingMode::compile(raw.tracing.mode),
             access_log,
-            limits: LimitsConfig::compile(raw.limits).map_err(|e| e.within("limits"))?,
+            limits: section(LIMITS, raw.limits, LimitsConfig::compile)
+                .map_err(|e| e.within("limits"))?,
             tenant: TenantConfig::compile(raw.tenant).map_err(|e| e.within("tenant"))?,
-            credentials: CredentialsConfig::compile(raw.credentials)
+            credentials: section(CREDENTIALS, raw.credentials, CredentialsConfig::compile)
                 .map_err(|e| e.within("credentials"))?,
-            guardrails: compile_guardrails(raw.guardrails)?,
+            guardrails: section(GUARDRAILS, raw.guardrails, Guardrails::compile)
+                .map_err(|e| e.within("guardrails"))?,
             names: Names::default(),
         };
         if config.capture.any() {
@@ -341,13 +348,19 @@ impl TryFrom<RawConfig> for Config {
     }
 }
 
-/// `guardrails`; a build without them refused the section already (`build`)
-/// and compiles none of its reading.
-fn compile_guardrails(raw: RawGuardrails) -> Result<Guardrails, ConfigError> {
-    if !cfg!(feature = "guardrails") {
-        return Ok(Guardrails::default());
+/// Section `raw` compiled by `compile` when the build has its feature
+/// (`has`). Without it the section is never read (`crate::build` refuses a
+/// document that names it), so it is the empty section, its `Default`, and
+/// its compiler is not in the module.
+fn section<R, T: Default>(
+    has: bool,
+    raw: R,
+    compile: impl FnOnce(R) -> Result<T, ConfigError>,
+) -> Result<T, ConfigError> {
+    match has {
+        true => compile(raw),
+        false => Ok(T::default()),
     }
-    Guardrails::compile(raw).map_err(|e| e.within("guardrails"))
 }
 
 /// A cluster only a group routes to is probed like every other.
@@ -486,6 +499,39 @@ fn compile_api(path: &str, name: &str) -> Result<Dialect, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The empty value a build without the section's feature holds in
+    /// place of compiling it is what compiling the empty section gives.
+    #[test]
+    fn a_section_left_out_is_what_its_empty_section_compiles_to() {
+        use crate::routing::affinity::AffinityConfig;
+        assert_eq!(
+            RoutingConfig::default(),
+            check::defaults(RoutingConfig::compile)
+        );
+        assert_eq!(
+            AffinityConfig::default(),
+            check::defaults(AffinityConfig::compile)
+        );
+        assert_eq!(
+            LimitsConfig::default(),
+            check::defaults(LimitsConfig::compile)
+        );
+        assert_eq!(Guardrails::default(), check::defaults(Guardrails::compile));
+        assert_eq!(
+            CredentialsConfig::default(),
+            check::defaults(CredentialsConfig::compile)
+        );
+        assert_eq!(
+            CaptureConfig::default(),
+            check::defaults(|c| compile_capture(c, None, false))
+        );
+        assert_eq!(
+            Config::parse(b"{}").unwrap().otlp,
+            None,
+            "no exporter unless written"
+        );
+    }
 
     #[test]
     fn every_section_that_names_a_model_is_read() {

@@ -210,7 +210,7 @@ pub struct Rule {
 }
 
 /// The compiled `guardrails` section; no rule: off.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Guardrails {
     /// The rules, in the order written.
     pub rules: Vec<Rule>,
@@ -345,6 +345,22 @@ impl PartialEq for Guardrails {
             && self.service == other.service
             && self.unchecked == other.unchecked
             && self.max_scan_bytes == other.max_scan_bytes
+    }
+}
+
+impl Default for Guardrails {
+    /// The empty section, as compiling `{}` gives it (the tests check): no
+    /// rule. A build without guardrails holds it without holding the
+    /// section's compiler.
+    fn default() -> Self {
+        Self {
+            rules: Vec::new(),
+            detectors: None,
+            custom_rule: Vec::new(),
+            unchecked: UNCHECKED.default,
+            max_scan_bytes: usize::try_from(MAX_SCAN_BYTES.default).unwrap_or(usize::MAX),
+            service: None,
+        }
     }
 }
 

@@ -131,10 +131,21 @@ pub struct AffinityConfig {
     pub header: Option<String>,
 }
 
-#[cfg(test)]
 impl Default for AffinityConfig {
+    /// The empty section, as compiling `{}` gives it (the tests check).
     fn default() -> Self {
-        check::defaults(Self::compile)
+        Self {
+            enabled: ENABLED.default,
+            sources: SOURCES
+                .default
+                .iter()
+                .filter_map(|n| Source::ALL.iter().find(|(name, _)| name == n))
+                .map(|&(_, s)| s)
+                .collect(),
+            session_header: DEFAULT_SESSION_HEADER.to_string(),
+            prefix_bytes: PREFIX_BYTES.default,
+            header: Some(DEFAULT_HEADER.to_string()),
+        }
     }
 }
 

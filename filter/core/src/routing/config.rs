@@ -374,11 +374,34 @@ pub struct When {
     pub stream: Option<bool>,
 }
 
-#[cfg(test)]
 impl Default for RoutingConfig {
-    /// The empty section: no model routed, every call passes untouched.
+    /// The empty section, as compiling `{}` gives it (the tests check):
+    /// no model routed, every call passes untouched. A build without
+    /// routing holds it without holding the section's compiler.
     fn default() -> Self {
-        check::defaults(Self::compile)
+        let ms = |s: u64| s.saturating_mul(1_000);
+        Self {
+            models: BTreeMap::new(),
+            clusters: Vec::new(),
+            cluster_header: CLUSTER_HEADER.default.to_string(),
+            probe_interval_ms: ms(PROBE_INTERVAL_S.default),
+            probe_timeout_ms: PROBE_TIMEOUT_MS.default,
+            eject_after_failures: EJECT_AFTER_FAILURES.default,
+            eject_ms: ms(EJECT_S.default),
+            max_eject_ms: ms(MAX_EJECT_S.default.max(EJECT_S.default)),
+            ramp_ms: ms(RAMP_S.default),
+            ewma_half_life_ms: EWMA_HALF_LIFE_S.default * 1_000.0,
+            rules: Vec::new(),
+            failover: FAILOVER.default,
+            hedge: Some(HedgeConfig {
+                priorities: HEDGE_PRIORITIES.default.to_vec(),
+                min_delay_ms: HEDGE_MIN_DELAY_MS.default,
+                max_ratio: HEDGE_MAX_RATIO.default,
+            }),
+            affinity: AffinityConfig::default(),
+            prompt_cache: PromptCacheConfig::default(),
+            fallbacks: Chains::new(),
+        }
     }
 }
 

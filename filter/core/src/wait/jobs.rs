@@ -4,8 +4,18 @@
 //! continuation names the job its answer goes back to.
 
 use crate::degrade::sources::{self, Pull, Puller};
-use crate::routing::probe::{self, Probe, ProbeEnd, Prober};
+use crate::routing::probe::ProbeEnd;
 use crate::walk::{CalloutAnswer, Env};
+
+// A job whose feature the build leaves out is its `*_off.rs` twin: nothing
+// is ever due (filter/core/Cargo.toml).
+#[cfg_attr(not(feature = "routing"), path = "jobs/probes_off.rs")]
+mod probes;
+#[cfg_attr(not(feature = "spans"), path = "jobs/spans_off.rs")]
+mod spans;
+
+use probes::{Probe, Prober};
+pub use spans::SpanExport;
 
 /// One callout a job sends.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,7 +41,7 @@ pub enum Outcome<'a> {
 
 impl<'a> Outcome<'a> {
     /// The end as the probes and pulls read it.
-    fn probe_end(self) -> ProbeEnd<'a> {
+    pub(super) fn probe_end(self) -> ProbeEnd<'a> {
         match self {
             Self::NotSent => ProbeEnd::NotSent,
             Self::Came(a) => ProbeEnd::of(a.status, &a.body),
@@ -39,7 +49,7 @@ impl<'a> Outcome<'a> {
     }
 
     /// The answer's status, when one came.
-    fn status(self) -> Option<u16> {
+    pub(super) fn status(self) -> Option<u16> {
         match self {
             Self::NotSent => None,
             Self::Came(a) => a.status,
@@ -58,51 +68,6 @@ pub trait Job {
     fn finish(&mut self, env: &mut Env<'_>, ask: &Self::Ask, outcome: Outcome<'_>);
     /// The longest answer body `ask` reads (0: none).
     fn reads_body_up_to(ask: &Self::Ask) -> usize;
-}
-
-impl Job for Prober {
-    type Ask = Probe;
-
-    fn due(&mut self, env: &mut Env<'_>) -> Vec<(Callout, Probe)> {
-        let probes = Prober::due(self, &env.config.routing, env.store, env.now_ms);
-        probes
-            .into_iter()
-            .map(|p| {
-                let callout = Callout {
-                    cluster: p.cluster.clone(),
-                    headers: p
-                        .headers
-                        .iter()
-                        .map(|(k, v)| ((*k).to_string(), v.clone()))
-                        .collect(),
-                    body: p.body.clone(),
-                    timeout_ms: p.timeout_ms,
-                };
-                (callout, p)
-            })
-            .collect()
-    }
-
-    fn finish(&mut self, env: &mut Env<'_>, probe: &Probe, outcome: Outcome<'_>) {
-        let cfg = &env.config.routing;
-        Prober::finish(
-            self,
-            cfg,
-            env.store,
-            env.metrics,
-            probe,
-            outcome.probe_end(),
-            env.now_ms,
-        );
-    }
-
-    fn reads_body_up_to(probe: &Probe) -> usize {
-        if probe.kind.reads_body() {
-            probe::MAX_METRICS_BYTES
-        } else {
-            0
-        }
-    }
 }
 
 impl Job for Puller {
@@ -138,39 +103,6 @@ impl Job for Puller {
 
     fn reads_body_up_to(_: &Pull) -> usize {
         sources::MAX_ANSWER_BYTES
-    }
-}
-
-/// The export of the worker's spans (`tracing.otlp`): one batch in flight
-/// at a time, from the queue the calls fill.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SpanExport;
-
-impl Job for SpanExport {
-    type Ask = ();
-
-    fn due(&mut self, env: &mut Env<'_>) -> Vec<(Callout, ())> {
-        let Some(otlp) = env.config.otlp.as_ref() else {
-            return Vec::new();
-        };
-        let Some(batch) = env.spans.due(otlp, env.metrics, env.now_ms) else {
-            return Vec::new();
-        };
-        let callout = Callout {
-            cluster: batch.cluster,
-            headers: batch.headers,
-            body: Some(batch.body),
-            timeout_ms: batch.timeout_ms,
-        };
-        vec![(callout, ())]
-    }
-
-    fn finish(&mut self, env: &mut Env<'_>, _: &(), outcome: Outcome<'_>) {
-        env.spans.finished(env.metrics, outcome.status());
-    }
-
-    fn reads_body_up_to(_: &()) -> usize {
-        0
     }
 }
 

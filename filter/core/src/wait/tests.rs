@@ -1,5 +1,6 @@
 use super::*;
 use crate::metrics::{self as names, ROUTING_PROBES};
+#[cfg(feature = "routing")]
 use crate::routing::probe::{Probe, ProbeKind};
 use crate::walk::fake::World;
 use crate::walk::CallWait;
@@ -128,6 +129,8 @@ fn a_full_registry_hands_the_continuation_back() {
     assert_eq!(waits.len(), MAX_PENDING);
 }
 
+// A job of a feature the build leaves out is never due.
+#[cfg(feature = "routing")]
 #[test]
 fn a_continuation_reads_what_its_answer_needs() {
     let full = Reads {
@@ -165,6 +168,8 @@ fn spans(w: &World, result: &str) -> u64 {
     w.metrics.counters.get(&name).copied().unwrap_or(0)
 }
 
+// A job of a feature the build leaves out is never due.
+#[cfg(feature = "spans")]
 #[test]
 fn the_span_export_is_due_with_a_batch_and_finishes_with_its_answer() {
     let mut w = World::new(r#"{"tracing":{"otlp":{"cluster":"otel","batch_size":1}}}"#);
@@ -194,6 +199,8 @@ fn the_span_export_is_due_with_a_batch_and_finishes_with_its_answer() {
     assert_eq!(spans(&w, "failed"), 1);
 }
 
+// A job of a feature the build leaves out is never due.
+#[cfg(feature = "routing")]
 #[test]
 fn the_probes_are_due_once_per_interval_and_finish_into_the_health_counts() {
     let mut w =

@@ -186,8 +186,7 @@ impl Call {
     /// Routing, the budget breaker and the clusters' load learn from one try
     /// of the call, whose model `model` labels the try's tokens.
     pub(super) fn learn_from(&self, env: &mut Env<'_>, model: &str, t: &Try<'_>) {
-        let routing = self.routing_config(env.config);
-        routing::learn::ended(env.store, routing, env.metrics, model, t);
+        self.routing_learns(env, model, t);
         let priority = self.request.priority;
         budget::learn::ended(env.store, &env.config.budget, env.metrics, priority, t);
         load::tried(env.store, env.metrics, &env.config.names, t);

@@ -12,6 +12,7 @@ use crate::host::SharedStore;
 use crate::metrics::{self as names, internal_error};
 use crate::routing::rewrite::{self, Edit};
 use crate::routing::{self, affinity, stateful, RouteAsk};
+use crate::summary::Try;
 
 use super::upstream::{set_route_header, Chosen};
 use super::{set_request, Call, Env, HeldBody, Host};
@@ -87,6 +88,13 @@ impl Call {
             && !self.request.view.names_cache_key
             && affinity::takes_prompt_cache_key(self.request.dialect);
         self.request.affinity.filter(|_| wanted).map(|k| k.hex())
+    }
+
+    /// The health of the try's cluster learns from one try of the call,
+    /// whose model `model` labels the try's tokens.
+    pub(super) fn routing_learns(&self, env: &mut Env<'_>, model: &str, t: &Try<'_>) {
+        let routing = self.routing_config(env.config);
+        routing::learn::ended(env.store, routing, env.metrics, model, t);
     }
 
     /// Places the call on one of its model's clusters by measured health and

@@ -3,6 +3,7 @@
 //! the body every step edited. A `routing` section is refused at load.
 
 use crate::routing::affinity;
+use crate::summary::Try;
 
 use super::upstream::Chosen;
 use super::{Call, Env, HeldBody, Host};
@@ -20,6 +21,9 @@ impl Call {
     ) -> Option<affinity::Key> {
         None
     }
+
+    /// Nothing to learn: no try has a cluster the filter chose.
+    pub(super) fn routing_learns(&self, _env: &mut Env<'_>, _model: &str, _t: &Try<'_>) {}
 
     /// Writes the edited body; no cluster is chosen.
     pub(super) fn route(

@@ -759,8 +759,10 @@ impl Fill {
     /// What takes a streamed answer's events as they are read.
     pub(super) fn collector(&mut self) -> Option<&mut dyn Collect> {
         match self {
-            Fill::Json | Fill::Verbatim(_) => None,
-            Fill::Sse(asm) => Some(asm),
+            // A build without the cache fills none (its assembler is then
+            // not in the module).
+            Fill::Sse(asm) if crate::build::CACHE => Some(asm),
+            Fill::Json | Fill::Verbatim(_) | Fill::Sse(_) => None,
         }
     }
 }
