@@ -77,7 +77,17 @@ async fn concurrent_calls_cannot_pass_a_token_limit_by_more_than_their_reservati
     let passed: Vec<&HttpResponse> = answers.iter().filter(|r| r.status == 200).collect();
     let refused: Vec<&HttpResponse> = answers.iter().filter(|r| r.status == 429).collect();
     assert_eq!(passed.len() + refused.len(), CALLS, "only 200s and 429s");
-    assert_eq!(passed.len(), 9, "as many as their reservations fit");
+    // Before the first answer settles (3 s after it reached the upstream),
+    // as many as their reservations fit. A call that reaches the filter only
+    // after that (a loaded machine's straggler) may take what the settled
+    // call gave back over its usage; it is charged like the others, below.
+    let reached: Vec<_> = rig.mock.requests().iter().map(|r| r.received_at).collect();
+    let first = reached.iter().min().copied().expect("a call passed");
+    let before_a_settle = reached
+        .iter()
+        .filter(|t| t.duration_since(first) < std::time::Duration::from_millis(3000))
+        .count();
+    assert_eq!(before_a_settle, 9, "as many as their reservations fit");
     assert_eq!(
         rig.mock.request_count(),
         passed.len(),
