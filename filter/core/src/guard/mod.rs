@@ -80,6 +80,7 @@ pub mod policy;
 mod scan;
 mod secrets;
 pub mod service;
+pub mod side;
 pub mod window;
 pub mod words;
 

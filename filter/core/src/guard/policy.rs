@@ -16,6 +16,7 @@ use serde_json::Value;
 
 pub use super::action::Action;
 use super::service::{GuardService, RawGuardService};
+pub use super::side::{On, Side};
 use super::{string_at, Budget, Custom, Detector, DetectorId, Detectors, Finding, Set, Vault};
 use crate::config::check;
 use crate::config::error::ConfigError;
@@ -43,48 +44,6 @@ const MAX_MODELS: usize = 32;
 
 /// Most findings a call's check makes before it stops (truncated).
 const MAX_FINDINGS: usize = 4_096;
-
-/// Where a rule looks: the prompt on its way out, the answer on its way
-/// back, or both.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum On {
-    /// The prompt only (the default: an answer is held and read only where
-    /// a rule asks for it).
-    #[default]
-    Prompt,
-    /// The answer only.
-    Answer,
-    /// Both.
-    Both,
-}
-
-impl On {
-    pub(crate) fn parse(s: &str) -> Option<Self> {
-        match s {
-            "prompt" => Some(Self::Prompt),
-            "answer" => Some(Self::Answer),
-            "both" => Some(Self::Both),
-            _ => None,
-        }
-    }
-
-    /// The rule looks at `side`.
-    pub fn covers(self, side: Side) -> bool {
-        matches!(
-            (self, side),
-            (Self::Both, _) | (Self::Prompt, Side::Prompt) | (Self::Answer, Side::Answer)
-        )
-    }
-}
-
-/// What is read: the prompt or the answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Side {
-    /// The request's prompt.
-    Prompt,
-    /// The upstream's answer.
-    Answer,
-}
 
 /// What becomes of a call whose prompt the rules could not read whole (the
 /// body streams through unheld, is not JSON, or is longer than

@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use super::policy::{On, Side};
+use super::side::{On, Side};
 use super::{string_at, Action};
 use crate::config::error::ConfigError;
 use crate::config::service::{Callout, Defaults, RawService, Service};
