@@ -657,7 +657,7 @@ impl Call {
     }
 
     /// Nothing of a refused answer is stored, and calls waiting for it go on.
-    fn forget_answer(&mut self, env: &mut Env<'_>) {
+    pub(super) fn forget_answer(&mut self, env: &mut Env<'_>) {
         self.cache.fill = None;
         self.release_lease(env);
     }

@@ -22,8 +22,9 @@ use crate::json::Json;
 use crate::metrics as names;
 
 use super::answer::{blocked_reply, check_said, Ask};
+use super::response::reply_in_place;
 use super::state::Held;
-use super::{set_response, Call, CallWait, CalloutAnswer, Env, Flow, HeldBody, Host, Phase, Step};
+use super::{Call, CallWait, CalloutAnswer, Env, Flow, HeldBody, Host, Phase, Step};
 
 impl Call {
     /// Sends the prompt's texts to the guardrail service and parks the call
@@ -336,16 +337,11 @@ impl Call {
             return false;
         }
         let r = blocked_reply(None).in_dialect(self.request.dialect);
-        set_response(env, host, ":status", Some(&r.status.to_string()));
-        for (name, value) in &r.headers {
-            set_response(env, host, name, Some(value));
-        }
-        set_response(env, host, "content-length", None);
+        let body = reply_in_place(env, host, r);
         if let Some(response) = self.response.as_mut() {
-            response.replacement = Some(r.body);
+            response.replacement = Some(body);
         }
-        self.cache.fill = None;
-        self.release_lease(env);
+        self.forget_answer(env);
         true
     }
 
@@ -394,10 +390,8 @@ impl Call {
                     (Action::Log, _) => Ask::Passed,
                     (Action::Mask, Some(masked)) => {
                         for (field, _, value) in service::put_back(&tree, fields, &masked) {
-                            if let Json::Object(members) = &mut tree {
-                                if let Some((_, v)) = members.iter_mut().find(|(k, _)| k == field) {
-                                    *v = value;
-                                }
+                            if let Some(v) = tree.get_mut(field) {
+                                *v = value;
                             }
                         }
                         Ask::Masked(tree)

@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use crate::budget::reply;
+use crate::budget::reply::{self, LocalReply};
 use crate::cache::entry::SSE_CONTENT_TYPE;
 use crate::dialect::answer::ReplyKind;
 use crate::dialect::Dialect;
@@ -265,10 +265,17 @@ fn rewrite_envoy_reply(
         EnvoyReply::Reset => return None,
     };
     let r = reply::local_reply(kind, None).in_dialect(dialect);
+    Some(reply_in_place(env, host, r))
+}
+
+/// Puts the head of `r` in place of the upstream's (its status and headers,
+/// no length: its body replaces the upstream's as it streams) and returns
+/// its body.
+pub(super) fn reply_in_place(env: &mut Env<'_>, host: &mut dyn Host, r: LocalReply) -> Vec<u8> {
     for (name, value) in &r.headers {
         set_response(env, host, name, Some(value));
     }
     set_response(env, host, ":status", Some(&r.status.to_string()));
     set_response(env, host, "content-length", None);
-    Some(r.body)
+    r.body
 }
