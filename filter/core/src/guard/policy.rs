@@ -22,6 +22,7 @@ use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::config::setting::{Named, Setting, Table};
 use crate::json::Json;
+use crate::pricing;
 use crate::priority::Priority;
 
 /// `unchecked`: what becomes of a call whose prompt could not be read whole.
@@ -267,15 +268,13 @@ impl Rule {
     }
 
     /// The rule applies to a call of `priority` asking for `model`.
+    /// A model is named as a price or a prompt-cache entry names it
+    /// ([`pricing::fit`]); no `*` alone is compiled, so a call without a
+    /// model matches no rule that names models.
     fn applies(&self, priority: Priority, model: Option<&str>) -> bool {
-        let named = |m: &str| {
-            self.models.iter().any(|p| match p.strip_suffix('*') {
-                Some(prefix) => m.starts_with(prefix),
-                None => m == p,
-            })
-        };
+        let named = || self.models.iter().any(|p| pricing::fit(p, model).is_some());
         (self.priorities.is_empty() || self.priorities.contains(&priority))
-            && (self.models.is_empty() || model.is_some_and(named))
+            && (self.models.is_empty() || named())
     }
 }
 
