@@ -93,6 +93,17 @@ fn answered_by_sonnet_on_vertex(out: &Value) {
     );
 }
 
+/// The SDK's call ended with Vertex's 429, in Vertex's own words, as the
+/// SDK's rate-limit error.
+fn refused_by_vertexs_quota(out: &Value) {
+    assert_eq!(out["status"], 429, "{out}");
+    assert_eq!(out["error_class"], "RateLimitError", "{out}");
+    assert!(
+        out["message"].as_str().unwrap().contains("vertex"),
+        "Vertex's own message: {out}"
+    );
+}
+
 /// Sonnet reached Bedrock (`b`) and Vertex (`v`) each in its own shape,
 /// with the messages and the idempotency key the first backend (`a`) had.
 fn sonnet_on_bedrock_and_vertex(a: &RecordedRequest, b: &RecordedRequest, v: &RecordedRequest) {

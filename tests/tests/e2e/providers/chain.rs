@@ -8,8 +8,9 @@
 use llm_filter_e2e::{skip_without_envoy, MockUpstream, Provider};
 use serde_json::{json, Value};
 
-use super::{answered_by_sonnet_on_vertex, sonnet_on_bedrock_and_vertex, streamed_by_vertex};
+use super::{answered_by_sonnet_on_vertex, refused_by_vertexs_quota};
 use super::{body, envoy_with, last_post, mock, percentile, posts, sdk};
+use super::{sonnet_on_bedrock_and_vertex, streamed_by_vertex};
 use super::{BEDROCK_ID, CLAUDE, VERTEX_ID, VERTEX_PATH};
 
 /// A second Claude, served by Anthropic, bedrock-mantle (Bedrock's Messages
@@ -142,12 +143,7 @@ async fn one_sdk_call_walks_anthropic_bedrock_vertex() {
     c.vertex.set_status(Some(429));
     let args = ["--model", CLAUDE, "--header", &budget];
     let out = sdk::run(sdk::ANTHROPIC, "messages_error", base, &args).await;
-    assert_eq!(out["status"], 429, "{out}");
-    assert_eq!(out["error_class"], "RateLimitError", "{out}");
-    assert!(
-        out["message"].as_str().unwrap().contains("vertex"),
-        "Vertex's own message: {out}"
-    );
+    refused_by_vertexs_quota(&out);
     assert_eq!(out["attempts"].as_array().unwrap().len(), 1, "{out}");
     let asked = [&c.anthropic, &c.bedrock, &c.vertex].map(|m| posts(m).len());
     assert_eq!(asked, [3, 2, 3], "one more each, none twice");
