@@ -33,6 +33,21 @@ fn header_u64(r: &HttpResponse, name: &str) -> u64 {
         .unwrap()
 }
 
+/// Waits, when the wall clock's minute has less than `span` left, until the
+/// next one begins: a minute's count weighs the minute before by the share
+/// of it still inside the sliding window, so calls on both sides of a
+/// boundary would see what an earlier call spent as a little less.
+async fn clear_of_a_minute_boundary(span: std::time::Duration) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let into = std::time::Duration::from_millis((now.as_millis() % 60_000) as u64);
+    let left = std::time::Duration::from_secs(60) - into;
+    if left < span {
+        tokio::time::sleep(left + std::time::Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_calls_cannot_pass_a_token_limit_by_more_than_their_reservations() {
     const LIMIT: u64 = 1000;
@@ -43,6 +58,8 @@ async fn concurrent_calls_cannot_pass_a_token_limit_by_more_than_their_reservati
     let Some(rig) = Rig::start("limits_concurrent", config) else {
         return;
     };
+    // The calls, their settling and the other tenant's call in one minute.
+    clear_of_a_minute_boundary(std::time::Duration::from_secs(10)).await;
     // Every call is in flight at once: none settles (and gives back what its
     // reservation held over its usage) before the others reserve. 3 s: under
     // the suite's load, 32 calls took more than 400 ms to all reach the filter.
@@ -143,6 +160,8 @@ async fn a_stream_is_charged_its_usage_and_what_is_left_reaches_the_caller() {
     let Some(rig) = Rig::start("limits_stream", config) else {
         return;
     };
+    // The stream and the calls that read what it was charged in one minute.
+    clear_of_a_minute_boundary(std::time::Duration::from_secs(10)).await;
     rig.mock.set_answer_words(Some(40));
     let plain = with_field(
         chat_body("gpt-4o", "tell me a story"),
