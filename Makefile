@@ -23,7 +23,7 @@ WASM_TARGET := wasm32-wasip1
 # failover walk across clouds and the verdict asked in parallel did: 1.226 MB;
 # 1.23 MB until the guardrail service asked about answers, capture
 # redacting what the guardrails withhold and rules scoped by priority and
-# model did: 1.2361 MB; 1.2352 MB with the load record updated on the
+# model did: 1.2361 MB; 1.2347 MB with the load record updated on the
 # worker's tick). A sidecar does not load
 # it: the sidecar build below leaves those features to the gateway tier.
 # (`-O2` and up shrink it no further and make V8 hold 16 MiB more per Envoy
