@@ -16,8 +16,34 @@ pub struct Daemon {
     dir: tempfile::TempDir,
 }
 
-/// A port of 127.0.0.1 nobody listens on now.
+/// A port of 127.0.0.1 nobody listens on now, for a child process to bind.
+///
+/// Taken below the kernel's ephemeral range (`ip_local_port_range`), from
+/// 20000 up: a port the kernel hands out for `bind(0)` is also one it may
+/// give the next outgoing connection's local end, which then holds it when
+/// the child binds (istiod failed so, "address already in use"). Each call
+/// moves on from a start that differs per process, so calls of one run
+/// never get the same port and runs side by side rarely meet.
 pub fn free_port() -> Result<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768)
+        .min(u32::from(u16::MAX));
+    if ephemeral > LOW + 1_000 {
+        let span = ephemeral - LOW;
+        let start = std::process::id().wrapping_mul(2_654_435_761) % span;
+        for _ in 0..span {
+            let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+            let port = u16::try_from(LOW + offset).unwrap_or(u16::MAX);
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())

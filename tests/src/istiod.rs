@@ -226,6 +226,23 @@ impl Istiod {
         serde_json::from_str(&body).with_context(|| format!("istiod {path}: {body}"))
     }
 
+    /// Waits until `proxy` has acked everything istiod sent it: a push in
+    /// flight (sent, not acked yet) is waited out for up to 20 s, a NACK is
+    /// an error at once.
+    pub fn settled(&self, proxy: &str) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let syncz = self.debug("/debug/syncz")?;
+            match synced(&syncz, proxy) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.to_string().contains("NACKed") || Instant::now() >= deadline => {
+                    return Err(e)
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            }
+        }
+    }
+
     /// The last `lines` lines of its log.
     pub fn log_tail(&self, lines: usize) -> String {
         let log = std::fs::read_to_string(self.dir.path().join("istiod.log")).unwrap_or_default();

@@ -727,8 +727,9 @@ async fn istiod_configures_a_sidecar_with_the_examples() {
         "{}",
         envoy.log_tail(20)
     );
-    let syncz = istiod.debug("/debug/syncz").expect("syncz");
-    synced(&syncz, node.proxy_id()).expect("no NACK after the calls");
+    istiod
+        .settled(node.proxy_id())
+        .expect("no NACK after the calls");
 }
 
 /// wasmplugin.yaml through istiod: the WasmPlugin form, header features
@@ -851,9 +852,8 @@ async fn istiod_translates_the_wasmplugin_for_the_labelled_sidecars() {
     };
     let other = start_node(&plain, &istiod);
     assert_without_the_filter(&other, &plain, &istiod);
-    let syncz = istiod.debug("/debug/syncz").expect("syncz");
     for n in [&node, &plain] {
-        synced(&syncz, n.proxy_id()).expect("no NACK");
+        istiod.settled(n.proxy_id()).expect("no NACK");
     }
 }
 
@@ -929,9 +929,10 @@ async fn istiod_configures_the_egress_gateway_with_the_examples() {
         Duration::from_secs(5),
     );
     assert_eq!(matched, 3);
-    let syncz = istiod.debug("/debug/syncz").expect("syncz");
     for node in [&gateway_node, &shard_node] {
-        synced(&syncz, node.proxy_id()).expect("no NACK after the calls");
+        istiod
+            .settled(node.proxy_id())
+            .expect("no NACK after the calls");
     }
 }
 
@@ -1102,9 +1103,8 @@ async fn istiod_enables_the_filter_for_the_namespace_of_the_one_manifest() {
         0,
         "no Wasm VM in team-b's sidecar"
     );
-    let syncz = istiod.debug("/debug/syncz").expect("syncz");
     for node in [&plain, &elsewhere] {
-        synced(&syncz, node.proxy_id()).expect("no NACK");
+        istiod.settled(node.proxy_id()).expect("no NACK");
     }
 }
 

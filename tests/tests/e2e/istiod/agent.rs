@@ -538,8 +538,9 @@ async fn istiod_and_the_agent_run_the_sidecar_from_the_image() {
         "the agent's stats_config differs from istio-bootstrap's"
     );
 
-    let syncz = istiod.debug("/debug/syncz").expect("syncz");
-    synced(&syncz, node.proxy_id()).expect("no NACK after the calls");
+    istiod
+        .settled(node.proxy_id())
+        .expect("no NACK after the calls");
 }
 
 /// A module the agent cannot pull fails open as the manifests say, in both
@@ -612,8 +613,7 @@ async fn an_image_the_agent_refuses_leaves_calls_untouched() {
             got.iter().all(|c| c.header("baggage").is_none()),
             "{form:?}: tagged without the filter"
         );
-        let syncz = istiod.debug("/debug/syncz").expect("syncz");
-        synced(&syncz, node.proxy_id()).expect("no NACK");
+        istiod.settled(node.proxy_id()).expect("no NACK");
     }
 }
 
@@ -689,8 +689,9 @@ async fn istiod_and_the_agent_run_the_wasmplugin_from_the_image() {
         );
     }
     assert!(front.handshakes() >= 1, "no TLS to the provider");
-    let syncz = istiod.debug("/debug/syncz").expect("syncz");
-    synced(&syncz, node.proxy_id()).expect("no NACK after the calls");
+    istiod
+        .settled(node.proxy_id())
+        .expect("no NACK after the calls");
 }
 
 /// provider.yaml's DestinationRule exactly as shipped (no `caCertificates`):
@@ -748,8 +749,7 @@ async fn the_shipped_destination_rule_checks_the_provider_against_the_system_bun
     assert_eq!(provider.request_count(), 0, "{:?}", provider.requests());
     assert_eq!(front.handshakes(), 0, "a handshake completed");
     assert!(front.failed_handshakes() >= 1, "the sidecar never tried");
-    let syncz = istiod.debug("/debug/syncz").expect("syncz");
-    synced(&syncz, node.proxy_id()).expect("no NACK");
+    istiod.settled(node.proxy_id()).expect("no NACK");
 }
 
 /// The egress gateway as Istio's agent runs it (`pilot-agent proxy router`,
@@ -786,6 +786,7 @@ async fn istiod_and_the_agent_run_the_egress_gateway_from_the_image() {
     let url = GATEWAY.chat_url();
     calls_through(&url, &provider, "agent's gateway", true).await;
     assert!(front.handshakes() >= 1, "no TLS to the provider");
-    let syncz = istiod.debug("/debug/syncz").expect("syncz");
-    synced(&syncz, node.proxy_id()).expect("no NACK after the calls");
+    istiod
+        .settled(node.proxy_id())
+        .expect("no NACK after the calls");
 }

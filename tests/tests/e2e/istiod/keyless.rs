@@ -661,9 +661,10 @@ async fn keyless_egress_the_gateway_holds_the_key_and_knows_the_caller_by_its_me
     assert!(payments >= 1.0, "payments: {payments}");
 
     assert_no_planted_key(&mesh);
-    let syncz = mesh.istiod.debug("/debug/syncz").expect("syncz");
     for node in [&mesh.gateway_node, &mesh.app_node] {
-        synced(&syncz, node.proxy_id()).expect("no NACK after the calls");
+        mesh.istiod
+            .settled(node.proxy_id())
+            .expect("no NACK after the calls");
     }
     eprintln!("keyless egress: {:?} in all", started.elapsed());
 }

@@ -15,7 +15,7 @@ use llm_filter_core::metrics::{
     DEGRADED, DEGRADE_PULLS, REQUESTS, ROUTING_EJECTIONS, ROUTING_FALLBACKS,
 };
 use llm_filter_e2e::istio::{read_manifests, EXAMPLES};
-use llm_filter_e2e::istiod::{synced, Istiod, Node};
+use llm_filter_e2e::istiod::{Istiod, Node};
 use llm_filter_e2e::pilot_agent::PilotAgent;
 use llm_filter_e2e::prometheus::Sample;
 use llm_filter_e2e::prometheus_server::{free_port, scrape_envoys, with_alertmanager, with_rules};
@@ -502,9 +502,10 @@ async fn sidecar_build_in_front_of_the_gateway_tier() {
     the_budget_ends_a_slow_call(provider).await;
     the_gateway_tiers_alert_sheds_p2_at_the_sidecar(&mesh, &am, &prom).await;
 
-    let syncz = mesh.istiod.debug("/debug/syncz").expect("syncz");
     for node in [&mesh.gateway_node, &mesh.app_node] {
-        synced(&syncz, node.proxy_id()).expect("no NACK after the calls");
+        mesh.istiod
+            .settled(node.proxy_id())
+            .expect("no NACK after the calls");
     }
     eprintln!("the topology: {:?} in all", started.elapsed());
 }
