@@ -212,9 +212,12 @@ SIDECAR_TESTS := priority:: baggage:: trace_context:: passthrough:: \
 	sdk::a_shed_call_is_the_sdks_status_error_retried_after_retry_after \
 	sdk_dialects::both_sdks_call_their_apis_through_the_filter
 
+# Without backtraces: a failing test's own message (the assertion, the logs
+# it quotes) is what tells, and a backtrace of the async runtime's frames
+# pushes it out of the end of a long log.
 e2e: build envoy tools-tls sdk tools-alertmanager tools-prometheus tools-istiod image
-	$(CARGO) test -p llm-filter-e2e -- --test-threads 2
-	LLM_FILTER_WASM=$(abspath $(SIDECAR_WASM)) $(CARGO) test -p llm-filter-e2e --test e2e -- --test-threads 2 $(SIDECAR_TESTS)
+	RUST_BACKTRACE=0 $(CARGO) test -p llm-filter-e2e -- --test-threads 2
+	RUST_BACKTRACE=0 LLM_FILTER_WASM=$(abspath $(SIDECAR_WASM)) $(CARGO) test -p llm-filter-e2e --test e2e -- --test-threads 2 $(SIDECAR_TESTS)
 
 examples: tools-promtool istio-models
 	promtool check rules examples/prometheus/llm-filter.rules.yaml
