@@ -33,10 +33,15 @@ pub struct Rules<'a> {
 /// escape (`C:\token=…`). Capture bounds the text it hands here, so the
 /// scan is not bounded again: every finding in it is redacted.
 pub fn redact<'t>(text: &'t str, rules: &Rules<'_>) -> Cow<'t, str> {
+    redact_counted(text, rules, &mut Budget::unbounded())
+}
+
+/// [`redact`], its scans' work counted in `spent` ([`Budget::steps`]).
+fn redact_counted<'t>(text: &'t str, rules: &Rules<'_>, spent: &mut Budget) -> Cow<'t, str> {
     let mut found = Vec::new();
-    View::capture(rules.globs, rules.builtins).scan(text, &mut Budget::unbounded(), &mut found);
+    View::capture(rules.globs, rules.builtins).scan(text, spent, &mut found);
     if let Some(d) = rules.guarded {
-        d.scan(text, &mut Budget::unbounded(), &mut found);
+        d.scan(text, spent, &mut found);
         sort_findings(&mut found);
     }
     if found.is_empty() {

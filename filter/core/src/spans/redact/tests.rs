@@ -1,5 +1,3 @@
-use std::time::{Duration, Instant};
-
 use super::*;
 
 const BUILTINS: Rules<'static> = Rules {
@@ -262,36 +260,40 @@ fn a_text_cut_short_loses_its_last_word() {
     }
 }
 
-/// Texts built to make a careless scan quadratic. Ten times the text must
-/// take about ten times as long (a quadratic scan takes a hundred times):
-/// measured as a ratio, the fastest of a few runs each, so a loaded machine
-/// slows both sides alike.
+/// Texts built to make a careless scan quadratic: the work of redacting ten
+/// times the text, counted in the scans' steps, is about ten times as much,
+/// and a bounded number of steps per byte (a quadratic scan does a hundred
+/// times as much). Counted, not timed: a loaded machine cannot move it.
 #[test]
 fn redaction_is_linear_in_the_text() {
     let globs = globs(&["*a*b*c*"]);
+    let guarded = crate::guard::Detectors::new(
+        crate::guard::Set::ALL,
+        &[crate::guard::Custom {
+            name: "r",
+            globs: &["1*2*".to_string()],
+            words: &["aaaa".to_string(), "a a a b".to_string()],
+        }],
+    )
+    .unwrap();
     let rules = Rules {
         globs: &globs,
         builtins: true,
-        guarded: None,
+        guarded: Some(&guarded),
     };
-    let fastest = |text: &str, runs: usize| {
-        (0..runs)
-            .map(|_| {
-                let t = Instant::now();
-                let _ = redact(text, &rules);
-                t.elapsed()
-            })
-            .min()
-            .unwrap_or_default()
+    let steps = |text: &str| {
+        let mut spent = Budget::unbounded();
+        let _ = redact_counted(text, &rules, &mut spent);
+        spent.steps()
     };
     for unit in crate::guard::tests::planted::HOSTILE {
-        let small = fastest(&unit.repeat(40_000 / unit.len()), 5);
-        let large = fastest(&unit.repeat(400_000 / unit.len()), 3);
-        let bound = small * 40 + Duration::from_millis(20);
+        let small = steps(&unit.repeat(40_000 / unit.len()));
+        let large = steps(&unit.repeat(400_000 / unit.len()));
         assert!(
-            large < bound,
-            "{unit:?}: {small:?} for 40 kB, {large:?} for 400 kB"
+            large <= small * 11,
+            "{unit:?}: {small} steps for 40 kB, {large} for 400 kB"
         );
+        assert!(large <= 400_000 * 200, "{unit:?}: {large} steps for 400 kB");
     }
 }
 
