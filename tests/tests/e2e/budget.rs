@@ -414,6 +414,63 @@ async fn a_budget_spent_before_forwarding_is_answered_locally() {
     assert_eq!(rejected, 1.0);
 }
 
+/// Two Envoys with the filter in a row, as an app's sidecar and the
+/// gateway tier behind it: the first rewrites `x-request-timeout-ms` to what
+/// is left of the caller's budget when the call leaves it (a slow upload
+/// spent 800 ms of 3000 there), so the second plans within that, not within
+/// the caller's whole budget; the provider sees the second's plan.
+#[tokio::test]
+async fn the_next_hop_plans_within_what_this_one_left() {
+    if skip_without_envoy("the_next_hop_plans_within_what_this_one_left") {
+        return;
+    }
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let mock = MockUpstream::start(MockConfig::named("behind-the-gateway"));
+    let gateway = start(&mock, json!({}), None);
+    let sidecar = EnvoyBuilder::new()
+        .plugin_config(json!({}))
+        .upstream("gateway", gateway.port())
+        .start()
+        .expect("the first hop");
+    let body = chat_body("gpt-4o", "a slow upload through two hops").to_string();
+    let head = format!(
+        "POST {CHAT} HTTP/1.1\r\nhost: llm\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nx-request-timeout-ms: 3000\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", sidecar.port()))
+        .await
+        .expect("connect");
+    stream.write_all(head.as_bytes()).await.expect("head");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    stream.write_all(body.as_bytes()).await.expect("body");
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !complete(&raw) {
+        let n = stream.read(&mut buf).await.expect("answer");
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&raw));
+        raw.extend_from_slice(&buf[..n]);
+    }
+    let raw = String::from_utf8_lossy(&raw);
+    assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+    let seen = mock.requests();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let told = |name: &str| -> u64 {
+        seen[0]
+            .header(name)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {:?}", seen[0].headers))
+    };
+    // The gateway's own plan (Envoy's timeout, told upstream) and the
+    // budget it passes on: within the 2200 ms the first hop had left, not
+    // the caller's 3000.
+    for name in ["x-envoy-expected-rq-timeout-ms", "x-request-timeout-ms"] {
+        let ms = told(name);
+        assert!((1000..=2250).contains(&ms), "{name}: {ms} ms");
+    }
+}
+
 /// A whole HTTP/1.1 answer with a `content-length` body is in `raw`.
 fn complete(raw: &[u8]) -> bool {
     let text = String::from_utf8_lossy(raw);

@@ -18,14 +18,22 @@ pub const RETRIABLE_STATUS_CODES: &str = "x-envoy-retriable-status-codes";
 /// Header identifying one logical call to providers that deduplicate.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
-/// Every router header a plan may set: the plan owns them all, so the ones it
+/// The budget the next hop gets: the caller's own header, rewritten to what
+/// one try may take (the per-try timeout, else what is left), which is what
+/// Envoy tells the upstream in `x-envoy-expected-rq-timeout-ms` too. A
+/// filter at the next hop (a gateway tier behind a sidecar) plans within
+/// it rather than within the caller's whole budget; a provider ignores it.
+pub const NEXT_HOP_BUDGET_MS: &str = super::parse::REQUEST_TIMEOUT_MS;
+
+/// Every header a plan may set: the plan owns them all, so the ones it
 /// leaves unset are removed rather than left to what the client sent.
-pub const ROUTER_HEADERS: [&str; 5] = [
+pub const PLAN_HEADERS: [&str; 6] = [
     UPSTREAM_RQ_TIMEOUT_MS,
     UPSTREAM_RQ_PER_TRY_TIMEOUT_MS,
     MAX_RETRIES,
     RETRY_ON,
     RETRIABLE_STATUS_CODES,
+    NEXT_HOP_BUDGET_MS,
 ];
 
 /// Per-try timeout as a multiple of observed latency: room for an ordinary slow
@@ -139,14 +147,17 @@ impl Plan {
     }
 
     /// The request headers that carry the plan to Envoy's router, which
-    /// consumes them. `x-envoy-max-retries` is always set so a route's own
-    /// `num_retries` cannot outgrow the budget; the retry conditions only when
-    /// a retry is allowed.
+    /// consumes them, and the next hop's budget. `x-envoy-max-retries` is
+    /// always set so a route's own `num_retries` cannot outgrow the budget;
+    /// the retry conditions only when a retry is allowed.
     pub fn headers(&self, cfg: &BudgetConfig) -> Vec<(&'static str, String)> {
-        let mut out = Vec::with_capacity(5);
-        out.push((UPSTREAM_RQ_TIMEOUT_MS, self.total_ms.max(1).to_string()));
-        if let Some(ms) = self.per_try_ms {
-            out.push((UPSTREAM_RQ_PER_TRY_TIMEOUT_MS, ms.max(1).to_string()));
+        let mut out = Vec::with_capacity(PLAN_HEADERS.len());
+        let total = self.total_ms.max(1).to_string();
+        let per_try = self.per_try_ms.map(|ms| ms.max(1).to_string());
+        let next_hop = per_try.clone().unwrap_or_else(|| total.clone());
+        out.push((UPSTREAM_RQ_TIMEOUT_MS, total));
+        if let Some(ms) = per_try {
+            out.push((UPSTREAM_RQ_PER_TRY_TIMEOUT_MS, ms));
         }
         let retries = self.retries(cfg);
         out.push((MAX_RETRIES, retries.to_string()));
@@ -156,15 +167,16 @@ impl Plan {
                 out.push((RETRIABLE_STATUS_CODES, cfg.retriable_status_codes.clone()));
             }
         }
+        out.push((NEXT_HOP_BUDGET_MS, next_hop));
         out
     }
 
-    /// Every one of [`ROUTER_HEADERS`] with its value, `None` for those to
+    /// Every one of [`PLAN_HEADERS`] with its value, `None` for those to
     /// remove: a client's own per-try timeout or retry conditions do not
     /// survive a plan that has none.
     pub fn header_updates(&self, cfg: &BudgetConfig) -> Vec<(&'static str, Option<String>)> {
         let mut set = self.headers(cfg);
-        ROUTER_HEADERS
+        PLAN_HEADERS
             .iter()
             .map(|name| {
                 let value = set
@@ -406,6 +418,7 @@ mod tests {
                     "5xx,reset,connect-failure,retriable-status-codes".to_string()
                 ),
                 (RETRIABLE_STATUS_CODES, "429,503".to_string()),
+                (NEXT_HOP_BUDGET_MS, "6000".to_string()),
             ]
         );
         assert_eq!(
@@ -413,6 +426,7 @@ mod tests {
             [
                 (UPSTREAM_RQ_TIMEOUT_MS, "1500".to_string()),
                 (MAX_RETRIES, "0".to_string()),
+                (NEXT_HOP_BUDGET_MS, "1500".to_string()),
             ]
         );
         let no_codes = BudgetConfig {
@@ -426,6 +440,7 @@ mod tests {
                 (UPSTREAM_RQ_TIMEOUT_MS, "9000".to_string()),
                 (MAX_RETRIES, "1".to_string()),
                 (RETRY_ON, "connect-failure".to_string()),
+                (NEXT_HOP_BUDGET_MS, "9000".to_string()),
             ]
         );
         let none = BudgetConfig {
@@ -438,6 +453,7 @@ mod tests {
             [
                 (UPSTREAM_RQ_TIMEOUT_MS, "9000".to_string()),
                 (MAX_RETRIES, "0".to_string()),
+                (NEXT_HOP_BUDGET_MS, "9000".to_string()),
             ]
         );
         assert_eq!(p(9_000, None, 2).retries(&cfg), 2);
@@ -451,7 +467,7 @@ mod tests {
         let updates = full.header_updates(&cfg);
         assert_eq!(
             updates.iter().map(|(h, _)| *h).collect::<Vec<_>>(),
-            ROUTER_HEADERS
+            PLAN_HEADERS
         );
         let set: Vec<_> = updates.into_iter().map(|(h, v)| (h, v.unwrap())).collect();
         assert_eq!(set, full.headers(&cfg));
@@ -463,6 +479,7 @@ mod tests {
                 (MAX_RETRIES, Some("0".to_string())),
                 (RETRY_ON, None),
                 (RETRIABLE_STATUS_CODES, None),
+                (NEXT_HOP_BUDGET_MS, Some("1500".to_string())),
             ]
         );
     }
