@@ -244,11 +244,36 @@ async fn a_backend_that_takes_it_gets_the_key_as_prompt_cache_key_and_its_cache_
     );
     let url = envoy.url(CHAT);
     let topics: Vec<String> = (0..12).map(|i| format!("village {i}")).collect();
+    // Backend → conversations it answered a later turn of after their first.
+    let mut revisited: BTreeMap<String, usize> = BTreeMap::new();
+    let mut first: BTreeMap<String, String> = BTreeMap::new();
     for turns in 0..3 {
         for topic in &topics {
-            ask(&url, topic, turns).await;
+            let by = ask(&url, topic, turns).await;
+            if turns == 0 {
+                first.insert(topic.clone(), by);
+            } else if first.get(topic) == Some(&by) && turns == 1 {
+                *revisited.entry(by).or_default() += 1;
+            }
         }
     }
+    // On a loaded machine routing may weigh one backend down for a while
+    // (a latency hiccup) and start every conversation on the other: more
+    // conversations, one after another, until each backend holds one past
+    // its first turn.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut more = 0;
+    while ["a", "b"].iter().any(|c| !revisited.contains_key(*c)) && Instant::now() < deadline {
+        let topic = format!("town {more}");
+        more += 1;
+        let by = ask(&url, &topic, 0).await;
+        let again = ask(&url, &topic, 1).await;
+        ask(&url, &topic, 2).await;
+        if by == again {
+            *revisited.entry(by).or_default() += 1;
+        }
+    }
+    eprintln!("conversations revisited on their backend: {revisited:?} ({more} more played)");
     // a got the affinity key as prompt_cache_key; b, which does not take
     // it, got none.
     let on_a: Vec<RecordedRequest> = a
