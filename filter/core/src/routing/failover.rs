@@ -10,9 +10,9 @@ use crate::metrics::{self as names};
 use crate::summary::End;
 
 /// Whether another backend may answer a call that ended so: a 5xx, a 429
-/// (this backend pacing the caller, or a model not ready yet), a 408 (the
-/// model took too long: Bedrock's `ModelTimeoutException`; the SDKs retry
-/// it too), a 424 (the model failed while processing a valid call:
+/// (this backend pacing the caller, a model not ready yet, or a quota of
+/// this backend's account spent), a 408 (the model took too long:
+/// Bedrock's `ModelTimeoutException`; the SDKs retry it too), a 424 (the model failed while processing a valid call:
 /// Bedrock's `ModelErrorException`, where a bad call is a 400
 /// `ValidationException`; the same model elsewhere may not fail it), a
 /// reset or refused connection, or Envoy's timeout of this backend.
@@ -227,6 +227,10 @@ mod tests {
                 429,
                 r#"{"error":{"code":429,"message":"Resource exhausted. Please try again later.","status":"RESOURCE_EXHAUSTED"}}"#,
             ),
+            // A minute's quota named in Google's details, through any API
+            // Vertex serves, whatever its message says.
+            (Dialect::Chat, 429, MINUTES_QUOTA),
+            (Dialect::Messages, 429, MINUTES_QUOTA),
             // Bedrock's ModelErrorException: the model failed the call.
             (
                 Dialect::Messages,
@@ -242,6 +246,24 @@ mod tests {
                 fallback::classify(api, status, body.as_bytes(), None),
                 None,
                 "{body}"
+            );
+        }
+    }
+
+    /// Google's 429 for a minute's quota, as the Gemini API words it.
+    const MINUTES_QUOTA: &str = r#"{"error":{"code":429,"message":"You exceeded your current quota, please check your plan and billing details.","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"quotaMetric":"generativelanguage.googleapis.com/generate_content_free_tier_requests","quotaId":"GenerateRequestsPerMinutePerProjectPerModel-FreeTier"}]},{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"26s"}]}}"#;
+
+    /// The same 429 for a day's quota: failover's too, and the `quota`
+    /// class where the walk ends.
+    #[test]
+    fn a_days_quota_fails_over_and_is_the_quota_class() {
+        let day = MINUTES_QUOTA.replace("PerMinute", "PerDay");
+        for api in [Dialect::Gemini, Dialect::Messages, Dialect::Chat] {
+            assert!(retriable_as_told(End::Answered(429), None));
+            assert_eq!(
+                fallback::classify(api, 429, day.as_bytes(), None),
+                Some(crate::dialect::answer::ErrorClass::Quota),
+                "{api:?}"
             );
         }
     }
