@@ -62,6 +62,32 @@ pub(super) fn status_name(status: StatusCode) -> &'static str {
     }
 }
 
+/// Google's 429 for the quota `quota_id` (`…PerMinute…`, `…PerDay…`), with
+/// the details the Gemini API and Vertex send: a `google.rpc.QuotaFailure`
+/// naming the quota, a `Help` and a `RetryInfo`.
+pub(super) fn quota_response(message: &str, quota_id: &str) -> Response<Body> {
+    let status = StatusCode::TOO_MANY_REQUESTS;
+    json_response(
+        status,
+        &json!({"error": {
+            "code": status.as_u16(),
+            "message": message,
+            "status": status_name(status),
+            "details": [
+                {"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [{
+                    "quotaMetric": "generativelanguage.googleapis.com/generate_content_requests",
+                    "quotaId": quota_id,
+                    "quotaDimensions": {"location": "global"},
+                    "quotaValue": "60"}]},
+                {"@type": "type.googleapis.com/google.rpc.Help", "links": [{
+                    "description": "Learn more about Gemini API quotas",
+                    "url": "https://ai.google.dev/gemini-api/docs/rate-limits"}]},
+                {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "26s"}
+            ],
+        }}),
+    )
+}
+
 /// An error in Google's shape.
 pub(super) fn error_response(status: StatusCode, message: &str) -> Response<Body> {
     json_response(

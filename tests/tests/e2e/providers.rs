@@ -17,6 +17,7 @@ use crate::support::sdk;
 mod chain;
 mod fallback;
 mod presets;
+mod quota;
 
 const CLAUDE: &str = "claude-sonnet-4-5";
 const BEDROCK_ID: &str = "anthropic.claude-sonnet-4-5-20250929-v1:0";
