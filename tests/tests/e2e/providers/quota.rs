@@ -11,14 +11,10 @@ use llm_filter_e2e::{skip_without_envoy, MockUpstream, Provider};
 use serde_json::json;
 
 use super::{body, envoy, last_post, mock, posts, sdk};
-use super::{BEDROCK_ID, CLAUDE};
+use super::{BEDROCK_ID, CLAUDE, FLASH, FLASH_ID, VERTEX_GOOGLE};
 
-const FLASH: &str = "gemini-2.5-flash";
-/// The name the Gemini API backend knows Flash by.
-const FLASH_ID: &str = "gemini-2.5-flash-preview-09-2025";
 /// Flash's fallback.
 const LITE: &str = "gemini-2.5-flash-lite";
-const VERTEX_GOOGLE: &str = "/v1/projects/e2e/locations/us-central1/publishers/google/models";
 const PER_MINUTE: &str = "GenerateRequestsPerMinutePerProjectPerModel";
 const PER_DAY: &str = "GenerateRequestsPerDayPerProjectPerModel";
 /// Google's words for a quota broken, a minute's or a day's alike.
