@@ -338,6 +338,8 @@ struct State {
     status: Mutex<Option<u16>>,
     /// The `error.code` of scripted error bodies (`mock_status` when unset).
     error_code: Mutex<Option<String>>,
+    /// The quota a 429 of a mock playing Google names (`quotaId`).
+    quota: Mutex<Option<String>>,
     reset: AtomicBool,
     waiting: Mutex<f64>,
     kv_usage: Mutex<f64>,
@@ -488,6 +490,7 @@ impl MockUpstream {
             attempts: Mutex::new(HashMap::new()),
             status: Mutex::new(None),
             error_code: Mutex::new(None),
+            quota: Mutex::new(None),
             reset: AtomicBool::new(false),
             waiting: Mutex::new(0.0),
             kv_usage: Mutex::new(0.0),
@@ -671,6 +674,15 @@ impl MockUpstream {
     pub fn set_error(&self, error: Option<(u16, &str)>) {
         *lock(&self.state.status) = error.map(|(s, _)| s);
         *lock(&self.state.error_code) = error.map(|(_, c)| c.to_string());
+    }
+
+    /// On a mock playing Vertex or the Gemini API, the quota its 429s name
+    /// as Google details a quota error: a `google.rpc.QuotaFailure`
+    /// violation whose `quotaId` is `quota` (e.g.
+    /// `GenerateRequestsPerDayPerProjectPerModel`), a `Help` and a
+    /// `RetryInfo`. `None`: a bare `RESOURCE_EXHAUSTED`.
+    pub fn set_quota(&self, quota: Option<&str>) {
+        *lock(&self.state.quota) = quota.map(str::to_string);
     }
 
     /// Drops the connection of every later request without a response (after

@@ -62,16 +62,41 @@ pub(super) fn status_name(status: StatusCode) -> &'static str {
     }
 }
 
+/// Google's 429 for the quota `quota_id` (`…PerMinute…`, `…PerDay…`), with
+/// the details the Gemini API and Vertex send: a `google.rpc.QuotaFailure`
+/// naming the quota, a `Help` and a `RetryInfo`.
+pub(super) fn quota_response(message: &str, quota_id: &str) -> Response<Body> {
+    let status = StatusCode::TOO_MANY_REQUESTS;
+    let mut body = error_body(status, message);
+    if let Some(error) = body.get_mut("error").and_then(Value::as_object_mut) {
+        let details = json!([
+            {"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [{
+                "quotaMetric": "generativelanguage.googleapis.com/generate_content_requests",
+                "quotaId": quota_id,
+                "quotaDimensions": {"location": "global"},
+                "quotaValue": "60"}]},
+            {"@type": "type.googleapis.com/google.rpc.Help", "links": [{
+                "description": "Learn more about Gemini API quotas",
+                "url": "https://ai.google.dev/gemini-api/docs/rate-limits"}]},
+            {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "26s"}
+        ]);
+        error.insert("details".into(), details);
+    }
+    json_response(status, &body)
+}
+
 /// An error in Google's shape.
 pub(super) fn error_response(status: StatusCode, message: &str) -> Response<Body> {
-    json_response(
-        status,
-        &json!({"error": {
-            "code": status.as_u16(),
-            "message": message,
-            "status": status_name(status),
-        }}),
-    )
+    json_response(status, &error_body(status, message))
+}
+
+/// Google's error object: `{"error": {"code", "message", "status"}}`.
+fn error_body(status: StatusCode, message: &str) -> Value {
+    json!({"error": {
+        "code": status.as_u16(),
+        "message": message,
+        "status": status_name(status),
+    }})
 }
 
 /// Answers one call on a generation path: the JSON response, its SSE

@@ -3,8 +3,10 @@
 //! the path, its API version in a header or in the body) and refuses any
 //! other as the provider would, and it answers errors in the provider's own
 //! shape: Bedrock's `{"message"}` with the exception named in
-//! `x-amzn-errortype` (429 `ThrottlingException`), Vertex's Google error
-//! (429 `RESOURCE_EXHAUSTED`), Anthropic's (529 `overloaded_error`), vLLM's
+//! `x-amzn-errortype` (429 `ThrottlingException`, 424
+//! `ModelErrorException`), Vertex's Google error (429 `RESOURCE_EXHAUSTED`,
+//! naming the quota it broke when told: [`super::MockUpstream::set_quota`]),
+//! Anthropic's (529 `overloaded_error`), vLLM's
 //! flat `{"object": "error"}`. A call it takes is answered as the API's own
 //! path answers it.
 
@@ -12,7 +14,7 @@ use hyper::header::HeaderValue;
 use hyper::{Response, StatusCode};
 use serde_json::{json, Value};
 
-use super::{error_response, gemini, json_response, messages, Body, RecordedRequest, State};
+use super::{error_response, gemini, json_response, lock, messages, Body, RecordedRequest, State};
 
 /// A provider the mock can play.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -224,17 +226,28 @@ pub(super) fn error(
                 429 => "ThrottlingException",
                 400 => "ValidationException",
                 404 => "ResourceNotFoundException",
+                424 => "ModelErrorException",
                 503 => "ServiceUnavailableException",
                 _ => "InternalServerException",
             };
-            let mut r = json_response(status, &json!({ "message": message }));
+            let body = match status.as_u16() {
+                // With the status the model answered Bedrock with.
+                424 => json!({ "message": message, "originalStatusCode": 500 }),
+                _ => json!({ "message": message }),
+            };
+            let mut r = json_response(status, &body);
             let named = format!("{kind}:http://internal.amazon.com/coral/com.amazon.bedrock/");
             if let Ok(v) = HeaderValue::from_str(&named) {
                 r.headers_mut().insert("x-amzn-errortype", v);
             }
             r
         }
-        Provider::Vertex | Provider::Gemini => gemini::error_response(status, message),
+        Provider::Vertex | Provider::Gemini => match lock(&state.quota).as_deref() {
+            Some(quota) if status == StatusCode::TOO_MANY_REQUESTS => {
+                gemini::quota_response(message, quota)
+            }
+            _ => gemini::error_response(status, message),
+        },
         Provider::Vllm => json_response(
             status,
             &json!({"object": "error", "message": message, "code": status.as_u16(),

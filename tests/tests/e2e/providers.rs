@@ -17,11 +17,17 @@ use crate::support::sdk;
 mod chain;
 mod fallback;
 mod presets;
+mod quota;
 
 const CLAUDE: &str = "claude-sonnet-4-5";
 const BEDROCK_ID: &str = "anthropic.claude-sonnet-4-5-20250929-v1:0";
 const VERTEX_ID: &str = "claude-sonnet-4-5@20250929";
 const VERTEX_PATH: &str = "/v1/projects/e2e/locations/us-east5/publishers/anthropic/models";
+const FLASH: &str = "gemini-2.5-flash";
+/// The name the Gemini API backend knows Flash by.
+const FLASH_ID: &str = "gemini-2.5-flash-preview-09-2025";
+/// Gemini's models on Vertex.
+const VERTEX_GOOGLE: &str = "/v1/projects/e2e/locations/us-central1/publishers/google/models";
 
 fn mock(name: &str, provider: Provider) -> MockUpstream {
     let m = MockUpstream::backend(name, 0);

@@ -208,11 +208,15 @@ impl ErrorClass {
     }
 }
 
-/// The refusal an error body says, as OpenAI and OpenAI-compatible servers
-/// write it (`{"error": {"code", "type", "message"}}`), Anthropic
+/// The refusal an error body says, as Google writes it (read first: see
+/// [`super::gemini::google_refusal`]), as OpenAI and OpenAI-compatible
+/// servers write it (`{"error": {"code", "type", "message"}}`), Anthropic
 /// (`{"type": "error", "error": {"type", "message"}}`) and vLLM (flat,
 /// `{"object": "error", "type", "message"}`).
 pub fn refusal_of(status: u16, body: &Value) -> Option<Refusal> {
+    if let Some(said) = super::gemini::google_refusal(status, body) {
+        return said;
+    }
     let error = body.get("error").filter(|e| e.is_object()).unwrap_or(body);
     let field = |name: &str| {
         error

@@ -10,13 +10,15 @@ use crate::metrics::{self as names};
 use crate::summary::End;
 
 /// Whether another backend may answer a call that ended so: a 5xx, a 429
-/// (this backend pacing the caller, or a model not ready yet), a 408 (the
-/// model took too long: Bedrock's `ModelTimeoutException`; the SDKs retry
-/// it too), a reset or refused connection, or Envoy's timeout of this
-/// backend.
+/// (this backend pacing the caller, a model not ready yet, or a quota of
+/// this backend's account spent), a 408 (the model took too long:
+/// Bedrock's `ModelTimeoutException`; the SDKs retry it too), a 424 (the model failed while processing a valid call:
+/// Bedrock's `ModelErrorException`, where a bad call is a 400
+/// `ValidationException`; the same model elsewhere may not fail it), a
+/// reset or refused connection, or Envoy's timeout of this backend.
 pub fn retriable(end: End) -> bool {
     match end {
-        End::Answered(s) => matches!(s, 408 | 429 | 500..=599),
+        End::Answered(s) => matches!(s, 408 | 424 | 429 | 500..=599),
         // Another backend may hold a credential of its own.
         End::TimedOut(_) | End::Reset(_) | End::NoCredential(_) => true,
         // Part of a cut answer already reached the client.
@@ -47,7 +49,7 @@ pub fn should_retry(value: &str) -> Option<bool> {
 /// How a failover ended, as the `result` label of the failovers counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailoverResult {
-    /// The other backend answered (below 500, 429 aside): the client got
+    /// The other backend answered (no failure [`retriable`] names): the client got
     /// it, unless a refusal of it moved the call along its fallback chain.
     Answered,
     /// The other backend failed too; the client got its answer.
@@ -225,6 +227,16 @@ mod tests {
                 429,
                 r#"{"error":{"code":429,"message":"Resource exhausted. Please try again later.","status":"RESOURCE_EXHAUSTED"}}"#,
             ),
+            // A minute's quota named in Google's details, through any API
+            // Vertex serves, whatever its message says.
+            (Dialect::Chat, 429, MINUTES_QUOTA),
+            (Dialect::Messages, 429, MINUTES_QUOTA),
+            // Bedrock's ModelErrorException: the model failed the call.
+            (
+                Dialect::Messages,
+                424,
+                r#"{"message":"Model failed to process the request.","originalStatusCode":500,"resourceName":"arn:aws:bedrock:us-east-1::foundation-model/m"}"#,
+            ),
         ] {
             assert!(
                 retriable_as_told(End::Answered(status), None),
@@ -234,6 +246,24 @@ mod tests {
                 fallback::classify(api, status, body.as_bytes(), None),
                 None,
                 "{body}"
+            );
+        }
+    }
+
+    /// Google's 429 for a minute's quota, as the Gemini API words it.
+    const MINUTES_QUOTA: &str = r#"{"error":{"code":429,"message":"You exceeded your current quota, please check your plan and billing details.","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"quotaMetric":"generativelanguage.googleapis.com/generate_content_free_tier_requests","quotaId":"GenerateRequestsPerMinutePerProjectPerModel-FreeTier"}]},{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"26s"}]}}"#;
+
+    /// The same 429 for a day's quota: failover's too, and the `quota`
+    /// class where the walk ends.
+    #[test]
+    fn a_days_quota_fails_over_and_is_the_quota_class() {
+        let day = MINUTES_QUOTA.replace("PerMinute", "PerDay");
+        for api in [Dialect::Gemini, Dialect::Messages, Dialect::Chat] {
+            assert!(retriable_as_told(End::Answered(429), None));
+            assert_eq!(
+                fallback::classify(api, 429, day.as_bytes(), None),
+                Some(crate::dialect::answer::ErrorClass::Quota),
+                "{api:?}"
             );
         }
     }
@@ -256,6 +286,8 @@ mod tests {
             (End::Answered(404), false),
             (End::Answered(408), true),
             (End::Answered(409), false),
+            (End::Answered(424), true),
+            (End::Answered(422), false),
             (End::TimedOut(504), true),
             (End::Reset(503), true),
             (End::Local(503), false),

@@ -8,11 +8,7 @@ use llm_filter_e2e::{post_json, skip_without_envoy, MockUpstream, Provider};
 use serde_json::json;
 
 use super::{body, envoy, last_post, mock, posts, sdk};
-
-const FLASH: &str = "gemini-2.5-flash";
-/// The name the Gemini API backend knows the model by.
-const FLASH_ID: &str = "gemini-2.5-flash-preview-09-2025";
-const VERTEX_GOOGLE: &str = "/v1/projects/e2e/locations/us-central1/publishers/google/models";
+use super::{FLASH, FLASH_ID, VERTEX_GOOGLE};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_genai_sdk_reaches_gemini_backends_and_fails_over_from_vertex() {

@@ -553,11 +553,76 @@ fn errors_are_in_googles_shape() {
     }
 }
 
+/// A Google 429 as the Gemini API and Vertex answer it: the message, and
+/// a `google.rpc.QuotaFailure` naming each quota broken (`(quotaId,
+/// quotaMetric, quotaValue)`), a `Help` and a `RetryInfo` as Google sends
+/// them.
+fn exhausted(message: &str, violations: &[(&str, &str, &str)]) -> Vec<u8> {
+    let violations: Vec<Value> = violations
+        .iter()
+        .map(|(id, metric, value)| {
+            json!({"quotaMetric": metric, "quotaId": id, "quotaValue": value,
+                "quotaDimensions": {"location": "global", "model": "gemini-2.5-flash"}})
+        })
+        .collect();
+    serde_json::to_vec(&json!({"error": {"code": 429, "message": message,
+        "status": "RESOURCE_EXHAUSTED", "details": [
+            {"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": violations},
+            {"@type": "type.googleapis.com/google.rpc.Help", "links": [{"description":
+                "Learn more about Gemini API quotas", "url": "https://ai.google.dev/gemini-api/docs/rate-limits"}]},
+            {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "26s"}]}}))
+    .unwrap()
+}
+
+const OVER: &str = "You exceeded your current quota, please check your plan and billing details.";
+const REQUESTS: &str = "generativelanguage.googleapis.com/generate_content_free_tier_requests";
+const TOKENS: &str =
+    "generativelanguage.googleapis.com/generate_content_free_tier_input_token_count";
+
 #[test]
-fn error_classes_are_read_from_googles_errors() {
+fn error_classes_are_read_from_googles_errors_whatever_the_api() {
+    use crate::dialect::answer::ErrorClass;
+    use crate::routing::fallback::{classify, MAX_ERROR_BODY};
     let err = |code: u16, status: &str, message: &str| {
         serde_json::to_vec(&json!({"error": {"code": code, "message": message, "status": status}}))
             .unwrap()
+    };
+    let per_day = (
+        "GenerateRequestsPerDayPerProjectPerModel-FreeTier",
+        REQUESTS,
+        "250",
+    );
+    let per_minute = (
+        "GenerateRequestsPerMinutePerProjectPerModel-FreeTier",
+        REQUESTS,
+        "10",
+    );
+    let tokens_per_minute = (
+        "GenerateContentInputTokensPerModelPerMinute-FreeTier",
+        TOKENS,
+        "250000",
+    );
+    let none_of_it = (
+        "GenerateRequestsPerMinutePerProjectPerModel-FreeTier",
+        REQUESTS,
+        "0",
+    );
+    // The Cloud APIs' form: the quota named in an ErrorInfo's metadata.
+    let cloud = |limit: &str| {
+        serde_json::to_vec(
+            &json!({"error": {"code": 429, "status": "RESOURCE_EXHAUSTED",
+            "message": "Quota exceeded for quota metric 'Generate Content API requests' and limit.",
+            "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                "reason": "RATE_LIMIT_EXCEEDED", "domain": "googleapis.com",
+                "metadata": {"quota_limit": limit, "quota_limit_value": "60"}}]}}),
+        )
+        .unwrap()
+    };
+    let listed = |one: &[u8]| {
+        let mut out = b"[".to_vec();
+        out.extend_from_slice(one);
+        out.push(b']');
+        out
     };
     for (status, body, want) in [
         (
@@ -580,23 +645,31 @@ fn error_classes_are_read_from_googles_errors() {
             err(404, "NOT_FOUND", "models/gemini-9 is not found for API version v1beta, or is not supported for generateContent."),
             Some(ErrorClass::ModelNotFound),
         ),
+        // A day's quota spent, alone or among per-minute ones.
+        (429, exhausted(OVER, &[per_day]), Some(ErrorClass::Quota)),
+        (429, exhausted(OVER, &[per_minute, per_day, tokens_per_minute]), Some(ErrorClass::Quota)),
+        (429, cloud("GenerateContentRequestsPerDayPerProjectPerRegion"), Some(ErrorClass::Quota)),
+        // A quota of 0: the tier has none of the model, waiting gives none.
+        (429, exhausted(OVER, &[none_of_it]), Some(ErrorClass::Quota)),
+        // As Vertex's stream paths answer: a list of one error.
+        (429, listed(&exhausted(OVER, &[per_day])), Some(ErrorClass::Quota)),
+        // A minute's quota: failover's, whatever the message says.
+        (429, exhausted(OVER, &[per_minute, tokens_per_minute]), None),
+        (429, cloud("GenerateContentRequestsPerMinutePerProjectPerRegion"), None),
+        (429, listed(&exhausted(OVER, &[per_minute])), None),
+        (429, err(429, "RESOURCE_EXHAUSTED", OVER), None),
+        (
+            429,
+            err(429, "RESOURCE_EXHAUSTED", "Resource exhausted. Please try again later."),
+            None,
+        ),
+        // A per-day name elsewhere than a quota's is no quota's.
         (
             429,
             serde_json::to_vec(&json!({"error": {"code": 429, "status": "RESOURCE_EXHAUSTED",
-                "message": "You exceeded your current quota, please check your plan and billing details.",
-                "details": [{"@type": "type.googleapis.com/google.rpc.QuotaFailure",
-                    "violations": [{"quotaId": "GenerateRequestsPerDayPerProjectPerModel-FreeTier"}]}]}}))
+                "message": "Resource exhausted.", "details": [{"@type": "type.googleapis.com/google.rpc.Help",
+                "links": [{"description": "Quotas per day", "url": "https://example.com/PerDay"}]}]}}))
             .unwrap(),
-            Some(ErrorClass::Quota),
-        ),
-        (
-            429,
-            err(429, "RESOURCE_EXHAUSTED", "You exceeded your current quota, please check your plan and billing details."),
-            None,
-        ),
-        (
-            429,
-            err(429, "RESOURCE_EXHAUSTED", "Resource has been exhausted (e.g. check quota)."),
             None,
         ),
         (400, err(400, "INVALID_ARGUMENT", "Invalid JSON payload"), None),
@@ -606,8 +679,52 @@ fn error_classes_are_read_from_googles_errors() {
         (400, b"not json".to_vec(), None),
         (400, vec![b' '; MAX_ERROR_BODY + 1], None),
     ] {
-        assert_eq!(error_class(status, &body), want, "{}", String::from_utf8_lossy(&body));
+        let text = String::from_utf8_lossy(&body);
+        // Vertex answers its own errors so for Claude and for its
+        // OpenAI-compatible chat too.
+        for api in [Dialect::Gemini, Dialect::Messages, Dialect::Chat] {
+            assert_eq!(classify(api, status, &body, None), want, "{api:?} {text}");
+        }
     }
+}
+
+#[test]
+fn a_spent_quota_is_read_from_the_details_alone() {
+    let error =
+        |details: Value| json!({"code": 429, "status": "RESOURCE_EXHAUSTED", "details": details});
+    for (details, want) in [
+        (
+            json!([{"violations": [{"quotaId": "RequestsPerDay"}]}]),
+            true,
+        ),
+        (
+            json!([{"violations": [{"quotaMetric": "x/requests_per_day"}]}]),
+            true,
+        ),
+        (json!([{"violations": [{"quotaId": "DailyTokens"}]}]), true),
+        (json!([{"violations": [{"quotaValue": 0}]}]), true),
+        (
+            json!([{"metadata": {"quota_limit": "RequestsPerDayPerProject"}}]),
+            true,
+        ),
+        (
+            json!([{"violations": [{"quotaId": "RequestsPerMinute", "quotaValue": "60"}]}]),
+            false,
+        ),
+        (
+            json!([{"violations": [{"quotaId": 7, "quotaValue": "00"}]}]),
+            false,
+        ),
+        (
+            json!([{"violations": "PerDay"}, "PerDay", {"metadata": "PerDay"}]),
+            false,
+        ),
+        (json!({"violations": [{"quotaId": "PerDay"}]}), false),
+        (json!([]), false),
+    ] {
+        assert_eq!(quota_spent(&error(details.clone())), want, "{details}");
+    }
+    assert!(!quota_spent(&json!("PerDay")));
 }
 
 mod props {
@@ -643,8 +760,61 @@ mod props {
         .prop_map(|pieces| pieces.concat())
     }
 
+    /// `v` as a document of the fuzz module's, to be spelled many ways.
+    fn doc_of(v: &Value) -> fuzz::Doc {
+        match v {
+            Value::Null => fuzz::Doc::Null,
+            Value::Bool(b) => fuzz::Doc::Bool(*b),
+            Value::Number(n) => {
+                let mut digits = n.as_u64().unwrap().to_string();
+                let mut exp = 0;
+                while digits.ends_with('0') {
+                    digits.pop();
+                    exp += 1;
+                }
+                if digits.is_empty() {
+                    exp = 0;
+                }
+                fuzz::Doc::Num(fuzz::Num {
+                    negative: false,
+                    digits,
+                    exp,
+                })
+            }
+            Value::String(s) => fuzz::Doc::Str(s.clone()),
+            Value::Array(items) => fuzz::Doc::Arr(items.iter().map(doc_of).collect()),
+            Value::Object(members) => fuzz::Doc::Obj(
+                members
+                    .iter()
+                    .map(|(k, v)| (k.clone(), doc_of(v)))
+                    .collect(),
+            ),
+        }
+    }
+
     proptest! {
         #![proptest_config(fuzz::config(256))]
+
+        /// A Google quota error, however it is spelled (whitespace,
+        /// member order, number spelling, string escapes), reads as the
+        /// same class in every API: a day's quota spent, a minute's not.
+        #[test]
+        fn any_spelling_of_a_quota_error_reads_alike(seed: u64, daily: bool, at in 0usize..3) {
+            use crate::dialect::answer::ErrorClass;
+            use crate::routing::fallback::classify;
+            let minute = ("GenerateRequestsPerMinutePerProjectPerModel-FreeTier", REQUESTS, "10");
+            let day = ("GenerateRequestsPerDayPerProjectPerModel-FreeTier", REQUESTS, "250");
+            let mut violations = vec![minute, minute];
+            if daily {
+                violations.insert(at, day);
+            }
+            let body: Value = serde_json::from_slice(&exhausted(OVER, &violations)).unwrap();
+            let spelled = doc_of(&body).spell(seed);
+            let want = daily.then_some(ErrorClass::Quota);
+            for api in [Dialect::Gemini, Dialect::Messages, Dialect::Chat] {
+                prop_assert_eq!(classify(api, 429, spelled.as_bytes(), None), want, "{}", spelled);
+            }
+        }
 
         /// Any path reads without panic; a call's model rewrites to any
         /// model name and reads back, the rest of the call the same.
@@ -706,7 +876,7 @@ mod props {
         fn any_body_reads_and_caps(doc in fuzz::doc(false), seed: u64, cap in 0u64..5000) {
             let bytes = fuzz::mutated(&doc, seed);
             let _ = Dialect::Gemini.answer().head(&bytes);
-            let _ = error_class(429, &bytes);
+            let _ = crate::routing::fallback::classify(Dialect::Gemini, 429, &bytes, None);
             let mut doc = Document::parse(bytes.clone());
             if let Some(tree) = doc.tree() {
                 let _ = texts(tree).count();

@@ -199,6 +199,89 @@ fn each_backend_is_asked_once_and_the_last_failure_reaches_the_client() {
     );
 }
 
+/// Bedrock's ModelErrorException: the model failed a valid call.
+fn model_error() -> CalloutAnswer {
+    answer(
+        424,
+        &[(
+            "x-amzn-errortype",
+            "ModelErrorException:http://internal.amazon.com/coral/com.amazon.bedrock/",
+        )],
+        r#"{"message":"Model failed to process the request.","originalStatusCode":500,"resourceName":"anthropic.claude-v1:0"}"#,
+    )
+}
+
+/// Vertex's 429 naming the quota it broke, per `period` (`Minute`, `Day`).
+fn over_quota(period: &str) -> CalloutAnswer {
+    answer(
+        429,
+        &[],
+        &format!(
+            r#"{{"error":{{"code":429,"message":"Quota exceeded for aiplatform.googleapis.com/generate_content_requests.","status":"RESOURCE_EXHAUSTED","details":[{{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{{"quotaMetric":"aiplatform.googleapis.com/generate_content_requests","quotaId":"GenerateContentRequestsPer{period}PerProjectPerModel"}}]}},{{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"26s"}}]}}}}"#
+        ),
+    )
+}
+
+#[test]
+fn a_model_error_fails_over_and_a_days_quota_where_the_walk_ends_takes_the_chain() {
+    // Claude's backends as `claude` has them, and Haiku its fallback.
+    let config = claude("").replace(
+        "  ]}}",
+        r#"  ], "haiku": [{"cluster": "anthropic", "provider": "anthropic", "weight": 1000000},
+    {"cluster": "bedrock", "provider": "bedrock", "weight": 1, "model": "anthropic.haiku-v1:0"}]},
+  "fallbacks": {"claude": {"to": ["haiku"]}}}"#,
+    );
+    assert!(config.contains("fallbacks"));
+    for (period, chain) in [("Day", true), ("Minute", false)] {
+        let mut w = World::new(&config);
+        let (mut call, mut host) = overloaded_on_anthropic(&mut w);
+        assert_eq!(last_callout(&host).0, "bedrock");
+        // Bedrock's model fails the call: Vertex is asked.
+        assert_eq!(
+            call.answer_callout(&mut w.env(), &mut host, model_error()),
+            Step::Pause
+        );
+        assert!(host.local_reply.is_none());
+        assert_eq!(last_callout(&host).0, "vertex");
+        // Vertex's quota ends Claude's walk.
+        assert_eq!(
+            call.answer_callout(&mut w.env(), &mut host, over_quota(period)),
+            Step::Pause
+        );
+        if !chain {
+            // A minute's quota is no class: the client gets Vertex's 429.
+            assert_eq!(host.callouts.len(), 2);
+            let (status, headers, _) = host.local_reply.clone().unwrap();
+            assert_eq!(status, 429);
+            assert_eq!(
+                headers.get("x-llm-provider").map(String::as_str),
+                Some("vertex")
+            );
+            continue;
+        }
+        // A day's: Haiku is asked, on Anthropic, and answers.
+        assert_eq!(host.callouts.len(), 3);
+        let (cluster, path, body) = last_callout(&host);
+        assert_eq!(
+            (cluster.as_str(), path.as_str()),
+            ("anthropic", "/v1/messages")
+        );
+        assert_eq!(body["model"], "haiku");
+        call.answer_callout(&mut w.env(), &mut host, answer(200, &[], ANSWER));
+        let (status, headers, _) = host.local_reply.clone().unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(
+            headers.get("x-llm-model").map(String::as_str),
+            Some("haiku")
+        );
+        call.on_log(&mut w.env());
+        assert_eq!(
+            w.counter("llm_filter_routing_model_fallbacks_totalmodel=.=claude;.;reason=.=quota;.;result=.=answered;.;"),
+            1
+        );
+    }
+}
+
 #[test]
 fn the_walk_stops_at_max_retries_the_budget_and_the_backends_word() {
     // One failover a call: Bedrock's throttling is the client's answer.
