@@ -11,14 +11,16 @@ use crate::summary::End;
 
 /// Whether another backend may answer a call that ended so: a 5xx, a 429
 /// (this backend pacing the caller, a model not ready yet, or a quota of
-/// this backend's account spent), a 408 (the model took too long:
+/// this backend's account spent), a 402 (Anthropic's `billing_error`: this
+/// backend's account is out of credit, and another provider bills its own),
+/// a 408 (the model took too long:
 /// Bedrock's `ModelTimeoutException`; the SDKs retry it too), a 424 (the model failed while processing a valid call:
 /// Bedrock's `ModelErrorException`, where a bad call is a 400
 /// `ValidationException`; the same model elsewhere may not fail it), a
 /// reset or refused connection, or Envoy's timeout of this backend.
 pub fn retriable(end: End) -> bool {
     match end {
-        End::Answered(s) => matches!(s, 408 | 424 | 429 | 500..=599),
+        End::Answered(s) => matches!(s, 402 | 408 | 424 | 429 | 500..=599),
         // Another backend may hold a credential of its own.
         End::TimedOut(_) | End::Reset(_) | End::NoCredential(_) => true,
         // Part of a cut answer already reached the client.
@@ -281,6 +283,9 @@ mod tests {
             (End::Answered(503), true),
             (End::NoCredential(503), true),
             (End::Answered(429), true),
+            (End::Answered(402), true),
+            (End::Answered(401), false),
+            (End::Answered(403), false),
             (End::Answered(200), false),
             (End::Answered(400), false),
             (End::Answered(404), false),

@@ -495,6 +495,42 @@ fn the_fallback_models_walk_counts_against_the_calls_failovers_and_the_switch() 
     assert_eq!(host.local_reply.clone().unwrap().0, 429);
 }
 
+/// Anthropic's account out of credit (402 `billing_error`) is that
+/// backend's: the same model on Bedrock, billed to its own account, is
+/// asked before the model's chain, and its answer is the client's.
+#[test]
+fn a_backends_billing_refusal_fails_over_before_the_chain() {
+    let mut w = World::new(&opus_then_sonnet(""));
+    let mut host = FakeHost::post("/v1/messages")
+        .with_header("anthropic-version", "2023-06-01")
+        .with_body(&MESSAGES.replace(r#""claude""#, r#""opus""#));
+    let (mut call, _) = w.request(&mut host).unwrap();
+    assert_eq!(host.header("x-llm-cluster"), Some("anthropic"));
+    let refused = r#"{"type":"error","error":{"type":"billing_error","message":"Your credit balance is too low"}}"#;
+    let mut host = host.with_response(402, "application/json", refused);
+    let size = host.response_body.len();
+    call.on_response_headers(&mut w.env(), &mut host, false);
+    assert_eq!(
+        call.on_response_body(&mut w.env(), &mut host, size, true),
+        Step::Pause
+    );
+    let (cluster, path, _) = last_callout(&host);
+    assert_eq!(
+        (cluster.as_str(), path.as_str()),
+        ("bedrock", "/model/anthropic.opus-v1%3A0/invoke"),
+        "Opus on Bedrock, not Sonnet"
+    );
+    call.answer_callout(&mut w.env(), &mut host, answer(200, &[], ANSWER));
+    assert_eq!(host.callouts.len(), 1);
+    let (status, headers, _) = host.local_reply.clone().unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(
+        headers.get("x-llm-model").map(String::as_str),
+        Some("anthropic.opus-v1:0"),
+        "Bedrock's Opus, no fallback: {headers:?}"
+    );
+}
+
 #[test]
 fn bedrocks_quota_named_in_its_header_takes_the_chain() {
     let mut w = World::new(
