@@ -357,35 +357,11 @@ async fn a_budget_spent_before_forwarding_is_answered_locally() {
     if skip_without_envoy("a_budget_spent_before_forwarding_is_answered_locally") {
         return;
     }
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
     let mock = MockUpstream::start(MockConfig::named("budget-spent"));
     let envoy = start(&mock, json!({}), None);
     // The body comes after the whole 200 ms budget: nothing left to forward with.
-    let body = chat_body("gpt-4o", "slow upload").to_string();
-    let head = format!(
-        "POST {CHAT} HTTP/1.1\r\nhost: llm\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\nx-request-timeout-ms: 200\r\nconnection: close\r\n\r\n",
-        body.len()
-    );
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", envoy.port()))
-        .await
-        .expect("connect");
-    stream.write_all(head.as_bytes()).await.expect("head");
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let sent = std::time::Instant::now();
-    stream.write_all(body.as_bytes()).await.expect("body");
-    // Read up to the end of the answer's body (Envoy may close the
-    // connection a while later).
-    let mut raw = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !complete(&raw) {
-        let n = stream.read(&mut buf).await.expect("answer");
-        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&raw));
-        raw.extend_from_slice(&buf[..n]);
-    }
+    let (raw, sent) = slow_upload(envoy.port(), "slow upload", 200, 400).await;
     let answered_in = sent.elapsed();
-    let raw = String::from_utf8_lossy(&raw);
     eprintln!("budget spent: answered {answered_in:?} after the body");
     assert!(raw.starts_with("HTTP/1.1 504"), "{raw}");
     let (head, body) = raw.split_once("\r\n\r\n").unwrap_or_default();
@@ -424,8 +400,6 @@ async fn the_next_hop_plans_within_what_this_one_left() {
     if skip_without_envoy("the_next_hop_plans_within_what_this_one_left") {
         return;
     }
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
     let mock = MockUpstream::start(MockConfig::named("behind-the-gateway"));
     let gateway = start(&mock, json!({}), None);
     let sidecar = EnvoyBuilder::new()
@@ -433,26 +407,7 @@ async fn the_next_hop_plans_within_what_this_one_left() {
         .upstream("gateway", gateway.port())
         .start()
         .expect("the first hop");
-    let body = chat_body("gpt-4o", "a slow upload through two hops").to_string();
-    let head = format!(
-        "POST {CHAT} HTTP/1.1\r\nhost: llm\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\nx-request-timeout-ms: 3000\r\nconnection: close\r\n\r\n",
-        body.len()
-    );
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", sidecar.port()))
-        .await
-        .expect("connect");
-    stream.write_all(head.as_bytes()).await.expect("head");
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    stream.write_all(body.as_bytes()).await.expect("body");
-    let mut raw = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !complete(&raw) {
-        let n = stream.read(&mut buf).await.expect("answer");
-        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&raw));
-        raw.extend_from_slice(&buf[..n]);
-    }
-    let raw = String::from_utf8_lossy(&raw);
+    let (raw, _) = slow_upload(sidecar.port(), "a slow upload through two hops", 3000, 800).await;
     assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
     let seen = mock.requests();
     assert_eq!(seen.len(), 1, "{seen:?}");
@@ -469,6 +424,42 @@ async fn the_next_hop_plans_within_what_this_one_left() {
         let ms = told(name);
         assert!((1000..=2250).contains(&ms), "{name}: {ms} ms");
     }
+}
+
+/// A chat call to `port` whose body follows its headers (budget
+/// `budget_ms`) after `delay_ms`: the whole answer, as text, and when the
+/// body went.
+async fn slow_upload(
+    port: u16,
+    content: &str,
+    budget_ms: u64,
+    delay_ms: u64,
+) -> (String, std::time::Instant) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let body = chat_body("gpt-4o", content).to_string();
+    let head = format!(
+        "POST {CHAT} HTTP/1.1\r\nhost: llm\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nx-request-timeout-ms: {budget_ms}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    stream.write_all(head.as_bytes()).await.expect("head");
+    tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+    let sent = std::time::Instant::now();
+    stream.write_all(body.as_bytes()).await.expect("body");
+    // Read up to the end of the answer's body (Envoy may close the
+    // connection a while later).
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !complete(&raw) {
+        let n = stream.read(&mut buf).await.expect("answer");
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&raw));
+        raw.extend_from_slice(&buf[..n]);
+    }
+    (String::from_utf8_lossy(&raw).into_owned(), sent)
 }
 
 /// A whole HTTP/1.1 answer with a `content-length` body is in `raw`.
