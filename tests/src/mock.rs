@@ -680,7 +680,9 @@ impl MockUpstream {
     /// as Google details a quota error: a `google.rpc.QuotaFailure`
     /// violation whose `quotaId` is `quota` (e.g.
     /// `GenerateRequestsPerDayPerProjectPerModel`), a `Help` and a
-    /// `RetryInfo`. `None`: a bare `RESOURCE_EXHAUSTED`.
+    /// `RetryInfo`. `None`: a bare `RESOURCE_EXHAUSTED`. On a mock playing
+    /// Bedrock, any quota makes its 400s `ServiceQuotaExceededException`
+    /// (named in `x-amzn-errortype`), not `ValidationException`.
     pub fn set_quota(&self, quota: Option<&str>) {
         *lock(&self.state.quota) = quota.map(str::to_string);
     }

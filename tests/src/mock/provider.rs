@@ -224,6 +224,7 @@ pub(super) fn error(
         Provider::Bedrock => {
             let kind = match status.as_u16() {
                 429 => "ThrottlingException",
+                400 if lock(&state.quota).is_some() => "ServiceQuotaExceededException",
                 400 => "ValidationException",
                 404 => "ResourceNotFoundException",
                 424 => "ModelErrorException",

@@ -5,6 +5,7 @@
 //! itself (an HTTP callout) and answers the client with that response; this
 //! module says which failures qualify and what the callout and the reply carry.
 
+use crate::dialect::provider;
 use crate::host::Metrics;
 use crate::metrics::{self as names};
 use crate::summary::End;
@@ -46,6 +47,17 @@ pub fn should_retry(value: &str) -> Option<bool> {
         "false" => Some(false),
         _ => None,
     }
+}
+
+/// What an error answer tells of another backend taking the call: its
+/// `x-should-retry` (`should_retry`), else yes when AWS's error type
+/// (`error_type`, [`provider::ERROR_TYPE`]) names the account's quota spent,
+/// Bedrock's 400 `ServiceQuotaExceededException`: another provider's
+/// backend of the model bills its own account, as for a spent quota's 429.
+pub fn told(should_retry: Option<&str>, error_type: Option<&str>) -> Option<bool> {
+    should_retry
+        .and_then(self::should_retry)
+        .or_else(|| error_type.and_then(provider::refusal_named).map(|_| true))
 }
 
 /// How a failover ended, as the `result` label of the failovers counter.
@@ -274,6 +286,26 @@ mod tests {
         list.iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn the_answer_tells_by_its_retry_header_else_by_awss_quota() {
+        let quota =
+            "ServiceQuotaExceededException:http://internal.amazon.com/coral/com.amazon.bedrock/";
+        assert_eq!(told(Some("false"), Some(quota)), Some(false));
+        assert_eq!(told(Some("true"), None), Some(true));
+        assert_eq!(told(None, Some(quota)), Some(true));
+        assert_eq!(told(Some("maybe"), Some(quota)), Some(true));
+        assert_eq!(told(None, Some("ValidationException")), None);
+        assert_eq!(told(None, None), None);
+        assert!(retriable_as_told(
+            End::Answered(400),
+            told(None, Some(quota))
+        ));
+        assert!(!retriable_as_told(
+            End::Answered(400),
+            told(None, Some("ValidationException"))
+        ));
     }
 
     #[test]

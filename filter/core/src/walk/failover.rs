@@ -11,6 +11,7 @@ use crate::budget;
 use crate::cache::entry::SSE_CONTENT_TYPE;
 use crate::cache::CacheStatus;
 use crate::dialect::answer::ReplyKind;
+use crate::dialect::provider;
 use crate::host::{Random, SharedStore};
 use crate::metrics::internal_error;
 use crate::routing::failover::{self, FailoverResult};
@@ -404,11 +405,14 @@ impl Call {
         answer: &CalloutAnswer,
     ) -> bool {
         let end = answer.status.map_or(End::TimedOut(504), End::Answered);
-        let told = answer
-            .headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case("x-should-retry"))
-            .and_then(|(_, v)| failover::should_retry(v));
+        let header = |name: &str| {
+            answer
+                .headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_str())
+        };
+        let told = failover::told(header("x-should-retry"), header(provider::ERROR_TYPE));
         let breaker = self.dispatch.breaker.as_deref();
         let fell_back = self.dispatch.fallback.as_ref().map(|f| f.step);
         let failovers = self

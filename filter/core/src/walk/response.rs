@@ -8,7 +8,7 @@ use serde_json::Value;
 use crate::budget::reply::{self, LocalReply};
 use crate::cache::entry::SSE_CONTENT_TYPE;
 use crate::dialect::answer::ReplyKind;
-use crate::dialect::Dialect;
+use crate::dialect::{provider, Dialect};
 use crate::metrics::internal_error;
 use crate::routing::failover;
 use crate::spans::capture;
@@ -228,10 +228,10 @@ impl Response {
             attempts: host
                 .response_header("x-envoy-attempt-count")
                 .and_then(|s| s.trim().parse().ok()),
-            should_retry: host
-                .response_header(reply::SHOULD_RETRY)
-                .as_deref()
-                .and_then(failover::should_retry),
+            should_retry: failover::told(
+                host.response_header(reply::SHOULD_RETRY).as_deref(),
+                host.response_header(provider::ERROR_TYPE).as_deref(),
+            ),
             envoy,
             answer: if stream {
                 Answer::Stream(sse::Stream::with_grammar(dialect.answer().grammar()))

@@ -3,8 +3,9 @@
 //! `RESOURCE_EXHAUSTED` names the quota it broke (a `QuotaFailure`'s
 //! `quotaId`), and a minute's quota fails over to the model's next backend
 //! while a day's, where the walk ends, takes the model's fallback chain
-//! (google-genai); Bedrock's 424 `ModelErrorException` fails over to the
-//! same model on another cloud (anthropic). Each mock refuses a call not in
+//! (google-genai); Bedrock's 424 `ModelErrorException` and its account's
+//! quota (a 400 `ServiceQuotaExceededException`) fail over to the same
+//! model on another cloud, its bad request does not (anthropic). Each mock refuses a call not in
 //! its provider's shape, and says what it received.
 
 use llm_filter_e2e::{skip_without_envoy, MockUpstream, Provider};
@@ -108,7 +109,7 @@ async fn a_minutes_quota_fails_over_and_a_days_where_the_walk_ends_takes_the_cha
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bedrocks_model_error_fails_over_to_the_same_model_on_another_cloud() {
+async fn bedrocks_model_error_and_spent_quota_fail_over_to_the_same_model_on_another_cloud() {
     if skip_without_envoy("bedrocks_model_error_fails_over") {
         return;
     }
@@ -158,6 +159,35 @@ async fn bedrocks_model_error_fails_over_to_the_same_model_on_another_cloud() {
         |result: &str| envoy.metric("llm_filter_routing_failovers_total", &[("result", result)]);
     assert_eq!(failovers("answered"), 1.0);
 
+    // Bedrock's account quota spent (a 400 AWS names only in its header)
+    // is Bedrock's account's: Anthropic answers Sonnet.
+    bedrock.set_error(Some((
+        400,
+        "Your request exceeds the service quota for your account.",
+    )));
+    bedrock.set_quota(Some("account"));
+    let out = sdk::run(sdk::ANTHROPIC, "messages_raw", base, &["--model", CLAUDE]).await;
+    let call = &out["calls"][0];
+    assert_eq!(call["status"], 200, "{out}");
+    assert_eq!(call["headers"]["x-llm-provider"], "anthropic", "{out}");
+    assert_eq!(call["headers"]["x-llm-model"], CLAUDE, "{out}");
+    assert_eq!(
+        (posts(&bedrock).len(), posts(&anthropic).len()),
+        (2, 2),
+        "{out}"
+    );
+    assert_eq!(failovers("answered"), 2.0);
+    // A bad request, as AWS names it, is the caller's: no failover.
+    bedrock.set_quota(None);
+    let out = sdk::run(sdk::ANTHROPIC, "messages_error", base, &["--model", CLAUDE]).await;
+    assert_eq!(out["status"], 400, "{out}");
+    assert_eq!(
+        (posts(&bedrock).len(), posts(&anthropic).len()),
+        (3, 2),
+        "{out}"
+    );
+    bedrock.set_error(Some((424, "Model failed to process the request.")));
+
     // No other backend serves Opus: the client gets Bedrock's 424 as the
     // SDK's status error, Bedrock's message in it.
     let out = sdk::run(sdk::ANTHROPIC, "messages_error", base, &["--model", OPUS]).await;
@@ -170,7 +200,7 @@ async fn bedrocks_model_error_fails_over_to_the_same_model_on_another_cloud() {
     );
     assert_eq!(
         (posts(&bedrock).len(), posts(&anthropic).len()),
-        (2, 1),
+        (4, 2),
         "{out}"
     );
 }

@@ -531,6 +531,52 @@ fn a_backends_billing_refusal_fails_over_before_the_chain() {
     );
 }
 
+/// Bedrock's account quota spent (a 400 named only in `x-amzn-errortype`)
+/// is that account's: the same model at Anthropic is asked before the
+/// chain; a 400 AWS names a bad request reaches the client.
+#[test]
+fn bedrocks_quota_fails_over_before_the_chain() {
+    let config = r#"{"routing": {"eject_after_failures": 100, "models": {
+            "opus": [{"cluster": "bedrock", "provider": "bedrock", "weight": 1000000,
+                      "apis": ["messages"], "model": "anthropic.opus-v1:0"},
+                     {"cluster": "anthropic", "provider": "anthropic", "weight": 1}],
+            "sonnet": [{"cluster": "anthropic", "provider": "anthropic"}]},
+          "fallbacks": {"opus": {"to": ["sonnet"]}}}}"#;
+    let quota = r#"{"message":"Your request exceeds the service quota for your account."}"#;
+    for (error_type, fails_over) in [
+        (
+            "ServiceQuotaExceededException:http://internal.amazon.com/coral/com.amazon.bedrock/",
+            true,
+        ),
+        ("ValidationException", false),
+    ] {
+        let mut w = World::new(config);
+        let mut host = FakeHost::post("/v1/messages")
+            .with_header("anthropic-version", "2023-06-01")
+            .with_body(&MESSAGES.replace(r#""claude""#, r#""opus""#));
+        let (mut call, _) = w.request(&mut host).unwrap();
+        assert_eq!(host.header("x-llm-cluster"), Some("bedrock"));
+        let mut host = host
+            .with_response(400, "application/json", quota)
+            .with_response_header("x-amzn-errortype", error_type);
+        let size = host.response_body.len();
+        call.on_response_headers(&mut w.env(), &mut host, false);
+        let step = call.on_response_body(&mut w.env(), &mut host, size, true);
+        if !fails_over {
+            assert_eq!(step, Step::Continue, "{error_type}");
+            assert!(host.callouts.is_empty(), "{error_type}");
+            continue;
+        }
+        assert_eq!(step, Step::Pause);
+        let (cluster, _, body) = last_callout(&host);
+        assert_eq!(cluster, "anthropic", "Opus at Anthropic, not Sonnet");
+        assert_eq!(body["model"], "opus");
+        call.answer_callout(&mut w.env(), &mut host, answer(200, &[], ANSWER));
+        assert_eq!(host.callouts.len(), 1);
+        assert_eq!(host.local_reply.clone().unwrap().0, 200);
+    }
+}
+
 #[test]
 fn bedrocks_quota_named_in_its_header_takes_the_chain() {
     let mut w = World::new(
