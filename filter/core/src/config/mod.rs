@@ -340,7 +340,8 @@ impl TryFrom<RawConfig> for Config {
                 .map_err(|e| e.within("guardrails"))?,
             names: Names::default(),
         };
-        if config.capture.any() {
+        // Only a build that captures redacts what it captures.
+        if SPANS && config.capture.any() {
             config.capture.guarded = config.guardrails.withheld();
         }
         config.names = names_of(&config);
