@@ -105,17 +105,13 @@ pub struct AbConfig {
     pub groups: Vec<Group>,
 }
 
-#[cfg(test)]
 impl Default for AbConfig {
     /// The empty section: no groups, A/B off.
     fn default() -> Self {
-        let base = Base {
-            routing: &RawRoutingConfig::default(),
-            shaping: &RawShapingConfig::default(),
-            cache: true,
-            degrade: &RawDegradeConfig::default(),
-        };
-        check::defaults(|raw| Self::compile(raw, &base))
+        Self {
+            user_header: USER_HEADER.default.to_string(),
+            groups: Vec::new(),
+        }
     }
 }
 

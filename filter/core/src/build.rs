@@ -26,6 +26,8 @@ pub const GUARDRAILS: bool = cfg!(feature = "guardrails");
 pub const CREDENTIALS: bool = cfg!(feature = "credentials");
 /// The build exports spans.
 pub const SPANS: bool = cfg!(feature = "spans");
+/// The build has A/B groups.
+pub const AB: bool = cfg!(feature = "ab");
 
 /// Every part of the document a feature owns, and whether this build has
 /// it: a dotted path, where `[]` is every element of an array and `*` every
@@ -40,6 +42,8 @@ const PARTS: &[(&str, bool)] = &[
     ("tracing.capture", SPANS),
     ("ab.groups.[].overrides.routing", ROUTING),
     ("ab.groups.[].overrides.cache", CACHE),
+    // After its parts: a group overriding a part is refused at the part.
+    ("ab", AB),
 ];
 
 /// Every degrade action a feature owns (the action's spelling), where the

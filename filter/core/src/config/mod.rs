@@ -16,7 +16,7 @@ use serde::Deserialize;
 use crate::ab::{self, AbConfig, RawAbConfig};
 use crate::admin::config::{AdminConfig, RawAdminConfig};
 use crate::budget::config::{BudgetConfig, RawBudgetConfig};
-use crate::build::{CREDENTIALS, GUARDRAILS, LIMITS, ROUTING, SPANS};
+use crate::build::{AB, CREDENTIALS, GUARDRAILS, LIMITS, ROUTING, SPANS};
 use crate::cache::config::{CacheConfig, RawCacheConfig};
 use crate::credentials::{CredentialsConfig, RawCredentialsConfig};
 use crate::degrade::config::{DegradeConfig, RawDegradeConfig};
@@ -114,6 +114,7 @@ pub struct RawConfig {
     /// Shaping section.
     pub shaping: RawShapingConfig,
     /// A/B groups section.
+    #[cfg_attr(not(feature = "ab"), serde(skip))]
     pub ab: RawAbConfig,
     /// Limits section.
     #[cfg_attr(not(feature = "limits"), serde(skip))]
@@ -294,16 +295,14 @@ impl TryFrom<RawConfig> for Config {
         let max_body_bytes = MAX_BODY_BYTES.read(raw.max_body_bytes)?;
         let cache = CacheConfig::compile(raw.cache).map_err(|e| e.within("cache"))?;
         // Groups compile their overrides against the sections as written.
-        let ab = AbConfig::compile(
-            raw.ab,
-            &ab::Base {
-                routing: &raw.routing,
-                shaping: &raw.shaping,
-                cache: cache.enabled,
-                degrade: &raw.degrade,
-            },
-        )
-        .map_err(|e| e.within("ab"))?;
+        let base = ab::Base {
+            routing: &raw.routing,
+            shaping: &raw.shaping,
+            cache: cache.enabled,
+            degrade: &raw.degrade,
+        };
+        let ab =
+            section(AB, raw.ab, |r| AbConfig::compile(r, &base)).map_err(|e| e.within("ab"))?;
         let mut routing = section(ROUTING, raw.routing, RoutingConfig::compile)
             .map_err(|e| e.within("routing"))?;
         probe_group_clusters(&mut routing, &ab);
@@ -519,6 +518,16 @@ mod tests {
             check::defaults(LimitsConfig::compile)
         );
         assert_eq!(Guardrails::default(), check::defaults(Guardrails::compile));
+        let base = ab::Base {
+            routing: &RawRoutingConfig::default(),
+            shaping: &RawShapingConfig::default(),
+            cache: true,
+            degrade: &RawDegradeConfig::default(),
+        };
+        assert_eq!(
+            AbConfig::default(),
+            check::defaults(|r| AbConfig::compile(r, &base))
+        );
         assert_eq!(
             CredentialsConfig::default(),
             check::defaults(CredentialsConfig::compile)
