@@ -1,8 +1,6 @@
 //! The `admin` section: where the filter's own endpoints live and the token
 //! that opens them. A leaf of the config, apart from the endpoints themselves.
 
-use serde::Deserialize;
-
 use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::config::setting::{Setting, Table};
@@ -18,14 +16,15 @@ pub const SETTINGS: Table = &[("admin", &[&PATH_PREFIX])];
 const MIN_TOKEN_LEN: usize = 16;
 
 /// `admin` as written.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[derive(Debug, Default)]
 pub struct RawAdminConfig {
     /// Where the endpoints live.
     pub path_prefix: Option<String>,
     /// The bearer token; none: the endpoints answer 404.
     pub token: Option<String>,
 }
+
+crate::read_fields!(RawAdminConfig { path_prefix, token });
 
 /// The compiled `admin` section.
 #[derive(Clone, PartialEq, Eq)]

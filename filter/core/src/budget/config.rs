@@ -4,10 +4,11 @@
 
 use std::ops::RangeInclusive;
 
-use serde::Deserialize;
+use serde_json::Value;
 
 use crate::config::check;
 use crate::config::error::ConfigError;
+use crate::config::read::{self, Read};
 use crate::config::setting::{Bound, List, Named, Setting, Table};
 use crate::priority::Priority;
 
@@ -115,8 +116,7 @@ pub const SETTINGS: Table = &[(
 )];
 
 /// `budget` as written by the operator.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[derive(Debug, Default)]
 pub struct RawBudgetConfig {
     /// Budgets, plans and the breaker on or off; default true.
     pub enabled: Option<bool>,
@@ -151,12 +151,29 @@ pub struct RawBudgetConfig {
     pub streaming: Option<StreamingMode>,
 }
 
+crate::read_fields!(RawBudgetConfig {
+    enabled,
+    default_ms,
+    max_ms,
+    min_per_try_ms,
+    retry_ratio,
+    max_retries,
+    retry_on,
+    retriable_status_codes,
+    window_s,
+    shed_at,
+    reject_at,
+    shed_fraction,
+    probe_fraction,
+    min_calls,
+    streaming,
+});
+
 /// `budget.default_ms` as written: one budget for every priority, or one each.
 pub use crate::config::per_priority::RawPerPriority as RawDefaultMs;
 
 /// How far a streamed answer is held to the budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(variant_identifier, rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StreamingMode {
     /// The budget bounds the wait for the response to start (Envoy's per-try
     /// timeout stops applying once response headers went downstream); the
@@ -167,6 +184,12 @@ pub enum StreamingMode {
     /// Streams are held to the whole budget like any call: the caller said
     /// that is all the time it has, stream or not.
     WholeStream,
+}
+
+impl Read for StreamingMode {
+    fn read(v: &Value) -> Result<Self, ConfigError> {
+        read::variant(v, &[Self::UntilHeaders, Self::WholeStream], Self::as_str)
+    }
 }
 
 impl StreamingMode {
@@ -405,7 +428,7 @@ mod tests {
     use super::*;
 
     fn parse(json: &str) -> Result<BudgetConfig, ConfigError> {
-        ConfigError::from_json(json.as_bytes())
+        read::parse(json.as_bytes())
             .and_then(BudgetConfig::compile)
             .map_err(|e| e.within("budget"))
     }
@@ -487,11 +510,6 @@ mod tests {
                 r#"{"default_ms":{"P3":1}}"#,
                 "budget.default_ms.P3",
                 "unknown field",
-            ),
-            (
-                r#"{"default_ms":{"P1":1,"P1":2}}"#,
-                "budget.default_ms.P1",
-                "duplicate",
             ),
             (r#"{"default_ms":{"P1":"x"}}"#, "budget.default_ms.P1", "x"),
             (r#"{"default_ms":{"P2":0}}"#, "budget.default_ms.P2", "0"),

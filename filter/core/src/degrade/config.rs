@@ -3,10 +3,11 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use serde_json::Value;
 
 use crate::config::check;
 use crate::config::error::ConfigError;
+use crate::config::read::{self, Read};
 use crate::config::setting::{Bound, Item, List, Setting, Table};
 use crate::load::Signal;
 use crate::priority::Priority;
@@ -63,8 +64,7 @@ pub const SETTINGS: Table = &[
 ];
 
 /// `degrade` as written.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[derive(Debug, Clone, Default)]
 pub struct RawDegradeConfig {
     /// Alert rules; the defaults when absent.
     pub alerts: Option<Vec<RawAlertRule>>,
@@ -93,8 +93,7 @@ pub struct RawDegradeConfig {
 /// `ab.groups[].overrides.degrade` as written: what the levels do to the
 /// group's calls. The level itself — alerts, their life, the thresholds — is
 /// the model's, shared by every group, so those fields stay top-level.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[derive(Debug, Default)]
 pub struct RawDegradeOverride {
     /// Actions per level and priority; a level given replaces that level's
     /// top-level actions, the others are kept.
@@ -110,16 +109,44 @@ pub struct RawDegradeOverride {
     /// Output tokens per second of the temperature rule.
     pub tokens_per_s_ref: Option<f64>,
     /// Not a group's: refused with a reason.
-    pub alerts: Option<serde::de::IgnoredAny>,
+    pub alerts: Option<Value>,
     /// Not a group's: refused with a reason.
-    pub alert_ttl_s: Option<serde::de::IgnoredAny>,
+    pub alert_ttl_s: Option<Value>,
     /// Not a group's: refused with a reason.
-    pub thresholds: Option<serde::de::IgnoredAny>,
+    pub thresholds: Option<Value>,
     /// Not a group's: refused with a reason.
-    pub alertmanager: Option<serde::de::IgnoredAny>,
+    pub alertmanager: Option<Value>,
     /// Not a group's: refused with a reason.
-    pub prometheus: Option<serde::de::IgnoredAny>,
+    pub prometheus: Option<Value>,
 }
+
+crate::read_fields!(RawDegradeConfig {
+    alerts,
+    alert_ttl_s,
+    thresholds,
+    qps_ref,
+    tokens_per_s_ref,
+    max_tokens_cap,
+    fallback_model,
+    retry_after_s,
+    levels,
+    alertmanager,
+    prometheus,
+});
+
+crate::read_fields!(RawDegradeOverride {
+    levels,
+    fallback_model,
+    max_tokens_cap,
+    retry_after_s,
+    qps_ref,
+    tokens_per_s_ref,
+    alerts,
+    alert_ttl_s,
+    thresholds,
+    alertmanager,
+    prometheus,
+});
 
 impl RawDegradeConfig {
     /// This section with what `over` gives put in place of its own; errors
@@ -154,8 +181,7 @@ impl RawDegradeConfig {
 }
 
 /// One entry of `degrade.thresholds`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[derive(Debug, Clone, Default)]
 pub struct RawThreshold {
     /// The model it watches; every model when absent.
     pub model: Option<String>,
@@ -166,6 +192,13 @@ pub struct RawThreshold {
     /// The level, 1..=3.
     pub level: Option<u8>,
 }
+
+crate::read_fields!(RawThreshold {
+    model,
+    signal,
+    above,
+    level
+});
 
 /// A compiled threshold.
 #[derive(Debug, Clone, PartialEq)]
@@ -181,8 +214,7 @@ pub struct Threshold {
 }
 
 /// What a level does to a call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Action {
     /// Answer from the cache, even past expiry, when an entry is there.
     Cache,
@@ -196,6 +228,12 @@ pub enum Action {
     MaxTokens,
     /// Lower the temperature by the load (the rule in `degrade::temperature`).
     Temperature,
+}
+
+impl Read for Action {
+    fn read(v: &Value) -> Result<Self, ConfigError> {
+        read::variant(v, &Self::ALL, Self::as_str)
+    }
 }
 
 impl Action {
@@ -223,8 +261,7 @@ impl Action {
 }
 
 /// One entry of `degrade.alerts`: every label given must equal the alert's.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[derive(Debug, Clone, Default)]
 pub struct RawAlertRule {
     /// The alert's `alertname`.
     pub alertname: Option<String>,
@@ -237,6 +274,14 @@ pub struct RawAlertRule {
     /// The level an alert that matches raises, 1..=3.
     pub level: Option<u8>,
 }
+
+crate::read_fields!(RawAlertRule {
+    alertname,
+    severity,
+    model,
+    llm_cluster,
+    level
+});
 
 /// A compiled alert rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -557,7 +602,7 @@ mod tests {
     use super::*;
 
     fn parse(json: &str) -> Result<DegradeConfig, ConfigError> {
-        DegradeConfig::compile(ConfigError::from_json(json.as_bytes())?)
+        DegradeConfig::compile(read::parse(json.as_bytes())?)
     }
 
     #[test]

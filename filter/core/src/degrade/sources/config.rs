@@ -3,8 +3,6 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
-
 use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::config::service::{query_escape, Defaults, Service, HEADERS};
@@ -65,8 +63,7 @@ pub const DEFAULT_TOKENS_QUERY: &str = "sum by (model) (llm_filter_load_tokens_p
 pub const DEFAULT_IN_FLIGHT_QUERY: &str = "sum by (model) (llm_filter_load_in_flight)";
 
 /// `degrade.alertmanager` as written.
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[derive(Debug, Default, Clone)]
 pub struct RawAlertmanager {
     /// The Envoy cluster that reaches Alertmanager's API.
     pub cluster: Option<String>,
@@ -87,8 +84,7 @@ pub struct RawAlertmanager {
 }
 
 /// `degrade.prometheus` as written.
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[derive(Debug, Default, Clone)]
 pub struct RawPrometheus {
     /// The Envoy cluster that reaches Prometheus's HTTP API.
     pub cluster: Option<String>,
@@ -110,6 +106,29 @@ pub struct RawPrometheus {
     /// empty one leaves that signal local.
     pub queries: Option<BTreeMap<String, String>>,
 }
+
+crate::read_fields!(RawAlertmanager {
+    cluster,
+    authority,
+    path,
+    headers,
+    timeout_ms,
+    interval_s,
+    filters,
+    receiver,
+});
+
+crate::read_fields!(RawPrometheus {
+    cluster,
+    authority,
+    path,
+    headers,
+    timeout_ms,
+    interval_s,
+    stale_after_s,
+    model_label,
+    queries,
+});
 
 /// The compiled `degrade.alertmanager`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -296,11 +315,11 @@ mod tests {
     use super::*;
 
     fn am(json: &str) -> Result<AlertmanagerSource, ConfigError> {
-        ConfigError::from_json(json.as_bytes()).and_then(AlertmanagerSource::compile)
+        crate::config::read::parse(json.as_bytes()).and_then(AlertmanagerSource::compile)
     }
 
     fn prom(json: &str) -> Result<PrometheusSource, ConfigError> {
-        ConfigError::from_json(json.as_bytes()).and_then(PrometheusSource::compile)
+        crate::config::read::parse(json.as_bytes()).and_then(PrometheusSource::compile)
     }
 
     #[test]
