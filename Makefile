@@ -33,7 +33,8 @@ RAW_WASM    := target/$(WASM_TARGET)/wasm/llm_filter.wasm
 WASM        := target/llm_filter.wasm
 WASM_MAX_BYTES := 1236500
 # The sidecar build of the same source (`--no-default-features`: no cache,
-# routing, limits, guardrails, credentials, spans, A/B groups; filter/core/Cargo.toml),
+# routing, limits, guardrails, credentials, spans, A/B groups, admin endpoints;
+# filter/core/Cargo.toml),
 # for app sidecars in front of a gateway tier that runs the full one
 # (docs/deploy/istio.md, "Two builds"). Its own target dir, so neither build
 # undoes the other's, and its own ceiling: 0.745 MB (0.895 MB until the

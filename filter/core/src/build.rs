@@ -28,6 +28,8 @@ pub const CREDENTIALS: bool = cfg!(feature = "credentials");
 pub const SPANS: bool = cfg!(feature = "spans");
 /// The build has A/B groups.
 pub const AB: bool = cfg!(feature = "ab");
+/// The build has the admin endpoints.
+pub const ADMIN: bool = cfg!(feature = "admin");
 
 /// Every part of the document a feature owns, and whether this build has
 /// it: a dotted path, where `[]` is every element of an array and `*` every
@@ -40,6 +42,7 @@ const PARTS: &[(&str, bool)] = &[
     ("credentials", CREDENTIALS),
     ("tracing.otlp", SPANS),
     ("tracing.capture", SPANS),
+    ("admin", ADMIN),
     ("ab.groups.[].overrides.routing", ROUTING),
     ("ab.groups.[].overrides.cache", CACHE),
     // After its parts: a group overriding a part is refused at the part.

@@ -17,7 +17,7 @@ use serde_json::Value;
 use crate::ab::{self, AbConfig, RawAbConfig};
 use crate::admin::config::{AdminConfig, RawAdminConfig};
 use crate::budget::config::{BudgetConfig, RawBudgetConfig};
-use crate::build::{AB, CACHE, CREDENTIALS, GUARDRAILS, LIMITS, ROUTING, SPANS};
+use crate::build::{AB, ADMIN, CACHE, CREDENTIALS, GUARDRAILS, LIMITS, ROUTING, SPANS};
 use crate::cache::config::{CacheConfig, RawCacheConfig};
 use crate::credentials::{CredentialsConfig, RawCredentialsConfig};
 use crate::degrade::config::{DegradeConfig, RawDegradeConfig};
@@ -157,7 +157,6 @@ impl Read for RawConfig {
                 "max_body_bytes" => raw.max_body_bytes = Read::read(v).map_err(at)?,
                 "budget" => raw.budget = Read::read(v).map_err(at)?,
                 "degrade" => raw.degrade = Read::read(v).map_err(at)?,
-                "admin" => raw.admin = Read::read(v).map_err(at)?,
                 "shaping" => raw.shaping = Read::read(v).map_err(at)?,
                 "tenant" => raw.tenant = Read::read(v).map_err(at)?,
                 // The sections of the features a sidecar leaves out keep
@@ -167,6 +166,7 @@ impl Read for RawConfig {
                 "routing" if ROUTING => raw.routing = read::derived(v).map_err(at)?,
                 "cache" if CACHE => raw.cache = read::derived(v).map_err(at)?,
                 "ab" if AB => raw.ab = read::derived(v).map_err(at)?,
+                "admin" if ADMIN => raw.admin = Read::read(v).map_err(at)?,
                 "limits" if LIMITS => raw.limits = read::derived(v).map_err(at)?,
                 "credentials" if CREDENTIALS => raw.credentials = read::derived(v).map_err(at)?,
                 "guardrails" if GUARDRAILS => raw.guardrails = read::derived(v).map_err(at)?,
@@ -395,7 +395,8 @@ impl TryFrom<RawConfig> for Config {
             cache,
             shaping: ShapingConfig::compile(raw.shaping).map_err(|e| e.within("shaping"))?,
             degrade: DegradeConfig::compile(raw.degrade).map_err(|e| e.within("degrade"))?,
-            admin: AdminConfig::compile(raw.admin).map_err(|e| e.within("admin"))?,
+            admin: section(ADMIN, raw.admin, AdminConfig::compile)
+                .map_err(|e| e.within("admin"))?,
             priority: PriorityConfig::compile(raw.priority).map_err(|e| e.within("priority"))?,
             capture: section(SPANS, raw.tracing.capture, |c| {
                 compile_capture(c, otlp.as_ref(), access_log)
@@ -600,6 +601,10 @@ mod tests {
         assert_eq!(
             AbConfig::default(),
             check::defaults(|r| AbConfig::compile(r, &base))
+        );
+        assert_eq!(
+            AdminConfig::default(),
+            check::defaults(AdminConfig::compile)
         );
         assert_eq!(
             CredentialsConfig::default(),
