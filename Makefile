@@ -43,7 +43,7 @@ WASM_MAX_BYTES := 1236500
 # left the module too: 891,614 to 736,359 bytes; 742,247 with the capture
 # of what the guardrails withhold and the load record updated on the tick).
 SIDECAR_DIR := target/sidecar
-RAW_SIDECAR_WASM := $(SIDECAR_DIR)/$(WASM_TARGET)/wasm/llm_filter.wasm
+RAW_SIDECAR_WASM := $(SIDECAR_DIR)/$(WASM_TARGET)/sidecar/llm_filter.wasm
 SIDECAR_WASM := target/llm_filter_sidecar.wasm
 SIDECAR_WASM_MAX_BYTES := 745000
 WASM_OPT_FLAGS := -O1 --enable-bulk-memory --enable-sign-ext --enable-mutable-globals \
@@ -164,7 +164,7 @@ sdk: $(ENVOY) presidio
 
 build: wasm-target tools-wasm-opt
 	$(CARGO) build --profile wasm --target $(WASM_TARGET) -p llm-filter
-	CARGO_TARGET_DIR=$(SIDECAR_DIR) $(CARGO) build --profile wasm --target $(WASM_TARGET) -p llm-filter --no-default-features
+	CARGO_TARGET_DIR=$(SIDECAR_DIR) $(CARGO) build --profile sidecar --target $(WASM_TARGET) -p llm-filter --no-default-features
 	@$(MAKE) --no-print-directory $(WASM) $(SIDECAR_WASM)
 	@ls -l $(WASM) $(SIDECAR_WASM)
 
