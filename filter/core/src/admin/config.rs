@@ -15,16 +15,16 @@ pub const SETTINGS: Table = &[("admin", &[&PATH_PREFIX])];
 /// Shortest `admin.token`: a guessable token protects nothing.
 const MIN_TOKEN_LEN: usize = 16;
 
-/// `admin` as written.
-#[derive(Debug, Default)]
-pub struct RawAdminConfig {
-    /// Where the endpoints live.
-    pub path_prefix: Option<String>,
-    /// The bearer token; none: the endpoints answer 404.
-    pub token: Option<String>,
+crate::read_fields! {
+    /// `admin` as written.
+    #[derive(Debug, Default)]
+    pub struct RawAdminConfig {
+        /// Where the endpoints live.
+        pub path_prefix: Option<String>,
+        /// The bearer token; none: the endpoints answer 404.
+        pub token: Option<String>,
+    }
 }
-
-crate::read_fields!(RawAdminConfig { path_prefix, token });
 
 /// The compiled `admin` section.
 #[derive(Clone, PartialEq, Eq)]

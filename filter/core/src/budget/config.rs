@@ -115,59 +115,43 @@ pub const SETTINGS: Table = &[(
     ],
 )];
 
-/// `budget` as written by the operator.
-#[derive(Debug, Default)]
-pub struct RawBudgetConfig {
-    /// Budgets, plans and the breaker on or off; default true.
-    pub enabled: Option<bool>,
-    /// Budget of a call that names none: one number of ms, or
-    /// `{"P0": ms, "P1": ms, "P2": ms}`; default 60000.
-    pub default_ms: Option<RawDefaultMs>,
-    /// Ceiling of any budget, the caller's included; default 300000.
-    pub max_ms: Option<u64>,
-    /// Shortest per-try timeout ever planned; default 1000.
-    pub min_per_try_ms: Option<u64>,
-    /// Retries allowed per call in the window, in `[0, 1]`; default 0.2.
-    pub retry_ratio: Option<f64>,
-    /// Most retries of one call; default 2.
-    pub max_retries: Option<u32>,
-    /// Envoy retry conditions, comma-separated as in `x-envoy-retry-on`.
-    pub retry_on: Option<String>,
-    /// Statuses retried under `retriable-status-codes`; default `[429, 503]`.
-    pub retriable_status_codes: Option<Vec<u16>>,
-    /// Length of the breaker's sliding window in seconds; default 30.
-    pub window_s: Option<u64>,
-    /// Pressure from which P2 and a share of P1 are shed; default 0.7.
-    pub shed_at: Option<f64>,
-    /// Pressure from which P1 and P2 are rejected; default 0.9.
-    pub reject_at: Option<f64>,
-    /// Share of P1 shed in the shed tier; default 0.2.
-    pub shed_fraction: Option<f64>,
-    /// Share of refused traffic let through as half-open probes; default 0.05.
-    pub probe_fraction: Option<f64>,
-    /// Calls the window must hold before the breaker may leave pass; default 10.
-    pub min_calls: Option<u32>,
-    /// `until_headers` (default) or `whole_stream`; see [`StreamingMode`].
-    pub streaming: Option<StreamingMode>,
+crate::read_fields! {
+    /// `budget` as written by the operator.
+    #[derive(Debug, Default)]
+    pub struct RawBudgetConfig {
+        /// Budgets, plans and the breaker on or off; default true.
+        pub enabled: Option<bool>,
+        /// Budget of a call that names none: one number of ms, or
+        /// `{"P0": ms, "P1": ms, "P2": ms}`; default 60000.
+        pub default_ms: Option<RawDefaultMs>,
+        /// Ceiling of any budget, the caller's included; default 300000.
+        pub max_ms: Option<u64>,
+        /// Shortest per-try timeout ever planned; default 1000.
+        pub min_per_try_ms: Option<u64>,
+        /// Retries allowed per call in the window, in `[0, 1]`; default 0.2.
+        pub retry_ratio: Option<f64>,
+        /// Most retries of one call; default 2.
+        pub max_retries: Option<u32>,
+        /// Envoy retry conditions, comma-separated as in `x-envoy-retry-on`.
+        pub retry_on: Option<String>,
+        /// Statuses retried under `retriable-status-codes`; default `[429, 503]`.
+        pub retriable_status_codes: Option<Vec<u16>>,
+        /// Length of the breaker's sliding window in seconds; default 30.
+        pub window_s: Option<u64>,
+        /// Pressure from which P2 and a share of P1 are shed; default 0.7.
+        pub shed_at: Option<f64>,
+        /// Pressure from which P1 and P2 are rejected; default 0.9.
+        pub reject_at: Option<f64>,
+        /// Share of P1 shed in the shed tier; default 0.2.
+        pub shed_fraction: Option<f64>,
+        /// Share of refused traffic let through as half-open probes; default 0.05.
+        pub probe_fraction: Option<f64>,
+        /// Calls the window must hold before the breaker may leave pass; default 10.
+        pub min_calls: Option<u32>,
+        /// `until_headers` (default) or `whole_stream`; see [`StreamingMode`].
+        pub streaming: Option<StreamingMode>,
+    }
 }
-
-crate::read_fields!(RawBudgetConfig {
-    enabled,
-    default_ms,
-    max_ms,
-    min_per_try_ms,
-    retry_ratio,
-    max_retries,
-    retry_on,
-    retriable_status_codes,
-    window_s,
-    shed_at,
-    reject_at,
-    shed_fraction,
-    probe_fraction,
-    min_calls,
-    streaming,
-});
 
 /// `budget.default_ms` as written: one budget for every priority, or one each.
 pub use crate::config::per_priority::RawPerPriority as RawDefaultMs;

@@ -177,19 +177,16 @@ impl Read for RawConfig {
     }
 }
 
-/// `priority` as written.
-#[derive(Debug, Default)]
-pub struct RawPriority {
-    /// `P0` | `P1` | `P2` in any case, default `P1`.
-    pub default: Option<Priority>,
-    /// Honour the client's `x-request-priority`, default true.
-    pub trust_client: Option<bool>,
+crate::read_fields! {
+    /// `priority` as written.
+    #[derive(Debug, Default)]
+    pub struct RawPriority {
+        /// `P0` | `P1` | `P2` in any case, default `P1`.
+        pub default: Option<Priority>,
+        /// Honour the client's `x-request-priority`, default true.
+        pub trust_client: Option<bool>,
+    }
 }
-
-crate::read_fields!(RawPriority {
-    default,
-    trust_client
-});
 
 /// `tracing` as written.
 #[derive(Debug, Default)]
@@ -219,14 +216,14 @@ impl Read for RawTracing {
     }
 }
 
-/// `access_log` as written.
-#[derive(Debug, Default)]
-pub struct RawAccessLog {
-    /// Put each call's record in Envoy's filter state, default false.
-    pub enabled: Option<bool>,
+crate::read_fields! {
+    /// `access_log` as written.
+    #[derive(Debug, Default)]
+    pub struct RawAccessLog {
+        /// Put each call's record in Envoy's filter state, default false.
+        pub enabled: Option<bool>,
+    }
 }
-
-crate::read_fields!(RawAccessLog { enabled });
 
 /// The compiled configuration every HTTP context shares.
 #[derive(Debug, Clone, PartialEq)]

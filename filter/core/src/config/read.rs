@@ -207,13 +207,23 @@ impl<T: Read> Read for BTreeMap<String, T> {
     }
 }
 
-/// [`Read`] for a struct of optional fields, each read by its own type's
-/// reader, every other member refused: the fields listed are the members
-/// the document may give, and an absent or `null` section is the
-/// struct's `Default`.
+/// A raw struct of optional fields as declared, and its [`Read`]: each
+/// field read by its own type's reader, every other member refused. The
+/// fields declared are the members the document may give, and an absent or
+/// `null` section is the struct's `Default`.
 #[macro_export]
 macro_rules! read_fields {
-    ($raw:ty { $($field:ident),* $(,)? }) => {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $raw:ident {
+            $($(#[$field_meta:meta])* $field_vis:vis $field:ident: $ty:ty),* $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        $vis struct $raw {
+            $($(#[$field_meta])* $field_vis $field: $ty),*
+        }
+
         impl $crate::config::read::Read for $raw {
             #[inline(never)]
             fn read(v: &serde_json::Value) -> Result<Self, $crate::config::ConfigError> {
@@ -237,15 +247,16 @@ macro_rules! read_fields {
 mod tests {
     use super::*;
 
-    #[derive(Debug, Default, PartialEq)]
-    struct Raw {
-        n: Option<u8>,
-        list: Option<Vec<u16>>,
-        map: Option<BTreeMap<String, Vec<Option<bool>>>>,
-        s: Option<String>,
-        x: Option<f64>,
+    read_fields! {
+        #[derive(Debug, Default, PartialEq)]
+        struct Raw {
+            n: Option<u8>,
+            list: Option<Vec<u16>>,
+            map: Option<BTreeMap<String, Vec<Option<bool>>>>,
+            s: Option<String>,
+            x: Option<f64>,
+        }
     }
-    read_fields!(Raw { n, list, map, s, x });
 
     fn err(json: &str) -> (String, String) {
         let e = parse::<Raw>(json.as_bytes()).unwrap_err();

@@ -63,90 +63,66 @@ pub const SETTINGS: Table = &[
     ("degrade.prometheus", super::sources::config::PROMETHEUS),
 ];
 
-/// `degrade` as written.
-#[derive(Debug, Clone, Default)]
-pub struct RawDegradeConfig {
-    /// Alert rules; the defaults when absent.
-    pub alerts: Option<Vec<RawAlertRule>>,
-    /// Life of a firing alert that is not re-sent, s.
-    pub alert_ttl_s: Option<u64>,
-    /// Levels the load signals raise.
-    pub thresholds: Option<Vec<RawThreshold>>,
-    /// Calls per second of the temperature rule.
-    pub qps_ref: Option<f64>,
-    /// Output tokens per second of the temperature rule.
-    pub tokens_per_s_ref: Option<f64>,
-    /// The cap of the `max_tokens` action.
-    pub max_tokens_cap: Option<u64>,
-    /// The cheaper model each model switches to (`fallback_model` action).
-    pub fallback_model: Option<BTreeMap<String, String>>,
-    /// `retry-after` of a shed call, s.
-    pub retry_after_s: Option<u64>,
-    /// Actions per level (`"1"`..`"3"`) and priority (`P1`, `P2`).
-    pub levels: Option<BTreeMap<String, BTreeMap<String, Vec<Action>>>>,
-    /// Alertmanager's API, read by every proxy.
-    pub alertmanager: Option<RawAlertmanager>,
-    /// Prometheus's API, asked every model's mesh-wide load.
-    pub prometheus: Option<RawPrometheus>,
+crate::read_fields! {
+    /// `degrade` as written.
+    #[derive(Debug, Clone, Default)]
+    pub struct RawDegradeConfig {
+        /// Alert rules; the defaults when absent.
+        pub alerts: Option<Vec<RawAlertRule>>,
+        /// Life of a firing alert that is not re-sent, s.
+        pub alert_ttl_s: Option<u64>,
+        /// Levels the load signals raise.
+        pub thresholds: Option<Vec<RawThreshold>>,
+        /// Calls per second of the temperature rule.
+        pub qps_ref: Option<f64>,
+        /// Output tokens per second of the temperature rule.
+        pub tokens_per_s_ref: Option<f64>,
+        /// The cap of the `max_tokens` action.
+        pub max_tokens_cap: Option<u64>,
+        /// The cheaper model each model switches to (`fallback_model` action).
+        pub fallback_model: Option<BTreeMap<String, String>>,
+        /// `retry-after` of a shed call, s.
+        pub retry_after_s: Option<u64>,
+        /// Actions per level (`"1"`..`"3"`) and priority (`P1`, `P2`).
+        pub levels: Option<BTreeMap<String, BTreeMap<String, Vec<Action>>>>,
+        /// Alertmanager's API, read by every proxy.
+        pub alertmanager: Option<RawAlertmanager>,
+        /// Prometheus's API, asked every model's mesh-wide load.
+        pub prometheus: Option<RawPrometheus>,
+    }
 }
 
-/// `ab.groups[].overrides.degrade` as written: what the levels do to the
-/// group's calls. The level itself — alerts, their life, the thresholds — is
-/// the model's, shared by every group, so those fields stay top-level.
-#[derive(Debug, Default)]
-pub struct RawDegradeOverride {
-    /// Actions per level and priority; a level given replaces that level's
-    /// top-level actions, the others are kept.
-    pub levels: Option<BTreeMap<String, BTreeMap<String, Vec<Action>>>>,
-    /// The cheaper model each model switches to; replaces the top-level map.
-    pub fallback_model: Option<BTreeMap<String, String>>,
-    /// The cap of the `max_tokens` action.
-    pub max_tokens_cap: Option<u64>,
-    /// `retry-after` of a shed call, s.
-    pub retry_after_s: Option<u64>,
-    /// Calls per second of the temperature rule.
-    pub qps_ref: Option<f64>,
-    /// Output tokens per second of the temperature rule.
-    pub tokens_per_s_ref: Option<f64>,
-    /// Not a group's: refused with a reason.
-    pub alerts: Option<Value>,
-    /// Not a group's: refused with a reason.
-    pub alert_ttl_s: Option<Value>,
-    /// Not a group's: refused with a reason.
-    pub thresholds: Option<Value>,
-    /// Not a group's: refused with a reason.
-    pub alertmanager: Option<Value>,
-    /// Not a group's: refused with a reason.
-    pub prometheus: Option<Value>,
+crate::read_fields! {
+    /// `ab.groups[].overrides.degrade` as written: what the levels do to the
+    /// group's calls. The level itself — alerts, their life, the thresholds — is
+    /// the model's, shared by every group, so those fields stay top-level.
+    #[derive(Debug, Default)]
+    pub struct RawDegradeOverride {
+        /// Actions per level and priority; a level given replaces that level's
+        /// top-level actions, the others are kept.
+        pub levels: Option<BTreeMap<String, BTreeMap<String, Vec<Action>>>>,
+        /// The cheaper model each model switches to; replaces the top-level map.
+        pub fallback_model: Option<BTreeMap<String, String>>,
+        /// The cap of the `max_tokens` action.
+        pub max_tokens_cap: Option<u64>,
+        /// `retry-after` of a shed call, s.
+        pub retry_after_s: Option<u64>,
+        /// Calls per second of the temperature rule.
+        pub qps_ref: Option<f64>,
+        /// Output tokens per second of the temperature rule.
+        pub tokens_per_s_ref: Option<f64>,
+        /// Not a group's: refused with a reason.
+        pub alerts: Option<Value>,
+        /// Not a group's: refused with a reason.
+        pub alert_ttl_s: Option<Value>,
+        /// Not a group's: refused with a reason.
+        pub thresholds: Option<Value>,
+        /// Not a group's: refused with a reason.
+        pub alertmanager: Option<Value>,
+        /// Not a group's: refused with a reason.
+        pub prometheus: Option<Value>,
+    }
 }
-
-crate::read_fields!(RawDegradeConfig {
-    alerts,
-    alert_ttl_s,
-    thresholds,
-    qps_ref,
-    tokens_per_s_ref,
-    max_tokens_cap,
-    fallback_model,
-    retry_after_s,
-    levels,
-    alertmanager,
-    prometheus,
-});
-
-crate::read_fields!(RawDegradeOverride {
-    levels,
-    fallback_model,
-    max_tokens_cap,
-    retry_after_s,
-    qps_ref,
-    tokens_per_s_ref,
-    alerts,
-    alert_ttl_s,
-    thresholds,
-    alertmanager,
-    prometheus,
-});
 
 impl RawDegradeConfig {
     /// This section with what `over` gives put in place of its own; errors
@@ -180,25 +156,20 @@ impl RawDegradeConfig {
     }
 }
 
-/// One entry of `degrade.thresholds`.
-#[derive(Debug, Clone, Default)]
-pub struct RawThreshold {
-    /// The model it watches; every model when absent.
-    pub model: Option<String>,
-    /// The signal.
-    pub signal: Option<Signal>,
-    /// The level holds while the signal is above this.
-    pub above: Option<f64>,
-    /// The level, 1..=3.
-    pub level: Option<u8>,
+crate::read_fields! {
+    /// One entry of `degrade.thresholds`.
+    #[derive(Debug, Clone, Default)]
+    pub struct RawThreshold {
+        /// The model it watches; every model when absent.
+        pub model: Option<String>,
+        /// The signal.
+        pub signal: Option<Signal>,
+        /// The level holds while the signal is above this.
+        pub above: Option<f64>,
+        /// The level, 1..=3.
+        pub level: Option<u8>,
+    }
 }
-
-crate::read_fields!(RawThreshold {
-    model,
-    signal,
-    above,
-    level
-});
 
 /// A compiled threshold.
 #[derive(Debug, Clone, PartialEq)]
@@ -260,28 +231,22 @@ impl Action {
     }
 }
 
-/// One entry of `degrade.alerts`: every label given must equal the alert's.
-#[derive(Debug, Clone, Default)]
-pub struct RawAlertRule {
-    /// The alert's `alertname`.
-    pub alertname: Option<String>,
-    /// The alert's `severity`.
-    pub severity: Option<String>,
-    /// The alert's `model` label.
-    pub model: Option<String>,
-    /// The alert's `llm_cluster` label.
-    pub llm_cluster: Option<String>,
-    /// The level an alert that matches raises, 1..=3.
-    pub level: Option<u8>,
+crate::read_fields! {
+    /// One entry of `degrade.alerts`: every label given must equal the alert's.
+    #[derive(Debug, Clone, Default)]
+    pub struct RawAlertRule {
+        /// The alert's `alertname`.
+        pub alertname: Option<String>,
+        /// The alert's `severity`.
+        pub severity: Option<String>,
+        /// The alert's `model` label.
+        pub model: Option<String>,
+        /// The alert's `llm_cluster` label.
+        pub llm_cluster: Option<String>,
+        /// The level an alert that matches raises, 1..=3.
+        pub level: Option<u8>,
+    }
 }
-
-crate::read_fields!(RawAlertRule {
-    alertname,
-    severity,
-    model,
-    llm_cluster,
-    level
-});
 
 /// A compiled alert rule.
 #[derive(Debug, Clone, PartialEq, Eq)]

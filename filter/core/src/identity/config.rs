@@ -32,28 +32,23 @@ const MAX_CLAIM_LEN: usize = 128;
 /// The section's settings.
 pub const SETTINGS: Table = &[("tenant", &[&FROM, &CLAIM])];
 
-/// `tenant` as written.
-#[derive(Debug, Default)]
-pub struct RawTenant {
-    /// `credential` (default) | `header` | `peer` | `jwt` | `virtual_key`.
-    pub from: Option<Source>,
-    /// The header, for `from: header`; for `from: credential`, the one
-    /// credential header the backends read (default: the API's own).
-    pub header: Option<String>,
-    /// For `from: jwt`, the claim naming the tenant, default `sub`.
-    pub claim: Option<String>,
-    /// For `from: virtual_key`, the keys the platform issued: each tenant's
-    /// keys, as their SHA-256 digests (64 hex digits each, separated by
-    /// spaces or commas), never the keys.
-    pub keys: Option<BTreeMap<String, String>>,
+crate::read_fields! {
+    /// `tenant` as written.
+    #[derive(Debug, Default)]
+    pub struct RawTenant {
+        /// `credential` (default) | `header` | `peer` | `jwt` | `virtual_key`.
+        pub from: Option<Source>,
+        /// The header, for `from: header`; for `from: credential`, the one
+        /// credential header the backends read (default: the API's own).
+        pub header: Option<String>,
+        /// For `from: jwt`, the claim naming the tenant, default `sub`.
+        pub claim: Option<String>,
+        /// For `from: virtual_key`, the keys the platform issued: each tenant's
+        /// keys, as their SHA-256 digests (64 hex digits each, separated by
+        /// spaces or commas), never the keys.
+        pub keys: Option<BTreeMap<String, String>>,
+    }
 }
-
-crate::read_fields!(RawTenant {
-    from,
-    header,
-    claim,
-    keys
-});
 
 /// Who the tenant of a call is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -21,30 +21,24 @@ const CALIBRATE_ESTIMATE: Setting<bool> = Setting::any("calibrate_estimate", tru
 /// The section's settings.
 pub const SETTINGS: Table = &[("shaping", &[&CALIBRATE_ESTIMATE, &MAX_TOKENS_FIELD])];
 
-/// `shaping` as written by the operator (also an A/B group's `overrides.shaping`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RawShapingConfig {
-    /// Most output tokens a call may ask for; a call asking for none gets it.
-    pub max_tokens_cap: Option<RawPerPriority>,
-    /// Most conversation turns sent, the current one included.
-    pub max_history_turns: Option<RawPerPriority>,
-    /// Most estimated prompt tokens of the messages sent.
-    pub max_prompt_tokens: Option<RawPerPriority>,
-    /// The field set on a call that names no limit: `max_tokens` (default) or
-    /// `max_completion_tokens`.
-    pub max_tokens_field: Option<TokenField>,
-    /// Learn each model's ratio of reported to estimated prompt tokens
-    /// (default `true`).
-    pub calibrate_estimate: Option<bool>,
+crate::read_fields! {
+    /// `shaping` as written by the operator (also an A/B group's `overrides.shaping`).
+    #[derive(Debug, Clone, Default, PartialEq, Eq)]
+    pub struct RawShapingConfig {
+        /// Most output tokens a call may ask for; a call asking for none gets it.
+        pub max_tokens_cap: Option<RawPerPriority>,
+        /// Most conversation turns sent, the current one included.
+        pub max_history_turns: Option<RawPerPriority>,
+        /// Most estimated prompt tokens of the messages sent.
+        pub max_prompt_tokens: Option<RawPerPriority>,
+        /// The field set on a call that names no limit: `max_tokens` (default) or
+        /// `max_completion_tokens`.
+        pub max_tokens_field: Option<TokenField>,
+        /// Learn each model's ratio of reported to estimated prompt tokens
+        /// (default `true`).
+        pub calibrate_estimate: Option<bool>,
+    }
 }
-
-crate::read_fields!(RawShapingConfig {
-    max_tokens_cap,
-    max_history_turns,
-    max_prompt_tokens,
-    max_tokens_field,
-    calibrate_estimate,
-});
 
 impl RawShapingConfig {
     /// This section with every field `over` gives put in place of its own.
