@@ -159,10 +159,11 @@ impl Read for RawConfig {
                 "degrade" => raw.degrade = Read::read(v).map_err(at)?,
                 "shaping" => raw.shaping = Read::read(v).map_err(at)?,
                 "tenant" => raw.tenant = Read::read(v).map_err(at)?,
-                // The sections of the features a sidecar leaves out keep
-                // their derived readers; a build without the feature never
-                // reads its section (`build` refused a document naming
-                // it), so its reader is not in the module.
+                // A build without a section's feature never reads it
+                // (`build` refused a document naming it), so its reader is
+                // not in the module. The sections of the gateway tier's
+                // features keep their derived readers, handed the
+                // section's text (serde's words and paths, as before).
                 "routing" if ROUTING => raw.routing = read::derived(v).map_err(at)?,
                 "cache" if CACHE => raw.cache = read::derived(v).map_err(at)?,
                 "ab" if AB => raw.ab = read::derived(v).map_err(at)?,
