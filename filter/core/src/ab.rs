@@ -9,10 +9,12 @@
 //! key goes to the first group.
 
 use serde::Deserialize;
+use serde_json::Value;
 
 use crate::build;
 use crate::config::check;
 use crate::config::error::ConfigError;
+use crate::config::read::Read;
 use crate::config::setting::{Empty, Setting, Table};
 use crate::degrade::config::{DegradeConfig, RawDegradeConfig, RawDegradeOverride};
 use crate::routing::config::{RawBackend, RawRoutingConfig, RoutingConfig};
@@ -70,14 +72,16 @@ pub struct RawOverrides {
     /// Routing: entries of the model table that replace the top-level ones.
     #[cfg_attr(not(feature = "routing"), serde(skip))]
     pub routing: Option<RawRoutingOverride>,
-    /// Shaping fields that replace the top-level ones.
-    pub shaping: Option<RawShapingConfig>,
+    /// Shaping fields that replace the top-level ones (read as the
+    /// top-level section is, [`RawShapingConfig`]).
+    pub shaping: Option<Value>,
     /// The response cache on or off.
     #[cfg_attr(not(feature = "cache"), serde(skip))]
     pub cache: Option<RawCacheOverride>,
     /// What the degrade levels do to the group's calls (the levels
-    /// themselves stay the model's, shared by every group).
-    pub degrade: Option<RawDegradeOverride>,
+    /// themselves stay the model's, shared by every group), a
+    /// [`RawDegradeOverride`].
+    pub degrade: Option<Value>,
 }
 
 /// `overrides.routing` as written.
@@ -105,17 +109,13 @@ pub struct AbConfig {
     pub groups: Vec<Group>,
 }
 
-#[cfg(test)]
 impl Default for AbConfig {
     /// The empty section: no groups, A/B off.
     fn default() -> Self {
-        let base = Base {
-            routing: &RawRoutingConfig::default(),
-            shaping: &RawShapingConfig::default(),
-            cache: true,
-            degrade: &RawDegradeConfig::default(),
-        };
-        check::defaults(|raw| Self::compile(raw, &base))
+        Self {
+            user_header: USER_HEADER.default.to_string(),
+            groups: Vec::new(),
+        }
     }
 }
 
@@ -247,7 +247,8 @@ fn compile_group(g: RawGroup, percent: u8, base: &Base<'_>) -> Result<Group, Con
     let shaping = match g.overrides.shaping {
         None => None,
         Some(over) => Some(
-            ShapingConfig::compile(base.shaping.overridden_by(&over))
+            RawShapingConfig::read(&over)
+                .and_then(|over| ShapingConfig::compile(base.shaping.overridden_by(&over)))
                 .map_err(|e| e.within("overrides.shaping"))?,
         ),
     };
@@ -263,8 +264,8 @@ fn compile_group(g: RawGroup, percent: u8, base: &Base<'_>) -> Result<Group, Con
     let degrade = match g.overrides.degrade {
         None => None,
         Some(over) => Some(
-            base.degrade
-                .overridden_by(over)
+            RawDegradeOverride::read(&over)
+                .and_then(|over| base.degrade.overridden_by(over))
                 .and_then(DegradeConfig::compile)
                 .map_err(|e| e.within("overrides.degrade"))?,
         ),
@@ -299,9 +300,10 @@ mod tests {
         )
         .unwrap();
         let shaping = RawShapingConfig::default();
-        let degrade: RawDegradeConfig =
-            serde_json::from_str(r#"{"levels":{"1":{"P2":["temperature"]}},"max_tokens_cap":100}"#)
-                .unwrap();
+        let degrade: RawDegradeConfig = crate::config::read::parse(
+            br#"{"levels":{"1":{"P2":["temperature"]}},"max_tokens_cap":100}"#,
+        )
+        .unwrap();
         AbConfig::compile(
             raw,
             &Base {

@@ -26,6 +26,10 @@ pub const GUARDRAILS: bool = cfg!(feature = "guardrails");
 pub const CREDENTIALS: bool = cfg!(feature = "credentials");
 /// The build exports spans.
 pub const SPANS: bool = cfg!(feature = "spans");
+/// The build has A/B groups.
+pub const AB: bool = cfg!(feature = "ab");
+/// The build has the admin endpoints.
+pub const ADMIN: bool = cfg!(feature = "admin");
 
 /// Every part of the document a feature owns, and whether this build has
 /// it: a dotted path, where `[]` is every element of an array and `*` every
@@ -38,8 +42,11 @@ const PARTS: &[(&str, bool)] = &[
     ("credentials", CREDENTIALS),
     ("tracing.otlp", SPANS),
     ("tracing.capture", SPANS),
+    ("admin", ADMIN),
     ("ab.groups.[].overrides.routing", ROUTING),
     ("ab.groups.[].overrides.cache", CACHE),
+    // After its parts: a group overriding a part is refused at the part.
+    ("ab", AB),
 ];
 
 /// Every degrade action a feature owns (the action's spelling), where the
@@ -61,25 +68,21 @@ const fn has_all(parts: &[(&str, bool)]) -> bool {
     }
 }
 
-/// The parts of the document `doc` names that this build does not have:
+/// The parts of the document `top` names that this build does not have:
 /// the first one refused.
-pub fn check(doc: &[u8]) -> Result<(), ConfigError> {
+pub fn check(top: &Value) -> Result<(), ConfigError> {
     if COMPLETE {
         return Ok(());
     }
-    // The document is parsed strictly afterwards; here only its shape.
-    let Ok(top) = serde_json::from_slice::<Value>(doc) else {
-        return Ok(());
-    };
     for &(path, has) in PARTS {
-        if let Some(at) = (!has).then(|| found(&top, path)).flatten() {
+        if let Some(at) = (!has).then(|| found(top, path)).flatten() {
             return Err(missing(&at, &format!("`{}`", last_key(path))));
         }
     }
     for &(action, _) in ACTIONS.iter().filter(|(_, has)| !has) {
         for list in ACTION_LISTS {
             let mut hits = Vec::new();
-            walk(&top, list, String::new(), &mut hits);
+            walk(top, list, String::new(), &mut hits);
             if let Some((at, _)) = hits.into_iter().find(|(_, v)| v.as_str() == Some(action)) {
                 return Err(missing(&at, &format!("the `{action}` action")));
             }
@@ -204,8 +207,8 @@ mod tests {
                 );
             }
         }
-        assert!(check(b"{}").is_ok());
-        assert!(check(b"{\"budget\":{}}").is_ok());
+        assert!(check(&serde_json::json!({})).is_ok());
+        assert!(check(&serde_json::json!({"budget": {}})).is_ok());
     }
 
     /// A degrade action whose feature the build leaves out is refused where
@@ -213,7 +216,7 @@ mod tests {
     #[test]
     fn a_degrade_action_the_build_leaves_out_is_refused() {
         let doc = br#"{"degrade":{"levels":{"2":{"P2":["shed"],"P1":["max_tokens","cache"]}}}}"#;
-        match check(doc) {
+        match check(&serde_json::from_slice(doc).unwrap()) {
             Ok(()) => assert!(ACTIONS.iter().all(|&(_, has)| has)),
             Err(e) => {
                 assert_eq!(e.field, "degrade.levels.2.P1[1]");
@@ -223,6 +226,6 @@ mod tests {
             }
         }
         let fine = br#"{"degrade":{"levels":{"2":{"P2":["shed"]}}}}"#;
-        assert!(check(fine).is_ok());
+        assert!(check(&serde_json::from_slice(fine).unwrap()).is_ok());
     }
 }

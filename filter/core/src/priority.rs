@@ -4,6 +4,10 @@
 use std::fmt;
 
 use serde::Deserialize;
+use serde_json::Value;
+
+use crate::config::read::Read;
+use crate::config::ConfigError;
 
 /// Request header carrying the caller's priority, and written toward the
 /// upstream with the priority the call was given.
@@ -60,6 +64,13 @@ impl TryFrom<String> for Priority {
     /// What [`Priority::parse`] accepts; the error quotes the value.
     fn try_from(raw: String) -> Result<Self, Self::Error> {
         Self::parse(&raw).ok_or_else(|| format!("{raw:?} is not one of P0, P1, P2"))
+    }
+}
+
+impl Read for Priority {
+    /// A string [`Priority::parse`] accepts.
+    fn read(v: &Value) -> Result<Self, ConfigError> {
+        Self::try_from(String::read(v)?).map_err(|e| ConfigError::new(".", e))
     }
 }
 

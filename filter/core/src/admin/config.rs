@@ -1,8 +1,6 @@
 //! The `admin` section: where the filter's own endpoints live and the token
 //! that opens them. A leaf of the config, apart from the endpoints themselves.
 
-use serde::Deserialize;
-
 use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::config::setting::{Setting, Table};
@@ -17,14 +15,15 @@ pub const SETTINGS: Table = &[("admin", &[&PATH_PREFIX])];
 /// Shortest `admin.token`: a guessable token protects nothing.
 const MIN_TOKEN_LEN: usize = 16;
 
-/// `admin` as written.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RawAdminConfig {
-    /// Where the endpoints live.
-    pub path_prefix: Option<String>,
-    /// The bearer token; none: the endpoints answer 404.
-    pub token: Option<String>,
+crate::read_fields! {
+    /// `admin` as written.
+    #[derive(Debug, Default)]
+    pub struct RawAdminConfig {
+        /// Where the endpoints live.
+        pub path_prefix: Option<String>,
+        /// The bearer token; none: the endpoints answer 404.
+        pub token: Option<String>,
+    }
 }
 
 /// The compiled `admin` section.
@@ -46,11 +45,13 @@ impl std::fmt::Debug for AdminConfig {
     }
 }
 
-#[cfg(test)]
 impl Default for AdminConfig {
-    /// The empty section.
+    /// The empty section: no token, so no endpoint answers.
     fn default() -> Self {
-        check::defaults(Self::compile)
+        Self {
+            path_prefix: DEFAULT_PREFIX.to_string(),
+            token: None,
+        }
     }
 }
 

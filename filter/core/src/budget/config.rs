@@ -4,10 +4,11 @@
 
 use std::ops::RangeInclusive;
 
-use serde::Deserialize;
+use serde_json::Value;
 
 use crate::config::check;
 use crate::config::error::ConfigError;
+use crate::config::read::{self, Read};
 use crate::config::setting::{Bound, List, Named, Setting, Table};
 use crate::priority::Priority;
 
@@ -114,49 +115,49 @@ pub const SETTINGS: Table = &[(
     ],
 )];
 
-/// `budget` as written by the operator.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RawBudgetConfig {
-    /// Budgets, plans and the breaker on or off; default true.
-    pub enabled: Option<bool>,
-    /// Budget of a call that names none: one number of ms, or
-    /// `{"P0": ms, "P1": ms, "P2": ms}`; default 60000.
-    pub default_ms: Option<RawDefaultMs>,
-    /// Ceiling of any budget, the caller's included; default 300000.
-    pub max_ms: Option<u64>,
-    /// Shortest per-try timeout ever planned; default 1000.
-    pub min_per_try_ms: Option<u64>,
-    /// Retries allowed per call in the window, in `[0, 1]`; default 0.2.
-    pub retry_ratio: Option<f64>,
-    /// Most retries of one call; default 2.
-    pub max_retries: Option<u32>,
-    /// Envoy retry conditions, comma-separated as in `x-envoy-retry-on`.
-    pub retry_on: Option<String>,
-    /// Statuses retried under `retriable-status-codes`; default `[429, 503]`.
-    pub retriable_status_codes: Option<Vec<u16>>,
-    /// Length of the breaker's sliding window in seconds; default 30.
-    pub window_s: Option<u64>,
-    /// Pressure from which P2 and a share of P1 are shed; default 0.7.
-    pub shed_at: Option<f64>,
-    /// Pressure from which P1 and P2 are rejected; default 0.9.
-    pub reject_at: Option<f64>,
-    /// Share of P1 shed in the shed tier; default 0.2.
-    pub shed_fraction: Option<f64>,
-    /// Share of refused traffic let through as half-open probes; default 0.05.
-    pub probe_fraction: Option<f64>,
-    /// Calls the window must hold before the breaker may leave pass; default 10.
-    pub min_calls: Option<u32>,
-    /// `until_headers` (default) or `whole_stream`; see [`StreamingMode`].
-    pub streaming: Option<StreamingMode>,
+crate::read_fields! {
+    /// `budget` as written by the operator.
+    #[derive(Debug, Default)]
+    pub struct RawBudgetConfig {
+        /// Budgets, plans and the breaker on or off; default true.
+        pub enabled: Option<bool>,
+        /// Budget of a call that names none: one number of ms, or
+        /// `{"P0": ms, "P1": ms, "P2": ms}`; default 60000.
+        pub default_ms: Option<RawDefaultMs>,
+        /// Ceiling of any budget, the caller's included; default 300000.
+        pub max_ms: Option<u64>,
+        /// Shortest per-try timeout ever planned; default 1000.
+        pub min_per_try_ms: Option<u64>,
+        /// Retries allowed per call in the window, in `[0, 1]`; default 0.2.
+        pub retry_ratio: Option<f64>,
+        /// Most retries of one call; default 2.
+        pub max_retries: Option<u32>,
+        /// Envoy retry conditions, comma-separated as in `x-envoy-retry-on`.
+        pub retry_on: Option<String>,
+        /// Statuses retried under `retriable-status-codes`; default `[429, 503]`.
+        pub retriable_status_codes: Option<Vec<u16>>,
+        /// Length of the breaker's sliding window in seconds; default 30.
+        pub window_s: Option<u64>,
+        /// Pressure from which P2 and a share of P1 are shed; default 0.7.
+        pub shed_at: Option<f64>,
+        /// Pressure from which P1 and P2 are rejected; default 0.9.
+        pub reject_at: Option<f64>,
+        /// Share of P1 shed in the shed tier; default 0.2.
+        pub shed_fraction: Option<f64>,
+        /// Share of refused traffic let through as half-open probes; default 0.05.
+        pub probe_fraction: Option<f64>,
+        /// Calls the window must hold before the breaker may leave pass; default 10.
+        pub min_calls: Option<u32>,
+        /// `until_headers` (default) or `whole_stream`; see [`StreamingMode`].
+        pub streaming: Option<StreamingMode>,
+    }
 }
 
 /// `budget.default_ms` as written: one budget for every priority, or one each.
 pub use crate::config::per_priority::RawPerPriority as RawDefaultMs;
 
 /// How far a streamed answer is held to the budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(variant_identifier, rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StreamingMode {
     /// The budget bounds the wait for the response to start (Envoy's per-try
     /// timeout stops applying once response headers went downstream); the
@@ -167,6 +168,12 @@ pub enum StreamingMode {
     /// Streams are held to the whole budget like any call: the caller said
     /// that is all the time it has, stream or not.
     WholeStream,
+}
+
+impl Read for StreamingMode {
+    fn read(v: &Value) -> Result<Self, ConfigError> {
+        read::variant(v, &[Self::UntilHeaders, Self::WholeStream], Self::as_str)
+    }
 }
 
 impl StreamingMode {
@@ -405,7 +412,7 @@ mod tests {
     use super::*;
 
     fn parse(json: &str) -> Result<BudgetConfig, ConfigError> {
-        ConfigError::from_json(json.as_bytes())
+        read::parse(json.as_bytes())
             .and_then(BudgetConfig::compile)
             .map_err(|e| e.within("budget"))
     }
@@ -487,11 +494,6 @@ mod tests {
                 r#"{"default_ms":{"P3":1}}"#,
                 "budget.default_ms.P3",
                 "unknown field",
-            ),
-            (
-                r#"{"default_ms":{"P1":1,"P1":2}}"#,
-                "budget.default_ms.P1",
-                "duplicate",
             ),
             (r#"{"default_ms":{"P1":"x"}}"#, "budget.default_ms.P1", "x"),
             (r#"{"default_ms":{"P2":0}}"#, "budget.default_ms.P2", "0"),

@@ -30,7 +30,19 @@ impl ConfigError {
     pub fn within(self, section: &str) -> Self {
         let field = match self.field.as_str() {
             "." => section.to_string(),
+            field if field.starts_with('[') => format!("{section}{field}"),
             field => format!("{section}.{field}"),
+        };
+        Self { field, ..self }
+    }
+
+    /// The same error seen from the list whose item `i` it is about
+    /// (`[2].name`); the list's caller names the list.
+    pub fn at_index(self, i: usize) -> Self {
+        let field = match self.field.as_str() {
+            "." => format!("[{i}]"),
+            field if field.starts_with('[') => format!("[{i}]{field}"),
+            field => format!("[{i}].{field}"),
         };
         Self { field, ..self }
     }
@@ -176,6 +188,13 @@ mod tests {
         let e = ConfigError::new("models.m[0].weight", "0 is not a positive weight");
         assert_eq!(e.within("routing").field, "routing.models.m[0].weight");
         assert_eq!(ConfigError::new(".", "x").within("cache").field, "cache");
+        let item = ConfigError::new("name", "x").at_index(2).within("groups");
+        assert_eq!(item.field, "groups[2].name");
+        let nested = ConfigError::new(".", "x")
+            .at_index(1)
+            .at_index(0)
+            .within("l");
+        assert_eq!(nested.field, "l[0][1]");
     }
 
     #[test]

@@ -6,17 +6,18 @@ pub mod check;
 pub mod error;
 pub mod names;
 pub mod per_priority;
+pub mod read;
 pub mod service;
 pub mod setting;
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use serde_json::Value;
 
 use crate::ab::{self, AbConfig, RawAbConfig};
 use crate::admin::config::{AdminConfig, RawAdminConfig};
 use crate::budget::config::{BudgetConfig, RawBudgetConfig};
-use crate::build::{CREDENTIALS, GUARDRAILS, LIMITS, ROUTING, SPANS};
+use crate::build::{AB, ADMIN, CACHE, CREDENTIALS, GUARDRAILS, LIMITS, ROUTING, SPANS};
 use crate::cache::config::{CacheConfig, RawCacheConfig};
 use crate::credentials::{CredentialsConfig, RawCredentialsConfig};
 use crate::degrade::config::{DegradeConfig, RawDegradeConfig};
@@ -31,6 +32,7 @@ use crate::spans::config::{CaptureConfig, OtlpConfig, RawCapture, RawOtlp};
 
 pub use error::ConfigError;
 pub use names::Names;
+use read::Read;
 use setting::{List, Named, Setting};
 
 /// Default bound of a request body the filter holds to decide on it: Envoy's
@@ -81,8 +83,7 @@ pub const SECTIONS: &[setting::Table] = &[
 ];
 
 /// The document as written by the operator.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[derive(Debug, Default)]
 pub struct RawConfig {
     /// Paths of LLM calls (POST), each of the dialect its ending names.
     pub llm_paths: Option<Vec<String>>,
@@ -97,15 +98,11 @@ pub struct RawConfig {
     pub access_log: RawAccessLog,
     /// Largest request body held to decide on it.
     pub max_body_bytes: Option<usize>,
-    // A section whose feature the build leaves out is not read (`build`
-    // refuses a document that names it): its parser is not in the module.
     /// Routing section.
-    #[cfg_attr(not(feature = "routing"), serde(skip))]
     pub routing: RawRoutingConfig,
     /// Budget section.
     pub budget: RawBudgetConfig,
     /// Cache section.
-    #[cfg_attr(not(feature = "cache"), serde(skip))]
     pub cache: RawCacheConfig,
     /// Degrade section.
     pub degrade: RawDegradeConfig,
@@ -116,48 +113,117 @@ pub struct RawConfig {
     /// A/B groups section.
     pub ab: RawAbConfig,
     /// Limits section.
-    #[cfg_attr(not(feature = "limits"), serde(skip))]
     pub limits: RawLimitsConfig,
     /// Who a call's tenant is.
     pub tenant: RawTenant,
     /// Which backends the mesh puts the provider's credential on.
-    #[cfg_attr(not(feature = "credentials"), serde(skip))]
     pub credentials: RawCredentialsConfig,
     /// What is looked for in a prompt, and done with what is found.
-    #[cfg_attr(not(feature = "guardrails"), serde(skip))]
     pub guardrails: RawGuardrails,
 }
 
-/// `priority` as written.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RawPriority {
-    /// `P0` | `P1` | `P2` in any case, default `P1`.
-    pub default: Option<Priority>,
-    /// Honour the client's `x-request-priority`, default true.
-    pub trust_client: Option<bool>,
+/// The document's members.
+const FIELDS: &[&str] = &[
+    "llm_paths",
+    "llm_apis",
+    "priority",
+    "tracing",
+    "access_log",
+    "max_body_bytes",
+    "routing",
+    "budget",
+    "cache",
+    "degrade",
+    "admin",
+    "shaping",
+    "ab",
+    "limits",
+    "tenant",
+    "credentials",
+    "guardrails",
+];
+
+impl Read for RawConfig {
+    fn read(doc: &Value) -> Result<Self, ConfigError> {
+        let mut raw = Self::default();
+        for (name, v) in read::fields(doc, FIELDS)? {
+            let at = |e: ConfigError| e.within(name);
+            match name {
+                "llm_paths" => raw.llm_paths = Read::read(v).map_err(at)?,
+                "llm_apis" => raw.llm_apis = Read::read(v).map_err(at)?,
+                "priority" => raw.priority = Read::read(v).map_err(at)?,
+                "tracing" => raw.tracing = Read::read(v).map_err(at)?,
+                "access_log" => raw.access_log = Read::read(v).map_err(at)?,
+                "max_body_bytes" => raw.max_body_bytes = Read::read(v).map_err(at)?,
+                "budget" => raw.budget = Read::read(v).map_err(at)?,
+                "degrade" => raw.degrade = Read::read(v).map_err(at)?,
+                "shaping" => raw.shaping = Read::read(v).map_err(at)?,
+                "tenant" => raw.tenant = Read::read(v).map_err(at)?,
+                // A build without a section's feature never reads it
+                // (`build` refused a document naming it), so its reader is
+                // not in the module. The sections of the gateway tier's
+                // features keep their derived readers, handed the
+                // section's text (serde's words and paths, as before).
+                "routing" if ROUTING => raw.routing = read::derived(v).map_err(at)?,
+                "cache" if CACHE => raw.cache = read::derived(v).map_err(at)?,
+                "ab" if AB => raw.ab = read::derived(v).map_err(at)?,
+                "admin" if ADMIN => raw.admin = Read::read(v).map_err(at)?,
+                "limits" if LIMITS => raw.limits = read::derived(v).map_err(at)?,
+                "credentials" if CREDENTIALS => raw.credentials = read::derived(v).map_err(at)?,
+                "guardrails" if GUARDRAILS => raw.guardrails = read::derived(v).map_err(at)?,
+                _ => {}
+            }
+        }
+        Ok(raw)
+    }
+}
+
+crate::read_fields! {
+    /// `priority` as written.
+    #[derive(Debug, Default)]
+    pub struct RawPriority {
+        /// `P0` | `P1` | `P2` in any case, default `P1`.
+        pub default: Option<Priority>,
+        /// Honour the client's `x-request-priority`, default true.
+        pub trust_client: Option<bool>,
+    }
 }
 
 /// `tracing` as written.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[derive(Debug, Default)]
 pub struct RawTracing {
     /// `always` (default) | `off`.
     pub mode: Option<TracingMode>,
     /// Where the span of each LLM call is exported (OTLP/HTTP).
-    #[cfg_attr(not(feature = "spans"), serde(skip))]
     pub otlp: Option<RawOtlp>,
     /// What of the prompt and completion the span and the record capture.
-    #[cfg_attr(not(feature = "spans"), serde(skip))]
     pub capture: RawCapture,
 }
 
-/// `access_log` as written.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RawAccessLog {
-    /// Put each call's record in Envoy's filter state, default false.
-    pub enabled: Option<bool>,
+impl Read for RawTracing {
+    fn read(section: &Value) -> Result<Self, ConfigError> {
+        let mut raw = Self::default();
+        for (name, v) in read::fields(section, &["mode", "otlp", "capture"])? {
+            let at = |e: ConfigError| e.within(name);
+            match name {
+                "mode" => raw.mode = Read::read(v).map_err(at)?,
+                // Read by the build that exports spans only, as above.
+                "otlp" if SPANS => raw.otlp = read::derived(v).map_err(at)?,
+                "capture" if SPANS => raw.capture = read::derived(v).map_err(at)?,
+                _ => {}
+            }
+        }
+        Ok(raw)
+    }
+}
+
+crate::read_fields! {
+    /// `access_log` as written.
+    #[derive(Debug, Default)]
+    pub struct RawAccessLog {
+        /// Put each call's record in Envoy's filter state, default false.
+        pub enabled: Option<bool>,
+    }
 }
 
 /// The compiled configuration every HTTP context shares.
@@ -216,8 +282,7 @@ pub struct PriorityConfig {
 }
 
 /// Who writes `traceparent`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(variant_identifier, rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TracingMode {
     /// The filter continues or starts the trace on every LLM call.
     #[default]
@@ -252,6 +317,12 @@ impl PriorityConfig {
     }
 }
 
+impl Read for TracingMode {
+    fn read(v: &Value) -> Result<Self, ConfigError> {
+        read::variant(v, &[Self::Always, Self::Off], Self::as_str)
+    }
+}
+
 impl TracingMode {
     /// Compiles `tracing.mode`; every value serde accepts is valid.
     pub fn compile(mode: Option<TracingMode>) -> Self {
@@ -278,9 +349,10 @@ impl Config {
                 "the configuration must be a JSON object",
             ));
         }
-        crate::build::check(json)?;
-        let raw: RawConfig = ConfigError::from_json(json)?;
-        Self::try_from(raw)
+        // One tree, which the build's check and every section read.
+        let doc: Value = ConfigError::from_json(json)?;
+        crate::build::check(&doc)?;
+        Self::try_from(RawConfig::read(&doc)?)
     }
 }
 
@@ -294,16 +366,14 @@ impl TryFrom<RawConfig> for Config {
         let max_body_bytes = MAX_BODY_BYTES.read(raw.max_body_bytes)?;
         let cache = CacheConfig::compile(raw.cache).map_err(|e| e.within("cache"))?;
         // Groups compile their overrides against the sections as written.
-        let ab = AbConfig::compile(
-            raw.ab,
-            &ab::Base {
-                routing: &raw.routing,
-                shaping: &raw.shaping,
-                cache: cache.enabled,
-                degrade: &raw.degrade,
-            },
-        )
-        .map_err(|e| e.within("ab"))?;
+        let base = ab::Base {
+            routing: &raw.routing,
+            shaping: &raw.shaping,
+            cache: cache.enabled,
+            degrade: &raw.degrade,
+        };
+        let ab =
+            section(AB, raw.ab, |r| AbConfig::compile(r, &base)).map_err(|e| e.within("ab"))?;
         let mut routing = section(ROUTING, raw.routing, RoutingConfig::compile)
             .map_err(|e| e.within("routing"))?;
         probe_group_clusters(&mut routing, &ab);
@@ -323,7 +393,8 @@ impl TryFrom<RawConfig> for Config {
             cache,
             shaping: ShapingConfig::compile(raw.shaping).map_err(|e| e.within("shaping"))?,
             degrade: DegradeConfig::compile(raw.degrade).map_err(|e| e.within("degrade"))?,
-            admin: AdminConfig::compile(raw.admin).map_err(|e| e.within("admin"))?,
+            admin: section(ADMIN, raw.admin, AdminConfig::compile)
+                .map_err(|e| e.within("admin"))?,
             priority: PriorityConfig::compile(raw.priority).map_err(|e| e.within("priority"))?,
             capture: section(SPANS, raw.tracing.capture, |c| {
                 compile_capture(c, otlp.as_ref(), access_log)
@@ -340,7 +411,8 @@ impl TryFrom<RawConfig> for Config {
                 .map_err(|e| e.within("guardrails"))?,
             names: Names::default(),
         };
-        if config.capture.any() {
+        // Only a build that captures redacts what it captures.
+        if SPANS && config.capture.any() {
             config.capture.guarded = config.guardrails.withheld();
         }
         config.names = names_of(&config);
@@ -518,6 +590,20 @@ mod tests {
             check::defaults(LimitsConfig::compile)
         );
         assert_eq!(Guardrails::default(), check::defaults(Guardrails::compile));
+        let base = ab::Base {
+            routing: &RawRoutingConfig::default(),
+            shaping: &RawShapingConfig::default(),
+            cache: true,
+            degrade: &RawDegradeConfig::default(),
+        };
+        assert_eq!(
+            AbConfig::default(),
+            check::defaults(|r| AbConfig::compile(r, &base))
+        );
+        assert_eq!(
+            AdminConfig::default(),
+            check::defaults(AdminConfig::compile)
+        );
         assert_eq!(
             CredentialsConfig::default(),
             check::defaults(CredentialsConfig::compile)

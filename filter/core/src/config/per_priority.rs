@@ -1,13 +1,12 @@
 //! A setting given once for every priority or once per priority
 //! (`512` or `{"P1": 1024, "P2": 512}`), the form budgets, shaping caps and
-//! degrade actions share. A leaf: only the priority and serde, so any section
-//! can read it.
+//! degrade actions share. A leaf: only the priority and the reader, so any
+//! section can read it.
 
-use std::fmt;
+use serde_json::Value;
 
-use serde::de::{self, Deserializer, MapAccess, Visitor};
-use serde::Deserialize;
-
+use super::error::ConfigError;
+use super::read::{self, Read};
 use crate::priority::Priority;
 
 /// A number for every priority, or one per priority as written.
@@ -30,70 +29,32 @@ impl RawPerPriority {
     }
 }
 
-impl<'de> Deserialize<'de> for RawPerPriority {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        // Hand-written rather than `#[serde(untagged)]` so a typo gets an error
-        // naming the key and value, not "did not match any variant".
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = RawPerPriority;
+/// What either form refuses a value as.
+const EXPECTED: &str = r#"a whole number, or an object {"P0": n, "P1": n, "P2": n}"#;
 
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(r#"a whole number, or an object {"P0": n, "P1": n, "P2": n}"#)
-            }
-
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-                Ok(RawPerPriority::All(v))
-            }
-
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
-                u64::try_from(v)
-                    .map(RawPerPriority::All)
-                    .map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
-            }
-
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+impl Read for RawPerPriority {
+    /// A typo gets an error naming the key and value, not "did not match
+    /// any variant".
+    fn read(v: &Value) -> Result<Self, ConfigError> {
+        match v {
+            Value::Number(n) => n.as_u64().map(Self::All).ok_or_else(|| match n.is_i64() {
+                true => ConfigError::new(
+                    ".",
+                    format!("invalid value: integer `{n}`, expected {EXPECTED}"),
+                ),
+                false => read::invalid(v, EXPECTED),
+            }),
+            Value::Object(_) => {
                 let mut out = [None; 3];
-                while let Some(PriorityKey(p)) = map.next_key()? {
-                    let slot = out
-                        .get_mut(p.index())
-                        .ok_or_else(|| de::Error::custom("priority out of range"))?;
-                    if slot.is_some() {
-                        return Err(de::Error::custom(format!("duplicate field `{p}`")));
+                for (key, n) in read::fields(v, &["P0", "P1", "P2"])? {
+                    if let Some(slot) = Priority::parse(key).and_then(|p| out.get_mut(p.index())) {
+                        *slot = Some(u64::read(n).map_err(|e| e.within(key))?);
                     }
-                    *slot = Some(map.next_value::<u64>()?);
                 }
-                Ok(RawPerPriority::PerPriority(out))
+                Ok(Self::PerPriority(out))
             }
+            other => Err(read::invalid(other, EXPECTED)),
         }
-        d.deserialize_any(V)
-    }
-}
-
-/// A key of a per-priority object. Refused inside the key's own
-/// deserialisation, like a derived field name, so the error path names it.
-struct PriorityKey(Priority);
-
-impl<'de> Deserialize<'de> for PriorityKey {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = PriorityKey;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("P0, P1 or P2")
-            }
-
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                match v {
-                    "P0" => Ok(PriorityKey(Priority::P0)),
-                    "P1" => Ok(PriorityKey(Priority::P1)),
-                    "P2" => Ok(PriorityKey(Priority::P2)),
-                    other => Err(E::unknown_field(other, &["P0", "P1", "P2"])),
-                }
-            }
-        }
-        d.deserialize_identifier(V)
     }
 }
 
@@ -103,15 +64,15 @@ mod tests {
 
     #[test]
     fn one_number_or_one_per_priority() {
-        let all: RawPerPriority = serde_json::from_str("512").unwrap();
+        let all: RawPerPriority = read::parse(b"512").unwrap();
         assert_eq!(all, RawPerPriority::All(512));
         assert_eq!(all.get(Priority::P0), Some(512));
-        let per: RawPerPriority = serde_json::from_str(r#"{"P2":256,"P0":9}"#).unwrap();
+        let per: RawPerPriority = read::parse(br#"{"P2":256,"P0":9}"#).unwrap();
         assert_eq!(per, RawPerPriority::PerPriority([Some(9), None, Some(256)]));
         assert_eq!(per.get(Priority::P1), None);
-        for bad in ["-1", "1.5", r#""x""#, r#"{"P3":1}"#, r#"{"P1":1,"P1":2}"#] {
+        for bad in ["-1", "1.5", r#""x""#, r#"{"P3":1}"#, r#"{"p1":1}"#] {
             assert!(
-                serde_json::from_str::<RawPerPriority>(bad).is_err(),
+                read::parse::<RawPerPriority>(bad.as_bytes()).is_err(),
                 "{bad}"
             );
         }

@@ -573,7 +573,6 @@ pub fn level(alerts: &[Alert], cfg: &DegradeConfig, model: &str, clusters: &[&st
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ConfigError;
     use crate::degrade::config::RawDegradeConfig;
     use crate::host::MemoryStore;
 
@@ -588,7 +587,7 @@ mod tests {
     }
 
     fn cfg(json: &str) -> DegradeConfig {
-        let raw: RawDegradeConfig = ConfigError::from_json(json.as_bytes()).unwrap();
+        let raw: RawDegradeConfig = crate::config::read::parse(json.as_bytes()).unwrap();
         DegradeConfig::compile(raw).unwrap()
     }
 

@@ -3,10 +3,11 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use serde_json::Value;
 
 use crate::config::check;
 use crate::config::error::ConfigError;
+use crate::config::read::{self, Read};
 use crate::config::setting::{Bound, Item, List, Setting, Table};
 use crate::load::Signal;
 use crate::priority::Priority;
@@ -62,63 +63,65 @@ pub const SETTINGS: Table = &[
     ("degrade.prometheus", super::sources::config::PROMETHEUS),
 ];
 
-/// `degrade` as written.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RawDegradeConfig {
-    /// Alert rules; the defaults when absent.
-    pub alerts: Option<Vec<RawAlertRule>>,
-    /// Life of a firing alert that is not re-sent, s.
-    pub alert_ttl_s: Option<u64>,
-    /// Levels the load signals raise.
-    pub thresholds: Option<Vec<RawThreshold>>,
-    /// Calls per second of the temperature rule.
-    pub qps_ref: Option<f64>,
-    /// Output tokens per second of the temperature rule.
-    pub tokens_per_s_ref: Option<f64>,
-    /// The cap of the `max_tokens` action.
-    pub max_tokens_cap: Option<u64>,
-    /// The cheaper model each model switches to (`fallback_model` action).
-    pub fallback_model: Option<BTreeMap<String, String>>,
-    /// `retry-after` of a shed call, s.
-    pub retry_after_s: Option<u64>,
-    /// Actions per level (`"1"`..`"3"`) and priority (`P1`, `P2`).
-    pub levels: Option<BTreeMap<String, BTreeMap<String, Vec<Action>>>>,
-    /// Alertmanager's API, read by every proxy.
-    pub alertmanager: Option<RawAlertmanager>,
-    /// Prometheus's API, asked every model's mesh-wide load.
-    pub prometheus: Option<RawPrometheus>,
+crate::read_fields! {
+    /// `degrade` as written.
+    #[derive(Debug, Clone, Default)]
+    pub struct RawDegradeConfig {
+        /// Alert rules; the defaults when absent.
+        pub alerts: Option<Vec<RawAlertRule>>,
+        /// Life of a firing alert that is not re-sent, s.
+        pub alert_ttl_s: Option<u64>,
+        /// Levels the load signals raise.
+        pub thresholds: Option<Vec<RawThreshold>>,
+        /// Calls per second of the temperature rule.
+        pub qps_ref: Option<f64>,
+        /// Output tokens per second of the temperature rule.
+        pub tokens_per_s_ref: Option<f64>,
+        /// The cap of the `max_tokens` action.
+        pub max_tokens_cap: Option<u64>,
+        /// The cheaper model each model switches to (`fallback_model` action).
+        pub fallback_model: Option<BTreeMap<String, String>>,
+        /// `retry-after` of a shed call, s.
+        pub retry_after_s: Option<u64>,
+        /// Actions per level (`"1"`..`"3"`) and priority (`P1`, `P2`).
+        pub levels: Option<BTreeMap<String, BTreeMap<String, Vec<Action>>>>,
+        /// Alertmanager's API, read by every proxy.
+        pub alertmanager: Option<RawAlertmanager>,
+        /// Prometheus's API, asked every model's mesh-wide load.
+        pub prometheus: Option<RawPrometheus>,
+    }
 }
 
-/// `ab.groups[].overrides.degrade` as written: what the levels do to the
-/// group's calls. The level itself — alerts, their life, the thresholds — is
-/// the model's, shared by every group, so those fields stay top-level.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RawDegradeOverride {
-    /// Actions per level and priority; a level given replaces that level's
-    /// top-level actions, the others are kept.
-    pub levels: Option<BTreeMap<String, BTreeMap<String, Vec<Action>>>>,
-    /// The cheaper model each model switches to; replaces the top-level map.
-    pub fallback_model: Option<BTreeMap<String, String>>,
-    /// The cap of the `max_tokens` action.
-    pub max_tokens_cap: Option<u64>,
-    /// `retry-after` of a shed call, s.
-    pub retry_after_s: Option<u64>,
-    /// Calls per second of the temperature rule.
-    pub qps_ref: Option<f64>,
-    /// Output tokens per second of the temperature rule.
-    pub tokens_per_s_ref: Option<f64>,
-    /// Not a group's: refused with a reason.
-    pub alerts: Option<serde::de::IgnoredAny>,
-    /// Not a group's: refused with a reason.
-    pub alert_ttl_s: Option<serde::de::IgnoredAny>,
-    /// Not a group's: refused with a reason.
-    pub thresholds: Option<serde::de::IgnoredAny>,
-    /// Not a group's: refused with a reason.
-    pub alertmanager: Option<serde::de::IgnoredAny>,
-    /// Not a group's: refused with a reason.
-    pub prometheus: Option<serde::de::IgnoredAny>,
+crate::read_fields! {
+    /// `ab.groups[].overrides.degrade` as written: what the levels do to the
+    /// group's calls. The level itself — alerts, their life, the thresholds — is
+    /// the model's, shared by every group, so those fields stay top-level.
+    #[derive(Debug, Default)]
+    pub struct RawDegradeOverride {
+        /// Actions per level and priority; a level given replaces that level's
+        /// top-level actions, the others are kept.
+        pub levels: Option<BTreeMap<String, BTreeMap<String, Vec<Action>>>>,
+        /// The cheaper model each model switches to; replaces the top-level map.
+        pub fallback_model: Option<BTreeMap<String, String>>,
+        /// The cap of the `max_tokens` action.
+        pub max_tokens_cap: Option<u64>,
+        /// `retry-after` of a shed call, s.
+        pub retry_after_s: Option<u64>,
+        /// Calls per second of the temperature rule.
+        pub qps_ref: Option<f64>,
+        /// Output tokens per second of the temperature rule.
+        pub tokens_per_s_ref: Option<f64>,
+        /// Not a group's: refused with a reason.
+        pub alerts: Option<Value>,
+        /// Not a group's: refused with a reason.
+        pub alert_ttl_s: Option<Value>,
+        /// Not a group's: refused with a reason.
+        pub thresholds: Option<Value>,
+        /// Not a group's: refused with a reason.
+        pub alertmanager: Option<Value>,
+        /// Not a group's: refused with a reason.
+        pub prometheus: Option<Value>,
+    }
 }
 
 impl RawDegradeConfig {
@@ -153,18 +156,19 @@ impl RawDegradeConfig {
     }
 }
 
-/// One entry of `degrade.thresholds`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RawThreshold {
-    /// The model it watches; every model when absent.
-    pub model: Option<String>,
-    /// The signal.
-    pub signal: Option<Signal>,
-    /// The level holds while the signal is above this.
-    pub above: Option<f64>,
-    /// The level, 1..=3.
-    pub level: Option<u8>,
+crate::read_fields! {
+    /// One entry of `degrade.thresholds`.
+    #[derive(Debug, Clone, Default)]
+    pub struct RawThreshold {
+        /// The model it watches; every model when absent.
+        pub model: Option<String>,
+        /// The signal.
+        pub signal: Option<Signal>,
+        /// The level holds while the signal is above this.
+        pub above: Option<f64>,
+        /// The level, 1..=3.
+        pub level: Option<u8>,
+    }
 }
 
 /// A compiled threshold.
@@ -181,8 +185,7 @@ pub struct Threshold {
 }
 
 /// What a level does to a call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Action {
     /// Answer from the cache, even past expiry, when an entry is there.
     Cache,
@@ -196,6 +199,12 @@ pub enum Action {
     MaxTokens,
     /// Lower the temperature by the load (the rule in `degrade::temperature`).
     Temperature,
+}
+
+impl Read for Action {
+    fn read(v: &Value) -> Result<Self, ConfigError> {
+        read::variant(v, &Self::ALL, Self::as_str)
+    }
 }
 
 impl Action {
@@ -222,20 +231,21 @@ impl Action {
     }
 }
 
-/// One entry of `degrade.alerts`: every label given must equal the alert's.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RawAlertRule {
-    /// The alert's `alertname`.
-    pub alertname: Option<String>,
-    /// The alert's `severity`.
-    pub severity: Option<String>,
-    /// The alert's `model` label.
-    pub model: Option<String>,
-    /// The alert's `llm_cluster` label.
-    pub llm_cluster: Option<String>,
-    /// The level an alert that matches raises, 1..=3.
-    pub level: Option<u8>,
+crate::read_fields! {
+    /// One entry of `degrade.alerts`: every label given must equal the alert's.
+    #[derive(Debug, Clone, Default)]
+    pub struct RawAlertRule {
+        /// The alert's `alertname`.
+        pub alertname: Option<String>,
+        /// The alert's `severity`.
+        pub severity: Option<String>,
+        /// The alert's `model` label.
+        pub model: Option<String>,
+        /// The alert's `llm_cluster` label.
+        pub llm_cluster: Option<String>,
+        /// The level an alert that matches raises, 1..=3.
+        pub level: Option<u8>,
+    }
 }
 
 /// A compiled alert rule.
@@ -557,7 +567,7 @@ mod tests {
     use super::*;
 
     fn parse(json: &str) -> Result<DegradeConfig, ConfigError> {
-        DegradeConfig::compile(ConfigError::from_json(json.as_bytes())?)
+        DegradeConfig::compile(read::parse(json.as_bytes())?)
     }
 
     #[test]

@@ -11,7 +11,6 @@
 use super::features::{message_tokens, Features};
 use super::prompt::{non_empty_string, Prompt};
 use super::Dialect;
-use serde::Deserialize;
 
 use crate::json::{Document, Json};
 
@@ -253,8 +252,7 @@ pub struct MarkAsk {
 }
 
 /// The request field that limits output tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(variant_identifier, rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TokenField {
     /// `max_tokens`: understood by every OpenAI-compatible server.
     #[default]
@@ -264,8 +262,15 @@ pub enum TokenField {
     MaxCompletionTokens,
     /// `max_output_tokens`: OpenAI Responses' name, never configured (a
     /// Responses call always uses it).
-    #[serde(skip_deserializing)]
     MaxOutputTokens,
+}
+
+impl crate::config::read::Read for TokenField {
+    /// One of the names a configuration may give.
+    fn read(v: &serde_json::Value) -> Result<Self, crate::config::ConfigError> {
+        let named = [Self::MaxTokens, Self::MaxCompletionTokens];
+        crate::config::read::variant(v, &named, Self::as_str)
+    }
 }
 
 impl TokenField {

@@ -6,8 +6,6 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
-
 use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::config::setting::{Named, Setting, Table};
@@ -34,26 +32,26 @@ const MAX_CLAIM_LEN: usize = 128;
 /// The section's settings.
 pub const SETTINGS: Table = &[("tenant", &[&FROM, &CLAIM])];
 
-/// `tenant` as written.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RawTenant {
-    /// `credential` (default) | `header` | `peer` | `jwt` | `virtual_key`.
-    pub from: Option<Source>,
-    /// The header, for `from: header`; for `from: credential`, the one
-    /// credential header the backends read (default: the API's own).
-    pub header: Option<String>,
-    /// For `from: jwt`, the claim naming the tenant, default `sub`.
-    pub claim: Option<String>,
-    /// For `from: virtual_key`, the keys the platform issued: each tenant's
-    /// keys, as their SHA-256 digests (64 hex digits each, separated by
-    /// spaces or commas), never the keys.
-    pub keys: Option<BTreeMap<String, String>>,
+crate::read_fields! {
+    /// `tenant` as written.
+    #[derive(Debug, Default)]
+    pub struct RawTenant {
+        /// `credential` (default) | `header` | `peer` | `jwt` | `virtual_key`.
+        pub from: Option<Source>,
+        /// The header, for `from: header`; for `from: credential`, the one
+        /// credential header the backends read (default: the API's own).
+        pub header: Option<String>,
+        /// For `from: jwt`, the claim naming the tenant, default `sub`.
+        pub claim: Option<String>,
+        /// For `from: virtual_key`, the keys the platform issued: each tenant's
+        /// keys, as their SHA-256 digests (64 hex digits each, separated by
+        /// spaces or commas), never the keys.
+        pub keys: Option<BTreeMap<String, String>>,
+    }
 }
 
 /// Who the tenant of a call is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Source {
     /// A digest of the one credential the call's API authenticates with
     /// (see [`super::credential`]): every API key is a tenant.
@@ -67,6 +65,19 @@ pub enum Source {
     Jwt,
     /// A key the platform issued, known by its digest.
     VirtualKey,
+}
+
+impl crate::config::read::Read for Source {
+    fn read(v: &serde_json::Value) -> Result<Self, ConfigError> {
+        let all = [
+            Self::Credential,
+            Self::Header,
+            Self::Peer,
+            Self::Jwt,
+            Self::VirtualKey,
+        ];
+        crate::config::read::variant(v, &all, Self::as_str)
+    }
 }
 
 impl Source {
@@ -229,7 +240,7 @@ mod tests {
     const B: &str = "81b637d8fcd2c6da6359e6963113a1170de795e4b725b84d1e0b4cfd9ec58ce9";
 
     fn parse(json: &str) -> Result<TenantConfig, ConfigError> {
-        TenantConfig::compile(serde_json::from_str(json).unwrap())
+        TenantConfig::compile(crate::config::read::parse(json.as_bytes()).unwrap())
     }
 
     #[test]

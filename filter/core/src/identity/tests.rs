@@ -13,7 +13,7 @@ fn keys() -> TenantConfig {
         hex(digest(KEY_A1)),
         hex(digest(KEY_A2))
     );
-    TenantConfig::compile(serde_json::from_str(&doc).unwrap()).unwrap()
+    TenantConfig::compile(crate::config::read::parse(doc.as_bytes()).unwrap()).unwrap()
 }
 
 fn resolve_with(
@@ -188,9 +188,10 @@ fn a_missing_or_unknown_key_is_refused() {
 
 #[test]
 fn a_jwt_claim_is_the_tenant_and_none_is_refused() {
-    let cfg =
-        TenantConfig::compile(serde_json::from_str(r#"{"from":"jwt","claim":"team"}"#).unwrap())
-            .unwrap();
+    let cfg = TenantConfig::compile(
+        crate::config::read::parse(br#"{"from":"jwt","claim":"team"}"#).unwrap(),
+    )
+    .unwrap();
     let at = "metadata.filter_metadata.envoy.filters.http.jwt_authn.jwt_payload.team";
     let jwt = |props: &[(&str, &[u8])]| {
         resolve_with(&cfg, Dialect::Chat, "/v1/chat/completions", &[], props)
@@ -212,7 +213,9 @@ fn a_jwt_claim_is_the_tenant_and_none_is_refused() {
 
 #[test]
 fn the_other_sources_are_as_before() {
-    let parse = |doc: &str| TenantConfig::compile(serde_json::from_str(doc).unwrap()).unwrap();
+    let parse = |doc: &str| {
+        TenantConfig::compile(crate::config::read::parse(doc.as_bytes()).unwrap()).unwrap()
+    };
     let chat = Dialect::Chat;
     let p = "/v1/chat/completions";
     let credential = resolve_with(

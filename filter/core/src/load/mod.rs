@@ -116,6 +116,13 @@ pub enum Signal {
     InFlight,
 }
 
+impl crate::config::read::Read for Signal {
+    fn read(v: &serde_json::Value) -> Result<Self, crate::config::ConfigError> {
+        let all = [Self::Rps, Self::TokensPerS, Self::InFlight];
+        crate::config::read::variant(v, &all, Self::as_str)
+    }
+}
+
 impl Signal {
     /// Its name in the configuration.
     pub fn as_str(self) -> &'static str {

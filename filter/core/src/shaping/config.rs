@@ -2,8 +2,6 @@
 //! once applies to P1 and P2 and leaves P0 untouched; P0 is shaped only when
 //! the per-priority form names it.
 
-use serde::Deserialize;
-
 use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::config::per_priority::RawPerPriority;
@@ -23,22 +21,23 @@ const CALIBRATE_ESTIMATE: Setting<bool> = Setting::any("calibrate_estimate", tru
 /// The section's settings.
 pub const SETTINGS: Table = &[("shaping", &[&CALIBRATE_ESTIMATE, &MAX_TOKENS_FIELD])];
 
-/// `shaping` as written by the operator (also an A/B group's `overrides.shaping`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RawShapingConfig {
-    /// Most output tokens a call may ask for; a call asking for none gets it.
-    pub max_tokens_cap: Option<RawPerPriority>,
-    /// Most conversation turns sent, the current one included.
-    pub max_history_turns: Option<RawPerPriority>,
-    /// Most estimated prompt tokens of the messages sent.
-    pub max_prompt_tokens: Option<RawPerPriority>,
-    /// The field set on a call that names no limit: `max_tokens` (default) or
-    /// `max_completion_tokens`.
-    pub max_tokens_field: Option<TokenField>,
-    /// Learn each model's ratio of reported to estimated prompt tokens
-    /// (default `true`).
-    pub calibrate_estimate: Option<bool>,
+crate::read_fields! {
+    /// `shaping` as written by the operator (also an A/B group's `overrides.shaping`).
+    #[derive(Debug, Clone, Default, PartialEq, Eq)]
+    pub struct RawShapingConfig {
+        /// Most output tokens a call may ask for; a call asking for none gets it.
+        pub max_tokens_cap: Option<RawPerPriority>,
+        /// Most conversation turns sent, the current one included.
+        pub max_history_turns: Option<RawPerPriority>,
+        /// Most estimated prompt tokens of the messages sent.
+        pub max_prompt_tokens: Option<RawPerPriority>,
+        /// The field set on a call that names no limit: `max_tokens` (default) or
+        /// `max_completion_tokens`.
+        pub max_tokens_field: Option<TokenField>,
+        /// Learn each model's ratio of reported to estimated prompt tokens
+        /// (default `true`).
+        pub calibrate_estimate: Option<bool>,
+    }
 }
 
 impl RawShapingConfig {
@@ -151,7 +150,9 @@ mod tests {
     use super::*;
 
     fn parse(doc: &str) -> Result<ShapingConfig, ConfigError> {
-        ShapingConfig::compile(ConfigError::from_json::<RawShapingConfig>(doc.as_bytes())?)
+        ShapingConfig::compile(crate::config::read::parse::<RawShapingConfig>(
+            doc.as_bytes(),
+        )?)
     }
 
     #[test]
@@ -208,8 +209,9 @@ mod tests {
     #[test]
     fn overrides_replace_only_what_they_give() {
         let base: RawShapingConfig =
-            serde_json::from_str(r#"{"max_tokens_cap":512,"max_history_turns":6}"#).unwrap();
-        let over: RawShapingConfig = serde_json::from_str(r#"{"max_tokens_cap":128}"#).unwrap();
+            crate::config::read::parse(br#"{"max_tokens_cap":512,"max_history_turns":6}"#).unwrap();
+        let over: RawShapingConfig =
+            crate::config::read::parse(br#"{"max_tokens_cap":128}"#).unwrap();
         let c = ShapingConfig::compile(base.overridden_by(&over)).unwrap();
         assert_eq!(c.limits(Priority::P1).max_tokens, Some(128));
         assert_eq!(c.limits(Priority::P1).history_turns, Some(6));

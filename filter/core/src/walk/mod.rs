@@ -44,6 +44,7 @@ mod failover;
 pub(crate) mod fake;
 #[cfg_attr(not(feature = "routing"), path = "fallback_off.rs")]
 mod fallback;
+#[cfg_attr(not(feature = "ab"), path = "group_off.rs")]
 mod group;
 #[cfg_attr(not(feature = "guardrails"), path = "guard_off.rs")]
 mod guard;

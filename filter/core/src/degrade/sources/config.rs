@@ -3,8 +3,6 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
-
 use crate::config::check;
 use crate::config::error::ConfigError;
 use crate::config::service::{query_escape, Defaults, Service, HEADERS};
@@ -64,51 +62,53 @@ pub const DEFAULT_TOKENS_QUERY: &str = "sum by (model) (llm_filter_load_tokens_p
 /// Mesh-wide calls in flight of each model, likewise.
 pub const DEFAULT_IN_FLIGHT_QUERY: &str = "sum by (model) (llm_filter_load_in_flight)";
 
-/// `degrade.alertmanager` as written.
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RawAlertmanager {
-    /// The Envoy cluster that reaches Alertmanager's API.
-    pub cluster: Option<String>,
-    /// `:authority`, default the cluster name.
-    pub authority: Option<String>,
-    /// Path, default `/api/v2/alerts`.
-    pub path: Option<String>,
-    /// Extra request headers (e.g. a credential).
-    pub headers: Option<BTreeMap<String, String>>,
-    /// Wait for the answer, ms.
-    pub timeout_ms: Option<u64>,
-    /// How often each proxy reads it, s.
-    pub interval_s: Option<u64>,
-    /// Alertmanager label matchers (`filter=`) the alerts must match.
-    pub filters: Option<Vec<String>>,
-    /// Only the alerts routed to receivers this regex matches (`receiver=`).
-    pub receiver: Option<String>,
+crate::read_fields! {
+    /// `degrade.alertmanager` as written.
+    #[derive(Debug, Default, Clone)]
+    pub struct RawAlertmanager {
+        /// The Envoy cluster that reaches Alertmanager's API.
+        pub cluster: Option<String>,
+        /// `:authority`, default the cluster name.
+        pub authority: Option<String>,
+        /// Path, default `/api/v2/alerts`.
+        pub path: Option<String>,
+        /// Extra request headers (e.g. a credential).
+        pub headers: Option<BTreeMap<String, String>>,
+        /// Wait for the answer, ms.
+        pub timeout_ms: Option<u64>,
+        /// How often each proxy reads it, s.
+        pub interval_s: Option<u64>,
+        /// Alertmanager label matchers (`filter=`) the alerts must match.
+        pub filters: Option<Vec<String>>,
+        /// Only the alerts routed to receivers this regex matches (`receiver=`).
+        pub receiver: Option<String>,
+    }
 }
 
-/// `degrade.prometheus` as written.
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RawPrometheus {
-    /// The Envoy cluster that reaches Prometheus's HTTP API.
-    pub cluster: Option<String>,
-    /// `:authority`, default the cluster name.
-    pub authority: Option<String>,
-    /// Path, default `/api/v1/query`.
-    pub path: Option<String>,
-    /// Extra request headers.
-    pub headers: Option<BTreeMap<String, String>>,
-    /// Wait for each answer, ms.
-    pub timeout_ms: Option<u64>,
-    /// How often each proxy asks, s.
-    pub interval_s: Option<u64>,
-    /// A reading older than this is not used, s; default three intervals.
-    pub stale_after_s: Option<u64>,
-    /// The label naming the model in the answers.
-    pub model_label: Option<String>,
-    /// The query of each signal (`rps`, `tokens_per_s`, `in_flight`); an
-    /// empty one leaves that signal local.
-    pub queries: Option<BTreeMap<String, String>>,
+crate::read_fields! {
+    /// `degrade.prometheus` as written.
+    #[derive(Debug, Default, Clone)]
+    pub struct RawPrometheus {
+        /// The Envoy cluster that reaches Prometheus's HTTP API.
+        pub cluster: Option<String>,
+        /// `:authority`, default the cluster name.
+        pub authority: Option<String>,
+        /// Path, default `/api/v1/query`.
+        pub path: Option<String>,
+        /// Extra request headers.
+        pub headers: Option<BTreeMap<String, String>>,
+        /// Wait for each answer, ms.
+        pub timeout_ms: Option<u64>,
+        /// How often each proxy asks, s.
+        pub interval_s: Option<u64>,
+        /// A reading older than this is not used, s; default three intervals.
+        pub stale_after_s: Option<u64>,
+        /// The label naming the model in the answers.
+        pub model_label: Option<String>,
+        /// The query of each signal (`rps`, `tokens_per_s`, `in_flight`); an
+        /// empty one leaves that signal local.
+        pub queries: Option<BTreeMap<String, String>>,
+    }
 }
 
 /// The compiled `degrade.alertmanager`.
@@ -296,11 +296,11 @@ mod tests {
     use super::*;
 
     fn am(json: &str) -> Result<AlertmanagerSource, ConfigError> {
-        ConfigError::from_json(json.as_bytes()).and_then(AlertmanagerSource::compile)
+        crate::config::read::parse(json.as_bytes()).and_then(AlertmanagerSource::compile)
     }
 
     fn prom(json: &str) -> Result<PrometheusSource, ConfigError> {
-        ConfigError::from_json(json.as_bytes()).and_then(PrometheusSource::compile)
+        crate::config::read::parse(json.as_bytes()).and_then(PrometheusSource::compile)
     }
 
     #[test]

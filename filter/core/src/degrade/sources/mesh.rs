@@ -98,11 +98,10 @@ pub fn signals(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ConfigError;
     use crate::host::MemoryStore;
 
     fn source(json: &str) -> PrometheusSource {
-        PrometheusSource::compile(ConfigError::from_json(json.as_bytes()).unwrap()).unwrap()
+        PrometheusSource::compile(crate::config::read::parse(json.as_bytes()).unwrap()).unwrap()
     }
 
     fn local(rps: f64, in_flight: u32) -> Signals {
