@@ -328,6 +328,9 @@ pub enum Canned {
     Json(String),
     /// `text/event-stream`, one frame each, `chunk_delay_ms` apart.
     Sse(Vec<String>),
+    /// `application/json` in these pieces, each sent after its delay (ms)
+    /// from the one before: one answer whose end comes late.
+    PacedJson(Vec<(u64, String)>),
 }
 
 struct State {
@@ -914,6 +917,7 @@ async fn handle(
                 Some(Canned::Sse(events)) => {
                     sse_response(&state, events, chunk_delay_ms, in_flight)
                 }
+                Some(Canned::PacedJson(pieces)) => paced_json(pieces, in_flight),
                 None => route(
                     &state,
                     &parts.method,
@@ -1573,6 +1577,27 @@ fn sse_response(
     drop(streams);
     let frames = events.into_iter().map(Bytes::from).collect();
     sse_frames(frames, chunk_delay_ms, false, in_flight)
+}
+
+/// A JSON body in `pieces`, each sent after its delay (ms).
+fn paced_json(pieces: Vec<(u64, String)>, in_flight: InFlight) -> Response<Body> {
+    let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, BodyError>>(1);
+    tokio::spawn(async move {
+        let _in_flight = in_flight;
+        for (delay_ms, piece) in pieces {
+            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+            if tx.send(Ok(Frame::data(Bytes::from(piece)))).await.is_err() {
+                return; // client went away
+            }
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|frame| (frame, rx))
+    });
+    with_content_type(
+        Response::new(StreamBody::new(stream).boxed()),
+        "application/json",
+    )
 }
 
 /// Streams `frames` like [`sse_response`]; when `endless`, the stream then

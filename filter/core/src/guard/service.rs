@@ -167,6 +167,9 @@ pub enum Failure {
     TooLong,
     /// A streamed answer, which is not sent to the service.
     Stream,
+    /// An answer asked about in parallel came whole, longer than the
+    /// proxy holds, before the verdict.
+    AnswerTooLong,
 }
 
 impl Failure {
@@ -179,6 +182,7 @@ impl Failure {
             Self::Invalid => "invalid",
             Self::TooLong => "too_long",
             Self::Stream => "stream",
+            Self::AnswerTooLong => "answer_too_long",
         }
     }
 }

@@ -10,7 +10,8 @@
 //! waits: the response's headers and the body Envoy buffers meanwhile (and
 //! any answer the filter gives itself, a cache entry's) are held, no longer
 //! than the callout's timeout, and go on as if read then, or are replaced
-//! by the refusal.
+//! by the refusal; an answer longer than Envoy's buffer holds goes on but
+//! for its end, and a refusal then cuts it.
 
 use std::ops::ControlFlow;
 
@@ -19,7 +20,7 @@ use crate::dialect::answer::ReplyKind;
 use crate::guard::policy::{Action, Side, Verdict};
 use crate::guard::service::{self, Failure, GuardService, Judged, OnError};
 use crate::json::Json;
-use crate::metrics as names;
+use crate::metrics::{self as names, internal_error};
 
 use super::answer::{blocked_reply, check_said, Ask};
 use super::response::reply_in_place;
@@ -132,6 +133,14 @@ impl Call {
             // Refused meanwhile (a limit, admission): nothing is held.
             return Step::Pause;
         }
+        if held.released {
+            return match (judged, held.end) {
+                (Err(_), _) => self.cut(env, host),
+                // The end held goes on as it would have.
+                (Ok(_), Some(size)) => self.on_response_body(env, host, size, true),
+                (Ok(_), None) => Step::Pause,
+            };
+        }
         let Err(r) = judged else {
             return self.release(env, host, held);
         };
@@ -142,6 +151,75 @@ impl Call {
             Some(_) => step,
             None => Step::Pause,
         }
+    }
+
+    /// A body callback of an answer while a verdict asked in parallel is
+    /// awaited: `Some` step while it is held, `None` when the walk reads it
+    /// as usual. Envoy's buffer holds it, which must not pass its limit
+    /// (Envoy would answer a plain 500 in place of the answer): past
+    /// `max_body_bytes` the answer is released, its headers and what came
+    /// go on, and only its end is held until the verdict, which lets it go
+    /// or cuts the answer (see [`Call::cut`]). An answer that comes whole
+    /// and longer than that cannot wait: it has no verdict (`on_error`).
+    pub(super) fn hold_for_verdict(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        size: usize,
+        end_of_stream: bool,
+    ) -> Option<Step> {
+        if let Some(held) = self.progress.released() {
+            if !end_of_stream {
+                return None;
+            }
+            held.end = Some(size);
+            return Some(Step::Pause);
+        }
+        let held = self.progress.held()?;
+        if size <= env.config.max_body_bytes {
+            // Envoy buffers it; each callback sees all of it so far.
+            held.body = Some((size, end_of_stream));
+            return Some(Step::Pause);
+        }
+        if !end_of_stream {
+            held.released = true;
+            let headers_end = held.headers.unwrap_or(false);
+            self.on_response_headers(env, host, headers_end);
+            return Some(self.on_response_body(env, host, size, false));
+        }
+        let mut held = self.progress.verdict_in()?;
+        held.body = Some((size, true));
+        let svc = env.config.guardrails.service.as_ref()?;
+        Some(match self.unjudged(env, svc, Failure::AnswerTooLong) {
+            None => self.release(env, host, held),
+            Some(r) => {
+                self.release_lease(env);
+                self.reply_locally(env, host, r)
+            }
+        })
+    }
+
+    /// A released answer refused by its verdict: part of it reached the
+    /// client, whose stream is reset before its end, so that no client
+    /// takes what came for the whole answer; nothing of it is stored.
+    /// Counted, and named in the record as `service:cut`.
+    fn cut(&mut self, env: &mut Env<'_>, host: &mut dyn Host) -> Step {
+        let Some(svc) = env.config.guardrails.service.as_ref() else {
+            return Step::Pause;
+        };
+        let labels = [
+            ("rule", svc.name.as_str()),
+            ("api", self.request.dialect.api()),
+        ];
+        env.metrics
+            .counter(&names::name(names::GUARDRAIL_ANSWER_CUT, &labels), 1);
+        self.name_fired(format!("{}:cut", svc.name));
+        self.forget_answer(env);
+        self.write_record(env, host, None);
+        if !host.reset_response() {
+            internal_error(env.metrics, "reset_response");
+        }
+        Step::Pause
     }
 
     /// What was held for a verdict that let the call go on passes as it
@@ -254,7 +332,11 @@ impl Call {
             Side::Answer => (names::GUARDRAIL_ANSWER_FIRED, ":answer"),
         };
         env.metrics.counter(&names::name(metric, &labels), 1);
-        let fired = format!("{}:{}{tail}", svc.name, svc.action.as_str());
+        self.name_fired(format!("{}:{}{tail}", svc.name, svc.action.as_str()));
+    }
+
+    /// Names `fired` in the span and the record, after the rules that fired.
+    fn name_fired(&mut self, fired: String) {
         self.decided.guardrails = Some(match self.decided.guardrails.take() {
             Some(rules) => format!("{rules},{fired}"),
             None => fired,

@@ -27,6 +27,17 @@ impl Call {
         Step::Pause
     }
 
+    /// No answer is held for a verdict.
+    pub(super) fn hold_for_verdict(
+        &mut self,
+        _env: &mut Env<'_>,
+        _host: &mut dyn Host,
+        _size: usize,
+        _end_of_stream: bool,
+    ) -> Option<Step> {
+        None
+    }
+
     /// No answer waits for a verdict.
     pub(super) fn awaits_answer_verdict(&self) -> bool {
         false

@@ -341,6 +341,201 @@ fn in_parallel_a_held_stream_is_read_whole_when_released() {
     );
 }
 
+/// A parallel service and a proxy that holds 1 KiB of an answer.
+fn parallel_held(extra: &str) -> World {
+    World::new(&format!(
+        r#"{{"guardrails":{{"service":{{"preset":"webhook","cluster":"hook","mode":"parallel",
+              "timeout_ms":300{extra}}}}},
+            "max_body_bytes":1024,
+            "cache":{{"max_entries":8}},
+            "access_log":{{"enabled":true}}}}"#
+    ))
+}
+
+/// A JSON answer longer than the proxy holds, in two pieces.
+fn long_answer() -> (String, String) {
+    let text = "word ".repeat(500);
+    let answer = format!(
+        r#"{{"id":"x","object":"chat.completion","choices":[{{"index":0,"message":{{"role":"assistant","content":"{text}"}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":3,"completion_tokens":500}}}}"#
+    );
+    let (head, tail) = answer.split_at(1500);
+    (head.to_string(), tail.to_string())
+}
+
+/// The long answer's head comes while the verdict is awaited: past what
+/// is held, its headers and the head go on (the step of the head).
+fn long_head_comes(w: &mut World, call: &mut Call, host: &mut FakeHost, head: &str) -> Step {
+    host.response_headers = vec![
+        (":status".into(), "200".into()),
+        ("content-type".into(), "application/json".into()),
+    ];
+    assert_eq!(
+        call.on_response_headers(&mut w.env(), host, false),
+        Step::Pause
+    );
+    host.response_body = head.as_bytes()[..600].to_vec();
+    assert_eq!(
+        call.on_response_body(&mut w.env(), host, 600, false),
+        Step::Pause,
+        "within what is held"
+    );
+    host.response_body = head.as_bytes().to_vec();
+    call.on_response_body(&mut w.env(), host, head.len(), false)
+}
+
+#[test]
+fn in_parallel_an_answer_longer_than_is_held_goes_on_but_for_its_end_until_the_verdict() {
+    let mut w = parallel_held("");
+    let mut host = chat("hello");
+    let (mut call, _) = ask(&mut w, &mut host);
+    let (head, tail) = long_answer();
+    let step = long_head_comes(&mut w, &mut call, &mut host, &head);
+    assert_eq!(step, Step::Continue, "released: the head goes on");
+    assert_eq!(host.response("x-cache"), Some("MISS"), "read as it goes");
+    host.response_body = tail.as_bytes().to_vec();
+    assert_eq!(
+        call.on_response_body(&mut w.env(), &mut host, tail.len(), true),
+        Step::Pause,
+        "its end waits for the verdict"
+    );
+    assert!(
+        !host.properties.contains_key("llm_filter.call"),
+        "not ended"
+    );
+    let pass = verdict(200, serde_json::json!({"flagged": false}));
+    let step = call.answer_callout(&mut w.env(), &mut host, pass);
+    assert_eq!(step, Step::Continue, "the end goes on");
+    assert!(!host.reset);
+    assert_eq!(host.response_body, tail.as_bytes(), "as it came");
+    assert_eq!(record(&host)["status"], 200);
+    assert!(record(&host)["error"].is_null());
+    call.on_log(&mut w.env());
+    // Stored as any answer passed.
+    let mut again = chat("hello");
+    let (mut call, _) = ask(&mut w, &mut again);
+    let pass = verdict(200, serde_json::json!({"flagged": false}));
+    call.answer_callout(&mut w.env(), &mut again, pass);
+    let (status, headers, _) = again.local_reply.clone().expect("the hit");
+    assert_eq!(
+        (status, headers.get("x-cache").map(String::as_str)),
+        (200, Some("HIT"))
+    );
+}
+
+/// Refused after the answer was released (flagged, or no verdict with
+/// `on_error: refuse`; its end come or not): the stream is reset, so the
+/// client never takes the head for the answer; counted, named, not stored.
+#[test]
+fn in_parallel_a_released_answer_refused_by_its_verdict_is_cut() {
+    for (on_error, answer) in [
+        ("allow", verdict(200, serde_json::json!({"flagged": true}))),
+        ("refuse", CalloutAnswer::default()),
+    ] {
+        for end_came in [true, false] {
+            let case = format!("{on_error} {end_came}");
+            let mut w = parallel_held(&format!(r#","on_error":"{on_error}""#));
+            let mut host = chat("hello");
+            let (mut call, _) = ask(&mut w, &mut host);
+            let (head, tail) = long_answer();
+            long_head_comes(&mut w, &mut call, &mut host, &head);
+            if end_came {
+                host.response_body = tail.as_bytes().to_vec();
+                call.on_response_body(&mut w.env(), &mut host, tail.len(), true);
+            }
+            let step = call.answer_callout(&mut w.env(), &mut host, answer.clone());
+            assert_eq!(step, Step::Pause, "{case}");
+            assert!(host.reset, "{case}");
+            assert_eq!(host.replies, 0, "no second answer: {case}");
+            let cut =
+                w.counter("llm_filter_guardrail_answer_cut_totalrule=.=service;.;api=.=chat;.;");
+            assert_eq!(cut, 1, "{case}");
+            let rec = record(&host);
+            let named = rec["guardrails"].as_str().unwrap_or_default();
+            assert!(named.ends_with("service:cut"), "{case}: {named}");
+            assert_eq!(rec["error"], "incomplete", "{case}");
+            call.on_log(&mut w.env());
+            let mut again = chat("hello");
+            let (mut call, step) = ask(&mut w, &mut again);
+            assert_eq!(step, Step::Continue, "not stored: {case}");
+            call.answer_callout(
+                &mut w.env(),
+                &mut again,
+                verdict(200, serde_json::json!({"flagged": false})),
+            );
+            assert!(again.local_reply.is_none(), "{case}");
+        }
+    }
+}
+
+/// A verdict that lets a released answer go before its end came: the end
+/// passes as it comes.
+#[test]
+fn in_parallel_a_released_answer_passed_before_its_end_ends_as_it_comes() {
+    let mut w = parallel_held("");
+    let mut host = chat("hello");
+    let (mut call, _) = ask(&mut w, &mut host);
+    let (head, tail) = long_answer();
+    long_head_comes(&mut w, &mut call, &mut host, &head);
+    let pass = verdict(200, serde_json::json!({"flagged": false}));
+    assert_eq!(
+        call.answer_callout(&mut w.env(), &mut host, pass),
+        Step::Pause,
+        "nothing held to resume"
+    );
+    host.response_body = tail.as_bytes().to_vec();
+    assert_eq!(
+        call.on_response_body(&mut w.env(), &mut host, tail.len(), true),
+        Step::Continue
+    );
+    assert_eq!(record(&host)["status"], 200);
+    assert!(record(&host)["error"].is_null());
+    assert!(!host.reset);
+}
+
+/// An answer that comes whole and longer than is held before the verdict
+/// cannot wait for it: it has no verdict, and `on_error` says.
+#[test]
+fn in_parallel_an_answer_come_whole_past_what_is_held_falls_under_on_error() {
+    for on_error in ["allow", "refuse"] {
+        let mut w = parallel_held(&format!(r#","on_error":"{on_error}""#));
+        let mut host = chat("hello");
+        let (mut call, _) = ask(&mut w, &mut host);
+        let (head, tail) = long_answer();
+        let whole = format!("{head}{tail}");
+        host.response_headers = vec![
+            (":status".into(), "200".into()),
+            ("content-type".into(), "application/json".into()),
+        ];
+        call.on_response_headers(&mut w.env(), &mut host, false);
+        host.response_body = whole.as_bytes().to_vec();
+        let step = call.on_response_body(&mut w.env(), &mut host, whole.len(), true);
+        let failures = w.counter(&format!(
+            "llm_filter_guardrail_service_failures_totalrule=.=service;.;reason=.=answer_too_long;.;result=.={};.;api=.=chat;.;",
+            if on_error == "allow" { "allowed" } else { "refused" }
+        ));
+        assert_eq!(failures, 1, "{on_error}");
+        match on_error {
+            "allow" => {
+                assert_eq!(step, Step::Continue);
+                assert!(host.local_reply.is_none());
+                assert_eq!(host.response_body, whole.as_bytes());
+            }
+            _ => {
+                assert_eq!(step, Step::Pause);
+                assert_eq!(host.local_reply.as_ref().map(|r| r.0), Some(503));
+            }
+        }
+        // The verdict, when it comes, adds nothing.
+        let flagged = verdict(200, serde_json::json!({"flagged": true}));
+        assert_eq!(
+            call.answer_callout(&mut w.env(), &mut host, flagged),
+            Step::Pause
+        );
+        assert!(!host.reset, "{on_error}");
+        assert_eq!(host.replies, u32::from(on_error == "refuse"), "{on_error}");
+    }
+}
+
 /// A service asked about answers (`on`), with a rule that masks phone
 /// numbers in prompts and puts them back.
 fn on_answers(service: &str) -> World {
