@@ -619,6 +619,67 @@ async fn in_parallel_an_answer_longer_than_the_buffer_is_whole_or_cut_by_the_ver
     outputs.assert_none_of(&envoy, &[PLANTED]).await;
 }
 
+/// In parallel, a call a limit refuses while its verdict is pending gets
+/// the 429 at once (the SDK's `RateLimitError`), and its record says the
+/// verdict was pending; the verdict that comes later sends nothing more.
+#[tokio::test]
+async fn in_parallel_a_call_refused_here_is_recorded_with_its_verdict_pending() {
+    if skip_without_envoy("in_parallel_a_call_refused_here_is_recorded_with_its_verdict_pending") {
+        return;
+    }
+    let provider = MockUpstream::start(MockConfig::named("provider"));
+    let guard = MockUpstream::start(MockConfig::named("guard"));
+    guard.set_default_delay_ms(400);
+    let dir = tempfile::tempdir().unwrap();
+    let outputs = Outputs::start(dir.path());
+    // The SDK's key names the tenant.
+    let config = outputs.config(json!({
+        "limits": {"rules": [{"name": "one", "by": ["tenant"], "requests_per_minute": 1}]},
+        "guardrails": {"service": {"name": "moderation", "preset": "webhook",
+            "cluster": "guard", "mode": "parallel", "timeout_ms": 2_000}}}));
+    let envoy = outputs
+        .envoy(
+            EnvoyBuilder::new()
+                .upstream("provider", provider.port())
+                .upstream("guard", guard.port()),
+        )
+        .plugin_config(config)
+        .start()
+        .expect("envoy with a limit and a parallel service");
+    let first = run(OPENAI, "chat", &envoy.url("/v1"), &["--prompt", PLANTED]).await;
+    assert!(first["content"].is_string(), "{first}");
+    let out = run(
+        OPENAI,
+        "chat_error",
+        &envoy.url("/v1"),
+        &["--prompt", &format!("{PLANTED} {FLAG}")],
+    )
+    .await;
+    assert_eq!(out["error_class"], "RateLimitError", "{out}");
+    assert!(
+        out["elapsed_ms"].as_u64().unwrap() < 400,
+        "not held for the verdict: {out}"
+    );
+    // The verdict comes; nothing reads it.
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    assert_eq!(guard.request_count(), 2, "both were asked about");
+    assert_eq!(provider.request_count(), 1, "the refused one never left");
+    let records = outputs.records();
+    assert_eq!(
+        records.matches("moderation:pending").count(),
+        1,
+        "{records}"
+    );
+    assert_eq!(
+        envoy.metric(
+            "llm_filter_guardrail_fired_total",
+            &[("rule", "moderation"), ("action", "block"), ("api", "chat")]
+        ),
+        0.0
+    );
+    outputs.assert_none_of(&envoy, &[PLANTED]).await;
+}
+
 /// Presidio's webhook glue (examples/guardrails/presidio_webhook.py) on a
 /// free port, in the venv `make presidio` builds; `None`, saying why, when
 /// Presidio is not installed.

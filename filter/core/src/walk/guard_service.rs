@@ -319,6 +319,19 @@ impl Call {
         ))
     }
 
+    /// The call is answered here (a refusal: a limit's 429), or ends, while
+    /// its verdict asked in parallel is awaited: nothing is held for it any
+    /// more, and the span and the record name it `service:pending` (the
+    /// verdict, when it comes, is read by nothing).
+    pub(super) fn drop_verdict(&mut self, env: &Env<'_>) {
+        let Some(svc) = env.config.guardrails.service.as_ref() else {
+            return;
+        };
+        if self.progress.verdict_in().is_some() {
+            self.name_fired(format!("{}:pending", svc.name));
+        }
+    }
+
     /// Counts the service's flag on `side` and names it beside the rules
     /// that fired.
     fn note_service_fired(&mut self, env: &mut Env<'_>, svc: &GuardService, side: Side) {

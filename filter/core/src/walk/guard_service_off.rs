@@ -27,6 +27,9 @@ impl Call {
         Step::Pause
     }
 
+    /// No verdict is awaited.
+    pub(super) fn drop_verdict(&mut self, _env: &Env<'_>) {}
+
     /// No answer is held for a verdict.
     pub(super) fn hold_for_verdict(
         &mut self,
