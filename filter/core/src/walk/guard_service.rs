@@ -377,42 +377,40 @@ impl Call {
             return None;
         }
         let answer = self.request.dialect.answer();
+        // Read once: what the rules make of it is kept for its end.
         let mut tree = Json::parse(&host.response_body(size)?)?;
-        let mut vault = self.decided.vault.clone();
         let mut verdict = Verdict::default();
-        check_said(rules, answer, &mut tree, &mut vault, &mut verdict, false);
-        if verdict.blocked_by().is_some() || verdict.truncated {
-            return None;
-        }
+        let vault = &mut self.decided.vault;
+        let changed = check_said(rules, answer, &mut tree, vault, &mut verdict, false);
+        // The rules settle it (they block, or could not read it whole).
+        let settled = verdict.blocked_by().is_some() || verdict.truncated;
         let api = self.request.dialect.api();
-        let callout = match service::texts(&tree, answer.said_fields(), rules.max_scan_bytes) {
+        let sent = match service::texts(&tree, answer.said_fields(), rules.max_scan_bytes) {
+            _ if settled => Ok(None),
             None => Err(Failure::TooLong),
-            Some(texts) if texts.is_empty() => return None,
-            Some(texts) => svc
-                .request(&texts, api, Side::Answer)
-                .map(|c| (c, texts.len())),
+            Some(texts) if texts.is_empty() => Ok(None),
+            Some(texts) => svc.request(&texts, api, Side::Answer).and_then(|c| {
+                self.ask_service(env, host, &svc.service, &c, CallWait::Guardrail)
+                    .then_some(Some(texts.len()))
+                    .ok_or(Failure::Dispatch)
+            }),
         };
-        let sent = callout.and_then(|(c, n)| {
-            self.ask_service(env, host, &svc.service, &c, CallWait::Guardrail)
-                .then_some(n)
-                .ok_or(Failure::Dispatch)
-        });
-        // The values the rules masked keep their placeholders.
-        self.decided.vault = vault;
         let (ask, step) = match sent {
-            Ok(sent) => {
+            Ok(Some(sent)) => {
                 let sent_ms = env.now_ms;
                 let ask = Ask::Asking {
                     size,
                     tree,
+                    changed,
                     sent,
                     sent_ms,
                 };
                 (ask, Some(Step::Pause))
             }
+            Ok(None) => (Ask::Read { tree, changed }, None),
             Err(failure) => match self.unjudged(env, svc, failure) {
                 Some(_) => (Ask::Refused(false), None),
-                None => (Ask::Passed, None),
+                None => (Ask::Read { tree, changed }, None),
             },
         };
         let g = self.response.as_mut()?.guard.as_mut()?;
@@ -466,6 +464,7 @@ impl Call {
         let Ask::Asking {
             size,
             mut tree,
+            changed,
             sent,
             sent_ms,
         } = std::mem::take(&mut g.ask)
@@ -478,11 +477,11 @@ impl Call {
         );
         let fields = self.request.dialect.answer().said_fields();
         let ask = match svc.read(answer.status, &answer.body, sent) {
-            Ok(Judged::Pass) => Ask::Passed,
+            Ok(Judged::Pass) => Ask::Read { tree, changed },
             Ok(Judged::Flagged(masked)) => {
                 self.note_service_fired(env, svc, Side::Answer);
                 match (svc.action, masked) {
-                    (Action::Log, _) => Ask::Passed,
+                    (Action::Log, _) => Ask::Read { tree, changed },
                     (Action::Mask, Some(masked)) => {
                         for (field, _, value) in service::put_back(&tree, fields, &masked) {
                             if let Some(v) = tree.get_mut(field) {
@@ -497,7 +496,7 @@ impl Call {
             }
             Err(failure) => match self.unjudged(env, svc, failure) {
                 Some(_) => Ask::Refused(false),
-                None => Ask::Passed,
+                None => Ask::Read { tree, changed },
             },
         };
         if let Some(g) = self.response.as_mut().and_then(|r| r.guard.as_mut()) {

@@ -656,6 +656,37 @@ fn an_answers_texts_go_to_the_service_without_the_prompts_values_and_a_flagged_o
     assert!(String::from_utf8_lossy(&again.response_body).contains("fine"));
 }
 
+/// An answer asked about is read and checked once, at its end: what the
+/// service passed is what the client gets (the prompt's values put back),
+/// not the held bytes read and checked again.
+#[test]
+fn an_answer_asked_about_is_read_once_and_what_the_service_passed_goes_on() {
+    let mut w = on_answers(r#"{"preset":"webhook","cluster":"hook","on":"answer"}"#);
+    let mut host = chat(&format!("call me at {PHONE}"));
+    let mut call = start(&mut w, &mut host);
+    let said = chat_answer("I will call [PHONE_1] at noon");
+    assert_eq!(
+        answered(&mut w, &mut call, &mut host, &said).1,
+        Step::Pause,
+        "asked"
+    );
+    // Whatever the held bytes say now, they are not read again.
+    host.response_body = b"not json".to_vec();
+    let pass = verdict(200, serde_json::json!({"flagged": false}));
+    let step = call.answer_callout(&mut w.env(), &mut host, pass);
+    assert_eq!(step, Step::Continue);
+    let got: serde_json::Value = serde_json::from_slice(&host.response_body).unwrap();
+    assert_eq!(
+        got["choices"][0]["message"]["content"],
+        format!("I will call {PHONE} at noon")
+    );
+    assert_eq!(host.response(":status"), Some("200"));
+    call.on_log(&mut w.env());
+    assert_eq!(record(&host)["guardrails"], "phones:mask");
+    let unchecked = w.metrics.counters.keys().any(|k| k.contains("unchecked"));
+    assert!(!unchecked, "read whole once");
+}
+
 #[test]
 fn a_masking_service_s_texts_are_the_answer_with_the_callers_values_put_back() {
     let mut w = on_answers(r#"{"preset":"webhook","cluster":"hook","on":"both","action":"mask"}"#);
