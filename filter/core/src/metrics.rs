@@ -335,7 +335,7 @@ pub const GUARDRAIL_UNCHECKED: &str = "llm_filter_guardrail_unchecked_total";
 pub const GUARDRAIL_SERVICE_DURATION: &str = "llm_filter_guardrail_service_duration_ms";
 /// Prompts the guardrail service gave no verdict on, by `rule` (the
 /// service's name), `reason` (`dispatch` | `timeout` | `status` | `invalid`
-/// | `too_long` | `stream` | `answer_too_long`), `result` (`allowed` | `refused`, by its `on_error`) and
+/// | `too_long` | `stream` | `failover` | `answer_too_long`), `result` (`allowed` | `refused`, by its `on_error`) and
 /// `api`.
 pub const GUARDRAIL_SERVICE_FAILURES: &str = "llm_filter_guardrail_service_failures_total";
 /// Answers a guardrail rule found something in, by `rule`, `action` and

@@ -680,6 +680,67 @@ async fn in_parallel_a_call_refused_here_is_recorded_with_its_verdict_pending() 
     outputs.assert_none_of(&envoy, &[PLANTED]).await;
 }
 
+/// A service asked about answers is not asked about another backend's
+/// answer after a failover (the reply would wait for a callout of its
+/// own): it is an answer without a verdict, counted, and what `on_error`
+/// says — `allow` lets it go, `refuse` sends the 502 in its place, which
+/// the OpenAI SDK raises as `InternalServerError`, never retried.
+#[tokio::test]
+async fn another_backends_answer_after_a_failover_falls_under_on_error() {
+    if skip_without_envoy("another_backends_answer_after_a_failover_falls_under_on_error") {
+        return;
+    }
+    for on_error in ["allow", "refuse"] {
+        let a = MockUpstream::start(MockConfig::named("a"));
+        let b = MockUpstream::start(MockConfig::named("b"));
+        let guard = MockUpstream::start(MockConfig::named("guard"));
+        a.set_status(Some(503));
+        let envoy = EnvoyBuilder::new()
+            .plugin_config(json!({
+                "routing": {"models": {"gpt-4o": [
+                    {"cluster": "a", "weight": 1_000_000}, {"cluster": "b", "weight": 1}]}},
+                "guardrails": {"service": {"name": "moderation", "preset": "webhook",
+                    "cluster": "guard", "on": "answer", "on_error": on_error}}}))
+            .upstream("a", a.port())
+            .upstream("b", b.port())
+            .upstream("guard", guard.port())
+            .header_route("x-llm-cluster")
+            .route_timeout_ms(30_000)
+            .start()
+            .expect("envoy with two backends and a service on answers");
+        let args = ["--model", "gpt-4o", "--prompt", PLANTED];
+        let result = match on_error {
+            "allow" => {
+                let out = run(OPENAI, "chat", &envoy.url("/v1"), &args).await;
+                assert!(out["content"].is_string(), "{out}");
+                "allowed"
+            }
+            _ => {
+                let out = run(OPENAI, "chat_error", &envoy.url("/v1"), &args).await;
+                assert_eq!(out["error_class"], "InternalServerError", "{out}");
+                assert_eq!(out["code"], "llm_filter_guardrail_answer_blocked", "{out}");
+                assert_eq!(out["attempts"].as_array().map(Vec::len), Some(1), "{out}");
+                "refused"
+            }
+        };
+        assert_eq!((a.request_count(), b.request_count()), (1, 1), "{on_error}");
+        assert_eq!(guard.request_count(), 0, "{on_error}: not asked");
+        assert_eq!(
+            envoy.metric(
+                "llm_filter_guardrail_service_failures_total",
+                &[
+                    ("rule", "moderation"),
+                    ("reason", "failover"),
+                    ("result", result),
+                    ("api", "chat")
+                ]
+            ),
+            1.0,
+            "{on_error}"
+        );
+    }
+}
+
 /// Presidio's webhook glue (examples/guardrails/presidio_webhook.py) on a
 /// free port, in the venv `make presidio` builds; `None`, saying why, when
 /// Presidio is not installed.

@@ -170,6 +170,9 @@ pub enum Failure {
     /// An answer asked about in parallel came whole, longer than the
     /// proxy holds, before the verdict.
     AnswerTooLong,
+    /// Another backend's answer (a failover's, a hedge's), which is not
+    /// sent to the service.
+    Failover,
 }
 
 impl Failure {
@@ -183,6 +186,7 @@ impl Failure {
             Self::TooLong => "too_long",
             Self::Stream => "stream",
             Self::AnswerTooLong => "answer_too_long",
+            Self::Failover => "failover",
         }
     }
 }

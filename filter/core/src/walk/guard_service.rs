@@ -438,6 +438,31 @@ impl Call {
         true
     }
 
+    /// Another backend's answer (a failover's, a hedge's) about to go out in
+    /// the call's place, of `status`: not sent to the service asked about
+    /// answers (the reply would wait for a callout of its own), so counted
+    /// as unjudged (`reason` `failover`, or `stream`); `Some` refusal, in
+    /// its place, with `on_error: refuse`.
+    pub(super) fn answer_elsewhere_unasked(
+        &mut self,
+        env: &mut Env<'_>,
+        status: u16,
+        stream: bool,
+    ) -> Option<LocalReply> {
+        let svc = env.config.guardrails.asks(Side::Answer)?;
+        let says = !self.request.dialect.answer().said_fields().is_empty();
+        if !(200..300).contains(&status) || !says {
+            return None;
+        }
+        let why = match stream {
+            true => Failure::Stream,
+            false => Failure::Failover,
+        };
+        self.unjudged(env, svc, why)?;
+        self.forget_answer(env);
+        Some(blocked_reply(None))
+    }
+
     /// The service's verdict on an answer is awaited.
     pub(super) fn awaits_answer_verdict(&self) -> bool {
         self.response

@@ -27,6 +27,16 @@ impl Call {
         Step::Pause
     }
 
+    /// No service is asked about answers.
+    pub(super) fn answer_elsewhere_unasked(
+        &mut self,
+        _env: &mut Env<'_>,
+        _status: u16,
+        _stream: bool,
+    ) -> Option<crate::budget::reply::LocalReply> {
+        None
+    }
+
     /// No verdict is awaited.
     pub(super) fn drop_verdict(&mut self, _env: &Env<'_>) {}
 

@@ -452,6 +452,14 @@ impl Progress {
         self.phase = Phase::FailedOver;
     }
 
+    /// Another backend's answer went out (`Call::reply_with`), or the
+    /// guardrails' refusal in its place, which answered the call already.
+    pub(super) fn answered_elsewhere(&mut self) {
+        if !matches!(self.phase, Phase::Answered(_)) {
+            self.failed_over();
+        }
+    }
+
     /// The filter answered the call with `status`.
     pub(super) fn answered(&mut self, status: u32) {
         // Never twice, nor once another backend's answer went out.

@@ -843,3 +843,105 @@ fn in_parallel_a_local_refusal_goes_at_once_and_the_verdict_adds_no_answer() {
         assert_eq!(fired, 0, "flagged: {flagged}");
     }
 }
+
+/// Two OpenAI backends of `gpt-4o` and a service asked about answers.
+fn two_backends(on_error: &str) -> World {
+    World::new(&format!(
+        r#"{{"routing":{{"eject_after_failures":100,"models":{{"gpt-4o":[
+              {{"cluster":"a","provider":"openai","weight":1000000}},
+              {{"cluster":"b","provider":"openai","weight":1}}]}}}},
+            "guardrails":{{"service":{{"preset":"webhook","cluster":"hook","on":"answer",
+              "on_error":"{on_error}"}}}},
+            "access_log":{{"enabled":true}}}}"#
+    ))
+}
+
+/// Another backend's answer after a failover is not sent to the service
+/// (the reply would wait for a callout of its own): it is an answer
+/// without a verdict, counted, and refused with `on_error: refuse`.
+#[test]
+fn another_backends_answer_falls_under_on_error() {
+    for (on_error, status) in [("allow", 200), ("refuse", 502)] {
+        let mut w = two_backends(on_error);
+        let mut host = chat("hello");
+        let mut call = start(&mut w, &mut host);
+        assert_eq!(host.header("x-llm-cluster"), Some("a"));
+        let mut host = host.with_response(
+            503,
+            "application/json",
+            r#"{"error":{"message":"overloaded","type":"server_error"}}"#,
+        );
+        assert_eq!(
+            call.on_response_headers(&mut w.env(), &mut host, false),
+            Step::Pause
+        );
+        assert_eq!(host.callouts.last().map(|c| c.0.as_str()), Some("b"));
+        let ok = CalloutAnswer {
+            status: Some(200),
+            headers: vec![
+                (":status".into(), "200".into()),
+                ("content-type".into(), "application/json".into()),
+            ],
+            body: chat_answer("hi there").into_bytes(),
+        };
+        assert_eq!(
+            call.answer_callout(&mut w.env(), &mut host, ok),
+            Step::Pause
+        );
+        let (sent, _, body) = host.local_reply.clone().expect("answered");
+        assert_eq!(sent, status, "{on_error}");
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        match on_error {
+            "allow" => assert_eq!(body["choices"][0]["message"]["content"], "hi there"),
+            _ => assert_eq!(body["error"]["code"], "llm_filter_guardrail_answer_blocked"),
+        }
+        let result = if on_error == "allow" {
+            "allowed"
+        } else {
+            "refused"
+        };
+        let failures = w.counter(&format!(
+            "llm_filter_guardrail_service_failures_totalrule=.=service;.;reason=.=failover;.;result=.={result};.;api=.=chat;.;"
+        ));
+        assert_eq!(failures, 1, "{on_error}");
+        assert_eq!(host.callouts.len(), 1, "no callout to the service");
+    }
+}
+
+/// The service comes before the cache: a prompt an entry answers is asked
+/// about first, and a flagged one never gets the entry's answer.
+#[test]
+fn a_cache_hits_prompt_is_asked_about_before_the_entry_is_read() {
+    let mut w = world(r#"{"preset":"webhook","cluster":"hook","timeout_ms":300}"#);
+    let mut host = chat("hello");
+    let (mut call, step) = ask(&mut w, &mut host);
+    assert_eq!(step, Step::Pause);
+    let pass = verdict(200, serde_json::json!({"flagged": false}));
+    assert_eq!(
+        call.answer_callout(&mut w.env(), &mut host, pass),
+        Step::Continue
+    );
+    answer_comes(&mut w, &mut call, &mut host);
+    call.on_log(&mut w.env());
+    // The same prompt: asked before anything reads the cache.
+    let mut again = chat("hello");
+    let (mut call, step) = ask(&mut w, &mut again);
+    assert_eq!(step, Step::Pause, "waits for the verdict");
+    assert!(again.local_reply.is_none(), "the entry is not read yet");
+    assert_eq!(again.callouts.len(), 1);
+    let flagged = verdict(200, serde_json::json!({"flagged": true}));
+    call.answer_callout(&mut w.env(), &mut again, flagged);
+    let (status, headers, _) = again.local_reply.clone().expect("refused");
+    assert_eq!(status, 400);
+    assert_ne!(headers.get("x-cache").map(String::as_str), Some("HIT"));
+    // Passed, the entry answers.
+    let mut third = chat("hello");
+    let (mut call, _) = ask(&mut w, &mut third);
+    let pass = verdict(200, serde_json::json!({"flagged": false}));
+    call.answer_callout(&mut w.env(), &mut third, pass);
+    let (status, headers, _) = third.local_reply.clone().expect("the hit");
+    assert_eq!(
+        (status, headers.get("x-cache").map(String::as_str)),
+        (200, Some("HIT"))
+    );
+}
