@@ -497,6 +497,26 @@ async fn in_parallel_an_allowed_answer_passes_whole_and_its_entry_waits_for_a_ve
     assert_eq!(provider.request_count(), reached);
 }
 
+/// An Envoy with `outputs` on, whose filter runs `config` (with the
+/// outputs' own settings), `provider` answering the calls and `guard` the
+/// service.
+fn observed(
+    outputs: &Outputs,
+    provider: &MockUpstream,
+    guard: &MockUpstream,
+    config: Value,
+) -> Envoy {
+    outputs
+        .envoy(
+            EnvoyBuilder::new()
+                .upstream("provider", provider.port())
+                .upstream("guard", guard.port()),
+        )
+        .plugin_config(outputs.config(config))
+        .start()
+        .expect("envoy with a guardrail service and its outputs")
+}
+
 /// Envoy's buffer of a stream (the listener's default), bytes, and what
 /// the filter holds of an answer (at most that).
 const ENVOY_BUFFER: usize = 1 << 20;
@@ -541,20 +561,12 @@ async fn in_parallel_an_answer_longer_than_the_buffer_is_whole_or_cut_by_the_ver
     let guard = MockUpstream::start(MockConfig::named("guard"));
     let dir = tempfile::tempdir().unwrap();
     let outputs = Outputs::start(dir.path());
-    let config = outputs.config(json!({
+    let config = json!({
         "max_body_bytes": HELD,
         "cache": {"max_entries": 64},
         "guardrails": {"service": {"name": "moderation", "preset": "webhook",
-            "cluster": "guard", "mode": "parallel", "timeout_ms": 3_000}}}));
-    let envoy = outputs
-        .envoy(
-            EnvoyBuilder::new()
-                .upstream("provider", provider.port())
-                .upstream("guard", guard.port()),
-        )
-        .plugin_config(config)
-        .start()
-        .expect("envoy with a small buffer and a parallel service");
+            "cluster": "guard", "mode": "parallel", "timeout_ms": 3_000}}});
+    let envoy = observed(&outputs, &provider, &guard, config);
     // Half as long again as Envoy's buffer.
     let words = 3 * ENVOY_BUFFER / 10;
     // The verdict after the answer's end came, and before it.
@@ -633,19 +645,11 @@ async fn in_parallel_a_call_refused_here_is_recorded_with_its_verdict_pending() 
     let dir = tempfile::tempdir().unwrap();
     let outputs = Outputs::start(dir.path());
     // The SDK's key names the tenant.
-    let config = outputs.config(json!({
+    let config = json!({
         "limits": {"rules": [{"name": "one", "by": ["tenant"], "requests_per_minute": 1}]},
         "guardrails": {"service": {"name": "moderation", "preset": "webhook",
-            "cluster": "guard", "mode": "parallel", "timeout_ms": 2_000}}}));
-    let envoy = outputs
-        .envoy(
-            EnvoyBuilder::new()
-                .upstream("provider", provider.port())
-                .upstream("guard", guard.port()),
-        )
-        .plugin_config(config)
-        .start()
-        .expect("envoy with a limit and a parallel service");
+            "cluster": "guard", "mode": "parallel", "timeout_ms": 2_000}}});
+    let envoy = observed(&outputs, &provider, &guard, config);
     let first = run(OPENAI, "chat", &envoy.url("/v1"), &["--prompt", PLANTED]).await;
     assert!(first["content"].is_string(), "{first}");
     let out = run(
