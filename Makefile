@@ -24,7 +24,7 @@ WASM_TARGET := wasm32-wasip1
 # 1.23 MB until the guardrail service asked about answers, capture
 # redacting what the guardrails withhold and rules scoped by priority and
 # model did: 1.2361 MB; 1.2347 MB with the load record updated on the
-# worker's tick; 1.2367 MB with an answer longer than is held released for
+# worker's tick; 1.237 MB with an answer longer than is held released for
 # a verdict asked in parallel, an answer asked about read once, and another
 # backend's answer under the service's `on_error`). A sidecar does not load
 # it: the sidecar build below leaves those features to the gateway tier.

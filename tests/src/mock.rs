@@ -328,9 +328,9 @@ pub enum Canned {
     Json(String),
     /// `text/event-stream`, one frame each, `chunk_delay_ms` apart.
     Sse(Vec<String>),
-    /// `application/json` in these pieces, each sent after its delay (ms)
-    /// from the one before: one answer whose end comes late.
-    PacedJson(Vec<(u64, String)>),
+    /// Of this content type, in these pieces, each sent after its delay
+    /// (ms) from the one before: an answer whose end comes late.
+    Paced(&'static str, Vec<(u64, String)>),
 }
 
 struct State {
@@ -917,7 +917,9 @@ async fn handle(
                 Some(Canned::Sse(events)) => {
                     sse_response(&state, events, chunk_delay_ms, in_flight)
                 }
-                Some(Canned::PacedJson(pieces)) => paced_json(pieces, in_flight),
+                Some(Canned::Paced(content_type, pieces)) => {
+                    with_content_type(paced(pieces, in_flight), content_type)
+                }
                 None => route(
                     &state,
                     &parts.method,
@@ -1579,8 +1581,8 @@ fn sse_response(
     sse_frames(frames, chunk_delay_ms, false, in_flight)
 }
 
-/// A JSON body in `pieces`, each sent after its delay (ms).
-fn paced_json(pieces: Vec<(u64, String)>, in_flight: InFlight) -> Response<Body> {
+/// A body in `pieces`, each sent after its delay (ms).
+fn paced(pieces: Vec<(u64, String)>, in_flight: InFlight) -> Response<Body> {
     let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, BodyError>>(1);
     tokio::spawn(async move {
         let _in_flight = in_flight;
@@ -1594,10 +1596,7 @@ fn paced_json(pieces: Vec<(u64, String)>, in_flight: InFlight) -> Response<Body>
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|frame| (frame, rx))
     });
-    with_content_type(
-        Response::new(StreamBody::new(stream).boxed()),
-        "application/json",
-    )
+    Response::new(StreamBody::new(stream).boxed())
 }
 
 /// Streams `frames` like [`sse_response`]; when `endless`, the stream then

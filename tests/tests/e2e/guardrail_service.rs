@@ -574,7 +574,7 @@ async fn in_parallel_an_answer_longer_than_the_buffer_is_whole_or_cut_by_the_ver
         guard.set_default_delay_ms(service_ms);
         let (text, pieces) = long_answer(words, end_after_ms);
         provider.push_script(Script {
-            answer: Some(Canned::PacedJson(pieces.clone())),
+            answer: Some(Canned::Paced("application/json", pieces.clone())),
             ..Script::default()
         });
         let prompt = format!("write about {PLANTED} at length");
@@ -585,7 +585,7 @@ async fn in_parallel_an_answer_longer_than_the_buffer_is_whole_or_cut_by_the_ver
             "allowed, whole: {service_ms} ms / {end_after_ms} ms"
         );
         provider.push_script(Script {
-            answer: Some(Canned::PacedJson(pieces)),
+            answer: Some(Canned::Paced("application/json", pieces)),
             ..Script::default()
         });
         let flagged = format!("write about {PLANTED} and {FLAG} at length");

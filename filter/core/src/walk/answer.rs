@@ -237,7 +237,7 @@ impl AnswerGuard {
         if let Some(k) = blocked {
             self.blocked = true;
             let name = rules.rules.get(k).map(|r| r.name.as_str());
-            out.extend_from_slice(&error_event(answer, name));
+            out.extend_from_slice(&error_event(answer, name.map(By::Rule)));
         }
         (out != bytes).then_some(out)
     }
@@ -458,11 +458,11 @@ fn refusal(by: Option<By<'_>>, stream: bool) -> String {
     }
 }
 
-/// The error event that ends a refused stream: the dialect's error body,
-/// named as its streams name an error.
-fn error_event(answer: &dyn Answer, rule: Option<&str>) -> Vec<u8> {
-    let (_, body) =
-        answer.local_error(ReplyKind::AnswerBlocked, &refusal(rule.map(By::Rule), true));
+/// The error event that ends a refused stream (`by` a rule or the
+/// service, or unread): the dialect's error body, named as its streams
+/// name an error.
+pub(super) fn error_event(answer: &dyn Answer, by: Option<By<'_>>) -> Vec<u8> {
+    let (_, body) = answer.local_error(ReplyKind::AnswerBlocked, &refusal(by, true));
     let mut out = Vec::with_capacity(body.len() + 24);
     event_head(answer.error_event().map(str::as_bytes), &mut out);
     out.extend_from_slice(&body);

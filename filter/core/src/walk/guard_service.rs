@@ -22,7 +22,7 @@ use crate::guard::service::{self, Failure, GuardService, Judged, OnError};
 use crate::json::Json;
 use crate::metrics::{self as names, internal_error};
 
-use super::answer::{blocked_reply, check_said, Ask};
+use super::answer::{blocked_reply, check_said, error_event, Ask, By};
 use super::response::reply_in_place;
 use super::state::Held;
 use super::{Call, CallWait, CalloutAnswer, Env, Flow, HeldBody, Host, Phase, Step};
@@ -135,7 +135,7 @@ impl Call {
         }
         if held.released {
             return match (judged, held.end) {
-                (Err(_), _) => self.cut(env, host),
+                (Err(_), end) => self.cut(env, host, end),
                 // The end held goes on as it would have.
                 (Ok(_), Some(size)) => self.on_response_body(env, host, size, true),
                 (Ok(_), None) => Step::Pause,
@@ -200,10 +200,12 @@ impl Call {
     }
 
     /// A released answer refused by its verdict: part of it reached the
-    /// client, whose stream is reset before its end, so that no client
-    /// takes what came for the whole answer; nothing of it is stored.
-    /// Counted, and named in the record as `service:cut`.
-    fn cut(&mut self, env: &mut Env<'_>, host: &mut dyn Host) -> Step {
+    /// client, so that no client takes what came for the whole answer, a
+    /// stream whose end is held (`end`, its size) ends with the dialect's
+    /// error event in its place, and any other is reset before its end;
+    /// nothing of it is stored. Counted, and named in the record as
+    /// `service:cut`.
+    fn cut(&mut self, env: &mut Env<'_>, host: &mut dyn Host, end: Option<usize>) -> Step {
         let Some(svc) = env.config.guardrails.service.as_ref() else {
             return Step::Pause;
         };
@@ -215,6 +217,19 @@ impl Call {
             .counter(&names::name(names::GUARDRAIL_ANSWER_CUT, &labels), 1);
         self.name_fired(format!("{}:cut", svc.name));
         self.forget_answer(env);
+        let stream = self.response.as_ref().is_some_and(|r| r.is_stream());
+        if let (Some(size), true) = (end, stream) {
+            let by = Some(By::Service(svc.name.as_str()));
+            let event = error_event(self.request.dialect.answer(), by);
+            if host.set_response_body(size, &event) {
+                if let Some(r) = self.response.as_mut() {
+                    r.ended = true;
+                }
+                self.write_record(env, host, None);
+                return Step::Continue;
+            }
+            internal_error(env.metrics, "set_response_body");
+        }
         self.write_record(env, host, None);
         if !host.reset_response() {
             internal_error(env.metrics, "reset_response");

@@ -945,3 +945,56 @@ fn a_cache_hits_prompt_is_asked_about_before_the_entry_is_read() {
         (200, Some("HIT"))
     );
 }
+
+/// A released stream refused once its end came: the end's place takes the
+/// dialect's error event, so the stream ends in its API's shape; one
+/// refused before its end is reset.
+#[test]
+fn in_parallel_a_released_stream_refused_ends_with_the_error_event() {
+    for end_came in [true, false] {
+        let mut w = parallel_held("");
+        let mut host = FakeHost::post("/v1/chat/completions").with_body(
+            r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+        );
+        let (mut call, _) = ask(&mut w, &mut host);
+        host.response_headers = vec![
+            (":status".into(), "200".into()),
+            ("content-type".into(), "text/event-stream".into()),
+        ];
+        assert_eq!(
+            call.on_response_headers(&mut w.env(), &mut host, false),
+            Step::Pause
+        );
+        let event = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"word \"}}]}\n\n";
+        let events = event.repeat(40);
+        host.response_body = events.as_bytes().to_vec();
+        assert_eq!(
+            call.on_response_body(&mut w.env(), &mut host, events.len(), false),
+            Step::Continue,
+            "released"
+        );
+        if end_came {
+            host.response_body = b"data: [DONE]\n\n".to_vec();
+            assert_eq!(
+                call.on_response_body(&mut w.env(), &mut host, 14, true),
+                Step::Pause
+            );
+        }
+        let flagged = verdict(200, serde_json::json!({"flagged": true}));
+        let step = call.answer_callout(&mut w.env(), &mut host, flagged);
+        assert_eq!(host.reset, !end_came, "{end_came}");
+        let cut = w.counter("llm_filter_guardrail_answer_cut_totalrule=.=service;.;api=.=chat;.;");
+        assert_eq!(cut, 1, "{end_came}");
+        if end_came {
+            assert_eq!(step, Step::Continue, "the error event goes on");
+            let sent = String::from_utf8_lossy(&host.response_body).to_string();
+            assert!(sent.starts_with("data: {\"error\""), "{sent}");
+            assert!(
+                sent.contains("llm_filter_guardrail_answer_blocked"),
+                "{sent}"
+            );
+            assert!(sent.contains("guardrail service `service`"), "{sent}");
+            assert!(!sent.contains("[DONE]"), "{sent}");
+        }
+    }
+}
