@@ -328,6 +328,9 @@ pub enum Canned {
     Json(String),
     /// `text/event-stream`, one frame each, `chunk_delay_ms` apart.
     Sse(Vec<String>),
+    /// Of this content type, in these pieces, each sent after its delay
+    /// (ms) from the one before: an answer whose end comes late.
+    Paced(&'static str, Vec<(u64, String)>),
 }
 
 struct State {
@@ -927,6 +930,9 @@ async fn handle(
                 }
                 Some(Canned::Sse(events)) => {
                     sse_response(&state, events, chunk_delay_ms, in_flight)
+                }
+                Some(Canned::Paced(content_type, pieces)) => {
+                    with_content_type(paced(pieces, in_flight), content_type)
                 }
                 None => route(
                     &state,
@@ -1587,6 +1593,24 @@ fn sse_response(
     drop(streams);
     let frames = events.into_iter().map(Bytes::from).collect();
     sse_frames(frames, chunk_delay_ms, false, in_flight)
+}
+
+/// A body in `pieces`, each sent after its delay (ms).
+fn paced(pieces: Vec<(u64, String)>, in_flight: InFlight) -> Response<Body> {
+    let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, BodyError>>(1);
+    tokio::spawn(async move {
+        let _in_flight = in_flight;
+        for (delay_ms, piece) in pieces {
+            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+            if tx.send(Ok(Frame::data(Bytes::from(piece)))).await.is_err() {
+                return; // client went away
+            }
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|frame| (frame, rx))
+    });
+    Response::new(StreamBody::new(stream).boxed())
 }
 
 /// Streams `frames` like [`sse_response`]; when `endless`, the stream then

@@ -335,7 +335,7 @@ pub const GUARDRAIL_UNCHECKED: &str = "llm_filter_guardrail_unchecked_total";
 pub const GUARDRAIL_SERVICE_DURATION: &str = "llm_filter_guardrail_service_duration_ms";
 /// Prompts the guardrail service gave no verdict on, by `rule` (the
 /// service's name), `reason` (`dispatch` | `timeout` | `status` | `invalid`
-/// | `too_long`), `result` (`allowed` | `refused`, by its `on_error`) and
+/// | `too_long` | `stream` | `failover` | `answer_too_long`), `result` (`allowed` | `refused`, by its `on_error`) and
 /// `api`.
 pub const GUARDRAIL_SERVICE_FAILURES: &str = "llm_filter_guardrail_service_failures_total";
 /// Answers a guardrail rule found something in, by `rule`, `action` and
@@ -344,6 +344,10 @@ pub const GUARDRAIL_ANSWER_FIRED: &str = "llm_filter_guardrail_answer_fired_tota
 /// Answers the rules that block or mask could not read whole, by `reason`
 /// (`too_long`, `not_json`), `result` (`refused`, `allowed`) and `api`.
 pub const GUARDRAIL_ANSWER_UNCHECKED: &str = "llm_filter_guardrail_answer_unchecked_total";
+/// Answers cut off by the guardrail service's verdict asked in parallel:
+/// released before it (longer than the proxy holds), then refused; by
+/// `rule` (the service's name) and `api`.
+pub const GUARDRAIL_ANSWER_CUT: &str = "llm_filter_guardrail_answer_cut_total";
 
 /// Every metric the filter defines, each of the constants above once:
 /// `docs/metrics.md` documents each (a test of the core checks both).
@@ -420,6 +424,7 @@ pub const ALL: &[&str] = &[
     GUARDRAIL_SERVICE_FAILURES,
     GUARDRAIL_ANSWER_FIRED,
     GUARDRAIL_ANSWER_UNCHECKED,
+    GUARDRAIL_ANSWER_CUT,
 ];
 
 #[cfg(test)]

@@ -275,6 +275,15 @@ pub fn resume_http_response() -> Result<(), Status> {
     check("resume_http_response", s, &[])
 }
 
+/// Resets the response: the client sees it end unfinished (an HTTP/1.1
+/// connection closed before the body's end, an HTTP/2 stream reset).
+#[cfg(feature = "guardrails")]
+pub fn reset_http_response() -> Result<(), Status> {
+    // SAFETY: plain value.
+    let s = crossing(|| unsafe { abi::proxy_close_stream(STREAM_HTTP_RESPONSE) });
+    check("reset_http_response", s, &[])
+}
+
 const STREAM_HTTP_REQUEST: u32 = 0;
 const STREAM_HTTP_RESPONSE: u32 = 1;
 /// `grpc_status` of a plain HTTP local reply.

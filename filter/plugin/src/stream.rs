@@ -118,6 +118,11 @@ impl Host for Stream {
         hostcall::set_buffer(BufferType::HttpResponseBody, 0, size, body).is_ok()
     }
 
+    #[cfg(feature = "guardrails")]
+    fn reset_response(&mut self) -> bool {
+        hostcall::reset_http_response().is_ok()
+    }
+
     fn response_code_details(&self) -> Option<String> {
         hostcall::get_property(&["response", "code_details"])
             .ok()

@@ -7,7 +7,7 @@
 //! shows up anywhere Envoy or the filter writes.
 
 use llm_filter_e2e::{
-    post_json, skip_without_envoy, Envoy, EnvoyBuilder, MockConfig, MockUpstream,
+    post_json, skip_without_envoy, Canned, Envoy, EnvoyBuilder, MockConfig, MockUpstream, Script,
 };
 use serde_json::{json, Value};
 
@@ -495,6 +495,254 @@ async fn in_parallel_an_allowed_answer_passes_whole_and_its_entry_waits_for_a_ve
     assert!(started.elapsed().as_millis() >= 200, "the hit waited");
     assert_eq!(guard.request_count(), asked + 1);
     assert_eq!(provider.request_count(), reached);
+}
+
+/// An Envoy with `outputs` on, whose filter runs `config` (with the
+/// outputs' own settings), `provider` answering the calls and `guard` the
+/// service.
+fn observed(
+    outputs: &Outputs,
+    provider: &MockUpstream,
+    guard: &MockUpstream,
+    config: Value,
+) -> Envoy {
+    outputs
+        .envoy(
+            EnvoyBuilder::new()
+                .upstream("provider", provider.port())
+                .upstream("guard", guard.port()),
+        )
+        .plugin_config(outputs.config(config))
+        .start()
+        .expect("envoy with a guardrail service and its outputs")
+}
+
+/// Envoy's buffer of a stream (the listener's default), bytes, and what
+/// the filter holds of an answer (at most that).
+const ENVOY_BUFFER: usize = 1 << 20;
+const HELD: usize = 256 << 10;
+/// A value of the prompts that must show up nowhere.
+const PLANTED: &str = "planted-long-answer-0x5eed";
+
+/// A chat answer of `words` words as a provider sends it: all but its
+/// last 200 bytes (longer than is held) in pieces of 16 KiB (a TLS
+/// record's), 1 ms apart, then those `end_after_ms` later; and its text.
+fn long_answer(words: usize, end_after_ms: u64) -> (String, Vec<(u64, String)>) {
+    let text = "word ".repeat(words);
+    let answer = json!({"id": "chatcmpl-long", "object": "chat.completion", "created": 7,
+        "model": "gpt-4o-mini",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                     "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": words, "total_tokens": words + 5}})
+    .to_string();
+    let (head, tail) = answer.split_at(answer.len() - 200);
+    let mut pieces: Vec<(u64, String)> = head
+        .as_bytes()
+        .chunks(16 << 10)
+        .map(|c| (1, String::from_utf8(c.to_vec()).unwrap()))
+        .collect();
+    pieces.push((end_after_ms, tail.to_string()));
+    (text, pieces)
+}
+
+/// In parallel, an answer longer than Envoy's buffer that begins before the
+/// verdict: allowed, the client gets it whole, as it came; refused, the
+/// client's stream is cut before its end, so the SDK raises an error rather
+/// than take part of it for the answer. Whether its end came before the
+/// verdict or after. Envoy itself never answers (a plain 500, before).
+#[tokio::test]
+async fn in_parallel_an_answer_longer_than_the_buffer_is_whole_or_cut_by_the_verdict() {
+    if skip_without_envoy(
+        "in_parallel_an_answer_longer_than_the_buffer_is_whole_or_cut_by_the_verdict",
+    ) {
+        return;
+    }
+    let provider = MockUpstream::start(MockConfig::named("provider"));
+    let guard = MockUpstream::start(MockConfig::named("guard"));
+    let dir = tempfile::tempdir().unwrap();
+    let outputs = Outputs::start(dir.path());
+    let config = json!({
+        "max_body_bytes": HELD,
+        "cache": {"max_entries": 64},
+        "guardrails": {"service": {"name": "moderation", "preset": "webhook",
+            "cluster": "guard", "mode": "parallel", "timeout_ms": 3_000}}});
+    let envoy = observed(&outputs, &provider, &guard, config);
+    // Half as long again as Envoy's buffer.
+    let words = 3 * ENVOY_BUFFER / 10;
+    // The verdict after the answer's end came, and before it.
+    for (service_ms, end_after_ms) in [(700, 250), (250, 700)] {
+        guard.set_default_delay_ms(service_ms);
+        let (text, pieces) = long_answer(words, end_after_ms);
+        provider.push_script(Script {
+            answer: Some(Canned::Paced("application/json", pieces.clone())),
+            ..Script::default()
+        });
+        let prompt = format!("write about {PLANTED} at length");
+        let out = run(OPENAI, "chat", &envoy.url("/v1"), &["--prompt", &prompt]).await;
+        assert_eq!(
+            out["content"].as_str().map(str::len),
+            Some(text.len()),
+            "allowed, whole: {service_ms} ms / {end_after_ms} ms"
+        );
+        provider.push_script(Script {
+            answer: Some(Canned::Paced("application/json", pieces)),
+            ..Script::default()
+        });
+        let flagged = format!("write about {PLANTED} and {FLAG} at length");
+        let out = run(
+            OPENAI,
+            "chat_error",
+            &envoy.url("/v1"),
+            &["--prompt", &flagged],
+        )
+        .await;
+        assert_eq!(
+            out["error_class"], "APIConnectionError",
+            "refused, cut: {service_ms} ms / {end_after_ms} ms: {out}"
+        );
+        assert_eq!(out["attempts"].as_array().map(Vec::len), Some(1), "{out}");
+    }
+    let cut = envoy.metric(
+        "llm_filter_guardrail_answer_cut_total",
+        &[("rule", "moderation"), ("api", "chat")],
+    );
+    assert_eq!(cut, 2.0);
+    assert_eq!(
+        envoy.metric(
+            "llm_filter_guardrail_fired_total",
+            &[("rule", "moderation"), ("action", "block"), ("api", "chat")]
+        ),
+        2.0
+    );
+    let too_large: u64 = envoy
+        .stats_matching("rs_too_large")
+        .iter()
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(too_large, 0, "Envoy never refused to buffer the answer");
+    assert_eq!(provider.request_count(), 4);
+    assert_eq!(guard.request_count(), 4);
+    let records = outputs.records();
+    assert_eq!(
+        records.matches("moderation:block,moderation:cut").count(),
+        2,
+        "{records}"
+    );
+    outputs.assert_none_of(&envoy, &[PLANTED]).await;
+}
+
+/// In parallel, a call a limit refuses while its verdict is pending gets
+/// the 429 at once (the SDK's `RateLimitError`), and its record says the
+/// verdict was pending; the verdict that comes later sends nothing more.
+#[tokio::test]
+async fn in_parallel_a_call_refused_here_is_recorded_with_its_verdict_pending() {
+    if skip_without_envoy("in_parallel_a_call_refused_here_is_recorded_with_its_verdict_pending") {
+        return;
+    }
+    let provider = MockUpstream::start(MockConfig::named("provider"));
+    let guard = MockUpstream::start(MockConfig::named("guard"));
+    guard.set_default_delay_ms(400);
+    let dir = tempfile::tempdir().unwrap();
+    let outputs = Outputs::start(dir.path());
+    // The SDK's key names the tenant.
+    let config = json!({
+        "limits": {"rules": [{"name": "one", "by": ["tenant"], "requests_per_minute": 1}]},
+        "guardrails": {"service": {"name": "moderation", "preset": "webhook",
+            "cluster": "guard", "mode": "parallel", "timeout_ms": 2_000}}});
+    let envoy = observed(&outputs, &provider, &guard, config);
+    let first = run(OPENAI, "chat", &envoy.url("/v1"), &["--prompt", PLANTED]).await;
+    assert!(first["content"].is_string(), "{first}");
+    let out = run(
+        OPENAI,
+        "chat_error",
+        &envoy.url("/v1"),
+        &["--prompt", &format!("{PLANTED} {FLAG}")],
+    )
+    .await;
+    assert_eq!(out["error_class"], "RateLimitError", "{out}");
+    assert!(
+        out["elapsed_ms"].as_u64().unwrap() < 400,
+        "not held for the verdict: {out}"
+    );
+    // The verdict comes; nothing reads it.
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    assert_eq!(guard.request_count(), 2, "both were asked about");
+    assert_eq!(provider.request_count(), 1, "the refused one never left");
+    let records = outputs.records();
+    assert_eq!(
+        records.matches("moderation:pending").count(),
+        1,
+        "{records}"
+    );
+    assert_eq!(
+        envoy.metric(
+            "llm_filter_guardrail_fired_total",
+            &[("rule", "moderation"), ("action", "block"), ("api", "chat")]
+        ),
+        0.0
+    );
+    outputs.assert_none_of(&envoy, &[PLANTED]).await;
+}
+
+/// A service asked about answers is not asked about another backend's
+/// answer after a failover (the reply would wait for a callout of its
+/// own): it is an answer without a verdict, counted, and what `on_error`
+/// says — `allow` lets it go, `refuse` sends the 502 in its place, which
+/// the OpenAI SDK raises as `InternalServerError`, never retried.
+#[tokio::test]
+async fn another_backends_answer_after_a_failover_falls_under_on_error() {
+    if skip_without_envoy("another_backends_answer_after_a_failover_falls_under_on_error") {
+        return;
+    }
+    for on_error in ["allow", "refuse"] {
+        let a = MockUpstream::start(MockConfig::named("a"));
+        let b = MockUpstream::start(MockConfig::named("b"));
+        let guard = MockUpstream::start(MockConfig::named("guard"));
+        a.set_status(Some(503));
+        let envoy = EnvoyBuilder::new()
+            .plugin_config(json!({
+                "routing": {"models": {"gpt-4o": [
+                    {"cluster": "a", "weight": 1_000_000}, {"cluster": "b", "weight": 1}]}},
+                "guardrails": {"service": {"name": "moderation", "preset": "webhook",
+                    "cluster": "guard", "on": "answer", "on_error": on_error}}}))
+            .upstream("a", a.port())
+            .upstream("b", b.port())
+            .upstream("guard", guard.port())
+            .header_route("x-llm-cluster")
+            .route_timeout_ms(30_000)
+            .start()
+            .expect("envoy with two backends and a service on answers");
+        let args = ["--model", "gpt-4o", "--prompt", PLANTED];
+        let result = match on_error {
+            "allow" => {
+                let out = run(OPENAI, "chat", &envoy.url("/v1"), &args).await;
+                assert!(out["content"].is_string(), "{out}");
+                "allowed"
+            }
+            _ => {
+                let out = run(OPENAI, "chat_error", &envoy.url("/v1"), &args).await;
+                assert_eq!(out["error_class"], "InternalServerError", "{out}");
+                assert_eq!(out["code"], "llm_filter_guardrail_answer_blocked", "{out}");
+                assert_eq!(out["attempts"].as_array().map(Vec::len), Some(1), "{out}");
+                "refused"
+            }
+        };
+        assert_eq!((a.request_count(), b.request_count()), (1, 1), "{on_error}");
+        assert_eq!(guard.request_count(), 0, "{on_error}: not asked");
+        assert_eq!(
+            envoy.metric(
+                "llm_filter_guardrail_service_failures_total",
+                &[
+                    ("rule", "moderation"),
+                    ("reason", "failover"),
+                    ("result", result),
+                    ("api", "chat")
+                ]
+            ),
+            1.0,
+            "{on_error}"
+        );
+    }
 }
 
 /// Presidio's webhook glue (examples/guardrails/presidio_webhook.py) on a

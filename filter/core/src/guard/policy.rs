@@ -580,6 +580,20 @@ impl Guardrails {
         changed
     }
 
+    /// Puts the prompt's values back in every string of `value`, an
+    /// answer's part [`Guardrails::check_answer`] checked without
+    /// `restore`; true when a string changed.
+    pub fn restore_answer(&self, value: &mut Json, vault: &mut Vault) -> bool {
+        let mut changed = false;
+        each_string_mut(value, &mut |s| {
+            if let std::borrow::Cow::Owned(to) = self.answer_text(s, &[], vault, true) {
+                *s = to;
+                changed = true;
+            }
+        });
+        changed
+    }
+
     /// Checks the prompt of a request whose body is `tree`, kept in its
     /// dialect's `fields`: which rules fired, whether one blocks, and, when
     /// a rule masks, each field as it is to be sent (the masked values kept

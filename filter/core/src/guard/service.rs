@@ -167,6 +167,12 @@ pub enum Failure {
     TooLong,
     /// A streamed answer, which is not sent to the service.
     Stream,
+    /// An answer asked about in parallel came whole, longer than the
+    /// proxy holds, before the verdict.
+    AnswerTooLong,
+    /// Another backend's answer (a failover's, a hedge's), which is not
+    /// sent to the service.
+    Failover,
 }
 
 impl Failure {
@@ -179,6 +185,8 @@ impl Failure {
             Self::Invalid => "invalid",
             Self::TooLong => "too_long",
             Self::Stream => "stream",
+            Self::AnswerTooLong => "answer_too_long",
+            Self::Failover => "failover",
         }
     }
 }

@@ -49,16 +49,20 @@ pub(super) enum Ask {
     /// Not asked (none asks about answers, or not yet).
     #[default]
     No,
-    /// Asked about the answer of `size` bytes, `tree` as the rules masked
-    /// it (nothing put back), `sent` texts at `sent_ms`.
+    /// Asked about the answer of `size` bytes, `tree` as the rules checked
+    /// it (masked, nothing put back; `changed` when they changed it),
+    /// `sent` texts at `sent_ms`.
     Asking {
         size: usize,
         tree: Json,
+        changed: bool,
         sent: usize,
         sent_ms: u64,
     },
-    /// Let through (flagged with `log`, or unjudged and `on_error: allow`).
-    Passed,
+    /// Read and checked by the rules once, as in `Asking`, and let through
+    /// by the service (passed, flagged with `log`, unjudged and `on_error:
+    /// allow`) or not asked (nothing to ask about, or the rules settle it).
+    Read { tree: Json, changed: bool },
     /// Masked: the answer's tree with the service's texts, nothing put back.
     Masked(Json),
     /// Refused: flagged (true) or unjudged with `on_error: refuse`.
@@ -125,6 +129,12 @@ impl AnswerGuard {
     ) -> Result<Checked, Unread> {
         let mut tree = Json::parse(body).ok_or(Unread::NotJson)?;
         let changed = check_said(rules, answer, &mut tree, vault, &mut self.verdict, true);
+        self.checked(&tree, changed, body.len())
+    }
+
+    /// What a JSON answer the rules checked (`tree`, `changed` by them;
+    /// `len` bytes as it came) comes out as.
+    fn checked(&mut self, tree: &Json, changed: bool, len: usize) -> Result<Checked, Unread> {
         if let Some(k) = self.verdict.blocked_by() {
             self.blocked = true;
             return Ok(Checked::Blocked(Some(k)));
@@ -135,7 +145,7 @@ impl AnswerGuard {
         if !changed {
             return Ok(Checked::Pass);
         }
-        let mut out = Vec::with_capacity(body.len());
+        let mut out = Vec::with_capacity(len);
         tree.write(&mut out);
         Ok(Checked::Body(out))
     }
@@ -227,7 +237,7 @@ impl AnswerGuard {
         if let Some(k) = blocked {
             self.blocked = true;
             let name = rules.rules.get(k).map(|r| r.name.as_str());
-            out.extend_from_slice(&error_event(answer, name));
+            out.extend_from_slice(&error_event(answer, name.map(By::Rule)));
         }
         (out != bytes).then_some(out)
     }
@@ -245,14 +255,39 @@ pub(super) fn check_said(
     restore: bool,
 ) -> bool {
     let mut changed = false;
+    each_said(answer, tree, &mut |value| {
+        changed |= rules.check_answer(value, vault, verdict, restore);
+    });
+    changed
+}
+
+/// Puts the prompt's values back in the members of a JSON answer `tree`
+/// that hold what it said, once checked without (see [`check_said`]);
+/// true when a string changed.
+fn restore_said(
+    rules: &Guardrails,
+    answer: &dyn Answer,
+    tree: &mut Json,
+    vault: &mut Vault,
+) -> bool {
+    let mut changed = false;
+    if vault.restores() {
+        each_said(answer, tree, &mut |value| {
+            changed |= rules.restore_answer(value, vault);
+        });
+    }
+    changed
+}
+
+/// Each member of a JSON answer `tree` that holds what it said.
+fn each_said(answer: &dyn Answer, tree: &mut Json, f: &mut dyn FnMut(&mut Json)) {
     if let Json::Object(members) = tree {
         for (name, value) in members.iter_mut() {
             if answer.said_fields().contains(&name.as_str()) {
-                changed |= rules.check_answer(value, vault, verdict, restore);
+                f(value);
             }
         }
     }
-    changed
 }
 
 /// A stream's reading for its check.
@@ -423,11 +458,11 @@ fn refusal(by: Option<By<'_>>, stream: bool) -> String {
     }
 }
 
-/// The error event that ends a refused stream: the dialect's error body,
-/// named as its streams name an error.
-fn error_event(answer: &dyn Answer, rule: Option<&str>) -> Vec<u8> {
-    let (_, body) =
-        answer.local_error(ReplyKind::AnswerBlocked, &refusal(rule.map(By::Rule), true));
+/// The error event that ends a refused stream (`by` a rule or the
+/// service, or unread): the dialect's error body, named as its streams
+/// name an error.
+pub(super) fn error_event(answer: &dyn Answer, by: Option<By<'_>>) -> Vec<u8> {
+    let (_, body) = answer.local_error(ReplyKind::AnswerBlocked, &refusal(by, true));
     let mut out = Vec::with_capacity(body.len() + 24);
     event_head(answer.error_event().map(str::as_bytes), &mut out);
     out.extend_from_slice(&body);
@@ -613,7 +648,14 @@ impl Call {
                 self.forget_answer(env);
                 Ok(Checked::Body(out))
             }
-            _ => Ok(g
+            // Read once, when the service was asked: the prompt's values
+            // put back now.
+            Ask::Read { mut tree, changed } => {
+                let restored = restore_said(rules, answer, &mut tree, vault);
+                Ok(g.checked(&tree, changed || restored, body.len())
+                    .unwrap_or_else(|why| g.unread(rules, why)))
+            }
+            Ask::No | Ask::Asking { .. } => Ok(g
                 .check_json(rules, answer, vault, body)
                 .unwrap_or_else(|why| g.unread(rules, why))),
         };

@@ -54,6 +54,7 @@ impl Call {
         }
         self.cache_on_log(env);
         self.settle_hedge(env);
+        self.drop_verdict(env);
         let model = self.model_label(env);
         let summary = self.summary_in_group(env.config, self.served(), &model, env.now_ms);
         for listener in AT_END {

@@ -368,7 +368,7 @@ impl Call {
         }
         match answer.status {
             Some(status) if self.reply_with(env, host, None, status, &answer) => {
-                self.progress.failed_over();
+                self.progress.answered_elsewhere();
                 Step::Pause
             }
             _ => {
@@ -511,6 +511,9 @@ impl Call {
                 return matches!(self.reply_locally(env, host, r), Step::Pause);
             }
         };
+        if let Some(r) = self.answer_elsewhere_unasked(env, status, stream) {
+            return matches!(self.reply_locally(env, host, r), Step::Pause);
+        }
         // The record is of the answer sent, written before it goes.
         let served = Served {
             response: Some(&response),

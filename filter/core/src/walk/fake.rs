@@ -36,6 +36,8 @@ pub struct FakeHost {
     pub header_reads: std::cell::RefCell<Vec<String>>,
     /// Properties set, last value by path.
     pub properties: BTreeMap<String, Vec<u8>>,
+    /// The response stream was reset.
+    pub reset: bool,
 }
 
 /// A callout sent: cluster, headers, body, timeout.
@@ -157,6 +159,11 @@ impl Host for FakeHost {
     }
     fn set_response_body(&mut self, _size: usize, body: &[u8]) -> bool {
         self.response_body = body.to_vec();
+        true
+    }
+    #[cfg(feature = "guardrails")]
+    fn reset_response(&mut self) -> bool {
+        self.reset = true;
         true
     }
     fn response_code_details(&self) -> Option<String> {

@@ -10,7 +10,8 @@
 //! waits: the response's headers and the body Envoy buffers meanwhile (and
 //! any answer the filter gives itself, a cache entry's) are held, no longer
 //! than the callout's timeout, and go on as if read then, or are replaced
-//! by the refusal.
+//! by the refusal; an answer longer than Envoy's buffer holds goes on but
+//! for its end, and a refusal then cuts it.
 
 use std::ops::ControlFlow;
 
@@ -19,9 +20,9 @@ use crate::dialect::answer::ReplyKind;
 use crate::guard::policy::{Action, Side, Verdict};
 use crate::guard::service::{self, Failure, GuardService, Judged, OnError};
 use crate::json::Json;
-use crate::metrics as names;
+use crate::metrics::{self as names, internal_error};
 
-use super::answer::{blocked_reply, check_said, Ask};
+use super::answer::{blocked_reply, check_said, error_event, Ask, By};
 use super::response::reply_in_place;
 use super::state::Held;
 use super::{Call, CallWait, CalloutAnswer, Env, Flow, HeldBody, Host, Phase, Step};
@@ -132,6 +133,14 @@ impl Call {
             // Refused meanwhile (a limit, admission): nothing is held.
             return Step::Pause;
         }
+        if held.released {
+            return match (judged, held.end) {
+                (Err(_), end) => self.cut(env, host, end),
+                // The end held goes on as it would have.
+                (Ok(_), Some(size)) => self.on_response_body(env, host, size, true),
+                (Ok(_), None) => Step::Pause,
+            };
+        }
         let Err(r) = judged else {
             return self.release(env, host, held);
         };
@@ -142,6 +151,90 @@ impl Call {
             Some(_) => step,
             None => Step::Pause,
         }
+    }
+
+    /// A body callback of an answer while a verdict asked in parallel is
+    /// awaited: `Some` step while it is held, `None` when the walk reads it
+    /// as usual. Envoy's buffer holds it, which must not pass its limit
+    /// (Envoy would answer a plain 500 in place of the answer): past
+    /// `max_body_bytes` the answer is released, its headers and what came
+    /// go on, and only its end is held until the verdict, which lets it go
+    /// or cuts the answer (see [`Call::cut`]). An answer that comes whole
+    /// and longer than that cannot wait: it has no verdict (`on_error`).
+    pub(super) fn hold_for_verdict(
+        &mut self,
+        env: &mut Env<'_>,
+        host: &mut dyn Host,
+        size: usize,
+        end_of_stream: bool,
+    ) -> Option<Step> {
+        if let Some(held) = self.progress.released() {
+            if !end_of_stream {
+                return None;
+            }
+            held.end = Some(size);
+            return Some(Step::Pause);
+        }
+        let held = self.progress.held()?;
+        if size <= env.config.max_body_bytes {
+            // Envoy buffers it; each callback sees all of it so far.
+            held.body = Some((size, end_of_stream));
+            return Some(Step::Pause);
+        }
+        if !end_of_stream {
+            held.released = true;
+            let headers_end = held.headers.unwrap_or(false);
+            self.on_response_headers(env, host, headers_end);
+            return Some(self.on_response_body(env, host, size, false));
+        }
+        let mut held = self.progress.verdict_in()?;
+        held.body = Some((size, true));
+        let svc = env.config.guardrails.service.as_ref()?;
+        Some(match self.unjudged(env, svc, Failure::AnswerTooLong) {
+            None => self.release(env, host, held),
+            Some(r) => {
+                self.release_lease(env);
+                self.reply_locally(env, host, r)
+            }
+        })
+    }
+
+    /// A released answer refused by its verdict: part of it reached the
+    /// client, so that no client takes what came for the whole answer, a
+    /// stream whose end is held (`end`, its size) ends with the dialect's
+    /// error event in its place, and any other is reset before its end;
+    /// nothing of it is stored. Counted, and named in the record as
+    /// `service:cut`.
+    fn cut(&mut self, env: &mut Env<'_>, host: &mut dyn Host, end: Option<usize>) -> Step {
+        let Some(svc) = env.config.guardrails.service.as_ref() else {
+            return Step::Pause;
+        };
+        let labels = [
+            ("rule", svc.name.as_str()),
+            ("api", self.request.dialect.api()),
+        ];
+        env.metrics
+            .counter(&names::name(names::GUARDRAIL_ANSWER_CUT, &labels), 1);
+        self.name_fired(format!("{}:cut", svc.name));
+        self.forget_answer(env);
+        let stream = self.response.as_ref().is_some_and(|r| r.is_stream());
+        if let (Some(size), true) = (end, stream) {
+            let by = Some(By::Service(svc.name.as_str()));
+            let event = error_event(self.request.dialect.answer(), by);
+            if host.set_response_body(size, &event) {
+                if let Some(r) = self.response.as_mut() {
+                    r.ended = true;
+                }
+                self.write_record(env, host, None);
+                return Step::Continue;
+            }
+            internal_error(env.metrics, "set_response_body");
+        }
+        self.write_record(env, host, None);
+        if !host.reset_response() {
+            internal_error(env.metrics, "reset_response");
+        }
+        Step::Pause
     }
 
     /// What was held for a verdict that let the call go on passes as it
@@ -241,6 +334,19 @@ impl Call {
         ))
     }
 
+    /// The call is answered here (a refusal: a limit's 429), or ends, while
+    /// its verdict asked in parallel is awaited: nothing is held for it any
+    /// more, and the span and the record name it `service:pending` (the
+    /// verdict, when it comes, is read by nothing).
+    pub(super) fn drop_verdict(&mut self, env: &Env<'_>) {
+        let Some(svc) = env.config.guardrails.service.as_ref() else {
+            return;
+        };
+        if self.progress.verdict_in().is_some() {
+            self.name_fired(format!("{}:pending", svc.name));
+        }
+    }
+
     /// Counts the service's flag on `side` and names it beside the rules
     /// that fired.
     fn note_service_fired(&mut self, env: &mut Env<'_>, svc: &GuardService, side: Side) {
@@ -254,7 +360,11 @@ impl Call {
             Side::Answer => (names::GUARDRAIL_ANSWER_FIRED, ":answer"),
         };
         env.metrics.counter(&names::name(metric, &labels), 1);
-        let fired = format!("{}:{}{tail}", svc.name, svc.action.as_str());
+        self.name_fired(format!("{}:{}{tail}", svc.name, svc.action.as_str()));
+    }
+
+    /// Names `fired` in the span and the record, after the rules that fired.
+    fn name_fired(&mut self, fired: String) {
         self.decided.guardrails = Some(match self.decided.guardrails.take() {
             Some(rules) => format!("{rules},{fired}"),
             None => fired,
@@ -282,42 +392,40 @@ impl Call {
             return None;
         }
         let answer = self.request.dialect.answer();
+        // Read once: what the rules make of it is kept for its end.
         let mut tree = Json::parse(&host.response_body(size)?)?;
-        let mut vault = self.decided.vault.clone();
         let mut verdict = Verdict::default();
-        check_said(rules, answer, &mut tree, &mut vault, &mut verdict, false);
-        if verdict.blocked_by().is_some() || verdict.truncated {
-            return None;
-        }
+        let vault = &mut self.decided.vault;
+        let changed = check_said(rules, answer, &mut tree, vault, &mut verdict, false);
+        // The rules settle it (they block, or could not read it whole).
+        let settled = verdict.blocked_by().is_some() || verdict.truncated;
         let api = self.request.dialect.api();
-        let callout = match service::texts(&tree, answer.said_fields(), rules.max_scan_bytes) {
+        let sent = match service::texts(&tree, answer.said_fields(), rules.max_scan_bytes) {
+            _ if settled => Ok(None),
             None => Err(Failure::TooLong),
-            Some(texts) if texts.is_empty() => return None,
-            Some(texts) => svc
-                .request(&texts, api, Side::Answer)
-                .map(|c| (c, texts.len())),
+            Some(texts) if texts.is_empty() => Ok(None),
+            Some(texts) => svc.request(&texts, api, Side::Answer).and_then(|c| {
+                self.ask_service(env, host, &svc.service, &c, CallWait::Guardrail)
+                    .then_some(Some(texts.len()))
+                    .ok_or(Failure::Dispatch)
+            }),
         };
-        let sent = callout.and_then(|(c, n)| {
-            self.ask_service(env, host, &svc.service, &c, CallWait::Guardrail)
-                .then_some(n)
-                .ok_or(Failure::Dispatch)
-        });
-        // The values the rules masked keep their placeholders.
-        self.decided.vault = vault;
         let (ask, step) = match sent {
-            Ok(sent) => {
+            Ok(Some(sent)) => {
                 let sent_ms = env.now_ms;
                 let ask = Ask::Asking {
                     size,
                     tree,
+                    changed,
                     sent,
                     sent_ms,
                 };
                 (ask, Some(Step::Pause))
             }
+            Ok(None) => (Ask::Read { tree, changed }, None),
             Err(failure) => match self.unjudged(env, svc, failure) {
                 Some(_) => (Ask::Refused(false), None),
-                None => (Ask::Passed, None),
+                None => (Ask::Read { tree, changed }, None),
             },
         };
         let g = self.response.as_mut()?.guard.as_mut()?;
@@ -343,6 +451,31 @@ impl Call {
         }
         self.forget_answer(env);
         true
+    }
+
+    /// Another backend's answer (a failover's, a hedge's) about to go out in
+    /// the call's place, of `status`: not sent to the service asked about
+    /// answers (the reply would wait for a callout of its own), so counted
+    /// as unjudged (`reason` `failover`, or `stream`); `Some` refusal, in
+    /// its place, with `on_error: refuse`.
+    pub(super) fn answer_elsewhere_unasked(
+        &mut self,
+        env: &mut Env<'_>,
+        status: u16,
+        stream: bool,
+    ) -> Option<LocalReply> {
+        let svc = env.config.guardrails.asks(Side::Answer)?;
+        let says = !self.request.dialect.answer().said_fields().is_empty();
+        if !(200..300).contains(&status) || !says {
+            return None;
+        }
+        let why = match stream {
+            true => Failure::Stream,
+            false => Failure::Failover,
+        };
+        self.unjudged(env, svc, why)?;
+        self.forget_answer(env);
+        Some(blocked_reply(None))
     }
 
     /// The service's verdict on an answer is awaited.
@@ -371,6 +504,7 @@ impl Call {
         let Ask::Asking {
             size,
             mut tree,
+            changed,
             sent,
             sent_ms,
         } = std::mem::take(&mut g.ask)
@@ -383,11 +517,11 @@ impl Call {
         );
         let fields = self.request.dialect.answer().said_fields();
         let ask = match svc.read(answer.status, &answer.body, sent) {
-            Ok(Judged::Pass) => Ask::Passed,
+            Ok(Judged::Pass) => Ask::Read { tree, changed },
             Ok(Judged::Flagged(masked)) => {
                 self.note_service_fired(env, svc, Side::Answer);
                 match (svc.action, masked) {
-                    (Action::Log, _) => Ask::Passed,
+                    (Action::Log, _) => Ask::Read { tree, changed },
                     (Action::Mask, Some(masked)) => {
                         for (field, _, value) in service::put_back(&tree, fields, &masked) {
                             if let Some(v) = tree.get_mut(field) {
@@ -402,7 +536,7 @@ impl Call {
             }
             Err(failure) => match self.unjudged(env, svc, failure) {
                 Some(_) => Ask::Refused(false),
-                None => Ask::Passed,
+                None => Ask::Read { tree, changed },
             },
         };
         if let Some(g) = self.response.as_mut().and_then(|r| r.guard.as_mut()) {

@@ -27,6 +27,30 @@ impl Call {
         Step::Pause
     }
 
+    /// No service is asked about answers.
+    pub(super) fn answer_elsewhere_unasked(
+        &mut self,
+        _env: &mut Env<'_>,
+        _status: u16,
+        _stream: bool,
+    ) -> Option<crate::budget::reply::LocalReply> {
+        None
+    }
+
+    /// No verdict is awaited.
+    pub(super) fn drop_verdict(&mut self, _env: &Env<'_>) {}
+
+    /// No answer is held for a verdict.
+    pub(super) fn hold_for_verdict(
+        &mut self,
+        _env: &mut Env<'_>,
+        _host: &mut dyn Host,
+        _size: usize,
+        _end_of_stream: bool,
+    ) -> Option<Step> {
+        None
+    }
+
     /// No answer waits for a verdict.
     pub(super) fn awaits_answer_verdict(&self) -> bool {
         false

@@ -126,7 +126,7 @@ impl Call {
                 if self.dispatch.breaker.is_some() {
                     self.dispatch.breaker = Some(cluster);
                 }
-                self.progress.failed_over();
+                self.progress.answered_elsewhere();
                 self.decided.hedge = Some(HedgeResult::Won);
                 hedge::count(env.metrics, HedgeResult::Won);
                 return;

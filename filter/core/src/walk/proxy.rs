@@ -22,6 +22,11 @@ pub trait Host {
     fn response_body(&self, size: usize) -> Option<Vec<u8>>;
     /// Replaces the response body buffer; false if refused.
     fn set_response_body(&mut self, size: usize, body: &[u8]) -> bool;
+    /// Resets the response stream, so the client sees its answer end
+    /// unfinished; false if refused. (Only the guardrail service cuts an
+    /// answer: a build without guardrails has no use for it.)
+    #[cfg(feature = "guardrails")]
+    fn reset_response(&mut self) -> bool;
     /// Envoy's `response.code_details` (why Envoy itself answered).
     fn response_code_details(&self) -> Option<String>;
     /// Answers the client locally; false if refused.

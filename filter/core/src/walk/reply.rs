@@ -60,6 +60,7 @@ impl Call {
         let mut all = headers.to_vec();
         all.extend(told.iter().map(|(k, v)| (*k, v.as_str())));
         let local = u16::try_from(status).unwrap_or(500);
+        self.drop_verdict(env);
         let served = Served {
             cache,
             ..self.served()

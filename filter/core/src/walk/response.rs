@@ -98,10 +98,8 @@ impl Call {
             Phase::FailingOver => return Step::Pause,
             _ => {}
         }
-        if let Some(held) = self.progress.held() {
-            // Envoy buffers it; each callback sees all of it so far.
-            held.body = Some((size, end_of_stream));
-            return Step::Pause;
+        if let Some(step) = self.hold_for_verdict(env, host, size, end_of_stream) {
+            return step;
         }
         let Some(response) = self.response.as_mut() else {
             return Step::Continue;

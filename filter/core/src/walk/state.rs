@@ -25,7 +25,8 @@
 //!
 //!  verdict (`guardrails.service.mode: parallel`): Off ─(asked)─► Awaited ─(in)─► Off;
 //!    while Awaited the answer's headers and body, and the filter's own
-//!    answer, are held (see [`Held`])
+//!    answer, are held (see [`Held`]); an answer outgrowing what is held is
+//!    released but for its end, which the verdict lets go or cuts
 //! ```
 //!
 //! Steps ask [`Progress`] for a transition; none assigns a phase itself.
@@ -241,6 +242,14 @@ pub(super) struct Held {
     /// The filter's own answer (a cache entry's): status, headers, body
     /// and the cache's result it tells.
     pub(super) reply: Option<HeldReply>,
+    /// The answer outgrew what the proxy holds before the verdict came: it
+    /// goes on as it comes, but for its end. (A build without guardrails
+    /// awaits no verdict.)
+    #[cfg(feature = "guardrails")]
+    pub(super) released: bool,
+    /// The end of a released answer, held until the verdict: its size.
+    #[cfg(feature = "guardrails")]
+    pub(super) end: Option<usize>,
 }
 
 /// A local answer held for the verdict.
@@ -397,11 +406,19 @@ impl Progress {
     }
 
     /// What is held for the awaited verdict, to add to; `None` when none
-    /// is awaited.
+    /// is awaited, or the answer was released before it.
     pub(super) fn held(&mut self) -> Option<&mut Held> {
-        self.verdict
-            .as_mut()
-            .filter(|_| cfg!(feature = "guardrails"))
+        // A build without guardrails asks none: its hooks compile away.
+        #[cfg(not(feature = "guardrails"))]
+        return None;
+        #[cfg(feature = "guardrails")]
+        self.verdict.as_mut().filter(|h| !h.released)
+    }
+
+    /// What is held of an answer released before its verdict (its end).
+    #[cfg(feature = "guardrails")]
+    pub(super) fn released(&mut self) -> Option<&mut Held> {
+        self.verdict.as_mut().filter(|h| h.released)
     }
 
     /// The verdict is in: what was held for it.
@@ -433,6 +450,14 @@ impl Progress {
         let ok = matches!(self.phase, Phase::FailingOver | Phase::Forwarded);
         self.check(ok, "FailedOver");
         self.phase = Phase::FailedOver;
+    }
+
+    /// Another backend's answer went out (`Call::reply_with`), or the
+    /// guardrails' refusal in its place, which answered the call already.
+    pub(super) fn answered_elsewhere(&mut self) {
+        if !matches!(self.phase, Phase::Answered(_)) {
+            self.failed_over();
+        }
     }
 
     /// The filter answered the call with `status`.

@@ -65,6 +65,8 @@ extern "C" {
         cas: u32,
     ) -> u32;
     pub fn proxy_continue_stream(stream: u32) -> u32;
+    #[cfg(feature = "guardrails")]
+    pub fn proxy_close_stream(stream: u32) -> u32;
     #[allow(clippy::too_many_arguments)]
     pub fn proxy_send_local_response(
         status: u32,
@@ -192,6 +194,10 @@ mod stand_in {
         status()
     }
     pub unsafe fn proxy_continue_stream(_: u32) -> u32 {
+        status()
+    }
+    #[cfg(feature = "guardrails")]
+    pub unsafe fn proxy_close_stream(_: u32) -> u32 {
         status()
     }
     pub unsafe fn proxy_send_local_response(

@@ -341,6 +341,201 @@ fn in_parallel_a_held_stream_is_read_whole_when_released() {
     );
 }
 
+/// A parallel service and a proxy that holds 1 KiB of an answer.
+fn parallel_held(extra: &str) -> World {
+    World::new(&format!(
+        r#"{{"guardrails":{{"service":{{"preset":"webhook","cluster":"hook","mode":"parallel",
+              "timeout_ms":300{extra}}}}},
+            "max_body_bytes":1024,
+            "cache":{{"max_entries":8}},
+            "access_log":{{"enabled":true}}}}"#
+    ))
+}
+
+/// A JSON answer longer than the proxy holds, in two pieces.
+fn long_answer() -> (String, String) {
+    let text = "word ".repeat(500);
+    let answer = format!(
+        r#"{{"id":"x","object":"chat.completion","choices":[{{"index":0,"message":{{"role":"assistant","content":"{text}"}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":3,"completion_tokens":500}}}}"#
+    );
+    let (head, tail) = answer.split_at(1500);
+    (head.to_string(), tail.to_string())
+}
+
+/// The long answer's head comes while the verdict is awaited: past what
+/// is held, its headers and the head go on (the step of the head).
+fn long_head_comes(w: &mut World, call: &mut Call, host: &mut FakeHost, head: &str) -> Step {
+    host.response_headers = vec![
+        (":status".into(), "200".into()),
+        ("content-type".into(), "application/json".into()),
+    ];
+    assert_eq!(
+        call.on_response_headers(&mut w.env(), host, false),
+        Step::Pause
+    );
+    host.response_body = head.as_bytes()[..600].to_vec();
+    assert_eq!(
+        call.on_response_body(&mut w.env(), host, 600, false),
+        Step::Pause,
+        "within what is held"
+    );
+    host.response_body = head.as_bytes().to_vec();
+    call.on_response_body(&mut w.env(), host, head.len(), false)
+}
+
+#[test]
+fn in_parallel_an_answer_longer_than_is_held_goes_on_but_for_its_end_until_the_verdict() {
+    let mut w = parallel_held("");
+    let mut host = chat("hello");
+    let (mut call, _) = ask(&mut w, &mut host);
+    let (head, tail) = long_answer();
+    let step = long_head_comes(&mut w, &mut call, &mut host, &head);
+    assert_eq!(step, Step::Continue, "released: the head goes on");
+    assert_eq!(host.response("x-cache"), Some("MISS"), "read as it goes");
+    host.response_body = tail.as_bytes().to_vec();
+    assert_eq!(
+        call.on_response_body(&mut w.env(), &mut host, tail.len(), true),
+        Step::Pause,
+        "its end waits for the verdict"
+    );
+    assert!(
+        !host.properties.contains_key("llm_filter.call"),
+        "not ended"
+    );
+    let pass = verdict(200, serde_json::json!({"flagged": false}));
+    let step = call.answer_callout(&mut w.env(), &mut host, pass);
+    assert_eq!(step, Step::Continue, "the end goes on");
+    assert!(!host.reset);
+    assert_eq!(host.response_body, tail.as_bytes(), "as it came");
+    assert_eq!(record(&host)["status"], 200);
+    assert!(record(&host)["error"].is_null());
+    call.on_log(&mut w.env());
+    // Stored as any answer passed.
+    let mut again = chat("hello");
+    let (mut call, _) = ask(&mut w, &mut again);
+    let pass = verdict(200, serde_json::json!({"flagged": false}));
+    call.answer_callout(&mut w.env(), &mut again, pass);
+    let (status, headers, _) = again.local_reply.clone().expect("the hit");
+    assert_eq!(
+        (status, headers.get("x-cache").map(String::as_str)),
+        (200, Some("HIT"))
+    );
+}
+
+/// Refused after the answer was released (flagged, or no verdict with
+/// `on_error: refuse`; its end come or not): the stream is reset, so the
+/// client never takes the head for the answer; counted, named, not stored.
+#[test]
+fn in_parallel_a_released_answer_refused_by_its_verdict_is_cut() {
+    for (on_error, answer) in [
+        ("allow", verdict(200, serde_json::json!({"flagged": true}))),
+        ("refuse", CalloutAnswer::default()),
+    ] {
+        for end_came in [true, false] {
+            let case = format!("{on_error} {end_came}");
+            let mut w = parallel_held(&format!(r#","on_error":"{on_error}""#));
+            let mut host = chat("hello");
+            let (mut call, _) = ask(&mut w, &mut host);
+            let (head, tail) = long_answer();
+            long_head_comes(&mut w, &mut call, &mut host, &head);
+            if end_came {
+                host.response_body = tail.as_bytes().to_vec();
+                call.on_response_body(&mut w.env(), &mut host, tail.len(), true);
+            }
+            let step = call.answer_callout(&mut w.env(), &mut host, answer.clone());
+            assert_eq!(step, Step::Pause, "{case}");
+            assert!(host.reset, "{case}");
+            assert_eq!(host.replies, 0, "no second answer: {case}");
+            let cut =
+                w.counter("llm_filter_guardrail_answer_cut_totalrule=.=service;.;api=.=chat;.;");
+            assert_eq!(cut, 1, "{case}");
+            let rec = record(&host);
+            let named = rec["guardrails"].as_str().unwrap_or_default();
+            assert!(named.ends_with("service:cut"), "{case}: {named}");
+            assert_eq!(rec["error"], "incomplete", "{case}");
+            call.on_log(&mut w.env());
+            let mut again = chat("hello");
+            let (mut call, step) = ask(&mut w, &mut again);
+            assert_eq!(step, Step::Continue, "not stored: {case}");
+            call.answer_callout(
+                &mut w.env(),
+                &mut again,
+                verdict(200, serde_json::json!({"flagged": false})),
+            );
+            assert!(again.local_reply.is_none(), "{case}");
+        }
+    }
+}
+
+/// A verdict that lets a released answer go before its end came: the end
+/// passes as it comes.
+#[test]
+fn in_parallel_a_released_answer_passed_before_its_end_ends_as_it_comes() {
+    let mut w = parallel_held("");
+    let mut host = chat("hello");
+    let (mut call, _) = ask(&mut w, &mut host);
+    let (head, tail) = long_answer();
+    long_head_comes(&mut w, &mut call, &mut host, &head);
+    let pass = verdict(200, serde_json::json!({"flagged": false}));
+    assert_eq!(
+        call.answer_callout(&mut w.env(), &mut host, pass),
+        Step::Pause,
+        "nothing held to resume"
+    );
+    host.response_body = tail.as_bytes().to_vec();
+    assert_eq!(
+        call.on_response_body(&mut w.env(), &mut host, tail.len(), true),
+        Step::Continue
+    );
+    assert_eq!(record(&host)["status"], 200);
+    assert!(record(&host)["error"].is_null());
+    assert!(!host.reset);
+}
+
+/// An answer that comes whole and longer than is held before the verdict
+/// cannot wait for it: it has no verdict, and `on_error` says.
+#[test]
+fn in_parallel_an_answer_come_whole_past_what_is_held_falls_under_on_error() {
+    for on_error in ["allow", "refuse"] {
+        let mut w = parallel_held(&format!(r#","on_error":"{on_error}""#));
+        let mut host = chat("hello");
+        let (mut call, _) = ask(&mut w, &mut host);
+        let (head, tail) = long_answer();
+        let whole = format!("{head}{tail}");
+        host.response_headers = vec![
+            (":status".into(), "200".into()),
+            ("content-type".into(), "application/json".into()),
+        ];
+        call.on_response_headers(&mut w.env(), &mut host, false);
+        host.response_body = whole.as_bytes().to_vec();
+        let step = call.on_response_body(&mut w.env(), &mut host, whole.len(), true);
+        let failures = w.counter(&format!(
+            "llm_filter_guardrail_service_failures_totalrule=.=service;.;reason=.=answer_too_long;.;result=.={};.;api=.=chat;.;",
+            if on_error == "allow" { "allowed" } else { "refused" }
+        ));
+        assert_eq!(failures, 1, "{on_error}");
+        match on_error {
+            "allow" => {
+                assert_eq!(step, Step::Continue);
+                assert!(host.local_reply.is_none());
+                assert_eq!(host.response_body, whole.as_bytes());
+            }
+            _ => {
+                assert_eq!(step, Step::Pause);
+                assert_eq!(host.local_reply.as_ref().map(|r| r.0), Some(503));
+            }
+        }
+        // The verdict, when it comes, adds nothing.
+        let flagged = verdict(200, serde_json::json!({"flagged": true}));
+        assert_eq!(
+            call.answer_callout(&mut w.env(), &mut host, flagged),
+            Step::Pause
+        );
+        assert!(!host.reset, "{on_error}");
+        assert_eq!(host.replies, u32::from(on_error == "refuse"), "{on_error}");
+    }
+}
+
 /// A service asked about answers (`on`), with a rule that masks phone
 /// numbers in prompts and puts them back.
 fn on_answers(service: &str) -> World {
@@ -459,6 +654,37 @@ fn an_answers_texts_go_to_the_service_without_the_prompts_values_and_a_flagged_o
         "the upstream's status stays"
     );
     assert!(String::from_utf8_lossy(&again.response_body).contains("fine"));
+}
+
+/// An answer asked about is read and checked once, at its end: what the
+/// service passed is what the client gets (the prompt's values put back),
+/// not the held bytes read and checked again.
+#[test]
+fn an_answer_asked_about_is_read_once_and_what_the_service_passed_goes_on() {
+    let mut w = on_answers(r#"{"preset":"webhook","cluster":"hook","on":"answer"}"#);
+    let mut host = chat(&format!("call me at {PHONE}"));
+    let mut call = start(&mut w, &mut host);
+    let said = chat_answer("I will call [PHONE_1] at noon");
+    assert_eq!(
+        answered(&mut w, &mut call, &mut host, &said).1,
+        Step::Pause,
+        "asked"
+    );
+    // Whatever the held bytes say now, they are not read again.
+    host.response_body = b"not json".to_vec();
+    let pass = verdict(200, serde_json::json!({"flagged": false}));
+    let step = call.answer_callout(&mut w.env(), &mut host, pass);
+    assert_eq!(step, Step::Continue);
+    let got: serde_json::Value = serde_json::from_slice(&host.response_body).unwrap();
+    assert_eq!(
+        got["choices"][0]["message"]["content"],
+        format!("I will call {PHONE} at noon")
+    );
+    assert_eq!(host.response(":status"), Some("200"));
+    call.on_log(&mut w.env());
+    assert_eq!(record(&host)["guardrails"], "phones:mask");
+    let unchecked = w.metrics.counters.keys().any(|k| k.contains("unchecked"));
+    assert!(!unchecked, "read whole once");
 }
 
 #[test]
@@ -580,8 +806,9 @@ fn in_parallel_a_hedge_waits_for_the_verdict() {
 }
 
 /// A call refused here (a limit) while its verdict is awaited: nothing
-/// left and no answer is given, so the refusal goes at once; the verdict,
-/// when it comes, sends no second answer (flagged, it is counted).
+/// left and no answer is given, so the refusal goes at once, its record
+/// saying the verdict was pending; the verdict, when it comes, is read by
+/// nothing and sends no second answer.
 #[test]
 fn in_parallel_a_local_refusal_goes_at_once_and_the_verdict_adds_no_answer() {
     for flagged in [false, true] {
@@ -608,11 +835,166 @@ fn in_parallel_a_local_refusal_goes_at_once_and_the_verdict_adds_no_answer() {
         assert_eq!(call.answer_callout(&mut w.env(), &mut host, v), Step::Pause);
         assert_eq!(host.replies, 1, "flagged: {flagged}");
         assert_eq!(host.local_reply.as_ref().map(|r| r.0), Some(429));
+        assert_eq!(record(&host)["guardrails"], "service:pending");
         call.on_log(&mut w.env());
-        // Counted; the record was written with the refusal, before it.
         let fired = w.counter(
             "llm_filter_guardrail_fired_totalrule=.=service;.;action=.=block;.;api=.=chat;.;",
         );
-        assert_eq!(fired, u64::from(flagged));
+        assert_eq!(fired, 0, "flagged: {flagged}");
+    }
+}
+
+/// Two OpenAI backends of `gpt-4o` and a service asked about answers.
+fn two_backends(on_error: &str) -> World {
+    World::new(&format!(
+        r#"{{"routing":{{"eject_after_failures":100,"models":{{"gpt-4o":[
+              {{"cluster":"a","provider":"openai","weight":1000000}},
+              {{"cluster":"b","provider":"openai","weight":1}}]}}}},
+            "guardrails":{{"service":{{"preset":"webhook","cluster":"hook","on":"answer",
+              "on_error":"{on_error}"}}}},
+            "access_log":{{"enabled":true}}}}"#
+    ))
+}
+
+/// Another backend's answer after a failover is not sent to the service
+/// (the reply would wait for a callout of its own): it is an answer
+/// without a verdict, counted, and refused with `on_error: refuse`.
+#[test]
+fn another_backends_answer_falls_under_on_error() {
+    for (on_error, status) in [("allow", 200), ("refuse", 502)] {
+        let mut w = two_backends(on_error);
+        let mut host = chat("hello");
+        let mut call = start(&mut w, &mut host);
+        assert_eq!(host.header("x-llm-cluster"), Some("a"));
+        let mut host = host.with_response(
+            503,
+            "application/json",
+            r#"{"error":{"message":"overloaded","type":"server_error"}}"#,
+        );
+        assert_eq!(
+            call.on_response_headers(&mut w.env(), &mut host, false),
+            Step::Pause
+        );
+        assert_eq!(host.callouts.last().map(|c| c.0.as_str()), Some("b"));
+        let ok = CalloutAnswer {
+            status: Some(200),
+            headers: vec![
+                (":status".into(), "200".into()),
+                ("content-type".into(), "application/json".into()),
+            ],
+            body: chat_answer("hi there").into_bytes(),
+        };
+        assert_eq!(
+            call.answer_callout(&mut w.env(), &mut host, ok),
+            Step::Pause
+        );
+        let (sent, _, body) = host.local_reply.clone().expect("answered");
+        assert_eq!(sent, status, "{on_error}");
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        match on_error {
+            "allow" => assert_eq!(body["choices"][0]["message"]["content"], "hi there"),
+            _ => assert_eq!(body["error"]["code"], "llm_filter_guardrail_answer_blocked"),
+        }
+        let result = if on_error == "allow" {
+            "allowed"
+        } else {
+            "refused"
+        };
+        let failures = w.counter(&format!(
+            "llm_filter_guardrail_service_failures_totalrule=.=service;.;reason=.=failover;.;result=.={result};.;api=.=chat;.;"
+        ));
+        assert_eq!(failures, 1, "{on_error}");
+        assert_eq!(host.callouts.len(), 1, "no callout to the service");
+    }
+}
+
+/// The service comes before the cache: a prompt an entry answers is asked
+/// about first, and a flagged one never gets the entry's answer.
+#[test]
+fn a_cache_hits_prompt_is_asked_about_before_the_entry_is_read() {
+    let mut w = world(r#"{"preset":"webhook","cluster":"hook","timeout_ms":300}"#);
+    let mut host = chat("hello");
+    let (mut call, step) = ask(&mut w, &mut host);
+    assert_eq!(step, Step::Pause);
+    let pass = verdict(200, serde_json::json!({"flagged": false}));
+    assert_eq!(
+        call.answer_callout(&mut w.env(), &mut host, pass),
+        Step::Continue
+    );
+    answer_comes(&mut w, &mut call, &mut host);
+    call.on_log(&mut w.env());
+    // The same prompt: asked before anything reads the cache.
+    let mut again = chat("hello");
+    let (mut call, step) = ask(&mut w, &mut again);
+    assert_eq!(step, Step::Pause, "waits for the verdict");
+    assert!(again.local_reply.is_none(), "the entry is not read yet");
+    assert_eq!(again.callouts.len(), 1);
+    let flagged = verdict(200, serde_json::json!({"flagged": true}));
+    call.answer_callout(&mut w.env(), &mut again, flagged);
+    let (status, headers, _) = again.local_reply.clone().expect("refused");
+    assert_eq!(status, 400);
+    assert_ne!(headers.get("x-cache").map(String::as_str), Some("HIT"));
+    // Passed, the entry answers.
+    let mut third = chat("hello");
+    let (mut call, _) = ask(&mut w, &mut third);
+    let pass = verdict(200, serde_json::json!({"flagged": false}));
+    call.answer_callout(&mut w.env(), &mut third, pass);
+    let (status, headers, _) = third.local_reply.clone().expect("the hit");
+    assert_eq!(
+        (status, headers.get("x-cache").map(String::as_str)),
+        (200, Some("HIT"))
+    );
+}
+
+/// A released stream refused once its end came: the end's place takes the
+/// dialect's error event, so the stream ends in its API's shape; one
+/// refused before its end is reset.
+#[test]
+fn in_parallel_a_released_stream_refused_ends_with_the_error_event() {
+    for end_came in [true, false] {
+        let mut w = parallel_held("");
+        let mut host = FakeHost::post("/v1/chat/completions").with_body(
+            r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+        );
+        let (mut call, _) = ask(&mut w, &mut host);
+        host.response_headers = vec![
+            (":status".into(), "200".into()),
+            ("content-type".into(), "text/event-stream".into()),
+        ];
+        assert_eq!(
+            call.on_response_headers(&mut w.env(), &mut host, false),
+            Step::Pause
+        );
+        let event = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"word \"}}]}\n\n";
+        let events = event.repeat(40);
+        host.response_body = events.as_bytes().to_vec();
+        assert_eq!(
+            call.on_response_body(&mut w.env(), &mut host, events.len(), false),
+            Step::Continue,
+            "released"
+        );
+        if end_came {
+            host.response_body = b"data: [DONE]\n\n".to_vec();
+            assert_eq!(
+                call.on_response_body(&mut w.env(), &mut host, 14, true),
+                Step::Pause
+            );
+        }
+        let flagged = verdict(200, serde_json::json!({"flagged": true}));
+        let step = call.answer_callout(&mut w.env(), &mut host, flagged);
+        assert_eq!(host.reset, !end_came, "{end_came}");
+        let cut = w.counter("llm_filter_guardrail_answer_cut_totalrule=.=service;.;api=.=chat;.;");
+        assert_eq!(cut, 1, "{end_came}");
+        if end_came {
+            assert_eq!(step, Step::Continue, "the error event goes on");
+            let sent = String::from_utf8_lossy(&host.response_body).to_string();
+            assert!(sent.starts_with("data: {\"error\""), "{sent}");
+            assert!(
+                sent.contains("llm_filter_guardrail_answer_blocked"),
+                "{sent}"
+            );
+            assert!(sent.contains("guardrail service `service`"), "{sent}");
+            assert!(!sent.contains("[DONE]"), "{sent}");
+        }
     }
 }
