@@ -5,6 +5,7 @@
 //! policy and ask the call's dialect here, through the one `match` of
 //! [`Dialect::answer`].
 
+pub(crate) mod google;
 pub mod head;
 
 use serde::Serialize;
@@ -209,12 +210,12 @@ impl ErrorClass {
 }
 
 /// The refusal an error body says, as Google writes it (read first: see
-/// [`super::gemini::google_refusal`]), as OpenAI and OpenAI-compatible
+/// [`google::google_refusal`]), as OpenAI and OpenAI-compatible
 /// servers write it (`{"error": {"code", "type", "message"}}`), Anthropic
 /// (`{"type": "error", "error": {"type", "message"}}`) and vLLM (flat,
 /// `{"object": "error", "type", "message"}`).
 pub fn refusal_of(status: u16, body: &Value) -> Option<Refusal> {
-    if let Some(said) = super::gemini::google_refusal(status, body) {
+    if let Some(said) = google::google_refusal(status, body) {
         return said;
     }
     let error = body.get("error").filter(|e| e.is_object()).unwrap_or(body);

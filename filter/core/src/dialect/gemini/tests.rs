@@ -1,6 +1,7 @@
 use serde_json::json;
 
 use super::*;
+use crate::dialect::answer::google::quota_spent;
 use crate::dialect::gemini::stream::Gemini as Events;
 use crate::dialect::Dialect;
 use crate::sse::reader::Event;
