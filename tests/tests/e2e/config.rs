@@ -160,6 +160,12 @@ fn a_part_the_sidecar_build_leaves_out_is_refused_naming_the_build() {
         (json!({"limits": {}}), "limits", "`limits`"),
         (json!({"guardrails": {}}), "guardrails", "`guardrails`"),
         (json!({"credentials": {}}), "credentials", "`credentials`"),
+        (json!({"admin": {"token": "t0ken"}}), "admin", "`admin`"),
+        (
+            json!({"ab": {"groups": [{"name": "a"}, {"name": "b"}]}}),
+            "ab",
+            "`ab`",
+        ),
         (
             json!({"tracing": {"otlp": {"cluster": "otlp"}}}),
             "tracing.otlp",
@@ -192,6 +198,7 @@ fn a_part_the_sidecar_build_leaves_out_is_refused_naming_the_build() {
             "at `{field}`: {what} is not in the sidecar build of the module; use the full build"
         );
         assert!(line.contains(&want), "{config}: {want:?} not in {line}");
+        assert!(!error.contains("t0ken"), "the admin token in the log: {error}");
     }
     // The full build loads what the sidecar build refuses.
     let (config, _, _) = &cases[0];
