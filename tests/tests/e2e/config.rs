@@ -198,7 +198,10 @@ fn a_part_the_sidecar_build_leaves_out_is_refused_naming_the_build() {
             "at `{field}`: {what} is not in the sidecar build of the module; use the full build"
         );
         assert!(line.contains(&want), "{config}: {want:?} not in {line}");
-        assert!(!error.contains("t0ken"), "the admin token in the log: {error}");
+        assert!(
+            !error.contains("t0ken"),
+            "the admin token in the log: {error}"
+        );
     }
     // The full build loads what the sidecar build refuses.
     let (config, _, _) = &cases[0];

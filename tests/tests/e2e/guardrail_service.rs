@@ -631,6 +631,102 @@ async fn in_parallel_an_answer_longer_than_the_buffer_is_whole_or_cut_by_the_ver
     outputs.assert_none_of(&envoy, &[PLANTED]).await;
 }
 
+/// In parallel, a stream longer than is held whose final event comes
+/// before the end of the response (its last frame empty, 800 ms later),
+/// with the verdict in between: the final event is kept back for the
+/// verdict, so a flagged call's client never reads `[DONE]` (its stream is
+/// cut), and a passed one reads every byte, `[DONE]` once and last.
+#[tokio::test]
+async fn in_parallel_a_released_streams_final_event_waits_for_the_verdict() {
+    if skip_without_envoy("in_parallel_a_released_streams_final_event_waits_for_the_verdict") {
+        return;
+    }
+    use futures_util::StreamExt;
+
+    let provider = MockUpstream::start(MockConfig::named("provider"));
+    let guard = MockUpstream::start(MockConfig::named("guard"));
+    guard.set_default_delay_ms(400);
+    let dir = tempfile::tempdir().unwrap();
+    let outputs = Outputs::start(dir.path());
+    let config = json!({
+        "max_body_bytes": HELD,
+        "guardrails": {"service": {"name": "moderation", "preset": "webhook",
+            "cluster": "guard", "mode": "parallel", "timeout_ms": 3_000}}});
+    let envoy = observed(&outputs, &provider, &guard, config);
+    // 20 events of about 16 KiB, more than is held, then the final event,
+    // then the end of the response 800 ms later.
+    let event = format!(
+        "data: {}\n\n",
+        json!({"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 7,
+               "model": "gpt-4o-mini",
+               "choices": [{"index": 0, "delta": {"content": "word ".repeat(3200)}}]})
+    );
+    let mut pieces: Vec<(u64, String)> = (0..20).map(|_| (1, event.clone())).collect();
+    pieces.push((1, "data: [DONE]\n\n".to_string()));
+    pieces.push((800, String::new()));
+    let whole: String = pieces.iter().map(|(_, p)| p.as_str()).collect();
+    for flagged in [true, false] {
+        provider.push_script(Script {
+            answer: Some(Canned::Paced("text/event-stream", pieces.clone())),
+            ..Script::default()
+        });
+        let prompt = match flagged {
+            true => format!("stream about {PLANTED} and {FLAG}"),
+            false => format!("stream about {PLANTED}"),
+        };
+        let body = with_stream(&prompt);
+        let response = llm_filter_e2e::http_client()
+            .post(envoy.url("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("the stream's head");
+        assert_eq!(response.status(), 200);
+        let mut got = Vec::new();
+        let mut cut = false;
+        let mut stream = response.bytes_stream();
+        while let Some(chunk) = stream.next().await {
+            match chunk {
+                Ok(bytes) => got.extend_from_slice(&bytes),
+                Err(_) => {
+                    cut = true;
+                    break;
+                }
+            }
+        }
+        let got = String::from_utf8_lossy(&got).to_string();
+        if flagged {
+            assert!(
+                !got.contains("[DONE]"),
+                "the final event reached the client"
+            );
+            assert!(
+                cut || got.contains("llm_filter_guardrail_answer_blocked"),
+                "neither cut nor ended by the error event"
+            );
+        } else {
+            assert!(!cut, "a passed stream was cut");
+            assert_eq!(got.len(), whole.len());
+            assert!(got == whole, "not every byte once, in order");
+        }
+    }
+    assert_eq!(
+        envoy.metric(
+            "llm_filter_guardrail_answer_cut_total",
+            &[("rule", "moderation"), ("api", "chat")],
+        ),
+        1.0
+    );
+    outputs.assert_none_of(&envoy, &[PLANTED]).await;
+}
+
+/// A streamed chat call's body, the client asking for no usage.
+fn with_stream(prompt: &str) -> Value {
+    json!({"model": "gpt-4o-mini", "stream": true,
+           "messages": [{"role": "user", "content": prompt}]})
+}
+
 /// In parallel, a call a limit refuses while its verdict is pending gets
 /// the 429 at once (the SDK's `RateLimitError`), and its record says the
 /// verdict was pending; the verdict that comes later sends nothing more.

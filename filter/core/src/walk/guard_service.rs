@@ -24,7 +24,7 @@ use crate::metrics::{self as names, internal_error};
 
 use super::answer::{blocked_reply, check_said, error_event, Ask, By};
 use super::response::reply_in_place;
-use super::state::Held;
+use super::state::{Answer, Held};
 use super::{Call, CallWait, CalloutAnswer, Env, Flow, HeldBody, Host, Phase, Step};
 
 impl Call {
@@ -197,6 +197,42 @@ impl Call {
                 self.reply_locally(env, host, r)
             }
         })
+    }
+
+    /// What of a body chunk goes on to the client (`None`: `outgoing`, or
+    /// the chunk as it came, unchanged). While an answer released before
+    /// its verdict awaits it, the last event of a stream (its final event,
+    /// `[DONE]` or `message_stop`, is one) or the last byte of any other
+    /// body is kept back with what was kept before, so the client never
+    /// holds the answer whole before the verdict lets it go or cuts it;
+    /// what was kept goes on ahead of the next chunk once the verdict let
+    /// the answer go. At most [`MAX_KEPT`] bytes: an event longer than that
+    /// keeps only its last byte back.
+    pub(super) fn keep_back(
+        &mut self,
+        outgoing: Option<Vec<u8>>,
+        chunk: &[u8],
+        end_of_stream: bool,
+    ) -> Option<Vec<u8>> {
+        let awaiting = !end_of_stream && self.progress.released().is_some();
+        let Some(response) = self.response.as_mut() else {
+            return outgoing;
+        };
+        if !awaiting && response.kept.is_empty() {
+            return outgoing;
+        }
+        let mut all = std::mem::take(&mut response.kept);
+        all.extend_from_slice(outgoing.as_deref().unwrap_or(chunk));
+        if awaiting {
+            let last = all.len().saturating_sub(1);
+            let at = match response.answer {
+                Answer::Stream(_) => last_event_start(&all),
+                Answer::Json { .. } => last,
+            };
+            let at = if all.len() - at > MAX_KEPT { last } else { at };
+            response.kept = all.split_off(at);
+        }
+        Some(all)
     }
 
     /// A released answer refused by its verdict: part of it reached the
@@ -553,4 +589,23 @@ fn withheld(svc: &GuardService) -> &'static str {
         true => "its answer was withheld",
         false => "nothing was sent",
     }
+}
+
+/// The most bytes of a released answer kept back from the client for its
+/// verdict: one event of a stream.
+const MAX_KEPT: usize = 64 * 1024;
+
+/// Where the last complete event of SSE `bytes` starts (with the partial
+/// one after it, if any): after the blank line that ends the event before
+/// it, or 0.
+pub(super) fn last_event_start(bytes: &[u8]) -> usize {
+    // The ends of the last two blank lines (`\n\n`, `\n\r\n`), which end events.
+    let mut ends = [0usize; 2];
+    for (i, w) in bytes.windows(2).enumerate() {
+        let blank = w == b"\n\n" || (w == b"\r\n" && i > 0 && bytes.get(i - 1) == Some(&b'\n'));
+        if blank {
+            ends = [ends[1], i + 2];
+        }
+    }
+    ends[0]
 }

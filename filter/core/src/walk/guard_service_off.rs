@@ -51,6 +51,16 @@ impl Call {
         None
     }
 
+    /// Nothing is kept back: no answer waits for a verdict.
+    pub(super) fn keep_back(
+        &mut self,
+        outgoing: Option<Vec<u8>>,
+        _chunk: &[u8],
+        _end_of_stream: bool,
+    ) -> Option<Vec<u8>> {
+        outgoing
+    }
+
     /// No answer waits for a verdict.
     pub(super) fn awaits_answer_verdict(&self) -> bool {
         false

@@ -132,7 +132,7 @@ impl Call {
         } else {
             host.response_body(size)
         };
-        match &mut response.answer {
+        let outgoing = match &mut response.answer {
             Answer::Stream(sse) => {
                 // One reading of the stream: usage, strip and cache assembler.
                 let original = chunk.as_deref().unwrap_or_default();
@@ -143,16 +143,19 @@ impl Call {
                     true => self.guard_stream(env, passing, end_of_stream),
                     false => None,
                 };
-                if let Some(out) = checked.or(stripped) {
-                    if !host.set_response_body(size, &out) {
-                        internal_error(env.metrics, "set_response_body");
-                    }
-                }
+                checked.or(stripped)
             }
             Answer::Json { copy, .. } => {
                 if let Some(chunk) = &chunk {
                     copy.append(chunk);
                 }
+                None
+            }
+        };
+        let original = chunk.as_deref().unwrap_or_default();
+        if let Some(out) = self.keep_back(outgoing, original, end_of_stream) {
+            if !host.set_response_body(size, &out) {
+                internal_error(env.metrics, "set_response_body");
             }
         }
         // The JSON answer is parsed once at its end, for its usage and, when
@@ -243,6 +246,7 @@ impl Response {
             ended: end_of_stream,
             completion: std::cell::OnceCell::new(),
             guard: None,
+            kept: Vec::new(),
         }
     }
 }

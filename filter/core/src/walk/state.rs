@@ -582,6 +582,9 @@ pub(super) struct Response {
     pub(super) completion: OnceCell<Option<Captured>>,
     /// The answer's check by the guardrails, when the call has one.
     pub(super) guard: Option<AnswerGuard>,
+    /// What of an answer released before its verdict was kept back from
+    /// the client: its last event or byte so far (see `Call::keep_back`).
+    pub(super) kept: Vec<u8>,
 }
 
 /// The answer as it passes.
@@ -639,6 +642,7 @@ impl Response {
             ended: true,
             completion: OnceCell::new(),
             guard: None,
+            kept: Vec::new(),
         };
         (response, stripped)
     }

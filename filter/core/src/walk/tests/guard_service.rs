@@ -392,6 +392,9 @@ fn in_parallel_an_answer_longer_than_is_held_goes_on_but_for_its_end_until_the_v
     let step = long_head_comes(&mut w, &mut call, &mut host, &head);
     assert_eq!(step, Step::Continue, "released: the head goes on");
     assert_eq!(host.response("x-cache"), Some("MISS"), "read as it goes");
+    // But for its last byte, kept back for the verdict.
+    let (sent, kept) = head.split_at(head.len() - 1);
+    assert_eq!(host.response_body, sent.as_bytes());
     host.response_body = tail.as_bytes().to_vec();
     assert_eq!(
         call.on_response_body(&mut w.env(), &mut host, tail.len(), true),
@@ -406,7 +409,11 @@ fn in_parallel_an_answer_longer_than_is_held_goes_on_but_for_its_end_until_the_v
     let step = call.answer_callout(&mut w.env(), &mut host, pass);
     assert_eq!(step, Step::Continue, "the end goes on");
     assert!(!host.reset);
-    assert_eq!(host.response_body, tail.as_bytes(), "as it came");
+    assert_eq!(
+        host.response_body,
+        format!("{kept}{tail}").as_bytes(),
+        "as it came, after what was kept back"
+    );
     assert_eq!(record(&host)["status"], 200);
     assert!(record(&host)["error"].is_null());
     call.on_log(&mut w.env());
@@ -997,4 +1004,76 @@ fn in_parallel_a_released_stream_refused_ends_with_the_error_event() {
             assert!(!sent.contains("[DONE]"), "{sent}");
         }
     }
+}
+
+/// A released stream whose final event comes before its end (an upstream
+/// that ends the stream with an empty last frame): the final event is kept
+/// back with the end, so a refusal cuts the stream before the client has
+/// `[DONE]`, and a pass lets it go with the end, each byte once and in
+/// order.
+#[test]
+fn in_parallel_a_released_streams_final_event_waits_for_the_verdict() {
+    let event = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"word \"}}]}\n\n";
+    let events = event.repeat(40);
+    for flagged in [true, false] {
+        let mut w = parallel_held("");
+        let mut host = FakeHost::post("/v1/chat/completions").with_body(
+            r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+        );
+        let (mut call, _) = ask(&mut w, &mut host);
+        host.response_headers = vec![
+            (":status".into(), "200".into()),
+            ("content-type".into(), "text/event-stream".into()),
+        ];
+        call.on_response_headers(&mut w.env(), &mut host, false);
+        let mut client = Vec::new();
+        host.response_body = events.as_bytes().to_vec();
+        let step = call.on_response_body(&mut w.env(), &mut host, events.len(), false);
+        assert_eq!(step, Step::Continue, "released");
+        client.extend_from_slice(&host.response_body);
+        assert_eq!(
+            client,
+            event.repeat(39).as_bytes(),
+            "the last event kept back"
+        );
+        // The final event, then the end in a frame of its own.
+        host.response_body = b"data: [DONE]\n\n".to_vec();
+        call.on_response_body(&mut w.env(), &mut host, 14, false);
+        client.extend_from_slice(&host.response_body);
+        assert!(
+            !String::from_utf8_lossy(&client).contains("[DONE]"),
+            "the final event waits"
+        );
+        host.response_body.clear();
+        assert_eq!(
+            call.on_response_body(&mut w.env(), &mut host, 0, true),
+            Step::Pause
+        );
+        let answer = verdict(200, serde_json::json!({ "flagged": flagged }));
+        call.answer_callout(&mut w.env(), &mut host, answer);
+        client.extend_from_slice(&host.response_body);
+        let client = String::from_utf8_lossy(&client).to_string();
+        if flagged {
+            assert!(!client.contains("[DONE]"), "{client}");
+            assert!(client.ends_with("\n\n"), "{client}");
+            assert!(
+                client.contains("llm_filter_guardrail_answer_blocked"),
+                "{client}"
+            );
+        } else {
+            assert_eq!(client, format!("{events}data: [DONE]\n\n"));
+            assert!(!host.reset);
+        }
+    }
+}
+
+#[test]
+fn the_last_event_of_a_stream_starts_after_the_blank_line_before_it() {
+    use super::super::guard_service::last_event_start as at;
+    assert_eq!(at(b""), 0);
+    assert_eq!(at(b"data: a"), 0);
+    assert_eq!(at(b"data: a\n\n"), 0);
+    assert_eq!(at(b"data: a\n\ndata: b\n\n"), 9);
+    assert_eq!(at(b"data: a\n\ndata: b\n\ndata: c"), 9);
+    assert_eq!(at(b"data: a\r\n\r\ndata: b\r\n\r\n"), 11);
 }
