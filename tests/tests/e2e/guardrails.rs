@@ -13,7 +13,7 @@ use llm_filter_e2e::{
 };
 use serde_json::{json, Value};
 
-use crate::support::sdk::{run, ANTHROPIC, OPENAI};
+use crate::support::sdk::{run, ANTHROPIC, GENAI, OPENAI};
 use crate::support::secrets::Outputs;
 
 const KEY: &str = "sk-proj-PLANTEDguardrail7f3e9a1c5b";
@@ -185,6 +185,77 @@ async fn guardrails_block_mask_and_log_for_the_sdks_and_leak_nothing() {
         assert!(!upstream.contains(p), "{p} upstream");
     }
     outputs.assert_none_of(&envoy, &planted).await;
+}
+
+/// The Responses API (the openai SDK) and Gemini's (the google-genai SDK)
+/// under the same rules: a secret in the prompt is each API's 400, the
+/// SDK's typed error, and nothing reaches the provider; an e-mail reaches
+/// it masked in Gemini's `contents`; no planted value shows anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_and_gemini_prompts_are_guarded_in_their_shapes() {
+    if skip_without_envoy("responses_and_gemini_prompts_are_guarded_in_their_shapes") {
+        return;
+    }
+    let mock = MockUpstream::start(MockConfig::named("guarded"));
+    let dir = tempfile::tempdir().unwrap();
+    let outputs = Outputs::start(dir.path());
+    let envoy = outputs
+        .envoy(EnvoyBuilder::new().upstream("mock", mock.port()))
+        .plugin_config(outputs.config(json!({"guardrails": rules()})))
+        .start()
+        .expect("envoy with guardrails");
+    let secret = format!("deploy with {KEY}");
+    let out = run(
+        OPENAI,
+        "responses_shed",
+        &envoy.url("/v1"),
+        &["--prompt", &secret, "--priority", "P1"],
+    )
+    .await;
+    assert_eq!(out["error_class"], "BadRequestError", "{out}");
+    assert_eq!(out["status"], 400, "{out}");
+    assert_eq!(out["code"], "llm_filter_guardrail_blocked", "{out}");
+    assert_eq!(out["attempts"].as_array().map(Vec::len), Some(1), "{out}");
+    let base = envoy.url("");
+    let base = base.trim_end_matches('/');
+    let out = run(GENAI, "generate_error", base, &["--prompt", &secret]).await;
+    assert_eq!(out["error_class"], "ClientError", "{out}");
+    assert_eq!(out["code"], 400, "{out}");
+    assert_eq!(out["status_name"], "INVALID_ARGUMENT", "{out}");
+    assert!(
+        out["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("`no-secrets`"),
+        "{out}"
+    );
+    assert_eq!(mock.request_count(), 0, "{}", received(&mock));
+    assert_eq!(fired(&envoy, "no-secrets", "block", "responses"), 1.0);
+    assert_eq!(fired(&envoy, "no-secrets", "block", "gemini"), 1.0);
+
+    // An e-mail in a Gemini prompt reaches the provider masked.
+    let out = run(
+        GENAI,
+        "generate",
+        base,
+        &["--prompt", &format!("write to {MAIL}")],
+    )
+    .await;
+    assert!(out["text"].is_string(), "{out}");
+    let sent = received(&mock);
+    assert!(!sent.contains(MAIL), "{sent}");
+    let got = mock.requests().pop().expect("the Gemini call");
+    assert!(got.path.ends_with(":generateContent"), "{}", got.path);
+    let body = got.json().unwrap_or_default();
+    let text = body["contents"][0]["parts"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        text.starts_with("write to ") && text.len() > "write to ".len(),
+        "{sent}"
+    );
+    assert_eq!(fired(&envoy, "pii", "mask", "gemini"), 1.0);
+    outputs.assert_none_of(&envoy, &[KEY, MAIL]).await;
 }
 
 /// A chat call sent with `transfer-encoding: chunked` (no length), the
