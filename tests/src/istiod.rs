@@ -179,6 +179,7 @@ impl Istiod {
         // webhooks, which never start without Kubernetes: wait for the
         // discovery server's own readiness instead, which it logs.
         let _ = http;
+        let listed = hosts_with_endpoints(config);
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(status) = istiod
@@ -188,16 +189,37 @@ impl Istiod {
             {
                 bail!("istiod exited with {status}:\n{}", istiod.log_tail(40));
             }
+            // Ready once it also holds the endpoints its ServiceEntries
+            // list: it marks itself ready before it has computed them, and
+            // a proxy that connects meanwhile gets clusters without
+            // endpoints (the module server's among them: its Wasm fetch
+            // gives up and the filter never loads).
             if !istiod.log_lines("marking server ready").is_empty()
                 && std::net::TcpStream::connect(("127.0.0.1", grpc)).is_ok()
+                && istiod.holds_endpoints(&listed)
             {
                 return Ok(istiod);
             }
             if Instant::now() >= deadline {
-                bail!("istiod not ready in 60 s:\n{}", istiod.log_tail(40));
+                bail!(
+                    "istiod not ready in 60 s (endpoints of {listed:?}):\n{}",
+                    istiod.log_tail(40)
+                );
             }
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// Whether `/debug/endpointz` has endpoints for each of `hosts`.
+    fn holds_endpoints(&self, hosts: &[String]) -> bool {
+        if hosts.is_empty() {
+            return true;
+        }
+        self.debug("/debug/endpointz").is_ok_and(|all| {
+            hosts
+                .iter()
+                .all(|h| all.get(h).is_some_and(|e| !e.is_null()))
+        })
     }
 
     /// Replaces the manifests of `name` in its config folder, as one rename
@@ -438,4 +460,29 @@ impl Drop for FileServer {
         self.stop.store(true, Ordering::SeqCst);
         let _ = std::net::TcpStream::connect(("127.0.0.1", self.port));
     }
+}
+
+/// The hosts of the ServiceEntries in `config` (file name, YAML text) that
+/// list endpoints of their own.
+fn hosts_with_endpoints(config: &[(String, String)]) -> Vec<String> {
+    let mut hosts = Vec::new();
+    for (_, text) in config {
+        for doc in serde_yaml::Deserializer::from_str(text) {
+            let Ok(doc) = <Value as serde::Deserialize>::deserialize(doc) else {
+                continue;
+            };
+            let spec = &doc["spec"];
+            let listed = spec["endpoints"].as_array().is_some_and(|e| !e.is_empty());
+            if doc["kind"] == "ServiceEntry" && listed {
+                hosts.extend(
+                    spec["hosts"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|h| h.as_str().map(str::to_string)),
+                );
+            }
+        }
+    }
+    hosts
 }
