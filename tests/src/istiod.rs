@@ -130,8 +130,25 @@ pub struct Istiod {
 
 impl Istiod {
     /// Starts `bin` in file mode on the manifests `config` (file name, YAML
-    /// text) with mesh config `mesh`, and waits until it is ready.
+    /// text) with mesh config `mesh`, and waits until it is ready. Up to
+    /// three tries, each on fresh ports: one whose port another process
+    /// took first, or that never computed the endpoints its ServiceEntries
+    /// list, is stopped and started again.
     pub fn start(bin: &Path, config: &[(String, String)], mesh: &str) -> Result<Self> {
+        let mut tries = Vec::new();
+        for _ in 0..3 {
+            match Self::start_once(bin, config, mesh) {
+                Ok(istiod) => return Ok(istiod),
+                Err(e) => tries.push(format!("{e:#}")),
+            }
+        }
+        bail!(
+            "istiod did not start in three tries:\n{}",
+            tries.join("\n---\n")
+        )
+    }
+
+    fn start_once(bin: &Path, config: &[(String, String)], mesh: &str) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("llm-filter-e2e-istiod-")
             .tempdir()?;
@@ -180,7 +197,7 @@ impl Istiod {
         // discovery server's own readiness instead, which it logs.
         let _ = http;
         let listed = hosts_with_endpoints(config);
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(status) = istiod
                 .child
@@ -202,7 +219,7 @@ impl Istiod {
             }
             if Instant::now() >= deadline {
                 bail!(
-                    "istiod not ready in 60 s (endpoints of {listed:?}):\n{}",
+                    "istiod not ready in 30 s (endpoints of {listed:?}):\n{}",
                     istiod.log_tail(40)
                 );
             }
