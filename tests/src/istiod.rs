@@ -488,12 +488,13 @@ fn hosts_with_endpoints(config: &[(String, String)]) -> Vec<String> {
             let Ok(doc) = <Value as serde::Deserialize>::deserialize(doc) else {
                 continue;
             };
-            let spec = &doc["spec"];
-            let listed = spec["endpoints"].as_array().is_some_and(|e| !e.is_empty());
-            if doc["kind"] == "ServiceEntry" && listed {
+            let spec = doc.get("spec");
+            let field = |name: &str| spec.and_then(|s| s.get(name)).and_then(Value::as_array);
+            let listed = field("endpoints").is_some_and(|e| !e.is_empty());
+            let kind = doc.get("kind").and_then(Value::as_str);
+            if kind == Some("ServiceEntry") && listed {
                 hosts.extend(
-                    spec["hosts"]
-                        .as_array()
+                    field("hosts")
                         .into_iter()
                         .flatten()
                         .filter_map(|h| h.as_str().map(str::to_string)),
