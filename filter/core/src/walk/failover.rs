@@ -405,14 +405,10 @@ impl Call {
         answer: &CalloutAnswer,
     ) -> bool {
         let end = answer.status.map_or(End::TimedOut(504), End::Answered);
-        let header = |name: &str| {
-            answer
-                .headers
-                .iter()
-                .find(|(k, _)| k.eq_ignore_ascii_case(name))
-                .map(|(_, v)| v.as_str())
-        };
-        let told = failover::told(header("x-should-retry"), header(provider::ERROR_TYPE));
+        let told = failover::told(
+            answer.header(budget::reply::SHOULD_RETRY),
+            answer.header(provider::ERROR_TYPE),
+        );
         let breaker = self.dispatch.breaker.as_deref();
         let fell_back = self.dispatch.fallback.as_ref().map(|f| f.step);
         let failovers = self

@@ -153,11 +153,7 @@ impl Call {
         answer: &CalloutAnswer,
     ) -> Option<ErrorClass> {
         self.chain(env)?;
-        let named = answer
-            .headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(provider::ERROR_TYPE))
-            .map(|(_, v)| v.as_str());
+        let named = answer.header(provider::ERROR_TYPE);
         fallback::classify(self.request.dialect, answer.status?, &answer.body, named)
     }
 

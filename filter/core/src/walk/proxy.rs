@@ -68,6 +68,16 @@ pub struct CalloutAnswer {
     pub body: Vec<u8>,
 }
 
+impl CalloutAnswer {
+    /// The value of its header `name` (any case), the first one.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
 /// What a call does with the answer to one of its callouts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CallWait {
