@@ -678,10 +678,14 @@ fn str_at<'a>(v: &'a Value, pointer: &str) -> Result<&'a str> {
 /// Every YAML document of a manifest file, as JSON values.
 pub fn read_manifests(path: &Path) -> Result<Vec<Value>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+    parse_manifests(&text).with_context(|| format!("parse {}", path.display()))
+}
+
+/// Every YAML document of manifests' `text`, as JSON values.
+pub fn parse_manifests(text: &str) -> Result<Vec<Value>> {
     let mut docs = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
-        let value: Value = serde::Deserialize::deserialize(doc)
-            .with_context(|| format!("parse {}", path.display()))?;
+    for doc in serde_yaml::Deserializer::from_str(text) {
+        let value: Value = serde::Deserialize::deserialize(doc)?;
         if !value.is_null() {
             docs.push(value);
         }

@@ -135,9 +135,10 @@ impl Istiod {
     /// took first, or that never computed the endpoints its ServiceEntries
     /// list, is stopped and started again.
     pub fn start(bin: &Path, config: &[(String, String)], mesh: &str) -> Result<Self> {
+        let listed = hosts_with_endpoints(config)?;
         let mut tries = Vec::new();
         for _ in 0..3 {
-            match Self::start_once(bin, config, mesh) {
+            match Self::start_once(bin, config, mesh, &listed) {
                 Ok(istiod) => return Ok(istiod),
                 Err(e) => tries.push(format!("{e:#}")),
             }
@@ -148,7 +149,14 @@ impl Istiod {
         )
     }
 
-    fn start_once(bin: &Path, config: &[(String, String)], mesh: &str) -> Result<Self> {
+    /// One try of [`Istiod::start`]; ready once it holds the endpoints of
+    /// the `listed` hosts too.
+    fn start_once(
+        bin: &Path,
+        config: &[(String, String)],
+        mesh: &str,
+        listed: &[String],
+    ) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("llm-filter-e2e-istiod-")
             .tempdir()?;
@@ -196,7 +204,6 @@ impl Istiod {
         // webhooks, which never start without Kubernetes: wait for the
         // discovery server's own readiness instead, which it logs.
         let _ = http;
-        let listed = hosts_with_endpoints(config);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(status) = istiod
@@ -213,7 +220,7 @@ impl Istiod {
             // gives up and the filter never loads).
             if !istiod.log_lines("marking server ready").is_empty()
                 && std::net::TcpStream::connect(("127.0.0.1", grpc)).is_ok()
-                && istiod.holds_endpoints(&listed)
+                && istiod.holds_endpoints(listed)
             {
                 return Ok(istiod);
             }
@@ -481,13 +488,10 @@ impl Drop for FileServer {
 
 /// The hosts of the ServiceEntries in `config` (file name, YAML text) that
 /// list endpoints of their own.
-fn hosts_with_endpoints(config: &[(String, String)]) -> Vec<String> {
+fn hosts_with_endpoints(config: &[(String, String)]) -> Result<Vec<String>> {
     let mut hosts = Vec::new();
-    for (_, text) in config {
-        for doc in serde_yaml::Deserializer::from_str(text) {
-            let Ok(doc) = <Value as serde::Deserialize>::deserialize(doc) else {
-                continue;
-            };
+    for (name, text) in config {
+        for doc in crate::istio::parse_manifests(text).with_context(|| format!("parse {name}"))? {
             let spec = doc.get("spec");
             let field = |name: &str| spec.and_then(|s| s.get(name)).and_then(Value::as_array);
             let listed = field("endpoints").is_some_and(|e| !e.is_empty());
@@ -502,5 +506,5 @@ fn hosts_with_endpoints(config: &[(String, String)]) -> Vec<String> {
             }
         }
     }
-    hosts
+    Ok(hosts)
 }
