@@ -13,8 +13,7 @@ use crate::load::{self, Scope};
 use crate::metrics::internal_error;
 use crate::walk::{Env, Host, Step};
 
-/// Largest webhook body accepted.
-pub const MAX_BODY_BYTES: usize = 256 * 1024;
+use super::MAX_BODY_BYTES;
 
 /// Equal bytes, in time that depends on the lengths only.
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

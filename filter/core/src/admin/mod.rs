@@ -8,6 +8,9 @@ pub mod config;
 
 pub use config::{AdminConfig, RawAdminConfig, DEFAULT_PREFIX};
 
+/// Largest webhook body accepted (a bound the pages state in every build).
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
+
 #[cfg_attr(not(feature = "admin"), path = "endpoints_off.rs")]
 mod endpoints;
 
