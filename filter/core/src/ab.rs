@@ -289,7 +289,7 @@ pub fn fnv1a32(bytes: &[u8]) -> u32 {
         .fold(OFFSET, |h, b| (h ^ u32::from(*b)).wrapping_mul(PRIME))
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "ab"))]
 mod tests {
     use super::*;
 

@@ -198,7 +198,7 @@ pub fn poll<S: SharedStore + ?Sized>(
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "cache"))]
 mod tests {
     use super::*;
     use crate::cache::config::{CacheConfig, Stamp};

@@ -471,7 +471,7 @@ fn compile_headers(names: Vec<String>) -> Result<Vec<String>, ConfigError> {
     Ok(out)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "cache"))]
 mod tests {
     use super::*;
 

@@ -355,7 +355,7 @@ pub(crate) fn tenant_hash<'a>(
     h.finalize().into()
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "cache"))]
 mod tests {
     use super::*;
 
@@ -1173,7 +1173,7 @@ mod tests {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "cache"))]
 mod props {
     use proptest::prelude::*;
 

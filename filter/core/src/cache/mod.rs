@@ -79,5 +79,5 @@ impl CacheStatus {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "cache"))]
 mod tests;

@@ -531,7 +531,7 @@ fn decode_totals(bytes: &[u8]) -> Option<Totals> {
     entry::options().deserialize(bytes).ok()
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "cache"))]
 mod tests {
     use super::*;
     use crate::cache::config::Stamp;

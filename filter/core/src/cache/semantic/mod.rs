@@ -242,5 +242,5 @@ pub fn read_embedding(
     vector::normalise(&item.embedding).ok_or(EmbedFailure::Invalid)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "cache"))]
 mod tests;
