@@ -9,7 +9,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use llm_filter_core::config::setting::{Bound, Row};
+#[cfg(feature = "full")]
+use llm_filter_core::config::setting::Bound;
+use llm_filter_core::config::setting::Row;
 use llm_filter_core::config::Config;
 use llm_filter_core::config::SECTIONS;
 use llm_filter_core::metrics;
@@ -256,6 +258,9 @@ const SAME_FIELDS_AS: [(&str, &str); 5] = [
     ("limits.catalog", "limits.prices"),
 ];
 
+/// The full build's: the page is the reference of the full build, whose
+/// sections the sidecar build refuses (`build`).
+#[cfg(feature = "full")]
 #[test]
 fn the_walk_finds_the_sections() {
     let fields = accepted_fields();
@@ -512,6 +517,7 @@ fn configuration_rows() -> BTreeMap<String, Vec<String>> {
 
 /// The ways the page may write a whole number: `3600`, `3,600`, and a
 /// multiple of 1024 as a size (`64 KiB`, `16 MiB`).
+#[cfg(feature = "full")]
 fn spellings(n: &str) -> Vec<String> {
     let mut out = vec![n.to_string()];
     if let Ok(v) = n.parse::<usize>() {
@@ -526,6 +532,7 @@ fn spellings(n: &str) -> Vec<String> {
 /// What a setting's range cell may say: `1 to 3,600`, `[0, 1)`,
 /// `at least 1`, `above 0`, or the words a dependent bound is stated in;
 /// empty for a setting every value of its type is valid for.
+#[cfg(feature = "full")]
 fn range_cells(bound: &Bound<String>) -> Vec<String> {
     match bound {
         Bound::Any => vec![String::new()],
@@ -569,6 +576,7 @@ fn settings() -> Vec<(String, &'static dyn Row)> {
 
 /// A default the page states is the code's: the same text, or for a list
 /// or a map the same JSON however it is spaced.
+#[cfg(feature = "full")]
 fn same_default(stated: &str, code: &str) -> bool {
     if code.starts_with(['[', '{']) {
         let json = |s: &str| serde_json::from_str::<Value>(s).ok();
@@ -580,6 +588,9 @@ fn same_default(stated: &str, code: &str) -> bool {
 /// The code's table of settings and the page agree: each setting has a row,
 /// whose default cell starts with the default and whose range cell states
 /// the range the section refuses outside of.
+/// The full build's: the page is the reference of the full build, whose
+/// sections the sidecar build refuses (`build`).
+#[cfg(feature = "full")]
 #[test]
 fn every_setting_has_its_default_and_range_on_its_row() {
     let rows = configuration_rows();
@@ -698,6 +709,9 @@ fn error_path_of(path: &str) -> String {
 /// Each setting's bound is the parser's: its ends are taken, a value past
 /// either is refused naming the field. A section that declared a range and
 /// checked another would fail here.
+/// The full build's: the page is the reference of the full build, whose
+/// sections the sidecar build refuses (`build`).
+#[cfg(feature = "full")]
 #[test]
 fn the_parser_holds_each_setting_to_its_bound() {
     let mut wrong = Vec::new();
