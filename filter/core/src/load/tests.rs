@@ -165,124 +165,6 @@ fn the_family_is_bounded_by_its_index() {
 }
 
 #[test]
-fn made_up_models_never_take_the_place_of_the_configurations() {
-    let (store, mut m) = (MemoryStore::new(), MemoryMetrics::default());
-    let names = routed();
-    // A client names 70 made-up models first, each one call.
-    for i in 0..70 {
-        let model = format!("made-up-{i}");
-        let record = started(&store, &mut m, &names, &model, 0);
-        ended(
-            &store,
-            &mut m,
-            &names,
-            &call_of(&model, 100),
-            record.as_deref(),
-        );
-    }
-    // The routed model, its rewritten name and its clusters still get theirs.
-    assert_eq!(
-        started(&store, &mut m, &names, "busy", 0).as_deref(),
-        Some("busy")
-    );
-    assert_eq!(
-        started(&store, &mut m, &names, "busy-v2", 0).as_deref(),
-        Some("busy-v2")
-    );
-    for cluster in ["a", "b"] {
-        let c = try_on(Some(cluster), End::Answered(200), 100, 7);
-        tried(&store, &mut m, &names, &c);
-        assert_eq!(
-            read(&store, Scope::Cluster(cluster), 100).rps,
-            1.0 / WINDOW_S
-        );
-    }
-    assert_eq!(read_model(&store, &names, "busy", 100).in_flight, 1);
-    // Of the made-up ones, the first 64 have theirs, the other six share one.
-    let measured = index(&store);
-    let unknown = measured.iter().filter(|k| !reserved(&names, k)).count();
-    assert_eq!(unknown, MAX_UNKNOWN);
-    assert_eq!(measured.len(), MAX_UNKNOWN + 5, "{measured:?}");
-    let other = read(&store, Scope::Model(OVERFLOW), 100);
-    assert_eq!((other.rps, other.in_flight), (6.0 / WINDOW_S, 0));
-    assert_eq!(
-        read_model(&store, &names, "made-up-0", 100).rps,
-        1.0 / WINDOW_S
-    );
-    // A model beyond the bound reads the record it counts in.
-    assert_eq!(read_model(&store, &names, "made-up-69", 100), other);
-    assert_eq!(read_model(&store, &names, "never-seen", 100), other);
-    // A model the configuration names reads its own, even with none yet.
-    let names_more = Config::parse(
-        br#"{"routing":{"models":{"busy":[{"cluster":"a"}],"quiet":[{"cluster":"a"}]}}}"#,
-    )
-    .unwrap()
-    .names;
-    assert_eq!(
-        read_model(&store, &names_more, "quiet", 100),
-        Signals::default()
-    );
-    // The records and the index within the family's bound.
-    assert!((index(&store).len() as u64) < max_keys(&names));
-    assert!(m.counters.is_empty());
-    // The gauges name the overflow `other`, next to the routed model.
-    publish(&store, &mut m, 100);
-    assert_eq!(m.gauges["llm_filter_load_rps_millimodel=.=other;.;"], 600);
-    assert_eq!(m.gauges["llm_filter_load_in_flightmodel=.=busy;.;"], 1);
-    assert!(!m
-        .gauges
-        .contains_key("llm_filter_load_rps_millimodel=.=made-up-69;.;"));
-}
-
-#[test]
-fn a_call_leaves_the_record_it_joined() {
-    let (store, mut m) = (MemoryStore::new(), MemoryMetrics::default());
-    let names = routed();
-    for i in 0..MAX_UNKNOWN {
-        started(&store, &mut m, &names, &format!("m{i}"), 0);
-    }
-    let record = started(&store, &mut m, &names, "late", 0);
-    assert_eq!(record.as_deref(), Some(OVERFLOW));
-    assert_eq!(read(&store, Scope::Model(OVERFLOW), 0).in_flight, 1);
-    ended(
-        &store,
-        &mut m,
-        &names,
-        &call_of("late", 50),
-        record.as_deref(),
-    );
-    let other = read(&store, Scope::Model(OVERFLOW), 50);
-    assert_eq!((other.in_flight, other.rps), (0, 1.0 / WINDOW_S));
-    assert_eq!(read(&store, Scope::Model("late"), 50), Signals::default());
-    // A call never counted in flight counts where its model counts.
-    ended(&store, &mut m, &names, &call_of("late", 50), None);
-    assert_eq!(read(&store, Scope::Model(OVERFLOW), 50).rps, 2.0 / WINDOW_S);
-}
-
-#[test]
-fn an_index_filled_by_others_still_admits_the_configurations_names() {
-    // Another writer (an older module, or a worker under another
-    // configuration) left more unknown names than the bound.
-    let (store, mut m) = (MemoryStore::new(), MemoryMetrics::default());
-    let foreign: Vec<String> = (0..MAX_UNKNOWN * 2)
-        .map(|i| Scope::Model(&format!("x{i}")).key())
-        .collect();
-    store
-        .set(INDEX_KEY, &codec::encode(&foreign).unwrap(), None)
-        .unwrap();
-    let names = routed();
-    assert_eq!(
-        started(&store, &mut m, &names, "busy", 0).as_deref(),
-        Some("busy")
-    );
-    assert_eq!(
-        started(&store, &mut m, &names, "new", 0).as_deref(),
-        Some(OVERFLOW)
-    );
-    assert_eq!(index(&store).len(), MAX_UNKNOWN * 2 + 2);
-}
-
-#[test]
 fn gauges_come_from_shared_data() {
     let (store, mut m) = (MemoryStore::new(), MemoryMetrics::default());
     started(&store, &mut m, &none(), "gpt-4o", 0);
@@ -399,4 +281,129 @@ fn calls_kept_past_the_window_are_dropped() {
     assert!(pending.is_empty());
     let s = read(&store, Scope::Model("m"), BUCKETS as u64 * BUCKET_MS);
     assert_eq!(s.rps, 5.0 / WINDOW_S);
+}
+
+/// The records of the models and clusters routing names (the `routing`
+/// feature).
+#[cfg(feature = "routing")]
+mod routed {
+    use super::*;
+
+    #[test]
+    fn made_up_models_never_take_the_place_of_the_configurations() {
+        let (store, mut m) = (MemoryStore::new(), MemoryMetrics::default());
+        let names = routed();
+        // A client names 70 made-up models first, each one call.
+        for i in 0..70 {
+            let model = format!("made-up-{i}");
+            let record = started(&store, &mut m, &names, &model, 0);
+            ended(
+                &store,
+                &mut m,
+                &names,
+                &call_of(&model, 100),
+                record.as_deref(),
+            );
+        }
+        // The routed model, its rewritten name and its clusters still get theirs.
+        assert_eq!(
+            started(&store, &mut m, &names, "busy", 0).as_deref(),
+            Some("busy")
+        );
+        assert_eq!(
+            started(&store, &mut m, &names, "busy-v2", 0).as_deref(),
+            Some("busy-v2")
+        );
+        for cluster in ["a", "b"] {
+            let c = try_on(Some(cluster), End::Answered(200), 100, 7);
+            tried(&store, &mut m, &names, &c);
+            assert_eq!(
+                read(&store, Scope::Cluster(cluster), 100).rps,
+                1.0 / WINDOW_S
+            );
+        }
+        assert_eq!(read_model(&store, &names, "busy", 100).in_flight, 1);
+        // Of the made-up ones, the first 64 have theirs, the other six share one.
+        let measured = index(&store);
+        let unknown = measured.iter().filter(|k| !reserved(&names, k)).count();
+        assert_eq!(unknown, MAX_UNKNOWN);
+        assert_eq!(measured.len(), MAX_UNKNOWN + 5, "{measured:?}");
+        let other = read(&store, Scope::Model(OVERFLOW), 100);
+        assert_eq!((other.rps, other.in_flight), (6.0 / WINDOW_S, 0));
+        assert_eq!(
+            read_model(&store, &names, "made-up-0", 100).rps,
+            1.0 / WINDOW_S
+        );
+        // A model beyond the bound reads the record it counts in.
+        assert_eq!(read_model(&store, &names, "made-up-69", 100), other);
+        assert_eq!(read_model(&store, &names, "never-seen", 100), other);
+        // A model the configuration names reads its own, even with none yet.
+        let names_more = Config::parse(
+            br#"{"routing":{"models":{"busy":[{"cluster":"a"}],"quiet":[{"cluster":"a"}]}}}"#,
+        )
+        .unwrap()
+        .names;
+        assert_eq!(
+            read_model(&store, &names_more, "quiet", 100),
+            Signals::default()
+        );
+        // The records and the index within the family's bound.
+        assert!((index(&store).len() as u64) < max_keys(&names));
+        assert!(m.counters.is_empty());
+        // The gauges name the overflow `other`, next to the routed model.
+        publish(&store, &mut m, 100);
+        assert_eq!(m.gauges["llm_filter_load_rps_millimodel=.=other;.;"], 600);
+        assert_eq!(m.gauges["llm_filter_load_in_flightmodel=.=busy;.;"], 1);
+        assert!(!m
+            .gauges
+            .contains_key("llm_filter_load_rps_millimodel=.=made-up-69;.;"));
+    }
+
+    #[test]
+    fn a_call_leaves_the_record_it_joined() {
+        let (store, mut m) = (MemoryStore::new(), MemoryMetrics::default());
+        let names = routed();
+        for i in 0..MAX_UNKNOWN {
+            started(&store, &mut m, &names, &format!("m{i}"), 0);
+        }
+        let record = started(&store, &mut m, &names, "late", 0);
+        assert_eq!(record.as_deref(), Some(OVERFLOW));
+        assert_eq!(read(&store, Scope::Model(OVERFLOW), 0).in_flight, 1);
+        ended(
+            &store,
+            &mut m,
+            &names,
+            &call_of("late", 50),
+            record.as_deref(),
+        );
+        let other = read(&store, Scope::Model(OVERFLOW), 50);
+        assert_eq!((other.in_flight, other.rps), (0, 1.0 / WINDOW_S));
+        assert_eq!(read(&store, Scope::Model("late"), 50), Signals::default());
+        // A call never counted in flight counts where its model counts.
+        ended(&store, &mut m, &names, &call_of("late", 50), None);
+        assert_eq!(read(&store, Scope::Model(OVERFLOW), 50).rps, 2.0 / WINDOW_S);
+    }
+
+    #[test]
+    fn an_index_filled_by_others_still_admits_the_configurations_names() {
+        // Another writer (an older module, or a worker under another
+        // configuration) left more unknown names than the bound.
+        let (store, mut m) = (MemoryStore::new(), MemoryMetrics::default());
+        let foreign: Vec<String> = (0..MAX_UNKNOWN * 2)
+            .map(|i| Scope::Model(&format!("x{i}")).key())
+            .collect();
+        store
+            .set(INDEX_KEY, &codec::encode(&foreign).unwrap(), None)
+            .unwrap();
+        let names = routed();
+        assert_eq!(
+            started(&store, &mut m, &names, "busy", 0).as_deref(),
+            Some("busy")
+        );
+        assert_eq!(
+            started(&store, &mut m, &names, "new", 0).as_deref(),
+            Some(OVERFLOW)
+        );
+        assert_eq!(index(&store).len(), MAX_UNKNOWN * 2 + 2);
+    }
 }

@@ -239,38 +239,6 @@ fn one_call(w: &mut World, traceparent: Option<&str>) -> (TraceParent, usize) {
     (sent, w.spans.len())
 }
 
-#[test]
-fn the_span_queued_is_the_one_written_upstream_and_sampling_follows_the_parent() {
-    let mut w = World::new(r#"{"tracing":{"otlp":{"cluster":"otel"}}}"#);
-    let caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
-    let (sent, queued) = one_call(&mut w, Some(caller));
-    assert_eq!(queued, 1);
-    let cfg = w.config.otlp.clone().unwrap();
-    let batch = w.spans.due(&cfg, &mut w.metrics, u64::MAX).unwrap().body;
-    assert!(contains(&batch, &sent.trace_id), "the caller's trace");
-    assert!(
-        contains(&batch, &sent.parent_id),
-        "the span written upstream"
-    );
-    assert!(
-        contains(&batch, &[0xb7, 0xad, 0x6b, 0x71, 0x69, 0x20, 0x33, 0x31]),
-        "its parent"
-    );
-    assert!(contains(&batch, b"gpt-4o-2024-08-06"));
-    w.spans.finished(&mut w.metrics, Some(200));
-    // The caller did not sample its trace: no span.
-    let unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
-    assert_eq!(one_call(&mut w, Some(unsampled)).1, 0);
-    // New traces at a ratio of 0: none sampled, flags 00 upstream.
-    let mut w = World::new(r#"{"tracing":{"otlp":{"cluster":"otel","sample_ratio":0}}}"#);
-    let (sent, queued) = one_call(&mut w, None);
-    assert_eq!((queued, sent.flags), (0, 0));
-    // Without otlp nothing is queued and new traces stay sampled.
-    let mut w = World::new("{}");
-    let (sent, queued) = one_call(&mut w, None);
-    assert_eq!((queued, sent.flags), (0, 1));
-}
-
 /// A chat answer the cache stores.
 const STORED: &str = r#"{"id":"x","object":"chat.completion","model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"yo"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}"#;
 
@@ -289,9 +257,11 @@ fn the_record_is_set_before_envoy_logs_each_kind_of_answer() {
     let size = host.response_body.len();
     call.on_response_body(&mut w.env(), &mut host, size, true);
     let r = record(&host);
+    // A build without the cache says nothing of it.
+    let miss = crate::build::CACHE.then_some("MISS");
     assert_eq!(
         (r["status"].clone(), r["cache"].clone()),
-        (200.into(), "MISS".into())
+        (200.into(), miss.into())
     );
     assert_eq!(
         (r["input_tokens"].clone(), r["output_tokens"].clone()),
@@ -301,14 +271,17 @@ fn the_record_is_set_before_envoy_logs_each_kind_of_answer() {
     assert_eq!(r["trace_id"].as_str().map(str::len), Some(32));
     call.on_log(&mut w.env());
     // Answered by the filter (a cache hit): set before the reply goes.
-    let (call, host) = requested(&mut w, body, None);
-    assert!(host.local_reply.is_some());
-    let r = record(&host);
-    assert_eq!(
-        (r["status"].clone(), r["cache"].clone()),
-        (200.into(), "HIT".into())
-    );
-    call.on_log(&mut w.env());
+    #[cfg(feature = "cache")]
+    {
+        let (call, host) = requested(&mut w, body, None);
+        assert!(host.local_reply.is_some());
+        let r = record(&host);
+        assert_eq!(
+            (r["status"].clone(), r["cache"].clone()),
+            (200.into(), "HIT".into())
+        );
+        call.on_log(&mut w.env());
+    }
     // Off by default: nothing set.
     let mut w = World::new("{}");
     let (mut call, host) = requested(&mut w, body, None);
@@ -342,80 +315,121 @@ fn record_of(host: &FakeHost) -> serde_json::Value {
 
 const CAPTURING: &str = r#"{"access_log":{"enabled":true},"tracing":{"otlp":{"cluster":"otel"},"capture":{"prompt":true,"completion":true,"redact":["tok-*"]}}}"#;
 
-#[test]
-fn captures_are_off_by_default() {
-    let mut w =
-        World::new(r#"{"access_log":{"enabled":true},"tracing":{"otlp":{"cluster":"otel"}}}"#);
-    let (mut call, host) = requested(&mut w, CHAT, None);
-    let host = answered(&mut w, &mut call, host, STORED);
-    call.on_log(&mut w.env());
-    let r = record_of(&host);
-    assert!(r.get("input_messages").is_none() && r.get("output_messages").is_none());
-    let cfg = w.config.otlp.clone().unwrap();
-    let batch = w.spans.due(&cfg, &mut w.metrics, u64::MAX).unwrap().body;
-    assert!(!contains(&batch, b"gen_ai.input.messages"));
-    assert!(!contains(&batch, b"gen_ai.output.messages"));
-}
+/// The spans exported over OTLP and what they capture (the `spans`
+/// feature).
+#[cfg(feature = "spans")]
+mod exported {
+    use super::*;
 
-#[test]
-fn the_prompt_and_completion_are_captured_redacted_on_the_span_and_the_record() {
-    let mut w = World::new(CAPTURING);
-    let body = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi from bob@example.com with tok-123"}]}"#;
-    let (mut call, host) = requested(&mut w, body, None);
-    let host = answered(&mut w, &mut call, host, STORED);
-    call.on_log(&mut w.env());
-    let r = record_of(&host);
-    assert_eq!(
-        r["input_messages"],
-        serde_json::json!([{"role":"user","parts":[{"type":"text","content":"hi from [REDACTED] with [REDACTED]"}]}])
-    );
-    assert_eq!(
-        r["output_messages"],
-        serde_json::json!([{"role":"assistant","parts":[{"type":"text","content":"yo"}],"finish_reason":"stop"}])
-    );
-    assert!(r.get("capture_truncated").is_none());
-    let cfg = w.config.otlp.clone().unwrap();
-    let batch = w.spans.due(&cfg, &mut w.metrics, u64::MAX).unwrap().body;
-    assert!(contains(&batch, b"gen_ai.input.messages"));
-    assert!(contains(&batch, b"gen_ai.output.messages"));
-    assert!(contains(&batch, b"hi from [REDACTED] with [REDACTED]"));
-    assert!(!contains(&batch, b"bob@example.com"));
-}
+    #[test]
+    fn a_cache_hits_span_captures_the_prompt_only() {
+        let mut w = World::new(CAPTURING);
+        let body =
+            r#"{"model":"gpt-4o","temperature":0,"messages":[{"role":"user","content":"hi"}]}"#;
+        let (mut call, host) = requested(&mut w, body, None);
+        answered(&mut w, &mut call, host, STORED);
+        call.on_log(&mut w.env());
+        let (call, host) = requested(&mut w, body, None);
+        assert!(host.local_reply.is_some());
+        let r = record_of(&host);
+        assert_eq!(r["cache"], "HIT");
+        assert!(r.get("input_messages").is_some() && r.get("output_messages").is_none());
+        call.on_log(&mut w.env());
+    }
 
-#[test]
-fn a_streamed_completion_is_captured_from_the_one_reading() {
-    let mut w = World::new(CAPTURING);
-    let body = r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
-    let (mut call, host) = requested(&mut w, body, None);
-    let stream = concat!(
-        "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Hel\"}}]}\n\n",
-        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo \\\"you\\\"\"},\"finish_reason\":\"stop\"}]}\n\n",
-        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\n",
-        "data: [DONE]\n\n"
-    );
-    let mut host = host.with_response(200, "text/event-stream", stream);
-    call.on_response_headers(&mut w.env(), &mut host, false);
-    let size = host.response_body.len();
-    call.on_response_body(&mut w.env(), &mut host, size, true);
-    let r = record_of(&host);
-    assert_eq!(
-        r["output_messages"],
-        serde_json::json!([{"role":"assistant","parts":[{"type":"text","content":"Hello \"you\""}],"finish_reason":"stop"}])
-    );
-    assert_eq!(r["output_tokens"], 2, "the usage is read as before");
-}
+    #[test]
+    fn a_streamed_completion_is_captured_from_the_one_reading() {
+        let mut w = World::new(CAPTURING);
+        let body =
+            r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+        let (mut call, host) = requested(&mut w, body, None);
+        let stream = concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Hel\"}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo \\\"you\\\"\"},\"finish_reason\":\"stop\"}]}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\n",
+            "data: [DONE]\n\n"
+        );
+        let mut host = host.with_response(200, "text/event-stream", stream);
+        call.on_response_headers(&mut w.env(), &mut host, false);
+        let size = host.response_body.len();
+        call.on_response_body(&mut w.env(), &mut host, size, true);
+        let r = record_of(&host);
+        assert_eq!(
+            r["output_messages"],
+            serde_json::json!([{"role":"assistant","parts":[{"type":"text","content":"Hello \"you\""}],"finish_reason":"stop"}])
+        );
+        assert_eq!(r["output_tokens"], 2, "the usage is read as before");
+    }
 
-#[test]
-fn a_cache_hits_span_captures_the_prompt_only() {
-    let mut w = World::new(CAPTURING);
-    let body = r#"{"model":"gpt-4o","temperature":0,"messages":[{"role":"user","content":"hi"}]}"#;
-    let (mut call, host) = requested(&mut w, body, None);
-    answered(&mut w, &mut call, host, STORED);
-    call.on_log(&mut w.env());
-    let (call, host) = requested(&mut w, body, None);
-    assert!(host.local_reply.is_some());
-    let r = record_of(&host);
-    assert_eq!(r["cache"], "HIT");
-    assert!(r.get("input_messages").is_some() && r.get("output_messages").is_none());
-    call.on_log(&mut w.env());
+    #[test]
+    fn captures_are_off_by_default() {
+        let mut w =
+            World::new(r#"{"access_log":{"enabled":true},"tracing":{"otlp":{"cluster":"otel"}}}"#);
+        let (mut call, host) = requested(&mut w, CHAT, None);
+        let host = answered(&mut w, &mut call, host, STORED);
+        call.on_log(&mut w.env());
+        let r = record_of(&host);
+        assert!(r.get("input_messages").is_none() && r.get("output_messages").is_none());
+        let cfg = w.config.otlp.clone().unwrap();
+        let batch = w.spans.due(&cfg, &mut w.metrics, u64::MAX).unwrap().body;
+        assert!(!contains(&batch, b"gen_ai.input.messages"));
+        assert!(!contains(&batch, b"gen_ai.output.messages"));
+    }
+
+    #[test]
+    fn the_prompt_and_completion_are_captured_redacted_on_the_span_and_the_record() {
+        let mut w = World::new(CAPTURING);
+        let body = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi from bob@example.com with tok-123"}]}"#;
+        let (mut call, host) = requested(&mut w, body, None);
+        let host = answered(&mut w, &mut call, host, STORED);
+        call.on_log(&mut w.env());
+        let r = record_of(&host);
+        assert_eq!(
+            r["input_messages"],
+            serde_json::json!([{"role":"user","parts":[{"type":"text","content":"hi from [REDACTED] with [REDACTED]"}]}])
+        );
+        assert_eq!(
+            r["output_messages"],
+            serde_json::json!([{"role":"assistant","parts":[{"type":"text","content":"yo"}],"finish_reason":"stop"}])
+        );
+        assert!(r.get("capture_truncated").is_none());
+        let cfg = w.config.otlp.clone().unwrap();
+        let batch = w.spans.due(&cfg, &mut w.metrics, u64::MAX).unwrap().body;
+        assert!(contains(&batch, b"gen_ai.input.messages"));
+        assert!(contains(&batch, b"gen_ai.output.messages"));
+        assert!(contains(&batch, b"hi from [REDACTED] with [REDACTED]"));
+        assert!(!contains(&batch, b"bob@example.com"));
+    }
+
+    #[test]
+    fn the_span_queued_is_the_one_written_upstream_and_sampling_follows_the_parent() {
+        let mut w = World::new(r#"{"tracing":{"otlp":{"cluster":"otel"}}}"#);
+        let caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let (sent, queued) = one_call(&mut w, Some(caller));
+        assert_eq!(queued, 1);
+        let cfg = w.config.otlp.clone().unwrap();
+        let batch = w.spans.due(&cfg, &mut w.metrics, u64::MAX).unwrap().body;
+        assert!(contains(&batch, &sent.trace_id), "the caller's trace");
+        assert!(
+            contains(&batch, &sent.parent_id),
+            "the span written upstream"
+        );
+        assert!(
+            contains(&batch, &[0xb7, 0xad, 0x6b, 0x71, 0x69, 0x20, 0x33, 0x31]),
+            "its parent"
+        );
+        assert!(contains(&batch, b"gpt-4o-2024-08-06"));
+        w.spans.finished(&mut w.metrics, Some(200));
+        // The caller did not sample its trace: no span.
+        let unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
+        assert_eq!(one_call(&mut w, Some(unsampled)).1, 0);
+        // New traces at a ratio of 0: none sampled, flags 00 upstream.
+        let mut w = World::new(r#"{"tracing":{"otlp":{"cluster":"otel","sample_ratio":0}}}"#);
+        let (sent, queued) = one_call(&mut w, None);
+        assert_eq!((queued, sent.flags), (0, 0));
+        // Without otlp nothing is queued and new traces stay sampled.
+        let mut w = World::new("{}");
+        let (sent, queued) = one_call(&mut w, None);
+        assert_eq!((queued, sent.flags), (0, 1));
+    }
 }

@@ -312,6 +312,8 @@ mod tests {
         );
     }
 
+    /// The models routing names (the `routing` feature).
+    #[cfg(feature = "routing")]
     #[test]
     fn models_of_the_configuration_are_never_pushed_out() {
         let c = crate::config::Config::parse(

@@ -165,6 +165,8 @@ fn a_failed_pull_keeps_the_last_alerts_until_they_expire() {
     assert_eq!(degrade::level(&store, &c, "m", 60_000), 0);
 }
 
+/// The webhook is the admin endpoints' (the `admin` feature).
+#[cfg(feature = "admin")]
 #[test]
 fn a_pull_leaves_the_webhooks_alerts_alone() {
     let json =
