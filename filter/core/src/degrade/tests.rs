@@ -1,6 +1,8 @@
 use super::*;
+use crate::build;
 use crate::host::{MemoryMetrics, MemoryStore};
 use crate::summary::{CallSummary, End};
+use crate::walk::fake::with_section;
 
 fn config(json: &str) -> Config {
     Config::parse(json.as_bytes()).unwrap()
@@ -14,6 +16,8 @@ fn signals(rps: f64, tokens_per_s: f64, in_flight: u32) -> Signals {
     }
 }
 
+/// The alerts come by the admin endpoints' webhook (the `admin` feature).
+#[cfg(feature = "admin")]
 #[test]
 fn the_level_is_the_highest_of_thresholds_and_alerts() {
     let c = config(
@@ -272,11 +276,13 @@ fn a_call_reads_each_source_once_and_none_it_does_not_use() {
 
 #[test]
 fn thresholds_read_the_record_a_models_calls_count_in() {
-    let c = config(
-        r#"{"routing":{"models":{"busy":[{"cluster":"a"}]}},"degrade":{"thresholds":[
+    let c = config(&with_section(
+        build::ROUTING,
+        r#""routing":{"models":{"busy":[{"cluster":"a"}]}}"#,
+        r#"{"degrade":{"thresholds":[
             {"model":"busy","signal":"in_flight","above":1,"level":2},
             {"signal":"in_flight","above":5,"level":1}]}}"#,
-    );
+    ));
     let (store, mut m) = (MemoryStore::new(), MemoryMetrics::default());
     // Seventy made-up models in flight: the first 64 in records of their
     // own, the other six together in the overflow record.

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use super::{Call, CalloutAnswer, Env, Host, Step};
 use crate::config::Config;
+use crate::degrade::alerts;
 use crate::host::{MemoryMetrics, MemoryStore, SplitMix64};
 use crate::keyspace;
 use crate::metrics::BoundedLabel;
@@ -212,6 +213,47 @@ impl Host for FakeHost {
             .push((cluster.to_string(), headers, body.to_vec(), timeout_ms));
         true
     }
+}
+
+/// The admin endpoints' token: the webhook a test's alerts come by.
+pub const ADMIN_SECTION: &str = r#""admin":{"token":"0123456789abcdef"}"#;
+
+/// `config` with `section` (`"name":{..}`) first in it when the build has
+/// its feature (`has`), as the full build's tests configure it; the sidecar
+/// build refuses the section (`build`), so its tests go without.
+pub fn with_section(has: bool, section: &str, config: &str) -> String {
+    let rest = config.trim_start().strip_prefix('{');
+    match (has, rest) {
+        (false, _) => config.to_string(),
+        (true, Some(rest)) if rest.trim_start().starts_with('}') => format!("{{{section}{rest}"),
+        (true, Some(rest)) => format!("{{{section},{rest}"),
+        (true, None) => panic!("not a JSON object: {config}"),
+    }
+}
+
+/// `config` (whose `degrade` section comes first) with the way its alerts
+/// arrive: the admin endpoints' webhook in a build with them, else a pull of
+/// Alertmanager's API, as the sidecar build takes them.
+pub fn with_alerts(config: &str) -> String {
+    match crate::build::ADMIN {
+        true => with_section(true, ADMIN_SECTION, config),
+        false => config.replacen(
+            r#""degrade":{"#,
+            r#""degrade":{"alertmanager":{"cluster":"am"},"#,
+            1,
+        ),
+    }
+}
+
+/// Fires the alerts of Alertmanager's webhook body `hook` the way
+/// [`with_alerts`] said they arrive.
+pub fn fire(w: &World, hook: &str) {
+    let reports = alerts::parse(hook.as_bytes(), w.now_ms).unwrap();
+    let apply = match crate::build::ADMIN {
+        true => alerts::apply,
+        false => alerts::apply_pulled,
+    };
+    apply(&w.store, &w.config.degrade, &reports, w.now_ms).unwrap();
 }
 
 /// The worker state a call walks against: config, in-memory shared data,

@@ -1,28 +1,35 @@
 //! Scenario tests of the degrade step: each level's actions on each
 //! priority, against a fake host and in-memory shared data.
 
-use crate::degrade::alerts;
+use crate::build;
 use crate::load::{self, Scope};
 use crate::metrics as names;
-use crate::walk::fake::{FakeHost, World};
+use crate::walk::fake::{fire, with_alerts, with_section, FakeHost, World};
 use crate::walk::*;
 
 const PATH: &str = "/v1/chat/completions";
 const ANSWER: &str = r#"{"id":"x","object":"chat.completion","created":7,"model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"yo"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;
 
+/// The degrade settings and the way alerts arrive (`with_alerts`), with the
+/// cache in a build that has it (an expired entry answered at level 3).
 fn world() -> World {
-    World::new(
-        r#"{"admin":{"token":"0123456789abcdef"},"cache":{"ttl_s":60},
-            "degrade":{"fallback_model":{"gpt-4o":"gpt-4o-mini"},"max_tokens_cap":64}}"#,
-    )
+    let config = with_alerts(
+        r#"{"degrade":{"fallback_model":{"gpt-4o":"gpt-4o-mini"},"max_tokens_cap":64}}"#,
+    );
+    World::new(&with_section(
+        build::CACHE,
+        r#""cache":{"ttl_s":60}"#,
+        &config,
+    ))
 }
 
 fn alert(w: &mut World, severity: &str) {
-    let hook = format!(
-        r#"{{"version":"4","alerts":[{{"status":"firing","labels":{{"severity":"{severity}"}},"fingerprint":"f"}}]}}"#
+    fire(
+        w,
+        &format!(
+            r#"{{"version":"4","alerts":[{{"status":"firing","labels":{{"severity":"{severity}"}},"fingerprint":"f"}}]}}"#
+        ),
     );
-    let reports = alerts::parse(hook.as_bytes(), w.now_ms).unwrap();
-    alerts::apply(&w.store, &w.config.degrade, &reports, w.now_ms).unwrap();
 }
 
 fn call(priority: &str, body: &str) -> FakeHost {
@@ -132,6 +139,7 @@ fn level_one_caps_p2_only() {
     assert_eq!(host.request_body, CHAT.as_bytes());
 }
 
+#[cfg(feature = "cache")]
 #[test]
 fn level_three_answers_p1_from_an_expired_entry() {
     let mut w = world();

@@ -152,19 +152,25 @@ const RULES: &str = r#"{
   }
 }"#;
 
-#[test]
-fn prompt_length_rules_weigh_the_calibrated_estimate() {
-    let mut w = World::new(RULES);
-    // 1 old turn: 202 estimated tokens, under the rule's 300.
-    let body = conversation("auto", 1);
-    let host = call(&mut w, &body, 404);
-    assert_eq!(host.header("x-llm-cluster"), Some("small"));
-    assert_eq!(gauge(&w, "auto"), Some(2000));
-    // The same prompt is 404 of the model's tokens now.
-    let host = call(&mut w, &body, 404);
-    assert_eq!(host.header("x-llm-cluster"), Some("big"));
-    // A rule that does not look at sizes reads no ratio.
-    let mut w = World::new(&RULES.replace(r#", "min_prompt_tokens": 300"#, ""));
-    call(&mut w, &body, 404);
-    assert_eq!(w.store.reads(KEY), 0);
+/// Routing rules on the prompt's length (the `routing` feature).
+#[cfg(feature = "routing")]
+mod routed {
+    use super::*;
+
+    #[test]
+    fn prompt_length_rules_weigh_the_calibrated_estimate() {
+        let mut w = World::new(RULES);
+        // 1 old turn: 202 estimated tokens, under the rule's 300.
+        let body = conversation("auto", 1);
+        let host = call(&mut w, &body, 404);
+        assert_eq!(host.header("x-llm-cluster"), Some("small"));
+        assert_eq!(gauge(&w, "auto"), Some(2000));
+        // The same prompt is 404 of the model's tokens now.
+        let host = call(&mut w, &body, 404);
+        assert_eq!(host.header("x-llm-cluster"), Some("big"));
+        // A rule that does not look at sizes reads no ratio.
+        let mut w = World::new(&RULES.replace(r#", "min_prompt_tokens": 300"#, ""));
+        call(&mut w, &body, 404);
+        assert_eq!(w.store.reads(KEY), 0);
+    }
 }

@@ -3,8 +3,9 @@
 //! tells; a call without it is refused before anything is spent; a virtual
 //! key never goes on.
 
+use crate::build;
 use crate::identity::digest;
-use crate::walk::fake::{FakeHost, World};
+use crate::walk::fake::{with_section, FakeHost, World};
 use crate::walk::*;
 
 const PATH: &str = "/v1/chat/completions";
@@ -16,17 +17,22 @@ fn hex(key: &str) -> String {
     digest(key).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Keys `vk-a1` and `vk-a2` of team `a`, `vk-b` of team `b`; one request a
-/// minute per tenant; the cache on; the record on.
+/// Keys `vk-a1` and `vk-a2` of team `a`, `vk-b` of team `b`; three requests
+/// a minute per tenant and the cache on, in a build with limits and the
+/// cache; the record on.
 fn world() -> World {
-    World::new(&format!(
+    let config = format!(
         r#"{{"tenant":{{"from":"virtual_key","keys":{{"a":"{} {}","b":"{}"}}}},
-          "limits":{{"rules":[{{"name":"t","by":["tenant"],"requests_per_minute":3}}]}},
-          "cache":{{"max_entries":8}},
           "access_log":{{"enabled":true}}}}"#,
         hex("vk-a1"),
         hex("vk-a2"),
         hex("vk-b")
+    );
+    let config = with_section(build::CACHE, r#""cache":{"max_entries":8}"#, &config);
+    World::new(&with_section(
+        build::LIMITS,
+        r#""limits":{"rules":[{"name":"t","by":["tenant"],"requests_per_minute":3}]}"#,
+        &config,
     ))
 }
 
@@ -60,38 +66,6 @@ fn chat(key: &str) -> FakeHost {
 
 fn record(host: &FakeHost) -> serde_json::Value {
     serde_json::from_slice(&host.properties["llm_filter.call"]).unwrap()
-}
-
-#[test]
-fn a_known_key_is_its_tenant_and_never_goes_on() {
-    let mut w = world();
-    let mut host = chat("vk-a1");
-    assert_eq!(run(&mut w, &mut host), Step::Continue);
-    assert_eq!(host.header("authorization"), None, "taken off the call");
-    assert_eq!(host.response("x-cache"), Some("MISS"));
-    let r = record(&host);
-    assert_eq!(r["tenant"], "a");
-    assert!(!r.to_string().contains("vk-a1"));
-    // The other key of team a reads team a's entry, and shares its count.
-    let mut host = chat("vk-a2");
-    assert_eq!(run(&mut w, &mut host), Step::Pause);
-    assert_eq!(host.local_reply.as_ref().unwrap().1["x-cache"], "HIT");
-    // Team b never reads it.
-    let mut host = chat("vk-b");
-    assert_eq!(run(&mut w, &mut host), Step::Continue);
-    assert_eq!(host.response("x-cache"), Some("MISS"));
-    assert_eq!(record(&host)["tenant"], "b");
-    // Team a's third call is its last of the minute, b still has two.
-    let third = FakeHost::post(PATH)
-        .with_header("api-key", "vk-a2")
-        .with_header("cache-control", "no-cache")
-        .with_body(CHAT);
-    let mut host = third.clone();
-    assert_eq!(run(&mut w, &mut host), Step::Continue);
-    assert_eq!(host.header("api-key"), None);
-    let mut host = third;
-    assert_eq!(run(&mut w, &mut host), Step::Pause);
-    assert_eq!(host.local_reply.unwrap().0, 429);
 }
 
 #[test]
@@ -161,38 +135,77 @@ fn geminis_key_leaves_the_query() {
     );
 }
 
-#[test]
-fn a_jwt_claim_is_the_tenant_and_no_claim_is_refused() {
-    let mut w = World::new(
-        r#"{"tenant":{"from":"jwt","claim":"team"},
-            "limits":{"rules":[{"name":"t","by":["tenant"],"requests_per_minute":1}]},
-            "access_log":{"enabled":true}}"#,
-    );
-    let at = "metadata.filter_metadata.envoy.filters.http.jwt_authn.jwt_payload.team";
-    let with_claim = |team: &str| {
-        let mut h = FakeHost::post(PATH)
+/// What a tenant is counted and cached under (the `limits` and `cache`
+/// features).
+#[cfg(all(feature = "limits", feature = "cache"))]
+mod counted {
+    use super::*;
+
+    #[test]
+    fn a_known_key_is_its_tenant_and_never_goes_on() {
+        let mut w = world();
+        let mut host = chat("vk-a1");
+        assert_eq!(run(&mut w, &mut host), Step::Continue);
+        assert_eq!(host.header("authorization"), None, "taken off the call");
+        assert_eq!(host.response("x-cache"), Some("MISS"));
+        let r = record(&host);
+        assert_eq!(r["tenant"], "a");
+        assert!(!r.to_string().contains("vk-a1"));
+        // The other key of team a reads team a's entry, and shares its count.
+        let mut host = chat("vk-a2");
+        assert_eq!(run(&mut w, &mut host), Step::Pause);
+        assert_eq!(host.local_reply.as_ref().unwrap().1["x-cache"], "HIT");
+        // Team b never reads it.
+        let mut host = chat("vk-b");
+        assert_eq!(run(&mut w, &mut host), Step::Continue);
+        assert_eq!(host.response("x-cache"), Some("MISS"));
+        assert_eq!(record(&host)["tenant"], "b");
+        // Team a's third call is its last of the minute, b still has two.
+        let third = FakeHost::post(PATH)
+            .with_header("api-key", "vk-a2")
+            .with_header("cache-control", "no-cache")
+            .with_body(CHAT);
+        let mut host = third.clone();
+        assert_eq!(run(&mut w, &mut host), Step::Continue);
+        assert_eq!(host.header("api-key"), None);
+        let mut host = third;
+        assert_eq!(run(&mut w, &mut host), Step::Pause);
+        assert_eq!(host.local_reply.unwrap().0, 429);
+    }
+
+    #[test]
+    fn a_jwt_claim_is_the_tenant_and_no_claim_is_refused() {
+        let mut w = World::new(
+            r#"{"tenant":{"from":"jwt","claim":"team"},
+                "limits":{"rules":[{"name":"t","by":["tenant"],"requests_per_minute":1}]},
+                "access_log":{"enabled":true}}"#,
+        );
+        let at = "metadata.filter_metadata.envoy.filters.http.jwt_authn.jwt_payload.team";
+        let with_claim = |team: &str| {
+            let mut h = FakeHost::post(PATH)
+                .with_header("authorization", "Bearer e30.e30.sig")
+                .with_body(CHAT);
+            h.properties.insert(at.into(), team.as_bytes().to_vec());
+            h
+        };
+        let mut host = with_claim("payments");
+        assert_eq!(run(&mut w, &mut host), Step::Continue);
+        assert_eq!(record(&host)["tenant"], "payments");
+        let mut host = with_claim("payments");
+        assert_eq!(run(&mut w, &mut host), Step::Pause);
+        assert_eq!(host.local_reply.unwrap().0, 429);
+        let mut host = with_claim("search");
+        assert_eq!(run(&mut w, &mut host), Step::Continue);
+        // A token the filter before did not verify leaves no claim: refused,
+        // not counted under some shared tenant.
+        let mut host = FakeHost::post(PATH)
             .with_header("authorization", "Bearer e30.e30.sig")
             .with_body(CHAT);
-        h.properties.insert(at.into(), team.as_bytes().to_vec());
-        h
-    };
-    let mut host = with_claim("payments");
-    assert_eq!(run(&mut w, &mut host), Step::Continue);
-    assert_eq!(record(&host)["tenant"], "payments");
-    let mut host = with_claim("payments");
-    assert_eq!(run(&mut w, &mut host), Step::Pause);
-    assert_eq!(host.local_reply.unwrap().0, 429);
-    let mut host = with_claim("search");
-    assert_eq!(run(&mut w, &mut host), Step::Continue);
-    // A token the filter before did not verify leaves no claim: refused,
-    // not counted under some shared tenant.
-    let mut host = FakeHost::post(PATH)
-        .with_header("authorization", "Bearer e30.e30.sig")
-        .with_body(CHAT);
-    assert_eq!(run(&mut w, &mut host), Step::Pause);
-    assert_eq!(host.local_reply.unwrap().0, 401);
-    assert_eq!(
-        w.counter("llm_filter_identity_refused_totalreason=.=missing;.;api=.=chat;.;"),
-        1
-    );
+        assert_eq!(run(&mut w, &mut host), Step::Pause);
+        assert_eq!(host.local_reply.unwrap().0, 401);
+        assert_eq!(
+            w.counter("llm_filter_identity_refused_totalreason=.=missing;.;api=.=chat;.;"),
+            1
+        );
+    }
 }

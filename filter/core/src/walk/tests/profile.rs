@@ -22,7 +22,13 @@ impl Metrics for Resolved {
     fn histogram_with(&mut self, _: &'static str, _: &[(&'static str, &str)], _: u64) {}
 }
 
-const TAGGING_ONLY: &str = r#"{"cache":{"enabled":false},"budget":{"enabled":false}}"#;
+/// Tagging only: no budget, and no cache in a build that has one (the
+/// sidecar build refuses the section).
+const TAGGING_ONLY: &str = if cfg!(feature = "cache") {
+    r#"{"cache":{"enabled":false},"budget":{"enabled":false}}"#
+} else {
+    r#"{"budget":{"enabled":false}}"#
+};
 const CHAT: &str = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
 const ANSWER: &str = r#"{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"yo"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}"#;
 
