@@ -140,7 +140,7 @@ help:
 	@echo "make test-envoys  a smoke subset of the end-to-end suite on Envoy $(ENVOY_MATRIX) (the Envoys of Istio 1.28-1.31)"
 	@echo "make build  release wasm at $(WASM) (full) and $(SIDECAR_WASM) (sidecar)"
 	@echo "make image  both modules as OCI images for Istio ($(IMAGE_ARCHIVE), $(SIDECAR_IMAGE_ARCHIVE)); make push IMAGE=<registry>/<name>:<tag> (and <tag>-sidecar)"
-	@echo "make lint   rustfmt check, clippy -D warnings (native and wasm)"
+	@echo "make lint   rustfmt check, clippy -D warnings (native and wasm, both builds)"
 	@echo "make audit  dependency licenses, bans and sources against deny.toml (cargo-deny)"
 	@echo "make fuzz   the parsers' property tests with $(FUZZ_CASES) cases each (a few minutes)"
 	@echo "make bench  throughput/latency: plain Envoy, a no-op Wasm filter and llm-filter, then bench-tail"
@@ -202,8 +202,14 @@ run: build envoy tools-tls
 	$(CARGO) build --release -p llm-filter-e2e --bin mock-upstream
 	PROVIDER_HOST=$(PROVIDER_HOST) PROVIDER_PORT=$(PROVIDER_PORT) scripts/run.sh
 
+# The unit tests of both builds: the full one, then the sidecar one
+# (`--no-default-features`: each step's tests are built with its feature,
+# and a section of a feature the build leaves out is tested refused) in a
+# target dir of its own, so neither build undoes the other's.
+NODEFAULT_DIR := target/nodefault
 unit:
 	$(CARGO) test -p llm-filter-core -p llm-filter
+	CARGO_TARGET_DIR=$(NODEFAULT_DIR) $(CARGO) test -p llm-filter-core -p llm-filter --no-default-features
 
 # The property tests `make test` runs with a small fixed budget, each with
 # many more cases, in release mode for speed.
@@ -329,6 +335,7 @@ istio-models: $(VENV)/.istio-models-$(ISTIO_MODELS_VERSION)
 lint: wasm-target
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	CARGO_TARGET_DIR=$(NODEFAULT_DIR) $(CARGO) clippy -p llm-filter-core -p llm-filter --all-targets --no-default-features -- -D warnings
 	$(CARGO) clippy -p llm-filter-core -p llm-filter --target $(WASM_TARGET) -- -D warnings
 	$(CARGO) clippy -p llm-filter-core -p llm-filter --target $(WASM_TARGET) --no-default-features -- -D warnings
 	$(CARGO) clippy -p llm-filter --target $(WASM_TARGET) --features hostcall-census -- -D warnings
