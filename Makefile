@@ -59,6 +59,15 @@ SIDECAR_DIR := target/sidecar
 RAW_SIDECAR_WASM := $(SIDECAR_DIR)/$(WASM_TARGET)/sidecar/llm_filter.wasm
 SIDECAR_WASM := target/llm_filter_sidecar.wasm
 SIDECAR_WASM_MAX_BYTES := 545500
+# No function body of either module over 20,000 bytes. V8 compiles every
+# function with TurboFan when a VM loads, and Envoy's allocator keeps what
+# the largest functions took to compile: the full build's 49 KB
+# configuration reader cost 4.4 MiB in every proxy that loads it, the
+# sidecar build's 31 KB configuration compiler 2.2 MiB, until each section
+# was read and compiled by a function of its own; below about 18 KB,
+# splitting a function saves nothing measurable (docs/bench.md, "What a
+# function costs").
+WASM_MAX_FUNCTION_BYTES := 20000
 WASM_OPT_FLAGS := -O1 --enable-bulk-memory --enable-sign-ext --enable-mutable-globals \
 	--enable-nontrapping-float-to-int --enable-multivalue --enable-reference-types
 NOOP_WASM   := target/$(WASM_TARGET)/release/llm_filter_noop.wasm
@@ -181,11 +190,13 @@ build: wasm-target tools-wasm-opt
 	@$(MAKE) --no-print-directory $(WASM) $(SIDECAR_WASM)
 	@ls -l $(WASM) $(SIDECAR_WASM)
 
-# A module through wasm-opt, refused over its ceiling.
+# A module through wasm-opt, refused over its ceiling or with a function
+# over WASM_MAX_FUNCTION_BYTES.
 define shrink
 	wasm-opt $(WASM_OPT_FLAGS) $< -o $@.tmp
 	@size=$$(stat -c %s $@.tmp); if [ $$size -gt $(1) ]; then \
 		echo "$@: $$size bytes, over the $(1)-byte ceiling"; rm -f $@.tmp; exit 1; fi
+	@$(PYTHON) scripts/wasm_functions.py $@.tmp $(WASM_MAX_FUNCTION_BYTES) --top 3 || { rm -f $@.tmp; exit 1; }
 	mv $@.tmp $@
 endef
 

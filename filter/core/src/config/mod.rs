@@ -362,9 +362,9 @@ impl TryFrom<RawConfig> for Config {
     /// Compiles a parsed document, checking every invariant; each section
     /// names its fields relative to itself and is prefixed here.
     fn try_from(raw: RawConfig) -> Result<Self, ConfigError> {
-        let llm_paths = compile_paths(raw.llm_paths, raw.llm_apis)?;
+        let llm_paths = apart((raw.llm_paths, raw.llm_apis), |(p, a)| compile_paths(p, a))?;
         let max_body_bytes = MAX_BODY_BYTES.read(raw.max_body_bytes)?;
-        let cache = CacheConfig::compile(raw.cache).map_err(|e| e.within("cache"))?;
+        let cache = apart(raw.cache, CacheConfig::compile).map_err(|e| e.within("cache"))?;
         // Groups compile their overrides against the sections as written.
         let base = ab::Base {
             routing: &raw.routing,
@@ -381,7 +381,7 @@ impl TryFrom<RawConfig> for Config {
             .tracing
             .otlp
             .filter(|_| SPANS)
-            .map(|o| OtlpConfig::compile(o).map_err(|e| e.within("tracing.otlp")))
+            .map(|o| apart(o, OtlpConfig::compile).map_err(|e| e.within("tracing.otlp")))
             .transpose()?;
         let access_log = ACCESS_LOG.or(raw.access_log.enabled);
         let mut config = Self {
@@ -389,13 +389,14 @@ impl TryFrom<RawConfig> for Config {
             max_body_bytes,
             routing,
             ab,
-            budget: BudgetConfig::compile(raw.budget).map_err(|e| e.within("budget"))?,
+            budget: apart(raw.budget, BudgetConfig::compile).map_err(|e| e.within("budget"))?,
             cache,
-            shaping: ShapingConfig::compile(raw.shaping).map_err(|e| e.within("shaping"))?,
-            degrade: DegradeConfig::compile(raw.degrade).map_err(|e| e.within("degrade"))?,
+            shaping: apart(raw.shaping, ShapingConfig::compile).map_err(|e| e.within("shaping"))?,
+            degrade: apart(raw.degrade, DegradeConfig::compile).map_err(|e| e.within("degrade"))?,
             admin: section(ADMIN, raw.admin, AdminConfig::compile)
                 .map_err(|e| e.within("admin"))?,
-            priority: PriorityConfig::compile(raw.priority).map_err(|e| e.within("priority"))?,
+            priority: apart(raw.priority, PriorityConfig::compile)
+                .map_err(|e| e.within("priority"))?,
             capture: section(SPANS, raw.tracing.capture, |c| {
                 compile_capture(c, otlp.as_ref(), access_log)
             })?,
@@ -404,7 +405,7 @@ impl TryFrom<RawConfig> for Config {
             access_log,
             limits: section(LIMITS, raw.limits, LimitsConfig::compile)
                 .map_err(|e| e.within("limits"))?,
-            tenant: TenantConfig::compile(raw.tenant).map_err(|e| e.within("tenant"))?,
+            tenant: apart(raw.tenant, TenantConfig::compile).map_err(|e| e.within("tenant"))?,
             credentials: section(CREDENTIALS, raw.credentials, CredentialsConfig::compile)
                 .map_err(|e| e.within("credentials"))?,
             guardrails: section(GUARDRAILS, raw.guardrails, Guardrails::compile)
@@ -415,7 +416,7 @@ impl TryFrom<RawConfig> for Config {
         if SPANS && config.capture.any() {
             config.capture.guarded = config.guardrails.withheld();
         }
-        config.names = names_of(&config);
+        config.names = apart(&config, |c| Ok(names_of(c)))?;
         Ok(config)
     }
 }
@@ -430,9 +431,23 @@ fn section<R, T: Default>(
     compile: impl FnOnce(R) -> Result<T, ConfigError>,
 ) -> Result<T, ConfigError> {
     match has {
-        true => compile(raw),
+        true => apart(raw, compile),
         false => Ok(T::default()),
     }
+}
+
+/// `compile(raw)` as a function of its own in the module: no section's
+/// compiler is inlined into the document's. V8 compiles every function of
+/// the module with TurboFan when a VM loads and Envoy's allocator keeps
+/// what the largest took, so a function of 31 KB costs every proxy about
+/// 2 MiB more than its parts would (`make build` refuses a function over
+/// `WASM_MAX_FUNCTION_BYTES`; docs/bench.md, "What a function costs").
+#[inline(never)]
+fn apart<R, T>(
+    raw: R,
+    compile: impl FnOnce(R) -> Result<T, ConfigError>,
+) -> Result<T, ConfigError> {
+    compile(raw)
 }
 
 /// A cluster only a group routes to is probed like every other.

@@ -101,7 +101,9 @@ pub fn variant<T: Copy>(
 
 /// A section or value given whole to serde: the parts of the document
 /// the full build alone reads keep their derived readers. The path is
-/// read back from the value's text, relative to it.
+/// read back from the value's text, relative to it. Each section's reader
+/// is a function of its own (`config::apart` says why).
+#[inline(never)]
 pub fn derived<T: serde::de::DeserializeOwned>(v: &Value) -> Result<T, ConfigError> {
     let text = serde_json::to_vec(v).map_err(|e| ConfigError::new(".", e.to_string()))?;
     ConfigError::from_json(&text)
