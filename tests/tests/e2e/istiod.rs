@@ -1121,9 +1121,11 @@ fn release_free_memory() -> Value {
     serde_json::from_str(custom).expect("custom bootstrap JSON")
 }
 
-/// One Envoy's memory: resident and proportional set (KiB, from /proc) and
-/// what its allocator holds (`server.memory_allocated`, `memory_heap_size`).
-fn memory(envoy: &Envoy) -> [u64; 4] {
+/// One Envoy's memory: resident, proportional and private set (KiB, from
+/// /proc; the private set is what another pod like it adds, the pages of
+/// the Envoy binary it shares left out) and what its allocator holds
+/// (`server.memory_allocated`, `memory_heap_size`).
+fn memory(envoy: &Envoy) -> [u64; 5] {
     let pid = envoy.pid().expect("pid");
     let kib = |file: &str, key: &str| {
         std::fs::read_to_string(format!("/proc/{pid}/{file}"))
@@ -1136,6 +1138,7 @@ fn memory(envoy: &Envoy) -> [u64; 4] {
     [
         kib("status", "VmRSS:"),
         kib("smaps_rollup", "Pss:"),
+        kib("smaps_rollup", "Private_Clean:") + kib("smaps_rollup", "Private_Dirty:"),
         envoy.stat("server.memory_allocated") / 1024,
         envoy.stat("server.memory_heap_size") / 1024,
     ]
@@ -1262,10 +1265,47 @@ async fn istiod_sidecar_memory() {
     std::thread::sleep(Duration::from_secs(3));
     let sidecar_idle = (memory(&plain), memory(&sidecar));
 
+    // A second pod of the namespace with the sidecar build (no iptables, so
+    // its port-80 listener is not bound): the pages of the Envoy binary V8
+    // runs from are one file's, shared, and PSS splits them between pods.
+    let second_node = Node {
+        id: "sidecar~127.0.0.7~app-1.my-app~my-app.svc.cluster.local".into(),
+        namespace: "my-app".into(),
+        labels: json!({"app": "my-app", "llm-filter": "enabled"}),
+        ip: "127.0.0.7".into(),
+        interception: None,
+    };
+    let second = start_node(&second_node, &istiod);
+    let vms = "wasm.envoy.wasm.runtime.v8.active";
+    assert!(
+        second.wait_for_stat(vms, 1, Duration::from_secs(60)) >= 1,
+        "the second pod's sidecar loaded the module"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let two_pods = [memory(&plain), memory(&sidecar), memory(&second)];
+
+    // The sidecar build again, its bootstrap letting Envoy hand its
+    // allocator's free pages back (bootstrap-memory.yaml).
+    drop((second, sidecar));
+    let sidecar = start_node_with(&node, &istiod, &release_free_memory());
+    wait_synced(&sidecar, &node, &istiod, &WASMPLUGIN_SIDECAR);
+    for i in 0..3 {
+        let r = post_json(
+            &url,
+            &chat_body("gpt-4o-mini", &format!("released {i}")),
+            &host,
+        )
+        .await
+        .expect("call");
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let sidecar_released = (memory(&plain), memory(&sidecar));
+
     let mib = |k: u64| k as f64 / 1024.0;
     println!("sidecar memory, MiB (Envoy concurrency 2, Istio's stats config):");
-    println!("| sidecar | RSS | PSS | memory_allocated | heap size |");
-    println!("|---|---:|---:|---:|---:|");
+    println!("| sidecar | RSS | PSS | private | memory_allocated | heap size |");
+    println!("|---|---:|---:|---:|---:|---:|");
     let rows = [
         ("without the filter", idle.0),
         ("with the filter, after 3 calls", idle.1),
@@ -1283,12 +1323,23 @@ async fn istiod_sidecar_memory() {
             "with the sidecar build (wasmplugin.yaml), after 3 calls",
             sidecar_idle.1,
         ),
+        (
+            "without the filter (beside two sidecar-build pods)",
+            two_pods[0],
+        ),
+        ("with the sidecar build, first of two pods", two_pods[1]),
+        ("with the sidecar build, second of two pods", two_pods[2]),
+        (
+            "with the sidecar build, after 3 calls, free memory released",
+            sidecar_released.1,
+        ),
     ];
-    for (what, [rss, pss, allocated, heap]) in rows {
+    for (what, [rss, pss, private, allocated, heap]) in rows {
         println!(
-            "| {what} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            "| {what} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
             mib(rss),
             mib(pss),
+            mib(private),
             mib(allocated),
             mib(heap)
         );
@@ -1300,12 +1351,22 @@ async fn istiod_sidecar_memory() {
         mib(filled.1[0]) - mib(filled.0[0]),
         mib(idle_released[0]) - mib(idle.0[0])
     );
-    let over = |i: usize, (plain, filter): ([u64; 4], [u64; 4])| mib(filter[i]) - mib(plain[i]);
+    let over = |i: usize, (plain, filter): ([u64; 5], [u64; 5])| mib(filter[i]) - mib(plain[i]);
     println!(
-        "over plain Envoy, idle: full build RSS {:+.1} MiB, PSS {:+.1} MiB; sidecar build RSS {:+.1} MiB, PSS {:+.1} MiB",
+        "over plain Envoy, idle: full build RSS {:+.1} MiB, PSS {:+.1} MiB, private {:+.1} MiB; sidecar build RSS {:+.1} MiB, PSS {:+.1} MiB, private {:+.1} MiB",
         over(0, idle),
         over(1, idle),
+        over(2, idle),
         over(0, sidecar_idle),
-        over(1, sidecar_idle)
+        over(1, sidecar_idle),
+        over(2, sidecar_idle)
+    );
+    println!(
+        "sidecar build over plain Envoy: PSS {:+.1} / {:+.1} MiB with two pods of it; RSS {:+.1} MiB, PSS {:+.1} MiB, private {:+.1} MiB with free memory released",
+        mib(two_pods[1][1]) - mib(two_pods[0][1]),
+        mib(two_pods[2][1]) - mib(two_pods[0][1]),
+        over(0, sidecar_released),
+        over(1, sidecar_released),
+        over(2, sidecar_released)
     );
 }
