@@ -17,6 +17,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::build::ROUTING;
 use crate::config::Names;
 use crate::host::cas::{self, Change, Unguarded};
 use crate::host::codec;
@@ -536,7 +537,14 @@ pub fn tried(store: &dyn SharedStore, m: &mut dyn Metrics, config_names: &Names,
 }
 
 /// Sets the `llm_filter_load_*` gauges of every record from shared data.
+/// A build that routes no call publishes none: the sidecar build sends its
+/// calls on to a gateway tier whose replicas count the same calls, and the
+/// mesh-wide sums `degrade.prometheus` reads would count each twice. Its
+/// records still count its calls for its own thresholds.
 pub fn publish(store: &dyn SharedStore, m: &mut dyn Metrics, now_ms: u64) {
+    if !ROUTING {
+        return;
+    }
     for key in index(store) {
         let Some(scope) = Scope::of_key(&key) else {
             continue;

@@ -164,6 +164,7 @@ fn the_family_is_bounded_by_its_index() {
     assert!(m.counters.is_empty());
 }
 
+#[cfg(feature = "routing")]
 #[test]
 fn gauges_come_from_shared_data() {
     let (store, mut m) = (MemoryStore::new(), MemoryMetrics::default());
@@ -190,6 +191,28 @@ fn gauges_come_from_shared_data() {
         m.gauges["llm_filter_load_cluster_tokens_per_sllm_cluster=.=east;.;"],
         5
     );
+}
+
+/// The sidecar build routes no call: its calls are counted by the gateway
+/// tier's replicas it sends them to, so it publishes no gauge, while its
+/// records still count them for its own thresholds.
+#[cfg(not(feature = "routing"))]
+#[test]
+fn a_build_that_routes_no_call_publishes_no_gauge() {
+    let (store, mut m) = (MemoryStore::new(), MemoryMetrics::default());
+    started(&store, &mut m, &none(), "gpt-4o", 0);
+    started(&store, &mut m, &none(), "gpt-4o", 0);
+    ended(
+        &store,
+        &mut m,
+        &none(),
+        &call("gpt-4o", End::Answered(200), 0, 50),
+        Some("gpt-4o"),
+    );
+    publish(&store, &mut m, 0);
+    assert!(m.gauges.is_empty(), "{:?}", m.gauges);
+    let s = read(&store, Scope::Model("gpt-4o"), 0);
+    assert_eq!((s.in_flight, (s.rps * 1000.0).round()), (1, 100.0));
 }
 
 #[test]

@@ -275,6 +275,30 @@ async fn two_calls_through_the_tier(mesh: &KeylessMesh) {
         "the gateway's records: {records:?}"
     );
     assert_eq!(records[0]["cluster"], PROVIDER_CLUSTER, "{records:?}");
+
+    // Each call counted once in the mesh-wide load the sidecars' degrade
+    // reads (`llm:load_*:sum`): the gateway publishes its models' load (each
+    // second, on its tick), the sidecar build none.
+    let load = "llm_filter_load_rps_milli";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let at_gateway = loop {
+        let samples = metrics_of(gateway);
+        let models: Vec<String> = samples_named(&samples, load)
+            .iter()
+            .filter_map(|s| s.labels.get("model").cloned())
+            .collect();
+        if models.iter().any(|m| m == MODEL) || Instant::now() >= deadline {
+            break models;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(at_gateway.iter().any(|m| m == MODEL), "{at_gateway:?}");
+    let at_sidecar: Vec<String> = metrics_of(app)
+        .into_iter()
+        .filter(|s| s.name.starts_with("llm_filter_load_"))
+        .map(|s| s.name)
+        .collect();
+    assert!(at_sidecar.is_empty(), "the sidecar's load: {at_sidecar:?}");
 }
 
 /// The app's budget, planned at the sidecar, ends a call the provider is
