@@ -106,6 +106,12 @@ fn invalid_configs_are_refused_naming_field_and_value() {
             "shaping.max_tokens_cap.P1",
             "0 is not",
         ),
+        // A key written twice: one reader keeps the first, another the last.
+        (
+            r#"{"priority": {"default": "P0", "default": "P2"}}"#,
+            "priority.default",
+            "written twice",
+        ),
     ];
     for (config, field, value) in cases {
         let error = match EnvoyBuilder::new()

@@ -24,6 +24,7 @@ use crate::degrade::config::{DegradeConfig, RawDegradeConfig};
 use crate::dialect::{Dialect, LlmPath, DEFAULT_PATHS};
 use crate::guard::policy::{Guardrails, RawGuardrails};
 use crate::identity::config::{RawTenant, TenantConfig};
+use crate::json::Json;
 use crate::limits::config::{LimitsConfig, RawLimitsConfig};
 use crate::priority::Priority;
 use crate::routing::config::{RawRoutingConfig, RoutingConfig};
@@ -351,6 +352,14 @@ impl Config {
         }
         // One tree, which the build's check and every section read.
         let doc: Value = ConfigError::from_json(json)?;
+        // The tree keeps the last of a key written twice; the document
+        // means one thing to every reader or is refused.
+        if let Some(path) = Json::parse(json).and_then(|j| j.repeated_key()) {
+            return Err(ConfigError::new(
+                path,
+                "the key is written twice in its object (one of the two would be ignored)",
+            ));
+        }
         crate::build::check(&doc)?;
         Self::try_from(RawConfig::read(&doc)?)
     }
@@ -746,6 +755,29 @@ mod tests {
         assert_eq!(c.priority.default, Priority::P2);
         assert!(!c.priority.trust_client);
         assert_eq!(c.tracing, TracingMode::Off);
+    }
+
+    #[test]
+    fn a_key_written_twice_is_refused_by_its_path() {
+        for (doc, field) in [
+            (
+                r#"{"priority":{"default":"P0","default":"P2"}}"#,
+                "priority.default",
+            ),
+            (r#"{"tracing":{"mode":"off"},"tracing":{}}"#, "tracing"),
+            (
+                r#"{"degrade":{"thresholds":[{"signal":"rps","above":1,"level":1,"above":9}]}}"#,
+                "degrade.thresholds[0].above",
+            ),
+        ] {
+            let e = Config::parse(doc.as_bytes()).unwrap_err();
+            assert_eq!(e.field, field, "{doc}");
+            assert!(e.message.contains("written twice"), "{doc}: {e}");
+        }
+        // Keys repeated in different objects are not repeats.
+        assert!(
+            Config::parse(br#"{"priority":{"default":"P0"},"tracing":{"mode":"off"}}"#).is_ok()
+        );
     }
 
     #[test]

@@ -126,15 +126,49 @@ impl Json {
     /// wins, or the request is refused), so such a body means different things
     /// to different readers.
     pub fn repeats_a_key(&self) -> bool {
+        self.repeated_key().is_some()
+    }
+
+    /// The path (`a.b[2].c`) of the first key in document order that its
+    /// object names twice, inside this value or itself; `None` when no
+    /// object repeats one.
+    pub fn repeated_key(&self) -> Option<String> {
+        let within = |outer: &str, inner: String| match inner.starts_with('[') {
+            true => format!("{outer}{inner}"),
+            false => format!("{outer}.{inner}"),
+        };
         match self {
-            Json::Array(items) => items.iter().any(Json::repeats_a_key),
+            Json::Array(items) => items.iter().enumerate().find_map(|(i, item)| {
+                item.repeated_key()
+                    .map(|inner| within(&format!("[{i}]"), inner))
+            }),
             Json::Object(members) => {
+                // The keys written more than once, sorted, then where the
+                // first repeat stands in the document.
                 let mut keys: Vec<&str> = members.iter().map(|(k, _)| k.as_str()).collect();
                 keys.sort_unstable();
-                keys.windows(2).any(|w| matches!(w, [a, b] if a == b))
-                    || members.iter().any(|(_, v)| v.repeats_a_key())
+                let mut repeated: Vec<&str> = keys
+                    .windows(2)
+                    .filter_map(|w| match w {
+                        [a, b] if a == b => Some(*a),
+                        _ => None,
+                    })
+                    .collect();
+                repeated.dedup();
+                let mut seen = vec![false; repeated.len()];
+                let repeat = members.iter().position(|(k, _)| {
+                    repeated
+                        .binary_search(&k.as_str())
+                        .is_ok_and(|i| seen.get_mut(i).is_some_and(|s| std::mem::replace(s, true)))
+                });
+                let before = repeat.unwrap_or(members.len());
+                members
+                    .iter()
+                    .take(before)
+                    .find_map(|(k, v)| v.repeated_key().map(|inner| within(k, inner)))
+                    .or_else(|| repeat.and_then(|i| members.get(i)).map(|(k, _)| k.clone()))
             }
-            _ => false,
+            _ => None,
         }
     }
 
@@ -521,6 +555,33 @@ fn canonical_number(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_repeated_key_is_named_by_its_path() {
+        let path = |doc: &str| Json::parse(doc.as_bytes()).and_then(|j| j.repeated_key());
+        assert_eq!(path(r#"{"a":1,"b":{"c":[1,{"d":2}]}}"#), None);
+        assert_eq!(path(r#"{"a":1,"a":1}"#).as_deref(), Some("a"));
+        assert_eq!(path(r#"{"a":{"b":1,"c":2,"b":3}}"#).as_deref(), Some("a.b"));
+        assert_eq!(
+            path(r#"{"m":{"x":[{"k":1},{"c":"a","c":"b"}]}}"#).as_deref(),
+            Some("m.x[1].c")
+        );
+        assert_eq!(path(r#"[0,{"k":1,"k":2}]"#).as_deref(), Some("[1].k"));
+        // The first in document order: inside a member before the repeat,
+        // else the repeat, before anything after it.
+        assert_eq!(
+            path(r#"{"a":{"x":1,"x":2},"b":1,"b":2}"#).as_deref(),
+            Some("a.x")
+        );
+        assert_eq!(
+            path(r#"{"b":1,"b":2,"a":{"x":1,"x":2}}"#).as_deref(),
+            Some("b")
+        );
+        assert_eq!(path(r#"{"z":1,"y":2,"z":3,"y":4}"#).as_deref(), Some("z"));
+        // Same key in different objects is no repeat.
+        assert_eq!(path(r#"{"a":{"k":1},"b":{"k":1}}"#), None);
+        assert!(Json::parse(br#"{"a":{"k":1,"k":1}}"#).is_some_and(|j| j.repeats_a_key()));
+    }
 
     fn canon(s: &str) -> String {
         let mut out = Vec::new();
