@@ -1144,6 +1144,18 @@ fn memory(envoy: &Envoy) -> [u64; 5] {
     ]
 }
 
+/// Three calls through a sidecar at `url`, the `i`th with `body(i)`, each
+/// answered; then the proxies are left idle for 3 s before they are measured.
+async fn three_calls(url: &str, body: impl Fn(usize) -> Value) {
+    for i in 0..3 {
+        let r = post_json(url, &body(i), &[("host", PROVIDER)])
+            .await
+            .expect("call");
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    std::thread::sleep(Duration::from_secs(3));
+}
+
 /// What a sidecar costs (docs/deploy/istio.md): two sidecars istiod
 /// configures from the examples, Envoy at concurrency 2 (the builder's) with
 /// the stats config Istio's agent writes, one of `team-b` without the filter
@@ -1180,13 +1192,7 @@ async fn istiod_sidecar_memory() {
     assert_without_the_filter(&plain, &plain_node, &istiod);
     let url = SIDECAR.chat_url();
     let host = [("host", PROVIDER)];
-    for i in 0..3 {
-        let r = post_json(&url, &cacheable("gpt-4o-mini", &format!("warm {i}")), &host)
-            .await
-            .expect("call");
-        assert_eq!(r.status, 200, "{}", r.text());
-    }
-    std::thread::sleep(Duration::from_secs(3));
+    three_calls(&url, |i| cacheable("gpt-4o-mini", &format!("warm {i}"))).await;
     let idle = (memory(&plain), memory(&envoy));
 
     provider.set_answer_words(Some(12_000));
@@ -1220,17 +1226,7 @@ async fn istiod_sidecar_memory() {
     let released = start_node_with(&node, &istiod, &release_free_memory());
     wait_synced(&released, &node, &istiod, &SIDECAR);
     provider.set_answer_words(None);
-    for i in 0..3 {
-        let r = post_json(
-            &url,
-            &cacheable("gpt-4o-mini", &format!("again {i}")),
-            &host,
-        )
-        .await
-        .expect("call");
-        assert_eq!(r.status, 200, "{}", r.text());
-    }
-    std::thread::sleep(Duration::from_secs(3));
+    three_calls(&url, |i| cacheable("gpt-4o-mini", &format!("again {i}"))).await;
     let idle_released = memory(&released);
 
     // The sidecar build (wasmplugin.yaml, which names its image), beside a
@@ -1247,22 +1243,12 @@ async fn istiod_sidecar_memory() {
     let sidecar = start_node(&node, &istiod);
     wait_synced(&sidecar, &node, &istiod, &WASMPLUGIN_SIDECAR);
     assert_without_the_filter(&plain, &plain_node, &istiod);
-    for i in 0..3 {
-        let r = post_json(
-            &url,
-            &chat_body("gpt-4o-mini", &format!("sidecar {i}")),
-            &host,
-        )
-        .await
-        .expect("call");
-        assert_eq!(r.status, 200, "{}", r.text());
-        assert_eq!(
-            provider.last_request().expect("call").header("baggage"),
-            Some("priority=P1"),
-            "the sidecar build tagged the call"
-        );
-    }
-    std::thread::sleep(Duration::from_secs(3));
+    three_calls(&url, |i| chat_body("gpt-4o-mini", &format!("sidecar {i}"))).await;
+    assert_eq!(
+        provider.last_request().expect("call").header("baggage"),
+        Some("priority=P1"),
+        "the sidecar build tagged the calls"
+    );
     let sidecar_idle = (memory(&plain), memory(&sidecar));
 
     // A second pod of the namespace with the sidecar build (no iptables, so
@@ -1289,17 +1275,7 @@ async fn istiod_sidecar_memory() {
     drop((second, sidecar));
     let sidecar = start_node_with(&node, &istiod, &release_free_memory());
     wait_synced(&sidecar, &node, &istiod, &WASMPLUGIN_SIDECAR);
-    for i in 0..3 {
-        let r = post_json(
-            &url,
-            &chat_body("gpt-4o-mini", &format!("released {i}")),
-            &host,
-        )
-        .await
-        .expect("call");
-        assert_eq!(r.status, 200, "{}", r.text());
-    }
-    std::thread::sleep(Duration::from_secs(3));
+    three_calls(&url, |i| chat_body("gpt-4o-mini", &format!("released {i}"))).await;
     let sidecar_released = (memory(&plain), memory(&sidecar));
 
     let mib = |k: u64| k as f64 / 1024.0;

@@ -164,9 +164,8 @@ fn the_family_is_bounded_by_its_index() {
     assert!(m.counters.is_empty());
 }
 
-#[cfg(feature = "routing")]
-#[test]
-fn gauges_come_from_shared_data() {
+/// Two calls of `gpt-4o` started and one ended, answered with 50 tokens.
+fn one_of_two_calls_ended() -> (MemoryStore, MemoryMetrics) {
     let (store, mut m) = (MemoryStore::new(), MemoryMetrics::default());
     started(&store, &mut m, &none(), "gpt-4o", 0);
     started(&store, &mut m, &none(), "gpt-4o", 0);
@@ -177,6 +176,13 @@ fn gauges_come_from_shared_data() {
         &call("gpt-4o", End::Answered(200), 0, 50),
         Some("gpt-4o"),
     );
+    (store, m)
+}
+
+#[cfg(feature = "routing")]
+#[test]
+fn gauges_come_from_shared_data() {
+    let (store, mut m) = one_of_two_calls_ended();
     let c = try_on(Some("east"), End::Answered(200), 0, 50);
     tried(&store, &mut m, &none(), &c);
     publish(&store, &mut m, 0);
@@ -199,16 +205,7 @@ fn gauges_come_from_shared_data() {
 #[cfg(not(feature = "routing"))]
 #[test]
 fn a_build_that_routes_no_call_publishes_no_gauge() {
-    let (store, mut m) = (MemoryStore::new(), MemoryMetrics::default());
-    started(&store, &mut m, &none(), "gpt-4o", 0);
-    started(&store, &mut m, &none(), "gpt-4o", 0);
-    ended(
-        &store,
-        &mut m,
-        &none(),
-        &call("gpt-4o", End::Answered(200), 0, 50),
-        Some("gpt-4o"),
-    );
+    let (store, mut m) = one_of_two_calls_ended();
     publish(&store, &mut m, 0);
     assert!(m.gauges.is_empty(), "{:?}", m.gauges);
     let s = read(&store, Scope::Model("gpt-4o"), 0);
