@@ -1,6 +1,7 @@
-//! W3C Trace Context: continue the caller's trace with a new span for this hop,
-//! or start one, so an LLM call can be followed across the mesh and the client
-//! learns its trace id.
+//! W3C Trace Context: continue the caller's trace with a new span for this hop
+//! (one the filter exports), pass it on as it came (a hop that exports no
+//! span), or start one, so an LLM call can be followed across the mesh and
+//! the client learns its trace id.
 
 use crate::host::Random;
 
@@ -101,6 +102,18 @@ impl TraceParent {
     /// The trace id as 32 lowercase hex digits.
     pub fn trace_id_hex(&self) -> String {
         hex(&self.trace_id)
+    }
+
+    /// The ids of a `traceparent` passed on as it came, by a hop that adds
+    /// no span of its own: the span the upstream hangs under is the
+    /// caller's.
+    pub fn as_sent(&self) -> SpanIds {
+        SpanIds {
+            trace_id: self.trace_id,
+            span_id: self.parent_id,
+            parent_id: None,
+            flags: self.flags,
+        }
     }
 }
 

@@ -227,7 +227,20 @@ impl Call {
         set_baggage(env, host, baggage, priority::BAGGAGE_KEY, p);
 
         let incoming = host.request_header(trace_context::TRACEPARENT);
+        let parsed = incoming
+            .as_deref()
+            .and_then(trace_context::TraceParent::parse);
         self.decided.trace_id = match env.config.tracing {
+            // A hop that exports no span is no participant in the trace: a
+            // valid `traceparent` goes on as it came, so the next hop's span
+            // hangs under the caller's, not under an id no tracing backend
+            // holds (written back once: a repeated header goes as one). The
+            // record names the span the upstream was given.
+            TracingMode::Always if env.config.otlp.is_none() && parsed.is_some() => {
+                set_request(env, host, trace_context::TRACEPARENT, incoming.as_deref());
+                self.decided.span = parsed.map(|p| p.as_sent());
+                parsed.map(|p| p.trace_id_hex())
+            }
             TracingMode::Always => {
                 // Parent-based: a continued trace keeps its caller's flags;
                 // a new one is sampled at the ratio of the spans exported.
@@ -248,10 +261,7 @@ impl Call {
                 }
                 Some(out.trace_id)
             }
-            TracingMode::Off => incoming
-                .as_deref()
-                .and_then(trace_context::TraceParent::parse)
-                .map(|p| p.trace_id_hex()),
+            TracingMode::Off => parsed.map(|p| p.trace_id_hex()),
         };
     }
 

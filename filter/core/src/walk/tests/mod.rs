@@ -93,6 +93,50 @@ fn non_llm_requests_pass_untouched() {
     }
 }
 
+/// A hop that exports no span passes a valid `traceparent` on as it came
+/// (its `tracestate` too): the upstream's span hangs under the caller's.
+/// The client still learns the trace id, and the record names the span the
+/// upstream was given. An invalid one still starts a new trace.
+#[test]
+fn without_spans_a_valid_trace_goes_on_as_it_came() {
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut w = World::new(r#"{"access_log":{"enabled":true}}"#);
+    let mut host = FakeHost::post("/v1/chat/completions")
+        .with_header("traceparent", TP)
+        .with_header("tracestate", "v=1")
+        .with_body(CHAT);
+    let (mut call, _) = w.request(&mut host).unwrap();
+    assert_eq!(host.header("traceparent"), Some(TP));
+    assert_eq!(host.header("tracestate"), Some("v=1"));
+    let mut host = host.with_response(200, "application/json", ANSWER);
+    w.respond(&mut call, &mut host);
+    assert_eq!(
+        host.response("x-trace-id"),
+        Some("4bf92f3577b34da6a3ce929d0e0e4736")
+    );
+    let record: serde_json::Value =
+        serde_json::from_slice(&host.properties["llm_filter.call"]).unwrap();
+    assert_eq!(
+        (&record["trace_id"], &record["span_id"]),
+        (
+            &serde_json::json!("4bf92f3577b34da6a3ce929d0e0e4736"),
+            &serde_json::json!("00f067aa0ba902b7")
+        )
+    );
+
+    let mut host = FakeHost::post("/v1/chat/completions")
+        .with_header(
+            "traceparent",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        )
+        .with_header("tracestate", "v=1")
+        .with_body(CHAT);
+    w.request(&mut host).unwrap();
+    let tp = host.header("traceparent").unwrap();
+    assert!(trace_context::TraceParent::parse(tp).is_some() && !tp.contains("-00f067aa0ba902b7-"));
+    assert_eq!(host.header("tracestate"), None, "orphaned");
+}
+
 #[test]
 fn a_plain_call_is_tagged_planned_and_counted() {
     let mut w = World::new("{}");
