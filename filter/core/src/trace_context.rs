@@ -104,9 +104,15 @@ impl TraceParent {
         hex(&self.trace_id)
     }
 
-    /// The ids of a `traceparent` passed on as it came, by a hop that adds
-    /// no span of its own: the span the upstream hangs under is the
-    /// caller's.
+    /// This `traceparent` as version 00 writes it: what a hop that adds no
+    /// span of its own passes on (one header, 55 bytes, whatever version and
+    /// spacing it came in).
+    pub fn header(&self) -> String {
+        header(&self.trace_id, &self.parent_id, self.flags)
+    }
+
+    /// The ids of a `traceparent` passed on by a hop that adds no span of
+    /// its own: the span the upstream hangs under is the caller's.
     pub fn as_sent(&self) -> SpanIds {
         SpanIds {
             trace_id: self.trace_id,
@@ -127,17 +133,9 @@ pub fn next(incoming: Option<&str>, rng: &mut dyn Random, sample_root: bool) -> 
         None => (new_id::<16>(rng), u8::from(sample_root)),
     };
     let span_id = new_id::<8>(rng);
-    // `00-<trace id>-<span id>-<flags>`, written in one buffer.
-    let mut traceparent = String::with_capacity(55);
-    traceparent.push_str("00-");
-    push_hex(&mut traceparent, &trace_id);
-    traceparent.push('-');
-    push_hex(&mut traceparent, &span_id);
-    traceparent.push('-');
-    push_hex(&mut traceparent, &[flags]);
     Outgoing {
         trace_id: hex(&trace_id),
-        traceparent,
+        traceparent: header(&trace_id, &span_id, flags),
         continued: parsed.is_some(),
         span: SpanIds {
             trace_id,
@@ -146,6 +144,18 @@ pub fn next(incoming: Option<&str>, rng: &mut dyn Random, sample_root: bool) -> 
             flags,
         },
     }
+}
+
+/// `00-<trace id>-<span id>-<flags>`, written in one buffer.
+fn header(trace_id: &[u8; 16], span_id: &[u8; 8], flags: u8) -> String {
+    let mut traceparent = String::with_capacity(55);
+    traceparent.push_str("00-");
+    push_hex(&mut traceparent, trace_id);
+    traceparent.push('-');
+    push_hex(&mut traceparent, span_id);
+    traceparent.push('-');
+    push_hex(&mut traceparent, &[flags]);
+    traceparent
 }
 
 /// A random id that is never all zero.

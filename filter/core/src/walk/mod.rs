@@ -232,12 +232,13 @@ impl Call {
             .and_then(trace_context::TraceParent::parse);
         self.decided.trace_id = match env.config.tracing {
             // A hop that exports no span is no participant in the trace: a
-            // valid `traceparent` goes on as it came, so the next hop's span
-            // hangs under the caller's, not under an id no tracing backend
-            // holds (written back once: a repeated header goes as one). The
-            // record names the span the upstream was given.
+            // valid `traceparent` goes on with the caller's ids and flags,
+            // so the next hop's span hangs under the caller's, not under an
+            // id no tracing backend holds (written back as version 00, one
+            // header). The record names the span the upstream was given.
             TracingMode::Always if env.config.otlp.is_none() && parsed.is_some() => {
-                set_request(env, host, trace_context::TRACEPARENT, incoming.as_deref());
+                let header = parsed.map(|p| p.header());
+                set_request(env, host, trace_context::TRACEPARENT, header.as_deref());
                 self.decided.span = parsed.map(|p| p.as_sent());
                 parsed.map(|p| p.trace_id_hex())
             }
