@@ -735,6 +735,35 @@ mod props {
         }
     }
 
+    /// The path of the first repeated key, reading the members of each
+    /// object in order: the reference `Json::repeated_key` is held to.
+    fn first_repeat(v: &Json) -> Option<String> {
+        let join = |outer: String, inner: String| match inner.starts_with('[') {
+            true => outer + &inner,
+            false => outer + "." + &inner,
+        };
+        match v {
+            Json::Array(items) => items
+                .iter()
+                .enumerate()
+                .find_map(|(i, x)| first_repeat(x).map(|p| join(format!("[{i}]"), p))),
+            Json::Object(m) => {
+                let mut seen: Vec<&str> = Vec::new();
+                for (k, x) in m {
+                    if seen.contains(&k.as_str()) {
+                        return Some(k.clone());
+                    }
+                    seen.push(k);
+                    if let Some(p) = first_repeat(x) {
+                        return Some(join(k.clone(), p));
+                    }
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+
     /// A number serde_json refuses: beyond `f64`.
     fn huge(v: &Json) -> bool {
         match v {
@@ -791,6 +820,15 @@ mod props {
             let c = canon(literal.as_bytes()).unwrap();
             prop_assert_eq!(&c, &n.canonical());
             prop_assert_eq!(literal.trim().parse::<f64>().unwrap(), c.parse::<f64>().unwrap());
+        }
+
+        /// The repeated key named is the first the text shows, by its path.
+        #[test]
+        fn the_repeated_key_named_is_the_first_in_the_text(doc in fuzz::doc(false), seed: u64) {
+            let tree = Json::parse(doc.spell(seed).as_bytes()).unwrap();
+            let want = first_repeat(&tree);
+            prop_assert_eq!(tree.repeats_a_key(), want.is_some());
+            prop_assert_eq!(tree.repeated_key(), want);
         }
 
         /// Arbitrary bytes never panic.
