@@ -123,11 +123,11 @@ impl TraceParent {
     }
 }
 
-/// The trace context for the upstream call: the caller's trace continued with
-/// a fresh span id (flags kept), or a new trace when the caller sent none or
-/// an invalid one, sampled when `sample_root`.
-pub fn next(incoming: Option<&str>, rng: &mut dyn Random, sample_root: bool) -> Outgoing {
-    let parsed = incoming.and_then(TraceParent::parse);
+/// The trace context for the upstream call: the caller's trace (`parsed`,
+/// its valid `traceparent`) continued with a fresh span id (flags kept), or a
+/// new trace when the caller sent none or an invalid one, sampled when
+/// `sample_root`.
+pub fn next(parsed: Option<TraceParent>, rng: &mut dyn Random, sample_root: bool) -> Outgoing {
     let (trace_id, flags) = match parsed {
         Some(p) => (p.trace_id, p.flags),
         None => (new_id::<16>(rng), u8::from(sample_root)),
@@ -264,7 +264,7 @@ mod tests {
     #[test]
     fn continues_a_valid_trace_with_a_new_span() {
         let mut rng = SplitMix64::new(7);
-        let out = next(Some(VALID), &mut rng, true);
+        let out = next(TraceParent::parse(VALID), &mut rng, true);
         assert!(out.continued);
         assert_eq!(out.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
         let p = TraceParent::parse(&out.traceparent).unwrap();
@@ -272,7 +272,7 @@ mod tests {
         assert_ne!(hex(&p.parent_id), "00f067aa0ba902b7");
         assert_eq!(p.flags, 1);
         let unsampled = VALID.replace("-01", "-00");
-        assert!(next(Some(&unsampled), &mut rng, true)
+        assert!(next(TraceParent::parse(&unsampled), &mut rng, true)
             .traceparent
             .ends_with("-00"));
     }
@@ -281,7 +281,7 @@ mod tests {
     fn starts_a_new_trace_when_absent_or_invalid() {
         let mut rng = SplitMix64::new(9);
         let a = next(None, &mut rng, true);
-        let b = next(Some("garbage"), &mut rng, true);
+        let b = next(TraceParent::parse("garbage"), &mut rng, true);
         for o in [&a, &b] {
             assert!(!o.continued);
             assert_eq!(o.trace_id.len(), 32);
@@ -339,7 +339,7 @@ mod props {
             let raw = spell(version, &t, &p, flags);
             let parsed = TraceParent::parse(&raw);
             prop_assert_eq!(parsed, Some(TraceParent { trace_id: t, parent_id: p, flags }));
-            let out = next(Some(&raw), &mut SplitMix64::new(seed), true);
+            let out = next(TraceParent::parse(&raw), &mut SplitMix64::new(seed), true);
             prop_assert!(out.continued);
             let again = TraceParent::parse(&out.traceparent).unwrap();
             prop_assert_eq!((again.trace_id, again.flags), (t, flags));
@@ -355,7 +355,7 @@ mod props {
             raw[at] = byte;
             let raw = String::from_utf8_lossy(&raw);
             let _ = TraceParent::parse(&raw);
-            let out = next(Some(&raw), &mut SplitMix64::new(seed), true);
+            let out = next(TraceParent::parse(&raw), &mut SplitMix64::new(seed), true);
             prop_assert!(TraceParent::parse(&out.traceparent).is_some());
             prop_assert!(out.traceparent.starts_with("00-"));
         }
@@ -363,7 +363,7 @@ mod props {
         /// Any text at all: no panic, a valid header upstream.
         #[test]
         fn any_text_gives_a_valid_next_hop(raw in ".{0,80}", seed: u64) {
-            let out = next(Some(&raw), &mut SplitMix64::new(seed), true);
+            let out = next(TraceParent::parse(&raw), &mut SplitMix64::new(seed), true);
             prop_assert!(TraceParent::parse(&out.traceparent).is_some());
         }
     }

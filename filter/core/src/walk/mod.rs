@@ -226,30 +226,29 @@ impl Call {
         set_request(env, host, priority::HEADER, Some(p));
         set_baggage(env, host, baggage, priority::BAGGAGE_KEY, p);
 
-        let incoming = host.request_header(trace_context::TRACEPARENT);
-        let parsed = incoming
+        let parsed = host
+            .request_header(trace_context::TRACEPARENT)
             .as_deref()
             .and_then(trace_context::TraceParent::parse);
-        self.decided.trace_id = match env.config.tracing {
+        self.decided.trace_id = match (env.config.tracing, parsed) {
             // A hop that exports no span is no participant in the trace: a
             // valid `traceparent` goes on with the caller's ids and flags,
             // so the next hop's span hangs under the caller's, not under an
             // id no tracing backend holds (written back as version 00, one
             // header). The record names the span the upstream was given.
-            TracingMode::Always if env.config.otlp.is_none() && parsed.is_some() => {
-                let header = parsed.map(|p| p.header());
-                set_request(env, host, trace_context::TRACEPARENT, header.as_deref());
-                self.decided.span = parsed.map(|p| p.as_sent());
-                parsed.map(|p| p.trace_id_hex())
+            (TracingMode::Always, Some(p)) if env.config.otlp.is_none() => {
+                set_request(env, host, trace_context::TRACEPARENT, Some(&p.header()));
+                self.decided.span = Some(p.as_sent());
+                Some(p.trace_id_hex())
             }
-            TracingMode::Always => {
+            (TracingMode::Always, _) => {
                 // Parent-based: a continued trace keeps its caller's flags;
                 // a new one is sampled at the ratio of the spans exported.
                 let sample_root =
                     env.config.otlp.as_ref().is_none_or(|o| {
                         o.sample_ratio >= 1.0 || env.rng.next_f64() < o.sample_ratio
                     });
-                let out = trace_context::next(incoming.as_deref(), env.rng, sample_root);
+                let out = trace_context::next(parsed, env.rng, sample_root);
                 self.decided.span = Some(out.span);
                 set_request(
                     env,
@@ -262,7 +261,7 @@ impl Call {
                 }
                 Some(out.trace_id)
             }
-            TracingMode::Off => parsed.map(|p| p.trace_id_hex()),
+            (TracingMode::Off, _) => parsed.map(|p| p.trace_id_hex()),
         };
     }
 
