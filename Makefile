@@ -143,7 +143,7 @@ export PILOT_AGENT_BIN := $(abspath $(PILOT_AGENT))
 export ISTIO_BOOTSTRAP_BIN := $(abspath $(ISTIO_BOOTSTRAP))
 export ISTIO_BOOTSTRAP_TEMPLATE := $(abspath $(ISTIO_TEMPLATE))
 
-.PHONY: help build run test unit fuzz e2e examples dashboard-picture tools-picture lint audit tools-deny bench bench-noop bench-core bench-tail bench-hostcalls bench-sidecar-memory soak clean wasm-target envoy tools-bench tools-promtool tools-tls sdk image push image-test tools-image istio-models tools-alertmanager tools-prometheus tools-wasm-opt tools-istiod test-envoys presidio FORCE
+.PHONY: help build run test unit fuzz e2e examples dashboard-picture tools-picture lint audit tools-deny bench bench-noop bench-core bench-tail bench-hostcalls bench-sidecar-memory bench-load soak clean wasm-target envoy tools-bench tools-promtool tools-tls sdk image push image-test tools-image istio-models tools-alertmanager tools-prometheus tools-wasm-opt tools-istiod test-envoys presidio FORCE
 
 help:
 	@echo "make run    build, start the mock upstream and Envoy with the filter, print curls"
@@ -158,6 +158,7 @@ help:
 	@echo "make bench-core  the pure core parts of a call timed natively, µs per call"
 	@echo "make bench-hostcalls  host calls per call of every filter scenario (a census build)"
 	@echo "make bench-tail  tail latency across three backends: even spread vs filter routing (~1 min)"
+	@echo "make bench-load  time and CPU to load each module, and to take a pushed configuration or module (~1 min)"
 	@echo "make bench-sidecar-memory  a sidecar's memory with and without the filter, cache full (real istiod)"
 	@echo "make dashboard-picture  docs/dashboard.png from a real Prometheus after mixed traffic (~3 min)"
 	@echo "make soak   mixed traffic for SOAK_DURATION_S (default 600) s; fails if memory or shared data grows"
@@ -488,6 +489,15 @@ bench-core:
 
 bench-tail: build envoy
 	$(CARGO) run --release -p llm-filter-e2e --bin bench-tail
+
+# What a module costs when it arrives: Envoy at concurrency 2 started with
+# each module (time to ready, CPU by then), then a new configuration and a
+# new module pushed to it by extension config discovery, as Istio delivers
+# a WasmPlugin (about a minute; docs/deploy/istio.md, "At load and at a
+# push"). BENCH_LOAD_ARGS="--starts 5 --pushes 5" e.g.
+BENCH_LOAD_ARGS ?=
+bench-load: build bench-noop envoy
+	$(CARGO) run --release -p llm-filter-e2e --bin bench-load -- $(BENCH_LOAD_ARGS)
 
 # What a sidecar costs: Envoy's RSS, PSS and allocator with and without the
 # filter, and with its cache full, in the sidecar layout the real istiod

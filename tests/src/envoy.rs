@@ -108,6 +108,17 @@ pub fn sidecar_wasm_path() -> PathBuf {
         .unwrap_or_else(|| workspace_root().join("target/llm_filter_sidecar.wasm"))
 }
 
+/// The no-op module the benches compare the filter with (tests/noop):
+/// `LLM_FILTER_NOOP_WASM`, else its release build under the workspace root
+/// (`make bench-noop` builds it).
+pub fn noop_wasm_path() -> PathBuf {
+    std::env::var_os("LLM_FILTER_NOOP_WASM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            workspace_root().join("target/wasm32-wasip1/release/llm_filter_noop.wasm")
+        })
+}
+
 /// Whether the Envoy binary exists (see [`crate::skip_without_envoy`]).
 pub fn envoy_available() -> bool {
     envoy_bin().is_file()
@@ -771,7 +782,8 @@ impl Envoy {
             if Instant::now() >= deadline {
                 bail!("not ready after {READY_DEADLINE:?}");
             }
-            std::thread::sleep(Duration::from_millis(50));
+            // Fine enough for `make bench-load` to time a start by.
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 
@@ -857,13 +869,12 @@ impl Envoy {
     /// file Envoy watches is replaced at once, and this waits until Envoy
     /// took the new config (or refused it: an error).
     pub fn reload_plugin_config(&self, config: impl std::fmt::Display) -> Result<()> {
-        let reloads = format!("extension_config_discovery.http_filter.{FILTER_NAME}.config_reload");
         let failures = format!("extension_config_discovery.http_filter.{FILTER_NAME}.config_fail");
-        let (before, failed_before) = (self.stat(&reloads), self.stat(&failures));
-        write_ecds(self.dir.path(), &self.wasm_path, &config.to_string())?;
+        let (before, failed_before) = (self.plugin_reloads(), self.stat(&failures));
+        self.push_plugin(&self.wasm_path, config)?;
         let deadline = Instant::now() + READY_DEADLINE;
         loop {
-            if self.stat(&reloads) > before {
+            if self.plugin_reloads() > before {
                 return Ok(());
             }
             if self.stat(&failures) > failed_before {
@@ -874,6 +885,31 @@ impl Envoy {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Delivers the module `wasm` with the filter configuration `config` by
+    /// extension config discovery, as [`Envoy::reload_plugin_config`] does,
+    /// without waiting for Envoy to take it (`make bench-load` times that).
+    pub fn push_plugin(&self, wasm: &Path, config: impl std::fmt::Display) -> Result<()> {
+        write_ecds(self.dir.path(), wasm, &config.to_string())
+    }
+
+    /// The filter configurations Envoy took by discovery so far.
+    pub fn plugin_reloads(&self) -> u64 {
+        self.stat(&format!(
+            "extension_config_discovery.http_filter.{FILTER_NAME}.config_reload"
+        ))
+    }
+
+    /// CPU time Envoy's threads have used so far, in nanoseconds (the sum
+    /// of each thread's `schedstat`); `None` once it has exited.
+    pub fn cpu_ns(&self) -> Option<u64> {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid()?)).ok()?;
+        let used = tasks.filter_map(|task| {
+            let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+            stat.split_whitespace().next()?.parse::<u64>().ok()
+        });
+        Some(used.sum())
     }
 
     /// One counter or gauge; 0 when it does not exist (yet) or admin fails.

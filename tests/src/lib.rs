@@ -31,9 +31,10 @@ use serde_json::{json, Value};
 
 pub use alertmanager::{alertmanager_bin, Alertmanager};
 pub use envoy::{
-    envoy_available, envoy_bin, provider_bootstrap, provider_bootstrap_from, sidecar_wasm_path,
-    stats_config_yaml, stats_tag_rules, temp_dir, top_level_block, validate_config,
-    validate_config_file, wasm_available, wasm_path, workspace_root, Envoy, EnvoyBuilder,
+    envoy_available, envoy_bin, noop_wasm_path, provider_bootstrap, provider_bootstrap_from,
+    sidecar_wasm_path, stats_config_yaml, stats_tag_rules, temp_dir, top_level_block,
+    validate_config, validate_config_file, wasm_available, wasm_path, workspace_root, Envoy,
+    EnvoyBuilder,
 };
 pub use mock::oauth2::TokenEndpoint;
 pub use mock::{Canned, MockConfig, MockUpstream, Provider, RecordedRequest, Script, TailLatency};

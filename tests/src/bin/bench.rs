@@ -14,7 +14,7 @@
 #![cfg_attr(test, allow(clippy::panic, clippy::indexing_slicing))]
 
 use std::collections::{btree_map, BTreeMap};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, ExitCode};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
@@ -23,24 +23,14 @@ use anyhow::{anyhow, bail, Context, Result};
 use futures_util::StreamExt;
 use llm_filter_core::metrics::{BENCH_CALLBACK_NS, BENCH_HOSTCALLS, BENCH_HOSTCALL_NS};
 use llm_filter_e2e::{
-    chat_body, chat_stream_body, cli, conversation_body, messages_body, post_json, responses_body,
-    sidecar_wasm_path, with_field, workspace_root, Envoy, EnvoyBuilder, HttpResponse, MockConfig,
+    chat_body, chat_stream_body, cli, conversation_body, messages_body, noop_wasm_path, post_json,
+    responses_body, sidecar_wasm_path, with_field, Envoy, EnvoyBuilder, HttpResponse, MockConfig,
     MockUpstream, SseParser, SHAPING_AB,
 };
 use serde_json::{json, Value};
 
 const USAGE: &str = "usage: bench [--duration SECS] [--warmup SECS] [--rounds N] [--threads N] \
                      [--connections N] [--ttfb-calls N] [--hostcalls N] [--only NAME]...";
-
-/// The floor's module: `LLM_FILTER_NOOP_WASM`, else its release build under the
-/// workspace root (`make bench` builds it).
-fn noop_wasm_path() -> PathBuf {
-    std::env::var_os("LLM_FILTER_NOOP_WASM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            workspace_root().join("target/wasm32-wasip1/release/llm_filter_noop.wasm")
-        })
-}
 
 /// Envoy with the no-op module in the filter's place (its configuration is ignored).
 fn noop_envoy(port: u16) -> EnvoyBuilder {
