@@ -258,11 +258,29 @@ pub struct Stamp {
     pub expires_at_ms: u64,
 }
 
-#[cfg(test)]
 impl Default for CacheConfig {
-    /// The empty section.
+    /// The empty section, each setting's default, built without compiling
+    /// anything: a build without the cache never reads the section (it is
+    /// refused) and so holds none of its compiler (`Config::try_from`).
     fn default() -> Self {
-        check::defaults(Self::compile)
+        Self {
+            enabled: ENABLED.default,
+            max_temperature: MAX_TEMPERATURE.default,
+            deterministic_models: Vec::new(),
+            dynamic_markers: Vec::new(),
+            scope: SCOPE.default,
+            tenant_headers: TENANT_HEADERS.or_into(None),
+            ttl_ms: TTL_S.default.saturating_mul(1000),
+            ttl_jitter: TTL_JITTER.default,
+            stale_if_error_ms: STALE_IF_ERROR_S.default.saturating_mul(1000),
+            max_entries: MAX_ENTRIES_SETTING.default,
+            max_entry_bytes: MAX_ENTRY_BYTES_SETTING.default,
+            coalesce: COALESCE.default,
+            coalesce_wait_ms: COALESCE_WAIT_MS.default,
+            semantic: None,
+            mode: MODE.default,
+            shard_header: SHARD_HEADER.default.to_string(),
+        }
     }
 }
 
@@ -474,6 +492,14 @@ fn compile_headers(names: Vec<String>) -> Result<Vec<String>, ConfigError> {
 #[cfg(all(test, feature = "cache"))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_empty_section_is_what_an_empty_document_compiles_to() {
+        assert_eq!(
+            CacheConfig::default(),
+            check::defaults(CacheConfig::compile)
+        );
+    }
 
     fn parse(json: &str) -> Result<CacheConfig, ConfigError> {
         ConfigError::from_json(json.as_bytes())

@@ -373,7 +373,8 @@ impl TryFrom<RawConfig> for Config {
     fn try_from(raw: RawConfig) -> Result<Self, ConfigError> {
         let llm_paths = apart((raw.llm_paths, raw.llm_apis), |(p, a)| compile_paths(p, a))?;
         let max_body_bytes = MAX_BODY_BYTES.read(raw.max_body_bytes)?;
-        let cache = apart(raw.cache, CacheConfig::compile).map_err(|e| e.within("cache"))?;
+        let cache =
+            section(CACHE, raw.cache, CacheConfig::compile).map_err(|e| e.within("cache"))?;
         // Groups compile their overrides against the sections as written.
         let base = ab::Base {
             routing: &raw.routing,
