@@ -25,6 +25,9 @@ pub struct Http {
     /// The request headers read while the call holds its body, for the
     /// callback that gets the body.
     held_request: Option<Headers>,
+    /// The request concerned the filter ([`Call::concerns`]); the callbacks
+    /// of any other return at once.
+    concerned: bool,
 }
 
 impl Http {
@@ -36,6 +39,7 @@ impl Http {
             call: CallSlot::default(),
             admin: None,
             held_request: None,
+            concerned: false,
         }
     }
 
@@ -94,8 +98,13 @@ impl HttpContext for Http {
         let _timed =
             crate::hostcall::bench_census::Timed::new(self.worker.stats(), "request_headers");
         // The filter's own endpoints first, then the walk: one read of the
-        // request's headers and of the clock serves both.
+        // request's headers and of the clock serves both. A request that
+        // concerns neither passes on that read alone.
         let mut stream = Stream::default();
+        if !Call::concerns(&self.worker.config, &stream) {
+            return Action::Continue;
+        }
+        self.concerned = true;
         let started = with_env(&self.worker, |env| {
             match AdminCall::start(env, &mut stream, end_of_stream) {
                 Some(admin) => Err(admin),
@@ -134,6 +143,9 @@ impl HttpContext for Http {
     fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
         #[cfg(feature = "hostcall-census")]
         let _timed = crate::hostcall::bench_census::Timed::new(self.worker.stats(), "request_body");
+        if !self.concerned {
+            return Action::Continue;
+        }
         if let Some(admin) = self.admin.as_mut() {
             let step = with_env(&self.worker, |env| {
                 admin.on_request_body(env, &mut Stream::default(), size, end_of_stream)
@@ -157,6 +169,9 @@ impl HttpContext for Http {
         #[cfg(feature = "hostcall-census")]
         let _timed =
             crate::hostcall::bench_census::Timed::new(self.worker.stats(), "response_headers");
+        if !self.concerned {
+            return Action::Continue;
+        }
         self.step(Stream::default(), |call, env, host| {
             call.on_response_headers(env, host, end_of_stream)
         })
@@ -166,6 +181,9 @@ impl HttpContext for Http {
         #[cfg(feature = "hostcall-census")]
         let _timed =
             crate::hostcall::bench_census::Timed::new(self.worker.stats(), "response_body");
+        if !self.concerned {
+            return Action::Continue;
+        }
         self.step(Stream::default(), |call, env, host| {
             call.on_response_body(env, host, size, end_of_stream)
         })
@@ -174,6 +192,9 @@ impl HttpContext for Http {
     fn on_log(&mut self) {
         #[cfg(feature = "hostcall-census")]
         let _timed = crate::hostcall::bench_census::Timed::new(self.worker.stats(), "log");
+        if !self.concerned {
+            return;
+        }
         let call = self.call.try_borrow_mut().ok().and_then(|mut c| c.take());
         self.worker.forget_calls(self.id);
         if let Some(call) = call {

@@ -1,5 +1,6 @@
 //! What the filter must leave alone: requests that are not LLM calls pass with
-//! no header added and are not counted, and the bodies of LLM calls (invalid
+//! no header added (and none of the headers only it may set) and are not
+//! counted, and the bodies of LLM calls (invalid
 //! JSON, larger than what the filter reads) reach the upstream byte for byte.
 
 use std::time::Duration;
@@ -51,8 +52,12 @@ async fn non_llm_requests_pass_untouched_and_uncounted() {
         ("traceparent", TRACEPARENT),
         ("tracestate", "vendor=opaque"),
     ];
+    // Headers only the filter may set, each alone: a client's reach no
+    // upstream, on any request.
+    let route: &[(&str, &str)] = &[("x-llm-cluster", "mock")];
+    let shard: &[(&str, &str)] = &[("x-llm-cache-key", "forged")];
     for (method, path, body) in &requests {
-        for sent in [&[][..], tagged] {
+        for sent in [&[][..], tagged, route, shard] {
             let case = format!("{method} {path} with {sent:?}");
             mock.clear();
             let response = send_bytes(
@@ -80,6 +85,9 @@ async fn non_llm_requests_pass_untouched_and_uncounted() {
                     .map(|(_, v)| *v)
                     .collect();
                 assert_eq!(seen.header_all(name), want, "{case}: header {name}");
+            }
+            for name in ["x-llm-cluster", "x-llm-cache-key"] {
+                assert_eq!(seen.header_all(name), Vec::<&str>::new(), "{case}: {name}");
             }
             assert_eq!(seen.body.as_ref(), body.unwrap_or_default(), "{case}");
         }

@@ -56,6 +56,14 @@ impl Default for AdminConfig {
 }
 
 impl AdminConfig {
+    /// What follows the filter's own prefix in `path` (`""` or `/…`, query
+    /// and fragment cut), `None` for a path outside it.
+    pub fn own_rest<'p>(&self, path: &'p str) -> Option<&'p str> {
+        let path = path.split(['?', '#']).next().unwrap_or_default();
+        let rest = path.strip_prefix(self.path_prefix.as_str())?;
+        (rest.is_empty() || rest.starts_with('/')).then_some(rest)
+    }
+
     /// Compiles the section; errors name fields relative to it.
     pub fn compile(raw: RawAdminConfig) -> Result<Self, ConfigError> {
         let prefix = PATH_PREFIX.or_string(raw.path_prefix);

@@ -49,11 +49,7 @@ impl AdminCall {
     ) -> Option<(Self, Step)> {
         let cfg = &env.config.admin;
         let path = host.request_header(":path")?;
-        let path = path.split(['?', '#']).next().unwrap_or_default();
-        let rest = path.strip_prefix(cfg.path_prefix.as_str())?;
-        if !(rest.is_empty() || rest.starts_with('/')) {
-            return None;
-        }
+        let rest = cfg.own_rest(&path)?;
         let mut call = Self {
             body: Vec::new(),
             too_large: false,

@@ -151,6 +151,23 @@ pub struct Call {
 }
 
 impl Call {
+    /// Whether the request whose headers `host` holds concerns the filter
+    /// at all: an LLM call, one of the filter's own endpoints, or a request
+    /// that carries a header only the filter may set (the route header,
+    /// the shard header), stripped by [`Call::start`]. Any other passes
+    /// before the clock or the worker's state is read: in a mesh most
+    /// requests are no LLM call.
+    pub fn concerns(config: &Config, host: &dyn Host) -> bool {
+        let path = host.request_header(":path").unwrap_or_default();
+        let method = host.request_header(":method").unwrap_or_default();
+        dialect::classify(&method, &path, &config.llm_paths).is_some()
+            || (crate::build::ADMIN && config.admin.own_rest(&path).is_some())
+            || host
+                .request_header(&config.routing.cluster_header)
+                .is_some()
+            || host.request_header(&config.cache.shard_header).is_some()
+    }
+
     /// Starts the walk on request headers. `None`: not an LLM call — the
     /// request passes untouched (but for a routing header the client sent,
     /// removed from every request) and no other callback needs the walk.

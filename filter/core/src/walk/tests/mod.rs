@@ -93,6 +93,39 @@ fn non_llm_requests_pass_untouched() {
     }
 }
 
+/// What concerns the filter is told from the request's headers alone: an
+/// LLM call, the filter's own endpoints (in a build with them), or any
+/// request with a header only the filter may set, which the walk strips.
+#[test]
+fn a_request_concerns_the_filter_by_its_path_or_a_header_only_it_sets() {
+    let config = Config::parse(b"{}").unwrap();
+    let cases = [
+        ("POST", "/v1/chat/completions", None, true),
+        ("POST", "/v1/messages?beta=true", None, true),
+        ("GET", "/v1/models", None, false),
+        ("GET", "/v1/chat/completions", None, false),
+        ("POST", "/v1/other", None, false),
+        ("GET", "/llm-filter/state", None, build::ADMIN),
+        ("GET", "/llm-filterx", None, false),
+        ("GET", "/v1/models", Some("x-llm-cluster"), true),
+        ("DELETE", "/v1/files/f", Some("x-llm-cache-key"), true),
+        ("GET", "/v1/models", Some("x-other"), false),
+    ];
+    for (method, path, header, concerns) in cases {
+        let mut host = FakeHost::new()
+            .with_header(":method", method)
+            .with_header(":path", path);
+        if let Some(name) = header {
+            host = host.with_header(name, "forged");
+        }
+        assert_eq!(
+            Call::concerns(&config, &host),
+            concerns,
+            "{method} {path} {header:?}"
+        );
+    }
+}
+
 /// A hop that exports no span passes a valid `traceparent` on as it came
 /// (its `tracestate` too): the upstream's span hangs under the caller's.
 /// The client still learns the trace id, and the record names the span the
