@@ -115,8 +115,8 @@ fn run(options: &Options) -> Result<()> {
          module reads no configuration: a push to it is followed once Envoy counts it).\n",
         options.starts, options.pushes
     );
-    println!("| module | bytes | to ready | CPU by then | a configuration pushed: followed after | its CPU | a new module pushed: followed after | its CPU |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| module | bytes | to ready | CPU by then | a configuration pushed: followed after | its CPU | a new module pushed: followed after | its CPU | RSS after the new modules |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for module in &modules {
         let starts = (0..options.starts)
             .map(|_| start_once(&envoy, module))
@@ -132,7 +132,7 @@ fn run(options: &Options) -> Result<()> {
         };
         let cell = |v: Option<f64>| v.map_or("–".to_string(), |ms| format!("{ms:.0} ms"));
         println!(
-            "| {} | {bytes} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {bytes} | {} | {} | {} | {} | {} | {} | {} |",
             module.name,
             cell(Some(median(ready))),
             cell(Some(median(cpu))),
@@ -140,6 +140,10 @@ fn run(options: &Options) -> Result<()> {
             cell(pushed.as_ref().map(|p| p.config_cpu_ms)),
             cell(pushed.as_ref().map(|p| p.module_ms)),
             cell(pushed.as_ref().map(|p| p.module_cpu_ms)),
+            pushed.as_ref().map_or("–".to_string(), |p| format!(
+                "{:+.1} MiB",
+                p.modules_rss_mib
+            )),
         );
     }
     Ok(())
@@ -198,6 +202,8 @@ fn start_once(envoy: &Path, module: &Module) -> Result<(f64, f64)> {
 }
 
 struct Pushed {
+    /// RSS after the new modules, over before them (MiB).
+    modules_rss_mib: f64,
     config_ms: f64,
     config_cpu_ms: f64,
     module_ms: f64,
@@ -224,12 +230,16 @@ fn pushes(envoy: &Path, wasm: &Path, module: &Module, count: usize) -> Result<Pu
         config_cpu.push(cpu_of_push(&running, wasm, n - 1)?);
         config_ms.push(time_to_follow(&running, wasm, n, module.configured)?);
     }
+    let rss_before = running.rss_kb().context("envoy's RSS")?;
     for _ in 0..count {
         n += 2;
         module_cpu.push(cpu_of_push(&running, &copy(n - 1)?, n - 1)?);
         module_ms.push(time_to_follow(&running, &copy(n)?, n, module.configured)?);
     }
+    std::thread::sleep(CPU_WINDOW);
+    let rss_after = running.rss_kb().context("envoy's RSS")?;
     Ok(Pushed {
+        modules_rss_mib: (rss_after as f64 - rss_before as f64) / 1024.0,
         config_ms: median(config_ms),
         config_cpu_ms: median(config_cpu),
         module_ms: median(module_ms),
