@@ -300,6 +300,17 @@ fn write(
     create: bool,
     change: &mut dyn FnMut(&mut Record),
 ) -> Result<bool, StoreError> {
+    if create {
+        // Envoy has no atomic create: two workers creating the record at
+        // once would both write without a token, and when their records
+        // came out byte for byte alike (the same change in the same
+        // millisecond) both would read their own bytes back and one count
+        // would be lost. Only the empty record is written so, where two
+        // such writes agree; the change then goes through compare-and-swap.
+        if let Some(empty) = Record::default().encode() {
+            cas::create_if_absent(store, key, &empty)?;
+        }
+    }
     let u = cas::update(
         store,
         key,
