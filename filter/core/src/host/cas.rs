@@ -21,6 +21,13 @@ pub enum Unguarded {
     /// otherwise the update is retried on what the other writer left. For
     /// records where two winners would be wrong (a lead, a claim).
     Verify,
+    /// Create the key empty first, then change it by compare-and-swap. The
+    /// empty value is what `decode` makes of a missing key, encoded: every
+    /// creator writes the same bytes, so two creating at once lose nothing,
+    /// where [`Unguarded::Verify`] lets two writers of equal bytes (the same
+    /// count added in the same millisecond) both read their own back. For
+    /// counts. Without an encoding of the empty value, as `Verify`.
+    CreateEmpty,
     /// Do not write: the update reports nothing written.
     Skip,
 }
@@ -74,7 +81,7 @@ pub fn write<S: SharedStore + ?Sized>(
         return Ok(false);
     }
     store.set(key, bytes, token)?;
-    if token.is_none() && unguarded == Unguarded::Verify {
+    if token.is_none() && matches!(unguarded, Unguarded::Verify | Unguarded::CreateEmpty) {
         let back = store.get(key)?;
         if back.value.as_deref() != Some(bytes) {
             return Err(StoreError::CasMismatch);
@@ -113,6 +120,13 @@ where
             Change::Write(out) => out,
         };
         let bytes = encode(&value).ok_or(StoreError::Host)?;
+        if read.token().is_none() && unguarded == Unguarded::CreateEmpty {
+            if let Some(empty) = encode(&decode(None)) {
+                create_if_absent(store, key, &empty)?;
+                // Read again, now with a token.
+                return Err(StoreError::CasMismatch);
+            }
+        }
         let written = write(store, key, &read, &bytes, unguarded)?;
         Ok(Updated {
             value,
@@ -192,6 +206,43 @@ mod tests {
 
     fn read(s: &MemoryStore) -> u64 {
         decode(s.get("k").unwrap().value.as_deref())
+    }
+
+    /// A store where another worker, which read the key missing too, writes
+    /// its own count of 1 (no token) right after our first write.
+    #[derive(Default)]
+    struct StaleCreator {
+        inner: MemoryStore,
+        sets: Cell<usize>,
+    }
+
+    impl SharedStore for StaleCreator {
+        fn get(&self, key: &str) -> Result<Versioned, StoreError> {
+            self.inner.get(key)
+        }
+        fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+            self.inner.set(key, value, cas)?;
+            self.sets.set(self.sets.get() + 1);
+            if self.sets.get() == 1 {
+                let theirs = encode(&1).ok_or(StoreError::Host)?;
+                self.inner.set(key, &theirs, None)?;
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn two_creators_of_equal_counts_both_count_only_when_created_empty() {
+        // Verify reads back the other's bytes, equal to ours: one is lost.
+        let s = StaleCreator::default();
+        assert_eq!(add(&s, 1, Unguarded::Verify).unwrap().value, 1);
+        assert_eq!(read(&s.inner), 1);
+        // Created empty first, the count then goes through compare-and-swap
+        // on what the other left.
+        let s = StaleCreator::default();
+        let u = add(&s, 1, Unguarded::CreateEmpty).unwrap();
+        assert_eq!((u.value, u.written), (2, true));
+        assert_eq!(read(&s.inner), 2);
     }
 
     #[test]

@@ -300,32 +300,21 @@ fn write(
     create: bool,
     change: &mut dyn FnMut(&mut Record),
 ) -> Result<bool, StoreError> {
-    if create {
-        // Envoy has no atomic create: two workers creating the record at
-        // once would both write without a token, and when their records
-        // came out byte for byte alike (the same change in the same
-        // millisecond) both would read their own bytes back and one count
-        // would be lost. Only the empty record is written so, where two
-        // such writes agree; the change then goes through compare-and-swap.
-        if let Some(empty) = Record::default().encode() {
-            cas::create_if_absent(store, key, &empty)?;
-        }
-    }
     let u = cas::update(
         store,
         key,
-        Unguarded::Verify,
-        |b| b.map(|b| Record::decode(b).unwrap_or_default()),
+        Unguarded::CreateEmpty,
+        // A record to create reads as the empty one, which the update
+        // writes first: two workers starting a model's first calls in the
+        // same millisecond both count. One not to create reads as absent.
+        |b| match b {
+            Some(b) => Some(Record::decode(b).unwrap_or_default()),
+            None => create.then(Record::default),
+        },
         |r| r.as_ref().and_then(Record::encode),
         |r| match r {
             Some(r) => {
                 change(r);
-                Change::Write(true)
-            }
-            None if create => {
-                let mut fresh = Record::default();
-                change(&mut fresh);
-                *r = Some(fresh);
                 Change::Write(true)
             }
             None => Change::Keep(false),
